@@ -1,0 +1,1 @@
+"""Anima math: checkpoints, config, reference forward, host ops, branch graphs, packs, text, VAE, sampler."""

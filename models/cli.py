@@ -1,0 +1,49 @@
+"""`anima-models`: offline model tooling (synth, pack, forward, verify, compile, encode, decode)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# subcommand -> module defining `add_arguments(parser)` and `run(args) -> int`. Modules load only when used,
+# so `anima-models pack` never imports torch.
+COMMANDS = {
+    "synth": ("models.commands.synth", "write synthetic checkpoints, tokenizers or a whole models folder"),
+    "pack": ("models.commands.pack", "convert a DiT checkpoint into a model pack (host weights + branch ONNX)"),
+    "forward": ("models.commands.forward", "one DiT forward through a pack, in process"),
+    "verify": ("models.commands.verify", "compare a pack's branches against the FP32 reference"),
+    "compile": ("models.commands.compile", "compile a pack's branch ONNX files to RKNN with rknn-toolkit2"),
+    "encode": ("models.commands.encode", "prompt -> text context [512, context_dim]"),
+    "decode": ("models.commands.decode", "latent -> PNG through the VAE decoder"),
+    "info": ("models.commands.info", "describe a checkpoint: what it is, its config, its dtypes"),
+}
+
+
+class UserError(Exception):
+    """An error whose message is the whole answer: printed without a traceback, exit code 2."""
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(prog="anima-models", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_)
+        if name == wanted:  # import only the module that will run
+            mod = importlib.import_module(module)
+            mod.add_arguments(p)
+            p.set_defaults(_run=mod.run)
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except (UserError, ValueError, FileNotFoundError, KeyError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"anima-models {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The job daemon, the orchestrator CLI and supervisord control."""

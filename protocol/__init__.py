@@ -1,0 +1,1 @@
+"""Wire format: message types, msgpack codec, tensor descriptors, shared-memory arena, socket helpers."""

@@ -1,0 +1,1 @@
+"""One module per pipeline process: encoder, scheduler, executor, vae; executor backends."""
