@@ -1,0 +1,189 @@
+"""ONNX (opset 19) graph per DiT branch (self / cross / ffn), fixed shapes, FP16 or FP32, written for NPU compilers.
+
+Op choices (what RK3588's compiler maps well, see docs/architecture.md "Branch graphs"):
+- every projection is a MatMul against a constant [in, out] initializer;
+- the rotary halves come from the weight layout, not from slicing: q and k are projected by two matrices holding the
+  first and the second half of every head's rows, so no Slice/Split/Gather/Concat appears; the attention scores are
+  qa·kaᵀ + qb·kbᵀ, so the rotated halves are never concatenated either;
+- per-head RMSNorm is a mean of squares by MatMul with a constant ones column, then Pow(-0.5): no norm op, no transposes;
+  the 1/sqrt(head_dim) of the mean is folded into the projection weights and undone in the norm gain, and the attention
+  scale 1/sqrt(head_dim) is applied to q before q·kᵀ (in the gain), which keeps FP16 scores small;
+- exact GELU as 0.5·x·(1 + erf(x/√2)).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Mapping
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from models.config import DiTConfig
+from models.partition import NUMPY_DTYPES, Geometry, branch_spec, pack_io_dtype, resolve
+
+log = logging.getLogger(__name__)
+
+OPSET = 19
+EPS = 1e-6                      # q/k RMSNorm epsilon
+ONNX_DTYPES = {"f16": TensorProto.FLOAT16, "f32": TensorProto.FLOAT}
+
+
+class _Graph:
+    """A tiny node/initializer accumulator; every value name is unique and every constant has the graph's dtype."""
+
+    def __init__(self, dt: str):
+        self.dt = dt
+        self.np_dt = NUMPY_DTYPES[dt]
+        self.nodes, self.inits, self._n = [], [], 0
+
+    def _name(self, stem: str) -> str:
+        self._n += 1
+        return f"{stem}_{self._n}"
+
+    def const(self, stem: str, arr) -> str:
+        """A float constant in the graph dtype (weights are rounded to it here, once)."""
+        name = self._name(stem)
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(np.asarray(arr, np.float32)
+                                                                       .astype(self.np_dt)), name))
+        return name
+
+    def shape(self, dims) -> str:
+        name = self._name("shape")
+        self.inits.append(numpy_helper.from_array(np.asarray(dims, np.int64), name))
+        return name
+
+    def op(self, op_type: str, inputs, stem: str = None, **attrs) -> str:
+        out = self._name(stem or op_type.lower())
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=out, **attrs))
+        return out
+
+    def matmul(self, x: str, w_out_in: np.ndarray, stem: str) -> str:
+        """x @ Wᵀ with the checkpoint's [out, in] weight stored as a constant [in, out]."""
+        return self.op("MatMul", [x, self.const(stem + "_w", np.asarray(w_out_in, np.float32).T)], stem)
+
+
+def _check_weights(kind: str, w: Mapping, cfg: DiTConfig) -> None:
+    D, hd, F, Dc = cfg.width, cfg.head_dim, cfg.ffn_width, cfg.context_dim
+    kv_in = Dc if kind == "cross" else D
+    want = {
+        "self": {"q_proj.weight": (D, D), "k_proj.weight": (D, D), "v_proj.weight": (D, D),
+                 "output_proj.weight": (D, D), "q_norm.weight": (hd,), "k_norm.weight": (hd,)},
+        "cross": {"q_proj.weight": (D, D), "k_proj.weight": (D, kv_in), "v_proj.weight": (D, kv_in),
+                  "output_proj.weight": (D, D), "q_norm.weight": (hd,), "k_norm.weight": (hd,)},
+        "ffn": {"layer1.weight": (F, D), "layer2.weight": (D, F)},
+    }[kind]
+    for k in branch_spec(kind).weights:
+        if k not in w:
+            raise ValueError(f"{kind} branch: missing weight {k!r}")
+        if tuple(np.shape(w[k])) != want[k]:
+            raise ValueError(f"{kind} branch: weight {k!r} has shape {list(np.shape(w[k]))}, expected {list(want[k])}")
+
+
+def _halves(W: np.ndarray, heads: int, hd: int) -> tuple:
+    """Rows of a [H*hd, in] projection split into each head's first and second half -> two [H*hd/2, in]."""
+    w = np.asarray(W, np.float32).reshape(heads, 2, hd // 2, -1)            # [H, 2, hd/2, in]
+    return w[:, 0].reshape(heads * hd // 2, -1), w[:, 1].reshape(heads * hd // 2, -1)
+
+
+def _rms_rstd(g: _Graph, sq: str, n: int) -> str:
+    """(sum of squares over the last axis, via MatMul with ones[n, 1]) + eps, ^-0.5 -> [..., 1]."""
+    ms = g.op("MatMul", [sq, g.const("ones", np.ones((n, 1)))], "mean_sq")  # [1, T, H, 1]
+    return g.op("Pow", [g.op("Add", [ms, g.const("eps", EPS)]), g.const("m_half", -0.5)], "rstd")
+
+
+def _self_attn(g: _Graph, w: Mapping, cfg: DiTConfig, L: int) -> str:
+    H, hd = cfg.heads, cfg.head_dim
+    h2, D = hd // 2, cfg.width
+    inv = 1.0 / math.sqrt(hd)                 # folded into q/k projections: sum of (q/√hd)² = mean of q²
+    cos = g.op("Reshape", ["rope_cos", g.shape([1, L, 1, h2])], "cos")      # [1, L, 1, hd/2]
+    sin = g.op("Reshape", ["rope_sin", g.shape([1, L, 1, h2])], "sin")      # [1, L, 1, hd/2]
+    rot = {}
+    for p, gain in (("q", 1.0), ("k", math.sqrt(hd))):                      # q keeps the 1/√hd attention scale
+        Wa, Wb = _halves(w[f"{p}_proj.weight"], H, hd)
+        a = g.op("Reshape", [g.matmul("xn", Wa * inv, p + "a"), g.shape([1, L, H, h2])], p + "a4")  # [1, L, H, hd/2]
+        b = g.op("Reshape", [g.matmul("xn", Wb * inv, p + "b"), g.shape([1, L, H, h2])], p + "b4")  # [1, L, H, hd/2]
+        sq = g.op("Add", [g.op("Mul", [a, a]), g.op("Mul", [b, b])], p + "_sq")                     # [1, L, H, hd/2]
+        r = _rms_rstd(g, sq, h2)                                                                     # [1, L, H, 1]
+        nw = np.asarray(w[f"{p}_norm.weight"], np.float32) * gain                                    # [hd]
+        an = g.op("Mul", [g.op("Mul", [a, r]), g.const(p + "_ga", nw[:h2])], p + "an")
+        bn = g.op("Mul", [g.op("Mul", [b, r]), g.const(p + "_gb", nw[h2:])], p + "bn")
+        # rotary, split-half pairs (k, k + hd/2): (a, b) -> (a cos - b sin, b cos + a sin)
+        ra = g.op("Sub", [g.op("Mul", [an, cos]), g.op("Mul", [bn, sin])], p + "ra")
+        rb = g.op("Add", [g.op("Mul", [bn, cos]), g.op("Mul", [an, sin])], p + "rb")
+        rot[p] = (ra, rb)
+    qa = g.op("Transpose", [rot["q"][0]], "qaT", perm=[0, 2, 1, 3])         # [1, H, L, hd/2]
+    qb = g.op("Transpose", [rot["q"][1]], "qbT", perm=[0, 2, 1, 3])
+    ka = g.op("Transpose", [rot["k"][0]], "kaT", perm=[0, 2, 3, 1])         # [1, H, hd/2, L]
+    kb = g.op("Transpose", [rot["k"][1]], "kbT", perm=[0, 2, 3, 1])
+    s = g.op("Add", [g.op("MatMul", [qa, ka]), g.op("MatMul", [qb, kb])], "scores")  # [1, H, L, L]
+    return _attend(g, s, g.matmul("xn", w["v_proj.weight"], "v"), L, L, H, hd, D, w)
+
+
+def _cross_attn(g: _Graph, w: Mapping, cfg: DiTConfig, L: int, S: int) -> str:
+    H, hd, D = cfg.heads, cfg.head_dim, cfg.width
+    inv = 1.0 / math.sqrt(hd)
+    normed = {}
+    for p, src, T, gain in (("q", "xn", L, 1.0), ("k", "context", S, math.sqrt(hd))):
+        x = g.op("Reshape", [g.matmul(src, np.asarray(w[f"{p}_proj.weight"], np.float32) * inv, p),
+                             g.shape([1, T, H, hd])], p + "4")                                   # [1, T, H, hd]
+        r = _rms_rstd(g, g.op("Mul", [x, x], p + "_sq"), hd)                                      # [1, T, H, 1]
+        nw = np.asarray(w[f"{p}_norm.weight"], np.float32) * gain
+        normed[p] = g.op("Mul", [g.op("Mul", [x, r]), g.const(p + "_g", nw)], p + "n")          # [1, T, H, hd]
+    q = g.op("Transpose", [normed["q"]], "qT", perm=[0, 2, 1, 3])             # [1, H, L, hd]
+    k = g.op("Transpose", [normed["k"]], "kT", perm=[0, 2, 3, 1])             # [1, H, hd, S]
+    s = g.op("MatMul", [q, k], "scores")                                      # [1, H, L, S]
+    return _attend(g, s, g.matmul("context", w["v_proj.weight"], "v"), L, S, H, hd, D, w)
+
+
+def _attend(g: _Graph, scores: str, v2d: str, L: int, T: int, H: int, hd: int, D: int, w: Mapping) -> str:
+    """softmax(scores) · v, heads merged, output_proj -> y [L, D]."""
+    p = g.op("Softmax", [scores], "probs", axis=-1)                           # [1, H, L, T]
+    v = g.op("Transpose", [g.op("Reshape", [v2d, g.shape([1, T, H, hd])], "v4")], "vT", perm=[0, 2, 1, 3])  # [1,H,T,hd]
+    o = g.op("Transpose", [g.op("MatMul", [p, v], "attn")], "oT", perm=[0, 2, 1, 3])   # [1, L, H, hd]
+    o = g.op("Reshape", [o, g.shape([L, D])], "o2")                                    # [L, D]
+    return g.matmul(o, w["output_proj.weight"], "out")                                 # [L, D]
+
+
+def _ffn(g: _Graph, w: Mapping) -> str:
+    h = g.matmul("xn", w["layer1.weight"], "h")                                        # [L, F]
+    e = g.op("Erf", [g.op("Mul", [h, g.const("inv_sqrt2", 1.0 / math.sqrt(2.0))])])
+    act = g.op("Mul", [g.op("Mul", [h, g.const("half", 0.5)]), g.op("Add", [e, g.const("one", 1.0)])], "gelu")
+    return g.matmul(act, w["layer2.weight"], "out")                                    # [L, D]
+
+
+def build_branch(kind: str, weights: Mapping, cfg: DiTConfig, geom: Geometry, dtype: str = "fp16",
+                 block: int = None) -> onnx.ModelProto:
+    """One branch graph with its weights (suffix names as in partition.BRANCHES) as initializers.
+
+    I/O names, shapes and dtypes come from the partition table (models.partition.resolve).
+    """
+    _check_weights(kind, weights, cfg)
+    dt = pack_io_dtype(dtype)
+    io = resolve(kind, cfg, geom, dtype)
+    g = _Graph(dt)
+    L, S = geom.tokens, geom.text_tokens
+    if kind == "self":
+        y = _self_attn(g, weights, cfg, L)
+    elif kind == "cross":
+        y = _cross_attn(g, weights, cfg, L, S)
+    else:
+        y = _ffn(g, weights)
+    out_name = io["outputs"][0]["name"]
+    g.nodes.append(helper.make_node("Identity", [y], [out_name], name="output"))
+    vi = lambda d: helper.make_tensor_value_info(d["name"], ONNX_DTYPES[d["dtype"]], d["shape"])  # noqa: E731
+    name = f"b{block:02d}_{kind}" if block is not None else kind
+    graph = helper.make_graph(g.nodes, name, [vi(d) for d in io["inputs"]], [vi(d) for d in io["outputs"]],
+                              g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="anima-npu",
+                              doc_string=f"Anima DiT {kind} branch" + (f", block {block}" if block is not None else ""))
+    model.ir_version = min(model.ir_version, 9)      # readable by older runtimes (rknn-toolkit2's onnx)
+    helper.set_model_props(model, {"kind": kind, "block": str(block), "dtype": dt})
+    return model
+
+
+def serialize(model: onnx.ModelProto) -> bytes:
+    """Model bytes (checked first: a malformed graph fails here, not on the board)."""
+    onnx.checker.check_model(model)
+    return model.SerializeToString()

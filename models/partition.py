@@ -1,0 +1,178 @@
+"""The NPU branch partition as data: branch kinds, their inputs/outputs and weights, resolved for a config + resolution."""
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from models.config import DiTConfig
+
+log = logging.getLogger(__name__)
+
+TEXT_TOKENS = 512          # S: the text context is always padded/truncated to 512 rows
+LATENT_SCALE = 8           # image pixels per latent pixel (VAE downsampling)
+PATCH = 2                  # latent pixels per token side
+
+# Pack dtype names (CLI / manifest) -> descriptor dtype strings (protocol) -> numpy dtypes.
+PACK_DTYPES = {"fp16": "f16", "fp32": "f32"}
+NUMPY_DTYPES = {"f16": np.float16, "f32": np.float32}
+
+
+@dataclass(frozen=True)
+class IOSpec:
+    """One branch input or output. shape is symbolic (see `symbols`); dtype role "pack" = the pack's dtype."""
+    name: str
+    shape: tuple
+    dtype: str = "pack"
+
+
+@dataclass(frozen=True)
+class BranchSpec:
+    """One branch kind: the checkpoint module it computes and its weights (suffixes under blocks.{i}.{module}.)."""
+    kind: str
+    module: str
+    inputs: tuple
+    outputs: tuple
+    weights: tuple
+
+    def weight_keys(self, block: int) -> list:
+        """Full (prefix-stripped) checkpoint keys of this branch in block `block`."""
+        return [f"blocks.{block}.{self.module}.{w}" for w in self.weights]
+
+
+# THE branch table. Per block the branches run in exactly this order; each output feeds the next input through the
+# host's x += gate * y. Symbols: L image tokens, S text tokens, D width, Dc context dim, HD2 head_dim / 2.
+BRANCHES = (
+    BranchSpec(
+        kind="self", module="self_attn",
+        inputs=(IOSpec("xn", ("L", "D")), IOSpec("rope_cos", ("L", "HD2")), IOSpec("rope_sin", ("L", "HD2"))),
+        outputs=(IOSpec("y", ("L", "D")),),
+        weights=("q_proj.weight", "k_proj.weight", "v_proj.weight", "output_proj.weight",
+                 "q_norm.weight", "k_norm.weight"),
+    ),
+    BranchSpec(
+        kind="cross", module="cross_attn",
+        inputs=(IOSpec("xn", ("L", "D")), IOSpec("context", ("S", "Dc"))),
+        outputs=(IOSpec("y", ("L", "D")),),
+        weights=("q_proj.weight", "k_proj.weight", "v_proj.weight", "output_proj.weight",
+                 "q_norm.weight", "k_norm.weight"),
+    ),
+    BranchSpec(
+        kind="ffn", module="mlp",
+        inputs=(IOSpec("xn", ("L", "D")),),
+        outputs=(IOSpec("y", ("L", "D")),),
+        weights=("layer1.weight", "layer2.weight"),
+    ),
+)
+KINDS = tuple(b.kind for b in BRANCHES)               # ("self", "cross", "ffn")
+BY_KIND = {b.kind: b for b in BRANCHES}
+FILE_RE = re.compile(r"^b(\d{2,})_(self|cross|ffn)\.onnx$")
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Image resolution -> latent and token counts (latent padded to even, then 2x2 patches)."""
+    width: int            # image pixels
+    height: int
+    latent_w: int         # w = W / 8
+    latent_h: int         # h = H / 8
+    w_tokens: int         # ceil(w / 2)
+    h_tokens: int         # ceil(h / 2)
+    text_tokens: int = TEXT_TOKENS
+
+    @property
+    def tokens(self) -> int:
+        """L = h_tokens * w_tokens (512x512 -> 1024)."""
+        return self.h_tokens * self.w_tokens
+
+    @classmethod
+    def from_resolution(cls, width: int, height: int) -> "Geometry":
+        for name, v in (("width", width), ("height", height)):
+            if not isinstance(v, (int, np.integer)) or v <= 0 or v % LATENT_SCALE:
+                raise ValueError(f"resolution {name} {v!r} must be a positive multiple of {LATENT_SCALE}")
+        w, h = int(width) // LATENT_SCALE, int(height) // LATENT_SCALE
+        return cls(int(width), int(height), w, h, -(-w // PATCH), -(-h // PATCH))
+
+    @classmethod
+    def from_latent(cls, latent_h: int, latent_w: int) -> "Geometry":
+        return cls.from_resolution(latent_w * LATENT_SCALE, latent_h * LATENT_SCALE)
+
+    def to_dict(self) -> dict:
+        return {"width": self.width, "height": self.height, "latent_h": self.latent_h, "latent_w": self.latent_w,
+                "h_tokens": self.h_tokens, "w_tokens": self.w_tokens, "tokens": self.tokens,
+                "text_tokens": self.text_tokens}
+
+
+def parse_resolution(text: str) -> tuple:
+    """"WIDTHxHEIGHT" (e.g. "512x768") -> (width, height); both multiples of 8."""
+    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", str(text))
+    if not m:
+        raise ValueError(f"resolution {text!r}: expected WIDTHxHEIGHT, e.g. 512x512")
+    w, h = int(m.group(1)), int(m.group(2))
+    Geometry.from_resolution(w, h)          # validates
+    return w, h
+
+
+def symbols(cfg: DiTConfig, geom: Geometry) -> dict:
+    """Values of the symbolic dimensions used in BRANCHES."""
+    return {"L": geom.tokens, "S": geom.text_tokens, "D": cfg.width, "Dc": cfg.context_dim, "HD2": cfg.head_dim // 2}
+
+
+def pack_io_dtype(pack_dtype: str) -> str:
+    """"fp16"|"fp32" -> descriptor dtype "f16"|"f32"."""
+    if pack_dtype not in PACK_DTYPES:
+        raise ValueError(f"dtype {pack_dtype!r}: choose one of {sorted(PACK_DTYPES)}")
+    return PACK_DTYPES[pack_dtype]
+
+
+def resolve_io(specs, cfg: DiTConfig, geom: Geometry, pack_dtype: str) -> list:
+    """[IOSpec] -> [{"name", "shape": [ints], "dtype": "f16"|"f32"}]."""
+    sym, dt = symbols(cfg, geom), pack_io_dtype(pack_dtype)
+    return [{"name": s.name, "shape": [sym[d] if isinstance(d, str) else int(d) for d in s.shape],
+             "dtype": dt if s.dtype == "pack" else s.dtype} for s in specs]
+
+
+def resolve(kind: str, cfg: DiTConfig, geom: Geometry, pack_dtype: str) -> dict:
+    """{"inputs": [...], "outputs": [...]} with concrete shapes and dtypes for one branch kind."""
+    spec = branch_spec(kind)
+    return {"inputs": resolve_io(spec.inputs, cfg, geom, pack_dtype),
+            "outputs": resolve_io(spec.outputs, cfg, geom, pack_dtype)}
+
+
+def branch_spec(kind: str) -> BranchSpec:
+    if kind not in BY_KIND:
+        raise ValueError(f"branch kind {kind!r}: choose one of {list(KINDS)}")
+    return BY_KIND[kind]
+
+
+def branch_file(block: int, kind: str) -> str:
+    """File name of one branch graph: b07_cross.onnx."""
+    branch_spec(kind)
+    return f"b{int(block):02d}_{kind}.onnx"
+
+
+def branch_order(cfg: DiTConfig) -> Iterator:
+    """(block, BranchSpec) in the strict execution order: block 0 self, cross, ffn; block 1 ..."""
+    for i in range(cfg.blocks):
+        for spec in BRANCHES:
+            yield i, spec
+
+
+def parse_blocks(text: str, blocks: int) -> list:
+    """"0,3,5-7" or "all" -> sorted block indices, each checked against 0..blocks-1."""
+    if text is None or str(text).strip().lower() in ("", "all"):
+        return list(range(blocks))
+    out = set()
+    for part in str(text).split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m:
+            raise ValueError(f"blocks {text!r}: bad item {part!r}; expected e.g. 0,3,5-7 or all")
+        a, b = int(m.group(1)), int(m.group(2) or m.group(1))
+        if a > b or b >= blocks:
+            raise ValueError(f"blocks {text!r}: {part!r} outside 0..{blocks - 1}")
+        out.update(range(a, b + 1))
+    return sorted(out)
