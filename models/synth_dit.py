@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 
 from models.config import PRESETS, DIT_PREFIXES, expected_adapter_shapes, expected_dit_shapes
-from models.safetensors_io import TensorEntry, write_safetensors
+from models.safetensors_io import TensorEntry, f32_to_bf16, write_safetensors
 
 log = logging.getLogger(__name__)
 
@@ -22,13 +22,21 @@ def _rng(seed: int, key: str) -> np.random.Generator:
     return np.random.default_rng([int(seed), zlib.crc32(key.encode("utf-8"))])
 
 
+CONVERT_CHUNK = 1 << 22                  # elements per f32 -> bf16 conversion step (bounds temporaries to ~16 MB)
+
+
 def _normal(shape, std: float, mean: float = 0.0) -> Callable:
+    """A generator of N(mean, std^2) as bf16 bit patterns (uint16), converted in chunks to bound peak memory."""
     def gen(rng: np.random.Generator) -> np.ndarray:
-        a = rng.standard_normal(shape, dtype=np.float32)
-        a *= np.float32(std)
-        if mean:
-            a += np.float32(mean)
-        return a
+        a = rng.standard_normal(shape, dtype=np.float32).reshape(-1)    # [numel] f32
+        out = np.empty(a.size, np.uint16)                               # [numel] bf16 bits
+        for i in range(0, a.size, CONVERT_CHUNK):
+            c = a[i:i + CONVERT_CHUNK]
+            c *= np.float32(std)
+            if mean:
+                c += np.float32(mean)
+            out[i:i + CONVERT_CHUNK] = f32_to_bf16(c)
+        return out.reshape(shape)
     return gen
 
 
@@ -63,7 +71,8 @@ def dit_shapes(preset: str) -> dict:
 
 
 def dit_entries(preset: str, seed: int, prefix: str = "net.") -> list:
-    """Lazy TensorEntry list (bf16) for a synthetic checkpoint; each entry's data is a callable."""
+    """Lazy TensorEntry list (bf16) for a synthetic checkpoint; each entry's data is a callable returning the
+    tensor as bf16 bit patterns (uint16; widen with models.safetensors_io.bf16_to_f32)."""
     if prefix not in DIT_PREFIXES:
         raise ValueError(f"unknown key prefix {prefix!r}; choose one of {list(DIT_PREFIXES)}")
     entries = []
