@@ -1,0 +1,99 @@
+"""The run folder: where sockets, logs, jobs and configs live (0700), and rendering supervisord.conf for it."""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_DIR = Path(__file__).resolve().parent.parent
+TEMPLATE = REPO_DIR / "supervisord.conf"          # also the ready-made config for the default run folder
+RUN_ENV = "ANIMA_RUN"
+STAGE_PROGRAMS = ("encoder", "scheduler", "executor", "vae")
+PROGRAMS = STAGE_PROGRAMS + ("orchestrator",)
+MAX_IPC_PATH = 100                                 # unix socket paths must stay below ~107 bytes
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    root: Path
+
+    @classmethod
+    def resolve(cls, run: str | os.PathLike | None = None) -> "RunFolder":
+        """--run, else $ANIMA_RUN, else the repo's run/."""
+        return cls(Path(run or os.environ.get(RUN_ENV) or REPO_DIR / "run").expanduser().resolve())
+
+    @property
+    def jobs(self) -> Path:
+        return self.root / "jobs"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def supervisor_sock(self) -> Path:
+        return self.root / "supervisor.sock"
+
+    @property
+    def daemon_sock(self) -> Path:
+        return self.root / "orchestrator.sock"
+
+    @property
+    def daemon_endpoint(self) -> str:
+        return f"ipc://{self.daemon_sock}"
+
+    @property
+    def pipeline_toml(self) -> Path:
+        return self.root / "pipeline.toml"
+
+    @property
+    def supervisord_conf(self) -> Path:
+        """The rendered copy in the run folder when there is one, else the top-level file (default run folder)."""
+        own = self.root / "supervisord.conf"
+        return own if own.exists() or self.root != (REPO_DIR / "run").resolve() else TEMPLATE
+
+    @property
+    def shm_prefix(self) -> str:
+        """Per-run prefix of shared-memory segment names (a short hash of the run folder path)."""
+        import hashlib
+        return "anima-" + hashlib.sha256(str(self.root).encode()).hexdigest()[:8]
+
+    def check(self) -> None:
+        """The run folder must be private (0700) and short enough for its ipc:// socket paths."""
+        if len(str(self.supervisor_sock)) > MAX_IPC_PATH:
+            raise ValueError(f"run folder {self.root} is too long for unix sockets "
+                             f"({len(str(self.supervisor_sock))} > {MAX_IPC_PATH} characters); choose a shorter path")
+        if self.root.exists():
+            mode = self.root.stat().st_mode & 0o777
+            if mode & 0o077:
+                raise ValueError(f"run folder {self.root} has mode {mode:04o}; it must be 0700 "
+                                 f"(chmod 700 {self.root})")
+
+
+def _escape(path) -> str:
+    return str(path).replace("%", "%%")        # supervisord treats % as an expansion
+
+
+def render_supervisord_conf(template: str, run_dir: Path, *, repo_dir: Path = REPO_DIR,
+                            python: str | None = None) -> str:
+    """The top-level config with the run folder, the repo and the interpreter substituted by absolute paths."""
+    text = template.replace("%(here)s/run", _escape(run_dir))
+    text = text.replace("%(here)s/.venv/bin/python", _escape(python or sys.executable))
+    return text.replace("%(here)s", _escape(repo_dir))
+
+
+def init_run(run: str | os.PathLike | None = None, *, python: str | None = None,
+             template: Path = TEMPLATE) -> RunFolder:
+    """Create the run folder (0700) with logs/ and jobs/, and write its supervisord.conf (kept if present)."""
+    rf = RunFolder.resolve(run)
+    for d in (rf.root, rf.logs, rf.jobs):
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(rf.root, 0o700)
+    rf.check()
+    conf = rf.root / "supervisord.conf"
+    if not conf.exists():
+        tmp = conf.with_suffix(".conf.tmp")
+        tmp.write_text(render_supervisord_conf(template.read_text(), rf.root, python=python))
+        os.replace(tmp, conf)
+    return rf

@@ -1,0 +1,175 @@
+"""supervisord control over its XML-RPC interface on the unix socket: start, stop, wait for a state, process info."""
+from __future__ import annotations
+
+import http.client
+import logging
+import socket
+import time
+import xmlrpc.client
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+RPC_TIMEOUT_S = 10.0          # one XML-RPC call
+POLL_INTERVAL_S = 0.1         # while waiting for a process state
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0         # supervisord's own stopwaitsecs escalates to SIGKILL before this
+
+# supervisord process states (supervisor.states.ProcessStates)
+RUNNING_STATES = ("STARTING", "RUNNING", "STOPPING", "BACKOFF")   # a process may exist (or is about to)
+STOPPED_STATES = ("STOPPED", "EXITED", "FATAL")
+LIVE_STATES = ("STARTING", "RUNNING", "STOPPING")                 # a pid exists
+
+# supervisor.xmlrpc.Faults codes the client turns into clear errors
+FAULT_BAD_NAME = 10
+FAULT_NO_FILE = 20
+FAULT_SPAWN_ERROR = 50
+FAULT_ABNORMAL_TERMINATION = 40
+FAULT_ALREADY_STARTED = 60
+FAULT_NOT_RUNNING = 70
+
+
+class SupervisorError(RuntimeError):
+    """supervisord unreachable, an unknown program, a process that would not start or stop in time."""
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    name: str
+    state: str          # statename: STOPPED, STARTING, RUNNING, BACKOFF, STOPPING, EXITED, FATAL, UNKNOWN
+    pid: int            # 0 when no process
+    exitstatus: int
+    description: str
+    spawnerr: str
+    start: float        # unix time of the last start (0 if never)
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE_STATES and self.pid > 0
+
+    @classmethod
+    def from_rpc(cls, d: dict) -> "ProcInfo":
+        return cls(name=d.get("name", ""), state=d.get("statename", "UNKNOWN"), pid=int(d.get("pid", 0)),
+                   exitstatus=int(d.get("exitstatus", 0)), description=d.get("description", ""),
+                   spawnerr=d.get("spawnerr", ""), start=float(d.get("start", 0)))
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        try:
+            s.connect(self._path)
+        except OSError:
+            s.close()
+            raise
+        self.sock = s
+
+
+class _UnixTransport(xmlrpc.client.Transport):
+    """HTTP over supervisord's unix socket, a fresh connection per call, with a timeout."""
+
+    def __init__(self, path: str, timeout: float):
+        super().__init__()
+        self._path, self._timeout = path, timeout
+
+    def make_connection(self, host):
+        return _UnixConnection(self._path, self._timeout)
+
+
+def socket_path_from_url(url: str) -> str:
+    if not url.startswith("unix://"):
+        raise SupervisorError(f"supervisord serverurl {url!r}: only unix:// sockets are supported")
+    return url[len("unix://"):]
+
+
+class Supervisor:
+    """A client for one supervisord. Every call opens the socket afresh, so it survives supervisord restarts."""
+
+    def __init__(self, socket_path: str, *, timeout_s: float = RPC_TIMEOUT_S):
+        self.socket_path = str(socket_path)
+        self._proxy = xmlrpc.client.ServerProxy("http://localhost/RPC2",
+                                                transport=_UnixTransport(self.socket_path, timeout_s),
+                                                allow_none=True)
+
+    def _call(self, method: str, *args, name: str | None = None):
+        fn = self._proxy
+        for part in method.split("."):
+            fn = getattr(fn, part)
+        try:
+            return fn(*args)
+        except xmlrpc.client.Fault as f:
+            what = f"program {name!r}" if name else "supervisord"
+            if f.faultCode == FAULT_BAD_NAME:
+                raise SupervisorError(f"supervisord has no program {name!r}") from None
+            raise SupervisorError(f"{what}: {method} failed: {f.faultString}") from None
+        except (OSError, http.client.HTTPException, xmlrpc.client.ProtocolError) as e:
+            raise SupervisorError(f"supervisord is not reachable on {self.socket_path}: {e}") from None
+
+    # ------------------------------------------------------------ reading
+
+    def ping(self) -> str:
+        """supervisord's own state name (RUNNING when healthy)."""
+        return self._call("supervisor.getState")["statename"]
+
+    def info(self, name: str) -> ProcInfo:
+        return ProcInfo.from_rpc(self._call("supervisor.getProcessInfo", name, name=name))
+
+    def all_info(self) -> dict[str, ProcInfo]:
+        return {d["name"]: ProcInfo.from_rpc(d) for d in self._call("supervisor.getAllProcessInfo")}
+
+    def is_live(self, name: str) -> bool:
+        return self.info(name).live
+
+    def tail(self, name: str, offset: int = 0, length: int = 64 * 1024, stderr: bool = False):
+        """(text, new offset, overflow) of the program's log, as supervisorctl's `tail -f` reads it."""
+        method = "supervisor.tailProcessStderrLog" if stderr else "supervisor.tailProcessStdoutLog"
+        return self._call(method, name, offset, length, name=name)
+
+    # ------------------------------------------------------------ control
+
+    def start(self, name: str, *, wait: bool = True, timeout_s: float = START_TIMEOUT_S) -> ProcInfo:
+        """Start a program; with `wait`, return once RUNNING (supervisord's startsecs passed), else raise."""
+        try:
+            self._call("supervisor.startProcess", name, False, name=name)
+        except SupervisorError as e:
+            if "ALREADY_STARTED" not in str(e):
+                raise
+        return self.wait_state(name, ("RUNNING",), timeout_s) if wait else self.info(name)
+
+    def stop(self, name: str, *, wait: bool = True, timeout_s: float = STOP_TIMEOUT_S) -> ProcInfo:
+        """Stop a program (SIGTERM to its group, SIGKILL after stopwaitsecs); with `wait`, return once stopped."""
+        try:
+            self._call("supervisor.stopProcess", name, False, name=name)
+        except SupervisorError as e:
+            if "NOT_RUNNING" not in str(e):
+                raise
+        return self.wait_state(name, STOPPED_STATES, timeout_s) if wait else self.info(name)
+
+    def restart(self, name: str, *, timeout_s: float = START_TIMEOUT_S) -> ProcInfo:
+        self.stop(name)
+        return self.start(name, timeout_s=timeout_s)
+
+    def wait_state(self, name: str, states, timeout_s: float) -> ProcInfo:
+        """Poll until the program is in one of `states`; a start that ends FATAL/EXITED/BACKOFF fails at once."""
+        states = tuple(states)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            info = self.info(name)
+            if info.state in states:
+                return info
+            if "RUNNING" in states and info.state in ("FATAL", "EXITED"):
+                raise SupervisorError(f"program {name!r} did not start: {info.state} "
+                                      f"({info.spawnerr or info.description}); see its log")
+            if time.monotonic() >= deadline:
+                raise SupervisorError(f"program {name!r} is {info.state} after {timeout_s:.0f} s; "
+                                      f"wanted {'/'.join(states)}")
+            time.sleep(POLL_INTERVAL_S)
+
+    def shutdown(self) -> None:
+        """Ask supervisord to stop all programs and exit."""
+        self._call("supervisor.shutdown")

@@ -1,0 +1,192 @@
+"""supervisord control through XML-RPC on its unix socket, against a real supervisord in a temporary run folder."""
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.runfolder import PROGRAMS, TEMPLATE, init_run, render_supervisord_conf
+from orchestrator.supervisor import Supervisor, SupervisorError
+
+BIN = Path(sys.executable).parent
+
+TINY_CONF = """
+[unix_http_server]
+file={run}/supervisor.sock
+chmod=0700
+
+[supervisord]
+logfile={run}/supervisord.log
+pidfile={run}/supervisord.pid
+childlogdir={run}
+directory={run}
+
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+
+[supervisorctl]
+serverurl=unix://{run}/supervisor.sock
+
+[program:sleeper]
+command={py} -c "import time; print('sleeper up', flush=True); time.sleep(600)"
+autostart=false
+autorestart=false
+startsecs=0
+stopsignal=TERM
+stopasgroup=true
+killasgroup=true
+stdout_logfile={run}/sleeper.log
+
+[program:parent]
+command={py} -c "import subprocess, time; subprocess.Popen(['sleep', '600']); time.sleep(600)"
+autostart=true
+autorestart=false
+startsecs=0
+stopasgroup=true
+killasgroup=true
+stdout_logfile={run}/parent.log
+
+[program:broken]
+command={run}/does-not-exist
+autostart=false
+startretries=0
+startsecs=0
+stdout_logfile={run}/broken.log
+"""
+
+
+def _start_supervisord(conf: Path, sock: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([str(BIN / "supervisord"), "-n", "-c", str(conf)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 20
+    while not sock.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"supervisord exited: {proc.stderr.read().decode()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("supervisord did not create its socket")
+        time.sleep(0.05)
+    return proc
+
+
+def _stop_supervisord(sup: Supervisor, proc: subprocess.Popen) -> None:
+    try:
+        sup.shutdown()
+        proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    conf = run / "supervisord.conf"
+    conf.write_text(TINY_CONF.format(run=run, py=sys.executable))
+    proc = _start_supervisord(conf, run / "supervisor.sock")
+    sup = Supervisor(run / "supervisor.sock")
+    yield sup, run, conf
+    _stop_supervisord(sup, proc)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_start_stop_status(tiny):
+    sup, run, conf = tiny
+    assert sup.ping() == "RUNNING"
+    assert stat.S_IMODE((run / "supervisor.sock").stat().st_mode) == 0o700
+    assert sup.info("sleeper").state == "STOPPED" and not sup.is_live("sleeper")
+    info = sup.start("sleeper", timeout_s=10)
+    assert info.state == "RUNNING" and info.pid > 0 and _alive(info.pid)
+    assert sup.is_live("sleeper")
+    again = sup.start("sleeper")                    # already started: no error, same process
+    assert again.pid == info.pid
+    deadline = time.monotonic() + 10
+    while "sleeper up" not in sup.tail("sleeper")[0] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    text, offset, _ = sup.tail("sleeper")
+    assert "sleeper up" in text and offset > 0
+    stopped = sup.stop("sleeper", timeout_s=10)
+    assert stopped.state == "STOPPED" and stopped.pid == 0
+    deadline = time.monotonic() + 5
+    while _alive(info.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(info.pid)
+    assert sup.stop("sleeper").state == "STOPPED"   # stopping a stopped program is fine
+
+
+def test_stop_kills_the_process_group(tiny):
+    sup, run, conf = tiny
+    info = sup.wait_state("parent", ("RUNNING",), 10)
+    time.sleep(0.5)                                  # let it spawn its child
+    import psutil
+    children = psutil.Process(info.pid).children()
+    assert children, "the test program should have a child"
+    sup.stop("parent", timeout_s=10)
+    psutil.wait_procs(children, timeout=5)
+    assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
+
+
+def test_errors_are_clear(tiny, tmp_path):
+    sup, run, conf = tiny
+    with pytest.raises(SupervisorError, match="no program 'nosuch'"):
+        sup.info("nosuch")
+    with pytest.raises(SupervisorError, match="broken"):
+        sup.start("broken", timeout_s=5)
+    dead = Supervisor(tmp_path / "missing.sock", timeout_s=1)
+    with pytest.raises(SupervisorError, match="not reachable"):
+        dead.ping()
+
+
+def test_supervisorctl_uses_the_same_socket(tiny):
+    sup, run, conf = tiny
+    out = subprocess.run([str(BIN / "supervisorctl"), "-c", str(conf), "status"], capture_output=True, text=True,
+                         timeout=30)
+    assert "sleeper" in out.stdout and "STOPPED" in out.stdout and "parent" in out.stdout
+
+
+def test_real_config_renders_and_runs(tmp_path):
+    """The top-level supervisord.conf, rendered for a temp run folder with a stand-in interpreter that just sleeps."""
+    fake = tmp_path / "fakepy"
+    fake.write_text("#!/bin/sh\necho \"fake stage $*\"\nexec sleep 600\n")
+    fake.chmod(0o755)
+    rf = init_run(tmp_path / "r", python=str(fake))
+    conf_text = rf.supervisord_conf.read_text()
+    assert "%(here)s" not in conf_text and str(rf.root) in conf_text
+    assert stat.S_IMODE(rf.root.stat().st_mode) == 0o700
+    proc = _start_supervisord(rf.supervisord_conf, rf.supervisor_sock)
+    sup = Supervisor(rf.supervisor_sock)
+    try:
+        for name in ("scheduler", "executor", "orchestrator"):
+            sup.wait_state(name, ("RUNNING",), 15)
+        infos = sup.all_info()
+        assert set(infos) == set(PROGRAMS)
+        assert infos["encoder"].state == "STOPPED" and infos["vae"].state == "STOPPED"
+        assert stat.S_IMODE(rf.supervisor_sock.stat().st_mode) == 0o700
+        ctl = [str(BIN / "supervisorctl"), "-c", str(rf.supervisord_conf)]
+        out = subprocess.run(ctl + ["status"], capture_output=True, text=True, timeout=30).stdout
+        assert all(p in out for p in PROGRAMS)
+        pid = infos["executor"].pid
+        subprocess.run(ctl + ["restart", "executor"], capture_output=True, text=True, timeout=30, check=True)
+        assert sup.info("executor").pid not in (0, pid)
+        log = (rf.logs / "executor.log").read_text()
+        assert f"-m stages.executor --config {rf.pipeline_toml}" in log
+        assert f"-m orchestrator.cli --run {rf.root} serve" in (rf.logs / "orchestrator.log").read_text()
+    finally:
+        _stop_supervisord(sup, proc)
+
+
+def test_render_escapes_percent(tmp_path):
+    text = render_supervisord_conf(TEMPLATE.read_text(), tmp_path / "a%b", python="/x/py")
+    assert "a%%b" in text and "%(here)s" not in text and "/x/py -m stages.vae" in text
