@@ -1,0 +1,399 @@
+"""Every message between Anima's processes: kinds, fields, limits and the conversation they form.
+
+Wire: a ZeroMQ multipart. Frame 0 is a msgpack map `{"v": 1, "kind": KIND, "id": ID, ...fields}`; frames 1..n are raw
+tensor bytes for descriptors with `where = {"frame": k}` (see protocol/tensors.py). Requests go client → stage through
+a REQ (Lazy Pirate) socket to the stage's ROUTER; the reply carries the request's `id`. Events go stage → orchestrator
+through PUSH → PULL (the orchestrator's `events` endpoint) and need no reply.
+
+The conversation (→ request, ← its reply, ⇢ event):
+
+  lifecycle, any client ↔ any stage
+    → HELLO {peer, pid, version}                       ← READY {stage, pid, version, info}
+    → HEARTBEAT {peer}                                 ← PONG {stage, pid, busy, job, uptime_s, rss_mb}
+    → CANCEL {job}                                     ← OK
+    → SHUTDOWN {reason}                                ← OK, then the stage exits 0
+    any request that fails                             ← ERROR {code, message, field, retry}
+    ⇢ DYING {stage, pid, reason, job}   a stage's last word before it exits non-zero (supervisord restarts it)
+  orchestrator → encoder
+    → ENCODE {job, prompt, negative, arena, cond, uncond}        ← ENCODED {job, cond, uncond, tokens_*, truncated, timings}
+  orchestrator → scheduler (minutes; heartbeats are answered between branches)
+    → DENOISE {job, job_dir, pack_dir, arena, params, cond, uncond, latent, scratch, executor, resume}
+    ⇢ PROGRESS {job, step, steps, block, branch, cfg_pass, forecast, elapsed_s, eta_s}
+                                                       ← DENOISED {job, latent, computed/forecast steps, sums, ...}
+  scheduler → executor (one per branch call, both CFG passes; resent with attempt+1 after a timeout)
+    → BRANCH {job, step, block, branch, model, index, arena, passes, next, attempt}
+                                                       ← BRANCH_DONE {job, step, block, branch, attempt, times, outputs}
+  orchestrator → vae
+    → DECODE {job, latent, arena, output, return_png, metadata, tile}    ← DECODED {job, path, png, width, height, timings}
+
+Tensors in the arena are written by the sender before the request and left untouched until the reply is applied,
+so every request is idempotent and may be resent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from typing import Any, ClassVar
+
+from protocol.fields import (MAX_PATH_CHARS, MAX_TEXT_CHARS, Bool, Float, Int, List, Map, Name, Nested, Optional,
+                             Path, ProtocolError, Record, Scalar, Str, spec)
+from protocol.tensors import Tensor, TensorDesc
+
+PROTOCOL_VERSION = 1
+HEARTBEAT_INTERVAL_S = 1.0  # orchestrator → stage HEARTBEAT period
+LIVENESS = 3  # missed heartbeats before a stage counts as dead; 3..5 is reasonable
+MAX_ID = 2**63 - 1
+MAX_STEPS = 1000
+MAX_BLOCKS = 256
+MAX_PASSES = 2  # CFG: conditional first, then unconditional
+BRANCH_KINDS = ("self", "cross", "ffn")  # the order inside a block (models/partition.py is the full table)
+PASS_NAMES = ("cond", "uncond")
+ERROR_CODES = (
+    "bad_request",  # a field is missing, ill-typed or out of range (`field` names it)
+    "unknown_kind",  # the kind is not in KINDS, or this stage does not serve it
+    "version",  # `v` is not PROTOCOL_VERSION
+    "too_large",  # a frame, string, list or map exceeds its limit
+    "bad_frames",  # frame count or a frame's byte count does not match the descriptors
+    "busy",  # the stage is working on another request (retry later)
+    "cancelled",  # the job was cancelled or the stage is shutting down
+    "failed",  # the request was valid but could not be done (`message` says why)
+    "internal",  # the stage broke; it sends DYING and exits for supervisord to restart it
+)
+
+KINDS: dict[str, type["Message"]] = {}
+
+
+def new_id() -> int:
+    """A random request id (63 bits); replies echo it."""
+    return secrets.randbits(63)
+
+
+def _message(kind: str):
+    def register(cls):
+        cls = dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+        clash = {f.name for f in dataclasses.fields(cls)} & Message.RESERVED
+        if clash:
+            raise TypeError(f"{cls.__name__} uses reserved header names {clash}")
+        cls.KIND = kind
+        KINDS[kind] = cls
+        return cls
+    return register
+
+
+def _record(cls):
+    return dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Message(Record):
+    """Base of every message: `id` correlates a reply with its request; `inline` holds frames 1..n (not in frame 0)."""
+
+    KIND: ClassVar[str] = ""
+    RESERVED: ClassVar[frozenset[str]] = frozenset({"v", "kind"})
+    id: int = spec(Int(0, MAX_ID), factory=new_id)
+    inline: tuple = dataclasses.field(default=(), compare=False, repr=False)
+
+
+# ---- nested records ----------------------------------------------------------------------------------------------
+
+@_record
+class SpectrumSettings(Record):
+    """Spectrum step forecasting (defaults as in stable-diffusion.cpp; see ../shared/anima-facts.md)."""
+
+    enabled: bool = spec(Bool(), True)
+    w: float = spec(Float(0.0, 1.0), 0.4)  # Chebyshev vs Taylor blend
+    m: int = spec(Int(1, 8), 3)  # Chebyshev degree
+    lam: float = spec(Float(0.0, 1e6), 1.0)  # ridge penalty
+    window: float = spec(Float(1.0, 100.0), 2.0)
+    flex: float = spec(Float(0.0, 100.0), 0.5)
+    warmup: int = spec(Int(0, MAX_STEPS), 4)
+    stop: float = spec(Float(0.0, 1.0), 0.9)
+
+
+@_record
+class DenoiseParams(Record):
+    seed: int = spec(Int(0, 2**64 - 1))
+    steps: int = spec(Int(1, MAX_STEPS))
+    cfg: float = spec(Float(0.0, 100.0))
+    sampler: str = spec(Name(), "euler")
+    schedule: str = spec(Name(), "sgm_uniform")
+    width: int = spec(Int(8, 16384))  # pixels
+    height: int = spec(Int(8, 16384))
+    spectrum: SpectrumSettings = spec(Nested(SpectrumSettings), factory=SpectrumSettings)
+
+
+@_record
+class Region(Record):
+    """A byte range of the job's arena handed to a stage to carve its own slots from (protocol.arena.SlotAllocator)."""
+
+    offset: int = spec(Int(0, 2**48))
+    nbytes: int = spec(Int(0, 2**48))
+
+
+@_record
+class BranchPass(Record):
+    """One CFG pass of a branch call: named inputs (as in models/partition.py) and where the output goes."""
+
+    name: str = spec(Str(16, choices=PASS_NAMES))
+    inputs: dict[str, TensorDesc] = spec(Map(Tensor(), max_items=16))
+    output: TensorDesc = spec(Tensor())
+
+
+@_record
+class BranchRef(Record):
+    """The branch after this one (lets prefetch policies load it early)."""
+
+    block: int = spec(Int(0, MAX_BLOCKS - 1))
+    branch: str = spec(Str(16, choices=BRANCH_KINDS))
+    model: str = spec(Path())
+    index: int = spec(Int(0, 3 * MAX_BLOCKS))
+
+
+@_record
+class PhaseTimes(Record):
+    """Seconds spent in each phase of one branch call; `infer_s` has one entry per pass."""
+
+    load_s: float = spec(Float())
+    init_s: float = spec(Float())
+    infer_s: tuple[float, ...] = spec(List(Float(), min_items=1, max_items=MAX_PASSES))
+    release_s: float = spec(Float())
+
+
+@_record
+class BranchSums(Record):
+    """Per branch kind totals over a job."""
+
+    load_s: float = spec(Float(), 0.0)
+    init_s: float = spec(Float(), 0.0)
+    infer_s: float = spec(Float(), 0.0)
+    release_s: float = spec(Float(), 0.0)
+    calls: int = spec(Int(0, 2**40), 0)
+
+
+@_record
+class TileSettings(Record):
+    enabled: bool = spec(Bool(), True)
+    tile: int = spec(Int(4, 4096), 32)  # latent pixels per tile side
+    overlap: float = spec(Float(0.0, 0.9), 0.5)  # fraction of a tile
+
+
+# ---- lifecycle ---------------------------------------------------------------------------------------------------
+
+@_message("HELLO")
+class Hello(Message):
+    peer: str = spec(Name())  # who is asking: "orchestrator", "scheduler", "cli" ...
+    pid: int = spec(Int(0, 2**31 - 1))
+    version: str = spec(Str(64))  # software version of the sender
+
+
+@_message("READY")
+class Ready(Message):
+    stage: str = spec(Name())
+    pid: int = spec(Int(0, 2**31 - 1))
+    version: str = spec(Str(64))
+    info: dict[str, Any] = spec(Map(Scalar()), factory=dict)  # backend, threads, policy, ...
+
+
+@_message("HEARTBEAT")
+class Heartbeat(Message):
+    peer: str = spec(Name())
+
+
+@_message("PONG")
+class Pong(Message):
+    stage: str = spec(Name())
+    pid: int = spec(Int(0, 2**31 - 1))
+    busy: bool = spec(Bool())
+    job: str | None = spec(Optional(Name()), None)
+    uptime_s: float = spec(Float())
+    rss_mb: float | None = spec(Optional(Float()), None)
+
+
+@_message("CANCEL")
+class Cancel(Message):
+    job: str = spec(Name())
+
+
+@_message("SHUTDOWN")
+class Shutdown(Message):
+    reason: str = spec(Str(MAX_PATH_CHARS), "")
+
+
+@_message("OK")
+class Ok(Message):
+    note: str = spec(Str(MAX_PATH_CHARS), "")
+
+
+@_message("ERROR")
+class Error(Message):
+    code: str = spec(Str(32, choices=ERROR_CODES))
+    message: str = spec(Str(MAX_PATH_CHARS))
+    field: str = spec(Str(MAX_PATH_CHARS), "")  # dotted path of the bad field, "" when none
+    retry: bool = spec(Bool(), False)  # the same request may succeed later
+
+
+@_message("DYING")
+class Dying(Message):
+    stage: str = spec(Name())
+    pid: int = spec(Int(0, 2**31 - 1))
+    reason: str = spec(Str(MAX_PATH_CHARS))
+    job: str | None = spec(Optional(Name()), None)
+
+
+# ---- encoder -----------------------------------------------------------------------------------------------------
+
+@_message("ENCODE")
+class Encode(Message):
+    job: str = spec(Name())
+    prompt: str = spec(Str(MAX_TEXT_CHARS))
+    negative: str = spec(Str(MAX_TEXT_CHARS), "")
+    arena: str | None = spec(Optional(Name()), None)  # None: reply with inline tensors (remote encoder)
+    cond: TensorDesc | None = spec(Optional(Tensor()), None)  # [S, Dc] f32 slot to fill
+    uncond: TensorDesc | None = spec(Optional(Tensor()), None)
+
+
+@_message("ENCODED")
+class Encoded(Message):
+    job: str = spec(Name())
+    cond: TensorDesc = spec(Tensor())  # [S, Dc] where it was written
+    uncond: TensorDesc = spec(Tensor())
+    tokens_cond: int = spec(Int(0, 2**20))
+    tokens_uncond: int = spec(Int(0, 2**20))
+    truncated: bool = spec(Bool(), False)
+    timings: dict[str, float] = spec(Map(Float()), factory=dict)  # load_s, tokenize_s, encode_s, ...
+
+
+# ---- scheduler ---------------------------------------------------------------------------------------------------
+
+@_message("DENOISE")
+class Denoise(Message):
+    job: str = spec(Name())
+    job_dir: str = spec(Path())  # per-step state is written here (write-then-rename)
+    pack_dir: str = spec(Path())
+    arena: str = spec(Name())
+    params: DenoiseParams = spec(Nested(DenoiseParams))
+    cond: TensorDesc = spec(Tensor())  # [S, Dc]
+    uncond: TensorDesc = spec(Tensor())
+    latent: TensorDesc = spec(Tensor())  # output [C, H/8, W/8] f32
+    scratch: Region = spec(Nested(Region))  # the scheduler carves branch inputs/outputs from here
+    executor: str = spec(Str(MAX_PATH_CHARS, min_chars=1))  # endpoint
+    resume: bool = spec(Bool(), True)  # continue from job_dir's last finished step when present
+
+
+@_message("PROGRESS")
+class Progress(Message):
+    job: str = spec(Name())
+    step: int = spec(Int(1, MAX_STEPS))  # 1-based
+    steps: int = spec(Int(1, MAX_STEPS))
+    block: int = spec(Int(0, MAX_BLOCKS - 1))
+    branch: str = spec(Str(16, choices=BRANCH_KINDS))
+    cfg_pass: str = spec(Str(16, choices=PASS_NAMES + ("both",)), "both")
+    forecast: bool = spec(Bool(), False)
+    elapsed_s: float = spec(Float())
+    eta_s: float | None = spec(Optional(Float()), None)
+
+
+@_message("DENOISED")
+class Denoised(Message):
+    job: str = spec(Name())
+    latent: TensorDesc = spec(Tensor())
+    computed_steps: tuple[int, ...] = spec(List(Int(1, MAX_STEPS), max_items=MAX_STEPS))  # 1-based
+    forecast_steps: tuple[int, ...] = spec(List(Int(1, MAX_STEPS), max_items=MAX_STEPS))
+    branch_calls: int = spec(Int(0, 2**40))
+    branches: dict[str, BranchSums] = spec(Map(Nested(BranchSums), keys=BRANCH_KINDS), factory=dict)
+    host_s: float = spec(Float())
+    transport_s: float = spec(Float())
+    wall_s: float = spec(Float())
+    resumed_from: int = spec(Int(0, MAX_STEPS), 0)  # last finished step found on start; 0 = fresh
+    resends: int = spec(Int(0, 2**40), 0)
+
+
+# ---- executor ----------------------------------------------------------------------------------------------------
+
+@_message("BRANCH")
+class Branch(Message):
+    job: str = spec(Name())
+    step: int = spec(Int(1, MAX_STEPS))
+    block: int = spec(Int(0, MAX_BLOCKS - 1))
+    branch: str = spec(Str(16, choices=BRANCH_KINDS))
+    model: str = spec(Path())  # branch model file (ONNX or RKNN)
+    index: int = spec(Int(0, 3 * MAX_BLOCKS))  # position in the branch table
+    arena: str | None = spec(Optional(Name()), None)  # None when every tensor is inline
+    passes: tuple[BranchPass, ...] = spec(List(Nested(BranchPass), min_items=1, max_items=MAX_PASSES))
+    next: BranchRef | None = spec(Optional(Nested(BranchRef)), None)
+    attempt: int = spec(Int(1, 1000), 1)
+
+
+@_message("BRANCH_DONE")
+class BranchDone(Message):
+    job: str = spec(Name())
+    step: int = spec(Int(1, MAX_STEPS))
+    block: int = spec(Int(0, MAX_BLOCKS - 1))
+    branch: str = spec(Str(16, choices=BRANCH_KINDS))
+    attempt: int = spec(Int(1, 1000), 1)
+    times: PhaseTimes = spec(Nested(PhaseTimes))
+    outputs: tuple[TensorDesc, ...] = spec(List(Tensor(), min_items=1, max_items=MAX_PASSES))  # per pass
+    cached: bool = spec(Bool(), False)  # the model was already loaded (prefetch/resident)
+    rss_mb: float | None = spec(Optional(Float()), None)
+    pss_mb: float | None = spec(Optional(Float()), None)
+
+
+# ---- vae ---------------------------------------------------------------------------------------------------------
+
+@_message("DECODE")
+class Decode(Message):
+    job: str = spec(Name())
+    latent: TensorDesc = spec(Tensor())  # [C, H/8, W/8] f32, slot or inline
+    arena: str | None = spec(Optional(Name()), None)
+    output: str | None = spec(Optional(Path()), None)  # PNG path on the VAE's machine; None: return it inline
+    return_png: bool = spec(Bool(), False)
+    metadata: dict[str, str] = spec(Map(Str(MAX_TEXT_CHARS)), factory=dict)  # PNG text chunks
+    tile: TileSettings = spec(Nested(TileSettings), factory=TileSettings)
+
+
+@_message("DECODED")
+class Decoded(Message):
+    job: str = spec(Name())
+    path: str | None = spec(Optional(Path()), None)
+    png: TensorDesc | None = spec(Optional(Tensor()), None)  # u8 [n] inline PNG bytes when asked
+    width: int = spec(Int(1, 65536))
+    height: int = spec(Int(1, 65536))
+    timings: dict[str, float] = spec(Map(Float()), factory=dict)
+
+
+# ---- helpers -----------------------------------------------------------------------------------------------------
+
+def reply_to(request: Message, cls: type[Message], **fields) -> Message:
+    """A reply of kind `cls` carrying the request's id."""
+    return cls(id=request.id, **fields)
+
+
+def error_reply(request_id: int, error: ProtocolError | str, message: str = "", *, field: str = "",
+                retry: bool = False) -> Error:
+    """An ERROR reply from a ProtocolError, or from a code plus message."""
+    if isinstance(error, ProtocolError):
+        code = "bad_request" if error.code in ("bad_field", "unknown_field", "missing_field") else error.code
+        if code not in ERROR_CODES:
+            code = "bad_request"
+        return Error(id=request_id, code=code, message=str(error)[:MAX_PATH_CHARS], field=error.field[:MAX_PATH_CHARS])
+    return Error(id=request_id, code=error, message=message[:MAX_PATH_CHARS], field=field, retry=retry)
+
+
+class RemoteError(Exception):
+    """An ERROR reply turned into an exception on the client side."""
+
+    def __init__(self, reply: Error, peer: str = ""):
+        self.reply = reply
+        self.code, self.field, self.retry = reply.code, reply.field, reply.retry
+        where = f" from {peer}" if peer else ""
+        super().__init__(f"{reply.code}{where}: {reply.message}")
+
+
+def expect(reply: Message, cls: type[Message], peer: str = "") -> Message:
+    """`reply` if it is a `cls`; RemoteError for an ERROR; ProtocolError for any other kind."""
+    if isinstance(reply, cls):
+        return reply
+    if isinstance(reply, Error):
+        raise RemoteError(reply, peer)
+    raise ProtocolError("kind", f"expected {cls.KIND} in reply, got {reply.KIND}", "unknown_kind")
