@@ -1,0 +1,278 @@
+"""Sampler: schedules, Euler + CFG baseline, Spectrum rule and forecast, bitwise resume, seeded noise (vs torch)."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from models import spectrum as sp
+from models.noise import comfy_noise, initial_noise, numpy_noise
+from models.sampler import Sampler, make_sigmas
+from models.sampler_state import SamplerState, SamplerStateError
+from models.spectrum import SpectrumSettings
+
+SHAPE = (16, 4, 6)                      # [C, h, w]: small latent
+
+
+def toy_model(seed: int = 7):
+    """A deterministic stand-in DiT: fixed random linear maps of x plus sigma-dependent offsets."""
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(SHAPE))
+    a_c = (rng.standard_normal((n, n)) / math.sqrt(n)).astype(np.float32) * 0.5
+    a_u = (rng.standard_normal((n, n)) / math.sqrt(n)).astype(np.float32) * 0.5
+    b_c = rng.standard_normal(n).astype(np.float32)
+    b_u = rng.standard_normal(n).astype(np.float32)
+    calls = []
+
+    def fn(x, sigma):
+        calls.append(float(sigma))
+        xf = x.reshape(-1)
+        s = np.float32(sigma)
+        return (a_c @ xf + s * b_c).reshape(SHAPE), (a_u @ xf + s * b_u).reshape(SHAPE)
+    fn.calls = calls
+    return fn
+
+
+def start_latent(seed=3):
+    return numpy_noise(seed, SHAPE)
+
+
+# ---- schedules -------------------------------------------------------------------------------------------------------
+def _shift(t, s=3.0):
+    return s * t / (1 + (s - 1) * t)
+
+
+@pytest.mark.parametrize("n", [1, 4, 20, 28])
+def test_sgm_uniform_formula(n):
+    lo = _shift(0.001)
+    want = [_shift(1.0 + (lo - 1.0) * k / n) for k in range(n)] + [0.0]
+    got = make_sigmas("sgm_uniform", n)
+    assert got.dtype == np.float32 and got.shape == (n + 1,)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert got[0] == 1.0 and got[-1] == 0.0 and np.all(np.diff(got) < 0)
+
+
+@pytest.mark.parametrize("n", [1, 7, 20, 30])
+def test_simple_schedule_picks_from_table(n):
+    # ComfyUI: the flow model's table holds shift(i/1000), i = 1..1000; `simple` takes entry -(1 + int(k * 1000 / n))
+    table = [_shift(i / 1000) for i in range(1, 1001)]
+    want = [table[-(1 + int(k * (len(table) / n)))] for k in range(n)] + [0.0]
+    np.testing.assert_allclose(make_sigmas("simple", n), want, rtol=1e-6, atol=1e-7)
+
+
+def test_simple_matches_torch_float32_table():
+    torch = pytest.importorskip("torch")
+    t = torch.arange(1, 1001, 1) / 1000
+    table = (3.0 * t / (1 + 2.0 * t)).tolist()
+    want = [table[-(1 + int(k * (1000 / 20)))] for k in range(20)] + [0.0]
+    np.testing.assert_allclose(make_sigmas("simple", 20), np.array(want, np.float32), rtol=2e-7, atol=0)
+
+
+@pytest.mark.parametrize("bad", [dict(schedule="karras"), dict(steps=0), dict(steps=2.5), dict(cfg=float("nan"))])
+def test_bad_settings_are_named(bad):
+    with pytest.raises(ValueError, match="|".join(bad)):
+        Sampler(**bad)
+
+
+# ---- Spectrum rule and weights ---------------------------------------------------------------------------------------
+def test_spectrum_schedule_20_and_28():
+    computed, forecast = sp.plan(SpectrumSettings(), 20)
+    assert computed == [1, 2, 3, 4, 6, 8, 11, 14, 18, 19, 20]
+    assert forecast == [5, 7, 9, 10, 12, 13, 15, 16, 17]
+    assert len(sp.plan(SpectrumSettings(), 28)[0]) == 13
+    for n in (20, 28):                  # the real loop agrees with the plan and counts model calls
+        model = toy_model()
+        st = Sampler(steps=n, cfg=4.0).sample(model, start_latent())
+        assert st.computed == sp.plan(SpectrumSettings(), n)[0]
+        assert len(model.calls) == len(st.computed)
+        assert sorted(st.computed + st.forecast) == list(range(1, n + 1))
+
+
+def test_chebyshev_weights_test_vector():
+    a = sp.chebyshev_weights([sp.tau(c) for c in range(4)], sp.tau(4), 3, 1.0)
+    np.testing.assert_allclose(a, [0.0064, 0.1337, 0.2472, 0.3474], atol=6e-5)
+    assert abs(float(a.sum()) - 0.735) < 1e-3
+
+
+def _ridge64(calls, c, m=3, lam=1.0):
+    """Independent float64 closed form: numpy's Chebyshev Vandermonde, a = X (XᵀX + λI)⁻¹ x*."""
+    taus = np.array([2 * k / 50 - 1 for k in calls], dtype=np.float64)
+    x = np.polynomial.chebyshev.chebvander(taus, m)
+    xs = np.polynomial.chebyshev.chebvander(np.array([2 * c / 50 - 1]), m)[0]
+    return x @ np.linalg.solve(x.T @ x + lam * np.eye(m + 1), xs)
+
+
+@pytest.mark.parametrize("calls,c", [([0, 1, 2, 3], 4), ([0, 1, 2, 3, 5, 7], 8), ([3, 5, 7, 10, 13, 17], 19),
+                                     ([10, 11], 12)])
+def test_weights_equal_closed_form(calls, c):
+    a = sp.chebyshev_weights([sp.tau(k) for k in calls], sp.tau(c), 3, 1.0)
+    np.testing.assert_allclose(a, _ridge64(calls, c), rtol=1e-4, atol=1e-6)
+
+
+def test_cholesky_fallback_on_singular_system():
+    # λ = 0 and two identical points: XᵀX is singular; the jitter makes it solvable, and weights stay finite
+    a = sp.chebyshev_weights([0.1, 0.1], 0.2, 3, 0.0)
+    assert np.all(np.isfinite(a)) and a.shape == (2,)
+
+
+def test_forecasts_equal_closed_form_ridge():
+    sampler = Sampler(steps=20, cfg=4.0)
+    model = toy_model()
+    st = sampler.init_state(start_latent())
+    checked = 0
+    while not sampler.done(st):
+        if sampler.needs_model(st):
+            sampler.step_computed(st, *model(st.latent, sampler.sigma(st)))
+            continue
+        c = st.step
+        hist = [x.astype(np.float64) for x in st.spectrum.x0s]
+        a = _ridge64(st.spectrum.calls, c)
+        cheb = sum(ai * xi for ai, xi in zip(a, hist))
+        taylor = hist[-1] + 0.5 * (hist[-1] - hist[-2])
+        x0 = 0.6 * taylor + 0.4 * cheb
+        s0, s1 = float(sampler.sigmas[c]), float(sampler.sigmas[c + 1])
+        x = st.latent.astype(np.float64)
+        want = x + (x - x0) / s0 * (s1 - s0)
+        sampler.step_forecast(st)
+        np.testing.assert_allclose(st.latent, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+        checked += 1
+    assert checked == 9
+
+
+def test_history_is_fifo_of_six_cfg_x0():
+    sampler = Sampler(steps=20, cfg=3.0)
+    model = toy_model()
+    st = sampler.init_state(start_latent())
+    want = []
+    while not sampler.done(st):
+        if sampler.needs_model(st):
+            x, s = st.latent.copy(), sampler.sigmas[st.step]
+            v_c, v_u = model(x, float(s))
+            want.append((st.step, x - s * (v_u + np.float32(3.0) * (v_c - v_u))))
+            sampler.step_computed(st, v_c, v_u)
+        else:
+            sampler.step_forecast(st)
+    assert st.spectrum.calls == [c for c, _ in want[-6:]]
+    for (_, w), got in zip(want[-6:], st.spectrum.x0s):
+        np.testing.assert_array_equal(got, w)
+
+
+# ---- baseline and resume ---------------------------------------------------------------------------------------------
+def test_spectrum_off_equals_plain_euler_cfg_bitwise():
+    n, cfg = 12, 4.5
+    sig = make_sigmas("sgm_uniform", n)
+    model = toy_model()
+    x = start_latent()
+    for k in range(n):                                      # hand-written baseline
+        v_c, v_u = model(x, float(sig[k]))
+        v = v_u + np.float32(cfg) * (v_c - v_u)
+        x = x + v * (sig[k + 1] - sig[k])
+    model2 = toy_model()
+    st = Sampler(steps=n, cfg=cfg, spectrum=None).sample(model2, start_latent())
+    np.testing.assert_array_equal(st.latent, x)
+    assert st.computed == list(range(1, n + 1)) and st.forecast == [] and len(model2.calls) == n
+
+
+def test_spectrum_changes_result_but_stays_close():
+    off = Sampler(steps=20, spectrum=None).sample(toy_model(), start_latent()).latent
+    on = Sampler(steps=20).sample(toy_model(), start_latent()).latent
+    assert not np.array_equal(on, off)
+    assert np.all(np.isfinite(on))
+
+
+@pytest.mark.parametrize("spectrum", [SpectrumSettings(), None], ids=["spectrum", "baseline"])
+def test_resume_after_any_step_is_bitwise(tmp_path, spectrum):
+    n = 20
+    sampler = Sampler(steps=n, cfg=4.0, schedule="simple", spectrum=spectrum)
+    ref = sampler.sample(toy_model(), start_latent())
+    path = tmp_path / "state.safetensors"
+    for k in range(0, n + 1):
+        model = toy_model()
+        st = sampler.init_state(start_latent(), seed=3, noise="numpy")
+        while st.step < k:
+            if sampler.needs_model(st):
+                sampler.step_computed(st, *model(st.latent, sampler.sigma(st)))
+            else:
+                sampler.step_forecast(st)
+        st.save(path)
+        assert not (tmp_path / "state.safetensors.tmp").exists()
+        back = SamplerState.load(path)
+        resumed = Sampler.from_state(back)
+        assert back.step == k and back.seed == 3 and back.noise == "numpy"
+        out = resumed.sample(toy_model(), state=back)
+        np.testing.assert_array_equal(out.latent, ref.latent)
+        assert out.computed == ref.computed and out.forecast == ref.forecast
+
+
+def test_state_file_errors(tmp_path):
+    with pytest.raises(SamplerStateError, match="nope.safetensors"):
+        SamplerState.load(tmp_path / "nope.safetensors")
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"\x00" * 4)
+    with pytest.raises(SamplerStateError, match="junk.safetensors"):
+        SamplerState.load(junk)
+    sampler = Sampler(steps=5)
+    st = sampler.init_state(start_latent())
+    good = tmp_path / "s.safetensors"
+    st.save(good)
+    # a state whose settings differ is refused by a sampler with other settings
+    with pytest.raises(SamplerStateError, match="settings"):
+        Sampler(steps=6).sample(toy_model(), state=SamplerState.load(good))
+    # tampered metadata: wrong version
+    from models.safetensors_io import SafeTensorsFile, save_arrays
+    meta = json.loads(SafeTensorsFile(good).metadata["anima_sampler_state"])
+    meta["version"] = 99
+    bad = tmp_path / "bad.safetensors"
+    save_arrays(bad, {"latent": st.latent}, metadata={"anima_sampler_state": json.dumps(meta)})
+    with pytest.raises(SamplerStateError, match="version"):
+        SamplerState.load(bad)
+
+
+def test_step_api_guards():
+    sampler = Sampler(steps=20)
+    st = sampler.init_state(start_latent())
+    with pytest.raises(ValueError, match="v_cond"):
+        sampler.step_computed(st, np.zeros((16, 2, 2), np.float32), np.zeros(SHAPE, np.float32))
+    with pytest.raises(FloatingPointError, match="v_uncond"):
+        sampler.step_computed(st, np.zeros(SHAPE, np.float32), np.full(SHAPE, np.nan, np.float32))
+    with pytest.raises(RuntimeError, match="needs the model"):
+        sampler.step_forecast(st)
+    with pytest.raises(ValueError, match="latent"):
+        sampler.init_state(np.zeros((4, 4), np.float32))
+
+
+# ---- noise -----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", [0, 1, 42, 123456789, 2**40 + 5])
+@pytest.mark.parametrize("shape", [(1, 16, 1, 8, 8), (1, 16, 1, 6, 10), (17,), (3, 7, 5)])
+def test_comfy_noise_matches_torch(seed, shape):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(seed)
+    want = torch.randn(*shape).numpy()
+    got = comfy_noise(seed, shape)
+    assert got.dtype == np.float32 and got.shape == shape
+    # torch's vectorised log/sincos are polynomial approximations: agreement to a few float32 ulp
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+
+
+def test_comfy_latent_shape_matches_comfy_layout():
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(5)
+    want = torch.randn(1, 16, 1, 8, 12).numpy().reshape(16, 8, 12)
+    np.testing.assert_allclose(initial_noise(5, (16, 8, 12), "comfy"), want, rtol=2e-6, atol=2e-6)
+
+
+def test_numpy_noise_is_seeded_pcg64():
+    a = initial_noise(9, SHAPE, "numpy")
+    np.testing.assert_array_equal(a, np.random.Generator(np.random.PCG64(9)).standard_normal(SHAPE, dtype=np.float32))
+    assert not np.array_equal(a, initial_noise(10, SHAPE, "numpy"))
+    assert abs(float(initial_noise(1, (16, 64, 64), "numpy").std()) - 1.0) < 0.02
+
+
+@pytest.mark.parametrize("args,match", [((-1, SHAPE, "comfy"), "seed"), ((1.5, SHAPE, "numpy"), "seed"),
+                                        ((1, (3, 3), "comfy"), "16 elements"), ((1, SHAPE, "philox"), "noise mode"),
+                                        ((1, (0, 4), "numpy"), "shape")])
+def test_noise_errors(args, match):
+    with pytest.raises(ValueError, match=match):
+        initial_noise(*args)
