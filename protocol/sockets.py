@@ -1,0 +1,387 @@
+"""ZeroMQ helpers: endpoint checks, socket options, CURVE hooks, a Lazy Pirate client, a ROUTER server, event sockets."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import logging
+import os
+import time
+from typing import Any, Callable
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+from protocol import codec
+from protocol.fields import ProtocolError
+from protocol.messages import Message, error_reply
+
+log = logging.getLogger(__name__)
+
+HWM_MESSAGES = 64  # queued messages per socket and direction before sends block/drop
+IPC_PATH_MAX_CHARS = 100  # sun_path is 108 bytes on Linux; stay clear of it
+REQUEST_TIMEOUT_S = 5.0  # Lazy Pirate: wait this long for a reply before reconnecting
+REQUEST_RETRIES = 3  # Lazy Pirate: resends after the first try before giving up
+POLL_SLICE_S = 0.1  # longest uninterrupted poll: stop flags and idle callbacks run at least this often
+LAST_WORD_LINGER_S = 0.5  # how long a DYING event may linger in the queue when its socket closes
+
+
+class EndpointError(ValueError):
+    """A bad endpoint or an unsafe transport setting, said plainly."""
+
+
+class PeerUnavailable(Exception):
+    """No reply after every Lazy Pirate attempt."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CurveServer:
+    """Server side of CURVE: its key pair and the z85 public keys of the clients it accepts."""
+
+    public: bytes
+    secret: bytes
+    allowed_clients: frozenset[bytes]
+
+
+@dataclasses.dataclass(frozen=True)
+class CurveClient:
+    """Client side of CURVE: its own key pair and the server's public key."""
+
+    public: bytes
+    secret: bytes
+    server_public: bytes
+
+
+def write_keypair(directory: str | os.PathLike, name: str) -> tuple[str, str]:
+    """Create `NAME.key` (public) and `NAME.key_secret` in `directory`, both 0600. Returns their paths."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    public_path, secret_path = zmq.auth.create_certificates(os.fspath(directory), name)
+    for p in (public_path, secret_path):
+        os.chmod(p, 0o600)
+    return public_path, secret_path
+
+
+def read_keypair(path: str | os.PathLike) -> tuple[bytes, bytes | None]:
+    """(public, secret) z85 keys from a certificate file; secret is None for a public-only file."""
+    try:
+        return zmq.auth.load_certificate(os.fspath(path))
+    except (OSError, ValueError) as e:
+        raise EndpointError(f"cannot read CURVE key file {path}: {e}") from None
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, str]:
+    """('ipc', path) or ('tcp', 'host:port') after checking the endpoint; EndpointError names the problem."""
+    if not isinstance(endpoint, str) or "://" not in endpoint:
+        raise EndpointError(f"endpoint {endpoint!r} must look like ipc:///path or tcp://host:port")
+    transport, address = endpoint.split("://", 1)
+    if transport == "ipc":
+        if not address.startswith("/"):
+            raise EndpointError(f"ipc endpoint {endpoint!r} needs an absolute path")
+        if len(address) >= IPC_PATH_MAX_CHARS:
+            raise EndpointError(f"ipc path of {len(address)} chars is too long (< {IPC_PATH_MAX_CHARS}): {address} "
+                                "— use a shorter run directory")
+        return transport, address
+    if transport == "tcp":
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise EndpointError(f"tcp endpoint {endpoint!r} must be tcp://host:port with a port in 1..65535")
+        return transport, address
+    raise EndpointError(f"endpoint {endpoint!r}: transport {transport!r} is not ipc or tcp")
+
+
+def ipc_endpoint(run_dir: str | os.PathLike, name: str) -> str:
+    """`ipc://RUN/sock/NAME.sock` (the folder is made 0700); EndpointError when the path is too long."""
+    sock_dir = os.path.join(os.path.abspath(os.fspath(run_dir)), "sock")
+    endpoint = f"ipc://{sock_dir}/{name}.sock"
+    parse_endpoint(endpoint)
+    os.makedirs(sock_dir, mode=0o700, exist_ok=True)
+    return endpoint
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_security(endpoint: str, curve: Any, allow_plaintext: bool) -> None:
+    transport, address = parse_endpoint(endpoint)
+    if transport != "tcp" or curve is not None:
+        return
+    host = address.rpartition(":")[0]
+    if not allow_plaintext:
+        raise EndpointError(f"{endpoint}: plaintext TCP is refused; configure CURVE keys "
+                            "(or allow plaintext explicitly, loopback only)")
+    if not is_loopback(host):
+        raise EndpointError(f"{endpoint}: plaintext TCP is only allowed on a loopback address, not {host!r}")
+
+
+def configure(sock: zmq.Socket, *, max_msg_bytes: int = codec.MAX_FRAME_BYTES) -> zmq.Socket:
+    """Options every socket gets: LINGER 0, bounded high-water marks, a maximum inbound frame size."""
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, HWM_MESSAGES)
+    sock.setsockopt(zmq.RCVHWM, HWM_MESSAGES)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_msg_bytes)
+    return sock
+
+
+def make_socket(ctx: zmq.Context, kind: int, endpoint: str, *, bind: bool, curve: Any = None,
+                allow_plaintext: bool = False) -> zmq.Socket:
+    """A configured socket bound or connected to `endpoint`, with CURVE set up when given (tcp)."""
+    _check_security(endpoint, curve, allow_plaintext)
+    sock = configure(ctx.socket(kind))
+    try:
+        if isinstance(curve, CurveServer):
+            sock.curve_secretkey, sock.curve_publickey = curve.secret, curve.public
+            sock.curve_server = True
+            sock.zap_domain = b"anima"
+        elif isinstance(curve, CurveClient):
+            sock.curve_secretkey, sock.curve_publickey = curve.secret, curve.public
+            sock.curve_serverkey = curve.server_public
+        if bind:
+            transport, address = parse_endpoint(endpoint)
+            if transport == "ipc":
+                os.makedirs(os.path.dirname(address), mode=0o700, exist_ok=True)
+            sock.bind(endpoint)
+        else:
+            sock.connect(endpoint)
+    except BaseException:
+        sock.close(0)
+        raise
+    return sock
+
+
+class _AllowList:
+    def __init__(self, keys: frozenset[bytes]):
+        self.keys = keys
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        ok = key in self.keys
+        if not ok:
+            log.warning("CURVE client key %s refused (not in the allow-list)", key[:8])
+        return ok
+
+
+def start_authenticator(ctx: zmq.Context, curve: CurveServer) -> ThreadAuthenticator:
+    """A ZAP handler on `ctx` that accepts only `curve.allowed_clients` (one per context; stop() it at close)."""
+    auth = ThreadAuthenticator(ctx)
+    auth.start()
+    auth.configure_curve_callback(domain="*", credentials_provider=_AllowList(curve.allowed_clients))
+    return auth
+
+
+def _poll(sock: zmq.Socket, timeout_s: float, *, should_stop: Callable[[], bool] | None = None,
+          idle: Callable[[], None] | None = None) -> bool:
+    """Wait for input in short slices, running `idle` and honouring `should_stop` between them."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if sock.poll(int(min(left, POLL_SLICE_S) * 1000) or 1, zmq.POLLIN):
+            return True
+        if idle is not None:
+            idle()
+        if should_stop is not None and should_stop():
+            return False
+
+
+class LazyPirate:
+    """Reliable request/reply over REQ: timeout, close, reconnect, resend (attempt + 1); bounded, then PeerUnavailable.
+
+    Requests must be idempotent (they are, by design: arena inputs stay unchanged until the reply is applied).
+    """
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, *, peer: str = "", timeout_s: float = REQUEST_TIMEOUT_S,
+                 retries: int = REQUEST_RETRIES, curve: CurveClient | None = None, allow_plaintext: bool = False):
+        self.ctx, self.endpoint, self.peer = ctx, endpoint, peer or endpoint
+        self.timeout_s, self.retries, self.curve, self.allow_plaintext = timeout_s, retries, curve, allow_plaintext
+        self.resends = 0  # total over this client's life
+        self.sock: zmq.Socket | None = None
+        _check_security(endpoint, curve, allow_plaintext)
+
+    def _connect(self) -> zmq.Socket:
+        if self.sock is None:
+            self.sock = make_socket(self.ctx, zmq.REQ, self.endpoint, bind=False, curve=self.curve,
+                                    allow_plaintext=self.allow_plaintext)
+        return self.sock
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close(0)
+            self.sock = None
+
+    def request(self, msg: Message, *, timeout_s: float | None = None, retries: int | None = None,
+                should_stop: Callable[[], bool] | None = None, idle: Callable[[], None] | None = None) -> Message:
+        """Send `msg` and return the reply (an ERROR reply is returned, not raised; see messages.expect)."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        tries = 1 + (self.retries if retries is None else retries)
+        has_attempt = "attempt" in {f.name for f in dataclasses.fields(msg)}
+        for attempt in range(1, tries + 1):
+            if has_attempt:
+                msg = dataclasses.replace(msg, attempt=attempt)
+            sock = self._connect()
+            sock.send_multipart(codec.encode(msg), copy=False)
+            if _poll(sock, timeout_s, should_stop=should_stop, idle=idle):
+                reply = codec.decode(sock.recv_multipart(copy=False))
+                if reply.id != msg.id:
+                    self.close()
+                    raise ProtocolError("id", f"{self.peer} answered request {msg.id} with id {reply.id}")
+                return reply
+            self.close()  # the REQ socket is stuck after a lost reply: drop it, a new one starts clean
+            if should_stop is not None and should_stop():
+                raise PeerUnavailable(f"request {msg.KIND} to {self.peer} abandoned: stopping")
+            if attempt < tries:
+                self.resends += 1
+                log.warning("no reply from %s to %s in %.1f s (attempt %d/%d), reconnecting and resending",
+                            self.peer, msg.KIND, timeout_s, attempt, tries)
+        raise PeerUnavailable(f"no reply from {self.peer} ({self.endpoint}) to {msg.KIND} after {tries} attempt(s) "
+                              f"of {timeout_s:.1f} s")
+
+    def __enter__(self) -> "LazyPirate":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+@dataclasses.dataclass
+class Request:
+    """One received request: the routing envelope, and either the decoded message or why it failed to decode."""
+
+    envelope: list[Any]
+    msg: Message | None
+    error: ProtocolError | None
+    request_id: int
+
+
+class Server:
+    """A ROUTER bound to a stage endpoint. ROUTER_MANDATORY makes a reply to a vanished (restarted) peer an error we
+    log instead of a silent drop; ROUTER_HANDOVER lets a reconnecting peer with the same identity take over."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, *, curve: CurveServer | None = None,
+                 allow_plaintext: bool = False):
+        self.endpoint = endpoint
+        self.auth = start_authenticator(ctx, curve) if curve is not None else None
+        try:
+            self.sock = make_socket(ctx, zmq.ROUTER, endpoint, bind=True, curve=curve, allow_plaintext=allow_plaintext)
+        except BaseException:
+            if self.auth is not None:
+                self.auth.stop()
+            raise
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+
+    def recv(self, timeout_s: float, *, should_stop: Callable[[], bool] | None = None) -> Request | None:
+        """The next request, or None on timeout/stop. Undecodable requests come back with `error` set."""
+        if not _poll(self.sock, timeout_s, should_stop=should_stop):
+            return None
+        frames = self.sock.recv_multipart(copy=False)
+        # [identity, b"", frame0, ...]: REQ peers add the empty delimiter; DEALER peers must send it too
+        if len(frames) < 3 or frames[1].bytes != b"":
+            log.warning("dropped a request without the empty delimiter frame (%d frames)", len(frames))
+            return None
+        envelope, body = frames[:2], frames[2:]
+        try:
+            return Request(envelope, codec.decode(body), None, 0)
+        except ProtocolError as e:
+            return Request(envelope, None, e, codec.peek_id(body[0]))
+
+    def reply(self, req: Request, msg: Message) -> bool:
+        """Send `msg` back along `req`'s envelope; False (logged) when the peer is gone or its queue is full."""
+        try:
+            self.sock.send_multipart([*req.envelope, *codec.encode(msg)], copy=False, flags=zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            log.warning("reply %s dropped: the peer's queue is full", msg.KIND)
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EHOSTUNREACH:
+                raise
+            log.warning("reply %s dropped: the requester is gone (restarted?); it will resend", msg.KIND)
+        return False
+
+    def reply_error(self, req: Request, error: ProtocolError) -> bool:
+        return self.reply(req, error_reply(req.request_id, error))
+
+    def close(self) -> None:
+        self.sock.close(0)
+        if self.auth is not None:
+            self.auth.stop()
+            self.auth = None
+
+
+def serve(server: Server, handle: Callable[[Message], Message], *, should_stop: Callable[[], bool],
+          poll_s: float = POLL_SLICE_S) -> None:
+    """A plain poll loop: decode, `handle(msg) -> reply`, answer; bad requests get an ERROR reply and serving goes on."""
+    while not should_stop():
+        req = server.recv(poll_s, should_stop=should_stop)
+        if req is None:
+            continue
+        if req.error is not None:
+            server.reply_error(req, req.error)
+            continue
+        try:
+            reply = handle(req.msg)
+        except ProtocolError as e:
+            reply = error_reply(req.msg.id, e)
+        server.reply(req, reply)
+
+
+class EventPush:
+    """Stage → orchestrator events (PROGRESS, DYING) over PUSH; never blocks: dropped (and logged) when nobody listens."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, *, curve: CurveClient | None = None,
+                 allow_plaintext: bool = False):
+        self.sock = make_socket(ctx, zmq.PUSH, endpoint, bind=False, curve=curve, allow_plaintext=allow_plaintext)
+        self.sock.setsockopt(zmq.IMMEDIATE, 1)  # do not queue for a peer that is not connected
+
+    def send(self, msg: Message) -> bool:
+        try:
+            self.sock.send_multipart(codec.encode(msg), copy=False, flags=zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            log.debug("event %s dropped: no listener", msg.KIND)
+            return False
+
+    def last_word(self, msg: Message, wait_s: float = LAST_WORD_LINGER_S) -> bool:
+        """Send `msg` and close, letting it linger up to `wait_s` so it leaves before the process exits."""
+        sent = self.send(msg)
+        self.sock.close(int(wait_s * 1000))
+        return sent
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+class EventPull:
+    """The orchestrator's event sink (PULL, bound). Malformed events are logged and skipped."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, *, curve: CurveServer | None = None,
+                 allow_plaintext: bool = False):
+        self.auth = start_authenticator(ctx, curve) if curve is not None else None
+        try:
+            self.sock = make_socket(ctx, zmq.PULL, endpoint, bind=True, curve=curve, allow_plaintext=allow_plaintext)
+        except BaseException:
+            if self.auth is not None:
+                self.auth.stop()
+            raise
+
+    def recv(self, timeout_s: float) -> Message | None:
+        if not self.sock.poll(int(timeout_s * 1000), zmq.POLLIN):
+            return None
+        frames = self.sock.recv_multipart(copy=False)
+        try:
+            return codec.decode(frames)
+        except ProtocolError as e:
+            log.warning("malformed event skipped: %s", e)
+            return None
+
+    def close(self) -> None:
+        self.sock.close(0)
+        if self.auth is not None:
+            self.auth.stop()
+            self.auth = None
