@@ -25,6 +25,11 @@ The conversation (→ request, ← its reply, ⇢ event):
                                                        ← BRANCH_DONE {job, step, block, branch, attempt, times, outputs}
   orchestrator → vae
     → DECODE {job, latent, arena, output, return_png, metadata, tile}    ← DECODED {job, path, png, width, height, timings}
+  orchestrator CLI → orchestrator daemon (ipc://RUN/sock/orchestrator.sock)
+    → SUBMIT {prompt_json, base_dir}                   ← SUBMITTED {job, seed, position}
+    → STATUS {job | None}                              ← JOBS {jobs: [JobInfo]}
+    → CANCEL {job}                                     ← OK
+    → RESUME {job}                                     ← SUBMITTED
 
 Tensors in the arena are written by the sender before the request and left untouched until the reply is applied,
 so every request is idempotent and may be resent.
@@ -36,7 +41,7 @@ import dataclasses
 import secrets
 from typing import Any, ClassVar
 
-from protocol.fields import (MAX_PATH_CHARS, MAX_TEXT_CHARS, Bool, Float, Int, List, Map, Name, Nested, Optional,
+from protocol.fields import (MAX_NAME_CHARS, MAX_PATH_CHARS, MAX_TEXT_CHARS, Bool, Float, Int, List, Map, Name, Nested, Optional,
                              Path, ProtocolError, Record, Scalar, Str, spec)
 from protocol.tensors import Tensor, TensorDesc
 
@@ -360,6 +365,56 @@ class Decoded(Message):
     width: int = spec(Int(1, 65536))
     height: int = spec(Int(1, 65536))
     timings: dict[str, float] = spec(Map(Float()), factory=dict)
+
+
+# ---- orchestrator CLI ↔ daemon ------------------------------------------------------------------------------------
+
+MAX_PROMPT_JSON_CHARS = 65_536  # a whole prompt.json (orchestrator.prompt_spec.MAX_FILE_BYTES)
+MAX_JOBS_LISTED = 256
+
+
+@_record
+class JobInfo(Record):
+    """One job as `orchestrator status` shows it; the progress fields are the latest PROGRESS of a running job."""
+
+    job: str = spec(Name())
+    state: str = spec(Name())  # queued, encoding, denoising, decoding, done, failed, cancelled
+    created: float = spec(Float())
+    updated: float = spec(Float())
+    position: int = spec(Int(0, 2**20), 0)  # jobs ahead of a queued one
+    error_stage: str = spec(Str(MAX_NAME_CHARS), "")
+    error: str = spec(Str(MAX_PATH_CHARS), "")
+    image: str | None = spec(Optional(Path()), None)
+    report: str | None = spec(Optional(Path()), None)
+    progress: Progress | None = spec(Optional(Nested(Progress)), None)
+
+
+@_message("SUBMIT")
+class Submit(Message):
+    prompt_json: str = spec(Str(MAX_PROMPT_JSON_CHARS))  # the file's text: the daemon validates it again
+    base_dir: str = spec(Path())  # relative `output` paths resolve from here (the CLI's working directory)
+
+
+@_message("SUBMITTED")
+class Submitted(Message):
+    job: str = spec(Name())
+    seed: int = spec(Int(0, 2**64 - 1))  # drawn by the daemon when the file had none
+    position: int = spec(Int(0, 2**20), 0)
+
+
+@_message("STATUS")
+class Status(Message):
+    job: str | None = spec(Optional(Name()), None)  # None: every job
+
+
+@_message("JOBS")
+class Jobs(Message):
+    jobs: tuple[JobInfo, ...] = spec(List(Nested(JobInfo), max_items=MAX_JOBS_LISTED))
+
+
+@_message("RESUME")
+class Resume(Message):
+    job: str = spec(Name())
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------------
