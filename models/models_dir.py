@@ -1,0 +1,206 @@
+"""ComfyUI-style models folder: find the DiT, text encoder, VAE and tokenizers in it; write the synthetic tiny bundle.
+
+Layout (what ComfyUI users already have, plus two tokenizer folders):
+    MODELS/diffusion_models/*.safetensors     DiT + LLM adapter (anima-*.safetensors)
+    MODELS/text_encoders/*.safetensors        Qwen3-0.6B-Base (qwen_3_06b_base.safetensors)
+    MODELS/vae/*.safetensors                  Qwen-Image VAE (qwen_image_vae.safetensors)
+    MODELS/tokenizers/qwen/                   vocab.json + merges.txt, or tokenizer.json
+    MODELS/tokenizers/t5/                     spiece.model, or tokenizer.json
+"""
+from __future__ import annotations
+
+import fcntl
+import importlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str          # ModelPaths field
+    where: str         # folder under the models folder
+    is_dir: bool       # a folder of files (tokenizers) rather than one .safetensors file
+    flag: str          # the command-line override that picks it
+    hint: str          # substring preferred when a folder holds several candidates
+    what: str          # words for messages
+
+
+# The layout as data: resolution, messages and the bundle writer all read this table.
+PARTS = (
+    Part("dit", "diffusion_models", False, "--dit", "anima", "Anima DiT checkpoint"),
+    Part("text_encoder", "text_encoders", False, "--text-encoder", "qwen_3_06b", "Qwen3 text encoder"),
+    Part("vae", "vae", False, "--vae", "qwen_image_vae", "Qwen-Image VAE"),
+    Part("qwen_tokenizer", "tokenizers/qwen", True, "--qwen-tokenizer", "", "Qwen2 tokenizer folder"),
+    Part("t5_tokenizer", "tokenizers/t5", True, "--t5-tokenizer", "", "T5 tokenizer folder"),
+)
+PART_NAMES = tuple(p.name for p in PARTS)
+TOKENIZER_FILES = {"qwen_tokenizer": (("tokenizer.json",), ("vocab.json", "merges.txt")),
+                   "t5_tokenizer": (("tokenizer.json",), ("spiece.model",))}
+
+BUNDLE_VERSION = 1
+STAMP = "anima-bundle.json"
+BUNDLE_FILES = {"dit": "diffusion_models/anima-{preset}.safetensors",
+                "text_encoder": "text_encoders/qwen_3_06b_base-{preset}.safetensors",
+                "vae": "vae/qwen_image_vae-{preset}.safetensors",
+                "qwen_tokenizer": "tokenizers/qwen", "t5_tokenizer": "tokenizers/t5"}
+
+
+class ModelsDirError(ValueError):
+    """Something missing or ambiguous in a models folder; the message lists every problem and the flag that fixes it."""
+
+
+@dataclass(frozen=True)
+class ModelPaths:
+    dit: Optional[Path] = None
+    text_encoder: Optional[Path] = None
+    vae: Optional[Path] = None
+    qwen_tokenizer: Optional[Path] = None
+    t5_tokenizer: Optional[Path] = None
+
+    def to_dict(self) -> dict:
+        return {n: None if getattr(self, n) is None else str(getattr(self, n)) for n in PART_NAMES}
+
+
+def _tokenizer_ok(part: Part, path: Path) -> bool:
+    return any(all((path / f).is_file() for f in group) for group in TOKENIZER_FILES[part.name])
+
+
+def _tokenizer_needs(part: Part) -> str:
+    return " or ".join("+".join(g) for g in TOKENIZER_FILES[part.name])
+
+
+def _check_override(part: Part, value) -> tuple:
+    path = Path(os.path.expanduser(os.fspath(value))).resolve()
+    if part.is_dir:
+        if not path.is_dir():
+            return None, f"{part.flag} {value}: no such folder"
+        if not _tokenizer_ok(part, path):
+            return None, f"{part.flag} {value}: the folder has no {_tokenizer_needs(part)}"
+    elif not path.is_file():
+        return None, f"{part.flag} {value}: no such file"
+    return path, None
+
+
+def _find(part: Part, root: Path) -> tuple:
+    folder = root / part.where
+    if part.is_dir:
+        if not folder.is_dir():
+            return None, f"{part.where}/ is missing ({part.what}; or give {part.flag} DIR)"
+        if not _tokenizer_ok(part, folder):
+            return None, f"{part.where}/ has no {_tokenizer_needs(part)} (or give {part.flag} DIR)"
+        return folder.resolve(), None
+    if not folder.is_dir():
+        return None, f"{part.where}/ is missing ({part.what}; or give {part.flag} FILE)"
+    found = sorted(p for p in folder.rglob("*.safetensors") if p.is_file())
+    if not found:
+        return None, f"{part.where}/ has no *.safetensors file ({part.what}; or give {part.flag} FILE)"
+    if len(found) > 1:
+        preferred = [p for p in found if part.hint and part.hint in p.name.lower()]
+        if len(preferred) == 1:
+            log.info("%s/: %d files, taking %s (its name has %r)", part.where, len(found), preferred[0].name, part.hint)
+            return preferred[0].resolve(), None
+        names = ", ".join(str(p.relative_to(folder)) for p in found)
+        return None, f"{part.where}/ holds {len(found)} candidates ({names}); pick one with {part.flag} FILE"
+    return found[0].resolve(), None
+
+
+def resolve_models(models_dir=None, overrides: Optional[dict] = None, need=PART_NAMES) -> ModelPaths:
+    """Paths of the parts in `need` (all by default); explicit `overrides` {part: path} win over the folder.
+
+    Raises ModelsDirError naming every missing or ambiguous part and the flag that picks it.
+    """
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    unknown = sorted(set(overrides) - set(PART_NAMES)) + sorted(set(need) - set(PART_NAMES))
+    if unknown:
+        raise ValueError(f"unknown model part(s) {unknown}; known: {list(PART_NAMES)}")
+    root = None
+    if models_dir is not None:
+        root = Path(os.path.expanduser(os.fspath(models_dir))).resolve()
+        if not root.is_dir():
+            raise ModelsDirError(f"models folder {models_dir}: no such folder")
+    found, problems = {}, []
+    for part in PARTS:
+        if part.name not in need and part.name not in overrides:
+            continue
+        if part.name in overrides:
+            path, err = _check_override(part, overrides[part.name])
+        elif root is None:
+            path, err = None, f"no {part.what}: give --models DIR or {part.flag} {'DIR' if part.is_dir else 'FILE'}"
+        else:
+            path, err = _find(part, root)
+        if err:
+            problems.append(err)
+        found[part.name] = path
+    if problems:
+        where = f"models folder {root}" if root is not None else "models"
+        raise ModelsDirError(f"{where}: " + "; ".join(problems))
+    return ModelPaths(**found)
+
+
+# ---- the embedded default: a complete synthetic models folder --------------------------------------------------------
+def bundle_paths(preset: str, out_dir) -> ModelPaths:
+    out = Path(out_dir)
+    return ModelPaths(**{n: out / BUNDLE_FILES[n].format(preset=preset) for n in PART_NAMES})
+
+
+def _stamp_for(preset: str, seed: int, paths: ModelPaths) -> dict:
+    files = {}
+    for n in ("dit", "text_encoder", "vae"):
+        p = getattr(paths, n)
+        files[BUNDLE_FILES[n].format(preset=preset)] = p.stat().st_size
+    return {"bundle_version": BUNDLE_VERSION, "preset": preset, "seed": int(seed), "files": files}
+
+
+def bundle_complete(preset: str, seed: int, out_dir) -> bool:
+    """True when `out_dir` holds a finished bundle for (preset, seed): stamp matches, every file present, sizes agree."""
+    out = Path(out_dir)
+    try:
+        stamp = json.loads((out / STAMP).read_text())
+        paths = bundle_paths(preset, out)
+        return (stamp == _stamp_for(preset, seed, paths)
+                and all(_tokenizer_ok(p, getattr(paths, p.name)) for p in PARTS if p.is_dir))
+    except (OSError, ValueError):
+        return False
+
+
+def _writer(module: str, func: str):
+    return getattr(importlib.import_module(module), func)   # lazy: the bundle parts need torch/transformers
+
+
+def write_bundle(preset: str, seed: int, out_dir) -> ModelPaths:
+    """Write a complete models folder (synthetic DiT, text encoder, VAE, tokenizers) in the layout above.
+
+    Idempotent: returns at once when a complete bundle for (preset, seed) is there. The stamp file is removed first
+    and written last, so an interrupted write is redone next time. A lock file serialises concurrent writers.
+    """
+    from models.config import PRESETS
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = bundle_paths(preset, out)
+    with open(out / ".anima-bundle.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if bundle_complete(preset, seed, out):
+            log.info("bundle %s (preset %s, seed %d) is complete; nothing to do", out, preset, seed)
+            return paths
+        (out / STAMP).unlink(missing_ok=True)
+        for n in ("dit", "text_encoder", "vae"):
+            getattr(paths, n).parent.mkdir(parents=True, exist_ok=True)
+        log.info("writing bundle preset=%s seed=%d to %s", preset, seed, out)
+        _writer("models.synth_dit", "write_dit")(preset, seed, paths.dit, prefix="net.")
+        _writer("models.text.synth", "write_te")(preset, seed, paths.text_encoder)
+        _writer("models.vae.synth", "write_vae")(preset, seed, paths.vae, layout="original")
+        _writer("models.text.synth", "write_tokenizers")(preset, out / "tokenizers")
+        tmp = out / (STAMP + ".tmp")
+        tmp.write_text(json.dumps(_stamp_for(preset, seed, paths), indent=1))
+        os.replace(tmp, out / STAMP)
+    return paths
