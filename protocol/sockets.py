@@ -177,6 +177,8 @@ def start_authenticator(ctx: zmq.Context, curve: CurveServer) -> ThreadAuthentic
 def _poll(sock: zmq.Socket, timeout_s: float, *, should_stop: Callable[[], bool] | None = None,
           idle: Callable[[], None] | None = None) -> bool:
     """Wait for input in short slices, running `idle` and honouring `should_stop` between them."""
+    if timeout_s <= 0:
+        return bool(sock.poll(0, zmq.POLLIN))
     deadline = time.monotonic() + timeout_s
     while True:
         left = deadline - time.monotonic()

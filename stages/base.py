@@ -1,0 +1,295 @@
+"""The stage-process framework: `StageProc` wraps a plain logic object in sockets, handshake, heartbeats and signals.
+
+A stage module is a logic class plus one line (STYLE.md #3):
+
+    class ExecutorLogic:
+        def __init__(self, config: PipelineConfig): ...
+        def info(self) -> dict: ...                            # optional, goes into READY.info
+        def on_branch(self, msg: Branch, ctx: StageContext) -> BranchDone: ...   # one method per served kind
+        def on_cancel(self, job: str) -> None: ...              # optional
+        def close(self) -> None: ...                            # optional, at shutdown
+
+    if __name__ == "__main__":
+        sys.exit(stage_main("executor", ExecutorLogic))
+
+Two tiers of errors (STYLE.md #6): ProtocolError / RequestFailed / ArenaError in a handler → an ERROR reply, and the stage
+keeps serving; anything else → log, ERROR "internal" to the requester, DYING to the orchestrator, exit EXIT_FATAL for
+supervisord to restart the stage. SIGTERM/SIGINT → finish cleanly (sockets closed, arenas detached), exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any, Callable
+
+import psutil
+import setproctitle
+import zmq
+
+from protocol import messages as m
+from protocol.arena import Arena, ArenaError
+from protocol.fields import ProtocolError
+from protocol.sockets import POLL_SLICE_S, EventPush, Request, Server
+from stages.config import ConfigError, PipelineConfig, load_config
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_S = m.HEARTBEAT_INTERVAL_S
+LIVENESS = m.LIVENESS  # 3..5 is reasonable
+EXIT_OK = 0
+EXIT_CONFIG = 2  # bad --config: supervisord gives up after startretries, the log says why
+EXIT_FATAL = 1  # the stage broke: supervisord restarts it
+VERSION = "0.1.0"
+LIFECYCLE = frozenset({"HELLO", "HEARTBEAT", "CANCEL", "SHUTDOWN"})
+
+
+class RequestFailed(Exception):
+    """Raised by a handler for a valid request it cannot do; becomes an ERROR reply (the stage keeps serving)."""
+
+    def __init__(self, message: str, *, code: str = "failed", field: str = "", retry: bool = False):
+        super().__init__(message)
+        self.code, self.field, self.retry = code, field, retry
+
+
+class Interrupted(Exception):
+    """Raised by `StageContext.check` when the stage is stopping or the current job was cancelled."""
+
+
+class StageContext:
+    """What a handler may use besides its message: events, keepalive during long work, stop checks, arenas."""
+
+    def __init__(self, proc: "StageProc"):
+        self._proc = proc
+        self.config = proc.config
+        self.stage = proc.stage
+        self._arenas: dict[str, Arena] = {}
+
+    @property
+    def stopping(self) -> bool:
+        return self._proc.stopping
+
+    def emit(self, event: m.Message) -> bool:
+        """Send an event (PROGRESS ...) to the orchestrator; False when nobody listens (never blocks)."""
+        return self._proc.events.send(event) if self._proc.events is not None else False
+
+    def keepalive(self) -> None:
+        """Answer lifecycle requests that arrived meanwhile (HEARTBEAT, HELLO, CANCEL, SHUTDOWN); others get `busy`."""
+        self._proc.serve_pending()
+
+    def check(self, job: str | None = None) -> None:
+        """keepalive(), then raise Interrupted if the stage is stopping or `job` was cancelled."""
+        self.keepalive()
+        if self._proc.stopping:
+            raise Interrupted("the stage is shutting down")
+        if job is not None and job in self._proc.cancelled:
+            raise Interrupted(f"job {job} was cancelled")
+
+    def arena(self, name: str) -> Arena:
+        """The job arena `name`, attached once per request (detached by the framework when the request ends)."""
+        arena = self._arenas.get(name)
+        if arena is None:
+            arena = self._arenas[name] = Arena.attach(name)
+        return arena
+
+    def detach_all(self) -> None:
+        for arena in self._arenas.values():
+            arena.close()
+        self._arenas.clear()
+
+
+class StageProc:
+    """The process around a stage's logic: ROUTER endpoint, READY handshake, heartbeats, dispatch, two error tiers."""
+
+    def __init__(self, stage: str, logic: Any, config: PipelineConfig, *, ctx: zmq.Context | None = None,
+                 install_signals: bool = True):
+        self.stage, self.logic, self.config = stage, logic, config
+        self.ctx = ctx or zmq.Context.instance()
+        self.install_signals = install_signals
+        self.stopping = False
+        self.cancelled: set[str] = set()
+        self.current_job: str | None = None
+        self.started = time.monotonic()
+        self.server: Server | None = None
+        self.events: EventPush | None = None
+        self.context = StageContext(self)
+        self._proc_info = psutil.Process()
+
+    # ---- lifecycle replies ----
+    def _ready(self, request_id: int | None = None) -> m.Ready:
+        info_fn = getattr(self.logic, "info", None)
+        info = dict(info_fn()) if info_fn else {}
+        kwargs = {} if request_id is None else {"id": request_id}
+        return m.Ready(stage=self.stage, pid=os.getpid(), version=VERSION, info=info, **kwargs)
+
+    def _lifecycle(self, msg: m.Message) -> m.Message:
+        if isinstance(msg, m.Hello):
+            return self._ready(msg.id)
+        if isinstance(msg, m.Heartbeat):
+            return m.reply_to(msg, m.Pong, stage=self.stage, pid=os.getpid(), busy=self.current_job is not None,
+                              job=self.current_job, uptime_s=time.monotonic() - self.started,
+                              rss_mb=self._proc_info.memory_info().rss / 2**20)
+        if isinstance(msg, m.Cancel):
+            self.cancelled.add(msg.job)
+            on_cancel = getattr(self.logic, "on_cancel", None)
+            if on_cancel is not None:
+                on_cancel(msg.job)
+            return m.reply_to(msg, m.Ok, note=f"job {msg.job} cancelled")
+        assert isinstance(msg, m.Shutdown)
+        log.info("shutdown requested%s", f": {msg.reason}" if msg.reason else "")
+        self.stopping = True
+        return m.reply_to(msg, m.Ok, note="shutting down")
+
+    def serve_pending(self) -> None:
+        """While a handler works: answer lifecycle requests now, tell work requests the stage is busy."""
+        while self.server.sock.poll(0, zmq.POLLIN):
+            req = self.server.recv(0.0)
+            if req is None:
+                continue
+            if req.error is not None:
+                self.server.reply_error(req, req.error)
+            elif req.msg.KIND in LIFECYCLE:
+                self.server.reply(req, self._lifecycle(req.msg))
+            else:
+                self.server.reply(req, m.error_reply(req.msg.id, "busy", f"{self.stage} is working on job "
+                                                     f"{self.current_job}", retry=True))
+
+    # ---- one request ----
+    def _handle(self, req: Request) -> bool:
+        """Answer one request; False when the stage must die (the fatal tier)."""
+        msg = req.msg
+        if msg.KIND in LIFECYCLE:
+            self.server.reply(req, self._lifecycle(msg))
+            return True
+        handler = getattr(self.logic, "on_" + msg.KIND.lower(), None)
+        if handler is None:
+            self.server.reply(req, m.error_reply(msg.id, "unknown_kind", f"{self.stage} does not serve {msg.KIND}",
+                                                 field="kind"))
+            return True
+        self.current_job = getattr(msg, "job", None)
+        t0 = time.monotonic()
+        try:
+            reply = handler(msg, self.context)
+            if not isinstance(reply, m.Message) or reply.id != msg.id:
+                raise TypeError(f"handler for {msg.KIND} must return a reply with the request's id, got {reply!r}")
+        except ProtocolError as e:
+            reply = m.error_reply(msg.id, e)
+        except RequestFailed as e:
+            reply = m.error_reply(msg.id, e.code, str(e), field=e.field, retry=e.retry)
+        except ArenaError as e:
+            reply = m.error_reply(msg.id, "failed", str(e), field="arena")
+        except Interrupted as e:
+            reply = m.error_reply(msg.id, "cancelled", str(e), retry=self.stopping)
+        except Exception as e:  # noqa: BLE001 - the fatal tier: say so, then die
+            log.exception("%s failed on %s (job %s)", self.stage, msg.KIND, self.current_job)
+            self.server.reply(req, m.error_reply(msg.id, "internal", f"{self.stage} failed: {e}"[:2000], retry=True))
+            self.die(f"{type(e).__name__} in {msg.KIND}: {e}", job=self.current_job)
+            return False
+        finally:
+            self.context.detach_all()
+            self.current_job = None
+        log.debug("%s %s answered %s in %.3f s", msg.KIND, getattr(msg, "job", ""), reply.KIND, time.monotonic() - t0)
+        self.server.reply(req, reply)
+        return True
+
+    def die(self, reason: str, job: str | None = None) -> None:
+        """The last word: DYING to the orchestrator (best effort, bounded wait)."""
+        if self.events is not None:
+            self.events.last_word(m.Dying(stage=self.stage, pid=os.getpid(), reason=reason[:4000], job=job))
+            self.events = None
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        log.info("%s received %s, stopping", self.stage, signal.Signals(signum).name)
+        self.stopping = True
+
+    # ---- the main loop ----
+    def run(self) -> int:
+        """Serve until SHUTDOWN or SIGTERM (EXIT_OK) or a fatal error (EXIT_FATAL)."""
+        if self.install_signals:
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        cfg, code = self.config, EXIT_OK
+        try:
+            # 1) bind our endpoint, connect to the orchestrator's event sink, say READY
+            endpoint = cfg.endpoint(self.stage)
+            curve = cfg.curve_server() if cfg.is_remote(self.stage) else None
+            self.server = Server(self.ctx, endpoint, curve=curve,
+                                 allow_plaintext=cfg.security.allow_plaintext_loopback)
+            self.events = event_socket(self.ctx, cfg)
+            self.events.send(self._ready())
+            log.info("%s ready on %s (pid %d)", self.stage, endpoint, os.getpid())
+            while not self.stopping:
+                # 2) wait for the next request in short slices, so signals are seen promptly
+                req = self.server.recv(POLL_SLICE_S, should_stop=lambda: self.stopping)
+                if req is None:
+                    continue
+                # 3) a request that does not decode gets an ERROR naming the field; serving goes on
+                if req.error is not None:
+                    log.warning("bad request: %s", req.error)
+                    self.server.reply_error(req, req.error)
+                    continue
+                # 4) dispatch: lifecycle kinds here, work kinds to the logic; 5) reply
+                if not self._handle(req):
+                    code = EXIT_FATAL
+                    break
+        except Exception as e:  # noqa: BLE001 - set-up failures are fatal too
+            log.exception("%s cannot serve", self.stage)
+            self.die(f"{type(e).__name__}: {e}")
+            code = EXIT_FATAL
+        finally:
+            # 6) clean up: logic, arenas, sockets
+            close = getattr(self.logic, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:  # noqa: BLE001
+                    log.exception("%s: logic.close() failed", self.stage)
+            self.context.detach_all()
+            if self.server is not None:
+                self.server.close()
+            if self.events is not None:
+                self.events.close()
+        log.info("%s exits with %d", self.stage, code)
+        return code
+
+
+def event_socket(ctx: zmq.Context, config: PipelineConfig) -> EventPush:
+    """A PUSH socket to the orchestrator's event sink (`endpoints.events`)."""
+    return EventPush(ctx, config.endpoint("events"), curve=config.curve_client("events"),
+                     allow_plaintext=config.security.allow_plaintext_loopback)
+
+
+def setup_logging(stage: str, level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr, force=True,
+                        format=f"%(asctime)s {stage}[%(process)d] %(levelname)s %(name)s: %(message)s")
+
+
+def stage_main(stage: str, make_logic: Callable[[PipelineConfig], Any], argv: list[str] | None = None) -> int:
+    """Entry point of `python -m stages.NAME --config FILE`: config, logging, process title, logic, serve."""
+    parser = argparse.ArgumentParser(prog=f"python -m stages.{stage}", description=f"The Anima {stage} stage.")
+    parser.add_argument("--config", required=True, help="pipeline config (TOML), e.g. run/pipeline.toml")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="overrides the config")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"{stage}: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    setup_logging(stage, args.log_level or config.log_level)
+    setproctitle.setproctitle(f"anima-{stage}")
+    ctx = zmq.Context()
+    try:
+        try:
+            logic = make_logic(config)
+        except Exception as e:  # noqa: BLE001 - a stage that cannot start says why, then exits for supervisord
+            log.exception("%s: start-up failed", stage)
+            event_socket(ctx, config).last_word(m.Dying(stage=stage, pid=os.getpid(),
+                                                        reason=f"start-up failed: {type(e).__name__}: {e}"[:4000]))
+            return EXIT_FATAL
+        return StageProc(stage, logic, config, ctx=ctx).run()
+    finally:
+        ctx.term()
