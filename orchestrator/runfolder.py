@@ -37,7 +37,7 @@ class RunFolder:
 
     @property
     def daemon_sock(self) -> Path:
-        return self.root / "orchestrator.sock"
+        return self.root / "sock" / "orchestrator.sock"      # as protocol.sockets.ipc_endpoint(run, "orchestrator")
 
     @property
     def daemon_endpoint(self) -> str:
@@ -52,12 +52,6 @@ class RunFolder:
         """The rendered copy in the run folder when there is one, else the top-level file (default run folder)."""
         own = self.root / "supervisord.conf"
         return own if own.exists() or self.root != (REPO_DIR / "run").resolve() else TEMPLATE
-
-    @property
-    def shm_prefix(self) -> str:
-        """Per-run prefix of shared-memory segment names (a short hash of the run folder path)."""
-        import hashlib
-        return "anima-" + hashlib.sha256(str(self.root).encode()).hexdigest()[:8]
 
     def check(self) -> None:
         """The run folder must be private (0700) and short enough for its ipc:// socket paths."""

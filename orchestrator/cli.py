@@ -1,0 +1,325 @@
+"""`orchestrator`: submit and follow jobs, control the stages under supervisord, run the job daemon.
+
+    orchestrator init                                   # run folder (0700) + its supervisord.conf
+    orchestrator serve --config run/pipeline.toml       # the daemon (supervisord runs it)
+    orchestrator submit examples/prompt.json --wait     # validate, queue, follow, print image + timings
+    orchestrator status [JOB] | cancel JOB | resume JOB
+    orchestrator stages | restart executor | logs scheduler -f
+    orchestrator keys generate --dir keys --name vae    # CURVE key pair, 0600
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from orchestrator.prompt_spec import PromptError, load_prompt
+from orchestrator.runfolder import PROGRAMS, RunFolder, init_run
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+WAIT_POLL_S = 0.25          # --wait asks the daemon this often
+DAEMON_TIMEOUT_S = 5.0      # one CLI -> daemon request
+
+
+class CliError(Exception):
+    """A message that is the whole answer; `code` is the exit status."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED):
+        super().__init__(message)
+        self.code = code
+
+
+# ---------------------------------------------------------------- daemon client
+
+
+class DaemonClient:
+    """Requests to the job daemon over its ipc socket (Lazy Pirate; SUBMIT is deduplicated by request id)."""
+
+    def __init__(self, rf: RunFolder, timeout_s: float = DAEMON_TIMEOUT_S):
+        import zmq
+        from protocol.sockets import LazyPirate
+        self.rf = rf
+        self.ctx = zmq.Context()
+        self.client = LazyPirate(self.ctx, rf.daemon_endpoint, peer="orchestrator daemon", timeout_s=timeout_s,
+                                 retries=1)
+
+    def call(self, msg, expect_cls):
+        from protocol.messages import RemoteError, expect
+        from protocol.sockets import PeerUnavailable
+        try:
+            return expect(self.client.request(msg), expect_cls, "orchestrator daemon")
+        except PeerUnavailable:
+            raise CliError(f"the orchestrator daemon is not answering on {self.rf.daemon_endpoint}; is supervisord "
+                           f"up? (supervisorctl -c {self.rf.supervisord_conf} status)") from None
+        except RemoteError as e:
+            code = EXIT_USAGE if e.code in ("bad_request", "failed") else EXIT_FAILED
+            raise CliError(e.reply.message, code) from None
+
+    def close(self):
+        self.client.close()
+        self.ctx.term()
+
+
+# ---------------------------------------------------------------- commands
+
+
+def _resolution(text: str | None, rf: RunFolder) -> tuple[int, int] | None:
+    if text:
+        try:
+            w, h = (int(v) for v in text.lower().split("x"))
+            return w, h
+        except ValueError:
+            raise CliError(f"--resolution {text!r}: expected WIDTHxHEIGHT like 512x512", EXIT_USAGE) from None
+    from orchestrator.pipeline import pack_resolution
+    return pack_resolution(rf)
+
+
+def cmd_submit(args, rf: RunFolder) -> int:
+    # 1) validate locally: nothing reaches the queue unless the file is good
+    try:
+        spec = load_prompt(args.prompt, resolution=_resolution(args.resolution, rf))
+    except PromptError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
+    text = Path(args.prompt).read_text(encoding="utf-8")
+    # 2) queue it (the daemon validates again, against the pack it serves)
+    from protocol.messages import Submit, Submitted
+    client = DaemonClient(rf)
+    try:
+        sub = client.call(Submit(prompt_json=text, base_dir=os.getcwd()), Submitted)
+        seed_note = " (random)" if spec.seed_random else ""
+        print(f"job {sub.job} queued (seed {sub.seed}{seed_note}, {sub.position} ahead)", file=sys.stderr)
+        if not args.wait:
+            _print_result(args, sub.job, None, None)
+            return EXIT_OK
+        # 3) follow it to the end
+        info = _follow(client, sub.job, quiet=args.json)
+    finally:
+        client.close()
+    if info.state != "done":
+        why = f": {info.error_stage}: {info.error}" if info.error else ""
+        raise CliError(f"job {info.job} {info.state}{why}", EXIT_FAILED)
+    if not args.json and info.report and Path(info.report).exists():
+        from orchestrator.report import format_table
+        print(format_table(json.loads(Path(info.report).read_text())), file=sys.stderr)
+    _print_result(args, info.job, info.image, info.report)
+    return EXIT_OK
+
+
+def _print_result(args, job, image, report):
+    if args.json:
+        print(json.dumps({"job": job, "image": image, "report": report}))
+    else:
+        print(image or job)
+
+
+def _job_info(client: DaemonClient, job: str):
+    from protocol.messages import Jobs, Status
+    jobs = client.call(Status(job=job), Jobs).jobs
+    if not jobs:
+        raise CliError(f"the daemon does not know job {job}")
+    return jobs[0]
+
+
+def _progress_line(info) -> str:
+    p = info.progress
+    if info.state != "denoising" or p is None:
+        return f"{info.job}: {info.state}" + (f" ({info.position} ahead)" if info.state == "queued" else "")
+    width = 24
+    filled = int(width * (p.step - 1) / max(p.steps, 1))
+    eta = "?" if p.eta_s is None else f"{int(p.eta_s // 60)}m{int(p.eta_s % 60):02d}s"
+    kind = "forecast" if p.forecast else f"block {p.block:>2} {p.branch:<5} {p.cfg_pass}"
+    return f"[{'#' * filled}{'.' * (width - filled)}] step {p.step}/{p.steps} {kind}  ETA {eta}"
+
+
+def _follow(client: DaemonClient, job: str, *, quiet: bool):
+    tty = sys.stderr.isatty()
+    last = ""
+    while True:
+        info = _job_info(client, job)
+        line = _progress_line(info)
+        if line != last:
+            if tty:
+                print("\r" + line.ljust(79), end="", file=sys.stderr, flush=True)
+            elif not quiet or info.progress is None:
+                print(line, file=sys.stderr, flush=True)
+            last = line
+        if info.state in ("done", "failed", "cancelled"):
+            if tty:
+                print(file=sys.stderr)
+            return info
+        time.sleep(WAIT_POLL_S)
+
+
+def cmd_status(args, rf: RunFolder) -> int:
+    from protocol.messages import Jobs, Status
+    client = DaemonClient(rf)
+    try:
+        jobs = client.call(Status(job=args.job), Jobs).jobs
+    finally:
+        client.close()
+    if args.json:
+        print(json.dumps([j.to_wire() for j in jobs]))
+        return EXIT_OK
+    if not jobs:
+        print("no jobs")
+    for j in jobs:
+        extra = f"  {j.error_stage}: {j.error}" if j.error else (f"  {j.image}" if j.image else "")
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.created))
+        print(f"{j.job}  {j.state:<9}  {created}{extra}")
+        if j.progress is not None and j.state == "denoising":
+            print("    " + _progress_line(j))
+    return EXIT_OK
+
+
+def cmd_cancel_resume(args, rf: RunFolder) -> int:
+    from protocol.messages import Cancel, Ok, Resume, Submitted
+    client = DaemonClient(rf)
+    try:
+        if args.command == "cancel":
+            print(client.call(Cancel(job=args.job), Ok).note or f"job {args.job} cancelled")
+        else:
+            sub = client.call(Resume(job=args.job), Submitted)
+            print(f"job {sub.job} queued again ({sub.position} ahead)")
+    finally:
+        client.close()
+    return EXIT_OK
+
+
+def _supervisor(rf: RunFolder):
+    from orchestrator.supervisor import Supervisor
+    return Supervisor(rf.supervisor_sock)
+
+
+def _program(name: str) -> str:
+    if name not in PROGRAMS:
+        raise CliError(f"unknown stage {name!r}; choose one of {', '.join(PROGRAMS)}", EXIT_USAGE)
+    return name
+
+
+def cmd_stages(args, rf: RunFolder) -> int:
+    infos = _supervisor(rf).all_info()
+    now = time.time()
+    for name in PROGRAMS:
+        i = infos.get(name)
+        if i is None:
+            print(f"{name:<13} (not in supervisord's config)")
+            continue
+        up = f"up {now - i.start:.0f} s" if i.live and i.start else (i.spawnerr or i.description)
+        print(f"{name:<13} {i.state:<9} pid {i.pid:<8} {up}")
+    return EXIT_OK
+
+
+def cmd_restart(args, rf: RunFolder) -> int:
+    info = _supervisor(rf).restart(_program(args.stage))
+    print(f"{args.stage} {info.state} pid {info.pid}")
+    return EXIT_OK
+
+
+def cmd_logs(args, rf: RunFolder) -> int:
+    sup = _supervisor(rf)
+    text, offset, _ = sup.tail(_program(args.stage), 0, args.bytes)
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    try:
+        while args.follow:
+            time.sleep(0.5)
+            text, offset, _ = sup.tail(args.stage, offset, 64 * 1024)
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
+def cmd_keys(args, rf: RunFolder) -> int:
+    from protocol.sockets import write_keypair
+    directory = Path(args.dir) if args.dir else rf.root / "keys"
+    public, secret = write_keypair(directory, args.name)
+    print(f"public key: {public}\nsecret key: {secret} (mode 0600; keep it on this machine)")
+    return EXIT_OK
+
+
+def cmd_init(args, rf: RunFolder) -> int:
+    rf = init_run(rf.root, python=args.python)
+    print(f"run folder {rf.root}\nsupervisord config {rf.supervisord_conf}")
+    return EXIT_OK
+
+
+def cmd_serve(args, rf: RunFolder) -> int:
+    from orchestrator.daemon import serve
+    return serve(rf, Path(args.config))
+
+
+# ---------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="orchestrator", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", help="run folder (default: $ANIMA_RUN, else the repo's run/)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("init", help="create the run folder and its supervisord.conf")
+    s.add_argument("--python", help="interpreter for the stage programs (default: this one)")
+    s.set_defaults(fn=cmd_init)
+    s = sub.add_parser("serve", help="run the job daemon (supervisord starts it)")
+    s.add_argument("--config", required=True, help="pipeline config (TOML)")
+    s.set_defaults(fn=cmd_serve)
+    s = sub.add_parser("submit", help="validate prompt.json and queue it")
+    s.add_argument("prompt", help="prompt.json")
+    s.add_argument("--wait", action="store_true", help="follow the job to the end, then print image and timings")
+    s.add_argument("--json", action="store_true", help='print one JSON object {"job", "image", "report"}')
+    s.add_argument("--resolution", help="check width/height against WxH (default: the pack's, from the config)")
+    s.set_defaults(fn=cmd_submit)
+    s = sub.add_parser("status", help="every job, or one")
+    s.add_argument("job", nargs="?")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_status)
+    for name, help_ in (("cancel", "cancel a queued or running job"),
+                        ("resume", "queue a failed or cancelled job again, from the stage it stopped in")):
+        s = sub.add_parser(name, help=help_)
+        s.add_argument("job")
+        s.set_defaults(fn=cmd_cancel_resume)
+    s = sub.add_parser("stages", help="supervisord state of every program")
+    s.set_defaults(fn=cmd_stages)
+    s = sub.add_parser("restart", help="restart one program through supervisord")
+    s.add_argument("stage")
+    s.set_defaults(fn=cmd_restart)
+    s = sub.add_parser("logs", help="a program's log")
+    s.add_argument("stage")
+    s.add_argument("-f", "--follow", action="store_true")
+    s.add_argument("--bytes", type=int, default=16 * 1024, help="how much of the end to show first")
+    s.set_defaults(fn=cmd_logs)
+    s = sub.add_parser("keys", help="CURVE key pairs for remote stages")
+    s.add_argument("action", choices=["generate"])
+    s.add_argument("--dir", help="where to write (default: RUN/keys)")
+    s.add_argument("--name", default="client", help="file name stem: NAME.key and NAME.key_secret")
+    s.set_defaults(fn=cmd_keys)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from orchestrator.supervisor import SupervisorError
+    try:
+        rf = RunFolder.resolve(args.run)
+        return int(args.fn(args, rf) or 0)
+    except CliError as e:
+        print(f"orchestrator {args.command}: error: {e}", file=sys.stderr)
+        return e.code
+    except SupervisorError as e:
+        print(f"orchestrator {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except (ValueError, OSError) as e:
+        print(f"orchestrator {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The orchestrator's view of the pipeline: its settings from the config, the pack's geometry, the job arena's layout."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.runfolder import RunFolder
+
+ARENA_MARGIN_BYTES = 1 << 20      # slack on top of the computed layout (alignment, small extras)
+
+# [stage.orchestrator] settings in the pipeline config: name -> (type, low, high, default)
+SETTINGS = {
+    "max_queue": (int, 1, 10_000, 16),          # queued + running jobs
+    "min_free_mb": (float, 0.0, 1e7, 64.0),     # free disk needed in the run folder to accept a job
+    "stage_retries": (int, 0, 20, 3),           # restarts of one stage absorbed per job before it fails
+    "start_timeout_s": (float, 1.0, 3600.0, 120.0),   # supervisord start + READY of a stage
+    "stop_timeout_s": (float, 1.0, 600.0, 30.0),
+    "encode_timeout_s": (float, 1.0, 86400.0, 600.0),
+    "denoise_timeout_s": (float, 1.0, 7 * 86400.0, 6 * 3600.0),
+    "decode_timeout_s": (float, 1.0, 86400.0, 1800.0),
+    "sample_interval_s": (float, 0.01, 10.0, 0.2),    # supervisord/RSS sampling while a stage works
+}
+
+
+@dataclass(frozen=True)
+class OrchestratorSettings:
+    max_queue: int = 16
+    min_free_mb: float = 64.0
+    stage_retries: int = 3
+    start_timeout_s: float = 120.0
+    stop_timeout_s: float = 30.0
+    encode_timeout_s: float = 600.0
+    denoise_timeout_s: float = 6 * 3600.0
+    decode_timeout_s: float = 1800.0
+    sample_interval_s: float = 0.2
+
+    @classmethod
+    def from_table(cls, table: dict, where: str = "stage.orchestrator") -> "OrchestratorSettings":
+        kw = {}
+        for key, value in table.items():
+            if key not in SETTINGS:
+                raise ValueError(f"{where}.{key}: unknown setting; known: {', '.join(SETTINGS)}")
+            typ, low, high, _ = SETTINGS[key]
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (typ is float or
+                                                                                      isinstance(value, int))
+            if not ok or not low <= value <= high:
+                raise ValueError(f"{where}.{key}: expected {typ.__name__} in [{low}, {high}], got {value!r}")
+            kw[key] = typ(value)
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class PackInfo:
+    """What the orchestrator needs from a pack's manifest (no weights are read)."""
+
+    dir: Path
+    width: int                # image pixels
+    height: int
+    latent_channels: int      # C = 16
+    latent_h: int             # H / 8
+    latent_w: int
+    tokens: int               # L image tokens
+    text_tokens: int          # S = 512
+    context_dim: int          # Dc
+    hidden: int               # D
+    head_dim: int             # hd
+    io_dtype: str             # "f16" | "f32"
+    source_sha256: str
+    source_name: str
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int]:
+        return (self.latent_channels, self.latent_h, self.latent_w)
+
+    @property
+    def context_shape(self) -> tuple[int, int]:
+        return (self.text_tokens, self.context_dim)
+
+
+def read_pack(pack_dir: str | Path) -> PackInfo:
+    """Manifest only (load_pack without hashing the files; the scheduler checks them when it loads the pack)."""
+    from models.pack import load_pack
+    p = load_pack(pack_dir, check=False)
+    g, c = p.geometry, p.config
+    return PackInfo(dir=Path(pack_dir).resolve(), width=g.width, height=g.height, latent_channels=c.latent_channels,
+                    latent_h=g.latent_h, latent_w=g.latent_w, tokens=g.tokens, text_tokens=g.text_tokens,
+                    context_dim=c.context_dim, hidden=c.width, head_dim=c.head_dim, io_dtype=p.io_dtype,
+                    source_sha256=str(p.source.get("sha256", "")), source_name=str(p.source.get("name", "")))
+
+
+def pack_resolution(rf: RunFolder) -> tuple[int, int] | None:
+    """The pack's (width, height) from RUN/pipeline.toml, or None when there is no config or no pack named in it."""
+    if not rf.pipeline_toml.exists():
+        return None
+    from stages.config import load_config
+    cfg = load_config(rf.pipeline_toml)
+    if cfg.pack_dir is None:
+        return None
+    info = read_pack(cfg.pack_dir)
+    return info.width, info.height
+
+
+@dataclass(frozen=True)
+class ArenaPlan:
+    """Byte sizes of the job arena's parts: contexts and latent (owned here), and the scheduler's scratch region."""
+
+    context_bytes: int        # one context [S, Dc] f32
+    latent_bytes: int         # [C, H/8, W/8] f32
+    scratch_bytes: int        # branch inputs/outputs for both CFG passes, carved by the scheduler
+
+    @property
+    def total(self) -> int:
+        return 2 * self.context_bytes + self.latent_bytes + self.scratch_bytes + ARENA_MARGIN_BYTES
+
+
+def arena_plan(pack: PackInfo) -> ArenaPlan:
+    """Sizes from the pack's geometry. The scratch region holds, in the pack's io dtype, per CFG pass: xn and y
+    [L, D] and the pass's context [S, Dc]; once: RoPE cos and sin [L, hd/2]; plus an f32 copy of x [L, D] for slack."""
+    io = 2 if pack.io_dtype == "f16" else 4
+    L, D, S, Dc, hd = pack.tokens, pack.hidden, pack.text_tokens, pack.context_dim, pack.head_dim
+    per_pass = (2 * L * D + S * Dc) * io
+    scratch = 2 * per_pass + 2 * L * (hd // 2) * io + L * D * 4
+    scratch += 64 * 16                           # alignment of ~16 slots
+    return ArenaPlan(context_bytes=S * Dc * 4,
+                     latent_bytes=pack.latent_channels * pack.latent_h * pack.latent_w * 4,
+                     scratch_bytes=scratch)
+
+
+def settings_from_config(cfg) -> OrchestratorSettings:
+    return OrchestratorSettings.from_table(cfg.stage_settings("orchestrator"))
+
+
+def replace(obj, **kw):
+    return dataclasses.replace(obj, **kw)

@@ -1,0 +1,280 @@
+"""prompt.json: strict validation into a `PromptSpec`; every error names the field and the allowed values."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+MAX_FILE_BYTES = 64 * 1024      # a prompt file larger than this is refused before parsing
+MAX_PROMPT_CHARS = 4000         # per prompt (the text encoder keeps at most 512 tokens anyway)
+MAX_STEPS = 200
+MAX_CFG = 30.0
+MAX_SIDE = 4096                 # pixels
+SEED_LIMIT = 2 ** 64            # seeds are 0 <= seed < 2^64
+SAMPLERS = ("euler",)
+SCHEDULERS = ("sgm_uniform", "simple")
+DEFAULT_STEPS = 30
+DEFAULT_CFG = 4.0
+
+# Spectrum settings: name -> (type, low, high, default). Defaults as in anima-facts.md (stable-diffusion.cpp).
+SPECTRUM_FIELDS = {
+    "w": (float, 0.0, 1.0, 0.4),        # blend weight of the Chebyshev forecast vs the Taylor step
+    "m": (int, 1, 8, 3),                # Chebyshev degree
+    "lam": (float, 0.0, 100.0, 1.0),    # ridge penalty
+    "window": (float, 1.0, 50.0, 2.0),  # initial forecast window
+    "flex": (float, 0.0, 10.0, 0.5),    # window growth per computed call after warm-up
+    "warmup": (int, 0, MAX_STEPS, 4),   # calls always computed at the start
+    "stop": (float, 0.0, 1.0, 0.9),     # fraction of the steps after which every call is computed
+}
+TOP_FIELDS = ("prompt", "negative_prompt", "seed", "steps", "cfg", "width", "height", "sampler", "scheduler",
+              "spectrum", "output")
+
+
+class PromptError(ValueError):
+    """A prompt.json problem; `field` is the dotted field name ('' for the file as a whole)."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"prompt.json: field '{field}': {message}" if field else f"prompt.json: {message}")
+
+
+@dataclass(frozen=True)
+class SpectrumSettings:
+    enabled: bool = True
+    w: float = 0.4
+    m: int = 3
+    lam: float = 1.0
+    window: float = 2.0
+    flex: float = 0.5
+    warmup: int = 4
+    stop: float = 0.9
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    prompt: str
+    negative_prompt: str = ""
+    seed: int = 0
+    seed_random: bool = False           # True when the file had no seed and one was drawn (recorded for the report)
+    steps: int = DEFAULT_STEPS
+    cfg: float = DEFAULT_CFG
+    width: int | None = None            # None: the pack's resolution (filled by `with_resolution`)
+    height: int | None = None
+    sampler: str = "euler"
+    scheduler: str = "sgm_uniform"
+    spectrum: SpectrumSettings = field(default_factory=SpectrumSettings)
+    output: str | None = None           # absolute path of a .png file or of a directory; None: the job folder
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PromptSpec":
+        """Rebuild a spec stored by `to_dict` (job.json); re-validates every field."""
+        d = dict(d)
+        seed_random = bool(d.pop("seed_random", False))
+        spec = parse_prompt_obj(d, check_output=False)
+        return _replace(spec, seed_random=seed_random)
+
+    def with_resolution(self, width: int, height: int) -> "PromptSpec":
+        """Fill an omitted width/height from the pack; a given one must equal the pack's resolution."""
+        for name, have, want in (("width", self.width, width), ("height", self.height, height)):
+            if have is not None and have != want:
+                raise PromptError(name, f"{have} does not match the model pack's resolution {width}x{height} "
+                                        f"(the pack is built for one resolution; use {want})")
+        return _replace(self, width=width, height=height)
+
+
+def _replace(spec, **kw):
+    d = {f: getattr(spec, f) for f in spec.__dataclass_fields__}
+    d.update(kw)
+    return type(spec)(**d)
+
+
+# ---------------------------------------------------------------- field checkers
+
+
+def _type_name(v) -> str:
+    return "null" if v is None else {bool: "boolean", int: "integer", float: "number", str: "string",
+                                     list: "array", dict: "object"}.get(type(v), type(v).__name__)
+
+
+def _int(name: str, v, low: int, high: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise PromptError(name, f"must be an integer in {low}..{high}, got {_type_name(v)} {v!r}")
+    if not low <= v <= high:
+        raise PromptError(name, f"must be in {low}..{high}, got {v}")
+    return v
+
+
+def _float(name: str, v, low: float, high: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise PromptError(name, f"must be a number in [{low}, {high}], got {_type_name(v)} {v!r}")
+    v = float(v)
+    if not math.isfinite(v) or not low <= v <= high:
+        raise PromptError(name, f"must be in [{low}, {high}], got {v}")
+    return v
+
+
+def _text(name: str, v, *, required: bool) -> str:
+    if not isinstance(v, str):
+        raise PromptError(name, f"must be a string, got {_type_name(v)}")
+    if required and not v.strip():
+        raise PromptError(name, "must not be empty")
+    if len(v) > MAX_PROMPT_CHARS:
+        raise PromptError(name, f"is {len(v)} characters long; the limit is {MAX_PROMPT_CHARS}")
+    if "\x00" in v:
+        raise PromptError(name, "must not contain NUL characters")
+    return v
+
+
+def _choice(name: str, v, allowed: tuple) -> str:
+    if not isinstance(v, str) or v not in allowed:
+        raise PromptError(name, f"must be one of {', '.join(repr(a) for a in allowed)}, got {v!r}")
+    return v
+
+
+def _side(name: str, v) -> int:
+    v = _int(name, v, 16, MAX_SIDE)
+    if v % 16:
+        raise PromptError(name, f"must be a multiple of 16 (8x VAE downsampling x 2x2 patches), got {v}")
+    return v
+
+
+def _spectrum(v) -> SpectrumSettings:
+    if isinstance(v, bool):
+        return SpectrumSettings(enabled=v)
+    if not isinstance(v, dict):
+        raise PromptError("spectrum", f"must be true, false or an object of settings, got {_type_name(v)}")
+    kw = {}
+    for key, val in v.items():
+        name = f"spectrum.{key}"
+        if key == "enabled":
+            if not isinstance(val, bool):
+                raise PromptError(name, f"must be true or false, got {_type_name(val)}")
+            kw[key] = val
+            continue
+        if key not in SPECTRUM_FIELDS:
+            raise PromptError(name, f"unknown setting; allowed: enabled, {', '.join(SPECTRUM_FIELDS)}")
+        typ, low, high, _ = SPECTRUM_FIELDS[key]
+        kw[key] = _int(name, val, low, high) if typ is int else _float(name, val, low, high)
+    if "stop" in kw and kw["stop"] <= 0.0:
+        raise PromptError("spectrum.stop", "must be greater than 0")
+    return SpectrumSettings(**kw)
+
+
+def _output(v, *, base_dir: Path | None, check: bool) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise PromptError("output", f"must be a non-empty path string, got {_type_name(v)} {v!r}")
+    if "\x00" in v:
+        raise PromptError("output", "must not contain NUL characters")
+    p = Path(os.path.expanduser(v))
+    if not p.is_absolute():
+        p = (base_dir or Path.cwd()) / p
+    p = Path(os.path.normpath(p))
+    if not check:
+        return str(p)
+    # a .png path names the image file; anything else names a directory (created when its parent exists)
+    if p.suffix.lower() == ".png":
+        if p.is_dir():
+            raise PromptError("output", f"{p} is a directory, not a .png file")
+        d = p.parent
+    else:
+        if p.exists() and not p.is_dir():
+            raise PromptError("output", f"{p} exists and is not a directory (name a directory or a .png file)")
+        d = p if p.exists() else p.parent
+    if not d.is_dir():
+        raise PromptError("output", f"directory {d} does not exist")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise PromptError("output", f"directory {d} is not writable")
+    return str(p)
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def parse_prompt_obj(obj, *, base_dir: Path | None = None, check_output: bool = True,
+                     resolution: tuple[int, int] | None = None) -> PromptSpec:
+    """Validate a decoded prompt object. A missing seed is drawn at random and marked `seed_random`."""
+    if not isinstance(obj, dict):
+        raise PromptError("", f"the top level must be a JSON object, got {_type_name(obj)}")
+    for key in obj:
+        if key not in TOP_FIELDS:
+            raise PromptError(str(key), f"unknown field; allowed: {', '.join(TOP_FIELDS)}")
+    if "prompt" not in obj:
+        raise PromptError("prompt", "is required")
+    kw: dict = {"prompt": _text("prompt", obj["prompt"], required=True)}
+    if "negative_prompt" in obj:
+        kw["negative_prompt"] = _text("negative_prompt", obj["negative_prompt"], required=False)
+    if obj.get("seed") is None:     # omitted or null -> random, recorded
+        kw["seed"], kw["seed_random"] = secrets.randbelow(SEED_LIMIT), True
+    else:
+        kw["seed"] = _int("seed", obj["seed"], 0, SEED_LIMIT - 1)
+    if "steps" in obj:
+        kw["steps"] = _int("steps", obj["steps"], 1, MAX_STEPS)
+    if "cfg" in obj:
+        kw["cfg"] = _float("cfg", obj["cfg"], 1.0, MAX_CFG)
+    for side in ("width", "height"):
+        if obj.get(side) is not None:       # omitted or null -> the pack's resolution
+            kw[side] = _side(side, obj[side])
+    if "sampler" in obj:
+        kw["sampler"] = _choice("sampler", obj["sampler"], SAMPLERS)
+    if "scheduler" in obj:
+        kw["scheduler"] = _choice("scheduler", obj["scheduler"], SCHEDULERS)
+    if "spectrum" in obj:
+        kw["spectrum"] = _spectrum(obj["spectrum"])
+    if "output" in obj and obj["output"] is not None:
+        kw["output"] = _output(obj["output"], base_dir=base_dir, check=check_output)
+    spec = PromptSpec(**kw)
+    if resolution is not None:
+        spec = spec.with_resolution(*resolution)
+    return spec
+
+
+def _reject_constant(name: str):
+    raise PromptError("", f"{name} is not valid JSON (numbers must be finite)")
+
+
+def _no_duplicates(pairs):
+    d = {}
+    for k, v in pairs:
+        if k in d:
+            raise PromptError(k, "appears twice")
+        d[k] = v
+    return d
+
+
+def parse_prompt_bytes(data: bytes | str, **kw) -> PromptSpec:
+    """Decode and validate prompt.json content (UTF-8, at most MAX_FILE_BYTES)."""
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    if len(raw) > MAX_FILE_BYTES:
+        raise PromptError("", f"the file is {len(raw)} bytes; the limit is {MAX_FILE_BYTES}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PromptError("", f"not UTF-8 text (byte {e.start})") from None
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
+    except json.JSONDecodeError as e:
+        raise PromptError("", f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except RecursionError:
+        raise PromptError("", "invalid JSON: nested too deeply") from None
+    return parse_prompt_obj(obj, **kw)
+
+
+def load_prompt(path: str | os.PathLike, **kw) -> PromptSpec:
+    """Read and validate a prompt file; relative `output` paths resolve from the current directory."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise PromptError("", f"{p} is {size} bytes; the limit is {MAX_FILE_BYTES}")
+        data = p.read_bytes()
+    except PromptError:
+        raise
+    except OSError as e:
+        raise PromptError("", f"cannot read {p}: {e.strerror or e}") from None
+    return parse_prompt_bytes(data, **kw)

@@ -1,0 +1,152 @@
+"""Per-job report: stage wall times and peak RSS, per-branch-kind phase sums, teardown record; and its text table."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+BRANCH_KINDS = ("self", "cross", "ffn")
+STAGES = ("encoder", "scheduler", "executor", "vae")
+PHASES = ("load_s", "init_s", "infer_s", "release_s")
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """The process's own high-water RSS (VmHWM) plus its children's current RSS, in MiB; None when it is gone."""
+    try:
+        proc = psutil.Process(pid)
+        hwm = None
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        hwm = int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        own = max(hwm or 0, proc.memory_info().rss)
+        kids = sum(c.memory_info().rss for c in proc.children(recursive=True) if c.is_running())
+        return (own + kids) / 2**20
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def current_rss_mb(pid: int) -> float | None:
+    """RSS of a process and its children now, in MiB."""
+    try:
+        proc = psutil.Process(pid)
+        total = proc.memory_info().rss
+        total += sum(c.memory_info().rss for c in proc.children(recursive=True))
+        return total / 2**20
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+@dataclass
+class StageRecord:
+    wall_s: float = 0.0
+    peak_rss_mb: float | None = None
+    remote: bool = False
+
+    def see_rss(self, mb: float | None) -> None:
+        if mb is not None:
+            self.peak_rss_mb = mb if self.peak_rss_mb is None else max(self.peak_rss_mb, mb)
+
+
+@dataclass
+class TeardownRecord:
+    """Whether encoder/VAE processes were alive while the scheduler denoised, from supervisord samples."""
+
+    encoder_running_during_denoise: bool = False
+    vae_running_during_denoise: bool = False
+    samples: int = 0
+    encoder_remote: bool = False
+    vae_remote: bool = False
+    sightings: list = field(default_factory=list)   # [[t, program, state, pid]] of any live sample (first few)
+
+    def sample(self, infos: dict) -> None:
+        """One supervisord sample: `infos` maps "encoder"/"vae" to a ProcInfo (None for a remote stage)."""
+        self.samples += 1
+        for program in ("encoder", "vae"):
+            info = infos.get(program)
+            if info is None or not info.live:
+                continue
+            setattr(self, f"{program}_running_during_denoise", True)
+            if len(self.sightings) < 16:
+                self.sightings.append([round(time.time(), 3), program, info.state, info.pid])
+
+
+@dataclass
+class JobReport:
+    job: str
+    spec: dict
+    stages: dict = field(default_factory=lambda: {s: StageRecord() for s in STAGES})
+    teardown: TeardownRecord = field(default_factory=TeardownRecord)
+    denoised: dict = field(default_factory=dict)        # the scheduler's DENOISED fields (steps, sums, host/transport)
+    encoder_timings: dict = field(default_factory=dict)
+    vae_timings: dict = field(default_factory=dict)
+    image: str | None = None
+    started: float = field(default_factory=time.time)
+    finished: float | None = None
+
+    def to_dict(self) -> dict:
+        d = self.denoised
+        branches = {k: {p: float(d.get("branches", {}).get(k, {}).get(p, 0.0)) for p in PHASES}
+                    for k in BRANCH_KINDS}
+        for k in BRANCH_KINDS:
+            branches[k]["calls"] = int(d.get("branches", {}).get(k, {}).get("calls", 0))
+        t = self.teardown
+        return {
+            "job": self.job,
+            "image": self.image,
+            "prompt": self.spec,
+            "computed_steps": list(d.get("computed_steps", [])),
+            "forecast_steps": list(d.get("forecast_steps", [])),
+            "branch_calls": int(d.get("branch_calls", 0)),
+            "resumed_from": int(d.get("resumed_from", 0)),
+            "resends": int(d.get("resends", 0)),
+            "teardown": {"encoder_running_during_denoise": t.encoder_running_during_denoise,
+                         "vae_running_during_denoise": t.vae_running_during_denoise,
+                         "samples": t.samples, "encoder_remote": t.encoder_remote, "vae_remote": t.vae_remote,
+                         "sightings": t.sightings},
+            "stages": {n: {"wall_s": round(s.wall_s, 4),
+                           "peak_rss_mb": None if s.peak_rss_mb is None else round(s.peak_rss_mb, 1),
+                           "remote": s.remote} for n, s in self.stages.items()},
+            "branches": branches,
+            "host_s": float(d.get("host_s", 0.0)),
+            "transport_s": float(d.get("transport_s", 0.0)),
+            "encoder_timings": self.encoder_timings,
+            "vae_timings": self.vae_timings,
+            "wall_s": round((self.finished or time.time()) - self.started, 4),
+        }
+
+    def write(self, path: Path) -> Path:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1))
+        os.replace(tmp, path)
+        return path
+
+
+def format_table(report: dict) -> str:
+    """The timing table `orchestrator submit --wait` prints: per stage, then per branch kind and phase."""
+    lines = [f"{'stage':<10} {'wall s':>9} {'peak RSS MB':>12}"]
+    for name, s in report.get("stages", {}).items():
+        rss = "remote" if s.get("remote") else ("-" if s.get("peak_rss_mb") is None else f"{s['peak_rss_mb']:.0f}")
+        lines.append(f"{name:<10} {s.get('wall_s', 0.0):>9.2f} {rss:>12}")
+    lines.append("")
+    lines.append(f"{'branch':<10} {'calls':>6} {'load s':>9} {'init s':>9} {'infer s':>9} {'release s':>10}")
+    for kind, b in report.get("branches", {}).items():
+        lines.append(f"{kind:<10} {b.get('calls', 0):>6} {b.get('load_s', 0):>9.2f} {b.get('init_s', 0):>9.2f} "
+                     f"{b.get('infer_s', 0):>9.2f} {b.get('release_s', 0):>10.2f}")
+    lines.append("")
+    steps = report.get("computed_steps", [])
+    lines.append(f"host ops {report.get('host_s', 0.0):.2f} s, transport {report.get('transport_s', 0.0):.2f} s, "
+                 f"{report.get('branch_calls', 0)} branch calls, {len(steps)} computed steps "
+                 f"({len(report.get('forecast_steps', []))} forecast), total {report.get('wall_s', 0.0):.1f} s")
+    td = report.get("teardown", {})
+    lines.append(f"encoder running during denoise: {td.get('encoder_running_during_denoise')}, "
+                 f"vae running during denoise: {td.get('vae_running_during_denoise')} "
+                 f"({td.get('samples', 0)} supervisord samples)")
+    return "\n".join(lines)

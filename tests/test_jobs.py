@@ -1,0 +1,144 @@
+"""The durable job queue: state machine, write-then-rename, restart survival, limits, resume."""
+import json
+import os
+import stat
+
+import pytest
+
+from orchestrator.jobs import JobError, JobStore, QueueFull
+
+SPEC = {"prompt": "a girl", "seed": 7, "steps": 4}
+
+
+def test_flow_and_persistence(tmp_path):
+    store = JobStore(tmp_path)
+    job = store.submit(SPEC)
+    assert job.state == "queued" and job.spec == SPEC
+    assert stat.S_IMODE(store.job_dir(job.id).stat().st_mode) == 0o700
+    for state in ("encoding", "denoising", "decoding"):
+        store.transition(job.id, state)
+    done = store.transition(job.id, "done", image="/x.png", report="/r.json")
+    assert done.state == "done" and done.image == "/x.png"
+    assert [h[0] for h in done.history] == ["queued", "encoding", "denoising", "decoding", "done"]
+    assert done.attempts == {"encoding": 1, "denoising": 1, "decoding": 1}
+    # a second store on the same folder (another process) reads the same record
+    again = JobStore(tmp_path).get(job.id)
+    assert again.to_dict() == done.to_dict()
+    on_disk = json.loads((store.job_dir(job.id) / "job.json").read_text())
+    assert on_disk["state"] == "done"
+    assert not list(store.root.glob("*/*.tmp"))
+
+
+def test_illegal_transitions_are_refused(tmp_path):
+    store = JobStore(tmp_path)
+    job = store.submit(SPEC)
+    with pytest.raises(JobError, match="is queued; it cannot become done"):
+        store.transition(job.id, "done")
+    store.transition(job.id, "encoding")
+    with pytest.raises(JobError, match="cannot become decoding"):
+        store.transition(job.id, "decoding")
+    with pytest.raises(JobError, match="cannot be set"):
+        store.transition(job.id, "denoising", created=0.0)
+    store.transition(job.id, "denoising")
+    store.transition(job.id, "decoding")
+    store.transition(job.id, "done")
+    with pytest.raises(JobError, match="already done"):
+        store.cancel(job.id)
+    with pytest.raises(JobError, match="only failed or cancelled"):
+        store.resume(job.id)
+
+
+def test_bad_ids_never_touch_the_filesystem(tmp_path):
+    store = JobStore(tmp_path)
+    for bad in ("../../etc", "", "20260101-120000-zzzzzz", 5, "20260101-120000-a1b2c3/../x"):
+        with pytest.raises(JobError, match="is not a job id"):
+            store.get(bad)
+    with pytest.raises(JobError, match="no job"):
+        store.get("20260101-120000-a1b2c3")
+
+
+def test_restart_resumes_the_running_job_first(tmp_path):
+    store = JobStore(tmp_path)
+    a = store.submit(SPEC)
+    b = store.submit({**SPEC, "seed": 8})
+    store.transition(b.id, "encoding")
+    store.transition(b.id, "denoising")
+    # the daemon dies here; a new one opens the folder
+    fresh = JobStore(tmp_path)
+    assert [j.id for j in fresh.recover()] == [b.id]
+    nxt = fresh.next_job()
+    assert nxt.id == b.id and nxt.state == "denoising"
+    fresh.transition(b.id, "decoding")
+    fresh.transition(b.id, "done")
+    assert fresh.next_job().id == a.id
+
+
+def test_recover_requeues_extra_running_jobs_and_cleans_temp_files(tmp_path):
+    store = JobStore(tmp_path)
+    a, b = store.submit(SPEC), store.submit(SPEC)
+    for j in (a, b):
+        store.transition(j.id, "encoding")
+    store.transition(b.id, "denoising")
+    (store.job_dir(a.id) / "job.json.tmp").write_text("{torn")
+    running = JobStore(tmp_path).recover()
+    assert len(running) == 1
+    other = store.get(b.id if running[0].id == a.id else a.id)
+    assert other.state == "queued" and other.start_at in ("encoding", "denoising")
+    assert not (store.job_dir(a.id) / "job.json.tmp").exists()
+
+
+def test_queue_limit(tmp_path):
+    store = JobStore(tmp_path, max_queue=2)
+    a = store.submit(SPEC)
+    store.submit(SPEC)
+    with pytest.raises(QueueFull, match="the limit is 2"):
+        store.submit(SPEC)
+    store.cancel(a.id)                 # a finished job frees its place
+    store.submit(SPEC)
+    assert len(store.pending()) == 2
+
+
+def test_disk_space_guard(tmp_path):
+    store = JobStore(tmp_path, min_free_mb=1e12)
+    with pytest.raises(JobError, match="MB free"):
+        store.submit(SPEC)
+    assert not any(store.root.iterdir())
+
+
+def test_cancel_queued_and_running(tmp_path):
+    store = JobStore(tmp_path)
+    q = store.submit(SPEC)
+    assert store.cancel(q.id).state == "cancelled"
+    r = store.submit(SPEC)
+    store.transition(r.id, "encoding")
+    flagged = store.cancel(r.id)
+    assert flagged.state == "encoding" and flagged.cancel_requested   # the daemon stops it at its next check
+    assert store.transition(r.id, "cancelled").failed_at == "encoding"
+
+
+def test_resume_failed_keeps_folder_and_restarts_at_its_stage(tmp_path):
+    store = JobStore(tmp_path)
+    job = store.submit(SPEC)
+    store.transition(job.id, "encoding")
+    store.transition(job.id, "denoising")
+    state_file = store.job_dir(job.id) / "step_0003.state"
+    state_file.write_bytes(b"latent")
+    failed = store.fail(job.id, "scheduler", "scheduler died 3 times: SIGKILL")
+    assert failed.error == {"stage": "scheduler", "message": "scheduler died 3 times: SIGKILL"}
+    assert failed.failed_at == "denoising"
+    resumed = store.resume(job.id)
+    assert resumed.state == "queued" and resumed.start_at == "denoising" and resumed.attempts == {}
+    assert state_file.read_bytes() == b"latent"
+    assert store.next_job().id == job.id
+    assert store.transition(job.id, "denoising").attempts == {"denoising": 1}
+
+
+def test_unreadable_record_is_skipped_not_fatal(tmp_path):
+    store = JobStore(tmp_path)
+    good = store.submit(SPEC)
+    bad = store.submit(SPEC)
+    (store.job_dir(bad.id) / "job.json").write_text("{not json")
+    assert [j.id for j in store.list()] == [good.id]
+    with pytest.raises(JobError, match="unreadable"):
+        store.get(bad.id)
+    os.chmod(store.job_dir(bad.id), 0o700)

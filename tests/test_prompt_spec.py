@@ -1,0 +1,162 @@
+"""prompt.json validation: malformed files exit 2 with a message naming the field, and nothing is queued."""
+import json
+import math
+import re
+
+import pytest
+
+from orchestrator import cli
+from orchestrator.prompt_spec import (MAX_FILE_BYTES, PromptError, PromptSpec, SpectrumSettings, load_prompt,
+                                      parse_prompt_bytes)
+
+RES = (512, 512)  # the (pretend) pack's resolution
+
+
+def _j(**kw) -> str:
+    return json.dumps({"prompt": "a girl", **kw})
+
+
+# (id, file content (str or bytes), regex the message must contain: the field, or what is wrong with the file)
+MALFORMED = [
+    ("trailing-comma", '{"prompt": "a",}', r"invalid JSON at line 1"),
+    ("empty-file", "", r"invalid JSON"),
+    ("not-json", "prompt = a girl", r"invalid JSON"),
+    ("top-array", "[1, 2]", r"top level must be a JSON object, got array"),
+    ("top-string", '"a girl"', r"top level must be a JSON object, got string"),
+    ("top-null", "null", r"top level must be a JSON object, got null"),
+    ("nan", '{"prompt": "a", "cfg": NaN}', r"NaN is not valid JSON"),
+    ("infinity", '{"prompt": "a", "cfg": Infinity}', r"Infinity is not valid JSON"),
+    ("minus-infinity", '{"prompt": "a", "steps": -Infinity}', r"-Infinity is not valid JSON"),
+    ("too-large", _j(negative_prompt="x" * (MAX_FILE_BYTES + 10)), r"the limit is 65536"),
+    ("not-utf8", b'{"prompt": "\xff\xfe"}', r"not UTF-8"),
+    ("deep-nesting", '{"prompt": "a", "spectrum": ' + "[" * 20000 + "]" * 20000 + "}",
+     r"nested too deeply|field 'spectrum'"),
+    ("missing-prompt", '{"steps": 20}', r"field 'prompt': is required"),
+    ("prompt-number", '{"prompt": 5}', r"field 'prompt': must be a string, got integer"),
+    ("prompt-blank", '{"prompt": "   "}', r"field 'prompt': must not be empty"),
+    ("prompt-too-long", json.dumps({"prompt": "x" * 5000}), r"field 'prompt': is 5000 characters"),
+    ("prompt-nul", '{"prompt": "a\\u0000b"}', r"field 'prompt': must not contain NUL"),
+    ("duplicate-key", '{"prompt": "a", "prompt": "b"}', r"field 'prompt': appears twice"),
+    ("unknown-field", _j(colour="red"), r"field 'colour': unknown field"),
+    ("negative-list", _j(negative_prompt=["x"]), r"field 'negative_prompt': must be a string, got array"),
+    ("seed-negative", _j(seed=-1), r"field 'seed': must be in 0\.\."),
+    ("seed-2^64", _j(seed=2**64), r"field 'seed': must be in 0\.\."),
+    ("seed-float", _j(seed=1.5), r"field 'seed': must be an integer"),
+    ("seed-string", _j(seed="42"), r"field 'seed': must be an integer.*string"),
+    ("steps-zero", _j(steps=0), r"field 'steps': must be in 1\.\.200, got 0"),
+    ("steps-too-many", _j(steps=201), r"field 'steps': must be in 1\.\.200, got 201"),
+    ("steps-bool", _j(steps=True), r"field 'steps': must be an integer.*boolean"),
+    ("steps-float", _j(steps=20.0), r"field 'steps': must be an integer.*number"),
+    ("cfg-low", _j(cfg=0.5), r"field 'cfg': must be in \[1\.0, 30\.0\]"),
+    ("cfg-high", _j(cfg=31), r"field 'cfg': must be in \[1\.0, 30\.0\]"),
+    ("cfg-string", _j(cfg="4"), r"field 'cfg': must be a number"),
+    ("width-not-16", _j(width=500), r"field 'width': must be a multiple of 16"),
+    ("width-negative", _j(width=-512), r"field 'width': must be in 16\.\."),
+    ("height-zero", _j(height=0), r"field 'height': must be in 16\.\."),
+    ("width-not-pack", _j(width=1024), r"field 'width': 1024 does not match the model pack's resolution 512x512"),
+    ("height-not-pack", _j(height=768), r"field 'height': 768 does not match"),
+    ("sampler", _j(sampler="dpmpp_2m"), r"field 'sampler': must be one of 'euler'"),
+    ("scheduler", _j(scheduler="karras"), r"field 'scheduler': must be one of 'sgm_uniform', 'simple'"),
+    ("spectrum-string", _j(spectrum="yes"), r"field 'spectrum': must be true, false or an object"),
+    ("spectrum-w", _j(spectrum={"w": 2}), r"field 'spectrum\.w': must be in \[0\.0, 1\.0\]"),
+    ("spectrum-m", _j(spectrum={"m": 0}), r"field 'spectrum\.m': must be in 1\.\.8"),
+    ("spectrum-unknown", _j(spectrum={"order": 3}), r"field 'spectrum\.order': unknown setting"),
+    ("spectrum-stop-zero", _j(spectrum={"stop": 0}), r"field 'spectrum\.stop': must be greater than 0"),
+    ("spectrum-warmup-float", _j(spectrum={"warmup": 1.5}), r"field 'spectrum\.warmup': must be an integer"),
+    ("spectrum-enabled-str", _j(spectrum={"enabled": "no"}), r"field 'spectrum\.enabled': must be true or false"),
+    ("output-number", _j(output=7), r"field 'output': must be a non-empty path string"),
+    ("output-missing-dir", _j(output="/nonexistent-anima-dir/sub/x.png"), r"field 'output': directory .* does not"),
+    ("output-is-file", None, r"field 'output': .* exists and is not a directory"),  # content built in the test
+]
+
+
+def _content(case_id, content, tmp_path):
+    if case_id == "output-is-file":
+        f = tmp_path / "afile.txt"
+        f.write_text("x")
+        content = _j(output=str(f))
+    return content
+
+
+@pytest.mark.parametrize("case_id,content,pattern", MALFORMED, ids=[c[0] for c in MALFORMED])
+def test_malformed_is_rejected_with_the_field(case_id, content, pattern, tmp_path):
+    content = _content(case_id, content, tmp_path)
+    with pytest.raises(PromptError, match=pattern) as e:
+        parse_prompt_bytes(content, resolution=RES)
+    assert str(e.value).startswith("prompt.json: ")
+
+
+@pytest.mark.parametrize("case_id,content,pattern", MALFORMED, ids=[c[0] for c in MALFORMED])
+def test_cli_submit_exits_2_and_queues_nothing(case_id, content, pattern, tmp_path, capsys):
+    content = _content(case_id, content, tmp_path)
+    run = tmp_path / "run"
+    f = tmp_path / "prompt.json"
+    f.write_bytes(content.encode() if isinstance(content, str) else content)
+    rc = cli.main(["--run", str(run), "submit", str(f), "--resolution", "512x512"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert re.search(pattern, err), err
+    assert "Traceback" not in err
+    assert not (run / "jobs").exists() or not any((run / "jobs").iterdir())
+
+
+def test_enough_cases():
+    assert len(MALFORMED) >= 30
+
+
+def test_valid_minimal_gets_defaults_and_a_recorded_random_seed():
+    a = parse_prompt_bytes('{"prompt": "a girl"}', resolution=RES)
+    b = parse_prompt_bytes('{"prompt": "a girl", "seed": null}')
+    assert a.seed_random and b.seed_random and 0 <= a.seed < 2**64
+    assert (a.width, a.height) == RES and b.width is None
+    assert a.steps == 30 and a.cfg == 4.0 and a.sampler == "euler" and a.scheduler == "sgm_uniform"
+    assert a.spectrum == SpectrumSettings() and a.spectrum.enabled
+    assert a.output is None and a.negative_prompt == ""
+
+
+def test_valid_full_round_trips_through_to_dict(tmp_path):
+    text = json.dumps({"prompt": "a girl", "negative_prompt": "blurry", "seed": 2**64 - 1, "steps": 20, "cfg": 5,
+                       "width": 512, "height": 512, "sampler": "euler", "scheduler": "simple",
+                       "spectrum": {"w": 0.5, "m": 4, "warmup": 2}, "output": str(tmp_path / "out.png")})
+    spec = parse_prompt_bytes(text, resolution=RES)
+    assert spec.seed == 2**64 - 1 and not spec.seed_random and spec.cfg == 5.0 and isinstance(spec.cfg, float)
+    assert spec.spectrum == SpectrumSettings(w=0.5, m=4, warmup=2)
+    assert spec.output == str(tmp_path / "out.png")
+    again = PromptSpec.from_dict(json.loads(json.dumps(spec.to_dict())))
+    assert again == spec
+
+
+def test_spectrum_false_and_relative_output(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "imgs").mkdir()
+    spec = parse_prompt_bytes(_j(spectrum=False, output="imgs"))
+    assert not spec.spectrum.enabled and spec.output == str(tmp_path / "imgs")
+    new_dir = parse_prompt_bytes(_j(output="new"))       # a directory that does not exist yet, parent writable
+    assert new_dir.output == str(tmp_path / "new")
+
+
+def test_load_prompt_reports_unreadable_file(tmp_path):
+    with pytest.raises(PromptError, match="cannot read"):
+        load_prompt(tmp_path / "nope.json")
+    with pytest.raises(PromptError, match="cannot read"):
+        load_prompt(tmp_path)
+    assert math.isfinite(load_prompt_ok(tmp_path).cfg)
+
+
+def load_prompt_ok(tmp_path):
+    f = tmp_path / "p.json"
+    f.write_text(_j(cfg=7.5))
+    return load_prompt(f)
+
+
+def test_console_script_exit_code(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    f = tmp_path / "p.json"
+    f.write_text('{"prompt": "a", "steps": 0}')
+    exe = Path(sys.executable).parent / "orchestrator"
+    r = subprocess.run([str(exe), "--run", str(tmp_path / "run"), "submit", str(f), "--resolution", "512x512"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "field 'steps'" in r.stderr and "Traceback" not in r.stderr
+    assert r.stdout == ""
