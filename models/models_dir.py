@@ -143,6 +143,22 @@ def resolve_models(models_dir=None, overrides: Optional[dict] = None, need=PART_
     return ModelPaths(**found)
 
 
+def add_model_arguments(parser, parts=PART_NAMES) -> None:
+    """Add `--models DIR` and one override flag per part in `parts` to an argparse parser (for commands and stages)."""
+    parser.add_argument("--models", default=None, metavar="DIR",
+                        help="ComfyUI-style models folder (diffusion_models/, text_encoders/, vae/, tokenizers/)")
+    for part in PARTS:
+        if part.name in parts:
+            parser.add_argument(part.flag, dest=part.name, default=None, metavar="DIR" if part.is_dir else "FILE",
+                                help=f"{part.what} (overrides the one in --models)")
+
+
+def paths_from_args(args, need=PART_NAMES) -> ModelPaths:
+    """resolve_models() from what add_model_arguments() parsed."""
+    overrides = {n: getattr(args, n, None) for n in PART_NAMES}
+    return resolve_models(getattr(args, "models", None), overrides, need)
+
+
 # ---- the embedded default: a complete synthetic models folder --------------------------------------------------------
 def bundle_paths(preset: str, out_dir) -> ModelPaths:
     out = Path(out_dir)

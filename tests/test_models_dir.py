@@ -129,3 +129,17 @@ def test_bundle_argument_errors(tmp_path):
         write_bundle("huge", 0, tmp_path)
     with pytest.raises(ValueError, match="seed"):
         write_bundle("tiny", -1, tmp_path)
+
+
+def test_argparse_helpers(tmp_path):
+    import argparse
+    from models.models_dir import add_model_arguments, paths_from_args
+    root = make_folder(tmp_path / "models")
+    other = _touch(tmp_path / "v2.safetensors")
+    p = argparse.ArgumentParser()
+    add_model_arguments(p, parts=("vae", "dit"))
+    args = p.parse_args(["--models", str(root), "--vae", str(other)])
+    paths = paths_from_args(args, need=("vae", "dit"))
+    assert paths.vae == other.resolve() and paths.dit.name == "anima-preview.safetensors" and paths.t5_tokenizer is None
+    with pytest.raises(SystemExit):
+        p.parse_args(["--t5-tokenizer", "x"])                  # only the parts asked for get flags
