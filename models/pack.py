@@ -1,0 +1,260 @@
+"""Model packs: a DiT checkpoint converted for one resolution (manifest + FP32 host weights + branch ONNX), built
+streaming into a temporary sibling folder and renamed into place; loading checks every file against the manifest."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from models.config import DiTConfig
+from models.partition import BRANCHES, PACK_DTYPES, Geometry, branch_file, branch_order, pack_io_dtype, resolve
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+PACK_KIND = "anima-dit-pack"
+MANIFEST = "manifest.json"
+HOST_FILE = "host.safetensors"
+ONNX_DIR = "onnx"
+HASH_CHUNK = 8 * 1024 * 1024          # bytes per read when hashing
+
+
+class PackError(ValueError):
+    """A pack that is missing, incomplete, of another checkpoint, or whose files differ from its manifest."""
+
+
+def file_sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(HASH_CHUNK)
+            if not chunk:
+                return h.hexdigest()
+            h.update(chunk)
+
+
+def tool_versions() -> dict:
+    import numpy
+    import onnx
+    out = {"python": platform.python_version(), "numpy": numpy.__version__, "onnx": onnx.__version__}
+    try:
+        import onnxruntime
+        out["onnxruntime"] = onnxruntime.__version__
+    except ImportError:
+        out["onnxruntime"] = None
+    try:
+        from importlib.metadata import version
+        out["anima-npu"] = version("anima-npu")
+    except Exception:  # not installed as a distribution (running from a source tree)
+        out["anima-npu"] = None
+    return out
+
+
+@dataclass
+class Pack:
+    """A loaded pack: its folder, manifest and what the runners need from it."""
+    dir: Path
+    manifest: dict
+    config: DiTConfig
+    geometry: Geometry
+    dtype: str                                  # "fp16" | "fp32"
+    branches: list = field(default_factory=list)  # manifest branch entries, strict execution order
+
+    @property
+    def io_dtype(self) -> str:
+        return pack_io_dtype(self.dtype)
+
+    @property
+    def host_path(self) -> Path:
+        return self.dir / self.manifest["host"]["file"]
+
+    @property
+    def source(self) -> dict:
+        return self.manifest["source"]
+
+    def branch(self, block: int, kind: str) -> dict:
+        return self.branches[3 * block + [b.kind for b in BRANCHES].index(kind)]
+
+    def branch_path(self, block: int, kind: str) -> Path:
+        return self.dir / self.branch(block, kind)["onnx"]
+
+    def host_weights(self) -> dict:
+        """{host key: f32 array} from host.safetensors."""
+        from models.safetensors_io import SafeTensorsFile
+        st = SafeTensorsFile(self.host_path)
+        return {k: st.get(k) for k in st.keys()}
+
+
+# -- building -------------------------------------------------------------------------------------------------------
+def _existing_source(out: Path) -> Optional[str]:
+    """sha256 of the checkpoint an existing pack at `out` was built from; None when `out` is absent or empty."""
+    if not out.exists():
+        return None
+    if not out.is_dir():
+        raise PackError(f"{out}: exists and is not a folder")
+    if not (out / MANIFEST).is_file():
+        if any(out.iterdir()):
+            raise PackError(f"{out}: a non-empty folder that is not a pack; choose another output folder")
+        return None
+    try:
+        return str(json.loads((out / MANIFEST).read_text())["source"]["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unreadable"
+
+
+def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", overwrite: bool = False) -> Path:
+    """Convert the checkpoint at `ckpt_path` into a pack at `out_dir` for `resolution` = (width, height) pixels.
+
+    One block at a time (peak memory ~ one branch's weights); written into a temporary sibling folder that is renamed
+    into place when complete. An existing pack of a different checkpoint is replaced only with `overwrite`.
+    """
+    from models.branch_graphs import OPSET, build_branch, serialize
+    from models.dit_checkpoint import DiTCheckpoint
+    from models.host_ops import host_keys
+    from models.safetensors_io import TensorEntry, write_safetensors
+
+    t0 = time.perf_counter()
+    io_dt = pack_io_dtype(dtype)
+    geom = Geometry.from_resolution(*resolution)
+    out = Path(out_dir).absolute()
+    ckpt = DiTCheckpoint.open(ckpt_path)
+    cfg = ckpt.config
+    sha = ckpt.sha256()
+    prev = _existing_source(out)
+    if prev is not None and prev != sha and not overwrite:
+        raise PackError(f"{out}: holds a pack of another checkpoint (sha256 {prev[:12]}…, this one {sha[:12]}…); "
+                        "pass overwrite (--overwrite) to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)                     # mkdtemp makes 0700; a pack is an ordinary folder
+    try:
+        # 1) host weights (FP32), streamed tensor by tensor
+        keys = host_keys(cfg)
+        write_safetensors(tmp / HOST_FILE, [TensorEntry(k, "F32", tuple(ckpt.shape(k)), (lambda k=k: ckpt.get(k)))
+                                            for k in keys], metadata={"source_sha256": sha})
+        # 2) branch graphs, block by block in execution order
+        (tmp / ONNX_DIR).mkdir()
+        branches = []
+        for block, spec in branch_order(cfg):
+            rel = f"{ONNX_DIR}/{branch_file(block, spec.kind)}"
+            model = build_branch(spec.kind, ckpt.branch_weights(block, spec.kind), cfg, geom, dtype, block=block)
+            data = serialize(model)
+            del model
+            (tmp / rel).write_bytes(data)
+            io = resolve(spec.kind, cfg, geom, dtype)
+            branches.append({"block": block, "kind": spec.kind, "onnx": rel, "sha256": hashlib.sha256(data).hexdigest(),
+                             "bytes": len(data), "inputs": io["inputs"], "outputs": io["outputs"]})
+            del data
+            if spec.kind == BRANCHES[-1].kind:
+                log.info("pack: block %d/%d written", block + 1, cfg.blocks)
+        # 3) the manifest, last: a folder without it is not a pack
+        manifest = {
+            "schema": SCHEMA_VERSION, "kind": PACK_KIND,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "source": {"path": os.path.abspath(os.fspath(ckpt_path)), "name": os.path.basename(os.fspath(ckpt_path)),
+                       "sha256": sha, "bytes": os.path.getsize(ckpt_path)},
+            "config": cfg.to_dict(),
+            "resolution": {"width": geom.width, "height": geom.height},
+            "geometry": geom.to_dict(),
+            "dtype": dtype, "io_dtype": io_dt, "opset": OPSET,
+            "host": {"file": HOST_FILE, "sha256": file_sha256(tmp / HOST_FILE), "keys": len(keys)},
+            "branches": branches,
+            "tools": tool_versions(),
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        # 4) into place: the old folder (same checkpoint, or overwrite) goes aside first, then away
+        old = None
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, old / "pack")
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("pack %s: %d branches, %s, %dx%d, built in %.1f s", out, len(branches), dtype, geom.width, geom.height,
+             time.perf_counter() - t0)
+    return out
+
+
+# -- loading --------------------------------------------------------------------------------------------------------
+def _field(d: dict, key: str, typ, where: str):
+    if not isinstance(d, dict) or key not in d:
+        raise PackError(f"{where}: manifest field {key!r} is missing")
+    if not isinstance(d[key], typ):
+        raise PackError(f"{where}: manifest field {key!r} has type {type(d[key]).__name__}")
+    return d[key]
+
+
+def pack_files(manifest: dict) -> list:
+    """(relative path, sha256) of every file the manifest vouches for: host weights, ONNX and any compiled RKNN."""
+    files = [(manifest["host"]["file"], manifest["host"]["sha256"])]
+    for b in manifest["branches"]:
+        files.append((b["onnx"], b["sha256"]))
+        if isinstance(b.get("rknn"), dict):
+            files.append((b["rknn"]["file"], b["rknn"]["sha256"]))
+    return files
+
+
+def check_files(pack_dir, manifest: dict) -> None:
+    """Raise PackError naming every file that is missing or whose sha256 differs from the manifest."""
+    bad = []
+    for rel, want in pack_files(manifest):
+        p = Path(pack_dir) / rel
+        if not p.is_file():
+            bad.append(f"{rel} (missing)")
+        elif file_sha256(p) != want:
+            bad.append(f"{rel} (sha256 differs from the manifest)")
+    if bad:
+        raise PackError(f"{pack_dir}: {len(bad)} file(s) differ from the manifest: {', '.join(bad)}")
+
+
+def load_pack(pack_dir, check: bool = True) -> Pack:
+    """Read and validate a pack's manifest; with `check`, verify every file's existence and sha256."""
+    d = Path(pack_dir)
+    mpath = d / MANIFEST
+    if not d.is_dir():
+        raise PackError(f"{d}: no such pack folder")
+    if not mpath.is_file():
+        raise PackError(f"{d}: not a complete pack (no {MANIFEST}; a build may have been interrupted)")
+    try:
+        m = json.loads(mpath.read_text())
+    except (OSError, ValueError) as e:
+        raise PackError(f"{mpath}: unreadable manifest ({e})") from None
+    where = str(mpath)
+    if _field(m, "schema", int, where) != SCHEMA_VERSION:
+        raise PackError(f"{where}: schema version {m['schema']}, this code reads {SCHEMA_VERSION}; rebuild the pack")
+    for key, typ in (("source", dict), ("config", dict), ("resolution", dict), ("dtype", str), ("host", dict),
+                     ("branches", list)):
+        _field(m, key, typ, where)
+    try:
+        cfg = DiTConfig.from_dict(m["config"])
+        geom = Geometry.from_resolution(int(m["resolution"]["width"]), int(m["resolution"]["height"]))
+    except (TypeError, KeyError, ValueError) as e:
+        raise PackError(f"{where}: bad config/resolution ({e})") from None
+    if m["dtype"] not in PACK_DTYPES:
+        raise PackError(f"{where}: manifest field 'dtype' has unsupported value {m['dtype']!r}")
+    _field(m["host"], "file", str, where + " host")
+    _field(m["host"], "sha256", str, where + " host")
+    want = [(i, s.kind) for i, s in branch_order(cfg)]
+    got = [(b.get("block"), b.get("kind")) if isinstance(b, dict) else None for b in m["branches"]]
+    if got != want:
+        raise PackError(f"{where}: branch table does not list blocks 0..{cfg.blocks - 1} × {[s.kind for s in BRANCHES]}"
+                        " in order")
+    for b in m["branches"]:
+        _field(b, "onnx", str, f"{where} branch b{b['block']:02d}_{b['kind']}")
+        _field(b, "sha256", str, f"{where} branch b{b['block']:02d}_{b['kind']}")
+    if check:
+        check_files(d, m)
+    return Pack(d, m, cfg, geom, m["dtype"], list(m["branches"]))
