@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from models.models_dir import ModelsDirError, PART_NAMES, bundle_complete, resolve_models, write_bundle
+from models.models_dir import ModelPaths, ModelsDirError, PART_NAMES, bundle_complete, resolve_models, write_bundle
 
 
 def _touch(p, data=b"x"):
@@ -95,19 +95,16 @@ def test_need_subset_and_no_folder(tmp_path):
         resolve_models(tmp_path / "absent")
 
 
-def test_bundle_writes_a_complete_loadable_folder(tmp_path):
-    pytest.importorskip("models.text.synth")
-    pytest.importorskip("models.vae.synth")
+def test_bundle_writes_a_complete_loadable_folder(tiny_bundle, tmp_path):
+    import shutil
     from models.config import PRESETS
     from models.dit_checkpoint import DiTCheckpoint
+    from models.models_dir import bundle_paths
     from models.safetensors_io import SafeTensorsFile
 
-    out = tmp_path / "bundle"
-    paths = write_bundle("tiny", 0, out)
-    assert bundle_complete("tiny", 0, out) and not bundle_complete("tiny", 1, out)
-    assert resolve_models(out) == paths                      # the layout resolves to exactly what was written
-    for n in PART_NAMES:
-        assert getattr(paths, n).exists(), n
+    paths = bundle_paths("tiny", tiny_bundle)
+    assert bundle_complete("tiny", 0, tiny_bundle) and not bundle_complete("tiny", 1, tiny_bundle)
+    assert resolve_models(tiny_bundle) == ModelPaths(**{n: getattr(paths, n).resolve() for n in PART_NAMES})
     ck = DiTCheckpoint.open(paths.dit)
     assert ck.config == PRESETS["tiny"]["dit"]
     te = SafeTensorsFile(paths.text_encoder)
@@ -116,12 +113,20 @@ def test_bundle_writes_a_complete_loadable_folder(tmp_path):
     assert "decoder.conv1.weight" in vae and "conv2.weight" in vae
     # idempotent: a second call leaves the files alone
     before = {n: getattr(paths, n).stat().st_mtime_ns for n in ("dit", "text_encoder", "vae")}
-    assert write_bundle("tiny", 0, out) == paths
+    assert write_bundle("tiny", 0, tiny_bundle) == paths
     assert {n: getattr(paths, n).stat().st_mtime_ns for n in before} == before
-    # a truncated part makes the bundle incomplete
-    with open(paths.vae, "r+b") as f:
+    # a truncated part or a missing tokenizer file makes a copy of the bundle incomplete
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_bundle, copy)
+    assert bundle_complete("tiny", 0, copy)
+    with open(bundle_paths("tiny", copy).vae, "r+b") as f:
         f.truncate(100)
-    assert not bundle_complete("tiny", 0, out)
+    assert not bundle_complete("tiny", 0, copy)
+    shutil.rmtree(copy)
+    shutil.copytree(tiny_bundle, copy)
+    (copy / "tokenizers" / "t5" / "spiece.model").unlink()
+    (copy / "tokenizers" / "t5" / "tokenizer.json").unlink()
+    assert not bundle_complete("tiny", 0, copy)
 
 
 def test_bundle_argument_errors(tmp_path):
