@@ -27,6 +27,9 @@ POLL_SLICE_S = 0.1  # longest uninterrupted poll: stop flags and idle callbacks 
 LAST_WORD_LINGER_S = 0.5  # how long a DYING event may linger in the queue when its socket closes
 
 
+ZAP_DOMAIN = "anima"  # the authentication domain of every CURVE server socket
+
+
 class EndpointError(ValueError):
     """A bad endpoint or an unsafe transport setting, said plainly."""
 
@@ -130,15 +133,19 @@ def configure(sock: zmq.Socket, *, max_msg_bytes: int = codec.MAX_FRAME_BYTES) -
 
 
 def make_socket(ctx: zmq.Context, kind: int, endpoint: str, *, bind: bool, curve: Any = None,
-                allow_plaintext: bool = False) -> zmq.Socket:
-    """A configured socket bound or connected to `endpoint`, with CURVE set up when given (tcp)."""
+                allow_plaintext: bool = False, options: dict[int, int] | None = None) -> zmq.Socket:
+    """A configured socket bound or connected to `endpoint`, with CURVE set up when given (tcp).
+
+    `options` are set before bind/connect (some, like IMMEDIATE or ROUTER_HANDOVER, only apply from then on)."""
     _check_security(endpoint, curve, allow_plaintext)
     sock = configure(ctx.socket(kind))
     try:
+        for opt, value in (options or {}).items():
+            sock.setsockopt(opt, value)
         if isinstance(curve, CurveServer):
             sock.curve_secretkey, sock.curve_publickey = curve.secret, curve.public
             sock.curve_server = True
-            sock.zap_domain = b"anima"
+            sock.zap_domain = ZAP_DOMAIN.encode()
         elif isinstance(curve, CurveClient):
             sock.curve_secretkey, sock.curve_publickey = curve.secret, curve.public
             sock.curve_serverkey = curve.server_public
@@ -170,7 +177,7 @@ def start_authenticator(ctx: zmq.Context, curve: CurveServer) -> ThreadAuthentic
     """A ZAP handler on `ctx` that accepts only `curve.allowed_clients` (one per context; stop() it at close)."""
     auth = ThreadAuthenticator(ctx)
     auth.start()
-    auth.configure_curve_callback(domain="*", credentials_provider=_AllowList(curve.allowed_clients))
+    auth.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=_AllowList(curve.allowed_clients))
     return auth
 
 
@@ -270,13 +277,12 @@ class Server:
         self.endpoint = endpoint
         self.auth = start_authenticator(ctx, curve) if curve is not None else None
         try:
-            self.sock = make_socket(ctx, zmq.ROUTER, endpoint, bind=True, curve=curve, allow_plaintext=allow_plaintext)
+            self.sock = make_socket(ctx, zmq.ROUTER, endpoint, bind=True, curve=curve, allow_plaintext=allow_plaintext,
+                                    options={zmq.ROUTER_MANDATORY: 1, zmq.ROUTER_HANDOVER: 1})
         except BaseException:
             if self.auth is not None:
                 self.auth.stop()
             raise
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
 
     def recv(self, timeout_s: float, *, should_stop: Callable[[], bool] | None = None) -> Request | None:
         """The next request, or None on timeout/stop. Undecodable requests come back with `error` set."""
@@ -338,8 +344,8 @@ class EventPush:
 
     def __init__(self, ctx: zmq.Context, endpoint: str, *, curve: CurveClient | None = None,
                  allow_plaintext: bool = False):
-        self.sock = make_socket(ctx, zmq.PUSH, endpoint, bind=False, curve=curve, allow_plaintext=allow_plaintext)
-        self.sock.setsockopt(zmq.IMMEDIATE, 1)  # do not queue for a peer that is not connected
+        self.sock = make_socket(ctx, zmq.PUSH, endpoint, bind=False, curve=curve, allow_plaintext=allow_plaintext,
+                                options={zmq.IMMEDIATE: 1})  # do not queue for a peer that is not connected
 
     def send(self, msg: Message) -> bool:
         try:

@@ -1,0 +1,243 @@
+"""ZeroMQ helpers: endpoint checks, socket options, Lazy Pirate resend after a server restart, CURVE, events."""
+
+import faulthandler
+import os
+import socket
+import stat
+import threading
+import time
+
+import pytest
+import zmq
+
+from protocol import codec
+from protocol import messages as m
+from protocol.examples import examples
+from protocol.sockets import (HWM_MESSAGES, CurveClient, CurveServer, EndpointError, EventPull, EventPush,
+                              LazyPirate, PeerUnavailable, Server, ipc_endpoint, make_socket, parse_endpoint,
+                              read_keypair, serve, write_keypair)
+
+HANG_GUARD_S = 60
+
+
+@pytest.fixture(autouse=True)
+def hang_guard():
+    """A hung test dumps every thread's stack and exits instead of blocking the suite."""
+    faulthandler.dump_traceback_later(HANG_GUARD_S, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture
+def ctx():
+    c = zmq.Context()
+    yield c
+    t = threading.Thread(target=c.term, daemon=True)
+    t.start()
+    t.join(5)
+    assert not t.is_alive(), "context.term() hung: a socket was left open or lingering"
+
+
+@pytest.fixture
+def run_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("s")
+
+
+def _free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _thread(target, *args):
+    t = threading.Thread(target=target, args=args, daemon=True)
+    t.start()
+    return t
+
+
+def test_endpoint_checks():
+    assert parse_endpoint("ipc:///tmp/x.sock") == ("ipc", "/tmp/x.sock")
+    assert parse_endpoint("tcp://10.0.0.2:5555") == ("tcp", "10.0.0.2:5555")
+    for bad, words in [("ipc://relative.sock", "absolute"), ("ipc:///" + "d" * 120, "too long"),
+                       ("udp://1.2.3.4:5", "not ipc or tcp"), ("tcp://host", "port"), ("tcp://h:70000", "port"),
+                       ("localhost:5555", "must look like")]:
+        with pytest.raises(EndpointError, match=words):
+            parse_endpoint(bad)
+    with pytest.raises(EndpointError, match="shorter run directory"):
+        ipc_endpoint("/tmp/" + "r" * 100, "executor")
+
+
+def test_plaintext_tcp_is_refused_unless_allowed_on_loopback(ctx):
+    port = _free_tcp_port()
+    with pytest.raises(EndpointError, match="plaintext TCP is refused"):
+        make_socket(ctx, zmq.ROUTER, f"tcp://127.0.0.1:{port}", bind=True)
+    with pytest.raises(EndpointError, match="only allowed on a loopback"):
+        make_socket(ctx, zmq.ROUTER, f"tcp://0.0.0.0:{port}", bind=True, allow_plaintext=True)
+    with pytest.raises(EndpointError, match="only allowed on a loopback"):
+        LazyPirate(ctx, f"tcp://10.1.2.3:{port}", allow_plaintext=True)
+    s = make_socket(ctx, zmq.ROUTER, f"tcp://127.0.0.1:{port}", bind=True, allow_plaintext=True)
+    s.close()
+
+
+def test_every_socket_gets_linger_0_hwm_and_max_size(ctx, run_dir):
+    srv = Server(ctx, ipc_endpoint(run_dir, "a"))
+    push = EventPush(ctx, ipc_endpoint(run_dir, "ev"))
+    lp = LazyPirate(ctx, srv.endpoint)
+    lp._connect()
+    for s in (srv.sock, push.sock, lp.sock):
+        assert s.getsockopt(zmq.LINGER) == 0
+        assert s.getsockopt(zmq.SNDHWM) == HWM_MESSAGES and s.getsockopt(zmq.RCVHWM) == HWM_MESSAGES
+        assert s.getsockopt(zmq.MAXMSGSIZE) == codec.MAX_FRAME_BYTES
+    # a request nobody will answer, queued to a peer that never reads: close must not block the context
+    dead = LazyPirate(ctx, ipc_endpoint(run_dir, "nobody"))
+    dead._connect().send_multipart(codec.encode(m.Heartbeat(peer="t")))
+    assert push.send(m.Ok()) is False  # nobody listens: dropped at once, not queued (IMMEDIATE)
+    for closer in (dead.close, lp.close, push.close, srv.close):
+        closer()
+
+
+def test_lazy_pirate_resends_after_a_server_restart(ctx, run_dir):
+    endpoint = ipc_endpoint(run_dir, "executor")
+    seen = []
+
+    def flaky_server():
+        srv = Server(ctx, endpoint)  # 1st life: takes the request and dies without answering
+        req = None
+        while req is None:
+            req = srv.recv(1.0)
+        seen.append(req.msg.attempt)
+        srv.close()
+        time.sleep(0.2)
+        srv = Server(ctx, endpoint)  # 2nd life: answers the resend
+        req = None
+        while req is None:
+            req = srv.recv(1.0)
+        seen.append(req.msg.attempt)
+        msg = req.msg
+        srv.reply(req, m.reply_to(msg, m.BranchDone, job=msg.job, step=msg.step, block=msg.block,
+                                  branch=msg.branch, attempt=msg.attempt,
+                                  times=m.PhaseTimes(load_s=0, init_s=0, infer_s=[0.1], release_s=0),
+                                  outputs=[p.output for p in msg.passes]))
+        time.sleep(0.1)
+        srv.close()
+
+    t = _thread(flaky_server)
+    branch = examples()["BRANCH"]
+    branch = m.Branch(**{f: getattr(branch, f) for f in ("job", "step", "block", "branch", "model", "index")},
+                      passes=[m.BranchPass(name="cond", inputs={}, output=branch.passes[0].output)])
+    with LazyPirate(ctx, endpoint, peer="executor", timeout_s=0.5, retries=4) as lp:
+        reply = m.expect(lp.request(branch), m.BranchDone)
+        assert lp.resends >= 1
+    t.join(10)
+    assert not t.is_alive()
+    assert seen[0] == 1 and seen[1] >= 2 and reply.attempt == seen[1] and reply.id == branch.id
+
+
+def test_lazy_pirate_gives_up_after_bounded_retries_and_honours_stop(ctx, run_dir):
+    idle_calls = []
+    with LazyPirate(ctx, ipc_endpoint(run_dir, "gone"), peer="vae", timeout_s=0.2, retries=2) as lp:
+        t0 = time.monotonic()
+        with pytest.raises(PeerUnavailable, match=r"no reply from vae .* after 3 attempt\(s\) of 0.2 s"):
+            lp.request(m.Heartbeat(peer="t"), idle=lambda: idle_calls.append(1))
+        assert 0.5 < time.monotonic() - t0 < 3.0
+        assert lp.resends == 2 and len(idle_calls) >= 3
+        t0 = time.monotonic()
+        with pytest.raises(PeerUnavailable, match="stopping"):
+            lp.request(m.Heartbeat(peer="t"), timeout_s=30, should_stop=lambda: True)
+        assert time.monotonic() - t0 < 1.0
+
+
+def test_serve_answers_bad_messages_with_errors_and_keeps_serving(ctx, run_dir):
+    endpoint = ipc_endpoint(run_dir, "echo")
+    stop = threading.Event()
+    srv = Server(ctx, endpoint)
+
+    def handle(msg):
+        return m.reply_to(msg, m.Ok, note=msg.KIND)
+
+    t = _thread(lambda: serve(srv, handle, should_stop=stop.is_set))
+    req = make_socket(ctx, zmq.REQ, endpoint, bind=False)
+    try:
+        for frames, field in [([b"\xc1"], "frame0"), ([codec.encode(m.Ok(id=5))[0], b"extra"], "frames"),
+                              ([codec.encode(m.Hello(id=9, peer="x", pid=1, version="1"))[0][:-3]], "frame0")]:
+            req.send_multipart(frames)
+            assert req.poll(5000)
+            reply = codec.decode(req.recv_multipart())
+            assert isinstance(reply, m.Error) and reply.field == field, reply
+        assert reply.id == 0
+        req.send_multipart(codec.encode(m.Ok(id=5))[:1] + [b"extra"])
+        assert req.poll(5000) and codec.decode(req.recv_multipart()).id == 5  # id recovered for the ERROR
+        req.send_multipart(codec.encode(m.Cancel(id=11, job="j")))
+        assert req.poll(5000)
+        reply = codec.decode(req.recv_multipart())
+        assert isinstance(reply, m.Ok) and reply.note == "CANCEL" and reply.id == 11
+    finally:
+        req.close()
+        stop.set()
+        t.join(5)
+        srv.close()
+    assert not t.is_alive()
+
+
+def test_reply_to_a_vanished_peer_is_reported_not_raised(ctx, run_dir):
+    srv = Server(ctx, ipc_endpoint(run_dir, "r"))
+    req = make_socket(ctx, zmq.REQ, srv.endpoint, bind=False)
+    req.send_multipart(codec.encode(m.Heartbeat(peer="t")))
+    got = srv.recv(5.0)
+    req.close()  # the requester restarts before the answer
+    time.sleep(0.2)
+    assert srv.reply(got, m.reply_to(got.msg, m.Ok)) is False
+    srv.close()
+
+
+def test_curve_allow_list_and_plaintext_refusal(ctx, tmp_path):
+    keys = tmp_path / "keys"
+    srv_pub_path, srv_sec_path = write_keypair(keys, "server")
+    _, good_sec_path = write_keypair(keys, "good")
+    _, bad_sec_path = write_keypair(keys, "bad")
+    assert stat.S_IMODE(os.stat(srv_sec_path).st_mode) == 0o600 and stat.S_IMODE(os.stat(keys).st_mode) == 0o700
+    s_pub, s_sec = read_keypair(srv_sec_path)
+    g_pub, g_sec = read_keypair(good_sec_path)
+    b_pub, b_sec = read_keypair(bad_sec_path)
+    with pytest.raises(EndpointError, match="cannot read CURVE key"):
+        read_keypair(tmp_path / "missing.key")
+    endpoint = f"tcp://127.0.0.1:{_free_tcp_port()}"
+    stop = threading.Event()
+    srv = Server(ctx, endpoint, curve=CurveServer(s_pub, s_sec, frozenset({g_pub})))
+    t = _thread(lambda: serve(srv, lambda msg: m.reply_to(msg, m.Ok, note="hi"), should_stop=stop.is_set))
+    try:
+        with LazyPirate(ctx, endpoint, timeout_s=2.0, retries=0, curve=CurveClient(g_pub, g_sec, s_pub)) as lp:
+            assert m.expect(lp.request(m.Heartbeat(peer="good")), m.Ok).note == "hi"
+        with LazyPirate(ctx, endpoint, timeout_s=0.5, retries=0, curve=CurveClient(b_pub, b_sec, s_pub)) as lp:
+            with pytest.raises(PeerUnavailable):
+                lp.request(m.Heartbeat(peer="bad"))
+        with LazyPirate(ctx, endpoint, timeout_s=0.5, retries=0, allow_plaintext=True) as lp:
+            with pytest.raises(PeerUnavailable):
+                lp.request(m.Heartbeat(peer="plain"))
+        with pytest.raises(EndpointError, match="plaintext TCP is refused"):
+            LazyPirate(ctx, endpoint)
+    finally:
+        stop.set()
+        t.join(5)
+        srv.close()
+    assert not t.is_alive()
+
+
+def test_events_push_pull_and_malformed_events_are_skipped(ctx, run_dir):
+    endpoint = ipc_endpoint(run_dir, "events")
+    pull = EventPull(ctx, endpoint)
+    push = EventPush(ctx, endpoint)
+    raw = make_socket(ctx, zmq.PUSH, endpoint, bind=False)
+    try:
+        time.sleep(0.2)  # let the connections finish (IMMEDIATE drops events to peers not yet connected)
+        progress = examples()["PROGRESS"]
+        assert push.send(progress)
+        assert pull.recv(5.0) == progress
+        raw.send_multipart([b"garbage"])
+        assert pull.recv(2.0) is None
+        assert push.last_word(m.Dying(stage="vae", pid=1, reason="test"))
+        got = pull.recv(5.0)
+        assert isinstance(got, m.Dying) and got.reason == "test"
+    finally:
+        raw.close()
+        pull.close()
