@@ -18,8 +18,16 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m orchestrator.demo --run $(RUN)
 
-test: $(STAMP)
+# rknn-toolkit2 (the x86 RKNN compiler + simulator) in its own environment; its pins clash with .venv.
+RKNN_STAMP := .venv-rknn/.rknn-installed
+
+$(RKNN_STAMP): scripts/rknn_venv.sh
+	PY=$(PY) bash scripts/rknn_venv.sh
+
+rknn-venv: $(RKNN_STAMP)
+
+test: $(STAMP) $(RKNN_STAMP)
 	$(BIN)/python -m pytest -q tests
 
 clean:
-	rm -rf $(VENV) run build *.egg-info
+	rm -rf $(VENV) .venv-rknn run build *.egg-info

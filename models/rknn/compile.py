@@ -1,0 +1,268 @@
+"""Compile a pack's branch ONNX graphs to PACK/rknn/*.rknn with rknn-toolkit2 in worker subprocesses (resumable)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from models.rknn.buildlog import parse_build_log
+from models.rknn.client import ToolkitError, ToolkitWorker, describe_exit
+
+log = logging.getLogger(__name__)
+
+RKNN_DIR = "rknn"
+LOG_DIR = "rknn/logs"
+MANIFEST = "manifest.json"
+TARGETS = ("rk3588", "rk3576", "rk3568", "rk3566", "rk3562")     # rknn-toolkit2 NPU platforms this tool accepts
+
+
+class CompileError(ValueError):
+    """Bad compile request (no pack, unknown target, refused toolkit)."""
+
+
+@dataclass
+class BranchResult:
+    block: int
+    kind: str
+    status: str                      # "built" | "skipped" | "failed"
+    entry: dict = field(default_factory=dict)     # the manifest "rknn" entry (built or skipped)
+    error: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"b{self.block:02d}_{self.kind}"
+
+
+def _sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(8 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _read_manifest(pack: Path) -> dict:
+    p = pack / MANIFEST
+    if not pack.is_dir():
+        raise CompileError(f"{pack}: no such pack folder")
+    if not p.is_file():
+        raise CompileError(f"{pack}: not a pack (no {MANIFEST})")
+    try:
+        m = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise CompileError(f"{p}: unreadable manifest ({e})") from None
+    if not isinstance(m.get("branches"), list) or not m["branches"]:
+        raise CompileError(f"{p}: manifest field 'branches' is missing or empty")
+    return m
+
+
+def write_manifest(pack: Path, manifest: dict) -> None:
+    """Write-then-rename, so a reader never sees half a manifest."""
+    tmp = pack / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    os.replace(tmp, pack / MANIFEST)
+
+
+def up_to_date(pack: Path, branch: dict, toolkit: str, target: str) -> bool:
+    """A compiled file exists, matches its recorded sha256, and was built from this ONNX by this toolkit for target."""
+    e = branch.get("rknn")
+    if not isinstance(e, dict):
+        return False
+    if e.get("onnx_sha256") != branch.get("sha256") or e.get("toolkit") != toolkit or e.get("target") != target:
+        return False
+    f = pack / str(e.get("file", ""))
+    return f.is_file() and f.stat().st_size == e.get("bytes") and _sha256(f) == e.get("sha256")
+
+
+class _WorkerSlot:
+    """One pool thread's worker; a fresh process after `per_worker` branches (1 = a process per branch) or a death."""
+
+    def __init__(self, venv, per_worker: int):
+        self.venv, self.per_worker = venv, per_worker
+        self.worker: Optional[ToolkitWorker] = None
+        self.used = 0
+
+    def get(self) -> ToolkitWorker:
+        if self.worker is not None and (not self.worker.alive or (self.per_worker and self.used >= self.per_worker)):
+            self.close()
+        if self.worker is None:
+            self.worker, self.used = ToolkitWorker(self.venv), 0
+        self.used += 1
+        return self.worker
+
+    def close(self) -> int:
+        """-> the closed process's ru_maxrss (KiB), 0 when there was none."""
+        if self.worker is None:
+            return 0
+        self.worker.close()
+        rss, self.worker = self.worker.max_rss_kb, None
+        return rss
+
+
+def build_branch(slot: _WorkerSlot, pack: Path, branch: dict, target: str, toolkit: str) -> BranchResult:
+    """Compile one branch; the .rknn is renamed into place only when the build log is clean of REGTASK errors."""
+    block, kind = int(branch["block"]), str(branch["kind"])
+    res = BranchResult(block, kind, "failed")
+    name = res.name
+    onnx_path = pack / branch["onnx"]
+    out_rel = f"{RKNN_DIR}/{name}.rknn"
+    log_rel = f"{LOG_DIR}/{name}.log"
+    out, tmp, log_path = pack / out_rel, pack / (out_rel + ".tmp"), pack / log_rel
+    log_path.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    try:
+        w = slot.get()
+        reply = w.request("build", onnx=str(onnx_path), out=str(tmp), target=target, log=str(log_path))
+    except ToolkitError as e:
+        tmp.unlink(missing_ok=True)
+        code = e.args[1] if len(e.args) > 1 else None
+        res.error = str(e.args[0]) + (" — a segmentation fault in the compiler" if code in (-11, 139) else "")
+        slot.close()
+        return res
+    wall = time.perf_counter() - t0
+    parsed = parse_build_log(log_path.read_text(errors="replace") if log_path.exists() else "")
+    if parsed.regtask_errors:
+        tmp.unlink(missing_ok=True)
+        res.error = (f"{parsed.regtask_errors} REGTASK errors in the build log (the compiler returned success but "
+                     f"the register commands are wrong), e.g. {parsed.regtask_samples[0]!r}; see {log_rel}")
+        return res
+    os.replace(tmp, out)
+    rss_kb = max(int(reply.get("peak_rss_kb", 0)), slot.close() if slot.per_worker == 1 else 0)
+    res.status = "built"
+    res.entry = {
+        "file": out_rel, "sha256": _sha256(out), "bytes": out.stat().st_size, "onnx_sha256": branch["sha256"],
+        "target": target, "toolkit": toolkit, "compiler": parsed.compiler_version,
+        "build_s": round(reply["build_s"], 3), "load_s": round(reply["load_s"], 3),
+        "export_s": round(reply["export_s"], 3), "wall_s": round(wall, 3), "peak_rss_mb": round(rss_kb / 1024, 1),
+        "layers": len(parsed.layers), "npu_layers": sum(x.target == "NPU" for x in parsed.layers),
+        "cpu_ops": parsed.cpu_op_names(), "log": log_rel,
+    }
+    if parsed.cpu_ops:
+        log.warning("%s: %d operator(s) on the CPU: %s", name, len(parsed.cpu_ops), ", ".join(parsed.cpu_op_names()))
+    return res
+
+
+def toolkit_version(venv=None) -> str:
+    with ToolkitWorker(venv) as w:
+        return w.toolkit_version
+
+
+def check_regressions(pack: Path, branches: list, toolkit: str) -> None:
+    """Refuse a toolkit version known to break on a pattern one of these graphs contains (graph_checks)."""
+    from models.rknn.graph_checks import KNOWN_REGRESSIONS, regression_for
+    if toolkit not in KNOWN_REGRESSIONS:
+        return
+    import onnx
+    for b in branches:
+        msg = regression_for(toolkit, onnx.load(str(pack / b["onnx"]), load_external_data=False))
+        if msg:
+            raise CompileError(f"{b['onnx']}: refusing to compile with rknn-toolkit2 {toolkit}: {msg}")
+
+
+def compile_pack(pack_dir, target: str = "rk3588", jobs: int = 1, venv=None, blocks: Optional[list] = None,
+                 per_worker: int = 1, force: bool = False) -> dict:
+    """Compile the pack's branches (all, or those of `blocks`) into PACK/rknn; -> a report dict.
+
+    `jobs` worker processes run in parallel; each serves `per_worker` branches before it is replaced (1: a fresh
+    process per branch, so memory is returned to the system after every build; 0: no limit). Up-to-date outputs are
+    skipped unless `force`. The manifest is rewritten (write-then-rename) after every branch, so an interrupted
+    compile resumes where it stopped.
+    """
+    pack = Path(pack_dir).absolute()
+    if target not in TARGETS:
+        raise CompileError(f"target {target!r}: choose one of {list(TARGETS)}")
+    if not isinstance(jobs, int) or jobs < 1:
+        raise CompileError(f"jobs {jobs!r} must be a positive integer")
+    manifest = _read_manifest(pack)
+    todo = [b for b in manifest["branches"] if blocks is None or int(b["block"]) in set(blocks)]
+    for b in todo:
+        if not (pack / b["onnx"]).is_file():
+            raise CompileError(f"{pack}: branch file {b['onnx']} is missing")
+    try:
+        toolkit = toolkit_version(venv)
+    except ToolkitError as e:
+        raise CompileError(str(e.args[0])) from None
+    check_regressions(pack, todo, toolkit)
+    (pack / LOG_DIR).mkdir(parents=True, exist_ok=True)
+    results: dict = {}
+    lock = threading.Lock()
+    queue = [b for b in todo if force or not up_to_date(pack, b, toolkit, target)]
+    for b in todo:
+        if b not in queue:
+            results[(b["block"], b["kind"])] = BranchResult(b["block"], b["kind"], "skipped", dict(b["rknn"]))
+    log.info("compile %s for %s with rknn-toolkit2 %s: %d branch(es) to build, %d up to date, %d job(s)",
+             pack, target, toolkit, len(queue), len(todo) - len(queue), jobs)
+    t0 = time.perf_counter()
+    local = threading.local()
+    slots = []
+
+    def one(b: dict) -> BranchResult:
+        if not hasattr(local, "slot"):
+            local.slot = _WorkerSlot(venv, per_worker)
+            with lock:
+                slots.append(local.slot)
+        r = build_branch(local.slot, pack, b, target, toolkit)
+        with lock:
+            results[(r.block, r.kind)] = r
+            if r.status == "built":
+                b["rknn"] = r.entry
+            else:
+                b.pop("rknn", None)
+            write_manifest(pack, manifest)
+        if r.status == "built":
+            log.info("%s: built in %.1f s, %.1f MB, peak RSS %.0f MB", r.name, r.entry["build_s"],
+                     r.entry["bytes"] / 1e6, r.entry["peak_rss_mb"])
+        else:
+            log.error("%s: FAILED: %s", r.name, r.error)
+        return r
+
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as ex:
+            list(ex.map(one, queue))
+    finally:
+        for s in slots:
+            s.close()
+    wall = time.perf_counter() - t0
+    ordered = [results[(b["block"], b["kind"])] for b in todo]
+    built = [r.entry for r in ordered if r.status in ("built", "skipped")]
+    manifest["rknn"] = {
+        "target": target, "toolkit": toolkit,
+        "compiler": next((e.get("compiler") for e in built if e.get("compiler")), ""),
+        "compiled": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "branches": sum(isinstance(b.get("rknn"), dict) for b in manifest["branches"]),
+        "bytes": sum(b["rknn"]["bytes"] for b in manifest["branches"] if isinstance(b.get("rknn"), dict)),
+    }
+    write_manifest(pack, manifest)
+    return {
+        "pack": str(pack), "target": target, "toolkit": toolkit, "compiler": manifest["rknn"]["compiler"],
+        "jobs": jobs, "wall_s": round(wall, 2),
+        "built": sum(r.status == "built" for r in ordered), "skipped": sum(r.status == "skipped" for r in ordered),
+        "failed": sum(r.status == "failed" for r in ordered),
+        "branches": [{"name": r.name, "block": r.block, "kind": r.kind, "status": r.status, "error": r.error,
+                      **{k: r.entry.get(k) for k in ("bytes", "build_s", "peak_rss_mb", "cpu_ops", "file")}}
+                     for r in ordered],
+    }
+
+
+def describe(report: dict) -> str:
+    """The report as a table for people."""
+    rows = [f"{'branch':<10} {'status':<8} {'build s':>8} {'MB':>8} {'RSS MB':>8}  CPU ops / error"]
+    for b in report["branches"]:
+        extra = b["error"] or (", ".join(b["cpu_ops"]) if b["cpu_ops"] else "-")
+        rows.append(f"{b['name']:<10} {b['status']:<8} {b['build_s'] or 0:>8.2f} {(b['bytes'] or 0) / 1e6:>8.2f} "
+                    f"{b['peak_rss_mb'] or 0:>8.0f}  {extra}")
+    total = sum(b["bytes"] or 0 for b in report["branches"])
+    rows.append(f"{report['built']} built, {report['skipped']} up to date, {report['failed']} failed; "
+                f"{total / 1e6:.1f} MB; {report['wall_s']:.1f} s wall; rknn-toolkit2 {report['toolkit']}, "
+                f"librknnc {report['compiler']}")
+    return "\n".join(rows)
+
+
+__all__ = ["compile_pack", "describe", "CompileError", "up_to_date", "describe_exit"]

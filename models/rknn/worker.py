@@ -1,0 +1,210 @@
+"""rknn-toolkit2 worker: runs under .venv-rknn/bin/python and serves JSON-line requests (build, simulate) on stdin.
+
+    .venv-rknn/bin/python models/rknn/worker.py            # then one JSON request per line on stdin
+
+Standalone on purpose: imports only the standard library, numpy and (lazily) rknn-toolkit2, never the project's
+modules (their dependencies are pinned differently in the main environment). Replies go to the original stdout as
+one JSON line each; everything the toolkit prints (Python logging and the C compiler's own lines) goes to the log file
+named by the request, or to /dev/null, by redirecting file descriptors 1 and 2.
+
+Requests ({"op": ...}):
+  hello                                     -> toolkit version, python, pid
+  build    onnx, out, target, log            -> load_onnx + build(no quantization) + export_rknn to `out`
+  sim_load onnx, target, log                 -> load_onnx + build + init_runtime() in the simulator (kept alive)
+  sim_infer inputs [npy paths, graph order], out_dir, log -> outputs as npy files (float32, as the simulator returns)
+  sim_release                                -> drop the simulator context
+  quit
+Every reply has "ok"; a failed one has "error" (a message, not a traceback) and the phase that failed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+REPLY_FD = None            # dup of the original stdout: the only place replies are written
+
+
+def _peak_rss_reset() -> None:
+    """Reset VmHWM (Linux >= 4.0: writing 5 to clear_refs) so the next reading is this request's peak."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _peak_rss_kb() -> int:
+    """Peak resident set size (VmHWM) in KiB since the last reset; 0 when /proc is not there."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class _LogTo:
+    """Point fds 1 and 2 at a file (or /dev/null) for the duration of one request."""
+
+    def __init__(self, path):
+        self.path = path or os.devnull
+
+    def __enter__(self):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(self.fd, 1)
+        os.dup2(self.fd, 2)
+        return self
+
+    def __exit__(self, *exc):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        os.close(null)
+        os.close(self.fd)
+
+
+def toolkit_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("rknn-toolkit2")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+class Worker:
+    """Holds at most one simulator context between requests."""
+
+    def __init__(self):
+        self.sim = None
+        self.sim_onnx = None
+
+    def _new(self):
+        from rknn.api import RKNN            # imported at the first request that needs it (slow: several seconds)
+        return RKNN(verbose=True)
+
+    def _load_build(self, rk, req: dict) -> dict:
+        """config + load_onnx + build; -> timings and return codes; raises RuntimeError naming the failed phase."""
+        t = {}
+        t0 = time.perf_counter()
+        rc = rk.config(target_platform=req.get("target", "rk3588"))
+        if rc not in (None, 0):
+            raise RuntimeError(f"config returned {rc}")
+        rc = rk.load_onnx(model=req["onnx"])
+        t["load_s"] = time.perf_counter() - t0
+        if rc != 0:
+            raise RuntimeError(f"load_onnx returned {rc}")
+        t1 = time.perf_counter()
+        rc = rk.build(do_quantization=False)
+        t["build_s"] = time.perf_counter() - t1
+        if rc != 0:
+            raise RuntimeError(f"build returned {rc}")
+        return t
+
+    def op_hello(self, req: dict) -> dict:
+        return {"toolkit": toolkit_version(), "python": sys.version.split()[0], "pid": os.getpid()}
+
+    def op_build(self, req: dict) -> dict:
+        _peak_rss_reset()
+        rk = self._new()
+        try:
+            t = self._load_build(rk, req)
+            t0 = time.perf_counter()
+            rc = rk.export_rknn(req["out"])
+            t["export_s"] = time.perf_counter() - t0
+            if rc != 0:
+                raise RuntimeError(f"export_rknn returned {rc}")
+        finally:
+            rk.release()
+        return {**t, "bytes": os.path.getsize(req["out"]), "peak_rss_kb": _peak_rss_kb()}
+
+    def op_sim_load(self, req: dict) -> dict:
+        self.op_sim_release({})
+        _peak_rss_reset()
+        rk = self._new()
+        try:
+            t = self._load_build(rk, req)
+            t0 = time.perf_counter()
+            rc = rk.init_runtime()           # no target: the simulator
+            t["init_s"] = time.perf_counter() - t0
+            if rc != 0:
+                raise RuntimeError(f"init_runtime (simulator) returned {rc}")
+        except BaseException:
+            rk.release()
+            raise
+        self.sim, self.sim_onnx = rk, req["onnx"]
+        return {**t, "peak_rss_kb": _peak_rss_kb()}
+
+    def op_sim_infer(self, req: dict) -> dict:
+        import numpy as np
+        if self.sim is None:
+            raise RuntimeError("sim_infer before sim_load")
+        xs = [np.load(p) for p in req["inputs"]]
+        t0 = time.perf_counter()
+        outs = self.sim.inference(inputs=xs)
+        dt = time.perf_counter() - t0
+        if outs is None:
+            raise RuntimeError("inference returned None (see the log)")
+        paths = []
+        for i, o in enumerate(outs):
+            p = os.path.join(req["out_dir"], f"out{i}.npy")
+            np.save(p, np.asarray(o))
+            paths.append(p)
+        return {"outputs": paths, "infer_s": dt}
+
+    def op_sim_release(self, req: dict) -> dict:
+        if self.sim is not None:
+            self.sim.release()
+        self.sim, self.sim_onnx = None, None
+        return {}
+
+
+def _reply(obj: dict) -> None:
+    os.write(REPLY_FD, (json.dumps(obj) + "\n").encode())
+
+
+def serve() -> int:
+    global REPLY_FD
+    REPLY_FD = os.dup(1)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)                          # nothing but replies reaches the parent's pipe
+    os.close(null)
+    w = Worker()
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            req = json.loads(line)
+            op = req["op"]
+        except (ValueError, KeyError, TypeError):
+            _reply({"ok": False, "error": f"bad request line: {line[:200]!r}"})
+            continue
+        if op == "quit":
+            _reply({"ok": True})
+            break
+        fn = getattr(w, "op_" + op, None)
+        if fn is None:
+            _reply({"ok": False, "error": f"unknown op {op!r}"})
+            continue
+        with _LogTo(req.get("log")):
+            try:
+                out = {"ok": True, **fn(req)}
+            except Exception as e:      # the toolkit raises plain Exceptions with its log text inside
+                print(traceback.format_exc(), file=sys.stderr)
+                out = {"ok": False, "error": f"{op}: {str(e).strip().splitlines()[-1] if str(e).strip() else e!r}"}
+        _reply(out)
+    w.op_sim_release({})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve())
