@@ -340,19 +340,19 @@ def serve(server: Server, handle: Callable[[Message], Message], *, should_stop: 
 
 
 class EventPush:
-    """Stage → orchestrator events (PROGRESS, DYING) over PUSH; never blocks: dropped (and logged) when nobody listens."""
+    """Stage → orchestrator events (READY, PROGRESS, DYING) over PUSH. Never blocks: while the orchestrator is away,
+    up to HWM_MESSAGES events wait for it (READY at start-up included); beyond that they are dropped (logged)."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, *, curve: CurveClient | None = None,
                  allow_plaintext: bool = False):
-        self.sock = make_socket(ctx, zmq.PUSH, endpoint, bind=False, curve=curve, allow_plaintext=allow_plaintext,
-                                options={zmq.IMMEDIATE: 1})  # do not queue for a peer that is not connected
+        self.sock = make_socket(ctx, zmq.PUSH, endpoint, bind=False, curve=curve, allow_plaintext=allow_plaintext)
 
     def send(self, msg: Message) -> bool:
         try:
             self.sock.send_multipart(codec.encode(msg), copy=False, flags=zmq.NOBLOCK)
             return True
         except zmq.Again:
-            log.debug("event %s dropped: no listener", msg.KIND)
+            log.debug("event %s dropped: the orchestrator is not reading", msg.KIND)
             return False
 
     def last_word(self, msg: Message, wait_s: float = LAST_WORD_LINGER_S) -> bool:

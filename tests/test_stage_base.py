@@ -1,0 +1,261 @@
+"""StageProc: handshake, heartbeats while busy, error replies that keep serving, DYING + exit codes, SIGTERM, config."""
+
+import faulthandler
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import zmq
+
+from protocol import codec
+from protocol import messages as m
+from protocol.arena import Arena, reap, run_prefix, segment_name
+from protocol.sockets import EventPull, LazyPirate, make_socket
+from protocol.tensors import TensorDesc
+from stages.base import EXIT_CONFIG, EXIT_FATAL, EXIT_OK, RequestFailed, StageProc
+from stages.config import ConfigError, load_config, parse_config
+
+TIMEOUT_S = 30
+
+
+@pytest.fixture(autouse=True)
+def hang_guard():
+    faulthandler.dump_traceback_later(90, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture
+def ctx():
+    c = zmq.Context()
+    yield c
+    c.term()
+
+
+@pytest.fixture
+def run_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("st")
+    yield d
+    assert reap(run_prefix(d), keep=set()) == []
+
+
+class EchoLogic:
+    """A plain logic object, as real stages have: ENCODE copies cond into uncond inside the job arena."""
+
+    def __init__(self):
+        self.cancelled = []
+
+    def info(self):
+        return {"backend": "echo"}
+
+    def on_encode(self, msg, ctx):
+        if msg.prompt == "refuse":
+            raise RequestFailed("prompt refused", field="prompt")
+        if msg.prompt == "slow":
+            while True:
+                time.sleep(0.02)
+                ctx.check(msg.job)
+        arena = ctx.arena(msg.arena)
+        arena.write(msg.uncond, arena.read(msg.cond) + 1)
+        self.arenas_seen = len(ctx._arenas)
+        return m.reply_to(msg, m.Encoded, job=msg.job, cond=msg.cond, uncond=msg.uncond, tokens_cond=3,
+                          tokens_uncond=0)
+
+    def on_cancel(self, job):
+        self.cancelled.append(job)
+
+
+def _config(run_dir, **extra):
+    return parse_config({"run_dir": str(run_dir), **extra}, Path(run_dir) / "pipeline.toml")
+
+
+def test_served_stage_handshake_errors_busy_cancel_and_arena(ctx, run_dir):
+    cfg = _config(run_dir)
+    events = EventPull(ctx, cfg.endpoint("events"))
+    logic = EchoLogic()
+    proc = StageProc("encoder", logic, cfg, ctx=ctx, install_signals=False)
+    t = threading.Thread(target=proc.run, daemon=True)
+    t.start()
+    lp = LazyPirate(ctx, cfg.endpoint("encoder"), timeout_s=5, retries=0)
+    raw = make_socket(ctx, zmq.REQ, cfg.endpoint("encoder"), bind=False)
+    arena = Arena.create(segment_name(run_dir, "j1"), 1 << 16)
+    try:
+        ready = events.recv(5.0)
+        assert isinstance(ready, m.Ready) and ready.stage == "encoder" and ready.info == {"backend": "echo"}
+        hello = m.Hello(peer="test", pid=1, version="0")
+        assert m.expect(lp.request(hello), m.Ready).id == hello.id
+        pong = m.expect(lp.request(m.Heartbeat(peer="test")), m.Pong)
+        assert pong.busy is False and pong.rss_mb > 1
+        # a malformed request gets an ERROR naming the field, and the stage keeps serving
+        head = codec.encode(m.Encode(id=42, job="j1", prompt="x"))[0]
+        bad = head.replace(b"\xa2j1", b"\xa2j/")  # job "j/" is not an identifier
+        raw.send_multipart([bad])
+        assert raw.poll(5000)
+        err = codec.decode(raw.recv_multipart())
+        assert isinstance(err, m.Error) and (err.code, err.field, err.id) == ("bad_request", "job", 42)
+        err = lp.request(m.Encode(job="j1", prompt="refuse"))
+        assert isinstance(err, m.Error) and (err.code, err.field) == ("failed", "prompt")
+        err = lp.request(m.Decode(job="j1", latent=TensorDesc("f32", (4,), frame=1), inline=(bytes(16),)))
+        assert isinstance(err, m.Error) and err.code == "unknown_kind"
+        # a real request through the job arena; the framework detaches after it
+        cond = arena.alloc("cond", "f32", (2, 3))
+        uncond = arena.alloc("uncond", "f32", (2, 3))
+        arena.write(cond, np.arange(6, dtype=np.float32).reshape(2, 3))
+        done = m.expect(lp.request(m.Encode(job="j1", prompt="x", arena=arena.name, cond=cond, uncond=uncond)),
+                        m.Encoded)
+        assert done.tokens_cond == 3 and logic.arenas_seen == 1 and proc.context._arenas == {}
+        np.testing.assert_array_equal(arena.read(uncond), np.arange(1, 7, dtype=np.float32).reshape(2, 3))
+        # a long request: heartbeats answered (busy), other work refused, CANCEL ends it with an ERROR reply
+        slow = {}
+        ts = threading.Thread(target=lambda: slow.setdefault(
+            "r", LazyPirate(ctx, cfg.endpoint("encoder"), timeout_s=10, retries=0).request(
+                m.Encode(job="j2", prompt="slow"))), daemon=True)
+        ts.start()
+        time.sleep(0.3)
+        pong = m.expect(lp.request(m.Heartbeat(peer="test")), m.Pong)
+        assert pong.busy is True and pong.job == "j2"
+        busy = lp.request(m.Encode(job="j3", prompt="x"))
+        assert isinstance(busy, m.Error) and busy.code == "busy" and busy.retry
+        assert isinstance(lp.request(m.Cancel(job="j2")), m.Ok)
+        ts.join(10)
+        assert isinstance(slow["r"], m.Error) and slow["r"].code == "cancelled" and logic.cancelled == ["j2"]
+        # SHUTDOWN: OK, then the loop ends with EXIT_OK
+        assert isinstance(lp.request(m.Shutdown(reason="test")), m.Ok)
+        t.join(10)
+        assert not t.is_alive()
+    finally:
+        arena.close()
+        raw.close()
+        lp.close()
+        events.close()
+
+
+STAGE_SCRIPT = """
+    import sys, time
+    from protocol import messages as m
+    from stages.base import stage_main
+
+    class Logic:
+        def __init__(self, config):
+            if config.stage_settings("encoder").get("fail_start"):
+                raise RuntimeError("no weights here")
+        def on_encode(self, msg, ctx):
+            if msg.prompt == "boom":
+                raise RuntimeError("boom")
+            while True:  # "slow": until SIGTERM
+                time.sleep(0.02)
+                ctx.check(msg.job)
+
+    sys.exit(stage_main("encoder", Logic))
+"""
+
+
+def _start(tmp_path, run_dir, extra: str = "") -> tuple[subprocess.Popen, Path]:
+    script = tmp_path / "stage_echo.py"
+    script.write_text(textwrap.dedent(STAGE_SCRIPT))
+    conf = tmp_path / "pipeline.toml"
+    conf.write_text(f'run_dir = "{run_dir}"\nlog_level = "debug"\n{extra}')
+    return subprocess.Popen([sys.executable, str(script), "--config", str(conf)], stderr=subprocess.PIPE,
+                            text=True), conf
+
+
+def test_stage_process_ready_title_fatal_error_dying_and_exit_code(ctx, tmp_path, run_dir):
+    p, conf = _start(tmp_path, run_dir)
+    cfg = load_config(conf)
+    events = EventPull(ctx, cfg.endpoint("events"))
+    try:
+        ready = events.recv(TIMEOUT_S)
+        assert isinstance(ready, m.Ready) and ready.pid == p.pid
+        assert "anima-encoder" in " ".join(psutil.Process(p.pid).cmdline())
+        with LazyPirate(ctx, cfg.endpoint("encoder"), timeout_s=10, retries=0) as lp:
+            err = lp.request(m.Encode(job="j1", prompt="boom"))
+        assert isinstance(err, m.Error) and err.code == "internal" and "boom" in err.message
+        dying = events.recv(10)
+        assert isinstance(dying, m.Dying) and dying.job == "j1" and "RuntimeError" in dying.reason
+        assert p.wait(TIMEOUT_S) == EXIT_FATAL
+    finally:
+        p.kill()
+        p.communicate()
+        events.close()
+
+
+def test_stage_process_sigterm_mid_request_exits_cleanly(ctx, tmp_path, run_dir):
+    p, conf = _start(tmp_path, run_dir)
+    cfg = load_config(conf)
+    events = EventPull(ctx, cfg.endpoint("events"))
+    try:
+        assert isinstance(events.recv(TIMEOUT_S), m.Ready)
+        reply = {}
+        with LazyPirate(ctx, cfg.endpoint("encoder"), timeout_s=10, retries=0) as lp:
+            t = threading.Thread(target=lambda: reply.setdefault("r", lp.request(m.Encode(job="j", prompt="slow"))))
+            t.start()
+            time.sleep(0.5)
+            p.send_signal(signal.SIGTERM)
+            t.join(15)
+        assert isinstance(reply["r"], m.Error) and reply["r"].code == "cancelled" and reply["r"].retry
+        assert p.wait(TIMEOUT_S) == EXIT_OK
+        assert "exits with 0" in p.communicate()[1]
+    finally:
+        p.kill()
+        events.close()
+
+
+def test_start_up_failure_says_dying_and_bad_config_exits_2(ctx, tmp_path, run_dir):
+    p, conf = _start(tmp_path, run_dir, "[stage.encoder]\nfail_start = true\n")
+    events = EventPull(ctx, load_config(conf).endpoint("events"))
+    try:
+        dying = events.recv(TIMEOUT_S)
+        assert isinstance(dying, m.Dying) and "start-up failed" in dying.reason and "no weights" in dying.reason
+        assert p.wait(TIMEOUT_S) == EXIT_FATAL
+    finally:
+        p.kill()
+        p.communicate()
+        events.close()
+    conf.write_text('threads = "two"\n')
+    out = subprocess.run([sys.executable, str(tmp_path / "stage_echo.py"), "--config", str(conf)],
+                         capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert out.returncode == EXIT_CONFIG and "threads: expected int" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("text,words", [
+    ("threads = 0", "threads: 0 is out of range"),
+    ("threads = true", "threads: expected int"),
+    ("colour = 1", "unknown key(s) ['colour']"),
+    ("log_level = 'loud'", "log_level: 'loud' is not one of"),
+    ("[endpoints]\nexecutor = 'http://x'", "endpoints.executor: "),
+    ("[endpoints]\nnpu = 'ipc:///tmp/a'", "endpoints: unknown stage(s) ['npu']"),
+    ("[endpoints]\nvae = 'ipc://rel.sock'", "endpoints.vae: "),
+    ("[timeouts]\nrequest_s = -1", "timeouts.request_s"),
+    ("[timeouts]\nwait = 1", "timeouts: unknown key(s)"),
+    ("[security]\nallowed_clients = [1]", "security.allowed_clients[0]"),
+    ("[security]\nservers = {npu = 'k'}", "security.servers.npu"),
+    ("[stage]\nnpu = {}", "stage.npu"),
+    ("run_dir = [", "not valid TOML"),
+])
+def test_config_errors_name_the_key(tmp_path, text, words):
+    conf = tmp_path / "pipeline.toml"
+    conf.write_text(text + "\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(conf)
+    assert words in str(e.value) and str(conf) in str(e.value)
+
+
+def test_config_defaults_and_relative_paths(tmp_path):
+    conf = tmp_path / "pipeline.toml"
+    conf.write_text('run_dir = "run"\npack_dir = "bundle/pack"\n[endpoints]\nvae = "tcp://127.0.0.1:5560"\n'
+                    '[security]\nallow_plaintext_loopback = true\n[stage.executor]\npolicy = "on-demand"\n')
+    cfg = load_config(conf)
+    assert cfg.run_dir == tmp_path / "run" and cfg.pack_dir == tmp_path / "bundle" / "pack"
+    assert cfg.endpoint("executor") == f"ipc://{tmp_path}/run/sock/executor.sock"
+    assert cfg.is_remote("vae") and not cfg.is_remote("executor")
+    assert cfg.curve_client("vae") is None and cfg.curve_server() is None
+    assert cfg.stage_settings("executor") == {"policy": "on-demand"} and cfg.backend == "onnx"
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
