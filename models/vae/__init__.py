@@ -1,0 +1,22 @@
+"""Qwen-Image (Wan 2.1) VAE decoder: both key layouts, single-image 2D path, tiled decoding, PNG output.
+
+Names resolve lazily, so `models.vae.synth` and `models.vae.keys` work without importing torch.
+"""
+import importlib
+
+_EXPORTS = {
+    "VAE": "models.vae.api", "DecodeResult": "models.vae.api",
+    "VAEError": "models.vae.checkpoint", "VAEWeights": "models.vae.checkpoint", "load_vae": "models.vae.checkpoint",
+    "LATENT_MEAN": "models.vae.decoder", "LATENT_STD": "models.vae.decoder", "VAEDecoder": "models.vae.decoder",
+    "denormalize": "models.vae.decoder",
+    "VAEConfig": "models.vae.keys",
+    "decode_to_png": "models.vae.png", "write_png": "models.vae.png",
+    "write_vae": "models.vae.synth",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'models.vae' has no attribute {name!r}")

@@ -1,0 +1,86 @@
+"""`VAE`: open a VAE file, decode a model-space latent [16, h, w] to an RGB image, tiled or whole."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from models.vae.checkpoint import VAEWeights, load_vae
+from models.vae.decoder import VAEDecoder, denormalize
+from models.vae.tiled import DEFAULT_OVERLAP, DEFAULT_TILE, decode_tiled
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DecodeResult:
+    image: np.ndarray           # [H, W, 3] uint8 RGB
+    array: np.ndarray           # [3, H, W] f32 in [0, 1]
+    seconds: float              # decode wall time
+
+
+def to_unit(x: torch.Tensor) -> np.ndarray:
+    """Decoder output [3, H, W] (≈[-1, 1]) -> clamp((x + 1) / 2, 0, 1) as f32 numpy."""
+    return ((x + 1.0) * 0.5).clamp_(0.0, 1.0).numpy().astype(np.float32, copy=False)
+
+
+def to_uint8(unit: np.ndarray) -> np.ndarray:
+    """[3, H, W] f32 in [0, 1] -> [H, W, 3] uint8 (round to nearest)."""
+    return np.ascontiguousarray((unit.transpose(1, 2, 0) * 255.0 + 0.5).astype(np.uint8))
+
+
+def check_latent(latent, z_dim: int) -> np.ndarray:
+    """A model-space latent [z_dim, h, w], finite float; raises ValueError naming what is wrong."""
+    a = np.asarray(latent)
+    if a.dtype.kind != "f":
+        raise ValueError(f"latent: dtype {a.dtype} is not floating point")
+    if a.ndim == 4 and a.shape[0] == 1:
+        a = a[0]
+    if a.ndim != 3 or a.shape[0] != z_dim or a.shape[1] < 1 or a.shape[2] < 1:
+        raise ValueError(f"latent: shape {list(a.shape)}, expected [{z_dim}, h, w]")
+    if not np.isfinite(a).all():
+        raise ValueError("latent: has NaN or infinite values")
+    return a.astype(np.float32, copy=False)
+
+
+class VAE:
+    """The single-image decoder with its weights loaded; thread count applies to torch's intra-op pool."""
+
+    def __init__(self, weights: VAEWeights, threads: Optional[int] = None):
+        self.weights = weights
+        self.config = weights.config
+        self.threads = threads
+        self.decoder = VAEDecoder(weights)
+
+    @classmethod
+    def open(cls, path, threads: Optional[int] = None) -> "VAE":
+        return cls(load_vae(path), threads)
+
+    def _set_threads(self) -> None:
+        if self.threads is not None:
+            if int(self.threads) < 1:
+                raise ValueError(f"threads must be >= 1, got {self.threads}")
+            torch.set_num_threads(int(self.threads))
+
+    def decode_raw(self, latent, tile: Optional[int] = DEFAULT_TILE, overlap: float = DEFAULT_OVERLAP) -> torch.Tensor:
+        """Model-space latent [16, h, w] -> decoder output [3, 8h, 8w] f32 (unclamped); tile=None decodes whole."""
+        z = torch.from_numpy(denormalize(check_latent(latent, self.config.z_dim)))[None]   # z: [1, 16, h, w]
+        self._set_threads()
+        with torch.inference_mode():
+            if tile is None:
+                return self.decoder.forward(z)[0]
+            feats = self.decoder.trunk(z)                          # feats: [1, 384, h, w], whole
+            return decode_tiled(self.decoder.upsampler, feats, self.config.upscale, tile, overlap)
+
+    def decode(self, latent, tile: Optional[int] = DEFAULT_TILE, overlap: float = DEFAULT_OVERLAP) -> DecodeResult:
+        """Model-space latent [16, h, w] -> DecodeResult(image [H, W, 3] u8, array [3, H, W] f32 in [0, 1])."""
+        t0 = time.perf_counter()
+        unit = to_unit(self.decode_raw(latent, tile, overlap))
+        dt = time.perf_counter() - t0
+        log.info("decoded %s -> %dx%d in %.2f s (%s)", list(np.shape(latent)), unit.shape[2], unit.shape[1], dt,
+                 "whole" if tile is None else f"tile {tile}, overlap {overlap}")
+        return DecodeResult(image=to_uint8(unit), array=unit, seconds=dt)

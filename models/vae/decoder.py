@@ -1,0 +1,116 @@
+"""The Qwen-Image (Wan 2.1) VAE decoder for one image, every causal 3D conv as a 2D conv, in torch (CPU).
+
+Backend chosen by measurement (docs/vae.md has the numbers): torch's oneDNN conv2d in channels_last layout was as fast
+as or faster than ONNX Runtime's on every conv shape of this decoder on this machine's 2 cores (e.g. 96->96 at
+256x256: torch channels_last 35 GFLOP/s, ONNX Runtime 22, torch NCHW 16), and convs are ~97% of the FLOPs; so the
+decoder is plain torch, channels_last, inference mode, no graph export.
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from models.vae.checkpoint import VAEWeights
+from models.vae.keys import decoder_plan
+
+log = logging.getLogger(__name__)
+
+# Latent de-normalisation, per channel (model space -> VAE space: z_vae = z * std + mean).
+LATENT_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+               0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)
+LATENT_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+              3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160)
+NORM_EPS = 1e-12                 # F.normalize's floor on the channel norm
+
+
+def denormalize(latent: np.ndarray) -> np.ndarray:
+    """Model-space latent [16, h, w] -> VAE space [16, h, w] f32."""
+    c = latent.shape[0]
+    if c != len(LATENT_MEAN):
+        raise ValueError(f"latent has {c} channels; the Qwen-Image VAE de-normalisation needs {len(LATENT_MEAN)}")
+    mean = np.asarray(LATENT_MEAN, np.float32)[:, None, None]
+    std = np.asarray(LATENT_STD, np.float32)[:, None, None]
+    return (latent.astype(np.float32) * std + mean).astype(np.float32)
+
+
+class VAEDecoder:
+    """VAE-space latent [1, z, h, w] -> image [1, 3, 8h, 8w] (≈[-1, 1], unclamped); weights held as torch tensors."""
+
+    def __init__(self, weights: VAEWeights, channels_last: bool = True):
+        self.config = weights.config
+        self.plan = decoder_plan(self.config)
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        self.fmt = fmt
+        self.w = {}
+        for k, a in weights.tensors.items():
+            t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+            if k.endswith(".gamma"):
+                t = t * math.sqrt(t.shape[0])                      # fold RMS_norm's sqrt(C) into gamma
+            elif t.ndim == 4:
+                t = t.contiguous(memory_format=fmt)
+            self.w[k] = t
+
+    # -- layers ----------------------------------------------------------------------------------------------------
+    def _conv(self, x: torch.Tensor, p: str, pad: int = 1) -> torch.Tensor:
+        w = self.w[p + "weight"]                                   # [out, in, k, k]
+        return F.conv2d(x, w, self.w[p + "bias"], padding=pad if w.shape[-1] > 1 else 0)
+
+    def _norm(self, x: torch.Tensor, key: str) -> torch.Tensor:
+        """RMS_norm: x / ||x||_channels * sqrt(C) * gamma (sqrt(C) already folded into the stored gamma)."""
+        n = torch.linalg.vector_norm(x, dim=1, keepdim=True).clamp_min_(NORM_EPS)   # n: [1, 1, h, w]
+        return (x / n).mul_(self.w[key].view(1, -1, 1, 1))
+
+    def _residual(self, x: torch.Tensor, p: str) -> torch.Tensor:
+        # x: [1, cin, h, w] -> [1, cout, h, w]
+        h = self._conv(x, p + "shortcut.", 0) if p + "shortcut.weight" in self.w else x
+        y = F.silu(self._norm(x, p + "residual.0.gamma"), inplace=True)
+        y = self._conv(y, p + "residual.2.")
+        y = F.silu(self._norm(y, p + "residual.3.gamma"), inplace=True)
+        y = self._conv(y, p + "residual.6.")
+        return y.add_(h)
+
+    def _attention(self, x: torch.Tensor, p: str) -> torch.Tensor:
+        b, c, h, w = x.shape                                       # x: [1, C, h, w]
+        y = self._norm(x, p + "norm.gamma")
+        qkv = self._conv(y, p + "to_qkv.", 0)                      # [1, 3C, h, w]
+        qkv = qkv.flatten(2).transpose(1, 2).unsqueeze(1)          # [1, 1, hw, 3C]
+        q, k, v = qkv.chunk(3, dim=-1)                             # each [1, 1, hw, C]
+        o = F.scaled_dot_product_attention(q, k, v)                # [1, 1, hw, C], single head, scale 1/sqrt(C)
+        o = o.squeeze(1).transpose(1, 2).reshape(b, c, h, w).contiguous(memory_format=self.fmt)
+        return self._conv(o, p + "proj.", 0).add_(x)
+
+    def _upsample(self, x: torch.Tensor, p: str) -> torch.Tensor:
+        x = F.interpolate(x, scale_factor=2.0, mode="nearest")    # [1, C, 2h, 2w]
+        return self._conv(x, p + "resample.1.")                    # [1, C/2, 2h, 2w]
+
+    # -- network ---------------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def trunk(self, z: torch.Tensor) -> torch.Tensor:
+        """The latent-resolution part: z [1, z_dim, h, w] (VAE space) -> features [1, 384, h, w] f32.
+
+        Holds the middle block's attention over all pixels; tiled decoding runs it whole (it is small: 1.5 KB per
+        latent pixel), so tiles never see a different attention context."""
+        x = z.contiguous(memory_format=self.fmt)
+        x = self._conv(x, "conv2.", 0)                             # [1, z, h, w]
+        x = self._conv(x, "decoder.conv1.")                        # [1, 384, h, w]
+        x = self._residual(x, "decoder.middle.0.")
+        x = self._attention(x, "decoder.middle.1.")
+        return self._residual(x, "decoder.middle.2.")
+
+    @torch.inference_mode()
+    def upsampler(self, x: torch.Tensor) -> torch.Tensor:
+        """Trunk features [1, 384, h, w] -> image [1, 3, 8h, 8w] f32: the stages and the head (all local convs)."""
+        x = x.contiguous(memory_format=self.fmt)
+        for i, (kind, _, _) in enumerate(self.plan):
+            p = f"decoder.upsamples.{i}."
+            x = self._residual(x, p) if kind == "res" else self._upsample(x, p)
+        x = F.silu(self._norm(x, "decoder.head.0.gamma"), inplace=True)
+        return self._conv(x, "decoder.head.2.").contiguous()      # [1, 3, 8h, 8w]
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        """z: [1, z_dim, h, w] f32 in VAE space (already de-normalised) -> [1, 3, 8h, 8w] f32."""
+        return self.upsampler(self.trunk(z))
