@@ -1,7 +1,6 @@
 """The orchestrator's view of the pipeline: its settings from the config, the pack's geometry, the job arena's layout."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,7 +128,3 @@ def arena_plan(pack: PackInfo) -> ArenaPlan:
 
 def settings_from_config(cfg) -> OrchestratorSettings:
     return OrchestratorSettings.from_table(cfg.stage_settings("orchestrator"))
-
-
-def replace(obj, **kw):
-    return dataclasses.replace(obj, **kw)

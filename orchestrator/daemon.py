@@ -1,0 +1,220 @@
+"""The job daemon: serves the CLI, collects stage events, runs queued jobs one at a time (`orchestrator serve`)."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import zmq
+
+from orchestrator.flow import JobFlow
+from orchestrator.jobs import JobError, JobStore
+from orchestrator.pipeline import read_pack, settings_from_config
+from orchestrator.prompt_spec import PromptError, parse_prompt_bytes
+from orchestrator.runfolder import RunFolder
+from orchestrator.supervisor import Supervisor
+from protocol import messages as m
+from protocol.arena import reap, run_prefix
+from protocol.sockets import EventPull, LazyPirate, Server
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.1                 # longest wait between looks at the queue, the CLI socket and the events
+SUBMIT_MEMORY = 256          # request ids of recent SUBMITs (a resent SUBMIT returns the same job)
+VERSION = "0.1.0"
+
+
+class Daemon:
+    """Queue + flow + sockets. Single-threaded: while a stage request is out, `idle()` keeps serving."""
+
+    def __init__(self, config, rf: RunFolder, *, supervisor: Supervisor | None = None, ctx: zmq.Context | None = None):
+        if config.pack_dir is None:
+            raise ValueError(f"{config.path}: pack_dir is not set; the orchestrator needs the model pack")
+        self.cfg, self.rf = config, rf
+        self.settings = settings_from_config(config)
+        self.pack = read_pack(config.pack_dir)
+        self.store = JobStore(rf.root, max_queue=self.settings.max_queue, min_free_mb=self.settings.min_free_mb)
+        self.sup = supervisor or Supervisor(rf.supervisor_sock)
+        self.ctx = ctx or zmq.Context()
+        self.links: dict[str, LazyPirate] = {}
+        self.progress: dict[str, m.Progress] = {}          # job -> latest PROGRESS
+        self.dying: dict[str, tuple[float, m.Dying]] = {}  # stage -> (unix time, last DYING)
+        self.ready: dict[str, tuple[float, int]] = {}      # stage -> (unix time, pid) of the last READY event
+        self.cancel_requests: set[str] = set()
+        self.current: JobFlow | None = None
+        self.stopping = False
+        self._submits: OrderedDict[int, str] = OrderedDict()
+        self.server: Server | None = None
+        self.events: EventPull | None = None
+
+    # ------------------------------------------------------------ set-up / tear-down
+
+    def open(self) -> None:
+        # 1) the CLI socket and the event sink
+        self.server = Server(self.ctx, self.rf.daemon_endpoint)
+        ev = self.cfg.endpoint("events")
+        self.events = EventPull(self.ctx, ev, curve=self.cfg.curve_server() if self.cfg.is_remote("events") else None,
+                                allow_plaintext=self.cfg.security.allow_plaintext_loopback)
+        # 2) the queue: torn writes cleaned, one running job kept
+        running = self.store.recover()
+        # 3) shared memory: every segment of this run folder goes (a resumed job builds a fresh arena)
+        reap(run_prefix(self.rf.root), keep=set())
+        log.info("orchestrator serving %s; %d job(s) pending%s", self.rf.daemon_endpoint, len(self.store.pending()),
+                 f", resuming {running[0].id} at {running[0].state}" if running else "")
+
+    def close(self) -> None:
+        for link in self.links.values():
+            link.close()
+        self.links.clear()
+        if self.server is not None:
+            self.server.close()
+        if self.events is not None:
+            self.events.close()
+
+    def link(self, stage: str) -> LazyPirate:
+        """The request client of a stage (one REQ at a time; Lazy Pirate reconnects it after a lost reply)."""
+        if stage not in self.links:
+            remote = self.cfg.is_remote(stage)
+            self.links[stage] = LazyPirate(self.ctx, self.cfg.endpoint(stage), peer=stage,
+                                           timeout_s=self.cfg.timeouts.request_s, retries=self.cfg.timeouts.retries,
+                                           curve=self.cfg.curve_client(stage) if remote else None,
+                                           allow_plaintext=self.cfg.security.allow_plaintext_loopback)
+        return self.links[stage]
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self) -> None:
+        """Serve until `stopping`: 1) take the next job (a running one first) 2) run its flow 3) else wait."""
+        while not self.stopping:
+            job = self.store.next_job()
+            if job is None:
+                self.pump(POLL_S)
+                continue
+            if job.cancel_requested or job.id in self.cancel_requests:
+                self.store.transition(job.id, "cancelled", "cancelled before it ran")
+                continue
+            JobFlow(self, job).run()
+            self.cancel_requests.discard(job.id)
+
+    def idle(self) -> None:
+        """Called between poll slices while a stage request is out: answer the CLI, take events."""
+        self.pump(0.0)
+
+    def pump(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for CLI requests and events; handle everything that came."""
+        poller = zmq.Poller()
+        poller.register(self.server.sock, zmq.POLLIN)
+        poller.register(self.events.sock, zmq.POLLIN)
+        ready = dict(poller.poll(int(timeout_s * 1000)))
+        while self.server.sock in ready or self.events.sock in ready:
+            if self.server.sock in ready:
+                req = self.server.recv(0.0)
+                if req is not None:
+                    if req.error is not None:
+                        self.server.reply_error(req, req.error)
+                    else:
+                        self.server.reply(req, self.handle(req.msg))
+            if self.events.sock in ready:
+                ev = self.events.recv(0.0)
+                if ev is not None:
+                    self.on_event(ev)
+            ready = dict(poller.poll(0))
+
+    # ------------------------------------------------------------ events from stages
+
+    def on_event(self, ev: m.Message) -> None:
+        if isinstance(ev, m.Progress):
+            self.progress[ev.job] = ev
+        elif isinstance(ev, m.Dying):
+            log.warning("%s (pid %d) is dying: %s", ev.stage, ev.pid, ev.reason)
+            self.dying[ev.stage] = (time.time(), ev)
+        elif isinstance(ev, m.Ready):
+            self.ready[ev.stage] = (time.time(), ev.pid)
+        else:
+            log.debug("ignored event %s", ev.KIND)
+
+    # ------------------------------------------------------------ CLI requests
+
+    def handle(self, msg: m.Message) -> m.Message:
+        try:
+            if isinstance(msg, m.Submit):
+                return self._submit(msg)
+            if isinstance(msg, m.Status):
+                jobs = [self.store.get(msg.job)] if msg.job else self.store.list()[-m.MAX_JOBS_LISTED:]
+                return m.reply_to(msg, m.Jobs, jobs=tuple(self.job_info(j) for j in jobs))
+            if isinstance(msg, m.Cancel):
+                job = self.store.cancel(msg.job)
+                if job.active:
+                    self.cancel_requests.add(job.id)
+                    return m.reply_to(msg, m.Ok, note=f"job {job.id} is being cancelled (it was {job.state})")
+                return m.reply_to(msg, m.Ok, note=f"job {job.id} cancelled")
+            if isinstance(msg, m.Resume):
+                job = self.store.resume(msg.job)
+                return m.reply_to(msg, m.Submitted, job=job.id, seed=int(job.spec["seed"]),
+                                  position=self._position(job.id))
+            if isinstance(msg, m.Hello):
+                return m.reply_to(msg, m.Ready, stage="orchestrator", pid=os.getpid(), version=VERSION,
+                                  info={"run": str(self.rf.root), "pack": str(self.pack.dir)})
+            if isinstance(msg, m.Heartbeat):
+                cur = self.current.job.id if self.current else None
+                return m.reply_to(msg, m.Pong, stage="orchestrator", pid=os.getpid(), busy=cur is not None, job=cur,
+                                  uptime_s=0.0)
+        except PromptError as e:
+            return m.error_reply(msg.id, "bad_request", str(e), field=e.field)
+        except JobError as e:
+            return m.error_reply(msg.id, "failed", str(e))
+        return m.error_reply(msg.id, "unknown_kind", f"the orchestrator does not serve {msg.KIND}", field="kind")
+
+    def _submit(self, msg: m.Submit) -> m.Message:
+        if msg.id in self._submits:                     # a resend of a SUBMIT we already queued
+            job = self.store.get(self._submits[msg.id])
+            return m.reply_to(msg, m.Submitted, job=job.id, seed=int(job.spec["seed"]), position=self._position(job.id))
+        base = Path(msg.base_dir)
+        if not base.is_absolute():
+            return m.error_reply(msg.id, "bad_request", "base_dir must be an absolute path", field="base_dir")
+        spec = parse_prompt_bytes(msg.prompt_json, base_dir=base, resolution=(self.pack.width, self.pack.height))
+        job = self.store.submit(spec.to_dict())
+        self._submits[msg.id] = job.id
+        while len(self._submits) > SUBMIT_MEMORY:
+            self._submits.popitem(last=False)
+        return m.reply_to(msg, m.Submitted, job=job.id, seed=spec.seed, position=self._position(job.id))
+
+    def _position(self, job_id: str) -> int:
+        ids = [j.id for j in self.store.pending()]
+        return ids.index(job_id) if job_id in ids else 0
+
+    def job_info(self, job) -> m.JobInfo:
+        err = job.error or {}
+        return m.JobInfo(job=job.id, state=job.state, created=job.created, updated=job.updated,
+                         position=self._position(job.id) if job.state == "queued" else 0,
+                         error_stage=str(err.get("stage", ""))[:m.MAX_NAME_CHARS],
+                         error=str(err.get("message", ""))[:m.MAX_PATH_CHARS],
+                         image=job.image, report=job.report, progress=self.progress.get(job.id))
+
+
+def serve(rf: RunFolder, config_path: Path) -> int:
+    """`orchestrator serve --config FILE`: the daemon process (SIGTERM: finish the current request's wait, exit 0)."""
+    import setproctitle
+    from stages.config import load_config
+    cfg = load_config(config_path)
+    if cfg.run_dir.resolve() != rf.root:
+        raise ValueError(f"{config_path}: run_dir {cfg.run_dir} differs from the run folder {rf.root} (--run / ANIMA_RUN)")
+    logging.getLogger().setLevel(cfg.log_level.upper())
+    setproctitle.setproctitle("anima-orchestrator")
+    d = Daemon(cfg, rf)
+
+    def on_signal(signum, frame):
+        log.info("orchestrator received %s, stopping", signal.Signals(signum).name)
+        d.stopping = True                  # a running job is left in its state on disk: the next daemon resumes it
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    d.open()
+    try:
+        d.run()
+    finally:
+        d.close()
+        d.ctx.term()
+    return 0

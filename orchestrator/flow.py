@@ -1,0 +1,401 @@
+"""One job's flow: encode (encoder up, then down) → denoise (scheduler) → decode (VAE up, then down), with retries."""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from orchestrator.pipeline import arena_plan
+from orchestrator.prompt_spec import PromptSpec
+from orchestrator.report import JobReport, current_rss_mb, peak_rss_mb
+from orchestrator.supervisor import SupervisorError
+from protocol import messages as m
+from protocol.arena import Arena, segment_name
+from protocol.fields import ProtocolError
+from protocol.sockets import PeerUnavailable
+from protocol.tensors import from_inline
+
+log = logging.getLogger(__name__)
+
+BUSY_RETRY_S = 0.5           # a stage that answers `busy` is asked again after this long (at most the call's timeout)
+READY_TIMEOUT_S = 5.0        # one HELLO while a stage comes up (repeated until start_timeout_s)
+
+
+class StageFailed(Exception):
+    def __init__(self, stage: str, message: str):
+        super().__init__(f"{stage}: {message}")
+        self.stage, self.message = stage, message
+
+
+class Cancelled(Exception):
+    pass
+
+
+class Stopping(Exception):
+    """The daemon is shutting down: the job stays in its state on disk for the next daemon to resume."""
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(path.name + ".tmp.npy")
+    np.save(tmp, array)
+    os.replace(tmp, path)
+
+
+class JobFlow:
+    """Runs one job to done/failed/cancelled. `d` is the Daemon (sockets, store, supervisor, idle pump)."""
+
+    def __init__(self, daemon, job):
+        self.d, self.job = daemon, job
+        self.store, self.sup, self.cfg, self.settings = daemon.store, daemon.sup, daemon.cfg, daemon.settings
+        self.pack = daemon.pack
+        self.dir = self.store.job_dir(job.id)
+        self.spec = PromptSpec.from_dict(job.spec)
+        self.report = JobReport(job.id, job.spec)
+        for name in ("encoder", "vae"):
+            self.report.stages[name].remote = self.cfg.is_remote(name)
+        self.report.teardown.encoder_remote = self.cfg.is_remote("encoder")
+        self.report.teardown.vae_remote = self.cfg.is_remote("vae")
+        self.arena: Arena | None = None
+        self._watch: tuple[str, int, float] | None = None     # (stage, pid at request start, start time)
+        self._died: str | None = None
+        self._sampling: set[str] = set()                      # stages whose RSS is sampled now
+        self._denoising = False
+        self._last_sample = 0.0
+
+    # ------------------------------------------------------------ the flow
+
+    def run(self) -> None:
+        job, stages = self.job, ("encoding", "denoising", "decoding")
+        start = job.state if job.active else (job.start_at or "encoding")
+        self.d.current = self
+        try:
+            # 1) the job's arena: contexts, latent, the scheduler's scratch region
+            self._make_arena()
+            for state in stages[stages.index(start):]:
+                if self.store.get(job.id).state != state:
+                    self.store.transition(job.id, state)
+                self._check_cancel()
+                # 2) encode, 3) denoise, 4) decode
+                {"encoding": self._encode, "denoising": self._denoise, "decoding": self._decode}[state]()
+            self.report.finished = time.time()
+            self.report.write(self.dir / "report.json")
+            self.store.transition(job.id, "done", image=self.report.image, report=str(self.dir / "report.json"))
+        except Cancelled:
+            self._stop_quietly()
+            self.store.transition(job.id, "cancelled", "cancelled by the user")
+        except StageFailed as e:
+            log.error("job %s failed: %s", job.id, e)
+            self._stop_quietly()
+            self.report.write(self.dir / "report.json")
+            self.store.fail(job.id, e.stage, e.message)
+        except Stopping:
+            log.info("job %s left at %s for the next orchestrator", job.id, self.store.get(job.id).state)
+        except Exception as e:  # noqa: BLE001 - a bug or an unreachable supervisord fails the job, not the daemon
+            log.exception("job %s: orchestrator error", job.id)
+            self._stop_quietly()
+            self.store.fail(job.id, "orchestrator", f"{type(e).__name__}: {e}")
+        finally:
+            self.d.current = None
+            self.d.progress.pop(job.id, None)
+            if self.arena is not None:
+                self.arena.close()           # the owner unlinks: no segment outlives its job
+                self.arena = None
+
+    def _make_arena(self) -> None:
+        plan = arena_plan(self.pack)
+        name = segment_name(self.d.rf.root, self.job.id)
+        try:
+            self.arena = Arena.create(name, plan.total)
+        except Exception as e:  # ArenaError: no space, a stale segment
+            raise StageFailed("orchestrator", f"cannot create the job arena: {e}") from None
+        f32 = "f32"
+        self.cond = self.arena.alloc("cond", f32, self.pack.context_shape)        # [S, Dc] f32
+        self.uncond = self.arena.alloc("uncond", f32, self.pack.context_shape)    # [S, Dc] f32
+        self.latent = self.arena.alloc("latent", f32, self.pack.latent_shape)     # [C, H/8, W/8] f32
+        start = -(-self.arena.slots.cursor // 64) * 64
+        self.scratch = m.Region(offset=start, nbytes=self.arena.size - start)
+
+    # ------------------------------------------------------------ stages
+
+    def _encode(self) -> None:
+        t0 = time.monotonic()
+        if (self.dir / "cond.npy").exists() and (self.dir / "uncond.npy").exists():
+            self.arena.write(self.cond, np.load(self.dir / "cond.npy"))      # resumed after encoding: no encoder
+            self.arena.write(self.uncond, np.load(self.dir / "uncond.npy"))
+            return
+        remote = self.cfg.is_remote("encoder")
+        self._bring_up("encoder")
+        msg = m.Encode(job=self.job.id, prompt=self.spec.prompt, negative=self.spec.negative_prompt,
+                       arena=None if remote else self.arena.name, cond=None if remote else self.cond,
+                       uncond=None if remote else self.uncond)
+        reply = m.expect(self._call("encoder", msg, self.settings.encode_timeout_s), m.Encoded, "encoder")
+        for mine, theirs in ((self.cond, reply.cond), (self.uncond, reply.uncond)):
+            if theirs.inline:
+                self.arena.write(mine, from_inline(theirs, reply.inline))
+            elif theirs.slot != mine.slot:
+                raise StageFailed("encoder", f"ENCODED points at slot {theirs.slot!r}, expected {mine.slot!r}")
+        _save_npy(self.dir / "cond.npy", self.arena.read(self.cond))
+        _save_npy(self.dir / "uncond.npy", self.arena.read(self.uncond))
+        self.report.encoder_timings = dict(reply.timings)
+        self._bring_down("encoder")          # stopped (and seen STOPPED) before DENOISE goes out
+        self.report.stages["encoder"].wall_s += time.monotonic() - t0
+
+    def _denoise(self) -> None:
+        t0 = time.monotonic()
+        for name in ("encoder", "vae"):      # nothing heavy may be up while denoising
+            if not self.cfg.is_remote(name) and self.sup.info(name).live:
+                self.sup.stop(name, timeout_s=self.settings.stop_timeout_s)
+        s = self.spec
+        params = m.DenoiseParams(seed=s.seed, steps=s.steps, cfg=s.cfg, sampler=s.sampler, schedule=s.scheduler,
+                                 width=s.width or self.pack.width, height=s.height or self.pack.height,
+                                 spectrum=m.SpectrumSettings(**vars(s.spectrum)))
+        msg = m.Denoise(job=self.job.id, job_dir=str(self.dir), pack_dir=str(self.pack.dir), arena=self.arena.name,
+                        params=params, cond=self.cond, uncond=self.uncond, latent=self.latent, scratch=self.scratch,
+                        executor=self.cfg.endpoint("executor"), resume=True)
+        self._denoising = True
+        self._sampling = {"scheduler", "executor"}
+        try:
+            self._sample(force=True)
+            reply = m.expect(self._call("scheduler", msg, self.settings.denoise_timeout_s), m.Denoised, "scheduler")
+            self._sample(force=True)
+        finally:
+            self._denoising = False
+            self._sampling = set()
+        if reply.latent.inline:
+            self.arena.write(self.latent, from_inline(reply.latent, reply.inline))
+        latent = self.arena.read(self.latent)                                  # [C, H/8, W/8] f32
+        if not np.isfinite(latent).all():
+            raise StageFailed("scheduler", "the final latent holds NaN or Inf")
+        _save_npy(self.dir / "latent.npy", latent)
+        d = reply.to_wire()
+        d["branches"] = {k: v.to_wire() for k, v in reply.branches.items()}
+        self.report.denoised = d
+        self.report.stages["scheduler"].wall_s += time.monotonic() - t0
+        self.report.stages["executor"].wall_s += sum(b.load_s + b.init_s + b.infer_s + b.release_s
+                                                     for b in reply.branches.values())
+
+    def _decode(self) -> None:
+        t0 = time.monotonic()
+        if not self.report.denoised:                     # resumed at decoding: the latent comes from the job folder
+            try:
+                self.arena.write(self.latent, np.load(self.dir / "latent.npy"))
+            except (OSError, ValueError) as e:
+                raise StageFailed("orchestrator", f"cannot resume decoding: {self.dir / 'latent.npy'}: {e}") from None
+        remote = self.cfg.is_remote("vae")
+        self._bring_up("vae")
+        image = self.dir / "image.png"
+        msg = m.Decode(job=self.job.id, latent=self.latent, arena=None if remote else self.arena.name,
+                       output=None if remote else str(image), return_png=remote, metadata=self._png_metadata())
+        if remote:
+            from protocol.tensors import InlineFrames
+            frames = InlineFrames()
+            desc = frames.add(self.arena.read(self.latent))
+            msg = m.Decode(job=msg.job, latent=desc, arena=None, output=None, return_png=True,
+                           metadata=msg.metadata, inline=tuple(frames.frames))
+        reply = m.expect(self._call("vae", msg, self.settings.decode_timeout_s), m.Decoded, "vae")
+        if reply.png is not None:
+            tmp = image.with_suffix(".png.tmp")
+            tmp.write_bytes(from_inline(reply.png, reply.inline).tobytes())
+            os.replace(tmp, image)
+        elif reply.path != str(image):
+            raise StageFailed("vae", f"DECODED names {reply.path!r}, expected {image}")
+        self.report.vae_timings = dict(reply.timings)
+        self._bring_down("vae")
+        self.report.stages["vae"].wall_s += time.monotonic() - t0
+        self.report.image = self._deliver(image)
+
+    def _deliver(self, image: Path) -> str:
+        """Copy the PNG to the prompt's `output` (a .png path, or a folder that gets JOB.png); else the job folder's."""
+        out = self.spec.output
+        if not out:
+            return str(image)
+        dest = Path(out) if out.lower().endswith(".png") else Path(out) / f"{self.job.id}.png"
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(dest.name + ".tmp")
+            shutil.copyfile(image, tmp)
+            os.replace(tmp, dest)
+        except OSError as e:
+            raise StageFailed("orchestrator", f"cannot write the image to output {dest}: {e}") from None
+        return str(dest)
+
+    def _png_metadata(self) -> dict[str, str]:
+        s, p = self.spec, self.pack
+        spectrum = "on" if s.spectrum.enabled else "off"
+        params = (f"{s.prompt}\nNegative prompt: {s.negative_prompt}\nSteps: {s.steps}, Sampler: {s.sampler}, "
+                  f"Schedule type: {s.scheduler}, CFG scale: {s.cfg}, Seed: {s.seed}, Size: {p.width}x{p.height}, "
+                  f"Model: {p.source_name}, Model hash: {p.source_sha256[:10]}, Spectrum: {spectrum}")
+        return {"parameters": params, "prompt": s.prompt, "negative_prompt": s.negative_prompt, "seed": str(s.seed),
+                "steps": str(s.steps), "cfg": str(s.cfg), "sampler": s.sampler, "scheduler": s.scheduler,
+                "spectrum": spectrum, "model_sha256": p.source_sha256, "job": self.job.id}
+
+    # ------------------------------------------------------------ stage lifecycle
+
+    def _bring_up(self, stage: str, *, gone_pid: int = 0) -> None:
+        """Local: start through supervisord (after the dead process `gone_pid` has left) and wait RUNNING; then HELLO
+        until READY. A remote stage is only health-checked."""
+        deadline = time.monotonic() + self.settings.start_timeout_s
+        if not self.cfg.is_remote(stage):
+            while gone_pid and time.monotonic() < deadline:      # its last word is out; wait for the exit itself
+                info = self.sup.info(stage)
+                if info.pid != gone_pid:
+                    break
+                self.d.pump(0.05)
+            try:
+                self.sup.start(stage, timeout_s=self.settings.start_timeout_s)
+            except SupervisorError as e:
+                raise StageFailed(stage, f"could not start: {e}") from None
+            self._sampling.add(stage)
+        check = self._start_failed(stage)
+        while True:
+            try:
+                reply = self.d.link(stage).request(m.Hello(peer="orchestrator", pid=os.getpid(), version="0.1.0"),
+                                                   timeout_s=READY_TIMEOUT_S, retries=0, should_stop=check,
+                                                   idle=self.d.idle)
+                m.expect(reply, m.Ready, stage)
+                return
+            except PeerUnavailable:
+                self._check_cancel()
+                if self._died or time.monotonic() > deadline:
+                    where = self.cfg.endpoint(stage)
+                    why = self._died or f"no READY within {self.settings.start_timeout_s:.0f} s"
+                    raise StageFailed(stage, f"not reachable at {where}: {why}") from None
+            except (m.RemoteError, ProtocolError) as e:
+                raise StageFailed(stage, f"bad READY: {e}") from None
+
+    def _start_failed(self, stage: str):
+        """A should_stop for HELLO while a stage comes up: FATAL ends it; an exit is started again (twice at most)."""
+        self._died = None
+        restarts = [0]
+
+        def check() -> bool:
+            if self.d.stopping or self.job.id in self.d.cancel_requests:
+                return True
+            if not self.cfg.is_remote(stage):
+                info = self.sup.info(stage)
+                if info.state in ("EXITED", "STOPPED") and restarts[0] < 2:
+                    restarts[0] += 1
+                    self.sup.start(stage, wait=False)
+                elif info.state in ("FATAL", "EXITED", "STOPPED"):
+                    self._died = f"{info.state}: {info.spawnerr or info.description} (see its log)"
+                    return True
+            return False
+        return check
+
+    def _bring_down(self, stage: str) -> None:
+        if self.cfg.is_remote(stage):
+            return
+        info = self.sup.info(stage)
+        if info.pid:
+            self.report.stages[stage].see_rss(peak_rss_mb(info.pid))
+        self._sampling.discard(stage)
+        try:
+            self.sup.stop(stage, timeout_s=self.settings.stop_timeout_s)
+        except SupervisorError as e:
+            raise StageFailed(stage, f"could not stop: {e}") from None
+
+    def _stop_quietly(self) -> None:
+        for stage in ("encoder", "vae"):
+            if not self.cfg.is_remote(stage):
+                try:
+                    self.sup.stop(stage, timeout_s=self.settings.stop_timeout_s)
+                except SupervisorError as e:
+                    log.warning("could not stop %s: %s", stage, e)
+
+    # ------------------------------------------------------------ requests with death detection
+
+    def _call(self, stage: str, msg: m.Message, timeout_s: float) -> m.Message:
+        """Send one request; a stage that dies meanwhile is waited for and asked again (bounded), then StageFailed."""
+        deaths, busy_since, last_error = 0, None, ""
+        while True:
+            self._check_cancel()
+            self._arm(stage)
+            pid0 = self._watch[1]
+            try:
+                reply = self.d.link(stage).request(msg, timeout_s=timeout_s, retries=0, should_stop=self._abort,
+                                                   idle=self.d.idle)
+            except PeerUnavailable as e:
+                self._check_cancel()
+                last_error, dead = self._died or str(e), self._died is not None
+                reply = None
+            finally:
+                self._watch = None
+            if isinstance(reply, m.Error) and reply.code == "busy":
+                busy_since = busy_since or time.monotonic()
+                if time.monotonic() - busy_since > timeout_s:   # e.g. still serving a dead orchestrator's request
+                    raise StageFailed(stage, f"busy for {timeout_s:.0f} s: {reply.message}")
+                self.d.pump(BUSY_RETRY_S)
+                continue
+            if isinstance(reply, m.Error) and reply.code == "cancelled" and self.job.id in self.d.cancel_requests:
+                raise Cancelled()
+            if reply is None or (isinstance(reply, m.Error) and reply.code == "internal"):
+                if reply is not None:                # the fatal tier: an ERROR, then DYING, then the exit
+                    last_error, dead = f"{reply.code}: {reply.message}", True
+                deaths += 1
+                if deaths > self.settings.stage_retries:
+                    raise StageFailed(stage, f"gave up after {deaths} failed attempts; last error: {last_error}")
+                log.warning("job %s: %s failed (%s); waiting for it to come back (%d/%d)", self.job.id, stage,
+                            last_error, deaths, self.settings.stage_retries)
+                try:
+                    self._bring_up(stage, gone_pid=pid0 if dead else 0)
+                except StageFailed as e:
+                    raise StageFailed(stage, f"{e.message}; last error: {last_error}") from None
+                continue
+            if isinstance(reply, m.Error):
+                raise StageFailed(stage, f"{reply.code}: {reply.message}" + (f" (field {reply.field})"
+                                                                            if reply.field else ""))
+            return reply
+
+    def _arm(self, stage: str) -> None:
+        pid = 0 if self.cfg.is_remote(stage) else self.sup.info(stage).pid
+        self._watch, self._died = (stage, pid, time.time()), None
+
+    def _abort(self) -> bool:
+        """Polled while a request is out: cancel asked, or the stage's process is gone (supervisord / DYING)."""
+        if self.d.stopping or self.job.id in self.d.cancel_requests:
+            return True
+        self._sample()
+        return self._died is not None
+
+    def _sample(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_sample < self.settings.sample_interval_s:
+            return
+        self._last_sample = now
+        try:
+            infos = self.sup.all_info()
+        except SupervisorError as e:
+            log.warning("supervisord sample failed: %s", e)
+            return
+        if self._denoising:                                   # the teardown record, read from supervisord
+            self.report.teardown.sample({n: None if self.cfg.is_remote(n) else infos.get(n) for n in ("encoder", "vae")})
+        for stage in self._sampling:
+            info = infos.get(stage)
+            if info is not None and info.live:
+                self.report.stages[stage].see_rss(current_rss_mb(info.pid))
+        if self._watch is not None:
+            stage, pid0, t0 = self._watch
+            dying = self.d.dying.get(stage)
+            if dying is not None and dying[0] >= t0:
+                self._died = f"{stage} died: {dying[1].reason}"
+            elif not self.cfg.is_remote(stage):
+                info = infos.get(stage)
+                if info is None or not info.live or (pid0 and info.pid != pid0):
+                    state = "gone" if info is None else f"{info.state} {info.description}".strip()
+                    self._died = f"{stage} process {pid0} is gone (supervisord: {state})"
+
+    def _check_cancel(self) -> None:
+        if self.d.stopping:
+            raise Stopping()
+        if self.job.id in self.d.cancel_requests:
+            link = self.d.links.get("scheduler")
+            if self._denoising and link is not None:
+                try:
+                    link.request(m.Cancel(job=self.job.id), timeout_s=2.0, retries=0)
+                except PeerUnavailable:
+                    pass
+            raise Cancelled()

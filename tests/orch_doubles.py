@@ -1,0 +1,116 @@
+"""TEST DOUBLES ONLY (not the product): stand-in stage logics for the orchestrator's own tests, run through the real
+stage framework (stages/base.py) under a real supervisord. They exercise the job flow's wiring — arena slots, stage
+start/stop, events, retries — not any model math. The real stages live in stages/.
+
+    python tests/orch_doubles.py encoder|scheduler|executor|vae --config RUN/pipeline.toml
+
+Behaviour switches (files in the run folder, so a test can flip them while the stage runs):
+    RUN/double_step_s        seconds per denoising step (default 0.05)
+    RUN/double_encoder_crash the encoder raises (fatal tier) on ENCODE
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from protocol import messages as m  # noqa: E402
+from protocol.tensors import InlineFrames  # noqa: E402
+from stages.base import stage_main  # noqa: E402
+
+
+def _flag(cfg, name: str, default=None):
+    p = Path(cfg.run_dir) / name
+    return p.read_text().strip() if p.exists() else default
+
+
+class EncoderDouble:
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def on_encode(self, msg: m.Encode, ctx) -> m.Encoded:
+        if _flag(self.cfg, "double_encoder_crash") is not None:
+            raise RuntimeError("double encoder told to crash")
+        vals = {"cond": float(len(msg.prompt)), "uncond": float(len(msg.negative))}
+        if msg.arena is None:
+            frames = InlineFrames()
+            descs = {k: frames.add(np.full((512, 32), v, np.float32)) for k, v in vals.items()}
+            return m.reply_to(msg, m.Encoded, job=msg.job, cond=descs["cond"], uncond=descs["uncond"], tokens_cond=1,
+                              tokens_uncond=1, inline=tuple(frames.frames))
+        arena = ctx.arena(msg.arena)
+        for key, desc in (("cond", msg.cond), ("uncond", msg.uncond)):
+            arena.view(desc)[...] = vals[key]                                  # [S, Dc] f32
+        return m.reply_to(msg, m.Encoded, job=msg.job, cond=msg.cond, uncond=msg.uncond, tokens_cond=3,
+                          tokens_uncond=1, timings={"encode_s": 0.001})
+
+
+class SchedulerDouble:
+    """Steps through a fake schedule, one PROGRESS per step, keeping `state.json` in the job folder (resumable)."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def on_denoise(self, msg: m.Denoise, ctx) -> m.Denoised:
+        t0 = time.monotonic()
+        step_s = float(_flag(self.cfg, "double_step_s", "0.05"))
+        state_path = Path(msg.job_dir) / "state.json"
+        start = json.loads(state_path.read_text())["step"] if msg.resume and state_path.exists() else 0
+        arena = ctx.arena(msg.arena)
+        cond = arena.read(msg.cond)                                          # [S, Dc] f32
+        steps = msg.params.steps
+        for step in range(start + 1, steps + 1):
+            for block, branch in ((0, "self"), (0, "cross"), (0, "ffn")):
+                ctx.check(msg.job)
+                ctx.emit(m.Progress(job=msg.job, step=step, steps=steps, block=block, branch=branch,
+                                    elapsed_s=time.monotonic() - t0, eta_s=(steps - step) * step_s))
+                time.sleep(step_s / 3)
+            tmp = state_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"step": step}))
+            os.replace(tmp, state_path)
+        latent = np.full(msg.latent.shape, float(cond[0, 0]) + msg.params.seed % 7, np.float32)  # [C, h, w] f32
+        arena.write(msg.latent, latent)
+        sums = {k: m.BranchSums(load_s=0.01, init_s=0.02, infer_s=0.03, release_s=0.004, calls=steps)
+                for k in ("self", "cross", "ffn")}
+        return m.reply_to(msg, m.Denoised, job=msg.job, latent=msg.latent, computed_steps=tuple(range(1, steps + 1)),
+                          forecast_steps=(), branch_calls=3 * steps, branches=sums, host_s=0.5, transport_s=0.1,
+                          wall_s=time.monotonic() - t0, resumed_from=start)
+
+
+class ExecutorDouble:
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+
+class VaeDouble:
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def on_decode(self, msg: m.Decode, ctx) -> m.Decoded:
+        from PIL import Image, PngImagePlugin
+        latent = ctx.arena(msg.arena).read(msg.latent)                       # [C, h, w] f32
+        c, h, w = latent.shape
+        img = Image.fromarray(np.full((h * 8, w * 8, 3), int(latent[0, 0, 0]) % 256, np.uint8))
+        info = PngImagePlugin.PngInfo()
+        for k, v in msg.metadata.items():
+            info.add_itxt(k, v)
+        buf = io.BytesIO()
+        img.save(buf, format="PNG", pnginfo=info)
+        tmp = msg.output + ".tmp"
+        Path(tmp).write_bytes(buf.getvalue())
+        os.replace(tmp, msg.output)
+        return m.reply_to(msg, m.Decoded, job=msg.job, path=msg.output, width=w * 8, height=h * 8,
+                          timings={"decode_s": 0.001})
+
+
+LOGICS = {"encoder": EncoderDouble, "scheduler": SchedulerDouble, "executor": ExecutorDouble, "vae": VaeDouble}
+
+if __name__ == "__main__":
+    stage = sys.argv.pop(1)
+    sys.exit(stage_main(stage, LOGICS[stage]))

@@ -1,0 +1,194 @@
+"""The job daemon end to end under a real supervisord with the real supervisord.conf, stage logics replaced by the
+test doubles of tests/orch_doubles.py: encoder/VAE started and stopped per job (teardown read from supervisord),
+progress, report, PNG metadata, cancel/resume, a SIGKILLed scheduler, a crashing encoder, no leaked /dev/shm."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from models.config import PRESETS
+from models.partition import branch_order
+from orchestrator import cli
+from orchestrator.runfolder import init_run
+from orchestrator.supervisor import Supervisor
+from protocol.arena import list_segments, run_prefix
+
+BIN = Path(sys.executable).parent
+DOUBLES = Path(__file__).resolve().parent / "orch_doubles.py"
+
+
+def _fake_pack(d: Path) -> Path:
+    """A pack manifest (no weights: the doubles never read them) for 64x64 images."""
+    cfg = PRESETS["tiny"]["dit"].to_dict()
+    cfg["blocks"] = 2
+    from models.config import DiTConfig
+    branches = [{"block": b, "kind": s.kind, "onnx": f"onnx/b{b:02d}_{s.kind}.onnx", "sha256": "0" * 64}
+                for b, s in branch_order(DiTConfig.from_dict(cfg))]
+    d.mkdir(parents=True)
+    (d / "manifest.json").write_text(json.dumps({
+        "schema": 1, "kind": "anima-dit-pack", "source": {"name": "synthetic.safetensors", "sha256": "ab" * 32},
+        "config": cfg, "resolution": {"width": 64, "height": 64}, "dtype": "fp32",
+        "host": {"file": "host.safetensors", "sha256": "0" * 64}, "branches": branches}))
+    return d
+
+
+@pytest.fixture(scope="module")
+def _pipeline(tmp_path_factory):
+    """One supervisord + daemon for the module (start-up and shutdown cost seconds on 2 cores)."""
+    tmp_path = tmp_path_factory.mktemp("orch")
+    rf = init_run(tmp_path / "run")
+    conf = rf.supervisord_conf.read_text()
+    for stage in ("encoder", "scheduler", "executor", "vae"):
+        conf = conf.replace(f"-m stages.{stage} ", f"{DOUBLES} {stage} ")
+    rf.supervisord_conf.write_text(conf)
+    pack = _fake_pack(tmp_path / "pack")
+    rf.pipeline_toml.write_text(f'run_dir = "."\npack_dir = "{pack}"\nthreads = 1\n'
+                                "[timeouts]\nrequest_s = 2.0\n"
+                                "[stage.orchestrator]\nsample_interval_s = 0.05\nstart_timeout_s = 30\n"
+                                "stage_retries = 1\n")
+    proc = subprocess.Popen([str(BIN / "supervisord"), "-n", "-c", str(rf.supervisord_conf)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sup = Supervisor(rf.supervisor_sock)
+    try:
+        deadline = time.monotonic() + 30
+        while not rf.supervisor_sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for name in ("orchestrator", "scheduler", "executor"):
+            sup.wait_state(name, ("RUNNING",), 30)
+        deadline = time.monotonic() + 30
+        while not rf.daemon_sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield rf, sup
+    finally:
+        try:
+            sup.shutdown()
+            proc.wait(timeout=30)
+        except Exception:
+            proc.kill()
+            proc.wait()
+        assert list_segments(run_prefix(rf.root)) == [], "a shared-memory segment outlived the test"
+
+
+@pytest.fixture
+def pipeline(_pipeline):
+    """Per test: default double behaviour, an idle queue, and no segment left behind."""
+    rf, sup = _pipeline
+    for flag in ("double_step_s", "double_encoder_crash"):
+        (rf.root / flag).unlink(missing_ok=True)
+    yield rf, sup
+    assert list_segments(run_prefix(rf.root)) == [], "a shared-memory segment outlived the job"
+
+
+def _prompt(tmp_path, **kw) -> Path:
+    f = tmp_path / "prompt.json"
+    f.write_text(json.dumps({"prompt": "a girl", "negative_prompt": "bad", "seed": 3, "steps": 4, **kw}))
+    return f
+
+
+def _status(rf, job, capsys):
+    capsys.readouterr()
+    assert cli.main(["--run", str(rf.root), "status", job, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)[0]
+
+
+def _wait_state(rf, job, capsys, states, timeout_s=60, pred=None):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = _status(rf, job, capsys)
+        if info["state"] in states and (pred is None or pred(info)):
+            return info
+        time.sleep(0.1)
+    raise AssertionError(f"job {job} never reached {states}: {info}")
+
+
+def test_job_runs_with_encoder_and_vae_down_while_denoising(pipeline, tmp_path, capsys):
+    rf, sup = pipeline
+    out_dir = tmp_path / "images"
+    out_dir.mkdir()
+    rc = cli.main(["--run", str(rf.root), "submit", str(_prompt(tmp_path, output=str(out_dir))), "--wait", "--json"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    result = json.loads(captured.out)                  # exactly one JSON object on stdout
+    assert set(result) == {"job", "image", "report"}
+    assert result["image"] == str(out_dir / f"{result['job']}.png")
+    report = json.loads(Path(result["report"]).read_text())
+    td = report["teardown"]
+    assert td["encoder_running_during_denoise"] is False and td["vae_running_during_denoise"] is False
+    assert td["samples"] >= 3
+    assert report["computed_steps"] == [1, 2, 3, 4] and report["branch_calls"] == 12
+    assert set(report["branches"]) == {"self", "cross", "ffn"}
+    assert report["branches"]["self"]["calls"] == 4
+    for stage in ("encoder", "scheduler", "vae"):
+        assert report["stages"][stage]["wall_s"] > 0
+        assert report["stages"][stage]["peak_rss_mb"] > 10
+    infos = sup.all_info()
+    assert infos["encoder"].state == "STOPPED" and infos["vae"].state == "STOPPED"
+    from PIL import Image
+    img = Image.open(result["image"])
+    assert img.size == (64, 64)
+    assert "Seed: 3" in img.text["parameters"] and img.text["negative_prompt"] == "bad"
+    assert img.getpixel((0, 0))[0] == (6 + 3 % 7)          # len("a girl") + seed % 7: the flow carried the data
+
+
+def test_teardown_record_sees_a_live_encoder(pipeline, tmp_path, capsys):
+    """The record is read from supervisord, not assumed: start the encoder by hand during denoising."""
+    rf, sup = pipeline
+    (rf.root / "double_step_s").write_text("0.3")
+    assert cli.main(["--run", str(rf.root), "submit", str(_prompt(tmp_path, steps=8))]) == 0
+    job = capsys.readouterr().out.strip()
+    _wait_state(rf, job, capsys, ("denoising",), pred=lambda i: i["progress"] is not None)
+    sup.start("encoder")
+    time.sleep(0.5)
+    sup.stop("encoder")
+    info = _wait_state(rf, job, capsys, ("done",))
+    report = json.loads(Path(info["report"]).read_text())
+    assert report["teardown"]["encoder_running_during_denoise"] is True
+    assert report["teardown"]["vae_running_during_denoise"] is False
+
+
+def test_scheduler_sigkill_mid_job_resumes(pipeline, tmp_path, capsys):
+    rf, sup = pipeline
+    (rf.root / "double_step_s").write_text("0.3")
+    assert cli.main(["--run", str(rf.root), "submit", str(_prompt(tmp_path, steps=10))]) == 0
+    job = capsys.readouterr().out.strip()
+    _wait_state(rf, job, capsys, ("denoising",), pred=lambda i: (i["progress"] or {}).get("step", 0) >= 3)
+    os.kill(sup.info("scheduler").pid, signal.SIGKILL)
+    info = _wait_state(rf, job, capsys, ("done", "failed"), timeout_s=90)
+    assert info["state"] == "done", info
+    report = json.loads(Path(info["report"]).read_text())
+    assert report["resumed_from"] >= 2 and report["computed_steps"] == list(range(1, 11))
+
+
+@pytest.mark.xfail(strict=True, reason="stages/base.py keeps a cancelled job id in StageProc.cancelled for good, so "
+                   "the resumed job's DENOISE is refused as cancelled (asked PROTOCOL: clear it when new work "
+                   "for that job arrives); remove this marker once fixed")
+def test_cancel_then_resume(pipeline, tmp_path, capsys):
+    rf, sup = pipeline
+    (rf.root / "double_step_s").write_text("0.3")
+    assert cli.main(["--run", str(rf.root), "submit", str(_prompt(tmp_path, steps=10))]) == 0
+    job = capsys.readouterr().out.strip()
+    _wait_state(rf, job, capsys, ("denoising",), pred=lambda i: (i["progress"] or {}).get("step", 0) >= 2)
+    assert cli.main(["--run", str(rf.root), "cancel", job]) == 0
+    _wait_state(rf, job, capsys, ("cancelled",))
+    (rf.root / "double_step_s").write_text("0.02")
+    assert cli.main(["--run", str(rf.root), "resume", job]) == 0
+    info = _wait_state(rf, job, capsys, ("done", "failed"), timeout_s=60)
+    assert info["state"] == "done", info
+
+
+def test_crashing_encoder_fails_the_job_with_a_clear_reason(pipeline, tmp_path, capsys):
+    rf, sup = pipeline
+    (rf.root / "double_encoder_crash").write_text("1")
+    rc = cli.main(["--run", str(rf.root), "submit", str(_prompt(tmp_path)), "--wait"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "failed: encoder:" in err and "double encoder told to crash" in err
+    assert sup.info("encoder").state in ("STOPPED", "EXITED", "FATAL")
+    job = err.split()[1]
+    assert cli.main(["--run", str(rf.root), "status", job]) == 0
+    assert "encoder" in capsys.readouterr().out
