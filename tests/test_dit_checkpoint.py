@@ -12,7 +12,7 @@ import pytest
 from models.config import PRESETS, DiTConfig, expected_dit_shapes
 from models.dit_checkpoint import CheckpointError, DiTCheckpoint
 from models.safetensors_io import SafeTensorsFile, bf16_to_f32, save_arrays
-from models.synth_dit import dit_entries, param_count, write_dit
+from models.synth_dit import dit_entries, param_count
 
 # A small variant with 40 blocks (community merges have other block counts) and no adapter.
 SMALL = DiTConfig(blocks=40, width=48, head_dim=16, heads=3, ffn_width=192, context_dim=24, lora_dim=8,
@@ -60,8 +60,11 @@ def test_tiny_net_prefix(tiny_dit):
 
 
 def test_model_diffusion_model_prefix_same_weights(tmp_path, tiny_dit):
-    p = tmp_path / "b.safetensors"
-    write_dit("tiny", 0, p, prefix="model.diffusion_model.")
+    from models.cli import main
+    p = tmp_path / "sub" / "b.safetensors"
+    assert main(["synth", "dit", "--preset", "tiny", "--seed", "0", "--out", str(p),
+                 "--prefix", "model.diffusion_model."]) == 0
+    assert main(["synth", "dit", "--seed", "-1", "--out", str(tmp_path / "n.safetensors")]) == 2
     a, b = DiTCheckpoint.open(tiny_dit), DiTCheckpoint.open(p)
     assert b.config == a.config and sorted(b.keys()) == sorted(a.keys())
     for k in ("x_embedder.proj.1.weight", "blocks.27.cross_attn.k_proj.weight", "llm_adapter.out_proj.bias"):
