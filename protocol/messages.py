@@ -424,15 +424,20 @@ def reply_to(request: Message, cls: type[Message], **fields) -> Message:
     return cls(id=request.id, **fields)
 
 
+def _printable(text: str) -> str:
+    """Text safe for an ERROR reply: NULs escaped (they may come from the bad request itself), length capped."""
+    return text.replace("\x00", "\\x00")[:MAX_PATH_CHARS]
+
+
 def error_reply(request_id: int, error: ProtocolError | str, message: str = "", *, field: str = "",
                 retry: bool = False) -> Error:
-    """An ERROR reply from a ProtocolError, or from a code plus message."""
+    """An ERROR reply from a ProtocolError, or from a code plus message. Never fails on odd text."""
     if isinstance(error, ProtocolError):
         code = "bad_request" if error.code in ("bad_field", "unknown_field", "missing_field") else error.code
         if code not in ERROR_CODES:
             code = "bad_request"
-        return Error(id=request_id, code=code, message=str(error)[:MAX_PATH_CHARS], field=error.field[:MAX_PATH_CHARS])
-    return Error(id=request_id, code=error, message=message[:MAX_PATH_CHARS], field=field, retry=retry)
+        return Error(id=request_id, code=code, message=_printable(str(error)), field=_printable(error.field))
+    return Error(id=request_id, code=error, message=_printable(message), field=_printable(field), retry=retry)
 
 
 class RemoteError(Exception):
