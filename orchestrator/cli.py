@@ -101,6 +101,9 @@ def cmd_submit(args, rf: RunFolder) -> int:
         client.close()
     if info.state != "done":
         why = f": {info.error_stage}: {info.error}" if info.error else ""
+        if args.json:       # still one object on stdout, so scripts learn the job id and its folder's report
+            print(json.dumps({"job": info.job, "image": None, "report": info.report, "state": info.state,
+                              "error": f"{info.error_stage}: {info.error}" if info.error else info.state}))
         raise CliError(f"job {info.job} {info.state}{why}", EXIT_FAILED)
     if not args.json and info.report and Path(info.report).exists():
         from orchestrator.report import format_table
@@ -200,11 +203,41 @@ def _program(name: str) -> str:
     return name
 
 
+def _remote_stages(rf: RunFolder) -> dict:
+    """{stage: endpoint} of the tcp stages in RUN/pipeline.toml (they are not supervisord's here)."""
+    if not rf.pipeline_toml.exists():
+        return {}
+    from stages.config import STAGES, load_config
+    cfg = load_config(rf.pipeline_toml)
+    return {s: cfg for s in STAGES if cfg.is_remote(s)}
+
+
+def _hello(cfg, stage: str) -> str:
+    import zmq
+    from protocol.messages import Hello, Ready, RemoteError, expect
+    from protocol.sockets import LazyPirate, PeerUnavailable
+    ctx = zmq.Context()
+    try:
+        with LazyPirate(ctx, cfg.endpoint(stage), peer=stage, timeout_s=2.0, retries=0,
+                        curve=cfg.curve_client(stage),
+                        allow_plaintext=cfg.security.allow_plaintext_loopback) as client:
+            r = expect(client.request(Hello(peer="cli", pid=os.getpid(), version="0.1.0")), Ready, stage)
+            return f"READY     pid {r.pid:<8} remote {cfg.endpoint(stage)}"
+    except (PeerUnavailable, RemoteError) as e:
+        return f"UNREACHABLE remote {cfg.endpoint(stage)}: {e}"
+    finally:
+        ctx.term()
+
+
 def cmd_stages(args, rf: RunFolder) -> int:
+    remote = _remote_stages(rf)
     infos = _supervisor(rf).all_info()
     now = time.time()
     for name in PROGRAMS:
         i = infos.get(name)
+        if name in remote:
+            print(f"{name:<13} {_hello(remote[name], name)}")
+            continue
         if i is None:
             print(f"{name:<13} (not in supervisord's config)")
             continue
@@ -214,6 +247,10 @@ def cmd_stages(args, rf: RunFolder) -> int:
 
 
 def cmd_restart(args, rf: RunFolder) -> int:
+    remote = _remote_stages(rf)
+    if args.stage in remote:
+        raise CliError(f"{args.stage} is remote ({remote[args.stage].endpoint(args.stage)}); restart it on its own "
+                       "machine (supervisorctl there)", EXIT_USAGE)
     info = _supervisor(rf).restart(_program(args.stage))
     print(f"{args.stage} {info.state} pid {info.pid}")
     return EXIT_OK
@@ -244,8 +281,9 @@ def cmd_keys(args, rf: RunFolder) -> int:
 
 
 def cmd_init(args, rf: RunFolder) -> int:
-    rf = init_run(rf.root, python=args.python)
-    print(f"run folder {rf.root}\nsupervisord config {rf.supervisord_conf}")
+    rf = init_run(rf.root, python=args.python, pack_dir=args.pack, models_dir=args.models, force=args.force)
+    print(f"run folder {rf.root}\nsupervisord config {rf.supervisord_conf}\npipeline config {rf.pipeline_toml}")
+    print(f"next: supervisord -c {rf.supervisord_conf}")
     return EXIT_OK
 
 
@@ -265,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("init", help="create the run folder and its supervisord.conf")
     s.add_argument("--python", help="interpreter for the stage programs (default: this one)")
+    s.add_argument("--pack", help="model pack folder for pipeline.toml")
+    s.add_argument("--models", help="models folder (text encoder, VAE) for pipeline.toml")
+    s.add_argument("--force", action="store_true", help="rewrite supervisord.conf and pipeline.toml")
     s.set_defaults(fn=cmd_init)
     s = sub.add_parser("serve", help="run the job daemon (supervisord starts it)")
     s.add_argument("--config", required=True, help="pipeline config (TOML)")

@@ -11,6 +11,7 @@ from pathlib import Path
 import zmq
 
 from orchestrator.flow import JobFlow
+from orchestrator.heartbeat import Heartbeats
 from orchestrator.jobs import JobError, JobStore
 from orchestrator.pipeline import read_pack, settings_from_config
 from orchestrator.prompt_spec import PromptError, parse_prompt_bytes
@@ -49,6 +50,7 @@ class Daemon:
         self._submits: OrderedDict[int, str] = OrderedDict()
         self.server: Server | None = None
         self.events: EventPull | None = None
+        self.heartbeats: Heartbeats | None = None
 
     # ------------------------------------------------------------ set-up / tear-down
 
@@ -58,6 +60,8 @@ class Daemon:
         ev = self.cfg.endpoint("events")
         self.events = EventPull(self.ctx, ev, curve=self.cfg.curve_server() if self.cfg.is_remote("events") else None,
                                 allow_plaintext=self.cfg.security.allow_plaintext_loopback)
+        always_on = ["scheduler", "executor"] + [s for s in ("encoder", "vae") if self.cfg.is_remote(s)]
+        self.heartbeats = Heartbeats(self.ctx, self.cfg, always_on)
         # 2) the queue: torn writes cleaned, one running job kept
         running = self.store.recover()
         # 3) shared memory: every segment of this run folder goes (a resumed job builds a fresh arena)
@@ -66,6 +70,8 @@ class Daemon:
                  f", resuming {running[0].id} at {running[0].state}" if running else "")
 
     def close(self) -> None:
+        if self.heartbeats is not None:
+            self.heartbeats.close()
         for link in self.links.values():
             link.close()
         self.links.clear()
@@ -104,7 +110,9 @@ class Daemon:
         self.pump(0.0)
 
     def pump(self, timeout_s: float) -> None:
-        """Wait up to `timeout_s` for CLI requests and events; handle everything that came."""
+        """Wait up to `timeout_s` for CLI requests and events; handle everything that came; heartbeats."""
+        if self.heartbeats is not None:
+            self.heartbeats.tick()
         poller = zmq.Poller()
         poller.register(self.server.sock, zmq.POLLIN)
         poller.register(self.events.sock, zmq.POLLIN)

@@ -77,17 +77,39 @@ def render_supervisord_conf(template: str, run_dir: Path, *, repo_dir: Path = RE
     return text.replace("%(here)s", _escape(repo_dir))
 
 
-def init_run(run: str | os.PathLike | None = None, *, python: str | None = None,
-             template: Path = TEMPLATE) -> RunFolder:
-    """Create the run folder (0700) with logs/ and jobs/, and write its supervisord.conf (kept if present)."""
+PIPELINE_TEMPLATE = """\
+# The pipeline config every process reads (stages/config.py has the full schema). Written by `orchestrator init`.
+run_dir = "."
+{pack}{models}
+[stage.orchestrator]
+# max_queue = 16            # queued + running jobs
+# stage_retries = 3         # restarts of one stage absorbed per job before the job fails
+# start_timeout_s = 120     # supervisord start + READY
+# denoise_timeout_s = 21600
+"""
+
+
+def pipeline_toml_text(pack_dir: Path | None = None, models_dir: Path | None = None) -> str:
+    def line(key, value):
+        return f'{key} = "{Path(value).resolve()}"\n' if value else f'# {key} = "…"\n'
+    return PIPELINE_TEMPLATE.format(pack=line("pack_dir", pack_dir), models=line("models_dir", models_dir))
+
+
+def init_run(run: str | os.PathLike | None = None, *, python: str | None = None, template: Path = TEMPLATE,
+             pack_dir: Path | None = None, models_dir: Path | None = None, force: bool = False) -> RunFolder:
+    """Create the run folder (0700) with logs/ and jobs/, its supervisord.conf and pipeline.toml (both kept when
+    present, unless `force`)."""
     rf = RunFolder.resolve(run)
     for d in (rf.root, rf.logs, rf.jobs):
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(rf.root, 0o700)
     rf.check()
-    conf = rf.root / "supervisord.conf"
-    if not conf.exists():
-        tmp = conf.with_suffix(".conf.tmp")
-        tmp.write_text(render_supervisord_conf(template.read_text(), rf.root, python=python))
-        os.replace(tmp, conf)
+    files = {rf.root / "supervisord.conf": lambda: render_supervisord_conf(template.read_text(), rf.root,
+                                                                           python=python),
+             rf.pipeline_toml: lambda: pipeline_toml_text(pack_dir, models_dir)}
+    for path, text in files.items():
+        if force or not path.exists():
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(text())
+            os.replace(tmp, path)
     return rf
