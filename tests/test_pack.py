@@ -1,0 +1,140 @@
+"""Packs: manifest contents, file checks naming the bad file, atomic build, refusing another checkpoint's pack."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from models import branch_graphs
+from models.dit_checkpoint import DiTCheckpoint
+from models.host_ops import host_keys
+from models.pack import MANIFEST, PackError, build_pack, file_sha256, load_pack
+from models.partition import KINDS, branch_order, resolve
+from models.safetensors_io import SafeTensorsFile
+
+
+@pytest.fixture(scope="module")
+def pack16(tiny_dit, tmp_path_factory):
+    return build_pack(tiny_dit, tmp_path_factory.mktemp("packs") / "p16", (128, 64), "fp16")
+
+
+def test_manifest_describes_the_pack(pack16, tiny_dit):
+    ck = DiTCheckpoint.open(tiny_dit)
+    m = json.loads((pack16 / MANIFEST).read_text())
+    assert m["schema"] == 1 and m["dtype"] == "fp16" and m["io_dtype"] == "f16" and m["opset"] == 19
+    assert m["source"]["sha256"] == ck.sha256() == file_sha256(tiny_dit)
+    assert m["config"] == ck.config.to_dict()
+    assert m["resolution"] == {"width": 128, "height": 64}
+    g = m["geometry"]
+    assert (g["latent_h"], g["latent_w"], g["h_tokens"], g["w_tokens"], g["tokens"], g["text_tokens"]) == \
+        (8, 16, 4, 8, 32, 512)
+    assert set(m["tools"]) >= {"python", "numpy", "onnx", "onnxruntime", "anima-npu"}
+    order = list(branch_order(ck.config))
+    assert [(b["block"], b["kind"]) for b in m["branches"]] == [(i, s.kind) for i, s in order]
+    for b in m["branches"]:
+        assert b["onnx"] == f"onnx/b{b['block']:02d}_{b['kind']}.onnx"
+        assert file_sha256(pack16 / b["onnx"]) == b["sha256"]
+        io = resolve(b["kind"], ck.config, load_pack(pack16, check=False).geometry, "fp16")
+        assert b["inputs"] == io["inputs"] and b["outputs"] == io["outputs"]
+    assert m["branches"][1]["inputs"][1] == {"name": "context", "shape": [512, ck.config.context_dim], "dtype": "f16"}
+    # host weights: exactly the host keys, FP32, equal to the checkpoint's values
+    st = SafeTensorsFile(pack16 / m["host"]["file"])
+    assert st.keys() == host_keys(ck.config)
+    assert {st.dtype(k) for k in st.keys()} == {"F32"}
+    for k in ("x_embedder.proj.1.weight", "blocks.27.adaln_modulation_mlp.2.weight"):
+        np.testing.assert_array_equal(st.get(k), ck.get(k))
+    assert not any(k.startswith("blocks.0.self_attn") for k in st.keys())
+    p = load_pack(pack16)
+    assert p.dtype == "fp16" and p.branch_path(3, "cross").name == "b03_cross.onnx" and len(p.branches) == 84
+
+
+@pytest.mark.parametrize("victim", ["onnx/b05_cross.onnx", "host.safetensors"])
+def test_check_names_a_modified_file(pack16, tmp_path, victim):
+    bad = tmp_path / "bad"
+    shutil.copytree(pack16, bad)
+    data = bytearray((bad / victim).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (bad / victim).write_bytes(bytes(data))
+    with pytest.raises(PackError, match=victim.replace(".", r"\.") + r" \(sha256 differs"):
+        load_pack(bad)
+    load_pack(bad, check=False)          # the manifest itself is still fine
+
+
+def test_check_names_a_missing_file_and_bad_manifest(pack16, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(pack16, bad)
+    (bad / "onnx/b27_ffn.onnx").unlink()
+    with pytest.raises(PackError, match=r"onnx/b27_ffn\.onnx \(missing\)"):
+        load_pack(bad)
+    m = json.loads((bad / MANIFEST).read_text())
+    del m["branches"][4]
+    (bad / MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(PackError, match="branch table"):
+        load_pack(bad)
+    del m["host"]
+    (bad / MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(PackError, match="'host' is missing"):
+        load_pack(bad)
+    (bad / MANIFEST).write_text("{not json")
+    with pytest.raises(PackError, match="unreadable manifest"):
+        load_pack(bad)
+
+
+def test_interrupted_build_leaves_nothing_that_looks_complete(tiny_dit, tmp_path, monkeypatch):
+    real = branch_graphs.build_branch
+    calls = []
+
+    def failing(kind, *a, **kw):
+        calls.append(kind)
+        if len(calls) == 10:
+            raise RuntimeError("disk full (simulated)")
+        return real(kind, *a, **kw)
+
+    monkeypatch.setattr(branch_graphs, "build_branch", failing)
+    out = tmp_path / "pack"
+    with pytest.raises(RuntimeError, match="simulated"):
+        build_pack(tiny_dit, out, (64, 64), "fp32")
+    assert len(calls) == 10
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []          # the temporary sibling is gone too
+    with pytest.raises(PackError, match="no such pack"):
+        load_pack(out)
+    # a folder killed mid-build (no manifest) is not a pack
+    (out / "onnx").mkdir(parents=True)
+    (out / "host.safetensors").write_bytes(b"x")
+    with pytest.raises(PackError, match="not a complete pack"):
+        load_pack(out)
+
+
+def test_refuses_a_pack_of_another_checkpoint(tiny_dit, tmp_path):
+    from models.synth_dit import write_dit
+    other = tmp_path / "other.safetensors"
+    write_dit("tiny", 1, other)
+    out = tmp_path / "pack"
+    build_pack(tiny_dit, out, (64, 64), "fp32")
+    first = json.loads((out / MANIFEST).read_text())["source"]["sha256"]
+    with pytest.raises(PackError, match="another checkpoint.*overwrite"):
+        build_pack(other, out, (64, 64), "fp32")
+    assert load_pack(out).source["sha256"] == first          # untouched
+    build_pack(tiny_dit, out, (64, 128), "fp16")             # same checkpoint: rebuilt in place
+    assert load_pack(out).dtype == "fp16"
+    build_pack(other, out, (64, 64), "fp32", overwrite=True)
+    assert load_pack(out).source["sha256"] == file_sha256(other) != first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.safetensors", "pack"]   # no leftovers
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "notes.txt").write_text("mine")
+    with pytest.raises(PackError, match="not a pack"):
+        build_pack(tiny_dit, junk, (64, 64), "fp32", overwrite=True)
+    assert (junk / "notes.txt").read_text() == "mine"
+
+
+def test_bad_arguments(tiny_dit, tmp_path):
+    with pytest.raises(ValueError, match="resolution width"):
+        build_pack(tiny_dit, tmp_path / "p", (100, 64))
+    with pytest.raises(ValueError, match="dtype"):
+        build_pack(tiny_dit, tmp_path / "p", (64, 64), "bf16")
+    with pytest.raises(ValueError, match="not an Anima DiT|cannot open|no such"):
+        build_pack(tmp_path / "missing.safetensors", tmp_path / "p", (64, 64))
+    assert not (tmp_path / "p").exists()
+    assert KINDS == ("self", "cross", "ffn")
