@@ -100,10 +100,11 @@ def main(argv=None) -> int:
     }
     print(f"\nSpectrum vs baseline, tiny DiT ({cfg.blocks} blocks, width {cfg.width}), {args.resolution}x{args.resolution},"
           f" {args.steps} steps, {args.dtype} pack")
-    print(f"{'':10s} {'wall s':>8s} {'model s':>8s} {'sampler s':>10s} {'evals':>6s}  computed steps")
+    print(f"{'':10s} {'wall s':>8s} {'model s':>8s} {'s/forward':>9s} {'sampler s':>10s} {'evals':>6s}  computed steps")
     for name, r in (("baseline", base), ("spectrum", spec)):
-        print(f"{name:10s} {r['wall_s']:8.2f} {r['model_s']:8.2f} {r['sampler_s']:10.4f} {r['model_evals']:6d}  "
-              f"{r['computed']}")
+        per = r["model_s"] / max(1, len(r["computed"]))      # one forward = both CFG passes
+        print(f"{name:10s} {r['wall_s']:8.2f} {r['model_s']:8.2f} {per:9.2f} {r['sampler_s']:10.4f} "
+              f"{r['model_evals']:6d}  {r['computed']}")
     print(f"wall-time ratio {result['wall_ratio']:.3f}, model-evaluation ratio {result['eval_ratio']:.3f}, "
           f"final latent rel. RMS difference {rel_rms:.4f}")
     if args.json:
