@@ -13,7 +13,7 @@ from protocol.tensors import TensorDesc, frame_bytes
 MAX_HEADER_BYTES = 1 * 2**20  # frame 0 (the msgpack map)
 MAX_FRAME_BYTES = 512 * 2**20  # one inline tensor frame
 MAX_FRAMES = 64  # frames per message, header included
-MAX_MESSAGE_BYTES = 1 * 2**30  # all frames together; also each socket's MAXMSGSIZE
+MAX_MESSAGE_BYTES = 1 * 2**30  # all frames together (sockets cap each frame at MAX_FRAME_BYTES: MAXMSGSIZE)
 _MAX_CONTAINER_ITEMS = 8192  # any msgpack array or map inside frame 0
 
 _UNPACK_LIMITS = dict(
@@ -127,7 +127,7 @@ def decode(frames: Sequence[Any]) -> Message:
         raise ProtocolError("kind", f"unknown message kind {kind[:64]!r}", "unknown_kind")
     if "id" not in head:
         raise ProtocolError("id", "missing required field", "missing_field")
-    msg = cls.from_wire(head)
+    msg = cls.from_wire({k: v for k, v in head.items() if k not in Message.RESERVED})
     object.__setattr__(msg, "inline", tuple(views[1:]))
     _check_frames(msg, views)
     return msg

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, ClassVar
+from typing import Any
 
 # Limits shared by every message (units in the names).
 MAX_NAME_CHARS = 128  # identifiers, stage names, slot names, map keys
@@ -207,8 +207,6 @@ class Record:
     Subclasses are `@dataclasses.dataclass(frozen=True, kw_only=True)` with every wire field declared by `spec(...)`.
     """
 
-    RESERVED: ClassVar[frozenset[str]] = frozenset()
-
     def __post_init__(self):
         for f in wire_fields(type(self)):
             object.__setattr__(self, f.name, f.metadata["spec"].check(getattr(self, f.name), f.name))
@@ -221,8 +219,6 @@ class Record:
         fields = wire_fields(cls)
         names = {f.name for f in fields}
         for key in obj:
-            if key in cls.RESERVED:
-                continue
             if not isinstance(key, str) or key not in names:
                 where = f"{path}.{key}" if path else str(key)
                 raise ProtocolError(where, f"unknown field for {cls.__name__}", "unknown_field")
