@@ -12,6 +12,9 @@ A stage module is a logic class plus one line (STYLE.md #3):
     if __name__ == "__main__":
         sys.exit(stage_main("executor", ExecutorLogic))
 
+Long handlers call `ctx.check(job)` between units of work (heartbeats answered, CANCEL/SIGTERM seen); a handler that
+waits on another stage passes `idle=ctx.keepalive, should_stop=lambda: ctx.stopping` to `LazyPirate.request`.
+
 Two tiers of errors (STYLE.md #6): ProtocolError / RequestFailed / ArenaError in a handler → an ERROR reply, and the stage
 keeps serving; anything else → log, ERROR "internal" to the requester, DYING to the orchestrator, exit EXIT_FATAL for
 supervisord to restart the stage. SIGTERM/SIGINT → finish cleanly (sockets closed, arenas detached), exit 0.
@@ -173,17 +176,11 @@ class StageProc:
         self.current_job = getattr(msg, "job", None)
         t0 = time.monotonic()
         try:
-            reply = handler(msg, self.context)
-            if not isinstance(reply, m.Message) or reply.id != msg.id:
-                raise TypeError(f"handler for {msg.KIND} must return a reply with the request's id, got {reply!r}")
-        except ProtocolError as e:
-            reply = m.error_reply(msg.id, e)
-        except RequestFailed as e:
-            reply = m.error_reply(msg.id, e.code, str(e), field=e.field, retry=e.retry)
-        except ArenaError as e:
-            reply = m.error_reply(msg.id, "failed", str(e), field="arena")
-        except Interrupted as e:
-            reply = m.error_reply(msg.id, "cancelled", str(e), retry=self.stopping)
+            reply = self._call(handler, msg)
+            self.server.reply(req, reply)  # before detaching: inline replies may still view arena memory
+            log.debug("%s %s answered %s in %.3f s", msg.KIND, self.current_job or "", reply.KIND,
+                      time.monotonic() - t0)
+            return True
         except Exception as e:  # noqa: BLE001 - the fatal tier: say so, then die
             log.exception("%s failed on %s (job %s)", self.stage, msg.KIND, self.current_job)
             self.server.reply(req, m.error_reply(msg.id, "internal", f"{self.stage} failed: {e}"[:2000], retry=True))
@@ -192,9 +189,22 @@ class StageProc:
         finally:
             self.context.detach_all()
             self.current_job = None
-        log.debug("%s %s answered %s in %.3f s", msg.KIND, getattr(msg, "job", ""), reply.KIND, time.monotonic() - t0)
-        self.server.reply(req, reply)
-        return True
+
+    def _call(self, handler: Callable, msg: m.Message) -> m.Message:
+        """The handler's reply, or an ERROR reply for the errors a request may cause (the stage keeps serving)."""
+        try:
+            reply = handler(msg, self.context)
+        except ProtocolError as e:
+            return m.error_reply(msg.id, e)
+        except RequestFailed as e:
+            return m.error_reply(msg.id, e.code, str(e), field=e.field, retry=e.retry)
+        except ArenaError as e:
+            return m.error_reply(msg.id, "failed", str(e), field="arena")
+        except Interrupted as e:
+            return m.error_reply(msg.id, "cancelled", str(e), retry=self.stopping)
+        if not isinstance(reply, m.Message) or reply.id != msg.id:
+            raise TypeError(f"handler for {msg.KIND} must return a reply with the request's id, got {reply!r}")
+        return reply
 
     def die(self, reason: str, job: str | None = None) -> None:
         """The last word: DYING to the orchestrator (best effort, bounded wait)."""
