@@ -146,6 +146,8 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
         (tmp / ONNX_DIR).mkdir()
         branches = []
         for block, spec in branch_order(cfg):
+            if spec.kind == BRANCHES[0].kind:
+                ckpt = _reopen(ckpt_path)           # drop the last block's mapped pages: they count in RSS
             rel = f"{ONNX_DIR}/{branch_file(block, spec.kind)}"
             model = build_branch(spec.kind, ckpt.branch_weights(block, spec.kind), cfg, geom, dtype, block=block)
             data = serialize(model)
@@ -186,6 +188,18 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
     log.info("pack %s: %d branches, %s, %dx%d, built in %.1f s", out, len(branches), dtype, geom.width, geom.height,
              time.perf_counter() - t0)
     return out
+
+
+def _reopen(ckpt_path):
+    """A fresh DiTCheckpoint (new memory map; the previous one is unmapped once unreferenced), opened quietly."""
+    from models.dit_checkpoint import DiTCheckpoint
+    lg = logging.getLogger("models.dit_checkpoint")
+    level = lg.level
+    lg.setLevel(logging.WARNING)
+    try:
+        return DiTCheckpoint.open(ckpt_path)
+    finally:
+        lg.setLevel(level)
 
 
 # -- loading --------------------------------------------------------------------------------------------------------
