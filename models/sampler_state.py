@@ -63,7 +63,22 @@ class SamplerState:
         for i, x0 in enumerate(self.spectrum.x0s if self.spectrum is not None else []):
             x0 = np.ascontiguousarray(x0, dtype=np.float32)
             entries.append(TensorEntry(f"spectrum.x0.{i}", "F32", tuple(x0.shape), x0))
-        write_safetensors(path, entries, metadata={META_KEY: json.dumps(meta, separators=(",", ":"))})
+        # staged as path.new (itself written via path.new.tmp), flushed to disk, then renamed over path: durable
+        # across a power cut as well as a killed process
+        final = os.fspath(path)
+        staged = final + ".new"
+        write_safetensors(staged, entries, metadata={META_KEY: json.dumps(meta, separators=(",", ":"))})
+        fd = os.open(staged, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(staged, final)
+        dfd = os.open(os.path.dirname(os.path.abspath(final)), os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
     @classmethod
     def load(cls, path) -> "SamplerState":
