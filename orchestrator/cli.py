@@ -23,6 +23,7 @@ from orchestrator.runfolder import PROGRAMS, RunFolder, init_run
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 WAIT_POLL_S = 0.25          # --wait asks the daemon this often
 DAEMON_TIMEOUT_S = 5.0      # one CLI -> daemon request
+DAEMON_GONE_S = 120.0       # --wait keeps asking a daemon that stopped answering (being restarted) this long
 
 
 class CliError(Exception):
@@ -140,9 +141,20 @@ def _progress_line(info) -> str:
 
 def _follow(client: DaemonClient, job: str, *, quiet: bool):
     tty = sys.stderr.isatty()
-    last = ""
+    last, gone_since = "", None
     while True:
-        info = _job_info(client, job)
+        try:
+            info = _job_info(client, job)
+            gone_since = None
+        except CliError as e:           # the daemon restarting (supervisord brings it back): keep asking a while
+            if "not answering" not in str(e):
+                raise
+            gone_since = gone_since or time.monotonic()
+            if time.monotonic() - gone_since > DAEMON_GONE_S:
+                raise
+            print(f"{job}: the orchestrator daemon is not answering; waiting", file=sys.stderr, flush=True)
+            time.sleep(1.0)
+            continue
         line = _progress_line(info)
         if line != last:
             if tty:

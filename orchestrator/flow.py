@@ -75,6 +75,8 @@ class JobFlow:
         try:
             # 1) the job's arena: contexts, latent, the scheduler's scratch region
             self._make_arena()
+            if start != "encoding":          # resumed past encoding: its contexts wait in the job folder
+                self._load_contexts()
             for state in stages[stages.index(start):]:
                 if self.store.get(job.id).state != state:
                     self.store.transition(job.id, state)
@@ -121,11 +123,18 @@ class JobFlow:
 
     # ------------------------------------------------------------ stages
 
+    def _load_contexts(self) -> None:
+        try:
+            self.arena.write(self.cond, np.load(self.dir / "cond.npy"))      # [S, Dc] f32
+            self.arena.write(self.uncond, np.load(self.dir / "uncond.npy"))
+        except (OSError, ValueError) as e:
+            raise StageFailed("orchestrator", f"cannot resume: the job folder's contexts are unusable ({e}); "
+                                              "the job must be submitted again") from None
+
     def _encode(self) -> None:
         t0 = time.monotonic()
         if (self.dir / "cond.npy").exists() and (self.dir / "uncond.npy").exists():
-            self.arena.write(self.cond, np.load(self.dir / "cond.npy"))      # resumed after encoding: no encoder
-            self.arena.write(self.uncond, np.load(self.dir / "uncond.npy"))
+            self._load_contexts()            # encoded before a restart: no encoder needed
             return
         remote = self.cfg.is_remote("encoder")
         self._bring_up("encoder")

@@ -91,16 +91,18 @@ def _prompt(tmp_path, **kw) -> Path:
 
 
 def _status(rf, job, capsys):
+    """The job's status, or None while the daemon does not answer (it may be restarting)."""
     capsys.readouterr()
-    assert cli.main(["--run", str(rf.root), "status", job, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)[0]
+    rc = cli.main(["--run", str(rf.root), "status", job, "--json"])
+    out = capsys.readouterr().out
+    return json.loads(out)[0] if rc == 0 else None
 
 
 def _wait_state(rf, job, capsys, states, timeout_s=60, pred=None):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         info = _status(rf, job, capsys)
-        if info["state"] in states and (pred is None or pred(info)):
+        if info is not None and info["state"] in states and (pred is None or pred(info)):
             return info
         time.sleep(0.1)
     raise AssertionError(f"job {job} never reached {states}: {info}")
@@ -192,3 +194,19 @@ def test_crashing_encoder_fails_the_job_with_a_clear_reason(pipeline, tmp_path, 
     job = err.split()[1]
     assert cli.main(["--run", str(rf.root), "status", job]) == 0
     assert "encoder" in capsys.readouterr().out
+
+
+def test_orchestrator_sigkill_mid_denoise_resumes_the_job(pipeline, tmp_path, capsys):
+    rf, sup = pipeline
+    (rf.root / "double_step_s").write_text("0.3")
+    assert cli.main(["--run", str(rf.root), "submit", str(_prompt(tmp_path, steps=10))]) == 0
+    job = capsys.readouterr().out.strip()
+    _wait_state(rf, job, capsys, ("denoising",), pred=lambda i: (i["progress"] or {}).get("step", 0) >= 2)
+    old = sup.info("orchestrator").pid
+    os.kill(old, signal.SIGKILL)                          # supervisord restarts it; the queue is on disk
+    info = _wait_state(rf, job, capsys, ("done", "failed"), timeout_s=90)
+    assert info["state"] == "done", info
+    assert sup.info("orchestrator").pid != old
+    history = json.loads((rf.jobs / job / "job.json").read_text())["history"]
+    assert [h[0] for h in history].count("denoising") == 1   # resumed in place, not restarted from the queue
+    assert json.loads(Path(info["report"]).read_text())["computed_steps"] == list(range(1, 11))
