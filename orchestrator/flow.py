@@ -341,9 +341,9 @@ class JobFlow:
                 continue
             if isinstance(reply, m.Error) and reply.code == "cancelled" and self.job.id in self.d.cancel_requests:
                 raise Cancelled()
-            if reply is None or (isinstance(reply, m.Error) and reply.code == "internal"):
-                if reply is not None:                # the fatal tier: an ERROR, then DYING, then the exit
-                    last_error, dead = f"{reply.code}: {reply.message}", True
+            if reply is None or (isinstance(reply, m.Error) and reply.retry):
+                if reply is not None:                # `internal` (ERROR, DYING, exit) or a retryable failure
+                    last_error, dead = f"{reply.code}: {reply.message}", reply.code == "internal"
                 deaths += 1
                 if deaths > self.settings.stage_retries:
                     raise StageFailed(stage, f"gave up after {deaths} failed attempts; last error: {last_error}")
