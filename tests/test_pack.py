@@ -138,3 +138,17 @@ def test_bad_arguments(tiny_dit, tmp_path):
         build_pack(tmp_path / "missing.safetensors", tmp_path / "p", (64, 64))
     assert not (tmp_path / "p").exists()
     assert KINDS == ("self", "cross", "ffn")
+
+
+def test_cli_pack(tiny_dit, tmp_path, capsys):
+    from models import cli
+    out = tmp_path / "p"
+    assert cli.main(["pack", str(tiny_dit), "--out", str(out), "--resolution", "64x32", "--dtype", "fp32"]) == 0
+    assert "64x32 (latent 4x8, 8 image tokens" in capsys.readouterr().out
+    assert load_pack(out).dtype == "fp32"
+    assert cli.main(["pack", str(tiny_dit), "--out", str(tmp_path / "q"), "--resolution", "64by32"]) == 2
+    assert "expected WIDTHxHEIGHT" in capsys.readouterr().err
+    (tmp_path / "te.safetensors").write_bytes(b"\x08" + b"\x00" * 7 + b'{"a":1}' + b" ")
+    assert cli.main(["pack", str(tmp_path / "te.safetensors"), "--out", str(tmp_path / "q")]) == 2
+    assert "te.safetensors" in capsys.readouterr().err
+    assert not (tmp_path / "q").exists()
