@@ -22,3 +22,25 @@ def tiny_bundle(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny_bundle")
     write_bundle("tiny", 0, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def rknn_venv() -> Path:
+    """The rknn-toolkit2 environment (.venv-rknn), created by scripts/rknn_venv.sh when missing (~2 min, idempotent)."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    venv = root / ".venv-rknn"
+    if not (venv / ".rknn-installed").is_file():
+        subprocess.run(["bash", str(root / "scripts" / "rknn_venv.sh"), str(venv)], check=True)
+    return venv
+
+
+@pytest.fixture(scope="session")
+def rknn_pack(tmp_path_factory, tiny_dit, rknn_venv):
+    """The tiny pack at 128x128 (64 image tokens, FP16) with blocks 0 and 27 compiled by the real rknn-toolkit2
+    (6 branches, 2 jobs); -> (pack folder, compile report). Treat as read-only (copy it to change it)."""
+    from models.pack import build_pack
+    from models.rknn.compile import compile_pack
+    pack = build_pack(tiny_dit, tmp_path_factory.mktemp("rknn") / "pack128", (128, 128), "fp16")
+    report = compile_pack(pack, target="rk3588", jobs=2, venv=rknn_venv, blocks=[0, 27], per_worker=0)
+    return pack, report
