@@ -10,7 +10,7 @@ import numpy as np
 
 from models.config import (DIT_PREFIXES, IGNORED_PATTERNS, AdapterConfig, ConfigError, DiTConfig,
                             detect_adapter_config, detect_dit_config, expected_adapter_shapes, expected_dit_shapes)
-from models.safetensors_io import KNOWN_UNSUPPORTED, SafeTensorsError, SafeTensorsFile
+from models.safetensors_io import DTYPES, KNOWN_UNSUPPORTED, SafeTensorsError, SafeTensorsFile, bf16_to_f32
 
 log = logging.getLogger(__name__)
 
@@ -170,8 +170,25 @@ class DiTCheckpoint:
             raise CheckpointError(f"{self.path}: missing key {key!r}") from None
 
     def get(self, key: str) -> np.ndarray:
-        """Tensor by stripped key name as a fresh float32 array."""
-        return self._st.get(self._name(key), np.float32)
+        """Tensor by stripped key name as a fresh float32 array.
+
+        Read with pread rather than through the memory map: mapped pages stay in this process's RSS (4 GB after a
+        full pass over a full-size checkpoint), read pages only in the shared page cache.
+        """
+        info = self._st.info(self._name(key))
+        storage = DTYPES[info.dtype][0]                    # check_quantized admitted only BF16/F16/F32
+        buf = np.empty(info.numel, storage)
+        view, done = memoryview(buf).cast("B"), 0
+        with open(self.path, "rb", buffering=0) as f:
+            while done < view.nbytes:
+                n = os.preadv(f.fileno(), [view[done:]], info.start + done)
+                if n <= 0:
+                    raise CheckpointError(f"{self.path}: key {info.name!r}: file ended while reading (truncated?)")
+                done += n
+        buf = buf.reshape(info.shape)
+        if info.dtype == "BF16":
+            return bf16_to_f32(buf)
+        return buf.astype(np.float32, copy=False)
 
     def host_weights(self) -> dict:
         """Every host-side tensor (models.host_ops.host_keys) as float32."""
