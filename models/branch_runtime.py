@@ -147,17 +147,18 @@ def run_branch(backend: BranchBackend, path, passes: list, next_path=None) -> tu
     """
     t = PhaseTimes()
     t0 = time.perf_counter()
-    backend.load(path)
-    t1 = time.perf_counter()
-    t.load_s = t1 - t0
     try:
+        # 1) read the model  2) build the runtime context  3) every pass on the same context
+        backend.load(path)
+        t1 = time.perf_counter()
+        t.load_s = t1 - t0
         backend.init()
         t2 = time.perf_counter()
         t.init_s = t2 - t1
         outs = [backend.infer(p) for p in passes]
-        t3 = time.perf_counter()
-        t.infer_s = t3 - t2
+        t.infer_s = time.perf_counter() - t2
     finally:
+        # 4) release, also after a failure, so a backend never holds a stale model
         t3 = time.perf_counter()
         backend.release()
         t.release_s = time.perf_counter() - t3

@@ -140,6 +140,27 @@ def test_backend_registry():
         OnnxBackend(threads=0)
 
 
+def test_backend_errors_name_the_file_and_input(small_pack, tmp_path):
+    from models.branch_runtime import BackendError
+    be = OnnxBackend(threads=1)
+    with pytest.raises(BackendError, match="missing.onnx: cannot read"):
+        run_branch(be, tmp_path / "missing.onnx", [{}])
+    (tmp_path / "junk.onnx").write_bytes(b"not a model")
+    with pytest.raises(BackendError, match="junk.onnx: ONNX Runtime cannot initialise"):
+        run_branch(be, tmp_path / "junk.onnx", [{}])
+    pk = load_pack(small_pack)
+    path, L, D = pk.branch_path(0, "ffn"), pk.geometry.tokens, pk.config.width
+    xn = np.zeros((L, D), np.float32)
+    with pytest.raises(BackendError, match="missing input 'xn'"):
+        run_branch(be, path, [{"x": xn}])
+    with pytest.raises(BackendError, match=r"input 'xn' has dtype float16, expected float32"):
+        run_branch(be, path, [{"xn": xn.astype(np.float16)}])
+    with pytest.raises(BackendError, match=rf"input 'xn' has shape \[{L - 1}, {D}\]"):
+        run_branch(be, path, [{"xn": xn[:-1]}])
+    (out,), _ = run_branch(be, path, [{"xn": xn}])          # the backend is usable again after failures
+    assert out["y"].shape == (L, D)
+
+
 # -- CLI ------------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small_pack(tiny_dit, tmp_path_factory):
