@@ -12,6 +12,7 @@ from typing import Any, Callable
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import recv_monitor_message
 
 from protocol import codec
 from protocol.fields import ProtocolError
@@ -27,6 +28,8 @@ POLL_SLICE_S = 0.1  # longest uninterrupted poll: stop flags and idle callbacks 
 LAST_WORD_LINGER_S = 0.5  # how long a DYING event may linger in the queue when its socket closes
 
 
+_HANDSHAKE_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                       | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 ZAP_DOMAIN = "anima"  # the authentication domain of every CURVE server socket
 
 
@@ -36,6 +39,10 @@ class EndpointError(ValueError):
 
 class PeerUnavailable(Exception):
     """No reply after every Lazy Pirate attempt."""
+
+
+class PeerRefused(PeerUnavailable):
+    """The peer refused the connection's security handshake (unknown CURVE key, plaintext vs CURVE)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,10 +140,11 @@ def configure(sock: zmq.Socket, *, max_msg_bytes: int = codec.MAX_FRAME_BYTES) -
 
 
 def make_socket(ctx: zmq.Context, kind: int, endpoint: str, *, bind: bool, curve: Any = None,
-                allow_plaintext: bool = False, options: dict[int, int] | None = None) -> zmq.Socket:
+                allow_plaintext: bool = False, options: dict[int, int] | None = None,
+                before_connect: Callable[[zmq.Socket], None] | None = None) -> zmq.Socket:
     """A configured socket bound or connected to `endpoint`, with CURVE set up when given (tcp).
 
-    `options` are set before bind/connect (some, like IMMEDIATE or ROUTER_HANDOVER, only apply from then on)."""
+    `options` are set, and `before_connect(sock)` runs (e.g. to attach a monitor), before bind/connect."""
     _check_security(endpoint, curve, allow_plaintext)
     sock = configure(ctx.socket(kind))
     try:
@@ -149,6 +157,8 @@ def make_socket(ctx: zmq.Context, kind: int, endpoint: str, *, bind: bool, curve
         elif isinstance(curve, CurveClient):
             sock.curve_secretkey, sock.curve_publickey = curve.secret, curve.public
             sock.curve_serverkey = curve.server_public
+        if before_connect is not None:
+            before_connect(sock)
         if bind:
             transport, address = parse_endpoint(endpoint)
             if transport == "ipc":
@@ -211,16 +221,34 @@ class LazyPirate:
         self.timeout_s, self.retries, self.curve, self.allow_plaintext = timeout_s, retries, curve, allow_plaintext
         self.resends = 0  # total over this client's life
         self.sock: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
         _check_security(endpoint, curve, allow_plaintext)
 
     def _connect(self) -> zmq.Socket:
         if self.sock is None:
+            watch = self.endpoint.startswith("tcp://")  # watch the handshake: a refusal deserves a clear error
             self.sock = make_socket(self.ctx, zmq.REQ, self.endpoint, bind=False, curve=self.curve,
-                                    allow_plaintext=self.allow_plaintext)
+                                    allow_plaintext=self.allow_plaintext, before_connect=self._watch if watch else None)
         return self.sock
+
+    def _watch(self, sock: zmq.Socket) -> None:
+        self._monitor = sock.get_monitor_socket(_HANDSHAKE_FAILURES)
+
+    def _refused(self) -> str | None:
+        """Why the server refused our handshake (seen on the monitor), or None."""
+        while self._monitor is not None and self._monitor.poll(0, zmq.POLLIN):
+            event = recv_monitor_message(self._monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                return "the server refused this client's CURVE key (not in its allow-list)"
+            return "the security handshake failed (CURVE keys or plaintext mismatch between client and server)"
+        return None
 
     def close(self) -> None:
         if self.sock is not None:
+            if self._monitor is not None:
+                self.sock.disable_monitor()
+                self._monitor.close(0)
+                self._monitor = None
             self.sock.close(0)
             self.sock = None
 
@@ -241,7 +269,10 @@ class LazyPirate:
                     self.close()
                     raise ProtocolError("id", f"{self.peer} answered request {msg.id} with id {reply.id}")
                 return reply
+            refused = self._refused()
             self.close()  # the REQ socket is stuck after a lost reply: drop it, a new one starts clean
+            if refused:
+                raise PeerRefused(f"{self.peer} ({self.endpoint}): {refused}")
             if should_stop is not None and should_stop():
                 raise PeerUnavailable(f"request {msg.KIND} to {self.peer} abandoned: stopping")
             if attempt < tries:

@@ -14,7 +14,7 @@ from protocol import codec
 from protocol import messages as m
 from protocol.examples import examples
 from protocol.sockets import (HWM_MESSAGES, CurveClient, CurveServer, EndpointError, EventPull, EventPush,
-                              LazyPirate, PeerUnavailable, Server, ipc_endpoint, make_socket, parse_endpoint,
+                              LazyPirate, PeerRefused, PeerUnavailable, Server, ipc_endpoint, make_socket, parse_endpoint,
                               read_keypair, serve, write_keypair)
 
 HANG_GUARD_S = 60
@@ -210,11 +210,12 @@ def test_curve_allow_list_and_plaintext_refusal(ctx, tmp_path):
     try:
         with LazyPirate(ctx, endpoint, timeout_s=2.0, retries=0, curve=CurveClient(g_pub, g_sec, s_pub)) as lp:
             assert m.expect(lp.request(m.Heartbeat(peer="good")), m.Ok).note == "hi"
-        with LazyPirate(ctx, endpoint, timeout_s=0.5, retries=0, curve=CurveClient(b_pub, b_sec, s_pub)) as lp:
-            with pytest.raises(PeerUnavailable):
+        with LazyPirate(ctx, endpoint, timeout_s=1.0, retries=3, curve=CurveClient(b_pub, b_sec, s_pub)) as lp:
+            with pytest.raises(PeerRefused, match="refused this client's CURVE key"):
                 lp.request(m.Heartbeat(peer="bad"))
-        with LazyPirate(ctx, endpoint, timeout_s=0.5, retries=0, allow_plaintext=True) as lp:
-            with pytest.raises(PeerUnavailable):
+            assert lp.resends == 0  # a refusal is final: no resends
+        with LazyPirate(ctx, endpoint, timeout_s=1.0, retries=0, allow_plaintext=True) as lp:
+            with pytest.raises(PeerRefused, match="handshake failed"):
                 lp.request(m.Heartbeat(peer="plain"))
         with pytest.raises(EndpointError, match="plaintext TCP is refused"):
             LazyPirate(ctx, endpoint)
