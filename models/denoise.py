@@ -1,0 +1,59 @@
+"""A whole denoising run in one process (sampler + DiT runner): the baseline the multi-process pipeline must equal."""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from models.noise import DEFAULT_NOISE_MODE, initial_noise
+from models.sampler import Sampler
+from models.sampler_state import SamplerState, SamplerStateError
+from models.spectrum import SpectrumSettings
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "sampler_state.safetensors"
+
+
+def spectrum_settings(enabled: bool, w: float = 0.4, m: int = 3, lam: float = 1.0, window: float = 2.0,
+                      flex: float = 0.5, warmup: int = 4, stop: float = 0.9) -> Optional[SpectrumSettings]:
+    """prompt.json / protocol Spectrum fields -> the sampler's settings (None when off: the plain baseline)."""
+    if not enabled:
+        return None
+    return SpectrumSettings(blend=float(w), degree=int(m), ridge=float(lam), window=float(window), flex=float(flex),
+                            warmup=int(warmup), stop=float(stop))
+
+
+def make_sampler(steps: int, cfg: float, schedule: str = "sgm_uniform",
+                 spectrum: Optional[SpectrumSettings] = SpectrumSettings()) -> Sampler:
+    return Sampler(steps=steps, cfg=cfg, schedule=schedule, spectrum=spectrum)
+
+
+def start_or_resume(sampler: Sampler, seed: int, latent_shape: tuple, job_dir=None, resume: bool = True,
+                    noise: str = DEFAULT_NOISE_MODE) -> SamplerState:
+    """The state to run from: the job folder's saved state when `resume` and one exists, else fresh noise."""
+    path = Path(job_dir) / STATE_FILE if job_dir is not None else None
+    if resume and path is not None and path.exists():
+        state = SamplerState.load(path)
+        sampler.check_state(state)
+        if state.seed != seed or tuple(state.latent.shape) != tuple(latent_shape):
+            raise SamplerStateError(f"{path}: saved for seed {state.seed} / latent {list(state.latent.shape)}, "
+                                    f"this job has seed {seed} / latent {list(latent_shape)}")
+        log.info("resuming at step %d of %d from %s", state.step + 1, sampler.steps, path)
+        return state
+    latent = initial_noise(seed, latent_shape, noise)                              # [C, h, w] f32
+    return sampler.init_state(latent, seed=seed, noise=noise)
+
+
+def save_state(state: SamplerState, job_dir) -> None:
+    os.makedirs(job_dir, exist_ok=True)
+    state.save(Path(job_dir) / STATE_FILE)
+
+
+def denoise(runner, sampler: Sampler, state: SamplerState, cond: np.ndarray, uncond: np.ndarray,
+            on_step: Optional[Callable[[SamplerState], None]] = None) -> SamplerState:
+    """Run `state` to the end with `runner.forward_cfg` (both CFG passes per branch); returns the final state."""
+    return sampler.sample(lambda x, sigma: runner.forward_cfg(x, sigma, cond, uncond), state=state, on_step=on_step)

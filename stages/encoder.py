@@ -1,0 +1,79 @@
+"""The text-encoder stage: prompt + negative → conditional and unconditional contexts [512, Dc] f32 in the job arena.
+
+    python -m stages.encoder --config run/pipeline.toml
+
+Started by the orchestrator for a job's encoding and stopped before denoising (it holds Qwen3 in FP32, ~2.5 GB at full
+size). The models come from the config's `models_dir` (ComfyUI layout) with optional per-part overrides in
+`[stage.encoder]`: dit, text_encoder, qwen_tokenizer, t5_tokenizer.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from models.models_dir import ModelsDirError, resolve_models
+from models.text.conditioning import CONTEXT_ROWS, TextEncoder
+from protocol import messages as m
+from protocol.fields import ProtocolError
+from stages.base import stage_main
+from stages.config import PipelineConfig
+from stages.tensor_io import ReplyTensors
+
+log = logging.getLogger(__name__)
+
+PARTS = ("dit", "text_encoder", "qwen_tokenizer", "t5_tokenizer")
+
+
+class EncoderLogic:
+    """Loads the tokenizers, Qwen3 and the LLM adapter once (before READY); ENCODE fills two arena slots."""
+
+    def __init__(self, config: PipelineConfig):
+        settings = config.stage_settings("encoder")
+        overrides = {k: settings[k] for k in PARTS if k in settings}
+        try:
+            paths = resolve_models(config.models_dir, overrides, need=PARTS)
+        except ModelsDirError as e:
+            raise ValueError(f"encoder: {e}") from None
+        self.threads = int(settings.get("threads", config.threads))
+        t0 = time.perf_counter()
+        self.encoder = TextEncoder(str(paths.text_encoder), str(paths.dit), str(paths.qwen_tokenizer),
+                                   str(paths.t5_tokenizer), threads=self.threads)
+        self.load_s = time.perf_counter() - t0
+        self.paths = paths
+
+    def info(self) -> dict:
+        return {"context_dim": self.encoder.context_dim, "threads": self.threads, "load_s": round(self.load_s, 3)}
+
+    def on_encode(self, msg: m.Encode, ctx) -> m.Encoded:
+        shape = (CONTEXT_ROWS, self.encoder.context_dim)
+        for name in ("cond", "uncond"):
+            d = getattr(msg, name)
+            if d is not None and (d.dtype != "f32" or tuple(d.shape) != shape):
+                raise ProtocolError(name, f"expected an f32 {list(shape)} slot, got {d.dtype} {list(d.shape)}")
+        # 1) tokenize and encode both prompts
+        t0 = time.perf_counter()
+        tc, tu = self.encoder.tokenize(msg.prompt), self.encoder.tokenize(msg.negative)
+        cond = self.encoder.encode(msg.prompt)                    # [512, Dc] f32
+        ctx.check(msg.job)
+        uncond = self.encoder.encode(msg.negative)                # [512, Dc] f32
+        encode_s = time.perf_counter() - t0
+        # 2) into the arena slots (or inline for a remote encoder) and reply
+        out = ReplyTensors(ctx, msg.arena)
+        dc = out.put(cond, msg.cond, field="cond")
+        du = out.put(uncond, msg.uncond, field="uncond")
+        return m.reply_to(msg, m.Encoded, job=msg.job, cond=dc, uncond=du, tokens_cond=len(tc.t5_ids),
+                          tokens_uncond=len(tu.t5_ids),
+                          truncated=max(len(tc.t5_ids), len(tu.t5_ids)) > CONTEXT_ROWS,
+                          timings={"load_s": self.load_s, "encode_s": encode_s}, inline=out.inline)
+
+    def close(self) -> None:
+        self.encoder.close()
+
+
+def main(argv=None) -> int:
+    return stage_main("encoder", EncoderLogic, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""The scheduler stage: host ops + sampler over a pack; drives the executor branch by branch in strict block order.
+
+    python -m stages.scheduler --config run/pipeline.toml
+
+Per computed step, for block 0…N−1: self, cross, ffn; each branch is ONE request to the executor carrying both CFG
+passes (conditional first). LayerNorm + modulation, gates and the FP32 residual stay here. After every step the
+sampler state (latent, Spectrum history, seed) is written to the job folder (write-then-rename), so a restarted
+scheduler resumes at the last finished step and the result is bitwise identical to an uninterrupted run.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from models.branch_runtime import PhaseTimes
+from models.denoise import make_sampler, save_state, spectrum_settings, start_or_resume
+from models.dit_runner import DiTRunner
+from models.pack import PackError, load_pack
+from models.partition import KINDS
+from models.sampler_state import SamplerStateError
+from protocol import messages as m
+from protocol.fields import ProtocolError
+from protocol.sockets import LazyPirate, PeerUnavailable
+from stages.base import Interrupted, RequestFailed, stage_main
+from stages.config import PipelineConfig
+from stages.tensor_io import read_tensor
+
+log = logging.getLogger(__name__)
+
+BRANCH_TIMEOUT_S = 600.0     # one branch call, both passes (a full-size branch on a slow CPU takes tens of seconds)
+BUSY_RETRY_S = 0.2           # executor answered `busy`: ask again after this long
+MAX_BUSY_RETRIES = 3000
+
+
+class BranchClient:
+    """Sends one branch call (both CFG passes) to the executor through the job arena; times the transport."""
+
+    def __init__(self, ctx, msg: m.Denoise, runner: DiTRunner, link: LazyPirate, arena, step_ref: list):
+        self.stage_ctx, self.msg, self.runner, self.link, self.arena = ctx, msg, runner, link, arena
+        self.step_ref = step_ref                      # [current 1-based step], read when a call goes out
+        io = runner.pack.io_dtype                     # "f16" | "f32"
+        L, D = runner.geom.tokens, runner.cfg.width
+        slots = arena.region(msg.scratch.offset, msg.scratch.nbytes)
+        self.xn = [slots.alloc(f"xn.{p}", io, (L, D)) for p in m.PASS_NAMES]           # [L, D] io
+        self.y = [slots.alloc(f"y.{p}", io, (L, D)) for p in m.PASS_NAMES]             # [L, D] io
+        self.fixed: dict = {}                        # (pass, input name) -> desc written once per job
+        self._slots = slots
+        self.sums = {k: PhaseTimes() for k in KINDS}
+        self.kind_calls = {k: 0 for k in KINDS}
+        self.calls = 0
+        self.transport_s = 0.0
+        self.started = time.monotonic()
+
+    def _fixed(self, p: int, name: str, array: np.ndarray):
+        """Context and RoPE tables do not change during a job: written to the arena once."""
+        key = (p if name == "context" else 0, name)
+        if key not in self.fixed:
+            desc = self._slots.alloc(f"{name}.{key[0]}", self.runner.pack.io_dtype, tuple(array.shape))
+            self.arena.write(desc, array)
+            self.fixed[key] = desc
+        return self.fixed[key]
+
+    def __call__(self, block: int, kind: str, path, feeds: list, next_path):
+        job, step = self.msg.job, self.step_ref[0]
+        # 1) heartbeats and cancellation between branches
+        self.stage_ctx.check(job)
+        t0 = time.perf_counter()
+        # 2) inputs into the arena: xn per pass; context and RoPE once per job
+        passes = []
+        for p, feed in enumerate(feeds):
+            inputs = {}
+            for name, array in feed.items():
+                if name == "xn":
+                    self.arena.write(self.xn[p], array)
+                    inputs[name] = self.xn[p]
+                else:
+                    inputs[name] = self._fixed(p, name, array)
+            passes.append(m.BranchPass(name=m.PASS_NAMES[p], inputs=inputs, output=self.y[p]))
+        nxt = None
+        if next_path is not None:
+            nb, nk = _parse_branch_name(Path(next_path).name)
+            nxt = m.BranchRef(block=nb, branch=nk, model=str(next_path), index=3 * nb + KINDS.index(nk))
+        req = m.Branch(job=job, step=step, block=block, branch=kind, model=str(path), index=3 * block + KINDS.index(kind),
+                       arena=self.arena.name, passes=tuple(passes), next=nxt)
+        # 3) the call (Lazy Pirate: resent on timeout; `busy` answered by waiting)
+        reply = self._request(req)
+        # 4) outputs back: y per pass, checked for NaN/Inf
+        ys = []
+        for p, desc in enumerate(reply.outputs):
+            if desc.inline or desc.slot != self.y[p].slot:
+                raise RequestFailed(f"executor put pass {m.PASS_NAMES[p]} of block {block} {kind} elsewhere than "
+                                    f"slot {self.y[p].slot!r}", field="executor")
+            y = self.arena.read(self.y[p])                                           # [L, D] io dtype
+            if not np.isfinite(y).all():
+                raise RequestFailed(f"non-finite branch output at step {step}, block {block}, branch {kind}, pass "
+                                    f"{m.PASS_NAMES[p]}", field="executor")
+            ys.append({"y": y})
+        wall = time.perf_counter() - t0
+        t = reply.times
+        times = PhaseTimes(t.load_s, t.init_s, float(sum(t.infer_s)), t.release_s)
+        self.sums[kind] = self.sums[kind] + times
+        self.kind_calls[kind] += 1
+        self.calls += 1
+        self.transport_s += max(0.0, wall - times.total_s)
+        self.stage_ctx.emit(m.Progress(job=job, step=step, steps=self.msg.params.steps, block=block, branch=kind,
+                                       elapsed_s=time.monotonic() - self.started))
+        return ys, times
+
+    def _request(self, req: m.Branch) -> m.BranchDone:
+        for _ in range(MAX_BUSY_RETRIES):
+            try:
+                reply = self.link.request(req, should_stop=lambda: self.stage_ctx.stopping,
+                                          idle=self.stage_ctx.keepalive)
+            except PeerUnavailable as e:
+                raise RequestFailed(f"executor unreachable at step {req.step}, block {req.block}, {req.branch}: {e}",
+                                    field="executor", retry=True) from None
+            if isinstance(reply, m.Error) and reply.code == "busy":
+                time.sleep(BUSY_RETRY_S)
+                continue
+            try:
+                reply = m.expect(reply, m.BranchDone, "executor")
+            except m.RemoteError as e:
+                raise RequestFailed(f"executor failed block {req.block} {req.branch} at step {req.step}: {e}",
+                                    field="executor", retry=e.retry) from None
+            if (reply.block, reply.branch, reply.step) != (req.block, req.branch, req.step):
+                raise RequestFailed(f"executor answered block {reply.block} {reply.branch}, expected {req.block} "
+                                    f"{req.branch}", field="executor")
+            return reply
+        raise RequestFailed("executor stayed busy", field="executor", retry=True)
+
+
+def _parse_branch_name(name: str) -> tuple:
+    """'b07_cross.onnx' -> (7, 'cross')."""
+    stem = name.split(".", 1)[0]
+    block, kind = stem[1:].split("_", 1)
+    return int(block), kind
+
+
+class SchedulerLogic:
+    """DENOISE handler: sampler loop over a DiTRunner whose branches run in the executor process."""
+
+    def __init__(self, config: PipelineConfig):
+        self.config = config
+        self.zctx = zmq.Context.instance()
+        self._packs: dict = {}
+
+    def info(self) -> dict:
+        return {"pack_dir": str(self.config.pack_dir or "")}
+
+    def _runner(self, pack_dir: str, branch_fn) -> DiTRunner:
+        pack = self._packs.get(pack_dir)
+        if pack is None:
+            try:
+                pack = self._packs[pack_dir] = load_pack(pack_dir, check=True)
+            except (PackError, FileNotFoundError) as e:
+                raise RequestFailed(str(e), field="pack_dir") from None
+        return DiTRunner(pack, branch_fn=branch_fn)
+
+    def on_denoise(self, msg: m.Denoise, ctx) -> m.Denoised:
+        t_start = time.monotonic()
+        params = msg.params
+        # 1) the pack, and the request checked against it
+        holder = {}
+        runner = self._runner(msg.pack_dir, lambda *a: holder["client"](*a))
+        g, cfg = runner.geom, runner.cfg
+        if (params.width, params.height) != (g.width, g.height):
+            raise ProtocolError("params.width", f"{params.width}x{params.height} does not match the pack's "
+                                f"{g.width}x{g.height}")
+        arena = ctx.arena(msg.arena)
+        ctx_shape = (g.text_tokens, cfg.context_dim)
+        cond = read_tensor(ctx, msg.arena, msg.cond, msg.inline, field="cond", dtype="f32", shape=ctx_shape, copy=True)
+        uncond = read_tensor(ctx, msg.arena, msg.uncond, msg.inline, field="uncond", dtype="f32", shape=ctx_shape,
+                             copy=True)
+        lat_shape = (cfg.latent_channels, g.latent_h, g.latent_w)
+        if msg.latent.dtype != "f32" or tuple(msg.latent.shape) != lat_shape:
+            raise ProtocolError("latent", f"expected f32 {list(lat_shape)}, got {msg.latent.dtype} "
+                                f"{list(msg.latent.shape)}")
+        # 2) the sampler, fresh or resumed from the job folder
+        s = params.spectrum
+        sampler = make_sampler(params.steps, params.cfg, params.schedule,
+                               spectrum_settings(s.enabled, s.w, s.m, s.lam, s.window, s.flex, s.warmup, s.stop))
+        try:
+            state = start_or_resume(sampler, params.seed, lat_shape, msg.job_dir, msg.resume)
+        except SamplerStateError as e:
+            raise RequestFailed(str(e), field="job_dir") from None
+        resumed_from = state.step
+        # 3) the executor link and the branch client
+        step_ref = [state.step + 1]
+        link = LazyPirate(self.zctx, msg.executor, peer="executor", timeout_s=float(
+            self.config.stage_settings("scheduler").get("branch_timeout_s", BRANCH_TIMEOUT_S)),
+            retries=self.config.timeouts.retries, curve=None, allow_plaintext=self.config.security.allow_plaintext_loopback)
+        client = holder["client"] = BranchClient(ctx, msg, runner, link, arena, step_ref)
+        try:
+            # 4) the steps; the state is saved after each
+            while not sampler.done(state):
+                step_ref[0] = state.step + 1
+                if sampler.needs_model(state):
+                    v_c, v_u = runner.forward_cfg(state.latent, sampler.sigma(state), cond, uncond)
+                    sampler.step_computed(state, v_c, v_u)
+                else:
+                    ctx.check(msg.job)
+                    sampler.step_forecast(state)
+                    ctx.emit(m.Progress(job=msg.job, step=state.step, steps=params.steps, block=cfg.blocks - 1,
+                                        branch="ffn", forecast=True, elapsed_s=time.monotonic() - t_start))
+                if not np.isfinite(state.latent).all():
+                    raise RequestFailed(f"latent has NaN/Inf after step {state.step}", field="latent")
+                save_state(state, msg.job_dir)
+        except FloatingPointError as e:
+            raise RequestFailed(str(e), field="executor") from None
+        finally:
+            link.close()
+        # 5) the final latent into its slot, and the sums
+        arena.write(msg.latent, state.latent)
+        wall = time.monotonic() - t_start
+        branch_s = sum(t.total_s for t in client.sums.values())
+        sums = {k: m.BranchSums(load_s=t.load_s, init_s=t.init_s, infer_s=t.infer_s, release_s=t.release_s,
+                                calls=client.kind_calls[k]) for k, t in client.sums.items()}
+        return m.reply_to(msg, m.Denoised, job=msg.job, latent=msg.latent, computed_steps=tuple(state.computed),
+                          forecast_steps=tuple(state.forecast), branch_calls=client.calls, branches=sums,
+                          host_s=max(0.0, wall - branch_s - client.transport_s), transport_s=client.transport_s,
+                          wall_s=wall, resumed_from=resumed_from, resends=link.resends)
+
+
+def main(argv=None) -> int:
+    return stage_main("scheduler", SchedulerLogic, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Scheduler and executor as real processes (ZeroMQ + shared memory) vs the in-process denoise: bitwise equal."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from models.denoise import denoise, make_sampler, spectrum_settings, start_or_resume
+from models.dit_runner import DiTRunner
+from models.pack import build_pack, load_pack
+from protocol import messages as m
+from protocol.arena import Arena, list_segments, run_prefix, segment_name
+from protocol.sockets import LazyPirate
+from stages.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+THREADS = 1
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def pack128(tiny_dit, tmp_path_factory):
+    return build_pack(tiny_dit, tmp_path_factory.mktemp("sp") / "pack", (128, 128), "fp16")
+
+
+def _start(stage: str, cfg: Path, log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", f"stages.{stage}", "--config", str(cfg)], cwd=ROOT,
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _hello(ctx, endpoint: str, timeout_s: float = 60.0) -> m.Ready:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with LazyPirate(ctx, endpoint, timeout_s=2.0, retries=0) as link:
+            try:
+                return m.expect(link.request(m.Hello(peer="test", pid=os.getpid(), version="t")), m.Ready)
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+
+
+@pytest.fixture
+def pipeline(tmp_path, pack128):
+    """Run folder + config + executor and scheduler processes; yields (config, ctx, procs); kills them after."""
+    run = Path(f"/tmp/anima-sp-{os.getpid()}-{time.monotonic_ns() % 10**6}")
+    (run / "sock").mkdir(parents=True)
+    cfg = run / "pipeline.toml"
+    cfg.write_text(f'run_dir = "{run}"\npack_dir = "{pack128}"\nthreads = {THREADS}\n'
+                   f'[timeouts]\nrequest_s = 30.0\nretries = 5\n')
+    config = load_config(cfg)
+    ctx = zmq.Context()
+    procs = {s: _start(s, cfg, tmp_path / f"{s}.log") for s in ("executor", "scheduler")}
+    try:
+        for s in procs:
+            _hello(ctx, config.endpoint(s))
+        yield config, ctx, procs, tmp_path
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+        ctx.destroy(linger=0)
+        for f in (run / "sock").iterdir():
+            f.unlink()
+        (run / "sock").rmdir()
+        cfg.unlink()
+        run.rmdir()
+
+
+def _contexts(pack):
+    rng = np.random.default_rng(7)
+    shape = (pack.geometry.text_tokens, pack.config.context_dim)
+    cond = (rng.standard_normal(shape) * 0.5).astype(np.float32)
+    uncond = np.zeros(shape, np.float32)
+    uncond[:3] = rng.standard_normal((3, shape[1])).astype(np.float32) * 0.5
+    return cond, uncond
+
+
+def _run_job(config, ctx, pack, job_dir: Path, job: str, spectrum: bool, kill=None):
+    """Act as the orchestrator: arena, contexts, DENOISE; `kill(procs)` may run mid-job. -> (latent, Denoised)."""
+    cond, uncond = _contexts(pack)
+    g, c = pack.geometry, pack.config
+    L, D, S, Dc = g.tokens, c.width, g.text_tokens, c.context_dim
+    size = 2 * S * Dc * 4 + c.latent_channels * g.latent_h * g.latent_w * 4 + (4 * L * D + 2 * S * Dc + L * c.head_dim) * 4
+    with Arena.create(segment_name(config.run_dir, job), size + 2**20) as arena:
+        dc, du = arena.alloc("cond", "f32", cond.shape), arena.alloc("uncond", "f32", uncond.shape)
+        arena.write(dc, cond)
+        arena.write(du, uncond)
+        dl = arena.alloc("latent", "f32", (c.latent_channels, g.latent_h, g.latent_w))
+        start = -(-arena.slots.cursor // 64) * 64
+        params = m.DenoiseParams(seed=42, steps=STEPS, cfg=4.0, width=g.width, height=g.height,
+                                 spectrum=m.SpectrumSettings(enabled=spectrum))
+        msg = m.Denoise(job=job, job_dir=str(job_dir), pack_dir=str(pack.dir), arena=arena.name, params=params,
+                        cond=dc, uncond=du, latent=dl, scratch=m.Region(offset=start, nbytes=arena.size - start),
+                        executor=config.endpoint("executor"))
+        with LazyPirate(ctx, config.endpoint("scheduler"), timeout_s=300.0, retries=3) as link:
+            if kill is not None:
+                kill()
+            reply = m.expect(link.request(msg), m.Denoised, "scheduler")
+        return arena.read(dl), reply, cond, uncond
+
+
+def _in_process(pack, cond, uncond, spectrum: bool):
+    runner = DiTRunner(pack, threads=THREADS)
+    sampler = make_sampler(STEPS, 4.0, "sgm_uniform", spectrum_settings(spectrum))
+    g, c = pack.geometry, pack.config
+    state = start_or_resume(sampler, 42, (c.latent_channels, g.latent_h, g.latent_w))
+    return denoise(runner, sampler, state, cond, uncond)
+
+
+@pytest.mark.parametrize("spectrum", [True, False])
+def test_pipeline_latent_equals_in_process(pipeline, pack128, tmp_path, spectrum):
+    config, ctx, procs, logs = pipeline
+    pack = load_pack(pack128)
+    latent, reply, cond, uncond = _run_job(config, ctx, pack, tmp_path / "job", "jobA", spectrum)
+    ref = _in_process(pack, cond, uncond, spectrum)
+    assert list(reply.computed_steps) == ref.computed
+    assert list(reply.forecast_steps) == ref.forecast
+    assert reply.branch_calls == 3 * pack.config.blocks * len(ref.computed)
+    assert all(b.calls == pack.config.blocks * len(ref.computed) for b in reply.branches.values())
+    np.testing.assert_array_equal(latent, ref.latent)           # bitwise: same host ops, same ORT graphs/threads
+    assert (tmp_path / "job" / "sampler_state.safetensors").exists()
+    assert not list_segments(run_prefix(config.run_dir))
+
+
+def test_executor_restart_mid_job_gives_same_latent(pipeline, pack128, tmp_path):
+    """SIGKILL the executor while the job runs; a new one comes up (as supervisord would start it); same latent."""
+    config, ctx, procs, logs = pipeline
+    pack = load_pack(pack128)
+
+    def kill_later():
+        import threading
+
+        def go():
+            time.sleep(1.5)
+            os.killpg(procs["executor"].pid, signal.SIGKILL)
+            procs["executor"].wait(10)
+            procs["executor"] = _start("executor", config.path, logs / "executor2.log")
+        threading.Thread(target=go, daemon=True).start()
+
+    latent, reply, cond, uncond = _run_job(config, ctx, pack, tmp_path / "job", "jobB", True, kill=kill_later)
+    ref = _in_process(pack, cond, uncond, True)
+    assert reply.resends >= 1
+    np.testing.assert_array_equal(latent, ref.latent)
