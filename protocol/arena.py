@@ -97,6 +97,11 @@ class SlotAllocator:
         self.slots[name] = desc
         return desc
 
+    def remaining(self) -> tuple[int, int]:
+        """(offset, nbytes) of the aligned unallocated tail, e.g. to hand over as DENOISE.scratch."""
+        offset = min(-(-self.cursor // self.align) * self.align, self.end)
+        return offset, self.end - offset
+
     @staticmethod
     def size_for(sizes: list[int], align: int = ALIGN_BYTES) -> int:
         """Bytes needed for slots of these byte sizes (each aligned)."""

@@ -147,6 +147,7 @@ def test_clear_errors_for_misuse(run_dir):
             arena.view(TensorDesc("f32", (8,), frame=1))
         with pytest.raises(ArenaError, match="outside arena"):
             arena.region(4000, 200)
+        assert arena.slots.remaining() == (64, 4096 - 64)  # after x: [0, 32) and the failed allocations
         region = arena.region(1024, 1024)
         r = region.alloc("scratch", "f16", (100,))
         assert r.offset == 1024 and region.cursor == 1224
