@@ -44,7 +44,7 @@ class RKNNLite:
     NPU_CORE_0_1_2 = 7
     NPU_CORE_ALL = 0xFFFF
     _MASKS = (0, 1, 2, 4, 3, 7, 0xFFFF)
-    calls: list = []                     # class-wide (method, rknn file, core_mask, thread) record, for tests
+    calls: list = []                     # class-wide (method, rknn file, core_mask, thread name) record, for tests
     _calls_lock = threading.Lock()
 
     def __init__(self, verbose=False, verbose_file=None):
@@ -58,7 +58,7 @@ class RKNNLite:
     def _record(self, method: str) -> None:
         with RKNNLite._calls_lock:
             RKNNLite.calls.append((method, self._path and os.path.basename(self._path), self.core_mask,
-                                   threading.get_ident()))
+                                   threading.current_thread().name))
 
     def load_rknn(self, path):
         """Read the model file; 0 on success, -1 on failure (as the real API)."""

@@ -1,0 +1,134 @@
+"""The executor's `rknn` backend against the LABELLED STAND-IN for rknnlite (ONNX Runtime; we have no RK3588 here).
+
+The .rknn files are real (compiled by rknn-toolkit2 in the session fixture `rknn_pack`); the stand-in maps each one
+to the ONNX graph it was compiled from and runs that, so outputs are checked against ONNX Runtime directly.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from models.branch_runtime import BackendError, make_backend as make_model_backend, run_branch as model_run_branch
+from stages.backends import backend_class, board_stats, make_backend
+from stages.backends.rknn import RknnLiteBackend, run_branch
+from stages.backends.rknnlite_standin import RKNNLite
+
+
+@pytest.fixture()
+def calls():
+    RKNNLite.calls.clear()
+    yield RKNNLite.calls
+    RKNNLite.calls.clear()
+
+
+@pytest.fixture(scope="module")
+def feeds(rknn_pack):
+    """Two passes (cond, uncond) per kind, f16, shapes from the manifest."""
+    from models.pack import load_pack
+    pack = load_pack(rknn_pack[0], check=False)
+    rng = np.random.default_rng(3)
+    out = {}
+    for b in pack.branches[:3]:
+        out[b["kind"]] = [{i["name"]: rng.standard_normal(i["shape"]).astype(np.float16) for i in b["inputs"]}
+                          for _ in range(2)]
+    return pack, out
+
+
+def test_registry_resolves_rknn_in_stages():
+    assert backend_class("rknn") is RknnLiteBackend
+    assert backend_class("onnx").__name__ == "OnnxBackend"
+    with pytest.raises(ValueError, match="backend 'nope'"):
+        backend_class("nope")
+
+
+def test_lifecycle_order_timings_and_memory(feeds, calls):
+    pack, passes = feeds
+    be = make_backend("rknn", lite="standin", core_mask="0_1_2")
+    assert be.is_standin and be.masks == [RKNNLite.NPU_CORE_0_1_2]
+    ort = make_model_backend("onnx", threads=1)
+    for kind in ("self", "cross", "ffn"):
+        b = pack.branch(0, kind)
+        calls.clear()
+        outs, t = run_branch(be, pack.dir / b["rknn"]["file"], passes[kind])
+        name = f"b00_{kind}.rknn"
+        assert [(c[0], c[1]) for c in calls] == [("load_rknn", name), ("init_runtime", name), ("inference", name),
+                                                ("inference", name), ("release", name)]
+        assert all(c[2] == RKNNLite.NPU_CORE_0_1_2 for c in calls[1:])
+        assert min(t.load_s, t.init_s, t.infer_s, t.release_s) > 0
+        rep = be.report
+        assert rep["standin"] is True and rep["branch"] == name and len(rep["passes"]) == 2
+        assert set(rep["phases"]) == {"load", "init", "infer0", "infer1", "release"}
+        for ph in rep["phases"].values():
+            assert ph["s"] > 0 and ph["pss_before_kb"] > 0 and ph["pss_after_kb"] > 0
+            assert "dma_buf_before" in ph and "dma_buf_after" in ph       # None where the board files are absent
+        assert "npu_load" in rep
+        # same numbers as ONNX Runtime on the ONNX graph, in the pack's dtype
+        want, _ = model_run_branch(ort, pack.dir / b["onnx"], passes[kind])
+        for got, ref in zip(outs, want):
+            assert got["y"].dtype == np.float16 and got["y"].shape == ref["y"].shape
+            np.testing.assert_array_equal(got["y"], ref["y"])
+
+
+def test_two_cores_run_cond_and_uncond_on_two_contexts(feeds, calls):
+    pack, passes = feeds
+    be = make_backend("rknn", lite="standin", dual_core=True)
+    b = pack.branch(0, "ffn")
+    outs, t = run_branch(be, pack.dir / b["rknn"]["file"], passes["ffn"])
+    loads = [c for c in calls if c[0] == "load_rknn"]
+    inits = sorted(c[2] for c in calls if c[0] == "init_runtime")
+    infers = [c for c in calls if c[0] == "inference"]
+    assert len(loads) == 2 and inits == [RKNNLite.NPU_CORE_0, RKNNLite.NPU_CORE_1]
+    assert {c[2] for c in infers} == {RKNNLite.NPU_CORE_0, RKNNLite.NPU_CORE_1}
+    assert sorted(c[3] for c in infers) == ["rknn-core0", "rknn-core1"]     # from two threads
+    assert [c[0] for c in calls][-2:] == ["release", "release"]
+    assert "infer_dual" in be.report["phases"] and len(be.report["passes"]) == 2
+    # each pass's output belongs to its own input (cond first), equal to one-core results
+    single = make_backend("rknn", lite="standin", core_mask="1")
+    ref, _ = run_branch(single, pack.dir / b["rknn"]["file"], passes["ffn"])
+    for got, want in zip(outs, ref):
+        np.testing.assert_array_equal(got["y"], want["y"])
+    assert not np.array_equal(outs[0]["y"], outs[1]["y"])
+
+
+def test_bad_requests_are_clear(feeds, tmp_path):
+    pack, passes = feeds
+    with pytest.raises(ValueError, match="core_mask '5'"):
+        RknnLiteBackend(lite="standin", core_mask="5")
+    be = RknnLiteBackend(lite="standin")
+    with pytest.raises(BackendError, match="no such compiled branch"):
+        be.load(tmp_path / "rknn" / "b00_ffn.rknn")
+    with pytest.raises(BackendError, match="not a compiled branch"):
+        be.load(pack.dir / "onnx" / "b00_ffn.onnx")
+    be.load(pack.dir / pack.branch(0, "ffn")["rknn"]["file"])
+    be.init()
+    try:
+        with pytest.raises(BackendError, match="input 'xn' has shape"):
+            be.infer({"xn": np.zeros((2, 2), np.float16)})
+        with pytest.raises(BackendError, match="missing input 'xn'"):
+            be.infer({})
+    finally:
+        be.release()
+    with pytest.raises(BackendError, match="infer\\(\\) before init"):
+        be.infer(passes["ffn"][0])
+    # on this x86 machine the real runtime is absent: a clear message, never a silent fall-back to the stand-in
+    with pytest.raises(BackendError, match="rknn-toolkit-lite2"):
+        RknnLiteBackend(lite="real")
+
+
+def test_board_stats_parsers(monkeypatch, tmp_path):
+    load = tmp_path / "load"
+    load.write_text("NPU load:  Core0: 37%, Core1:  0%, Core2: 100%,\n")
+    ver = tmp_path / "version"
+    ver.write_text("RKNPU driver: v0.9.8\n")
+    buf = tmp_path / "bufinfo"
+    buf.write_text("\nDma-buf Objects:\nsize    \tflags   \tmode    \tcount   \texp_name\n"
+                   "00004096\t00000002\t00080007\t00000003\tsystem\n\nTotal 2 objects, 8392704 bytes\n")
+    monkeypatch.setattr(board_stats, "RKNPU_LOAD", str(load))
+    monkeypatch.setattr(board_stats, "RKNPU_VERSION", str(ver))
+    monkeypatch.setattr(board_stats, "DMA_BUF_INFO", str(buf))
+    assert board_stats.npu_load() == {"Core0": 37, "Core1": 0, "Core2": 100}
+    assert board_stats.npu_driver_version() == "0.9.8"
+    assert board_stats.dma_buf_bytes() == 8392704
+    monkeypatch.setattr(board_stats, "RKNPU_LOAD", str(tmp_path / "absent"))
+    assert board_stats.npu_load() is None
+    assert board_stats.pss_kb() > 0 and board_stats.swap_used_kb() is not None
