@@ -132,3 +132,13 @@ def test_board_stats_parsers(monkeypatch, tmp_path):
     monkeypatch.setattr(board_stats, "RKNPU_LOAD", str(tmp_path / "absent"))
     assert board_stats.npu_load() is None
     assert board_stats.pss_kb() > 0 and board_stats.swap_used_kb() is not None
+
+
+def test_board_bench_refuses_off_board():
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "bench" / "board.py"), "--pack", "nowhere"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "not an RK3588 board" in r.stderr and "Traceback" not in r.stderr

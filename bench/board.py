@@ -1,0 +1,164 @@
+"""Board benchmark (RK3588 only): one DiT forward and one full denoising job through the `rknn` backend (RKNNLite).
+
+    python bench/board.py --pack packs/anima-512 [--steps 20] [--cfg 4.0] [--no-spectrum] [--core-mask auto]
+                          [--dual-core] [--json bench/out/board.json]
+
+Prints the reference work's tables: per-branch lifecycle sums (load/init/infer/release per kind), pure NPU time per
+branch kind (inference calls only), per-step wall time vs pure NPU time, peak process PSS and swap growth; all of it
+as JSON too. The pack must be compiled (`anima-models compile PACK --target rk3588`, on an x86 host or the board).
+The text context is random (the encoder is not part of this measurement); see docs/board.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+log = logging.getLogger("bench.board")
+DT_COMPATIBLE = "/proc/device-tree/compatible"
+
+
+def board_check() -> str:
+    """'' on an RK3588 with rknn-toolkit-lite2, else the reason this machine cannot run the benchmark."""
+    try:
+        compat = Path(DT_COMPATIBLE).read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        compat = ""
+    if platform.machine() != "aarch64" or "rk3588" not in compat:
+        return (f"this is not an RK3588 board (machine {platform.machine()}, device tree "
+                f"{compat.strip() or 'absent'}); bench/board.py measures the NPU and runs only there "
+                "(the x86 checks are `anima-models verify --backend rknn-sim` and tests/test_rknn_backend.py)")
+    try:
+        import rknnlite.api  # noqa: F401
+    except ImportError as e:
+        return f"rknn-toolkit-lite2 is not importable ({e}); see docs/board.md"
+    return ""
+
+
+class BoardBranches:
+    """DiTRunner branch_fn: each branch through RknnLiteBackend; keeps every branch report, PSS and swap peaks."""
+
+    def __init__(self, pack, core_mask: str, dual_core: bool):
+        from stages.backends.rknn import RknnLiteBackend
+        self.pack = pack
+        self.backend = RknnLiteBackend(core_mask=core_mask, dual_core=dual_core, lite="real")
+        self.reports: list = []
+        self.peak_pss_kb = 0
+
+    def __call__(self, block, kind, path, feeds, next_path):
+        from stages.backends import board_stats
+        from stages.backends.rknn import run_branch
+        entry = self.pack.branch(block, kind)
+        if not isinstance(entry.get("rknn"), dict):
+            raise SystemExit(f"{self.pack.dir}: b{block:02d}_{kind} is not compiled; run anima-models compile")
+        outs, t = run_branch(self.backend, self.pack.dir / entry["rknn"]["file"], feeds)
+        rep = dict(self.backend.report, block=block, kind=kind, times=t.to_dict())
+        self.reports.append(rep)
+        for ph in rep["phases"].values():
+            self.peak_pss_kb = max(self.peak_pss_kb, ph["pss_after_kb"] or 0, ph["pss_before_kb"] or 0)
+        self.peak_pss_kb = max(self.peak_pss_kb, board_stats.pss_kb() or 0)
+        return outs, t
+
+    def npu_s(self, reports=None) -> float:
+        return sum(p["s"] for r in (reports if reports is not None else self.reports) for p in r["passes"])
+
+
+def lifecycle_table(reports: list) -> tuple:
+    """Per kind: count and sums of load/init/infer/release seconds; pure NPU seconds per inference call."""
+    rows, data = [f"{'kind':<6}{'n':>5}{'load s':>10}{'init s':>10}{'infer s':>10}{'release s':>11}{'NPU/pass s':>12}"], {}
+    for kind in ("self", "cross", "ffn"):
+        rs = [r for r in reports if r["kind"] == kind]
+        if not rs:
+            continue
+        s = {ph: sum(r["times"][f"{ph}_s"] for r in rs) for ph in ("load", "init", "infer", "release")}
+        calls = [p["s"] for r in rs for p in r["passes"]]
+        data[kind] = {"branches": len(rs), **{f"{k}_s": v for k, v in s.items()},
+                      "npu_per_pass_s": float(np.mean(calls)), "npu_s": float(np.sum(calls))}
+        rows.append(f"{kind:<6}{len(rs):>5}{s['load']:>10.2f}{s['init']:>10.2f}{s['infer']:>10.2f}"
+                    f"{s['release']:>11.2f}{data[kind]['npu_per_pass_s']:>12.3f}")
+    return "\n".join(rows), data
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pack", required=True)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--cfg", type=float, default=4.0)
+    ap.add_argument("--no-spectrum", action="store_true")
+    ap.add_argument("--core-mask", default="auto")
+    ap.add_argument("--dual-core", action="store_true", help="cond and uncond on NPU cores 0 and 1 at once")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    why = board_check()
+    if why:
+        print(f"bench/board.py: refusing: {why}", file=sys.stderr)
+        return 2
+    from models.denoise import make_sampler, spectrum_settings, start_or_resume
+    from models.dit_runner import DiTRunner
+    from models.pack import load_pack
+    from stages.backends import board_stats
+
+    pack = load_pack(args.pack)
+    board = BoardBranches(pack, args.core_mask, args.dual_core)
+    runner = DiTRunner(pack, branch_fn=board)
+    g, c = pack.geometry, pack.config
+    rng = np.random.default_rng(args.seed)
+    cond = np.zeros((g.text_tokens, c.context_dim), np.float32)                 # [S, Dc]
+    cond[:60] = rng.standard_normal((60, c.context_dim), dtype=np.float32)
+    uncond = np.zeros_like(cond)
+    out = {"pack": str(pack.dir), "driver": board_stats.npu_driver_version(), "core_mask": args.core_mask,
+           "dual_core": args.dual_core, "swap_before_kb": board_stats.swap_used_kb()}
+    # 1) one forward (both CFG passes)
+    x = rng.standard_normal((c.latent_channels, g.latent_h, g.latent_w), dtype=np.float32)
+    t0 = time.perf_counter()
+    runner.forward_cfg(x, 0.6, cond, uncond)
+    fwd_reports = list(board.reports)
+    table, data = lifecycle_table(fwd_reports)
+    out["forward"] = {"wall_s": time.perf_counter() - t0, "npu_s": board.npu_s(fwd_reports), "kinds": data,
+                      "host_s": runner.last_timing.host_s}
+    print("== one forward (cond + uncond), per-branch lifecycle sums\n" + table)
+    print(f"forward wall {out['forward']['wall_s']:.1f} s, pure NPU {out['forward']['npu_s']:.1f} s, "
+          f"host ops {out['forward']['host_s']:.1f} s")
+    # 2) one full job: the whole sampler run
+    sampler = make_sampler(args.steps, args.cfg, spectrum=spectrum_settings(not args.no_spectrum))
+    state = start_or_resume(sampler, args.seed, x.shape, job_dir=None)
+    steps, mark = [], [time.perf_counter(), len(board.reports)]
+
+    def on_step(st):
+        now, n = time.perf_counter(), len(board.reports)
+        steps.append({"step": st.step, "wall_s": now - mark[0], "npu_s": board.npu_s(board.reports[mark[1]:n]),
+                      "computed": n > mark[1]})
+        mark[:] = [now, n]
+    t0 = time.perf_counter()
+    from models.denoise import denoise
+    denoise(runner, sampler, state, cond, uncond, on_step=on_step)
+    out["job"] = {"steps": steps, "wall_s": time.perf_counter() - t0, "npu_s": sum(s["npu_s"] for s in steps)}
+    print("== full job: per-step wall vs pure NPU")
+    print(f"{'step':>5}{'wall s':>10}{'NPU s':>10}  kind")
+    for s in steps:
+        print(f"{s['step']:>5}{s['wall_s']:>10.2f}{s['npu_s']:>10.2f}  {'computed' if s['computed'] else 'forecast'}")
+    out["peak_pss_mb"] = board.peak_pss_kb / 1024
+    after = board_stats.swap_used_kb()
+    out["swap_growth_mb"] = None if after is None or out["swap_before_kb"] is None else \
+        (after - out["swap_before_kb"]) / 1024
+    print(f"job wall {out['job']['wall_s']:.1f} s, pure NPU {out['job']['npu_s']:.1f} s; peak PSS "
+          f"{out['peak_pss_mb']:.0f} MB; swap growth {out['swap_growth_mb']} MB; RKNPU driver {out['driver']}")
+    text = json.dumps(out, indent=1, default=float)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
