@@ -23,7 +23,8 @@ from protocol.sockets import EventPull, LazyPirate, Server
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.1                 # longest wait between looks at the queue, the CLI socket and the events
+POLL_S = 0.1                 # longest wait between looks at the CLI socket and the events
+RESCAN_S = 2.0               # the queue folder is re-read at least this often (at once after a SUBMIT/RESUME)
 SUBMIT_MEMORY = 256          # request ids of recent SUBMITs (a resent SUBMIT returns the same job)
 VERSION = "0.1.0"
 
@@ -48,6 +49,7 @@ class Daemon:
         self.current: JobFlow | None = None
         self.stopping = False
         self._submits: OrderedDict[int, str] = OrderedDict()
+        self._wake = True                                  # re-read the queue now
         self.server: Server | None = None
         self.events: EventPull | None = None
         self.heartbeats: Heartbeats | None = None
@@ -94,16 +96,23 @@ class Daemon:
 
     def run(self) -> None:
         """Serve until `stopping`: 1) take the next job (a running one first) 2) run its flow 3) else wait."""
+        next_scan = 0.0
         while not self.stopping:
+            # the queue is re-read when a request changed it, else every RESCAN_S (cheap with many finished jobs)
+            if not self._wake and time.monotonic() < next_scan:
+                self.pump(POLL_S)
+                continue
+            self._wake, next_scan = False, time.monotonic() + RESCAN_S
             job = self.store.next_job()
             if job is None:
-                self.pump(POLL_S)
                 continue
             if job.cancel_requested or job.id in self.cancel_requests:
                 self.store.transition(job.id, "cancelled", "cancelled before it ran")
+                self._wake = True
                 continue
             JobFlow(self, job).run()
             self.cancel_requests.discard(job.id)
+            self._wake = True
 
     def idle(self) -> None:
         """Called between poll slices while a stage request is out: answer the CLI, take events."""
@@ -152,7 +161,8 @@ class Daemon:
                 return self._submit(msg)
             if isinstance(msg, m.Status):
                 jobs = [self.store.get(msg.job)] if msg.job else self.store.list()[-m.MAX_JOBS_LISTED:]
-                return m.reply_to(msg, m.Jobs, jobs=tuple(self.job_info(j) for j in jobs))
+                queued = [j.id for j in self.store.pending()] if any(j.state == "queued" for j in jobs) else []
+                return m.reply_to(msg, m.Jobs, jobs=tuple(self.job_info(j, queued) for j in jobs))
             if isinstance(msg, m.Cancel):
                 job = self.store.cancel(msg.job)
                 if job.active:
@@ -161,6 +171,7 @@ class Daemon:
                 return m.reply_to(msg, m.Ok, note=f"job {job.id} cancelled")
             if isinstance(msg, m.Resume):
                 job = self.store.resume(msg.job)
+                self._wake = True
                 return m.reply_to(msg, m.Submitted, job=job.id, seed=int(job.spec["seed"]),
                                   position=self._position(job.id))
             if isinstance(msg, m.Hello):
@@ -185,6 +196,7 @@ class Daemon:
             return m.error_reply(msg.id, "bad_request", "base_dir must be an absolute path", field="base_dir")
         spec = parse_prompt_bytes(msg.prompt_json, base_dir=base, resolution=(self.pack.width, self.pack.height))
         job = self.store.submit(spec.to_dict())
+        self._wake = True
         self._submits[msg.id] = job.id
         while len(self._submits) > SUBMIT_MEMORY:
             self._submits.popitem(last=False)
@@ -194,10 +206,10 @@ class Daemon:
         ids = [j.id for j in self.store.pending()]
         return ids.index(job_id) if job_id in ids else 0
 
-    def job_info(self, job) -> m.JobInfo:
+    def job_info(self, job, pending_ids: list[str]) -> m.JobInfo:
         err = job.error or {}
         return m.JobInfo(job=job.id, state=job.state, created=job.created, updated=job.updated,
-                         position=self._position(job.id) if job.state == "queued" else 0,
+                         position=pending_ids.index(job.id) if job.id in pending_ids else 0,
                          error_stage=str(err.get("stage", ""))[:m.MAX_NAME_CHARS],
                          error=str(err.get("message", ""))[:m.MAX_PATH_CHARS],
                          image=job.image, report=job.report, progress=self.progress.get(job.id))

@@ -3,9 +3,11 @@ test doubles of tests/orch_doubles.py: encoder/VAE started and stopped per job (
 progress, report, PNG metadata, cancel/resume, a SIGKILLed scheduler, a crashing encoder, no leaked /dev/shm."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,9 +40,10 @@ def _fake_pack(d: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def _pipeline(tmp_path_factory):
-    """One supervisord + daemon for the module (start-up and shutdown cost seconds on 2 cores)."""
-    tmp_path = tmp_path_factory.mktemp("orch")
+def _pipeline():
+    """One supervisord + daemon for the module (start-up and shutdown cost seconds on 2 cores). Its folder is our own
+    (not pytest's basetemp, which a concurrent pytest session may prune while supervisord still uses it)."""
+    tmp_path = Path(tempfile.mkdtemp(prefix="anima-orch-"))
     rf = init_run(tmp_path / "run")
     conf = rf.supervisord_conf.read_text()
     for stage in ("encoder", "scheduler", "executor", "vae"):
@@ -58,11 +61,16 @@ def _pipeline(tmp_path_factory):
         deadline = time.monotonic() + 30
         while not rf.supervisor_sock.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        for name in ("orchestrator", "scheduler", "executor"):
-            sup.wait_state(name, ("RUNNING",), 30)
-        deadline = time.monotonic() + 30
-        while not rf.daemon_sock.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        try:
+            for name in ("orchestrator", "scheduler", "executor"):
+                sup.wait_state(name, ("RUNNING",), 30)
+            deadline = time.monotonic() + 30
+            while not rf.daemon_sock.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert rf.daemon_sock.exists(), "the orchestrator daemon never bound its socket"
+        except Exception as e:
+            logs = {p.name: p.read_text()[-2000:] for p in rf.logs.glob("*.log")}
+            raise AssertionError(f"pipeline did not come up: {e}\n{logs}") from None
         yield rf, sup
     finally:
         try:
@@ -72,6 +80,7 @@ def _pipeline(tmp_path_factory):
             proc.kill()
             proc.wait()
         assert list_segments(run_prefix(rf.root)) == [], "a shared-memory segment outlived the test"
+        shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -1,8 +1,10 @@
 """supervisord control through XML-RPC on its unix socket, against a real supervisord in a temporary run folder."""
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -80,6 +82,14 @@ def _stop_supervisord(sup: Supervisor, proc: subprocess.Popen) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture
+def tmp_path():
+    """Our own folder: pytest's basetemp may be pruned by a concurrent pytest session while supervisord uses it."""
+    d = Path(tempfile.mkdtemp(prefix="anima-sup-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
