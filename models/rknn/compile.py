@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from models.rknn.buildlog import parse_build_log
-from models.rknn.client import ToolkitError, ToolkitWorker, describe_exit
+from models.rknn.client import ToolkitError, ToolkitWorker
 
 log = logging.getLogger(__name__)
 
@@ -265,4 +265,4 @@ def describe(report: dict) -> str:
     return "\n".join(rows)
 
 
-__all__ = ["compile_pack", "describe", "CompileError", "up_to_date", "describe_exit"]
+__all__ = ["compile_pack", "describe", "CompileError", "up_to_date"]
