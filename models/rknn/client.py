@@ -72,7 +72,9 @@ class ToolkitWorker:
         self._sel = selectors.DefaultSelector()
         self._sel.register(self.proc.stdout, selectors.EVENT_READ)
         self._buf = b""
-        self.max_rss_kb = 0          # ru_maxrss of the process once it has exited (os.wait4)
+        # ru_maxrss once exited (os.wait4); note Linux counts the forking parent's RSS in it, so per-request peaks
+        # come from the worker's own VmHWM (reset per request) instead
+        self.max_rss_kb = 0
         try:
             hello = self.request("hello", timeout=HELLO_TIMEOUT_S)
         except BaseException:

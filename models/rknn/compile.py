@@ -97,13 +97,10 @@ class _WorkerSlot:
         self.used += 1
         return self.worker
 
-    def close(self) -> int:
-        """-> the closed process's ru_maxrss (KiB), 0 when there was none."""
-        if self.worker is None:
-            return 0
-        self.worker.close()
-        rss, self.worker = self.worker.max_rss_kb, None
-        return rss
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
 
 
 def build_branch(slot: _WorkerSlot, pack: Path, branch: dict, target: str, toolkit: str) -> BranchResult:
@@ -134,7 +131,10 @@ def build_branch(slot: _WorkerSlot, pack: Path, branch: dict, target: str, toolk
                      f"the register commands are wrong), e.g. {parsed.regtask_samples[0]!r}; see {log_rel}")
         return res
     os.replace(tmp, out)
-    rss_kb = max(int(reply.get("peak_rss_kb", 0)), slot.close() if slot.per_worker == 1 else 0)
+    # VmHWM of the worker, reset before this build (not ru_maxrss: after fork + exec it still counts the parent's size)
+    rss_kb = int(reply.get("peak_rss_kb", 0))
+    if slot.per_worker == 1:
+        slot.close()
     res.status = "built"
     res.entry = {
         "file": out_rel, "sha256": _sha256(out), "bytes": out.stat().st_size, "onnx_sha256": branch["sha256"],
