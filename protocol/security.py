@@ -95,6 +95,18 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "::", "[::]"})  # bind addresses that listen on every interface
+
+
+def check_bind(endpoint: str, allow_wildcard: bool = False) -> None:
+    """A listener binds only the address it names: `tcp://*` / 0.0.0.0 / `::` need `allow_wildcard`."""
+    transport, address = parse_endpoint(endpoint)
+    host = address.rpartition(":")[0]
+    if transport == "tcp" and host in WILDCARD_HOSTS and not allow_wildcard:
+        raise EndpointError(f"{endpoint}: binding every network interface ({host}) is refused; name the one address "
+                            "to listen on (e.g. tcp://10.0.0.2:5560), or allow it explicitly (security.allow_wildcard_bind = true)")
+
+
 def check_security(endpoint: str, curve: Any, allow_plaintext: bool) -> None:
     transport, address = parse_endpoint(endpoint)
     if transport != "tcp" or curve is not None:

@@ -16,7 +16,7 @@ from protocol.fields import ProtocolError
 from protocol.messages import Message, error_reply
 # re-exported: callers may import the security names from here too
 from protocol.security import (IPC_PATH_MAX_CHARS, ZAP_DOMAIN, CurveClient, CurveServer, EndpointError,  # noqa: F401
-                               check_security, ipc_endpoint, is_loopback, parse_endpoint, read_keypair,
+                               check_bind, check_security, ipc_endpoint, is_loopback, parse_endpoint, read_keypair,
                                start_authenticator, write_keypair)
 
 log = logging.getLogger(__name__)
@@ -49,11 +49,15 @@ def configure(sock: zmq.Socket, *, max_msg_bytes: int = codec.MAX_FRAME_BYTES) -
 
 def make_socket(ctx: zmq.Context, kind: int, endpoint: str, *, bind: bool, curve: Any = None,
                 allow_plaintext: bool = False, options: dict[int, int] | None = None,
-                before_connect: Callable[[zmq.Socket], None] | None = None) -> zmq.Socket:
+                before_connect: Callable[[zmq.Socket], None] | None = None,
+                allow_wildcard: bool = False) -> zmq.Socket:
     """A configured socket bound or connected to `endpoint`, with CURVE set up when given (tcp).
 
-    `options` are set, and `before_connect(sock)` runs (e.g. to attach a monitor), before bind/connect."""
+    `options` are set, and `before_connect(sock)` runs (e.g. to attach a monitor), before bind/connect. A bind to every
+    interface (`tcp://*`, 0.0.0.0) needs `allow_wildcard`."""
     check_security(endpoint, curve, allow_plaintext)
+    if bind:
+        check_bind(endpoint, allow_wildcard)
     sock = configure(ctx.socket(kind))
     try:
         for opt, value in (options or {}).items():
@@ -193,12 +197,13 @@ class Server:
     log instead of a silent drop; ROUTER_HANDOVER lets a reconnecting peer with the same identity take over."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, *, curve: CurveServer | None = None,
-                 allow_plaintext: bool = False):
+                 allow_plaintext: bool = False, allow_wildcard: bool = False):
         self.endpoint = endpoint
         self.auth = start_authenticator(ctx, curve) if curve is not None else None
         try:
             self.sock = make_socket(ctx, zmq.ROUTER, endpoint, bind=True, curve=curve, allow_plaintext=allow_plaintext,
-                                    options={zmq.ROUTER_MANDATORY: 1, zmq.ROUTER_HANDOVER: 1})
+                                    options={zmq.ROUTER_MANDATORY: 1, zmq.ROUTER_HANDOVER: 1},
+                                    allow_wildcard=allow_wildcard)
         except BaseException:
             if self.auth is not None:
                 self.auth.stop()

@@ -227,8 +227,8 @@ class StageProc:
             # 1) bind our endpoint, connect to the orchestrator's event sink, say READY
             endpoint = cfg.endpoint(self.stage)
             curve = cfg.curve_server() if cfg.is_remote(self.stage) else None
-            self.server = Server(self.ctx, endpoint, curve=curve,
-                                 allow_plaintext=cfg.security.allow_plaintext_loopback)
+            self.server = Server(self.ctx, endpoint, curve=curve, allow_plaintext=cfg.security.allow_plaintext_loopback,
+                                 allow_wildcard=cfg.security.allow_wildcard_bind)
             self.events = event_socket(self.ctx, cfg)
             self.events.send(self._ready())
             log.info("%s ready on %s (pid %d)", self.stage, endpoint, os.getpid())
@@ -286,6 +286,7 @@ def stage_main(stage: str, make_logic: Callable[[PipelineConfig], Any], argv: li
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
+        config.check_listener(stage)  # an unsafe or keyless tcp endpoint is a config error, not a crash loop
     except ConfigError as e:
         print(f"{stage}: {e}", file=sys.stderr)
         return EXIT_CONFIG

@@ -19,6 +19,7 @@
 
     [security]                      # CURVE for tcp endpoints
     allow_plaintext_loopback = false
+    allow_wildcard_bind = false     # a tcp stage binds exactly its endpoint's address; true allows tcp://*:PORT
     server_key = "keys/server.key_secret"   # key pair of stages this file binds on tcp
     client_key = "keys/client.key_secret"   # key pair used to reach tcp stages
     allowed_clients = ["keys/client.key"]   # public keys a tcp stage accepts
@@ -42,14 +43,15 @@ from typing import Any
 
 from protocol.messages import HEARTBEAT_INTERVAL_S, LIVENESS
 from protocol.sockets import (REQUEST_RETRIES, REQUEST_TIMEOUT_S, CurveClient, CurveServer, EndpointError,
-                              parse_endpoint, read_keypair)
+                              check_bind, check_security, parse_endpoint, read_keypair)
 
 STAGES = ("encoder", "scheduler", "executor", "vae")
 ENDPOINT_NAMES = STAGES + ("events",)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _TOP_KEYS = {"run_dir", "pack_dir", "models_dir", "backend", "threads", "log_level", "endpoints", "timeouts",
              "security", "stage"}
-_SECURITY_KEYS = {"allow_plaintext_loopback", "server_key", "client_key", "allowed_clients", "servers"}
+_SECURITY_KEYS = {"allow_plaintext_loopback", "allow_wildcard_bind", "server_key", "client_key", "allowed_clients",
+                  "servers"}
 
 
 class ConfigError(ValueError):
@@ -67,6 +69,7 @@ class Timeouts:
 @dataclasses.dataclass(frozen=True)
 class Security:
     allow_plaintext_loopback: bool = False
+    allow_wildcard_bind: bool = False
     server_key: Path | None = None
     client_key: Path | None = None
     allowed_clients: tuple[Path, ...] = ()
@@ -106,6 +109,20 @@ class PipelineConfig:
         if not allowed:
             raise ConfigError(f"{self.path}: security.allowed_clients is empty: no client could connect")
         return CurveServer(public, secret, allowed)
+
+    def check_listener(self, name: str) -> None:
+        """ConfigError, before anything binds, when stage `name` could not listen safely on its endpoint: tcp needs
+        CURVE keys (or plaintext allowed, loopback only) and one named address unless a wildcard is allowed."""
+        if not self.is_remote(name):
+            return
+        curve = self.curve_server()
+        endpoint, sec = self.endpoints[name], self.security
+        try:
+            check_security(endpoint, curve, sec.allow_plaintext_loopback)
+            check_bind(endpoint, sec.allow_wildcard_bind)
+        except EndpointError as e:
+            hint = "" if curve is not None else " (set security.server_key and security.allowed_clients)"
+            raise ConfigError(f"{self.path}: endpoints.{name}: {e}{hint}") from None
 
     def curve_client(self, name: str) -> CurveClient | None:
         """Keys for reaching stage `name` over tcp (None when it is local or no keys are configured)."""
@@ -211,6 +228,7 @@ def parse_config(data: dict[str, Any], path: Path) -> PipelineConfig:
             raise ConfigError(f"{sw}servers.{name}: expected a stage name ({', '.join(STAGES)}) = key file path")
     security = Security(
         allow_plaintext_loopback=_get(s, "allow_plaintext_loopback", bool, sw, False),
+        allow_wildcard_bind=_get(s, "allow_wildcard_bind", bool, sw, False),
         server_key=_path(base, _get(s, "server_key", str, sw)),
         client_key=_path(base, _get(s, "client_key", str, sw)),
         allowed_clients=tuple(_path(base, p) for p in allowed),
