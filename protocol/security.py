@@ -104,7 +104,8 @@ def check_bind(endpoint: str, allow_wildcard: bool = False) -> None:
     host = address.rpartition(":")[0]
     if transport == "tcp" and host in WILDCARD_HOSTS and not allow_wildcard:
         raise EndpointError(f"{endpoint}: binding every network interface ({host}) is refused; name the one address "
-                            "to listen on (e.g. tcp://10.0.0.2:5560), or allow it explicitly (security.allow_wildcard_bind = true)")
+                            "to listen on (e.g. tcp://10.0.0.2:5560), or allow it explicitly "
+                            "(security.allow_wildcard_bind = true)")
 
 
 def check_security(endpoint: str, curve: Any, allow_plaintext: bool) -> None:
