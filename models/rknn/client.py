@@ -9,6 +9,7 @@ import signal
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -72,6 +73,7 @@ class ToolkitWorker:
         self._sel = selectors.DefaultSelector()
         self._sel.register(self.proc.stdout, selectors.EVENT_READ)
         self._buf = b""
+        self._lock = threading.Lock()            # one request at a time on the pipe
         # ru_maxrss once exited (os.wait4); note Linux counts the forking parent's RSS in it, so per-request peaks
         # come from the worker's own VmHWM (reset per request) instead
         self.max_rss_kb = 0
@@ -132,6 +134,10 @@ class ToolkitWorker:
 
     def request(self, op: str, timeout: float = REQUEST_TIMEOUT_S, **fields) -> dict:
         """Send one request; -> the reply (ok True). Raises ToolkitError on a failed reply, a dead worker or a hang."""
+        with self._lock:
+            return self._request(op, timeout, fields)
+
+    def _request(self, op: str, timeout: float, fields: dict) -> dict:
         if not self.alive:
             raise ToolkitError(f"rknn worker is not running ({describe_exit(self._reap())})")
         try:

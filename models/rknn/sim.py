@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 
 from models.branch_runtime import BackendError, BranchBackend
-from models.rknn.client import ToolkitError, ToolkitWorker
+from models.rknn.client import ToolkitError, ToolkitWorker, toolkit_python
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ _LOCK = threading.Lock()
 def shared_worker(venv=None) -> ToolkitWorker:
     """The process-wide simulator worker for `venv`: started once (the toolkit import costs seconds), restarted if
     it died."""
-    key = str(venv or "")
+    key = str(toolkit_python(venv).absolute())             # the same environment, however it was named
     with _LOCK:
         w = _WORKERS.get(key)
         if w is None or not w.alive:
