@@ -2,7 +2,6 @@
 weights, context shape/padding/truncation/empty prompt, `anima-models encode`."""
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
