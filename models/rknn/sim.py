@@ -102,6 +102,7 @@ class RknnSimBackend(BranchBackend):
         except ToolkitError as e:
             raise BackendError(f"{self._path}: simulator build failed: {e.args[0]}") from None
         self.last = {k: r[k] for k in ("load_s", "build_s", "init_s", "peak_rss_kb") if k in r}
+        log.info("rknn-sim %s: built in %.1f s", Path(self._path).stem, r.get("build_s", 0.0))
         self._tmp = tempfile.mkdtemp(prefix="anima-rknn-sim-")
         self._ready = True
 
