@@ -51,6 +51,9 @@ class DaemonClient:
     def call(self, msg, expect_cls):
         from protocol.messages import RemoteError, expect
         from protocol.sockets import PeerUnavailable
+        if not self.rf.daemon_sock.exists():       # no socket file: no daemon ever bound it (or it was cleaned)
+            raise CliError(f"the orchestrator daemon is not answering: no socket {self.rf.daemon_sock}; is "
+                           f"supervisord up? (supervisord -c {self.rf.supervisord_conf})")
         try:
             return expect(self.client.request(msg), expect_cls, "orchestrator daemon")
         except PeerUnavailable:
@@ -134,7 +137,10 @@ def _progress_line(info) -> str:
         return f"{info.job}: {info.state}" + (f" ({info.position} ahead)" if info.state == "queued" else "")
     width = 24
     filled = int(width * (p.step - 1) / max(p.steps, 1))
-    eta = "?" if p.eta_s is None else f"{int(p.eta_s // 60)}m{int(p.eta_s % 60):02d}s"
+    eta_s = p.eta_s
+    if eta_s is None and p.step > 1:     # the stage gave none: scale the time so far by the steps left
+        eta_s = p.elapsed_s / (p.step - 1) * (p.steps - p.step + 1)
+    eta = "?" if eta_s is None else f"{int(eta_s // 60)}m{int(eta_s % 60):02d}s"
     kind = "forecast" if p.forecast else f"block {p.block:>2} {p.branch:<5} {p.cfg_pass}"
     return f"[{'#' * filled}{'.' * (width - filled)}] step {p.step}/{p.steps} {kind}  ETA {eta}"
 
@@ -156,12 +162,14 @@ def _follow(client: DaemonClient, job: str, *, quiet: bool):
             time.sleep(1.0)
             continue
         line = _progress_line(info)
-        if line != last:
+        # a terminal gets one line redrawn per branch; a log gets a line per step or state change
+        key = line if tty else (info.state, info.progress.step if info.progress else None)
+        if key != last:
             if tty:
                 print("\r" + line.ljust(79), end="", file=sys.stderr, flush=True)
             elif not quiet or info.progress is None:
                 print(line, file=sys.stderr, flush=True)
-            last = line
+            last = key
         if info.state in ("done", "failed", "cancelled"):
             if tty:
                 print(file=sys.stderr)

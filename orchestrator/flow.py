@@ -157,7 +157,7 @@ class JobFlow:
         t0 = time.monotonic()
         for name in ("encoder", "vae"):      # nothing heavy may be up while denoising
             if not self.cfg.is_remote(name) and self.sup.info(name).live:
-                self.sup.stop(name, timeout_s=self.settings.stop_timeout_s)
+                self.sup.stop(name, timeout_s=self.settings.stop_timeout_s, sleep=self.d.pump)
         s = self.spec
         params = m.DenoiseParams(seed=s.seed, steps=s.steps, cfg=s.cfg, sampler=s.sampler, schedule=s.scheduler,
                                  width=s.width or self.pack.width, height=s.height or self.pack.height,
@@ -255,7 +255,7 @@ class JobFlow:
                     break
                 self.d.pump(0.05)
             try:
-                self.sup.start(stage, timeout_s=self.settings.start_timeout_s)
+                self.sup.start(stage, timeout_s=self.settings.start_timeout_s, sleep=self.d.pump)
             except SupervisorError as e:
                 raise StageFailed(stage, f"could not start: {e}") from None
             self._sampling.add(stage)
@@ -303,7 +303,7 @@ class JobFlow:
             self.report.stages[stage].see_rss(peak_rss_mb(info.pid))
         self._sampling.discard(stage)
         try:
-            self.sup.stop(stage, timeout_s=self.settings.stop_timeout_s)
+            self.sup.stop(stage, timeout_s=self.settings.stop_timeout_s, sleep=self.d.pump)
         except SupervisorError as e:
             raise StageFailed(stage, f"could not stop: {e}") from None
 
@@ -311,7 +311,7 @@ class JobFlow:
         for stage in ("encoder", "vae"):
             if not self.cfg.is_remote(stage):
                 try:
-                    self.sup.stop(stage, timeout_s=self.settings.stop_timeout_s)
+                    self.sup.stop(stage, timeout_s=self.settings.stop_timeout_s, sleep=self.d.pump)
                 except SupervisorError as e:
                     log.warning("could not stop %s: %s", stage, e)
 

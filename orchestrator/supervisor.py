@@ -7,6 +7,7 @@ import socket
 import time
 import xmlrpc.client
 from dataclasses import dataclass
+from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -132,29 +133,33 @@ class Supervisor:
 
     # ------------------------------------------------------------ control
 
-    def start(self, name: str, *, wait: bool = True, timeout_s: float = START_TIMEOUT_S) -> ProcInfo:
-        """Start a program; with `wait`, return once RUNNING (supervisord's startsecs passed), else raise."""
+    def start(self, name: str, *, wait: bool = True, timeout_s: float = START_TIMEOUT_S,
+              sleep: Callable[[float], None] = time.sleep) -> ProcInfo:
+        """Start a program; with `wait`, return once RUNNING (supervisord's startsecs passed), else raise.
+        `sleep` is how to wait between polls (a daemon passes its event pump, so it keeps serving)."""
         try:
             self._call("supervisor.startProcess", name, False, name=name)
         except SupervisorError as e:
             if "ALREADY_STARTED" not in str(e):
                 raise
-        return self.wait_state(name, ("RUNNING",), timeout_s) if wait else self.info(name)
+        return self.wait_state(name, ("RUNNING",), timeout_s, sleep=sleep) if wait else self.info(name)
 
-    def stop(self, name: str, *, wait: bool = True, timeout_s: float = STOP_TIMEOUT_S) -> ProcInfo:
+    def stop(self, name: str, *, wait: bool = True, timeout_s: float = STOP_TIMEOUT_S,
+             sleep: Callable[[float], None] = time.sleep) -> ProcInfo:
         """Stop a program (SIGTERM to its group, SIGKILL after stopwaitsecs); with `wait`, return once stopped."""
         try:
             self._call("supervisor.stopProcess", name, False, name=name)
         except SupervisorError as e:
             if "NOT_RUNNING" not in str(e):
                 raise
-        return self.wait_state(name, STOPPED_STATES, timeout_s) if wait else self.info(name)
+        return self.wait_state(name, STOPPED_STATES, timeout_s, sleep=sleep) if wait else self.info(name)
 
     def restart(self, name: str, *, timeout_s: float = START_TIMEOUT_S) -> ProcInfo:
         self.stop(name)
         return self.start(name, timeout_s=timeout_s)
 
-    def wait_state(self, name: str, states, timeout_s: float) -> ProcInfo:
+    def wait_state(self, name: str, states, timeout_s: float, *,
+                   sleep: Callable[[float], None] = time.sleep) -> ProcInfo:
         """Poll until the program is in one of `states`; a start that ends FATAL/EXITED/BACKOFF fails at once."""
         states = tuple(states)
         deadline = time.monotonic() + timeout_s
@@ -168,7 +173,7 @@ class Supervisor:
             if time.monotonic() >= deadline:
                 raise SupervisorError(f"program {name!r} is {info.state} after {timeout_s:.0f} s; "
                                       f"wanted {'/'.join(states)}")
-            time.sleep(POLL_INTERVAL_S)
+            sleep(POLL_INTERVAL_S)
 
     def shutdown(self) -> None:
         """Ask supervisord to stop all programs and exit."""

@@ -1,0 +1,73 @@
+"""CLI pieces that need no daemon: progress line, timing table, stage names, key generation, run folder checks."""
+import json
+import stat
+
+import pytest
+
+from orchestrator import cli
+from orchestrator.report import JobReport, format_table
+from orchestrator.runfolder import RunFolder, init_run
+from protocol import messages as m
+
+
+def _info(state, progress=None):
+    return m.JobInfo(job="20260101-120000-a1b2c3", state=state, created=1.0, updated=2.0, progress=progress)
+
+
+def test_progress_line_shows_step_block_branch_and_eta():
+    p = m.Progress(job="x", step=3, steps=10, block=12, branch="cross", cfg_pass="both", elapsed_s=20.0)
+    line = cli._progress_line(_info("denoising", p))
+    assert "step 3/10" in line and "block 12 cross" in line and "ETA 1m20s" in line   # 20 s for 2 steps, 8 left
+    assert "ETA 0m05s" in cli._progress_line(_info("denoising", m.Progress(
+        job="x", step=1, steps=2, block=0, branch="self", elapsed_s=1.0, eta_s=5.0)))
+    assert cli._progress_line(_info("encoding")).endswith(": encoding")
+
+
+def test_timing_table_lists_stages_and_branch_phases():
+    r = JobReport("j", {"prompt": "a"})
+    r.stages["encoder"].wall_s, r.stages["encoder"].peak_rss_mb = 3.5, 2500.0
+    r.denoised = {"computed_steps": [1, 2], "forecast_steps": [3], "branch_calls": 6, "host_s": 1.25,
+                  "transport_s": 0.5, "branches": {"self": {"load_s": 1.0, "init_s": 2.0, "infer_s": 3.0,
+                                                            "release_s": 0.25, "calls": 2}}}
+    d = r.to_dict()
+    assert d["branches"]["self"] == {"load_s": 1.0, "init_s": 2.0, "infer_s": 3.0, "release_s": 0.25, "calls": 2}
+    assert d["branches"]["ffn"]["calls"] == 0 and d["teardown"]["encoder_running_during_denoise"] is False
+    text = format_table(json.loads(json.dumps(d)))
+    assert "encoder" in text and "2500" in text and "self" in text and "host ops 1.25 s" in text
+    assert "6 branch calls, 2 computed steps (1 forecast)" in text
+
+
+def test_unknown_stage_is_a_usage_error(tmp_path, capsys):
+    init_run(tmp_path / "run")
+    assert cli.main(["--run", str(tmp_path / "run"), "restart", "nosuch"]) == 2
+    assert "unknown stage 'nosuch'" in capsys.readouterr().err
+
+
+def test_daemon_not_running_is_a_clear_error(tmp_path, capsys):
+    init_run(tmp_path / "run")
+    assert cli.main(["--run", str(tmp_path / "run"), "status"]) == 1
+    assert "orchestrator daemon is not answering" in capsys.readouterr().err
+
+
+def test_keys_generate_writes_0600_pairs(tmp_path, capsys):
+    assert cli.main(["--run", str(tmp_path / "run"), "keys", "generate", "--dir", str(tmp_path / "k"),
+                     "--name", "vae"]) == 0
+    for name in ("vae.key", "vae.key_secret"):
+        assert stat.S_IMODE((tmp_path / "k" / name).stat().st_mode) == 0o600
+    import zmq.auth
+    public, secret = zmq.auth.load_certificate(str(tmp_path / "k" / "vae.key_secret"))
+    assert len(public) == 40 and len(secret) == 40
+
+
+def test_run_folder_must_be_private_and_short(tmp_path):
+    d = tmp_path / "open"
+    d.mkdir(mode=0o755)
+    d.chmod(0o755)
+    with pytest.raises(ValueError, match="must be 0700"):
+        RunFolder(d).check()
+    with pytest.raises(ValueError, match="too long for unix sockets"):
+        RunFolder(tmp_path / ("x" * 120)).check()
+    rf = init_run(tmp_path / "run", pack_dir=tmp_path / "pack")
+    assert 'pack_dir = "' in rf.pipeline_toml.read_text()
+    from stages.config import load_config
+    assert load_config(rf.pipeline_toml).run_dir == rf.root
