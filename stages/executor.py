@@ -6,10 +6,13 @@ Backends: `onnx` (ONNX Runtime, any machine; the default here), `rknn` (rknn-too
 stages/backends/rknn.py). Lifecycle policies (`[stage.executor] policy`): `on-demand` (what the board needs today:
 nothing stays loaded between calls) and `prefetch` (after replying, load and init the branch named in the request's
 `next` hint on a helper thread, so the scheduler's host ops and the transport overlap the next model's set-up).
+`[stage.executor] trace = "FILE"` (opt-in, for tests and debugging) appends one JSON line per branch call served:
+{pid, job, step, block, branch, attempt}.
 """
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 import sys
@@ -30,6 +33,7 @@ from stages.tensor_io import ReplyTensors, read_tensor
 log = logging.getLogger(__name__)
 
 POLICIES = ("on-demand", "prefetch")
+KEEPALIVE_SLICE_S = 0.05   # how often lifecycle requests are answered while a branch runs
 
 
 BACKEND_SETTINGS = ("core_mask", "dual_core", "dual_masks", "lite")   # [stage.executor] keys for the rknn backend
@@ -86,6 +90,8 @@ class ExecutorLogic:
             else None
         self._prepared: _Prepared | None = None
         self.calls = 0
+        trace = settings.get("trace")
+        self.trace = str(Path(config.path).parent / trace) if trace else None   # relative to the config file
 
     def info(self) -> dict:
         return {"backend": self.backend_name, "threads": self.threads, "policy": self.policy,
@@ -108,6 +114,41 @@ class ExecutorLogic:
             feeds.append({name: read_tensor(ctx, msg.arena, d, msg.inline, field=f"passes[{i}].inputs.{name}")
                           for name, d in p.inputs.items()})
         mem0 = process_memory_mb()
+        # 2)-4) on a worker thread, so heartbeats are answered while the model loads and runs (ORT and RKNNLite
+        # release the GIL); a silent executor is then a dead one, and the scheduler resends at once
+        result: dict = {}
+        worker = threading.Thread(target=self._lifecycle, args=(path, feeds, result), name="branch", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            ctx.keepalive()
+            worker.join(KEEPALIVE_SLICE_S)
+        if "error" in result:
+            raise result["error"]
+        outputs, load_s, init_s, infer_s, release_s, cached = result["value"]
+        reply_tensors = ReplyTensors(ctx, msg.arena)
+        descs = tuple(reply_tensors.put(np.asarray(y), p.output, field=f"passes[{i}].output")
+                      for i, (y, p) in enumerate(zip(outputs, msg.passes)))
+        self.calls += 1
+        if self.trace:
+            self._trace(msg)
+        if self.policy == "prefetch" and msg.next is not None:
+            self._prefetch(msg.next.model)
+        mem = process_memory_mb()
+        times = m.PhaseTimes(load_s=load_s, init_s=init_s, infer_s=tuple(infer_s), release_s=release_s)
+        log.debug("block %d %s: load %.3f init %.3f infer %s release %.3f (rss %.0f -> %.0f MB)", msg.block,
+                  msg.branch, load_s, init_s, ["%.3f" % s for s in infer_s], release_s, mem0["rss"], mem["rss"])
+        return m.reply_to(msg, m.BranchDone, job=msg.job, step=msg.step, block=msg.block, branch=msg.branch,
+                          attempt=msg.attempt, times=times, outputs=descs, cached=cached, rss_mb=mem["rss"],
+                          pss_mb=mem.get("pss"), inline=reply_tensors.inline)
+
+    def _lifecycle(self, path: str, feeds: list, result: dict) -> None:
+        try:
+            result["value"] = self._run(path, feeds)
+        except BaseException as e:  # noqa: BLE001 - re-raised on the request's thread
+            result["error"] = e
+
+    def _run(self, path: str, feeds: list):
+        """-> (outputs per pass, load_s, init_s, [infer_s], release_s, cached)."""
         # 2) load and init (or pick up what prefetch prepared)
         backend, load_s, init_s, cached = self._acquire(path)
         try:
@@ -135,19 +176,17 @@ class ExecutorLogic:
             backend.release()
             gc.collect()
             release_s = time.perf_counter() - t0
-        reply_tensors = ReplyTensors(ctx, msg.arena)
-        descs = tuple(reply_tensors.put(np.asarray(y), p.output, field=f"passes[{i}].output")
-                      for i, (y, p) in enumerate(zip(outputs, msg.passes)))
-        self.calls += 1
-        if self.policy == "prefetch" and msg.next is not None:
-            self._prefetch(msg.next.model)
-        mem = process_memory_mb()
-        times = m.PhaseTimes(load_s=load_s, init_s=init_s, infer_s=tuple(infer_s), release_s=release_s)
-        log.debug("block %d %s: load %.3f init %.3f infer %s release %.3f (rss %.0f -> %.0f MB)", msg.block,
-                  msg.branch, load_s, init_s, ["%.3f" % s for s in infer_s], release_s, mem0["rss"], mem["rss"])
-        return m.reply_to(msg, m.BranchDone, job=msg.job, step=msg.step, block=msg.block, branch=msg.branch,
-                          attempt=msg.attempt, times=times, outputs=descs, cached=cached, rss_mb=mem["rss"],
-                          pss_mb=mem.get("pss"), inline=reply_tensors.inline)
+        return outputs, load_s, init_s, infer_s, release_s, cached
+
+    def _trace(self, msg: m.Branch) -> None:
+        """One JSON line per served call, appended with O_APPEND (one write: lines never interleave)."""
+        line = json.dumps({"pid": os.getpid(), "job": msg.job, "step": msg.step, "block": msg.block,
+                           "branch": msg.branch, "attempt": msg.attempt}) + "\n"
+        fd = os.open(self.trace, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
 
     def _acquire(self, path: str):
         """-> (backend ready to infer, load_s, init_s, cached)."""

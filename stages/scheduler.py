@@ -9,6 +9,7 @@ scheduler resumes at the last finished step and the result is bitwise identical 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import time
@@ -25,6 +26,7 @@ from models.partition import KINDS
 from models.sampler_state import SamplerStateError
 from protocol import messages as m
 from protocol.fields import ProtocolError
+from protocol.liveness import PeerLost, PeerWatch
 from protocol.sockets import LazyPirate, PeerUnavailable
 from stages.base import Interrupted, RequestFailed, stage_main
 from stages.config import PipelineConfig
@@ -40,8 +42,11 @@ MAX_BUSY_RETRIES = 3000
 class BranchClient:
     """Sends one branch call (both CFG passes) to the executor through the job arena; times the transport."""
 
-    def __init__(self, ctx, msg: m.Denoise, runner: DiTRunner, link: LazyPirate, arena, step_ref: list):
+    def __init__(self, ctx, msg: m.Denoise, runner: DiTRunner, link: LazyPirate, watch: PeerWatch, arena,
+                 step_ref: list, max_lost: int):
         self.stage_ctx, self.msg, self.runner, self.link, self.arena = ctx, msg, runner, link, arena
+        self.watch, self.max_lost = watch, max_lost
+        self.resends = 0
         self.step_ref = step_ref                      # [current 1-based step], read when a call goes out
         io = runner.pack.io_dtype                     # "f16" | "f32"
         L, D = runner.geom.tokens, runner.cfg.width
@@ -112,14 +117,32 @@ class BranchClient:
         return ys, times
 
     def _request(self, req: m.Branch) -> m.BranchDone:
-        for _ in range(MAX_BUSY_RETRIES):
+        """Lazy Pirate with a liveness watch: a dead executor is seen within LIVENESS heartbeats and the call is resent
+        at once (idempotent: the inputs stay in the arena); a live but slow one is waited for up to the timeout."""
+        busy = lost = 0
+        while True:
+            self.watch.reset(req.job)
+
+            def idle():
+                self.stage_ctx.keepalive()
+                self.watch.tick()
             try:
-                reply = self.link.request(req, should_stop=lambda: self.stage_ctx.stopping,
-                                          idle=self.stage_ctx.keepalive)
+                reply = self.link.request(req, should_stop=lambda: self.stage_ctx.stopping, idle=idle)
+            except PeerLost as e:
+                self.link.close()
+                lost += 1
+                self.resends += 1
+                if lost > self.max_lost:
+                    raise RequestFailed(f"executor lost {lost} times at step {req.step}, block {req.block}, "
+                                        f"{req.branch}: {e}", field="executor", retry=True) from None
+                log.warning("%s; resending block %d %s (attempt %d)", e, req.block, req.branch, req.attempt + 1)
+                req = dataclasses.replace(req, attempt=min(req.attempt + 1, 1000))
+                continue
             except PeerUnavailable as e:
                 raise RequestFailed(f"executor unreachable at step {req.step}, block {req.block}, {req.branch}: {e}",
                                     field="executor", retry=True) from None
-            if isinstance(reply, m.Error) and reply.code == "busy":
+            if isinstance(reply, m.Error) and reply.code == "busy" and busy < MAX_BUSY_RETRIES:
+                busy += 1
                 time.sleep(BUSY_RETRY_S)
                 continue
             try:
@@ -131,7 +154,6 @@ class BranchClient:
                 raise RequestFailed(f"executor answered block {reply.block} {reply.branch}, expected {req.block} "
                                     f"{req.branch}", field="executor")
             return reply
-        raise RequestFailed("executor stayed busy", field="executor", retry=True)
 
 
 def _parse_branch_name(name: str) -> tuple:
@@ -191,10 +213,15 @@ class SchedulerLogic:
         resumed_from = state.step
         # 3) the executor link and the branch client
         step_ref = [state.step + 1]
-        link = LazyPirate(self.zctx, msg.executor, peer="executor", timeout_s=float(
-            self.config.stage_settings("scheduler").get("branch_timeout_s", BRANCH_TIMEOUT_S)),
-            retries=self.config.timeouts.retries, curve=None, allow_plaintext=self.config.security.allow_plaintext_loopback)
-        client = holder["client"] = BranchClient(ctx, msg, runner, link, arena, step_ref)
+        sched = self.config.stage_settings("scheduler")
+        curve = self.config.curve_client("executor") if msg.executor == self.config.endpoint("executor") else None
+        plain = self.config.security.allow_plaintext_loopback
+        t = self.config.timeouts
+        link = LazyPirate(self.zctx, msg.executor, peer="executor", curve=curve, allow_plaintext=plain,
+                          timeout_s=float(sched.get("branch_timeout_s", BRANCH_TIMEOUT_S)), retries=t.retries)
+        watch = PeerWatch(self.zctx, msg.executor, peer="executor", interval_s=t.heartbeat_s, liveness=t.liveness,
+                          curve=curve, allow_plaintext=plain)
+        client = holder["client"] = BranchClient(ctx, msg, runner, link, watch, arena, step_ref, max_lost=t.retries)
         try:
             # 4) the steps; the state is saved after each
             while not sampler.done(state):
@@ -214,6 +241,7 @@ class SchedulerLogic:
             raise RequestFailed(str(e), field="executor") from None
         finally:
             link.close()
+            watch.close()
         # 5) the final latent into its slot, and the sums
         arena.write(msg.latent, state.latent)
         wall = time.monotonic() - t_start
@@ -223,7 +251,7 @@ class SchedulerLogic:
         return m.reply_to(msg, m.Denoised, job=msg.job, latent=msg.latent, computed_steps=tuple(state.computed),
                           forecast_steps=tuple(state.forecast), branch_calls=client.calls, branches=sums,
                           host_s=max(0.0, wall - branch_s - client.transport_s), transport_s=client.transport_s,
-                          wall_s=wall, resumed_from=resumed_from, resends=link.resends)
+                          wall_s=wall, resumed_from=resumed_from, resends=link.resends + client.resends)
 
 
 def main(argv=None) -> int:

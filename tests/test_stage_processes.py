@@ -16,13 +16,12 @@ from models.denoise import denoise, make_sampler, spectrum_settings, start_or_re
 from models.dit_runner import DiTRunner
 from models.pack import build_pack, load_pack
 from protocol import messages as m
-from protocol.arena import Arena, list_segments, run_prefix, segment_name
+from protocol.arena import Arena, list_segments, reap, run_prefix, segment_name
 from protocol.sockets import LazyPirate
 from stages.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 THREADS = 1
-STEPS = 6
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +66,7 @@ def pipeline(tmp_path, pack128):
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait(10)
         ctx.destroy(linger=0)
+        reap(run_prefix(run), keep=set())                       # a test killed mid-job must not leak its arena
         for f in (run / "sock").iterdir():
             f.unlink()
         (run / "sock").rmdir()
@@ -83,7 +83,7 @@ def _contexts(pack):
     return cond, uncond
 
 
-def _run_job(config, ctx, pack, job_dir: Path, job: str, spectrum: bool, kill=None):
+def _run_job(config, ctx, pack, job_dir: Path, job: str, spectrum: bool, steps: int, kill=None):
     """Act as the orchestrator: arena, contexts, DENOISE; `kill(procs)` may run mid-job. -> (latent, Denoised)."""
     cond, uncond = _contexts(pack)
     g, c = pack.geometry, pack.config
@@ -95,7 +95,7 @@ def _run_job(config, ctx, pack, job_dir: Path, job: str, spectrum: bool, kill=No
         arena.write(du, uncond)
         dl = arena.alloc("latent", "f32", (c.latent_channels, g.latent_h, g.latent_w))
         start = -(-arena.slots.cursor // 64) * 64
-        params = m.DenoiseParams(seed=42, steps=STEPS, cfg=4.0, width=g.width, height=g.height,
+        params = m.DenoiseParams(seed=42, steps=steps, cfg=4.0, width=g.width, height=g.height,
                                  spectrum=m.SpectrumSettings(enabled=spectrum))
         msg = m.Denoise(job=job, job_dir=str(job_dir), pack_dir=str(pack.dir), arena=arena.name, params=params,
                         cond=dc, uncond=du, latent=dl, scratch=m.Region(offset=start, nbytes=arena.size - start),
@@ -107,20 +107,21 @@ def _run_job(config, ctx, pack, job_dir: Path, job: str, spectrum: bool, kill=No
         return arena.read(dl), reply, cond, uncond
 
 
-def _in_process(pack, cond, uncond, spectrum: bool):
+def _in_process(pack, cond, uncond, spectrum: bool, steps: int):
     runner = DiTRunner(pack, threads=THREADS)
-    sampler = make_sampler(STEPS, 4.0, "sgm_uniform", spectrum_settings(spectrum))
+    sampler = make_sampler(steps, 4.0, "sgm_uniform", spectrum_settings(spectrum))
     g, c = pack.geometry, pack.config
     state = start_or_resume(sampler, 42, (c.latent_channels, g.latent_h, g.latent_w))
     return denoise(runner, sampler, state, cond, uncond)
 
 
-@pytest.mark.parametrize("spectrum", [True, False])
-def test_pipeline_latent_equals_in_process(pipeline, pack128, tmp_path, spectrum):
+@pytest.mark.parametrize("spectrum,steps", [(True, 6), (False, 2)])
+def test_pipeline_latent_equals_in_process(pipeline, pack128, tmp_path, spectrum, steps):
     config, ctx, procs, logs = pipeline
     pack = load_pack(pack128)
-    latent, reply, cond, uncond = _run_job(config, ctx, pack, tmp_path / "job", "jobA", spectrum)
-    ref = _in_process(pack, cond, uncond, spectrum)
+    latent, reply, cond, uncond = _run_job(config, ctx, pack, tmp_path / "job", "jobA", spectrum, steps)
+    ref = _in_process(pack, cond, uncond, spectrum, steps)
+    assert ref.forecast or not spectrum                         # 6 steps with Spectrum: step 5 is forecast
     assert list(reply.computed_steps) == ref.computed
     assert list(reply.forecast_steps) == ref.forecast
     assert reply.branch_calls == 3 * pack.config.blocks * len(ref.computed)
@@ -145,7 +146,7 @@ def test_executor_restart_mid_job_gives_same_latent(pipeline, pack128, tmp_path)
             procs["executor"] = _start("executor", config.path, logs / "executor2.log")
         threading.Thread(target=go, daemon=True).start()
 
-    latent, reply, cond, uncond = _run_job(config, ctx, pack, tmp_path / "job", "jobB", True, kill=kill_later)
-    ref = _in_process(pack, cond, uncond, True)
+    latent, reply, cond, uncond = _run_job(config, ctx, pack, tmp_path / "job", "jobB", False, 2, kill=kill_later)
+    ref = _in_process(pack, cond, uncond, False, 2)
     assert reply.resends >= 1
     np.testing.assert_array_equal(latent, ref.latent)
