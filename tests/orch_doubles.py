@@ -94,7 +94,8 @@ class VaeDouble:
 
     def on_decode(self, msg: m.Decode, ctx) -> m.Decoded:
         from PIL import Image, PngImagePlugin
-        latent = ctx.arena(msg.arena).read(msg.latent)                       # [C, h, w] f32
+        from stages.tensor_io import ReplyTensors, read_tensor
+        latent = read_tensor(ctx, msg.arena, msg.latent, msg.inline, field="latent")   # [C, h, w] f32
         c, h, w = latent.shape
         img = Image.fromarray(np.full((h * 8, w * 8, 3), int(latent[0, 0, 0]) % 256, np.uint8))
         info = PngImagePlugin.PngInfo()
@@ -102,11 +103,15 @@ class VaeDouble:
             info.add_itxt(k, v)
         buf = io.BytesIO()
         img.save(buf, format="PNG", pnginfo=info)
-        tmp = msg.output + ".tmp"
-        Path(tmp).write_bytes(buf.getvalue())
-        os.replace(tmp, msg.output)
-        return m.reply_to(msg, m.Decoded, job=msg.job, path=msg.output, width=w * 8, height=h * 8,
-                          timings={"decode_s": 0.001})
+        out, png = ReplyTensors(ctx, None), None
+        if msg.output is not None:
+            tmp = msg.output + ".tmp"
+            Path(tmp).write_bytes(buf.getvalue())
+            os.replace(tmp, msg.output)
+        if msg.return_png:
+            png = out.put(np.frombuffer(buf.getvalue(), np.uint8), None, field="png")
+        return m.reply_to(msg, m.Decoded, job=msg.job, path=msg.output, png=png, width=w * 8, height=h * 8,
+                          timings={"decode_s": 0.001}, inline=out.inline)
 
 
 LOGICS = {"encoder": EncoderDouble, "scheduler": SchedulerDouble, "executor": ExecutorDouble, "vae": VaeDouble}

@@ -219,3 +219,53 @@ def test_orchestrator_sigkill_mid_denoise_resumes_the_job(pipeline, tmp_path, ca
     history = json.loads((rf.jobs / job / "job.json").read_text())["history"]
     assert [h[0] for h in history].count("denoising") == 1   # resumed in place, not restarted from the queue
     assert json.loads(Path(info["report"]).read_text())["computed_steps"] == list(range(1, 11))
+
+
+def test_remote_vae_over_curve_is_used_not_started(pipeline, tmp_path, capsys):
+    """A tcp VAE (here a second process on loopback, as on another machine): never started through supervisord,
+    latent sent inline, PNG returned inline, CURVE keys from `orchestrator keys generate`. Runs last: it swaps the
+    daemon's config and restores it."""
+    rf, sup = pipeline
+    keys = rf.root / "keys"
+    for name in ("client", "vae"):
+        assert cli.main(["--run", str(rf.root), "keys", "generate", "--dir", str(keys), "--name", name]) == 0
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    remote = Path(tempfile.mkdtemp(prefix="anima-rvae-"))
+    remote.chmod(0o700)
+    (remote / "remote.toml").write_text(
+        f'run_dir = "{remote}"\n[endpoints]\nvae = "tcp://127.0.0.1:{port}"\n'
+        f'[security]\nserver_key = "{keys}/vae.key_secret"\nallowed_clients = ["{keys}/client.key"]\n')
+    vae = subprocess.Popen([sys.executable, str(DOUBLES), "vae", "--config", str(remote / "remote.toml")],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    original = rf.pipeline_toml.read_text()
+    vae_start = sup.info("vae").start
+    try:
+        rf.pipeline_toml.write_text(original + f'[endpoints]\nvae = "tcp://127.0.0.1:{port}"\n'
+                                    f'[security]\nclient_key = "{keys}/client.key_secret"\n'
+                                    f'[security.servers]\nvae = "{keys}/vae.key"\n')
+        sup.restart("orchestrator")
+        deadline = time.monotonic() + 30
+        while not rf.daemon_sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        capsys.readouterr()
+        rc = cli.main(["--run", str(rf.root), "submit", str(_prompt(tmp_path)), "--wait", "--json"])
+        out = capsys.readouterr()
+        assert rc == 0, out.err
+        result = json.loads(out.out)
+        report = json.loads(Path(result["report"]).read_text())
+        assert report["teardown"]["vae_remote"] is True and report["stages"]["vae"]["remote"] is True
+        assert report["teardown"]["vae_running_during_denoise"] is False
+        assert sup.info("vae").start == vae_start               # supervisord's VAE was never started
+        from PIL import Image
+        assert Image.open(result["image"]).text["seed"] == "3"
+        assert cli.main(["--run", str(rf.root), "restart", "vae"]) == 2
+        assert "is remote" in capsys.readouterr().err
+    finally:
+        vae.terminate()
+        vae.wait(timeout=20)
+        rf.pipeline_toml.write_text(original)
+        sup.restart("orchestrator")
+        shutil.rmtree(remote, ignore_errors=True)
