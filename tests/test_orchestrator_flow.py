@@ -203,6 +203,12 @@ def test_crashing_encoder_fails_the_job_with_a_clear_reason(pipeline, tmp_path, 
     job = err.split()[1]
     assert cli.main(["--run", str(rf.root), "status", job]) == 0
     assert "encoder" in capsys.readouterr().out
+    assert cli.main(["--run", str(rf.root), "logs", "encoder"]) == 0          # through supervisord's tail
+    assert "double encoder told to crash" in capsys.readouterr().out
+    assert cli.main(["--run", str(rf.root), "stages"]) == 0
+    listing = capsys.readouterr().out
+    assert all(p in listing for p in ("encoder", "scheduler", "executor", "vae", "orchestrator"))
+    assert "RUNNING" in listing
 
 
 def test_orchestrator_sigkill_mid_denoise_resumes_the_job(pipeline, tmp_path, capsys):
