@@ -4,8 +4,9 @@
 
 Backends: `onnx` (ONNX Runtime, any machine; the default here), `rknn` (rknn-toolkit-lite2 on the RK3588 board,
 stages/backends/rknn.py). Lifecycle policies (`[stage.executor] policy`): `on-demand` (what the board needs today:
-nothing stays loaded between calls) and `prefetch` (after replying, load and init the branch named in the request's
-`next` hint on a helper thread, so the scheduler's host ops and the transport overlap the next model's set-up).
+nothing stays loaded between calls) and `prefetch` (load and init the branch named in the request's `next` hint on
+a helper thread while the current one runs, so its set-up overlaps this branch's inference, the transport and the
+scheduler's host ops; needs memory for two models).
 `[stage.executor] trace = "FILE"` (opt-in, for tests and debugging) appends one JSON line per branch call served:
 {pid, job, step, block, branch, attempt}.
 """
@@ -117,7 +118,9 @@ class ExecutorLogic:
         # 2)-4) on a worker thread, so heartbeats are answered while the model loads and runs (ORT and RKNNLite
         # release the GIL); a silent executor is then a dead one, and the scheduler resends at once
         result: dict = {}
-        worker = threading.Thread(target=self._lifecycle, args=(path, feeds, result), name="branch", daemon=True)
+        nxt = msg.next.model if self.policy == "prefetch" and msg.next is not None else None
+        worker = threading.Thread(target=self._lifecycle, args=(path, feeds, nxt, result), name="branch",
+                                  daemon=True)
         worker.start()
         while worker.is_alive():
             ctx.keepalive()
@@ -131,8 +134,6 @@ class ExecutorLogic:
         self.calls += 1
         if self.trace:
             self._trace(msg)
-        if self.policy == "prefetch" and msg.next is not None:
-            self._prefetch(msg.next.model)
         mem = process_memory_mb()
         times = m.PhaseTimes(load_s=load_s, init_s=init_s, infer_s=tuple(infer_s), release_s=release_s)
         log.debug("block %d %s: load %.3f init %.3f infer %s release %.3f (rss %.0f -> %.0f MB)", msg.block,
@@ -141,16 +142,18 @@ class ExecutorLogic:
                           attempt=msg.attempt, times=times, outputs=descs, cached=cached, rss_mb=mem["rss"],
                           pss_mb=mem.get("pss"), inline=reply_tensors.inline)
 
-    def _lifecycle(self, path: str, feeds: list, result: dict) -> None:
+    def _lifecycle(self, path: str, feeds: list, next_model: str | None, result: dict) -> None:
         try:
-            result["value"] = self._run(path, feeds)
+            result["value"] = self._run(path, feeds, next_model)
         except BaseException as e:  # noqa: BLE001 - re-raised on the request's thread
             result["error"] = e
 
-    def _run(self, path: str, feeds: list):
+    def _run(self, path: str, feeds: list, next_model: str | None):
         """-> (outputs per pass, load_s, init_s, [infer_s], release_s, cached)."""
-        # 2) load and init (or pick up what prefetch prepared)
+        # 2) load and init (or pick up what prefetch prepared); prefetch: the next branch loads while this one runs
         backend, load_s, init_s, cached = self._acquire(path)
+        if next_model is not None:
+            self._prefetch(next_model)
         try:
             # 3) run both passes on the same loaded model, conditional first
             outputs, infer_s = [], []

@@ -46,19 +46,21 @@ def _hello(ctx, endpoint: str, timeout_s: float = 60.0) -> m.Ready:
 
 
 @pytest.fixture
-def pipeline(tmp_path, pack128):
-    """Run folder + config + executor and scheduler processes; yields (config, ctx, procs); kills them after."""
+def pipeline(request, tmp_path, pack128):
+    """Run folder + config + executor and scheduler processes; yields (config, ctx, procs); kills them after.
+    Indirect parameter: the executor policy (on-demand by default)."""
+    policy = getattr(request, "param", "on-demand")
     run = Path(f"/tmp/anima-sp-{os.getpid()}-{time.monotonic_ns() % 10**6}")
     (run / "sock").mkdir(parents=True)
     cfg = run / "pipeline.toml"
     cfg.write_text(f'run_dir = "{run}"\npack_dir = "{pack128}"\nthreads = {THREADS}\n'
-                   f'[timeouts]\nrequest_s = 30.0\nretries = 5\n')
+                   f'[timeouts]\nrequest_s = 30.0\nretries = 5\n[stage.executor]\npolicy = "{policy}"\n')
     config = load_config(cfg)
     ctx = zmq.Context()
     procs = {s: _start(s, cfg, tmp_path / f"{s}.log") for s in ("executor", "scheduler")}
     try:
-        for s in procs:
-            _hello(ctx, config.endpoint(s))
+        ready = {s: _hello(ctx, config.endpoint(s)) for s in procs}
+        assert ready["executor"].info["policy"] == policy
         yield config, ctx, procs, tmp_path
     finally:
         for p in procs.values():
@@ -149,4 +151,15 @@ def test_executor_restart_mid_job_gives_same_latent(pipeline, pack128, tmp_path)
     latent, reply, cond, uncond = _run_job(config, ctx, pack, tmp_path / "job", "jobB", False, 2, kill=kill_later)
     ref = _in_process(pack, cond, uncond, False, 2)
     assert reply.resends >= 1
+    np.testing.assert_array_equal(latent, ref.latent)
+
+
+@pytest.mark.parametrize("pipeline", ["prefetch"], indirect=True)
+def test_prefetch_policy_gives_the_same_latent(pipeline, pack128, tmp_path):
+    """The executor loads the next branch while the current one runs; results stay bitwise identical."""
+    config, ctx, procs, logs = pipeline
+    pack = load_pack(pack128)
+    latent, reply, cond, uncond = _run_job(config, ctx, pack, tmp_path / "job", "jobC", False, 2)
+    ref = _in_process(pack, cond, uncond, False, 2)
+    assert reply.branch_calls == 3 * pack.config.blocks * 2
     np.testing.assert_array_equal(latent, ref.latent)
