@@ -221,7 +221,8 @@ def serve(rf: RunFolder, config_path: Path) -> int:
     from stages.config import load_config
     cfg = load_config(config_path)
     if cfg.run_dir.resolve() != rf.root:
-        raise ValueError(f"{config_path}: run_dir {cfg.run_dir} differs from the run folder {rf.root} (--run / ANIMA_RUN)")
+        raise ValueError(f"{config_path}: run_dir {cfg.run_dir} differs from the run folder {rf.root} "
+                         "(--run / ANIMA_RUN)")
     logging.getLogger().setLevel(cfg.log_level.upper())
     setproctitle.setproctitle("anima-orchestrator")
     d = Daemon(cfg, rf)

@@ -1,4 +1,4 @@
-"""One job's flow: encode (encoder up, then down) → denoise (scheduler) → decode (VAE up, then down), with retries."""
+"""One job's flow: encode (encoder up, then down) → denoise (scheduler) → decode (VAE up, then down); retries."""
 from __future__ import annotations
 
 import logging
@@ -11,7 +11,7 @@ import numpy as np
 
 from orchestrator.pipeline import arena_plan
 from orchestrator.prompt_spec import PromptSpec
-from orchestrator.report import JobReport, current_rss_mb, peak_rss_mb
+from orchestrator.report import JobReport, current_rss_mb, peak_rss_mb, png_metadata
 from orchestrator.supervisor import SupervisorError
 from protocol import messages as m
 from protocol.arena import Arena, segment_name
@@ -198,7 +198,8 @@ class JobFlow:
         self._bring_up("vae")
         image = self.dir / "image.png"
         msg = m.Decode(job=self.job.id, latent=self.latent, arena=None if remote else self.arena.name,
-                       output=None if remote else str(image), return_png=remote, metadata=self._png_metadata())
+                       output=None if remote else str(image), return_png=remote,
+                       metadata=png_metadata(self.spec, self.pack, self.job.id))
         if remote:
             from protocol.tensors import InlineFrames
             frames = InlineFrames()
@@ -231,16 +232,6 @@ class JobFlow:
         except OSError as e:
             raise StageFailed("orchestrator", f"cannot write the image to output {dest}: {e}") from None
         return str(dest)
-
-    def _png_metadata(self) -> dict[str, str]:
-        s, p = self.spec, self.pack
-        spectrum = "on" if s.spectrum.enabled else "off"
-        params = (f"{s.prompt}\nNegative prompt: {s.negative_prompt}\nSteps: {s.steps}, Sampler: {s.sampler}, "
-                  f"Schedule type: {s.scheduler}, CFG scale: {s.cfg}, Seed: {s.seed}, Size: {p.width}x{p.height}, "
-                  f"Model: {p.source_name}, Model hash: {p.source_sha256[:10]}, Spectrum: {spectrum}")
-        return {"parameters": params, "prompt": s.prompt, "negative_prompt": s.negative_prompt, "seed": str(s.seed),
-                "steps": str(s.steps), "cfg": str(s.cfg), "sampler": s.sampler, "scheduler": s.scheduler,
-                "spectrum": spectrum, "model_sha256": p.source_sha256, "job": self.job.id}
 
     # ------------------------------------------------------------ stage lifecycle
 
@@ -381,7 +372,8 @@ class JobFlow:
             log.warning("supervisord sample failed: %s", e)
             return
         if self._denoising:                                   # the teardown record, read from supervisord
-            self.report.teardown.sample({n: None if self.cfg.is_remote(n) else infos.get(n) for n in ("encoder", "vae")})
+            self.report.teardown.sample({n: None if self.cfg.is_remote(n) else infos.get(n)
+                                         for n in ("encoder", "vae")})
         for stage in self._sampling:
             info = infos.get(stage)
             if info is not None and info.live:

@@ -1,4 +1,4 @@
-"""Heartbeats from the orchestrator to its always-on stages: one non-blocking REQ per stage, PONGs kept, silence logged."""
+"""Heartbeats from the orchestrator to its always-on stages: a non-blocking REQ each, PONGs kept, silence logged."""
 from __future__ import annotations
 
 import logging
@@ -73,7 +73,8 @@ class Heartbeats:
                     beat.sent_at = 0.0
                     self._drop(stage)
                     if not beat.silent:
-                        log.warning("%s has not answered a heartbeat for %.1f s", stage, self.interval_s * self.liveness)
+                        log.warning("%s has not answered a heartbeat for %.1f s", stage,
+                                    self.interval_s * self.liveness)
                     beat.silent = True
             # 3) time for the next one?
             if not beat.sent_at and now - max(beat.last_pong_at, 0.0) >= self.interval_s:

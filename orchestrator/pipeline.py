@@ -1,4 +1,4 @@
-"""The orchestrator's view of the pipeline: its settings from the config, the pack's geometry, the job arena's layout."""
+"""The orchestrator's view of the pipeline: settings from the config, the pack's geometry, the job arena's layout."""
 from __future__ import annotations
 
 from dataclasses import dataclass

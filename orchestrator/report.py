@@ -129,6 +129,18 @@ class JobReport:
         return path
 
 
+def png_metadata(spec, pack, job: str) -> dict[str, str]:
+    """PNG text chunks: an A1111-style `parameters` line (what image tools read) plus one chunk per setting."""
+    spectrum = "on" if spec.spectrum.enabled else "off"
+    params = (f"{spec.prompt}\nNegative prompt: {spec.negative_prompt}\nSteps: {spec.steps}, Sampler: {spec.sampler}, "
+              f"Schedule type: {spec.scheduler}, CFG scale: {spec.cfg}, Seed: {spec.seed}, "
+              f"Size: {pack.width}x{pack.height}, Model: {pack.source_name}, Model hash: {pack.source_sha256[:10]}, "
+              f"Spectrum: {spectrum}")
+    return {"parameters": params, "prompt": spec.prompt, "negative_prompt": spec.negative_prompt,
+            "seed": str(spec.seed), "steps": str(spec.steps), "cfg": str(spec.cfg), "sampler": spec.sampler,
+            "scheduler": spec.scheduler, "spectrum": spectrum, "model_sha256": pack.source_sha256, "job": job}
+
+
 def format_table(report: dict) -> str:
     """The timing table `orchestrator submit --wait` prints: per stage, then per branch kind and phase."""
     lines = [f"{'stage':<10} {'wall s':>9} {'peak RSS MB':>12}"]
