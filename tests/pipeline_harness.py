@@ -1,0 +1,254 @@
+"""A real pipeline for tests and chaos/soak scripts: supervisord + the REAL stages on the tiny bundle in a short /tmp run.
+
+    from tests.pipeline_harness import Pipeline, tiny_assets
+    bundle, pack = tiny_assets(Path("/tmp/cache"))            # tiny models folder + a 128x128 FP16 pack (idempotent)
+    with Pipeline.start(bundle, pack, threads=1) as p:
+        job = p.submit({"prompt": "a girl", "seed": 1, "steps": 2})
+        info = p.wait(job, ("done", "failed"))
+        p.kill("executor")                                   # SIGKILL the program's process (supervisord restarts it)
+        assert not p.leftover_segments() and not p.strays()
+
+The run folder lives under /tmp with a short name (unix socket paths must stay < 100 characters). The executor traces
+every branch call it serves to RUN/trace.jsonl (`[stage.executor] trace`). Teardown: supervisorctl shutdown (every
+program stopped as a group), then SIGKILL to anything of this run still alive; the folder is removed unless `keep`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from orchestrator.runfolder import PROGRAMS, RunFolder, init_run
+from orchestrator.supervisor import Supervisor, SupervisorError
+from protocol import messages as m
+from protocol.arena import list_segments, run_prefix
+
+BIN = Path(sys.executable).parent
+START_TIMEOUT_S = 120.0      # supervisord up, scheduler/executor RUNNING, the daemon's socket bound
+SHUTDOWN_TIMEOUT_S = 60.0
+POLL_S = 0.1
+TRACE_FILE = "trace.jsonl"
+
+
+def tiny_assets(cache: Path, resolution: tuple[int, int] = (128, 128), dtype: str = "fp16") -> tuple[Path, Path]:
+    """(models folder, pack folder) under `cache`: the embedded tiny bundle (seed 0) and its pack; both idempotent."""
+    from models.models_dir import resolve_models, write_bundle
+    from models.pack import build_pack
+    models = cache / "models"
+    write_bundle("tiny", 0, models)
+    dit = resolve_models(models, {}, need=("dit",)).dit
+    pack = cache / f"pack{resolution[0]}x{resolution[1]}-{dtype}"
+    if not (pack / "manifest.json").exists():
+        build_pack(dit, pack, resolution, dtype)
+    return models, pack
+
+
+def pipeline_toml(pack: Path, models: Path, *, threads: int = 1, branch_timeout_s: float = 20.0,
+                  extra: str = "") -> str:
+    """The config the harness runs: real stages, the executor's trace on, short timeouts so deaths show quickly."""
+    return (f'run_dir = "."\npack_dir = "{pack}"\nmodels_dir = "{models}"\nthreads = {threads}\n'
+            f'[timeouts]\nrequest_s = 5.0\nretries = 3\n'
+            f'[stage.executor]\ntrace = "{TRACE_FILE}"\n'
+            f'[stage.scheduler]\nbranch_timeout_s = {branch_timeout_s}\n'
+            f'[stage.orchestrator]\nsample_interval_s = 0.1\nstart_timeout_s = 120\nstage_retries = 3\n{extra}')
+
+
+class Pipeline:
+    """One supervisord with the five real programs over a run folder; helpers to submit, follow, kill and check."""
+
+    def __init__(self, root: Path, proc: subprocess.Popen, keep: bool = False):
+        self.root, self.proc, self.keep = root, proc, keep
+        self.rf = RunFolder.resolve(root)
+        self.sup = Supervisor(self.rf.supervisor_sock)
+        self._client = None
+
+    # ------------------------------------------------------------ start / stop
+
+    @classmethod
+    def start(cls, models: Path, pack: Path, *, threads: int = 1, branch_timeout_s: float = 20.0, extra_toml: str = "",
+              keep: bool = False) -> "Pipeline":
+        root = Path(tempfile.mkdtemp(prefix="anima-e2e-", dir="/tmp"))
+        rf = init_run(root, python=sys.executable)
+        rf.pipeline_toml.write_text(pipeline_toml(pack, models, threads=threads, branch_timeout_s=branch_timeout_s,
+                                                  extra=extra_toml))
+        proc = subprocess.Popen([str(BIN / "supervisord"), "-n", "-c", str(rf.supervisord_conf)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        p = cls(root, proc, keep)
+        try:
+            p._wait_up()
+        except BaseException:
+            p.stop()
+            raise
+        return p
+
+    def _wait_up(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.rf.supervisor_sock.exists():
+            self._check_alive(deadline)
+        for name in ("scheduler", "executor", "orchestrator"):
+            self.sup.wait_state(name, ("RUNNING",), max(1.0, deadline - time.monotonic()))
+        while not self.rf.daemon_sock.exists():
+            self._check_alive(deadline)
+
+    def _check_alive(self, deadline: float) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"supervisord exited with {self.proc.returncode}\n{self.logs()}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the pipeline did not come up in {START_TIMEOUT_S:.0f} s\n{self.logs()}")
+        time.sleep(POLL_S)
+
+    def stop(self) -> list[int]:
+        """supervisorctl shutdown; SIGKILL whatever of this run is left. -> pids that had to be killed."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self.proc.poll() is None:
+            try:
+                self.sup.shutdown()
+                self.proc.wait(SHUTDOWN_TIMEOUT_S)
+            except (SupervisorError, OSError, subprocess.TimeoutExpired):
+                _killpg(self.proc.pid)
+                self.proc.wait(10)
+        killed = [p.pid for p in self.strays(include_programs=True)]
+        for pid in killed:
+            _kill(pid)
+        if not self.keep:
+            shutil.rmtree(self.root, ignore_errors=True)
+        return killed
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------ jobs
+
+    def client(self):
+        from orchestrator.cli import DaemonClient
+        if self._client is None:
+            self._client = DaemonClient(self.rf, timeout_s=5.0)
+        return self._client
+
+    def submit(self, prompt: dict) -> str:
+        """Queue a prompt (a dict as in prompt.json) through the daemon's socket; -> job id."""
+        sub = self.client().call(m.Submit(prompt_json=json.dumps(prompt), base_dir=str(self.root)), m.Submitted)
+        return sub.job
+
+    def status(self, job: str) -> m.JobInfo | None:
+        """The daemon's view of `job`, or None while the daemon does not answer (being restarted)."""
+        from orchestrator.cli import CliError
+        try:
+            return self.client().call(m.Status(job=job), m.Jobs).jobs[0]
+        except CliError:
+            self._client.close()
+            self._client = None
+            return None
+
+    def wait(self, job: str, states=("done", "failed", "cancelled"), timeout_s: float = 300.0, pred=None,
+             poll_s: float = POLL_S) -> m.JobInfo:
+        """Poll until the job is in one of `states` (and `pred(info)` holds); AssertionError with the logs on timeout."""
+        deadline, info = time.monotonic() + timeout_s, None
+        while time.monotonic() < deadline:
+            info = self.status(job) or info
+            if info is not None and info.state in states and (pred is None or pred(info)):
+                return info
+            time.sleep(poll_s)
+        raise AssertionError(f"job {job} never reached {states} in {timeout_s:.0f} s (last: {info})\n{self.logs()}")
+
+    def job_dir(self, job: str) -> Path:
+        return self.rf.jobs / job
+
+    def report(self, job: str) -> dict:
+        return json.loads((self.job_dir(job) / "report.json").read_text())
+
+    def trace(self, job: str | None = None) -> list[dict]:
+        """The executor's trace lines (every branch call served), optionally of one job."""
+        path = self.root / TRACE_FILE
+        lines = [json.loads(s) for s in path.read_text().splitlines()] if path.exists() else []
+        return [t for t in lines if job is None or t["job"] == job]
+
+    # ------------------------------------------------------------ processes
+
+    def pid(self, program: str) -> int:
+        return self.sup.info(program).pid
+
+    def kill(self, program: str, sig: int = signal.SIGKILL) -> int:
+        """Signal the program's process (not its group: as a crash would); -> the pid signalled."""
+        pid = self.pid(program)
+        if not pid:
+            raise AssertionError(f"{program} has no process to kill ({self.sup.info(program).state})")
+        os.kill(pid, sig)
+        return pid
+
+    def supervisorctl(self, *args: str) -> str:
+        r = subprocess.run([str(BIN / "supervisorctl"), "-c", str(self.rf.supervisord_conf), *args],
+                           capture_output=True, text=True, timeout=120)
+        return r.stdout + r.stderr
+
+    def wait_program(self, program: str, states=("RUNNING",), timeout_s: float = 120.0):
+        return self.sup.wait_state(program, states, timeout_s)
+
+    def leftover_segments(self) -> list[str]:
+        """/dev/shm segments of this run folder (none may outlive a job)."""
+        return list_segments(run_prefix(self.root))
+
+    def strays(self, include_programs: bool = False) -> list[psutil.Process]:
+        """Processes of this run that supervisord does not own now: leftovers of killed stages, children a stage
+        started. With `include_programs`, supervisord's own programs count too (after shutdown: must be empty)."""
+        owned = set() if include_programs else {i.pid for i in self.sup.all_info().values() if i.pid} | {self.proc.pid}
+        mark, out = str(self.root), []
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            if p.pid in owned or p.pid == os.getpid():
+                continue
+            try:
+                if mark in " ".join(p.info["cmdline"] or ()) or p.environ().get("ANIMA_RUN") == mark:
+                    out.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return out
+
+    def stage_children(self) -> list[psutil.Process]:
+        """Child processes of the live programs (the onnx backend starts none)."""
+        kids = []
+        for info in self.sup.all_info().values():
+            if info.pid:
+                try:
+                    kids += psutil.Process(info.pid).children(recursive=True)
+                except psutil.NoSuchProcess:
+                    pass
+        return kids
+
+    def logs(self, tail: int = 3000) -> str:
+        parts = []
+        for p in sorted(self.rf.logs.glob("*.log")):
+            try:
+                parts.append(f"--- {p.name}\n{p.read_text(errors='replace')[-tail:]}")
+            except OSError:
+                pass
+        return "\n".join(parts)
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+__all__ = ["Pipeline", "tiny_assets", "pipeline_toml", "PROGRAMS", "TRACE_FILE"]

@@ -1,0 +1,212 @@
+"""End to end under a real supervisord with the REAL stages on the embedded tiny bundle (128x128 pack, FP16):
+PNG + metadata, report fields, teardown read from supervisord, strict block order (executor trace), final latent
+bitwise equal to in-process sampling; `supervisorctl restart executor` mid-job; every program SIGKILLed once mid-job;
+no /dev/shm segment and no stray process left."""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from models.denoise import denoise, make_sampler, spectrum_settings, start_or_resume
+from models.dit_runner import DiTRunner
+from models.pack import load_pack
+from models.partition import KINDS
+from tests.pipeline_harness import Pipeline, tiny_assets
+
+THREADS = 1           # the stages and the in-process reference run ONNX Runtime with the same thread count
+# 4 steps, Spectrum warm-up 1: computed [1, 2, 4], forecast [3] (the forecast path and its saved history are exercised)
+PROMPT = {"prompt": "1girl, silver hair, (blue eyes:1.2)", "negative_prompt": "worst quality", "seed": 1234,
+          "steps": 4, "cfg": 4.0, "sampler": "euler", "scheduler": "sgm_uniform", "spectrum": {"warmup": 1}}
+JOB_TIMEOUT_S = 600.0
+
+
+@pytest.fixture(scope="module")
+def assets():
+    """The tiny bundle and its 128x128 pack in a folder of our own (not pytest's basetemp: concurrent sessions prune
+    it while supervisord still reads from it)."""
+    cache = Path(tempfile.mkdtemp(prefix="anima-e2e-assets-"))
+    try:
+        yield tiny_assets(cache)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pipe(assets):
+    models, pack = assets
+    p = Pipeline.start(models, pack, threads=THREADS)
+    try:
+        yield p
+    finally:
+        killed = p.stop()
+        assert killed == [], f"processes of the run outlived supervisord's shutdown: {killed}"
+        assert p.leftover_segments() == []
+
+
+@pytest.fixture(scope="module")
+def reference(assets):
+    """In-process sampling (models.denoise + DiTRunner, same pack, seed, settings and threads) from a job folder's
+    contexts; computed once, every job of this module has the same prompt."""
+    cache = {}
+
+    def get(job_dir: Path) -> np.ndarray:
+        if "latent" not in cache:
+            spec = json.loads((job_dir / "job.json").read_text())["spec"]
+            pack = load_pack(assets[1])
+            g, c = pack.geometry, pack.config
+            sampler = make_sampler(spec["steps"], spec["cfg"], spec["scheduler"],
+                                   spectrum_settings(**spec["spectrum"]))
+            state = start_or_resume(sampler, spec["seed"], (c.latent_channels, g.latent_h, g.latent_w))
+            cond, uncond = np.load(job_dir / "cond.npy"), np.load(job_dir / "uncond.npy")    # [512, Dc] f32
+            final = denoise(DiTRunner(pack, threads=THREADS), sampler, state, cond, uncond)
+            cache.update(latent=final.latent, computed=final.computed, forecast=final.forecast,
+                         cond=cond, uncond=uncond)
+        return cache
+    return get
+
+
+def _expected_order(computed: list[int], blocks: int) -> list[tuple]:
+    return [(s, b, k) for s in computed for b in range(blocks) for k in KINDS]
+
+
+def _served_order(trace: list[dict]) -> list[tuple]:
+    """(step, block, branch) in the order the executor served them, a resent call that was served twice once."""
+    out = []
+    for t in trace:
+        key = (t["step"], t["block"], t["branch"])
+        if not out or out[-1] != key:
+            out.append(key)
+    return out
+
+
+def _check_clean(pipe: Pipeline) -> None:
+    assert pipe.leftover_segments() == [], "a /dev/shm segment outlived its job"
+    assert pipe.strays() == [], f"stray processes: {pipe.strays()}"
+    assert pipe.stage_children() == [], "a stage left child processes"
+    infos = pipe.sup.all_info()
+    assert infos["encoder"].state != "RUNNING" and infos["vae"].state != "RUNNING"
+
+
+def test_job_end_to_end(pipe, assets, reference):
+    t0 = time.monotonic()
+    job = pipe.submit(PROMPT)
+    info = pipe.wait(job, timeout_s=JOB_TIMEOUT_S)
+    assert info.state == "done", f"{info.error_stage}: {info.error}\n{pipe.logs()}"
+    pack = load_pack(assets[1])
+    blocks = pack.config.blocks
+
+    # the PNG and its metadata text chunks
+    img = Image.open(info.image)
+    img.load()
+    assert img.format == "PNG" and img.size == (128, 128) and img.mode == "RGB"
+    meta = img.text
+    assert meta["prompt"] == PROMPT["prompt"] and meta["negative_prompt"] == PROMPT["negative_prompt"]
+    assert (meta["seed"], meta["steps"], meta["cfg"]) == ("1234", "4", "4.0")
+    assert (meta["sampler"], meta["scheduler"], meta["spectrum"]) == ("euler", "sgm_uniform", "on")
+    assert meta["model_sha256"] == pack.source["sha256"] and len(meta["model_sha256"]) == 64
+    assert "Seed: 1234" in meta["parameters"] and f"Model hash: {pack.source['sha256'][:10]}" in meta["parameters"]
+    assert np.asarray(img).std() > 0                     # decoded, not a constant
+
+    # the report's interface fields
+    ref = reference(pipe.job_dir(job))
+    r = pipe.report(job)
+    assert r["computed_steps"] == ref["computed"] == [1, 2, 4] and r["forecast_steps"] == [3]
+    assert r["branch_calls"] == 3 * blocks * len(ref["computed"])
+    td = r["teardown"]
+    assert td["encoder_running_during_denoise"] is False and td["vae_running_during_denoise"] is False
+    assert td["samples"] >= 3                            # recorded from supervisord during the run
+    for name in ("encoder", "scheduler", "executor", "vae"):
+        assert r["stages"][name]["wall_s"] > 0 and r["stages"][name]["peak_rss_mb"] > 10, (name, r["stages"])
+    for kind in KINDS:
+        b = r["branches"][kind]
+        assert b["calls"] == blocks * len(ref["computed"])
+        assert b["infer_s"] > 0 and b["load_s"] >= 0 and b["init_s"] > 0 and b["release_s"] >= 0
+    assert r["transport_s"] > 0 and r["host_s"] > 0
+    assert r["stages"]["scheduler"]["wall_s"] >= sum(sum(b[p] for p in ("load_s", "init_s", "infer_s", "release_s"))
+                                                     for b in r["branches"].values())
+
+    # strict block order, each call once, as served by the executor
+    trace = pipe.trace(job)
+    assert [(t["step"], t["block"], t["branch"]) for t in trace] == _expected_order(ref["computed"], blocks)
+    assert {t["attempt"] for t in trace} == {1} and len({t["pid"] for t in trace}) == 1
+
+    # the final latent equals in-process sampling bitwise (same host ops, same ORT graphs and thread count)
+    latent = np.load(pipe.job_dir(job) / "latent.npy")   # [16, 16, 16] f32
+    np.testing.assert_array_equal(latent, ref["latent"])
+    _check_clean(pipe)
+    print(f"\nend-to-end job: {time.monotonic() - t0:.1f} s (report wall {r['wall_s']:.1f} s)")
+
+
+def test_restart_executor_mid_job(pipe, reference):
+    job = pipe.submit(PROMPT)
+    pipe.wait(job, ("denoising",), JOB_TIMEOUT_S, pred=lambda i: i.progress is not None and i.progress.block >= 8,
+              poll_s=0.05)
+    old = pipe.pid("executor")
+    out = pipe.supervisorctl("restart", "executor")
+    assert "started" in out, out
+    info = pipe.wait(job, timeout_s=JOB_TIMEOUT_S)
+    assert info.state == "done", f"{info.error_stage}: {info.error}\n{pipe.logs()}"
+    assert pipe.pid("executor") != old
+    trace = pipe.trace(job)
+    assert len({t["pid"] for t in trace}) == 2           # served by both executors
+    ref = reference(pipe.job_dir(job))
+    assert _served_order(trace) == _expected_order(ref["computed"], 28)
+    np.testing.assert_array_equal(np.load(pipe.job_dir(job) / "latent.npy"), ref["latent"])
+    _check_clean(pipe)
+
+
+def _encoder_readies(pipe: Pipeline) -> int:
+    log = pipe.rf.logs / "encoder.log"
+    return log.read_text(errors="replace").count("encoder ready on") if log.exists() else 0
+
+
+def test_every_program_sigkilled_once_mid_job(pipe, reference):
+    """One job; SIGKILL in turn: the encoder while encoding, the scheduler and the executor while denoising, the
+    orchestrator mid-denoise, the VAE while decoding. It finishes with the undisturbed result, nothing leaks."""
+    readies = _encoder_readies(pipe)
+    job = pipe.submit(PROMPT)
+    killed = {}
+    # 1) encoder: once it is READY (ENCODE follows at once); the tiny encode takes about a second
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while _encoder_readies(pipe) == readies and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if pipe.status(job).state == "encoding":
+        killed["encoder"] = pipe.kill("encoder")
+    # 2) scheduler, mid-step
+    pipe.wait(job, ("denoising",), JOB_TIMEOUT_S, pred=lambda i: i.progress is not None and i.progress.block >= 10,
+              poll_s=0.05)
+    killed["scheduler"] = pipe.kill("scheduler")
+    # 3) executor, once the restarted scheduler has gone on (a step past its resume point)
+    pipe.wait(job, ("denoising",), JOB_TIMEOUT_S, poll_s=0.05,
+              pred=lambda i: i.progress is not None and i.progress.step >= 2 and i.progress.block >= 5)
+    killed["executor"] = pipe.kill("executor")
+    # 4) orchestrator, while the scheduler goes on (the new daemon resumes the job from the job folder)
+    pipe.wait(job, ("denoising",), JOB_TIMEOUT_S, poll_s=0.05,
+              pred=lambda i: i.progress is not None and (i.progress.step, i.progress.block) >= (2, 20))
+    killed["orchestrator"] = pipe.kill("orchestrator")
+    # 5) VAE, while decoding
+    info = pipe.wait(job, ("decoding", "done", "failed"), JOB_TIMEOUT_S, poll_s=0.05)
+    while info.state == "decoding" and not pipe.sup.info("vae").pid:
+        time.sleep(0.02)
+        info = pipe.status(job) or info
+    if info.state == "decoding":
+        killed["vae"] = pipe.kill("vae")
+    info = pipe.wait(job, timeout_s=JOB_TIMEOUT_S)
+    assert info.state == "done", f"{info.error_stage}: {info.error}\n{pipe.logs()}"
+    assert set(killed) == {"encoder", "scheduler", "executor", "orchestrator", "vae"}, f"only killed {killed}"
+    ref = reference(pipe.job_dir(job))
+    np.testing.assert_array_equal(np.load(pipe.job_dir(job) / "cond.npy"), ref["cond"])
+    np.testing.assert_array_equal(np.load(pipe.job_dir(job) / "latent.npy"), ref["latent"])
+    r = pipe.report(job)
+    assert r["resumed_from"] >= 1 and r["computed_steps"] == [1, 2, 4]
+    assert Image.open(info.image).size == (128, 128)
+    for name, pid in killed.items():
+        assert pipe.pid(name) != pid
+    _check_clean(pipe)
