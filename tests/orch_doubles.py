@@ -7,6 +7,7 @@ start/stop, events, retries — not any model math. The real stages live in stag
 Behaviour switches (files in the run folder, so a test can flip them while the stage runs):
     RUN/double_step_s        seconds per denoising step (default 0.05)
     RUN/double_encoder_crash the encoder raises (fatal tier) on ENCODE
+    RUN/double_encode_s      the next ENCODE sleeps this long first (the flag is consumed; RUN/double_encoding says so)
 """
 from __future__ import annotations
 
@@ -38,6 +39,11 @@ class EncoderDouble:
     def on_encode(self, msg: m.Encode, ctx) -> m.Encoded:
         if _flag(self.cfg, "double_encoder_crash") is not None:
             raise RuntimeError("double encoder told to crash")
+        delay = float(_flag(self.cfg, "double_encode_s", "0"))
+        if delay:                                # long enough for a test to SIGKILL it mid-request, once
+            Path(self.cfg.run_dir, "double_encode_s").unlink(missing_ok=True)
+            Path(self.cfg.run_dir, "double_encoding").write_text(str(os.getpid()))
+            time.sleep(delay)
         vals = {"cond": float(len(msg.prompt)), "uncond": float(len(msg.negative))}
         if msg.arena is None:
             frames = InlineFrames()

@@ -87,7 +87,7 @@ def _pipeline():
 def pipeline(_pipeline):
     """Per test: default double behaviour, an idle queue, and no segment left behind."""
     rf, sup = _pipeline
-    for flag in ("double_step_s", "double_encoder_crash"):
+    for flag in ("double_step_s", "double_encoder_crash", "double_encode_s", "double_encoding"):
         (rf.root / flag).unlink(missing_ok=True)
     yield rf, sup
     assert list_segments(run_prefix(rf.root)) == [], "a shared-memory segment outlived the job"
@@ -190,6 +190,23 @@ def test_cancel_then_resume(pipeline, tmp_path, capsys):
     assert cli.main(["--run", str(rf.root), "resume", job]) == 0
     info = _wait_state(rf, job, capsys, ("done", "failed"), timeout_s=60)
     assert info["state"] == "done", info
+
+
+def test_encoder_sigkill_mid_encode_is_retried(pipeline, tmp_path, capsys):
+    rf, sup = pipeline
+    (rf.root / "double_encode_s").write_text("30")
+    assert cli.main(["--run", str(rf.root), "submit", str(_prompt(tmp_path))]) == 0
+    job = capsys.readouterr().out.strip()
+    deadline = time.monotonic() + 60
+    while not (rf.root / "double_encoding").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = int((rf.root / "double_encoding").read_text())
+    os.kill(pid, signal.SIGKILL)                          # supervisord restarts it; the flow asks again
+    info = _wait_state(rf, job, capsys, ("done", "failed"), timeout_s=90)
+    assert info["state"] == "done", info
+    attempts = json.loads((rf.jobs / job / "job.json").read_text())["attempts"]
+    assert attempts["encoding"] == 1                       # retried inside the stage, not re-queued
+    assert sup.info("encoder").state == "STOPPED"
 
 
 def test_crashing_encoder_fails_the_job_with_a_clear_reason(pipeline, tmp_path, capsys):
