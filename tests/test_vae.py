@@ -213,3 +213,16 @@ def test_cli_decode(files, vae, tmp_path, capsys):
                    "--out", str(tmp_path / "b.png")])
     assert rc == 2 and "expected [16, h, w]" in capsys.readouterr().err
     assert not (tmp_path / "b.png").exists()
+
+
+def test_flop_count_matches_torch_counter(vae):
+    """The analytic count (models.vae.flops) against torch's FlopCounterMode on what the decoder runs."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from models.vae.flops import decoder_flops
+    z = torch.randn(1, 16, 6, 5)
+    with FlopCounterMode(display=False) as counter:
+        vae.decoder.forward(z)
+    counts = {str(k): v for k, v in counter.get_flop_counts()["Global"].items()}
+    want = decoder_flops(TINY, 6, 5)
+    assert counts["aten.convolution"] == want["executed"] - want["attention"]       # convs, sub-pixel upsample
+    assert counts.get("aten._scaled_dot_product_flash_attention_for_cpu", want["attention"]) == want["attention"]
