@@ -127,14 +127,20 @@ class LazyPirate:
     def _watch(self, sock: zmq.Socket) -> None:
         self._monitor = sock.get_monitor_socket(_HANDSHAKE_FAILURES)
 
-    def _refused(self) -> str | None:
-        """Why the server refused our handshake (seen on the monitor), or None."""
+    def _refused(self) -> tuple[str, bool] | None:
+        """(why the handshake failed, whether that is final), seen on the monitor, or None. An allow-list refusal or a
+        plaintext/CURVE mismatch is final; a handshake cut off without detail is a wrong server key or a peer that died
+        mid-handshake (a restarting stage), so it is resent like a timeout."""
+        why = None
         while self._monitor is not None and self._monitor.poll(0, zmq.POLLIN):
             event = recv_monitor_message(self._monitor)["event"]
             if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                return "the server refused this client's CURVE key (not in its allow-list)"
-            return "the security handshake failed (CURVE keys or plaintext mismatch between client and server)"
-        return None
+                return "the server refused this client's CURVE key (not in its allow-list)", True
+            if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                return "the security handshake failed (CURVE vs plaintext mismatch between client and server)", True
+            why = ("the security handshake failed (is security.servers.NAME the server's public key?) "
+                   "or the peer died during it"), False
+        return why
 
     def close(self) -> None:
         if self.sock is not None:
@@ -151,6 +157,7 @@ class LazyPirate:
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         tries = 1 + (self.retries if retries is None else retries)
         has_attempt = "attempt" in {f.name for f in dataclasses.fields(msg)}
+        handshake_failed = 0  # attempts that ended in a handshake failure
         for attempt in range(1, tries + 1):
             if has_attempt:
                 msg = dataclasses.replace(msg, attempt=attempt)
@@ -165,7 +172,9 @@ class LazyPirate:
             refused = self._refused()
             self.close()  # the REQ socket is stuck after a lost reply: drop it, a new one starts clean
             if refused:
-                raise PeerRefused(f"{self.peer} ({self.endpoint}): {refused}")
+                handshake_failed += 1
+                if refused[1] or handshake_failed == tries:
+                    raise PeerRefused(f"{self.peer} ({self.endpoint}): {refused[0]}")
             if should_stop is not None and should_stop():
                 raise PeerUnavailable(f"request {msg.KIND} to {self.peer} abandoned: stopping")
             if attempt < tries:

@@ -104,8 +104,9 @@ class PipelineConfig:
         sec = self.security
         if sec.server_key is None:
             return None
-        public, secret = _keypair(sec.server_key, "security.server_key", need_secret=True)
-        allowed = frozenset(_keypair(p, f"security.allowed_clients[{i}]")[0] for i, p in enumerate(sec.allowed_clients))
+        w = f"{self.path}: security."
+        public, secret = _keypair(sec.server_key, f"{w}server_key", need_secret=True)
+        allowed = frozenset(_keypair(p, f"{w}allowed_clients[{i}]")[0] for i, p in enumerate(sec.allowed_clients))
         if not allowed:
             raise ConfigError(f"{self.path}: security.allowed_clients is empty: no client could connect")
         return CurveServer(public, secret, allowed)
@@ -133,8 +134,9 @@ class PipelineConfig:
             raise ConfigError(f"{self.path}: security.client_key is needed to reach {name} over tcp")
         if name not in sec.servers:
             raise ConfigError(f"{self.path}: security.servers.{name} (the stage's public key) is missing")
-        public, secret = _keypair(sec.client_key, "security.client_key", need_secret=True)
-        return CurveClient(public, secret, _keypair(sec.servers[name], f"security.servers.{name}")[0])
+        w = f"{self.path}: security."
+        public, secret = _keypair(sec.client_key, f"{w}client_key", need_secret=True)
+        return CurveClient(public, secret, _keypair(sec.servers[name], f"{w}servers.{name}")[0])
 
 
 def _keypair(path: Path, key: str, need_secret: bool = False) -> tuple[bytes, bytes | None]:
