@@ -23,6 +23,7 @@ from orchestrator.runfolder import PROGRAMS, RunFolder, init_run
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 WAIT_POLL_S = 0.25          # --wait asks the daemon this often
 DAEMON_TIMEOUT_S = 5.0      # one CLI -> daemon request
+DAEMON_START_WAIT_S = 60.0  # a daemon supervisord is starting gets this long to bind its socket
 DAEMON_GONE_S = 120.0       # --wait keeps asking a daemon that stopped answering (being restarted) this long
 
 
@@ -51,7 +52,7 @@ class DaemonClient:
     def call(self, msg, expect_cls):
         from protocol.messages import RemoteError, expect
         from protocol.sockets import PeerUnavailable
-        if not self.rf.daemon_sock.exists():       # no socket file: no daemon ever bound it (or it was cleaned)
+        if not self.rf.daemon_sock.exists() and not self._daemon_coming():
             raise CliError(f"the orchestrator daemon is not answering: no socket {self.rf.daemon_sock}; is "
                            f"supervisord up? (supervisord -c {self.rf.supervisord_conf})")
         try:
@@ -62,6 +63,22 @@ class DaemonClient:
         except RemoteError as e:
             code = EXIT_USAGE if e.code in ("bad_request", "failed") else EXIT_FAILED
             raise CliError(e.reply.message, code) from None
+
+    def _daemon_coming(self) -> bool:
+        """supervisord is starting the daemon (just launched): wait for its socket instead of failing."""
+        from orchestrator.supervisor import Supervisor, SupervisorError
+        deadline = time.monotonic() + DAEMON_START_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                state = Supervisor(self.rf.supervisor_sock, timeout_s=2.0).info("orchestrator").state
+            except SupervisorError:
+                return False
+            if state not in ("STARTING", "RUNNING", "BACKOFF"):
+                return False
+            if self.rf.daemon_sock.exists():
+                return True
+            time.sleep(0.2)
+        return False
 
     def close(self):
         self.client.close()
