@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import time
 from pathlib import Path
@@ -109,7 +110,9 @@ class JobFlow:
 
     def _make_arena(self) -> None:
         plan = arena_plan(self.pack)
-        name = segment_name(self.d.rf.root, self.job.id)
+        # a fresh name per arena: a stage still serving a dead daemon's request for this job can never attach the
+        # new arena under the old name and mix the two (an orchestrator restart once corrupted the latent so)
+        name = segment_name(self.d.rf.root, f"{self.job.id}_{secrets.token_hex(3)}")
         try:
             self.arena = Arena.create(name, plan.total)
         except Exception as e:  # ArenaError: no space, a stale segment
