@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 BRANCH_TIMEOUT_S = 600.0     # one branch call, both passes (a full-size branch on a slow CPU takes tens of seconds)
 BUSY_RETRY_S = 0.2           # executor answered `busy`: ask again after this long
 MAX_BUSY_RETRIES = 3000
+STATE_HEADROOM_MB = 16.0     # free space kept on the job folder's disk beyond two copies of a step state
 
 
 class BranchClient:
@@ -156,6 +158,33 @@ class BranchClient:
             return reply
 
 
+def _state_nbytes(state) -> int:
+    """Bytes of the arrays a step state file holds (latent, Spectrum history), found by walking the state."""
+    seen, total, todo = set(), 0, [state]
+    while todo:
+        obj = todo.pop()
+        if isinstance(obj, np.ndarray):
+            total += obj.nbytes
+        elif id(obj) not in seen and (dataclasses.is_dataclass(obj) or isinstance(obj, (list, tuple, dict))):
+            seen.add(id(obj))
+            todo += list(obj.values() if isinstance(obj, dict) else obj if not dataclasses.is_dataclass(obj)
+                         else vars(obj).values())
+    return total
+
+
+def check_state_room(job_dir: str, state) -> None:
+    """Before a step state is written: room for it twice (written, then renamed over the old one) plus headroom,
+    else a clear error naming the folder (the job fails; free space, then `orchestrator resume JOB`)."""
+    need_mb = 2 * _state_nbytes(state) / 2**20 + STATE_HEADROOM_MB
+    try:
+        free_mb = shutil.disk_usage(job_dir).free / 2**20
+    except OSError as e:
+        raise RequestFailed(f"job folder {job_dir}: {e}", field="job_dir") from None
+    if free_mb < need_mb:
+        raise RequestFailed(f"only {free_mb:.1f} MB free in {job_dir}; the state of step {state.step} needs "
+                            f"{need_mb:.1f} MB (free some space, then `orchestrator resume JOB`)", field="job_dir")
+
+
 def _parse_branch_name(name: str) -> tuple:
     """'b07_cross.onnx' -> (7, 'cross')."""
     stem = name.split(".", 1)[0]
@@ -236,6 +265,7 @@ class SchedulerLogic:
                                         branch="ffn", forecast=True, elapsed_s=time.monotonic() - t_start))
                 if not np.isfinite(state.latent).all():
                     raise RequestFailed(f"latent has NaN/Inf after step {state.step}", field="latent")
+                check_state_room(msg.job_dir, state)
                 save_state(state, msg.job_dir)
         except FloatingPointError as e:
             raise RequestFailed(str(e), field="executor") from None
