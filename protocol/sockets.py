@@ -76,6 +76,8 @@ def make_socket(ctx: zmq.Context, kind: int, endpoint: str, *, bind: bool, curve
             if transport == "ipc":
                 os.makedirs(os.path.dirname(address), mode=0o700, exist_ok=True)
             sock.bind(endpoint)
+            if transport == "ipc":          # owner only, whatever the umask (supervisord -n does not apply its own)
+                os.chmod(address, 0o700)
         else:
             sock.connect(endpoint)
     except BaseException:
