@@ -74,7 +74,8 @@ class JobFlow:
         start = job.state if job.active else (job.start_at or "encoding")
         self.d.current = self
         try:
-            # 1) the job's arena: contexts, latent, the scheduler's scratch region
+            # 1) room on the job folder's disk, then the job's arena: contexts, latent, the scheduler's scratch region
+            self._check_disk()
             self._make_arena()
             if start != "encoding":          # resumed past encoding: its contexts wait in the job folder
                 self._load_contexts()
@@ -107,6 +108,14 @@ class JobFlow:
             if self.arena is not None:
                 self.arena.close()           # the owner unlinks: no segment outlives its job
                 self.arena = None
+
+    def _check_disk(self) -> None:
+        """A queued job may wait while the disk fills: before it starts, the queue's free-space floor holds again."""
+        free_mb = shutil.disk_usage(self.dir).free / 2**20
+        if free_mb < self.store.min_free_mb:
+            raise StageFailed("orchestrator", f"only {free_mb:.0f} MB free in {self.dir}; a job needs at least "
+                              f"{self.store.min_free_mb:.0f} MB (free some space, then `orchestrator resume "
+                              f"{self.job.id}`)")
 
     def _make_arena(self) -> None:
         plan = arena_plan(self.pack)
