@@ -174,6 +174,7 @@ class StageProc:
                                                  field="kind"))
             return True
         self.current_job = getattr(msg, "job", None)
+        self.cancelled.discard(self.current_job)   # new work for a cancelled job is its resumption: serve it
         t0 = time.monotonic()
         try:
             reply = self._call(handler, msg)

@@ -175,9 +175,6 @@ def test_scheduler_sigkill_mid_job_resumes(pipeline, tmp_path, capsys):
     assert report["resumed_from"] >= 2 and report["computed_steps"] == list(range(1, 11))
 
 
-@pytest.mark.xfail(strict=True, reason="stages/base.py keeps a cancelled job id in StageProc.cancelled for good, so "
-                   "the resumed job's DENOISE is refused as cancelled (asked PROTOCOL: clear it when new work "
-                   "for that job arrives); remove this marker once fixed")
 def test_cancel_then_resume(pipeline, tmp_path, capsys):
     rf, sup = pipeline
     (rf.root / "double_step_s").write_text("0.3")
