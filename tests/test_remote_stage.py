@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 import zmq
 from PIL import Image
@@ -20,125 +19,14 @@ from zmq.utils.monitor import recv_monitor_message
 
 from protocol import codec
 from protocol import messages as m
-from protocol.security import CurveClient, is_loopback, read_keypair, write_keypair
+from protocol.security import CurveClient, is_loopback, read_keypair
 from protocol.sockets import EndpointError, LazyPirate, PeerRefused, PeerUnavailable, configure
 from protocol.tensors import InlineFrames, from_inline
 from remote_net import RemoteNet
-from stages.config import load_config
+from remote_vae_machine import START_TIMEOUT_S, RemoteVae, alive, hello
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "remote-vae"
-START_TIMEOUT_S = 90.0   # a stage process importing torch on 2 busy cores
 REFUSED_WAIT_S = 1.5     # "no reply within the timeout" for refused clients
 LATENT = (16, 8, 12)     # [C, h, w] → a 96×64 image
-
-
-def _hello() -> m.Hello:
-    return m.Hello(peer="test", pid=os.getpid(), version="t")
-
-
-def _from_example(name: str, dest: Path, substitutions: dict[str, str]) -> Path:
-    """examples/remote-vae/NAME with each substitution made exactly once (so the example and the test stay in step)."""
-    text = (EXAMPLE / name).read_text()
-    for old, new in substitutions.items():
-        assert text.count(old) == 1, f"{EXAMPLE / name}: expected {old!r} once"
-        text = text.replace(old, new)
-    path = dest / name
-    path.write_text(text)
-    return path
-
-
-class RemoteVae:
-    """The VAE machine as examples/remote-vae describes it (its vae.toml, key files, its own supervisord running the
-    stage), and the board side's config made from pipeline-remote-vae.toml."""
-
-    def __init__(self, net: RemoteNet, bundle: Path, folder: Path):
-        self.net, self.folder = net, folder
-        keys = folder / "keys"
-        for name in ("vae", "board", "stranger", "impostor"):
-            write_keypair(keys, name)
-        self.port = net.free_port()
-        self.endpoint = f"tcp://{net.server_addr}:{self.port}"
-        (folder / "run").mkdir(mode=0o700)
-        example_ep = '"tcp://10.0.0.2:5560"'
-        self.vae_toml = _from_example("vae.toml", folder, {example_ep: f'"{self.endpoint}"',
-                                                           'models_dir = "models"': f'models_dir = "{bundle}"',
-                                                           "threads = 8": "threads = 1"})
-        board = _from_example("pipeline-remote-vae.toml", folder, {example_ep: f'"{self.endpoint}"',
-                                                                   "request_s = 5.0": "request_s = 3.0",
-                                                                   "retries = 3": "retries = 8"})
-        self.board = load_config(board)
-        self.conf = _from_example("supervisord.conf", folder, {"%(here)s/../../.venv/bin/python": sys.executable,
-                                                               "directory=%(here)s/../..": f"directory={ROOT}"})
-        self.log = folder / "run" / "vae.log"
-        self.supervisord: subprocess.Popen | None = None
-        self.groups: set[int] = set()  # process groups of every stage process seen, for teardown
-
-    def write(self, name: str, text: str) -> Path:
-        path = self.folder / name
-        path.write_text("\n".join(line.strip() for line in text.strip().splitlines()) + "\n")
-        return path
-
-    def keys(self, name: str) -> tuple[bytes, bytes]:
-        return read_keypair(self.folder / "keys" / f"{name}.key_secret")
-
-    def run_stage(self, config: Path, **kw) -> subprocess.Popen:
-        """`python -m stages.vae --config CONFIG` on the VAE machine, directly (not under supervisord)."""
-        return subprocess.Popen(self.net.wrap([sys.executable, "-m", "stages.vae", "--config", str(config)]),
-                                cwd=ROOT, start_new_session=True, **kw)
-
-    def start(self) -> None:
-        """The VAE machine's supervisord (foreground), which starts the stage."""
-        supervisord = str(Path(sys.executable).with_name("supervisord"))
-        self.supervisord = subprocess.Popen(self.net.wrap([supervisord, "-n", "-c", str(self.conf)]), cwd=self.folder,
-                                            stdout=subprocess.DEVNULL, stderr=open(self.folder / "sd.err", "ab"),
-                                            start_new_session=True)
-
-    def stage_pid(self, ready: m.Ready) -> int:
-        self.groups.add(os.getpgid(ready.pid))
-        return ready.pid
-
-    def kill(self) -> None:
-        """SIGKILL supervisord first (nothing restarts after), then every stage process group it ran."""
-        if self.supervisord is None:
-            return
-        try:
-            self.groups.update(os.getpgid(c.pid) for c in psutil.Process(self.supervisord.pid).children(recursive=True))
-        except (psutil.Error, ProcessLookupError):
-            pass
-        if self.supervisord.poll() is None:
-            os.killpg(self.supervisord.pid, signal.SIGKILL)
-        self.supervisord.wait(10)
-        for group in self.groups:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def link(self, ctx: zmq.Context, **kw) -> LazyPirate:
-        """The board side's client, built from its pipeline config like the orchestrator does."""
-        t = self.board.timeouts
-        return LazyPirate(ctx, self.endpoint, peer="vae", curve=self.board.curve_client("vae"),
-                          **{"timeout_s": t.request_s, "retries": t.retries, **kw})
-
-    def wait_ready(self, ctx: zmq.Context) -> m.Ready:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if self.supervisord.poll() is not None:
-                raise AssertionError(f"supervisord exited with {self.supervisord.returncode}: {self._logs()}")
-            try:
-                with self.link(ctx, timeout_s=2.0, retries=0) as link:
-                    ready = m.expect(link.request(_hello()), m.Ready, "vae")
-                    self.stage_pid(ready)
-                    return ready
-            except Exception:  # noqa: BLE001 - not up yet (a refusal would show in the log below)
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"no READY in {START_TIMEOUT_S} s: {self._logs()}")
-
-    def _logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in (self.folder / "sd.err", self.log,
-                                                                           self.folder / "run" / "supervisord.log")
-                         if p.exists())
 
 
 @pytest.fixture(scope="module")
@@ -153,31 +41,16 @@ def net(request):
 
 
 @pytest.fixture(scope="module")
-def remote(net, tiny_bundle, tmp_path_factory):
+def remote(net, tiny_bundle):
     ctx = zmq.Context()
-    vae = RemoteVae(net, tiny_bundle, tmp_path_factory.mktemp("remote_vae"))
-    vae.start()
+    vae = RemoteVae(net, tiny_bundle)
     try:
+        vae.start()
         vae.ready = vae.wait_ready(ctx)
         yield vae, ctx
     finally:
-        vae.kill()
+        vae.close()
         ctx.destroy(linger=0)
-
-
-def _alive(pid: int) -> bool:
-    """A live process (zombies waiting for a reaper do not count)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except OSError:
-        return None
 
 
 def _decode_msg(latent: np.ndarray, metadata: dict[str, str]) -> m.Decode:
@@ -194,7 +67,7 @@ def _raw_request(ctx: zmq.Context, endpoint: str, curve: tuple[bytes, bytes, byt
         if curve is not None:
             sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve
         sock.connect(endpoint)
-        sock.send_multipart(codec.encode(_hello()))
+        sock.send_multipart(codec.encode(hello()))
         replied = bool(sock.poll(int(REFUSED_WAIT_S * 1000), zmq.POLLIN))
         events, deadline = set(), time.monotonic() + 0.3    # bounded: a refused peer reconnects every 100 ms
         while mon.poll(50, zmq.POLLIN) and time.monotonic() < deadline:
@@ -236,7 +109,7 @@ def test_unknown_client_key_is_refused_and_the_stage_keeps_serving(remote):
     with LazyPirate(ctx, vae.endpoint, timeout_s=REFUSED_WAIT_S, retries=3,
                     curve=CurveClient(*stranger, s_pub)) as lp:
         with pytest.raises(PeerRefused, match="refused this client's CURVE key"):
-            lp.request(_hello())
+            lp.request(hello())
         assert lp.resends == 0
     replied, events = _raw_request(ctx, vae.endpoint, (*stranger, s_pub))
     assert not replied and zmq.EVENT_HANDSHAKE_FAILED_AUTH in events
@@ -247,10 +120,10 @@ def test_unknown_client_key_is_refused_and_the_stage_keeps_serving(remote):
     assert not replied and zmq.EVENT_HANDSHAKE_SUCCEEDED not in events
     with LazyPirate(ctx, vae.endpoint, timeout_s=1.0, retries=1, curve=CurveClient(*vae.keys("board"), impostor_pub)) as lp:
         with pytest.raises(PeerRefused, match="security.servers.NAME"):
-            lp.request(_hello())
+            lp.request(hello())
     with vae.link(ctx) as link:
-        ready = m.expect(link.request(_hello()), m.Ready, "vae")
-    assert ready.pid == vae.ready.pid and _alive(ready.pid)
+        ready = m.expect(link.request(hello()), m.Ready, "vae")
+    assert ready.pid == vae.ready.pid and alive(ready.pid)
 
 
 def test_plaintext_client_is_refused(remote):
@@ -260,12 +133,12 @@ def test_plaintext_client_is_refused(remote):
     if is_loopback(vae.net.server_addr):
         with LazyPirate(ctx, vae.endpoint, timeout_s=REFUSED_WAIT_S, retries=2, allow_plaintext=True) as lp:
             with pytest.raises(PeerRefused, match="handshake failed"):
-                lp.request(_hello())
+                lp.request(hello())
     else:  # our own client will not even try plaintext to a non-loopback address
         with pytest.raises(EndpointError, match="only allowed on a loopback"):
             LazyPirate(ctx, vae.endpoint, allow_plaintext=True)
     with vae.link(ctx) as link:
-        assert m.expect(link.request(_hello()), m.Ready, "vae").pid == vae.ready.pid
+        assert m.expect(link.request(hello()), m.Ready, "vae").pid == vae.ready.pid
 
 
 def _unsafe_configs(vae: RemoteVae) -> dict[str, tuple[str, str]]:
@@ -340,8 +213,17 @@ def test_stage_dies_and_comes_back_the_client_resends(remote):
     link = vae.link(ctx)
 
     def call():
+        """As the orchestrator does: Lazy Pirate resends; a `busy` answer (the new process still decodes an earlier
+        attempt of this request) is asked again shortly after."""
         try:
-            result["reply"] = link.request(_decode_msg(latent, {"seed": "5"}))
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while True:
+                reply = link.request(_decode_msg(latent, {"seed": "5"}))
+                if not (isinstance(reply, m.Error) and reply.code == "busy") or time.monotonic() > deadline:
+                    break
+                result["busy"] = result.get("busy", 0) + 1
+                time.sleep(0.5)
+            result["reply"] = reply
         except Exception as e:  # noqa: BLE001 - reported below
             result["error"] = e
     t = threading.Thread(target=call, daemon=True)
@@ -360,7 +242,7 @@ def test_stage_dies_and_comes_back_the_client_resends(remote):
     png = Image.open(io.BytesIO(from_inline(reply.png, reply.inline).tobytes()))
     assert png.size == (96, 64) and png.text["seed"] == "5"
     vae.ready = vae.wait_ready(ctx)
-    assert vae.ready.pid != old_pid and not _alive(old_pid)
+    assert vae.ready.pid != old_pid and not alive(old_pid)
     status = subprocess.run([str(Path(sys.executable).with_name("supervisorctl")), "-c", str(vae.conf), "status",
                              "vae"], capture_output=True, text=True, timeout=30).stdout
     assert "RUNNING" in status and f"pid {vae.ready.pid}," in status, status
@@ -370,8 +252,7 @@ def test_teardown_leaves_nothing(net, remote):
     """Runs last: kill the VAE machine's processes as the fixture will, and check no process or port is left."""
     vae, ctx = remote
     vae.kill()
-    left = [p.pid for p in psutil.process_iter() if _alive(p.pid) and _pgid(p.pid) in vae.groups | {vae.supervisord.pid}]
-    assert not left and not _alive(vae.ready.pid)
+    assert vae.leftovers() == [] and not alive(vae.ready.pid)
     with LazyPirate(ctx, vae.endpoint, timeout_s=0.5, retries=0, curve=vae.board.curve_client("vae")) as link:
         with pytest.raises(PeerUnavailable):
-            link.request(_hello())
+            link.request(hello())
