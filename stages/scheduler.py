@@ -272,6 +272,8 @@ class SchedulerLogic:
         finally:
             link.close()
             watch.close()
+            holder.clear()           # runner -> branch_fn -> holder -> client -> runner: a cycle that kept every
+                                     # job's host weights (the whole FP32 host part of the model) until a full GC
         # 5) the final latent into its slot, and the sums
         arena.write(msg.latent, state.latent)
         wall = time.monotonic() - t_start
