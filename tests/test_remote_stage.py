@@ -256,3 +256,26 @@ def test_teardown_leaves_nothing(net, remote):
     with LazyPirate(ctx, vae.endpoint, timeout_s=0.5, retries=0, curve=vae.board.curve_client("vae")) as link:
         with pytest.raises(PeerUnavailable):
             link.request(hello())
+
+
+@pytest.mark.parametrize("host", ["*", "0.0.0.0"])
+def test_a_wildcard_bind_needs_the_explicit_flag(tmp_path, host):
+    """In-process: refused by default (with CURVE on), bound with allow_wildcard (security.allow_wildcard_bind)."""
+    from protocol.security import CurveServer, check_bind, write_keypair
+    from protocol.sockets import Server
+    pub, sec = read_keypair(write_keypair(tmp_path, "s")[1])
+    curve = CurveServer(pub, sec, frozenset({pub}))
+    endpoint = f"tcp://{host}:{47500 + os.getpid() % 400}"
+    check_bind("tcp://127.0.0.2:5560")  # a named address needs nothing
+    for allow in (False, True):
+        ctx = zmq.Context()  # one each: a ZAP handler's inproc endpoint is not reusable at once in the same context
+        try:
+            if not allow:
+                with pytest.raises(EndpointError, match="binding every network interface"):
+                    Server(ctx, endpoint, curve=curve)
+                continue
+            srv = Server(ctx, endpoint, curve=curve, allow_wildcard=True)
+            assert srv.sock.getsockopt(zmq.LAST_ENDPOINT).decode().startswith("tcp://0.0.0.0:")
+            srv.close()
+        finally:
+            ctx.destroy(linger=0)
