@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -260,8 +261,10 @@ def summary_line(trials: list[Trial]) -> str:
             f"shm_leaked={sum(len(t.shm_leaked) for t in trials)} orphans={sum(len(t.orphans) for t in trials)}")
 
 
-def run_trials(pipe: Pipeline, stages: list[str], trials: int, seed: int = 0, log=print) -> tuple[Chaos, list[Trial]]:
-    """`trials` per stage, interleaved (encoder, scheduler, …, encoder, …) on one pipeline; one line per trial."""
+def run_trials(pipe: Pipeline, stages: list[str], trials: int, seed: int = 0, log=print,
+               after=None) -> tuple[Chaos, list[Trial]]:
+    """`trials` per stage, interleaved (encoder, scheduler, …, encoder, …) on one pipeline; one line per trial;
+    `after(chaos, trials so far)` after each (the script saves its JSON there, so a cut-short run keeps its trials)."""
     chaos = Chaos(pipe, seed, log=log)
     chaos.baseline()
     out = []
@@ -270,7 +273,22 @@ def run_trials(pipe: Pipeline, stages: list[str], trials: int, seed: int = 0, lo
             t = chaos.trial(stage, i)
             log(t.line())
             out.append(t)
+            if after is not None:
+                after(chaos, out)
     return chaos, out
+
+
+def write_json(path: Path, chaos: Chaos, trials: list[Trial], stages: list[str], per_stage: int, wall_s: float,
+               end_shm: list | None = None) -> None:
+    """Every trial so far and the summary line; `complete` once the pipeline has been shut down and checked."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({
+        "stages": stages, "trials_per_stage": per_stage, "seed": chaos.seed, "prompt": chaos.prompt,
+        "baseline": chaos.base.public(), "trials": [{**asdict(t), "survived": t.survived} for t in trials],
+        "summary": summary_line(trials), "complete": end_shm is not None, "end_shm": end_shm,
+        "wall_s": round(wall_s, 1)}, indent=1))
+    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,20 +304,28 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--trials must be at least 1")
     stages = list(STAGES) if args.stage == "all" else [args.stage]
     cache = args.cache or Path(tempfile.mkdtemp(prefix="anima-chaos-"))
+    try:
+        return _run(args, stages, cache)
+    finally:
+        if args.cache is None:
+            shutil.rmtree(cache, ignore_errors=True)
+
+
+def _run(args, stages: list[str], cache: Path) -> int:
     models, pack = tiny_assets(cache)
     t0 = time.monotonic()
+    save = None
+    if args.json:
+        def save(chaos, done):
+            write_json(args.json, chaos, done, stages, args.trials, time.monotonic() - t0)
     with Pipeline.start(models, pack, threads=args.threads) as pipe:
-        chaos, trials = run_trials(pipe, stages, args.trials, args.seed)
-        end_shm = pipe.leftover_segments()
+        chaos, trials = run_trials(pipe, stages, args.trials, args.seed, after=save)
+    end_shm = pipe.leftover_segments()          # after supervisord's shutdown: nothing of the run may remain
     line = summary_line(trials)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "stages": stages, "trials_per_stage": args.trials, "seed": args.seed, "prompt": chaos.prompt,
-            "baseline": chaos.base.public(), "trials": [{**asdict(t), "survived": t.survived} for t in trials],
-            "summary": line, "end_shm": end_shm, "wall_s": round(time.monotonic() - t0, 1)}, indent=1))
+        write_json(args.json, chaos, trials, stages, args.trials, time.monotonic() - t0, end_shm)
     print(line, flush=True)
-    ok = all(t.survived and t.identical and not t.shm_leaked and not t.orphans for t in trials)
+    ok = not end_shm and all(t.survived and t.identical and not t.shm_leaked and not t.orphans for t in trials)
     return 0 if ok else 1
 
 
