@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import zlib
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +64,10 @@ class RemoteNet:
         _reap_stale()
         pid = os.getpid()
         ns = f"{NS_PREFIX}{tag}-{pid}"
-        idx = pid % 16000                                   # one /30 per test process: 10.213.a.b
+        idx = (pid + zlib.crc32(tag.encode())) % 16000      # one /30 per test process and tag: 10.213.a.b
         a, b = idx // 64, (idx % 64) * 4
         host_ip, ns_ip = f"10.213.{a}.{b + 1}", f"10.213.{a}.{b + 2}"
-        host_if, ns_if = f"av{pid % 10**7}h", f"av{pid % 10**7}n"   # interface names: 15 chars at most
+        host_if, ns_if = _ifname(tag, pid, "h"), _ifname(tag, pid, "n")
         net = cls("netns", ns_ip, host_ip, ns, host_if)
         try:
             _ip("netns", "add", ns)
@@ -107,6 +108,10 @@ class RemoteNet:
                 subprocess.run(["ip", *args], capture_output=True, timeout=IP_TIMEOUT_S)
 
 
+def _ifname(tag: str, pid: int, side: str) -> str:
+    return f"av{tag[:2]}{pid % 10**7}{side}"  # interface names: 15 characters at most
+
+
 def _ip(*args: str) -> None:
     r = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=IP_TIMEOUT_S)
     if r.returncode != 0:
@@ -121,4 +126,6 @@ def _reap_stale() -> None:
         pid = name.rsplit("-", 1)[-1]
         if name.startswith(NS_PREFIX) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=IP_TIMEOUT_S)
-            subprocess.run(["ip", "link", "del", f"av{int(pid) % 10**7}h"], capture_output=True, timeout=IP_TIMEOUT_S)
+            tag = name[len(NS_PREFIX):].rsplit("-", 1)[0]
+            subprocess.run(["ip", "link", "del", _ifname(tag, int(pid), "h")], capture_output=True,
+                           timeout=IP_TIMEOUT_S)
