@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 RUN ?= $(CURDIR)/run
+# extra demo flags, e.g. make demo DEMO_ARGS="--resolution 512x512 --stop"
+DEMO_ARGS ?=
 
 .PHONY: demo test venv clean bench rknn-venv
 
@@ -16,7 +18,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m orchestrator.demo --run $(RUN)
+	$(BIN)/python -m orchestrator.demo --run $(RUN) $(DEMO_ARGS)
 
 # rknn-toolkit2 (the x86 RKNN compiler + simulator) in its own environment; its pins clash with .venv.
 RKNN_STAMP := .venv-rknn/.rknn-installed

@@ -1,6 +1,6 @@
 """Benchmark (not a test): one tiny job through the supervisord pipeline vs the in-process loop, side by side.
 
-    .venv/bin/python bench/bench_pipeline.py                       # 128x128, 4 steps, 1 thread -> bench/out/pipeline.json
+    .venv/bin/python bench/bench_pipeline.py                  # 128x128, 4 steps, 1 thread -> bench/out/pipeline.json
     .venv/bin/python bench/bench_pipeline.py --resolution 512x512 --steps 8 --threads 2
 
 Pipeline: the harness of tests/pipeline_harness.py (real supervisord, real stages, embedded tiny bundle); the job's

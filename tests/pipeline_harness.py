@@ -1,4 +1,4 @@
-"""A real pipeline for tests and chaos/soak scripts: supervisord + the REAL stages on the tiny bundle in a short /tmp run.
+"""A real pipeline for tests and chaos/soak scripts: supervisord + the REAL stages on the tiny bundle, short /tmp run.
 
     from tests.pipeline_harness import Pipeline, tiny_assets
     bundle, pack = tiny_assets(Path("/tmp/cache"))            # tiny models folder + a 128x128 FP16 pack (idempotent)
@@ -155,7 +155,7 @@ class Pipeline:
 
     def wait(self, job: str, states=("done", "failed", "cancelled"), timeout_s: float = 300.0, pred=None,
              poll_s: float = POLL_S) -> m.JobInfo:
-        """Poll until the job is in one of `states` (and `pred(info)` holds); AssertionError with the logs on timeout."""
+        """Poll until the job is in one of `states` (and `pred(info)` holds); AssertionError with logs at timeout."""
         deadline, info = time.monotonic() + timeout_s, None
         while time.monotonic() < deadline:
             info = self.status(job) or info

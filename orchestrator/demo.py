@@ -1,0 +1,233 @@
+"""`make demo`: the main job on the embedded tiny model, end to end through supervisord, on any machine.
+
+    .venv/bin/python -m orchestrator.demo --run run                     # what `make demo` runs
+    .venv/bin/python -m orchestrator.demo --run run --stop              # shut supervisord down afterwards
+    .venv/bin/python -m orchestrator.demo --run run --prompt my.json --resolution 512x512
+
+1) the tiny models folder (random weights, real key names, ComfyUI layout) in RUN/bundle/models, written once;
+2) its model pack for the resolution in RUN/bundle/pack-WxH: 256x256 by default (examples/prompt.json names no size,
+   so the pack's is used). Why not 512x512: the tiny model's self-attention over 1024 image tokens dominates a step
+   there; the 20-step example (11 computed steps) takes ~3-4 minutes of denoising on 2 idle cores and far longer on
+   a shared machine, while a 256x256 job (256 tokens) took 6.9 minutes at load average ~10 on 2 cores (near 1.5
+   minutes idle); `--resolution 512x512` runs that size.
+3) the run folder (`orchestrator init`) pointing at both; 4) supervisord started unless it is already up;
+5) the prompt submitted and followed (progress, then the timing table); the PNG and report.json paths are printed.
+supervisord stays up afterwards (the scheduler and executor keep serving further `orchestrator submit`s), and the last
+line says how to stop it; `--stop` shuts it down instead. Running it again reuses the bundle, the pack and the
+running pipeline.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from orchestrator.runfolder import REPO_DIR, RunFolder, init_run
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PROMPT = REPO_DIR / "examples" / "prompt.json"
+DEFAULT_RESOLUTION = (256, 256)    # see the module docstring
+DEMO_MARK = "# demo: "         # first line of a pipeline.toml the demo wrote (it may rewrite only those)
+UP_TIMEOUT_S = 120.0           # supervisord + orchestrator daemon up
+
+
+class DemoError(Exception):
+    """A message that is the whole answer (exit 1)."""
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _resolution(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected WIDTHxHEIGHT like 512x512") from None
+    if w <= 0 or h <= 0 or w % 8 or h % 8:
+        raise argparse.ArgumentTypeError(f"{text!r}: width and height must be positive multiples of 8")
+    return w, h
+
+
+def prepare_models(bundle: Path, resolution: tuple[int, int]) -> tuple[Path, Path]:
+    """The tiny models folder and its pack under `bundle` (each kept when already complete) -> (models, pack)."""
+    from models.models_dir import resolve_models, write_bundle
+    from models.pack import build_pack, load_pack
+    models = bundle / "models"
+    t0 = time.monotonic()
+    if not (models / "anima-bundle.json").exists():
+        _say(f"1) writing the embedded tiny models to {models} (random weights, real key names) ...")
+    write_bundle("tiny", 0, models)                     # idempotent: a complete bundle with its stamp is kept
+    dit = resolve_models(models, {}, need=("dit",)).dit
+    pack = bundle / f"pack-{resolution[0]}x{resolution[1]}"
+    if (pack / "manifest.json").exists():
+        load_pack(pack, check=True)                     # a damaged pack is a clear error, not a later surprise
+    else:
+        _say(f"2) building the model pack for {resolution[0]}x{resolution[1]} in {pack} ...")
+        build_pack(dit, pack, resolution, "fp16")
+    _say(f"   models and pack ready ({time.monotonic() - t0:.1f} s)")
+    return models, pack
+
+
+def prepare_run(run: Path, models: Path, pack: Path) -> tuple[RunFolder, bool]:
+    """`orchestrator init` for the demo: pipeline.toml names the demo's pack and models. A pipeline.toml written by
+    someone else (pointing at real models) is never replaced: use another --run for the demo. -> (run folder,
+    whether the config changed, e.g. another --resolution: a running pipeline must then be restarted)."""
+    rf = RunFolder.resolve(run)
+    toml = rf.pipeline_toml
+    changed = not toml.exists()
+    if toml.exists():
+        from stages.config import load_config
+        cfg = load_config(toml)
+        changed = cfg.pack_dir != pack.resolve() or cfg.models_dir != models.resolve()
+        if changed and not toml.read_text().startswith(DEMO_MARK):
+            raise DemoError(f"{toml} is not the demo's (pack_dir {cfg.pack_dir}, models_dir {cfg.models_dir}); "
+                            f"the demo leaves it alone: run it with another --run folder")
+    rf = init_run(run, pack_dir=pack, models_dir=models, force=changed)
+    text = toml.read_text()
+    if not text.startswith(DEMO_MARK):
+        tmp = toml.with_name(toml.name + ".tmp")
+        tmp.write_text(f"{DEMO_MARK}the embedded tiny model (python -m orchestrator.demo)\n{text}")
+        os.replace(tmp, toml)
+    return rf, changed
+
+
+def ensure_supervisord(rf: RunFolder, config_changed: bool = False) -> bool:
+    """supervisord for this run folder, started unless it already answers (then its always-on programs are restarted
+    when the config changed); waits for the job daemon. -> started now."""
+    from orchestrator.supervisor import Supervisor, SupervisorError
+    sup = Supervisor(rf.supervisor_sock)
+    try:
+        sup.ping()
+        started = False
+        _say(f"4) supervisord is already running for {rf.root}")
+        if config_changed:
+            _say("   the pipeline config changed: restarting orchestrator, scheduler and executor")
+            for program in ("scheduler", "executor", "orchestrator"):
+                sup.restart(program)
+    except (SupervisorError, OSError):
+        conf = rf.supervisord_conf
+        _say(f"4) starting supervisord -c {conf}")
+        r = subprocess.run([str(Path(sys.executable).parent / "supervisord"), "-c", str(conf)], capture_output=True,
+                           text=True, timeout=60)
+        if r.returncode != 0:
+            raise DemoError(f"supervisord did not start ({r.returncode}): {(r.stderr or r.stdout).strip()}")
+        started = True
+    deadline = time.monotonic() + UP_TIMEOUT_S
+    while True:
+        try:
+            info = sup.info("orchestrator")
+            if info.state == "RUNNING" and rf.daemon_sock.exists() and _daemon_answers(rf):
+                return started
+            if info.state in ("FATAL", "EXITED", "BACKOFF"):
+                raise DemoError(f"the orchestrator daemon is {info.state}: {info.spawnerr or info.description}\n"
+                                f"{_log_tail(rf, 'orchestrator')}")
+        except (SupervisorError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise DemoError(f"the orchestrator daemon did not come up in {UP_TIMEOUT_S:.0f} s\n"
+                            f"{_log_tail(rf, 'orchestrator')}")
+        time.sleep(0.2)
+
+
+def _daemon_answers(rf: RunFolder) -> bool:
+    """HELLO to the job daemon: READY means it serves (a socket file alone may be a dead daemon's)."""
+    import zmq
+    from protocol.messages import Hello, Ready
+    from protocol.sockets import LazyPirate
+    ctx = zmq.Context()
+    try:
+        with LazyPirate(ctx, rf.daemon_endpoint, peer="orchestrator daemon", timeout_s=2.0, retries=0) as link:
+            return isinstance(link.request(Hello(peer="demo", pid=os.getpid(), version="0.1.0")), Ready)
+    except Exception:  # noqa: BLE001 - not up yet
+        return False
+    finally:
+        ctx.term()
+
+
+def _log_tail(rf: RunFolder, program: str, chars: int = 2000) -> str:
+    path = rf.logs / f"{program}.log"
+    try:
+        return f"--- {path} (end)\n{path.read_text(errors='replace')[-chars:]}"
+    except OSError:
+        return f"({path} is not readable)"
+
+
+def submit_and_follow(rf: RunFolder, prompt: Path) -> dict:
+    """Validate and queue the prompt, follow it with the progress line, print the timing table. -> result paths."""
+    from orchestrator.cli import DaemonClient, _follow
+    from orchestrator.pipeline import pack_resolution
+    from orchestrator.prompt_spec import PromptError, load_prompt
+    from orchestrator.report import format_table
+    from protocol.messages import Submit, Submitted
+    try:
+        load_prompt(prompt, resolution=pack_resolution(rf))
+    except PromptError as e:
+        raise DemoError(f"{prompt}: {e}") from None
+    client = DaemonClient(rf)
+    try:
+        sub = client.call(Submit(prompt_json=prompt.read_text(encoding="utf-8"), base_dir=os.getcwd()), Submitted)
+        _say(f"5) job {sub.job} queued from {prompt} (seed {sub.seed})")
+        t0 = time.monotonic()
+        info = _follow(client, sub.job, quiet=False)
+    finally:
+        client.close()
+    if info.state != "done":
+        raise DemoError(f"job {info.job} {info.state}: {info.error_stage}: {info.error}\n"
+                        f"(logs: {rf.logs}; `orchestrator --run {rf.root} logs {info.error_stage or 'orchestrator'}`)")
+    report = json.loads(Path(info.report).read_text())
+    _say("")
+    _say(format_table(report))
+    _say("")
+    _say(f"job {info.job} done in {time.monotonic() - t0:.1f} s")
+    return {"job": info.job, "image": info.image, "report": info.report}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m orchestrator.demo", description=__doc__.split("\n")[0])
+    p.add_argument("--run", default=str(REPO_DIR / "run"), help="run folder (default: the repo's run/)")
+    p.add_argument("--prompt", default=str(DEFAULT_PROMPT), help="prompt.json (default: examples/prompt.json)")
+    p.add_argument("--resolution", type=_resolution, default=DEFAULT_RESOLUTION,
+                   help="pack resolution WIDTHxHEIGHT (default 256x256)")
+    p.add_argument("--bundle", help="where the tiny models and packs go (default: RUN/bundle)")
+    p.add_argument("--stop", action="store_true", help="shut supervisord down when the job is done")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    run = Path(args.run).expanduser().resolve()
+    try:
+        RunFolder(run).check()
+        run.mkdir(parents=True, exist_ok=True, mode=0o700)
+        models, pack = prepare_models(Path(args.bundle).resolve() if args.bundle else run / "bundle", args.resolution)
+        rf, changed = prepare_run(run, models, pack)
+        _say(f"3) run folder {rf.root} (pipeline config {rf.pipeline_toml})")
+        ensure_supervisord(rf, changed)
+        result = submit_and_follow(rf, Path(args.prompt).resolve())
+    except (DemoError, ValueError, OSError) as e:
+        _say(f"demo failed: {e}")
+        return 1
+    except KeyboardInterrupt:
+        _say("interrupted (supervisord keeps running; the job goes on: orchestrator status)")
+        return 130
+    conf = rf.supervisord_conf
+    print(f"image:  {result['image']}\nreport: {result['report']}")
+    if args.stop:
+        from orchestrator.supervisor import Supervisor
+        Supervisor(rf.supervisor_sock).shutdown()
+        _say(f"supervisord stopped ({conf})")
+    else:
+        bin_dir = Path(sys.executable).parent
+        _say(f"supervisord keeps running (scheduler and executor stay up for the next job):\n"
+             f"  {bin_dir}/orchestrator --run {rf.root} submit {args.prompt} --wait    # another job\n"
+             f"  {bin_dir}/supervisorctl -c {conf} status\n"
+             f"  {bin_dir}/supervisorctl -c {conf} shutdown                    # stop everything")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
