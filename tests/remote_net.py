@@ -129,3 +129,16 @@ def _reap_stale() -> None:
             tag = name[len(NS_PREFIX):].rsplit("-", 1)[0]
             subprocess.run(["ip", "link", "del", _ifname(tag, int(pid), "h")], capture_output=True,
                            timeout=IP_TIMEOUT_S)
+
+
+def announce(config, text: str) -> None:
+    """One line on pytest's terminal past output capture (e.g. which network set-up ran)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:
+        return
+    if capman is None:
+        reporter.write_line(text)
+        return
+    with capman.global_and_fixture_disabled():
+        reporter.write_line(text)

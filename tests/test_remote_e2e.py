@@ -14,7 +14,7 @@ import pytest
 import zmq
 from PIL import Image
 
-from remote_net import RemoteNet
+from remote_net import RemoteNet, announce
 from remote_vae_machine import RemoteVae
 from tests.pipeline_harness import Pipeline, tiny_assets
 
@@ -45,9 +45,7 @@ def remote_vae(assets, request):
     vae = RemoteVae(net, models)
     ctx = zmq.Context()
     try:
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(f"\ntest_remote_e2e: VAE machine via {net.kind} at {vae.endpoint}")
+        announce(request.config, f"\ntest_remote_e2e: VAE machine via {net.kind} at {vae.endpoint}")
         vae.start()
         vae.ready = vae.wait_ready(ctx)
         yield vae

@@ -22,7 +22,7 @@ from protocol import messages as m
 from protocol.security import CurveClient, is_loopback, read_keypair
 from protocol.sockets import EndpointError, LazyPirate, PeerRefused, PeerUnavailable, configure
 from protocol.tensors import InlineFrames, from_inline
-from remote_net import RemoteNet
+from remote_net import RemoteNet, announce
 from remote_vae_machine import START_TIMEOUT_S, RemoteVae, alive, hello
 
 REFUSED_WAIT_S = 1.5     # "no reply within the timeout" for refused clients
@@ -32,10 +32,8 @@ LATENT = (16, 8, 12)     # [C, h, w] → a 96×64 image
 @pytest.fixture(scope="module")
 def net(request):
     net = RemoteNet.up("rv")
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"\ntest_remote_stage: two hosts via {net.kind} "
-                            f"(client {net.client_addr} → stage {net.server_addr})")
+    announce(request.config, f"\ntest_remote_stage: two hosts via {net.kind} "
+                             f"(client {net.client_addr} → stage {net.server_addr})")
     yield net
     net.down()
 
