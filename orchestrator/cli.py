@@ -312,6 +312,10 @@ def cmd_logs(args, rf: RunFolder) -> int:
 def cmd_keys(args, rf: RunFolder) -> int:
     from protocol.sockets import write_keypair
     directory = Path(args.dir) if args.dir else rf.root / "keys"
+    existing = [p for p in (directory / f"{args.name}.key", directory / f"{args.name}.key_secret") if p.exists()]
+    if existing and not args.force:
+        raise CliError(f"{existing[0]} exists: a new key pair would break the stages already paired with it "
+                       f"(use --force to replace it, or --name for another pair)", EXIT_USAGE)
     public, secret = write_keypair(directory, args.name)
     print(f"public key: {public}\nsecret key: {secret} (mode 0600; keep it on this machine)")
     return EXIT_OK
@@ -376,6 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("action", choices=["generate"])
     s.add_argument("--dir", help="where to write (default: RUN/keys)")
     s.add_argument("--name", default="client", help="file name stem: NAME.key and NAME.key_secret")
+    s.add_argument("--force", action="store_true", help="replace an existing key pair of that name")
     s.set_defaults(fn=cmd_keys)
     return p
 

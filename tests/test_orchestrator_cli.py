@@ -57,6 +57,13 @@ def test_keys_generate_writes_0600_pairs(tmp_path, capsys):
     import zmq.auth
     public, secret = zmq.auth.load_certificate(str(tmp_path / "k" / "vae.key_secret"))
     assert len(public) == 40 and len(secret) == 40
+    # a second run must not silently replace a pair that stages are already paired with
+    args = ["--run", str(tmp_path / "run"), "keys", "generate", "--dir", str(tmp_path / "k"), "--name", "vae"]
+    assert cli.main(args) == 2
+    assert "exists" in capsys.readouterr().err
+    assert zmq.auth.load_certificate(str(tmp_path / "k" / "vae.key_secret")) == (public, secret)
+    assert cli.main(args + ["--force"]) == 0
+    assert zmq.auth.load_certificate(str(tmp_path / "k" / "vae.key_secret"))[0] != public
 
 
 def test_run_folder_must_be_private_and_short(tmp_path):
