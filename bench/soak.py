@@ -6,7 +6,8 @@
 One real pipeline (tests/pipeline_harness.py). After each job, with the encoder and VAE stopped again: RSS and open
 file descriptors of the always-on programs (scheduler, executor, orchestrator; psutil on supervisord's pids, which must
 not change: a restart would hide a leak), the peak RSS the report gives for the per-job encoder and VAE, and this run's
-/dev/shm segments. Drift = (last - first after warm-up) / first after warm-up, per stage. Last line:
+/dev/shm segments. Drift = (highest - first after warm-up) / first after warm-up, per stage: growth, as a leak
+shows (a shrink counts 0). Last line:
 `jobs=<n> rss_drift_max=<pct>% (<stage>) fds=<flat|grew> shm=<count> ok=<bool>`.
 """
 from __future__ import annotations
@@ -49,7 +50,7 @@ class Sample:
 class SoakResult:
     samples: list
     warmup: int
-    drift: dict                                    # stage -> fraction
+    drift: dict                                    # stage -> growth fraction after the warm-up
     fd_growth: dict                                # always-on stage -> descriptors gained after warm-up
     pid_changes: list                              # always-on stages whose process changed
     shm_max: int
@@ -110,8 +111,10 @@ def soak(pipe: Pipeline, jobs: int, warmup: int = 2, prompt: dict | None = None,
         return SoakResult(samples, warmup, {}, {}, [], max((x.shm for x in samples), default=0),
                           failed + [f"only {len(samples)} job(s) finished; nothing past the warm-up to judge"])
     judged = samples[warmup:]
-    first, last = judged[0], judged[-1]
-    drift = {k: (last.rss_mb[k] - first.rss_mb[k]) / first.rss_mb[k] for k in first.rss_mb}
+    first = judged[0]
+    # growth is what a leak does: the highest RSS after the warm-up against the first (a shrink, e.g. file-backed
+    # pages the kernel took back on a busy machine, is no leak and shows as 0)
+    drift = {k: (max(s.rss_mb[k] for s in judged) - first.rss_mb[k]) / first.rss_mb[k] for k in first.rss_mb}
     fd_growth = {k: max(s.fds[k] for s in judged) - first.fds[k] for k in ALWAYS_ON}
     pid_changes = [k for k in ALWAYS_ON if len({s.pids[k] for s in samples}) > 1]
     return SoakResult(samples=samples, warmup=warmup, drift=drift, fd_growth=fd_growth, pid_changes=pid_changes,

@@ -1,0 +1,111 @@
+"""Crash survival on the real pipeline (tests/pipeline_harness.py): bench/chaos.py's trials at CI size (one SIGKILL
+per stage at a seeded random moment of a 2-step tiny job: done, bitwise as undisturbed, no segment, no orphan); a job
+that fails after bounded retries names the stage and last error and finishes after `orchestrator resume JOB` with the
+same latent; the run folder and its sockets are private."""
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+import stat
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.chaos import STAGES, Chaos, summary_line  # noqa: E402
+from models.denoise import STATE_FILE  # noqa: E402
+from orchestrator import cli  # noqa: E402
+from tests.pipeline_harness import Pipeline, tiny_assets  # noqa: E402
+
+# 2 steps (both computed): a scheduler killed in step 2 resumes from the state of step 1
+CI_PROMPT = {"prompt": "1girl, chaos", "negative_prompt": "lowres", "seed": 77, "steps": 2, "cfg": 4.0}
+CI_SEED = 6                  # base seed of the kill moments (bench/chaos.py --seed)
+JOB_TIMEOUT_S = 900.0
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    cache = Path(tempfile.mkdtemp(prefix="anima-chaos-assets-"))
+    try:
+        models, pack = tiny_assets(cache)
+        p = Pipeline.start(models, pack, threads=1)
+        try:
+            yield p
+        finally:
+            killed = p.stop()
+            assert killed == [], f"processes outlived supervisord's shutdown: {killed}"
+            assert p.leftover_segments() == []
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def chaos(pipe):
+    c = Chaos(pipe, seed=CI_SEED, prompt=CI_PROMPT)
+    c.baseline()
+    return c
+
+
+def test_run_folder_and_sockets_are_private(pipe):
+    rf = pipe.rf
+    for d in (rf.root, rf.root / "sock", rf.logs, rf.jobs):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+    socks = [rf.supervisor_sock] + sorted((rf.root / "sock").iterdir())
+    assert {s.name for s in socks} >= {"supervisor.sock", "orchestrator.sock", "scheduler.sock", "executor.sock"}
+    for s in socks:
+        st = s.stat()
+        assert stat.S_ISSOCK(st.st_mode), s
+        assert stat.S_IMODE(st.st_mode) == 0o700, (s, oct(st.st_mode))
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_sigkill_at_a_random_moment(chaos, stage):
+    t = chaos.trial(stage, 0)
+    print("\n" + t.line())
+    assert t.killed_pid > 0 and t.moment, t
+    assert t.survived, f"{t.line()}\n{chaos.pipe.logs()}"
+    assert t.identical, "the final latent differs from the undisturbed run"
+    assert t.shm_leaked == [] and t.orphans == [], t.line()
+    assert summary_line([t]) == "survived=1/1 identical=1/1 shm_leaked=0 orphans=0"
+
+
+def _cli(pipe, *args) -> tuple[int, str]:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        rc = cli.main(["--run", str(pipe.root), *args])
+    return rc, buf.getvalue()
+
+
+def test_bounded_retries_then_resume(chaos):
+    """The executor stays down: the scheduler gives up after its resends, the orchestrator after its retries; the
+    job fails naming the stage and the last error, its folder keeps the step state, and `resume` finishes it."""
+    pipe = chaos.pipe
+    job = pipe.submit(CI_PROMPT)
+    pipe.wait(job, ("denoising",), JOB_TIMEOUT_S, poll_s=0.05,
+              pred=lambda i: i.progress is not None and i.progress.step >= 2)
+    out = pipe.supervisorctl("stop", "executor")
+    assert "stopped" in out, out
+    try:
+        info = pipe.wait(job, ("failed", "done"), JOB_TIMEOUT_S)
+        assert info.state == "failed", "the job finished without an executor?"
+        assert info.error_stage == "scheduler", info
+        assert "gave up after" in info.error and "executor" in info.error, info.error
+        rc, out = _cli(pipe, "status", job)
+        assert rc == 0 and "failed" in out and "executor" in out, out
+        assert (pipe.job_dir(job) / STATE_FILE).exists() and (pipe.job_dir(job) / "cond.npy").exists()
+        assert pipe.leftover_segments() == []
+    finally:
+        assert "started" in pipe.supervisorctl("start", "executor")
+    rc, out = _cli(pipe, "resume", job)
+    assert rc == 0, out
+    info = pipe.wait(job, timeout_s=JOB_TIMEOUT_S)
+    assert info.state == "done", f"{info.error_stage}: {info.error}\n{pipe.logs()}"
+    assert pipe.report(job)["resumed_from"] >= 1              # from the step state, not from scratch
+    np.testing.assert_array_equal(np.load(pipe.job_dir(job) / "latent.npy"), chaos.base.latent)
+    assert pipe.leftover_segments() == [] and pipe.strays() == [] and pipe.stage_children() == []
