@@ -6,12 +6,12 @@
 One real pipeline (tests/pipeline_harness.py: supervisord, the five real programs, the embedded tiny bundle, a 128x128
 FP16 pack) serves every trial. The first job runs undisturbed: its final latent is the reference and its phase times
 place the kills. Each trial submits the same job and SIGKILLs the chosen program at a moment drawn from a seeded RNG
-(recorded per trial): encoder / VAE a random fraction into their lifetime, scheduler / executor at a random branch call
-of the denoise, orchestrator a random fraction into the whole job. Then: the job is `done` (supervisord restarted the
-program; the orchestrator retried or resumed), `latent.npy` is bitwise the reference, no /dev/shm segment of the run is
-left, and no process of the run lives outside supervisord's programs nor as a child of one. A draw that comes too late
-(the stage already gone) is drawn again, so every counted trial killed something. The last line printed is
-`survived=<k>/<n> identical=<k>/<n> shm_leaked=<count> orphans=<count>`.
+(recorded per trial): encoder / VAE a random fraction into their lifetime, scheduler / executor at a random branch
+call of the denoise, orchestrator a random fraction into the whole job. Then: the job is `done` (supervisord restarted
+the program; the orchestrator retried or resumed), `latent.npy` is bitwise the reference, no /dev/shm segment of the run
+is left, and no process of the run lives outside supervisord's programs nor as a child of one. A draw that comes too
+late (the stage already gone) is drawn again over a shorter span, so every counted trial killed something. The last
+line printed is `survived=<k>/<n> identical=<k>/<n> shm_leaked=<count> orphans=<count>`.
 """
 from __future__ import annotations
 
@@ -111,6 +111,7 @@ class Chaos:
     def __init__(self, pipe: Pipeline, seed: int = 0, prompt: dict | None = None, log=print):
         self.pipe, self.seed, self.prompt, self.log = pipe, seed, dict(prompt or PROMPT), log
         self.base: Baseline | None = None
+        self.life: dict[str, float] = {}         # encoder/VAE lifetime the draws spread over (shrinks on a miss)
 
     # ------------------------------------------------------------ the undisturbed run
 
@@ -196,7 +197,7 @@ class Chaos:
         deadline = time.monotonic() + JOB_TIMEOUT_S
         if stage in ("encoder", "vae"):
             phase = "encoding" if stage == "encoder" else "decoding"
-            life = b.encoder_life_s if stage == "encoder" else b.vae_life_s
+            life = self.life.setdefault(stage, b.encoder_life_s if stage == "encoder" else b.vae_life_s)
             delay = u * LIFE_FRACTION * life
             pid = 0
             while not pid:                           # the process exists (supervisord started it for this job)
@@ -209,6 +210,7 @@ class Chaos:
             time.sleep(delay)
             info = p.status(job)
             if p.sup.info(stage).pid != pid or (info is not None and info.state != phase):
+                self.life[stage] = delay / LIFE_FRACTION * 0.9      # the machine got faster: draw within less
                 raise TooLate(f"{stage} gone after {delay:.2f} s")
             p.kill(stage)
             return {"u": round(u, 4), "delay_s": round(delay, 3), "state": phase}, pid
