@@ -111,7 +111,8 @@ class Chaos:
     def __init__(self, pipe: Pipeline, seed: int = 0, prompt: dict | None = None, log=print):
         self.pipe, self.seed, self.prompt, self.log = pipe, seed, dict(prompt or PROMPT), log
         self.base: Baseline | None = None
-        self.life: dict[str, float] = {}         # encoder/VAE lifetime the draws spread over (shrinks on a miss)
+        self.life: dict[str, float] = {}         # span the encoder/VAE/orchestrator draws spread over (shrinks
+                                                 # when a draw came too late)
 
     # ------------------------------------------------------------ the undisturbed run
 
@@ -215,10 +216,11 @@ class Chaos:
             p.kill(stage)
             return {"u": round(u, 4), "delay_s": round(delay, 3), "state": phase}, pid
         if stage == "orchestrator":
-            delay = u * LIFE_FRACTION * b.job_s
+            delay = u * LIFE_FRACTION * self.life.setdefault(stage, b.job_s)
             time.sleep(delay)
             info = p.status(job)
             if info is None or info.state in ("done", "failed", "cancelled"):
+                self.life[stage] = delay / LIFE_FRACTION * 0.9
                 raise TooLate(f"job {getattr(info, 'state', '?')} after {delay:.2f} s")
             pos = _progress_pos(info, b.blocks, b.computed)
             pid = p.kill("orchestrator")
