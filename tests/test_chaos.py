@@ -23,6 +23,8 @@ from models.denoise import STATE_FILE  # noqa: E402
 from orchestrator import cli  # noqa: E402
 from tests.pipeline_harness import Pipeline, tiny_assets  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 # 2 steps (both computed): a scheduler killed in step 2 resumes from the state of step 1
 CI_PROMPT = {"prompt": "1girl, chaos", "negative_prompt": "lowres", "seed": 77, "steps": 2, "cfg": 4.0}
 CI_SEED = 6                  # base seed of the kill moments (bench/chaos.py --seed)

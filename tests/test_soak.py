@@ -8,11 +8,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.soak import ALWAYS_ON, MAX_DRIFT, PER_JOB, soak  # noqa: E402
 from tests.pipeline_harness import Pipeline, tiny_assets  # noqa: E402
+
+pytestmark = pytest.mark.slow
 
 JOBS, WARMUP = 5, 2
 # 1 step: the soak is about what stays behind between jobs, not about sampling
