@@ -159,6 +159,14 @@ def _log_tail(rf: RunFolder, program: str, chars: int = 2000) -> str:
         return f"({path} is not readable)"
 
 
+def check_prompt(prompt: Path, resolution: tuple[int, int]) -> None:
+    from orchestrator.prompt_spec import PromptError, load_prompt
+    try:
+        load_prompt(prompt, resolution=resolution)
+    except PromptError as e:
+        raise DemoError(f"{e} (nothing was started)") from None
+
+
 def submit_and_follow(rf: RunFolder, prompt: Path) -> dict:
     """Validate and queue the prompt, follow it with the progress line, print the timing table. -> result paths."""
     from orchestrator.cli import DaemonClient, _follow
@@ -202,6 +210,7 @@ def main(argv=None) -> int:
     run = Path(args.run).expanduser().resolve()
     try:
         RunFolder(run).check()
+        check_prompt(Path(args.prompt), args.resolution)       # a bad prompt file fails before anything starts
         run.mkdir(parents=True, exist_ok=True, mode=0o700)
         models, pack = prepare_models(Path(args.bundle).resolve() if args.bundle else run / "bundle", args.resolution)
         rf, changed = prepare_run(run, models, pack)
