@@ -19,6 +19,7 @@ import argparse
 import json
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -315,22 +316,39 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(cache, ignore_errors=True)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def _run(args, stages: list[str], cache: Path) -> int:
+    # SIGTERM (and SIGINT, which a shell ignores for background jobs) end the run cleanly: pipeline shut down,
+    # the trials so far summed up
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     models, pack = tiny_assets(cache)
     t0 = time.monotonic()
-    save = None
-    if args.json:
-        def save(chaos, done):
+    so_far: dict = {}
+
+    def save(chaos, done):
+        so_far.update(chaos=chaos, trials=list(done))
+        if args.json:
             write_json(args.json, chaos, done, stages, args.trials, time.monotonic() - t0)
+    interrupted = False
     with Pipeline.start(models, pack, threads=args.threads) as pipe:
-        chaos, trials = run_trials(pipe, stages, args.trials, args.seed, after=save)
+        try:
+            chaos, trials = run_trials(pipe, stages, args.trials, args.seed, after=save)
+        except KeyboardInterrupt:
+            if "chaos" not in so_far:
+                raise
+            interrupted, chaos, trials = True, so_far["chaos"], so_far["trials"]
+            print(f"interrupted after {len(trials)} trial(s)", flush=True)
     end_shm = pipe.leftover_segments()          # after supervisord's shutdown: nothing of the run may remain
     line = summary_line(trials)
     if args.json:
         write_json(args.json, chaos, trials, stages, args.trials, time.monotonic() - t0, end_shm)
     print(line, flush=True)
     ok = not end_shm and all(t.survived and t.identical and not t.shm_leaked and not t.orphans for t in trials)
-    return 0 if ok else 1
+    return 0 if ok and not interrupted else 1
 
 
 if __name__ == "__main__":
