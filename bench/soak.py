@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -94,6 +95,15 @@ def soak(pipe: Pipeline, jobs: int, warmup: int = 2, prompt: dict | None = None,
     if jobs <= warmup:
         raise ValueError(f"need more jobs ({jobs}) than warm-up jobs ({warmup})")
     samples, failed = [], []
+    try:
+        _run_jobs(pipe, jobs, prompt, samples, failed, log)
+    except KeyboardInterrupt:            # a cut-short soak is judged on the jobs it finished
+        log(f"interrupted after {len(samples)} job(s)")
+        failed.append(f"interrupted after {len(samples)} of {jobs} jobs")
+    return judge(samples, failed, warmup)
+
+
+def _run_jobs(pipe: Pipeline, jobs: int, prompt: dict | None, samples: list, failed: list, log) -> None:
     for i in range(jobs):
         t0 = time.monotonic()
         job = pipe.submit({**(prompt or PROMPT), "seed": i})
@@ -107,6 +117,10 @@ def soak(pipe: Pipeline, jobs: int, warmup: int = 2, prompt: dict | None = None,
         samples.append(s)
         log(f"job {i + 1}/{jobs} {job} {s.wall_s:.1f}s rss " + " ".join(f"{k}={v:.1f}" for k, v in s.rss_mb.items())
             + " fds " + " ".join(f"{k}={v}" for k, v in s.fds.items()) + f" shm={s.shm}")
+
+
+def judge(samples: list, failed: list, warmup: int) -> SoakResult:
+    """Growth per stage after the warm-up, fd growth, pid changes and segments of the measured jobs."""
     if len(samples) <= warmup:
         return SoakResult(samples, warmup, {}, {}, [], max((x.shm for x in samples), default=0),
                           failed + [f"only {len(samples)} job(s) finished; nothing past the warm-up to judge"])
@@ -121,6 +135,10 @@ def soak(pipe: Pipeline, jobs: int, warmup: int = 2, prompt: dict | None = None,
                       shm_max=max((s.shm for s in samples), default=0), failed=failed)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=50)
@@ -128,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--cache", type=Path, help="folder for the tiny bundle and pack (default: a temp folder)")
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)       # SIGINT too: a shell ignores it for background jobs
+    signal.signal(signal.SIGINT, _interrupt)
     cache = args.cache or Path(tempfile.mkdtemp(prefix="anima-soak-"))
     models, pack = tiny_assets(cache)
     t0 = time.monotonic()
