@@ -12,7 +12,6 @@ scheduler's host ops; needs memory for two models).
 """
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
@@ -34,6 +33,7 @@ from stages.tensor_io import ReplyTensors, read_tensor
 log = logging.getLogger(__name__)
 
 POLICIES = ("on-demand", "prefetch")
+MEMORY_EVERY = 16          # PSS (smaps_rollup) is read on every 16th call; RSS (statm) on every call
 KEEPALIVE_SLICE_S = 0.05   # how often lifecycle requests are answered while a branch runs
 
 
@@ -114,7 +114,6 @@ class ExecutorLogic:
         for i, p in enumerate(msg.passes):
             feeds.append({name: read_tensor(ctx, msg.arena, d, msg.inline, field=f"passes[{i}].inputs.{name}")
                           for name, d in p.inputs.items()})
-        mem0 = process_memory_mb()
         # 2)-4) on a worker thread, so heartbeats are answered while the model loads and runs (ORT and RKNNLite
         # release the GIL); a silent executor is then a dead one, and the scheduler resends at once
         result: dict = {}
@@ -134,10 +133,10 @@ class ExecutorLogic:
         self.calls += 1
         if self.trace:
             self._trace(msg)
-        mem = process_memory_mb()
+        mem = process_memory_mb(pss=self.calls % MEMORY_EVERY == 1)   # smaps_rollup costs ~7 ms: sampled
         times = m.PhaseTimes(load_s=load_s, init_s=init_s, infer_s=tuple(infer_s), release_s=release_s)
-        log.debug("block %d %s: load %.3f init %.3f infer %s release %.3f (rss %.0f -> %.0f MB)", msg.block,
-                  msg.branch, load_s, init_s, ["%.3f" % s for s in infer_s], release_s, mem0["rss"], mem["rss"])
+        log.debug("block %d %s: load %.3f init %.3f infer %s release %.3f (rss %.0f MB)", msg.block,
+                  msg.branch, load_s, init_s, ["%.3f" % s for s in infer_s], release_s, mem["rss"])
         return m.reply_to(msg, m.BranchDone, job=msg.job, step=msg.step, block=msg.block, branch=msg.branch,
                           attempt=msg.attempt, times=times, outputs=descs, cached=cached, rss_mb=mem["rss"],
                           pss_mb=mem.get("pss"), inline=reply_tensors.inline)
@@ -176,8 +175,7 @@ class ExecutorLogic:
         finally:
             # 4) release (on-demand: nothing stays loaded) and reply
             t0 = time.perf_counter()
-            backend.release()
-            gc.collect()
+            backend.release()           # the rknn backend collects its native buffers itself (reported leak)
             release_s = time.perf_counter() - t0
         return outputs, load_s, init_s, infer_s, release_s, cached
 

@@ -88,6 +88,7 @@ def _contexts(pack):
 def _run_job(config, ctx, pack, job_dir: Path, job: str, spectrum: bool, steps: int, kill=None):
     """Act as the orchestrator: arena, contexts, DENOISE; `kill(procs)` may run mid-job. -> (latent, Denoised)."""
     cond, uncond = _contexts(pack)
+    job_dir.mkdir(parents=True, exist_ok=True)                  # the orchestrator makes the job folder
     g, c = pack.geometry, pack.config
     L, D, S, Dc = g.tokens, c.width, g.text_tokens, c.context_dim
     size = 2 * S * Dc * 4 + c.latent_channels * g.latent_h * g.latent_w * 4 + (4 * L * D + 2 * S * Dc + L * c.head_dim) * 4
