@@ -148,8 +148,12 @@ def _attend(g: _Graph, scores: str, v2d: str, L: int, T: int, H: int, hd: int, D
 
 def _ffn(g: _Graph, w: Mapping) -> str:
     h = g.matmul("xn", w["layer1.weight"], "h")                                        # [L, F]
-    e = g.op("Erf", [g.op("Mul", [h, g.const("inv_sqrt2", 1.0 / math.sqrt(2.0))])])
-    act = g.op("Mul", [g.op("Mul", [h, g.const("half", 0.5)]), g.op("Add", [e, g.const("one", 1.0)])], "gelu")
+    # exact GELU written as rknn-toolkit2 2.5.0 fuses it into one NPU op (ConvExGelu): Div(h, Sqrt(2)) -> Erf ->
+    # Add 1 -> Mul h -> Mul 0.5. Any other arrangement (e.g. Mul by 1/sqrt2) leaves Erf on the CPU; Sqrt of the
+    # exact constant 2 keeps sqrt2 exact in FP32 (an FP16 literal 1.414 does not fuse).
+    sqrt2 = g.op("Sqrt", [g.const("two", 2.0)])
+    e = g.op("Erf", [g.op("Div", [h, sqrt2])])                                           # [L, F]
+    act = g.op("Mul", [g.op("Mul", [h, g.op("Add", [e, g.const("one", 1.0)])]), g.const("half", 0.5)], "gelu")
     return g.matmul(act, w["layer2.weight"], "out")                                    # [L, D]
 
 
