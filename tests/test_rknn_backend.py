@@ -97,8 +97,8 @@ def test_bad_requests_are_clear(feeds, tmp_path):
     be = RknnLiteBackend(lite="standin")
     with pytest.raises(BackendError, match="no such compiled branch"):
         be.load(tmp_path / "rknn" / "b00_ffn.rknn")
-    with pytest.raises(BackendError, match="not a compiled branch"):
-        be.load(pack.dir / "onnx" / "b00_ffn.onnx")
+    with pytest.raises(BackendError, match="not a branch of pack"):
+        be.load(pack.dir / "onnx" / "b99_ffn.onnx")      # an ONNX path resolves through the manifest, or fails
     be.load(pack.dir / pack.branch(0, "ffn")["rknn"]["file"])
     be.init()
     try:
@@ -142,3 +142,13 @@ def test_board_bench_refuses_off_board():
     r = subprocess.run([sys.executable, str(root / "bench" / "board.py"), "--pack", "nowhere"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and "not an RK3588 board" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_onnx_branch_path_resolves_to_its_compiled_file(feeds, calls):
+    """The scheduler names PACK/onnx/bNN_kind.onnx; the rknn backend runs the .rknn the manifest records for it."""
+    pack, passes = feeds
+    be = make_backend("rknn", lite="standin")
+    outs, _ = run_branch(be, pack.branch_path(0, "ffn"), passes["ffn"])
+    assert calls[0][:2] == ("load_rknn", "b00_ffn.rknn") and len(outs) == 2
+    with pytest.raises(BackendError, match="not compiled for the NPU"):
+        be.load(pack.branch_path(1, "ffn"))            # the fixture compiles blocks 0 and 27 only

@@ -58,6 +58,27 @@ def branch_entry(rknn_path) -> tuple:
                        "run `anima-models compile`)")
 
 
+def compiled_path(model_path) -> Path:
+    """The .rknn file of a branch: itself, or, for PACK/onnx/bNN_kind.onnx (what the scheduler names), the compiled
+    file the pack manifest records for that branch."""
+    p = Path(model_path).absolute()
+    if p.suffix == ".rknn":
+        return p
+    pack = p.parent.parent
+    try:
+        m = json.loads((pack / "manifest.json").read_text())
+    except (OSError, ValueError) as e:
+        raise BackendError(f"{p}: cannot read its pack manifest {pack / 'manifest.json'} ({e})") from None
+    rel = p.relative_to(pack).as_posix()
+    for b in m.get("branches", []):
+        if b.get("onnx") == rel:
+            if not isinstance(b.get("rknn"), dict) or not b["rknn"].get("file"):
+                raise BackendError(f"{pack}: branch {rel} is not compiled for the NPU (run `anima-models compile "
+                                   f"{pack} --target rk3588`)")
+            return pack / b["rknn"]["file"]
+    raise BackendError(f"{p}: not a branch of pack {pack}")
+
+
 def core_mask_value(lite_cls, mask) -> int:
     """"auto" | "0" | "1" | "2" | "0_1" | "0_1_2" | "all" | an int -> the RKNNLite constant."""
     if isinstance(mask, int):
@@ -110,7 +131,7 @@ class RknnLiteBackend(BranchBackend):
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     def load(self, path) -> None:
-        self._path = os.fspath(path)
+        self._path = os.fspath(compiled_path(path))      # the scheduler names the ONNX file; run its .rknn
         if not os.path.isfile(self._path):
             raise BackendError(f"{self._path}: no such compiled branch")
         _, self._entry = branch_entry(self._path)
