@@ -154,6 +154,15 @@ def branch_file(block: int, kind: str) -> str:
     return f"b{int(block):02d}_{kind}.onnx"
 
 
+def parse_branch_file(name: str) -> tuple:
+    """The inverse of branch_file: 'b07_cross.onnx' (or .rknn) -> (7, 'cross'); ValueError for other names."""
+    stem = name.split(".", 1)[0]
+    block, _, kind = stem[1:].partition("_")
+    if not name.startswith("b") or not block.isdigit() or kind not in BY_KIND:
+        raise ValueError(f"{name!r} is not a branch file name like b07_cross.onnx")
+    return int(block), kind
+
+
 def branch_order(cfg: DiTConfig) -> Iterator:
     """(block, BranchSpec) in the strict execution order: block 0 self, cross, ffn; block 1 ..."""
     for i in range(cfg.blocks):

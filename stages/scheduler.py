@@ -23,7 +23,7 @@ from models.branch_runtime import PhaseTimes
 from models.denoise import make_sampler, save_state, spectrum_settings, start_or_resume
 from models.dit_runner import DiTRunner
 from models.pack import PackError, load_pack
-from models.partition import KINDS
+from models.partition import KINDS, parse_branch_file
 from models.sampler_state import SamplerStateError
 from protocol import messages as m
 from protocol.fields import ProtocolError
@@ -90,7 +90,7 @@ class BranchClient:
             passes.append(m.BranchPass(name=m.PASS_NAMES[p], inputs=inputs, output=self.y[p]))
         nxt = None
         if next_path is not None:
-            nb, nk = _parse_branch_name(Path(next_path).name)
+            nb, nk = parse_branch_file(Path(next_path).name)
             nxt = m.BranchRef(block=nb, branch=nk, model=str(next_path), index=3 * nb + KINDS.index(nk))
         req = m.Branch(job=job, step=step, block=block, branch=kind, model=str(path), index=3 * block + KINDS.index(kind),
                        arena=self.arena.name, passes=tuple(passes), next=nxt)
@@ -183,13 +183,6 @@ def check_state_room(job_dir: str, state) -> None:
     if free_mb < need_mb:
         raise RequestFailed(f"only {free_mb:.1f} MB free in {job_dir}; the state of step {state.step} needs "
                             f"{need_mb:.1f} MB (free some space, then `orchestrator resume JOB`)", field="job_dir")
-
-
-def _parse_branch_name(name: str) -> tuple:
-    """'b07_cross.onnx' -> (7, 'cross')."""
-    stem = name.split(".", 1)[0]
-    block, kind = stem[1:].split("_", 1)
-    return int(block), kind
 
 
 class SchedulerLogic:

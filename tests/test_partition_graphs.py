@@ -7,8 +7,8 @@ import pytest
 
 from models.branch_graphs import build_branch, serialize
 from models.config import PRESETS
-from models.partition import (BRANCHES, KINDS, Geometry, branch_file, branch_order, parse_blocks, parse_resolution,
-                              resolve)
+from models.partition import (BRANCHES, KINDS, Geometry, branch_file, branch_order, parse_blocks, parse_branch_file,
+                              parse_resolution, resolve)
 from models.rope import rope_tables
 
 CFG = PRESETS["tiny"]["dit"]
@@ -111,6 +111,10 @@ def test_partition_order_and_shapes():
     g2 = Geometry.from_resolution(768, 520)             # odd latent height 65 -> padded to 66 -> 33 token rows
     assert (g2.latent_h, g2.h_tokens, g2.w_tokens) == (65, 33, 48)
     assert branch_file(3, "cross") == "b03_cross.onnx" and branch_file(39, "ffn") == "b39_ffn.onnx"
+    assert parse_branch_file("b03_cross.onnx") == (3, "cross") and parse_branch_file("b39_ffn.rknn") == (39, "ffn")
+    for bad in ("x03_cross.onnx", "b3x_self.onnx", "b03_attn.onnx", "host.safetensors"):
+        with pytest.raises(ValueError, match="not a branch file name"):
+            parse_branch_file(bad)
     assert BRANCHES[0].weight_keys(5)[0] == "blocks.5.self_attn.q_proj.weight"
     assert BRANCHES[2].weight_keys(0) == ["blocks.0.mlp.layer1.weight", "blocks.0.mlp.layer2.weight"]
 
