@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 BUSY_RETRY_S = 0.5           # a stage that answers `busy` is asked again after this long (at most the call's timeout)
 READY_TIMEOUT_S = 5.0        # one HELLO while a stage comes up (repeated until start_timeout_s)
+START_ATTEMPTS = 3           # a stage that dies while supervisord starts it (within startsecs) is started again
 
 
 class StageFailed(Exception):
@@ -257,10 +258,16 @@ class JobFlow:
                 if info.pid != gone_pid:
                     break
                 self.d.pump(0.05)
-            try:
-                self.sup.start(stage, timeout_s=self.settings.start_timeout_s, sleep=self.d.pump)
-            except SupervisorError as e:
-                raise StageFailed(stage, f"could not start: {e}") from None
+            for attempt in range(1, START_ATTEMPTS + 1):
+                try:
+                    self.sup.start(stage, timeout_s=self.settings.start_timeout_s, sleep=self.d.pump)
+                    break
+                except SupervisorError as e:  # e.g. killed within startsecs: EXITED/BACKOFF, not RUNNING
+                    if attempt == START_ATTEMPTS or time.monotonic() > deadline:
+                        raise StageFailed(stage, f"could not start ({attempt} attempts): {e}") from None
+                    log.warning("job %s: %s did not start (%s); again (%d/%d)", self.job.id, stage, e, attempt,
+                                START_ATTEMPTS)
+                    self.d.pump(1.0)
             self._sampling.add(stage)
         check = self._start_failed(stage)
         while True:
