@@ -42,16 +42,21 @@ def lite_module(which: Optional[str] = None):
                            "rknn-toolkit-lite2 and librknnrt.so (docs/board.md)") from None
 
 
-def branch_entry(rknn_path) -> tuple:
-    """(pack folder, manifest branch entry) for a compiled branch file PACK/rknn/bNN_kind.rknn."""
-    p = Path(rknn_path).absolute()
+def _pack_branches(p: Path) -> tuple:
+    """(pack folder, manifest branch entries, p relative to the pack) for a file PACK/<dir>/<name>."""
     pack = p.parent.parent
     try:
         m = json.loads((pack / "manifest.json").read_text())
     except (OSError, ValueError) as e:
         raise BackendError(f"{p}: cannot read its pack manifest {pack / 'manifest.json'} ({e})") from None
-    rel = p.relative_to(pack).as_posix()
-    for b in m.get("branches", []):
+    return pack, m.get("branches", []), p.relative_to(pack).as_posix()
+
+
+def branch_entry(rknn_path) -> tuple:
+    """(pack folder, manifest branch entry) for a compiled branch file PACK/rknn/bNN_kind.rknn."""
+    p = Path(rknn_path).absolute()
+    pack, branches, rel = _pack_branches(p)
+    for b in branches:
         if isinstance(b.get("rknn"), dict) and b["rknn"].get("file") == rel:
             return pack, b
     raise BackendError(f"{p}: not a compiled branch of {pack} (no manifest entry with rknn.file {rel!r}; "
@@ -64,13 +69,8 @@ def compiled_path(model_path) -> Path:
     p = Path(model_path).absolute()
     if p.suffix == ".rknn":
         return p
-    pack = p.parent.parent
-    try:
-        m = json.loads((pack / "manifest.json").read_text())
-    except (OSError, ValueError) as e:
-        raise BackendError(f"{p}: cannot read its pack manifest {pack / 'manifest.json'} ({e})") from None
-    rel = p.relative_to(pack).as_posix()
-    for b in m.get("branches", []):
+    pack, branches, rel = _pack_branches(p)
+    for b in branches:
         if b.get("onnx") == rel:
             if not isinstance(b.get("rknn"), dict) or not b["rknn"].get("file"):
                 raise BackendError(f"{pack}: branch {rel} is not compiled for the NPU (run `anima-models compile "
