@@ -10,6 +10,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -58,8 +59,14 @@ def test_run_folder_and_sockets_are_private(pipe):
     rf = pipe.rf
     for d in (rf.root, rf.root / "sock", rf.logs, rf.jobs):
         assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
-    socks = [rf.supervisor_sock] + sorted((rf.root / "sock").iterdir())
-    assert {s.name for s in socks} >= {"supervisor.sock", "orchestrator.sock", "scheduler.sock", "executor.sock"}
+    want = {"supervisor.sock", "orchestrator.sock", "scheduler.sock", "executor.sock"}
+    deadline = time.monotonic() + 120        # the stages bind after their imports: RUNNING in supervisord is earlier
+    while True:
+        socks = [rf.supervisor_sock] + sorted((rf.root / "sock").iterdir())
+        if {s.name for s in socks} >= want or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert {s.name for s in socks} >= want
     for s in socks:
         st = s.stat()
         assert stat.S_ISSOCK(st.st_mode), s
