@@ -29,7 +29,7 @@ from protocol import messages as m
 from stages.backends import make_backend
 from stages.base import RequestFailed, stage_main
 from stages.config import PipelineConfig
-from stages.memory import process_memory_mb
+from stages.memory import process_memory_mb, return_freed_memory
 from stages.tensor_io import ReplyTensors, read_tensor
 
 log = logging.getLogger(__name__)
@@ -174,6 +174,7 @@ class ExecutorLogic:
             backend.release()
             gc.collect()                # released sessions sit in reference cycles: free their weights now (cheap:
                                         # start-up objects are frozen out of the collector, see __init__)
+            return_freed_memory()       # and give the pages back to the OS (malloc_trim)
             release_s = time.perf_counter() - t0
         return outputs, load_s, init_s, infer_s, release_s, cached
 
