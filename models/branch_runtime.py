@@ -106,14 +106,7 @@ class OnnxBackend(BranchBackend):
             raise BackendError("infer() before init()")
         feed = {}
         for name, (dt, shape) in self._inputs.items():
-            if name not in inputs:
-                raise BackendError(f"{self._path}: missing input {name!r} (wants {list(shape)})")
-            a = np.asarray(inputs[name])
-            if tuple(a.shape) != shape:
-                raise BackendError(f"{self._path}: input {name!r} has shape {list(a.shape)}, expected {list(shape)}")
-            if dt is not None and a.dtype != dt:
-                raise BackendError(f"{self._path}: input {name!r} has dtype {a.dtype}, expected {np.dtype(dt)}")
-            feed[name] = a
+            feed[name] = checked_input(self._path, inputs, name, dt, shape)
         names = [o.name for o in self._sess.get_outputs()]
         return dict(zip(names, self._sess.run(names, feed)))
 
@@ -121,6 +114,18 @@ class OnnxBackend(BranchBackend):
         self._sess = None
         self._bytes = None
         self._inputs = {}
+
+
+def checked_input(path, inputs: dict, name: str, dtype, shape: tuple) -> np.ndarray:
+    """inputs[name] as an array of the model's shape and dtype (None: any), or a BackendError naming the file."""
+    if name not in inputs:
+        raise BackendError(f"{path}: missing input {name!r} (wants {list(shape)})")
+    a = np.asarray(inputs[name])
+    if tuple(a.shape) != tuple(shape):
+        raise BackendError(f"{path}: input {name!r} has shape {list(a.shape)}, expected {list(shape)}")
+    if dtype is not None and a.dtype != dtype:
+        raise BackendError(f"{path}: input {name!r} has dtype {a.dtype}, expected {np.dtype(dtype)}")
+    return a
 
 
 def backend_class(name: str):

@@ -12,7 +12,7 @@ from typing import Optional
 
 import numpy as np
 
-from models.branch_runtime import BackendError, BranchBackend
+from models.branch_runtime import BackendError, BranchBackend, checked_input
 from models.rknn.client import ToolkitError, ToolkitWorker, toolkit_python
 
 log = logging.getLogger(__name__)
@@ -112,13 +112,7 @@ class RknnSimBackend(BranchBackend):
         ins, outs = self._io
         paths = []
         for i, (name, dt, shape) in enumerate(ins):
-            if name not in inputs:
-                raise BackendError(f"{self._path}: missing input {name!r} (wants {list(shape)})")
-            a = np.asarray(inputs[name])
-            if tuple(a.shape) != shape:
-                raise BackendError(f"{self._path}: input {name!r} has shape {list(a.shape)}, expected {list(shape)}")
-            if dt is not None and a.dtype != dt:
-                raise BackendError(f"{self._path}: input {name!r} has dtype {a.dtype}, expected {np.dtype(dt)}")
+            a = checked_input(self._path, inputs, name, dt, shape)
             p = os.path.join(self._tmp, f"in{i}.npy")
             np.save(p, np.ascontiguousarray(a))
             paths.append(p)
