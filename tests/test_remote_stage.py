@@ -205,10 +205,13 @@ def test_stage_dies_and_comes_back_the_client_resends(remote):
     vae, ctx = remote
     latent = np.random.default_rng(5).standard_normal(LATENT).astype(np.float32)
     old_pid = vae.ready.pid
-    # 1) freeze the stage, so the first attempt certainly lands on the process that is about to die
+    link = vae.link(ctx)
+    # 1) connect (CURVE handshake done) and only then freeze the stage, so the first attempt certainly lands on the
+    # process that is about to die; frozen before the handshake, ZeroMQ would hold the message and hand it to the
+    # restarted process instead, and nothing would need resending
+    assert isinstance(link.request(hello()), m.Ready)
     os.kill(old_pid, signal.SIGSTOP)
     result: dict = {}
-    link = vae.link(ctx)
 
     def call():
         """As the orchestrator does: Lazy Pirate resends; a `busy` answer (the new process still decodes an earlier
@@ -241,8 +244,14 @@ def test_stage_dies_and_comes_back_the_client_resends(remote):
     assert png.size == (96, 64) and png.text["seed"] == "5"
     vae.ready = vae.wait_ready(ctx)
     assert vae.ready.pid != old_pid and not alive(old_pid)
-    status = subprocess.run([str(Path(sys.executable).with_name("supervisorctl")), "-c", str(vae.conf), "status",
-                             "vae"], capture_output=True, text=True, timeout=30).stdout
+    # READY comes from the process as soon as it serves; supervisord calls it RUNNING only after startsecs (2 s)
+    deadline, status = time.monotonic() + START_TIMEOUT_S, ""
+    while time.monotonic() < deadline:
+        status = subprocess.run([str(Path(sys.executable).with_name("supervisorctl")), "-c", str(vae.conf),
+                                 "status", "vae"], capture_output=True, text=True, timeout=30).stdout
+        if "STARTING" not in status:
+            break
+        time.sleep(0.2)
     assert "RUNNING" in status and f"pid {vae.ready.pid}," in status, status
 
 
