@@ -8,6 +8,8 @@ import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from models.text.prompt_weights import PromptWeightError, check_prompt
+
 MAX_FILE_BYTES = 64 * 1024      # a prompt file larger than this is refused before parsing
 MAX_PROMPT_CHARS = 4000         # per prompt (the text encoder keeps at most 512 tokens anyway)
 MAX_STEPS = 200
@@ -128,6 +130,10 @@ def _text(name: str, v, *, required: bool) -> str:
         raise PromptError(name, f"is {len(v)} characters long; the limit is {MAX_PROMPT_CHARS}")
     if "\x00" in v:
         raise PromptError(name, "must not contain NUL characters")
+    try:
+        check_prompt(v)
+    except PromptWeightError as e:
+        raise PromptError(name, str(e)) from None
     return v
 
 

@@ -14,9 +14,10 @@ import time
 
 from models.models_dir import ModelsDirError, resolve_models
 from models.text.conditioning import CONTEXT_ROWS, TextEncoder
+from models.text.prompt_weights import PromptWeightError
 from protocol import messages as m
 from protocol.fields import ProtocolError
-from stages.base import exit_process, stage_main
+from stages.base import RequestFailed, exit_process, stage_main
 from stages.config import PipelineConfig
 from stages.tensor_io import ReplyTensors
 
@@ -53,10 +54,13 @@ class EncoderLogic:
                 raise ProtocolError(name, f"expected an f32 {list(shape)} slot, got {d.dtype} {list(d.shape)}")
         # 1) tokenize and encode both prompts
         t0 = time.perf_counter()
-        tc, tu = self.encoder.tokenize(msg.prompt), self.encoder.tokenize(msg.negative)
-        cond = self.encoder.encode(msg.prompt)                    # [512, Dc] f32
+        try:
+            tc, tu = self.encoder.tokenize(msg.prompt), self.encoder.tokenize(msg.negative)
+        except PromptWeightError as e:
+            raise RequestFailed(str(e), code="bad_prompt", field="prompt") from None
+        cond = self.encoder.encode_tokens(tc)                     # [512, Dc] f32
         ctx.check(msg.job)
-        uncond = self.encoder.encode(msg.negative)                # [512, Dc] f32
+        uncond = self.encoder.encode_tokens(tu)                   # [512, Dc] f32
         encode_s = time.perf_counter() - t0
         # 2) into the arena slots (or inline for a remote encoder) and reply
         out = ReplyTensors(ctx, msg.arena)

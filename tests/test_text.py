@@ -14,7 +14,6 @@ import torch
 from models.config import DIT_PREFIXES, PRESETS
 from models.safetensors_io import SafeTensorsFile, TensorEntry, save_arrays, write_safetensors
 from models.text import synth as text_synth
-from models.text.prompt_weights import Chunk, clean_text, parse_weights, t5_ids_and_weights
 
 
 # ---- fixtures ------------------------------------------------------------------------------------------------------
@@ -168,45 +167,6 @@ def test_tokenizer_missing_files_are_named(tmp_path):
         T5Tokenizer(str(tmp_path))
 
 
-# ---- prompt weights -------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("prompt, want", [
-    ("a cat", [("a cat", 1.0)]),
-    ("(a cat)", [("a cat", 1.1)]),
-    ("((a cat))", [("a cat", 1.21)]),
-    ("(a cat:1.5) dog", [("a cat", 1.5), (" dog", 1.0)]),
-    ("x (a (b:0.5) c:2) y", [("x ", 1.0), ("a ", 2.0), ("b", 1.0), (" c", 2.0), (" y", 1.0)]),
-    ("((a):2)", [("a", 2.2)]),
-    (r"\(not weighted\) (w:.5)", [("(not weighted) ", 1.0), ("w", 0.5)]),
-    (r"(\(x\):1.3)", [("(x)", 1.3)]),
-    ("unclosed (paren here", [("unclosed (paren here", 1.0)]),
-    ("a) b (c)", [("a) b ", 1.0), ("c", 1.1)]),
-    ("((a) b", [("(", 1.0), ("a", 1.1), (" b", 1.0)]),
-    ("(a:b)", [("a:b", 1.1)]),
-    ("(a:1e-1) (b: 2 )", [("a", 0.1), (" ", 1.0), ("b", 2.0)]),
-    ("", []),
-    ("()", []),
-    (r"back\slash", [(r"back\slash", 1.0)]),
-])
-def test_prompt_weight_syntax(prompt, want):
-    got = parse_weights(prompt)
-    assert [c.text for c in got] == [t for t, _ in want]
-    assert [c.weight for c in got] == pytest.approx([w for _, w in want], abs=1e-12)
-
-
-def test_t5_weights_per_token():
-    class CharTok:                      # one id per character: makes the chunk -> token mapping visible
-        eos_id = 1
-        def encode(self, text):
-            return [100 + ord(c) % 50 for c in text]
-    chunks = parse_weights("ab (cd:1.5)e")
-    assert clean_text(chunks) == "ab cde"
-    ids, w = t5_ids_and_weights(chunks, CharTok())
-    assert len(ids) == 7 and ids[-1] == 1
-    assert w == pytest.approx([1.0, 1.0, 1.0, 1.5, 1.5, 1.0, 1.0])
-    assert t5_ids_and_weights([], CharTok()) == ([1], [1.0])
-    assert t5_ids_and_weights([Chunk("x", 2.0)], CharTok())[1] == [2.0, 1.0]
-
-
 # ---- LLM adapter ---------------------------------------------------------------------------------------------------
 def _gelu(x):
     return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
@@ -328,6 +288,27 @@ def test_context_shape_padding_and_weights(encoder):
     cond, uncond = encoder.encode_pair("blue eyes, long hair", "")
     np.testing.assert_array_equal(cond, ctx)
     np.testing.assert_array_equal(uncond, encoder.encode(""))
+
+
+def test_weighted_prompt_conditioning_equals_per_segment_ids(encoder, tok_dir):
+    """The context of a weighted prompt is the one computed from each segment's own ids (transformers' tokenizers
+    applied segment by segment, as ComfyUI does), not from the joined clean text's ids."""
+    from transformers import Qwen2Tokenizer, T5TokenizerFast
+    from models.text.tokenizers import TokenizedPrompt
+    qwen_hf = Qwen2Tokenizer(vocab=str(tok_dir / "qwen" / "vocab.json"), merges=str(tok_dir / "qwen" / "merges.txt"))
+    t5_hf = T5TokenizerFast.from_pretrained(str(tok_dir / "t5"))
+    segments = [("1girl, solo, ", 1.0), ("smile", 1.2), (", cherry blossoms", 1.0), ("((a", 1.0 * 1.1)]
+    prompt = "1girl, solo, (smile:1.2), cherry blossoms(((a)"
+    qwen = [i for t, _ in segments for i in qwen_hf(t, add_special_tokens=False)["input_ids"]]
+    t5 = [(i, w) for t, w in segments for i in t5_hf(t)["input_ids"][:-1]]
+    ref = TokenizedPrompt(qwen, False, [i for i, _ in t5] + [1], [w for _, w in t5] + [1.0], segments)
+    got = encoder.encode(prompt)
+    np.testing.assert_array_equal(got, encoder.encode_tokens(ref))
+    joined = "".join(t for t, _ in segments)
+    assert qwen_hf(joined, add_special_tokens=False)["input_ids"] != qwen        # the cut matters for these ids ...
+    one_go = TokenizedPrompt(qwen_hf(joined, add_special_tokens=False)["input_ids"], False, ref.t5_ids,
+                             ref.t5_weights, [])
+    assert np.abs(encoder.encode_tokens(one_go) - got).max() > 1e-3              # ... and for the context
 
 
 def test_empty_prompt(encoder):

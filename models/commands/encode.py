@@ -48,6 +48,9 @@ def run(args) -> int:
     out = os.path.abspath(args.out)
     if not os.path.isdir(os.path.dirname(out)):
         raise UserError(f"--out {args.out}: folder {os.path.dirname(out)} does not exist")
+    from models.text.prompt_weights import check_prompt
+    check_prompt(args.prompt)                    # a bad weight syntax fails before minutes of model loading
+    check_prompt(args.negative)
     te, dit, qtok, t5tok = _resolve(args)
     from models.text.conditioning import TextEncoder
     t0 = time.perf_counter()

@@ -1,10 +1,15 @@
-"""Qwen2 BPE and T5 v1.1 tokenizers loaded from user-supplied files (tokenizer.json, vocab.json+merges.txt, spiece.model)."""
+"""Qwen2 BPE and T5 v1.1 tokenizers loaded from user-supplied files (tokenizer.json, vocab.json+merges.txt,
+spiece.model), and `PromptTokenizer.tokenize(prompt) -> TokenizedPrompt`: the ids and weights both encoders read,
+segment by segment as ComfyUI makes them. No torch here: any compute backend of the text encoder calls this."""
 from __future__ import annotations
 
 import json
 import logging
 import os
+from dataclasses import dataclass
 from typing import List
+
+from models.text.prompt_weights import parse_weights, segment_pieces
 
 log = logging.getLogger(__name__)
 
@@ -192,3 +197,50 @@ class T5Tokenizer:
 def load_tokenizers(qwen_dir: str, t5_path_or_dir: str) -> tuple:
     """(QwenTokenizer, T5Tokenizer) from user files."""
     return QwenTokenizer(qwen_dir), T5Tokenizer(t5_path_or_dir)
+
+
+@dataclass
+class TokenizedPrompt:
+    qwen_ids: List[int]         # each segment's ids, concatenated; [pad] for a prompt without tokens
+    qwen_masked: bool           # True when qwen_ids is the single masked pad token (empty prompt)
+    t5_ids: List[int]           # each segment's ids, concatenated, EOS (1) appended
+    t5_weights: List[float]     # one per T5 id: its segment's weight; 1.0 for EOS
+    segments: List[tuple]       # (text, weight) of every separately tokenized piece, in order
+
+
+class PromptTokenizer:
+    """Both tokenizers of the Anima text encoder; `tokenize(prompt)` gives what Qwen3 and the LLM adapter read.
+
+    Qwen3 reads every segment's own tokenization, concatenated, all at weight 1.0; the LLM adapter reads the T5 ids of
+    the same segments (each segment's ids without its EOS, one EOS at the end), each id at its segment's weight.
+    """
+
+    def __init__(self, qwen: QwenTokenizer, t5: T5Tokenizer):
+        self.qwen, self.t5 = qwen, t5
+
+    @classmethod
+    def from_files(cls, qwen_dir: str, t5_path_or_dir: str) -> "PromptTokenizer":
+        return cls(*load_tokenizers(qwen_dir, t5_path_or_dir))
+
+    def tokenize(self, prompt: str) -> TokenizedPrompt:
+        dropped: List[str] = []
+        pieces = segment_pieces(parse_weights(prompt), dropped)
+        for name in dropped:
+            log.warning("embedding:%s: textual-inversion embeddings are not supported; the name is left out of the "
+                        "prompt (what ComfyUI does when it has no such embedding file)", name)
+        qwen_ids: List[int] = []
+        t5_ids: List[int] = []
+        t5_weights: List[float] = []
+        for text, weight in pieces:
+            qwen_ids += self.qwen.encode(text)
+            part = self.t5.encode(text)
+            t5_ids += part
+            t5_weights += [float(weight)] * len(part)
+        masked = not qwen_ids
+        if masked:
+            qwen_ids = [self.qwen.pad_id]
+        elif self.qwen.pad_id in qwen_ids:
+            log.warning("the prompt holds the Qwen pad token %s; ComfyUI masks it and every token after it in the "
+                        "text encoder's attention, this project does not: the pictures will differ",
+                        QWEN_PAD_TOKEN)
+        return TokenizedPrompt(qwen_ids, masked, t5_ids + [self.t5.eos_id], t5_weights + [1.0], pieces)
