@@ -188,6 +188,26 @@ def test_bad_latents(vae):
         vae.decode(_latent(8, 8), tile=4, overlap=1.0)
 
 
+def test_uint8_as_comfyui_saveimage():
+    """Pixels = clip(255 * x, 0, 255) computed in float32 and truncated (ComfyUI's SaveImage), at the boundaries."""
+    from models.vae.api import to_uint8
+    hand = {0.0: 0, 0.5: 127, 1.0: 255, 0.999: 254, 0.0039: 0, 0.004: 1, -0.3: 0, 1.7: 255, -0.0: 0}
+    x = np.array(list(hand), np.float32)
+    got = to_uint8(np.broadcast_to(x, (3, 1, len(x))))                  # [1, n, 3]
+    assert got.dtype == np.uint8 and got.shape == (1, len(x), 3)
+    assert got[0, :, 0].tolist() == list(hand.values()) and (got == got[..., :1]).all()
+    # Every k/255 and its float32 neighbours. Reference: the exact product (float32 x 255 is exact in float64),
+    # rounded once to float32 as an IEEE float32 multiply does, then floored and clipped.
+    k = np.arange(256, dtype=np.float32) / np.float32(255.0)
+    xs = np.concatenate([k, np.nextafter(k, np.float32(-1)), np.nextafter(k, np.float32(2)),
+                         np.random.default_rng(0).uniform(-0.1, 1.1, 5000).astype(np.float32)])
+    ref = np.clip(np.floor((xs.astype(np.float64) * 255.0).astype(np.float32).astype(np.float64)), 0, 255)
+    got = to_uint8(xs.reshape(1, 1, -1).repeat(3, 0))[0, :, 0]
+    assert got.tolist() == ref.astype(int).tolist()
+    # and it is not round-to-nearest (the old conversion): 0.5 -> 127, not 128
+    assert (np.floor(xs.astype(np.float64) * 255.0 + 0.5).clip(0, 255) != ref).sum() > 1000
+
+
 def test_png_metadata(vae, tmp_path):
     from PIL import Image
     path = tmp_path / "img.png"
@@ -208,6 +228,9 @@ def test_cli_decode(files, vae, tmp_path, capsys):
     assert rc == 0
     arr = np.load(tmp_path / "o.npy")
     assert arr.shape == (3, 80, 96) and np.array_equal(arr, vae.decode(lat, tile=None).array)
+    from PIL import Image
+    with Image.open(tmp_path / "o.png") as im:                   # the PNG's pixels: clip(255 x) truncated of o.npy
+        assert np.array_equal(np.asarray(im), np.clip(255.0 * arr, 0, 255).astype(np.uint8).transpose(1, 2, 0))
     np.save(tmp_path / "bad.npy", lat[:3])
     rc = cli_main(["decode", "--vae", str(files["orig"]), "--latent", str(tmp_path / "bad.npy"),
                    "--out", str(tmp_path / "b.png")])

@@ -28,9 +28,14 @@ def to_unit(x: torch.Tensor) -> np.ndarray:
     return ((x + 1.0) * 0.5).clamp_(0.0, 1.0).numpy().astype(np.float32, copy=False)
 
 
+_U8_SCALE = np.float32(255.0)
+
+
 def to_uint8(unit: np.ndarray) -> np.ndarray:
-    """[3, H, W] f32 in [0, 1] -> [H, W, 3] uint8 (round to nearest)."""
-    return np.ascontiguousarray((unit.transpose(1, 2, 0) * 255.0 + 0.5).astype(np.uint8))
+    """[3, H, W] f32 in [0, 1] -> [H, W, 3] uint8 exactly as ComfyUI's SaveImage converts: clip(255 * x, 0, 255) in
+    float32, then truncated (not rounded). The one float -> pixel conversion: every VAE backend goes through it."""
+    scaled = np.asarray(unit, dtype=np.float32).transpose(1, 2, 0) * _U8_SCALE     # scaled: [H, W, 3] f32
+    return np.ascontiguousarray(np.clip(scaled, 0.0, 255.0).astype(np.uint8))
 
 
 def check_latent(latent, z_dim: int) -> np.ndarray:
