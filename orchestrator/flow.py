@@ -12,7 +12,7 @@ import numpy as np
 
 from orchestrator.pipeline import arena_plan
 from orchestrator.prompt_spec import PromptSpec
-from orchestrator.report import JobReport, current_rss_mb, peak_rss_mb, png_metadata
+from orchestrator.report import JobReport, current_rss_mb, peak_rss_mb, png_metadata, text_record
 from orchestrator.supervisor import SupervisorError
 from protocol import messages as m
 from protocol.arena import Arena, segment_name
@@ -163,6 +163,7 @@ class JobFlow:
         _save_npy(self.dir / "cond.npy", self.arena.read(self.cond))
         _save_npy(self.dir / "uncond.npy", self.arena.read(self.uncond))
         self.report.encoder_timings = dict(reply.timings)
+        self.report.text = text_record(reply.tokens_cond, reply.tokens_uncond, reply.truncated)
         self._bring_down("encoder")          # stopped (and seen STOPPED) before DENOISE goes out
         self.report.stages["encoder"].wall_s += time.monotonic() - t0
 

@@ -9,9 +9,18 @@ from pathlib import Path
 
 import psutil
 
+from models.partition import TEXT_TOKENS
+
 BRANCH_KINDS = ("self", "cross", "ffn")
 STAGES = ("encoder", "scheduler", "executor", "vae")
 PHASES = ("load_s", "init_s", "infer_s", "release_s")
+
+# latent.npy holds the sampler's latent [16, H/8, W/8] f32 in MODEL space: before the VAE's per-channel
+# de-normalisation (models.vae.decoder.denormalize). ComfyUI's SaveLatent stores the other side, VAE space
+# (its KSampler hands out latent * std + mean), as `latent_tensor` [1, 16, 1, H/8, W/8].
+LATENT_SPACE = "model"
+LATENT_NOTE = ("latent.npy is the model-space latent, before the VAE's per-channel std/mean; ComfyUI's SaveLatent "
+               "stores latent * std + mean (VAE space)")
 
 
 def peak_rss_mb(pid: int) -> float | None:
@@ -42,6 +51,20 @@ def current_rss_mb(pid: int) -> float | None:
         return total / 2**20
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
+
+
+def text_record(tokens_cond: int, tokens_uncond: int, truncated: bool, rows: int = TEXT_TOKENS) -> dict:
+    """The report's `text` entry: T5 token counts (EOS included) and, when a prompt is over the context, what that
+    means for matching ComfyUI."""
+    d = {"t5_tokens_prompt": int(tokens_cond), "t5_tokens_negative": int(tokens_uncond), "context_rows": rows,
+         "truncated": bool(truncated)}
+    if truncated:
+        over = [f"{name} has {n} T5 tokens" for name, n in (("prompt", tokens_cond), ("negative prompt",
+                                                                                     tokens_uncond)) if n > rows]
+        d["note"] = (f"{' and '.join(over)}; the pack's cross-attention sees only the first {rows} context rows, "
+                     f"while ComfyUI keeps every row, so the picture differs from ComfyUI's; shorten the prompt to "
+                     f"at most {rows} T5 tokens to match it (docs/prompts.md)")
+    return d
 
 
 @dataclass
@@ -86,6 +109,7 @@ class JobReport:
     teardown: TeardownRecord = field(default_factory=TeardownRecord)
     denoised: dict = field(default_factory=dict)        # the scheduler's DENOISED fields (steps, sums, host/transport)
     encoder_timings: dict = field(default_factory=dict)
+    text: dict = field(default_factory=dict)            # T5 token counts of both prompts, truncated or not
     vae_timings: dict = field(default_factory=dict)
     image: str | None = None
     started: float = field(default_factory=time.time)
@@ -118,6 +142,8 @@ class JobReport:
             "host_s": float(d.get("host_s", 0.0)),
             "transport_s": float(d.get("transport_s", 0.0)),
             "encoder_timings": self.encoder_timings,
+            "text": self.text,
+            "latent": {"file": "latent.npy", "space": LATENT_SPACE, "note": LATENT_NOTE},
             "vae_timings": self.vae_timings,
             "wall_s": round((self.finished or time.time()) - self.started, 4),
         }
@@ -138,7 +164,8 @@ def png_metadata(spec, pack, job: str) -> dict[str, str]:
               f"Spectrum: {spectrum}")
     return {"parameters": params, "prompt": spec.prompt, "negative_prompt": spec.negative_prompt,
             "seed": str(spec.seed), "steps": str(spec.steps), "cfg": str(spec.cfg), "sampler": spec.sampler,
-            "scheduler": spec.scheduler, "spectrum": spectrum, "model_sha256": pack.source_sha256, "job": job}
+            "scheduler": spec.scheduler, "spectrum": spectrum, "model_sha256": pack.source_sha256, "job": job,
+            "latent_space": f"{LATENT_SPACE}: {LATENT_NOTE}"}
 
 
 def format_table(report: dict) -> str:
@@ -157,6 +184,9 @@ def format_table(report: dict) -> str:
     lines.append(f"host ops {report.get('host_s', 0.0):.2f} s, transport {report.get('transport_s', 0.0):.2f} s, "
                  f"{report.get('branch_calls', 0)} branch calls, {len(steps)} computed steps "
                  f"({len(report.get('forecast_steps', []))} forecast), total {report.get('wall_s', 0.0):.1f} s")
+    text = report.get("text") or {}
+    if text.get("truncated"):
+        lines.append(f"prompt truncated: {text.get('note', '')}")
     td = report.get("teardown", {})
     lines.append(f"encoder running during denoise: {td.get('encoder_running_during_denoise')}, "
                  f"vae running during denoise: {td.get('vae_running_during_denoise')} "

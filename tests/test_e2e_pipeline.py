@@ -18,6 +18,7 @@ from models.denoise import denoise, make_sampler, spectrum_settings, start_or_re
 from models.dit_runner import DiTRunner
 from models.pack import load_pack
 from models.partition import KINDS
+from protocol import messages as m
 from tests.pipeline_harness import Pipeline, tiny_assets
 
 THREADS = 1           # the stages and the in-process reference run ONNX Runtime with the same thread count
@@ -25,6 +26,7 @@ THREADS = 1           # the stages and the in-process reference run ONNX Runtime
 PROMPT = {"prompt": "1girl, silver hair, (blue eyes:1.2)", "negative_prompt": "worst quality", "seed": 1234,
           "steps": 4, "cfg": 4.0, "sampler": "euler", "scheduler": "sgm_uniform", "spectrum": {"warmup": 1}}
 JOB_TIMEOUT_S = 600.0
+_PIXELS: dict = {}    # job -> PNG pixels of the finished PROMPT jobs of this module
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +115,8 @@ def test_job_end_to_end(pipe, assets, reference):
     assert meta["model_sha256"] == pack.source["sha256"] and len(meta["model_sha256"]) == 64
     assert "Seed: 1234" in meta["parameters"] and f"Model hash: {pack.source['sha256'][:10]}" in meta["parameters"]
     assert np.asarray(img).std() > 0                     # decoded, not a constant
+    assert meta["latent_space"].startswith("model: ") and "SaveLatent" in meta["latent_space"]
+    _PIXELS[job] = np.asarray(img).copy()
 
     # the report's interface fields
     ref = reference(pipe.job_dir(job))
@@ -129,6 +133,8 @@ def test_job_end_to_end(pipe, assets, reference):
         assert b["calls"] == blocks * len(ref["computed"])
         assert b["infer_s"] > 0 and b["load_s"] >= 0 and b["init_s"] > 0 and b["release_s"] >= 0
     assert r["transport_s"] > 0 and r["host_s"] > 0
+    assert r["latent"]["space"] == "model" and r["text"]["truncated"] is False
+    assert r["text"]["t5_tokens_prompt"] > 5 and r["text"]["t5_tokens_negative"] >= 2
     assert r["stages"]["scheduler"]["wall_s"] >= sum(sum(b[p] for p in ("load_s", "init_s", "infer_s", "release_s"))
                                                      for b in r["branches"].values())
 
@@ -142,6 +148,29 @@ def test_job_end_to_end(pipe, assets, reference):
     np.testing.assert_array_equal(latent, ref["latent"])
     _check_clean(pipe)
     print(f"\nend-to-end job: {time.monotonic() - t0:.1f} s (report wall {r['wall_s']:.1f} s)")
+
+
+def test_same_job_twice_same_png_pixels(pipe, assets):
+    """Run twice (the first test's job counts when it ran), the same job gives byte-identical PNG pixels, and they
+    are clip(255 x) truncated of the array the VAE decodes from the job's latent.npy (same tiles and threads)."""
+    from models.models_dir import resolve_models
+    from models.vae import VAE
+    while len(_PIXELS) < 2:
+        job = pipe.submit(PROMPT)
+        info = pipe.wait(job, timeout_s=JOB_TIMEOUT_S)
+        assert info.state == "done", f"{info.error_stage}: {info.error}\n{pipe.logs()}"
+        with Image.open(info.image) as img:
+            _PIXELS[job] = np.asarray(img).copy()
+    (a, pa), (b, pb) = list(_PIXELS.items())[:2]
+    assert pa.tobytes() == pb.tobytes()
+    latent = np.load(pipe.job_dir(b) / "latent.npy")
+    np.testing.assert_array_equal(latent, np.load(pipe.job_dir(a) / "latent.npy"))
+    tile = m.TileSettings()                              # what the orchestrator's DECODE asks for
+    vae = VAE.open(resolve_models(assets[0], {}, need=("vae",)).vae, threads=THREADS)
+    arr = vae.decode(latent, tile=tile.tile, overlap=tile.overlap).array          # [3, 128, 128] f32 in [0, 1]
+    want = np.clip(255.0 * arr, 0, 255).astype(np.uint8).transpose(1, 2, 0)      # ComfyUI's SaveImage
+    assert pb.tobytes() == np.ascontiguousarray(want).tobytes()
+    _check_clean(pipe)
 
 
 def test_restart_executor_mid_job(pipe, reference):

@@ -5,7 +5,7 @@ import stat
 import pytest
 
 from orchestrator import cli
-from orchestrator.report import JobReport, format_table
+from orchestrator.report import JobReport, format_table, text_record
 from orchestrator.runfolder import RunFolder, init_run
 from protocol import messages as m
 
@@ -35,6 +35,19 @@ def test_timing_table_lists_stages_and_branch_phases():
     text = format_table(json.loads(json.dumps(d)))
     assert "encoder" in text and "2500" in text and "self" in text and "host ops 1.25 s" in text
     assert "6 branch calls, 2 computed steps (1 forecast)" in text
+
+
+def test_report_says_latent_space_and_truncation():
+    r = JobReport("j", {"prompt": "a"})
+    r.text = text_record(20, 3, False)
+    d = json.loads(json.dumps(r.to_dict()))
+    assert d["latent"]["space"] == "model" and "ComfyUI's SaveLatent stores latent * std + mean" in d["latent"]["note"]
+    assert d["text"] == {"t5_tokens_prompt": 20, "t5_tokens_negative": 3, "context_rows": 512, "truncated": False}
+    assert "truncated" not in format_table(d)
+    r.text = text_record(700, 3, True)
+    table = format_table(json.loads(json.dumps(r.to_dict())))
+    assert "prompt truncated: prompt has 700 T5 tokens" in table and "ComfyUI keeps every row" in table
+    assert "negative prompt has" not in table
 
 
 def test_unknown_stage_is_a_usage_error(tmp_path, capsys):
