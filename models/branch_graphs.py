@@ -121,7 +121,7 @@ def _self_attn(g: _Graph, w: Mapping, cfg: DiTConfig, L: int) -> str:
     return _attend(g, s, g.matmul("xn", w["v_proj.weight"], "v"), L, L, H, hd, D, w)
 
 
-def _cross_attn(g: _Graph, w: Mapping, cfg: DiTConfig, L: int, S: int) -> str:
+def _cross_attn(g: _Graph, w: Mapping, cfg: DiTConfig, L: int, S: int, masked: bool) -> str:
     H, hd, D = cfg.heads, cfg.head_dim, cfg.width
     inv = 1.0 / math.sqrt(hd)
     normed = {}
@@ -134,6 +134,8 @@ def _cross_attn(g: _Graph, w: Mapping, cfg: DiTConfig, L: int, S: int) -> str:
     q = g.op("Transpose", [normed["q"]], "qT", perm=[0, 2, 1, 3])             # [1, H, L, hd]
     k = g.op("Transpose", [normed["k"]], "kT", perm=[0, 2, 3, 1])             # [1, H, hd, S]
     s = g.op("MatMul", [q, k], "scores")                                      # [1, H, L, S]
+    if masked:                                                                # + context_mask [S], broadcast
+        s = g.op("Add", [s, "context_mask"], "scores_masked")
     return _attend(g, s, g.matmul("context", w["v_proj.weight"], "v"), L, S, H, hd, D, w)
 
 
@@ -171,7 +173,7 @@ def build_branch(kind: str, weights: Mapping, cfg: DiTConfig, geom: Geometry, dt
     if kind == "self":
         y = _self_attn(g, weights, cfg, L)
     elif kind == "cross":
-        y = _cross_attn(g, weights, cfg, L, S)
+        y = _cross_attn(g, weights, cfg, L, S, any(i["name"] == "context_mask" for i in io["inputs"]))
     else:
         y = _ffn(g, weights)
     out_name = io["outputs"][0]["name"]

@@ -54,6 +54,8 @@ def save_state(state: SamplerState, job_dir) -> None:
 
 
 def denoise(runner, sampler: Sampler, state: SamplerState, cond: np.ndarray, uncond: np.ndarray,
-            on_step: Optional[Callable[[SamplerState], None]] = None) -> SamplerState:
-    """Run `state` to the end with `runner.forward_cfg` (both CFG passes per branch); returns the final state."""
-    return sampler.sample(lambda x, sigma: runner.forward_cfg(x, sigma, cond, uncond), state=state, on_step=on_step)
+            on_step: Optional[Callable[[SamplerState], None]] = None, context_rows=None) -> SamplerState:
+    """Run `state` to the end with `runner.forward_cfg` (both CFG passes per branch); returns the final state.
+    context_rows: (cond, uncond) rows a long-context pack leaves unmasked (partition.context_rows)."""
+    return sampler.sample(lambda x, sigma: runner.forward_cfg(x, sigma, cond, uncond, context_rows=context_rows),
+                          state=state, on_step=on_step)

@@ -12,7 +12,7 @@ import numpy as np
 from models import host_ops
 from models.branch_runtime import BranchBackend, PhaseTimes, make_backend, run_branch
 from models.pack import Pack, load_pack
-from models.partition import BRANCHES, KINDS, NUMPY_DTYPES
+from models.partition import BRANCHES, KINDS, NUMPY_DTYPES, branch_inputs, context_mask
 from models.rope import rope_tables
 
 log = logging.getLogger(__name__)
@@ -105,24 +105,37 @@ class DiTRunner:
         """x [C, h, w] f32, sigma, context [S, Dc] f32 -> v [C, h, w] f32."""
         return self.forward_passes([x], sigma, [context])[0]
 
-    def forward_cfg(self, x, sigma, ctx_cond, ctx_uncond) -> tuple:
+    def forward_cfg(self, x, sigma, ctx_cond, ctx_uncond, context_rows=None) -> tuple:
         """Both CFG passes, each branch loaded once (cond then uncond) -> (v_cond, v_uncond)."""
-        v = self.forward_passes([x, x], sigma, [ctx_cond, ctx_uncond])
+        v = self.forward_passes([x, x], sigma, [ctx_cond, ctx_uncond], context_rows=context_rows)
         return v[0], v[1]
 
-    def forward_passes(self, xs: list, sigma, contexts: list, trace: Optional[list] = None, probe=None) -> list:
+    def _masks(self, context_rows, n: int) -> list:
+        """Per pass: the context mask [S] of a long-context pack (rows past ComfyUI's context masked), else None."""
+        if not self.geom.long_context:
+            return [None] * n
+        S = self.geom.text_tokens
+        rows = list(context_rows) if context_rows else [S] * n
+        if len(rows) != n or not all(1 <= int(r) <= S for r in rows):
+            raise ValueError(f"context_rows {rows!r}: need {n} row counts in [1, {S}]")
+        return [context_mask(r, S, self.io_np) for r in rows]
+
+    def forward_passes(self, xs: list, sigma, contexts: list, trace: Optional[list] = None, probe=None,
+                       context_rows=None) -> list:
         """Several passes sharing sigma, run branch by branch in lockstep.
 
         trace: a list that receives per-block records {"self": {"xn", "y"}, "cross": ..., "ffn": ..., "x_out"} of
         pass 0 (all f32). probe: an object with feed(block, kind) -> {name: array} | None and result(block, kind, y);
         a feed it returns runs as one more pass of that branch (inputs it omits are pass 0's), outside the forward
-        (verification feeds reference inputs this way without loading a branch twice)."""
+        (verification feeds reference inputs this way without loading a branch twice). context_rows: per pass, the
+        rows of ComfyUI's context (partition.context_rows) a long-context pack leaves unmasked; default all."""
         if len(xs) != len(contexts) or not xs:
             raise ValueError("need one context per latent (and at least one pass)")
         t_start = time.perf_counter()
         xs = [self._check_x(x, f"x[{i}]" if len(xs) > 1 else "x") for i, x in enumerate(xs)]
         ctxs = [self._check_context(c, f"context[{i}]" if len(xs) > 1 else "context").astype(self.io_np)
                 for i, c in enumerate(contexts)]
+        masks = self._masks(context_rows, len(xs))
         sigma = self._check_sigma(sigma)
         cfg, W, timing = self.cfg, self.weights, ForwardTiming()
         # 1) tokens, timestep embedding and every block's modulation (once per sigma)
@@ -139,9 +152,9 @@ class DiTRunner:
                 shift, scale, gate = mods[block, j]                                  # [D] each
                 xns = [host_ops.layernorm_modulate(h, shift, scale) for h in hidden]  # [L, D] f32
                 feeds = []
-                for xn, ctx in zip(xns, ctxs):
-                    avail = {"xn": xn.astype(self.io_np), "context": ctx, **self.rope}
-                    feeds.append({i.name: avail[i.name] for i in spec.inputs})
+                for xn, ctx, mask in zip(xns, ctxs, masks):
+                    avail = {"xn": xn.astype(self.io_np), "context": ctx, "context_mask": mask, **self.rope}
+                    feeds.append({i.name: avail[i.name] for i in branch_inputs(spec, self.geom)})
                 extra = probe.feed(block, spec.kind) if probe is not None else None
                 if extra is not None:
                     feeds.append({**feeds[0], **{k: np.asarray(v).astype(self.io_np) for k, v in extra.items()}})

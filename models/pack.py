@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Optional
 
 from models.config import DiTConfig
-from models.partition import BRANCHES, PACK_DTYPES, Geometry, branch_file, branch_order, pack_io_dtype, resolve
+from models.partition import (BRANCHES, PACK_DTYPES, TEXT_TOKENS, Geometry, branch_file, branch_order,
+                              pack_io_dtype, resolve)
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +111,12 @@ def _existing_source(out: Path) -> Optional[str]:
         return "unreadable"
 
 
-def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", overwrite: bool = False) -> Path:
+def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", overwrite: bool = False,
+               context: int = TEXT_TOKENS) -> Path:
     """Convert the checkpoint at `ckpt_path` into a pack at `out_dir` for `resolution` = (width, height) pixels.
+
+    `context` > 512: cross-attention takes that many context rows plus an additive mask, so prompts longer than 512
+    T5 tokens keep every row as in ComfyUI (docs/prompts.md).
 
     One block at a time (peak memory ~ one branch's weights); written into a temporary sibling folder that is renamed
     into place when complete. An existing pack of a different checkpoint is replaced only with `overwrite`.
@@ -123,7 +128,7 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
 
     t0 = time.perf_counter()
     io_dt = pack_io_dtype(dtype)
-    geom = Geometry.from_resolution(*resolution)
+    geom = Geometry.from_resolution(*resolution, text_tokens=context)
     out = Path(out_dir).absolute()
     ckpt = DiTCheckpoint.open(ckpt_path)
     cfg = ckpt.config
@@ -254,7 +259,8 @@ def load_pack(pack_dir, check: bool = True) -> Pack:
         _field(m, key, typ, where)
     try:
         cfg = DiTConfig.from_dict(m["config"])
-        geom = Geometry.from_resolution(int(m["resolution"]["width"]), int(m["resolution"]["height"]))
+        geom = Geometry.from_resolution(int(m["resolution"]["width"]), int(m["resolution"]["height"]),
+                                        int(m.get("geometry", {}).get("text_tokens", TEXT_TOKENS)))
     except (TypeError, KeyError, ValueError) as e:
         raise PackError(f"{where}: bad config/resolution ({e})") from None
     if m["dtype"] not in PACK_DTYPES:

@@ -12,7 +12,9 @@ from models.config import DiTConfig
 
 log = logging.getLogger(__name__)
 
-TEXT_TOKENS = 512          # S: the text context is always padded/truncated to 512 rows
+TEXT_TOKENS = 512          # S of a default pack; a prompt's context is zero-padded to at least this many rows
+MAX_TEXT_TOKENS = 4096     # the longest context a pack may take (a 4000-character prompt stays far below)
+MASKED = -30000.0          # additive context mask of rows past a prompt (exp underflows to exactly 0; fits f16)
 LATENT_SCALE = 8           # image pixels per latent pixel (VAE downsampling)
 PATCH = 2                  # latent pixels per token side
 
@@ -23,10 +25,16 @@ NUMPY_DTYPES = {"f16": np.float16, "f32": np.float32}
 
 @dataclass(frozen=True)
 class IOSpec:
-    """One branch input or output. shape is symbolic (see `symbols`); dtype role "pack" = the pack's dtype."""
+    """One branch input or output. shape is symbolic (see `symbols`); dtype role "pack" = the pack's dtype.
+
+    lifetime: "call" = new for every call (xn, y); "pass" = one per CFG pass, the same for the whole job (the
+    context and its mask); "job" = shared by the passes for the whole job (RoPE tables).
+    long_context: present only in packs whose context has more than TEXT_TOKENS rows."""
     name: str
     shape: tuple
     dtype: str = "pack"
+    lifetime: str = "call"
+    long_context: bool = False
 
 
 @dataclass(frozen=True)
@@ -48,14 +56,17 @@ class BranchSpec:
 BRANCHES = (
     BranchSpec(
         kind="self", module="self_attn",
-        inputs=(IOSpec("xn", ("L", "D")), IOSpec("rope_cos", ("L", "HD2")), IOSpec("rope_sin", ("L", "HD2"))),
+        inputs=(IOSpec("xn", ("L", "D")), IOSpec("rope_cos", ("L", "HD2"), lifetime="job"),
+                IOSpec("rope_sin", ("L", "HD2"), lifetime="job")),
         outputs=(IOSpec("y", ("L", "D")),),
         weights=("q_proj.weight", "k_proj.weight", "v_proj.weight", "output_proj.weight",
                  "q_norm.weight", "k_norm.weight"),
     ),
     BranchSpec(
         kind="cross", module="cross_attn",
-        inputs=(IOSpec("xn", ("L", "D")), IOSpec("context", ("S", "Dc"))),
+        # context_mask [S]: 0 for the rows ComfyUI's context has, MASKED for the rows past them (long packs only)
+        inputs=(IOSpec("xn", ("L", "D")), IOSpec("context", ("S", "Dc"), lifetime="pass"),
+                IOSpec("context_mask", ("S",), lifetime="pass", long_context=True)),
         outputs=(IOSpec("y", ("L", "D")),),
         weights=("q_proj.weight", "k_proj.weight", "v_proj.weight", "output_proj.weight",
                  "q_norm.weight", "k_norm.weight"),
@@ -68,6 +79,7 @@ BRANCHES = (
     ),
 )
 KINDS = tuple(b.kind for b in BRANCHES)               # ("self", "cross", "ffn")
+LIFETIMES = {i.name: i.lifetime for b in BRANCHES for i in b.inputs}   # input name -> "call" | "pass" | "job"
 BY_KIND = {b.kind: b for b in BRANCHES}
 FILE_RE = re.compile(r"^b(\d{2,})_(self|cross|ffn)\.onnx$")
 
@@ -81,7 +93,7 @@ class Geometry:
     latent_h: int         # h = H / 8
     w_tokens: int         # ceil(w / 2)
     h_tokens: int         # ceil(h / 2)
-    text_tokens: int = TEXT_TOKENS
+    text_tokens: int = TEXT_TOKENS   # S: context rows the cross-attention graphs take
 
     @property
     def tokens(self) -> int:
@@ -89,16 +101,22 @@ class Geometry:
         return self.h_tokens * self.w_tokens
 
     @classmethod
-    def from_resolution(cls, width: int, height: int) -> "Geometry":
+    def from_resolution(cls, width: int, height: int, text_tokens: int = TEXT_TOKENS) -> "Geometry":
         for name, v in (("width", width), ("height", height)):
             if not isinstance(v, (int, np.integer)) or v <= 0 or v % LATENT_SCALE:
                 raise ValueError(f"resolution {name} {v!r} must be a positive multiple of {LATENT_SCALE}")
+        if not isinstance(text_tokens, (int, np.integer)) or not TEXT_TOKENS <= text_tokens <= MAX_TEXT_TOKENS:
+            raise ValueError(f"context {text_tokens!r} must be an integer in [{TEXT_TOKENS}, {MAX_TEXT_TOKENS}]")
         w, h = int(width) // LATENT_SCALE, int(height) // LATENT_SCALE
-        return cls(int(width), int(height), w, h, -(-w // PATCH), -(-h // PATCH))
+        return cls(int(width), int(height), w, h, -(-w // PATCH), -(-h // PATCH), int(text_tokens))
 
     @classmethod
     def from_latent(cls, latent_h: int, latent_w: int) -> "Geometry":
         return cls.from_resolution(latent_w * LATENT_SCALE, latent_h * LATENT_SCALE)
+
+    @property
+    def long_context(self) -> bool:
+        return self.text_tokens > TEXT_TOKENS
 
     def to_dict(self) -> dict:
         return {"width": self.width, "height": self.height, "latent_h": self.latent_h, "latent_w": self.latent_w,
@@ -128,6 +146,24 @@ def pack_io_dtype(pack_dtype: str) -> str:
     return PACK_DTYPES[pack_dtype]
 
 
+def branch_inputs(spec: BranchSpec, geom: Geometry) -> tuple:
+    """The inputs a branch graph of this geometry takes (the mask only in long-context packs)."""
+    return tuple(i for i in spec.inputs if geom.long_context or not i.long_context)
+
+
+def context_rows(t5_tokens: int, text_tokens: int) -> int:
+    """Rows of ComfyUI's context for a prompt of `t5_tokens` T5 tokens (it pads to 512, never truncates), as far as
+    a pack with `text_tokens` rows holds them."""
+    return min(max(int(t5_tokens), TEXT_TOKENS), int(text_tokens))
+
+
+def context_mask(rows: int, text_tokens: int, dtype=np.float32) -> np.ndarray:
+    """[S] additive mask: 0 for the first `rows` context rows, MASKED after them."""
+    m = np.zeros(int(text_tokens), dtype=dtype)
+    m[int(rows):] = MASKED
+    return m
+
+
 def resolve_io(specs, cfg: DiTConfig, geom: Geometry, pack_dtype: str) -> list:
     """[IOSpec] -> [{"name", "shape": [ints], "dtype": "f16"|"f32"}]."""
     sym, dt = symbols(cfg, geom), pack_io_dtype(pack_dtype)
@@ -138,7 +174,7 @@ def resolve_io(specs, cfg: DiTConfig, geom: Geometry, pack_dtype: str) -> list:
 def resolve(kind: str, cfg: DiTConfig, geom: Geometry, pack_dtype: str) -> dict:
     """{"inputs": [...], "outputs": [...]} with concrete shapes and dtypes for one branch kind."""
     spec = branch_spec(kind)
-    return {"inputs": resolve_io(spec.inputs, cfg, geom, pack_dtype),
+    return {"inputs": resolve_io(branch_inputs(spec, geom), cfg, geom, pack_dtype),
             "outputs": resolve_io(spec.outputs, cfg, geom, pack_dtype)}
 
 

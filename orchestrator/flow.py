@@ -1,6 +1,7 @@
 """One job's flow: encode (encoder up, then down) → denoise (scheduler) → decode (VAE up, then down); retries."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -9,6 +10,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from models.durable import atomic_write
+from models.partition import TEXT_TOKENS, context_rows
 
 from orchestrator.pipeline import arena_plan
 from orchestrator.prompt_spec import PromptSpec
@@ -39,6 +43,9 @@ class Cancelled(Exception):
 
 class Stopping(Exception):
     """The daemon is shutting down: the job stays in its state on disk for the next daemon to resume."""
+
+
+TEXT_FILE = "text.json"          # the prompts' T5 token counts (report `text`), kept for a resume
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
@@ -140,6 +147,8 @@ class JobFlow:
         try:
             self.arena.write(self.cond, np.load(self.dir / "cond.npy"))      # [S, Dc] f32
             self.arena.write(self.uncond, np.load(self.dir / "uncond.npy"))
+            text = self.dir / TEXT_FILE
+            self.report.text = json.loads(text.read_text()) if text.exists() else {}
         except (OSError, ValueError) as e:
             raise StageFailed("orchestrator", f"cannot resume: the job folder's contexts are unusable ({e}); "
                                               "the job must be submitted again") from None
@@ -153,19 +162,27 @@ class JobFlow:
         self._bring_up("encoder")
         msg = m.Encode(job=self.job.id, prompt=self.spec.prompt, negative=self.spec.negative_prompt,
                        arena=None if remote else self.arena.name, cond=None if remote else self.cond,
-                       uncond=None if remote else self.uncond)
+                       uncond=None if remote else self.uncond, rows=self.pack.text_tokens)
         reply = m.expect(self._call("encoder", msg, self.settings.encode_timeout_s), m.Encoded, "encoder")
         for mine, theirs in ((self.cond, reply.cond), (self.uncond, reply.uncond)):
             if theirs.inline:
                 self.arena.write(mine, from_inline(theirs, reply.inline))
             elif theirs.slot != mine.slot:
                 raise StageFailed("encoder", f"ENCODED points at slot {theirs.slot!r}, expected {mine.slot!r}")
+        self.report.text = text_record(reply.tokens_cond, reply.tokens_uncond, reply.truncated, self.pack.text_tokens)
+        atomic_write(self.dir / TEXT_FILE, json.dumps(self.report.text))   # before the contexts: a resume reads both
         _save_npy(self.dir / "cond.npy", self.arena.read(self.cond))
         _save_npy(self.dir / "uncond.npy", self.arena.read(self.uncond))
         self.report.encoder_timings = dict(reply.timings)
-        self.report.text = text_record(reply.tokens_cond, reply.tokens_uncond, reply.truncated)
         self._bring_down("encoder")          # stopped (and seen STOPPED) before DENOISE goes out
         self.report.stages["encoder"].wall_s += time.monotonic() - t0
+
+    def _context_rows(self) -> tuple:
+        """Per pass, the rows of ComfyUI's context a long-context pack leaves unmasked; () for a 512-row pack."""
+        t, S = self.report.text, self.pack.text_tokens
+        if S <= TEXT_TOKENS or "t5_tokens_prompt" not in t:
+            return ()
+        return (context_rows(t["t5_tokens_prompt"], S), context_rows(t["t5_tokens_negative"], S))
 
     def _denoise(self) -> None:
         t0 = time.monotonic()
@@ -178,7 +195,7 @@ class JobFlow:
                                  spectrum=m.SpectrumSettings(**vars(s.spectrum)))
         msg = m.Denoise(job=self.job.id, job_dir=str(self.dir), pack_dir=str(self.pack.dir), arena=self.arena.name,
                         params=params, cond=self.cond, uncond=self.uncond, latent=self.latent, scratch=self.scratch,
-                        executor=self.cfg.endpoint("executor"), resume=True)
+                        executor=self.cfg.endpoint("executor"), resume=True, context_rows=self._context_rows())
         self._denoising = True
         self._sampling = {"scheduler", "executor"}
         try:

@@ -60,7 +60,7 @@ class PackInfo:
     latent_h: int             # H / 8
     latent_w: int
     tokens: int               # L image tokens
-    text_tokens: int          # S = 512
+    text_tokens: int          # S: 512, or more for a long-context pack
     context_dim: int          # Dc
     hidden: int               # D
     head_dim: int             # hd
@@ -115,10 +115,11 @@ class ArenaPlan:
 
 def arena_plan(pack: PackInfo) -> ArenaPlan:
     """Sizes from the pack's geometry. The scratch region holds, in the pack's io dtype, per CFG pass: xn and y
-    [L, D] and the pass's context [S, Dc]; once: RoPE cos and sin [L, hd/2]; plus an f32 copy of x [L, D] for slack."""
+    [L, D], the pass's context [S, Dc] and its mask [S]; once: RoPE cos and sin [L, hd/2]; plus an f32 copy of x
+    [L, D] for slack."""
     io = 2 if pack.io_dtype == "f16" else 4
     L, D, S, Dc, hd = pack.tokens, pack.hidden, pack.text_tokens, pack.context_dim, pack.head_dim
-    per_pass = (2 * L * D + S * Dc) * io
+    per_pass = (2 * L * D + S * Dc + S) * io
     scratch = 2 * per_pass + 2 * L * (hd // 2) * io + L * D * 4
     scratch += 64 * 16                           # alignment of ~16 slots
     return ArenaPlan(context_bytes=S * Dc * 4,

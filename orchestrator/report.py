@@ -61,9 +61,11 @@ def text_record(tokens_cond: int, tokens_uncond: int, truncated: bool, rows: int
     if truncated:
         over = [f"{name} has {n} T5 tokens" for name, n in (("prompt", tokens_cond), ("negative prompt",
                                                                                      tokens_uncond)) if n > rows]
+        need = max(tokens_cond, tokens_uncond)
         d["note"] = (f"{' and '.join(over)}; the pack's cross-attention sees only the first {rows} context rows, "
-                     f"while ComfyUI keeps every row, so the picture differs from ComfyUI's; shorten the prompt to "
-                     f"at most {rows} T5 tokens to match it (docs/prompts.md)")
+                     f"while ComfyUI keeps every row, so the picture differs from ComfyUI's; to match it, shorten "
+                     f"the prompt to at most {rows} T5 tokens or use a pack built with --context {need} or more "
+                     f"(docs/prompts.md)")
     return d
 
 

@@ -15,9 +15,9 @@ The conversation (→ request, ← its reply, ⇢ event):
     any request that fails                             ← ERROR {code, message, field, retry}
     ⇢ DYING {stage, pid, reason, job}   a stage's last word before it exits non-zero (supervisord restarts it)
   orchestrator → encoder
-    → ENCODE {job, prompt, negative, arena, cond, uncond}        ← ENCODED {job, cond, uncond, tokens_*, truncated, timings}
+    → ENCODE {job, prompt, negative, arena, cond, uncond, rows}        ← ENCODED {job, cond, uncond, tokens_*, truncated, timings}
   orchestrator → scheduler (minutes; heartbeats are answered between branches)
-    → DENOISE {job, job_dir, pack_dir, arena, params, cond, uncond, latent, scratch, executor, resume}
+    → DENOISE {job, job_dir, pack_dir, arena, params, cond, uncond, latent, scratch, executor, resume, context_rows}
     ⇢ PROGRESS {job, step, steps, block, branch, cfg_pass, forecast, elapsed_s, eta_s}
                                                        ← DENOISED {job, latent, computed/forecast steps, sums, ...}
   scheduler → executor (one per branch call, both CFG passes; resent with attempt+1 after a timeout)
@@ -256,6 +256,7 @@ class Encode(Message):
     arena: str | None = spec(Optional(Name()), None)  # None: reply with inline tensors (remote encoder)
     cond: TensorDesc | None = spec(Optional(Tensor()), None)  # [S, Dc] f32 slot to fill
     uncond: TensorDesc | None = spec(Optional(Tensor()), None)
+    rows: int = spec(Int(512, 2**16), 512)  # S: context rows to produce (the pack's; more than 512 for a long one)
 
 
 @_message("ENCODED")
@@ -284,6 +285,8 @@ class Denoise(Message):
     scratch: Region = spec(Nested(Region))  # the scheduler carves branch inputs/outputs from here
     executor: str = spec(Str(MAX_PATH_CHARS, min_chars=1))  # endpoint
     resume: bool = spec(Bool(), True)  # continue from job_dir's last finished step when present
+    # rows of ComfyUI's context per pass (cond, uncond) that a long-context pack leaves unmasked; () = all
+    context_rows: tuple = spec(List(Int(1, 2**16), max_items=2), factory=tuple)
 
 
 @_message("PROGRESS")

@@ -13,7 +13,7 @@ import sys
 import time
 
 from models.models_dir import ModelsDirError, resolve_models
-from models.text.conditioning import CONTEXT_ROWS, TextEncoder
+from models.text.conditioning import TextEncoder
 from models.text.prompt_weights import PromptWeightError
 from protocol import messages as m
 from protocol.fields import ProtocolError
@@ -47,7 +47,7 @@ class EncoderLogic:
         return {"context_dim": self.encoder.context_dim, "threads": self.threads, "load_s": round(self.load_s, 3)}
 
     def on_encode(self, msg: m.Encode, ctx) -> m.Encoded:
-        shape = (CONTEXT_ROWS, self.encoder.context_dim)
+        shape = (msg.rows, self.encoder.context_dim)
         for name in ("cond", "uncond"):
             d = getattr(msg, name)
             if d is not None and (d.dtype != "f32" or tuple(d.shape) != shape):
@@ -58,9 +58,9 @@ class EncoderLogic:
             tc, tu = self.encoder.tokenize(msg.prompt), self.encoder.tokenize(msg.negative)
         except PromptWeightError as e:
             raise RequestFailed(str(e), code="bad_prompt", field="prompt") from None
-        cond = self.encoder.encode_tokens(tc)                     # [512, Dc] f32
+        cond = self.encoder.encode_tokens(tc, msg.rows)           # [S, Dc] f32
         ctx.check(msg.job)
-        uncond = self.encoder.encode_tokens(tu)                   # [512, Dc] f32
+        uncond = self.encoder.encode_tokens(tu, msg.rows)         # [S, Dc] f32
         encode_s = time.perf_counter() - t0
         # 2) into the arena slots (or inline for a remote encoder) and reply
         out = ReplyTensors(ctx, msg.arena)
@@ -68,7 +68,7 @@ class EncoderLogic:
         du = out.put(uncond, msg.uncond, field="uncond")
         return m.reply_to(msg, m.Encoded, job=msg.job, cond=dc, uncond=du, tokens_cond=len(tc.t5_ids),
                           tokens_uncond=len(tu.t5_ids),
-                          truncated=max(len(tc.t5_ids), len(tu.t5_ids)) > CONTEXT_ROWS,
+                          truncated=max(len(tc.t5_ids), len(tu.t5_ids)) > msg.rows,
                           timings={"load_s": self.load_s, "encode_s": encode_s}, inline=out.inline)
 
     def close(self) -> None:

@@ -23,7 +23,7 @@ from models.branch_runtime import PhaseTimes
 from models.denoise import make_sampler, save_state, spectrum_settings, start_or_resume
 from models.dit_runner import DiTRunner
 from models.pack import PackError, load_pack
-from models.partition import KINDS, parse_branch_file
+from models.partition import KINDS, LIFETIMES, parse_branch_file
 from models.sampler_state import SamplerStateError
 from protocol import messages as m
 from protocol.fields import ProtocolError
@@ -64,8 +64,9 @@ class BranchClient:
         self.started = time.monotonic()
 
     def _fixed(self, p: int, name: str, array: np.ndarray):
-        """Context and RoPE tables do not change during a job: written to the arena once."""
-        key = (p if name == "context" else 0, name)
+        """Inputs that do not change during a job (the context and its mask per pass, RoPE tables shared): written
+        to the arena once; which is which is the partition table's `lifetime`."""
+        key = (p if LIFETIMES.get(name) == "pass" else 0, name)
         if key not in self.fixed:
             desc = self._slots.alloc(f"{name}.{key[0]}", self.runner.pack.io_dtype, tuple(array.shape))
             self.arena.write(desc, array)
@@ -249,7 +250,8 @@ class SchedulerLogic:
             while not sampler.done(state):
                 step_ref[0] = state.step + 1
                 if sampler.needs_model(state):
-                    v_c, v_u = runner.forward_cfg(state.latent, sampler.sigma(state), cond, uncond)
+                    v_c, v_u = runner.forward_cfg(state.latent, sampler.sigma(state), cond, uncond,
+                                                  context_rows=msg.context_rows or None)
                     sampler.step_computed(state, v_c, v_u)
                 else:
                     ctx.check(msg.job)

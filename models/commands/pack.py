@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from models.partition import PACK_DTYPES, parse_resolution
+from models.partition import PACK_DTYPES, TEXT_TOKENS, parse_resolution
 
 log = logging.getLogger(__name__)
 
@@ -18,12 +18,16 @@ def add_arguments(p) -> None:
                                                           "(default 512x512)")
     p.add_argument("--dtype", default="fp16", choices=sorted(PACK_DTYPES), help="branch I/O and weight dtype")
     p.add_argument("--overwrite", action="store_true", help="replace a pack built from another checkpoint")
+    p.add_argument("--context", type=int, default=TEXT_TOKENS,
+                   help=f"context rows of cross-attention (default {TEXT_TOKENS}); more keeps every row of prompts "
+                        f"longer than {TEXT_TOKENS} T5 tokens as ComfyUI does, with a mask input (docs/prompts.md)")
 
 
 def run(args) -> int:
     from models.pack import build_pack, load_pack
     width, height = parse_resolution(args.resolution)
-    out = build_pack(args.checkpoint, args.out, (width, height), args.dtype, overwrite=args.overwrite)
+    out = build_pack(args.checkpoint, args.out, (width, height), args.dtype, overwrite=args.overwrite,
+                     context=args.context)
     pack = load_pack(out)
     g = pack.geometry
     print(f"pack {out}: {pack.config.blocks} blocks x {len(pack.branches) // pack.config.blocks} branches, "

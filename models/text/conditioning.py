@@ -51,23 +51,28 @@ class TextEncoder:
         """prompt -> context [512, context_dim] f32: adapter rows x T5 weights, zero rows after the last token."""
         return self.encode_tokens(self.tokenize(prompt))
 
-    def encode_tokens(self, tp: TokenizedPrompt) -> np.ndarray:
-        """Tokenized prompt -> context [512, context_dim] f32."""
+    def encode_tokens(self, tp: TokenizedPrompt, rows: int = CONTEXT_ROWS) -> np.ndarray:
+        """Tokenized prompt -> context [rows, context_dim] f32: adapter rows x T5 weights, zero rows after the last
+        token. ComfyUI pads to 512 rows and keeps every row of a longer prompt; `rows` is what the pack takes (512,
+        or more for a long-context pack), and rows past it are dropped with a warning."""
         if self.qwen is None:
             raise RuntimeError("TextEncoder is closed")
+        if rows < CONTEXT_ROWS:
+            raise ValueError(f"rows {rows}: a context has at least {CONTEXT_ROWS} rows")
         t0 = time.perf_counter()
         # The empty prompt's single pad token is masked in the reference; a one-token causal attention whose only
         # key is masked with a finite bias still attends to it, so the unmasked forward gives the same states.
         source = self.qwen.hidden_states(tp.qwen_ids)                         # source: [S, source_dim] f32
-        rows = run_adapter(self.adapter, tp.t5_ids, source)                   # rows: [T, Dc] f32
-        rows *= np.asarray(tp.t5_weights, dtype=np.float32)[:, None]
-        if rows.shape[0] > CONTEXT_ROWS:
+        out = run_adapter(self.adapter, tp.t5_ids, source)                    # out: [T, Dc] f32
+        out *= np.asarray(tp.t5_weights, dtype=np.float32)[:, None]
+        if out.shape[0] > rows:
             log.warning("prompt has %d T5 tokens; the context keeps the first %d (the rest is dropped), while "
                         "ComfyUI keeps every row: the picture will differ from ComfyUI's unless the prompt is at "
-                        "most %d T5 tokens long", rows.shape[0], CONTEXT_ROWS, CONTEXT_ROWS)
-            rows = rows[:CONTEXT_ROWS]
-        ctx = np.zeros((CONTEXT_ROWS, self.context_dim), dtype=np.float32)  # ctx: [512, Dc] f32
-        ctx[: rows.shape[0]] = rows
+                        "most %d T5 tokens long or the pack takes a longer context (anima-models pack --context)",
+                        out.shape[0], rows, rows)
+            out = out[:rows]
+        ctx = np.zeros((rows, self.context_dim), dtype=np.float32)           # ctx: [rows, Dc] f32
+        ctx[: out.shape[0]] = out
         log.info("encoded prompt: %d Qwen tokens, %d T5 tokens in %.2f s", len(tp.qwen_ids), len(tp.t5_ids),
                  time.perf_counter() - t0)
         return ctx
