@@ -81,13 +81,28 @@ class PromptSpec:
         spec = parse_prompt_obj(d, check_output=False)
         return _replace(spec, seed_random=seed_random)
 
+    def with_sizes(self, sizes) -> "PromptSpec":
+        """Fill an omitted width/height from the first size that fits (the default pack first); a size that has no
+        model pack is refused, naming the sizes that have one. `sizes`: (width, height) pairs."""
+        sizes = [tuple(s) for s in sizes]
+        fits = [(w, h) for w, h in sizes if self.width in (None, w) and self.height in (None, h)]
+        if not fits:
+            name = "width" if self.width is not None else "height"
+            want = f"{self.width if self.width is not None else '*'}x{self.height if self.height is not None else '*'}"
+            have = ", ".join(f"{w}x{h}" for w, h in sizes) or "none"
+            raise PromptError(name, f"{want} has no model pack; the sizes with a pack: {have}")
+        return _replace(self, width=fits[0][0], height=fits[0][1])
+
     def with_resolution(self, width: int, height: int) -> "PromptSpec":
-        """Fill an omitted width/height from the pack; a given one must equal the pack's resolution."""
-        for name, have, want in (("width", self.width, width), ("height", self.height, height)):
-            if have is not None and have != want:
-                raise PromptError(name, f"{have} does not match the model pack's resolution {width}x{height} "
-                                        f"(the pack is built for one resolution; use {want})")
-        return _replace(self, width=width, height=height)
+        """`with_sizes` for one pack."""
+        return self.with_sizes([(width, height)])
+
+
+def as_sizes(resolution) -> list[tuple[int, int]]:
+    """One (width, height) or a sequence of them -> a list of pairs."""
+    if len(resolution) == 2 and all(isinstance(v, int) for v in resolution):
+        return [tuple(resolution)]
+    return [tuple(r) for r in resolution]
 
 
 def _replace(spec, **kw):
@@ -203,8 +218,9 @@ def _output(v, *, base_dir: Path | None, check: bool) -> str:
 
 
 def parse_prompt_obj(obj, *, base_dir: Path | None = None, check_output: bool = True,
-                     resolution: tuple[int, int] | None = None) -> PromptSpec:
-    """Validate a decoded prompt object. A missing seed is drawn at random and marked `seed_random`."""
+                     resolution=None) -> PromptSpec:
+    """Validate a decoded prompt object. A missing seed is drawn at random and marked `seed_random`. `resolution`:
+    the (width, height) of the pack, or a list of them (several packs, the default first); None: not checked."""
     if not isinstance(obj, dict):
         raise PromptError("", f"the top level must be a JSON object, got {_type_name(obj)}")
     for key in obj:
@@ -236,7 +252,7 @@ def parse_prompt_obj(obj, *, base_dir: Path | None = None, check_output: bool = 
         kw["output"] = _output(obj["output"], base_dir=base_dir, check=check_output)
     spec = PromptSpec(**kw)
     if resolution is not None:
-        spec = spec.with_resolution(*resolution)
+        spec = spec.with_sizes(as_sizes(resolution))
     return spec
 
 

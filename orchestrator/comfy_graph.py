@@ -1,0 +1,424 @@
+"""ComfyUI API graphs <-> Anima jobs: the node table, graph -> job (with ComfyUI's `node_errors`), job -> graph.
+
+The one place that knows ComfyUI's graph format. Readers: the HTTP front (`POST /prompt`, `/object_info`, the graphs in
+`/history` and `/queue`) and the PNG's `prompt`/`workflow` chunks (the API graph of a job, and ComfyUI's UI workflow
+built from the same table).
+
+The standard Anima text-to-image graph (API format: {node id: {"class_type", "inputs", "_meta": {"title"}}}; an input
+is a literal or a link [source node id, output slot]):
+
+    UNETLoader ─MODEL─▶ [ModelSamplingAuraFlow] ─MODEL─▶ KSampler ◀─LATENT─ EmptyLatentImage | EmptySD3LatentImage
+    CLIPLoader ─CLIP─▶ CLIPTextEncode ×2 ─CONDITIONING─▶ KSampler (positive, negative)
+    VAELoader ─VAE─▶ VAEDecode ◀─LATENT─ KSampler;  VAEDecode ─IMAGE─▶ SaveImage
+
+Validation follows ComfyUI's (execution.validate_prompt): unknown node types, missing inputs, bad links, type
+mismatches, values outside min/max or not in a list are reported per node as {"errors": [{type, message, details,
+extra_info}], "dependent_outputs", "class_type"}; the body of the 400 is {"error": {...}, "node_errors": {...}}.
+Then what this pipeline cannot do (a second sampling pass, denoise < 1, a batch, a size without a model pack, another
+sampling shift) is reported the same way, on the node that asks for it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from models.sampler import DEFAULT_SHIFT
+from orchestrator.prompt_spec import (DEFAULT_CFG, MAX_CFG, MAX_PROMPT_CHARS, MAX_SIDE, MAX_STEPS, SAMPLERS, SCHEDULERS,
+                                      SEED_LIMIT, PromptError, parse_prompt_obj)
+
+MAX_NODES = 64                  # a text-to-image graph has 9 or 10; anything far larger is not one
+MAX_ID_CHARS = 64
+CLIP_TYPES = ("stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart", "cosmos",
+              "lumina2", "wan", "hidream", "chroma", "ace", "omnigen2", "qwen_image", "hunyuan_image", "flux2", "ovis")
+LINK_TYPES = ("MODEL", "CLIP", "VAE", "CONDITIONING", "LATENT", "IMAGE")
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One input of a node as ComfyUI's INPUT_TYPES describes it."""
+
+    name: str
+    type: str                           # INT | FLOAT | STRING | COMBO | a link type (LINK_TYPES)
+    default: Any = None
+    options: dict = field(default_factory=dict)     # ComfyUI's input options: min, max, step, multiline, tooltip ...
+    choices: tuple | None = None        # COMBO values; None: not checked (a list this server does not know)
+    optional: bool = False
+
+    @property
+    def is_link(self) -> bool:
+        return self.type in LINK_TYPES
+
+    @property
+    def is_widget(self) -> bool:
+        """A value typed into the node (ComfyUI's `widgets_values` in a UI workflow, in input order)."""
+        return not self.is_link
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A node class this server accepts: its ComfyUI description and the part of the job it maps to (`role`)."""
+
+    class_type: str
+    display_name: str
+    category: str
+    role: str                           # unet, clip, vae, text, latent, shift, sampler, decode, save
+    inputs: tuple[InputSpec, ...]
+    outputs: tuple[str, ...] = ()
+    output_names: tuple[str, ...] = ()
+    output_node: bool = False
+    description: str = ""
+
+    def input(self, name: str) -> InputSpec | None:
+        return next((i for i in self.inputs if i.name == name), None)
+
+
+@dataclass(frozen=True)
+class ModelNames:
+    """File names the loaders may name (ComfyUI's COMBO lists); an empty tuple means "not known here, not checked"."""
+
+    unet: tuple[str, ...] = ()
+    clip: tuple[str, ...] = ()
+    vae: tuple[str, ...] = ()
+
+
+def _combo(name, choices, default=None, **options) -> InputSpec:
+    choices = tuple(choices) if choices else None
+    return InputSpec(name, "COMBO", default if default is not None else (choices[0] if choices else None),
+                     dict(options), choices)
+
+
+def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
+    """The node classes `POST /prompt` accepts, with the ranges this pipeline supports (what `/object_info` shows)."""
+    side = dict(min=16, max=MAX_SIDE)
+    return {n.class_type: n for n in (
+        NodeSpec("UNETLoader", "Load Diffusion Model", "advanced/loaders", "unet",
+                 (_combo("unet_name", names.unet), _combo("weight_dtype", ("default",))),
+                 ("MODEL",), ("MODEL",), description="The Anima DiT this server runs (one model pack per size)."),
+        NodeSpec("CLIPLoader", "Load CLIP", "advanced/loaders", "clip",
+                 (_combo("clip_name", names.clip), _combo("type", CLIP_TYPES),
+                  InputSpec("device", "COMBO", "default", {"advanced": True}, ("default", "cpu"), optional=True)),
+                 ("CLIP",), ("CLIP",), description="The Qwen3 text encoder of the models folder."),
+        NodeSpec("VAELoader", "Load VAE", "loaders", "vae", (_combo("vae_name", names.vae),), ("VAE",), ("VAE",)),
+        NodeSpec("CLIPTextEncode", "CLIP Text Encode (Prompt)", "conditioning", "text",
+                 (InputSpec("text", "STRING", "", {"multiline": True, "dynamicPrompts": True}),
+                  InputSpec("clip", "CLIP")), ("CONDITIONING",), ("CONDITIONING",)),
+        NodeSpec("EmptyLatentImage", "Empty Latent Image", "latent", "latent",
+                 (InputSpec("width", "INT", 512, dict(side, step=16)), InputSpec("height", "INT", 512, dict(side, step=16)),
+                  InputSpec("batch_size", "INT", 1, dict(min=1, max=1))), ("LATENT",), ("LATENT",),
+                 description="The image size: one with a model pack (GET /anima/info lists them)."),
+        NodeSpec("EmptySD3LatentImage", "EmptySD3LatentImage", "latent/sd3", "latent",
+                 (InputSpec("width", "INT", 1024, dict(side, step=16)),
+                  InputSpec("height", "INT", 1024, dict(side, step=16)),
+                  InputSpec("batch_size", "INT", 1, dict(min=1, max=1))), ("LATENT",), ("LATENT",)),
+        NodeSpec("ModelSamplingAuraFlow", "ModelSamplingAuraFlow", "advanced/model", "shift",
+                 (InputSpec("model", "MODEL"),
+                  InputSpec("shift", "FLOAT", DEFAULT_SHIFT, dict(min=DEFAULT_SHIFT, max=DEFAULT_SHIFT, step=0.01))),
+                 ("MODEL",), ("MODEL",), description=f"Optional; the pipeline samples with shift {DEFAULT_SHIFT}."),
+        NodeSpec("KSampler", "KSampler", "sampling", "sampler",
+                 (InputSpec("model", "MODEL"),
+                  InputSpec("seed", "INT", 0, dict(min=0, max=SEED_LIMIT - 1, control_after_generate=True)),
+                  InputSpec("steps", "INT", 30, dict(min=1, max=MAX_STEPS)),
+                  InputSpec("cfg", "FLOAT", DEFAULT_CFG, dict(min=1.0, max=MAX_CFG, step=0.1, round=0.01)),
+                  _combo("sampler_name", SAMPLERS), _combo("scheduler", SCHEDULERS, "sgm_uniform"),
+                  InputSpec("positive", "CONDITIONING"), InputSpec("negative", "CONDITIONING"),
+                  InputSpec("latent_image", "LATENT"),
+                  InputSpec("denoise", "FLOAT", 1.0, dict(min=1.0, max=1.0, step=0.01))),
+                 ("LATENT",), ("LATENT",)),
+        NodeSpec("VAEDecode", "VAE Decode", "latent", "decode",
+                 (InputSpec("samples", "LATENT"), InputSpec("vae", "VAE")), ("IMAGE",), ("IMAGE",)),
+        NodeSpec("SaveImage", "Save Image", "image", "save",
+                 (InputSpec("images", "IMAGE"), InputSpec("filename_prefix", "STRING", "ComfyUI")),
+                 output_node=True, description="The job's PNG (GET /view?filename=image.png&subfolder=JOB&type=output)."),
+    )}
+
+
+def object_info(table: dict[str, NodeSpec]) -> dict:
+    """`GET /object_info`: every accepted node class in ComfyUI's shape (COMBO inputs as [[choices], {options}])."""
+    out = {}
+    for n in table.values():
+        groups: dict[str, dict] = {"required": {}, "optional": {}}
+        for i in n.inputs:
+            opts = dict(i.options)
+            if i.default is not None and not i.is_link:
+                opts["default"] = i.default
+            kind = list(i.choices or ()) if i.type == "COMBO" else i.type
+            groups["optional" if i.optional else "required"][i.name] = [kind, opts] if opts else [kind]
+        groups = {k: v for k, v in groups.items() if v or k == "required"}
+        out[n.class_type] = {
+            "input": groups, "input_order": {k: list(v) for k, v in groups.items()},
+            "output": list(n.outputs), "output_is_list": [False] * len(n.outputs), "output_name": list(n.output_names),
+            "name": n.class_type, "display_name": n.display_name, "description": n.description,
+            "python_module": "nodes", "category": n.category, "output_node": n.output_node}
+    return out
+
+
+# ---------------------------------------------------------------- graph -> job
+
+
+class GraphError(ValueError):
+    """A graph this server refuses; `body()` is ComfyUI's 400 answer."""
+
+    def __init__(self, error: dict, node_errors: dict | None = None):
+        super().__init__(error["message"] + (f": {error['details']}" if error.get("details") else ""))
+        self.error, self.node_errors = error, node_errors or {}
+
+    def body(self) -> dict:
+        return {"error": self.error, "node_errors": self.node_errors}
+
+
+@dataclass(frozen=True)
+class GraphJob:
+    """A graph mapped onto a job: `spec` is a prompt.json object; `nodes` maps roles to the graph's node ids."""
+
+    spec: dict
+    nodes: dict[str, str]       # unet, clip, vae, positive, negative, latent, sampler, decode, save [, shift]
+    output: str                 # the SaveImage node id (history outputs are keyed by it)
+
+
+def _err(kind: str, message: str, details: str = "", **extra) -> dict:
+    return {"type": kind, "message": message, "details": details, "extra_info": extra}
+
+
+# prompt.json field -> (role of the node, input name) that carries it, to put the daemon's field errors on a node
+FIELD_NODES = {"prompt": ("positive", "text"), "negative_prompt": ("negative", "text"), "seed": ("sampler", "seed"),
+               "steps": ("sampler", "steps"), "cfg": ("sampler", "cfg"), "sampler": ("sampler", "sampler_name"),
+               "scheduler": ("sampler", "scheduler"), "width": ("latent", "width"), "height": ("latent", "height")}
+
+
+class _Checker:
+    """validate_prompt's walk: from the output node through its links, each node checked once."""
+
+    def __init__(self, graph: dict, table: dict[str, NodeSpec]):
+        self.graph, self.table = graph, table
+        self.errors: dict[str, list] = {}
+        self.values: dict[str, dict] = {}           # node id -> converted literal inputs
+        self.links: dict[str, dict] = {}            # node id -> {input: source node id}
+        self.done: set[str] = set()
+
+    def add(self, node_id: str, error: dict) -> None:
+        self.errors.setdefault(node_id, []).append(error)
+
+    def node(self, node_id: str) -> None:
+        if node_id in self.done:
+            return
+        self.done.add(node_id)
+        spec = self.table[self.graph[node_id]["class_type"]]
+        inputs = self.graph[node_id].get("inputs", {})
+        self.values[node_id], self.links[node_id] = {}, {}
+        for i in spec.inputs:
+            if i.name not in inputs:
+                if not i.optional:
+                    self.add(node_id, _err("required_input_missing", "Required input is missing", i.name,
+                                           input_name=i.name))
+                continue
+            val = inputs[i.name]
+            if i.is_link:
+                self._link(node_id, i, val)
+            elif isinstance(val, list):
+                self.add(node_id, _err("invalid_input_type", f"{i.name} takes a value, not a link", i.name,
+                                       input_name=i.name, received_value=val))
+            else:
+                self._value(node_id, i, val)
+
+    def _link(self, node_id: str, i: InputSpec, val) -> None:
+        info = dict(input_name=i.name, received_value=val)
+        if not (isinstance(val, list) and len(val) == 2 and isinstance(val[0], (str, int))
+                and isinstance(val[1], int) and not isinstance(val[1], bool)):
+            self.add(node_id, _err("bad_linked_input", "Bad linked input, must be a length-2 list of "
+                                   "[node_id, slot_index]", i.name, **info))
+            return
+        src = str(val[0])
+        if src not in self.graph:
+            self.add(node_id, _err("bad_linked_input", f"Linked node {src!r} is not in the prompt", i.name, **info))
+            return
+        outs = self.table[self.graph[src]["class_type"]].outputs
+        if not 0 <= val[1] < len(outs) or outs[val[1]] != i.type:
+            got = outs[val[1]] if 0 <= val[1] < len(outs) else "no such output"
+            self.add(node_id, _err("return_type_mismatch", "Return type mismatch between linked nodes",
+                                   f"{i.name}, {got} != {i.type}", input_name=i.name, received_type=got,
+                                   linked_node=val))
+            return
+        self.links[node_id][i.name] = src
+        self.node(src)
+
+    def _value(self, node_id: str, i: InputSpec, val) -> None:
+        info = dict(input_name=i.name, received_value=val if isinstance(val, (str, int, float, bool)) else str(val))
+        try:
+            if isinstance(val, (dict, bool)) or val is None:
+                raise ValueError(f"{type(val).__name__} is not a {i.type}")
+            if i.type == "INT":
+                if isinstance(val, str) and len(val) > 40:
+                    raise ValueError("too many digits")
+                val = int(val)                       # ComfyUI converts with int(): "20" and 20.0 are 20
+            elif i.type == "FLOAT":
+                val = float(val)
+                if not math.isfinite(val):
+                    raise ValueError("not a finite number")
+            elif i.type in ("STRING", "COMBO") and not isinstance(val, str):
+                raise ValueError("not a string")
+        except (TypeError, ValueError, OverflowError) as e:
+            self.add(node_id, _err("invalid_input_type", f"Failed to convert an input value to a {i.type} value",
+                                   f"{i.name}, {info['received_value']!r}, {e}", exception_message=str(e), **info))
+            return
+        lo, hi = i.options.get("min"), i.options.get("max")
+        if lo is not None and val < lo:
+            self.add(node_id, _err("value_smaller_than_min", f"Value {val} smaller than min of {lo}", i.name, **info))
+        elif hi is not None and val > hi:
+            self.add(node_id, _err("value_bigger_than_max", f"Value {val} bigger than max of {hi}", i.name, **info))
+        elif i.type == "COMBO" and i.choices is not None and val not in i.choices:
+            self.add(node_id, _err("value_not_in_list", "Value not in list", f"{i.name}: {val!r} not in "
+                                   f"{list(i.choices)}", **info))
+        else:
+            self.values[node_id][i.name] = val
+
+
+def _custom(node_id: str, name: str, details: str, value=None) -> tuple[str, dict]:
+    return node_id, _err("custom_validation_failed", "Custom validation failed for node", f"{name} - {details}",
+                         input_name=name, received_value=value)
+
+
+def graph_to_job(graph: Any, *, names: ModelNames = ModelNames(), sizes=None) -> GraphJob:
+    """Map an API-format graph onto a prompt.json object, or raise GraphError with ComfyUI's 400 body.
+    `sizes`: the (width, height) pairs that have a model pack (None: not checked here)."""
+    table = node_table(names)
+    # 1) the graph's outline: an object of nodes, each a known class with an inputs object
+    if not isinstance(graph, dict) or not graph:
+        raise GraphError(_err("invalid_prompt", "Invalid prompt: the prompt must be a non-empty object of nodes"))
+    if len(graph) > MAX_NODES:
+        raise GraphError(_err("invalid_prompt", f"Invalid prompt: {len(graph)} nodes; at most {MAX_NODES}"))
+    node_errors = {}
+    for node_id, node in graph.items():
+        if len(node_id) > MAX_ID_CHARS:
+            raise GraphError(_err("invalid_prompt", f"Invalid prompt: node id longer than {MAX_ID_CHARS} characters"))
+        if not isinstance(node, dict) or not isinstance(node.get("class_type"), str):
+            raise GraphError(_err("invalid_prompt", "Cannot execute because a node is missing the class_type "
+                                  "property.", f"Node ID '#{node_id}'"))
+        if not isinstance(node.get("inputs", {}), dict):
+            raise GraphError(_err("invalid_prompt", "Invalid prompt: a node's inputs must be an object",
+                                  f"Node ID '#{node_id}'"))
+        ct = node["class_type"]
+        if ct not in table:
+            title = (node.get("_meta") or {}).get("title", ct) if isinstance(node.get("_meta"), dict) else ct
+            e = _err("missing_node_type", f"Node '{ct}' not found. This server runs Anima text-to-image graphs "
+                     f"only ({', '.join(table)}).", f"Node ID '#{node_id}'", node_id=node_id, class_type=ct,
+                     node_title=str(title))
+            node_errors[node_id] = {"errors": [e], "dependent_outputs": [], "class_type": ct}
+    if node_errors:
+        first = next(iter(node_errors.values()))["errors"][0]
+        raise GraphError(first, node_errors)
+    # 2) exactly one output: SaveImage
+    outputs = [k for k, n in graph.items() if table[n["class_type"]].output_node]
+    if not outputs:
+        raise GraphError(_err("prompt_no_outputs", "Prompt has no outputs", "this server needs one SaveImage node"))
+    out = outputs[0]
+    extra = [(k, _err("custom_validation_failed", "Custom validation failed for node",
+                      f"a job makes one image; SaveImage node '{out}' is its output")) for k in outputs[1:]]
+    # 3) ComfyUI's checks, from the output through its links
+    c = _Checker(graph, table)
+    c.node(out)
+    problems = [(k, e) for k, es in c.errors.items() for e in es] + extra
+    if not problems:
+        roles, spec, more = _roles(graph, table, c, out, sizes)
+        problems += more
+    if problems:
+        raise _failed(graph, problems, out)
+    # 4) whatever prompt.json still refuses (lengths, NUL, empty prompt) lands on the node that carries it
+    try:
+        parse_prompt_obj(spec, check_output=False, resolution=list(sizes) if sizes else None)
+    except PromptError as e:
+        role, name = FIELD_NODES.get(e.field, ("sampler", e.field))
+        raise _failed(graph, [_custom(roles[role], name, str(e).split(": ", 2)[-1])], out) from None
+    return GraphJob(spec=spec, nodes=roles, output=out)
+
+
+def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list]:
+    """The job from a graph whose links and values passed ComfyUI's checks -> (roles, prompt.json object, problems)."""
+    problems = []
+    role_of = {k: table[graph[k]["class_type"]].role for k in c.done}
+    decode = c.links[out]["images"]
+    sampler = c.links[decode]["samples"]
+    if role_of[sampler] != "sampler":
+        return {}, {}, [_custom(decode, "samples", "VAEDecode must decode the KSampler's output")]
+    latent = c.links[sampler]["latent_image"]
+    if role_of[latent] != "latent":
+        return {}, {}, [_custom(sampler, "latent_image", "one sampling pass per job: the latent must come from "
+                                                          "EmptyLatentImage or EmptySD3LatentImage")]
+    roles = {"save": out, "decode": decode, "sampler": sampler, "latent": latent, "vae": c.links[decode]["vae"],
+             "positive": c.links[sampler]["positive"], "negative": c.links[sampler]["negative"]}
+    model = c.links[sampler]["model"]
+    if role_of[model] == "shift":
+        roles["shift"], model = model, c.links[model]["model"]
+        if role_of[model] != "unet":
+            problems.append(_custom(roles["shift"], "model", "ModelSamplingAuraFlow must take UNETLoader's model"))
+    roles["unet"] = model
+    roles["clip"] = c.links[roles["positive"]]["clip"]
+    v = {r: c.values[k] for r, k in roles.items()}
+    w, h = v["latent"]["width"], v["latent"]["height"]
+    if sizes is not None and (w, h) not in set(sizes):
+        have = ", ".join(f"{a}x{b}" for a, b in sizes)
+        problems.append(_custom(latent, "width", f"{w}x{h} has no model pack; the sizes with one: {have}", w))
+    spec = {"prompt": v["positive"]["text"], "negative_prompt": v["negative"]["text"], "seed": v["sampler"]["seed"],
+            "steps": v["sampler"]["steps"], "cfg": v["sampler"]["cfg"], "width": w, "height": h,
+            "sampler": v["sampler"]["sampler_name"], "scheduler": v["sampler"]["scheduler"]}
+    return roles, spec, problems
+
+
+def _failed(graph: dict, problems: list, out: str) -> GraphError:
+    node_errors: dict = {}
+    for node_id, e in problems:
+        entry = node_errors.setdefault(node_id, {"errors": [], "dependent_outputs": [out],
+                                                 "class_type": graph[node_id]["class_type"]})
+        entry["errors"].append(e)
+    details = "\n".join(f"{e['message']}: {e['details']}" for _, e in problems)
+    return GraphError(_err("prompt_outputs_failed_validation", "Prompt outputs failed validation", details),
+                      node_errors)
+
+
+# ---------------------------------------------------------------- job -> graph
+
+# The graph a job is shown as when it did not come from ComfyUI (node ids as in ComfyUI's default workflow style)
+CANONICAL_IDS = {"unet": "1", "clip": "2", "vae": "3", "positive": "4", "negative": "5", "latent": "6",
+                 "sampler": "7", "decode": "8", "save": "9"}
+TITLES = {"positive": "CLIP Text Encode (Positive Prompt)", "negative": "CLIP Text Encode (Negative Prompt)"}
+
+
+def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str, str] | None = None) -> dict:
+    """The API graph of a job (a resolved PromptSpec dict: width/height set): what a ComfyUI client would have sent
+    for it. Loader file names are the first known ones ('' when unknown)."""
+    ids = {**CANONICAL_IDS, **(ids or {})}
+    table = node_table(names)
+
+    def node(role: str, class_type: str, **inputs) -> tuple[str, dict]:
+        return ids[role], {"inputs": inputs, "class_type": class_type,
+                           "_meta": {"title": TITLES.get(role, table[class_type].display_name)}}
+
+    first = lambda xs: xs[0] if xs else ""  # noqa: E731
+    return dict((
+        node("unet", "UNETLoader", unet_name=first(names.unet), weight_dtype="default"),
+        node("clip", "CLIPLoader", clip_name=first(names.clip), type="stable_diffusion"),
+        node("vae", "VAELoader", vae_name=first(names.vae)),
+        node("positive", "CLIPTextEncode", text=spec["prompt"], clip=[ids["clip"], 0]),
+        node("negative", "CLIPTextEncode", text=spec.get("negative_prompt", ""), clip=[ids["clip"], 0]),
+        node("latent", "EmptyLatentImage", width=spec["width"], height=spec["height"], batch_size=1),
+        node("sampler", "KSampler", model=[ids["unet"], 0], seed=spec["seed"], steps=spec["steps"], cfg=spec["cfg"],
+             sampler_name=spec.get("sampler", "euler"), scheduler=spec.get("scheduler", "sgm_uniform"),
+             positive=[ids["positive"], 0], negative=[ids["negative"], 0], latent_image=[ids["latent"], 0],
+             denoise=1.0),
+        node("decode", "VAEDecode", samples=[ids["sampler"], 0], vae=[ids["vae"], 0]),
+        node("save", "SaveImage", images=[ids["decode"], 0], filename_prefix="anima"),
+    ))
+
+
+def graph_links(graph: dict, table: dict[str, NodeSpec] | None = None) -> list[tuple[str, int, str, str, str]]:
+    """Every link of an API graph: (source id, source slot, target id, target input, type), in node then input
+    order (what a UI workflow's `links` list needs)."""
+    table = table or node_table()
+    out = []
+    for node_id, n in graph.items():
+        spec = table.get(n.get("class_type"))
+        for i in (spec.inputs if spec else ()):
+            val = n.get("inputs", {}).get(i.name)
+            if i.is_link and isinstance(val, list) and len(val) == 2:
+                out.append((str(val[0]), int(val[1]), node_id, i.name, i.type))
+    return out

@@ -1,0 +1,149 @@
+"""orchestrator.comfy_graph: the standard Anima API graph maps onto a job; everything else is refused in ComfyUI's
+400 shape with node_errors on the node at fault; a job's graph maps back onto the same job; /object_info's shape."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from orchestrator.comfy_graph import (CANONICAL_IDS, GraphError, ModelNames, graph_links, graph_to_job, job_to_graph,
+                                      node_table, object_info)
+from orchestrator.prompt_spec import parse_prompt_obj
+from tests.comfy_graphs import TINY_NAMES, edited, standard_graph
+
+NAMES = ModelNames(unet=(TINY_NAMES["unet"],), clip=(TINY_NAMES["clip"],), vae=(TINY_NAMES["vae"],))
+SIZES = [(128, 128), (256, 128)]
+
+
+def test_standard_graph_maps_onto_a_job():
+    job = graph_to_job(standard_graph(), names=NAMES, sizes=SIZES)
+    assert job.spec == {"prompt": "1girl, silver hair, (blue eyes:1.2)", "negative_prompt": "worst quality",
+                        "seed": 1234, "steps": 2, "cfg": 4.0, "width": 128, "height": 128, "sampler": "euler",
+                        "scheduler": "sgm_uniform"}
+    assert job.output == "9"
+    assert job.nodes == {"save": "9", "decode": "8", "sampler": "3", "latent": "5", "vae": "13", "positive": "6",
+                         "negative": "7", "shift": "15", "unet": "12", "clip": "11"}
+    # the spec is a valid prompt.json for those packs
+    assert parse_prompt_obj(job.spec, resolution=SIZES).width == 128
+
+
+def test_variants_accepted_like_comfyui():
+    """No ModelSamplingAuraFlow, EmptyLatentImage, numeric strings converted as ComfyUI's int()/float() do, extra
+    nodes not linked to the output ignored (ComfyUI validates what the outputs need)."""
+    g = standard_graph(shift_node=False, latent="EmptyLatentImage", width=256)
+    g = edited(g, "3", steps="3", cfg="5.5", seed=7.0)
+    g["99"] = {"class_type": "CLIPTextEncode", "inputs": {"text": "unused", "clip": ["11", 0]}}
+    job = graph_to_job(g, names=NAMES, sizes=SIZES)
+    assert (job.spec["steps"], job.spec["cfg"], job.spec["seed"], job.spec["width"]) == (3, 5.5, 7, 256)
+    assert "shift" not in job.nodes
+    # unknown model lists (ModelNames()) are not checked
+    assert graph_to_job(edited(standard_graph(), "12", unet_name="other.safetensors"), sizes=SIZES).spec
+
+
+def _refused(graph, **kw) -> GraphError:
+    with pytest.raises(GraphError) as e:
+        graph_to_job(graph, **{"names": NAMES, "sizes": SIZES, **kw})
+    body = e.value.body()
+    assert set(body) == {"error", "node_errors"}
+    assert set(body["error"]) == {"type", "message", "details", "extra_info"}
+    json.dumps(body)                                  # the answer is JSON as it stands
+    return e.value
+
+
+def _node_error(err: GraphError, node: str, kind: str, detail: str = "") -> dict:
+    entry = err.node_errors[node]
+    assert set(entry) == {"errors", "dependent_outputs", "class_type"}
+    kinds = [e["type"] for e in entry["errors"]]
+    assert kind in kinds, (kinds, entry)
+    e = entry["errors"][kinds.index(kind)]
+    assert detail in e["details"], e
+    return e
+
+
+G = standard_graph()
+CASES = [
+    # (name, graph, node at fault, ComfyUI error type, text in details)
+    ("unknown-node", {**G, "20": {"class_type": "LoraLoader", "inputs": {}}}, "20", "missing_node_type", "#20"),
+    ("steps-over-max", edited(G, "3", steps=201), "3", "value_bigger_than_max", "steps"),
+    ("steps-zero", edited(G, "3", steps=0), "3", "value_smaller_than_min", "steps"),
+    ("cfg-nan", edited(G, "3", cfg="nan"), "3", "invalid_input_type", "cfg"),
+    ("seed-text", edited(G, "3", seed="abc"), "3", "invalid_input_type", "seed"),
+    ("seed-negative", edited(G, "3", seed=-1), "3", "value_smaller_than_min", "seed"),
+    ("sampler", edited(G, "3", sampler_name="dpmpp_2m"), "3", "value_not_in_list", "sampler_name"),
+    ("scheduler", edited(G, "3", scheduler="karras"), "3", "value_not_in_list", "scheduler"),
+    ("denoise", edited(G, "3", denoise=0.5), "3", "value_smaller_than_min", "denoise"),
+    ("batch", edited(G, "5", batch_size=2), "5", "value_bigger_than_max", "batch_size"),
+    ("no-pack", edited(G, "5", width=512, height=512), "5", "custom_validation_failed", "512x512 has no model pack"),
+    ("shift", edited(G, "15", shift=1.73), "15", "value_smaller_than_min", "shift"),
+    ("unet-name", edited(G, "12", unet_name="sdxl.safetensors"), "12", "value_not_in_list", "unet_name"),
+    ("missing-input", edited(G, "3", positive=...), "3", "required_input_missing", "positive"),
+    ("bad-link", edited(G, "3", positive=["6"]), "3", "bad_linked_input", "positive"),
+    ("dangling-link", edited(G, "3", positive=["42", 0]), "3", "bad_linked_input", "positive"),
+    ("type-mismatch", edited(G, "3", positive=["11", 0]), "3", "return_type_mismatch", "CLIP != CONDITIONING"),
+    ("value-for-link", edited(G, "8", vae="qwen_image_vae.safetensors"), "8", "bad_linked_input", "vae"),
+    ("link-for-value", edited(G, "3", steps=["5", 0]), "3", "invalid_input_type", "steps"),
+    ("empty-prompt", edited(G, "6", text="  "), "6", "custom_validation_failed", "must not be empty"),
+    ("long-prompt", edited(G, "6", text="x" * 4001), "6", "custom_validation_failed", "limit is 4000"),
+    ("nul-negative", edited(G, "7", text="a\x00b"), "7", "custom_validation_failed", "NUL"),
+    ("two-passes", edited(G, "3", latent_image=["3", 0]), "3", "custom_validation_failed", "one sampling pass"),
+    ("decode-latent", edited(G, "8", samples=["5", 0]), "8", "custom_validation_failed", "KSampler's output"),
+    ("two-outputs", {**G, "10": {"class_type": "SaveImage", "inputs": {"images": ["8", 0]}}}, "10",
+     "custom_validation_failed", "one image"),
+]
+
+
+@pytest.mark.parametrize("name,graph,node,kind,detail", CASES, ids=[c[0] for c in CASES])
+def test_refused_with_node_errors(name, graph, node, kind, detail):
+    before = copy.deepcopy(graph)
+    err = _refused(graph)
+    _node_error(err, node, kind, detail)
+    assert graph == before                            # the caller's graph is left as it was
+    if kind != "missing_node_type":
+        assert err.error["type"] == "prompt_outputs_failed_validation"
+        assert all(e["dependent_outputs"] for e in err.node_errors.values())
+
+
+@pytest.mark.parametrize("graph,kind", [
+    ([], "invalid_prompt"), ({}, "invalid_prompt"), ("text", "invalid_prompt"),
+    ({"1": {"inputs": {}}}, "invalid_prompt"), ({"1": {"class_type": "KSampler", "inputs": []}}, "invalid_prompt"),
+    ({str(i): {"class_type": "VAELoader", "inputs": {}} for i in range(65)}, "invalid_prompt"),
+    ({"1": {"class_type": "VAELoader", "inputs": {"vae_name": TINY_NAMES["vae"]}}}, "prompt_no_outputs"),
+])
+def test_refused_outright(graph, kind):
+    assert _refused(graph).error["type"] == kind
+
+
+def test_job_graph_round_trip():
+    """job -> graph -> job gives the same job; links go where the standard graph's go."""
+    spec = parse_prompt_obj({"prompt": "a cat", "negative_prompt": "dog", "seed": 2**64 - 1, "steps": 7, "cfg": 4.5,
+                             "width": 256, "height": 128, "scheduler": "simple"}, resolution=SIZES).to_dict()
+    g = job_to_graph(spec, names=NAMES)
+    assert set(g) == set(CANONICAL_IDS.values())
+    assert all("_meta" in n and n["_meta"]["title"] for n in g.values())
+    back = graph_to_job(json.loads(json.dumps(g)), names=NAMES, sizes=SIZES)
+    assert back.spec == {k: spec[k] for k in back.spec} and back.spec["sampler"] == "euler"
+    assert back.output == CANONICAL_IDS["save"]
+    links = graph_links(g)
+    assert ("7", 0, "8", "samples", "LATENT") in links and ("2", 0, "4", "clip", "CLIP") in links
+    assert len(links) == 9
+    # the client's own node ids can be kept
+    g2 = job_to_graph(spec, names=NAMES, ids={"save": "save-node", "sampler": "ks"})
+    assert g2["save-node"]["inputs"]["images"] == [CANONICAL_IDS["decode"], 0]
+    assert graph_to_job(g2, names=NAMES, sizes=SIZES).output == "save-node"
+
+
+def test_object_info_shape():
+    info = object_info(node_table(NAMES))
+    assert set(info) == {"UNETLoader", "CLIPLoader", "VAELoader", "CLIPTextEncode", "EmptyLatentImage",
+                         "EmptySD3LatentImage", "ModelSamplingAuraFlow", "KSampler", "VAEDecode", "SaveImage"}
+    ks = info["KSampler"]
+    assert ks["input_order"]["required"] == ["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive",
+                                             "negative", "latent_image", "denoise"]
+    assert ks["input"]["required"]["sampler_name"][0] == ["euler"]
+    assert ks["input"]["required"]["steps"] == ["INT", {"min": 1, "max": 200, "default": 30}]
+    assert ks["input"]["required"]["model"] == ["MODEL"]
+    assert ks["output"] == ["LATENT"] and ks["output_node"] is False and info["SaveImage"]["output_node"] is True
+    assert info["UNETLoader"]["input"]["required"]["unet_name"][0] == [TINY_NAMES["unet"]]
+    assert info["CLIPLoader"]["input_order"] == {"required": ["clip_name", "type"], "optional": ["device"]}
+    json.dumps(info)
