@@ -88,15 +88,15 @@ class DaemonClient:
 # ---------------------------------------------------------------- commands
 
 
-def _resolution(text: str | None, rf: RunFolder) -> tuple[int, int] | None:
+def _resolution(text: str | None, rf: RunFolder) -> list[tuple[int, int]] | None:
     if text:
         try:
             w, h = (int(v) for v in text.lower().split("x"))
-            return w, h
+            return [(w, h)]
         except ValueError:
             raise CliError(f"--resolution {text!r}: expected WIDTHxHEIGHT like 512x512", EXIT_USAGE) from None
-    from orchestrator.pipeline import pack_resolution
-    return pack_resolution(rf)
+    from orchestrator.pipeline import pack_sizes
+    return pack_sizes(rf)
 
 
 def cmd_submit(args, rf: RunFolder) -> int:
@@ -322,7 +322,7 @@ def cmd_keys(args, rf: RunFolder) -> int:
 
 
 def cmd_init(args, rf: RunFolder) -> int:
-    rf = init_run(rf.root, python=args.python, pack_dir=args.pack, models_dir=args.models, force=args.force)
+    rf = init_run(rf.root, python=args.python, packs=args.pack, models_dir=args.models, force=args.force)
     print(f"run folder {rf.root}\nsupervisord config {rf.supervisord_conf}\npipeline config {rf.pipeline_toml}")
     print(f"next: supervisord -c {rf.supervisord_conf}")
     return EXIT_OK
@@ -344,7 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("init", help="create the run folder and its supervisord.conf")
     s.add_argument("--python", help="interpreter for the stage programs (default: this one)")
-    s.add_argument("--pack", help="model pack folder for pipeline.toml")
+    s.add_argument("--pack", action="append", help="model pack folder for pipeline.toml; repeat it for more sizes "
+                                                   "(one pack per size, the first is the default)")
     s.add_argument("--models", help="models folder (text encoder, VAE) for pipeline.toml")
     s.add_argument("--force", action="store_true", help="rewrite supervisord.conf and pipeline.toml")
     s.set_defaults(fn=cmd_init)
@@ -355,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("prompt", help="prompt.json")
     s.add_argument("--wait", action="store_true", help="follow the job to the end, then print image and timings")
     s.add_argument("--json", action="store_true", help='print one JSON object {"job", "image", "report"}')
-    s.add_argument("--resolution", help="check width/height against WxH (default: the pack's, from the config)")
+    s.add_argument("--resolution", help="check width/height against WxH (default: the packs' sizes, from the config)")
     s.set_defaults(fn=cmd_submit)
     s = sub.add_parser("status", help="every job, or one")
     s.add_argument("job", nargs="?")

@@ -1,6 +1,7 @@
 """The job daemon: serves the CLI, collects stage events, runs queued jobs one at a time (`orchestrator serve`)."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -12,8 +13,8 @@ import zmq
 
 from orchestrator.flow import JobFlow
 from orchestrator.heartbeat import Heartbeats
-from orchestrator.jobs import JobError, JobStore
-from orchestrator.pipeline import read_pack, settings_from_config
+from orchestrator.jobs import JobError, JobStore, QueueFull
+from orchestrator.pipeline import read_packs, settings_from_config
 from orchestrator.prompt_spec import PromptError, parse_prompt_bytes
 from orchestrator.runfolder import RunFolder
 from orchestrator.supervisor import Supervisor
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 POLL_S = 0.1                 # longest wait between looks at the CLI socket and the events
 RESCAN_S = 2.0               # the queue folder is re-read at least this often (at once after a SUBMIT/RESUME)
 SUBMIT_MEMORY = 256          # request ids of recent SUBMITs (a resent SUBMIT returns the same job)
+DETAIL_BUDGET_BYTES = 768 * 1024     # a detailed STATUS reply stops adding jobs here (frame 0 is capped at 1 MiB)
 VERSION = "0.1.0"
 
 
@@ -33,11 +35,13 @@ class Daemon:
     """Queue + flow + sockets. Single-threaded: while a stage request is out, `idle()` keeps serving."""
 
     def __init__(self, config, rf: RunFolder, *, supervisor: Supervisor | None = None, ctx: zmq.Context | None = None):
-        if config.pack_dir is None:
-            raise ValueError(f"{config.path}: pack_dir is not set; the orchestrator needs the model pack")
+        if not config.packs:
+            raise ValueError(f"{config.path}: pack_dir is not set; the orchestrator needs a model pack")
         self.cfg, self.rf = config, rf
         self.settings = settings_from_config(config)
-        self.pack = read_pack(config.pack_dir)
+        self.packs = read_packs(config.packs)              # (width, height) -> PackInfo; a job picks by its size
+        self.pack = next(iter(self.packs.values()))        # the default: a job that names no size gets this one
+        self._model_files: dict[str, str] | None = None
         self.store = JobStore(rf.root, max_queue=self.settings.max_queue, min_free_mb=self.settings.min_free_mb)
         self.sup = supervisor or Supervisor(rf.supervisor_sock)
         self.ctx = ctx or zmq.Context()
@@ -160,9 +164,9 @@ class Daemon:
             if isinstance(msg, m.Submit):
                 return self._submit(msg)
             if isinstance(msg, m.Status):
-                jobs = [self.store.get(msg.job)] if msg.job else self.store.list()[-m.MAX_JOBS_LISTED:]
-                queued = [j.id for j in self.store.pending()] if any(j.state == "queued" for j in jobs) else []
-                return m.reply_to(msg, m.Jobs, jobs=tuple(self.job_info(j, queued) for j in jobs))
+                return self._status(msg)
+            if isinstance(msg, m.Info):
+                return self._info(msg)
             if isinstance(msg, m.Cancel):
                 job = self.store.cancel(msg.job)
                 if job.active:
@@ -176,13 +180,16 @@ class Daemon:
                                   position=self._position(job.id))
             if isinstance(msg, m.Hello):
                 return m.reply_to(msg, m.Ready, stage="orchestrator", pid=os.getpid(), version=VERSION,
-                                  info={"run": str(self.rf.root), "pack": str(self.pack.dir)})
+                                  info={"run": str(self.rf.root), "pack": str(self.pack.dir),
+                                        "sizes": ",".join(f"{w}x{h}" for w, h in self.packs)})
             if isinstance(msg, m.Heartbeat):
                 cur = self.current.job.id if self.current else None
                 return m.reply_to(msg, m.Pong, stage="orchestrator", pid=os.getpid(), busy=cur is not None, job=cur,
                                   uptime_s=0.0)
         except PromptError as e:
             return m.error_reply(msg.id, "bad_request", str(e), field=e.field)
+        except QueueFull as e:
+            return m.error_reply(msg.id, "busy", str(e), retry=True)
         except JobError as e:
             return m.error_reply(msg.id, "failed", str(e))
         return m.error_reply(msg.id, "unknown_kind", f"the orchestrator does not serve {msg.KIND}", field="kind")
@@ -194,8 +201,16 @@ class Daemon:
         base = Path(msg.base_dir)
         if not base.is_absolute():
             return m.error_reply(msg.id, "bad_request", "base_dir must be an absolute path", field="base_dir")
-        spec = parse_prompt_bytes(msg.prompt_json, base_dir=base, resolution=(self.pack.width, self.pack.height))
-        job = self.store.submit(spec.to_dict())
+        spec = parse_prompt_bytes(msg.prompt_json, base_dir=base, resolution=list(self.packs))
+        origin = None
+        if msg.origin:
+            try:
+                origin = json.loads(msg.origin)
+            except ValueError as e:
+                return m.error_reply(msg.id, "bad_request", f"origin is not JSON: {e}", field="origin")
+            if not isinstance(origin, dict):
+                return m.error_reply(msg.id, "bad_request", "origin must be a JSON object", field="origin")
+        job = self.store.submit(spec.to_dict(), origin)
         self._wake = True
         self._submits[msg.id] = job.id
         while len(self._submits) > SUBMIT_MEMORY:
@@ -206,13 +221,60 @@ class Daemon:
         ids = [j.id for j in self.store.pending()]
         return ids.index(job_id) if job_id in ids else 0
 
-    def job_info(self, job, pending_ids: list[str]) -> m.JobInfo:
+    def _status(self, msg: m.Status) -> m.Jobs:
+        """One job, or the newest `limit` (queued and running ones with `active`; older than `before`), oldest first;
+        with `detail` each carries its spec and origin, as many as fit in one reply (`more` says some were left)."""
+        if msg.job:
+            jobs = [self.store.get(msg.job)]
+        else:
+            jobs = self.store.pending() if msg.active else self.store.list()
+            if msg.before:
+                ids = [j.id for j in jobs]
+                jobs = jobs[:ids.index(msg.before)] if msg.before in ids else [j for j in jobs if j.id < msg.before]
+        pending = [j.id for j in (jobs if msg.active else self.store.pending())] if any(
+            j.state == "queued" for j in jobs) else []
+        limit = msg.limit or m.MAX_JOBS_LISTED
+        out, used = [], 0
+        for job in reversed(jobs):                     # newest first, so a cut leaves the oldest out
+            info = self.job_info(job, pending, detail=msg.detail)
+            used += len(info.spec_json.encode()) + len(info.origin.encode()) + 1024
+            if len(out) == limit or (out and used > DETAIL_BUDGET_BYTES):
+                break
+            out.append(info)
+        return m.reply_to(msg, m.Jobs, jobs=tuple(reversed(out)), more=len(out) < len(jobs))
+
+    def _info(self, msg: m.Info) -> m.Pipeline:
+        packs = tuple(m.PackRef(width=p.width, height=p.height, dir=str(p.dir), dtype=p.io_dtype, blocks=p.blocks,
+                                source_name=p.source_name[:m.MAX_PATH_CHARS], source_sha256=p.source_sha256[:64])
+                      for p in self.packs.values())
+        return m.reply_to(msg, m.Pipeline, packs=packs, models=self.model_files(), max_queue=self.settings.max_queue,
+                          version=VERSION)
+
+    def model_files(self) -> dict[str, str]:
+        """File names of the text encoder and VAE in the models folder (what a ComfyUI loader names); {} unknown."""
+        if self._model_files is None:
+            from models.models_dir import resolve_models
+            try:
+                paths = resolve_models(self.cfg.models_dir, {}, need=("text_encoder", "vae"))
+                self._model_files = {k: getattr(paths, k).name for k in ("text_encoder", "vae")}
+            except (ValueError, OSError) as e:
+                log.info("model file names unknown (%s)", e)
+                self._model_files = {}
+        return self._model_files
+
+    def job_info(self, job, pending_ids: list[str], detail: bool = False) -> m.JobInfo:
         err = job.error or {}
+        spec_json = origin = ""
+        if detail:
+            spec_json = json.dumps(job.spec, ensure_ascii=False)[:m.MAX_PROMPT_JSON_CHARS]
+            origin = json.dumps(job.origin, ensure_ascii=False) if job.origin else ""
+            origin = origin if len(origin) <= m.MAX_ORIGIN_CHARS else ""
         return m.JobInfo(job=job.id, state=job.state, created=job.created, updated=job.updated,
                          position=pending_ids.index(job.id) if job.id in pending_ids else 0,
                          error_stage=str(err.get("stage", ""))[:m.MAX_NAME_CHARS],
                          error=str(err.get("message", ""))[:m.MAX_PATH_CHARS],
-                         image=job.image, report=job.report, progress=self.progress.get(job.id))
+                         image=job.image, report=job.report, progress=self.progress.get(job.id),
+                         spec_json=spec_json, origin=origin)
 
 
 def serve(rf: RunFolder, config_path: Path) -> int:

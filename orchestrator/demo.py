@@ -12,8 +12,9 @@
    minutes idle); `--resolution 512x512` runs that size.
 3) the run folder (`orchestrator init`) pointing at both; 4) supervisord started unless it is already up;
 5) the prompt submitted and followed (progress, then the timing table); the PNG and report.json paths are printed.
-supervisord stays up afterwards (the scheduler and executor keep serving further `orchestrator submit`s), and the last
-line says how to stop it; `--stop` shuts it down instead. Running it again reuses the bundle, the pack and the
+supervisord stays up afterwards (the scheduler and executor keep serving further `orchestrator submit`s; the HTTP
+front serves the web page and the ComfyUI/A1111 APIs on http://127.0.0.1:8188/), and the last lines say where the
+page is and how to stop it all; `--stop` shuts it down instead. Running it again reuses the bundle, the pack and the
 running pipeline.
 """
 from __future__ import annotations
@@ -85,11 +86,15 @@ def prepare_run(run: Path, models: Path, pack: Path) -> tuple[RunFolder, bool]:
     if toml.exists():
         from stages.config import load_config
         cfg = load_config(toml)
-        changed = cfg.pack_dir != pack.resolve() or cfg.models_dir != models.resolve()
+        changed = cfg.packs != (pack.resolve(),) or cfg.models_dir != models.resolve()
         if changed and not toml.read_text().startswith(DEMO_MARK):
             raise DemoError(f"{toml} is not the demo's (pack_dir {cfg.pack_dir}, models_dir {cfg.models_dir}); "
                             f"the demo leaves it alone: run it with another --run folder")
     rf = init_run(run, pack_dir=pack, models_dir=models, force=changed)
+    conf = rf.root / "supervisord.conf"
+    if "[program:http]" not in conf.read_text():        # a run folder from before the HTTP front: render it again
+        init_run(run, pack_dir=pack, models_dir=models, force=True)
+        changed = True
     text = toml.read_text()
     if not text.startswith(DEMO_MARK):
         tmp = toml.with_name(toml.name + ".tmp")
@@ -108,9 +113,11 @@ def ensure_supervisord(rf: RunFolder, config_changed: bool = False) -> bool:
         started = False
         _say(f"4) supervisord is already running for {rf.root}")
         if config_changed:
-            _say("   the pipeline config changed: restarting orchestrator, scheduler and executor")
-            for program in ("scheduler", "executor", "orchestrator"):
-                sup.restart(program)
+            _say("   the pipeline config changed: restarting orchestrator, scheduler, executor and the HTTP front")
+            sup.update()                                  # supervisord rereads its config (e.g. a new program)
+            for program in ("scheduler", "executor", "orchestrator", "http"):
+                if program in sup.all_info():
+                    sup.restart(program)
     except (SupervisorError, OSError):
         conf = rf.supervisord_conf
         _say(f"4) starting supervisord -c {conf}")
@@ -133,6 +140,27 @@ def ensure_supervisord(rf: RunFolder, config_changed: bool = False) -> bool:
         if time.monotonic() > deadline:
             raise DemoError(f"the orchestrator daemon did not come up in {UP_TIMEOUT_S:.0f} s\n"
                             f"{_log_tail(rf, 'orchestrator')}")
+        time.sleep(0.2)
+
+
+def http_front(rf: RunFolder, timeout_s: float = 30.0) -> str:
+    """The HTTP front's page URL once it listens (RUN/http.json), or a line saying why it does not."""
+    from orchestrator.supervisor import Supervisor, SupervisorError
+    sup = Supervisor(rf.supervisor_sock)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            info = sup.info("http")
+        except (SupervisorError, OSError) as e:
+            return f"the HTTP front is not running ({e})"
+        if info.state == "RUNNING" and rf.http_json.exists():
+            try:
+                return json.loads(rf.http_json.read_text())["url"]
+            except (OSError, ValueError, KeyError):
+                pass
+        if info.state in ("FATAL", "EXITED", "STOPPED") or time.monotonic() > deadline:
+            tail = _log_tail(rf, "http", 400).strip().splitlines()
+            return f"the HTTP front is {info.state}: {tail[-1] if tail else ''} (log: {rf.logs / 'http.log'})"
         time.sleep(0.2)
 
 
@@ -170,12 +198,12 @@ def check_prompt(prompt: Path, resolution: tuple[int, int]) -> None:
 def submit_and_follow(rf: RunFolder, prompt: Path) -> dict:
     """Validate and queue the prompt, follow it with the progress line, print the timing table. -> result paths."""
     from orchestrator.cli import DaemonClient, _follow
-    from orchestrator.pipeline import pack_resolution
+    from orchestrator.pipeline import pack_sizes
     from orchestrator.prompt_spec import PromptError, load_prompt
     from orchestrator.report import format_table
     from protocol.messages import Submit, Submitted
     try:
-        load_prompt(prompt, resolution=pack_resolution(rf))
+        load_prompt(prompt, resolution=pack_sizes(rf))
     except PromptError as e:
         raise DemoError(f"{prompt}: {e}") from None
     client = DaemonClient(rf)
@@ -231,10 +259,13 @@ def main(argv=None) -> int:
         _say(f"supervisord stopped ({conf})")
     else:
         bin_dir = Path(sys.executable).parent
-        _say(f"supervisord keeps running (scheduler and executor stay up for the next job):\n"
+        url = http_front(rf)
+        page = (f"  web page: {url}   (ComfyUI API: {url}prompt ... /ws; A1111 API: {url}sdapi/v1/txt2img)"
+                if url.startswith("http") else f"  web page: {url}")
+        _say(f"supervisord keeps running (scheduler, executor and the HTTP front stay up for the next job):\n"
              f"  {bin_dir}/orchestrator --run {rf.root} submit {args.prompt} --wait    # another job\n"
              f"  {bin_dir}/supervisorctl -c {conf} status\n"
-             f"  {bin_dir}/supervisorctl -c {conf} shutdown                    # stop everything")
+             f"  {bin_dir}/supervisorctl -c {conf} shutdown                    # stop everything\n{page}")
     return 0
 
 

@@ -60,9 +60,9 @@ class JobFlow:
     def __init__(self, daemon, job):
         self.d, self.job = daemon, job
         self.store, self.sup, self.cfg, self.settings = daemon.store, daemon.sup, daemon.cfg, daemon.settings
-        self.pack = daemon.pack
         self.dir = self.store.job_dir(job.id)
         self.spec = PromptSpec.from_dict(job.spec)
+        self.pack = daemon.packs.get((self.spec.width, self.spec.height))     # the job's size picks its pack
         self.report = JobReport(job.id, job.spec)
         for name in ("encoder", "vae"):
             self.report.stages[name].remote = self.cfg.is_remote(name)
@@ -82,7 +82,11 @@ class JobFlow:
         start = job.state if job.active else (job.start_at or "encoding")
         self.d.current = self
         try:
-            # 1) room on the job folder's disk, then the job's arena: contexts, latent, the scheduler's scratch region
+            # 1) its pack, room on the job folder's disk, then the job's arena: contexts, latent, the scheduler's scratch
+            if self.pack is None:
+                have = ", ".join(f"{w}x{h}" for w, h in self.d.packs)
+                raise StageFailed("orchestrator", f"no model pack for {self.spec.width}x{self.spec.height} any more "
+                                  f"(the config changed after the job was queued); the sizes with a pack: {have}")
             self._check_disk()
             self._make_arena()
             if start != "encoding":          # resumed past encoding: its contexts wait in the job folder
@@ -191,7 +195,7 @@ class JobFlow:
                 self.sup.stop(name, timeout_s=self.settings.stop_timeout_s, sleep=self.d.pump)
         s = self.spec
         params = m.DenoiseParams(seed=s.seed, steps=s.steps, cfg=s.cfg, sampler=s.sampler, schedule=s.scheduler,
-                                 width=s.width or self.pack.width, height=s.height or self.pack.height,
+                                 width=self.pack.width, height=self.pack.height,
                                  spectrum=m.SpectrumSettings(**vars(s.spectrum)))
         msg = m.Denoise(job=self.job.id, job_dir=str(self.dir), pack_dir=str(self.pack.dir), arena=self.arena.name,
                         params=params, cond=self.cond, uncond=self.uncond, latent=self.latent, scratch=self.scratch,

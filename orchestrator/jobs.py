@@ -55,6 +55,7 @@ class Job:
     image: str | None = None
     report: str | None = None
     history: list = field(default_factory=list)  # [[state, unix time, note], ...]
+    origin: dict | None = None                   # where it came from (SUBMIT origin: api, client id, graph)
 
     @property
     def active(self) -> bool:
@@ -114,16 +115,17 @@ class JobStore:
             raise JobError(f"job {job_id}: unreadable {path}: {e}") from None
 
     def list(self) -> list[Job]:
-        """Every readable job, oldest first (ids sort by creation time); unreadable ones are logged and skipped."""
+        """Every readable job, oldest first (by creation time: ids order by the second only, so two jobs of one
+        second would otherwise run in random order); unreadable ones are logged and skipped."""
         jobs = []
-        for d in sorted(self.root.iterdir()):
+        for d in self.root.iterdir():
             if not (d.is_dir() and JOB_ID_RE.match(d.name)):
                 continue
             try:
                 jobs.append(self.get(d.name))
             except JobError as e:
                 log.warning("skipping %s", e)
-        return jobs
+        return sorted(jobs, key=lambda j: (j.created, j.id))
 
     def pending(self) -> list[Job]:
         return [j for j in self.list() if j.state == "queued" or j.active]
@@ -143,7 +145,7 @@ class JobStore:
         _write_json_atomic(self.job_dir(job.id) / "job.json", job.to_dict())
         return job
 
-    def submit(self, spec: dict) -> Job:
+    def submit(self, spec: dict, origin: dict | None = None) -> Job:
         """Queue a validated spec (PromptSpec.to_dict()); refuses when the queue is full or the disk is short."""
         self._check_room()
         now = time.time()
@@ -158,7 +160,7 @@ class JobStore:
         else:
             raise JobError("could not allocate a job id")
         job = Job(id=job_id, state="queued", spec=dict(spec), created=now, updated=now,
-                  history=[["queued", now, "submitted"]])
+                  history=[["queued", now, "submitted"]], origin=origin)
         log.info("job %s queued", job_id)
         return self.save(job)
 

@@ -64,9 +64,14 @@ class PackInfo:
     context_dim: int          # Dc
     hidden: int               # D
     head_dim: int             # hd
+    blocks: int               # DiT blocks (3 branch calls each per computed step)
     io_dtype: str             # "f16" | "f32"
     source_sha256: str
     source_name: str
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return (self.width, self.height)
 
     @property
     def latent_shape(self) -> tuple[int, int, int]:
@@ -84,20 +89,34 @@ def read_pack(pack_dir: str | Path) -> PackInfo:
     g, c = p.geometry, p.config
     return PackInfo(dir=Path(pack_dir).resolve(), width=g.width, height=g.height, latent_channels=c.latent_channels,
                     latent_h=g.latent_h, latent_w=g.latent_w, tokens=g.tokens, text_tokens=g.text_tokens,
-                    context_dim=c.context_dim, hidden=c.width, head_dim=c.head_dim, io_dtype=p.io_dtype,
+                    context_dim=c.context_dim, hidden=c.width, head_dim=c.head_dim, blocks=c.blocks, io_dtype=p.io_dtype,
                     source_sha256=str(p.source.get("sha256", "")), source_name=str(p.source.get("name", "")))
 
 
-def pack_resolution(rf: RunFolder) -> tuple[int, int] | None:
-    """The pack's (width, height) from RUN/pipeline.toml, or None when there is no config or no pack named in it."""
+def read_packs(pack_dirs) -> dict[tuple[int, int], PackInfo]:
+    """{(width, height): PackInfo} of every pack, the default (first) first; ValueError when two packs serve one size
+    (a job picks its pack by size) or a manifest is unreadable."""
+    from models.pack import PackError
+    packs: dict[tuple[int, int], PackInfo] = {}
+    for d in pack_dirs:
+        try:
+            info = read_pack(d)
+        except (PackError, OSError) as e:
+            raise ValueError(f"model pack {d}: {e}") from None
+        if info.size in packs:
+            raise ValueError(f"model packs {packs[info.size].dir} and {info.dir} are both {info.width}x{info.height}; "
+                             "keep one pack per image size")
+        packs[info.size] = info
+    return packs
+
+
+def pack_sizes(rf: RunFolder) -> list[tuple[int, int]] | None:
+    """The (width, height) of every pack in RUN/pipeline.toml, the default first; None without a config or packs."""
     if not rf.pipeline_toml.exists():
         return None
     from stages.config import load_config
     cfg = load_config(rf.pipeline_toml)
-    if cfg.pack_dir is None:
-        return None
-    info = read_pack(cfg.pack_dir)
-    return info.width, info.height
+    return list(read_packs(cfg.packs)) or None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ REPO_DIR = Path(__file__).resolve().parent.parent
 TEMPLATE = REPO_DIR / "supervisord.conf"          # also the ready-made config for the default run folder
 RUN_ENV = "ANIMA_RUN"
 STAGE_PROGRAMS = ("encoder", "scheduler", "executor", "vae")
-PROGRAMS = STAGE_PROGRAMS + ("orchestrator",)
+PROGRAMS = STAGE_PROGRAMS + ("orchestrator", "http")
 MAX_IPC_PATH = 100                                 # unix socket paths must stay below ~107 bytes
 
 
@@ -42,6 +42,11 @@ class RunFolder:
     @property
     def daemon_endpoint(self) -> str:
         return f"ipc://{self.daemon_sock}"
+
+    @property
+    def http_json(self) -> Path:
+        """Where the HTTP front says where it listens ({"url", "host", "port", "pid"}), once it does."""
+        return self.root / "http.json"
 
     @property
     def pipeline_toml(self) -> Path:
@@ -80,25 +85,38 @@ def render_supervisord_conf(template: str, run_dir: Path, *, repo_dir: Path = RE
 PIPELINE_TEMPLATE = """\
 # The pipeline config every process reads (stages/config.py has the full schema). Written by `orchestrator init`.
 run_dir = "."
-{pack}{models}
+{pack}{packs}{models}
 [stage.orchestrator]
 # max_queue = 16            # queued + running jobs
 # stage_retries = 3         # restarts of one stage absorbed per job before the job fails
 # start_timeout_s = 120     # supervisord start + READY
 # denoise_timeout_s = 21600
+
+[stage.http]
+# host = "127.0.0.1"        # the HTTP front (ComfyUI and A1111 APIs, the web page); loopback unless a token is set
+# port = 8188
+# token_file = "http.token" # needed to listen on any other address: clients send Authorization: Bearer <token>
 """
 
 
-def pipeline_toml_text(pack_dir: Path | None = None, models_dir: Path | None = None) -> str:
-    def line(key, value):
-        return f'{key} = "{Path(value).resolve()}"\n' if value else f'# {key} = "…"\n'
-    return PIPELINE_TEMPLATE.format(pack=line("pack_dir", pack_dir), models=line("models_dir", models_dir))
+def pipeline_toml_text(pack_dirs=(), models_dir: Path | None = None) -> str:
+    """pipeline.toml naming the packs (the first is the default: `pack_dir`; more go to `packs`) and models."""
+    dirs = [str(Path(p).resolve()) for p in pack_dirs]
+    pack = f'pack_dir = "{dirs[0]}"\n' if dirs else '# pack_dir = "…"\n'
+    packs = "packs = [" + ", ".join(f'"{d}"' for d in dirs[1:]) + "]\n" if len(dirs) > 1 else ""
+    models = f'models_dir = "{Path(models_dir).resolve()}"\n' if models_dir else '# models_dir = "…"\n'
+    return PIPELINE_TEMPLATE.format(pack=pack, packs=packs, models=models)
 
 
 def init_run(run: str | os.PathLike | None = None, *, python: str | None = None, template: Path = TEMPLATE,
-             pack_dir: Path | None = None, models_dir: Path | None = None, force: bool = False) -> RunFolder:
+             pack_dir: Path | None = None, packs=(), models_dir: Path | None = None, force: bool = False) -> RunFolder:
     """Create the run folder (0700) with logs/ and jobs/, its supervisord.conf and pipeline.toml (both kept when
-    present, unless `force`)."""
+    present, unless `force`). `pack_dir` and `packs`: the model packs, the default first; two packs of one size are
+    refused (ValueError) before anything is written."""
+    pack_dirs = ([pack_dir] if pack_dir else []) + list(packs or ())
+    if len(pack_dirs) > 1:
+        from orchestrator.pipeline import read_packs
+        read_packs(pack_dirs)
     rf = RunFolder.resolve(run)
     for d in (rf.root, rf.logs, rf.jobs):
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -106,7 +124,7 @@ def init_run(run: str | os.PathLike | None = None, *, python: str | None = None,
     rf.check()
     files = {rf.root / "supervisord.conf": lambda: render_supervisord_conf(template.read_text(), rf.root,
                                                                            python=python),
-             rf.pipeline_toml: lambda: pipeline_toml_text(pack_dir, models_dir)}
+             rf.pipeline_toml: lambda: pipeline_toml_text(pack_dirs, models_dir)}
     for path, text in files.items():
         if force or not path.exists():
             tmp = path.with_name(path.name + ".tmp")

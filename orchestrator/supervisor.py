@@ -175,6 +175,21 @@ class Supervisor:
                                       f"wanted {'/'.join(states)}")
             sleep(POLL_INTERVAL_S)
 
+    def update(self) -> list[str]:
+        """`supervisorctl update`: supervisord rereads its config file; programs it gained are added (and autostarted),
+        changed ones are stopped and added again, removed ones are stopped and dropped. -> the programs added."""
+        added, changed, removed = self._call("supervisor.reloadConfig")[0]
+        for name in changed + removed:
+            try:
+                self._call("supervisor.stopProcessGroup", name, True, name=name)
+            except SupervisorError as e:
+                if "NOT_RUNNING" not in str(e):
+                    raise
+            self._call("supervisor.removeProcessGroup", name, name=name)
+        for name in added + changed:
+            self._call("supervisor.addProcessGroup", name, name=name)
+        return added + changed
+
     def shutdown(self) -> None:
         """Ask supervisord to stop all programs and exit."""
         self._call("supervisor.shutdown")

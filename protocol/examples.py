@@ -79,13 +79,19 @@ def examples(seed: int = 0) -> dict[str, m.Message]:
     out["DECODED"] = m.Decoded(job="job-1", png=png, width=512, height=512, timings={"decode_s": 2.0},
                                inline=tuple(f.frames))
     # orchestrator CLI <-> daemon
-    out["SUBMIT"] = m.Submit(prompt_json='{"prompt": "1girl", "steps": 20}', base_dir="/home/user")
+    out["SUBMIT"] = m.Submit(prompt_json='{"prompt": "1girl", "steps": 20}', base_dir="/home/user",
+                             origin='{"api": "comfyui", "client_id": "c1"}')
     out["SUBMITTED"] = m.Submitted(job="job-2", seed=2**63 + 5, position=1)
-    out["STATUS"] = m.Status(job=None)
+    out["STATUS"] = m.Status(job=None, detail=True, active=True, before="job-9", limit=24)
     out["JOBS"] = m.Jobs(jobs=[m.JobInfo(job="job-1", state="denoising", created=1.7e9, updated=1.7e9 + 5,
-                                         progress=out["PROGRESS"]),
-                               m.JobInfo(job="job-2", state="queued", created=1.7e9, updated=1.7e9, position=1)])
+                                         progress=out["PROGRESS"], spec_json='{"prompt": "1girl"}'),
+                               m.JobInfo(job="job-2", state="queued", created=1.7e9, updated=1.7e9, position=1)],
+                         more=True)
     out["RESUME"] = m.Resume(job="job-1")
+    out["INFO"] = m.Info()
+    out["PIPELINE"] = m.Pipeline(packs=[m.PackRef(width=512, height=512, dir="/bundle/pack", dtype="f16", blocks=28,
+                                                  source_name="anima-preview.safetensors", source_sha256="ab" * 32)],
+                                 models={"text_encoder": "qwen_3_06b_base.safetensors"}, max_queue=16, version="0.1.0")
     missing = set(m.KINDS) - set(out)
     if missing:
         raise AssertionError(f"examples missing for {sorted(missing)}")

@@ -25,11 +25,12 @@ The conversation (→ request, ← its reply, ⇢ event):
                                                        ← BRANCH_DONE {job, step, block, branch, attempt, times, outputs}
   orchestrator → vae
     → DECODE {job, latent, arena, output, return_png, metadata, tile}    ← DECODED {job, path, png, width, height, timings}
-  orchestrator CLI → orchestrator daemon (ipc://RUN/sock/orchestrator.sock)
-    → SUBMIT {prompt_json, base_dir}                   ← SUBMITTED {job, seed, position}
-    → STATUS {job | None}                              ← JOBS {jobs: [JobInfo]}
+  orchestrator CLI, HTTP front → orchestrator daemon (ipc://RUN/sock/orchestrator.sock)
+    → SUBMIT {prompt_json, base_dir, origin}           ← SUBMITTED {job, seed, position}
+    → STATUS {job | None, detail, active, before, limit}   ← JOBS {jobs: [JobInfo], more}
     → CANCEL {job}                                     ← OK
     → RESUME {job}                                     ← SUBMITTED
+    → INFO {}                                          ← PIPELINE {packs: [PackRef], models, max_queue, version}
 
 Tensors in the arena are written by the sender before the request and left untouched until the reply is applied,
 so every request is idempotent and may be resent.
@@ -373,7 +374,9 @@ class Decoded(Message):
 # ---- orchestrator CLI ↔ daemon ------------------------------------------------------------------------------------
 
 MAX_PROMPT_JSON_CHARS = 65_536  # a whole prompt.json (orchestrator.prompt_spec.MAX_FILE_BYTES)
+MAX_ORIGIN_CHARS = 65_536       # what a job came from (JSON: api, client id, the client's graph)
 MAX_JOBS_LISTED = 256
+MAX_PACKS = 32
 
 
 @_record
@@ -390,12 +393,28 @@ class JobInfo(Record):
     image: str | None = spec(Optional(Path()), None)
     report: str | None = spec(Optional(Path()), None)
     progress: Progress | None = spec(Optional(Nested(Progress)), None)
+    spec_json: str = spec(Str(MAX_PROMPT_JSON_CHARS), "")  # with STATUS detail: the job's resolved prompt
+    origin: str = spec(Str(MAX_ORIGIN_CHARS), "")  # with STATUS detail: SUBMIT's origin ("" when none)
+
+
+@_record
+class PackRef(Record):
+    """A model pack the daemon serves: one image size."""
+
+    width: int = spec(Int(8, 16384))
+    height: int = spec(Int(8, 16384))
+    dir: str = spec(Path())
+    dtype: str = spec(Name())  # io dtype of its branches: f16 | f32
+    blocks: int = spec(Int(1, MAX_BLOCKS))
+    source_name: str = spec(Str(MAX_PATH_CHARS), "")  # the checkpoint it was built from
+    source_sha256: str = spec(Str(64), "")
 
 
 @_message("SUBMIT")
 class Submit(Message):
     prompt_json: str = spec(Str(MAX_PROMPT_JSON_CHARS))  # the file's text: the daemon validates it again
     base_dir: str = spec(Path())  # relative `output` paths resolve from here (the CLI's working directory)
+    origin: str = spec(Str(MAX_ORIGIN_CHARS), "")  # JSON object kept with the job: {"api", "client_id", "graph"...}
 
 
 @_message("SUBMITTED")
@@ -407,17 +426,35 @@ class Submitted(Message):
 
 @_message("STATUS")
 class Status(Message):
-    job: str | None = spec(Optional(Name()), None)  # None: every job
+    job: str | None = spec(Optional(Name()), None)  # None: every job (the newest `limit`, oldest first)
+    detail: bool = spec(Bool(), False)  # fill JobInfo.spec_json and .origin (the reply stays under the frame limit: `more`)
+    active: bool = spec(Bool(), False)  # queued and running jobs only
+    before: str | None = spec(Optional(Name()), None)  # only jobs older than this id (paging back)
+    limit: int = spec(Int(0, MAX_JOBS_LISTED), 0)  # 0: MAX_JOBS_LISTED
 
 
 @_message("JOBS")
 class Jobs(Message):
     jobs: tuple[JobInfo, ...] = spec(List(Nested(JobInfo), max_items=MAX_JOBS_LISTED))
+    more: bool = spec(Bool(), False)  # older jobs matched but were left out (limit or size); ask with `before`
 
 
 @_message("RESUME")
 class Resume(Message):
     job: str = spec(Name())
+
+
+@_message("INFO")
+class Info(Message):
+    """What the daemon serves (no fields)."""
+
+
+@_message("PIPELINE")
+class Pipeline(Message):
+    packs: tuple[PackRef, ...] = spec(List(Nested(PackRef), min_items=1, max_items=MAX_PACKS))  # the default first
+    models: dict[str, str] = spec(Map(Str(MAX_PATH_CHARS)), factory=dict)  # part -> file name: text_encoder, vae
+    max_queue: int = spec(Int(1, 2**20))
+    version: str = spec(Str(64))
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------------

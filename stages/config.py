@@ -1,7 +1,8 @@
 """The pipeline config file (TOML) every process reads with `--config FILE`: schema, defaults, validation.
 
     run_dir = "run"                 # relative paths resolve from the config file's folder; default: that folder
-    pack_dir = "bundle/pack"        # optional
+    pack_dir = "bundle/pack"        # optional: the default model pack (a job that names no size gets its size)
+    packs = ["bundle/pack-512"]     # optional: more packs, one per image size
     models_dir = "bundle/models"    # optional
     backend = "onnx"                # executor backend
     threads = 2
@@ -48,8 +49,9 @@ from protocol.sockets import (REQUEST_RETRIES, REQUEST_TIMEOUT_S, CurveClient, C
 STAGES = ("encoder", "scheduler", "executor", "vae")
 ENDPOINT_NAMES = STAGES + ("events",)
 LOG_LEVELS = ("debug", "info", "warning", "error")
-_TOP_KEYS = {"run_dir", "pack_dir", "models_dir", "backend", "threads", "log_level", "endpoints", "timeouts",
+_TOP_KEYS = {"run_dir", "pack_dir", "packs", "models_dir", "backend", "threads", "log_level", "endpoints", "timeouts",
              "security", "stage"}
+SETTINGS_TABLES = STAGES + ("orchestrator", "http")     # [stage.NAME] tables
 _SECURITY_KEYS = {"allow_plaintext_loopback", "allow_wildcard_bind", "server_key", "client_key", "allowed_clients",
                   "servers"}
 
@@ -89,6 +91,7 @@ class PipelineConfig:
     timeouts: Timeouts
     security: Security
     stage: dict[str, dict[str, Any]]
+    packs: tuple[Path, ...] = ()        # every model pack, the default (pack_dir) first; one per image size
 
     def endpoint(self, name: str) -> str:
         return self.endpoints[name]
@@ -238,12 +241,18 @@ def parse_config(data: dict[str, Any], path: Path) -> PipelineConfig:
 
     stage = _get(data, "stage", dict, w, {})
     for name, table in stage.items():
-        if name not in STAGES + ("orchestrator",) or not isinstance(table, dict):
-            raise ConfigError(f"{w}stage.{name}: expected a table for one of {', '.join(STAGES)}, orchestrator")
+        if name not in SETTINGS_TABLES or not isinstance(table, dict):
+            raise ConfigError(f"{w}stage.{name}: expected a table for one of {', '.join(SETTINGS_TABLES)}")
+    pack_dir = _path(base, _get(data, "pack_dir", str, w))
+    more = _get(data, "packs", list, w, [])
+    for i, item in enumerate(more):
+        if not isinstance(item, str):
+            raise ConfigError(f"{w}packs[{i}]: expected a pack folder path, got {type(item).__name__}")
+    packs = tuple(dict.fromkeys(p for p in [pack_dir] + [_path(base, p) for p in more] if p is not None))
     return PipelineConfig(
-        path=path, run_dir=run_dir, pack_dir=_path(base, _get(data, "pack_dir", str, w)),
+        path=path, run_dir=run_dir, pack_dir=packs[0] if packs else None,
         models_dir=_path(base, _get(data, "models_dir", str, w)), backend=backend, threads=threads,
-        log_level=log_level, endpoints=endpoints, timeouts=timeouts, security=security, stage=stage)
+        log_level=log_level, endpoints=endpoints, timeouts=timeouts, security=security, stage=stage, packs=packs)
 
 
 def load_config(path: str | os.PathLike) -> PipelineConfig:

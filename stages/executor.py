@@ -86,7 +86,7 @@ class ExecutorLogic:
             raise ValueError(f"stage.executor.policy {self.policy!r}: choose one of {', '.join(POLICIES)}")
         self.backend_name = config.backend
         self.threads = int(settings.get("threads", config.threads))
-        self.pack_dir = Path(config.pack_dir).resolve() if config.pack_dir else None
+        self.pack_dirs = tuple(Path(p).resolve() for p in config.packs)   # branch models come from these only
         self.backend = make_branch_backend(self.backend_name, self.threads, settings)
         self._spare = make_branch_backend(self.backend_name, self.threads, settings) if self.policy == "prefetch" \
             else None
@@ -101,13 +101,13 @@ class ExecutorLogic:
 
     def info(self) -> dict:
         return {"backend": self.backend_name, "threads": self.threads, "policy": self.policy,
-                "pack_dir": str(self.pack_dir or "")}
+                "packs": ",".join(str(p) for p in self.pack_dirs)}
 
     def _model_path(self, model: str) -> str:
         path = Path(model).resolve()
-        if self.pack_dir is not None and self.pack_dir not in path.parents:
-            raise RequestFailed(f"model {model} is outside the configured pack {self.pack_dir}", code="bad_request",
-                                field="model")
+        if self.pack_dirs and not any(d in path.parents for d in self.pack_dirs):
+            raise RequestFailed(f"model {model} is outside the configured packs "
+                                f"({', '.join(str(d) for d in self.pack_dirs)})", code="bad_request", field="model")
         if not path.is_file():
             raise RequestFailed(f"branch model {model} does not exist", code="failed", field="model")
         return str(path)

@@ -24,6 +24,7 @@ from models.denoise import make_sampler, save_state, spectrum_settings, start_or
 from models.dit_runner import DiTRunner
 from models.pack import PackError, load_pack
 from models.partition import KINDS, LIFETIMES, parse_branch_file
+from models.spectrum import plan as spectrum_plan
 from models.sampler_state import SamplerStateError
 from protocol import messages as m
 from protocol.fields import ProtocolError
@@ -45,8 +46,9 @@ class BranchClient:
     """Sends one branch call (both CFG passes) to the executor through the job arena; times the transport."""
 
     def __init__(self, ctx, msg: m.Denoise, runner: DiTRunner, link: LazyPirate, watch: PeerWatch, arena,
-                 step_ref: list, max_lost: int):
+                 step_ref: list, max_lost: int, computed_steps=()):
         self.stage_ctx, self.msg, self.runner, self.link, self.arena = ctx, msg, runner, link, arena
+        self.computed_steps = sorted(computed_steps)  # 1-based steps that run the model (the rest are forecast)
         self.watch, self.max_lost = watch, max_lost
         self.resends = 0
         self.step_ref = step_ref                      # [current 1-based step], read when a call goes out
@@ -115,9 +117,18 @@ class BranchClient:
         self.kind_calls[kind] += 1
         self.calls += 1
         self.transport_s += max(0.0, wall - times.total_s)
+        elapsed = time.monotonic() - self.started
         self.stage_ctx.emit(m.Progress(job=job, step=step, steps=self.msg.params.steps, block=block, branch=kind,
-                                       elapsed_s=time.monotonic() - self.started))
+                                       elapsed_s=elapsed, eta_s=self.eta_s(step, block, kind, elapsed)))
         return ys, times
+
+    def eta_s(self, step: int, block: int, kind: str, elapsed_s: float) -> float:
+        """Denoising time left: the branch calls still to come (this step's, then every later computed step's) at
+        the mean wall time per call so far (host ops and transport included; forecast steps cost ~nothing)."""
+        per_step = 3 * self.runner.cfg.blocks
+        left = (self.runner.cfg.blocks - 1 - block) * 3 + (2 - KINDS.index(kind))
+        left += per_step * sum(1 for s in self.computed_steps if s > step)
+        return elapsed_s / self.calls * left
 
     def _request(self, req: m.Branch) -> m.BranchDone:
         """Lazy Pirate with a liveness watch: a dead executor is seen within LIVENESS heartbeats and the call is resent
@@ -195,11 +206,18 @@ class SchedulerLogic:
         self._packs: dict = {}
 
     def info(self) -> dict:
-        return {"pack_dir": str(self.config.pack_dir or "")}
+        return {"packs": ",".join(str(p) for p in self.config.packs)}
 
     def _runner(self, pack_dir: str, branch_fn) -> DiTRunner:
+        """The job's pack (one of the configured ones); only the last used stays loaded (host weights are ~1 GB at
+        full size: a second size must not double them)."""
+        allowed = {str(Path(p).resolve()) for p in self.config.packs}
+        if allowed and str(Path(pack_dir).resolve()) not in allowed:
+            raise RequestFailed(f"pack {pack_dir} is not one of the configured packs ({', '.join(sorted(allowed))})",
+                                code="bad_request", field="pack_dir")
         pack = self._packs.get(pack_dir)
         if pack is None:
+            self._packs.clear()
             try:
                 pack = self._packs[pack_dir] = load_pack(pack_dir, check=True)
             except (PackError, FileNotFoundError) as e:
@@ -244,7 +262,9 @@ class SchedulerLogic:
                           timeout_s=float(sched.get("branch_timeout_s", BRANCH_TIMEOUT_S)), retries=t.retries)
         watch = PeerWatch(self.zctx, msg.executor, peer="executor", interval_s=t.heartbeat_s, liveness=t.liveness,
                           curve=curve, allow_plaintext=plain)
-        client = holder["client"] = BranchClient(ctx, msg, runner, link, watch, arena, step_ref, max_lost=t.retries)
+        computed = spectrum_plan(sampler.spectrum, params.steps)[0] if sampler.spectrum else range(1, params.steps + 1)
+        client = holder["client"] = BranchClient(ctx, msg, runner, link, watch, arena, step_ref, max_lost=t.retries,
+                                                 computed_steps=computed)
         try:
             # 4) the steps; the state is saved after each
             while not sampler.done(state):

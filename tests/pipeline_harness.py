@@ -53,12 +53,14 @@ def tiny_assets(cache: Path, resolution: tuple[int, int] = (128, 128), dtype: st
 
 def pipeline_toml(pack: Path, models: Path, *, threads: int = 1, branch_timeout_s: float = 20.0,
                   extra: str = "") -> str:
-    """The config the harness runs: real stages, the executor's trace on, short timeouts so deaths show quickly."""
+    """The config the harness runs: real stages, the executor's trace on, short timeouts so deaths show quickly; the
+    HTTP front on a free port (RUN/http.json says which), so runs side by side never clash."""
     return (f'run_dir = "."\npack_dir = "{pack}"\nmodels_dir = "{models}"\nthreads = {threads}\n'
             f'[timeouts]\nrequest_s = 5.0\nretries = 3\n'
             f'[stage.executor]\ntrace = "{TRACE_FILE}"\n'
             f'[stage.scheduler]\nbranch_timeout_s = {branch_timeout_s}\n'
-            f'[stage.orchestrator]\nsample_interval_s = 0.1\nstart_timeout_s = 120\nstage_retries = 3\n{extra}')
+            f'[stage.orchestrator]\nsample_interval_s = 0.1\nstart_timeout_s = 120\nstage_retries = 3\n'
+            f'[stage.http]\nport = 0\npoll_s = 0.2\n{extra}')
 
 
 class Pipeline:

@@ -142,3 +142,18 @@ def test_unreadable_record_is_skipped_not_fatal(tmp_path):
     with pytest.raises(JobError, match="unreadable"):
         store.get(bad.id)
     os.chmod(store.job_dir(bad.id), 0o700)
+
+
+def test_jobs_of_one_second_run_in_submit_order(tmp_path, monkeypatch):
+    """Job ids carry the second only: two jobs of one second must still be queued first-in first-out (the random id
+    tail once decided their order)."""
+    import orchestrator.jobs as jobs_mod
+    store = JobStore(tmp_path)
+    tails = iter(["ffffff", "000000", "888888"])
+    clock = iter([1_800_000_000.1, 1_800_000_000.2, 1_800_000_000.3])
+    monkeypatch.setattr(jobs_mod.secrets, "token_hex", lambda n: next(tails))
+    monkeypatch.setattr(jobs_mod.time, "time", lambda: next(clock, 1_800_000_000.9))
+    ids = [store.submit(SPEC).id for _ in range(3)]
+    assert ids[0] > ids[1]                               # the ids alone sort the other way
+    assert [j.id for j in store.pending()] == ids
+    assert store.next_job().id == ids[0]

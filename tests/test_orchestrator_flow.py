@@ -13,30 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from models.config import PRESETS
-from models.partition import branch_order
 from orchestrator import cli
 from orchestrator.runfolder import init_run
 from orchestrator.supervisor import Supervisor
 from protocol.arena import list_segments, run_prefix
+from tests.doubles_harness import fake_pack as _fake_pack
 
 BIN = Path(sys.executable).parent
 DOUBLES = Path(__file__).resolve().parent / "orch_doubles.py"
-
-
-def _fake_pack(d: Path) -> Path:
-    """A pack manifest (no weights: the doubles never read them) for 64x64 images."""
-    cfg = PRESETS["tiny"]["dit"].to_dict()
-    cfg["blocks"] = 2
-    from models.config import DiTConfig
-    branches = [{"block": b, "kind": s.kind, "onnx": f"onnx/b{b:02d}_{s.kind}.onnx", "sha256": "0" * 64}
-                for b, s in branch_order(DiTConfig.from_dict(cfg))]
-    d.mkdir(parents=True)
-    (d / "manifest.json").write_text(json.dumps({
-        "schema": 1, "kind": "anima-dit-pack", "source": {"name": "synthetic.safetensors", "sha256": "ab" * 32},
-        "config": cfg, "resolution": {"width": 64, "height": 64}, "dtype": "fp32",
-        "host": {"file": "host.safetensors", "sha256": "0" * 64}, "branches": branches}))
-    return d
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +37,7 @@ def _pipeline():
     rf.pipeline_toml.write_text(f'run_dir = "."\npack_dir = "{pack}"\nthreads = 1\n'
                                 "[timeouts]\nrequest_s = 2.0\n"
                                 "[stage.orchestrator]\nsample_interval_s = 0.05\nstart_timeout_s = 30\n"
-                                "stage_retries = 1\n")
+                                "stage_retries = 1\n[stage.http]\nport = 0\n")
     proc = subprocess.Popen([str(BIN / "supervisord"), "-n", "-c", str(rf.supervisord_conf)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     sup = Supervisor(rf.supervisor_sock)

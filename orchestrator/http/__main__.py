@@ -1,0 +1,43 @@
+"""`python -m orchestrator.http --config RUN/pipeline.toml`: the HTTP front (supervisord's [program:http]).
+
+A setting it refuses (another address than loopback without a token, a token file others can read, a port in use)
+is one line on stderr and exit 2, before anything listens (supervisord marks it FATAL: startretries=0)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+EXIT_USAGE = 2
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m orchestrator.http", description=__doc__.split("\n")[0])
+    p.add_argument("--config", required=True, help="the run folder's pipeline.toml")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from orchestrator.http.app import make_front, serve
+    from orchestrator.http.settings import HttpSettings, SettingsError
+    from stages.config import ConfigError, load_config
+    try:
+        cfg = load_config(Path(args.config))
+        settings = HttpSettings.from_config(cfg)
+        token = settings.check()
+    except (ConfigError, SettingsError) as e:
+        print(f"anima-http: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    logging.getLogger().setLevel(cfg.log_level.upper())
+    import setproctitle
+    setproctitle.setproctitle("anima-http")
+    try:
+        asyncio.run(serve(make_front(cfg, settings, token)))
+    except OSError as e:
+        print(f"anima-http: cannot listen on {settings.host}:{settings.port}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

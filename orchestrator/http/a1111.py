@@ -1,0 +1,214 @@
+"""A1111's web UI API, the text-to-image subset (shapes as stable-diffusion-webui's modules/api answers them):
+
+    POST /sdapi/v1/txt2img   {prompt, negative_prompt, seed (-1 random), steps, cfg_scale, width, height,
+                              sampler_name, scheduler, ...}  -> {"images": [base64 PNG], "parameters", "info": JSON text}
+    GET  /sdapi/v1/progress  -> {"progress", "eta_relative", "state": {...}, "current_image", "textinfo"}
+    GET  /sdapi/v1/sd-models, /samplers, /schedulers, /scripts, /options
+    POST /sdapi/v1/interrupt -> {} (the running job is cancelled)
+
+A1111 fields this pipeline cannot honour (a batch, hires fix, styles, scripts, face restoration, tiling, subseeds,
+setting overrides) are refused with 422 naming the field unless they hold their default; sampler internals that do
+not apply to the flow-matching Euler sampler (eta, s_churn, s_tmin, s_tmax, s_noise) and unknown fields are ignored,
+as A1111 ignores unknown fields. Extension: "spectrum": true|false.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+import time
+
+from aiohttp import web
+
+from orchestrator.http import files
+from orchestrator.http.common import FRONT, cancel_job, json_response, read_json, refuse, submit_job
+from orchestrator.http.link import DaemonRefused
+from orchestrator.http.views import JobView
+from orchestrator.prompt_spec import MAX_CFG, MAX_STEPS
+
+SAMPLERS = [{"name": "Euler", "aliases": ["euler", "k_euler"], "options": {}}]
+SCHEDULERS = [{"name": "automatic", "label": "Automatic", "aliases": None, "default_rho": -1, "need_inner_model": False},
+              {"name": "sgm_uniform", "label": "SGM Uniform", "aliases": ["SGMUniform"], "default_rho": -1,
+               "need_inner_model": True},
+              {"name": "simple", "label": "Simple", "aliases": None, "default_rho": -1, "need_inner_model": True}]
+SAMPLER_OF = {n.lower(): "euler" for s in SAMPLERS for n in [s["name"], *s["aliases"]]}
+SCHEDULER_OF = {"automatic": "sgm_uniform", "sgm uniform": "sgm_uniform", "sgm_uniform": "sgm_uniform",
+                "sgmuniform": "sgm_uniform", "simple": "simple"}
+# field -> the values that mean "not used": anything else asks for what this pipeline does not do
+MUST_BE = {"batch_size": (1,), "n_iter": (1,), "enable_hr": (False,), "restore_faces": (False, None),
+           "tiling": (False, None), "subseed_strength": (0, 0.0), "styles": ([], None), "script_name": (None, ""),
+           "script_args": ([], None), "alwayson_scripts": ({}, None), "override_settings": ({}, None),
+           "seed_resize_from_h": (0, -1), "seed_resize_from_w": (0, -1), "refiner_checkpoint": (None, ""),
+           "init_images": (None, [])}
+
+
+def _bad(field: str, message: str):
+    return refuse(422, f"{field}: {message}", field=field, detail=message)
+
+
+def _number(body: dict, field: str, default, *, integer: bool, low, high):
+    v = body.get(field, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise _bad(field, f"must be a number, got {type(v).__name__} {v!r}"[:200])
+    if integer:
+        if v != int(v):
+            raise _bad(field, f"must be a whole number, got {v}")
+        v = int(v)
+    if not low <= v <= high:
+        raise _bad(field, f"must be in {low}..{high}, got {v}")
+    return v
+
+
+def _text(body: dict, field: str) -> str:
+    v = body.get(field, "")
+    if not isinstance(v, str):
+        raise _bad(field, f"must be a string, got {type(v).__name__}")
+    return v
+
+
+def to_spec(body: dict) -> dict:
+    """A txt2img request -> a prompt.json object (the daemon checks it again against its packs)."""
+    for field, ok in MUST_BE.items():
+        if field in body and body[field] not in ok:
+            raise _bad(field, f"{body[field]!r}"[:80] + f" is not supported here (only {ok[0]!r}: one image per "
+                       "request, no hires fix, styles, scripts or setting overrides)")
+    spec = {"prompt": _text(body, "prompt"), "negative_prompt": _text(body, "negative_prompt"),
+            "steps": _number(body, "steps", 20, integer=True, low=1, high=MAX_STEPS),
+            "cfg": float(_number(body, "cfg_scale", 7.0, integer=False, low=1.0, high=MAX_CFG)),
+            "width": _number(body, "width", 512, integer=True, low=16, high=16384),
+            "height": _number(body, "height", 512, integer=True, low=16, high=16384)}
+    seed = _number(body, "seed", -1, integer=True, low=-1, high=2**64 - 1)
+    if seed != -1:
+        spec["seed"] = seed
+    sampler = body.get("sampler_name") or body.get("sampler_index") or "Euler"
+    if not isinstance(sampler, str) or sampler.lower() not in SAMPLER_OF:
+        raise _bad("sampler_name", f"{sampler!r}"[:80] + " is not available; samplers: "
+                   + ", ".join(s["name"] for s in SAMPLERS))
+    spec["sampler"] = SAMPLER_OF[sampler.lower()]
+    scheduler = body.get("scheduler") or "automatic"
+    if not isinstance(scheduler, str) or scheduler.lower() not in SCHEDULER_OF:
+        raise _bad("scheduler", f"{scheduler!r}"[:80] + " is not available; schedulers: "
+                   + ", ".join(s["name"] for s in SCHEDULERS))
+    spec["scheduler"] = SCHEDULER_OF[scheduler.lower()]
+    if "spectrum" in body:
+        if not isinstance(body["spectrum"], bool):
+            raise _bad("spectrum", "must be true or false")
+        spec["spectrum"] = body["spectrum"]
+    return spec
+
+
+def _info(job: JobView, png: bytes, model: str) -> dict:
+    from PIL import Image
+    s = job.spec
+    with Image.open(io.BytesIO(png)) as im:
+        infotext = im.text.get("parameters", "") if hasattr(im, "text") else ""
+    return {"prompt": s["prompt"], "all_prompts": [s["prompt"]], "negative_prompt": s.get("negative_prompt", ""),
+            "all_negative_prompts": [s.get("negative_prompt", "")], "seed": s["seed"], "all_seeds": [s["seed"]],
+            "subseed": -1, "all_subseeds": [-1], "subseed_strength": 0, "width": s["width"], "height": s["height"],
+            "sampler_name": "Euler", "scheduler": s.get("scheduler"), "cfg_scale": s["cfg"], "steps": s["steps"],
+            "batch_size": 1, "restore_faces": False, "face_restoration_model": None, "sd_model_name": model,
+            "sd_model_hash": None, "seed_resize_from_w": -1, "seed_resize_from_h": -1, "denoising_strength": 0,
+            "extra_generation_params": {"Spectrum": bool((s.get("spectrum") or {}).get("enabled", False)),
+                                        "Job": job.id},
+            "index_of_first_image": 0, "infotexts": [infotext], "styles": [],
+            "job_timestamp": time.strftime("%Y%m%d%H%M%S", time.localtime(job.info.created)), "clip_skip": 1,
+            "is_using_inpainting_conditioning": False, "version": "anima-npu 0.1.0"}
+
+
+async def txt2img(request: web.Request) -> web.Response:
+    front = request.app[FRONT]
+    body = await read_json(request)
+    spec = to_spec(body)
+    sub = await submit_job(front, spec, {"api": "a1111"})
+    # the job runs under the daemon; this request waits for it (a client that goes away leaves the job running)
+    job = await front.tracker.wait(sub.job)
+    if job.state == "cancelled":
+        raise refuse(409, f"job {job.id} was interrupted", job=job.id)
+    if job.state != "done":
+        return json_response({"error": "JobFailed", "detail": f"job {job.id} failed: {job.info.error_stage}: "
+                              f"{job.info.error}", "job": job.id}, 500)
+    path, _ = files.resolve(front.rf.jobs, "image.png", job.id)
+    png = files.read(path)
+    names = await front.tracker.names()
+    info = _info(job, png, names.unet[0] if names.unet else "")
+    params = {**body, "prompt": spec["prompt"], "negative_prompt": spec["negative_prompt"], "seed": job.spec["seed"],
+              "steps": spec["steps"], "cfg_scale": spec["cfg"], "width": spec["width"], "height": spec["height"],
+              "sampler_name": "Euler", "scheduler": spec["scheduler"], "batch_size": 1, "n_iter": 1}
+    images = [base64.b64encode(png).decode()] if body.get("send_images", True) is not False else []
+    return json_response({"images": images, "parameters": params, "info": json.dumps(info)})
+
+
+async def progress(request: web.Request) -> web.Response:
+    tracker = request.app[FRONT].tracker
+    active = await tracker.fresh()
+    job = tracker.running()
+    frac, eta, step, steps, text = 0.0, 0.0, 0, 0, None
+    if job is not None:
+        p, text = job.info.progress, f"{job.id}: {job.state}"
+        frac = {"encoding": 0.01, "decoding": 0.99}.get(job.state, 0.0)
+        if job.state == "denoising" and p is not None:
+            blocks = tracker.blocks_of(job) or 1
+            within = (3 * p.block + ("self", "cross", "ffn").index(p.branch) + 1) / (3 * blocks)
+            frac = min(0.99, (p.step - 1 + within) / p.steps)
+            eta, step, steps = p.eta_s or 0.0, p.step, p.steps
+    created = job.info.created if job is not None else time.time()
+    state = {"skipped": False, "interrupted": False, "stopping_generation": False,
+             "job": job.id if job is not None else "", "job_count": len(active),
+             "job_timestamp": time.strftime("%Y%m%d%H%M%S", time.localtime(created)), "job_no": 0,
+             "sampling_step": step, "sampling_steps": steps}
+    return json_response({"progress": round(frac, 4), "eta_relative": round(eta, 1), "state": state,
+                          "current_image": None, "textinfo": text, "current_task": job.id if job else None})
+
+
+async def interrupt(request: web.Request) -> web.Response:
+    front = request.app[FRONT]
+    await front.tracker.fresh(0.0)
+    job = front.tracker.running()
+    if job is not None:
+        try:
+            await cancel_job(front, job.id)
+        except DaemonRefused:
+            pass
+    return json_response({})
+
+
+async def sd_models(request: web.Request) -> web.Response:
+    info = await request.app[FRONT].tracker.info()
+    seen, out = set(), []
+    for p in info.packs:
+        if p.source_sha256 in seen:
+            continue
+        seen.add(p.source_sha256)
+        name = p.source_name or "anima"
+        out.append({"title": f"{name} [{p.source_sha256[:10]}]", "model_name": name.rsplit(".", 1)[0],
+                    "hash": p.source_sha256[:10], "sha256": p.source_sha256, "filename": name, "config": None})
+    return json_response(out)
+
+
+async def options(request: web.Request) -> web.Response:
+    models = json.loads((await sd_models(request)).text)
+    return json_response({"sd_model_checkpoint": models[0]["title"] if models else "",
+                          "sd_checkpoint_hash": models[0]["sha256"] if models else ""})
+
+
+async def samplers(request: web.Request) -> web.Response:
+    return json_response(SAMPLERS)
+
+
+async def schedulers(request: web.Request) -> web.Response:
+    return json_response(SCHEDULERS)
+
+
+async def scripts(request: web.Request) -> web.Response:
+    return json_response({"txt2img": [], "img2img": []})
+
+
+ROUTES = [("POST", "/txt2img", txt2img), ("GET", "/progress", progress), ("POST", "/interrupt", interrupt),
+          ("GET", "/sd-models", sd_models), ("GET", "/samplers", samplers), ("GET", "/schedulers", schedulers),
+          ("GET", "/scripts", scripts), ("GET", "/options", options)]
+
+
+def add_routes(app: web.Application) -> None:
+    for method, path, handler in ROUTES:
+        app.router.add_route(method, "/sdapi/v1" + path, handler)

@@ -1,0 +1,208 @@
+"""ComfyUI's API, the subset a text-to-image client uses (shapes as ComfyUI's server.py answers them):
+
+    POST /prompt {"prompt": API graph, "client_id"}  -> {"prompt_id", "number", "node_errors"} | 400 {"error", "node_errors"}
+    GET  /prompt                                     -> {"exec_info": {"queue_remaining"}}
+    GET  /queue                                      -> {"queue_running": [item], "queue_pending": [item]}
+    POST /interrupt [{"prompt_id"}]                  -> 200: the running job is cancelled
+    GET  /history[?max_items=N], /history/{id}       -> {prompt_id: {"prompt", "outputs", "status", "meta"}}
+    GET  /view?filename=&subfolder=&type=output      -> the file (image.png, timing.png, report.json of a job)
+    GET  /system_stats, /object_info[/{class}], /embeddings
+    GET  /ws?clientId=                               -> status, execution_start, executing, progress, executed,
+                                                        execution_success | execution_error | execution_interrupted
+Every route is also served under /api (as ComfyUI does). The prompt id is the job id.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+
+import psutil
+from aiohttp import web
+
+from orchestrator.comfy_graph import FIELD_NODES, GraphError, graph_to_job, node_table, object_info
+from orchestrator.http import comfy_shapes as shapes
+from orchestrator.http import files
+from orchestrator.http.common import FRONT, cancel_job, from_daemon, json_response, read_json, refuse, submit_job
+from orchestrator.http.link import DaemonRefused
+from orchestrator.http.views import JobView, model_names
+from orchestrator.jobs import JOB_ID_RE
+from protocol import messages as m
+
+VERSION = "anima-npu 0.1.0"
+HISTORY_PAGE = 32               # jobs per STATUS while collecting /history
+MAX_HISTORY_ITEMS = 1024
+
+
+def _no_prompt() -> web.Response:
+    err = {"type": "no_prompt", "message": "No prompt provided", "details": "No prompt provided", "extra_info": {}}
+    return json_response({"error": err, "node_errors": {}}, 400)
+
+
+async def post_prompt(request: web.Request) -> web.Response:
+    front = request.app[FRONT]
+    body = await read_json(request)
+    if "prompt" not in body:
+        return _no_prompt()
+    extra = body.get("extra_data")
+    client_id = body.get("client_id")
+    if client_id is None and isinstance(extra, dict):
+        client_id = extra.get("client_id")
+    if client_id is not None and (not isinstance(client_id, str) or len(client_id) > 128):
+        raise refuse(400, "client_id must be a string of at most 128 characters")
+    info = await front.tracker.info()
+    try:
+        job = graph_to_job(body["prompt"], names=model_names(info), sizes=[(p.width, p.height) for p in info.packs])
+    except GraphError as e:
+        return json_response(e.body(), 400)
+    graph = {k: body["prompt"][k] for k in job.nodes.values()}        # what the job uses: kept with the job
+    origin = {"api": "comfyui", "client_id": client_id, "graph": graph, "nodes": job.nodes}
+    try:
+        sub = await submit_job(front, job.spec, origin)
+    except DaemonRefused as e:
+        if e.code == "bad_request" and e.field in FIELD_NODES:          # the daemon's word, put on the node
+            role, name = FIELD_NODES[e.field]
+            node = job.nodes[role]
+            err = {"type": "custom_validation_failed", "message": "Custom validation failed for node",
+                   "details": f"{name} - {e.message}", "extra_info": {"input_name": name}}
+            return json_response({"error": {**err, "type": "prompt_outputs_failed_validation",
+                                            "message": "Prompt outputs failed validation"},
+                                  "node_errors": {node: {"errors": [err], "dependent_outputs": [job.output],
+                                                         "class_type": graph[node]["class_type"]}}}, 400)
+        raise from_daemon(e) from None
+    return json_response({"prompt_id": sub.job, "number": sub.position, "node_errors": {}})
+
+
+async def get_prompt(request: web.Request) -> web.Response:
+    tracker = request.app[FRONT].tracker
+    await tracker.fresh()
+    return json_response({"exec_info": {"queue_remaining": tracker.queue_remaining()}})
+
+
+async def get_queue(request: web.Request) -> web.Response:
+    tracker = request.app[FRONT].tracker
+    active = await tracker.fresh()
+    names = await tracker.names()
+    return json_response({"queue_running": [shapes.queue_item(j, names) for j in active.values() if j.running],
+                          "queue_pending": [shapes.queue_item(j, names) for j in active.values() if not j.running]})
+
+
+async def post_interrupt(request: web.Request) -> web.Response:
+    """Cancel the running job (only when it is `prompt_id`, if the body names one)."""
+    front = request.app[FRONT]
+    want = None
+    if request.can_read_body:
+        body = await read_json(request)
+        want = body.get("prompt_id")
+        if want is not None and not isinstance(want, str):
+            raise refuse(400, "prompt_id must be a string")
+    await front.tracker.fresh(0.0)
+    job = front.tracker.running()
+    if job is not None and want in (None, job.id):
+        try:
+            await cancel_job(front, job.id)
+        except DaemonRefused:
+            pass                                     # it ended meanwhile: nothing to interrupt
+    return web.Response(status=200)
+
+
+def _finished(jobs) -> list[JobView]:
+    return [v for v in map(JobView.of, jobs) if v.finished]
+
+
+async def get_history(request: web.Request) -> web.Response:
+    front = request.app[FRONT]
+    text = request.query.get("max_items")
+    try:
+        max_items = int(text) if text is not None else 64
+        if not 1 <= max_items <= MAX_HISTORY_ITEMS:
+            raise ValueError
+    except ValueError:
+        raise refuse(400, f"max_items must be an integer in 1..{MAX_HISTORY_ITEMS}") from None
+    out: list[JobView] = []
+    before = None
+    while len(out) < max_items:
+        reply = await front.link.call(m.Status(detail=True, before=before, limit=HISTORY_PAGE), m.Jobs)
+        out = _finished(reply.jobs) + out
+        if not reply.more or not reply.jobs:
+            break
+        before = reply.jobs[0].job
+    names = await front.tracker.names()
+    return json_response({j.id: shapes.history_entry(j, names) for j in out[-max_items:]})
+
+
+async def get_history_item(request: web.Request) -> web.Response:
+    front = request.app[FRONT]
+    prompt_id = request.match_info["prompt_id"]
+    if not JOB_ID_RE.match(prompt_id):
+        return json_response({})                      # ComfyUI: an unknown id has no history
+    try:
+        reply = await front.link.call(m.Status(job=prompt_id, detail=True), m.Jobs)
+    except DaemonRefused as e:
+        if e.unknown_job:
+            return json_response({})
+        raise
+    jobs = _finished(reply.jobs)
+    names = await front.tracker.names()
+    return json_response({j.id: shapes.history_entry(j, names) for j in jobs})
+
+
+async def get_view(request: web.Request) -> web.Response:
+    front = request.app[FRONT]
+    q = request.query
+    if "filename" not in q:
+        raise refuse(404, "filename is required")
+    try:
+        path, ctype = files.resolve(front.rf.jobs, q["filename"], q.get("subfolder", ""), q.get("type", "output"))
+        data = files.read(path)
+    except files.BadName as e:
+        raise refuse(400, str(e)) from None
+    except OSError:
+        raise refuse(404, "no such file") from None
+    return web.Response(body=data, content_type=ctype,
+                        headers={"Content-Disposition": f'filename="{path.name}"', "Cache-Control": "no-cache"})
+
+
+async def get_system_stats(request: web.Request) -> web.Response:
+    front = request.app[FRONT]
+    mem = psutil.virtual_memory()
+    return json_response({
+        "system": {"os": os.name, "ram_total": mem.total, "ram_free": mem.available, "comfyui_version": VERSION,
+                   "python_version": sys.version, "pytorch_version": "", "embedded_python": False, "argv": sys.argv,
+                   "machine": platform.machine()},
+        "devices": [{"name": f"{front.cfg.backend} executor ({platform.machine()})", "type": "cpu"
+                     if front.cfg.backend == "onnx" else "npu", "index": 0, "vram_total": 0, "vram_free": 0,
+                     "torch_vram_total": 0, "torch_vram_free": 0}]})
+
+
+async def get_object_info(request: web.Request) -> web.Response:
+    names = await request.app[FRONT].tracker.names()
+    info = object_info(node_table(names))
+    cls = request.match_info.get("node_class")
+    if cls is not None:
+        info = {cls: info[cls]} if cls in info else {}
+    return json_response(info)
+
+
+async def get_embeddings(request: web.Request) -> web.Response:
+    return json_response([])
+
+
+async def websocket(request: web.Request) -> web.StreamResponse:
+    return await request.app[FRONT].hub.handle(request)
+
+
+ROUTES = [("POST", "/prompt", post_prompt), ("GET", "/prompt", get_prompt), ("GET", "/queue", get_queue),
+          ("POST", "/interrupt", post_interrupt), ("GET", "/history", get_history),
+          ("GET", "/history/{prompt_id}", get_history_item), ("GET", "/view", get_view),
+          ("GET", "/system_stats", get_system_stats), ("GET", "/object_info", get_object_info),
+          ("GET", "/object_info/{node_class}", get_object_info), ("GET", "/embeddings", get_embeddings),
+          ("GET", "/ws", websocket)]
+
+
+def add_routes(app: web.Application) -> None:
+    """Each route at its path and under /api, as ComfyUI serves them."""
+    for prefix in ("", "/api"):
+        for method, path, handler in ROUTES:
+            app.router.add_route(method, prefix + path, handler)
+

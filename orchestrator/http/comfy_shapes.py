@@ -1,0 +1,95 @@
+"""ComfyUI's JSON shapes for jobs: WebSocket messages, `/history` entries, `/queue` items (as ComfyUI's server.py and
+execution.py write them; see docs/http.md for the fields)."""
+from __future__ import annotations
+
+from orchestrator.comfy_graph import ModelNames
+from orchestrator.http.views import STATE_ROLE, JobView
+
+IMAGE_FILE = "image.png"        # in the job folder; /view?filename=image.png&subfolder=JOB&type=output
+STAGE_ROLE = {"encoder": "positive", "scheduler": "sampler", "executor": "sampler", "vae": "decode"}  # a failure's node
+
+
+def ts(t: float) -> int:
+    return int(t * 1000)        # ComfyUI's message timestamps are in ms
+
+
+def images(job: JobView) -> list[dict]:
+    return [{"filename": IMAGE_FILE, "subfolder": job.id, "type": "output"}] if job.state == "done" else []
+
+
+def status(queue_remaining: int) -> dict:
+    return {"status": {"exec_info": {"queue_remaining": queue_remaining}}}
+
+
+def executing(job: JobView, node: str | None) -> tuple[str, dict]:
+    return "executing", {"node": node, "display_node": node, "prompt_id": job.id}
+
+
+def start(job: JobView) -> list[tuple[str, dict]]:
+    t = ts(job.info.updated)
+    return [("execution_start", {"prompt_id": job.id, "timestamp": t}),
+            ("execution_cached", {"nodes": [], "prompt_id": job.id, "timestamp": t})]
+
+
+def state_node(job: JobView) -> str | None:
+    role = STATE_ROLE.get(job.state)
+    return job.nodes[role] if role else None
+
+
+def progress(job: JobView) -> tuple[str, dict] | None:
+    p = job.info.progress
+    if p is None or job.state != "denoising":
+        return None
+    node = job.nodes["sampler"]
+    return "progress", {"value": p.step, "max": p.steps, "prompt_id": job.id, "node": node}
+
+
+def _node_type(job: JobView, node: str, names: ModelNames) -> str:
+    g = job.graph(names)
+    return str(g.get(node, {}).get("class_type", ""))
+
+
+def end(job: JobView, names: ModelNames) -> list[tuple[str, dict]]:
+    """What ComfyUI sends when a prompt ends: success (the SaveImage node's images), error, or interruption; then
+    `executing` with node None."""
+    save, t = job.nodes["save"], ts(job.info.updated)
+    out: list[tuple[str, dict]] = []
+    if job.state == "done":
+        out += [executing(job, save),
+                ("executed", {"node": save, "display_node": save, "output": {"images": images(job)},
+                              "prompt_id": job.id}),
+                ("execution_success", {"prompt_id": job.id, "timestamp": t})]
+    else:
+        node = job.nodes[STAGE_ROLE.get(job.info.error_stage, "sampler")]
+        base = {"prompt_id": job.id, "node_id": node, "node_type": _node_type(job, node, names), "executed": [],
+                "timestamp": t}
+        if job.state == "cancelled":
+            out.append(("execution_interrupted", base))
+        else:
+            out.append(("execution_error", {**base, "exception_message": job.info.error or "the job failed",
+                                            "exception_type": f"anima.{job.info.error_stage or 'orchestrator'}",
+                                            "traceback": [], "current_inputs": {}, "current_outputs": {}}))
+    out.append(executing(job, None))
+    return out
+
+
+def queue_item(job: JobView, names: ModelNames) -> list:
+    """[number, prompt_id, prompt, extra_data, outputs_to_execute]."""
+    extra = {"client_id": job.client_id} if job.client_id else {}
+    return [job.number, job.id, job.graph(names), extra, [job.nodes["save"]]]
+
+
+def history_entry(job: JobView, names: ModelNames) -> dict:
+    """One finished prompt: the queue item, its outputs by node id, its status and messages, meta."""
+    save = job.nodes["save"]
+    kind = {"done": "execution_success", "cancelled": "execution_interrupted"}.get(job.state, "execution_error")
+    messages = [["execution_start", {"prompt_id": job.id, "timestamp": ts(job.info.created)}],
+                [kind, {"prompt_id": job.id, "timestamp": ts(job.info.updated)}]]
+    if kind == "execution_error":
+        messages[-1][1].update(exception_message=job.info.error, exception_type=f"anima.{job.info.error_stage}")
+    return {"prompt": queue_item(job, names),
+            "outputs": {save: {"images": images(job)}} if job.state == "done" else {},
+            "status": {"status_str": "success" if job.state == "done" else "error", "completed": job.state == "done",
+                       "messages": messages},
+            "meta": {save: {"node_id": save, "display_node": save, "parent_node": None, "real_node_id": save}}
+            if job.state == "done" else {}}

@@ -1,0 +1,107 @@
+"""Request parsing and error answers shared by the APIs: every refusal is a 4xx JSON body with a message."""
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+from orchestrator.http.link import DaemonDown, DaemonRefused
+
+MAX_JSON_DEPTH = 32
+
+
+class BadRequest(Exception):
+    """A request refused with `status` (4xx) and a JSON `body`."""
+
+    def __init__(self, status: int, body: dict):
+        super().__init__(body.get("error") if isinstance(body.get("error"), str) else str(body))
+        self.status, self.body = status, body
+
+
+def refuse(status: int, message: str, **extra) -> BadRequest:
+    return BadRequest(status, {"error": message, **extra})
+
+
+def _depth(obj, limit: int) -> int:
+    stack, deepest = [(obj, 1)], 0
+    while stack:
+        o, d = stack.pop()
+        deepest = max(deepest, d)
+        if deepest > limit:
+            return deepest
+        if isinstance(o, dict):
+            stack += [(v, d + 1) for v in o.values()]
+        elif isinstance(o, list):
+            stack += [(v, d + 1) for v in o]
+    return deepest
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+async def read_json(request: web.Request, *, kind: type = dict):
+    """The body as JSON of type `kind`; 400 for anything else (size is capped by the app: 413)."""
+    raw = await request.read()
+    if not raw:
+        raise refuse(400, "the request has no body; send a JSON object")
+    try:
+        obj = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except UnicodeDecodeError as e:
+        raise refuse(400, f"the body is not UTF-8 (byte {e.start})") from None
+    except RecursionError:
+        raise refuse(400, "the JSON is nested too deeply") from None
+    except ValueError as e:
+        raise refuse(400, f"the body is not valid JSON: {e}") from None
+    if not isinstance(obj, kind):
+        raise refuse(400, f"the body must be a JSON {'object' if kind is dict else kind.__name__}")
+    if _depth(obj, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise refuse(400, f"the JSON is nested deeper than {MAX_JSON_DEPTH} levels")
+    return obj
+
+
+def from_daemon(e: Exception) -> BadRequest:
+    """A daemon refusal or silence as an HTTP answer: bad_request 400 (with the field), a full queue 429, an unknown
+    job 404, another refusal 409; no daemon 503."""
+    if isinstance(e, DaemonDown):
+        return refuse(503, str(e))
+    assert isinstance(e, DaemonRefused)
+    if e.code == "bad_request":
+        return refuse(400, e.message, field=e.field)
+    if e.code == "busy":
+        return refuse(429, e.message)
+    if e.unknown_job:
+        return refuse(404, e.message)
+    return refuse(409, e.message)
+
+
+def json_response(body, status: int = 200) -> web.Response:
+    return web.json_response(body, status=status, dumps=lambda o: json.dumps(o, ensure_ascii=False))
+
+
+# ---------------------------------------------------------------- the front's parts, as handlers reach them
+
+FRONT = web.AppKey("front", object)          # orchestrator.http.app.Front
+
+
+async def submit_job(front, spec: dict, origin: dict):
+    """Queue a prompt.json object through the daemon (it validates again and decides); the job is followed so its
+    end is announced. -> SUBMITTED."""
+    from protocol import messages as m
+    origin_json = json.dumps(origin, ensure_ascii=False)
+    if len(origin_json) > m.MAX_ORIGIN_CHARS:
+        raise refuse(413, f"the request is too large to keep with the job ({len(origin_json)} characters of JSON; "
+                          f"the limit is {m.MAX_ORIGIN_CHARS})")
+    sub = await front.link.call(m.Submit(prompt_json=json.dumps(spec, ensure_ascii=False),
+                                         base_dir=str(front.rf.root), origin=origin_json), m.Submitted)
+    front.tracker.follow(sub.job)
+    try:
+        await front.tracker.refresh()            # /queue and a new WebSocket's `status` count it from now on
+    except (DaemonDown, DaemonRefused):          # the job is queued; the next look will see it
+        pass
+    return sub
+
+
+async def cancel_job(front, job_id: str) -> str:
+    from protocol import messages as m
+    return (await front.link.call(m.Cancel(job=job_id), m.Ok)).note

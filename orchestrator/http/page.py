@@ -1,0 +1,108 @@
+"""The web page at `/` (plain HTML/JS/CSS from static/, no build step) and the small JSON API it uses:
+
+    GET  /anima/info                 sizes with packs (default first), defaults and limits, whether a token is needed
+    GET  /anima/jobs?before=&limit=  the newest jobs with their prompt, settings, state and file links (`more`)
+    POST /anima/jobs                 {prompt, negative_prompt, seed|null, steps, cfg, width, height, spectrum,
+                                      client_id} -> {"job", "seed", "position"}
+    POST /anima/jobs/{job}/cancel    -> {"note"}
+Live progress comes over /ws (`anima.progress`, `anima.job`, and ComfyUI's messages for the page's own jobs).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from aiohttp import web
+
+from orchestrator.http import files
+from orchestrator.http.common import FRONT, cancel_job, json_response, read_json, refuse, submit_job
+from orchestrator.http.views import JobView
+from orchestrator.jobs import JOB_ID_RE
+from orchestrator.prompt_spec import DEFAULT_CFG, DEFAULT_STEPS, MAX_CFG, MAX_PROMPT_CHARS, MAX_STEPS, SCHEDULERS
+from protocol import messages as m
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+PAGE_FIELDS = ("prompt", "negative_prompt", "seed", "steps", "cfg", "width", "height", "scheduler", "spectrum")
+MAX_PAGE = 48
+
+
+async def index(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+async def info(request: web.Request) -> web.Response:
+    front = request.app[FRONT]
+    pipe = await front.tracker.info()
+    return json_response({
+        "sizes": [[p.width, p.height] for p in pipe.packs], "blocks": {f"{p.width}x{p.height}": p.blocks
+                                                                       for p in pipe.packs},
+        "defaults": {"steps": DEFAULT_STEPS, "cfg": DEFAULT_CFG, "spectrum": True, "scheduler": SCHEDULERS[0]},
+        "limits": {"steps": MAX_STEPS, "cfg": MAX_CFG, "prompt_chars": MAX_PROMPT_CHARS},
+        "schedulers": list(SCHEDULERS), "max_queue": pipe.max_queue, "version": pipe.version,
+        "model": next((p.source_name for p in pipe.packs if p.source_name), "")})
+
+
+def job_json(front, job: JobView, blocks: int | None = None) -> dict:
+    """A job for the page: its settings, state, progress and the URLs of its files (those that exist)."""
+    urls = {}
+    for name in files.ALLOWED:
+        try:
+            path, _ = files.resolve(front.rf.jobs, name, job.id)
+        except (files.BadName, OSError):
+            continue
+        if os.path.isfile(path):
+            urls[name.split(".")[0]] = f"/view?filename={name}&subfolder={job.id}&type=output"
+    spec = {k: job.spec.get(k) for k in PAGE_FIELDS if k in job.spec}
+    if isinstance(spec.get("spectrum"), dict):
+        spec["spectrum"] = bool(spec["spectrum"].get("enabled"))
+    return {"job": job.id, "state": job.state, "created": job.info.created, "updated": job.info.updated,
+            "api": job.api, "error_stage": job.info.error_stage, "error": job.info.error, "spec": spec,
+            "progress": job.progress_fields(blocks), "files": urls}
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    front = request.app[FRONT]
+    before = request.query.get("before") or None
+    if before is not None and not JOB_ID_RE.match(before):
+        raise refuse(400, "before must be a job id")
+    try:
+        limit = int(request.query.get("limit", "24"))
+        if not 1 <= limit <= MAX_PAGE:
+            raise ValueError
+    except ValueError:
+        raise refuse(400, f"limit must be an integer in 1..{MAX_PAGE}") from None
+    reply = await front.link.call(m.Status(detail=True, before=before, limit=limit), m.Jobs)
+    jobs = [JobView.of(i) for i in reversed(reply.jobs)]                      # newest first
+    return json_response({"jobs": [job_json(front, j, front.tracker.blocks_of(j)) for j in jobs],
+                          "more": reply.more})
+
+
+async def post_job(request: web.Request) -> web.Response:
+    """The page's form: a prompt.json object (the daemon validates it: errors name the field) plus client_id."""
+    front = request.app[FRONT]
+    body = await read_json(request)
+    client_id = body.pop("client_id", None)
+    if client_id is not None and (not isinstance(client_id, str) or len(client_id) > 128):
+        raise refuse(400, "client_id must be a string of at most 128 characters", field="client_id")
+    unknown = sorted(set(body) - set(PAGE_FIELDS))
+    if unknown:
+        raise refuse(400, f"unknown field(s) {unknown}; allowed: {', '.join(PAGE_FIELDS)}", field=unknown[0])
+    sub = await submit_job(front, body, {"api": "page", "client_id": client_id})
+    return json_response({"job": sub.job, "seed": sub.seed, "position": sub.position})
+
+
+async def post_cancel(request: web.Request) -> web.Response:
+    front = request.app[FRONT]
+    job = request.match_info["job"]
+    if not JOB_ID_RE.match(job):
+        raise refuse(400, "not a job id")
+    return json_response({"note": await cancel_job(front, job)})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/", index)
+    app.router.add_static("/static/", STATIC_DIR, follow_symlinks=False, show_index=False)
+    app.router.add_get("/anima/info", info)
+    app.router.add_get("/anima/jobs", list_jobs)
+    app.router.add_post("/anima/jobs", post_job)
+    app.router.add_post("/anima/jobs/{job}/cancel", post_cancel)

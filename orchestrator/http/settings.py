@@ -1,0 +1,103 @@
+"""`[stage.http]` settings of the HTTP front, and the checks that keep it safe to start.
+
+    [stage.http]
+    host = "127.0.0.1"          # loopback by default; any other address needs token_file
+    port = 8188                 # 0: any free port (the one taken is written to RUN/http.json)
+    token_file = "http.token"   # a 0600 file holding the token (>= 16 characters); clients send
+                                # `Authorization: Bearer <token>` (or HTTP Basic with it as the password)
+    max_body_kb = 256           # request bodies larger than this get 413
+    request_timeout_s = 5.0     # one request to the daemon; no answer -> 503
+    poll_s = 0.25               # how often running jobs are looked at (progress over the WebSocket)
+"""
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol.security import is_loopback
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8188
+MIN_TOKEN_CHARS = 16
+
+# name -> (type, low, high, default); strings have no range
+SETTINGS = {
+    "host": (str, None, None, DEFAULT_HOST),
+    "port": (int, 0, 65535, DEFAULT_PORT),
+    "token_file": (str, None, None, None),
+    "max_body_kb": (int, 1, 65536, 256),
+    "request_timeout_s": (float, 0.1, 120.0, 5.0),
+    "poll_s": (float, 0.05, 10.0, 0.25),
+}
+
+
+class SettingsError(ValueError):
+    """A setting the front refuses to start with; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    token_file: Path | None = None
+    max_body_kb: int = 256
+    request_timeout_s: float = 5.0
+    poll_s: float = 0.25
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self.max_body_kb * 1024
+
+    @classmethod
+    def from_config(cls, cfg) -> "HttpSettings":
+        """From the pipeline config's [stage.http] table; token_file relative to the config file's folder."""
+        where = f"{cfg.path}: stage.http."
+        kw = {}
+        for key, value in cfg.stage_settings("http").items():
+            if key not in SETTINGS:
+                raise SettingsError(f"{where}{key}: unknown setting; known: {', '.join(SETTINGS)}")
+            typ, low, high, _ = SETTINGS[key]
+            ok = isinstance(value, str) if typ is str else (
+                isinstance(value, (int, float)) and not isinstance(value, bool) and (typ is float or
+                                                                                    isinstance(value, int)))
+            if not ok or (low is not None and not low <= value <= high):
+                rng = f" in [{low}, {high}]" if low is not None else ""
+                raise SettingsError(f"{where}{key}: expected {typ.__name__}{rng}, got {value!r}")
+            kw[key] = typ(value)
+        if "token_file" in kw:
+            p = Path(os.path.expanduser(kw["token_file"]))
+            kw["token_file"] = p if p.is_absolute() else (Path(cfg.path).parent / p).resolve()
+        return cls(**kw)
+
+    def token(self) -> str | None:
+        """The token clients must send, read from token_file (None when there is none). SettingsError when the file
+        is missing, readable by others, or too short."""
+        if self.token_file is None:
+            return None
+        where = f"stage.http.token_file {self.token_file}"
+        try:
+            st = os.stat(self.token_file)
+            text = self.token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise SettingsError(f"{where}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+        if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
+            raise SettingsError(f"{where}: mode {stat.S_IMODE(st.st_mode):04o}; it must be a file only its owner "
+                                f"can read (chmod 600)")
+        if len(text) < MIN_TOKEN_CHARS or any(c.isspace() for c in text):
+            raise SettingsError(f"{where}: the token must be one word of at least {MIN_TOKEN_CHARS} characters "
+                                f"(e.g. `openssl rand -hex 24 > {self.token_file}`)")
+        return text
+
+    def check(self) -> str | None:
+        """Safe to start? -> the token (or None on loopback without one). Another address than loopback needs one."""
+        token = self.token()
+        if token is None and not is_loopback(self.host):
+            raise SettingsError(f"stage.http.host {self.host!r} is not a loopback address: listening there needs a "
+                                f"token (set stage.http.token_file to a 0600 file holding it), or use 127.0.0.1")
+        return token
+
+    @property
+    def display_host(self) -> str:
+        return f"[{self.host}]" if ":" in self.host else self.host

@@ -1,0 +1,125 @@
+"""The real supervisord.conf, daemon and HTTP front with the stage logics replaced by tests/orch_doubles.py (no model
+math: jobs take well under a second), over fake packs (manifests only) of the sizes a test asks for.
+
+    with Doubles.start(tmp, sizes=[(64, 64), (64, 32)]) as d:
+        url = d.http_url()                   # the front listens on a free port (RUN/http.json)
+        job = d.submit({"prompt": "a girl", "seed": 3, "steps": 4})
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from models.config import PRESETS, DiTConfig
+from models.partition import branch_order
+from orchestrator.runfolder import RunFolder, init_run
+from orchestrator.supervisor import Supervisor
+from protocol import messages as m
+from protocol.arena import list_segments, run_prefix
+
+BIN = Path(sys.executable).parent
+DOUBLES = Path(__file__).resolve().parent / "orch_doubles.py"
+SOURCE = {"name": "synthetic.safetensors", "sha256": "ab" * 32}
+
+
+def fake_pack(d: Path, width: int = 64, height: int = 64) -> Path:
+    """A pack manifest (no weights: the doubles never read them) for width x height images, 2 blocks."""
+    cfg = PRESETS["tiny"]["dit"].to_dict()
+    cfg["blocks"] = 2
+    branches = [{"block": b, "kind": s.kind, "onnx": f"onnx/b{b:02d}_{s.kind}.onnx", "sha256": "0" * 64}
+                for b, s in branch_order(DiTConfig.from_dict(cfg))]
+    d.mkdir(parents=True)
+    (d / "manifest.json").write_text(json.dumps({
+        "schema": 1, "kind": "anima-dit-pack", "source": SOURCE, "config": cfg,
+        "resolution": {"width": width, "height": height}, "dtype": "fp32",
+        "host": {"file": "host.safetensors", "sha256": "0" * 64}, "branches": branches}))
+    return d
+
+
+class Doubles:
+    def __init__(self, root: Path, proc: subprocess.Popen):
+        self.root, self.proc = root, proc
+        self.rf = RunFolder.resolve(root / "run")
+        self.sup = Supervisor(self.rf.supervisor_sock)
+        self._client = None
+
+    @classmethod
+    def start(cls, root: Path, sizes=((64, 64),), extra_toml: str = "") -> "Doubles":
+        rf = init_run(root / "run")
+        conf = rf.supervisord_conf.read_text()
+        for stage in ("encoder", "scheduler", "executor", "vae"):
+            conf = conf.replace(f"-m stages.{stage} ", f"{DOUBLES} {stage} ")
+        rf.supervisord_conf.write_text(conf)
+        packs = [fake_pack(root / f"pack{w}x{h}", w, h) for w, h in sizes]
+        more = ", ".join(f'"{p}"' for p in packs[1:])
+        rf.pipeline_toml.write_text(f'run_dir = "."\npack_dir = "{packs[0]}"\npacks = [{more}]\nthreads = 1\n'
+                                    "[timeouts]\nrequest_s = 2.0\n"
+                                    "[stage.orchestrator]\nsample_interval_s = 0.05\nstart_timeout_s = 30\n"
+                                    f"stage_retries = 1\n[stage.http]\nport = 0\npoll_s = 0.1\n{extra_toml}")
+        proc = subprocess.Popen([str(BIN / "supervisord"), "-n", "-c", str(rf.supervisord_conf)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        d = cls(root, proc)
+        try:
+            d._wait_up()
+        except BaseException:
+            d.stop()
+            raise
+        return d
+
+    def _wait_up(self) -> None:
+        deadline = time.monotonic() + 60
+        while not self.rf.supervisor_sock.exists():
+            assert time.monotonic() < deadline and self.proc.poll() is None, "supervisord did not start"
+            time.sleep(0.05)
+        for name in ("orchestrator", "scheduler", "executor", "http"):
+            self.sup.wait_state(name, ("RUNNING",), 60)
+        while not (self.rf.daemon_sock.exists() and self.rf.http_json.exists()):
+            assert time.monotonic() < deadline, f"daemon or front never came up\n{self.logs()}"
+            time.sleep(0.05)
+
+    def http_url(self) -> str:
+        return json.loads(self.rf.http_json.read_text())["url"]
+
+    def client(self):
+        from orchestrator.cli import DaemonClient
+        if self._client is None:
+            self._client = DaemonClient(self.rf, timeout_s=5.0)
+        return self._client
+
+    def submit(self, prompt: dict) -> str:
+        return self.client().call(m.Submit(prompt_json=json.dumps(prompt), base_dir=str(self.root)), m.Submitted).job
+
+    def status(self, **kw) -> m.Jobs:
+        return self.client().call(m.Status(**kw), m.Jobs)
+
+    def flag(self, name: str, value: str | None) -> None:
+        """A switch of tests/orch_doubles.py (e.g. double_step_s); None removes it."""
+        p = self.rf.root / name
+        p.unlink(missing_ok=True) if value is None else p.write_text(value)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in self.rf.logs.glob("*.log"))
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        try:
+            self.sup.shutdown()
+            self.proc.wait(timeout=60)
+        except Exception:  # noqa: BLE001 - tear down whatever state it is in
+            self.proc.kill()
+            self.proc.wait()
+        leaked = list_segments(run_prefix(self.rf.root))
+        shutil.rmtree(self.root, ignore_errors=True)
+        assert leaked == [], f"shared-memory segments outlived the run: {leaked}"
+
+    def __enter__(self) -> "Doubles":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,267 @@
+"""The HTTP front over the real daemon and supervisord with stand-in stages (tests/orch_doubles.py: jobs in well under
+a second), two fake packs: ComfyUI's WebSocket messages and /history, /queue, /view shapes; several sizes in one run
+folder; interrupt; the queue limit; a daemon that is down is 503; STATUS detail/paging and INFO."""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import websocket
+from PIL import Image
+
+from orchestrator.comfy_graph import CANONICAL_IDS
+from tests.comfy_graphs import standard_graph
+from tests.doubles_harness import SOURCE, Doubles
+
+SIZES = [(64, 64), (64, 32)]
+NAMES = {"unet": SOURCE["name"], "clip": "any-te.safetensors", "vae": "any-vae.safetensors"}
+
+
+@pytest.fixture(scope="module")
+def doubles():
+    root = Path(tempfile.mkdtemp(prefix="anima-httpd-"))
+    d = Doubles.start(root, SIZES)
+    try:
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def d(doubles):
+    doubles.flag("double_step_s", None)
+    yield doubles
+
+
+def graph(**kw) -> dict:
+    return standard_graph(**{"width": 64, "height": 64, "steps": 3, "names": NAMES, **kw})
+
+
+class Listener:
+    """A raw ComfyUI WebSocket client (websocket-client) collecting every message on a thread."""
+
+    def __init__(self, url: str, client_id: str):
+        self.ws = websocket.create_connection(url.replace("http://", "ws://") + f"ws?clientId={client_id}",
+                                              timeout=60)
+        self.messages: list[dict] = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        try:
+            while True:
+                self.messages.append(json.loads(self.ws.recv()))
+        except Exception:  # noqa: BLE001 - closed
+            pass
+
+    def wait(self, pred, timeout_s=60.0) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for msg in list(self.messages):
+                if pred(msg):
+                    return msg
+            time.sleep(0.02)
+        raise AssertionError(f"no such message in {timeout_s} s; got {[m['type'] for m in self.messages]}")
+
+    def close(self):
+        self.ws.close()
+
+
+def _wait_job(d: Doubles, job: str, states=("done", "failed", "cancelled"), timeout_s=60.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = d.status(job=job).jobs[0]
+        if info.state in states:
+            return info
+        time.sleep(0.05)
+    raise AssertionError(f"job {job} never reached {states}\n{d.logs()}")
+
+
+def test_comfy_messages_history_queue_and_view(d):
+    url = d.http_url()
+    ws = Listener(url, "client-a")
+    try:
+        first = ws.wait(lambda m: m["type"] == "status")
+        assert first["data"] == {"status": {"exec_info": {"queue_remaining": 0}}, "sid": "client-a"}
+        d.flag("double_step_s", "0.3")
+        g = graph()
+        r = requests.post(url + "prompt", json={"prompt": g, "client_id": "client-a"}, timeout=30)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        job = body["prompt_id"]
+        assert body["node_errors"] == {} and isinstance(body["number"], int)
+        # while it runs: /queue holds it with the graph as sent, /prompt counts it
+        ws.wait(lambda m: m["type"] == "progress")
+        q = requests.get(url + "queue", timeout=30).json()
+        assert [i[1] for i in q["queue_running"]] == [job] and q["queue_pending"] == []
+        number, pid, prompt, extra, outputs = q["queue_running"][0]
+        assert prompt == g and extra == {"client_id": "client-a"} and outputs == ["9"]
+        assert requests.get(url + "api/prompt", timeout=30).json() == {"exec_info": {"queue_remaining": 1}}
+        assert requests.get(url + f"history/{job}", timeout=30).json() == {}      # not finished: no history yet
+        end = ws.wait(lambda m: m["type"] == "executing" and m["data"]["node"] is None)
+        assert end["data"]["prompt_id"] == job
+    finally:
+        ws.close()
+    seq = [(m["type"], m["data"].get("node")) for m in ws.messages if m["data"].get("prompt_id") == job]
+    kinds = [k for k, _ in seq]
+    # the order ComfyUI sends them in, with the client's own node ids
+    assert kinds[:2] == ["execution_start", "execution_cached"]
+    executing = [n for k, n in seq if k == "executing"]
+    assert executing == ["6", "3", "8", "9", None], seq
+    assert kinds.index("executed") < kinds.index("execution_success") < len(kinds) - 1
+    progress = [m["data"] for m in ws.messages if m["type"] == "progress"]
+    assert [p["value"] for p in progress] == sorted(p["value"] for p in progress) and progress[-1]["max"] == 3
+    assert all(p["node"] == "3" and p["prompt_id"] == job for p in progress)
+    executed = next(m["data"] for m in ws.messages if m["type"] == "executed")
+    assert executed == {"node": "9", "display_node": "9", "prompt_id": job,
+                        "output": {"images": [{"filename": "image.png", "subfolder": job, "type": "output"}]}}
+    assert ws.messages[-1] == {"type": "status", "data": {"status": {"exec_info": {"queue_remaining": 0}}}}
+    assert any(m["type"] == "anima.progress" and m["data"]["job"] == job for m in ws.messages)
+    # history and view, with and without /api
+    h = requests.get(url + f"api/history/{job}", timeout=30).json()
+    entry = h[job]
+    assert entry["prompt"][1] == job and entry["prompt"][2] == g and entry["prompt"][4] == ["9"]
+    assert entry["outputs"] == {"9": {"images": [{"filename": "image.png", "subfolder": job, "type": "output"}]}}
+    assert entry["status"]["status_str"] == "success" and entry["status"]["completed"] is True
+    assert [m[0] for m in entry["status"]["messages"]] == ["execution_start", "execution_success"]
+    assert job in requests.get(url + "history?max_items=5", timeout=30).json()
+    img = requests.get(url + "view", params={"filename": "image.png", "subfolder": job, "type": "output"}, timeout=30)
+    assert img.status_code == 200 and img.headers["Content-Type"] == "image/png"
+    assert img.content == (d.rf.jobs / job / "image.png").read_bytes()
+
+
+def test_sizes_pick_their_pack(d):
+    """A job runs on the pack of its size (the doubles' latent and PNG follow the pack's geometry); a size without a
+    pack is refused at submit naming the sizes there are."""
+    url = d.http_url()
+    info = requests.get(url + "anima/info", timeout=30).json()
+    assert info["sizes"] == [[64, 64], [64, 32]]
+    jobs = {}
+    for w, h in SIZES:
+        r = requests.post(url + "anima/jobs", json={"prompt": "a girl", "seed": 1, "steps": 2, "width": w,
+                                                    "height": h}, timeout=30)
+        assert r.status_code == 200, r.text
+        jobs[(w, h)] = r.json()["job"]
+    r = requests.post(url + "anima/jobs", json={"prompt": "a girl", "steps": 2}, timeout=30)
+    jobs["default"] = r.json()["job"]
+    for size, job in jobs.items():
+        assert _wait_job(d, job).state == "done"
+        w, h = (64, 64) if size == "default" else size
+        assert np.load(d.rf.jobs / job / "latent.npy").shape == (16, h // 8, w // 8)
+        assert Image.open(d.rf.jobs / job / "image.png").size == (w, h)
+    r = requests.post(url + "anima/jobs", json={"prompt": "a girl", "width": 128, "height": 128}, timeout=30)
+    assert r.status_code == 400 and r.json()["field"] == "width"
+    assert "128x128 has no model pack; the sizes with a pack: 64x64, 64x32" in r.json()["error"]
+    g = graph(width=128, height=128)
+    r = requests.post(url + "prompt", json={"prompt": g}, timeout=30)
+    assert r.status_code == 400
+    err = r.json()["node_errors"]["5"]["errors"][0]
+    assert "128x128 has no model pack" in err["details"] and "64x64, 64x32" in err["details"]
+
+
+def test_interrupt_and_the_queue_limit(d):
+    url = d.http_url()
+    d.flag("double_step_s", "5")
+    ws = Listener(url, "client-i")
+    try:
+        job = requests.post(url + "prompt", json={"prompt": graph(), "client_id": "client-i"}, timeout=30).json()
+        job = job["prompt_id"]
+        ws.wait(lambda m: m["type"] == "progress" and m["data"]["prompt_id"] == job)
+        # a second one waits; A1111 progress reports the running one
+        queued = requests.post(url + "prompt", json={"prompt": graph(seed=9)}, timeout=30).json()["prompt_id"]
+        p = requests.get(url + "sdapi/v1/progress", timeout=30).json()
+        assert p["state"]["job"] == job and p["state"]["job_count"] == 2 and 0 < p["progress"] < 1
+        # interrupt names another prompt: nothing happens
+        assert requests.post(url + "interrupt", json={"prompt_id": queued}, timeout=30).status_code == 200
+        assert d.status(job=job).jobs[0].state == "denoising"
+        assert requests.post(url + "interrupt", timeout=30).status_code == 200
+        msg = ws.wait(lambda m: m["type"] == "execution_interrupted")
+        assert msg["data"]["prompt_id"] == job and msg["data"]["node_id"] == "3"
+        assert msg["data"]["node_type"] == "KSampler"
+        ws.wait(lambda m: m["type"] == "executing" and m["data"]["node"] is None)
+        h = requests.get(url + f"history/{job}", timeout=30).json()[job]
+        assert h["status"]["status_str"] == "error" and h["outputs"] == {}
+        assert h["status"]["messages"][-1][0] == "execution_interrupted"
+        # A1111 interrupt: the queued one is now running and gets cancelled
+        _wait_job(d, queued, ("denoising",))
+        assert requests.post(url + "sdapi/v1/interrupt", timeout=30).json() == {}
+        assert _wait_job(d, queued).state == "cancelled"
+    finally:
+        ws.close()
+        d.flag("double_step_s", None)
+    # the queue limit (16 queued or running jobs) holds through the front: 429, nothing more queued
+    d.flag("double_step_s", "5")
+    try:
+        held = [d.submit({"prompt": "hold", "steps": 1, "seed": i}) for i in range(16)]
+        r = requests.post(url + "anima/jobs", json={"prompt": "one too many"}, timeout=30)
+        assert r.status_code == 429 and "queue is full" in r.json()["error"]
+        r = requests.post(url + "prompt", json={"prompt": graph()}, timeout=30)
+        assert r.status_code == 429
+        assert len(d.status(active=True).jobs) == 16
+    finally:
+        for job in held:
+            requests.post(url + f"anima/jobs/{job}/cancel", timeout=30)
+        d.flag("double_step_s", None)
+        for job in held:
+            _wait_job(d, job)
+
+
+def test_status_detail_paging_and_info(d):
+    """STATUS with detail carries spec and origin; `before`/`limit` page back through the jobs; INFO lists packs."""
+    from protocol import messages as m
+    jobs = [d.submit({"prompt": f"p{i}", "seed": i, "steps": 1}) for i in range(3)]
+    for job in jobs:
+        _wait_job(d, job)
+    page = d.status(detail=True, limit=2)
+    assert [j.job for j in page.jobs] == jobs[1:] and page.more
+    older = d.status(detail=True, limit=2, before=jobs[1])
+    assert older.jobs[-1].job == jobs[0]
+    spec = json.loads(page.jobs[-1].spec_json)
+    assert spec["prompt"] == "p2" and spec["width"] == 64 and spec["seed"] == 2
+    assert page.jobs[-1].origin == ""                       # submitted by the CLI: no origin
+    assert d.status(limit=2).jobs[-1].spec_json == ""       # no detail: no spec
+    info = d.client().call(m.Info(), m.Pipeline)
+    assert [(p.width, p.height) for p in info.packs] == SIZES and info.packs[0].blocks == 2
+    assert info.packs[0].source_name == SOURCE["name"] and info.max_queue == 16
+
+
+def test_daemon_down_is_503_then_back(d):
+    url = d.http_url()
+    d.sup.stop("orchestrator")
+    try:
+        for method, path, body in (("GET", "queue", None), ("POST", "prompt", {"prompt": graph()}),
+                                   ("GET", "history", None), ("POST", "sdapi/v1/txt2img", {"prompt": "x"}),
+                                   ("GET", "anima/jobs", None)):
+            t0 = time.monotonic()
+            r = requests.request(method, url + path, json=body, timeout=30)
+            assert r.status_code == 503, (path, r.status_code, r.text)
+            assert "daemon" in r.json()["error"] and time.monotonic() - t0 < 10
+        assert requests.get(url, timeout=30).status_code == 200      # the page itself is still served
+    finally:
+        d.sup.start("orchestrator")
+    deadline = time.monotonic() + 60
+    while requests.get(url + "queue", timeout=30).status_code != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert d.sup.info("http").state == "RUNNING"
+
+
+def test_graph_job_keeps_canonical_ids_for_cli_jobs(d):
+    """A job not from ComfyUI shows as the canonical graph (comfy_graph.job_to_graph) in /history."""
+    url = d.http_url()
+    job = d.submit({"prompt": "from the cli", "seed": 4, "steps": 2})
+    _wait_job(d, job)
+    entry = requests.get(url + f"history/{job}", timeout=30).json()[job]
+    g = entry["prompt"][2]
+    assert g[CANONICAL_IDS["positive"]]["inputs"]["text"] == "from the cli"
+    assert g[CANONICAL_IDS["sampler"]]["inputs"]["seed"] == 4
+    assert entry["outputs"] == {CANONICAL_IDS["save"]: {"images": [{"filename": "image.png", "subfolder": job,
+                                                                    "type": "output"}]}}
