@@ -123,12 +123,7 @@ class BranchClient:
         return ys, times
 
     def eta_s(self, step: int, block: int, kind: str, elapsed_s: float) -> float:
-        """Denoising time left: the branch calls still to come (this step's, then every later computed step's) at
-        the mean wall time per call so far (host ops and transport included; forecast steps cost ~nothing)."""
-        per_step = 3 * self.runner.cfg.blocks
-        left = (self.runner.cfg.blocks - 1 - block) * 3 + (2 - KINDS.index(kind))
-        left += per_step * sum(1 for s in self.computed_steps if s > step)
-        return elapsed_s / self.calls * left
+        return eta_s(self.calls, elapsed_s, calls_left(step, block, kind, self.runner.cfg.blocks, self.computed_steps))
 
     def _request(self, req: m.Branch) -> m.BranchDone:
         """Lazy Pirate with a liveness watch: a dead executor is seen within LIVENESS heartbeats and the call is resent
@@ -168,6 +163,19 @@ class BranchClient:
                 raise RequestFailed(f"executor answered block {reply.block} {reply.branch}, expected {req.block} "
                                     f"{req.branch}", field="executor")
             return reply
+
+
+def calls_left(step: int, block: int, kind: str, blocks: int, computed_steps) -> int:
+    """Branch calls still to come after (step, block, kind): the rest of this step, then every later computed step's
+    (forecast steps make none)."""
+    rest = (blocks - 1 - block) * len(KINDS) + (len(KINDS) - 1 - KINDS.index(kind))
+    return rest + len(KINDS) * blocks * sum(1 for s in computed_steps if s > step)
+
+
+def eta_s(calls_done: int, elapsed_s: float, left: int) -> float:
+    """Denoising time left: the calls to come at the mean wall time per call so far (host ops and transport
+    included)."""
+    return elapsed_s / max(calls_done, 1) * left
 
 
 def _state_nbytes(state) -> int:

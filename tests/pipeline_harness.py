@@ -52,10 +52,11 @@ def tiny_assets(cache: Path, resolution: tuple[int, int] = (128, 128), dtype: st
 
 
 def pipeline_toml(pack: Path, models: Path, *, threads: int = 1, branch_timeout_s: float = 20.0,
-                  extra: str = "") -> str:
+                  extra: str = "", packs=()) -> str:
     """The config the harness runs: real stages, the executor's trace on, short timeouts so deaths show quickly; the
     HTTP front on a free port (RUN/http.json says which), so runs side by side never clash."""
-    return (f'run_dir = "."\npack_dir = "{pack}"\nmodels_dir = "{models}"\nthreads = {threads}\n'
+    more = "".join(f'"{p}", ' for p in packs)
+    return (f'run_dir = "."\npack_dir = "{pack}"\npacks = [{more}]\nmodels_dir = "{models}"\nthreads = {threads}\n'
             f'[timeouts]\nrequest_s = 5.0\nretries = 3\n'
             f'[stage.executor]\ntrace = "{TRACE_FILE}"\n'
             f'[stage.scheduler]\nbranch_timeout_s = {branch_timeout_s}\n'
@@ -76,11 +77,11 @@ class Pipeline:
 
     @classmethod
     def start(cls, models: Path, pack: Path, *, threads: int = 1, branch_timeout_s: float = 20.0, extra_toml: str = "",
-              keep: bool = False) -> "Pipeline":
+              keep: bool = False, packs=()) -> "Pipeline":
         root = Path(tempfile.mkdtemp(prefix="anima-e2e-", dir="/tmp"))
         rf = init_run(root, python=sys.executable)
         rf.pipeline_toml.write_text(pipeline_toml(pack, models, threads=threads, branch_timeout_s=branch_timeout_s,
-                                                  extra=extra_toml))
+                                                  extra=extra_toml, packs=packs))
         proc = subprocess.Popen([str(BIN / "supervisord"), "-n", "-c", str(rf.supervisord_conf)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         p = cls(root, proc, keep)
@@ -133,6 +134,15 @@ class Pipeline:
         self.stop()
 
     # ------------------------------------------------------------ jobs
+
+    def http_url(self, timeout_s: float = 120.0) -> str:
+        """The HTTP front's base URL (it listens on a free port and says which in RUN/http.json)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.rf.http_json.exists():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the HTTP front never came up\n{self.logs()}")
+            time.sleep(POLL_S)
+        return json.loads(self.rf.http_json.read_text())["url"]
 
     def client(self):
         from orchestrator.cli import DaemonClient

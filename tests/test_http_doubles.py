@@ -265,3 +265,19 @@ def test_graph_job_keeps_canonical_ids_for_cli_jobs(d):
     assert g[CANONICAL_IDS["sampler"]]["inputs"]["seed"] == 4
     assert entry["outputs"] == {CANONICAL_IDS["save"]: {"images": [{"filename": "image.png", "subfolder": job,
                                                                     "type": "output"}]}}
+
+
+def test_page_api_keeps_64_bit_seeds(d):
+    """The page sends seeds as digits (a JavaScript number holds 53 bits); the daemon gets the exact integer back."""
+    url = d.http_url()
+    seed = str(2**64 - 1)
+    r = requests.post(url + "anima/jobs", json={"prompt": "a girl", "seed": seed, "steps": 1}, timeout=30)
+    assert r.status_code == 200 and r.json()["seed"] == seed
+    job = r.json()["job"]
+    _wait_job(d, job)
+    assert json.loads(d.status(job=job, detail=True).jobs[0].spec_json)["seed"] == 2**64 - 1
+    listed = requests.get(url + "anima/jobs?limit=1", timeout=30).json()["jobs"][0]
+    assert listed["job"] == job and listed["spec"]["seed"] == seed and listed["files"]["image"].endswith(job + "&type=output")
+    for bad in ("12a", "-1", "1" * 21):
+        r = requests.post(url + "anima/jobs", json={"prompt": "a girl", "seed": bad}, timeout=30)
+        assert r.status_code == 400 and r.json()["field"] == "seed", r.text

@@ -91,3 +91,27 @@ def test_run_folder_must_be_private_and_short(tmp_path):
     assert 'pack_dir = "' in rf.pipeline_toml.read_text()
     from stages.config import load_config
     assert load_config(rf.pipeline_toml).run_dir == rf.root
+
+
+def test_init_with_several_packs(tmp_path, capsys):
+    """`init --pack P1 --pack P2`: the first is the default (pack_dir), the others `packs`; every process reads the
+    same list; two packs of one size are refused before anything is written."""
+    from stages.config import load_config
+    from tests.doubles_harness import fake_pack
+    a, b, c = fake_pack(tmp_path / "a", 64, 64), fake_pack(tmp_path / "b", 64, 32), fake_pack(tmp_path / "c", 64, 64)
+    run = tmp_path / "run"
+    assert cli.main(["--run", str(run), "init", "--pack", str(a), "--pack", str(b)]) == 0
+    cfg = load_config(run / "pipeline.toml")
+    assert cfg.pack_dir == a and cfg.packs == (a, b)
+    from orchestrator.pipeline import pack_sizes
+    assert pack_sizes(RunFolder.resolve(run)) == [(64, 64), (64, 32)]
+    other = tmp_path / "run2"
+    capsys.readouterr()
+    assert cli.main(["--run", str(other), "init", "--pack", str(a), "--pack", str(c)]) == 2
+    err = capsys.readouterr().err
+    assert "are both 64x64; keep one pack per image size" in err and not other.exists()
+    # submit checks a prompt against the packs' sizes (no daemon needed to refuse it)
+    f = tmp_path / "p.json"
+    f.write_text('{"prompt": "a", "width": 128, "height": 128}')
+    assert cli.main(["--run", str(run), "submit", str(f)]) == 2
+    assert "128x128 has no model pack; the sizes with a pack: 64x64, 64x32" in capsys.readouterr().err

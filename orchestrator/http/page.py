@@ -2,8 +2,9 @@
 
     GET  /anima/info                 sizes with packs (default first), defaults and limits, whether a token is needed
     GET  /anima/jobs?before=&limit=  the newest jobs with their prompt, settings, state and file links (`more`)
-    POST /anima/jobs                 {prompt, negative_prompt, seed|null, steps, cfg, width, height, spectrum,
-                                      client_id} -> {"job", "seed", "position"}
+    POST /anima/jobs                 {prompt, negative_prompt, seed (digits)|null, steps, cfg, width, height,
+                                      spectrum, client_id} -> {"job", "seed", "position"}
+Seeds travel as strings of digits here: 64-bit seeds do not fit a JavaScript number.
     POST /anima/jobs/{job}/cancel    -> {"note"}
 Live progress comes over /ws (`anima.progress`, `anima.job`, and ComfyUI's messages for the page's own jobs).
 """
@@ -53,6 +54,8 @@ def job_json(front, job: JobView, blocks: int | None = None) -> dict:
         if os.path.isfile(path):
             urls[name.split(".")[0]] = f"/view?filename={name}&subfolder={job.id}&type=output"
     spec = {k: job.spec.get(k) for k in PAGE_FIELDS if k in job.spec}
+    if "seed" in spec:
+        spec["seed"] = str(spec["seed"])                 # 64-bit seeds do not fit a JavaScript number
     if isinstance(spec.get("spectrum"), dict):
         spec["spectrum"] = bool(spec["spectrum"].get("enabled"))
     return {"job": job.id, "state": job.state, "created": job.info.created, "updated": job.info.updated,
@@ -87,8 +90,13 @@ async def post_job(request: web.Request) -> web.Response:
     unknown = sorted(set(body) - set(PAGE_FIELDS))
     if unknown:
         raise refuse(400, f"unknown field(s) {unknown}; allowed: {', '.join(PAGE_FIELDS)}", field=unknown[0])
+    seed = body.get("seed")
+    if isinstance(seed, str):                            # the page sends digits: a JavaScript number loses bits
+        if not (seed.isascii() and seed.isdigit() and len(seed) <= 20):
+            raise refuse(400, "seed must be a whole number", field="seed")
+        body["seed"] = int(seed)
     sub = await submit_job(front, body, {"api": "page", "client_id": client_id})
-    return json_response({"job": sub.job, "seed": sub.seed, "position": sub.position})
+    return json_response({"job": sub.job, "seed": str(sub.seed), "position": sub.position})
 
 
 async def post_cancel(request: web.Request) -> web.Response:

@@ -48,7 +48,7 @@ function formBody() {
   const body = { prompt: $("prompt").value, negative_prompt: $("negative").value, steps: Number($("steps").value),
                  cfg: Number($("cfg").value), width: w, height: h, spectrum: $("spectrum").checked,
                  client_id: clientId };
-  if ($("seed").value.trim() !== "") body.seed = Number($("seed").value);
+  if ($("seed").value.trim() !== "") body.seed = $("seed").value.trim();   // digits: 64-bit seeds overflow a Number
   return body;
 }
 

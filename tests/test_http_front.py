@@ -1,0 +1,223 @@
+"""The HTTP front on the real pipeline (supervisord, the real stages, the tiny bundle at 128x128), driven by third-party
+clients from the package index, unchanged: comfy-api-simplified (ComfyUI's API: POST /prompt, /ws, /history, /view)
+and webuiapi (A1111's: /sdapi/v1/txt2img). Malformed requests to both APIs while a job runs all get a 4xx with a
+message, queue nothing, and the job ends with the latent an undisturbed job of the same prompt gave."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+from PIL import Image
+
+from protocol import messages as m
+from tests.comfy_graphs import edited, standard_graph
+from tests.pipeline_harness import Pipeline, tiny_assets
+
+JOB_S = 600.0
+PROMPT, NEGATIVE, SEED, STEPS, CFG = "1girl, silver hair, (blue eyes:1.2)", "worst quality", 4321, 3, 4.0
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    cache = Path(tempfile.mkdtemp(prefix="anima-http-assets-"))
+    p = None
+    try:
+        models, pack = tiny_assets(cache)
+        p = Pipeline.start(models, pack, threads=1)
+        p.http_url()
+        yield p
+    finally:
+        if p is not None:
+            assert p.stop() == [], "processes of the run outlived supervisord's shutdown"
+            assert p.leftover_segments() == []
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def url_of(p: Pipeline) -> str:
+    return p.http_url()
+
+
+def _names(url: str) -> dict:
+    """The loader file names, read from /object_info as a ComfyUI client would."""
+    info = requests.get(url + "object_info", timeout=30).json()
+    first = lambda cls, name: info[cls]["input"]["required"][name][0][0]  # noqa: E731
+    return {"unet": first("UNETLoader", "unet_name"), "clip": first("CLIPLoader", "clip_name"),
+            "vae": first("VAELoader", "vae_name")}
+
+
+@pytest.fixture(scope="module")
+def reference_job(pipe):
+    """Job A: the standard Anima API graph through comfy-api-simplified, undisturbed. -> (job id, PNG bytes)."""
+    from comfy_api_simplified import ComfyApiWrapper, ComfyWorkflowWrapper
+    url = url_of(pipe)
+    api = ComfyApiWrapper(url.rstrip("/"))
+    graph = standard_graph(prompt=PROMPT, negative=NEGATIVE, seed=SEED, steps=STEPS, cfg=CFG, names=_names(url))
+    wf = ComfyWorkflowWrapper(graph)
+    wf.set_node_param("KSampler", "steps", STEPS)              # the client's own editing API works on our graph
+    images = api.queue_and_wait_images(wf, "Save Image")
+    assert list(images) == ["image.png"]
+    job = pipe.client().call(m.Status(limit=1), m.Jobs).jobs[-1]
+    assert job.state == "done"
+    return job.job, images["image.png"]
+
+
+def test_comfy_client_gets_the_image(pipe, reference_job):
+    job, png = reference_job
+    url = url_of(pipe)
+    assert png == (pipe.job_dir(job) / "image.png").read_bytes()
+    im = Image.open(io.BytesIO(png))
+    assert im.size == (128, 128) and "parameters" in im.text and f"Seed: {SEED}" in im.text["parameters"]
+    from comfy_api_simplified import ComfyApiWrapper
+    api = ComfyApiWrapper(url.rstrip("/"))
+    h = api.get_history(job)[job]
+    assert h["status"]["status_str"] == "success" and h["outputs"]["9"]["images"][0]["subfolder"] == job
+    assert api.get_image("image.png", job, "output") == png
+    assert api.get_queue() == {"queue_running": [], "queue_pending": []}
+    assert set(api.get_object_info("KSampler")["KSampler"]["input"]["required"]) >= {"seed", "steps", "cfg"}
+    assert api.get_system_stats()["devices"][0]["name"].startswith("onnx")
+    assert api.get_embeddings() == []
+
+
+def _malformed(url: str, job_dir_name: str) -> list[tuple[str, str, str, dict, tuple]]:
+    """(name, method, path, request kwargs, accepted statuses): >= 30 bad requests over both APIs and the page's."""
+    g = standard_graph(prompt=PROMPT, names=_names(url))
+    big = {"prompt": "x", "pad": "y" * 300_000}
+    deep = "[" * 200 + "]" * 200
+    return [
+        ("comfy not json", "POST", "prompt", {"data": b"{not json"}, (400,)),
+        ("comfy empty body", "POST", "prompt", {"data": b""}, (400,)),
+        ("comfy array", "POST", "prompt", {"json": [1, 2]}, (400,)),
+        ("comfy no prompt", "POST", "prompt", {"json": {"client_id": "x"}}, (400,)),
+        ("comfy prompt is text", "POST", "prompt", {"json": {"prompt": "a cat"}}, (400,)),
+        ("comfy unknown node", "POST", "prompt", {"json": {"prompt": {**g, "20": {"class_type": "LoraLoader",
+                                                                               "inputs": {}}}}}, (400,)),
+        ("comfy steps 0", "POST", "prompt", {"json": {"prompt": edited(g, "3", steps=0)}}, (400,)),
+        ("comfy steps 10000", "POST", "prompt", {"json": {"prompt": edited(g, "3", steps=10000)}}, (400,)),
+        ("comfy sampler", "POST", "prompt", {"json": {"prompt": edited(g, "3", sampler_name="dpmpp_2m")}}, (400,)),
+        ("comfy size without pack", "POST", "prompt", {"json": {"prompt": edited(g, "5", width=512, height=512)}},
+         (400,)),
+        ("comfy denoise", "POST", "prompt", {"json": {"prompt": edited(g, "3", denoise=0.4)}}, (400,)),
+        ("comfy batch", "POST", "prompt", {"json": {"prompt": edited(g, "5", batch_size=4)}}, (400,)),
+        ("comfy missing input", "POST", "prompt", {"json": {"prompt": edited(g, "3", positive=...)}}, (400,)),
+        ("comfy dangling link", "POST", "prompt", {"json": {"prompt": edited(g, "8", vae=["77", 0])}}, (400,)),
+        ("comfy NaN", "POST", "prompt", {"data": json.dumps({"prompt": g}).replace('"cfg": 4.0', '"cfg": NaN')},
+         (400,)),
+        ("comfy long text", "POST", "prompt", {"json": {"prompt": edited(g, "6", text="x" * 5000)}}, (400,)),
+        ("comfy client_id type", "POST", "prompt", {"json": {"prompt": g, "client_id": 12}}, (400,)),
+        ("comfy too large", "POST", "prompt", {"json": big}, (413,)),
+        ("comfy too deep", "POST", "prompt", {"data": deep}, (400,)),
+        ("comfy bad utf-8", "POST", "prompt", {"data": b'{"prompt": "\xff\xfe"}'}, (400,)),
+        ("view dotdot", "GET", "view", {"params": {"filename": "../../etc/passwd", "type": "output"}}, (400,)),
+        ("view subfolder dotdot", "GET", "view", {"params": {"filename": "image.png", "subfolder": "../..",
+                                                             "type": "output"}}, (400,)),
+        ("view absolute", "GET", "view", {"params": {"filename": "/etc/passwd"}}, (400,)),
+        ("view type input", "GET", "view", {"params": {"filename": "image.png", "subfolder": job_dir_name,
+                                                       "type": "input"}}, (400,)),
+        ("view job.json", "GET", "view", {"params": {"filename": "job.json", "subfolder": job_dir_name}}, (404,)),
+        ("view no filename", "GET", "view", {}, (404,)),
+        ("history max_items", "GET", "history", {"params": {"max_items": "many"}}, (400,)),
+        ("interrupt array", "POST", "interrupt", {"json": [1]}, (400,)),
+        ("interrupt prompt_id type", "POST", "interrupt", {"json": {"prompt_id": 5}}, (400,)),
+        ("ws long client id", "GET", "ws", {"params": {"clientId": "c" * 300}}, (400,)),
+        ("cross origin", "POST", "prompt", {"json": {"prompt": g}, "headers": {"Origin": "http://evil.example"}},
+         (403,)),
+        ("queue post", "POST", "queue", {"json": {"clear": True}}, (405,)),
+        ("no such route", "GET", "nothing/here", {}, (404,)),
+        ("a1111 not json", "POST", "sdapi/v1/txt2img", {"data": b"prompt=cat"}, (400,)),
+        ("a1111 array", "POST", "sdapi/v1/txt2img", {"json": ["cat"]}, (400,)),
+        ("a1111 batch", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "batch_size": 2}}, (422,)),
+        ("a1111 hires", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "enable_hr": True}}, (422,)),
+        ("a1111 sampler", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "sampler_name": "DPM++ 2M"}},
+         (422,)),
+        ("a1111 scheduler", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "scheduler": "karras"}}, (422,)),
+        ("a1111 steps text", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "steps": "many"}}, (422,)),
+        ("a1111 steps 0", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "steps": 0}}, (422,)),
+        ("a1111 seed -5", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "seed": -5}}, (422,)),
+        ("a1111 cfg huge", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "cfg_scale": 1e9}}, (422,)),
+        ("a1111 prompt number", "POST", "sdapi/v1/txt2img", {"json": {"prompt": 123}}, (422,)),
+        ("a1111 empty prompt", "POST", "sdapi/v1/txt2img", {"json": {"prompt": " ", "width": 128, "height": 128}},
+         (400,)),
+        ("a1111 size without pack", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "width": 512,
+                                                                           "height": 512}}, (400,)),
+        ("a1111 scripts", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "alwayson_scripts":
+                                                                {"ControlNet": {"args": []}}}}, (422,)),
+        ("a1111 styles", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "styles": ["anime"]}}, (422,)),
+        ("a1111 override", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "override_settings":
+                                                                 {"CLIP_stop_at_last_layers": 2}}}, (422,)),
+        ("a1111 too large", "POST", "sdapi/v1/txt2img", {"json": big}, (413,)),
+        ("page unknown field", "POST", "anima/jobs", {"json": {"prompt": "x", "bogus": 1}}, (400,)),
+        ("page steps", "POST", "anima/jobs", {"json": {"prompt": "x", "steps": 0}}, (400,)),
+        ("page cancel not an id", "POST", "anima/jobs/not-a-job/cancel", {}, (400,)),
+        ("page cancel unknown", "POST", "anima/jobs/20000101-000000-abcdef/cancel", {}, (404,)),
+        ("page jobs limit", "GET", "anima/jobs", {"params": {"limit": "0"}}, (400,)),
+    ]
+
+
+def test_a1111_client_and_malformed_requests_leave_the_job_alone(pipe, reference_job):
+    import webuiapi
+    url = url_of(pipe)
+    ref_job, ref_png = reference_job
+    sup_pids = {n: pipe.sup.info(n).pid for n in ("orchestrator", "scheduler", "executor", "http")}
+    jobs_before = {j.job for j in pipe.client().call(m.Status(), m.Jobs).jobs}
+    host, port = url.split("//")[1].rstrip("/").rsplit(":", 1)
+    api = webuiapi.WebUIApi(host=host, port=int(port), sampler="Euler", scheduler="sgm_uniform")
+    assert [m["name"] for m in api.get_samplers()] == ["Euler"]
+    assert api.util_get_model_names()[0].startswith("anima-tiny.safetensors")
+    result = {}
+
+    def run():
+        try:
+            result["r"] = api.txt2img(prompt=PROMPT, negative_prompt=NEGATIVE, seed=SEED, steps=STEPS, cfg_scale=CFG,
+                                      width=128, height=128)
+        except Exception as e:  # noqa: BLE001 - reported below
+            result["e"] = e
+    t = threading.Thread(target=run)
+    t.start()
+    # wait until job B runs, then send every malformed request while it does
+    deadline = time.monotonic() + JOB_S
+    while True:
+        prog = api.get_progress()
+        if prog["state"]["job"]:                     # running: encoding, denoising or decoding
+            break
+        assert time.monotonic() < deadline and t.is_alive(), result
+        time.sleep(0.1)
+    job = prog["state"]["job"]
+    cases = _malformed(url, job)
+    assert len(cases) >= 30
+    failures = []
+    for name, method, path, kw, ok in cases:
+        r = requests.request(method, url + path, timeout=60, **kw)
+        try:
+            body = r.json()
+            message = body.get("error") if isinstance(body, dict) else None
+        except ValueError:
+            body, message = r.text, None
+        if r.status_code not in ok or not message:
+            failures.append((name, r.status_code, str(body)[:200]))
+    still = requests.get(url + "sdapi/v1/progress", timeout=30).json()["state"]["job"]
+    t.join(JOB_S)
+    assert not failures, failures
+    assert still == job, "the job ended before every malformed request was sent: not a test of a running job"
+    assert "e" not in result, result.get("e")
+    r = result["r"]
+    # webuiapi decoded our answer: a PNG of the pack's size, A1111's parameters and info
+    assert r.image.size == (128, 128) and r.info["seed"] == SEED and r.info["all_seeds"] == [SEED]
+    assert r.parameters["seed"] == SEED and r.parameters["steps"] == STEPS and r.info["infotexts"][0]
+    raw = base64.b64decode(r.json["images"][0])
+    assert raw == (pipe.job_dir(job) / "image.png").read_bytes()
+    # job B ran to the end with the same latent (and image) as the undisturbed job A of the same prompt
+    assert np.array_equal(np.load(pipe.job_dir(job) / "latent.npy"), np.load(pipe.job_dir(ref_job) / "latent.npy"))
+    assert np.array_equal(np.asarray(r.image), np.asarray(Image.open(io.BytesIO(ref_png))))
+    # nothing else was queued, no program was restarted
+    jobs_after = {j.job for j in pipe.client().call(m.Status(), m.Jobs).jobs}
+    assert jobs_after - jobs_before == {job}
+    assert {n: pipe.sup.info(n).pid for n in sup_pids} == sup_pids

@@ -1,0 +1,201 @@
+"""The HTTP front's safety: loopback by default, another address only with a token (else exit 2 with one line, and
+supervisord does not restart it in a loop), the token checked on every data route, /view confined to the jobs' own
+files, and a daemon that is not there answered with 503 at once."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from orchestrator.http import files
+from orchestrator.runfolder import TEMPLATE, render_supervisord_conf
+from orchestrator.supervisor import Supervisor
+
+PY = sys.executable
+TOKEN = "0123456789abcdef0123456789abcdef"
+
+
+def _run_folder(tmp_path: Path, http: str = "port = 0\n") -> Path:
+    run = tmp_path / "run"
+    (run / "jobs").mkdir(parents=True, mode=0o700)
+    os.chmod(run, 0o700)
+    (run / "pipeline.toml").write_text(f'run_dir = "."\n[stage.http]\n{http}')
+    return run
+
+
+def _front(run: Path, timeout_s: float = 30.0) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([PY, "-m", "orchestrator.http", "--config", str(run / "pipeline.toml")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + timeout_s
+    while not (run / "http.json").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"the front did not start: {proc.stdout.read()}")
+        time.sleep(0.05)
+    return proc, json.loads((run / "http.json").read_text())["url"]
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(30)
+
+
+@pytest.mark.parametrize("http,says", [
+    ('host = "0.0.0.0"\nport = 0\n', "is not a loopback address: listening there needs a token"),
+    ('port = 0\ntoken_file = "missing.token"\n', "cannot read it"),
+    ('port = 0\ntoken_file = "open.token"\n', "chmod 600"),
+    ('port = 0\ntoken_file = "short.token"\n', "at least 16 characters"),
+    ('port = "8188"\n', "stage.http.port: expected int"),
+    ('port = 0\nhots = "x"\n', "stage.http.hots: unknown setting"),
+])
+def test_refuses_to_start_with_one_line(tmp_path, http, says):
+    run = _run_folder(tmp_path, http)
+    (run / "open.token").write_text(TOKEN)
+    os.chmod(run / "open.token", 0o644)
+    (run / "short.token").write_text("abc")
+    os.chmod(run / "short.token", 0o600)
+    r = subprocess.run([PY, "-m", "orchestrator.http", "--config", str(run / "pipeline.toml")], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("anima-http: ") and says in lines[0], lines
+    assert not (run / "http.json").exists()
+
+
+def test_a_port_in_use_is_one_line_too(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        run = _run_folder(tmp_path, f"port = {port}\n")
+        r = subprocess.run([PY, "-m", "orchestrator.http", "--config", str(run / "pipeline.toml")],
+                           capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"anima-http: cannot listen on 127.0.0.1:{port}: ")
+
+
+def _logs(run: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in (run / "logs").glob("*.log"))
+
+
+def test_supervisord_does_not_restart_a_refused_front(tmp_path):
+    """The [program:http] section as supervisord.conf has it: a refused config is FATAL after one start."""
+    run = _run_folder(tmp_path, 'host = "0.0.0.0"\n')
+    conf = render_supervisord_conf(TEMPLATE.read_text(), run, python=PY)
+    keep = [s for s in conf.split("\n[") if s.split("]")[0] in ("unix_http_server", "supervisord",
+                                                                "rpcinterface:supervisor", "supervisorctl",
+                                                                "program:http")]
+    (run / "logs").mkdir()
+    (run / "sv.conf").write_text("[" + "\n[".join(keep).replace(f"directory={TEMPLATE.parent}",
+                                                          f"directory={Path(__file__).resolve().parents[1]}"))
+    proc = subprocess.Popen([str(Path(PY).parent / "supervisord"), "-n", "-c", str(run / "sv.conf")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        sup = Supervisor(run / "supervisor.sock")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if sup.info("http").state == "FATAL":
+                    break
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            assert time.monotonic() < deadline, f"the refused front never went FATAL\n{_logs(run)}"
+            time.sleep(0.1)
+        time.sleep(3)                                   # no later restart either
+        log = (run / "logs" / "supervisord.log").read_text()
+        assert sup.info("http").state == "FATAL", log
+        assert log.count("spawned: 'http'") == 1, log
+        http_log = (run / "logs" / "http.log").read_text()
+        assert "not a loopback address" in http_log, http_log
+    finally:
+        try:
+            Supervisor(run / "supervisor.sock").shutdown()
+            proc.wait(30)
+        except Exception:  # noqa: BLE001
+            proc.kill()
+            proc.wait()
+
+
+def test_no_daemon_is_503_at_once_and_sigterm_stops_cleanly(tmp_path):
+    run = _run_folder(tmp_path)
+    proc, url = _front(run)
+    try:
+        for method, path in (("GET", "queue"), ("POST", "prompt"), ("GET", "object_info"), ("GET", "anima/info"),
+                             ("GET", "sdapi/v1/progress"), ("GET", "history")):
+            t0 = time.monotonic()
+            r = requests.request(method, url + path, json={"prompt": {}} if method == "POST" else None, timeout=30)
+            if path == "object_info":                   # still answers: the nodes, model names unknown
+                assert r.status_code == 200
+                continue
+            assert r.status_code == 503 and "daemon" in r.json()["error"], (path, r.text)
+            assert time.monotonic() - t0 < 3
+        page = requests.get(url, timeout=30)
+        assert page.status_code == 200 and "<title>Anima</title>" in page.text
+        assert "script-src 'self'" in page.headers["Content-Security-Policy"]
+        assert requests.get(url + "static/app.js", timeout=30).status_code == 200
+    finally:
+        assert _stop(proc) == 0
+    assert not (run / "http.json").exists()
+
+
+def test_token_guards_every_data_route(tmp_path):
+    run = _run_folder(tmp_path, 'host = "0.0.0.0"\nport = 0\ntoken_file = "http.token"\n')
+    (run / "http.token").write_text(TOKEN + "\n")
+    os.chmod(run / "http.token", 0o600)
+    proc, url = _front(run)
+    url = url.replace("0.0.0.0", "127.0.0.1")
+    try:
+        for path in ("queue", "history", "view?filename=image.png", "sdapi/v1/progress", "anima/jobs", "ws"):
+            r = requests.get(url + path, timeout=30)
+            assert r.status_code == 401 and r.headers["WWW-Authenticate"].startswith("Bearer"), (path, r.text)
+        assert requests.get(url + "queue", headers={"Authorization": "Bearer wrong"}, timeout=30).status_code == 401
+        ok = [requests.get(url + "queue", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30),
+              requests.get(url + "queue", auth=("anyone", TOKEN), timeout=30),      # HTTP Basic: token as password
+              requests.get(url + "queue", cookies={"anima_token": TOKEN}, timeout=30)]
+        assert [r.status_code for r in ok] == [503, 503, 503]                       # past the guard; no daemon
+        assert requests.get(url, timeout=30).status_code == 200                      # the page itself is open
+        bad = base64.b64encode(b"no-colon").decode()
+        assert requests.get(url + "queue", headers={"Authorization": f"Basic {bad}"}, timeout=30).status_code == 401
+    finally:
+        assert _stop(proc) == 0
+
+
+def test_view_serves_only_a_jobs_own_files(tmp_path):
+    jobs = tmp_path / "jobs"
+    job = "20260101-120000-a1b2c3"
+    (jobs / job).mkdir(parents=True)
+    (jobs / job / "image.png").write_bytes(b"png")
+    (jobs / job / "job.json").write_text("{}")
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(b"secret")
+    path, ctype = files.resolve(jobs, "image.png", job)
+    assert files.read(path) == b"png" and ctype == "image/png"
+    for name, sub, kind in (("../secret.png", job, "output"), ("/etc/passwd", job, "output"), (".x", job, "output"),
+                            ("image.png", "..", "output"), ("image.png", "", "output"), ("image.png", job, "temp"),
+                            ("a\\b", job, "output")):
+        with pytest.raises(files.BadName):
+            files.resolve(jobs, name, sub, kind)
+    with pytest.raises(FileNotFoundError):
+        files.resolve(jobs, "job.json", job)                   # not a file /view serves
+    # links out of the jobs folder are never followed: a job folder that is a link, a file that is a link
+    other = "20260101-120000-ffffff"
+    (jobs / other).symlink_to(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        files.resolve(jobs, "image.png", other)
+    third = "20260101-120000-eeeeee"
+    (jobs / third).mkdir()
+    (jobs / third / "image.png").symlink_to(secret)
+    with pytest.raises(FileNotFoundError):
+        files.resolve(jobs, "image.png", third)
+    with pytest.raises(OSError):
+        files.read(jobs / third / "image.png")                 # O_NOFOLLOW, even when asked directly
