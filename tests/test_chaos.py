@@ -98,8 +98,8 @@ def test_bounded_retries_then_resume(chaos):
     job = pipe.submit(CI_PROMPT)
     pipe.wait(job, ("denoising",), JOB_TIMEOUT_S, poll_s=0.05,
               pred=lambda i: i.progress is not None and i.progress.step >= 2)
-    out = pipe.supervisorctl("stop", "executor")
-    assert "stopped" in out, out
+    # over XML-RPC, not a supervisorctl process: under load its start-up alone could outlast the last step
+    assert pipe.sup.stop("executor").state == "STOPPED"
     try:
         info = pipe.wait(job, ("failed", "done"), JOB_TIMEOUT_S)
         assert info.state == "failed", "the job finished without an executor?"
