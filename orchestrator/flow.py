@@ -82,12 +82,12 @@ class JobFlow:
         start = job.state if job.active else (job.start_at or "encoding")
         self.d.current = self
         try:
-            # 1) its pack, room on the job folder's disk, then the job's arena: contexts, latent, the scheduler's scratch
+            # 1) room on the job folder's disk, its pack, then the job's arena: contexts, latent, the scheduler's scratch
+            self._check_disk()
             if self.pack is None:
                 have = ", ".join(f"{w}x{h}" for w, h in self.d.packs)
                 raise StageFailed("orchestrator", f"no model pack for {self.spec.width}x{self.spec.height} any more "
                                   f"(the config changed after the job was queued); the sizes with a pack: {have}")
-            self._check_disk()
             self._make_arena()
             if start != "encoding":          # resumed past encoding: its contexts wait in the job folder
                 self._load_contexts()

@@ -128,7 +128,7 @@ def test_served_stage_answers_every_fuzzed_request(tmp_path):
     t.start()
     req = make_socket(ctx, zmq.REQ, cfg.endpoint("encoder"), bind=False)
     rng = random.Random(1)
-    kinds = sorted(m.KINDS)
+    kinds = sorted(set(m.KINDS) - {"SHUTDOWN"})    # a mutated SHUTDOWN may still be valid, and then it stops the stage
     errors = 0
     try:
         for i in range(200):

@@ -107,7 +107,7 @@ def test_a_job_does_not_start_on_a_short_disk(tmp_path, monkeypatch):
     stopped = []
     daemon = SimpleNamespace(
         store=store, cfg=SimpleNamespace(is_remote=lambda name: False), settings=SimpleNamespace(stop_timeout_s=1.0),
-        sup=SimpleNamespace(stop=lambda name, **kw: stopped.append(name)), pack=None, current=None, progress={},
+        sup=SimpleNamespace(stop=lambda name, **kw: stopped.append(name)), packs={}, current=None, progress={},
         pump=lambda s: None, rf=SimpleNamespace(root=tmp_path))
     monkeypatch.setattr("orchestrator.flow.shutil.disk_usage", lambda p: Usage(10 * 2**30, 0, 20 * 2**20))
     JobFlow(daemon, job).run()
@@ -119,3 +119,24 @@ def test_a_job_does_not_start_on_a_short_disk(tmp_path, monkeypatch):
     assert stopped == ["encoder", "vae"]                        # nothing heavy left running
     monkeypatch.undo()
     assert store.resume(job.id).start_at == "encoding"
+
+
+def test_a_job_whose_size_lost_its_pack_fails_clearly(tmp_path):
+    """A queued job whose size has no pack any more (the config changed meanwhile) fails naming the sizes there are,
+    instead of running on another pack."""
+    from types import SimpleNamespace
+
+    from orchestrator.flow import JobFlow
+    from orchestrator.jobs import JobStore
+    from orchestrator.prompt_spec import parse_prompt_obj
+    store = JobStore(tmp_path, min_free_mb=0)
+    spec = parse_prompt_obj({"prompt": "a girl", "seed": 1, "width": 64, "height": 32}, resolution=(64, 32))
+    job = store.submit(spec.to_dict())
+    daemon = SimpleNamespace(
+        store=store, cfg=SimpleNamespace(is_remote=lambda name: False), settings=SimpleNamespace(stop_timeout_s=1.0),
+        sup=SimpleNamespace(stop=lambda name, **kw: None), packs={(64, 64): object()}, current=None, progress={},
+        pump=lambda s: None, rf=SimpleNamespace(root=tmp_path))
+    JobFlow(daemon, job).run()
+    failed = store.get(job.id)
+    assert failed.state == "failed" and failed.error["stage"] == "orchestrator"
+    assert "no model pack for 64x32 any more" in failed.error["message"] and "64x64" in failed.error["message"]
