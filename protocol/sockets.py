@@ -164,9 +164,17 @@ class LazyPirate:
             if has_attempt:
                 msg = dataclasses.replace(msg, attempt=attempt)
             sock = self._connect()
-            sock.send_multipart(codec.encode(msg), copy=False)
-            if _poll(sock, timeout_s, should_stop=should_stop, idle=idle):
-                reply = codec.decode(sock.recv_multipart(copy=False))
+            try:
+                sock.send_multipart(codec.encode(msg), copy=False)
+                got = _poll(sock, timeout_s, should_stop=should_stop, idle=idle)
+                reply = codec.decode(sock.recv_multipart(copy=False)) if got else None
+            except BaseException:
+                # whatever ends the wait early (an exception from `idle`/`should_stop`, a bad reply, a signal) leaves
+                # the REQ socket between send and receive, where the next send fails with "Operation cannot be
+                # accomplished in current state": drop it, the next request starts on a fresh one
+                self.close()
+                raise
+            if reply is not None:
                 if reply.id != msg.id:
                     self.close()
                     raise ProtocolError("id", f"{self.peer} answered request {msg.id} with id {reply.id}")

@@ -149,6 +149,37 @@ def test_lazy_pirate_gives_up_after_bounded_retries_and_honours_stop(ctx, run_di
         assert time.monotonic() - t0 < 1.0
 
 
+def test_an_exception_in_idle_leaves_the_client_usable(ctx, run_dir):
+    """The daemon's idle pump raised inside a request once; the REQ socket stayed between send and receive and every
+    later request failed with "Operation cannot be accomplished in current state"."""
+    endpoint = ipc_endpoint(run_dir, "slow")
+    stop = threading.Event()
+    srv = Server(ctx, endpoint)
+
+    def handle(msg):
+        time.sleep(0.3)                     # slow enough that the client's idle callback runs while it waits
+        return m.reply_to(msg, m.Ok, note=msg.KIND)
+
+    t = _thread(lambda: serve(srv, handle, should_stop=stop.is_set))
+
+    def boom():
+        raise KeyError("raised by the idle callback")
+    try:
+        with LazyPirate(ctx, endpoint, peer="slow", timeout_s=5.0, retries=0) as lp:
+            with pytest.raises(KeyError):
+                lp.request(m.Heartbeat(peer="t"), idle=boom)
+            for _ in range(2):
+                assert isinstance(lp.request(m.Cancel(job="j")), m.Ok)
+            with pytest.raises(KeyError):
+                lp.request(m.Heartbeat(peer="t"), should_stop=boom)
+            assert lp.request(m.Cancel(job="j")).note == "CANCEL"
+    finally:
+        stop.set()
+        t.join(5)
+        srv.close()
+    assert not t.is_alive()
+
+
 def test_serve_answers_bad_messages_with_errors_and_keeps_serving(ctx, run_dir):
     endpoint = ipc_endpoint(run_dir, "echo")
     stop = threading.Event()
