@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.prompt_spec import PromptError, load_prompt
+from orchestrator.prompt_spec import PromptError, parse_prompt_bytes, read_prompt_file
 from orchestrator.runfolder import PROGRAMS, RunFolder, init_run
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -100,12 +100,14 @@ def _resolution(text: str | None, rf: RunFolder) -> list[tuple[int, int]] | None
 
 
 def cmd_submit(args, rf: RunFolder) -> int:
-    # 1) validate locally: nothing reaches the queue unless the file is good
+    # 1) read the file once and validate those bytes: nothing reaches the queue unless they are good, and what is
+    #    sent is what was checked (a file changed in between cannot slip through)
     try:
-        spec = load_prompt(args.prompt, resolution=_resolution(args.resolution, rf))
+        data = read_prompt_file(args.prompt)
+        spec = parse_prompt_bytes(data, resolution=_resolution(args.resolution, rf))
     except PromptError as e:
         raise CliError(str(e), EXIT_USAGE) from None
-    text = Path(args.prompt).read_text(encoding="utf-8")
+    text = data.decode("utf-8")
     # 2) queue it (the daemon validates again, against the pack it serves)
     from protocol.messages import Submit, Submitted
     client = DaemonClient(rf)

@@ -31,8 +31,9 @@ SPECTRUM_FIELDS = {
     "warmup": (int, 0, MAX_STEPS, 4),   # calls always computed at the start
     "stop": (float, 0.0, 1.0, 0.9),     # fraction of the steps after which every call is computed
 }
+MAX_INT_DIGITS = 40             # a JSON integer longer than this is never a valid value (seeds are < 2^64: 20 digits)
 TOP_FIELDS = ("prompt", "negative_prompt", "seed", "steps", "cfg", "width", "height", "sampler", "scheduler",
-              "spectrum", "output")
+              "spectrum", "output", "overwrite")
 
 
 class PromptError(ValueError):
@@ -69,6 +70,7 @@ class PromptSpec:
     scheduler: str = "sgm_uniform"
     spectrum: SpectrumSettings = field(default_factory=SpectrumSettings)
     output: str | None = None           # absolute path of a .png file or of a directory; None: the job folder
+    overwrite: bool = False             # an existing `output` file is replaced (else kept, and the job says so)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -114,12 +116,31 @@ def _replace(spec, **kw):
 # ---------------------------------------------------------------- field checkers
 
 
+class _LongInt:
+    """A JSON integer with more than MAX_INT_DIGITS digits, kept unconverted: int() of a few thousand digits raises
+    ValueError (Python's int-from-string limit) before any field could be named; the field check names it instead."""
+
+    def __init__(self, text: str):
+        self.digits = len(text.lstrip("-"))
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
+def _parse_int(text: str):
+    return int(text) if len(text) <= MAX_INT_DIGITS else _LongInt(text)
+
+
 def _type_name(v) -> str:
+    if isinstance(v, _LongInt):
+        return "integer"
     return "null" if v is None else {bool: "boolean", int: "integer", float: "number", str: "string",
                                      list: "array", dict: "object"}.get(type(v), type(v).__name__)
 
 
 def _int(name: str, v, low: int, high: int) -> int:
+    if isinstance(v, _LongInt):
+        raise PromptError(name, f"must be in {low}..{high}, got an integer of {v.digits} digits")
     if isinstance(v, bool) or not isinstance(v, int):
         raise PromptError(name, f"must be an integer in {low}..{high}, got {_type_name(v)} {v!r}")
     if not low <= v <= high:
@@ -136,9 +157,20 @@ def _float(name: str, v, low: float, high: float) -> float:
     return v
 
 
+def _unicode(name: str, v: str) -> None:
+    """JSON escapes can spell lone surrogates (\\ud800) that are not Unicode text: the encoder and every message
+    codec would fail on them later, in the middle of a job."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise PromptError(name, f"holds a lone surrogate (U+{ord(v[e.start]):04X} at character {e.start}), "
+                                "which is not valid Unicode text") from None
+
+
 def _text(name: str, v, *, required: bool) -> str:
     if not isinstance(v, str):
         raise PromptError(name, f"must be a string, got {_type_name(v)}")
+    _unicode(name, v)
     if required and not v.strip():
         raise PromptError(name, "must not be empty")
     if len(v) > MAX_PROMPT_CHARS:
@@ -187,21 +219,36 @@ def _spectrum(v) -> SpectrumSettings:
     return SpectrumSettings(**kw)
 
 
-def _output(v, *, base_dir: Path | None, check: bool) -> str:
+def _output(v, *, base_dir: Path | None, check: bool, overwrite: bool = False) -> str:
     if not isinstance(v, str) or not v.strip():
         raise PromptError("output", f"must be a non-empty path string, got {_type_name(v)} {v!r}")
     if "\x00" in v:
         raise PromptError("output", "must not contain NUL characters")
+    _unicode("output", v)
     p = Path(os.path.expanduser(v))
     if not p.is_absolute():
         p = (base_dir or Path.cwd()) / p
     p = Path(os.path.normpath(p))
     if not check:
         return str(p)
+    try:
+        return _check_output(p, overwrite)
+    except OSError as e:       # a name over 255 bytes, a path too long, a loop of links, no permission ...
+        raise PromptError("output", f"{p}: {e.strerror or e}") from None
+
+
+def output_file(output: str, job_id: str) -> Path:
+    """The PNG file a job delivers to: `output` itself when it names a .png file, else JOB.png inside that folder."""
+    return Path(output) if output.lower().endswith(".png") else Path(output) / f"{job_id}.png"
+
+
+def _check_output(p: Path, overwrite: bool) -> str:
     # a .png path names the image file; anything else names a directory (created when its parent exists)
     if p.suffix.lower() == ".png":
         if p.is_dir():
             raise PromptError("output", f"{p} is a directory, not a .png file")
+        if not overwrite and os.path.lexists(p):
+            raise PromptError("output", f"{p} exists; choose another name, or set \"overwrite\": true to replace it")
         d = p.parent
     else:
         if p.exists() and not p.is_dir():
@@ -225,7 +272,8 @@ def parse_prompt_obj(obj, *, base_dir: Path | None = None, check_output: bool = 
         raise PromptError("", f"the top level must be a JSON object, got {_type_name(obj)}")
     for key in obj:
         if key not in TOP_FIELDS:
-            raise PromptError(str(key), f"unknown field; allowed: {', '.join(TOP_FIELDS)}")
+            raise PromptError(str(key).encode("utf-8", "backslashreplace").decode("ascii", "replace")[:80],
+                              f"unknown field; allowed: {', '.join(TOP_FIELDS)}")
     if "prompt" not in obj:
         raise PromptError("prompt", "is required")
     kw: dict = {"prompt": _text("prompt", obj["prompt"], required=True)}
@@ -248,8 +296,13 @@ def parse_prompt_obj(obj, *, base_dir: Path | None = None, check_output: bool = 
         kw["scheduler"] = _choice("scheduler", obj["scheduler"], SCHEDULERS)
     if "spectrum" in obj:
         kw["spectrum"] = _spectrum(obj["spectrum"])
+    if "overwrite" in obj:
+        if not isinstance(obj["overwrite"], bool):
+            raise PromptError("overwrite", f"must be true or false, got {_type_name(obj['overwrite'])}")
+        kw["overwrite"] = obj["overwrite"]
     if "output" in obj and obj["output"] is not None:
-        kw["output"] = _output(obj["output"], base_dir=base_dir, check=check_output)
+        kw["output"] = _output(obj["output"], base_dir=base_dir, check=check_output,
+                               overwrite=kw.get("overwrite", False))
     spec = PromptSpec(**kw)
     if resolution is not None:
         spec = spec.with_sizes(as_sizes(resolution))
@@ -279,7 +332,8 @@ def parse_prompt_bytes(data: bytes | str, **kw) -> PromptSpec:
     except UnicodeDecodeError as e:
         raise PromptError("", f"not UTF-8 text (byte {e.start})") from None
     try:
-        obj = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
+        obj = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates,
+                         parse_int=_parse_int)
     except json.JSONDecodeError as e:
         raise PromptError("", f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
     except RecursionError:
@@ -287,16 +341,19 @@ def parse_prompt_bytes(data: bytes | str, **kw) -> PromptSpec:
     return parse_prompt_obj(obj, **kw)
 
 
-def load_prompt(path: str | os.PathLike, **kw) -> PromptSpec:
-    """Read and validate a prompt file; relative `output` paths resolve from the current directory."""
+def read_prompt_file(path: str | os.PathLike) -> bytes:
+    """A prompt file's bytes, read once (what is validated is what is sent), at most MAX_FILE_BYTES."""
     p = Path(path)
     try:
-        size = p.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise PromptError("", f"{p} is {size} bytes; the limit is {MAX_FILE_BYTES}")
-        data = p.read_bytes()
-    except PromptError:
-        raise
+        with open(p, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
     except OSError as e:
         raise PromptError("", f"cannot read {p}: {e.strerror or e}") from None
-    return parse_prompt_bytes(data, **kw)
+    if len(data) > MAX_FILE_BYTES:
+        raise PromptError("", f"{p} is more than {MAX_FILE_BYTES} bytes; the limit is {MAX_FILE_BYTES}")
+    return data
+
+
+def load_prompt(path: str | os.PathLike, **kw) -> PromptSpec:
+    """Read and validate a prompt file; relative `output` paths resolve from the current directory."""
+    return parse_prompt_bytes(read_prompt_file(path), **kw)

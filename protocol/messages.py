@@ -465,7 +465,9 @@ def reply_to(request: Message, cls: type[Message], **fields) -> Message:
 
 
 def _printable(text: str) -> str:
-    """Text safe for an ERROR reply: NULs escaped (they may come from the bad request itself), length capped."""
+    """Text safe for an ERROR reply: NULs and lone surrogates escaped (they may come from the bad request itself and
+    would not encode), length capped."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text.replace("\x00", "\\x00")[:MAX_PATH_CHARS]
 
 

@@ -2,6 +2,7 @@
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 
@@ -67,6 +68,21 @@ MALFORMED = [
     ("output-number", _j(output=7), r"field 'output': must be a non-empty path string"),
     ("output-missing-dir", _j(output="/nonexistent-anima-dir/sub/x.png"), r"field 'output': directory .* does not"),
     ("output-is-file", None, r"field 'output': .* exists and is not a directory"),  # content built in the test
+    # Python's int-from-string limit (4300 digits) raised a bare ValueError before any field was named
+    ("seed-5000-digits", '{"prompt": "a", "seed": ' + "9" * 5000 + "}", r"field 'seed': .*integer of 5000 digits"),
+    ("steps-5000-digits", '{"prompt": "a", "steps": -' + "1" * 5000 + "}", r"field 'steps': .*5000 digits"),
+    ("cfg-5000-digits", '{"prompt": "a", "cfg": ' + "1" * 5000 + "}", r"field 'cfg': must be a number"),
+    ("spectrum-m-digits", '{"prompt": "a", "spectrum": {"m": ' + "7" * 4400 + "}}", r"field 'spectrum\.m'"),
+    # a file name over 255 bytes made Path.is_dir raise OSError (ENAMETOOLONG)
+    ("output-name-too-long", _j(output="/tmp/" + "x" * 300 + ".png"), r"field 'output': .*File name too long"),
+    ("output-dir-too-long", _j(output="/tmp/" + "y" * 300), r"field 'output': .*File name too long"),
+    # lone surrogates are not Unicode text: they failed later in the encoder (and in every codec)
+    ("prompt-lone-surrogate", '{"prompt": "a\\ud800b"}', r"field 'prompt': holds a lone surrogate \(U\+D800"),
+    ("negative-lone-surrogate", '{"prompt": "a", "negative_prompt": "\\udfff"}', r"field 'negative_prompt': .*U\+DFFF"),
+    ("output-lone-surrogate", '{"prompt": "a", "output": "/tmp/\\udc80.png"}', r"field 'output': holds a lone"),
+    ("key-lone-surrogate", '{"prompt": "a", "\\ud800": 1}', r"field '\\ud800': unknown field"),
+    ("overwrite-string", _j(overwrite="yes"), r"field 'overwrite': must be true or false"),
+    ("output-exists", None, r"field 'output': .*exists; .*overwrite"),  # content built in the test
 ]
 
 
@@ -74,6 +90,10 @@ def _content(case_id, content, tmp_path):
     if case_id == "output-is-file":
         f = tmp_path / "afile.txt"
         f.write_text("x")
+        content = _j(output=str(f))
+    if case_id == "output-exists":
+        f = tmp_path / "taken.png"
+        f.write_bytes(b"someone's image")
         content = _j(output=str(f))
     return content
 
@@ -133,6 +153,54 @@ def test_spectrum_false_and_relative_output(tmp_path, monkeypatch):
     assert not spec.spectrum.enabled and spec.output == str(tmp_path / "imgs")
     new_dir = parse_prompt_bytes(_j(output="new"))       # a directory that does not exist yet, parent writable
     assert new_dir.output == str(tmp_path / "new")
+
+
+def test_overwrite_lets_an_existing_output_be_named(tmp_path):
+    f = tmp_path / "taken.png"
+    f.write_bytes(b"old")
+    spec = parse_prompt_bytes(_j(output=str(f), overwrite=True))
+    assert spec.overwrite is True and spec.output == str(f)
+    assert PromptSpec.from_dict(spec.to_dict()).overwrite is True
+    assert parse_prompt_bytes(_j()).overwrite is False
+    (tmp_path / "link.png").symlink_to(tmp_path / "nowhere.png")      # a dangling link is there too
+    with pytest.raises(PromptError, match="exists"):
+        parse_prompt_bytes(_j(output=str(tmp_path / "link.png")))
+
+
+def test_cli_sends_the_bytes_it_checked(tmp_path, monkeypatch):
+    """The file is read once: the CLI once checked it, then read it again to send (a swapped file slipped through)."""
+    f = tmp_path / "p.json"
+    f.write_text(_j(seed=5))
+    reads = []
+    real_open, real_path_open = open, Path.open
+
+    def counting_open(path, *a, **kw):
+        if str(path) == str(f):
+            reads.append(path)
+        return real_open(path, *a, **kw)
+
+    def counting_path_open(self, *a, **kw):
+        if str(self) == str(f):
+            reads.append(self)
+        return real_path_open(self, *a, **kw)
+    monkeypatch.setattr("builtins.open", counting_open)
+    monkeypatch.setattr(Path, "open", counting_path_open)       # read_text/read_bytes open through it
+    sent = []
+
+    class Client:
+        def __init__(self, rf):
+            pass
+
+        def call(self, msg, cls):
+            sent.append(msg.prompt_json)
+            from protocol import messages as m
+            return m.Submitted(job="20260101-000000-abcdef", seed=5, position=0)
+
+        def close(self):
+            pass
+    monkeypatch.setattr(cli, "DaemonClient", Client)
+    assert cli.main(["--run", str(tmp_path / "run"), "submit", str(f), "--resolution", "512x512"]) == 0
+    assert sent == [_j(seed=5)] and len(reads) == 1
 
 
 def test_load_prompt_reports_unreadable_file(tmp_path):
