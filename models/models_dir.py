@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from models.durable import atomic_write
+
 log = logging.getLogger(__name__)
 
 
@@ -216,7 +218,5 @@ def write_bundle(preset: str, seed: int, out_dir) -> ModelPaths:
         _writer("models.text.synth", "write_te")(preset, seed, paths.text_encoder)
         _writer("models.vae.synth", "write_vae")(preset, seed, paths.vae, layout="original")
         _writer("models.text.synth", "write_tokenizers")(preset, out / "tokenizers")
-        tmp = out / (STAMP + ".tmp")
-        tmp.write_text(json.dumps(_stamp_for(preset, seed, paths), indent=1))
-        os.replace(tmp, out / STAMP)
+        atomic_write(out / STAMP, json.dumps(_stamp_for(preset, seed, paths), indent=1))
     return paths

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from models.config import DiTConfig
+from models.durable import atomic_write, fsync_dir
 from models.partition import (BRANCHES, PACK_DTYPES, TEXT_TOKENS, Geometry, branch_file, branch_order,
                               pack_io_dtype, resolve)
 
@@ -157,7 +158,7 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
             model = build_branch(spec.kind, ckpt.branch_weights(block, spec.kind), cfg, geom, dtype, block=block)
             data = serialize(model)
             del model
-            (tmp / rel).write_bytes(data)
+            atomic_write(tmp / rel, data)
             io = resolve(spec.kind, cfg, geom, dtype)
             branches.append({"block": block, "kind": spec.kind, "onnx": rel, "sha256": hashlib.sha256(data).hexdigest(),
                              "bytes": len(data), "inputs": io["inputs"], "outputs": io["outputs"]})
@@ -178,13 +179,15 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
             "branches": branches,
             "tools": tool_versions(),
         }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        atomic_write(tmp / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+        fsync_dir(tmp / ONNX_DIR)
         # 4) into place: the old folder (same checkpoint, or overwrite) goes aside first, then away
         old = None
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.replace(out, old / "pack")
         os.replace(tmp, out)
+        fsync_dir(out.parent)                         # the rename itself survives a power cut
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:

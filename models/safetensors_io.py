@@ -9,6 +9,8 @@ from typing import Callable, Iterable, Union
 
 import numpy as np
 
+from models.durable import atomic_write
+
 # Header size bound: real checkpoints have headers of a few hundred KB.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
@@ -164,7 +166,7 @@ def _to_storage(arr: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def write_safetensors(path: Union[str, os.PathLike], entries: Iterable[TensorEntry], metadata: dict = None) -> None:
-    """Write entries to `path` (via `path.tmp` and rename), producing each tensor only when it is written."""
+    """Write entries to `path` durably (models.durable.atomic_write), producing each tensor only when it is written."""
     entries = list(entries)
     header, offset = {}, 0
     for e in entries:
@@ -177,8 +179,8 @@ def write_safetensors(path: Union[str, os.PathLike], entries: Iterable[TensorEnt
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
     blob += b" " * (-len(blob) % 8)
-    tmp = os.fspath(path) + ".tmp"
-    with open(tmp, "wb") as f:
+
+    def write(f) -> None:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for e in entries:
@@ -186,7 +188,7 @@ def write_safetensors(path: Union[str, os.PathLike], entries: Iterable[TensorEnt
             if tuple(arr.shape) != tuple(e.shape):
                 raise ValueError(f"{e.name}: produced shape {tuple(arr.shape)}, declared {tuple(e.shape)}")
             f.write(_to_storage(arr, e.dtype).tobytes())
-    os.replace(tmp, path)
+    atomic_write(path, write)
 
 
 def save_arrays(path, arrays: dict, dtype: str = "F32", metadata: dict = None) -> None:

@@ -1,4 +1,4 @@
-"""The sampler's resumable state and its file form: one safetensors file (tensors + JSON metadata), written then renamed."""
+"""The sampler's resumable state and its file form: one safetensors file (tensors + JSON metadata), written durably."""
 from __future__ import annotations
 
 import json
@@ -49,7 +49,8 @@ class SamplerState:
 
     # ---- file form -------------------------------------------------------------------------------------------------
     def save(self, path) -> None:
-        """Write to `path` atomically (path.tmp, then rename): a reader sees the old state or the new one, never half."""
+        """Write to `path` durably and atomically (write_safetensors goes through models.durable.atomic_write): a
+        reader, or a resume after a power cut, sees the old state or the new one, never half."""
         meta = {
             "version": STATE_VERSION, "settings": self.settings, "step": int(self.step),
             "computed": [int(s) for s in self.computed], "forecast": [int(s) for s in self.forecast],
@@ -63,22 +64,7 @@ class SamplerState:
         for i, x0 in enumerate(self.spectrum.x0s if self.spectrum is not None else []):
             x0 = np.ascontiguousarray(x0, dtype=np.float32)
             entries.append(TensorEntry(f"spectrum.x0.{i}", "F32", tuple(x0.shape), x0))
-        # staged as path.new (itself written via path.new.tmp), flushed to disk, then renamed over path: durable
-        # across a power cut as well as a killed process
-        final = os.fspath(path)
-        staged = final + ".new"
-        write_safetensors(staged, entries, metadata={META_KEY: json.dumps(meta, separators=(",", ":"))})
-        fd = os.open(staged, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(staged, final)
-        dfd = os.open(os.path.dirname(os.path.abspath(final)), os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_safetensors(path, entries, metadata={META_KEY: json.dumps(meta, separators=(",", ":"))})
 
     @classmethod
     def load(cls, path) -> "SamplerState":

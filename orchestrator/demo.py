@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from models.durable import atomic_write
 from orchestrator.runfolder import REPO_DIR, RunFolder, init_run
 
 log = logging.getLogger(__name__)
@@ -97,9 +98,7 @@ def prepare_run(run: Path, models: Path, pack: Path) -> tuple[RunFolder, bool]:
         changed = True
     text = toml.read_text()
     if not text.startswith(DEMO_MARK):
-        tmp = toml.with_name(toml.name + ".tmp")
-        tmp.write_text(f"{DEMO_MARK}the embedded tiny model (python -m orchestrator.demo)\n{text}")
-        os.replace(tmp, toml)
+        atomic_write(toml, f"{DEMO_MARK}the embedded tiny model (python -m orchestrator.demo)\n{text}")
     return rf, changed
 
 

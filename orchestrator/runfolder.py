@@ -6,6 +6,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from models.durable import atomic_write
+
 REPO_DIR = Path(__file__).resolve().parent.parent
 TEMPLATE = REPO_DIR / "supervisord.conf"          # also the ready-made config for the default run folder
 RUN_ENV = "ANIMA_RUN"
@@ -91,6 +93,7 @@ run_dir = "."
 # stage_retries = 3         # restarts of one stage absorbed per job before the job fails
 # start_timeout_s = 120     # supervisord start + READY
 # denoise_timeout_s = 21600
+# hang_timeout_s = 120      # a scheduler/executor silent this long is restarted through supervisord (0: never)
 
 [stage.http]
 # host = "127.0.0.1"        # the HTTP front (ComfyUI and A1111 APIs, the web page); loopback unless a token is set
@@ -127,7 +130,5 @@ def init_run(run: str | os.PathLike | None = None, *, python: str | None = None,
              rf.pipeline_toml: lambda: pipeline_toml_text(pack_dirs, models_dir)}
     for path, text in files.items():
         if force or not path.exists():
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(text())
-            os.replace(tmp, path)
+            atomic_write(path, text())
     return rf

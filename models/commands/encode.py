@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from models.cli import UserError
+from models.durable import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +62,6 @@ def run(args) -> int:
     finally:
         enc.close()
     t2 = time.perf_counter()
-    tmp = out + ".tmp"
-    with open(tmp, "wb") as f:
-        np.savez(f, cond=cond, uncond=uncond, context=cond)
-    os.replace(tmp, out)
+    atomic_write(out, lambda f: np.savez(f, cond=cond, uncond=uncond, context=cond))
     print(f"wrote {out}: cond/uncond {list(cond.shape)} f32 (load {t1 - t0:.1f} s, encode {t2 - t1:.1f} s)")
     return 0

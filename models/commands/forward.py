@@ -7,11 +7,11 @@ IN.npz: x [16, h, w] f32, sigma (scalar), context [512, context_dim] f32. OUT.np
 from __future__ import annotations
 
 import logging
-import os
 
 import numpy as np
 
 from models.branch_runtime import BACKENDS
+from models.durable import atomic_write
 
 log = logging.getLogger(__name__)
 INPUT_KEYS = ("x", "sigma", "context")
@@ -52,9 +52,7 @@ def run(args) -> int:
     arrs = read_inputs(args.inputs)
     runner = DiTRunner(args.pack, backend=args.backend, threads=args.threads)
     v = runner.forward(arrs["x"], float(arrs["sigma"].reshape(())), arrs["context"])
-    tmp = args.output + ".tmp.npz"
-    np.savez(tmp, v=v.astype(np.float32))
-    os.replace(tmp, args.output)
+    atomic_write(args.output, lambda f: np.savez(f, v=v.astype(np.float32)))
     print(runner.last_timing.table())
     print(f"v {list(v.shape)} -> {args.output}")
     return 0

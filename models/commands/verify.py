@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 
 from models.branch_runtime import BACKENDS
+from models.durable import atomic_write
 from models.verify import DEFAULT_SIGMA
 
 log = logging.getLogger(__name__)
@@ -38,8 +38,5 @@ def run(args) -> int:
         d = report.to_dict()
         if report.timing is not None:
             d["timing"] = report.timing.to_dict()
-        tmp = args.json + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(d, f, indent=1)
-        os.replace(tmp, args.json)
+        atomic_write(args.json, json.dumps(d, indent=1))
     return 0 if report.ok else 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
+import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from models.durable import atomic_write
 from models.rknn.buildlog import parse_build_log
 from models.rknn.client import ToolkitError, ToolkitWorker
 
@@ -64,10 +65,8 @@ def _read_manifest(pack: Path) -> dict:
 
 
 def write_manifest(pack: Path, manifest: dict) -> None:
-    """Write-then-rename, so a reader never sees half a manifest."""
-    tmp = pack / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(tmp, pack / MANIFEST)
+    """Durably (models.durable.atomic_write): a reader, or a resumed compile after a power cut, never sees half."""
+    atomic_write(pack / MANIFEST, json.dumps(manifest, indent=1) + "\n")
 
 
 def up_to_date(pack: Path, branch: dict, toolkit: str, target: str) -> bool:
@@ -103,6 +102,14 @@ class _WorkerSlot:
             self.worker = None
 
 
+def _commit(tmp: Path, out: Path) -> None:
+    """The compiler wrote `tmp` by its own path: it goes into place through the one durable write (copied into an
+    exclusive temporary, fsynced, renamed), so a power cut never leaves a torn .rknn under its final name."""
+    with open(tmp, "rb") as src:
+        atomic_write(out, lambda f: shutil.copyfileobj(src, f, 1 << 20))
+    tmp.unlink()
+
+
 def build_branch(slot: _WorkerSlot, pack: Path, branch: dict, target: str, toolkit: str) -> BranchResult:
     """Compile one branch; the .rknn is renamed into place only when the build log is clean of REGTASK errors."""
     block, kind = int(branch["block"]), str(branch["kind"])
@@ -130,7 +137,7 @@ def build_branch(slot: _WorkerSlot, pack: Path, branch: dict, target: str, toolk
         res.error = (f"{parsed.regtask_errors} REGTASK errors in the build log (the compiler returned success but "
                      f"the register commands are wrong), e.g. {parsed.regtask_samples[0]!r}; see {log_rel}")
         return res
-    os.replace(tmp, out)
+    _commit(tmp, out)
     # VmHWM of the worker, reset before this build (not ru_maxrss: after fork + exec it still counts the parent's size)
     rss_kb = int(reply.get("peak_rss_kb", 0))
     if slot.per_worker == 1:

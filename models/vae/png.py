@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 
 import numpy as np
 from PIL import Image, PngImagePlugin
+
+from models.durable import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -16,7 +17,7 @@ def _text(value) -> str:
 
 
 def write_png(path, image: np.ndarray, metadata: dict = None) -> None:
-    """image [H, W, 3] uint8 -> PNG at `path` (tmp + rename); each metadata item becomes a text chunk."""
+    """image [H, W, 3] uint8 -> PNG at `path` (models.durable.atomic_write); each metadata item becomes a text chunk."""
     image = np.asarray(image)
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"image: expected [H, W, 3] uint8, got {list(image.shape)} {image.dtype}")
@@ -30,10 +31,8 @@ def write_png(path, image: np.ndarray, metadata: dict = None) -> None:
             info.add_text(key, text)                               # tEXt
         except UnicodeEncodeError:
             info.add_itxt(key, text)                               # iTXt (UTF-8)
-    path = os.fspath(path)
-    tmp = path + ".tmp"
-    Image.fromarray(image, "RGB").save(tmp, format="PNG", pnginfo=info)
-    os.replace(tmp, path)
+    pil = Image.fromarray(image, "RGB")
+    atomic_write(path, lambda f: pil.save(f, format="PNG", pnginfo=info))
 
 
 def decode_to_png(vae, latent, path, metadata: dict = None, tile=32, overlap: float = 0.5):
