@@ -34,16 +34,25 @@ def make_sampler(steps: int, cfg: float, schedule: str = "sgm_uniform",
 
 def start_or_resume(sampler: Sampler, seed: int, latent_shape: tuple, job_dir=None, resume: bool = True,
                     noise: str = DEFAULT_NOISE_MODE) -> SamplerState:
-    """The state to run from: the job folder's saved state when `resume` and one exists, else fresh noise."""
+    """The state to run from: the job folder's saved state when `resume` and a usable one exists, else fresh noise.
+
+    A state file that cannot be used (cut short or emptied by a power loss, or made for other settings) is not an
+    error: sampling is deterministic, so starting again from step 0 gives the same result, only later."""
     path = Path(job_dir) / STATE_FILE if job_dir is not None else None
     if resume and path is not None and path.exists():
-        state = SamplerState.load(path)
-        sampler.check_state(state)
-        if state.seed != seed or tuple(state.latent.shape) != tuple(latent_shape):
-            raise SamplerStateError(f"{path}: saved for seed {state.seed} / latent {list(state.latent.shape)}, "
-                                    f"this job has seed {seed} / latent {list(latent_shape)}")
-        log.info("resuming at step %d of %d from %s", state.step + 1, sampler.steps, path)
-        return state
+        try:
+            state = SamplerState.load(path)
+            sampler.check_state(state)
+            if state.seed != seed or tuple(state.latent.shape) != tuple(latent_shape):
+                raise SamplerStateError(f"{path}: saved for seed {state.seed} / latent {list(state.latent.shape)}, "
+                                        f"this job has seed {seed} / latent {list(latent_shape)}")
+            if not np.isfinite(state.latent).all():
+                raise SamplerStateError(f"{path}: the saved latent holds NaN or Inf")
+        except Exception as e:  # noqa: BLE001 - whatever a torn file raises, it only costs the steps done so far
+            log.warning("%s is unusable (%s: %s); sampling again from step 0", path, type(e).__name__, e)
+        else:
+            log.info("resuming at step %d of %d from %s", state.step + 1, sampler.steps, path)
+            return state
     latent = initial_noise(seed, latent_shape, noise)                              # [C, h, w] f32
     return sampler.init_state(latent, seed=seed, noise=noise)
 

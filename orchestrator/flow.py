@@ -13,9 +13,8 @@ import numpy as np
 
 from models.durable import atomic_write
 from models.partition import TEXT_TOKENS, context_rows
-
 from orchestrator.pipeline import arena_plan
-from orchestrator.prompt_spec import PromptSpec
+from orchestrator.prompt_spec import PromptSpec, output_file
 from orchestrator.report import JobReport, current_rss_mb, peak_rss_mb, png_metadata, text_record
 from orchestrator.supervisor import SupervisorError
 from protocol import messages as m
@@ -49,9 +48,22 @@ TEXT_FILE = "text.json"          # the prompts' T5 token counts (report `text`),
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp.npy")
-    np.save(tmp, array)
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: np.save(f, array, allow_pickle=False))
+
+
+def _load_npy(path: Path, shape: tuple) -> np.ndarray | None:
+    """A job-folder array if it is whole and as expected (f32, `shape`, finite), else None with the reason logged:
+    after a power cut a file may be empty or cut short (np.load then raises EOFError, ValueError or OSError)."""
+    try:
+        a = np.load(path, allow_pickle=False)
+        if a.dtype != np.float32 or tuple(a.shape) != tuple(shape) or not np.isfinite(a).all():
+            raise ValueError(f"{a.dtype} {list(a.shape)}, expected float32 {list(shape)} and finite")
+        return a
+    except FileNotFoundError:
+        return None
+    except Exception as e:  # noqa: BLE001 - whatever a torn file raises, it is unusable
+        log.warning("%s is unusable: %s: %s", path, type(e).__name__, e)
+        return None
 
 
 class JobFlow:
@@ -89,17 +101,19 @@ class JobFlow:
                 raise StageFailed("orchestrator", f"no model pack for {self.spec.width}x{self.spec.height} any more "
                                   f"(the config changed after the job was queued); the sizes with a pack: {have}")
             self._make_arena()
-            if start != "encoding":          # resumed past encoding: its contexts wait in the job folder
-                self._load_contexts()
+            # resumed past encoding: what the earlier stages left in the job folder goes into the arena, or the job
+            # steps back to the stage that makes it again
+            start, why = self._resume_point(start)
             for state in stages[stages.index(start):]:
                 if self.store.get(job.id).state != state:
-                    self.store.transition(job.id, state)
+                    self.store.transition(job.id, state, why if state == start else "")
                 self._check_cancel()
                 # 2) encode, 3) denoise, 4) decode
                 {"encoding": self._encode, "denoising": self._denoise, "decoding": self._decode}[state]()
             self.report.finished = time.time()
             self.report.write(self.dir / "report.json")
-            self.store.transition(job.id, "done", image=self.report.image, report=str(self.dir / "report.json"))
+            self.store.transition(job.id, "done", (self.report.delivery or {}).get("note", ""),
+                                  image=self.report.image, report=str(self.dir / "report.json"))
         except Cancelled:
             self._stop_quietly()
             self.store.transition(job.id, "cancelled", "cancelled by the user")
@@ -147,20 +161,52 @@ class JobFlow:
 
     # ------------------------------------------------------------ stages
 
-    def _load_contexts(self) -> None:
+    def _resume_point(self, start: str) -> tuple[str, str]:
+        """(the stage to go on from, why it is earlier than `start`). Decoding needs a whole latent.npy (else the
+        scheduler gives the latent again from its final step state, or samples again: deterministic); denoising needs
+        whole cond.npy/uncond.npy (else they are encoded again)."""
+        why = ""
+        if start == "decoding":
+            latent = _load_npy(self.dir / "latent.npy", self.pack.latent_shape)              # [C, H/8, W/8] f32
+            if latent is not None:
+                self.arena.write(self.latent, latent)
+                return start, why
+            start, why = "denoising", "latent.npy missing or unusable: denoising again"
+        if start == "denoising":
+            if self._load_contexts():
+                return start, why
+            start, why = "encoding", "cond.npy/uncond.npy missing or unusable: encoding again"
+        if why:
+            log.warning("job %s: %s", self.job.id, why)
+        return start, why
+
+    def _load_contexts(self) -> bool:
+        """The job folder's contexts (and their T5 token counts) into the arena and the report; False when any is
+        missing or unusable (the counts only matter to a long-context pack: they set its mask)."""
+        arrays = [_load_npy(self.dir / f"{name}.npy", self.pack.context_shape) for name in ("cond", "uncond")]
+        text = self._load_text()
+        if any(a is None for a in arrays) or (text is None and self.pack.text_tokens > TEXT_TOKENS):
+            return False
+        self.arena.write(self.cond, arrays[0])                                               # [S, Dc] f32
+        self.arena.write(self.uncond, arrays[1])
+        self.report.text = text or {}
+        return True
+
+    def _load_text(self) -> dict | None:
         try:
-            self.arena.write(self.cond, np.load(self.dir / "cond.npy"))      # [S, Dc] f32
-            self.arena.write(self.uncond, np.load(self.dir / "uncond.npy"))
-            text = self.dir / TEXT_FILE
-            self.report.text = json.loads(text.read_text()) if text.exists() else {}
+            text = json.loads((self.dir / TEXT_FILE).read_text())
+            if not isinstance(text, dict):
+                raise ValueError(f"a {type(text).__name__}, not an object")
+            return text
+        except FileNotFoundError:
+            return None
         except (OSError, ValueError) as e:
-            raise StageFailed("orchestrator", f"cannot resume: the job folder's contexts are unusable ({e}); "
-                                              "the job must be submitted again") from None
+            log.warning("%s is unusable: %s", self.dir / TEXT_FILE, e)
+            return None
 
     def _encode(self) -> None:
         t0 = time.monotonic()
-        if (self.dir / "cond.npy").exists() and (self.dir / "uncond.npy").exists():
-            self._load_contexts()            # encoded before a restart: no encoder needed
+        if self._load_contexts():            # encoded before a restart: no encoder needed
             return
         remote = self.cfg.is_remote("encoder")
         self._bring_up("encoder")
@@ -223,12 +269,7 @@ class JobFlow:
                                                      for b in reply.branches.values())
 
     def _decode(self) -> None:
-        t0 = time.monotonic()
-        if not self.report.denoised:                     # resumed at decoding: the latent comes from the job folder
-            try:
-                self.arena.write(self.latent, np.load(self.dir / "latent.npy"))
-            except (OSError, ValueError) as e:
-                raise StageFailed("orchestrator", f"cannot resume decoding: {self.dir / 'latent.npy'}: {e}") from None
+        t0 = time.monotonic()                # the latent is in the arena: denoised now, or read by _resume_point
         remote = self.cfg.is_remote("vae")
         self._bring_up("vae")
         image = self.dir / "image.png"
@@ -243,9 +284,7 @@ class JobFlow:
                            metadata=msg.metadata, inline=tuple(frames.frames))
         reply = m.expect(self._call("vae", msg, self.settings.decode_timeout_s), m.Decoded, "vae")
         if reply.png is not None:
-            tmp = image.with_suffix(".png.tmp")
-            tmp.write_bytes(from_inline(reply.png, reply.inline).tobytes())
-            os.replace(tmp, image)
+            atomic_write(image, from_inline(reply.png, reply.inline).tobytes())
         elif reply.path != str(image):
             raise StageFailed("vae", f"DECODED names {reply.path!r}, expected {image}")
         self.report.vae_timings = dict(reply.timings)
@@ -254,18 +293,27 @@ class JobFlow:
         self.report.image = self._deliver(image)
 
     def _deliver(self, image: Path) -> str:
-        """Copy the PNG to the prompt's `output` (a .png path, or a folder that gets JOB.png); else the job folder's."""
+        """Copy the PNG to the prompt's `output` (a .png path, or a folder that gets JOB.png) -> where the image is.
+
+        The copy is a file created exclusively next to the destination (atomic_write: no planted link is followed)
+        and renamed over it only when the job says `overwrite`; otherwise an existing destination (a file, a link,
+        anything) is kept and the job's image stays where it always is, in the job folder."""
         out = self.spec.output
         if not out:
             return str(image)
-        dest = Path(out) if out.lower().endswith(".png") else Path(out) / f"{self.job.id}.png"
+        dest = output_file(out, self.job.id)
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(dest.name + ".tmp")
-            shutil.copyfile(image, tmp)
-            os.replace(tmp, dest)
+            atomic_write(dest, image.read_bytes(), overwrite=self.spec.overwrite)
+        except FileExistsError:
+            note = f"output {dest} exists and the job does not say overwrite: kept; the image is {image}"
+            log.warning("job %s: %s", self.job.id, note)
+            self.report.delivery = {"output": str(dest), "written": False, "note": note}
+            return str(image)
         except OSError as e:
-            raise StageFailed("orchestrator", f"cannot write the image to output {dest}: {e}") from None
+            raise StageFailed("orchestrator", f"cannot write the image to output {dest}: {e} (the image is kept "
+                                              f"at {image})") from None
+        self.report.delivery = {"output": str(dest), "written": True}
         return str(dest)
 
     # ------------------------------------------------------------ stage lifecycle

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
+from models.durable import atomic_write
 from models.partition import TEXT_TOKENS
 
 BRANCH_KINDS = ("self", "cross", "ffn")
@@ -114,6 +114,7 @@ class JobReport:
     text: dict = field(default_factory=dict)            # T5 token counts of both prompts, truncated or not
     vae_timings: dict = field(default_factory=dict)
     image: str | None = None
+    delivery: dict | None = None                       # {output, written, note?}: the copy to the prompt's `output`
     started: float = field(default_factory=time.time)
     finished: float | None = None
 
@@ -127,6 +128,7 @@ class JobReport:
         return {
             "job": self.job,
             "image": self.image,
+            "delivery": self.delivery,
             "prompt": self.spec,
             "computed_steps": list(d.get("computed_steps", [])),
             "forecast_steps": list(d.get("forecast_steps", [])),
@@ -151,10 +153,7 @@ class JobReport:
         }
 
     def write(self, path: Path) -> Path:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1))
-        os.replace(tmp, path)
-        return path
+        return atomic_write(path, json.dumps(self.to_dict(), indent=1))
 
 
 def png_metadata(spec, pack, job: str) -> dict[str, str]:

@@ -230,6 +230,32 @@ def test_state_file_errors(tmp_path):
         SamplerState.load(bad)
 
 
+@pytest.mark.parametrize("damage", ["empty", "half", "header-only"])
+def test_an_unusable_state_file_restarts_sampling_from_step_0(tmp_path, damage):
+    """A truncated sampler state failed every resume although sampling is deterministic: now the job folder's state is
+    used when whole, and sampling starts again from step 0 (same result) when not."""
+    from models.denoise import STATE_FILE, save_state, start_or_resume
+    sampler = Sampler(steps=6, spectrum=SpectrumSettings(warmup=1))
+    ref = sampler.sample(toy_model(), state=start_or_resume(sampler, 11, (16, 4, 6), noise="numpy"))
+    st = start_or_resume(sampler, 11, (16, 4, 6), tmp_path, noise="numpy")
+    model = toy_model()
+    for _ in range(3):
+        if sampler.needs_model(st):
+            sampler.step_computed(st, *model(st.latent, sampler.sigma(st)))
+        else:
+            sampler.step_forecast(st)
+    save_state(st, tmp_path)
+    path = tmp_path / STATE_FILE
+    raw = path.read_bytes()
+    path.write_bytes({"empty": b"", "half": raw[:len(raw) // 2], "header-only": raw[:200]}[damage])
+    again = start_or_resume(sampler, 11, (16, 4, 6), tmp_path, noise="numpy")
+    assert again.step == 0
+    out = sampler.sample(toy_model(), state=again)
+    np.testing.assert_array_equal(out.latent, ref.latent)
+    save_state(st, tmp_path)                                   # a whole one is resumed, not restarted
+    assert start_or_resume(sampler, 11, (16, 4, 6), tmp_path, noise="numpy").step == 3
+
+
 def test_step_api_guards():
     sampler = Sampler(steps=20)
     st = sampler.init_state(start_latent())
