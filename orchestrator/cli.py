@@ -4,6 +4,7 @@
     orchestrator serve --config run/pipeline.toml       # the daemon (supervisord runs it)
     orchestrator submit examples/prompt.json --wait     # validate, queue, follow, print image + timings
     orchestrator status [JOB] | cancel JOB | resume JOB
+    orchestrator prune --keep 20 | --older-than 7d     # remove finished jobs (never queued or running ones)
     orchestrator stages | restart executor | logs scheduler -f
     orchestrator keys generate --dir keys --name vae    # CURVE key pair, 0600
 """
@@ -231,6 +232,29 @@ def cmd_cancel_resume(args, rf: RunFolder) -> int:
     return EXIT_OK
 
 
+def cmd_prune(args, rf: RunFolder) -> int:
+    from orchestrator.jobs import parse_age
+    from protocol.messages import Jobs, Prune
+    if args.keep is None and args.older_than is None:
+        raise CliError("prune needs --keep N or --older-than AGE (like 7d, 12h, 30m)", EXIT_USAGE)
+    try:
+        older_than_s = None if args.older_than is None else parse_age(args.older_than)
+    except ValueError as e:
+        raise CliError(f"--older-than: {e}", EXIT_USAGE) from None
+    if args.keep is not None and args.keep < 0:
+        raise CliError(f"--keep {args.keep}: must be 0 or more", EXIT_USAGE)
+    client = DaemonClient(rf)         # the daemon is the queue's one writer: it removes them
+    try:
+        removed = client.call(Prune(keep=args.keep, older_than_s=older_than_s), Jobs).jobs
+    finally:
+        client.close()
+    for j in removed:
+        finished = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.updated))
+        print(f"removed {j.job}  {j.state:<9}  {finished}  {rf.jobs / j.job}")
+    print(f"{len(removed)} finished job(s) removed", file=sys.stderr)
+    return EXIT_OK
+
+
 def _supervisor(rf: RunFolder):
     from orchestrator.supervisor import Supervisor
     return Supervisor(rf.supervisor_sock)
@@ -369,6 +393,10 @@ def build_parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=help_)
         s.add_argument("job")
         s.set_defaults(fn=cmd_cancel_resume)
+    s = sub.add_parser("prune", help="remove finished jobs (done, failed, cancelled) and their folders")
+    s.add_argument("--keep", type=int, help="keep the N newest finished jobs")
+    s.add_argument("--older-than", metavar="AGE", help="remove those finished longer ago than AGE (7d, 12h, 30m)")
+    s.set_defaults(fn=cmd_prune)
     s = sub.add_parser("stages", help="supervisord state of every program")
     s.set_defaults(fn=cmd_stages)
     s = sub.add_parser("restart", help="restart one program through supervisord")

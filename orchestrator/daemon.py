@@ -18,6 +18,7 @@ from orchestrator.pipeline import read_packs, settings_from_config
 from orchestrator.prompt_spec import PromptError, parse_prompt_bytes
 from orchestrator.runfolder import RunFolder
 from orchestrator.supervisor import Supervisor
+from orchestrator.watchdog import HangWatch
 from protocol import messages as m
 from protocol.arena import reap, run_prefix
 from protocol.sockets import EventPull, LazyPirate, Server
@@ -42,7 +43,8 @@ class Daemon:
         self.packs = read_packs(config.packs)              # (width, height) -> PackInfo; a job picks by its size
         self.pack = next(iter(self.packs.values()))        # the default: a job that names no size gets this one
         self._model_files: dict[str, str] | None = None
-        self.store = JobStore(rf.root, max_queue=self.settings.max_queue, min_free_mb=self.settings.min_free_mb)
+        self.store = JobStore(rf.root, max_queue=self.settings.max_queue, min_free_mb=self.settings.min_free_mb,
+                              cached=True)          # the single writer: records kept in memory, written through
         self.sup = supervisor or Supervisor(rf.supervisor_sock)
         self.ctx = ctx or zmq.Context()
         self.links: dict[str, LazyPirate] = {}
@@ -57,6 +59,7 @@ class Daemon:
         self.server: Server | None = None
         self.events: EventPull | None = None
         self.heartbeats: Heartbeats | None = None
+        self.hangs: HangWatch | None = None
 
     # ------------------------------------------------------------ set-up / tear-down
 
@@ -68,6 +71,13 @@ class Daemon:
                                 allow_plaintext=self.cfg.security.allow_plaintext_loopback)
         always_on = ["scheduler", "executor"] + [s for s in ("encoder", "vae") if self.cfg.is_remote(s)]
         self.heartbeats = Heartbeats(self.ctx, self.cfg, always_on)
+        self.hangs = HangWatch(self.sup, self.heartbeats, self.settings.hang_timeout_s,
+                               local=[s for s in always_on if not self.cfg.is_remote(s)])
+        branch_timeout_s = self.cfg.stage_settings("scheduler").get("branch_timeout_s", 600.0)
+        if isinstance(branch_timeout_s, (int, float)) and 0 < branch_timeout_s <= self.settings.hang_timeout_s:
+            log.warning("[stage.orchestrator] hang_timeout_s %.0f is not below [stage.scheduler] branch_timeout_s "
+                        "%.0f: the scheduler gives up on a hung executor before it is restarted",
+                        self.settings.hang_timeout_s, branch_timeout_s)
         # 2) the queue: torn writes cleaned, one running job kept
         running = self.store.recover()
         # 3) shared memory: every segment of this run folder goes (a resumed job builds a fresh arena)
@@ -126,6 +136,8 @@ class Daemon:
         """Wait up to `timeout_s` for CLI requests and events; handle everything that came; heartbeats."""
         if self.heartbeats is not None:
             self.heartbeats.tick()
+        if self.hangs is not None:
+            self.hangs.tick()
         poller = zmq.Poller()
         poller.register(self.server.sock, zmq.POLLIN)
         poller.register(self.events.sock, zmq.POLLIN)
@@ -141,7 +153,10 @@ class Daemon:
             if self.events.sock in ready:
                 ev = self.events.recv(0.0)
                 if ev is not None:
-                    self.on_event(ev)
+                    try:
+                        self.on_event(ev)
+                    except Exception:  # noqa: BLE001 - a stage's odd event must not end the job waiting in idle
+                        log.exception("event %s not handled", ev.KIND)
             ready = dict(poller.poll(0))
 
     # ------------------------------------------------------------ events from stages
@@ -178,6 +193,9 @@ class Daemon:
                 self._wake = True
                 return m.reply_to(msg, m.Submitted, job=job.id, seed=int(job.spec["seed"]),
                                   position=self._position(job.id))
+            if isinstance(msg, m.Prune):
+                removed = self.store.prune(keep=msg.keep, older_than_s=msg.older_than_s)
+                return m.reply_to(msg, m.Jobs, jobs=tuple(self.job_info(j, []) for j in removed[-m.MAX_JOBS_LISTED:]))
             if isinstance(msg, m.Hello):
                 return m.reply_to(msg, m.Ready, stage="orchestrator", pid=os.getpid(), version=VERSION,
                                   info={"run": str(self.rf.root), "pack": str(self.pack.dir),
@@ -192,6 +210,10 @@ class Daemon:
             return m.error_reply(msg.id, "busy", str(e), retry=True)
         except JobError as e:
             return m.error_reply(msg.id, "failed", str(e))
+        except Exception as e:  # noqa: BLE001 - one bad request is an error reply; the daemon and its job go on
+            log.exception("orchestrator: %s request %d failed", msg.KIND, msg.id)
+            return m.error_reply(msg.id, "failed", f"the orchestrator could not serve {msg.KIND}: "
+                                                   f"{type(e).__name__}: {e}")
         return m.error_reply(msg.id, "unknown_kind", f"the orchestrator does not serve {msg.KIND}", field="kind")
 
     def _submit(self, msg: m.Submit) -> m.Message:

@@ -24,6 +24,7 @@ class Beat:
     pong: m.Pong | None = None
     misses: int = 0                 # heartbeats that went unanswered, over the daemon's life
     silent: bool = False            # no PONG for interval × liveness
+    since: float = 0.0              # monotonic time the watch (re)started: silence is counted from here at the earliest
 
 
 class Heartbeats:
@@ -34,7 +35,8 @@ class Heartbeats:
         self.ctx, self.cfg = ctx, config
         self.interval_s = config.timeouts.heartbeat_s
         self.liveness = config.timeouts.liveness
-        self.beats = {s: Beat() for s in stages}
+        now = time.monotonic()
+        self.beats = {s: Beat(since=now) for s in stages}
         self._socks: dict[str, zmq.Socket] = {}
 
     def _sock(self, stage: str) -> zmq.Socket:
@@ -86,6 +88,15 @@ class Heartbeats:
 
     def alive(self, stage: str) -> bool:
         return stage in self.beats and not self.beats[stage].silent
+
+    def silent_for(self, stage: str, now: float | None = None) -> float:
+        """Seconds since the stage last answered (or since the watch was reset, when later)."""
+        beat = self.beats[stage]
+        return (time.monotonic() if now is None else now) - max(beat.last_pong_at, beat.since)
+
+    def reset(self, stage: str) -> None:
+        """Count silence afresh (a new process of the stage is coming up)."""
+        self.beats[stage].since = time.monotonic()
 
     def close(self) -> None:
         for stage in list(self._socks):

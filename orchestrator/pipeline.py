@@ -19,6 +19,10 @@ SETTINGS = {
     "denoise_timeout_s": (float, 1.0, 7 * 86400.0, 6 * 3600.0),
     "decode_timeout_s": (float, 1.0, 86400.0, 1800.0),
     "sample_interval_s": (float, 0.01, 10.0, 0.2),    # supervisord/RSS sampling while a stage works
+    # a local always-on stage (scheduler, executor) that answers no heartbeat this long is hung: it is restarted
+    # through supervisord (0: never). Below the scheduler's branch_timeout_s, which bounds its own wait on a silent
+    # executor; far below denoise_timeout_s, which is all that ended a hung job before.
+    "hang_timeout_s": (float, 0.0, 86400.0, 120.0),
 }
 
 
@@ -33,6 +37,7 @@ class OrchestratorSettings:
     denoise_timeout_s: float = 6 * 3600.0
     decode_timeout_s: float = 1800.0
     sample_interval_s: float = 0.2
+    hang_timeout_s: float = 120.0
 
     @classmethod
     def from_table(cls, table: dict, where: str = "stage.orchestrator") -> "OrchestratorSettings":

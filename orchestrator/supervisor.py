@@ -154,6 +154,10 @@ class Supervisor:
                 raise
         return self.wait_state(name, STOPPED_STATES, timeout_s, sleep=sleep) if wait else self.info(name)
 
+    def signal(self, name: str, sig: str) -> None:
+        """Send signal `sig` ("KILL", "CONT", ...) to the program's process (not its group)."""
+        self._call("supervisor.signalProcess", name, sig, name=name)
+
     def restart(self, name: str, *, timeout_s: float = START_TIMEOUT_S) -> ProcInfo:
         self.stop(name)
         return self.start(name, timeout_s=timeout_s)

@@ -92,6 +92,7 @@ def examples(seed: int = 0) -> dict[str, m.Message]:
     out["PIPELINE"] = m.Pipeline(packs=[m.PackRef(width=512, height=512, dir="/bundle/pack", dtype="f16", blocks=28,
                                                   source_name="anima-preview.safetensors", source_sha256="ab" * 32)],
                                  models={"text_encoder": "qwen_3_06b_base.safetensors"}, max_queue=16, version="0.1.0")
+    out["PRUNE"] = m.Prune(keep=10, older_than_s=7 * 86400.0)
     missing = set(m.KINDS) - set(out)
     if missing:
         raise AssertionError(f"examples missing for {sorted(missing)}")

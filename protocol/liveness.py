@@ -19,7 +19,13 @@ from protocol.sockets import make_socket
 
 
 class PeerLost(Exception):
-    """The peer answered no HEARTBEAT for LIVENESS intervals."""
+    """The peer answered no HEARTBEAT for LIVENESS intervals (`silent`), or it restarted or stays idle (the request
+    died with it). A silent peer may be dead or only hung (SIGSTOP, a deadlock): resending reaches it once it is
+    restarted, so a caller may bound silence by time rather than by count."""
+
+    def __init__(self, message: str, *, silent: bool = False):
+        super().__init__(message)
+        self.silent = silent
 
 
 class PeerWatch:
@@ -71,7 +77,8 @@ class PeerWatch:
             self.missed += 1
             self.close()                       # a REQ socket without a reply is stuck: start a fresh one
             if self.missed >= self.liveness:
-                raise PeerLost(f"{self.peer} answered no heartbeat for {self.missed * self.interval_s:.1f} s")
+                raise PeerLost(f"{self.peer} answered no heartbeat for {self.missed * self.interval_s:.1f} s",
+                               silent=True)
             self._send(now)
 
     def _judge(self, pong: Pong) -> None:

@@ -457,6 +457,14 @@ class Pipeline(Message):
     version: str = spec(Str(64))
 
 
+@_message("PRUNE")
+class Prune(Message):
+    """Remove finished jobs (done, failed, cancelled) and their folders; the reply is JOBS with the removed ones."""
+
+    keep: int | None = spec(Optional(Int(0, 2**20)), None)  # keep this many of the newest finished jobs
+    older_than_s: float | None = spec(Optional(Float(0.0, 1e11)), None)  # and remove those finished longer ago
+
+
 # ---- helpers -----------------------------------------------------------------------------------------------------
 
 def reply_to(request: Message, cls: type[Message], **fields) -> Message:

@@ -27,6 +27,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -83,6 +84,26 @@ class StageContext:
     def keepalive(self) -> None:
         """Answer lifecycle requests that arrived meanwhile (HEARTBEAT, HELLO, CANCEL, SHUTDOWN); others get `busy`."""
         self._proc.serve_pending()
+
+    def keep_alive_while(self, fn: Callable, *args, **kwargs):
+        """fn(*args, **kwargs) on a helper thread while this one keeps answering lifecycle requests (HEARTBEAT):
+        for long set-up work (hashing a pack, reading weights) that does not call keepalive() itself."""
+        done = threading.Event()
+        box: dict = {}
+
+        def work():
+            try:
+                box["value"] = fn(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - handed back to the caller's thread
+                box["error"] = e
+            finally:
+                done.set()
+        threading.Thread(target=work, name="keep-alive-work", daemon=True).start()
+        while not done.wait(POLL_SLICE_S):
+            self.keepalive()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
 
     def check(self, job: str | None = None) -> None:
         """keepalive(), then raise Interrupted if the stage is stopping or `job` was cancelled."""

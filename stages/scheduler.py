@@ -25,7 +25,6 @@ from models.dit_runner import DiTRunner
 from models.pack import PackError, load_pack
 from models.partition import KINDS, LIFETIMES, parse_branch_file
 from models.spectrum import plan as spectrum_plan
-from models.sampler_state import SamplerStateError
 from protocol import messages as m
 from protocol.fields import ProtocolError
 from protocol.liveness import PeerLost, PeerWatch
@@ -127,8 +126,12 @@ class BranchClient:
 
     def _request(self, req: m.Branch) -> m.BranchDone:
         """Lazy Pirate with a liveness watch: a dead executor is seen within LIVENESS heartbeats and the call is resent
-        at once (idempotent: the inputs stay in the arena); a live but slow one is waited for up to the timeout."""
+        at once (idempotent: the inputs stay in the arena); a live but slow one is waited for up to the timeout.
+
+        A restarted or idle executor counts against `max_lost`; a silent one (dead, or hung until the orchestrator
+        has it restarted after `[stage.orchestrator] hang_timeout_s`) is resent to for up to the branch timeout."""
         busy = lost = 0
+        first_sent = time.monotonic()
         while True:
             self.watch.reset(req.job)
 
@@ -139,11 +142,14 @@ class BranchClient:
                 reply = self.link.request(req, should_stop=lambda: self.stage_ctx.stopping, idle=idle)
             except PeerLost as e:
                 self.link.close()
-                lost += 1
+                lost += 0 if e.silent else 1
                 self.resends += 1
-                if lost > self.max_lost:
-                    raise RequestFailed(f"executor lost {lost} times at step {req.step}, block {req.block}, "
-                                        f"{req.branch}: {e}", field="executor", retry=True) from None
+                silent_too_long = e.silent and time.monotonic() - first_sent > self.link.timeout_s
+                if lost > self.max_lost or silent_too_long:
+                    what = (f"silent for {time.monotonic() - first_sent:.0f} s" if silent_too_long
+                            else f"lost {lost} times")
+                    raise RequestFailed(f"executor {what} at step {req.step}, block {req.block}, {req.branch}: {e}",
+                                        field="executor", retry=True) from None
                 log.warning("%s; resending block %d %s (attempt %d)", e, req.block, req.branch, req.attempt + 1)
                 req = dataclasses.replace(req, attempt=min(req.attempt + 1, 1000))
                 continue
@@ -216,9 +222,11 @@ class SchedulerLogic:
     def info(self) -> dict:
         return {"packs": ",".join(str(p) for p in self.config.packs)}
 
-    def _runner(self, pack_dir: str, branch_fn) -> DiTRunner:
-        """The job's pack (one of the configured ones); only the last used stays loaded (host weights are ~1 GB at
-        full size: a second size must not double them)."""
+    def _runner(self, pack_dir: str, branch_fn, ctx) -> DiTRunner:
+        """The job's pack (one of the configured ones; checked against its manifest's hashes when loaded; only the
+        last used stays loaded: host weights are ~1 GB at full size, a second size must not double them) and a runner
+        over its host weights. Both take a while on a board (GBs to hash and read), so heartbeats are answered
+        meanwhile: a stage that stops answering for `hang_timeout_s` is restarted by the orchestrator."""
         allowed = {str(Path(p).resolve()) for p in self.config.packs}
         if allowed and str(Path(pack_dir).resolve()) not in allowed:
             raise RequestFailed(f"pack {pack_dir} is not one of the configured packs ({', '.join(sorted(allowed))})",
@@ -227,17 +235,17 @@ class SchedulerLogic:
         if pack is None:
             self._packs.clear()
             try:
-                pack = self._packs[pack_dir] = load_pack(pack_dir, check=True)
+                pack = self._packs[pack_dir] = ctx.keep_alive_while(load_pack, pack_dir, check=True)
             except (PackError, FileNotFoundError) as e:
                 raise RequestFailed(str(e), field="pack_dir") from None
-        return DiTRunner(pack, branch_fn=branch_fn)
+        return ctx.keep_alive_while(DiTRunner, pack, branch_fn=branch_fn)
 
     def on_denoise(self, msg: m.Denoise, ctx) -> m.Denoised:
         t_start = time.monotonic()
         params = msg.params
         # 1) the pack, and the request checked against it
         holder = {}
-        runner = self._runner(msg.pack_dir, lambda *a: holder["client"](*a))
+        runner = self._runner(msg.pack_dir, lambda *a: holder["client"](*a), ctx)
         g, cfg = runner.geom, runner.cfg
         if (params.width, params.height) != (g.width, g.height):
             raise ProtocolError("params.width", f"{params.width}x{params.height} does not match the pack's "
@@ -255,10 +263,7 @@ class SchedulerLogic:
         s = params.spectrum
         sampler = make_sampler(params.steps, params.cfg, params.schedule,
                                spectrum_settings(s.enabled, s.w, s.m, s.lam, s.window, s.flex, s.warmup, s.stop))
-        try:
-            state = start_or_resume(sampler, params.seed, lat_shape, msg.job_dir, msg.resume)
-        except SamplerStateError as e:
-            raise RequestFailed(str(e), field="job_dir") from None
+        state = start_or_resume(sampler, params.seed, lat_shape, msg.job_dir, msg.resume)   # unusable state: step 0
         resumed_from = state.step
         # 3) the executor link and the branch client
         step_ref = [state.step + 1]

@@ -2,6 +2,7 @@
 import json
 import os
 import stat
+import time
 
 import pytest
 
@@ -157,3 +158,131 @@ def test_jobs_of_one_second_run_in_submit_order(tmp_path, monkeypatch):
     assert ids[0] > ids[1]                               # the ids alone sort the other way
     assert [j.id for j in store.pending()] == ids
     assert store.next_job().id == ids[0]
+
+
+# ---------------------------------------------------------------- crash leftovers, the in-memory store, prune
+
+
+def test_a_job_folder_appears_whole(tmp_path, monkeypatch):
+    """A crash between a job folder's mkdir and its first job.json left a folder skipped forever: now the folder is
+    made under a hidden name with its record and renamed, so a crash at any point leaves no job folder at all."""
+    store = JobStore(tmp_path)
+    import orchestrator.jobs as jobs_mod
+
+    def crash(*a, **kw):
+        raise OSError("power cut")
+    monkeypatch.setattr(jobs_mod.os, "rename", crash)
+    with pytest.raises(OSError, match="power cut"):
+        store.submit(SPEC)
+    monkeypatch.undo()
+    assert [p.name for p in store.root.iterdir()] == []          # nothing half-made is left behind either
+    job = store.submit(SPEC)
+    assert [p.name for p in store.root.iterdir()] == [job.id]
+    assert sorted(p.name for p in store.job_dir(job.id).iterdir()) == ["job.json"]
+
+
+def test_recover_removes_what_a_crash_left(tmp_path):
+    import psutil
+    store = JobStore(tmp_path)
+    job = store.submit(SPEC)
+    store.transition(job.id, "encoding")
+    d = store.job_dir(job.id)
+    before_boot = psutil.boot_time() - 60
+    # half-made (old layout: mkdir, then the crash) and half-made/half-removed (new layout) folders
+    (store.root / "20250101-000000-abcdef").mkdir()
+    half = store.root / "20250101-000001-abcdef"
+    half.mkdir()
+    (half / ".job.json.x1y2z3.tmp").write_text("{")
+    (store.root / ".new-q1w2e3").mkdir()
+    (store.root / ".new-q1w2e3" / "job.json").write_text("{}")
+    (store.root / ".gone-a1s2d3").mkdir()
+    (store.root / ".gone-a1s2d3" / "20250101-000002-abcdef").mkdir()
+    # temporaries in the job folder: the daemon's own always go, a stage's only when stale (before the boot)
+    for name in (".job.json.a1b2c3.tmp", ".cond.npy.a1b2c3.tmp", "job.json.tmp", "cond.npy.tmp.npy"):
+        (d / name).write_bytes(b"torn")
+    stale = d / ".sampler_state.safetensors.k9k9k9.tmp"
+    stale.write_bytes(b"torn")
+    os.utime(stale, (before_boot, before_boot))
+    legacy_stale = d / "sampler_state.safetensors.new"
+    legacy_stale.write_bytes(b"torn")
+    os.utime(legacy_stale, (before_boot, before_boot))
+    fresh = d / ".image.png.f0f0f0.tmp"                  # a live VAE may be writing this one right now
+    fresh.write_bytes(b"half")
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (d / ".latent.npy.zzzzzz.tmp").symlink_to(victim)   # links are never removed through
+    kept = d / "cond.npy"
+    kept.write_bytes(b"real data")
+    fresh_store = JobStore(tmp_path, cached=True)
+    assert [j.id for j in fresh_store.recover()] == [job.id]
+    assert sorted(p.name for p in store.root.iterdir()) == [job.id]
+    assert sorted(p.name for p in d.iterdir()) == sorted(["job.json", "cond.npy", fresh.name,
+                                                           ".latent.npy.zzzzzz.tmp"])
+    assert victim.read_text() == "keep" and kept.read_bytes() == b"real data"
+
+
+def test_a_folder_with_data_but_no_record_is_left_alone(tmp_path):
+    store = JobStore(tmp_path)
+    odd = store.root / "20250101-000000-abcdef"
+    odd.mkdir()
+    (odd / "cond.npy").write_bytes(b"data")
+    assert JobStore(tmp_path).recover() == []
+    assert (odd / "cond.npy").read_bytes() == b"data"
+
+
+def test_cached_store_reads_once_and_writes_through(tmp_path, monkeypatch):
+    """The daemon re-read every job.json every 2 s; the single writer now keeps the records in memory."""
+    store = JobStore(tmp_path, cached=True)
+    jobs = [store.submit(SPEC) for _ in range(5)]
+    store.transition(jobs[0].id, "encoding")
+    reads = []
+    real = JobStore._read
+    monkeypatch.setattr(JobStore, "_read", lambda self, i: reads.append(i) or real(self, i))
+    for _ in range(20):
+        assert store.next_job().id == jobs[0].id
+        store.list()
+        store.get(jobs[3].id)
+    assert reads == []
+    changed = store.get(jobs[1].id)
+    changed.spec["prompt"] = "mutated copy"                # a caller's copy never changes the store
+    assert store.get(jobs[1].id).spec == SPEC
+    store.transition(jobs[0].id, "denoising")
+    monkeypatch.undo()
+    reader = JobStore(tmp_path)                            # another process reading the folder sees the truth
+    assert reader.get(jobs[0].id).state == "denoising"
+    assert [j.to_dict() for j in reader.list()] == [j.to_dict() for j in store.list()]
+
+
+def test_prune_keeps_running_and_queued_jobs(tmp_path):
+    from orchestrator.jobs import parse_age
+    store = JobStore(tmp_path, cached=True)
+    done = []
+    for i in range(4):
+        j = store.submit(SPEC)
+        for s in ("encoding", "denoising", "decoding", "done"):
+            store.transition(j.id, s)
+        done.append(j)
+    failed = store.submit(SPEC)
+    store.fail(failed.id, "scheduler", "x")
+    cancelled = store.submit(SPEC)
+    store.cancel(cancelled.id)
+    running = store.submit(SPEC)
+    store.transition(running.id, "encoding")
+    queued = store.submit(SPEC)
+    removed = store.prune(keep=2)
+    assert [j.id for j in removed] == [d.id for d in done]            # the 2 newest finished ones stay
+    left = {j.id for j in store.list()}
+    assert left == {failed.id, cancelled.id, running.id, queued.id}
+    assert {p.name for p in store.root.iterdir()} == left
+    assert store.prune(older_than_s=3600) == []
+    later = time.time() + 7200
+    assert {j.id for j in store.prune(older_than_s=3600, now=later)} == {failed.id, cancelled.id}
+    assert {j.id for j in store.prune(keep=0)} == set()
+    assert {j.id for j in JobStore(tmp_path).list()} == {running.id, queued.id}
+    with pytest.raises(JobError, match="only finished jobs"):
+        store.remove(running.id)
+    assert (parse_age("7d"), parse_age("12h"), parse_age("30m"), parse_age("45s"), parse_age("90")) == \
+        (7 * 86400, 12 * 3600, 1800, 45, 90)
+    for bad in ("7 days", "-1d", "d", "1w", ""):
+        with pytest.raises(ValueError, match="not an age"):
+            parse_age(bad)
