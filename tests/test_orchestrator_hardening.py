@@ -1,0 +1,121 @@
+"""The job daemon under a real supervisord (stage logics: the doubles of tests/orch_doubles.py), hardened: output
+delivery never follows a planted link and keeps an existing file unless the job says overwrite (the image always
+stays in the job folder); `orchestrator prune` removes finished jobs only, through the daemon."""
+import json
+import time
+
+from orchestrator import cli
+from protocol import messages as m
+from tests.test_orchestrator_flow import _pipeline, _prompt, _status, _wait_state, pipeline  # noqa: F401 - fixtures
+
+
+def _submit(rf, tmp_path, capsys, **kw) -> str:
+    capsys.readouterr()
+    rc = cli.main(["--run", str(rf.root), "submit", str(_prompt(tmp_path, **kw))])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    return out.out.strip()
+
+
+def test_delivery_never_follows_a_planted_link(pipeline, tmp_path, capsys):
+    """A symlink planted at `<dest>.tmp` made the copy overwrite the link's target."""
+    rf, sup = pipeline
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not yours")
+    for name in ("y.png.tmp", ".y.png.tmp", "y.png.new"):
+        (out / name).symlink_to(victim)
+    job = _submit(rf, tmp_path, capsys, output=str(out / "y.png"))
+    info = _wait_state(rf, job, capsys, ("done", "failed"))
+    assert info["state"] == "done", info
+    dest = out / "y.png"
+    assert victim.read_text() == "not yours"
+    assert not dest.is_symlink() and dest.read_bytes() == (rf.jobs / job / "image.png").read_bytes()
+    assert info["image"] == str(dest)
+    assert sorted(p.name for p in out.iterdir()) == [".y.png.tmp", "y.png", "y.png.new", "y.png.tmp"]
+
+
+def test_an_existing_output_is_kept_unless_the_job_says_overwrite(pipeline, tmp_path, capsys):
+    """An existing destination was overwritten silently. It is refused at submit (test_prompt_spec); one that appears
+    while the job runs is kept at delivery, and the job says where its image is (its own folder)."""
+    rf, sup = pipeline
+    (rf.root / "double_step_s").write_text("0.3")
+    dest = tmp_path / "z.png"
+    job = _submit(rf, tmp_path, capsys, output=str(dest), steps=6)
+    _wait_state(rf, job, capsys, ("denoising",))
+    dest.write_bytes(b"someone else's picture")                 # appears after submit, before delivery
+    info = _wait_state(rf, job, capsys, ("done", "failed"), timeout_s=90)
+    assert info["state"] == "done", info
+    assert dest.read_bytes() == b"someone else's picture"
+    kept = rf.jobs / job / "image.png"
+    assert info["image"] == str(kept) and kept.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = json.loads((rf.jobs / job / "report.json").read_text())
+    assert report["delivery"]["written"] is False and str(kept) in report["delivery"]["note"]
+    history = json.loads((rf.jobs / job / "job.json").read_text())["history"]
+    assert "exists" in history[-1][2] and history[-1][0] == "done"
+    # with overwrite the same destination is replaced (and a link there is replaced, never written through)
+    (rf.root / "double_step_s").write_text("0.02")
+    victim = tmp_path / "victim.png"
+    victim.write_bytes(b"keep me")
+    dest.unlink()
+    dest.symlink_to(victim)
+    job2 = _submit(rf, tmp_path, capsys, output=str(dest), overwrite=True)
+    info2 = _wait_state(rf, job2, capsys, ("done", "failed"))
+    assert info2["state"] == "done" and info2["image"] == str(dest), info2
+    assert not dest.is_symlink() and dest.read_bytes() == (rf.jobs / job2 / "image.png").read_bytes()
+    assert victim.read_bytes() == b"keep me"
+
+
+def test_prune_removes_finished_jobs_only(pipeline, tmp_path, capsys):
+    rf, sup = pipeline
+    (rf.root / "double_step_s").write_text("0.02")
+    finished = [_submit(rf, tmp_path, capsys) for _ in range(3)]
+    for job in finished:
+        assert _wait_state(rf, job, capsys, ("done",))["state"] == "done"
+    (rf.root / "double_step_s").write_text("0.5")
+    running = _submit(rf, tmp_path, capsys, steps=8)
+    queued = _submit(rf, tmp_path, capsys, steps=2)
+    _wait_state(rf, running, capsys, ("denoising",))
+    capsys.readouterr()
+    assert cli.main(["--run", str(rf.root), "prune", "--keep", "0"]) == 0
+    out = capsys.readouterr().out
+    for job in finished:
+        assert f"removed {job}  done" in out and not (rf.jobs / job).exists()
+        assert _status(rf, job, capsys) is None                  # the daemon forgot it too
+    assert running not in out and queued not in out
+    assert (rf.jobs / running / "job.json").exists() and (rf.jobs / queued / "job.json").exists()
+    assert _wait_state(rf, running, capsys, ("done",), timeout_s=90)["state"] == "done"
+    (rf.root / "double_step_s").write_text("0.02")
+    assert _wait_state(rf, queued, capsys, ("done",), timeout_s=90)["state"] == "done"
+    capsys.readouterr()
+    assert cli.main(["--run", str(rf.root), "prune", "--older-than", "1d"]) == 0
+    assert "0 finished job(s) removed" in capsys.readouterr().err
+    time.sleep(1.1)
+    assert cli.main(["--run", str(rf.root), "prune", "--older-than", "1s"]) == 0
+    out = capsys.readouterr().out
+    assert f"removed {running}" in out and f"removed {queued}" in out
+    for args, msg in ((["prune"], "needs --keep N or --older-than"), (["prune", "--older-than", "7 days"],
+                                                                       "not an age"),
+                      (["prune", "--keep", "-1"], "must be 0 or more")):
+        assert cli.main(["--run", str(rf.root), *args]) == 2
+        assert msg in capsys.readouterr().err
+
+
+def test_bad_submits_to_an_idle_daemon_get_field_errors_and_it_stays_up(pipeline, tmp_path, capsys):
+    """With no job running, a 5,000-digit seed made the daemon exit (supervisord restarted it)."""
+    rf, sup = pipeline
+    pid = sup.info("orchestrator").pid
+    client = cli.DaemonClient(rf)
+    try:
+        for field, text in (("seed", '{"prompt": "a", "seed": ' + "1" * 5000 + "}"),
+                            ("output", json.dumps({"prompt": "a", "output": "/tmp/" + "n" * 256})),
+                            ("negative_prompt", '{"prompt": "a", "negative_prompt": "\\udfff"}')):
+            reply = client.client.request(m.Submit(prompt_json=text, base_dir=str(tmp_path)))
+            assert isinstance(reply, m.Error) and reply.code == "bad_request" and reply.field == field, reply
+        assert isinstance(client.client.request(m.Status(job=None)), m.Jobs)
+    finally:
+        client.close()
+    assert sup.info("orchestrator").pid == pid
+    job = _submit(rf, tmp_path, capsys)
+    assert _wait_state(rf, job, capsys, ("done", "failed"))["state"] == "done"
