@@ -86,6 +86,7 @@ class JobFlow:
         self._sampling: set[str] = set()                      # stages whose RSS is sampled now
         self._denoising = False
         self._last_sample = 0.0
+        self._resume_sampling = True                          # DENOISE resume: go on from the per-step state
 
     # ------------------------------------------------------------ the flow
 
@@ -176,6 +177,7 @@ class JobFlow:
             if self._load_contexts():
                 return start, why
             start, why = "encoding", "cond.npy/uncond.npy missing or unusable: encoding again"
+            self._resume_sampling = False    # steps saved with the old contexts are not reused: sample from step 0
         if why:
             log.warning("job %s: %s", self.job.id, why)
         return start, why
@@ -245,7 +247,8 @@ class JobFlow:
                                  spectrum=m.SpectrumSettings(**vars(s.spectrum)))
         msg = m.Denoise(job=self.job.id, job_dir=str(self.dir), pack_dir=str(self.pack.dir), arena=self.arena.name,
                         params=params, cond=self.cond, uncond=self.uncond, latent=self.latent, scratch=self.scratch,
-                        executor=self.cfg.endpoint("executor"), resume=True, context_rows=self._context_rows())
+                        executor=self.cfg.endpoint("executor"), resume=self._resume_sampling,
+                        context_rows=self._context_rows())
         self._denoising = True
         self._sampling = {"scheduler", "executor"}
         try:
