@@ -82,8 +82,17 @@ def is_temporary(name: str) -> bool:
     return name.startswith(TEMP_PREFIX) and name.endswith(TEMP_SUFFIX) and name.count(".") >= 3
 
 
-def remove_stale_temporaries(folder, older_than_s: float = 0.0) -> list[Path]:
-    """Remove temporaries `atomic_write` left in `folder` (not recursive) by a crash; regular files only, links and
+def temporary_target(name: str) -> str | None:
+    """The file name a temporary of `atomic_write` was for (".y.png.k3j2.tmp" -> "y.png"), else None."""
+    if not is_temporary(name):
+        return None
+    return name[len(TEMP_PREFIX):-len(TEMP_SUFFIX)].rsplit(".", 1)[0]
+
+
+def remove_stale_temporaries(folder, older_than_s: float = 0.0,
+                             targets: Callable[[str], bool] | None = None) -> list[Path]:
+    """Remove temporaries `atomic_write` left in `folder` (not recursive) by a crash: those at least `older_than_s`
+    old and, when `targets` is given, only those whose destination name it accepts; regular files only, links and
     anything else are left alone. Returns what was removed."""
     removed, now = [], time.time()
     try:
@@ -91,7 +100,8 @@ def remove_stale_temporaries(folder, older_than_s: float = 0.0) -> list[Path]:
     except FileNotFoundError:
         return removed
     for e in entries:
-        if not is_temporary(e.name):
+        target = temporary_target(e.name)
+        if target is None or (targets is not None and not targets(target)):
             continue
         try:
             st = e.stat(follow_symlinks=False)

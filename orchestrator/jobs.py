@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from models.durable import atomic_write, fsync_dir, is_temporary
+from models.durable import atomic_write, fsync_dir, remove_stale_temporaries
 
 log = logging.getLogger(__name__)
 
@@ -307,14 +307,11 @@ class JobStore:
     def clean(self) -> list[Path]:
         """Remove a crash's leftovers: folders being made or removed, job folders with no job.json and nothing but
         temporaries in them, and stale temporaries inside job folders. -> what was removed."""
-        removed: list[Path] = []
-        cutoff = _stale_cutoff()
+        removed = remove_stale_temporaries(self.root)
+        stage_age_s = _stage_temporary_age_s()
         for e in list(os.scandir(self.root)):
             path = Path(e.path)
             if not e.is_dir(follow_symlinks=False):
-                if is_temporary(e.name) and e.is_file(follow_symlinks=False):
-                    path.unlink(missing_ok=True)
-                    removed.append(path)
                 continue
             if e.name.startswith((NEW_PREFIX, GONE_PREFIX)):
                 shutil.rmtree(path, ignore_errors=True)
@@ -322,7 +319,11 @@ class JobStore:
                 continue
             if not JOB_ID_RE.match(e.name):
                 continue
-            removed += _clean_job_folder(path, cutoff)
+            # the daemon's own temporaries always (one daemon runs, and it is starting); a stage's (the sampler
+            # state, image.png) only when stale, since a stage may still be finishing a dead daemon's request
+            removed += remove_stale_temporaries(path, targets=lambda name: name in DAEMON_FILES)
+            removed += remove_stale_temporaries(path, stage_age_s)
+            removed += _remove_legacy_temporaries(path, time.time() - stage_age_s)
             if not (path / JOB_FILE).exists():
                 if any(path.iterdir()):
                     log.warning("job folder %s has no %s but other files; left as it is", path, JOB_FILE)
@@ -343,26 +344,24 @@ class JobStore:
             raise JobError(f"only {free_mb:.0f} MB free in {self.root}; at least {self.min_free_mb:.0f} MB needed")
 
 
-def _stale_cutoff() -> float:
-    """Unix time before which a stage's temporary is stale: written before this boot, or STALE_TEMP_S ago."""
+def _stage_temporary_age_s() -> float:
+    """A stage's temporary is stale when written before this boot, or STALE_TEMP_S ago (whichever is sooner)."""
     try:
         import psutil
-        boot = psutil.boot_time()
+        uptime_s = time.time() - psutil.boot_time()
     except Exception:  # noqa: BLE001 - no boot time: the age alone decides
-        boot = 0.0
-    return max(boot, time.time() - STALE_TEMP_S)
+        uptime_s = STALE_TEMP_S
+    return max(0.0, min(uptime_s, STALE_TEMP_S))
 
 
-def _clean_job_folder(folder: Path, cutoff: float) -> list[Path]:
-    """Temporaries in a job folder: those of the daemon's own files always (one daemon runs, and it is starting),
-    those of a stage's files (the sampler state, image.png) when stale: a stage may still be finishing a request."""
+def _remove_legacy_temporaries(folder: Path, cutoff: float) -> list[Path]:
+    """Write-then-rename leftovers of versions before models.durable ("job.json.tmp", "cond.npy.tmp.npy",
+    "sampler_state.safetensors.new"): the daemon's own always, a stage's when older than `cutoff` (unix time)."""
     removed = []
     for e in os.scandir(folder):
-        legacy = e.name.endswith(LEGACY_SUFFIXES) and not e.name.startswith(".")
-        if not (is_temporary(e.name) or legacy) or not e.is_file(follow_symlinks=False):
+        if e.name.startswith(".") or not e.name.endswith(LEGACY_SUFFIXES) or not e.is_file(follow_symlinks=False):
             continue
-        bare = e.name.lstrip(".")
-        mine = any(bare.startswith(f + ".") for f in DAEMON_FILES)
+        mine = any(e.name.startswith(f + ".") for f in DAEMON_FILES)
         try:
             if mine or e.stat(follow_symlinks=False).st_mtime < cutoff:
                 os.unlink(e.path)

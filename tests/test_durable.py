@@ -1,5 +1,6 @@
 """models.durable.atomic_write: exclusive temporaries, no link followed, keep-existing, fsync, stale cleanup."""
 import os
+import time
 
 import numpy as np
 import pytest
@@ -105,3 +106,16 @@ def test_stale_temporaries_are_removed_and_nothing_else(tmp_path):
     assert [p.name for p in removed] == [".job.json.abc123.tmp"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".dir.x1.tmp", ".link.x2.tmp", "job.json", "notes.tmp"]
     assert (tmp_path / "job.json").read_text() == "{}"
+
+
+def test_stale_temporaries_by_age_and_destination(tmp_path):
+    from models.durable import temporary_target
+    assert temporary_target(".y.png.k3_j2x.tmp") == "y.png" and temporary_target("y.png.tmp") is None
+    for name in (".cond.npy.a1.tmp", ".image.png.b2.tmp"):
+        (tmp_path / name).write_bytes(b"torn")
+    assert remove_stale_temporaries(tmp_path, older_than_s=3600) == []          # fresh: maybe still being written
+    assert [p.name for p in remove_stale_temporaries(tmp_path, targets=lambda t: t == "cond.npy")] == \
+        [".cond.npy.a1.tmp"]
+    old = time.time() - 7200
+    os.utime(tmp_path / ".image.png.b2.tmp", (old, old))
+    assert [p.name for p in remove_stale_temporaries(tmp_path, older_than_s=3600)] == [".image.png.b2.tmp"]
