@@ -159,11 +159,11 @@ class JobStore:
             return copy.deepcopy(jobs[job_id])           # callers change their copy; save() writes it through
         raise JobError(self._unreadable.get(job_id, f"no job {job_id} in {self.root}"))
 
-    def list(self) -> list[Job]:
-        """Every readable job, oldest first (by creation time: ids alone tell only the second, and two jobs queued
-        within one second must still run in order); unreadable ones are logged and skipped."""
+    def list(self, where=None) -> list[Job]:
+        """Every readable job (for which `where(job)` holds), oldest first (by creation time: ids alone tell only the
+        second, and two jobs queued within one second must still run in order); unreadable ones are logged, skipped."""
         if self.cached:
-            jobs = [copy.deepcopy(j) for j in self._load().values()]
+            jobs = [copy.deepcopy(j) for j in self._load().values() if where is None or where(j)]
         else:
             jobs = []
             for job_id in self._job_ids():
@@ -171,10 +171,12 @@ class JobStore:
                     jobs.append(self._read(job_id))
                 except JobError as e:
                     log.warning("skipping %s", e)
+        if where is not None and not self.cached:
+            jobs = [j for j in jobs if where(j)]
         return sorted(jobs, key=lambda j: (j.created, j.id))
 
     def pending(self) -> list[Job]:
-        return [j for j in self.list() if j.state == "queued" or j.active]
+        return self.list(lambda j: j.state == "queued" or j.active)
 
     def next_job(self) -> Job | None:
         """The job to work on: one already running (after a restart) first, else the oldest queued one."""
