@@ -41,7 +41,7 @@ JOB_FILE = "job.json"
 NEW_PREFIX = ".new-"            # a job folder being made (hidden; renamed to its id with its first job.json inside)
 GONE_PREFIX = ".gone-"          # a job folder being removed (renamed aside first, then deleted)
 # files only the daemon writes in a job folder: their temporaries are stale whenever a daemon starts
-DAEMON_FILES = (JOB_FILE, "cond.npy", "uncond.npy", "latent.npy", "report.json")
+DAEMON_FILES = (JOB_FILE, "text.json", "cond.npy", "uncond.npy", "latent.npy", "report.json")
 LEGACY_SUFFIXES = (".tmp", ".tmp.npy", ".new")   # write-then-rename names used before models.durable
 STALE_TEMP_S = 600.0            # a stage's temporary this old (or older than the boot) is not being written
 

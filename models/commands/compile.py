@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import logging
 
+from models.durable import atomic_write
+
 log = logging.getLogger(__name__)
 
 
@@ -36,5 +38,5 @@ def run(args) -> int:
                           per_worker=args.per_worker, force=args.force)
     print(describe(report))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+        atomic_write(args.json, json.dumps(report, indent=1) + "\n")
     return 1 if report["failed"] else 0
