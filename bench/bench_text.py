@@ -77,8 +77,8 @@ def main() -> int:
     from models.text.conditioning import TextEncoder
     rss0 = rss_gb()
     t0 = time.perf_counter()
-    enc = TextEncoder(str(files["te"]), str(files["adapter"]), str(files["tok"] / "qwen"), str(files["tok"] / "t5"),
-                      threads=args.threads)
+    enc = TextEncoder.from_files(str(files["te"]), str(files["adapter"]), str(files["tok"] / "qwen"),
+                                 str(files["tok"] / "t5"), threads=args.threads)
     load_s = time.perf_counter() - t0
     rss_load = rss_gb()
     now_load = rss_now()

@@ -15,6 +15,8 @@ COMMANDS = {
     "verify": ("models.commands.verify", "compare a pack's branches against the FP32 reference"),
     "compile": ("models.commands.compile", "compile a pack's branch ONNX files to RKNN with rknn-toolkit2"),
     "encode": ("models.commands.encode", "prompt -> text context [512, context_dim]"),
+    "export-encoder": ("models.commands.export_encoder", "export the text encoder to ONNX (an encoder pack for the "
+                       "board)"),
     "decode": ("models.commands.decode", "latent -> PNG through the VAE decoder"),
     "info": ("models.commands.info", "describe a checkpoint: what it is, its config, its dtypes"),
 }

@@ -10,15 +10,23 @@ sees the old file or the new one, never a torn one; a crash leaves at most a sta
     atomic_write(path, "text\n")                              # str is written as UTF-8
     atomic_write(path, lambda f: np.save(f, array))           # a writer callable gets the open binary file
     atomic_write(path, data, overwrite=False)                 # FileExistsError when path exists (kept untouched)
+
+A folder of files that belong together (a model pack) is built the same way, as a whole:
+
+    with building_folder(out) as tmp:                         # tmp: a new hidden sibling of `out`
+        ...write into tmp...                                  # an exception removes tmp, `out` stays as it was
+    # on success tmp was renamed to `out` (a previous `out` moved aside first, then removed)
 """
 from __future__ import annotations
 
 import errno
 import os
+import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Callable, Union
+from typing import BinaryIO, Callable, Iterator, Union
 
 TEMP_PREFIX = "."            # temporaries are hidden files: ".<name>.<random>.tmp"
 TEMP_SUFFIX = ".tmp"
@@ -113,3 +121,26 @@ def remove_stale_temporaries(folder, older_than_s: float = 0.0,
             if err.errno != errno.ENOENT:
                 raise
     return removed
+
+
+@contextmanager
+def building_folder(out) -> Iterator[Path]:
+    """Yield a fresh temporary sibling folder of `out` (mode 0777 less the umask); when the block ends without an
+    exception it becomes `out` (an existing `out` is moved aside first and removed after), else it is removed."""
+    out = Path(out).absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    os.chmod(tmp, 0o777 & ~_umask())                 # mkdtemp makes 0700; a pack is an ordinary folder
+    try:
+        yield tmp
+        old = None
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, old / "previous")
+        os.replace(tmp, out)
+        fsync_dir(out.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

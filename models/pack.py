@@ -7,15 +7,13 @@ import json
 import logging
 import os
 import platform
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from models.config import DiTConfig
-from models.durable import atomic_write, fsync_dir
+from models.durable import atomic_write, building_folder, fsync_dir
 from models.partition import (BRANCHES, PACK_DTYPES, TEXT_TOKENS, Geometry, branch_file, branch_order,
                               pack_io_dtype, resolve)
 
@@ -138,12 +136,7 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
     if prev is not None and prev != sha and not overwrite:
         raise PackError(f"{out}: holds a pack of another checkpoint (sha256 {prev[:12]}…, this one {sha[:12]}…); "
                         "pass overwrite (--overwrite) to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)                     # mkdtemp makes 0700; a pack is an ordinary folder
-    try:
+    with building_folder(out) as tmp:                 # renamed to `out` when complete, removed on any error
         # 1) host weights (FP32), streamed tensor by tensor
         keys = host_keys(cfg)
         write_safetensors(tmp / HOST_FILE, [TensorEntry(k, "F32", tuple(ckpt.shape(k)), (lambda k=k: ckpt.get(k)))
@@ -180,19 +173,7 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
             "tools": tool_versions(),
         }
         atomic_write(tmp / MANIFEST, json.dumps(manifest, indent=1) + "\n")
-        fsync_dir(tmp / ONNX_DIR)
-        # 4) into place: the old folder (same checkpoint, or overwrite) goes aside first, then away
-        old = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / "pack")
-        os.replace(tmp, out)
-        fsync_dir(out.parent)                         # the rename itself survives a power cut
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        fsync_dir(tmp / ONNX_DIR)                   # the ONNX files' entries, before the folder's rename
     log.info("pack %s: %d branches, %s, %dx%d, built in %.1f s", out, len(branches), dtype, geom.width, geom.height,
              time.perf_counter() - t0)
     return out

@@ -3,17 +3,21 @@
     python -m stages.encoder --config run/pipeline.toml
 
 Started by the orchestrator for a job's encoding and stopped before denoising (it holds Qwen3 in FP32, ~2.5 GB at full
-size). The models come from the config's `models_dir` (ComfyUI layout) with optional per-part overrides in
-`[stage.encoder]`: dit, text_encoder, qwen_tokenizer, t5_tokenizer.
+size). `[stage.encoder] backend` picks the compute:
+    backend = "torch"      (default) the model files from the config's `models_dir` (ComfyUI layout), with optional
+                           per-part overrides: dit, text_encoder, qwen_tokenizer, t5_tokenizer
+    backend = "onnx"       ONNX Runtime on an encoder pack: pack = "DIR" (`anima-models export-encoder`; a relative
+                           path resolves from the config file's folder). No torch: what the board runs.
 """
 from __future__ import annotations
 
 import logging
-import sys
+import os
 import time
 
 from models.models_dir import ModelsDirError, resolve_models
-from models.text.conditioning import TextEncoder
+from models.text.conditioning import BACKENDS, TextEncoder
+from models.text.encoder_pack import EncoderPackError
 from models.text.prompt_weights import PromptWeightError
 from protocol import messages as m
 from protocol.fields import ProtocolError
@@ -31,20 +35,34 @@ class EncoderLogic:
 
     def __init__(self, config: PipelineConfig):
         settings = config.stage_settings("encoder")
-        overrides = {k: settings[k] for k in PARTS if k in settings}
-        try:
-            paths = resolve_models(config.models_dir, overrides, need=PARTS)
-        except ModelsDirError as e:
-            raise ValueError(f"encoder: {e}") from None
+        self.backend = settings.get("backend", "torch")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"{config.path}: stage.encoder.backend: {self.backend!r} is not one of {', '.join(BACKENDS)}")
         self.threads = int(settings.get("threads", config.threads))
         t0 = time.perf_counter()
-        self.encoder = TextEncoder(str(paths.text_encoder), str(paths.dit), str(paths.qwen_tokenizer),
-                                   str(paths.t5_tokenizer), threads=self.threads)
+        if self.backend == "onnx":
+            if not isinstance(settings.get("pack"), str):
+                raise ValueError(f"{config.path}: stage.encoder.pack: backend \"onnx\" needs the encoder pack folder "
+                                 "(pack = \"DIR\", written by `anima-models export-encoder`)")
+            self.source = (config.path.parent / os.path.expanduser(settings["pack"])).resolve()
+            try:
+                self.encoder = TextEncoder.from_pack(str(self.source), threads=self.threads)
+            except EncoderPackError as e:
+                raise ValueError(f"encoder: {e}") from None
+        else:
+            overrides = {k: settings[k] for k in PARTS if k in settings}
+            try:
+                paths = resolve_models(config.models_dir, overrides, need=PARTS)
+            except ModelsDirError as e:
+                raise ValueError(f"encoder: {e}") from None
+            self.source = paths.text_encoder
+            self.encoder = TextEncoder.from_files(str(paths.text_encoder), str(paths.dit), str(paths.qwen_tokenizer),
+                                                  str(paths.t5_tokenizer), threads=self.threads)
         self.load_s = time.perf_counter() - t0
-        self.paths = paths
 
     def info(self) -> dict:
-        return {"context_dim": self.encoder.context_dim, "threads": self.threads, "load_s": round(self.load_s, 3)}
+        return {"context_dim": self.encoder.context_dim, "threads": self.threads, "load_s": round(self.load_s, 3),
+                "backend": self.backend, "source": str(self.source)}
 
     def on_encode(self, msg: m.Encode, ctx) -> m.Encoded:
         shape = (msg.rows, self.encoder.context_dim)

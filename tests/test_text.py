@@ -34,7 +34,7 @@ def tok_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def encoder(te_file, tiny_dit, tok_dir):
     from models.text.conditioning import TextEncoder
-    enc = TextEncoder(str(te_file), str(tiny_dit), str(tok_dir / "qwen"), str(tok_dir / "t5"), threads=2)
+    enc = TextEncoder.from_files(str(te_file), str(tiny_dit), str(tok_dir / "qwen"), str(tok_dir / "t5"), threads=2)
     yield enc
     enc.close()
 
@@ -317,7 +317,7 @@ def test_empty_prompt(encoder):
     assert tp.qwen_ids == [151643] and tp.qwen_masked and tp.t5_ids == [1] and tp.t5_weights == [1.0]
     ctx = encoder.encode("")
     assert np.abs(ctx[0]).sum() > 0 and not ctx[1:].any()
-    want = run_adapter(encoder.adapter, [1], encoder.qwen.hidden_states([151643]))
+    want = run_adapter(encoder.compute.adapter, [1], encoder.compute.qwen.hidden_states([151643]))
     np.testing.assert_array_equal(ctx[0], want[0])
     assert not encoder.tokenize("(x)").qwen_masked
 
@@ -337,8 +337,8 @@ def test_mismatched_files_and_close(te_file, tiny_dit, tok_dir, tmp_path, monkey
     narrow = tmp_path / "narrow.safetensors"
     text_synth.write_te("narrow", 0, narrow)
     with pytest.raises(ValueError, match="hidden size 32 .* expects 64"):
-        TextEncoder(str(narrow), str(tiny_dit), str(tok_dir / "qwen"), str(tok_dir / "t5"))
-    enc = TextEncoder(str(te_file), str(tiny_dit), str(tok_dir / "qwen"), str(tok_dir / "t5"))
+        TextEncoder.from_files(str(narrow), str(tiny_dit), str(tok_dir / "qwen"), str(tok_dir / "t5"))
+    enc = TextEncoder.from_files(str(te_file), str(tiny_dit), str(tok_dir / "qwen"), str(tok_dir / "t5"))
     enc.close()
     with pytest.raises(RuntimeError, match="closed"):
         enc.encode("x")

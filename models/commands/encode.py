@@ -3,6 +3,7 @@
     anima-models encode --models MODELS --prompt "1girl, (blue eyes:1.2)" --negative "lowres" --out ctx.npz
     anima-models encode --qwen TE.safetensors --dit DIT.safetensors --qwen-tokenizer DIR --t5-tokenizer DIR \\
         --prompt "..." --out ctx.npz --threads 4
+    anima-models encode --backend onnx --pack packs/encoder --prompt "..." --out ctx.npz     # no torch needed
 """
 from __future__ import annotations
 
@@ -28,7 +29,10 @@ def add_arguments(p) -> None:
     p.add_argument("--dit", metavar="FILE", help="DiT checkpoint holding the LLM adapter")
     p.add_argument("--qwen-tokenizer", metavar="DIR", help="folder with tokenizer.json or vocab.json + merges.txt")
     p.add_argument("--t5-tokenizer", metavar="PATH", help="tokenizer.json, spiece.model, or a folder holding one")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: the runtime's choice)")
+    p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
+                   help="torch: the model files (default); onnx: ONNX Runtime on an encoder pack (--pack)")
+    p.add_argument("--pack", metavar="DIR", help="encoder pack (anima-models export-encoder) for --backend onnx")
 
 
 def _resolve(args) -> tuple:
@@ -52,10 +56,18 @@ def run(args) -> int:
     from models.text.prompt_weights import check_prompt
     check_prompt(args.prompt)                    # a bad weight syntax fails before minutes of model loading
     check_prompt(args.negative)
-    te, dit, qtok, t5tok = _resolve(args)
     from models.text.conditioning import TextEncoder
-    t0 = time.perf_counter()
-    enc = TextEncoder(te, dit, qtok, t5tok, threads=args.threads)
+    if args.backend == "onnx":
+        if not args.pack:
+            raise UserError("--backend onnx needs --pack DIR (an encoder pack from `anima-models export-encoder`)")
+        t0 = time.perf_counter()
+        enc = TextEncoder.from_pack(args.pack, threads=args.threads)
+    else:
+        if args.pack:
+            raise UserError("--pack is for --backend onnx")
+        te, dit, qtok, t5tok = _resolve(args)
+        t0 = time.perf_counter()
+        enc = TextEncoder.from_files(te, dit, qtok, t5tok, threads=args.threads)
     t1 = time.perf_counter()
     try:
         cond, uncond = enc.encode_pair(args.prompt, args.negative)     # cond, uncond: [512, Dc] f32
@@ -63,5 +75,6 @@ def run(args) -> int:
         enc.close()
     t2 = time.perf_counter()
     atomic_write(out, lambda f: np.savez(f, cond=cond, uncond=uncond, context=cond))
-    print(f"wrote {out}: cond/uncond {list(cond.shape)} f32 (load {t1 - t0:.1f} s, encode {t2 - t1:.1f} s)")
+    print(f"wrote {out}: cond/uncond {list(cond.shape)} f32 ({args.backend}; load {t1 - t0:.1f} s, "
+          f"encode {t2 - t1:.1f} s)")
     return 0

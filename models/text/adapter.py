@@ -130,8 +130,11 @@ def find_adapter_prefix(path: str, st: SafeTensorsFile) -> str:
     raise AdapterFileError(f"{path}: no LLM adapter ({what})")
 
 
-def load_adapter(dit_path: str) -> LLMAdapter:
-    """Read `llm_adapter.*` from a DiT checkpoint (prefix `net.` or `model.diffusion_model.`), config from shapes."""
+def adapter_tensors(dit_path: str) -> tuple:
+    """Validate `llm_adapter.*` in a DiT checkpoint (prefix `net.` or `model.diffusion_model.`), config from shapes.
+
+    -> (AdapterConfig, {key without `llm_adapter.`: shape}, get(key) -> f32 array). The torch module and the ONNX
+    export both read the adapter through this."""
     path = os.fspath(dit_path)
     st = SafeTensorsFile(path)
     full = find_adapter_prefix(path, st)
@@ -152,9 +155,17 @@ def load_adapter(dit_path: str) -> LLMAdapter:
         dt = st.dtype(outer + k)
         if dt not in ("BF16", "F16", "F32"):
             raise AdapterFileError(f"{path}: tensor {outer + k!r} has dtype {dt}; only bf16/f16/f32 are supported")
+    shapes = {k[len(ADAPTER_PREFIX):]: tuple(s) for k, s in expected.items()}
+    return cfg, shapes, (lambda key: st.get(full + key))
+
+
+def load_adapter(dit_path: str) -> LLMAdapter:
+    """The adapter of a DiT checkpoint as a torch module (FP32), config from shapes."""
+    path = os.fspath(dit_path)
+    cfg, shapes, get = adapter_tensors(path)
     with torch.device("meta"):
         model = LLMAdapter(cfg)
-    state = {k[len(ADAPTER_PREFIX):]: torch.from_numpy(st.get(outer + k)) for k in expected}   # f32 copies
+    state = {k: torch.from_numpy(get(k)) for k in shapes}                # f32 copies
     model.load_state_dict(state, strict=True, assign=True)
     log.info("loaded LLM adapter from %s: %d blocks, width %d, %d heads x %d, source %d, vocab %d", path,
              cfg.blocks, cfg.width, cfg.heads, cfg.head_dim, cfg.source_dim, cfg.vocab)

@@ -1,47 +1,105 @@
-"""Prompt -> text context [512, context_dim] f32: tokenizers, Qwen3 (FP32), LLM adapter, T5 weights, zero padding."""
+"""Prompt -> text context [512, context_dim] f32: tokenize, Qwen3 + LLM adapter (a compute backend), T5 weights, padding.
+
+No torch here. What is shared by every backend lives in this module and in models/text/tokenizers.py (tokenization of
+the weighted prompt); only the Qwen3 + adapter compute differs:
+    torch  models/text/compute_torch.py  transformers Qwen3Model + the torch adapter, from the model files (the host)
+    onnx   models/text/compute_onnx.py   ONNX Runtime, from an encoder pack (`anima-models export-encoder`; the board)
+
+    enc = TextEncoder.from_files(te, dit, qwen_tok_dir, t5_tok)      # torch
+    enc = TextEncoder.from_pack("packs/encoder")                     # ONNX Runtime
+    cond, uncond = enc.encode_pair("1girl, (blue eyes:1.2)", "")     # [512, Dc] f32 each
+"""
 from __future__ import annotations
 
 import gc
 import logging
 import time
-from typing import Optional
+from typing import Optional, Protocol
 
 import numpy as np
-import torch
 
-from models.text.adapter import load_adapter, run_adapter
-from models.text.qwen3 import Qwen3TextEncoder
 from models.text.tokenizers import PromptTokenizer, TokenizedPrompt
 
-__all__ = ["CONTEXT_ROWS", "TextEncoder", "TokenizedPrompt"]
+__all__ = ["BACKENDS", "CONTEXT_ROWS", "TextCompute", "TextEncoder", "TokenizedPrompt", "context_from_rows"]
 
 log = logging.getLogger(__name__)
 
 CONTEXT_ROWS = 512          # text tokens the DiT's cross-attention sees (fixed: the NPU graphs have static shapes)
+BACKENDS = ("torch", "onnx")
+
+
+class TextCompute(Protocol):
+    """Qwen3 + LLM adapter behind one interface (torch or ONNX Runtime)."""
+    name: str
+    qwen_vocab: int             # Qwen3 embedding rows
+    adapter_vocab: int          # adapter embedding rows (T5 ids)
+    context_dim: int            # adapter width = the DiT's context dim
+    load_s: float
+
+    def hidden_states(self, ids: list) -> np.ndarray: ...                       # [S] -> [S, source_dim] f32
+
+    def adapter_rows(self, t5_ids: list, source: np.ndarray) -> np.ndarray: ...  # -> [T, context_dim] f32
+
+    def close(self) -> None: ...
+
+
+def context_from_rows(out: np.ndarray, weights: list, context_dim: int, rows: int = CONTEXT_ROWS) -> np.ndarray:
+    """Adapter rows [T, Dc] x per-token T5 weights, zero rows after the last token: [rows, Dc] f32.
+
+    ComfyUI pads to 512 rows and keeps every row of a longer prompt; `rows` is what the pack takes (512, or more for a
+    long-context pack), and rows past it are dropped with a warning."""
+    if rows < CONTEXT_ROWS:
+        raise ValueError(f"rows {rows}: a context has at least {CONTEXT_ROWS} rows")
+    out = out * np.asarray(weights, dtype=np.float32)[:, None]                  # out: [T, Dc] f32
+    if out.shape[0] > rows:
+        log.warning("prompt has %d T5 tokens; the context keeps the first %d (the rest is dropped), while "
+                    "ComfyUI keeps every row: the picture will differ from ComfyUI's unless the prompt is at "
+                    "most %d T5 tokens long or the pack takes a longer context (anima-models pack --context)",
+                    out.shape[0], rows, rows)
+        out = out[:rows]
+    ctx = np.zeros((rows, context_dim), dtype=np.float32)                       # ctx: [rows, Dc] f32
+    ctx[: out.shape[0]] = out
+    return ctx
 
 
 class TextEncoder:
-    """Loads the tokenizers, Qwen3 and the LLM adapter once; `encode(prompt)` -> [512, context_dim] f32."""
+    """Tokenizers + a compute backend, loaded once; `encode(prompt)` -> [512, context_dim] f32."""
 
-    def __init__(self, qwen_path: str, dit_path: str, qwen_tokenizer_dir: str, t5_tokenizer_path_or_dir: str,
-                 threads: Optional[int] = None):
-        t0 = time.perf_counter()
-        if threads:
-            torch.set_num_threads(int(threads))
-        self.tokenizer = PromptTokenizer.from_files(qwen_tokenizer_dir, t5_tokenizer_path_or_dir)
-        self.adapter = load_adapter(dit_path)
-        self.qwen = Qwen3TextEncoder(qwen_path)
-        cfg = self.adapter.config
-        if cfg.source_dim != self.qwen.shape.hidden:
-            raise ValueError(f"text encoder {qwen_path} has hidden size {self.qwen.shape.hidden} but the LLM adapter "
-                             f"in {dit_path} expects {cfg.source_dim} (cross_attn.k_proj columns): mismatched files")
-        qtok = self.tokenizer.qwen
-        if qtok.pad_id >= self.qwen.shape.vocab:
+    def __init__(self, compute: TextCompute, tokenizer: PromptTokenizer):
+        self.compute, self.tokenizer = compute, tokenizer
+        qtok = tokenizer.qwen
+        if qtok.pad_id >= compute.qwen_vocab:
             raise ValueError(f"Qwen tokenizer {qtok.source} pad id {qtok.pad_id} is outside the text "
-                             f"encoder's vocabulary ({self.qwen.shape.vocab})")
-        self.context_dim = cfg.width
-        self.load_s = time.perf_counter() - t0
-        log.info("text encoder ready in %.2f s (context [%d, %d])", self.load_s, CONTEXT_ROWS, self.context_dim)
+                             f"encoder's vocabulary ({compute.qwen_vocab})")
+        self.context_dim = compute.context_dim
+        self.backend = compute.name
+        self.load_s = compute.load_s
+
+    @classmethod
+    def from_files(cls, qwen_path: str, dit_path: str, qwen_tokenizer_dir: str, t5_tokenizer_path_or_dir: str,
+                   threads: Optional[int] = None) -> "TextEncoder":
+        """The torch backend from the model files (Qwen3 safetensors, the DiT holding the adapter, tokenizers)."""
+        from models.text.compute_torch import TorchTextCompute
+        t0 = time.perf_counter()
+        tok = PromptTokenizer.from_files(qwen_tokenizer_dir, t5_tokenizer_path_or_dir)
+        enc = cls(TorchTextCompute(qwen_path, dit_path, threads=threads), tok)
+        enc.load_s = time.perf_counter() - t0
+        log.info("text encoder (torch) ready in %.2f s (context [%d, %d])", enc.load_s, CONTEXT_ROWS, enc.context_dim)
+        return enc
+
+    @classmethod
+    def from_pack(cls, pack_dir: str, threads: Optional[int] = None, check: bool = True) -> "TextEncoder":
+        """The ONNX Runtime backend from an encoder pack (graphs, tokenizer.json files, manifest with hashes)."""
+        from models.text.compute_onnx import OnnxTextCompute
+        from models.text.encoder_pack import load_encoder_pack
+        t0 = time.perf_counter()
+        pack = load_encoder_pack(pack_dir, check=check)
+        tok = PromptTokenizer.from_files(str(pack.qwen_tokenizer), str(pack.t5_tokenizer))
+        enc = cls(OnnxTextCompute(pack, threads=threads), tok)
+        enc.load_s = time.perf_counter() - t0
+        log.info("text encoder (onnx, %s) ready in %.2f s (context [%d, %d])", pack.dir, enc.load_s, CONTEXT_ROWS,
+                 enc.context_dim)
+        return enc
 
     def tokenize(self, prompt: str) -> TokenizedPrompt:
         """Weighted segments as ComfyUI cuts them; Qwen ids and T5 ids + weights segment by segment."""
@@ -52,29 +110,24 @@ class TextEncoder:
         return self.encode_tokens(self.tokenize(prompt))
 
     def encode_tokens(self, tp: TokenizedPrompt, rows: int = CONTEXT_ROWS) -> np.ndarray:
-        """Tokenized prompt -> context [rows, context_dim] f32: adapter rows x T5 weights, zero rows after the last
-        token. ComfyUI pads to 512 rows and keeps every row of a longer prompt; `rows` is what the pack takes (512,
-        or more for a long-context pack), and rows past it are dropped with a warning."""
-        if self.qwen is None:
+        """Tokenized prompt -> context [rows, context_dim] f32 (see context_from_rows)."""
+        if self.compute is None:
             raise RuntimeError("TextEncoder is closed")
         if rows < CONTEXT_ROWS:
             raise ValueError(f"rows {rows}: a context has at least {CONTEXT_ROWS} rows")
         t0 = time.perf_counter()
+        for ids, vocab, what in ((tp.qwen_ids, self.compute.qwen_vocab, "Qwen3 token id"),
+                                 (tp.t5_ids, self.compute.adapter_vocab, "T5 token id")):
+            bad = [i for i in ids if not 0 <= int(i) < vocab]
+            if bad:
+                raise ValueError(f"{what} {bad[0]} outside the vocabulary [0, {vocab})")
         # The empty prompt's single pad token is masked in the reference; a one-token causal attention whose only
         # key is masked with a finite bias still attends to it, so the unmasked forward gives the same states.
-        source = self.qwen.hidden_states(tp.qwen_ids)                         # source: [S, source_dim] f32
-        out = run_adapter(self.adapter, tp.t5_ids, source)                    # out: [T, Dc] f32
-        out *= np.asarray(tp.t5_weights, dtype=np.float32)[:, None]
-        if out.shape[0] > rows:
-            log.warning("prompt has %d T5 tokens; the context keeps the first %d (the rest is dropped), while "
-                        "ComfyUI keeps every row: the picture will differ from ComfyUI's unless the prompt is at "
-                        "most %d T5 tokens long or the pack takes a longer context (anima-models pack --context)",
-                        out.shape[0], rows, rows)
-            out = out[:rows]
-        ctx = np.zeros((rows, self.context_dim), dtype=np.float32)           # ctx: [rows, Dc] f32
-        ctx[: out.shape[0]] = out
-        log.info("encoded prompt: %d Qwen tokens, %d T5 tokens in %.2f s", len(tp.qwen_ids), len(tp.t5_ids),
-                 time.perf_counter() - t0)
+        source = self.compute.hidden_states(tp.qwen_ids)                         # source: [S, source_dim] f32
+        out = self.compute.adapter_rows(tp.t5_ids, source)                       # out: [T, Dc] f32
+        ctx = context_from_rows(out, tp.t5_weights, self.context_dim, rows)      # ctx: [rows, Dc] f32
+        log.info("encoded prompt (%s): %d Qwen tokens, %d T5 tokens in %.2f s", self.backend, len(tp.qwen_ids),
+                 len(tp.t5_ids), time.perf_counter() - t0)
         return ctx
 
     def encode_pair(self, prompt: str, negative: str = "") -> tuple:
@@ -83,10 +136,9 @@ class TextEncoder:
 
     def close(self) -> None:
         """Drop the models (the memory returns to the allocator); the object cannot encode afterwards."""
-        if self.qwen is not None:
-            self.qwen.close()
-        self.qwen = None
-        self.adapter = None
+        if self.compute is not None:
+            self.compute.close()
+        self.compute = None
         gc.collect()
 
     def __enter__(self):
