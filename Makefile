@@ -7,7 +7,7 @@ RUN ?= $(CURDIR)/run
 # extra demo flags, e.g. make demo DEMO_ARGS="--resolution 512x512 --stop"
 DEMO_ARGS ?=
 
-.PHONY: demo test venv clean bench rknn-venv chromium
+.PHONY: demo test venv clean bench rknn-venv chromium board-check py310-check arm64-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -42,5 +42,19 @@ chromium: $(CHROMIUM)
 test: $(STAMP) $(RKNN_STAMP) $(CHROMIUM)
 	$(BIN)/python -m pytest -q tests
 
+# The board's install on this machine: a fresh .venv-board (pip install '.[board]', no torch), the tiny job through
+# supervisord from it with encoder and VAE on ONNX Runtime. Last line: board-check ok torch=absent job_s=… venv_mb=…
+board-check: $(STAMP)
+	PY=$(PY) bash scripts/board_check.sh
+
+# The board install on Python 3.10 (Ubuntu 22.04's): .venv-py310 with '.[board]' + pytest, the config-parsing tests.
+PY310 ?= $(shell command -v python3.10 || echo /root/.pyenv/versions/3.10.13/bin/python)
+py310-check:
+	PY310=$(PY310) bash scripts/py310_check.sh
+
+# Not in CI: a Debian arm64 root (debootstrap + qemu-user-static) where '.[board]' installs and rknnlite imports.
+arm64-check:
+	bash scripts/arm64_check.sh
+
 clean:
-	rm -rf $(VENV) .venv-rknn run build *.egg-info
+	rm -rf $(VENV) .venv-rknn .venv-board .venv-py310 .board-check run build *.egg-info

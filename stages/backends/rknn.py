@@ -42,6 +42,46 @@ def lite_module(which: Optional[str] = None):
                            "rknn-toolkit-lite2 and librknnrt.so (docs/board.md)") from None
 
 
+LITE_DIST = "rknn-toolkit-lite2"
+_checked_packs: set = set()
+
+
+def _release(version: Optional[str]) -> Optional[str]:
+    """'2.5.0+81f21f4d' -> '2.5.0' (a local build tag does not change the release)."""
+    return None if version is None else str(version).split("+", 1)[0].strip()
+
+
+def installed_lite_version(api) -> Optional[str]:
+    """The rknn-toolkit-lite2 release behind `api` (the stand-in reports the release it imitates); None if absent."""
+    if getattr(api, "IS_STANDIN", False):
+        return getattr(api, "LITE_VERSION", None)
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(LITE_DIST)
+    except PackageNotFoundError:
+        return None
+
+
+def check_toolkit_version(pack_dir, api) -> str:
+    """The pack's manifest records the rknn-toolkit2 that compiled it; the board's rknn-toolkit-lite2 must be the same
+    release (a .rknn file is read by the runtime of its toolkit). BackendError saying what to install when not."""
+    pack = Path(pack_dir)
+    try:
+        want = (json.loads((pack / "manifest.json").read_text()).get("rknn") or {}).get("toolkit")
+    except (OSError, ValueError, AttributeError) as e:
+        raise BackendError(f"{pack}: cannot read its manifest ({e})") from None
+    if not want or want == "unknown":
+        raise BackendError(f"{pack}: the manifest records no rknn-toolkit2 version (run `anima-models compile {pack} "
+                           "--target rk3588` with the toolkit in .venv-rknn)")
+    have = installed_lite_version(api)
+    if _release(have) != _release(want):
+        now = f"rknn-toolkit-lite2 {have} is installed" if have else "rknn-toolkit-lite2 is not installed"
+        raise BackendError(f"{pack} was compiled with rknn-toolkit2 {want}, but {now}: install the same release, "
+                           f"pip install 'rknn-toolkit-lite2=={_release(want)}' (with librknnrt.so {_release(want)} in "
+                           f"/usr/lib, docs/board.md), or compile the pack again with the toolkit that matches")
+    return _release(want)
+
+
 def _pack_branches(p: Path) -> tuple:
     """(pack folder, manifest branch entries, p relative to the pack) for a file PACK/<dir>/<name>."""
     pack = p.parent.parent
@@ -134,7 +174,10 @@ class RknnLiteBackend(BranchBackend):
         self._path = os.fspath(compiled_path(path))      # the scheduler names the ONNX file; run its .rknn
         if not os.path.isfile(self._path):
             raise BackendError(f"{self._path}: no such compiled branch")
-        _, self._entry = branch_entry(self._path)
+        pack, self._entry = branch_entry(self._path)
+        if pack not in _checked_packs:                   # once per pack: the runtime must match the compiler
+            check_toolkit_version(pack, self.api)
+            _checked_packs.add(pack)
         self.report = {"branch": os.path.basename(self._path), "standin": self.is_standin,
                        "core_masks": self.masks, "passes": []}
         with self._phase("load"):

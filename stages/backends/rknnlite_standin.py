@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 IS_STANDIN = True
 STANDIN_LABEL = "rknnlite STAND-IN (ONNX Runtime on the CPU; not an RK3588 NPU)"
+LITE_VERSION = "2.5.0"          # the rknn-toolkit-lite2 release this stand-in imitates (the board pin, pyproject.toml)
 
 
 def onnx_for_rknn(rknn_path) -> Path:
