@@ -68,7 +68,8 @@ def worker(args) -> int:
     ctx = {f"p{i}": enc.encode(p) for i, p in enumerate(PROMPTS)}
     ids = {f"p{i}": [enc.tokenize(p).qwen_ids, enc.tokenize(p).t5_ids] for i, p in enumerate(PROMPTS)}
     np.savez(args.out + ".npz", **ctx)
-    print(json.dumps({"import_s": import_s, "load_s": load_s, "encode_pair_first_s": pair_s, "encode_one_warm_s": warm_s,
+    print(json.dumps({"import_s": import_s, "load_s": load_s, "encode_pair_first_s": pair_s,
+                      "encode_one_warm_s": warm_s,
                       "peak_rss_after_load_mb": rss_load, "peak_rss_mb": peak_rss_mb(), "ids": ids}))
     return 0
 
@@ -134,7 +135,8 @@ def main() -> int:
         r.pop("ids")
     venvs = {v: du_mb(v) for v in args.venvs}
 
-    print(f"\ntext encoder, full size (Qwen3 28 layers + adapter 6 blocks, FP32), {args.threads} threads, measured here")
+    print(f"\ntext encoder, full size (Qwen3 28 layers + adapter 6 blocks, FP32), {args.threads} threads, "
+          "measured here")
     rows = [("runtime import s", "import_s"), ("load s", "load_s"), ("first encode (pair) s", "encode_pair_first_s"),
             ("warm encode (one) s", "encode_one_warm_s"), ("peak RSS after load MB", "peak_rss_after_load_mb"),
             ("peak RSS MB", "peak_rss_mb"), ("process wall s", "process_wall_s")]

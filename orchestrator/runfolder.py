@@ -11,8 +11,8 @@ from models.durable import atomic_write
 REPO_DIR = Path(__file__).resolve().parent.parent
 # The top-level supervisord.conf: in a source tree (also the ready-made config for the default run folder), or, in an
 # installed copy (`pip install '.[board]'`), where the wheel puts it (pyproject.toml: tool.setuptools.data-files).
-TEMPLATE = next((p for p in (REPO_DIR / "supervisord.conf", Path(sys.prefix) / "share" / "anima-npu" / "supervisord.conf")
-                 if p.is_file()), REPO_DIR / "supervisord.conf")
+_TEMPLATES = (REPO_DIR / "supervisord.conf", Path(sys.prefix) / "share" / "anima-npu" / "supervisord.conf")
+TEMPLATE = next((p for p in _TEMPLATES if p.is_file()), _TEMPLATES[0])
 RUN_ENV = "ANIMA_RUN"
 STAGE_PROGRAMS = ("encoder", "scheduler", "executor", "vae")
 PROGRAMS = STAGE_PROGRAMS + ("orchestrator", "http")

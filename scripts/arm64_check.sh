@@ -57,11 +57,15 @@ for d in proc sys dev; do mountpoint -q "$ROOTFS/$d" || mount --bind "/$d" "$ROO
 cleanup() { for d in dev sys proc; do umount -l "$ROOTFS/$d" 2>/dev/null || true; done; }
 trap cleanup EXIT
 cp /etc/resolv.conf "$ROOTFS/etc/resolv.conf"
+# pip inside the root trusts what this machine's pip trusts (its CA bundle), and reads no host pip settings
+cp "${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}" "$ROOTFS/etc/ssl/certs/anima-host-ca.crt"
+IN=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 PIP_CERT=/etc/ssl/certs/anima-host-ca.crt
+    PIP_DISABLE_PIP_VERSION_CHECK=1)
 start=$(date +%s)
-chroot "$ROOTFS" /bin/sh -c 'rm -rf /venv && python3 -m venv /venv && /venv/bin/python -m pip install -q --no-compile --upgrade pip && cd /anima/src && /venv/bin/python -m pip install -q --no-compile ".[board]"' \
+chroot "$ROOTFS" "${IN[@]}" /bin/sh -c 'rm -rf /venv && python3 -m venv /venv && /venv/bin/python -m pip install -q --no-compile --upgrade pip && cd /anima/src && /venv/bin/python -m pip install -q --no-compile ".[board]"' \
   || { say "pip install '.[board]' FAILED in the arm64 root"; exit 1; }
-say "pip install '.[board]' in the arm64 root: ok in $(( $(date +%s) - start )) s; $(chroot "$ROOTFS" /venv/bin/python -m pip list 2>/dev/null | grep -iE 'rknn|onnxruntime|numpy ' | tr -s ' ' | tr '\n' ';')"
-chroot "$ROOTFS" /venv/bin/python - <<'PY'
+say "pip install '.[board]' in the arm64 root: ok in $(( $(date +%s) - start )) s; $(chroot "$ROOTFS" "${IN[@]}" /venv/bin/python -m pip list 2>/dev/null | grep -iE 'rknn|onnxruntime|numpy ' | tr -s ' ' | tr '\n' ';')"
+chroot "$ROOTFS" "${IN[@]}" /venv/bin/python - <<'PY'
 import glob, json, os, platform, sys, traceback
 print(f"arm64-check: python {platform.python_version()} on {platform.machine()}")
 for m in ("torch", "transformers", "onnx"):

@@ -64,7 +64,7 @@ def prepare(assets: Path) -> dict:
 
 
 def prepare_vae(assets: Path, vae_file: Path) -> dict:
-    """The VAE stage's settings for ONNX Runtime, with the files they name. -> {"settings": {...}} or {"missing": why}."""
+    """The VAE stage's settings for ONNX Runtime and the files they name -> {"settings": {...}} or {"missing": why}."""
     import importlib.util
     if importlib.util.find_spec("models.commands.pack_vae") is None:
         return {"missing": "this tree has no `anima-models pack-vae` (the VAE's ONNX backend, issue 10 item 1)"}

@@ -16,13 +16,14 @@ ASSETS="${BOARD_ASSETS:-$HERE/.board-check}"
 start=$(date +%s)
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --upgrade pip
+quiet() { { grep -v '^WARNING: Location' || true; } }      # pip's note about this machine's local index
+"$VENV/bin/python" -m pip install -q --upgrade pip 2>&1 | quiet
 # Not editable: the stages must run the installed package, as on the board. Built from a copy of the tree so the
 # build leaves nothing in it.
 SRC="$(mktemp -d /tmp/anima-board-src.XXXXXX)"
 trap 'rm -rf "$SRC"' EXIT
 git -C "$HERE" ls-files -z --cached --others --exclude-standard | (cd "$HERE" && xargs -0 cp --parents -t "$SRC" 2>/dev/null || true)
-"$VENV/bin/python" -m pip install -q "$SRC[board]"
+"$VENV/bin/python" -m pip install -q "$SRC[board]" 2>&1 | quiet
 echo "board venv ready in $(( $(date +%s) - start )) s: $VENV ($(du -sm "$VENV" | cut -f1) MB)"
 for m in torch transformers onnx; do
   if "$VENV/bin/python" -c "import $m" 2>/dev/null; then echo "board-check: $m is importable in $VENV" >&2; exit 1; fi

@@ -37,7 +37,8 @@ class EncoderLogic:
         settings = config.stage_settings("encoder")
         self.backend = settings.get("backend", "torch")
         if self.backend not in BACKENDS:
-            raise ValueError(f"{config.path}: stage.encoder.backend: {self.backend!r} is not one of {', '.join(BACKENDS)}")
+            raise ValueError(f"{config.path}: stage.encoder.backend: {self.backend!r} is not one of "
+                             f"{', '.join(BACKENDS)}")
         self.threads = int(settings.get("threads", config.threads))
         t0 = time.perf_counter()
         if self.backend == "onnx":

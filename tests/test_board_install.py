@@ -81,7 +81,7 @@ def test_onnx_encoder_stage_runs_without_host_packages(tiny_bundle, tmp_path):
     assert r.stdout.strip().splitlines()[-1] == "onnx []"
 
 
-# ---- packaging --------------------------------------------------------------------------------------------------------
+# ---- packaging ------------------------------------------------------------------------------------------------------
 def _pyproject() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 

@@ -1,4 +1,5 @@
-"""Prompt -> text context [512, context_dim] f32: tokenize, Qwen3 + LLM adapter (a compute backend), T5 weights, padding.
+"""Prompt -> text context [512, context_dim] f32: tokenize, Qwen3 + LLM adapter (a compute backend), T5 weights,
+padding.
 
 No torch here. What is shared by every backend lives in this module and in models/text/tokenizers.py (tokenization of
 the weighted prompt); only the Qwen3 + adapter compute differs:

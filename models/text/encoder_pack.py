@@ -35,7 +35,8 @@ QWEN_TOKENIZER, T5_TOKENIZER = "tokenizers/qwen/tokenizer.json", "tokenizers/t5/
 # Prompts the exported tokenizers must turn into the same ids as the source files (plus generated corpus lines).
 CHECK_PROMPTS = ("1girl, solo, (blue eyes:1.2), long hair", "", " ", "Kanaru 日本 猫 é — 1234\n\nnext line",
                  "it's don't we'll", "  spaced   out  ", "score_9, newest, (masterpiece:1.3), \\(escaped\\)",
-                 "ünïcödé ÀÉÎ ñ ß ø 中文字符 한국어 😀", "a\tb\r\nc", "UPPER lower MiXeD 3.14 -2e5 #tag @user",
+                 "ünïcödé ÀÉÎ ñ ß ø 中文字符 한국어 😀", "a\tb\r\nc",
+                 "UPPER lower MiXeD 3.14 -2e5 #tag @user",
                  "x" * 300, "girl, " * 40)
 
 
