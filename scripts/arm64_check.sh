@@ -90,6 +90,9 @@ try:
     print(f"arm64-check: load_rknn({os.path.basename(path)}) returned {ret!r}")
     ret = lite.init_runtime(core_mask=RKNNLite.NPU_CORE_0)
     print(f"arm64-check: init_runtime(core_mask=NPU_CORE_0) returned {ret!r}")
+    if ret != 0:        # the SoC is found from the device tree; name it, to see the next step fail as it does
+        ret = lite.init_runtime(target="rk3588", core_mask=RKNNLite.NPU_CORE_0)
+        print(f"arm64-check: init_runtime(target='rk3588', core_mask=NPU_CORE_0) returned {ret!r}")
 except BaseException as e:  # reported as it is
     print(f"arm64-check: raised {type(e).__name__}: {e}")
     traceback.print_exc(limit=3)
