@@ -48,7 +48,7 @@ board-check: $(STAMP)
 	PY=$(PY) bash scripts/board_check.sh
 
 # The board install on Python 3.10 (Ubuntu 22.04's): .venv-py310 with '.[board]' + pytest, the config-parsing tests.
-PY310 ?= $(shell command -v python3.10 || echo /root/.pyenv/versions/3.10.13/bin/python)
+PY310 ?= $(firstword $(wildcard /root/.pyenv/versions/3.10.*/bin/python) python3.10)
 py310-check:
 	PY310=$(PY310) bash scripts/py310_check.sh
 

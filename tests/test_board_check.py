@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,3 +32,27 @@ def test_board_check(tmp_path):
         assert LAST_LINE.match(r.stdout.strip().splitlines()[-1]), out[-3000:]
     else:   # until the VAE's ONNX backend lands (issue 10 item 1): everything up to the job, and a clear refusal
         assert r.returncode != 0 and "board-check: no VAE on ONNX Runtime" in out, out[-4000:]
+
+
+def _python310() -> str:
+    """A Python 3.10 that runs (pyenv's shim named python3.10 may not: it defers to the global version)."""
+    for p in (os.environ.get("PY310"), "/root/.pyenv/versions/3.10.13/bin/python", shutil.which("python3.10")):
+        if p and subprocess.run([p, "-c", "import sys; assert sys.version_info[:2] == (3, 10)"],
+                                capture_output=True).returncode == 0:
+            return p
+    raise AssertionError("no Python 3.10 interpreter (set PY310): the board images' Python cannot be checked")
+
+
+@pytest.mark.slow
+def test_py310_check(tmp_path):
+    """make py310-check: a '.[board]' venv on Python 3.10 (tomli, no torch) runs the config/prompt/protocol tests from
+    the installed package."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PY310=_python310(), PY310_VENV=str(tmp_path / "venv-py310"))
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "py310_check.sh")], capture_output=True, text=True, env=env,
+                       timeout=1500)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-5000:]
+    assert re.search(r"python 3\.10\.\d+: tomli in place of tomllib, no torch; stages\.config from \S+site-packages",
+                     r.stdout), out[-3000:]
+    assert re.search(r"^\d+ passed, 2 deselected", r.stdout.strip().splitlines()[-1]), out[-3000:]
