@@ -57,6 +57,11 @@ def test_onnx_conditioning_equals_torch(encoders):
         assert not b[n:].any() and np.all(np.abs(b[:n]).sum(1) > 0)
         assert _cos(a, b) >= 0.99999, p
         assert np.abs(a - b).max() <= 1e-4 * np.abs(a).max(), p
+    # a long-context pack's rows (the adapter graph's T is dynamic): every row of a 541-token prompt kept
+    tp = t.tokenize("girl, " * 270)
+    a, b = t.encode_tokens(tp, 1024), o.encode_tokens(tp, 1024)
+    assert b.shape == (1024, t.context_dim) and np.all(np.abs(b[:len(tp.t5_ids)]).sum(1) > 0)
+    assert len(tp.t5_ids) > 512 and _cos(a, b) >= 0.99999 and not b[len(tp.t5_ids):].any()
     # Qwen3 alone and the adapter alone, on the same inputs
     ids = [5, 17, 151643, 900, 33, 151935, 0, 64]
     ha, hb = t.compute.hidden_states(ids), o.compute.hidden_states(ids)
@@ -70,9 +75,9 @@ def test_onnx_bad_ids_and_shapes(encoders):
     _, o = encoders
     from models.text.tokenizers import TokenizedPrompt
     with pytest.raises(ValueError, match="T5 token id 32128 outside"):
-        o.encode_tokens(TokenizedPrompt([5], False, [32128, 1], [1.0, 1.0]))
+        o.encode_tokens(TokenizedPrompt([5], False, [32128, 1], [1.0, 1.0], []))
     with pytest.raises(ValueError, match="Qwen3 token id 151936 outside"):
-        o.encode_tokens(TokenizedPrompt([151936], False, [1], [1.0]))
+        o.encode_tokens(TokenizedPrompt([151936], False, [1], [1.0], []))
     with pytest.raises(ValueError, match="source must be"):
         o.compute.adapter_rows([1], np.ones((3, 7), np.float32))
 
