@@ -196,14 +196,16 @@ def run(assets: Path, venv: Path) -> int:
             os.killpg(sup_proc.pid, 9)
             sup_proc.wait(10)
         left = list_segments(run_prefix(root))
+        log_text = logs(rf)
+        if os.environ.get("BOARD_CHECK_KEEP") != "1":     # the logs were printed on failure; 1 keeps the folder
+            shutil.rmtree(root, ignore_errors=True)
     if left:
         problems.append(f"/dev/shm segments left: {left}")
     if problems:
-        say("board-check FAILED:\n  " + "\n  ".join(problems) + f"\n{logs(rf)}")
+        say("board-check FAILED:\n  " + "\n  ".join(problems) + f"\n{log_text}")
         return 1
-    say(f"job {result['job']}: {report.get('computed_steps', '?')} steps, PNG {png} "
+    say(f"job {result['job']}: {report.get('computed_steps', '?')} steps, PNG {png.name} "
         f"(encoder and VAE on ONNX Runtime; stage pids {sorted(seen)} all on {py})")
-    shutil.rmtree(root, ignore_errors=True)
     say(f"board-check ok torch=absent job_s={job_s:.1f} venv_mb={du_mb(venv)}")
     return 0
 
