@@ -94,14 +94,15 @@ def toml_value(v) -> str:
 
 
 def on_board_venv(name: str, pid: int, py: Path, venv: Path) -> list:
-    """Problems unless the process runs the board venv's interpreter and loads its packages from that venv."""
+    """Problems unless the process runs the board venv's interpreter (its base binary; the command line is the
+    stage's title by now) and loads its packages from that venv's lib folder."""
     try:
-        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        exe = os.path.realpath(f"/proc/{pid}/exe")
         time.sleep(0.5)                              # let it import its modules
         maps = Path(f"/proc/{pid}/maps").read_text()
     except OSError:
         return []                                     # gone already (the encoder stops before denoising)
-    out = [] if argv0 == str(py) else [f"{name} runs {argv0}, not {py}"]
+    out = [] if exe == os.path.realpath(py) else [f"{name} runs {exe}, not {os.path.realpath(py)}"]
     if str(venv.resolve() / "lib") not in maps:
         out.append(f"{name} (pid {pid}) maps nothing from {venv.resolve() / 'lib'}")
     return out
