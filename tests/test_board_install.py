@@ -3,6 +3,7 @@ the rknn backend refuses a pack compiled by another toolkit release and says wha
 (`make board-check` runs the whole job from a venv without torch; `make py310-check` runs these on Python 3.10.)"""
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -21,10 +22,13 @@ except ModuleNotFoundError:  # Python 3.10
 ROOT = Path(__file__).resolve().parents[1]
 HOST_ONLY = ("torch", "transformers", "onnx", "sentencepiece", "diffusers", "safetensors")
 # What the board's stage processes import (python -m stages.X, orchestrator serve/CLI) with their settings on the
-# board: encoder on ONNX Runtime, executor on rknn. The VAE joins once its ONNX/RKNN backend imports without torch.
+# board: encoder on ONNX Runtime, executor on rknn, VAE on a VAE pack. The VAE stage is in the list once its pack
+# backends (issue 10 item 1) are in the tree; before them it imported torch at start by design.
+VAE_PACKS = importlib.util.find_spec("models.vae.pack_decoder") is not None
 BOARD_MODULES = ("stages.scheduler", "stages.executor", "stages.encoder", "stages.backends.rknn", "stages.config",
                  "orchestrator.cli", "orchestrator.daemon", "orchestrator.flow", "orchestrator.prompt_spec",
-                 "models.text.conditioning", "models.text.compute_onnx", "models.text.encoder_pack")
+                 "models.text.conditioning", "models.text.compute_onnx", "models.text.encoder_pack"
+                 ) + (("stages.vae",) if VAE_PACKS else ())
 
 BLOCKER = """
 import importlib.abc, sys
