@@ -144,6 +144,7 @@ def run(assets: Path, venv: Path) -> int:
     rf = RunFolder.resolve(root)
     extra = {"encoder": {"backend": "onnx", "pack": a["encoder_pack"]}, "vae": a["vae"]["settings"]}
     text = rf.pipeline_toml.read_text().replace("\n[stage.orchestrator]\n", "\nthreads = 2\n[stage.orchestrator]\n", 1)
+    text = text.replace("\n[stage.http]\n", "\n[stage.http]\nport = 0\n", 1)   # a free port: runs never clash
     for stage, settings in extra.items():
         text += f"\n[stage.{stage}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in settings.items())
     rf.pipeline_toml.write_text(text)
