@@ -30,7 +30,7 @@ EPS = 1e-6                      # q/k RMSNorm epsilon
 ONNX_DTYPES = {"f16": TensorProto.FLOAT16, "f32": TensorProto.FLOAT}
 
 
-class _Graph:
+class GraphBuilder:
     """A tiny node/initializer accumulator; every value name is unique and every constant has the graph's dtype."""
 
     def __init__(self, dt: str):
@@ -87,13 +87,13 @@ def _halves(W: np.ndarray, heads: int, hd: int) -> tuple:
     return w[:, 0].reshape(heads * hd // 2, -1), w[:, 1].reshape(heads * hd // 2, -1)
 
 
-def _rms_rstd(g: _Graph, sq: str, n: int) -> str:
+def _rms_rstd(g: GraphBuilder, sq: str, n: int) -> str:
     """(sum of squares over the last axis, via MatMul with ones[n, 1]) + eps, ^-0.5 -> [..., 1]."""
     ms = g.op("MatMul", [sq, g.const("ones", np.ones((n, 1)))], "mean_sq")  # [1, T, H, 1]
     return g.op("Pow", [g.op("Add", [ms, g.const("eps", EPS)]), g.const("m_half", -0.5)], "rstd")
 
 
-def _self_attn(g: _Graph, w: Mapping, cfg: DiTConfig, L: int) -> str:
+def _self_attn(g: GraphBuilder, w: Mapping, cfg: DiTConfig, L: int) -> str:
     H, hd = cfg.heads, cfg.head_dim
     h2, D = hd // 2, cfg.width
     inv = 1.0 / math.sqrt(hd)                 # folded into q/k projections: sum of (q/√hd)² = mean of q²
@@ -121,7 +121,7 @@ def _self_attn(g: _Graph, w: Mapping, cfg: DiTConfig, L: int) -> str:
     return _attend(g, s, g.matmul("xn", w["v_proj.weight"], "v"), L, L, H, hd, D, w)
 
 
-def _cross_attn(g: _Graph, w: Mapping, cfg: DiTConfig, L: int, S: int, masked: bool) -> str:
+def _cross_attn(g: GraphBuilder, w: Mapping, cfg: DiTConfig, L: int, S: int, masked: bool) -> str:
     H, hd, D = cfg.heads, cfg.head_dim, cfg.width
     inv = 1.0 / math.sqrt(hd)
     normed = {}
@@ -139,7 +139,7 @@ def _cross_attn(g: _Graph, w: Mapping, cfg: DiTConfig, L: int, S: int, masked: b
     return _attend(g, s, g.matmul("context", w["v_proj.weight"], "v"), L, S, H, hd, D, w)
 
 
-def _attend(g: _Graph, scores: str, v2d: str, L: int, T: int, H: int, hd: int, D: int, w: Mapping) -> str:
+def _attend(g: GraphBuilder, scores: str, v2d: str, L: int, T: int, H: int, hd: int, D: int, w: Mapping) -> str:
     """softmax(scores) · v, heads merged, output_proj -> y [L, D]."""
     p = g.op("Softmax", [scores], "probs", axis=-1)                           # [1, H, L, T]
     v = g.op("Transpose", [g.op("Reshape", [v2d, g.shape([1, T, H, hd])], "v4")], "vT", perm=[0, 2, 1, 3])  # [1,H,T,hd]
@@ -148,7 +148,7 @@ def _attend(g: _Graph, scores: str, v2d: str, L: int, T: int, H: int, hd: int, D
     return g.matmul(o, w["output_proj.weight"], "out")                                 # [L, D]
 
 
-def _ffn(g: _Graph, w: Mapping) -> str:
+def _ffn(g: GraphBuilder, w: Mapping) -> str:
     h = g.matmul("xn", w["layer1.weight"], "h")                                        # [L, F]
     # exact GELU written as rknn-toolkit2 2.5.0 fuses it into one NPU op (ConvExGelu): Div(h, Sqrt(2)) -> Erf ->
     # Add 1 -> Mul h -> Mul 0.5. Any other arrangement (e.g. Mul by 1/sqrt2) leaves Erf on the CPU; Sqrt of the
@@ -168,7 +168,7 @@ def build_branch(kind: str, weights: Mapping, cfg: DiTConfig, geom: Geometry, dt
     _check_weights(kind, weights, cfg)
     dt = pack_io_dtype(dtype)
     io = resolve(kind, cfg, geom, dtype)
-    g = _Graph(dt)
+    g = GraphBuilder(dt)
     L, S = geom.tokens, geom.text_tokens
     if kind == "self":
         y = _self_attn(g, weights, cfg, L)

@@ -20,18 +20,19 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-OPSET = 19
+from models.branch_graphs import OPSET, GraphBuilder
+
 IR_VERSION = 9
 ALIGN = 4096                    # external-data offset alignment (page size: mappable)
 INLINE_MAX = 64                 # constants up to this many elements stay inside the graph file
 NEG = float(np.finfo(np.float32).min)   # the causal mask's additive bias (what transformers uses)
 
 
-class _Graph:
-    """Nodes plus initializers; large initializers are appended to the external data file as they are made."""
+class _Graph(GraphBuilder):
+    """branch_graphs' GraphBuilder in FP32, its large constants written to the external data file as they are made."""
 
     def __init__(self, data_path: Path):
-        self.nodes, self.inits, self._n = [], [], 0
+        super().__init__("f32")
         self.data_path = Path(data_path)
         self._data = open(self.data_path, "wb")
         self._off = 0
@@ -40,10 +41,6 @@ class _Graph:
         self._data.flush()
         os.fsync(self._data.fileno())
         self._data.close()
-
-    def _name(self, stem: str) -> str:
-        self._n += 1
-        return f"{stem}_{self._n}"
 
     def const(self, stem: str, arr, dtype=np.float32) -> str:
         a = np.ascontiguousarray(np.asarray(arr, dtype))
@@ -71,14 +68,9 @@ class _Graph:
     def ints(self, values) -> str:
         return self.const("i", np.asarray(values, np.int64), np.int64)
 
-    def op(self, op_type: str, inputs, stem: str = None, **attrs) -> str:
-        out = self._name(stem or op_type.lower())
-        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=out, **attrs))
-        return out
-
     def linear(self, x: str, w_out_in: np.ndarray, stem: str, bias=None) -> str:
         """x @ Wᵀ (+ b) with the checkpoint's [out, in] weight stored as [in, out]."""
-        y = self.op("MatMul", [x, self.const(stem + "_w", np.asarray(w_out_in, np.float32).T)], stem)
+        y = self.matmul(x, w_out_in, stem)
         return y if bias is None else self.op("Add", [y, self.const(stem + "_b", bias)], stem + "_b")
 
     def rms(self, x: str, weight, eps: float, stem: str) -> str:
