@@ -58,7 +58,7 @@ def branch_frames(pack, inline: bool) -> tuple[list[bytes], list[bytes]]:
                    for i, p in enumerate(m.PASS_NAMES))
     req = m.Branch(job="20261130-000000-abcdef", step=3, block=13, branch="cross",
                    model=str(pack.dir / "onnx" / "b13_cross.onnx"), index=40, arena=None if inline else
-                   "anima_0123abcd_20261130-000000-abcdef", passes=passes, next=nxt, inline=tuple(frames_in))
+                   "anima_0123abcd_20261130-000000-abcdef", passes=passes, next=(nxt,), inline=tuple(frames_in))
     outs, frames_out = [], []
     for i, p in enumerate(m.PASS_NAMES):
         if inline:

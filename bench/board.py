@@ -1,7 +1,8 @@
 """Board benchmark (RK3588 only): one DiT forward and one full denoising job through the `rknn` backend (RKNNLite).
 
     python bench/board.py --pack packs/anima-512 [--steps 20] [--cfg 4.0] [--no-spectrum] [--core-mask auto]
-                          [--dual-core] [--json bench/out/board.json]
+                          [--policy on-demand|prefetch|prefetch2+dual_core|...] [--resident-mb N]
+                          [--json bench/out/board.json]
 
 Prints the reference work's tables: per-branch lifecycle sums (load/init/infer/release per kind), pure NPU time per
 branch kind (inference calls only), per-step wall time vs pure NPU time, peak process PSS and swap growth; all of it
@@ -44,46 +45,62 @@ def board_check() -> str:
 
 
 class BoardBranches:
-    """DiTRunner branch_fn: each branch through RknnLiteBackend; keeps every branch report, PSS and swap peaks."""
+    """The runner's branch side: the one lifecycle (models/lifecycle.py) over RknnLiteBackend contexts under a
+    policy; keeps every call's PhaseTimes and the PSS peak."""
 
-    def __init__(self, pack, core_mask: str, dual_core: bool):
+    def __init__(self, pack, core_mask: str, policy: str, settings: dict):
+        from models.dit_runner import LocalBranches
+        from models.lifecycle import Lifecycle, context_factory
+        from models.policy import resolve_policy
         from stages.backends.rknn import RknnLiteBackend
         self.pack = pack
-        self.backend = RknnLiteBackend(core_mask=core_mask, dual_core=dual_core, lite="real")
+        pol = resolve_policy(policy, "rknn", RknnLiteBackend, settings, (pack.dir,))
+        self.local = LocalBranches(Lifecycle(context_factory(RknnLiteBackend, core_mask=core_mask, lite="real"), pol))
+        self.policy = pol
+        self.interleave = pol.interleave
         self.reports: list = []
         self.peak_pss_kb = 0
 
-    def __call__(self, block, kind, path, feeds, next_path):
-        from stages.backends import board_stats
-        from stages.backends.rknn import run_branch
-        entry = self.pack.branch(block, kind)
+    def submit(self, call):
+        entry = self.pack.branch(call.block, call.kind)
         if not isinstance(entry.get("rknn"), dict):
-            raise SystemExit(f"{self.pack.dir}: b{block:02d}_{kind} is not compiled; run anima-models compile")
-        outs, t = run_branch(self.backend, self.pack.dir / entry["rknn"]["file"], feeds)
-        rep = dict(self.backend.report, block=block, kind=kind, times=t.to_dict())
-        self.reports.append(rep)
-        for ph in rep["phases"].values():
-            self.peak_pss_kb = max(self.peak_pss_kb, ph["pss_after_kb"] or 0, ph["pss_before_kb"] or 0)
-        self.peak_pss_kb = max(self.peak_pss_kb, board_stats.pss_kb() or 0)
-        return outs, t
+            raise SystemExit(f"{self.pack.dir}: b{call.block:02d}_{call.kind} is not compiled; run anima-models compile")
+        return _Recorded(self, call, self.local.submit(call))
 
     def npu_s(self, reports=None) -> float:
-        return sum(p["s"] for r in (reports if reports is not None else self.reports) for p in r["passes"])
+        return sum(sum(r["times"]["infer_s"]) for r in (reports if reports is not None else self.reports))
+
+
+class _Recorded:
+    """A call's handle that records its PhaseTimes and the PSS once its result is taken."""
+
+    def __init__(self, board: BoardBranches, call, handle):
+        self.board, self.call, self.handle, self.value = board, call, handle, None
+
+    def result(self):
+        if self.value is None:
+            from stages.backends import board_stats
+            self.value = outs, t = self.handle.result()
+            self.board.reports.append({"block": self.call.block, "kind": self.call.kind,
+                                       "passes": list(self.call.passes), "times": t.to_dict()})
+            self.board.peak_pss_kb = max(self.board.peak_pss_kb, board_stats.pss_kb() or 0)
+        return self.value
 
 
 def lifecycle_table(reports: list) -> tuple:
-    """Per kind: count and sums of load/init/infer/release seconds; pure NPU seconds per inference call."""
-    rows, data = [f"{'kind':<6}{'n':>5}{'load s':>10}{'init s':>10}{'infer s':>10}{'release s':>11}{'NPU/pass s':>12}"], {}
+    """Per kind: count and sums of load/init/infer/release and visible lifecycle seconds; NPU seconds per pass."""
+    rows, data = [f"{'kind':<6}{'n':>5}{'load s':>10}{'init s':>10}{'infer s':>10}{'release s':>11}{'visible s':>11}"
+                  f"{'NPU/pass s':>12}"], {}
     for kind in ("self", "cross", "ffn"):
         rs = [r for r in reports if r["kind"] == kind]
         if not rs:
             continue
-        s = {ph: sum(r["times"][f"{ph}_s"] for r in rs) for ph in ("load", "init", "infer", "release")}
-        calls = [p["s"] for r in rs for p in r["passes"]]
-        data[kind] = {"branches": len(rs), **{f"{k}_s": v for k, v in s.items()},
+        s = {ph: sum(r["times"][f"{ph}_s"] for r in rs) for ph in ("load", "init", "release", "visible")}
+        calls = [x for r in rs for x in r["times"]["infer_s"]]
+        data[kind] = {"calls": len(rs), **{f"{k}_s": v for k, v in s.items()}, "infer_s": float(np.sum(calls)),
                       "npu_per_pass_s": float(np.mean(calls)), "npu_s": float(np.sum(calls))}
-        rows.append(f"{kind:<6}{len(rs):>5}{s['load']:>10.2f}{s['init']:>10.2f}{s['infer']:>10.2f}"
-                    f"{s['release']:>11.2f}{data[kind]['npu_per_pass_s']:>12.3f}")
+        rows.append(f"{kind:<6}{len(rs):>5}{s['load']:>10.2f}{s['init']:>10.2f}{np.sum(calls):>10.2f}"
+                    f"{s['release']:>11.2f}{s['visible']:>11.2f}{data[kind]['npu_per_pass_s']:>12.3f}")
     return "\n".join(rows), data
 
 
@@ -94,7 +111,10 @@ def main(argv=None) -> int:
     ap.add_argument("--cfg", type=float, default=4.0)
     ap.add_argument("--no-spectrum", action="store_true")
     ap.add_argument("--core-mask", default="auto")
-    ap.add_argument("--dual-core", action="store_true", help="cond and uncond on NPU cores 0 and 1 at once")
+    ap.add_argument("--policy", default="on-demand",
+                    help="lifecycle policy (models/policy.py): on-demand, prefetch, prefetch2, dual_core, resident, "
+                         "interleave joined by '+', or auto")
+    ap.add_argument("--resident-mb", type=float, default=None, help="budget for the resident policy (MiB)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -109,15 +129,16 @@ def main(argv=None) -> int:
     from stages.backends import board_stats
 
     pack = load_pack(args.pack)
-    board = BoardBranches(pack, args.core_mask, args.dual_core)
-    runner = DiTRunner(pack, branch_fn=board)
+    board = BoardBranches(pack, args.core_mask, args.policy,
+                          {} if args.resident_mb is None else {"resident_mb": args.resident_mb})
+    runner = DiTRunner(pack, branches=board)
     g, c = pack.geometry, pack.config
     rng = np.random.default_rng(args.seed)
     cond = np.zeros((g.text_tokens, c.context_dim), np.float32)                 # [S, Dc]
     cond[:60] = rng.standard_normal((60, c.context_dim), dtype=np.float32)
     uncond = np.zeros_like(cond)
     out = {"pack": str(pack.dir), "driver": board_stats.npu_driver_version(), "core_mask": args.core_mask,
-           "dual_core": args.dual_core, "swap_before_kb": board_stats.swap_used_kb()}
+           "policy": board.policy.name, "swap_before_kb": board_stats.swap_used_kb()}
     # 1) one forward (both CFG passes)
     x = rng.standard_normal((c.latent_channels, g.latent_h, g.latent_w), dtype=np.float32)
     t0 = time.perf_counter()

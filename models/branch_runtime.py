@@ -1,11 +1,11 @@
-"""Branch model backends behind one interface (load -> init -> infer -> release) with per-phase timing; ONNX Runtime."""
+"""Branch model backends behind one interface (load -> init -> infer -> release); ONNX Runtime.
+
+The lifecycle around them (timing, policies: prefetch, dual_core, resident, interleave) is models/lifecycle.py."""
 from __future__ import annotations
 
 import importlib
 import logging
 import os
-import time
-from dataclasses import asdict, dataclass
 from typing import Optional
 
 import numpy as np
@@ -25,33 +25,21 @@ class BackendError(RuntimeError):
     """A backend could not load, initialise or run a branch model; the message names the file or input."""
 
 
-@dataclass
-class PhaseTimes:
-    """Seconds spent in each lifecycle phase (summed when added)."""
-    load_s: float = 0.0
-    init_s: float = 0.0
-    infer_s: float = 0.0
-    release_s: float = 0.0
-
-    def __add__(self, o: "PhaseTimes") -> "PhaseTimes":
-        return PhaseTimes(self.load_s + o.load_s, self.init_s + o.init_s, self.infer_s + o.infer_s,
-                          self.release_s + o.release_s)
-
-    @property
-    def total_s(self) -> float:
-        return self.load_s + self.init_s + self.infer_s + self.release_s
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "total_s": self.total_s}
-
-
 class BranchBackend:
-    """The interface every executor backend implements. One model at a time per instance.
+    """The interface every executor backend implements. One instance = one context: one model at a time.
 
     load(path): read the model file (no compute); init(): build the runtime context; infer(inputs) -> outputs
-    (dicts of name -> numpy array, names as in models.partition); release(): free the context and the bytes.
+    (dicts of name -> numpy array, names as in models.partition); release(): free the context and the bytes;
+    context_mb(): memory the loaded and initialised context costs (MiB), asked right after init(), None = unknown.
+    Capabilities the lifecycle policies are checked against (models/policy.py: check_policy) are class attributes.
     """
     name = "abstract"
+    max_contexts: Optional[int] = None   # contexts one process can hold loaded at once (None: memory is the limit)
+    parallel_contexts = 1                # contexts that can infer at the same time (dual_core needs 2)
+    takes_core_mask = False              # the constructor takes core_mask= (NPU backends: a context keeps its mask)
+
+    def context_mb(self) -> Optional[float]:
+        return None
 
     def load(self, path) -> None:
         raise NotImplementedError
@@ -67,8 +55,11 @@ class BranchBackend:
 
 
 class OnnxBackend(BranchBackend):
-    """ONNX Runtime on the CPU: load = read the file's bytes, init = InferenceSession, release = drop both."""
+    """ONNX Runtime on the CPU: load = read the file's bytes, init = InferenceSession (the bytes are dropped once the
+    session holds its own copy), release = drop the session. Two sessions infer at once from two threads (ORT
+    releases the GIL), each with `threads` intra-op threads, so dual_core gives the same numbers as one context."""
     name = "onnx"
+    parallel_contexts = 2
 
     def __init__(self, threads: Optional[int] = None):
         if threads is not None and (not isinstance(threads, int) or threads < 1):
@@ -78,9 +69,12 @@ class OnnxBackend(BranchBackend):
         self._bytes: Optional[bytes] = None
         self._sess = None
         self._inputs: dict = {}
+        self._rss0 = 0
+        self._mb: Optional[float] = None
 
     def load(self, path) -> None:
         self._path = os.fspath(path)
+        self._rss0 = rss_bytes()
         try:
             with open(self._path, "rb") as f:
                 self._bytes = f.read()
@@ -100,6 +94,14 @@ class OnnxBackend(BranchBackend):
         except Exception as e:  # ORT raises its own exception types
             raise BackendError(f"{self._path}: ONNX Runtime cannot initialise the model: {e}") from None
         self._inputs = {i.name: (ORT_DTYPES.get(i.type), tuple(i.shape)) for i in self._sess.get_inputs()}
+        nbytes = len(self._bytes)
+        self._bytes = None
+        # measured: the process's RSS growth over load + init, at least the weights the session holds (other
+        # threads allocating meanwhile make the growth noisy; the file size is a floor that cannot be wrong)
+        self._mb = max(rss_bytes() - self._rss0, nbytes) / 2**20
+
+    def context_mb(self) -> Optional[float]:
+        return self._mb
 
     def infer(self, inputs: dict) -> dict:
         if self._sess is None:
@@ -114,6 +116,16 @@ class OnnxBackend(BranchBackend):
         self._sess = None
         self._bytes = None
         self._inputs = {}
+        self._mb = None
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process (statm: cheap enough to read per phase)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def checked_input(path, inputs: dict, name: str, dtype, shape: tuple) -> np.ndarray:
@@ -142,30 +154,3 @@ def backend_class(name: str):
 def make_backend(name: str, **kwargs) -> BranchBackend:
     """An instance of the named backend; kwargs (e.g. threads) go to its constructor."""
     return backend_class(name)(**kwargs)
-
-
-def run_branch(backend: BranchBackend, path, passes: list, next_path=None) -> tuple:
-    """The on-demand lifecycle for one branch: load, init, infer every pass (e.g. CFG cond then uncond), release.
-
-    -> (outputs: [dict per pass], PhaseTimes). `next_path` names the branch that comes next; on-demand ignores it,
-    a prefetch policy will load and init it while this one runs.
-    """
-    t = PhaseTimes()
-    t0 = time.perf_counter()
-    try:
-        # 1) read the model  2) build the runtime context  3) every pass on the same context
-        backend.load(path)
-        t1 = time.perf_counter()
-        t.load_s = t1 - t0
-        backend.init()
-        t2 = time.perf_counter()
-        t.init_s = t2 - t1
-        outs = [backend.infer(p) for p in passes]
-        t.infer_s = time.perf_counter() - t2
-    finally:
-        # 4) release, also after a failure, so a backend never holds a stale model
-        t3 = time.perf_counter()
-        backend.release()
-        t.release_s = time.perf_counter() - t3
-    log.debug("branch %s: %s", os.fspath(path), t)
-    return outs, t

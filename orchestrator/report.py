@@ -13,7 +13,7 @@ from models.partition import TEXT_TOKENS
 
 BRANCH_KINDS = ("self", "cross", "ffn")
 STAGES = ("encoder", "scheduler", "executor", "vae")
-PHASES = ("load_s", "init_s", "infer_s", "release_s")
+PHASES = ("load_s", "init_s", "infer_s", "release_s", "wait_s", "visible_s", "hidden_s")   # PhaseSums seconds
 
 # latent.npy holds the sampler's latent [16, H/8, W/8] f32 in MODEL space: before the VAE's per-channel
 # de-normalisation (models.vae.decoder.denormalize). ComfyUI's SaveLatent stores the other side, VAE space
@@ -123,7 +123,8 @@ class JobReport:
         branches = {k: {p: float(d.get("branches", {}).get(k, {}).get(p, 0.0)) for p in PHASES}
                     for k in BRANCH_KINDS}
         for k in BRANCH_KINDS:
-            branches[k]["calls"] = int(d.get("branches", {}).get(k, {}).get("calls", 0))
+            for count in ("calls", "cached"):
+                branches[k][count] = int(d.get("branches", {}).get(k, {}).get(count, 0))
         t = self.teardown
         return {
             "job": self.job,
@@ -144,6 +145,7 @@ class JobReport:
                            "remote": s.remote} for n, s in self.stages.items()},
             "branches": branches,
             "host_s": float(d.get("host_s", 0.0)),
+            "host_hidden_s": float(d.get("host_hidden_s", 0.0)),
             "transport_s": float(d.get("transport_s", 0.0)),
             "encoder_timings": self.encoder_timings,
             "text": self.text,
@@ -176,13 +178,16 @@ def format_table(report: dict) -> str:
         rss = "remote" if s.get("remote") else ("-" if s.get("peak_rss_mb") is None else f"{s['peak_rss_mb']:.0f}")
         lines.append(f"{name:<10} {s.get('wall_s', 0.0):>9.2f} {rss:>12}")
     lines.append("")
-    lines.append(f"{'branch':<10} {'calls':>6} {'load s':>9} {'init s':>9} {'infer s':>9} {'release s':>10}")
+    lines.append(f"{'branch':<10} {'calls':>6} {'load s':>9} {'init s':>9} {'infer s':>9} {'release s':>10} "
+                 f"{'visible s':>10} {'cached':>7}")
     for kind, b in report.get("branches", {}).items():
         lines.append(f"{kind:<10} {b.get('calls', 0):>6} {b.get('load_s', 0):>9.2f} {b.get('init_s', 0):>9.2f} "
-                     f"{b.get('infer_s', 0):>9.2f} {b.get('release_s', 0):>10.2f}")
+                     f"{b.get('infer_s', 0):>9.2f} {b.get('release_s', 0):>10.2f} {b.get('visible_s', 0):>10.2f} "
+                     f"{b.get('cached', 0):>7}")
     lines.append("")
     steps = report.get("computed_steps", [])
-    lines.append(f"host ops {report.get('host_s', 0.0):.2f} s, transport {report.get('transport_s', 0.0):.2f} s, "
+    lines.append(f"host ops {report.get('host_s', 0.0):.2f} s ({report.get('host_hidden_s', 0.0):.2f} s behind "
+                 f"inference), transport {report.get('transport_s', 0.0):.2f} s, "
                  f"{report.get('branch_calls', 0)} branch calls, {len(steps)} computed steps "
                  f"({len(report.get('forecast_steps', []))} forecast), total {report.get('wall_s', 0.0):.1f} s")
     text = report.get("text") or {}

@@ -50,9 +50,10 @@ def examples(seed: int = 0) -> dict[str, m.Message]:
         "PROGRESS": m.Progress(job="job-1", step=3, steps=20, block=27, branch="ffn", elapsed_s=31.5, eta_s=180.0),
         "DENOISED": m.Denoised(job="job-1", latent=_slot("latent", "f32", (16, 64, 64), 2**22),
                                computed_steps=[1, 2, 3, 4, 6], forecast_steps=[5], branch_calls=420,
-                               branches={"self": m.BranchSums(load_s=1.0, init_s=0.5, infer_s=9.0, release_s=0.1,
-                                                              calls=140)},
-                               host_s=3.2, transport_s=0.4, wall_s=20.0),
+                               branches={"self": m.PhaseSums(calls=140, load_s=1.0, init_s=0.5, infer_s=9.0,
+                                                             release_s=0.1, wait_s=0.2, visible_s=0.3, hidden_s=1.3,
+                                                             cached=139)},
+                               host_s=3.2, host_hidden_s=1.5, transport_s=0.4, wall_s=20.0),
         "DECODE": m.Decode(job="job-1", latent=_slot("latent", "f32", (16, 64, 64), 2**22), arena="anima_0badcafe_job-1",
                            output="/run/jobs/job-1/image.png", metadata={"prompt": "1girl", "seed": "42"}),
     }
@@ -63,12 +64,15 @@ def examples(seed: int = 0) -> dict[str, m.Message]:
     out["BRANCH"] = m.Branch(job="job-1", step=5, block=3, branch="cross", model="onnx/b03_cross.onnx", index=10,
                              passes=[m.BranchPass(name="cond", inputs={"xn": xn, "context": ctx, "pad": empty},
                                                   output=out_c)],
-                             next=m.BranchRef(block=3, branch="ffn", model="onnx/b03_ffn.onnx", index=11),
-                             attempt=2, inline=tuple(f.frames))
+                             next=[m.BranchRef(block=3, branch="ffn", model="onnx/b03_ffn.onnx", index=11),
+                                   m.BranchRef(block=4, branch="self", model="onnx/b04_self.onnx", index=12)],
+                             hold=True, attempt=2, inline=tuple(f.frames))
     f = InlineFrames()
     y = f.add(a["y"])
     out["BRANCH_DONE"] = m.BranchDone(job="job-1", step=5, block=3, branch="cross", attempt=2,
-                                      times=m.PhaseTimes(load_s=0.2, init_s=0.1, infer_s=[0.5], release_s=0.01),
+                                      times=m.PhaseTimes(load_s=0.2, init_s=0.1, infer_s=(0.5,), release_s=0.01,
+                                                         wait_s=0.05, prev_release_s=0.02, source="prefetch",
+                                                         context_mb=150.5, infer_at=(1234.5,)),
                                       outputs=[y], rss_mb=300.0, inline=tuple(f.frames))
     f = InlineFrames()
     c, u = f.add(a["latent"][0]), f.add(a["empty"])

@@ -187,6 +187,37 @@ class Nested(Spec):
         return value.to_wire()
 
 
+class Struct(Spec):
+    """A plain frozen dataclass defined elsewhere (models/: one class for the in-process value and its wire form),
+    checked field by field here: unknown fields, missing required ones and ill-typed values raise ProtocolError."""
+
+    def __init__(self, cls: type, required: tuple[str, ...] = (), **fields: Spec):
+        """required: fields the wire must carry even where the class has a default."""
+        self.cls, self.fields = cls, fields
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        missing = set(fields) ^ set(known)
+        if missing:
+            raise TypeError(f"Struct({cls.__name__}) must declare exactly its fields; differing: {sorted(missing)}")
+        self.required = set(required) | {n for n, f in known.items()
+                                         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+
+    def check(self, value, path):
+        if isinstance(value, self.cls):
+            value = {n: getattr(value, n) for n in self.fields}
+        elif not isinstance(value, dict):
+            raise ProtocolError(path, f"expected a map, got {_type_name(value)}")
+        for key in value:
+            if key not in self.fields:
+                raise ProtocolError(f"{path}.{key}" if path else str(key), f"unknown field for {self.cls.__name__}",
+                                    "unknown_field")
+        for name in self.required - set(value):
+            raise ProtocolError(f"{path}.{name}" if path else name, "missing required field", "missing_field")
+        return self.cls(**{k: self.fields[k].check(v, f"{path}.{k}" if path else k) for k, v in value.items()})
+
+    def to_wire(self, value):
+        return {n: s.to_wire(getattr(value, n)) for n, s in self.fields.items()}
+
+
 def spec(validator: Spec, default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING):
     """Declare a Record field checked by `validator` (optionally with a default or a default factory)."""
     return dataclasses.field(default=default, default_factory=factory, metadata={"spec": validator})

@@ -20,8 +20,9 @@ The conversation (→ request, ← its reply, ⇢ event):
     → DENOISE {job, job_dir, pack_dir, arena, params, cond, uncond, latent, scratch, executor, resume, context_rows}
     ⇢ PROGRESS {job, step, steps, block, branch, cfg_pass, forecast, elapsed_s, eta_s}
                                                        ← DENOISED {job, latent, computed/forecast steps, sums, ...}
-  scheduler → executor (one per branch call, both CFG passes; resent with attempt+1 after a timeout)
-    → BRANCH {job, step, block, branch, model, index, arena, passes, next, attempt}
+  scheduler → executor (one per branch call: both CFG passes, or with interleave one pass per call, the first with
+  hold=true so the second finds the model loaded; resent with attempt+1 after a timeout)
+    → BRANCH {job, step, block, branch, model, index, arena, passes, next[], hold, attempt}
                                                        ← BRANCH_DONE {job, step, block, branch, attempt, times, outputs}
   orchestrator → vae
     → DECODE {job, latent, arena, output, return_png, metadata, tile}    ← DECODED {job, path, png, width, height, timings}
@@ -42,8 +43,9 @@ import dataclasses
 import secrets
 from typing import Any, ClassVar
 
+from models import lifecycle
 from protocol.fields import (MAX_NAME_CHARS, MAX_PATH_CHARS, MAX_TEXT_CHARS, Bool, Float, Int, List, Map, Name, Nested, Optional,
-                             Path, ProtocolError, Record, Scalar, Str, spec)
+                             Path, ProtocolError, Record, Scalar, Str, Struct, spec)
 from protocol.tensors import Tensor, TensorDesc
 
 PROTOCOL_VERSION = 1
@@ -53,6 +55,7 @@ MAX_ID = 2**63 - 1
 MAX_STEPS = 1000
 MAX_BLOCKS = 256
 MAX_PASSES = 2  # CFG: conditional first, then unconditional
+MAX_AHEAD = 8  # branches named in BRANCH.next (prefetch hints)
 BRANCH_KINDS = ("self", "cross", "ffn")  # the order inside a block (models/partition.py is the full table)
 PASS_NAMES = ("cond", "uncond")
 ERROR_CODES = (
@@ -156,25 +159,17 @@ class BranchRef(Record):
     index: int = spec(Int(0, 3 * MAX_BLOCKS))
 
 
-@_record
-class PhaseTimes(Record):
-    """Seconds spent in each phase of one branch call; `infer_s` has one entry per pass."""
-
-    load_s: float = spec(Float())
-    init_s: float = spec(Float())
-    infer_s: tuple[float, ...] = spec(List(Float(), min_items=1, max_items=MAX_PASSES))
-    release_s: float = spec(Float())
-
-
-@_record
-class BranchSums(Record):
-    """Per branch kind totals over a job."""
-
-    load_s: float = spec(Float(), 0.0)
-    init_s: float = spec(Float(), 0.0)
-    infer_s: float = spec(Float(), 0.0)
-    release_s: float = spec(Float(), 0.0)
-    calls: int = spec(Int(0, 2**40), 0)
+# THE per-call lifecycle times and their per-kind sums are models/lifecycle.py's classes; checked here on the wire.
+PhaseTimes = lifecycle.PhaseTimes
+PhaseSums = lifecycle.PhaseSums
+PHASE_TIMES = Struct(PhaseTimes, required=("load_s", "init_s", "infer_s", "release_s"),
+                     load_s=Float(), init_s=Float(), infer_s=List(Float(), min_items=1, max_items=MAX_PASSES),
+                     release_s=Float(), wait_s=Float(), prev_release_s=Float(),
+                     source=Str(16, choices=lifecycle.SOURCES), context_mb=Float(),
+                     infer_at=List(Float(0.0, 1e12), max_items=MAX_PASSES))
+PHASE_SUMS = Struct(PhaseSums, required=("calls", "load_s", "init_s", "infer_s", "release_s"),
+                    calls=Int(0, 2**40), load_s=Float(), init_s=Float(), infer_s=Float(), release_s=Float(),
+                    wait_s=Float(), visible_s=Float(), hidden_s=Float(), cached=Int(0, 2**40))
 
 
 @_record
@@ -310,9 +305,10 @@ class Denoised(Message):
     computed_steps: tuple[int, ...] = spec(List(Int(1, MAX_STEPS), max_items=MAX_STEPS))  # 1-based
     forecast_steps: tuple[int, ...] = spec(List(Int(1, MAX_STEPS), max_items=MAX_STEPS))
     branch_calls: int = spec(Int(0, 2**40))
-    branches: dict[str, BranchSums] = spec(Map(Nested(BranchSums), keys=BRANCH_KINDS), factory=dict)
-    host_s: float = spec(Float())
-    transport_s: float = spec(Float())
+    branches: dict[str, PhaseSums] = spec(Map(PHASE_SUMS, keys=BRANCH_KINDS), factory=dict)
+    host_s: float = spec(Float())  # scheduler time not spent waiting on the executor (host ops, sampler, state saves)
+    host_hidden_s: float = spec(Float(), 0.0)  # host-op seconds that ran while a branch inferred (interleave)
+    transport_s: float = spec(Float())  # waiting on the executor beyond its critical path (visible transport)
     wall_s: float = spec(Float())
     resumed_from: int = spec(Int(0, MAX_STEPS), 0)  # last finished step found on start; 0 = fresh
     resends: int = spec(Int(0, 2**40), 0)
@@ -330,7 +326,8 @@ class Branch(Message):
     index: int = spec(Int(0, 3 * MAX_BLOCKS))  # position in the branch table
     arena: str | None = spec(Optional(Name()), None)  # None when every tensor is inline
     passes: tuple[BranchPass, ...] = spec(List(Nested(BranchPass), min_items=1, max_items=MAX_PASSES))
-    next: BranchRef | None = spec(Optional(Nested(BranchRef)), None)
+    next: tuple[BranchRef, ...] = spec(List(Nested(BranchRef), max_items=MAX_AHEAD), ())  # what follows, in order
+    hold: bool = spec(Bool(), False)  # another pass of this branch follows (interleave): keep the model loaded
     attempt: int = spec(Int(1, 1000), 1)
 
 
@@ -341,9 +338,8 @@ class BranchDone(Message):
     block: int = spec(Int(0, MAX_BLOCKS - 1))
     branch: str = spec(Str(16, choices=BRANCH_KINDS))
     attempt: int = spec(Int(1, 1000), 1)
-    times: PhaseTimes = spec(Nested(PhaseTimes))
+    times: PhaseTimes = spec(PHASE_TIMES)  # times.source says whether the model was already loaded
     outputs: tuple[TensorDesc, ...] = spec(List(Tensor(), min_items=1, max_items=MAX_PASSES))  # per pass
-    cached: bool = spec(Bool(), False)  # the model was already loaded (prefetch/resident)
     rss_mb: float | None = spec(Optional(Float()), None)
     pss_mb: float | None = spec(Optional(Float()), None)
 

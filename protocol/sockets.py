@@ -153,9 +153,16 @@ class LazyPirate:
             self.sock.close(0)
             self.sock = None
 
+    def send(self, msg: Message) -> None:
+        """Send `msg` (its first attempt) without waiting: the caller works meanwhile, then calls
+        `request(msg, sent=True)`, which waits for the reply and resends on timeout as usual."""
+        self._connect().send_multipart(codec.encode(msg), copy=False)
+
     def request(self, msg: Message, *, timeout_s: float | None = None, retries: int | None = None,
-                should_stop: Callable[[], bool] | None = None, idle: Callable[[], None] | None = None) -> Message:
-        """Send `msg` and return the reply (an ERROR reply is returned, not raised; see messages.expect)."""
+                should_stop: Callable[[], bool] | None = None, idle: Callable[[], None] | None = None,
+                sent: bool = False) -> Message:
+        """Send `msg` and return the reply (an ERROR reply is returned, not raised; see messages.expect).
+        sent: the first attempt already went out through `send(msg)`."""
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         tries = 1 + (self.retries if retries is None else retries)
         has_attempt = "attempt" in {f.name for f in dataclasses.fields(msg)}
@@ -165,7 +172,8 @@ class LazyPirate:
                 msg = dataclasses.replace(msg, attempt=attempt)
             sock = self._connect()
             try:
-                sock.send_multipart(codec.encode(msg), copy=False)
+                if not (sent and attempt == 1):
+                    sock.send_multipart(codec.encode(msg), copy=False)
                 got = _poll(sock, timeout_s, should_stop=should_stop, idle=idle)
                 reply = codec.decode(sock.recv_multipart(copy=False)) if got else None
             except BaseException:

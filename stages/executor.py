@@ -1,106 +1,94 @@
-"""The NPU branch executor stage: per BRANCH request load → init → infer(cond) → infer(uncond) → release, timed.
+"""The NPU branch executor stage: each BRANCH request runs through the one lifecycle (models/lifecycle.py), timed.
 
     python -m stages.executor --config run/pipeline.toml
 
 Backends: `onnx` (ONNX Runtime, any machine; the default here), `rknn` (rknn-toolkit-lite2 on the RK3588 board,
-stages/backends/rknn.py). Lifecycle policies (`[stage.executor] policy`): `on-demand` (what the board needs today:
-nothing stays loaded between calls) and `prefetch` (load and init the branch named in the request's `next` hint on
-a helper thread while the current one runs, so its set-up overlaps this branch's inference, the transport and the
-scheduler's host ops; needs memory for two models).
+stages/backends/rknn.py), `rknn-sim`. Lifecycle policy (`[stage.executor] policy`, default "auto"; models/policy.py):
+`on-demand`, `prefetch[N]`, `dual_core`, `resident` (with `resident_mb`), `interleave`, joined by `+`; the resolved
+policy is in READY.info["policy"] (the scheduler reads it to decide whether to interleave the CFG passes).
+Backend settings in the same table go to the backend's constructor when it takes them (`core_mask`, `lite` for
+rknn); `dual_masks` are the dual_core contexts' core masks.
 `[stage.executor] trace = "FILE"` (opt-in, for tests and debugging) appends one JSON line per branch call served:
-{pid, job, step, block, branch, attempt}.
+{pid, job, step, block, branch, attempt, passes, hold, source, infer_at, infer_s}.
 """
 from __future__ import annotations
 
 import gc
+import inspect
 import json
 import logging
 import os
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
 import numpy as np
 
-from models.branch_runtime import BackendError
+from models.lifecycle import Lifecycle, LifecycleError, context_factory
+from models.policy import PolicyError, resolve_policy
 from protocol import messages as m
-from stages.backends import make_backend
+from stages.backends import backend_class
 from stages.base import RequestFailed, stage_main
-from stages.config import PipelineConfig
+from stages.config import ConfigError, PipelineConfig
 from stages.memory import process_memory_mb, return_freed_memory
 from stages.tensor_io import ReplyTensors, read_tensor
 
 log = logging.getLogger(__name__)
 
-POLICIES = ("on-demand", "prefetch")
 MEMORY_EVERY = 16          # PSS (smaps_rollup) is read on every 16th call; RSS (statm) on every call
 KEEPALIVE_SLICE_S = 0.05   # how often lifecycle requests are answered while a branch runs
+STAGE_KEYS = ("policy", "resident_mb", "dual_masks", "threads", "trace")   # read here, never passed to a backend
 
 
-BACKEND_SETTINGS = ("core_mask", "dual_core", "dual_masks", "lite")   # [stage.executor] keys for the rknn backend
+def backend_kwargs(cls, threads: int | None, settings: dict) -> dict:
+    """Constructor arguments for a backend: `threads`, plus every [stage.executor] key its constructor names
+    (core_mask, lite, ... for the board backends)."""
+    params = inspect.signature(cls.__init__).parameters
+    kw = {"threads": threads} if threads and "threads" in params else {}
+    kw.update({k: v for k, v in settings.items() if k in params and k not in STAGE_KEYS})
+    return kw
 
 
-def make_branch_backend(name: str, threads: int | None, settings: dict):
-    """A backend instance by name (stages.backends: onnx, rknn-sim from models; rknn for the board)."""
-    kwargs = {"threads": threads} if threads else {}
-    if name == "rknn":
-        kwargs.update({k: settings[k] for k in BACKEND_SETTINGS if k in settings})
-        if "dual_masks" in kwargs:
-            kwargs["dual_masks"] = tuple(kwargs["dual_masks"])
-    return make_backend(name, **kwargs)
-
-
-class _Prepared:
-    """A backend whose model is loaded and initialised ahead of its request (prefetch policy)."""
-
-    def __init__(self, path: str, backend, pool: ThreadPoolExecutor):
-        self.path, self.backend = path, backend
-        self.load_s = self.init_s = 0.0
-        self.error: Exception | None = None
-        self.future = pool.submit(self._run)
-
-    def _run(self) -> None:
-        try:
-            t0 = time.perf_counter()
-            self.backend.load(self.path)
-            t1 = time.perf_counter()
-            self.backend.init()
-            self.load_s, self.init_s = t1 - t0, time.perf_counter() - t1
-        except Exception as e:  # noqa: BLE001 - reported when the request comes; it then loads normally
-            self.error = e
-
-    def take(self):
-        self.future.result()
-        return self
+def after_release() -> None:
+    """Released runtime sessions sit in reference cycles: collect them now (cheap: start-up objects are frozen out
+    of the collector) and hand the pages back to the OS (malloc_trim), so a branch's buffers leave the RSS at once."""
+    gc.collect()
+    return_freed_memory()
 
 
 class ExecutorLogic:
-    """Runs one branch model at a time for the scheduler; no sockets here (StageProc wraps it)."""
+    """Runs branch calls for the scheduler through one Lifecycle; no sockets here (StageProc wraps it)."""
 
     def __init__(self, config: PipelineConfig):
         settings = config.stage_settings("executor")
-        self.policy = settings.get("policy", "on-demand")
-        if self.policy not in POLICIES:
-            raise ValueError(f"stage.executor.policy {self.policy!r}: choose one of {', '.join(POLICIES)}")
+        where = f"{config.path}: stage.executor."
+        if "dual_core" in settings:
+            raise ConfigError(f"{where}dual_core: dual_core is a lifecycle policy now: policy = \"dual_core\" (or "
+                              "\"prefetch+dual_core\"); dual_masks stays a setting")
         self.backend_name = config.backend
         self.threads = int(settings.get("threads", config.threads))
         self.pack_dirs = tuple(Path(p).resolve() for p in config.packs)   # branch models come from these only
-        self.backend = make_branch_backend(self.backend_name, self.threads, settings)
-        self._spare = make_branch_backend(self.backend_name, self.threads, settings) if self.policy == "prefetch" \
-            else None
-        self._prepared: _Prepared | None = None
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="branch")
-        self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="prefetch") if self._spare is not None else None
+        try:
+            cls = backend_class(self.backend_name)
+        except ValueError as e:
+            raise ConfigError(f"{config.path}: backend: {e}") from None
+        try:
+            self.policy = resolve_policy(settings.get("policy", "auto"), self.backend_name, cls, settings,
+                                         self.pack_dirs)
+        except PolicyError as e:
+            raise ConfigError(f"{where}policy: {e}") from None
+        factory = context_factory(cls, **backend_kwargs(cls, self.threads, settings))
+        self.lifecycle = Lifecycle(factory, self.policy, after_release=after_release)
         gc.collect()
         gc.freeze()                     # the modules' ~30k objects: a full collection per call drops from ~30 ms to ~0
         self.calls = 0
         trace = settings.get("trace")
         self.trace = str(Path(config.path).parent / trace) if trace else None   # relative to the config file
+        log.info("executor: backend %s, policy %s", self.backend_name, self.policy.name)
 
     def info(self) -> dict:
-        return {"backend": self.backend_name, "threads": self.threads, "policy": self.policy,
+        return {"backend": self.backend_name, "threads": self.threads, "policy": self.policy.name,
+                "resident_mb": self.policy.resident_mb,
                 "packs": ",".join(str(p) for p in self.pack_dirs)}
 
     def _model_path(self, model: str) -> str:
@@ -112,6 +100,16 @@ class ExecutorLogic:
             raise RequestFailed(f"branch model {model} does not exist", code="failed", field="model")
         return str(path)
 
+    def _ahead(self, refs) -> list:
+        """The prefetch hints that name files of the pack; a bad one is skipped (it is only a hint)."""
+        out = []
+        for ref in refs[:self.policy.prefetch]:
+            try:
+                out.append(self._model_path(ref.model))
+            except RequestFailed as e:
+                log.warning("not prefetching: %s", e)
+        return out
+
     def on_branch(self, msg: m.Branch, ctx) -> m.BranchDone:
         # 1) take the branch call: model path and every pass's inputs (views into the arena, or inline frames)
         path = self._model_path(msg.model)
@@ -119,112 +117,47 @@ class ExecutorLogic:
         for i, p in enumerate(msg.passes):
             feeds.append({name: read_tensor(ctx, msg.arena, d, msg.inline, field=f"passes[{i}].inputs.{name}")
                           for name, d in p.inputs.items()})
-        # 2)-4) on a worker thread, so heartbeats are answered while the model loads and runs (ORT and RKNNLite
-        # release the GIL); a silent executor is then a dead one, and the scheduler resends at once
-        nxt = msg.next.model if self.policy == "prefetch" and msg.next is not None else None
-        future = self._worker.submit(self._run, path, feeds, nxt)      # one long-lived thread: no per-call
-        while True:                                                     # thread (and malloc arena) churn
+        # 2)-3) the lifecycle on its worker thread, so heartbeats are answered while the model loads and runs (ORT
+        # and RKNNLite release the GIL); a silent executor is then a dead one, and the scheduler resends at once
+        future = self.lifecycle.submit(path, feeds, ahead=self._ahead(msg.next), hold=msg.hold)
+        while True:
             try:
-                outputs, load_s, init_s, infer_s, release_s, cached = future.result(KEEPALIVE_SLICE_S)
+                outputs, times = future.result(KEEPALIVE_SLICE_S)
                 break
             except FutureTimeout:
                 ctx.keepalive()
+            except LifecycleError as e:
+                field = "model" if e.phase in ("load", "init") else f"passes[{e.pass_index}].inputs"
+                raise RequestFailed(str(e), field=field) from None
+        # 4) outputs into the slots the request named, and the reply
         reply_tensors = ReplyTensors(ctx, msg.arena)
-        descs = tuple(reply_tensors.put(np.asarray(y), p.output, field=f"passes[{i}].output")
-                      for i, (y, p) in enumerate(zip(outputs, msg.passes)))
+        descs = tuple(reply_tensors.put(np.asarray(next(iter(y.values()))), p.output, field=f"passes[{i}].output")
+                      for i, (y, p) in enumerate(zip(outputs, msg.passes)))          # y: [L, D] io dtype
         self.calls += 1
         if self.trace:
-            self._trace(msg)
+            self._trace(msg, times)
         mem = process_memory_mb(pss=self.calls % MEMORY_EVERY == 1)   # smaps_rollup costs ~7 ms: sampled
-        times = m.PhaseTimes(load_s=load_s, init_s=init_s, infer_s=tuple(infer_s), release_s=release_s)
-        log.debug("block %d %s: load %.3f init %.3f infer %s release %.3f (rss %.0f MB)", msg.block,
-                  msg.branch, load_s, init_s, ["%.3f" % s for s in infer_s], release_s, mem["rss"])
+        log.debug("block %d %s %s: %s load %.3f init %.3f infer %s release %.3f wait %.3f (rss %.0f MB)", msg.block,
+                  msg.branch, [p.name for p in msg.passes], times.source, times.load_s, times.init_s,
+                  ["%.3f" % s for s in times.infer_s], times.release_s, times.wait_s, mem["rss"])
         return m.reply_to(msg, m.BranchDone, job=msg.job, step=msg.step, block=msg.block, branch=msg.branch,
-                          attempt=msg.attempt, times=times, outputs=descs, cached=cached, rss_mb=mem["rss"],
-                          pss_mb=mem.get("pss"), inline=reply_tensors.inline)
+                          attempt=msg.attempt, times=times, outputs=descs, rss_mb=mem["rss"], pss_mb=mem.get("pss"),
+                          inline=reply_tensors.inline)
 
-    def _run(self, path: str, feeds: list, next_model: str | None):
-        """-> (outputs per pass, load_s, init_s, [infer_s], release_s, cached)."""
-        # 2) load and init (or pick up what prefetch prepared); prefetch: the next branch loads while this one runs
-        backend, load_s, init_s, cached = self._acquire(path)
-        if next_model is not None:
-            self._prefetch(next_model)
-        try:
-            # 3) run both passes on the same loaded model, conditional first
-            outputs, infer_s = [], []
-            if getattr(backend, "dual_core", False) and len(feeds) == 2:
-                t0 = time.perf_counter()                                     # both passes at once, two NPU cores
-                try:
-                    outs = backend.infer_many(feeds)
-                except BackendError as e:
-                    raise RequestFailed(str(e), field="passes") from None
-                infer_s = [time.perf_counter() - t0]
-                outputs = [next(iter(o.values())) for o in outs]
-            for i, feed in enumerate(feeds if not outputs else ()):
-                t0 = time.perf_counter()
-                try:
-                    out = backend.infer(feed)
-                except BackendError as e:
-                    raise RequestFailed(str(e), field=f"passes[{i}].inputs") from None
-                infer_s.append(time.perf_counter() - t0)
-                outputs.append(next(iter(out.values())))                    # y: [L, D] io dtype
-        finally:
-            # 4) release (on-demand: nothing stays loaded) and reply
-            t0 = time.perf_counter()
-            backend.release()
-            gc.collect()                # released sessions sit in reference cycles: free their weights now (cheap:
-                                        # start-up objects are frozen out of the collector, see __init__)
-            return_freed_memory()       # and give the pages back to the OS (malloc_trim)
-            release_s = time.perf_counter() - t0
-        return outputs, load_s, init_s, infer_s, release_s, cached
-
-    def _trace(self, msg: m.Branch) -> None:
+    def _trace(self, msg: m.Branch, times) -> None:
         """One JSON line per served call, appended with O_APPEND (one write: lines never interleave)."""
         line = json.dumps({"pid": os.getpid(), "job": msg.job, "step": msg.step, "block": msg.block,
-                           "branch": msg.branch, "attempt": msg.attempt}) + "\n"
+                           "branch": msg.branch, "attempt": msg.attempt, "passes": [p.name for p in msg.passes],
+                           "hold": msg.hold, "source": times.source, "context_mb": times.context_mb,
+                           "infer_at": list(times.infer_at), "infer_s": list(times.infer_s)}) + "\n"
         fd = os.open(self.trace, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             os.write(fd, line.encode())
         finally:
             os.close(fd)
 
-    def _acquire(self, path: str):
-        """-> (backend ready to infer, load_s, init_s, cached)."""
-        prepared, self._prepared = self._prepared, None
-        if prepared is not None:
-            prepared.take()
-            if prepared.path == path and prepared.error is None:
-                self.backend, self._spare = prepared.backend, self.backend
-                return self.backend, prepared.load_s, prepared.init_s, True
-            prepared.backend.release()
-            if prepared.error is not None:
-                log.warning("prefetch of %s failed (%s); loading on demand", prepared.path, prepared.error)
-        try:
-            t0 = time.perf_counter()
-            self.backend.load(path)
-            t1 = time.perf_counter()
-            self.backend.init()
-            t2 = time.perf_counter()
-        except BackendError as e:
-            self.backend.release()
-            raise RequestFailed(str(e), field="model") from None
-        return self.backend, t1 - t0, t2 - t1, False
-
-    def _prefetch(self, model: str) -> None:
-        try:
-            path = self._model_path(model)
-        except RequestFailed as e:
-            log.warning("not prefetching: %s", e)
-            return
-        self._prepared = _Prepared(path, self._spare, self._prefetcher)
-
     def close(self) -> None:
-        if self._prepared is not None:
-            self._prepared.take().backend.release()
-        self.backend.release()
-        for pool in (self._worker, self._prefetcher):
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+        self.lifecycle.close()
 
 
 def main(argv=None) -> int:

@@ -1,21 +1,18 @@
 """Process memory figures for reports: RSS, PSS and swap from /proc/self/smaps_rollup (Linux), peak RSS."""
 from __future__ import annotations
 
-import os
 import resource
 import sys
 
+from models.branch_runtime import rss_bytes
+
 SMAPS_ROLLUP = "/proc/self/smaps_rollup"
-PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def process_memory_mb(pss: bool = True, path: str = SMAPS_ROLLUP) -> dict:
     """{"rss": MB} from /proc/self/statm (cheap), plus "pss" and "swap" from smaps_rollup (a few ms) when `pss`."""
-    out: dict = {}
-    try:
-        with open("/proc/self/statm") as f:
-            out["rss"] = int(f.read().split()[1]) * PAGE_BYTES / 2**20
-    except (OSError, ValueError, IndexError):
+    out: dict = {"rss": rss_bytes() / 2**20}
+    if not out["rss"]:
         import psutil
         out["rss"] = psutil.Process().memory_info().rss / 2**20
     if pss:

@@ -3,7 +3,8 @@
     python -m stages.scheduler --config run/pipeline.toml
 
 Per computed step, for block 0…N−1: self, cross, ffn; each branch is ONE request to the executor carrying both CFG
-passes (conditional first). LayerNorm + modulation, gates and the FP32 residual stay here. After every step the
+passes (conditional first), or, when the executor's policy interleaves, one request per pass (the first with
+hold=true), the host ops of one pass running while the executor infers the other. LayerNorm + modulation, gates and the FP32 residual stay here. After every step the
 sampler state (latent, Spectrum history, seed) is written to the job folder (write-then-rename), so a restarted
 scheduler resumes at the last finished step and the result is bitwise identical to an uninterrupted run.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import shutil
 import sys
 import time
@@ -19,17 +21,18 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from models.branch_runtime import PhaseTimes
 from models.denoise import make_sampler, save_state, spectrum_settings, start_or_resume
-from models.dit_runner import DiTRunner
+from models.dit_runner import BranchCall, DiTRunner
+from models.lifecycle import PhaseSums
 from models.pack import PackError, load_pack
 from models.partition import KINDS, LIFETIMES, parse_branch_file
+from models.policy import Policy, PolicyError, parse_policy
 from models.spectrum import plan as spectrum_plan
 from protocol import messages as m
 from protocol.fields import ProtocolError
 from protocol.liveness import PeerLost, PeerWatch
 from protocol.sockets import LazyPirate, PeerUnavailable
-from stages.base import Interrupted, RequestFailed, stage_main
+from stages.base import VERSION, Interrupted, RequestFailed, stage_main
 from stages.config import PipelineConfig
 from stages.tensor_io import read_tensor
 
@@ -42,25 +45,31 @@ STATE_HEADROOM_MB = 16.0     # free space kept on the job folder's disk beyond t
 
 
 class BranchClient:
-    """Sends one branch call (both CFG passes) to the executor through the job arena; times the transport."""
+    """The runner's branch side in the pipeline: each BranchCall becomes one BRANCH request through the job arena.
 
-    def __init__(self, ctx, msg: m.Denoise, runner: DiTRunner, link: LazyPirate, watch: PeerWatch, arena,
-                 step_ref: list, max_lost: int, computed_steps=()):
-        self.stage_ctx, self.msg, self.runner, self.link, self.arena = ctx, msg, runner, link, arena
+    One request is outstanding at a time (one REQ socket, strict order): submit() first finishes the previous one.
+    With interleave the runner does the other pass's host ops between submit() and result(); the inputs and output
+    slots a request names are per pass, so the other pass's host work never touches them before the reply."""
+
+    def __init__(self, ctx, msg: m.Denoise, pack, link: LazyPirate, watch: PeerWatch, arena, step_ref: list,
+                 max_lost: int, interleave: bool = False, computed_steps=()):
+        self.stage_ctx, self.msg, self.pack, self.link, self.arena = ctx, msg, pack, link, arena
         self.computed_steps = sorted(computed_steps)  # 1-based steps that run the model (the rest are forecast)
         self.watch, self.max_lost = watch, max_lost
+        self.interleave = interleave
         self.resends = 0
         self.step_ref = step_ref                      # [current 1-based step], read when a call goes out
-        io = runner.pack.io_dtype                     # "f16" | "f32"
-        L, D = runner.geom.tokens, runner.cfg.width
+        io = pack.io_dtype                            # "f16" | "f32"
+        L, D = pack.geometry.tokens, pack.config.width
         slots = arena.region(msg.scratch.offset, msg.scratch.nbytes)
         self.xn = [slots.alloc(f"xn.{p}", io, (L, D)) for p in m.PASS_NAMES]           # [L, D] io
         self.y = [slots.alloc(f"y.{p}", io, (L, D)) for p in m.PASS_NAMES]             # [L, D] io
         self.fixed: dict = {}                        # (pass, input name) -> desc written once per job
         self._slots = slots
-        self.sums = {k: PhaseTimes() for k in KINDS}
-        self.kind_calls = {k: 0 for k in KINDS}
+        self._out: _Pending | None = None            # the request on the wire
         self.calls = 0
+        self.branches_done = 0                       # branches whose every pass came back (the ETA's unit)
+        self.blocked_s = 0.0                         # scheduler time spent sending, waiting and reading replies
         self.transport_s = 0.0
         self.started = time.monotonic()
 
@@ -69,19 +78,21 @@ class BranchClient:
         to the arena once; which is which is the partition table's `lifetime`."""
         key = (p if LIFETIMES.get(name) == "pass" else 0, name)
         if key not in self.fixed:
-            desc = self._slots.alloc(f"{name}.{key[0]}", self.runner.pack.io_dtype, tuple(array.shape))
+            desc = self._slots.alloc(f"{name}.{key[0]}", self.pack.io_dtype, tuple(array.shape))
             self.arena.write(desc, array)
             self.fixed[key] = desc
         return self.fixed[key]
 
-    def __call__(self, block: int, kind: str, path, feeds: list, next_path):
+    def submit(self, call: BranchCall) -> "_Pending":
+        if self._out is not None:
+            self._out.finish()
         job, step = self.msg.job, self.step_ref[0]
         # 1) heartbeats and cancellation between branches
         self.stage_ctx.check(job)
         t0 = time.perf_counter()
         # 2) inputs into the arena: xn per pass; context and RoPE once per job
         passes = []
-        for p, feed in enumerate(feeds):
+        for p, feed in zip(call.passes, call.feeds):
             inputs = {}
             for name, array in feed.items():
                 if name == "xn":
@@ -90,41 +101,19 @@ class BranchClient:
                 else:
                     inputs[name] = self._fixed(p, name, array)
             passes.append(m.BranchPass(name=m.PASS_NAMES[p], inputs=inputs, output=self.y[p]))
-        nxt = None
-        if next_path is not None:
-            nb, nk = parse_branch_file(Path(next_path).name)
-            nxt = m.BranchRef(block=nb, branch=nk, model=str(next_path), index=3 * nb + KINDS.index(nk))
-        req = m.Branch(job=job, step=step, block=block, branch=kind, model=str(path), index=3 * block + KINDS.index(kind),
-                       arena=self.arena.name, passes=tuple(passes), next=nxt)
-        # 3) the call (Lazy Pirate: resent on timeout; `busy` answered by waiting)
-        reply = self._request(req)
-        # 4) outputs back: y per pass, checked for NaN/Inf
-        ys = []
-        for p, desc in enumerate(reply.outputs):
-            if desc.inline or desc.slot != self.y[p].slot:
-                raise RequestFailed(f"executor put pass {m.PASS_NAMES[p]} of block {block} {kind} elsewhere than "
-                                    f"slot {self.y[p].slot!r}", field="executor")
-            y = self.arena.read(self.y[p])                                           # [L, D] io dtype
-            if not np.isfinite(y).all():
-                raise RequestFailed(f"non-finite branch output at step {step}, block {block}, branch {kind}, pass "
-                                    f"{m.PASS_NAMES[p]}", field="executor")
-            ys.append({"y": y})
-        wall = time.perf_counter() - t0
-        t = reply.times
-        times = PhaseTimes(t.load_s, t.init_s, float(sum(t.infer_s)), t.release_s)
-        self.sums[kind] = self.sums[kind] + times
-        self.kind_calls[kind] += 1
-        self.calls += 1
-        self.transport_s += max(0.0, wall - times.total_s)
-        elapsed = time.monotonic() - self.started
-        self.stage_ctx.emit(m.Progress(job=job, step=step, steps=self.msg.params.steps, block=block, branch=kind,
-                                       elapsed_s=elapsed, eta_s=self.eta_s(step, block, kind, elapsed)))
-        return ys, times
+        nxt = []
+        for path in call.ahead[:m.MAX_AHEAD]:
+            nb, nk = parse_branch_file(Path(path).name)
+            nxt.append(m.BranchRef(block=nb, branch=nk, model=str(path), index=3 * nb + KINDS.index(nk)))
+        req = m.Branch(job=job, step=step, block=call.block, branch=call.kind, model=str(call.path),
+                       index=3 * call.block + KINDS.index(call.kind), arena=self.arena.name, passes=tuple(passes),
+                       next=tuple(nxt), hold=call.hold)
+        # 3) the call goes out; its reply is taken by the next submit() or by result()
+        self.link.send(req)
+        self._out = _Pending(self, call, req, time.perf_counter() - t0)
+        return self._out
 
-    def eta_s(self, step: int, block: int, kind: str, elapsed_s: float) -> float:
-        return eta_s(self.calls, elapsed_s, calls_left(step, block, kind, self.runner.cfg.blocks, self.computed_steps))
-
-    def _request(self, req: m.Branch) -> m.BranchDone:
+    def _request(self, req: m.Branch, sent: bool) -> m.BranchDone:
         """Lazy Pirate with a liveness watch: a dead executor is seen within LIVENESS heartbeats and the call is resent
         at once (idempotent: the inputs stay in the arena); a live but slow one is waited for up to the timeout.
 
@@ -139,7 +128,7 @@ class BranchClient:
                 self.stage_ctx.keepalive()
                 self.watch.tick()
             try:
-                reply = self.link.request(req, should_stop=lambda: self.stage_ctx.stopping, idle=idle)
+                reply = self.link.request(req, should_stop=lambda: self.stage_ctx.stopping, idle=idle, sent=sent)
             except PeerLost as e:
                 self.link.close()
                 lost += 0 if e.silent else 1
@@ -152,10 +141,12 @@ class BranchClient:
                                         field="executor", retry=True) from None
                 log.warning("%s; resending block %d %s (attempt %d)", e, req.block, req.branch, req.attempt + 1)
                 req = dataclasses.replace(req, attempt=min(req.attempt + 1, 1000))
+                sent = False
                 continue
             except PeerUnavailable as e:
                 raise RequestFailed(f"executor unreachable at step {req.step}, block {req.block}, {req.branch}: {e}",
                                     field="executor", retry=True) from None
+            sent = False
             if isinstance(reply, m.Error) and reply.code == "busy" and busy < MAX_BUSY_RETRIES:
                 busy += 1
                 time.sleep(BUSY_RETRY_S)
@@ -171,6 +162,53 @@ class BranchClient:
             return reply
 
 
+class _Pending:
+    """One BRANCH on the wire: finish() waits for its reply and reads the outputs back (once)."""
+
+    def __init__(self, client: BranchClient, call: BranchCall, req: m.Branch, send_s: float):
+        self.client, self.call, self.req, self.send_s = client, call, req, send_s
+        self.value = None
+
+    def result(self):
+        if self.value is None:
+            self.finish()
+        return self.value
+
+    def finish(self) -> None:
+        if self.value is not None:
+            return
+        c, call, req = self.client, self.call, self.req
+        t0 = time.perf_counter()
+        try:
+            reply = c._request(req, sent=True)
+        finally:
+            c._out = None
+        # 4) outputs back: y per pass, checked for NaN/Inf
+        ys = []
+        for p, desc in zip(call.passes, reply.outputs):
+            if desc.inline or desc.slot != c.y[p].slot:
+                raise RequestFailed(f"executor put pass {m.PASS_NAMES[p]} of block {req.block} {req.branch} elsewhere "
+                                    f"than slot {c.y[p].slot!r}", field="executor")
+            y = c.arena.read(c.y[p])                                                 # [L, D] io dtype
+            if not np.isfinite(y).all():
+                raise RequestFailed(f"non-finite branch output at step {req.step}, block {req.block}, branch "
+                                    f"{req.branch}, pass {m.PASS_NAMES[p]}", field="executor")
+            ys.append({"y": y})
+        blocked = self.send_s + time.perf_counter() - t0
+        t = reply.times
+        c.calls += 1
+        c.blocked_s += blocked
+        c.transport_s += max(0.0, blocked - t.total_s)      # waiting beyond the executor's critical path
+        c.branches_done += not call.hold
+        cfg_pass = "both" if len(call.passes) > 1 else m.PASS_NAMES[call.passes[0]]
+        elapsed = time.monotonic() - c.started
+        eta = eta_s(c.branches_done, elapsed, calls_left(req.step, req.block, req.branch, c.pack.config.blocks,
+                                                         c.computed_steps))
+        c.stage_ctx.emit(m.Progress(job=req.job, step=req.step, steps=c.msg.params.steps, block=req.block,
+                                    branch=req.branch, cfg_pass=cfg_pass, elapsed_s=elapsed, eta_s=eta))
+        self.value = (ys, t)
+
+
 def calls_left(step: int, block: int, kind: str, blocks: int, computed_steps) -> int:
     """Branch calls still to come after (step, block, kind): the rest of this step, then every later computed step's
     (forecast steps make none)."""
@@ -180,7 +218,7 @@ def calls_left(step: int, block: int, kind: str, blocks: int, computed_steps) ->
 
 def eta_s(calls_done: int, elapsed_s: float, left: int) -> float:
     """Denoising time left: the calls to come at the mean wall time per call so far (host ops and transport
-    included)."""
+    included). A call here is a branch with all its passes (with interleave, two requests)."""
     return elapsed_s / max(calls_done, 1) * left
 
 
@@ -222,11 +260,11 @@ class SchedulerLogic:
     def info(self) -> dict:
         return {"packs": ",".join(str(p) for p in self.config.packs)}
 
-    def _runner(self, pack_dir: str, branch_fn, ctx) -> DiTRunner:
-        """The job's pack (one of the configured ones; checked against its manifest's hashes when loaded; only the
-        last used stays loaded: host weights are ~1 GB at full size, a second size must not double them) and a runner
-        over its host weights. Both take a while on a board (GBs to hash and read), so heartbeats are answered
-        meanwhile: a stage that stops answering for `hang_timeout_s` is restarted by the orchestrator."""
+    def _pack(self, pack_dir: str, ctx):
+        """The job's pack (one of the configured ones; checked against its manifest's hashes when loaded); only the
+        last used stays loaded (host weights are ~1 GB at full size: a second size must not double them). Hashing and
+        reading take a while on a board, so heartbeats are answered meanwhile: a stage that stops answering for
+        `hang_timeout_s` is restarted by the orchestrator."""
         allowed = {str(Path(p).resolve()) for p in self.config.packs}
         if allowed and str(Path(pack_dir).resolve()) not in allowed:
             raise RequestFailed(f"pack {pack_dir} is not one of the configured packs ({', '.join(sorted(allowed))})",
@@ -238,15 +276,26 @@ class SchedulerLogic:
                 pack = self._packs[pack_dir] = ctx.keep_alive_while(load_pack, pack_dir, check=True)
             except (PackError, FileNotFoundError) as e:
                 raise RequestFailed(str(e), field="pack_dir") from None
-        return ctx.keep_alive_while(DiTRunner, pack, branch_fn=branch_fn)
+        return pack
+
+    def _executor_policy(self, link: LazyPirate, msg: m.Denoise) -> Policy:
+        """The executor's resolved lifecycle policy (READY.info): with interleave, each CFG pass is its own call."""
+        try:
+            ready = m.expect(link.request(m.Hello(peer="scheduler", pid=os.getpid(), version=VERSION),
+                                          timeout_s=self.config.timeouts.request_s), m.Ready, "executor")
+            return parse_policy(str(ready.info.get("policy", "on-demand")),
+                                {"resident_mb": ready.info.get("resident_mb") or None})
+        except PeerUnavailable as e:
+            raise RequestFailed(f"executor unreachable: {e}", field="executor", retry=True) from None
+        except (m.RemoteError, PolicyError) as e:
+            raise RequestFailed(f"executor's HELLO: {e}", field="executor", retry=True) from None
 
     def on_denoise(self, msg: m.Denoise, ctx) -> m.Denoised:
         t_start = time.monotonic()
         params = msg.params
         # 1) the pack, and the request checked against it
-        holder = {}
-        runner = self._runner(msg.pack_dir, lambda *a: holder["client"](*a), ctx)
-        g, cfg = runner.geom, runner.cfg
+        pack = self._pack(msg.pack_dir, ctx)
+        g, cfg = pack.geometry, pack.config
         if (params.width, params.height) != (g.width, g.height):
             raise ProtocolError("params.width", f"{params.width}x{params.height} does not match the pack's "
                                 f"{g.width}x{g.height}")
@@ -275,9 +324,14 @@ class SchedulerLogic:
                           timeout_s=float(sched.get("branch_timeout_s", BRANCH_TIMEOUT_S)), retries=t.retries)
         watch = PeerWatch(self.zctx, msg.executor, peer="executor", interval_s=t.heartbeat_s, liveness=t.liveness,
                           curve=curve, allow_plaintext=plain)
+        policy = self._executor_policy(link, msg)
         computed = spectrum_plan(sampler.spectrum, params.steps)[0] if sampler.spectrum else range(1, params.steps + 1)
-        client = holder["client"] = BranchClient(ctx, msg, runner, link, watch, arena, step_ref, max_lost=t.retries,
-                                                 computed_steps=computed)
+        client = BranchClient(ctx, msg, pack, link, watch, arena, step_ref, max_lost=t.retries,
+                              interleave=policy.interleave, computed_steps=computed)
+        runner = ctx.keep_alive_while(DiTRunner, pack, branches=client)
+        sums: dict = {k: PhaseSums() for k in KINDS}
+        host_hidden = 0.0
+        clocks_shared = not msg.executor.startswith("tcp://")     # monotonic stamps compare on one host only
         try:
             # 4) the steps; the state is saved after each
             while not sampler.done(state):
@@ -285,6 +339,10 @@ class SchedulerLogic:
                 if sampler.needs_model(state):
                     v_c, v_u = runner.forward_cfg(state.latent, sampler.sigma(state), cond, uncond,
                                                   context_rows=msg.context_rows or None)
+                    timing = runner.last_timing
+                    for k, ps in timing.per_kind.items():
+                        sums[k].merge(ps)
+                    host_hidden += timing.host_hidden_s if clocks_shared else 0.0
                     sampler.step_computed(state, v_c, v_u)
                 else:
                     ctx.check(msg.job)
@@ -300,18 +358,14 @@ class SchedulerLogic:
         finally:
             link.close()
             watch.close()
-            holder.clear()           # runner -> branch_fn -> holder -> client -> runner: a cycle that kept every
-                                     # job's host weights (the whole FP32 host part of the model) until a full GC
         # 5) the final latent into its slot, and the sums
         arena.write(msg.latent, state.latent)
         wall = time.monotonic() - t_start
-        branch_s = sum(t.total_s for t in client.sums.values())
-        sums = {k: m.BranchSums(load_s=t.load_s, init_s=t.init_s, infer_s=t.infer_s, release_s=t.release_s,
-                                calls=client.kind_calls[k]) for k, t in client.sums.items()}
         return m.reply_to(msg, m.Denoised, job=msg.job, latent=msg.latent, computed_steps=tuple(state.computed),
                           forecast_steps=tuple(state.forecast), branch_calls=client.calls, branches=sums,
-                          host_s=max(0.0, wall - branch_s - client.transport_s), transport_s=client.transport_s,
-                          wall_s=wall, resumed_from=resumed_from, resends=link.resends + client.resends)
+                          host_s=max(0.0, wall - client.blocked_s), host_hidden_s=host_hidden,
+                          transport_s=client.transport_s, wall_s=wall, resumed_from=resumed_from,
+                          resends=link.resends + client.resends)
 
 
 def main(argv=None) -> int:

@@ -82,7 +82,7 @@ class SchedulerDouble:
             os.replace(tmp, state_path)
         latent = np.full(msg.latent.shape, float(cond[0, 0]) + msg.params.seed % 7, np.float32)  # [C, h, w] f32
         arena.write(msg.latent, latent)
-        sums = {k: m.BranchSums(load_s=0.01, init_s=0.02, infer_s=0.03, release_s=0.004, calls=steps)
+        sums = {k: m.PhaseSums(calls=steps, load_s=0.01, init_s=0.02, infer_s=0.03, release_s=0.004)
                 for k in ("self", "cross", "ffn")}
         return m.reply_to(msg, m.Denoised, job=msg.job, latent=msg.latent, computed_steps=tuple(range(1, steps + 1)),
                           forecast_steps=(), branch_calls=3 * steps, branches=sums, host_s=0.5, transport_s=0.1,

@@ -28,9 +28,11 @@ def test_timing_table_lists_stages_and_branch_phases():
     r.stages["encoder"].wall_s, r.stages["encoder"].peak_rss_mb = 3.5, 2500.0
     r.denoised = {"computed_steps": [1, 2], "forecast_steps": [3], "branch_calls": 6, "host_s": 1.25,
                   "transport_s": 0.5, "branches": {"self": {"load_s": 1.0, "init_s": 2.0, "infer_s": 3.0,
-                                                            "release_s": 0.25, "calls": 2}}}
+                                                            "release_s": 0.25, "visible_s": 3.25, "calls": 2,
+                                                            "cached": 1}}}
     d = r.to_dict()
-    assert d["branches"]["self"] == {"load_s": 1.0, "init_s": 2.0, "infer_s": 3.0, "release_s": 0.25, "calls": 2}
+    assert d["branches"]["self"] == {"load_s": 1.0, "init_s": 2.0, "infer_s": 3.0, "release_s": 0.25, "wait_s": 0.0,
+                                     "visible_s": 3.25, "hidden_s": 0.0, "calls": 2, "cached": 1}
     assert d["branches"]["ffn"]["calls"] == 0 and d["teardown"]["encoder_running_during_denoise"] is False
     text = format_table(json.loads(json.dumps(d)))
     assert "encoder" in text and "2500" in text and "self" in text and "host ops 1.25 s" in text

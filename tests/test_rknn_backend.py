@@ -8,9 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.branch_runtime import BackendError, make_backend as make_model_backend, run_branch as model_run_branch
+from models.branch_runtime import BackendError, make_backend as make_model_backend
+from models.lifecycle import Lifecycle, context_factory, run_branch
+from models.policy import parse_policy
 from stages.backends import backend_class, board_stats, make_backend
-from stages.backends.rknn import RknnLiteBackend, run_branch
+from stages.backends.rknn import RknnLiteBackend
 from stages.backends.rknnlite_standin import RKNNLite
 
 
@@ -44,7 +46,7 @@ def test_registry_resolves_rknn_in_stages():
 def test_lifecycle_order_timings_and_memory(feeds, calls):
     pack, passes = feeds
     be = make_backend("rknn", lite="standin", core_mask="0_1_2")
-    assert be.is_standin and be.masks == [RKNNLite.NPU_CORE_0_1_2]
+    assert be.is_standin and be.mask == RKNNLite.NPU_CORE_0_1_2
     ort = make_model_backend("onnx", threads=1)
     for kind in ("self", "cross", "ffn"):
         b = pack.branch(0, kind)
@@ -54,7 +56,7 @@ def test_lifecycle_order_timings_and_memory(feeds, calls):
         assert [(c[0], c[1]) for c in calls] == [("load_rknn", name), ("init_runtime", name), ("inference", name),
                                                 ("inference", name), ("release", name)]
         assert all(c[2] == RKNNLite.NPU_CORE_0_1_2 for c in calls[1:])
-        assert min(t.load_s, t.init_s, t.infer_s, t.release_s) > 0
+        assert min(t.load_s, t.init_s, *t.infer_s, t.release_s) > 0 and len(t.infer_s) == 2
         rep = be.report
         assert rep["standin"] is True and rep["branch"] == name and len(rep["passes"]) == 2
         assert set(rep["phases"]) == {"load", "init", "infer0", "infer1", "release"}
@@ -62,26 +64,32 @@ def test_lifecycle_order_timings_and_memory(feeds, calls):
             assert ph["s"] > 0 and ph["pss_before_kb"] > 0 and ph["pss_after_kb"] > 0
             assert "dma_buf_before" in ph and "dma_buf_after" in ph       # None where the board files are absent
         assert "npu_load" in rep
+        mb = be.context_mb()          # measured PSS growth over load + init (here: the stand-in's ORT session)
+        assert mb == max(0, rep["phases"]["init"]["pss_after_kb"] - rep["phases"]["load"]["pss_before_kb"]) / 1024
+        assert t.context_mb == mb and t.source == "load"
         # same numbers as ONNX Runtime on the ONNX graph, in the pack's dtype
-        want, _ = model_run_branch(ort, pack.dir / b["onnx"], passes[kind])
+        want, _ = run_branch(ort, pack.dir / b["onnx"], passes[kind])
         for got, ref in zip(outs, want):
             assert got["y"].dtype == np.float16 and got["y"].shape == ref["y"].shape
             np.testing.assert_array_equal(got["y"], ref["y"])
 
 
 def test_two_cores_run_cond_and_uncond_on_two_contexts(feeds, calls):
+    """dual_core is a lifecycle policy: two RknnLiteBackend contexts on the policy's dual_masks, one pass each."""
     pack, passes = feeds
-    be = make_backend("rknn", lite="standin", dual_core=True)
+    lc = Lifecycle(context_factory(RknnLiteBackend, lite="standin"), parse_policy("dual_core",
+                                                                                  {"dual_masks": ["0", "2"]}))
     b = pack.branch(0, "ffn")
-    outs, t = run_branch(be, pack.dir / b["rknn"]["file"], passes["ffn"])
+    outs, t = lc.run(pack.dir / b["rknn"]["file"], passes["ffn"])
     loads = [c for c in calls if c[0] == "load_rknn"]
     inits = sorted(c[2] for c in calls if c[0] == "init_runtime")
     infers = [c for c in calls if c[0] == "inference"]
-    assert len(loads) == 2 and inits == [RKNNLite.NPU_CORE_0, RKNNLite.NPU_CORE_1]
-    assert {c[2] for c in infers} == {RKNNLite.NPU_CORE_0, RKNNLite.NPU_CORE_1}
-    assert sorted(c[3] for c in infers) == ["rknn-core0", "rknn-core1"]     # from two threads
+    assert len(loads) == 2 and inits == [RKNNLite.NPU_CORE_0, RKNNLite.NPU_CORE_2]
+    by_thread = {c[3]: c[2] for c in infers}                                # each context infers on its own thread
+    assert len(infers) == 2 and sorted(by_thread.values()) == [RKNNLite.NPU_CORE_0, RKNNLite.NPU_CORE_2]
     assert [c[0] for c in calls][-2:] == ["release", "release"]
-    assert "infer_dual" in be.report["phases"] and len(be.report["passes"]) == 2
+    assert len(t.infer_s) == len(t.infer_at) == 2 and t.source == "load"
+    lc.close()
     # each pass's output belongs to its own input (cond first), equal to one-core results
     single = make_backend("rknn", lite="standin", core_mask="1")
     ref, _ = run_branch(single, pack.dir / b["rknn"]["file"], passes["ffn"])

@@ -81,7 +81,8 @@ def sim_inputs(rknn_pack):
 
 
 def test_simulator_matches_onnx_runtime_and_fp32(sim_inputs, tiny_dit, rknn_venv):
-    from models.branch_runtime import make_backend, run_branch
+    from models.branch_runtime import make_backend
+    from models.lifecycle import run_branch
     from models.dit_checkpoint import DiTCheckpoint
     from models.reference import ref_cross_attn, ref_ffn, ref_self_attn
     pack, avail = sim_inputs

@@ -1,5 +1,6 @@
-"""`rknn` executor backend: compiled branches on the RK3588 NPU through rknn-toolkit-lite2 (RKNNLite), timed and
-with per-phase memory figures; cond and uncond can run on two NPU cores at once with two contexts."""
+"""`rknn` executor backend: compiled branches on the RK3588 NPU through rknn-toolkit-lite2 (RKNNLite), with
+per-phase memory figures; one instance is one context on one core mask (dual_core = two instances, see
+models/lifecycle.py)."""
 from __future__ import annotations
 
 import gc
@@ -7,7 +8,6 @@ import importlib
 import json
 import logging
 import os
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from models.branch_runtime import BackendError, BranchBackend, PhaseTimes
+from models.branch_runtime import BackendError, BranchBackend
 from stages.backends import board_stats
 
 log = logging.getLogger(__name__)
@@ -130,27 +130,24 @@ def core_mask_value(lite_cls, mask) -> int:
 
 
 class RknnLiteBackend(BranchBackend):
-    """load(.rknn) -> init() -> infer()/infer_many() -> release(), one branch at a time.
+    """ONE RKNNLite context on one core mask: load(.rknn) -> init() -> infer() -> release(), one branch at a time.
 
-    dual_core: two RKNNLite contexts (each with its own copy of the weights) on `dual_masks`; infer_many() runs the
-    conditional and unconditional passes on them from two threads (inference releases the GIL).
-    `report` holds the current branch's phases: seconds, PSS before/after, dma-buf before/after, NPU load, passes.
+    The lifecycle (models/lifecycle.py) makes one instance per context: `dual_core` is two instances on the policy's
+    `dual_masks` whose passes run from two threads (inference releases the GIL). `report` holds the current
+    branch's phases: seconds, PSS before/after, dma-buf before/after, each pass, NPU load after release.
     """
     name = "rknn"
+    parallel_contexts = 3           # the RK3588 NPU's cores; a context keeps the core mask it was initialised with
+    takes_core_mask = True
 
-    def __init__(self, threads: Optional[int] = None, core_mask="auto", dual_core: bool = False,
-                 dual_masks=("0", "1"), lite: Optional[str] = None):
+    def __init__(self, threads: Optional[int] = None, core_mask="auto", lite: Optional[str] = None):
         self.api = lite_module(lite)
         self.cls = self.api.RKNNLite
         self.is_standin = bool(getattr(self.api, "IS_STANDIN", False))
         if self.is_standin:
             log.warning("rknn backend is using the %s", self.api.STANDIN_LABEL)
-        self.dual_core = bool(dual_core)
-        masks = list(dual_masks) if self.dual_core else [core_mask]
-        if self.dual_core and len(masks) != 2:
-            raise ValueError(f"dual_masks {dual_masks!r}: need exactly two core masks")
-        self.masks = [core_mask_value(self.cls, m) for m in masks]
-        self._ctx: list = []
+        self.mask = core_mask_value(self.cls, core_mask)
+        self._ctx = None
         self._path: Optional[str] = None
         self._entry: Optional[dict] = None
         self.report: dict = {}
@@ -169,6 +166,15 @@ class RknnLiteBackend(BranchBackend):
                 "s": dt, "pss_before_kb": before[0], "pss_after_kb": after[0],
                 "dma_buf_before": before[1], "dma_buf_after": after[1]}
 
+    def context_mb(self) -> Optional[float]:
+        """Measured: the process's PSS growth from before load_rknn to after init_runtime (the reference board saw
+        ~155 MiB per FP16 branch context at 512x512); None where PSS is unreadable."""
+        ph = self.report.get("phases", {})
+        try:
+            return max(0, ph["init"]["pss_after_kb"] - ph["load"]["pss_before_kb"]) / 1024
+        except (KeyError, TypeError):
+            return None
+
     # -- lifecycle --------------------------------------------------------------------------------------------
     def load(self, path) -> None:
         self._path = os.fspath(compiled_path(path))      # the scheduler names the ONNX file; run its .rknn
@@ -178,27 +184,27 @@ class RknnLiteBackend(BranchBackend):
         if pack not in _checked_packs:                   # once per pack: the runtime must match the compiler
             check_toolkit_version(pack, self.api)
             _checked_packs.add(pack)
-        self.report = {"branch": os.path.basename(self._path), "standin": self.is_standin,
-                       "core_masks": self.masks, "passes": []}
+        self.report = {"branch": os.path.basename(self._path), "standin": self.is_standin, "core_mask": self.mask,
+                       "passes": []}
         with self._phase("load"):
-            for _ in self.masks:
-                ctx = self.cls(verbose=False)
-                if ctx.load_rknn(self._path) != 0:
-                    self._drop()
-                    raise BackendError(f"{self._path}: load_rknn failed")
-                self._ctx.append(ctx)
+            ctx = self.cls(verbose=False)
+            if ctx.load_rknn(self._path) != 0:
+                ctx.release()
+                raise BackendError(f"{self._path}: load_rknn failed")
+            self._ctx = ctx
 
     def init(self) -> None:
-        if not self._ctx:
+        if self._ctx is None:
             raise BackendError("init() before load()")
         with self._phase("init"):
-            for ctx, mask in zip(self._ctx, self.masks):
-                if ctx.init_runtime(core_mask=mask) != 0:
-                    raise BackendError(f"{self._path}: init_runtime(core_mask={mask}) failed (is librknnrt.so "
-                                       "in /usr/lib and the driver loaded? see docs/board.md)")
+            if self._ctx.init_runtime(core_mask=self.mask) != 0:
+                raise BackendError(f"{self._path}: init_runtime(core_mask={self.mask}) failed (is librknnrt.so "
+                                   "in /usr/lib and the driver loaded? see docs/board.md)")
 
-    def _run(self, i: int, inputs: dict) -> dict:
-        """One pass on context i: inputs in the manifest's order, outputs cast to the manifest's dtypes."""
+    def infer(self, inputs: dict) -> dict:
+        """One pass: inputs in the manifest's order, outputs cast to the manifest's dtypes."""
+        if self._ctx is None:
+            raise BackendError("infer() before init()")
         feed = []
         for spec in self._entry["inputs"]:
             if spec["name"] not in inputs:
@@ -208,78 +214,26 @@ class RknnLiteBackend(BranchBackend):
                 raise BackendError(f"{self._path}: input {spec['name']!r} has shape {list(a.shape)}, "
                                    f"expected {spec['shape']}")
             feed.append(np.ascontiguousarray(a, NP_DTYPES.get(spec["dtype"], a.dtype)))
-        t0 = time.perf_counter()
-        outs = self._ctx[i].inference(inputs=feed)
-        dt = time.perf_counter() - t0
+        with self._phase(f"infer{len(self.report['passes'])}"):
+            t0 = time.perf_counter()
+            outs = self._ctx.inference(inputs=feed)
+            dt = time.perf_counter() - t0
         if outs is None:
-            raise BackendError(f"{self._path}: inference failed on core mask {self.masks[i]}")
-        self.report["passes"].append({"context": i, "core_mask": self.masks[i], "s": dt, "t0": t0})
+            raise BackendError(f"{self._path}: inference failed on core mask {self.mask}")
+        self.report["passes"].append({"core_mask": self.mask, "s": dt, "t0": t0})
         res = {}
         for spec, y in zip(self._entry["outputs"], outs):
             y = np.asarray(y).reshape(spec["shape"])                       # y: [L, D] f32 from the runtime
             res[spec["name"]] = y.astype(NP_DTYPES.get(spec["dtype"], y.dtype), copy=False)
         return res
 
-    def infer(self, inputs: dict) -> dict:
-        if not self._ctx:
-            raise BackendError("infer() before init()")
-        with self._phase(f"infer{len(self.report['passes'])}"):
-            return self._run(0, inputs)
-
-    def infer_many(self, passes: list) -> list:
-        """Both CFG passes: on two contexts at once when dual_core, else one after the other on the first."""
-        if not self._ctx:
-            raise BackendError("infer_many() before init()")
-        if not (self.dual_core and len(passes) == 2):
-            return [self.infer(p) for p in passes]
-        outs, errs = [None, None], []
-
-        def go(i):
-            try:
-                outs[i] = self._run(i, passes[i])
-            except BaseException as e:  # re-raised in the caller's thread
-                errs.append(e)
-        with self._phase("infer_dual"):
-            th = [threading.Thread(target=go, args=(i,), name=f"rknn-core{i}") for i in (0, 1)]
-            for t in th:
-                t.start()
-            for t in th:
-                t.join()
-        if errs:
-            raise errs[0]
-        return outs
-
-    def _drop(self) -> None:
-        for ctx in self._ctx:
-            try:
-                ctx.release()
-            except Exception as e:  # a failing release must not hide the branch's result
-                log.warning("%s: release: %s", self._path, e)
-        self._ctx = []
-
     def release(self) -> None:
         with self._phase("release"):
-            self._drop()
+            if self._ctx is not None:
+                try:
+                    self._ctx.release()
+                except Exception as e:  # a failing release must not hide the branch's result
+                    log.warning("%s: release: %s", self._path, e)
+                self._ctx = None
             gc.collect()            # RKNNLite objects hold native buffers; free them now, not at some later GC
         self.report["npu_load"] = board_stats.npu_load()
-
-
-def run_branch(backend: BranchBackend, path, passes: list) -> tuple:
-    """load -> init -> every pass (infer_many when the backend has it) -> release; -> (outputs, PhaseTimes)."""
-    t = PhaseTimes()
-    t0 = time.perf_counter()
-    backend.load(path)
-    t1 = time.perf_counter()
-    t.load_s = t1 - t0
-    try:
-        backend.init()
-        t2 = time.perf_counter()
-        t.init_s = t2 - t1
-        many = getattr(backend, "infer_many", None)
-        outs = many(passes) if many else [backend.infer(p) for p in passes]
-        t.infer_s = time.perf_counter() - t2
-    finally:
-        t3 = time.perf_counter()
-        backend.release()
-        t.release_s = time.perf_counter() - t3
-    return outs, t

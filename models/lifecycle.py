@@ -1,0 +1,466 @@
+"""THE branch lifecycle: load → init → infer every pass → release, with the policies of models/policy.py plugged in.
+
+Used by the in-process runner (models/dit_runner.py) and by the executor stage (stages/executor.py) alike, for every
+backend (ONNX Runtime, the rknn-toolkit2 simulator, RKNNLite on the board, board-sim). One backend instance is one
+context (one loaded model on one core mask); the lifecycle makes as many as the policy needs through a factory.
+
+    lc = Lifecycle(context_factory("onnx", threads=2), parse_policy("prefetch2"))
+    outs, times = lc.run(pack.branch_path(0, "self"), [feed_cond, feed_uncond], ahead=[next1, next2])
+    fut = lc.submit(path, [feed_cond], hold=True)    # the same on the lifecycle's worker thread (a Future)
+
+Calls are served strictly in order (one worker thread). Per call:
+  1) take the model: held from the previous pass of this branch, resident, prefetched (waiting if it is not ready
+     yet), or loaded and initialised now;
+  2) queue the branches `ahead` for loading on the helper thread (prefetch);
+  3) infer every pass: in order on one context, or (dual_core) pass i on context i % 2, the two contexts at once;
+  4) keep the model (hold, resident) or release it: now (on-demand) or on the helper thread (prefetch), in which
+     case its release time is reported by the next call as `prev_release_s`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, Optional
+
+from models.branch_runtime import BackendError, BranchBackend, backend_class
+from models.partition import KINDS
+from models.policy import Policy
+
+log = logging.getLogger(__name__)
+
+SOURCES = ("load", "prefetch", "resident", "held")
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseTimes:
+    """Seconds of one branch call (also the wire form of BRANCH_DONE.times).
+
+    load_s, init_s: this call's model, wherever they ran (now, or ahead on the helper thread); 0 when it was already
+    loaded. infer_s / infer_at: each pass's inference seconds and its start (time.monotonic(), comparable across
+    processes of one host). release_s: this model's release inside the call (visible). prev_release_s: the previous
+    call's model, released on the helper thread while this call ran (hidden). wait_s: visible waiting for helper
+    work (a prefetch not ready yet, a pending release). source: how the model was obtained (SOURCES).
+    context_mb: memory of this call's context(s) as the backend reported it after init (0: unknown)."""
+    load_s: float = 0.0
+    init_s: float = 0.0
+    infer_s: tuple = ()
+    release_s: float = 0.0
+    wait_s: float = 0.0
+    prev_release_s: float = 0.0
+    source: str = "load"
+    context_mb: float = 0.0
+    infer_at: tuple = ()
+
+    @property
+    def npu_s(self) -> float:
+        """Pure inference seconds (all passes)."""
+        return float(sum(self.infer_s))
+
+    @property
+    def visible_s(self) -> float:
+        """Lifecycle seconds on the call's critical path."""
+        own = self.load_s + self.init_s if self.source == "load" else 0.0
+        return own + self.wait_s + self.release_s
+
+    @property
+    def hidden_s(self) -> float:
+        """Lifecycle seconds that ran on the helper thread behind other work."""
+        ahead = max(0.0, self.load_s + self.init_s - self.wait_s) if self.source == "prefetch" else 0.0
+        return ahead + self.prev_release_s
+
+    @property
+    def total_s(self) -> float:
+        """The call's critical path in the lifecycle: visible lifecycle plus inference. With dual_core the passes
+        overlap, so this is the wall time of the inference part, not the sum of the passes."""
+        if len(self.infer_at) == len(self.infer_s) and self.infer_at:
+            span = max(a + s for a, s in zip(self.infer_at, self.infer_s)) - min(self.infer_at)
+        else:
+            span = self.npu_s
+        return self.visible_s + span
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update(infer_s=list(self.infer_s), infer_at=list(self.infer_at), npu_s=self.npu_s, visible_s=self.visible_s,
+                 hidden_s=self.hidden_s, total_s=self.total_s)
+        return d
+
+
+@dataclasses.dataclass
+class PhaseSums:
+    """PhaseTimes summed over calls (per branch kind in reports; also the wire form of DENOISED.branches)."""
+    calls: int = 0
+    load_s: float = 0.0
+    init_s: float = 0.0
+    infer_s: float = 0.0
+    release_s: float = 0.0             # own releases plus background ones credited to their model's kind
+    wait_s: float = 0.0
+    visible_s: float = 0.0             # lifecycle on the critical path
+    hidden_s: float = 0.0              # lifecycle behind other work (prefetched load+init, background release)
+    cached: int = 0                    # calls whose model was already loaded (prefetch, resident, held)
+
+    def add(self, t: PhaseTimes) -> "PhaseSums":
+        self.calls += 1
+        self.load_s += t.load_s
+        self.init_s += t.init_s
+        self.infer_s += t.npu_s
+        self.release_s += t.release_s
+        self.wait_s += t.wait_s
+        self.visible_s += t.visible_s
+        self.hidden_s += t.hidden_s - t.prev_release_s
+        self.cached += t.source != "load"
+        return self
+
+    def merge(self, o: "PhaseSums") -> "PhaseSums":
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(o, f.name))
+        return self
+
+    def add_background_release(self, seconds: float) -> None:
+        self.release_s += seconds
+        self.hidden_s += seconds
+
+    @property
+    def total_s(self) -> float:
+        return self.visible_s + self.infer_s
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "total_s": self.total_s}
+
+
+def add_call(sums: dict, kind: str, t: PhaseTimes) -> None:
+    """Add one call to per-kind sums; a background release belongs to the previous call's model, which is the
+    previous kind in the fixed cycle self → cross → ffn → self (also with interleave: the same branch's first pass
+    holds its model, so its release is reported by the next branch's first call)."""
+    sums.setdefault(kind, PhaseSums()).add(t)
+    if t.prev_release_s:
+        prev = KINDS[(KINDS.index(kind) - 1) % len(KINDS)]
+        sums.setdefault(prev, PhaseSums()).add_background_release(t.prev_release_s)
+
+
+class LifecycleError(BackendError):
+    """A phase failed: `phase` is load | init | infer, `pass_index` the pass for infer."""
+
+    def __init__(self, message: str, phase: str, pass_index: Optional[int] = None):
+        super().__init__(message)
+        self.phase, self.pass_index = phase, pass_index
+
+
+class _Context:
+    """One branch model loaded and initialised on 1 (or, dual_core, 2) backend instances."""
+
+    def __init__(self, path: str, backends: list):
+        self.path, self.backends = path, backends
+        self.load_s = self.init_s = 0.0
+        self.mb: Optional[float] = 0.0       # summed context_mb of its backends; None when one does not know
+        self.pinned = False
+
+
+class _Prepared:
+    """A context being prepared on the helper thread."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.ctx: Optional[_Context] = None
+        self.error: Optional[Exception] = None
+        self.future: Optional[Future] = None
+
+
+def context_factory(backend, **kwargs) -> Callable[[Optional[str]], BranchBackend]:
+    """new_context(core_mask) for a backend name or class: kwargs go to every instance; core_mask (None: the
+    backend's default or kwargs' core_mask) only to backends that take one (`takes_core_mask`)."""
+    cls = backend_class(backend) if isinstance(backend, str) else backend
+
+    def new_context(core_mask: Optional[str] = None) -> BranchBackend:
+        kw = dict(kwargs)
+        if getattr(cls, "takes_core_mask", False):
+            if core_mask is not None:
+                kw["core_mask"] = core_mask
+        else:
+            kw.pop("core_mask", None)
+        return cls(**kw)
+    new_context.backend_class = cls
+    return new_context
+
+
+def single_context(backend: BranchBackend) -> Callable[[Optional[str]], BranchBackend]:
+    """A factory that always gives the same instance: enough for on-demand and interleave (one context at a time)."""
+    def new_context(core_mask: Optional[str] = None) -> BranchBackend:
+        return backend
+    new_context.backend_class = type(backend)
+    new_context.single = True
+    return new_context
+
+
+def run_branch(backend: BranchBackend, path, passes: list) -> tuple:
+    """One on-demand call on one backend instance: load, init, every pass, release -> (outputs per pass, PhaseTimes)."""
+    return Lifecycle(single_context(backend)).run(path, passes)
+
+
+class Lifecycle:
+    """Serves branch calls under a Policy; see the module docstring for the four steps of a call."""
+
+    def __init__(self, new_context: Callable[[Optional[str]], BranchBackend], policy: Policy = Policy(), *,
+                 after_release: Optional[Callable[[], None]] = None):
+        if getattr(new_context, "single", False) and (policy.prefetch or policy.dual_core or policy.resident):
+            raise ValueError(f"policy {policy.name!r} needs several contexts: give a backend factory "
+                             "(context_factory), not one backend instance")
+        self.policy = policy
+        self._new = new_context
+        self._after_release = after_release
+        masks = list(policy.dual_masks) if policy.dual_core else [None]
+        self._masks = masks
+        self._spare: dict = {m: [] for m in masks}        # released instances, reused (no re-import, no churn)
+        self._prepared: OrderedDict = OrderedDict()        # path -> _Prepared (prefetch, in the order asked)
+        self._resident: dict = {}                          # path -> pinned _Context
+        self.resident_mb = 0.0                             # summed context_mb of the pinned contexts
+        self._decided: set = set()                         # paths whose pinning was decided (once each)
+        self._held: Optional[_Context] = None
+        self._pending_release: Optional[Future] = None     # the previous model's background release
+        self._lock = threading.Lock()                      # one call at a time (inline run or worker)
+        self._spare_lock = threading.Lock()
+        self._worker: Optional[ThreadPoolExecutor] = None  # created on first submit(); long-lived
+        self._helper = ThreadPoolExecutor(1, thread_name_prefix="lifecycle-helper") if policy.prefetch else None
+        self._lane = ThreadPoolExecutor(1, thread_name_prefix="lifecycle-lane1") if policy.dual_core else None
+        self.closed = False
+
+    # ---- public ------------------------------------------------------------------------------------------------
+    def run(self, path, passes: list, ahead=(), hold: bool = False) -> tuple:
+        """One branch call on the caller's thread -> (outputs per pass [dict name -> array], PhaseTimes)."""
+        with self._lock:
+            return self._call(os.fspath(path), list(passes), [os.fspath(a) for a in ahead], hold)
+
+    def submit(self, path, passes: list, ahead=(), hold: bool = False) -> Future:
+        """The same call on the lifecycle's worker thread (calls run in submission order) -> Future of run()'s
+        result; the caller may do host work meanwhile (interleave) or answer heartbeats (the executor)."""
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="lifecycle")
+        return self._worker.submit(self.run, path, passes, ahead, hold)
+
+    @property
+    def resident_paths(self) -> list:
+        return list(self._resident)
+
+    def loaded(self) -> dict:
+        """What is loaded now: {"resident": [...], "prepared": [...], "held": path | None} (for tests, logs)."""
+        return {"resident": list(self._resident), "prepared": [p for p, pr in self._prepared.items()],
+                "held": self._held.path if self._held else None}
+
+    def drop(self) -> None:
+        """Release everything not pinned: held, prepared (the job ended or moved elsewhere)."""
+        with self._lock:
+            self._drop_unpinned()
+
+    def close(self) -> None:
+        """Release everything, resident contexts included, and stop the threads."""
+        if self.closed:
+            return
+        with self._lock:
+            self._drop_unpinned()
+            for ctx in list(self._resident.values()):
+                self._release_now(ctx)
+            self._resident.clear()
+            self.resident_mb = 0.0
+            self._join_release()
+        for pool in (self._worker, self._helper, self._lane):
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+        self.closed = True
+
+    # ---- one call ----------------------------------------------------------------------------------------------
+    def _call(self, path: str, passes: list, ahead: list, hold: bool) -> tuple:
+        wait = 0.0
+        # 1) take the model
+        if self._held is not None and self._held.path != path:
+            self._release_now(self._held)          # the other pass never came (a restarted scheduler moved on)
+            self._held = None
+        if self._held is not None:
+            ctx, source, self._held = self._held, "held", None
+        elif path in self._resident:
+            ctx, source = self._resident[path], "resident"
+        else:
+            ctx, source, wait = self._take_prepared(path)
+            if ctx is None:
+                ctx, source = self._open(path), "load"
+        load_s, init_s = (ctx.load_s, ctx.init_s) if source in ("load", "prefetch") else (0.0, 0.0)
+        # 2) prefetch: queue what comes next; drop prepared models nobody will ask for
+        if self._helper is not None:
+            self._prefetch(ahead[:self.policy.prefetch], keep=path)
+        # 3) every pass on the model
+        try:
+            outs, infer_s, infer_at = self._infer(ctx, passes)
+        except BaseException:
+            if not ctx.pinned:
+                self._release_now(ctx)
+            raise
+        # 4) keep it (hold, resident) or release it: now, or on the helper thread behind the next call
+        release_s, background = 0.0, None
+        if hold:
+            self._held = ctx
+        else:
+            self._pin_or_not(ctx)
+            if not ctx.pinned:
+                if self._helper is not None:
+                    background = ctx
+                else:
+                    release_s = self._release_now(ctx)
+        prev = self._join_release()
+        if background is not None:
+            self._pending_release = self._helper.submit(self._release_now, background)
+        return outs, self._times(load_s, init_s, infer_s, infer_at, release_s, wait, source, ctx, prev)
+
+    def _times(self, load_s, init_s, infer_s, infer_at, release_s, wait, source, ctx, prev) -> PhaseTimes:
+        prev_s, prev_wait = prev
+        return PhaseTimes(load_s=load_s, init_s=init_s, infer_s=tuple(infer_s), release_s=release_s,
+                          wait_s=wait + prev_wait, prev_release_s=prev_s, source=source, context_mb=ctx.mb or 0.0,
+                          infer_at=tuple(infer_at))
+
+    def _join_release(self) -> tuple:
+        """(seconds the previous background release took, seconds waited for it now)."""
+        fut, self._pending_release = self._pending_release, None
+        if fut is None:
+            return 0.0, 0.0
+        t0 = time.perf_counter()
+        done = fut.done()
+        took = fut.result()
+        return took, 0.0 if done else time.perf_counter() - t0
+
+    # ---- phases ------------------------------------------------------------------------------------------------
+    def _instance(self, mask) -> BranchBackend:
+        with self._spare_lock:
+            if self._spare[mask]:
+                return self._spare[mask].pop()
+        return self._new(mask)
+
+    def _open(self, path: str) -> _Context:
+        """Load and init on every context the policy needs (sequentially: load and init use the CPU)."""
+        ctx = _Context(path, [])
+        try:
+            for mask in self._masks:
+                be = self._instance(mask)
+                ctx.backends.append(be)
+                t0 = time.perf_counter()
+                try:
+                    be.load(path)
+                except BackendError as e:
+                    raise LifecycleError(str(e), "load") from None
+                t1 = time.perf_counter()
+                try:
+                    be.init()
+                except BackendError as e:
+                    raise LifecycleError(str(e), "init") from None
+                ctx.load_s += t1 - t0
+                ctx.init_s += time.perf_counter() - t1
+                mb = be.context_mb()
+                ctx.mb = None if mb is None or ctx.mb is None else ctx.mb + float(mb)
+        except BaseException:
+            self._release_now(ctx)
+            raise
+        return ctx
+
+    def _infer(self, ctx: _Context, passes: list) -> tuple:
+        n = len(ctx.backends)
+        infer_s, infer_at = [0.0] * len(passes), [0.0] * len(passes)
+        outs: list = [None] * len(passes)
+
+        def lane(i0: int) -> None:
+            for i in range(i0, len(passes), n):
+                t0 = time.monotonic()
+                try:
+                    outs[i] = ctx.backends[i0].infer(passes[i])
+                except BackendError as e:
+                    raise LifecycleError(str(e), "infer", i) from None
+                infer_at[i], infer_s[i] = t0, time.monotonic() - t0
+        other = self._lane.submit(lane, 1) if n == 2 and len(passes) > 1 else None
+        try:
+            lane(0)
+        finally:
+            if other is not None:
+                other.result()                 # re-raises lane 1's error; waits even when lane 0 failed
+        return outs, infer_s, infer_at
+
+    def _release_now(self, ctx: _Context) -> float:
+        t0 = time.perf_counter()
+        for be in ctx.backends:
+            try:
+                be.release()
+            except Exception as e:  # noqa: BLE001 - a failing release must not hide the call's result
+                log.warning("%s: release: %s", ctx.path, e)
+        masks = self._masks if len(ctx.backends) == len(self._masks) else [None] * len(ctx.backends)
+        with self._spare_lock:
+            for be, mask in zip(ctx.backends, masks):
+                if not getattr(self._new, "single", False):
+                    self._spare.setdefault(mask, []).append(be)
+        ctx.backends = []
+        if self._after_release is not None:
+            self._after_release()
+        return time.perf_counter() - t0
+
+    # ---- prefetch ----------------------------------------------------------------------------------------------
+    def _take_prepared(self, path: str) -> tuple:
+        """(context, "prefetch", seconds waited) when `path` was prepared, else (None, "load", 0)."""
+        pr = self._prepared.pop(path, None)
+        if pr is None:
+            return None, "load", 0.0
+        t0 = time.perf_counter()
+        done = pr.future.done()
+        pr.future.result()
+        waited = 0.0 if done else time.perf_counter() - t0
+        if pr.error is not None:
+            log.warning("prefetch of %s failed (%s); loading on demand", path, pr.error)
+            return None, "load", waited
+        return pr.ctx, "prefetch", waited
+
+    def _prefetch(self, ahead: list, keep: str) -> None:
+        for p in [p for p in self._prepared if p not in ahead and p != keep]:
+            pr = self._prepared.pop(p)                            # stale: asked for, then never needed
+            self._helper.submit(self._discard, pr)
+        for p in ahead:
+            if p == keep or p in self._prepared or p in self._resident:
+                continue
+            pr = _Prepared(p)
+            pr.future = self._helper.submit(self._prepare, pr)
+            self._prepared[p] = pr
+
+    def _prepare(self, pr: _Prepared) -> None:
+        try:
+            pr.ctx = self._open(pr.path)
+        except Exception as e:  # noqa: BLE001 - reported when the call comes; it then loads on demand
+            pr.error = e
+
+    def _discard(self, pr: _Prepared) -> None:
+        if pr.future is not None:
+            pr.future.result()
+        if pr.ctx is not None:
+            self._release_now(pr.ctx)
+
+    def _drop_unpinned(self) -> None:
+        if self._held is not None:
+            self._release_now(self._held)
+            self._held = None
+        for pr in list(self._prepared.values()):
+            pr.future.result()
+            if pr.ctx is not None:
+                self._release_now(pr.ctx)
+        self._prepared.clear()
+
+    # ---- resident ----------------------------------------------------------------------------------------------
+    def _pin_or_not(self, ctx: _Context) -> None:
+        """Decided once per model, the first time it is used: pinned while the budget allows (first fit in the
+        fixed cycle order)."""
+        if not self.policy.resident or ctx.path in self._decided:
+            return
+        self._decided.add(ctx.path)
+        if ctx.mb is None:
+            log.warning("resident: %s not pinned: its backend does not report context_mb", ctx.path)
+            return
+        if self.resident_mb + ctx.mb <= self.policy.resident_mb:
+            ctx.pinned = True
+            self._resident[ctx.path] = ctx
+            self.resident_mb += ctx.mb
+            log.info("resident: %s pinned (%.1f MiB; %.1f of %.1f MiB used)", os.path.basename(ctx.path), ctx.mb,
+                     self.resident_mb, self.policy.resident_mb)
