@@ -276,7 +276,8 @@ class Lifecycle:
         wait = 0.0
         # 1) take the model
         if self._held is not None and self._held.path != path:
-            self._release_now(self._held)          # the other pass never came (a restarted scheduler moved on)
+            if not self._held.pinned:              # the other pass never came (a restarted scheduler moved on)
+                self._release_now(self._held)
             self._held = None
         if self._held is not None:
             ctx, source, self._held = self._held, "held", None
@@ -440,7 +441,8 @@ class Lifecycle:
 
     def _drop_unpinned(self) -> None:
         if self._held is not None:
-            self._release_now(self._held)
+            if not self._held.pinned:
+                self._release_now(self._held)
             self._held = None
         for pr in list(self._prepared.values()):
             pr.future.result()
