@@ -28,7 +28,8 @@
     vae = "keys/vae.key"
 
     [stage.executor]                # free per-stage settings, handed to that stage's logic
-    policy = "on-demand"
+    policy = "auto"                 # or "on-demand", "prefetch2+dual_core", "resident+prefetch" (models/policy.py)
+    resident_mb = 2048              # budget for resident contexts
 """
 
 from __future__ import annotations

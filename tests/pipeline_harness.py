@@ -52,13 +52,14 @@ def tiny_assets(cache: Path, resolution: tuple[int, int] = (128, 128), dtype: st
 
 
 def pipeline_toml(pack: Path, models: Path, *, threads: int = 1, branch_timeout_s: float = 20.0,
-                  extra: str = "", packs=()) -> str:
+                  extra: str = "", packs=(), executor: str = "") -> str:
     """The config the harness runs: real stages, the executor's trace on, short timeouts so deaths show quickly; the
-    HTTP front on a free port (RUN/http.json says which), so runs side by side never clash."""
+    HTTP front on a free port (RUN/http.json says which), so runs side by side never clash. `executor`: more lines
+    for [stage.executor] (e.g. 'policy = "prefetch+dual_core"')."""
     more = "".join(f'"{p}", ' for p in packs)
     return (f'run_dir = "."\npack_dir = "{pack}"\npacks = [{more}]\nmodels_dir = "{models}"\nthreads = {threads}\n'
             f'[timeouts]\nrequest_s = 5.0\nretries = 3\n'
-            f'[stage.executor]\ntrace = "{TRACE_FILE}"\n'
+            f'[stage.executor]\ntrace = "{TRACE_FILE}"\n{executor}'
             f'[stage.scheduler]\nbranch_timeout_s = {branch_timeout_s}\n'
             f'[stage.orchestrator]\nsample_interval_s = 0.1\nstart_timeout_s = 120\nstage_retries = 3\n'
             f'[stage.http]\nport = 0\npoll_s = 0.2\n{extra}')
@@ -67,8 +68,9 @@ def pipeline_toml(pack: Path, models: Path, *, threads: int = 1, branch_timeout_
 class Pipeline:
     """One supervisord with the five real programs over a run folder; helpers to submit, follow, kill and check."""
 
-    def __init__(self, root: Path, proc: subprocess.Popen, keep: bool = False):
+    def __init__(self, root: Path, proc: subprocess.Popen, keep: bool = False, toml_args: dict | None = None):
         self.root, self.proc, self.keep = root, proc, keep
+        self.toml_args = toml_args or {}
         self.rf = RunFolder.resolve(root)
         self.sup = Supervisor(self.rf.supervisor_sock)
         self._client = None
@@ -77,14 +79,15 @@ class Pipeline:
 
     @classmethod
     def start(cls, models: Path, pack: Path, *, threads: int = 1, branch_timeout_s: float = 20.0, extra_toml: str = "",
-              keep: bool = False, packs=()) -> "Pipeline":
+              executor_toml: str = "", keep: bool = False, packs=()) -> "Pipeline":
         root = Path(tempfile.mkdtemp(prefix="anima-e2e-", dir="/tmp"))
         rf = init_run(root, python=sys.executable)
-        rf.pipeline_toml.write_text(pipeline_toml(pack, models, threads=threads, branch_timeout_s=branch_timeout_s,
-                                                  extra=extra_toml, packs=packs))
+        args = dict(pack=pack, models=models, threads=threads, branch_timeout_s=branch_timeout_s, extra=extra_toml,
+                    packs=packs)
+        rf.pipeline_toml.write_text(pipeline_toml(executor=executor_toml, **args))
         proc = subprocess.Popen([str(BIN / "supervisord"), "-n", "-c", str(rf.supervisord_conf)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        p = cls(root, proc, keep)
+        p = cls(root, proc, keep, args)
         try:
             p._wait_up()
         except BaseException:
@@ -208,6 +211,33 @@ class Pipeline:
 
     def wait_program(self, program: str, states=("RUNNING",), timeout_s: float = 120.0):
         return self.sup.wait_state(program, states, timeout_s)
+
+    def set_executor(self, executor_toml: str) -> dict:
+        """Rewrite [stage.executor] (the trace stays on) and restart the executor with it; -> its READY info."""
+        self.rf.pipeline_toml.write_text(pipeline_toml(executor=executor_toml, **self.toml_args))
+        out = self.supervisorctl("restart", "executor")
+        if "started" not in out:
+            raise AssertionError(f"executor did not restart: {out}\n{self.logs()}")
+        return self.stage_info("executor")
+
+    def stage_info(self, stage: str, timeout_s: float = START_TIMEOUT_S) -> dict:
+        """HELLO to a stage until it answers READY; -> READY.info (an executor's resolved policy, ...)."""
+        import zmq
+        from protocol.sockets import LazyPirate
+        from stages.config import load_config
+        endpoint = load_config(self.rf.pipeline_toml).endpoint(stage)
+        deadline, ctx = time.monotonic() + timeout_s, zmq.Context()
+        try:
+            while True:
+                with LazyPirate(ctx, endpoint, timeout_s=2.0, retries=0) as link:
+                    try:
+                        return m.expect(link.request(m.Hello(peer="test", pid=os.getpid(), version="t")),
+                                        m.Ready).info
+                    except Exception:  # noqa: BLE001 - not up yet: ask again until the deadline
+                        if time.monotonic() > deadline:
+                            raise
+        finally:
+            ctx.destroy(linger=0)
 
     def leftover_segments(self) -> list[str]:
         """/dev/shm segments of this run folder (none may outlive a job)."""

@@ -135,8 +135,9 @@ def test_job_end_to_end(pipe, assets, reference):
     assert r["transport_s"] > 0 and r["host_s"] > 0
     assert r["latent"]["space"] == "model" and r["text"]["truncated"] is False
     assert r["text"]["t5_tokens_prompt"] > 5 and r["text"]["t5_tokens_negative"] >= 2
-    assert r["stages"]["scheduler"]["wall_s"] >= sum(sum(b[p] for p in ("load_s", "init_s", "infer_s", "release_s"))
-                                                     for b in r["branches"].values())
+    # the branch calls' critical path (visible lifecycle + inference; the default policy prefetches, so load/init
+    # mostly run behind other work) fits in the scheduler's wall time
+    assert r["stages"]["scheduler"]["wall_s"] >= sum(b["visible_s"] + b["infer_s"] for b in r["branches"].values())
 
     # strict block order, each call once, as served by the executor
     trace = pipe.trace(job)

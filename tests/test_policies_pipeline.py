@@ -1,0 +1,128 @@
+"""Lifecycle policies through the real pipeline (supervisord, all stages, tiny 128x128 pack): each job runs under a
+policy, the executor is restarted mid-job (`supervisorctl restart executor`), and the latent must still equal the
+in-process on-demand sampling bitwise. Two jobs cover every policy term and the executor paths they take: two
+contexts at once (dual_core) with prefetch two deep, and resident + prefetch + interleave (one request per CFG pass,
+the first holding the model for the second). test_e2e_pipeline runs the default (auto) and test_stage_processes
+on-demand and prefetch; tests/test_lifecycle.py checks every policy and combination in process."""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from models.denoise import denoise, make_sampler, spectrum_settings, start_or_resume
+from models.dit_runner import DiTRunner
+from models.pack import load_pack
+from models.partition import KINDS
+from tests.pipeline_harness import Pipeline, tiny_assets
+
+pytestmark = pytest.mark.slow
+
+THREADS = 1
+PROMPT = {"prompt": "1girl, (red scarf:1.1)", "negative_prompt": "lowres", "seed": 77, "steps": 2, "cfg": 4.0,
+          "sampler": "euler", "scheduler": "sgm_uniform", "spectrum": False}
+JOB_TIMEOUT_S = 900.0
+RESIDENT_MB = 6.0
+POLICIES = [("prefetch2+dual_core", ""), ("resident+prefetch+interleave", f"resident_mb = {RESIDENT_MB}\n")]
+
+
+@pytest.fixture(scope="module")
+def assets():
+    cache = Path(tempfile.mkdtemp(prefix="anima-pol-assets-"))
+    try:
+        yield tiny_assets(cache)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pipe(assets):
+    models, pack = assets
+    p = Pipeline.start(models, pack, threads=THREADS, executor_toml='policy = "on-demand"\n')
+    try:
+        yield p
+    finally:
+        killed = p.stop()
+        assert killed == [], f"processes of the run outlived supervisord's shutdown: {killed}"
+        assert p.leftover_segments() == []
+
+
+@pytest.fixture(scope="module")
+def reference(assets):
+    """In-process on-demand sampling from a job folder's contexts (every job here has the same prompt)."""
+    cache = {}
+
+    def get(job_dir: Path) -> np.ndarray:
+        if "latent" not in cache:
+            spec = json.loads((job_dir / "job.json").read_text())["spec"]
+            pack = load_pack(assets[1])
+            g, c = pack.geometry, pack.config
+            sampler = make_sampler(spec["steps"], spec["cfg"], spec["scheduler"],
+                                   spectrum_settings(**spec["spectrum"]))
+            state = start_or_resume(sampler, spec["seed"], (c.latent_channels, g.latent_h, g.latent_w))
+            cond, uncond = np.load(job_dir / "cond.npy"), np.load(job_dir / "uncond.npy")
+            runner = DiTRunner(pack, threads=THREADS, policy="on-demand")
+            cache["latent"] = denoise(runner, sampler, state, cond, uncond).latent
+        return cache["latent"]
+    return get
+
+
+def _per_pass_order(trace: list, name: str) -> list:
+    """(step, block, branch) of every call that carried pass `name`, in serving order, a resent call once."""
+    out = []
+    for t in trace:
+        if name in t["passes"]:
+            key = (t["step"], t["block"], t["branch"])
+            if not out or out[-1] != key:
+                out.append(key)
+    return out
+
+
+@pytest.mark.parametrize("policy,settings", POLICIES, ids=[p for p, _ in POLICIES])
+def test_policy_with_an_executor_restart_mid_job_gives_the_on_demand_latent(pipe, reference, policy, settings):
+    info = pipe.set_executor(f'policy = "{policy}"\n{settings}')
+    assert info["policy"] == policy
+    job = pipe.submit(PROMPT)
+    pipe.wait(job, ("denoising",), JOB_TIMEOUT_S, poll_s=0.05,
+              pred=lambda i: i.progress is not None and (i.progress.step, i.progress.block) >= (1, 8))
+    old = pipe.pid("executor")
+    out = pipe.supervisorctl("restart", "executor")
+    assert "started" in out, out
+    info = pipe.wait(job, timeout_s=JOB_TIMEOUT_S)
+    assert info.state == "done", f"{info.error_stage}: {info.error}\n{pipe.logs()}"
+    assert pipe.pid("executor") != old
+    np.testing.assert_array_equal(np.load(pipe.job_dir(job) / "latent.npy"), reference(pipe.job_dir(job)))
+
+    trace, blocks = pipe.trace(job), 28
+    assert len({t["pid"] for t in trace}) == 2                              # served by both executors
+    want = [(s, b, k) for s in (1, 2) for b in range(blocks) for k in KINDS]
+    for name in ("cond", "uncond"):                                         # strict block order per pass
+        assert _per_pass_order(trace, name) == want
+    r = pipe.report(job)
+    sums = r["branches"]
+    assert sum(b["cached"] for b in sums.values()) > 0                      # prefetched / resident / held models
+    assert all(b["infer_s"] > 0 and b["init_s"] > 0 for b in sums.values())
+    if "dual_core" in policy:
+        assert all(t["passes"] == ["cond", "uncond"] and len(t["infer_at"]) == 2 for t in trace)
+        assert all(t["context_mb"] > 0 for t in trace)
+        assert r["host_hidden_s"] == 0.0                                    # lockstep: host never beside inference
+    if "interleave" in policy:
+        # one request per pass; the cond one holds the model, the uncond one finds it held (a restart between the
+        # two loads it again: that pair is the only exception)
+        assert all(len(t["passes"]) == 1 and t["hold"] == (t["passes"] == ["cond"]) for t in trace)
+        unc = [t for t in trace if t["passes"] == ["uncond"]]
+        assert sum(t["source"] != "held" for t in unc) <= 1 and len(unc) >= len(want)
+        assert r["branch_calls"] == 2 * len(want)                          # requests answered (each once)
+    else:
+        assert r["branch_calls"] == len(want)
+    if "resident" in policy:
+        for pid in {t["pid"] for t in trace}:                               # each executor: pinned within budget
+            pinned = {(t["block"], t["branch"]): t["context_mb"] for t in trace
+                      if t["pid"] == pid and t["source"] == "resident"}
+            assert sum(pinned.values()) <= RESIDENT_MB
+        assert any(t["source"] == "resident" for t in trace)
+    assert pipe.leftover_segments() == [] and pipe.strays() == []
