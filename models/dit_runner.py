@@ -11,7 +11,8 @@ import numpy as np
 
 from models import host_ops
 from models.branch_runtime import BranchBackend
-from models.lifecycle import Lifecycle, PhaseSums, PhaseTimes, add_call, context_factory, single_context
+from models.lifecycle import Lifecycle, context_factory, single_context
+from models.phase_times import PhaseSums, PhaseTimes, add_call
 from models.pack import Pack, load_pack
 from models.partition import BRANCHES, KINDS, NUMPY_DTYPES, branch_inputs, context_mask
 from models.policy import MAX_PREFETCH, Policy, resolve_policy

@@ -43,7 +43,7 @@ import dataclasses
 import secrets
 from typing import Any, ClassVar
 
-from models import lifecycle
+from models import phase_times
 from protocol.fields import (MAX_NAME_CHARS, MAX_PATH_CHARS, MAX_TEXT_CHARS, Bool, Float, Int, List, Map, Name, Nested, Optional,
                              Path, ProtocolError, Record, Scalar, Str, Struct, spec)
 from protocol.tensors import Tensor, TensorDesc
@@ -159,13 +159,13 @@ class BranchRef(Record):
     index: int = spec(Int(0, 3 * MAX_BLOCKS))
 
 
-# THE per-call lifecycle times and their per-kind sums are models/lifecycle.py's classes; checked here on the wire.
-PhaseTimes = lifecycle.PhaseTimes
-PhaseSums = lifecycle.PhaseSums
+# THE per-call lifecycle times and their per-kind sums are models/phase_times.py's classes; checked here on the wire.
+PhaseTimes = phase_times.PhaseTimes
+PhaseSums = phase_times.PhaseSums
 PHASE_TIMES = Struct(PhaseTimes, required=("load_s", "init_s", "infer_s", "release_s"),
                      load_s=Float(), init_s=Float(), infer_s=List(Float(), min_items=1, max_items=MAX_PASSES),
                      release_s=Float(), wait_s=Float(), prev_release_s=Float(),
-                     source=Str(16, choices=lifecycle.SOURCES), context_mb=Float(),
+                     source=Str(16, choices=phase_times.SOURCES), context_mb=Float(),
                      infer_at=List(Float(0.0, 1e12), max_items=MAX_PASSES))
 PHASE_SUMS = Struct(PhaseSums, required=("calls", "load_s", "init_s", "infer_s", "release_s"),
                     calls=Int(0, 2**40), load_s=Float(), init_s=Float(), infer_s=Float(), release_s=Float(),

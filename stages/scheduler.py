@@ -23,7 +23,7 @@ import zmq
 
 from models.denoise import make_sampler, save_state, spectrum_settings, start_or_resume
 from models.dit_runner import BranchCall, DiTRunner
-from models.lifecycle import PhaseSums
+from models.phase_times import PhaseSums
 from models.pack import PackError, load_pack
 from models.partition import KINDS, LIFETIMES, parse_branch_file
 from models.policy import Policy, PolicyError, parse_policy

@@ -8,7 +8,8 @@ import pytest
 from models import cli
 from models.branch_graphs import build_branch, serialize
 from models.branch_runtime import BACKENDS, OnnxBackend, make_backend
-from models.lifecycle import PhaseTimes, run_branch
+from models.lifecycle import run_branch
+from models.phase_times import PhaseTimes
 from models.dit_checkpoint import DiTCheckpoint
 from models.dit_runner import DiTRunner
 from models.pack import MANIFEST, build_pack, file_sha256, load_pack

@@ -15,8 +15,8 @@ import pytest
 
 from models.branch_runtime import BackendError, BranchBackend, OnnxBackend
 from models.dit_runner import DiTRunner
-from models.lifecycle import (Lifecycle, LifecycleError, PhaseSums, PhaseTimes, add_call, context_factory, run_branch,
-                              single_context)
+from models.lifecycle import Lifecycle, LifecycleError, context_factory, run_branch, single_context
+from models.phase_times import PhaseSums, PhaseTimes, add_call
 from models.pack import build_pack, load_pack
 from models.policy import (AUTO_CHOOSERS, Policy, PolicyError, check_policy, parse_policy, register_auto_chooser,
                            resolve_policy)
