@@ -144,6 +144,18 @@ def parse_policy(value: Union[str, dict, Policy], settings: Optional[dict] = Non
     return Policy(**kw)
 
 
+def policy_problem(value, settings: Optional[dict] = None) -> str:
+    """What is wrong with a configured policy, "" when it parses ("auto" always does): for checking a config file
+    when it is read, before any backend is known (the backend's capabilities are checked when the executor starts)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return ""
+    try:
+        parse_policy(value, settings)
+    except PolicyError as e:
+        return str(e)
+    return ""
+
+
 # ---- the backend's side --------------------------------------------------------------------------------------------
 
 def check_policy(policy: Policy, backend_class) -> Policy:

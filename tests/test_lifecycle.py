@@ -145,6 +145,13 @@ def test_policy_errors_say_what_is_wrong(value, settings, message):
         parse_policy(value, settings)
 
 
+def test_policy_problem_is_the_config_check():
+    from models.policy import policy_problem
+    assert policy_problem("auto") == "" and policy_problem("prefetch2+interleave") == ""
+    assert policy_problem("resident", {"resident_mb": 100}) == ""
+    assert "needs resident_mb" in policy_problem("resident") and "unknown term" in policy_problem("fast")
+
+
 def test_policies_are_checked_against_the_backend():
     from models.rknn.sim import RknnSimBackend
     check_policy(parse_policy("prefetch2+dual_core"), OnnxBackend)

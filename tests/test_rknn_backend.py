@@ -160,3 +160,32 @@ def test_onnx_branch_path_resolves_to_its_compiled_file(feeds, calls):
     assert calls[0][:2] == ("load_rknn", "b00_ffn.rknn") and len(outs) == 2
     with pytest.raises(BackendError, match="not compiled for the NPU"):
         be.load(pack.branch_path(1, "ffn"))            # the fixture compiles blocks 0 and 27 only
+
+
+def test_policies_on_the_board_backend_give_on_demand_results(rknn_pack, calls):
+    """The real RKNNLite call sequence (stand-in) under resident + prefetch + dual_core: contexts loaded on the helper
+    thread, each keeping the core mask it was initialised with, pinned ones never released; outputs bitwise equal
+    to on-demand; every context released at close."""
+    from models.pack import load_pack
+    pack = load_pack(rknn_pack[0], check=False)
+    compiled = [pack.branch_path(b["block"], b["kind"]) for b in pack.branches if isinstance(b.get("rknn"), dict)]
+    rng = np.random.default_rng(5)
+    feeds = [[{i["name"]: rng.standard_normal(i["shape"]).astype(np.float16) for i in pack.branch(b, k)["inputs"]}
+              for _ in range(2)] for b, k in ((int(p.name[1:3]), p.stem.split("_")[1]) for p in compiled)]
+    ref = [run_branch(make_backend("rknn", lite="standin"), p, f)[0] for p, f in zip(compiled, feeds)]
+    calls.clear()
+    pol = parse_policy("resident+prefetch+dual_core", {"resident_mb": 1e6, "dual_masks": ["1", "2"]})
+    lc = Lifecycle(context_factory(RknnLiteBackend, lite="standin"), pol)
+    for step in range(2):
+        for i, (p, f) in enumerate(zip(compiled, feeds)):
+            outs, t = lc.run(p, f, ahead=compiled[i + 1:i + 2])
+            for got, want in zip(outs, ref[i]):
+                np.testing.assert_array_equal(got["y"], want["y"])
+            assert t.source == ("resident" if step else ("load" if i == 0 else "prefetch"))
+    assert lc.resident_paths == [str(p) for p in compiled]          # a budget this large pins them all
+    masks = {c[2] for c in calls if c[0] == "init_runtime"}
+    assert masks == {RKNNLite.NPU_CORE_1, RKNNLite.NPU_CORE_2}
+    assert any(c[3].startswith("lifecycle-helper") for c in calls if c[0] == "load_rknn")
+    assert not [c for c in calls if c[0] == "release"]
+    lc.close()
+    assert sum(c[0] == "release" for c in calls) == sum(c[0] == "load_rknn" for c in calls) == 2 * len(compiled)
