@@ -61,9 +61,9 @@ def prepare(w, cfg, resolution, context: int, dtype: str, folder: Path) -> dict:
 
 
 def lifecycle(backend, case: dict) -> dict:
-    from models.branch_runtime import run_branch
+    from models.lifecycle import run_branch
     _, t = run_branch(backend, case["path"], case["passes"])
-    return {"load_s": t.load_s, "init_s": t.init_s, "infer_s": t.infer_s, "release_s": t.release_s}
+    return {"load_s": t.load_s, "init_s": t.init_s, "infer_s": t.npu_s, "release_s": t.release_s}
 
 
 def main(argv=None) -> int:

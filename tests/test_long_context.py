@@ -86,6 +86,25 @@ def test_long_pack_equals_comfyui_context(packs, tiny_dit, rows):
         assert _cos(got, short) > 0.9999999 and np.abs(got - short).max() <= 1e-4 * np.abs(want).max()
 
 
+def test_each_pass_keeps_its_own_mask_in_every_scheduling(packs):
+    """Two CFG passes with different row counts (so different masks): lockstep, interleave (one call per pass)
+    and dual_core give the same outputs bitwise, and each pass equals running it alone."""
+    cfg = load_pack(packs[1]).config
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((cfg.latent_channels, 16, 16)).astype(np.float32)
+    ctx = [rng.standard_normal((S_LONG, cfg.context_dim)).astype(np.float32) for _ in range(2)]
+    rows = [600, TEXT_TOKENS]
+    outs = {}
+    for policy in ("on-demand", "interleave", "dual_core"):
+        r = DiTRunner(packs[1], threads=1, policy=policy)
+        outs[policy] = np.stack(r.forward_passes([x, x], 0.6, ctx, context_rows=rows))
+        r.close()
+    np.testing.assert_array_equal(outs["interleave"], outs["on-demand"])
+    np.testing.assert_array_equal(outs["dual_core"], outs["on-demand"])
+    alone = DiTRunner(packs[1], threads=1).forward_passes([x], 0.6, [ctx[1]], context_rows=[rows[1]])[0]
+    np.testing.assert_array_equal(outs["on-demand"][1], alone)
+
+
 def test_pipeline_long_prompt_keeps_every_row(tmp_path_factory):
     """Through supervisord and the real stages with a 640-row FP16 pack: a prompt over 512 T5 tokens keeps all its
     rows (not truncated), the negative prompt's pass masks the rows past 512, and the final latent equals in-process
