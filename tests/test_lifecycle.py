@@ -173,9 +173,10 @@ def test_auto_uses_the_registered_chooser_or_the_safe_default(monkeypatch):
         seen.append(ctx)
         return "resident+prefetch2" if ctx.settings.get("board_ram") == 16 else Policy(dual_core=True)
     register_auto_chooser("onnx", chooser)
-    p = resolve_policy("auto", "onnx", OnnxBackend, {"board_ram": 16, "resident_mb": 900}, pack_dir="/p")
+    p = resolve_policy("auto", "onnx", OnnxBackend, {"board_ram": 16, "resident_mb": 900}, packs=["/p", "/q"])
     assert p.name == "resident+prefetch2" and p.resident_mb == 900
-    assert seen[0].backend == "onnx" and seen[0].backend_class is OnnxBackend and str(seen[0].pack_dir) == "/p"
+    assert seen[0].backend == "onnx" and seen[0].backend_class is OnnxBackend
+    assert [str(x) for x in seen[0].packs] == ["/p", "/q"]
     assert resolve_policy("auto", "onnx", OnnxBackend).name == "dual_core"
     assert resolve_policy("on-demand", "onnx", OnnxBackend).name == "on-demand"    # only auto asks the chooser
     register_auto_chooser("rknn-sim", "tests.test_lifecycle:_chooser_for_sim")    # "module:function", checked too
