@@ -13,8 +13,9 @@ Calls are served strictly in order (one worker thread). Per call:
      yet), or loaded and initialised now;
   2) queue the branches `ahead` for loading on the helper thread (prefetch);
   3) infer every pass: in order on one context, or (dual_core) pass i on context i % 2, the two contexts at once;
-  4) keep the model (hold, resident) or release it: now (on-demand) or on the helper thread (prefetch), in which
-     case its release time is reported by the next call as `prev_release_s`.
+  4) keep the model (hold, resident) or release it: now (on-demand, and a call with nothing ahead, the last of a
+     forward, so nothing stays loaded while the executor idles) or on the helper thread (prefetch), in which case
+     its release time is reported by the next call as `prev_release_s`.
 """
 from __future__ import annotations
 
@@ -196,7 +197,7 @@ class Lifecycle:
         else:
             self._pin_or_not(ctx)
             if not ctx.pinned:
-                if self._helper is not None:
+                if self._helper is not None and ahead:   # more calls follow: release behind them
                     background = ctx
                 else:
                     release_s = self._release_now(ctx)
