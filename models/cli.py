@@ -1,4 +1,4 @@
-"""`anima-models`: offline model tooling (synth, pack, forward, verify, compile, encode, decode)."""
+"""`anima-models`: offline model tooling (synth, pack, pack-vae, forward, verify, compile, encode, decode)."""
 from __future__ import annotations
 
 import argparse
@@ -11,13 +11,14 @@ import sys
 COMMANDS = {
     "synth": ("models.commands.synth", "write synthetic checkpoints, tokenizers or a whole models folder"),
     "pack": ("models.commands.pack", "convert a DiT checkpoint into a model pack (host weights + branch ONNX)"),
+    "pack-vae": ("models.commands.pack_vae", "convert a VAE file into a VAE pack (trunk + tile ONNX for one resolution)"),
     "forward": ("models.commands.forward", "one DiT forward through a pack, in process"),
     "verify": ("models.commands.verify", "compare a pack's branches against the FP32 reference"),
-    "compile": ("models.commands.compile", "compile a pack's branch ONNX files to RKNN with rknn-toolkit2"),
+    "compile": ("models.commands.compile", "compile a DiT or VAE pack's ONNX files to RKNN with rknn-toolkit2"),
     "encode": ("models.commands.encode", "prompt -> text context [512, context_dim]"),
     "export-encoder": ("models.commands.export_encoder", "export the text encoder to ONNX (an encoder pack for the "
                        "board)"),
-    "decode": ("models.commands.decode", "latent -> PNG through the VAE decoder"),
+    "decode": ("models.commands.decode", "latent -> PNG through the VAE decoder (a VAE file, or a VAE pack)"),
     "info": ("models.commands.info", "describe a checkpoint: what it is, its config, its dtypes"),
 }
 
@@ -48,4 +49,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the importable module's main: under `python -m models.cli` this file is __main__, and the commands raise
+    # models.cli.UserError, which __main__'s own copy of the class would not catch
+    from models.cli import main as _main
+    sys.exit(_main())

@@ -94,7 +94,7 @@ class Pack:
 
 
 # -- building -------------------------------------------------------------------------------------------------------
-def _existing_source(out: Path) -> Optional[str]:
+def existing_pack_source(out: Path) -> Optional[str]:
     """sha256 of the checkpoint an existing pack at `out` was built from; None when `out` is absent or empty."""
     if not out.exists():
         return None
@@ -132,7 +132,7 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
     ckpt = DiTCheckpoint.open(ckpt_path)
     cfg = ckpt.config
     sha = ckpt.sha256()
-    prev = _existing_source(out)
+    prev = existing_pack_source(out)
     if prev is not None and prev != sha and not overwrite:
         raise PackError(f"{out}: holds a pack of another checkpoint (sha256 {prev[:12]}…, this one {sha[:12]}…); "
                         "pass overwrite (--overwrite) to replace it")
@@ -201,8 +201,9 @@ def _field(d: dict, key: str, typ, where: str):
 
 
 def pack_files(manifest: dict) -> list:
-    """(relative path, sha256) of every file the manifest vouches for: host weights, ONNX and any compiled RKNN."""
-    files = [(manifest["host"]["file"], manifest["host"]["sha256"])]
+    """(relative path, sha256) of every file the manifest vouches for: host weights (DiT packs), ONNX and any
+    compiled RKNN."""
+    files = [(manifest["host"]["file"], manifest["host"]["sha256"])] if "host" in manifest else []
     for b in manifest["branches"]:
         files.append((b["onnx"], b["sha256"]))
         if isinstance(b.get("rknn"), dict):
@@ -236,6 +237,8 @@ def load_pack(pack_dir, check: bool = True) -> Pack:
     except (OSError, ValueError) as e:
         raise PackError(f"{mpath}: unreadable manifest ({e})") from None
     where = str(mpath)
+    if isinstance(m, dict) and m.get("kind", PACK_KIND) != PACK_KIND:
+        raise PackError(f"{where}: a {m['kind']!r} folder, not a DiT pack")
     if _field(m, "schema", int, where) != SCHEMA_VERSION:
         raise PackError(f"{where}: schema version {m['schema']}, this code reads {SCHEMA_VERSION}; rebuild the pack")
     for key, typ in (("source", dict), ("config", dict), ("resolution", dict), ("dtype", str), ("host", dict),

@@ -1,4 +1,7 @@
-"""Compile a pack's branch ONNX graphs to PACK/rknn/*.rknn with rknn-toolkit2 in worker subprocesses (resumable)."""
+"""Compile a pack's branch ONNX graphs to PACK/rknn/*.rknn with rknn-toolkit2 in worker subprocesses (resumable).
+
+One path for both pack kinds: a DiT pack's branches are named bNN_kind, a VAE pack's models carry a `name` (trunk,
+tile); everything else (manifest entries, logs, CPU-op report, up-to-date check) is the same."""
 from __future__ import annotations
 
 import hashlib
@@ -28,17 +31,25 @@ class CompileError(ValueError):
     """Bad compile request (no pack, unknown target, refused toolkit)."""
 
 
+def entry_name(branch: dict) -> str:
+    """A manifest branch's file stem: its `name` (VAE packs) or bNN_kind (DiT packs)."""
+    return str(branch["name"]) if branch.get("name") else f"b{int(branch['block']):02d}_{branch['kind']}"
+
+
 @dataclass
 class BranchResult:
-    block: int
+    block: Optional[int]
     kind: str
     status: str                      # "built" | "skipped" | "failed"
     entry: dict = field(default_factory=dict)     # the manifest "rknn" entry (built or skipped)
     error: str = ""
+    name: str = ""
 
-    @property
-    def name(self) -> str:
-        return f"b{self.block:02d}_{self.kind}"
+    @classmethod
+    def of(cls, branch: dict, status: str, entry: Optional[dict] = None) -> "BranchResult":
+        block = branch.get("block")
+        return cls(None if block is None else int(block), str(branch["kind"]), status, dict(entry or {}),
+                   name=entry_name(branch))
 
 
 def _sha256(path) -> str:
@@ -112,8 +123,7 @@ def _commit(tmp: Path, out: Path) -> None:
 
 def build_branch(slot: _WorkerSlot, pack: Path, branch: dict, target: str, toolkit: str) -> BranchResult:
     """Compile one branch; the .rknn is renamed into place only when the build log is clean of REGTASK errors."""
-    block, kind = int(branch["block"]), str(branch["kind"])
-    res = BranchResult(block, kind, "failed")
+    res = BranchResult.of(branch, "failed")
     name = res.name
     onnx_path = pack / branch["onnx"]
     out_rel = f"{RKNN_DIR}/{name}.rknn"
@@ -188,6 +198,8 @@ def compile_pack(pack_dir, target: str = "rk3588", jobs: int = 1, venv=None, blo
     if not isinstance(jobs, int) or jobs < 1:
         raise CompileError(f"jobs {jobs!r} must be a positive integer")
     manifest = _read_manifest(pack)
+    if blocks is not None and any("block" not in b for b in manifest["branches"]):
+        raise CompileError(f"{pack}: blocks select DiT branches; this pack's models have no blocks")
     todo = [b for b in manifest["branches"] if blocks is None or int(b["block"]) in set(blocks)]
     for b in todo:
         if not (pack / b["onnx"]).is_file():
@@ -203,7 +215,7 @@ def compile_pack(pack_dir, target: str = "rk3588", jobs: int = 1, venv=None, blo
     queue = [b for b in todo if force or not up_to_date(pack, b, toolkit, target)]
     for b in todo:
         if b not in queue:
-            results[(b["block"], b["kind"])] = BranchResult(b["block"], b["kind"], "skipped", dict(b["rknn"]))
+            results[entry_name(b)] = BranchResult.of(b, "skipped", b["rknn"])
     log.info("compile %s for %s with rknn-toolkit2 %s: %d branch(es) to build, %d up to date, %d job(s)",
              pack, target, toolkit, len(queue), len(todo) - len(queue), jobs)
     t0 = time.perf_counter()
@@ -217,7 +229,7 @@ def compile_pack(pack_dir, target: str = "rk3588", jobs: int = 1, venv=None, blo
                 slots.append(local.slot)
         r = build_branch(local.slot, pack, b, target, toolkit)
         with lock:
-            results[(r.block, r.kind)] = r
+            results[r.name] = r
             if r.status == "built":
                 b["rknn"] = r.entry
             else:
@@ -237,7 +249,7 @@ def compile_pack(pack_dir, target: str = "rk3588", jobs: int = 1, venv=None, blo
         for s in slots:
             s.close()
     wall = time.perf_counter() - t0
-    ordered = [results[(b["block"], b["kind"])] for b in todo]
+    ordered = [results[entry_name(b)] for b in todo]
     built = [r.entry for r in ordered if r.status in ("built", "skipped")]
     manifest["rknn"] = {
         "target": target, "toolkit": toolkit,

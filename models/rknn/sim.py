@@ -83,7 +83,7 @@ class RknnSimBackend(BranchBackend):
         return str(self.log_dir / f"{Path(self._path).stem}.{stem}.log")
 
     def load(self, path) -> None:
-        p = os.fspath(path)
+        p = os.path.abspath(os.fspath(path))        # the worker runs in its own scratch folder
         if p.endswith(".rknn"):
             raise BackendError(f"{p}: the rknn-toolkit2 simulator cannot run a compiled .rknn (load_rknn needs a "
                                "board); give the branch's ONNX graph")
@@ -117,8 +117,11 @@ class RknnSimBackend(BranchBackend):
             p = os.path.join(self._tmp, f"in{i}.npy")
             np.save(p, np.ascontiguousarray(a))
             paths.append(p)
+        # 4-D inputs are NCHW here; the toolkit assumes NHWC unless told (the DiT branches have none)
+        fmt = {"data_format": ["nchw"] * len(ins)} if any(len(shape) == 4 for _, _, shape in ins) else {}
         try:
-            r = shared_worker(self.venv).request("sim_infer", inputs=paths, out_dir=self._tmp, log=self._log("infer"))
+            r = shared_worker(self.venv).request("sim_infer", inputs=paths, out_dir=self._tmp, log=self._log("infer"),
+                                                 **fmt)
         except ToolkitError as e:
             raise BackendError(f"{self._path}: simulator inference failed: {e.args[0]}") from None
         self.last["infer_s"] = r["infer_s"]

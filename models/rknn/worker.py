@@ -11,7 +11,8 @@ Requests ({"op": ...}):
   hello                                     -> toolkit version, python, pid
   build    onnx, out, target, log            -> load_onnx + build(no quantization) + export_rknn to `out`
   sim_load onnx, target, log                 -> load_onnx + build + init_runtime() in the simulator (kept alive)
-  sim_infer inputs [npy paths, graph order], out_dir, log -> outputs as npy files (float32, as the simulator returns)
+  sim_infer inputs [npy paths, graph order], out_dir, log [, data_format: ["nchw", ...] per input]
+                                             -> outputs as npy files (float32, as the simulator returns)
   sim_release                                -> drop the simulator context
   quit
 Every reply has "ok"; a failed one has "error" (a message, not a traceback) and the phase that failed.
@@ -149,7 +150,9 @@ class Worker:
             raise RuntimeError("sim_infer before sim_load")
         xs = [np.load(p) for p in req["inputs"]]
         t0 = time.perf_counter()
-        outs = self.sim.inference(inputs=xs)
+        # 4-D inputs: the toolkit assumes NHWC unless told; our graphs are NCHW and say so per input
+        fmt = req.get("data_format")
+        outs = self.sim.inference(inputs=xs, data_format=fmt) if fmt else self.sim.inference(inputs=xs)
         dt = time.perf_counter() - t0
         if outs is None:
             raise RuntimeError("inference returned None (see the log)")

@@ -1,14 +1,14 @@
-"""Qwen-Image (Wan 2.1) VAE decoder: both key layouts, single-image 2D path, tiled decoding, PNG output.
+"""Qwen-Image (Wan 2.1) VAE decoder: both key layouts, single-image 2D path, tiled decoding, PNG output, VAE packs.
 
-Names resolve lazily, so `models.vae.synth` and `models.vae.keys` work without importing torch.
+Names resolve lazily; only `VAEDecoder` and `VAE`'s methods import torch (the pack backends never do).
 """
 import importlib
 
 _EXPORTS = {
     "VAE": "models.vae.api", "DecodeResult": "models.vae.api",
     "VAEError": "models.vae.checkpoint", "VAEWeights": "models.vae.checkpoint", "load_vae": "models.vae.checkpoint",
-    "LATENT_MEAN": "models.vae.decoder", "LATENT_STD": "models.vae.decoder", "VAEDecoder": "models.vae.decoder",
-    "denormalize": "models.vae.decoder",
+    "LATENT_MEAN": "models.vae.latent", "LATENT_STD": "models.vae.latent", "VAEDecoder": "models.vae.decoder",
+    "denormalize": "models.vae.latent",
     "VAEConfig": "models.vae.keys",
     "decode_to_png": "models.vae.png", "write_png": "models.vae.png",
     "write_vae": "models.vae.synth",

@@ -16,38 +16,12 @@ import torch.nn.functional as F
 
 from models.vae.checkpoint import VAEWeights
 from models.vae.keys import decoder_plan
+from models.vae.latent import LATENT_MEAN, LATENT_STD, denormalize  # noqa: F401  (re-exported)
+from models.vae.subpixel import subpixel_weights
 
 log = logging.getLogger(__name__)
 
-# Latent de-normalisation, per channel (model space -> VAE space: z_vae = z * std + mean).
-LATENT_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
-               0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)
-LATENT_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
-              3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160)
 NORM_EPS = 1e-12                 # F.normalize's floor on the channel norm
-
-
-def denormalize(latent: np.ndarray) -> np.ndarray:
-    """Model-space latent [16, h, w] -> VAE space [16, h, w] f32."""
-    c = latent.shape[0]
-    if c != len(LATENT_MEAN):
-        raise ValueError(f"latent has {c} channels; the Qwen-Image VAE de-normalisation needs {len(LATENT_MEAN)}")
-    mean = np.asarray(LATENT_MEAN, np.float32)[:, None, None]
-    std = np.asarray(LATENT_STD, np.float32)[:, None, None]
-    return (latent.astype(np.float32) * std + mean).astype(np.float32)
-
-
-def subpixel_weights(w: torch.Tensor, bias: torch.Tensor) -> tuple:
-    """3x3 conv after nearest x2 -> one 2x2 conv (padding 1) whose 4 Co outputs are the output phases (a, c).
-
-    Output row 2i+a reads upsampled rows 2i+a-1 .. 2i+a+1, i.e. small rows {i-1: k0, i: k1+k2} for a = 0 and
-    {i: k0+k1, i+1: k2} for a = 1; the same along columns. With padding 1 the 2x2 conv's output row i+a holds
-    phase a of row i. 16 instead of 36 multiply-adds per output pixel and channel."""
-    def taps(k: torch.Tensor, phase: int, dim: int) -> torch.Tensor:
-        k0, k1, k2 = k.unbind(dim)                                 # the 3 taps along `dim`
-        return torch.stack((k0, k1 + k2) if phase == 0 else (k0 + k1, k2), dim=dim)
-    phases = [taps(taps(w, a, 2), c, 3) for a in (0, 1) for c in (0, 1)]   # 4 x [Co, C, 2, 2], k = 2a + c
-    return torch.cat(phases, dim=0).contiguous(), bias.repeat(4)     # [4 Co, C, 2, 2], [4 Co]
 
 
 class VAEDecoder:
@@ -59,19 +33,19 @@ class VAEDecoder:
         fmt = torch.channels_last if channels_last else torch.contiguous_format
         self.fmt = fmt
         self.w = {}
-        for k, a in weights.tensors.items():
+        tensors = dict(weights.tensors)
+        for i, (kind, _, _) in enumerate(self.plan):
+            if kind == "up":
+                p = f"decoder.upsamples.{i}."
+                wk, bias = subpixel_weights(tensors.pop(p + "resample.1.weight"), tensors.pop(p + "resample.1.bias"))
+                tensors[p + "phases.weight"], tensors[p + "phases.bias"] = wk, bias
+        for k, a in tensors.items():
             t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
             if k.endswith(".gamma"):
                 t = t * math.sqrt(t.shape[0])                      # fold RMS_norm's sqrt(C) into gamma
             elif t.ndim == 4:
                 t = t.contiguous(memory_format=fmt)
             self.w[k] = t
-        for i, (kind, _, _) in enumerate(self.plan):
-            if kind == "up":
-                p = f"decoder.upsamples.{i}."
-                wk, bias = subpixel_weights(self.w.pop(p + "resample.1.weight"), self.w.pop(p + "resample.1.bias"))
-                self.w[p + "phases.weight"] = wk.contiguous(memory_format=fmt)
-                self.w[p + "phases.bias"] = bias
 
     # -- layers ----------------------------------------------------------------------------------------------------
     def _conv(self, x: torch.Tensor, p: str, pad: int = 1) -> torch.Tensor:

@@ -8,15 +8,25 @@ def conv_flops(cin: int, cout: int, k: int, h: int, w: int) -> int:
     return 2 * cin * cout * k * k * h * w
 
 
-def decoder_flops(cfg: VAEConfig, h: int, w: int) -> dict:
-    """FLOPs to decode a latent [z, h, w] with 2D convs: {"conv", "attention", "total"} as nominally written
-    (nearest x2 then 3x3 conv), and "executed": what VAEDecoder runs (upsample convs as four 2x2 phases)."""
+def trunk_flops(cfg: VAEConfig, h: int, w: int) -> int:
+    """The latent-resolution part (conv2, conv1, middle block with its attention) for a latent [z, h, w]."""
     c, n = cfg.mid_dim, h * w
     conv = conv_flops(cfg.z_dim, cfg.z_dim, 1, h, w) + conv_flops(cfg.z_dim, c, 3, h, w)   # conv2, decoder.conv1
     conv += 4 * conv_flops(c, c, 3, h, w)                                                  # middle residuals
     conv += conv_flops(c, 3 * c, 1, h, w) + conv_flops(c, c, 1, h, w)                      # to_qkv, proj
-    attention = 2 * (2 * n * n * c)                                                        # q kᵀ and softmax · v
-    saved = 0
+    return conv + attention_flops(cfg, h, w)
+
+
+def attention_flops(cfg: VAEConfig, h: int, w: int) -> int:
+    n = h * w
+    return 2 * (2 * n * n * cfg.mid_dim)                                                   # q kᵀ and softmax · v
+
+
+def upsampler_flops(cfg: VAEConfig, h: int, w: int) -> dict:
+    """The upsampling stages and the head on trunk features [C, h, w]: {"nominal" (nearest x2 then 3x3 conv),
+    "executed" (each upsample conv as four 2x2 phase convs on the small grid with padding 1, as VAEDecoder runs
+    it), "graph" (the pack graphs' four phase convs with exact pads: no padding row)}."""
+    conv, saved, saved_graph = 0, 0, 0
     for kind, a, b in decoder_plan(cfg):
         if kind == "res":
             conv += conv_flops(a, b, 3, h, w) + conv_flops(b, b, 3, h, w)
@@ -24,7 +34,23 @@ def decoder_flops(cfg: VAEConfig, h: int, w: int) -> dict:
                 conv += conv_flops(a, b, 1, h, w)                                          # shortcut
         else:
             saved += conv_flops(a, b, 3, 2 * h, 2 * w) - conv_flops(a, 4 * b, 2, h + 1, w + 1)
+            saved_graph += conv_flops(a, b, 3, 2 * h, 2 * w) - conv_flops(a, 4 * b, 2, h, w)
             h, w = 2 * h, 2 * w
             conv += conv_flops(a, b, 3, h, w)                                              # conv after nearest x2
     conv += conv_flops(cfg.base_dim, cfg.out_channels, 3, h, w)                            # head
-    return {"conv": conv, "attention": attention, "total": conv + attention, "executed": conv + attention - saved}
+    return {"nominal": conv, "executed": conv - saved, "graph": conv - saved_graph}
+
+
+def tile_flops(cfg: VAEConfig, th: int, tw: int) -> int:
+    """One upsampler tile of a VAE pack (models.vae.graphs.tile_graph)."""
+    return upsampler_flops(cfg, th, tw)["graph"]
+
+
+def decoder_flops(cfg: VAEConfig, h: int, w: int) -> dict:
+    """FLOPs to decode a latent [z, h, w] with 2D convs: {"conv", "attention", "total"} as nominally written
+    (nearest x2 then 3x3 conv), and "executed": what VAEDecoder runs (upsample convs as four 2x2 phases)."""
+    att = attention_flops(cfg, h, w)
+    trunk_conv = trunk_flops(cfg, h, w) - att
+    up = upsampler_flops(cfg, h, w)
+    conv = trunk_conv + up["nominal"]
+    return {"conv": conv, "attention": att, "total": conv + att, "executed": trunk_conv + up["executed"] + att}

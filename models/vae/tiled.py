@@ -1,11 +1,12 @@
-"""Tiled VAE decoding: overlapping latent-resolution tiles, each upsampled alone, blended with cosine ramps."""
+"""Tiled VAE decoding: overlapping latent-resolution tiles, each upsampled alone, blended with cosine ramps.
+
+numpy only: the torch decoder and the VAE-pack backends (ONNX Runtime, the NPU) share this one plan and blend."""
 from __future__ import annotations
 
 import logging
 import math
 
 import numpy as np
-import torch
 
 log = logging.getLogger(__name__)
 
@@ -48,27 +49,53 @@ def axis_plan(n: int, tile: int, stride: int, scale: int) -> list:
     return plan
 
 
-def decode_tiled(decode_fn, z: torch.Tensor, scale: int, tile: int = DEFAULT_TILE,
-                 overlap: float = DEFAULT_OVERLAP) -> torch.Tensor:
-    """z: [1, C, h, w] at latent resolution -> [3, h*scale, w*scale] f32 (unclamped), one tile at a time.
-
-    decode_fn maps a tile [1, C, th, tw] to an image tile [1, 3, th*scale, tw*scale] (the VAE passes its trunk
-    features and the upsampling stages). Peak memory is one tile's activations plus the output canvas and weights."""
-    if not isinstance(tile, int) or tile < 1:
+def check_tiling(tile, overlap) -> int:
+    """Validate tile (latent pixels) and overlap (fraction); -> the stride between tile starts."""
+    if not isinstance(tile, int) or isinstance(tile, bool) or tile < 1:
         raise ValueError(f"tile must be a positive number of latent pixels, got {tile!r}")
     if not 0.0 <= overlap < 1.0:
         raise ValueError(f"overlap must be in [0, 1), got {overlap!r}")
-    stride = max(1, tile - int(round(tile * overlap)))
-    _, _, h, w = z.shape
-    rows, cols = axis_plan(h, tile, stride, scale), axis_plan(w, tile, stride, scale)
-    out = torch.zeros(3, h * scale, w * scale, dtype=torch.float32)         # out: [3, H, W] weighted sum
-    wsum = torch.zeros(1, h * scale, w * scale, dtype=torch.float32)        # wsum: [1, H, W]
-    log.debug("tiled decode: latent %dx%d, tile %d, stride %d, %d tiles", h, w, tile, stride, len(rows) * len(cols))
+    return max(1, tile - int(round(tile * overlap)))
+
+
+def tile_grid(h: int, w: int, tile: int = DEFAULT_TILE, overlap: float = DEFAULT_OVERLAP, scale: int = 8) -> tuple:
+    """(rows, cols): the axis plans of a latent [h, w] for `tile`/`overlap`; every tile is min(tile, h) x
+    min(tile, w) latent pixels, so one fixed-shape model serves them all."""
+    stride = check_tiling(tile, overlap)
+    return axis_plan(h, tile, stride, scale), axis_plan(w, tile, stride, scale)
+
+
+def tile_inputs(z, rows, cols):
+    """The tiles of z [1, C, h, w] in blend order (row by row), each [1, C, th, tw]."""
+    for y0, th, _ in rows:
+        for x0, tw, _ in cols:
+            yield z[:, :, y0:y0 + th, x0:x0 + tw]
+
+
+def blend(images, rows, cols, scale: int) -> np.ndarray:
+    """Image tiles [1, 3, th*scale, tw*scale] (an iterable in tile_inputs order) -> the blended canvas [3, H, W] f32:
+    each tile weighted by its separable cosine ramps, the sum divided by the summed weights."""
+    h, w = rows[-1][0] + rows[-1][1], cols[-1][0] + cols[-1][1]
+    out = np.zeros((3, h * scale, w * scale), np.float32)                  # out: [3, H, W] weighted sum
+    wsum = np.zeros((1, h * scale, w * scale), np.float32)                 # wsum: [1, H, W]
+    it = iter(images)
     for y0, th, wy in rows:
         for x0, tw, wx in cols:
-            img = decode_fn(z[:, :, y0:y0 + th, x0:x0 + tw])[0]              # img: [3, th*scale, tw*scale]
-            wt = torch.from_numpy(np.outer(wy, wx).astype(np.float32))[None]  # wt: [1, th*scale, tw*scale]
+            img = np.asarray(next(it))[0]                                   # img: [3, th*scale, tw*scale]
+            wt = np.outer(wy, wx).astype(np.float32)[None]                  # wt: [1, th*scale, tw*scale]
             ys, xs = slice(y0 * scale, (y0 + th) * scale), slice(x0 * scale, (x0 + tw) * scale)
             out[:, ys, xs] += img * wt
             wsum[:, ys, xs] += wt
     return out / wsum
+
+
+def decode_tiled(decode_fn, z, scale: int, tile: int = DEFAULT_TILE, overlap: float = DEFAULT_OVERLAP) -> np.ndarray:
+    """z: [1, C, h, w] at latent resolution (numpy, or anything sliced the same way) -> [3, h*scale, w*scale] f32
+    numpy (unclamped), one tile at a time.
+
+    decode_fn maps a tile [1, C, th, tw] to an image tile [1, 3, th*scale, tw*scale] (array-like: the torch VAE passes
+    its upsampling stages). Peak memory is one tile's activations plus the output canvas and weights."""
+    _, _, h, w = z.shape
+    rows, cols = tile_grid(h, w, tile, overlap, scale)
+    log.debug("tiled decode: latent %dx%d, tile %d, overlap %s, %d tiles", h, w, tile, overlap, len(rows) * len(cols))
+    return blend((decode_fn(t) for t in tile_inputs(z, rows, cols)), rows, cols, scale)

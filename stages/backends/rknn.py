@@ -119,6 +119,19 @@ def compiled_path(model_path) -> Path:
     raise BackendError(f"{p}: not a branch of pack {pack}")
 
 
+def output_as(y: np.ndarray, shape, path, name: str) -> np.ndarray:
+    """A runtime output in the manifest's shape: as it is; a 4-D one given as NHWC transposed to NCHW; any other of
+    the same size reshaped (the DiT branches' [L, D] may come back with unit dimensions around it)."""
+    shape = tuple(int(d) for d in shape)
+    if y.shape == shape:
+        return y
+    if len(shape) == 4 and y.shape == (shape[0], shape[2], shape[3], shape[1]):
+        return y.transpose(0, 3, 1, 2)
+    if len(shape) != 4 and y.size == int(np.prod(shape)):
+        return y.reshape(shape)
+    raise BackendError(f"{path}: output {name!r} came back as {list(y.shape)}, expected {list(shape)}")
+
+
 def core_mask_value(lite_cls, mask) -> int:
     """"auto" | "0" | "1" | "2" | "0_1" | "0_1_2" | "all" | an int -> the RKNNLite constant."""
     if isinstance(mask, int):
@@ -214,16 +227,18 @@ class RknnLiteBackend(BranchBackend):
                 raise BackendError(f"{self._path}: input {spec['name']!r} has shape {list(a.shape)}, "
                                    f"expected {spec['shape']}")
             feed.append(np.ascontiguousarray(a, NP_DTYPES.get(spec["dtype"], a.dtype)))
+        # 4-D inputs (the VAE's NCHW feature maps): RKNNLite reads them as NHWC unless data_format says otherwise
+        fmt = ["nchw"] * len(feed) if any(len(spec["shape"]) == 4 for spec in self._entry["inputs"]) else None
         with self._phase(f"infer{len(self.report['passes'])}"):
             t0 = time.perf_counter()
-            outs = self._ctx.inference(inputs=feed)
+            outs = self._ctx.inference(inputs=feed, data_format=fmt) if fmt else self._ctx.inference(inputs=feed)
             dt = time.perf_counter() - t0
         if outs is None:
             raise BackendError(f"{self._path}: inference failed on core mask {self.mask}")
         self.report["passes"].append({"core_mask": self.mask, "s": dt, "t0": t0})
         res = {}
         for spec, y in zip(self._entry["outputs"], outs):
-            y = np.asarray(y).reshape(spec["shape"])                       # y: [L, D] f32 from the runtime
+            y = output_as(np.asarray(y), spec["shape"], self._path, spec["name"])   # y: f32 from the runtime
             res[spec["name"]] = y.astype(NP_DTYPES.get(spec["dtype"], y.dtype), copy=False)
         return res
 

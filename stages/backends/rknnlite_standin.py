@@ -97,7 +97,10 @@ class RKNNLite:
         return 0
 
     def inference(self, inputs, data_type=None, data_format=None, inputs_pass_through=None, get_frame_id=False):
-        """inputs: list of arrays in the model's input order -> list of float32 arrays, or None on failure."""
+        """inputs: list of arrays in the model's input order -> list of float32 arrays, or None on failure.
+
+        As the real runtime, a 4-D input is read as NHWC unless data_format says 'nchw' (one value or one per input);
+        4-D outputs come back NCHW (what rknn-toolkit2's simulator returns for these graphs)."""
         if self._sess is None:
             log.error("inference: runtime not initialised")
             return None
@@ -105,10 +108,19 @@ class RKNNLite:
         if not isinstance(inputs, (list, tuple)) or len(inputs) != len(specs):
             log.error("inference: expected %d inputs, got %r", len(specs), type(inputs).__name__)
             return None
+        fmts = list(data_format) if isinstance(data_format, (list, tuple)) else [data_format] * len(specs)
         feed = {}
-        for s, x in zip(specs, inputs):
+        for s, x, fmt in zip(specs, inputs, fmts):
             dt = np.float16 if s.type == "tensor(float16)" else np.float32
-            feed[s.name] = np.asarray(x).astype(dt, copy=False)
+            a = np.asarray(x)
+            if len(s.shape) == 4 and (fmt or "nhwc") == "nhwc":     # the real default for 4-D inputs: NHWC
+                n, c, h, w = s.shape
+                if a.shape != (n, h, w, c):
+                    log.error("inference: input %s shape %s is wrong, expect 'nhwc' like %s (or pass "
+                              "data_format='nchw')", s.name, a.shape, (n, h, w, c))
+                    return None
+                a = a.transpose(0, 3, 1, 2)
+            feed[s.name] = a.astype(dt, copy=False)
         self._record("inference")
         outs = self._sess.run(None, feed)
         return [np.asarray(o, np.float32) for o in outs]

@@ -1,0 +1,237 @@
+"""VAE packs: the Qwen-Image VAE decoder converted for one resolution — a trunk graph (latent resolution, whole image,
+with the middle block's attention) and one fixed-shape upsampler tile graph, FP32 ONNX, plus a manifest with hashes,
+the tiling plan and the FP16 calibration. Built into a temporary sibling folder and renamed into place, like DiT packs
+(models/pack.py); `anima-models compile` compiles both graphs for the NPU into the same folder.
+
+    PACK/manifest.json   kind "anima-vae-pack"; source, config, resolution, tiling, fp16, branches [trunk, tile]
+    PACK/onnx/trunk.onnx z [1, 16, h, w] (VAE space) -> feats [1, 384, h, w]
+    PACK/onnx/tile.onnx  feats [1, 384, th, tw] -> image [1, 3, 8 th, 8 tw]
+    PACK/rknn/{trunk,tile}.rknn + rknn/logs/   after `anima-models compile PACK --target rk3588`
+
+The models are listed under `branches` (name, kind, onnx, sha256, inputs, outputs) so the one compile path, the
+manifest check and the rknn backend serve DiT and VAE packs alike.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from models.durable import atomic_write
+from models.pack import MANIFEST, PackError, check_files, existing_pack_source, file_sha256, tool_versions
+from models.partition import Geometry
+from models.vae.keys import VAEConfig
+from models.vae.tiled import DEFAULT_OVERLAP, DEFAULT_TILE, check_tiling, tile_grid
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+PACK_KIND = "anima-vae-pack"
+ONNX_DIR = "onnx"
+MODELS = ("trunk", "tile")                 # execution order
+CALIBRATION_SEEDS = (0, 1)                 # model-space N(0, 1) latents the FP16 scales are measured on
+
+
+class VaePackError(PackError):
+    """A VAE pack that is missing, incomplete, of another kind, or whose files differ from its manifest."""
+
+
+@dataclass
+class VaePack:
+    dir: Path
+    manifest: dict
+    config: VAEConfig
+    width: int
+    height: int
+    tile: int
+    overlap: float
+
+    @property
+    def latent_shape(self) -> tuple:
+        return (self.config.z_dim, self.height // self.config.upscale, self.width // self.config.upscale)
+
+    @property
+    def models(self) -> dict:
+        return {b["name"]: b for b in self.manifest["branches"]}
+
+    def model_path(self, name: str) -> Path:
+        return self.dir / self.models[name]["onnx"]
+
+    def compiled(self) -> bool:
+        return all(isinstance(b.get("rknn"), dict) for b in self.manifest["branches"])
+
+
+def _io(name: str, shape) -> list:
+    return [{"name": name, "shape": [int(d) for d in shape], "dtype": "f32"}]
+
+
+def _calibrate(weights, cfg, h: int, w: int, th: int, tw: int, rows, cols, seeds, threads) -> tuple:
+    """Activation ranges of the unscaled graphs on seeded latents (ONNX Runtime FP32) -> (scales, fp16 report)."""
+    from models.vae.fp16 import activation_ranges, headroom, norm_scales, ort_session
+    from models.vae.graphs import trunk_graph, tile_graph
+    from models.vae.latent import denormalize
+    trunk, trunk_norms = trunk_graph(weights, cfg, h, w)
+    tile, tile_norms = tile_graph(weights, cfg, th, tw)
+    zs = [denormalize(np.random.default_rng(s).standard_normal((cfg.z_dim, h, w), dtype=np.float32))[None]
+          for s in seeds]                                                        # each [1, z, h, w]
+    r_trunk = activation_ranges(trunk, [{"z": z} for z in zs], threads)
+    sess = ort_session(trunk, threads)
+    feats = [sess.run(None, {"z": z})[0] for z in zs]                           # each [1, C, h, w]
+    del sess
+    tiles = ({"feats": np.ascontiguousarray(f[:, :, y0:y0 + th, x0:x0 + tw])}
+             for f in feats for y0, _, _ in rows for x0, _, _ in cols)
+    r_tile = activation_ranges(tile, tiles, threads)
+    scales = {**norm_scales(trunk_norms, r_trunk), **norm_scales(tile_norms, r_tile)}
+    report = {"trunk": headroom(r_trunk, trunk_norms, scales), "tile": headroom(r_tile, tile_norms, scales)}
+    return scales, report
+
+
+def build_vae_pack(vae_path, out_dir, resolution=(512, 512), tile: int = DEFAULT_TILE,
+                   overlap: float = DEFAULT_OVERLAP, overwrite: bool = False, seeds=CALIBRATION_SEEDS,
+                   threads: Optional[int] = None) -> Path:
+    """Convert the VAE file at `vae_path` into a VAE pack at `out_dir` for `resolution` = (width, height) pixels."""
+    from models.branch_graphs import OPSET, serialize
+    from models.vae.checkpoint import load_vae
+    from models.vae.flops import tile_flops, trunk_flops
+    from models.vae.graphs import TILE_IN, TILE_OUT, TRUNK_IN, TRUNK_OUT, tile_graph, trunk_graph
+
+    t0 = time.perf_counter()
+    geom = Geometry.from_resolution(*resolution)                 # validates multiples of 8
+    stride = check_tiling(tile, overlap)
+    if not seeds:
+        raise ValueError("calibration needs at least one seed")
+    out = Path(out_dir).absolute()
+    weights = load_vae(vae_path)
+    cfg, w = weights.config, weights.tensors
+    if cfg.upscale != 8:
+        raise VaePackError(f"{vae_path}: upscale {cfg.upscale}, the pipeline's latents are 1/8 of the image")
+    sha = file_sha256(vae_path)
+    prev = existing_pack_source(out)
+    if prev is not None and prev != sha and not overwrite:
+        raise VaePackError(f"{out}: holds a pack of another file (sha256 {prev[:12]}…, this one {sha[:12]}…); "
+                           "pass overwrite (--overwrite) to replace it")
+    h, wd = geom.latent_h, geom.latent_w
+    rows, cols = tile_grid(h, wd, tile, overlap, cfg.upscale)
+    th, tw = rows[0][1], cols[0][1]
+    # 1) FP16 calibration on the unscaled graphs, 2) the graphs with their norm scales
+    scales, report = _calibrate(w, cfg, h, wd, th, tw, rows, cols, seeds, threads)
+    for name, r in report.items():
+        if not r["ok"]:
+            log.warning("%s: FP16 headroom %s (largest activation %.1f at %s): the NPU may overflow; check the "
+                        "simulator (anima-models decode --backend rknn-sim)", name, r["headroom"], r["max_abs"], r["at"])
+    graphs = {"trunk": (trunk_graph(w, cfg, h, wd, scales)[0], _io(TRUNK_IN, (1, cfg.z_dim, h, wd)),
+                        _io(TRUNK_OUT, (1, cfg.mid_dim, h, wd)), trunk_flops(cfg, h, wd), 1),
+              "tile": (tile_graph(w, cfg, th, tw, scales)[0], _io(TILE_IN, (1, cfg.mid_dim, th, tw)),
+                       _io(TILE_OUT, (1, cfg.out_channels, th * cfg.upscale, tw * cfg.upscale)),
+                       tile_flops(cfg, th, tw), len(rows) * len(cols))}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    os.chmod(tmp, 0o777 & ~_umask())                  # mkdtemp makes 0700; a pack is an ordinary folder
+    try:
+        (tmp / ONNX_DIR).mkdir()
+        branches = []
+        for name in MODELS:
+            model, ins, outs, flops, calls = graphs[name]
+            data = serialize(model)
+            rel = f"{ONNX_DIR}/{name}.onnx"
+            atomic_write(tmp / rel, data)
+            branches.append({"name": name, "kind": f"vae-{name}", "onnx": rel, "sha256": file_sha256(tmp / rel),
+                             "bytes": len(data), "inputs": ins, "outputs": outs, "gflop": round(flops / 1e9, 3),
+                             "calls": calls})
+        manifest = {
+            "schema": SCHEMA_VERSION, "kind": PACK_KIND,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "source": {"path": os.path.abspath(os.fspath(vae_path)), "name": os.path.basename(os.fspath(vae_path)),
+                       "sha256": sha, "bytes": os.path.getsize(vae_path), "layout": weights.layout},
+            "config": cfg.to_dict(),
+            "resolution": {"width": geom.width, "height": geom.height},
+            "latent": {"channels": cfg.z_dim, "h": h, "w": wd},
+            "tiling": {"tile": tile, "overlap": overlap, "stride": stride, "tile_h": th, "tile_w": tw,
+                       "rows": [r[0] for r in rows], "cols": [c[0] for c in cols], "count": len(rows) * len(cols)},
+            "attention": "trunk",             # the middle block's attention is inside the trunk graph
+            "dtype": "fp32", "io_dtype": "f32", "opset": OPSET,
+            "fp16": {"scale_target": _scale_target(), "norm_scales": scales, "models": report,
+                     "calibration": {"seeds": list(seeds), "latent": "model-space N(0, 1)"},
+                     "ok": all(r["ok"] for r in report.values())},
+            "branches": branches,
+            "tools": tool_versions(),
+        }
+        atomic_write(tmp / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+        old = None
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, old / "pack")
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("VAE pack %s: %dx%d, trunk %dx%d + %d tiles of %dx%d, built in %.1f s", out, geom.width, geom.height,
+             h, wd, len(rows) * len(cols), th, tw, time.perf_counter() - t0)
+    return out
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _scale_target() -> float:
+    from models.vae.fp16 import SCALE_TARGET
+    return SCALE_TARGET
+
+
+def load_vae_pack(pack_dir, check: bool = True) -> VaePack:
+    """Read and validate a VAE pack's manifest; with `check`, verify every file's existence and sha256."""
+    d = Path(pack_dir).absolute()
+    mpath = d / MANIFEST
+    if not d.is_dir():
+        raise VaePackError(f"{d}: no such VAE pack folder")
+    if not mpath.is_file():
+        raise VaePackError(f"{d}: not a complete VAE pack (no {MANIFEST}; a build may have been interrupted)")
+    try:
+        m = json.loads(mpath.read_text())
+    except (OSError, ValueError) as e:
+        raise VaePackError(f"{mpath}: unreadable manifest ({e})") from None
+    where = str(mpath)
+    if not isinstance(m, dict) or m.get("kind") != PACK_KIND:
+        kind = m.get("kind", "a DiT pack") if isinstance(m, dict) else "not a manifest"
+        raise VaePackError(f"{where}: {kind!r}, not a VAE pack (make one with `anima-models pack-vae`)")
+    if m.get("schema") != SCHEMA_VERSION:
+        raise VaePackError(f"{where}: schema version {m.get('schema')!r}, this code reads {SCHEMA_VERSION}; rebuild")
+    try:
+        c = m["config"]
+        cfg = VAEConfig(int(c["z_dim"]), int(c["base_dim"]), tuple(int(x) for x in c["dim_mult"]),
+                        int(c["num_res_blocks"]), int(c.get("out_channels", 3)))
+        width, height = int(m["resolution"]["width"]), int(m["resolution"]["height"])
+        geom = Geometry.from_resolution(width, height)
+        t = m["tiling"]
+        tile, overlap = int(t["tile"]), float(t["overlap"])
+        rows, cols = tile_grid(geom.latent_h, geom.latent_w, tile, overlap, cfg.upscale)
+    except (TypeError, KeyError, ValueError) as e:
+        raise VaePackError(f"{where}: bad config/resolution/tiling ({e!r})") from None
+    if [r[0] for r in rows] != t.get("rows") or [c[0] for c in cols] != t.get("cols"):
+        raise VaePackError(f"{where}: tiling rows/cols do not follow from tile {tile} and overlap {overlap}")
+    names = [b.get("name") if isinstance(b, dict) else None for b in m.get("branches") or []]
+    if names != list(MODELS):
+        raise VaePackError(f"{where}: branches {names}, expected {list(MODELS)}")
+    for b in m["branches"]:
+        for key in ("onnx", "sha256", "inputs", "outputs"):
+            if key not in b:
+                raise VaePackError(f"{where}: branch {b['name']}: manifest field {key!r} is missing")
+    if check:
+        try:
+            check_files(d, m)
+        except PackError as e:
+            raise VaePackError(str(e)) from None
+    return VaePack(d, m, cfg, width, height, tile, overlap)
