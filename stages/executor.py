@@ -14,7 +14,6 @@ rknn); `dual_masks` are the dual_core contexts' core masks.
 from __future__ import annotations
 
 import gc
-import inspect
 import json
 import logging
 import os
@@ -27,7 +26,7 @@ import numpy as np
 from models.lifecycle import Lifecycle, LifecycleError, context_factory
 from models.policy import PolicyError, resolve_policy
 from protocol import messages as m
-from stages.backends import backend_class
+from stages.backends import backend_class, backend_kwargs
 from stages.base import RequestFailed, stage_main
 from stages.config import ConfigError, PipelineConfig
 from stages.memory import process_memory_mb, return_freed_memory
@@ -38,15 +37,6 @@ log = logging.getLogger(__name__)
 MEMORY_EVERY = 16          # PSS (smaps_rollup) is read on every 16th call; RSS (statm) on every call
 KEEPALIVE_SLICE_S = 0.05   # how often lifecycle requests are answered while a branch runs
 STAGE_KEYS = ("policy", "resident_mb", "dual_masks", "threads", "trace")   # read here, never passed to a backend
-
-
-def backend_kwargs(cls, threads: int | None, settings: dict) -> dict:
-    """Constructor arguments for a backend: `threads`, plus every [stage.executor] key its constructor names
-    (core_mask, lite, ... for the board backends)."""
-    params = inspect.signature(cls.__init__).parameters
-    kw = {"threads": threads} if threads and "threads" in params else {}
-    kw.update({k: v for k, v in settings.items() if k in params and k not in STAGE_KEYS})
-    return kw
 
 
 def after_release() -> None:
@@ -77,7 +67,7 @@ class ExecutorLogic:
                                          self.pack_dirs)
         except PolicyError as e:
             raise ConfigError(f"{where}policy: {e}") from None
-        factory = context_factory(cls, **backend_kwargs(cls, self.threads, settings))
+        factory = context_factory(cls, **backend_kwargs(cls, self.threads, settings, exclude=STAGE_KEYS))
         self.lifecycle = Lifecycle(factory, self.policy, after_release=after_release)
         gc.collect()
         gc.freeze()                     # the modules' ~30k objects: a full collection per call drops from ~30 ms to ~0

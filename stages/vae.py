@@ -4,7 +4,14 @@
 
 Local: started by the orchestrator after denoising and stopped after decoding; reads the latent from the job arena
 and writes the PNG where DECODE says. Remote (a `tcp://` endpoint under its own supervisord): the latent arrives
-inline and the PNG goes back inline (`return_png`). The VAE file comes from `models_dir` or `[stage.vae] vae = FILE`.
+inline and the PNG goes back inline (`return_png`).
+
+    [stage.vae]
+    backend = "torch"          # torch (the VAE file; any resolution, DECODE's tiling) | onnx | rknn-sim | rknn
+    vae = "FILE"               # torch: the VAE file (default: from models_dir)
+    vae_pack = "packs/vae-512" # onnx / rknn-sim / rknn: a VAE pack (anima-models pack-vae; compiled for rknn), its
+                               # resolution and tiling; relative to this file's folder
+    core_mask = "auto"         # rknn: NPU cores (auto | 0 | 1 | 2 | 0_1 | 0_1_2 | all); lite = "standin" in tests
 """
 from __future__ import annotations
 
@@ -14,50 +21,89 @@ import sys
 import tempfile
 import time
 
+from pathlib import Path
+
 import numpy as np
 
+from models.branch_runtime import BackendError
 from models.models_dir import ModelsDirError, resolve_models
-from models.vae.api import VAE
+from models.vae.pack_decoder import DecodeError
 from models.vae.png import write_png
 from protocol import messages as m
 from protocol.fields import ProtocolError
+from stages.backends import make_branch_backend
 from stages.base import RequestFailed, exit_process, stage_main
 from stages.config import PipelineConfig
 from stages.tensor_io import ReplyTensors, read_tensor
 
 log = logging.getLogger(__name__)
 
+VAE_BACKENDS = ("torch", "onnx", "rknn-sim", "rknn")
+
 
 class VaeLogic:
-    """Holds the decoder; DECODE → PNG file (local) or PNG bytes (remote)."""
+    """Holds the decoder (torch on a VAE file, or a VAE pack on a model backend); DECODE → PNG file (local) or PNG
+    bytes (remote)."""
 
     def __init__(self, config: PipelineConfig):
         settings = config.stage_settings("vae")
-        try:
-            paths = resolve_models(config.models_dir, {"vae": settings.get("vae")}, need=("vae",))
-        except ModelsDirError as e:
-            raise ValueError(f"vae: {e}") from None
+        self.backend = settings.get("backend", "torch")
+        if self.backend not in VAE_BACKENDS:
+            raise ValueError(f"stage.vae.backend {self.backend!r}: choose one of {', '.join(VAE_BACKENDS)}")
         self.threads = int(settings.get("threads", config.threads))
         t0 = time.perf_counter()
-        self.vae = VAE.open(paths.vae, threads=self.threads)
+        if self.backend == "torch":
+            from models.vae.api import VAE                  # torch: imported only by this backend
+            try:
+                paths = resolve_models(config.models_dir, {"vae": settings.get("vae")}, need=("vae",))
+            except ModelsDirError as e:
+                raise ValueError(f"vae: {e}") from None
+            self.vae, self.decoder, self.path = VAE.open(paths.vae, threads=self.threads), None, paths.vae
+            self.z_dim = self.vae.config.z_dim
+        else:
+            from models.vae.pack import load_vae_pack
+            from models.vae.pack_decoder import PackDecoder
+            if not settings.get("vae_pack"):
+                raise ValueError(f"stage.vae.vae_pack: backend {self.backend!r} decodes a VAE pack; set vae_pack = "
+                                 "DIR (anima-models pack-vae)")
+            self.path = Path(config.path).parent / str(settings["vae_pack"])   # relative to the config file
+            pack = load_vae_pack(self.path)                  # every file's sha256 checked
+            if self.backend == "rknn" and not pack.compiled():
+                raise ValueError(f"stage.vae.vae_pack {self.path}: not compiled for the NPU (anima-models compile "
+                                 f"{self.path} --target rk3588)")
+            self.decoder = PackDecoder(pack, make_branch_backend(self.backend, self.threads, settings))
+            self.vae, self.z_dim = None, pack.config.z_dim
         self.load_s = time.perf_counter() - t0
-        self.path = paths.vae
 
     def info(self) -> dict:
-        return {"vae": str(self.path), "threads": self.threads, "load_s": round(self.load_s, 3)}
+        return {"vae": str(self.path), "backend": self.backend, "threads": self.threads,
+                "load_s": round(self.load_s, 3)}
+
+    def _decode(self, latent, tile: m.TileSettings):
+        """-> DecodeResult through the configured backend; a VAE pack fixes its own tiling (DECODE's is for torch)."""
+        if self.decoder is None:
+            return self.vae.decode(latent, tile=tile.tile if tile.enabled else None, overlap=tile.overlap)
+        try:
+            return self.decoder.decode(latent)
+        except BackendError as e:
+            raise RequestFailed(f"VAE pack {self.path} on {self.backend}: {e}") from None
+        except DecodeError as e:                            # a non-finite image
+            raise RequestFailed(str(e)) from None
 
     def on_decode(self, msg: m.Decode, ctx) -> m.Decoded:
-        z = self.vae.config.z_dim
+        z = self.z_dim
         if msg.latent.dtype != "f32" or len(msg.latent.shape) != 3 or msg.latent.shape[0] != z:
             raise ProtocolError("latent", f"expected f32 [{z}, h, w], got {msg.latent.dtype} {list(msg.latent.shape)}")
+        if self.decoder is not None and tuple(msg.latent.shape) != self.decoder.pack.latent_shape:
+            raise ProtocolError("latent", f"shape {list(msg.latent.shape)}: the VAE pack {self.path} decodes "
+                                          f"{list(self.decoder.pack.latent_shape)} only")
         latent = read_tensor(ctx, msg.arena, msg.latent, msg.inline, field="latent", copy=True)   # [16, h, w] f32
         if not np.isfinite(latent).all():
             raise ProtocolError("latent", "holds NaN or Inf")
         if msg.output is None and not msg.return_png:
             raise ProtocolError("output", "give an output path or ask for return_png")
-        # 1) decode (tiled unless told otherwise)
-        tile = msg.tile.tile if msg.tile.enabled else None
-        result = self.vae.decode(latent, tile=tile, overlap=msg.tile.overlap)
+        # 1) decode (tiled unless told otherwise; a VAE pack's tiling is its own)
+        result = self._decode(latent, msg.tile)
         ctx.check(msg.job)
         # 2) the PNG with its metadata: to the named path, or back inline
         t0 = time.perf_counter()
@@ -77,7 +123,14 @@ class VaeLogic:
         h, w = result.image.shape[:2]
         return m.reply_to(msg, m.Decoded, job=msg.job, path=path, png=png_desc, width=w, height=h,
                           timings={"load_s": self.load_s, "decode_s": result.seconds,
-                                   "png_s": time.perf_counter() - t0}, inline=out.inline)
+                                   "png_s": time.perf_counter() - t0, **_model_timings(result.timings)},
+                          inline=out.inline)
+
+
+def _model_timings(t: dict) -> dict:
+    """A VAE pack's per-model phases as flat DECODED timings: trunk_load_s, ..., tile_infer_s, tile_release_s."""
+    return {f"{model}_{phase}": float(v) for model in ("trunk", "tile") for phase, v in t.get(model, {}).items()
+            if phase != "total_s"}
 
 
 def main(argv=None) -> int:

@@ -17,7 +17,6 @@ import numpy as np
 
 from models.branch_runtime import BranchBackend, run_branch
 from models.vae.api import DecodeResult, check_latent, to_uint8, to_unit
-from models.vae.graphs import TILE_IN, TILE_OUT, TRUNK_IN, TRUNK_OUT
 from models.vae.latent import denormalize
 from models.vae.pack import VaePack
 from models.vae.tiled import blend, tile_grid, tile_inputs
@@ -52,16 +51,17 @@ class PackDecoder:
         z = denormalize(self.check(latent))[None]                              # z: [1, 16, h, w] VAE space
         _, _, h, w = z.shape
         scale = self.config.upscale
+        io = {name: (b["inputs"][0]["name"], b["outputs"][0]["name"]) for name, b in self.pack.models.items()}
         # 1) the trunk, whole: feats [1, 384, h, w]
-        (out,), tt = run_branch(self.backend, self.pack.model_path("trunk"), [{TRUNK_IN: z}])
-        feats = np.asarray(out[TRUNK_OUT], np.float32)
+        (out,), tt = run_branch(self.backend, self.pack.model_path("trunk"), [{io["trunk"][0]: z}])
+        feats = np.asarray(out[io["trunk"][1]], np.float32)
         # 2) every tile on one loaded tile model: each [1, 384, th, tw] -> [1, 3, 8 th, 8 tw]
         rows, cols = tile_grid(h, w, self.pack.tile, self.pack.overlap, scale)
-        feeds = [{TILE_IN: np.ascontiguousarray(t)} for t in tile_inputs(feats, rows, cols)]
+        feeds = [{io["tile"][0]: np.ascontiguousarray(t)} for t in tile_inputs(feats, rows, cols)]
         outs, tl = run_branch(self.backend, self.pack.model_path("tile"), feeds)
         # 3) blend on the host (FP32)
         t0 = time.perf_counter()
-        img = blend((np.asarray(o[TILE_OUT], np.float32) for o in outs), rows, cols, scale)   # [3, 8h, 8w]
+        img = blend((np.asarray(o[io["tile"][1]], np.float32) for o in outs), rows, cols, scale)   # [3, 8h, 8w]
         bad = int(np.size(img) - np.count_nonzero(np.isfinite(img)))
         if bad:
             raise DecodeError(f"VAE pack {self.pack.dir} on backend {self.backend.name}: {bad} non-finite values in "
