@@ -291,6 +291,22 @@ def test_vae_stage_refuses_a_bad_pack_setting(pack, tmp_path):
         assert msg in str(e.value)
 
 
+def test_npu_estimate_arithmetic(pack):
+    """The ESTIMATE's inputs against the reference figures worked out by hand (board-facts: FFN 21.99 s per forward
+    of 28 passes; 84-model lifecycle 13.96 + 12.90 + 4.84 s for 3.99 GB)."""
+    from models.vae.npu_estimate import describe, estimate, lifecycle_s_per_byte, throughputs
+    ffn_gflop = 2 * 1024 * 2048 * 8192 * 2 / 1e9                              # 68.72: layer1 + layer2, one pass
+    assert throughputs()["ffn"] == pytest.approx(ffn_gflop / (21.99 / 28)) == pytest.approx(87.50, abs=0.01)
+    assert lifecycle_s_per_byte() == pytest.approx(31.70 / 3.99e9)
+    est = estimate(pack.manifest)
+    gflop = sum(b["gflop"] * b["calls"] for b in pack.manifest["branches"])  # trunk once, the tile 6 times
+    assert est["gflop"] == pytest.approx(gflop) and est["calls"] == {"trunk": 1, "tile": 6}
+    assert est["npu_s"] == pytest.approx(gflop / 87.50, rel=1e-3)
+    assert est["model_bytes"] == sum(b["bytes"] for b in pack.manifest["branches"]) / 2    # uncompiled: FP16 weights
+    assert est["total_s"] == pytest.approx(est["npu_s"] + est["model_bytes"] * 31.70 / 3.99e9)
+    assert describe(est).startswith("ESTIMATE (modelled from reference board figures, not measured)")
+
+
 def test_manifest_json_is_valid_and_names_the_tools(pack):
     m = json.loads((pack.dir / "manifest.json").read_text())
     assert m["tools"]["onnx"] and m["tools"]["onnxruntime"] and m["dtype"] == "fp32"
