@@ -101,6 +101,7 @@ def build_vae_pack(vae_path, out_dir, resolution=(512, 512), tile: int = DEFAULT
     from models.branch_graphs import OPSET, serialize
     from models.vae.checkpoint import load_vae
     from models.vae.flops import tile_flops, trunk_flops
+    from models.vae.fp16 import SCALE_TARGET
     from models.vae.graphs import TILE_IN, TILE_OUT, TRUNK_IN, TRUNK_OUT, tile_graph, trunk_graph
 
     t0 = time.perf_counter()
@@ -158,7 +159,7 @@ def build_vae_pack(vae_path, out_dir, resolution=(512, 512), tile: int = DEFAULT
                        "rows": [r[0] for r in rows], "cols": [c[0] for c in cols], "count": len(rows) * len(cols)},
             "attention": "trunk",             # the middle block's attention is inside the trunk graph
             "dtype": "fp32", "io_dtype": "f32", "opset": OPSET,
-            "fp16": {"scale_target": _scale_target(), "norm_scales": scales, "models": report,
+            "fp16": {"scale_target": SCALE_TARGET, "norm_scales": scales, "models": report,
                      "calibration": {"seeds": list(seeds), "latent": "model-space N(0, 1)"},
                      "ok": all(r["ok"] for r in report.values())},
             "branches": branches,
@@ -184,11 +185,6 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
-
-
-def _scale_target() -> float:
-    from models.vae.fp16 import SCALE_TARGET
-    return SCALE_TARGET
 
 
 def load_vae_pack(pack_dir, check: bool = True) -> VaePack:
