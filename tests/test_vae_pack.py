@@ -149,6 +149,11 @@ def test_pack_checks(pack, vae_file, tmp_path, tiny_dit):
     with pytest.raises(VaePackError, match=r"onnx/tile\.onnx \(sha256 differs"):
         load_vae_pack(bad)
     load_vae_pack(bad, check=False)
+    m = json.loads((bad / "manifest.json").read_text())
+    m["branches"][1]["inputs"][0]["shape"] = [1, 32, 16, 24]
+    (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(VaePackError, match=r"branch tile: input/output shapes .* give \[\[1, 32, 16, 16\]"):
+        load_vae_pack(bad, check=False)
     with pytest.raises(PackError, match="not a DiT pack"):
         load_pack(pack.dir)
     dit_pack = tmp_path / "dit"

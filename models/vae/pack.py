@@ -221,10 +221,20 @@ def load_vae_pack(pack_dir, check: bool = True) -> VaePack:
     names = [b.get("name") if isinstance(b, dict) else None for b in m.get("branches") or []]
     if names != list(MODELS):
         raise VaePackError(f"{where}: branches {names}, expected {list(MODELS)}")
+    th, tw, up = rows[0][1], cols[0][1], cfg.upscale
+    want = {"trunk": ([1, cfg.z_dim, geom.latent_h, geom.latent_w], [1, cfg.mid_dim, geom.latent_h, geom.latent_w]),
+            "tile": ([1, cfg.mid_dim, th, tw], [1, cfg.out_channels, th * up, tw * up])}
     for b in m["branches"]:
         for key in ("onnx", "sha256", "inputs", "outputs"):
             if key not in b:
                 raise VaePackError(f"{where}: branch {b['name']}: manifest field {key!r} is missing")
+        try:
+            got = ([int(d) for d in b["inputs"][0]["shape"]], [int(d) for d in b["outputs"][0]["shape"]])
+        except (TypeError, KeyError, IndexError, ValueError):
+            got = None
+        if got != want[b["name"]]:
+            raise VaePackError(f"{where}: branch {b['name']}: input/output shapes {got}, the config and tiling "
+                               f"give {list(want[b['name']])}")
     if check:
         try:
             check_files(d, m)
