@@ -20,7 +20,6 @@ import os
 import sys
 import tempfile
 import time
-
 from pathlib import Path
 
 import numpy as np
