@@ -9,8 +9,8 @@ inline and the PNG goes back inline (`return_png`).
     [stage.vae]
     backend = "torch"          # torch (the VAE file; any resolution, DECODE's tiling) | onnx | rknn-sim | rknn
     vae = "FILE"               # torch: the VAE file (default: from models_dir)
-    vae_pack = "packs/vae-512" # onnx / rknn-sim / rknn: a VAE pack (anima-models pack-vae; compiled for rknn), its
-                               # resolution and tiling; relative to this file's folder
+    vae_pack = "packs/vae-512" # onnx / rknn-sim / rknn: a VAE pack (anima-models pack-vae; compiled for rknn), or a
+                               # list of them, one per image size; relative to this file's folder
     core_mask = "auto"         # rknn: NPU cores (auto | 0 | 1 | 2 | 0_1 | 0_1_2 | all); lite = "standin" in tests
 """
 from __future__ import annotations
@@ -57,35 +57,50 @@ class VaeLogic:
                 paths = resolve_models(config.models_dir, {"vae": settings.get("vae")}, need=("vae",))
             except ModelsDirError as e:
                 raise ValueError(f"vae: {e}") from None
-            self.vae, self.decoder, self.path = VAE.open(paths.vae, threads=self.threads), None, paths.vae
+            self.vae, self.decoders, self.path = VAE.open(paths.vae, threads=self.threads), {}, paths.vae
             self.z_dim = self.vae.config.z_dim
         else:
-            from models.vae.pack import load_vae_pack
-            from models.vae.pack_decoder import PackDecoder
-            if not settings.get("vae_pack"):
-                raise ValueError(f"stage.vae.vae_pack: backend {self.backend!r} decodes a VAE pack; set vae_pack = "
-                                 "DIR (anima-models pack-vae)")
-            self.path = Path(config.path).parent / str(settings["vae_pack"])   # relative to the config file
-            pack = load_vae_pack(self.path)                  # every file's sha256 checked
-            if self.backend == "rknn" and not pack.compiled():
-                raise ValueError(f"stage.vae.vae_pack {self.path}: not compiled for the NPU (anima-models compile "
-                                 f"{self.path} --target rk3588)")
-            self.decoder = PackDecoder(pack, make_branch_backend(self.backend, self.threads, settings))
-            self.vae, self.z_dim = None, pack.config.z_dim
+            self.vae, self.decoders = None, self._pack_decoders(config, settings)
+            self.path = [str(d.pack.dir) for d in self.decoders.values()]
+            self.z_dim = next(iter(self.decoders.values())).config.z_dim
         self.load_s = time.perf_counter() - t0
 
+    def _pack_decoders(self, config: PipelineConfig, settings: dict) -> dict:
+        """{latent shape: PackDecoder} for `vae_pack` (one folder or a list, one per image size), every file checked;
+        one backend instance serves them all (one model at a time)."""
+        from models.vae.pack import load_vae_pack
+        from models.vae.pack_decoder import PackDecoder
+        dirs = settings.get("vae_pack")
+        dirs = [dirs] if isinstance(dirs, str) else list(dirs or [])
+        if not dirs:
+            raise ValueError(f"stage.vae.vae_pack: backend {self.backend!r} decodes a VAE pack; set vae_pack = "
+                             "DIR (anima-models pack-vae)")
+        packs = {}
+        for d in dirs:
+            pack = load_vae_pack(Path(config.path).parent / str(d))     # relative to the config file
+            if self.backend == "rknn" and not pack.compiled():
+                raise ValueError(f"stage.vae.vae_pack {pack.dir}: not compiled for the NPU (anima-models compile "
+                                 f"{pack.dir} --target rk3588)")
+            if pack.latent_shape in packs:
+                raise ValueError(f"stage.vae.vae_pack: {pack.dir} and {packs[pack.latent_shape].dir} are both "
+                                 f"{pack.width}x{pack.height}")
+            packs[pack.latent_shape] = pack
+        backend = make_branch_backend(self.backend, self.threads, settings)
+        return {shape: PackDecoder(pack, backend) for shape, pack in packs.items()}
+
     def info(self) -> dict:
-        return {"vae": str(self.path), "backend": self.backend, "threads": self.threads,
-                "load_s": round(self.load_s, 3)}
+        return {"vae": ", ".join(self.path) if self.vae is None else str(self.path), "backend": self.backend,
+                "threads": self.threads, "load_s": round(self.load_s, 3)}
 
     def _decode(self, latent, tile: m.TileSettings):
         """-> DecodeResult through the configured backend; a VAE pack fixes its own tiling (DECODE's is for torch)."""
-        if self.decoder is None:
+        if self.vae is not None:
             return self.vae.decode(latent, tile=tile.tile if tile.enabled else None, overlap=tile.overlap)
+        dec = self.decoders[tuple(latent.shape)]
         try:
-            return self.decoder.decode(latent)
+            return dec.decode(latent)
         except BackendError as e:
-            raise RequestFailed(f"VAE pack {self.path} on {self.backend}: {e}") from None
+            raise RequestFailed(f"VAE pack {dec.pack.dir} on {self.backend}: {e}") from None
         except DecodeError as e:                            # a non-finite image
             raise RequestFailed(str(e)) from None
 
@@ -93,9 +108,11 @@ class VaeLogic:
         z = self.z_dim
         if msg.latent.dtype != "f32" or len(msg.latent.shape) != 3 or msg.latent.shape[0] != z:
             raise ProtocolError("latent", f"expected f32 [{z}, h, w], got {msg.latent.dtype} {list(msg.latent.shape)}")
-        if self.decoder is not None and tuple(msg.latent.shape) != self.decoder.pack.latent_shape:
-            raise ProtocolError("latent", f"shape {list(msg.latent.shape)}: the VAE pack {self.path} decodes "
-                                          f"{list(self.decoder.pack.latent_shape)} only")
+        if self.vae is None and tuple(msg.latent.shape) not in self.decoders:
+            sizes = ", ".join(f"{d.pack.width}x{d.pack.height}" for d in self.decoders.values())
+            raise ProtocolError("latent", f"shape {list(msg.latent.shape)}: no VAE pack for it (stage.vae.vae_pack "
+                                          f"has {sizes}; anima-models pack-vae --resolution "
+                                          f"{msg.latent.shape[2] * 8}x{msg.latent.shape[1] * 8})")
         latent = read_tensor(ctx, msg.arena, msg.latent, msg.inline, field="latent", copy=True)   # [16, h, w] f32
         if not np.isfinite(latent).all():
             raise ProtocolError("latent", "holds NaN or Inf")

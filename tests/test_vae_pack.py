@@ -263,23 +263,26 @@ def test_run_time_path_imports_neither_torch_nor_onnx(pack):
     assert out.stdout.strip().splitlines()[-1] == "(256, 192, 3) []"
 
 
-def test_vae_stage_decodes_a_pack_on_onnx_runtime(pack):
-    """The real stage process with [stage.vae] backend = "onnx": the PNG's pixels are the in-process decode's, the
-    pack's per-model timings come back, a latent of another resolution is an ERROR naming the field (and the stage
-    keeps serving), and the process never loaded torch or onnx."""
+def test_vae_stage_decodes_packs_on_onnx_runtime(pack, vae_file, tmp_path):
+    """The real stage process with [stage.vae] backend = "onnx" and two packs (two image sizes): the PNG's pixels are
+    the in-process decode's, the pack's per-model timings come back, a latent of a size without a pack is an ERROR
+    naming the field (and the stage keeps serving), and the process never loaded torch or onnx."""
     from protocol.messages import RemoteError
     from vae_stage import VaeStage
-    lat = _latent(32, 24, seed=11)
+    small = load_vae_pack(build_vae_pack(vae_file, tmp_path / "small", (64, 96), threads=1))
+    lat, lat2 = _latent(32, 24, seed=11), _latent(12, 8, seed=12)
     want = PackDecoder(pack, make_backend("onnx", threads=1)).decode(lat).image
-    with VaeStage(f'backend = "onnx"\nvae_pack = "{pack.dir}"') as st:
-        assert st.ready.info["backend"] == "onnx" and st.ready.info["vae"] == str(pack.dir)
+    want2 = PackDecoder(small, make_backend("onnx", threads=1)).decode(lat2).image
+    with VaeStage(f'backend = "onnx"\nvae_pack = ["{pack.dir}", "{small.dir}"]') as st:
+        assert st.ready.info["backend"] == "onnx" and st.ready.info["vae"] == f"{pack.dir}, {small.dir}"
         reply = st.decode(lat)
         assert (reply.width, reply.height) == (192, 256)
         assert np.array_equal(st.image(reply), want)
         assert reply.timings["tile_infer_s"] > 0 and reply.timings["trunk_load_s"] >= 0
         with pytest.raises(RemoteError, match="latent") as e:
             st.decode(_latent(24, 24))
-        assert e.value.field == "latent" and "decodes [16, 32, 24] only" in e.value.reply.message
+        assert e.value.field == "latent" and "has 192x256, 64x96" in e.value.reply.message
+        assert np.array_equal(st.image(st.decode(lat2)), want2)
         assert np.array_equal(st.image(st.decode(lat)), want)
         maps = st.mapped_files()
         assert "libtorch" not in maps and "onnx_cpp2py_export" not in maps and "onnxruntime" in maps
@@ -289,7 +292,8 @@ def test_vae_stage_refuses_a_bad_pack_setting(pack, tmp_path):
     from vae_stage import VaeStage
     for toml, msg in [('backend = "onnx"', "set vae_pack = DIR"), ('backend = "tpu"', "choose one of"),
                       (f'backend = "rknn"\nvae_pack = "{pack.dir}"', "not compiled for the NPU"),
-                      (f'backend = "onnx"\nvae_pack = "{tmp_path}"', "not a complete VAE pack")]:
+                      (f'backend = "onnx"\nvae_pack = "{tmp_path}"', "not a complete VAE pack"),
+                      (f'backend = "onnx"\nvae_pack = ["{pack.dir}", "{pack.dir}"]', "are both 192x256")]:
         with pytest.raises(RuntimeError, match="exited 1") as e:
             with VaeStage(toml):
                 pass
