@@ -263,6 +263,18 @@ def test_run_time_path_imports_neither_torch_nor_onnx(pack):
     assert out.stdout.strip().splitlines()[-1] == "(256, 192, 3) []"
 
 
+def test_pack_vae_needs_no_torch(vae_file, tmp_path):
+    """The host side of a pack (pack-vae: graphs, calibration on ONNX Runtime) runs where torch cannot be imported."""
+    code = ("import sys\n"
+            "sys.modules['torch'] = None\n"                   # any `import torch` now raises ImportError
+            "from models.cli import main\n"
+            f"sys.exit(main(['pack-vae', {str(vae_file)!r}, '--out', {str(tmp_path / 'p')!r}, '--resolution', "
+            "'64x64', '--threads', '1']))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert load_vae_pack(tmp_path / "p").latent_shape == (16, 8, 8)
+
+
 def test_vae_stage_decodes_packs_on_onnx_runtime(pack, vae_file, tmp_path):
     """The real stage process with [stage.vae] backend = "onnx" and two packs (two image sizes): the PNG's pixels are
     the in-process decode's, the pack's per-model timings come back, a latent of a size without a pack is an ERROR
