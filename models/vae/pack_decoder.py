@@ -15,7 +15,8 @@ import time
 
 import numpy as np
 
-from models.branch_runtime import BranchBackend, run_branch
+from models.branch_runtime import BranchBackend
+from models.lifecycle import run_branch
 from models.vae.api import DecodeResult, check_latent, to_uint8, to_unit
 from models.vae.latent import denormalize
 from models.vae.pack import VaePack
@@ -66,7 +67,7 @@ class PackDecoder:
         if bad:
             raise DecodeError(f"VAE pack {self.pack.dir} on backend {self.backend.name}: {bad} non-finite values in "
                               "the decoded image (an FP16 overflow on the NPU?); see the pack's fp16 report")
-        timings = {"trunk": tt.to_dict(), "tile": tl.to_dict(), "tiles": len(feeds),
+        timings = {"trunk": _phases(tt), "tile": _phases(tl), "tiles": len(feeds),
                    "blend_s": time.perf_counter() - t0}
         return img, timings
 
@@ -79,3 +80,8 @@ class PackDecoder:
         log.info("decoded %s -> %dx%d in %.2f s (VAE pack, backend %s, %d tiles)", list(np.shape(latent)),
                  unit.shape[2], unit.shape[1], dt, self.backend.name, timings["tiles"])
         return DecodeResult(image=to_uint8(unit), array=unit, seconds=dt, timings=timings)
+
+
+def _phases(t) -> dict:
+    """One model's lifecycle seconds (models.lifecycle.PhaseTimes) as the flat figures DECODED reports."""
+    return {"load_s": t.load_s, "init_s": t.init_s, "infer_s": t.npu_s, "release_s": t.release_s}
