@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -108,6 +109,16 @@ def on_board_venv(name: str, pid: int, py: Path, venv: Path) -> list:
     return out
 
 
+def ran_on_board_venv(name: str, rf, py: Path) -> list:
+    """Problems unless the stage's log has a READY line naming the board venv's interpreter (stages.base logs
+    `ready on ENDPOINT (pid N, python PATH)`); for a stage that came and went between two looks at supervisord."""
+    text = (rf.logs / f"{name}.log").read_text(errors="replace") if (rf.logs / f"{name}.log").exists() else ""
+    found = re.findall(r" ready on \S+ \(pid \d+, python (.+)\)$", text, flags=re.M)
+    if not found:
+        return [f"the {name} process was never seen (no READY line in its log)"]
+    return [f"{name} ran {exe}, not {py}" for exe in found if os.path.abspath(exe) != os.path.abspath(py)]
+
+
 def loaded_forbidden(pid: int) -> list:
     """Host-only libraries mapped into a live process (a stage that imported torch would map libtorch)."""
     try:
@@ -185,8 +196,8 @@ def run(assets: Path, venv: Path) -> int:
         if not png.is_file() or png.read_bytes()[:8] != b"\x89PNG\r\n\x1a\n":
             problems.append(f"no PNG at {png}")
         for stage in ("encoder", "vae"):
-            if stage not in seen.values():
-                problems.append(f"the {stage} process was never seen")
+            if stage not in seen.values():           # lived between two looks (the encoder is up ~1 s): its log
+                problems += ran_on_board_venv(stage, rf, py)   # says which interpreter served
         enc_log = (rf.logs / "encoder.log").read_text(errors="replace")
         if "text encoder (onnx" not in enc_log:
             problems.append("the encoder log does not say it ran on ONNX Runtime")

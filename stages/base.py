@@ -253,7 +253,7 @@ class StageProc:
                                  allow_wildcard=cfg.security.allow_wildcard_bind)
             self.events = event_socket(self.ctx, cfg)
             self.events.send(self._ready())
-            log.info("%s ready on %s (pid %d)", self.stage, endpoint, os.getpid())
+            log.info("%s ready on %s (pid %d, python %s)", self.stage, endpoint, os.getpid(), sys.executable)
             while not self.stopping:
                 # 2) wait for the next request in short slices, so signals are seen promptly
                 req = self.server.recv(POLL_SLICE_S, should_stop=lambda: self.stopping)
