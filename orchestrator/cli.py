@@ -7,6 +7,7 @@
     orchestrator prune --keep 20 | --older-than 7d     # remove finished jobs (never queued or running ones)
     orchestrator stages | restart executor | logs scheduler -f
     orchestrator keys generate --dir keys --name vae    # CURVE key pair, 0600
+    orchestrator service install [--user] [--print]     # systemd unit: supervisord for the run folder at boot
 """
 from __future__ import annotations
 
@@ -354,6 +355,26 @@ def cmd_init(args, rf: RunFolder) -> int:
     return EXIT_OK
 
 
+def cmd_service(args, rf: RunFolder) -> int:
+    from orchestrator import service
+    try:
+        t = service.target(args.name, user_unit=args.user, root=args.root)
+        if args.action == "install" and args.print:
+            sys.stdout.write(service.unit_text(rf, t))
+            return EXIT_OK
+        if args.action == "install":
+            path, steps = service.install(rf, t, force=args.force)
+            print(f"wrote {path} (supervisord for {rf.root})")
+        else:
+            removed, steps = service.uninstall(t, force=args.force)
+            for path in removed:
+                print(f"removed {path}")
+    except service.ServiceError as e:
+        raise CliError(str(e), e.code) from None
+    print("next:\n" + "\n".join(f"  {s}" for s in steps))
+    return EXIT_OK
+
+
 def cmd_serve(args, rf: RunFolder) -> int:
     from orchestrator.daemon import serve
     return serve(rf, Path(args.config))
@@ -413,6 +434,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name", default="client", help="file name stem: NAME.key and NAME.key_secret")
     s.add_argument("--force", action="store_true", help="replace an existing key pair of that name")
     s.set_defaults(fn=cmd_keys)
+    s = sub.add_parser("service", help="a systemd unit that starts supervisord for the run folder at boot")
+    s.add_argument("action", choices=["install", "uninstall"])
+    s.add_argument("--user", action="store_true", help="a user unit (~/.config/systemd/user) instead of a system "
+                                                       "unit (/etc/systemd/system, needs root)")
+    s.add_argument("--print", action="store_true", help="install: print the unit, write nothing")
+    s.add_argument("--name", default="anima", help="unit name (default: anima -> anima.service)")
+    s.add_argument("--root", metavar="DIR", help="write below DIR instead of / (as systemctl --root)")
+    s.add_argument("--force", action="store_true", help="replace or remove a unit written for another run folder "
+                                                        "or by something else")
+    s.set_defaults(fn=cmd_service)
     return p
 
 
