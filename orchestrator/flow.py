@@ -276,7 +276,7 @@ class JobFlow:
         image = self.dir / "image.png"
         msg = m.Decode(job=self.job.id, latent=self.latent, arena=None if remote else self.arena.name,
                        output=None if remote else str(image), return_png=remote,
-                       metadata=png_metadata(self.spec, self.pack, self.job.id))
+                       metadata=png_metadata(self.spec, self.pack, self.job.id, self._model_names()))
         if remote:
             from protocol.tensors import InlineFrames
             frames = InlineFrames()
@@ -292,6 +292,14 @@ class JobFlow:
         self._bring_down("vae")
         self.report.stages["vae"].wall_s += time.monotonic() - t0
         self.report.image = self._deliver(image)
+
+    def _model_names(self):
+        """The loaders' file names in the PNG's ComfyUI graph: the pack's checkpoint, the models folder's files."""
+        from orchestrator.comfy_graph import ModelNames
+        files = self.d.model_files()
+        return ModelNames(unet=tuple(filter(None, [self.pack.source_name])),
+                          clip=tuple(filter(None, [files.get("text_encoder")])),
+                          vae=tuple(filter(None, [files.get("vae")])))
 
     def _deliver(self, image: Path) -> str:
         """Copy the PNG to the prompt's `output` (a .png path, or a folder that gets JOB.png) -> where the image is.

@@ -158,17 +158,31 @@ class JobReport:
         return atomic_write(path, json.dumps(self.to_dict(), indent=1))
 
 
-def png_metadata(spec, pack, job: str) -> dict[str, str]:
-    """PNG text chunks: an A1111-style `parameters` line (what image tools read) plus one chunk per setting."""
+def png_metadata(spec, pack, job: str, names=None) -> dict[str, str]:
+    """The PNG's text chunks, for the tools that read them:
+    - `parameters`: A1111's generation line (A1111, Civitai and most image browsers read it);
+    - `prompt`: the job as ComfyUI's API graph, `workflow`: the same graph as ComfyUI's editor saves it (dropped on
+      ComfyUI, the PNG loads this job; orchestrator.comfy_graph / comfy_workflow);
+    - `anima`: this project's own fields (JSON), under a keyword no other tool uses.
+    JSON is ASCII (as ComfyUI's SaveImage writes it), so each chunk is a plain tEXt chunk every reader knows.
+    `names`: the loaders' file names (comfy_graph.ModelNames); unknown ones stay empty."""
+    from orchestrator.comfy_graph import ModelNames, job_to_graph
+    from orchestrator.comfy_workflow import api_to_workflow
     spectrum = "on" if spec.spectrum.enabled else "off"
+    width, height = spec.width or pack.width, spec.height or pack.height
     params = (f"{spec.prompt}\nNegative prompt: {spec.negative_prompt}\nSteps: {spec.steps}, Sampler: {spec.sampler}, "
               f"Schedule type: {spec.scheduler}, CFG scale: {spec.cfg}, Seed: {spec.seed}, "
-              f"Size: {pack.width}x{pack.height}, Model: {pack.source_name}, Model hash: {pack.source_sha256[:10]}, "
+              f"Size: {width}x{height}, Model: {pack.source_name}, Model hash: {pack.source_sha256[:10]}, "
               f"Spectrum: {spectrum}")
-    return {"parameters": params, "prompt": spec.prompt, "negative_prompt": spec.negative_prompt,
-            "seed": str(spec.seed), "steps": str(spec.steps), "cfg": str(spec.cfg), "sampler": spec.sampler,
-            "scheduler": spec.scheduler, "spectrum": spectrum, "model_sha256": pack.source_sha256, "job": job,
-            "latent_space": f"{LATENT_SPACE}: {LATENT_NOTE}"}
+    names = names or ModelNames(unet=(pack.source_name,) if pack.source_name else ())
+    graph = job_to_graph({**spec.to_dict(), "width": width, "height": height}, names=names)
+    own = {"job": job, "prompt": spec.prompt, "negative_prompt": spec.negative_prompt, "seed": spec.seed,
+           "steps": spec.steps, "cfg": spec.cfg, "sampler": spec.sampler, "scheduler": spec.scheduler,
+           "width": width, "height": height, "spectrum": {k: v for k, v in vars(spec.spectrum).items()},
+           "model": pack.source_name, "model_sha256": pack.source_sha256,
+           "latent_space": LATENT_SPACE, "latent_note": LATENT_NOTE}
+    return {"parameters": params, "prompt": json.dumps(graph), "workflow": json.dumps(api_to_workflow(graph)),
+            "anima": json.dumps(own)}
 
 
 def format_table(report: dict) -> str:

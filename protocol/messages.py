@@ -346,6 +346,11 @@ class BranchDone(Message):
 
 # ---- vae ---------------------------------------------------------------------------------------------------------
 
+# One PNG text chunk: the job's graphs as ASCII JSON (orchestrator.report.png_metadata); a 4000-character prompt of
+# emoji escapes to 48,000 characters and `workflow` holds both prompts. The codec's limit per string (bytes).
+MAX_PNG_TEXT_CHARS = 4 * MAX_TEXT_CHARS
+
+
 @_message("DECODE")
 class Decode(Message):
     job: str = spec(Name())
@@ -353,7 +358,7 @@ class Decode(Message):
     arena: str | None = spec(Optional(Name()), None)
     output: str | None = spec(Optional(Path()), None)  # PNG path on the VAE's machine; None: return it inline
     return_png: bool = spec(Bool(), False)
-    metadata: dict[str, str] = spec(Map(Str(MAX_TEXT_CHARS)), factory=dict)  # PNG text chunks
+    metadata: dict[str, str] = spec(Map(Str(MAX_PNG_TEXT_CHARS)), factory=dict)  # PNG text chunks
     tile: TileSettings = spec(Nested(TileSettings), factory=TileSettings)
 
 

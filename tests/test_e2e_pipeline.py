@@ -109,13 +109,14 @@ def test_job_end_to_end(pipe, assets, reference):
     img.load()
     assert img.format == "PNG" and img.size == (128, 128) and img.mode == "RGB"
     meta = img.text
-    assert meta["prompt"] == PROMPT["prompt"] and meta["negative_prompt"] == PROMPT["negative_prompt"]
-    assert (meta["seed"], meta["steps"], meta["cfg"]) == ("1234", "4", "4.0")
-    assert (meta["sampler"], meta["scheduler"], meta["spectrum"]) == ("euler", "sgm_uniform", "on")
-    assert meta["model_sha256"] == pack.source["sha256"] and len(meta["model_sha256"]) == 64
+    own = json.loads(meta["anima"])                      # the project's own fields (ComfyUI's chunks: test_daily_use)
+    assert own["prompt"] == PROMPT["prompt"] and own["negative_prompt"] == PROMPT["negative_prompt"]
+    assert (own["seed"], own["steps"], own["cfg"]) == (1234, 4, 4.0)
+    assert (own["sampler"], own["scheduler"], own["spectrum"]["enabled"]) == ("euler", "sgm_uniform", True)
+    assert own["model_sha256"] == pack.source["sha256"] and len(own["model_sha256"]) == 64
     assert "Seed: 1234" in meta["parameters"] and f"Model hash: {pack.source['sha256'][:10]}" in meta["parameters"]
     assert np.asarray(img).std() > 0                     # decoded, not a constant
-    assert meta["latent_space"].startswith("model: ") and "SaveLatent" in meta["latent_space"]
+    assert own["latent_space"] == "model" and "SaveLatent" in own["latent_note"]
     _PIXELS[job] = np.asarray(img).copy()
 
     # the report's interface fields

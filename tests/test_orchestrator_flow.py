@@ -126,7 +126,7 @@ def test_job_runs_with_encoder_and_vae_down_while_denoising(pipeline, tmp_path, 
     from PIL import Image
     img = Image.open(result["image"])
     assert img.size == (64, 64)
-    assert "Seed: 3" in img.text["parameters"] and img.text["negative_prompt"] == "bad"
+    assert "Seed: 3" in img.text["parameters"] and json.loads(img.text["anima"])["negative_prompt"] == "bad"
     assert img.getpixel((0, 0))[0] == (6 + 3 % 7)          # len("a girl") + seed % 7: the flow carried the data
 
 
@@ -264,7 +264,7 @@ def test_remote_vae_over_curve_is_used_not_started(pipeline, tmp_path, capsys):
         assert report["teardown"]["vae_running_during_denoise"] is False
         assert sup.info("vae").start == vae_start               # supervisord's VAE was never started
         from PIL import Image
-        assert Image.open(result["image"]).text["seed"] == "3"
+        assert json.loads(Image.open(result["image"]).text["anima"])["seed"] == 3
         assert cli.main(["--run", str(rf.root), "restart", "vae"]) == 2
         assert "is remote" in capsys.readouterr().err
     finally:

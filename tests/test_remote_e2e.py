@@ -3,6 +3,7 @@ bundle) with `endpoints.vae = tcp://…` pointing at the examples/remote-vae mac
 127.0.0.2) over CURVE. The job decodes there and the PNG comes back inline; the board never starts its own vae."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -88,7 +89,8 @@ def test_a_job_decodes_on_the_remote_vae(assets, remote_vae):
         # 4) the PNG: the job's latent decoded by the same VAE file here gives the same pixels; metadata present
         png = Image.open(p.job_dir(job) / "image.png")
         png.load()
-        assert png.size == (128, 128) and png.text["seed"] == "77" and png.text["job"] == job
+        own = json.loads(png.text["anima"])
+        assert png.size == (128, 128) and own["seed"] == 77 and own["job"] == job
         assert "Steps: 2" in png.text["parameters"]
         from models.vae.api import VAE
         latent = np.load(p.job_dir(job) / "latent.npy")                                  # [16, 16, 16] f32

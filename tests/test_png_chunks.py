@@ -1,0 +1,105 @@
+"""The PNG's text chunks as other tools read them: ComfyUI's `prompt` (API graph) and `workflow` (editor graph), parsed
+here as ComfyUI's front end parses them (tests/comfy_png.py); A1111's `parameters`; the project's own `anima`."""
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from models.vae.png import write_png
+from orchestrator.comfy_graph import ModelNames, graph_to_job
+from orchestrator.comfy_workflow import api_to_workflow
+from orchestrator.prompt_spec import parse_prompt_obj
+from orchestrator.report import png_metadata
+from protocol import codec
+from protocol import messages as m
+from protocol.tensors import TensorDesc
+from tests.comfy_graphs import standard_graph
+from tests.comfy_png import check_workflow, read_comfy_png
+
+PACK = SimpleNamespace(width=256, height=128, source_name="anima-preview.safetensors", source_sha256="ab" * 32)
+NAMES = ModelNames(unet=("anima-preview.safetensors",), clip=("qwen_3_06b_base.safetensors",),
+                   vae=("qwen_image_vae.safetensors",))
+
+
+def _png(tmp_path, spec, names=NAMES, job="20260101-000000-abcdef"):
+    meta = png_metadata(spec, PACK, job, names)
+    path = tmp_path / "image.png"
+    write_png(path, np.zeros((PACK.height, PACK.width, 3), np.uint8), meta)
+    return meta, read_comfy_png(path.read_bytes())
+
+
+def test_comfyui_loads_this_job_from_the_png(tmp_path):
+    spec = parse_prompt_obj({"prompt": "1girl, (silver hair:1.2), \"quoted\" \\ back", "negative_prompt": "worst",
+                             "seed": 2**63 + 5, "steps": 28, "cfg": 4.5, "scheduler": "simple"},
+                            resolution=(256, 128))
+    meta, png = _png(tmp_path, spec)
+    assert set(png["texts"]) == {"parameters", "prompt", "workflow", "anima"}
+    assert png["dropped"] == "workflow"                           # ComfyUI takes the editor graph first
+    assert {png["kinds"][k] for k in ("prompt", "workflow", "anima")} == {"tEXt"}   # ASCII JSON, as SaveImage writes
+    # the API graph is this job: ComfyUI's graph -> our job gives every field back
+    job = graph_to_job(png["prompt"], names=NAMES, sizes=[(256, 128)])
+    assert job.spec == {"prompt": spec.prompt, "negative_prompt": "worst", "seed": 2**63 + 5, "steps": 28,
+                        "cfg": 4.5, "width": 256, "height": 128, "sampler": "euler", "scheduler": "simple"}
+    loaders = {n["class_type"]: n["inputs"] for n in png["prompt"].values()}
+    assert loaders["UNETLoader"]["unet_name"] == "anima-preview.safetensors"
+    assert loaders["CLIPLoader"]["clip_name"] == "qwen_3_06b_base.safetensors"
+    assert loaders["VAELoader"]["vae_name"] == "qwen_image_vae.safetensors"
+    # the editor graph: KSampler's widgets as the editor saves them, the seed control right after the seed
+    ks = next(n for n in png["workflow"]["nodes"] if n["type"] == "KSampler")
+    assert ks["widgets_values"] == [2**63 + 5, "fixed", 28, 4.5, "euler", "simple", 1.0]
+    assert [i["name"] for i in ks["inputs"]] == ["model", "positive", "negative", "latent_image"]
+    # A1111's line and the project's own fields
+    assert png["texts"]["parameters"].startswith(spec.prompt + "\nNegative prompt: worst\nSteps: 28, ")
+    assert f"Seed: {2**63 + 5}" in png["texts"]["parameters"] and "Size: 256x128" in png["texts"]["parameters"]
+    own = json.loads(png["texts"]["anima"])
+    assert (own["job"], own["seed"], own["model_sha256"], own["latent_space"]) == (
+        "20260101-000000-abcdef", 2**63 + 5, "ab" * 32, "model")
+    assert "SaveLatent" in own["latent_note"] and own["spectrum"]["enabled"] is True
+
+
+def test_unknown_loader_names_stay_empty(tmp_path):
+    spec = parse_prompt_obj({"prompt": "a", "seed": 1}, resolution=(256, 128))
+    _, png = _png(tmp_path, spec, names=None)
+    loaders = {n["class_type"]: n["inputs"] for n in png["prompt"].values()}
+    assert loaders["UNETLoader"]["unet_name"] == "anima-preview.safetensors"    # the pack's checkpoint
+    assert loaders["VAELoader"]["vae_name"] == ""
+
+
+def test_longest_prompts_fit_the_decode_message(tmp_path):
+    """4000 astral characters (12 ASCII characters each in JSON) in both prompts: the chunks still travel in DECODE
+    and come back whole."""
+    text = "\U0001F338" * 4000
+    spec = parse_prompt_obj({"prompt": text, "negative_prompt": text, "seed": 3}, resolution=(256, 128))
+    meta = png_metadata(spec, PACK, "j", NAMES)
+    assert len(meta["workflow"]) > 96_000
+    msg = m.Decode(job="j", latent=TensorDesc("f32", (16, 16, 32), slot="latent"), arena="a", output="/tmp/x.png",
+                   metadata=meta)
+    back = codec.decode(codec.encode(msg))
+    assert back.metadata == meta
+    _, png = _png(tmp_path, spec)
+    assert graph_to_job(png["prompt"], names=NAMES).spec["prompt"] == text
+
+
+@pytest.mark.parametrize("shift_node,latent", [(True, "EmptySD3LatentImage"), (False, "EmptyLatentImage")])
+def test_a_clients_graph_as_a_workflow(shift_node, latent):
+    """Graphs as ComfyUI clients send them (their node ids, ModelSamplingAuraFlow, the SD3 latent) convert too."""
+    graph = standard_graph(shift_node=shift_node, latent=latent)
+    wf = api_to_workflow(graph)
+    check_workflow(json.loads(json.dumps(wf)), graph)
+    assert wf["last_node_id"] == max(int(k) for k in graph)
+    orders = {n["id"]: n["order"] for n in wf["nodes"]}
+    for _, src, _, dst, _, _ in wf["links"]:
+        assert orders[src] < orders[dst]                          # sources run first
+
+
+def test_the_checker_catches_a_broken_workflow():
+    graph = standard_graph()
+    wf = api_to_workflow(graph)
+    wf["links"][0][2] = 1                                          # an output slot the source does not have
+    with pytest.raises((AssertionError, IndexError)):
+        check_workflow(wf, graph)
+    wf = api_to_workflow(graph)
+    next(n for n in wf["nodes"] if n["type"] == "KSampler")["widgets_values"][2] = 99    # steps differ
+    with pytest.raises(AssertionError):
+        check_workflow(wf, graph)
