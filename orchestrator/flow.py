@@ -6,6 +6,8 @@ import logging
 import os
 import secrets
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +30,7 @@ log = logging.getLogger(__name__)
 BUSY_RETRY_S = 0.5           # a stage that answers `busy` is asked again after this long (at most the call's timeout)
 READY_TIMEOUT_S = 5.0        # one HELLO while a stage comes up (repeated until start_timeout_s)
 START_ATTEMPTS = 3           # a stage that dies while supervisord starts it (within startsecs) is started again
+PLOT_TIMEOUT_S = 120.0       # the timing plot's child process (~2 s idle: matplotlib's import and one figure)
 
 
 class StageFailed(Exception):
@@ -110,9 +113,14 @@ class JobFlow:
                     self.store.transition(job.id, state, why if state == start else "")
                 self._check_cancel()
                 # 2) encode, 3) denoise, 4) decode
-                {"encoding": self._encode, "denoising": self._denoise, "decoding": self._decode}[state]()
+                t0 = self.report.since_start()
+                try:
+                    {"encoding": self._encode, "denoising": self._denoise, "decoding": self._decode}[state]()
+                finally:                     # a failed job's report shows how far each phase got
+                    self.report.phases.append([state, round(t0, 3), round(self.report.since_start(), 3)])
             self.report.finished = time.time()
             self.report.write(self.dir / "report.json")
+            self._timing_plot()
             self.store.transition(job.id, "done", (self.report.delivery or {}).get("note", ""),
                                   image=self.report.image, report=str(self.dir / "report.json"))
         except Cancelled:
@@ -122,6 +130,7 @@ class JobFlow:
             log.error("job %s failed: %s", job.id, e)
             self._stop_quietly()
             self.report.write(self.dir / "report.json")
+            self._timing_plot()
             self.store.fail(job.id, e.stage, e.message)
         except Stopping:
             log.info("job %s left at %s for the next orchestrator", job.id, self.store.get(job.id).state)
@@ -135,6 +144,29 @@ class JobFlow:
             if self.arena is not None:
                 self.arena.close()           # the owner unlinks: no segment outlives its job
                 self.arena = None
+
+    def _timing_plot(self) -> None:
+        """timing.png next to report.json, drawn by a short child process (orchestrator.timing_plot): matplotlib's
+        import and memory stay out of this long-lived daemon, which keeps serving while it runs. Best effort: a
+        failure, a timeout or a daemon stop leaves the job as it is, without the picture."""
+        cmd = [sys.executable, "-m", "orchestrator.timing_plot", str(self.dir / "report.json"),
+               "--parent", str(os.getpid())]
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)   # stderr: our log
+        except OSError as e:
+            log.warning("job %s: no timing plot: %s", self.job.id, e)
+            return
+        deadline = time.monotonic() + PLOT_TIMEOUT_S
+        while proc.poll() is None:
+            if self.d.stopping or time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                log.warning("job %s: timing plot %s", self.job.id, "stopped" if self.d.stopping else "timed out")
+                return
+            self.d.pump(0.05)
+        if proc.returncode != 0:
+            log.warning("job %s: the timing plot failed (exit %s; its message is above)", self.job.id,
+                        proc.returncode)
 
     def _check_disk(self) -> None:
         """A queued job may wait while the disk fills: before it starts, the queue's free-space floor holds again."""
@@ -355,6 +387,8 @@ class JobFlow:
                                                    timeout_s=READY_TIMEOUT_S, retries=0, should_stop=check,
                                                    idle=self.d.idle)
                 m.expect(reply, m.Ready, stage)
+                if stage in self._sampling:          # loaded and ready: the first point of its memory trace
+                    self._sample_one(stage)
                 return
             except PeerUnavailable:
                 self._check_cancel()
@@ -390,6 +424,7 @@ class JobFlow:
         info = self.sup.info(stage)
         if info.pid:
             self.report.stages[stage].see_rss(peak_rss_mb(info.pid))
+            self.report.memory.add(stage, self.report.since_start(), current_rss_mb(info.pid))   # its last look
         self._sampling.discard(stage)
         try:
             self.sup.stop(stage, timeout_s=self.settings.stop_timeout_s, sleep=self.d.pump)
@@ -473,9 +508,7 @@ class JobFlow:
             self.report.teardown.sample({n: None if self.cfg.is_remote(n) else infos.get(n)
                                          for n in ("encoder", "vae")})
         for stage in self._sampling:
-            info = infos.get(stage)
-            if info is not None and info.live:
-                self.report.stages[stage].see_rss(current_rss_mb(info.pid))
+            self._sample_one(stage, infos.get(stage))
         if self._watch is not None:
             stage, pid0, t0 = self._watch
             dying = self.d.dying.get(stage)
@@ -486,6 +519,17 @@ class JobFlow:
                 if info is None or not info.live or (pid0 and info.pid != pid0):
                     state = "gone" if info is None else f"{info.state} {info.description}".strip()
                     self._died = f"{stage} process {pid0} is gone (supervisord: {state})"
+
+    def _sample_one(self, stage: str, info=None) -> None:
+        """One RSS look at a local stage: its peak so far and a point of the report's memory trace."""
+        try:
+            info = info or self.sup.info(stage)
+        except SupervisorError:
+            return
+        if info.live:
+            mb = current_rss_mb(info.pid)
+            self.report.stages[stage].see_rss(mb)
+            self.report.memory.add(stage, self.report.since_start(), mb)
 
     def _check_cancel(self) -> None:
         if self.d.stopping:

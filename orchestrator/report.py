@@ -103,6 +103,30 @@ class TeardownRecord:
                 self.sightings.append([round(time.time(), 3), program, info.state, info.pid])
 
 
+MEMORY_POINTS = 600          # per stage; past it every other sample is dropped and the spacing doubles
+
+
+@dataclass
+class MemoryTrace:
+    """RSS of each stage over the job (measured: psutil on supervisord's pids), for the timing plot: {stage: [[t_s,
+    rss_mb], ...]} with t_s from the job's start, thinned to at most MEMORY_POINTS samples per stage."""
+
+    series: dict = field(default_factory=dict)
+    spacing_s: dict = field(default_factory=dict)     # per stage: the thinnest spacing kept so far
+
+    def add(self, stage: str, t_s: float, mb: float | None) -> None:
+        if mb is None:
+            return
+        points = self.series.setdefault(stage, [])
+        gap = self.spacing_s.get(stage, 0.0)
+        if points and t_s - points[-1][0] < gap:
+            return
+        points.append([round(t_s, 3), round(mb, 1)])
+        if len(points) > MEMORY_POINTS:
+            del points[1::2]
+            self.spacing_s[stage] = max(2 * gap, points[1][0] - points[0][0] if len(points) > 1 else 0.0)
+
+
 @dataclass
 class JobReport:
     job: str
@@ -117,6 +141,11 @@ class JobReport:
     delivery: dict | None = None                       # {output, written, note?}: the copy to the prompt's `output`
     started: float = field(default_factory=time.time)
     finished: float | None = None
+    memory: MemoryTrace = field(default_factory=MemoryTrace)
+    phases: list = field(default_factory=list)         # [[state, start_s, end_s]] from the job's start (this run)
+
+    def since_start(self) -> float:
+        return time.time() - self.started
 
     def to_dict(self) -> dict:
         d = self.denoised
@@ -151,6 +180,8 @@ class JobReport:
             "text": self.text,
             "latent": {"file": "latent.npy", "space": LATENT_SPACE, "note": LATENT_NOTE},
             "vae_timings": self.vae_timings,
+            "phases": self.phases,
+            "memory": {"unit": "MiB RSS", "measured": True, "series": self.memory.series},
             "wall_s": round((self.finished or time.time()) - self.started, 4),
         }
 

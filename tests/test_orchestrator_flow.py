@@ -102,6 +102,7 @@ def _wait_state(rf, job, capsys, states, timeout_s=60, pred=None):
 
 
 def test_job_runs_with_encoder_and_vae_down_while_denoising(pipeline, tmp_path, capsys):
+    from PIL import Image
     rf, sup = pipeline
     out_dir = tmp_path / "images"
     out_dir.mkdir()
@@ -121,9 +122,19 @@ def test_job_runs_with_encoder_and_vae_down_while_denoising(pipeline, tmp_path, 
     for stage in ("encoder", "scheduler", "vae"):
         assert report["stages"][stage]["wall_s"] > 0
         assert report["stages"][stage]["peak_rss_mb"] > 10
+    # the memory trace and phases the timing plot draws; the plot is there when the job is done
+    assert [p[0] for p in report["phases"]] == ["encoding", "denoising", "decoding"]
+    for (_, a0, a1), (_, b0, b1) in zip(report["phases"], report["phases"][1:]):
+        assert a0 <= a1 <= b0 <= b1
+    series = report["memory"]["series"]
+    assert {"encoder", "scheduler", "executor", "vae"} <= set(series)
+    enc_phase, vae_phase = report["phases"][0], report["phases"][2]
+    assert all(enc_phase[1] - 0.5 <= t <= enc_phase[2] + 0.5 and mb > 10 for t, mb in series["encoder"])
+    assert all(vae_phase[1] - 0.5 <= t <= vae_phase[2] + 0.5 for t, _ in series["vae"])
+    plot = Image.open(Path(result["report"]).with_name("timing.png"))
+    assert plot.format == "PNG" and set(json.loads(plot.text["anima-plot"])["panels"]) >= {"branches", "memory"}
     infos = sup.all_info()
     assert infos["encoder"].state == "STOPPED" and infos["vae"].state == "STOPPED"
-    from PIL import Image
     img = Image.open(result["image"])
     assert img.size == (64, 64)
     assert "Seed: 3" in img.text["parameters"] and json.loads(img.text["anima"])["negative_prompt"] == "bad"

@@ -1,0 +1,110 @@
+"""orchestrator.timing_plot: the panels are drawn from the report's figures (checked as data and through the PNG's
+`anima-plot` chunk, not pixels); the memory trace stays bounded; bad reports are a message, not a traceback."""
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from orchestrator import timing_plot
+from orchestrator.report import MEMORY_POINTS, JobReport, MemoryTrace
+
+
+def _report(board=None) -> dict:
+    r = JobReport("20260101-000000-abcdef", {"prompt": "a", "width": 128, "height": 128, "steps": 4})
+    r.denoised = {"computed_steps": [1, 2, 4], "forecast_steps": [3], "branch_calls": 9, "host_s": 0.3,
+                  "transport_s": 0.1,
+                  "branches": {"self": {"load_s": 0.5, "init_s": 0.25, "infer_s": 1.0, "release_s": 0.125,
+                                        "calls": 3},
+                               "ffn": {"load_s": 0.75, "init_s": 0.5, "infer_s": 2.0, "release_s": 0.25,
+                                       "calls": 3}}}
+    for t in range(20):
+        r.memory.add("scheduler", 1.0 + 0.2 * t, 300.0 + t)
+        r.memory.add("executor", 1.0 + 0.2 * t, 500.0 - t)
+    r.memory.add("encoder", 0.1, 2500.0)
+    r.phases = [["encoding", 0.0, 1.0], ["denoising", 1.0, 5.0], ["decoding", 5.0, 6.0]]
+    d = json.loads(json.dumps(r.to_dict()))
+    # the scheduler's per-step figures (DENOISED.steps, one StepTimes each)
+    d["steps"] = [{"step": 1, "computed": True, "wall_s": 1.5, "infer_s": 1.0, "lifecycle_s": 0.25, "host_s": 0.1,
+                   "host_work_s": 0.1, "transport_s": 0.05, "calls": 3},
+                  {"step": 2, "computed": True, "wall_s": 1.25, "infer_s": 0.75, "lifecycle_s": 0.25, "host_s": 0.1,
+                   "host_work_s": 0.1, "transport_s": 0.05, "calls": 3},
+                  {"step": 3, "computed": False, "wall_s": 0.01, "calls": 0},
+                  {"step": 4, "computed": True, "wall_s": 1.0, "infer_s": 0.5, "lifecycle_s": 0.25, "host_s": 0.1,
+                   "host_work_s": 0.1, "transport_s": 0.05, "calls": 3}]
+    if board:
+        d["board"] = board
+    return d
+
+
+def test_panels_are_the_reports_figures():
+    report = _report()
+    data = timing_plot.plot_data(report)
+    panels = {p["name"]: p for p in data["panels"]}
+    assert list(panels) == ["steps", "branches", "memory"]
+    steps = panels["steps"]
+    assert steps["x"] == [1, 2, 3, 4] and steps["computed"] == [True, True, False, True]
+    s = steps["series"]
+    assert s["branch inference (NPU)"] == [1.0, 0.75, 0.0, 0.5]
+    assert s["visible lifecycle (load/init/release waited for)"] == [0.25, 0.25, 0.0, 0.25]
+    assert s["host ops"] == [0.1, 0.1, 0.0, 0.1] and s["transport"] == [0.05, 0.05, 0.0, 0.05]
+    # the rest of each step's wall time (sampler, state file), never negative
+    assert s["other (sampler, state file)"] == pytest.approx([0.1, 0.1, 0.01, 0.1])
+    for i, st in enumerate(report["steps"]):
+        assert sum(v[i] for v in s.values()) == pytest.approx(st["wall_s"])
+    assert panels["branches"]["series"]["ffn"] == {"load_s": 0.75, "init_s": 0.5, "infer_s": 2.0, "release_s": 0.25}
+    assert panels["branches"]["calls"] == {"self": 3, "ffn": 3}          # kinds without calls are left out
+    mem = panels["memory"]
+    assert list(mem["series"]) == ["encoder", "scheduler", "executor"]
+    assert mem["series"]["executor"][0] == [1.0, 500.0] and len(mem["series"]["executor"]) == 20
+    assert mem["phases"][1] == ["denoising", 1.0, 5.0]
+    assert data["provenance"] == "measured on this machine" and "(measured on this machine)" in steps["title"]
+
+
+def test_png_is_valid_and_names_its_panels(tmp_path):
+    report = _report()
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    path = timing_plot.write_plot(tmp_path / "report.json")
+    assert path == tmp_path / "timing.png"
+    img = Image.open(io.BytesIO(path.read_bytes()))
+    img.verify()
+    img = Image.open(path)
+    assert img.format == "PNG" and img.size[0] == 1000 and img.size[1] > 900
+    drawn = json.loads(img.text["anima-plot"])
+    assert drawn["panels"] == {"steps": sorted(timing_plot.plot_data(report)["panels"][0]["series"]),
+                               "branches": ["ffn", "self"], "memory": ["encoder", "executor", "scheduler"]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "timing.png"]     # no temporary left
+
+
+def test_board_sim_reports_say_modelled():
+    data = timing_plot.plot_data(_report(board={"label": "modelled", "time_scale": 0.05}))
+    steps, branches, memory = data["panels"]
+    assert "MODELLED RK3588 x time_scale 0.05" in steps["title"] and "MODELLED" in branches["title"]
+    assert "measured" in memory["title"] and "MODELLED" not in memory["title"]
+
+
+def test_a_report_without_figures_still_gets_a_picture():
+    png, data = timing_plot.render({"job": "x"})
+    assert data["panels"] == [] and Image.open(io.BytesIO(png)).format == "PNG"
+
+
+def test_memory_trace_is_bounded_and_keeps_the_span():
+    trace = MemoryTrace()
+    for i in range(5000):
+        trace.add("executor", 0.2 * i, float(i))
+    points = trace.series["executor"]
+    assert MEMORY_POINTS // 2 <= len(points) <= MEMORY_POINTS
+    times = [t for t, _ in points]
+    assert times == sorted(times) and times[0] == 0.0 and times[-1] > 0.2 * 4900
+    trace.add("executor", 2000.0, None)                                      # a stage gone: nothing recorded
+    assert trace.series["executor"][-1][0] < 2000.0
+
+
+def test_bad_report_is_a_message(tmp_path):
+    (tmp_path / "report.json").write_text("{not json")
+    r = subprocess.run([sys.executable, "-m", "orchestrator.timing_plot", str(tmp_path / "report.json")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "timing plot:" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "timing.png").exists()
