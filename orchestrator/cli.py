@@ -3,6 +3,8 @@
     orchestrator init                                   # run folder (0700) + its supervisord.conf
     orchestrator serve --config run/pipeline.toml       # the daemon (supervisord runs it)
     orchestrator submit examples/prompt.json --wait     # validate, queue, follow, print image + timings
+    orchestrator submit - < prompt.json                 # prompt.json from standard input
+    orchestrator generate "1girl, ..." --steps 20 -o out.png    # one line: queue, follow, print the image path
     orchestrator status [JOB] | cancel JOB | resume JOB
     orchestrator prune --keep 20 | --older-than 7d     # remove finished jobs (never queued or running ones)
     orchestrator stages | restart executor | logs scheduler -f
@@ -19,10 +21,12 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.prompt_spec import PromptError, parse_prompt_bytes, read_prompt_file
+from orchestrator.prompt_spec import (PromptError, parse_prompt_bytes, parse_prompt_obj, read_prompt_file,
+                                      read_prompt_stream)
 from orchestrator.runfolder import PROGRAMS, RunFolder, init_run
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130      # 128 + SIGINT, as shells report a Ctrl-C
 WAIT_POLL_S = 0.25          # --wait asks the daemon this often
 DAEMON_TIMEOUT_S = 5.0      # one CLI -> daemon request
 DAEMON_START_WAIT_S = 60.0  # a daemon supervisord is starting gets this long to bind its socket
@@ -102,26 +106,67 @@ def _resolution(text: str | None, rf: RunFolder) -> list[tuple[int, int]] | None
 
 
 def cmd_submit(args, rf: RunFolder) -> int:
-    # 1) read the file once and validate those bytes: nothing reaches the queue unless they are good, and what is
-    #    sent is what was checked (a file changed in between cannot slip through)
+    # 1) read the file (or standard input) once and validate those bytes: nothing reaches the queue unless they are
+    #    good, and what is sent is what was checked
     try:
-        data = read_prompt_file(args.prompt)
+        data = read_prompt_stream(sys.stdin.buffer) if args.prompt == "-" else read_prompt_file(args.prompt)
         spec = parse_prompt_bytes(data, resolution=_resolution(args.resolution, rf))
     except PromptError as e:
         raise CliError(str(e), EXIT_USAGE) from None
-    text = data.decode("utf-8")
-    # 2) queue it (the daemon validates again, against the pack it serves)
+    # 2) queue it, 3) follow it (Ctrl-C stops following; the job goes on)
+    return _queue(args, rf, data, spec, wait=args.wait, cancel_on_interrupt=False)
+
+
+# generate's options -> the prompt.json field each one fills (errors name the option, not the field)
+GENERATE_FLAGS = {"prompt": "PROMPT", "negative_prompt": "--negative", "seed": "--seed", "steps": "--steps",
+                  "cfg": "--cfg", "width": "-W/--width", "height": "-H/--height", "scheduler": "--scheduler",
+                  "spectrum": "--no-spectrum", "output": "-o/--output", "overwrite": "--overwrite"}
+
+
+def cmd_generate(args, rf: RunFolder) -> int:
+    """One line, no JSON file: the options become a prompt.json object, checked and followed exactly as `submit
+    --wait` does. Ctrl-C cancels the job (it exists only for this command)."""
+    obj = {"prompt": args.prompt, "negative_prompt": args.negative, "seed": args.seed, "steps": args.steps,
+           "cfg": args.cfg, "width": args.width, "height": args.height, "scheduler": args.scheduler,
+           "spectrum": False if args.no_spectrum else None, "output": args.output,
+           "overwrite": True if args.overwrite else None}
+    obj = {k: v for k, v in obj.items() if v is not None}
+    for field in ("prompt", "negative_prompt", "output"):
+        try:
+            obj.get(field, "").encode("utf-8")
+        except UnicodeEncodeError:          # undecodable bytes on the command line (surrogate escapes)
+            raise CliError(f"{GENERATE_FLAGS[field]}: not valid UTF-8 text", EXIT_USAGE) from None
+    try:
+        spec = parse_prompt_obj(obj, resolution=_resolution(None, rf))     # NaN/inf are named here, not in JSON
+    except PromptError as e:
+        flag = GENERATE_FLAGS.get(e.field.split(".")[0], e.field or "the options")
+        detail = e.detail.replace('set "overwrite": true', "give --overwrite")    # prompt.json's words -> ours
+        raise CliError(f"{flag}: {detail}", EXIT_USAGE) from None
+    data = json.dumps(obj, ensure_ascii=False).encode("utf-8")           # the object just checked
+    return _queue(args, rf, data, spec, wait=True, cancel_on_interrupt=True)
+
+
+def _queue(args, rf: RunFolder, data: bytes, spec, *, wait: bool, cancel_on_interrupt: bool) -> int:
+    """Queue checked prompt.json bytes (the daemon validates them again, against the pack it serves) and, with
+    `wait`, follow the job to its end: progress on stderr, then the timing table, the image path last on stdout.
+    Ctrl-C while following: exit 130, the job cancelled (`cancel_on_interrupt`) or left to run."""
     from protocol.messages import Submit, Submitted
     client = DaemonClient(rf)
     try:
-        sub = client.call(Submit(prompt_json=text, base_dir=os.getcwd()), Submitted)
+        try:
+            sub = client.call(Submit(prompt_json=data.decode("utf-8"), base_dir=os.getcwd()), Submitted)
+        except KeyboardInterrupt:
+            raise CliError("interrupted before the daemon answered; the job may have been queued "
+                           "(orchestrator status)", EXIT_INTERRUPTED) from None
         seed_note = " (random)" if spec.seed_random else ""
         print(f"job {sub.job} queued (seed {sub.seed}{seed_note}, {sub.position} ahead)", file=sys.stderr)
-        if not args.wait:
+        if not wait:
             _print_result(args, sub.job, None, None)
             return EXIT_OK
-        # 3) follow it to the end
-        info = _follow(client, sub.job, quiet=args.json)
+        try:
+            info = _follow(client, sub.job, quiet=args.json)
+        except KeyboardInterrupt:
+            return _interrupted(rf, sub.job, cancel_on_interrupt)
     finally:
         client.close()
     if info.state != "done":
@@ -133,8 +178,31 @@ def cmd_submit(args, rf: RunFolder) -> int:
     if not args.json and info.report and Path(info.report).exists():
         from orchestrator.report import format_table
         print(format_table(json.loads(Path(info.report).read_text())), file=sys.stderr)
+        plot = Path(info.report).with_name("timing.png")
+        print(f"report {info.report}" + (f", timing plot {plot}" if plot.exists() else ""), file=sys.stderr)
     _print_result(args, info.job, info.image, info.report)
     return EXIT_OK
+
+
+def _interrupted(rf: RunFolder, job: str, cancel: bool) -> int:
+    """Ctrl-C while following `job`: cancel it (generate) or leave it running (submit --wait). A second Ctrl-C
+    while cancelling gives up at once and says how to cancel by hand."""
+    print(file=sys.stderr)
+    if not cancel:
+        print(f"job {job} goes on (Ctrl-C only stopped following it): orchestrator status {job} | cancel {job}",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    from protocol.messages import Cancel, Ok
+    client = DaemonClient(rf)        # a fresh socket: the interrupted request may have left the old one mid-call
+    try:
+        client.call(Cancel(job=job), Ok)
+        print(f"job {job} cancelled (Ctrl-C)", file=sys.stderr)
+    except (KeyboardInterrupt, CliError) as e:
+        why = "interrupted again" if isinstance(e, KeyboardInterrupt) else str(e)
+        print(f"job {job} NOT cancelled ({why}): orchestrator cancel {job}", file=sys.stderr)
+    finally:
+        client.close()
+    return EXIT_INTERRUPTED
 
 
 def _print_result(args, job, image, report):
@@ -400,11 +468,31 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", required=True, help="pipeline config (TOML)")
     s.set_defaults(fn=cmd_serve)
     s = sub.add_parser("submit", help="validate prompt.json and queue it")
-    s.add_argument("prompt", help="prompt.json")
-    s.add_argument("--wait", action="store_true", help="follow the job to the end, then print image and timings")
+    s.add_argument("prompt", help="prompt.json, or - to read it from standard input")
+    s.add_argument("--wait", action="store_true", help="follow the job to the end, then print image and timings "
+                                                       "(Ctrl-C stops following; the job goes on)")
     s.add_argument("--json", action="store_true", help='print one JSON object {"job", "image", "report"}')
     s.add_argument("--resolution", help="check width/height against WxH (default: the packs' sizes, from the config)")
     s.set_defaults(fn=cmd_submit)
+    s = sub.add_parser("generate", help="one line, no JSON file: queue a prompt, follow it, print the image path",
+                       description="Queue one image and follow it to the end, as `submit --wait` does: progress and "
+                                   "the timing table on stderr, the image path as the last line on stdout. Unset "
+                                   "options take prompt.json's defaults (seed: random, size: the default pack's). "
+                                   "Exit status: 0 done, 1 failed or cancelled, 2 bad input (the option is named), "
+                                   "130 Ctrl-C, which CANCELS the job.")
+    s.add_argument("prompt", help="the prompt (weights as in ComfyUI: (word:1.2))")
+    s.add_argument("--negative", help="negative prompt")
+    s.add_argument("--seed", type=int, help="0 .. 2^64-1 (default: random, printed)")
+    s.add_argument("--steps", type=int, help="sampler steps (default 30)")
+    s.add_argument("--cfg", type=float, help="CFG scale (default 4.0)")
+    s.add_argument("-W", "--width", type=int, help="image width (a size with a model pack; default: the first pack's)")
+    s.add_argument("-H", "--height", type=int, help="image height")
+    s.add_argument("--scheduler", help="sgm_uniform (default) or simple")
+    s.add_argument("--no-spectrum", action="store_true", help="compute every step (no Spectrum forecasts)")
+    s.add_argument("-o", "--output", help="a .png file or a folder (default: the job folder's image.png)")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing -o file (else it is refused)")
+    s.add_argument("--json", action="store_true", help='print one JSON object {"job", "image", "report"}')
+    s.set_defaults(fn=cmd_generate)
     s = sub.add_parser("status", help="every job, or one")
     s.add_argument("job", nargs="?")
     s.add_argument("--json", action="store_true")
@@ -464,6 +552,9 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as e:
         print(f"orchestrator {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"\norchestrator {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ class PromptError(ValueError):
     """A prompt.json problem; `field` is the dotted field name ('' for the file as a whole)."""
 
     def __init__(self, field: str, message: str):
-        self.field = field
+        self.field, self.detail = field, message
         super().__init__(f"prompt.json: field '{field}': {message}" if field else f"prompt.json: {message}")
 
 
@@ -351,6 +351,19 @@ def read_prompt_file(path: str | os.PathLike) -> bytes:
         raise PromptError("", f"cannot read {p}: {e.strerror or e}") from None
     if len(data) > MAX_FILE_BYTES:
         raise PromptError("", f"{p} is more than {MAX_FILE_BYTES} bytes; the limit is {MAX_FILE_BYTES}")
+    return data
+
+
+def read_prompt_stream(stream, name: str = "standard input") -> bytes:
+    """prompt.json from an open binary stream (`submit -` reads standard input), at most MAX_FILE_BYTES."""
+    try:
+        data = stream.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise PromptError("", f"cannot read {name}: {e.strerror or e}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise PromptError("", f"{name} holds more than {MAX_FILE_BYTES} bytes; the limit is {MAX_FILE_BYTES}")
+    if not data.strip():
+        raise PromptError("", f"{name} is empty: expected a prompt.json object")
     return data
 
 

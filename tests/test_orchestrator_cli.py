@@ -117,3 +117,20 @@ def test_init_with_several_packs(tmp_path, capsys):
     f.write_text('{"prompt": "a", "width": 128, "height": 128}')
     assert cli.main(["--run", str(run), "submit", str(f)]) == 2
     assert "128x128 has no model pack; the sizes with a pack: 64x64, 64x32" in capsys.readouterr().err
+
+
+def test_submit_stdin_limits_and_generate_names_options(tmp_path, capsys, monkeypatch):
+    """Checked before any daemon is asked: too much or nothing on stdin, and generate's options by name."""
+    import io
+    from orchestrator.prompt_spec import MAX_FILE_BYTES
+    run = init_run(tmp_path / "run")
+    big = json.dumps({"prompt": "a" * 10, "negative_prompt": " " * MAX_FILE_BYTES}).encode()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(big)))
+    assert cli.main(["--run", str(run.root), "submit", "-"]) == 2
+    assert f"standard input holds more than {MAX_FILE_BYTES} bytes" in capsys.readouterr().err
+    assert cli.main(["--run", str(run.root), "generate", "a", "--seed", str(2**64)]) == 2
+    assert "error: --seed: must be in 0.." in capsys.readouterr().err
+    assert cli.main(["--run", str(run.root), "generate", "a", "--cfg", "inf"]) == 2
+    assert "error: --cfg: must be in [1.0, 30.0], got inf" in capsys.readouterr().err
+    assert cli.main(["--run", str(run.root), "generate", "a", "--negative", "x\udcff"]) == 2
+    assert "error: --negative: not valid UTF-8 text" in capsys.readouterr().err

@@ -1,0 +1,170 @@
+"""Daily use through the REAL pipeline (supervisord + the real stages on the tiny bundle, 128x128 pack, 2 steps):
+`orchestrator generate` and `submit -` as a user runs them (subprocesses), Ctrl-C on both, the PNG's chunks read as
+ComfyUI reads them, and the job's timing.png with the report figures it was drawn from."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from models.models_dir import resolve_models
+from models.pack import load_pack
+from orchestrator.comfy_graph import ModelNames, graph_to_job
+from tests.comfy_png import read_comfy_png
+from tests.pipeline_harness import Pipeline, tiny_assets
+
+SIZE = (128, 128)
+CLI_TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="module")
+def assets():
+    cache = Path(tempfile.mkdtemp(prefix="anima-daily-assets-"))
+    try:
+        yield tiny_assets(cache, SIZE)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pipe(assets):
+    models, pack = assets
+    p = Pipeline.start(models, pack, threads=1)
+    try:
+        yield p
+    finally:
+        killed = p.stop()
+        assert killed == [], f"processes of the run outlived supervisord's shutdown: {killed}"
+        assert p.leftover_segments() == []
+
+
+def cli(pipe, *args, cwd, stdin=None, timeout=CLI_TIMEOUT_S):
+    """The orchestrator CLI as a user runs it: its own process, this run folder."""
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", "--run", str(pipe.root), *args], cwd=cwd,
+                          input=stdin, capture_output=True, timeout=timeout)
+
+
+def _clean(pipe):
+    assert pipe.leftover_segments() == [], "a /dev/shm segment outlived its job"
+    assert pipe.strays() == [] and pipe.stage_children() == [], "a process outlived its job (the plot's child?)"
+
+
+def test_generate_one_line_prints_the_image_path(pipe, assets, tmp_path):
+    r = cli(pipe, "generate", "1girl, silver hair, (blue eyes:1.2)", "--negative", "worst quality", "--seed", "7",
+            "--steps", "2", "-o", "out.png", cwd=tmp_path)
+    out, err = r.stdout.decode(), r.stderr.decode()
+    assert r.returncode == 0, err + pipe.logs()
+    image = tmp_path / "out.png"
+    assert out.splitlines()[-1] == str(image) and image.is_file()
+    assert "queued (seed 7" in err and "computed steps" in err and "timing plot" in err
+    job = err.split("job ", 1)[1].split()[0]
+    info = pipe.status(job)
+    assert info.state == "done" and info.image == str(image)
+
+    # the PNG as ComfyUI reads it: the editor graph is loaded, and both graphs are this job
+    png = read_comfy_png(image.read_bytes())
+    assert png["dropped"] == "workflow"
+    models, pack_dir = assets
+    pack = load_pack(pack_dir)
+    files = resolve_models(models, {}, need=("text_encoder", "vae"))
+    names = ModelNames(unet=(pack.source["name"],), clip=(files.text_encoder.name,), vae=(files.vae.name,))
+    spec = graph_to_job(png["prompt"], names=names, sizes=[SIZE]).spec          # the loaders name these files
+    assert spec == {"prompt": "1girl, silver hair, (blue eyes:1.2)", "negative_prompt": "worst quality", "seed": 7,
+                    "steps": 2, "cfg": 4.0, "width": 128, "height": 128, "sampler": "euler",
+                    "scheduler": "sgm_uniform"}
+    assert "Seed: 7" in png["texts"]["parameters"] and json.loads(png["texts"]["anima"])["job"] == job
+
+    # timing.png next to report.json, drawn from the report's figures
+    report = pipe.report(job)
+    plot = pipe.job_dir(job) / "timing.png"
+    Image.open(plot).verify()
+    drawn = json.loads(Image.open(plot).text["anima-plot"])
+    assert drawn["provenance"] == "measured on this machine"
+    assert drawn["panels"]["branches"] == sorted(report["branches"])
+    assert set(drawn["panels"]["memory"]) == {"encoder", "scheduler", "executor", "vae"} == set(
+        report["memory"]["series"])
+    assert [p[0] for p in report["phases"]] == ["encoding", "denoising", "decoding"]
+    denoise = report["phases"][1]
+    for stage in ("scheduler", "executor"):
+        times = [t for t, _ in report["memory"]["series"][stage]]
+        assert len(times) >= 2 and min(times) >= denoise[1] - 0.5 and max(times) <= denoise[2] + 0.5
+    _clean(pipe)
+
+
+def test_submit_reads_prompt_json_from_stdin(pipe, tmp_path):
+    body = json.dumps({"prompt": "a cat", "seed": 11, "steps": 2, "spectrum": False, "output": "cats"}).encode()
+    (tmp_path / "cats").mkdir()
+    r = cli(pipe, "submit", "-", "--wait", "--json", cwd=tmp_path, stdin=body)
+    assert r.returncode == 0, r.stderr.decode() + pipe.logs()
+    result = json.loads(r.stdout)
+    assert result["image"] == str(tmp_path / "cats" / f"{result['job']}.png")      # relative to where it ran
+    assert Path(result["image"]).is_file()
+    assert json.loads(Image.open(result["image"]).text["anima"])["seed"] == 11
+    # bad input on stdin: exit 2 naming the field, nothing queued
+    before = len(list(pipe.rf.jobs.iterdir()))
+    r = cli(pipe, "submit", "-", cwd=tmp_path, stdin=b'{"prompt": "a", "steps": 0}')
+    assert r.returncode == 2 and b"field 'steps'" in r.stderr
+    r = cli(pipe, "submit", "-", cwd=tmp_path, stdin=b"")
+    assert r.returncode == 2 and b"standard input is empty" in r.stderr
+    assert len(list(pipe.rf.jobs.iterdir())) == before
+
+
+def test_generate_bad_input_names_the_option_and_queues_nothing(pipe, tmp_path):
+    before = len(list(pipe.rf.jobs.iterdir()))
+    for args, flag in ((["-W", "256", "-H", "256"], "-W/--width"), (["--steps", "0"], "--steps"),
+                       (["--cfg", "nan"], "--cfg"), (["-o", str(tmp_path / "no" / "x.png")], "-o/--output"),
+                       (["--scheduler", "karras"], "--scheduler")):
+        r = cli(pipe, "generate", "a", *args, cwd=tmp_path)
+        assert r.returncode == 2 and f"error: {flag}: ".encode() in r.stderr, (args, r.stderr)
+        assert b"Traceback" not in r.stderr
+    r = cli(pipe, "generate", "", cwd=tmp_path)
+    assert r.returncode == 2 and b"PROMPT: must not be empty" in r.stderr
+    assert len(list(pipe.rf.jobs.iterdir())) == before
+
+
+def _start_and_interrupt(pipe, args, tmp_path):
+    """Run the CLI, wait until its job is denoising, press Ctrl-C (SIGINT). -> (job, exit status, stderr)."""
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "--run", str(pipe.root), *args], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stderr:                    # a line per state or step change (stderr is not a terminal)
+            lines.append(line)
+            if "step 1/" in line:
+                break
+        assert lines and "step 1/" in lines[-1], "".join(lines) + pipe.logs()
+        job = "".join(lines).split("job ", 1)[1].split()[0]
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=120)
+        return job, proc.returncode, "".join(lines) + rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_ctrl_c_cancels_generate(pipe, tmp_path):
+    job, rc, err = _start_and_interrupt(pipe, ["generate", "a long one", "--steps", "40", "--no-spectrum"], tmp_path)
+    assert rc == 130 and f"job {job} cancelled (Ctrl-C)" in err and "Traceback" not in err, err
+    assert pipe.wait(job, ("cancelled",), timeout_s=120).state == "cancelled"
+    _clean(pipe)
+
+
+def test_ctrl_c_leaves_submit_wait_running(pipe, tmp_path):
+    (tmp_path / "p.json").write_text(json.dumps({"prompt": "a long one", "steps": 40, "spectrum": False}))
+    job, rc, err = _start_and_interrupt(pipe, ["submit", "p.json", "--wait"], tmp_path)
+    assert rc == 130 and f"job {job} goes on" in err and "Traceback" not in err, err
+    time.sleep(1.0)
+    assert pipe.status(job).state == "denoising"            # still running after the CLI left
+    assert cli(pipe, "cancel", job, cwd=tmp_path).returncode == 0
+    assert pipe.wait(job, ("cancelled",), timeout_s=120).state == "cancelled"
+    _clean(pipe)
