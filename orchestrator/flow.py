@@ -149,6 +149,8 @@ class JobFlow:
         """timing.png next to report.json, drawn by a short child process (orchestrator.timing_plot): matplotlib's
         import and memory stay out of this long-lived daemon, which keeps serving while it runs. Best effort: a
         failure, a timeout or a daemon stop leaves the job as it is, without the picture."""
+        if not self.report.phases:           # failed before any stage ran (disk, arena): nothing to draw
+            return
         cmd = [sys.executable, "-m", "orchestrator.timing_plot", str(self.dir / "report.json"),
                "--parent", str(os.getpid())]
         try:
