@@ -50,6 +50,14 @@ def _order(graph: dict, links: list) -> list[str]:
     return out
 
 
+def _fits(graph: dict, table: dict, link) -> bool:
+    """A link the editor can draw: its source is a node of the graph with that output slot, of the input's type (a
+    client's graph may hold unchecked nodes that no output needs)."""
+    src, slot, _, _, kind = link
+    outs = table[graph[src]["class_type"]].outputs if src in graph else ()
+    return 0 <= slot < len(outs) and outs[slot] == kind
+
+
 def _widgets(spec: NodeSpec, inputs: dict) -> list:
     values = []
     for i in spec.inputs:
@@ -73,8 +81,9 @@ def _size(spec: NodeSpec, n_widgets: int) -> list[float]:
 def api_to_workflow(graph: dict, table: dict[str, NodeSpec] | None = None) -> dict:
     """ComfyUI's UI workflow (schema 0.4) of an API graph whose node classes are in `table`."""
     table = table or node_table()
+    graph = {k: n for k, n in graph.items() if isinstance(n, dict) and n.get("class_type") in table}
     ids = _int_ids(graph)
-    links = graph_links(graph, table)
+    links = [lk for lk in graph_links(graph, table) if _fits(graph, table, lk)]
     order = _order(graph, links)
     # link ids in graph_links order; each input slot and output slot learns its links
     link_rows, into, out_of = [], {}, {}
@@ -92,7 +101,8 @@ def api_to_workflow(graph: dict, table: dict[str, NodeSpec] | None = None) -> di
     for position, k in enumerate(order):
         node = graph[k]
         spec = table[node["class_type"]]
-        widgets = _widgets(spec, node.get("inputs", {}))
+        inputs = node.get("inputs") if isinstance(node.get("inputs"), dict) else {}
+        widgets = _widgets(spec, inputs)
         size = _size(spec, len(widgets))
         x, y = MARGIN + depth[k] * COLUMN_W, column_y.get(depth[k], MARGIN)
         column_y[depth[k]] = y + size[1] + ROW_H

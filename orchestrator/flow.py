@@ -310,7 +310,8 @@ class JobFlow:
         image = self.dir / "image.png"
         msg = m.Decode(job=self.job.id, latent=self.latent, arena=None if remote else self.arena.name,
                        output=None if remote else str(image), return_png=remote,
-                       metadata=png_metadata(self.spec, self.pack, self.job.id, self._model_names()))
+                       metadata=png_metadata(self.spec, self.pack, self.job.id, self._model_names(),
+                                             graph=self._client_graph()))
         if remote:
             from protocol.tensors import InlineFrames
             frames = InlineFrames()
@@ -326,6 +327,13 @@ class JobFlow:
         self._bring_down("vae")
         self.report.stages["vae"].wall_s += time.monotonic() - t0
         self.report.image = self._deliver(image)
+
+    def _client_graph(self) -> dict | None:
+        """The API graph a ComfyUI client sent for this job (its node ids, titles, loader names, optional nodes), as
+        ComfyUI itself would store it in the PNG; None for jobs from elsewhere (their graph is made from the job)."""
+        origin = self.job.origin or {}
+        graph = origin.get("graph") if origin.get("api") == "comfyui" else None
+        return graph if isinstance(graph, dict) and graph else None
 
     def _model_names(self):
         """The loaders' file names in the PNG's ComfyUI graph: the pack's checkpoint, the models folder's files."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +11,9 @@ import psutil
 
 from models.durable import atomic_write
 from models.partition import TEXT_TOKENS
+from protocol.messages import MAX_PNG_TEXT_CHARS
+
+log = logging.getLogger(__name__)
 
 BRANCH_KINDS = ("self", "cross", "ffn")
 STAGES = ("encoder", "scheduler", "executor", "vae")
@@ -189,14 +193,16 @@ class JobReport:
         return atomic_write(path, json.dumps(self.to_dict(), indent=1))
 
 
-def png_metadata(spec, pack, job: str, names=None) -> dict[str, str]:
+def png_metadata(spec, pack, job: str, names=None, graph: dict | None = None) -> dict[str, str]:
     """The PNG's text chunks, for the tools that read them:
     - `parameters`: A1111's generation line (A1111, Civitai and most image browsers read it);
     - `prompt`: the job as ComfyUI's API graph, `workflow`: the same graph as ComfyUI's editor saves it (dropped on
       ComfyUI, the PNG loads this job; orchestrator.comfy_graph / comfy_workflow);
     - `anima`: this project's own fields (JSON), under a keyword no other tool uses.
     JSON is ASCII (as ComfyUI's SaveImage writes it), so each chunk is a plain tEXt chunk every reader knows.
-    `names`: the loaders' file names (comfy_graph.ModelNames); unknown ones stay empty."""
+    `names`: the loaders' file names (comfy_graph.ModelNames); unknown ones stay empty. `graph`: the API graph a
+    ComfyUI client sent for this job (kept as sent, as ComfyUI keeps it), else the job's own graph is made; a sent
+    graph too large for a DECODE text value is replaced by the job's own."""
     from orchestrator.comfy_graph import ModelNames, job_to_graph
     from orchestrator.comfy_workflow import api_to_workflow
     spectrum = "on" if spec.spectrum.enabled else "off"
@@ -206,14 +212,23 @@ def png_metadata(spec, pack, job: str, names=None) -> dict[str, str]:
               f"Size: {width}x{height}, Model: {pack.source_name}, Model hash: {pack.source_sha256[:10]}, "
               f"Spectrum: {spectrum}")
     names = names or ModelNames(unet=(pack.source_name,) if pack.source_name else ())
-    graph = job_to_graph({**spec.to_dict(), "width": width, "height": height}, names=names)
+    chunks = None
+    if graph is not None:
+        try:
+            chunks = (json.dumps(graph), json.dumps(api_to_workflow(graph)))
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:     # never fail a decode on it
+            log.warning("job %s: the client's graph cannot be drawn as a workflow (%s); the job's own is used", job, e)
+        if chunks and max(map(len, chunks)) > MAX_PNG_TEXT_CHARS:
+            chunks = None
+    if chunks is None:
+        graph = job_to_graph({**spec.to_dict(), "width": width, "height": height}, names=names)
+        chunks = (json.dumps(graph), json.dumps(api_to_workflow(graph)))
     own = {"job": job, "prompt": spec.prompt, "negative_prompt": spec.negative_prompt, "seed": spec.seed,
            "steps": spec.steps, "cfg": spec.cfg, "sampler": spec.sampler, "scheduler": spec.scheduler,
            "width": width, "height": height, "spectrum": {k: v for k, v in vars(spec.spectrum).items()},
            "model": pack.source_name, "model_sha256": pack.source_sha256,
            "latent_space": LATENT_SPACE, "latent_note": LATENT_NOTE}
-    return {"parameters": params, "prompt": json.dumps(graph), "workflow": json.dumps(api_to_workflow(graph)),
-            "anima": json.dumps(own)}
+    return {"parameters": params, "prompt": chunks[0], "workflow": chunks[1], "anima": json.dumps(own)}
 
 
 def format_table(report: dict) -> str:

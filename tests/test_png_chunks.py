@@ -103,3 +103,30 @@ def test_the_checker_catches_a_broken_workflow():
     next(n for n in wf["nodes"] if n["type"] == "KSampler")["widgets_values"][2] = 99    # steps differ
     with pytest.raises(AssertionError):
         check_workflow(wf, graph)
+
+
+def test_a_comfyui_clients_graph_is_kept_as_sent(tmp_path):
+    """A job from ComfyUI's API: the PNG holds the client's own graph (its ids, titles, ModelSamplingAuraFlow), as
+    ComfyUI would; its workflow matches it."""
+    graph = standard_graph(prompt="a fox", seed=99, steps=3, width=256, height=128)
+    job = graph_to_job(graph, sizes=[(256, 128)])
+    spec = parse_prompt_obj(job.spec, resolution=(256, 128))
+    meta = png_metadata(spec, PACK, "j", NAMES, graph=graph)
+    path = tmp_path / "c.png"
+    write_png(path, np.zeros((128, 256, 3), np.uint8), meta)
+    png = read_comfy_png(path.read_bytes())
+    assert png["prompt"] == graph
+    assert {n["type"] for n in png["workflow"]["nodes"]} >= {"ModelSamplingAuraFlow", "EmptySD3LatentImage"}
+    # an extra node no output needs, with a link to nowhere (ComfyUI does not check it): kept in the prompt, its
+    # dangling link left out of the editor graph, nothing raised
+    odd = dict(graph, **{"50": {"class_type": "VAEDecode", "inputs": {"samples": ["77", 0], "vae": ["13", 0]},
+                                "_meta": {"title": "spare"}}})
+    meta = png_metadata(spec, PACK, "j", NAMES, graph=odd)
+    wf = json.loads(meta["workflow"])
+    assert json.loads(meta["prompt"]) == odd and len(wf["links"]) == len(api_to_workflow(graph)["links"]) + 1
+    # a sent graph too large for a DECODE text value: the job's own graph instead
+    huge = dict(graph, **{str(1000 + i): {"class_type": "CLIPTextEncode", "inputs": {"text": "x" * 4000,
+                                                                                   "clip": ["11", 0]},
+                                          "_meta": {"title": "t"}} for i in range(80)})
+    meta = png_metadata(spec, PACK, "j", NAMES, graph=huge)
+    assert len(json.loads(meta["prompt"])) == 9 and len(meta["prompt"]) < m.MAX_PNG_TEXT_CHARS
