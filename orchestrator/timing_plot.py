@@ -5,8 +5,10 @@
 Panels: (1) per sampler step, the scheduler's critical path stacked: the executor's branch inference (the NPU's work
 on the board), the lifecycle it waited for (load/init/release not hidden by a policy), host ops, transport and the
 rest (sampler, state file); (2) per branch kind, the executor's load/init/infer/release totals; (3) every stage's RSS
-over the job, with the encode/denoise/decode phases shaded. Figures are measured on this machine; with the board-sim
-executor backend the executor's phases and the host ops were paced to the modelled RK3588, and the panels say so.
+over the job, with the encode/denoise/decode phases shaded. Figures are measured on this machine. With the board-sim
+executor backend the per-step panel shows the report's `board.steps` instead: board seconds of the MODELLED RK3588
+(inference, lifecycle, host ops; transport and the rest measured here, each series says which), and the executor
+panel says its phases were paced to the modelled board x time_scale.
 
 The daemon runs this module in a short child process after each job (orchestrator.flow), so matplotlib's memory
 and import time never enter the long-lived daemon, and every job has its plot whether or not the HTTP front runs.
@@ -33,7 +35,24 @@ STAGE_ORDER = ("encoder", "scheduler", "executor", "vae")
 PHASE_COLOURS = {"encoding": "#d9e8f5", "denoising": "#f5ecd9", "decoding": "#e1f5d9"}
 COLOURS = {"branch inference (NPU)": "#2ca02c", "visible lifecycle (load/init/release waited for)": "#ff7f0e",
            "host ops": "#1f77b4", "transport": "#d62728", "other (sampler, state file)": "#9467bd",
+           "branch inference (MODELLED NPU + tensor I/O)": "#2ca02c", "visible lifecycle (MODELLED)": "#ff7f0e",
+           "host ops (MODELLED board CPU)": "#1f77b4", "transport (measured here)": "#d62728",
+           "other: sampler, state file (measured here)": "#9467bd",
            "load_s": "#ffbb78", "init_s": "#ff7f0e", "infer_s": "#2ca02c", "release_s": "#c49c94"}
+
+
+BOARD_SERIES = (  # report board.steps field -> legend, each saying where it comes from
+    ("infer_s", "branch inference (MODELLED NPU + tensor I/O)"),
+    ("lifecycle_s", "visible lifecycle (MODELLED)"),
+    ("host_s", "host ops (MODELLED board CPU)"),
+    ("transport_s", "transport (measured here)"),
+    ("other_s", "other: sampler, state file (measured here)"),
+)
+
+
+def label_board(board: dict) -> str:
+    return (f"MODELLED RK3588 ({board.get('source', 'board_cost.toml')}, board-sim); transport and the rest "
+            "measured on this machine")
 
 
 def provenance(report: dict) -> str:
@@ -54,7 +73,14 @@ def plot_data(report: dict) -> dict:
              f"{report.get('branch_calls', 0)} branch calls, {report.get('wall_s', 0.0):.1f} s")
     panels = []
     steps = report.get("steps") or []
-    if steps:
+    board = report.get("board") or {}
+    if board.get("steps"):         # board-sim: the same steps in modelled board seconds (board_account rows)
+        rows = board["steps"]
+        series = {name: [float(r.get(key, 0.0)) for r in rows] for key, name in BOARD_SERIES}
+        panels.append({"name": "steps", "title": f"per step in board seconds: {label_board(board)}",
+                       "x": [int(r["step"]) for r in rows], "computed": [bool(r.get("computed", True)) for r in rows],
+                       "series": series})
+    elif steps:
         series = {name: [float(s.get(key, 0.0)) for s in steps] for key, name in STEP_SERIES}
         other = [max(0.0, float(s.get("wall_s", 0.0)) - sum(float(s.get(k, 0.0)) for k, _ in STEP_SERIES))
                  for s in steps]

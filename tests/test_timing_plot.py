@@ -79,10 +79,27 @@ def test_png_is_valid_and_names_its_panels(tmp_path):
 
 
 def test_board_sim_reports_say_modelled():
-    data = timing_plot.plot_data(_report(board={"label": "modelled", "time_scale": 0.05}))
+    """A board-sim job: the per-step panel is the report's board rows (modelled board seconds), every series says
+    where it comes from; the executor panel says it was paced; memory stays measured."""
+    rows = [{"step": 1, "computed": True, "wall_s": 50.0, "npu_s": 30.0, "lifecycle_s": 8.0, "host_s": 6.0,
+             "transport_s": 0.4, "other_s": 0.1, "infer_s": 35.5, "io_s": 5.5},
+            {"step": 2, "computed": False, "wall_s": 0.02, "npu_s": 0.0, "lifecycle_s": 0.0, "host_s": 0.0,
+             "transport_s": 0.0, "other_s": 0.02, "infer_s": 0.0, "io_s": 0.0}]
+    board = {"label": "modelled", "source": "board_cost.toml (reference board figures)", "time_scale": 0.05,
+             "steps": rows}
+    data = timing_plot.plot_data(_report(board=board))
     steps, branches, memory = data["panels"]
-    assert "MODELLED RK3588 x time_scale 0.05" in steps["title"] and "MODELLED" in branches["title"]
+    assert "MODELLED RK3588 (board_cost.toml" in steps["title"] and steps["x"] == [1, 2]
+    s = steps["series"]
+    assert s["branch inference (MODELLED NPU + tensor I/O)"] == [35.5, 0.0]
+    assert s["transport (measured here)"] == [0.4, 0.0] and s["other: sampler, state file (measured here)"][1] == 0.02
+    assert all(("MODELLED" in k) != ("measured" in k) for k in s)            # each series says which it is
+    for i, r in enumerate(rows):
+        assert sum(v[i] for v in s.values()) == pytest.approx(r["wall_s"])
+    assert "MODELLED RK3588 x time_scale 0.05" in branches["title"]
     assert "measured" in memory["title"] and "MODELLED" not in memory["title"]
+    png, _ = timing_plot.render(_report(board=board))
+    assert "MODELLED" in json.loads(Image.open(io.BytesIO(png)).text["anima-plot"])["provenance"]
 
 
 def test_a_report_without_figures_still_gets_a_picture():
