@@ -415,6 +415,7 @@ class JobFlow:
         restarts = [0]
 
         def check() -> bool:
+            self._sample()                   # its memory while it loads (the longest part of a stage's phase)
             if self.d.stopping or self.job.id in self.d.cancel_requests:
                 return True
             if not self.cfg.is_remote(stage):

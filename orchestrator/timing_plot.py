@@ -114,7 +114,7 @@ def _steps_panel(ax, p: dict) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("sampler step")
     ax.set_ylabel("seconds")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def _branches_panel(ax, p: dict) -> None:
@@ -126,7 +126,7 @@ def _branches_panel(ax, p: dict) -> None:
         left = [a + b for a, b in zip(left, values)]
     ax.set_yticks(range(len(kinds)), [f"{k} ({p['calls'][k]} calls)" for k in kinds])
     ax.set_xlabel("seconds (sums over the job)")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def _memory_panel(ax, p: dict) -> None:
@@ -138,7 +138,7 @@ def _memory_panel(ax, p: dict) -> None:
         ax.plot([t for t, _ in points], [mb for _, mb in points], label=stage, marker="." if len(points) < 3 else None)
     ax.set_xlabel("seconds since the job started")
     ax.set_ylabel("MiB")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 DRAW = {"steps": _steps_panel, "branches": _branches_panel, "memory": _memory_panel}
@@ -150,7 +150,7 @@ def render(report: dict) -> tuple[bytes, dict]:
     from matplotlib.figure import Figure
     data = plot_data(report)
     n = max(1, len(data["panels"]))
-    fig = Figure(figsize=(10, 3.2 * n + 0.6), dpi=100, layout="constrained")
+    fig = Figure(figsize=(12, 3.2 * n + 0.6), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     fig.suptitle(data["title"], fontsize=10)
     axes = fig.subplots(n, 1, squeeze=False)[:, 0]

@@ -71,7 +71,7 @@ def test_png_is_valid_and_names_its_panels(tmp_path):
     img = Image.open(io.BytesIO(path.read_bytes()))
     img.verify()
     img = Image.open(path)
-    assert img.format == "PNG" and img.size[0] == 1000 and img.size[1] > 900
+    assert img.format == "PNG" and img.size[0] == 1200 and img.size[1] > 900
     drawn = json.loads(img.text["anima-plot"])
     assert drawn["panels"] == {"steps": sorted(timing_plot.plot_data(report)["panels"][0]["series"]),
                                "branches": ["ffn", "self"], "memory": ["encoder", "executor", "scheduler"]}
