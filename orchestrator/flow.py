@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 BUSY_RETRY_S = 0.5           # a stage that answers `busy` is asked again after this long (at most the call's timeout)
 READY_TIMEOUT_S = 5.0        # one HELLO while a stage comes up (repeated until start_timeout_s)
 START_ATTEMPTS = 3           # a stage that dies while supervisord starts it (within startsecs) is started again
-PLOT_TIMEOUT_S = 120.0       # the timing plot's child process (~2 s idle: matplotlib's import and one figure)
+PLOT_TIMEOUT_S = 120.0       # the timing plot's child process (3.3 s under load: bench/bench_timing_plot.py)
 
 
 class StageFailed(Exception):
