@@ -90,8 +90,15 @@ def plot_data(report: dict) -> dict:
     branches = {k: {p: float(v.get(p, 0.0)) for p in PHASES} for k, v in (report.get("branches") or {}).items()
                 if v.get("calls")}
     if branches:
+        notes = {}
+        for k in branches:           # the lifecycle policy's split (models.phase_times.PhaseSums), when reported
+            b = report["branches"][k]
+            if "visible_s" in b:
+                notes[k] = (f"lifecycle {float(b['visible_s']):.2f} s visible, {float(b.get('hidden_s', 0.0)):.2f} s "
+                            f"hidden; {int(b.get('cached', 0))} cached")
         panels.append({"name": "branches", "title": f"executor per branch kind ({label})",
-                       "calls": {k: int(report["branches"][k]["calls"]) for k in branches}, "series": branches})
+                       "calls": {k: int(report["branches"][k]["calls"]) for k in branches}, "notes": notes,
+                       "series": branches})
     memory = (report.get("memory") or {}).get("series") or {}
     if memory:
         ordered = {s: memory[s] for s in STAGE_ORDER if memory.get(s)}
@@ -124,7 +131,8 @@ def _branches_panel(ax, p: dict) -> None:
         values = [p["series"][k][phase] for k in kinds]
         ax.barh(kinds, values, left=left, label=phase[:-2], color=COLOURS[phase])
         left = [a + b for a, b in zip(left, values)]
-    ax.set_yticks(range(len(kinds)), [f"{k} ({p['calls'][k]} calls)" for k in kinds])
+    ax.set_yticks(range(len(kinds)), [f"{k} ({p['calls'][k]} calls)" + (f"\n{p['notes'][k]}" if k in p["notes"]
+                                                                         else "") for k in kinds], fontsize=8)
     ax.set_xlabel("seconds (sums over the job)")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 

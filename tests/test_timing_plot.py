@@ -19,7 +19,7 @@ def _report(board=None) -> dict:
                   "branches": {"self": {"load_s": 0.5, "init_s": 0.25, "infer_s": 1.0, "release_s": 0.125,
                                         "calls": 3},
                                "ffn": {"load_s": 0.75, "init_s": 0.5, "infer_s": 2.0, "release_s": 0.25,
-                                       "calls": 3}}}
+                                       "visible_s": 1.5, "calls": 3}}}
     for t in range(20):
         r.memory.add("scheduler", 1.0 + 0.2 * t, 300.0 + t)
         r.memory.add("executor", 1.0 + 0.2 * t, 500.0 - t)
@@ -56,6 +56,7 @@ def test_panels_are_the_reports_figures():
         assert sum(v[i] for v in s.values()) == pytest.approx(st["wall_s"])
     assert panels["branches"]["series"]["ffn"] == {"load_s": 0.75, "init_s": 0.5, "infer_s": 2.0, "release_s": 0.25}
     assert panels["branches"]["calls"] == {"self": 3, "ffn": 3}          # kinds without calls are left out
+    assert panels["branches"]["notes"]["ffn"] == "lifecycle 1.50 s visible, 0.00 s hidden; 0 cached"
     mem = panels["memory"]
     assert list(mem["series"]) == ["encoder", "scheduler", "executor"]
     assert mem["series"]["executor"][0] == [1.0, 500.0] and len(mem["series"]["executor"]) == 20
