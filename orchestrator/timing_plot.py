@@ -4,7 +4,8 @@
 
 Panels: (1) per sampler step, the scheduler's critical path stacked: the executor's branch inference (the NPU's work
 on the board), the lifecycle it waited for (load/init/release not hidden by a policy), host ops, transport and the
-rest (sampler, state file); (2) per branch kind, the executor's load/init/infer/release totals; (3) every stage's RSS
+rest (sampler, state file); (2) per branch kind, the executor's load/init/infer/release totals, and a VAE pack's
+trunk and tile models the same way (the VAE stage's own figures, measured here); (3) every stage's RSS
 over the job, with the encode/denoise/decode phases shaded. Figures are measured on this machine. With the board-sim
 executor backend the per-step panel shows the report's `board.steps` instead: board seconds of the MODELLED RK3588
 (inference, lifecycle, host ops; transport and the rest measured here, each series says which), and the executor
@@ -31,6 +32,7 @@ STEP_SERIES = (  # report step field -> legend (the critical path of one step, b
     ("transport_s", "transport"),
 )
 PHASES = ("load_s", "init_s", "infer_s", "release_s")
+VAE_MODELS = ("trunk", "tile")     # models.vae.pack_decoder: one trunk call, then the tile model for every tile
 STAGE_ORDER = ("encoder", "scheduler", "executor", "vae")
 PHASE_COLOURS = {"encoding": "#d9e8f5", "denoising": "#f5ecd9", "decoding": "#e1f5d9"}
 COLOURS = {"branch inference (NPU)": "#2ca02c", "visible lifecycle (load/init/release waited for)": "#ff7f0e",
@@ -89,15 +91,22 @@ def plot_data(report: dict) -> dict:
                        "computed": [bool(s.get("computed", True)) for s in steps], "series": series})
     branches = {k: {p: float(v.get(p, 0.0)) for p in PHASES} for k, v in (report.get("branches") or {}).items()
                 if v.get("calls")}
+    labels = {k: f"{k} ({int(report['branches'][k]['calls'])} calls)" for k in branches}
+    notes = {}
+    for k in branches:               # the lifecycle policy's split (models.phase_times.PhaseSums), when reported
+        b = report["branches"][k]
+        if "visible_s" in b:
+            notes[k] = (f"lifecycle {float(b['visible_s']):.2f} s visible, {float(b.get('hidden_s', 0.0)):.2f} s "
+                        f"hidden; {int(b.get('cached', 0))} cached")
+    vae = report.get("vae_timings") or {}
+    for model in VAE_MODELS:         # a VAE pack's models (DECODED's flat per-model phases); torch has none
+        if any(f"{model}_{p}" in vae for p in PHASES):
+            branches[f"vae {model}"] = {p: float(vae.get(f"{model}_{p}", 0.0)) for p in PHASES}
+            labels[f"vae {model}"] = f"VAE pack {model} (VAE stage, measured here)"
     if branches:
-        notes = {}
-        for k in branches:           # the lifecycle policy's split (models.phase_times.PhaseSums), when reported
-            b = report["branches"][k]
-            if "visible_s" in b:
-                notes[k] = (f"lifecycle {float(b['visible_s']):.2f} s visible, {float(b.get('hidden_s', 0.0)):.2f} s "
-                            f"hidden; {int(b.get('cached', 0))} cached")
-        panels.append({"name": "branches", "title": f"executor per branch kind ({label})",
-                       "calls": {k: int(report["branches"][k]["calls"]) for k in branches}, "notes": notes,
+        what = "executor per branch kind" + (", VAE pack models" if any(k.startswith("vae ") for k in branches)
+                                             else "")
+        panels.append({"name": "branches", "title": f"{what} ({label})", "labels": labels, "notes": notes,
                        "series": branches})
     memory = (report.get("memory") or {}).get("series") or {}
     if memory:
@@ -131,8 +140,8 @@ def _branches_panel(ax, p: dict) -> None:
         values = [p["series"][k][phase] for k in kinds]
         ax.barh(kinds, values, left=left, label=phase[:-2], color=COLOURS[phase])
         left = [a + b for a, b in zip(left, values)]
-    ax.set_yticks(range(len(kinds)), [f"{k} ({p['calls'][k]} calls)" + (f"\n{p['notes'][k]}" if k in p["notes"]
-                                                                         else "") for k in kinds], fontsize=8)
+    ax.set_yticks(range(len(kinds)), [p["labels"][k] + (f"\n{p['notes'][k]}" if k in p["notes"] else "")
+                                      for k in kinds], fontsize=8)
     ax.set_xlabel("seconds (sums over the job)")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 

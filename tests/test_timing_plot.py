@@ -55,7 +55,8 @@ def test_panels_are_the_reports_figures():
     for i, st in enumerate(report["steps"]):
         assert sum(v[i] for v in s.values()) == pytest.approx(st["wall_s"])
     assert panels["branches"]["series"]["ffn"] == {"load_s": 0.75, "init_s": 0.5, "infer_s": 2.0, "release_s": 0.25}
-    assert panels["branches"]["calls"] == {"self": 3, "ffn": 3}          # kinds without calls are left out
+    assert panels["branches"]["labels"] == {"self": "self (3 calls)", "ffn": "ffn (3 calls)"}   # no calls: left out
+    assert "VAE" not in panels["branches"]["title"]                          # the torch VAE has no per-model phases
     assert panels["branches"]["notes"]["ffn"] == "lifecycle 1.50 s visible, 0.00 s hidden; 0 cached"
     mem = panels["memory"]
     assert list(mem["series"]) == ["encoder", "scheduler", "executor"]
@@ -77,6 +78,26 @@ def test_png_is_valid_and_names_its_panels(tmp_path):
     assert drawn["panels"] == {"steps": sorted(timing_plot.plot_data(report)["panels"][0]["series"]),
                                "branches": ["ffn", "self"], "memory": ["encoder", "executor", "scheduler"]}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "timing.png"]     # no temporary left
+
+
+def test_a_vae_packs_models_join_the_branch_panel():
+    """The VAE stage on a pack reports each model's lifecycle phases flat in DECODED (stages.vae._model_timings of
+    PackDecoder's timings): the trunk and tile rows sit beside the executor's kinds, labelled as the VAE stage's own
+    measured figures, also when the executor's are paced to the modelled board."""
+    from stages.vae import _model_timings
+    pack_timings = {"trunk": {"load_s": 0.5, "init_s": 0.25, "infer_s": 2.0, "release_s": 0.125},
+                    "tile": {"load_s": 0.375, "init_s": 0.25, "infer_s": 3.0, "release_s": 0.0625},
+                    "tiles": 6, "blend_s": 0.01}
+    for board in (None, {"label": "modelled", "time_scale": 0.05, "steps": []}):
+        report = _report(board=board)
+        report["vae_timings"] = {"load_s": 1.0, "decode_s": 6.5, "png_s": 0.1, **_model_timings(pack_timings)}
+        branches = {p["name"]: p for p in timing_plot.plot_data(report)["panels"]}["branches"]
+        assert list(branches["series"]) == ["self", "ffn", "vae trunk", "vae tile"]
+        assert branches["series"]["vae tile"] == {"load_s": 0.375, "init_s": 0.25, "infer_s": 3.0, "release_s": 0.0625}
+        assert branches["labels"]["vae trunk"] == "VAE pack trunk (VAE stage, measured here)"
+        assert "VAE pack models" in branches["title"] and "vae trunk" not in branches["notes"]
+    png, _ = timing_plot.render(report)
+    assert "vae tile" in json.loads(Image.open(io.BytesIO(png)).text["anima-plot"])["panels"]["branches"]
 
 
 def test_board_sim_reports_say_modelled():
