@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from models.durable import atomic_write
 from orchestrator.report import MEMORY_POINTS
 
 
@@ -92,7 +93,7 @@ def main(argv=None) -> int:
           f"{inproc['after_draw_rss_mb']:.1f} MB (+{result['in_process_growth_mb']:.1f} MB for the rest of its life)")
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    atomic_write(out, json.dumps(result, indent=1))
     print(f"wrote {out}")
     return 0
 
