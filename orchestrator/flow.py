@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 BUSY_RETRY_S = 0.5           # a stage that answers `busy` is asked again after this long (at most the call's timeout)
 READY_TIMEOUT_S = 5.0        # one HELLO while a stage comes up (repeated until start_timeout_s)
 START_ATTEMPTS = 3           # a stage that dies while supervisord starts it (within startsecs) is started again
-PLOT_TIMEOUT_S = 120.0       # the timing plot's child process (3.3 s under load: bench/bench_timing_plot.py)
 
 
 class StageFailed(Exception):
@@ -149,7 +148,8 @@ class JobFlow:
         """timing.png next to report.json, drawn by a short child process (orchestrator.timing_plot): matplotlib's
         import and memory stay out of this long-lived daemon, which keeps serving while it runs. Best effort: a
         failure, a timeout or a daemon stop leaves the job as it is, without the picture."""
-        if not self.report.phases:           # failed before any stage ran (disk, arena): nothing to draw
+        limit = self.settings.timing_plot_timeout_s
+        if not limit or not self.report.phases:   # turned off, or failed before any stage ran: nothing to draw
             return
         cmd = [sys.executable, "-m", "orchestrator.timing_plot", str(self.dir / "report.json"),
                "--parent", str(os.getpid())]
@@ -158,7 +158,7 @@ class JobFlow:
         except OSError as e:
             log.warning("job %s: no timing plot: %s", self.job.id, e)
             return
-        deadline = time.monotonic() + PLOT_TIMEOUT_S
+        deadline = time.monotonic() + limit
         while proc.poll() is None:
             if self.d.stopping or time.monotonic() > deadline:
                 proc.kill()

@@ -23,6 +23,8 @@ SETTINGS = {
     # through supervisord (0: never). Below the scheduler's branch_timeout_s, which bounds its own wait on a silent
     # executor; far below denoise_timeout_s, which is all that ended a hung job before.
     "hang_timeout_s": (float, 0.0, 86400.0, 120.0),
+    # the child process that draws each job's timing.png (3.3 s under load: bench/bench_timing_plot.py); 0: no plot
+    "timing_plot_timeout_s": (float, 0.0, 3600.0, 120.0),
 }
 
 
@@ -38,6 +40,7 @@ class OrchestratorSettings:
     decode_timeout_s: float = 1800.0
     sample_interval_s: float = 0.2
     hang_timeout_s: float = 120.0
+    timing_plot_timeout_s: float = 120.0
 
     @classmethod
     def from_table(cls, table: dict, where: str = "stage.orchestrator") -> "OrchestratorSettings":

@@ -38,7 +38,7 @@ def assets():
 @pytest.fixture(scope="module")
 def pipe(assets):
     models, pack = assets
-    p = Pipeline.start(models, pack, threads=1)
+    p = Pipeline.start(models, pack, threads=1, timing_plot=True)
     try:
         yield p
     finally:

@@ -27,7 +27,7 @@ def pipe():
     try:
         models, pack = tiny_assets(cache, (128, 128))
         _, tall = tiny_assets(cache, (64, 128))
-        p = Pipeline.start(models, pack, threads=1, packs=[tall])
+        p = Pipeline.start(models, pack, threads=1, packs=[tall], timing_plot=True)
         p.http_url()
         yield p
     finally:
