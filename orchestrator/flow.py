@@ -148,8 +148,10 @@ class JobFlow:
         """timing.png next to report.json, drawn by a short child process (orchestrator.timing_plot): matplotlib's
         import and memory stay out of this long-lived daemon, which keeps serving while it runs. Best effort: a
         failure, a timeout or a daemon stop leaves the job as it is, without the picture."""
+        if not self.report.phases:           # failed before any stage ran (disk, arena): nothing to draw
+            return
         limit = self.settings.timing_plot_timeout_s
-        if not limit or not self.report.phases:   # turned off, or failed before any stage ran: nothing to draw
+        if not limit:                        # turned off ([stage.orchestrator] timing_plot_timeout_s = 0)
             return
         cmd = [sys.executable, "-m", "orchestrator.timing_plot", str(self.dir / "report.json"),
                "--parent", str(os.getpid())]
