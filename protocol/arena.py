@@ -2,7 +2,8 @@
 
 Ownership rules (see docs/architecture.md, "Protocol"):
 - the owner (`Arena.create`) creates one segment per job, named `anima_<8 hex of the run dir>_<job>`, and unlinks it at
-  job end (`close()` / leaving the `with` block) or at start-up through `reap(prefix, keep)`;
+  job end (`close()` / leaving the `with` block) or at start-up through `reap(prefix, keep)`, which removes only
+  regular files of its own user (/dev/shm is world-writable: anything else under the prefix is logged and left);
 - stages `Arena.attach(name)`: they open the existing file and map it, never create, never unlink, and no resource
   tracker is involved (the file is opened directly, not through multiprocessing.shared_memory), so a killed stage
   leaks nothing.
@@ -16,6 +17,7 @@ import logging
 import mmap
 import os
 import re
+import stat
 from typing import Any
 
 import numpy as np
@@ -60,17 +62,41 @@ def list_segments(prefix: str, shm_dir: str = SHM_DIR) -> list[str]:
         return []
 
 
+def _not_ours(st: os.stat_result) -> str:
+    """Why an lstat result is not a segment this user may touch ("" when it is one: a regular file we own)."""
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(st.st_mode):
+        return "a directory"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not {os.geteuid()}"
+    return ""
+
+
 def reap(prefix: str, keep: set[str], shm_dir: str = SHM_DIR) -> list[str]:
-    """Unlink segments named `prefix + job` whose job is not in `keep` (finished, failed or unknown jobs)."""
+    """Unlink segments named `prefix + job` whose job is not in `keep` (finished, failed or unknown jobs).
+
+    Only regular files owned by this user are removed (lstat: links are never followed). /dev/shm is writable by
+    everyone, so a directory, a link or another user's file named with the prefix is logged and left alone; nothing
+    found there can stop the caller from starting."""
     removed = []
     for name in list_segments(prefix, shm_dir):
         if name[len(prefix):] in keep:
             continue
+        path = os.path.join(shm_dir, name)
         try:
-            os.unlink(os.path.join(shm_dir, name))
-            removed.append(name)
+            why = _not_ours(os.lstat(path))
+            if not why:
+                os.unlink(path)        # a swap between the lstat and here can only make this fail (sticky /dev/shm)
+                removed.append(name)
         except FileNotFoundError:
-            pass
+            continue
+        except OSError as e:
+            why = f"cannot remove it ({e.strerror})"
+        if why:
+            log.warning("left %s alone: %s (not a segment of this run)", path, why)
     if removed:
         log.info("reaped %d stale shm segment(s): %s", len(removed), ", ".join(removed))
     return removed
@@ -156,11 +182,16 @@ class Arena:
         if not name.startswith(NAME_PREFIX) or "/" in name:
             raise ArenaError(f"segment name {name!r} must start with {NAME_PREFIX!r} and hold no '/'")
         try:
-            fd = os.open(os.path.join(shm_dir, name), os.O_RDWR)
+            fd = os.open(os.path.join(shm_dir, name), os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             raise ArenaError(f"shared-memory segment {name} does not exist (job finished or reaped?)") from None
+        except OSError as e:           # ELOOP: a link; EISDIR: a folder; EACCES: someone else's
+            raise ArenaError(f"shared-memory segment {name} cannot be opened: {e.strerror}") from None
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ArenaError(f"shared-memory segment {name} is not a regular file")
+            size = st.st_size
             if size == 0:
                 raise ArenaError(f"shared-memory segment {name} is empty")
             mm = mmap.mmap(fd, size)

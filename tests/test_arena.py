@@ -172,3 +172,37 @@ def test_close_with_live_views_still_unlinks(run_dir):
     with pytest.raises(ArenaError, match="closed"):
         arena.view(d)
     del v
+
+
+def test_reap_touches_only_regular_files_of_its_user(run_dir, tmp_path, monkeypatch, caplog):
+    """/dev/shm is world-writable: a folder, a link or another user's file named with the run's prefix is logged and
+    left alone (before: unlink(folder) raised IsADirectoryError and the orchestrator crash-looped at start)."""
+    prefix = run_prefix(run_dir)
+    target = tmp_path / "precious"
+    target.write_bytes(b"keep me")
+    squat_dir, squat_link = prefix + "squat-dir", prefix + "squat-link"
+    os.mkdir(os.path.join(SHM_DIR, squat_dir))
+    os.symlink(target, os.path.join(SHM_DIR, squat_link))
+    stale = Arena.create(segment_name(run_dir, "stale"), 4096)
+    stale._mm.close()
+    stale._mm = None                 # the owner is "dead": its segment stays behind
+    try:
+        with caplog.at_level("WARNING", logger="protocol.arena"):
+            assert reap(prefix, keep=set()) == [stale.name]
+        assert sorted(list_segments(prefix)) == sorted([squat_dir, squat_link])
+        assert target.read_bytes() == b"keep me"
+        assert "a directory" in caplog.text and "a symbolic link" in caplog.text
+        # a file of another user (here: ours, seen through another euid) is left alone too
+        other = Arena.create(segment_name(run_dir, "foreign"), 4096)
+        monkeypatch.setattr(os, "geteuid", lambda: 4242)
+        assert reap(prefix, keep=set()) == []
+        assert other.name in list_segments(prefix) and "owned by uid" in caplog.text
+        monkeypatch.undo()
+        other.close()
+        # stages never attach through a link or to a folder
+        for name in (squat_link, squat_dir):
+            with pytest.raises(ArenaError, match="cannot be opened"):
+                Arena.attach(name)
+    finally:
+        os.rmdir(os.path.join(SHM_DIR, squat_dir))
+        os.unlink(os.path.join(SHM_DIR, squat_link))
