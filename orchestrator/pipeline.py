@@ -5,56 +5,30 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.runfolder import RunFolder
+from stages.config import STAGE_SETTINGS, check_stage_table
 
 ARENA_MARGIN_BYTES = 1 << 20      # slack on top of the computed layout (alignment, small extras)
 
-# [stage.orchestrator] settings in the pipeline config: name -> (type, low, high, default)
-SETTINGS = {
-    "max_queue": (int, 1, 10_000, 16),          # queued + running jobs
-    "min_free_mb": (float, 0.0, 1e7, 64.0),     # free disk needed in the run folder to accept a job
-    "stage_retries": (int, 0, 20, 3),           # restarts of one stage absorbed per job before it fails
-    "start_timeout_s": (float, 1.0, 3600.0, 120.0),   # supervisord start + READY of a stage
-    "stop_timeout_s": (float, 1.0, 600.0, 30.0),
-    "encode_timeout_s": (float, 1.0, 86400.0, 600.0),
-    "denoise_timeout_s": (float, 1.0, 7 * 86400.0, 6 * 3600.0),
-    "decode_timeout_s": (float, 1.0, 86400.0, 1800.0),
-    "sample_interval_s": (float, 0.01, 10.0, 0.2),    # supervisord/RSS sampling while a stage works
-    # a local always-on stage (scheduler, executor) that answers no heartbeat this long is hung: it is restarted
-    # through supervisord (0: never). Below the scheduler's branch_timeout_s, which bounds its own wait on a silent
-    # executor; far below denoise_timeout_s, which is all that ended a hung job before.
-    "hang_timeout_s": (float, 0.0, 86400.0, 120.0),
-    # the child process that draws each job's timing.png (3.3 s under load: bench/bench_timing_plot.py); 0: no plot
-    "timing_plot_timeout_s": (float, 0.0, 3600.0, 120.0),
-}
+_D = {k: s.default for k, s in STAGE_SETTINGS["orchestrator"].items()}    # [stage.orchestrator]: stages/config.py
 
 
 @dataclass(frozen=True)
 class OrchestratorSettings:
-    max_queue: int = 16
-    min_free_mb: float = 64.0
-    stage_retries: int = 3
-    start_timeout_s: float = 120.0
-    stop_timeout_s: float = 30.0
-    encode_timeout_s: float = 600.0
-    denoise_timeout_s: float = 6 * 3600.0
-    decode_timeout_s: float = 1800.0
-    sample_interval_s: float = 0.2
-    hang_timeout_s: float = 120.0
-    timing_plot_timeout_s: float = 120.0
+    max_queue: int = _D["max_queue"]
+    min_free_mb: float = _D["min_free_mb"]
+    stage_retries: int = _D["stage_retries"]
+    start_timeout_s: float = _D["start_timeout_s"]
+    stop_timeout_s: float = _D["stop_timeout_s"]
+    encode_timeout_s: float = _D["encode_timeout_s"]
+    denoise_timeout_s: float = _D["denoise_timeout_s"]
+    decode_timeout_s: float = _D["decode_timeout_s"]
+    sample_interval_s: float = _D["sample_interval_s"]
+    hang_timeout_s: float = _D["hang_timeout_s"]
 
     @classmethod
-    def from_table(cls, table: dict, where: str = "stage.orchestrator") -> "OrchestratorSettings":
-        kw = {}
-        for key, value in table.items():
-            if key not in SETTINGS:
-                raise ValueError(f"{where}.{key}: unknown setting; known: {', '.join(SETTINGS)}")
-            typ, low, high, _ = SETTINGS[key]
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (typ is float or
-                                                                                      isinstance(value, int))
-            if not ok or not low <= value <= high:
-                raise ValueError(f"{where}.{key}: expected {typ.__name__} in [{low}, {high}], got {value!r}")
-            kw[key] = typ(value)
-        return cls(**kw)
+    def from_table(cls, table: dict, where: str = "") -> "OrchestratorSettings":
+        """From a `[stage.orchestrator]` table, checked against stages.config.STAGE_SETTINGS (ConfigError)."""
+        return cls(**check_stage_table("orchestrator", table, where))
 
 
 @dataclass(frozen=True)

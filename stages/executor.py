@@ -52,9 +52,6 @@ class ExecutorLogic:
     def __init__(self, config: PipelineConfig):
         settings = config.stage_settings("executor")
         where = f"{config.path}: stage.executor."
-        if "dual_core" in settings:
-            raise ConfigError(f"{where}dual_core: dual_core is a lifecycle policy now: policy = \"dual_core\" (or "
-                              "\"prefetch+dual_core\"); dual_masks stays a setting")
         self.backend_name = config.backend
         self.threads = int(settings.get("threads", config.threads))
         self.pack_dirs = tuple(Path(p).resolve() for p in config.packs)   # branch models come from these only

@@ -38,7 +38,6 @@ from stages.tensor_io import read_tensor
 
 log = logging.getLogger(__name__)
 
-BRANCH_TIMEOUT_S = 600.0     # one branch call, both passes (a full-size branch on a slow CPU takes tens of seconds)
 BUSY_RETRY_S = 0.2           # executor answered `busy`: ask again after this long
 MAX_BUSY_RETRIES = 3000
 STATE_HEADROOM_MB = 16.0     # free space kept on the job folder's disk beyond two copies of a step state
@@ -321,7 +320,7 @@ class SchedulerLogic:
         plain = self.config.security.allow_plaintext_loopback
         t = self.config.timeouts
         link = LazyPirate(self.zctx, msg.executor, peer="executor", curve=curve, allow_plaintext=plain,
-                          timeout_s=float(sched.get("branch_timeout_s", BRANCH_TIMEOUT_S)), retries=t.retries)
+                          timeout_s=sched["branch_timeout_s"], retries=t.retries)
         watch = PeerWatch(self.zctx, msg.executor, peer="executor", interval_s=t.heartbeat_s, liveness=t.liveness,
                           curve=curve, allow_plaintext=plain)
         policy = self._executor_policy(link, msg)

@@ -148,7 +148,7 @@ STAGE_SCRIPT = """
 
     class Logic:
         def __init__(self, config):
-            if config.stage_settings("encoder").get("fail_start"):
+            if config.stage_settings("encoder").get("dit") == "fail-start":
                 raise RuntimeError("no weights here")
         def on_encode(self, msg, ctx):
             if msg.prompt == "boom":
@@ -212,7 +212,7 @@ def test_stage_process_sigterm_mid_request_exits_cleanly(ctx, tmp_path, run_dir)
 
 
 def test_start_up_failure_says_dying_and_bad_config_exits_2(ctx, tmp_path, run_dir):
-    p, conf = _start(tmp_path, run_dir, "[stage.encoder]\nfail_start = true\n")
+    p, conf = _start(tmp_path, run_dir, '[stage.encoder]\ndit = "fail-start"\n')
     events = EventPull(ctx, load_config(conf).endpoint("events"))
     try:
         dying = events.recv(TIMEOUT_S)
@@ -241,6 +241,20 @@ def test_start_up_failure_says_dying_and_bad_config_exits_2(ctx, tmp_path, run_d
     ("[security]\nallowed_clients = [1]", "security.allowed_clients[0]"),
     ("[security]\nservers = {npu = 'k'}", "security.servers.npu"),
     ("[stage]\nnpu = {}", "stage.npu"),
+    ("[stage.executor]\npolicy = 'fastest'", "stage.executor.policy: 'fastest' is not one of on-demand, prefetch"),
+    ("[stage.executor]\npolicyy = 'prefetch'", "stage.executor.policyy: unknown setting; known: policy"),
+    ("[stage.executor]\nthreads = true", "stage.executor.threads: expected integer, got bool"),
+    ("[stage.executor]\ndual_core = 1", "stage.executor.dual_core: expected boolean"),
+    ("[stage.executor]\ndual_masks = ['0']", "stage.executor.dual_masks: expected 2..2 items, got 1"),
+    ("[stage.executor]\ncore_mask = '7'", "stage.executor.core_mask: choose one of auto"),
+    ("[stage.executor]\ntrace = ''", "stage.executor.trace: expected 1..4096 characters"),
+    ("[stage.scheduler]\nbranch_timeout_s = '10'", "stage.scheduler.branch_timeout_s: expected float, got str"),
+    ("[stage.scheduler]\nbranch_timeout_s = inf", "stage.scheduler.branch_timeout_s: inf is out of range"),
+    ("[stage.vae]\nmin_stride_fraction = nan", "stage.vae.min_stride_fraction: NaN"),
+    ("[stage.vae]\ntile_min = 64\ntile_max = 32", "stage.vae: tile_min must not exceed tile_max"),
+    ("[stage.encoder]\nvae = 'x'", "stage.encoder.vae: unknown setting"),
+    ("[stage.orchestrator]\nmax_queue = 0", "stage.orchestrator.max_queue: 0 is out of range [1, 10000]"),
+    ("stage = 3", "stage: expected dict"),
     ("run_dir = [", "not valid TOML"),
 ])
 def test_config_errors_name_the_key(tmp_path, text, words):
@@ -261,5 +275,31 @@ def test_config_defaults_and_relative_paths(tmp_path):
     assert cfg.is_remote("vae") and not cfg.is_remote("executor")
     assert cfg.curve_client("vae") is None and cfg.curve_server() is None
     assert cfg.stage_settings("executor") == {"policy": "on-demand"} and cfg.backend == "onnx"
+    assert cfg.stage_settings("scheduler") == {"branch_timeout_s": 600.0}      # defaults from STAGE_SETTINGS
+    conf.write_text('[stage.scheduler]\nbranch_timeout_s = 20\n[stage.vae]\ntile_max = 64\n')
+    cfg = load_config(conf)
+    assert cfg.stage_settings("scheduler") == {"branch_timeout_s": 20.0}
+    assert type(cfg.stage_settings("scheduler")["branch_timeout_s"]) is float
+    assert cfg.stage_settings("vae") == {"max_latent": 256, "tile_min": 16, "tile_max": 64,
+                                         "min_stride_fraction": 0.25}
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize("program,table,words", [
+    ("executor", "[stage.executor]\npolicy = 'fastest'", "stage.executor.policy: 'fastest' is not one of"),
+    ("scheduler", "[stage.scheduler]\nbranch_timeout = 5", "stage.scheduler.branch_timeout: unknown setting"),
+    ("vae", "[stage.vae]\ntile_max = 100000", "stage.vae.tile_max: 100000 is out of range"),
+    ("encoder", "[stage.encoder]\nthreads = 'all'", "stage.encoder.threads: expected integer"),
+    ("orchestrator", "[stage.orchestrator]\nstage_retries = -1", "stage.orchestrator.stage_retries: -1 is out"),
+])
+def test_real_programs_exit_2_naming_file_and_key_on_a_bad_stage_setting(tmp_path, program, table, words):
+    """Every [stage.*] key is checked when the config is read: exit 2 (supervisord leaves the program down) with one
+    line naming the file and key (before: a bad executor policy raised in the logic and exited 1, restarted)."""
+    conf = tmp_path / "pipeline.toml"
+    conf.write_text(f'run_dir = "{tmp_path}"\n{table}\n')
+    cmd = ([sys.executable, "-m", "orchestrator.cli", "--run", str(tmp_path), "serve", "--config", str(conf)]
+           if program == "orchestrator" else [sys.executable, "-m", f"stages.{program}", "--config", str(conf)])
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == EXIT_CONFIG, out.stderr
+    assert words in out.stderr and str(conf) in out.stderr and "Traceback" not in out.stderr, out.stderr

@@ -17,20 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from protocol.security import is_loopback
+from stages.config import STAGE_SETTINGS
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8188
+_D = {k: s.default for k, s in STAGE_SETTINGS["http"].items()}       # the keys' types and bounds live there
 MIN_TOKEN_CHARS = 16
-
-# name -> (type, low, high, default); strings have no range
-SETTINGS = {
-    "host": (str, None, None, DEFAULT_HOST),
-    "port": (int, 0, 65535, DEFAULT_PORT),
-    "token_file": (str, None, None, None),
-    "max_body_kb": (int, 1, 65536, 256),
-    "request_timeout_s": (float, 0.1, 120.0, 5.0),
-    "poll_s": (float, 0.05, 10.0, 0.25),
-}
 
 
 class SettingsError(ValueError):
@@ -39,12 +29,12 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class HttpSettings:
-    host: str = DEFAULT_HOST
-    port: int = DEFAULT_PORT
+    host: str = _D["host"]
+    port: int = _D["port"]
     token_file: Path | None = None
-    max_body_kb: int = 256
-    request_timeout_s: float = 5.0
-    poll_s: float = 0.25
+    max_body_kb: int = _D["max_body_kb"]
+    request_timeout_s: float = _D["request_timeout_s"]
+    poll_s: float = _D["poll_s"]
 
     @property
     def max_body_bytes(self) -> int:
@@ -52,20 +42,9 @@ class HttpSettings:
 
     @classmethod
     def from_config(cls, cfg) -> "HttpSettings":
-        """From the pipeline config's [stage.http] table; token_file relative to the config file's folder."""
-        where = f"{cfg.path}: stage.http."
-        kw = {}
-        for key, value in cfg.stage_settings("http").items():
-            if key not in SETTINGS:
-                raise SettingsError(f"{where}{key}: unknown setting; known: {', '.join(SETTINGS)}")
-            typ, low, high, _ = SETTINGS[key]
-            ok = isinstance(value, str) if typ is str else (
-                isinstance(value, (int, float)) and not isinstance(value, bool) and (typ is float or
-                                                                                    isinstance(value, int)))
-            if not ok or (low is not None and not low <= value <= high):
-                rng = f" in [{low}, {high}]" if low is not None else ""
-                raise SettingsError(f"{where}{key}: expected {typ.__name__}{rng}, got {value!r}")
-            kw[key] = typ(value)
+        """From the pipeline config's [stage.http] table (typed and bounded by stages.config.STAGE_SETTINGS when the
+        file was read); token_file relative to the config file's folder."""
+        kw = cfg.stage_settings("http")
         if "token_file" in kw:
             p = Path(os.path.expanduser(kw["token_file"]))
             kw["token_file"] = p if p.is_absolute() else (Path(cfg.path).parent / p).resolve()
