@@ -6,11 +6,14 @@ import dataclasses
 import ipaddress
 import logging
 import os
+import stat
+import time
 from typing import Any
 
 import zmq
-import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+
+from models.durable import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -40,21 +43,95 @@ class CurveClient:
     server_public: bytes
 
 
+KEYS_DIR_MODE = 0o700
+KEY_FILE_MODE = 0o600
+_CERT = """#   ****  Generated on {when} by anima (orchestrator keys generate)  ****
+#   ZeroMQ CURVE {what} Certificate
+#   {note}
+
+metadata
+curve
+    public-key = "{public}"
+"""
+
+
+def _certificate(public: bytes, secret: bytes | None) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S")
+    if secret is None:
+        return _CERT.format(when=when, what="Public", note="Give it to the peers that must accept this key.",
+                            public=public.decode())
+    return _CERT.format(when=when, what="**Secret**", note="DO NOT PROVIDE THIS FILE TO OTHER USERS nor change its "
+                        "permissions.", public=public.decode()) + f'    secret-key = "{secret.decode()}"\n'
+
+
+def _private_folder(directory: str) -> None:
+    """A keys folder is ours and 0700: one open to group or others is tightened (a note is logged), one of another
+    user is refused."""
+    st = os.stat(directory)
+    if not stat.S_ISDIR(st.st_mode):
+        raise EndpointError(f"{directory} is not a folder")
+    if st.st_uid != os.geteuid():
+        raise EndpointError(f"keys folder {directory} belongs to uid {st.st_uid}, not to this user "
+                            f"({os.geteuid()}); choose a folder of your own")
+    if stat.S_IMODE(st.st_mode) != KEYS_DIR_MODE:
+        os.chmod(directory, KEYS_DIR_MODE)
+        log.warning("keys folder %s had mode %04o; tightened to %04o", directory, stat.S_IMODE(st.st_mode),
+                    KEYS_DIR_MODE)
+
+
 def write_keypair(directory: str | os.PathLike, name: str) -> tuple[str, str]:
-    """Create `NAME.key` (public) and `NAME.key_secret` in `directory`, both 0600. Returns their paths."""
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    public_path, secret_path = zmq.auth.create_certificates(os.fspath(directory), name)
-    for p in (public_path, secret_path):
-        os.chmod(p, 0o600)
-    return public_path, secret_path
+    """Create `NAME.key` (public) and `NAME.key_secret` in `directory`; returns their paths.
+
+    The folder is made 0700 and the files 0600 from the start (umask 077 while they are made; each file is a
+    temporary created 0600 in the folder, then renamed into place), never chmodded after being written. An existing
+    folder with a looser mode is tightened to 0700; a folder of another user is refused (EndpointError)."""
+    directory = os.fspath(directory)
+    public, secret = zmq.curve_keypair()                  # z85 bytes
+    paths = (os.path.join(directory, f"{name}.key"), os.path.join(directory, f"{name}.key_secret"))
+    umask = os.umask(0o077)
+    try:
+        os.makedirs(directory, mode=KEYS_DIR_MODE, exist_ok=True)
+        _private_folder(directory)
+        atomic_write(paths[1], _certificate(public, secret), mode=KEY_FILE_MODE)
+        atomic_write(paths[0], _certificate(public, None), mode=KEY_FILE_MODE)
+    finally:
+        os.umask(umask)
+    return paths
+
+
+def _parse_certificate(data: bytes, path) -> tuple[bytes, bytes | None]:
+    """(public, secret) from a ZeroMQ certificate's text (the format of zmq.auth)."""
+    public = secret = None
+    for line in data.splitlines():
+        line = line.strip()
+        if line.startswith(b"public-key"):
+            public = line.split(b"=", 1)[1].strip(b" \t'\"")
+        elif line.startswith(b"secret-key"):
+            secret = line.split(b"=", 1)[1].strip(b" \t'\"")
+    if not public:
+        raise EndpointError(f"cannot read CURVE key file {path}: no public key in it")
+    for what, key in (("public", public), ("secret", secret)):
+        if key is not None and len(key) != 40:
+            raise EndpointError(f"cannot read CURVE key file {path}: the {what} key is not 40 z85 characters")
+    return public, secret
 
 
 def read_keypair(path: str | os.PathLike) -> tuple[bytes, bytes | None]:
-    """(public, secret) z85 keys from a certificate file; secret is None for a public-only file."""
+    """(public, secret) z85 keys from a certificate file; secret is None for a public-only file.
+
+    A file holding a secret key must not be open to group or others (like ssh's private keys): refused, with the
+    chmod that fixes it."""
     try:
-        return zmq.auth.load_certificate(os.fspath(path))
-    except (OSError, ValueError) as e:
-        raise EndpointError(f"cannot read CURVE key file {path}: {e}") from None
+        with open(os.fspath(path), "rb") as f:
+            mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode)
+            data = f.read(64 * 1024)
+    except OSError as e:
+        raise EndpointError(f"cannot read CURVE key file {path}: {e.strerror}") from None
+    public, secret = _parse_certificate(data, path)
+    if secret is not None and mode & 0o077:
+        raise EndpointError(f"CURVE secret key file {path} has mode {mode:04o}: group or others may read it, so it "
+                            f"is refused; make it private (chmod 600 {path}) or generate a new pair")
+    return public, secret
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, str]:

@@ -274,3 +274,44 @@ def test_events_push_pull_and_malformed_events_are_skipped(ctx, run_dir):
     finally:
         raw.close()
         pull.close()
+
+
+def test_key_files_are_private_from_creation_and_loose_secret_files_are_refused(tmp_path, monkeypatch, caplog):
+    """Keys are made 0600 in a 0700 folder whatever the caller's umask, with no chmod after writing (before: written
+    under the umask, then chmodded; an existing folder kept its mode); a secret file open to others is refused."""
+    keys = tmp_path / "keys"
+    keys.mkdir(mode=0o755)
+    keys.chmod(0o755)
+    chmods = []
+    real_chmod = os.chmod
+    monkeypatch.setattr(os, "chmod", lambda p, mode, **kw: (chmods.append((str(p), mode)), real_chmod(p, mode, **kw)))
+    old = os.umask(0)
+    try:
+        public_path, secret_path = write_keypair(keys, "vae")
+        write_keypair(tmp_path / "new" / "deeper", "board")
+    finally:
+        os.umask(old)
+    monkeypatch.undo()
+    assert [p for p, _ in chmods if p.endswith((".key", ".key_secret"))] == []      # never widened, then narrowed
+    for path in (public_path, secret_path, *(tmp_path / "new" / "deeper").iterdir()):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
+    for folder in (keys, tmp_path / "new", tmp_path / "new" / "deeper"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder        # the loose existing one tightened
+    assert sorted(f.name for f in keys.iterdir()) == ["vae.key", "vae.key_secret"]       # no temporaries left
+    public, secret = read_keypair(secret_path)
+    assert read_keypair(public_path) == (public, None) and len(secret) == 40
+    # like ssh: a secret key readable by group or others is refused, naming the file and the fix
+    os.chmod(secret_path, 0o640)
+    with pytest.raises(EndpointError, match=r"vae.key_secret has mode 0640: group or others may read it.*chmod 600"):
+        read_keypair(secret_path)
+    os.chmod(public_path, 0o644)
+    assert read_keypair(public_path) == (public, None)                        # a public key may be shared
+    from stages.config import ConfigError, parse_config
+    cfg = parse_config({"run_dir": str(tmp_path), "endpoints": {"vae": "tcp://127.0.0.1:5999"},
+                        "security": {"server_key": secret_path, "allowed_clients": [public_path]}},
+                       tmp_path / "vae.toml")
+    with pytest.raises(ConfigError, match=r"vae.toml: security.server_key: CURVE secret key file .* mode 0640"):
+        cfg.check_listener("vae")
+    (keys / "junk.key").write_text("curve\n    public-key = \"short\"\n")
+    with pytest.raises(EndpointError, match="not 40 z85 characters"):
+        read_keypair(keys / "junk.key")
