@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -13,6 +14,8 @@ from models.durable import atomic_write
 
 # Header size bound: real checkpoints have headers of a few hundred KB.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+MAX_DIMS = 32                   # numpy allows 64; real tensors have at most 5
+MAX_INDEX = 2**62               # a dimension or a byte offset beyond this is not a real file's
 
 # safetensors dtype name -> (numpy storage dtype, itemsize). bf16 is stored as uint16 and widened by bit shift.
 DTYPES = {
@@ -60,6 +63,12 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     return rounded
 
 
+def _indices(value, max_len: int) -> bool:
+    """A JSON list of at most `max_len` integers in [0, MAX_INDEX] (not bools, not floats)."""
+    return (isinstance(value, list) and len(value) <= max_len
+            and all(type(v) is int and 0 <= v <= MAX_INDEX for v in value))
+
+
 class SafeTensorsFile:
     """One safetensors file, memory-mapped; tensors are read one at a time on request."""
 
@@ -79,24 +88,32 @@ class SafeTensorsFile:
             raw = f.read(n)
         try:
             header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise SafeTensorsError(f"{self.path}: not a safetensors file (header is not JSON: {e})") from None
+        except (ValueError, RecursionError) as e:     # not UTF-8, not JSON, an int of > 4300 digits, deep nesting
+            raise SafeTensorsError(f"{self.path}: not a safetensors file (header is not JSON: "
+                                   f"{type(e).__name__}: {str(e)[:200]})") from None
         if not isinstance(header, dict):
             raise SafeTensorsError(f"{self.path}: not a safetensors file (header is not a JSON object)")
         meta = header.pop("__metadata__", None) or {}
-        self.metadata = {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
+        if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+            raise SafeTensorsError(f"{self.path}: not a safetensors file (__metadata__ must map strings to strings)")
+        self.metadata = meta
         base = 8 + n
         self._infos: dict = {}
         for name, ent in header.items():
-            try:
-                dtype, shape, (a, b) = ent["dtype"], tuple(int(s) for s in ent["shape"]), ent["data_offsets"]
-                a, b = int(a), int(b)
-            except (KeyError, TypeError, ValueError):
-                raise SafeTensorsError(f"{self.path}: malformed header entry for tensor {name!r}") from None
+            dtype, shape, offsets = (ent.get(k) for k in ("dtype", "shape", "data_offsets")) if isinstance(
+                ent, dict) else (None, None, None)
+            if not (isinstance(dtype, str) and _indices(shape, MAX_DIMS) and _indices(offsets, 2)
+                    and len(offsets) == 2 and offsets[0] <= offsets[1]):
+                raise SafeTensorsError(f"{self.path}: malformed header entry for tensor {name[:200]!r} (dtype a "
+                                       f"string, shape and data_offsets lists of integers in [0, 2^62])")
+            a, b = offsets
+            shape = tuple(shape)
             info = TensorInfo(name, dtype, shape, base + a, base + b)
             if dtype in DTYPES:
                 want = info.numel * DTYPES[dtype][1]
-                if b - a != want or a < 0 or any(s < 0 for s in shape):
+                if math.prod(max(1, d) for d in shape) * DTYPES[dtype][1] > MAX_INDEX:   # numpy could not shape it
+                    raise SafeTensorsError(f"{self.path}: tensor {name!r} has an impossible shape {list(shape)}")
+                if b - a != want:
                     raise SafeTensorsError(
                         f"{self.path}: tensor {name!r} has {b - a} bytes, shape {list(shape)} {dtype} needs {want}")
             if base + b > size:

@@ -68,6 +68,8 @@ class SamplerState:
 
     @classmethod
     def load(cls, path) -> "SamplerState":
+        """The state in `path`; SamplerStateError (and nothing else) for any file that is not a sound state, so a
+        damaged or hostile file can fail a resume but never the process reading it."""
         name = os.fspath(path)
         try:
             f = SafeTensorsFile(path)
@@ -79,33 +81,56 @@ class SamplerState:
             raise SamplerStateError(f"{name}: no {META_KEY!r} metadata; not a sampler state file")
         try:
             meta = json.loads(f.metadata[META_KEY])
-        except json.JSONDecodeError as e:
-            raise SamplerStateError(f"{name}: {META_KEY} metadata is not JSON ({e})") from None
+        except (ValueError, RecursionError) as e:     # not JSON, an int of > 4300 digits, deep nesting
+            raise SamplerStateError(f"{name}: {META_KEY} metadata is not JSON ({type(e).__name__}: "
+                                    f"{str(e)[:200]})") from None
         if not isinstance(meta, dict) or meta.get("version") != STATE_VERSION:
             got = meta.get("version") if isinstance(meta, dict) else None
-            raise SamplerStateError(f"{name}: sampler state version {got!r}, expected {STATE_VERSION}")
-        for key, typ in (("settings", dict), ("step", int), ("computed", list), ("forecast", list)):
-            if not isinstance(meta.get(key), typ):
-                raise SamplerStateError(f"{name}: field {key!r} missing or not {typ.__name__}")
-        if "latent" not in f:
-            raise SamplerStateError(f"{name}: tensor 'latent' missing")
-        latent = f.get("latent")                                 # [C, h, w] f32
+            raise SamplerStateError(f"{name}: sampler state version {str(got)[:40]}, expected {STATE_VERSION}")
+        for key, ok in (("settings", isinstance(meta.get("settings"), dict)),
+                        ("step", _count(meta.get("step"))),
+                        ("computed", _counts(meta.get("computed"))), ("forecast", _counts(meta.get("forecast"))),
+                        ("seed", meta.get("seed") is None or _count(meta.get("seed"), 2**64 - 1)),
+                        ("noise", meta.get("noise") is None or isinstance(meta.get("noise"), str))):
+            if not ok:
+                raise SamplerStateError(f"{name}: field {key!r} missing or malformed")
+        latent = _tensor(f, "latent", name, None)                      # [C, h, w] f32
         spectrum = None
         sp = meta.get("spectrum")
         if sp is not None:
-            if not (isinstance(sp, dict) and isinstance(sp.get("calls"), list)
-                    and isinstance(sp.get("cached"), int) and isinstance(sp.get("window"), (int, float))):
+            window = sp.get("window") if isinstance(sp, dict) else None
+            if not (isinstance(sp, dict) and _counts(sp.get("calls")) and _count(sp.get("cached"))
+                    and type(window) in (int, float) and 1.0 <= window <= MAX_COUNT):
                 raise SamplerStateError(f"{name}: field 'spectrum' is malformed")
-            x0s = []
-            for i in range(len(sp["calls"])):
-                key = f"spectrum.x0.{i}"
-                if key not in f:
-                    raise SamplerStateError(f"{name}: tensor {key!r} missing")
-                x0 = f.get(key)
-                if x0.shape != latent.shape:
-                    raise SamplerStateError(f"{name}: tensor {key!r} has shape {x0.shape}, latent {latent.shape}")
-                x0s.append(x0)
-            spectrum = SpectrumState(window=float(sp["window"]), cached=sp["cached"], calls=list(sp["calls"]), x0s=x0s)
+            x0s = [_tensor(f, f"spectrum.x0.{i}", name, latent.shape) for i in range(len(sp["calls"]))]
+            spectrum = SpectrumState(window=float(window), cached=sp["cached"], calls=list(sp["calls"]), x0s=x0s)
         return cls(settings=meta["settings"], step=meta["step"], latent=latent, spectrum=spectrum,
                    computed=meta["computed"], forecast=meta["forecast"], seed=meta.get("seed"),
                    noise=meta.get("noise"))
+
+
+MAX_COUNT = 1_000_000          # steps, step lists, Spectrum call indices: far above any real run
+
+
+def _count(v, high: int = MAX_COUNT) -> bool:
+    return type(v) is int and 0 <= v <= high
+
+
+def _counts(v) -> bool:
+    return isinstance(v, list) and len(v) <= MAX_COUNT and all(_count(x) for x in v)
+
+
+def _tensor(f: SafeTensorsFile, key: str, name: str, shape) -> np.ndarray:
+    """Tensor `key` of a state file as finite f32 [C, h, w] (of `shape` when given); SamplerStateError otherwise."""
+    if key not in f:
+        raise SamplerStateError(f"{name}: tensor {key!r} missing")
+    if f.dtype(key) != "F32" or len(f.shape(key)) != 3 or (shape is not None and f.shape(key) != shape):
+        want = "[C, h, w]" if shape is None else list(shape)
+        raise SamplerStateError(f"{name}: tensor {key!r} is {f.dtype(key)} {list(f.shape(key))}, expected F32 {want}")
+    try:
+        x = f.get(key)
+    except (SafeTensorsError, OSError, ValueError) as e:
+        raise SamplerStateError(f"{name}: tensor {key!r} cannot be read ({e})") from None
+    if not np.isfinite(x).all():
+        raise SamplerStateError(f"{name}: tensor {key!r} holds NaN or Inf")
+    return x

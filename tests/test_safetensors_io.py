@@ -101,3 +101,40 @@ def test_malformed_files_get_clear_errors(tmp_path, case):
         assert "truncated" in str(e.value)
     if case == "bad_size":
         assert "'w'" in str(e.value)
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+HUGE = "9" * 5000                                      # past Python's 4300-digit int-from-string limit
+
+
+@pytest.mark.parametrize("header", [
+    '{"w": {"dtype": "F32", "shape": [' + HUGE + '], "data_offsets": [0, 4]}}',
+    '{"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, ' + HUGE + ']}}',
+    '{"w": ' + DEEP + '}',
+    '{"__metadata__": {"k": ' + DEEP + '}}',
+    '{"__metadata__": {"k": 1}}',
+    '{"w": {"dtype": [], "shape": [1], "data_offsets": [0, 4]}}',
+    '{"w": {"dtype": "F32", "shape": "1", "data_offsets": [0, 4]}}',
+    '{"w": {"dtype": "F32", "shape": [true], "data_offsets": [0, 4]}}',
+    '{"w": {"dtype": "F32", "shape": [1.0], "data_offsets": [0, 4]}}',
+    '{"w": {"dtype": "F32", "shape": [Infinity], "data_offsets": [0, 4]}}',
+    '{"w": {"dtype": "F32", "shape": [NaN], "data_offsets": [0, 4]}}',
+    '{"w": {"dtype": "F32", "shape": [1], "data_offsets": [-4, 0]}}',
+    '{"w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}}',
+    '{"w": {"dtype": "F8_E5M2", "shape": [1], "data_offsets": [8, 4]}}',
+    '{"w": {"dtype": "F32", "shape": [0, 4611686018427387904, 4611686018427387904], "data_offsets": [0, 0]}}',
+    '{"w": {"dtype": "F32", "shape": [' + ",".join(["1"] * 40) + '], "data_offsets": [0, 4]}}',
+    '{"w": 5}',
+    '{"w": {"dtype": "F32", "shape": [1]}}',
+])
+def test_hostile_headers_raise_the_loaders_own_error(tmp_path, header):
+    """Huge integers, deep nesting, wrong types: SafeTensorsError naming the file, never ValueError/TypeError/
+    RecursionError from deeper down (before: a 5000-digit int was a ValueError, deep nesting a RecursionError)."""
+    path = tmp_path / "hostile.safetensors"
+    raw = header.encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 8)
+    with pytest.raises(SafeTensorsError) as e:
+        f = SafeTensorsFile(path)
+        for k in f.keys():          # a header that passes must still give readable tensors
+            f.get(k)
+    assert type(e.value) is SafeTensorsError and str(path) in str(e.value)

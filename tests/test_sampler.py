@@ -256,6 +256,86 @@ def test_an_unusable_state_file_restarts_sampling_from_step_0(tmp_path, damage):
     assert start_or_resume(sampler, 11, (16, 4, 6), tmp_path, noise="numpy").step == 3
 
 
+def _state_file(path, meta_text: str, tensors: dict) -> None:
+    """tensors: name -> array (stored F32) or (safetensors dtype, array)."""
+    from models.safetensors_io import TensorEntry, write_safetensors
+    entries = []
+    for k, v in tensors.items():
+        dtype, arr = v if isinstance(v, tuple) else ("F32", v)
+        entries.append(TensorEntry(k, dtype, arr.shape, arr))
+    write_safetensors(path, entries, metadata={"anima_sampler_state": meta_text})
+
+
+@pytest.mark.parametrize("change", [
+    lambda m, t: (m.replace('"step":2', '"step":' + "9" * 5000), t),              # int past the digit limit
+    lambda m, t: (m.replace('"settings":', '"settings":' + "[" * 50_000 + "]" * 50_000 + ',"x":'), t),
+    lambda m, t: (m.replace('"step":2', '"step":true'), t),
+    lambda m, t: (m.replace('"step":2', '"step":-1'), t),
+    lambda m, t: (m.replace('"step":2', '"step":"2"'), t),
+    lambda m, t: (m.replace('"computed":[1,2]', '"computed":["a"]'), t),
+    lambda m, t: (m.replace('"seed":3', '"seed":-3'), t),
+    lambda m, t: (m.replace('"noise":"numpy"', '"noise":7'), t),
+    lambda m, t: (m.replace('"calls":[0,1]', '"calls":[0,1e400]'), t),
+    lambda m, t: (m.replace('"calls":[0,1]', '"calls":{"0":1}'), t),
+    lambda m, t: (m.replace('"cached":0', '"cached":-1'), t),
+    lambda m, t: (m.replace('"window":', '"window":1e999,"w":'), t),
+    lambda m, t: (m.replace('"window":', '"window":NaN,"w":'), t),
+    lambda m, t: (m, {**t, "latent": t["latent"][0]}),                              # [h, w]: not [C, h, w]
+    lambda m, t: (m, {**t, "latent": ("F16", t["latent"])}),
+    lambda m, t: (m, {**t, "latent": np.full_like(t["latent"], np.nan)}),
+    lambda m, t: (m, {**t, "spectrum.x0.1": t["latent"][:, :2]}),
+    lambda m, t: (m, {k: v for k, v in t.items() if k != "spectrum.x0.0"}),
+    lambda m, t: ("[" * 100_000, t),
+    lambda m, t: ("{}", t),
+])
+def test_hostile_state_files_are_only_ever_a_sampler_state_error(tmp_path, change):
+    """Whatever the file holds, SamplerState.load raises SamplerStateError (the scheduler turns it into an ERROR
+    reply and keeps serving), never ValueError/TypeError/RecursionError/OverflowError (those killed it)."""
+    sampler = Sampler(steps=6, spectrum=SpectrumSettings(warmup=1))
+    st = sampler.init_state(start_latent(), seed=3, noise="numpy")
+    model = toy_model()
+    for _ in range(2):
+        sampler.step_computed(st, *model(st.latent, sampler.sigma(st)))
+    good = tmp_path / "good.safetensors"
+    st.save(good)
+    from models.safetensors_io import SafeTensorsFile
+    f = SafeTensorsFile(good)
+    meta, tensors = f.metadata["anima_sampler_state"], {k: f.get(k) for k in f.keys()}
+    assert '"step":2' in meta and '"calls":[0,1]' in meta and '"computed":[1,2]' in meta and '"cached":0' in meta
+    bad = tmp_path / "bad.safetensors"
+    _state_file(bad, *change(meta, tensors))
+    with pytest.raises(SamplerStateError) as e:
+        back = SamplerState.load(bad)
+        sampler.check_state(back)
+    assert type(e.value) is SamplerStateError and "bad.safetensors" in str(e.value)
+    assert SamplerState.load(good).step == 2
+
+
+def test_randomly_damaged_state_files_load_or_raise_sampler_state_error(tmp_path):
+    """300 byte-level mutations of a real state file's header: each loads (and resumes) or is a SamplerStateError."""
+    import random
+    sampler = Sampler(steps=6)
+    st = sampler.init_state(start_latent(), seed=3, noise="numpy")
+    good = tmp_path / "good.safetensors"
+    st.save(good)
+    blob = good.read_bytes()
+    n = int.from_bytes(blob[:8], "little")
+    rng = random.Random(0)
+    bad, outcomes = tmp_path / "bad.safetensors", {"loaded": 0, "refused": 0}
+    for _ in range(300):
+        b = bytearray(blob)
+        for _ in range(rng.randint(1, 4)):
+            b[rng.randrange(8, 8 + n)] = rng.choice(b'0123456789[]{}",:-.eE' + bytes([rng.randrange(256)]))
+        bad.write_bytes(bytes(b))
+        try:
+            back = SamplerState.load(bad)
+            sampler.check_state(back)
+            outcomes["loaded"] += 1
+        except SamplerStateError:
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 100 and sum(outcomes.values()) == 300
+
+
 def test_step_api_guards():
     sampler = Sampler(steps=20)
     st = sampler.init_state(start_latent())
