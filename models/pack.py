@@ -9,7 +9,7 @@ import os
 import platform
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Optional
 
 from models.config import DiTConfig
@@ -200,6 +200,23 @@ def _field(d: dict, key: str, typ, where: str):
     return d[key]
 
 
+def pack_member(pack_dir, rel, where: str = "") -> Path:
+    """PACK/rel for a file name a manifest gives, kept inside the pack folder: a relative POSIX path with no '..', no
+    NUL, that (links resolved) stays under the folder's real path; PackError otherwise. A pack may come from
+    elsewhere: its manifest must not make a reader hash, load or run a file outside it."""
+    where = where or str(Path(pack_dir) / MANIFEST)
+    if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
+        raise PackError(f"{where}: file name {str(rel)[:200]!r} is not a relative path inside the pack")
+    parts = PurePosixPath(rel).parts
+    if PurePosixPath(rel).is_absolute() or ".." in parts:
+        raise PackError(f"{where}: file name {rel[:200]!r} leaves the pack folder (absolute or '..')")
+    root = Path(pack_dir).resolve()
+    full = root.joinpath(*parts).resolve()
+    if root not in full.parents:
+        raise PackError(f"{where}: file {rel[:200]!r} resolves to {full}, outside the pack folder {root}")
+    return root.joinpath(*parts)
+
+
 def pack_files(manifest: dict) -> list:
     """(relative path, sha256) of every file the manifest vouches for: host weights (DiT packs), ONNX and any
     compiled RKNN."""
@@ -259,9 +276,15 @@ def load_pack(pack_dir, check: bool = True) -> Pack:
     if got != want:
         raise PackError(f"{where}: branch table does not list blocks 0..{cfg.blocks - 1} × {[s.kind for s in BRANCHES]}"
                         " in order")
+    pack_member(d, m["host"]["file"], where + " host")
     for b in m["branches"]:
-        _field(b, "onnx", str, f"{where} branch b{b['block']:02d}_{b['kind']}")
-        _field(b, "sha256", str, f"{where} branch b{b['block']:02d}_{b['kind']}")
+        bw = f"{where} branch b{b['block']:02d}_{b['kind']}"
+        pack_member(d, _field(b, "onnx", str, bw), bw)
+        _field(b, "sha256", str, bw)
+        if b.get("rknn") is not None:
+            _field(b, "rknn", dict, bw)
+            pack_member(d, _field(b["rknn"], "file", str, bw + " rknn"), bw + " rknn")
+            _field(b["rknn"], "sha256", str, bw + " rknn")
     if check:
         check_files(d, m)
     return Pack(d, m, cfg, geom, m["dtype"], list(m["branches"]))

@@ -24,8 +24,8 @@ Usage = namedtuple("Usage", "total used free")
 
 
 def poisoned_pack(pack: Path, out: Path, branch: str = "onnx/b00_self.onnx") -> Path:
-    """A copy of `pack` (files linked) whose `branch` has one weight set to NaN and a manifest vouching for it:
-    the pack loads and checks clean, the branch's output holds NaN."""
+    """A copy of `pack` (files hard-linked: a symbolic link out of a pack is refused) whose `branch` has one weight
+    set to NaN and a manifest vouching for it: the pack loads and checks clean, the branch's output holds NaN."""
     import onnx
     from onnx import numpy_helper
     out.mkdir(parents=True)
@@ -34,7 +34,7 @@ def poisoned_pack(pack: Path, out: Path, branch: str = "onnx/b00_self.onnx") -> 
         rel = p.relative_to(pack)
         if p.is_file() and str(rel) not in ("manifest.json", branch):
             (out / rel).parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(p, out / rel)
+            os.link(p, out / rel)
     model = onnx.load(pack / branch)
     init = next(i for i in model.graph.initializer if len(i.dims) == 2)        # a weight matrix
     w = numpy_helper.to_array(init).copy()

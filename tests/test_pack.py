@@ -80,6 +80,42 @@ def test_check_names_a_missing_file_and_bad_manifest(pack16, tmp_path):
         load_pack(bad)
 
 
+@pytest.mark.parametrize("where,name,words", [
+    ("host", "../outside.safetensors", "leaves the pack folder"),
+    ("host", "/etc/passwd", "leaves the pack folder"),
+    ("onnx", "onnx/../../outside.onnx", "leaves the pack folder"),
+    ("onnx", "", "not a relative path"),
+    ("onnx", "onnx\\..\\x.onnx", "not a relative path"),
+    ("rknn", "../../outside.rknn", "leaves the pack folder"),
+    ("rknn", "rknn/escape.rknn", "outside the pack folder"),        # a link inside the pack that points out
+])
+def test_manifest_file_names_stay_inside_the_pack(pack16, tmp_path, where, name, words):
+    """A pack may come from elsewhere: no manifest file name may reach a file outside its folder, for load_pack (which
+    would hash it) nor for the rknn backend (which would run it; before, it took rknn.file as it stood)."""
+    from models.branch_runtime import BackendError
+    from stages.backends.rknn import RknnLiteBackend, compiled_path
+    bad = tmp_path / "pack"
+    shutil.copytree(pack16, bad)
+    (tmp_path / "outside.rknn").write_bytes(b"not yours")
+    (bad / "rknn").mkdir()
+    (bad / "rknn" / "escape.rknn").symlink_to(tmp_path / "outside.rknn")
+    m = json.loads((bad / MANIFEST).read_text())
+    if where == "host":
+        m["host"]["file"] = name
+    elif where == "onnx":
+        m["branches"][0]["onnx"] = name
+    else:
+        m["branches"][0]["rknn"] = {"file": name, "sha256": "0" * 64}
+    (bad / MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(PackError, match=words):
+        load_pack(bad, check=False)
+    if where == "rknn":
+        with pytest.raises(BackendError, match=words):
+            compiled_path(bad / "onnx" / "b00_self.onnx")
+        with pytest.raises(BackendError, match=words):
+            RknnLiteBackend(lite="standin").load(bad / "onnx" / "b00_self.onnx")
+
+
 def test_interrupted_build_leaves_nothing_that_looks_complete(tiny_dit, tmp_path, monkeypatch):
     real = branch_graphs.build_branch
     calls = []

@@ -16,6 +16,7 @@ from typing import Optional
 import numpy as np
 
 from models.branch_runtime import BackendError, BranchBackend
+from models.pack import PackError, load_pack, pack_member
 from stages.backends import board_stats
 
 log = logging.getLogger(__name__)
@@ -83,13 +84,14 @@ def check_toolkit_version(pack_dir, api) -> str:
 
 
 def _pack_branches(p: Path) -> tuple:
-    """(pack folder, manifest branch entries, p relative to the pack) for a file PACK/<dir>/<name>."""
+    """(pack folder, manifest branch entries, p relative to the pack) for a file PACK/<dir>/<name>. The manifest is
+    read by models.pack.load_pack, which keeps every file name it gives inside the pack folder."""
     pack = p.parent.parent
     try:
-        m = json.loads((pack / "manifest.json").read_text())
-    except (OSError, ValueError) as e:
-        raise BackendError(f"{p}: cannot read its pack manifest {pack / 'manifest.json'} ({e})") from None
-    return pack, m.get("branches", []), p.relative_to(pack).as_posix()
+        loaded = load_pack(pack, check=False)
+    except PackError as e:
+        raise BackendError(f"{p}: its pack manifest is not usable ({e})") from None
+    return pack, loaded.branches, p.relative_to(pack).as_posix()
 
 
 def branch_entry(rknn_path) -> tuple:
@@ -105,7 +107,7 @@ def branch_entry(rknn_path) -> tuple:
 
 def compiled_path(model_path) -> Path:
     """The .rknn file of a branch: itself, or, for PACK/onnx/bNN_kind.onnx (what the scheduler names), the compiled
-    file the pack manifest records for that branch."""
+    file the pack manifest records for that branch (inside the pack folder: load_pack checked the name)."""
     p = Path(model_path).absolute()
     if p.suffix == ".rknn":
         return p
@@ -115,7 +117,7 @@ def compiled_path(model_path) -> Path:
             if not isinstance(b.get("rknn"), dict) or not b["rknn"].get("file"):
                 raise BackendError(f"{pack}: branch {rel} is not compiled for the NPU (run `anima-models compile "
                                    f"{pack} --target rk3588`)")
-            return pack / b["rknn"]["file"]
+            return pack_member(pack, b["rknn"]["file"])
     raise BackendError(f"{p}: not a branch of pack {pack}")
 
 

@@ -8,7 +8,6 @@ Nothing it measures says anything about NPU speed or memory; the backend labels 
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -25,14 +24,10 @@ LITE_VERSION = "2.5.0"          # the rknn-toolkit-lite2 release this stand-in i
 
 def onnx_for_rknn(rknn_path) -> Path:
     """The ONNX graph a pack's .rknn was compiled from (manifest branch entry whose rknn.file is this file)."""
-    p = Path(rknn_path).absolute()
-    pack = p.parent.parent
-    m = json.loads((pack / "manifest.json").read_text())
-    rel = p.relative_to(pack).as_posix()
-    for b in m.get("branches", []):
-        if isinstance(b.get("rknn"), dict) and b["rknn"].get("file") == rel:
-            return pack / b["onnx"]
-    raise FileNotFoundError(f"{rel}: not in {pack / 'manifest.json'}'s branch table")
+    from models.pack import pack_member
+    from stages.backends.rknn import branch_entry          # the backend's one manifest reader
+    pack, entry = branch_entry(rknn_path)
+    return pack_member(pack, entry["onnx"])
 
 
 class RKNNLite:
@@ -68,7 +63,7 @@ class RKNNLite:
             with open(self._path, "rb") as f:
                 self._bytes = f.read()
             self._onnx = onnx_for_rknn(self._path)
-        except (OSError, ValueError, KeyError) as e:
+        except (OSError, ValueError, KeyError, RuntimeError) as e:     # RuntimeError: the manifest lookup's
             log.error("load_rknn %s: %s", self._path, e)
             return -1
         self._record("load_rknn")
