@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.durable import atomic_write
+from stages.config import JOBS_DIR
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 # The top-level supervisord.conf: in a source tree (also the ready-made config for the default run folder), or, in an
@@ -30,7 +31,7 @@ class RunFolder:
 
     @property
     def jobs(self) -> Path:
-        return self.root / "jobs"
+        return self.root / JOBS_DIR
 
     @property
     def logs(self) -> Path:

@@ -53,6 +53,7 @@ from protocol.sockets import (REQUEST_RETRIES, REQUEST_TIMEOUT_S, CurveClient, C
 STAGES = ("encoder", "scheduler", "executor", "vae")
 ENDPOINT_NAMES = STAGES + ("events",)
 LOG_LEVELS = ("debug", "info", "warning", "error")
+JOBS_DIR = "jobs"                                  # RUN/jobs: the job folders (orchestrator.runfolder, the VAE)
 _TOP_KEYS = {"run_dir", "pack_dir", "packs", "models_dir", "backend", "threads", "log_level", "endpoints", "timeouts",
              "security", "stage"}
 _SECURITY_KEYS = {"allow_plaintext_loopback", "allow_wildcard_bind", "server_key", "client_key", "allowed_clients",
@@ -123,8 +124,8 @@ STAGE_SETTINGS: dict[str, dict[str, Setting]] = {
         "max_latent": Setting(int, 256, 1, 4096, help="DECODE: largest latent h and w (8 image pixels each)"),
         "tile_min": Setting(int, 16, 1, 4096, help="DECODE: smallest tile side in latent pixels"),
         "tile_max": Setting(int, 128, 1, 4096, help="DECODE: largest tile side, and the largest untiled latent"),
-        "min_stride_fraction": Setting(float, 0.25, 0.05, 1.0, help="DECODE: tile stride (tile minus overlap) at least this "
-                              "fraction of the tile: decode work stays under 1/min_stride² of an untiled one"),
+        "min_stride_fraction": Setting(float, 0.25, 0.05, 1.0, help="DECODE: the tile stride (tile minus overlap) "
+                                       "is at least this fraction of the tile (work < 1/fraction² of untiled)"),
     },
     "orchestrator": {
         "max_queue": Setting(int, 16, 1, 10_000, help="queued + running jobs"),
@@ -238,6 +239,11 @@ class PipelineConfig:
     security: Security
     stage: dict[str, dict[str, Any]]
     packs: tuple[Path, ...] = ()        # every model pack, the default (pack_dir) first; one per image size
+
+    @property
+    def jobs_dir(self) -> Path:
+        """RUN/jobs: one folder per job (job.json, contexts, states, image.png, report.json)."""
+        return self.run_dir / JOBS_DIR
 
     def endpoint(self, name: str) -> str:
         return self.endpoints[name]

@@ -34,6 +34,7 @@ from stages.backends import make_branch_backend
 from stages.base import RequestFailed, exit_process, stage_main
 from stages.config import PipelineConfig
 from stages.tensor_io import ReplyTensors, read_tensor
+from stages.vae_limits import DecodeLimits, DecodePlan, check_decode
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class VaeLogic:
             self.path = [str(d.pack.dir) for d in self.decoders.values()]
             self.z_dim = next(iter(self.decoders.values())).config.z_dim
         self.load_s = time.perf_counter() - t0
+        self.limits = DecodeLimits.from_config(config, self.z_dim, fixed_tiling=self.vae is None)
 
     def _pack_decoders(self, config: PipelineConfig, settings: dict) -> dict:
         """{latent shape: PackDecoder} for `vae_pack` (one folder or a list, one per image size), every file checked;
@@ -92,22 +94,22 @@ class VaeLogic:
         return {"vae": ", ".join(self.path) if self.vae is None else str(self.path), "backend": self.backend,
                 "threads": self.threads, "load_s": round(self.load_s, 3)}
 
-    def _decode(self, latent, tile: m.TileSettings):
+    def _decode(self, latent, plan: DecodePlan):
         """-> DecodeResult through the configured backend; a VAE pack fixes its own tiling (DECODE's is for torch)."""
-        if self.vae is not None:
-            return self.vae.decode(latent, tile=tile.tile if tile.enabled else None, overlap=tile.overlap)
-        dec = self.decoders[tuple(latent.shape)]
+        dec = None if self.vae is not None else self.decoders[tuple(latent.shape)]
         try:
+            if dec is None:
+                return self.vae.decode(latent, tile=plan.tile, overlap=plan.overlap)
             return dec.decode(latent)
+        except ValueError as e:                             # the decoder's own input checks: the request's fault
+            raise RequestFailed(f"cannot decode this latent: {e}", code="bad_request", field="latent") from None
         except BackendError as e:
             raise RequestFailed(f"VAE pack {dec.pack.dir} on {self.backend}: {e}") from None
         except DecodeError as e:                            # a non-finite image
             raise RequestFailed(str(e)) from None
 
     def on_decode(self, msg: m.Decode, ctx) -> m.Decoded:
-        z = self.z_dim
-        if msg.latent.dtype != "f32" or len(msg.latent.shape) != 3 or msg.latent.shape[0] != z:
-            raise ProtocolError("latent", f"expected f32 [{z}, h, w], got {msg.latent.dtype} {list(msg.latent.shape)}")
+        plan = check_decode(msg, self.limits)            # bounds, tiles, output, metadata: ERROR replies
         if self.vae is None and tuple(msg.latent.shape) not in self.decoders:
             sizes = ", ".join(f"{d.pack.width}x{d.pack.height}" for d in self.decoders.values())
             raise ProtocolError("latent", f"shape {list(msg.latent.shape)}: no VAE pack for it (stage.vae.vae_pack "
@@ -116,20 +118,20 @@ class VaeLogic:
         latent = read_tensor(ctx, msg.arena, msg.latent, msg.inline, field="latent", copy=True)   # [16, h, w] f32
         if not np.isfinite(latent).all():
             raise ProtocolError("latent", "holds NaN or Inf")
-        if msg.output is None and not msg.return_png:
-            raise ProtocolError("output", "give an output path or ask for return_png")
         # 1) decode (tiled unless told otherwise; a VAE pack's tiling is its own)
-        result = self._decode(latent, msg.tile)
+        result = self._decode(latent, plan)
         ctx.check(msg.job)
         # 2) the PNG with its metadata: to the named path, or back inline
         t0 = time.perf_counter()
         out = ReplyTensors(ctx, None)
-        png_desc, path = None, None
-        if msg.output is not None:
-            path = os.path.abspath(msg.output)
+        png_desc, path = None, plan.output
+        if path is not None:
             if not os.path.isdir(os.path.dirname(path)):
                 raise RequestFailed(f"output folder {os.path.dirname(path)} does not exist", field="output")
-            write_png(path, result.image, msg.metadata)
+            try:
+                write_png(path, result.image, msg.metadata)
+            except OSError as e:
+                raise RequestFailed(f"cannot write {path}: {e.strerror}", field="output") from None
         if msg.return_png:
             with tempfile.TemporaryDirectory() as tmp:
                 p = os.path.join(tmp, "image.png")
