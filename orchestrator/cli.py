@@ -444,8 +444,18 @@ def cmd_service(args, rf: RunFolder) -> int:
 
 
 def cmd_serve(args, rf: RunFolder) -> int:
+    """The daemon process. A bad config or pack is exit 2, after which supervisord leaves it down (it would fail the
+    same way again); anything that breaks it while serving is exit 1, and supervisord starts it again."""
+    from models.pack import PackError
     from orchestrator.daemon import serve
-    return serve(rf, Path(args.config))
+    from stages.config import ConfigError
+    try:
+        return serve(rf, Path(args.config))
+    except (ConfigError, PackError) as e:
+        raise CliError(str(e), EXIT_USAGE) from None
+    except Exception:  # noqa: BLE001 - the process broke: say why, exit for supervisord to restart it
+        logging.getLogger("orchestrator.daemon").exception("the orchestrator daemon failed")
+        return EXIT_FAILED
 
 
 # ---------------------------------------------------------------- parser

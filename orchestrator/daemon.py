@@ -22,6 +22,7 @@ from orchestrator.watchdog import HangWatch
 from protocol import messages as m
 from protocol.arena import reap, run_prefix
 from protocol.sockets import EventPull, LazyPirate, Server
+from stages.config import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class Daemon:
 
     def __init__(self, config, rf: RunFolder, *, supervisor: Supervisor | None = None, ctx: zmq.Context | None = None):
         if not config.packs:
-            raise ValueError(f"{config.path}: pack_dir is not set; the orchestrator needs a model pack")
+            raise ConfigError(f"{config.path}: pack_dir is not set; the orchestrator needs a model pack")
         self.cfg, self.rf = config, rf
         self.settings = settings_from_config(config)
         self.packs = read_packs(config.packs)              # (width, height) -> PackInfo; a job picks by its size
@@ -305,7 +306,7 @@ def serve(rf: RunFolder, config_path: Path) -> int:
     from stages.config import load_config
     cfg = load_config(config_path)
     if cfg.run_dir.resolve() != rf.root:
-        raise ValueError(f"{config_path}: run_dir {cfg.run_dir} differs from the run folder {rf.root} "
+        raise ConfigError(f"{config_path}: run_dir {cfg.run_dir} differs from the run folder {rf.root} "
                          "(--run / ANIMA_RUN)")
     logging.getLogger().setLevel(cfg.log_level.upper())
     setproctitle.setproctitle("anima-orchestrator")

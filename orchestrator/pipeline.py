@@ -76,17 +76,17 @@ def read_pack(pack_dir: str | Path) -> PackInfo:
 
 
 def read_packs(pack_dirs) -> dict[tuple[int, int], PackInfo]:
-    """{(width, height): PackInfo} of every pack, the default (first) first; ValueError when two packs serve one size
-    (a job picks its pack by size) or a manifest is unreadable."""
+    """{(width, height): PackInfo} of every pack, the default (first) first; PackError (a ValueError) when two packs
+    serve one size (a job picks its pack by size) or a manifest is unreadable."""
     from models.pack import PackError
     packs: dict[tuple[int, int], PackInfo] = {}
     for d in pack_dirs:
         try:
             info = read_pack(d)
         except (PackError, OSError) as e:
-            raise ValueError(f"model pack {d}: {e}") from None
+            raise PackError(f"model pack {d}: {e}") from None
         if info.size in packs:
-            raise ValueError(f"model packs {packs[info.size].dir} and {info.dir} are both {info.width}x{info.height}; "
+            raise PackError(f"model packs {packs[info.size].dir} and {info.dir} are both {info.width}x{info.height}; "
                              "keep one pack per image size")
         packs[info.size] = info
     return packs

@@ -134,3 +134,23 @@ def test_submit_stdin_limits_and_generate_names_options(tmp_path, capsys, monkey
     assert "error: --cfg: must be in [1.0, 30.0], got inf" in capsys.readouterr().err
     assert cli.main(["--run", str(run.root), "generate", "a", "--negative", "x\udcff"]) == 2
     assert "error: --negative: not valid UTF-8 text" in capsys.readouterr().err
+
+
+def test_serve_exits_2_only_for_a_bad_config(tmp_path, monkeypatch, capsys, caplog):
+    """supervisord leaves a program down after exit 2 (exitcodes=2): a bad config or pack is 2, but the daemon breaking
+    while it serves (a ValueError or OSError from deep inside) is 1, so it is started again."""
+    import orchestrator.daemon
+    from models.pack import PackError
+    from stages.config import ConfigError
+    init_run(tmp_path / "run")
+    args = ["--run", str(tmp_path / "run"), "serve", "--config", str(tmp_path / "run" / "pipeline.toml")]
+    for error, code in ((ConfigError("pipeline.toml: stage.x: bad"), 2), (PackError("no pack"), 2),
+                        (ValueError("Exceeds the limit (4300 digits)"), 1), (OSError(36, "File name too long"), 1),
+                        (RuntimeError("broken"), 1)):
+        def fail(rf, path, error=error):
+            raise error
+        monkeypatch.setattr(orchestrator.daemon, "serve", fail)
+        caplog.clear()
+        assert cli.main(args) == code, error
+        said = capsys.readouterr().err if code == 2 else caplog.text
+        assert str(error).split(":")[0] in said, said
