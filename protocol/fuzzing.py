@@ -1,13 +1,18 @@
-"""Fast random frame generators for fuzzing the decoder (the CI fuzz test and bench/fuzz_protocol.py)."""
+"""Fuzzing: random frame generators for the decoder, and `fuzz_live`, which sends the same mutations as requests to a
+real serving process and checks it answers every one, never hangs, never dies and keeps serving (the CI fuzz tests
+and bench/fuzz_protocol.py)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
+import time
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
+import zmq
 
 from protocol import codec
 from protocol import messages as m
@@ -42,13 +47,14 @@ def _paths(obj: Any, prefix: tuple = ()) -> list[tuple]:
     return out
 
 
-def mutate(frames: list[bytes], rng: random.Random) -> list[bytes]:
-    """A randomly broken (or occasionally still valid) variant of a valid message's frames."""
+def mutate(frames: list[bytes], rng: random.Random, protect: frozenset = frozenset()) -> list[bytes]:
+    """A randomly broken (or occasionally still valid) variant of a valid message's frames; top-level header fields
+    in `protect` are never replaced, deleted or added to (byte-level mutations may still hit them)."""
     op = rng.randrange(8)
     head = msgpack.unpackb(frames[0], raw=False)
     rest = list(frames[1:])
     if op <= 2:  # replace, delete or add a field somewhere in the header
-        paths = _paths(head)
+        paths = [p for p in _paths(head) if p[0] not in protect] or [("extra",)]
         path = rng.choice(paths)
         parent = head
         for key in path[:-1]:
@@ -115,4 +121,214 @@ def fuzz_kind(kind: str, n: int, seed: int = 0) -> FuzzCounts:
             counts.crashes += 1
             if not counts.first_crash:
                 counts.first_crash = f"{frames[:1]!r}\n{traceback.format_exc()}"
+    return counts
+
+
+# ---- JSON text fields (SUBMIT.prompt_json): odd values as raw JSON text, including what json.dumps cannot write ----
+ODD_JSON: list[str] = [
+    "null", "true", "false", "0", "-1", "1e400", "-1e400", "NaN", "Infinity", "-Infinity", "1.5", "-0.0",
+    "9" * 5000, "-" + "9" * 5000, str(2**64), str(2**63), "1" + "0" * 300, '""', '"x"', '"\\ud800"',
+    '"\\udfff\\ud800"', '"\\u0000"', '"' + "é" * 5000 + '"', '"' + "a" * 70_000 + '"', "[]", "{}",
+    "[" * 2000 + "]" * 2000, '{"a":' * 2000 + "1" + "}" * 2000, "[1, 2, 3]", '{"enabled": false}', '"(a:1.2)"',
+]
+
+
+def json_variant(base: dict, rng: random.Random, values: dict[str, list[str]] | None = None) -> str:
+    """JSON text of `base` with one or two fields replaced by odd values, removed, duplicated or added, or the whole
+    text broken. `values` gives the raw JSON candidates of particular fields (the only ones such a field gets: a
+    caller keeps e.g. file paths inside a sandbox); those fields are picked half the time."""
+    values = values or {}
+    items = [(k, json.dumps(v)) for k, v in base.items()]
+    for _ in range(rng.randint(1, 2)):
+        op = rng.randrange(4)
+        keys = list(values) if values and rng.random() < 0.5 else list(base) + list(values) + ["extra", "", "\u0000"]
+        key = rng.choice(keys)
+        raw = rng.choice(values[key]) if key in values else rng.choice(ODD_JSON)
+        if op == 0:                                   # replace (or add) a field
+            items = [(k, v) for k, v in items if k != key] + [(key, raw)]
+        elif op == 1 and items:                       # drop one
+            items.pop(rng.randrange(len(items)))
+        elif op == 2:                                 # a duplicate key
+            items.append((key, raw))
+        elif items:                                   # an existing field gets an odd value
+            i = rng.randrange(len(items))
+            items[i] = (items[i][0], rng.choice(values.get(items[i][0], ODD_JSON)))
+    text = "{" + ", ".join(f"{json.dumps(k)}: {v}" for k, v in items) + "}"
+    r = rng.random()
+    if r < 0.05:
+        text = text[:rng.randrange(len(text) + 1)]    # truncated
+    elif r < 0.08:
+        text = rng.choice(ODD_JSON)                   # not an object at all
+    return text
+
+
+# ---- live fuzzing of a serving process ---------------------------------------------------------------------------
+
+PROCESS_CHECK_S = 1.0        # while a reply is awaited, how often the serving process is looked at
+RESTART_WAIT_S = 120.0       # a process that went away must be back (supervisord) within this long
+MAX_PROBLEMS = 20
+
+
+class _Gone(Exception):
+    """The fuzzed process went away and nothing took its place."""
+
+
+@dataclasses.dataclass
+class LiveCounts:
+    frames: int = 0          # fuzzed requests sent
+    answered: int = 0        # got a reply that decodes
+    errors: int = 0          # of which ERROR replies
+    hangs: int = 0           # no reply within the timeout while the same process lived
+    crashes: int = 0         # the serving process died or was replaced, or a reply did not decode
+    probes: int = 0          # valid requests in between, answered as they should be
+    failed_probes: int = 0
+    wall_s: float = 0.0
+    problems: list[str] = dataclasses.field(default_factory=list)    # the first MAX_PROBLEMS, said plainly
+
+    @property
+    def first_problem(self) -> str:
+        return self.problems[0] if self.problems else ""
+
+    @property
+    def ok(self) -> bool:
+        return (self.crashes == 0 and self.hangs == 0 and self.failed_probes == 0 and self.probes > 0
+                and self.answered == self.frames)
+
+    def line(self, name: str) -> str:
+        return (f"live {name} frames={self.frames} answered={self.answered} errors={self.errors} "
+                f"crashes={self.crashes} hangs={self.hangs} probes={self.probes - self.failed_probes}/{self.probes} "
+                f"serving={'yes' if self.ok else 'NO'} wall_s={self.wall_s:.1f}")
+
+
+@dataclasses.dataclass
+class LiveTarget:
+    """A serving process to fuzz: where it listens, what to mutate, and how to tell it is the same live process."""
+
+    endpoint: str
+    bases: list[m.Message]                                   # valid requests; frame i mutates bases[i % len]
+    pid: Callable[[], int]                                   # the serving process now (0: none)
+    probe: Callable[[], m.Message]                           # a valid request ...
+    probe_ok: Callable[[m.Message], bool]                    # ... and what its reply must satisfy
+    payload: Callable[[dict, random.Random], None] | None = None   # edits a header (a dict) before mutate()
+    protect: frozenset = frozenset()                         # header fields mutate() leaves alone
+    corpus: list[m.Message] = dataclasses.field(default_factory=list)     # known bad requests, sent first
+    timeout_s: float = 30.0                                  # a reply later than this is a hang
+
+
+def _frames_with_fresh_id(msg: m.Message, rng: random.Random,
+                          payload: Callable[[dict, random.Random], None] | None = None) -> list[bytes]:
+    frames = [bytes(f) for f in codec.encode(msg)]
+    head = msgpack.unpackb(frames[0], raw=False)
+    head["id"] = rng.randrange(1, m.MAX_ID)                  # a resend is not what is being tested
+    if payload is not None:
+        payload(head, rng)
+    return [msgpack.packb(head, use_bin_type=True), *frames[1:]]
+
+
+def fuzz_live(ctx: zmq.Context, target: LiveTarget, n: int, seed: int = 0, probe_every: int = 200,
+              on_progress: Callable[[LiveCounts], None] | None = None) -> LiveCounts:
+    """Send `n` mutated requests to the live target, one at a time, each waited for; a valid probe request every
+    `probe_every` frames and at the end. No reply within the timeout is a hang if the same process still serves,
+    else a crash (and the fuzz goes on with the restarted process)."""
+    rng = random.Random(f"live-{seed}")
+    counts, t0 = LiveCounts(), time.monotonic()
+    sock = None
+    pid0 = 0
+
+    def reopen():
+        nonlocal sock
+        if sock is not None:
+            sock.close(0)
+        sock = ctx.socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(target.endpoint)
+
+    def problem(text: str) -> None:
+        if len(counts.problems) < MAX_PROBLEMS:
+            counts.problems.append(f"{time.strftime('%H:%M:%S')} {text}")
+
+    def exchange(frames: list[bytes]) -> m.Message | None | str:
+        """The decoded reply, None for no reply in time (or the process is gone), or a str saying why the reply is
+        broken."""
+        sock.send_multipart(frames)
+        deadline = time.monotonic() + target.timeout_s
+        while not sock.poll(int(PROCESS_CHECK_S * 1000), zmq.POLLIN):
+            if time.monotonic() > deadline or target.pid() != pid0:
+                reopen()                                     # a REQ socket without its reply cannot send again
+                return None
+        reply = sock.recv_multipart()
+        try:
+            return codec.decode(reply)
+        except ProtocolError as e:
+            return f"undecodable reply: {e}"
+
+    def await_process() -> int:
+        """The serving pid, once there is one again (supervisord restarts a dead program); _Gone if none comes."""
+        now, deadline = target.pid(), time.monotonic() + RESTART_WAIT_S
+        while not now and time.monotonic() < deadline:
+            time.sleep(0.2)
+            now = target.pid()
+        if not now:
+            problem(f"no process serves {target.endpoint} {RESTART_WAIT_S:.0f} s after it went away")
+            raise _Gone()
+        return now
+
+    def same_process(what: str) -> bool:
+        """True when the process that served so far still does; else a crash is counted and the new one awaited."""
+        nonlocal pid0
+        now = target.pid()
+        if now == pid0 and now:
+            return True
+        counts.crashes += 1
+        problem(f"{what}: the process changed from pid {pid0} to {now or 'none'}")
+        pid0 = await_process()
+        return False
+
+    def run_probe() -> None:
+        counts.probes += 1
+        reply = exchange(_frames_with_fresh_id(target.probe(), rng))
+        if not isinstance(reply, m.Message) or not target.probe_ok(reply):
+            counts.failed_probes += 1
+            problem(f"probe after frame {counts.frames}: {reply!r:.500}")
+        same_process(f"probe after frame {counts.frames}")
+
+    reopen()
+    try:
+        pid0 = await_process()
+        for i in range(n):
+            if i < len(target.corpus):
+                frames = _frames_with_fresh_id(target.corpus[i], rng)
+            elif target.payload is not None and rng.random() < 0.6:   # a field's content varied, the rest valid,
+                frames = _frames_with_fresh_id(target.bases[i % len(target.bases)], rng, target.payload)
+                if rng.random() < 0.3:                                # and sometimes broken on top
+                    frames = mutate(frames, rng, target.protect)
+            else:
+                frames = mutate(_frames_with_fresh_id(target.bases[i % len(target.bases)], rng), rng, target.protect)
+            counts.frames += 1
+            reply = exchange(frames)
+            if isinstance(reply, m.Message):
+                counts.answered += 1
+                counts.errors += isinstance(reply, m.Error)
+                if isinstance(reply, m.Error) and reply.code == "internal":    # the fatal tier: it dies now
+                    counts.crashes += 1
+                    problem(f"frame {i}: {reply.message[:500]}\n{frames[0][:300]!r}")
+                    time.sleep(0.5)
+                    pid0 = await_process()
+            elif reply is None:
+                if same_process(f"frame {i} (no reply)"):
+                    counts.hangs += 1
+                    problem(f"frame {i}: no reply in {target.timeout_s} s\n{frames[0][:300]!r}")
+            else:
+                counts.crashes += 1
+                problem(f"frame {i}: {reply}")
+            if (i + 1) % probe_every == 0:
+                run_probe()
+                if on_progress is not None:
+                    on_progress(counts)
+        run_probe()
+    except _Gone:
+        counts.failed_probes += 1          # it stopped serving: the fuzz ends with what it saw
+    finally:
+        sock.close(0)
+        counts.wall_s = time.monotonic() - t0
     return counts
