@@ -31,8 +31,7 @@ from protocol.sockets import LazyPirate
 from protocol.tensors import InlineFrames, TensorDesc
 from stages.config import load_config
 
-FUZZ_TOML = ('max_queue = 1\n'                      # appended to the harness's [stage.orchestrator] table
-             '[stage.encoder]\ntext_encoder = "/nonexistent/fuzz/text-encoder.safetensors"\n')
+FUZZ_TOML = '[stage.encoder]\ntext_encoder = "/nonexistent/fuzz/text-encoder.safetensors"\n'   # harness extra
 FUZZ_JOB = "fuzz-decode"
 LATENT = (16, 8, 8)                                 # [C, h, w] → a 64×64 image
 BASE_PROMPT = {"prompt": "fuzz", "negative_prompt": "", "seed": 1, "steps": 1, "cfg": 4.0}
