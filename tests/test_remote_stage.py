@@ -100,6 +100,34 @@ def test_decode_over_curve_returns_the_png_inline(remote):
     assert got.std() > 1.0  # a real image, not a flat fill
 
 
+def test_a_remote_vae_writes_no_files_and_bounds_every_decode(remote, tmp_path):
+    """Over tcp every allowed client could send DECODE: an `output` path is refused (the PNG comes back inline), so are
+    an empty latent and a stride-1 tiling; each an ERROR naming the field, from the same process (before: the file was
+    written wherever the request said, and the empty latent killed the stage)."""
+    vae, ctx = remote
+    latent = np.random.default_rng(4).standard_normal(LATENT).astype(np.float32)
+    target = tmp_path / "planted.png"
+    frames = InlineFrames()
+    desc = frames.add(latent)
+    empty = InlineFrames()
+    empty_desc = empty.add(np.zeros((16, 0, 4), np.float32))
+    bad = [
+        (m.Decode(job="j1", latent=desc, output=str(target), inline=tuple(frames.frames)), "output"),
+        (m.Decode(job="j1", latent=desc, output=str(target), return_png=True, inline=tuple(frames.frames)), "output"),
+        (m.Decode(job="j1", latent=empty_desc, return_png=True, inline=tuple(empty.frames)), "latent"),
+        (m.Decode(job="j1", latent=desc, return_png=True, tile=m.TileSettings(tile=16, overlap=0.9),
+                  inline=tuple(frames.frames)), "tile.overlap"),
+    ]
+    with vae.link(ctx) as link:
+        for msg, field in bad:
+            reply = link.request(msg)
+            assert isinstance(reply, m.Error) and (reply.code, reply.field) == ("bad_request", field), reply
+        assert not target.exists()
+        reply = m.expect(link.request(_decode_msg(latent, {"seed": "1"})), m.Decoded, "vae")
+        ready = m.expect(link.request(hello()), m.Ready, "vae")
+    assert reply.png is not None and reply.path is None and ready.pid == vae.ready.pid
+
+
 def test_unknown_client_key_is_refused_and_the_stage_keeps_serving(remote):
     vae, ctx = remote
     s_pub = read_keypair(vae.folder / "keys" / "vae.key")[0]
