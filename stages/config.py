@@ -121,7 +121,7 @@ STAGE_SETTINGS: dict[str, dict[str, Setting]] = {
     "vae": {
         "vae": _path_setting("the VAE file (default: from models_dir)"),
         "threads": _THREADS,
-        "max_latent": Setting(int, 256, 1, 4096, help="DECODE: largest latent h and w (8 image pixels each)"),
+        "max_latent": Setting(int, 512, 1, 4096, help="DECODE: largest latent h and w (prompts allow 4096 px)"),
         "tile_min": Setting(int, 16, 1, 4096, help="DECODE: smallest tile side in latent pixels"),
         "tile_max": Setting(int, 128, 1, 4096, help="DECODE: largest tile side, and the largest untiled latent"),
         "min_stride_fraction": Setting(float, 0.25, 0.05, 1.0, help="DECODE: the tile stride (tile minus overlap) "

@@ -280,7 +280,7 @@ def test_config_defaults_and_relative_paths(tmp_path):
     cfg = load_config(conf)
     assert cfg.stage_settings("scheduler") == {"branch_timeout_s": 20.0}
     assert type(cfg.stage_settings("scheduler")["branch_timeout_s"]) is float
-    assert cfg.stage_settings("vae") == {"max_latent": 256, "tile_min": 16, "tile_max": 64,
+    assert cfg.stage_settings("vae") == {"max_latent": 512, "tile_min": 16, "tile_max": 64,
                                          "min_stride_fraction": 0.25}
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.toml")
