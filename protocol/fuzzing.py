@@ -324,6 +324,7 @@ def fuzz_live(ctx: zmq.Context, target: LiveTarget, n: int, seed: int = 0, probe
             if (i + 1) % probe_every == 0:
                 run_probe()
                 if on_progress is not None:
+                    counts.wall_s = time.monotonic() - t0
                     on_progress(counts)
         run_probe()
     except _Gone:
