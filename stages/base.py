@@ -331,6 +331,9 @@ def stage_main(stage: str, make_logic: Callable[[PipelineConfig], Any], argv: li
     try:
         try:
             logic = make_logic(config)
+        except ConfigError as e:    # a setting the logic cannot use (e.g. a policy this backend cannot run): exit 2
+            log.error("%s: %s", stage, e)
+            return EXIT_CONFIG
         except Exception as e:  # noqa: BLE001 - a stage that cannot start says why, then exits for supervisord
             log.exception("%s: start-up failed", stage)
             event_socket(ctx, config).last_word(m.Dying(stage=stage, pid=os.getpid(),

@@ -89,6 +89,16 @@ def _core_mask(value) -> str:
     return "" if key in CORE_MASKS else f"choose one of {', '.join(CORE_MASKS)} or an integer"
 
 
+def _encoder_backend(value) -> str:
+    from models.text.conditioning import BACKENDS            # the text encoder's compute backends live there
+    return "" if value in BACKENDS else f"{value!r:.80} is not one of {', '.join(BACKENDS)}"
+
+
+def _policy_problem(table: dict) -> str:
+    from models.policy import policy_problem                 # the policy grammar lives there (backend checked later)
+    return policy_problem(table["policy"], table)
+
+
 def _path_setting(help_: str) -> Setting:
     return Setting(str, length=(1, 4096), help=help_)
 
@@ -99,6 +109,9 @@ _THREADS = Setting(int, None, 1, 256, help="threads of this stage (default: the 
 STAGE_SETTINGS: dict[str, dict[str, Setting]] = {
     "encoder": {
         "threads": _THREADS,
+        "backend": Setting(str, "torch", check=_encoder_backend, help="torch (model files) or onnx (an encoder pack)"),
+        "pack": _path_setting("backend onnx: the encoder pack folder (anima-models export-encoder; relative to the "
+                              "config file)"),
         "dit": _path_setting("the DiT file holding the LLM adapter (default: from models_dir)"),
         "text_encoder": _path_setting("Qwen3 text encoder file"),
         "qwen_tokenizer": _path_setting("Qwen tokenizer folder"),
@@ -109,14 +122,20 @@ STAGE_SETTINGS: dict[str, dict[str, Setting]] = {
                                     "per branch call"),
     },
     "executor": {
-        "policy": Setting(str, "on-demand", choices=("on-demand", "prefetch"), help="model lifecycle"),
+        "policy": Setting((str, dict), "auto", help="lifecycle policy: auto, or terms joined by + (models/policy.py), "
+                          "or a table; checked with resident_mb and dual_masks (STAGE_RULES)"),
+        "resident_mb": Setting(float, None, 0.0, float(2**40), help="MiB budget of resident contexts"),
+        "dual_masks": Setting(list, items=(str, int), length=(2, 2), check=lambda v: "".join(map(_core_mask, v)),
+                              help="the two core masks of the dual_core contexts"),
         "threads": _THREADS,
         "trace": _path_setting("append one JSON line per branch call (relative to the config file)"),
         "core_mask": Setting((str, int), check=_core_mask, help="rknn: NPU core(s)"),
-        "dual_core": Setting(bool, help="rknn: cond and uncond on two NPU cores"),
-        "dual_masks": Setting(list, items=(str, int), length=(2, 2), check=lambda v: "".join(map(_core_mask, v)),
-                              help="rknn: the two core masks of dual_core"),
         "lite": Setting(str, choices=("real", "standin"), help="rknn: RKNNLite provider"),
+        "venv": _path_setting("rknn-sim: the rknn-toolkit2 environment (default .venv-rknn)"),
+        "target": Setting(str, length=(1, 64), help="rknn-sim: the simulated target platform (rk3588)"),
+        "log_dir": _path_setting("rknn-sim: where the toolkit's logs go"),
+        "dual_core": Setting(bool, check=lambda v: 'dual_core is a lifecycle policy now: policy = "dual_core" (or '
+                             '"prefetch+dual_core"); dual_masks stays a setting'),
     },
     "vae": {
         "vae": _path_setting("the VAE file (default: from models_dir)"),
@@ -137,6 +156,8 @@ STAGE_SETTINGS: dict[str, dict[str, Setting]] = {
         "denoise_timeout_s": Setting(float, 6 * 3600.0, 1.0, 7 * 86400.0),
         "decode_timeout_s": Setting(float, 1800.0, 1.0, 86400.0),
         "sample_interval_s": Setting(float, 0.2, 0.01, 10.0, help="supervisord/RSS sampling while a stage works"),
+        "hang_timeout_s": Setting(float, 120.0, 0.0, 86400.0, help="a scheduler/executor silent to heartbeats this "
+                                  "long is restarted through supervisord (0: never); keep it below branch_timeout_s"),
     },
     "http": {                                  # the HTTP front (orchestrator/http/settings.py)
         "host": Setting(str, "127.0.0.1", length=(1, 255), help="listen address; not loopback needs token_file"),
@@ -147,9 +168,13 @@ STAGE_SETTINGS: dict[str, dict[str, Setting]] = {
         "poll_s": Setting(float, 0.25, 0.05, 10.0, help="how often running jobs are looked at"),
     },
 }
-# rules between keys of one table: stage -> [(predicate on the table with defaults, message)]
-STAGE_RULES: dict[str, list[tuple[Callable[[dict], bool], str]]] = {
-    "vae": [(lambda t: t["tile_min"] <= t["tile_max"], "tile_min must not exceed tile_max")],
+# rules between keys of one table: stage -> [(key, rule)]; a rule takes the table with defaults filled in and says
+# what is wrong ("" when fine)
+STAGE_RULES: dict[str, list[tuple[str, Callable[[dict], str]]]] = {
+    "vae": [("tile_min", lambda t: "" if t["tile_min"] <= t["tile_max"] else "tile_min must not exceed tile_max")],
+    "executor": [("policy", _policy_problem)],
+    "encoder": [("pack", lambda t: "" if t["backend"] != "onnx" or t.get("pack") else 'backend "onnx" needs the '
+                 'encoder pack folder (pack = "DIR", written by `anima-models export-encoder`)')],
 }
 
 
@@ -200,10 +225,11 @@ def check_stage_table(stage: str, table: Any, where: str) -> dict[str, Any]:
         out[key], problem = check_setting(schema[key], value)
         if problem:
             raise ConfigError(f"{w}.{key}: {problem}")
-    full = {k: s.default for k, s in schema.items()} | out
-    for rule, message in STAGE_RULES.get(stage, ()):
-        if not rule(full):
-            raise ConfigError(f"{w}: {message}")
+    full = {k: s.default for k, s in schema.items() if s.default is not None} | out
+    for key, rule in STAGE_RULES.get(stage, ()):
+        problem = rule(full)
+        if problem:
+            raise ConfigError(f"{w}.{key}: {problem}")
     return out
 
 
@@ -332,8 +358,9 @@ def parse_config(data: dict[str, Any], path: Path) -> PipelineConfig:
         raise ConfigError(f"{w}unknown key(s) {sorted(unknown)}; known: {sorted(_TOP_KEYS)}")
     run_dir = _path(base, _get(data, "run_dir", str, w, str(base)))
     backend = _get(data, "backend", str, w, "onnx")
-    if not backend.isidentifier():
-        raise ConfigError(f"{w}backend: {backend!r} is not a backend name")
+    from stages.backends import backend_names       # the executor's backends live there ("rknn-sim" is one)
+    if backend not in backend_names():
+        raise ConfigError(f"{w}backend: {backend!r:.80} is not one of {', '.join(backend_names())}")
     threads = _get(data, "threads", int, w, os.cpu_count() or 1)
     if not 1 <= threads <= 256:
         raise ConfigError(f"{w}threads: {threads} is out of range [1, 256]")

@@ -16,7 +16,7 @@ import os
 import time
 
 from models.models_dir import ModelsDirError, resolve_models
-from models.text.conditioning import BACKENDS, TextEncoder
+from models.text.conditioning import TextEncoder
 from models.text.encoder_pack import EncoderPackError
 from models.text.prompt_weights import PromptWeightError
 from protocol import messages as m
@@ -35,16 +35,10 @@ class EncoderLogic:
 
     def __init__(self, config: PipelineConfig):
         settings = config.stage_settings("encoder")
-        self.backend = settings.get("backend", "torch")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"{config.path}: stage.encoder.backend: {self.backend!r} is not one of "
-                             f"{', '.join(BACKENDS)}")
+        self.backend = settings["backend"]            # backend and pack checked when the config was read
         self.threads = int(settings.get("threads", config.threads))
         t0 = time.perf_counter()
         if self.backend == "onnx":
-            if not isinstance(settings.get("pack"), str):
-                raise ValueError(f"{config.path}: stage.encoder.pack: backend \"onnx\" needs the encoder pack folder "
-                                 "(pack = \"DIR\", written by `anima-models export-encoder`)")
             self.source = (config.path.parent / os.path.expanduser(settings["pack"])).resolve()
             try:
                 self.encoder = TextEncoder.from_pack(str(self.source), threads=self.threads)

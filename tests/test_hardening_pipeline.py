@@ -42,7 +42,7 @@ def assets():
 def pipe(assets):
     models, pack = assets
     p = Pipeline.start(models, pack, threads=1, branch_timeout_s=BRANCH_TIMEOUT_S,
-                       extra_toml=f"hang_timeout_s = {HANG_S}\n")
+                       orchestrator_toml=f"hang_timeout_s = {HANG_S}\n")
     try:
         yield p
     finally:

@@ -241,7 +241,15 @@ def test_start_up_failure_says_dying_and_bad_config_exits_2(ctx, tmp_path, run_d
     ("[security]\nallowed_clients = [1]", "security.allowed_clients[0]"),
     ("[security]\nservers = {npu = 'k'}", "security.servers.npu"),
     ("[stage]\nnpu = {}", "stage.npu"),
-    ("[stage.executor]\npolicy = 'fastest'", "stage.executor.policy: 'fastest' is not one of on-demand, prefetch"),
+    ("[stage.executor]\npolicy = 'fastest'", "stage.executor.policy: policy 'fastest': unknown term 'fastest'"),
+    ("[stage.executor]\npolicy = 'resident'", "stage.executor.policy: policy 'resident': 'resident' needs resident_mb"),
+    ("[stage.executor]\npolicy = 'interleave+dual_core'", "stage.executor.policy: interleave and dual_core do not"),
+    ("[stage.executor]\npolicy = 7", "stage.executor.policy: expected string or dict, got int"),
+    ("[stage.executor]\ndual_core = true", "stage.executor.dual_core: dual_core is a lifecycle policy now"),
+    ("[stage.executor]\nresident_mb = -1", "stage.executor.resident_mb: -1.0 is out of range"),
+    ("[stage.encoder]\nbackend = 'onnx'", "stage.encoder.pack: backend \"onnx\" needs the encoder pack folder"),
+    ("[stage.encoder]\nbackend = 'tf'", "stage.encoder.backend: 'tf' is not one of torch, onnx"),
+    ("[stage.orchestrator]\nhang_timeout_s = -5", "stage.orchestrator.hang_timeout_s: -5.0 is out of range"),
     ("[stage.executor]\npolicyy = 'prefetch'", "stage.executor.policyy: unknown setting; known: policy"),
     ("[stage.executor]\nthreads = true", "stage.executor.threads: expected integer, got bool"),
     ("[stage.executor]\ndual_core = 1", "stage.executor.dual_core: expected boolean"),
@@ -251,7 +259,7 @@ def test_start_up_failure_says_dying_and_bad_config_exits_2(ctx, tmp_path, run_d
     ("[stage.scheduler]\nbranch_timeout_s = '10'", "stage.scheduler.branch_timeout_s: expected float, got str"),
     ("[stage.scheduler]\nbranch_timeout_s = inf", "stage.scheduler.branch_timeout_s: inf is out of range"),
     ("[stage.vae]\nmin_stride_fraction = nan", "stage.vae.min_stride_fraction: NaN"),
-    ("[stage.vae]\ntile_min = 64\ntile_max = 32", "stage.vae: tile_min must not exceed tile_max"),
+    ("[stage.vae]\ntile_min = 64\ntile_max = 32", "stage.vae.tile_min: tile_min must not exceed tile_max"),
     ("[stage.encoder]\nvae = 'x'", "stage.encoder.vae: unknown setting"),
     ("[stage.orchestrator]\nmax_queue = 0", "stage.orchestrator.max_queue: 0 is out of range [1, 10000]"),
     ("stage = 3", "stage: expected dict"),
@@ -287,11 +295,16 @@ def test_config_defaults_and_relative_paths(tmp_path):
 
 
 @pytest.mark.parametrize("program,table,words", [
-    ("executor", "[stage.executor]\npolicy = 'fastest'", "stage.executor.policy: 'fastest' is not one of"),
+    ("executor", "[stage.executor]\npolicy = 'fastest'", "stage.executor.policy: policy 'fastest': unknown term"),
     ("scheduler", "[stage.scheduler]\nbranch_timeout = 5", "stage.scheduler.branch_timeout: unknown setting"),
     ("vae", "[stage.vae]\ntile_max = 100000", "stage.vae.tile_max: 100000 is out of range"),
     ("encoder", "[stage.encoder]\nthreads = 'all'", "stage.encoder.threads: expected integer"),
     ("orchestrator", "[stage.orchestrator]\nstage_retries = -1", "stage.orchestrator.stage_retries: -1 is out"),
+    # a policy the backend cannot run is known only once the logic has the backend class; it, and an unknown backend,
+    # exited 1 and were restarted before (and 'rknn-sim' was refused as not a name)
+    ("executor", "backend = 'rknn-sim'\n[stage.executor]\npolicy = 'dual_core'",
+     "stage.executor.policy: policy 'dual_core': backend 'rknn-sim' cannot run two contexts"),
+    ("executor", "backend = 'tpu'", "backend: 'tpu' is not one of onnx, rknn, rknn-sim"),
 ])
 def test_real_programs_exit_2_naming_file_and_key_on_a_bad_stage_setting(tmp_path, program, table, words):
     """Every [stage.*] key is checked when the config is read: exit 2 (supervisord leaves the program down) with one

@@ -198,7 +198,7 @@ def test_a_bad_stage_setting_leaves_the_program_down(pipe):
         info = pipe.sup.info("executor")
         assert info.state in ("EXITED", "FATAL") and info.exitstatus == 2, info
         log = (pipe.rf.logs / "executor.log").read_text()
-        assert f"{pipe.rf.pipeline_toml}: stage.executor.policy: 'fastest' is not one of" in log
+        assert f"{pipe.rf.pipeline_toml}: stage.executor.policy: policy 'fastest': unknown term" in log
         watch_until = time.monotonic() + 3.0      # supervisord restarts within a tick of an exit it does not expect
         while time.monotonic() < watch_until:
             assert pipe.sup.info("executor").state in ("EXITED", "FATAL"), "supervisord restarted it"
