@@ -241,6 +241,26 @@ def check_files(pack_dir, manifest: dict) -> None:
         raise PackError(f"{pack_dir}: {len(bad)} file(s) differ from the manifest: {', '.join(bad)}")
 
 
+# manifest "kind" -> "module:loader" of the packs whose branches a model backend runs (DiT branches, VAE models)
+PACK_LOADERS = {PACK_KIND: "models.pack:load_pack", "anima-vae-pack": "models.vae.pack:load_vae_pack"}
+
+
+def load_branch_pack(pack_dir, check: bool = True):
+    """A DiT pack (Pack) or a VAE pack (models.vae.pack.VaePack), by its manifest's kind, read by that kind's loader
+    (which keeps every file name inside the pack folder); `.manifest["branches"]` lists its models either way."""
+    mpath = Path(pack_dir) / MANIFEST
+    try:
+        kind = json.loads(mpath.read_text()).get("kind", PACK_KIND)
+    except (OSError, ValueError, AttributeError):
+        kind = PACK_KIND                           # the DiT loader says what is wrong with it
+    if kind not in PACK_LOADERS:
+        raise PackError(f"{mpath}: a {str(kind)[:80]!r} folder, not one of the packs a backend runs "
+                        f"({', '.join(PACK_LOADERS)})")
+    import importlib
+    module, name = PACK_LOADERS[kind].split(":")
+    return getattr(importlib.import_module(module), name)(pack_dir, check=check)
+
+
 def load_pack(pack_dir, check: bool = True) -> Pack:
     """Read and validate a pack's manifest; with `check`, verify every file's existence and sha256."""
     d = Path(pack_dir)

@@ -27,7 +27,7 @@ class OrchestratorSettings:
 
     @classmethod
     def from_table(cls, table: dict, where: str = "") -> "OrchestratorSettings":
-        """From a `[stage.orchestrator]` table, checked against stages.config.STAGE_SETTINGS (ConfigError)."""
+        """From a `[stage.orchestrator]` table, checked against stages.settings.STAGE_SETTINGS (ConfigError)."""
         return cls(**check_stage_table("orchestrator", table, where))
 
 

@@ -27,7 +27,7 @@
     [security.servers]                      # public key of each remote stage
     vae = "keys/vae.key"
 
-    [stage.executor]                # per-stage settings: every key typed and bounded in STAGE_SETTINGS below
+    [stage.executor]                # per-stage settings: every key typed and bounded in stages/settings.py
     policy = "auto"                 # or "on-demand", "prefetch2+dual_core", "resident+prefetch" (models/policy.py)
     resident_mb = 2048              # budget for resident contexts
 
@@ -44,11 +44,12 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from protocol.messages import HEARTBEAT_INTERVAL_S, LIVENESS
 from protocol.sockets import (REQUEST_RETRIES, REQUEST_TIMEOUT_S, CurveClient, CurveServer, EndpointError,
                               check_bind, check_security, parse_endpoint, read_keypair)
+from stages.settings import STAGE_SETTINGS, ConfigError, check_stage_table  # noqa: F401 - the settings live there
 
 STAGES = ("encoder", "scheduler", "executor", "vae")
 ENDPOINT_NAMES = STAGES + ("events",)
@@ -58,179 +59,6 @@ _TOP_KEYS = {"run_dir", "pack_dir", "packs", "models_dir", "backend", "threads",
              "security", "stage"}
 _SECURITY_KEYS = {"allow_plaintext_loopback", "allow_wildcard_bind", "server_key", "client_key", "allowed_clients",
                   "servers"}
-
-
-class ConfigError(ValueError):
-    """A bad config file or value; the message names the file and the key."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Setting:
-    """One `[stage.NAME]` key. `default` None: not set unless given (the code then uses another value, e.g. the
-    top-level `threads`). Numbers are checked against [low, high]; lists against `length` and `items`; `check` may
-    add a rule of its own (returns what is wrong, or "")."""
-
-    kind: type                                   # bool | int | float (an int is accepted) | str | list
-    default: Any = None
-    low: float | None = None
-    high: float | None = None
-    choices: tuple | None = None
-    items: tuple[type, ...] = (str,)             # list elements
-    length: tuple[int, int] = (0, 4096)          # list items, or characters of a str
-    check: Callable[[Any], str] | None = None
-    help: str = ""
-
-
-def _core_mask(value) -> str:
-    from stages.backends.rknn import CORE_MASKS             # the RKNNLite constant names live with the backend
-    if isinstance(value, int):
-        return "" if value >= 0 else "a core mask integer must be >= 0"
-    key = value.strip().lower().removeprefix("npu_core_")
-    return "" if key in CORE_MASKS else f"choose one of {', '.join(CORE_MASKS)} or an integer"
-
-
-def _encoder_backend(value) -> str:
-    from models.text.conditioning import BACKENDS            # the text encoder's compute backends live there
-    return "" if value in BACKENDS else f"{value!r:.80} is not one of {', '.join(BACKENDS)}"
-
-
-def _policy_problem(table: dict) -> str:
-    from models.policy import policy_problem                 # the policy grammar lives there (backend checked later)
-    return policy_problem(table["policy"], table)
-
-
-def _path_setting(help_: str) -> Setting:
-    return Setting(str, length=(1, 4096), help=help_)
-
-
-_THREADS = Setting(int, None, 1, 256, help="threads of this stage (default: the top-level threads)")
-
-# [stage.NAME] key -> Setting: the one table of every per-stage setting (docs/architecture.md, "Settings").
-STAGE_SETTINGS: dict[str, dict[str, Setting]] = {
-    "encoder": {
-        "threads": _THREADS,
-        "backend": Setting(str, "torch", check=_encoder_backend, help="torch (model files) or onnx (an encoder pack)"),
-        "pack": _path_setting("backend onnx: the encoder pack folder (anima-models export-encoder; relative to the "
-                              "config file)"),
-        "dit": _path_setting("the DiT file holding the LLM adapter (default: from models_dir)"),
-        "text_encoder": _path_setting("Qwen3 text encoder file"),
-        "qwen_tokenizer": _path_setting("Qwen tokenizer folder"),
-        "t5_tokenizer": _path_setting("T5 tokenizer file or folder"),
-    },
-    "scheduler": {
-        "branch_timeout_s": Setting(float, 600.0, 1.0, 86400.0, help="a live executor is waited for this long "
-                                    "per branch call"),
-    },
-    "executor": {
-        "policy": Setting((str, dict), "auto", help="lifecycle policy: auto, or terms joined by + (models/policy.py), "
-                          "or a table; checked with resident_mb and dual_masks (STAGE_RULES)"),
-        "resident_mb": Setting(float, None, 0.0, float(2**40), help="MiB budget of resident contexts"),
-        "dual_masks": Setting(list, items=(str, int), length=(2, 2), check=lambda v: "".join(map(_core_mask, v)),
-                              help="the two core masks of the dual_core contexts"),
-        "threads": _THREADS,
-        "trace": _path_setting("append one JSON line per branch call (relative to the config file)"),
-        "core_mask": Setting((str, int), check=_core_mask, help="rknn: NPU core(s)"),
-        "lite": Setting(str, choices=("real", "standin"), help="rknn: RKNNLite provider"),
-        "venv": _path_setting("rknn-sim: the rknn-toolkit2 environment (default .venv-rknn)"),
-        "target": Setting(str, length=(1, 64), help="rknn-sim: the simulated target platform (rk3588)"),
-        "log_dir": _path_setting("rknn-sim: where the toolkit's logs go"),
-        "dual_core": Setting(bool, check=lambda v: 'dual_core is a lifecycle policy now: policy = "dual_core" (or '
-                             '"prefetch+dual_core"); dual_masks stays a setting'),
-    },
-    "vae": {
-        "vae": _path_setting("the VAE file (default: from models_dir)"),
-        "threads": _THREADS,
-        "max_latent": Setting(int, 512, 1, 4096, help="DECODE: largest latent h and w (prompts allow 4096 px)"),
-        "tile_min": Setting(int, 16, 1, 4096, help="DECODE: smallest tile side in latent pixels"),
-        "tile_max": Setting(int, 128, 1, 4096, help="DECODE: largest tile side, and the largest untiled latent"),
-        "min_stride_fraction": Setting(float, 0.25, 0.05, 1.0, help="DECODE: the tile stride (tile minus overlap) "
-                                       "is at least this fraction of the tile (work < 1/fraction² of untiled)"),
-    },
-    "orchestrator": {
-        "max_queue": Setting(int, 16, 1, 10_000, help="queued + running jobs"),
-        "min_free_mb": Setting(float, 64.0, 0.0, 1e7, help="free disk needed in the run folder to accept a job"),
-        "stage_retries": Setting(int, 3, 0, 20, help="restarts of one stage absorbed per job before it fails"),
-        "start_timeout_s": Setting(float, 120.0, 1.0, 3600.0, help="supervisord start + READY of a stage"),
-        "stop_timeout_s": Setting(float, 30.0, 1.0, 600.0),
-        "encode_timeout_s": Setting(float, 600.0, 1.0, 86400.0),
-        "denoise_timeout_s": Setting(float, 6 * 3600.0, 1.0, 7 * 86400.0),
-        "decode_timeout_s": Setting(float, 1800.0, 1.0, 86400.0),
-        "sample_interval_s": Setting(float, 0.2, 0.01, 10.0, help="supervisord/RSS sampling while a stage works"),
-        "hang_timeout_s": Setting(float, 120.0, 0.0, 86400.0, help="a scheduler/executor silent to heartbeats this "
-                                  "long is restarted through supervisord (0: never); keep it below branch_timeout_s"),
-    },
-    "http": {                                  # the HTTP front (orchestrator/http/settings.py)
-        "host": Setting(str, "127.0.0.1", length=(1, 255), help="listen address; not loopback needs token_file"),
-        "port": Setting(int, 8188, 0, 65535, help="0: any free port (written to RUN/http.json)"),
-        "token_file": _path_setting("a 0600 file holding the bearer token (relative to the config file)"),
-        "max_body_kb": Setting(int, 256, 1, 65536, help="larger request bodies get 413"),
-        "request_timeout_s": Setting(float, 5.0, 0.1, 120.0, help="one request to the daemon; no answer: 503"),
-        "poll_s": Setting(float, 0.25, 0.05, 10.0, help="how often running jobs are looked at"),
-    },
-}
-# rules between keys of one table: stage -> [(key, rule)]; a rule takes the table with defaults filled in and says
-# what is wrong ("" when fine)
-STAGE_RULES: dict[str, list[tuple[str, Callable[[dict], str]]]] = {
-    "vae": [("tile_min", lambda t: "" if t["tile_min"] <= t["tile_max"] else "tile_min must not exceed tile_max")],
-    "executor": [("policy", _policy_problem)],
-    "encoder": [("pack", lambda t: "" if t["backend"] != "onnx" or t.get("pack") else 'backend "onnx" needs the '
-                 'encoder pack folder (pack = "DIR", written by `anima-models export-encoder`)')],
-}
-
-
-def _type_name(kind) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join({"str": "string", "int": "integer", "bool": "boolean", "list": "array"}.get(k.__name__,
-                       k.__name__) for k in kinds)
-
-
-def check_setting(s: Setting, value: Any) -> tuple[Any, str]:
-    """(the value, as the code uses it: a float for float settings) and what is wrong with it ("" when fine)."""
-    kinds = s.kind if isinstance(s.kind, tuple) else (s.kind,)
-    accepted = kinds + ((int,) if float in kinds else ())
-    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, accepted):
-        return value, f"expected {_type_name(s.kind)}, got {type(value).__name__} ({value!r:.80})"
-    if isinstance(value, float) and value != value:
-        return value, "NaN is not a value"
-    if s.kind is float:
-        value = float(value)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if (s.low is not None and value < s.low) or (s.high is not None and value > s.high):
-            return value, f"{value} is out of range [{s.low}, {s.high}]"
-    if isinstance(value, str):
-        if not s.length[0] <= len(value) <= s.length[1] or "\x00" in value:
-            return value, f"expected {s.length[0]}..{s.length[1]} characters without NUL"
-    if isinstance(value, list):
-        if not s.length[0] <= len(value) <= s.length[1]:
-            return value, f"expected {s.length[0]}..{s.length[1]} items, got {len(value)}"
-        bad = [v for v in value if isinstance(v, bool) or not isinstance(v, s.items)]
-        if bad:
-            return value, f"items must be {_type_name(s.items)}, got {bad[0]!r:.80}"
-    if s.choices is not None and value not in s.choices:
-        return value, f"{value!r:.80} is not one of {', '.join(map(str, s.choices))}"
-    problem = s.check(value) if s.check is not None else ""
-    return value, problem
-
-
-def check_stage_table(stage: str, table: Any, where: str) -> dict[str, Any]:
-    """A `[stage.NAME]` table checked against STAGE_SETTINGS: the given values (floats as floats), defaults not
-    filled in; ConfigError naming `where`stage.NAME.KEY."""
-    w = f"{where}stage.{stage}"
-    if stage not in STAGE_SETTINGS or not isinstance(table, dict):
-        raise ConfigError(f"{w}: expected a table for one of {', '.join(STAGE_SETTINGS)}")
-    schema, out = STAGE_SETTINGS[stage], {}
-    for key, value in table.items():
-        if key not in schema:
-            raise ConfigError(f"{w}.{key}: unknown setting; known: {', '.join(schema)}")
-        out[key], problem = check_setting(schema[key], value)
-        if problem:
-            raise ConfigError(f"{w}.{key}: {problem}")
-    full = {k: s.default for k, s in schema.items() if s.default is not None} | out
-    for key, rule in STAGE_RULES.get(stage, ()):
-        problem = rule(full)
-        if problem:
-            raise ConfigError(f"{w}.{key}: {problem}")
-    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -420,7 +248,8 @@ def parse_config(data: dict[str, Any], path: Path) -> PipelineConfig:
         allowed_clients=tuple(_path(base, p) for p in allowed),
         servers={k: _path(base, v) for k, v in servers.items()})
 
-    stage = {name: check_stage_table(name, table, w) for name, table in _get(data, "stage", dict, w, {}).items()}
+    stage = {name: check_stage_table(name, table, w, backend)
+             for name, table in _get(data, "stage", dict, w, {}).items()}
     pack_dir = _path(base, _get(data, "pack_dir", str, w))
     more = _get(data, "packs", list, w, [])
     for i, item in enumerate(more):

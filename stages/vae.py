@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -47,9 +46,7 @@ class VaeLogic:
 
     def __init__(self, config: PipelineConfig):
         settings = config.stage_settings("vae")
-        self.backend = settings.get("backend", "torch")
-        if self.backend not in VAE_BACKENDS:
-            raise ValueError(f"stage.vae.backend {self.backend!r}: choose one of {', '.join(VAE_BACKENDS)}")
+        self.backend = settings["backend"]              # backend and vae_pack checked when the config was read
         self.threads = int(settings.get("threads", config.threads))
         t0 = time.perf_counter()
         if self.backend == "torch":
@@ -72,11 +69,8 @@ class VaeLogic:
         one backend instance serves them all (one model at a time)."""
         from models.vae.pack import load_vae_pack
         from models.vae.pack_decoder import PackDecoder
-        dirs = settings.get("vae_pack")
-        dirs = [dirs] if isinstance(dirs, str) else list(dirs or [])
-        if not dirs:
-            raise ValueError(f"stage.vae.vae_pack: backend {self.backend!r} decodes a VAE pack; set vae_pack = "
-                             "DIR (anima-models pack-vae)")
+        dirs = settings["vae_pack"]
+        dirs = [dirs] if isinstance(dirs, str) else list(dirs)
         packs = {}
         for d in dirs:
             pack = load_vae_pack(Path(config.path).parent / str(d))     # relative to the config file

@@ -261,6 +261,15 @@ def test_start_up_failure_says_dying_and_bad_config_exits_2(ctx, tmp_path, run_d
     ("[stage.vae]\nmin_stride_fraction = nan", "stage.vae.min_stride_fraction: NaN"),
     ("[stage.vae]\ntile_min = 64\ntile_max = 32", "stage.vae.tile_min: tile_min must not exceed tile_max"),
     ("[stage.encoder]\nvae = 'x'", "stage.encoder.vae: unknown setting"),
+    ("[stage.vae]\nbackend = 'tpu'", "stage.vae.backend: 'tpu' is not one of torch, onnx, rknn-sim, rknn"),
+    ("[stage.vae]\nbackend = 'onnx'", "stage.vae.vae_pack: backend 'onnx' decodes a VAE pack; set vae_pack"),
+    ("[stage.vae]\nbackend = 'onnx'\nvae_pack = []", "stage.vae.vae_pack: expected a VAE pack folder, or a list"),
+    ("[stage.vae]\nvae_pack = ['a', 3]", "stage.vae.vae_pack: items must be string, got 3"),
+    ("[stage.vae]\nvae_pack = 5", "stage.vae.vae_pack: expected string or array, got int"),
+    ("[stage.vae]\ncore_mask = 'npu9'", "stage.vae.core_mask: choose one of auto"),
+    ("[stage.vae]\nlite = 'fake'", "stage.vae.lite: 'fake' is not one of real, standin"),
+    ("[stage.vae]\ntime_scale = 2.0", "stage.vae.time_scale: unknown setting"),      # torch declares nothing
+    ("[stage.executor]\ntime_scale = 2.0", "stage.executor.time_scale: unknown setting"),   # onnx neither
     ("[stage.orchestrator]\nmax_queue = 0", "stage.orchestrator.max_queue: 0 is out of range [1, 10000]"),
     ("stage = 3", "stage: expected dict"),
     ("run_dir = [", "not valid TOML"),
@@ -288,10 +297,51 @@ def test_config_defaults_and_relative_paths(tmp_path):
     cfg = load_config(conf)
     assert cfg.stage_settings("scheduler") == {"branch_timeout_s": 20.0}
     assert type(cfg.stage_settings("scheduler")["branch_timeout_s"]) is float
-    assert cfg.stage_settings("vae") == {"max_latent": 512, "tile_min": 16, "tile_max": 64,
+    assert cfg.stage_settings("vae") == {"backend": "torch", "max_latent": 512, "tile_min": 16, "tile_max": 64,
                                          "min_stride_fraction": 0.25}
+    conf.write_text('[stage.vae]\nbackend = "rknn"\nvae_pack = ["p256", "p512"]\ncore_mask = "0_1"\nlite = "standin"\n'
+                    '[stage.encoder]\nbackend = "onnx"\npack = "enc"\n')
+    cfg = load_config(conf)
+    assert cfg.stage_settings("vae")["vae_pack"] == ["p256", "p512"] and cfg.stage_settings("vae")["lite"] == "standin"
+    assert cfg.stage_settings("encoder") == {"backend": "onnx", "pack": "enc"}
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.toml")
+
+
+class _PacedBackend:
+    """A backend that declares settings of its own (as a board-modelling backend does: SETTINGS names them)."""
+    SETTINGS = ("time_scale", "board_ram_gb", "board_model", "hook")
+
+    def __init__(self, threads=None, core_mask="auto", time_scale: float = 1.0, board_ram_gb: int = 8,
+                 board_model: str = "full", hook=None):
+        pass
+
+
+def test_a_backends_declared_settings_pass_typed_by_its_constructor(tmp_path, monkeypatch):
+    """STAGE_SETTINGS cannot know a backend's own keys: the backend's SETTINGS lets them through for the executor (the
+    top-level backend) and the VAE stage (its own backend), typed by the constructor's defaults; other backends still
+    refuse them."""
+    import stages.backends as sb
+    real_class, real_names = sb.backend_class, sb.backend_names
+    monkeypatch.setattr(sb, "backend_names", lambda: sorted([*real_names(), "paced"]))
+    monkeypatch.setattr(sb, "backend_class", lambda n: _PacedBackend if n == "paced" else real_class(n))
+    conf = tmp_path / "pipeline.toml"
+    conf.write_text('backend = "paced"\n[stage.executor]\ntime_scale = 2\nboard_ram_gb = 16\nboard_model = "lite"\n'
+                    'hook = [1, "x"]\ncore_mask = "0"\n')
+    cfg = load_config(conf)
+    assert cfg.stage_settings("executor") == {"policy": "auto", "time_scale": 2.0, "board_ram_gb": 16,
+                                              "board_model": "lite", "hook": [1, "x"], "core_mask": "0"}
+    assert type(cfg.stage_settings("executor")["time_scale"]) is float
+    for text, words in (('backend = "paced"\n[stage.executor]\nboard_ram_gb = "8"', "board_ram_gb: expected integer"),
+                        ('backend = "paced"\n[stage.executor]\ntime_scale = nan', "time_scale: NaN"),
+                        ('backend = "paced"\n[stage.executor]\nboard_mode = "x"', "board_mode: unknown setting"),
+                        ('backend = "onnx"\n[stage.executor]\ntime_scale = 2', "time_scale: unknown setting")):
+        conf.write_text(text + "\n")
+        with pytest.raises(ConfigError, match=words):
+            load_config(conf)
+    conf.write_text('[stage.vae]\nbackend = "onnx"\nvae_pack = "p"\ntime_scale = 2\n')
+    with pytest.raises(ConfigError, match="stage.vae.time_scale: unknown setting"):
+        load_config(conf)
 
 
 @pytest.mark.parametrize("program,table,words", [

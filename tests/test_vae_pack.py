@@ -14,7 +14,7 @@ import pytest
 
 from models.branch_runtime import BackendError, make_backend
 from models.cli import main as cli_main
-from models.pack import PackError, load_pack
+from models.pack import PackError, load_branch_pack, load_pack
 from models.safetensors_io import SafeTensorsFile, TensorEntry, write_safetensors
 from models.vae.pack import VaePackError, build_vae_pack, load_vae_pack
 from models.vae.pack_decoder import PackDecoder
@@ -156,6 +156,19 @@ def test_pack_checks(pack, vae_file, tmp_path, tiny_dit):
         load_vae_pack(bad, check=False)
     with pytest.raises(PackError, match="not a DiT pack"):
         load_pack(pack.dir)
+    # every file name the manifest gives stays inside the pack folder (the rknn backend reads VAE manifests too)
+    for model, key, name, words in [(0, "onnx", "../outside.onnx", "leaves the pack folder"),
+                                    (1, "onnx", "/etc/passwd", "leaves the pack folder"),
+                                    (1, "rknn", "rknn/../../x.rknn", "leaves the pack folder"),
+                                    (0, "rknn", None, "is not a relative path")]:
+        m = json.loads((pack.dir / "manifest.json").read_text())
+        m["branches"][model][key] = {"file": name, "sha256": "0"} if key == "rknn" else name
+        (bad / "manifest.json").write_text(json.dumps(m))
+        with pytest.raises(VaePackError, match=words):
+            load_vae_pack(bad, check=False)
+        with pytest.raises(PackError, match=words):
+            load_branch_pack(bad, check=False)
+    assert load_branch_pack(pack.dir).manifest["kind"] == "anima-vae-pack"
     dit_pack = tmp_path / "dit"
     from models.pack import build_pack
     build_pack(tiny_dit, dit_pack, (64, 64), "fp32")
@@ -302,11 +315,14 @@ def test_vae_stage_decodes_packs_on_onnx_runtime(pack, vae_file, tmp_path):
 
 def test_vae_stage_refuses_a_bad_pack_setting(pack, tmp_path):
     from vae_stage import VaeStage
-    for toml, msg in [('backend = "onnx"', "set vae_pack = DIR"), ('backend = "tpu"', "choose one of"),
-                      (f'backend = "rknn"\nvae_pack = "{pack.dir}"', "not compiled for the NPU"),
-                      (f'backend = "onnx"\nvae_pack = "{tmp_path}"', "not a complete VAE pack"),
-                      (f'backend = "onnx"\nvae_pack = ["{pack.dir}", "{pack.dir}"]', "are both 192x256")]:
-        with pytest.raises(RuntimeError, match="exited 1") as e:
+    # a bad setting is found when the config is read: exit 2, supervisord leaves it down; a pack that cannot serve
+    # is found when the stage loads it: exit 1
+    for toml, msg, code in [('backend = "onnx"', "stage.vae.vae_pack: backend 'onnx' decodes a VAE pack", 2),
+                            ('backend = "tpu"', "stage.vae.backend: 'tpu' is not one of torch, onnx", 2),
+                            (f'backend = "rknn"\nvae_pack = "{pack.dir}"', "not compiled for the NPU", 1),
+                            (f'backend = "onnx"\nvae_pack = "{tmp_path}"', "not a complete VAE pack", 1),
+                            (f'backend = "onnx"\nvae_pack = ["{pack.dir}", "{pack.dir}"]', "are both 192x256", 1)]:
+        with pytest.raises(RuntimeError, match=f"exited {code}") as e:
             with VaeStage(toml):
                 pass
         assert msg in str(e.value)

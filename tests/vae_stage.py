@@ -24,7 +24,7 @@ from PIL import Image
 from protocol import messages as m
 from protocol.sockets import LazyPirate
 from protocol.tensors import InlineFrames, from_inline
-from stages.config import load_config
+from stages.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 60.0
@@ -38,7 +38,10 @@ class VaeStage:
         self.cfg.write_text(f'run_dir = "{self.run}"\nthreads = 1\n[timeouts]\nrequest_s = 60.0\nretries = 2\n'
                             f"[stage.vae]\n{stage_toml}\n")
         self.log = self.run / "vae.log"
-        self.config = load_config(self.cfg)
+        try:
+            self.config = load_config(self.cfg)
+        except ConfigError:
+            self.config = None                  # a bad setting: the stage itself must say so and exit 2
         self.proc: subprocess.Popen | None = None
         self.ctx = zmq.Context()
         self.ready: m.Ready | None = None
@@ -49,6 +52,8 @@ class VaeStage:
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
             while self.ready is None:
+                if self.config is None:
+                    self.proc.wait(timeout=START_TIMEOUT_S)
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"stages.vae exited {self.proc.returncode}: {self.log.read_text()[-3000:]}")
                 with LazyPirate(self.ctx, self.config.endpoint("vae"), timeout_s=2.0, retries=0) as link:

@@ -26,7 +26,8 @@ from typing import Optional
 import numpy as np
 
 from models.durable import atomic_write
-from models.pack import MANIFEST, PackError, check_files, existing_pack_source, file_sha256, tool_versions
+from models.pack import (MANIFEST, PackError, check_files, existing_pack_source, file_sha256, pack_member,
+                         tool_versions)
 from models.partition import Geometry
 from models.vae.keys import VAEConfig
 from models.vae.tiled import DEFAULT_OVERLAP, DEFAULT_TILE, check_tiling, tile_grid
@@ -228,6 +229,13 @@ def load_vae_pack(pack_dir, check: bool = True) -> VaePack:
         for key in ("onnx", "sha256", "inputs", "outputs"):
             if key not in b:
                 raise VaePackError(f"{where}: branch {b['name']}: manifest field {key!r} is missing")
+        try:                                       # every file it names stays inside the pack folder
+            pack_member(d, b["onnx"], f"{where} branch {b['name']}")
+            if b.get("rknn") is not None:
+                rk = b["rknn"] if isinstance(b["rknn"], dict) else {}
+                pack_member(d, rk.get("file"), f"{where} branch {b['name']} rknn")
+        except PackError as e:
+            raise VaePackError(str(e)) from None
         try:
             got = ([int(d) for d in b["inputs"][0]["shape"]], [int(d) for d in b["outputs"][0]["shape"]])
         except (TypeError, KeyError, IndexError, ValueError):

@@ -42,7 +42,7 @@ class HttpSettings:
 
     @classmethod
     def from_config(cls, cfg) -> "HttpSettings":
-        """From the pipeline config's [stage.http] table (typed and bounded by stages.config.STAGE_SETTINGS when the
+        """From the pipeline config's [stage.http] table (typed and bounded by stages.settings.STAGE_SETTINGS when the
         file was read); token_file relative to the config file's folder."""
         kw = cfg.stage_settings("http")
         if "token_file" in kw:

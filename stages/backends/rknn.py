@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 
 from models.branch_runtime import BackendError, BranchBackend
-from models.pack import PackError, load_pack, pack_member
+from models.pack import PackError, load_branch_pack, pack_member
 from stages.backends import board_stats
 
 log = logging.getLogger(__name__)
@@ -84,14 +84,15 @@ def check_toolkit_version(pack_dir, api) -> str:
 
 
 def _pack_branches(p: Path) -> tuple:
-    """(pack folder, manifest branch entries, p relative to the pack) for a file PACK/<dir>/<name>. The manifest is
-    read by models.pack.load_pack, which keeps every file name it gives inside the pack folder."""
+    """(pack folder, manifest branch entries, p relative to the pack) for a file PACK/<dir>/<name> of a DiT or a VAE
+    pack. The manifest is read by that kind's loader (models.pack.load_branch_pack), which keeps every file name it
+    gives inside the pack folder."""
     pack = p.parent.parent
     try:
-        loaded = load_pack(pack, check=False)
+        loaded = load_branch_pack(pack, check=False)
     except PackError as e:
         raise BackendError(f"{p}: its pack manifest is not usable ({e})") from None
-    return pack, loaded.branches, p.relative_to(pack).as_posix()
+    return pack, loaded.manifest["branches"], p.relative_to(pack).as_posix()
 
 
 def branch_entry(rknn_path) -> tuple:
@@ -107,7 +108,7 @@ def branch_entry(rknn_path) -> tuple:
 
 def compiled_path(model_path) -> Path:
     """The .rknn file of a branch: itself, or, for PACK/onnx/bNN_kind.onnx (what the scheduler names), the compiled
-    file the pack manifest records for that branch (inside the pack folder: load_pack checked the name)."""
+    file the pack manifest records for that branch (inside the pack folder: its loader checked the name)."""
     p = Path(model_path).absolute()
     if p.suffix == ".rknn":
         return p
