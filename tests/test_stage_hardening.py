@@ -161,6 +161,32 @@ def test_bad_decode_requests_are_error_replies_and_the_vae_keeps_serving(pipe, t
         assert pipe.pid("vae") == pid and pipe.sup.info("vae").state == "RUNNING"
 
 
+def test_decode_limits_follow_the_loaded_decoder():
+    """In process: the z channels are the loaded decoder's (torch VAEConfig or a pack's manifest), the stride rule is
+    models.vae.tiled.check_tiling's, and a VAE pack (own tiling) leaves DECODE's tile fields unused."""
+    from protocol.fields import ProtocolError
+    from stages.vae_limits import DecodeLimits, check_decode
+    jobs = Path(tempfile.gettempdir()).resolve() / "jobs"
+    torch_limits = DecodeLimits(z_dim=16, max_latent=512, tile_min=16, tile_max=128, min_stride_fraction=0.25,
+                                remote=False, jobs_dir=jobs)
+    pack_limits = DecodeLimits(**{**torch_limits.__dict__, "fixed_tiling": True})
+
+    def msg(shape, tile):
+        return m.Decode(job=FUZZ_JOB, latent=TensorDesc("f32", shape, slot="latent"), arena="a", tile=tile,
+                        return_png=True)
+    whole = m.TileSettings(enabled=False)
+    assert check_decode(msg((16, 200, 200), whole), pack_limits).tile is None
+    assert check_decode(msg((16, 64, 64), m.TileSettings(tile=4, overlap=0.9)), pack_limits).tile is None
+    with pytest.raises(ProtocolError, match="untiled decode is limited to 128"):
+        check_decode(msg((16, 200, 200), whole), torch_limits)
+    plan = check_decode(msg((16, 64, 64), m.TileSettings(tile=32, overlap=0.75)), torch_limits)   # stride 8 = 0.25
+    assert (plan.tile, plan.overlap, plan.output) == (32, 0.75, None)
+    with pytest.raises(ProtocolError, match="stride of 6 for tile 32"):                           # 32 - round(25.6)
+        check_decode(msg((16, 64, 64), m.TileSettings(tile=32, overlap=0.8)), torch_limits)
+    with pytest.raises(ProtocolError, match=r"expected f32 \[4, h, w\]"):
+        check_decode(msg((16, 64, 64), whole), DecodeLimits(**{**torch_limits.__dict__, "z_dim": 4}))
+
+
 def test_fuzz_decode_through_the_real_vae(pipe, targets, ctx):
     counts = fuzz_live(ctx, targets["DECODE"], CI_DECODE_FRAMES, seed=0, probe_every=100)
     assert counts.ok, f"{counts.line('DECODE')}\n{counts.first_problem}\n{pipe.logs()}"
