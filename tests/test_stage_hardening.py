@@ -31,8 +31,8 @@ from tests.pipeline_harness import Pipeline, tiny_assets  # noqa: E402
 pytestmark = pytest.mark.slow
 
 CI_DECODE_FRAMES = 300       # bench/fuzz_protocol.py --live runs 100,000 per kind
-CI_SUBMIT_FRAMES = 300
-CI_STATUS_FRAMES = 200
+CI_SUBMIT_FRAMES = 150
+CI_STATUS_FRAMES = 100
 
 
 @pytest.fixture(scope="module")
