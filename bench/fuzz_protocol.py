@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -104,6 +105,9 @@ def run_live(kinds: list[str], frames: int, seed: int, keep: bool):
     from bench.fuzz_live import FUZZ_TOML, live_targets, settle_jobs
     from protocol.fuzzing import fuzz_live
     from tests.pipeline_harness import Pipeline, tiny_assets
+    # a `kill` (SIGTERM) unwinds like an exception: the pipeline is shut down and the fuzz arena unlinked (killed
+    # mid-run without this, earlier runs left /dev/shm/anima_*_fuzz-live behind)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     cache = Path(tempfile.mkdtemp(prefix="anima-fuzz-assets-"))
     ctx = zmq.Context()
     try:
