@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+from orchestrator.cli import CliError
 from protocol import messages as m
 from protocol.arena import Arena, segment_name
 from protocol.fuzzing import LiveTarget, json_variant
@@ -145,7 +146,11 @@ def settle_jobs(pipe, timeout_s: float = SETTLE_S) -> list:
         if time.monotonic() > deadline:
             raise AssertionError(f"jobs still active after {timeout_s:.0f} s: {active}\n{pipe.logs()}")
         for j in active:
-            client.call(m.Cancel(job=j.job), m.Ok)
+            try:
+                client.call(m.Cancel(job=j.job), m.Ok)
+            except CliError as e:         # it ended between STATUS and CANCEL: the next look sees it
+                if "is already" not in str(e):
+                    raise
         time.sleep(1.0)
 
 

@@ -452,7 +452,9 @@ def cmd_serve(args, rf: RunFolder) -> int:
     try:
         return serve(rf, Path(args.config))
     except (ConfigError, PackError) as e:
-        raise CliError(str(e), EXIT_USAGE) from None
+        from stages.base import config_exit
+        print(f"orchestrator serve: error: {e}", file=sys.stderr, flush=True)
+        return config_exit()                      # 2, once past startsecs: supervisord leaves it EXITED
     except Exception:  # noqa: BLE001 - the process broke: say why, exit for supervisord to restart it
         logging.getLogger("orchestrator.daemon").exception("the orchestrator daemon failed")
         return EXIT_FAILED

@@ -46,7 +46,8 @@ log = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL_S = m.HEARTBEAT_INTERVAL_S
 LIVENESS = m.LIVENESS  # 3..5 is reasonable
 EXIT_OK = 0
-EXIT_CONFIG = 2  # bad --config: supervisord gives up after startretries, the log says why
+EXIT_CONFIG = 2  # bad --config: an expected exit in supervisord.conf (exitcodes), the program stays down
+SUPERVISOR_STARTSECS = 1.0  # supervisord.conf's startsecs of the stages and the orchestrator
 EXIT_FATAL = 1  # the stage broke: supervisord restarts it
 VERSION = "0.1.0"
 LIFECYCLE = frozenset({"HELLO", "HEARTBEAT", "CANCEL", "SHUTDOWN"})
@@ -313,6 +314,17 @@ def setup_logging(stage: str, level: str) -> None:
                         format=f"%(asctime)s {stage}[%(process)d] %(levelname)s %(name)s: %(message)s")
 
 
+def config_exit() -> int:
+    """EXIT_CONFIG, returned only once this process has lived past supervisord's startsecs: supervisord treats any
+    exit before that as a failed start (BACKOFF, started again up to startretries times, then FATAL with no exit
+    status), whatever `exitcodes` says; after it, exit 2 is EXITED and expected, so the program stays down at once
+    with its one log line. Not under supervisord ($SUPERVISOR_ENABLED unset): at once."""
+    if os.environ.get("SUPERVISOR_ENABLED"):
+        lived = time.time() - psutil.Process().create_time()
+        time.sleep(max(0.0, SUPERVISOR_STARTSECS + 0.5 - lived))
+    return EXIT_CONFIG
+
+
 def stage_main(stage: str, make_logic: Callable[[PipelineConfig], Any], argv: list[str] | None = None) -> int:
     """Entry point of `python -m stages.NAME --config FILE`: config, logging, process title, logic, serve."""
     parser = argparse.ArgumentParser(prog=f"python -m stages.{stage}", description=f"The Anima {stage} stage.")
@@ -323,8 +335,8 @@ def stage_main(stage: str, make_logic: Callable[[PipelineConfig], Any], argv: li
         config = load_config(args.config)
         config.check_listener(stage)  # an unsafe or keyless tcp endpoint is a config error, not a crash loop
     except ConfigError as e:
-        print(f"{stage}: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+        print(f"{stage}: {e}", file=sys.stderr, flush=True)
+        return config_exit()
     setup_logging(stage, args.log_level or config.log_level)
     setproctitle.setproctitle(f"anima-{stage}")
     ctx = zmq.Context()
@@ -333,7 +345,7 @@ def stage_main(stage: str, make_logic: Callable[[PipelineConfig], Any], argv: li
             logic = make_logic(config)
         except ConfigError as e:    # a setting the logic cannot use (e.g. a policy this backend cannot run): exit 2
             log.error("%s: %s", stage, e)
-            return EXIT_CONFIG
+            return config_exit()
         except Exception as e:  # noqa: BLE001 - a stage that cannot start says why, then exits for supervisord
             log.exception("%s: start-up failed", stage)
             event_socket(ctx, config).last_word(m.Dying(stage=stage, pid=os.getpid(),

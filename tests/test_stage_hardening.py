@@ -25,7 +25,7 @@ from protocol import messages as m  # noqa: E402
 from protocol.arena import SHM_DIR, Arena, list_segments, run_prefix, segment_name  # noqa: E402
 from protocol.fuzzing import fuzz_live  # noqa: E402
 from protocol.sockets import LazyPirate  # noqa: E402
-from protocol.tensors import InlineFrames, TensorDesc  # noqa: E402
+from protocol.tensors import TensorDesc  # noqa: E402
 from tests.pipeline_harness import Pipeline, tiny_assets  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -196,12 +196,12 @@ def test_fuzz_decode_through_the_real_vae(pipe, targets, ctx):
 
 def test_fuzz_submit_and_status_through_the_real_daemon(pipe, targets, ctx):
     """Mutated SUBMIT messages (and prompt JSON: huge seeds, deep nesting, lone surrogates, long names) and STATUS:
-    every one answered by the same daemon; then a valid SUBMIT is still accepted."""
+    every one answered by the same daemon; then a valid SUBMIT is still accepted (queued behind the fuzz's jobs: one
+    settle for all, as a job failing at its stage start takes ~20 s to end)."""
     for kind, n in (("SUBMIT", CI_SUBMIT_FRAMES), ("STATUS", CI_STATUS_FRAMES)):
         counts = fuzz_live(ctx, targets[kind], n, seed=0, probe_every=100)
         assert counts.ok, f"{counts.line(kind)}\n{counts.first_problem}\n{pipe.logs()}"
         assert counts.errors > n // 3
-    settle_jobs(pipe)
     sub = _request(ctx, pipe.rf.daemon_endpoint, m.Submit(prompt_json=json.dumps({"prompt": "after", "steps": 1}),
                                                           base_dir=str(pipe.root)))
     assert isinstance(sub, m.Submitted), sub
