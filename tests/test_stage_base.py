@@ -308,18 +308,6 @@ def test_config_defaults_and_relative_paths(tmp_path):
         load_config(tmp_path / "nope.toml")
 
 
-def test_supervisord_startsecs_is_the_one_config_exit_waits_for():
-    """stages.base.config_exit outlives startsecs so that exit 2 counts as an expected exit, not a failed start."""
-    import configparser
-    from stages.base import SUPERVISOR_STARTSECS
-    conf = configparser.RawConfigParser()
-    conf.read(Path(__file__).resolve().parents[1] / "supervisord.conf")
-    for program in ("scheduler", "executor", "encoder", "vae", "orchestrator"):
-        section = conf[f"program:{program}"]
-        assert float(section["startsecs"]) == SUPERVISOR_STARTSECS, program
-        assert "2" in section["exitcodes"].split(","), program
-
-
 class _PacedBackend:
     """A backend that declares settings of its own (as a board-modelling backend does: SETTINGS names them)."""
     SETTINGS = ("time_scale", "board_ram_gb", "board_model", "hook")

@@ -161,6 +161,18 @@ def test_bad_decode_requests_are_error_replies_and_the_vae_keeps_serving(pipe, t
         assert pipe.pid("vae") == pid and pipe.sup.info("vae").state == "RUNNING"
 
 
+def test_supervisord_startsecs_is_the_one_config_exit_waits_for():
+    """stages.base.config_exit outlives startsecs so that exit 2 counts as an expected exit, not a failed start."""
+    import configparser
+    from stages.base import SUPERVISOR_STARTSECS
+    conf = configparser.RawConfigParser()
+    conf.read(ROOT / "supervisord.conf")
+    for program in ("scheduler", "executor", "encoder", "vae", "orchestrator"):
+        section = conf[f"program:{program}"]
+        assert float(section["startsecs"]) == SUPERVISOR_STARTSECS, program
+        assert "2" in section["exitcodes"].split(","), program
+
+
 def test_decode_limits_follow_the_loaded_decoder():
     """In process: the z channels are the loaded decoder's (torch VAEConfig or a pack's manifest), the stride rule is
     models.vae.tiled.check_tiling's, and a VAE pack (own tiling) leaves DECODE's tile fields unused."""
