@@ -24,6 +24,7 @@ class OrchestratorSettings:
     decode_timeout_s: float = _D["decode_timeout_s"]
     sample_interval_s: float = _D["sample_interval_s"]
     hang_timeout_s: float = _D["hang_timeout_s"]
+    timing_plot_timeout_s: float = _D["timing_plot_timeout_s"]
 
     @classmethod
     def from_table(cls, table: dict, where: str = "") -> "OrchestratorSettings":

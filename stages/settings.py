@@ -128,6 +128,8 @@ STAGE_SETTINGS: dict[str, dict[str, Setting]] = {
         "sample_interval_s": Setting(float, 0.2, 0.01, 10.0, help="supervisord/RSS sampling while a stage works"),
         "hang_timeout_s": Setting(float, 120.0, 0.0, 86400.0, help="a scheduler/executor silent to heartbeats this "
                                   "long is restarted through supervisord (0: never); keep it below branch_timeout_s"),
+        "timing_plot_timeout_s": Setting(float, 120.0, 0.0, 3600.0, help="the child process that draws each job's "
+                                         "timing.png (3.3 s under load: bench/bench_timing_plot.py); 0: no plot"),
     },
     "http": {                                  # the HTTP front (orchestrator/http/settings.py)
         "host": Setting(str, "127.0.0.1", length=(1, 255), help="listen address; not loopback needs token_file"),
