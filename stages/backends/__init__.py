@@ -1,14 +1,17 @@
 """Model backends of the executor and the VAE stage: `onnx` and `rknn-sim` come from models.branch_runtime; `rknn`
-(the board) lives here."""
+(the board) and `board-sim` (the executor on a modelled board: real outputs, paced to the reference board's phase
+times) live here."""
 from __future__ import annotations
 
 import inspect
 
 from models.branch_runtime import BACKENDS as MODEL_BACKENDS
 from models.branch_runtime import backend_class as model_backend_class
+from models.policy import register_auto_chooser
 
 # the board backend, imported only when asked for (models/ must not import stages/)
-STAGE_BACKENDS = {"rknn": "stages.backends.rknn:RknnLiteBackend"}
+STAGE_BACKENDS = {"rknn": "stages.backends.rknn:RknnLiteBackend",
+                  "board-sim": "stages.backends.board_sim:BoardSimBackend"}
 
 
 def backend_names() -> list:
@@ -16,7 +19,7 @@ def backend_names() -> list:
 
 
 def backend_class(name: str):
-    """A backend name -> its class: "rknn" from here, every other name from models.branch_runtime."""
+    """A backend name -> its class: "rknn" and "board-sim" from here, every other name from models.branch_runtime."""
     if name in STAGE_BACKENDS:
         import importlib
         module, cls = STAGE_BACKENDS[name].split(":")
@@ -44,3 +47,9 @@ def make_branch_backend(name: str, threads: int | None, settings: dict, exclude=
     models.lifecycle.context_factory with the same `backend_kwargs`)."""
     cls = backend_class(name)
     return cls(**backend_kwargs(cls, threads, settings, exclude))
+
+
+# `policy = "auto"` for the board backends: the policy that fits the board's memory, chosen on the modelled board's
+# timeline (stages/backends/board_auto.py); the real board reads its MemAvailable
+register_auto_chooser("board-sim", "stages.backends.board_auto:choose_policy")
+register_auto_chooser("rknn", "stages.backends.board_auto:choose_policy")

@@ -1,0 +1,175 @@
+"""Per-step rows of board time and THE table that shows them (bench/overhead.py, bench/board.py, the job report).
+
+A row is one sampler step: step wall, pure NPU, visible lifecycle, host ops, transport, the rest; and the job
+projection built from rows. Rows carry where their figures come from:
+- `measured` (a real board through bench/board.py or `bench/overhead.py --backend rknn`): everything measured there;
+- `modelled` (board-sim): inference, lifecycle and host ops were paced to the modelled board x time_scale and are
+  shown in board seconds (paced / time_scale); pure NPU and tensor I/O come from the cost model; transport and the
+  rest (sampler, state file, events) were measured on this machine and are added unscaled.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from stages.backends.board_model import LABEL, BoardModel
+from stages.backends.board_pace import scale_note
+
+SPECTRUM_COMPUTED = 11            # of 20 steps (board-facts.md:28)
+SPECTRUM_STEPS = 20
+
+
+@dataclass
+class StepRow:
+    step: int
+    computed: bool
+    wall_s: float              # the step on the board (board seconds)
+    npu_s: float               # pure NPU inference, every pass (the overhead ratio's denominator)
+    lifecycle_s: float         # load/init/release the step waited for
+    host_s: float              # host ops on the critical path
+    transport_s: float         # measured here (board-sim) or on the board
+    other_s: float             # sampler, state file, events: measured
+    infer_s: float = 0.0       # inference on the critical path (NPU + tensor I/O; dual_core: overlapped)
+    io_s: float = 0.0          # modelled tensor I/O (board-sim); 0 where not separable (a real board)
+
+    @property
+    def overhead_ratio(self) -> Optional[float]:
+        return self.wall_s / self.npu_s if self.npu_s > 0 else None
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "overhead_ratio": self.overhead_ratio}
+
+
+def rows_from_steps(steps: list, time_scale: float = 1.0, model: Optional[BoardModel] = None) -> list:
+    """StepTimes (wire dicts, from DENOISED / report.json) -> board-second rows. With `model` (board-sim) the paced
+    parts are divided by time_scale and pure NPU / tensor I/O come from the cost model; without it (a real board)
+    the figures are taken as measured and pure NPU is the inference time."""
+    rows = []
+    for s in steps:
+        infer, life, host, tr = (float(s.get(k, 0.0)) for k in ("infer_s", "lifecycle_s", "host_s", "transport_s"))
+        other = max(0.0, float(s["wall_s"]) - infer - life - host - tr)
+        computed = bool(s.get("computed", True)) and int(s.get("calls", 1)) > 0
+        if model is None:              # measured: pure NPU is every pass's inference (npu_s when given; dual_core
+            npu = float(s.get("npu_s", infer))      # overlaps the passes, so the critical path is less than their sum)
+            rows.append(StepRow(int(s["step"]), computed, float(s["wall_s"]), npu, life, host, tr, other, infer))
+            continue
+        f = time_scale
+        parts = model.step_parts() if computed else {"npu_s": 0.0, "io_s": 0.0}
+        rows.append(StepRow(int(s["step"]), computed, (infer + life + host) / f + tr + other, parts["npu_s"],
+                            life / f, host / f, tr, other, infer / f, parts["io_s"]))
+    return rows
+
+
+@dataclass
+class Projection:
+    """A 20-step Spectrum job from per-step rows: the first computed step (cold: resident contexts load in it),
+    the later ones, forecast steps, plus encode and decode."""
+    first_step_s: float
+    step_s: float              # mean of the computed steps after the first (the first when there is no other)
+    npu_step_s: float
+    lifecycle_step_s: float
+    host_step_s: float
+    transport_step_s: float
+    forecast_step_s: float
+    denoise_s: float
+    encode_s: float
+    decode_s: float
+    job_s: float
+    decode_npu_s: float
+    job_npu_vae_s: float
+    computed: int = SPECTRUM_COMPUTED
+
+    @property
+    def overhead_ratio(self) -> float:
+        """Denoise wall / sum of pure NPU inference over the computed steps."""
+        return self.denoise_s / (self.computed * self.npu_step_s) if self.npu_step_s else float("nan")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "overhead_ratio": self.overhead_ratio}
+
+
+def project(rows: list, encode_s: float, decode_s: float, decode_npu_s: float,
+            computed: int = SPECTRUM_COMPUTED, steps: int = SPECTRUM_STEPS) -> Projection:
+    comp = [r for r in rows if r.computed]
+    if not comp:
+        raise ValueError("no computed step to project from")
+    later = comp[1:] or comp
+    mean = lambda xs: sum(xs) / len(xs)          # noqa: E731
+    fc = [r.wall_s for r in rows if not r.computed]
+    step = mean([r.wall_s for r in later])
+    forecast = mean(fc) if fc else 0.0
+    denoise = comp[0].wall_s + (computed - 1) * step + (steps - computed) * forecast
+    return Projection(comp[0].wall_s, step, mean([r.npu_s for r in later]), mean([r.lifecycle_s for r in later]),
+                      mean([r.host_s for r in later]), mean([r.transport_s for r in later]), forecast, denoise,
+                      encode_s, decode_s, encode_s + denoise + decode_s, decode_npu_s,
+                      encode_s + denoise + decode_npu_s, computed)
+
+
+def job_figures(model: BoardModel) -> dict:
+    """Encode and decode on the board: the reference's sd.cpp CPU VAE, and the two estimates (labelled so)."""
+    j = model.cost["job"]
+    return {"encode_s": j["encoder_s_estimate"], "decode_s": j["vae_cpu_s"], "decode_npu_s": j["vae_npu_s_estimate"]}
+
+
+def format_rows(label: str, rows: list, time_scale: float = 1.0) -> list:
+    """The per-step table: every line says what its figures are (measured / modelled) and the time scale."""
+    note = f"[{label}, {scale_note(time_scale)}]"
+    out = [f"{'step':>4} {'kind':<8} {'wall s':>8} {'NPU s':>8} {'lifecycle s':>11} {'host s':>7} "
+           f"{'transport s':>11} {'other s':>8} {'ratio':>6}  {note}"]
+    for r in rows:
+        ratio = f"{r.overhead_ratio:.3f}" if r.overhead_ratio else "-"
+        out.append(f"{r.step:>4} {'computed' if r.computed else 'forecast':<8} {r.wall_s:>8.2f} {r.npu_s:>8.2f} "
+                   f"{r.lifecycle_s:>11.2f} {r.host_s:>7.2f} {r.transport_s:>11.3f} {r.other_s:>8.3f} {ratio:>6}  "
+                   f"{note}")
+    return out
+
+
+POLICY_HEADER = (f"{'policy':<36} {'RAM':>4} {'step wall s':>11} {'pure NPU s':>10} {'vis. lifecycle s':>16} "
+                 f"{'host s':>7} {'transport s':>11} {'overhead_ratio':>14} {'job s (CPU VAE)':>15} "
+                 f"{'job s (NPU VAE est.)':>20}")
+
+
+def format_policy_line(policy: str, ram_gb, p: Projection, label: str, time_scale: float = 1.0) -> str:
+    """One row of the policy table (a computed step after the first, and the 20-step Spectrum job)."""
+    return (f"{policy:<36} {str(ram_gb):>4} {p.step_s:>11.2f} {p.npu_step_s:>10.2f} {p.lifecycle_step_s:>16.2f} "
+            f"{p.host_step_s:>7.2f} {p.transport_step_s:>11.3f} {p.overhead_ratio:>14.3f} {p.job_s:>15.1f} "
+            f"{p.job_npu_vae_s:>20.1f}  [{label}, {scale_note(time_scale)}]")
+
+
+def projection_notes(p: Projection, label: str) -> list:
+    """How the job figure is made (each line labelled)."""
+    return [f"[{label}] 20-step Spectrum job = encode {p.encode_s:.1f} s (estimate) + denoise {p.denoise_s:.1f} s "
+            f"(first computed step {p.first_step_s:.2f} + 10 x {p.step_s:.2f} + 9 forecast x {p.forecast_step_s:.3f})"
+            f" + decode {p.decode_s:.1f} s (sd.cpp CPU VAE, reference board figure) = {p.job_s:.1f} s",
+            f"[{label}] with the VAE on the NPU (estimate {p.decode_npu_s:.1f} s): {p.job_npu_vae_s:.1f} s"]
+
+
+def board_section(steps: list, time_scale: float, model: BoardModel, settings: dict) -> dict:
+    """report.json's `board` block for a board-sim job: modelled board seconds apart from what was measured here."""
+    rows = rows_from_steps(steps, time_scale, model)
+    comp = [r for r in rows if r.computed]
+    tot = lambda k: sum(getattr(r, k) for r in rows)      # noqa: E731
+    out = {"label": LABEL, "source": f"{model.path.name} (reference board figures)", "time_scale": time_scale,
+           "board_ram_gb": settings.get("board_ram_gb", 8), "board_model": settings.get("board_model", "full"),
+           "modelled": {"denoise_s": tot("wall_s") - tot("transport_s") - tot("other_s"),
+                        "npu_s": tot("npu_s"), "io_s": tot("io_s"), "inference_s": tot("infer_s"),
+                        "lifecycle_visible_s": tot("lifecycle_s"), "host_s": tot("host_s")},
+           "measured_here": {"transport_s": tot("transport_s"), "other_s": tot("other_s"),
+                             "host_work_s": sum(float(s.get("host_work_s", 0.0)) for s in steps)},
+           "denoise_board_s": tot("wall_s"),
+           "steps": [r.to_dict() for r in rows]}
+    npu = tot("npu_s")
+    out["overhead_ratio"] = tot("wall_s") / npu if npu and comp else None
+    return out
+
+
+def format_board_section(b: dict) -> list:
+    m, h = b["modelled"], b["measured_here"]
+    note = f"{LABEL} ({b['source']}; board-sim, {b['board_ram_gb']} GB, {scale_note(b['time_scale'])})"
+    ratio = f"{b['overhead_ratio']:.3f}" if b.get("overhead_ratio") else "-"
+    return [f"board denoise {b['denoise_board_s']:.2f} s, overhead_ratio {ratio}: {note}",
+            f"  board NPU {m['npu_s']:.2f} s + tensor I/O {m['io_s']:.2f} s (inference on the critical path "
+            f"{m['inference_s']:.2f} s), lifecycle visible {m['lifecycle_visible_s']:.2f} s, board host ops "
+            f"{m['host_s']:.2f} s: {note}",
+            f"  measured on this machine: transport {h['transport_s']:.3f} s, scheduling and sampler "
+            f"{h['other_s']:.3f} s, host ops here {h['host_work_s']:.3f} s (inside the paced board host time)"]

@@ -1,0 +1,168 @@
+"""`auto`: the lifecycle policy for a board's memory, chosen by evaluating the MODELLED board (board_cost.toml through
+board_model and board_timeline), analytically, before anything loads.
+
+Memory: contexts may take the board's usable RAM minus the baseline usage minus the 1.5 GiB MemAvailable stop rule
+(reference board figures; 8/16/32 GB boards) or, on a real RK3588 (`rknn` backend), the MemAvailable it has now
+minus the stop rule. A policy fits when its contexts in flight (current, prefetched, one being released; x2 with
+dual_core) fit; `resident` then pins the first branches of the fixed cycle in what is left, keeping one context of
+slack. Among the policies that fit, the fastest projected denoise wins; within 0.5 % of it, the one with fewer
+contexts, then fewer terms (a simpler policy).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+from stages.backends.board_model import BOARD_RAMS_GB, LABEL, BoardModel, Shape
+from stages.backends.board_timeline import (PolicyShape, StepTimeline, branch_sequence, contexts_in_flight,
+                                            pinned_branches, simulate_step)
+
+log = logging.getLogger(__name__)
+
+COMPUTED_STEPS = 11          # a 20-step Spectrum job computes 11 steps (board-facts.md:28)
+TIE = 0.005                  # within 0.5 % of the fastest: prefer less memory, then a simpler policy
+MAX_PREFETCH = 4
+
+
+@dataclass
+class Evaluation:
+    """One policy on one board (modelled)."""
+    policy: PolicyShape
+    contexts_in_flight: int
+    resident_contexts: int
+    memory_mib: float            # MemAvailable the policy's contexts take at most (modelled)
+    cold: StepTimeline           # the first computed step (resident contexts load in it)
+    warm: StepTimeline           # every later computed step
+    computed_steps: int
+
+    @property
+    def contexts(self) -> int:
+        return self.contexts_in_flight + self.resident_contexts
+
+    @property
+    def denoise_s(self) -> float:
+        return self.cold.wall_s + (self.computed_steps - 1) * self.warm.wall_s
+
+    def line(self) -> str:
+        return (f"{LABEL} {self.policy.name:<28} step {self.warm.wall_s:7.2f} s (first {self.cold.wall_s:6.2f}), "
+                f"overhead_ratio {self.warm.overhead_ratio:.3f}, {self.contexts} contexts "
+                f"({self.resident_contexts} resident), {self.memory_mib:.0f} MiB")
+
+
+def candidates() -> list:
+    """Every policy combination the lifecycle accepts (interleave and dual_core do not combine)."""
+    out = []
+    for resident in (False, True):
+        for dual in (False, True):
+            for inter in (False, True):
+                if dual and inter:
+                    continue
+                for pre in range(MAX_PREFETCH + 1):
+                    out.append(PolicyShape(prefetch=pre, dual_core=dual, interleave=inter,
+                                           resident_mb=1.0 if resident else 0.0))
+    return out
+
+
+def evaluate(model: BoardModel, policy, budget_mib: float, computed_steps: int = COMPUTED_STEPS,
+             transport_s: float = 0.0, resident_contexts: Optional[int] = None) -> Optional[Evaluation]:
+    """The policy's projected steps on a board with `budget_mib` for contexts; None when it does not fit.
+    A resident policy pins as many contexts as fit (one of slack) unless `resident_contexts` says how many."""
+    fly = contexts_in_flight(policy)
+    fit = model.contexts_fit(budget_mib)
+    if fly > fit:
+        return None
+    per = 2 if policy.dual_core else 1
+    k = 0
+    if policy.resident_mb > 0:
+        most = min(len(branch_sequence(model)) * per, max(0, fit - fly - 1))
+        k = most if resident_contexts is None else min(most, resident_contexts)
+        k -= k % per
+        if k == 0:
+            return None                                   # nothing to pin: the plain policy covers it
+    pinned = pinned_branches(model, policy, k)
+    cold = simulate_step(model, policy, pinned, warm=False, transport_s=transport_s)
+    warm = simulate_step(model, policy, pinned, warm=True, transport_s=transport_s)
+    resident_mb = model.mem_drop_mib(fly + k) - model.mem_drop_mib(fly) if k else 0.0
+    pol = PolicyShape(policy.prefetch, policy.dual_core, round(resident_mb, 1), policy.interleave)
+    return Evaluation(pol, fly, k, model.mem_drop_mib(fly + k), cold, warm, computed_steps)
+
+
+def _smallest_resident(model, policy, budget_mib, best: Evaluation, **kw) -> Evaluation:
+    """The fewest pinned contexts that keep the policy's denoise time (pinning more than helps only costs memory)."""
+    per = 2 if policy.dual_core else 1
+    lo, hi = per, best.resident_contexts
+    while lo < hi:
+        mid = (lo + hi) // 2
+        mid -= mid % per
+        mid = max(mid, per)
+        e = evaluate(model, policy, budget_mib, resident_contexts=mid, **kw)
+        if e is not None and e.denoise_s <= best.denoise_s * (1 + 1e-4):
+            hi = mid
+        else:
+            lo = mid + per
+    return evaluate(model, policy, budget_mib, resident_contexts=hi, **kw) or best
+
+
+def choose(model: BoardModel, budget_mib: float, computed_steps: int = COMPUTED_STEPS,
+           transport_s: float = 0.0) -> tuple:
+    """-> (the chosen Evaluation, every Evaluation that fits, fastest first)."""
+    kw = {"computed_steps": computed_steps, "transport_s": transport_s}
+    evals = []
+    for pol in candidates():
+        e = evaluate(model, pol, budget_mib, **kw)
+        if e is not None and e.resident_contexts:
+            e = _smallest_resident(model, pol, budget_mib, e, **kw)
+        if e is not None:
+            evals.append(e)
+    if not evals:
+        raise ValueError(f"{LABEL} board: not even one context fits in {budget_mib:.0f} MiB")
+    evals.sort(key=lambda e: e.denoise_s)
+    fast = evals[0].denoise_s * (1 + TIE)
+    best = min((e for e in evals if e.denoise_s <= fast),
+               key=lambda e: (e.contexts, len(e.policy.name.split("+")), e.denoise_s))
+    return best, evals
+
+
+def fit_table(model: BoardModel) -> dict:
+    """How many contexts fit resident on the 8, 16 and 32 GB boards (modelled)."""
+    return {ram: model.contexts_fit(model.context_budget_mib(ram)) for ram in BOARD_RAMS_GB}
+
+
+def real_mem_available_mib() -> Optional[float]:
+    from stages.backends import board_stats
+    kb = board_stats.meminfo_kb().get("MemAvailable")
+    return None if kb is None else kb / 1024.0
+
+
+def budget(model: BoardModel, backend: str, settings: dict) -> tuple:
+    """-> (MiB for contexts, what it is based on). A real board (`rknn`) reads its MemAvailable; board-sim models the
+    `board_ram_gb` board."""
+    if backend == "rknn":
+        avail = real_mem_available_mib()
+        if avail is not None:
+            return model.context_budget_mib(mem_available_mib=avail), f"MemAvailable {avail:.0f} MiB (measured)"
+    ram = settings.get("board_ram_gb", 8)
+    return model.context_budget_mib(ram), f"{ram} GB board ({LABEL})"
+
+
+def choose_policy(ctx):
+    """The lifecycle's `auto` hook (models.policy.AutoContext -> Policy) for board-sim and rknn."""
+    from models.policy import Policy
+    settings = dict(ctx.settings or {})
+    packs = tuple(getattr(ctx, "packs", ()) or ())
+    # the default pack (the first) sizes the model; without one, the reference configuration (512x512)
+    shape = Shape.of_pack(packs[0], settings.get("board_model", "full")) if packs else None
+    model = BoardModel(shape)
+    mib, basis = budget(model, ctx.backend, settings)
+    best, evals = choose(model, mib)
+    fits = ", ".join(f"{r} GB: {n}" for r, n in fit_table(model).items())
+    log.info("auto (%s, %s): %s -> %s; contexts that fit resident (%s): %s", LABEL, basis, f"{mib:.0f} MiB for "
+             "contexts", best.policy.name, LABEL, fits)
+    for e in evals[:6]:
+        log.info("auto: %s", e.line())
+    p = best.policy
+    masks = settings.get("dual_masks")
+    kw = {"dual_masks": tuple(masks)} if masks else {}
+    return Policy(prefetch=p.prefetch, dual_core=p.dual_core, resident_mb=p.resident_mb, interleave=p.interleave,
+                  **kw)

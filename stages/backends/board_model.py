@@ -1,0 +1,245 @@
+"""The RK3588 board cost model (MODELLED from the reference board figures in board_cost.toml): per-branch phase
+times and per-context memory for a model shape at a resolution, and the calibration split of a step.
+
+Scaling rules (the reference: Anima 2B, 1024 image tokens, 512 text tokens):
+- NPU time per inference: each branch's reference time is split into parts by the FLOP count of the real widths
+  (`branch_flops`): `linear` ~ L (projections, FFN, cross-attention against the fixed 512 text tokens), `quadratic`
+  ~ L^2 (self-attention scores and weights x V), `constant` (cross-attention's k/v projections of the text); each part
+  scales with its own FLOP count, so other widths scale by weight bytes (the linear parts) and by width (attention).
+- lifecycle (load, init, release) and context memory: by the branch's weight bytes; independent of the resolution.
+- host ops and tensor I/O: by L x D (elementwise over the [L, D] tensors).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+COST_FILE = Path(__file__).with_name("board_cost.toml")
+KINDS = ("self", "cross", "ffn")
+BOARD_RAMS_GB = (8, 16, 32)
+LABEL = "modelled"             # every printed board figure carries this word
+MODELS = ("full", "pack")      # what a pack is modelled as: the official 2B widths, or the pack's own config
+GIB = 1024.0                   # MiB per GiB
+
+
+class CostModelError(ValueError):
+    """A cost model file that is missing, malformed or inconsistent; the message names the file and key."""
+
+
+def load_cost(path=COST_FILE) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise CostModelError(f"board cost model {path}: {e}") from None
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the cost model scales by: widths, block count, image and text tokens."""
+    width: int
+    heads: int
+    head_dim: int
+    ffn_width: int
+    context_dim: int
+    blocks: int
+    tokens: int
+    text_tokens: int = 512
+
+    @classmethod
+    def reference(cls, cost: dict) -> "Shape":
+        r = cost["reference"]
+        return cls(r["width"], r["heads"], r["head_dim"], r["ffn_width"], r["context_dim"], r["blocks"], r["tokens"],
+                   r["text_tokens"])
+
+    @classmethod
+    def of_pack(cls, pack_dir, model: str = "full", cost: Optional[dict] = None) -> "Shape":
+        """The shape a pack is modelled as: `full` = the official widths (the reference's) with the pack's block count
+        and tokens, so a tiny pack runs at the real model's board pace; `pack` = the pack's own config."""
+        if model not in MODELS:
+            raise CostModelError(f"board_model {model!r}: choose one of {', '.join(MODELS)}")
+        try:
+            man = json.loads((Path(pack_dir) / "manifest.json").read_text())
+            c, g = man["config"], man["geometry"]
+            own = cls(c["width"], c["heads"], c["head_dim"], c["ffn_width"], c["context_dim"], c["blocks"],
+                      g["tokens"], g.get("text_tokens", 512))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CostModelError(f"{pack_dir}: cannot read the pack's config and geometry ({e})") from None
+        if model == "pack":
+            return own
+        ref = cls.reference(cost or load_cost())
+        return cls(ref.width, ref.heads, ref.head_dim, ref.ffn_width, ref.context_dim, own.blocks, own.tokens,
+                   own.text_tokens)
+
+
+def branch_flops(kind: str, s: Shape) -> dict:
+    """FLOPs of one inference of a branch, by how they scale: {"linear": ~L, "quadratic": ~L^2, "constant": ~S}."""
+    L, S, D, H, F, Dc = s.tokens, s.text_tokens, s.width, s.heads, s.ffn_width, s.context_dim
+    softmax = 5                                    # max, subtract, exp, sum, divide per score
+    if kind == "self":
+        return {"linear": 4 * 2 * L * D * D        # q, k, v, output projections
+                + 2 * 2 * L * D                    # q/k RMSNorm (mean of squares by MatMul)
+                + 6 * L * D,                       # RoPE on q and k
+                "quadratic": 2 * 2 * L * L * D     # q.k^T and weights x v over all heads
+                + softmax * H * L * L,
+                "constant": 0}
+    if kind == "cross":
+        return {"linear": 2 * 2 * L * D * D        # q and output projections
+                + 2 * L * D                        # q RMSNorm
+                + 2 * 2 * L * S * D                # scores and weights x v against S text tokens
+                + softmax * H * L * S,
+                "quadratic": 0,
+                "constant": 2 * 2 * S * Dc * D     # k and v projections of the text context
+                + 2 * S * D}
+    if kind == "ffn":
+        return {"linear": 2 * 2 * L * D * F + 8 * L * F, "quadratic": 0, "constant": 0}    # two projections, GELU
+    raise CostModelError(f"branch kind {kind!r}: choose one of {', '.join(KINDS)}")
+
+
+def weight_bytes(kind: str, s: Shape, itemsize: int = 2) -> int:
+    """Bytes of a branch's weights (FP16 on the board)."""
+    D, F, Dc, hd = s.width, s.ffn_width, s.context_dim, s.head_dim
+    n = {"self": 4 * D * D + 2 * hd, "cross": 2 * D * D + 2 * Dc * D + 2 * hd, "ffn": 2 * D * F}[kind]
+    return n * itemsize
+
+
+@dataclass(frozen=True)
+class KindFigures:
+    """Board seconds (modelled) for one branch model of a kind: lifecycle per model, NPU and tensor I/O per
+    inference (one pass)."""
+    load_s: float
+    init_s: float
+    release_s: float
+    npu_s: float
+    io_s: float
+
+    @property
+    def lifecycle_s(self) -> float:
+        return self.load_s + self.init_s + self.release_s
+
+
+class BoardModel:
+    """Modelled board figures for one model shape: per kind, per step, per context."""
+
+    def __init__(self, shape: Optional[Shape] = None, cost: Optional[dict] = None, path=COST_FILE):
+        self.cost = cost if cost is not None else load_cost(path)
+        self.path = Path(path)
+        try:
+            self.ref = Shape.reference(self.cost)
+            self.shape = shape or self.ref
+            self.kinds = {k: self._kind(k) for k in KINDS}
+            c = self.cost
+            lsd = (self.shape.tokens * self.shape.width) / (self.ref.tokens * self.ref.width)
+            self.host_block_s = c["host"]["per_block_s"] * lsd            # both passes, one block
+            self.cores = int(c["npu"]["cores"])
+            self.cpu_slots = int(c["lifecycle"]["cpu_slots"])
+            self.concurrent_efficiency = float(c["npu"]["concurrent_efficiency"])
+            self.multi_core_speedup = float(c["npu"]["multi_core_speedup"])
+            mem = c["memory"]
+            self._mem_n = [0] + list(mem["contexts"])
+            self._mem_drop = [0.0] + [float(x) for x in mem["mem_available_drop_mib"]]
+            wref = sum(weight_bytes(k, self.ref) for k in KINDS)
+            self.weight_factor = sum(weight_bytes(k, self.shape) for k in KINDS) / wref
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+            raise CostModelError(f"board cost model {self.path}: missing or bad figure ({e!r})") from None
+
+    # -- per kind ---------------------------------------------------------------------------------------------------
+    def _kind(self, kind: str) -> KindFigures:
+        c, ref, s = self.cost, self.ref, self.shape
+        # NPU: the one-forward split by kind, scaled to the 20-step run's NPU time per step
+        fwd = c["npu"]["forward_s"]
+        to_step = c["npu"]["step_npu_s"] / (2 * sum(fwd[k] for k in KINDS))
+        t_ref = fwd[kind] / ref.blocks * to_step                                # one inference at the reference
+        f_ref, f_new = branch_flops(kind, ref), branch_flops(kind, s)
+        total_ref = sum(f_ref.values())
+        npu = sum(t_ref * f_ref[p] / total_ref * (f_new[p] / f_ref[p]) for p in f_ref if f_ref[p])
+        # lifecycle: per-kind model averages, split into phases by the sweep totals; by weight bytes
+        sweep = c["lifecycle"]["sweep_s"]
+        total = sum(sweep.values())
+        wf = weight_bytes(kind, s) / weight_bytes(kind, ref)
+        per = c["lifecycle"]["per_model_s"][kind] * wf
+        io = c["io"]["per_inference_s"] * (s.tokens * s.width) / (ref.tokens * ref.width)
+        return KindFigures(load_s=per * sweep["load"] / total, init_s=per * sweep["init"] / total,
+                           release_s=per * sweep["release"] / total, npu_s=npu, io_s=io)
+
+    def npu_parts(self, kind: str) -> dict:
+        """Seconds of one inference by scaling part (what tests and docs show): {"linear", "quadratic", "constant"}."""
+        f = branch_flops(kind, self.ref)
+        fwd = self.cost["npu"]["forward_s"]
+        t = fwd[kind] / self.ref.blocks * self.cost["npu"]["step_npu_s"] / (2 * sum(fwd[k] for k in KINDS))
+        return {p: t * v / sum(f.values()) for p, v in f.items()}
+
+    @property
+    def host_pass_s(self) -> float:
+        """Host ops of one pass of one branch (a block's 0.1658 s covers 3 branches x 2 passes)."""
+        return self.host_block_s / 6.0
+
+    # -- per step ---------------------------------------------------------------------------------------------------
+    def step_parts(self, passes: int = 2) -> dict:
+        """A computed step under on-demand, by part (board seconds, modelled)."""
+        n = self.shape.blocks
+        k = self.kinds
+        return {"npu_s": n * passes * sum(f.npu_s for f in k.values()),
+                "lifecycle_s": n * sum(f.lifecycle_s for f in k.values()),
+                "host_s": n * self.host_block_s * passes / 2,
+                "io_s": n * passes * sum(f.io_s for f in k.values())}
+
+    def on_demand_step_s(self) -> float:
+        return sum(self.step_parts().values())
+
+    # -- memory -----------------------------------------------------------------------------------------------------
+    def mem_drop_mib(self, n: int) -> float:
+        """MemAvailable drop with n contexts resident (reference table, interpolated; linear beyond its end)."""
+        xs, ys = self._mem_n, self._mem_drop
+        if n <= 0:
+            return 0.0
+        for i in range(1, len(xs)):
+            if n <= xs[i]:
+                a = (n - xs[i - 1]) / (xs[i] - xs[i - 1])
+                return (ys[i - 1] + a * (ys[i] - ys[i - 1])) * self.weight_factor
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return (ys[-1] + (n - xs[-1]) * slope) * self.weight_factor
+
+    def context_mib(self, n: int) -> float:
+        """What the n-th resident context costs (the table's marginal)."""
+        return self.mem_drop_mib(n) - self.mem_drop_mib(n - 1)
+
+    def usable_gib(self, ram_gb: float) -> float:
+        mem = self.cost["memory"]
+        return mem["usable_gib_8gb"] if ram_gb == 8 else ram_gb * mem["usable_fraction"]
+
+    def context_budget_mib(self, ram_gb: Optional[float] = None, mem_available_mib: Optional[float] = None) -> float:
+        """MiB that contexts may take before MemAvailable falls under the stop rule: from the modelled board
+        (usable RAM - baseline usage) or, on a real board, from its MemAvailable now."""
+        mem = self.cost["memory"]
+        stop = mem["stop_mem_available_gib"] * GIB
+        if mem_available_mib is not None:
+            return max(0.0, mem_available_mib - stop)
+        return max(0.0, (self.usable_gib(ram_gb) - mem["baseline_gib"]) * GIB - stop)
+
+    def contexts_fit(self, budget_mib: float) -> int:
+        """How many contexts fit in `budget_mib` (the largest n with mem_drop_mib(n) <= budget)."""
+        n = 0
+        while self.mem_drop_mib(n + 1) <= budget_mib and n < 100_000:
+            n += 1
+        return n
+
+    # -- text -------------------------------------------------------------------------------------------------------
+    def describe(self) -> list:
+        """Lines for logs and benches: every one says modelled and where the figures come from."""
+        s, p = self.shape, self.step_parts()
+        out = [f"{LABEL} RK3588 board ({self.path.name}, reference board figures): shape D={s.width} F={s.ffn_width} "
+               f"blocks={s.blocks} tokens={s.tokens}"]
+        for k, f in self.kinds.items():
+            out.append(f"{LABEL} {k:<5} load {f.load_s:.4f} s, init {f.init_s:.4f} s, release {f.release_s:.4f} s, "
+                       f"NPU {f.npu_s:.4f} s and tensor I/O {f.io_s:.4f} s per inference")
+        out.append(f"{LABEL} on-demand step {self.on_demand_step_s():.2f} s = NPU {p['npu_s']:.2f} + lifecycle "
+                   f"{p['lifecycle_s']:.2f} + host {p['host_s']:.2f} + tensor I/O {p['io_s']:.2f}")
+        return out

@@ -1,0 +1,277 @@
+"""`board-sim` executor backend: the rknn backend's lifecycle on a MODELLED RK3588 board.
+
+Outputs are real (ONNX Runtime runs the pack's graph, so jobs and images stay real); every phase is paced to the
+board's time for the FULL-SIZE model at the pack's resolution (board_cost.toml, reference board figures) x
+`time_scale`, so a tiny pack runs at the real model's board pace:
+
+    load     CPU slot, read the graph (real), sleep to the modelled load_rknn time
+    init     memory check (modelled MemAvailable must stay >= 1.5 GiB, else BackendError as a board would fail),
+             CPU slot, ONNX Runtime session (real), sleep to the modelled init_runtime time; the context keeps its
+             core mask
+    infer    tensor I/O in and out (modelled, CPU; one sleep), then an NPU core of the context's mask (exclusive:
+             waits while it is busy), the real inference, sleep to the modelled NPU time
+    release  CPU slot, drop the session (real), sleep to the modelled release time; memory returned
+
+The modelled board (3 NPU cores, `cpu_slots` CPU slots for load/init/release, the memory ledger) is shared by every
+context of the process (`Board.shared`). One backend instance is one context.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+
+from models.branch_runtime import BackendError, BranchBackend, OnnxBackend
+from models.partition import parse_branch_file
+from stages.backends.board_model import BOARD_RAMS_GB, GIB, LABEL, MODELS, BoardModel, CostModelError, Shape
+from stages.backends.board_pace import Chain, PaceTotals, Paced, check_time_scale, clock, scale_note
+
+log = logging.getLogger(__name__)
+
+# core-mask words (as the rknn backend takes them) -> the NPU cores a context may use
+CORE_MASKS = {"auto": (0, 1, 2), "0": (0,), "1": (1,), "2": (2,), "0_1": (0, 1), "0_1_2": (0, 1, 2),
+              "all": (0, 1, 2)}
+MULTI = ("0_1", "0_1_2", "all")          # one context spread over several cores (occupies all of them)
+
+
+def core_mask_cores(mask) -> tuple:
+    key = str(mask).strip().lower().removeprefix("npu_core_")
+    if key not in CORE_MASKS:
+        raise ValueError(f"core_mask {mask!r}: choose one of {list(CORE_MASKS)}")
+    return key, CORE_MASKS[key]
+
+
+class Board:
+    """The modelled board one executor process runs on: NPU cores, CPU slots, the memory ledger, paced totals."""
+
+    _shared: dict = {}
+    _shared_lock = threading.Lock()
+
+    def __init__(self, ram_gb: int = 8, time_scale: float = 1.0, board_model: str = "full"):
+        if ram_gb not in BOARD_RAMS_GB:
+            raise ValueError(f"board_ram_gb {ram_gb!r}: choose one of {', '.join(map(str, BOARD_RAMS_GB))}")
+        if board_model not in MODELS:
+            raise ValueError(f"board_model {board_model!r}: choose one of {', '.join(MODELS)}")
+        self.ram_gb, self.time_scale, self.board_model = ram_gb, check_time_scale(time_scale), board_model
+        base = BoardModel()
+        self.cores = base.cores
+        self._busy = [False] * self.cores
+        self.peak_busy = 0                         # most cores busy at once (what dual_core reaches)
+        self._cores_cv = threading.Condition()
+        self.cpu = threading.BoundedSemaphore(base.cpu_slots)
+        self.cpu_slots = base.cpu_slots
+        self._models: dict = {}                    # pack folder -> BoardModel
+        self._lock = threading.Lock()
+        self.contexts = 0                          # resident (initialised) contexts
+        self.peak_contexts = 0
+        self.totals = {ph: PaceTotals() for ph in ("load", "init", "io", "npu", "release")}
+        self.core_wait_s = self.cpu_wait_s = 0.0
+        self.refusals = 0
+        self._announced = False
+
+    @classmethod
+    def shared(cls, ram_gb: int = 8, time_scale: float = 1.0, board_model: str = "full") -> "Board":
+        """The process's board for these settings (every context of an executor shares it)."""
+        key = (ram_gb, float(time_scale), board_model)
+        with cls._shared_lock:
+            if key not in cls._shared:
+                cls._shared[key] = cls(ram_gb, time_scale, board_model)
+            return cls._shared[key]
+
+    def model(self, pack_dir: Path) -> BoardModel:
+        with self._lock:
+            m = self._models.get(pack_dir)
+            if m is None:
+                try:
+                    m = self._models[pack_dir] = BoardModel(Shape.of_pack(pack_dir, self.board_model))
+                except CostModelError as e:
+                    raise BackendError(str(e)) from None
+            first, self._announced = not self._announced, True
+        if first:
+            for line in m.describe() + [self.describe_memory(m)]:
+                log.info("%s; %s", line, scale_note(self.time_scale))
+        return m
+
+    # -- memory -------------------------------------------------------------------------------------------------
+    def mem_available_gib(self, model: BoardModel, contexts: Optional[int] = None) -> float:
+        n = self.contexts if contexts is None else contexts
+        mem = model.cost["memory"]
+        return model.usable_gib(self.ram_gb) - mem["baseline_gib"] - model.mem_drop_mib(n) / GIB
+
+    def describe_memory(self, model: BoardModel) -> str:
+        budget = model.context_budget_mib(self.ram_gb)
+        return (f"{LABEL} {self.ram_gb} GB board: {model.usable_gib(self.ram_gb):.2f} GiB usable, baseline "
+                f"{model.cost['memory']['baseline_gib']:.3f} GiB, {budget:.0f} MiB for contexts before MemAvailable "
+                f"< {model.cost['memory']['stop_mem_available_gib']} GiB: {model.contexts_fit(budget)} contexts")
+
+    def reserve(self, model: BoardModel, what: str) -> float:
+        """One more resident context, or BackendError when it would leave MemAvailable under the stop rule."""
+        stop = model.cost["memory"]["stop_mem_available_gib"]
+        with self._lock:
+            after = self.mem_available_gib(model, self.contexts + 1)
+            if after < stop:
+                self.refusals += 1
+                raise BackendError(
+                    f"{LABEL} board ({self.ram_gb} GB, reference board figures): init of {what} would leave "
+                    f"MemAvailable at {after:.2f} GiB, under the {stop} GiB stop rule; {self.contexts} contexts "
+                    f"already hold {model.mem_drop_mib(self.contexts):.0f} MiB (use fewer resident contexts, or "
+                    f"a bigger board_ram_gb); {scale_note(self.time_scale)}")
+            self.contexts += 1
+            self.peak_contexts = max(self.peak_contexts, self.contexts)
+            return model.context_mib(self.contexts)
+
+    def unreserve(self) -> None:
+        with self._lock:
+            self.contexts = max(0, self.contexts - 1)
+
+    # -- resources ----------------------------------------------------------------------------------------------
+    @contextmanager
+    def cpu_slot(self):
+        t0 = clock()
+        self.cpu.acquire()
+        with self._lock:
+            self.cpu_wait_s += clock() - t0
+        try:
+            yield
+        finally:
+            self.cpu.release()
+
+    @contextmanager
+    def npu(self, mask_key: str, cores: tuple):
+        """Exclusive use of the context's core(s): any idle core of an auto mask, every core of a multi-core mask,
+        else its one core. Waits while they are busy. -> the cores taken."""
+        t0 = clock()
+        with self._cores_cv:
+            while True:
+                free = [c for c in cores if not self._busy[c]]
+                if mask_key in MULTI:
+                    take = tuple(cores) if len(free) == len(cores) else None
+                else:
+                    take = (free[0],) if free else None
+                if take:
+                    break
+                self._cores_cv.wait()
+            for c in take:
+                self._busy[c] = True
+            self.peak_busy = max(self.peak_busy, sum(self._busy))
+        with self._lock:
+            self.core_wait_s += clock() - t0
+        try:
+            yield take
+        finally:
+            with self._cores_cv:
+                for c in take:
+                    self._busy[c] = False
+                self._cores_cv.notify_all()
+
+    def add(self, phase: str, p: Paced) -> None:
+        with self._lock:
+            self.totals[phase].add(p)
+
+    def ledger(self) -> dict:
+        """Totals so far (board seconds modelled; paced and real seconds here), for traces and benches."""
+        with self._lock:
+            return {"label": LABEL, "ram_gb": self.ram_gb, "time_scale": self.time_scale,
+                    "contexts": self.contexts, "peak_contexts": self.peak_contexts, "refusals": self.refusals,
+                    "peak_busy_cores": self.peak_busy,
+                    "core_wait_s": self.core_wait_s, "cpu_wait_s": self.cpu_wait_s,
+                    "phases": {k: t.to_dict() for k, t in self.totals.items()}}
+
+
+def shared_ledgers() -> list:
+    """Ledgers of every board this process models (what the executor's trace records)."""
+    with Board._shared_lock:
+        boards = list(Board._shared.values())
+    return [b.ledger() for b in boards]
+
+
+class BoardSimBackend(BranchBackend):
+    """One context on the modelled board (see the module docstring)."""
+    name = "board-sim"
+    max_contexts = None            # memory (the modelled ledger) is the limit
+    parallel_contexts = 3          # three NPU cores
+    takes_core_mask = True
+    SETTINGS = ("time_scale", "board_ram_gb", "board_model")    # [stage.executor] keys besides threads, core_mask
+
+    def __init__(self, threads: Optional[int] = None, core_mask="auto", time_scale: float = 1.0,
+                 board_ram_gb: int = 8, board_model: str = "full", board: Optional[Board] = None):
+        self.board = board or Board.shared(board_ram_gb, time_scale, board_model)
+        self.mask_key, self.cores = core_mask_cores(core_mask)
+        self.onnx = OnnxBackend(threads)
+        self._path: Optional[str] = None
+        self._kind: Optional[str] = None
+        self._model: Optional[BoardModel] = None
+        self._reserved = False
+        self._context_mib: Optional[float] = None
+        self._chain = Chain()                  # one model's load, init, inferences, release back to back share slack
+        self.report: dict = {}
+
+    @property
+    def time_scale(self) -> float:
+        return self.board.time_scale
+
+    def _phase(self, name: str, p: Paced, **extra) -> None:
+        self.board.add(name if name in self.board.totals else "npu", p)
+        self.report.setdefault("phases", []).append({"phase": name, **p.to_dict(), **extra})
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+    def load(self, path) -> None:
+        p = Path(path).absolute()
+        try:
+            _, kind = parse_branch_file(p.name)
+        except ValueError as e:
+            raise BackendError(f"{p}: {e}") from None
+        self._model = self.board.model(p.parent.parent)            # PACK/onnx/bNN_kind.onnx
+        self._path, self._kind = str(p), kind
+        self.report = {"branch": p.name, "label": LABEL, "time_scale": self.time_scale, "core_mask": self.mask_key}
+        fig = self._model.kinds[kind]
+        self._chain = Chain()                                        # a new model: no credit from the last one
+        with self.board.cpu_slot():
+            t0 = clock()
+            self.onnx.load(p)                                        # real: the graph's bytes
+            self._phase("load", self._chain.pace(t0, fig.load_s, self.time_scale))
+
+    def init(self) -> None:
+        if self._path is None:
+            raise BackendError("init() before load()")
+        self._context_mib = self.board.reserve(self._model, os.path.basename(self._path))
+        self._reserved = True
+        fig = self._model.kinds[self._kind]
+        with self.board.cpu_slot():
+            t0 = clock()
+            try:
+                self.onnx.init()                                     # real: an ONNX Runtime session
+            finally:
+                self._phase("init", self._chain.pace(t0, fig.init_s, self.time_scale))
+
+    def infer(self, inputs: dict) -> dict:
+        if self._model is None or not self._reserved:
+            raise BackendError("infer() before init()")
+        fig, scale = self._model.kinds[self._kind], self.time_scale
+        t0 = clock()                                                 # tensor I/O in and out (CPU)
+        self._phase("io", self._chain.pace(t0, fig.io_s, scale))
+        with self.board.npu(self.mask_key, self.cores) as taken:
+            t1 = clock()
+            out = self.onnx.infer(inputs)                            # real: the branch's outputs
+            npu_s = fig.npu_s / (self._model.multi_core_speedup if len(taken) > 1 else 1.0)
+            self._phase("npu", self._chain.pace(t1, npu_s, scale), cores=list(taken), at=t1, end=clock())
+        return out
+
+    def release(self) -> None:
+        if self._path is None:
+            return
+        fig = self._model.kinds[self._kind]
+        with self.board.cpu_slot():
+            t0 = clock()
+            self.onnx.release()
+            self._phase("release", self._chain.pace(t0, fig.release_s, self.time_scale))
+        if self._reserved:
+            self.board.unreserve()
+        self._reserved, self._path, self._context_mib = False, None, None
+
+    def context_mb(self) -> Optional[float]:
+        """The modelled MemAvailable cost of this context (MiB; reference memory table), None before init."""
+        return self._context_mib

@@ -1,0 +1,194 @@
+"""The board cost model (stages/backends/board_cost.toml): its calibration against the reference board figures,
+its scaling rules, the memory table, the analytic timeline and `auto`'s choice per board RAM. Pure arithmetic."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from stages.backends import board_auto
+from stages.backends.board_model import KINDS, BoardModel, Shape, branch_flops, load_cost, weight_bytes
+from stages.backends.board_timeline import PolicyShape, contexts_in_flight, pinned_branches, simulate_step
+
+REF_STEP_S = 120.40            # board-facts.md:26 (20 steps sequential CFG: 2,408.54 s)
+REF_NPU_STEP_S = 76.21         # board-facts.md:23
+
+
+@pytest.fixture(scope="module")
+def cost():
+    return load_cost()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return BoardModel()
+
+
+def test_calibration_from_the_data_file_alone(cost):
+    """The on-demand step from the file's raw figures, summed here without the model's code: 120.40 s +- 5 %."""
+    blocks = cost["reference"]["blocks"]
+    npu = cost["npu"]["step_npu_s"]
+    lifecycle = blocks * sum(cost["lifecycle"]["per_model_s"].values())
+    host = blocks * cost["host"]["per_block_s"]
+    io = 2 * 3 * blocks * cost["io"]["per_inference_s"]
+    step = npu + lifecycle + host + io
+    assert abs(step - REF_STEP_S) <= 0.05 * REF_STEP_S
+    assert abs(step / npu - 1.58) <= 0.05 * 1.58
+    # the split is stated: the remainder is the reference step minus NPU, lifecycle sweep and host
+    assert cost["step"]["remainder_s"] == pytest.approx(REF_STEP_S - REF_NPU_STEP_S - 31.71 - 28 * 0.1658, abs=0.01)
+    assert io == pytest.approx(cost["step"]["remainder_s"], rel=1e-3)
+    assert sum(cost["lifecycle"]["sweep_s"].values()) == pytest.approx(31.71, abs=0.02)   # 31.70: rounding
+
+
+def test_model_reproduces_the_reference_split(model):
+    p = model.step_parts()
+    assert p["npu_s"] == pytest.approx(REF_NPU_STEP_S, rel=1e-6)
+    assert p["lifecycle_s"] == pytest.approx(31.71, abs=0.02)
+    assert p["host_s"] == pytest.approx(28 * 0.1658, rel=1e-6)
+    assert model.on_demand_step_s() == pytest.approx(REF_STEP_S, rel=0.05)
+    # per kind: the one-forward split (12.99 / 3.92 / 21.99 s over 28 blocks, board-facts.md:22) scaled to 76.21 s
+    scale = REF_NPU_STEP_S / (2 * 38.90)
+    for kind, fwd in (("self", 12.99), ("cross", 3.92), ("ffn", 21.99)):
+        assert model.kinds[kind].npu_s == pytest.approx(fwd / 28 * scale, rel=1e-6)
+    for kind, per in (("self", 0.423), ("cross", 0.200), ("ffn", 0.510)):
+        assert model.kinds[kind].lifecycle_s == pytest.approx(per, rel=1e-6)
+
+
+def test_on_demand_timeline_is_the_calibrated_step(model):
+    s = simulate_step(model, PolicyShape())
+    assert s.wall_s == pytest.approx(model.on_demand_step_s(), rel=1e-9)
+    assert s.overhead_ratio == pytest.approx(1.58, rel=0.05)
+    assert s.lifecycle_s == pytest.approx(model.step_parts()["lifecycle_s"]) and s.lifecycle_hidden_s == 0
+
+
+def test_flop_split_of_the_real_widths(model):
+    """Dominant terms by hand: self 8LD^2 vs 4L^2D; cross 4LD^2 + 4LSD vs 4SDcD; FFN 4LDF."""
+    L, S, D, F, Dc = 1024, 512, 2048, 8192, 1024
+    f = branch_flops("self", model.ref)
+    assert f["quadratic"] / sum(f.values()) == pytest.approx(4 * L * L * D / (8 * L * D * D + 4 * L * L * D), rel=0.01)
+    f = branch_flops("cross", model.ref)
+    assert f["constant"] / sum(f.values()) == pytest.approx(4 * S * Dc * D / (4 * L * D * D + 4 * L * S * D
+                                                                                + 4 * S * Dc * D), rel=0.01)
+    assert branch_flops("ffn", model.ref)["linear"] == pytest.approx(4 * L * D * F, rel=0.01)
+
+
+def test_resolution_scaling(model):
+    """1024x1024 (4096 tokens): linear parts x4, self-attention's quadratic part x16, cross's constant part x1;
+    lifecycle unchanged; host and tensor I/O x4."""
+    big = BoardModel(Shape(2048, 16, 128, 8192, 1024, 28, 4096))
+    for kind in KINDS:
+        parts = model.npu_parts(kind)
+        want = 4 * parts["linear"] + 16 * parts["quadratic"] + parts["constant"]
+        assert big.kinds[kind].npu_s == pytest.approx(want, rel=1e-3)
+        assert big.kinds[kind].lifecycle_s == pytest.approx(model.kinds[kind].lifecycle_s)
+        assert big.kinds[kind].io_s == pytest.approx(4 * model.kinds[kind].io_s)
+    assert big.host_block_s == pytest.approx(4 * 0.1658)
+    assert big.kinds["self"].npu_s / model.kinds["self"].npu_s > 4.5     # the L^2 part shows
+
+
+def test_width_and_block_scaling(model):
+    """Half the width (and FFN width): weights /4 -> lifecycle and context memory /4; 40 blocks: per-block figures
+    unchanged, the step grows by 40/28."""
+    half = BoardModel(Shape(1024, 8, 128, 4096, 1024, 28, 1024))
+    for kind in KINDS:
+        wf = weight_bytes(kind, half.shape) / weight_bytes(kind, model.ref)
+        assert half.kinds[kind].lifecycle_s == pytest.approx(model.kinds[kind].lifecycle_s * wf)
+    assert weight_bytes("ffn", half.shape) * 4 == weight_bytes("ffn", model.ref)
+    assert half.mem_drop_mib(8) < model.mem_drop_mib(8) / 3
+    forty = BoardModel(Shape(2048, 16, 128, 8192, 1024, 40, 1024))
+    assert forty.on_demand_step_s() == pytest.approx(model.on_demand_step_s() * 40 / 28, rel=1e-9)
+
+
+def test_memory_table_and_boards(model, cost):
+    for n, drop in zip(cost["memory"]["contexts"], cost["memory"]["mem_available_drop_mib"]):
+        assert model.mem_drop_mib(n) == pytest.approx(drop)
+    assert model.mem_drop_mib(20) == pytest.approx(2372.5 + 2 * (2372.5 - 2104.2) / 2)
+    assert model.mem_drop_mib(10) == pytest.approx((1000.3 + 1567.6) / 2)
+    fits = board_auto.fit_table(model)
+    # 8 GB: the baseline puts the reference's 18th context at the stop rule; bigger boards hold more
+    assert fits[8] == 18 and fits[16] > 70 and fits[32] >= 168
+    assert model.contexts_fit(model.context_budget_mib(mem_available_mib=1536 + 1000.3)) == 8
+
+
+def test_pack_shape_full_keeps_the_pack_geometry(tmp_path):
+    man = {"config": {"width": 256, "heads": 4, "head_dim": 64, "ffn_width": 1024, "context_dim": 128, "blocks": 28},
+           "geometry": {"tokens": 64, "text_tokens": 512}}
+    (tmp_path / "manifest.json").write_text(json.dumps(man))
+    full = Shape.of_pack(tmp_path, "full")
+    assert (full.width, full.ffn_width, full.tokens, full.blocks) == (2048, 8192, 64, 28)
+    assert Shape.of_pack(tmp_path, "pack").width == 256
+    with pytest.raises(ValueError, match="board_model"):
+        Shape.of_pack(tmp_path, "huge")
+
+
+def test_policies_hide_what_they_should(model):
+    od = simulate_step(model, PolicyShape())
+    pre = simulate_step(model, PolicyShape(prefetch=1))
+    inter = simulate_step(model, PolicyShape(interleave=True))
+    dual = simulate_step(model, PolicyShape(dual_core=True, prefetch=2))
+    assert pre.overhead_ratio <= 1.20                              # issue 9: prefetch hides the lifecycle
+    assert pre.lifecycle_s < 0.05 * od.lifecycle_s and pre.lifecycle_hidden_s > 0.95 * od.lifecycle_s
+    assert inter.host_s < 0.05 * od.host_s and inter.wall_s == pytest.approx(od.wall_s - od.host_s, abs=0.2)
+    assert dual.infer_wall_s == pytest.approx(od.infer_wall_s / 2)
+    for s in (pre, inter, dual):                                   # NPU and tensor I/O never disappear
+        assert s.npu_s == pytest.approx(od.npu_s) and s.io_s == pytest.approx(od.io_s)
+
+
+def test_resident_pins_the_first_branches(model):
+    pol = PolicyShape(resident_mb=1.0)
+    assert pinned_branches(model, pol, 5) == frozenset(range(5))
+    assert pinned_branches(model, PolicyShape(resident_mb=1.0, dual_core=True), 5) == frozenset(range(2))
+    warm = simulate_step(model, pol, pinned_branches(model, pol, 84))
+    cold = simulate_step(model, pol, pinned_branches(model, pol, 84), warm=False)
+    assert warm.lifecycle_s == 0 and warm.wall_s == pytest.approx(model.on_demand_step_s() - 31.72, abs=0.05)
+    assert cold.lifecycle_s == pytest.approx(model.step_parts()["lifecycle_s"] - model.step_parts()["lifecycle_s"]
+                                             * sum(k.release_s for k in model.kinds.values())
+                                             / sum(k.lifecycle_s for k in model.kinds.values()))
+
+
+@pytest.mark.parametrize("ram", [8, 16, 32])
+def test_auto_choice_per_board(model, ram):
+    best, evals = board_auto.choose(model, model.context_budget_mib(ram))
+    fits = board_auto.fit_table(model)[ram]
+    assert best.contexts <= fits                                     # it fits the board's memory
+    assert best.policy.dual_core                                     # two NPU cores: the largest saving
+    for e in evals:                                                  # nothing that fits is meaningfully faster
+        assert e.contexts <= fits
+        assert best.denoise_s <= e.denoise_s * (1 + board_auto.TIE)
+    job = 39.0 + best.denoise_s + 155.04
+    assert job <= 900.0                                              # issue 9: <= 900 s (reference 1,512 s)
+    on_demand = board_auto.evaluate(model, PolicyShape(), model.context_budget_mib(ram))
+    assert best.denoise_s < 0.6 * on_demand.denoise_s
+
+
+def test_auto_more_memory_never_slower(model):
+    d = [board_auto.choose(model, model.context_budget_mib(r))[0].denoise_s for r in (8, 16, 32)]
+    assert d[0] >= d[1] >= d[2]
+    tiny = board_auto.choose(model, model.mem_drop_mib(1))[0]        # room for one context: on-demand or interleave
+    assert tiny.contexts == 1 and not tiny.policy.prefetch and not tiny.policy.dual_core
+    assert math.isclose(contexts_in_flight(PolicyShape(prefetch=2, dual_core=True)), 8)
+
+
+def test_rows_and_projection(model):
+    """Paced seconds / time_scale + what was measured here, unscaled; the 20-step Spectrum job from the rows."""
+    from stages.backends.board_account import format_policy_line, format_rows, job_figures, project, rows_from_steps
+    steps = [{"step": 1, "computed": True, "wall_s": 61.0, "infer_s": 42.0, "lifecycle_s": 16.0, "host_s": 2.3,
+              "transport_s": 0.5, "calls": 84},
+             {"step": 2, "computed": True, "wall_s": 60.0, "infer_s": 42.0, "lifecycle_s": 15.0, "host_s": 2.3,
+              "transport_s": 0.5, "calls": 84},
+             {"step": 3, "computed": False, "wall_s": 0.01, "calls": 0}]
+    rows = rows_from_steps(steps, 0.5, model)
+    assert rows[0].wall_s == pytest.approx((42.0 + 16.0 + 2.3) / 0.5 + 0.5 + 0.2)
+    assert rows[1].lifecycle_s == pytest.approx(30.0) and rows[1].transport_s == 0.5
+    assert rows[1].other_s == pytest.approx(0.2)
+    assert rows[0].npu_s == pytest.approx(REF_NPU_STEP_S) and rows[2].npu_s == 0 and rows[2].wall_s == 0.01
+    p = project(rows, **job_figures(model))
+    assert p.denoise_s == pytest.approx(rows[0].wall_s + 10 * rows[1].wall_s + 9 * 0.01)
+    assert p.job_s == pytest.approx(39.0 + p.denoise_s + 155.04)
+    assert p.overhead_ratio == pytest.approx(p.denoise_s / (11 * REF_NPU_STEP_S))
+    line = format_policy_line("prefetch", 8, p, "modelled", 0.5)
+    assert "modelled" in line and "time_scale=0.5" in line
+    assert all("modelled" in s and "time_scale=0.5" in s for s in format_rows("modelled", rows, 0.5))
+    measured = rows_from_steps(steps)                            # a real board: taken as measured
+    assert measured[0].wall_s == 61.0 and measured[0].npu_s == 42.0
