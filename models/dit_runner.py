@@ -132,10 +132,12 @@ class DiTRunner:
 
     def __init__(self, pack: Union[Pack, str], backend: Union[str, BranchBackend] = "onnx",
                  threads: Optional[int] = None, check: bool = True, policy: Union[str, Policy] = "on-demand",
-                 branches=None, after_release=None):
+                 branches=None, after_release=None, host_pace=None):
         """branches: an object with submit(BranchCall) -> handle with result() -> (outputs per pass, PhaseTimes)
         and an `interleave` flag; replaces the local lifecycle (the scheduler sends each call to the executor this
-        way). The host-op sequence around it is the same, so both give bitwise-identical results."""
+        way). The host-op sequence around it is the same, so both give bitwise-identical results.
+        host_pace(t0): called after each pass's host op that began at monotonic t0 (the scheduler holds it to a
+        modelled board's host time in board-sim mode; the span then covers the held time)."""
         self.pack = pack if isinstance(pack, Pack) else load_pack(pack, check=check)
         self.cfg = self.pack.config
         self.geom = self.pack.geometry
@@ -150,6 +152,7 @@ class DiTRunner:
                 if not isinstance(policy, Policy) else policy
             branches = LocalBranches(Lifecycle(factory, pol, after_release=after_release))
         self.branches = branches
+        self.host_pace = host_pace
         self.io_np = NUMPY_DTYPES[self.pack.io_dtype]
         self.weights = self.pack.host_weights()                       # FP32 host tensors
         cos, sin = rope_tables(self.geom.h_tokens, self.geom.w_tokens, self.cfg.head_dim)  # [L, hd/2] f32
@@ -264,6 +267,8 @@ class DiTRunner:
         """Run one pass's host op, timed as a span (for host_s and the interleave overlap)."""
         t0 = time.monotonic()
         out = fn()
+        if self.host_pace is not None:
+            self.host_pace(t0)
         t1 = time.monotonic()
         timing.host_s += t1 - t0
         timing.host_spans.append((block, kind, p, t0, t1))

@@ -86,6 +86,14 @@ class Pack:
     def branch_path(self, block: int, kind: str) -> Path:
         return self.dir / self.branch(block, kind)["onnx"]
 
+    @property
+    def identity(self) -> str:
+        """A short id of what the pack computes (checkpoint, resolution, dtype, every branch file's sha256): two
+        copies of a pack on two machines have the same id (a remote executor is checked against it)."""
+        key = [self.source.get("sha256"), self.geometry.width, self.geometry.height, self.dtype,
+               [b.get("sha256") for b in self.branches]]
+        return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
+
     def host_weights(self) -> dict:
         """{host key: f32 array} from host.safetensors."""
         from models.safetensors_io import SafeTensorsFile

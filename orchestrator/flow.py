@@ -78,7 +78,7 @@ class JobFlow:
         self.spec = PromptSpec.from_dict(job.spec)
         self.pack = daemon.packs.get((self.spec.width, self.spec.height))     # the job's size picks its pack
         self.report = JobReport(job.id, job.spec)
-        for name in ("encoder", "vae"):
+        for name in ("encoder", "executor", "vae"):
             self.report.stages[name].remote = self.cfg.is_remote(name)
         self.report.teardown.encoder_remote = self.cfg.is_remote("encoder")
         self.report.teardown.vae_remote = self.cfg.is_remote("vae")
@@ -281,6 +281,10 @@ class JobFlow:
         params = m.DenoiseParams(seed=s.seed, steps=s.steps, cfg=s.cfg, sampler=s.sampler, schedule=s.scheduler,
                                  width=self.pack.width, height=self.pack.height,
                                  spectrum=m.SpectrumSettings(**vars(s.spectrum)))
+        if self.cfg.backend == "board-sim":          # the report keeps the modelled board apart from measured time
+            ex = self.cfg.stage_settings("executor")
+            self.report.board = {"pack_dir": str(self.pack.dir), **{k: ex[k] for k in
+                                 ("time_scale", "board_ram_gb", "board_model") if k in ex}}
         msg = m.Denoise(job=self.job.id, job_dir=str(self.dir), pack_dir=str(self.pack.dir), arena=self.arena.name,
                         params=params, cond=self.cond, uncond=self.uncond, latent=self.latent, scratch=self.scratch,
                         executor=self.cfg.endpoint("executor"), resume=self._resume_sampling,
@@ -300,7 +304,7 @@ class JobFlow:
         if not np.isfinite(latent).all():
             raise StageFailed("scheduler", "the final latent holds NaN or Inf")
         _save_npy(self.dir / "latent.npy", latent)
-        self.report.denoised = reply.to_wire()                                 # branches: PhaseSums as maps
+        self.report.denoised = reply.to_wire()                                 # branches: PhaseSums, steps: StepTimes, as maps
         self.report.stages["scheduler"].wall_s += time.monotonic() - t0
         # the executor's critical path: lifecycle it could not hide plus inference (prefetched loads run beside it)
         self.report.stages["executor"].wall_s += sum(b.total_s for b in reply.branches.values())

@@ -145,6 +145,7 @@ class JobReport:
     delivery: dict | None = None                       # {output, written, note?}: the copy to the prompt's `output`
     started: float = field(default_factory=time.time)
     finished: float | None = None
+    board: dict | None = None        # board-sim: {pack_dir, time_scale, board_ram_gb, board_model} (modelled board)
     memory: MemoryTrace = field(default_factory=MemoryTrace)
     phases: list = field(default_factory=list)         # [[state, start_s, end_s]] from the job's start (this run)
 
@@ -179,7 +180,10 @@ class JobReport:
             "branches": branches,
             "host_s": float(d.get("host_s", 0.0)),
             "host_hidden_s": float(d.get("host_hidden_s", 0.0)),
+            "host_work_s": float(d.get("host_work_s", 0.0)),
             "transport_s": float(d.get("transport_s", 0.0)),
+            "steps": list(d.get("steps", [])),
+            **({"board": self._board_section()} if self.board and d.get("steps") else {}),
             "encoder_timings": self.encoder_timings,
             "text": self.text,
             "latent": {"file": "latent.npy", "space": LATENT_SPACE, "note": LATENT_NOTE},
@@ -188,6 +192,14 @@ class JobReport:
             "memory": {"unit": "MiB RSS", "measured": True, "series": self.memory.series},
             "wall_s": round((self.finished or time.time()) - self.started, 4),
         }
+
+    def _board_section(self) -> dict:
+        """The modelled board's figures (board seconds) apart from what was measured here (board_account)."""
+        from stages.backends.board_account import board_section
+        from stages.backends.board_model import BoardModel, Shape
+        b = self.board
+        model = BoardModel(Shape.of_pack(b["pack_dir"], b.get("board_model", "full")))
+        return board_section(list(self.denoised["steps"]), float(b.get("time_scale", 1.0)), model, b)
 
     def write(self, path: Path) -> Path:
         return atomic_write(path, json.dumps(self.to_dict(), indent=1))
@@ -238,16 +250,22 @@ def format_table(report: dict) -> str:
         rss = "remote" if s.get("remote") else ("-" if s.get("peak_rss_mb") is None else f"{s['peak_rss_mb']:.0f}")
         lines.append(f"{name:<10} {s.get('wall_s', 0.0):>9.2f} {rss:>12}")
     lines.append("")
+    board = report.get("board")
+    paced = f"  (paced: modelled board x time_scale {board['time_scale']:g})" if board else ""
     lines.append(f"{'branch':<10} {'calls':>6} {'load s':>9} {'init s':>9} {'infer s':>9} {'release s':>10} "
-                 f"{'visible s':>10} {'cached':>7}")
+                 f"{'visible s':>10} {'cached':>7}{paced}")
     for kind, b in report.get("branches", {}).items():
         lines.append(f"{kind:<10} {b.get('calls', 0):>6} {b.get('load_s', 0):>9.2f} {b.get('init_s', 0):>9.2f} "
                      f"{b.get('infer_s', 0):>9.2f} {b.get('release_s', 0):>10.2f} {b.get('visible_s', 0):>10.2f} "
                      f"{b.get('cached', 0):>7}")
     lines.append("")
     steps = report.get("computed_steps", [])
-    lines.append(f"host ops {report.get('host_s', 0.0):.2f} s ({report.get('host_hidden_s', 0.0):.2f} s behind "
-                 f"inference), transport {report.get('transport_s', 0.0):.2f} s, "
+    if board:
+        from stages.backends.board_account import format_board_section
+        lines += format_board_section(board)
+    lines.append(f"host ops {report.get('host_s', 0.0):.2f} s{' (paced)' if board else ''} "
+                 f"({report.get('host_hidden_s', 0.0):.2f} s behind inference), transport "
+                 f"{report.get('transport_s', 0.0):.2f} s (measured), "
                  f"{report.get('branch_calls', 0)} branch calls, {len(steps)} computed steps "
                  f"({len(report.get('forecast_steps', []))} forecast), total {report.get('wall_s', 0.0):.1f} s")
     text = report.get("text") or {}

@@ -146,7 +146,7 @@ class BranchPass(Record):
 
     name: str = spec(Str(16, choices=PASS_NAMES))
     inputs: dict[str, TensorDesc] = spec(Map(Tensor(), max_items=16))
-    output: TensorDesc = spec(Tensor())
+    output: TensorDesc | None = spec(Optional(Tensor()), None)  # None: reply inline (a remote executor)
 
 
 @_record
@@ -170,6 +170,22 @@ PHASE_TIMES = Struct(PhaseTimes, required=("load_s", "init_s", "infer_s", "relea
 PHASE_SUMS = Struct(PhaseSums, required=("calls", "load_s", "init_s", "infer_s", "release_s"),
                     calls=Int(0, 2**40), load_s=Float(), init_s=Float(), infer_s=Float(), release_s=Float(),
                     wait_s=Float(), visible_s=Float(), hidden_s=Float(), cached=Int(0, 2**40))
+
+
+@_record
+class StepTimes(Record):
+    """One sampler step on the scheduler's critical path (seconds measured here; in board-sim mode the executor's
+    phases and the host-op segments are paced to the modelled board x time_scale)."""
+
+    step: int = spec(Int(1, MAX_STEPS))  # 1-based
+    computed: bool = spec(Bool(), True)  # False: a Spectrum forecast (no branch calls)
+    wall_s: float = spec(Float(), 0.0)
+    infer_s: float = spec(Float(), 0.0)  # the executor's inference (every pass)
+    lifecycle_s: float = spec(Float(), 0.0)  # load/init/release the scheduler waited for (not what ran ahead)
+    host_s: float = spec(Float(), 0.0)  # host-op segments between branch calls (paced on board-sim)
+    host_work_s: float = spec(Float(), 0.0)  # the host ops' own compute here, before any pacing
+    transport_s: float = spec(Float(), 0.0)  # call wall minus the executor's inference and visible lifecycle
+    calls: int = spec(Int(0, 2**40), 0)
 
 
 @_record
@@ -312,6 +328,8 @@ class Denoised(Message):
     wall_s: float = spec(Float())
     resumed_from: int = spec(Int(0, MAX_STEPS), 0)  # last finished step found on start; 0 = fresh
     resends: int = spec(Int(0, 2**40), 0)
+    host_work_s: float = spec(Float(), 0.0)  # host ops' own compute here (host_s minus board-sim pacing)
+    steps: tuple[StepTimes, ...] = spec(List(Nested(StepTimes), max_items=MAX_STEPS), ())  # this run's steps
 
 
 # ---- executor ----------------------------------------------------------------------------------------------------

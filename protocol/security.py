@@ -6,6 +6,7 @@ import dataclasses
 import ipaddress
 import logging
 import os
+import socket
 import stat
 import time
 from typing import Any
@@ -152,6 +153,27 @@ def parse_endpoint(endpoint: str) -> tuple[str, str]:
             raise EndpointError(f"tcp endpoint {endpoint!r} must be tcp://host:port with a port in 1..65535")
         return transport, address
     raise EndpointError(f"endpoint {endpoint!r}: transport {transport!r} is not ipc or tcp")
+
+
+def served_elsewhere(endpoint: str) -> bool:
+    """True for a tcp endpoint whose address belongs to no interface of this machine (a stage that runs on another
+    machine, e.g. the executor on a bigger host); False for ipc, wildcards and local addresses."""
+    transport, address = parse_endpoint(endpoint)
+    host = address.rpartition(":")[0].strip("[]")
+    if transport != "tcp" or host in ("*", "0.0.0.0", "::"):
+        return False
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False                      # unresolvable: let the bind say what is wrong
+    for family, _, _, _, sockaddr in infos:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((sockaddr[0], 0))
+                return False
+            except OSError:
+                continue
+    return True
 
 
 def ipc_endpoint(run_dir: str | os.PathLike, name: str) -> str:

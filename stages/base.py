@@ -38,6 +38,7 @@ import zmq
 from protocol import messages as m
 from protocol.arena import Arena, ArenaError
 from protocol.fields import ProtocolError
+from protocol.security import served_elsewhere
 from protocol.sockets import POLL_SLICE_S, EventPush, Request, Server
 from stages.config import ConfigError, PipelineConfig, load_config
 
@@ -333,6 +334,10 @@ def stage_main(stage: str, make_logic: Callable[[PipelineConfig], Any], argv: li
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
+        if served_elsewhere(config.endpoint(stage)):   # e.g. the executor moved to a bigger host: not here
+            print(f"{stage}: endpoints.{stage} = {config.endpoint(stage)} is another machine's address; the {stage} "
+                  "runs there, nothing to run here", file=sys.stderr)
+            return 0
         config.check_listener(stage)  # an unsafe or keyless tcp endpoint is a config error, not a crash loop
     except ConfigError as e:
         print(f"{stage}: {e}", file=sys.stderr, flush=True)

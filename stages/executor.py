@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from models.lifecycle import Lifecycle, LifecycleError, context_factory
+from models.pack import load_pack
+from models.partition import branch_file
 from models.policy import PolicyError, resolve_policy
 from protocol import messages as m
 from stages.backends import backend_class, backend_kwargs
@@ -46,6 +48,17 @@ def after_release() -> None:
     return_freed_memory()
 
 
+def _pack_id(pack_dir: Path | None) -> str:
+    """The configured pack's identity (READY info: a remote scheduler checks it is computing the same pack)."""
+    if pack_dir is None:
+        return ""
+    try:
+        return load_pack(pack_dir, check=False).identity
+    except (OSError, ValueError) as e:
+        log.warning("pack %s: %s (requests will fail)", pack_dir, e)
+        return ""
+
+
 class ExecutorLogic:
     """Runs branch calls for the scheduler through one Lifecycle; no sockets here (StageProc wraps it)."""
 
@@ -55,6 +68,11 @@ class ExecutorLogic:
         self.backend_name = config.backend
         self.threads = int(settings.get("threads", config.threads))
         self.pack_dirs = tuple(Path(p).resolve() for p in config.packs)   # branch models come from these only
+        self.remote = config.is_remote("executor")        # serving a scheduler on another machine over tcp
+        if self.remote and not self.pack_dirs:
+            raise ConfigError(f"{config.path}: pack_dir: a remote executor (tcp endpoint) needs its own copy of the "
+                              "scheduler's pack")
+        self.pack_ids = [_pack_id(d) for d in self.pack_dirs]
         try:
             cls = backend_class(self.backend_name)
         except ValueError as e:
@@ -75,10 +93,12 @@ class ExecutorLogic:
 
     def info(self) -> dict:
         return {"backend": self.backend_name, "threads": self.threads, "policy": self.policy.name,
-                "resident_mb": self.policy.resident_mb,
-                "packs": ",".join(str(p) for p in self.pack_dirs)}
+                "resident_mb": self.policy.resident_mb, "packs": ",".join(str(p) for p in self.pack_dirs),
+                "pack_ids": ",".join(self.pack_ids)}
 
-    def _model_path(self, model: str) -> str:
+    def _model_path(self, model: str, block: int | None = None, kind: str | None = None) -> str:
+        if self.remote:         # the scheduler names its own copy: the same branch file in this machine's pack
+            model = str(self._remote_path(model, block, kind))
         path = Path(model).resolve()
         if self.pack_dirs and not any(d in path.parents for d in self.pack_dirs):
             raise RequestFailed(f"model {model} is outside the configured packs "
@@ -86,6 +106,19 @@ class ExecutorLogic:
         if not path.is_file():
             raise RequestFailed(f"branch model {model} does not exist", code="failed", field="model")
         return str(path)
+
+    def _remote_path(self, model: str, block: int | None, kind: str | None) -> Path:
+        """A scheduler on another machine names its copy PACK/onnx/bNN_kind.onnx: the same file of this host's pack
+        of the same folder name (or of its only pack)."""
+        p = Path(model)
+        if block is not None and p.name != branch_file(block, kind):
+            raise RequestFailed(f"model {model} is not block {block} {kind}", code="bad_request", field="model")
+        same = [d for d in self.pack_dirs if d.name == p.parent.parent.name] or \
+            (list(self.pack_dirs) if len(self.pack_dirs) == 1 else [])
+        if len(same) != 1:
+            raise RequestFailed(f"model {model}: none of this host's packs ({', '.join(d.name for d in self.pack_dirs)})"
+                                f" is named {p.parent.parent.name!r}", code="bad_request", field="model")
+        return same[0] / "onnx" / p.name
 
     def _ahead(self, refs) -> list:
         """The prefetch hints that name files of the pack; a bad one is skipped (it is only a hint)."""
@@ -99,7 +132,7 @@ class ExecutorLogic:
 
     def on_branch(self, msg: m.Branch, ctx) -> m.BranchDone:
         # 1) take the branch call: model path and every pass's inputs (views into the arena, or inline frames)
-        path = self._model_path(msg.model)
+        path = self._model_path(msg.model, msg.block, msg.branch)
         feeds = []
         for i, p in enumerate(msg.passes):
             feeds.append({name: read_tensor(ctx, msg.arena, d, msg.inline, field=f"passes[{i}].inputs.{name}")
@@ -133,10 +166,14 @@ class ExecutorLogic:
 
     def _trace(self, msg: m.Branch, times) -> None:
         """One JSON line per served call, appended with O_APPEND (one write: lines never interleave)."""
-        line = json.dumps({"pid": os.getpid(), "job": msg.job, "step": msg.step, "block": msg.block,
-                           "branch": msg.branch, "attempt": msg.attempt, "passes": [p.name for p in msg.passes],
-                           "hold": msg.hold, "source": times.source, "context_mb": times.context_mb,
-                           "infer_at": list(times.infer_at), "infer_s": list(times.infer_s)}) + "\n"
+        rec = {"pid": os.getpid(), "job": msg.job, "step": msg.step, "block": msg.block, "branch": msg.branch,
+               "attempt": msg.attempt, "passes": [p.name for p in msg.passes], "hold": msg.hold,
+               "source": times.source, "context_mb": times.context_mb, "infer_at": list(times.infer_at),
+               "infer_s": list(times.infer_s)}
+        if self.backend_name == "board-sim":       # the modelled board's running totals (modelled, paced, overruns)
+            from stages.backends.board_sim import shared_ledgers
+            rec["board"] = shared_ledgers()
+        line = json.dumps(rec) + "\n"
         fd = os.open(self.trace, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             os.write(fd, line.encode())

@@ -31,9 +31,11 @@ from models.spectrum import plan as spectrum_plan
 from protocol import messages as m
 from protocol.fields import ProtocolError
 from protocol.liveness import PeerLost, PeerWatch
-from protocol.sockets import LazyPirate, PeerUnavailable
-from stages.base import VERSION, Interrupted, RequestFailed, stage_main
+from protocol.sockets import LazyPirate, PeerUnavailable, parse_endpoint
+from protocol.tensors import InlineFrames, from_inline
+from stages.base import VERSION, RequestFailed, stage_main
 from stages.config import PipelineConfig
+from stages.step_account import step_times
 from stages.tensor_io import read_tensor
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,7 @@ class BranchClient:
                  max_lost: int, interleave: bool = False, computed_steps=()):
         self.stage_ctx, self.msg, self.pack, self.link, self.arena = ctx, msg, pack, link, arena
         self.computed_steps = sorted(computed_steps)  # 1-based steps that run the model (the rest are forecast)
+        self.remote = parse_endpoint(msg.executor)[0] == "tcp"     # another machine: tensors travel inline
         self.watch, self.max_lost = watch, max_lost
         self.interleave = interleave
         self.resends = 0
@@ -89,24 +92,27 @@ class BranchClient:
         # 1) heartbeats and cancellation between branches
         self.stage_ctx.check(job)
         t0 = time.perf_counter()
-        # 2) inputs into the arena: xn per pass; context and RoPE once per job
-        passes = []
+        # 2) inputs into the arena: xn per pass; context and RoPE once per job (a remote executor: all inline, and
+        # the outputs come back inline)
+        passes, frames = [], InlineFrames()
         for p, feed in zip(call.passes, call.feeds):
             inputs = {}
             for name, array in feed.items():
-                if name == "xn":
+                if self.remote:
+                    inputs[name] = frames.add(array, self.pack.io_dtype)
+                elif name == "xn":
                     self.arena.write(self.xn[p], array)
                     inputs[name] = self.xn[p]
                 else:
                     inputs[name] = self._fixed(p, name, array)
-            passes.append(m.BranchPass(name=m.PASS_NAMES[p], inputs=inputs, output=self.y[p]))
+            passes.append(m.BranchPass(name=m.PASS_NAMES[p], inputs=inputs, output=None if self.remote else self.y[p]))
         nxt = []
         for path in call.ahead[:m.MAX_AHEAD]:
             nb, nk = parse_branch_file(Path(path).name)
             nxt.append(m.BranchRef(block=nb, branch=nk, model=str(path), index=3 * nb + KINDS.index(nk)))
         req = m.Branch(job=job, step=step, block=call.block, branch=call.kind, model=str(call.path),
-                       index=3 * call.block + KINDS.index(call.kind), arena=self.arena.name, passes=tuple(passes),
-                       next=tuple(nxt), hold=call.hold)
+                       index=3 * call.block + KINDS.index(call.kind), arena=None if self.remote else self.arena.name,
+                       passes=tuple(passes), next=tuple(nxt), hold=call.hold, inline=tuple(frames.frames))
         # 3) the call goes out; its reply is taken by the next submit() or by result()
         self.link.send(req)
         self._out = _Pending(self, call, req, time.perf_counter() - t0)
@@ -185,10 +191,14 @@ class _Pending:
         # 4) outputs back: y per pass, checked for NaN/Inf
         ys = []
         for p, desc in zip(call.passes, reply.outputs):
-            if desc.inline or desc.slot != c.y[p].slot:
+            if c.remote and desc.inline and (desc.dtype, desc.shape) == (c.y[p].dtype, c.y[p].shape):
+                y = from_inline(desc, reply.inline)                                  # [L, D] io dtype
+            elif desc.inline or desc.slot != c.y[p].slot or c.remote:
+                want = f"inline {c.y[p].dtype} {list(c.y[p].shape)}" if c.remote else f"slot {c.y[p].slot!r}"
                 raise RequestFailed(f"executor put pass {m.PASS_NAMES[p]} of block {req.block} {req.branch} elsewhere "
-                                    f"than slot {c.y[p].slot!r}", field="executor")
-            y = c.arena.read(c.y[p])                                                 # [L, D] io dtype
+                                    f"than {want}", field="executor")
+            else:
+                y = c.arena.read(c.y[p])                                             # [L, D] io dtype
             if not np.isfinite(y).all():
                 raise RequestFailed(f"non-finite branch output at step {req.step}, block {req.block}, branch "
                                     f"{req.branch}, pass {m.PASS_NAMES[p]}", field="executor")
@@ -248,6 +258,15 @@ def check_state_room(job_dir: str, state) -> None:
                             f"{need_mb:.1f} MB (free some space, then `orchestrator resume JOB`)", field="job_dir")
 
 
+def check_remote_pack(info: dict, pack, endpoint: str) -> None:
+    """RequestFailed unless a remote executor's READY info lists this pack's id among its packs' ids."""
+    theirs = [i for i in str(info.get("pack_ids", "")).split(",") if i]
+    if pack.identity not in theirs:
+        raise RequestFailed(f"remote executor at {endpoint} serves pack(s) {', '.join(theirs) or '(none)'} "
+                            f"({info.get('packs')}), this job's pack {pack.dir} is {pack.identity}: copy the pack "
+                            "there (same folder name) and list it in its pack_dir or packs", field="executor")
+
+
 class SchedulerLogic:
     """DENOISE handler: sampler loop over a DiTRunner whose branches run in the executor process."""
 
@@ -277,17 +296,35 @@ class SchedulerLogic:
                 raise RequestFailed(str(e), field="pack_dir") from None
         return pack
 
-    def _executor_policy(self, link: LazyPirate, msg: m.Denoise) -> Policy:
-        """The executor's resolved lifecycle policy (READY.info): with interleave, each CFG pass is its own call."""
+    def _executor_policy(self, link: LazyPirate, msg: m.Denoise, pack) -> Policy:
+        """The executor's resolved lifecycle policy (READY.info): with interleave, each CFG pass is its own call.
+        A remote executor computes its own copy of the pack: it must be this pack, else every result would be wrong."""
         try:
             ready = m.expect(link.request(m.Hello(peer="scheduler", pid=os.getpid(), version=VERSION),
                                           timeout_s=self.config.timeouts.request_s), m.Ready, "executor")
-            return parse_policy(str(ready.info.get("policy", "on-demand")),
-                                {"resident_mb": ready.info.get("resident_mb") or None})
+            policy = parse_policy(str(ready.info.get("policy", "on-demand")),
+                                  {"resident_mb": ready.info.get("resident_mb") or None})
         except PeerUnavailable as e:
             raise RequestFailed(f"executor unreachable: {e}", field="executor", retry=True) from None
         except (m.RemoteError, PolicyError) as e:
             raise RequestFailed(f"executor's HELLO: {e}", field="executor", retry=True) from None
+        if parse_endpoint(msg.executor)[0] == "tcp":
+            check_remote_pack(ready.info, pack, link.endpoint)
+        return policy
+
+    def _host_pacer(self, pack_dir: str):
+        """board-sim: each host op is held to the modelled board's host time (x time_scale), so policies that hide
+        host time show it in wall time. Other backends: None (host ops at this machine's pace)."""
+        if self.config.backend != "board-sim":
+            return None
+        from stages.backends.board_pace import HostPacer
+        ex = self.config.stage_settings("executor")
+        try:
+            pacer = HostPacer.for_pack(pack_dir, ex.get("time_scale", 1.0), ex.get("board_model", "full"))
+        except ValueError as e:
+            raise RequestFailed(f"board-sim host pacing: {e}", field="pack_dir") from None
+        log.info("%s", pacer.describe())
+        return pacer
 
     def on_denoise(self, msg: m.Denoise, ctx) -> m.Denoised:
         t_start = time.monotonic()
@@ -323,18 +360,22 @@ class SchedulerLogic:
                           timeout_s=sched["branch_timeout_s"], retries=t.retries)
         watch = PeerWatch(self.zctx, msg.executor, peer="executor", interval_s=t.heartbeat_s, liveness=t.liveness,
                           curve=curve, allow_plaintext=plain)
-        policy = self._executor_policy(link, msg)
+        policy = self._executor_policy(link, msg, pack)
         computed = spectrum_plan(sampler.spectrum, params.steps)[0] if sampler.spectrum else range(1, params.steps + 1)
         client = BranchClient(ctx, msg, pack, link, watch, arena, step_ref, max_lost=t.retries,
                               interleave=policy.interleave, computed_steps=computed)
-        runner = ctx.keep_alive_while(DiTRunner, pack, branches=client)
+        pacer = self._host_pacer(msg.pack_dir)
+        runner = ctx.keep_alive_while(DiTRunner, pack, branches=client, host_pace=pacer.op if pacer else None)
         sums: dict = {k: PhaseSums() for k in KINDS}
         host_hidden = 0.0
         clocks_shared = not msg.executor.startswith("tcp://")     # monotonic stamps compare on one host only
+        steps = []
         try:
             # 4) the steps; the state is saved after each
             while not sampler.done(state):
                 step_ref[0] = state.step + 1
+                t_step, timing = time.monotonic(), None
+                marks = (client.transport_s, client.calls, pacer.totals.real_s if pacer else 0.0)
                 if sampler.needs_model(state):
                     v_c, v_u = runner.forward_cfg(state.latent, sampler.sigma(state), cond, uncond,
                                                   context_rows=msg.context_rows or None)
@@ -352,6 +393,10 @@ class SchedulerLogic:
                     raise RequestFailed(f"latent has NaN/Inf after step {state.step}", field="latent")
                 check_state_room(msg.job_dir, state)
                 save_state(state, msg.job_dir)
+                steps.append(step_times(state.step, time.monotonic() - t_step, timing,
+                                        transport_s=client.transport_s - marks[0], calls=client.calls - marks[1],
+                                        host_work_s=pacer.totals.real_s - marks[2] if pacer else None,
+                                        clocks_shared=clocks_shared))
         except FloatingPointError as e:
             raise RequestFailed(str(e), field="executor") from None
         finally:
@@ -364,7 +409,8 @@ class SchedulerLogic:
                           forecast_steps=tuple(state.forecast), branch_calls=client.calls, branches=sums,
                           host_s=max(0.0, wall - client.blocked_s), host_hidden_s=host_hidden,
                           transport_s=client.transport_s, wall_s=wall, resumed_from=resumed_from,
-                          resends=link.resends + client.resends)
+                          resends=link.resends + client.resends, steps=tuple(steps),
+                          host_work_s=sum(st.host_work_s for st in steps))
 
 
 def main(argv=None) -> int:

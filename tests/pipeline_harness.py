@@ -53,14 +53,16 @@ def tiny_assets(cache: Path, resolution: tuple[int, int] = (128, 128), dtype: st
 
 def pipeline_toml(pack: Path, models: Path, *, threads: int = 1, branch_timeout_s: float = 20.0,
                   extra: str = "", packs=(), executor: str = "", orchestrator: str = "",
-                  timing_plot: bool = False) -> str:
+                  timing_plot: bool = False, backend: str = "onnx") -> str:
     """The config the harness runs: real stages, the executor's trace on, short timeouts so deaths show quickly; the
     HTTP front on a free port (RUN/http.json says which), so runs side by side never clash. `executor`,
     `orchestrator`: more lines for [stage.executor] (e.g. 'policy = "prefetch+dual_core"') and [stage.orchestrator];
     `extra`: whole tables after [stage.http] (every key is checked: stages/settings.py STAGE_SETTINGS). The per-job
-    timing.png (~1 CPU-s each) only where a test looks at it (`timing_plot`): the suite runs many jobs on 2 cores."""
+    timing.png (~1 CPU-s each) only where a test looks at it (`timing_plot`): the suite runs many jobs on 2 cores.
+    `backend`: the executor's backend."""
     more = "".join(f'"{p}", ' for p in packs)
     return (f'run_dir = "."\npack_dir = "{pack}"\npacks = [{more}]\nmodels_dir = "{models}"\nthreads = {threads}\n'
+            f'backend = "{backend}"\n'
             f'[timeouts]\nrequest_s = 5.0\nretries = 3\n'
             f'[stage.executor]\ntrace = "{TRACE_FILE}"\n{executor}'
             f'[stage.scheduler]\nbranch_timeout_s = {branch_timeout_s}\n'
@@ -84,27 +86,30 @@ class Pipeline:
     @classmethod
     def start(cls, models: Path, pack: Path, *, threads: int = 1, branch_timeout_s: float = 20.0, extra_toml: str = "",
               executor_toml: str = "", orchestrator_toml: str = "", keep: bool = False, packs=(),
-              timing_plot: bool = False) -> "Pipeline":
+              timing_plot: bool = False, backend: str = "onnx",
+              always_on: tuple = ("scheduler", "executor", "orchestrator")) -> "Pipeline":
+        """`always_on`: the programs to wait for (not one that runs on another machine, e.g. a remote executor)."""
         root = Path(tempfile.mkdtemp(prefix="anima-e2e-", dir="/tmp"))
         rf = init_run(root, python=sys.executable)
         args = dict(pack=pack, models=models, threads=threads, branch_timeout_s=branch_timeout_s, extra=extra_toml,
-                    packs=packs, orchestrator=orchestrator_toml, timing_plot=timing_plot)
+                    packs=packs, orchestrator=orchestrator_toml, timing_plot=timing_plot, backend=backend)
         rf.pipeline_toml.write_text(pipeline_toml(executor=executor_toml, **args))
         proc = subprocess.Popen([str(BIN / "supervisord"), "-n", "-c", str(rf.supervisord_conf)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         p = cls(root, proc, keep, args)
         try:
-            p._wait_up()
+            p._wait_up(always_on)
         except BaseException:
             p.stop()
             raise
         return p
 
-    def _wait_up(self) -> None:
+    def _wait_up(self, always_on: tuple) -> None:
+        """supervisord up, the always-on programs RUNNING (not one that runs on another machine), the daemon bound."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self.rf.supervisor_sock.exists():
             self._check_alive(deadline)
-        for name in ("scheduler", "executor", "orchestrator"):
+        for name in always_on:
             self.sup.wait_state(name, ("RUNNING",), max(1.0, deadline - time.monotonic()))
         while not self.rf.daemon_sock.exists():
             self._check_alive(deadline)

@@ -188,3 +188,16 @@ def test_cli_pack(tiny_dit, tmp_path, capsys):
     assert cli.main(["pack", str(tmp_path / "te.safetensors"), "--out", str(tmp_path / "q")]) == 2
     assert "te.safetensors" in capsys.readouterr().err
     assert not (tmp_path / "q").exists()
+
+
+def test_identity_follows_what_the_pack_computes(pack16, tmp_path):
+    """A copy elsewhere has the same id (a remote executor's copy passes the scheduler's check); a pack whose branch
+    files differ (recorded sha256) has another."""
+    copy = tmp_path / "copy"
+    shutil.copytree(pack16, copy)
+    a, b = load_pack(pack16), load_pack(copy)
+    assert a.identity == b.identity and len(a.identity) == 16
+    man = json.loads((copy / MANIFEST).read_text())
+    man["branches"][5]["sha256"] = "0" * 64
+    (copy / MANIFEST).write_text(json.dumps(man))
+    assert load_pack(copy, check=False).identity != a.identity

@@ -315,3 +315,13 @@ def test_key_files_are_private_from_creation_and_loose_secret_files_are_refused(
     (keys / "junk.key").write_text("curve\n    public-key = \"short\"\n")
     with pytest.raises(EndpointError, match="not 40 z85 characters"):
         read_keypair(keys / "junk.key")
+
+
+def test_served_elsewhere_tells_another_machines_address():
+    """A stage whose tcp endpoint is no address of this machine runs elsewhere (the board's executor program then
+    exits 0: docs/remote-executor.md); ipc, wildcards and local addresses are served here."""
+    from protocol.security import served_elsewhere
+    assert not served_elsewhere("ipc:///tmp/anima/sock/executor.sock")
+    assert not served_elsewhere("tcp://127.0.0.1:5561") and not served_elsewhere("tcp://*:5561")
+    assert not served_elsewhere("tcp://localhost:5561")
+    assert served_elsewhere("tcp://192.0.2.7:5561")           # TEST-NET-1 (RFC 5737): never a local address
