@@ -6,7 +6,10 @@
 
 Prints the reference work's tables: per-branch lifecycle sums (load/init/infer/release per kind), pure NPU time per
 branch kind (inference calls only), per-step wall time vs pure NPU time, peak process PSS and swap growth; all of it
-as JSON too. The pack must be compiled (`anima-models compile PACK --target rk3588`, on an x86 host or the board).
+as JSON too. Then the same per-step rows and policy row as bench/overhead.py prints for the modelled board
+(stages/backends/board_account.py: one table code), labelled measured, so a board's run compares line by line with
+the projection in docs/board.md. (The inference figure here is RKNNLite's inference() wall: NPU plus tensor I/O.)
+`bench/overhead.py --backend rknn --pack PACK --models MODELS --policy P` runs the whole pipeline on the board. The pack must be compiled (`anima-models compile PACK --target rk3588`, on an x86 host or the board).
 The text context is random (the encoder is not part of this measurement); see docs/board.md.
 """
 from __future__ import annotations
@@ -104,6 +107,25 @@ def lifecycle_table(reports: list) -> tuple:
     return "\n".join(rows), data
 
 
+def shared_table(steps: list, policy: str) -> list:
+    """The rows bench/overhead.py prints (one table code), from this run's measured steps."""
+    from stages.backends.board_account import (POLICY_HEADER, format_policy_line, format_rows, job_figures,
+                                               project, projection_notes, rows_from_steps)
+    from stages.backends.board_model import BoardModel
+    rows = rows_from_steps(steps)                       # no model: every figure as measured on this board
+    print("== the rows of bench/overhead.py, measured on this board")
+    for line in format_rows("measured", rows):
+        print(line)
+    comp = [r for r in rows if r.computed]
+    if comp:
+        p = project(rows, **job_figures(BoardModel()))
+        print(POLICY_HEADER)
+        print(format_policy_line(policy, "board", p, "measured"))
+        for line in projection_notes(p, "measured denoise; encode/decode as in bench/overhead.py"):
+            print(line)
+    return [r.to_dict() for r in rows]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pack", required=True)
@@ -156,9 +178,11 @@ def main(argv=None) -> int:
     steps, mark = [], [time.perf_counter(), len(board.reports)]
 
     def on_step(st):
+        from stages.step_account import step_times       # the scheduler's per-step account, in process here
         now, n = time.perf_counter(), len(board.reports)
-        steps.append({"step": st.step, "wall_s": now - mark[0], "npu_s": board.npu_s(board.reports[mark[1]:n]),
-                      "computed": n > mark[1]})
+        reps = board.reports[mark[1]:n]
+        row = step_times(st.step, now - mark[0], runner.last_timing if reps else None, calls=len(reps)).to_wire()
+        steps.append({**row, "npu_s": board.npu_s(reps)})  # every pass's inference() wall (NPU + tensor I/O)
         mark[:] = [now, n]
     t0 = time.perf_counter()
     from models.denoise import denoise
@@ -174,6 +198,7 @@ def main(argv=None) -> int:
         (after - out["swap_before_kb"]) / 1024
     print(f"job wall {out['job']['wall_s']:.1f} s, pure NPU {out['job']['npu_s']:.1f} s; peak PSS "
           f"{out['peak_pss_mb']:.0f} MB; swap growth {out['swap_growth_mb']} MB; RKNPU driver {out['driver']}")
+    out["rows"] = shared_table(steps, board.policy.name)
     text = json.dumps(out, indent=1, default=float)
     if args.json:
         Path(args.json).write_text(text + "\n")
