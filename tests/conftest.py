@@ -44,3 +44,12 @@ def rknn_pack(tmp_path_factory, tiny_dit, rknn_venv):
     pack = build_pack(tiny_dit, tmp_path_factory.mktemp("rknn") / "pack128", (128, 128), "fp16")
     report = compile_pack(pack, target="rk3588", jobs=2, venv=rknn_venv, blocks=[0, 27], per_worker=0)
     return pack, report
+
+
+@pytest.fixture(scope="session")
+def pipeline_assets(tmp_path_factory) -> tuple:
+    """(models folder, 128x128 FP16 pack) of tests.pipeline_harness.tiny_assets, built once per session (~10 s under
+    load) for the modules that run a pipeline on it; treat as read-only (more packs may be added beside it with
+    tiny_assets(pack.parent, ...))."""
+    from tests.pipeline_harness import tiny_assets
+    return tiny_assets(tmp_path_factory.mktemp("pipeline_assets"))

@@ -2,11 +2,8 @@
 time_scale on its own clock, exclusive NPU cores, the modelled memory refusal; and a pipeline job on it."""
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,18 +15,13 @@ from stages.backends import backend_class
 from stages.backends.board_model import BoardModel, Shape
 from stages.backends.board_pace import Chain, HostPacer, check_time_scale, clock, pace
 from stages.backends.board_sim import Board, BoardSimBackend
-from tests.pipeline_harness import tiny_assets
 
 SCALE = 0.05                  # phases of the full-size model at 128x128 (64 tokens), shrunk 20x
 
 
 @pytest.fixture(scope="module")
-def assets():
-    cache = Path(tempfile.mkdtemp(prefix="anima-boardsim-"))
-    try:
-        yield tiny_assets(cache)
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
+def assets(pipeline_assets):
+    return pipeline_assets
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,6 @@ tensors inline; the latent is bitwise the in-process one; an executor serving an
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,14 +25,10 @@ POLICY = "resident+prefetch"   # as examples/remote-executor/executor.toml (a sm
 
 
 @pytest.fixture(scope="module")
-def assets():
-    cache = Path(tempfile.mkdtemp(prefix="anima-rexe-assets-"))
-    try:
-        models, pack = tiny_assets(cache)
-        other = tiny_assets(cache, dtype="fp32")[1]          # the same model, another pack (another id)
-        yield models, pack, other
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
+def assets(pipeline_assets):
+    models, pack = pipeline_assets
+    other = tiny_assets(pack.parent, dtype="fp32")[1]          # the same model, another pack (another id)
+    return models, pack, other
 
 
 @pytest.fixture(scope="module")
