@@ -15,6 +15,7 @@ The text context is random (the encoder is not part of this measurement); see do
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import platform
@@ -41,7 +42,7 @@ def board_check() -> str:
                 f"{compat.strip() or 'absent'}); bench/board.py measures the NPU and runs only there "
                 "(the x86 checks are `anima-models verify --backend rknn-sim` and tests/test_rknn_backend.py)")
     try:
-        import rknnlite.api  # noqa: F401
+        importlib.import_module("rknnlite.api")
     except ImportError as e:
         return f"rknn-toolkit-lite2 is not importable ({e}); see docs/board.md"
     return ""
@@ -107,23 +108,29 @@ def lifecycle_table(reports: list) -> tuple:
     return "\n".join(rows), data
 
 
-def shared_table(steps: list, policy: str) -> list:
-    """The rows bench/overhead.py prints (one table code), from this run's measured steps."""
+def board_ram_gb(mem_total_kb) -> int | str:
+    """The board's RAM class (4, 8, 16 or 32 GB) from MemTotal (a 7.75 GiB ROCK 5C is an 8 GB board), "?" unknown."""
+    if not mem_total_kb:
+        return "?"
+    gib = mem_total_kb / 2**20
+    return min((4, 8, 16, 32), key=lambda g: abs(g - gib))
+
+
+def shared_table(steps: list, policy: str, ram_gb) -> tuple:
+    """The rows bench/overhead.py prints (one table code), from this run's measured steps -> (lines, row dicts).
+    The denoise is measured; the job's encode/decode are bench/overhead.py's figures (reference sd.cpp CPU VAE and
+    the encoder estimate), said so; the last line is the interface line both benches end with."""
     from stages.backends.board_account import (POLICY_HEADER, format_policy_line, format_rows, job_figures,
-                                               project, projection_notes, rows_from_steps)
+                                               project, projection_notes, rows_from_steps, summary_line)
     from stages.backends.board_model import BoardModel
     rows = rows_from_steps(steps)                       # no model: every figure as measured on this board
-    print("== the rows of bench/overhead.py, measured on this board")
-    for line in format_rows("measured", rows):
-        print(line)
-    comp = [r for r in rows if r.computed]
-    if comp:
+    lines = ["== the rows of bench/overhead.py, measured on this board"] + format_rows("measured", rows)
+    if any(r.computed for r in rows):
         p = project(rows, **job_figures(BoardModel()))
-        print(POLICY_HEADER)
-        print(format_policy_line(policy, "board", p, "measured"))
-        for line in projection_notes(p, "measured denoise; encode/decode as in bench/overhead.py"):
-            print(line)
-    return [r.to_dict() for r in rows]
+        lines += [POLICY_HEADER, format_policy_line(policy, ram_gb, p, "measured")]
+        lines += projection_notes(p, "measured denoise; encode/decode as in bench/overhead.py (modelled)")
+        lines.append(summary_line(policy, ram_gb, p))
+    return lines, [r.to_dict() for r in rows]
 
 
 def main(argv=None) -> int:
@@ -198,11 +205,17 @@ def main(argv=None) -> int:
         (after - out["swap_before_kb"]) / 1024
     print(f"job wall {out['job']['wall_s']:.1f} s, pure NPU {out['job']['npu_s']:.1f} s; peak PSS "
           f"{out['peak_pss_mb']:.0f} MB; swap growth {out['swap_growth_mb']} MB; RKNPU driver {out['driver']}")
-    out["rows"] = shared_table(steps, board.policy.name)
+    out["board_ram_gb"] = board_ram_gb(board_stats.meminfo_kb().get("MemTotal"))
+    lines, out["rows"] = shared_table(steps, board.policy.name, out["board_ram_gb"])
     text = json.dumps(out, indent=1, default=float)
     if args.json:
-        Path(args.json).write_text(text + "\n")
-    print(text)
+        from models.durable import atomic_write
+        atomic_write(args.json, text + "\n")
+        print(f"json: {args.json}")
+    else:
+        print(text)
+    for line in lines:                     # last: policy=P board_ram=R overhead_ratio=X job_s=S
+        print(line)
     return 0
 
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from stages.backends import board_auto  # noqa: E402
 from stages.backends.board_account import (POLICY_HEADER, format_policy_line, format_rows, job_figures,  # noqa: E402
-                                           project, projection_notes, rows_from_steps)
+                                           project, projection_notes, rows_from_steps, summary_line)
 from stages.backends.board_model import BOARD_RAMS_GB, LABEL, BoardModel, Shape  # noqa: E402
 from stages.backends.board_pace import check_time_scale, scale_note  # noqa: E402
 from stages.backends.board_timeline import PolicyShape  # noqa: E402
@@ -182,7 +182,7 @@ def plot(runs: list, path: Path) -> None:
 def analytic_table(model: BoardModel, policies: list, rams: list) -> list:
     """The projection from the analytic timeline alone (what `auto` evaluates), in the bench's table rows."""
     from stages.backends.board_account import Projection
-    lines = [POLICY_HEADER + "  contexts"]
+    lines, last = [POLICY_HEADER + "  contexts"], ""
     j = job_figures(model)
     for ram in rams:
         budget = model.context_budget_mib(ram)
@@ -201,7 +201,8 @@ def analytic_table(model: BoardModel, policies: list, rams: list) -> list:
                            j["encode_s"] + denoise + j["decode_npu_s"])
             name = f"auto: {e.policy.name}" if pol == "auto" else e.policy.name
             lines.append(format_policy_line(name, ram, p, f"{LABEL}, analytic") + f"  {e.contexts}")
-    return lines
+            last = summary_line(pol, ram, p)
+    return lines + [last] if lines[1:] else lines
 
 
 def main(argv=None) -> int:
@@ -279,8 +280,7 @@ def main(argv=None) -> int:
     plot(old, png)
     print(f"json: {out}  plot: {png}  [{runs[-1]['label']}, {scale_note(args.time_scale)}]")
     r = runs[-1]
-    print(f"policy={r['policy']} board_ram={r['board_ram_gb']} overhead_ratio={last.overhead_ratio:.3f} "
-          f"job_s={last.job_s:.1f}")
+    print(summary_line(r["policy"], r["board_ram_gb"], last))
     return 0
 
 

@@ -192,3 +192,34 @@ def test_rows_and_projection(model):
     assert all("modelled" in s and "time_scale=0.5" in s for s in format_rows("modelled", rows, 0.5))
     measured = rows_from_steps(steps)                            # a real board: taken as measured
     assert measured[0].wall_s == 61.0 and measured[0].npu_s == 42.0
+
+
+def test_board_bench_prints_the_overhead_rows(model):
+    """bench/board.py (a real board's run; not runnable here) prints its measured steps in bench/overhead.py's rows,
+    labelled measured, and ends with the same interface line; it imports on a machine without RKNNLite."""
+    import importlib.util
+    from pathlib import Path
+    from stages.backends.board_account import (POLICY_HEADER, format_policy_line, format_rows, job_figures, project,
+                                               rows_from_steps)
+    path = Path(__file__).resolve().parents[1] / "bench" / "board.py"
+    spec = importlib.util.spec_from_file_location("bench_board", path)
+    board = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(board)
+    assert board.board_check()                       # not an RK3588 here: the reason, not a crash
+    assert board.board_ram_gb(int(7.75 * 2**20)) == 8 and board.board_ram_gb(15.6 * 2**20) == 16
+    assert board.board_ram_gb(None) == "?"
+    steps = [{"step": 1, "computed": True, "wall_s": 70.0, "infer_s": 50.0, "npu_s": 50.0, "lifecycle_s": 15.0,
+              "host_s": 4.0, "transport_s": 0.0, "calls": 84},
+             {"step": 2, "computed": True, "wall_s": 66.0, "infer_s": 50.0, "npu_s": 50.0, "lifecycle_s": 12.0,
+              "host_s": 4.0, "transport_s": 0.0, "calls": 84},
+             {"step": 3, "computed": False, "wall_s": 0.02, "calls": 0}]
+    lines, rows = board.shared_table(steps, "prefetch", 8)
+    want = rows_from_steps(steps)
+    assert lines[1:5] == format_rows("measured", want)                # the very rows bench/overhead.py prints
+    assert all("measured" in line for line in lines[1:5]) and not any("modelled, time" in x for x in lines[1:5])
+    p = project(want, **job_figures(model))
+    assert lines[5] == POLICY_HEADER and lines[6] == format_policy_line("prefetch", 8, p, "measured")
+    assert p.denoise_s == pytest.approx(70.0 + 10 * 66.0 + 9 * 0.02) and p.overhead_ratio == pytest.approx(
+        p.denoise_s / (11 * 50.0))
+    assert lines[-1] == f"policy=prefetch board_ram=8 overhead_ratio={p.overhead_ratio:.3f} job_s={p.job_s:.1f}"
+    assert [r["wall_s"] for r in rows] == [70.0, 66.0, 0.02]

@@ -136,6 +136,12 @@ def format_policy_line(policy: str, ram_gb, p: Projection, label: str, time_scal
             f"{p.job_npu_vae_s:>20.1f}  [{label}, {scale_note(time_scale)}]")
 
 
+def summary_line(policy: str, ram_gb, p: Projection) -> str:
+    """The last line of bench/overhead.py and bench/board.py (an interface: other checks parse it; the lines above
+    it say whether its figures are modelled or measured)."""
+    return f"policy={policy} board_ram={ram_gb} overhead_ratio={p.overhead_ratio:.3f} job_s={p.job_s:.1f}"
+
+
 def projection_notes(p: Projection, label: str) -> list:
     """How the job figure is made (each line labelled)."""
     return [f"[{label}] 20-step Spectrum job = encode {p.encode_s:.1f} s (estimate) + denoise {p.denoise_s:.1f} s "
