@@ -118,6 +118,10 @@ class Lifecycle:
         self._worker: Optional[ThreadPoolExecutor] = None  # created on first submit(); long-lived
         self._helper = ThreadPoolExecutor(1, thread_name_prefix="lifecycle-helper") if policy.prefetch else None
         self._lane = ThreadPoolExecutor(1, thread_name_prefix="lifecycle-lane1") if policy.dual_core else None
+        # dual_core: the second context of a pair loads, inits and releases here while the first does on the calling
+        # thread (two CPU cores: a pair costs one context's time); two threads, so a release on the worker never
+        # queues behind a prefetch on the helper
+        self._pair = ThreadPoolExecutor(2, thread_name_prefix="lifecycle-pair") if policy.dual_core else None
         self.closed = False
 
     # ---- public ------------------------------------------------------------------------------------------------
@@ -158,7 +162,7 @@ class Lifecycle:
             self._resident.clear()
             self.resident_mb = 0.0
             self._join_release()
-        for pool in (self._worker, self._helper, self._lane):
+        for pool in (self._worker, self._helper, self._lane, self._pair):
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
         self.closed = True
@@ -230,30 +234,46 @@ class Lifecycle:
         return self._new(mask)
 
     def _open(self, path: str) -> _Context:
-        """Load and init on every context the policy needs (sequentially: load and init use the CPU)."""
+        """Load and init on every context the policy needs; a dual_core pair at once (the second on a pair thread),
+        so the phase times are the pair's wall (the longer of the two)."""
         ctx = _Context(path, [])
+        other = self._pair.submit(self._open_one, path, self._masks[1]) if len(self._masks) == 2 else None
+        results = []
         try:
-            for mask in self._masks:
-                be = self._instance(mask)
-                ctx.backends.append(be)
-                t0 = time.perf_counter()
-                try:
-                    be.load(path)
-                except BackendError as e:
-                    raise LifecycleError(str(e), "load") from None
-                t1 = time.perf_counter()
-                try:
-                    be.init()
-                except BackendError as e:
-                    raise LifecycleError(str(e), "init") from None
-                ctx.load_s += t1 - t0
-                ctx.init_s += time.perf_counter() - t1
-                mb = be.context_mb()
-                ctx.mb = None if mb is None or ctx.mb is None else ctx.mb + float(mb)
-        except BaseException:
+            results.append(self._open_one(path, self._masks[0]))
+        finally:
+            if other is not None:
+                results.append(other.result())          # waits even when the first failed: both are released
+        ctx.backends = [be for be, *_ in results if be is not None]
+        error = next((r[4] for r in results if r[4] is not None), None)
+        if error is not None:
             self._release_now(ctx)
-            raise
+            raise error
+        ctx.load_s, ctx.init_s = max(r[1] for r in results), max(r[2] for r in results)
+        mbs = [r[3] for r in results]
+        ctx.mb = None if any(mb is None for mb in mbs) else sum(float(mb) for mb in mbs)
         return ctx
+
+    def _open_one(self, path: str, mask) -> tuple:
+        """One context loaded and initialised -> (backend or None, load_s, init_s, context_mb, error or None); never
+        raises, so a pair's other half is always waited for and released."""
+        be = load_s = init_s = None
+        try:
+            be = self._instance(mask)
+            t0 = time.perf_counter()
+            try:
+                be.load(path)
+            except BackendError as e:
+                raise LifecycleError(str(e), "load") from None
+            t1 = time.perf_counter()
+            try:
+                be.init()
+            except BackendError as e:
+                raise LifecycleError(str(e), "init") from None
+            load_s, init_s = t1 - t0, time.perf_counter() - t1
+            return be, load_s, init_s, be.context_mb(), None
+        except Exception as e:  # noqa: BLE001 - handed to _open, which releases the pair and raises it
+            return be, 0.0, 0.0, None, e
 
     def _infer(self, ctx: _Context, passes: list) -> tuple:
         n = len(ctx.backends)
@@ -278,11 +298,17 @@ class Lifecycle:
 
     def _release_now(self, ctx: _Context) -> float:
         t0 = time.perf_counter()
-        for be in ctx.backends:
+
+        def release(be) -> None:
             try:
                 be.release()
             except Exception as e:  # noqa: BLE001 - a failing release must not hide the call's result
                 log.warning("%s: release: %s", ctx.path, e)
+        others = [self._pair.submit(release, be) for be in ctx.backends[1:]] if self._pair is not None else []
+        for be in ctx.backends[:1] if others else ctx.backends:
+            release(be)
+        for f in others:                                   # a dual_core pair releases at once
+            f.result()
         masks = self._masks if len(ctx.backends) == len(self._masks) else [None] * len(ctx.backends)
         with self._spare_lock:
             for be, mask in zip(ctx.backends, masks):

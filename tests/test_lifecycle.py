@@ -268,6 +268,57 @@ def test_dual_core_runs_the_two_passes_at_once_on_two_contexts(fake):
         assert t.context_mb == 20.0                         # two contexts: twice the memory
 
 
+def test_dual_core_pair_loads_inits_and_releases_at_once(fake):
+    """A dual_core branch's two contexts load, init and release at the same time on two threads, not one after the
+    other (done in turn, a pair's lifecycle outlasts its inference on the board: issue 9's auto job); a pair whose
+    second half fails to load fails the call, naming the phase, with the first half released."""
+    meet = {ph: threading.Barrier(2, timeout=WAIT_S) for ph in ("load", "init", "release")}
+    broken = []
+
+    class Pair(Fake):
+        def _meet(self, ph):
+            try:
+                meet[ph].wait()
+            except threading.BrokenBarrierError:
+                broken.append(ph)
+
+        def load(self, path):
+            super().load(path)
+            self._meet("load")
+
+        def init(self):
+            super().init()
+            self._meet("init")
+
+        def release(self):
+            was = self.loaded
+            super().release()
+            if was:
+                self._meet("release")
+    lc = Lifecycle(context_factory(Pair), parse_policy("dual_core", {"dual_masks": ["1", "2"]}))
+    res = _cycle(lc, steps=1)
+    lc.close()
+    assert broken == [] and fake.live == 0 and fake.peak == 2
+    for i, (outs, t) in enumerate(res):
+        np.testing.assert_array_equal(outs[1]["y"], _feeds(i)[1]["xn"] * 2.0 + len(Path(PATHS[i]).name))
+        assert t.context_mb == 20.0 and t.source == "load"
+    threads = {e[3] for e in fake.events if e[0] == "load"}
+    assert any(n.startswith("lifecycle-pair") for n in threads) and len(threads) >= 2
+
+    class HalfFails(Fake):
+        def load(self, path):
+            if self.mask == "2":
+                raise BackendError("no room on core 2")
+            super().load(path)
+    fake.reset()
+    lc = Lifecycle(context_factory(HalfFails), parse_policy("dual_core", {"dual_masks": ["1", "2"]}))
+    with pytest.raises(LifecycleError, match="no room on core 2") as e:
+        lc.run(PATHS[0], _feeds(0))
+    lc.close()
+    assert e.value.phase == "load" and fake.live == 0
+    assert [x[0] for x in fake.events] == ["load", "init", "release"]      # the first half, opened meanwhile
+
+
 def test_resident_pins_exactly_what_the_budget_allows(fake):
     """First fit in the fixed cycle order, decided once per model; the rest loads on demand every time."""
     costs = [30, 50, 20, 40, 10, 60, 25, 35, 15, 45, 5, 55]

@@ -13,8 +13,8 @@ evaluation; bench/overhead.py prints it beside the paced runs). Same figures as 
 - the prefetch helper is one FIFO thread: at a request's arrival it queues the preparation of the next `prefetch`
   branches of this step (the first branch of a step is never prefetched: no hint crosses a step), at the end of an
   inference the release of that context (the last call of a forward, with nothing ahead, releases inside the call).
-  With dual_core a branch has two contexts; the lifecycle loads, inits and releases them one after the other
-  (`DUAL_LIFECYCLE_PARALLEL = False`) or at once on two CPU cores (True).
+  With dual_core a branch has two contexts; the lifecycle loads, inits and releases the pair at once on two CPU
+  cores (`DUAL_LIFECYCLE_PARALLEL = True`; False models doing them one after the other).
 - transport: `transport_s` per request (measured here), half each way.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from stages.backends.board_model import KINDS, BoardModel
 
-DUAL_LIFECYCLE_PARALLEL = False     # models/lifecycle.py: _open loads the two dual_core contexts in turn
+DUAL_LIFECYCLE_PARALLEL = True      # models/lifecycle.py: a dual_core pair loads/inits/releases at once (_pair)
 
 
 @dataclass(frozen=True)
