@@ -315,15 +315,27 @@ def setup_logging(stage: str, level: str) -> None:
                         format=f"%(asctime)s {stage}[%(process)d] %(levelname)s %(name)s: %(message)s")
 
 
-def config_exit() -> int:
-    """EXIT_CONFIG, returned only once this process has lived past supervisord's startsecs: supervisord treats any
-    exit before that as a failed start (BACKOFF, started again up to startretries times, then FATAL with no exit
-    status), whatever `exitcodes` says; after it, exit 2 is EXITED and expected, so the program stays down at once
-    with its one log line. Not under supervisord ($SUPERVISOR_ENABLED unset): at once."""
+def _past_startsecs() -> None:
+    """Return only once this process has lived past supervisord's startsecs: supervisord treats any exit before that
+    as a failed start (BACKOFF, started again up to startretries times, then FATAL with no exit status), whatever
+    `exitcodes` says; after it, an exit in `exitcodes` is EXITED and expected. Not under supervisord
+    ($SUPERVISOR_ENABLED unset): at once."""
     if os.environ.get("SUPERVISOR_ENABLED"):
         lived = time.time() - psutil.Process().create_time()
         time.sleep(max(0.0, SUPERVISOR_STARTSECS + 0.5 - lived))
+
+
+def config_exit() -> int:
+    """EXIT_CONFIG past supervisord's startsecs, so the program stays down at once with its one log line."""
+    _past_startsecs()
     return EXIT_CONFIG
+
+
+def runs_elsewhere(config: PipelineConfig, stage: str) -> bool:
+    """The config reaches `stage` as a client (security.servers names its public key) at a tcp address of another
+    machine: that machine runs it. A config that would serve it here is checked as a listener instead, so an unsafe
+    one (no keys, a missing key file) is still a config error."""
+    return stage in config.security.servers and served_elsewhere(config.endpoint(stage))
 
 
 def stage_main(stage: str, make_logic: Callable[[PipelineConfig], Any], argv: list[str] | None = None) -> int:
@@ -334,9 +346,10 @@ def stage_main(stage: str, make_logic: Callable[[PipelineConfig], Any], argv: li
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
-        if served_elsewhere(config.endpoint(stage)):   # e.g. the executor moved to a bigger host: not here
+        if runs_elsewhere(config, stage):              # e.g. the executor moved to a bigger host: not here
             print(f"{stage}: endpoints.{stage} = {config.endpoint(stage)} is another machine's address; the {stage} "
                   "runs there, nothing to run here", file=sys.stderr)
+            _past_startsecs()              # a deliberate EXITED (exitcodes=0,2), not a failed start (FATAL)
             return 0
         config.check_listener(stage)  # an unsafe or keyless tcp endpoint is a config error, not a crash loop
     except ConfigError as e:
