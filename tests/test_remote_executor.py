@@ -67,12 +67,16 @@ def _board_toml(ex: RemoteExecutor) -> str:
 def _board(models, pack, ex, net) -> Pipeline:
     p = Pipeline.start(models, pack, threads=THREADS, branch_timeout_s=120, extra_toml=_board_toml(ex),
                        always_on=("scheduler", "orchestrator"))
-    if net.kind == "loopback":         # 127.0.0.2 is this machine's too: keep the board's own executor off it
-        p.supervisorctl("stop", "executor")
-    else:                              # the board's executor sees another machine's address and exits 0, for good
-        info = p.wait_program("executor", ("EXITED",), 60)
-        assert info.exitstatus == 0, info
-        assert "another machine's address" in (p.rf.logs / "executor.log").read_text()
+    try:
+        if net.kind == "loopback":     # 127.0.0.2 is this machine's too: keep the board's own executor off it
+            p.supervisorctl("stop", "executor")
+        else:                          # the board's executor sees another machine's address and exits 0, for good
+            info = p.wait_program("executor", ("EXITED",), 60)
+            assert info.exitstatus == 0, info
+            assert "another machine's address" in (p.rf.logs / "executor.log").read_text()
+    except BaseException:
+        p.stop()                       # nothing of a failed start stays running
+        raise
     return p
 
 
