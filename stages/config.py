@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10

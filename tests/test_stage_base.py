@@ -354,7 +354,7 @@ def test_a_backends_declared_settings_pass_typed_by_its_constructor(tmp_path, mo
     # exited 1 and were restarted before (and 'rknn-sim' was refused as not a name)
     ("executor", "backend = 'rknn-sim'\n[stage.executor]\npolicy = 'dual_core'",
      "stage.executor.policy: policy 'dual_core': backend 'rknn-sim' cannot run two contexts"),
-    ("executor", "backend = 'tpu'", "backend: 'tpu' is not one of onnx, rknn, rknn-sim"),
+    ("executor", "backend = 'tpu'", "backend: 'tpu' is not one of board-sim, onnx, rknn, rknn-sim"),
 ])
 def test_real_programs_exit_2_naming_file_and_key_on_a_bad_stage_setting(tmp_path, program, table, words):
     """Every [stage.*] key is checked when the config is read: exit 2 (supervisord leaves the program down) with one
