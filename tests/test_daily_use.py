@@ -138,8 +138,11 @@ def _start_and_interrupt(pipe, args, tmp_path, stdin=None):
     """Run the CLI (`stdin`: a file it reads as standard input), wait until its job is denoising, press Ctrl-C
     (SIGINT). -> (job, exit status, stderr)."""
     with open(stdin or os.devnull, "rb") as f:
+        # SIGINT as a terminal's Ctrl-C finds it: a suite started in the background by a non-interactive shell (`make
+        # test &`, CI runners) inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored.
         proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "--run", str(pipe.root), *args],
-                                cwd=tmp_path, stdin=f, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                cwd=tmp_path, stdin=f, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         lines = []
         for line in proc.stderr:                    # a line per state or step change (stderr is not a terminal)
