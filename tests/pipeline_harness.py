@@ -140,6 +140,12 @@ class Pipeline:
             shutil.rmtree(self.root, ignore_errors=True)
         return killed
 
+    def stop_clean(self) -> None:
+        """stop(), then what every run promises: no process outlived supervisord's shutdown, no segment is left."""
+        killed = self.stop()
+        assert killed == [], f"processes of the run outlived supervisord's shutdown: {killed}"
+        assert self.leftover_segments() == []
+
     def __enter__(self) -> "Pipeline":
         return self
 

@@ -47,9 +47,7 @@ def pipe(assets):
     try:
         yield p
     finally:
-        killed = p.stop()
-        assert killed == [], f"processes of the run outlived supervisord's shutdown: {killed}"
-        assert p.leftover_segments() == []
+        p.stop_clean()
 
 
 @pytest.fixture(scope="module")
