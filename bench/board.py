@@ -83,11 +83,11 @@ class _Recorded:
 
     def result(self):
         if self.value is None:
-            from stages.backends import board_stats
+            from models import probes
             self.value = outs, t = self.handle.result()
             self.board.reports.append({"block": self.call.block, "kind": self.call.kind,
                                        "passes": list(self.call.passes), "times": t.to_dict()})
-            self.board.peak_pss_kb = max(self.board.peak_pss_kb, board_stats.pss_kb() or 0)
+            self.board.peak_pss_kb = max(self.board.peak_pss_kb, probes.pss_kb() or 0)
         return self.value
 
 
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     from models.denoise import make_sampler, spectrum_settings, start_or_resume
     from models.dit_runner import DiTRunner
     from models.pack import load_pack
-    from stages.backends import board_stats
+    from models import probes
 
     pack = load_pack(args.pack)
     board = BoardBranches(pack, args.core_mask, args.policy,
@@ -166,8 +166,8 @@ def main(argv=None) -> int:
     cond = np.zeros((g.text_tokens, c.context_dim), np.float32)                 # [S, Dc]
     cond[:60] = rng.standard_normal((60, c.context_dim), dtype=np.float32)
     uncond = np.zeros_like(cond)
-    out = {"pack": str(pack.dir), "driver": board_stats.npu_driver_version(), "core_mask": args.core_mask,
-           "policy": board.policy.name, "swap_before_kb": board_stats.swap_used_kb()}
+    out = {"pack": str(pack.dir), "driver": probes.npu_driver_version(), "core_mask": args.core_mask,
+           "policy": board.policy.name, "swap_before_kb": probes.swap_used_kb()}
     # 1) one forward (both CFG passes)
     x = rng.standard_normal((c.latent_channels, g.latent_h, g.latent_w), dtype=np.float32)
     t0 = time.perf_counter()
@@ -200,12 +200,12 @@ def main(argv=None) -> int:
     for s in steps:
         print(f"{s['step']:>5}{s['wall_s']:>10.2f}{s['npu_s']:>10.2f}  {'computed' if s['computed'] else 'forecast'}")
     out["peak_pss_mb"] = board.peak_pss_kb / 1024
-    after = board_stats.swap_used_kb()
+    after = probes.swap_used_kb()
     out["swap_growth_mb"] = None if after is None or out["swap_before_kb"] is None else \
         (after - out["swap_before_kb"]) / 1024
     print(f"job wall {out['job']['wall_s']:.1f} s, pure NPU {out['job']['npu_s']:.1f} s; peak PSS "
           f"{out['peak_pss_mb']:.0f} MB; swap growth {out['swap_growth_mb']} MB; RKNPU driver {out['driver']}")
-    out["board_ram_gb"] = board_ram_gb(board_stats.meminfo_kb().get("MemTotal"))
+    out["board_ram_gb"] = board_ram_gb(probes.meminfo_kb().get("MemTotal"))
     lines, out["rows"] = shared_table(steps, board.policy.name, out["board_ram_gb"])
     text = json.dumps(out, indent=1, default=float)
     if args.json:

@@ -10,6 +10,8 @@ from typing import Optional
 
 import numpy as np
 
+from models.probes import rss_bytes
+
 log = logging.getLogger(__name__)
 
 # name -> "module:Class", imported only when asked for (rknn-sim pulls rknn-toolkit2; the board backend lives in
@@ -117,15 +119,6 @@ class OnnxBackend(BranchBackend):
         self._bytes = None
         self._inputs = {}
         self._mb = None
-
-
-def rss_bytes() -> int:
-    """Resident set size of this process (statm: cheap enough to read per phase)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def checked_input(path, inputs: dict, name: str, dtype, shape: tuple) -> np.ndarray:

@@ -11,6 +11,7 @@ import psutil
 
 from models.durable import atomic_write
 from models.partition import TEXT_TOKENS
+from models.probes import vm_hwm_kb
 from protocol.messages import MAX_PNG_TEXT_CHARS
 
 log = logging.getLogger(__name__)
@@ -31,15 +32,7 @@ def peak_rss_mb(pid: int) -> float | None:
     """The process's own high-water RSS (VmHWM) plus its children's current RSS, in MiB; None when it is gone."""
     try:
         proc = psutil.Process(pid)
-        hwm = None
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        hwm = int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        own = max(hwm or 0, proc.memory_info().rss)
+        own = max((vm_hwm_kb(pid) or 0) * 1024, proc.memory_info().rss)
         kids = sum(c.memory_info().rss for c in proc.children(recursive=True) if c.is_running())
         return (own + kids) / 2**20
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):

@@ -27,11 +27,12 @@ from models.lifecycle import Lifecycle, LifecycleError, context_factory
 from models.pack import load_pack
 from models.partition import branch_file
 from models.policy import PolicyError, resolve_policy
+from models.probes import process_memory_mb
 from protocol import messages as m
 from stages.backends import backend_class, backend_kwargs
 from stages.base import RequestFailed, stage_main
 from stages.config import ConfigError, PipelineConfig
-from stages.memory import process_memory_mb, return_freed_memory
+from stages.memory import return_freed_memory
 from stages.tensor_io import ReplyTensors, read_tensor
 
 log = logging.getLogger(__name__)

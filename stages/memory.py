@@ -1,30 +1,9 @@
-"""Process memory figures for reports: RSS, PSS and swap from /proc/self/smaps_rollup (Linux), peak RSS."""
+"""A stage process's own memory: its peak RSS, and freed heap pages handed back to the OS (the /proc readings are
+models/probes.py)."""
 from __future__ import annotations
 
 import resource
 import sys
-
-from models.branch_runtime import rss_bytes
-
-SMAPS_ROLLUP = "/proc/self/smaps_rollup"
-
-
-def process_memory_mb(pss: bool = True, path: str = SMAPS_ROLLUP) -> dict:
-    """{"rss": MB} from /proc/self/statm (cheap), plus "pss" and "swap" from smaps_rollup (a few ms) when `pss`."""
-    out: dict = {"rss": rss_bytes() / 2**20}
-    if not out["rss"]:
-        import psutil
-        out["rss"] = psutil.Process().memory_info().rss / 2**20
-    if pss:
-        try:
-            with open(path) as f:
-                for line in f:
-                    key, _, rest = line.partition(":")
-                    if key in ("Pss", "Swap"):
-                        out[key.lower()] = int(rest.split()[0]) / 1024.0     # kB -> MB
-        except OSError:
-            pass
-    return out
 
 
 def peak_rss_mb() -> float:

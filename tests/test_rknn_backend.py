@@ -11,7 +11,7 @@ import pytest
 from models.branch_runtime import BackendError, make_backend as make_model_backend
 from models.lifecycle import Lifecycle, context_factory, run_branch
 from models.policy import parse_policy
-from stages.backends import backend_class, board_stats, make_backend
+from stages.backends import backend_class, make_backend
 from stages.backends.rknn import RknnLiteBackend
 from stages.backends.rknnlite_standin import RKNNLite
 
@@ -121,25 +121,6 @@ def test_bad_requests_are_clear(feeds, tmp_path):
     # on this x86 machine the real runtime is absent: a clear message, never a silent fall-back to the stand-in
     with pytest.raises(BackendError, match="rknn-toolkit-lite2"):
         RknnLiteBackend(lite="real")
-
-
-def test_board_stats_parsers(monkeypatch, tmp_path):
-    load = tmp_path / "load"
-    load.write_text("NPU load:  Core0: 37%, Core1:  0%, Core2: 100%,\n")
-    ver = tmp_path / "version"
-    ver.write_text("RKNPU driver: v0.9.8\n")
-    buf = tmp_path / "bufinfo"
-    buf.write_text("\nDma-buf Objects:\nsize    \tflags   \tmode    \tcount   \texp_name\n"
-                   "00004096\t00000002\t00080007\t00000003\tsystem\n\nTotal 2 objects, 8392704 bytes\n")
-    monkeypatch.setattr(board_stats, "RKNPU_LOAD", str(load))
-    monkeypatch.setattr(board_stats, "RKNPU_VERSION", str(ver))
-    monkeypatch.setattr(board_stats, "DMA_BUF_INFO", str(buf))
-    assert board_stats.npu_load() == {"Core0": 37, "Core1": 0, "Core2": 100}
-    assert board_stats.npu_driver_version() == "0.9.8"
-    assert board_stats.dma_buf_bytes() == 8392704
-    monkeypatch.setattr(board_stats, "RKNPU_LOAD", str(tmp_path / "absent"))
-    assert board_stats.npu_load() is None
-    assert board_stats.pss_kb() > 0 and board_stats.swap_used_kb() is not None
 
 
 def test_board_bench_refuses_off_board():

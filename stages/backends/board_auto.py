@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
+from models import probes
 from stages.backends.board_model import BOARD_RAMS_GB, LABEL, BoardModel, Shape
 from stages.backends.board_timeline import (PolicyShape, StepTimeline, branch_sequence, contexts_in_flight,
                                             pinned_branches, simulate_step)
@@ -129,17 +130,11 @@ def fit_table(model: BoardModel) -> dict:
     return {ram: model.contexts_fit(model.context_budget_mib(ram)) for ram in BOARD_RAMS_GB}
 
 
-def real_mem_available_mib() -> Optional[float]:
-    from stages.backends import board_stats
-    kb = board_stats.meminfo_kb().get("MemAvailable")
-    return None if kb is None else kb / 1024.0
-
-
 def budget(model: BoardModel, backend: str, settings: dict) -> tuple:
     """-> (MiB for contexts, what it is based on). A real board (`rknn`) reads its MemAvailable; board-sim models the
     `board_ram_gb` board."""
     if backend == "rknn":
-        avail = real_mem_available_mib()
+        avail = probes.mem_available_mib()
         if avail is not None:
             return model.context_budget_mib(mem_available_mib=avail), f"MemAvailable {avail:.0f} MiB (measured)"
     ram = settings.get("board_ram_gb", 8)

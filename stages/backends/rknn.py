@@ -16,8 +16,8 @@ from typing import Optional
 import numpy as np
 
 from models.branch_runtime import BackendError, BranchBackend
+from models import probes
 from models.pack import PackError, load_branch_pack, pack_member
-from stages.backends import board_stats
 
 log = logging.getLogger(__name__)
 
@@ -171,13 +171,13 @@ class RknnLiteBackend(BranchBackend):
     # -- accounting -------------------------------------------------------------------------------------------
     @contextmanager
     def _phase(self, name: str):
-        before = board_stats.pss_kb(), board_stats.dma_buf_bytes()
+        before = probes.pss_kb(), probes.dma_buf_bytes()
         t0 = time.perf_counter()
         try:
             yield
         finally:
             dt = time.perf_counter() - t0
-            after = board_stats.pss_kb(), board_stats.dma_buf_bytes()
+            after = probes.pss_kb(), probes.dma_buf_bytes()
             self.report.setdefault("phases", {})[name] = {
                 "s": dt, "pss_before_kb": before[0], "pss_after_kb": after[0],
                 "dma_buf_before": before[1], "dma_buf_after": after[1]}
@@ -254,4 +254,4 @@ class RknnLiteBackend(BranchBackend):
                     log.warning("%s: release: %s", self._path, e)
                 self._ctx = None
             gc.collect()            # RKNNLite objects hold native buffers; free them now, not at some later GC
-        self.report["npu_load"] = board_stats.npu_load()
+        self.report["npu_load"] = probes.npu_load()
