@@ -7,7 +7,7 @@
 Prints the reference work's tables: per-branch lifecycle sums (load/init/infer/release per kind), pure NPU time per
 branch kind (inference calls only), per-step wall time vs pure NPU time, peak process PSS and swap growth; all of it
 as JSON too. Then the same per-step rows and policy row as bench/overhead.py prints for the modelled board
-(stages/backends/board_account.py: one table code), labelled measured, so a board's run compares line by line with
+(models/board/account.py: one table code), labelled measured, so a board's run compares line by line with
 the projection in docs/board.md. (The inference figure here is RKNNLite's inference() wall: NPU plus tensor I/O.)
 `bench/overhead.py --backend rknn --pack PACK --models MODELS --policy P` runs the whole pipeline on the board. The pack must be compiled (`anima-models compile PACK --target rk3588`, on an x86 host or the board).
 The text context is random (the encoder is not part of this measurement); see docs/board.md.
@@ -120,9 +120,9 @@ def shared_table(steps: list, policy: str, ram_gb) -> tuple:
     """The rows bench/overhead.py prints (one table code), from this run's measured steps -> (lines, row dicts).
     The denoise is measured; the job's encode/decode are bench/overhead.py's figures (reference sd.cpp CPU VAE and
     the encoder estimate), said so; the last line is the interface line both benches end with."""
-    from stages.backends.board_account import (POLICY_HEADER, format_policy_line, format_rows, job_figures,
+    from models.board.account import (POLICY_HEADER, format_policy_line, format_rows, job_figures,
                                                project, projection_notes, rows_from_steps, summary_line)
-    from stages.backends.board_model import BoardModel
+    from models.board.cost import BoardModel
     rows = rows_from_steps(steps)                       # no model: every figure as measured on this board
     lines = ["== the rows of bench/overhead.py, measured on this board"] + format_rows("measured", rows)
     if any(r.computed for r in rows):

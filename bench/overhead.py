@@ -6,13 +6,13 @@ policy and board RAM, and the table a board owner reads.
     .venv/bin/python bench/overhead.py --backend rknn --pack packs/anima-512 --models MODELS --policy auto   # a board
     .venv/bin/python bench/overhead.py --analytic --policy all --board-ram 8,16,32     # the timeline only, no runs
 
-board-sim: the executor's phases and the scheduler's host ops are paced to the MODELLED RK3588 (board_cost.toml,
+board-sim: the executor's phases and the scheduler's host ops are paced to the MODELLED RK3588 (models/board/cost.toml,
 reference board figures) for the full-size model at 512x512, times --time-scale; the tiny pack computes the real
 outputs. Every line says what is modelled and the time scale. Per policy: step wall, pure NPU, visible lifecycle,
 host, transport per computed step (board seconds; transport and the rest measured here), overhead_ratio = denoise
 wall / sum of pure NPU inference, and the projected 20-step Spectrum job (encode estimate + denoise + decode: the
 reference's 155.04 s CPU VAE, and the NPU VAE estimate). `--steps N` runs N steps (N < 20: the 20-step projection
-follows from the per-step figures). The analytic timeline (board_timeline, what `auto` evaluates) is printed beside
+follows from the per-step figures). The analytic timeline (models/board/timeline.py, what `auto` evaluates) is printed beside
 each run. JSON and a PNG (per-step stacked bars per policy) go to bench/out/; runs of earlier invocations in the same
 JSON file are kept (same policy, RAM, steps and time scale: replaced). The last line is
 `policy=P board_ram=R overhead_ratio=X job_s=S` (of the last run).
@@ -29,12 +29,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from stages.backends import board_auto  # noqa: E402
-from stages.backends.board_account import (POLICY_HEADER, format_policy_line, format_rows, job_figures,  # noqa: E402
+from models.board import auto as board_auto  # noqa: E402
+from models.board.account import (POLICY_HEADER, format_policy_line, format_rows, job_figures,  # noqa: E402
                                            project, projection_notes, rows_from_steps, summary_line)
-from stages.backends.board_model import BOARD_RAMS_GB, LABEL, BoardModel, Shape  # noqa: E402
-from stages.backends.board_pace import check_time_scale, scale_note  # noqa: E402
-from stages.backends.board_timeline import PolicyShape  # noqa: E402
+from models.board.cost import BOARD_RAMS_GB, LABEL, BoardModel, Shape  # noqa: E402
+from models.board.pace import check_time_scale, scale_note  # noqa: E402
+from models.board.timeline import PolicyShape  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
 ALL = ("on-demand", "prefetch", "prefetch2", "interleave", "prefetch2+interleave", "dual_core", "resident",
@@ -117,7 +117,7 @@ def run_one(args, assets, model: BoardModel, policy: str, ram: int) -> dict:
 
 
 def print_run(r: dict) -> None:
-    from stages.backends.board_account import StepRow
+    from models.board.account import StepRow
     note = f"[{r['label']}, {scale_note(r['time_scale'])}]"
     rows = [StepRow(**{k: v for k, v in d.items() if k != "overhead_ratio"}) for d in r["rows"]]
     print(f"== {r['policy']} (resolved: {r['resolved']}), {r['board_ram_gb']} GB board, {r['steps']} steps  {note}")
@@ -133,7 +133,7 @@ def print_run(r: dict) -> None:
               f"{led.get('peak_contexts')}, peak busy NPU cores {led.get('peak_busy_cores')}  {note}")
     a = r.get("analytic")
     if a:
-        print(f"analytic timeline ({LABEL}, board_timeline): step {a['step_s']:.2f} s (first {a['first_step_s']:.2f}),"
+        print(f"analytic timeline ({LABEL}, models/board/timeline.py): step {a['step_s']:.2f} s (first {a['first_step_s']:.2f}),"
               f" overhead_ratio {a['overhead_ratio']:.3f}, {a['contexts']} contexts  {note}")
 
 
@@ -181,7 +181,7 @@ def plot(runs: list, path: Path) -> None:
 
 def analytic_table(model: BoardModel, policies: list, rams: list) -> list:
     """The projection from the analytic timeline alone (what `auto` evaluates), in the bench's table rows."""
-    from stages.backends.board_account import Projection
+    from models.board.account import Projection
     lines, last = [POLICY_HEADER + "  contexts"], ""
     j = job_figures(model)
     for ram in rams:
@@ -267,7 +267,7 @@ def main(argv=None) -> int:
             old = [o for o in old if key(o) != key(r)] + [r]
             from models.durable import atomic_write
             atomic_write(out, (json.dumps({"runs": old}, indent=1) + "\n").encode())
-    from stages.backends.board_account import Projection
+    from models.board.account import Projection
     print(POLICY_HEADER)
     for r in runs:
         p = Projection(**{k: v for k, v in r["projection"].items() if k != "overhead_ratio"})

@@ -188,8 +188,8 @@ class JobReport:
 
     def _board_section(self) -> dict:
         """The modelled board's figures (board seconds) apart from what was measured here (board_account)."""
-        from stages.backends.board_account import board_section
-        from stages.backends.board_model import BoardModel, Shape
+        from models.board.account import board_section
+        from models.board.cost import BoardModel, Shape
         b = self.board
         model = BoardModel(Shape.of_pack(b["pack_dir"], b.get("board_model", "full")))
         return board_section(list(self.denoised["steps"]), float(b.get("time_scale", 1.0)), model, b)
@@ -254,7 +254,7 @@ def format_table(report: dict) -> str:
     lines.append("")
     steps = report.get("computed_steps", [])
     if board:
-        from stages.backends.board_account import format_board_section
+        from models.board.account import format_board_section
         lines += format_board_section(board)
     lines.append(f"host ops {report.get('host_s', 0.0):.2f} s{' (paced)' if board else ''} "
                  f"({report.get('host_hidden_s', 0.0):.2f} s behind inference), transport "

@@ -53,7 +53,7 @@ BOARD_SERIES = (  # report board.steps field -> legend, each saying where it com
 
 
 def label_board(board: dict) -> str:
-    return (f"MODELLED RK3588 ({board.get('source', 'board_cost.toml')}, board-sim); transport and the rest "
+    return (f"MODELLED RK3588 ({board.get('source', 'models/board/cost.toml')}, board-sim); transport and the rest "
             "measured on this machine")
 
 
@@ -62,7 +62,7 @@ def provenance(report: dict) -> str:
     board = report.get("board")
     if board:
         return (f"board-sim: executor phases and host ops paced to the MODELLED RK3588 x time_scale "
-                f"{board.get('time_scale', 1.0):g} (board_cost.toml), transport measured here")
+                f"{board.get('time_scale', 1.0):g} (models/board/cost.toml), transport measured here")
     return "measured on this machine"
 
 

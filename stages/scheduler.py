@@ -317,7 +317,7 @@ class SchedulerLogic:
         host time show it in wall time. Other backends: None (host ops at this machine's pace)."""
         if self.config.backend != "board-sim":
             return None
-        from stages.backends.board_pace import HostPacer
+        from models.board.pace import HostPacer
         ex = self.config.stage_settings("executor")
         try:
             pacer = HostPacer.for_pack(pack_dir, ex.get("time_scale", 1.0), ex.get("board_model", "full"))

@@ -1,4 +1,4 @@
-"""The board cost model (stages/backends/board_cost.toml): its calibration against the reference board figures,
+"""The board cost model (models/board/cost.toml): its calibration against the reference board figures,
 its scaling rules, the memory table, the analytic timeline and `auto`'s choice per board RAM. Pure arithmetic."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from stages.backends import board_auto
-from stages.backends.board_model import KINDS, BoardModel, Shape, branch_flops, load_cost, weight_bytes
-from stages.backends.board_timeline import PolicyShape, contexts_in_flight, pinned_branches, simulate_step
+from models.board import auto as board_auto
+from models.board.cost import KINDS, BoardModel, Shape, branch_flops, load_cost, weight_bytes
+from models.board.timeline import PolicyShape, contexts_in_flight, pinned_branches, simulate_step
 
 REF_STEP_S = 120.40            # board-facts.md:26 (20 steps sequential CFG: 2,408.54 s)
 REF_NPU_STEP_S = 76.21         # board-facts.md:23
@@ -172,7 +172,7 @@ def test_auto_more_memory_never_slower(model):
 
 def test_rows_and_projection(model):
     """Paced seconds / time_scale + what was measured here, unscaled; the 20-step Spectrum job from the rows."""
-    from stages.backends.board_account import format_policy_line, format_rows, job_figures, project, rows_from_steps
+    from models.board.account import format_policy_line, format_rows, job_figures, project, rows_from_steps
     steps = [{"step": 1, "computed": True, "wall_s": 61.0, "infer_s": 42.0, "lifecycle_s": 16.0, "host_s": 2.3,
               "transport_s": 0.5, "calls": 84},
              {"step": 2, "computed": True, "wall_s": 60.0, "infer_s": 42.0, "lifecycle_s": 15.0, "host_s": 2.3,
@@ -199,7 +199,7 @@ def test_board_bench_prints_the_overhead_rows(model):
     labelled measured, and ends with the same interface line; it imports on a machine without RKNNLite."""
     import importlib.util
     from pathlib import Path
-    from stages.backends.board_account import (POLICY_HEADER, format_policy_line, format_rows, job_figures, project,
+    from models.board.account import (POLICY_HEADER, format_policy_line, format_rows, job_figures, project,
                                                rows_from_steps)
     path = Path(__file__).resolve().parents[1] / "bench" / "board.py"
     spec = importlib.util.spec_from_file_location("bench_board", path)

@@ -12,8 +12,8 @@ from models.branch_runtime import BackendError, OnnxBackend
 from models.lifecycle import run_branch
 from models.pack import load_pack
 from stages.backends import backend_class
-from stages.backends.board_model import BoardModel, Shape
-from stages.backends.board_pace import Chain, HostPacer, check_time_scale, clock, pace
+from models.board.cost import BoardModel, Shape
+from models.board.pace import Chain, HostPacer, check_time_scale, clock, pace
 from stages.backends.board_sim import Board, BoardSimBackend
 
 SCALE = 0.05                  # phases of the full-size model at 128x128 (64 tokens), shrunk 20x

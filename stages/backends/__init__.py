@@ -50,6 +50,6 @@ def make_branch_backend(name: str, threads: int | None, settings: dict, exclude=
 
 
 # `policy = "auto"` for the board backends: the policy that fits the board's memory, chosen on the modelled board's
-# timeline (stages/backends/board_auto.py); the real board reads its MemAvailable
-register_auto_chooser("board-sim", "stages.backends.board_auto:choose_policy")
-register_auto_chooser("rknn", "stages.backends.board_auto:choose_policy")
+# timeline (models/board/auto.py); the real board reads its MemAvailable
+register_auto_chooser("board-sim", "models.board.auto:choose_policy")
+register_auto_chooser("rknn", "models.board.auto:choose_policy")

@@ -1,7 +1,7 @@
 """`board-sim` executor backend: the rknn backend's lifecycle on a MODELLED RK3588 board.
 
 Outputs are real (ONNX Runtime runs the pack's graph, so jobs and images stay real); every phase is paced to the
-board's time for the FULL-SIZE model at the pack's resolution (board_cost.toml, reference board figures) x
+board's time for the FULL-SIZE model at the pack's resolution (models/board/cost.toml, reference board figures) x
 `time_scale`, so a tiny pack runs at the real model's board pace:
 
     load     CPU slot, read the graph (real), sleep to the modelled load_rknn time
@@ -26,8 +26,8 @@ from typing import Optional
 
 from models.branch_runtime import BackendError, BranchBackend, OnnxBackend
 from models.partition import parse_branch_file
-from stages.backends.board_model import BOARD_RAMS_GB, GIB, LABEL, MODELS, BoardModel, CostModelError, Shape
-from stages.backends.board_pace import Chain, PaceTotals, Paced, check_time_scale, clock, scale_note
+from models.board.cost import BOARD_RAMS_GB, GIB, LABEL, MODELS, BoardModel, CostModelError, Shape
+from models.board.pace import Chain, PaceTotals, Paced, check_time_scale, clock, scale_note
 
 log = logging.getLogger(__name__)
 

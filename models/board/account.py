@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from stages.backends.board_model import LABEL, BoardModel
-from stages.backends.board_pace import scale_note
+from models.board.cost import LABEL, BoardModel
+from models.board.pace import scale_note
 
 SPECTRUM_COMPUTED = 11            # of 20 steps (board-facts.md:28)
 SPECTRUM_STEPS = 20
@@ -155,7 +155,7 @@ def board_section(steps: list, time_scale: float, model: BoardModel, settings: d
     rows = rows_from_steps(steps, time_scale, model)
     comp = [r for r in rows if r.computed]
     tot = lambda k: sum(getattr(r, k) for r in rows)      # noqa: E731
-    out = {"label": LABEL, "source": f"{model.path.name} (reference board figures)", "time_scale": time_scale,
+    out = {"label": LABEL, "source": f"{model.source} (reference board figures)", "time_scale": time_scale,
            "board_ram_gb": settings.get("board_ram_gb", 8), "board_model": settings.get("board_model", "full"),
            "modelled": {"denoise_s": tot("wall_s") - tot("transport_s") - tot("other_s"),
                         "npu_s": tot("npu_s"), "io_s": tot("io_s"), "inference_s": tot("infer_s"),

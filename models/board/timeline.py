@@ -1,6 +1,6 @@
 """Analytic timeline of one computed step on the MODELLED board under a lifecycle policy (the `auto` chooser's
 evaluation; bench/overhead.py prints it beside the paced runs). Same figures as the board-sim backend
-(board_model.BoardModel), same rules as the lifecycle (models/lifecycle.py):
+(cost.BoardModel), same rules as the lifecycle (models/lifecycle.py):
 
 - the scheduler sends one request per branch (both CFG passes), or one per pass with `interleave`; requests are in
   lockstep (one outstanding); before a request it runs that request's host ops (residual of the previous branch and
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stages.backends.board_model import KINDS, BoardModel
+from models.board.cost import KINDS, BoardModel
 
 DUAL_LIFECYCLE_PARALLEL = True      # models/lifecycle.py: a dual_core pair loads/inits/releases at once (_pair)
 

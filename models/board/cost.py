@@ -1,4 +1,4 @@
-"""The RK3588 board cost model (MODELLED from the reference board figures in board_cost.toml): per-branch phase
+"""The RK3588 board cost model (MODELLED from the reference board figures in cost.toml): per-branch phase
 times and per-context memory for a model shape at a resolution, and the calibration split of a step.
 
 Scaling rules (the reference: Anima 2B, 1024 image tokens, 512 text tokens):
@@ -21,7 +21,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-COST_FILE = Path(__file__).with_name("board_cost.toml")
+COST_FILE = Path(__file__).with_name("cost.toml")
 KINDS = ("self", "cross", "ffn")
 BOARD_RAMS_GB = (8, 16, 32)
 LABEL = "modelled"             # every printed board figure carries this word
@@ -131,6 +131,8 @@ class BoardModel:
     def __init__(self, shape: Optional[Shape] = None, cost: Optional[dict] = None, path=COST_FILE):
         self.cost = cost if cost is not None else load_cost(path)
         self.path = Path(path)
+        # what every printed figure names as its source: the project's cost file by its place in the repository
+        self.source = "models/board/cost.toml" if self.path == COST_FILE else str(self.path)
         try:
             self.ref = Shape.reference(self.cost)
             self.shape = shape or self.ref
@@ -235,7 +237,7 @@ class BoardModel:
     def describe(self) -> list:
         """Lines for logs and benches: every one says modelled and where the figures come from."""
         s, p = self.shape, self.step_parts()
-        out = [f"{LABEL} RK3588 board ({self.path.name}, reference board figures): shape D={s.width} F={s.ffn_width} "
+        out = [f"{LABEL} RK3588 board ({self.source}, reference board figures): shape D={s.width} F={s.ffn_width} "
                f"blocks={s.blocks} tokens={s.tokens}"]
         for k, f in self.kinds.items():
             out.append(f"{LABEL} {k:<5} load {f.load_s:.4f} s, init {f.init_s:.4f} s, release {f.release_s:.4f} s, "

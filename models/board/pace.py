@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
-from stages.backends.board_model import LABEL
+from models.board.cost import LABEL
 
 clock = time.perf_counter
 
@@ -132,7 +132,7 @@ class HostPacer:
 
     @classmethod
     def for_pack(cls, pack_dir, time_scale: float, board_model: str = "full") -> "HostPacer":
-        from stages.backends.board_model import BoardModel, Shape
+        from models.board.cost import BoardModel, Shape
         model = BoardModel(Shape.of_pack(pack_dir, board_model))
         return cls(model.host_pass_s, time_scale)
 

@@ -1,5 +1,5 @@
-"""`auto`: the lifecycle policy for a board's memory, chosen by evaluating the MODELLED board (board_cost.toml through
-board_model and board_timeline), analytically, before anything loads.
+"""`auto`: the lifecycle policy for a board's memory, chosen by evaluating the MODELLED board (cost.toml through
+cost.py and timeline.py), analytically, before anything loads.
 
 Memory: contexts may take the board's usable RAM minus the baseline usage minus the 1.5 GiB MemAvailable stop rule
 (reference board figures; 8/16/32 GB boards) or, on a real RK3588 (`rknn` backend), the MemAvailable it has now
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from models import probes
-from stages.backends.board_model import BOARD_RAMS_GB, LABEL, BoardModel, Shape
-from stages.backends.board_timeline import (PolicyShape, StepTimeline, branch_sequence, contexts_in_flight,
+from models.board.cost import BOARD_RAMS_GB, LABEL, BoardModel, Shape
+from models.board.timeline import (PolicyShape, StepTimeline, branch_sequence, contexts_in_flight,
                                             pinned_branches, simulate_step)
 
 log = logging.getLogger(__name__)
