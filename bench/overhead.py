@@ -34,7 +34,7 @@ from models.board.account import (POLICY_HEADER, format_policy_line, format_rows
                                            project, projection_notes, rows_from_steps, summary_line)
 from models.board.cost import BOARD_RAMS_GB, LABEL, BoardModel, Shape  # noqa: E402
 from models.board.pace import check_time_scale, scale_note  # noqa: E402
-from models.board.timeline import PolicyShape  # noqa: E402
+from models.policy import parse_policy  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
 ALL = ("on-demand", "prefetch", "prefetch2", "interleave", "prefetch2+interleave", "dual_core", "resident",
@@ -43,19 +43,12 @@ PROMPT = json.loads((ROOT / "examples" / "prompt.json").read_text())
 
 
 def policy_shape(name: str, model: BoardModel, budget_mib: float):
-    """A policy string -> (PolicyShape, [stage.executor] settings); `resident` gets the budget the board leaves
-    after the policy's contexts in flight; `auto` is resolved by the executor (and here, the same way)."""
+    """A policy string -> (models.policy.Policy, [stage.executor] settings); `resident` gets the budget the board
+    leaves after the policy's contexts in flight; `auto` is resolved by the executor (and here, the same way)."""
     if name == "auto":
         best, _ = board_auto.choose(model, budget_mib)
         return best.policy, {"policy": "auto"}
-    terms = name.split("+")
-    pre = 0
-    for t in terms:
-        m = re.fullmatch(r"prefetch(\d*)", t)
-        if m:
-            pre = int(m.group(1) or 1)
-    shape = PolicyShape(prefetch=pre, dual_core="dual_core" in terms, interleave="interleave" in terms,
-                        resident_mb=1.0 if "resident" in terms else 0.0)
+    shape = parse_policy(name, {"resident_mb": 1.0})           # the budget of `resident` is set below
     settings = {"policy": name}
     if shape.resident_mb:
         e = board_auto.evaluate(model, shape, budget_mib)

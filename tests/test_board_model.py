@@ -9,7 +9,8 @@ import pytest
 
 from models.board import auto as board_auto
 from models.board.cost import KINDS, BoardModel, Shape, branch_flops, load_cost, weight_bytes
-from models.board.timeline import PolicyShape, contexts_in_flight, pinned_branches, simulate_step
+from models.board.timeline import pinned_branches, simulate_step
+from models.policy import Policy
 
 REF_STEP_S = 120.40            # board-facts.md:26 (20 steps sequential CFG: 2,408.54 s)
 REF_NPU_STEP_S = 76.21         # board-facts.md:23
@@ -56,7 +57,7 @@ def test_model_reproduces_the_reference_split(model):
 
 
 def test_on_demand_timeline_is_the_calibrated_step(model):
-    s = simulate_step(model, PolicyShape())
+    s = simulate_step(model, Policy())
     assert s.wall_s == pytest.approx(model.on_demand_step_s(), rel=1e-9)
     assert s.overhead_ratio == pytest.approx(1.58, rel=0.05)
     assert s.lifecycle_s == pytest.approx(model.step_parts()["lifecycle_s"]) and s.lifecycle_hidden_s == 0
@@ -123,10 +124,10 @@ def test_pack_shape_full_keeps_the_pack_geometry(tmp_path):
 
 
 def test_policies_hide_what_they_should(model):
-    od = simulate_step(model, PolicyShape())
-    pre = simulate_step(model, PolicyShape(prefetch=1))
-    inter = simulate_step(model, PolicyShape(interleave=True))
-    dual = simulate_step(model, PolicyShape(dual_core=True, prefetch=2))
+    od = simulate_step(model, Policy())
+    pre = simulate_step(model, Policy(prefetch=1))
+    inter = simulate_step(model, Policy(interleave=True))
+    dual = simulate_step(model, Policy(dual_core=True, prefetch=2))
     assert pre.overhead_ratio <= 1.20                              # issue 9: prefetch hides the lifecycle
     assert pre.lifecycle_s < 0.05 * od.lifecycle_s and pre.lifecycle_hidden_s > 0.95 * od.lifecycle_s
     assert inter.host_s < 0.05 * od.host_s and inter.wall_s == pytest.approx(od.wall_s - od.host_s, abs=0.2)
@@ -136,9 +137,9 @@ def test_policies_hide_what_they_should(model):
 
 
 def test_resident_pins_the_first_branches(model):
-    pol = PolicyShape(resident_mb=1.0)
+    pol = Policy(resident_mb=1.0)
     assert pinned_branches(model, pol, 5) == frozenset(range(5))
-    assert pinned_branches(model, PolicyShape(resident_mb=1.0, dual_core=True), 5) == frozenset(range(2))
+    assert pinned_branches(model, Policy(resident_mb=1.0, dual_core=True), 5) == frozenset(range(2))
     warm = simulate_step(model, pol, pinned_branches(model, pol, 84))
     cold = simulate_step(model, pol, pinned_branches(model, pol, 84), warm=False)
     assert warm.lifecycle_s == 0 and warm.wall_s == pytest.approx(model.on_demand_step_s() - 31.72, abs=0.05)
@@ -158,7 +159,7 @@ def test_auto_choice_per_board(model, ram):
         assert best.denoise_s <= e.denoise_s * (1 + board_auto.TIE)
     job = 39.0 + best.denoise_s + 155.04
     assert job <= 900.0                                              # issue 9: <= 900 s (reference 1,512 s)
-    on_demand = board_auto.evaluate(model, PolicyShape(), model.context_budget_mib(ram))
+    on_demand = board_auto.evaluate(model, Policy(), model.context_budget_mib(ram))
     assert best.denoise_s < 0.6 * on_demand.denoise_s
 
 
@@ -167,7 +168,7 @@ def test_auto_more_memory_never_slower(model):
     assert d[0] >= d[1] >= d[2]
     tiny = board_auto.choose(model, model.mem_drop_mib(1))[0]        # room for one context: on-demand or interleave
     assert tiny.contexts == 1 and not tiny.policy.prefetch and not tiny.policy.dual_core
-    assert math.isclose(contexts_in_flight(PolicyShape(prefetch=2, dual_core=True)), 8)
+    assert math.isclose(Policy(prefetch=2, dual_core=True).contexts_in_flight(), 8)
 
 
 def test_rows_and_projection(model):

@@ -10,26 +10,26 @@ contexts, then fewer terms (a simpler policy).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Optional
 
 from models import probes
 from models.board.cost import BOARD_RAMS_GB, LABEL, BoardModel, Shape
-from models.board.timeline import (PolicyShape, StepTimeline, branch_sequence, contexts_in_flight,
-                                            pinned_branches, simulate_step)
+from models.board.timeline import StepTimeline, branch_sequence, pinned_branches, simulate_step
+from models.policy import MAX_PREFETCH, Policy
 
 log = logging.getLogger(__name__)
 
 COMPUTED_STEPS = 11          # a 20-step Spectrum job computes 11 steps (board-facts.md:28)
 TIE = 0.005                  # within 0.5 % of the fastest: prefer less memory, then a simpler policy
-MAX_PREFETCH = 4
 
 
 @dataclass
 class Evaluation:
     """One policy on one board (modelled)."""
-    policy: PolicyShape
+    policy: Policy               # resident_mb: what the pinned contexts take (modelled)
     contexts_in_flight: int
     resident_contexts: int
     memory_mib: float            # MemAvailable the policy's contexts take at most (modelled)
@@ -60,16 +60,16 @@ def candidates() -> list:
                 if dual and inter:
                     continue
                 for pre in range(MAX_PREFETCH + 1):
-                    out.append(PolicyShape(prefetch=pre, dual_core=dual, interleave=inter,
-                                           resident_mb=1.0 if resident else 0.0))
+                    out.append(Policy(prefetch=pre, dual_core=dual, interleave=inter,
+                                      resident_mb=1.0 if resident else 0.0))
     return out
 
 
-def evaluate(model: BoardModel, policy, budget_mib: float, computed_steps: int = COMPUTED_STEPS,
+def evaluate(model: BoardModel, policy: Policy, budget_mib: float, computed_steps: int = COMPUTED_STEPS,
              transport_s: float = 0.0, resident_contexts: Optional[int] = None) -> Optional[Evaluation]:
     """The policy's projected steps on a board with `budget_mib` for contexts; None when it does not fit.
     A resident policy pins as many contexts as fit (one of slack) unless `resident_contexts` says how many."""
-    fly = contexts_in_flight(policy)
+    fly = policy.contexts_in_flight()
     fit = model.contexts_fit(budget_mib)
     if fly > fit:
         return None
@@ -85,7 +85,7 @@ def evaluate(model: BoardModel, policy, budget_mib: float, computed_steps: int =
     cold = simulate_step(model, policy, pinned, warm=False, transport_s=transport_s)
     warm = simulate_step(model, policy, pinned, warm=True, transport_s=transport_s)
     resident_mb = model.mem_drop_mib(fly + k) - model.mem_drop_mib(fly) if k else 0.0
-    pol = PolicyShape(policy.prefetch, policy.dual_core, round(resident_mb, 1), policy.interleave)
+    pol = dataclasses.replace(policy, resident_mb=round(resident_mb, 1))
     return Evaluation(pol, fly, k, model.mem_drop_mib(fly + k), cold, warm, computed_steps)
 
 
@@ -143,7 +143,6 @@ def budget(model: BoardModel, backend: str, settings: dict) -> tuple:
 
 def choose_policy(ctx):
     """The lifecycle's `auto` hook (models.policy.AutoContext -> Policy) for board-sim and rknn."""
-    from models.policy import Policy
     settings = dict(ctx.settings or {})
     packs = tuple(getattr(ctx, "packs", ()) or ())
     # the default pack (the first) sizes the model; without one, the reference configuration (512x512)
@@ -156,8 +155,5 @@ def choose_policy(ctx):
              "contexts", best.policy.name, LABEL, fits)
     for e in evals[:6]:
         log.info("auto: %s", e.line())
-    p = best.policy
     masks = settings.get("dual_masks")
-    kw = {"dual_masks": tuple(masks)} if masks else {}
-    return Policy(prefetch=p.prefetch, dual_core=p.dual_core, resident_mb=p.resident_mb, interleave=p.interleave,
-                  **kw)
+    return dataclasses.replace(best.policy, dual_masks=tuple(masks)) if masks else best.policy

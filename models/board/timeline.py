@@ -22,31 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from models.board.cost import KINDS, BoardModel
+from models.policy import Policy
 
 DUAL_LIFECYCLE_PARALLEL = True      # models/lifecycle.py: a dual_core pair loads/inits/releases at once (_pair)
-
-
-@dataclass(frozen=True)
-class PolicyShape:
-    """What the timeline needs of a policy (models.policy.Policy has these attributes)."""
-    prefetch: int = 0
-    dual_core: bool = False
-    resident_mb: float = 0.0
-    interleave: bool = False
-
-    @property
-    def name(self) -> str:
-        terms = (["resident"] if self.resident_mb > 0 else []) + \
-            ([("prefetch" if self.prefetch == 1 else f"prefetch{self.prefetch}")] if self.prefetch else []) + \
-            (["dual_core"] if self.dual_core else []) + (["interleave"] if self.interleave else [])
-        return "+".join(terms) or "on-demand"
-
-
-def contexts_in_flight(policy) -> int:
-    """Contexts loaded at once besides pinned ones: the current branch, the prefetched ones and one being released
-    in the background; doubled by dual_core (as models.policy.Policy.contexts_in_flight)."""
-    per = 2 if policy.dual_core else 1
-    return per * (1 + policy.prefetch + (1 if policy.prefetch else 0))
 
 
 @dataclass
@@ -72,7 +50,7 @@ def branch_sequence(model: BoardModel) -> list:
     return [(b, k) for b in range(model.shape.blocks) for k in KINDS]
 
 
-def simulate_step(model: BoardModel, policy, pinned: frozenset = frozenset(), warm: bool = True,
+def simulate_step(model: BoardModel, policy: Policy, pinned: frozenset = frozenset(), warm: bool = True,
                   transport_s: float = 0.0, dual_parallel: bool = DUAL_LIFECYCLE_PARALLEL) -> StepTimeline:
     """The critical path of one computed step. `pinned`: indices (into branch_sequence) of branches whose contexts
     stay loaded; `warm`: they are already loaded (False: this step loads them, and keeps them)."""
@@ -158,7 +136,7 @@ def simulate_step(model: BoardModel, policy, pinned: frozenset = frozenset(), wa
                         requests=requests)
 
 
-def pinned_branches(model: BoardModel, policy, contexts: int) -> frozenset:
+def pinned_branches(model: BoardModel, policy: Policy, contexts: int) -> frozenset:
     """The branches a resident budget of `contexts` contexts pins: the first ones of the fixed cycle (two contexts
     each with dual_core)."""
     per = 2 if policy.dual_core else 1
