@@ -40,6 +40,12 @@ class BranchBackend:
     parallel_contexts = 1                # contexts that can infer at the same time (dual_core needs 2)
     takes_core_mask = False              # the constructor takes core_mask= (NPU backends: a context keeps its mask)
 
+    @classmethod
+    def auto_policy(cls, ctx):
+        """What `policy = "auto"` means on this backend (ctx: models.policy.AutoContext) -> a Policy, a policy
+        string, or None: the documented safe choice (models.policy.safe_auto)."""
+        return None
+
     def context_mb(self) -> Optional[float]:
         return None
 

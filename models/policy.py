@@ -15,13 +15,13 @@ Combinations: any of them with each other except `interleave+dual_core` (interle
 the host works on the other; dual_core wants both passes on the NPU at once). Every policy gives results bitwise equal
 to on-demand: the same graphs run on the same inputs, only when models load changes.
 
-`auto` is resolved by the chooser registered for the backend (`register_auto_chooser`, `AUTO_CHOOSERS`), which may
-weigh the board's memory and a cost model; without one it is the documented safe choice `SAFE_AUTO` below.
+`auto` is resolved by a chooser: the one the caller building the lifecycle passes to resolve_policy, else the
+backend class's own (`auto_policy`, e.g. the board backends weigh the board's memory on the modelled board's
+timeline), else the documented safe choice `SAFE_AUTO` below.
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import re
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
@@ -183,23 +183,9 @@ class AutoContext:
     packs: tuple = ()                # the configured packs (model sizes, resolutions), the default first
 
 
-# backend name -> "module:function" (imported when `auto` is resolved for that backend) or a callable.
-# A chooser takes an AutoContext and returns a Policy or a policy string.
-AUTO_CHOOSERS: dict = {}
+# A chooser takes an AutoContext and returns a Policy, a policy string, or None (no opinion: safe_auto).
+Chooser = Callable[[AutoContext], Any]
 SAFE_AUTO = "prefetch"          # without a chooser: prefetch when the backend can hold its contexts, else on-demand
-
-
-def register_auto_chooser(backend: str, chooser: Union[str, Callable[[AutoContext], Any]]) -> None:
-    """Make `chooser` resolve `policy = "auto"` for `backend` (a callable or a "module:function" string)."""
-    AUTO_CHOOSERS[backend] = chooser
-
-
-def _chooser(backend: str) -> Optional[Callable]:
-    c = AUTO_CHOOSERS.get(backend)
-    if isinstance(c, str):
-        module, fn = c.split(":")
-        c = getattr(importlib.import_module(module), fn)
-    return c
 
 
 def safe_auto(ctx: AutoContext) -> Policy:
@@ -212,15 +198,16 @@ def safe_auto(ctx: AutoContext) -> Policy:
 
 
 def resolve_policy(value: Union[str, dict, Policy, None], backend: str, backend_class, settings: Optional[dict] = None,
-                   packs=()) -> Policy:
-    """The configured policy (default "auto") -> a checked Policy for this backend."""
+                   packs=(), chooser: Optional[Chooser] = None) -> Policy:
+    """The configured policy (default "auto") -> a checked Policy for this backend. `auto` asks `chooser`, else the
+    backend class's own (`BranchBackend.auto_policy`), else safe_auto."""
     settings = dict(settings or {})
     value = "auto" if value is None else value
     if isinstance(value, str) and value.strip().lower() == "auto":
         ctx = AutoContext(backend, backend_class, settings, tuple(Path(p) for p in packs))
-        chooser = _chooser(backend)
-        chosen = chooser(ctx) if chooser is not None else safe_auto(ctx)
-        policy = parse_policy(chosen, settings)
+        chooser = chooser or getattr(backend_class, "auto_policy", None)
+        chosen = chooser(ctx) if chooser is not None else None
+        policy = parse_policy(safe_auto(ctx) if chosen is None else chosen, settings)
     else:
         policy = parse_policy(value, settings)
     return check_policy(policy, backend_class)

@@ -41,6 +41,31 @@ def test_registered_beside_the_others():
     assert BoardSimBackend.takes_core_mask and BoardSimBackend.parallel_contexts == 3
 
 
+def test_the_board_backends_answer_auto_themselves(pack, monkeypatch, tmp_path):
+    """`auto` on board-sim is the modelled board_ram_gb board's choice, on rknn the choice for the MemAvailable it
+    reads: asked of the backend class, so it needs no other import (a fresh interpreter shows it)."""
+    import subprocess
+    import sys
+    from models import probes
+    from models.board import auto as board_auto
+    from models.policy import resolve_policy
+    from stages.backends.rknn import RknnLiteBackend
+    model = BoardModel(Shape.of_pack(pack.dir))
+    for ram in (8, 32):
+        want = board_auto.choose(model, model.context_budget_mib(ram))[0].policy
+        got = resolve_policy("auto", "board-sim", BoardSimBackend, {"board_ram_gb": ram}, (pack.dir,))
+        assert got == want and got.name != "prefetch"                       # not the safe default
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemTotal: 8000000 kB\nMemAvailable: {3000 * 1024} kB\n")
+    monkeypatch.setattr(probes, "MEMINFO", str(meminfo))
+    want = board_auto.choose(model, model.context_budget_mib(mem_available_mib=3000.0))[0].policy
+    assert resolve_policy("auto", "rknn", RknnLiteBackend, {"board_ram_gb": 32}, (pack.dir,)) == want
+    code = ("import sys; from models.policy import resolve_policy; from stages.backends.board_sim import BoardSimBackend;"
+            "print(resolve_policy('auto', 'board-sim', BoardSimBackend, {'board_ram_gb': 8}).name)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[-1] == board_auto.choose(BoardModel(), BoardModel().context_budget_mib(8))[0].policy.name
+
+
 def test_outputs_are_onnx_runtime_bitwise(pack):
     be = BoardSimBackend(threads=1, board=Board(8, 0.01))
     for kind in ("self", "cross", "ffn"):

@@ -18,7 +18,7 @@ from models.dit_runner import DiTRunner
 from models.lifecycle import Lifecycle, LifecycleError, context_factory, run_branch, single_context
 from models.phase_times import PhaseSums, PhaseTimes, add_call
 from models.pack import build_pack, load_pack
-from models.policy import (AUTO_CHOOSERS, Policy, PolicyError, check_policy, parse_policy, register_auto_chooser,
+from models.policy import (Policy, PolicyError, check_policy, parse_policy,
                            resolve_policy)
 
 WAIT_S = 30.0          # how long a fake inference waits for the structure it checks (a condition, not a timing)
@@ -162,9 +162,8 @@ def test_policies_are_checked_against_the_backend():
         check_policy(parse_policy("dual_core"), RknnSimBackend)
 
 
-def test_auto_uses_the_registered_chooser_or_the_safe_default(monkeypatch):
+def test_auto_uses_the_given_chooser_the_backends_own_or_the_safe_default():
     from models.rknn.sim import RknnSimBackend
-    monkeypatch.setattr("models.policy.AUTO_CHOOSERS", dict(AUTO_CHOOSERS))
     assert resolve_policy("auto", "onnx", OnnxBackend).name == "prefetch"      # documented safe default
     assert resolve_policy(None, "rknn-sim", RknnSimBackend).name == "on-demand"
     seen = []
@@ -172,20 +171,22 @@ def test_auto_uses_the_registered_chooser_or_the_safe_default(monkeypatch):
     def chooser(ctx):
         seen.append(ctx)
         return "resident+prefetch2" if ctx.settings.get("board_ram") == 16 else Policy(dual_core=True)
-    register_auto_chooser("onnx", chooser)
-    p = resolve_policy("auto", "onnx", OnnxBackend, {"board_ram": 16, "resident_mb": 900}, packs=["/p", "/q"])
+    p = resolve_policy("auto", "onnx", OnnxBackend, {"board_ram": 16, "resident_mb": 900}, packs=["/p", "/q"],
+                       chooser=chooser)
     assert p.name == "resident+prefetch2" and p.resident_mb == 900
     assert seen[0].backend == "onnx" and seen[0].backend_class is OnnxBackend
     assert [str(x) for x in seen[0].packs] == ["/p", "/q"]
-    assert resolve_policy("auto", "onnx", OnnxBackend).name == "dual_core"
-    assert resolve_policy("on-demand", "onnx", OnnxBackend).name == "on-demand"    # only auto asks the chooser
-    register_auto_chooser("rknn-sim", "tests.test_lifecycle:_chooser_for_sim")    # "module:function", checked too
+    assert resolve_policy("auto", "onnx", OnnxBackend, chooser=chooser).name == "dual_core"
+    assert resolve_policy("on-demand", "onnx", OnnxBackend, chooser=chooser).name == "on-demand"   # only auto asks
+    assert len(seen) == 2
+
+    class ChoosySim(RknnSimBackend):                    # a backend's own chooser: checked against it too
+        @classmethod
+        def auto_policy(cls, ctx):
+            return "dual_core"
     with pytest.raises(PolicyError, match="two contexts at the same time"):
-        resolve_policy("auto", "rknn-sim", RknnSimBackend)
-
-
-def _chooser_for_sim(ctx):
-    return "dual_core"
+        resolve_policy("auto", "rknn-sim", ChoosySim)
+    assert resolve_policy("auto", "rknn-sim", ChoosySim, chooser=lambda ctx: None).name == "on-demand"  # no opinion
 
 
 # ---- the lifecycle's structure (fake backend) -------------------------------------------------------------------

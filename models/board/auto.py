@@ -2,8 +2,8 @@
 cost.py and timeline.py), analytically, before anything loads.
 
 Memory: contexts may take the board's usable RAM minus the baseline usage minus the 1.5 GiB MemAvailable stop rule
-(reference board figures; 8/16/32 GB boards) or, on a real RK3588 (`rknn` backend), the MemAvailable it has now
-minus the stop rule. A policy fits when its contexts in flight (current, prefetched, one being released; x2 with
+(reference board figures; 8/16/32 GB boards) or, on a real RK3588 (the `rknn` backend passes it), the MemAvailable
+it has now minus the stop rule. A policy fits when its contexts in flight (current, prefetched, one being released; x2 with
 dual_core) fit; `resident` then pins the first branches of the fixed cycle in what is left, keeping one context of
 slack. Among the policies that fit, the fastest projected denoise wins; within 0.5 % of it, the one with fewer
 contexts, then fewer terms (a simpler policy).
@@ -15,7 +15,6 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
-from models import probes
 from models.board.cost import BOARD_RAMS_GB, LABEL, BoardModel, Shape
 from models.board.timeline import StepTimeline, branch_sequence, pinned_branches, simulate_step
 from models.policy import MAX_PREFETCH, Policy
@@ -130,25 +129,26 @@ def fit_table(model: BoardModel) -> dict:
     return {ram: model.contexts_fit(model.context_budget_mib(ram)) for ram in BOARD_RAMS_GB}
 
 
-def budget(model: BoardModel, backend: str, settings: dict) -> tuple:
-    """-> (MiB for contexts, what it is based on). A real board (`rknn`) reads its MemAvailable; board-sim models the
-    `board_ram_gb` board."""
-    if backend == "rknn":
-        avail = probes.mem_available_mib()
-        if avail is not None:
-            return model.context_budget_mib(mem_available_mib=avail), f"MemAvailable {avail:.0f} MiB (measured)"
+def budget(model: BoardModel, settings: dict, mem_available_mib: Optional[float] = None) -> tuple:
+    """-> (MiB for contexts, what it is based on): a real board's MemAvailable (measured, given by its backend), else
+    the modelled `board_ram_gb` board."""
+    if mem_available_mib is not None:
+        avail = mem_available_mib
+        return model.context_budget_mib(mem_available_mib=avail), f"MemAvailable {avail:.0f} MiB (measured)"
     ram = settings.get("board_ram_gb", 8)
     return model.context_budget_mib(ram), f"{ram} GB board ({LABEL})"
 
 
-def choose_policy(ctx):
-    """The lifecycle's `auto` hook (models.policy.AutoContext -> Policy) for board-sim and rknn."""
+def choose_policy(ctx, mem_available_mib: Optional[float] = None) -> Policy:
+    """`auto` for the board backends (their auto_policy): models.policy.AutoContext -> Policy. The real board passes
+    its MemAvailable now; without it (board-sim, or a board where it is unreadable) the modelled `board_ram_gb`
+    board's memory is the budget."""
     settings = dict(ctx.settings or {})
     packs = tuple(getattr(ctx, "packs", ()) or ())
     # the default pack (the first) sizes the model; without one, the reference configuration (512x512)
     shape = Shape.of_pack(packs[0], settings.get("board_model", "full")) if packs else None
     model = BoardModel(shape)
-    mib, basis = budget(model, ctx.backend, settings)
+    mib, basis = budget(model, settings, mem_available_mib)
     best, evals = choose(model, mib)
     fits = ", ".join(f"{r} GB: {n}" for r, n in fit_table(model).items())
     log.info("auto (%s, %s): %s -> %s; contexts that fit resident (%s): %s", LABEL, basis, f"{mib:.0f} MiB for "

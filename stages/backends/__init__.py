@@ -7,7 +7,6 @@ import inspect
 
 from models.branch_runtime import BACKENDS as MODEL_BACKENDS
 from models.branch_runtime import backend_class as model_backend_class
-from models.policy import register_auto_chooser
 
 # the board backend, imported only when asked for (models/ must not import stages/)
 STAGE_BACKENDS = {"rknn": "stages.backends.rknn:RknnLiteBackend",
@@ -48,8 +47,3 @@ def make_branch_backend(name: str, threads: int | None, settings: dict, exclude=
     cls = backend_class(name)
     return cls(**backend_kwargs(cls, threads, settings, exclude))
 
-
-# `policy = "auto"` for the board backends: the policy that fits the board's memory, chosen on the modelled board's
-# timeline (models/board/auto.py); the real board reads its MemAvailable
-register_auto_chooser("board-sim", "models.board.auto:choose_policy")
-register_auto_chooser("rknn", "models.board.auto:choose_policy")

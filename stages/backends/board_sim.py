@@ -196,6 +196,12 @@ class BoardSimBackend(BranchBackend):
     takes_core_mask = True
     SETTINGS = ("time_scale", "board_ram_gb", "board_model")    # [stage.executor] keys besides threads, core_mask
 
+    @classmethod
+    def auto_policy(cls, ctx):
+        """The policy that fits the modelled `board_ram_gb` board, chosen on its timeline (models/board/auto.py)."""
+        from models.board.auto import choose_policy
+        return choose_policy(ctx)
+
     def __init__(self, threads: Optional[int] = None, core_mask="auto", time_scale: float = 1.0,
                  board_ram_gb: int = 8, board_model: str = "full", board: Optional[Board] = None):
         self.board = board or Board.shared(board_ram_gb, time_scale, board_model)

@@ -156,6 +156,13 @@ class RknnLiteBackend(BranchBackend):
     parallel_contexts = 3           # the RK3588 NPU's cores; a context keeps the core mask it was initialised with
     takes_core_mask = True
 
+    @classmethod
+    def auto_policy(cls, ctx):
+        """The policy that fits this board's memory now (its MemAvailable, measured), chosen on the modelled board's
+        timeline (models/board/auto.py)."""
+        from models.board.auto import choose_policy
+        return choose_policy(ctx, mem_available_mib=probes.mem_available_mib())
+
     def __init__(self, threads: Optional[int] = None, core_mask="auto", lite: Optional[str] = None):
         self.api = lite_module(lite)
         self.cls = self.api.RKNNLite
