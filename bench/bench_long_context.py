@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     resolution = parse_resolution(a.resolution)
     contexts = [int(c) for c in a.contexts.split(",")]
     w, cfg = cross_weights()
-    from models.branch_runtime import make_backend
+    from models.backends import make_backend
     backend = make_backend("onnx", threads=a.threads)
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="anima-longctx-") as d:

@@ -56,7 +56,7 @@ class BoardBranches:
         from models.dit_runner import LocalBranches
         from models.lifecycle import Lifecycle, context_factory
         from models.policy import resolve_policy
-        from stages.backends.rknn import RknnLiteBackend
+        from models.backends.rknn import RknnLiteBackend
         self.pack = pack
         pol = resolve_policy(policy, "rknn", RknnLiteBackend, settings, (pack.dir,))
         self.local = LocalBranches(Lifecycle(context_factory(RknnLiteBackend, core_mask=core_mask, lite="real"), pol))

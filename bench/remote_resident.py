@@ -82,7 +82,7 @@ def forward_row(runner: DiTRunner, inputs, label: str) -> tuple:
 
 def context_memory(pack, threads: int) -> dict:
     """RSS growth per kind over load+init and over the first inference (MiB), block 0's three branches."""
-    from models.branch_runtime import OnnxBackend
+    from models.backends.onnx import OnnxBackend
     p, rng, out, held = psutil.Process(), np.random.default_rng(1), {}, []
     for kind in ("self", "cross", "ffn"):
         e = pack.branch(0, kind)

@@ -51,7 +51,7 @@ def ensure_pack(out: Path) -> Path:
 
 def per_branch_sim(pack_dir: Path, blocks: list, seed: int = 0) -> list:
     """Each selected branch: simulator vs ONNX Runtime vs the FP32 torch branch, on LayerNorm-like inputs."""
-    from models.branch_runtime import make_backend
+    from models.backends import make_backend
     from models.lifecycle import run_branch
     from models.dit_checkpoint import DiTCheckpoint
     from models.pack import load_pack

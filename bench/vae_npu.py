@@ -37,7 +37,7 @@ def psnr(a, b) -> float:
 
 
 def one(vae: Path, out: Path, res: tuple, tile: int, overlap: float, threads: int, seed: int) -> dict:
-    from models.branch_runtime import make_backend
+    from models.backends import make_backend
     from models.rknn.compile import compile_pack
     from models.vae import VAE
     from models.vae.api import to_uint8

@@ -10,7 +10,7 @@ from typing import Optional, Union
 import numpy as np
 
 from models import host_ops
-from models.branch_runtime import BranchBackend
+from models.backends.base import BranchBackend
 from models.lifecycle import Lifecycle, context_factory, single_context
 from models.phase_times import PhaseSums, PhaseTimes, add_call
 from models.pack import Pack, load_pack

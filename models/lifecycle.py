@@ -27,7 +27,8 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Optional
 
-from models.branch_runtime import BackendError, BranchBackend, backend_class
+from models.backends import backend_class
+from models.backends.base import BackendError, BranchBackend
 from models.phase_times import PhaseTimes
 from models.policy import Policy
 

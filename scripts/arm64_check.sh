@@ -77,7 +77,7 @@ for m in ("torch", "transformers", "onnx"):
 from rknnlite.api import RKNNLite
 from importlib.metadata import version
 print(f"arm64-check: from rknnlite.api import RKNNLite: ok (rknn-toolkit-lite2 {version('rknn-toolkit-lite2')})")
-import stages.backends.rknn as be
+import models.backends.rknn as be
 pack = "/anima/pack"
 m = json.load(open(f"{pack}/manifest.json"))
 print(f"arm64-check: toolkit check against the pack: {be.check_toolkit_version(pack, __import__('rknnlite.api'))}"

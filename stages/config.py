@@ -186,7 +186,7 @@ def parse_config(data: dict[str, Any], path: Path) -> PipelineConfig:
         raise ConfigError(f"{w}unknown key(s) {sorted(unknown)}; known: {sorted(_TOP_KEYS)}")
     run_dir = _path(base, _get(data, "run_dir", str, w, str(base)))
     backend = _get(data, "backend", str, w, "onnx")
-    from stages.backends import backend_names       # the executor's backends live there ("rknn-sim" is one)
+    from models.backends import backend_names       # the executor's backends live there ("rknn-sim" is one)
     if backend not in backend_names():
         raise ConfigError(f"{w}backend: {backend!r:.80} is not one of {', '.join(backend_names())}")
     threads = _get(data, "threads", int, w, os.cpu_count() or 1)

@@ -2,8 +2,8 @@
 
     python -m stages.executor --config run/pipeline.toml
 
-Backends: `onnx` (ONNX Runtime, any machine; the default here), `rknn` (rknn-toolkit-lite2 on the RK3588 board,
-stages/backends/rknn.py), `rknn-sim`. Lifecycle policy (`[stage.executor] policy`, default "auto"; models/policy.py):
+Backends (models/backends/): `onnx` (ONNX Runtime, any machine; the default here), `rknn` (rknn-toolkit-lite2 on the
+RK3588 board), `rknn-sim`, `board-sim`. Lifecycle policy (`[stage.executor] policy`, default "auto"; models/policy.py):
 `on-demand`, `prefetch[N]`, `dual_core`, `resident` (with `resident_mb`), `interleave`, joined by `+`; the resolved
 policy is in READY.info["policy"] (the scheduler reads it to decide whether to interleave the CFG passes).
 Backend settings in the same table go to the backend's constructor when it takes them (`core_mask`, `lite` for
@@ -23,13 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
+from models.backends import backend_class, backend_kwargs
 from models.lifecycle import Lifecycle, LifecycleError, context_factory
 from models.pack import load_pack
 from models.partition import branch_file
 from models.policy import PolicyError, resolve_policy
 from models.probes import process_memory_mb
 from protocol import messages as m
-from stages.backends import backend_class, backend_kwargs
 from stages.base import RequestFailed, stage_main
 from stages.config import ConfigError, PipelineConfig
 from stages.memory import return_freed_memory
@@ -172,7 +172,7 @@ class ExecutorLogic:
                "source": times.source, "context_mb": times.context_mb, "infer_at": list(times.infer_at),
                "infer_s": list(times.infer_s)}
         if self.backend_name == "board-sim":       # the modelled board's running totals (modelled, paced, overruns)
-            from stages.backends.board_sim import shared_ledgers
+            from models.backends.board_sim import shared_ledgers
             rec["board"] = shared_ledgers()
         line = json.dumps(rec) + "\n"
         fd = os.open(self.trace, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)

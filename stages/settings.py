@@ -29,7 +29,7 @@ class Setting:
 
 
 def _core_mask(value) -> str:
-    from stages.backends.rknn import CORE_MASKS             # the RKNNLite constant names live with the backend
+    from models.backends.rknn import CORE_MASKS             # the RKNNLite constant names live with the backend
     if isinstance(value, int):
         return "" if value >= 0 else "a core mask integer must be >= 0"
     key = value.strip().lower().removeprefix("npu_core_")
@@ -42,8 +42,9 @@ def _encoder_backend(value) -> str:
 
 
 def _vae_backend(value) -> str:
-    from stages.vae import VAE_BACKENDS                      # the VAE stage's decoders live there
-    return "" if value in VAE_BACKENDS else f"{value!r:.80} is not one of {', '.join(VAE_BACKENDS)}"
+    from models.backends import vae_pack_backends            # torch (the VAE file) or a backend running VAE packs
+    names = ("torch", *vae_pack_backends())
+    return "" if value in names else f"{value!r:.80} is not one of {', '.join(names)}"
 
 
 def _vae_packs(value) -> str:
@@ -64,7 +65,7 @@ def _path_setting(help_: str) -> Setting:
 
 
 _THREADS = Setting(int, None, 1, 256, help="threads of this stage (default: the top-level threads)")
-# the model backends' constructor arguments (stages.backends.backend_kwargs passes those a backend names); a backend
+# the model backends' constructor arguments (models.backends.backend_kwargs passes those a backend names); a backend
 # may declare more in its SETTINGS class attribute (see check_stage_table)
 _BACKEND_SETTINGS = {
     "core_mask": Setting((str, int), check=_core_mask, help="rknn: NPU core(s)"),
@@ -195,7 +196,7 @@ def backend_settings(stage: str, table: dict, backend: str) -> dict[str, Setting
     name = table.get("backend", "torch") if stage == "vae" else backend if stage == "executor" else None
     if not isinstance(name, str):
         return {}
-    from stages.backends import backend_class, backend_names
+    from models.backends import backend_class, backend_names
     if name not in backend_names():
         return {}
     cls = backend_class(name)

@@ -23,21 +23,19 @@ from pathlib import Path
 
 import numpy as np
 
-from models.branch_runtime import BackendError
+from models.backends import make_branch_backend
+from models.backends.base import BackendError
 from models.models_dir import ModelsDirError, resolve_models
 from models.vae.pack_decoder import DecodeError
 from models.vae.png import write_png
 from protocol import messages as m
 from protocol.fields import ProtocolError
-from stages.backends import make_branch_backend
 from stages.base import RequestFailed, exit_process, stage_main
 from stages.config import PipelineConfig
 from stages.tensor_io import ReplyTensors, read_tensor
 from stages.vae_limits import DecodeLimits, DecodePlan, check_decode
 
 log = logging.getLogger(__name__)
-
-VAE_BACKENDS = ("torch", "onnx", "rknn-sim", "rknn")
 
 
 class VaeLogic:

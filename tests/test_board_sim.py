@@ -8,13 +8,14 @@ import time
 import numpy as np
 import pytest
 
-from models.branch_runtime import BackendError, OnnxBackend
+from models.backends.base import BackendError
+from models.backends.onnx import OnnxBackend
 from models.lifecycle import run_branch
 from models.pack import load_pack
-from stages.backends import backend_class
+from models.backends import backend_class
 from models.board.cost import BoardModel, Shape
 from models.board.pace import Chain, HostPacer, check_time_scale, clock, pace
-from stages.backends.board_sim import Board, BoardSimBackend
+from models.backends.board_sim import Board, BoardSimBackend
 
 SCALE = 0.05                  # phases of the full-size model at 128x128 (64 tokens), shrunk 20x
 
@@ -49,7 +50,7 @@ def test_the_board_backends_answer_auto_themselves(pack, monkeypatch, tmp_path):
     from models import probes
     from models.board import auto as board_auto
     from models.policy import resolve_policy
-    from stages.backends.rknn import RknnLiteBackend
+    from models.backends.rknn import RknnLiteBackend
     model = BoardModel(Shape.of_pack(pack.dir))
     for ram in (8, 32):
         want = board_auto.choose(model, model.context_budget_mib(ram))[0].policy
@@ -60,7 +61,7 @@ def test_the_board_backends_answer_auto_themselves(pack, monkeypatch, tmp_path):
     monkeypatch.setattr(probes, "MEMINFO", str(meminfo))
     want = board_auto.choose(model, model.context_budget_mib(mem_available_mib=3000.0))[0].policy
     assert resolve_policy("auto", "rknn", RknnLiteBackend, {"board_ram_gb": 32}, (pack.dir,)) == want
-    code = ("import sys; from models.policy import resolve_policy; from stages.backends.board_sim import BoardSimBackend;"
+    code = ("import sys; from models.policy import resolve_policy; from models.backends.board_sim import BoardSimBackend;"
             "print(resolve_policy('auto', 'board-sim', BoardSimBackend, {'board_ram_gb': 8}).name)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[-1] == board_auto.choose(BoardModel(), BoardModel().context_budget_mib(8))[0].policy.name

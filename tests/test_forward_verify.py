@@ -7,7 +7,8 @@ import pytest
 
 from models import cli
 from models.branch_graphs import build_branch, serialize
-from models.branch_runtime import BACKENDS, OnnxBackend, make_backend
+from models.backends import BACKENDS, make_backend
+from models.backends.onnx import OnnxBackend
 from models.lifecycle import run_branch
 from models.phase_times import PhaseTimes
 from models.dit_checkpoint import DiTCheckpoint
@@ -143,7 +144,7 @@ def test_backend_registry():
 
 
 def test_backend_errors_name_the_file_and_input(small_pack, tmp_path):
-    from models.branch_runtime import BackendError
+    from models.backends.base import BackendError
     be = OnnxBackend(threads=1)
     with pytest.raises(BackendError, match="missing.onnx: cannot read"):
         run_branch(be, tmp_path / "missing.onnx", [{}])

@@ -92,8 +92,8 @@ def test_check_names_a_missing_file_and_bad_manifest(pack16, tmp_path):
 def test_manifest_file_names_stay_inside_the_pack(pack16, tmp_path, where, name, words):
     """A pack may come from elsewhere: no manifest file name may reach a file outside its folder, for load_pack (which
     would hash it) nor for the rknn backend (which would run it; before, it took rknn.file as it stood)."""
-    from models.branch_runtime import BackendError
-    from stages.backends.rknn import RknnLiteBackend, compiled_path
+    from models.backends.base import BackendError
+    from models.backends.rknn import RknnLiteBackend, compiled_path
     bad = tmp_path / "pack"
     shutil.copytree(pack16, bad)
     (tmp_path / "outside.rknn").write_bytes(b"not yours")

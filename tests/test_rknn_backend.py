@@ -8,12 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.branch_runtime import BackendError, make_backend as make_model_backend
+from models.backends import make_backend as make_model_backend
+from models.backends.base import BackendError
 from models.lifecycle import Lifecycle, context_factory, run_branch
 from models.policy import parse_policy
-from stages.backends import backend_class, make_backend
-from stages.backends.rknn import RknnLiteBackend
-from stages.backends.rknnlite_standin import RKNNLite
+from models.backends import backend_class, make_backend
+from models.backends.rknn import RknnLiteBackend
+from models.backends.rknnlite_standin import RKNNLite
 
 
 @pytest.fixture()

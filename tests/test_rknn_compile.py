@@ -81,7 +81,7 @@ def sim_inputs(rknn_pack):
 
 
 def test_simulator_matches_onnx_runtime_and_fp32(sim_inputs, tiny_dit, rknn_venv):
-    from models.branch_runtime import make_backend
+    from models.backends import make_backend
     from models.lifecycle import run_branch
     from models.dit_checkpoint import DiTCheckpoint
     from models.reference import ref_cross_attn, ref_ffn, ref_self_attn
@@ -110,7 +110,8 @@ def test_simulator_matches_onnx_runtime_and_fp32(sim_inputs, tiny_dit, rknn_venv
 
 
 def test_simulator_rejects_compiled_files_and_bad_inputs(rknn_pack, rknn_venv):
-    from models.branch_runtime import BackendError, make_backend
+    from models.backends import make_backend
+    from models.backends.base import BackendError
     pack_dir, _ = rknn_pack
     sim = make_backend("rknn-sim", venv=rknn_venv)
     with pytest.raises(BackendError, match="cannot run a compiled .rknn"):

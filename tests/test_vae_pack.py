@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.branch_runtime import BackendError, make_backend
+from models.backends import make_backend
+from models.backends.base import BackendError
 from models.cli import main as cli_main
 from models.pack import PackError, load_branch_pack, load_pack
 from models.safetensors_io import SafeTensorsFile, TensorEntry, write_safetensors
@@ -207,8 +208,8 @@ def test_onnx_decode_matches_torch_tiled(pack, torch_vae):
 def test_standin_reads_4d_inputs_as_nhwc_unless_told(pack):
     """The stand-in behaves as RKNNLite: a 4-D input without data_format='nchw' is NHWC (a wrong-layout feed fails),
     so a backend that forgot data_format would fail here."""
-    from stages.backends.rknnlite_standin import RKNNLite
-    from stages.backends.rknn import output_as
+    from models.backends.rknnlite_standin import RKNNLite
+    from models.backends.rknn import output_as
     rk = RKNNLite()
     rk._onnx, rk._bytes = pack.model_path("trunk"), b"x"                     # skip the .rknn lookup
     assert rk.init_runtime() == 0
@@ -266,7 +267,7 @@ def test_run_time_path_imports_neither_torch_nor_onnx(pack):
             "import stages.vae\n"
             "from models.vae.pack import load_vae_pack\n"
             "from models.vae.pack_decoder import PackDecoder\n"
-            "from stages.backends import make_branch_backend\n"
+            "from models.backends import make_branch_backend\n"
             f"d = PackDecoder(load_vae_pack({str(pack.dir)!r}), make_branch_backend('onnx', 1, {{}}))\n"
             "r = d.decode(np.zeros((16, 32, 24), np.float32))\n"
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'onnx', 'transformers'))\n"

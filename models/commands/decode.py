@@ -12,13 +12,14 @@ import os
 
 import numpy as np
 
+from models.backends import vae_pack_backends
 from models.cli import UserError
 from models.vae.tiled import DEFAULT_OVERLAP, DEFAULT_TILE
 
 log = logging.getLogger(__name__)
 
-PACK_BACKENDS = ("onnx", "rknn-sim", "rknn")
-BACKENDS = ("torch",) + PACK_BACKENDS
+PACK_BACKENDS = vae_pack_backends()              # onnx, rknn-sim, rknn (models/backends/__init__.py)
+BACKENDS = ("torch",) + PACK_BACKENDS            # torch: the VAE file itself, not a pack
 
 
 def add_arguments(p) -> None:
@@ -74,9 +75,7 @@ def _open_torch(args):
 
 def open_pack_decoder(pack_dir, backend: str, threads=None, core_mask="auto", toolkit_venv=None):
     """A PackDecoder for `pack_dir` on `backend` (onnx | rknn-sim | rknn); VaePackError / ValueError if unusable."""
-    # The board backend `rknn` lives with the executor's in stages/backends; this command is an entry point above
-    # both packages, so it resolves every name there (onnx and rknn-sim come from models.branch_runtime).
-    from stages.backends import make_backend
+    from models.backends import make_backend
     from models.vae.pack import load_vae_pack
     from models.vae.pack_decoder import PackDecoder
     if backend not in PACK_BACKENDS:
@@ -113,7 +112,7 @@ def run(args) -> int:
 
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be >= 1, got {args.threads}")
-    from models.branch_runtime import BackendError
+    from models.backends.base import BackendError
     from models.vae.pack_decoder import DecodeError
     latent = np.asarray(_load_latent(args.latent))
     try:

@@ -10,7 +10,7 @@ import logging
 
 import numpy as np
 
-from models.branch_runtime import BACKENDS
+from models.backends import backend_names
 from models.durable import atomic_write
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,7 @@ def add_arguments(p) -> None:
     p.add_argument("pack", help="pack folder (anima-models pack)")
     p.add_argument("--inputs", required=True, help="npz with x [16,h,w], sigma, context [512,Dc]")
     p.add_argument("--output", required=True, help="npz to write with v [16,h,w]")
-    p.add_argument("--backend", default="onnx", choices=sorted(BACKENDS), help="branch backend (default onnx)")
+    p.add_argument("--backend", default="onnx", choices=backend_names(), help="branch backend (default onnx)")
     p.add_argument("--threads", type=int, default=None, help="backend threads (default: all cores)")
 
 

@@ -1,7 +1,7 @@
 """`anima-models verify`: compare a pack's branches (isolated) and whole forward (cumulative) with the FP32 reference.
 
     anima-models verify packs/anima-512 [--checkpoint anima-preview.safetensors] [--json report.json]
-                        [--backend onnx|rknn-sim] [--blocks 0,5-7] [--seed 0]
+                        [--backend onnx|rknn-sim|rknn|board-sim] [--blocks 0,5-7] [--seed 0]
 
 Exit 0 when every row meets the marks of models.verify.THRESHOLDS for the pack's dtype, 1 when one does not.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 
-from models.branch_runtime import BACKENDS
+from models.backends import backend_names
 from models.durable import atomic_write
 from models.verify import DEFAULT_SIGMA
 
@@ -21,7 +21,7 @@ def add_arguments(p) -> None:
     p.add_argument("pack", help="pack folder (anima-models pack)")
     p.add_argument("--checkpoint", default=None, help="DiT checkpoint (default: the one recorded in the manifest)")
     p.add_argument("--json", default=None, help="write the full report as JSON here")
-    p.add_argument("--backend", default="onnx", choices=sorted(BACKENDS), help="branch backend (default onnx)")
+    p.add_argument("--backend", default="onnx", choices=backend_names(), help="branch backend (default onnx)")
     p.add_argument("--threads", type=int, default=None, help="backend threads (default: all cores)")
     p.add_argument("--blocks", default="all", help="blocks to report, e.g. 0,5-7 (default all; the forward always "
                                                    "runs every block)")

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from models.branch_runtime import BranchBackend
+from models.backends.base import BranchBackend
 from models.lifecycle import run_branch
 from models.vae.api import DecodeResult, check_latent, to_uint8, to_unit
 from models.vae.latent import denormalize

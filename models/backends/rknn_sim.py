@@ -12,7 +12,7 @@ from typing import Optional
 
 import numpy as np
 
-from models.branch_runtime import BackendError, BranchBackend, checked_input
+from models.backends.base import BackendError, BranchBackend, checked_input
 from models.rknn.client import ToolkitError, ToolkitWorker, toolkit_python
 
 log = logging.getLogger(__name__)

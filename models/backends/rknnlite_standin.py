@@ -25,7 +25,7 @@ LITE_VERSION = "2.5.0"          # the rknn-toolkit-lite2 release this stand-in i
 def onnx_for_rknn(rknn_path) -> Path:
     """The ONNX graph a pack's .rknn was compiled from (manifest branch entry whose rknn.file is this file)."""
     from models.pack import pack_member
-    from stages.backends.rknn import branch_entry          # the backend's one manifest reader
+    from models.backends.rknn import branch_entry          # the backend's one manifest reader
     pack, entry = branch_entry(rknn_path)
     return pack_member(pack, entry["onnx"])
 

@@ -15,14 +15,14 @@ from typing import Optional
 
 import numpy as np
 
-from models.branch_runtime import BackendError, BranchBackend
 from models import probes
+from models.backends.base import BackendError, BranchBackend
 from models.pack import PackError, load_branch_pack, pack_member
 
 log = logging.getLogger(__name__)
 
 REAL_MODULE = "rknnlite.api"
-STANDIN_MODULE = "stages.backends.rknnlite_standin"
+STANDIN_MODULE = "models.backends.rknnlite_standin"
 STANDIN_ENV = "ANIMA_RKNN_STANDIN"       # "1": use the labelled stand-in (x86 tests); never chosen silently
 # --core-mask words -> RKNNLite constant names (NPU_CORE_0_1_2 only speeds up conv-type ops: see docs/board.md)
 CORE_MASKS = {"auto": "NPU_CORE_AUTO", "0": "NPU_CORE_0", "1": "NPU_CORE_1", "2": "NPU_CORE_2",

@@ -24,10 +24,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
-from models.branch_runtime import BackendError, BranchBackend, OnnxBackend
-from models.partition import parse_branch_file
+from models.backends.base import BackendError, BranchBackend
+from models.backends.onnx import OnnxBackend
 from models.board.cost import BOARD_RAMS_GB, GIB, LABEL, MODELS, BoardModel, CostModelError, Shape
 from models.board.pace import Chain, PaceTotals, Paced, check_time_scale, clock, scale_note
+from models.partition import parse_branch_file
 
 log = logging.getLogger(__name__)
 
