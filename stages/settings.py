@@ -29,11 +29,14 @@ class Setting:
 
 
 def _core_mask(value) -> str:
-    from models.backends.rknn import CORE_MASKS             # the RKNNLite constant names live with the backend
+    from models.backends.core_mask import CORE_MASKS, core_mask_word   # the one table of core masks
     if isinstance(value, int):
         return "" if value >= 0 else "a core mask integer must be >= 0"
-    key = value.strip().lower().removeprefix("npu_core_")
-    return "" if key in CORE_MASKS else f"choose one of {', '.join(CORE_MASKS)} or an integer"
+    try:
+        core_mask_word(value)
+    except ValueError:
+        return f"choose one of {', '.join(CORE_MASKS)} or an integer"
+    return ""
 
 
 def _encoder_backend(value) -> str:

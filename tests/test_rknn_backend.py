@@ -99,6 +99,30 @@ def test_two_cores_run_cond_and_uncond_on_two_contexts(feeds, calls):
     assert not np.array_equal(outs[0]["y"], outs[1]["y"])
 
 
+# the RKNNLite constants of rknn-toolkit-lite2 2.x (rknnlite/api/rknn_lite.py), written out here as the reference
+LITE_MASKS = {"auto": 0, "0": 1, "1": 2, "2": 4, "0_1": 3, "0_1_2": 7, "all": 0xFFFF}
+BOARD_CORES = {"auto": {0, 1, 2}, "0": {0}, "1": {1}, "2": {2}, "0_1": {0, 1}, "0_1_2": {0, 1, 2}, "all": {0, 1, 2}}
+
+
+def test_one_core_mask_table_for_the_config_rknn_and_board_sim():
+    """Every word (in any case, with or without NPU_CORE_) means the same mask to the config check, the rknn backend
+    (its RKNNLite constant) and board-sim (the cores a context may take); an unknown word is refused by all three."""
+    from models.backends.board_sim import Board, BoardSimBackend
+    from stages.settings import _core_mask
+    assert set(LITE_MASKS) == set(BOARD_CORES)
+    for word, value in LITE_MASKS.items():
+        for spelled in (word, f" NPU_CORE_{word.upper()} "):
+            assert _core_mask(spelled) == ""
+            assert RknnLiteBackend(lite="standin", core_mask=spelled).mask == value
+            sim = BoardSimBackend(core_mask=spelled, board=Board(8, 0.01))
+            assert sim.mask_key == word and set(sim.cores) == BOARD_CORES[word]
+    for bad in ("3", "0_2", "npu"):
+        assert "choose one of auto, 0, 1, 2, 0_1, 0_1_2, all" in _core_mask(bad)
+        for make in (lambda m: RknnLiteBackend(lite="standin", core_mask=m), lambda m: BoardSimBackend(core_mask=m)):
+            with pytest.raises(ValueError, match="core_mask"):
+                make(bad)
+
+
 def test_bad_requests_are_clear(feeds, tmp_path):
     pack, passes = feeds
     with pytest.raises(ValueError, match="core_mask '5'"):

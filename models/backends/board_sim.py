@@ -25,25 +25,13 @@ from pathlib import Path
 from typing import Optional
 
 from models.backends.base import BackendError, BranchBackend
+from models.backends.core_mask import CORE_MASKS, core_mask_word
 from models.backends.onnx import OnnxBackend
 from models.board.cost import BOARD_RAMS_GB, GIB, LABEL, MODELS, BoardModel, CostModelError, Shape
 from models.board.pace import Chain, PaceTotals, Paced, check_time_scale, clock, scale_note
 from models.partition import parse_branch_file
 
 log = logging.getLogger(__name__)
-
-# core-mask words (as the rknn backend takes them) -> the NPU cores a context may use
-CORE_MASKS = {"auto": (0, 1, 2), "0": (0,), "1": (1,), "2": (2,), "0_1": (0, 1), "0_1_2": (0, 1, 2),
-              "all": (0, 1, 2)}
-MULTI = ("0_1", "0_1_2", "all")          # one context spread over several cores (occupies all of them)
-
-
-def core_mask_cores(mask) -> tuple:
-    key = str(mask).strip().lower().removeprefix("npu_core_")
-    if key not in CORE_MASKS:
-        raise ValueError(f"core_mask {mask!r}: choose one of {list(CORE_MASKS)}")
-    return key, CORE_MASKS[key]
-
 
 class Board:
     """The modelled board one executor process runs on: NPU cores, CPU slots, the memory ledger, paced totals."""
@@ -148,7 +136,7 @@ class Board:
         with self._cores_cv:
             while True:
                 free = [c for c in cores if not self._busy[c]]
-                if mask_key in MULTI:
+                if CORE_MASKS[mask_key].spread:
                     take = tuple(cores) if len(free) == len(cores) else None
                 else:
                     take = (free[0],) if free else None
@@ -206,7 +194,8 @@ class BoardSimBackend(BranchBackend):
     def __init__(self, threads: Optional[int] = None, core_mask="auto", time_scale: float = 1.0,
                  board_ram_gb: int = 8, board_model: str = "full", board: Optional[Board] = None):
         self.board = board or Board.shared(board_ram_gb, time_scale, board_model)
-        self.mask_key, self.cores = core_mask_cores(core_mask)
+        self.mask_key = core_mask_word(core_mask)
+        self.cores = CORE_MASKS[self.mask_key].cores
         self.onnx = OnnxBackend(threads)
         self._path: Optional[str] = None
         self._kind: Optional[str] = None

@@ -17,6 +17,7 @@ import numpy as np
 
 from models import probes
 from models.backends.base import BackendError, BranchBackend
+from models.backends.core_mask import CORE_MASKS, core_mask_word
 from models.pack import PackError, load_branch_pack, pack_member
 
 log = logging.getLogger(__name__)
@@ -24,9 +25,6 @@ log = logging.getLogger(__name__)
 REAL_MODULE = "rknnlite.api"
 STANDIN_MODULE = "models.backends.rknnlite_standin"
 STANDIN_ENV = "ANIMA_RKNN_STANDIN"       # "1": use the labelled stand-in (x86 tests); never chosen silently
-# --core-mask words -> RKNNLite constant names (NPU_CORE_0_1_2 only speeds up conv-type ops: see docs/board.md)
-CORE_MASKS = {"auto": "NPU_CORE_AUTO", "0": "NPU_CORE_0", "1": "NPU_CORE_1", "2": "NPU_CORE_2",
-              "0_1": "NPU_CORE_0_1", "0_1_2": "NPU_CORE_0_1_2", "all": "NPU_CORE_ALL"}
 NP_DTYPES = {"f16": np.float16, "f32": np.float32}
 
 
@@ -139,10 +137,7 @@ def core_mask_value(lite_cls, mask) -> int:
     """"auto" | "0" | "1" | "2" | "0_1" | "0_1_2" | "all" | an int -> the RKNNLite constant."""
     if isinstance(mask, int):
         return mask
-    key = str(mask).strip().lower().removeprefix("npu_core_")
-    if key not in CORE_MASKS:
-        raise ValueError(f"core_mask {mask!r}: choose one of {list(CORE_MASKS)}")
-    return getattr(lite_cls, CORE_MASKS[key])
+    return getattr(lite_cls, CORE_MASKS[core_mask_word(mask)].constant)
 
 
 class RknnLiteBackend(BranchBackend):
