@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from models.backends import backend_class
 from models.durable import atomic_write
 from models.partition import TEXT_TOKENS, context_rows
 from orchestrator.pipeline import arena_plan
@@ -281,10 +282,9 @@ class JobFlow:
         params = m.DenoiseParams(seed=s.seed, steps=s.steps, cfg=s.cfg, sampler=s.sampler, schedule=s.scheduler,
                                  width=self.pack.width, height=self.pack.height,
                                  spectrum=m.SpectrumSettings(**vars(s.spectrum)))
-        if self.cfg.backend == "board-sim":          # the report keeps the modelled board apart from measured time
-            ex = self.cfg.stage_settings("executor")
-            self.report.board = {"pack_dir": str(self.pack.dir), **{k: ex[k] for k in
-                                 ("time_scale", "board_ram_gb", "board_model") if k in ex}}
+        # the report keeps what the backend models (board-sim: the board) apart from the time measured here
+        self.report.board = backend_class(self.cfg.backend).report_section(self.pack.dir,
+                                                                           self.cfg.stage_settings("executor"))
         msg = m.Denoise(job=self.job.id, job_dir=str(self.dir), pack_dir=str(self.pack.dir), arena=self.arena.name,
                         params=params, cond=self.cond, uncond=self.uncond, latent=self.latent, scratch=self.scratch,
                         executor=self.cfg.endpoint("executor"), resume=self._resume_sampling,

@@ -75,7 +75,7 @@ class ExecutorLogic:
                               "scheduler's pack")
         self.pack_ids = [_pack_id(d) for d in self.pack_dirs]
         try:
-            cls = backend_class(self.backend_name)
+            self.backend_class = cls = backend_class(self.backend_name)
         except ValueError as e:
             raise ConfigError(f"{config.path}: backend: {e}") from None
         try:
@@ -171,9 +171,7 @@ class ExecutorLogic:
                "attempt": msg.attempt, "passes": [p.name for p in msg.passes], "hold": msg.hold,
                "source": times.source, "context_mb": times.context_mb, "infer_at": list(times.infer_at),
                "infer_s": list(times.infer_s)}
-        if self.backend_name == "board-sim":       # the modelled board's running totals (modelled, paced, overruns)
-            from models.backends.board_sim import shared_ledgers
-            rec["board"] = shared_ledgers()
+        rec.update(self.backend_class.trace_fields())      # board-sim: the modelled board's running totals
         line = json.dumps(rec) + "\n"
         fd = os.open(self.trace, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:

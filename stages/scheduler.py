@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+from models.backends import backend_class
 from models.denoise import make_sampler, save_state, spectrum_settings, start_or_resume
 from models.dit_runner import BranchCall, DiTRunner
 from models.phase_times import PhaseSums
@@ -34,7 +35,7 @@ from protocol.liveness import PeerLost, PeerWatch
 from protocol.sockets import LazyPirate, PeerUnavailable, parse_endpoint
 from protocol.tensors import InlineFrames, from_inline
 from stages.base import VERSION, RequestFailed, stage_main
-from stages.config import PipelineConfig
+from stages.config import ConfigError, PipelineConfig
 from stages.step_account import step_times
 from stages.tensor_io import read_tensor
 
@@ -272,6 +273,10 @@ class SchedulerLogic:
 
     def __init__(self, config: PipelineConfig):
         self.config = config
+        try:
+            self._backend = backend_class(config.backend)       # the executor's: asked for its host pacer per job
+        except ValueError as e:
+            raise ConfigError(f"{config.path}: backend: {e}") from None
         self.zctx = zmq.Context.instance()
         self._packs: dict = {}
 
@@ -313,17 +318,14 @@ class SchedulerLogic:
         return policy
 
     def _host_pacer(self, pack_dir: str):
-        """board-sim: each host op is held to the modelled board's host time (x time_scale), so policies that hide
-        host time show it in wall time. Other backends: None (host ops at this machine's pace)."""
-        if self.config.backend != "board-sim":
-            return None
-        from models.board.pace import HostPacer
-        ex = self.config.stage_settings("executor")
+        """The backend's own pace for the host ops (board-sim: each held to the modelled board's host time x
+        time_scale, so policies that hide host time show it in wall time); None: this machine's pace."""
         try:
-            pacer = HostPacer.for_pack(pack_dir, ex.get("time_scale", 1.0), ex.get("board_model", "full"))
+            pacer = self._backend.host_pacer(pack_dir, self.config.stage_settings("executor"))
         except ValueError as e:
-            raise RequestFailed(f"board-sim host pacing: {e}", field="pack_dir") from None
-        log.info("%s", pacer.describe())
+            raise RequestFailed(f"{self.config.backend} host pacing: {e}", field="pack_dir") from None
+        if pacer is not None:
+            log.info("%s", pacer.describe())
         return pacer
 
     def on_denoise(self, msg: m.Denoise, ctx) -> m.Denoised:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.backends import make_branch_backend
+from models.backends import backend_class, make_branch_backend
 from models.backends.base import BackendError
 from models.models_dir import ModelsDirError, resolve_models
 from models.vae.pack_decoder import DecodeError
@@ -69,10 +69,11 @@ class VaeLogic:
         from models.vae.pack_decoder import PackDecoder
         dirs = settings["vae_pack"]
         dirs = [dirs] if isinstance(dirs, str) else list(dirs)
+        cls = backend_class(self.backend)
         packs = {}
         for d in dirs:
             pack = load_vae_pack(Path(config.path).parent / str(d))     # relative to the config file
-            if self.backend == "rknn" and not pack.compiled():
+            if cls.needs_compiled_pack and not pack.compiled():
                 raise ValueError(f"stage.vae.vae_pack {pack.dir}: not compiled for the NPU (anima-models compile "
                                  f"{pack.dir} --target rk3588)")
             if pack.latent_shape in packs:

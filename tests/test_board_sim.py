@@ -164,6 +164,24 @@ def test_host_pacer(pack):
     assert "modelled" in pacer.describe() and "time_scale=0.5" in pacer.describe()
 
 
+def test_a_backend_answers_for_its_host_pace_report_and_trace(pack):
+    """The scheduler, the report and the executor's trace ask the backend class: board-sim paces the host ops to the
+    modelled board, keeps the board's settings for the report's `board` block and adds its ledgers to the trace;
+    every other backend answers None / nothing, so its figures stay measured."""
+    ex = {"policy": "auto", "time_scale": 0.5, "board_ram_gb": 16, "threads": 2}
+    pacer = BoardSimBackend.host_pacer(pack.dir, ex)
+    assert pacer.time_scale == 0.5 and pacer.pass_s == HostPacer.for_pack(pack.dir, 0.5).pass_s
+    assert BoardSimBackend.report_section(pack.dir, ex) == {"pack_dir": str(pack.dir), "time_scale": 0.5,
+                                                            "board_ram_gb": 16}
+    assert isinstance(BoardSimBackend.trace_fields()["board"], list) and BoardSimBackend.device == "npu"
+    with pytest.raises(ValueError, match="time_scale"):
+        BoardSimBackend.host_pacer(pack.dir, {"time_scale": 2})
+    for name, device in (("onnx", "cpu"), ("rknn", "npu"), ("rknn-sim", "npu")):
+        cls = backend_class(name)
+        assert cls.host_pacer(pack.dir, ex) is None and cls.report_section(pack.dir, ex) is None
+        assert cls.trace_fields() == {} and cls.device == device
+
+
 def _ready(pack, board, mask, kind="ffn", block=0):
     be = BoardSimBackend(threads=1, core_mask=mask, board=board)
     path, feeds = _feeds(pack, block, kind)

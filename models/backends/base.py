@@ -25,12 +25,33 @@ class BranchBackend:
     max_contexts: Optional[int] = None   # contexts one process can hold loaded at once (None: memory is the limit)
     parallel_contexts = 1                # contexts that can infer at the same time (dual_core needs 2)
     takes_core_mask = False              # the constructor takes core_mask= (NPU backends: a context keeps its mask)
+    needs_compiled_pack = False          # runs the .rknn files a pack was compiled to (anima-models compile)
+    device = "cpu"                       # what it computes on, as clients are told: cpu | npu (simulated or modelled
+                                         # NPUs count as one: the job's figures are an NPU's)
 
+    # ---- what callers ask the class instead of testing its name -------------------------------------------------
     @classmethod
     def auto_policy(cls, ctx):
         """What `policy = "auto"` means on this backend (ctx: models.policy.AutoContext) -> a Policy, a policy
         string, or None: the documented safe choice (models.policy.safe_auto)."""
         return None
+
+    @classmethod
+    def host_pacer(cls, pack_dir, settings: dict):
+        """What holds the scheduler's host ops of a job on `pack_dir` to this backend's pace (`settings`: the
+        [stage.executor] table) -> an object with op(t0) and describe(), or None: host ops at this machine's pace."""
+        return None
+
+    @classmethod
+    def report_section(cls, pack_dir, settings: dict) -> Optional[dict]:
+        """What a job's report keeps apart from the time measured here (report.json's `board` block is computed from
+        it), or None: every figure of the job is measured."""
+        return None
+
+    @classmethod
+    def trace_fields(cls) -> dict:
+        """Fields this backend adds to each line of the executor's trace."""
+        return {}
 
     def context_mb(self) -> Optional[float]:
         return None

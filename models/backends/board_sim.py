@@ -28,7 +28,7 @@ from models.backends.base import BackendError, BranchBackend
 from models.backends.core_mask import CORE_MASKS, core_mask_word
 from models.backends.onnx import OnnxBackend
 from models.board.cost import BOARD_RAMS_GB, GIB, LABEL, MODELS, BoardModel, CostModelError, Shape
-from models.board.pace import Chain, PaceTotals, Paced, check_time_scale, clock, scale_note
+from models.board.pace import Chain, HostPacer, PaceTotals, Paced, check_time_scale, clock, scale_note
 from models.partition import parse_branch_file
 
 log = logging.getLogger(__name__)
@@ -183,6 +183,7 @@ class BoardSimBackend(BranchBackend):
     max_contexts = None            # memory (the modelled ledger) is the limit
     parallel_contexts = 3          # three NPU cores
     takes_core_mask = True
+    device = "npu"
     SETTINGS = ("time_scale", "board_ram_gb", "board_model")    # [stage.executor] keys besides threads, core_mask
 
     @classmethod
@@ -190,6 +191,23 @@ class BoardSimBackend(BranchBackend):
         """The policy that fits the modelled `board_ram_gb` board, chosen on its timeline (models/board/auto.py)."""
         from models.board.auto import choose_policy
         return choose_policy(ctx)
+
+    @classmethod
+    def host_pacer(cls, pack_dir, settings: dict) -> HostPacer:
+        """Each host op held to the modelled board's host time x time_scale, so a policy that hides host time shows
+        it in wall time (ValueError for a pack the cost model cannot size)."""
+        return HostPacer.for_pack(pack_dir, settings.get("time_scale", 1.0), settings.get("board_model", "full"))
+
+    @classmethod
+    def report_section(cls, pack_dir, settings: dict) -> dict:
+        """The modelled board the job ran on: the report computes its `board` block (models/board/account.py) from
+        it, in board seconds apart from what was measured here."""
+        return {"pack_dir": str(pack_dir), **{k: settings[k] for k in cls.SETTINGS if k in settings}}
+
+    @classmethod
+    def trace_fields(cls) -> dict:
+        """The modelled board's running totals (modelled, paced, overruns)."""
+        return {"board": shared_ledgers()}
 
     def __init__(self, threads: Optional[int] = None, core_mask="auto", time_scale: float = 1.0,
                  board_ram_gb: int = 8, board_model: str = "full", board: Optional[Board] = None):

@@ -150,6 +150,8 @@ class RknnLiteBackend(BranchBackend):
     name = "rknn"
     parallel_contexts = 3           # the RK3588 NPU's cores; a context keeps the core mask it was initialised with
     takes_core_mask = True
+    needs_compiled_pack = True
+    device = "npu"
 
     @classmethod
     def auto_policy(cls, ctx):

@@ -65,6 +65,7 @@ class RknnSimBackend(BranchBackend):
     Outputs come back in float32 from the simulator and are cast to the graph's output dtype.
     """
     name = "rknn-sim"
+    device = "npu"
     max_contexts = 1                 # one shared simulator worker holds one built model
 
     def __init__(self, threads: Optional[int] = None, venv=None, target: str = "rk3588", log_dir=None):

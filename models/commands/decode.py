@@ -75,18 +75,19 @@ def _open_torch(args):
 
 def open_pack_decoder(pack_dir, backend: str, threads=None, core_mask="auto", toolkit_venv=None):
     """A PackDecoder for `pack_dir` on `backend` (onnx | rknn-sim | rknn); VaePackError / ValueError if unusable."""
-    from models.backends import make_backend
+    from models.backends import backend_class, backend_kwargs
     from models.vae.pack import load_vae_pack
     from models.vae.pack_decoder import PackDecoder
     if backend not in PACK_BACKENDS:
         raise ValueError(f"backend {backend!r}: a VAE pack runs on {', '.join(PACK_BACKENDS)}")
+    cls = backend_class(backend)
     pack = load_vae_pack(pack_dir)
-    if backend == "rknn" and not pack.compiled():
+    if cls.needs_compiled_pack and not pack.compiled():
         raise ValueError(f"VAE pack {pack_dir} is not compiled for the NPU (anima-models compile {pack_dir} "
                          "--target rk3588)")
-    kw = {"onnx": {"threads": threads}, "rknn-sim": {"venv": toolkit_venv},
-          "rknn": {"core_mask": core_mask}}[backend]
-    return PackDecoder(pack, make_backend(backend, **kw))
+    # each option goes to the backends whose constructor names it (threads: onnx; venv: rknn-sim; core_mask: rknn)
+    options = {"venv": toolkit_venv, "core_mask": core_mask}
+    return PackDecoder(pack, cls(**backend_kwargs(cls, threads, options)))
 
 
 def _open_pack(args):

@@ -20,6 +20,7 @@ import sys
 import psutil
 from aiohttp import web
 
+from models.backends import backend_class
 from orchestrator.comfy_graph import FIELD_NODES, GraphError, graph_to_job, node_table, object_info
 from orchestrator.http import comfy_shapes as shapes
 from orchestrator.http import files
@@ -170,8 +171,8 @@ async def get_system_stats(request: web.Request) -> web.Response:
         "system": {"os": os.name, "ram_total": mem.total, "ram_free": mem.available, "comfyui_version": VERSION,
                    "python_version": sys.version, "pytorch_version": "", "embedded_python": False, "argv": sys.argv,
                    "machine": platform.machine()},
-        "devices": [{"name": f"{front.cfg.backend} executor ({platform.machine()})", "type": "cpu"
-                     if front.cfg.backend == "onnx" else "npu", "index": 0, "vram_total": 0, "vram_free": 0,
+        "devices": [{"name": f"{front.cfg.backend} executor ({platform.machine()})",
+                     "type": backend_class(front.cfg.backend).device, "index": 0, "vram_total": 0, "vram_free": 0,
                      "torch_vram_total": 0, "torch_vram_free": 0}]})
 
 
