@@ -1,4 +1,4 @@
-"""`board-sim` executor backend: the rknn backend's lifecycle on a MODELLED RK3588 board.
+"""`board-sim` branch backend: the rknn backend's lifecycle on a MODELLED RK3588 board.
 
 Outputs are real (ONNX Runtime runs the pack's graph, so jobs and images stay real); every phase is paced to the
 board's time for the FULL-SIZE model at the pack's resolution (models/board/cost.toml, reference board figures) x

@@ -1,7 +1,6 @@
 """`onnx` branch backend: ONNX Runtime on the CPU (any machine; the reference the other backends are checked against)."""
 from __future__ import annotations
 
-import logging
 import os
 from typing import Optional
 
@@ -9,8 +8,6 @@ import numpy as np
 
 from models.backends.base import BackendError, BranchBackend, checked_input
 from models.probes import rss_bytes
-
-log = logging.getLogger(__name__)
 
 ORT_DTYPES = {"tensor(float16)": np.float16, "tensor(float)": np.float32}
 

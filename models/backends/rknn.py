@@ -1,4 +1,4 @@
-"""`rknn` executor backend: compiled branches on the RK3588 NPU through rknn-toolkit-lite2 (RKNNLite), with
+"""`rknn` branch backend: compiled branches on the RK3588 NPU through rknn-toolkit-lite2 (RKNNLite), with
 per-phase memory figures; one instance is one context on one core mask (dual_core = two instances, see
 models/lifecycle.py)."""
 from __future__ import annotations
