@@ -29,16 +29,8 @@ def rss_gb() -> float:
 
 def rss_now() -> dict:
     """Current VmRSS / RssAnon / RssFile in GB (Linux): file-backed pages are the mmap'd checkpoint, reclaimable."""
-    out = {}
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                k, _, v = line.partition(":")
-                if k in ("VmRSS", "RssAnon", "RssFile"):
-                    out[k] = round(int(v.split()[0]) / 1024 ** 2, 2)
-    except OSError:
-        pass
-    return out
+    from models.probes import status_kb
+    return {k: round(v / 1024 ** 2, 2) for k, v in status_kb().items() if k in ("VmRSS", "RssAnon", "RssFile")}
 
 
 def ensure_files(cache: Path, seed: int) -> dict:

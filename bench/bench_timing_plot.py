@@ -57,10 +57,9 @@ def child_runs(report_path: Path, runs: int) -> list[dict]:
 
 IN_PROCESS = """
 import json, resource, sys
+from models.probes import status_kb
 def rss():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
+    return status_kb()["VmRSS"] / 1024
 import orchestrator.flow, orchestrator.daemon          # what the daemon has loaded anyway
 base = rss()
 from orchestrator import timing_plot

@@ -53,9 +53,15 @@ def pss_kb(pid="self") -> Optional[int]:
     return smaps_kb(pid).get("Pss")
 
 
+def status_kb(pid="self") -> dict:
+    """A process's status lines that are sizes (VmRSS, VmHWM, RssAnon, RssFile, ...) as {field: KiB}; {} when
+    unreadable."""
+    return _kb_fields(_read(STATUS.format(pid=pid)))
+
+
 def vm_hwm_kb(pid="self") -> Optional[int]:
     """A process's peak resident set size (VmHWM in its status) in KiB, None when unreadable."""
-    return _kb_fields(_read(STATUS.format(pid=pid))).get("VmHWM")
+    return status_kb(pid).get("VmHWM")
 
 
 def meminfo_kb() -> dict:

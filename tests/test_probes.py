@@ -53,7 +53,7 @@ def test_memory_files_of_a_fake_tree(monkeypatch, tmp_path):
     monkeypatch.setattr(probes, "STATUS", str(tmp_path / "{pid}" / "status"))
     monkeypatch.setattr(probes, "MEMINFO", str(tmp_path / "meminfo"))
     assert probes.pss_kb() == 211 and probes.smaps_kb()["Swap"] == 48 and probes.smaps_kb()["Pss_Anon"] == 116
-    assert probes.vm_hwm_kb() == 9876
+    assert probes.vm_hwm_kb() == 9876 and probes.status_kb() == {"VmPeak": 30000, "VmHWM": 9876, "VmRSS": 8000}
     mem = probes.process_memory_mb()
     assert mem["pss"] == 211 / 1024 and mem["swap"] == 48 / 1024 and mem["rss"] > 0     # rss: this process (statm)
     assert "pss" not in probes.process_memory_mb(pss=False)
