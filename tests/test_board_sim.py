@@ -8,14 +8,14 @@ import time
 import numpy as np
 import pytest
 
-from models.backends.base import BackendError
-from models.backends.onnx import OnnxBackend
-from models.lifecycle import run_branch
-from models.pack import load_pack
 from models.backends import backend_class
+from models.backends.base import BackendError
+from models.backends.board_sim import Board, BoardSimBackend
+from models.backends.onnx import OnnxBackend
 from models.board.cost import BoardModel, Shape
 from models.board.pace import Chain, HostPacer, check_time_scale, clock, pace
-from models.backends.board_sim import Board, BoardSimBackend
+from models.lifecycle import run_branch
+from models.pack import load_pack
 
 SCALE = 0.05                  # phases of the full-size model at 128x128 (64 tokens), shrunk 20x
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.backends import make_backend as make_model_backend
-from models.backends.base import BackendError
-from models.lifecycle import Lifecycle, context_factory, run_branch
-from models.policy import parse_policy
 from models.backends import backend_class, make_backend
+from models.backends import make_backend as make_model_backend      # one registry: the same function
+from models.backends.base import BackendError
 from models.backends.rknn import RknnLiteBackend
 from models.backends.rknnlite_standin import RKNNLite
+from models.lifecycle import Lifecycle, context_factory, run_branch
+from models.policy import parse_policy
 
 
 @pytest.fixture()
@@ -97,6 +97,18 @@ def test_two_cores_run_cond_and_uncond_on_two_contexts(feeds, calls):
     for got, want in zip(outs, ref):
         np.testing.assert_array_equal(got["y"], want["y"])
     assert not np.array_equal(outs[0]["y"], outs[1]["y"])
+
+
+def test_every_backend_is_reached_from_models_alone():
+    """The registry's classes (the board's rknn and board-sim included) and `anima-models decode` import no stage,
+    protocol or orchestrator module: the model CLI runs every backend without a process package."""
+    import subprocess
+    import sys
+    code = ("import sys; from models.backends import BACKENDS, backend_class; import models.commands.decode; "
+            "[backend_class(n) for n in BACKENDS]; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'stages', 'protocol', 'orchestrator'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 # the RKNNLite constants of rknn-toolkit-lite2 2.x (rknnlite/api/rknn_lite.py), written out here as the reference
