@@ -187,7 +187,7 @@ class JobReport:
         }
 
     def _board_section(self) -> dict:
-        """The modelled board's figures (board seconds) apart from what was measured here (board_account)."""
+        """The modelled board's figures (board seconds) apart from what was measured here (models/board/account.py)."""
         from models.board.account import board_section
         from models.board.cost import BoardModel, Shape
         b = self.board

@@ -76,7 +76,7 @@ def plot_data(report: dict) -> dict:
     panels = []
     steps = report.get("steps") or []
     board = report.get("board") or {}
-    if board.get("steps"):         # board-sim: the same steps in modelled board seconds (board_account rows)
+    if board.get("steps"):         # board-sim: the same steps in modelled board seconds (models/board/account.py rows)
         rows = board["steps"]
         series = {name: [float(r.get(key, 0.0)) for r in rows] for key, name in BOARD_SERIES}
         panels.append({"name": "steps", "title": f"per step in board seconds: {label_board(board)}",
