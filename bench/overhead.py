@@ -12,9 +12,9 @@ outputs. Every line says what is modelled and the time scale. Per policy: step w
 host, transport per computed step (board seconds; transport and the rest measured here), overhead_ratio = denoise
 wall / sum of pure NPU inference, and the projected 20-step Spectrum job (encode estimate + denoise + decode: the
 reference's 155.04 s CPU VAE, and the NPU VAE estimate). `--steps N` runs N steps (N < 20: the 20-step projection
-follows from the per-step figures). The analytic timeline (models/board/timeline.py, what `auto` evaluates) is printed beside
-each run. JSON and a PNG (per-step stacked bars per policy) go to bench/out/; runs of earlier invocations in the same
-JSON file are kept (same policy, RAM, steps and time scale: replaced). The last line is
+follows from the per-step figures). The analytic timeline (models/board/timeline.py, what `auto` evaluates) is
+printed beside each run. JSON and a PNG (per-step stacked bars per policy) go to bench/out/; runs of earlier
+invocations in the same JSON file are kept (same policy, RAM, steps and time scale: replaced). The last line is
 `policy=P board_ram=R overhead_ratio=X job_s=S` (of the last run).
 """
 from __future__ import annotations
@@ -126,8 +126,9 @@ def print_run(r: dict) -> None:
               f"{led.get('peak_contexts')}, peak busy NPU cores {led.get('peak_busy_cores')}  {note}")
     a = r.get("analytic")
     if a:
-        print(f"analytic timeline ({LABEL}, models/board/timeline.py): step {a['step_s']:.2f} s (first {a['first_step_s']:.2f}),"
-              f" overhead_ratio {a['overhead_ratio']:.3f}, {a['contexts']} contexts  {note}")
+        print(f"analytic timeline ({LABEL}, models/board/timeline.py): step {a['step_s']:.2f} s "
+              f"(first {a['first_step_s']:.2f}), overhead_ratio {a['overhead_ratio']:.3f}, {a['contexts']} contexts "
+              f" {note}")
 
 
 def plot(runs: list, path: Path) -> None:

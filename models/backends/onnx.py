@@ -1,4 +1,4 @@
-"""`onnx` branch backend: ONNX Runtime on the CPU (any machine; the reference the other backends are checked against)."""
+"""`onnx` branch backend: ONNX Runtime on the CPU (any machine; what the other backends are checked against)."""
 from __future__ import annotations
 
 import os

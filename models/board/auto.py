@@ -3,10 +3,10 @@ cost.py and timeline.py), analytically, before anything loads.
 
 Memory: contexts may take the board's usable RAM minus the baseline usage minus the 1.5 GiB MemAvailable stop rule
 (reference board figures; 8/16/32 GB boards) or, on a real RK3588 (the `rknn` backend passes it), the MemAvailable
-it has now minus the stop rule. A policy fits when its contexts in flight (current, prefetched, one being released; x2 with
-dual_core) fit; `resident` then pins the first branches of the fixed cycle in what is left, keeping one context of
-slack. Among the policies that fit, the fastest projected denoise wins; within 0.5 % of it, the one with fewer
-contexts, then fewer terms (a simpler policy).
+it has now minus the stop rule. A policy fits when its contexts in flight (current, prefetched, one being released;
+x2 with dual_core) fit; `resident` then pins the first branches of the fixed cycle in what is left, keeping one
+context of slack. Among the policies that fit, the fastest projected denoise wins; within 0.5 % of it, the one with
+fewer contexts, then fewer terms (a simpler policy).
 """
 from __future__ import annotations
 
