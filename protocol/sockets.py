@@ -75,8 +75,15 @@ def make_socket(ctx: zmq.Context, kind: int, endpoint: str, *, bind: bool, curve
             transport, address = parse_endpoint(endpoint)
             if transport == "ipc":
                 os.makedirs(os.path.dirname(address), mode=0o700, exist_ok=True)
-            sock.bind(endpoint)
-            if transport == "ipc":          # owner only, whatever the umask (supervisord -n does not apply its own)
+            # owner only from the moment the file exists (a chmod after bind leaves a window where it is not),
+            # whatever the umask (supervisord -n does not apply its own)
+            old_umask = os.umask(0o077) if transport == "ipc" else None
+            try:
+                sock.bind(endpoint)
+            finally:
+                if old_umask is not None:
+                    os.umask(old_umask)
+            if transport == "ipc":
                 os.chmod(address, 0o700)
         else:
             sock.connect(endpoint)

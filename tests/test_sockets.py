@@ -325,3 +325,21 @@ def test_served_elsewhere_tells_another_machines_address():
     assert not served_elsewhere("tcp://127.0.0.1:5561") and not served_elsewhere("tcp://*:5561")
     assert not served_elsewhere("tcp://localhost:5561")
     assert served_elsewhere("tcp://192.0.2.7:5561")           # TEST-NET-1 (RFC 5737): never a local address
+
+
+def test_an_ipc_socket_is_private_from_the_moment_it_exists(ctx, run_dir, monkeypatch):
+    """The socket file is created owner-only, not made so by a chmod after bind: a peer listing the folder between the
+    two saw it 0755 (test_chaos caught that window). With chmod disabled the mode must still be 0700 under umask 022."""
+    endpoint = ipc_endpoint(run_dir, "private")
+    old = os.umask(0o022)
+    monkeypatch.setattr(os, "chmod", lambda *a, **k: None)
+    try:
+        sock = make_socket(ctx, zmq.ROUTER, endpoint, bind=True)
+    finally:
+        os.umask(old)
+    try:
+        path = parse_endpoint(endpoint)[1]
+        assert stat.S_IMODE(os.stat(path).st_mode) & 0o077 == 0, oct(os.stat(path).st_mode)
+        assert os.umask(old) == old                       # the process umask is restored after bind
+    finally:
+        sock.close(0)
