@@ -101,8 +101,8 @@ def _resolution(text: str | None, rf: RunFolder) -> list[tuple[int, int]] | None
             return [(w, h)]
         except ValueError:
             raise CliError(f"--resolution {text!r}: expected WIDTHxHEIGHT like 512x512", EXIT_USAGE) from None
-    from orchestrator.pipeline import pack_sizes
-    return pack_sizes(rf)
+    from orchestrator.packs import pack_sizes
+    return pack_sizes(rf.pipeline_toml)
 
 
 def cmd_submit(args, rf: RunFolder) -> int:

@@ -14,9 +14,10 @@ import zmq
 from orchestrator.flow import JobFlow
 from orchestrator.heartbeat import Heartbeats
 from orchestrator.jobs import JobError, JobStore, QueueFull
-from orchestrator.pipeline import read_packs, settings_from_config
+from orchestrator.packs import read_packs
 from orchestrator.prompt_spec import PromptError, parse_prompt_bytes
 from orchestrator.runfolder import RunFolder
+from orchestrator.settings import settings_from_config
 from orchestrator.supervisor import Supervisor
 from orchestrator.watchdog import HangWatch
 from protocol import messages as m

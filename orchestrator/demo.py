@@ -197,13 +197,13 @@ def check_prompt(prompt: Path, resolution: tuple[int, int]) -> None:
 def submit_and_follow(rf: RunFolder, prompt: Path) -> dict:
     """Validate and queue the prompt, follow it with the progress line, print the timing table. -> result paths."""
     from orchestrator.cli import DaemonClient, _follow
-    from orchestrator.pipeline import pack_sizes
+    from orchestrator.packs import pack_sizes
     from orchestrator.prompt_spec import PromptError, parse_prompt_bytes, read_prompt_file
     from orchestrator.report import format_table
     from protocol.messages import Submit, Submitted
     try:
         data = read_prompt_file(prompt)              # read once: what is checked is what is sent
-        parse_prompt_bytes(data, resolution=pack_sizes(rf))
+        parse_prompt_bytes(data, resolution=pack_sizes(rf.pipeline_toml))
     except PromptError as e:
         raise DemoError(f"{prompt}: {e}") from None
     client = DaemonClient(rf)

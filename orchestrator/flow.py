@@ -16,7 +16,7 @@ import numpy as np
 from models.backends import backend_class
 from models.durable import atomic_write
 from models.partition import TEXT_TOKENS, context_rows
-from orchestrator.pipeline import arena_plan
+from orchestrator.job_arena import arena_plan
 from orchestrator.prompt_spec import PromptSpec, output_file
 from orchestrator.report import JobReport, current_rss_mb, peak_rss_mb, png_metadata, text_record
 from orchestrator.supervisor import SupervisorError

@@ -122,7 +122,7 @@ def init_run(run: str | os.PathLike | None = None, *, python: str | None = None,
     refused (ValueError) before anything is written."""
     pack_dirs = ([pack_dir] if pack_dir else []) + list(packs or ())
     if len(pack_dirs) > 1:
-        from orchestrator.pipeline import read_packs
+        from orchestrator.packs import read_packs
         read_packs(pack_dirs)
     rf = RunFolder.resolve(run)
     for d in (rf.root, rf.logs, rf.jobs):

@@ -105,8 +105,8 @@ def test_init_with_several_packs(tmp_path, capsys):
     assert cli.main(["--run", str(run), "init", "--pack", str(a), "--pack", str(b)]) == 0
     cfg = load_config(run / "pipeline.toml")
     assert cfg.pack_dir == a and cfg.packs == (a, b)
-    from orchestrator.pipeline import pack_sizes
-    assert pack_sizes(RunFolder.resolve(run)) == [(64, 64), (64, 32)]
+    from orchestrator.packs import pack_sizes
+    assert pack_sizes(RunFolder.resolve(run).pipeline_toml) == [(64, 64), (64, 32)]
     other = tmp_path / "run2"
     capsys.readouterr()
     assert cli.main(["--run", str(other), "init", "--pack", str(a), "--pack", str(c)]) == 2

@@ -1,0 +1,76 @@
+"""The model packs as the daemon sees them: each pack's geometry from its manifest (no weights read), one pack per size."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class PackInfo:
+    """What the orchestrator needs from a pack's manifest (no weights are read)."""
+
+    dir: Path
+    width: int                # image pixels
+    height: int
+    latent_channels: int      # C = 16
+    latent_h: int             # H / 8
+    latent_w: int
+    tokens: int               # L image tokens
+    text_tokens: int          # S: 512, or more for a long-context pack
+    context_dim: int          # Dc
+    hidden: int               # D
+    head_dim: int             # hd
+    blocks: int               # DiT blocks (3 branch calls each per computed step)
+    io_dtype: str             # "f16" | "f32"
+    source_sha256: str
+    source_name: str
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return (self.width, self.height)
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int]:
+        return (self.latent_channels, self.latent_h, self.latent_w)
+
+    @property
+    def context_shape(self) -> tuple[int, int]:
+        return (self.text_tokens, self.context_dim)
+
+
+def read_pack(pack_dir: str | Path) -> PackInfo:
+    """Manifest only (load_pack without hashing the files; the scheduler checks them when it loads the pack)."""
+    from models.pack import load_pack
+    p = load_pack(pack_dir, check=False)
+    g, c = p.geometry, p.config
+    return PackInfo(dir=Path(pack_dir).resolve(), width=g.width, height=g.height, latent_channels=c.latent_channels,
+                    latent_h=g.latent_h, latent_w=g.latent_w, tokens=g.tokens, text_tokens=g.text_tokens,
+                    context_dim=c.context_dim, hidden=c.width, head_dim=c.head_dim, blocks=c.blocks, io_dtype=p.io_dtype,
+                    source_sha256=str(p.source.get("sha256", "")), source_name=str(p.source.get("name", "")))
+
+
+def read_packs(pack_dirs) -> dict[tuple[int, int], PackInfo]:
+    """{(width, height): PackInfo} of every pack, the default (first) first; PackError (a ValueError) when two packs
+    serve one size (a job picks its pack by size) or a manifest is unreadable."""
+    from models.pack import PackError
+    packs: dict[tuple[int, int], PackInfo] = {}
+    for d in pack_dirs:
+        try:
+            info = read_pack(d)
+        except (PackError, OSError) as e:
+            raise PackError(f"model pack {d}: {e}") from None
+        if info.size in packs:
+            raise PackError(f"model packs {packs[info.size].dir} and {info.dir} are both {info.width}x{info.height}; "
+                             "keep one pack per image size")
+        packs[info.size] = info
+    return packs
+
+
+def pack_sizes(pipeline_toml: Path) -> list[tuple[int, int]] | None:
+    """The (width, height) of every pack a pipeline.toml names (a run folder's `pipeline_toml`), the default first;
+    None without the file or packs."""
+    if not pipeline_toml.exists():
+        return None
+    from stages.config import load_config
+    cfg = load_config(pipeline_toml)
+    return list(read_packs(cfg.packs)) or None
