@@ -79,7 +79,6 @@ BRANCHES = (
     ),
 )
 KINDS = tuple(b.kind for b in BRANCHES)               # ("self", "cross", "ffn")
-LIFETIMES = {i.name: i.lifetime for b in BRANCHES for i in b.inputs}   # input name -> "call" | "pass" | "job"
 BY_KIND = {b.kind: b for b in BRANCHES}
 FILE_RE = re.compile(r"^b(\d{2,})_(self|cross|ffn)\.onnx$")
 

@@ -15,8 +15,9 @@ import numpy as np
 
 from models.backends import backend_class
 from models.durable import atomic_write
+from models.pack import PackError, load_pack
 from models.partition import TEXT_TOKENS, context_rows
-from orchestrator.job_arena import arena_plan
+from orchestrator.job_arena import create_job_arena
 from orchestrator.prompt_spec import PromptSpec, output_file
 from orchestrator.report import JobReport, current_rss_mb, peak_rss_mb, png_metadata, text_record
 from orchestrator.supervisor import SupervisorError
@@ -182,20 +183,17 @@ class JobFlow:
                               f"{self.job.id}`)")
 
     def _make_arena(self) -> None:
-        plan = arena_plan(self.pack)
         # a fresh name per arena: a stage still serving a dead daemon's request for this job can never attach the
         # new arena under the old name and mix the two (an orchestrator restart once corrupted the latent so)
         name = segment_name(self.d.rf.root, f"{self.job.id}_{secrets.token_hex(3)}")
         try:
-            self.arena = Arena.create(name, plan.total)
+            made = create_job_arena(name, load_pack(self.pack.dir, check=False))     # the manifest, no weights
+        except PackError as e:
+            raise StageFailed("orchestrator", f"model pack {self.pack.dir}: {e}") from None
         except Exception as e:  # ArenaError: no space, a stale segment
             raise StageFailed("orchestrator", f"cannot create the job arena: {e}") from None
-        f32 = "f32"
-        self.cond = self.arena.alloc("cond", f32, self.pack.context_shape)        # [S, Dc] f32
-        self.uncond = self.arena.alloc("uncond", f32, self.pack.context_shape)    # [S, Dc] f32
-        self.latent = self.arena.alloc("latent", f32, self.pack.latent_shape)     # [C, H/8, W/8] f32
-        start = -(-self.arena.slots.cursor // 64) * 64
-        self.scratch = m.Region(offset=start, nbytes=self.arena.size - start)
+        self.arena, self.cond, self.uncond, self.latent = made.arena, made.cond, made.uncond, made.latent
+        self.scratch = made.scratch
 
     # ------------------------------------------------------------ stages
 

@@ -1,11 +1,17 @@
-"""The layout of one job's arena: the contexts and the latent (the orchestrator's slots), the scheduler's scratch."""
+"""One job's arena: the contexts and the latent (the orchestrator's slots), then the scheduler's scratch region, sized
+by the scratch plan the scheduler carves it with (models/scratch.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.packs import PackInfo
+from models.scratch import scratch_plan
+from protocol import messages as m
+from protocol.arena import ALIGN_BYTES, Arena
+from protocol.tensors import TensorDesc
 
-ARENA_MARGIN_BYTES = 1 << 20      # slack on top of the computed layout (alignment, small extras)
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
 
 
 @dataclass(frozen=True)
@@ -14,22 +20,42 @@ class ArenaPlan:
 
     context_bytes: int        # one context [S, Dc] f32
     latent_bytes: int         # [C, H/8, W/8] f32
-    scratch_bytes: int        # branch inputs/outputs for both CFG passes, carved by the scheduler
+    scratch_bytes: int        # branch inputs/outputs for every CFG pass, carved by the scheduler
 
     @property
     def total(self) -> int:
-        return 2 * self.context_bytes + self.latent_bytes + self.scratch_bytes + ARENA_MARGIN_BYTES
+        """Every slot at an aligned offset (protocol.arena.SlotAllocator), the scratch region starting aligned."""
+        return 2 * _aligned(self.context_bytes) + _aligned(self.latent_bytes) + self.scratch_bytes
 
 
-def arena_plan(pack: PackInfo) -> ArenaPlan:
-    """Sizes from the pack's geometry. The scratch region holds, in the pack's io dtype, per CFG pass: xn and y
-    [L, D], the pass's context [S, Dc] and its mask [S]; once: RoPE cos and sin [L, hd/2]; plus an f32 copy of x
-    [L, D] for slack."""
-    io = 2 if pack.io_dtype == "f16" else 4
-    L, D, S, Dc, hd = pack.tokens, pack.hidden, pack.text_tokens, pack.context_dim, pack.head_dim
-    per_pass = (2 * L * D + S * Dc + S) * io
-    scratch = 2 * per_pass + 2 * L * (hd // 2) * io + L * D * 4
-    scratch += 64 * 16                           # alignment of ~16 slots
-    return ArenaPlan(context_bytes=S * Dc * 4,
-                     latent_bytes=pack.latent_channels * pack.latent_h * pack.latent_w * 4,
-                     scratch_bytes=scratch)
+def arena_plan(pack) -> ArenaPlan:
+    """Sizes for a models.pack.Pack (its manifest suffices: no weights are read)."""
+    g, c = pack.geometry, pack.config
+    scratch = scratch_plan(c, g, pack.dtype, len(m.PASS_NAMES)).nbytes(ALIGN_BYTES)
+    return ArenaPlan(context_bytes=g.text_tokens * c.context_dim * 4,
+                     latent_bytes=c.latent_channels * g.latent_h * g.latent_w * 4, scratch_bytes=scratch)
+
+
+@dataclass(frozen=True)
+class JobArena:
+    arena: Arena
+    cond: TensorDesc          # [S, Dc] f32
+    uncond: TensorDesc        # [S, Dc] f32
+    latent: TensorDesc        # [C, H/8, W/8] f32
+    scratch: m.Region         # for DENOISE.scratch
+
+
+def create_job_arena(name: str, pack) -> JobArena:
+    """The segment (ArenaError when /dev/shm has no room) with the orchestrator's slots carved and the rest handed
+    over as the scratch region."""
+    arena = Arena.create(name, arena_plan(pack).total)
+    g, c = pack.geometry, pack.config
+    ctx_shape, lat_shape = (g.text_tokens, c.context_dim), (c.latent_channels, g.latent_h, g.latent_w)
+    try:
+        cond, uncond = arena.alloc("cond", "f32", ctx_shape), arena.alloc("uncond", "f32", ctx_shape)
+        latent = arena.alloc("latent", "f32", lat_shape)
+    except BaseException:
+        arena.close()                     # the owner's close unlinks: no segment left behind
+        raise
+    start, nbytes = arena.slots.remaining()
+    return JobArena(arena, cond, uncond, latent, m.Region(offset=start, nbytes=nbytes))

@@ -128,11 +128,6 @@ class SlotAllocator:
         offset = min(-(-self.cursor // self.align) * self.align, self.end)
         return offset, self.end - offset
 
-    @staticmethod
-    def size_for(sizes: list[int], align: int = ALIGN_BYTES) -> int:
-        """Bytes needed for slots of these byte sizes (each aligned)."""
-        return sum(-(-n // align) * align for n in sizes) + align
-
 
 class Arena:
     """One mapped segment. Owners allocate slots; everyone reads and writes them through descriptors."""

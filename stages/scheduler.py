@@ -26,8 +26,9 @@ from models.denoise import make_sampler, save_state, spectrum_settings, start_or
 from models.dit_runner import BranchCall, DiTRunner
 from models.phase_times import PhaseSums
 from models.pack import PackError, load_pack
-from models.partition import KINDS, LIFETIMES, parse_branch_file
+from models.partition import KINDS, parse_branch_file
 from models.policy import Policy, PolicyError, parse_policy
+from models.scratch import scratch_plan
 from models.spectrum import plan as spectrum_plan
 from protocol import messages as m
 from protocol.fields import ProtocolError
@@ -62,13 +63,13 @@ class BranchClient:
         self.interleave = interleave
         self.resends = 0
         self.step_ref = step_ref                      # [current 1-based step], read when a call goes out
-        io = pack.io_dtype                            # "f16" | "f32"
-        L, D = pack.geometry.tokens, pack.config.width
-        slots = arena.region(msg.scratch.offset, msg.scratch.nbytes)
-        self.xn = [slots.alloc(f"xn.{p}", io, (L, D)) for p in m.PASS_NAMES]           # [L, D] io
-        self.y = [slots.alloc(f"y.{p}", io, (L, D)) for p in m.PASS_NAMES]             # [L, D] io
-        self.fixed: dict = {}                        # (pass, input name) -> desc written once per job
-        self._slots = slots
+        # every branch input and output slot, carved as the orchestrator sized the region: models/scratch.py
+        self.plan = scratch_plan(pack.config, pack.geometry, pack.dtype, len(m.PASS_NAMES))
+        region = arena.region(msg.scratch.offset, msg.scratch.nbytes)
+        self.slots = {s.name: region.alloc(s.name, s.dtype, s.shape) for s in self.plan.slots}
+        self.xn = [self._desc("xn", p) for p in range(len(m.PASS_NAMES))]          # [L, D] io dtype
+        self.y = [self._desc("y", p) for p in range(len(m.PASS_NAMES))]            # [L, D] io dtype
+        self.written: set = set()                    # slots of inputs that stay for the job, once written
         self._out: _Pending | None = None            # the request on the wire
         self.calls = 0
         self.branches_done = 0                       # branches whose every pass came back (the ETA's unit)
@@ -76,15 +77,18 @@ class BranchClient:
         self.transport_s = 0.0
         self.started = time.monotonic()
 
-    def _fixed(self, p: int, name: str, array: np.ndarray):
-        """Inputs that do not change during a job (the context and its mask per pass, RoPE tables shared): written
-        to the arena once; which is which is the partition table's `lifetime`."""
-        key = (p if LIFETIMES.get(name) == "pass" else 0, name)
-        if key not in self.fixed:
-            desc = self._slots.alloc(f"{name}.{key[0]}", self.pack.io_dtype, tuple(array.shape))
+    def _desc(self, tensor: str, p: int):
+        return self.slots[self.plan.slot(tensor, p).name]
+
+    def _input(self, p: int, name: str, array: np.ndarray):
+        """An input of pass `p` into its slot: xn for every call; those that stay for the job (the context and its
+        mask per pass, RoPE tables shared: the partition table's `lifetime`) once."""
+        slot = self.plan.slot(name, p)
+        desc = self.slots[slot.name]
+        if slot.lifetime == "call" or slot.name not in self.written:
             self.arena.write(desc, array)
-            self.fixed[key] = desc
-        return self.fixed[key]
+            self.written.add(slot.name)
+        return desc
 
     def submit(self, call: BranchCall) -> "_Pending":
         if self._out is not None:
@@ -101,11 +105,8 @@ class BranchClient:
             for name, array in feed.items():
                 if self.remote:
                     inputs[name] = frames.add(array, self.pack.io_dtype)
-                elif name == "xn":
-                    self.arena.write(self.xn[p], array)
-                    inputs[name] = self.xn[p]
                 else:
-                    inputs[name] = self._fixed(p, name, array)
+                    inputs[name] = self._input(p, name, array)
             passes.append(m.BranchPass(name=m.PASS_NAMES[p], inputs=inputs, output=None if self.remote else self.y[p]))
         nxt = []
         for path in call.ahead[:m.MAX_AHEAD]:

@@ -1,0 +1,100 @@
+"""One scratch plan for two processes: the region the orchestrator sizes is exactly the one the scheduler carves."""
+import secrets
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from models.config import PRESETS
+from models.pack import Pack
+from models.partition import Geometry
+from models.scratch import scratch_plan
+from orchestrator.job_arena import arena_plan, create_job_arena
+from protocol.arena import ALIGN_BYTES, ArenaError
+from protocol.messages import Region
+from stages.scheduler import BranchClient
+
+# (config, width, height, text_tokens, dtype): square and odd token grids, default and long-context packs, both dtypes
+PACKS = [(preset, w, h, s, dt) for preset, w, h in (("tiny", 64, 64), ("tiny", 264, 200), ("full", 64, 48))
+         for s in (512, 1024) for dt in ("fp16", "fp32")]
+
+
+def _pack(preset, w, h, s, dt) -> Pack:
+    return Pack(dir=Path("/nonexistent"), manifest={}, config=PRESETS[preset]["dit"],
+                geometry=Geometry.from_resolution(w, h, text_tokens=s), dtype=dt)
+
+
+def _by_hand(pack) -> dict:
+    """The slots written out from the branch graphs' inputs and outputs: {name: (dtype, shape)}."""
+    c, g = pack.config, pack.geometry
+    io = {"fp16": "f16", "fp32": "f32"}[pack.dtype]
+    L, S, D, Dc, hd2 = g.tokens, g.text_tokens, c.width, c.context_dim, c.head_dim // 2
+    slots = {"rope_cos": (io, (L, hd2)), "rope_sin": (io, (L, hd2))}
+    for p in (0, 1):
+        slots |= {f"xn.{p}": (io, (L, D)), f"y.{p}": (io, (L, D)), f"context.{p}": (io, (S, Dc))}
+        if S > 512:
+            slots[f"context_mask.{p}"] = (io, (S,))
+    return slots
+
+
+def _aligned(n):
+    return -(-n // ALIGN_BYTES) * ALIGN_BYTES
+
+
+@pytest.mark.parametrize("spec", PACKS)
+def test_the_plan_holds_every_branch_input_and_output(spec):
+    pack = _pack(*spec)
+    plan = scratch_plan(pack.config, pack.geometry, pack.dtype, 2)
+    want = _by_hand(pack)
+    assert {s.name: (s.dtype, s.shape) for s in plan.slots} == want
+    itemsize = {"f16": 2, "f32": 4}
+    assert plan.nbytes(ALIGN_BYTES) == sum(_aligned(itemsize[d] * int(np.prod(sh))) for d, sh in want.values())
+    shared = {s.name for s in plan.slots if s.cfg_pass is None}
+    assert shared == {"rope_cos", "rope_sin"}
+    assert plan.slot("rope_cos", 1).name == "rope_cos" and plan.slot("context", 1).name == "context.1"
+    with pytest.raises(ValueError, match="no scratch slot for 'hidden'"):
+        plan.slot("hidden", 0)
+
+
+def _client(arena, scratch, pack):
+    msg = SimpleNamespace(executor="ipc:///tmp/anima-test-executor.sock", scratch=scratch, job="j")
+    return BranchClient(None, msg, pack, None, None, arena, [1], max_lost=0)
+
+
+@pytest.mark.parametrize("spec", PACKS)
+def test_the_scheduler_carves_exactly_the_region_the_orchestrator_made(spec):
+    pack = _pack(*spec)
+    plan = arena_plan(pack)
+    job = create_job_arena(f"anima_test_{secrets.token_hex(4)}", pack)
+    try:
+        assert job.arena.size == plan.total and job.scratch.nbytes == plan.scratch_bytes
+        assert job.scratch.offset % ALIGN_BYTES == 0
+        client = _client(job.arena, job.scratch, pack)
+        assert {n: (d.dtype, d.shape) for n, d in client.slots.items()} == _by_hand(pack)
+        end = max(d.offset + d.nbytes for d in client.slots.values())
+        assert _aligned(end) == job.scratch.offset + job.scratch.nbytes == job.arena.size     # nothing left over
+        short = Region(offset=job.scratch.offset, nbytes=job.scratch.nbytes - ALIGN_BYTES)
+        with pytest.raises(ArenaError, match="does not fit"):
+            _client(job.arena, short, pack)                                                # nothing to spare
+    finally:
+        job.arena.close()
+
+
+def test_inputs_that_stay_for_the_job_are_written_once():
+    pack = _pack("tiny", 64, 64, 512, "fp32")
+    job = create_job_arena(f"anima_test_{secrets.token_hex(4)}", pack)
+    try:
+        client = _client(job.arena, job.scratch, pack)
+        g, c = pack.geometry, pack.config
+        ctx = np.ones((g.text_tokens, c.context_dim), np.float32)
+        xn = np.ones((g.tokens, c.width), np.float32)
+        first = client._input(1, "context", ctx)
+        assert client._input(1, "context", 2 * ctx) == first                   # "pass": written once per job
+        assert (job.arena.read(first) == 1).all()
+        assert client._input(0, "context", 3 * ctx) != first                   # the other pass has its own
+        client._input(1, "xn", xn)
+        desc = client._input(1, "xn", 2 * xn)                                  # "call": written every call
+        assert (job.arena.read(desc) == 2).all() and desc == client.xn[1]
+    finally:
+        job.arena.close()
