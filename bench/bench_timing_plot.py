@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from models.durable import atomic_write
+from models.partition import KINDS
 from orchestrator.report import MEMORY_POINTS
 
 
@@ -33,11 +34,11 @@ def make_report(steps: int) -> dict:
     series["encoder"] = [[i * 0.2, 3000.0] for i in range(150)]
     series["vae"] = [[span + 30 + i * 0.2, 900.0] for i in range(300)]
     calls = 28 * len(computed)
-    return {"job": "bench", "prompt": {"width": 512, "height": 512, "steps": steps}, "branch_calls": 3 * calls,
+    return {"job": "bench", "prompt": {"width": 512, "height": 512, "steps": steps}, "branch_calls": len(KINDS) * calls,
             "wall_s": span + 120, "steps": rows, "phases": [["encoding", 0, 30], ["denoising", 30, 30 + span],
                                                             ["decoding", 30 + span, span + 120]],
             "branches": {k: {"load_s": 40.0, "init_s": 120.0, "infer_s": 900.0, "release_s": 5.0, "calls": calls}
-                         for k in ("self", "cross", "ffn")},
+                         for k in KINDS},
             "memory": {"series": series}}
 
 

@@ -27,6 +27,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from models.partition import KINDS  # noqa: E402
+
 log = logging.getLogger("bench.board")
 DT_COMPATIBLE = "/proc/device-tree/compatible"
 
@@ -95,7 +97,7 @@ def lifecycle_table(reports: list) -> tuple:
     """Per kind: count and sums of load/init/infer/release and visible lifecycle seconds; NPU seconds per pass."""
     rows, data = [f"{'kind':<6}{'n':>5}{'load s':>10}{'init s':>10}{'infer s':>10}{'release s':>11}{'visible s':>11}"
                   f"{'NPU/pass s':>12}"], {}
-    for kind in ("self", "cross", "ffn"):
+    for kind in KINDS:
         rs = [r for r in reports if r["kind"] == kind]
         if not rs:
             continue

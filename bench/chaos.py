@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from models.partition import KINDS  # noqa: E402
+from models.partition import KINDS, branch_index  # noqa: E402
 from tests.pipeline_harness import Pipeline, tiny_assets  # noqa: E402
 
 STAGES = ("encoder", "scheduler", "executor", "vae", "orchestrator")
@@ -102,8 +102,8 @@ def _progress_pos(info, blocks: int, computed: list) -> int | None:
     if p is None:
         return None
     if p.step in computed:
-        return (computed.index(p.step) * blocks + p.block) * 3 + KINDS.index(p.branch)
-    return sum(s < p.step for s in computed) * blocks * 3 - 1
+        return computed.index(p.step) * blocks * len(KINDS) + branch_index(p.block, p.branch)
+    return sum(s < p.step for s in computed) * blocks * len(KINDS) - 1
 
 
 class Chaos:
@@ -227,7 +227,7 @@ class Chaos:
             pid = p.kill("orchestrator")
             return {"u": round(u, 4), "delay_s": round(delay, 3), "state": info.state, "call": pos}, pid
         # scheduler / executor: a random branch call of the denoise
-        total = len(b.computed) * b.blocks * 3
+        total = len(b.computed) * b.blocks * len(KINDS)
         target = min(total - 1, int(u * total))
         while True:
             info = p.status(job)
@@ -240,8 +240,8 @@ class Chaos:
             self._deadline(deadline, job)
             time.sleep(POLL_S)
         pid = p.kill(stage)
-        step = b.computed[target // (3 * b.blocks)]
-        block, kind = (target // 3) % b.blocks, KINDS[target % 3]
+        step = b.computed[target // (len(KINDS) * b.blocks)]
+        block, kind = (target // len(KINDS)) % b.blocks, KINDS[target % len(KINDS)]
         return {"u": round(u, 4), "target": f"step{step}/b{block}/{kind}", "call": pos}, pid
 
     def _deadline(self, deadline: float, job: str) -> None:

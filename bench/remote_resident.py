@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from models.dit_runner import DiTRunner  # noqa: E402
 from models.pack import load_pack  # noqa: E402
+from models.partition import KINDS  # noqa: E402
 from models.durable import atomic_write  # noqa: E402
 from models.policy import Policy  # noqa: E402
 from protocol.security import read_keypair, write_keypair  # noqa: E402
@@ -84,7 +85,7 @@ def context_memory(pack, threads: int) -> dict:
     """RSS growth per kind over load+init and over the first inference (MiB), block 0's three branches."""
     from models.backends.onnx import OnnxBackend
     p, rng, out, held = psutil.Process(), np.random.default_rng(1), {}, []
-    for kind in ("self", "cross", "ffn"):
+    for kind in KINDS:
         e = pack.branch(0, kind)
         r0 = p.memory_info().rss / 2**20
         be = OnnxBackend(threads)
@@ -138,9 +139,9 @@ def link_bench(pack, calls: int = 12) -> dict:
         s.close(0)
     zctx.term()
     shutil.rmtree(folder, ignore_errors=True)
-    nbytes = 4 * xn.nbytes + 2 * ctx_in.nbytes
-    return {"per_call_s": per_call, "bytes_per_call": nbytes, "per_forward_s": per_call * 3 * c.blocks,
-            "lan_1gbit_per_forward_s": 3 * c.blocks * nbytes / LAN_BYTES_S}
+    nbytes, forward_calls = 4 * xn.nbytes + 2 * ctx_in.nbytes, len(KINDS) * c.blocks
+    return {"per_call_s": per_call, "bytes_per_call": nbytes, "per_forward_s": per_call * forward_calls,
+            "lan_1gbit_per_forward_s": forward_calls * nbytes / LAN_BYTES_S}
 
 
 def main(argv=None) -> int:
@@ -190,18 +191,19 @@ def main(argv=None) -> int:
     life = {lab: mean(lab, "load_s") + mean(lab, "init_s") + mean(lab, "release_s") for lab in ("on-demand", "resident")}
     derived = w_od - life["on-demand"]
     link = link_bench(pack)
-    print(f"resident: {pinned} of {3 * c.blocks} branch models pinned ({pinned_mb:.0f} MiB by the lifecycle's count); "
+    n_models = len(KINDS) * c.blocks
+    print(f"resident: {pinned} of {n_models} branch models pinned ({pinned_mb:.0f} MiB by the lifecycle's count); "
           f"peak RSS {peak:.0f} MiB; outputs bitwise equal: {equal}   [measured here]")
     print(f"per forward (mean of {args.rounds}, alternated): on-demand {w_od:.1f} s (lifecycle {life['on-demand']:.1f} s), "
           f"resident with {pinned} pinned {w_res:.1f} s (lifecycle {life['resident']:.1f} s): {w_od / w_res:.2f}x   "
           "[measured here]")
-    print(f"all {3 * c.blocks} resident: {derived:.1f} s per forward, {w_od / derived:.2f}x   [derived from the on-demand "
+    print(f"all {n_models} resident: {derived:.1f} s per forward, {w_od / derived:.2f}x   [derived from the on-demand "
           "forwards above minus their measured load/init/release]")
     print("memory per context (MiB, RSS growth; block 0): " + ", ".join(
         f"{k} {m['init_mb']:.0f} after init + {m['first_infer_mb']:.0f} on the first inference" for k, m in mem.items())
-        + f"; all {3 * c.blocks} resident ~{c.blocks * per_block / 1024:.1f} GiB   [measured here]")
+        + f"; all {n_models} resident ~{c.blocks * per_block / 1024:.1f} GiB   [measured here]")
     print(f"link (CURVE tcp loopback, both passes' tensors of one call: {link['bytes_per_call'] / 2**20:.1f} MiB): "
-          f"{1000 * link['per_call_s']:.1f} ms per call, {link['per_forward_s']:.1f} s per forward ({3 * c.blocks} "
+          f"{1000 * link['per_call_s']:.1f} ms per call, {link['per_forward_s']:.1f} s per forward ({n_models} "
           f"calls) [measured here]; a 1 Gbit/s LAN adds >= {link['lan_1gbit_per_forward_s']:.1f} s per forward "
           "[bytes / 117 MB/s]")
     out = {"pack": str(pack.dir), "threads": args.threads, "load_avg": os.getloadavg(), "rows": rows,

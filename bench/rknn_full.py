@@ -24,6 +24,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from models.partition import KINDS  # noqa: E402
+
 log = logging.getLogger("bench.rknn_full")
 REFERENCE_TOTAL_GB = 3.99             # the reference work's 84 compiled branches at 512x512
 TARGET_FINAL_COS = 0.99999
@@ -110,7 +112,7 @@ def main(argv=None) -> int:
     rep = compile_pack(pack, jobs=args.jobs, blocks=blocks, per_worker=1)
     print(describe(rep))
     sizes = {b["name"]: b["bytes"] for b in rep["branches"]}
-    by_kind = {k: [s for n, s in sizes.items() if n.endswith(k)] for k in ("self", "cross", "ffn")}
+    by_kind = {k: [s for n, s in sizes.items() if n.endswith(k)] for k in KINDS}
     est = 28 * sum(np.mean(v) for v in by_kind.values() if v) if all(by_kind.values()) else None
     result["compile"] = rep
     result["size_sum_bytes"] = sum(sizes.values())
@@ -119,7 +121,7 @@ def main(argv=None) -> int:
     built = [b for b in rep["branches"] if b["status"] == "built"]
     if built:
         result["build_s_mean_by_kind"] = {k: float(np.mean([b["build_s"] for b in built if b["kind"] == k]))
-                                          for k in ("self", "cross", "ffn") if any(b["kind"] == k for b in built)}
+                                          for k in KINDS if any(b["kind"] == k for b in built)}
         result["peak_rss_mb_max"] = max(b["peak_rss_mb"] for b in built)
     # 2) simulator
     if args.sim == "per-branch":

@@ -14,7 +14,7 @@ from typing import Optional
 
 from models.config import DiTConfig
 from models.durable import atomic_write, building_folder, fsync_dir
-from models.partition import (BRANCHES, PACK_DTYPES, TEXT_TOKENS, Geometry, branch_file, branch_order,
+from models.partition import (BRANCHES, PACK_DTYPES, TEXT_TOKENS, Geometry, branch_file, branch_index, branch_order,
                               pack_io_dtype, resolve)
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class Pack:
         return self.manifest["source"]
 
     def branch(self, block: int, kind: str) -> dict:
-        return self.branches[3 * block + [b.kind for b in BRANCHES].index(kind)]
+        return self.branches[branch_index(block, kind)]
 
     def branch_path(self, block: int, kind: str) -> Path:
         return self.dir / self.branch(block, kind)["onnx"]

@@ -80,7 +80,6 @@ BRANCHES = (
 )
 KINDS = tuple(b.kind for b in BRANCHES)               # ("self", "cross", "ffn")
 BY_KIND = {b.kind: b for b in BRANCHES}
-FILE_RE = re.compile(r"^b(\d{2,})_(self|cross|ffn)\.onnx$")
 
 
 @dataclass(frozen=True)
@@ -181,6 +180,11 @@ def branch_spec(kind: str) -> BranchSpec:
     if kind not in BY_KIND:
         raise ValueError(f"branch kind {kind!r}: choose one of {list(KINDS)}")
     return BY_KIND[kind]
+
+
+def branch_index(block: int, kind: str) -> int:
+    """The place of (block, kind) in the strict execution order (block 0 self = 0, cross = 1, …)."""
+    return int(block) * len(KINDS) + KINDS.index(branch_spec(kind).kind)
 
 
 def branch_file(block: int, kind: str) -> str:

@@ -10,13 +10,12 @@ from pathlib import Path
 import psutil
 
 from models.durable import atomic_write
-from models.partition import TEXT_TOKENS
+from models.partition import KINDS, TEXT_TOKENS
 from models.probes import vm_hwm_kb
 from protocol.messages import MAX_PNG_TEXT_CHARS
 
 log = logging.getLogger(__name__)
 
-BRANCH_KINDS = ("self", "cross", "ffn")
 STAGES = ("encoder", "scheduler", "executor", "vae")
 PHASES = ("load_s", "init_s", "infer_s", "release_s", "wait_s", "visible_s", "hidden_s")   # PhaseSums seconds
 
@@ -148,8 +147,8 @@ class JobReport:
     def to_dict(self) -> dict:
         d = self.denoised
         branches = {k: {p: float(d.get("branches", {}).get(k, {}).get(p, 0.0)) for p in PHASES}
-                    for k in BRANCH_KINDS}
-        for k in BRANCH_KINDS:
+                    for k in KINDS}
+        for k in KINDS:
             for count in ("calls", "cached"):
                 branches[k][count] = int(d.get("branches", {}).get(k, {}).get(count, 0))
         t = self.teardown

@@ -56,7 +56,7 @@ MAX_STEPS = 1000
 MAX_BLOCKS = 256
 MAX_PASSES = 2  # CFG: conditional first, then unconditional
 MAX_AHEAD = 8  # branches named in BRANCH.next (prefetch hints)
-BRANCH_KINDS = ("self", "cross", "ffn")  # the order inside a block (models/partition.py is the full table)
+from models.partition import KINDS as BRANCH_KINDS  # noqa: E402 - the order inside a block: the branch table's
 PASS_NAMES = ("cond", "uncond")
 ERROR_CODES = (
     "bad_request",  # a field is missing, ill-typed or out of range (`field` names it)

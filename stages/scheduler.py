@@ -26,7 +26,7 @@ from models.denoise import make_sampler, save_state, spectrum_settings, start_or
 from models.dit_runner import BranchCall, DiTRunner
 from models.phase_times import PhaseSums
 from models.pack import PackError, load_pack
-from models.partition import KINDS, parse_branch_file
+from models.partition import KINDS, branch_index, parse_branch_file
 from models.policy import Policy, PolicyError, parse_policy
 from models.scratch import scratch_plan
 from models.spectrum import plan as spectrum_plan
@@ -111,9 +111,9 @@ class BranchClient:
         nxt = []
         for path in call.ahead[:m.MAX_AHEAD]:
             nb, nk = parse_branch_file(Path(path).name)
-            nxt.append(m.BranchRef(block=nb, branch=nk, model=str(path), index=3 * nb + KINDS.index(nk)))
+            nxt.append(m.BranchRef(block=nb, branch=nk, model=str(path), index=branch_index(nb, nk)))
         req = m.Branch(job=job, step=step, block=call.block, branch=call.kind, model=str(call.path),
-                       index=3 * call.block + KINDS.index(call.kind), arena=None if self.remote else self.arena.name,
+                       index=branch_index(call.block, call.kind), arena=None if self.remote else self.arena.name,
                        passes=tuple(passes), next=tuple(nxt), hold=call.hold, inline=tuple(frames.frames))
         # 3) the call goes out; its reply is taken by the next submit() or by result()
         self.link.send(req)
@@ -391,7 +391,7 @@ class SchedulerLogic:
                     ctx.check(msg.job)
                     sampler.step_forecast(state)
                     ctx.emit(m.Progress(job=msg.job, step=state.step, steps=params.steps, block=cfg.blocks - 1,
-                                        branch="ffn", forecast=True, elapsed_s=time.monotonic() - t_start))
+                                        branch=KINDS[-1], forecast=True, elapsed_s=time.monotonic() - t_start))
                 if not np.isfinite(state.latent).all():
                     raise RequestFailed(f"latent has NaN/Inf after step {state.step}", field="latent")
                 check_state_room(msg.job_dir, state)

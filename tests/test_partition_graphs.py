@@ -7,8 +7,8 @@ import pytest
 
 from models.branch_graphs import build_branch, serialize
 from models.config import PRESETS
-from models.partition import (BRANCHES, KINDS, Geometry, branch_file, branch_order, parse_blocks, parse_branch_file,
-                              parse_resolution, resolve)
+from models.partition import (BRANCHES, KINDS, Geometry, branch_file, branch_index, branch_order, parse_blocks,
+                              parse_branch_file, parse_resolution, resolve)
 from models.rope import rope_tables
 
 CFG = PRESETS["tiny"]["dit"]
@@ -99,6 +99,9 @@ def test_partition_order_and_shapes():
     order = list(branch_order(CFG))
     assert len(order) == 3 * CFG.blocks
     assert [(i, s.kind) for i, s in order[:4]] == [(0, "self"), (0, "cross"), (0, "ffn"), (1, "self")]
+    assert [branch_index(i, s.kind) for i, s in order] == list(range(len(order)))
+    with pytest.raises(ValueError, match="branch kind 'attn'"):
+        branch_index(0, "attn")
     g = Geometry.from_resolution(512, 512)
     assert (g.latent_h, g.latent_w, g.tokens, g.text_tokens) == (64, 64, 1024, 512)
     full = PRESETS["full"]["dit"]

@@ -21,6 +21,7 @@ import time
 
 from aiohttp import web
 
+from models.partition import KINDS, branch_index
 from orchestrator.http import files
 from orchestrator.http.common import FRONT, cancel_job, json_response, read_json, refuse, submit_job
 from orchestrator.http.link import DaemonRefused
@@ -149,7 +150,7 @@ async def progress(request: web.Request) -> web.Response:
         frac = {"encoding": 0.01, "decoding": 0.99}.get(job.state, 0.0)
         if job.state == "denoising" and p is not None:
             blocks = tracker.blocks_of(job) or 1
-            within = (3 * p.block + ("self", "cross", "ffn").index(p.branch) + 1) / (3 * blocks)
+            within = (branch_index(p.block, p.branch) + 1) / (len(KINDS) * blocks)
             frac = min(0.99, (p.step - 1 + within) / p.steps)
             eta, step, steps = p.eta_s or 0.0, p.step, p.steps
     created = job.info.created if job is not None else time.time()
