@@ -1,21 +1,117 @@
-"""Peer liveness while a long request is outstanding: HEARTBEAT on a side socket, PeerLost after LIVENESS misses.
+"""Heartbeats to a peer stage: HEARTBEAT on a REQ side socket, PONGs read without blocking, one rule for misses.
 
-A busy stage still answers HEARTBEAT (stages.base serves lifecycle kinds while a handler works) with PONG saying it is
-busy and with which job. So silence means the peer process is gone, a new pid means it restarted, and a peer that stays
-idle never got the request (or lost it): in each case the caller drops its request socket and resends at once instead
-of waiting out a long request timeout. Non-blocking: `tick()` is meant for LazyPirate's `idle` callback.
+The rule, for every watcher: one HEARTBEAT is out at a time, the next `interval_s` after the previous one; a HEARTBEAT
+unanswered for `interval_s` is a miss (its REQ socket, stuck without a reply, is replaced and the next one goes out at
+once); `liveness` misses in a row make the peer silent, i.e. it answered nothing for `interval_s × liveness`. Any
+answer ends the run of misses. `HeartbeatLink` is that rule for one peer; its two users are `PeerWatch` below (the
+scheduler while a BRANCH is out) and the orchestrator's `Heartbeats` (orchestrator/heartbeat.py: its always-on stages,
+read by the hang watch).
+
+A busy stage still answers HEARTBEAT (stages.base serves the control kinds while a handler works) with PONG saying it
+is busy and with which job. So silence means the peer process is gone or hung, a new pid means it restarted, and a peer
+that stays idle never got the request (or lost it). Non-blocking: `tick()` is meant for an idle loop (LazyPirate's
+`idle` callback, the daemon's pump).
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
 from protocol import codec
+from protocol.fields import ProtocolError
 from protocol.messages import HEARTBEAT_INTERVAL_S, LIVENESS, Heartbeat, Pong
 from protocol.sockets import make_socket
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Beat:
+    """What heartbeats told of one peer (monotonic times)."""
+
+    since: float = 0.0              # when the watch (re)started: silence is counted from here at the earliest
+    sent_at: float = 0.0            # when the last HEARTBEAT went out (0: none yet)
+    waiting: bool = False           # that HEARTBEAT is still unanswered
+    last_pong_at: float = 0.0
+    pong: Pong | None = None        # the last PONG
+    missed: int = 0                 # misses in a row (an answer ends the run)
+    misses: int = 0                 # misses over the watch's life
+
+    def silent_for(self, now: float) -> float:
+        """Seconds since the peer last answered with a PONG (or since the watch started, when later)."""
+        return now - max(self.last_pong_at, self.since)
+
+
+class HeartbeatLink:
+    """The heartbeat rule (module docstring) for one peer at `endpoint`; `me` names the sender in HEARTBEAT."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, *, me: str, interval_s: float = HEARTBEAT_INTERVAL_S,
+                 liveness: int = LIVENESS, curve: Any = None, allow_plaintext: bool = False):
+        self.ctx, self.endpoint, self.me = ctx, endpoint, me
+        self.interval_s, self.liveness = interval_s, liveness
+        self.curve, self.allow_plaintext = curve, allow_plaintext
+        self.sock: zmq.Socket | None = None
+        self.beat = Beat(since=time.monotonic())
+
+    @property
+    def silent(self) -> bool:
+        return self.beat.missed >= self.liveness
+
+    def tick(self, now: float | None = None) -> Pong | None:
+        """Read an answer, count a miss, send the next HEARTBEAT when it is due; the PONG read now, if any."""
+        now = time.monotonic() if now is None else now
+        b = self.beat
+        if b.waiting:
+            if self.sock is not None and self.sock.poll(0, zmq.POLLIN):
+                b.waiting, b.missed = False, 0
+                try:
+                    reply = codec.decode(self.sock.recv_multipart(copy=False))
+                except ProtocolError as e:      # garbled, yet an answer from a live process
+                    log.warning("bad heartbeat reply from %s: %s", self.endpoint, e)
+                    return None
+                if isinstance(reply, Pong):
+                    b.pong, b.last_pong_at = reply, now
+                    return reply
+                return None
+            if now - b.sent_at < self.interval_s:
+                return None
+            b.missed += 1
+            b.misses += 1
+            self._drop()                        # a REQ socket without its reply is stuck: a fresh one
+        elif b.sent_at and now - b.sent_at < self.interval_s:
+            return None
+        self._send(now)
+        return None
+
+    def _send(self, now: float) -> None:
+        if self.sock is None:
+            self.sock = make_socket(self.ctx, zmq.REQ, self.endpoint, bind=False, curve=self.curve,
+                                    allow_plaintext=self.allow_plaintext)
+        try:
+            self.sock.send_multipart(codec.encode(Heartbeat(peer=self.me)), zmq.NOBLOCK, copy=False)
+        except zmq.Again:                       # not deliverable now: it counts as sent and unanswered
+            self._drop()
+        self.beat.sent_at, self.beat.waiting = now, True
+
+    def restart(self) -> None:
+        """Watch afresh: no HEARTBEAT out, no misses in a row, silence counted from now (the last PONG is kept)."""
+        self._drop()
+        b = self.beat
+        b.since, b.sent_at, b.waiting, b.missed = time.monotonic(), 0.0, False, 0
+
+    def _drop(self) -> None:
+        if self.sock is not None:
+            self.sock.close(0)
+            self.sock = None
+
+    def close(self) -> None:
+        self._drop()
+        self.beat.waiting = False
 
 
 class PeerLost(Exception):
@@ -29,57 +125,32 @@ class PeerLost(Exception):
 
 
 class PeerWatch:
-    """Heartbeats `endpoint` every `interval_s`; `tick()` raises PeerLost after `liveness` unanswered ones."""
+    """A peer working on our request, watched by heartbeats: `tick()` raises PeerLost when it is silent (the rule
+    above), restarted (a new pid), or answers idle `liveness` times in a row (not working on our job)."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, *, peer: str, interval_s: float = HEARTBEAT_INTERVAL_S,
                  liveness: int = LIVENESS, curve: Any = None, allow_plaintext: bool = False):
-        self.ctx, self.endpoint, self.peer = ctx, endpoint, peer
-        self.interval_s, self.liveness = interval_s, liveness
-        self.curve, self.allow_plaintext = curve, allow_plaintext
-        self.sock: zmq.Socket | None = None
-        self.sent_at = 0.0
-        self.missed = self.idle = 0
-        self.waiting = False
+        self.peer = peer
+        self.link = HeartbeatLink(ctx, endpoint, me=f"watch-{os.getpid()}", interval_s=interval_s,
+                                  liveness=liveness, curve=curve, allow_plaintext=allow_plaintext)
+        self.idle = 0
         self.pid: int | None = None
         self.job: str | None = None
 
-    def _send(self, now: float) -> None:
-        if self.sock is None:
-            self.sock = make_socket(self.ctx, zmq.REQ, self.endpoint, bind=False, curve=self.curve,
-                                    allow_plaintext=self.allow_plaintext)
-        self.sock.send_multipart(codec.encode(Heartbeat(peer=f"watch-{os.getpid()}")), copy=False)
-        self.sent_at = now
-        self.waiting = True
-
     def reset(self, job: str | None = None) -> None:
         """Start watching a new request (for `job`): forget earlier misses, pid and idle answers."""
-        self.close()
-        self.missed = self.idle = 0
+        self.link.restart()
+        self.idle = 0
         self.pid, self.job = None, job
 
     def tick(self) -> None:
-        now = time.monotonic()
-        if not self.waiting:                   # nothing outstanding: next heartbeat when the interval is up
-            if self.sock is None or now - self.sent_at >= self.interval_s:
-                self._send(now)
-            return
-        if self.sock.poll(0, zmq.POLLIN):
-            try:
-                pong = codec.decode(self.sock.recv_multipart(copy=False))
-            except Exception:  # noqa: BLE001 - a garbled answer is still an answer from a live peer
-                pong = None
-            self.waiting = False
-            self.missed = 0
-            if isinstance(pong, Pong):
-                self._judge(pong)
-            return
-        if now - self.sent_at >= self.interval_s:
-            self.missed += 1
-            self.close()                       # a REQ socket without a reply is stuck: start a fresh one
-            if self.missed >= self.liveness:
-                raise PeerLost(f"{self.peer} answered no heartbeat for {self.missed * self.interval_s:.1f} s",
-                               silent=True)
-            self._send(now)
+        pong = self.link.tick()
+        if self.link.silent:
+            missed = self.link.beat.missed
+            raise PeerLost(f"{self.peer} answered no heartbeat for {missed * self.link.interval_s:.1f} s",
+                           silent=True)
+        if pong is not None:
+            self._judge(pong)
 
     def _judge(self, pong: Pong) -> None:
         """A live peer may still have lost our request: it restarted (new pid), or it stays idle."""
@@ -89,11 +160,8 @@ class PeerWatch:
             raise PeerLost(f"{self.peer} restarted (pid {self.pid} -> {pong.pid}): the request died with it")
         working = pong.busy and (self.job is None or pong.job == self.job)
         self.idle = 0 if working else self.idle + 1
-        if self.idle >= self.liveness:
+        if self.idle >= self.link.liveness:
             raise PeerLost(f"{self.peer} (pid {pong.pid}) is idle, not working on job {self.job}: request lost")
 
     def close(self) -> None:
-        self.waiting = False
-        if self.sock is not None:
-            self.sock.close(0)
-            self.sock = None
+        self.link.close()

@@ -2,10 +2,10 @@
 real thing with SIGSTOP): when a silent stage counts as hung, and how it is replaced through supervisord."""
 from dataclasses import dataclass
 
-from orchestrator.heartbeat import Beat
 from orchestrator.supervisor import ProcInfo
 from orchestrator.watchdog import HangWatch
 from protocol import messages as m
+from protocol.liveness import Beat
 
 
 @dataclass
