@@ -371,7 +371,7 @@ class JobFlow:
         self.report.delivery = {"output": str(dest), "written": True}
         return str(dest)
 
-    # ------------------------------------------------------------ stage lifecycle
+    # ------------------------------------------------------------ starting and stopping stages
 
     def _bring_up(self, stage: str, *, gone_pid: int = 0) -> None:
         """Local: start through supervisord (after the dead process `gone_pid` has left) and wait RUNNING; then HELLO

@@ -7,7 +7,7 @@ through PUSH → PULL (the orchestrator's `events` endpoint) and need no reply.
 
 The conversation (→ request, ← its reply, ⇢ event):
 
-  lifecycle, any client ↔ any stage
+  control, any client ↔ any stage
     → HELLO {peer, pid, version}                       ← READY {stage, pid, version, info}
     → HEARTBEAT {peer}                                 ← PONG {stage, pid, busy, job, uptime_s, rss_mb}
     → CANCEL {job}                                     ← OK
@@ -195,7 +195,7 @@ class TileSettings(Record):
     overlap: float = spec(Float(0.0, 0.9), 0.5)  # fraction of a tile
 
 
-# ---- lifecycle ---------------------------------------------------------------------------------------------------
+# ---- control -----------------------------------------------------------------------------------------------------
 
 @_message("HELLO")
 class Hello(Message):

@@ -44,14 +44,13 @@ from stages.config import ConfigError, PipelineConfig, load_config
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_INTERVAL_S = m.HEARTBEAT_INTERVAL_S
-LIVENESS = m.LIVENESS  # 3..5 is reasonable
 EXIT_OK = 0
 EXIT_CONFIG = 2  # bad --config: an expected exit in supervisord.conf (exitcodes), the program stays down
 SUPERVISOR_STARTSECS = 1.0  # supervisord.conf's startsecs of the stages and the orchestrator
 EXIT_FATAL = 1  # the stage broke: supervisord restarts it
 VERSION = "0.1.0"
-LIFECYCLE = frozenset({"HELLO", "HEARTBEAT", "CANCEL", "SHUTDOWN"})
+# the control requests every stage answers itself, also while a handler works (the rest is work for the logic)
+CONTROL_KINDS = frozenset(k.KIND for k in (m.Hello, m.Heartbeat, m.Cancel, m.Shutdown))
 
 
 class RequestFailed(Exception):
@@ -84,11 +83,11 @@ class StageContext:
         return self._proc.events.send(event) if self._proc.events is not None else False
 
     def keepalive(self) -> None:
-        """Answer lifecycle requests that arrived meanwhile (HEARTBEAT, HELLO, CANCEL, SHUTDOWN); others get `busy`."""
+        """Answer control requests that arrived meanwhile (HEARTBEAT, HELLO, CANCEL, SHUTDOWN); others get `busy`."""
         self._proc.serve_pending()
 
     def keep_alive_while(self, fn: Callable, *args, **kwargs):
-        """fn(*args, **kwargs) on a helper thread while this one keeps answering lifecycle requests (HEARTBEAT):
+        """fn(*args, **kwargs) on a helper thread while this one keeps answering control requests (HEARTBEAT):
         for long set-up work (hashing a pack, reading weights) that does not call keepalive() itself."""
         done = threading.Event()
         box: dict = {}
@@ -145,14 +144,14 @@ class StageProc:
         self.context = StageContext(self)
         self._proc_info = psutil.Process()
 
-    # ---- lifecycle replies ----
+    # ---- control replies ----
     def _ready(self, request_id: int | None = None) -> m.Ready:
         info_fn = getattr(self.logic, "info", None)
         info = dict(info_fn()) if info_fn else {}
         kwargs = {} if request_id is None else {"id": request_id}
         return m.Ready(stage=self.stage, pid=os.getpid(), version=VERSION, info=info, **kwargs)
 
-    def _lifecycle(self, msg: m.Message) -> m.Message:
+    def _control(self, msg: m.Message) -> m.Message:
         if isinstance(msg, m.Hello):
             return self._ready(msg.id)
         if isinstance(msg, m.Heartbeat):
@@ -171,15 +170,15 @@ class StageProc:
         return m.reply_to(msg, m.Ok, note="shutting down")
 
     def serve_pending(self) -> None:
-        """While a handler works: answer lifecycle requests now, tell work requests the stage is busy."""
+        """While a handler works: answer control requests now, tell work requests the stage is busy."""
         while self.server.sock.poll(0, zmq.POLLIN):
             req = self.server.recv(0.0)
             if req is None:
                 continue
             if req.error is not None:
                 self.server.reply_error(req, req.error)
-            elif req.msg.KIND in LIFECYCLE:
-                self.server.reply(req, self._lifecycle(req.msg))
+            elif req.msg.KIND in CONTROL_KINDS:
+                self.server.reply(req, self._control(req.msg))
             else:
                 self.server.reply(req, m.error_reply(req.msg.id, "busy", f"{self.stage} is working on job "
                                                      f"{self.current_job}", retry=True))
@@ -188,8 +187,8 @@ class StageProc:
     def _handle(self, req: Request) -> bool:
         """Answer one request; False when the stage must die (the fatal tier)."""
         msg = req.msg
-        if msg.KIND in LIFECYCLE:
-            self.server.reply(req, self._lifecycle(msg))
+        if msg.KIND in CONTROL_KINDS:
+            self.server.reply(req, self._control(msg))
             return True
         handler = getattr(self.logic, "on_" + msg.KIND.lower(), None)
         if handler is None:
@@ -266,7 +265,7 @@ class StageProc:
                     log.warning("bad request: %s", req.error)
                     self.server.reply_error(req, req.error)
                     continue
-                # 4) dispatch: lifecycle kinds here, work kinds to the logic; 5) reply
+                # 4) dispatch: control kinds here, work kinds to the logic; 5) reply
                 if not self._handle(req):
                     code = EXIT_FATAL
                     break

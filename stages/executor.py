@@ -38,7 +38,7 @@ from stages.tensor_io import ReplyTensors, read_tensor
 log = logging.getLogger(__name__)
 
 MEMORY_EVERY = 16          # PSS (smaps_rollup) is read on every 16th call; RSS (statm) on every call
-KEEPALIVE_SLICE_S = 0.05   # how often lifecycle requests are answered while a branch runs
+KEEPALIVE_SLICE_S = 0.05   # how often control requests (HEARTBEAT, CANCEL) are answered during a branch
 STAGE_KEYS = ("policy", "resident_mb", "dual_masks", "threads", "trace")   # read here, never passed to a backend
 
 
