@@ -226,22 +226,36 @@ class Request:
     request_id: int
 
 
-class Server:
+class _Bound:
+    """A bound socket with the CURVE authenticator that guards it (tcp): both started together, stopped together."""
+
+    def __init__(self, ctx: zmq.Context, kind: int, endpoint: str, *, curve: CurveServer | None,
+                 allow_plaintext: bool, **socket_kw: Any):
+        self.endpoint = endpoint
+        self.auth = start_authenticator(ctx, curve) if curve is not None else None
+        try:
+            self.sock = make_socket(ctx, kind, endpoint, bind=True, curve=curve, allow_plaintext=allow_plaintext,
+                                    **socket_kw)
+        except BaseException:
+            if self.auth is not None:
+                self.auth.stop()
+            raise
+
+    def close(self) -> None:
+        self.sock.close(0)
+        if self.auth is not None:
+            self.auth.stop()
+            self.auth = None
+
+
+class Server(_Bound):
     """A ROUTER bound to a stage endpoint. ROUTER_MANDATORY makes a reply to a vanished (restarted) peer an error we
     log instead of a silent drop; ROUTER_HANDOVER lets a reconnecting peer with the same identity take over."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, *, curve: CurveServer | None = None,
                  allow_plaintext: bool = False, allow_wildcard: bool = False):
-        self.endpoint = endpoint
-        self.auth = start_authenticator(ctx, curve) if curve is not None else None
-        try:
-            self.sock = make_socket(ctx, zmq.ROUTER, endpoint, bind=True, curve=curve, allow_plaintext=allow_plaintext,
-                                    options={zmq.ROUTER_MANDATORY: 1, zmq.ROUTER_HANDOVER: 1},
-                                    allow_wildcard=allow_wildcard)
-        except BaseException:
-            if self.auth is not None:
-                self.auth.stop()
-            raise
+        super().__init__(ctx, zmq.ROUTER, endpoint, curve=curve, allow_plaintext=allow_plaintext,
+                         options={zmq.ROUTER_MANDATORY: 1, zmq.ROUTER_HANDOVER: 1}, allow_wildcard=allow_wildcard)
 
     def recv(self, timeout_s: float, *, should_stop: Callable[[], bool] | None = None) -> Request | None:
         """The next request, or None on timeout/stop. Undecodable requests come back with `error` set."""
@@ -273,12 +287,6 @@ class Server:
 
     def reply_error(self, req: Request, error: ProtocolError) -> bool:
         return self.reply(req, error_reply(req.request_id, error))
-
-    def close(self) -> None:
-        self.sock.close(0)
-        if self.auth is not None:
-            self.auth.stop()
-            self.auth = None
 
 
 def serve(server: Server, handle: Callable[[Message], Message], *, should_stop: Callable[[], bool],
@@ -324,18 +332,12 @@ class EventPush:
         self.sock.close(0)
 
 
-class EventPull:
+class EventPull(_Bound):
     """The orchestrator's event sink (PULL, bound). Malformed events are logged and skipped."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, *, curve: CurveServer | None = None,
                  allow_plaintext: bool = False):
-        self.auth = start_authenticator(ctx, curve) if curve is not None else None
-        try:
-            self.sock = make_socket(ctx, zmq.PULL, endpoint, bind=True, curve=curve, allow_plaintext=allow_plaintext)
-        except BaseException:
-            if self.auth is not None:
-                self.auth.stop()
-            raise
+        super().__init__(ctx, zmq.PULL, endpoint, curve=curve, allow_plaintext=allow_plaintext)
 
     def recv(self, timeout_s: float) -> Message | None:
         if not self.sock.poll(int(timeout_s * 1000), zmq.POLLIN):
@@ -346,9 +348,3 @@ class EventPull:
         except ProtocolError as e:
             log.warning("malformed event skipped: %s", e)
             return None
-
-    def close(self) -> None:
-        self.sock.close(0)
-        if self.auth is not None:
-            self.auth.stop()
-            self.auth = None
