@@ -348,12 +348,13 @@ def _hello(cfg, stage: str) -> str:
     import zmq
     from protocol.messages import Hello, Ready, RemoteError, expect
     from protocol.sockets import LazyPirate, PeerUnavailable
+    from protocol.version import VERSION
     ctx = zmq.Context()
     try:
         with LazyPirate(ctx, cfg.endpoint(stage), peer=stage, timeout_s=2.0, retries=0,
                         curve=cfg.curve_client(stage),
                         allow_plaintext=cfg.security.allow_plaintext_loopback) as client:
-            r = expect(client.request(Hello(peer="cli", pid=os.getpid(), version="0.1.0")), Ready, stage)
+            r = expect(client.request(Hello(peer="cli", pid=os.getpid(), version=VERSION)), Ready, stage)
             return f"READY     pid {r.pid:<8} remote {cfg.endpoint(stage)}"
     except (PeerUnavailable, RemoteError) as e:
         return f"UNREACHABLE remote {cfg.endpoint(stage)}: {e}"

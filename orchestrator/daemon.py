@@ -23,6 +23,7 @@ from orchestrator.watchdog import HangWatch
 from protocol import messages as m
 from protocol.arena import reap, run_prefix
 from protocol.sockets import EventPull, LazyPirate, Server
+from protocol.version import VERSION
 from stages.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,6 @@ POLL_S = 0.1                 # longest wait between looks at the CLI socket and 
 RESCAN_S = 2.0               # the queue folder is re-read at least this often (at once after a SUBMIT/RESUME)
 SUBMIT_MEMORY = 256          # request ids of recent SUBMITs (a resent SUBMIT returns the same job)
 DETAIL_BUDGET_BYTES = 768 * 1024     # a detailed STATUS reply stops adding jobs here (frame 0 is capped at 1 MiB)
-VERSION = "0.1.0"
 
 
 class Daemon:

@@ -168,10 +168,11 @@ def _daemon_answers(rf: RunFolder) -> bool:
     import zmq
     from protocol.messages import Hello, Ready
     from protocol.sockets import LazyPirate
+    from protocol.version import VERSION
     ctx = zmq.Context()
     try:
         with LazyPirate(ctx, rf.daemon_endpoint, peer="orchestrator daemon", timeout_s=2.0, retries=0) as link:
-            return isinstance(link.request(Hello(peer="demo", pid=os.getpid(), version="0.1.0")), Ready)
+            return isinstance(link.request(Hello(peer="demo", pid=os.getpid(), version=VERSION)), Ready)
     except Exception:  # noqa: BLE001 - not up yet
         return False
     finally:

@@ -26,6 +26,7 @@ from protocol.arena import Arena, segment_name
 from protocol.fields import ProtocolError
 from protocol.sockets import PeerUnavailable
 from protocol.tensors import from_inline
+from protocol.version import VERSION
 
 log = logging.getLogger(__name__)
 
@@ -397,7 +398,7 @@ class JobFlow:
         check = self._start_failed(stage)
         while True:
             try:
-                reply = self.d.link(stage).request(m.Hello(peer="orchestrator", pid=os.getpid(), version="0.1.0"),
+                reply = self.d.link(stage).request(m.Hello(peer="orchestrator", pid=os.getpid(), version=VERSION),
                                                    timeout_s=READY_TIMEOUT_S, retries=0, should_stop=check,
                                                    idle=self.d.idle)
                 m.expect(reply, m.Ready, stage)

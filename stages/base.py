@@ -40,6 +40,7 @@ from protocol.arena import Arena, ArenaError
 from protocol.fields import ProtocolError
 from protocol.security import served_elsewhere
 from protocol.sockets import POLL_SLICE_S, EventPush, Request, Server
+from protocol.version import VERSION
 from stages.config import ConfigError, PipelineConfig, load_config
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,6 @@ EXIT_OK = 0
 EXIT_CONFIG = 2  # bad --config: an expected exit in supervisord.conf (exitcodes), the program stays down
 SUPERVISOR_STARTSECS = 1.0  # supervisord.conf's startsecs of the stages and the orchestrator
 EXIT_FATAL = 1  # the stage broke: supervisord restarts it
-VERSION = "0.1.0"
 # the control requests every stage answers itself, also while a handler works (the rest is work for the logic)
 CONTROL_KINDS = frozenset(k.KIND for k in (m.Hello, m.Heartbeat, m.Cancel, m.Shutdown))
 

@@ -35,7 +35,8 @@ from protocol.fields import ProtocolError
 from protocol.liveness import PeerLost, PeerWatch
 from protocol.sockets import LazyPirate, PeerUnavailable, parse_endpoint
 from protocol.tensors import InlineFrames, from_inline
-from stages.base import VERSION, RequestFailed, stage_main
+from protocol.version import VERSION
+from stages.base import RequestFailed, stage_main
 from stages.config import ConfigError, PipelineConfig
 from stages.step_account import step_times
 from stages.tensor_io import read_tensor

@@ -27,6 +27,7 @@ from orchestrator.http.common import FRONT, cancel_job, json_response, read_json
 from orchestrator.http.link import DaemonRefused
 from orchestrator.http.views import JobView
 from orchestrator.prompt_spec import MAX_CFG, MAX_STEPS
+from protocol.version import VERSION
 
 SAMPLERS = [{"name": "Euler", "aliases": ["euler", "k_euler"], "options": {}}]
 SCHEDULERS = [{"name": "automatic", "label": "Automatic", "aliases": None, "default_rho": -1, "need_inner_model": False},
@@ -114,7 +115,7 @@ def _info(job: JobView, png: bytes, model: str) -> dict:
                                         "Job": job.id},
             "index_of_first_image": 0, "infotexts": [infotext], "styles": [],
             "job_timestamp": time.strftime("%Y%m%d%H%M%S", time.localtime(job.info.created)), "clip_skip": 1,
-            "is_using_inpainting_conditioning": False, "version": "anima-npu 0.1.0"}
+            "is_using_inpainting_conditioning": False, "version": f"anima-npu {VERSION}"}
 
 
 async def txt2img(request: web.Request) -> web.Response:

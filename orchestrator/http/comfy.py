@@ -29,8 +29,9 @@ from orchestrator.http.link import DaemonRefused
 from orchestrator.http.views import JobView, model_names
 from orchestrator.jobs import JOB_ID_RE
 from protocol import messages as m
+from protocol.version import VERSION
 
-VERSION = "anima-npu 0.1.0"
+COMFY_VERSION = f"anima-npu {VERSION}"      # what system_stats reports as comfyui_version
 HISTORY_PAGE = 32               # jobs per STATUS while collecting /history
 MAX_HISTORY_ITEMS = 1024
 
@@ -168,7 +169,7 @@ async def get_system_stats(request: web.Request) -> web.Response:
     front = request.app[FRONT]
     mem = psutil.virtual_memory()
     return json_response({
-        "system": {"os": os.name, "ram_total": mem.total, "ram_free": mem.available, "comfyui_version": VERSION,
+        "system": {"os": os.name, "ram_total": mem.total, "ram_free": mem.available, "comfyui_version": COMFY_VERSION,
                    "python_version": sys.version, "pytorch_version": "", "embedded_python": False, "argv": sys.argv,
                    "machine": platform.machine()},
         "devices": [{"name": f"{front.cfg.backend} executor ({platform.machine()})",
