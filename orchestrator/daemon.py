@@ -16,7 +16,7 @@ from orchestrator.heartbeat import Heartbeats
 from orchestrator.jobs import JobError, JobStore, QueueFull
 from orchestrator.packs import read_packs
 from orchestrator.prompt_spec import PromptError, parse_prompt_bytes
-from orchestrator.runfolder import RunFolder
+from orchestrator.runfolder import ALWAYS_ON_STAGES, ON_DEMAND_STAGES, RunFolder
 from orchestrator.settings import settings_from_config
 from orchestrator.supervisor import Supervisor
 from orchestrator.watchdog import HangWatch
@@ -71,7 +71,7 @@ class Daemon:
         ev = self.cfg.endpoint("events")
         self.events = EventPull(self.ctx, ev, curve=self.cfg.curve_server() if self.cfg.is_remote("events") else None,
                                 allow_plaintext=self.cfg.security.allow_plaintext_loopback)
-        always_on = ["scheduler", "executor"] + [s for s in ("encoder", "vae") if self.cfg.is_remote(s)]
+        always_on = list(ALWAYS_ON_STAGES) + [s for s in ON_DEMAND_STAGES if self.cfg.is_remote(s)]
         self.heartbeats = Heartbeats(self.ctx, self.cfg, always_on)
         self.hangs = HangWatch(self.sup, self.heartbeats, self.settings.hang_timeout_s,
                                local=[s for s in always_on if not self.cfg.is_remote(s)])

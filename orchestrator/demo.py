@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from models.durable import atomic_write
-from orchestrator.runfolder import REPO_DIR, RunFolder, init_run
+from orchestrator.runfolder import ALWAYS_ON_STAGES, REPO_DIR, RunFolder, init_run
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def ensure_supervisord(rf: RunFolder, config_changed: bool = False) -> bool:
         if config_changed:
             _say("   the pipeline config changed: restarting orchestrator, scheduler, executor and the HTTP front")
             sup.update()                                  # supervisord rereads its config (e.g. a new program)
-            for program in ("scheduler", "executor", "orchestrator", "http"):
+            for program in ALWAYS_ON_STAGES + ("orchestrator", "http"):
                 if program in sup.all_info():
                     sup.restart(program)
     except (SupervisorError, OSError):

@@ -20,6 +20,7 @@ from models.partition import TEXT_TOKENS, context_rows
 from orchestrator.job_arena import create_job_arena
 from orchestrator.prompt_spec import PromptSpec, output_file
 from orchestrator.report import JobReport, current_rss_mb, peak_rss_mb, png_metadata, text_record
+from orchestrator.runfolder import ALWAYS_ON_STAGES, ON_DEMAND_STAGES
 from orchestrator.supervisor import SupervisorError
 from protocol import messages as m
 from protocol.arena import Arena, segment_name
@@ -274,7 +275,7 @@ class JobFlow:
 
     def _denoise(self) -> None:
         t0 = time.monotonic()
-        for name in ("encoder", "vae"):      # nothing heavy may be up while denoising
+        for name in ON_DEMAND_STAGES:      # nothing heavy may be up while denoising
             if not self.cfg.is_remote(name) and self.sup.info(name).live:
                 self.sup.stop(name, timeout_s=self.settings.stop_timeout_s, sleep=self.d.pump)
         s = self.spec
@@ -289,7 +290,7 @@ class JobFlow:
                         executor=self.cfg.endpoint("executor"), resume=self._resume_sampling,
                         context_rows=self._context_rows())
         self._denoising = True
-        self._sampling = {"scheduler", "executor"}
+        self._sampling = set(ALWAYS_ON_STAGES)
         try:
             self._sample(force=True)
             reply = m.expect(self._call("scheduler", msg, self.settings.denoise_timeout_s), m.Denoised, "scheduler")
@@ -448,7 +449,7 @@ class JobFlow:
             raise StageFailed(stage, f"could not stop: {e}") from None
 
     def _stop_quietly(self) -> None:
-        for stage in ("encoder", "vae"):
+        for stage in ON_DEMAND_STAGES:
             if not self.cfg.is_remote(stage):
                 try:
                     self.sup.stop(stage, timeout_s=self.settings.stop_timeout_s, sleep=self.d.pump)
@@ -522,7 +523,7 @@ class JobFlow:
             return
         if self._denoising:                                   # the teardown record, read from supervisord
             self.report.teardown.sample({n: None if self.cfg.is_remote(n) else infos.get(n)
-                                         for n in ("encoder", "vae")})
+                                         for n in ON_DEMAND_STAGES})
         for stage in self._sampling:
             self._sample_one(stage, infos.get(stage))
         if self._watch is not None:

@@ -12,11 +12,11 @@ import psutil
 from models.durable import atomic_write
 from models.partition import KINDS, TEXT_TOKENS
 from models.probes import vm_hwm_kb
+from orchestrator.runfolder import ON_DEMAND_STAGES, STAGE_PROGRAMS
 from protocol.messages import MAX_PNG_TEXT_CHARS
 
 log = logging.getLogger(__name__)
 
-STAGES = ("encoder", "scheduler", "executor", "vae")
 PHASES = ("load_s", "init_s", "infer_s", "release_s", "wait_s", "visible_s", "hidden_s")   # PhaseSums seconds
 
 # latent.npy holds the sampler's latent [16, H/8, W/8] f32 in MODEL space: before the VAE's per-channel
@@ -90,7 +90,7 @@ class TeardownRecord:
     def sample(self, infos: dict) -> None:
         """One supervisord sample: `infos` maps "encoder"/"vae" to a ProcInfo (None for a remote stage)."""
         self.samples += 1
-        for program in ("encoder", "vae"):
+        for program in ON_DEMAND_STAGES:
             info = infos.get(program)
             if info is None or not info.live:
                 continue
@@ -127,7 +127,7 @@ class MemoryTrace:
 class JobReport:
     job: str
     spec: dict
-    stages: dict = field(default_factory=lambda: {s: StageRecord() for s in STAGES})
+    stages: dict = field(default_factory=lambda: {s: StageRecord() for s in STAGE_PROGRAMS})
     teardown: TeardownRecord = field(default_factory=TeardownRecord)
     denoised: dict = field(default_factory=dict)        # the scheduler's DENOISED fields (steps, sums, host/transport)
     encoder_timings: dict = field(default_factory=dict)

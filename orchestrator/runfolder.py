@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.durable import atomic_write
-from stages.config import JOBS_DIR
+from stages.config import JOBS_DIR, STAGES
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 # The top-level supervisord.conf: in a source tree (also the ready-made config for the default run folder), or, in an
@@ -15,7 +15,10 @@ REPO_DIR = Path(__file__).resolve().parent.parent
 _TEMPLATES = (REPO_DIR / "supervisord.conf", Path(sys.prefix) / "share" / "anima-npu" / "supervisord.conf")
 TEMPLATE = next((p for p in _TEMPLATES if p.is_file()), _TEMPLATES[0])
 RUN_ENV = "ANIMA_RUN"
-STAGE_PROGRAMS = ("encoder", "scheduler", "executor", "vae")
+STAGE_PROGRAMS = STAGES                            # a supervisord program each
+# supervisord.conf autostarts the others; these the job flow starts for their part of a job and stops before denoising
+ON_DEMAND_STAGES = ("encoder", "vae")
+ALWAYS_ON_STAGES = tuple(s for s in STAGES if s not in ON_DEMAND_STAGES)     # scheduler, executor
 PROGRAMS = STAGE_PROGRAMS + ("orchestrator", "http")
 MAX_IPC_PATH = 100                                 # unix socket paths must stay below ~107 bytes
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.runfolder import PROGRAMS, TEMPLATE, init_run, render_supervisord_conf
+from orchestrator.runfolder import (ALWAYS_ON_STAGES, ON_DEMAND_STAGES, PROGRAMS, TEMPLATE, init_run,
+                                    render_supervisord_conf)
 from orchestrator.supervisor import Supervisor, SupervisorError
 
 BIN = Path(sys.executable).parent
@@ -200,3 +201,14 @@ def test_real_config_renders_and_runs(tmp_path):
 def test_render_escapes_percent(tmp_path):
     text = render_supervisord_conf(TEMPLATE.read_text(), tmp_path / "a%b", python="/x/py")
     assert "a%%b" in text and "%(here)s" not in text and "/x/py -m stages.vae" in text
+
+
+def test_the_on_demand_stages_are_the_ones_supervisord_does_not_autostart():
+    import configparser
+    conf = configparser.ConfigParser(interpolation=None)
+    conf.read_string(TEMPLATE.read_text())
+    autostart = {s.split(":", 1)[1]: conf.getboolean(s, "autostart") for s in conf.sections()
+                 if s.startswith("program:")}
+    assert set(autostart) == set(PROGRAMS)
+    assert {p for p, on in autostart.items() if not on} == set(ON_DEMAND_STAGES) == {"encoder", "vae"}
+    assert set(ALWAYS_ON_STAGES) == {"scheduler", "executor"} and all(autostart[s] for s in ALWAYS_ON_STAGES)
