@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.durable import atomic_write
+from protocol.security import ipc_path
 from stages.config import JOBS_DIR, STAGES
 
 REPO_DIR = Path(__file__).resolve().parent.parent
@@ -46,7 +47,7 @@ class RunFolder:
 
     @property
     def daemon_sock(self) -> Path:
-        return self.root / "sock" / "orchestrator.sock"      # as protocol.sockets.ipc_endpoint(run, "orchestrator")
+        return Path(ipc_path(self.root, "orchestrator"))
 
     @property
     def daemon_endpoint(self) -> str:

@@ -176,12 +176,17 @@ def served_elsewhere(endpoint: str) -> bool:
     return True
 
 
+def ipc_path(run_dir: str | os.PathLike, name: str) -> str:
+    """RUN/sock/NAME.sock: where a run folder's unix sockets live (every stage's by default, the daemon's)."""
+    return os.path.join(os.path.abspath(os.fspath(run_dir)), "sock", f"{name}.sock")
+
+
 def ipc_endpoint(run_dir: str | os.PathLike, name: str) -> str:
     """`ipc://RUN/sock/NAME.sock` (the folder is made 0700); EndpointError when the path is too long."""
-    sock_dir = os.path.join(os.path.abspath(os.fspath(run_dir)), "sock")
-    endpoint = f"ipc://{sock_dir}/{name}.sock"
+    path = ipc_path(run_dir, name)
+    endpoint = f"ipc://{path}"
     parse_endpoint(endpoint)
-    os.makedirs(sock_dir, mode=0o700, exist_ok=True)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     return endpoint
 
 

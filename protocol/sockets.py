@@ -16,8 +16,8 @@ from protocol.fields import ProtocolError
 from protocol.messages import Message, error_reply
 # re-exported: callers may import the security names from here too
 from protocol.security import (IPC_PATH_MAX_CHARS, ZAP_DOMAIN, CurveClient, CurveServer, EndpointError,  # noqa: F401
-                               check_bind, check_security, ipc_endpoint, is_loopback, parse_endpoint, read_keypair,
-                               start_authenticator, write_keypair)
+                               check_bind, check_security, ipc_endpoint, ipc_path, is_loopback, parse_endpoint,
+                               read_keypair, start_authenticator, write_keypair)
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ from typing import Any
 
 from protocol.messages import HEARTBEAT_INTERVAL_S, LIVENESS
 from protocol.sockets import (REQUEST_RETRIES, REQUEST_TIMEOUT_S, CurveClient, CurveServer, EndpointError,
-                              check_bind, check_security, parse_endpoint, read_keypair)
+                              check_bind, check_security, ipc_path, parse_endpoint, read_keypair)
 from stages.settings import STAGE_SETTINGS, ConfigError, check_stage_table  # noqa: F401 - the settings live there
 
 STAGES = ("encoder", "scheduler", "executor", "vae")
@@ -205,7 +205,7 @@ def parse_config(data: dict[str, Any], path: Path) -> PipelineConfig:
         value = _get(eps, name, str, f"{w}endpoints.")
         try:
             if value is None:
-                value = f"ipc://{run_dir}/sock/{name}.sock"
+                value = f"ipc://{ipc_path(run_dir, name)}"
             parse_endpoint(value)
         except EndpointError as e:
             raise ConfigError(f"{w}endpoints.{name}: {e}") from None
