@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.runfolder import (ALWAYS_ON_STAGES, ON_DEMAND_STAGES, PROGRAMS, TEMPLATE, init_run,
+from orchestrator.runfolder import (ALWAYS_ON_STAGES, ON_DEMAND_STAGES, PROGRAMS, STAGE_PROGRAMS, TEMPLATE, init_run,
                                     render_supervisord_conf)
 from orchestrator.supervisor import Supervisor, SupervisorError
 
@@ -212,3 +212,7 @@ def test_the_on_demand_stages_are_the_ones_supervisord_does_not_autostart():
     assert set(autostart) == set(PROGRAMS)
     assert {p for p, on in autostart.items() if not on} == set(ON_DEMAND_STAGES) == {"encoder", "vae"}
     assert set(ALWAYS_ON_STAGES) == {"scheduler", "executor"} and all(autostart[s] for s in ALWAYS_ON_STAGES)
+    # a stage (and the daemon) outlives startsecs before a config exit (stages.base): it must know the value
+    from stages.base import SUPERVISOR_STARTSECS
+    assert {p: conf.getfloat(f"program:{p}", "startsecs") for p in STAGE_PROGRAMS + ("orchestrator",)} == \
+        {p: SUPERVISOR_STARTSECS for p in STAGE_PROGRAMS + ("orchestrator",)}
