@@ -4,20 +4,22 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import psutil
 
 from models.durable import atomic_write
 from models.partition import KINDS, TEXT_TOKENS
+from models.phase_times import PhaseSums
 from models.probes import vm_hwm_kb
 from orchestrator.runfolder import ON_DEMAND_STAGES, STAGE_PROGRAMS
 from protocol.messages import MAX_PNG_TEXT_CHARS
 
 log = logging.getLogger(__name__)
 
-PHASES = ("load_s", "init_s", "infer_s", "release_s", "wait_s", "visible_s", "hidden_s")   # PhaseSums seconds
+# a branch kind's sums in report.json: every PhaseSums field, seconds (float) and counts (int) as their defaults are
+SUMS = {f.name: type(f.default) for f in fields(PhaseSums)}
 
 # latent.npy holds the sampler's latent [16, H/8, W/8] f32 in MODEL space: before the VAE's per-channel
 # de-normalisation (models.vae.decoder.denormalize). ComfyUI's SaveLatent stores the other side, VAE space
@@ -146,11 +148,8 @@ class JobReport:
 
     def to_dict(self) -> dict:
         d = self.denoised
-        branches = {k: {p: float(d.get("branches", {}).get(k, {}).get(p, 0.0)) for p in PHASES}
+        branches = {k: {name: cast(d.get("branches", {}).get(k, {}).get(name, 0)) for name, cast in SUMS.items()}
                     for k in KINDS}
-        for k in KINDS:
-            for count in ("calls", "cached"):
-                branches[k][count] = int(d.get("branches", {}).get(k, {}).get(count, 0))
         t = self.teardown
         return {
             "job": self.job,
