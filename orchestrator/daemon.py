@@ -75,7 +75,7 @@ class Daemon:
         self.heartbeats = Heartbeats(self.ctx, self.cfg, always_on)
         self.hangs = HangWatch(self.sup, self.heartbeats, self.settings.hang_timeout_s,
                                local=[s for s in always_on if not self.cfg.is_remote(s)])
-        branch_timeout_s = self.cfg.stage_settings("scheduler").get("branch_timeout_s", 600.0)
+        branch_timeout_s = self.cfg.stage_settings("scheduler").get("branch_timeout_s")  # unset: the table's default
         if isinstance(branch_timeout_s, (int, float)) and 0 < branch_timeout_s <= self.settings.hang_timeout_s:
             log.warning("[stage.orchestrator] hang_timeout_s %.0f is not below [stage.scheduler] branch_timeout_s "
                         "%.0f: the scheduler gives up on a hung executor before it is restarted",
