@@ -1,4 +1,4 @@
-"""The model packs as the daemon sees them: each pack's geometry from its manifest (no weights read), one pack per size."""
+"""The model packs as the daemon sees them: each pack's geometry from its manifest (no weights read), one per size."""
 from __future__ import annotations
 
 from dataclasses import dataclass

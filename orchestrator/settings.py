@@ -1,4 +1,4 @@
-"""The orchestrator's own settings: `[stage.orchestrator]` of the pipeline config (the table is stages/settings.py's)."""
+"""The orchestrator's own settings: `[stage.orchestrator]` of the pipeline config (the table: stages/settings.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
