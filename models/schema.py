@@ -120,6 +120,42 @@ def convert(obj: Any, tp: Any, *, wording: "Wording | None" = None, error: type 
         return msgspec.convert(_plain(obj) if python else obj, tp)
     except msgspec.ValidationError as e:
         raise explain(e, obj, tp, wording or TECHNICAL, error).under(where) from None
+    except UnicodeEncodeError:                  # a key that is not Unicode text (a lone surrogate from JSON escapes)
+        raise _bad_text_key(obj, tp, "", wording or TECHNICAL, error).under(where) from None
+
+
+def _bad_text_key(obj, tp, path: str, wording: "Wording", error: type) -> SchemaError:
+    if isinstance(obj, dict):
+        cls = record_in(tp)
+        for k, v in obj.items():
+            try:
+                str(k).encode("utf-8")
+            except UnicodeEncodeError:
+                if cls is not None:
+                    known = fields_of(cls)
+                    return error(*wording.say(path, Problem("unknown", record=cls, key=k, expected=known,
+                                                            unknown=tuple(x for x in obj if x not in known))))
+                return error(_join(path, "<key>"), "holds a lone surrogate, which is not valid Unicode text")
+            sub = _field_types(cls).get(k, Any) if cls is not None else _value_type(tp)
+            found = _bad_text_key(v, sub, _join(path, str(k).encode("utf-8", "backslashreplace").decode()),
+                                  wording, error)
+            if found is not None:
+                return found
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            found = _bad_text_key(v, _item_type(_member(tp, obj, "array"), i) if _has(tp, "array") else Any,
+                                  f"{path}[{i}]", wording, error)
+            if found is not None:
+                return found
+    return None if path else error("", "holds a lone surrogate, which is not valid Unicode text")
+
+
+def _has(tp, shape: str) -> bool:
+    return any(_shape_of(m) == shape for m in _members(tp))
+
+
+def _value_type(tp):
+    return typing.get_args(_unwrap(_member(tp, {}, "map"))[0])[1] if _has(tp, "map") else Any
 
 
 def explain(e: msgspec.ValidationError, obj: Any, tp: Any, wording: "Wording", error: type = SchemaError) -> SchemaError:
@@ -189,6 +225,14 @@ def _bad_key(path: str, obj, tp):
     return _join(path, "<key>"), key, key_tp
 
 
+def record_in(tp):
+    """The record class a declared type holds (alone, or in a union), else None."""
+    try:
+        return _member(tp, None, "struct")
+    except ValueError:
+        return None
+
+
 def _fits(value, tp) -> bool:
     try:
         msgspec.convert(_plain(value), tp)
@@ -203,8 +247,10 @@ def _unwrap(tp) -> tuple[Any, dict]:
     while typing.get_origin(tp) is Annotated:
         tp, *extra = typing.get_args(tp)
         for m in extra:
+            if isinstance(m, _Above64):
+                meta["le"] = m.hi
             if isinstance(m, Meta):
-                for attr in ("ge", "le", "gt", "lt", "min_length", "max_length", "pattern"):
+                for attr in ("ge", "le", "gt", "lt", "min_length", "max_length", "pattern", "description"):
                     if getattr(m, attr) is not None:
                         meta[attr] = getattr(m, attr)
     return tp, meta
@@ -332,7 +378,10 @@ def classify(value, tp) -> Problem | None:
         for m in members:
             if _matches(value, m):
                 return classify(value, m)
-        return Problem("type", value, expected=tuple(_shape_of(m) for m in members), declared=tp)
+        given = [m for m in members if _shape_of(m) != "null"]
+        if len(given) > 1:
+            return Problem("type", value, expected=tuple(_shape_of(m) for m in members), declared=tp)
+        members = given                         # an optional value: what it must be when given
     tp = members[0] if members else tp
     base, meta = _unwrap(tp)
     shape = _shape_of(tp)
@@ -438,13 +487,15 @@ class Record(msgspec.Struct, metaclass=_RecordMeta, kw_only=True, forbid_unknown
     """Base of every validated record. Subclasses add `frozen=True` where the record is a value.
 
     KEY_NOUN names the record's keys in messages ("field", "setting"); WIRE_DEFAULTS: fields the data must carry
-    (no default for the decoder) that code may leave out when it builds the record (name -> factory); ERROR: the
-    SchemaError subclass construction raises."""
+    (no default for the decoder) that code may leave out when it builds the record (name -> factory); ERROR and
+    WORDING: the SchemaError subclass construction raises, and its words. A field's Meta(description=...) says what
+    it must be where its type alone would not (a Wording may use it)."""
 
     KEY_NOUN: ClassVar[str] = "field"
     UNKNOWN_AT_TABLE: ClassVar[bool] = False    # unknown keys are reported all at once, at the record's own path
     WIRE_DEFAULTS: ClassVar[dict] = {}
     ERROR: ClassVar[type] = SchemaError
+    WORDING: ClassVar[Any] = None               # construction's Wording (None: TECHNICAL)
 
     @classmethod
     def _build(cls, *args, **kw):
@@ -459,7 +510,13 @@ class Record(msgspec.Struct, metaclass=_RecordMeta, kw_only=True, forbid_unknown
         for name, make in cls.WIRE_DEFAULTS.items():
             if name not in kw:
                 kw[name] = make()
-        return convert(kw, cls, error=cls.ERROR, python=True)
+        return convert(kw, cls, wording=cls.WORDING, error=cls.ERROR, python=True)
+
+    @classmethod
+    def from_data(cls, obj: Any, where: str = ""):
+        """A record from decoded data (JSON, TOML, msgpack objects), checked; cls.ERROR naming the field under
+        `where` otherwise."""
+        return convert(obj, cls, wording=cls.WORDING, error=cls.ERROR, where=where)
 
     def replace(self, **changes):
         """A copy with some fields changed, checked like any new record."""

@@ -230,7 +230,7 @@ def png_metadata(spec, pack, job: str, names=None, graph: dict | None = None) ->
         chunks = (json.dumps(graph), json.dumps(api_to_workflow(graph)))
     own = {"job": job, "prompt": spec.prompt, "negative_prompt": spec.negative_prompt, "seed": spec.seed,
            "steps": spec.steps, "cfg": spec.cfg, "sampler": spec.sampler, "scheduler": spec.scheduler,
-           "width": width, "height": height, "spectrum": {k: v for k, v in vars(spec.spectrum).items()},
+           "width": width, "height": height, "spectrum": spec.spectrum.to_dict(),
            "model": pack.source_name, "model_sha256": pack.source_sha256,
            "latent_space": LATENT_SPACE, "latent_note": LATENT_NOTE}
     return {"parameters": params, "prompt": chunks[0], "workflow": chunks[1], "anima": json.dumps(own)}
