@@ -8,7 +8,7 @@ from typing import Iterator, Mapping, Optional
 
 import numpy as np
 
-from models.config import (DIT_PREFIXES, IGNORED_PATTERNS, AdapterConfig, ConfigError, DiTConfig,
+from models.config import (DIT_PREFIXES, IGNORED_PATTERNS, AdapterConfig, CheckpointError, DiTConfig,
                             detect_adapter_config, detect_dit_config, expected_adapter_shapes, expected_dit_shapes)
 from models.safetensors_io import DTYPES, KNOWN_UNSUPPORTED, SafeTensorsError, SafeTensorsFile, bf16_to_f32
 
@@ -19,10 +19,6 @@ ADAPTER_PREFIX = "llm_adapter."
 GGUF_MAGIC = b"GGUF"
 HASH_CHUNK = 16 * 1024 * 1024            # bytes per read when hashing
 BRANCH_MODULES = {"self": "self_attn", "cross": "cross_attn", "ffn": "mlp"}
-
-
-class CheckpointError(ValueError):
-    """A file that is not a usable Anima DiT checkpoint; the message names the file and the key."""
 
 
 def strip_prefix(key: str) -> str:
@@ -120,14 +116,14 @@ class DiTCheckpoint:
             shapes[s] = st.shape(k)
         try:
             config = detect_dit_config(shapes)
-        except ConfigError as e:
+        except CheckpointError as e:
             raise CheckpointError(f"{path}: {e}") from None
         expected = dict(expected_dit_shapes(config))
         adapter = None
         if any(s.startswith(ADAPTER_PREFIX) for s in shapes):
             try:
                 adapter = detect_adapter_config(shapes, ADAPTER_PREFIX)
-            except ConfigError as e:
+            except CheckpointError as e:
                 raise CheckpointError(f"{path}: LLM adapter: {e}") from None
             expected.update(expected_adapter_shapes(adapter, ADAPTER_PREFIX))
         else:

@@ -339,7 +339,7 @@ def _problem(message: str, value, tp, cause) -> "Problem | SchemaError":
     for prefix, kind in (("Object missing required field `", "missing"), ("Object contains unknown field `", "unknown")):
         if message.startswith(prefix):
             cls = _member(tp, value, "struct")
-            known = fields_of(cls)
+            known = _known(cls)
             if kind == "missing":
                 return Problem("missing", record=cls, key=message[len(prefix):-1], declared=tp)
             unknown = tuple(k for k in value if k not in known)
@@ -444,6 +444,17 @@ class _Beyond(ValueError):
     def __init__(self, key: str, value: int, meta: dict):
         self.key, self.value, self.meta = key, value, meta
         super().__init__(f"{key}: {value} is out of range")
+
+
+def _known(cls) -> tuple[str, ...]:
+    """A record's keys as messages list them: its own fields first, then those of its bases."""
+    names = cls.__struct_fields__
+    out: list = []
+    for k in cls.__mro__:
+        for n in k.__dict__.get("__annotations__", {}):
+            if n in names and n not in out:
+                out.append(n)
+    return tuple(out)
 
 
 def fields_of(cls) -> tuple[str, ...]:

@@ -5,31 +5,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.runfolder import RunFolder
-from stages.config import STAGE_SETTINGS, check_stage_table
+from stages.settings import OrchestratorSettings  # noqa: F401 - [stage.orchestrator]: the config schema's record
 
 ARENA_MARGIN_BYTES = 1 << 20      # slack on top of the computed layout (alignment, small extras)
-
-_D = {k: s.default for k, s in STAGE_SETTINGS["orchestrator"].items()}    # [stage.orchestrator]: stages/config.py
-
-
-@dataclass(frozen=True)
-class OrchestratorSettings:
-    max_queue: int = _D["max_queue"]
-    min_free_mb: float = _D["min_free_mb"]
-    stage_retries: int = _D["stage_retries"]
-    start_timeout_s: float = _D["start_timeout_s"]
-    stop_timeout_s: float = _D["stop_timeout_s"]
-    encode_timeout_s: float = _D["encode_timeout_s"]
-    denoise_timeout_s: float = _D["denoise_timeout_s"]
-    decode_timeout_s: float = _D["decode_timeout_s"]
-    sample_interval_s: float = _D["sample_interval_s"]
-    hang_timeout_s: float = _D["hang_timeout_s"]
-    timing_plot_timeout_s: float = _D["timing_plot_timeout_s"]
-
-    @classmethod
-    def from_table(cls, table: dict, where: str = "") -> "OrchestratorSettings":
-        """From a `[stage.orchestrator]` table, checked against stages.settings.STAGE_SETTINGS (ConfigError)."""
-        return cls(**check_stage_table("orchestrator", table, where))
 
 
 @dataclass(frozen=True)
@@ -130,4 +108,4 @@ def arena_plan(pack: PackInfo) -> ArenaPlan:
 
 
 def settings_from_config(cfg) -> OrchestratorSettings:
-    return OrchestratorSettings.from_table(cfg.stage_settings("orchestrator"))
+    return cfg.settings("orchestrator")
