@@ -10,7 +10,7 @@ from models.partition import KINDS
 from models.schema import Float, Int, Items, Record
 
 SOURCES = ("load", "prefetch", "resident", "held")     # how a call got its model
-MAX_PASSES = 2                                         # CFG: cond and uncond
+MAX_RUNS = 4096                                        # model runs of one call (a VAE decodes its tiles in one)
 Seconds = Float()                                      # [0, 1e12]: a duration, or a time.monotonic() stamp
 Calls = Int(0, 2**40)
 
@@ -24,17 +24,18 @@ class PhaseTimes(Record, frozen=True):
     call's model, released on the helper thread while this call ran (hidden). wait_s: visible waiting for helper
     work (a prefetch not ready yet, a pending release). source: how the model was obtained (SOURCES).
     context_mb: memory of this call's context(s) as the backend reported it after init (0: unknown).
-    The wire requires load_s, init_s, infer_s and release_s (WIRE_DEFAULTS: code may leave them out)."""
+    The wire requires load_s, init_s, infer_s and release_s (WIRE_DEFAULTS: code may leave them out); BRANCH_DONE
+    bounds the passes."""
     WIRE_DEFAULTS: ClassVar[dict] = {"load_s": float, "init_s": float, "infer_s": tuple, "release_s": float}
     load_s: Seconds
     init_s: Seconds
-    infer_s: Items(Seconds, MAX_PASSES)
+    infer_s: Items(Seconds, MAX_RUNS)
     release_s: Seconds
     wait_s: Seconds = 0.0
     prev_release_s: Seconds = 0.0
     source: Literal[SOURCES] = "load"
     context_mb: Seconds = 0.0
-    infer_at: Items(Seconds, MAX_PASSES) = ()
+    infer_at: Items(Seconds, MAX_RUNS) = ()
 
     @property
     def npu_s(self) -> float:

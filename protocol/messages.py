@@ -367,8 +367,11 @@ class BranchDone(Message, tag="BRANCH_DONE"):
     pss_mb: Seconds | None = None
 
     def __post_init__(self):
-        if not self.times.infer_s:
-            raise ProtocolError("times.infer_s", f"expected 1..{MAX_PASSES} items, got 0")
+        for name, least in (("infer_s", 1), ("infer_at", 0)):          # a branch call runs one model per pass
+            n = len(getattr(self.times, name))
+            if not least <= n <= MAX_PASSES:
+                raise ProtocolError(f"times.{name}", f"expected {least}..{MAX_PASSES} items, got {n}",
+                                    "too_large" if n > MAX_PASSES else "bad_field")
 
 
 # ---- vae ---------------------------------------------------------------------------------------------------------
