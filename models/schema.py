@@ -250,7 +250,7 @@ def _unwrap(tp) -> tuple[Any, dict]:
             if isinstance(m, _Above64):
                 meta["le"] = m.hi
             if isinstance(m, Meta):
-                for attr in ("ge", "le", "gt", "lt", "min_length", "max_length", "pattern", "description"):
+                for attr in ("ge", "le", "gt", "lt", "min_length", "max_length", "pattern", "title", "description"):
                     if getattr(m, attr) is not None:
                         meta[attr] = getattr(m, attr)
     return tp, meta
