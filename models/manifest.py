@@ -3,7 +3,8 @@ models/vae/pack.py, encoder packs models/text/encoder_pack.py; `anima-models com
 manifest's fields typed as schema records (models/schema.py).
 
     PACK/manifest.json   {"schema": 1, "kind": KIND, "created", "tools", "source" or "sources", ...,
-                          "branches": [{onnx, sha256, bytes, inputs, outputs, rknn?}] or "files": [{file, sha256, bytes}]}
+                          "branches": [{onnx, sha256, bytes, inputs, outputs, rknn?}]
+                          or "files": [{file, sha256, bytes}]}
 
 A manifest is written last (atomically) into a folder built as a whole (models.durable.building_folder): a folder
 without one is not a pack. A reader checks the folder, the JSON, the kind and the schema version here, the fields

@@ -11,7 +11,7 @@ from typing import Any, Optional
 from models.config import DiTConfig
 from models.durable import atomic_write, building_folder, fsync_dir
 from models.manifest import (MANIFEST, BranchEntry, ManifestRecord, data_sha256, existing_sources,  # noqa: F401
-                             file_sha256, manifest_header, read_manifest, source_entry, tool_versions, write_manifest)
+                             file_sha256, manifest_header, read_manifest, source_entry, write_manifest)
 from models.manifest import check_files as _check_listed
 from models.partition import (BRANCHES, PACK_DTYPES, TEXT_TOKENS, Geometry, branch_file, branch_order,
                               pack_io_dtype, resolve)
@@ -250,8 +250,8 @@ def load_pack(pack_dir, check: bool = True) -> Pack:
         raise PackError(f"{where}: manifest field 'dtype' has unsupported value {rec.dtype!r}")
     want = [(i, s.kind) for i, s in branch_order(cfg)]
     if [(b.block, b.kind) for b in rec.branches] != want:
-        raise PackError(f"{where}: branch table does not list blocks 0..{cfg.blocks - 1} × {[s.kind for s in BRANCHES]}"
-                        " in order")
+        raise PackError(f"{where}: branch table does not list blocks 0..{cfg.blocks - 1} × "
+                        f"{[s.kind for s in BRANCHES]} in order")
     pack_member(d, rec.host.file, where + " host")
     for b in rec.branches:
         bw = f"{where} branch b{b.block:02d}_{b.kind}"

@@ -29,8 +29,6 @@ __all__ = ["Record", "SchemaError", "Wording", "TECHNICAL", "convert", "explain"
 NO_NUL = r"\A[^\x00]*\Z"                        # every string: a NUL ends a C string, a log line, a file name
 IDENT_RE = re.compile(r"\A[A-Za-z0-9_.:\-]+\Z")  # names that end up in logs, file names and shm names
 MAX_INT = 2**64 - 1                             # msgpack's widest unsigned integer
-
-
 MAX_INT64 = 2**63 - 1                           # msgspec holds integer bounds as int64
 
 
@@ -158,7 +156,8 @@ def _value_type(tp):
     return typing.get_args(_unwrap(_member(tp, {}, "map"))[0])[1] if _has(tp, "map") else Any
 
 
-def explain(e: msgspec.ValidationError, obj: Any, tp: Any, wording: "Wording", error: type = SchemaError) -> SchemaError:
+def explain(e: msgspec.ValidationError, obj: Any, tp: Any, wording: "Wording",
+            error: type = SchemaError) -> SchemaError:
     """The SchemaError for msgspec's error `e` on `obj` against `tp`: the path from the error's `$.a.b[0]`, the
     offending value and the declared type (with its Meta bounds) found by walking `obj` and `tp` along it."""
     text = str(e)
@@ -336,7 +335,8 @@ class Problem(typing.NamedTuple):
 def _problem(message: str, value, tp, cause) -> "Problem | SchemaError":
     if isinstance(cause, SchemaError):
         return cause
-    for prefix, kind in (("Object missing required field `", "missing"), ("Object contains unknown field `", "unknown")):
+    for prefix, kind in (("Object missing required field `", "missing"),
+                         ("Object contains unknown field `", "unknown")):
         if message.startswith(prefix):
             cls = _member(tp, value, "struct")
             known = _known(cls)

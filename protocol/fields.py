@@ -2,7 +2,7 @@
 
 from typing import Annotated, ClassVar
 
-from models.schema import IDENT_RE, MAX_INT, Float, Ident, Int, Meta, Record, SchemaError, Text  # noqa: F401
+from models.schema import Float, Ident, Int, Items, Mapping, Meta, Record, SchemaError, Text  # noqa: F401
 
 # Limits shared by every message (units in the names).
 MAX_NAME_CHARS = 128  # identifiers, stage names, slot names, map keys
@@ -31,19 +31,14 @@ Seconds = Float()                               # a duration or a time stamp, in
 Count = Int(0, 2**40)
 
 
-def Str(max_chars: int, min_chars: int = 0):
-    """A string of min_chars..max_chars characters without NUL."""
-    return Text(max_chars, min_chars)
-
-
 def Map(value, max_items: int = MAX_MAP_ITEMS, key=Name):
-    """A map from identifier keys to `value`s."""
-    return Annotated[dict[key, value], Meta(max_length=max_items)]
+    """A map from identifier keys to `value`s (the wire's default bounds)."""
+    return Mapping(key, value, max_items)
 
 
 def List(item, max_items: int = MAX_LIST_ITEMS, min_items: int = 0):
-    """A list (held as a tuple) of `item`s."""
-    return Annotated[tuple[item, ...], Meta(min_length=min_items, max_length=max_items)]
+    """A list (held as a tuple) of `item`s (the wire's default bounds)."""
+    return Items(item, max_items, min_items)
 
 
 # A plain value of a free-form info map: string, integer, finite float, bool or null.

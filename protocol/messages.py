@@ -46,7 +46,7 @@ from models import phase_times
 from models.schema import fields_of
 from models.spectrum import SpectrumSettings
 from protocol.fields import (MAX_NAME_CHARS, MAX_PATH_CHARS, MAX_TEXT_CHARS, Count, Float, Int, List, Map, Name, Note,
-                             Path, ProtocolError, Scalar, Seconds, Str, Version, WireRecord)
+                             Path, ProtocolError, Scalar, Seconds, Text, Version, WireRecord)
 from protocol.tensors import TensorDesc
 
 PROTOCOL_VERSION = 1
@@ -268,8 +268,8 @@ class Dying(Message, tag="DYING"):
 @_message("ENCODE")
 class Encode(Message, tag="ENCODE"):
     job: Name
-    prompt: Str(MAX_TEXT_CHARS)
-    negative: Str(MAX_TEXT_CHARS) = ""
+    prompt: Text(MAX_TEXT_CHARS)
+    negative: Text(MAX_TEXT_CHARS) = ""
     arena: Name | None = None  # None: reply with inline tensors (remote encoder)
     cond: TensorDesc | None = None  # [S, Dc] f32 slot to fill
     uncond: TensorDesc | None = None
@@ -388,7 +388,7 @@ class Decode(Message, tag="DECODE"):
     arena: Name | None = None
     output: Path | None = None  # PNG path on the VAE's machine; None: return it inline
     return_png: bool = False
-    metadata: Map(Str(MAX_PNG_TEXT_CHARS)) = {}  # PNG text chunks
+    metadata: Map(Text(MAX_PNG_TEXT_CHARS)) = {}  # PNG text chunks
     tile: TileSettings = TileSettings()
 
 
@@ -418,13 +418,13 @@ class JobInfo(_Record, frozen=True):
     created: Seconds
     updated: Seconds
     position: Int(0, 2**20) = 0  # jobs ahead of a queued one
-    error_stage: Str(MAX_NAME_CHARS) = ""
+    error_stage: Text(MAX_NAME_CHARS) = ""
     error: Note = ""
     image: Path | None = None
     report: Path | None = None
     progress: Progress | None = None
-    spec_json: Str(MAX_PROMPT_JSON_CHARS) = ""  # with STATUS detail: the job's resolved prompt
-    origin: Str(MAX_ORIGIN_CHARS) = ""  # with STATUS detail: SUBMIT's origin ("" when none)
+    spec_json: Text(MAX_PROMPT_JSON_CHARS) = ""  # with STATUS detail: the job's resolved prompt
+    origin: Text(MAX_ORIGIN_CHARS) = ""  # with STATUS detail: SUBMIT's origin ("" when none)
 
 
 class PackRef(_Record, frozen=True):
@@ -436,14 +436,14 @@ class PackRef(_Record, frozen=True):
     dtype: Name  # io dtype of its branches: f16 | f32
     blocks: Int(1, MAX_BLOCKS)
     source_name: Note = ""  # the checkpoint it was built from
-    source_sha256: Str(64) = ""
+    source_sha256: Text(64) = ""
 
 
 @_message("SUBMIT")
 class Submit(Message, tag="SUBMIT"):
-    prompt_json: Str(MAX_PROMPT_JSON_CHARS)  # the file's text: the daemon validates it again
+    prompt_json: Text(MAX_PROMPT_JSON_CHARS)  # the file's text: the daemon validates it again
     base_dir: Path  # relative `output` paths resolve from here (the CLI's working directory)
-    origin: Str(MAX_ORIGIN_CHARS) = ""  # JSON object kept with the job: {"api", "client_id", "graph"...}
+    origin: Text(MAX_ORIGIN_CHARS) = ""  # JSON object kept with the job: {"api", "client_id", "graph"...}
 
 
 @_message("SUBMITTED")

@@ -46,8 +46,8 @@ from typing import Any
 
 from models.schema import SchemaError
 from protocol.sockets import CurveClient, CurveServer, EndpointError, check_bind, check_security, parse_endpoint, read_keypair
-from stages.settings import (CONFIG, ENDPOINT_NAMES, LOG_LEVELS, STAGE_TABLES, STAGES, ConfigError,  # noqa: F401
-                             PipelineFile, Security, Table, Timeouts, check_stage_table)
+from stages.settings import (ENDPOINT_NAMES, STAGE_TABLES, STAGES, ConfigError, PipelineFile,  # noqa: F401
+                             Security, Table, Timeouts, check_stage_table)
 
 JOBS_DIR = "jobs"                                  # RUN/jobs: the job folders (orchestrator.runfolder, the VAE)
 
