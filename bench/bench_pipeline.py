@@ -28,7 +28,8 @@ import zmq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from models.denoise import denoise, make_sampler, spectrum_settings, start_or_resume  # noqa: E402
+from models.denoise import denoise, make_sampler, start_or_resume  # noqa: E402
+from models.spectrum import SpectrumSettings  # noqa: E402
 from models.dit_runner import DiTRunner  # noqa: E402
 from models.pack import load_pack  # noqa: E402
 from protocol import codec, messages as m  # noqa: E402
@@ -111,7 +112,7 @@ def in_process(pack_dir: Path, job_dir: Path, threads: int) -> dict:
     spec = json.loads((job_dir / "job.json").read_text())["spec"]
     pack = load_pack(pack_dir)
     g, c = pack.geometry, pack.config
-    sampler = make_sampler(spec["steps"], spec["cfg"], spec["scheduler"], spectrum_settings(**spec["spectrum"]))
+    sampler = make_sampler(spec["steps"], spec["cfg"], spec["scheduler"], SpectrumSettings(**spec["spectrum"]))
     state = start_or_resume(sampler, spec["seed"], (c.latent_channels, g.latent_h, g.latent_w))
     cond, uncond = np.load(job_dir / "cond.npy"), np.load(job_dir / "uncond.npy")      # [512, Dc] f32
     runner = DiTRunner(pack, threads=threads)

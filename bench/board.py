@@ -154,7 +154,8 @@ def main(argv=None) -> int:
     if why:
         print(f"bench/board.py: refusing: {why}", file=sys.stderr)
         return 2
-    from models.denoise import make_sampler, spectrum_settings, start_or_resume
+    from models.denoise import make_sampler, start_or_resume
+    from models.spectrum import SpectrumSettings
     from models.dit_runner import DiTRunner
     from models.pack import load_pack
     from models import probes
@@ -182,7 +183,7 @@ def main(argv=None) -> int:
     print(f"forward wall {out['forward']['wall_s']:.1f} s, pure NPU {out['forward']['npu_s']:.1f} s, "
           f"host ops {out['forward']['host_s']:.1f} s")
     # 2) one full job: the whole sampler run
-    sampler = make_sampler(args.steps, args.cfg, spectrum=spectrum_settings(not args.no_spectrum))
+    sampler = make_sampler(args.steps, args.cfg, spectrum=SpectrumSettings(enabled=not args.no_spectrum))
     state = start_or_resume(sampler, args.seed, x.shape, job_dir=None)
     steps, mark = [], [time.perf_counter(), len(board.reports)]
 

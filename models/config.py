@@ -11,8 +11,9 @@ IGNORED_PATTERNS = (re.compile(r"^pos_embedder\."), re.compile(r"^accum_"), re.c
                     re.compile(r"(^|\.)_extra_state$"))
 
 
-class ConfigError(ValueError):
-    """The checkpoint's tensors do not describe an Anima DiT; the message names the key."""
+class CheckpointError(ValueError):
+    """A file that is not a usable Anima DiT checkpoint (or LLM adapter): here, its tensors do not describe one (the
+    message names the key; models/dit_checkpoint.py adds the file)."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class AdapterConfig:
 
 def _shape(shapes: dict, key: str) -> tuple:
     if key not in shapes:
-        raise ConfigError(f"missing key {key!r}")
+        raise CheckpointError(f"missing key {key!r}")
     return tuple(shapes[key])
 
 
@@ -72,11 +73,11 @@ def block_count(shapes: dict, prefix: str = "blocks.") -> int:
             if head.isdigit():
                 idx.add(int(head))
     if not idx:
-        raise ConfigError(f"no '{prefix}N.*' tensors")
+        raise CheckpointError(f"no '{prefix}N.*' tensors")
     n = max(idx) + 1
     missing = sorted(set(range(n)) - idx)
     if missing:
-        raise ConfigError(f"block indices not contiguous: missing {prefix}{missing[0]}")
+        raise CheckpointError(f"block indices not contiguous: missing {prefix}{missing[0]}")
     return n
 
 
@@ -84,10 +85,10 @@ def detect_dit_config(shapes: dict) -> DiTConfig:
     """DiT config from {key: shape} with prefixes already stripped."""
     d, inf = _shape(shapes, "x_embedder.proj.1.weight")
     if inf % 4 != 0 or inf // 4 < 2:
-        raise ConfigError(f"x_embedder.proj.1.weight has {inf} input features, expected (C+1)*4")
+        raise CheckpointError(f"x_embedder.proj.1.weight has {inf} input features, expected (C+1)*4")
     head_dim = _shape(shapes, "blocks.0.self_attn.q_norm.weight")[0]
     if head_dim <= 0 or d % head_dim:
-        raise ConfigError(f"blocks.0.self_attn.q_norm.weight length {head_dim} does not divide width {d}")
+        raise CheckpointError(f"blocks.0.self_attn.q_norm.weight length {head_dim} does not divide width {d}")
     return DiTConfig(
         blocks=block_count(shapes),
         width=d,

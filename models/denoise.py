@@ -18,15 +18,6 @@ log = logging.getLogger(__name__)
 STATE_FILE = "sampler_state.safetensors"
 
 
-def spectrum_settings(enabled: bool, w: float = 0.4, m: int = 3, lam: float = 1.0, window: float = 2.0,
-                      flex: float = 0.5, warmup: int = 4, stop: float = 0.9) -> Optional[SpectrumSettings]:
-    """prompt.json / protocol Spectrum fields -> the sampler's settings (None when off: the plain baseline)."""
-    if not enabled:
-        return None
-    return SpectrumSettings(blend=float(w), degree=int(m), ridge=float(lam), window=float(window), flex=float(flex),
-                            warmup=int(warmup), stop=float(stop))
-
-
 def make_sampler(steps: int, cfg: float, schedule: str = "sgm_uniform",
                  spectrum: Optional[SpectrumSettings] = SpectrumSettings()) -> Sampler:
     return Sampler(steps=steps, cfg=cfg, schedule=schedule, spectrum=spectrum)

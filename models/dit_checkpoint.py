@@ -1,15 +1,15 @@
 """DiT + LLM-adapter checkpoint: memory-mapped, prefix-stripped, classified, config-detected and shape-validated."""
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from typing import Iterator, Mapping, Optional
 
 import numpy as np
 
-from models.config import (DIT_PREFIXES, IGNORED_PATTERNS, AdapterConfig, ConfigError, DiTConfig,
+from models.config import (DIT_PREFIXES, IGNORED_PATTERNS, AdapterConfig, CheckpointError, DiTConfig,
                             detect_adapter_config, detect_dit_config, expected_adapter_shapes, expected_dit_shapes)
+from models.manifest import file_sha256
 from models.safetensors_io import DTYPES, KNOWN_UNSUPPORTED, SafeTensorsError, SafeTensorsFile, bf16_to_f32
 
 log = logging.getLogger(__name__)
@@ -17,12 +17,7 @@ log = logging.getLogger(__name__)
 FLOAT_DTYPES = ("BF16", "F16", "F32")     # what the DiT path computes with (widened to f32 on read)
 ADAPTER_PREFIX = "llm_adapter."
 GGUF_MAGIC = b"GGUF"
-HASH_CHUNK = 16 * 1024 * 1024            # bytes per read when hashing
 BRANCH_MODULES = {"self": "self_attn", "cross": "cross_attn", "ffn": "mlp"}
-
-
-class CheckpointError(ValueError):
-    """A file that is not a usable Anima DiT checkpoint; the message names the file and the key."""
 
 
 def strip_prefix(key: str) -> str:
@@ -120,14 +115,14 @@ class DiTCheckpoint:
             shapes[s] = st.shape(k)
         try:
             config = detect_dit_config(shapes)
-        except ConfigError as e:
+        except CheckpointError as e:
             raise CheckpointError(f"{path}: {e}") from None
         expected = dict(expected_dit_shapes(config))
         adapter = None
         if any(s.startswith(ADAPTER_PREFIX) for s in shapes):
             try:
                 adapter = detect_adapter_config(shapes, ADAPTER_PREFIX)
-            except ConfigError as e:
+            except CheckpointError as e:
                 raise CheckpointError(f"{path}: LLM adapter: {e}") from None
             expected.update(expected_adapter_shapes(adapter, ADAPTER_PREFIX))
         else:
@@ -214,14 +209,7 @@ class DiTCheckpoint:
     def sha256(self) -> str:
         """sha256 of the whole file, streamed in chunks; cached after the first call."""
         if self._sha256 is None:
-            h = hashlib.sha256()
-            with open(self.path, "rb") as f:
-                while True:
-                    chunk = f.read(HASH_CHUNK)
-                    if not chunk:
-                        break
-                    h.update(chunk)
-            self._sha256 = h.hexdigest()
+            self._sha256 = file_sha256(self.path)
         return self._sha256
 
     def __repr__(self) -> str:

@@ -1,61 +1,54 @@
 """Model packs: a DiT checkpoint converted for one resolution (manifest + FP32 host weights + branch ONNX), built
 streaming into a temporary sibling folder and renamed into place; loading checks every file against the manifest."""
-from __future__ import annotations
-
 import hashlib
 import json
 import logging
-import os
-import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Optional
+from typing import Any, Optional
 
 from models.config import DiTConfig
 from models.durable import atomic_write, building_folder, fsync_dir
+from models.manifest import (MANIFEST, BranchEntry, ManifestRecord, data_sha256, existing_sources,  # noqa: F401
+                             file_sha256, manifest_header, read_manifest, source_entry, write_manifest)
+from models.manifest import check_files as _check_listed
 from models.partition import (BRANCHES, PACK_DTYPES, TEXT_TOKENS, Geometry, branch_file, branch_index, branch_order,
                               pack_io_dtype, resolve)
+from models.schema import Int
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 PACK_KIND = "anima-dit-pack"
-MANIFEST = "manifest.json"
 HOST_FILE = "host.safetensors"
 ONNX_DIR = "onnx"
-HASH_CHUNK = 8 * 1024 * 1024          # bytes per read when hashing
 
 
 class PackError(ValueError):
     """A pack that is missing, incomplete, of another checkpoint, or whose files differ from its manifest."""
 
 
-def file_sha256(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            chunk = f.read(HASH_CHUNK)
-            if not chunk:
-                return h.hexdigest()
-            h.update(chunk)
+class Resolution(ManifestRecord, frozen=True):
+    width: Int(1, 1 << 20)
+    height: Int(1, 1 << 20)
 
 
-def tool_versions() -> dict:
-    import numpy
-    import onnx
-    out = {"python": platform.python_version(), "numpy": numpy.__version__, "onnx": onnx.__version__}
-    try:
-        import onnxruntime
-        out["onnxruntime"] = onnxruntime.__version__
-    except ImportError:
-        out["onnxruntime"] = None
-    try:
-        from importlib.metadata import version
-        out["anima-npu"] = version("anima-npu")
-    except Exception:  # not installed as a distribution (running from a source tree)
-        out["anima-npu"] = None
-    return out
+class HostEntry(ManifestRecord, frozen=True):
+    file: Any                       # checked by pack_member
+    sha256: str
+
+
+class DiTManifest(ManifestRecord, frozen=True):
+    """A DiT pack's manifest (the fields load_pack reads)."""
+    schema: int
+    source: dict[str, Any]
+    config: dict[str, Any]
+    resolution: Resolution
+    dtype: str
+    host: HostEntry
+    branches: list[BranchEntry]
+    geometry: dict[str, Any] = {}
 
 
 @dataclass
@@ -103,19 +96,10 @@ class Pack:
 
 # -- building -------------------------------------------------------------------------------------------------------
 def existing_pack_source(out: Path) -> Optional[str]:
-    """sha256 of the checkpoint an existing pack at `out` was built from; None when `out` is absent or empty."""
-    if not out.exists():
-        return None
-    if not out.is_dir():
-        raise PackError(f"{out}: exists and is not a folder")
-    if not (out / MANIFEST).is_file():
-        if any(out.iterdir()):
-            raise PackError(f"{out}: a non-empty folder that is not a pack; choose another output folder")
-        return None
-    try:
-        return str(json.loads((out / MANIFEST).read_text())["source"]["sha256"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return "unreadable"
+    """sha256 of the checkpoint (or VAE file) an existing pack at `out` was built from; None when `out` is absent or
+    empty; "unreadable" for a manifest that does not say."""
+    found = existing_sources(out, PackError, "source")
+    return found[0] if isinstance(found, tuple) else found
 
 
 def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", overwrite: bool = False,
@@ -161,26 +145,23 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
             del model
             atomic_write(tmp / rel, data)
             io = resolve(spec.kind, cfg, geom, dtype)
-            branches.append({"block": block, "kind": spec.kind, "onnx": rel, "sha256": hashlib.sha256(data).hexdigest(),
+            branches.append({"block": block, "kind": spec.kind, "onnx": rel, "sha256": data_sha256(data),
                              "bytes": len(data), "inputs": io["inputs"], "outputs": io["outputs"]})
             del data
             if spec.kind == BRANCHES[-1].kind:
                 log.info("pack: block %d/%d written", block + 1, cfg.blocks)
         # 3) the manifest, last: a folder without it is not a pack
         manifest = {
-            "schema": SCHEMA_VERSION, "kind": PACK_KIND,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "source": {"path": os.path.abspath(os.fspath(ckpt_path)), "name": os.path.basename(os.fspath(ckpt_path)),
-                       "sha256": sha, "bytes": os.path.getsize(ckpt_path)},
+            **manifest_header(PACK_KIND, SCHEMA_VERSION),
+            "source": source_entry(ckpt_path, sha),
             "config": cfg.to_dict(),
             "resolution": {"width": geom.width, "height": geom.height},
             "geometry": geom.to_dict(),
             "dtype": dtype, "io_dtype": io_dt, "opset": OPSET,
             "host": {"file": HOST_FILE, "sha256": file_sha256(tmp / HOST_FILE), "keys": len(keys)},
             "branches": branches,
-            "tools": tool_versions(),
         }
-        atomic_write(tmp / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+        write_manifest(tmp, manifest)
         fsync_dir(tmp / ONNX_DIR)                   # the ONNX files' entries, before the folder's rename
     log.info("pack %s: %d branches, %s, %dx%d, built in %.1f s", out, len(branches), dtype, geom.width, geom.height,
              time.perf_counter() - t0)
@@ -200,14 +181,6 @@ def _reopen(ckpt_path):
 
 
 # -- loading --------------------------------------------------------------------------------------------------------
-def _field(d: dict, key: str, typ, where: str):
-    if not isinstance(d, dict) or key not in d:
-        raise PackError(f"{where}: manifest field {key!r} is missing")
-    if not isinstance(d[key], typ):
-        raise PackError(f"{where}: manifest field {key!r} has type {type(d[key]).__name__}")
-    return d[key]
-
-
 def pack_member(pack_dir, rel, where: str = "") -> Path:
     """PACK/rel for a file name a manifest gives, kept inside the pack folder: a relative POSIX path with no '..', no
     NUL, that (links resolved) stays under the folder's real path; PackError otherwise. A pack may come from
@@ -236,17 +209,9 @@ def pack_files(manifest: dict) -> list:
     return files
 
 
-def check_files(pack_dir, manifest: dict) -> None:
-    """Raise PackError naming every file that is missing or whose sha256 differs from the manifest."""
-    bad = []
-    for rel, want in pack_files(manifest):
-        p = Path(pack_dir) / rel
-        if not p.is_file():
-            bad.append(f"{rel} (missing)")
-        elif file_sha256(p) != want:
-            bad.append(f"{rel} (sha256 differs from the manifest)")
-    if bad:
-        raise PackError(f"{pack_dir}: {len(bad)} file(s) differ from the manifest: {', '.join(bad)}")
+def check_files(pack_dir, manifest: dict, error=PackError) -> None:
+    """`error` (PackError) naming every file that is missing or whose sha256 differs from the manifest."""
+    _check_listed(pack_dir, [(rel, sha, None) for rel, sha in pack_files(manifest)], error)
 
 
 # manifest "kind" -> "module:loader" of the packs whose branches a model backend runs (DiT branches, VAE models)
@@ -272,47 +237,29 @@ def load_branch_pack(pack_dir, check: bool = True):
 def load_pack(pack_dir, check: bool = True) -> Pack:
     """Read and validate a pack's manifest; with `check`, verify every file's existence and sha256."""
     d = Path(pack_dir)
-    mpath = d / MANIFEST
-    if not d.is_dir():
-        raise PackError(f"{d}: no such pack folder")
-    if not mpath.is_file():
-        raise PackError(f"{d}: not a complete pack (no {MANIFEST}; a build may have been interrupted)")
+    m, rec = read_manifest(d, DiTManifest, PackError, what="pack", kind_what="DiT pack", kind=PACK_KIND,
+                           default_kind=PACK_KIND, schema=SCHEMA_VERSION)
+    where = str(d / MANIFEST)
     try:
-        m = json.loads(mpath.read_text())
-    except (OSError, ValueError) as e:
-        raise PackError(f"{mpath}: unreadable manifest ({e})") from None
-    where = str(mpath)
-    if isinstance(m, dict) and m.get("kind", PACK_KIND) != PACK_KIND:
-        raise PackError(f"{where}: a {m['kind']!r} folder, not a DiT pack")
-    if _field(m, "schema", int, where) != SCHEMA_VERSION:
-        raise PackError(f"{where}: schema version {m['schema']}, this code reads {SCHEMA_VERSION}; rebuild the pack")
-    for key, typ in (("source", dict), ("config", dict), ("resolution", dict), ("dtype", str), ("host", dict),
-                     ("branches", list)):
-        _field(m, key, typ, where)
-    try:
-        cfg = DiTConfig.from_dict(m["config"])
-        geom = Geometry.from_resolution(int(m["resolution"]["width"]), int(m["resolution"]["height"]),
-                                        int(m.get("geometry", {}).get("text_tokens", TEXT_TOKENS)))
+        cfg = DiTConfig.from_dict(rec.config)
+        geom = Geometry.from_resolution(rec.resolution.width, rec.resolution.height,
+                                        int(rec.geometry.get("text_tokens", TEXT_TOKENS)))
     except (TypeError, KeyError, ValueError) as e:
         raise PackError(f"{where}: bad config/resolution ({e})") from None
-    if m["dtype"] not in PACK_DTYPES:
-        raise PackError(f"{where}: manifest field 'dtype' has unsupported value {m['dtype']!r}")
-    _field(m["host"], "file", str, where + " host")
-    _field(m["host"], "sha256", str, where + " host")
+    if rec.dtype not in PACK_DTYPES:
+        raise PackError(f"{where}: manifest field 'dtype' has unsupported value {rec.dtype!r}")
     want = [(i, s.kind) for i, s in branch_order(cfg)]
-    got = [(b.get("block"), b.get("kind")) if isinstance(b, dict) else None for b in m["branches"]]
-    if got != want:
-        raise PackError(f"{where}: branch table does not list blocks 0..{cfg.blocks - 1} × {[s.kind for s in BRANCHES]}"
-                        " in order")
-    pack_member(d, m["host"]["file"], where + " host")
-    for b in m["branches"]:
-        bw = f"{where} branch b{b['block']:02d}_{b['kind']}"
-        pack_member(d, _field(b, "onnx", str, bw), bw)
-        _field(b, "sha256", str, bw)
-        if b.get("rknn") is not None:
-            _field(b, "rknn", dict, bw)
-            pack_member(d, _field(b["rknn"], "file", str, bw + " rknn"), bw + " rknn")
-            _field(b["rknn"], "sha256", str, bw + " rknn")
+    if [(b.block, b.kind) for b in rec.branches] != want:
+        raise PackError(f"{where}: branch table does not list blocks 0..{cfg.blocks - 1} × "
+                        f"{[s.kind for s in BRANCHES]} in order")
+    pack_member(d, rec.host.file, where + " host")
+    for b in rec.branches:
+        bw = f"{where} branch b{b.block:02d}_{b.kind}"
+        pack_member(d, b.onnx, bw)
+        if b.rknn is not None:
+            pack_member(d, b.rknn.get("file"), bw + " rknn")
+            if not isinstance(b.rknn.get("sha256"), str):
+                raise PackError(f"{bw} rknn: manifest field 'sha256' is missing")
     if check:
         check_files(d, m)
     return Pack(d, m, cfg, geom, m["dtype"], list(m["branches"]))

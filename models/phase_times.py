@@ -4,17 +4,18 @@ Produced by models/lifecycle.py for every call, carried on the wire as BRANCH_DO
 (protocol/messages.py validates these classes' fields), summed per branch kind by the runner, the scheduler and the
 report. Visible vs hidden: what a policy keeps on the critical path and what it moves behind other work.
 """
-from __future__ import annotations
-
-import dataclasses
+from typing import ClassVar, Literal
 
 from models.partition import KINDS
+from models.schema import Float, Int, Items, Record
 
 SOURCES = ("load", "prefetch", "resident", "held")     # how a call got its model
+MAX_RUNS = 4096                                        # model runs of one call (a VAE decodes its tiles in one)
+Seconds = Float()                                      # [0, 1e12]: a duration, or a time.monotonic() stamp
+Calls = Int(0, 2**40)
 
 
-@dataclasses.dataclass(frozen=True)
-class PhaseTimes:
+class PhaseTimes(Record, frozen=True):
     """Seconds of one branch call (also the wire form of BRANCH_DONE.times).
 
     load_s, init_s: this call's model, wherever they ran (now, or ahead on the helper thread); 0 when it was already
@@ -22,16 +23,19 @@ class PhaseTimes:
     processes of one host). release_s: this model's release inside the call (visible). prev_release_s: the previous
     call's model, released on the helper thread while this call ran (hidden). wait_s: visible waiting for helper
     work (a prefetch not ready yet, a pending release). source: how the model was obtained (SOURCES).
-    context_mb: memory of this call's context(s) as the backend reported it after init (0: unknown)."""
-    load_s: float = 0.0
-    init_s: float = 0.0
-    infer_s: tuple = ()
-    release_s: float = 0.0
-    wait_s: float = 0.0
-    prev_release_s: float = 0.0
-    source: str = "load"
-    context_mb: float = 0.0
-    infer_at: tuple = ()
+    context_mb: memory of this call's context(s) as the backend reported it after init (0: unknown).
+    The wire requires load_s, init_s, infer_s and release_s (WIRE_DEFAULTS: code may leave them out); BRANCH_DONE
+    bounds the passes."""
+    WIRE_DEFAULTS: ClassVar[dict] = {"load_s": float, "init_s": float, "infer_s": tuple, "release_s": float}
+    load_s: Seconds
+    init_s: Seconds
+    infer_s: Items(Seconds, MAX_RUNS)
+    release_s: Seconds
+    wait_s: Seconds = 0.0
+    prev_release_s: Seconds = 0.0
+    source: Literal[SOURCES] = "load"
+    context_mb: Seconds = 0.0
+    infer_at: Items(Seconds, MAX_RUNS) = ()
 
     @property
     def npu_s(self) -> float:
@@ -61,24 +65,25 @@ class PhaseTimes:
         return self.visible_s + span
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d.update(infer_s=list(self.infer_s), infer_at=list(self.infer_at), npu_s=self.npu_s, visible_s=self.visible_s,
-                 hidden_s=self.hidden_s, total_s=self.total_s)
-        return d
+        """The fields plus the derived sums (reports)."""
+        return {**super().to_dict(), "npu_s": self.npu_s, "visible_s": self.visible_s, "hidden_s": self.hidden_s,
+                "total_s": self.total_s}
 
 
-@dataclasses.dataclass
-class PhaseSums:
-    """PhaseTimes summed over calls (per branch kind in reports; also the wire form of DENOISED.branches)."""
-    calls: int = 0
-    load_s: float = 0.0
-    init_s: float = 0.0
-    infer_s: float = 0.0
-    release_s: float = 0.0             # own releases plus background ones credited to their model's kind
-    wait_s: float = 0.0
-    visible_s: float = 0.0             # lifecycle on the critical path
-    hidden_s: float = 0.0              # lifecycle behind other work (prefetched load+init, background release)
-    cached: int = 0                    # calls whose model was already loaded (prefetch, resident, held)
+class PhaseSums(Record):
+    """PhaseTimes summed over calls (per branch kind in reports; also the wire form of DENOISED.branches, which
+    requires calls, load_s, init_s, infer_s and release_s)."""
+    WIRE_DEFAULTS: ClassVar[dict] = {"calls": int, "load_s": float, "init_s": float, "infer_s": float,
+                                     "release_s": float}
+    calls: Calls
+    load_s: Seconds
+    init_s: Seconds
+    infer_s: Seconds
+    release_s: Seconds                 # own releases plus background ones credited to their model's kind
+    wait_s: Seconds = 0.0
+    visible_s: Seconds = 0.0           # lifecycle on the critical path
+    hidden_s: Seconds = 0.0            # lifecycle behind other work (prefetched load+init, background release)
+    cached: Calls = 0                  # calls whose model was already loaded (prefetch, resident, held)
 
     def add(self, t: PhaseTimes) -> "PhaseSums":
         self.calls += 1
@@ -93,8 +98,8 @@ class PhaseSums:
         return self
 
     def merge(self, o: "PhaseSums") -> "PhaseSums":
-        for f in dataclasses.fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(o, f.name))
+        for name in self.__struct_fields__:
+            setattr(self, name, getattr(self, name) + getattr(o, name))
         return self
 
     def add_background_release(self, seconds: float) -> None:
@@ -106,7 +111,7 @@ class PhaseSums:
         return self.visible_s + self.infer_s
 
     def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "total_s": self.total_s}
+        return {**super().to_dict(), "total_s": self.total_s}
 
 
 def add_call(sums: dict, kind: str, t: PhaseTimes) -> None:

@@ -19,12 +19,12 @@ to on-demand: the same graphs run on the same inputs, only when models load chan
 backend class's own (`auto_policy`, e.g. the board backends weigh the board's memory on the modelled board's
 timeline), else the documented safe choice `SAFE_AUTO` below.
 """
-from __future__ import annotations
-
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Annotated, Any, Callable, ClassVar, Optional, Union
+
+from models.schema import Meta, Record, SchemaError, Wording
 
 MAX_PREFETCH = 4           # deeper than this only costs memory: the lifecycle of one branch (~0.2-0.5 s on the board)
                            # hides behind two branches of inference
@@ -37,28 +37,43 @@ class PolicyError(ValueError):
     """A policy that cannot be parsed, or that this backend cannot run; the message names the key and the reason."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Policy:
-    prefetch: int = 0                  # branches prepared ahead (0: none)
+class _PolicyWording(Wording):
+    """A policy field's words: its title, the value, what it must be (the field's Meta)."""
+
+    def say(self, path, p):
+        return path, f"{p.meta.get('title', path)} {p.value!r} must be {p.meta.get('description', 'valid')}", p.kind
+
+
+class Policy(Record, frozen=True):
+    WORDING: ClassVar = _PolicyWording()
+
+    # branches prepared ahead (0: none)
+    prefetch: Annotated[int, Meta(ge=0, le=MAX_PREFETCH, title="prefetch depth",
+                                  description=f"an integer in [0, {MAX_PREFETCH}]")] = 0
     dual_core: bool = False            # both CFG passes at once on two contexts
-    resident_mb: float = 0.0           # > 0: pin contexts while their summed context_mb fits
+    # > 0: pin contexts while their summed context_mb fits
+    resident_mb: Annotated[float, Meta(ge=0.0, lt=float(2**40), title="resident_mb",
+                                       description="a number of MiB >= 0")] = 0.0
     interleave: bool = False           # one request per CFG pass, host ops of one pass during the other's inference
-    dual_masks: tuple = DEFAULT_DUAL_MASKS   # core masks of the two dual_core contexts (backends with core masks)
+    # core masks of the two dual_core contexts (backends with core masks)
+    dual_masks: Annotated[tuple[str, ...], Meta(min_length=2, max_length=2, title="dual_masks",
+                                                description="exactly two core masks")] = DEFAULT_DUAL_MASKS
+
+    @classmethod
+    def _build(cls, *args, **kw):
+        masks = kw.get("dual_masks")
+        if isinstance(masks, (list, tuple)) and all(isinstance(x, (str, int)) and not isinstance(x, bool)
+                                                    for x in masks):
+            kw["dual_masks"] = tuple(str(x) for x in masks)         # RKNNLite's integers as the config's words
+        try:
+            return super()._build(*args, **kw)
+        except SchemaError as e:
+            raise PolicyError(e.detail) from None
 
     def __post_init__(self):
-        if not isinstance(self.prefetch, int) or isinstance(self.prefetch, bool) or \
-                not 0 <= self.prefetch <= MAX_PREFETCH:
-            raise PolicyError(f"prefetch depth {self.prefetch!r} must be an integer in [0, {MAX_PREFETCH}]")
-        if not isinstance(self.resident_mb, (int, float)) or isinstance(self.resident_mb, bool) or \
-                not 0 <= self.resident_mb < 2**40:
-            raise PolicyError(f"resident_mb {self.resident_mb!r} must be a number of MiB >= 0")
         if self.interleave and self.dual_core:
             raise PolicyError("interleave and dual_core do not combine: interleave runs one CFG pass on the NPU while "
                               "the host works on the other, dual_core runs both passes on the NPU at once")
-        if len(self.dual_masks) != 2:
-            raise PolicyError(f"dual_masks {self.dual_masks!r}: need exactly two core masks")
-        object.__setattr__(self, "resident_mb", float(self.resident_mb))
-        object.__setattr__(self, "dual_masks", tuple(str(x) for x in self.dual_masks))
 
     @property
     def resident(self) -> bool:

@@ -73,6 +73,8 @@ class Sampler:
             raise ValueError(f"cfg must be a finite number, got {cfg!r}")
         if spectrum is not None and not isinstance(spectrum, SpectrumSettings):
             raise ValueError(f"spectrum must be SpectrumSettings or None, got {type(spectrum).__name__}")
+        if spectrum is not None and not spectrum.enabled:
+            spectrum = None                                                 # off: the plain baseline
         self.sigmas = make_sigmas(schedule, steps, shift)                   # [steps + 1] f32
         self.steps, self.cfg, self.schedule, self.shift, self.spectrum = int(steps), float(cfg), schedule, float(shift), spectrum
 
@@ -107,7 +109,11 @@ class Sampler:
         return SamplerState(settings=self.settings(), step=0, latent=latent, spectrum=spec, seed=seed, noise=noise)
 
     def check_state(self, state: SamplerState) -> None:
-        if state.settings != self.settings():
+        try:                                # as this code writes them (older files name Spectrum's settings otherwise)
+            saved = type(self).from_settings(state.settings).settings()
+        except (TypeError, ValueError):
+            saved = state.settings
+        if saved != self.settings():
             raise SamplerStateError(f"sampler state was made with settings {state.settings}, this sampler has "
                                     f"{self.settings()}")
         if not 0 <= state.step <= self.steps:

@@ -1,51 +1,50 @@
 """Spectrum step forecasting: which steps run the model, and the Chebyshev-ridge + Taylor forecast of the CFG x0 (FP32)."""
-from __future__ import annotations
-
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
+from models.schema import Float, Int, Record, SchemaError
+
 log = logging.getLogger(__name__)
 
+MAX_WARMUP = 200                # calls: prompt.json's most steps (orchestrator/prompt_spec.py MAX_STEPS)
+# the settings' names in sampler state files written before the one record (blend/degree/ridge)
+_OLD_NAMES = {"blend": "w", "degree": "m", "ridge": "lam"}
 
-@dataclass(frozen=True)
-class SpectrumSettings:
-    """Defaults as in stable-diffusion.cpp (anima-facts.md, "Spectrum")."""
-    blend: float = 0.4          # w: weight of the Chebyshev forecast against the Taylor one
-    degree: int = 3             # m: Chebyshev basis T0..Tm
-    ridge: float = 1.0          # lambda: penalises every basis weight, T0 included
-    window: float = 2.0         # initial compute window
-    flex: float = 0.5           # window growth after each computed call past warm-up
-    warmup: int = 4             # calls 0..warmup-1 are always computed
-    stop: float = 0.9           # calls from int(stop * N) on are always computed
-    history: int = 6            # FIFO length (at least degree + 1)
-    tau_span: int = 50          # tau(c) = 2c / tau_span - 1, fixed whatever N
 
-    def __post_init__(self):
-        checks = {
-            "blend": 0.0 <= self.blend <= 1.0, "degree": isinstance(self.degree, int) and self.degree >= 0,
-            "ridge": self.ridge >= 0.0, "window": self.window >= 1.0, "flex": self.flex >= 0.0,
-            "warmup": isinstance(self.warmup, int) and self.warmup >= 0, "stop": 0.0 <= self.stop <= 1.0,
-            "history": isinstance(self.history, int) and self.history >= 2,
-            "tau_span": isinstance(self.tau_span, int) and self.tau_span > 0,
-        }
-        bad = [k for k, ok in checks.items() if not ok]
-        if bad:
-            raise ValueError(f"invalid Spectrum setting {bad[0]}={getattr(self, bad[0])!r}")
+class SpectrumSettings(Record, frozen=True):
+    """THE Spectrum settings, from prompt.json through DENOISE to the sampler: prompt.json's names and bounds
+    (docs/prompts.md). Defaults as in stable-diffusion.cpp (docs/prompts.md, "Spectrum")."""
+
+    KEY_NOUN: ClassVar[str] = "setting"
+    HISTORY: ClassVar[int] = 6      # FIFO length of computed calls kept (at least m + 1)
+    TAU_SPAN: ClassVar[int] = 50    # tau(c) = 2c / TAU_SPAN - 1, fixed whatever the number of steps
+
+    enabled: bool = True
+    w: Float(0.0, 1.0) = 0.4        # weight of the Chebyshev forecast against the Taylor one
+    m: Int(1, 8) = 3                # Chebyshev degree: basis T0..Tm
+    lam: Float(0.0, 100.0) = 1.0    # ridge penalty on every basis weight, T0 included
+    window: Float(1.0, 50.0) = 2.0  # initial compute window
+    flex: Float(0.0, 10.0) = 0.5    # window growth after each computed call past warm-up
+    warmup: Int(0, MAX_WARMUP) = 4  # calls 0..warmup-1 are always computed
+    stop: Float(hi=1.0, above=0.0) = 0.9   # calls from int(stop * N) on are always computed
 
     @property
     def fifo(self) -> int:
-        return max(self.degree + 1, self.history)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+        return max(self.m + 1, self.HISTORY)
 
     @classmethod
     def from_dict(cls, d: dict) -> "SpectrumSettings":
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"unknown Spectrum setting(s): {sorted(unknown)}")
+        """From to_dict's form, also as sampler state files wrote it before (blend/degree/ridge, history and
+        tau_span at their fixed values); ValueError (a SchemaError) naming the setting otherwise."""
+        if not isinstance(d, dict):
+            raise SchemaError("", f"expected a map of Spectrum settings, got {type(d).__name__}")
+        d = {_OLD_NAMES.get(k, k): v for k, v in d.items()}
+        for key, fixed in (("history", cls.HISTORY), ("tau_span", cls.TAU_SPAN)):
+            if key in d and d.pop(key) != fixed:
+                raise SchemaError(key, f"must be {fixed}")
         return cls(**d)
 
 
@@ -58,7 +57,7 @@ class SpectrumState:
     x0s: list = field(default_factory=list)       # [C, h, w] f32 each
 
 
-def tau(c: int, span: int = 50) -> float:
+def tau(c: int, span: int = SpectrumSettings.TAU_SPAN) -> float:
     return 2.0 * c / span - 1.0
 
 
@@ -137,14 +136,14 @@ def forecast_x0(s: SpectrumSettings, st: SpectrumState, c: int) -> np.ndarray:
     """Forecast the CFG x0 at call c from the history: (1 - w)·taylor + w·cheb, FP32."""
     if len(st.x0s) < 2:
         raise ValueError("Spectrum: a forecast needs at least 2 computed calls in the history")
-    taus = [tau(ci, s.tau_span) for ci in st.calls]
-    a = chebyshev_weights(taus, tau(c, s.tau_span), s.degree, s.ridge)          # [K]
+    taus = [tau(ci) for ci in st.calls]
+    a = chebyshev_weights(taus, tau(c), s.m, s.lam)          # [K]
     cheb = np.zeros_like(st.x0s[-1])                                             # [C, h, w] f32
     for ai, x0 in zip(a, st.x0s):
         cheb += ai * x0
     last, prev = st.x0s[-1], st.x0s[-2]
     taylor = last + np.float32(0.5) * (last - prev)
-    w = np.float32(s.blend)
+    w = np.float32(s.w)
     return (np.float32(1.0) - w) * taylor + w * cheb
 
 

@@ -17,7 +17,6 @@ from orchestrator.jobs import JobError, JobStore, QueueFull
 from orchestrator.packs import read_packs
 from orchestrator.prompt_spec import PromptError, parse_prompt_bytes
 from orchestrator.runfolder import ALWAYS_ON_STAGES, ON_DEMAND_STAGES, RunFolder
-from orchestrator.settings import settings_from_config
 from orchestrator.supervisor import Supervisor
 from orchestrator.watchdog import HangWatch
 from protocol import messages as m
@@ -41,7 +40,7 @@ class Daemon:
         if not config.packs:
             raise ConfigError(f"{config.path}: pack_dir is not set; the orchestrator needs a model pack")
         self.cfg, self.rf = config, rf
-        self.settings = settings_from_config(config)
+        self.settings = config.settings("orchestrator")
         self.packs = read_packs(config.packs)              # (width, height) -> PackInfo; a job picks by its size
         self.pack = next(iter(self.packs.values()))        # the default: a job that names no size gets this one
         self._model_files: dict[str, str] | None = None

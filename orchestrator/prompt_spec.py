@@ -1,13 +1,12 @@
 """prompt.json: strict validation into a `PromptSpec`; every error names the field and the allowed values."""
-from __future__ import annotations
-
 import json
-import math
 import os
 import secrets
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Annotated, ClassVar, Literal
 
+from models.schema import Float, Int, Meta, Record, SchemaError, Text, Wording, record_in
+from models.spectrum import SpectrumSettings  # noqa: F401 - the one Spectrum record; prompt.json's `spectrum`
 from models.text.prompt_weights import PromptWeightError, check_prompt
 
 MAX_FILE_BYTES = 64 * 1024      # a prompt file larger than this is refused before parsing
@@ -20,100 +19,17 @@ SAMPLERS = ("euler",)
 SCHEDULERS = ("sgm_uniform", "simple")
 DEFAULT_STEPS = 30
 DEFAULT_CFG = 4.0
-
-# Spectrum settings: name -> (type, low, high, default). Defaults as in anima-facts.md (stable-diffusion.cpp).
-SPECTRUM_FIELDS = {
-    "w": (float, 0.0, 1.0, 0.4),        # blend weight of the Chebyshev forecast vs the Taylor step
-    "m": (int, 1, 8, 3),                # Chebyshev degree
-    "lam": (float, 0.0, 100.0, 1.0),    # ridge penalty
-    "window": (float, 1.0, 50.0, 2.0),  # initial forecast window
-    "flex": (float, 0.0, 10.0, 0.5),    # window growth per computed call after warm-up
-    "warmup": (int, 0, MAX_STEPS, 4),   # calls always computed at the start
-    "stop": (float, 0.0, 1.0, 0.9),     # fraction of the steps after which every call is computed
-}
 MAX_INT_DIGITS = 40             # a JSON integer longer than this is never a valid value (seeds are < 2^64: 20 digits)
-TOP_FIELDS = ("prompt", "negative_prompt", "seed", "steps", "cfg", "width", "height", "sampler", "scheduler",
-              "spectrum", "output", "overwrite")
+MAX_OUTPUT_CHARS = 4096
+_NON_EMPTY_PATH = "a non-empty path string"
 
 
-class PromptError(ValueError):
+class PromptError(SchemaError):
     """A prompt.json problem; `field` is the dotted field name ('' for the file as a whole)."""
 
-    def __init__(self, field: str, message: str):
-        self.field, self.detail = field, message
-        super().__init__(f"prompt.json: field '{field}': {message}" if field else f"prompt.json: {message}")
-
-
-@dataclass(frozen=True)
-class SpectrumSettings:
-    enabled: bool = True
-    w: float = 0.4
-    m: int = 3
-    lam: float = 1.0
-    window: float = 2.0
-    flex: float = 0.5
-    warmup: int = 4
-    stop: float = 0.9
-
-
-@dataclass(frozen=True)
-class PromptSpec:
-    prompt: str
-    negative_prompt: str = ""
-    seed: int = 0
-    seed_random: bool = False           # True when the file had no seed and one was drawn (recorded for the report)
-    steps: int = DEFAULT_STEPS
-    cfg: float = DEFAULT_CFG
-    width: int | None = None            # None: the pack's resolution (filled by `with_resolution`)
-    height: int | None = None
-    sampler: str = "euler"
-    scheduler: str = "sgm_uniform"
-    spectrum: SpectrumSettings = field(default_factory=SpectrumSettings)
-    output: str | None = None           # absolute path of a .png file or of a directory; None: the job folder
-    overwrite: bool = False             # an existing `output` file is replaced (else kept, and the job says so)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "PromptSpec":
-        """Rebuild a spec stored by `to_dict` (job.json); re-validates every field."""
-        d = dict(d)
-        seed_random = bool(d.pop("seed_random", False))
-        spec = parse_prompt_obj(d, check_output=False)
-        return _replace(spec, seed_random=seed_random)
-
-    def with_sizes(self, sizes) -> "PromptSpec":
-        """Fill an omitted width/height from the first size that fits (the default pack first); a size that has no
-        model pack is refused, naming the sizes that have one. `sizes`: (width, height) pairs."""
-        sizes = [tuple(s) for s in sizes]
-        fits = [(w, h) for w, h in sizes if self.width in (None, w) and self.height in (None, h)]
-        if not fits:
-            name = "width" if self.width is not None else "height"
-            want = f"{self.width if self.width is not None else '*'}x{self.height if self.height is not None else '*'}"
-            have = ", ".join(f"{w}x{h}" for w, h in sizes) or "none"
-            raise PromptError(name, f"{want} has no model pack; the sizes with a pack: {have}")
-        return _replace(self, width=fits[0][0], height=fits[0][1])
-
-    def with_resolution(self, width: int, height: int) -> "PromptSpec":
-        """`with_sizes` for one pack."""
-        return self.with_sizes([(width, height)])
-
-
-def as_sizes(resolution) -> list[tuple[int, int]]:
-    """One (width, height) or a sequence of them -> a list of pairs."""
-    if len(resolution) == 2 and all(isinstance(v, int) for v in resolution):
-        return [tuple(resolution)]
-    return [tuple(r) for r in resolution]
-
-
-def _replace(spec, **kw):
-    d = {f: getattr(spec, f) for f in spec.__dataclass_fields__}
-    d.update(kw)
-    return type(spec)(**d)
-
-
-# ---------------------------------------------------------------- field checkers
+    def __init__(self, field: str, message: str, code: str = "bad_field"):
+        super().__init__(field, message, code)
+        ValueError.__init__(self, f"prompt.json: field '{field}': {message}" if field else f"prompt.json: {message}")
 
 
 class _LongInt:
@@ -131,30 +47,69 @@ def _parse_int(text: str):
     return int(text) if len(text) <= MAX_INT_DIGITS else _LongInt(text)
 
 
-def _type_name(v) -> str:
-    if isinstance(v, _LongInt):
-        return "integer"
-    return "null" if v is None else {bool: "boolean", int: "integer", float: "number", str: "string",
-                                     list: "array", dict: "object"}.get(type(v), type(v).__name__)
+class PromptWording(Wording):
+    """prompt.json's words: JSON's type names, the allowed range in every message."""
+
+    JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
+                  type(None): "null", _LongInt: "integer"}
+
+    def json_type(self, v) -> str:
+        return self.JSON_TYPES.get(type(v), type(v).__name__)
+
+    def type(self, p):
+        given, got = [e for e in p.expected if e != "null"], self.json_type(p.value)
+        lo, hi = p.meta.get("ge", p.meta.get("gt")), p.meta.get("le")
+        if "description" in p.meta:
+            return f"must be {p.meta['description']}, got {got} {p.value!r:.80}"
+        if given == ["integer"]:
+            if isinstance(p.value, _LongInt):
+                return f"must be in {lo}..{hi}, got an integer of {p.value.digits} digits"
+            return f"must be an integer in {lo}..{hi}, got {got} {p.value!r:.80}"
+        if given == ["number"]:
+            return f"must be a number in [{lo}, {hi}], got {got} {p.value!r:.80}"
+        if given == ["choice"]:
+            return self.choice(p)
+        if given == ["boolean"]:
+            return f"must be true or false, got {got}"
+        if sorted(given) == ["boolean", "struct"]:
+            return f"must be true, false or an object of {self.noun(p)}s, got {got}"
+        if given == ["string"]:
+            return f"must be a string, got {got}"
+        return f"must be {' or '.join(given)}, got {got}"
+
+    @staticmethod
+    def noun(p) -> str:
+        return record_in(p.declared).KEY_NOUN
+
+    def range(self, p):
+        if "gt" in p.meta and not p.value > p.meta["gt"]:
+            return f"must be greater than {p.meta['gt']:g}"
+        if self.number(p.value, p.declared) != str(p.value) or isinstance(p.value, float):
+            return f"must be in {self.bounds(p.meta)}, got {float(p.value)}"
+        return f"must be in {p.meta.get('ge')}..{p.meta.get('le')}, got {p.value}"
+
+    def nonfinite(self, p):
+        return f"must be in {self.bounds(p.meta)}, got {p.value}"
+
+    def length(self, p):
+        return f"is {p.count} characters long; the limit is {p.meta.get('max_length')}"
+
+    def nul(self, p):
+        return "must not contain NUL characters"
+
+    def choice(self, p):
+        return f"must be one of {', '.join(repr(a) for a in p.choices)}, got {p.value!r:.80}"
+
+    def missing(self, p):
+        return "is required"
+
+    def unknown(self, path, p):
+        key = str(p.key).encode("utf-8", "backslashreplace").decode("ascii", "replace")[:80]
+        return (f"{path}.{key}" if path else key), \
+            f"unknown {p.record.KEY_NOUN}; allowed: {', '.join(p.expected)}", "unknown_field"
 
 
-def _int(name: str, v, low: int, high: int) -> int:
-    if isinstance(v, _LongInt):
-        raise PromptError(name, f"must be in {low}..{high}, got an integer of {v.digits} digits")
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise PromptError(name, f"must be an integer in {low}..{high}, got {_type_name(v)} {v!r}")
-    if not low <= v <= high:
-        raise PromptError(name, f"must be in {low}..{high}, got {v}")
-    return v
-
-
-def _float(name: str, v, low: float, high: float) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise PromptError(name, f"must be a number in [{low}, {high}], got {_type_name(v)} {v!r}")
-    v = float(v)
-    if not math.isfinite(v) or not low <= v <= high:
-        raise PromptError(name, f"must be in [{low}, {high}], got {v}")
-    return v
+PROMPT = PromptWording()
 
 
 def _unicode(name: str, v: str) -> None:
@@ -167,64 +122,95 @@ def _unicode(name: str, v: str) -> None:
                                 "which is not valid Unicode text") from None
 
 
-def _text(name: str, v, *, required: bool) -> str:
-    if not isinstance(v, str):
-        raise PromptError(name, f"must be a string, got {_type_name(v)}")
+def _text(name: str, v: str, *, required: bool) -> None:
     _unicode(name, v)
     if required and not v.strip():
         raise PromptError(name, "must not be empty")
-    if len(v) > MAX_PROMPT_CHARS:
-        raise PromptError(name, f"is {len(v)} characters long; the limit is {MAX_PROMPT_CHARS}")
-    if "\x00" in v:
-        raise PromptError(name, "must not contain NUL characters")
     try:
         check_prompt(v)
     except PromptWeightError as e:
         raise PromptError(name, str(e)) from None
-    return v
 
 
-def _choice(name: str, v, allowed: tuple) -> str:
-    if not isinstance(v, str) or v not in allowed:
-        raise PromptError(name, f"must be one of {', '.join(repr(a) for a in allowed)}, got {v!r}")
-    return v
+Side = Int(16, MAX_SIDE)
 
 
-def _side(name: str, v) -> int:
-    v = _int(name, v, 16, MAX_SIDE)
-    if v % 16:
-        raise PromptError(name, f"must be a multiple of 16 (8x VAE downsampling x 2x2 patches), got {v}")
-    return v
+class PromptFile(Record, frozen=True):
+    """What a prompt.json file may hold (docs/prompts.md); omitted or null seed: drawn at random; omitted or null
+    width/height: the pack's; spectrum: true, false or an object of settings."""
+
+    WORDING: ClassVar = PROMPT
+    ERROR: ClassVar = PromptError
+
+    prompt: Text(MAX_PROMPT_CHARS)
+    negative_prompt: Text(MAX_PROMPT_CHARS) = ""
+    seed: Int(0, SEED_LIMIT - 1) | None = None
+    steps: Int(1, MAX_STEPS) = DEFAULT_STEPS
+    cfg: Float(1.0, MAX_CFG) = DEFAULT_CFG
+    width: Side | None = None            # None: the pack's resolution (filled by `with_resolution`)
+    height: Side | None = None
+    sampler: Literal[SAMPLERS] = "euler"
+    scheduler: Literal[SCHEDULERS] = "sgm_uniform"
+    spectrum: bool | SpectrumSettings = SpectrumSettings()
+    output: Annotated[str, Meta(min_length=1, max_length=MAX_OUTPUT_CHARS, description=_NON_EMPTY_PATH)] | None = None
+    overwrite: bool = False              # an existing `output` file is replaced (else kept, and the job says so)
+
+    def __post_init__(self):
+        _text("prompt", self.prompt, required=True)
+        _text("negative_prompt", self.negative_prompt, required=False)
+        for side in ("width", "height"):
+            v = getattr(self, side)
+            if v is not None and v % 16:
+                raise PromptError(side, f"must be a multiple of 16 (8x VAE downsampling x 2x2 patches), got {v}")
+        if self.output is not None:
+            if not self.output.strip():
+                raise PromptError("output", f"must be {_NON_EMPTY_PATH}, got string {self.output!r}")
+            if "\x00" in self.output:
+                raise PromptError("output", "must not contain NUL characters")
+            _unicode("output", self.output)
 
 
-def _spectrum(v) -> SpectrumSettings:
-    if isinstance(v, bool):
-        return SpectrumSettings(enabled=v)
-    if not isinstance(v, dict):
-        raise PromptError("spectrum", f"must be true, false or an object of settings, got {_type_name(v)}")
-    kw = {}
-    for key, val in v.items():
-        name = f"spectrum.{key}"
-        if key == "enabled":
-            if not isinstance(val, bool):
-                raise PromptError(name, f"must be true or false, got {_type_name(val)}")
-            kw[key] = val
-            continue
-        if key not in SPECTRUM_FIELDS:
-            raise PromptError(name, f"unknown setting; allowed: enabled, {', '.join(SPECTRUM_FIELDS)}")
-        typ, low, high, _ = SPECTRUM_FIELDS[key]
-        kw[key] = _int(name, val, low, high) if typ is int else _float(name, val, low, high)
-    if "stop" in kw and kw["stop"] <= 0.0:
-        raise PromptError("spectrum.stop", "must be greater than 0")
-    return SpectrumSettings(**kw)
+class PromptSpec(PromptFile, frozen=True):
+    """A checked job prompt: the file's fields with the seed drawn when it had none (recorded), Spectrum as its
+    settings record and `output` an absolute path (of a .png file or of a directory; None: the job folder)."""
+
+    spectrum: SpectrumSettings = SpectrumSettings()
+    seed: Int(0, SEED_LIMIT - 1) = 0
+    seed_random: bool = False           # True when the file had no seed and one was drawn (recorded for the report)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PromptSpec":
+        """Rebuild a spec stored by `to_dict` (job.json); re-validates every field."""
+        d = dict(d)
+        seed_random = bool(d.pop("seed_random", False))
+        spec = parse_prompt_obj(d, check_output=False)
+        return spec.replace(seed_random=seed_random)
+
+    def with_sizes(self, sizes) -> "PromptSpec":
+        """Fill an omitted width/height from the first size that fits (the default pack first); a size that has no
+        model pack is refused, naming the sizes that have one. `sizes`: (width, height) pairs."""
+        sizes = [tuple(s) for s in sizes]
+        fits = [(w, h) for w, h in sizes if self.width in (None, w) and self.height in (None, h)]
+        if not fits:
+            name = "width" if self.width is not None else "height"
+            want = f"{self.width if self.width is not None else '*'}x{self.height if self.height is not None else '*'}"
+            have = ", ".join(f"{w}x{h}" for w, h in sizes) or "none"
+            raise PromptError(name, f"{want} has no model pack; the sizes with a pack: {have}")
+        return self.replace(width=fits[0][0], height=fits[0][1])
+
+    def with_resolution(self, width: int, height: int) -> "PromptSpec":
+        """`with_sizes` for one pack."""
+        return self.with_sizes([(width, height)])
 
 
-def _output(v, *, base_dir: Path | None, check: bool, overwrite: bool = False) -> str:
-    if not isinstance(v, str) or not v.strip():
-        raise PromptError("output", f"must be a non-empty path string, got {_type_name(v)} {v!r}")
-    if "\x00" in v:
-        raise PromptError("output", "must not contain NUL characters")
-    _unicode("output", v)
+def as_sizes(resolution) -> list[tuple[int, int]]:
+    """One (width, height) or a sequence of them -> a list of pairs."""
+    if len(resolution) == 2 and all(isinstance(v, int) for v in resolution):
+        return [tuple(resolution)]
+    return [tuple(r) for r in resolution]
+
+
+def _output(v: str, *, base_dir: Path | None, check: bool, overwrite: bool = False) -> str:
     p = Path(os.path.expanduser(v))
     if not p.is_absolute():
         p = (base_dir or Path.cwd()) / p
@@ -269,40 +255,15 @@ def parse_prompt_obj(obj, *, base_dir: Path | None = None, check_output: bool = 
     """Validate a decoded prompt object. A missing seed is drawn at random and marked `seed_random`. `resolution`:
     the (width, height) of the pack, or a list of them (several packs, the default first); None: not checked."""
     if not isinstance(obj, dict):
-        raise PromptError("", f"the top level must be a JSON object, got {_type_name(obj)}")
-    for key in obj:
-        if key not in TOP_FIELDS:
-            raise PromptError(str(key).encode("utf-8", "backslashreplace").decode("ascii", "replace")[:80],
-                              f"unknown field; allowed: {', '.join(TOP_FIELDS)}")
-    if "prompt" not in obj:
-        raise PromptError("prompt", "is required")
-    kw: dict = {"prompt": _text("prompt", obj["prompt"], required=True)}
-    if "negative_prompt" in obj:
-        kw["negative_prompt"] = _text("negative_prompt", obj["negative_prompt"], required=False)
-    if obj.get("seed") is None:     # omitted or null -> random, recorded
+        raise PromptError("", f"the top level must be a JSON object, got {PROMPT.json_type(obj)}")
+    f = PromptFile.from_data(obj)
+    kw = {name: getattr(f, name) for name in f.__struct_fields__}
+    if f.seed is None:                  # omitted or null -> random, recorded
         kw["seed"], kw["seed_random"] = secrets.randbelow(SEED_LIMIT), True
-    else:
-        kw["seed"] = _int("seed", obj["seed"], 0, SEED_LIMIT - 1)
-    if "steps" in obj:
-        kw["steps"] = _int("steps", obj["steps"], 1, MAX_STEPS)
-    if "cfg" in obj:
-        kw["cfg"] = _float("cfg", obj["cfg"], 1.0, MAX_CFG)
-    for side in ("width", "height"):
-        if obj.get(side) is not None:       # omitted or null -> the pack's resolution
-            kw[side] = _side(side, obj[side])
-    if "sampler" in obj:
-        kw["sampler"] = _choice("sampler", obj["sampler"], SAMPLERS)
-    if "scheduler" in obj:
-        kw["scheduler"] = _choice("scheduler", obj["scheduler"], SCHEDULERS)
-    if "spectrum" in obj:
-        kw["spectrum"] = _spectrum(obj["spectrum"])
-    if "overwrite" in obj:
-        if not isinstance(obj["overwrite"], bool):
-            raise PromptError("overwrite", f"must be true or false, got {_type_name(obj['overwrite'])}")
-        kw["overwrite"] = obj["overwrite"]
-    if "output" in obj and obj["output"] is not None:
-        kw["output"] = _output(obj["output"], base_dir=base_dir, check=check_output,
-                               overwrite=kw.get("overwrite", False))
+    if isinstance(f.spectrum, bool):
+        kw["spectrum"] = SpectrumSettings(enabled=f.spectrum)
+    if f.output is not None:
+        kw["output"] = _output(f.output, base_dir=base_dir, check=check_output, overwrite=f.overwrite)
     spec = PromptSpec(**kw)
     if resolution is not None:
         spec = spec.with_sizes(as_sizes(resolution))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -12,14 +12,15 @@ import psutil
 from models.durable import atomic_write
 from models.partition import KINDS, TEXT_TOKENS
 from models.phase_times import PhaseSums
+from models.schema import base_types
 from models.probes import vm_hwm_kb
 from orchestrator.runfolder import ON_DEMAND_STAGES, STAGE_PROGRAMS
 from protocol.messages import MAX_PNG_TEXT_CHARS
 
 log = logging.getLogger(__name__)
 
-# a branch kind's sums in report.json: every PhaseSums field, seconds (float) and counts (int) as their defaults are
-SUMS = {f.name: type(f.default) for f in fields(PhaseSums)}
+# a branch kind's sums in report.json: every PhaseSums field, seconds (float) and counts (int) as the record types them
+SUMS = base_types(PhaseSums)
 
 # latent.npy holds the sampler's latent [16, H/8, W/8] f32 in MODEL space: before the VAE's per-channel
 # de-normalisation (models.vae.decoder.denormalize). ComfyUI's SaveLatent stores the other side, VAE space
@@ -228,7 +229,7 @@ def png_metadata(spec, pack, job: str, names=None, graph: dict | None = None) ->
         chunks = (json.dumps(graph), json.dumps(api_to_workflow(graph)))
     own = {"job": job, "prompt": spec.prompt, "negative_prompt": spec.negative_prompt, "seed": spec.seed,
            "steps": spec.steps, "cfg": spec.cfg, "sampler": spec.sampler, "scheduler": spec.scheduler,
-           "width": width, "height": height, "spectrum": {k: v for k, v in vars(spec.spectrum).items()},
+           "width": width, "height": height, "spectrum": spec.spectrum.to_dict(),
            "model": pack.source_name, "model_sha256": pack.source_sha256,
            "latent_space": LATENT_SPACE, "latent_note": LATENT_NOTE}
     return {"parameters": params, "prompt": chunks[0], "workflow": chunks[1], "anima": json.dumps(own)}

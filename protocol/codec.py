@@ -1,12 +1,13 @@
 """msgpack codec: `encode(msg) -> frames` and `decode(frames) -> msg`, with hard size limits and no pickle."""
 
-from __future__ import annotations
-
-from typing import Any, Iterator, Sequence
+import typing
+from typing import Any, Iterator, Sequence, Union
 
 import msgpack
+import msgspec
 
-from protocol.fields import MAX_TEXT_CHARS, ProtocolError, Record, wire_fields
+from models.schema import TECHNICAL, convert
+from protocol.fields import ProtocolError
 from protocol.messages import KINDS, PROTOCOL_VERSION, Message
 from protocol.tensors import TensorDesc, frame_bytes
 
@@ -16,26 +17,48 @@ MAX_FRAMES = 64  # frames per message, header included
 MAX_MESSAGE_BYTES = 1 * 2**30  # all frames together (sockets cap each frame at MAX_FRAME_BYTES: MAXMSGSIZE)
 _MAX_CONTAINER_ITEMS = 8192  # any msgpack array or map inside frame 0
 
+# Only a frame 0 the typed decoder refused is parsed again, by msgpack with these limits, to name what is wrong.
 _UNPACK_LIMITS = dict(
     raw=False, strict_map_key=True, use_list=True,
-    max_str_len=4 * MAX_TEXT_CHARS, max_bin_len=0, max_ext_len=0,
+    max_str_len=MAX_HEADER_BYTES, max_bin_len=0, max_ext_len=0,
     max_array_len=_MAX_CONTAINER_ITEMS, max_map_len=_MAX_CONTAINER_ITEMS,
 )
+_DECODER = msgspec.msgpack.Decoder(Union[tuple(KINDS.values())])     # every kind, told apart by its "kind" tag
+_ENCODER = msgspec.msgpack.Encoder()
 
 
 def iter_tensors(record: Any, path: str = "") -> Iterator[tuple[str, TensorDesc]]:
     """Every tensor descriptor inside a record (messages included), with its dotted field path."""
     if isinstance(record, TensorDesc):
         yield path, record
-    elif isinstance(record, Record):
-        for f in wire_fields(type(record)):
-            yield from iter_tensors(getattr(record, f.name), f"{path}.{f.name}" if path else f.name)
+    elif isinstance(record, msgspec.Struct):
+        for name in _tensor_fields(type(record)):
+            yield from iter_tensors(getattr(record, name), f"{path}.{name}" if path else name)
     elif isinstance(record, (list, tuple)):
         for i, v in enumerate(record):
             yield from iter_tensors(v, f"{path}[{i}]")
     elif isinstance(record, dict):
         for k, v in record.items():
             yield from iter_tensors(v, f"{path}.{k}")
+
+
+_TENSOR_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _tensor_fields(cls) -> tuple[str, ...]:
+    """The fields of a record class whose declared type can hold a TensorDesc (cached per class)."""
+    names = _TENSOR_FIELDS.get(cls)
+    if names is None:
+        names = _TENSOR_FIELDS[cls] = tuple(f.name for f in msgspec.structs.fields(cls) if _holds_tensor(f.type))
+    return names
+
+
+def _holds_tensor(tp, seen=()) -> bool:
+    if tp is TensorDesc:
+        return True
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return tp not in seen and any(_holds_tensor(f.type, seen + (tp,)) for f in msgspec.structs.fields(tp))
+    return any(_holds_tensor(a, seen) for a in typing.get_args(tp))
 
 
 def _check_frames(msg: Message, frames: Sequence[Any]) -> None:
@@ -84,9 +107,7 @@ def encode(msg: Message) -> list[Any]:
     """Frames for `msg`: the msgpack header, then `msg.inline` unchanged (zero copy). Checks frames and limits."""
     if not isinstance(msg, Message) or type(msg).KIND not in KINDS:
         raise TypeError(f"not a protocol message: {type(msg).__name__}")
-    header = {"v": PROTOCOL_VERSION, "kind": msg.KIND}
-    header.update(msg.to_wire())
-    frames = [msgpack.packb(header, use_bin_type=True), *msg.inline]
+    frames = [_ENCODER.encode(msg), *msg.inline]
     _check_sizes(frames)
     _check_frames(msg, frames)
     return frames
@@ -109,25 +130,38 @@ def decode(frames: Sequence[Any]) -> Message:
     """
     views = _check_sizes(frames)
     try:
-        head = msgpack.unpackb(views[0], **_UNPACK_LIMITS)
-    except Exception as e:  # msgpack raises several types for malformed or oversized input
-        raise ProtocolError("frame0", f"not a valid msgpack map within limits ({type(e).__name__}: {e})"[:400],
-                            "bad_request") from None
-    if not isinstance(head, dict):
-        raise ProtocolError("frame0", f"expected a msgpack map, got {type(head).__name__}")
-    if "v" not in head:
-        raise ProtocolError("v", "missing protocol version", "version")
-    if head["v"] != PROTOCOL_VERSION or isinstance(head["v"], bool):
-        raise ProtocolError("v", f"protocol version {head['v']!r} is not {PROTOCOL_VERSION}", "version")
-    kind = head.get("kind")
-    if not isinstance(kind, str):
-        raise ProtocolError("kind", f"missing or not a string: {kind!r}"[:200], "unknown_kind")
-    cls = KINDS.get(kind)
-    if cls is None:
-        raise ProtocolError("kind", f"unknown message kind {kind[:64]!r}", "unknown_kind")
-    if "id" not in head:
-        raise ProtocolError("id", "missing required field", "missing_field")
-    msg = cls.from_wire({k: v for k, v in head.items() if k not in Message.RESERVED})
-    object.__setattr__(msg, "inline", tuple(views[1:]))
+        msg = _DECODER.decode(views[0])
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        raise _diagnose(views[0]) from None
+    msg.attach(views[1:])
     _check_frames(msg, views)
     return msg
+
+
+def _diagnose(frame0: memoryview) -> ProtocolError:
+    """What is wrong with a frame 0 the typed decoder refused: the header's v, kind and id in that order, then the
+    fields (models.schema.explain names the field and its bounds)."""
+    try:
+        head = msgpack.unpackb(frame0, **_UNPACK_LIMITS)
+    except Exception as e:  # msgpack raises several types for malformed or oversized input
+        return ProtocolError("frame0", f"not a valid msgpack map within limits ({type(e).__name__}: {e})"[:400],
+                             "bad_request")
+    if not isinstance(head, dict):
+        return ProtocolError("frame0", f"expected a msgpack map, got {type(head).__name__}")
+    if "v" not in head:
+        return ProtocolError("v", "missing protocol version", "version")
+    if head["v"] != PROTOCOL_VERSION or isinstance(head["v"], bool):
+        return ProtocolError("v", f"protocol version {head['v']!r} is not {PROTOCOL_VERSION}"[:200], "version")
+    kind = head.get("kind")
+    if not isinstance(kind, str):
+        return ProtocolError("kind", f"missing or not a string: {kind!r}"[:200], "unknown_kind")
+    cls = KINDS.get(kind)
+    if cls is None:
+        return ProtocolError("kind", f"unknown message kind {kind[:64]!r}", "unknown_kind")
+    if "id" not in head:
+        return ProtocolError("id", "missing required field", "missing_field")
+    try:
+        convert({k: v for k, v in head.items() if k != "kind"}, cls, wording=TECHNICAL, error=ProtocolError)
+    except ProtocolError as e:
+        return e
+    return ProtocolError("frame0", "not a message this decoder reads", "bad_request")

@@ -37,16 +37,17 @@ Tensors in the arena are written by the sender before the request and left untou
 so every request is idempotent and may be resent.
 """
 
-from __future__ import annotations
-
-import dataclasses
 import secrets
-from typing import Any, ClassVar
+from typing import ClassVar, Literal
+
+from msgspec.structs import force_setattr
 
 from models import phase_times
-from protocol.fields import (MAX_NAME_CHARS, MAX_PATH_CHARS, MAX_TEXT_CHARS, Bool, Float, Int, List, Map, Name, Nested, Optional,
-                             Path, ProtocolError, Record, Scalar, Str, Struct, spec)
-from protocol.tensors import Tensor, TensorDesc
+from models.schema import fields_of
+from models.spectrum import SpectrumSettings
+from protocol.fields import (MAX_NAME_CHARS, MAX_PATH_CHARS, MAX_TEXT_CHARS, Count, Float, Int, List, Map, Name, Note,
+                             Path, ProtocolError, Scalar, Seconds, Text, Version, WireRecord)
+from protocol.tensors import TensorDesc
 
 PROTOCOL_VERSION = 1
 HEARTBEAT_INTERVAL_S = 1.0  # orchestrator → stage HEARTBEAT period
@@ -69,6 +70,10 @@ ERROR_CODES = (
     "failed",  # the request was valid but could not be done (`message` says why)
     "internal",  # the stage broke; it sends DYING and exits for supervisord to restart it
 )
+BranchKind = Literal[BRANCH_KINDS]
+Pid = Int(0, 2**31 - 1)
+Step = Int(1, MAX_STEPS)  # 1-based
+Block = Int(0, MAX_BLOCKS - 1)
 
 KINDS: dict[str, type["Message"]] = {}
 
@@ -78,316 +83,323 @@ def new_id() -> int:
     return secrets.randbits(63)
 
 
+class Message(WireRecord, frozen=True, dict=True, tag_field="kind"):
+    """Base of every message: frame 0 carries `v`, `kind` (the class's tag) and `id`, which correlates a reply with
+    its request; `inline` holds frames 1..n (not in frame 0: MESSAGE(..., inline=frames) attaches them)."""
+
+    KIND: ClassVar[str] = ""
+    RESERVED: ClassVar[frozenset[str]] = frozenset({"v", "kind"})
+    WIRE_DEFAULTS: ClassVar[dict] = {"v": lambda: PROTOCOL_VERSION, "id": new_id}
+    inline = ()                                 # the instance's own frames, when attached
+    v: Literal[PROTOCOL_VERSION]
+    id: Int(0, MAX_ID)
+
+    @classmethod
+    def _build(cls, *args, inline=(), **kw):
+        msg = super()._build(*args, **kw)
+        if inline:
+            msg.attach(inline)
+        return msg
+
+    def attach(self, frames) -> None:
+        """Set the inline frames (1..n) this message travels with."""
+        force_setattr(self, "inline", tuple(frames))
+
+    def replace(self, **changes):
+        out = super().replace(**changes)
+        if self.inline:
+            out.attach(self.inline)
+        return out
+
+    def to_wire(self) -> dict:
+        """The message's fields as plain data (without v and kind)."""
+        d = self.to_dict()
+        d.pop("v", None)
+        d.pop("kind", None)
+        return d
+
+
 def _message(kind: str):
     def register(cls):
-        cls = dataclasses.dataclass(frozen=True, kw_only=True)(cls)
-        clash = {f.name for f in dataclasses.fields(cls)} & Message.RESERVED
-        if clash:
-            raise TypeError(f"{cls.__name__} uses reserved header names {clash}")
+        clash = set(fields_of(cls)) & Message.RESERVED - {"v"}
+        if clash or cls.__struct_config__.tag != kind:
+            raise TypeError(f"{cls.__name__}: tag {cls.__struct_config__.tag!r} or reserved header names {clash}")
         cls.KIND = kind
         KINDS[kind] = cls
         return cls
     return register
 
 
-def _record(cls):
-    return dataclasses.dataclass(frozen=True, kw_only=True)(cls)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Message(Record):
-    """Base of every message: `id` correlates a reply with its request; `inline` holds frames 1..n (not in frame 0)."""
-
-    KIND: ClassVar[str] = ""
-    RESERVED: ClassVar[frozenset[str]] = frozenset({"v", "kind"})
-    id: int = spec(Int(0, MAX_ID), factory=new_id)
-    inline: tuple = dataclasses.field(default=(), compare=False, repr=False)
+class _Record(WireRecord, frozen=True):
+    def to_wire(self) -> dict:
+        return self.to_dict()
 
 
 # ---- nested records ----------------------------------------------------------------------------------------------
 
-@_record
-class SpectrumSettings(Record):
-    """Spectrum step forecasting (defaults as in stable-diffusion.cpp; see ../shared/anima-facts.md)."""
+# Spectrum settings are models/spectrum.py's one record (prompt.json's names and bounds), carried as they are.
 
-    enabled: bool = spec(Bool(), True)
-    w: float = spec(Float(0.0, 1.0), 0.4)  # Chebyshev vs Taylor blend
-    m: int = spec(Int(1, 8), 3)  # Chebyshev degree
-    lam: float = spec(Float(0.0, 1e6), 1.0)  # ridge penalty
-    window: float = spec(Float(1.0, 100.0), 2.0)
-    flex: float = spec(Float(0.0, 100.0), 0.5)
-    warmup: int = spec(Int(0, MAX_STEPS), 4)
-    stop: float = spec(Float(0.0, 1.0), 0.9)
-
-
-@_record
-class DenoiseParams(Record):
-    seed: int = spec(Int(0, 2**64 - 1))
-    steps: int = spec(Int(1, MAX_STEPS))
-    cfg: float = spec(Float(0.0, 100.0))
-    sampler: str = spec(Name(), "euler")
-    schedule: str = spec(Name(), "sgm_uniform")
-    width: int = spec(Int(8, 16384))  # pixels
-    height: int = spec(Int(8, 16384))
-    spectrum: SpectrumSettings = spec(Nested(SpectrumSettings), factory=SpectrumSettings)
+class DenoiseParams(_Record, frozen=True):
+    seed: Int(0, 2**64 - 1)
+    steps: Step
+    cfg: Float(0.0, 100.0)
+    sampler: Name = "euler"
+    schedule: Name = "sgm_uniform"
+    width: Int(8, 16384)  # pixels
+    height: Int(8, 16384)
+    spectrum: SpectrumSettings = SpectrumSettings()
 
 
-@_record
-class Region(Record):
+class Region(_Record, frozen=True):
     """A byte range of the job's arena handed to a stage to carve its own slots from (protocol.arena.SlotAllocator)."""
 
-    offset: int = spec(Int(0, 2**48))
-    nbytes: int = spec(Int(0, 2**48))
+    offset: Int(0, 2**48)
+    nbytes: Int(0, 2**48)
 
 
-@_record
-class BranchPass(Record):
+class BranchPass(_Record, frozen=True):
     """One CFG pass of a branch call: named inputs (as in models/partition.py) and where the output goes."""
 
-    name: str = spec(Str(16, choices=PASS_NAMES))
-    inputs: dict[str, TensorDesc] = spec(Map(Tensor(), max_items=16))
-    output: TensorDesc | None = spec(Optional(Tensor()), None)  # None: reply inline (a remote executor)
+    name: Literal[PASS_NAMES]
+    inputs: Map(TensorDesc, max_items=16)
+    output: TensorDesc | None = None  # None: reply inline (a remote executor)
 
 
-@_record
-class BranchRef(Record):
+class BranchRef(_Record, frozen=True):
     """The branch after this one (lets prefetch policies load it early)."""
 
-    block: int = spec(Int(0, MAX_BLOCKS - 1))
-    branch: str = spec(Str(16, choices=BRANCH_KINDS))
-    model: str = spec(Path())
-    index: int = spec(Int(0, 3 * MAX_BLOCKS))
+    block: Block
+    branch: BranchKind
+    model: Path
+    index: Int(0, 3 * MAX_BLOCKS)
 
 
-# THE per-call lifecycle times and their per-kind sums are models/phase_times.py's classes; checked here on the wire.
+# THE per-call lifecycle times and their per-kind sums are models/phase_times.py's records, carried as they are.
 PhaseTimes = phase_times.PhaseTimes
 PhaseSums = phase_times.PhaseSums
-PHASE_TIMES = Struct(PhaseTimes, required=("load_s", "init_s", "infer_s", "release_s"),
-                     load_s=Float(), init_s=Float(), infer_s=List(Float(), min_items=1, max_items=MAX_PASSES),
-                     release_s=Float(), wait_s=Float(), prev_release_s=Float(),
-                     source=Str(16, choices=phase_times.SOURCES), context_mb=Float(),
-                     infer_at=List(Float(0.0, 1e12), max_items=MAX_PASSES))
-PHASE_SUMS = Struct(PhaseSums, required=("calls", "load_s", "init_s", "infer_s", "release_s"),
-                    calls=Int(0, 2**40), load_s=Float(), init_s=Float(), infer_s=Float(), release_s=Float(),
-                    wait_s=Float(), visible_s=Float(), hidden_s=Float(), cached=Int(0, 2**40))
 
 
-@_record
-class StepTimes(Record):
+class StepTimes(_Record, frozen=True):
     """One sampler step on the scheduler's critical path (seconds measured here; in board-sim mode the executor's
     phases and the host-op segments are paced to the modelled board x time_scale)."""
 
-    step: int = spec(Int(1, MAX_STEPS))  # 1-based
-    computed: bool = spec(Bool(), True)  # False: a Spectrum forecast (no branch calls)
-    wall_s: float = spec(Float(), 0.0)
-    infer_s: float = spec(Float(), 0.0)  # the executor's inference (every pass)
-    lifecycle_s: float = spec(Float(), 0.0)  # load/init/release the scheduler waited for (not what ran ahead)
-    host_s: float = spec(Float(), 0.0)  # host-op segments between branch calls (paced on board-sim)
-    host_work_s: float = spec(Float(), 0.0)  # the host ops' own compute here, before any pacing
-    transport_s: float = spec(Float(), 0.0)  # call wall minus the executor's inference and visible lifecycle
-    calls: int = spec(Int(0, 2**40), 0)
+    step: Step
+    computed: bool = True  # False: a Spectrum forecast (no branch calls)
+    wall_s: Seconds = 0.0
+    infer_s: Seconds = 0.0  # the executor's inference (every pass)
+    lifecycle_s: Seconds = 0.0  # load/init/release the scheduler waited for (not what ran ahead)
+    host_s: Seconds = 0.0  # host-op segments between branch calls (paced on board-sim)
+    host_work_s: Seconds = 0.0  # the host ops' own compute here, before any pacing
+    transport_s: Seconds = 0.0  # call wall minus the executor's inference and visible lifecycle
+    calls: Count = 0
 
 
-@_record
-class TileSettings(Record):
-    enabled: bool = spec(Bool(), True)
-    tile: int = spec(Int(4, 4096), 32)  # latent pixels per tile side
-    overlap: float = spec(Float(0.0, 0.9), 0.5)  # fraction of a tile
+class TileSettings(_Record, frozen=True):
+    enabled: bool = True
+    tile: Int(4, 4096) = 32  # latent pixels per tile side
+    overlap: Float(0.0, 0.9) = 0.5  # fraction of a tile
 
 
 # ---- control -----------------------------------------------------------------------------------------------------
 
 @_message("HELLO")
-class Hello(Message):
-    peer: str = spec(Name())  # who is asking: "orchestrator", "scheduler", "cli" ...
-    pid: int = spec(Int(0, 2**31 - 1))
-    version: str = spec(Str(64))  # software version of the sender
+class Hello(Message, tag="HELLO"):
+    peer: Name  # who is asking: "orchestrator", "scheduler", "cli" ...
+    pid: Pid
+    version: Version  # software version of the sender
 
 
 @_message("READY")
-class Ready(Message):
-    stage: str = spec(Name())
-    pid: int = spec(Int(0, 2**31 - 1))
-    version: str = spec(Str(64))
-    info: dict[str, Any] = spec(Map(Scalar()), factory=dict)  # backend, threads, policy, ...
+class Ready(Message, tag="READY"):
+    stage: Name
+    pid: Pid
+    version: Version
+    info: Map(Scalar) = {}  # backend, threads, policy, ...
 
 
 @_message("HEARTBEAT")
-class Heartbeat(Message):
-    peer: str = spec(Name())
+class Heartbeat(Message, tag="HEARTBEAT"):
+    peer: Name
 
 
 @_message("PONG")
-class Pong(Message):
-    stage: str = spec(Name())
-    pid: int = spec(Int(0, 2**31 - 1))
-    busy: bool = spec(Bool())
-    job: str | None = spec(Optional(Name()), None)
-    uptime_s: float = spec(Float())
-    rss_mb: float | None = spec(Optional(Float()), None)
+class Pong(Message, tag="PONG"):
+    stage: Name
+    pid: Pid
+    busy: bool
+    job: Name | None = None
+    uptime_s: Seconds
+    rss_mb: Seconds | None = None
 
 
 @_message("CANCEL")
-class Cancel(Message):
-    job: str = spec(Name())
+class Cancel(Message, tag="CANCEL"):
+    job: Name
 
 
 @_message("SHUTDOWN")
-class Shutdown(Message):
-    reason: str = spec(Str(MAX_PATH_CHARS), "")
+class Shutdown(Message, tag="SHUTDOWN"):
+    reason: Note = ""
 
 
 @_message("OK")
-class Ok(Message):
-    note: str = spec(Str(MAX_PATH_CHARS), "")
+class Ok(Message, tag="OK"):
+    note: Note = ""
 
 
 @_message("ERROR")
-class Error(Message):
-    code: str = spec(Str(32, choices=ERROR_CODES))
-    message: str = spec(Str(MAX_PATH_CHARS))
-    field: str = spec(Str(MAX_PATH_CHARS), "")  # dotted path of the bad field, "" when none
-    retry: bool = spec(Bool(), False)  # the same request may succeed later
+class Error(Message, tag="ERROR"):
+    code: Literal[ERROR_CODES]
+    message: Note
+    field: Note = ""  # dotted path of the bad field, "" when none
+    retry: bool = False  # the same request may succeed later
 
 
 @_message("DYING")
-class Dying(Message):
-    stage: str = spec(Name())
-    pid: int = spec(Int(0, 2**31 - 1))
-    reason: str = spec(Str(MAX_PATH_CHARS))
-    job: str | None = spec(Optional(Name()), None)
+class Dying(Message, tag="DYING"):
+    stage: Name
+    pid: Pid
+    reason: Note
+    job: Name | None = None
 
 
 # ---- encoder -----------------------------------------------------------------------------------------------------
 
 @_message("ENCODE")
-class Encode(Message):
-    job: str = spec(Name())
-    prompt: str = spec(Str(MAX_TEXT_CHARS))
-    negative: str = spec(Str(MAX_TEXT_CHARS), "")
-    arena: str | None = spec(Optional(Name()), None)  # None: reply with inline tensors (remote encoder)
-    cond: TensorDesc | None = spec(Optional(Tensor()), None)  # [S, Dc] f32 slot to fill
-    uncond: TensorDesc | None = spec(Optional(Tensor()), None)
-    rows: int = spec(Int(512, 2**16), 512)  # S: context rows to produce (the pack's; more than 512 for a long one)
+class Encode(Message, tag="ENCODE"):
+    job: Name
+    prompt: Text(MAX_TEXT_CHARS)
+    negative: Text(MAX_TEXT_CHARS) = ""
+    arena: Name | None = None  # None: reply with inline tensors (remote encoder)
+    cond: TensorDesc | None = None  # [S, Dc] f32 slot to fill
+    uncond: TensorDesc | None = None
+    rows: Int(512, 2**16) = 512  # S: context rows to produce (the pack's; more than 512 for a long one)
 
 
 @_message("ENCODED")
-class Encoded(Message):
-    job: str = spec(Name())
-    cond: TensorDesc = spec(Tensor())  # [S, Dc] where it was written
-    uncond: TensorDesc = spec(Tensor())
-    tokens_cond: int = spec(Int(0, 2**20))
-    tokens_uncond: int = spec(Int(0, 2**20))
-    truncated: bool = spec(Bool(), False)
-    timings: dict[str, float] = spec(Map(Float()), factory=dict)  # load_s, tokenize_s, encode_s, ...
+class Encoded(Message, tag="ENCODED"):
+    job: Name
+    cond: TensorDesc  # [S, Dc] where it was written
+    uncond: TensorDesc
+    tokens_cond: Int(0, 2**20)
+    tokens_uncond: Int(0, 2**20)
+    truncated: bool = False
+    timings: Map(Seconds) = {}  # load_s, tokenize_s, encode_s, ...
 
 
 # ---- scheduler ---------------------------------------------------------------------------------------------------
 
 @_message("DENOISE")
-class Denoise(Message):
-    job: str = spec(Name())
-    job_dir: str = spec(Path())  # per-step state is written here (write-then-rename)
-    pack_dir: str = spec(Path())
-    arena: str = spec(Name())
-    params: DenoiseParams = spec(Nested(DenoiseParams))
-    cond: TensorDesc = spec(Tensor())  # [S, Dc]
-    uncond: TensorDesc = spec(Tensor())
-    latent: TensorDesc = spec(Tensor())  # output [C, H/8, W/8] f32
-    scratch: Region = spec(Nested(Region))  # the scheduler carves branch inputs/outputs from here
-    executor: str = spec(Str(MAX_PATH_CHARS, min_chars=1))  # endpoint
-    resume: bool = spec(Bool(), True)  # continue from job_dir's last finished step when present
+class Denoise(Message, tag="DENOISE"):
+    job: Name
+    job_dir: Path  # per-step state is written here (write-then-rename)
+    pack_dir: Path
+    arena: Name
+    params: DenoiseParams
+    cond: TensorDesc  # [S, Dc]
+    uncond: TensorDesc
+    latent: TensorDesc  # output [C, H/8, W/8] f32
+    scratch: Region  # the scheduler carves branch inputs/outputs from here
+    executor: Path  # endpoint
+    resume: bool = True  # continue from job_dir's last finished step when present
     # rows of ComfyUI's context per pass (cond, uncond) that a long-context pack leaves unmasked; () = all
-    context_rows: tuple = spec(List(Int(1, 2**16), max_items=2), factory=tuple)
+    context_rows: List(Int(1, 2**16), max_items=2) = ()
 
 
 @_message("PROGRESS")
-class Progress(Message):
-    job: str = spec(Name())
-    step: int = spec(Int(1, MAX_STEPS))  # 1-based
-    steps: int = spec(Int(1, MAX_STEPS))
-    block: int = spec(Int(0, MAX_BLOCKS - 1))
-    branch: str = spec(Str(16, choices=BRANCH_KINDS))
-    cfg_pass: str = spec(Str(16, choices=PASS_NAMES + ("both",)), "both")
-    forecast: bool = spec(Bool(), False)
-    elapsed_s: float = spec(Float())
-    eta_s: float | None = spec(Optional(Float()), None)
+class Progress(Message, tag="PROGRESS"):
+    job: Name
+    step: Step  # 1-based
+    steps: Step
+    block: Block
+    branch: BranchKind
+    cfg_pass: Literal[PASS_NAMES + ("both",)] = "both"
+    forecast: bool = False
+    elapsed_s: Seconds
+    eta_s: Seconds | None = None
 
 
 @_message("DENOISED")
-class Denoised(Message):
-    job: str = spec(Name())
-    latent: TensorDesc = spec(Tensor())
-    computed_steps: tuple[int, ...] = spec(List(Int(1, MAX_STEPS), max_items=MAX_STEPS))  # 1-based
-    forecast_steps: tuple[int, ...] = spec(List(Int(1, MAX_STEPS), max_items=MAX_STEPS))
-    branch_calls: int = spec(Int(0, 2**40))
-    branches: dict[str, PhaseSums] = spec(Map(PHASE_SUMS, keys=BRANCH_KINDS), factory=dict)
-    host_s: float = spec(Float())  # scheduler time not spent waiting on the executor (host ops, sampler, state saves)
-    host_hidden_s: float = spec(Float(), 0.0)  # host-op seconds that ran while a branch inferred (interleave)
-    transport_s: float = spec(Float())  # waiting on the executor beyond its critical path (visible transport)
-    wall_s: float = spec(Float())
-    resumed_from: int = spec(Int(0, MAX_STEPS), 0)  # last finished step found on start; 0 = fresh
-    resends: int = spec(Int(0, 2**40), 0)
-    host_work_s: float = spec(Float(), 0.0)  # host ops' own compute here (host_s minus board-sim pacing)
-    steps: tuple[StepTimes, ...] = spec(List(Nested(StepTimes), max_items=MAX_STEPS), ())  # this run's steps
+class Denoised(Message, tag="DENOISED"):
+    job: Name
+    latent: TensorDesc
+    computed_steps: List(Step, max_items=MAX_STEPS)  # 1-based
+    forecast_steps: List(Step, max_items=MAX_STEPS)
+    branch_calls: Count
+    branches: Map(PhaseSums, key=BranchKind) = {}
+    host_s: Seconds  # scheduler time not spent waiting on the executor (host ops, sampler, state saves)
+    host_hidden_s: Seconds = 0.0  # host-op seconds that ran while a branch inferred (interleave)
+    transport_s: Seconds  # waiting on the executor beyond its critical path (visible transport)
+    wall_s: Seconds
+    resumed_from: Int(0, MAX_STEPS) = 0  # last finished step found on start; 0 = fresh
+    resends: Count = 0
+    host_work_s: Seconds = 0.0  # host ops' own compute here (host_s minus board-sim pacing)
+    steps: List(StepTimes, max_items=MAX_STEPS) = ()  # this run's steps
 
 
 # ---- executor ----------------------------------------------------------------------------------------------------
 
 @_message("BRANCH")
-class Branch(Message):
-    job: str = spec(Name())
-    step: int = spec(Int(1, MAX_STEPS))
-    block: int = spec(Int(0, MAX_BLOCKS - 1))
-    branch: str = spec(Str(16, choices=BRANCH_KINDS))
-    model: str = spec(Path())  # branch model file (ONNX or RKNN)
-    index: int = spec(Int(0, 3 * MAX_BLOCKS))  # position in the branch table
-    arena: str | None = spec(Optional(Name()), None)  # None when every tensor is inline
-    passes: tuple[BranchPass, ...] = spec(List(Nested(BranchPass), min_items=1, max_items=MAX_PASSES))
-    next: tuple[BranchRef, ...] = spec(List(Nested(BranchRef), max_items=MAX_AHEAD), ())  # what follows, in order
-    hold: bool = spec(Bool(), False)  # another pass of this branch follows (interleave): keep the model loaded
-    attempt: int = spec(Int(1, 1000), 1)
+class Branch(Message, tag="BRANCH"):
+    job: Name
+    step: Step
+    block: Block
+    branch: BranchKind
+    model: Path  # branch model file (ONNX or RKNN)
+    index: Int(0, 3 * MAX_BLOCKS)  # position in the branch table
+    arena: Name | None = None  # None when every tensor is inline
+    passes: List(BranchPass, max_items=MAX_PASSES, min_items=1)
+    next: List(BranchRef, max_items=MAX_AHEAD) = ()  # what follows, in order
+    hold: bool = False  # another pass of this branch follows (interleave): keep the model loaded
+    attempt: Int(1, 1000) = 1
 
 
 @_message("BRANCH_DONE")
-class BranchDone(Message):
-    job: str = spec(Name())
-    step: int = spec(Int(1, MAX_STEPS))
-    block: int = spec(Int(0, MAX_BLOCKS - 1))
-    branch: str = spec(Str(16, choices=BRANCH_KINDS))
-    attempt: int = spec(Int(1, 1000), 1)
-    times: PhaseTimes = spec(PHASE_TIMES)  # times.source says whether the model was already loaded
-    outputs: tuple[TensorDesc, ...] = spec(List(Tensor(), min_items=1, max_items=MAX_PASSES))  # per pass
-    rss_mb: float | None = spec(Optional(Float()), None)
-    pss_mb: float | None = spec(Optional(Float()), None)
+class BranchDone(Message, tag="BRANCH_DONE"):
+    job: Name
+    step: Step
+    block: Block
+    branch: BranchKind
+    attempt: Int(1, 1000) = 1
+    times: PhaseTimes  # times.source says whether the model was already loaded
+    outputs: List(TensorDesc, max_items=MAX_PASSES, min_items=1)  # per pass
+    rss_mb: Seconds | None = None
+    pss_mb: Seconds | None = None
+
+    def __post_init__(self):
+        for name, least in (("infer_s", 1), ("infer_at", 0)):          # a branch call runs one model per pass
+            n = len(getattr(self.times, name))
+            if not least <= n <= MAX_PASSES:
+                raise ProtocolError(f"times.{name}", f"expected {least}..{MAX_PASSES} items, got {n}",
+                                    "too_large" if n > MAX_PASSES else "bad_field")
 
 
 # ---- vae ---------------------------------------------------------------------------------------------------------
 
 # One PNG text chunk: the job's graphs as ASCII JSON (orchestrator.report.png_metadata); a 4000-character prompt of
-# emoji escapes to 48,000 characters and `workflow` holds both prompts. The codec's limit per string (bytes).
+# emoji escapes to 48,000 characters and `workflow` holds both prompts (frame 0 is at most 1 MiB in all).
 MAX_PNG_TEXT_CHARS = 4 * MAX_TEXT_CHARS
 
 
 @_message("DECODE")
-class Decode(Message):
-    job: str = spec(Name())
-    latent: TensorDesc = spec(Tensor())  # [C, H/8, W/8] f32, slot or inline
-    arena: str | None = spec(Optional(Name()), None)
-    output: str | None = spec(Optional(Path()), None)  # PNG path on the VAE's machine; None: return it inline
-    return_png: bool = spec(Bool(), False)
-    metadata: dict[str, str] = spec(Map(Str(MAX_PNG_TEXT_CHARS)), factory=dict)  # PNG text chunks
-    tile: TileSettings = spec(Nested(TileSettings), factory=TileSettings)
+class Decode(Message, tag="DECODE"):
+    job: Name
+    latent: TensorDesc  # [C, H/8, W/8] f32, slot or inline
+    arena: Name | None = None
+    output: Path | None = None  # PNG path on the VAE's machine; None: return it inline
+    return_png: bool = False
+    metadata: Map(Text(MAX_PNG_TEXT_CHARS)) = {}  # PNG text chunks
+    tile: TileSettings = TileSettings()
 
 
 @_message("DECODED")
-class Decoded(Message):
-    job: str = spec(Name())
-    path: str | None = spec(Optional(Path()), None)
-    png: TensorDesc | None = spec(Optional(Tensor()), None)  # u8 [n] inline PNG bytes when asked
-    width: int = spec(Int(1, 65536))
-    height: int = spec(Int(1, 65536))
-    timings: dict[str, float] = spec(Map(Float()), factory=dict)
+class Decoded(Message, tag="DECODED"):
+    job: Name
+    path: Path | None = None
+    png: TensorDesc | None = None  # u8 [n] inline PNG bytes when asked
+    width: Int(1, 65536)
+    height: Int(1, 65536)
+    timings: Map(Seconds) = {}
 
 
 # ---- orchestrator CLI ↔ daemon ------------------------------------------------------------------------------------
@@ -398,90 +410,88 @@ MAX_JOBS_LISTED = 256
 MAX_PACKS = 32
 
 
-@_record
-class JobInfo(Record):
+class JobInfo(_Record, frozen=True):
     """One job as `orchestrator status` shows it; the progress fields are the latest PROGRESS of a running job."""
 
-    job: str = spec(Name())
-    state: str = spec(Name())  # queued, encoding, denoising, decoding, done, failed, cancelled
-    created: float = spec(Float())
-    updated: float = spec(Float())
-    position: int = spec(Int(0, 2**20), 0)  # jobs ahead of a queued one
-    error_stage: str = spec(Str(MAX_NAME_CHARS), "")
-    error: str = spec(Str(MAX_PATH_CHARS), "")
-    image: str | None = spec(Optional(Path()), None)
-    report: str | None = spec(Optional(Path()), None)
-    progress: Progress | None = spec(Optional(Nested(Progress)), None)
-    spec_json: str = spec(Str(MAX_PROMPT_JSON_CHARS), "")  # with STATUS detail: the job's resolved prompt
-    origin: str = spec(Str(MAX_ORIGIN_CHARS), "")  # with STATUS detail: SUBMIT's origin ("" when none)
+    job: Name
+    state: Name  # queued, encoding, denoising, decoding, done, failed, cancelled
+    created: Seconds
+    updated: Seconds
+    position: Int(0, 2**20) = 0  # jobs ahead of a queued one
+    error_stage: Text(MAX_NAME_CHARS) = ""
+    error: Note = ""
+    image: Path | None = None
+    report: Path | None = None
+    progress: Progress | None = None
+    spec_json: Text(MAX_PROMPT_JSON_CHARS) = ""  # with STATUS detail: the job's resolved prompt
+    origin: Text(MAX_ORIGIN_CHARS) = ""  # with STATUS detail: SUBMIT's origin ("" when none)
 
 
-@_record
-class PackRef(Record):
+class PackRef(_Record, frozen=True):
     """A model pack the daemon serves: one image size."""
 
-    width: int = spec(Int(8, 16384))
-    height: int = spec(Int(8, 16384))
-    dir: str = spec(Path())
-    dtype: str = spec(Name())  # io dtype of its branches: f16 | f32
-    blocks: int = spec(Int(1, MAX_BLOCKS))
-    source_name: str = spec(Str(MAX_PATH_CHARS), "")  # the checkpoint it was built from
-    source_sha256: str = spec(Str(64), "")
+    width: Int(8, 16384)
+    height: Int(8, 16384)
+    dir: Path
+    dtype: Name  # io dtype of its branches: f16 | f32
+    blocks: Int(1, MAX_BLOCKS)
+    source_name: Note = ""  # the checkpoint it was built from
+    source_sha256: Text(64) = ""
 
 
 @_message("SUBMIT")
-class Submit(Message):
-    prompt_json: str = spec(Str(MAX_PROMPT_JSON_CHARS))  # the file's text: the daemon validates it again
-    base_dir: str = spec(Path())  # relative `output` paths resolve from here (the CLI's working directory)
-    origin: str = spec(Str(MAX_ORIGIN_CHARS), "")  # JSON object kept with the job: {"api", "client_id", "graph"...}
+class Submit(Message, tag="SUBMIT"):
+    prompt_json: Text(MAX_PROMPT_JSON_CHARS)  # the file's text: the daemon validates it again
+    base_dir: Path  # relative `output` paths resolve from here (the CLI's working directory)
+    origin: Text(MAX_ORIGIN_CHARS) = ""  # JSON object kept with the job: {"api", "client_id", "graph"...}
 
 
 @_message("SUBMITTED")
-class Submitted(Message):
-    job: str = spec(Name())
-    seed: int = spec(Int(0, 2**64 - 1))  # drawn by the daemon when the file had none
-    position: int = spec(Int(0, 2**20), 0)
+class Submitted(Message, tag="SUBMITTED"):
+    job: Name
+    seed: Int(0, 2**64 - 1)  # drawn by the daemon when the file had none
+    position: Int(0, 2**20) = 0
 
 
 @_message("STATUS")
-class Status(Message):
-    job: str | None = spec(Optional(Name()), None)  # None: every job (the newest `limit`, oldest first)
-    detail: bool = spec(Bool(), False)  # fill JobInfo.spec_json and .origin (the reply stays under the frame limit: `more`)
-    active: bool = spec(Bool(), False)  # queued and running jobs only
-    before: str | None = spec(Optional(Name()), None)  # only jobs older than this id (paging back)
-    limit: int = spec(Int(0, MAX_JOBS_LISTED), 0)  # 0: MAX_JOBS_LISTED
+class Status(Message, tag="STATUS"):
+    job: Name | None = None  # None: every job (the newest `limit`, oldest first)
+    detail: bool = False  # fill JobInfo.spec_json and .origin (the reply stays under the frame limit: `more`)
+    active: bool = False  # queued and running jobs only
+    before: Name | None = None  # only jobs older than this id (paging back)
+    limit: Int(0, MAX_JOBS_LISTED) = 0  # 0: MAX_JOBS_LISTED
 
 
 @_message("JOBS")
-class Jobs(Message):
-    jobs: tuple[JobInfo, ...] = spec(List(Nested(JobInfo), max_items=MAX_JOBS_LISTED))
-    more: bool = spec(Bool(), False)  # older jobs matched but were left out (limit or size); ask with `before`
+class Jobs(Message, tag="JOBS"):
+    jobs: List(JobInfo, max_items=MAX_JOBS_LISTED)
+    more: bool = False  # older jobs matched but were left out (limit or size); ask with `before`
 
 
 @_message("RESUME")
-class Resume(Message):
-    job: str = spec(Name())
+class Resume(Message, tag="RESUME"):
+    job: Name
 
 
 @_message("INFO")
-class Info(Message):
+class Info(Message, tag="INFO"):
     """What the daemon serves (no fields)."""
 
 
 @_message("PIPELINE")
-class Pipeline(Message):
-    packs: tuple[PackRef, ...] = spec(List(Nested(PackRef), min_items=1, max_items=MAX_PACKS))  # the default first
-    models: dict[str, str] = spec(Map(Str(MAX_PATH_CHARS)), factory=dict)  # part -> file name: text_encoder, vae
-    max_queue: int = spec(Int(1, 2**20))
-    version: str = spec(Str(64))
+class Pipeline(Message, tag="PIPELINE"):
+    packs: List(PackRef, max_items=MAX_PACKS, min_items=1)  # the default first
+    models: Map(Note) = {}  # part -> file name: text_encoder, vae
+    max_queue: Int(1, 2**20)
+    version: Version
 
 
 @_message("PRUNE")
-class Prune(Message):
+class Prune(Message, tag="PRUNE"):
     """Remove finished jobs (done, failed, cancelled) and their folders; the reply is JOBS with the removed ones."""
 
-    keep: int | None = spec(Optional(Int(0, 2**20)), None)  # keep this many of the newest finished jobs
-    older_than_s: float | None = spec(Optional(Float(0.0, 1e11)), None)  # and remove those finished longer ago
+    keep: Int(0, 2**20) | None = None  # keep this many of the newest finished jobs
+    older_than_s: Float(0.0, 1e11) | None = None  # and remove those finished longer ago
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------------

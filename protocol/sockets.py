@@ -172,11 +172,11 @@ class LazyPirate:
         sent: the first attempt already went out through `send(msg)`."""
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         tries = 1 + (self.retries if retries is None else retries)
-        has_attempt = "attempt" in {f.name for f in dataclasses.fields(msg)}
+        has_attempt = "attempt" in msg.__struct_fields__
         handshake_failed = 0  # attempts that ended in a handshake failure
         for attempt in range(1, tries + 1):
             if has_attempt:
-                msg = dataclasses.replace(msg, attempt=attempt)
+                msg = msg.replace(attempt=attempt)
             sock = self._connect()
             try:
                 if not (sent and attempt == 1):

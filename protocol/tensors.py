@@ -1,13 +1,11 @@
 """Tensor descriptors `{dtype, shape, where}` and helpers to move numpy arrays as inline frames or arena slots."""
 
-from __future__ import annotations
-
-import dataclasses
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import numpy as np
 
-from protocol.fields import IDENT_RE, MAX_NAME_CHARS, ProtocolError, Spec
+from models.schema import UNSET, UnsetType
+from protocol.fields import Int, List, Name, ProtocolError, WireRecord
 
 # Wire dtype -> numpy dtype. bf16 travels as its raw uint16 bit patterns (numpy has no bfloat16).
 DTYPES: dict[str, np.dtype] = {
@@ -23,21 +21,61 @@ MAX_NDIM = 8
 MAX_DIM = 2**31 - 1
 MAX_TENSOR_BYTES = 2 * 2**30  # 2 GiB: far above any Anima tensor, below what breaks 32-bit sizes
 MAX_FRAME_INDEX = 255
+MAX_OFFSET = 2**48
 
 
-@dataclasses.dataclass(frozen=True)
-class TensorDesc:
-    """Where a tensor lives: `slot`+`offset` in the job's shared-memory arena, or inline multipart `frame` k (k >= 1)."""
+class Where(WireRecord, frozen=True):
+    """`{frame: k}` (inline multipart frame k >= 1) or `{slot: name, offset: bytes}` (the job's arena)."""
 
-    dtype: str
-    shape: tuple[int, ...]
-    slot: str | None = None
-    offset: int = 0
-    frame: int | None = None
+    frame: Int(1, MAX_FRAME_INDEX) | UnsetType = UNSET
+    slot: Name | UnsetType = UNSET
+    offset: Int(0, MAX_OFFSET) | UnsetType = UNSET
 
     def __post_init__(self):
-        object.__setattr__(self, "shape", tuple(self.shape))
-        _check_desc(self.dtype, self.shape, self.slot, self.offset, self.frame, "")
+        if (self.frame is UNSET) == (self.slot is UNSET) or (self.slot is UNSET) != (self.offset is UNSET):
+            raise ProtocolError("", "must be {frame: k} or {slot: name, offset: bytes}")
+
+
+class TensorDesc(WireRecord, frozen=True):
+    """Where a tensor lives: `slot`+`offset` in the job's shared-memory arena, or inline multipart `frame` k (k >= 1).
+
+    Built as TensorDesc(dtype, shape, slot=..., offset=...) or TensorDesc(dtype, shape, frame=k); on the wire
+    `{dtype, shape, where}`."""
+
+    dtype: Literal[tuple(DTYPES)]
+    shape: List(Int(0, MAX_DIM), MAX_NDIM)
+    where: Where
+
+    @classmethod
+    def _build(cls, dtype=None, shape=None, slot=None, offset=0, frame=None, *, where=None):
+        if where is None:
+            where = {} if slot is None else {"slot": slot, "offset": offset}
+            if frame is not None:
+                where["frame"] = frame
+        return super()._build(dtype=dtype, shape=shape, where=where)
+
+    def __post_init__(self):
+        numel = 1
+        for d in self.shape:
+            numel *= d
+        if numel * DTYPES[self.dtype].itemsize > MAX_TENSOR_BYTES:
+            raise ProtocolError("shape", f"{numel} elements exceed the tensor limit of {MAX_TENSOR_BYTES} bytes",
+                                "too_large")
+
+    def __reduce__(self):
+        return (_tensor_desc, (self.dtype, self.shape, self.slot, self.offset, self.frame))
+
+    @property
+    def slot(self) -> str | None:
+        return None if self.where.slot is UNSET else self.where.slot
+
+    @property
+    def offset(self) -> int:
+        return 0 if self.where.offset is UNSET else self.where.offset
+
+    @property
+    def frame(self) -> int | None:
+        return None if self.where.frame is UNSET else self.where.frame
 
     @property
     def np_dtype(self) -> np.dtype:
@@ -56,75 +94,11 @@ class TensorDesc:
 
     @property
     def inline(self) -> bool:
-        return self.frame is not None
-
-    def to_wire(self) -> dict:
-        where = {"frame": self.frame} if self.frame is not None else {"slot": self.slot, "offset": self.offset}
-        return {"dtype": self.dtype, "shape": list(self.shape), "where": where}
-
-    @classmethod
-    def from_wire(cls, obj: Any, path: str = "") -> "TensorDesc":
-        p = (lambda name: f"{path}.{name}" if path else name)
-        if not isinstance(obj, dict):
-            raise ProtocolError(path, f"expected a tensor descriptor map, got {type(obj).__name__}")
-        for key in obj:
-            if key not in ("dtype", "shape", "where"):
-                raise ProtocolError(p(str(key)), "unknown field for a tensor descriptor", "unknown_field")
-        for key in ("dtype", "shape", "where"):
-            if key not in obj:
-                raise ProtocolError(p(key), "missing required field", "missing_field")
-        shape, where = obj["shape"], obj["where"]
-        if not isinstance(shape, (list, tuple)):
-            raise ProtocolError(p("shape"), f"expected a list, got {type(shape).__name__}")
-        if not isinstance(where, dict):
-            raise ProtocolError(p("where"), f"expected a map, got {type(where).__name__}")
-        keys = set(where)
-        if keys == {"frame"}:
-            slot, offset, frame = None, 0, where["frame"]
-        elif keys == {"slot", "offset"}:
-            slot, offset, frame = where["slot"], where["offset"], None
-        else:
-            raise ProtocolError(p("where"), "must be {frame: k} or {slot: name, offset: bytes}")
-        _check_desc(obj["dtype"], shape, slot, offset, frame, path)
-        return cls(obj["dtype"], tuple(shape), slot, offset, frame)
+        return self.where.frame is not UNSET
 
 
-def _check_desc(dtype, shape, slot, offset, frame, path: str) -> None:
-    p = (lambda name: f"{path}.{name}" if path else name)
-    if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise ProtocolError(p("dtype"), f"{dtype!r} is not one of {', '.join(DTYPES)}")
-    if len(shape) > MAX_NDIM:
-        raise ProtocolError(p("shape"), f"{len(shape)} dimensions exceed the limit of {MAX_NDIM}", "too_large")
-    numel = 1
-    for i, d in enumerate(shape):
-        if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d <= MAX_DIM:
-            raise ProtocolError(p(f"shape[{i}]"), f"{d!r} is not a dimension in [0, {MAX_DIM}]")
-        numel *= d
-    if numel * DTYPES[dtype].itemsize > MAX_TENSOR_BYTES:
-        raise ProtocolError(p("shape"), f"{numel} elements exceed the tensor limit of {MAX_TENSOR_BYTES} bytes",
-                            "too_large")
-    if (slot is None) == (frame is None):
-        raise ProtocolError(p("where"), "exactly one of slot or frame must be given")
-    if frame is not None:
-        if isinstance(frame, bool) or not isinstance(frame, int) or not 1 <= frame <= MAX_FRAME_INDEX:
-            raise ProtocolError(p("where.frame"), f"{frame!r} is not a frame index in [1, {MAX_FRAME_INDEX}]")
-    else:
-        if not isinstance(slot, str) or not slot or len(slot) > MAX_NAME_CHARS or not IDENT_RE.match(slot):
-            raise ProtocolError(p("where.slot"), f"{slot!r} is not a slot name")
-        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= 2**48:
-            raise ProtocolError(p("where.offset"), f"{offset!r} is not a byte offset")
-
-
-class Tensor(Spec):
-    """Record field holding a TensorDesc (instance or wire map)."""
-
-    def check(self, value, path):
-        if isinstance(value, TensorDesc):
-            return value
-        return TensorDesc.from_wire(value, path)
-
-    def to_wire(self, value):
-        return value.to_wire()
+def _tensor_desc(dtype, shape, slot, offset, frame) -> TensorDesc:
+    return TensorDesc(dtype, shape, slot, offset, frame)
 
 
 def wire_dtype(array: np.ndarray, dtype: str | None = None) -> str:

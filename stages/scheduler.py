@@ -22,7 +22,7 @@ import numpy as np
 import zmq
 
 from models.backends import backend_class
-from models.denoise import make_sampler, save_state, spectrum_settings, start_or_resume
+from models.denoise import make_sampler, save_state, start_or_resume
 from models.dit_runner import BranchCall, DiTRunner
 from models.phase_times import PhaseSums
 from models.pack import PackError, load_pack
@@ -148,7 +148,7 @@ class BranchClient:
                     raise RequestFailed(f"executor {what} at step {req.step}, block {req.block}, {req.branch}: {e}",
                                         field="executor", retry=True) from None
                 log.warning("%s; resending block %d %s (attempt %d)", e, req.block, req.branch, req.attempt + 1)
-                req = dataclasses.replace(req, attempt=min(req.attempt + 1, 1000))
+                req = req.replace(attempt=min(req.attempt + 1, 1000))
                 sent = False
                 continue
             except PeerUnavailable as e:
@@ -349,9 +349,7 @@ class SchedulerLogic:
             raise ProtocolError("latent", f"expected f32 {list(lat_shape)}, got {msg.latent.dtype} "
                                 f"{list(msg.latent.shape)}")
         # 2) the sampler, fresh or resumed from the job folder
-        s = params.spectrum
-        sampler = make_sampler(params.steps, params.cfg, params.schedule,
-                               spectrum_settings(s.enabled, s.w, s.m, s.lam, s.window, s.flex, s.warmup, s.stop))
+        sampler = make_sampler(params.steps, params.cfg, params.schedule, params.spectrum)
         state = start_or_resume(sampler, params.seed, lat_shape, msg.job_dir, msg.resume)   # unusable state: step 0
         resumed_from = state.step
         # 3) the executor link and the branch client

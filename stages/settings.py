@@ -1,37 +1,72 @@
-"""The per-stage settings: every `[stage.NAME]` key of the pipeline config typed, bounded and documented in one
-table (STAGE_SETTINGS), rules between keys of one table (STAGE_RULES), and the settings a model backend declares
-itself (its SETTINGS class attribute). stages.config reads the file and calls check_stage_table for each table."""
-from __future__ import annotations
+"""The pipeline config's schema: every key of the file typed, bounded and documented in one set of records
+(models/schema.py), PipelineFile at the top and a record per `[stage.NAME]` table (STAGE_TABLES); rules between keys
+of one table are the record's `__post_init__`; a model backend may declare keys of its own (its SETTINGS class
+attribute). stages.config reads the file into these records; OrchestratorSettings and HttpSettings are the
+orchestrator's and the HTTP front's settings as they are."""
+import inspect
+import os
+import types
+from typing import Annotated, Any, ClassVar, Literal
 
-import dataclasses
-from typing import Any, Callable
+from models.schema import Float, Int, Meta, Record, SchemaError, Text, Wording, convert
+from protocol.messages import HEARTBEAT_INTERVAL_S, LIVENESS
+from protocol.sockets import REQUEST_RETRIES, REQUEST_TIMEOUT_S
+
+STAGES = ("encoder", "scheduler", "executor", "vae")
+ENDPOINT_NAMES = STAGES + ("events",)
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 class ConfigError(ValueError):
     """A bad config file or value; the message names the file and the key."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Setting:
-    """One `[stage.NAME]` key. `default` None: not set unless given (the code then uses another value, e.g. the
-    top-level `threads`). Numbers are checked against [low, high]; lists against `length` and `items`; `check` may
-    add a rule of its own (returns what is wrong, or "")."""
+class ConfigWording(Wording):
+    """The config file's words: TECHNICAL's, without null (TOML has none), and with a list item of the wrong type
+    named at its list (`items must be string, got 3`) unless the item's Meta describes what it must be."""
 
-    kind: type                                   # bool | int | float (an int is accepted) | str | list
-    default: Any = None
-    low: float | None = None
-    high: float | None = None
-    choices: tuple | None = None
-    items: tuple[type, ...] = (str,)             # list elements
-    length: tuple[int, int] = (0, 4096)          # list items, or characters of a str
-    check: Callable[[Any], str] | None = None
-    help: str = ""
+    def say(self, path, p):
+        if p.kind == "type":                    # TOML has no null: None is "not set"
+            p = p._replace(expected=tuple(e for e in p.expected if e != "null") or p.expected)
+        if p.kind == "type" and path.endswith("]") and "description" not in p.meta:
+            names = " or ".join(dict.fromkeys(self.TYPE_NAMES[e] for e in p.expected))
+            return path[:path.rindex("[")], f"items must be {names}, got {p.value!r:.80}", "bad_field"
+        return super().say(path, p)
+
+    def type(self, p):
+        if "description" in p.meta:
+            return f"expected {p.meta['description']}, got {type(p.value).__name__}"
+        return super().type(p)
+
+
+CONFIG = ConfigWording()
+
+
+def _described(tp, what: str):
+    return Annotated[tp, Meta(description=what)]
+
+
+PathText = Text(4096, 1)                         # a file or folder; relative paths resolve from the config file
+KeyFile = _described(PathText, "a key file path")
+Threads = Int(1, 256)
+CoreMask = Text(64, 1) | Int(0, 2**63 - 1)       # rknn: a word (auto, 0, 1, 2, 0_1, 0_1_2) or RKNNLite's integer
+
+
+class Table(Record, frozen=True):
+    """Base of a `[stage.NAME]` table's record: None is "not set" (the code then uses another value)."""
+
+    KEY_NOUN: ClassVar[str] = "setting"
+    WORDING: ClassVar = CONFIG
+
+    def given(self) -> dict[str, Any]:
+        """The keys with a value (set in the file, or a default), as plain data."""
+        return {k: v for k, v in self.to_dict().items() if v is not None}
 
 
 def _core_mask(value) -> str:
     from models.backends.core_mask import CORE_MASKS, core_mask_word   # the one table of core masks
     if isinstance(value, int):
-        return "" if value >= 0 else "a core mask integer must be >= 0"
+        return ""
     try:
         core_mask_word(value)
     except ValueError:
@@ -39,163 +74,143 @@ def _core_mask(value) -> str:
     return ""
 
 
-def _encoder_backend(value) -> str:
-    from models.text.conditioning import BACKENDS            # the text encoder's compute backends live there
-    return "" if value in BACKENDS else f"{value!r:.80} is not one of {', '.join(BACKENDS)}"
+def _rule(field: str, problem: str) -> None:
+    if problem:
+        raise SchemaError(field, problem)
 
 
-def _vae_backend(value) -> str:
-    from models.backends import vae_pack_backends            # torch (the VAE file) or a backend running VAE packs
-    names = ("torch", *vae_pack_backends())
-    return "" if value in names else f"{value!r:.80} is not one of {', '.join(names)}"
+class BackendSettings(Table, frozen=True):
+    """The model backends' constructor arguments (models.backends.backend_kwargs passes those a backend names)."""
+
+    core_mask: CoreMask | None = None          # rknn: NPU core(s)
+    lite: Literal["real", "standin"] | None = None   # rknn: RKNNLite provider
+    venv: PathText | None = None               # rknn-sim: the rknn-toolkit2 environment (default .venv-rknn)
+    target: Text(64, 1) | None = None          # rknn-sim: the simulated target platform (rk3588)
+    log_dir: PathText | None = None            # rknn-sim: where the toolkit's logs go
+
+    def __post_init__(self):
+        if self.core_mask is not None:
+            _rule("core_mask", _core_mask(self.core_mask))
 
 
-def _vae_packs(value) -> str:
-    items = [value] if isinstance(value, str) else value
-    if not 1 <= len(items) <= 64 or not all(isinstance(v, str) and 1 <= len(v) <= 4096 and "\x00" not in v
-                                            for v in items):
-        return "expected a VAE pack folder, or a list of 1..64 of them (one per image size)"
-    return ""
+class EncoderSettings(Table, frozen=True):
+    """[stage.encoder]"""
+
+    threads: Threads | None = None             # threads of this stage (default: the top-level threads)
+    backend: Text(64, 1) = "torch"             # torch (model files) or onnx (an encoder pack)
+    pack: PathText | None = None               # backend onnx: the encoder pack folder (anima-models export-encoder)
+    dit: PathText | None = None                # the DiT file holding the LLM adapter (default: from models_dir)
+    text_encoder: PathText | None = None       # Qwen3 text encoder file
+    qwen_tokenizer: PathText | None = None     # Qwen tokenizer folder
+    t5_tokenizer: PathText | None = None       # T5 tokenizer file or folder
+
+    def __post_init__(self):
+        if self.backend != "torch":                          # the default: no import needed to know it
+            from models.text.conditioning import BACKENDS    # the text encoder's compute backends live there
+            _rule("backend", "" if self.backend in BACKENDS else
+                  f"{self.backend!r:.80} is not one of {', '.join(BACKENDS)}")
+        _rule("pack", "" if self.backend != "onnx" or self.pack else 'backend "onnx" needs the encoder pack folder '
+              '(pack = "DIR", written by `anima-models export-encoder`)')
 
 
-def _policy_problem(table: dict) -> str:
-    from models.policy import policy_problem                 # the policy grammar lives there (backend checked later)
-    return policy_problem(table["policy"], table)
+class SchedulerSettings(Table, frozen=True):
+    """[stage.scheduler]"""
+
+    branch_timeout_s: Float(1.0, 86400.0) = 600.0   # a live executor is waited for this long per branch call
 
 
-def _path_setting(help_: str) -> Setting:
-    return Setting(str, length=(1, 4096), help=help_)
+class ExecutorSettings(BackendSettings, frozen=True):
+    """[stage.executor]; the backend (the top-level `backend`) may declare more keys (backend_settings)."""
+
+    # lifecycle policy: auto, or terms joined by + (models/policy.py), or a table; checked with resident_mb and
+    # dual_masks
+    policy: Text(4096) | dict[str, Any] = "auto"
+    resident_mb: Float(0.0, float(2**40)) | None = None     # MiB budget of resident contexts
+    dual_masks: Annotated[list[CoreMask], Meta(min_length=2, max_length=2)] | None = None  # dual_core's two masks
+    threads: Threads | None = None
+    trace: PathText | None = None              # append one JSON line per branch call (relative to the config file)
+    dual_core: bool | None = None              # refused: dual_core is a lifecycle policy now
+
+    def __post_init__(self):
+        BackendSettings.__post_init__(self)
+        for mask in self.dual_masks or ():
+            _rule("dual_masks", _core_mask(mask))
+        _rule("dual_core", "" if self.dual_core is None else 'dual_core is a lifecycle policy now: policy = '
+              '"dual_core" (or "prefetch+dual_core"); dual_masks stays a setting')
+        from models.policy import policy_problem             # the policy grammar lives there (backend checked later)
+        _rule("policy", policy_problem(self.policy, self.given()))
 
 
-_THREADS = Setting(int, None, 1, 256, help="threads of this stage (default: the top-level threads)")
-# the model backends' constructor arguments (models.backends.backend_kwargs passes those a backend names); a backend
-# may declare more in its SETTINGS class attribute (see check_stage_table)
-_BACKEND_SETTINGS = {
-    "core_mask": Setting((str, int), check=_core_mask, help="rknn: NPU core(s)"),
-    "lite": Setting(str, choices=("real", "standin"), help="rknn: RKNNLite provider"),
-    "venv": _path_setting("rknn-sim: the rknn-toolkit2 environment (default .venv-rknn)"),
-    "target": Setting(str, length=(1, 64), help="rknn-sim: the simulated target platform (rk3588)"),
-    "log_dir": _path_setting("rknn-sim: where the toolkit's logs go"),
-}
+class VaeSettings(BackendSettings, frozen=True):
+    """[stage.vae]; a backend that runs VAE packs may declare more keys (backend_settings)."""
 
-# [stage.NAME] key -> Setting: the one table of every per-stage setting (docs/architecture.md, "Settings").
-STAGE_SETTINGS: dict[str, dict[str, Setting]] = {
-    "encoder": {
-        "threads": _THREADS,
-        "backend": Setting(str, "torch", check=_encoder_backend, help="torch (model files) or onnx (an encoder pack)"),
-        "pack": _path_setting("backend onnx: the encoder pack folder (anima-models export-encoder; relative to the "
-                              "config file)"),
-        "dit": _path_setting("the DiT file holding the LLM adapter (default: from models_dir)"),
-        "text_encoder": _path_setting("Qwen3 text encoder file"),
-        "qwen_tokenizer": _path_setting("Qwen tokenizer folder"),
-        "t5_tokenizer": _path_setting("T5 tokenizer file or folder"),
-    },
-    "scheduler": {
-        "branch_timeout_s": Setting(float, 600.0, 1.0, 86400.0, help="a live executor is waited for this long "
-                                    "per branch call"),
-    },
-    "executor": {
-        "policy": Setting((str, dict), "auto", help="lifecycle policy: auto, or terms joined by + (models/policy.py), "
-                          "or a table; checked with resident_mb and dual_masks (STAGE_RULES)"),
-        "resident_mb": Setting(float, None, 0.0, float(2**40), help="MiB budget of resident contexts"),
-        "dual_masks": Setting(list, items=(str, int), length=(2, 2), check=lambda v: "".join(map(_core_mask, v)),
-                              help="the two core masks of the dual_core contexts"),
-        "threads": _THREADS,
-        "trace": _path_setting("append one JSON line per branch call (relative to the config file)"),
-        **_BACKEND_SETTINGS,
-        "dual_core": Setting(bool, check=lambda v: 'dual_core is a lifecycle policy now: policy = "dual_core" (or '
-                             '"prefetch+dual_core"); dual_masks stays a setting'),
-    },
-    "vae": {
-        "backend": Setting(str, "torch", check=_vae_backend, help="torch (the VAE file) or a model backend running "
-                           "VAE packs (onnx, rknn-sim, rknn)"),
-        "vae": _path_setting("torch: the VAE file (default: from models_dir)"),
-        "vae_pack": Setting((str, list), items=(str,), check=_vae_packs, help="the other backends: a VAE pack folder "
-                            "(anima-models pack-vae), or a list, one per image size; relative to the config file"),
-        "threads": _THREADS,
-        **_BACKEND_SETTINGS,
-        "max_latent": Setting(int, 512, 1, 4096, help="DECODE: largest latent h and w (prompts allow 4096 px)"),
-        "tile_min": Setting(int, 16, 1, 4096, help="DECODE: smallest tile side in latent pixels"),
-        "tile_max": Setting(int, 128, 1, 4096, help="DECODE: largest tile side, and the largest untiled latent"),
-        "min_stride_fraction": Setting(float, 0.25, 0.05, 1.0, help="DECODE: the tile stride (tile minus overlap) "
-                                       "is at least this fraction of the tile (work < 1/fraction² of untiled)"),
-    },
-    "orchestrator": {
-        "max_queue": Setting(int, 16, 1, 10_000, help="queued + running jobs"),
-        "min_free_mb": Setting(float, 64.0, 0.0, 1e7, help="free disk needed in the run folder to accept a job"),
-        "stage_retries": Setting(int, 3, 0, 20, help="restarts of one stage absorbed per job before it fails"),
-        "start_timeout_s": Setting(float, 120.0, 1.0, 3600.0, help="supervisord start + READY of a stage"),
-        "stop_timeout_s": Setting(float, 30.0, 1.0, 600.0),
-        "encode_timeout_s": Setting(float, 600.0, 1.0, 86400.0),
-        "denoise_timeout_s": Setting(float, 6 * 3600.0, 1.0, 7 * 86400.0),
-        "decode_timeout_s": Setting(float, 1800.0, 1.0, 86400.0),
-        "sample_interval_s": Setting(float, 0.2, 0.01, 10.0, help="supervisord/RSS sampling while a stage works"),
-        "hang_timeout_s": Setting(float, 120.0, 0.0, 86400.0, help="a scheduler/executor silent to heartbeats this "
-                                  "long is restarted through supervisord (0: never); keep it below branch_timeout_s"),
-        "timing_plot_timeout_s": Setting(float, 120.0, 0.0, 3600.0, help="the child process that draws each job's "
-                                         "timing.png (3.3 s under load: bench/bench_timing_plot.py); 0: no plot"),
-    },
-    "http": {                                  # the HTTP front (orchestrator/http/settings.py)
-        "host": Setting(str, "127.0.0.1", length=(1, 255), help="listen address; not loopback needs token_file"),
-        "port": Setting(int, 8188, 0, 65535, help="0: any free port (written to RUN/http.json)"),
-        "token_file": _path_setting("a 0600 file holding the bearer token (relative to the config file)"),
-        "max_body_kb": Setting(int, 256, 1, 65536, help="larger request bodies get 413"),
-        "request_timeout_s": Setting(float, 5.0, 0.1, 120.0, help="one request to the daemon; no answer: 503"),
-        "poll_s": Setting(float, 0.25, 0.05, 10.0, help="how often running jobs are looked at"),
-    },
-}
-# rules between keys of one table: stage -> [(key, rule)]; a rule takes the table with defaults filled in and says
-# what is wrong ("" when fine)
-STAGE_RULES: dict[str, list[tuple[str, Callable[[dict], str]]]] = {
-    "vae": [("tile_min", lambda t: "" if t["tile_min"] <= t["tile_max"] else "tile_min must not exceed tile_max"),
-            ("vae_pack", lambda t: "" if t["backend"] == "torch" or t.get("vae_pack") else f"backend {t['backend']!r} "
-             "decodes a VAE pack; set vae_pack = DIR (anima-models pack-vae)")],
-    "executor": [("policy", _policy_problem)],
-    "encoder": [("pack", lambda t: "" if t["backend"] != "onnx" or t.get("pack") else 'backend "onnx" needs the '
-                 'encoder pack folder (pack = "DIR", written by `anima-models export-encoder`)')],
-}
+    backend: Text(64, 1) = "torch"             # torch (the VAE file) or a model backend running VAE packs
+    vae: PathText | None = None                # torch: the VAE file (default: from models_dir)
+    # the other backends: a VAE pack folder (anima-models pack-vae), or a list, one per image size
+    vae_pack: PathText | list[PathText] | None = None
+    threads: Threads | None = None
+    max_latent: Int(1, 4096) = 512             # DECODE: largest latent h and w (prompts allow 4096 px)
+    tile_min: Int(1, 4096) = 16                # DECODE: smallest tile side in latent pixels
+    tile_max: Int(1, 4096) = 128               # DECODE: largest tile side, and the largest untiled latent
+    # DECODE: the tile stride (tile minus overlap) is at least this fraction of the tile (work < 1/fraction² of
+    # untiled)
+    min_stride_fraction: Float(0.05, 1.0) = 0.25
+
+    def __post_init__(self):
+        BackendSettings.__post_init__(self)
+        if self.backend != "torch":                          # the default: no import needed to know it
+            from models.backends import vae_pack_backends    # torch (the VAE file) or a backend running VAE packs
+            names = ("torch", *vae_pack_backends())
+            _rule("backend", "" if self.backend in names else f"{self.backend!r:.80} is not one of {', '.join(names)}")
+        packs = [self.vae_pack] if isinstance(self.vae_pack, str) else self.vae_pack
+        _rule("vae_pack", "" if packs is None or 1 <= len(packs) <= 64 else
+              "expected a VAE pack folder, or a list of 1..64 of them (one per image size)")
+        _rule("tile_min", "" if self.tile_min <= self.tile_max else "tile_min must not exceed tile_max")
+        _rule("vae_pack", "" if self.backend == "torch" or self.vae_pack else f"backend {self.backend!r} decodes a "
+              "VAE pack; set vae_pack = DIR (anima-models pack-vae)")
 
 
-def _type_name(kind) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join({"str": "string", "int": "integer", "bool": "boolean", "list": "array"}.get(k.__name__,
-                       k.__name__) for k in kinds)
+class OrchestratorSettings(Table, frozen=True):
+    """[stage.orchestrator]: the orchestrator daemon's settings."""
+
+    max_queue: Int(1, 10_000) = 16             # queued + running jobs
+    min_free_mb: Float(0.0, 1e7) = 64.0        # free disk needed in the run folder to accept a job
+    stage_retries: Int(0, 20) = 3              # restarts of one stage absorbed per job before it fails
+    start_timeout_s: Float(1.0, 3600.0) = 120.0    # supervisord start + READY of a stage
+    stop_timeout_s: Float(1.0, 600.0) = 30.0
+    encode_timeout_s: Float(1.0, 86400.0) = 600.0
+    denoise_timeout_s: Float(1.0, 7 * 86400.0) = 6 * 3600.0
+    decode_timeout_s: Float(1.0, 86400.0) = 1800.0
+    sample_interval_s: Float(0.01, 10.0) = 0.2     # supervisord/RSS sampling while a stage works
+    # a scheduler/executor silent to heartbeats this long is restarted through supervisord (0: never); keep it
+    # below branch_timeout_s
+    hang_timeout_s: Float(0.0, 86400.0) = 120.0
+    # the child process that draws each job's timing.png (3.3 s under load: bench/bench_timing_plot.py); 0: no plot
+    timing_plot_timeout_s: Float(0.0, 3600.0) = 120.0
 
 
-def check_setting(s: Setting, value: Any) -> tuple[Any, str]:
-    """(the value, as the code uses it: a float for float settings) and what is wrong with it ("" when fine)."""
-    if s.kind is object:                           # a backend's own setting of no declared type: it checks it
-        return value, ""
-    kinds = s.kind if isinstance(s.kind, tuple) else (s.kind,)
-    accepted = kinds + ((int,) if float in kinds else ())
-    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, accepted):
-        return value, f"expected {_type_name(s.kind)}, got {type(value).__name__} ({value!r:.80})"
-    if isinstance(value, float) and value != value:
-        return value, "NaN is not a value"
-    if s.kind is float:
-        value = float(value)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if (s.low is not None and value < s.low) or (s.high is not None and value > s.high):
-            return value, f"{value} is out of range [{s.low}, {s.high}]"
-    if isinstance(value, str):
-        if not s.length[0] <= len(value) <= s.length[1] or "\x00" in value:
-            return value, f"expected {s.length[0]}..{s.length[1]} characters without NUL"
-    if isinstance(value, list):
-        if not s.length[0] <= len(value) <= s.length[1]:
-            return value, f"expected {s.length[0]}..{s.length[1]} items, got {len(value)}"
-        bad = [v for v in value if isinstance(v, bool) or not isinstance(v, s.items)]
-        if bad:
-            return value, f"items must be {_type_name(s.items)}, got {bad[0]!r:.80}"
-    if s.choices is not None and value not in s.choices:
-        return value, f"{value!r:.80} is not one of {', '.join(map(str, s.choices))}"
-    problem = s.check(value) if s.check is not None else ""
-    return value, problem
+class HttpSettings(Table, frozen=True):
+    """[stage.http]: the HTTP front's settings (orchestrator/http/settings.py adds the checks that keep it safe)."""
+
+    host: Text(255, 1) = "127.0.0.1"           # listen address; not loopback needs token_file
+    port: Int(0, 65535) = 8188                 # 0: any free port (written to RUN/http.json)
+    token_file: PathText | None = None         # a 0600 file holding the bearer token (relative to the config file)
+    max_body_kb: Int(1, 65536) = 256           # larger request bodies get 413
+    request_timeout_s: Float(0.1, 120.0) = 5.0     # one request to the daemon; no answer: 503
+    poll_s: Float(0.05, 10.0) = 0.25           # how often running jobs are looked at
 
 
-def backend_settings(stage: str, table: dict, backend: str) -> dict[str, Setting]:
-    """The keys a stage's model backend declares beyond STAGE_SETTINGS (its class attribute SETTINGS: names, passed
-    on unchecked to its constructor, which checks them; or name -> Setting): the executor's backend is the top-level
-    `backend`, the VAE's its own `backend`. Looked up only for a key the table does not know (no import otherwise)."""
+# [stage.NAME] -> its record: the one table of every per-stage setting (docs/architecture.md, "Settings")
+STAGE_TABLES: dict[str, type[Table]] = {"encoder": EncoderSettings, "scheduler": SchedulerSettings,
+                                        "executor": ExecutorSettings, "vae": VaeSettings,
+                                        "orchestrator": OrchestratorSettings, "http": HttpSettings}
+
+
+def backend_settings(stage: str, table: dict, backend: str) -> dict[str, Any]:
+    """The keys a stage's model backend declares beyond its record (its class attribute SETTINGS: names, passed on
+    to its constructor, which checks them, typed by the constructor's default (bool, int, float or str; else any
+    value); or name -> type): the executor's backend is the top-level `backend`, the VAE's its own `backend`.
+    Looked up only for a key the record does not know (no import otherwise)."""
     name = table.get("backend", "torch") if stage == "vae" else backend if stage == "executor" else None
     if not isinstance(name, str):
         return {}
@@ -206,35 +221,142 @@ def backend_settings(stage: str, table: dict, backend: str) -> dict[str, Setting
     declared = getattr(cls, "SETTINGS", ())
     if isinstance(declared, dict):
         return dict(declared)
-    import inspect
     params = inspect.signature(cls.__init__).parameters
     out = {}
-    for key in declared:                           # typed by the constructor's default (bool, int, float or str)
+    for key in declared:
         default = params[key].default if key in params else None
-        kind = type(default) if type(default) in (bool, int, float, str) else object
-        out[key] = Setting(kind, help=f"backend {name}: {key} (its constructor checks the value)")
+        kind = type(default) if type(default) in (bool, int, float, str) else Any
+        out[key] = _FINITE if kind is float else kind
     return out
 
 
-def check_stage_table(stage: str, table: Any, where: str, backend: str = "onnx") -> dict[str, Any]:
-    """A `[stage.NAME]` table checked against STAGE_SETTINGS (plus the settings its backend declares, see
-    backend_settings): the given values (floats as floats), defaults not filled in; ConfigError naming
-    `where`stage.NAME.KEY."""
+_FINITE = Float(-1.7976931348623157e308, 1.7976931348623157e308)    # any finite number
+
+
+_WITH_BACKEND: dict[tuple, type[Table]] = {}
+
+
+def _table_class(stage: str, table: dict, backend: str) -> type[Table]:
+    """The record of `[stage.NAME]`: STAGE_TABLES' own, or (a key it does not know) one that adds the keys the
+    stage's backend declares."""
+    base = STAGE_TABLES[stage]
+    if not set(table) - set(base.__struct_fields__):
+        return base
+    extra = backend_settings(stage, table, backend)
+    if not extra:
+        return base
+    key = (base, tuple(sorted(extra.items(), key=lambda kv: kv[0])))
+    cls = _WITH_BACKEND.get(key)
+    if cls is None:
+        annotations = {k: tp | None for k, tp in extra.items()}
+        cls = _WITH_BACKEND[key] = types.new_class(
+            f"{base.__name__}With", (base,), {"frozen": True},
+            lambda ns: ns.update({"__annotations__": annotations, **{k: None for k in annotations}}))
+    return cls
+
+
+def check_stage_table(stage: str, table: Any, where: str, backend: str = "onnx") -> Table:
+    """A `[stage.NAME]` table as its record (plus the settings its backend declares, see backend_settings);
+    ConfigError naming `where`stage.NAME.KEY."""
     w = f"{where}stage.{stage}"
-    if stage not in STAGE_SETTINGS or not isinstance(table, dict):
-        raise ConfigError(f"{w}: expected a table for one of {', '.join(STAGE_SETTINGS)}")
-    schema, out = STAGE_SETTINGS[stage], {}
-    if set(table) - set(schema):
-        schema = schema | backend_settings(stage, table, backend)
-    for key, value in table.items():
-        if key not in schema:
-            raise ConfigError(f"{w}.{key}: unknown setting; known: {', '.join(schema)}")
-        out[key], problem = check_setting(schema[key], value)
-        if problem:
-            raise ConfigError(f"{w}.{key}: {problem}")
-    full = {k: s.default for k, s in schema.items() if s.default is not None} | out
-    for key, rule in STAGE_RULES.get(stage, ()):
-        problem = rule(full)
-        if problem:
-            raise ConfigError(f"{w}.{key}: {problem}")
-    return out
+    if stage not in STAGE_TABLES:
+        raise ConfigError(f"{w}: expected a table for one of {', '.join(STAGE_TABLES)}")
+    cls = _table_class(stage, table if isinstance(table, dict) else {}, backend)
+    try:
+        return convert(table, cls, wording=CONFIG)
+    except SchemaError as e:
+        raise ConfigError(f"{where}{e.under(f'stage.{stage}')}") from None
+
+
+# ---- the file's top level and its other tables -------------------------------------------------------------------
+
+class _Section(Record, frozen=True):
+    KEY_NOUN: ClassVar[str] = "key(s)"
+    UNKNOWN_AT_TABLE: ClassVar[bool] = True
+    WORDING: ClassVar = CONFIG
+
+
+class Endpoints(_Section, frozen=True):
+    """[endpoints]: default ipc://RUN/sock/NAME.sock; tcp://host:port for remote stages."""
+
+    KEY_NOUN: ClassVar[str] = "stage(s)"
+    encoder: PathText | None = None
+    scheduler: PathText | None = None
+    executor: PathText | None = None
+    vae: PathText | None = None
+    events: PathText | None = None             # the orchestrator's event sink (PROGRESS, DYING, READY)
+
+    def __post_init__(self):
+        from protocol.sockets import EndpointError, parse_endpoint
+        for name in ENDPOINT_NAMES:
+            value = getattr(self, name)
+            try:
+                if value is not None:
+                    parse_endpoint(value)
+            except EndpointError as e:
+                raise SchemaError(name, str(e)) from None
+
+
+class Timeouts(_Section, frozen=True):
+    """[timeouts]"""
+
+    request_s: Float(0.01, 3600.0) = REQUEST_TIMEOUT_S      # Lazy Pirate reply timeout
+    retries: Int(0, 100) = REQUEST_RETRIES                  # resends before giving up
+    heartbeat_s: Float(0.05, 60.0) = HEARTBEAT_INTERVAL_S
+    liveness: Int(1, 100) = LIVENESS
+
+
+class Security(_Section, frozen=True):
+    """[security]: CURVE for tcp endpoints (key files relative to the config file; absolute once read)."""
+
+    allow_plaintext_loopback: bool = False
+    allow_wildcard_bind: bool = False          # a tcp stage binds exactly its endpoint's address; true allows *:PORT
+    server_key: KeyFile | None = None          # key pair of stages this file binds on tcp
+    client_key: KeyFile | None = None          # key pair used to reach tcp stages
+    allowed_clients: list[KeyFile] = []        # public keys a tcp stage accepts
+    servers: dict[str, Any] = {}               # [security.servers]: stage name = its public key file
+
+    def __post_init__(self):
+        for name, item in self.servers.items():
+            if name not in STAGES or not isinstance(item, str) or not item or "\x00" in item:
+                raise SchemaError(f"servers.{name}", f"expected a stage name ({', '.join(STAGES)}) = key file path")
+
+
+class Stages(_Section, frozen=True):
+    """[stage.NAME] tables: each one checked as its record (check_stage_table; a backend's keys depend on it)."""
+
+    KEY_NOUN: ClassVar[str] = "stage"
+    UNKNOWN_AT_TABLE: ClassVar[bool] = False
+    encoder: dict[str, Any] | None = None
+    scheduler: dict[str, Any] | None = None
+    executor: dict[str, Any] | None = None
+    vae: dict[str, Any] | None = None
+    orchestrator: dict[str, Any] | None = None
+    http: dict[str, Any] | None = None
+
+
+class PipelineFile(_Section, frozen=True):
+    """The pipeline config file (stages/config.py shows one); relative paths resolve from its folder."""
+
+    run_dir: PathText | None = None            # default: the config file's folder
+    pack_dir: PathText | None = None           # the default model pack (a job that names no size gets its size)
+    packs: list[_described(PathText, "a pack folder path")] = []   # more packs, one per image size
+    models_dir: PathText | None = None
+    backend: Text(64, 1) = "onnx"              # executor backend
+    threads: Threads | None = None             # default: the machine's CPUs
+    log_level: Text(16, 1) = "info"            # debug | info | warning | error (any case)
+    endpoints: Endpoints = Endpoints()
+    timeouts: Timeouts = Timeouts()
+    security: Security = Security()
+    stage: Stages = Stages()
+
+    def __post_init__(self):
+        from models.backends import backend_names           # the executor's backends live there ("rknn-sim" is one)
+        _rule("backend", "" if self.backend in backend_names() else
+              f"{self.backend!r:.80} is not one of {', '.join(backend_names())}")
+        _rule("log_level", "" if self.log_level.lower() in LOG_LEVELS else
+              f"{self.log_level.lower()!r} is not one of {', '.join(LOG_LEVELS)}")
+
+    @property
+    def cpu_threads(self) -> int:
+        return self.threads if self.threads is not None else (os.cpu_count() or 1)

@@ -57,7 +57,7 @@ def pipeline_toml(pack: Path, models: Path, *, threads: int = 1, branch_timeout_
     """The config the harness runs: real stages, the executor's trace on, short timeouts so deaths show quickly; the
     HTTP front on a free port (RUN/http.json says which), so runs side by side never clash. `executor`,
     `orchestrator`: more lines for [stage.executor] (e.g. 'policy = "prefetch+dual_core"') and [stage.orchestrator];
-    `extra`: whole tables after [stage.http] (every key is checked: stages/settings.py STAGE_SETTINGS). The per-job
+    `extra`: whole tables after [stage.http] (every key is checked: stages/settings.py STAGE_TABLES). The per-job
     timing.png (~1 CPU-s each) only where a test looks at it (`timing_plot`): the suite runs many jobs on 2 cores.
     `backend`: the executor's backend."""
     more = "".join(f'"{p}", ' for p in packs)

@@ -264,7 +264,8 @@ def test_pipeline_job_on_board_sim_equals_onnx(assets):
     """A whole job through supervisord with the executor on board-sim: the latent is bitwise the in-process ONNX
     Runtime result; the report keeps the modelled board apart from what was measured here."""
     import json
-    from models.denoise import denoise, make_sampler, spectrum_settings, start_or_resume
+    from models.denoise import denoise, make_sampler, start_or_resume
+    from models.spectrum import SpectrumSettings
     from models.dit_runner import DiTRunner
     from tests.pipeline_harness import Pipeline
     models, pack_dir = assets
@@ -286,7 +287,7 @@ def test_pipeline_job_on_board_sim_equals_onnx(assets):
     assert killed == [] and p.leftover_segments() == []
     pack = load_pack(pack_dir)
     g, c = pack.geometry, pack.config
-    sampler = make_sampler(2, 4.0, "sgm_uniform", spectrum_settings(True))
+    sampler = make_sampler(2, 4.0, "sgm_uniform", SpectrumSettings())
     state = start_or_resume(sampler, 7, (c.latent_channels, g.latent_h, g.latent_w))
     want = denoise(DiTRunner(pack, threads=1), sampler, state, cond, uncond).latent
     np.testing.assert_array_equal(latent, want)

@@ -114,7 +114,8 @@ def test_pipeline_long_prompt_keeps_every_row(tmp_path_factory):
     import tempfile
     from pathlib import Path
 
-    from models.denoise import denoise, make_sampler, spectrum_settings, start_or_resume
+    from models.denoise import denoise, make_sampler, start_or_resume
+    from models.spectrum import SpectrumSettings
     from models.models_dir import resolve_models
     from models.text.tokenizers import PromptTokenizer
     from tests.pipeline_harness import Pipeline, tiny_assets
@@ -146,7 +147,7 @@ def test_pipeline_long_prompt_keeps_every_row(tmp_path_factory):
         g, c = ld.geometry, ld.config
 
         def sample(rows):
-            sampler = make_sampler(2, 4.0, "sgm_uniform", spectrum_settings(False))
+            sampler = make_sampler(2, 4.0, "sgm_uniform", SpectrumSettings(enabled=False))
             state = start_or_resume(sampler, 7, (c.latent_channels, g.latent_h, g.latent_w))
             return denoise(DiTRunner(ld, threads=1), sampler, state, cond, uncond, context_rows=rows).latent
         np.testing.assert_array_equal(latent, sample((n_cond, TEXT_TOKENS)))

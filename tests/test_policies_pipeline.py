@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.denoise import denoise, make_sampler, spectrum_settings, start_or_resume
+from models.denoise import denoise, make_sampler, start_or_resume
+from models.spectrum import SpectrumSettings
 from models.dit_runner import DiTRunner
 from models.pack import load_pack
 from models.partition import KINDS
@@ -60,7 +61,7 @@ def reference(assets):
             pack = load_pack(assets[1])
             g, c = pack.geometry, pack.config
             sampler = make_sampler(spec["steps"], spec["cfg"], spec["scheduler"],
-                                   spectrum_settings(**spec["spectrum"]))
+                                   SpectrumSettings(**spec["spectrum"]))
             state = start_or_resume(sampler, spec["seed"], (c.latent_channels, g.latent_h, g.latent_w))
             cond, uncond = np.load(job_dir / "cond.npy"), np.load(job_dir / "uncond.npy")
             runner = DiTRunner(pack, threads=THREADS, policy="on-demand")

@@ -95,6 +95,22 @@ def test_validation_on_construction_names_the_field():
     assert e.value.field == "params.spectrum.w"
 
 
+@pytest.mark.parametrize("key,value,words", [
+    ("lam", 200.0, "[0.0, 100.0]"), ("window", 60.0, "[1.0, 50.0]"), ("flex", 20.0, "[0.0, 10.0]"),
+    ("m", 0, "[1, 8]"), ("warmup", 201, "[0, 200]"), ("stop", 0.0, "(0.0, 1.0]")])
+def test_the_wire_carries_prompt_jsons_spectrum_record_with_its_bounds(key, value, words):
+    """One Spectrum record from prompt.json to the sampler: DENOISE refuses what prompt.json refuses (the wire took
+    lam up to 1e6, window and flex up to 100, m = 0 and stop = 0 before)."""
+    from models.spectrum import SpectrumSettings
+    from orchestrator.prompt_spec import SpectrumSettings as PromptSpectrum
+    assert m.SpectrumSettings is SpectrumSettings is PromptSpectrum
+    assert _header("DENOISE")["params"]["spectrum"] == {"enabled": True, "w": 0.4, "m": 3, "lam": 1.0, "window": 2.0,
+                                                        "flex": 0.5, "warmup": 4, "stop": 0.9}
+    with pytest.raises(ProtocolError) as e:
+        _decode_with("DENOISE", _set(["params", "spectrum", key], value))
+    assert e.value.field == f"params.spectrum.{key}" and words in str(e.value), str(e.value)
+
+
 def _set(path, value):
     def change(head):
         obj = head

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import zmq
 
-from models.denoise import denoise, make_sampler, spectrum_settings, start_or_resume
+from models.denoise import denoise, make_sampler, start_or_resume
+from models.spectrum import SpectrumSettings
 from models.dit_runner import DiTRunner
 from models.pack import load_pack
 from remote_net import RemoteNet, announce
@@ -105,7 +106,7 @@ def test_a_job_runs_on_the_remote_executor(assets, net, request):
         ex.close()
     pack = load_pack(pack_dir)
     g, c = pack.geometry, pack.config
-    sampler = make_sampler(2, 4.0, "sgm_uniform", spectrum_settings(True, warmup=1))
+    sampler = make_sampler(2, 4.0, "sgm_uniform", SpectrumSettings(warmup=1))
     state = start_or_resume(sampler, 5, (c.latent_channels, g.latent_h, g.latent_w))
     want = denoise(DiTRunner(pack, threads=THREADS), sampler, state, cond, uncond).latent
     np.testing.assert_array_equal(latent, want)

@@ -382,3 +382,20 @@ def test_numpy_noise_is_seeded_pcg64():
 def test_noise_errors(args, match):
     with pytest.raises(ValueError, match=match):
         initial_noise(*args)
+
+
+def test_a_state_file_with_the_former_spectrum_names_still_resumes(tmp_path):
+    """State files written before the one Spectrum record name its settings blend/degree/ridge (plus the fixed
+    history and tau_span): they are read as w/m/lam, so such a job resumes instead of starting again."""
+    sampler = Sampler(steps=6, spectrum=SpectrumSettings(warmup=1, lam=0.5))
+    st = sampler.init_state(start_latent(), seed=3, noise="numpy")
+    st.settings["spectrum"] = {"blend": 0.4, "degree": 3, "ridge": 0.5, "window": 2.0, "flex": 0.5, "warmup": 1,
+                               "stop": 0.9, "history": 6, "tau_span": 50}
+    path = tmp_path / "old.safetensors"
+    st.save(path)
+    back = SamplerState.load(path)
+    sampler.check_state(back)                                           # the same settings, in the former names
+    assert Sampler.from_state(back).spectrum == SpectrumSettings(warmup=1, lam=0.5)
+    back.settings["spectrum"]["history"] = 7                            # a history this code does not keep
+    with pytest.raises(SamplerStateError):
+        Sampler.from_state(back)

@@ -292,7 +292,7 @@ def test_config_defaults_and_relative_paths(tmp_path):
     assert cfg.is_remote("vae") and not cfg.is_remote("executor")
     assert cfg.curve_client("vae") is None and cfg.curve_server() is None
     assert cfg.stage_settings("executor") == {"policy": "on-demand"} and cfg.backend == "onnx"
-    assert cfg.stage_settings("scheduler") == {"branch_timeout_s": 600.0}      # defaults from STAGE_SETTINGS
+    assert cfg.stage_settings("scheduler") == {"branch_timeout_s": 600.0}      # defaults from the table's record (STAGE_TABLES)
     conf.write_text('[stage.scheduler]\nbranch_timeout_s = 20\n[stage.vae]\ntile_max = 64\n')
     cfg = load_config(conf)
     assert cfg.stage_settings("scheduler") == {"branch_timeout_s": 20.0}
@@ -318,7 +318,7 @@ class _PacedBackend:
 
 
 def test_a_backends_declared_settings_pass_typed_by_its_constructor(tmp_path, monkeypatch):
-    """STAGE_SETTINGS cannot know a backend's own keys: the backend's SETTINGS lets them through for the executor (the
+    """STAGE_TABLES cannot know a backend's own keys: the backend's SETTINGS lets them through for the executor (the
     top-level backend) and the VAE stage (its own backend), typed by the constructor's defaults; other backends still
     refuse them."""
     import models.backends as sb

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import zmq
 
-from models.denoise import denoise, make_sampler, spectrum_settings, start_or_resume
+from models.denoise import denoise, make_sampler, start_or_resume
+from models.spectrum import SpectrumSettings
 from models.dit_runner import DiTRunner
 from models.pack import build_pack, load_pack
 from protocol import messages as m
@@ -112,7 +113,7 @@ def _run_job(config, ctx, pack, job_dir: Path, job: str, spectrum: bool, steps: 
 
 def _in_process(pack, cond, uncond, spectrum: bool, steps: int):
     runner = DiTRunner(pack, threads=THREADS)
-    sampler = make_sampler(steps, 4.0, "sgm_uniform", spectrum_settings(spectrum))
+    sampler = make_sampler(steps, 4.0, "sgm_uniform", SpectrumSettings(enabled=spectrum))
     g, c = pack.geometry, pack.config
     state = start_or_resume(sampler, 42, (c.latent_channels, g.latent_h, g.latent_w))
     return denoise(runner, sampler, state, cond, uncond)

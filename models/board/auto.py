@@ -10,7 +10,6 @@ fewer contexts, then fewer terms (a simpler policy).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Optional
@@ -84,7 +83,7 @@ def evaluate(model: BoardModel, policy: Policy, budget_mib: float, computed_step
     cold = simulate_step(model, policy, pinned, warm=False, transport_s=transport_s)
     warm = simulate_step(model, policy, pinned, warm=True, transport_s=transport_s)
     resident_mb = model.mem_drop_mib(fly + k) - model.mem_drop_mib(fly) if k else 0.0
-    pol = dataclasses.replace(policy, resident_mb=round(resident_mb, 1))
+    pol = policy.replace(resident_mb=round(resident_mb, 1))
     return Evaluation(pol, fly, k, model.mem_drop_mib(fly + k), cold, warm, computed_steps)
 
 
@@ -156,4 +155,4 @@ def choose_policy(ctx, mem_available_mib: Optional[float] = None) -> Policy:
     for e in evals[:6]:
         log.info("auto: %s", e.line())
     masks = settings.get("dual_masks")
-    return dataclasses.replace(best.policy, dual_masks=tuple(masks)) if masks else best.policy
+    return best.policy.replace(dual_masks=tuple(masks)) if masks else best.policy

@@ -4,8 +4,6 @@ One path for both pack kinds: a DiT pack's branches are named bNN_kind, a VAE pa
 tile); everything else (manifest entries, logs, CPU-op report, up-to-date check) is the same."""
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import shutil
 import threading
@@ -16,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from models.durable import atomic_write
+from models.manifest import MANIFEST, Manifest, file_sha256, read_manifest, write_manifest
 from models.rknn.buildlog import parse_build_log
 from models.rknn.client import ToolkitError, ToolkitWorker
 
@@ -23,7 +22,6 @@ log = logging.getLogger(__name__)
 
 RKNN_DIR = "rknn"
 LOG_DIR = "rknn/logs"
-MANIFEST = "manifest.json"
 TARGETS = ("rk3588", "rk3576", "rk3568", "rk3566", "rk3562")     # rknn-toolkit2 NPU platforms this tool accepts
 
 
@@ -52,32 +50,11 @@ class BranchResult:
                    name=entry_name(branch))
 
 
-def _sha256(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(8 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _read_manifest(pack: Path) -> dict:
-    p = pack / MANIFEST
-    if not pack.is_dir():
-        raise CompileError(f"{pack}: no such pack folder")
-    if not p.is_file():
-        raise CompileError(f"{pack}: not a pack (no {MANIFEST})")
-    try:
-        m = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise CompileError(f"{p}: unreadable manifest ({e})") from None
-    if not isinstance(m.get("branches"), list) or not m["branches"]:
-        raise CompileError(f"{p}: manifest field 'branches' is missing or empty")
+    m, rec = read_manifest(pack, Manifest, CompileError, what="pack")
+    if not rec.branches:
+        raise CompileError(f"{pack / MANIFEST}: manifest field 'branches' is missing or empty")
     return m
-
-
-def write_manifest(pack: Path, manifest: dict) -> None:
-    """Durably (models.durable.atomic_write): a reader, or a resumed compile after a power cut, never sees half."""
-    atomic_write(pack / MANIFEST, json.dumps(manifest, indent=1) + "\n")
 
 
 def up_to_date(pack: Path, branch: dict, toolkit: str, target: str) -> bool:
@@ -88,7 +65,7 @@ def up_to_date(pack: Path, branch: dict, toolkit: str, target: str) -> bool:
     if e.get("onnx_sha256") != branch.get("sha256") or e.get("toolkit") != toolkit or e.get("target") != target:
         return False
     f = pack / str(e.get("file", ""))
-    return f.is_file() and f.stat().st_size == e.get("bytes") and _sha256(f) == e.get("sha256")
+    return f.is_file() and f.stat().st_size == e.get("bytes") and file_sha256(f) == e.get("sha256")
 
 
 class _WorkerSlot:
@@ -154,7 +131,7 @@ def build_branch(slot: _WorkerSlot, pack: Path, branch: dict, target: str, toolk
         slot.close()
     res.status = "built"
     res.entry = {
-        "file": out_rel, "sha256": _sha256(out), "bytes": out.stat().st_size, "onnx_sha256": branch["sha256"],
+        "file": out_rel, "sha256": file_sha256(out), "bytes": out.stat().st_size, "onnx_sha256": branch["sha256"],
         "target": target, "toolkit": toolkit, "compiler": parsed.compiler_version,
         "build_s": round(reply["build_s"], 3), "load_s": round(reply["load_s"], 3),
         "export_s": round(reply["export_s"], 3), "wall_s": round(wall, 3), "peak_rss_mb": round(rss_kb / 1024, 1),

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.config import DIT_PREFIXES, AdapterConfig, ConfigError, detect_adapter_config, expected_adapter_shapes
+from models.config import DIT_PREFIXES, AdapterConfig, CheckpointError, detect_adapter_config, expected_adapter_shapes
 from models.safetensors_io import SafeTensorsFile
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def adapter_tensors(dit_path: str) -> tuple:
     shapes = {k[len(outer):]: st.shape(k) for k in st.keys() if k.startswith(full)}
     try:
         cfg = detect_adapter_config(shapes, ADAPTER_PREFIX)
-    except ConfigError as e:
+    except CheckpointError as e:
         raise AdapterFileError(f"{path}: LLM adapter: {e}") from None
     if cfg.heads * cfg.head_dim != cfg.width:
         raise AdapterFileError(f"{path}: adapter width {cfg.width} is not a multiple of q_norm length {cfg.head_dim}")

@@ -9,11 +9,8 @@
                                          no sentencepiece)
 
 Building (`anima-models export-encoder`) needs onnx (and transformers to convert a spiece.model); loading needs only
-json and hashlib: the board reads packs without torch, transformers or onnx.
+json, hashlib and msgspec (models/manifest.py): the board reads packs without torch, transformers or onnx.
 """
-from __future__ import annotations
-
-import json
 import logging
 import os
 import shutil
@@ -23,13 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.durable import atomic_write, building_folder
-from models.pack import file_sha256
+from models.manifest import (MANIFEST, FileEntry, ManifestRecord, check_files, existing_sources, file_sha256,
+                             manifest_header, read_manifest, source_entry, write_manifest)
+from models.schema import Int
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 PACK_KIND = "anima-encoder-pack"
-MANIFEST = "manifest.json"
 QWEN3_ONNX, ADAPTER_ONNX = "qwen3.onnx", "adapter.onnx"
 QWEN_TOKENIZER, T5_TOKENIZER = "tokenizers/qwen/tokenizer.json", "tokenizers/t5/tokenizer.json"
 # Prompts the exported tokenizers must turn into the same ids as the source files (plus generated corpus lines).
@@ -42,6 +40,28 @@ CHECK_PROMPTS = ("1girl, solo, (blue eyes:1.2), long hair", "", " ", "Kanaru 日
 
 class EncoderPackError(ValueError):
     """A missing, incomplete or altered encoder pack; the message names the folder and the file."""
+
+
+Width = Int(1, 1 << 20)
+
+
+class Qwen3Entry(ManifestRecord, frozen=True):
+    vocab: Width
+    hidden: Width
+
+
+class AdapterEntry(ManifestRecord, frozen=True):
+    vocab: Width
+    width: Width
+    source_dim: Width
+
+
+class EncoderManifest(ManifestRecord, frozen=True):
+    """An encoder pack's manifest (the fields load_encoder_pack reads)."""
+    schema: int
+    qwen3: Qwen3Entry
+    adapter: AdapterEntry
+    files: list[FileEntry]
 
 
 @dataclass(frozen=True)
@@ -86,13 +106,6 @@ class EncoderPack:
 
 
 # -- building (host) --------------------------------------------------------------------------------------------------
-def _source(path) -> dict:
-    p = Path(path)
-    if p.is_dir():
-        return {"path": str(p.absolute()), "name": p.name}
-    return {"path": str(p.absolute()), "name": p.name, "sha256": file_sha256(p), "bytes": p.stat().st_size}
-
-
 def _write_qwen_tokenizer(src_dir: str, dst: Path) -> None:
     from models.text.tokenizers import qwen_tokenizer_json_from_bpe_files
     src = Path(src_dir) / "tokenizer.json"
@@ -138,27 +151,12 @@ def check_tokenizers(src_qwen: str, src_t5: str, pack_dir: Path, prompts) -> dic
             "source_qwen": a[0].source}
 
 
-def _existing_sources(out: Path):
-    if not out.exists():
-        return None
-    if not (out / MANIFEST).is_file():
-        if out.is_dir() and not any(out.iterdir()):
-            return None
-        raise EncoderPackError(f"{out}: exists and is not an encoder pack; choose another output folder")
-    try:
-        m = json.loads((out / MANIFEST).read_text())
-        return m["sources"]["text_encoder"]["sha256"], m["sources"]["dit"]["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return "unreadable"
-
-
 def build_encoder_pack(text_encoder, dit, qwen_tokenizer, t5_tokenizer, out_dir, overwrite: bool = False,
                        check_prompts=None) -> Path:
     """Export Qwen3 + the adapter to ONNX (FP32) and the tokenizers to tokenizer.json in `out_dir`.
 
     Built in a temporary sibling folder renamed into place when complete; a pack of other source files is replaced
     only with `overwrite`."""
-    from models.pack import tool_versions
     from models.safetensors_io import SafeTensorsFile
     from models.text import adapter as adapter_mod
     from models.text import qwen3 as qwen3_mod
@@ -173,9 +171,9 @@ def build_encoder_pack(text_encoder, dit, qwen_tokenizer, t5_tokenizer, out_dir,
     if cfg.source_dim != shape.hidden:
         raise ValueError(f"text encoder {te_path} has hidden size {shape.hidden} but the LLM adapter in {dit_path} "
                          f"expects {cfg.source_dim}: mismatched files")
-    sources = {"text_encoder": _source(te_path), "dit": _source(dit_path),
-               "qwen_tokenizer": _source(qwen_tokenizer), "t5_tokenizer": _source(t5_tokenizer)}
-    prev = _existing_sources(out)
+    sources = {"text_encoder": source_entry(te_path), "dit": source_entry(dit_path),
+               "qwen_tokenizer": source_entry(qwen_tokenizer), "t5_tokenizer": source_entry(t5_tokenizer)}
+    prev = existing_sources(out, EncoderPackError, "sources.text_encoder", "sources.dit")
     want = (sources["text_encoder"]["sha256"], sources["dit"]["sha256"])
     if prev is not None and tuple(prev) != want and not overwrite:
         raise EncoderPackError(f"{out}: holds an encoder pack of other files; pass overwrite (--overwrite) to "
@@ -196,7 +194,7 @@ def build_encoder_pack(text_encoder, dit, qwen_tokenizer, t5_tokenizer, out_dir,
         # 3) the manifest, last
         files = [QWEN3_ONNX, QWEN3_ONNX + ".data", ADAPTER_ONNX, ADAPTER_ONNX + ".data", QWEN_TOKENIZER, T5_TOKENIZER]
         manifest = {
-            "schema": SCHEMA_VERSION, "kind": PACK_KIND, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **manifest_header(PACK_KIND, SCHEMA_VERSION),
             "sources": sources,
             "qwen3": {**shape.__dict__, "rope_theta": qwen3_mod.ROPE_THETA, "rms_eps": qwen3_mod.RMS_EPS},
             "adapter": {**cfg.to_dict(), "rope_theta": adapter_mod.ROPE_THETA, "rms_eps": adapter_mod.RMS_EPS},
@@ -208,9 +206,8 @@ def build_encoder_pack(text_encoder, dit, qwen_tokenizer, t5_tokenizer, out_dir,
                                    "outputs": [["rows", "f32", ["T", cfg.width]]]}},
             "tokenizers": {"qwen": QWEN_TOKENIZER, "t5": T5_TOKENIZER, "check": tok_check},
             "files": [{"file": f, "sha256": file_sha256(tmp / f), "bytes": (tmp / f).stat().st_size} for f in files],
-            "tools": tool_versions(),
         }
-        atomic_write(tmp / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+        write_manifest(tmp, manifest)
     log.info("encoder pack %s: Qwen3 %d layers + adapter %d blocks, %.1f MB, built in %.1f s", out, shape.layers,
              cfg.blocks, sum(f["bytes"] for f in manifest["files"]) / 1e6, time.perf_counter() - t0)
     return out
@@ -220,44 +217,17 @@ def build_encoder_pack(text_encoder, dit, qwen_tokenizer, t5_tokenizer, out_dir,
 def load_encoder_pack(pack_dir, check: bool = True) -> EncoderPack:
     """Read an encoder pack's manifest; with `check`, every file must exist with its recorded sha256."""
     d = Path(pack_dir).absolute()
+    m, rec = read_manifest(d, EncoderManifest, EncoderPackError, what="encoder pack", kind=PACK_KIND,
+                           schema=SCHEMA_VERSION, hint=" (make one with `anima-models export-encoder`)",
+                           rebuild="export it again")
     mpath = d / MANIFEST
-    if not d.is_dir():
-        raise EncoderPackError(f"{d}: no such encoder pack folder (make one with `anima-models export-encoder`)")
-    if not mpath.is_file():
-        raise EncoderPackError(f"{d}: not a complete encoder pack (no {MANIFEST})")
-    try:
-        m = json.loads(mpath.read_text())
-    except (OSError, ValueError) as e:
-        raise EncoderPackError(f"{mpath}: unreadable manifest ({e})") from None
-    if not isinstance(m, dict) or m.get("kind") != PACK_KIND:
-        raise EncoderPackError(f"{mpath}: not an encoder pack (kind {m.get('kind') if isinstance(m, dict) else None!r};"
-                               f" expected {PACK_KIND!r})")
-    if m.get("schema") != SCHEMA_VERSION:
-        raise EncoderPackError(f"{mpath}: schema version {m.get('schema')!r}, this code reads {SCHEMA_VERSION}; "
-                               "export it again")
-    try:
-        files = [(str(f["file"]), str(f["sha256"]), int(f["bytes"])) for f in m["files"]]
-        for part, keys in (("qwen3", ("vocab", "hidden")), ("adapter", ("vocab", "width", "source_dim"))):
-            for k in keys:
-                int(m[part][k])
-    except (KeyError, TypeError, ValueError) as e:
-        raise EncoderPackError(f"{mpath}: malformed manifest ({e!r})") from None
-    if int(m["qwen3"]["hidden"]) != int(m["adapter"]["source_dim"]):
-        raise EncoderPackError(f"{mpath}: Qwen3 hidden {m['qwen3']['hidden']} != adapter source_dim "
-                               f"{m['adapter']['source_dim']}")
+    if rec.qwen3.hidden != rec.adapter.source_dim:
+        raise EncoderPackError(f"{mpath}: Qwen3 hidden {rec.qwen3.hidden} != adapter source_dim "
+                               f"{rec.adapter.source_dim}")
     need = {QWEN3_ONNX, ADAPTER_ONNX, QWEN_TOKENIZER, T5_TOKENIZER}
-    missing_entries = need - {f for f, _, _ in files}
+    missing_entries = need - {f.file for f in rec.files}
     if missing_entries:
         raise EncoderPackError(f"{mpath}: the manifest lists no {sorted(missing_entries)}")
-    bad = []
-    for rel, sha, size in files:
-        p = d / rel
-        if not p.is_file():
-            bad.append(f"{rel} (missing)")
-        elif p.stat().st_size != size:
-            bad.append(f"{rel} (size {p.stat().st_size}, manifest {size})")
-        elif check and file_sha256(p) != sha:
-            bad.append(f"{rel} (sha256 differs from the manifest)")
-    if bad:
-        raise EncoderPackError(f"{d}: {len(bad)} file(s) differ from the manifest: {', '.join(bad)}; export it again")
+    check_files(d, [(f.file, f.sha256, f.bytes) for f in rec.files], EncoderPackError, hashes=check,
+                hint="; export it again")
     return EncoderPack(d, m)

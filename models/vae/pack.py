@@ -11,13 +11,7 @@ the tiling plan and the FP16 calibration. Built into a temporary sibling folder 
 The models are listed under `branches` (name, kind, onnx, sha256, inputs, outputs) so the one compile path, the
 manifest check and the rknn backend serve DiT and VAE packs alike.
 """
-from __future__ import annotations
-
-import json
 import logging
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,10 +19,13 @@ from typing import Optional
 
 import numpy as np
 
-from models.durable import atomic_write
-from models.pack import (MANIFEST, PackError, check_files, existing_pack_source, file_sha256, pack_member,
-                         tool_versions)
+from models.durable import atomic_write, building_folder, fsync_dir
+from models.manifest import (MANIFEST, BranchEntry, ManifestRecord, file_sha256, manifest_header, read_manifest,
+                             source_entry, write_manifest)
+from models.pack import PACK_KIND as DIT_PACK_KIND
+from models.pack import PackError, Resolution, check_files, existing_pack_source, pack_member
 from models.partition import Geometry
+from models.schema import Float, Int
 from models.vae.keys import VAEConfig
 from models.vae.tiled import DEFAULT_OVERLAP, DEFAULT_TILE, check_tiling, tile_grid
 
@@ -43,6 +40,30 @@ CALIBRATION_SEEDS = (0, 1)                 # model-space N(0, 1) latents the FP1
 
 class VaePackError(PackError):
     """A VAE pack that is missing, incomplete, of another kind, or whose files differ from its manifest."""
+
+
+class VaeConfigEntry(ManifestRecord, frozen=True):
+    z_dim: Int(1, 4096)
+    base_dim: Int(1, 1 << 16)
+    dim_mult: list[Int(1, 64)]
+    num_res_blocks: Int(0, 64)
+    out_channels: Int(1, 64) = 3
+
+
+class TilingEntry(ManifestRecord, frozen=True):
+    tile: Int(1, 1 << 16)
+    overlap: Float(0.0, 1.0)
+    rows: list[int]
+    cols: list[int]
+
+
+class VaeManifest(ManifestRecord, frozen=True):
+    """A VAE pack's manifest (the fields load_vae_pack reads)."""
+    schema: int
+    config: VaeConfigEntry
+    resolution: Resolution
+    tiling: TilingEntry
+    branches: list[BranchEntry]
 
 
 @dataclass
@@ -134,10 +155,7 @@ def build_vae_pack(vae_path, out_dir, resolution=(512, 512), tile: int = DEFAULT
               "tile": (tile_graph(w, cfg, th, tw, scales)[0], _io(TILE_IN, (1, cfg.mid_dim, th, tw)),
                        _io(TILE_OUT, (1, cfg.out_channels, th * cfg.upscale, tw * cfg.upscale)),
                        tile_flops(cfg, th, tw), len(rows) * len(cols))}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
-    os.chmod(tmp, 0o777 & ~_umask())                  # mkdtemp makes 0700; a pack is an ordinary folder
-    try:
+    with building_folder(out) as tmp:                 # renamed to `out` when complete, removed on any error
         (tmp / ONNX_DIR).mkdir()
         branches = []
         for name in MODELS:
@@ -149,10 +167,8 @@ def build_vae_pack(vae_path, out_dir, resolution=(512, 512), tile: int = DEFAULT
                              "bytes": len(data), "inputs": ins, "outputs": outs, "gflop": round(flops / 1e9, 3),
                              "calls": calls})
         manifest = {
-            "schema": SCHEMA_VERSION, "kind": PACK_KIND,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "source": {"path": os.path.abspath(os.fspath(vae_path)), "name": os.path.basename(os.fspath(vae_path)),
-                       "sha256": sha, "bytes": os.path.getsize(vae_path), "layout": weights.layout},
+            **manifest_header(PACK_KIND, SCHEMA_VERSION),
+            "source": {**source_entry(vae_path, sha), "layout": weights.layout},
             "config": cfg.to_dict(),
             "resolution": {"width": geom.width, "height": geom.height},
             "latent": {"channels": cfg.z_dim, "h": h, "w": wd},
@@ -164,88 +180,51 @@ def build_vae_pack(vae_path, out_dir, resolution=(512, 512), tile: int = DEFAULT
                      "calibration": {"seeds": list(seeds), "latent": "model-space N(0, 1)"},
                      "ok": all(r["ok"] for r in report.values())},
             "branches": branches,
-            "tools": tool_versions(),
         }
-        atomic_write(tmp / MANIFEST, json.dumps(manifest, indent=1) + "\n")
-        old = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / "pack")
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        write_manifest(tmp, manifest)
+        fsync_dir(tmp / ONNX_DIR)                   # the ONNX files' entries, before the folder's rename
     log.info("VAE pack %s: %dx%d, trunk %dx%d + %d tiles of %dx%d, built in %.1f s", out, geom.width, geom.height,
              h, wd, len(rows) * len(cols), th, tw, time.perf_counter() - t0)
     return out
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def load_vae_pack(pack_dir, check: bool = True) -> VaePack:
     """Read and validate a VAE pack's manifest; with `check`, verify every file's existence and sha256."""
     d = Path(pack_dir).absolute()
-    mpath = d / MANIFEST
-    if not d.is_dir():
-        raise VaePackError(f"{d}: no such VAE pack folder")
-    if not mpath.is_file():
-        raise VaePackError(f"{d}: not a complete VAE pack (no {MANIFEST}; a build may have been interrupted)")
+    m, rec = read_manifest(d, VaeManifest, VaePackError, what="VAE pack", kind=PACK_KIND, default_kind=DIT_PACK_KIND,
+                           schema=SCHEMA_VERSION, hint=" (make one with `anima-models pack-vae`)", rebuild="rebuild")
+    where = str(d / MANIFEST)
+    c, t = rec.config, rec.tiling
     try:
-        m = json.loads(mpath.read_text())
-    except (OSError, ValueError) as e:
-        raise VaePackError(f"{mpath}: unreadable manifest ({e})") from None
-    where = str(mpath)
-    if not isinstance(m, dict) or m.get("kind") != PACK_KIND:
-        kind = m.get("kind", "a DiT pack") if isinstance(m, dict) else "not a manifest"
-        raise VaePackError(f"{where}: {kind!r}, not a VAE pack (make one with `anima-models pack-vae`)")
-    if m.get("schema") != SCHEMA_VERSION:
-        raise VaePackError(f"{where}: schema version {m.get('schema')!r}, this code reads {SCHEMA_VERSION}; rebuild")
-    try:
-        c = m["config"]
-        cfg = VAEConfig(int(c["z_dim"]), int(c["base_dim"]), tuple(int(x) for x in c["dim_mult"]),
-                        int(c["num_res_blocks"]), int(c.get("out_channels", 3)))
-        width, height = int(m["resolution"]["width"]), int(m["resolution"]["height"])
+        cfg = VAEConfig(c.z_dim, c.base_dim, tuple(c.dim_mult), c.num_res_blocks, c.out_channels)
+        width, height = rec.resolution.width, rec.resolution.height
         geom = Geometry.from_resolution(width, height)
-        t = m["tiling"]
-        tile, overlap = int(t["tile"]), float(t["overlap"])
+        tile, overlap = t.tile, t.overlap
         rows, cols = tile_grid(geom.latent_h, geom.latent_w, tile, overlap, cfg.upscale)
     except (TypeError, KeyError, ValueError) as e:
         raise VaePackError(f"{where}: bad config/resolution/tiling ({e!r})") from None
-    if [r[0] for r in rows] != t.get("rows") or [c[0] for c in cols] != t.get("cols"):
+    if [r[0] for r in rows] != t.rows or [c[0] for c in cols] != t.cols:
         raise VaePackError(f"{where}: tiling rows/cols do not follow from tile {tile} and overlap {overlap}")
-    names = [b.get("name") if isinstance(b, dict) else None for b in m.get("branches") or []]
+    names = [b.name for b in rec.branches]
     if names != list(MODELS):
         raise VaePackError(f"{where}: branches {names}, expected {list(MODELS)}")
     th, tw, up = rows[0][1], cols[0][1], cfg.upscale
     want = {"trunk": ([1, cfg.z_dim, geom.latent_h, geom.latent_w], [1, cfg.mid_dim, geom.latent_h, geom.latent_w]),
             "tile": ([1, cfg.mid_dim, th, tw], [1, cfg.out_channels, th * up, tw * up])}
-    for b in m["branches"]:
-        for key in ("onnx", "sha256", "inputs", "outputs"):
-            if key not in b:
-                raise VaePackError(f"{where}: branch {b['name']}: manifest field {key!r} is missing")
+    for b in rec.branches:
         try:                                       # every file it names stays inside the pack folder
-            pack_member(d, b["onnx"], f"{where} branch {b['name']}")
-            if b.get("rknn") is not None:
-                rk = b["rknn"] if isinstance(b["rknn"], dict) else {}
-                pack_member(d, rk.get("file"), f"{where} branch {b['name']} rknn")
+            pack_member(d, b.onnx, f"{where} branch {b.name}")
+            if b.rknn is not None:
+                pack_member(d, b.rknn.get("file"), f"{where} branch {b.name} rknn")
         except PackError as e:
             raise VaePackError(str(e)) from None
         try:
-            got = ([int(d) for d in b["inputs"][0]["shape"]], [int(d) for d in b["outputs"][0]["shape"]])
+            got = ([int(x) for x in b.inputs[0]["shape"]], [int(x) for x in b.outputs[0]["shape"]])
         except (TypeError, KeyError, IndexError, ValueError):
             got = None
-        if got != want[b["name"]]:
-            raise VaePackError(f"{where}: branch {b['name']}: input/output shapes {got}, the config and tiling "
-                               f"give {list(want[b['name']])}")
+        if got != want[b.name]:
+            raise VaePackError(f"{where}: branch {b.name}: input/output shapes {got}, the config and tiling "
+                               f"give {list(want[b.name])}")
     if check:
-        try:
-            check_files(d, m)
-        except PackError as e:
-            raise VaePackError(str(e)) from None
+        check_files(d, m, VaePackError)
     return VaePack(d, m, cfg, width, height, tile, overlap)

@@ -9,17 +9,13 @@
     request_timeout_s = 5.0     # one request to the daemon; no answer -> 503
     poll_s = 0.25               # how often running jobs are looked at (progress over the WebSocket)
 """
-from __future__ import annotations
-
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 
 from protocol.security import is_loopback
-from stages.config import STAGE_SETTINGS
+from stages import settings
 
-_D = {k: s.default for k, s in STAGE_SETTINGS["http"].items()}       # the keys' types and bounds live there
 MIN_TOKEN_CHARS = 16
 
 
@@ -27,14 +23,9 @@ class SettingsError(ValueError):
     """A setting the front refuses to start with; the message names the file and the key."""
 
 
-@dataclass(frozen=True)
-class HttpSettings:
-    host: str = _D["host"]
-    port: int = _D["port"]
-    token_file: Path | None = None
-    max_body_kb: int = _D["max_body_kb"]
-    request_timeout_s: float = _D["request_timeout_s"]
-    poll_s: float = _D["poll_s"]
+class HttpSettings(settings.HttpSettings, frozen=True):
+    """[stage.http] as the config schema's record (stages/settings.py: keys, types, bounds), with the checks that
+    keep the front safe to start; token_file is absolute."""
 
     @property
     def max_body_bytes(self) -> int:
@@ -42,12 +33,12 @@ class HttpSettings:
 
     @classmethod
     def from_config(cls, cfg) -> "HttpSettings":
-        """From the pipeline config's [stage.http] table (typed and bounded by stages.settings.STAGE_SETTINGS when the
-        file was read); token_file relative to the config file's folder."""
-        kw = cfg.stage_settings("http")
-        if "token_file" in kw:
+        """From the pipeline config's [stage.http] record (checked when the file was read); token_file relative to
+        the config file's folder."""
+        kw = cfg.settings("http").to_dict()
+        if kw["token_file"] is not None:
             p = Path(os.path.expanduser(kw["token_file"]))
-            kw["token_file"] = p if p.is_absolute() else (Path(cfg.path).parent / p).resolve()
+            kw["token_file"] = str(p if p.is_absolute() else (Path(cfg.path).parent / p).resolve())
         return cls(**kw)
 
     def token(self) -> str | None:
@@ -58,7 +49,7 @@ class HttpSettings:
         where = f"stage.http.token_file {self.token_file}"
         try:
             st = os.stat(self.token_file)
-            text = self.token_file.read_text(encoding="utf-8").strip()
+            text = Path(self.token_file).read_text(encoding="utf-8").strip()
         except (OSError, UnicodeDecodeError) as e:
             raise SettingsError(f"{where}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
         if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:

@@ -1,0 +1,203 @@
+"""Pack manifests: THE reader, writer and file hash of every pack kind (DiT packs models/pack.py, VAE packs
+models/vae/pack.py, encoder packs models/text/encoder_pack.py; `anima-models compile` adds its rknn entries), the
+manifest's fields typed as schema records (models/schema.py).
+
+    PACK/manifest.json   {"schema": 1, "kind": KIND, "created", "tools", "source" or "sources", ...,
+                          "branches": [{onnx, sha256, bytes, inputs, outputs, rknn?}]
+                          or "files": [{file, sha256, bytes}]}
+
+A manifest is written last (atomically) into a folder built as a whole (models.durable.building_folder): a folder
+without one is not a pack. A reader checks the folder, the JSON, the kind and the schema version here, the fields
+against the kind's record, and (with `check`) every file it vouches for against its sha256.
+"""
+import hashlib
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterable
+
+from models.durable import atomic_write
+from models.schema import Int, Record, SchemaError, Wording
+
+MANIFEST = "manifest.json"
+HASH_CHUNK = 8 * 1024 * 1024          # bytes per read when hashing
+
+
+def file_sha256(path) -> str:
+    """The sha256 of a file (hex), read in HASH_CHUNK pieces."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(HASH_CHUNK)
+            if not chunk:
+                return h.hexdigest()
+            h.update(chunk)
+
+
+def data_sha256(data) -> str:
+    """The sha256 (hex) of bytes about to be written: the same digest file_sha256 gives for the file."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def tool_versions() -> dict:
+    import numpy
+    out = {"python": platform.python_version(), "numpy": numpy.__version__}
+    for name in ("onnx", "onnxruntime"):
+        try:
+            out[name] = __import__(name).__version__
+        except ImportError:
+            out[name] = None
+    try:
+        from importlib.metadata import version
+        out["anima-npu"] = version("anima-npu")
+    except Exception:  # not installed as a distribution (running from a source tree)
+        out["anima-npu"] = None
+    return out
+
+
+def manifest_header(kind: str, schema: int) -> dict:
+    """The fields every manifest opens with: schema, kind, created (UTC), the tools that built it."""
+    return {"schema": schema, "kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "tools": tool_versions()}
+
+
+def source_entry(path, sha256: str | None = None) -> dict:
+    """What a pack was built from: path, name and, for a file, its sha256 (hashed here unless given) and size."""
+    p = Path(path)
+    out = {"path": os.path.abspath(os.fspath(p)), "name": p.name}
+    if not p.is_dir():
+        out.update(sha256=sha256 or file_sha256(p), bytes=p.stat().st_size)
+    return out
+
+
+def existing_sources(out, error: Callable[[str], Exception], *keys: str):
+    """What the pack already at `out` was built from: the sha256 of each source `keys` names ("source" of a DiT or
+    VAE pack, "sources.text_encoder" ...), a tuple; None when `out` is absent or an empty folder; "unreadable" for
+    a manifest that does not say. `error` for a file, or a non-empty folder that is not a pack."""
+    out = Path(out)
+    if not out.exists():
+        return None
+    if not out.is_dir():
+        raise error(f"{out}: exists and is not a folder")
+    if not (out / MANIFEST).is_file():
+        if any(out.iterdir()):
+            raise error(f"{out}: a non-empty folder that is not a pack; choose another output folder")
+        return None
+    try:
+        m = json.loads((out / MANIFEST).read_text())
+        found = []
+        for key in keys:
+            entry = m
+            for part in key.split("."):
+                entry = entry[part]
+            found.append(str(entry["sha256"]))
+        return tuple(found)
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unreadable"
+
+
+def write_manifest(folder, manifest: dict) -> Path:
+    """PACK/manifest.json, durably and atomically (a reader, or a resumed compile, never sees half of it)."""
+    return atomic_write(Path(folder) / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+
+
+# ---- the records -------------------------------------------------------------------------------------------------
+
+class ManifestWording(Wording):
+    """A manifest's words: `manifest field 'host' is missing`, `manifest field 'resolution.width': ...`."""
+
+    def say(self, path, p):
+        field, detail, code = super().say(path, p)
+        if code == "missing_field":
+            return "", f"manifest field {field!r} is missing", code
+        return "", f"manifest field {field!r}: {detail}", code
+
+
+MANIFEST_WORDS = ManifestWording()
+
+
+class ManifestRecord(Record, frozen=True, forbid_unknown_fields=False):
+    """A manifest part: the fields a reader relies on are typed; others (created, tools, reports) are the builder's
+    record and pass."""
+
+    WORDING: ClassVar = MANIFEST_WORDS
+
+
+class FileEntry(ManifestRecord, frozen=True):
+    file: str
+    sha256: str
+    bytes: Int(0, 2**62)
+
+
+class BranchEntry(ManifestRecord, frozen=True):
+    """One model of a pack: a DiT branch (block, kind) or a VAE model (name); rknn: its compiled file, once built.
+    File names are checked by models.pack.pack_member (they must stay inside the pack folder)."""
+    onnx: Any
+    sha256: str
+    block: Int(0, 1023) | None = None
+    kind: str = ""
+    name: str | None = None
+    inputs: list = []
+    outputs: list = []
+    rknn: dict | None = None
+
+
+class Manifest(ManifestRecord, frozen=True):
+    """What every manifest holds (the compile step reads only this; each kind's record requires its schema)."""
+    schema: int | None = None
+    kind: str = ""
+    branches: list[BranchEntry] = []
+
+
+def read_manifest(folder, record: type[ManifestRecord], error: Callable[[str], Exception], *, what: str,
+                  kind: str | None = None, default_kind: str | None = None, schema: int | None = None,
+                  hint: str = "", rebuild: str = "rebuild the pack", kind_what: str = "") -> tuple[dict, Any]:
+    """(the manifest as plain data, as `record`) of the pack in `folder`, or `error(message)` naming the folder or
+    the manifest and what is wrong: no folder, no manifest (an interrupted build), not JSON, another `kind` (one
+    without a kind is `default_kind`), another `schema` version (`rebuild` says what to do), a field `record`
+    refuses. `what` names the pack in messages ("VAE pack"; `kind_what` where another kind is refused), `hint` how to
+    make one."""
+    d = Path(folder)
+    mpath = d / MANIFEST
+    if not d.is_dir():
+        raise error(f"{d}: no such {what} folder{hint}")
+    if not mpath.is_file():
+        raise error(f"{d}: not a complete {what} (no {MANIFEST}; a build may have been interrupted)")
+    try:
+        m = json.loads(mpath.read_text())
+    except (OSError, ValueError) as e:
+        raise error(f"{mpath}: unreadable manifest ({e})") from None
+    if not isinstance(m, dict):
+        raise error(f"{mpath}: not a manifest (a JSON {type(m).__name__}, not an object)")
+    got = m.get("kind", default_kind)
+    if kind is not None and got != kind:
+        name = kind_what or what
+        article = "an" if name[:1].lower() in "aeiou" else "a"
+        raise error(f"{mpath}: a {str(got)[:80]!r} folder, not {article} {name}{hint}")
+    if schema is not None and m.get("schema") != schema:
+        raise error(f"{mpath}: schema version {str(m.get('schema'))[:40]}, this code reads {schema}; {rebuild}")
+    try:
+        rec = record.from_data(m)
+    except SchemaError as e:
+        raise error(f"{mpath}: {e.detail}") from None
+    return m, rec
+
+
+def check_files(folder, files: Iterable[tuple[str, str, int | None]], error: Callable[[str], Exception], *,
+                hashes: bool = True, hint: str = "") -> None:
+    """`error` naming every file (relative path, sha256, size or None) that is missing, of another size, or (with
+    `hashes`) whose sha256 differs from the manifest."""
+    bad = []
+    for rel, want, size in files:
+        p = Path(folder) / rel
+        if not p.is_file():
+            bad.append(f"{rel} (missing)")
+        elif size is not None and p.stat().st_size != size:
+            bad.append(f"{rel} (size {p.stat().st_size}, manifest {size})")
+        elif hashes and file_sha256(p) != want:
+            bad.append(f"{rel} (sha256 differs from the manifest)")
+    if bad:
+        raise error(f"{folder}: {len(bad)} file(s) differ from the manifest: {', '.join(bad)}{hint}")
+
