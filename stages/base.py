@@ -1,6 +1,6 @@
 """The stage-process framework: `StageProc` wraps a plain logic object in sockets, handshake, heartbeats and signals.
 
-A stage module is a logic class plus one line (STYLE.md #3):
+A stage module is a logic class plus one line, so that every stage gets the same process behaviour:
 
     class ExecutorLogic:
         def __init__(self, config: PipelineConfig): ...
@@ -15,9 +15,10 @@ A stage module is a logic class plus one line (STYLE.md #3):
 Long handlers call `ctx.check(job)` between units of work (heartbeats answered, CANCEL/SIGTERM seen); a handler that
 waits on another stage passes `idle=ctx.keepalive, should_stop=lambda: ctx.stopping` to `LazyPirate.request`.
 
-Two tiers of errors (STYLE.md #6): ProtocolError / RequestFailed / ArenaError in a handler → an ERROR reply, and the stage
-keeps serving; anything else → log, ERROR "internal" to the requester, DYING to the orchestrator, exit EXIT_FATAL for
-supervisord to restart the stage. SIGTERM/SIGINT → finish cleanly (sockets closed, arenas detached), exit 0.
+Two tiers of errors, so that one bad request never costs the stage: ProtocolError / RequestFailed / ArenaError in a
+handler → an ERROR reply, and the stage keeps serving; anything else → log, ERROR "internal" to the requester, DYING
+to the orchestrator, exit EXIT_FATAL for supervisord to restart the stage. SIGTERM/SIGINT → finish cleanly (sockets
+closed, arenas detached), exit 0.
 """
 
 from __future__ import annotations

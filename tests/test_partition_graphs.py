@@ -1,4 +1,4 @@
-"""Partition table and branch ONNX graphs vs an independent numpy evaluation of the anima-facts math."""
+"""Partition table and branch ONNX graphs vs an independent numpy evaluation of the DiT math (docs/model-facts.md)."""
 import math
 
 import numpy as np
@@ -15,7 +15,7 @@ CFG = PRESETS["tiny"]["dit"]
 GEOM = Geometry.from_resolution(128, 128)   # 16x16 latent -> 8x8 = 64 tokens
 
 
-# --- independent numpy math (straight from anima-facts.md, written without looking at the graph builder) ---------
+# --- independent numpy math (straight from docs/model-facts.md, written without looking at the graph builder) ----
 def _rms(x, g):
     return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + 1e-6) * g
 

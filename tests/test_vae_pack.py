@@ -330,8 +330,8 @@ def test_vae_stage_refuses_a_bad_pack_setting(pack, tmp_path):
 
 
 def test_npu_estimate_arithmetic(pack):
-    """The ESTIMATE's inputs against the reference figures worked out by hand (board-facts: FFN 21.99 s per forward
-    of 28 passes; 84-model lifecycle 13.96 + 12.90 + 4.84 s for 3.99 GB)."""
+    """The ESTIMATE's inputs against the reference figures worked out by hand (docs/board-figures.md: R5, FFN 21.99 s
+    per forward of 28 passes; R6, 84-model lifecycle 13.96 + 12.90 + 4.84 s, for 3.99 GB)."""
     from models.vae.npu_estimate import describe, estimate, lifecycle_s_per_byte, throughputs
     ffn_gflop = 2 * 1024 * 2048 * 8192 * 2 / 1e9                              # 68.72: layer1 + layer2, one pass
     assert throughputs()["ffn"] == pytest.approx(ffn_gflop / (21.99 / 28)) == pytest.approx(87.50, abs=0.01)

@@ -1,21 +1,22 @@
 """ESTIMATE — modelled, not measured — of a VAE pack's decode time on the RK3588 NPU, from the pack's FLOPs and the
-NPU throughput the reference board's measured branch timings imply (../shared/board-facts.md, "reference board
-figures"). Nothing here ran on a board: every line that prints these numbers says ESTIMATE and cites the figures.
+NPU throughput the reference board's measured branch timings imply (docs/board-figures.md, the reference board
+figures R2, R4, R5 and R6). Nothing here ran on a board: every line that prints these numbers says ESTIMATE and cites
+the figures.
 
 Compute: FLOPs ÷ the throughput of a reference branch kind (FLOPs of one pass of that branch at 512×512 ÷ its pure NPU
 seconds per pass; the FFN is the main figure: it is the largest, most regular kernel, and the slowest per FLOP of the
 three, so the estimate is not optimistic). Lifecycle (load + init + release of the pack's models once per decode):
-the reference's sweep of 84 branch models cost 31.71 s for 3.99 GB of compiled models; the board facts note the cost
-follows the weight bytes, so seconds per byte × the pack's .rknn bytes.
+the reference's sweep of 84 branch models cost 31.71 s (R6) for 3.99 GB of compiled models; that cost follows the
+weight bytes (R4), so seconds per byte × the pack's .rknn bytes.
 """
 from __future__ import annotations
 
-# reference board figures: Anima at 512x512 (L 1024 image tokens, S 512 text tokens), D 2048, Dc 1024, F 8192,
-# 28 blocks; pure NPU seconds of one forward (one CFG pass over all 28 blocks) per branch kind
+# reference board figures (docs/board-figures.md): Anima at 512x512 (L 1024 image tokens, S 512 text tokens), D 2048,
+# Dc 1024, F 8192, 28 blocks (R2); pure NPU seconds of one forward (one CFG pass over all 28 blocks) per kind (R5)
 REF = {"L": 1024, "S": 512, "D": 2048, "Dc": 1024, "F": 8192, "blocks": 28}
 REF_FORWARD_S = {"ffn": 21.99, "self": 12.99, "cross": 3.92}
-REF_LIFECYCLE_S = {"load": 13.96, "init": 12.90, "release": 4.84}     # one sweep of the 84 models
-REF_LIFECYCLE_BYTES = 3.99e9                                          # those 84 compiled models
+REF_LIFECYCLE_S = {"load": 13.96, "init": 12.90, "release": 4.84}     # one sweep of the 84 models (R6)
+REF_LIFECYCLE_BYTES = 3.99e9    # those 84 compiled models: 28 blocks x ~142.5 MB, inside R4's ~140-155 MB per block
 MAIN_KIND = "ffn"
 
 
