@@ -186,7 +186,7 @@ class JobFlow:
 
     def _make_arena(self) -> None:
         # a fresh name per arena: a stage still serving a dead daemon's request for this job can never attach the
-        # new arena under the old name and mix the two (an orchestrator restart once corrupted the latent so)
+        # new arena under the old name and mix the two (its writes would land in the resumed job's latent)
         name = segment_name(self.d.rf.root, f"{self.job.id}_{secrets.token_hex(3)}")
         try:
             made = create_job_arena(name, load_pack(self.pack.dir, check=False))     # the manifest, no weights

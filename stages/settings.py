@@ -129,7 +129,7 @@ class ExecutorSettings(BackendSettings, frozen=True):
     dual_masks: Annotated[list[CoreMask], Meta(min_length=2, max_length=2)] | None = None  # dual_core's two masks
     threads: Threads | None = None
     trace: PathText | None = None              # append one JSON line per branch call (relative to the config file)
-    dual_core: bool | None = None              # refused: dual_core is a lifecycle policy now
+    dual_core: bool | None = None              # refused, naming where it goes: dual_core is a term of `policy`
 
     def __post_init__(self):
         BackendSettings.__post_init__(self)

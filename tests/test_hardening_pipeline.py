@@ -1,5 +1,5 @@
-"""Hardening through the REAL pipeline (supervisord, the real stages on the tiny bundle, 128x128, 2 steps), where each
-failure was seen: bad SUBMITs while a job runs; a SIGSTOPped scheduler or executor (hung, not dead) restarted through
+"""Hardening through the REAL pipeline (supervisord, the real stages on the tiny bundle, 128x128, 2 steps), since
+these failures show only there: bad SUBMITs while a job runs; a SIGSTOPped scheduler or executor (hung, not dead) restarted through
 supervisord after `hang_timeout_s`; torn files, temporaries and half-made job folders after a power cut. Every job must
 end `done` with the latent bitwise equal to an undisturbed run's, and leave no /dev/shm segment or stray process."""
 from __future__ import annotations

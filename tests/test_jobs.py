@@ -188,7 +188,8 @@ def test_recover_removes_what_a_crash_left(tmp_path):
     store.transition(job.id, "encoding")
     d = store.job_dir(job.id)
     before_boot = psutil.boot_time() - 60
-    # half-made (old layout: mkdir, then the crash) and half-made/half-removed (new layout) folders
+    # what a cut can leave: job-id folders without a job.json (empty, or holding nothing but temporaries) and the
+    # hidden half-made (.new-*) and half-removed (.gone-*) folders
     (store.root / "20250101-000000-abcdef").mkdir()
     half = store.root / "20250101-000001-abcdef"
     half.mkdir()

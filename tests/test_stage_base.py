@@ -351,7 +351,7 @@ def test_a_backends_declared_settings_pass_typed_by_its_constructor(tmp_path, mo
     ("encoder", "[stage.encoder]\nthreads = 'all'", "stage.encoder.threads: expected integer"),
     ("orchestrator", "[stage.orchestrator]\nstage_retries = -1", "stage.orchestrator.stage_retries: -1 is out"),
     # a policy the backend cannot run is known only once the logic has the backend class; it, and an unknown backend,
-    # exited 1 and were restarted before (and 'rknn-sim' was refused as not a name)
+    # must still be exit 2 (a bad config) and not a crash that supervisord restarts; 'rknn-sim' is a name
     ("executor", "backend = 'rknn-sim'\n[stage.executor]\npolicy = 'dual_core'",
      "stage.executor.policy: policy 'dual_core': backend 'rknn-sim' cannot run two contexts"),
     ("executor", "backend = 'tpu'", "backend: 'tpu' is not one of board-sim, onnx, rknn, rknn-sim"),

@@ -204,7 +204,7 @@ def test_uint8_as_comfyui_saveimage():
     ref = np.clip(np.floor((xs.astype(np.float64) * 255.0).astype(np.float32).astype(np.float64)), 0, 255)
     got = to_uint8(xs.reshape(1, 1, -1).repeat(3, 0))[0, :, 0]
     assert got.tolist() == ref.astype(int).tolist()
-    # and it is not round-to-nearest (the old conversion): 0.5 -> 127, not 128
+    # and it is not round-to-nearest (which would differ from ComfyUI's pixels): 0.5 -> 127, not 128
     assert (np.floor(xs.astype(np.float64) * 255.0 + 0.5).clip(0, 255) != ref).sum() > 1000
 
 
