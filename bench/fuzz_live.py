@@ -128,7 +128,7 @@ def daemon_targets(pipe, sandbox: Path) -> dict[str, LiveTarget]:
                   probe_ok=is_jobs, timeout_s=60.0)
     corpus = [m.Submit(prompt_json=_with_raw(BASE_PROMPT, k, v), base_dir=str(sandbox))
               for k, v in (("seed", "9" * 5000), ("output", outputs[3]), ("prompt", '"\\ud800"'),
-                           ("spectrum", "[" * 5000 + "]" * 5000))]        # what broke the daemon (issue 13)
+                           ("spectrum", "[" * 5000 + "]" * 5000))]        # values a naive reader dies on
     return {"SUBMIT": LiveTarget(bases=[submit], payload=payload, protect=frozenset({"base_dir"}), corpus=corpus,
                                  **common),
             "STATUS": LiveTarget(bases=[m.Status(), m.Status(job="nosuch"), m.Status(job="fuzz-decode")], **common)}

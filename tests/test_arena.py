@@ -176,7 +176,7 @@ def test_close_with_live_views_still_unlinks(run_dir):
 
 def test_reap_touches_only_regular_files_of_its_user(run_dir, tmp_path, monkeypatch, caplog):
     """/dev/shm is world-writable: a folder, a link or another user's file named with the run's prefix is logged and
-    left alone (before: unlink(folder) raised IsADirectoryError and the orchestrator crash-looped at start)."""
+    left alone (unlinking a folder raises IsADirectoryError: the orchestrator would never get past its start)."""
     prefix = run_prefix(run_dir)
     target = tmp_path / "precious"
     target.write_bytes(b"keep me")

@@ -30,7 +30,7 @@ def test_board_check(tmp_path):
     if VAE_ON_ONNX:
         assert r.returncode == 0, out[-6000:]
         assert LAST_LINE.match(r.stdout.strip().splitlines()[-1]), out[-3000:]
-    else:   # until the VAE's ONNX backend lands (issue 10 item 1): everything up to the job, and a clear refusal
+    else:   # a tree without the VAE's ONNX backend: everything up to the job, and a clear refusal
         assert r.returncode != 0 and "board-check: no VAE on ONNX Runtime" in out, out[-4000:]
 
 

@@ -22,8 +22,8 @@ except ModuleNotFoundError:  # Python 3.10
 ROOT = Path(__file__).resolve().parents[1]
 HOST_ONLY = ("torch", "transformers", "onnx", "sentencepiece", "diffusers", "safetensors")
 # What the board's stage processes import (python -m stages.X, orchestrator serve/CLI) with their settings on the
-# board: encoder on ONNX Runtime, executor on rknn, VAE on a VAE pack. The VAE stage is in the list once its pack
-# backends (issue 10 item 1) are in the tree; before them it imported torch at start by design.
+# board: encoder on ONNX Runtime, executor on rknn, VAE on a VAE pack. The VAE stage is in the list when its pack
+# backends are in the tree; without them it imports torch at start by design.
 VAE_PACKS = importlib.util.find_spec("models.vae.pack_decoder") is not None
 BOARD_MODULES = ("stages.scheduler", "stages.executor", "stages.encoder", "models.backends.rknn", "stages.config",
                  "orchestrator.cli", "orchestrator.daemon", "orchestrator.flow", "orchestrator.prompt_spec",

@@ -18,7 +18,7 @@ def _submit(rf, tmp_path, capsys, **kw) -> str:
 
 
 def test_delivery_never_follows_a_planted_link(pipeline, tmp_path, capsys):
-    """A symlink planted at `<dest>.tmp` made the copy overwrite the link's target."""
+    """A symlink planted at `<dest>.tmp` must not make the copy overwrite the link's target."""
     rf, sup = pipeline
     out = tmp_path / "out"
     out.mkdir()
@@ -103,7 +103,7 @@ def test_prune_removes_finished_jobs_only(pipeline, tmp_path, capsys):
 
 
 def test_bad_submits_to_an_idle_daemon_get_field_errors_and_it_stays_up(pipeline, tmp_path, capsys):
-    """With no job running, a 5,000-digit seed made the daemon exit (supervisord restarted it)."""
+    """With no job running, a 5,000-digit seed is a field error and the daemon stays up (the same process)."""
     rf, sup = pipeline
     pid = sup.info("orchestrator").pid
     client = cli.DaemonClient(rf)

@@ -102,8 +102,8 @@ def test_decode_over_curve_returns_the_png_inline(remote):
 
 def test_a_remote_vae_writes_no_files_and_bounds_every_decode(remote, tmp_path):
     """Over tcp every allowed client could send DECODE: an `output` path is refused (the PNG comes back inline), so are
-    an empty latent and a stride-1 tiling; each an ERROR naming the field, from the same process (before: the file was
-    written wherever the request said, and the empty latent killed the stage)."""
+    an empty latent and a stride-1 tiling; each an ERROR naming the field, from the same process (no file is written
+    where a remote request says, and no bad latent ends the stage)."""
     vae, ctx = remote
     latent = np.random.default_rng(4).standard_normal(LATENT).astype(np.float32)
     target = tmp_path / "planted.png"

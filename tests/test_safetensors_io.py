@@ -129,7 +129,7 @@ HUGE = "9" * 5000                                      # past Python's 4300-digi
 ])
 def test_hostile_headers_raise_the_loaders_own_error(tmp_path, header):
     """Huge integers, deep nesting, wrong types: SafeTensorsError naming the file, never ValueError/TypeError/
-    RecursionError from deeper down (before: a 5000-digit int was a ValueError, deep nesting a RecursionError)."""
+    RecursionError from deeper down (Python's own for a 5000-digit int and for deep nesting)."""
     path = tmp_path / "hostile.safetensors"
     raw = header.encode()
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 8)

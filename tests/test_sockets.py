@@ -277,8 +277,9 @@ def test_events_push_pull_and_malformed_events_are_skipped(ctx, run_dir):
 
 
 def test_key_files_are_private_from_creation_and_loose_secret_files_are_refused(tmp_path, monkeypatch, caplog):
-    """Keys are made 0600 in a 0700 folder whatever the caller's umask, with no chmod after writing (before: written
-    under the umask, then chmodded; an existing folder kept its mode); a secret file open to others is refused."""
+    """Keys are made 0600 in a 0700 folder whatever the caller's umask, with no chmod after writing (a file written
+    under the umask is readable until the chmod; an existing looser folder is tightened); a secret file open to
+    others is refused."""
     keys = tmp_path / "keys"
     keys.mkdir(mode=0o755)
     keys.chmod(0o755)

@@ -358,7 +358,7 @@ def test_a_backends_declared_settings_pass_typed_by_its_constructor(tmp_path, mo
 ])
 def test_real_programs_exit_2_naming_file_and_key_on_a_bad_stage_setting(tmp_path, program, table, words):
     """Every [stage.*] key is checked when the config is read: exit 2 (supervisord leaves the program down) with one
-    line naming the file and key (before: a bad executor policy raised in the logic and exited 1, restarted)."""
+    line naming the file and key (not an exit 1 from the logic, which supervisord would restart)."""
     conf = tmp_path / "pipeline.toml"
     conf.write_text(f'run_dir = "{tmp_path}"\n{table}\n')
     cmd = ([sys.executable, "-m", "orchestrator.cli", "--run", str(tmp_path), "serve", "--config", str(conf)]

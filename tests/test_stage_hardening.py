@@ -64,8 +64,8 @@ def ctx():
 
 def test_orchestrator_starts_past_shm_squatters(pipe, tmp_path):
     """A folder, a link and another user's file named with the run's /dev/shm prefix are left alone and the restarted
-    orchestrator serves (before: reap() unlinked the folder, 'Is a directory', and the daemon crash-looped); a real
-    stale segment of ours is still reaped."""
+    orchestrator serves (reap() must not unlink the folder: 'Is a directory' would keep the daemon from starting); a
+    real stale segment of ours is still reaped."""
     prefix = run_prefix(pipe.root)
     squat_dir, squat_link, foreign = (os.path.join(SHM_DIR, prefix + n) for n in ("squat-dir", "squat-link", "alien"))
     target = tmp_path / "precious"
@@ -118,7 +118,7 @@ def _request(ctx, endpoint: str, msg: m.Message) -> m.Message:
 
 def test_bad_decode_requests_are_error_replies_and_the_vae_keeps_serving(pipe, targets, ctx):
     """Shape bounds, tile bounds, output confinement, PNG text: each an ERROR naming the field, the same VAE process
-    answering (before: a [16, 0, 4] latent raised ValueError, treated as fatal: the stage exited and restarted)."""
+    answering (a [16, 0, 4] latent is bad input, not the fatal tier: the stage must not exit)."""
     endpoint = targets["DECODE"].endpoint
     pid = pipe.pid("vae")
     job_dir = pipe.rf.jobs / FUZZ_JOB
@@ -220,8 +220,8 @@ def test_fuzz_submit_and_status_through_the_real_daemon(pipe, targets, ctx):
 
 
 def test_a_bad_stage_setting_leaves_the_program_down(pipe):
-    """Exit 2 (bad config) is the one expected exit: supervisord does not restart into the same error (before: a bad
-    executor policy exited 1 and was restarted again and again). Runs last: it breaks the run's config."""
+    """Exit 2 (bad config) is the one expected exit: supervisord does not restart into the same error (an exit 1
+    would restart a bad executor policy again and again). Runs last: it breaks the run's config."""
     good = pipe.rf.pipeline_toml.read_text()
     pipe.rf.pipeline_toml.write_text(good + '[stage.executor]\npolicy = "fastest"\n'
                                      if "[stage.executor]" not in good else
