@@ -1,10 +1,14 @@
-"""Rules about the repository's own words: no tracked file points outside the repository.
+"""Rules about the repository's layout (docs/architecture.md, "The layers in two minutes").
 
-A user of the project has only the repository, so a fact the code relies on lives in docs/ with its public source
-(docs/model-facts.md, docs/board-figures.md), never in a file beside the checkout. The words are assembled here so
-that this file is checked by the same rule as every other."""
+1. The layers import only downward, models < protocol < stages < orchestrator, with bench/ and scripts/ on top, and
+   no import cycle: every import counts, at module level or inside a function, and static `import_module` strings.
+2. No tracked file points outside the repository: a user of the project has only the repository, so a fact the code
+   relies on lives in docs/ with its public source (docs/model-facts.md, docs/board-figures.md), never in a file beside
+   the checkout. The words are assembled here so that this file is checked by the same rule as every other."""
 from __future__ import annotations
 
+import ast
+import os
 import subprocess
 from pathlib import Path
 
@@ -38,14 +42,135 @@ def tracked_files() -> list[str]:
 def references(rel: str, root: Path = ROOT) -> list[str]:
     """The forbidden words a tracked file holds, as 'LINE: word' (bytes, so binary files are read too)."""
     path = root / rel
-    if path.is_symlink() or not path.is_file():     # a link is checked by its target's own entry; a deleted file
-        return []                                   # staged for removal has no words
+    if path.is_symlink():                           # git tracks a link as the path it points to
+        text = os.fsencode(os.readlink(path))
+    elif path.is_file():
+        text = path.read_bytes()
+    else:                                           # deleted in the work tree: nothing left to say
+        return []
     found = []
-    for n, line in enumerate(path.read_bytes().split(b"\n"), 1):
+    for n, line in enumerate(text.split(b"\n"), 1):
         found += [f"{n}: {w.decode()}" for w in FORBIDDEN if w in line]
     return found
 
 
+# ---- the layers: every import in the code, from the source (module level, inside functions, import_module strings)
+LAYERS = ("models", "protocol", "stages", "orchestrator")      # each may import only those before it
+TOP = ("bench", "scripts")                                      # may import anything; no layer imports them
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the layers and the top, by dotted name."""
+    mods = {}
+    for rel in tracked_files():
+        if rel.endswith(".py") and rel.split("/")[0] in LAYERS + TOP:
+            name = rel[:-3].replace("/", ".")
+            mods[name[: -len(".__init__")] if name.endswith(".__init__") else name] = ROOT / rel
+    return mods
+
+
+def _imported(name: str, path: Path, known: set) -> set:
+    """The project modules `name` imports, wherever the import statement sits; `import_module("x.y")` too."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            targets = [node.args[0].value]
+        for t in targets:
+            while t and t not in known:             # `from a.b import c`: the module a.b.c, else a.b
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def import_graph() -> dict[str, set]:
+    mods = _modules()
+    return {name: _imported(name, path, set(mods)) for name, path in mods.items()}
+
+
+def _rank(module: str) -> int:
+    top = module.split(".")[0]
+    return LAYERS.index(top) if top in LAYERS else len(LAYERS)
+
+
+def upward_imports(graph: dict) -> list[str]:
+    return sorted(f"{a} imports {b}" for a, deps in graph.items() for b in deps if _rank(b) > _rank(a))
+
+
+def import_cycles(graph: dict) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v):                                   # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_layers_import_only_downward():
+    graph = import_graph()
+    assert {"models.schema", "stages.base", "orchestrator.daemon", "bench.chaos"} <= set(graph)
+    assert "models.policy" in graph["stages.settings"]            # an import inside a method counts
+    upward = upward_imports(graph)
+    assert not upward, "imports against models < protocol < stages < orchestrator (bench/, scripts/ on top): " + \
+        "; ".join(upward)
+
+
+def test_no_import_cycle():
+    cycles = import_cycles(import_graph())
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_import_rules_find_what_they_look_for(tmp_path):
+    """The checks have teeth: an upward import inside a function, a relative import, an import_module string and a
+    cycle are all found."""
+    src = tmp_path / "mod.py"
+    src.write_text("import importlib\nfrom . import sibling\n\ndef f():\n    from stages.base import StageProc\n"
+                   "    importlib.import_module('orchestrator.daemon')\n")
+    known = {"models.x.mod", "models.x.sibling", "stages.base", "orchestrator.daemon"}
+    deps = _imported("models.x.mod", src, known)
+    assert deps == {"models.x.sibling", "stages.base", "orchestrator.daemon"}
+    assert upward_imports({"models.x.mod": deps}) == ["models.x.mod imports orchestrator.daemon",
+                                                      "models.x.mod imports stages.base"]
+    assert upward_imports({"bench.b": {"orchestrator.daemon"}, "stages.s": {"models.m"}}) == []
+    assert upward_imports({"orchestrator.o": {"bench.b"}}) == ["orchestrator.o imports bench.b"]
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+# ---- words: no tracked file points outside the repository
 def test_no_tracked_file_points_outside_the_repository():
     files = tracked_files()
     assert "tests/test_layout_rules.py" in files and len(files) > 100       # the whole tree, this file included
@@ -70,3 +195,5 @@ def test_the_rule_finds_what_it_looks_for(tmp_path):
         assert references(f"f{i}.md", tmp_path) == [f"2: {w.decode()}"]
     (tmp_path / "clean.md").write_text("docs/model-facts.md and docs/board-figures.md\n")
     assert references("clean.md", tmp_path) == []
+    (tmp_path / "link").symlink_to(".." + "/shared/x")
+    assert references("link", tmp_path) == ["1: .." + "/shared"]
