@@ -10,7 +10,7 @@ from models.schema import Float, Int, Record, SchemaError
 log = logging.getLogger(__name__)
 
 MAX_WARMUP = 200                # calls: prompt.json's most steps (orchestrator/prompt_spec.py MAX_STEPS)
-# the settings' names in sampler state files written before the one record (blend/degree/ridge)
+# the settings' names in sampler state files of earlier releases: a job folder made by one still resumes
 _OLD_NAMES = {"blend": "w", "degree": "m", "ridge": "lam"}
 
 
@@ -37,7 +37,7 @@ class SpectrumSettings(Record, frozen=True):
 
     @classmethod
     def from_dict(cls, d: dict) -> "SpectrumSettings":
-        """From to_dict's form, also as sampler state files wrote it before (blend/degree/ridge, history and
+        """From to_dict's form, also as earlier releases' sampler state files hold it (blend/degree/ridge, history and
         tau_span at their fixed values); ValueError (a SchemaError) naming the setting otherwise."""
         if not isinstance(d, dict):
             raise SchemaError("", f"expected a map of Spectrum settings, got {type(d).__name__}")

@@ -385,8 +385,8 @@ def test_noise_errors(args, match):
 
 
 def test_a_state_file_with_the_former_spectrum_names_still_resumes(tmp_path):
-    """State files written before the one Spectrum record name its settings blend/degree/ridge (plus the fixed
-    history and tau_span): they are read as w/m/lam, so such a job resumes instead of starting again."""
+    """Earlier releases' state files name the Spectrum settings blend/degree/ridge (plus the fixed history and
+    tau_span): they are read as w/m/lam, so such a job resumes instead of starting again."""
     sampler = Sampler(steps=6, spectrum=SpectrumSettings(warmup=1, lam=0.5))
     st = sampler.init_state(start_latent(), seed=3, noise="numpy")
     st.settings["spectrum"] = {"blend": 0.4, "degree": 3, "ridge": 0.5, "window": 2.0, "flex": 0.5, "warmup": 1,
