@@ -1,7 +1,10 @@
-"""`anima-models synth {dit,te,vae,tokenizers,bundle}`: write synthetic checkpoints, tokenizers or a models folder.
+"""`anima-models synth {dit,te,vae,tokenizers,bundle,lora}`: write synthetic checkpoints, tokenizers, a models folder
+or a LoRA.
 
     anima-models synth dit --preset tiny --seed 0 --out tiny-dit.safetensors [--prefix model.diffusion_model.]
     anima-models synth bundle --preset tiny --seed 0 --out models/
+    anima-models synth lora --preset tiny --seed 1 --out models/loras/style.safetensors --layout kohya --rank 8 \
+        --alpha 4 --groups blocks,host,adapter,te
 """
 from __future__ import annotations
 
@@ -15,7 +18,9 @@ from models.config import DIT_PREFIXES, PRESETS
 
 log = logging.getLogger(__name__)
 
-WHAT = ("dit", "te", "vae", "tokenizers", "bundle")
+WHAT = ("dit", "te", "vae", "tokenizers", "bundle", "lora")
+VAE_LAYOUTS = ("original", "diffusers")
+LORA_LAYOUTS = ("kohya", "comfy", "bare", "peft-default")         # models.lora.synth.LAYOUTS
 
 
 def add_arguments(p) -> None:
@@ -24,7 +29,14 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="weights are a deterministic function of the seed")
     p.add_argument("--out", required=True, help="output file (dit, te, vae) or folder (tokenizers, bundle)")
     p.add_argument("--prefix", choices=DIT_PREFIXES, default="net.", help="DiT key prefix (dit only)")
-    p.add_argument("--layout", choices=("original", "diffusers"), default="original", help="VAE key layout (vae only)")
+    p.add_argument("--layout", choices=VAE_LAYOUTS + LORA_LAYOUTS, default=None,
+                   help="key layout: vae original (default) | diffusers; lora kohya (default) | comfy | bare | "
+                        "peft-default")
+    p.add_argument("--rank", type=int, default=8, help="LoRA rank (lora only)")
+    p.add_argument("--alpha", default=None, help="LoRA alpha (lora only; default rank / 2, 'none' for no alpha)")
+    p.add_argument("--groups", default="blocks", help="LoRA targets, comma-separated: blocks (sd-scripts' default), "
+                                                      "host, adapter, te (lora only)")
+    p.add_argument("--dtype", choices=("BF16", "F16", "F32"), default="BF16", help="LoRA weight dtype (lora only)")
 
 
 def _call(module: str, func: str, *a):
@@ -35,6 +47,32 @@ def _call(module: str, func: str, *a):
             raise UserError(f"{module} is not available in this installation ({e})") from None
         raise
     return getattr(mod, func)(*a)
+
+
+def _layout(args) -> str:
+    allowed = LORA_LAYOUTS if args.what == "lora" else VAE_LAYOUTS
+    if args.layout is None:
+        return allowed[0]
+    if args.layout not in allowed:
+        raise UserError(f"--layout {args.layout}: synth {args.what} takes one of {', '.join(allowed)}")
+    return args.layout
+
+
+def _lora(args, out: str) -> None:
+    from models.lora.synth import write_lora
+    if args.rank < 1:
+        raise UserError(f"--rank must be >= 1, got {args.rank}")
+    if args.alpha is None:
+        alpha = args.rank / 2
+    elif str(args.alpha).lower() == "none":
+        alpha = None
+    else:
+        try:
+            alpha = float(args.alpha)
+        except ValueError:
+            raise UserError(f"--alpha {args.alpha!r}: a number or 'none'") from None
+    groups = tuple(g.strip() for g in args.groups.split(",") if g.strip())
+    write_lora(args.preset, args.seed, out, _layout(args), args.rank, alpha, groups, args.dtype)
 
 
 def run(args) -> int:
@@ -50,9 +88,11 @@ def run(args) -> int:
     elif args.what == "te":
         _call("models.text.synth", "write_te", args.preset, args.seed, out)
     elif args.what == "vae":
-        _call("models.vae.synth", "write_vae", args.preset, args.seed, out, args.layout)
+        _call("models.vae.synth", "write_vae", args.preset, args.seed, out, _layout(args))
     elif args.what == "tokenizers":
         _call("models.text.synth", "write_tokenizers", args.preset, out)
+    elif args.what == "lora":
+        _lora(args, out)
     else:
         _call("models.models_dir", "write_bundle", args.preset, args.seed, out)
     print(f"wrote synthetic {args.what} ({args.preset}, seed {args.seed}) to {out} in {time.monotonic() - t0:.1f} s")

@@ -1,0 +1,213 @@
+"""One LoRA file as it is stored: its low-rank pairs (up [out, r], down [r, in], alpha) grouped by module name, in
+every layout Anima LoRAs come in, read through the memory map (no torch).
+
+Layouts (docs/lora.md): sd-scripts/kohya `NAME.lora_up.weight` / `NAME.lora_down.weight`, ComfyUI/diffusers/PEFT
+`NAME.lora_B.weight` / `NAME.lora_A.weight`, also `NAME.lora_B` / `NAME.lora_A` and `NAME.lora_B.default.weight` /
+`NAME.lora_A.default.weight`; each with an optional scalar `NAME.alpha`. What NAME means (a module of the DiT, the
+LLM adapter or the text encoder) is models/lora/targets.py's business, not this file's.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from models.safetensors_io import SafeTensorsError, SafeTensorsFile
+
+FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")
+HASH_CHUNK = 8 * 1024 * 1024
+
+# key suffix -> (role, layout); role "up" [out, r] / "down" [r, in]. Matched by the longest suffix first.
+PAIR_SUFFIXES = {
+    ".lora_up.weight": ("up", "kohya"), ".lora_down.weight": ("down", "kohya"),
+    ".lora_B.weight": ("up", "comfy"), ".lora_A.weight": ("down", "comfy"),
+    ".lora_B.default.weight": ("up", "peft-default"), ".lora_A.default.weight": ("down", "peft-default"),
+    ".lora_B": ("up", "bare"), ".lora_A": ("down", "bare"),
+}
+ALPHA_SUFFIX = ".alpha"
+# key suffixes of adapter types that are not a plain low-rank pair -> the type's name (refused, named)
+OTHER_TYPES = {
+    ".hada_w1_a": "LoHa", ".hada_w1_b": "LoHa", ".hada_w2_a": "LoHa", ".hada_w2_b": "LoHa", ".hada_t1": "LoHa",
+    ".hada_t2": "LoHa",
+    ".lokr_w1": "LoKr", ".lokr_w2": "LoKr", ".lokr_w1_a": "LoKr", ".lokr_w1_b": "LoKr", ".lokr_w2_a": "LoKr",
+    ".lokr_w2_b": "LoKr", ".lokr_t2": "LoKr",
+    ".dora_scale": "DoRA (weight-decomposed LoRA, dora_scale)",
+    ".oft_blocks": "OFT", ".oft_diag": "OFT", ".rescale": "OFT/BOFT",
+    ".a1.weight": "GLoRA", ".a2.weight": "GLoRA", ".b1.weight": "GLoRA", ".b2.weight": "GLoRA",
+    ".lora_mid.weight": "LoCon with a Tucker mid weight (lora_mid)",
+    ".diff": "a full weight difference (.diff)", ".diff_b": "a bias difference (.diff_b)",
+    ".set_weight": "a weight replacement (.set_weight)", ".w_norm": "a norm-weight difference (.w_norm)",
+    ".b_norm": "a norm-bias difference (.b_norm)", ".reshape_weight": "a reshaping LoRA (.reshape_weight)",
+    ".lora_B.bias": "a LoRA with a bias (lora_B.bias)",
+}
+
+
+class LoraError(ValueError):
+    """A LoRA file that cannot be applied; the message names the file and, where there is one, the key."""
+
+
+@dataclass(frozen=True)
+class LoraPair:
+    """One module's low-rank update as the file stores it: ΔW = scale · up @ down, scale = alpha / rank or 1."""
+    name: str                   # the module as the file spells it: "lora_unet_blocks_0_self_attn_q_proj", ...
+    layout: str                 # "kohya" | "comfy" | "bare" | "peft-default" (as models.lora.synth writes them)
+    up_key: str
+    down_key: str
+    out_features: int
+    rank: int
+    in_features: int
+    alpha: Optional[float]      # None when the file has no NAME.alpha
+
+    @property
+    def scale(self) -> float:
+        """alpha / rank when the file gives alpha, else 1.0 (what ComfyUI and sd-scripts compute)."""
+        return 1.0 if self.alpha is None else self.alpha / self.rank
+
+
+def _suffix(key: str, table) -> Optional[str]:
+    """The longest suffix of `table` that `key` ends with (a module name must precede it)."""
+    best = None
+    for s in table:
+        if key.endswith(s) and len(key) > len(s) and (best is None or len(s) > len(best)):
+            best = s
+    return best
+
+
+class LoraFile:
+    """A LoRA safetensors file, opened and checked for structure (header only; arrays are read on demand).
+
+    `.pairs` {module name as stored: LoraPair}; `.stray` keys that belong to no pair (reported by whoever maps the
+    names); `.layouts` the layouts seen. Raises LoraError for what no layer could use: not a safetensors file or
+    truncated, another adapter type (named), half a pair, shapes that do not chain, a non-scalar or non-finite
+    alpha, a non-float dtype."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        try:
+            self._st = st = SafeTensorsFile(self.path)
+        except SafeTensorsError as e:
+            raise LoraError(f"LoRA {e}") from None
+        self.metadata = dict(st.metadata)
+        parts: dict = {}                                        # name -> {"up": key, "down": key, "alpha": key}
+        self.stray: list = []
+        others: dict = {}                                       # type -> first key
+        for k in st.keys():
+            s = _suffix(k, PAIR_SUFFIXES)
+            if s is not None:
+                role, layout = PAIR_SUFFIXES[s]
+                slot = parts.setdefault(k[:-len(s)], {})
+                if role in slot:
+                    raise LoraError(f"{self.path}: module {k[:-len(s)]!r} has two {role} weights "
+                                    f"({slot[role][0]!r} and {k!r})")
+                slot[role] = (k, layout)
+                continue
+            s = _suffix(k, OTHER_TYPES)
+            if s is not None:
+                others.setdefault(OTHER_TYPES[s], k)
+                continue
+            if k.endswith(ALPHA_SUFFIX) and len(k) > len(ALPHA_SUFFIX):
+                parts.setdefault(k[:-len(ALPHA_SUFFIX)], {})["alpha"] = (k, None)
+                continue
+            self.stray.append(k)
+        if others:
+            kind, key = next(iter(others.items()))
+            also = f" (also {', '.join(list(others)[1:])})" if len(others) > 1 else ""
+            raise LoraError(f"{self.path}: key {key!r}: this is {kind}{also}, not a plain low-rank LoRA "
+                            "(lora_up/lora_down or lora_B/lora_A); only plain LoRAs can be applied")
+        if not parts and not self.stray:
+            raise LoraError(f"{self.path}: holds no tensors: not a LoRA")
+        self.pairs: dict = {}
+        for name, slot in parts.items():
+            if "up" not in slot and "down" not in slot:            # an alpha alone
+                self.stray.append(slot["alpha"][0])
+                continue
+            for role, other in (("up", "down"), ("down", "up")):
+                if role not in slot:
+                    raise LoraError(f"{self.path}: module {name!r} has {slot[other][0]!r} but no {role} weight "
+                                    "(half a LoRA pair: the file is cut or damaged)")
+            if slot["up"][1] != slot["down"][1]:
+                raise LoraError(f"{self.path}: module {name!r} mixes layouts ({slot['up'][0]!r}, {slot['down'][0]!r})")
+            self.pairs[name] = self._pair(name, slot)
+        if not self.pairs:
+            raise LoraError(f"{self.path}: no LoRA pair (lora_up/lora_down, lora_B/lora_A) among its "
+                            f"{len(st.keys())} tensors (first: {st.keys()[0]!r}): not a LoRA")
+        self.layouts = tuple(sorted({p.layout for p in self.pairs.values()}))
+        self._sha256: Optional[str] = None
+
+    def _pair(self, name: str, slot: dict) -> LoraPair:
+        up, down = slot["up"][0], slot["down"][0]
+        for k in (up, down):
+            dt = self._st.dtype(k)
+            if dt not in FLOAT_DTYPES:
+                raise LoraError(f"{self.path}: key {k!r} has dtype {dt}; a LoRA weight must be one of "
+                                f"{', '.join(FLOAT_DTYPES)}")
+        su, sd = self._st.shape(up), self._st.shape(down)
+        if len(su) != 2 or len(sd) != 2:
+            raise LoraError(f"{self.path}: module {name!r}: up {list(su)} and down {list(sd)} must both be 2-D "
+                            "(a LoRA of a Linear layer; Anima has no convolution a LoRA may target)")
+        if su[1] != sd[0] or su[1] == 0:
+            raise LoraError(f"{self.path}: module {name!r}: up {list(su)} and down {list(sd)} do not chain (up is "
+                            "[out, rank], down [rank, in])")
+        alpha = None
+        if "alpha" in slot:
+            k = slot["alpha"][0]
+            shape = self._st.shape(k)
+            if self._st.dtype(k) not in FLOAT_DTYPES + ("I64", "I32", "I16", "I8", "U8") or math.prod(shape) != 1:
+                raise LoraError(f"{self.path}: key {k!r}: alpha must be one number, got {self._st.dtype(k)} "
+                                f"{list(shape)}")
+            alpha = float(self._st.get(k, np.float64).reshape(()))
+            if not math.isfinite(alpha):
+                raise LoraError(f"{self.path}: key {k!r}: alpha is {alpha}")
+        return LoraPair(name, slot["up"][1], up, down, int(su[0]), int(su[1]), int(sd[1]), alpha)
+
+    # -- data ----------------------------------------------------------------------------------------------------
+    def up(self, pair: LoraPair) -> np.ndarray:
+        """up [out, r] as f32 (a fresh array), checked finite."""
+        return self._array(pair.up_key)
+
+    def down(self, pair: LoraPair) -> np.ndarray:
+        """down [r, in] as f32 (a fresh array), checked finite."""
+        return self._array(pair.down_key)
+
+    def _array(self, key: str) -> np.ndarray:
+        try:
+            a = self._st.get(key)
+        except (SafeTensorsError, ValueError, OSError) as e:
+            raise LoraError(f"{self.path}: key {key!r}: {e}") from None
+        if not np.isfinite(a).all():
+            raise LoraError(f"{self.path}: key {key!r} holds NaN or Inf")
+        return a
+
+    def sha256(self) -> str:
+        """sha256 of the whole file (hex), computed once."""
+        if self._sha256 is None:
+            h = hashlib.sha256()
+            with open(self.path, "rb") as f:
+                while True:
+                    chunk = f.read(HASH_CHUNK)
+                    if not chunk:
+                        break
+                    h.update(chunk)
+            self._sha256 = h.hexdigest()
+        return self._sha256
+
+    def addnet_hash(self) -> str:
+        """sha256 (hex) of the tensor data after the header: the hash A1111 writes, 12 digits of it, under "Lora
+        hashes" (sd-webui-additional-networks' safetensors hash, which stays the same when only metadata changes)."""
+        h = hashlib.sha256()
+        with open(self.path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            f.seek(8 + n)
+            while True:
+                chunk = f.read(HASH_CHUNK)
+                if not chunk:
+                    break
+                h.update(chunk)
+        return h.hexdigest()
+
+    def __repr__(self) -> str:
+        return f"LoraFile({self.path!r}, {len(self.pairs)} pairs, {'/'.join(self.layouts)})"
