@@ -274,3 +274,41 @@ def test_synth_lora_command(tmp_path):
     assert all(p.alpha is None for p in f.pairs.values())
     assert "text_encoder.qwen3.layers.1.self_attn.k_proj" in f.pairs
     assert main(["synth", "lora", "--out", str(out), "--layout", "diffusers"]) == 2
+
+
+def test_merged_weights_equal_comfyuis_on_the_small_bundle(tmp_path):
+    """tests/data/lora/comfy_small_weights.npz: ComfyUI's own LoRA math (load_lora_for_models + calculate_weight, FP32,
+    an unmodified ComfyUI on the synthetic small bundle: 10-block DiT, full adapter and Qwen3) for two synthetic LoRAs
+    made by models.lora.synth from the files' key lists: the layers it patched, ΔW's norm per layer and ΔW at 8
+    sampled elements per layer. The same LoRAs are made again here and planned against the same key lists."""
+    import json
+    rec = np.load("tests/data/lora/comfy_small_weights.npz")
+    shapes = json.loads(bytes(rec["shapes"]))
+    meta = json.loads(bytes(rec["meta"]))
+    table = TargetTable(shapes["dit"], shapes["te"])
+    for case, m in meta.items():
+        layout, seed, rank, alpha, groups = m["lora"]
+        path = tmp_path / f"{case}.safetensors"
+        write_lora((shapes["dit"], shapes["te"]), seed, path, layout, rank, alpha, tuple(groups))
+        plan = plan_loras([LoraUse(str(path), m["strength_model"], m["strength_clip"])], table)
+        ours = {}
+        for key in m["keys"]:
+            ours[key] = key[len("diffusion_model."):] if key.startswith("diffusion_model.") else \
+                "model." + key.split(".transformer.model.", 1)[1]
+        comfy_dit = {ours[k] for k in m["keys"] if k.startswith("diffusion_model.")}
+        assert comfy_dit == {k for k, t in plan.targets.items() if t.model == "dit"} and \
+            len(comfy_dit) == m["patched_model"]
+        comfy_te = {ours[k] for k in m["keys"] if not k.startswith("diffusion_model.")}
+        if m["patched_clip"]:
+            assert comfy_te == set(plan.keys("te"))
+        else:       # ComfyUI has no names for text_encoder.qwen3.* (sd-scripts' converter's form): it skipped them all
+            assert len(m["not_loaded"]) == 2 * len(plan.keys("te")) > 0
+            assert all("text_encoder.qwen3." in n for n in m["not_loaded"])
+        for i, key in enumerate(m["keys"]):
+            if ".layers." in key and not any(f".layers.{n}." in key for n in (0, 27)) or \
+                    "llm_adapter.blocks." in key and not any(f"adapter.blocks.{n}." in key for n in (0, 5)):
+                continue                    # Qwen3 and the adapter at full size: the first and last layers suffice
+            d = plan.delta(ours[key]).astype(np.float64).ravel()
+            norm = float(rec[f"{case}.norm"][i])
+            assert abs(np.linalg.norm(d) - norm) <= 1e-5 * norm, key
+            assert np.abs(d[rec[f"{case}.idx"][i]] - rec[f"{case}.val"][i]).max() <= 1e-5 * norm, key

@@ -1,7 +1,7 @@
 """Several LoRAs resolved against the models of a run: which weight each pair updates, by how much, and the two ways
 of applying them (FP32 numpy, no torch):
 
-    merged:   W' = W + Σ_i strength_i · scale_i · (up_i @ down_i)           (host ops, encoder, baking a pack)
+    merged:   W' = W + Σ_i (strength_i · scale_i · up_i) @ down_i           (host ops, encoder, baking a pack)
     factors:  B = [s_1·up_1 | s_2·up_2 | …] [out, R], A = [down_1; down_2; …] [R, in], zero-padded to R,
               so W·x + B·(A·x) = W'·x                                        (a LoRA-ready branch graph's inputs)
 
@@ -114,11 +114,12 @@ class LoraPlan:
     # -- applying --------------------------------------------------------------------------------------------------
     def delta(self, key: str) -> np.ndarray:
         """ΔW [out, in] f32 of one target: Σ factor · (up @ down), added in the order of the uses."""
-        out = np.zeros(self.targets[key].shape, np.float32)
+        out = None
         for u in self.updates[key]:
             f = self.files[u.use]
-            out += np.float32(u.factor) * (f.up(u.pair) @ f.down(u.pair))             # [out, r] @ [r, in]
-        return out
+            d = (np.float32(u.factor) * f.up(u.pair)) @ f.down(u.pair)                # [out, r] @ [r, in]
+            out = d if out is None else out + d
+        return out if out is not None else np.zeros(self.targets[key].shape, np.float32)
 
     def merged(self, key: str, weight: np.ndarray) -> np.ndarray:
         """W' [out, in] f32 = W + each LoRA's factor · (up @ down), in order (ComfyUI adds its patches so)."""
@@ -128,7 +129,7 @@ class LoraPlan:
                             f"{list(self.targets[key].shape)}")
         for u in self.updates[key]:
             f = self.files[u.use]
-            w += np.float32(u.factor) * (f.up(u.pair) @ f.down(u.pair))
+            w += (np.float32(u.factor) * f.up(u.pair)) @ f.down(u.pair)               # [out, r] @ [r, in]
         return w
 
     def factors(self, key: str, R: int, overflow: str = "refuse") -> tuple:

@@ -50,15 +50,22 @@ def lora_name(module: str, model: str, form: str) -> str:
     return "lora_unet_" + module.replace(".", "_") if form == "kohya" else "diffusion_model." + module
 
 
-def target_weights(preset: str, groups) -> list:
-    """[(model 'dit'|'te', weight key, (out, in), weight std)] of the layers the groups name, in key order."""
-    from models.synth_dit import _scale_for, dit_shapes
+def preset_shapes(preset: str) -> tuple:
+    """({DiT + adapter key: shape}, {Qwen3 key: shape}) of a synthetic preset's files."""
+    from models.synth_dit import dit_shapes
     from models.text.synth import te_shapes
+    return dit_shapes(preset), te_shapes(preset)
+
+
+def target_weights(dit_shapes: dict, te_shapes: dict, groups) -> list:
+    """[(model 'dit'|'te', weight key, (out, in), weight std)] of the layers the groups name, in key order, for
+    models with these key -> shape tables (a preset's, or real files' own)."""
+    from models.synth_dit import _scale_for
     bad = [g for g in groups if g not in GROUPS]
     if bad or not groups:
         raise ValueError(f"LoRA groups {list(groups)!r}: choose from {list(GROUPS)}")
     out = []
-    for key, shape in dit_shapes(preset).items():
+    for key, shape in (dit_shapes or {}).items():
         if len(shape) != 2 or not key.endswith(".weight") or key.endswith("embed.weight"):
             continue
         place = place_of(key)
@@ -66,22 +73,24 @@ def target_weights(preset: str, groups) -> list:
         if group in groups and (place != "adapter" or key.startswith(ADAPTER_PREFIX + "blocks.")):
             out.append(("dit", key, tuple(shape), _scale_for(key, shape)[0]))
     if "te" in groups:
-        for key, shape in te_shapes(preset).items():
+        for key, shape in (te_shapes or {}).items():
             if key[:-len(".weight")].endswith(TE_LINEARS):
                 out.append(("te", key, tuple(shape), 1.0 / math.sqrt(shape[1])))
     return out
 
 
-def lora_entries(preset: str, seed: int, layout: str = "kohya", rank: int = 8, alpha: Optional[float] = None,
+def lora_entries(preset, seed: int, layout: str = "kohya", rank: int = 8, alpha: Optional[float] = None,
                  groups=("blocks",), dtype: str = "BF16") -> list:
-    """Lazy TensorEntry list of a synthetic LoRA; alpha None writes no alpha (scale 1)."""
+    """Lazy TensorEntry list of a synthetic LoRA; alpha None writes no alpha (scale 1). preset: a preset name, or
+    (dit shapes, te shapes) of the models it is for."""
     if layout not in LAYOUTS:
         raise ValueError(f"LoRA layout {layout!r}: choose one of {list(LAYOUTS)}")
     if not isinstance(rank, int) or rank < 1:
         raise ValueError(f"LoRA rank must be a positive integer, got {rank!r}")
     down_sfx, up_sfx, dit_form, te_form = LAYOUTS[layout]
     entries = []
-    for model, key, (n_out, n_in), w_std in target_weights(preset, groups):
+    shapes = preset_shapes(preset) if isinstance(preset, str) else preset
+    for model, key, (n_out, n_in), w_std in target_weights(shapes[0], shapes[1], groups):
         name = lora_name(key[:-len(".weight")], model, te_form if model == "te" else dit_form)
         up_std = REL_STRENGTH * w_std * math.sqrt(n_in) / math.sqrt(rank)     # std(up @ down) ≈ REL · std(W)
 
@@ -98,14 +107,15 @@ def lora_entries(preset: str, seed: int, layout: str = "kohya", rank: int = 8, a
     return entries
 
 
-def write_lora(preset: str, seed: int, out, layout: str = "kohya", rank: int = 8, alpha: Optional[float] = None,
+def write_lora(preset, seed: int, out, layout: str = "kohya", rank: int = 8, alpha: Optional[float] = None,
                groups=("blocks",), dtype: str = "BF16") -> int:
     """Write a synthetic LoRA to `out`; returns the number of modules. Metadata as sd-scripts writes it."""
     entries = lora_entries(preset, seed, layout, rank, alpha, groups, dtype)
     modules = sum(1 for e in entries if e.name.endswith(LAYOUTS[layout][0]))
     meta = {"ss_network_module": "networks.lora_anima", "ss_network_dim": str(rank),
             "ss_network_alpha": str(alpha if alpha is not None else rank),
-            "anima_synthetic": f"lora:{preset}:{seed}:{layout}:{','.join(groups)}"}
+            "anima_synthetic": f"lora:{preset if isinstance(preset, str) else 'shapes'}:{seed}:{layout}:"
+                               f"{','.join(groups)}"}
     log.info("writing synthetic LoRA preset=%s seed=%d layout=%s rank=%d alpha=%s (%d modules) to %s", preset, seed,
              layout, rank, alpha, modules, os.fspath(out))
     write_safetensors(out, entries, metadata=meta)
