@@ -8,7 +8,10 @@ Op choices (what RK3588's compiler maps well, see docs/architecture.md "Branch g
 - per-head RMSNorm is a mean of squares by MatMul with a constant ones column, then Pow(-0.5): no norm op, no transposes;
   the 1/sqrt(head_dim) of the mean is folded into the projection weights and undone in the norm gain, and the attention
   scale 1/sqrt(head_dim) is applied to q before q·kᵀ (in the gain), which keeps FP16 scores small;
-- exact GELU as 0.5·x·(1 + erf(x/√2)).
+- exact GELU as 0.5·x·(1 + erf(x/√2));
+- a LoRA-ready graph (geometry.lora_rank R > 0) adds (x·Aᵀ)·Bᵀ to each projection partition.LoraSpec names, with
+  Aᵀ [in, R] and Bᵀ [R, out] as inputs laid out like the weight (models/branch_layout.py): two MatMuls and an Add
+  per projection, zeros computing exactly what a plain graph computes.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from models.branch_layout import head_halves, qk_scale
 from models.config import DiTConfig
 from models.partition import NUMPY_DTYPES, Geometry, branch_spec, pack_io_dtype, resolve
 
@@ -63,6 +67,24 @@ class GraphBuilder:
         """x @ Wᵀ with the checkpoint's [out, in] weight stored as a constant [in, out]."""
         return self.op("MatMul", [x, self.const(stem + "_w", np.asarray(w_out_in, np.float32).T)], stem)
 
+    def low_rank(self, y: str, x: str, a: str, b: str, stem: str) -> str:
+        """y + (x @ a) @ b: a LoRA-ready projection's run-time term, a [in, R] and b [R, out] graph inputs."""
+        return self.op("Add", [y, self.op("MatMul", [self.op("MatMul", [x, a], stem + "_la"), b], stem + "_lb")],
+                       stem + "_lora")
+
+
+def _lora_names(kind: str, weight: str, lora: bool) -> tuple:
+    """The input names of one projection's LoRA factors in a LoRA-ready graph (empty for a plain one)."""
+    return tuple(i.name for i in branch_spec(kind).lora_spec(weight).inputs(kind)) if lora else ()
+
+
+def _proj(g: GraphBuilder, kind: str, x: str, w: Mapping, weight: str, stem: str, lora: bool,
+          scale: float = 1.0) -> str:
+    """x @ (scale·W)ᵀ, plus the low-rank term in a LoRA-ready graph (its factors carry the same scale)."""
+    y = g.matmul(x, np.asarray(w[weight], np.float32) * scale, stem)
+    names = _lora_names(kind, weight, lora)
+    return g.low_rank(y, x, names[0], names[1], stem) if names else y
+
 
 def _check_weights(kind: str, w: Mapping, cfg: DiTConfig) -> None:
     D, hd, F, Dc = cfg.width, cfg.head_dim, cfg.ffn_width, cfg.context_dim
@@ -81,29 +103,29 @@ def _check_weights(kind: str, w: Mapping, cfg: DiTConfig) -> None:
             raise ValueError(f"{kind} branch: weight {k!r} has shape {list(np.shape(w[k]))}, expected {list(want[k])}")
 
 
-def _halves(W: np.ndarray, heads: int, hd: int) -> tuple:
-    """Rows of a [H*hd, in] projection split into each head's first and second half -> two [H*hd/2, in]."""
-    w = np.asarray(W, np.float32).reshape(heads, 2, hd // 2, -1)            # [H, 2, hd/2, in]
-    return w[:, 0].reshape(heads * hd // 2, -1), w[:, 1].reshape(heads * hd // 2, -1)
-
-
 def _rms_rstd(g: GraphBuilder, sq: str, n: int) -> str:
     """(sum of squares over the last axis, via MatMul with ones[n, 1]) + eps, ^-0.5 -> [..., 1]."""
     ms = g.op("MatMul", [sq, g.const("ones", np.ones((n, 1)))], "mean_sq")  # [1, T, H, 1]
     return g.op("Pow", [g.op("Add", [ms, g.const("eps", EPS)]), g.const("m_half", -0.5)], "rstd")
 
 
-def _self_attn(g: GraphBuilder, w: Mapping, cfg: DiTConfig, L: int) -> str:
+def _self_attn(g: GraphBuilder, w: Mapping, cfg: DiTConfig, L: int, lora: bool) -> str:
     H, hd = cfg.heads, cfg.head_dim
     h2, D = hd // 2, cfg.width
-    inv = 1.0 / math.sqrt(hd)                 # folded into q/k projections: sum of (q/√hd)² = mean of q²
+    inv = qk_scale(cfg)                       # folded into q/k projections: sum of (q/√hd)² = mean of q²
     cos = g.op("Reshape", ["rope_cos", g.shape([1, L, 1, h2])], "cos")      # [1, L, 1, hd/2]
     sin = g.op("Reshape", ["rope_sin", g.shape([1, L, 1, h2])], "sin")      # [1, L, 1, hd/2]
     rot = {}
     for p, gain in (("q", 1.0), ("k", math.sqrt(hd))):                      # q keeps the 1/√hd attention scale
-        Wa, Wb = _halves(w[f"{p}_proj.weight"], H, hd)
-        a = g.op("Reshape", [g.matmul("xn", Wa * inv, p + "a"), g.shape([1, L, H, h2])], p + "a4")  # [1, L, H, hd/2]
-        b = g.op("Reshape", [g.matmul("xn", Wb * inv, p + "b"), g.shape([1, L, H, h2])], p + "b4")  # [1, L, H, hd/2]
+        Wa, Wb = head_halves(w[f"{p}_proj.weight"], H, hd)
+        ya, yb = g.matmul("xn", Wa * inv, p + "a"), g.matmul("xn", Wb * inv, p + "b")              # [L, D/2] each
+        names = _lora_names("self", f"{p}_proj.weight", lora)
+        if names:                                 # the halves share x·Aᵀ; Bᵀ comes split as the rows are
+            t = g.op("MatMul", ["xn", names[0]], p + "_la")                                          # [L, R]
+            ya = g.op("Add", [ya, g.op("MatMul", [t, names[1]], p + "a_lb")], p + "a_lora")
+            yb = g.op("Add", [yb, g.op("MatMul", [t, names[2]], p + "b_lb")], p + "b_lora")
+        a = g.op("Reshape", [ya, g.shape([1, L, H, h2])], p + "a4")                                   # [1, L, H, hd/2]
+        b = g.op("Reshape", [yb, g.shape([1, L, H, h2])], p + "b4")                                   # [1, L, H, hd/2]
         sq = g.op("Add", [g.op("Mul", [a, a]), g.op("Mul", [b, b])], p + "_sq")                     # [1, L, H, hd/2]
         r = _rms_rstd(g, sq, h2)                                                                     # [1, L, H, 1]
         nw = np.asarray(w[f"{p}_norm.weight"], np.float32) * gain                                    # [hd]
@@ -118,15 +140,16 @@ def _self_attn(g: GraphBuilder, w: Mapping, cfg: DiTConfig, L: int) -> str:
     ka = g.op("Transpose", [rot["k"][0]], "kaT", perm=[0, 2, 3, 1])         # [1, H, hd/2, L]
     kb = g.op("Transpose", [rot["k"][1]], "kbT", perm=[0, 2, 3, 1])
     s = g.op("Add", [g.op("MatMul", [qa, ka]), g.op("MatMul", [qb, kb])], "scores")  # [1, H, L, L]
-    return _attend(g, s, g.matmul("xn", w["v_proj.weight"], "v"), L, L, H, hd, D, w)
+    v = _proj(g, "self", "xn", w, "v_proj.weight", "v", lora)                          # [L, D]
+    return _attend(g, "self", s, v, L, L, H, hd, D, w, lora)
 
 
-def _cross_attn(g: GraphBuilder, w: Mapping, cfg: DiTConfig, L: int, S: int, masked: bool) -> str:
+def _cross_attn(g: GraphBuilder, w: Mapping, cfg: DiTConfig, L: int, S: int, masked: bool, lora: bool) -> str:
     H, hd, D = cfg.heads, cfg.head_dim, cfg.width
-    inv = 1.0 / math.sqrt(hd)
+    inv = qk_scale(cfg)
     normed = {}
     for p, src, T, gain in (("q", "xn", L, 1.0), ("k", "context", S, math.sqrt(hd))):
-        x = g.op("Reshape", [g.matmul(src, np.asarray(w[f"{p}_proj.weight"], np.float32) * inv, p),
+        x = g.op("Reshape", [_proj(g, "cross", src, w, f"{p}_proj.weight", p, lora, inv),
                              g.shape([1, T, H, hd])], p + "4")                                   # [1, T, H, hd]
         r = _rms_rstd(g, g.op("Mul", [x, x], p + "_sq"), hd)                                      # [1, T, H, 1]
         nw = np.asarray(w[f"{p}_norm.weight"], np.float32) * gain
@@ -136,46 +159,49 @@ def _cross_attn(g: GraphBuilder, w: Mapping, cfg: DiTConfig, L: int, S: int, mas
     s = g.op("MatMul", [q, k], "scores")                                      # [1, H, L, S]
     if masked:                                                                # + context_mask [S], broadcast
         s = g.op("Add", [s, "context_mask"], "scores_masked")
-    return _attend(g, s, g.matmul("context", w["v_proj.weight"], "v"), L, S, H, hd, D, w)
+    v = _proj(g, "cross", "context", w, "v_proj.weight", "v", lora)           # [S, D]
+    return _attend(g, "cross", s, v, L, S, H, hd, D, w, lora)
 
 
-def _attend(g: GraphBuilder, scores: str, v2d: str, L: int, T: int, H: int, hd: int, D: int, w: Mapping) -> str:
+def _attend(g: GraphBuilder, kind: str, scores: str, v2d: str, L: int, T: int, H: int, hd: int, D: int, w: Mapping,
+            lora: bool) -> str:
     """softmax(scores) · v, heads merged, output_proj -> y [L, D]."""
     p = g.op("Softmax", [scores], "probs", axis=-1)                           # [1, H, L, T]
     v = g.op("Transpose", [g.op("Reshape", [v2d, g.shape([1, T, H, hd])], "v4")], "vT", perm=[0, 2, 1, 3])  # [1,H,T,hd]
     o = g.op("Transpose", [g.op("MatMul", [p, v], "attn")], "oT", perm=[0, 2, 1, 3])   # [1, L, H, hd]
     o = g.op("Reshape", [o, g.shape([L, D])], "o2")                                    # [L, D]
-    return g.matmul(o, w["output_proj.weight"], "out")                                 # [L, D]
+    return _proj(g, kind, o, w, "output_proj.weight", "out", lora)                     # [L, D]
 
 
-def _ffn(g: GraphBuilder, w: Mapping) -> str:
-    h = g.matmul("xn", w["layer1.weight"], "h")                                        # [L, F]
+def _ffn(g: GraphBuilder, w: Mapping, lora: bool) -> str:
+    h = _proj(g, "ffn", "xn", w, "layer1.weight", "h", lora)                           # [L, F]
     # exact GELU written as rknn-toolkit2 2.5.0 fuses it into one NPU op (ConvExGelu): Div(h, Sqrt(2)) -> Erf ->
     # Add 1 -> Mul h -> Mul 0.5. Any other arrangement (e.g. Mul by 1/sqrt2) leaves Erf on the CPU; Sqrt of the
     # exact constant 2 keeps sqrt2 exact in FP32 (an FP16 literal 1.414 does not fuse).
     sqrt2 = g.op("Sqrt", [g.const("two", 2.0)])
     e = g.op("Erf", [g.op("Div", [h, sqrt2])])                                           # [L, F]
     act = g.op("Mul", [g.op("Mul", [h, g.op("Add", [e, g.const("one", 1.0)])]), g.const("half", 0.5)], "gelu")
-    return g.matmul(act, w["layer2.weight"], "out")                                    # [L, D]
+    return _proj(g, "ffn", act, w, "layer2.weight", "out", lora)                       # [L, D]
 
 
 def build_branch(kind: str, weights: Mapping, cfg: DiTConfig, geom: Geometry, dtype: str = "fp16",
                  block: int = None) -> onnx.ModelProto:
     """One branch graph with its weights (suffix names as in partition.BRANCHES) as initializers.
 
-    I/O names, shapes and dtypes come from the partition table (models.partition.resolve).
+    I/O names, shapes and dtypes come from the partition table (models.partition.resolve); a geometry with
+    lora_rank R > 0 gives a LoRA-ready graph (low-rank inputs per projection, partition.LoraSpec).
     """
     _check_weights(kind, weights, cfg)
     dt = pack_io_dtype(dtype)
     io = resolve(kind, cfg, geom, dtype)
     g = GraphBuilder(dt)
-    L, S = geom.tokens, geom.text_tokens
+    L, S, lora = geom.tokens, geom.text_tokens, geom.lora_rank > 0
     if kind == "self":
-        y = _self_attn(g, weights, cfg, L)
+        y = _self_attn(g, weights, cfg, L, lora)
     elif kind == "cross":
-        y = _cross_attn(g, weights, cfg, L, S, any(i["name"] == "context_mask" for i in io["inputs"]))
+        y = _cross_attn(g, weights, cfg, L, S, any(i["name"] == "context_mask" for i in io["inputs"]), lora)
     else:
-        y = _ffn(g, weights)
+        y = _ffn(g, weights, lora)
     out_name = io["outputs"][0]["name"]
     g.nodes.append(helper.make_node("Identity", [y], [out_name], name="output"))
     vi = lambda d: helper.make_tensor_value_info(d["name"], ONNX_DTYPES[d["dtype"]], d["shape"])  # noqa: E731
@@ -185,7 +211,10 @@ def build_branch(kind: str, weights: Mapping, cfg: DiTConfig, geom: Geometry, dt
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="anima-npu",
                               doc_string=f"Anima DiT {kind} branch" + (f", block {block}" if block is not None else ""))
     model.ir_version = min(model.ir_version, 9)      # readable by older runtimes (rknn-toolkit2's onnx)
-    helper.set_model_props(model, {"kind": kind, "block": str(block), "dtype": dt})
+    props = {"kind": kind, "block": str(block), "dtype": dt}
+    if lora:
+        props["lora_rank"] = str(geom.lora_rank)
+    helper.set_model_props(model, props)
     return model
 
 

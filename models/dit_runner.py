@@ -12,6 +12,7 @@ import numpy as np
 from models import host_ops
 from models.backends.base import BranchBackend
 from models.lifecycle import Lifecycle, context_factory, single_context
+from models.lora.apply import DitLora
 from models.phase_times import PhaseSums, PhaseTimes, add_call
 from models.pack import Pack, load_pack
 from models.partition import BRANCHES, KINDS, NUMPY_DTYPES, branch_inputs, context_mask
@@ -154,10 +155,22 @@ class DiTRunner:
         self.branches = branches
         self.host_pace = host_pace
         self.io_np = NUMPY_DTYPES[self.pack.io_dtype]
-        self.weights = self.pack.host_weights()                       # FP32 host tensors
+        self.base_weights = self.pack.host_weights()                  # FP32 host tensors, as the pack holds them
+        self.weights = self.base_weights                              # ... with the job's LoRAs merged (set_lora)
+        self.lora = DitLora(None, self.cfg, self.geom, self.pack.dtype)
+        self._lora_feed: tuple = (None, {})                           # ((block, kind), its LoRA inputs)
         cos, sin = rope_tables(self.geom.h_tokens, self.geom.w_tokens, self.cfg.head_dim)  # [L, hd/2] f32
         self.rope = {"rope_cos": cos.astype(self.io_np), "rope_sin": sin.astype(self.io_np)}
         self.last_timing: Optional[ForwardTiming] = None
+
+    def set_lora(self, plan=None, overflow: str = "refuse", where: str = "") -> DitLora:
+        """Apply a LoraPlan (models.lora.plan) from the next forward on: host layers merged into FP32 copies of the
+        pack's weights, branch layers as a LoRA-ready pack's low-rank inputs; None: back to the plain pack. Nothing
+        is reloaded (the branch graphs take the factors as inputs)."""
+        lora = DitLora(plan, self.cfg, self.geom, self.pack.dtype, overflow, where)
+        self.weights = lora.host_weights(self.base_weights)
+        self.lora, self._lora_feed = lora, (None, {})
+        return lora
 
     def close(self) -> None:
         """Release what the local lifecycle holds (resident, prefetched models) and stop its threads."""
@@ -258,9 +271,16 @@ class DiTRunner:
                  timing.total_s, timing.branch_s, timing.host_s)
         return vs
 
-    def _feed(self, spec, xn: np.ndarray, ctx: tuple) -> dict:
+    def _branch_lora(self, block: int, kind: str) -> dict:
+        """The LoRA inputs of one branch (a LoRA-ready pack), made once for all the passes of a call."""
+        if self._lora_feed[0] != (block, kind):
+            self._lora_feed = ((block, kind), self.lora.branch_inputs(block, kind))
+        return self._lora_feed[1]
+
+    def _feed(self, spec, block: int, xn: np.ndarray, ctx: tuple) -> dict:
         """One pass's inputs of a branch; ctx = (context [S, Dc], context mask [S] or None) of that pass."""
-        avail = {"xn": xn.astype(self.io_np), "context": ctx[0], "context_mask": ctx[1], **self.rope}
+        avail = {"xn": xn.astype(self.io_np), "context": ctx[0], "context_mask": ctx[1], **self.rope,
+                 **self._branch_lora(block, spec.kind)}
         return {i.name: avail[i.name] for i in branch_inputs(spec, self.geom)}
 
     def _host(self, timing: ForwardTiming, block: int, kind: str, p: int, fn):
@@ -282,7 +302,7 @@ class DiTRunner:
             shift, scale, gate = mods[block, j]                                      # [D] each
             xns = [self._host(timing, block, spec.kind, p, lambda h=h: host_ops.layernorm_modulate(h, shift, scale))
                    for p, h in enumerate(hidden)]                                    # [L, D] f32
-            feeds = [self._feed(spec, xn, ctx) for xn, ctx in zip(xns, ctxs)]
+            feeds = [self._feed(spec, block, xn, ctx) for xn, ctx in zip(xns, ctxs)]
             extra = probe.feed(block, spec.kind) if probe is not None else None
             if extra is not None:
                 feeds.append({**feeds[0], **{k: np.asarray(v).astype(self.io_np) for k, v in extra.items()}})
@@ -336,7 +356,7 @@ class DiTRunner:
                                     lambda: host_ops.layernorm_modulate(hidden[p], shift, scale))
                     if trace is not None and p == 0:
                         rec.setdefault(block, {})[spec.kind] = {"xn": xn}
-                    call = BranchCall(block, spec.kind, paths[i], (p,), [self._feed(spec, xn, ctxs[p])],
+                    call = BranchCall(block, spec.kind, paths[i], (p,), [self._feed(spec, block, xn, ctxs[p])],
                                       tuple(paths[i + 1:i + 1 + AHEAD]), hold=p < n - 1)
                     pending[p] = (self.branches.submit(call), i)
             for p in range(n):

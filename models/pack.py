@@ -103,11 +103,14 @@ def existing_pack_source(out: Path) -> Optional[str]:
 
 
 def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", overwrite: bool = False,
-               context: int = TEXT_TOKENS) -> Path:
+               context: int = TEXT_TOKENS, lora_rank: int = 0, loras=()) -> Path:
     """Convert the checkpoint at `ckpt_path` into a pack at `out_dir` for `resolution` = (width, height) pixels.
 
     `context` > 512: cross-attention takes that many context rows plus an additive mask, so prompts longer than 512
     T5 tokens keep every row as in ComfyUI (docs/prompts.md).
+    `lora_rank` R > 0: a LoRA-ready pack, whose branch projections take rank-R low-rank inputs (LoRAs chosen per
+    job, docs/lora.md). `loras` ([models.lora.LoraUse]): LoRAs baked into the weights (FP32, before the pack's dtype;
+    the LLM adapter and text encoder parts of a LoRA are not in a DiT pack and are left to the encoder).
 
     One block at a time (peak memory ~ one branch's weights); written into a temporary sibling folder that is renamed
     into place when complete. An existing pack of a different checkpoint is replaced only with `overwrite`.
@@ -119,11 +122,12 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
 
     t0 = time.perf_counter()
     io_dt = pack_io_dtype(dtype)
-    geom = Geometry.from_resolution(*resolution, text_tokens=context)
+    geom = Geometry.from_resolution(*resolution, text_tokens=context, lora_rank=lora_rank)
     out = Path(out_dir).absolute()
     ckpt = DiTCheckpoint.open(ckpt_path)
     cfg = ckpt.config
     sha = ckpt.sha256()
+    baked = _bake_plan(ckpt, loras)
     prev = existing_pack_source(out)
     if prev is not None and prev != sha and not overwrite:
         raise PackError(f"{out}: holds a pack of another checkpoint (sha256 {prev[:12]}…, this one {sha[:12]}…); "
@@ -131,7 +135,8 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
     with building_folder(out) as tmp:                 # renamed to `out` when complete, removed on any error
         # 1) host weights (FP32), streamed tensor by tensor
         keys = host_keys(cfg)
-        write_safetensors(tmp / HOST_FILE, [TensorEntry(k, "F32", tuple(ckpt.shape(k)), (lambda k=k: ckpt.get(k)))
+        write_safetensors(tmp / HOST_FILE, [TensorEntry(k, "F32", tuple(ckpt.shape(k)),
+                                                        (lambda k=k: _baked(baked, k, ckpt.get(k))))
                                             for k in keys], metadata={"source_sha256": sha})
         # 2) branch graphs, block by block in execution order
         (tmp / ONNX_DIR).mkdir()
@@ -140,7 +145,10 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
             if spec.kind == BRANCHES[0].kind:
                 ckpt = _reopen(ckpt_path)           # drop the last block's mapped pages: they count in RSS
             rel = f"{ONNX_DIR}/{branch_file(block, spec.kind)}"
-            model = build_branch(spec.kind, ckpt.branch_weights(block, spec.kind), cfg, geom, dtype, block=block)
+            weights = ckpt.branch_weights(block, spec.kind)
+            prefix = f"blocks.{block}.{spec.module}."
+            weights = {k: _baked(baked, prefix + k, w) for k, w in weights.items()}
+            model = build_branch(spec.kind, weights, cfg, geom, dtype, block=block)
             data = serialize(model)
             del model
             atomic_write(tmp / rel, data)
@@ -161,11 +169,35 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
             "host": {"file": HOST_FILE, "sha256": file_sha256(tmp / HOST_FILE), "keys": len(keys)},
             "branches": branches,
         }
+        if lora_rank or baked is not None:
+            manifest["lora"] = {"rank": lora_rank, "baked": baked.report() if baked is not None else []}
         write_manifest(tmp, manifest)
         fsync_dir(tmp / ONNX_DIR)                   # the ONNX files' entries, before the folder's rename
     log.info("pack %s: %d branches, %s, %dx%d, built in %.1f s", out, len(branches), dtype, geom.width, geom.height,
              time.perf_counter() - t0)
     return out
+
+
+def _bake_plan(ckpt, loras):
+    """The LoraPlan of the LoRAs baked into a pack (None without), resolved against the checkpoint's own keys."""
+    if not loras:
+        return None
+    from models.lora import TargetTable, plan_loras
+    plan = plan_loras(loras, TargetTable({k: ckpt.shape(k) for k in ckpt.keys()}))
+    for rep in plan.report():
+        left = {p: n for p, n in rep["layers"].items() if p == "adapter"}
+        if left:
+            log.warning("LoRA %s: its %d LLM-adapter layers run in the encoder, not in a DiT pack: apply it there "
+                        "per job", rep["name"], left["adapter"])
+        log.info("baking LoRA %s (strength %g): %s", rep["name"], rep["strength"], rep["layers"])
+    return plan
+
+
+def _baked(plan, key: str, weight):
+    """A weight with the baked LoRAs merged (FP32), or as it is."""
+    if plan is None or key not in plan.targets or plan.targets[key].place == "adapter":
+        return weight
+    return plan.merged(key, weight)
 
 
 def _reopen(ckpt_path):
@@ -243,7 +275,8 @@ def load_pack(pack_dir, check: bool = True) -> Pack:
     try:
         cfg = DiTConfig.from_dict(rec.config)
         geom = Geometry.from_resolution(rec.resolution.width, rec.resolution.height,
-                                        int(rec.geometry.get("text_tokens", TEXT_TOKENS)))
+                                        int(rec.geometry.get("text_tokens", TEXT_TOKENS)),
+                                        int(rec.geometry.get("lora_rank", 0)))
     except (TypeError, KeyError, ValueError) as e:
         raise PackError(f"{where}: bad config/resolution ({e})") from None
     if rec.dtype not in PACK_DTYPES:

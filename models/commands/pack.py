@@ -1,12 +1,14 @@
 """`anima-models pack`: convert a DiT checkpoint into a model pack (FP32 host weights + per-branch ONNX graphs).
 
     anima-models pack anima-preview.safetensors --out packs/anima-512 --resolution 512x512 --dtype fp16
+    anima-models pack anima-preview.safetensors --out packs/anima-512-lora32 --lora-rank 32    # LoRAs per job
+    anima-models pack anima-preview.safetensors --out packs/anima-512-style --lora style.safetensors:0.8   # baked
 """
 from __future__ import annotations
 
 import logging
 
-from models.partition import PACK_DTYPES, TEXT_TOKENS, parse_resolution
+from models.partition import MAX_LORA_RANK, PACK_DTYPES, TEXT_TOKENS, parse_resolution
 
 log = logging.getLogger(__name__)
 
@@ -21,16 +23,27 @@ def add_arguments(p) -> None:
     p.add_argument("--context", type=int, default=TEXT_TOKENS,
                    help=f"context rows of cross-attention (default {TEXT_TOKENS}); more keeps every row of prompts "
                         f"longer than {TEXT_TOKENS} T5 tokens as ComfyUI does, with a mask input (docs/prompts.md)")
+    p.add_argument("--lora-rank", type=int, default=0, metavar="R",
+                   help=f"a LoRA-ready pack: every attention and FFN projection takes rank-R low-rank inputs, so "
+                        f"LoRAs up to a stacked rank R are chosen per job without rebuilding (0..{MAX_LORA_RANK}; "
+                        "default 0, docs/lora.md)")
+    p.add_argument("--lora", action="append", default=[], metavar="FILE[:STRENGTH]",
+                   help="bake a LoRA into the weights (repeatable; strength default 1.0): no run-time cost")
 
 
 def run(args) -> int:
+    from models.lora import parse_lora_arg
     from models.pack import build_pack, load_pack
     width, height = parse_resolution(args.resolution)
+    loras = [parse_lora_arg(a) for a in args.lora]
     out = build_pack(args.checkpoint, args.out, (width, height), args.dtype, overwrite=args.overwrite,
-                     context=args.context)
+                     context=args.context, lora_rank=args.lora_rank, loras=loras)
     pack = load_pack(out)
     g = pack.geometry
     print(f"pack {out}: {pack.config.blocks} blocks x {len(pack.branches) // pack.config.blocks} branches, "
           f"{pack.dtype}, {g.width}x{g.height} (latent {g.latent_h}x{g.latent_w}, {g.tokens} image tokens, "
-          f"{g.text_tokens} text tokens), source sha256 {pack.source['sha256'][:16]}")
+          f"{g.text_tokens} text tokens), source sha256 {pack.source['sha256'][:16]}"
+          + (f", LoRA rank {g.lora_rank}" if g.lora_rank else "")
+          + "".join(f", baked LoRA {b['name']} x {b['strength']:g}" for b in pack.manifest.get("lora", {})
+                    .get("baked", [])))
     return 0
