@@ -3,7 +3,8 @@ the scheduler hands the executor, with its resolved shape and dtype.
 
 Two processes use one plan: the orchestrator sizes the region when it creates the arena (`nbytes`), the scheduler
 carves exactly these slots from the region DENOISE hands it. An input's `lifetime` says how many slots it needs:
-"call" and "pass" inputs (and every output) one per CFG pass, "job" inputs one shared by the passes.
+"call" and "pass" inputs (and every output) one per CFG pass, "job" and "branch" inputs one shared by the passes
+(a "branch" input, a LoRA-ready pack's low-rank factors, is written again when the branch's values differ).
 """
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from models.config import DiTConfig
 from models.partition import BRANCHES, NUMPY_DTYPES, Geometry, branch_inputs, resolve_io
 
 
+SHARED_LIFETIMES = ("job", "branch")        # one slot for every CFG pass
+
+
 @dataclass(frozen=True)
 class ScratchSlot:
     name: str                 # the arena slot: "xn.0" (one per CFG pass) or "rope_cos" (shared by the passes)
@@ -22,7 +26,7 @@ class ScratchSlot:
     cfg_pass: int | None      # 0, 1, …; None: shared by every pass
     dtype: str                # descriptor dtype "f16" | "f32"
     shape: tuple              # resolved, e.g. (L, D)
-    lifetime: str             # "call": written for every call; "pass" | "job": written once per job
+    lifetime: str             # "call": written for every call; "pass" | "job": once per job; "branch": per branch
 
     @property
     def nbytes(self) -> int:
@@ -34,7 +38,7 @@ class ScratchPlan:
     slots: tuple              # ScratchSlot, in carving order
 
     def slot(self, tensor: str, cfg_pass: int) -> ScratchSlot:
-        """The slot holding `tensor` for CFG pass `cfg_pass` (the shared one for a "job" input)."""
+        """The slot holding `tensor` for CFG pass `cfg_pass` (the shared one for a "job" or "branch" input)."""
         for s in self.slots:
             if s.tensor == tensor and s.cfg_pass in (cfg_pass, None):
                 return s
@@ -61,7 +65,7 @@ def scratch_plan(cfg: DiTConfig, geom: Geometry, pack_dtype: str, passes: int) -
     slots = []
     for name, (io, res) in tensors.items():
         shape = tuple(res["shape"])
-        if io.lifetime == "job":
+        if io.lifetime in SHARED_LIFETIMES:
             slots.append(ScratchSlot(name, name, None, res["dtype"], shape, io.lifetime))
         else:
             slots += [ScratchSlot(f"{name}.{p}", name, p, res["dtype"], shape, io.lifetime) for p in range(passes)]

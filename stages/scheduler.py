@@ -70,7 +70,7 @@ class BranchClient:
         self.slots = {s.name: region.alloc(s.name, s.dtype, s.shape) for s in self.plan.slots}
         self.xn = [self._desc("xn", p) for p in range(len(m.PASS_NAMES))]          # [L, D] io dtype
         self.y = [self._desc("y", p) for p in range(len(m.PASS_NAMES))]            # [L, D] io dtype
-        self.written: set = set()                    # slots of inputs that stay for the job, once written
+        self.written: dict = {}                      # slot name -> the array it holds (inputs that stay a while)
         self._out: _Pending | None = None            # the request on the wire
         self.calls = 0
         self.branches_done = 0                       # branches whose every pass came back (the ETA's unit)
@@ -83,12 +83,15 @@ class BranchClient:
 
     def _input(self, p: int, name: str, array: np.ndarray):
         """An input of pass `p` into its slot: xn for every call; those that stay for the job (the context and its
-        mask per pass, RoPE tables shared: the partition table's `lifetime`) once."""
+        mask per pass, RoPE tables shared: the partition table's `lifetime`) once; a LoRA-ready branch's factors
+        ("branch") when they are not the array the slot already holds (the runner hands both passes of a branch, and
+        every branch without a LoRA, the same array)."""
         slot = self.plan.slot(name, p)
         desc = self.slots[slot.name]
-        if slot.lifetime == "call" or slot.name not in self.written:
+        held = self.written.get(slot.name)
+        if slot.lifetime == "call" or held is None or (slot.lifetime == "branch" and held is not array):
             self.arena.write(desc, array)
-            self.written.add(slot.name)
+            self.written[slot.name] = array
         return desc
 
     def submit(self, call: BranchCall) -> "_Pending":

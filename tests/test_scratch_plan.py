@@ -15,14 +15,16 @@ from protocol.arena import ALIGN_BYTES, ArenaError
 from protocol.messages import Region
 from stages.scheduler import BranchClient
 
-# (config, width, height, text_tokens, dtype): square and odd token grids, default and long-context packs, both dtypes
-PACKS = [(preset, w, h, s, dt) for preset, w, h in (("tiny", 64, 64), ("tiny", 264, 200), ("full", 64, 48))
-         for s in (512, 1024) for dt in ("fp16", "fp32")]
+# (config, width, height, text_tokens, dtype, LoRA rank): square and odd token grids, default and long-context
+# packs, both dtypes, plain and LoRA-ready
+PACKS = [(preset, w, h, s, dt, 0) for preset, w, h in (("tiny", 64, 64), ("tiny", 264, 200), ("full", 64, 48))
+         for s in (512, 1024) for dt in ("fp16", "fp32")] + \
+    [("tiny", 64, 64, 512, "fp16", 8), ("full", 64, 48, 1024, "fp32", 32)]
 
 
-def _pack(preset, w, h, s, dt) -> Pack:
+def _pack(preset, w, h, s, dt, r=0) -> Pack:
     return Pack(dir=Path("/nonexistent"), manifest={}, config=PRESETS[preset]["dit"],
-                geometry=Geometry.from_resolution(w, h, text_tokens=s), dtype=dt)
+                geometry=Geometry.from_resolution(w, h, text_tokens=s, lora_rank=r), dtype=dt)
 
 
 def _by_hand(pack) -> dict:
@@ -31,6 +33,17 @@ def _by_hand(pack) -> dict:
     io = {"fp16": "f16", "fp32": "f32"}[pack.dtype]
     L, S, D, Dc, hd2 = g.tokens, g.text_tokens, c.width, c.context_dim, c.head_dim // 2
     slots = {"rope_cos": (io, (L, hd2)), "rope_sin": (io, (L, hd2))}
+    R, F = g.lora_rank, c.ffn_width
+    if R:                       # one slot per LoRA factor of each kind, shared by the passes, rewritten per branch
+        for kind, dims in (("self", {"q": (D, D), "k": (D, D), "v": (D, D), "o": (D, D)}),
+                           ("cross", {"q": (D, D), "k": (Dc, D), "v": (Dc, D), "o": (D, D)}),
+                           ("ffn", {"fc1": (D, F), "fc2": (F, D)})):
+            for stem, (n_in, n_out) in dims.items():
+                slots[f"lora_{kind}_{stem}_a"] = (io, (n_in, R))
+                if kind == "self" and stem in ("q", "k"):
+                    slots[f"lora_{kind}_{stem}_b1"] = slots[f"lora_{kind}_{stem}_b2"] = (io, (R, n_out // 2))
+                else:
+                    slots[f"lora_{kind}_{stem}_b"] = (io, (R, n_out))
     for p in (0, 1):
         slots |= {f"xn.{p}": (io, (L, D)), f"y.{p}": (io, (L, D)), f"context.{p}": (io, (S, Dc))}
         if S > 512:
@@ -51,7 +64,7 @@ def test_the_plan_holds_every_branch_input_and_output(spec):
     itemsize = {"f16": 2, "f32": 4}
     assert plan.nbytes(ALIGN_BYTES) == sum(_aligned(itemsize[d] * int(np.prod(sh))) for d, sh in want.values())
     shared = {s.name for s in plan.slots if s.cfg_pass is None}
-    assert shared == {"rope_cos", "rope_sin"}
+    assert shared == {"rope_cos", "rope_sin"} | {n for n in want if n.startswith("lora_")}
     assert plan.slot("rope_cos", 1).name == "rope_cos" and plan.slot("context", 1).name == "context.1"
     with pytest.raises(ValueError, match="no scratch slot for 'hidden'"):
         plan.slot("hidden", 0)
@@ -96,5 +109,22 @@ def test_inputs_that_stay_for_the_job_are_written_once():
         client._input(1, "xn", xn)
         desc = client._input(1, "xn", 2 * xn)                                  # "call": written every call
         assert (job.arena.read(desc) == 2).all() and desc == client.xn[1]
+    finally:
+        job.arena.close()
+
+
+def test_lora_factors_are_written_when_the_branch_brings_other_arrays():
+    pack = _pack("tiny", 64, 64, 512, "fp32", 4)
+    job = create_job_arena(f"anima_test_{secrets.token_hex(4)}", pack)
+    try:
+        client = _client(job.arena, job.scratch, pack)
+        a = np.ones((pack.config.width, 4), np.float32)
+        first = client._input(0, "lora_ffn_fc1_a", a)
+        assert client._input(1, "lora_ffn_fc1_a", a) == first              # one slot for both passes
+        job.arena.write(first, np.zeros_like(a))                          # (to see whether it is written again)
+        client._input(1, "lora_ffn_fc1_a", a)
+        assert not job.arena.read(first).any()                            # the same array: not written again
+        client._input(0, "lora_ffn_fc1_a", 2 * a)                         # the next branch's factors
+        assert (job.arena.read(first) == 2).all()
     finally:
         job.arena.close()

@@ -21,15 +21,19 @@ from models.partition import Geometry, branch_spec
 
 log = logging.getLogger(__name__)
 
+CACHE_MB = 256.0          # a job's branch inputs are kept when they fit (made once, not once per step)
+
 
 class DitLora:
     """What a job's LoRAs change in the DiT of one pack: host weights and branch inputs."""
 
     def __init__(self, plan: Optional[LoraPlan], cfg: DiTConfig, geom: Geometry, pack_dtype: str,
-                 overflow: str = "refuse", where: str = ""):
+                 overflow: str = "refuse", where: str = "", cache_mb: float = CACHE_MB):
         self.plan, self.cfg, self.geom, self.dtype, self.overflow = plan, cfg, geom, pack_dtype, overflow
         self.svd_errors: dict = {}                 # branch weight key -> relative error of its SVD reduction
         self._zeros: dict = {}                     # kind -> zero inputs (the same for every block)
+        self._cache: dict = {}                     # (block, kind) -> inputs, while they fit cache_mb
+        self._cache_left = cache_mb * 2**20
         self.over = plan.check_rank(geom.lora_rank, overflow, where) if plan is not None else []
         if self.over:
             log.warning("%d branch layers have a stacked LoRA rank over the pack's %d: reduced by SVD (errors in "
@@ -64,6 +68,9 @@ class DitLora:
             if kind not in self._zeros:
                 self._zeros[kind] = lora_inputs(kind, {}, self.cfg, self.geom, self.dtype)
             return self._zeros[kind]
+        hit = self._cache.get((block, kind))
+        if hit is not None:
+            return hit
         prefix = f"blocks.{block}.{branch_spec(kind).module}."
         factors = {}
         for key in keys:
@@ -71,7 +78,12 @@ class DitLora:
             if err:
                 self.svd_errors[key] = err
             factors[key[len(prefix):]] = (B, A)
-        return lora_inputs(kind, factors, self.cfg, self.geom, self.dtype)
+        out = lora_inputs(kind, factors, self.cfg, self.geom, self.dtype)
+        nbytes = sum(a.nbytes for a in out.values())
+        if nbytes <= self._cache_left:             # the same arrays every step: made (and an SVD run) once
+            self._cache[(block, kind)] = out
+            self._cache_left -= nbytes
+        return out
 
     def report(self) -> dict:
         """What was applied where (report.json's lora.dit; `anima-models forward`)."""
