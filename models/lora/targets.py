@@ -81,16 +81,18 @@ def _underscored(module: str) -> str:
 class TargetTable:
     """Name -> Target for the weights of a run; built from key -> shape dicts (only 2-D `.weight` keys count).
 
-    dit: the DiT file's keys (prefix stripped; the LLM adapter's `llm_adapter.*` when it is part of the run), or
-    None; te: the Qwen3 file's keys (`model.*`), or None. A name of a part left out is `Absent`, not unknown."""
+    dit: the DiT file's keys (prefix stripped) that are part of the run: its own layers, the LLM adapter's
+    `llm_adapter.*`, or both (the encoder stage holds the adapter alone); te: the Qwen3 file's keys (`model.*`), or
+    None. A name of a part left out is `Absent`, not unknown."""
 
     def __init__(self, dit: Optional[dict] = None, te: Optional[dict] = None):
         self._names: dict = {}
         self._ambiguous: dict = {}
-        self.has = {"dit": dit is not None, "te": te is not None,
-                    "adapter": dit is not None and any(k.startswith(ADAPTER_PREFIX) for k in dit)}
+        dit = dit or {}
+        self.has = {"dit": any(not k.startswith(ADAPTER_PREFIX) for k in dit),      # the DiT's own layers
+                    "adapter": any(k.startswith(ADAPTER_PREFIX) for k in dit), "te": te is not None}
         self.targets: dict = {}
-        for key, shape in (dit or {}).items():
+        for key, shape in dit.items():
             if key.endswith(".weight") and len(shape) == 2:
                 t = Target(key, place_of(key), tuple(int(s) for s in shape))
                 module = key[:-len(".weight")]
@@ -112,18 +114,16 @@ class TargetTable:
     @classmethod
     def from_configs(cls, dit_cfg=None, adapter_cfg=None, te_shape=None) -> "TargetTable":
         """The table for models of these configs (models.config DiTConfig / AdapterConfig, models.text.qwen3
-        Qwen3Shape): the key sets their checkpoints hold."""
+        Qwen3Shape), each optional: the key sets their checkpoints hold."""
         from models.config import expected_adapter_shapes, expected_dit_shapes
-        dit = None
-        if dit_cfg is not None:
-            dit = dict(expected_dit_shapes(dit_cfg))
-            if adapter_cfg is not None:
-                dit.update(expected_adapter_shapes(adapter_cfg, ADAPTER_PREFIX))
+        dit = dict(expected_dit_shapes(dit_cfg)) if dit_cfg is not None else {}
+        if adapter_cfg is not None:
+            dit.update(expected_adapter_shapes(adapter_cfg, ADAPTER_PREFIX))
         te = None
         if te_shape is not None:
             from models.text.qwen3 import expected_shapes
             te = expected_shapes(te_shape)
-        return cls(dit, te)
+        return cls(dit or None, te)
 
     def lookup(self, name: str, where: str = ""):
         """A file's module name -> Target; Absent for a part this run lacks; None for a name no model has."""
@@ -136,10 +136,9 @@ class TargetTable:
         for p in DIT_NAME_PREFIXES:
             if name.startswith(p):
                 rest = name[len(p):]
-                if rest.startswith(("llm_adapter_", "llm_adapter.")) and not self.has["adapter"]:
-                    return Absent("adapter")
-                if not self.has["dit"]:
-                    return Absent("dit")
+                if rest.startswith(("llm_adapter_", "llm_adapter.")):
+                    return None if self.has["adapter"] else Absent("adapter")
+                return None if self.has["dit"] else Absent("dit")
         if name.startswith(TE_NAME_PREFIXES) and not self.has["te"]:
             return Absent("te")
         return None

@@ -1,5 +1,6 @@
 """The `torch` compute backend of the text encoder: transformers Qwen3Model (FP32) + the torch LLM adapter, read
-from the model files. The host's path and the reference the ONNX export is checked against."""
+from the model files. The host's path and the reference the ONNX export is checked against. LoRA (`set_lora`):
+merged into the parameters in place in FP32, the originals kept and put back when the LoRAs change."""
 from __future__ import annotations
 
 import time
@@ -27,7 +28,27 @@ class TorchTextCompute:
                              f"in {dit_path} expects {cfg.source_dim} (cross_attn.k_proj columns): mismatched files")
         self.qwen_vocab, self.adapter_vocab = self.qwen.shape.vocab, cfg.vocab
         self.source_dim, self.context_dim = cfg.source_dim, cfg.width
+        self._saved: list = []                           # [(parameter, its original)] while a LoRA is merged
         self.load_s = time.perf_counter() - t0
+
+    def lora_table(self):
+        """The layers a LoRA may change here: the adapter's and Qwen3's (models.lora.TargetTable)."""
+        from models.lora import TargetTable
+        return TargetTable.from_configs(adapter_cfg=self.adapter.config, te_shape=self.qwen.shape)
+
+    @torch.no_grad()
+    def set_lora(self, plan) -> None:
+        """Put back what a previous LoRA changed, then merge a LoraPlan's adapter and Qwen3 layers (None: none)."""
+        for param, original in reversed(self._saved):
+            param.copy_(original)
+        self._saved = []
+        if plan is None:
+            return
+        for place, module, prefix in (("te", self.qwen.model, "model."), ("adapter", self.adapter, "llm_adapter.")):
+            for key in plan.keys(place):
+                param = module.get_parameter(key[len(prefix):])
+                self._saved.append((param, param.detach().clone()))
+                param.copy_(torch.from_numpy(plan.merged(key, param.detach().numpy())))
 
     def hidden_states(self, ids: list) -> np.ndarray:
         return self.qwen.hidden_states(ids)                                  # [S, source_dim] f32

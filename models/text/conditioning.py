@@ -41,6 +41,10 @@ class TextCompute(Protocol):
 
     def adapter_rows(self, t5_ids: list, source: np.ndarray) -> np.ndarray: ...  # -> [T, context_dim] f32
 
+    def lora_table(self): ...                   # models.lora.TargetTable of the adapter's and Qwen3's layers
+
+    def set_lora(self, plan) -> None: ...       # merge a models.lora.LoraPlan (None: put the weights back)
+
     def close(self) -> None: ...
 
 
@@ -101,6 +105,18 @@ class TextEncoder:
         log.info("text encoder (onnx, %s) ready in %.2f s (context [%d, %d])", pack.dir, enc.load_s, CONTEXT_ROWS,
                  enc.context_dim)
         return enc
+
+    def set_lora(self, uses=()):
+        """Apply LoRAs ([models.lora.LoraUse]; empty: none) to the adapter and Qwen3 from the next encode on;
+        returns the models.lora.LoraPlan (None without LoRAs). Names of the DiT's own layers are left to it."""
+        if self.compute is None:
+            raise RuntimeError("TextEncoder is closed")
+        plan = None
+        if uses:
+            from models.lora import plan_loras
+            plan = plan_loras(list(uses), self.compute.lora_table())
+        self.compute.set_lora(plan)
+        return plan
 
     def tokenize(self, prompt: str) -> TokenizedPrompt:
         """Weighted segments as ComfyUI cuts them; Qwen ids and T5 ids + weights segment by segment."""

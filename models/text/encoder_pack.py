@@ -1,7 +1,8 @@
 """Encoder packs: the text encoder (Qwen3 + LLM adapter) exported once on the host for ONNX Runtime on the board.
 
     PACK/manifest.json                   schema, kind, sources (sha256 of the text encoder and the DiT), configs,
-                                         every file with its sha256, the tokenizer check, tool versions
+                                         every file with its sha256, the tokenizer check, tool versions; per graph
+                                         its weights {key: [initializer, data offset, shape, transposed]} (LoRA)
     PACK/qwen3.onnx + qwen3.onnx.data    input_ids [S] i64 -> hidden [S, hidden] f32        (FP32)
     PACK/adapter.onnx + adapter.onnx.data  t5_ids [T] i64, source [S, source_dim] f32 -> rows [T, width] f32
     PACK/tokenizers/qwen/tokenizer.json  the Qwen2 BPE tokenizer (built from vocab.json + merges.txt when needed)
@@ -188,9 +189,10 @@ def build_encoder_pack(text_encoder, dit, qwen_tokenizer, t5_tokenizer, out_dir,
         tok_check = check_tokenizers(os.fspath(qwen_tokenizer), os.fspath(t5_tokenizer), tmp, check_prompts)
         tok_check["t5"] = t5_how
         # 2) the graphs, weights streamed tensor by tensor into the external data files
-        build_qwen3(st.get, shape, tmp / QWEN3_ONNX, qwen3_mod.ROPE_THETA, qwen3_mod.RMS_EPS)
+        qwen_weights = build_qwen3(st.get, shape, tmp / QWEN3_ONNX, qwen3_mod.ROPE_THETA, qwen3_mod.RMS_EPS)
         log.info("export-encoder: %s written (%d layers)", QWEN3_ONNX, shape.layers)
-        build_adapter(get_adapter, cfg, tmp / ADAPTER_ONNX, adapter_mod.ROPE_THETA, adapter_mod.RMS_EPS)
+        adapter_weights = build_adapter(get_adapter, cfg, tmp / ADAPTER_ONNX, adapter_mod.ROPE_THETA,
+                                        adapter_mod.RMS_EPS)
         # 3) the manifest, last
         files = [QWEN3_ONNX, QWEN3_ONNX + ".data", ADAPTER_ONNX, ADAPTER_ONNX + ".data", QWEN_TOKENIZER, T5_TOKENIZER]
         manifest = {
@@ -200,10 +202,10 @@ def build_encoder_pack(text_encoder, dit, qwen_tokenizer, t5_tokenizer, out_dir,
             "adapter": {**cfg.to_dict(), "rope_theta": adapter_mod.ROPE_THETA, "rms_eps": adapter_mod.RMS_EPS},
             "dtype": "fp32", "opset": OPSET,
             "graphs": {"qwen3": {"onnx": QWEN3_ONNX, "inputs": [["input_ids", "i64", ["S"]]],
-                                 "outputs": [["hidden", "f32", ["S", shape.hidden]]]},
+                                 "outputs": [["hidden", "f32", ["S", shape.hidden]]], "weights": qwen_weights},
                        "adapter": {"onnx": ADAPTER_ONNX,
                                    "inputs": [["t5_ids", "i64", ["T"]], ["source", "f32", ["S", cfg.source_dim]]],
-                                   "outputs": [["rows", "f32", ["T", cfg.width]]]}},
+                                   "outputs": [["rows", "f32", ["T", cfg.width]]], "weights": adapter_weights}},
             "tokenizers": {"qwen": QWEN_TOKENIZER, "t5": T5_TOKENIZER, "check": tok_check},
             "files": [{"file": f, "sha256": file_sha256(tmp / f), "bytes": (tmp / f).stat().st_size} for f in files],
         }
