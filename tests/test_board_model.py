@@ -88,6 +88,27 @@ def test_resolution_scaling(model):
     assert big.kinds["self"].npu_s / model.kinds["self"].npu_s > 4.5     # the L^2 part shows
 
 
+def test_a_lora_ready_pack_adds_its_low_rank_flops(model):
+    """Rank 32: every projection x·Aᵀ·Bᵀ adds 2·rows·R·(in + out) FLOPs at its branch's own FLOP rate (written out
+    by hand here: self q/k/v/o, cross q/o over the image tokens and k/v over the 512 text rows, FFN fc1/fc2);
+    lifecycle and I/O unchanged; rank 0 is the plain pack exactly."""
+    L, S, D, Dc, F, R = 1024, 512, 2048, 1024, 8192, 32
+    lora = BoardModel(Shape(2048, 16, 128, 8192, 1024, 28, 1024, 512, R))
+    extra = {"self": {"linear": 4 * 2 * L * R * 2 * D},
+             "cross": {"linear": 2 * 2 * L * R * 2 * D, "constant": 2 * 2 * S * R * (Dc + D)},
+             "ffn": {"linear": 2 * 2 * L * R * (D + F)}}
+    for kind in KINDS:
+        f = branch_flops(kind, model.ref)
+        parts = model.npu_parts(kind)
+        want = sum(parts[p] * (1 + extra[kind].get(p, 0) / f[p]) for p in f if f[p])
+        assert lora.kinds[kind].npu_s == pytest.approx(want, rel=1e-9)
+        assert lora.kinds[kind].lifecycle_s == model.kinds[kind].lifecycle_s
+        assert lora.kinds[kind].io_s == model.kinds[kind].io_s
+    assert 1.01 < lora.step_parts()["npu_s"] / model.step_parts()["npu_s"] < 1.03
+    assert BoardModel(Shape(2048, 16, 128, 8192, 1024, 28, 1024, 512, 0)).on_demand_step_s() == \
+        model.on_demand_step_s()
+
+
 def test_width_and_block_scaling(model):
     """Half the width (and FFN width): weights /4 -> lifecycle and context memory /4; 40 blocks: per-block figures
     unchanged, the step grows by 40/28."""

@@ -8,6 +8,9 @@ Scaling rules (the reference: Anima 2B, 1024 image tokens, 512 text tokens):
   scales with its own FLOP count, so other widths scale by weight bytes (the linear parts) and by width (attention).
 - lifecycle (load, init, release) and context memory: by the branch's weight bytes; independent of the resolution.
 - host ops and tensor I/O: by L x D (elementwise over the [L, D] tensors).
+- a LoRA-ready pack (lora_rank R > 0): each projection's low-rank term x·Aᵀ·Bᵀ adds 2·rows·R·(in + out) FLOPs to
+  the part its rows scale with (image tokens: linear; the text context's k/v: constant), priced at the branch's
+  own FLOP rate (the projections' MatMuls it runs beside). Its input bytes are not priced here: I/O scales by L x D.
 """
 from __future__ import annotations
 
@@ -52,6 +55,7 @@ class Shape:
     blocks: int
     tokens: int
     text_tokens: int = 512
+    lora_rank: int = 0        # R of a LoRA-ready pack (0: plain)
 
     @classmethod
     def reference(cls, cost: dict) -> "Shape":
@@ -69,18 +73,38 @@ class Shape:
             man = json.loads((Path(pack_dir) / "manifest.json").read_text())
             c, g = man["config"], man["geometry"]
             own = cls(c["width"], c["heads"], c["head_dim"], c["ffn_width"], c["context_dim"], c["blocks"],
-                      g["tokens"], g.get("text_tokens", 512))
+                      g["tokens"], g.get("text_tokens", 512), g.get("lora_rank", 0))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise CostModelError(f"{pack_dir}: cannot read the pack's config and geometry ({e})") from None
         if model == "pack":
             return own
         ref = cls.reference(cost or load_cost())
         return cls(ref.width, ref.heads, ref.head_dim, ref.ffn_width, ref.context_dim, own.blocks, own.tokens,
-                   own.text_tokens)
+                   own.text_tokens, own.lora_rank)
+
+
+def lora_flops(kind: str, s: Shape) -> dict:
+    """FLOPs of a LoRA-ready branch's low-rank terms (partition.LoraSpec): {"linear": image-token rows, "constant":
+    the text context's rows}; zeros for a plain pack."""
+    from models.partition import branch_spec
+    out = {"linear": 0, "quadratic": 0, "constant": 0}
+    if not s.lora_rank:
+        return out
+    dims = {"D": s.width, "Dc": s.context_dim, "F": s.ffn_width}
+    for ls in branch_spec(kind).lora:
+        part, rows = ("constant", s.text_tokens) if ls.in_dim == "Dc" else ("linear", s.tokens)
+        out[part] += 2 * rows * s.lora_rank * (dims[ls.in_dim] + dims[ls.out_dim])
+    return out
 
 
 def branch_flops(kind: str, s: Shape) -> dict:
-    """FLOPs of one inference of a branch, by how they scale: {"linear": ~L, "quadratic": ~L^2, "constant": ~S}."""
+    """FLOPs of one inference of a branch, by how they scale: {"linear": ~L, "quadratic": ~L^2, "constant": ~S}
+    (a LoRA-ready pack's low-rank terms included: `lora_flops`)."""
+    flops = _branch_flops(kind, s)
+    return {p: v + lora_flops(kind, s)[p] for p, v in flops.items()}
+
+
+def _branch_flops(kind: str, s: Shape) -> dict:
     L, S, D, H, F, Dc = s.tokens, s.text_tokens, s.width, s.heads, s.ffn_width, s.context_dim
     softmax = 5                                    # max, subtract, exp, sum, divide per score
     if kind == "self":
