@@ -70,13 +70,16 @@ def dit_shapes(preset: str) -> dict:
     return shapes
 
 
-def dit_entries(preset: str, seed: int, prefix: str = "net.") -> list:
+def dit_entries(preset, seed: int, prefix: str = "net.") -> list:
     """Lazy TensorEntry list (bf16) for a synthetic checkpoint; each entry's data is a callable returning the
-    tensor as bf16 bit patterns (uint16; widen with models.safetensors_io.bf16_to_f32)."""
+    tensor as bf16 bit patterns (uint16; widen with models.safetensors_io.bf16_to_f32). preset: a preset name, or
+    {stripped key: shape} of the checkpoint to make (each tensor depends only on the seed, its key and its shape,
+    so a recorded key list makes the same file again)."""
     if prefix not in DIT_PREFIXES:
         raise ValueError(f"unknown key prefix {prefix!r}; choose one of {list(DIT_PREFIXES)}")
     entries = []
-    for key, shape in dit_shapes(preset).items():
+    shapes = dit_shapes(preset) if isinstance(preset, str) else {k: tuple(v) for k, v in preset.items()}
+    for key, shape in shapes.items():
         std, mean = _scale_for(key, shape)
         gen = _normal(shape, std, mean)
         entries.append(TensorEntry(prefix + key, "BF16", tuple(shape),
