@@ -6,6 +6,7 @@ Layout (what ComfyUI users already have, plus two tokenizer folders):
     MODELS/vae/*.safetensors                  Qwen-Image VAE (qwen_image_vae.safetensors)
     MODELS/tokenizers/qwen/                   vocab.json + merges.txt, or tokenizer.json
     MODELS/tokenizers/t5/                     spiece.model, or tokenizer.json
+    MODELS/loras/**/*.safetensors             LoRAs, chosen per job by their name under loras/ (as ComfyUI's)
 """
 from __future__ import annotations
 
@@ -159,6 +160,56 @@ def paths_from_args(args, need=PART_NAMES) -> ModelPaths:
     """resolve_models() from what add_model_arguments() parsed."""
     overrides = {n: getattr(args, n, None) for n in PART_NAMES}
     return resolve_models(getattr(args, "models", None), overrides, need)
+
+
+# ---- LoRAs: chosen per job by name, under MODELS/loras/ -------------------------------------------------------------
+LORAS_DIR = "loras"
+LORA_SUFFIX = ".safetensors"
+MAX_LORA_NAME = 255
+
+
+def list_loras(models_dir) -> list:
+    """The LoRAs of a models folder as ComfyUI lists them: paths under loras/ with '/', sorted ([] without one)."""
+    if models_dir is None:
+        return []
+    root = Path(os.path.expanduser(os.fspath(models_dir))) / LORAS_DIR
+    if not root.is_dir():
+        return []
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*" + LORA_SUFFIX) if p.is_file())
+
+
+def lora_path(models_dir, name: str) -> Path:
+    """The file a LoRA name means: `style.safetensors` or `sub/style.safetensors` under MODELS/loras/ (ComfyUI's
+    names), or a bare `style` (A1111's: the file's stem, in any subfolder when only one has it). A name that is not a
+    relative path inside loras/ (absolute, '..', a link that leads out) is refused: a job may name LoRAs, not files.
+    ModelsDirError naming the LoRAs there are when nothing matches."""
+    if not isinstance(name, str) or not name or len(name) > MAX_LORA_NAME or "\x00" in name or "\\" in name:
+        raise ModelsDirError(f"LoRA name {str(name)[:80]!r}: a relative path under {LORAS_DIR}/ like "
+                             f"style{LORA_SUFFIX}")
+    if models_dir is None:
+        raise ModelsDirError(f"LoRA {name!r}: no models folder is configured (LoRAs live in MODELS/{LORAS_DIR}/)")
+    root = (Path(os.path.expanduser(os.fspath(models_dir))) / LORAS_DIR).resolve()
+    rel = Path(name)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise ModelsDirError(f"LoRA {name!r}: names a file outside {LORAS_DIR}/ (LoRAs are named by their path "
+                             f"under {root})")
+    candidates = [rel] if name.endswith(LORA_SUFFIX) else [Path(name + LORA_SUFFIX)]
+    for c in candidates:
+        full = (root / c).resolve()
+        if full.is_file():
+            if root not in full.parents:
+                raise ModelsDirError(f"LoRA {name!r}: resolves to {full}, outside {root}")
+            return full
+    if "/" not in name and not name.endswith(LORA_SUFFIX):             # A1111: the stem, wherever it is
+        hits = [p for p in list_loras(models_dir) if Path(p).stem == name]
+        if len(hits) == 1:
+            return lora_path(models_dir, hits[0])
+        if len(hits) > 1:
+            raise ModelsDirError(f"LoRA {name!r} is ambiguous: {', '.join(hits)}; name one with its folder")
+    have = list_loras(models_dir)
+    shown = ", ".join(have[:10]) + (f" ... ({len(have)} in all)" if len(have) > 10 else "")
+    raise ModelsDirError(f"LoRA {name!r}: no such file in {root}" + (f"; there are: {shown}" if have else
+                                                                       " (the folder is empty or missing)"))
 
 
 # ---- the embedded default: a complete synthetic models folder --------------------------------------------------------

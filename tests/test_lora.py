@@ -312,3 +312,41 @@ def test_merged_weights_equal_comfyuis_on_the_small_bundle(tmp_path):
             norm = float(rec[f"{case}.norm"][i])
             assert abs(np.linalg.norm(d) - norm) <= 1e-5 * norm, key
             assert np.abs(d[rec[f"{case}.idx"][i]] - rec[f"{case}.val"][i]).max() <= 1e-5 * norm, key
+
+
+def test_a1111_tags_come_out_of_the_prompt_as_a1111_takes_them():
+    from models.lora.a1111 import LoraTag, lora_tag, split_lora_tags
+    assert split_lora_tags("1girl, <lora:style:0.8>, smile") == ("1girl, , smile", [LoraTag("style", 0.8, 0.8)])
+    text, tags = split_lora_tags("<lora:a:0.5:1.2> x <lyco:sub/b> <lora:c:te=0.3> <lora:d:unet=2:te=1>")
+    assert text == " x   " and tags == [LoraTag("a", 1.2, 0.5), LoraTag("sub/b", 1.0, 1.0), LoraTag("c", 0.3, 0.3),
+                                       LoraTag("d", 2.0, 1.0)]
+    assert split_lora_tags("no tags <here>") == ("no tags <here>", [])
+    for bad, msg in (("<lora::1>", "no LoRA name"), ("<lora:a:x>", "not a number"), ("<lora:a:1:2:3>", "at most two"),
+                     ("<lora:a:dyn=4>", "not a multiplier"), ("<lora:a:inf>", "finite")):
+        with pytest.raises(LoraError, match=msg):
+            split_lora_tags(bad)
+    assert lora_tag("style.safetensors", 0.8, 0.8) == "<lora:style:0.8>"
+    assert lora_tag("style.safetensors", 1.2, 0.5) == "<lora:style:0.5:1.2>"
+    t = lora_tag("s.safetensors", 1.2, 0.5)
+    assert split_lora_tags(t)[1] == [LoraTag("s", 1.2, 0.5)]            # written as it is read
+
+
+def test_lora_names_resolve_under_the_models_folders_loras(tmp_path):
+    from models.models_dir import ModelsDirError, list_loras, lora_path
+    (tmp_path / "loras" / "sub").mkdir(parents=True)
+    for rel in ("style.safetensors", "sub/char.safetensors", "sub/style2.safetensors"):
+        (tmp_path / "loras" / rel).write_bytes(b"x")
+    (tmp_path / "secret.safetensors").write_bytes(b"x")
+    (tmp_path / "loras" / "link.safetensors").symlink_to(tmp_path / "secret.safetensors")
+    assert list_loras(tmp_path) == ["link.safetensors", "style.safetensors", "sub/char.safetensors",
+                                    "sub/style2.safetensors"]
+    root = (tmp_path / "loras").resolve()
+    assert lora_path(tmp_path, "style.safetensors") == root / "style.safetensors"
+    assert lora_path(tmp_path, "sub/char.safetensors") == root / "sub" / "char.safetensors"
+    assert lora_path(tmp_path, "char") == root / "sub" / "char.safetensors"          # A1111: by its stem
+    for bad, msg in (("../secret.safetensors", "outside loras/"), (str(tmp_path / "secret.safetensors"), "outside"),
+                     ("link.safetensors", "outside"), ("nope", r"no such file.*there are: link.safetensors"),
+                     ("a\x00b", "relative path"), ("", "relative path")):
+        with pytest.raises(ModelsDirError, match=msg):
+            lora_path(tmp_path, bad)
+    assert list_loras(tmp_path / "nothing") == []
