@@ -7,9 +7,14 @@ built from the same table).
 The standard Anima text-to-image graph (API format: {node id: {"class_type", "inputs", "_meta": {"title"}}}; an input
 is a literal or a link [source node id, output slot]):
 
-    UNETLoader ─MODEL─▶ [ModelSamplingAuraFlow] ─MODEL─▶ KSampler ◀─LATENT─ EmptyLatentImage | EmptySD3LatentImage
-    CLIPLoader ─CLIP─▶ CLIPTextEncode ×2 ─CONDITIONING─▶ KSampler (positive, negative)
+    UNETLoader ─MODEL─▶ [LoRA loaders, ModelSamplingAuraFlow] ─MODEL─▶ KSampler ◀─LATENT─ EmptyLatentImage |
+                                                                                         EmptySD3LatentImage
+    CLIPLoader ─CLIP─▶ [LoraLoader ...] ─CLIP─▶ CLIPTextEncode ×2 ─CONDITIONING─▶ KSampler (positive, negative)
     VAELoader ─VAE─▶ VAEDecode ◀─LATENT─ KSampler;  VAEDecode ─IMAGE─▶ SaveImage
+
+LoRA loaders chain as in ComfyUI: LoraLoader (strength_model on its MODEL output, strength_clip on its CLIP output)
+and LoraLoaderModelOnly, any number, in the model's chain and the CLIP's; the job's `loras` list them from the
+loaders outward, each with the strengths of the chains it is in (0 where it is not).
 
 Validation follows ComfyUI's (execution.validate_prompt): unknown node types, missing inputs, bad links, type
 mismatches, values outside min/max or not in a list are reported per node as {"errors": [{type, message, details,
@@ -20,9 +25,11 @@ sampling shift) is reported the same way, on the node that asks for it.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from models.lora.plan import MAX_STRENGTH
 from models.sampler import DEFAULT_SHIFT
 from orchestrator.prompt_spec import (DEFAULT_CFG, MAX_CFG, MAX_PROMPT_CHARS, MAX_SIDE, MAX_STEPS, SAMPLERS, SCHEDULERS,
                                       SEED_LIMIT, PromptError, parse_prompt_obj)
@@ -80,6 +87,7 @@ class ModelNames:
     unet: tuple[str, ...] = ()
     clip: tuple[str, ...] = ()
     vae: tuple[str, ...] = ()
+    lora: tuple[str, ...] = ()          # MODELS/loras/ (models.models_dir.list_loras)
 
 
 def _combo(name, choices, default=None, **options) -> InputSpec:
@@ -91,6 +99,7 @@ def _combo(name, choices, default=None, **options) -> InputSpec:
 def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
     """The node classes `POST /prompt` accepts, with the ranges this pipeline supports (what `/object_info` shows)."""
     side = dict(min=16, max=MAX_SIDE)
+    strength = dict(min=-MAX_STRENGTH, max=MAX_STRENGTH, step=0.01)
     return {n.class_type: n for n in (
         NodeSpec("UNETLoader", "Load Diffusion Model", "advanced/loaders", "unet",
                  (_combo("unet_name", names.unet), _combo("weight_dtype", ("default",))),
@@ -100,6 +109,16 @@ def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
                   InputSpec("device", "COMBO", "default", {"advanced": True}, ("default", "cpu"), optional=True)),
                  ("CLIP",), ("CLIP",), description="The Qwen3 text encoder of the models folder."),
         NodeSpec("VAELoader", "Load VAE", "loaders", "vae", (_combo("vae_name", names.vae),), ("VAE",), ("VAE",)),
+        NodeSpec("LoraLoader", "Load LoRA (Model and CLIP)", "model/loaders", "lora",
+                 (InputSpec("model", "MODEL"), InputSpec("clip", "CLIP"), _combo("lora_name", names.lora),
+                  InputSpec("strength_model", "FLOAT", 1.0, dict(strength)),
+                  InputSpec("strength_clip", "FLOAT", 1.0, dict(strength))),
+                 ("MODEL", "CLIP"), ("MODEL", "CLIP"),
+                 description="A LoRA of MODELS/loras/ on the DiT and the text encoder (applied per job)."),
+        NodeSpec("LoraLoaderModelOnly", "Load LoRA", "model/loaders", "lora",
+                 (InputSpec("model", "MODEL"), _combo("lora_name", names.lora),
+                  InputSpec("strength_model", "FLOAT", 1.0, dict(strength))),
+                 ("MODEL",), ("MODEL",), description="A LoRA of MODELS/loras/ on the DiT (applied per job)."),
         NodeSpec("CLIPTextEncode", "CLIP Text Encode (Prompt)", "conditioning", "text",
                  (InputSpec("text", "STRING", "", {"multiline": True, "dynamicPrompts": True}),
                   InputSpec("clip", "CLIP")), ("CONDITIONING",), ("CONDITIONING",)),
@@ -180,6 +199,9 @@ def _err(kind: str, message: str, details: str = "", **extra) -> dict:
     return {"type": kind, "message": message, "details": details, "extra_info": extra}
 
 
+# a LoRA's prompt.json field (loras[i].name ...) -> the input of its loader node that carries it
+LORA_FIELD = re.compile(r"^loras\[(\d+)\](?:\.(\w+))?")
+LORA_INPUTS = {"name": "lora_name", "strength": "strength_model", "clip_strength": "strength_clip"}
 # prompt.json field -> (role of the node, input name) that carries it, to put the daemon's field errors on a node
 FIELD_NODES = {"prompt": ("positive", "text"), "negative_prompt": ("negative", "text"), "seed": ("sampler", "seed"),
                "steps": ("sampler", "steps"), "cfg": ("sampler", "cfg"), "sampler": ("sampler", "sampler_name"),
@@ -328,6 +350,9 @@ def graph_to_job(graph: Any, *, names: ModelNames = ModelNames(), sizes=None) ->
         parse_prompt_obj(spec, check_output=False, resolution=list(sizes) if sizes else None)
     except PromptError as e:
         role, name = FIELD_NODES.get(e.field, ("sampler", e.field))
+        lora = LORA_FIELD.match(e.field or "")
+        if lora and f"lora{lora.group(1)}" in roles:               # loras[i].name -> that loader's lora_name
+            role, name = f"lora{lora.group(1)}", LORA_INPUTS.get(lora.group(2), "lora_name")
         raise _failed(graph, [_custom(roles[role], name, str(e).split(": ", 2)[-1])], out) from None
     return GraphJob(spec=spec, nodes=roles, output=out)
 
@@ -346,13 +371,36 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
                                                           "EmptyLatentImage or EmptySD3LatentImage")]
     roles = {"save": out, "decode": decode, "sampler": sampler, "latent": latent, "vae": c.links[decode]["vae"],
              "positive": c.links[sampler]["positive"], "negative": c.links[sampler]["negative"]}
-    model = c.links[sampler]["model"]
-    if role_of[model] == "shift":
-        roles["shift"], model = model, c.links[model]["model"]
-        if role_of[model] != "unet":
-            problems.append(_custom(roles["shift"], "model", "ModelSamplingAuraFlow must take UNETLoader's model"))
+    model, model_loras = c.links[sampler]["model"], []
+    while role_of[model] in ("shift", "lora"):                   # from the sampler back to the loader
+        if role_of[model] == "shift":
+            roles["shift"] = model
+        else:
+            model_loras.append(model)
+        model = c.links[model]["model"]
+    if role_of[model] != "unet":
+        problems.append(_custom(roles.get("shift", sampler), "model", "the model must come from UNETLoader, through "
+                                "LoRA loaders and ModelSamplingAuraFlow only"))
     roles["unet"] = model
-    roles["clip"] = c.links[roles["positive"]]["clip"]
+    clips = {}
+    for side in ("positive", "negative"):
+        clip, chain = c.links[roles[side]]["clip"], []
+        while role_of[clip] == "lora":
+            chain.append(clip)
+            clip = c.links[clip]["clip"]
+        clips[side] = (clip, chain)
+    if clips["positive"] != clips["negative"]:
+        problems.append(_custom(roles["negative"], "clip", "both CLIPTextEncode nodes must take the same CLIP (one "
+                                                           "text encoder, with the same LoRAs, encodes both prompts)"))
+    roles["clip"], clip_loras = clips["positive"]
+    loras = []                                                    # from the loaders outward: ComfyUI's patch order
+    for node in list(reversed(model_loras)) + [n for n in reversed(clip_loras) if n not in model_loras]:
+        val = c.values[node]
+        entry = {"name": val["lora_name"], "strength": val["strength_model"] if node in model_loras else 0.0,
+                 "clip_strength": val.get("strength_clip", 0.0) if node in clip_loras else 0.0}
+        if entry["strength"] or entry["clip_strength"]:           # ComfyUI: both 0 leaves the models as they are
+            roles[f"lora{len(loras)}"] = node
+            loras.append(entry)
     v = {r: c.values[k] for r, k in roles.items()}
     w, h = v["latent"]["width"], v["latent"]["height"]
     if sizes is not None and (w, h) not in set(sizes):
@@ -361,6 +409,8 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
     spec = {"prompt": v["positive"]["text"], "negative_prompt": v["negative"]["text"], "seed": v["sampler"]["seed"],
             "steps": v["sampler"]["steps"], "cfg": v["sampler"]["cfg"], "width": w, "height": h,
             "sampler": v["sampler"]["sampler_name"], "scheduler": v["sampler"]["scheduler"]}
+    if loras:
+        spec["loras"] = loras
     return roles, spec, problems
 
 
@@ -380,6 +430,7 @@ def _failed(graph: dict, problems: list, out: str) -> GraphError:
 # The graph a job is shown as when it did not come from ComfyUI (node ids as in ComfyUI's default workflow style)
 CANONICAL_IDS = {"unet": "1", "clip": "2", "vae": "3", "positive": "4", "negative": "5", "latent": "6",
                  "sampler": "7", "decode": "8", "save": "9"}
+LORA_IDS = 10                   # the job's i-th LoRA loader is node "10" + i
 TITLES = {"positive": "CLIP Text Encode (Positive Prompt)", "negative": "CLIP Text Encode (Negative Prompt)"}
 
 
@@ -394,14 +445,29 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
                            "_meta": {"title": TITLES.get(role, table[class_type].display_name)}}
 
     first = lambda xs: xs[0] if xs else ""  # noqa: E731
+    # the job's LoRAs as loaders chained after UNETLoader and CLIPLoader (ModelOnly when the text encoder's is 0)
+    model, clip, loaders = [ids["unet"], 0], [ids["clip"], 0], []
+    for i, lo in enumerate(spec.get("loras") or ()):
+        role = f"lora{i}"
+        ids.setdefault(role, str(LORA_IDS + i))
+        sc = lo.get("clip_strength", lo.get("strength", 1.0))
+        if sc:
+            loaders.append(node(role, "LoraLoader", model=model, clip=clip, lora_name=lo["name"],
+                                strength_model=lo.get("strength", 1.0), strength_clip=sc))
+            model, clip = [ids[role], 0], [ids[role], 1]
+        else:
+            loaders.append(node(role, "LoraLoaderModelOnly", model=model, lora_name=lo["name"],
+                                strength_model=lo.get("strength", 1.0)))
+            model = [ids[role], 0]
     return dict((
         node("unet", "UNETLoader", unet_name=first(names.unet), weight_dtype="default"),
         node("clip", "CLIPLoader", clip_name=first(names.clip), type="stable_diffusion"),
         node("vae", "VAELoader", vae_name=first(names.vae)),
-        node("positive", "CLIPTextEncode", text=spec["prompt"], clip=[ids["clip"], 0]),
-        node("negative", "CLIPTextEncode", text=spec.get("negative_prompt", ""), clip=[ids["clip"], 0]),
+        *loaders,
+        node("positive", "CLIPTextEncode", text=spec["prompt"], clip=clip),
+        node("negative", "CLIPTextEncode", text=spec.get("negative_prompt", ""), clip=clip),
         node("latent", "EmptyLatentImage", width=spec["width"], height=spec["height"], batch_size=1),
-        node("sampler", "KSampler", model=[ids["unet"], 0], seed=spec["seed"], steps=spec["steps"], cfg=spec["cfg"],
+        node("sampler", "KSampler", model=model, seed=spec["seed"], steps=spec["steps"], cfg=spec["cfg"],
              sampler_name=spec.get("sampler", "euler"), scheduler=spec.get("scheduler", "sgm_uniform"),
              positive=[ids["positive"], 0], negative=[ids["negative"], 0], latent_image=[ids["latent"], 0],
              denoise=1.0),

@@ -64,7 +64,8 @@ def _node_error(err: GraphError, node: str, kind: str, detail: str = "") -> dict
 G = standard_graph()
 CASES = [
     # (name, graph, node at fault, ComfyUI error type, text in details)
-    ("unknown-node", {**G, "20": {"class_type": "LoraLoader", "inputs": {}}}, "20", "missing_node_type", "#20"),
+    ("unknown-node", {**G, "20": {"class_type": "ControlNetApplyAdvanced", "inputs": {}}}, "20", "missing_node_type",
+     "#20"),
     ("steps-over-max", edited(G, "3", steps=201), "3", "value_bigger_than_max", "steps"),
     ("steps-zero", edited(G, "3", steps=0), "3", "value_smaller_than_min", "steps"),
     ("cfg-nan", edited(G, "3", cfg="nan"), "3", "invalid_input_type", "cfg"),
@@ -136,7 +137,8 @@ def test_job_graph_round_trip():
 def test_object_info_shape():
     info = object_info(node_table(NAMES))
     assert set(info) == {"UNETLoader", "CLIPLoader", "VAELoader", "CLIPTextEncode", "EmptyLatentImage",
-                         "EmptySD3LatentImage", "ModelSamplingAuraFlow", "KSampler", "VAEDecode", "SaveImage"}
+                         "EmptySD3LatentImage", "ModelSamplingAuraFlow", "KSampler", "VAEDecode", "SaveImage",
+                         "LoraLoader", "LoraLoaderModelOnly"}
     ks = info["KSampler"]
     assert ks["input_order"]["required"] == ["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive",
                                              "negative", "latent_image", "denoise"]

@@ -99,7 +99,8 @@ def _malformed(url: str, job_dir_name: str) -> list[tuple[str, str, str, dict, t
         ("comfy array", "POST", "prompt", {"json": [1, 2]}, (400,)),
         ("comfy no prompt", "POST", "prompt", {"json": {"client_id": "x"}}, (400,)),
         ("comfy prompt is text", "POST", "prompt", {"json": {"prompt": "a cat"}}, (400,)),
-        ("comfy unknown node", "POST", "prompt", {"json": {"prompt": {**g, "20": {"class_type": "LoraLoader",
+        ("comfy unknown node", "POST", "prompt", {"json": {"prompt": {**g, "20": {"class_type":
+                                                                               "ControlNetApplyAdvanced",
                                                                                "inputs": {}}}}}, (400,)),
         ("comfy steps 0", "POST", "prompt", {"json": {"prompt": edited(g, "3", steps=0)}}, (400,)),
         ("comfy steps 10000", "POST", "prompt", {"json": {"prompt": edited(g, "3", steps=10000)}}, (400,)),
