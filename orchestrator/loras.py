@@ -1,0 +1,122 @@
+"""The run's LoRAs as the orchestrator sees them: the names under the models folder's loras/, and a job's `loras`
+checked at submit against every model part the job runs, so a file that cannot be applied is refused before anything
+is queued (the stages check again when they load it: a file may change in between).
+
+What a LoRA may name is read from the run's own files, headers and manifests only (no weights, no torch): the DiT's
+layers from each pack's config, the LLM adapter's and Qwen3's from the encoder pack's manifest (`[stage.encoder]
+backend = "onnx"`) or the models folder's DiT and text-encoder headers (torch).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from models.lora import LoraError, LoraUse, TargetTable, plan_loras
+from models.lora.plan import open_lora
+from models.models_dir import ModelsDirError, list_loras, lora_path
+
+log = logging.getLogger(__name__)
+
+MAX_LORAS = 8                   # per job: LoRAs stack along a LoRA-ready pack's rank, which bounds them anyway
+
+
+class LoraRefused(ValueError):
+    """A job's LoRA that cannot be applied; `field` is its place in prompt.json (loras[0].name, ...)."""
+
+    def __init__(self, field: str, message: str):
+        self.field, self.detail = field, message
+        super().__init__(f"{field}: {message}")
+
+
+def _encoder_tables(config) -> tuple:
+    """({adapter key: shape}, {Qwen3 key: shape}) the encoder stage holds, from the encoder pack's manifest or the
+    models folder's file headers; (None, None) when neither says."""
+    settings = config.stage_settings("encoder")
+    if settings.get("backend") == "onnx" and settings.get("pack"):
+        path = (Path(config.path).parent / Path(str(settings["pack"])).expanduser()) / "manifest.json"
+        try:
+            graphs = json.loads(path.read_text())["graphs"]
+            out = []
+            for part in ("adapter", "qwen3"):
+                w = graphs[part]["weights"]
+                out.append({k: tuple(reversed(shape)) if transposed else tuple(shape)
+                            for k, (_, _, shape, transposed) in w.items()})
+            return tuple(out)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.info("encoder pack %s: its weights are not listed (%s); its LoRA layers are checked when it runs",
+                     path.parent, e)
+            return None, None
+    try:
+        from models.dit_checkpoint import strip_prefix
+        from models.models_dir import resolve_models
+        from models.safetensors_io import SafeTensorsFile
+        paths = resolve_models(config.models_dir, {k: settings[k] for k in ("dit", "text_encoder") if k in settings},
+                               need=("dit", "text_encoder"))
+        dit, te = SafeTensorsFile(paths.dit), SafeTensorsFile(paths.text_encoder)
+        adapter = {strip_prefix(k): dit.shape(k) for k in dit.keys() if strip_prefix(k).startswith("llm_adapter.")}
+        return adapter, {k: te.shape(k) for k in te.keys()}
+    except (ValueError, OSError) as e:
+        log.info("the encoder's model files are unknown here (%s); its LoRA layers are checked when it runs", e)
+        return None, None
+
+
+class RunLoras:
+    """LoRA names and checks for one run folder's config and packs."""
+
+    def __init__(self, config, packs: dict):
+        self.config, self.packs = config, packs           # packs: (width, height) -> orchestrator.packs.PackInfo
+        self._tables: dict = {}
+
+    @property
+    def models_dir(self):
+        return self.config.models_dir
+
+    def names(self) -> list:
+        """The LoRAs a job may name (ComfyUI's list: paths under loras/)."""
+        return list_loras(self.models_dir)
+
+    def table(self, size) -> TargetTable:
+        """Every layer a LoRA may name in a job of this size (its pack's DiT, the encoder's adapter and Qwen3)."""
+        if size not in self._tables:
+            from models.config import expected_dit_shapes
+            from models.pack import load_pack
+            dit = dict(expected_dit_shapes(load_pack(self.packs[size].dir, check=False).config))
+            adapter, te = _encoder_tables(self.config)
+            if adapter:
+                dit.update(adapter)
+            table = TargetTable(dit, te)
+            if adapter is None:                           # not known here: the encoder checks its own names
+                table.has["adapter"] = False
+            self._tables[size] = table
+        return self._tables[size]
+
+    def check(self, entries, size, lora_rank: int, overflow: str = "refuse") -> tuple:
+        """A job's `loras` ([{name, strength, clip_strength}]) -> ([LoraUse] with resolved paths, the plan's report),
+        or LoraRefused naming the entry: a name outside loras/ or of no file, a file that is not a LoRA this model
+        takes (truncated, other adapter types, another model's, wrong shapes, unknown keys), a stacked rank over the
+        pack's (unless overflow is 'svd')."""
+        if len(entries) > MAX_LORAS:
+            raise LoraRefused("loras", f"{len(entries)} LoRAs; at most {MAX_LORAS} per job")
+        uses, files = [], []
+        for i, e in enumerate(entries):
+            try:
+                path = lora_path(self.models_dir, e["name"])
+            except ModelsDirError as err:
+                raise LoraRefused(f"loras[{i}].name", str(err)) from None
+            use = LoraUse(str(path), float(e.get("strength", 1.0)), e.get("clip_strength"), e["name"])
+            try:
+                use.check()
+                files.append(open_lora(use.path))
+            except LoraError as err:
+                raise LoraRefused(f"loras[{i}]", str(err)) from None
+            uses.append(use)
+        if not uses:
+            return [], []
+        try:
+            plan = plan_loras(uses, self.table(size), files=files)
+            plan.check_rank(lora_rank, overflow, where=f"the {size[0]}x{size[1]} pack: ")
+        except LoraError as err:
+            bad = next((i for i, f in enumerate(files) if f.path in str(err)), None)
+            raise LoraRefused(f"loras[{bad}]" if bad is not None else "loras", str(err)) from None
+        return uses, plan.report()
