@@ -62,12 +62,15 @@ def test_lora_ready_branches_compile_to_the_npu_and_compute_the_merged_weights(l
     avail = {"xn": rng.standard_normal((g.tokens, c.width), dtype=np.float32), "context": ctx,
              "rope_cos": cos, "rope_sin": sin}
     sim, ort = make_backend("rknn-sim", venv=rknn_venv), make_backend("onnx", threads=1)
+    board = make_backend("rknn", lite="standin")      # the board's backend on the .rknn files (labelled stand-in)
     for b in entries:
         feed = {k: v.astype(np.float16) for k, v in avail.items()}
         feed.update(applied.branch_inputs(0, b["kind"]))                     # f16 factors
         feed = {i["name"]: feed[i["name"]] for i in b["inputs"]}
         (ys,), _ = run_branch(sim, pack.dir / b["onnx"], [feed])
         (yo,), _ = run_branch(ort, pack.dir / b["onnx"], [feed])
+        (yb,), _ = run_branch(board, pack.dir / b["onnx"], [feed])           # every input, in the manifest's order
+        assert np.array_equal(yb["y"], yo["y"])
         f32 = {k: v.astype(np.float32) for k, v in feed.items()}
         prefix = f"blocks.0.{ {'self': 'self_attn', 'cross': 'cross_attn', 'ffn': 'mlp'}[b['kind']] }."
         base = ck.branch_weights(0, b["kind"])
