@@ -14,6 +14,7 @@ import zmq
 from orchestrator.flow import JobFlow
 from orchestrator.heartbeat import Heartbeats
 from orchestrator.jobs import JobError, JobStore, QueueFull
+from orchestrator.loras import LoraRefused, RunLoras
 from orchestrator.packs import read_packs
 from orchestrator.prompt_spec import PromptError, parse_prompt_bytes
 from orchestrator.runfolder import ALWAYS_ON_STAGES, ON_DEMAND_STAGES, RunFolder
@@ -43,6 +44,7 @@ class Daemon:
         self.settings = config.settings("orchestrator")
         self.packs = read_packs(config.packs)              # (width, height) -> PackInfo; a job picks by its size
         self.pack = next(iter(self.packs.values()))        # the default: a job that names no size gets this one
+        self.loras = RunLoras(config, self.packs)          # a job's LoRAs checked at submit
         self._model_files: dict[str, str] | None = None
         self.store = JobStore(rf.root, max_queue=self.settings.max_queue, min_free_mb=self.settings.min_free_mb,
                               cached=True)          # the single writer: records kept in memory, written through
@@ -225,6 +227,12 @@ class Daemon:
         if not base.is_absolute():
             return m.error_reply(msg.id, "bad_request", "base_dir must be an absolute path", field="base_dir")
         spec = parse_prompt_bytes(msg.prompt_json, base_dir=base, resolution=list(self.packs))
+        if spec.loras:
+            size = (spec.width, spec.height)
+            try:
+                self.loras.check(spec.loras, size, self.packs[size].lora_rank)
+            except LoraRefused as e:
+                raise PromptError(e.field, e.detail) from None
         origin = None
         if msg.origin:
             try:
@@ -268,10 +276,12 @@ class Daemon:
 
     def _info(self, msg: m.Info) -> m.Pipeline:
         packs = tuple(m.PackRef(width=p.width, height=p.height, dir=str(p.dir), dtype=p.io_dtype, blocks=p.blocks,
-                                source_name=p.source_name[:m.MAX_PATH_CHARS], source_sha256=p.source_sha256[:64])
+                                source_name=p.source_name[:m.MAX_PATH_CHARS], source_sha256=p.source_sha256[:64],
+                                lora_rank=p.lora_rank)
                       for p in self.packs.values())
+        loras = tuple(self.loras.names()[:m.MAX_LORAS_LISTED])
         return m.reply_to(msg, m.Pipeline, packs=packs, models=self.model_files(), max_queue=self.settings.max_queue,
-                          version=VERSION)
+                          version=VERSION, loras=loras)
 
     def model_files(self) -> dict[str, str]:
         """File names of the text encoder and VAE in the models folder (what a ComfyUI loader names); {} unknown."""

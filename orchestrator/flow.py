@@ -15,9 +15,11 @@ import numpy as np
 
 from models.backends import backend_class
 from models.durable import atomic_write
+from models.lora.choice import lora_short_hash
 from models.pack import PackError, load_pack
 from models.partition import TEXT_TOKENS, context_rows
 from orchestrator.job_arena import create_job_arena
+from orchestrator.loras import LoraRefused
 from orchestrator.prompt_spec import PromptSpec, output_file
 from orchestrator.report import JobReport, current_rss_mb, peak_rss_mb, png_metadata, text_record
 from orchestrator.runfolder import ALWAYS_ON_STAGES, ON_DEMAND_STAGES
@@ -34,6 +36,15 @@ log = logging.getLogger(__name__)
 BUSY_RETRY_S = 0.5           # a stage that answers `busy` is asked again after this long (at most the call's timeout)
 READY_TIMEOUT_S = 5.0        # one HELLO while a stage comes up (repeated until start_timeout_s)
 START_ATTEMPTS = 3           # a stage that dies while supervisord starts it (within startsecs) is started again
+
+
+def lora_places(layers: dict, lora_rank: int) -> dict:
+    """Where a LoRA's layers ({place: count}, models.lora.targets.PLACES) are applied in the pipeline."""
+    where = {"branch": f"executor: the LoRA-ready pack's low-rank inputs (rank {lora_rank}), written by the scheduler",
+             "host": "scheduler: merged into FP32 copies of the pack's host weights",
+             "adapter": "encoder: merged into the LLM adapter for this job",
+             "te": "encoder: merged into the Qwen3 text encoder for this job"}
+    return {place: where[place] for place in layers}
 
 
 class StageFailed(Exception):
@@ -93,6 +104,7 @@ class JobFlow:
         self._denoising = False
         self._last_sample = 0.0
         self._resume_sampling = True                          # DENOISE resume: go on from the per-step state
+        self.lora_hashes: dict = {}                           # LoRA name -> A1111's short hash (the PNG's)
 
     # ------------------------------------------------------------ the flow
 
@@ -108,6 +120,7 @@ class JobFlow:
                 raise StageFailed("orchestrator", f"no model pack for {self.spec.width}x{self.spec.height} any more "
                                   f"(the config changed after the job was queued); the sizes with a pack: {have}")
             self._make_arena()
+            self._check_loras()
             # resumed past encoding: what the earlier stages left in the job folder goes into the arena, or the job
             # steps back to the stage that makes it again
             start, why = self._resume_point(start)
@@ -197,6 +210,23 @@ class JobFlow:
         self.arena, self.cond, self.uncond, self.latent = made.arena, made.cond, made.uncond, made.latent
         self.scratch = made.scratch
 
+    def _check_loras(self) -> None:
+        """The job's LoRAs checked again against its pack and the encoder (a file may have changed since submit),
+        and recorded: what each changes where (report.json `loras`), the hashes the PNG names them by."""
+        if not self.spec.loras:
+            return
+        try:
+            uses, plan = self.d.loras.check(self.spec.loras, self.pack.size, self.pack.lora_rank)
+        except LoraRefused as e:
+            raise StageFailed("orchestrator", f"prompt.json field '{e.field}': {e.detail}") from None
+        for use, rep in zip(uses, plan):
+            try:
+                self.lora_hashes[use.name] = lora_short_hash(use.path)
+            except OSError as e:
+                raise StageFailed("orchestrator", f"LoRA {use.path}: {e}") from None
+            self.report.loras.append({**rep, "short_hash": self.lora_hashes[use.name],
+                                      "applied_in": lora_places(rep["layers"], self.pack.lora_rank)})
+
     # ------------------------------------------------------------ stages
 
     def _resume_point(self, start: str) -> tuple[str, str]:
@@ -251,7 +281,7 @@ class JobFlow:
         self._bring_up("encoder")
         msg = m.Encode(job=self.job.id, prompt=self.spec.prompt, negative=self.spec.negative_prompt,
                        arena=None if remote else self.arena.name, cond=None if remote else self.cond,
-                       uncond=None if remote else self.uncond, rows=self.pack.text_tokens)
+                       uncond=None if remote else self.uncond, rows=self.pack.text_tokens, loras=self.spec.loras)
         reply = m.expect(self._call("encoder", msg, self.settings.encode_timeout_s), m.Encoded, "encoder")
         for mine, theirs in ((self.cond, reply.cond), (self.uncond, reply.uncond)):
             if theirs.inline:
@@ -288,7 +318,7 @@ class JobFlow:
         msg = m.Denoise(job=self.job.id, job_dir=str(self.dir), pack_dir=str(self.pack.dir), arena=self.arena.name,
                         params=params, cond=self.cond, uncond=self.uncond, latent=self.latent, scratch=self.scratch,
                         executor=self.cfg.endpoint("executor"), resume=self._resume_sampling,
-                        context_rows=self._context_rows())
+                        context_rows=self._context_rows(), loras=self.spec.loras)
         self._denoising = True
         self._sampling = set(ALWAYS_ON_STAGES)
         try:
@@ -317,7 +347,7 @@ class JobFlow:
         msg = m.Decode(job=self.job.id, latent=self.latent, arena=None if remote else self.arena.name,
                        output=None if remote else str(image), return_png=remote,
                        metadata=png_metadata(self.spec, self.pack, self.job.id, self._model_names(),
-                                             graph=self._client_graph()))
+                                             graph=self._client_graph(), lora_hashes=self.lora_hashes))
         if remote:
             from protocol.tensors import InlineFrames
             frames = InlineFrames()

@@ -12,13 +12,12 @@ import json
 import logging
 from pathlib import Path
 
-from models.lora import LoraError, LoraUse, TargetTable, plan_loras
+from models.lora import LoraError, TargetTable, plan_loras
+from models.lora.choice import MAX_LORAS
 from models.lora.plan import open_lora
-from models.models_dir import ModelsDirError, list_loras, lora_path
+from models.models_dir import ModelsDirError, list_loras
 
 log = logging.getLogger(__name__)
-
-MAX_LORAS = 8                   # per job: LoRAs stack along a LoRA-ready pack's rank, which bounds them anyway
 
 
 class LoraRefused(ValueError):
@@ -91,20 +90,19 @@ class RunLoras:
             self._tables[size] = table
         return self._tables[size]
 
-    def check(self, entries, size, lora_rank: int, overflow: str = "refuse") -> tuple:
-        """A job's `loras` ([{name, strength, clip_strength}]) -> ([LoraUse] with resolved paths, the plan's report),
+    def check(self, choices, size, lora_rank: int, overflow: str = "refuse") -> tuple:
+        """A job's `loras` ([models.lora.choice.LoraChoice]) -> ([LoraUse] with resolved paths, the plan's report),
         or LoraRefused naming the entry: a name outside loras/ or of no file, a file that is not a LoRA this model
         takes (truncated, other adapter types, another model's, wrong shapes, unknown keys), a stacked rank over the
-        pack's (unless overflow is 'svd')."""
-        if len(entries) > MAX_LORAS:
-            raise LoraRefused("loras", f"{len(entries)} LoRAs; at most {MAX_LORAS} per job")
+        pack's (unless overflow is 'svd'), branch layers for a pack that takes no LoRA (naming it and the ways out)."""
+        if len(choices) > MAX_LORAS:
+            raise LoraRefused("loras", f"{len(choices)} LoRAs; at most {MAX_LORAS} per job")
         uses, files = [], []
-        for i, e in enumerate(entries):
+        for i, choice in enumerate(choices):
             try:
-                path = lora_path(self.models_dir, e["name"])
+                use = choice.use(self.models_dir)
             except ModelsDirError as err:
                 raise LoraRefused(f"loras[{i}].name", str(err)) from None
-            use = LoraUse(str(path), float(e.get("strength", 1.0)), e.get("clip_strength"), e["name"])
             try:
                 use.check()
                 files.append(open_lora(use.path))
@@ -115,7 +113,7 @@ class RunLoras:
             return [], []
         try:
             plan = plan_loras(uses, self.table(size), files=files)
-            plan.check_rank(lora_rank, overflow, where=f"the {size[0]}x{size[1]} pack: ")
+            plan.check_rank(lora_rank, overflow, where=f"model pack {self.packs[size].dir} ({size[0]}x{size[1]}): ")
         except LoraError as err:
             bad = next((i for i, f in enumerate(files) if f.path in str(err)), None)
             raise LoraRefused(f"loras[{bad}]" if bad is not None else "loras", str(err)) from None

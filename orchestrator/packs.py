@@ -24,6 +24,7 @@ class PackInfo:
     io_dtype: str             # "f16" | "f32"
     source_sha256: str
     source_name: str
+    lora_rank: int = 0        # R of a LoRA-ready pack (its branches take LoRAs per job); 0: a plain pack
 
     @property
     def size(self) -> tuple[int, int]:
@@ -46,7 +47,8 @@ def read_pack(pack_dir: str | Path) -> PackInfo:
     return PackInfo(dir=Path(pack_dir).resolve(), width=g.width, height=g.height, latent_channels=c.latent_channels,
                     latent_h=g.latent_h, latent_w=g.latent_w, tokens=g.tokens, text_tokens=g.text_tokens,
                     context_dim=c.context_dim, hidden=c.width, head_dim=c.head_dim, blocks=c.blocks, io_dtype=p.io_dtype,
-                    source_sha256=str(p.source.get("sha256", "")), source_name=str(p.source.get("name", "")))
+                    source_sha256=str(p.source.get("sha256", "")), source_name=str(p.source.get("name", "")),
+                    lora_rank=g.lora_rank)
 
 
 def read_packs(pack_dirs) -> dict[tuple[int, int], PackInfo]:

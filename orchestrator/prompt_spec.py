@@ -5,7 +5,8 @@ import secrets
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
-from models.schema import Float, Int, Meta, Record, SchemaError, Text, Wording, record_in
+from models.lora.choice import MAX_LORAS, LoraChoice
+from models.schema import Float, Int, Items, Meta, Record, SchemaError, Text, Wording, record_in
 from models.spectrum import SpectrumSettings  # noqa: F401 - the one Spectrum record; prompt.json's `spectrum`
 from models.text.prompt_weights import PromptWeightError, check_prompt
 
@@ -73,6 +74,10 @@ class PromptWording(Wording):
             return f"must be true or false, got {got}"
         if sorted(given) == ["boolean", "struct"]:
             return f"must be true, false or an object of {self.noun(p)}s, got {got}"
+        if given == ["array"]:
+            return f"must be an array, got {got}"
+        if given == ["struct"]:
+            return f"must be an object of {self.noun(p)}s, got {got}"
         if given == ["string"]:
             return f"must be a string, got {got}"
         return f"must be {' or '.join(given)}, got {got}"
@@ -92,6 +97,12 @@ class PromptWording(Wording):
         return f"must be in {self.bounds(p.meta)}, got {p.value}"
 
     def length(self, p):
+        lo = p.meta.get("min_length", 0)
+        if p.unit != "characters":
+            return f"holds {p.count} {p.unit}; at most {p.meta.get('max_length')}" if p.count > lo else \
+                f"must hold at least {lo} {p.unit}"
+        if p.count < lo:
+            return "must not be empty"
         return f"is {p.count} characters long; the limit is {p.meta.get('max_length')}"
 
     def nul(self, p):
@@ -137,7 +148,8 @@ Side = Int(16, MAX_SIDE)
 
 class PromptFile(Record, frozen=True):
     """What a prompt.json file may hold (docs/prompts.md); omitted or null seed: drawn at random; omitted or null
-    width/height: the pack's; spectrum: true, false or an object of settings."""
+    width/height: the pack's; spectrum: true, false or an object of settings; loras: [{name, strength,
+    clip_strength}] (docs/lora.md)."""
 
     WORDING: ClassVar = PROMPT
     ERROR: ClassVar = PromptError
@@ -154,6 +166,7 @@ class PromptFile(Record, frozen=True):
     spectrum: bool | SpectrumSettings = SpectrumSettings()
     output: Annotated[str, Meta(min_length=1, max_length=MAX_OUTPUT_CHARS, description=_NON_EMPTY_PATH)] | None = None
     overwrite: bool = False              # an existing `output` file is replaced (else kept, and the job says so)
+    loras: Items(LoraChoice, MAX_LORAS) = ()   # names under MODELS/loras/, checked against the pack at submit
 
     def __post_init__(self):
         _text("prompt", self.prompt, required=True)

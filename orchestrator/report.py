@@ -10,6 +10,7 @@ from pathlib import Path
 import psutil
 
 from models.durable import atomic_write
+from models.lora.a1111 import lora_stem, lora_tag
 from models.partition import KINDS, TEXT_TOKENS
 from models.phase_times import PhaseSums
 from models.schema import base_types
@@ -143,6 +144,7 @@ class JobReport:
     board: dict | None = None        # board-sim: {pack_dir, time_scale, board_ram_gb, board_model} (modelled board)
     memory: MemoryTrace = field(default_factory=MemoryTrace)
     phases: list = field(default_factory=list)         # [[state, start_s, end_s]] from the job's start (this run)
+    loras: list = field(default_factory=list)          # per LoRA: file, strengths, layers per place, where applied
 
     def since_start(self) -> float:
         return time.time() - self.started
@@ -178,6 +180,7 @@ class JobReport:
             **({"board": self._board_section()} if self.board and d.get("steps") else {}),
             "encoder_timings": self.encoder_timings,
             "text": self.text,
+            "loras": self.loras,
             "latent": {"file": "latent.npy", "space": LATENT_SPACE, "note": LATENT_NOTE},
             "vae_timings": self.vae_timings,
             "phases": self.phases,
@@ -197,7 +200,8 @@ class JobReport:
         return atomic_write(path, json.dumps(self.to_dict(), indent=1))
 
 
-def png_metadata(spec, pack, job: str, names=None, graph: dict | None = None) -> dict[str, str]:
+def png_metadata(spec, pack, job: str, names=None, graph: dict | None = None,
+                 lora_hashes: dict | None = None) -> dict[str, str]:
     """The PNG's text chunks, for the tools that read them:
     - `parameters`: A1111's generation line (A1111, Civitai and most image browsers read it);
     - `prompt`: the job as ComfyUI's API graph, `workflow`: the same graph as ComfyUI's editor saves it (dropped on
@@ -206,15 +210,20 @@ def png_metadata(spec, pack, job: str, names=None, graph: dict | None = None) ->
     JSON is ASCII (as ComfyUI's SaveImage writes it), so each chunk is a plain tEXt chunk every reader knows.
     `names`: the loaders' file names (comfy_graph.ModelNames); unknown ones stay empty. `graph`: the API graph a
     ComfyUI client sent for this job (kept as sent, as ComfyUI keeps it), else the job's own graph is made; a sent
-    graph too large for a DECODE text value is replaced by the job's own."""
+    graph too large for a DECODE text value is replaced by the job's own. A job's LoRAs are in each: A1111's
+    `<lora:NAME:S>` tags after the prompt and `Lora hashes` (`lora_hashes`: name -> models.lora.choice's short
+    hash), ComfyUI's loader nodes, this project's `loras`."""
     from orchestrator.comfy_graph import ModelNames, job_to_graph
     from orchestrator.comfy_workflow import api_to_workflow
     spectrum = "on" if spec.spectrum.enabled else "off"
     width, height = spec.width or pack.width, spec.height or pack.height
-    params = (f"{spec.prompt}\nNegative prompt: {spec.negative_prompt}\nSteps: {spec.steps}, Sampler: {spec.sampler}, "
-              f"Schedule type: {spec.scheduler}, CFG scale: {spec.cfg}, Seed: {spec.seed}, "
+    lora_hashes = lora_hashes or {}
+    tags = "".join(" " + lora_tag(c.name, c.strength, c.te_strength) for c in spec.loras)
+    hashes = ", ".join(f"{lora_stem(c.name)}: {lora_hashes[c.name]}" for c in spec.loras if c.name in lora_hashes)
+    params = (f"{spec.prompt}{tags}\nNegative prompt: {spec.negative_prompt}\nSteps: {spec.steps}, Sampler: "
+              f"{spec.sampler}, Schedule type: {spec.scheduler}, CFG scale: {spec.cfg}, Seed: {spec.seed}, "
               f"Size: {width}x{height}, Model: {pack.source_name}, Model hash: {pack.source_sha256[:10]}, "
-              f"Spectrum: {spectrum}")
+              + (f'Lora hashes: "{hashes}", ' if hashes else "") + f"Spectrum: {spectrum}")
     names = names or ModelNames(unet=(pack.source_name,) if pack.source_name else ())
     chunks = None
     if graph is not None:
@@ -231,7 +240,9 @@ def png_metadata(spec, pack, job: str, names=None, graph: dict | None = None) ->
            "steps": spec.steps, "cfg": spec.cfg, "sampler": spec.sampler, "scheduler": spec.scheduler,
            "width": width, "height": height, "spectrum": spec.spectrum.to_dict(),
            "model": pack.source_name, "model_sha256": pack.source_sha256,
-           "latent_space": LATENT_SPACE, "latent_note": LATENT_NOTE}
+           "latent_space": LATENT_SPACE, "latent_note": LATENT_NOTE,
+           "loras": [{**c.to_dict(), "clip_strength": c.te_strength, "short_hash": lora_hashes.get(c.name)}
+                     for c in spec.loras]}
     return {"parameters": params, "prompt": chunks[0], "workflow": chunks[1], "anima": json.dumps(own)}
 
 

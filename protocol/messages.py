@@ -15,9 +15,10 @@ The conversation (→ request, ← its reply, ⇢ event):
     any request that fails                             ← ERROR {code, message, field, retry}
     ⇢ DYING {stage, pid, reason, job}   a stage's last word before it exits non-zero (supervisord restarts it)
   orchestrator → encoder
-    → ENCODE {job, prompt, negative, arena, cond, uncond, rows}        ← ENCODED {job, cond, uncond, tokens_*, truncated, timings}
+    → ENCODE {job, prompt, negative, arena, cond, uncond, rows, loras}  ← ENCODED {job, cond, uncond, tokens_*, truncated, timings}
   orchestrator → scheduler (minutes; heartbeats are answered between branches)
-    → DENOISE {job, job_dir, pack_dir, arena, params, cond, uncond, latent, scratch, executor, resume, context_rows}
+    → DENOISE {job, job_dir, pack_dir, arena, params, cond, uncond, latent, scratch, executor, resume, context_rows,
+               loras}
     ⇢ PROGRESS {job, step, steps, block, branch, cfg_pass, forecast, elapsed_s, eta_s}
                                                        ← DENOISED {job, latent, computed/forecast steps, sums, ...}
   scheduler → executor (one per branch call: both CFG passes, or with interleave one pass per call, the first with
@@ -31,7 +32,7 @@ The conversation (→ request, ← its reply, ⇢ event):
     → STATUS {job | None, detail, active, before, limit}   ← JOBS {jobs: [JobInfo], more}
     → CANCEL {job}                                     ← OK
     → RESUME {job}                                     ← SUBMITTED
-    → INFO {}                                          ← PIPELINE {packs: [PackRef], models, max_queue, version}
+    → INFO {}                                          ← PIPELINE {packs: [PackRef], models, max_queue, version, loras}
 
 Tensors in the arena are written by the sender before the request and left untouched until the reply is applied,
 so every request is idempotent and may be resent.
@@ -43,6 +44,7 @@ from typing import ClassVar, Literal
 from msgspec.structs import force_setattr
 
 from models import phase_times
+from models.lora.choice import MAX_LORAS, LoraChoice
 from models.schema import fields_of
 from models.spectrum import SpectrumSettings
 from protocol.fields import (MAX_NAME_CHARS, MAX_PATH_CHARS, MAX_TEXT_CHARS, Count, Float, Int, List, Map, Name, Note,
@@ -137,7 +139,8 @@ class _Record(WireRecord, frozen=True):
 
 # ---- nested records ----------------------------------------------------------------------------------------------
 
-# Spectrum settings are models/spectrum.py's one record (prompt.json's names and bounds), carried as they are.
+# Spectrum settings are models/spectrum.py's one record (prompt.json's names and bounds), carried as they are; so are
+# a job's LoRAs (models/lora/choice.py: names under MODELS/loras/, each stage resolves them in its own models folder).
 
 class DenoiseParams(_Record, frozen=True):
     seed: Int(0, 2**64 - 1)
@@ -274,6 +277,7 @@ class Encode(Message, tag="ENCODE"):
     cond: TensorDesc | None = None  # [S, Dc] f32 slot to fill
     uncond: TensorDesc | None = None
     rows: Int(512, 2**16) = 512  # S: context rows to produce (the pack's; more than 512 for a long one)
+    loras: List(LoraChoice, max_items=MAX_LORAS) = ()  # merged into the adapter and Qwen3 for this job
 
 
 @_message("ENCODED")
@@ -304,6 +308,8 @@ class Denoise(Message, tag="DENOISE"):
     resume: bool = True  # continue from job_dir's last finished step when present
     # rows of ComfyUI's context per pass (cond, uncond) that a long-context pack leaves unmasked; () = all
     context_rows: List(Int(1, 2**16), max_items=2) = ()
+    # the job's LoRAs: host layers merged here, branch layers as a LoRA-ready pack's low-rank inputs
+    loras: List(LoraChoice, max_items=MAX_LORAS) = ()
 
 
 @_message("PROGRESS")
@@ -408,6 +414,7 @@ MAX_PROMPT_JSON_CHARS = 65_536  # a whole prompt.json (orchestrator.prompt_spec.
 MAX_ORIGIN_CHARS = 65_536       # what a job came from (JSON: api, client id, the client's graph)
 MAX_JOBS_LISTED = 256
 MAX_PACKS = 32
+MAX_LORAS_LISTED = 1024         # LoRA names in PIPELINE (ComfyUI's LoraLoader list)
 
 
 class JobInfo(_Record, frozen=True):
@@ -437,6 +444,7 @@ class PackRef(_Record, frozen=True):
     blocks: Int(1, MAX_BLOCKS)
     source_name: Note = ""  # the checkpoint it was built from
     source_sha256: Text(64) = ""
+    lora_rank: Int(0, 2**16) = 0  # R of a LoRA-ready pack; 0: it takes no LoRA per job
 
 
 @_message("SUBMIT")
@@ -484,6 +492,7 @@ class Pipeline(Message, tag="PIPELINE"):
     models: Map(Note) = {}  # part -> file name: text_encoder, vae
     max_queue: Int(1, 2**20)
     version: Version
+    loras: List(Text(MAX_PATH_CHARS, 1), max_items=MAX_LORAS_LISTED) = ()  # names under MODELS/loras/
 
 
 @_message("PRUNE")

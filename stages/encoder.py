@@ -15,6 +15,8 @@ import logging
 import os
 import time
 
+from models.lora import LoraError
+from models.lora.choice import lora_uses
 from models.models_dir import ModelsDirError, resolve_models
 from models.text.conditioning import TextEncoder
 from models.text.encoder_pack import EncoderPackError
@@ -37,6 +39,7 @@ class EncoderLogic:
         settings = config.stage_settings("encoder")
         self.backend = settings["backend"]            # backend and pack checked when the config was read
         self.threads = int(settings.get("threads", config.threads))
+        self.models_dir = config.models_dir           # a job's LoRAs are named under its loras/
         t0 = time.perf_counter()
         if self.backend == "onnx":
             self.source = (config.path.parent / os.path.expanduser(settings["pack"])).resolve()
@@ -65,7 +68,15 @@ class EncoderLogic:
             d = getattr(msg, name)
             if d is not None and (d.dtype != "f32" or tuple(d.shape) != shape):
                 raise ProtocolError(name, f"expected an f32 {list(shape)} slot, got {d.dtype} {list(d.shape)}")
-        # 1) tokenize and encode both prompts
+        # 1) the job's LoRAs merged into the adapter and Qwen3 (none: the models' own weights are put back); the
+        # next job's choice replaces them, and only a part whose LoRAs change is made again (models/text/compute_*)
+        t0 = time.perf_counter()
+        try:
+            self.encoder.set_lora(lora_uses(msg.loras, self.models_dir))
+        except (ModelsDirError, LoraError) as e:
+            raise RequestFailed(f"encoder: {e}", field="loras") from None
+        lora_s = time.perf_counter() - t0
+        # 2) tokenize and encode both prompts
         t0 = time.perf_counter()
         try:
             tc, tu = self.encoder.tokenize(msg.prompt), self.encoder.tokenize(msg.negative)
@@ -75,14 +86,15 @@ class EncoderLogic:
         ctx.check(msg.job)
         uncond = self.encoder.encode_tokens(tu, msg.rows)         # [S, Dc] f32
         encode_s = time.perf_counter() - t0
-        # 2) into the arena slots (or inline for a remote encoder) and reply
+        # 3) into the arena slots (or inline for a remote encoder) and reply
         out = ReplyTensors(ctx, msg.arena)
         dc = out.put(cond, msg.cond, field="cond")
         du = out.put(uncond, msg.uncond, field="uncond")
         return m.reply_to(msg, m.Encoded, job=msg.job, cond=dc, uncond=du, tokens_cond=len(tc.t5_ids),
                           tokens_uncond=len(tu.t5_ids),
                           truncated=max(len(tc.t5_ids), len(tu.t5_ids)) > msg.rows,
-                          timings={"load_s": self.load_s, "encode_s": encode_s}, inline=out.inline)
+                          timings={"load_s": self.load_s, "encode_s": encode_s, "lora_s": lora_s},
+                          inline=out.inline)
 
     def close(self) -> None:
         self.encoder.close()

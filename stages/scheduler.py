@@ -22,8 +22,12 @@ import numpy as np
 import zmq
 
 from models.backends import backend_class
+from models.config import expected_dit_shapes
 from models.denoise import make_sampler, save_state, start_or_resume
 from models.dit_runner import BranchCall, DiTRunner
+from models.lora import LoraError, TargetTable, plan_loras
+from models.lora.choice import lora_uses
+from models.models_dir import ModelsDirError
 from models.phase_times import PhaseSums
 from models.pack import PackError, load_pack
 from models.partition import KINDS, branch_index, parse_branch_file
@@ -333,6 +337,19 @@ class SchedulerLogic:
             log.info("%s", pacer.describe())
         return pacer
 
+    def _set_lora(self, runner: DiTRunner, msg: m.Denoise) -> None:
+        """The job's LoRAs on the DiT: host layers merged into FP32 copies of the pack's weights, branch layers as
+        the LoRA-ready pack's low-rank inputs (written into the scratch slots the partition table gives them). The
+        adapter's and text encoder's layers are the encoder's. A plain pack refuses branch layers, naming the fix."""
+        try:
+            plan = plan_loras(lora_uses(msg.loras, self.config.models_dir),
+                              TargetTable(expected_dit_shapes(runner.cfg)))
+            runner.set_lora(plan, where=f"model pack {runner.pack.dir}: ")
+        except (ModelsDirError, LoraError) as e:
+            raise RequestFailed(f"scheduler: {e}", field="loras") from None
+        log.info("job %s: LoRAs %s (pack LoRA rank %d)", msg.job, [c.name for c in msg.loras],
+                 runner.geom.lora_rank)
+
     def on_denoise(self, msg: m.Denoise, ctx) -> m.Denoised:
         t_start = time.monotonic()
         params = msg.params
@@ -371,6 +388,8 @@ class SchedulerLogic:
                               interleave=policy.interleave, computed_steps=computed)
         pacer = self._host_pacer(msg.pack_dir)
         runner = ctx.keep_alive_while(DiTRunner, pack, branches=client, host_pace=pacer.op if pacer else None)
+        if msg.loras:                  # a runner per job: the next job starts again from the pack's own weights
+            ctx.keep_alive_while(self._set_lora, runner, msg)
         sums: dict = {k: PhaseSums() for k in KINDS}
         host_hidden = 0.0
         clocks_shared = not msg.executor.startswith("tcp://")     # monotonic stamps compare on one host only

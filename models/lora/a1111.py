@@ -65,10 +65,16 @@ def split_lora_tags(text: str) -> tuple:
     return TAG.sub("", text), tags
 
 
+def lora_stem(name: str) -> str:
+    """A1111's name of a LoRA: the file's stem (`sub/style.safetensors` -> `style`)."""
+    base = name.rsplit("/", 1)[-1]
+    return base[:-len(".safetensors")] if base.endswith(".safetensors") else base
+
+
 def lora_tag(name: str, strength: float, clip_strength: float) -> str:
     """The tag A1111 writes for a LoRA: `<lora:NAME:S>`, or `<lora:NAME:TE:UNET>` when the two differ; NAME is the
     file's stem (A1111 names LoRAs so)."""
-    stem = name[:-len(".safetensors")] if name.endswith(".safetensors") else name
+    stem = lora_stem(name)
     if clip_strength == strength:
         return f"<lora:{stem}:{strength:g}>"
     return f"<lora:{stem}:{clip_strength:g}:{strength:g}>"
