@@ -120,7 +120,7 @@ def cmd_submit(args, rf: RunFolder) -> int:
 # generate's options -> the prompt.json field each one fills (errors name the option, not the field)
 GENERATE_FLAGS = {"prompt": "PROMPT", "negative_prompt": "--negative", "seed": "--seed", "steps": "--steps",
                   "cfg": "--cfg", "width": "-W/--width", "height": "-H/--height", "scheduler": "--scheduler",
-                  "spectrum": "--no-spectrum", "output": "-o/--output", "overwrite": "--overwrite"}
+                  "spectrum": "--no-spectrum", "output": "-o/--output", "overwrite": "--overwrite", "loras": "--lora"}
 
 
 def cmd_generate(args, rf: RunFolder) -> int:
@@ -131,6 +131,13 @@ def cmd_generate(args, rf: RunFolder) -> int:
            "spectrum": False if args.no_spectrum else None, "output": args.output,
            "overwrite": True if args.overwrite else None}
     obj = {k: v for k, v in obj.items() if v is not None}
+    if args.lora:
+        from models.lora.plan import parse_lora_arg
+        try:
+            uses = [parse_lora_arg(a) for a in args.lora]
+        except ValueError as e:                # LoraError too: a strength that is not a number in range
+            raise CliError(f"--lora: {e}", EXIT_USAGE) from None
+        obj["loras"] = [{"name": u.path, "strength": u.strength, "clip_strength": u.clip_strength} for u in uses]
     for field in ("prompt", "negative_prompt", "output"):
         try:
             obj.get(field, "").encode("utf-8")
@@ -139,7 +146,7 @@ def cmd_generate(args, rf: RunFolder) -> int:
     try:
         spec = parse_prompt_obj(obj, resolution=_resolution(None, rf))     # NaN/inf are named here, not in JSON
     except PromptError as e:
-        flag = GENERATE_FLAGS.get(e.field.split(".")[0], e.field or "the options")
+        flag = GENERATE_FLAGS.get(e.field.split(".")[0].split("[")[0], e.field or "the options")
         detail = e.detail.replace('set "overwrite": true', "give --overwrite")    # prompt.json's words -> ours
         raise CliError(f"{flag}: {detail}", EXIT_USAGE) from None
     data = json.dumps(obj, ensure_ascii=False).encode("utf-8")           # the object just checked
@@ -504,6 +511,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-spectrum", action="store_true", help="compute every step (no Spectrum forecasts)")
     s.add_argument("-o", "--output", help="a .png file or a folder (default: the job folder's image.png)")
     s.add_argument("--overwrite", action="store_true", help="replace an existing -o file (else it is refused)")
+    s.add_argument("--lora", action="append", default=[], metavar="NAME[:STRENGTH[:CLIP_STRENGTH]]",
+                   help="a LoRA under MODELS/loras/ (repeatable; strength default 1.0, the text encoder's default: "
+                        "the same; docs/lora.md)")
     s.add_argument("--json", action="store_true", help='print one JSON object {"job", "image", "report"}')
     s.set_defaults(fn=cmd_generate)
     s = sub.add_parser("status", help="every job, or one")

@@ -450,7 +450,9 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
     for i, lo in enumerate(spec.get("loras") or ()):
         role = f"lora{i}"
         ids.setdefault(role, str(LORA_IDS + i))
-        sc = lo.get("clip_strength", lo.get("strength", 1.0))
+        sc = lo.get("clip_strength")
+        if sc is None:                                      # omitted or null: the model's strength (ComfyUI's)
+            sc = lo.get("strength", 1.0)
         if sc:
             loaders.append(node(role, "LoraLoader", model=model, clip=clip, lora_name=lo["name"],
                                 strength_model=lo.get("strength", 1.0), strength_clip=sc))

@@ -149,3 +149,38 @@ def test_object_info_shape():
     assert info["UNETLoader"]["input"]["required"]["unet_name"][0] == [TINY_NAMES["unet"]]
     assert info["CLIPLoader"]["input_order"] == {"required": ["clip_name", "type"], "optional": ["device"]}
     json.dumps(info)
+
+
+def test_lora_loaders_map_onto_the_jobs_loras_and_back():
+    """LoraLoader (model and CLIP) then LoraLoaderModelOnly, wired as ComfyUI's editor does: the job's `loras` from
+    the loaders outward with the strengths of the chains each is in; a job's graph shows them as loaders again, a
+    LoRA whose text-encoder strength is omitted (null in job.json: the model's) as a LoraLoader with that strength."""
+    names = ModelNames(unet=NAMES.unet, clip=NAMES.clip, vae=NAMES.vae, lora=("a.safetensors", "sub/b.safetensors"))
+    g = standard_graph()
+    g["20"] = {"inputs": {"lora_name": "a.safetensors", "strength_model": 0.8, "strength_clip": 1.3,
+                          "model": ["12", 0], "clip": ["11", 0]}, "class_type": "LoraLoader"}
+    g["21"] = {"inputs": {"lora_name": "sub/b.safetensors", "strength_model": -0.5, "model": ["20", 0]},
+               "class_type": "LoraLoaderModelOnly"}
+    g["15"]["inputs"]["model"] = ["21", 0]
+    g["6"]["inputs"]["clip"] = g["7"]["inputs"]["clip"] = ["20", 1]
+    job = graph_to_job(g, names=names, sizes=SIZES)
+    assert job.spec["loras"] == [{"name": "a.safetensors", "strength": 0.8, "clip_strength": 1.3},
+                                 {"name": "sub/b.safetensors", "strength": -0.5, "clip_strength": 0.0}]
+    spec = parse_prompt_obj(job.spec, resolution=SIZES)
+    assert [c.te_strength for c in spec.loras] == [1.3, 0.0]
+    bad = copy.deepcopy(g)
+    bad["20"]["inputs"]["lora_name"] = "elsewhere.safetensors"               # not in MODELS/loras/
+    with pytest.raises(GraphError):
+        graph_to_job(bad, names=names, sizes=SIZES)
+    stored = parse_prompt_obj({"prompt": "x", "loras": [{"name": "a.safetensors", "strength": 0.7},
+                                                        {"name": "sub/b.safetensors", "strength": 0.4,
+                                                         "clip_strength": 0.0}]}).to_dict()
+    assert stored["loras"][0]["clip_strength"] is None
+    back = job_to_graph({**stored, "width": 128, "height": 128}, names=names)
+    loaders = [n for n in back.values() if n["class_type"].startswith("Lora")]
+    assert [(n["class_type"], n["inputs"]["lora_name"], n["inputs"]["strength_model"],
+             n["inputs"].get("strength_clip")) for n in loaders] == \
+        [("LoraLoader", "a.safetensors", 0.7, 0.7), ("LoraLoaderModelOnly", "sub/b.safetensors", 0.4, None)]
+    again = graph_to_job(back, names=names, sizes=SIZES).spec["loras"]
+    assert again == [{"name": "a.safetensors", "strength": 0.7, "clip_strength": 0.7},
+                     {"name": "sub/b.safetensors", "strength": 0.4, "clip_strength": 0.0}]

@@ -350,3 +350,16 @@ def test_lora_names_resolve_under_the_models_folders_loras(tmp_path):
         with pytest.raises(ModelsDirError, match=msg):
             lora_path(tmp_path, bad)
     assert list_loras(tmp_path / "nothing") == []
+
+
+def test_a1111_txt2img_takes_the_prompts_lora_tags_as_the_jobs_loras():
+    from orchestrator.http.a1111 import to_spec
+    from orchestrator.http.common import BadRequest
+    spec = to_spec({"prompt": "1girl, <lora:ink:0.7>smile<lora:body:te=0:unet=-0.5>", "seed": 1})
+    assert spec["prompt"] == "1girl, smile"
+    assert spec["loras"] == [{"name": "ink", "strength": 0.7, "clip_strength": 0.7},
+                             {"name": "body", "strength": -0.5, "clip_strength": 0.0}]
+    assert "loras" not in to_spec({"prompt": "1girl"})
+    with pytest.raises(BadRequest) as e:
+        to_spec({"prompt": "1girl <lora:ink:strong>"})
+    assert e.value.status == 422 and e.value.body["field"] == "prompt" and "'strong' is not a number" in str(e.value)

@@ -134,6 +134,11 @@ def test_submit_stdin_limits_and_generate_names_options(tmp_path, capsys, monkey
     assert "error: --cfg: must be in [1.0, 30.0], got inf" in capsys.readouterr().err
     assert cli.main(["--run", str(run.root), "generate", "a", "--negative", "x\udcff"]) == 2
     assert "error: --negative: not valid UTF-8 text" in capsys.readouterr().err
+    assert cli.main(["--run", str(run.root), "generate", "a", "--lora", "style:0.8:500"]) == 2
+    assert "error: --lora: LoRA style: clip_strength must be a number in [-100, 100], got 500.0" in \
+        capsys.readouterr().err
+    assert cli.main(["--run", str(run.root), "generate", "a", "--lora", ":0.8"]) == 2
+    assert "error: --lora: --lora ':0.8': expected FILE[:STRENGTH[:CLIP_STRENGTH]]" in capsys.readouterr().err
 
 
 def test_serve_exits_2_only_for_a_bad_config(tmp_path, monkeypatch, capsys, caplog):

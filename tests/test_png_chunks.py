@@ -130,3 +130,26 @@ def test_a_comfyui_clients_graph_is_kept_as_sent(tmp_path):
                                           "_meta": {"title": "t"}} for i in range(80)})
     meta = png_metadata(spec, PACK, "j", NAMES, graph=huge)
     assert len(json.loads(meta["prompt"])) == 9 and len(meta["prompt"]) < m.MAX_PNG_TEXT_CHARS
+
+
+def test_a_jobs_loras_in_every_chunk(tmp_path):
+    """A1111's tags after the prompt and `Lora hashes` (the stem and its short hash, as A1111 writes them, in the
+    job's order), ComfyUI's loaders in the graph (a ComfyUI client loads the job with them), the project's record."""
+    spec = parse_prompt_obj({"prompt": "1girl", "seed": 3, "loras": [
+        {"name": "styles/ink.safetensors", "strength": 0.8, "clip_strength": 1.2},
+        {"name": "body.safetensors", "strength": -0.5, "clip_strength": 0.0}]}, resolution=(256, 128))
+    hashes = {"styles/ink.safetensors": "0123456789ab", "body.safetensors": "ba9876543210"}
+    meta = png_metadata(spec, PACK, "j", NAMES, lora_hashes=hashes)
+    lines = meta["parameters"].split("\n")
+    assert lines[0] == "1girl <lora:ink:1.2:0.8> <lora:body:0:-0.5>"
+    assert ', Lora hashes: "ink: 0123456789ab, body: ba9876543210", ' in lines[2]
+    names = ModelNames(unet=NAMES.unet, clip=NAMES.clip, vae=NAMES.vae,
+                       lora=("body.safetensors", "styles/ink.safetensors"))
+    back = graph_to_job(json.loads(meta["prompt"]), names=names, sizes=[(256, 128)])
+    assert back.spec["loras"] == [{"name": "styles/ink.safetensors", "strength": 0.8, "clip_strength": 1.2},
+                                  {"name": "body.safetensors", "strength": -0.5, "clip_strength": 0.0}]
+    own = json.loads(meta["anima"])["loras"]
+    assert [(x["name"], x["clip_strength"], x["short_hash"]) for x in own] == \
+        [("styles/ink.safetensors", 1.2, "0123456789ab"), ("body.safetensors", 0.0, "ba9876543210")]
+    plain = png_metadata(parse_prompt_obj({"prompt": "1girl", "seed": 3}, resolution=(256, 128)), PACK, "j", NAMES)
+    assert "Lora hashes" not in plain["parameters"] and json.loads(plain["anima"])["loras"] == []

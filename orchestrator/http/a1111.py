@@ -9,7 +9,9 @@
 A1111 fields this pipeline cannot honour (a batch, hires fix, styles, scripts, face restoration, tiling, subseeds,
 setting overrides) are refused with 422 naming the field unless they hold their default; sampler internals that do
 not apply to the flow-matching Euler sampler (eta, s_churn, s_tmin, s_tmax, s_noise) and unknown fields are ignored,
-as A1111 ignores unknown fields. Extension: "spectrum": true|false.
+as A1111 ignores unknown fields. `<lora:NAME:S>` tags in the prompt (models/lora/a1111.py) are cut out of the text and
+become the job's LoRAs (names under MODELS/loras/, checked at submit), as A1111's extra networks do. Extension:
+"spectrum": true|false.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ import time
 
 from aiohttp import web
 
+from models.lora import LoraError
+from models.lora.a1111 import split_lora_tags
 from models.partition import KINDS, branch_index
 from orchestrator.http import files
 from orchestrator.http.common import FRONT, cancel_job, json_response, read_json, refuse, submit_job
@@ -75,7 +79,11 @@ def to_spec(body: dict) -> dict:
         if field in body and body[field] not in ok:
             raise _bad(field, f"{body[field]!r}"[:80] + f" is not supported here (only {ok[0]!r}: one image per "
                        "request, no hires fix, styles, scripts or setting overrides)")
-    spec = {"prompt": _text(body, "prompt"), "negative_prompt": _text(body, "negative_prompt"),
+    try:                             # A1111's <lora:NAME:S> tags leave the text and become the job's LoRAs
+        prompt, tags = split_lora_tags(_text(body, "prompt"))
+    except LoraError as e:
+        raise _bad("prompt", str(e)) from None
+    spec = {"prompt": prompt, "negative_prompt": _text(body, "negative_prompt"),
             "steps": _number(body, "steps", 20, integer=True, low=1, high=MAX_STEPS),
             "cfg": float(_number(body, "cfg_scale", 7.0, integer=False, low=1.0, high=MAX_CFG)),
             "width": _number(body, "width", 512, integer=True, low=16, high=16384),
@@ -97,6 +105,8 @@ def to_spec(body: dict) -> dict:
         if not isinstance(body["spectrum"], bool):
             raise _bad("spectrum", "must be true or false")
         spec["spectrum"] = body["spectrum"]
+    if tags:
+        spec["loras"] = [{"name": t.name, "strength": t.strength, "clip_strength": t.clip_strength} for t in tags]
     return spec
 
 
@@ -134,7 +144,7 @@ async def txt2img(request: web.Request) -> web.Response:
     png = files.read(path)
     names = await front.tracker.names()
     info = _info(job, png, names.unet[0] if names.unet else "")
-    params = {**body, "prompt": spec["prompt"], "negative_prompt": spec["negative_prompt"], "seed": job.spec["seed"],
+    params = {**body, "prompt": body.get("prompt", spec["prompt"]), "negative_prompt": spec["negative_prompt"], "seed": job.spec["seed"],
               "steps": spec["steps"], "cfg_scale": spec["cfg"], "width": spec["width"], "height": spec["height"],
               "sampler_name": "Euler", "scheduler": spec["scheduler"], "batch_size": 1, "n_iter": 1}
     images = [base64.b64encode(png).decode()] if body.get("send_images", True) is not False else []

@@ -18,7 +18,7 @@ def model_names(pipeline: m.Pipeline | None) -> ModelNames:
         return ModelNames()
     unet = tuple(dict.fromkeys(p.source_name for p in pipeline.packs if p.source_name))
     return ModelNames(unet=unet, clip=tuple(filter(None, [pipeline.models.get("text_encoder")])),
-                      vae=tuple(filter(None, [pipeline.models.get("vae")])))
+                      vae=tuple(filter(None, [pipeline.models.get("vae")])), lora=tuple(pipeline.loras))
 
 
 @dataclass(frozen=True)
