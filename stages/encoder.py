@@ -73,7 +73,7 @@ class EncoderLogic:
         t0 = time.perf_counter()
         try:
             self.encoder.set_lora(lora_uses(msg.loras, self.models_dir))
-        except (ModelsDirError, LoraError) as e:
+        except (ModelsDirError, LoraError, EncoderPackError) as e:    # a pack exported without its weights' list
             raise RequestFailed(f"encoder: {e}", field="loras") from None
         lora_s = time.perf_counter() - t0
         # 2) tokenize and encode both prompts
