@@ -1,9 +1,9 @@
 """The web page at `/` (plain HTML/JS/CSS from static/, no build step) and the small JSON API it uses:
 
-    GET  /anima/info                 sizes with packs (default first), defaults and limits, whether a token is needed
+    GET  /anima/info                 sizes with packs (default first), defaults and limits, the LoRAs under MODELS/loras/
     GET  /anima/jobs?before=&limit=  the newest jobs with their prompt, settings, state and file links (`more`)
     POST /anima/jobs                 {prompt, negative_prompt, seed (digits)|null, steps, cfg, width, height,
-                                      spectrum, client_id} -> {"job", "seed", "position"}
+                                      spectrum, loras, client_id} -> {"job", "seed", "position"}
 Seeds travel as strings of digits here: 64-bit seeds do not fit a JavaScript number.
     POST /anima/jobs/{job}/cancel    -> {"note"}
 Live progress comes over /ws (`anima.progress`, `anima.job`, and ComfyUI's messages for the page's own jobs).
@@ -23,7 +23,7 @@ from orchestrator.prompt_spec import DEFAULT_CFG, DEFAULT_STEPS, MAX_CFG, MAX_PR
 from protocol import messages as m
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-PAGE_FIELDS = ("prompt", "negative_prompt", "seed", "steps", "cfg", "width", "height", "scheduler", "spectrum")
+PAGE_FIELDS = ("prompt", "negative_prompt", "seed", "steps", "cfg", "width", "height", "scheduler", "spectrum", "loras")
 MAX_PAGE = 48
 
 
@@ -40,7 +40,8 @@ async def info(request: web.Request) -> web.Response:
         "defaults": {"steps": DEFAULT_STEPS, "cfg": DEFAULT_CFG, "spectrum": True, "scheduler": SCHEDULERS[0]},
         "limits": {"steps": MAX_STEPS, "cfg": MAX_CFG, "prompt_chars": MAX_PROMPT_CHARS},
         "schedulers": list(SCHEDULERS), "max_queue": pipe.max_queue, "version": pipe.version,
-        "model": next((p.source_name for p in pipe.packs if p.source_name), "")})
+        "model": next((p.source_name for p in pipe.packs if p.source_name), ""), "loras": list(pipe.loras),
+        "lora_ranks": {f"{p.width}x{p.height}": p.lora_rank for p in pipe.packs}})
 
 
 def job_json(front, job: JobView, blocks: int | None = None) -> dict:

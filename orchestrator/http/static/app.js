@@ -49,6 +49,7 @@ function formBody() {
                  cfg: Number($("cfg").value), width: w, height: h, spectrum: $("spectrum").checked,
                  client_id: clientId };
   if ($("seed").value.trim() !== "") body.seed = $("seed").value.trim();   // digits: 64-bit seeds overflow a Number
+  if ($("lora").value) body.loras = [{ name: $("lora").value, strength: Number($("lora-strength").value) }];
   return body;
 }
 
@@ -219,6 +220,8 @@ async function start() {
   $("cfg").value = info.defaults.cfg;
   $("cfg").max = info.limits.cfg;
   $("spectrum").checked = info.defaults.spectrum;
+  for (const name of info.loras || []) $("lora").append(el("option", { value: name, textContent: name }));
+  $("lora-row").hidden = !(info.loras || []).length;     // a LoRA-ready pack applies it; a plain one says so
   connect();
   fillGallery(true);
 }
