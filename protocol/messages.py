@@ -15,7 +15,8 @@ The conversation (→ request, ← its reply, ⇢ event):
     any request that fails                             ← ERROR {code, message, field, retry}
     ⇢ DYING {stage, pid, reason, job}   a stage's last word before it exits non-zero (supervisord restarts it)
   orchestrator → encoder
-    → ENCODE {job, prompt, negative, arena, cond, uncond, rows, loras}  ← ENCODED {job, cond, uncond, tokens_*, truncated, timings}
+    → ENCODE {job, prompt, negative, arena, cond, uncond, rows, loras}
+                                                       ← ENCODED {job, cond, uncond, tokens_*, truncated, timings}
   orchestrator → scheduler (minutes; heartbeats are answered between branches)
     → DENOISE {job, job_dir, pack_dir, arena, params, cond, uncond, latent, scratch, executor, resume, context_rows,
                loras}
@@ -32,7 +33,8 @@ The conversation (→ request, ← its reply, ⇢ event):
     → STATUS {job | None, detail, active, before, limit}   ← JOBS {jobs: [JobInfo], more}
     → CANCEL {job}                                     ← OK
     → RESUME {job}                                     ← SUBMITTED
-    → INFO {}                                          ← PIPELINE {packs: [PackRef], models, max_queue, version, loras}
+    → INFO {}                                          ← PIPELINE {packs: [PackRef], models, max_queue, version,
+                                                                   loras}
 
 Tensors in the arena are written by the sender before the request and left untouched until the reply is applied,
 so every request is idempotent and may be resent.

@@ -35,10 +35,11 @@ def daemon(tmp_path_factory, pipeline_assets):
     write_lora("tiny", 41, loras / "good.safetensors", "kohya", rank=8, alpha=4.0, groups=("blocks", "adapter", "te"))
     write_lora("tiny", 42, loras / "te_only.safetensors", "comfy", rank=4, groups=("adapter", "te"))
     (loras / "cut.safetensors").write_bytes((loras / "good.safetensors").read_bytes()[:2000])
-    _write(loras / "shape.safetensors", {"lora_unet_blocks_0_self_attn_q_proj.lora_up.weight": np.ones((512, 4)),
-                                         "lora_unet_blocks_0_self_attn_q_proj.lora_down.weight": np.ones((4, 512))})
-    _write(loras / "sdxl.safetensors", {"lora_unet_down_blocks_1_attentions_0_proj_in.lora_up.weight": np.ones((8, 2)),
-                                        "lora_unet_down_blocks_1_attentions_0_proj_in.lora_down.weight": np.ones((2, 8))})
+    q, sd = "lora_unet_blocks_0_self_attn_q_proj", "lora_unet_down_blocks_1_attentions_0_proj_in"
+    _write(loras / "shape.safetensors", {f"{q}.lora_up.weight": np.ones((512, 4)),
+                                         f"{q}.lora_down.weight": np.ones((4, 512))})           # tiny's q is 256 wide
+    _write(loras / "sdxl.safetensors", {f"{sd}.lora_up.weight": np.ones((8, 2)),
+                                        f"{sd}.lora_down.weight": np.ones((2, 8))})
     _write(loras / "unknown.safetensors", {"lora_unet_blocks_0_mlp_layer9.lora_up.weight": np.ones((1024, 2)),
                                            "lora_unet_blocks_0_mlp_layer9.lora_down.weight": np.ones((2, 256)),
                                            "lora_unet_blocks_0_mlp_layer1.lora_up.weight": np.ones((1024, 2)),
@@ -65,7 +66,7 @@ def test_malformed_and_unfitting_loras_are_refused_naming_the_field(daemon):
         ([{"name": "cut.safetensors"}], "loras[0]", "truncated"),
         ([{"name": "good.safetensors"}, {"name": "shape.safetensors"}], "loras[1]", "a LoRA for another size of model"),
         ([{"name": "sdxl.safetensors"}], "loras[0]", "looks like a LoRA for Stable Diffusion"),
-        ([{"name": "unknown.safetensors"}], "loras[0]", "1 keys match no layer of Anima: 'lora_unet_blocks_0_mlp_layer9'"),
+        ([{"name": "unknown.safetensors"}], "loras[0]", "match no layer of Anima: 'lora_unet_blocks_0_mlp_layer9'"),
         ([{"name": "loha.safetensors"}], "loras[0]", "LoHa"),
         ([{"name": "../loras/good.safetensors"}], "loras[0].name", "outside loras/"),
         ([{"name": "missing"}], "loras[0].name", "there are: cut.safetensors, good.safetensors"),

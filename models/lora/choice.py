@@ -49,8 +49,9 @@ def lora_uses(choices, models_dir) -> list:
 
 def lora_short_hash(path) -> str:
     """The hash A1111 and Civitai name a LoRA by (`Lora hashes: "NAME: HASH"`): the first 12 hex digits of the
-    sha256 of a safetensors file's tensor data, its JSON header left out (sd-scripts' train_util.addnet_hash_safetensors,
-    which A1111's networks use for .safetensors LoRAs), so editing the metadata keeps the hash."""
+    sha256 of a safetensors file's tensor data, its JSON header left out (sd-scripts'
+    train_util.addnet_hash_safetensors, which A1111's networks use for .safetensors LoRAs), so editing the metadata
+    keeps the hash."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))

@@ -144,7 +144,8 @@ async def txt2img(request: web.Request) -> web.Response:
     png = files.read(path)
     names = await front.tracker.names()
     info = _info(job, png, names.unet[0] if names.unet else "")
-    params = {**body, "prompt": body.get("prompt", spec["prompt"]), "negative_prompt": spec["negative_prompt"], "seed": job.spec["seed"],
+    params = {**body, "prompt": body.get("prompt", spec["prompt"]), "negative_prompt": spec["negative_prompt"],
+              "seed": job.spec["seed"],
               "steps": spec["steps"], "cfg_scale": spec["cfg"], "width": spec["width"], "height": spec["height"],
               "sampler_name": "Euler", "scheduler": spec["scheduler"], "batch_size": 1, "n_iter": 1}
     images = [base64.b64encode(png).decode()] if body.get("send_images", True) is not False else []

@@ -1,6 +1,6 @@
 """The web page at `/` (plain HTML/JS/CSS from static/, no build step) and the small JSON API it uses:
 
-    GET  /anima/info                 sizes with packs (default first), defaults and limits, the LoRAs under MODELS/loras/
+    GET  /anima/info                 sizes with packs (default first), defaults, limits, the LoRAs (MODELS/loras/)
     GET  /anima/jobs?before=&limit=  the newest jobs with their prompt, settings, state and file links (`more`)
     POST /anima/jobs                 {prompt, negative_prompt, seed (digits)|null, steps, cfg, width, height,
                                       spectrum, loras, client_id} -> {"job", "seed", "position"}
