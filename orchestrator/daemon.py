@@ -254,7 +254,8 @@ class Daemon:
 
     def _status(self, msg: m.Status) -> m.Jobs:
         """One job, or the newest `limit` (queued and running ones with `active`; older than `before`), oldest first;
-        with `detail` each carries its spec and origin, as many as fit in one reply (`more` says some were left)."""
+        with `detail` each carries its spec and origin, as many as fit in one reply (`more` says older ones were left:
+        the running job is the oldest active one, so a client that needs it pages back with `before`)."""
         if msg.job:
             jobs = [self.store.get(msg.job)]
         else:

@@ -281,3 +281,38 @@ def test_page_api_keeps_64_bit_seeds(d):
     for bad in ("12a", "-1", "1" * 21):
         r = requests.post(url + "anima/jobs", json={"prompt": "a girl", "seed": bad}, timeout=30)
         assert r.status_code == 400 and r.json()["field"] == "seed", r.text
+
+
+def test_the_running_job_stays_in_view_behind_big_queued_graphs(d):
+    """Four queued graphs whose node title is ~240 KB of emoji (UTF-8 JSON, under the body limit) make the active
+    jobs' details larger than one STATUS reply: the front pages through them, so /queue still holds the running job
+    and all four queued ones, A1111's progress names the running job, and both interrupts stop it."""
+    url = d.http_url()
+    d.flag("double_step_s", "3")
+    big = []
+    try:
+        job = requests.post(url + "prompt", json={"prompt": graph(steps=20)}, timeout=30).json()["prompt_id"]
+        _wait_job(d, job, ("denoising",))
+        for i in range(4):
+            g = graph(seed=100 + i)
+            g["3"]["_meta"]["title"] = "\U0001F600" * 60_000              # 240,000 bytes of UTF-8
+            body = json.dumps({"prompt": g}, ensure_ascii=False).encode()
+            r = requests.post(url + "prompt", data=body, headers={"Content-Type": "application/json"}, timeout=30)
+            assert r.status_code == 200, r.text
+            big.append(r.json()["prompt_id"])
+        q = requests.get(url + "queue", timeout=30).json()
+        assert [i[1] for i in q["queue_running"]] == [job]
+        assert sorted(i[1] for i in q["queue_pending"]) == sorted(big)
+        assert all(i[2]["3"]["_meta"]["title"] == "\U0001F600" * 60_000 for i in q["queue_pending"])
+        assert requests.get(url + "sdapi/v1/progress", timeout=30).json()["state"]["job"] == job
+        assert requests.post(url + "interrupt", timeout=30).status_code == 200
+        assert _wait_job(d, job).state == "cancelled"
+        nxt = _wait_job(d, big[0], ("denoising",)).job
+        assert requests.post(url + "sdapi/v1/interrupt", timeout=30).json() == {}
+        assert _wait_job(d, nxt).state == "cancelled"
+    finally:
+        for j in big:
+            requests.post(url + f"anima/jobs/{j}/cancel", timeout=30)
+        d.flag("double_step_s", None)
+        for j in big:
+            _wait_job(d, j)

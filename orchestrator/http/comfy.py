@@ -122,13 +122,10 @@ async def get_history(request: web.Request) -> web.Response:
     except ValueError:
         raise refuse(400, f"max_items must be an integer in 1..{MAX_HISTORY_ITEMS}") from None
     out: list[JobView] = []
-    before = None
-    while len(out) < max_items:
-        reply = await front.link.call(m.Status(detail=True, before=before, limit=HISTORY_PAGE), m.Jobs)
-        out = _finished(reply.jobs) + out
-        if not reply.more or not reply.jobs:
+    async for page in front.link.status_pages(detail=True, limit=HISTORY_PAGE):
+        out = _finished(page) + out
+        if len(out) >= max_items:
             break
-        before = reply.jobs[0].job
     names = await front.tracker.names()
     return json_response({j.id: shapes.history_entry(j, names) for j in out[-max_items:]})
 

@@ -98,3 +98,14 @@ class DaemonLink:
         if not isinstance(reply, expect):
             raise DaemonDown(f"the orchestrator daemon answered {msg.KIND} with {reply.KIND}")
         return reply
+
+    async def status_pages(self, **status):
+        """The jobs of a STATUS listing page by page, the newest page first (each oldest first): a reply stops at
+        its size budget or `limit` and says `more`, so the next page asks for the jobs `before` its oldest one."""
+        before = status.pop("before", None)
+        while True:
+            reply = await self.call(m.Status(before=before, **status), m.Jobs)
+            yield reply.jobs
+            if not reply.more or not reply.jobs:
+                return
+            before = reply.jobs[0].job

@@ -1,7 +1,7 @@
 """The daemon's jobs as the front sees them, and their changes as WebSocket messages.
 
 The front keeps no queue: every `poll_s` (while a job is followed or a WebSocket client listens) it asks the daemon
-for the queued and running jobs (STATUS active, detail) and turns what changed into ComfyUI's messages (to the
+for the queued and running jobs (STATUS active, detail, every page of it) and turns what changed into ComfyUI's messages (to the
 client that submitted the job) and `anima.progress` / `anima.job` (to every client: the page shows any job).
 A job that leaves the active set is asked for once more to learn how it ended.
 """
@@ -120,8 +120,11 @@ class Tracker:
 
     async def refresh(self) -> None:
         async with self._lock:
-            reply = await self.link.call(m.Status(active=True, detail=True), m.Jobs)
-            now = {i.job: JobView.of(i) for i in reply.jobs}
+            # every page: the details of a few large queued jobs fill one reply, and the running job is the oldest
+            infos: list[m.JobInfo] = []
+            async for page in self.link.status_pages(active=True, detail=True):
+                infos[:0] = page
+            now = {i.job: JobView.of(i) for i in infos}
             names = model_names(self.pipeline)
             # 1) running and queued jobs: start, node changes, progress
             for job in now.values():
