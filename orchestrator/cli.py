@@ -286,7 +286,8 @@ def cmd_status(args, rf: RunFolder) -> int:
     if not jobs:
         print("no jobs")
     for j in jobs:
-        extra = f"  {j.error_stage}: {j.error}" if j.error else (f"  {j.image}" if j.image else "")
+        extra = (f"  {j.error_stage}: {j.error}" if j.error_stage else f"  {j.error}") if j.error else (
+            f"  {j.image}" if j.image else "")
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.created))
         print(f"{j.job}  {j.state:<9}  {created}{extra}")
         if j.progress is not None and j.state == "denoising":

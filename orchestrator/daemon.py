@@ -13,7 +13,7 @@ import zmq
 
 from orchestrator.flow import JobFlow
 from orchestrator.heartbeat import Heartbeats
-from orchestrator.jobs import JobError, JobStore, QueueFull
+from orchestrator.jobs import UNREADABLE, JobEntry, JobError, JobStore, QueueFull
 from orchestrator.loras import LoraRefused, RunLoras
 from orchestrator.packs import read_packs
 from orchestrator.prompt_spec import PromptError, parse_prompt_bytes
@@ -197,8 +197,7 @@ class Daemon:
                 return m.reply_to(msg, m.Submitted, job=job.id, seed=int(job.spec["seed"]),
                                   position=self._position(job.id))
             if isinstance(msg, m.Prune):
-                removed = self.store.prune(keep=msg.keep, older_than_s=msg.older_than_s)
-                return m.reply_to(msg, m.Jobs, jobs=tuple(self.job_info(j, []) for j in removed[-m.MAX_JOBS_LISTED:]))
+                return self._prune(msg)
             if isinstance(msg, m.Hello):
                 return m.reply_to(msg, m.Ready, stage="orchestrator", pid=os.getpid(), version=VERSION,
                                   info={"run": str(self.rf.root), "pack": str(self.pack.dir),
@@ -255,25 +254,30 @@ class Daemon:
     def _status(self, msg: m.Status) -> m.Jobs:
         """One job, or the newest `limit` (queued and running ones with `active`; older than `before`), oldest first;
         with `detail` each carries its spec and origin, as many as fit in one reply (`more` says older ones were left:
-        the running job is the oldest active one, so a client that needs it pages back with `before`)."""
+        the running job is the oldest active one, so a client that needs it pages back with `before`). The store's
+        index answers it: the cost does not grow with the finished jobs."""
         if msg.job:
-            jobs = [self.store.get(msg.job)]
-        else:
-            jobs = self.store.pending() if msg.active else self.store.list()
-            if msg.before:
-                ids = [j.id for j in jobs]
-                jobs = jobs[:ids.index(msg.before)] if msg.before in ids else [j for j in jobs if j.id < msg.before]
-        pending = [j.id for j in (jobs if msg.active else self.store.pending())] if any(
-            j.state == "queued" for j in jobs) else []
-        limit = msg.limit or m.MAX_JOBS_LISTED
+            job = self.store.view(msg.job)
+            return m.reply_to(msg, m.Jobs, jobs=(self.job_info(JobEntry.of(job), self._pending_ids(),
+                                                               detail=msg.detail, record=job),))
+        entries, more = self.store.entries(active=msg.active, before=msg.before,
+                                           limit=msg.limit or m.MAX_JOBS_LISTED)
+        pending = self._pending_ids() if any(e.state == "queued" for e in entries) else []
         out, used = [], 0
-        for job in reversed(jobs):                     # newest first, so a cut leaves the oldest out
-            info = self.job_info(job, pending, detail=msg.detail)
+        for entry in reversed(entries):                # newest first, so a cut leaves the oldest out
+            info = self.job_info(entry, pending, detail=msg.detail)
             used += len(info.spec_json.encode()) + len(info.origin.encode()) + 1024
-            if len(out) == limit or (out and used > DETAIL_BUDGET_BYTES):
+            if out and used > DETAIL_BUDGET_BYTES:
                 break
             out.append(info)
-        return m.reply_to(msg, m.Jobs, jobs=tuple(reversed(out)), more=len(out) < len(jobs))
+        return m.reply_to(msg, m.Jobs, jobs=tuple(reversed(out)), more=more or len(out) < len(entries))
+
+    def _pending_ids(self) -> list[str]:
+        return [j.id for j in self.store.pending()]
+
+    def _prune(self, msg: m.Prune) -> m.Jobs:
+        removed = self.store.prune(keep=msg.keep, older_than_s=msg.older_than_s)
+        return m.reply_to(msg, m.Jobs, jobs=tuple(self.job_info(e, []) for e in removed[-m.MAX_JOBS_LISTED:]))
 
     def _info(self, msg: m.Info) -> m.Pipeline:
         packs = tuple(m.PackRef(width=p.width, height=p.height, dir=str(p.dir), dtype=p.io_dtype, blocks=p.blocks,
@@ -296,18 +300,23 @@ class Daemon:
                 self._model_files = {}
         return self._model_files
 
-    def job_info(self, job, pending_ids: list[str], detail: bool = False) -> m.JobInfo:
-        err = job.error or {}
+    def job_info(self, entry: JobEntry, pending_ids: list[str], detail: bool = False, record=None) -> m.JobInfo:
+        """A job's JobInfo from its index entry; with `detail` its spec and origin from the record (`record`, else read
+        from the store: a finished job's from its file)."""
         spec_json = origin = ""
-        if detail:
-            spec_json = json.dumps(job.spec, ensure_ascii=False)[:m.MAX_PROMPT_JSON_CHARS]
-            origin = json.dumps(job.origin, ensure_ascii=False) if job.origin else ""
-            origin = origin if len(origin) <= m.MAX_ORIGIN_CHARS else ""
-        return m.JobInfo(job=job.id, state=job.state, created=job.created, updated=job.updated,
-                         position=pending_ids.index(job.id) if job.id in pending_ids else 0,
-                         error_stage=str(err.get("stage", ""))[:m.MAX_NAME_CHARS],
-                         error=str(err.get("message", ""))[:m.MAX_PATH_CHARS],
-                         image=job.image, report=job.report, progress=self.progress.get(job.id),
+        if detail and entry.state != UNREADABLE:
+            try:
+                record = record or self.store.view(entry.id)
+            except JobError as e:                   # removed or broken since it was listed: listed without detail
+                log.warning("job %s: no detail: %s", entry.id, e)
+            else:
+                spec_json = json.dumps(record.spec, ensure_ascii=False)[:m.MAX_PROMPT_JSON_CHARS]
+                origin = json.dumps(record.origin, ensure_ascii=False) if record.origin else ""
+                origin = origin if len(origin) <= m.MAX_ORIGIN_CHARS else ""
+        return m.JobInfo(job=entry.id, state=entry.state, created=entry.created, updated=entry.updated,
+                         position=pending_ids.index(entry.id) if entry.id in pending_ids else 0,
+                         error_stage=entry.error_stage[:m.MAX_NAME_CHARS], error=entry.error[:m.MAX_PATH_CHARS],
+                         image=entry.image, report=entry.report, progress=self.progress.get(entry.id),
                          spec_json=spec_json, origin=origin)
 
 

@@ -3,6 +3,7 @@ state change. A job folder appears whole (made under a hidden name with its firs
 whole (renamed aside, then removed), so a crash never leaves a job folder without its record."""
 from __future__ import annotations
 
+import bisect
 import copy
 import json
 import logging
@@ -87,6 +88,48 @@ class Job:
         return job
 
 
+UNREADABLE = "unreadable"       # a listing's state for a record set aside: its job.json could not be read
+
+
+def _text(value, name: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name}: expected a string, got {type(value).__name__}")
+    return value
+
+
+@dataclass(frozen=True)
+class JobEntry:
+    """What a listing shows of a job (STATUS), kept in memory for every job by the daemon's store."""
+    id: str
+    state: str
+    created: float
+    updated: float
+    error_stage: str = ""
+    error: str = ""                              # the last failure, or why a set-aside record could not be read
+    image: str | None = None
+    report: str | None = None
+
+    @property
+    def key(self) -> tuple[float, str]:
+        return (self.created, self.id)
+
+    @classmethod
+    def of(cls, job: "Job") -> "JobEntry":
+        """TypeError/ValueError when a field a listing sorts or shows does not convert."""
+        err = job.error if job.error is not None else {}
+        if not isinstance(err, dict):
+            raise TypeError(f"error: expected a map, got {type(err).__name__}")
+        return cls(id=job.id, state=job.state, created=_number(job.created, "created"),
+                   updated=_number(job.updated, "updated"), error_stage=str(err.get("stage", "")),
+                   error=str(err.get("message", "")), image=_text(job.image, "image"), report=_text(job.report, "report"))
+
+
+def _number(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r}"[:200])
+    return float(value)
+
+
 def _job_json(job: "Job") -> str:
     return json.dumps(job.to_dict(), indent=1, sort_keys=True)
 
@@ -102,9 +145,12 @@ def parse_age(text: str) -> float:
 class JobStore:
     """The queue on disk. One writer (the daemon); readers may open their own store on the same folder.
 
-    `cached=True` (the daemon, the single writer): the records are read once, at the first look or at `recover()`,
-    and kept in memory; every change is written through to disk first. Without it every look reads job.json again
-    (a reader beside a running daemon sees its latest writes)."""
+    `cached=True` (the daemon, the single writer): the records are read once, at the first look or at `recover()`;
+    every change is written through to disk first. In memory stay an index entry of every job (JobEntry: what a
+    listing shows, in creation order) and the whole records of the queued and running jobs only: a finished job's
+    record is read from its file when asked for, so the daemon's memory and a listing's cost do not grow with the
+    finished jobs. Without `cached` every look reads job.json again (a reader beside a running daemon sees its
+    latest writes). A record that cannot be read is set aside: logged, left on disk, listed as UNREADABLE with why."""
 
     def __init__(self, run_dir: str | os.PathLike, *, max_queue: int = DEFAULT_MAX_QUEUE,
                  min_free_mb: float = DEFAULT_MIN_FREE_MB, cached: bool = False):
@@ -113,8 +159,9 @@ class JobStore:
         self.max_queue = max_queue
         self.min_free_mb = min_free_mb
         self.cached = cached
-        self._jobs: dict[str, Job] | None = None        # id -> record (cached mode)
-        self._unreadable: dict[str, str] = {}           # id -> why its job.json could not be read (cached mode)
+        self._index: dict[str, JobEntry] | None = None  # id -> entry of every job, set-aside ones too (cached mode)
+        self._keys: list[tuple[float, str]] = []        # (created, id) of the index, sorted: the listing order
+        self._live: dict[str, Job] = {}                 # id -> record of a queued or running job (cached mode)
 
     # ------------------------------------------------------------ reading
 
@@ -123,60 +170,116 @@ class JobStore:
             raise JobError(f"job id {job_id!r} is not a job id (like 20260101-120000-a1b2c3)")
         return self.root / job_id
 
-    def _read(self, job_id: str) -> Job:
+    def _read(self, job_id: str) -> tuple[Job, "JobEntry"]:
         path = self.job_dir(job_id) / JOB_FILE
         try:
             job = Job.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            entry = JobEntry.of(job)                     # the fields a listing sorts and shows must convert
         except FileNotFoundError:
             raise JobError(f"no job {job_id} in {self.root}") from None
-        except (ValueError, TypeError, OSError) as e:
+        except (ValueError, TypeError, AttributeError, OSError) as e:
             raise JobError(f"job {job_id}: unreadable {path}: {e}") from None
         if job.id != job_id:
             raise JobError(f"job {job_id}: unreadable {path}: it records job {job.id}")
-        return job
+        return job, entry
 
     def _job_ids(self) -> list[str]:
         return sorted(e.name for e in os.scandir(self.root) if JOB_ID_RE.match(e.name)
                       and e.is_dir(follow_symlinks=False))
 
-    def _load(self) -> dict[str, Job]:
-        if self._jobs is None:
-            self._jobs, self._unreadable = {}, {}
-            for job_id in self._job_ids():
-                try:
-                    self._jobs[job_id] = self._read(job_id)
-                except JobError as e:
-                    log.warning("skipping %s", e)
-                    self._unreadable[job_id] = str(e)
-        return self._jobs
+    def _set_aside(self, job_id: str, why: str) -> "JobEntry":
+        log.warning("job record set aside (left on disk; fix or remove its folder): %s", why)
+        try:
+            mtime = os.stat(self.job_dir(job_id)).st_mtime
+        except OSError:
+            mtime = 0.0
+        return JobEntry(id=job_id, state=UNREADABLE, created=mtime, updated=mtime, error=why)
+
+    def _scan(self) -> tuple[dict[str, "JobEntry"], dict[str, Job]]:
+        """Every job.json read: the entries of all jobs, the records of the queued and running ones."""
+        index, live = {}, {}
+        for job_id in self._job_ids():
+            try:
+                job, index[job_id] = self._read(job_id)
+            except JobError as e:
+                index[job_id] = self._set_aside(job_id, str(e))
+                continue
+            if job.state not in FINISHED:
+                live[job_id] = job
+        return index, live
+
+    def _load(self) -> tuple[dict[str, "JobEntry"], dict[str, Job], list[tuple[float, str]]]:
+        """(entries, live records, sorted keys): the cache (cached mode), else a fresh scan."""
+        if not self.cached:
+            index, live = self._scan()
+            return index, live, sorted(e.key for e in index.values())
+        if self._index is None:
+            self._index, self._live = self._scan()
+            self._keys = sorted(e.key for e in self._index.values())
+        return self._index, self._live, self._keys
+
+    def view(self, job_id: str) -> Job:
+        """A job's record for reading only (never change it; `get` gives a copy to change): a queued or running one
+        as kept in memory, a finished one read from its file. JobError when there is none or it cannot be read."""
+        self.job_dir(job_id)                             # the id check
+        if not self.cached:
+            return self._read(job_id)[0]
+        index, live, _ = self._load()
+        if job_id in live:
+            return live[job_id]
+        entry = index.get(job_id)
+        if entry is None:
+            raise JobError(f"no job {job_id} in {self.root}")
+        if entry.state == UNREADABLE:
+            raise JobError(entry.error)
+        try:
+            return self._read(job_id)[0]
+        except JobError as e:                            # changed on disk behind the daemon's back
+            self._index[job_id] = self._set_aside(job_id, str(e))
+            raise
 
     def get(self, job_id: str) -> Job:
-        if not self.cached:
-            return self._read(job_id)
-        self.job_dir(job_id)                             # the id check
-        jobs = self._load()
-        if job_id in jobs:
-            return copy.deepcopy(jobs[job_id])           # callers change their copy; save() writes it through
-        raise JobError(self._unreadable.get(job_id, f"no job {job_id} in {self.root}"))
+        """A copy of the job's record (the caller may change it; `save` writes it through)."""
+        job = self.view(job_id)
+        return copy.deepcopy(job) if self.cached and job_id in self._live else job
+
+    def entries(self, *, active: bool = False, before: str | None = None,
+                limit: int | None = None) -> tuple[list["JobEntry"], bool]:
+        """The newest `limit` entries (queued and running jobs only with `active`; only jobs older than job `before`),
+        oldest first (by creation time: ids tell only the second), and whether older ones matched too. Set-aside
+        records are listed (state UNREADABLE) unless `active`. Costs no more for many finished jobs: no record is
+        read or copied."""
+        index, live, keys = self._load()
+        if active:
+            keys = sorted(index[i].key for i in live)
+        end = len(keys)
+        if before is not None:
+            if before in index and (not active or before in live):
+                end = bisect.bisect_left(keys, index[before].key)
+            else:                                        # the cursor job is gone: ids are ordered by the second
+                end = sum(1 for _, i in keys if i < before)
+        start = 0 if not limit else max(0, end - limit)
+        return [index[i] for _, i in keys[start:end]], start > 0
 
     def list(self, where=None) -> list[Job]:
-        """Every readable job (for which `where(job)` holds), oldest first (by creation time: ids alone tell only the
-        second, and two jobs queued within one second must still run in order); unreadable ones are logged, skipped."""
-        if self.cached:
-            jobs = [copy.deepcopy(j) for j in self._load().values() if where is None or where(j)]
-        else:
-            jobs = []
-            for job_id in self._job_ids():
-                try:
-                    jobs.append(self._read(job_id))
-                except JobError as e:
-                    log.warning("skipping %s", e)
-        if where is not None and not self.cached:
-            jobs = [j for j in jobs if where(j)]
-        return sorted(jobs, key=lambda j: (j.created, j.id))
+        """Every readable job's record (for which `where(job)` holds), oldest first; set-aside ones are left out. Reads
+        every finished record: a reader's look (the daemon lists `entries`)."""
+        jobs = []
+        for entry in self.entries()[0]:
+            if entry.state == UNREADABLE:
+                continue
+            try:
+                job = self.view(entry.id)
+            except JobError:
+                continue
+            if where is None or where(job):
+                jobs.append(job)
+        return jobs
 
     def pending(self) -> list[Job]:
-        return self.list(lambda j: j.state == "queued" or j.active)
+        """The queued and running jobs' records, oldest first (read-only, as `view`)."""
+        index, live, _ = self._load()
+        return [live[i] for _, i in sorted(index[i].key for i in live)]
 
     def next_job(self) -> Job | None:
         """The job to work on: one already running (after a restart) first, else the oldest queued one."""
@@ -188,12 +291,23 @@ class JobStore:
 
     # ------------------------------------------------------------ writing
 
+    def _keep(self, job: Job) -> None:
+        """Cached mode: the index and the live records after `job` was written."""
+        if not self.cached or self._index is None:
+            return
+        entry = JobEntry.of(job)
+        if job.id not in self._index:
+            bisect.insort(self._keys, entry.key)
+        self._index[job.id] = entry
+        if job.state in FINISHED:
+            self._live.pop(job.id, None)
+        else:
+            self._live[job.id] = copy.deepcopy(job)
+
     def save(self, job: Job) -> Job:
         job.updated = time.time()
         atomic_write(self.job_dir(job.id) / JOB_FILE, _job_json(job))
-        if self.cached:
-            self._load()[job.id] = copy.deepcopy(job)
-            self._unreadable.pop(job.id, None)
+        self._keep(job)
         return job
 
     def submit(self, spec: dict, origin: dict | None = None) -> Job:
@@ -222,8 +336,7 @@ class JobStore:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         fsync_dir(self.root)
-        if self.cached:
-            self._load()[job_id] = copy.deepcopy(job)
+        self._keep(job)
         log.info("job %s queued", job_id)
         return job
 
@@ -266,40 +379,58 @@ class JobStore:
         return self.transition(job_id, "queued", f"resumed at {job.failed_at or 'encoding'}",
                                start_at=job.failed_at or "encoding", cancel_requested=False, attempts={})
 
-    def remove(self, job_id: str) -> Job:
+    def remove(self, job_id: str) -> "JobEntry":
         """Delete a finished job's folder: renamed aside first (a crash leaves a hidden folder, never half a job)."""
-        job = self.get(job_id)
-        if job.state not in FINISHED:
-            raise JobError(f"job {job_id} is {job.state}; only finished jobs (done, failed, cancelled) are removed")
+        self.job_dir(job_id)
+        index, _, keys = self._load()
+        entry = index.get(job_id)
+        if entry is None or entry.state == UNREADABLE:
+            self.view(job_id)                            # the JobError that says why
+        if entry.state not in FINISHED:
+            raise JobError(f"job {job_id} is {entry.state}; only finished jobs (done, failed, cancelled) are removed")
         aside = Path(tempfile.mkdtemp(prefix=GONE_PREFIX, dir=self.root))
         os.rename(self.job_dir(job_id), aside / job_id)
         fsync_dir(self.root)
         if self.cached:
-            self._load().pop(job_id, None)
+            del self._index[job_id]
+            del keys[bisect.bisect_left(keys, entry.key)]
         shutil.rmtree(aside, ignore_errors=True)
         log.info("job %s removed", job_id)
-        return job
+        return entry
 
-    def prune(self, *, keep: int | None = None, older_than_s: float | None = None,
-              now: float | None = None) -> list[Job]:
-        """Remove finished jobs (done, failed, cancelled; never a queued or running one): all but the `keep` newest,
-        and/or those finished more than `older_than_s` ago. -> the removed jobs, oldest first."""
+    def prunable(self, *, keep: int | None = None, older_than_s: float | None = None,
+                 now: float | None = None) -> list["JobEntry"]:
+        """The finished jobs (done, failed, cancelled; never a queued or running one) `prune` would remove: all but
+        the `keep` newest, and/or those finished more than `older_than_s` ago; oldest first."""
         if keep is None and older_than_s is None:
             raise JobError("prune needs --keep N or --older-than AGE")
         now = time.time() if now is None else now
-        finished = [j for j in self.list() if j.state in FINISHED]
-        doomed = {j.id for j in finished[:max(0, len(finished) - keep)]} if keep is not None else set()
+        finished = [e for e in self.entries()[0] if e.state in FINISHED]
+        doomed = {e.id for e in finished[:max(0, len(finished) - keep)]} if keep is not None else set()
         if older_than_s is not None:
-            doomed |= {j.id for j in finished if now - j.updated > older_than_s}
-        return [self.remove(j.id) for j in finished if j.id in doomed]
+            doomed |= {e.id for e in finished if now - e.updated > older_than_s}
+        return [e for e in finished if e.id in doomed]
+
+    def prune(self, *, keep: int | None = None, older_than_s: float | None = None, now: float | None = None,
+              max_jobs: int | None = None, max_s: float | None = None) -> list["JobEntry"]:
+        """Remove what `prunable` names, oldest first, stopping after `max_jobs` of them or `max_s` seconds (a
+        request must not outlast its client's timeout; `prunable` says what is left). -> the removed jobs."""
+        t0, removed = time.monotonic(), []
+        for entry in self.prunable(keep=keep, older_than_s=older_than_s, now=now):
+            if (max_jobs is not None and len(removed) >= max_jobs) or (
+                    max_s is not None and removed and time.monotonic() - t0 > max_s):
+                break
+            removed.append(self.remove(entry.id))
+        return removed
 
     def recover(self) -> list[Job]:
         """At start-up: remove what a crash left (temporaries, half-made or half-removed job folders); keep at most
         one running job and send the others back to the queue."""
         self.clean()
-        self._jobs = None                                 # read every record afresh
-        running = [j for j in self.list() if j.active]
+        self._index = None                                # read every record afresh
+        running = [j for j in self.pending() if j.active]
         for extra in running[1:]:
+            extra = self.get(extra.id)
             log.warning("job %s was %s next to %s; queued again", extra.id, extra.state, running[0].id)
             extra.history.append(["queued", time.time(), f"requeued at {extra.state} after restart"])
             extra.start_at, extra.state = extra.state, "queued"

@@ -104,10 +104,13 @@ class Doubles:
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in self.rf.logs.glob("*.log"))
 
-    def stop(self) -> None:
+    def close_client(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+    def stop(self) -> None:
+        self.close_client()
         try:
             self.sup.shutdown()
             self.proc.wait(timeout=60)

@@ -119,3 +119,29 @@ def test_bad_submits_to_an_idle_daemon_get_field_errors_and_it_stays_up(pipeline
     assert sup.info("orchestrator").pid == pid
     job = _submit(rf, tmp_path, capsys)
     assert _wait_state(rf, job, capsys, ("done", "failed"))["state"] == "done"
+
+
+def test_a_wrong_typed_job_record_is_set_aside_and_the_daemon_serves(pipeline, tmp_path, capsys):
+    """Valid JSON with `"created": "yesterday"` stopped the daemon at every start (TypeError in recover: a restart
+    loop, 503 at the front, the queue stalled). It is set aside: logged, left on disk, named by `orchestrator
+    status`; the daemon keeps its pid and runs the next job."""
+    import shutil
+    rf, sup = pipeline
+    (rf.root / "double_step_s").write_text("0.02")
+    victim = _submit(rf, tmp_path, capsys)
+    assert _wait_state(rf, victim, capsys, ("done",))["state"] == "done"
+    path = rf.jobs / victim / "job.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "created": "yesterday"}))
+    try:
+        sup.restart("orchestrator")
+        pid = sup.info("orchestrator").pid
+        job = _submit(rf, tmp_path, capsys)
+        assert _wait_state(rf, job, capsys, ("done",))["state"] == "done"
+        capsys.readouterr()
+        assert cli.main(["--run", str(rf.root), "status"]) == 0
+        line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(victim))
+        assert "unreadable" in line and str(path) in line and "created" in line, line
+        assert sup.info("orchestrator").pid == pid and path.exists()
+    finally:
+        shutil.rmtree(rf.jobs / victim)
+        sup.restart("orchestrator")
