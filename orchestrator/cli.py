@@ -311,6 +311,7 @@ def cmd_cancel_resume(args, rf: RunFolder) -> int:
 
 def cmd_prune(args, rf: RunFolder) -> int:
     from orchestrator.jobs import parse_age
+    from protocol.fields import ProtocolError
     from protocol.messages import Jobs, Prune
     if args.keep is None and args.older_than is None:
         raise CliError("prune needs --keep N or --older-than AGE (like 7d, 12h, 30m)", EXIT_USAGE)
@@ -320,15 +321,30 @@ def cmd_prune(args, rf: RunFolder) -> int:
         raise CliError(f"--older-than: {e}", EXIT_USAGE) from None
     if args.keep is not None and args.keep < 0:
         raise CliError(f"--keep {args.keep}: must be 0 or more", EXIT_USAGE)
-    client = DaemonClient(rf)         # the daemon is the queue's one writer: it removes them
+
+    def request() -> Prune:                  # the message's own bounds, said as the option the user typed
+        try:
+            return Prune(keep=args.keep, older_than_s=older_than_s)
+        except ProtocolError as e:
+            option, given = {"keep": ("--keep", args.keep), "older_than_s": ("--older-than", args.older_than)}.get(
+                e.field, (e.field, ""))
+            raise CliError(f"{option} {str(given)[:40]}: {e.detail}" + (" (seconds)" if option == "--older-than"
+                                                                         else ""), EXIT_USAGE) from None
+    request()
+    client = DaemonClient(rf)         # the daemon is the queue's one writer: it removes them, a batch per request
+    removed = 0
     try:
-        removed = client.call(Prune(keep=args.keep, older_than_s=older_than_s), Jobs).jobs
+        while True:
+            reply = client.call(request(), Jobs)
+            for j in reply.jobs:
+                finished = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.updated))
+                print(f"removed {j.job}  {j.state:<9}  {finished}  {rf.jobs / j.job}")
+            removed += len(reply.jobs)
+            if not reply.more or not reply.jobs:
+                break
     finally:
         client.close()
-    for j in removed:
-        finished = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.updated))
-        print(f"removed {j.job}  {j.state:<9}  {finished}  {rf.jobs / j.job}")
-    print(f"{len(removed)} finished job(s) removed", file=sys.stderr)
+    print(f"{removed} finished job(s) removed", file=sys.stderr)
     return EXIT_OK
 
 
@@ -528,7 +544,8 @@ def build_parser() -> argparse.ArgumentParser:
         s.set_defaults(fn=cmd_cancel_resume)
     s = sub.add_parser("prune", help="remove finished jobs (done, failed, cancelled) and their folders")
     s.add_argument("--keep", type=int, help="keep the N newest finished jobs")
-    s.add_argument("--older-than", metavar="AGE", help="remove those finished longer ago than AGE (7d, 12h, 30m)")
+    s.add_argument("--older-than", metavar="AGE", help="remove those finished longer ago than AGE: 7d, 12h, 30m or 45s "
+                                                       "(a bare number is seconds)")
     s.set_defaults(fn=cmd_prune)
     s = sub.add_parser("stages", help="supervisord state of every program")
     s.set_defaults(fn=cmd_stages)

@@ -32,6 +32,7 @@ POLL_S = 0.1                 # longest wait between looks at the CLI socket and 
 RESCAN_S = 2.0               # the queue folder is re-read at least this often (at once after a SUBMIT/RESUME)
 SUBMIT_MEMORY = 256          # request ids of recent SUBMITs (a resent SUBMIT returns the same job)
 DETAIL_BUDGET_BYTES = 768 * 1024     # a detailed STATUS reply stops adding jobs here (frame 0 is capped at 1 MiB)
+PRUNE_BATCH_S = 1.0          # one PRUNE removes jobs this long at most (then `more`), well within a client's timeout
 
 
 class Daemon:
@@ -276,8 +277,12 @@ class Daemon:
         return [j.id for j in self.store.pending()]
 
     def _prune(self, msg: m.Prune) -> m.Jobs:
-        removed = self.store.prune(keep=msg.keep, older_than_s=msg.older_than_s)
-        return m.reply_to(msg, m.Jobs, jobs=tuple(self.job_info(e, []) for e in removed[-m.MAX_JOBS_LISTED:]))
+        """At most MAX_JOBS_LISTED jobs removed per request, within PRUNE_BATCH_S (a client waits seconds for its
+        reply): `more` says others are still to go, and the CLI asks again, counting every removed job."""
+        removed = self.store.prune(keep=msg.keep, older_than_s=msg.older_than_s, max_jobs=m.MAX_JOBS_LISTED,
+                                   max_s=PRUNE_BATCH_S)
+        more = bool(removed) and bool(self.store.prunable(keep=msg.keep, older_than_s=msg.older_than_s))
+        return m.reply_to(msg, m.Jobs, jobs=tuple(self.job_info(e, []) for e in removed), more=more)
 
     def _info(self, msg: m.Info) -> m.Pipeline:
         packs = tuple(m.PackRef(width=p.width, height=p.height, dir=str(p.dir), dtype=p.io_dtype, blocks=p.blocks,

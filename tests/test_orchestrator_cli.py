@@ -159,3 +159,14 @@ def test_serve_exits_2_only_for_a_bad_config(tmp_path, monkeypatch, capsys, capl
         assert cli.main(args) == code, error
         said = capsys.readouterr().err if code == 2 else caplog.text
         assert str(error).split(":")[0] in said, said
+
+
+def test_prune_numbers_out_of_range_are_usage_errors(tmp_path, capsys):
+    """`--older-than 9999...9d` and `--keep 9999...9` ended in a ProtocolError traceback; they are exit 2 naming the
+    option and the range, before the daemon is asked."""
+    run = tmp_path / "run"
+    for args, says in ((["--keep", "9" * 30], "--keep 99999"), (["--older-than", "9" * 30 + "d"], "--older-than 99999"),
+                       (["--older-than", "9" * 400], "--older-than 99999")):
+        assert cli.main(["--run", str(run), "prune", *args]) == 2
+        err = capsys.readouterr().err
+        assert says in err and ("out of range" in err or "not finite" in err), err
