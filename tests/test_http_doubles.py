@@ -316,3 +316,42 @@ def test_the_running_job_stays_in_view_behind_big_queued_graphs(d):
         d.flag("double_step_s", None)
         for j in big:
             _wait_job(d, j)
+
+
+def test_a1111_request_ends_when_its_job_is_pruned_meanwhile(d):
+    """A txt2img request hung forever when its job ended and was pruned between two looks of the front (the tracker
+    dropped the job on the daemon's "no job" and never answered its waiter). Stopping the front (SIGSTOP) makes that
+    window certain: the job is cancelled and pruned while it cannot look; the request then ends, 404 naming the job."""
+    import os
+    import signal
+    from protocol import messages as m
+    url = d.http_url()
+    http_pid = json.loads(d.rf.http_json.read_text())["pid"]
+    d.flag("double_step_s", "5")
+    holder = d.submit({"prompt": "hold the queue", "steps": 20, "seed": 1})
+    answer = {}
+    try:
+        _wait_job(d, holder, ("denoising",))
+        t = threading.Thread(target=lambda: answer.update(r=requests.post(
+            url + "sdapi/v1/txt2img", json={"prompt": "pruned", "width": 64, "height": 64, "steps": 1}, timeout=300)),
+                             daemon=True)
+        t.start()
+        deadline = time.monotonic() + 30
+        while not (queued := [j for j in d.status(active=True).jobs if j.job != holder]):
+            assert time.monotonic() < deadline, "the txt2img job never got queued"
+            time.sleep(0.05)
+        job = queued[0].job
+        os.kill(http_pid, signal.SIGSTOP)
+        try:
+            d.client().call(m.Cancel(job=job), m.Ok)
+            d.client().call(m.Prune(keep=0), m.Jobs)
+        finally:
+            os.kill(http_pid, signal.SIGCONT)
+        t.join(30)
+        assert not t.is_alive(), "the txt2img request did not end"
+        r = answer["r"]
+        assert r.status_code == 404 and job in r.json()["error"], r.text
+    finally:
+        d.client().call(m.Cancel(job=holder), m.Ok)
+        d.flag("double_step_s", None)
+        _wait_job(d, holder)

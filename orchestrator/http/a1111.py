@@ -29,6 +29,7 @@ from models.partition import KINDS, branch_index
 from orchestrator.http import files
 from orchestrator.http.common import FRONT, cancel_job, json_response, read_json, refuse, submit_job
 from orchestrator.http.link import DaemonRefused
+from orchestrator.http.tracker import JobGone
 from orchestrator.http.views import JobView
 from orchestrator.prompt_spec import MAX_CFG, MAX_STEPS
 from protocol.version import VERSION
@@ -134,7 +135,10 @@ async def txt2img(request: web.Request) -> web.Response:
     spec = to_spec(body)
     sub = await submit_job(front, spec, {"api": "a1111"})
     # the job runs under the daemon; this request waits for it (a client that goes away leaves the job running)
-    job = await front.tracker.wait(sub.job)
+    try:
+        job = await front.tracker.wait(sub.job)
+    except JobGone as e:
+        raise refuse(404, str(e), job=sub.job) from None
     if job.state == "cancelled":
         raise refuse(409, f"job {job.id} was interrupted", job=job.id)
     if job.state != "done":

@@ -23,6 +23,10 @@ log = logging.getLogger(__name__)
 IDLE_REFRESH_S = 5.0            # nothing followed and nobody listening: look this seldom
 
 
+class JobGone(Exception):
+    """A waited-for job left the daemon's store (pruned, or its record set aside) before its end was seen."""
+
+
 class Tracker:
     def __init__(self, link: DaemonLink, hub: Hub, poll_s: float):
         self.link, self.hub, self.poll_s = link, hub, poll_s
@@ -63,7 +67,7 @@ class Tracker:
         self.followed.setdefault(job_id, None)
 
     async def wait(self, job_id: str) -> JobView:
-        """The job's final view (done, failed or cancelled)."""
+        """The job's final view (done, failed or cancelled); JobGone when it went before its end was seen."""
         fut = asyncio.get_running_loop().create_future()
         self.waiters.setdefault(job_id, []).append(fut)
         self.follow(job_id)
@@ -166,9 +170,12 @@ class Tracker:
     async def _finish(self, job_id: str, last: JobView | None, names: ModelNames) -> None:
         try:
             reply = await self.link.call(m.Status(job=job_id, detail=True), m.Jobs)
-        except DaemonRefused as e:
+        except DaemonRefused as e:                  # removed (pruned) or set aside between two looks
             log.warning("job %s vanished: %s", job_id, e)
             self.followed.pop(job_id, None)
+            for fut in self.waiters.get(job_id, []):
+                if not fut.done():
+                    fut.set_exception(JobGone(f"job {job_id} is gone before the front saw it end: {e}"))
             return
         job = JobView.of(reply.jobs[0])
         if not job.finished:                       # between two looks it moved on, not out: look next time
