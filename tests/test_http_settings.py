@@ -199,3 +199,38 @@ def test_view_serves_only_a_jobs_own_files(tmp_path):
         files.resolve(jobs, "image.png", third)
     with pytest.raises(OSError):
         files.read(jobs / third / "image.png")                 # O_NOFOLLOW, even when asked directly
+
+
+def test_host_names_other_than_this_server_are_refused(tmp_path):
+    """DNS rebinding: `Host: evil.example` with `Origin: http://evil.example` passed the same-origin check on the
+    default loopback front without a token. Only this server's names (loopback names, IP literals, the configured
+    host; on every interface also the machine's own name) pass the guard (no daemon here: 503 past it)."""
+    run = _run_folder(tmp_path)
+    proc, url = _front(run)
+    port = url.rstrip("/").rsplit(":", 1)[1]
+    try:
+        for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.nip.io", "localhost.evil.example"):
+            for path in ("queue", "", "ws", "sdapi/v1/progress"):
+                r = requests.get(url + path, headers={"Host": host, "Origin": f"http://{host}"}, timeout=30)
+                assert r.status_code == 421 and "Host" in r.json()["error"], (host, path, r.status_code)
+            r = requests.post(url + "prompt", json={"prompt": {}}, headers={"Host": host, "Origin": f"http://{host}"},
+                              timeout=30)
+            assert r.status_code == 421, (host, r.status_code)
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST.", f"[::1]:{port}", "app.localhost",
+                     "10.1.2.3"):
+            r = requests.get(url + "queue", headers={"Host": host}, timeout=30)
+            assert r.status_code == 503, (host, r.status_code, r.text)
+    finally:
+        assert _stop(proc) == 0
+    run = _run_folder(tmp_path / "lan", 'host = "0.0.0.0"\nport = 0\ntoken_file = "http.token"\n')
+    (run / "http.token").write_text(TOKEN + "\n")
+    os.chmod(run / "http.token", 0o600)
+    proc, url = _front(run)
+    url = url.replace("0.0.0.0", "127.0.0.1")
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        for host, status in ((socket.gethostname(), 503), ("192.168.1.20:8188", 503), ("evil.example", 421)):
+            r = requests.get(url + "queue", headers={"Host": host, **auth}, timeout=30)
+            assert r.status_code == status, (host, r.status_code, r.text)
+    finally:
+        assert _stop(proc) == 0

@@ -6,10 +6,12 @@ import asyncio
 import base64
 import binascii
 import hmac
+import ipaddress
 import json
 import logging
 import os
 import signal
+import socket
 import urllib.parse
 from dataclasses import dataclass
 
@@ -23,6 +25,7 @@ from orchestrator.http.link import DaemonDown, DaemonLink, DaemonRefused
 from orchestrator.http.settings import HttpSettings
 from orchestrator.http.tracker import Tracker
 from orchestrator.runfolder import RunFolder
+from protocol.security import WILDCARD_HOSTS
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,52 @@ async def answers(request: web.Request, handler):
         return _error(500, f"internal error ({type(e).__name__}); see the http log")
 
 
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})    # names that mean this machine to a browser
+
+
+def host_name(host_header: str) -> str:
+    """The name of a Host header value: port and an IPv6 literal's brackets off, lower case, no trailing dot."""
+    h = host_header.strip().lower()
+    if h.startswith("["):
+        h = h[1:h.find("]")] if "]" in h else h[1:]
+    elif h.count(":") == 1:
+        h = h.partition(":")[0]
+    return h.rstrip(".")
+
+
+def allowed_hosts(host: str) -> frozenset[str]:
+    """Host names a request may name besides IP literals: loopback names, the configured host, and this machine's own
+    names when it listens on every interface (a LAN client may use them)."""
+    names = set(LOOPBACK_NAMES) | {host_name(host)}
+    if host in WILDCARD_HOSTS:
+        names |= {host_name(n) for n in (socket.gethostname(), socket.getfqdn(), socket.gethostname() + ".local")}
+    return frozenset(names)
+
+
+def _is_ip_literal(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return False
+
+
+def host_check(allowed: frozenset[str]):
+    """DNS rebinding: a page of evil.example whose name is made to resolve to 127.0.0.1 reaches this front with
+    `Host: evil.example` (and a matching Origin, so the origin check passes). Only names in `allowed` (and IP
+    literals, which no DNS answer can rebind; `*.localhost`, which never leaves the machine) are served; others 421."""
+    @web.middleware
+    async def check(request: web.Request, handler):
+        given = request.headers.get("Host")
+        if given is not None:
+            name = host_name(given)
+            if not (name in allowed or name.endswith(".localhost") or _is_ip_literal(name)):
+                return _error(421, f"Host {given[:100]!r} is not a name of this server (DNS rebinding?); use "
+                                   f"127.0.0.1 or localhost, or the configured [stage.http] host")
+        return await handler(request)
+    return check
+
+
 @web.middleware
 async def same_origin(request: web.Request, handler):
     """A browser page of another site must not drive this one (ComfyUI's origin check): an Origin header has to name
@@ -130,7 +179,8 @@ async def headers(request: web.Request, handler):
 
 
 def build_app(front: Front) -> web.Application:
-    middlewares = [headers, answers, same_origin] + ([authenticate(front.token)] if front.token else [])
+    middlewares = [headers, answers, host_check(allowed_hosts(front.settings.host)), same_origin] + (
+        [authenticate(front.token)] if front.token else [])
     app = web.Application(client_max_size=front.settings.max_body_bytes, middlewares=middlewares)
     app[FRONT] = front
     comfy.add_routes(app)
