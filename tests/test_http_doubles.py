@@ -355,3 +355,27 @@ def test_a1111_request_ends_when_its_job_is_pruned_meanwhile(d):
         d.client().call(m.Cancel(job=holder), m.Ok)
         d.flag("double_step_s", None)
         _wait_job(d, holder)
+
+
+def test_lone_surrogates_are_400_naming_the_field(d):
+    """JSON's "\\ud800" escape decodes to a lone surrogate: in a prompt, client_id or a node title it reached msgpack
+    on the way to the daemon and came back as 500 (UnicodeEncodeError). The front refuses it, naming the field."""
+    url = d.http_url()
+    g = graph()
+    cases = []
+    for where, edit in (("prompt.6.inputs.text", lambda b: b["prompt"]["6"]["inputs"].update(text="a \ud800 b")),
+                        ("client_id", lambda b: b.update(client_id="\udfff")),
+                        ("prompt.3._meta.title", lambda b: b["prompt"]["3"]["_meta"].update(title="\ud83d"))):
+        body = {"prompt": json.loads(json.dumps(g))}
+        edit(body)
+        cases.append(("prompt", body, where))
+    cases += [("sdapi/v1/txt2img", {"prompt": "\ud800", "width": 64, "height": 64}, "prompt"),
+              ("sdapi/v1/txt2img", {"prompt": "a", "negative_prompt": "x\udc00"}, "negative_prompt"),
+              ("anima/jobs", {"prompt": "a", "negative_prompt": "\ud800"}, "negative_prompt"),
+              ("anima/jobs", {"prompt": "a", "client_id": "\ud800"}, "client_id")]
+    before = d.status(limit=1).jobs
+    for path, body, field in cases:
+        raw = json.dumps(body)                                 # ASCII JSON with the \\uXXXX escape, as a client sends
+        r = requests.post(url + path, data=raw, headers={"Content-Type": "application/json"}, timeout=30)
+        assert r.status_code == 400 and r.json()["field"] == field and "surrogate" in r.json()["error"], (path, r.text)
+    assert d.status(limit=1).jobs == before                    # nothing queued

@@ -22,18 +22,35 @@ def refuse(status: int, message: str, **extra) -> BadRequest:
     return BadRequest(status, {"error": message, **extra})
 
 
-def _depth(obj, limit: int) -> int:
-    stack, deepest = [(obj, 1)], 0
+def _walk(obj, limit: int) -> tuple[int, str | None]:
+    """(depth, the dotted path of the first string or key that is not text) of a parsed JSON value. JSON's \\ud800
+    escapes decode to lone surrogates, which no UTF-8 encoder (msgpack on the way to the daemon) accepts."""
+    stack, deepest = [(obj, 1, "")], 0
     while stack:
-        o, d = stack.pop()
+        o, d, path = stack.pop()
         deepest = max(deepest, d)
         if deepest > limit:
-            return deepest
-        if isinstance(o, dict):
-            stack += [(v, d + 1) for v in o.values()]
+            return deepest, None
+        if isinstance(o, str):
+            if not _encodable(o):
+                return deepest, path
+        elif isinstance(o, dict):
+            for k, v in o.items():
+                where = f"{path}.{k}" if path else k
+                if not _encodable(k):
+                    return deepest, where
+                stack.append((v, d + 1, where))
         elif isinstance(o, list):
-            stack += [(v, d + 1) for v in o]
-    return deepest
+            stack += [(v, d + 1, f"{path}[{i}]") for i, v in enumerate(o)]
+    return deepest, None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def _no_constant(name: str):
@@ -41,7 +58,8 @@ def _no_constant(name: str):
 
 
 async def read_json(request: web.Request, *, kind: type = dict):
-    """The body as JSON of type `kind`; 400 for anything else (size is capped by the app: 413)."""
+    """The body as JSON of type `kind`; 400 for anything else, naming the field of a string that is not text (size
+    is capped by the app: 413)."""
     raw = await request.read()
     if not raw:
         raise refuse(400, "the request has no body; send a JSON object")
@@ -55,8 +73,13 @@ async def read_json(request: web.Request, *, kind: type = dict):
         raise refuse(400, f"the body is not valid JSON: {e}") from None
     if not isinstance(obj, kind):
         raise refuse(400, f"the body must be a JSON {'object' if kind is dict else kind.__name__}")
-    if _depth(obj, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+    depth, not_text = _walk(obj, MAX_JSON_DEPTH)
+    if depth > MAX_JSON_DEPTH:
         raise refuse(400, f"the JSON is nested deeper than {MAX_JSON_DEPTH} levels")
+    if not_text is not None:
+        field = not_text.encode("utf-8", "backslashreplace").decode()[:200]
+        raise refuse(400, f"{field}: holds a lone surrogate (a \\ud800-style escape without its pair), which is not "
+                          "text", field=field)
     return obj
 
 
