@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -234,3 +235,27 @@ def test_host_names_other_than_this_server_are_refused(tmp_path):
             assert r.status_code == status, (host, r.status_code, r.text)
     finally:
         assert _stop(proc) == 0
+
+
+def test_a_fifo_in_a_job_folder_does_not_freeze_the_front(tmp_path):
+    """A FIFO planted as a job's image.png froze the whole front: /view opened it on the event loop, and open() of a
+    FIFO waits for a writer. It is refused at once (404), and the front keeps answering meanwhile."""
+    run = _run_folder(tmp_path)
+    job = "20260101-120000-a1b2c3"
+    (run / "jobs" / job).mkdir(mode=0o700)
+    os.mkfifo(run / "jobs" / job / "image.png")
+    proc, url = _front(run)
+    try:
+        got = {}
+        t = threading.Thread(target=lambda: got.update(view=requests.get(
+            url + "view", params={"filename": "image.png", "subfolder": job, "type": "output"}, timeout=60)),
+            daemon=True)
+        t.start()
+        t.join(15)
+        assert not t.is_alive() and got["view"].status_code == 404, "/view of a FIFO did not answer"
+        assert requests.get(url, timeout=15).status_code == 200
+    except BaseException:
+        proc.kill()                                  # a frozen front does not answer SIGTERM either
+        proc.wait()
+        raise
+    assert _stop(proc) == 0

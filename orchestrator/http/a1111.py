@@ -145,7 +145,7 @@ async def txt2img(request: web.Request) -> web.Response:
         return json_response({"error": "JobFailed", "detail": f"job {job.id} failed: {job.info.error_stage}: "
                               f"{job.info.error}", "job": job.id}, 500)
     path, _ = files.resolve(front.rf.jobs, "image.png", job.id)
-    png = files.read(path)
+    png = await files.read_async(path)
     names = await front.tracker.names()
     info = _info(job, png, names.unet[0] if names.unet else "")
     params = {**body, "prompt": body.get("prompt", spec["prompt"]), "negative_prompt": spec["negative_prompt"],

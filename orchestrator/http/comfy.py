@@ -153,7 +153,7 @@ async def get_view(request: web.Request) -> web.Response:
         raise refuse(404, "filename is required")
     try:
         path, ctype = files.resolve(front.rf.jobs, q["filename"], q.get("subfolder", ""), q.get("type", "output"))
-        data = files.read(path)
+        data = await files.read_async(path)
     except files.BadName as e:
         raise refuse(400, str(e)) from None
     except OSError:

@@ -2,10 +2,12 @@
 
 A request names `filename`, `subfolder` and `type` (ComfyUI's /view). Only type "output", a subfolder that is a job
 id, and a file name from ALLOWED pass; the path must be the plain file itself (no link anywhere on the way: the real
-path equals the path asked for) and is opened with O_NOFOLLOW. Anything else is a 400 (a malformed name) or a 404.
+path equals the path asked for) and is opened with O_NOFOLLOW | O_NONBLOCK, off the event loop, and must be a regular
+file. Anything else is a 400 (a malformed name) or a 404.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 from pathlib import Path
@@ -38,8 +40,9 @@ def resolve(jobs_dir: Path, filename: str, subfolder: str = "", kind: str = "out
 
 
 def read(path: Path) -> bytes:
-    """The file's bytes: opened without following a link, a regular file, at most MAX_FILE_BYTES."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    """The file's bytes: opened without following a link, a regular file, at most MAX_FILE_BYTES. O_NONBLOCK: a FIFO
+    (or a device) planted under an allowed name is refused at once, where a plain open would wait for a writer."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_FILE_BYTES:
@@ -48,3 +51,8 @@ def read(path: Path) -> bytes:
             return f.read(MAX_FILE_BYTES)
     finally:
         os.close(fd)
+
+
+async def read_async(path: Path) -> bytes:
+    """`read` on a worker thread: a slow disk holds up this request, never the front's event loop."""
+    return await asyncio.to_thread(read, path)
