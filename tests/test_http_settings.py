@@ -259,3 +259,94 @@ def test_a_fifo_in_a_job_folder_does_not_freeze_the_front(tmp_path):
         proc.wait()
         raise
     assert _stop(proc) == 0
+
+
+def _closed_within(port: int, deadline_s: float, send=None, every_s: float = 5.0) -> bytes:
+    """Connect, send `send` a byte at a time every `every_s` (or nothing), and read until the front closes the
+    connection; -> what it answered. AssertionError when it is still open after `deadline_s`."""
+    s = socket.create_connection(("127.0.0.1", port))
+    got = b""
+    t_end = time.monotonic() + deadline_s
+    try:
+        for i in range(10**6):
+            s.settimeout(max(0.1, min(every_s, t_end - time.monotonic())))
+            try:
+                data = s.recv(65536)
+                if not data:
+                    return got
+                got += data
+            except socket.timeout:
+                pass
+            except ConnectionResetError:
+                return got
+            assert time.monotonic() < t_end, f"still open after {deadline_s:.0f} s; got {got[:200]!r}"
+            if send is not None and i < len(send):
+                try:
+                    s.send(send[i:i + 1])
+                except (BrokenPipeError, ConnectionResetError):
+                    return got
+    finally:
+        s.close()
+
+
+def test_slow_and_silent_connections_are_closed(tmp_path):
+    """A half-sent header (a byte every 5 s) and a silent connection stayed open for aiohttp's default hour, an idle
+    keep-alive connection too, and a body sent a byte at a time held its handler: headers and idle time are bounded
+    (IDLE_TIMEOUT_S), a body by BODY_TIMEOUT_S (408); all closed well before 100 s."""
+    from orchestrator.http.common import BODY_TIMEOUT_S
+    run = _run_folder(tmp_path)
+    proc, url = _front(run)
+    port = int(url.rstrip("/").rsplit(":", 1)[1])
+    header = b"GET /queue HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 100
+    body_head = (b"POST /prompt HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 1000\r\n\r\n")
+    results = {}
+
+    def probe(name, send=None):
+        try:
+            results[name] = _closed_within(port, 90.0, send)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            results[name] = e
+
+    def keep_alive_idle():
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        s.settimeout(90)
+        got, t_end = b"", time.monotonic() + 90
+        try:
+            while time.monotonic() < t_end:
+                data = s.recv(65536)
+                if not data:
+                    results["idle"] = got
+                    return
+                got += data
+            results["idle"] = AssertionError("an idle keep-alive connection stayed open")
+        except BaseException as e:  # noqa: BLE001
+            results["idle"] = e
+        finally:
+            s.close()
+
+    try:
+        s = socket.create_connection(("127.0.0.1", port))       # the body: headers at once, then a byte at a time
+        s.sendall(body_head)
+        threads = [threading.Thread(target=probe, args=("silent",)),
+                   threading.Thread(target=probe, args=("header", header)),
+                   threading.Thread(target=keep_alive_idle)]
+        for t in threads:
+            t.start()
+        got, t_end = b"", time.monotonic() + 90
+        s.settimeout(5.0)
+        while b"\r\n\r\n" not in got:
+            assert time.monotonic() < t_end, "a body sent a byte at a time held its request open"
+            try:
+                got += s.recv(65536)
+            except socket.timeout:
+                s.send(b" ")
+        s.close()
+        assert got.startswith(b"HTTP/1.1 408") and str(int(BODY_TIMEOUT_S)).encode() in got, got[:300]
+        for t in threads:
+            t.join(100)
+        assert results["silent"] == b"" and results["header"] == b"", results
+        assert isinstance(results["idle"], bytes) and results["idle"].startswith(b"HTTP/1.1 200"), results
+    finally:
+        assert _stop(proc) == 0

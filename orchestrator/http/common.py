@@ -1,6 +1,7 @@
 """Request parsing and error answers shared by the APIs: every refusal is a 4xx JSON body with a message."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 from aiohttp import web
@@ -8,6 +9,7 @@ from aiohttp import web
 from orchestrator.http.link import DaemonDown, DaemonRefused
 
 MAX_JSON_DEPTH = 32
+BODY_TIMEOUT_S = 30.0           # a request body must arrive this fast (aiohttp bounds headers and idle time, not this)
 
 
 class BadRequest(Exception):
@@ -60,7 +62,10 @@ def _no_constant(name: str):
 async def read_json(request: web.Request, *, kind: type = dict):
     """The body as JSON of type `kind`; 400 for anything else, naming the field of a string that is not text (size
     is capped by the app: 413)."""
-    raw = await request.read()
+    try:
+        raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise refuse(408, f"the body did not arrive within {BODY_TIMEOUT_S:.0f} s") from None
     if not raw:
         raise refuse(400, "the request has no body; send a JSON object")
     try:
