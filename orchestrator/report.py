@@ -200,6 +200,25 @@ class JobReport:
         return atomic_write(path, json.dumps(self.to_dict(), indent=1))
 
 
+A1111_NEGATIVE = "Negative prompt:"
+
+
+def a1111_parameters(prompt: str, negative: str, settings: dict) -> str:
+    """A1111's generation text: the prompt, "Negative prompt: " and the negative prompt, then one line of
+    `Key: value` pairs. A1111 reads it back (docs/prompts.md) line by line: the last line holds the pairs, and the
+    first line that, stripped, begins with "Negative prompt:" starts the negative prompt. So in both texts such a
+    line is written with a lower-case first letter (the one change: a prompt of "\nNegative prompt: ..." lines no
+    longer moves A1111's split), and a value holding a comma, colon or newline is JSON-quoted, as A1111 quotes."""
+    def text(t: str) -> str:
+        return "\n".join("n" + ln.strip()[1:] if ln.strip().startswith(A1111_NEGATIVE) else ln for ln in t.split("\n"))
+
+    def value(v) -> str:
+        v = str(v)
+        return json.dumps(v, ensure_ascii=False) if any(c in v for c in ",:\n") else v
+    pairs = ", ".join(f"{k}: {value(v)}" for k, v in settings.items())
+    return f"{text(prompt)}\n{A1111_NEGATIVE} {text(negative)}\n{pairs}"
+
+
 def png_metadata(spec, pack, job: str, names=None, graph: dict | None = None,
                  lora_hashes: dict | None = None) -> dict[str, str]:
     """The PNG's text chunks, for the tools that read them:
@@ -220,10 +239,10 @@ def png_metadata(spec, pack, job: str, names=None, graph: dict | None = None,
     lora_hashes = lora_hashes or {}
     tags = "".join(" " + lora_tag(c.name, c.strength, c.te_strength) for c in spec.loras)
     hashes = ", ".join(f"{lora_stem(c.name)}: {lora_hashes[c.name]}" for c in spec.loras if c.name in lora_hashes)
-    params = (f"{spec.prompt}{tags}\nNegative prompt: {spec.negative_prompt}\nSteps: {spec.steps}, Sampler: "
-              f"{spec.sampler}, Schedule type: {spec.scheduler}, CFG scale: {spec.cfg}, Seed: {spec.seed}, "
-              f"Size: {width}x{height}, Model: {pack.source_name}, Model hash: {pack.source_sha256[:10]}, "
-              + (f'Lora hashes: "{hashes}", ' if hashes else "") + f"Spectrum: {spectrum}")
+    params = a1111_parameters(spec.prompt + tags, spec.negative_prompt, {
+        "Steps": spec.steps, "Sampler": spec.sampler, "Schedule type": spec.scheduler, "CFG scale": spec.cfg,
+        "Seed": spec.seed, "Size": f"{width}x{height}", "Model": pack.source_name,
+        "Model hash": pack.source_sha256[:10], **({"Lora hashes": hashes} if hashes else {}), "Spectrum": spectrum})
     names = names or ModelNames(unet=(pack.source_name,) if pack.source_name else ())
     chunks = None
     if graph is not None:

@@ -153,3 +153,49 @@ def test_a_jobs_loras_in_every_chunk(tmp_path):
         [("styles/ink.safetensors", 1.2, "0123456789ab"), ("body.safetensors", 0.0, "ba9876543210")]
     plain = png_metadata(parse_prompt_obj({"prompt": "1girl", "seed": 3}, resolution=(256, 128)), PACK, "j", NAMES)
     assert "Lora hashes" not in plain["parameters"] and json.loads(plain["anima"])["loras"] == []
+
+
+# A1111's reading of `parameters` (stable-diffusion-webui, modules/infotext_utils.py, parse_generation_parameters;
+# written here from its documented behaviour): the text is stripped and split at "\n"; the last line is the
+# parameters when it holds at least 3 `Key: value` pairs; every other line is stripped, and from the first one that
+# then begins with "Negative prompt:" (that prefix cut off) on, lines belong to the negative prompt; a value in
+# double quotes is JSON.
+A1111_PAIR = __import__("re").compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
+
+
+def a1111_parse(text: str) -> dict:
+    *lines, last = text.strip().split("\n")
+    if len(A1111_PAIR.findall(last)) < 3:
+        lines, last = lines + [last], ""
+    prompt, negative, in_negative = [], [], False
+    for line in lines:
+        line = line.strip()
+        if line.startswith("Negative prompt:"):
+            in_negative, line = True, line[len("Negative prompt:"):].strip()
+        (negative if in_negative else prompt).append(line)
+    out = {"Prompt": "\n".join(prompt), "Negative prompt": "\n".join(negative)}
+    for k, v in A1111_PAIR.findall(last):
+        out[k] = json.loads(v) if len(v) > 1 and v[0] == v[-1] == '"' else v
+    return out
+
+
+def test_a1111_reads_the_prompts_and_settings_back_whole():
+    """A prompt holding "\\nNegative prompt: ...\\nSteps: 99, ..." made A1111's parser report another prompt and
+    negative split (and other steps). Each text keeps its lines; a line A1111 would take for the start of the
+    negative prompt has its first letter lowered, the only change; a model name with commas or colons is quoted as
+    A1111 quotes values."""
+    prompt = "1girl, silver hair\nNegative prompt: a trap\n  Negative prompt:also\nSteps: 99, Sampler: x, Seed: 1"
+    negative = "worst quality\nNegative prompt: twice\n\nlowres"
+    spec = parse_prompt_obj({"prompt": prompt, "negative_prompt": negative, "seed": 42, "steps": 7, "cfg": 4.5},
+                            resolution=(256, 128))
+    pack = SimpleNamespace(**{**vars(PACK), "source_name": "my, model: v2.safetensors"})
+    got = a1111_parse(png_metadata(spec, pack, "j", NAMES)["parameters"])
+    lowered = lambda t: "\n".join(("n" + ln.strip()[1:]) if ln.strip().startswith("Negative prompt:") else ln.strip()
+                                  for ln in t.split("\n"))  # noqa: E731
+    assert got["Prompt"] == lowered(prompt) and got["Negative prompt"] == lowered(negative)
+    assert (got["Steps"], got["Seed"], got["CFG scale"], got["Size"]) == ("7", "42", "4.5", "256x128")
+    assert got["Model"] == "my, model: v2.safetensors" and got["Model hash"] == "ab" * 5
+    for p, n in (("Negative prompt: first line", ""), ("x", ""), ("plain", "Negative prompt: x")):
+        spec = parse_prompt_obj({"prompt": p, "negative_prompt": n, "seed": 1}, resolution=(256, 128))
+        got = a1111_parse(png_metadata(spec, PACK, "j", NAMES)["parameters"])
+        assert (got["Prompt"], got["Negative prompt"], got["Seed"]) == (lowered(p), lowered(n), "1"), (p, n)
