@@ -79,8 +79,13 @@ def target(name: str, *, user_unit: bool, root: str | None) -> Target:
 
 
 def _check_text(what: str, value: str) -> str:
+    """A value for unquoted settings (WorkingDirectory=, Description=, the first comment): systemd joins a line that
+    ends in a backslash with the next one and strips blanks around a value, and these settings have no quoting."""
     if any(c in value for c in "\n\r\x00"):
         raise ServiceError(f"{what} {value!r} holds a line break or NUL, which a unit file cannot carry")
+    if value.endswith("\\") or value != value.strip():
+        raise ServiceError(f"{what} {value!r} ends in a backslash or a blank, which systemd would read as another path "
+                           "(a backslash continues the line, blanks are stripped); rename it")
     return value
 
 

@@ -188,3 +188,17 @@ def _proc(pid):
         return psutil.Process(pid)
     except psutil.NoSuchProcess:
         return None
+
+
+def test_values_systemd_would_read_differently_are_refused(tmp_path, capsys):
+    """A run folder ending in a backslash made WorkingDirectory= continue into the next line (systemd-analyze: "Service
+    has no ExecStart="); trailing blanks are stripped from a value by systemd. Such a path is refused, named."""
+    for name in ("run\\", "run ", " run\\\\"):
+        run = init_run(tmp_path / name)
+        root = tmp_path / "root"
+        assert cli.main(["--run", str(run.root), "service", "install", "--print"]) == 2, name
+        err = capsys.readouterr().err
+        assert repr(str(run.root)) in err and "systemd" in err, err
+        assert cli.main(["--run", str(run.root), "service", "install", "--root", str(root)]) == 2
+        capsys.readouterr()
+        assert not (root / "etc/systemd/system/anima.service").exists()
