@@ -10,7 +10,8 @@
    there; the 20-step example (11 computed steps) takes ~3-4 minutes of denoising on 2 idle cores and far longer on
    a shared machine, while a 256x256 job (256 tokens) took 6.9 minutes at load average ~10 on 2 cores (near 1.5
    minutes idle); `--resolution 512x512` runs that size.
-3) the run folder (`orchestrator init`) pointing at both; 4) supervisord started unless it is already up;
+3) the run folder (`orchestrator init`) pointing at both; 4) supervisord started unless it is already up (one that
+   is shutting down, e.g. right after `supervisorctl shutdown`, is waited for first: it still holds the socket);
 5) the prompt submitted and followed (progress, then the timing table); the PNG and report.json paths are printed.
 supervisord stays up afterwards (the scheduler and executor keep serving further `orchestrator submit`s; the HTTP
 front serves the web page and the ComfyUI/A1111 APIs on http://127.0.0.1:8188/), and the last lines say where the
@@ -102,13 +103,34 @@ def prepare_run(run: Path, models: Path, pack: Path) -> tuple[RunFolder, bool]:
     return rf, changed
 
 
-def ensure_supervisord(rf: RunFolder, config_changed: bool = False) -> bool:
-    """supervisord for this run folder, started unless it already answers (then its always-on programs are restarted
-    when the config changed); waits for the job daemon. -> started now."""
-    from orchestrator.supervisor import Supervisor, SupervisorError
-    sup = Supervisor(rf.supervisor_sock)
+def _supervisord_state(sup) -> str:
+    """"running", "shutting down" (`supervisorctl shutdown` returns before supervisord has gone: it still holds the
+    socket while it stops its programs) or "absent"."""
+    from orchestrator.supervisor import ShuttingDown, SupervisorError
     try:
         sup.ping()
+        return "running"
+    except ShuttingDown:
+        return "shutting down"
+    except (SupervisorError, OSError):
+        return "absent"
+
+
+def ensure_supervisord(rf: RunFolder, config_changed: bool = False) -> bool:
+    """supervisord for this run folder, started unless it already answers (then its always-on programs are restarted
+    when the config changed; one that is shutting down is waited for, then started again); waits for the job
+    daemon. -> started now."""
+    from orchestrator.supervisor import Supervisor, SupervisorError
+    sup = Supervisor(rf.supervisor_sock)
+    state = _supervisord_state(sup)
+    if state == "shutting down":
+        _say(f"4) supervisord for {rf.root} is shutting down: waiting for it to exit")
+        try:
+            sup.wait_gone()
+        except SupervisorError as e:
+            raise DemoError(str(e)) from None
+        state = _supervisord_state(sup)
+    if state == "running":
         started = False
         _say(f"4) supervisord is already running for {rf.root}")
         if config_changed:
@@ -117,7 +139,7 @@ def ensure_supervisord(rf: RunFolder, config_changed: bool = False) -> bool:
             for program in ALWAYS_ON_STAGES + ("orchestrator", "http"):
                 if program in sup.all_info():
                     sup.restart(program)
-    except (SupervisorError, OSError):
+    else:
         conf = rf.supervisord_conf
         _say(f"4) starting supervisord -c {conf}")
         r = subprocess.run([str(Path(sys.executable).parent / "supervisord"), "-c", str(conf)], capture_output=True,
@@ -256,7 +278,9 @@ def main(argv=None) -> int:
     print(f"image:  {result['image']}\nreport: {result['report']}")
     if args.stop:
         from orchestrator.supervisor import Supervisor
-        Supervisor(rf.supervisor_sock).shutdown()
+        sup = Supervisor(rf.supervisor_sock)
+        sup.shutdown()
+        sup.wait_gone()                               # gone, so a next `make demo` can start it again at once
         _say(f"supervisord stopped ({conf})")
     else:
         bin_dir = Path(sys.executable).parent

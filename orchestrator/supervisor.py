@@ -15,6 +15,7 @@ RPC_TIMEOUT_S = 10.0          # one XML-RPC call
 POLL_INTERVAL_S = 0.1         # while waiting for a process state
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0         # supervisord's own stopwaitsecs escalates to SIGKILL before this
+SHUTDOWN_TIMEOUT_S = 180.0    # a whole shutdown: the programs stop one priority group after another (10-30 s each)
 
 # supervisord process states (supervisor.states.ProcessStates)
 RUNNING_STATES = ("STARTING", "RUNNING", "STOPPING", "BACKOFF")   # a process may exist (or is about to)
@@ -22,6 +23,7 @@ STOPPED_STATES = ("STOPPED", "EXITED", "FATAL")
 LIVE_STATES = ("STARTING", "RUNNING", "STOPPING")                 # a pid exists
 
 # supervisor.xmlrpc.Faults codes the client turns into clear errors
+FAULT_SHUTDOWN_STATE = 6      # supervisord is shutting down: it answers, but every call is refused
 FAULT_BAD_NAME = 10
 FAULT_NO_FILE = 20
 FAULT_SPAWN_ERROR = 50
@@ -32,6 +34,11 @@ FAULT_NOT_RUNNING = 70
 
 class SupervisorError(RuntimeError):
     """supervisord unreachable, an unknown program, a process that would not start or stop in time."""
+
+
+class ShuttingDown(SupervisorError):
+    """supervisord still holds its socket but is shutting down (after `supervisorctl shutdown`, while it stops its
+    programs): a new one cannot start on that socket until it has gone."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,8 @@ class Supervisor:
             what = f"program {name!r}" if name else "supervisord"
             if f.faultCode == FAULT_BAD_NAME:
                 raise SupervisorError(f"supervisord has no program {name!r}") from None
+            if f.faultCode == FAULT_SHUTDOWN_STATE:
+                raise ShuttingDown(f"supervisord on {self.socket_path} is shutting down") from None
             raise SupervisorError(f"{what}: {method} failed: {f.faultString}") from None
         except (OSError, http.client.HTTPException, xmlrpc.client.ProtocolError) as e:
             raise SupervisorError(f"supervisord is not reachable on {self.socket_path}: {e}") from None
@@ -195,5 +204,23 @@ class Supervisor:
         return added + changed
 
     def shutdown(self) -> None:
-        """Ask supervisord to stop all programs and exit."""
+        """Ask supervisord to stop all programs and exit (it answers at once; `wait_gone` waits for the exit)."""
         self._call("supervisor.shutdown")
+
+    def wait_gone(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
+        """Wait until supervisord no longer answers on its socket (a shutdown stops every program first, each within
+        its stopwaitsecs). SupervisorError when it still answers after `timeout_s`, or answers as running again."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                state = self.ping()
+            except ShuttingDown:
+                state = None
+            except SupervisorError:
+                return                                   # the socket is gone or refuses: supervisord has exited
+            if state is not None:
+                raise SupervisorError(f"supervisord on {self.socket_path} is {state}, not shutting down")
+            if time.monotonic() > deadline:
+                raise SupervisorError(f"supervisord on {self.socket_path} was still shutting down after "
+                                      f"{timeout_s:.0f} s")
+            time.sleep(POLL_INTERVAL_S)

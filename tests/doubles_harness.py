@@ -48,12 +48,13 @@ class Doubles:
         self._client = None
 
     @classmethod
-    def start(cls, root: Path, sizes=((64, 64),), extra_toml: str = "") -> "Doubles":
+    def start(cls, root: Path, sizes=((64, 64),), extra_toml: str = "", extra_conf: str = "") -> "Doubles":
+        """`extra_conf`: more supervisord.conf sections (e.g. another [program:...])."""
         rf = init_run(root / "run")
         conf = rf.supervisord_conf.read_text()
         for stage in ("encoder", "scheduler", "executor", "vae"):
             conf = conf.replace(f"-m stages.{stage} ", f"{DOUBLES} {stage} ")
-        rf.supervisord_conf.write_text(conf)
+        rf.supervisord_conf.write_text(conf + extra_conf)
         packs = [fake_pack(root / f"pack{w}x{h}", w, h) for w, h in sizes]
         more = ", ".join(f'"{p}"' for p in packs[1:])
         rf.pipeline_toml.write_text(f'run_dir = "."\npack_dir = "{packs[0]}"\npacks = [{more}]\nthreads = 1\n'
