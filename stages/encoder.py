@@ -15,6 +15,8 @@ import logging
 import os
 import time
 
+import numpy as np
+
 from models.lora import LoraError
 from models.lora.choice import lora_uses
 from models.models_dir import ModelsDirError, resolve_models
@@ -78,14 +80,21 @@ class EncoderLogic:
         lora_s = time.perf_counter() - t0
         # 2) tokenize and encode both prompts
         t0 = time.perf_counter()
-        try:
-            tc, tu = self.encoder.tokenize(msg.prompt), self.encoder.tokenize(msg.negative)
-        except PromptWeightError as e:
-            raise RequestFailed(str(e), code="bad_prompt", field="prompt") from None
+        tokens = {}
+        for field, text in (("prompt", msg.prompt), ("negative", msg.negative)):
+            try:
+                tokens[field] = self.encoder.tokenize(text)
+            except PromptWeightError as e:
+                raise RequestFailed(str(e), code="bad_request", field=field) from None
+        tc, tu = tokens["prompt"], tokens["negative"]
         cond = self.encoder.encode_tokens(tc, msg.rows)           # [S, Dc] f32
         ctx.check(msg.job)
         uncond = self.encoder.encode_tokens(tu, msg.rows)         # [S, Dc] f32
         encode_s = time.perf_counter() - t0
+        for field, c in (("prompt", cond), ("negative", uncond)):  # the scheduler would refuse it: say why here
+            if not np.isfinite(c).all():
+                raise RequestFailed(f"{field}: its context has NaN/Inf values (a weight too large for float32, or "
+                                    "broken text-encoder weights)", field=field)
         # 3) into the arena slots (or inline for a remote encoder) and reply
         out = ReplyTensors(ctx, msg.arena)
         dc = out.put(cond, msg.cond, field="cond")

@@ -364,6 +364,10 @@ class SchedulerLogic:
         cond = read_tensor(ctx, msg.arena, msg.cond, msg.inline, field="cond", dtype="f32", shape=ctx_shape, copy=True)
         uncond = read_tensor(ctx, msg.arena, msg.uncond, msg.inline, field="uncond", dtype="f32", shape=ctx_shape,
                              copy=True)
+        for name, c in (("cond", cond), ("uncond", uncond)):      # a bad request, not a broken stage: no exit
+            if not np.isfinite(c).all():
+                raise RequestFailed(f"{name}: the context has NaN/Inf values (from the encoder: a prompt weight "
+                                    "too large for float32, or broken text-encoder weights)", field=name)
         lat_shape = (cfg.latent_channels, g.latent_h, g.latent_w)
         if msg.latent.dtype != "f32" or tuple(msg.latent.shape) != lat_shape:
             raise ProtocolError("latent", f"expected f32 {list(lat_shape)}, got {msg.latent.dtype} "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,25 @@ def test_prompt_json_rejects_bad_weight_syntax():
     with pytest.raises(PromptError, match="field 'negative_prompt'.*embedding"):
         parse_prompt_obj({"prompt": "x", "negative_prompt": "lowres embedding:"})
     assert parse_prompt_obj({"prompt": "a) ((b:2)) (c"}).prompt == "a) ((b:2)) (c"
+
+
+def test_weights_beyond_the_bound_are_refused_with_the_field():
+    """`(a:1e39)` or 1000 nested parentheses were accepted; the encoder's float32 cast overflowed, the scheduler met a
+    NaN/Inf context and exited, four times per job. |weight| <= MAX_PROMPT_WEIGHT (100) is checked at submit."""
+    from models.text.prompt_weights import MAX_PROMPT_WEIGHT
+    from orchestrator.prompt_spec import PromptError, parse_prompt_obj
+    assert MAX_PROMPT_WEIGHT == 100.0
+    nest = lambda n: "(" * n + "x" + ")" * n  # noqa: E731
+    for ok in ("(a:100)", "(a:-100)", "(b:0)", nest(48), "(" * 60 + "x:1.2" + ")" * 60, "((a:99):100)"):
+        check_prompt(ok)                                          # 1.1**48 = 97.0; an explicit weight replaces
+    for bad, weight in (("(a:1e39)", "1e+39"), ("(a:100.5)", "100.5"), ("(a:-101)", "-101"), (nest(49), "106.7"),
+                        (nest(1000), "2.46993e+41"), ("(x (y:90))", None)):
+        if weight is None:
+            check_prompt(bad)                                     # 1.1 applies to "x " only: y keeps 90
+            continue
+        with pytest.raises(PromptWeightError, match=rf"weight {re.escape(weight)}\S* of .* is outside -100\.\.100"):
+            check_prompt(bad)
+    assert parse_weights(nest(1000))[0].weight == pytest.approx(1.1 ** 1000)      # the parser is ComfyUI's still
+    for field in ("prompt", "negative_prompt"):
+        with pytest.raises(PromptError, match=f"field '{field}'.*outside -100..100"):
+            parse_prompt_obj({"prompt": "x", field: "1girl, (smile:1e39)"})

@@ -86,9 +86,13 @@ def _contexts(pack):
     return cond, uncond
 
 
-def _run_job(config, ctx, pack, job_dir: Path, job: str, spectrum: bool, steps: int, kill=None):
-    """Act as the orchestrator: arena, contexts, DENOISE; `kill(procs)` may run mid-job. -> (latent, Denoised)."""
+def _run_job(config, ctx, pack, job_dir: Path, job: str, spectrum: bool, steps: int, kill=None, contexts=None,
+             expect=m.Denoised):
+    """Act as the orchestrator: arena, contexts (changed by `contexts(cond, uncond)` when given), DENOISE; `kill(procs)`
+    may run mid-job. -> (latent, the reply: `expect`, cond, uncond)."""
     cond, uncond = _contexts(pack)
+    if contexts is not None:
+        cond, uncond = contexts(cond, uncond)
     job_dir.mkdir(parents=True, exist_ok=True)                  # the orchestrator makes the job folder
     g, c = pack.geometry, pack.config
     L, D, S, Dc = g.tokens, c.width, g.text_tokens, c.context_dim
@@ -107,7 +111,8 @@ def _run_job(config, ctx, pack, job_dir: Path, job: str, spectrum: bool, steps: 
         with LazyPirate(ctx, config.endpoint("scheduler"), timeout_s=300.0, retries=3) as link:
             if kill is not None:
                 kill()
-            reply = m.expect(link.request(msg), m.Denoised, "scheduler")
+            reply = link.request(msg)
+            assert isinstance(reply, expect), reply
         return arena.read(dl), reply, cond, uncond
 
 
@@ -165,3 +170,23 @@ def test_prefetch_policy_gives_the_same_latent(pipeline, pack128, tmp_path):
     ref = _in_process(pack, cond, uncond, False, 2)
     assert reply.branch_calls == 3 * pack.config.blocks * 2
     np.testing.assert_array_equal(latent, ref.latent)
+
+
+def test_a_non_finite_context_is_an_error_reply_and_the_scheduler_serves_on(pipeline, pack128, tmp_path):
+    """A context with Inf (the encoder's float32 cast of a weight like 1e39) made the scheduler raise and exit 1; the
+    flow took it for a stage death and retried 4 times. It is an ERROR reply naming the context; the same process then
+    runs the next job."""
+    config, ctx, procs, logs = pipeline
+    pack = load_pack(pack128)
+    pid = procs["scheduler"].pid
+    for field in ("cond", "uncond"):
+        def poison(c, u, field=field):
+            (c if field == "cond" else u)[5, 7] = np.inf
+            return c, u
+        reply = _run_job(config, ctx, pack, tmp_path / f"bad-{field}", f"bad{field}", False, 2, contexts=poison,
+                         expect=m.Error)[1]
+        assert reply.code == "failed" and reply.field == field and not reply.retry, reply
+        assert "NaN/Inf" in reply.message and procs["scheduler"].poll() is None
+    latent, reply, cond, uncond = _run_job(config, ctx, pack, tmp_path / "job", "jobOK", False, 2)
+    np.testing.assert_array_equal(latent, _in_process(pack, cond, uncond, False, 2).latent)
+    assert procs["scheduler"].pid == pid and procs["scheduler"].poll() is None

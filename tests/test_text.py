@@ -375,3 +375,29 @@ def test_encode_command(encoder, te_file, tiny_dit, tok_dir, tmp_path, capsys):
     assert main(["encode", "--models", str(models), "--qwen", str(tiny_dit), "--prompt", "x",
                  "--out", str(out)]) == 2
     assert "DiT" in capsys.readouterr().err
+
+
+def test_encoder_stage_refuses_what_it_cannot_encode_as_error_replies(tiny_bundle, tmp_path):
+    """ENCODE of `(a:1e39)` (past the daemon's check, e.g. from another client) gave an Inf context the scheduler then
+    died on; it is refused here, naming the prompt. A weight syntax error in the negative prompt was labelled
+    `prompt` with an error code the protocol has not (the ERROR reply itself failed to build)."""
+    from protocol import messages as m
+    from stages.base import RequestFailed
+    from stages.config import load_config
+    from stages.encoder import EncoderLogic
+    cfg = tmp_path / "pipeline.toml"
+    cfg.write_text(f'models_dir = "{tiny_bundle}"\nthreads = 1\n')
+    logic = EncoderLogic(load_config(cfg))
+    ctx = type("Ctx", (), {"check": lambda self, job: None})()
+    try:
+        ok = logic.on_encode(m.Encode(job="j", prompt="(a:99)", negative="x"), ctx)
+        assert all(np.isfinite(np.frombuffer(f, np.float32)).all() for f in ok.inline)
+        for prompt, negative, field, says in (("(a:1e39)", "", "prompt", "NaN/Inf"),
+                                              ("x", "(b:-1e39)", "negative", "NaN/Inf"),
+                                              ("x", "lowres embedding:", "negative", "not followed by a name")):
+            with pytest.raises(RequestFailed, match=says) as e:
+                logic.on_encode(m.Encode(job="j", prompt=prompt, negative=negative), ctx)
+            reply = m.error_reply(1, e.value.code, str(e.value), field=e.value.field)
+            assert (reply.code, reply.field) == ("failed" if says == "NaN/Inf" else "bad_request", field), reply
+    finally:
+        logic.close()

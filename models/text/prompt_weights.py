@@ -20,7 +20,9 @@ The rules (facts about ComfyUI's prompt parser, with examples in docs/prompts.md
    word, cut before any `<` or `[`, with a comma-stripping retry) and tokenize what follows it on its own.
 
 Non-finite weights (`nan`, `inf`, which Python's float accepts) and `embedding:` without a name are errors here
-(ComfyUI turns the first into a NaN picture and fails on the second).
+(ComfyUI turns the first into a NaN picture and fails on the second). So is a segment weight beyond
+±MAX_PROMPT_WEIGHT (ComfyUI takes any float; docs/prompts.md says why 100): `check_prompt` refuses it, while
+`parse_weights` still gives ComfyUI's segments for any prompt.
 """
 from __future__ import annotations
 
@@ -30,6 +32,11 @@ from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
 PAREN_WEIGHT = 1.1
+# |weight| of a segment, explicit or from nesting (1.1 per level: 48 levels give 97.0, 49 give 106.7). The adapter's
+# rows are RMS-normalised (each element at most sqrt(1024) = 32 x the norm's gain) and then multiplied by the weight:
+# 100 keeps them finite in FP32 for any gain below 1e35, and within an FP16 branch input (65504) for gains up to 20,
+# where `(a:1e39)` or 1000 nested parentheses overflowed float32 and made the context NaN/Inf.
+MAX_PROMPT_WEIGHT = 100.0
 EMBEDDING_PREFIX = "embedding:"
 _EMBEDDING_START = re.compile(r"(?<=\s)" + re.escape(EMBEDDING_PREFIX))
 _NAME_CUT = re.compile(r"[<\[]")
@@ -165,5 +172,13 @@ def segment_pieces(segments: List[Segment], dropped: Optional[list] = None) -> L
 
 
 def check_prompt(prompt: str) -> None:
-    """Raise PromptWeightError for a prompt the syntax cannot give a usable conditioning for (no tokenizer needed)."""
-    segment_pieces(parse_weights(prompt))
+    """Raise PromptWeightError for a prompt the syntax cannot give a usable conditioning for (no tokenizer needed):
+    a non-finite weight, `embedding:` without a name, a segment weight beyond ±MAX_PROMPT_WEIGHT."""
+    segments = parse_weights(prompt)
+    for seg in segments:
+        if abs(seg.weight) > MAX_PROMPT_WEIGHT:
+            text = seg.text if len(seg.text) <= 40 else seg.text[:37] + "..."
+            raise PromptWeightError(f"weight {seg.weight:.6g} of {text!r} is outside -{MAX_PROMPT_WEIGHT:g}.."
+                                    f"{MAX_PROMPT_WEIGHT:g} (an explicit (text:w), or 1.1 per level of nested "
+                                    "parentheses: at most 48 levels)")
+    segment_pieces(segments)
