@@ -377,5 +377,30 @@ def test_lone_surrogates_are_400_naming_the_field(d):
     for path, body, field in cases:
         raw = json.dumps(body)                                 # ASCII JSON with the \\uXXXX escape, as a client sends
         r = requests.post(url + path, data=raw, headers={"Content-Type": "application/json"}, timeout=30)
-        assert r.status_code == 400 and r.json()["field"] == field and "surrogate" in r.json()["error"], (path, r.text)
+        status = 422 if path.startswith("sdapi/") else 400           # A1111's FastAPI: 422 for a bad request
+        assert r.status_code == status and r.json()["field"] == field and "surrogate" in r.json()["error"], (path,
+                                                                                                          r.text)
     assert d.status(limit=1).jobs == before                    # nothing queued
+
+
+def test_a1111_reads_its_typed_fields_as_a1111_does(d):
+    """`sampler_name: []` became Euler and `send_images: "false"` still sent the image; the A1111 routes mixed 422
+    and 400. A1111's request model (pydantic) refuses a list for a string and reads "false" as false; every bad
+    request to txt2img is its 422, naming the field."""
+    url = d.http_url()
+    base = {"prompt": "a girl", "width": 64, "height": 64, "steps": 1, "seed": 5}
+    before = d.status(limit=1).jobs
+    for body, field in (({**base, "sampler_name": []}, "sampler_name"), ({**base, "sampler_index": 3}, "sampler_index"),
+                        ({**base, "scheduler": ["simple"]}, "scheduler"), ({**base, "send_images": "maybe"}, "send_images"),
+                        ({**base, "send_images": 2}, "send_images"), ({**base, "steps": "many"}, "steps"),
+                        ({**base, "width": 128, "height": 128}, "width")):
+        r = requests.post(url + "sdapi/v1/txt2img", json=body, timeout=30)
+        assert r.status_code == 422 and r.json()["field"] == field, (body, r.status_code, r.text)
+    for raw in (b"prompt=cat", b'["cat"]', b'{"prompt": "x", "cfg_scale": NaN}'):
+        r = requests.post(url + "sdapi/v1/txt2img", data=raw, headers={"Content-Type": "application/json"}, timeout=30)
+        assert r.status_code == 422 and r.json()["error"], (raw, r.status_code)
+    assert d.status(limit=1).jobs == before                                  # nothing was queued
+    for send, images in (("false", 0), ("No", 0), (0, 0), (False, 0), ("yes", 1), (1, 1), ("TRUE", 1)):
+        r = requests.post(url + "sdapi/v1/txt2img", json={**base, "send_images": send, "sampler_name": None},
+                          timeout=60)
+        assert r.status_code == 200 and len(r.json()["images"]) == images, (send, r.status_code, r.text[:200])

@@ -12,6 +12,11 @@ not apply to the flow-matching Euler sampler (eta, s_churn, s_tmin, s_tmax, s_no
 as A1111 ignores unknown fields. `<lora:NAME:S>` tags in the prompt (models/lora/a1111.py) are cut out of the text and
 become the job's LoRAs (names under MODELS/loras/, checked at submit), as A1111's extra networks do. Extension:
 "spectrum": true|false.
+
+Every refusal of the request itself is 422, as A1111's FastAPI answers any validation error (a body that is not
+JSON or not an object, an ill-typed or out-of-range field, a size without a pack). Its typed fields are read as its
+pydantic model reads them: `sampler_name`, `sampler_index`, `scheduler` a string or null (a list is refused, not
+taken for the default); `send_images` a bool, 0/1, or one of pydantic's bool words ("false", "no", "off", "0", ...).
 """
 from __future__ import annotations
 
@@ -27,7 +32,8 @@ from models.lora import LoraError
 from models.lora.a1111 import split_lora_tags
 from models.partition import KINDS, branch_index
 from orchestrator.http import files
-from orchestrator.http.common import FRONT, cancel_job, json_response, read_json, refuse, submit_job
+from orchestrator.http.common import (FRONT, BadRequest, cancel_job, from_daemon, json_response, read_json, refuse,
+                                      submit_job)
 from orchestrator.http.link import DaemonRefused
 from orchestrator.http.tracker import JobGone
 from orchestrator.http.views import JobView
@@ -67,6 +73,30 @@ def _number(body: dict, field: str, default, *, integer: bool, low, high):
     return v
 
 
+# pydantic's lax bool (A1111's request model): these words, in any case, besides true/false and the integers 0/1
+BOOL_WORDS = {"0": False, "off": False, "f": False, "false": False, "n": False, "no": False,
+              "1": True, "on": True, "t": True, "true": True, "y": True, "yes": True}
+
+
+def _bool(body: dict, field: str, default: bool) -> bool:
+    v = body.get(field, default)
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.lower() in BOOL_WORDS:
+        return BOOL_WORDS[v.lower()]
+    raise _bad(field, f"must be true or false, got {type(v).__name__} {v!r}"[:200])
+
+
+def _name(body: dict, field: str):
+    """A string field of A1111's model that may be null ("" and null both mean its default)."""
+    v = body.get(field)
+    if v is not None and not isinstance(v, str):
+        raise _bad(field, f"must be a string, got {type(v).__name__}")
+    return v or None
+
+
 def _text(body: dict, field: str) -> str:
     v = body.get(field, "")
     if not isinstance(v, str):
@@ -92,13 +122,13 @@ def to_spec(body: dict) -> dict:
     seed = _number(body, "seed", -1, integer=True, low=-1, high=2**64 - 1)
     if seed != -1:
         spec["seed"] = seed
-    sampler = body.get("sampler_name") or body.get("sampler_index") or "Euler"
-    if not isinstance(sampler, str) or sampler.lower() not in SAMPLER_OF:
+    sampler = _name(body, "sampler_name") or _name(body, "sampler_index") or "Euler"
+    if sampler.lower() not in SAMPLER_OF:
         raise _bad("sampler_name", f"{sampler!r}"[:80] + " is not available; samplers: "
                    + ", ".join(s["name"] for s in SAMPLERS))
     spec["sampler"] = SAMPLER_OF[sampler.lower()]
-    scheduler = body.get("scheduler") or "automatic"
-    if not isinstance(scheduler, str) or scheduler.lower() not in SCHEDULER_OF:
+    scheduler = _name(body, "scheduler") or "automatic"
+    if scheduler.lower() not in SCHEDULER_OF:
         raise _bad("scheduler", f"{scheduler!r}"[:80] + " is not available; schedulers: "
                    + ", ".join(s["name"] for s in SCHEDULERS))
     spec["scheduler"] = SCHEDULER_OF[scheduler.lower()]
@@ -108,7 +138,13 @@ def to_spec(body: dict) -> dict:
         spec["spectrum"] = body["spectrum"]
     if tags:
         spec["loras"] = [{"name": t.name, "strength": t.strength, "clip_strength": t.clip_strength} for t in tags]
+    _bool(body, "send_images", True)                  # checked before anything is queued
     return spec
+
+
+def _unprocessable(e: BadRequest) -> BadRequest:
+    """A1111's status for a request it cannot take (FastAPI: 422); others (413, 408, 429, 503 ...) stay."""
+    return BadRequest(422, e.body) if e.status == 400 else e
 
 
 def _info(job: JobView, png: bytes, model: str) -> dict:
@@ -131,9 +167,14 @@ def _info(job: JobView, png: bytes, model: str) -> dict:
 
 async def txt2img(request: web.Request) -> web.Response:
     front = request.app[FRONT]
-    body = await read_json(request)
-    spec = to_spec(body)
-    sub = await submit_job(front, spec, {"api": "a1111"})
+    try:
+        body = await read_json(request)
+        spec = to_spec(body)
+        sub = await submit_job(front, spec, {"api": "a1111"})
+    except BadRequest as e:
+        raise _unprocessable(e) from None
+    except DaemonRefused as e:                       # the daemon's word on a field (e.g. a size without a pack)
+        raise _unprocessable(from_daemon(e)) from None
     # the job runs under the daemon; this request waits for it (a client that goes away leaves the job running)
     try:
         job = await front.tracker.wait(sub.job)
@@ -152,7 +193,7 @@ async def txt2img(request: web.Request) -> web.Response:
               "seed": job.spec["seed"],
               "steps": spec["steps"], "cfg_scale": spec["cfg"], "width": spec["width"], "height": spec["height"],
               "sampler_name": "Euler", "scheduler": spec["scheduler"], "batch_size": 1, "n_iter": 1}
-    images = [base64.b64encode(png).decode()] if body.get("send_images", True) is not False else []
+    images = [base64.b64encode(png).decode()] if _bool(body, "send_images", True) else []
     return json_response({"images": images, "parameters": params, "info": json.dumps(info)})
 
 
