@@ -34,7 +34,7 @@ TRANSITIONS = {
     "cancelled": {"queued"},     # resume
     "done": set(),
 }
-JOB_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
+JOB_ID_RE = re.compile(r"\A[0-9]{8}-[0-9]{6}-[0-9a-f]{6}\Z")    # \Z: `$` also matches before a final newline
 DEFAULT_MAX_QUEUE = 16          # queued + running jobs
 DEFAULT_MIN_FREE_MB = 64        # free disk space needed to accept a job
 MAX_HISTORY = 64                # state-change records kept per job

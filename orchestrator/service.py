@@ -29,7 +29,7 @@ from orchestrator.runfolder import RunFolder
 
 SYSTEM_DIR = Path("etc/systemd/system")          # below / (or --root)
 MARK = "# orchestrator service install: run folder "
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,200}$")
+NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.@-]{0,200}\Z")
 STOP_TIMEOUT_S = 120     # supervisord stops the programs one priority group after another (stopwaitsecs 15-30 each)
 RESTART_S = 5
 

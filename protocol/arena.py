@@ -30,7 +30,7 @@ SHM_DIR = "/dev/shm"
 ALIGN_BYTES = 64  # slot alignment (cache line; NPU DMA prefers >= 64)
 FREE_MARGIN_BYTES = 64 * 2**20  # keep this much of /dev/shm free after an allocation
 NAME_PREFIX = "anima_"
-_JOB_RE = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
+_JOB_RE = re.compile(r"\A[A-Za-z0-9_\-]{1,64}\Z")
 
 
 class ArenaError(Exception):

@@ -360,3 +360,31 @@ def test_a_wrong_typed_record_is_set_aside_not_fatal(tmp_path):
             daemon_store.remove(bad.id)
         assert [e.id for e in daemon_store.prunable(keep=0)] == []
         assert path.exists()
+
+
+def test_a_job_id_with_a_trailing_newline_is_not_a_job_id(tmp_path):
+    """JOB_ID_RE ended in `$`, which also matches before a final newline: "JOB\\n" passed as an id (into a path, a
+    /view subfolder, a STATUS)."""
+    from orchestrator.http import files
+    from orchestrator.jobs import JOB_ID_RE
+    store = JobStore(tmp_path)
+    job = store.submit(SPEC).id
+    for bad in (job + "\n", "\n" + job, job + "\r\n"):
+        assert JOB_ID_RE.match(bad) is None
+        with pytest.raises(JobError, match="is not a job id"):
+            store.get(bad)
+        with pytest.raises(files.BadName):
+            files.resolve(store.root, "image.png", bad)
+    assert JOB_ID_RE.match(job) and store.get(job).id == job
+
+
+def test_other_names_that_reach_files_refuse_a_trailing_newline(tmp_path):
+    """The same `$` let "anima\\n" through as a unit name and "job\\n" into a shared-memory segment name."""
+    from orchestrator import service
+    from protocol.arena import ArenaError, segment_name
+    with pytest.raises(service.ServiceError, match="--name"):
+        service.target("anima\n", user_unit=True, root=str(tmp_path))
+    assert service.target("anima", user_unit=True, root=str(tmp_path)).name == "anima"
+    with pytest.raises(ArenaError, match="not usable in a segment name"):
+        segment_name(tmp_path, "job\n")
+    assert segment_name(tmp_path, "job")
