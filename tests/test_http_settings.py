@@ -350,3 +350,22 @@ def test_slow_and_silent_connections_are_closed(tmp_path):
         assert isinstance(results["idle"], bytes) and results["idle"].startswith(b"HTTP/1.1 200"), results
     finally:
         assert _stop(proc) == 0
+
+
+def test_a_second_front_on_the_run_folder_leaves_the_first_ones_file(tmp_path):
+    """A second front on the same run folder (port 0 binds anywhere) overwrote RUN/http.json, then deleted it when
+    it stopped: the first front, still serving, could no longer be found. The second one exits 2 naming the first."""
+    run = _run_folder(tmp_path)
+    first, url = _front(run)
+    try:
+        written = (run / "http.json").read_text()
+        second = subprocess.run([PY, "-m", "orchestrator.http", "--config", str(run / "pipeline.toml")],
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2 and url in second.stderr and str(first.pid) in second.stderr, second.stderr
+        assert (run / "http.json").read_text() == written
+        assert requests.get(url, timeout=15).status_code == 200
+    finally:
+        assert _stop(first) == 0
+    assert not (run / "http.json").exists()
+    again, url = _front(run)                     # the lock went with the first front: a new one starts
+    assert _stop(again) == 0

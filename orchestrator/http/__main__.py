@@ -1,7 +1,8 @@
 """`python -m orchestrator.http --config RUN/pipeline.toml`: the HTTP front (supervisord's [program:http]).
 
-A setting it refuses (another address than loopback without a token, a token file others can read, a port in use)
-is one line on stderr and exit 2, before anything listens (supervisord marks it FATAL: startretries=0)."""
+A setting it refuses (another address than loopback without a token, a token file others can read, a port in use,
+another front already serving the run folder) is one line on stderr and exit 2, before anything listens
+(supervisord marks it FATAL: startretries=0)."""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,7 @@ def main(argv=None) -> int:
     p.add_argument("--config", required=True, help="the run folder's pipeline.toml")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from orchestrator.http.app import make_front, serve
+    from orchestrator.http.app import FrontBusy, make_front, serve
     from orchestrator.http.settings import HttpSettings, SettingsError
     from stages.config import ConfigError, load_config
     try:
@@ -33,6 +34,9 @@ def main(argv=None) -> int:
     setproctitle.setproctitle("anima-http")
     try:
         asyncio.run(serve(make_front(cfg, settings, token)))
+    except FrontBusy as e:
+        print(f"anima-http: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except OSError as e:
         print(f"anima-http: cannot listen on {settings.host}:{settings.port}: {e.strerror or e}", file=sys.stderr)
         return EXIT_USAGE

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import fcntl
 import hmac
 import ipaddress
 import json
@@ -196,8 +197,47 @@ def build_app(front: Front) -> web.Application:
 # ---------------------------------------------------------------- serving
 
 
+class FrontBusy(Exception):
+    """Another front serves this run folder (it holds RUN/http.json's lock): the message says where."""
+
+
+def claim_run(rf: RunFolder) -> int:
+    """The run folder's one front: an exclusive lock on RUN/http.lock, held (by the returned descriptor) while this
+    process lives. A second front would overwrite the first one's RUN/http.json, then delete it on its exit."""
+    fd = os.open(rf.root / "http.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        try:
+            where = json.loads(rf.http_json.read_text())
+            where = f"{where['url']} (pid {where['pid']})"
+        except (OSError, ValueError, KeyError, TypeError):
+            where = "(starting)"
+        raise FrontBusy(f"another HTTP front serves {rf.root}: {where}") from None
+    return fd
+
+
+def _release(front: Front, fd: int) -> None:
+    """RUN/http.json goes with the front that wrote it (it is ours: we hold the lock), then the lock."""
+    try:
+        front.rf.http_json.unlink()
+    except OSError:
+        pass
+    os.close(fd)
+
+
 async def serve(front: Front) -> None:
-    """Bind, say where (RUN/http.json and one log line), serve until SIGTERM/SIGINT. OSError when it cannot bind."""
+    """Claim the run folder, bind, say where (RUN/http.json and one log line), serve until SIGTERM/SIGINT. FrontBusy
+    when another front serves the run folder, OSError when it cannot bind."""
+    lock = claim_run(front.rf)
+    try:
+        await _serve(front)
+    finally:
+        _release(front, lock)
+
+
+async def _serve(front: Front) -> None:
     app = build_app(front)
     runner = web.AppRunner(app, access_log_format='%a "%r" %s %b %Tfs', keepalive_timeout=IDLE_TIMEOUT_S)
     await runner.setup()
@@ -223,10 +263,6 @@ async def serve(front: Front) -> None:
         await stop.wait()
     finally:
         log.info("stopping")
-        try:
-            front.rf.http_json.unlink()
-        except OSError:
-            pass
         await front.tracker.stop()
         await front.hub.close()
         await runner.cleanup()
