@@ -230,14 +230,18 @@ def _release(front: Front, fd: int) -> None:
 async def serve(front: Front) -> None:
     """Claim the run folder, bind, say where (RUN/http.json and one log line), serve until SIGTERM/SIGINT. FrontBusy
     when another front serves the run folder, OSError when it cannot bind."""
+    stop = asyncio.Event()                      # first: a SIGTERM once RUN/http.json says "up" is a clean stop
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     lock = claim_run(front.rf)
     try:
-        await _serve(front)
+        await _serve(front, stop)
     finally:
         _release(front, lock)
 
 
-async def _serve(front: Front) -> None:
+async def _serve(front: Front, stop: asyncio.Event) -> None:
     app = build_app(front)
     runner = web.AppRunner(app, access_log_format='%a "%r" %s %b %Tfs', keepalive_timeout=IDLE_TIMEOUT_S)
     await runner.setup()
@@ -255,10 +259,6 @@ async def _serve(front: Front) -> None:
                                                  "pid": os.getpid(), "token": front.token is not None}), mode=0o600)
     log.info("serving %s: the page at /, ComfyUI's API (/prompt, /history, /view, /ws ...), A1111's at /sdapi/v1",
              url)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
     finally:
