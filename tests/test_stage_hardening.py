@@ -165,7 +165,7 @@ def test_supervisord_startsecs_is_the_one_config_exit_waits_for():
     from stages.base import SUPERVISOR_STARTSECS
     conf = configparser.RawConfigParser()
     conf.read(ROOT / "supervisord.conf")
-    for program in ("scheduler", "executor", "encoder", "vae", "orchestrator"):
+    for program in ("scheduler", "executor", "encoder", "vae", "orchestrator", "http"):
         section = conf[f"program:{program}"]
         assert float(section["startsecs"]) == SUPERVISOR_STARTSECS, program
         assert "2" in section["exitcodes"].split(","), program

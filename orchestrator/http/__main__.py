@@ -1,8 +1,9 @@
 """`python -m orchestrator.http --config RUN/pipeline.toml`: the HTTP front (supervisord's [program:http]).
 
 A setting it refuses (another address than loopback without a token, a token file others can read, a port in use,
-another front already serving the run folder) is one line on stderr and exit 2, before anything listens
-(supervisord marks it FATAL: startretries=0)."""
+another front already serving the run folder) is one line on stderr and exit 2 before anything listens, once past
+supervisord's startsecs (stages.base.config_exit): supervisord then shows it EXITED with status 2 and leaves it down
+(exitcodes=2), however long the start took."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +12,6 @@ import logging
 import sys
 from pathlib import Path
 
-EXIT_USAGE = 2
 
 
 def main(argv=None) -> int:
@@ -21,25 +21,27 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from orchestrator.http.app import FrontBusy, make_front, serve
     from orchestrator.http.settings import HttpSettings, SettingsError
+    from stages.base import config_exit
     from stages.config import ConfigError, load_config
+
+    def refused(message: str) -> int:            # exit 2 past supervisord's startsecs: EXITED, however slow the start
+        print(f"anima-http: {message}", file=sys.stderr, flush=True)
+        return config_exit()
     try:
         cfg = load_config(Path(args.config))
         settings = HttpSettings.from_config(cfg)
         token = settings.check()
     except (ConfigError, SettingsError) as e:
-        print(f"anima-http: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return refused(str(e))
     logging.getLogger().setLevel(cfg.log_level.upper())
     import setproctitle
     setproctitle.setproctitle("anima-http")
     try:
         asyncio.run(serve(make_front(cfg, settings, token)))
     except FrontBusy as e:
-        print(f"anima-http: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return refused(str(e))
     except OSError as e:
-        print(f"anima-http: cannot listen on {settings.host}:{settings.port}: {e.strerror or e}", file=sys.stderr)
-        return EXIT_USAGE
+        return refused(f"cannot listen on {settings.host}:{settings.port}: {e.strerror or e}")
     return 0
 
 
