@@ -9,6 +9,7 @@ import time
 
 import pytest
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from protocol import codec
 from protocol import messages as m
@@ -217,10 +218,16 @@ def test_reply_to_a_vanished_peer_is_reported_not_raised(ctx, run_dir):
     req = make_socket(ctx, zmq.REQ, srv.endpoint, bind=False)
     req.send_multipart(codec.encode(m.Heartbeat(peer="t")))
     got = srv.recv(5.0)
-    req.close()  # the requester restarts before the answer
-    time.sleep(0.2)
-    assert srv.reply(got, m.reply_to(got.msg, m.Ok)) is False
-    srv.close()
+    monitor = srv.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    try:
+        req.close()  # the requester restarts before the answer
+        assert monitor.poll(5000), "the server never saw the requester go"   # its disconnect, not a guessed delay
+        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+        assert srv.reply(got, m.reply_to(got.msg, m.Ok)) is False
+    finally:
+        srv.sock.disable_monitor()
+        monitor.close(0)
+        srv.close()
 
 
 def test_curve_allow_list_and_plaintext_refusal(ctx, tmp_path):

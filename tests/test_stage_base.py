@@ -51,6 +51,7 @@ class EchoLogic:
 
     def __init__(self):
         self.cancelled = []
+        self.started = threading.Event()           # a "slow" request is being served
 
     def info(self):
         return {"backend": "echo"}
@@ -59,6 +60,7 @@ class EchoLogic:
         if msg.prompt == "refuse":
             raise RequestFailed("prompt refused", field="prompt")
         if msg.prompt == "slow":
+            self.started.set()
             while True:
                 time.sleep(0.02)
                 ctx.check(msg.job)
@@ -122,7 +124,7 @@ def test_served_stage_handshake_errors_busy_cancel_and_arena(ctx, run_dir):
             "r", LazyPirate(ctx, cfg.endpoint("encoder"), timeout_s=10, retries=0).request(
                 m.Encode(job="j2", prompt="slow"))), daemon=True)
         ts.start()
-        time.sleep(0.3)
+        assert logic.started.wait(10), "the slow request never began"
         pong = m.expect(lp.request(m.Heartbeat(peer="test")), m.Pong)
         assert pong.busy is True and pong.job == "j2"
         busy = lp.request(m.Encode(job="j3", prompt="x"))
@@ -159,6 +161,18 @@ STAGE_SCRIPT = """
 
     sys.exit(stage_main("encoder", Logic))
 """
+
+
+def _wait_busy(ctx, endpoint: str, job: str, timeout_s: float = TIMEOUT_S) -> None:
+    """Until the stage at `endpoint` answers a HEARTBEAT busy with `job` (heartbeats are served during a request)."""
+    deadline = time.monotonic() + timeout_s
+    with LazyPirate(ctx, endpoint, timeout_s=5, retries=0) as hb:
+        while True:
+            pong = m.expect(hb.request(m.Heartbeat(peer="test")), m.Pong)
+            if pong.busy and pong.job == job:
+                return
+            assert time.monotonic() < deadline, f"the stage never became busy with {job}: {pong}"
+            time.sleep(0.02)
 
 
 def _start(tmp_path, run_dir, extra: str = "") -> tuple[subprocess.Popen, Path]:
@@ -200,7 +214,7 @@ def test_stage_process_sigterm_mid_request_exits_cleanly(ctx, tmp_path, run_dir)
         with LazyPirate(ctx, cfg.endpoint("encoder"), timeout_s=10, retries=0) as lp:
             t = threading.Thread(target=lambda: reply.setdefault("r", lp.request(m.Encode(job="j", prompt="slow"))))
             t.start()
-            time.sleep(0.5)
+            _wait_busy(ctx, cfg.endpoint("encoder"), "j")         # mid-request: the stage says so in its PONG
             p.send_signal(signal.SIGTERM)
             t.join(15)
         assert isinstance(reply["r"], m.Error) and reply["r"].code == "cancelled" and reply["r"].retry

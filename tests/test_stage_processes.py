@@ -18,7 +18,7 @@ from models.dit_runner import DiTRunner
 from models.pack import build_pack, load_pack
 from protocol import messages as m
 from protocol.arena import Arena, list_segments, reap, run_prefix, segment_name
-from protocol.sockets import LazyPirate
+from protocol.sockets import EventPull, LazyPirate
 from stages.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,17 +145,25 @@ def test_executor_restart_mid_job_gives_same_latent(pipeline, pack128, tmp_path)
     config, ctx, procs, logs = pipeline
     pack = load_pack(pack128)
 
+    events = EventPull(ctx, config.endpoint("events"))     # the scheduler's PROGRESS: one per branch call done
+
     def kill_later():
         import threading
 
         def go():
-            time.sleep(1.5)
+            deadline = time.monotonic() + 120
+            while not isinstance(events.recv(1.0), m.Progress):   # the job is under way: 167 of 168 calls to go
+                assert time.monotonic() < deadline, "no PROGRESS from the scheduler"
             os.killpg(procs["executor"].pid, signal.SIGKILL)
             procs["executor"].wait(10)
             procs["executor"] = _start("executor", config.path, logs / "executor2.log")
         threading.Thread(target=go, daemon=True).start()
 
-    latent, reply, cond, uncond = _run_job(config, ctx, pack, tmp_path / "job", "jobB", False, 2, kill=kill_later)
+    try:
+        latent, reply, cond, uncond = _run_job(config, ctx, pack, tmp_path / "job", "jobB", False, 2,
+                                               kill=kill_later)
+    finally:
+        events.close()
     ref = _in_process(pack, cond, uncond, False, 2)
     assert reply.resends >= 1
     np.testing.assert_array_equal(latent, ref.latent)

@@ -140,9 +140,10 @@ def test_start_stop_status(tiny):
 def test_stop_kills_the_process_group(tiny):
     sup, run, conf = tiny
     info = sup.wait_state("parent", ("RUNNING",), 10)
-    time.sleep(0.5)                                  # let it spawn its child
     import psutil
-    children = psutil.Process(info.pid).children()
+    deadline = time.monotonic() + 10                 # until it has spawned its child
+    while not (children := psutil.Process(info.pid).children()) and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert children, "the test program should have a child"
     sup.stop("parent", timeout_s=10)
     psutil.wait_procs(children, timeout=5)
