@@ -60,12 +60,21 @@ def test_bf16_rounding_matches_torch():
 
 
 def test_memory_mapped_raw_is_a_view(tmp_path):
+    """raw() is a view of the file's pages, not a copy: bytes written to the file afterwards show through it (a full
+    read, which also has a `base`, keeps the old values)."""
     path = tmp_path / "v.safetensors"
     st_save_numpy({"w": np.arange(12, dtype=np.float32).reshape(3, 4)}, str(path))
     f = SafeTensorsFile(path)
     raw = f.raw("w")
     assert isinstance(raw.base, np.ndarray) or raw.base is not None
     assert not raw.flags.writeable
+    np.testing.assert_array_equal(raw.view(np.float32), np.arange(12, dtype=np.float32).reshape(3, 4))
+    header_len = struct.unpack("<Q", path.read_bytes()[:8])[0]
+    start = 8 + header_len + json.loads(path.read_bytes()[8:8 + header_len])["w"]["data_offsets"][0]
+    with open(path, "r+b") as out:                          # the same pages, changed behind the reader's back
+        out.seek(start)
+        out.write(np.full(12, 7.5, np.float32).tobytes())
+    np.testing.assert_array_equal(raw.view(np.float32), np.full((3, 4), 7.5, np.float32))
 
 
 @pytest.mark.parametrize("case", ["empty", "short", "huge_header", "not_json", "truncated", "bad_size", "fp8"])

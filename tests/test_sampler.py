@@ -32,6 +32,7 @@ def toy_model(seed: int = 7):
         s = np.float32(sigma)
         return (a_c @ xf + s * b_c).reshape(SHAPE), (a_u @ xf + s * b_u).reshape(SHAPE)
     fn.calls = calls
+    fn.a_c, fn.a_u = a_c, a_u                 # v_c = a_c x + sigma b_c, v_u = a_u x + sigma b_u
     return fn
 
 
@@ -176,10 +177,47 @@ def test_spectrum_off_equals_plain_euler_cfg_bitwise():
 
 
 def test_spectrum_changes_result_but_stays_close():
-    off = Sampler(steps=20, spectrum=None).sample(toy_model(), start_latent()).latent
-    on = Sampler(steps=20).sample(toy_model(), start_latent()).latent
+    """How far Spectrum lands from plain Euler, from the math. The toy model is linear, v = A x + sigma b with
+    A = a_u + cfg (a_c - a_u), so an Euler step is x' = M_k x + c_k with M_k = I + (s_{k+1} - s_k) A. A forecast step
+    uses the forecast x0 instead of the model's, which injects e_k = (s_{k+1} - s_k)(v(x_k) - v_used) on top of that
+    step; both runs follow the same map otherwise, so off - on = sum_k M_{N-1} ... M_{k+1} e_k exactly (float32
+    rounding aside), and |off - on| <= sum_k |M_{N-1} ... M_{k+1}|_2 |e_k|. Each e_k must also be smaller than the
+    step's own update (a forecast that does worse than standing still would be useless)."""
+    n_steps, cfg = 20, 4.0
+    off = Sampler(steps=n_steps, spectrum=None).sample(toy_model(), start_latent()).latent
+    sampler = Sampler(steps=n_steps, cfg=cfg)
+    sig = sampler.sigmas.astype(np.float64)
+    model, probe = toy_model(), toy_model()
+    st = sampler.init_state(start_latent())
+    injected = {}                                         # forecast step k -> e_k (float64, flattened)
+    while not sampler.done(st):
+        if sampler.needs_model(st):
+            sampler.step_computed(st, *model(st.latent, sampler.sigma(st)))
+            continue
+        k, x = st.step, st.latent.copy()
+        v_c, v_u = probe(x, float(sampler.sigmas[k]))
+        v_true = (v_u + np.float32(cfg) * (v_c - v_u)).astype(np.float64)
+        sampler.step_forecast(st)
+        dx_used = st.latent.astype(np.float64) - x
+        update = v_true * (sig[k + 1] - sig[k])
+        injected[k] = (update - dx_used).reshape(-1)
+        assert np.linalg.norm(injected[k]) < np.linalg.norm(update), k
+    on = st.latent
     assert not np.array_equal(on, off)
     assert np.all(np.isfinite(on))
+    assert len(injected) >= 5                             # the forecast steps of 20 (see the schedule test)
+    a = (probe.a_u + np.float32(cfg) * (probe.a_c - probe.a_u)).astype(np.float64)
+    eye = np.eye(a.shape[0])
+    carried, bound = np.zeros(a.shape[0]), 0.0
+    for k, e in injected.items():
+        phi = eye
+        for j in range(k + 1, n_steps):
+            phi = (eye + (sig[j + 1] - sig[j]) * a) @ phi
+        carried += phi @ e
+        bound += np.linalg.norm(phi, 2) * np.linalg.norm(e)
+    diff = (off.astype(np.float64) - on.astype(np.float64)).reshape(-1)
+    assert np.linalg.norm(diff - carried) <= 1e-4 * np.linalg.norm(diff)      # float32 rounding: ~1e-6 here
+    assert np.linalg.norm(diff) <= bound
 
 
 @pytest.mark.parametrize("spectrum", [SpectrumSettings(), None], ids=["spectrum", "baseline"])
