@@ -47,3 +47,57 @@ def test_demo_waits_for_a_supervisord_that_is_shutting_down(capsys):
             pass
         d.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_make_demo_path_runs_a_job_keeps_supervisord_then_stops_it(pipeline_assets, capsys):
+    """`make demo` as it runs (python -m orchestrator.demo, a subprocess): models and pack found, the run folder's
+    supervisord started, the job queued, followed and its timing table printed, the image and report paths last, the
+    page's URL, supervisord left up; run again with --stop: the running supervisord reused, then shut down and gone,
+    nothing of the run left (processes, shared memory)."""
+    import json
+    import os
+    import subprocess
+
+    import psutil
+    from PIL import Image
+
+    from orchestrator.runfolder import init_run
+    from protocol.arena import list_segments, run_prefix
+    models, pack = pipeline_assets
+    root = Path(tempfile.mkdtemp(prefix="anima-demo-"))
+    try:
+        bundle = root / "bundle"
+        bundle.mkdir()
+        (bundle / "models").symlink_to(models)                       # the session's tiny bundle and 128x128 pack,
+        (bundle / "pack-128x128").symlink_to(pack)                   # as the demo lays them out
+        run = root / "run"
+        rf = init_run(run, pack_dir=bundle / "pack-128x128", models_dir=bundle / "models")
+        text = rf.pipeline_toml.read_text()                         # the demo's own file, its front on a free port
+        rf.pipeline_toml.write_text(f"{demo.DEMO_MARK}the embedded tiny model (test)\n{text}port = 0\n")
+        prompt = root / "prompt.json"
+        prompt.write_text(json.dumps({"prompt": "1girl, demo", "seed": 3, "steps": 2, "spectrum": False}))
+        cmd = [sys.executable, "-m", "orchestrator.demo", "--run", str(run), "--bundle", str(bundle),
+               "--resolution", "128x128", "--prompt", str(prompt)]
+        first = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ})
+        assert first.returncode == 0, first.stderr[-3000:]
+        out = dict(line.split(":  ", 1) if ":  " in line else line.split(": ", 1) for line in first.stdout.splitlines())
+        image, report = Path(out["image"].strip()), Path(out["report"].strip())
+        assert Image.open(image).size == (128, 128) and json.loads(report.read_text())["stages"]
+        err = first.stderr
+        for says in ("models and pack ready", "4) starting supervisord", "5) job", "stage ", "done in",
+                     "supervisord keeps running", "web page: http://127.0.0.1:"):
+            assert says in err, (says, err[-2000:])
+        assert Supervisor(rf.supervisor_sock).ping() == "RUNNING"    # left up for the next job
+        again = subprocess.run(cmd + ["--stop"], capture_output=True, text=True, timeout=900)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert "4) supervisord is already running" in again.stderr and "supervisord stopped" in again.stderr
+        with pytest.raises(SupervisorError):
+            Supervisor(rf.supervisor_sock).ping()                    # gone, not shutting down
+        left = [p.pid for p in psutil.process_iter(["cmdline"]) if str(run) in " ".join(p.info["cmdline"] or ())]
+        assert left == [] and list_segments(run_prefix(run)) == []
+    finally:
+        try:
+            Supervisor(root / "run" / "supervisor.sock").shutdown()
+        except SupervisorError:
+            pass
+        shutil.rmtree(root, ignore_errors=True)

@@ -171,3 +171,45 @@ def test_prune_counts_every_removed_job(pipeline, tmp_path, capsys):
     assert len(removed) == len(set(removed)) == len(gone) >= n and set(removed) == gone
     assert f"{len(gone)} finished job(s) removed" in out.err, out.err
     assert first not in gone
+
+
+def test_restart_a_stage_and_follow_a_log(pipeline, tmp_path, capsys):
+    """`orchestrator restart executor` gives a new executor process that serves the next job; `logs orchestrator -f`
+    shows the log's end, then what the daemon writes after (a job queued), and Ctrl-C ends it with exit 0."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    from pathlib import Path
+    rf, sup = pipeline
+    old = sup.info("executor").pid
+    capsys.readouterr()
+    assert cli.main(["--run", str(rf.root), "restart", "executor"]) == 0
+    new = sup.info("executor")
+    assert capsys.readouterr().out.strip() == f"executor RUNNING pid {new.pid}" and new.pid not in (0, old)
+    job = _submit(rf, tmp_path, capsys)
+    assert _wait_state(rf, job, capsys, ("done",))["state"] == "done"
+    assert sup.info("executor").pid == new.pid                  # it served the job: no further restart
+    follow = subprocess.Popen([str(Path(sys.executable).with_name("orchestrator")), "--run", str(rf.root), "logs",
+                               "orchestrator", "-f", "--bytes", "2000"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(follow.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not any(f"job {job} -> done" in ln for ln in lines):   # the end of the log first
+            assert time.monotonic() < deadline and follow.poll() is None, lines[-5:]
+            time.sleep(0.05)
+        later = _submit(rf, tmp_path, capsys)
+        while not any(f"job {later} queued" in ln for ln in lines):   # then what comes after
+            assert time.monotonic() < deadline and follow.poll() is None, lines[-5:]
+            time.sleep(0.05)
+        follow.send_signal(signal.SIGINT)
+        assert follow.wait(30) == 0, follow.stderr.read()
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.wait()
+    assert _wait_state(rf, later, capsys, ("done",))["state"] == "done"
