@@ -13,7 +13,8 @@ import zmq
 
 from orchestrator.flow import JobFlow
 from orchestrator.heartbeat import Heartbeats
-from orchestrator.jobs import UNREADABLE, JobEntry, JobError, JobStore, QueueFull
+from orchestrator.job_record import UNREADABLE, JobEntry
+from orchestrator.jobs import JobError, JobStore, QueueFull
 from orchestrator.loras import LoraRefused, RunLoras
 from orchestrator.packs import read_packs
 from orchestrator.prompt_spec import PromptError, parse_prompt_bytes

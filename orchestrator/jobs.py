@@ -13,31 +13,16 @@ import secrets
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from models.durable import atomic_write, fsync_dir, remove_stale_temporaries
+from orchestrator.job_record import (FINISHED, JOB_ID_RE, MAX_HISTORY, STAGES, TRANSITIONS, UNREADABLE, Job,
+                                     JobEntry, job_json)
 
 log = logging.getLogger(__name__)
 
-# queued -> encoding -> denoising -> decoding -> done, or failed / cancelled from any of them.
-STAGES = ("encoding", "denoising", "decoding")          # the active states, in job-flow order
-STATES = ("queued",) + STAGES + ("done", "failed", "cancelled")
-FINISHED = ("done", "failed", "cancelled")
-TRANSITIONS = {
-    "queued": {"encoding", "denoising", "decoding", "failed", "cancelled"},  # a resumed job starts at its stage
-    "encoding": {"denoising", "failed", "cancelled"},
-    # back to an earlier stage when what that stage left in the job folder is unusable (a torn file after a power cut)
-    "denoising": {"decoding", "encoding", "failed", "cancelled"},
-    "decoding": {"done", "denoising", "encoding", "failed", "cancelled"},
-    "failed": {"queued"},        # resume
-    "cancelled": {"queued"},     # resume
-    "done": set(),
-}
-JOB_ID_RE = re.compile(r"\A[0-9]{8}-[0-9]{6}-[0-9a-f]{6}\Z")    # \Z: `$` also matches before a final newline
 DEFAULT_MAX_QUEUE = 16          # queued + running jobs
 DEFAULT_MIN_FREE_MB = 64        # free disk space needed to accept a job
-MAX_HISTORY = 64                # state-change records kept per job
 JOB_FILE = "job.json"
 NEW_PREFIX = ".new-"            # a job folder being made (hidden; renamed to its id with its first job.json inside)
 GONE_PREFIX = ".gone-"          # a job folder being removed (renamed aside first, then deleted)
@@ -53,85 +38,6 @@ class JobError(Exception):
 
 class QueueFull(JobError):
     pass
-
-
-@dataclass
-class Job:
-    id: str
-    state: str
-    spec: dict                                   # PromptSpec.to_dict(), seed already resolved
-    created: float
-    updated: float
-    start_at: str = "encoding"                   # the stage a dequeued job starts at (later ones after `resume`)
-    failed_at: str | None = None                 # the stage that was running when it failed or was cancelled
-    error: dict | None = None                    # {"stage": ..., "message": ...} of the last failure
-    attempts: dict = field(default_factory=dict)  # stage -> times started
-    cancel_requested: bool = False
-    image: str | None = None
-    report: str | None = None
-    history: list = field(default_factory=list)  # [[state, unix time, note], ...]
-    origin: dict | None = None                   # where it came from (SUBMIT origin: api, client id, graph)
-
-    @property
-    def active(self) -> bool:
-        return self.state in STAGES
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Job":
-        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
-        job = cls(**known)
-        if job.state not in STATES or not JOB_ID_RE.match(job.id) or not isinstance(job.spec, dict):
-            raise ValueError(f"bad job record: id={job.id!r} state={job.state!r}")
-        return job
-
-
-UNREADABLE = "unreadable"       # a listing's state for a record set aside: its job.json could not be read
-
-
-def _text(value, name: str) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise TypeError(f"{name}: expected a string, got {type(value).__name__}")
-    return value
-
-
-@dataclass(frozen=True)
-class JobEntry:
-    """What a listing shows of a job (STATUS), kept in memory for every job by the daemon's store."""
-    id: str
-    state: str
-    created: float
-    updated: float
-    error_stage: str = ""
-    error: str = ""                              # the last failure, or why a set-aside record could not be read
-    image: str | None = None
-    report: str | None = None
-
-    @property
-    def key(self) -> tuple[float, str]:
-        return (self.created, self.id)
-
-    @classmethod
-    def of(cls, job: "Job") -> "JobEntry":
-        """TypeError/ValueError when a field a listing sorts or shows does not convert."""
-        err = job.error if job.error is not None else {}
-        if not isinstance(err, dict):
-            raise TypeError(f"error: expected a map, got {type(err).__name__}")
-        return cls(id=job.id, state=job.state, created=_number(job.created, "created"),
-                   updated=_number(job.updated, "updated"), error_stage=str(err.get("stage", "")),
-                   error=str(err.get("message", "")), image=_text(job.image, "image"), report=_text(job.report, "report"))
-
-
-def _number(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r}"[:200])
-    return float(value)
-
-
-def _job_json(job: "Job") -> str:
-    return json.dumps(job.to_dict(), indent=1, sort_keys=True)
 
 
 def parse_age(text: str) -> float:
@@ -170,7 +76,7 @@ class JobStore:
             raise JobError(f"job id {job_id!r} is not a job id (like 20260101-120000-a1b2c3)")
         return self.root / job_id
 
-    def _read(self, job_id: str) -> tuple[Job, "JobEntry"]:
+    def _read(self, job_id: str) -> tuple[Job, JobEntry]:
         path = self.job_dir(job_id) / JOB_FILE
         try:
             job = Job.from_dict(json.loads(path.read_text(encoding="utf-8")))
@@ -187,7 +93,7 @@ class JobStore:
         return sorted(e.name for e in os.scandir(self.root) if JOB_ID_RE.match(e.name)
                       and e.is_dir(follow_symlinks=False))
 
-    def _set_aside(self, job_id: str, why: str) -> "JobEntry":
+    def _set_aside(self, job_id: str, why: str) -> JobEntry:
         log.warning("job record set aside (left on disk; fix or remove its folder): %s", why)
         try:
             mtime = os.stat(self.job_dir(job_id)).st_mtime
@@ -195,7 +101,7 @@ class JobStore:
             mtime = 0.0
         return JobEntry(id=job_id, state=UNREADABLE, created=mtime, updated=mtime, error=why)
 
-    def _scan(self) -> tuple[dict[str, "JobEntry"], dict[str, Job]]:
+    def _scan(self) -> tuple[dict[str, JobEntry], dict[str, Job]]:
         """Every job.json read: the entries of all jobs, the records of the queued and running ones."""
         index, live = {}, {}
         for job_id in self._job_ids():
@@ -208,7 +114,7 @@ class JobStore:
                 live[job_id] = job
         return index, live
 
-    def _load(self) -> tuple[dict[str, "JobEntry"], dict[str, Job], list[tuple[float, str]]]:
+    def _load(self) -> tuple[dict[str, JobEntry], dict[str, Job], list[tuple[float, str]]]:
         """(entries, live records, sorted keys): the cache (cached mode), else a fresh scan."""
         if not self.cached:
             index, live = self._scan()
@@ -244,7 +150,7 @@ class JobStore:
         return copy.deepcopy(job) if self.cached and job_id in self._live else job
 
     def entries(self, *, active: bool = False, before: str | None = None,
-                limit: int | None = None) -> tuple[list["JobEntry"], bool]:
+                limit: int | None = None) -> tuple[list[JobEntry], bool]:
         """The newest `limit` entries (queued and running jobs only with `active`; only jobs older than job `before`),
         oldest first (by creation time: ids tell only the second), and whether older ones matched too. Set-aside
         records are listed (state UNREADABLE) unless `active`. Costs no more for many finished jobs: no record is
@@ -306,7 +212,7 @@ class JobStore:
 
     def save(self, job: Job) -> Job:
         job.updated = time.time()
-        atomic_write(self.job_dir(job.id) / JOB_FILE, _job_json(job))
+        atomic_write(self.job_dir(job.id) / JOB_FILE, job_json(job))
         self._keep(job)
         return job
 
@@ -321,7 +227,7 @@ class JobStore:
                 job_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + "-" + secrets.token_hex(3)
                 job = Job(id=job_id, state="queued", spec=dict(spec), created=now, updated=now,
                           history=[["queued", now, "submitted"]], origin=origin)
-                atomic_write(tmp / JOB_FILE, _job_json(job))
+                atomic_write(tmp / JOB_FILE, job_json(job))
                 if os.path.lexists(self.job_dir(job_id)):
                     continue
                 try:
@@ -379,7 +285,7 @@ class JobStore:
         return self.transition(job_id, "queued", f"resumed at {job.failed_at or 'encoding'}",
                                start_at=job.failed_at or "encoding", cancel_requested=False, attempts={})
 
-    def remove(self, job_id: str) -> "JobEntry":
+    def remove(self, job_id: str) -> JobEntry:
         """Delete a finished job's folder: renamed aside first (a crash leaves a hidden folder, never half a job)."""
         self.job_dir(job_id)
         index, _, keys = self._load()
@@ -399,7 +305,7 @@ class JobStore:
         return entry
 
     def prunable(self, *, keep: int | None = None, older_than_s: float | None = None,
-                 now: float | None = None) -> list["JobEntry"]:
+                 now: float | None = None) -> list[JobEntry]:
         """The finished jobs (done, failed, cancelled; never a queued or running one) `prune` would remove: all but
         the `keep` newest, and/or those finished more than `older_than_s` ago; oldest first."""
         if keep is None and older_than_s is None:
@@ -412,7 +318,7 @@ class JobStore:
         return [e for e in finished if e.id in doomed]
 
     def prune(self, *, keep: int | None = None, older_than_s: float | None = None, now: float | None = None,
-              max_jobs: int | None = None, max_s: float | None = None) -> list["JobEntry"]:
+              max_jobs: int | None = None, max_s: float | None = None) -> list[JobEntry]:
         """Remove what `prunable` names, oldest first, stopping after `max_jobs` of them or `max_s` seconds (a
         request must not outlast its client's timeout; `prunable` says what is left). -> the removed jobs."""
         t0, removed = time.monotonic(), []

@@ -339,7 +339,7 @@ def test_status_reads_and_copies_no_more_for_many_finished_jobs(tmp_path, monkey
 def test_a_wrong_typed_record_is_set_aside_not_fatal(tmp_path):
     """Valid JSON with `"created": "yesterday"` stopped the daemon's recover (TypeError sorting the jobs): it is set
     aside, listed as unreadable with why, left on disk; the other jobs list and run."""
-    from orchestrator.jobs import UNREADABLE
+    from orchestrator.job_record import UNREADABLE
     store = JobStore(tmp_path)
     good = store.submit(SPEC)
     bad = store.submit(SPEC)
@@ -366,7 +366,7 @@ def test_a_job_id_with_a_trailing_newline_is_not_a_job_id(tmp_path):
     """JOB_ID_RE ended in `$`, which also matches before a final newline: "JOB\\n" passed as an id (into a path, a
     /view subfolder, a STATUS)."""
     from orchestrator.http import files
-    from orchestrator.jobs import JOB_ID_RE
+    from orchestrator.job_record import JOB_ID_RE
     store = JobStore(tmp_path)
     job = store.submit(SPEC).id
     for bad in (job + "\n", "\n" + job, job + "\r\n"):

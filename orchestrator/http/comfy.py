@@ -27,7 +27,7 @@ from orchestrator.http import files
 from orchestrator.http.common import FRONT, cancel_job, from_daemon, json_response, read_json, refuse, submit_job
 from orchestrator.http.link import DaemonRefused
 from orchestrator.http.views import JobView, model_names
-from orchestrator.jobs import JOB_ID_RE
+from orchestrator.job_record import JOB_ID_RE
 from protocol import messages as m
 from protocol.version import VERSION
 

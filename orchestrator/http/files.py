@@ -12,7 +12,7 @@ import os
 import stat
 from pathlib import Path
 
-from orchestrator.jobs import JOB_ID_RE
+from orchestrator.job_record import JOB_ID_RE
 
 ALLOWED = {"image.png": "image/png", "timing.png": "image/png", "report.json": "application/json"}
 MAX_FILE_BYTES = 64 * 2**20

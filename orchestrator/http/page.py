@@ -18,7 +18,7 @@ from aiohttp import web
 from orchestrator.http import files
 from orchestrator.http.common import FRONT, cancel_job, json_response, read_json, refuse, submit_job
 from orchestrator.http.views import JobView
-from orchestrator.jobs import JOB_ID_RE
+from orchestrator.job_record import JOB_ID_RE
 from orchestrator.prompt_spec import DEFAULT_CFG, DEFAULT_STEPS, MAX_CFG, MAX_PROMPT_CHARS, MAX_STEPS, SCHEDULERS
 from protocol import messages as m
 

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 
 from orchestrator.comfy_graph import CANONICAL_IDS, ModelNames, job_to_graph
-from orchestrator.jobs import FINISHED, STAGES
+from orchestrator.job_record import FINISHED, STAGES
 from protocol import messages as m
 
 STATE_ROLE = {"encoding": "positive", "denoising": "sampler", "decoding": "decode"}   # the node a state "executes"
