@@ -94,7 +94,8 @@ class JobEntry:
             raise TypeError(f"error: expected a map, got {type(err).__name__}")
         return cls(id=job.id, state=job.state, created=_number(job.created, "created"),
                    updated=_number(job.updated, "updated"), error_stage=str(err.get("stage", "")),
-                   error=str(err.get("message", "")), image=_text(job.image, "image"), report=_text(job.report, "report"))
+                   error=str(err.get("message", "")), image=_text(job.image, "image"),
+                   report=_text(job.report, "report"))
 
 
 def job_json(job: Job) -> str:

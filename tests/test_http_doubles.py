@@ -391,9 +391,9 @@ def test_a1111_reads_its_typed_fields_as_a1111_does(d):
     base = {"prompt": "a girl", "width": 64, "height": 64, "steps": 1, "seed": 5}
     before = d.status(limit=1).jobs
     for body, field in (({**base, "sampler_name": []}, "sampler_name"), ({**base, "sampler_index": 3}, "sampler_index"),
-                        ({**base, "scheduler": ["simple"]}, "scheduler"), ({**base, "send_images": "maybe"}, "send_images"),
-                        ({**base, "send_images": 2}, "send_images"), ({**base, "steps": "many"}, "steps"),
-                        ({**base, "width": 128, "height": 128}, "width")):
+                        ({**base, "scheduler": ["simple"]}, "scheduler"),
+                        ({**base, "send_images": "maybe"}, "send_images"), ({**base, "send_images": 2}, "send_images"),
+                        ({**base, "steps": "many"}, "steps"), ({**base, "width": 128, "height": 128}, "width")):
         r = requests.post(url + "sdapi/v1/txt2img", json=body, timeout=30)
         assert r.status_code == 422 and r.json()["field"] == field, (body, r.status_code, r.text)
     for raw in (b"prompt=cat", b'["cat"]', b'{"prompt": "x", "cfg_scale": NaN}'):

@@ -1,8 +1,9 @@
 """The daemon's jobs as the front sees them, and their changes as WebSocket messages.
 
 The front keeps no queue: every `poll_s` (while a job is followed or a WebSocket client listens) it asks the daemon
-for the queued and running jobs (STATUS active, detail, every page of it) and turns what changed into ComfyUI's messages (to the
-client that submitted the job) and `anima.progress` / `anima.job` (to every client: the page shows any job).
+for the queued and running jobs (STATUS active, detail, every page of it) and turns what changed into ComfyUI's
+messages (to the client that submitted the job) and `anima.progress` / `anima.job` (to every client: the page shows
+any job).
 A job that leaves the active set is asked for once more to learn how it ended.
 """
 from __future__ import annotations
