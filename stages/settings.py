@@ -198,6 +198,11 @@ class HttpSettings(Table, frozen=True):
     max_body_kb: Int(1, 65536) = 256           # larger request bodies get 413
     request_timeout_s: Float(0.1, 120.0) = 5.0     # one request to the daemon; no answer: 503
     poll_s: Float(0.05, 10.0) = 0.25           # how often running jobs are looked at
+    # a connection's request headers must arrive, and an idle keep-alive connection is closed, this long after it
+    # opened or after its last response (aiohttp's keep-alive timer; its own default, an hour, let slow-header and
+    # silent connections hold the front's sockets)
+    idle_timeout_s: Float(1.0, 600.0) = 15.0
+    body_timeout_s: Float(1.0, 600.0) = 30.0   # a request body must arrive within this; else 408
 
 
 # [stage.NAME] -> its record: the one table of every per-stage setting (docs/architecture.md, "Settings")

@@ -30,10 +30,6 @@ from protocol.security import WILDCARD_HOSTS
 
 log = logging.getLogger(__name__)
 
-# aiohttp's keep-alive timer (from 3.14.4 armed when a connection opens, not only after a response): a connection
-# whose request headers have not all arrived, or that sits idle between requests, is closed this long after it opened
-# or after its last response. Its default is an hour: slow-header and silent connections held the front's sockets.
-IDLE_TIMEOUT_S = 15.0
 OPEN_PATHS = ("/", "/favicon.ico")          # served without a token: static content only, no data
 TOKEN_COOKIE = "anima_token"                # the page keeps the token here (SameSite=Strict) for <img> and /ws
 PAGE_CSP = ("default-src 'self'; img-src 'self' data:; connect-src 'self' ws: wss:; style-src 'self'; "
@@ -243,7 +239,8 @@ async def serve(front: Front) -> None:
 
 async def _serve(front: Front, stop: asyncio.Event) -> None:
     app = build_app(front)
-    runner = web.AppRunner(app, access_log_format='%a "%r" %s %b %Tfs', keepalive_timeout=IDLE_TIMEOUT_S)
+    runner = web.AppRunner(app, access_log_format='%a "%r" %s %b %Tfs',
+                            keepalive_timeout=front.settings.idle_timeout_s)   # aiohttp >= 3.14.4 arms it at connect
     await runner.setup()
     try:
         site = web.TCPSite(runner, front.settings.host, front.settings.port, reuse_address=True)

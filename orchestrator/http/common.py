@@ -9,7 +9,6 @@ from aiohttp import web
 from orchestrator.http.link import DaemonDown, DaemonRefused
 
 MAX_JSON_DEPTH = 32
-BODY_TIMEOUT_S = 30.0           # a request body must arrive this fast (aiohttp bounds headers and idle time, not this)
 
 
 class BadRequest(Exception):
@@ -62,10 +61,11 @@ def _no_constant(name: str):
 async def read_json(request: web.Request, *, kind: type = dict):
     """The body as JSON of type `kind`; 400 for anything else, naming the field of a string that is not text (size
     is capped by the app: 413)."""
+    limit_s = request.app[FRONT].settings.body_timeout_s     # aiohttp bounds headers and idle time, not a body
     try:
-        raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
+        raw = await asyncio.wait_for(request.read(), limit_s)
     except asyncio.TimeoutError:
-        raise refuse(408, f"the body did not arrive within {BODY_TIMEOUT_S:.0f} s") from None
+        raise refuse(408, f"the body did not arrive within {limit_s:g} s (stage.http.body_timeout_s)") from None
     if not raw:
         raise refuse(400, "the request has no body; send a JSON object")
     try:

@@ -8,6 +8,8 @@
     max_body_kb = 256           # request bodies larger than this get 413
     request_timeout_s = 5.0     # one request to the daemon; no answer -> 503
     poll_s = 0.25               # how often running jobs are looked at (progress over the WebSocket)
+    idle_timeout_s = 15.0       # headers must arrive, an idle keep-alive connection is closed, within this
+    body_timeout_s = 30.0       # a request body must arrive within this, else 408
 """
 import os
 import stat
