@@ -11,9 +11,10 @@ from pathlib import Path
 
 import zmq
 
+from models.schema import SchemaError, convert
 from orchestrator.flow import JobFlow
 from orchestrator.heartbeat import Heartbeats
-from orchestrator.job_record import UNREADABLE, JobEntry
+from orchestrator.job_record import ORIGIN, UNREADABLE, JobEntry
 from orchestrator.jobs import JobError, JobStore, QueueFull
 from orchestrator.loras import LoraRefused, RunLoras
 from orchestrator.packs import read_packs
@@ -240,8 +241,10 @@ class Daemon:
                 origin = json.loads(msg.origin)
             except ValueError as e:
                 return m.error_reply(msg.id, "bad_request", f"origin is not JSON: {e}", field="origin")
-            if not isinstance(origin, dict):
-                return m.error_reply(msg.id, "bad_request", "origin must be a JSON object", field="origin")
+            try:
+                origin = convert(origin, ORIGIN, where="origin")     # as the job's record keeps it
+            except SchemaError as e:
+                return m.error_reply(msg.id, "bad_request", str(e), field=e.field)
         job = self.store.submit(spec.to_dict(), origin)
         self._wake = True
         self._submits[msg.id] = job.id

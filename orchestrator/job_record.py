@@ -1,10 +1,14 @@
 """A job's record (RUN/jobs/<id>/job.json, `Job`) and what a listing keeps of it (`JobEntry`): the states a job goes
 through and the ids it has. The store (orchestrator.jobs) reads, writes and lists them."""
-from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from models.schema import Float, Int, Mapping, Meta, Record, SchemaError, Text
+from orchestrator.prompt_spec import PromptSpec
+from protocol.fields import MAX_NAME_CHARS, MAX_PATH_CHARS, MAX_TEXT_CHARS
 
 # queued -> encoding -> denoising -> decoding -> done, or failed / cancelled from any of them.
 STAGES = ("encoding", "denoising", "decoding")          # the active states, in job-flow order
@@ -25,49 +29,60 @@ MAX_HISTORY = 64                # state-change records kept per job
 UNREADABLE = "unreadable"       # a listing's state for a record set aside: its job.json could not be read
 
 
-@dataclass
-class Job:
-    id: str
-    state: str
-    spec: dict                                   # PromptSpec.to_dict(), seed already resolved
-    created: float
-    updated: float
-    start_at: str = "encoding"                   # the stage a dequeued job starts at (later ones after `resume`)
-    failed_at: str | None = None                 # the stage that was running when it failed or was cancelled
-    error: dict | None = None                    # {"stage": ..., "message": ...} of the last failure
-    attempts: dict = field(default_factory=dict)  # stage -> times started
+JOB_ID = Annotated[str, Meta(pattern=JOB_ID_RE.pattern)]
+TIME = Float(0.0, 1e11)                                 # unix seconds
+NOTE_CHARS = MAX_TEXT_CHARS                             # a history note, a failure's message
+ORIGIN = Mapping(Text(MAX_NAME_CHARS), Any, 64)        # SUBMIT's origin: {"api", "client_id", "graph", ...}
+State = Literal[STATES]
+Stage = Literal[STAGES]
+
+
+class Job(Record, forbid_unknown_fields=False):
+    """RUN/jobs/<id>/job.json: every field typed and bounded, checked when the file is read (a record that is not
+    one is set aside by the store, never fatal) and when it is written. Not frozen: the store changes a copy
+    (`JobStore.get`) and saves it, which checks it again. Keys it does not know are ignored (a record written by
+    another version still lists and runs)."""
+
+    id: JOB_ID
+    state: State
+    spec: Mapping(Text(64, 1), Any, 64)                 # PromptSpec.to_dict(), seed resolved (checked: __post_init__)
+    created: TIME
+    updated: TIME
+    start_at: Stage = "encoding"                        # the stage a dequeued job starts at (later ones after resume)
+    failed_at: Stage | None = None                      # the stage that was running when it failed or was cancelled
+    error: Mapping(Literal["stage", "message"], Text(NOTE_CHARS), 2) | None = None   # the last failure
+    attempts: Mapping(Stage, Int(0, 2**31), 3) = {}     # stage -> times started
     cancel_requested: bool = False
-    image: str | None = None
-    report: str | None = None
-    history: list = field(default_factory=list)  # [[state, unix time, note], ...]
-    origin: dict | None = None                   # where it came from (SUBMIT origin: api, client id, graph)
+    image: Text(MAX_PATH_CHARS, 1) | None = None
+    report: Text(MAX_PATH_CHARS, 1) | None = None
+    history: Annotated[list[tuple[State, TIME, Text(NOTE_CHARS)]], Meta(max_length=MAX_HISTORY)] = []
+    origin: ORIGIN | None = None                        # where it came from
+
+    def __post_init__(self):
+        # a job still to run: its spec as its flow will read it (orchestrator.flow), so a record the flow would refuse
+        # is set aside when read, or refused when written (a resume), never met by the daemon when its turn comes.
+        # A finished job's spec is only listed: parsing its prompt's weights at every read would make a listing's
+        # cost grow with the prompts' length.
+        if self.state in FINISHED:
+            return
+        try:
+            PromptSpec.from_dict(self.spec)
+        except SchemaError as e:
+            raise SchemaError(f"spec.{e.field}" if e.field else "spec", e.detail, e.code) from None
 
     @property
     def active(self) -> bool:
         return self.state in STAGES
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
     @classmethod
-    def from_dict(cls, d: dict) -> "Job":
-        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
-        job = cls(**known)
-        if job.state not in STATES or not JOB_ID_RE.match(job.id) or not isinstance(job.spec, dict):
-            raise ValueError(f"bad job record: id={job.id!r} state={job.state!r}")
-        return job
+    def read(cls, text: str) -> "Job":
+        """job.json's text as a record; ValueError (SchemaError naming the field and its range) otherwise."""
+        return cls.from_data(json.loads(text))
 
 
-def _text(value, name: str) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise TypeError(f"{name}: expected a string, got {type(value).__name__}")
-    return value
-
-
-def _number(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r}"[:200])
-    return float(value)
+def record_text(text: str) -> str:
+    """Free text as a record keeps it: NULs escaped, length capped (a stage's message may carry the request's)."""
+    return text.replace("\x00", "\\x00")[:NOTE_CHARS]
 
 
 @dataclass(frozen=True)
@@ -88,16 +103,14 @@ class JobEntry:
 
     @classmethod
     def of(cls, job: "Job") -> "JobEntry":
-        """TypeError/ValueError when a field a listing sorts or shows does not convert."""
-        err = job.error if job.error is not None else {}
-        if not isinstance(err, dict):
-            raise TypeError(f"error: expected a map, got {type(err).__name__}")
-        return cls(id=job.id, state=job.state, created=_number(job.created, "created"),
-                   updated=_number(job.updated, "updated"), error_stage=str(err.get("stage", "")),
-                   error=str(err.get("message", "")), image=_text(job.image, "image"),
-                   report=_text(job.report, "report"))
+        err = job.error or {}
+        return cls(id=job.id, state=job.state, created=job.created, updated=job.updated,
+                   error_stage=err.get("stage", ""), error=err.get("message", ""), image=job.image,
+                   report=job.report)
 
 
 def job_json(job: Job) -> str:
-    """job.json's text."""
-    return json.dumps(job.to_dict(), indent=1, sort_keys=True)
+    """job.json's text, of a record checked again (the store changes records in place before it saves them)."""
+    data = job.to_dict()
+    Job.from_data(data)
+    return json.dumps(data, indent=1, sort_keys=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import bisect
 import copy
-import json
 import logging
 import os
 import re
@@ -16,8 +15,9 @@ import time
 from pathlib import Path
 
 from models.durable import atomic_write, fsync_dir, remove_stale_temporaries
+from models.schema import SchemaError
 from orchestrator.job_record import (FINISHED, JOB_ID_RE, MAX_HISTORY, STAGES, TRANSITIONS, UNREADABLE, Job,
-                                     JobEntry, job_json)
+                                     JobEntry, job_json, record_text)
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +79,14 @@ class JobStore:
     def _read(self, job_id: str) -> tuple[Job, JobEntry]:
         path = self.job_dir(job_id) / JOB_FILE
         try:
-            job = Job.from_dict(json.loads(path.read_text(encoding="utf-8")))
-            entry = JobEntry.of(job)                     # the fields a listing sorts and shows must convert
+            job = Job.read(path.read_text(encoding="utf-8"))     # every field's type and range checked
         except FileNotFoundError:
             raise JobError(f"no job {job_id} in {self.root}") from None
-        except (ValueError, TypeError, AttributeError, OSError) as e:
+        except (ValueError, OSError) as e:               # SchemaError, bad JSON, not UTF-8, unreadable
             raise JobError(f"job {job_id}: unreadable {path}: {e}") from None
         if job.id != job_id:
             raise JobError(f"job {job_id}: unreadable {path}: it records job {job.id}")
-        return job, entry
+        return job, JobEntry.of(job)
 
     def _job_ids(self) -> list[str]:
         return sorted(e.name for e in os.scandir(self.root) if JOB_ID_RE.match(e.name)
@@ -211,8 +210,14 @@ class JobStore:
             self._live[job.id] = copy.deepcopy(job)
 
     def save(self, job: Job) -> Job:
+        """Write a changed record through; JobError (naming the field) when it is no longer a record, e.g. a job
+        resumed whose spec its flow would refuse: nothing is written."""
         job.updated = time.time()
-        atomic_write(self.job_dir(job.id) / JOB_FILE, job_json(job))
+        try:
+            text = job_json(job)
+        except SchemaError as e:
+            raise JobError(f"job {job.id}: not saved: {e}") from None
+        atomic_write(self.job_dir(job.id) / JOB_FILE, text)
         self._keep(job)
         return job
 
@@ -255,16 +260,17 @@ class JobStore:
         if state in ("failed", "cancelled"):
             job.failed_at = job.state if job.state in STAGES else job.start_at
         for k, v in fields.items():
-            if k not in Job.__dataclass_fields__ or k in ("id", "state", "created"):
+            if k not in Job.__struct_fields__ or k in ("id", "state", "created"):
                 raise JobError(f"job field {k!r} cannot be set")
             setattr(job, k, v)
         job.state = state
-        job.history = (job.history + [[state, time.time(), note]])[-MAX_HISTORY:]
+        job.history = (job.history + [(state, time.time(), record_text(note))])[-MAX_HISTORY:]
         log.info("job %s -> %s %s", job_id, state, note)
         return self.save(job)
 
     def fail(self, job_id: str, stage: str, message: str) -> Job:
-        return self.transition(job_id, "failed", message, error={"stage": stage, "message": message})
+        message = record_text(message)
+        return self.transition(job_id, "failed", message, error={"stage": record_text(stage), "message": message})
 
     def cancel(self, job_id: str) -> Job:
         """A queued job is cancelled at once; a running one is flagged for the daemon to stop at its next check."""
@@ -338,7 +344,7 @@ class JobStore:
         for extra in running[1:]:
             extra = self.get(extra.id)
             log.warning("job %s was %s next to %s; queued again", extra.id, extra.state, running[0].id)
-            extra.history.append(["queued", time.time(), f"requeued at {extra.state} after restart"])
+            extra.history.append(("queued", time.time(), f"requeued at {extra.state} after restart"))
             extra.start_at, extra.state = extra.state, "queued"
             self.save(extra)
         return running[:1]

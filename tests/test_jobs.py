@@ -362,6 +362,95 @@ def test_a_wrong_typed_record_is_set_aside_not_fatal(tmp_path):
         assert path.exists()
 
 
+# (field, a value of the wrong type or out of range, what the reason names): each read in a record otherwise whole
+BAD_FIELDS = [
+    ("state", "bogus", "state: 'bogus' is not one of queued"),
+    ("created", -1.0, "created: -1.0 is out of range"),
+    ("updated", 1e300, "updated: 1e+300 is out of range"),
+    ("spec", "a girl", "spec: expected dict, got str"),
+    ("spec", {**SPEC, "steps": 0}, "spec.steps: must be in 1..200, got 0"),
+    ("spec", {**SPEC, "cfg": "high"}, "spec.cfg"),
+    ("start_at", "done", "start_at: 'done' is not one of encoding, denoising, decoding"),
+    ("failed_at", 3, "failed_at"),
+    ("error", {"stage": "vae", "message": 5}, "error.message: expected string, got int"),
+    ("attempts", {"encoding": "twice"}, "attempts.encoding: expected integer"),
+    ("attempts", {"sleeping": 1}, "attempts"),
+    ("cancel_requested", "no", "cancel_requested: expected boolean"),
+    ("report", "", "report"),
+    ("history", [["queued", "noon", ""]], "history[0][1]: expected float"),
+    ("history", [["queued", 1.0]], "history[0]"),
+    ("origin", ["comfyui"], "origin: expected dict, got list"),
+]
+
+
+@pytest.mark.parametrize("field,value,says", BAD_FIELDS, ids=[f"{f}-{i}" for i, (f, _, _) in enumerate(BAD_FIELDS)])
+def test_every_field_of_a_record_is_type_checked_on_read(tmp_path, field, value, says):
+    """job.json is a typed record: a queued job whose record holds a wrong-typed or out-of-range field (a spec its
+    flow would refuse, attempts that are not counts, history entries that are not [state, time, note]) was taken as
+    the next job and failed the daemon when it ran or changed it. It is set aside when read, naming the file and the
+    field, and the daemon's queue goes on with the next job."""
+    from orchestrator.job_record import UNREADABLE
+    store = JobStore(tmp_path)
+    bad, good = store.submit(SPEC), store.submit(SPEC)
+    path = store.job_dir(bad.id) / "job.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), field: value}))
+    daemon_store = JobStore(tmp_path, cached=True)
+    assert daemon_store.recover() == []
+    aside = {e.id: e for e in daemon_store.entries()[0]}[bad.id]
+    assert aside.state == UNREADABLE and str(path) in aside.error and says in aside.error, aside.error
+    assert [j.id for j in daemon_store.pending()] == [good.id] and daemon_store.next_job().id == good.id
+    with pytest.raises(JobError, match="unreadable"):
+        JobStore(tmp_path).get(bad.id)
+    assert path.exists()
+
+
+def test_a_resume_its_flow_would_refuse_is_refused_and_nothing_written(tmp_path):
+    """A finished job's spec is listed, not parsed; resuming one whose spec its flow would refuse is a JobError
+    naming the field, the record on disk unchanged (it would have become the daemon's next job)."""
+    store = JobStore(tmp_path, cached=True)
+    job = store.submit(SPEC)
+    store.transition(job.id, "cancelled")
+    path = store.job_dir(job.id) / "job.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "spec": {**SPEC, "steps": 0}}))
+    store = JobStore(tmp_path, cached=True)
+    assert store.get(job.id).state == "cancelled"                 # listed and shown as it is
+    before = path.read_text()
+    with pytest.raises(JobError, match=r"not saved: spec.steps: must be in 1..200, got 0"):
+        store.resume(job.id)
+    assert path.read_text() == before and store.pending() == []
+
+
+def test_what_a_record_keeps_of_free_text_is_a_record(tmp_path):
+    """A failure's message is free text from a stage (it may echo the request): NULs and any length were written
+    into a record that could then not be read back."""
+    store = JobStore(tmp_path, cached=True)
+    job = store.submit(SPEC)
+    store.transition(job.id, "encoding")
+    store.fail(job.id, "encoder", "bad\x00byte " + "x" * 70_000)
+    again = JobStore(tmp_path).get(job.id)
+    assert again.state == "failed" and again.error["message"].startswith("bad\\x00byte x")
+    assert len(again.error["message"]) == 65_536 and again.history[-1][2] == again.error["message"]
+
+
+def test_a_submit_whose_origin_the_record_cannot_keep_is_a_field_error(tmp_path):
+    """SUBMIT's origin is kept in the job's record: one it cannot keep (a list, 65 keys, a key of 129 characters)
+    is the client's bad_request naming the field, not a failure of the daemon's store (its traceback in the log)."""
+    from collections import OrderedDict
+    from orchestrator.daemon import Daemon
+    from protocol import messages as m
+    daemon = Daemon.__new__(Daemon)                     # the SUBMIT handler over this store, no sockets
+    daemon.store, daemon.packs, daemon._submits, daemon._wake = JobStore(tmp_path, cached=True), {(64, 64): 0}, \
+        OrderedDict(), False
+    prompt = json.dumps({"prompt": "a girl", "seed": 7, "steps": 4, "width": 64, "height": 64})
+    for origin, field in (([1], "origin"), ({f"k{i}": 1 for i in range(65)}, "origin"),
+                          ({"k" * 129: 1}, "origin.<key>")):
+        reply = daemon._submit(m.Submit(id=1, prompt_json=prompt, base_dir=str(tmp_path), origin=json.dumps(origin)))
+        assert isinstance(reply, m.Error) and reply.code == "bad_request" and reply.field == field, reply
+    assert daemon.store.entries()[0] == []
+    reply = daemon._submit(m.Submit(id=2, prompt_json=prompt, base_dir=str(tmp_path), origin='{"api": "cli"}'))
+    assert isinstance(reply, m.Submitted) and daemon.store.get(reply.job).origin == {"api": "cli"}
+
+
 def test_a_job_id_with_a_trailing_newline_is_not_a_job_id(tmp_path):
     """JOB_ID_RE ended in `$`, which also matches before a final newline: "JOB\\n" passed as an id (into a path, a
     /view subfolder, a STATUS)."""

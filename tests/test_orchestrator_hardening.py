@@ -131,7 +131,13 @@ def test_a_wrong_typed_job_record_is_set_aside_and_the_daemon_serves(pipeline, t
     victim = _submit(rf, tmp_path, capsys)
     assert _wait_state(rf, victim, capsys, ("done",))["state"] == "done"
     path = rf.jobs / victim / "job.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "created": "yesterday"}))
+    rec = json.loads(path.read_text())
+    path.write_text(json.dumps({**rec, "created": "yesterday"}))
+    # and a queued job whose spec its flow refuses: it was the daemon's next job, and the daemon died running it
+    queued = victim[:-6] + "0bad00"
+    (rf.jobs / queued).mkdir(mode=0o700)
+    (rf.jobs / queued / "job.json").write_text(json.dumps({**rec, "id": queued, "state": "queued", "image": None,
+                                                          "spec": {**rec["spec"], "steps": 0}}))
     try:
         sup.restart("orchestrator")
         pid = sup.info("orchestrator").pid
@@ -139,11 +145,15 @@ def test_a_wrong_typed_job_record_is_set_aside_and_the_daemon_serves(pipeline, t
         assert _wait_state(rf, job, capsys, ("done",))["state"] == "done"
         capsys.readouterr()
         assert cli.main(["--run", str(rf.root), "status"]) == 0
-        line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(victim))
+        lines = capsys.readouterr().out.splitlines()
+        line = next(ln for ln in lines if ln.startswith(victim))
         assert "unreadable" in line and str(path) in line and "created" in line, line
-        assert sup.info("orchestrator").pid == pid and path.exists()
+        line = next(ln for ln in lines if ln.startswith(queued))
+        assert "unreadable" in line and "spec.steps: must be in 1..200, got 0" in line, line
+        assert sup.info("orchestrator").pid == pid and path.exists() and (rf.jobs / queued / "job.json").exists()
     finally:
         shutil.rmtree(rf.jobs / victim)
+        shutil.rmtree(rf.jobs / queued)
         sup.restart("orchestrator")
 
 
