@@ -15,9 +15,11 @@ from tests.doubles_harness import Doubles
 
 SLOW_STOP_S = 4.0
 # a program that takes SLOW_STOP_S to stop: supervisord's shutdown lasts that long, answering "shutting down"
+SLOW_STOP_CODE = ("import signal, sys, time; "
+                  f"signal.signal(signal.SIGTERM, lambda *a: (time.sleep({SLOW_STOP_S}), sys.exit(0))); time.sleep(10**6)")
 SLOW_STOP = f"""
 [program:slowstop]
-command={sys.executable} -c "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (time.sleep({SLOW_STOP_S}), sys.exit(0))); time.sleep(10**6)"
+command={sys.executable} -c "{SLOW_STOP_CODE}"
 autostart=true
 stopwaitsecs=30
 priority=1
