@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 POLL_S = 0.1                 # longest wait between looks at the CLI socket and the events
 RESCAN_S = 2.0               # the queue folder is re-read at least this often (at once after a SUBMIT/RESUME)
 SUBMIT_MEMORY = 256          # request ids of recent SUBMITs (a resent SUBMIT returns the same job)
+# replies of recent PRUNEs by request id: a PRUNE is not idempotent, and a client that timed out (the daemon busy
+# reading its records) resends it; the resend gets the first one's answer, so no removed job goes uncounted
+PRUNE_MEMORY = 8
 DETAIL_BUDGET_BYTES = 768 * 1024     # a detailed STATUS reply stops adding jobs here (frame 0 is capped at 1 MiB)
 PRUNE_BATCH_S = 1.0          # one PRUNE removes jobs this long at most (then `more`), well within a client's timeout
 
@@ -61,6 +64,7 @@ class Daemon:
         self.current: JobFlow | None = None
         self.stopping = False
         self._submits: OrderedDict[int, str] = OrderedDict()
+        self._prunes: OrderedDict[int, m.Jobs] = OrderedDict()
         self._wake = True                                  # re-read the queue now
         self.server: Server | None = None
         self.events: EventPull | None = None
@@ -283,10 +287,16 @@ class Daemon:
     def _prune(self, msg: m.Prune) -> m.Jobs:
         """At most MAX_JOBS_LISTED jobs removed per request, within PRUNE_BATCH_S (a client waits seconds for its
         reply): `more` says others are still to go, and the CLI asks again, counting every removed job."""
+        if msg.id in self._prunes:                      # a resend: its first reply was lost, its jobs removed
+            return self._prunes[msg.id]
         removed = self.store.prune(keep=msg.keep, older_than_s=msg.older_than_s, max_jobs=m.MAX_JOBS_LISTED,
                                    max_s=PRUNE_BATCH_S)
         more = bool(removed) and bool(self.store.prunable(keep=msg.keep, older_than_s=msg.older_than_s))
-        return m.reply_to(msg, m.Jobs, jobs=tuple(self.job_info(e, []) for e in removed), more=more)
+        reply = m.reply_to(msg, m.Jobs, jobs=tuple(self.job_info(e, []) for e in removed), more=more)
+        self._prunes[msg.id] = reply
+        while len(self._prunes) > PRUNE_MEMORY:
+            self._prunes.popitem(last=False)
+        return reply
 
     def _info(self, msg: m.Info) -> m.Pipeline:
         packs = tuple(m.PackRef(width=p.width, height=p.height, dir=str(p.dir), dtype=p.io_dtype, blocks=p.blocks,

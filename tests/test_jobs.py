@@ -451,6 +451,31 @@ def test_a_submit_whose_origin_the_record_cannot_keep_is_a_field_error(tmp_path)
     assert isinstance(reply, m.Submitted) and daemon.store.get(reply.job).origin == {"api": "cli"}
 
 
+def test_a_resent_prune_gets_the_first_ones_answer(tmp_path):
+    """A PRUNE whose reply the client did not wait for (the daemon busy reading 3,000 records) was resent and
+    removed the next batch: the first batch's jobs were removed but never listed or counted. A resend (same request
+    id) gets the first answer; a new request goes on."""
+    from collections import OrderedDict
+    from orchestrator.daemon import Daemon
+    from protocol import messages as m
+    ids = _finished_records(JobStore(tmp_path), 300)
+    daemon = Daemon.__new__(Daemon)                     # the PRUNE handler over this store, no sockets
+    daemon.store, daemon.progress, daemon._prunes = JobStore(tmp_path, cached=True), {}, OrderedDict()
+    first = m.Prune(keep=0)
+    reply = daemon._prune(first)                        # a batch: up to 256 jobs or PRUNE_BATCH_S
+    n = len(reply.jobs)
+    assert 1 <= n <= m.MAX_JOBS_LISTED and [j.job for j in reply.jobs] == ids[:n] and reply.more
+    again = daemon._prune(m.Prune(id=first.id, keep=0))             # the resend
+    assert again == reply and len(daemon.store.entries()[0]) == 300 - n
+    listed = [j.job for j in reply.jobs]
+    while True:
+        rest = daemon._prune(m.Prune(keep=0))
+        listed += [j.job for j in rest.jobs]
+        if not rest.more:
+            break
+    assert listed == ids and daemon.store.entries()[0] == []
+
+
 def test_a_job_id_with_a_trailing_newline_is_not_a_job_id(tmp_path):
     """JOB_ID_RE ended in `$`, which also matches before a final newline: "JOB\\n" passed as an id (into a path, a
     /view subfolder, a STATUS)."""
