@@ -109,19 +109,22 @@ class TorchCpuGenerator:
         return _randn_from_bits(bits, n).reshape(shape)
 
     def state(self) -> dict:
-        """{"mt_key": [624] u32, "mt_pos": [1] i64}: the generator's position."""
+        """{"mt_key": [624] i64 (32-bit words), "mt_pos": [1] i64}: the generator's position, as int64 arrays so any
+        tensor file can hold them."""
         _, key, pos, _, _ = self._rs.get_state(legacy=True)
-        return {"mt_key": np.array(key, dtype=np.uint32), "mt_pos": np.array([pos], dtype=np.int64)}
+        return {"mt_key": np.array(key, dtype=np.int64), "mt_pos": np.array([pos], dtype=np.int64)}
 
     @classmethod
     def from_state(cls, state: dict) -> "TorchCpuGenerator":
-        key = np.asarray(state["mt_key"], dtype=np.uint32)
+        key = np.asarray(state["mt_key"]).reshape(-1)
         pos = np.asarray(state["mt_pos"]).reshape(-1)
-        if key.shape != (624,) or pos.shape != (1,) or not 0 <= int(pos[0]) <= 624:
-            raise ValueError(f"generator state needs mt_key [624] and mt_pos in 0..624, got {key.shape} / {pos}")
+        if (key.shape != (624,) or pos.shape != (1,) or not 0 <= int(pos[0]) <= 624
+                or key.dtype.kind not in "iu" or key.min() < 0 or key.max() > 0xFFFFFFFF):
+            raise ValueError(f"generator state needs mt_key: 624 words in 0..2**32-1 and mt_pos in 0..624, got "
+                             f"{key.dtype} {key.shape} / {pos}")
         g = cls.__new__(cls)
         g._rs = np.random.RandomState()
-        g._rs.set_state(("MT19937", key, int(pos[0]), 0, 0.0))
+        g._rs.set_state(("MT19937", key.astype(np.uint32), int(pos[0]), 0, 0.0))
         return g
 
 

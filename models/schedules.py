@@ -122,8 +122,10 @@ def linear_quadratic(steps: int, shift: float, threshold_noise: float = 0.025) -
 
 def kl_optimal(steps: int, shift: float) -> np.ndarray:
     """tan(w·atan(min) + (1 - w)·atan(max)) over w = k/(steps - 1), then 0 (A1111 PR 15608)."""
+    if steps < 2:
+        raise ValueError("kl_optimal needs at least 2 steps (ComfyUI divides by steps - 1 and gets NaN for 1)")
     lo, hi = _table_ends(shift)
-    w = np.arange(steps, dtype=np.float64) / (steps - 1) if steps > 1 else np.zeros(1)
+    w = np.arange(steps, dtype=np.float64) / (steps - 1)
     return _with_zero(np.tan(w * math.atan(lo) + (1 - w) * math.atan(hi)))
 
 
