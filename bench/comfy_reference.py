@@ -172,6 +172,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one ComfyUI job may take")
     p.add_argument("--out", default=None, help="JSON file for the rows (and the latents as .npz next to it)")
+    p.add_argument("--record", default=None, help="write a test record (.npz): ComfyUI's final latents, the job's "
+                   "settings and its conditioning rows, what tests/test_samplers_comfy_model.py checks against")
     a = p.parse_args(argv)
 
     combos = [c.split("/", 1) for c in (a.combo or ["euler/simple", "euler/sgm_uniform"])]
@@ -225,6 +227,15 @@ def main(argv=None) -> int:
         latents[f"{sampler}/{scheduler}/comfyui"] = z_ref
     tmp.unlink(missing_ok=True)
     runner.close()
+    if a.record:
+        rec = {"cond": cond[:int(np.abs(cond).sum(1).nonzero()[0].max()) + 1],
+               "uncond": uncond[:int(np.abs(uncond).sum(1).nonzero()[0].max()) + 1],
+               "job": np.array(json.dumps({"seed": a.seed, "steps": a.steps, "cfg": a.cfg, "size": [width, height],
+                                           "prompt": a.prompt, "negative": a.negative, "files": files}))}
+        rec.update({f"comfyui/{k.split('/')[0]}/{k.split('/')[1]}": v for k, v in latents.items()
+                    if k.endswith("/comfyui")})
+        np.savez_compressed(a.record, **rec)
+        print(f"wrote test record {a.record}")
     if a.out:
         outp = Path(a.out)
         outp.parent.mkdir(parents=True, exist_ok=True)

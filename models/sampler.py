@@ -17,51 +17,24 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from models import schedules
 from models import spectrum as sp
+from models.schedules import DEFAULT_SHIFT, TABLE_SIZE, shift_sigma, sigma_table  # noqa: F401  (re-exported)
 from models.sampler_state import SamplerState, SamplerStateError
 from models.spectrum import SpectrumSettings
 
 log = logging.getLogger(__name__)
 
+# The schedules today's Euler pipeline accepts; models.schedules computes them (and ComfyUI's others).
 SCHEDULES = ("sgm_uniform", "simple")
-DEFAULT_SHIFT = 3.0
 SIGMA_MIN_T = 0.001            # the smallest timestep of the model's 1000-entry sigma table
-TABLE_SIZE = 1000
-
-
-def shift_sigma(t, shift: float = DEFAULT_SHIFT):
-    """Flow time shift: sigma = shift·t / (1 + (shift - 1)·t) (float64)."""
-    t = np.asarray(t, dtype=np.float64)
-    return shift * t / (1.0 + (shift - 1.0) * t)
-
-
-def sigma_table(shift: float = DEFAULT_SHIFT) -> np.ndarray:
-    """The model's discrete sigma table, ascending: shift(i/1000) for i = 1..1000 -> [1000] f64."""
-    return shift_sigma(np.arange(1, TABLE_SIZE + 1, dtype=np.float64) / TABLE_SIZE, shift)
 
 
 def make_sigmas(schedule: str, steps: int, shift: float = DEFAULT_SHIFT) -> np.ndarray:
-    """Sigmas for `steps` steps, descending from 1 and ending with 0: [steps + 1] f32.
-
-    sgm_uniform: t_k = linspace(sigma_max, sigma_min, steps + 1)[:-1] with sigma_max = 1 and sigma_min = shift(0.001)
-    (the table's ends), sigma_k = shift(t_k), then 0.
-    simple: walk the 1000-entry table from its top in equal strides of 1000/steps: sigma_k = table[-(1 + int(k·1000/steps))],
-    then 0.
-    """
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
-    if not shift > 0:
-        raise ValueError(f"shift must be > 0, got {shift!r}")
-    table = sigma_table(shift)
-    if schedule == "sgm_uniform":
-        t = np.linspace(table[-1], table[0], steps + 1)[:-1]            # [steps] f64
-        sig = shift_sigma(t, shift)
-    elif schedule == "simple":
-        stride = TABLE_SIZE / steps
-        sig = np.array([table[-(1 + int(k * stride))] for k in range(steps)], dtype=np.float64)
-    else:
+    """Sigmas for `steps` steps, descending from 1 and ending with 0: [steps + 1] f32 (models.schedules)."""
+    if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {list(SCHEDULES)}")
-    return np.concatenate([sig, [0.0]]).astype(np.float32)
+    return schedules.make_sigmas(schedule, steps, shift)
 
 
 class Sampler:
