@@ -104,6 +104,7 @@ class SamplerRun:
 class KSampler:
     """One sampler over one schedule; holds settings only (progress lives in SamplerRun)."""
     name = ""
+    discard_penultimate = False  # ComfyUI's KSampler runs it on the schedule for steps + 1 minus its penultimate sigma
     gaussian = False            # draws default_noise_sampler noise
     brownian = False            # draws Brownian-tree noise
     offsets_first_sigma = False
@@ -332,6 +333,213 @@ class Heun(KSampler):
         x_2 = st.arrays.pop("x_2")
         d_2 = _to_d(x_2, self._s(i + 1), den)
         st.x = st.x + (d + d_2) / F32(2) * dt
+        return True
+
+
+class Dpm2(KSampler):
+    """sample_dpm_2 (s_churn 0): Euler to the log-midpoint sigma, the model there, the full step with its slope
+    (Euler alone on the last step). KSampler drops the scheduler's penultimate sigma for it."""
+    name = "dpm_2"
+    discard_penultimate = True
+
+    def nfe(self, step):
+        return 1 if self.sigmas[step + 1] == 0 else 2
+
+    def _mid(self, i: int) -> float:
+        return float(F32(math.exp(0.5 * (math.log(self._s(i)) + math.log(self._s(i + 1))))))
+
+    def _point(self, st):
+        if st.stage == 0:
+            return st.x, self.sigmas[st.step]
+        return st.arrays["x_2"], self._mid(st.step)
+
+    def _feed(self, st, den):
+        i = st.step
+        if st.stage == 0:
+            d = _to_d(st.x, self._s(i), den)
+            if self.sigmas[i + 1] == 0:
+                st.x = st.x + d * (self.sigmas[i + 1] - self.sigmas[i])
+                return True
+            st.arrays["x_2"] = st.x + d * F32(F32(self._mid(i)) - self.sigmas[i])
+            return False
+        x_2 = st.arrays.pop("x_2")
+        d_2 = _to_d(x_2, self._mid(i), den)
+        st.x = st.x + d_2 * (self.sigmas[i + 1] - self.sigmas[i])
+        return True
+
+
+class Dpm2Ancestral(Dpm2):
+    """sample_dpm_2_ancestral_RF (eta 1): DPM-Solver-2 down to sigma_down, rescaled and renoised as Euler a."""
+    name = "dpm_2_ancestral"
+    gaussian = True
+
+    def _down(self, i: int) -> tuple:
+        s, sn = self._s(i), self._s(i + 1)
+        sd = sn * (1 + (sn / s - 1))
+        a_n, a_d = 1 - sn, 1 - sd
+        return sd, a_n, a_d, math.sqrt(max(sn ** 2 - sd ** 2 * a_n ** 2 / a_d ** 2, 0.0))
+
+    def _mid(self, i: int) -> float:
+        return float(F32(math.exp(0.5 * (math.log(self._s(i)) + math.log(self._down(i)[0])))))
+
+    def _feed(self, st, den):
+        i = st.step
+        sd, a_n, a_d, renoise = self._down(i)
+        if st.stage == 0:
+            d = _to_d(st.x, self._s(i), den)
+            if sd == 0:
+                st.x = st.x + d * F32(F32(sd) - self.sigmas[i])
+                return True
+            st.arrays["x_2"] = st.x + d * F32(F32(self._mid(i)) - self.sigmas[i])
+            return False
+        x_2 = st.arrays.pop("x_2")
+        x = st.x + _to_d(x_2, self._mid(i), den) * F32(F32(sd) - self.sigmas[i])
+        st.x = F32(a_n / a_d) * x + self._gauss(st) * F32(renoise)
+        return True
+
+
+class Dpmpp2SAncestral(KSampler):
+    """sample_dpmpp_2s_ancestral_RF (eta 1): a DPM-Solver++(2S) model call at the log-SNR midpoint towards
+    sigma_down (0.9999 from sigma 1), then Euler a's rescale and renoise."""
+    name = "dpmpp_2s_ancestral"
+    gaussian = True
+
+    def nfe(self, step):
+        return 1 if self.sigmas[step + 1] == 0 else 2
+
+    def _down(self, i: int) -> tuple:
+        s, sn = self._s(i), self._s(i + 1)
+        sd = sn * (1 + (sn / s - 1))
+        a_n, a_d = 1 - sn, 1 - sd
+        return sd, a_n, a_d, math.sqrt(max(sn ** 2 - sd ** 2 * a_n ** 2 / a_d ** 2, 0.0))
+
+    def _sigma_s(self, i: int) -> float:
+        s = self._s(i)
+        if s == 1.0:
+            return float(F32(0.9999))
+        lam_i, lam_d = half_log_snr(s), half_log_snr(self._down(i)[0])
+        return float(F32(sigma_of_half_log_snr(lam_i + 0.5 * (lam_d - lam_i))))
+
+    def _point(self, st):
+        if st.stage == 0:
+            return st.x, self.sigmas[st.step]
+        return st.arrays["u"], self._sigma_s(st.step)
+
+    def _feed(self, st, den):
+        i = st.step
+        s = self._s(i)
+        sd, a_n, a_d, renoise = self._down(i)
+        if st.stage == 0:
+            if self.sigmas[i + 1] == 0:
+                st.x = st.x + _to_d(st.x, s, den) * F32(F32(sd) - self.sigmas[i])
+                return True
+            r = self._sigma_s(i) / s
+            st.arrays["u"] = F32(r) * st.x + F32(1 - r) * den
+            return False
+        st.arrays.pop("u")
+        r = sd / s
+        x = F32(r) * st.x + F32(1 - r) * den
+        st.x = F32(a_n / a_d) * x + self._gauss(st) * F32(renoise)
+        return True
+
+
+class Lms(KSampler):
+    """sample_lms (order 4): Adams-Bashforth in sigma over the last 4 slopes; the coefficients are integrals of
+    Lagrange polynomials (cubic at most), here by 4-point Gauss-Legendre, exact for them as scipy's quad is."""
+    name = "lms"
+    order = 4
+    _GL_X, _GL_W = np.polynomial.legendre.leggauss(4)
+
+    def _coeff(self, order: int, i: int, j: int) -> float:
+        t = self.sigmas.astype(np.float64)
+        a, b = t[i], t[i + 1]
+        taus = 0.5 * (b - a) * self._GL_X + 0.5 * (a + b)
+        prod = np.ones_like(taus)
+        for k in range(order):
+            if k != j:
+                prod *= (taus - t[i - k]) / (t[i - j] - t[i - k])
+        return float(0.5 * (b - a) * np.sum(self._GL_W * prod))
+
+    def _feed(self, st, den):
+        i = st.step
+        ds = (st.lists.get("ds", []) + [_to_d(st.x, self._s(i), den)])[-self.order:]
+        st.lists["ds"] = ds
+        if self.sigmas[i + 1] == 0:
+            st.x = den
+            return True
+        order = min(i + 1, self.order)
+        total = F32(0.0)
+        for j, d in enumerate(reversed(ds)):
+            total = total + F32(self._coeff(order, i, j)) * d
+        st.x = st.x + total
+        return True
+
+
+class Ipndm(KSampler):
+    """sample_ipndm (max order 4): improved PNDM, Adams-Bashforth weights on the last slopes."""
+    name = "ipndm"
+    max_order = 4
+
+    def _feed(self, st, den):
+        i = st.step
+        s, sn = self.sigmas[i], self.sigmas[i + 1]
+        buf = st.lists.get("d", [])
+        d = _to_d(st.x, float(s), den)
+        order = min(self.max_order, i + 1)
+        dt = sn - s
+        if sn == 0:
+            st.x = den
+        elif order == 1:
+            st.x = st.x + dt * d
+        elif order == 2:
+            st.x = st.x + dt * (F32(3) * d - buf[-1]) / F32(2)
+        elif order == 3:
+            st.x = st.x + dt * (F32(23) * d - F32(16) * buf[-1] + F32(5) * buf[-2]) / F32(12)
+        else:
+            st.x = st.x + dt * (F32(55) * d - F32(59) * buf[-1] + F32(37) * buf[-2] - F32(9) * buf[-3]) / F32(24)
+        st.lists["d"] = (buf + [d])[-(self.max_order - 1):]
+        return True
+
+
+class GradientEstimation(KSampler):
+    """sample_gradient_estimation (gamma 2): Euler plus (gamma - 1) times the change of the slope."""
+    name = "gradient_estimation"
+    gamma = 2.0
+
+    def _feed(self, st, den):
+        i = st.step
+        d = _to_d(st.x, self._s(i), den)
+        dt = self.sigmas[i + 1] - self.sigmas[i]
+        if self.sigmas[i + 1] == 0:
+            st.x = den
+        else:
+            x = st.x + d * dt
+            if i >= 1:
+                x = x + F32(self.gamma - 1) * (d - st.arrays["old_d"]) * dt
+            st.x = x
+        st.arrays["old_d"] = d
+        return True
+
+
+class Ddpm(KSampler):
+    """sample_ddpm: ComfyUI's DDPM step in its variance-preserving view of sigma (x / sqrt(1 + sigma^2)), for every
+    model; in float32 as there (1 - alpha cancels badly near sigma 0)."""
+    name = "ddpm"
+    gaussian = True
+
+    def _feed(self, st, den):
+        i = st.step
+        one = F32(1.0)
+        s, sp = self.sigmas[i], self.sigmas[i + 1]                               # f32
+        eps = (st.x - den) / s
+        x = st.x / np.sqrt(one + s ** F32(2.0))
+        acp, acp_prev = one / (s * s + one), one / (sp * sp + one)
+        alpha = acp / acp_prev
+        mu = np.sqrt(one / alpha) * (x - (one - alpha) * eps / np.sqrt(one - acp))
+        if sp > 0:
+            mu = mu + np.sqrt((one - alpha) * (one - acp_prev) / (one - acp)) * self._gauss(st)
+            mu = mu * np.sqrt(one + sp ** F32(2.0))
+        st.x = mu
         return True
 
 
@@ -837,6 +1045,13 @@ SAMPLERS = {i.name: i for i in (
                 "as sa_solver"),
     SamplerInfo("uni_pc", UniPC, "1", "none", "predicted latent, last 3 data predictions and their times"),
     SamplerInfo("uni_pc_bh2", UniPCBh2, "1", "none", "as uni_pc"),
+    SamplerInfo("dpm_2", Dpm2, "2 (1 on the last step)", "none", "nothing"),
+    SamplerInfo("dpm_2_ancestral", Dpm2Ancestral, "2 (1 on the last step)", "gaussian", "noise generator"),
+    SamplerInfo("dpmpp_2s_ancestral", Dpmpp2SAncestral, "2 (1 on the last step)", "gaussian", "noise generator"),
+    SamplerInfo("lms", Lms, "1", "none", "last 4 slopes"),
+    SamplerInfo("ipndm", Ipndm, "1", "none", "last 3 slopes"),
+    SamplerInfo("gradient_estimation", GradientEstimation, "1", "none", "previous slope"),
+    SamplerInfo("ddpm", Ddpm, "1", "gaussian", "noise generator"),
 )}
 SAMPLER_NAMES = tuple(SAMPLERS)
 
