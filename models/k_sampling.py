@@ -904,7 +904,8 @@ class UniPC(KSampler):
     """uni_pc / uni_pc_bh2: UniPC multistep (data prediction, order min(3, steps - 1), lower order at the end) over
     the schedule with its last 0 replaced by 0.001; the model sees x·sqrt(sigma^2 + 1), as ComfyUI's
     predict_eps_sigma scales it (ComfyUI's uni_pc treats every model's sigma as variance-exploding). The caller drops
-    the scheduler's penultimate sigma (sampler_sigmas). Coefficients in float32, as ComfyUI computes them."""
+    the scheduler's penultimate sigma (sampler_sigmas). Coefficients in float32, as ComfyUI computes them. The result
+    is divided by 1 - 0.001 at the end, as ComfyUI's is (see _final)."""
     name = "uni_pc"
     variant = "bh1"
     discard_penultimate = True
@@ -1009,7 +1010,12 @@ class UniPC(KSampler):
         return True
 
     def _final(self, st):
-        return st.arrays["x_pred"] / _vp(self.ts[-1])[0]
+        x = st.arrays["x_pred"] / _vp(self.ts[-1])[0]
+        if self.sigmas[-1] == 0:
+            # ComfyUI's sample_unipc writes the 0.001 into the caller's sigmas (a view), so KSAMPLER's
+            # inverse_noise_scaling then divides by 1 - 0.001: part of ComfyUI's picture.
+            x = x / (F32(1.0) - self.ts[-1])
+        return x
 
 
 class UniPCBh2(UniPC):
