@@ -34,11 +34,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.k_sampling import SAMPLERS, cfg_denoised, make_sampler, sampler_sigmas  # noqa: E402
+from models.k_sampling import SAMPLERS, cfg_denoised, ksampler_sigmas, make_sampler  # noqa: E402
 from models.models_dir import add_model_arguments, paths_from_args  # noqa: E402
 from models.noise import comfy_noise  # noqa: E402
 from models.safetensors_io import SafeTensorsFile  # noqa: E402
-from models.schedules import make_sigmas  # noqa: E402
 from models.vae.latent import LATENT_MEAN, LATENT_STD  # noqa: E402
 
 
@@ -128,13 +127,6 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def schedule_for(sampler: str, scheduler: str, steps: int) -> np.ndarray:
-    """The sigmas ComfyUI's KSampler hands `sampler` (uni_pc drops the penultimate of steps + 1)."""
-    if getattr(SAMPLERS[sampler].cls, "discard_penultimate", False):
-        return sampler_sigmas(sampler, make_sigmas(scheduler, steps + 1))
-    return make_sigmas(scheduler, steps)
-
-
 def project_latent(runner, cond, uncond, seed: int, steps: int, cfg: float, sampler: str, scheduler: str,
                    shape: tuple, today: bool) -> tuple:
     """(final latent [16, h, w], model calls) of this project's job in-process."""
@@ -144,7 +136,7 @@ def project_latent(runner, cond, uncond, seed: int, steps: int, cfg: float, samp
         s = Sampler(steps=steps, cfg=cfg, schedule=scheduler, spectrum=None)
         st = s.sample(lambda x, sigma: runner.forward_cfg(x, sigma, cond, uncond), latent=noise)
         return st.latent, 2 * steps
-    ks = make_sampler(sampler, schedule_for(sampler, scheduler, steps), seed=seed, shape=shape)
+    ks = make_sampler(sampler, ksampler_sigmas(sampler, scheduler, steps), seed=seed, shape=shape)
     calls = [0]
 
     def model(x, sigma):
@@ -180,7 +172,7 @@ def main(argv=None) -> int:
     for c in combos:
         if len(c) != 2 or c[0] not in SAMPLERS:
             raise SystemExit(f"--combo {'/'.join(c)}: expected SAMPLER/SCHEDULER with SAMPLER one of {list(SAMPLERS)}")
-        schedule_for(c[0], c[1], a.steps)                   # an unknown scheduler fails here, naming the ones there are
+        ksampler_sigmas(c[0], c[1], a.steps)                   # an unknown scheduler fails here, naming the ones there are
     width, height = (int(v) for v in a.size.lower().split("x"))
     client = ComfyClient(a.comfyui, a.timeout)
     stats = client.check()

@@ -36,7 +36,7 @@ import numpy as np
 
 from models.brownian import BrownianTreeNoise
 from models.noise import TorchCpuGenerator
-from models.schedules import DEFAULT_SHIFT, percent_to_sigma
+from models.schedules import DEFAULT_SHIFT, make_sigmas, percent_to_sigma
 
 F32 = np.float32
 
@@ -1067,6 +1067,15 @@ def sampler_sigmas(name: str, schedule_sigmas_plus_one: np.ndarray) -> np.ndarra
     schedule for steps + 1, drop its second-to-last entry."""
     s = np.asarray(schedule_sigmas_plus_one, dtype=np.float32)
     return np.concatenate([s[:-2], s[-1:]])
+
+
+def ksampler_sigmas(name: str, scheduler: str, steps: int, shift: float = DEFAULT_SHIFT) -> np.ndarray:
+    """The sigmas ComfyUI's KSampler hands sampler `name` for `scheduler` and `steps` ([n + 1] f32)."""
+    if name not in SAMPLERS:
+        raise ValueError(f"unknown sampler {name!r}; choose one of {list(SAMPLER_NAMES)}")
+    if SAMPLERS[name].cls.discard_penultimate:
+        return sampler_sigmas(name, make_sigmas(scheduler, steps + 1, shift))
+    return make_sigmas(scheduler, steps, shift)
 
 
 def make_sampler(name: str, sigmas, seed: int = 0, shape=None, shift: float = DEFAULT_SHIFT) -> KSampler:
