@@ -19,7 +19,7 @@ import numpy as np
 
 from models import schedules
 from models import spectrum as sp
-from models.schedules import DEFAULT_SHIFT, TABLE_SIZE, shift_sigma, sigma_table  # noqa: F401  (re-exported)
+from models.schedules import DEFAULT_SHIFT
 from models.sampler_state import SamplerState, SamplerStateError
 from models.spectrum import SpectrumSettings
 
