@@ -101,6 +101,32 @@ class SamplerRun:
     gen: Optional[TorchCpuGenerator] = None
 
 
+def run_state(st: SamplerRun) -> tuple:
+    """A run's arrays, lists, generator position (tensors, named `a.K`, `l.K.i`, `gen.K`) and its JSON part
+    (scalars, list lengths), everything but the latent and the step; restore_run inverts it."""
+    tensors = {f"a.{k}": v for k, v in st.arrays.items()}
+    for k, lst in st.lists.items():
+        tensors.update({f"l.{k}.{i}": v for i, v in enumerate(lst)})
+    if st.gen is not None:
+        tensors.update({f"gen.{k}": v for k, v in st.gen.state().items()})
+    return tensors, {"scalars": dict(st.scalars), "lists": {k: len(v) for k, v in st.lists.items()}}
+
+
+def restore_run(step: int, x: np.ndarray, tensors: dict, meta: dict, gaussian: bool) -> SamplerRun:
+    """The run run_state described, at `step` with latent `x`; SamplerRunError for a malformed description."""
+    try:
+        arrays = {k[2:]: np.asarray(v, dtype=np.float32) for k, v in tensors.items() if k.startswith("a.")}
+        lists = {k: [np.asarray(tensors[f"l.{k}.{i}"], dtype=np.float32) for i in range(n)]
+                 for k, n in meta["lists"].items()}
+        scalars = dict(meta["scalars"])
+        gen = None
+        if gaussian:
+            gen = TorchCpuGenerator.from_state({"mt_key": tensors["gen.mt_key"], "mt_pos": tensors["gen.mt_pos"]})
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise SamplerRunError(f"sampler state is incomplete or malformed: {type(e).__name__}: {e}") from None
+    return SamplerRun(step=step, stage=0, x=x, arrays=arrays, lists=lists, scalars=scalars, gen=gen)
+
+
 class KSampler:
     """One sampler over one schedule; holds settings only (progress lives in SamplerRun)."""
     name = ""
@@ -196,15 +222,9 @@ class KSampler:
         """(tensors {name: array}, meta {JSON}) of a run between steps (stage 0)."""
         if st.stage != 0:
             raise SamplerRunError(f"{self.name}: a run is saved between steps, not inside step {st.step + 1}")
-        tensors = {"x": st.x}
-        tensors.update({f"a.{k}": v for k, v in st.arrays.items()})
-        for k, lst in st.lists.items():
-            tensors.update({f"l.{k}.{i}": v for i, v in enumerate(lst)})
-        if st.gen is not None:
-            tensors.update({f"gen.{k}": v for k, v in st.gen.state().items()})
-        meta = {"identity": self.identity(), "step": st.step, "scalars": dict(st.scalars),
-                "lists": {k: len(v) for k, v in st.lists.items()}}
-        return tensors, meta
+        tensors, meta = run_state(st)
+        tensors["x"] = st.x
+        return tensors, {"identity": self.identity(), "step": st.step, **meta}
 
     def from_state_dict(self, tensors: dict, meta: dict) -> SamplerRun:
         if meta.get("identity") != self.identity():
@@ -214,15 +234,17 @@ class KSampler:
             raise SamplerRunError(f"sampler state step {step!r} is outside 0..{self.steps}")
         try:
             x = np.asarray(tensors["x"], dtype=np.float32)
-            arrays = {k[2:]: np.asarray(v, dtype=np.float32) for k, v in tensors.items() if k.startswith("a.")}
-            lists = {k: [np.asarray(tensors[f"l.{k}.{i}"], dtype=np.float32) for i in range(n)]
-                     for k, n in meta["lists"].items()}
-            gen = None
-            if self.gaussian:
-                gen = TorchCpuGenerator.from_state({"mt_key": tensors["gen.mt_key"], "mt_pos": tensors["gen.mt_pos"]})
         except (KeyError, TypeError, ValueError) as e:
             raise SamplerRunError(f"sampler state is incomplete or malformed: {type(e).__name__}: {e}") from None
-        return SamplerRun(step=step, stage=0, x=x, arrays=arrays, lists=lists, scalars=dict(meta["scalars"]), gen=gen)
+        return restore_run(step, x, tensors, meta, self.gaussian)
+
+    def feed_cfg(self, st: SamplerRun, v_cond: np.ndarray, v_uncond: np.ndarray, cfg: float) -> np.ndarray:
+        """One model call's CFG pair of velocities at point(st) ([C, h, w] f32 each) fed as ComfyUI combines them
+        (cfg_denoised); returns that denoised (Spectrum's x0 of the call)."""
+        x_in, sigma = self.point(st)
+        den = cfg_denoised(x_in, sigma, v_cond, v_uncond, cfg)
+        self.feed(st, den)
+        return den
 
     # ---- what each sampler defines -------------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -260,6 +282,24 @@ def _to_d(x, sigma, den):
 class Euler(KSampler):
     """sample_euler (s_churn 0); ComfyUI's ddim is this sampler too."""
     name = "euler"
+
+    def feed_cfg(self, st, v_cond, v_uncond, cfg):
+        """The pipeline's Euler in velocity form, v = v_u + cfg·(v_c - v_u), x += v·(sigma_next - sigma): the same
+        step as ComfyUI's denoised form up to float32 rounding (docs/samplers.md measures both against ComfyUI),
+        kept so default jobs stay bitwise what they were. Returns x0 = x - sigma·v."""
+        if self.done(st):
+            raise RuntimeError(f"{self.name}: sampling is finished ({self.steps} steps)")
+        i = st.step
+        s0, s1 = self.sigmas[i], self.sigmas[i + 1]                                 # f32 scalars
+        x = st.x                                                                     # [C, h, w] f32
+        v = np.asarray(v_uncond, np.float32) + F32(cfg) * (np.asarray(v_cond, np.float32) -
+                                                           np.asarray(v_uncond, np.float32))
+        if v.shape != x.shape:
+            raise ValueError(f"velocity has shape {v.shape}, latent is {x.shape}")
+        x0 = x - s0 * v
+        st.x = x + v * (s1 - s0)
+        st.step += 1
+        return x0
 
     def _feed(self, st, den):
         i = st.step
