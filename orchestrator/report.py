@@ -13,6 +13,7 @@ from models.durable import atomic_write
 from models.lora.a1111 import lora_stem, lora_tag
 from models.partition import KINDS, TEXT_TOKENS
 from models.phase_times import PhaseSums
+from orchestrator.a1111_names import sampler_label, scheduler_label
 from models.schema import base_types
 from models.probes import vm_hwm_kb
 from orchestrator.runfolder import ON_DEMAND_STAGES, STAGE_PROGRAMS
@@ -162,6 +163,7 @@ class JobReport:
             "computed_steps": list(d.get("computed_steps", [])),
             "forecast_steps": list(d.get("forecast_steps", [])),
             "branch_calls": int(d.get("branch_calls", 0)),
+            "nfe": sum(int(s.get("nfe", 1)) for s in d.get("steps", [])),      # model calls, both CFG passes each
             "resumed_from": int(d.get("resumed_from", 0)),
             "resends": int(d.get("resends", 0)),
             "teardown": {"encoder_running_during_denoise": t.encoder_running_during_denoise,
@@ -220,8 +222,9 @@ def png_metadata(spec, pack, job: str, names=None, graph: dict | None = None,
     lora_hashes = lora_hashes or {}
     tags = "".join(" " + lora_tag(c.name, c.strength, c.te_strength) for c in spec.loras)
     hashes = ", ".join(f"{lora_stem(c.name)}: {lora_hashes[c.name]}" for c in spec.loras if c.name in lora_hashes)
-    params = (f"{spec.prompt}{tags}\nNegative prompt: {spec.negative_prompt}\nSteps: {spec.steps}, Sampler: "
-              f"{spec.sampler}, Schedule type: {spec.scheduler}, CFG scale: {spec.cfg}, Seed: {spec.seed}, "
+    params = (f"{spec.prompt}{tags}\nNegative prompt: {spec.negative_prompt}\nSteps: {spec.steps}, "
+              f"Sampler: {sampler_label(spec.sampler)}, Schedule type: {scheduler_label(spec.scheduler)}, "
+              f"CFG scale: {spec.cfg}, Seed: {spec.seed}, "
               f"Size: {width}x{height}, Model: {pack.source_name}, Model hash: {pack.source_sha256[:10]}, "
               + (f'Lora hashes: "{hashes}", ' if hashes else "") + f"Spectrum: {spectrum}")
     names = names or ModelNames(unet=(pack.source_name,) if pack.source_name else ())
@@ -269,7 +272,8 @@ def format_table(report: dict) -> str:
     lines.append(f"host ops {report.get('host_s', 0.0):.2f} s{' (paced)' if board else ''} "
                  f"({report.get('host_hidden_s', 0.0):.2f} s behind inference), transport "
                  f"{report.get('transport_s', 0.0):.2f} s (measured), "
-                 f"{report.get('branch_calls', 0)} branch calls, {len(steps)} computed steps "
+                 f"{report.get('branch_calls', 0)} branch calls, {report.get('nfe', len(steps))} model calls, "
+                 f"{len(steps)} computed steps "
                  f"({len(report.get('forecast_steps', []))} forecast), total {report.get('wall_s', 0.0):.1f} s")
     text = report.get("text") or {}
     if text.get("truncated"):
