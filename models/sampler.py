@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 SIGMA_MIN_T = 0.001            # the smallest timestep of the model's 1000-entry sigma table
 DEFAULT_SAMPLER = "euler"
 DEFAULT_SCHEDULER = "sgm_uniform"
+PROBE_SHAPE = (16, 1, 1)       # a 1-pixel latent: the run structure a saved state is checked against
 
 # Why Spectrum is refused for a sampler: its forecast is indexed by step (one CFG x0 per step, at the step's own
 # sigma); these samplers call the model a second time inside the step, at a point that has no place on that axis.
@@ -159,7 +160,7 @@ class Sampler:
             if seed is None and self.entry.stochastic:
                 raise ValueError(f"sampler {self.name!r} draws noise: it needs the job's seed")
             if shape is None and self.entry.noise == "brownian":
-                shape = (1, 1, 1)                   # nfe() only: the tree is never queried
+                shape = PROBE_SHAPE                 # nfe() only: the tree is never queried
             self._machines[key] = ks.make_sampler(self.name, self.sigmas, seed=seed or 0, shape=shape,
                                                   shift=self.shift)
         return self._machines[key]
@@ -199,10 +200,10 @@ class Sampler:
         a resumed job can never fail half-way on a missing piece: compared with a fresh run on a 1-pixel latent
         stepped to the same step."""
         run, shape = state.run, state.latent.shape
-        probe = self._machine(state.seed if self.entry.stochastic else None, (1, 1, 1))
-        ref = probe.start(np.zeros((1, 1, 1), np.float32))
+        probe = self._machine(state.seed if self.entry.stochastic else None, PROBE_SHAPE)
+        ref = probe.start(np.zeros(PROBE_SHAPE, np.float32))
         while ref.step < state.step:
-            probe.feed(ref, np.zeros((1, 1, 1), np.float32))
+            probe.feed(ref, np.zeros(PROBE_SHAPE, np.float32))
         want = (sorted(ref.arrays), {k: len(v) for k, v in ref.lists.items()}, sorted(ref.scalars),
                 ref.gen is not None)
         got = (sorted(run.arrays), {k: len(v) for k, v in run.lists.items()}, sorted(run.scalars), run.gen is not None)
