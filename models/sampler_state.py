@@ -63,6 +63,14 @@ class SamplerState:
     def latent(self, v: np.ndarray) -> None:
         self.run.x = v
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays the state file holds (latent, the sampler's run, Spectrum's history)."""
+        r = self.run
+        arrays = [r.x, *r.arrays.values(), *(a for v in r.lists.values() for a in v)]
+        arrays += self.spectrum.x0s if self.spectrum is not None else []
+        return sum(a.nbytes for a in arrays) + (624 * 8 + 8 if r.gen is not None else 0)
+
     def copy(self) -> "SamplerState":
         sp = None
         if self.spectrum is not None:
@@ -122,9 +130,9 @@ class SamplerState:
         except (ValueError, RecursionError) as e:     # not JSON, an int of > 4300 digits, deep nesting
             raise SamplerStateError(f"{name}: {META_KEY} metadata is not JSON ({type(e).__name__}: "
                                     f"{str(e)[:200]})") from None
-        if not isinstance(meta, dict) or meta.get("version") not in READ_VERSIONS or type(meta.get("version")) is not int:
-            got = meta.get("version") if isinstance(meta, dict) else None
-            raise SamplerStateError(f"{name}: sampler state version {str(got)[:40]}, expected one of "
+        version = meta.get("version") if isinstance(meta, dict) else None
+        if type(version) is not int or version not in READ_VERSIONS:
+            raise SamplerStateError(f"{name}: sampler state version {str(version)[:40]}, expected one of "
                                     f"{list(READ_VERSIONS)}")
         for key, ok in (("settings", isinstance(meta.get("settings"), dict)),
                         ("step", _count(meta.get("step"))),

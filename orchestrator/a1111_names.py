@@ -108,8 +108,8 @@ def resolve(sampler: str, scheduler: str | None) -> tuple[str, str]:
     elif sched_key in _SCHEDULER_OF:
         sched = _SCHEDULER_OF[sched_key].name
         if implied and implied != sched:
-            raise A1111NameError("scheduler", f"{scheduler!r:.80} contradicts sampler_name {sampler!r:.80}, which implies "
-                             f"{scheduler_label(implied)}; give one of them")
+            raise A1111NameError("scheduler", f"{scheduler!r:.80} contradicts sampler_name {sampler!r:.80}, which "
+                                              f"implies {scheduler_label(implied)}; give one of them")
     else:
         why = UNSUPPORTED_SCHEDULERS.get(sched_key)
         raise A1111NameError("scheduler", f"{scheduler!r:.80} is not available" + (f" ({why} is not run here)" if why

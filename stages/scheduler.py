@@ -12,7 +12,6 @@ result is bitwise identical to an uninterrupted run.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import shutil
@@ -242,24 +241,10 @@ def eta_s(calls_done: int, elapsed_s: float, left: int) -> float:
     return elapsed_s / max(calls_done, 1) * left
 
 
-def _state_nbytes(state) -> int:
-    """Bytes of the arrays a step state file holds (latent, Spectrum history), found by walking the state."""
-    seen, total, todo = set(), 0, [state]
-    while todo:
-        obj = todo.pop()
-        if isinstance(obj, np.ndarray):
-            total += obj.nbytes
-        elif id(obj) not in seen and (dataclasses.is_dataclass(obj) or isinstance(obj, (list, tuple, dict))):
-            seen.add(id(obj))
-            todo += list(obj.values() if isinstance(obj, dict) else obj if not dataclasses.is_dataclass(obj)
-                         else vars(obj).values())
-    return total
-
-
 def check_state_room(job_dir: str, state) -> None:
     """Before a step state is written: room for it twice (written, then renamed over the old one) plus headroom,
     else a clear error naming the folder (the job fails; free space, then `orchestrator resume JOB`)."""
-    need_mb = 2 * _state_nbytes(state) / 2**20 + STATE_HEADROOM_MB
+    need_mb = 2 * state.nbytes / 2**20 + STATE_HEADROOM_MB
     try:
         free_mb = shutil.disk_usage(job_dir).free / 2**20
     except OSError as e:
