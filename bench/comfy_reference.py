@@ -11,8 +11,9 @@ For each sampler/scheduler combo it submits ComfyUI's API graph (UNETLoader, CLI
 x2, EmptySD3LatentImage, ModelSamplingAuraFlow shift 3, KSampler, VAEDecode, SaveImage, SaveLatent), fetches the
 latent and the PNG, computes the same job here in-process (the text encoder on torch, the DiT through the pack on
 ONNX Runtime, the sampler, the VAE decoder) and prints one row per combo: the final latent's cosine and max
-difference (model space) and the PNGs' max pixel difference; --out writes them as JSON. `euler` rows are computed
-twice: by today's pipeline sampler (models.sampler) and by models.k_sampling. The tokenizers must be ComfyUI's own
+difference (model space) and the PNGs' max pixel difference; --out writes them as JSON. Every row is computed by the
+pipeline's sampler (models.sampler.Sampler, what the scheduler stage runs); `euler` rows also by models.k_sampling in
+ComfyUI's denoised form (the pipeline's Euler keeps its velocity form). The tokenizers must be ComfyUI's own
 (its comfy/text_encoders/qwen25_tokenizer and t5_tokenizer/tokenizer.json) for the token ids to agree: point
 --qwen-tokenizer / --t5-tokenizer at them, or copy them into the models folder's tokenizers/qwen and tokenizers/t5.
 """
@@ -35,6 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.k_sampling import SAMPLERS, cfg_denoised, ksampler_sigmas, make_sampler  # noqa: E402
+from models.sampler import Sampler  # noqa: E402
 from models.models_dir import add_model_arguments, paths_from_args  # noqa: E402
 from models.noise import comfy_noise  # noqa: E402
 from models.safetensors_io import SafeTensorsFile  # noqa: E402
@@ -132,10 +134,9 @@ def project_latent(runner, cond, uncond, seed: int, steps: int, cfg: float, samp
     """(final latent [16, h, w], model calls) of this project's job in-process."""
     noise = comfy_noise(seed, shape)
     if today:
-        from models.sampler import Sampler                  # the pipeline's sampler today (euler only)
-        s = Sampler(steps=steps, cfg=cfg, schedule=scheduler, spectrum=None)
-        st = s.sample(lambda x, sigma: runner.forward_cfg(x, sigma, cond, uncond), latent=noise)
-        return st.latent, 2 * steps
+        s = Sampler(steps=steps, cfg=cfg, schedule=scheduler, spectrum=None, sampler=sampler)
+        st = s.sample(lambda x, sigma: runner.forward_cfg(x, sigma, cond, uncond), latent=noise, seed=seed)
+        return s.result(st), 2 * sum(st.nfe)
     ks = make_sampler(sampler, ksampler_sigmas(sampler, scheduler, steps), seed=seed, shape=shape)
     calls = [0]
 
@@ -200,7 +201,7 @@ def main(argv=None) -> int:
         comfy_s = time.monotonic() - t0
         z_ref = comfy_latent(client.view(out["11"]["latents"][0]), tmp)
         img_ref = png_pixels(client.view(out["10"]["images"][0]))
-        for today in ((True, False) if sampler == "euler" else (False,)):
+        for today in ((True, False) if sampler == "euler" else (True,)):
             t0 = time.monotonic()
             z, calls = project_latent(runner, cond, uncond, a.seed, a.steps, a.cfg, sampler, scheduler, shape, today)
             ours_s = time.monotonic() - t0
