@@ -109,6 +109,7 @@ def test_submit_see_progress_and_the_image(pipe, browser):
     card = page.wait_for_selector(f"#job-{job}")
     text = card.inner_text()
     assert "1girl, red scarf, snow" in text and "64x128 · seed 77 · 3 steps · cfg 4 · spectrum on" in text
+    assert "spectrum on · euler / sgm_uniform" in text
     assert card.query_selector("img.image") is not None
     # the job's own timing plot (drawn by the daemon before the job was done), as the page loads it
     plot = Image.open(pipe.job_dir(job) / "timing.png")

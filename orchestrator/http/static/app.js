@@ -170,8 +170,8 @@ function el(tag, props, ...children) {
 function card(j) {
   const s = j.spec || {};
   const meta = [s.width && s.height ? s.width + "x" + s.height : "", "seed " + s.seed, s.steps + " steps",
-                "cfg " + s.cfg, s.sampler ? s.sampler + " / " + s.scheduler : "",
-                "spectrum " + (s.spectrum ? "on" : "off"), j.api].filter(Boolean).join(" · ");
+                "cfg " + s.cfg, "spectrum " + (s.spectrum ? "on" : "off"),
+                s.sampler ? s.sampler + " / " + s.scheduler : "", j.api].filter(Boolean).join(" · ");
   const c = el("article", { className: "job", id: "job-" + j.job });
   if (j.files.image) {
     const a = el("a", { href: j.files.image, target: "_blank", rel: "noopener" },
