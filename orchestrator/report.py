@@ -272,9 +272,9 @@ def format_table(report: dict) -> str:
     lines.append(f"host ops {report.get('host_s', 0.0):.2f} s{' (paced)' if board else ''} "
                  f"({report.get('host_hidden_s', 0.0):.2f} s behind inference), transport "
                  f"{report.get('transport_s', 0.0):.2f} s (measured), "
-                 f"{report.get('branch_calls', 0)} branch calls, {report.get('nfe', len(steps))} model calls, "
-                 f"{len(steps)} computed steps "
-                 f"({len(report.get('forecast_steps', []))} forecast), total {report.get('wall_s', 0.0):.1f} s")
+                 f"{report.get('branch_calls', 0)} branch calls, {len(steps)} computed steps "
+                 f"({len(report.get('forecast_steps', []))} forecast), {report.get('nfe', len(steps))} model calls, "
+                 f"total {report.get('wall_s', 0.0):.1f} s")
     text = report.get("text") or {}
     if text.get("truncated"):
         lines.append(f"prompt truncated: {text.get('note', '')}")
