@@ -267,10 +267,10 @@ def summary_line(trials: list[Trial]) -> str:
 
 
 def run_trials(pipe: Pipeline, stages: list[str], trials: int, seed: int = 0, log=print,
-               after=None) -> tuple[Chaos, list[Trial]]:
+               after=None, prompt: dict | None = None) -> tuple[Chaos, list[Trial]]:
     """`trials` per stage, interleaved (encoder, scheduler, …, encoder, …) on one pipeline; one line per trial;
     `after(chaos, trials so far)` after each (the script saves its JSON there, so a cut-short run keeps its trials)."""
-    chaos = Chaos(pipe, seed, log=log)
+    chaos = Chaos(pipe, seed, prompt=prompt, log=log)
     chaos.baseline()
     out = []
     for i in range(trials):
@@ -304,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every trial and the summary here")
     ap.add_argument("--cache", type=Path, help="folder for the tiny bundle and pack (default: a temp folder)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--sampler", default=PROMPT["sampler"],
+                    help="the job's sampler (e.g. er_sde: its history and noise position must survive every kill)")
+    ap.add_argument("--scheduler", default=PROMPT["scheduler"])
     args = ap.parse_args(argv)
     if args.trials < 1:
         ap.error("--trials must be at least 1")
@@ -336,7 +339,8 @@ def _run(args, stages: list[str], cache: Path) -> int:
     interrupted = False
     with Pipeline.start(models, pack, threads=args.threads) as pipe:
         try:
-            chaos, trials = run_trials(pipe, stages, args.trials, args.seed, after=save)
+            prompt = {**PROMPT, "sampler": args.sampler, "scheduler": args.scheduler}
+            chaos, trials = run_trials(pipe, stages, args.trials, args.seed, after=save, prompt=prompt)
         except KeyboardInterrupt:
             if "chaos" not in so_far:
                 raise

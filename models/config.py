@@ -173,6 +173,10 @@ def expected_adapter_shapes(a: AdapterConfig, prefix: str = "llm_adapter.") -> d
 # Presets for synthetic checkpoints. "full" is the official release; "tiny" keeps every structural choice
 # (28 blocks, FFN 4x width, 6 adapter blocks, adapter head dim 64) at small widths; its DiT head dim is 64
 # (documented smaller one) so that it has 4 heads, and context_dim != width so transposition bugs show.
+# "small" is the smallest DiT ComfyUI's Anima support loads as it is: ComfyUI derives only the width from the
+# weights (x_embedder) and fixes the rest for a width other than 2048/5120 (10 blocks, 16 heads, FFN 4x, context
+# 1024, AdaLN-LoRA 256) and builds the LLM adapter, the Qwen3 text encoder and the VAE at their real sizes, so the
+# adapter here is the full one (and the text encoder and VAE presets of the same name are full size too).
 PRESETS = {
     "full": dict(
         dit=DiTConfig(blocks=28, width=2048, head_dim=128, heads=16, ffn_width=8192, context_dim=1024,
@@ -184,6 +188,12 @@ PRESETS = {
         dit=DiTConfig(blocks=28, width=256, head_dim=64, heads=4, ffn_width=1024, context_dim=128,
                       lora_dim=32, latent_channels=16),
         adapter=AdapterConfig(blocks=6, width=128, heads=2, head_dim=64, mlp_width=512, source_dim=64,
+                              vocab=32128),
+    ),
+    "small": dict(
+        dit=DiTConfig(blocks=10, width=256, head_dim=16, heads=16, ffn_width=1024, context_dim=1024,
+                      lora_dim=256, latent_channels=16),
+        adapter=AdapterConfig(blocks=6, width=1024, heads=16, head_dim=64, mlp_width=4096, source_dim=1024,
                               vocab=32128),
     ),
 }

@@ -9,7 +9,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from models.noise import DEFAULT_NOISE_MODE, initial_noise
-from models.sampler import Sampler
+from models.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, Sampler
 from models.sampler_state import SamplerState, SamplerStateError
 from models.spectrum import SpectrumSettings
 
@@ -18,9 +18,9 @@ log = logging.getLogger(__name__)
 STATE_FILE = "sampler_state.safetensors"
 
 
-def make_sampler(steps: int, cfg: float, schedule: str = "sgm_uniform",
-                 spectrum: Optional[SpectrumSettings] = SpectrumSettings()) -> Sampler:
-    return Sampler(steps=steps, cfg=cfg, schedule=schedule, spectrum=spectrum)
+def make_sampler(steps: int, cfg: float, schedule: str = DEFAULT_SCHEDULER,
+                 spectrum: Optional[SpectrumSettings] = SpectrumSettings(), sampler: str = DEFAULT_SAMPLER) -> Sampler:
+    return Sampler(steps=steps, cfg=cfg, schedule=schedule, spectrum=spectrum, sampler=sampler)
 
 
 def start_or_resume(sampler: Sampler, seed: int, latent_shape: tuple, job_dir=None, resume: bool = True,
@@ -55,7 +55,8 @@ def save_state(state: SamplerState, job_dir) -> None:
 
 def denoise(runner, sampler: Sampler, state: SamplerState, cond: np.ndarray, uncond: np.ndarray,
             on_step: Optional[Callable[[SamplerState], None]] = None, context_rows=None) -> SamplerState:
-    """Run `state` to the end with `runner.forward_cfg` (both CFG passes per branch); returns the final state.
+    """Run `state` to the end with `runner.forward_cfg` (both CFG passes per branch); returns the final state
+    (sampler.result(state) is the final latent).
     context_rows: (cond, uncond) rows a long-context pack leaves unmasked (partition.context_rows)."""
     return sampler.sample(lambda x, sigma: runner.forward_cfg(x, sigma, cond, uncond, context_rows=context_rows),
                           state=state, on_step=on_step)

@@ -39,6 +39,16 @@ class ForwardTiming:
         self.branches.append((block, kind, t))
         self.passes.append(tuple(passes))
 
+    def merged(self, other: "ForwardTiming") -> "ForwardTiming":
+        """Both forwards' figures as one (a sampler step that calls the model twice)."""
+        out = ForwardTiming(branches=self.branches + other.branches, host_spans=self.host_spans + other.host_spans,
+                            passes=self.passes + other.passes, host_s=self.host_s + other.host_s,
+                            total_s=self.total_s + other.total_s)
+        for timing in (self, other):
+            for k, ps in timing.per_kind.items():
+                out.per_kind[k].merge(ps)
+        return out
+
     @property
     def branch_s(self) -> float:
         """Critical-path seconds of the branch calls (visible lifecycle + inference)."""

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from models.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER
 from orchestrator.prompt_spec import (PromptError, parse_prompt_bytes, parse_prompt_obj, read_prompt_file,
                                       read_prompt_stream)
 from orchestrator.runfolder import PROGRAMS, RunFolder, init_run
@@ -119,16 +120,17 @@ def cmd_submit(args, rf: RunFolder) -> int:
 
 # generate's options -> the prompt.json field each one fills (errors name the option, not the field)
 GENERATE_FLAGS = {"prompt": "PROMPT", "negative_prompt": "--negative", "seed": "--seed", "steps": "--steps",
-                  "cfg": "--cfg", "width": "-W/--width", "height": "-H/--height", "scheduler": "--scheduler",
-                  "spectrum": "--no-spectrum", "output": "-o/--output", "overwrite": "--overwrite", "loras": "--lora"}
+                  "cfg": "--cfg", "width": "-W/--width", "height": "-H/--height", "sampler": "--sampler",
+                  "scheduler": "--scheduler", "spectrum": "--no-spectrum", "output": "-o/--output",
+                  "overwrite": "--overwrite", "loras": "--lora"}
 
 
 def cmd_generate(args, rf: RunFolder) -> int:
     """One line, no JSON file: the options become a prompt.json object, checked and followed exactly as `submit
     --wait` does. Ctrl-C cancels the job (it exists only for this command)."""
     obj = {"prompt": args.prompt, "negative_prompt": args.negative, "seed": args.seed, "steps": args.steps,
-           "cfg": args.cfg, "width": args.width, "height": args.height, "scheduler": args.scheduler,
-           "spectrum": False if args.no_spectrum else None, "output": args.output,
+           "cfg": args.cfg, "width": args.width, "height": args.height, "sampler": args.sampler,
+           "scheduler": args.scheduler, "spectrum": False if args.no_spectrum else None, "output": args.output,
            "overwrite": True if args.overwrite else None}
     obj = {k: v for k, v in obj.items() if v is not None}
     if args.lora:
@@ -524,7 +526,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cfg", type=float, help="CFG scale (default 4.0)")
     s.add_argument("-W", "--width", type=int, help="image width (a size with a model pack; default: the first pack's)")
     s.add_argument("-H", "--height", type=int, help="image height")
-    s.add_argument("--scheduler", help="sgm_uniform (default) or simple")
+    s.add_argument("--sampler", help=f"{DEFAULT_SAMPLER} (default), er_sde, euler_ancestral, dpmpp_2m ... "
+                   "(ComfyUI's names: docs/samplers.md)")
+    s.add_argument("--scheduler", help=f"{DEFAULT_SCHEDULER} (default), simple, karras, beta ... (docs/samplers.md)")
     s.add_argument("--no-spectrum", action="store_true", help="compute every step (no Spectrum forecasts)")
     s.add_argument("-o", "--output", help="a .png file or a folder (default: the job folder's image.png)")
     s.add_argument("--overwrite", action="store_true", help="replace an existing -o file (else it is refused)")

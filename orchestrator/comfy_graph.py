@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from models.lora.plan import MAX_STRENGTH
-from models.sampler import DEFAULT_SHIFT
+from models.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, DEFAULT_SHIFT
 from orchestrator.prompt_spec import (DEFAULT_CFG, MAX_CFG, MAX_PROMPT_CHARS, MAX_SIDE, MAX_STEPS, SAMPLERS, SCHEDULERS,
                                       SEED_LIMIT, PromptError, parse_prompt_obj)
 
@@ -139,11 +139,26 @@ def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
                   InputSpec("seed", "INT", 0, dict(min=0, max=SEED_LIMIT - 1, control_after_generate=True)),
                   InputSpec("steps", "INT", 30, dict(min=1, max=MAX_STEPS)),
                   InputSpec("cfg", "FLOAT", DEFAULT_CFG, dict(min=1.0, max=MAX_CFG, step=0.1, round=0.01)),
-                  _combo("sampler_name", SAMPLERS), _combo("scheduler", SCHEDULERS, "sgm_uniform"),
+                  _combo("sampler_name", SAMPLERS), _combo("scheduler", SCHEDULERS, DEFAULT_SCHEDULER),
                   InputSpec("positive", "CONDITIONING"), InputSpec("negative", "CONDITIONING"),
                   InputSpec("latent_image", "LATENT"),
                   InputSpec("denoise", "FLOAT", 1.0, dict(min=1.0, max=1.0, step=0.01))),
                  ("LATENT",), ("LATENT",)),
+        # the whole schedule, from fresh noise, in one pass: the inputs that would split it are pinned to that
+        NodeSpec("KSamplerAdvanced", "KSampler (Advanced)", "sampling", "sampler",
+                 (InputSpec("model", "MODEL"), _combo("add_noise", ("enable",)),
+                  InputSpec("noise_seed", "INT", 0, dict(min=0, max=SEED_LIMIT - 1, control_after_generate=True)),
+                  InputSpec("steps", "INT", 30, dict(min=1, max=MAX_STEPS)),
+                  InputSpec("cfg", "FLOAT", DEFAULT_CFG, dict(min=1.0, max=MAX_CFG, step=0.1, round=0.01)),
+                  _combo("sampler_name", SAMPLERS), _combo("scheduler", SCHEDULERS, DEFAULT_SCHEDULER),
+                  InputSpec("positive", "CONDITIONING"), InputSpec("negative", "CONDITIONING"),
+                  InputSpec("latent_image", "LATENT"),
+                  InputSpec("start_at_step", "INT", 0, dict(min=0, max=0)),
+                  InputSpec("end_at_step", "INT", 10000, dict(min=0, max=10000)),
+                  _combo("return_with_leftover_noise", ("disable", "enable"))),
+                 ("LATENT",), ("LATENT",),
+                 description="One pass over the whole schedule: add_noise enable, start_at_step 0, end_at_step >= "
+                             "steps."),
         NodeSpec("VAEDecode", "VAE Decode", "latent", "decode",
                  (InputSpec("samples", "LATENT"), InputSpec("vae", "VAE")), ("IMAGE",), ("IMAGE",)),
         NodeSpec("SaveImage", "Save Image", "image", "save",
@@ -406,9 +421,14 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
     if sizes is not None and (w, h) not in set(sizes):
         have = ", ".join(f"{a}x{b}" for a, b in sizes)
         problems.append(_custom(latent, "width", f"{w}x{h} has no model pack; the sizes with one: {have}", w))
-    spec = {"prompt": v["positive"]["text"], "negative_prompt": v["negative"]["text"], "seed": v["sampler"]["seed"],
-            "steps": v["sampler"]["steps"], "cfg": v["sampler"]["cfg"], "width": w, "height": h,
-            "sampler": v["sampler"]["sampler_name"], "scheduler": v["sampler"]["scheduler"]}
+    ks = v["sampler"]
+    if "end_at_step" in ks and ks["end_at_step"] < ks["steps"]:      # KSamplerAdvanced stopping early
+        problems.append(_custom(sampler, "end_at_step", f"one sampling pass per job: end_at_step must be at least "
+                                f"steps ({ks['steps']}), got {ks['end_at_step']}", ks["end_at_step"]))
+    spec = {"prompt": v["positive"]["text"], "negative_prompt": v["negative"]["text"],
+            "seed": ks["seed"] if "seed" in ks else ks["noise_seed"],
+            "steps": ks["steps"], "cfg": ks["cfg"], "width": w, "height": h,
+            "sampler": ks["sampler_name"], "scheduler": ks["scheduler"]}
     if loras:
         spec["loras"] = loras
     return roles, spec, problems
@@ -470,7 +490,7 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
         node("negative", "CLIPTextEncode", text=spec.get("negative_prompt", ""), clip=clip),
         node("latent", "EmptyLatentImage", width=spec["width"], height=spec["height"], batch_size=1),
         node("sampler", "KSampler", model=model, seed=spec["seed"], steps=spec["steps"], cfg=spec["cfg"],
-             sampler_name=spec.get("sampler", "euler"), scheduler=spec.get("scheduler", "sgm_uniform"),
+             sampler_name=spec.get("sampler", DEFAULT_SAMPLER), scheduler=spec.get("scheduler", DEFAULT_SCHEDULER),
              positive=[ids["positive"], 0], negative=[ids["negative"], 0], latent_image=[ids["latent"], 0],
              denoise=1.0),
         node("decode", "VAEDecode", samples=[ids["sampler"], 0], vae=[ids["vae"], 0]),

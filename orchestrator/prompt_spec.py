@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
 from models.lora.choice import MAX_LORAS, LoraChoice
+from models.sampler import (DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLER_NAMES, SCHEDULER_NAMES,
+                            spectrum_refusal)
 from models.schema import Float, Int, Items, Meta, Record, SchemaError, Text, Wording, record_in
 from models.spectrum import SpectrumSettings  # noqa: F401 - the one Spectrum record; prompt.json's `spectrum`
 from models.text.prompt_weights import PromptWeightError, check_prompt
@@ -16,8 +18,8 @@ MAX_STEPS = 200
 MAX_CFG = 30.0
 MAX_SIDE = 4096                 # pixels
 SEED_LIMIT = 2 ** 64            # seeds are 0 <= seed < 2^64
-SAMPLERS = ("euler",)
-SCHEDULERS = ("sgm_uniform", "simple")
+SAMPLERS = SAMPLER_NAMES           # ComfyUI's names (models/sampler.py, docs/samplers.md)
+SCHEDULERS = SCHEDULER_NAMES
 DEFAULT_STEPS = 30
 DEFAULT_CFG = 4.0
 MAX_INT_DIGITS = 40             # a JSON integer longer than this is never a valid value (seeds are < 2^64: 20 digits)
@@ -148,8 +150,9 @@ Side = Int(16, MAX_SIDE)
 
 class PromptFile(Record, frozen=True):
     """What a prompt.json file may hold (docs/prompts.md); omitted or null seed: drawn at random; omitted or null
-    width/height: the pack's; spectrum: true, false or an object of settings; loras: [{name, strength,
-    clip_strength}] (docs/lora.md)."""
+    width/height: the pack's; spectrum: true, false or an object of settings (omitted or null: on, except for the
+    samplers it does not fit, models/sampler.py; asked for with one of those, refused naming the sampler); loras:
+    [{name, strength, clip_strength}] (docs/lora.md)."""
 
     WORDING: ClassVar = PROMPT
     ERROR: ClassVar = PromptError
@@ -161,9 +164,9 @@ class PromptFile(Record, frozen=True):
     cfg: Float(1.0, MAX_CFG) = DEFAULT_CFG
     width: Side | None = None            # None: the pack's resolution (filled by `with_resolution`)
     height: Side | None = None
-    sampler: Literal[SAMPLERS] = "euler"
-    scheduler: Literal[SCHEDULERS] = "sgm_uniform"
-    spectrum: bool | SpectrumSettings = SpectrumSettings()
+    sampler: Literal[SAMPLERS] = DEFAULT_SAMPLER
+    scheduler: Literal[SCHEDULERS] = DEFAULT_SCHEDULER
+    spectrum: bool | SpectrumSettings | None = None     # omitted or null: on, where the sampler allows it
     output: Annotated[str, Meta(min_length=1, max_length=MAX_OUTPUT_CHARS, description=_NON_EMPTY_PATH)] | None = None
     overwrite: bool = False              # an existing `output` file is replaced (else kept, and the job says so)
     loras: Items(LoraChoice, MAX_LORAS) = ()   # names under MODELS/loras/, checked against the pack at submit
@@ -175,6 +178,10 @@ class PromptFile(Record, frozen=True):
             v = getattr(self, side)
             if v is not None and v % 16:
                 raise PromptError(side, f"must be a multiple of 16 (8x VAE downsampling x 2x2 patches), got {v}")
+        spectrum_on = self.spectrum if isinstance(self.spectrum, (bool, type(None))) else self.spectrum.enabled
+        if spectrum_on and spectrum_refusal(self.sampler):
+            raise PromptError("spectrum", f"{spectrum_refusal(self.sampler)}; set \"spectrum\": false for it "
+                                          "(docs/samplers.md)")
         if self.output is not None:
             if not self.output.strip():
                 raise PromptError("output", f"must be {_NON_EMPTY_PATH}, got string {self.output!r}")
@@ -273,7 +280,9 @@ def parse_prompt_obj(obj, *, base_dir: Path | None = None, check_output: bool = 
     kw = {name: getattr(f, name) for name in f.__struct_fields__}
     if f.seed is None:                  # omitted or null -> random, recorded
         kw["seed"], kw["seed_random"] = secrets.randbelow(SEED_LIMIT), True
-    if isinstance(f.spectrum, bool):
+    if f.spectrum is None:              # the default: Spectrum where the sampler allows it (docs/samplers.md)
+        kw["spectrum"] = SpectrumSettings(enabled=spectrum_refusal(f.sampler) is None)
+    elif isinstance(f.spectrum, bool):
         kw["spectrum"] = SpectrumSettings(enabled=f.spectrum)
     if f.output is not None:
         kw["output"] = _output(f.output, base_dir=base_dir, check=check_output, overwrite=f.overwrite)

@@ -13,6 +13,7 @@ from models.durable import atomic_write
 from models.lora.a1111 import lora_stem, lora_tag
 from models.partition import KINDS, TEXT_TOKENS
 from models.phase_times import PhaseSums
+from orchestrator.a1111_names import sampler_label, scheduler_label
 from models.schema import base_types
 from models.probes import vm_hwm_kb
 from orchestrator.runfolder import ON_DEMAND_STAGES, STAGE_PROGRAMS
@@ -162,6 +163,7 @@ class JobReport:
             "computed_steps": list(d.get("computed_steps", [])),
             "forecast_steps": list(d.get("forecast_steps", [])),
             "branch_calls": int(d.get("branch_calls", 0)),
+            "nfe": sum(int(s.get("nfe", 1)) for s in d.get("steps", [])),      # model calls, both CFG passes each
             "resumed_from": int(d.get("resumed_from", 0)),
             "resends": int(d.get("resends", 0)),
             "teardown": {"encoder_running_during_denoise": t.encoder_running_during_denoise,
@@ -240,8 +242,8 @@ def png_metadata(spec, pack, job: str, names=None, graph: dict | None = None,
     tags = "".join(" " + lora_tag(c.name, c.strength, c.te_strength) for c in spec.loras)
     hashes = ", ".join(f"{lora_stem(c.name)}: {lora_hashes[c.name]}" for c in spec.loras if c.name in lora_hashes)
     params = a1111_parameters(spec.prompt + tags, spec.negative_prompt, {
-        "Steps": spec.steps, "Sampler": spec.sampler, "Schedule type": spec.scheduler, "CFG scale": spec.cfg,
-        "Seed": spec.seed, "Size": f"{width}x{height}", "Model": pack.source_name,
+        "Steps": spec.steps, "Sampler": sampler_label(spec.sampler), "Schedule type": scheduler_label(spec.scheduler),
+        "CFG scale": spec.cfg, "Seed": spec.seed, "Size": f"{width}x{height}", "Model": pack.source_name,
         "Model hash": pack.source_sha256[:10], **({"Lora hashes": hashes} if hashes else {}), "Spectrum": spectrum})
     names = names or ModelNames(unet=(pack.source_name,) if pack.source_name else ())
     chunks = None
@@ -289,7 +291,8 @@ def format_table(report: dict) -> str:
                  f"({report.get('host_hidden_s', 0.0):.2f} s behind inference), transport "
                  f"{report.get('transport_s', 0.0):.2f} s (measured), "
                  f"{report.get('branch_calls', 0)} branch calls, {len(steps)} computed steps "
-                 f"({len(report.get('forecast_steps', []))} forecast), total {report.get('wall_s', 0.0):.1f} s")
+                 f"({len(report.get('forecast_steps', []))} forecast), {report.get('nfe', len(steps))} model calls, "
+                 f"total {report.get('wall_s', 0.0):.1f} s")
     text = report.get("text") or {}
     if text.get("truncated"):
         lines.append(f"prompt truncated: {text.get('note', '')}")

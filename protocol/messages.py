@@ -196,7 +196,8 @@ class StepTimes(_Record, frozen=True):
     host_s: Seconds = 0.0  # host-op segments between branch calls (paced on board-sim)
     host_work_s: Seconds = 0.0  # the host ops' own compute here, before any pacing
     transport_s: Seconds = 0.0  # call wall minus the executor's inference and visible lifecycle
-    calls: Count = 0
+    calls: Count = 0  # branch calls (requests to the executor)
+    nfe: Count = 1  # model calls (forwards, both CFG passes each): 2 for a heun step, 0 for a forecast
 
 
 class TileSettings(_Record, frozen=True):

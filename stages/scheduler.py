@@ -4,13 +4,14 @@
 
 Per computed step, for block 0…N−1: self, cross, ffn; each branch is ONE request to the executor carrying both CFG
 passes (conditional first), or, when the executor's policy interleaves, one request per pass (the first with
-hold=true), the host ops of one pass running while the executor infers the other. LayerNorm + modulation, gates and the FP32 residual stay here. After every step the
-sampler state (latent, Spectrum history, seed) is written to the job folder (write-then-rename), so a restarted
-scheduler resumes at the last finished step and the result is bitwise identical to an uninterrupted run.
+hold=true), the host ops of one pass running while the executor infers the other. LayerNorm + modulation, gates and the FP32 residual stay here. A step is one
+model call (both passes) or more (heun, dpmpp_sde, sa_solver_pece ...: models/sampler.py SAMPLERS). After every
+finished step the sampler state (latent, the sampler's history and noise generator position, Spectrum history, seed)
+is written to the job folder (write-then-rename), so a restarted scheduler resumes at the last finished step and the
+result is bitwise identical to an uninterrupted run.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import shutil
@@ -33,7 +34,6 @@ from models.pack import PackError, load_pack
 from models.partition import KINDS, branch_index, parse_branch_file
 from models.policy import Policy, PolicyError, parse_policy
 from models.scratch import scratch_plan
-from models.spectrum import plan as spectrum_plan
 from protocol import messages as m
 from protocol.fields import ProtocolError
 from protocol.liveness import PeerLost, PeerWatch
@@ -241,24 +241,10 @@ def eta_s(calls_done: int, elapsed_s: float, left: int) -> float:
     return elapsed_s / max(calls_done, 1) * left
 
 
-def _state_nbytes(state) -> int:
-    """Bytes of the arrays a step state file holds (latent, Spectrum history), found by walking the state."""
-    seen, total, todo = set(), 0, [state]
-    while todo:
-        obj = todo.pop()
-        if isinstance(obj, np.ndarray):
-            total += obj.nbytes
-        elif id(obj) not in seen and (dataclasses.is_dataclass(obj) or isinstance(obj, (list, tuple, dict))):
-            seen.add(id(obj))
-            todo += list(obj.values() if isinstance(obj, dict) else obj if not dataclasses.is_dataclass(obj)
-                         else vars(obj).values())
-    return total
-
-
 def check_state_room(job_dir: str, state) -> None:
     """Before a step state is written: room for it twice (written, then renamed over the old one) plus headroom,
     else a clear error naming the folder (the job fails; free space, then `orchestrator resume JOB`)."""
-    need_mb = 2 * _state_nbytes(state) / 2**20 + STATE_HEADROOM_MB
+    need_mb = 2 * state.nbytes / 2**20 + STATE_HEADROOM_MB
     try:
         free_mb = shutil.disk_usage(job_dir).free / 2**20
     except OSError as e:
@@ -373,7 +359,10 @@ class SchedulerLogic:
             raise ProtocolError("latent", f"expected f32 {list(lat_shape)}, got {msg.latent.dtype} "
                                 f"{list(msg.latent.shape)}")
         # 2) the sampler, fresh or resumed from the job folder
-        sampler = make_sampler(params.steps, params.cfg, params.schedule, params.spectrum)
+        try:
+            sampler = make_sampler(params.steps, params.cfg, params.schedule, params.spectrum, params.sampler)
+        except ValueError as e:                     # an unknown name, Spectrum with a sampler it does not fit
+            raise RequestFailed(str(e), code="bad_request", field="params.sampler") from None
         state = start_or_resume(sampler, params.seed, lat_shape, msg.job_dir, msg.resume)   # unusable state: step 0
         resumed_from = state.step
         # 3) the executor link and the branch client
@@ -387,9 +376,8 @@ class SchedulerLogic:
         watch = PeerWatch(self.zctx, msg.executor, peer="executor", interval_s=t.heartbeat_s, liveness=t.liveness,
                           curve=curve, allow_plaintext=plain)
         policy = self._executor_policy(link, msg, pack)
-        computed = spectrum_plan(sampler.spectrum, params.steps)[0] if sampler.spectrum else range(1, params.steps + 1)
         client = BranchClient(ctx, msg, pack, link, watch, arena, step_ref, max_lost=t.retries,
-                              interleave=policy.interleave, computed_steps=computed)
+                              interleave=policy.interleave, computed_steps=sampler.plan())
         pacer = self._host_pacer(msg.pack_dir)
         runner = ctx.keep_alive_while(DiTRunner, pack, branches=client, host_pace=pacer.op if pacer else None)
         if msg.loras:                  # a runner per job: the next job starts again from the pack's own weights
@@ -399,23 +387,26 @@ class SchedulerLogic:
         clocks_shared = not msg.executor.startswith("tcp://")     # monotonic stamps compare on one host only
         steps = []
         try:
-            # 4) the steps; the state is saved after each
+            # 4) the steps, each one model call or more (or a Spectrum forecast); the state is saved after each
             while not sampler.done(state):
                 step_ref[0] = state.step + 1
                 t_step, timing = time.monotonic(), None
                 marks = (client.transport_s, client.calls, pacer.totals.real_s if pacer else 0.0)
                 if sampler.needs_model(state):
-                    v_c, v_u = runner.forward_cfg(state.latent, sampler.sigma(state), cond, uncond,
-                                                  context_rows=msg.context_rows or None)
-                    timing = runner.last_timing
-                    for k, ps in timing.per_kind.items():
-                        sums[k].merge(ps)
-                    host_hidden += timing.host_hidden_s if clocks_shared else 0.0
-                    sampler.step_computed(state, v_c, v_u)
+                    finished = False
+                    while not finished:
+                        x_in, sigma = sampler.point(state)
+                        v_c, v_u = runner.forward_cfg(x_in, sigma, cond, uncond, context_rows=msg.context_rows or None)
+                        call = runner.last_timing
+                        for k, ps in call.per_kind.items():
+                            sums[k].merge(ps)
+                        host_hidden += call.host_hidden_s if clocks_shared else 0.0
+                        timing = call if timing is None else timing.merged(call)
+                        finished = sampler.step_computed(state, v_c, v_u)
                 else:
                     ctx.check(msg.job)
                     sampler.step_forecast(state)
-                    ctx.emit(m.Progress(job=msg.job, step=state.step, steps=params.steps, block=cfg.blocks - 1,
+                    ctx.emit(m.Progress(job=msg.job, step=state.step, steps=sampler.steps, block=cfg.blocks - 1,
                                         branch=KINDS[-1], forecast=True, elapsed_s=time.monotonic() - t_start))
                 if not np.isfinite(state.latent).all():
                     raise RequestFailed(f"latent has NaN/Inf after step {state.step}", field="latent")
@@ -424,14 +415,14 @@ class SchedulerLogic:
                 steps.append(step_times(state.step, time.monotonic() - t_step, timing,
                                         transport_s=client.transport_s - marks[0], calls=client.calls - marks[1],
                                         host_work_s=pacer.totals.real_s - marks[2] if pacer else None,
-                                        clocks_shared=clocks_shared))
+                                        clocks_shared=clocks_shared, nfe=state.nfe[-1]))
         except FloatingPointError as e:
             raise RequestFailed(str(e), field="executor") from None
         finally:
             link.close()
             watch.close()
         # 5) the final latent into its slot, and the sums
-        arena.write(msg.latent, state.latent)
+        arena.write(msg.latent, sampler.result(state))
         wall = time.monotonic() - t_start
         return m.reply_to(msg, m.Denoised, job=msg.job, latent=msg.latent, computed_steps=tuple(state.computed),
                           forecast_steps=tuple(state.forecast), branch_calls=client.calls, branches=sums,

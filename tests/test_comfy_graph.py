@@ -9,6 +9,7 @@ import pytest
 
 from orchestrator.comfy_graph import (CANONICAL_IDS, GraphError, ModelNames, graph_links, graph_to_job, job_to_graph,
                                       node_table, object_info)
+from models.sampler import SAMPLER_NAMES, SCHEDULER_NAMES
 from orchestrator.prompt_spec import parse_prompt_obj
 from tests.comfy_graphs import TINY_NAMES, edited, standard_graph
 
@@ -71,8 +72,8 @@ CASES = [
     ("cfg-nan", edited(G, "3", cfg="nan"), "3", "invalid_input_type", "cfg"),
     ("seed-text", edited(G, "3", seed="abc"), "3", "invalid_input_type", "seed"),
     ("seed-negative", edited(G, "3", seed=-1), "3", "value_smaller_than_min", "seed"),
-    ("sampler", edited(G, "3", sampler_name="dpmpp_2m"), "3", "value_not_in_list", "sampler_name"),
-    ("scheduler", edited(G, "3", scheduler="karras"), "3", "value_not_in_list", "scheduler"),
+    ("sampler", edited(G, "3", sampler_name="deis"), "3", "value_not_in_list", "sampler_name"),
+    ("scheduler", edited(G, "3", scheduler="Karras"), "3", "value_not_in_list", "scheduler"),
     ("denoise", edited(G, "3", denoise=0.5), "3", "value_smaller_than_min", "denoise"),
     ("batch", edited(G, "5", batch_size=2), "5", "value_bigger_than_max", "batch_size"),
     ("no-pack", edited(G, "5", width=512, height=512), "5", "custom_validation_failed", "512x512 has no model pack"),
@@ -137,12 +138,13 @@ def test_job_graph_round_trip():
 def test_object_info_shape():
     info = object_info(node_table(NAMES))
     assert set(info) == {"UNETLoader", "CLIPLoader", "VAELoader", "CLIPTextEncode", "EmptyLatentImage",
-                         "EmptySD3LatentImage", "ModelSamplingAuraFlow", "KSampler", "VAEDecode", "SaveImage",
-                         "LoraLoader", "LoraLoaderModelOnly"}
+                         "EmptySD3LatentImage", "ModelSamplingAuraFlow", "KSampler", "KSamplerAdvanced", "VAEDecode",
+                         "SaveImage", "LoraLoader", "LoraLoaderModelOnly"}
     ks = info["KSampler"]
     assert ks["input_order"]["required"] == ["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive",
                                              "negative", "latent_image", "denoise"]
-    assert ks["input"]["required"]["sampler_name"][0] == ["euler"]
+    assert ks["input"]["required"]["sampler_name"][0] == list(SAMPLER_NAMES) and "er_sde" in SAMPLER_NAMES
+    assert ks["input"]["required"]["scheduler"][0] == list(SCHEDULER_NAMES) and len(SCHEDULER_NAMES) == 9
     assert ks["input"]["required"]["steps"] == ["INT", {"min": 1, "max": 200, "default": 30}]
     assert ks["input"]["required"]["model"] == ["MODEL"]
     assert ks["output"] == ["LATENT"] and ks["output_node"] is False and info["SaveImage"]["output_node"] is True

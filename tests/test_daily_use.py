@@ -123,7 +123,8 @@ def test_generate_bad_input_names_the_option_and_queues_nothing(pipe, tmp_path):
     before = len(list(pipe.rf.jobs.iterdir()))
     for args, flag in ((["-W", "256", "-H", "256"], "-W/--width"), (["--steps", "0"], "--steps"),
                        (["--cfg", "nan"], "--cfg"), (["-o", str(tmp_path / "no" / "x.png")], "-o/--output"),
-                       (["--scheduler", "karras"], "--scheduler")):
+                       (["--scheduler", "Karras"], "--scheduler"),
+                       (["--sampler", "Euler a"], "--sampler")):
         r = cli(pipe, "generate", "a", *args, cwd=tmp_path)
         assert r.returncode == 2 and f"error: {flag}: ".encode() in r.stderr, (args, r.stderr)
         assert b"Traceback" not in r.stderr

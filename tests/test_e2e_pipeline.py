@@ -63,11 +63,11 @@ def reference(assets):
             pack = load_pack(assets[1])
             g, c = pack.geometry, pack.config
             sampler = make_sampler(spec["steps"], spec["cfg"], spec["scheduler"],
-                                   SpectrumSettings(**spec["spectrum"]))
+                                   SpectrumSettings(**spec["spectrum"]), spec["sampler"])
             state = start_or_resume(sampler, spec["seed"], (c.latent_channels, g.latent_h, g.latent_w))
             cond, uncond = np.load(job_dir / "cond.npy"), np.load(job_dir / "uncond.npy")    # [512, Dc] f32
             final = denoise(DiTRunner(pack, threads=THREADS), sampler, state, cond, uncond)
-            cache.update(latent=final.latent, computed=final.computed, forecast=final.forecast,
+            cache.update(latent=sampler.result(final), computed=final.computed, forecast=final.forecast,
                          cond=cond, uncond=uncond)
         return cache
     return get
@@ -242,4 +242,29 @@ def test_every_program_sigkilled_once_mid_job(pipe, reference):
     assert Image.open(info.image).size == (128, 128)
     for name, pid in killed.items():
         assert pipe.pid(name) != pid
+    _check_clean(pipe)
+
+
+def test_a_stochastic_multistep_sampler_killed_mid_job_resumes_bitwise(pipe, assets):
+    """er_sde (its previous denoised values and the noise generator's position travel in the step state) on karras
+    with Spectrum: the scheduler SIGKILLed in step 2 resumes from step 1's state and ends on the in-process latent."""
+    prompt = {**PROMPT, "sampler": "er_sde", "scheduler": "karras"}
+    job = pipe.submit(prompt)
+    pipe.wait(job, ("denoising",), JOB_TIMEOUT_S, poll_s=0.05,
+              pred=lambda i: i.progress is not None and (i.progress.step, i.progress.block) >= (2, 10))
+    pipe.kill("scheduler")
+    info = pipe.wait(job, timeout_s=JOB_TIMEOUT_S)
+    assert info.state == "done", f"{info.error_stage}: {info.error}\n{pipe.logs()}"
+    job_dir = pipe.job_dir(job)
+    pack = load_pack(assets[1])
+    g, c = pack.geometry, pack.config
+    sampler = make_sampler(4, 4.0, "karras", SpectrumSettings(warmup=1), "er_sde")
+    state = start_or_resume(sampler, prompt["seed"], (c.latent_channels, g.latent_h, g.latent_w))
+    cond, uncond = np.load(job_dir / "cond.npy"), np.load(job_dir / "uncond.npy")
+    final = denoise(DiTRunner(pack, threads=THREADS), sampler, state, cond, uncond)
+    np.testing.assert_array_equal(np.load(job_dir / "latent.npy"), sampler.result(final))
+    r = pipe.report(job)
+    assert r["resumed_from"] >= 1 and r["computed_steps"] == final.computed == [1, 2, 4]
+    assert [s["nfe"] for s in r["steps"]][-2:] == [0, 1] and r["prompt"]["sampler"] == "er_sde"
+    assert "Sampler: ER SDE, Schedule type: Karras" in Image.open(info.image).text["parameters"]
     _check_clean(pipe)

@@ -404,3 +404,56 @@ def test_a1111_reads_its_typed_fields_as_a1111_does(d):
         r = requests.post(url + "sdapi/v1/txt2img", json={**base, "send_images": send, "sampler_name": None},
                           timeout=60)
         assert r.status_code == 200 and len(r.json()["images"]) == images, (send, r.status_code, r.text[:200])
+
+
+def test_samplers_by_every_way_in(d):
+    """A webuiapi client left at its defaults (sampler "Euler a", scheduler "automatic") gets its image; A1111 names
+    with a scheduler in them, ComfyUI's KSamplerAdvanced and the page's pickers reach the job as ComfyUI's names."""
+    import webuiapi
+    url = d.http_url()
+    host, port = url.split("//")[1].rstrip("/").rsplit(":", 1)
+    api = webuiapi.WebUIApi(host=host, port=int(port))
+    assert (api.default_sampler, api.default_scheduler) == ("Euler a", "automatic")
+    names = [s["name"] for s in api.get_samplers()]
+    assert "Euler a" in names and "DPM++ 2M SDE" in names and "ER SDE" in names
+    assert [s["label"] for s in requests.get(url + "sdapi/v1/schedulers", timeout=30).json()][:3] == \
+        ["Automatic", "Uniform", "Karras"]
+    r = api.txt2img(prompt="a girl", seed=5, steps=2, width=64, height=64)
+    assert r.image.size == (64, 64) and r.info["sampler_name"] == "Euler a"
+    assert "Sampler: Euler a, Schedule type: SGM Uniform" in r.info["infotexts"][0]
+    spec = json.loads((d.rf.jobs / r.info["extra_generation_params"]["Job"] / "job.json").read_text())["spec"]
+    assert (spec["sampler"], spec["scheduler"]) == ("euler_ancestral", "sgm_uniform")
+    r = requests.post(url + "sdapi/v1/txt2img", json={"prompt": "a girl", "seed": 5, "steps": 2, "width": 64,
+                                                       "height": 64, "sampler_name": "DPM++ 2M Karras"}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert "Sampler: DPM++ 2M, Schedule type: Karras" in json.loads(r.json()["info"])["infotexts"][0]
+    r = requests.post(url + "sdapi/v1/txt2img", json={"prompt": "a girl", "sampler_name": "Restart"}, timeout=30)
+    assert r.status_code == 422 and "Restart" in r.text and "Euler a" in r.text
+    # ComfyUI: KSamplerAdvanced over the whole schedule, er_sde / beta
+    g = graph()
+    ks = g["3"]["inputs"]
+    g["3"] = {"class_type": "KSamplerAdvanced", "inputs": {
+        "model": ks["model"], "add_noise": "enable", "noise_seed": 9, "steps": 2, "cfg": 4.0, "sampler_name": "er_sde",
+        "scheduler": "beta", "positive": ks["positive"], "negative": ks["negative"],
+        "latent_image": ks["latent_image"], "start_at_step": 0, "end_at_step": 10000,
+        "return_with_leftover_noise": "disable"}}
+    r = requests.post(url + "prompt", json={"prompt": g}, timeout=30)
+    assert r.status_code == 200, r.text
+    job = r.json()["prompt_id"]
+    assert _wait_job(d, job).state == "done"
+    spec = json.loads((d.rf.jobs / job / "job.json").read_text())["spec"]
+    assert (spec["sampler"], spec["scheduler"], spec["seed"]) == ("er_sde", "beta", 9)
+    g["3"]["inputs"]["end_at_step"] = 1
+    r = requests.post(url + "prompt", json={"prompt": g}, timeout=30)
+    assert r.status_code == 400 and "end_at_step must be at least steps (2)" in r.text
+    # the page: its pickers, and Spectrum refused by name where it does not apply
+    info = requests.get(url + "anima/info", timeout=30).json()
+    assert info["defaults"]["sampler"] == "euler" and "karras" in info["schedulers"]
+    assert {s["name"]: s["spectrum"] for s in info["samplers"]}["heun"].startswith("Spectrum does not apply")
+    r = requests.post(url + "anima/jobs", json={"prompt": "a girl", "steps": 2, "sampler": "heun", "spectrum": True},
+                      timeout=30)
+    assert r.status_code == 400 and r.json()["field"] == "spectrum" and "'heun'" in r.json()["error"]
+    r = requests.post(url + "anima/jobs", json={"prompt": "a girl", "steps": 2, "sampler": "heun",
+                                                "scheduler": "kl_optimal", "spectrum": False}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert _wait_job(d, r.json()["job"]).state == "done"

@@ -104,7 +104,7 @@ def _malformed(url: str, job_dir_name: str) -> list[tuple[str, str, str, dict, t
                                                                                "inputs": {}}}}}, (400,)),
         ("comfy steps 0", "POST", "prompt", {"json": {"prompt": edited(g, "3", steps=0)}}, (400,)),
         ("comfy steps 10000", "POST", "prompt", {"json": {"prompt": edited(g, "3", steps=10000)}}, (400,)),
-        ("comfy sampler", "POST", "prompt", {"json": {"prompt": edited(g, "3", sampler_name="dpmpp_2m")}}, (400,)),
+        ("comfy sampler", "POST", "prompt", {"json": {"prompt": edited(g, "3", sampler_name="deis")}}, (400,)),
         ("comfy size without pack", "POST", "prompt", {"json": {"prompt": edited(g, "5", width=512, height=512)}},
          (400,)),
         ("comfy denoise", "POST", "prompt", {"json": {"prompt": edited(g, "3", denoise=0.4)}}, (400,)),
@@ -138,9 +138,9 @@ def _malformed(url: str, job_dir_name: str) -> list[tuple[str, str, str, dict, t
         ("a1111 array", "POST", "sdapi/v1/txt2img", {"json": ["cat"]}, (422,)),
         ("a1111 batch", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "batch_size": 2}}, (422,)),
         ("a1111 hires", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "enable_hr": True}}, (422,)),
-        ("a1111 sampler", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "sampler_name": "DPM++ 2M"}},
+        ("a1111 sampler", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "sampler_name": "Restart"}},
          (422,)),
-        ("a1111 scheduler", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "scheduler": "karras"}}, (422,)),
+        ("a1111 scheduler", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "scheduler": "Polyexponential"}}, (422,)),
         ("a1111 steps text", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "steps": "many"}}, (422,)),
         ("a1111 steps 0", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "steps": 0}}, (422,)),
         ("a1111 seed -5", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "seed": -5}}, (422,)),
@@ -175,7 +175,8 @@ def test_a1111_client_and_malformed_requests_leave_the_job_alone(pipe, reference
     jobs_before = {j.job for j in pipe.client().call(m.Status(), m.Jobs).jobs}
     host, port = url.split("//")[1].rstrip("/").rsplit(":", 1)
     api = webuiapi.WebUIApi(host=host, port=int(port), sampler="Euler", scheduler="sgm_uniform")
-    assert [m["name"] for m in api.get_samplers()] == ["Euler"]
+    assert [m["name"] for m in api.get_samplers()][:7] == ["DPM++ 2M", "DPM++ SDE", "DPM++ 2M SDE", "DPM++ 2S a",
+                                                           "DPM++ 3M SDE", "Euler a", "Euler"]
     assert api.util_get_model_names()[0].startswith("anima-tiny.safetensors")
     result = {}
 

@@ -109,11 +109,21 @@ def test_submit_see_progress_and_the_image(pipe, browser):
     card = page.wait_for_selector(f"#job-{job}")
     text = card.inner_text()
     assert "1girl, red scarf, snow" in text and "64x128 · seed 77 · 3 steps · cfg 4 · spectrum on" in text
+    assert "spectrum on · euler / sgm_uniform" in text
     assert card.query_selector("img.image") is not None
     # the job's own timing plot (drawn by the daemon before the job was done), as the page loads it
     plot = Image.open(pipe.job_dir(job) / "timing.png")
     page.wait_for_selector(f"#job-{job} img.timing")
     page.wait_for_function(f"document.querySelector('#job-{job} img.timing').naturalWidth === {plot.size[0]}")
+    # the pickers: every sampler and scheduler; Spectrum switched off, saying why, for a sampler it does not fit
+    assert page.input_value("#sampler") == "euler" and page.input_value("#scheduler") == "sgm_uniform"
+    assert len(page.eval_on_selector_all("#sampler option", "os => os.map(o => o.value)")) == 22
+    assert "karras" in page.eval_on_selector_all("#scheduler option", "os => os.map(o => o.value)")
+    page.select_option("#sampler", "heun")
+    assert page.is_disabled("#spectrum") and not page.is_checked("#spectrum")
+    assert "Spectrum does not apply to sampler 'heun'" in page.get_attribute("label.check", "title")
+    page.select_option("#sampler", "er_sde")
+    assert not page.is_disabled("#spectrum")
     assert errors == []
 
 

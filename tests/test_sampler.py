@@ -71,7 +71,8 @@ def test_simple_matches_torch_float32_table():
     np.testing.assert_allclose(make_sigmas("simple", 20), np.array(want, np.float32), rtol=2e-7, atol=0)
 
 
-@pytest.mark.parametrize("bad", [dict(schedule="karras"), dict(steps=0), dict(steps=2.5), dict(cfg=float("nan"))])
+@pytest.mark.parametrize("bad", [dict(schedule="karras_exp"), dict(sampler="Euler a"), dict(steps=0), dict(steps=2.5),
+                                 dict(cfg=float("nan"))])
 def test_bad_settings_are_named(bad):
     with pytest.raises(ValueError, match="|".join(bad)):
         Sampler(**bad)

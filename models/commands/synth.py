@@ -25,7 +25,7 @@ LORA_LAYOUTS = ("kohya", "comfy", "bare", "peft-default")         # models.lora.
 
 def add_arguments(p) -> None:
     p.add_argument("what", choices=WHAT, help="which part to write")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="tiny (any machine) or full (official shapes)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="tiny (any machine), small (the smallest ComfyUI loads: a 10-block DiT, full-size text encoder and VAE) or full (official shapes)")
     p.add_argument("--seed", type=int, default=0, help="weights are a deterministic function of the seed")
     p.add_argument("--out", required=True, help="output file (dit, te, vae) or folder (tokenizers, bundle)")
     p.add_argument("--prefix", choices=DIT_PREFIXES, default="net.", help="DiT key prefix (dit only)")

@@ -16,14 +16,17 @@ from models.text.tokenizers import QWEN_PAD_ID, QWEN_PAD_TOKEN
 
 log = logging.getLogger(__name__)
 
-# Qwen3 text-encoder shapes per preset. "full" is Qwen3-0.6B-Base; "tiny" has hidden = the tiny adapter's source_dim.
+# Qwen3 text-encoder shapes per preset. "full" is Qwen3-0.6B-Base; "tiny" has hidden = the tiny adapter's source_dim;
+# "small" is Qwen3-0.6B-Base too (ComfyUI builds its Anima text encoder with that fixed config).
 TE_PRESETS = {
     "full": dict(vocab=151936, hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=3072),
     "tiny": dict(vocab=151936, hidden=PRESETS["tiny"]["adapter"].source_dim, layers=2, heads=4, kv_heads=2,
                  head_dim=16, intermediate=192),
+    "small": dict(vocab=151936, hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=3072),
 }
 # Tokenizer training sizes per preset (corpus lines, Qwen BPE vocab, T5 unigram vocab).
 TOKENIZER_PRESETS = {"tiny": dict(lines=3000, qwen_vocab=2000, t5_vocab=1000),
+                     "small": dict(lines=3000, qwen_vocab=2000, t5_vocab=1000),
                      "full": dict(lines=20000, qwen_vocab=8000, t5_vocab=4000)}
 QWEN_EXTRA_SPECIALS = {151644: "<|im_start|>", 151645: "<|im_end|>"}
 

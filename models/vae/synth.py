@@ -1,7 +1,8 @@
 """Synthetic Qwen-Image VAE files with the real key names (encoder half and time_conv included), bf16, per seed.
 
 Presets: "full" = base dim 96, z 16 (the real `qwen_image_vae.safetensors` shapes, ~254 MB bf16);
-"tiny" = base dim 8, z 16, same structure (dims 8/16/32/32, 3 residual blocks per decoder stage), ~0.5 MB.
+"tiny" = base dim 8, z 16, same structure (dims 8/16/32/32, 3 residual blocks per decoder stage), ~0.5 MB;
+"small" = the full shapes (the preset ComfyUI loads: its Wan 2.1 VAE reads only the base dim from the weights).
 Both layouts hold the same values for the same seed (each tensor's generator is keyed by its original-layout name).
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 VAE_PRESETS = {
     "full": VAEConfig(z_dim=16, base_dim=96, dim_mult=DEFAULT_DIM_MULT, num_res_blocks=DEFAULT_NUM_RES_BLOCKS),
     "tiny": VAEConfig(z_dim=16, base_dim=8, dim_mult=DEFAULT_DIM_MULT, num_res_blocks=DEFAULT_NUM_RES_BLOCKS),
+    "small": VAEConfig(z_dim=16, base_dim=96, dim_mult=DEFAULT_DIM_MULT, num_res_blocks=DEFAULT_NUM_RES_BLOCKS),
 }
 LAYOUTS = ("original", "diffusers")
 

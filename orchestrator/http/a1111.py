@@ -7,11 +7,12 @@
     POST /sdapi/v1/interrupt -> {} (the running job is cancelled)
 
 A1111 fields this pipeline cannot honour (a batch, hires fix, styles, scripts, face restoration, tiling, subseeds,
-setting overrides) are refused with 422 naming the field unless they hold their default; sampler internals that do
-not apply to the flow-matching Euler sampler (eta, s_churn, s_tmin, s_tmax, s_noise) and unknown fields are ignored,
-as A1111 ignores unknown fields. `<lora:NAME:S>` tags in the prompt (models/lora/a1111.py) are cut out of the text and
-become the job's LoRAs (names under MODELS/loras/, checked at submit), as A1111's extra networks do. Extension:
-"spectrum": true|false.
+setting overrides) are refused with 422 naming the field unless they hold their default; sampler_name and scheduler
+are A1111's names (orchestrator/a1111_names.py: "Euler a", "DPM++ 2M Karras", "Karras" ...), run as ComfyUI runs
+them; sampler internals (eta, s_churn, s_tmin, s_tmax, s_noise: ComfyUI's defaults are used) and unknown fields are
+ignored, as A1111 ignores unknown fields. `<lora:NAME:S>` tags in the prompt (models/lora/a1111.py) are cut out of the
+text and become the job's LoRAs (names under MODELS/loras/, checked at submit), as A1111's extra networks do.
+Extension: "spectrum": true|false (omitted: on where the sampler allows it).
 
 Every refusal of the request itself is 422, as A1111's FastAPI answers any validation error (a body that is not
 JSON or not an object, an ill-typed or out-of-range field, a size without a pack). Its typed fields are read as its
@@ -31,6 +32,9 @@ from aiohttp import web
 from models.lora import LoraError
 from models.lora.a1111 import split_lora_tags
 from models.partition import KINDS, branch_index
+from models.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER
+from orchestrator.a1111_names import (AUTOMATIC, A1111NameError, resolve, sampler_label, samplers_list,
+                                      scheduler_label, schedulers_list)
 from orchestrator.http import files
 from orchestrator.http.common import (FRONT, BadRequest, cancel_job, from_daemon, json_response, read_json, refuse,
                                       submit_job)
@@ -40,14 +44,6 @@ from orchestrator.http.views import JobView
 from orchestrator.prompt_spec import MAX_CFG, MAX_STEPS
 from protocol.version import VERSION
 
-SAMPLERS = [{"name": "Euler", "aliases": ["euler", "k_euler"], "options": {}}]
-SCHEDULERS = [{"name": "automatic", "label": "Automatic", "aliases": None, "default_rho": -1, "need_inner_model": False},
-              {"name": "sgm_uniform", "label": "SGM Uniform", "aliases": ["SGMUniform"], "default_rho": -1,
-               "need_inner_model": True},
-              {"name": "simple", "label": "Simple", "aliases": None, "default_rho": -1, "need_inner_model": True}]
-SAMPLER_OF = {n.lower(): "euler" for s in SAMPLERS for n in [s["name"], *s["aliases"]]}
-SCHEDULER_OF = {"automatic": "sgm_uniform", "sgm uniform": "sgm_uniform", "sgm_uniform": "sgm_uniform",
-                "sgmuniform": "sgm_uniform", "simple": "simple"}
 # field -> the values that mean "not used": anything else asks for what this pipeline does not do
 MUST_BE = {"batch_size": (1,), "n_iter": (1,), "enable_hr": (False,), "restore_faces": (False, None),
            "tiling": (False, None), "subseed_strength": (0, 0.0), "styles": ([], None), "script_name": (None, ""),
@@ -123,15 +119,11 @@ def to_spec(body: dict) -> dict:
     if seed != -1:
         spec["seed"] = seed
     sampler = _name(body, "sampler_name") or _name(body, "sampler_index") or "Euler"
-    if sampler.lower() not in SAMPLER_OF:
-        raise _bad("sampler_name", f"{sampler!r}"[:80] + " is not available; samplers: "
-                   + ", ".join(s["name"] for s in SAMPLERS))
-    spec["sampler"] = SAMPLER_OF[sampler.lower()]
-    scheduler = _name(body, "scheduler") or "automatic"
-    if scheduler.lower() not in SCHEDULER_OF:
-        raise _bad("scheduler", f"{scheduler!r}"[:80] + " is not available; schedulers: "
-                   + ", ".join(s["name"] for s in SCHEDULERS))
-    spec["scheduler"] = SCHEDULER_OF[scheduler.lower()]
+    scheduler = _name(body, "scheduler") or AUTOMATIC
+    try:
+        spec["sampler"], spec["scheduler"] = resolve(sampler, scheduler)
+    except A1111NameError as e:
+        raise _bad(e.field, str(e)) from None
     if "spectrum" in body:
         if not isinstance(body["spectrum"], bool):
             raise _bad("spectrum", "must be true or false")
@@ -155,7 +147,9 @@ def _info(job: JobView, png: bytes, model: str) -> dict:
     return {"prompt": s["prompt"], "all_prompts": [s["prompt"]], "negative_prompt": s.get("negative_prompt", ""),
             "all_negative_prompts": [s.get("negative_prompt", "")], "seed": s["seed"], "all_seeds": [s["seed"]],
             "subseed": -1, "all_subseeds": [-1], "subseed_strength": 0, "width": s["width"], "height": s["height"],
-            "sampler_name": "Euler", "scheduler": s.get("scheduler"), "cfg_scale": s["cfg"], "steps": s["steps"],
+            "sampler_name": sampler_label(s.get("sampler", DEFAULT_SAMPLER)),
+            "scheduler": scheduler_label(s.get("scheduler", DEFAULT_SCHEDULER)), "cfg_scale": s["cfg"],
+            "steps": s["steps"],
             "batch_size": 1, "restore_faces": False, "face_restoration_model": None, "sd_model_name": model,
             "sd_model_hash": None, "seed_resize_from_w": -1, "seed_resize_from_h": -1, "denoising_strength": 0,
             "extra_generation_params": {"Spectrum": bool((s.get("spectrum") or {}).get("enabled", False)),
@@ -251,11 +245,11 @@ async def options(request: web.Request) -> web.Response:
 
 
 async def samplers(request: web.Request) -> web.Response:
-    return json_response(SAMPLERS)
+    return json_response(samplers_list())
 
 
 async def schedulers(request: web.Request) -> web.Response:
-    return json_response(SCHEDULERS)
+    return json_response(schedulers_list())
 
 
 async def scripts(request: web.Request) -> web.Response:

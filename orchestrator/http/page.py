@@ -3,7 +3,7 @@
     GET  /anima/info                 sizes with packs (default first), defaults, limits, the LoRAs (MODELS/loras/)
     GET  /anima/jobs?before=&limit=  the newest jobs with their prompt, settings, state and file links (`more`)
     POST /anima/jobs                 {prompt, negative_prompt, seed (digits)|null, steps, cfg, width, height,
-                                      spectrum, loras, client_id} -> {"job", "seed", "position"}
+                                      sampler, scheduler, spectrum, loras, client_id} -> {"job", "seed", "position"}
 Seeds travel as strings of digits here: 64-bit seeds do not fit a JavaScript number.
     POST /anima/jobs/{job}/cancel    -> {"note"}
 Live progress comes over /ws (`anima.progress`, `anima.job`, and ComfyUI's messages for the page's own jobs).
@@ -15,6 +15,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from models.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLERS, spectrum_refusal
 from orchestrator.http import files
 from orchestrator.http.common import FRONT, cancel_job, json_response, read_json, refuse, submit_job
 from orchestrator.http.views import JobView
@@ -23,7 +24,8 @@ from orchestrator.prompt_spec import DEFAULT_CFG, DEFAULT_STEPS, MAX_CFG, MAX_PR
 from protocol import messages as m
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-PAGE_FIELDS = ("prompt", "negative_prompt", "seed", "steps", "cfg", "width", "height", "scheduler", "spectrum", "loras")
+PAGE_FIELDS = ("prompt", "negative_prompt", "seed", "steps", "cfg", "width", "height", "sampler", "scheduler",
+               "spectrum", "loras")
 MAX_PAGE = 48
 
 
@@ -37,8 +39,11 @@ async def info(request: web.Request) -> web.Response:
     return json_response({
         "sizes": [[p.width, p.height] for p in pipe.packs], "blocks": {f"{p.width}x{p.height}": p.blocks
                                                                        for p in pipe.packs},
-        "defaults": {"steps": DEFAULT_STEPS, "cfg": DEFAULT_CFG, "spectrum": True, "scheduler": SCHEDULERS[0]},
+        "defaults": {"steps": DEFAULT_STEPS, "cfg": DEFAULT_CFG, "spectrum": True, "sampler": DEFAULT_SAMPLER,
+                     "scheduler": DEFAULT_SCHEDULER},
         "limits": {"steps": MAX_STEPS, "cfg": MAX_CFG, "prompt_chars": MAX_PROMPT_CHARS},
+        # the pickers: every sampler with its model calls per step and why Spectrum does not fit it (None: it does)
+        "samplers": [{"name": s.name, "nfe": s.nfe, "spectrum": spectrum_refusal(s.name)} for s in SAMPLERS.values()],
         "schedulers": list(SCHEDULERS), "max_queue": pipe.max_queue, "version": pipe.version,
         "model": next((p.source_name for p in pipe.packs if p.source_name), ""), "loras": list(pipe.loras),
         "lora_ranks": {f"{p.width}x{p.height}": p.lora_rank for p in pipe.packs}})

@@ -43,11 +43,20 @@ function showError(text) {
   $("error").hidden = !text;
 }
 
+// Spectrum does not fit samplers that call the model twice per step: the checkbox is off and says why
+function spectrumFits() {
+  const s = info.samplers.find((x) => x.name === $("sampler").value);
+  const why = s ? s.spectrum : null;
+  $("spectrum").disabled = Boolean(why);
+  if (why) $("spectrum").checked = false;
+  $("spectrum").parentElement.title = why || "";
+}
+
 function formBody() {
   const [w, h] = $("size").value.split("x").map(Number);
   const body = { prompt: $("prompt").value, negative_prompt: $("negative").value, steps: Number($("steps").value),
-                 cfg: Number($("cfg").value), width: w, height: h, spectrum: $("spectrum").checked,
-                 client_id: clientId };
+                 cfg: Number($("cfg").value), width: w, height: h, sampler: $("sampler").value,
+                 scheduler: $("scheduler").value, spectrum: $("spectrum").checked, client_id: clientId };
   if ($("seed").value.trim() !== "") body.seed = $("seed").value.trim();   // digits: 64-bit seeds overflow a Number
   if ($("lora").value) body.loras = [{ name: $("lora").value, strength: Number($("lora-strength").value) }];
   return body;
@@ -161,7 +170,8 @@ function el(tag, props, ...children) {
 function card(j) {
   const s = j.spec || {};
   const meta = [s.width && s.height ? s.width + "x" + s.height : "", "seed " + s.seed, s.steps + " steps",
-                "cfg " + s.cfg, "spectrum " + (s.spectrum ? "on" : "off"), j.api].filter(Boolean).join(" · ");
+                "cfg " + s.cfg, "spectrum " + (s.spectrum ? "on" : "off"),
+                s.sampler ? s.sampler + " / " + s.scheduler : "", j.api].filter(Boolean).join(" · ");
   const c = el("article", { className: "job", id: "job-" + j.job });
   if (j.files.image) {
     const a = el("a", { href: j.files.image, target: "_blank", rel: "noopener" },
@@ -222,6 +232,15 @@ async function start() {
   $("spectrum").checked = info.defaults.spectrum;
   for (const name of info.loras || []) $("lora").append(el("option", { value: name, textContent: name }));
   $("lora-row").hidden = !(info.loras || []).length;     // a LoRA-ready pack applies it; a plain one says so
+  for (const s of info.samplers) {
+    const calls = s.nfe === "1" ? "" : " (" + s.nfe + " model calls per step)";
+    $("sampler").append(el("option", { value: s.name, textContent: s.name + calls }));
+  }
+  for (const name of info.schedulers) $("scheduler").append(el("option", { value: name, textContent: name }));
+  $("sampler").value = info.defaults.sampler;
+  $("scheduler").value = info.defaults.scheduler;
+  $("sampler").addEventListener("change", spectrumFits);
+  spectrumFits();
   connect();
   fillGallery(true);
 }

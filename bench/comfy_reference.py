@@ -1,0 +1,245 @@
+"""This project's job vs a running ComfyUI on the same model files: final latent cosine and pixel difference.
+
+You run ComfyUI yourself (this script never starts, installs or builds it), on loopback, on the CPU, in float32,
+with its models folder holding the same files as --models (diffusion_models/, text_encoders/, vae/), e.g.
+    python main.py --listen 127.0.0.1 --port 8190 --cpu --force-fp32 --fp32-text-enc --fp32-vae --fp32-unet \\
+        --deterministic --models-directory MODELS
+and then
+    .venv/bin/python bench/comfy_reference.py --comfyui http://127.0.0.1:8190 --models MODELS --pack PACK \\
+        --combo euler/simple --combo er_sde/beta --out bench/out/comfy_reference.json
+For each sampler/scheduler combo it submits ComfyUI's API graph (UNETLoader, CLIPLoader, VAELoader, CLIPTextEncode
+x2, EmptySD3LatentImage, ModelSamplingAuraFlow shift 3, KSampler, VAEDecode, SaveImage, SaveLatent), fetches the
+latent and the PNG, computes the same job here in-process (the text encoder on torch, the DiT through the pack on
+ONNX Runtime, the sampler, the VAE decoder) and prints one row per combo: the final latent's cosine and max
+difference (model space) and the PNGs' max pixel difference; --out writes them as JSON. Every row is computed by the
+pipeline's sampler (models.sampler.Sampler, what the scheduler stage runs); `euler` rows also by models.k_sampling in
+ComfyUI's denoised form (the pipeline's Euler keeps its velocity form). The tokenizers must be ComfyUI's own
+(its comfy/text_encoders/qwen25_tokenizer and t5_tokenizer/tokenizer.json) for the token ids to agree: point
+--qwen-tokenizer / --t5-tokenizer at them, or copy them into the models folder's tokenizers/qwen and tokenizers/t5.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from models.k_sampling import SAMPLERS, cfg_denoised, ksampler_sigmas, make_sampler  # noqa: E402
+from models.sampler import Sampler  # noqa: E402
+from models.models_dir import add_model_arguments, paths_from_args  # noqa: E402
+from models.noise import comfy_noise  # noqa: E402
+from models.safetensors_io import SafeTensorsFile  # noqa: E402
+from models.vae.latent import LATENT_MEAN, LATENT_STD  # noqa: E402
+
+
+class ComfyError(RuntimeError):
+    pass
+
+
+def comfy_graph(files: dict, prompt: str, negative: str, seed: int, steps: int, cfg: float, sampler: str,
+                scheduler: str, width: int, height: int, prefix: str) -> dict:
+    """ComfyUI's standard Anima text-to-image graph plus a SaveLatent of the KSampler's output."""
+    return {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": files["dit"], "weight_dtype": "default"}},
+        "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": files["text_encoder"], "type": "stable_diffusion"}},
+        "3": {"class_type": "VAELoader", "inputs": {"vae_name": files["vae"]}},
+        "4": {"class_type": "CLIPTextEncode", "inputs": {"text": prompt, "clip": ["2", 0]}},
+        "5": {"class_type": "CLIPTextEncode", "inputs": {"text": negative, "clip": ["2", 0]}},
+        "6": {"class_type": "EmptySD3LatentImage", "inputs": {"width": width, "height": height, "batch_size": 1}},
+        "7": {"class_type": "ModelSamplingAuraFlow", "inputs": {"model": ["1", 0], "shift": 3.0}},
+        "8": {"class_type": "KSampler", "inputs": {"model": ["7", 0], "positive": ["4", 0], "negative": ["5", 0],
+                                                    "latent_image": ["6", 0], "seed": seed, "steps": steps, "cfg": cfg,
+                                                    "sampler_name": sampler, "scheduler": scheduler, "denoise": 1.0}},
+        "9": {"class_type": "VAEDecode", "inputs": {"samples": ["8", 0], "vae": ["3", 0]}},
+        "10": {"class_type": "SaveImage", "inputs": {"images": ["9", 0], "filename_prefix": prefix}},
+        "11": {"class_type": "SaveLatent", "inputs": {"samples": ["8", 0], "filename_prefix": "latents/" + prefix}},
+    }
+
+
+class ComfyClient:
+    """The few ComfyUI HTTP endpoints this needs; loopback addresses only."""
+
+    def __init__(self, url: str, timeout_s: float):
+        host = urllib.parse.urlparse(url).hostname or ""
+        if host not in ("127.0.0.1", "localhost", "::1") and not host.startswith("127."):
+            raise SystemExit(f"--comfyui {url}: only a ComfyUI on this machine's loopback is used")
+        self.url, self.timeout_s = url.rstrip("/"), timeout_s
+
+    def _get(self, path: str) -> bytes:
+        with urllib.request.urlopen(self.url + path, timeout=60) as r:
+            return r.read()
+
+    def check(self) -> dict:
+        try:
+            return json.loads(self._get("/system_stats"))
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise SystemExit(f"--comfyui {self.url}: no ComfyUI answers there ({e}); start it first") from None
+
+    def run(self, graph: dict) -> dict:
+        body = json.dumps({"prompt": graph, "client_id": uuid.uuid4().hex}).encode()
+        req = urllib.request.Request(self.url + "/prompt", data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                pid = json.loads(r.read())["prompt_id"]
+        except urllib.error.HTTPError as e:
+            raise ComfyError(f"ComfyUI refused the graph: {e.read().decode(errors='replace')[:800]}") from None
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < self.timeout_s:
+            hist = json.loads(self._get(f"/history/{pid}"))
+            if pid in hist:
+                h = hist[pid]
+                if h.get("status", {}).get("status_str") != "success":
+                    raise ComfyError(f"ComfyUI job failed: {json.dumps(h.get('status'))[:800]}")
+                return h["outputs"]
+            time.sleep(1.0)
+        raise ComfyError(f"ComfyUI job {pid} did not finish in {self.timeout_s:.0f} s")
+
+    def view(self, item: dict) -> bytes:
+        q = urllib.parse.urlencode({k: item[k] for k in ("filename", "subfolder", "type")})
+        return self._get("/view?" + q)
+
+
+def comfy_latent(raw: bytes, tmp: Path) -> np.ndarray:
+    """A SaveLatent file (safetensors, 'latent_tensor' [1, 16, 1, h, w] in VAE space) -> model space [16, h, w]."""
+    tmp.write_bytes(raw)
+    z = SafeTensorsFile(tmp).get("latent_tensor").reshape(16, *SafeTensorsFile(tmp).shape("latent_tensor")[-2:])
+    mean = np.asarray(LATENT_MEAN, np.float32)[:, None, None]
+    std = np.asarray(LATENT_STD, np.float32)[:, None, None]
+    return ((z - mean) / std).astype(np.float32)
+
+
+def png_pixels(raw: bytes) -> np.ndarray:
+    from PIL import Image
+    return np.asarray(Image.open(io.BytesIO(raw)).convert("RGB"))
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def project_latent(runner, cond, uncond, seed: int, steps: int, cfg: float, sampler: str, scheduler: str,
+                   shape: tuple, today: bool) -> tuple:
+    """(final latent [16, h, w], model calls) of this project's job in-process."""
+    noise = comfy_noise(seed, shape)
+    if today:
+        s = Sampler(steps=steps, cfg=cfg, schedule=scheduler, spectrum=None, sampler=sampler)
+        st = s.sample(lambda x, sigma: runner.forward_cfg(x, sigma, cond, uncond), latent=noise, seed=seed)
+        return s.result(st), 2 * sum(st.nfe)
+    ks = make_sampler(sampler, ksampler_sigmas(sampler, scheduler, steps), seed=seed, shape=shape)
+    calls = [0]
+
+    def model(x, sigma):
+        calls[0] += 2
+        v_c, v_u = runner.forward_cfg(x, sigma, cond, uncond)
+        return cfg_denoised(x, sigma, v_c, v_u, cfg)
+    return ks.sample(model, noise), calls[0]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="bench/comfy_reference.py", description=__doc__.split("\n")[0],
+                                epilog="ComfyUI is not started, installed or built by this script: run it yourself "
+                                       "(see the module docstring for the flags that make it comparable).")
+    p.add_argument("--comfyui", required=True, help="URL of a running ComfyUI on loopback, e.g. http://127.0.0.1:8190")
+    p.add_argument("--pack", required=True, help="this project's model pack of the same DiT at --size")
+    add_model_arguments(p)
+    p.add_argument("--combo", action="append", default=None, metavar="SAMPLER/SCHEDULER",
+                   help="repeatable; default euler/simple and euler/sgm_uniform")
+    p.add_argument("--prompt", default="1girl, silver hair, blue eyes, (masterpiece:1.2)")
+    p.add_argument("--negative", default="worst quality, low quality")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--cfg", type=float, default=4.0)
+    p.add_argument("--size", default="256x256", help="WIDTHxHEIGHT (the pack's)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds one ComfyUI job may take")
+    p.add_argument("--out", default=None, help="JSON file for the rows (and the latents as .npz next to it)")
+    p.add_argument("--record", default=None, help="write a test record (.npz): ComfyUI's final latents, the job's "
+                   "settings and its conditioning rows, what tests/test_samplers_comfy_model.py checks against")
+    a = p.parse_args(argv)
+
+    combos = [c.split("/", 1) for c in (a.combo or ["euler/simple", "euler/sgm_uniform"])]
+    for c in combos:
+        if len(c) != 2 or c[0] not in SAMPLERS:
+            raise SystemExit(f"--combo {'/'.join(c)}: expected SAMPLER/SCHEDULER with SAMPLER one of {list(SAMPLERS)}")
+        ksampler_sigmas(c[0], c[1], a.steps)                   # an unknown scheduler fails here, naming the ones there are
+    width, height = (int(v) for v in a.size.lower().split("x"))
+    client = ComfyClient(a.comfyui, a.timeout)
+    stats = client.check()
+    paths = paths_from_args(a)
+    files = {"dit": paths.dit.name, "text_encoder": paths.text_encoder.name, "vae": paths.vae.name}
+
+    from models.dit_runner import DiTRunner
+    from models.text.conditioning import TextEncoder
+    from models.vae.api import VAE
+    enc = TextEncoder.from_files(str(paths.text_encoder), str(paths.dit), str(paths.qwen_tokenizer),
+                                 str(paths.t5_tokenizer), threads=a.threads)
+    cond, uncond = enc.encode_pair(a.prompt, a.negative)
+    enc.close()
+    runner = DiTRunner(a.pack, threads=a.threads)
+    vae = VAE.open(paths.vae, threads=a.threads)
+    shape = (16, height // 8, width // 8)
+
+    rows, latents = [], {}
+    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"comfy_reference_{os.getpid()}.latent"
+    for sampler, scheduler in combos:
+        prefix = f"anima_ref_{sampler}_{scheduler}_{a.seed}"
+        t0 = time.monotonic()
+        out = client.run(comfy_graph(files, a.prompt, a.negative, a.seed, a.steps, a.cfg, sampler, scheduler,
+                                     width, height, prefix))
+        comfy_s = time.monotonic() - t0
+        z_ref = comfy_latent(client.view(out["11"]["latents"][0]), tmp)
+        img_ref = png_pixels(client.view(out["10"]["images"][0]))
+        for today in ((True, False) if sampler == "euler" else (True,)):
+            t0 = time.monotonic()
+            z, calls = project_latent(runner, cond, uncond, a.seed, a.steps, a.cfg, sampler, scheduler, shape, today)
+            ours_s = time.monotonic() - t0
+            img = vae.decode(z, tile=None).image
+            row = {"sampler": sampler, "scheduler": scheduler, "project": "pipeline sampler" if today else "k_sampling",
+                   "latent_cos": cosine(z, z_ref), "latent_max_abs": float(np.abs(z - z_ref).max()),
+                   "pixel_max_diff": int(np.abs(img.astype(int) - img_ref.astype(int)).max()),
+                   "pixels_off_by_more_than_1": int((np.abs(img.astype(int) - img_ref.astype(int)) > 1).sum()),
+                   "model_calls": calls, "comfyui_s": round(comfy_s, 1), "project_s": round(ours_s, 1)}
+            rows.append(row)
+            latents[f"{sampler}/{scheduler}/{row['project']}"] = z
+            print(f"{sampler:16s} {scheduler:16s} {row['project']:16s} cos {row['latent_cos']:.9f}  "
+                  f"max|dz| {row['latent_max_abs']:.2e}  max|dpixel| {row['pixel_max_diff']:3d}  "
+                  f"({row['pixels_off_by_more_than_1']} px > 1)  calls {calls}  "
+                  f"comfy {comfy_s:.0f} s, here {ours_s:.0f} s", flush=True)
+        latents[f"{sampler}/{scheduler}/comfyui"] = z_ref
+    tmp.unlink(missing_ok=True)
+    runner.close()
+    if a.record:
+        rec = {"cond": cond[:int(np.abs(cond).sum(1).nonzero()[0].max()) + 1],
+               "uncond": uncond[:int(np.abs(uncond).sum(1).nonzero()[0].max()) + 1],
+               "job": np.array(json.dumps({"seed": a.seed, "steps": a.steps, "cfg": a.cfg, "size": [width, height],
+                                           "prompt": a.prompt, "negative": a.negative, "files": files}))}
+        rec.update({f"comfyui/{k.split('/')[0]}/{k.split('/')[1]}": v for k, v in latents.items()
+                    if k.endswith("/comfyui")})
+        np.savez_compressed(a.record, **rec)
+        print(f"wrote test record {a.record}")
+    if a.out:
+        outp = Path(a.out)
+        outp.parent.mkdir(parents=True, exist_ok=True)
+        job = {"prompt": a.prompt, "negative": a.negative, "seed": a.seed, "steps": a.steps, "cfg": a.cfg,
+               "size": [width, height], "files": files, "pack": a.pack,
+               "comfyui": {"url": a.comfyui, "system": stats.get("system", {})}}
+        outp.write_text(json.dumps({"job": job, "rows": rows}, indent=1))
+        np.savez_compressed(outp.with_suffix(".npz"), **latents)
+        print(f"wrote {outp} and {outp.with_suffix('.npz')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
