@@ -442,9 +442,20 @@ def cmd_keys(args, rf: RunFolder) -> int:
 
 
 def cmd_init(args, rf: RunFolder) -> int:
-    rf = init_run(rf.root, python=args.python, packs=args.pack, models_dir=args.models, force=args.force)
+    bundle = None
+    if args.bundle:
+        if args.pack or args.models:
+            raise CliError("--bundle names every pack and model: give it without --pack or --models", EXIT_USAGE)
+        from orchestrator.board_bundle import board_bundle
+        bundle = board_bundle(args.bundle, hashes=not args.quick)
+    rf = init_run(rf.root, python=args.python, packs=args.pack, models_dir=args.models, force=args.force,
+                  bundle=bundle)
     print(f"run folder {rf.root}\nsupervisord config {rf.supervisord_conf}\npipeline config {rf.pipeline_toml}")
-    print(f"next: supervisord -c {rf.supervisord_conf}")
+    if bundle is not None:
+        sizes = ", ".join(f"{w}x{h}" for w, h in bundle.sizes)
+        print(f"bundle {bundle.dir}: {sizes}, backend {bundle.backend}")
+    run = f" --run {rf.root}" if args.run else ""
+    print(f"next: orchestrator{run} doctor, then supervisord -c {rf.supervisord_conf}")
     return EXIT_OK
 
 
@@ -499,6 +510,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pack", action="append", help="model pack folder for pipeline.toml; repeat it for more sizes "
                                                    "(one pack per size, the first is the default)")
     s.add_argument("--models", help="models folder (text encoder, VAE) for pipeline.toml")
+    s.add_argument("--bundle", help="a board bundle (anima-models bundle): every pack, the encoder and the VAE, "
+                                    "checked, with the backend of its target")
+    s.add_argument("--quick", action="store_true", help="--bundle: check every file's presence and size, not its "
+                                                        "sha256 (doctor --full does that later)")
     s.add_argument("--force", action="store_true", help="rewrite supervisord.conf and pipeline.toml")
     s.set_defaults(fn=cmd_init)
     s = sub.add_parser("serve", help="run the job daemon (supervisord starts it)")
