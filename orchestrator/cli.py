@@ -1,6 +1,8 @@
 """`orchestrator`: submit and follow jobs, control the stages under supervisord, run the job daemon.
 
     orchestrator init                                   # run folder (0700) + its supervisord.conf
+    orchestrator init --bundle BUNDLE                   # ... with every pack of a board bundle (anima-models bundle)
+    orchestrator doctor [--full]                        # is this machine and run folder ready? (exit 1: no)
     orchestrator serve --config run/pipeline.toml       # the daemon (supervisord runs it)
     orchestrator submit examples/prompt.json --wait     # validate, queue, follow, print image + timings
     orchestrator submit - < prompt.json                 # prompt.json from standard input
@@ -459,6 +461,11 @@ def cmd_init(args, rf: RunFolder) -> int:
     return EXIT_OK
 
 
+def cmd_doctor(args, rf: RunFolder) -> int:
+    from orchestrator.doctor import doctor
+    return doctor(rf, full=args.full)
+
+
 def cmd_service(args, rf: RunFolder) -> int:
     from orchestrator import service
     try:
@@ -516,6 +523,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "sha256 (doctor --full does that later)")
     s.add_argument("--force", action="store_true", help="rewrite supervisord.conf and pipeline.toml")
     s.set_defaults(fn=cmd_init)
+    s = sub.add_parser("doctor", help="is this machine and run folder ready? one line per check, exit 1 on a "
+                                      "failure")
+    s.add_argument("--full", action="store_true", help="also check every pack file's sha256 (minutes for full-size "
+                                                       "packs)")
+    s.set_defaults(fn=cmd_doctor)
     s = sub.add_parser("serve", help="run the job daemon (supervisord starts it)")
     s.add_argument("--config", required=True, help="pipeline config (TOML)")
     s.set_defaults(fn=cmd_serve)
