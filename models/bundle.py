@@ -27,7 +27,10 @@ from typing import Optional
 
 from models.durable import atomic_write
 from models.manifest import MANIFEST, ManifestRecord, file_sha256, tool_versions
+from models.pack import PACK_KIND as DIT_KIND
 from models.partition import parse_resolution
+from models.text.encoder_pack import PACK_KIND as ENCODER_KIND
+from models.vae.pack import PACK_KIND as VAE_KIND
 from models.schema import Int, SchemaError
 
 log = logging.getLogger(__name__)
@@ -37,7 +40,6 @@ BUNDLE_KIND = "anima-bundle"
 SCHEMA_VERSION = 1
 TARGETS = ("rk3588", "none")          # none: a CPU bundle (ONNX Runtime); rk3588: compiled with rknn-toolkit2
 ENCODER_DIR = "encoder"
-DIT_KIND, VAE_KIND, ENCODER_KIND = "anima-pack", "anima-vae-pack", "anima-encoder-pack"
 
 
 class BundleError(ValueError):

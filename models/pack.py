@@ -105,9 +105,9 @@ def existing_pack_source(out: Path) -> Optional[str]:
 def refuse_replacing(out: Path, sha: str, size: tuple, overwrite: bool, error=PackError, source: str = "checkpoint"):
     """The builders' rule for an `out` that already holds a pack: one of another source (`sha`) or another image
     size (`size` = (width, height)) is replaced only with `overwrite`; the error names what differs."""
+    prev = existing_pack_source(out)                 # a folder that is not a pack is never replaced
     if overwrite:
         return
-    prev = existing_pack_source(out)
     if prev is not None and prev != sha:
         raise error(f"{out}: holds a pack of another {source} (sha256 {prev[:12]}…, this one {sha[:12]}…); "
                     "pass overwrite (--overwrite) to replace it")

@@ -187,6 +187,12 @@ def test_pack_checks(pack, vae_file, tmp_path, tiny_dit):
     assert load_vae_pack(out).manifest["source"]["name"] == vae_file.name
     build_vae_pack(other, out, (64, 64), overwrite=True, threads=1)
     assert load_vae_pack(out).manifest["source"]["name"] == "other.safetensors"
+    # nor a pack of another size (a VAE pack serves one size: the DiT pack's)
+    with pytest.raises(VaePackError, match="holds a pack for 64x64, this one is 64x32.*overwrite"):
+        build_vae_pack(other, out, (64, 32), threads=1)
+    assert load_vae_pack(out).height == 64
+    build_vae_pack(other, out, (64, 32), overwrite=True, threads=1)
+    assert load_vae_pack(out).height == 32
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []   # no temporaries left
 
 
