@@ -200,3 +200,57 @@ def test_host_commands_without_the_host_extra_name_it(tmp_path, tiny_dit):
     assert r.returncode == 2, r.stderr
     assert "this command needs the host extra" in r.stderr and "pip install 'anima-npu[host]'" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.fixture(scope="module")
+def npu_bundle(tmp_path_factory, tiny_bundle, rknn_venv) -> Path:
+    """`bundle --target rk3588` at 128x128: every DiT and VAE model compiled by the real rknn-toolkit2 (~3 min)."""
+    out = tmp_path_factory.mktemp("npu_bundle") / "bundle"
+    assert models_main(["bundle", "--models", str(tiny_bundle), "--resolution", SIZE, "--target", "rk3588",
+                        "--out", str(out), "--toolkit-venv", str(rknn_venv), "--jobs", "2", "--per-worker", "0"]) == 0
+    return out
+
+
+def test_npu_bundle_is_compiled_and_holds_no_onnx_graphs(npu_bundle, rknn_venv, tiny_bundle, capsys, monkeypatch):
+    from models.backends.rknn import compiled_path
+    from models.pack import load_pack, onnx_omitted
+    from models.rknn.compile import toolkit_version
+    data = json.loads((npu_bundle / BUNDLE_JSON).read_text())
+    toolkit = toolkit_version(rknn_venv)
+    assert data["target"] == "rk3588" and data["toolkit"] == toolkit == "2.5.0"
+    for part, models in (("dit-128x128", 84), ("vae-128x128", 2)):
+        m = json.loads((npu_bundle / part / MANIFEST).read_text())
+        assert onnx_omitted(m) and len(m["branches"]) == models
+        assert {(b["rknn"]["target"], b["rknn"]["toolkit"]) for b in m["branches"]} == {("rk3588", toolkit)}
+        assert len(list((npu_bundle / part).rglob("*.rknn"))) == models
+        assert not list((npu_bundle / part).rglob("*.onnx"))          # the board never reads them
+    pack = load_pack(npu_bundle / "dit-128x128", check=True)          # the loader accepts the compiled pack as it is
+    assert compiled_path(pack.dir / pack.branches[0]["onnx"]).is_file()
+    assert read_bundle(npu_bundle, hashes=True).backend == "rknn"
+    capsys.readouterr()
+    # a second run compiles nothing: every part is kept
+    assert models_main(["bundle", "--models", str(tiny_bundle), "--resolution", SIZE, "--target", "rk3588",
+                        "--out", str(npu_bundle), "--toolkit-venv", str(rknn_venv)]) == 0
+    assert capsys.readouterr().err.count("kept (complete)") == 3
+
+
+def test_init_npu_bundle_checks_the_runtime(npu_bundle, tmp_path, capsys, monkeypatch):
+    from stages.config import load_config
+    monkeypatch.delenv("ANIMA_RKNN_STANDIN", raising=False)
+    run = tmp_path / "run"
+    assert cli.main(["--run", str(run), "init", "--bundle", str(npu_bundle), "--quick"]) == 2    # no rknnlite here
+    err = capsys.readouterr().err
+    assert "cannot import rknnlite.api" in err and "the bundle needs rknn-toolkit-lite2 2.5.0" in err
+    assert not run.exists()
+    monkeypatch.setenv("ANIMA_RKNN_STANDIN", "1")                  # the labelled stand-in imitates 2.5.0
+    from models.backends import rknnlite_standin
+    monkeypatch.setattr(rknnlite_standin, "LITE_VERSION", "2.3.2")
+    assert cli.main(["--run", str(run), "init", "--bundle", str(npu_bundle), "--quick"]) == 2
+    assert "compiled with rknn-toolkit2 2.5.0, but rknn-toolkit-lite2 2.3.2 is installed: install the same " \
+           "release, pip install 'rknn-toolkit-lite2==2.5.0'" in capsys.readouterr().err
+    monkeypatch.undo()
+    monkeypatch.setenv("ANIMA_RKNN_STANDIN", "1")
+    assert cli.main(["--run", str(run), "init", "--bundle", str(npu_bundle)]) == 0
+    cfg = load_config(run / "pipeline.toml")
+    assert cfg.backend == "rknn" and cfg.stage_settings("vae")["backend"] == "rknn"
+    assert cfg.stage_settings("encoder")["backend"] == "onnx"
