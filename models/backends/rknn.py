@@ -169,6 +169,14 @@ class RknnLiteBackend(BranchBackend):
         from models.board.auto import choose_policy
         return choose_policy(ctx, mem_available_mib=probes.mem_available_mib())
 
+    @classmethod
+    def runtime_problem(cls, settings: dict) -> str:
+        try:
+            lite_module(settings.get("lite"))
+        except (BackendError, ValueError) as e:
+            return str(e)
+        return ""
+
     def __init__(self, threads: Optional[int] = None, core_mask="auto", lite: Optional[str] = None):
         self.api = lite_module(lite)
         self.cls = self.api.RKNNLite
