@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 BUSY_RETRY_S = 0.5           # a stage that answers `busy` is asked again after this long (at most the call's timeout)
 READY_TIMEOUT_S = 5.0        # one HELLO while a stage comes up (repeated until start_timeout_s)
+DYING_WAIT_S = 2.0           # a stage's last word (DYING) is looked for this long after its config exit
 START_ATTEMPTS = 3           # a stage that dies while supervisord starts it (within startsecs) is started again
 
 
@@ -483,8 +484,13 @@ class JobFlow:
         the job's error, not only a line in the stage's log."""
         if info.state != "EXITED" or info.exitstatus != EXIT_CONFIG:
             return ""
-        dying = self.d.dying.get(stage)
-        said = dying[1].reason if dying is not None and dying[0] >= self._up_since else ""
+        said, until = "", time.monotonic() + DYING_WAIT_S
+        while True:                     # its DYING went out before the exit; it may not have been read yet
+            dying = self.d.dying.get(stage)
+            said = dying[1].reason if dying is not None and dying[0] >= self._up_since else ""
+            if said or time.monotonic() > until:
+                break
+            self.d.pump(0.05)
         return (f"{said} (exit {EXIT_CONFIG}, not retried)" if said else
                 f"exited {EXIT_CONFIG} (a config or pack problem, not retried; see orchestrator logs {stage})")
 
