@@ -71,9 +71,6 @@ class VaeLogic:
         dirs = settings["vae_pack"]
         dirs = [dirs] if isinstance(dirs, str) else list(dirs)
         cls = backend_class(self.backend)
-        problem = cls.runtime_problem(settings)
-        if problem:
-            raise ConfigError(f"{config.path}: stage.vae.backend = {self.backend!r}: {problem}")
         packs = {}
         for d in dirs:                       # a pack problem is a config exit (2): the same pack fails again
             try:
@@ -87,6 +84,9 @@ class VaeLogic:
                 raise ConfigError(f"stage.vae.vae_pack: {pack.dir} and {packs[pack.latent_shape].dir} are both "
                                   f"{pack.width}x{pack.height}")
             packs[pack.latent_shape] = pack
+        problem = cls.runtime_problem(settings)
+        if problem:
+            raise ConfigError(f"{config.path}: stage.vae.backend = {self.backend!r}: {problem}")
         backend = make_branch_backend(self.backend, self.threads, settings)
         return {shape: PackDecoder(pack, backend) for shape, pack in packs.items()}
 
