@@ -61,8 +61,11 @@ class DaemonClient:
         from protocol.messages import RemoteError, expect
         from protocol.sockets import PeerUnavailable
         if not self.rf.daemon_sock.exists() and not self._daemon_coming():
-            raise CliError(f"the orchestrator daemon is not answering: no socket {self.rf.daemon_sock}; is "
-                           f"supervisord up? (supervisord -c {self.rf.supervisord_conf})")
+            conf = self.rf.supervisord_conf
+            fix = (f"is supervisord up? (supervisord -c {conf})" if conf.is_file() else
+                   f"{self.rf.root} is not a run folder yet: orchestrator --run {self.rf.root} init --bundle BUNDLE, "
+                   f"then supervisord -c {conf}")
+            raise CliError(f"the orchestrator daemon is not answering: no socket {self.rf.daemon_sock}; {fix}")
         try:
             return expect(self.client.request(msg), expect_cls, "orchestrator daemon")
         except PeerUnavailable:
@@ -509,7 +512,8 @@ def cmd_serve(args, rf: RunFolder) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="orchestrator", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", help="run folder (default: $ANIMA_RUN, else the repo's run/)")
+    p.add_argument("--run", help="run folder (default: $ANIMA_RUN, else a source checkout's run/, else run/ in the "
+                                 "current folder)")
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("init", help="create the run folder and its supervisord.conf")

@@ -7,17 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.durable import atomic_write
+from models.install import REPO_DIR, SOURCE_TREE, default_run_dir, project_file
 from protocol.security import ipc_path
 from stages.config import JOBS_DIR, STAGES
 
-REPO_DIR = Path(__file__).resolve().parent.parent
-# The top-level supervisord.conf: in a source tree (also the ready-made config for the default run folder), or, in an
-# installed copy (`pip install '.[board]'`), where the wheel puts it (pyproject.toml: tool.setuptools.data-files).
-_TEMPLATES = (REPO_DIR / "supervisord.conf", Path(sys.prefix) / "share" / "anima-npu" / "supervisord.conf")
-TEMPLATE = next((p for p in _TEMPLATES if p.is_file()), _TEMPLATES[0])
-SHARE_DIR = Path(sys.prefix) / "share" / "anima-npu"      # the wheel's data files (pyproject.toml: data-files)
-_PROMPTS = (REPO_DIR / "examples" / "prompt.json", SHARE_DIR / "examples" / "prompt.json")
-EXAMPLE_PROMPT = next((p for p in _PROMPTS if p.is_file()), _PROMPTS[0])      # init copies it into the run folder
+# A source checkout's top-level supervisord.conf (also the ready-made config for its default run folder), or, in an
+# installed copy (`pip install '.[board]'`), the wheel's (models/install.py)
+TEMPLATE = project_file("supervisord.conf")
+EXAMPLE_PROMPT = project_file("examples/prompt.json")      # init copies it into the run folder
 RUN_ENV = "ANIMA_RUN"
 STAGE_PROGRAMS = STAGES                            # a supervisord program each
 # supervisord.conf autostarts the others; these the job flow starts for their part of a job and stops before denoising
@@ -33,8 +30,8 @@ class RunFolder:
 
     @classmethod
     def resolve(cls, run: str | os.PathLike | None = None) -> "RunFolder":
-        """--run, else $ANIMA_RUN, else the repo's run/."""
-        return cls(Path(run or os.environ.get(RUN_ENV) or REPO_DIR / "run").expanduser().resolve())
+        """--run, else $ANIMA_RUN, else a source checkout's run/, else run/ in the current folder."""
+        return cls(Path(run or os.environ.get(RUN_ENV) or default_run_dir()).expanduser().resolve())
 
     @property
     def jobs(self) -> Path:
@@ -69,7 +66,7 @@ class RunFolder:
     def supervisord_conf(self) -> Path:
         """The rendered copy in the run folder when there is one, else the top-level file (default run folder)."""
         own = self.root / "supervisord.conf"
-        return own if own.exists() or self.root != (REPO_DIR / "run").resolve() else TEMPLATE
+        return own if own.exists() or not SOURCE_TREE or self.root != (REPO_DIR / "run").resolve() else TEMPLATE
 
     def check(self) -> None:
         """The run folder must be private (0700) and short enough for its ipc:// socket paths."""
@@ -87,9 +84,12 @@ def _escape(path) -> str:
     return str(path).replace("%", "%%")        # supervisord treats % as an expansion
 
 
-def render_supervisord_conf(template: str, run_dir: Path, *, repo_dir: Path = REPO_DIR,
+def render_supervisord_conf(template: str, run_dir: Path, *, repo_dir: Path | None = None,
                             python: str | None = None) -> str:
-    """The top-level config with the run folder, the repo and the interpreter substituted by absolute paths."""
+    """The top-level config with the run folder, the repo and the interpreter substituted by absolute paths. The
+    programs' working directory (`directory=`) is a checkout's top folder, or, for an installed copy, the run
+    folder (never site-packages)."""
+    repo_dir = repo_dir or (REPO_DIR if SOURCE_TREE else run_dir)
     text = template.replace("%(here)s/run", _escape(run_dir))
     text = text.replace("%(here)s/.venv/bin/python", _escape(python or sys.executable))
     return text.replace("%(here)s", _escape(repo_dir))

@@ -23,7 +23,7 @@ def add_arguments(p) -> None:
                    help="rk3588: compiled for the NPU with rknn-toolkit2; none: ONNX Runtime on a CPU")
     p.add_argument("--out", required=True, metavar="BUNDLE", help="bundle folder to write (or complete)")
     p.add_argument("--toolkit-venv", default=None, help="rknn-toolkit2 environment (default $ANIMA_RKNN_VENV, else "
-                   ".venv-rknn in the source tree); create it with scripts/rknn_venv.sh")
+                   "a checkout's .venv-rknn, else .venv-rknn beside this environment); create it with `make rknn-venv`")
     p.add_argument("--jobs", type=int, default=1, help="models compiled in parallel (each a process, ~0.5-2 GB RSS)")
     p.add_argument("--per-worker", type=int, default=1, help="models one compiler process builds before it is "
                    "replaced (1: bounded memory; 0: no limit, saves the toolkit's import)")
