@@ -28,10 +28,14 @@ from typing import Optional
 from models.durable import atomic_write
 from models.manifest import MANIFEST, ManifestRecord, file_sha256, tool_versions
 from models.pack import PACK_KIND as DIT_KIND
+from models.models_dir import resolve_models
+from models.pack import PackError, build_pack, load_pack, missing_files, omit_onnx, onnx_omitted
 from models.partition import parse_resolution
-from models.text.encoder_pack import PACK_KIND as ENCODER_KIND
-from models.vae.pack import PACK_KIND as VAE_KIND
 from models.schema import Int, SchemaError
+from models.text.encoder_pack import PACK_KIND as ENCODER_KIND
+from models.text.encoder_pack import EncoderPackError, build_encoder_pack, load_encoder_pack
+from models.vae.pack import PACK_KIND as VAE_KIND
+from models.vae.pack import build_vae_pack, load_vae_pack
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +118,6 @@ def _member(bundle: Path, rel: str, where: str) -> Path:
 def _check_part(bundle: Path, entry: PartEntry, where: str, hashes: bool, target: str, toolkit: Optional[str]):
     """A part's folder, its manifest (the sha256 bundle.json pins), its files (present; with `hashes`, their sha256)
     and, for a compiled bundle, every model compiled for the target by the bundle's toolkit; -> the loaded pack."""
-    from models.pack import PackError, load_pack, pack_files
-    from models.text.encoder_pack import EncoderPackError, load_encoder_pack
-    from models.vae.pack import load_vae_pack
     d = _member(bundle, entry.path, where)
     fix = "; copy the whole bundle again (rsync -a) or rebuild it with `anima-models bundle`"
     if not d.is_dir():
@@ -133,7 +134,7 @@ def _check_part(bundle: Path, entry: PartEntry, where: str, hashes: bool, target
     try:
         pack = loaders[entry.kind](d, check=hashes)
         if entry.kind != ENCODER_KIND and not hashes:          # the encoder's loader checks presence and size itself
-            gone = [rel for rel, _ in pack_files(pack.manifest) if not (d / rel).is_file()]
+            gone = missing_files(d, pack.manifest)
             if gone:
                 raise BundleError(f"{where}: {d}: {len(gone)} file(s) missing, e.g. {gone[0]}{fix}")
     except (PackError, EncoderPackError) as e:
@@ -215,8 +216,6 @@ def _existing_branch_pack(d: Path, kind: str, source_sha: str, size: tuple, targ
     """What a DiT or VAE pack already at `d` leaves to do: "nothing" (complete for this source, size, FP16 (DiT),
     target and toolkit, ONNX graphs removed for rk3588), "compile" (the pack is complete, its compile is not: it
     resumes, keeping the models already built), or "build" (absent, broken, or of another source or size)."""
-    from models.pack import PackError, load_pack, onnx_omitted
-    from models.vae.pack import load_vae_pack
     if not (d / MANIFEST).is_file():
         return "build"
     try:
@@ -238,7 +237,6 @@ def _existing_branch_pack(d: Path, kind: str, source_sha: str, size: tuple, targ
 
 
 def _kept_encoder(d: Path, src: _Sources) -> bool:
-    from models.text.encoder_pack import EncoderPackError, load_encoder_pack
     if not (d / MANIFEST).is_file():
         return False
     try:
@@ -256,11 +254,6 @@ def build_bundle(models_dir, resolutions, target: str, out_dir, *, toolkit_venv=
     `resolutions` an FP16 DiT pack and a VAE pack, compiled for `target` (ONNX graphs then removed), the encoder
     pack, then bundle.json; -> bundle.json's content. A part already complete for these sources, size, target and
     toolkit is kept (a run that stopped resumes); `progress` is a models.progress.Progress."""
-    from models.models_dir import resolve_models
-    from models.pack import build_pack, omit_onnx
-    from models.text.encoder_pack import build_encoder_pack
-    from models.vae.pack import build_vae_pack
-
     if target not in TARGETS:
         raise BundleError(f"target {target!r}: choose one of {', '.join(TARGETS)}")
     sizes = list(dict.fromkeys(tuple(r) for r in resolutions))

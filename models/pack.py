@@ -301,6 +301,11 @@ def pack_files(manifest: dict) -> list:
     return files
 
 
+def missing_files(pack_dir, manifest: dict) -> list:
+    """The files the manifest vouches for that are not in the pack folder (a quick look: no hashing)."""
+    return [rel for rel, _ in pack_files(manifest) if not (Path(pack_dir) / rel).is_file()]
+
+
 def check_files(pack_dir, manifest: dict, error=PackError) -> None:
     """`error` (PackError) naming every file that is missing or whose sha256 differs from the manifest."""
     _check_listed(pack_dir, [(rel, sha, None) for rel, sha in pack_files(manifest)], error)

@@ -137,10 +137,10 @@ class Doctor:
 
     def _present(self, d, manifest) -> None:
         """Without --full the loaders read the manifest only: every file it vouches for must at least be there."""
-        from models.pack import PackError, pack_files
+        from models.pack import PackError, missing_files
         if self.full:
             return
-        gone = [rel for rel, _ in pack_files(manifest) if not (Path(d) / rel).is_file()]
+        gone = missing_files(d, manifest)
         if gone:
             raise PackError(f"{d}: {len(gone)} file(s) missing, e.g. {gone[0]}; copy the bundle again")
 
