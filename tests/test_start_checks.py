@@ -83,3 +83,13 @@ def test_a_stage_config_exit_fails_the_job_at_once_with_its_cause(tmp_path, pipe
         assert "no such encoder pack folder" in info.error
         assert str(missing) in info.error and "not retried" in info.error
         assert p.sup.info("encoder").exitstatus == EXIT_CONFIG
+
+
+def test_the_executor_backend_under_its_table_says_it_belongs_at_the_top(tmp_path):
+    """Before: `unknown setting; known: policy, ...`, which did not say where `backend` goes."""
+    from stages.config import ConfigError, load_config
+    cfg = tmp_path / "pipeline.toml"
+    cfg.write_text('run_dir = "."\n[stage.executor]\nbackend = "rknn"\n')
+    with pytest.raises(ConfigError, match=r'stage\.executor\.backend: the executor\'s backend is a top-level key: '
+                                          r'put backend = "rknn" above every \[stage\.…\] table'):
+        load_config(cfg)
