@@ -27,13 +27,13 @@ def test_encoder_without_its_pack_folder_exits_2_naming_it(tmp_path):
     cfg = tmp_path / "pipeline.toml"
     cfg.write_text(f'run_dir = "{tmp_path}"\n[stage.encoder]\nbackend = "onnx"\npack = "packs/encoder"\n')
     r = _stage("encoder", cfg)
-    assert r.returncode == EXIT_CONFIG, r.stderr              # before: 1, and supervisord started it again
+    assert r.returncode == EXIT_CONFIG, r.stderr              # 1 would have supervisord start it again, in vain
     assert f"stage.encoder.pack: {tmp_path / 'packs' / 'encoder'}: no such encoder pack folder" in r.stderr
     assert "Traceback" not in r.stderr
 
 
 def test_rknn_backend_without_rknnlite_is_refused_at_start(tmp_path, pipeline_assets):
-    """Before: the executor said READY and failed at the first branch, after the whole encode."""
+    """Refused at its start, so a job never spends its encode before the first branch finds the runtime absent."""
     _, pack = pipeline_assets
     cfg = tmp_path / "pipeline.toml"
     cfg.write_text(f'run_dir = "{tmp_path}"\npack_dir = "{pack}"\nbackend = "rknn"\n')
@@ -71,7 +71,8 @@ def test_a_size_without_a_vae_pack_is_refused_at_submit(tmp_path, tiny_bundle):
 @pytest.mark.slow
 def test_a_stage_config_exit_fails_the_job_at_once_with_its_cause(tmp_path, pipeline_assets):
     """Through supervisord: the encoder's pack folder is missing; the job fails at its start with the encoder's own
-    words, without the three restarts (before: `could not start (3 attempts) ... FATAL`, the cause in encoder.log)."""
+    words and without restarts that would fail the same way (the cause is in the job's error, not only in
+    encoder.log)."""
     from tests.pipeline_harness import Pipeline
     models, pack = pipeline_assets
     missing = tmp_path / "nowhere" / "encoder"
@@ -86,7 +87,7 @@ def test_a_stage_config_exit_fails_the_job_at_once_with_its_cause(tmp_path, pipe
 
 
 def test_the_executor_backend_under_its_table_says_it_belongs_at_the_top(tmp_path):
-    """Before: `unknown setting; known: policy, ...`, which did not say where `backend` goes."""
+    """The message says where `backend` goes (an `unknown setting` list would not)."""
     from stages.config import ConfigError, load_config
     cfg = tmp_path / "pipeline.toml"
     cfg.write_text('run_dir = "."\n[stage.executor]\nbackend = "rknn"\n')

@@ -323,7 +323,7 @@ def test_vae_stage_decodes_packs_on_onnx_runtime(pack, vae_file, tmp_path):
 def test_vae_stage_refuses_a_bad_pack_setting(pack, tmp_path):
     from vae_stage import VaeStage
     # a bad setting is found when the config is read, a pack that cannot serve when the stage loads it: both exit 2
-    # (issue 18: a pack problem fails the same way again, so supervisord leaves it down and the job says why)
+    # (a pack problem fails the same way every time: supervisord leaves the stage down and the job says why)
     for toml, msg, code in [('backend = "onnx"', "stage.vae.vae_pack: backend 'onnx' decodes a VAE pack", 2),
                             ('backend = "tpu"', "stage.vae.backend: 'tpu' is not one of torch, onnx", 2),
                             (f'backend = "rknn"\nvae_pack = "{pack.dir}"', "not compiled for the NPU", 2),
