@@ -20,7 +20,15 @@ COMMANDS = {
                        "board)"),
     "decode": ("models.commands.decode", "latent -> PNG through the VAE decoder (a VAE file, or a VAE pack)"),
     "info": ("models.commands.info", "describe a checkpoint: what it is, its config, its dtypes"),
+    "bundle": ("models.commands.bundle", "everything a board runs (packs per size, compiled, the encoder) in one "
+               "folder to copy"),
 }
+
+
+# what the host extra adds (pyproject.toml): a board install has none of them, and the commands that build packs need
+# them; their absence is an install choice, answered with the extra to install, not a traceback
+HOST_MODULES = ("torch", "transformers", "onnx", "safetensors", "sentencepiece", "google.protobuf")
+HOST_EXTRA = "pip install 'anima-npu[host]'"
 
 
 class UserError(Exception):
@@ -45,6 +53,12 @@ def main(argv=None) -> int:
     except (UserError, ValueError, FileNotFoundError, KeyError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"anima-models {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:
+        if not any(e.name == m or (e.name or "").startswith(m + ".") for m in HOST_MODULES):
+            raise
+        print(f"anima-models {args.command}: error: this command needs the host extra ({e}): {HOST_EXTRA}",
+              file=sys.stderr)
         return 2
 
 

@@ -102,8 +102,30 @@ def existing_pack_source(out: Path) -> Optional[str]:
     return found[0] if isinstance(found, tuple) else found
 
 
+def refuse_replacing(out: Path, sha: str, size: tuple, overwrite: bool, error=PackError, source: str = "checkpoint"):
+    """The builders' rule for an `out` that already holds a pack: one of another source (`sha`) or another image
+    size (`size` = (width, height)) is replaced only with `overwrite`; the error names what differs."""
+    prev = existing_pack_source(out)                 # a folder that is not a pack is never replaced
+    if overwrite:
+        return
+    if prev is not None and prev != sha:
+        raise error(f"{out}: holds a pack of another {source} (sha256 {prev[:12]}…, this one {sha[:12]}…); "
+                    "pass overwrite (--overwrite) to replace it")
+    if prev is None:
+        return
+    try:
+        r = json.loads((out / MANIFEST).read_text())["resolution"]
+        had = (int(r["width"]), int(r["height"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return                                   # no size on record: the source rule above is all there is
+    if had != tuple(size):
+        raise error(f"{out}: holds a pack for {had[0]}x{had[1]}, this one is {size[0]}x{size[1]} (one pack per "
+                    "size: choose another folder, e.g. one named for the size); pass overwrite (--overwrite) to "
+                    "replace it")
+
+
 def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", overwrite: bool = False,
-               context: int = TEXT_TOKENS, lora_rank: int = 0, loras=()) -> Path:
+               context: int = TEXT_TOKENS, lora_rank: int = 0, loras=(), progress=None) -> Path:
     """Convert the checkpoint at `ckpt_path` into a pack at `out_dir` for `resolution` = (width, height) pixels.
 
     `context` > 512: cross-attention takes that many context rows plus an additive mask, so prompts longer than 512
@@ -113,7 +135,8 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
     the LLM adapter and text encoder parts of a LoRA are not in a DiT pack and are left to the encoder).
 
     One block at a time (peak memory ~ one branch's weights); written into a temporary sibling folder that is renamed
-    into place when complete. An existing pack of a different checkpoint is replaced only with `overwrite`.
+    into place when complete. An existing pack of a different checkpoint or size is replaced only with `overwrite`.
+    `progress(blocks done, blocks)` is called after each block.
     """
     from models.branch_graphs import OPSET, build_branch, serialize
     from models.dit_checkpoint import DiTCheckpoint
@@ -128,10 +151,7 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
     cfg = ckpt.config
     sha = ckpt.sha256()
     baked = _bake_plan(ckpt, loras)
-    prev = existing_pack_source(out)
-    if prev is not None and prev != sha and not overwrite:
-        raise PackError(f"{out}: holds a pack of another checkpoint (sha256 {prev[:12]}…, this one {sha[:12]}…); "
-                        "pass overwrite (--overwrite) to replace it")
+    refuse_replacing(out, sha, (geom.width, geom.height), overwrite)
     with building_folder(out) as tmp:                 # renamed to `out` when complete, removed on any error
         # 1) host weights (FP32), streamed tensor by tensor
         keys = host_keys(cfg)
@@ -158,6 +178,8 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
             del data
             if spec.kind == BRANCHES[-1].kind:
                 log.info("pack: block %d/%d written", block + 1, cfg.blocks)
+                if progress is not None:
+                    progress(block + 1, cfg.blocks)
         # 3) the manifest, last: a folder without it is not a pack
         manifest = {
             **manifest_header(PACK_KIND, SCHEMA_VERSION),
@@ -230,15 +252,58 @@ def pack_member(pack_dir, rel, where: str = "") -> Path:
     return root.joinpath(*parts)
 
 
+# manifest "omitted": what a pack's builder removed because its backend never reads it. "onnx": the branch graphs of
+# a compiled pack (a board bundle, models/bundle.py): each branch keeps its ONNX entry (name, sha256) as the record
+# of what its .rknn was compiled from, but the file is gone and no reader asks for it.
+OMITTED_ONNX = "onnx"
+
+
+def onnx_omitted(manifest: dict) -> bool:
+    """The branch graphs were removed from this (compiled) pack: only its .rknn files run."""
+    return OMITTED_ONNX in (manifest.get("omitted") or ())
+
+
+def omit_onnx(pack_dir) -> int:
+    """Remove a compiled pack's branch ONNX graphs (what an NPU board never reads); -> bytes freed. The manifest says
+    so first (written atomically), then the files go: an interruption leaves a pack whose loader still accepts it."""
+    d = Path(pack_dir)
+    m = json.loads((d / MANIFEST).read_text())
+    missing = [b["onnx"] for b in m["branches"] if not isinstance(b.get("rknn"), dict)]
+    if missing:
+        raise PackError(f"{d}: {len(missing)} branch(es) not compiled (e.g. {missing[0]}); compile the pack before "
+                        "removing its ONNX graphs")
+    if not onnx_omitted(m):
+        m["omitted"] = sorted({*(m.get("omitted") or ()), OMITTED_ONNX})
+        write_manifest(d, m)
+    freed = 0
+    for b in m["branches"]:
+        f = pack_member(d, b["onnx"])
+        if f.is_file():
+            freed += f.stat().st_size
+            f.unlink()
+    for b in m["branches"]:
+        parent = pack_member(d, b["onnx"]).parent
+        if parent != d.resolve() and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+    return freed
+
+
 def pack_files(manifest: dict) -> list:
-    """(relative path, sha256) of every file the manifest vouches for: host weights (DiT packs), ONNX and any
-    compiled RKNN."""
+    """(relative path, sha256) of every file the manifest vouches for: host weights (DiT packs), ONNX (unless
+    omitted) and any compiled RKNN."""
     files = [(manifest["host"]["file"], manifest["host"]["sha256"])] if "host" in manifest else []
+    omitted = onnx_omitted(manifest)
     for b in manifest["branches"]:
-        files.append((b["onnx"], b["sha256"]))
+        if not omitted:
+            files.append((b["onnx"], b["sha256"]))
         if isinstance(b.get("rknn"), dict):
             files.append((b["rknn"]["file"], b["rknn"]["sha256"]))
     return files
+
+
+def missing_files(pack_dir, manifest: dict) -> list:
+    """The files the manifest vouches for that are not in the pack folder (a quick look: no hashing)."""
+    return [rel for rel, _ in pack_files(manifest) if not (Path(pack_dir) / rel).is_file()]
 
 
 def check_files(pack_dir, manifest: dict, error=PackError) -> None:

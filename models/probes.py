@@ -19,6 +19,11 @@ RKNPU_LOAD = "/sys/kernel/debug/rknpu/load"              # "NPU load:  Core0:  0
 RKNPU_VERSION = "/sys/kernel/debug/rknpu/version"        # "RKNPU driver: v0.9.8"
 RKNPU_MM = "/sys/kernel/debug/rknpu/mm"                  # the driver's own memory table, where it has one
 
+DEVICE_TREE_COMPATIBLE = "/proc/device-tree/compatible"   # NUL-separated "vendor,board" and "rockchip,rk3588"
+DEVFREQ = "/sys/class/devfreq"                            # one folder per scaled device: dmc (DRAM), *.npu, *.gpu
+CPUFREQ = "/sys/devices/system/cpu/cpufreq"               # policy0, policy4, policy6 on an RK3588
+LIB_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib/aarch64-linux-gnu", "/usr/local/lib")   # where librknnrt.so goes
+
 _KB_LINE = re.compile(r"^(\w+):\s+(\d+)", re.M)
 
 
@@ -129,3 +134,49 @@ def snapshot() -> dict:
     """Everything readable now; unreadable figures are None (a desktop has no dma-buf/NPU files)."""
     return {"pss_kb": pss_kb(), "swap_used_kb": swap_used_kb(), "dma_buf_bytes": dma_buf_bytes(),
             "npu_load": npu_load()}
+
+
+def soc_compatible() -> Optional[list]:
+    """The device tree's compatible strings (["radxa,rock-5b", "rockchip,rk3588"]), None without a device tree
+    (x86 PCs)."""
+    text = _read(DEVICE_TREE_COMPATIBLE)
+    return None if text is None else [c for c in text.split("\x00") if c]
+
+
+def devfreq_governors() -> dict:
+    """{device folder name: governor} of every devfreq device (DRAM "dmc", the NPU "fdab0000.npu", ...); {} when
+    there are none."""
+    try:
+        names = sorted(os.listdir(DEVFREQ))
+    except OSError:
+        return {}
+    out = {}
+    for name in names:
+        gov = _read(os.path.join(DEVFREQ, name, "governor"))
+        if gov is not None:
+            out[name] = gov.strip()
+    return out
+
+
+def cpufreq_governors() -> dict:
+    """{cpufreq policy: scaling governor} ("policy0": "schedutil"); {} when there is no cpufreq."""
+    try:
+        names = sorted(n for n in os.listdir(CPUFREQ) if n.startswith("policy"))
+    except OSError:
+        return {}
+    out = {}
+    for name in names:
+        gov = _read(os.path.join(CPUFREQ, name, "scaling_governor"))
+        if gov is not None:
+            out[name] = gov.strip()
+    return out
+
+
+def find_library(name: str) -> Optional[str]:
+    """The first LIB_DIRS folder (or $LD_LIBRARY_PATH folder) holding `name`, as a path; None when none does."""
+    dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d] + list(LIB_DIRS)
+    for d in dirs:
+        path = os.path.join(d, name)
+        if os.path.isfile(path):
+            return path
+    return None

@@ -1,6 +1,8 @@
 """`orchestrator`: submit and follow jobs, control the stages under supervisord, run the job daemon.
 
     orchestrator init                                   # run folder (0700) + its supervisord.conf
+    orchestrator init --bundle BUNDLE                   # ... with every pack of a board bundle (anima-models bundle)
+    orchestrator doctor [--full]                        # is this machine and run folder ready? (exit 1: no)
     orchestrator serve --config run/pipeline.toml       # the daemon (supervisord runs it)
     orchestrator submit examples/prompt.json --wait     # validate, queue, follow, print image + timings
     orchestrator submit - < prompt.json                 # prompt.json from standard input
@@ -60,8 +62,11 @@ class DaemonClient:
         from protocol.messages import RemoteError, expect
         from protocol.sockets import PeerUnavailable
         if not self.rf.daemon_sock.exists() and not self._daemon_coming():
-            raise CliError(f"the orchestrator daemon is not answering: no socket {self.rf.daemon_sock}; is "
-                           f"supervisord up? (supervisord -c {self.rf.supervisord_conf})")
+            conf = self.rf.supervisord_conf
+            fix = (f"is supervisord up? (supervisord -c {conf})" if conf.is_file() else
+                   f"{self.rf.root} is not a run folder yet: orchestrator --run {self.rf.root} init --bundle BUNDLE, "
+                   f"then supervisord -c {conf}")
+            raise CliError(f"the orchestrator daemon is not answering: no socket {self.rf.daemon_sock}; {fix}")
         try:
             return expect(self.client.request(msg), expect_cls, "orchestrator daemon")
         except PeerUnavailable:
@@ -444,10 +449,26 @@ def cmd_keys(args, rf: RunFolder) -> int:
 
 
 def cmd_init(args, rf: RunFolder) -> int:
-    rf = init_run(rf.root, python=args.python, packs=args.pack, models_dir=args.models, force=args.force)
+    bundle = None
+    if args.bundle:
+        if args.pack or args.models:
+            raise CliError("--bundle names every pack and model: give it without --pack or --models", EXIT_USAGE)
+        from orchestrator.board_bundle import board_bundle
+        bundle = board_bundle(args.bundle, hashes=not args.quick)
+    rf = init_run(rf.root, python=args.python, packs=args.pack, models_dir=args.models, force=args.force,
+                  bundle=bundle)
     print(f"run folder {rf.root}\nsupervisord config {rf.supervisord_conf}\npipeline config {rf.pipeline_toml}")
-    print(f"next: supervisord -c {rf.supervisord_conf}")
+    if bundle is not None:
+        sizes = ", ".join(f"{w}x{h}" for w, h in bundle.sizes)
+        print(f"bundle {bundle.dir}: {sizes}, backend {bundle.backend}")
+    run = f" --run {rf.root}" if args.run else ""
+    print(f"next: orchestrator{run} doctor, then supervisord -c {rf.supervisord_conf}")
     return EXIT_OK
+
+
+def cmd_doctor(args, rf: RunFolder) -> int:
+    from orchestrator.doctor import doctor
+    return doctor(rf, full=args.full)
 
 
 def cmd_service(args, rf: RunFolder) -> int:
@@ -493,7 +514,8 @@ def cmd_serve(args, rf: RunFolder) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="orchestrator", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", help="run folder (default: $ANIMA_RUN, else the repo's run/)")
+    p.add_argument("--run", help="run folder (default: $ANIMA_RUN, else a source checkout's run/, else run/ in the "
+                                 "current folder)")
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("init", help="create the run folder and its supervisord.conf")
@@ -501,8 +523,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pack", action="append", help="model pack folder for pipeline.toml; repeat it for more sizes "
                                                    "(one pack per size, the first is the default)")
     s.add_argument("--models", help="models folder (text encoder, VAE) for pipeline.toml")
+    s.add_argument("--bundle", help="a board bundle (anima-models bundle): every pack, the encoder and the VAE, "
+                                    "checked, with the backend of its target")
+    s.add_argument("--quick", action="store_true", help="--bundle: check every file's presence and size, not its "
+                                                        "sha256 (doctor --full does that later)")
     s.add_argument("--force", action="store_true", help="rewrite supervisord.conf and pipeline.toml")
     s.set_defaults(fn=cmd_init)
+    s = sub.add_parser("doctor", help="is this machine and run folder ready? one line per check, exit 1 on a "
+                                      "failure")
+    s.add_argument("--full", action="store_true", help="also check every pack file's sha256 (minutes for full-size "
+                                                       "packs)")
+    s.set_defaults(fn=cmd_doctor)
     s = sub.add_parser("serve", help="run the job daemon (supervisord starts it)")
     s.add_argument("--config", required=True, help="pipeline config (TOML)")
     s.set_defaults(fn=cmd_serve)

@@ -17,7 +17,7 @@ from orchestrator.heartbeat import Heartbeats
 from orchestrator.job_record import ORIGIN, UNREADABLE, JobEntry
 from orchestrator.jobs import JobError, JobStore, QueueFull
 from orchestrator.loras import LoraRefused, RunLoras
-from orchestrator.packs import read_packs
+from orchestrator.packs import read_packs, vae_pack_sizes
 from orchestrator.prompt_spec import PromptError, parse_prompt_bytes
 from orchestrator.runfolder import ALWAYS_ON_STAGES, ON_DEMAND_STAGES, RunFolder
 from orchestrator.supervisor import Supervisor
@@ -51,6 +51,7 @@ class Daemon:
         self.packs = read_packs(config.packs)              # (width, height) -> PackInfo; a job picks by its size
         self.pack = next(iter(self.packs.values()))        # the default: a job that names no size gets this one
         self.loras = RunLoras(config, self.packs)          # a job's LoRAs checked at submit
+        self.vae_sizes = vae_pack_sizes(config)            # None: the VAE decodes any size
         self._model_files: dict[str, str] | None = None
         self.store = JobStore(rf.root, max_queue=self.settings.max_queue, min_free_mb=self.settings.min_free_mb,
                               cached=True)          # the single writer: records kept in memory, written through
@@ -233,8 +234,13 @@ class Daemon:
         if not base.is_absolute():
             return m.error_reply(msg.id, "bad_request", "base_dir must be an absolute path", field="base_dir")
         spec = parse_prompt_bytes(msg.prompt_json, base_dir=base, resolution=list(self.packs))
+        size = (spec.width or self.pack.width, spec.height or self.pack.height)
+        if self.vae_sizes is not None and size not in self.vae_sizes:     # found now, not after the whole denoise
+            have = ", ".join(f"{w}x{h}" for w, h in self.vae_sizes) or "none readable"
+            raise PromptError("width", f"{size[0]}x{size[1]} has a model pack but no VAE pack (stage.vae.vae_pack "
+                                       f"has: {have}); add the VAE pack of that size (anima-models pack-vae, or the "
+                                       "bundle's)")
         if spec.loras:
-            size = (spec.width, spec.height)
             try:
                 self.loras.check(spec.loras, size, self.packs[size].lora_rank)
             except LoraRefused as e:

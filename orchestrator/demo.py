@@ -30,11 +30,11 @@ import time
 from pathlib import Path
 
 from models.durable import atomic_write
-from orchestrator.runfolder import ALWAYS_ON_STAGES, REPO_DIR, RunFolder, init_run
+from orchestrator.runfolder import ALWAYS_ON_STAGES, EXAMPLE_PROMPT, REPO_DIR, RunFolder, init_run
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PROMPT = REPO_DIR / "examples" / "prompt.json"
+DEFAULT_PROMPT = EXAMPLE_PROMPT
 DEFAULT_RESOLUTION = (256, 256)    # see the module docstring
 DEMO_MARK = "# demo: "         # first line of a pipeline.toml the demo wrote (it may rewrite only those)
 UP_TIMEOUT_S = 120.0           # supervisord + orchestrator daemon up

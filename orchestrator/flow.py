@@ -30,11 +30,13 @@ from protocol.fields import ProtocolError
 from protocol.sockets import PeerUnavailable
 from protocol.tensors import from_inline
 from protocol.version import VERSION
+from stages.base import EXIT_CONFIG
 
 log = logging.getLogger(__name__)
 
 BUSY_RETRY_S = 0.5           # a stage that answers `busy` is asked again after this long (at most the call's timeout)
 READY_TIMEOUT_S = 5.0        # one HELLO while a stage comes up (repeated until start_timeout_s)
+DYING_WAIT_S = 2.0           # a stage's last word (DYING) is looked for this long after its config exit
 START_ATTEMPTS = 3           # a stage that dies while supervisord starts it (within startsecs) is started again
 
 
@@ -100,6 +102,7 @@ class JobFlow:
         self.arena: Arena | None = None
         self._watch: tuple[str, int, float] | None = None     # (stage, pid at request start, start time)
         self._died: str | None = None
+        self._config_exit, self._up_since = False, 0.0
         self._sampling: set[str] = set()                      # stages whose RSS is sampled now
         self._denoising = False
         self._last_sample = 0.0
@@ -409,6 +412,7 @@ class JobFlow:
         """Local: start through supervisord (after the dead process `gone_pid` has left) and wait RUNNING; then HELLO
         until READY. A remote stage is only health-checked."""
         deadline = time.monotonic() + self.settings.start_timeout_s
+        self._up_since = time.time()             # a DYING after this is this start's last word
         if not self.cfg.is_remote(stage):
             while gone_pid and time.monotonic() < deadline:      # its last word is out; wait for the exit itself
                 info = self.sup.info(stage)
@@ -420,6 +424,9 @@ class JobFlow:
                     self.sup.start(stage, timeout_s=self.settings.start_timeout_s, sleep=self.d.pump)
                     break
                 except SupervisorError as e:  # e.g. killed within startsecs: EXITED/BACKOFF, not RUNNING
+                    why = self._config_exit_reason(stage, self.sup.info(stage))
+                    if why:
+                        raise StageFailed(stage, why) from None
                     if attempt == START_ATTEMPTS or time.monotonic() > deadline:
                         raise StageFailed(stage, f"could not start ({attempt} attempts): {e}") from None
                     log.warning("job %s: %s did not start (%s); again (%d/%d)", self.job.id, stage, e, attempt,
@@ -438,6 +445,8 @@ class JobFlow:
                 return
             except PeerUnavailable:
                 self._check_cancel()
+                if self._config_exit:
+                    raise StageFailed(stage, self._died) from None
                 if self._died or time.monotonic() > deadline:
                     where = self.cfg.endpoint(stage)
                     why = self._died or f"no READY within {self.settings.start_timeout_s:.0f} s"
@@ -447,7 +456,7 @@ class JobFlow:
 
     def _start_failed(self, stage: str):
         """A should_stop for HELLO while a stage comes up: FATAL ends it; an exit is started again (twice at most)."""
-        self._died = None
+        self._died, self._config_exit = None, False
         restarts = [0]
 
         def check() -> bool:
@@ -456,6 +465,10 @@ class JobFlow:
                 return True
             if not self.cfg.is_remote(stage):
                 info = self.sup.info(stage)
+                why = self._config_exit_reason(stage, info)
+                if why:
+                    self._died, self._config_exit = why, True
+                    return True
                 if info.state in ("EXITED", "STOPPED") and restarts[0] < 2:
                     restarts[0] += 1
                     self.sup.start(stage, wait=False)
@@ -464,6 +477,22 @@ class JobFlow:
                     return True
             return False
         return check
+
+    def _config_exit_reason(self, stage: str, info) -> str:
+        """Why a stage that exited EXIT_CONFIG did (its DYING of this start, else a pointer to its log); "" for any
+        other state. A config or pack problem fails the same way every time: it is not retried, and its cause is
+        the job's error, not only a line in the stage's log."""
+        if info.state != "EXITED" or info.exitstatus != EXIT_CONFIG:
+            return ""
+        said, until = "", time.monotonic() + DYING_WAIT_S
+        while True:                     # its DYING went out before the exit; it may not have been read yet
+            dying = self.d.dying.get(stage)
+            said = dying[1].reason if dying is not None and dying[0] >= self._up_since else ""
+            if said or time.monotonic() > until:
+                break
+            self.d.pump(0.05)
+        return (f"{said} (exit {EXIT_CONFIG}, not retried)" if said else
+                f"exited {EXIT_CONFIG} (a config or pack problem, not retried; see orchestrator logs {stage})")
 
     def _bring_down(self, stage: str) -> None:
         if self.cfg.is_remote(stage):

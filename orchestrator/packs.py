@@ -76,3 +76,23 @@ def pack_sizes(pipeline_toml: Path) -> list[tuple[int, int]] | None:
     from stages.config import load_config
     cfg = load_config(pipeline_toml)
     return list(read_packs(cfg.packs)) or None
+
+
+def vae_pack_sizes(cfg) -> list[tuple[int, int]] | None:
+    """The (width, height) of every VAE pack a pipeline config's local VAE stage decodes (manifests only); None when
+    it decodes any size (the torch VAE) or runs elsewhere. A pack that cannot be read is left out: the VAE stage
+    says what is wrong with it when it starts, and a job of its size is refused at submit meanwhile."""
+    vae = cfg.stage_settings("vae")
+    if vae.get("backend", "torch") == "torch" or cfg.is_remote("vae"):
+        return None
+    from models.pack import PackError
+    from models.vae.pack import load_vae_pack
+    dirs = vae.get("vae_pack") or []
+    sizes = []
+    for d in [dirs] if isinstance(dirs, str) else dirs:
+        try:
+            p = load_vae_pack(Path(cfg.path).parent / str(d), check=False)
+        except PackError:
+            continue
+        sizes.append((p.width, p.height))
+    return sizes

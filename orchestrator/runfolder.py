@@ -7,14 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.durable import atomic_write
+from models.install import REPO_DIR, SOURCE_TREE, default_run_dir, project_file
 from protocol.security import ipc_path
 from stages.config import JOBS_DIR, STAGES
 
-REPO_DIR = Path(__file__).resolve().parent.parent
-# The top-level supervisord.conf: in a source tree (also the ready-made config for the default run folder), or, in an
-# installed copy (`pip install '.[board]'`), where the wheel puts it (pyproject.toml: tool.setuptools.data-files).
-_TEMPLATES = (REPO_DIR / "supervisord.conf", Path(sys.prefix) / "share" / "anima-npu" / "supervisord.conf")
-TEMPLATE = next((p for p in _TEMPLATES if p.is_file()), _TEMPLATES[0])
+# A source checkout's top-level supervisord.conf (also the ready-made config for its default run folder), or, in an
+# installed copy (`pip install '.[board]'`), the wheel's (models/install.py)
+TEMPLATE = project_file("supervisord.conf")
+EXAMPLE_PROMPT = project_file("examples/prompt.json")      # init copies it into the run folder
 RUN_ENV = "ANIMA_RUN"
 STAGE_PROGRAMS = STAGES                            # a supervisord program each
 # supervisord.conf autostarts the others; these the job flow starts for their part of a job and stops before denoising
@@ -30,8 +30,8 @@ class RunFolder:
 
     @classmethod
     def resolve(cls, run: str | os.PathLike | None = None) -> "RunFolder":
-        """--run, else $ANIMA_RUN, else the repo's run/."""
-        return cls(Path(run or os.environ.get(RUN_ENV) or REPO_DIR / "run").expanduser().resolve())
+        """--run, else $ANIMA_RUN, else a source checkout's run/, else run/ in the current folder."""
+        return cls(Path(run or os.environ.get(RUN_ENV) or default_run_dir()).expanduser().resolve())
 
     @property
     def jobs(self) -> Path:
@@ -66,7 +66,7 @@ class RunFolder:
     def supervisord_conf(self) -> Path:
         """The rendered copy in the run folder when there is one, else the top-level file (default run folder)."""
         own = self.root / "supervisord.conf"
-        return own if own.exists() or self.root != (REPO_DIR / "run").resolve() else TEMPLATE
+        return own if own.exists() or not SOURCE_TREE or self.root != (REPO_DIR / "run").resolve() else TEMPLATE
 
     def check(self) -> None:
         """The run folder must be private (0700) and short enough for its ipc:// socket paths."""
@@ -84,9 +84,12 @@ def _escape(path) -> str:
     return str(path).replace("%", "%%")        # supervisord treats % as an expansion
 
 
-def render_supervisord_conf(template: str, run_dir: Path, *, repo_dir: Path = REPO_DIR,
+def render_supervisord_conf(template: str, run_dir: Path, *, repo_dir: Path | None = None,
                             python: str | None = None) -> str:
-    """The top-level config with the run folder, the repo and the interpreter substituted by absolute paths."""
+    """The top-level config with the run folder, the repo and the interpreter substituted by absolute paths. The
+    programs' working directory (`directory=`) is a checkout's top folder, or, for an installed copy, the run
+    folder (never site-packages)."""
+    repo_dir = repo_dir or (REPO_DIR if SOURCE_TREE else run_dir)
     text = template.replace("%(here)s/run", _escape(run_dir))
     text = text.replace("%(here)s/.venv/bin/python", _escape(python or sys.executable))
     return text.replace("%(here)s", _escape(repo_dir))
@@ -96,7 +99,7 @@ PIPELINE_TEMPLATE = """\
 # The pipeline config every process reads (stages/config.py has the full schema). Written by `orchestrator init`.
 run_dir = "."
 {pack}{packs}{models}
-[stage.orchestrator]
+{tables}[stage.orchestrator]
 # max_queue = 16            # queued + running jobs
 # stage_retries = 3         # restarts of one stage absorbed per job before the job fails
 # start_timeout_s = 120     # supervisord start + READY
@@ -110,24 +113,61 @@ run_dir = "."
 """
 
 
-def pipeline_toml_text(pack_dirs=(), models_dir: Path | None = None) -> str:
-    """pipeline.toml naming the packs (the first is the default: `pack_dir`; more go to `packs`) and models."""
-    dirs = [str(Path(p).resolve()) for p in pack_dirs]
-    pack = f'pack_dir = "{dirs[0]}"\n' if dirs else '# pack_dir = "…"\n'
-    packs = "packs = [" + ", ".join(f'"{d}"' for d in dirs[1:]) + "]\n" if len(dirs) > 1 else ""
-    models = f'models_dir = "{Path(models_dir).resolve()}"\n' if models_dir else '# models_dir = "…"\n'
-    return PIPELINE_TEMPLATE.format(pack=pack, packs=packs, models=models)
+def _toml_str(value) -> str:
+    """A TOML basic string (json's escapes are TOML's for every character a path holds)."""
+    import json
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+def pipeline_toml_text(pack_dirs=(), models_dir: Path | None = None, bundle=None) -> str:
+    """pipeline.toml naming the packs (the first is the default: `pack_dir`; more go to `packs`) and models; or,
+    for a checked models.bundle.Bundle, everything it holds: its executor backend (a top-level key), the DiT pack of
+    each size, the encoder pack and the VAE packs, every path absolute."""
+    if bundle is not None:
+        pack_dirs = [dit for dit, _ in bundle.sizes.values()]
+    dirs = [_toml_str(Path(p).resolve()) for p in pack_dirs]
+    pack = f'pack_dir = {dirs[0]}\n' if dirs else '# pack_dir = "…"\n'
+    packs = "packs = [" + ", ".join(dirs[1:]) + "]\n" if len(dirs) > 1 else ""
+    models = f'models_dir = {_toml_str(Path(models_dir).resolve())}\n' if models_dir else '# models_dir = "…"\n'
+    tables = ""
+    if bundle is not None:
+        toolkit = f", rknn-toolkit2 {bundle.toolkit}" if bundle.toolkit else ""
+        pack = (f"# from the bundle {bundle.dir} (target {bundle.target}{toolkit})\n"
+                f"backend = {_toml_str(bundle.backend)}     # the executor's model backend (a top-level key)\n"
+                + pack)
+        vae = ", ".join(_toml_str(v) for _, v in bundle.sizes.values())
+        tables = (f"[stage.encoder]\nbackend = \"onnx\"\npack = {_toml_str(bundle.encoder)}\n\n"
+                  f"[stage.vae]\nbackend = {_toml_str(bundle.backend)}\nvae_pack = [{vae}]     # one per image size\n\n"
+                  "[stage.executor]\n# policy = \"auto\"         # models/policy.py\n\n")
+    return PIPELINE_TEMPLATE.format(pack=pack, packs=packs, models=models, tables=tables)
+
+
+def check_init_inputs(pack_dirs, models_dir) -> None:
+    """ValueError naming the flag and the fix for what `init` is given: every --pack a model pack folder (not a
+    misspelt path, not the checkpoint file it is made from), one per size; --models a folder."""
+    from orchestrator.packs import read_packs
+    for d in pack_dirs:
+        p = Path(d).expanduser()
+        if p.is_file():
+            how = " (a checkpoint: make a pack from it with `anima-models pack`)" if p.suffix == ".safetensors" else ""
+            raise ValueError(f"--pack {d}: a file, not a model pack folder{how}")
+        if not p.exists():
+            raise ValueError(f"--pack {d}: no such folder")
+    if pack_dirs:
+        read_packs(pack_dirs)
+    if models_dir is not None and not Path(models_dir).expanduser().is_dir():
+        raise ValueError(f"--models {models_dir}: no such folder")
 
 
 def init_run(run: str | os.PathLike | None = None, *, python: str | None = None, template: Path = TEMPLATE,
-             pack_dir: Path | None = None, packs=(), models_dir: Path | None = None, force: bool = False) -> RunFolder:
-    """Create the run folder (0700) with logs/ and jobs/, its supervisord.conf and pipeline.toml (both kept when
-    present, unless `force`). `pack_dir` and `packs`: the model packs, the default first; two packs of one size are
-    refused (ValueError) before anything is written."""
+             pack_dir: Path | None = None, packs=(), models_dir: Path | None = None, force: bool = False,
+             bundle=None) -> RunFolder:
+    """Create the run folder (0700) with logs/ and jobs/, its supervisord.conf, pipeline.toml (both kept when
+    present, unless `force`) and an example prompt.json. `pack_dir` and `packs`: the model packs, the default first,
+    or a checked models.bundle.Bundle; a bad pack or models folder, or two packs of one size, are refused
+    (ValueError) before anything is written."""
     pack_dirs = ([pack_dir] if pack_dir else []) + list(packs or ())
-    if len(pack_dirs) > 1:
-        from orchestrator.packs import read_packs
-        read_packs(pack_dirs)
+    check_init_inputs(pack_dirs, models_dir)
     rf = RunFolder.resolve(run)
     for d in (rf.root, rf.logs, rf.jobs):
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -135,8 +175,11 @@ def init_run(run: str | os.PathLike | None = None, *, python: str | None = None,
     rf.check()
     files = {rf.root / "supervisord.conf": lambda: render_supervisord_conf(template.read_text(), rf.root,
                                                                            python=python),
-             rf.pipeline_toml: lambda: pipeline_toml_text(pack_dirs, models_dir)}
+             rf.pipeline_toml: lambda: pipeline_toml_text(pack_dirs, models_dir, bundle)}
     for path, text in files.items():
         if force or not path.exists():
             atomic_write(path, text())
+    example = rf.root / "prompt.json"            # the user's own once written: never replaced
+    if EXAMPLE_PROMPT.is_file() and not example.exists():
+        atomic_write(example, EXAMPLE_PROMPT.read_text())
     return rf

@@ -361,8 +361,10 @@ def stage_main(stage: str, make_logic: Callable[[PipelineConfig], Any], argv: li
     try:
         try:
             logic = make_logic(config)
-        except ConfigError as e:    # a setting the logic cannot use (e.g. a policy this backend cannot run): exit 2
-            log.error("%s: %s", stage, e)
+        except ConfigError as e:    # a setting or pack the logic cannot use (a policy this backend cannot run, a
+            log.error("%s: %s", stage, e)       # missing pack folder): exit 2, and the orchestrator is told why
+            event_socket(ctx, config).last_word(m.Dying(stage=stage, pid=os.getpid(),
+                                                        reason=f"cannot start: {e}"[:4000]))
             return config_exit()
         except Exception as e:  # noqa: BLE001 - a stage that cannot start says why, then exits for supervisord
             log.exception("%s: start-up failed", stage)

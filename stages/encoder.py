@@ -26,7 +26,7 @@ from models.text.prompt_weights import PromptWeightError
 from protocol import messages as m
 from protocol.fields import ProtocolError
 from stages.base import RequestFailed, exit_process, stage_main
-from stages.config import PipelineConfig
+from stages.config import ConfigError, PipelineConfig
 from stages.tensor_io import ReplyTensors
 
 log = logging.getLogger(__name__)
@@ -47,14 +47,14 @@ class EncoderLogic:
             self.source = (config.path.parent / os.path.expanduser(settings["pack"])).resolve()
             try:
                 self.encoder = TextEncoder.from_pack(str(self.source), threads=self.threads)
-            except EncoderPackError as e:
-                raise ValueError(f"encoder: {e}") from None
+            except EncoderPackError as e:            # a pack problem: exit 2, not retried (stage_main)
+                raise ConfigError(f"{config.path}: stage.encoder.pack: {e}") from None
         else:
             overrides = {k: settings[k] for k in PARTS if k in settings}
             try:
                 paths = resolve_models(config.models_dir, overrides, need=PARTS)
             except ModelsDirError as e:
-                raise ValueError(f"encoder: {e}") from None
+                raise ConfigError(f"{config.path}: encoder: {e}") from None
             self.source = paths.text_encoder
             self.encoder = TextEncoder.from_files(str(paths.text_encoder), str(paths.dit), str(paths.qwen_tokenizer),
                                                   str(paths.t5_tokenizer), threads=self.threads)

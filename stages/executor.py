@@ -78,6 +78,9 @@ class ExecutorLogic:
             self.backend_class = cls = backend_class(self.backend_name)
         except ValueError as e:
             raise ConfigError(f"{config.path}: backend: {e}") from None
+        problem = cls.runtime_problem(settings)
+        if problem:                        # found now (exit 2), not when the first job's first branch loads
+            raise ConfigError(f"{config.path}: backend = {self.backend_name!r}: {problem}")
         try:
             self.policy = resolve_policy(settings.get("policy", "auto"), self.backend_name, cls, settings,
                                          self.pack_dirs)

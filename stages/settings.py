@@ -130,9 +130,12 @@ class ExecutorSettings(BackendSettings, frozen=True):
     threads: Threads | None = None
     trace: PathText | None = None              # append one JSON line per branch call (relative to the config file)
     dual_core: bool | None = None              # refused, naming where it goes: dual_core is a term of `policy`
+    backend: Text(64) | None = None            # refused, naming where it goes: the file's top-level `backend`
 
     def __post_init__(self):
         BackendSettings.__post_init__(self)
+        _rule("backend", "" if self.backend is None else f"the executor's backend is a top-level key: put backend = "
+              f"\"{self.backend:.40}\" above every [stage.…] table (the VAE's own is [stage.vae] backend)")
         for mask in self.dual_masks or ():
             _rule("dual_masks", _core_mask(mask))
         _rule("dual_core", "" if self.dual_core is None else 'dual_core is a lifecycle policy now: policy = '

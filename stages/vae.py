@@ -26,12 +26,13 @@ import numpy as np
 from models.backends import backend_class, make_branch_backend
 from models.backends.base import BackendError
 from models.models_dir import ModelsDirError, resolve_models
+from models.pack import PackError
 from models.vae.pack_decoder import DecodeError
 from models.vae.png import write_png
 from protocol import messages as m
 from protocol.fields import ProtocolError
 from stages.base import RequestFailed, exit_process, stage_main
-from stages.config import PipelineConfig
+from stages.config import ConfigError, PipelineConfig
 from stages.tensor_io import ReplyTensors, read_tensor
 from stages.vae_limits import DecodeLimits, DecodePlan, check_decode
 
@@ -52,7 +53,7 @@ class VaeLogic:
             try:
                 paths = resolve_models(config.models_dir, {"vae": settings.get("vae")}, need=("vae",))
             except ModelsDirError as e:
-                raise ValueError(f"vae: {e}") from None
+                raise ConfigError(f"{config.path}: vae: {e}") from None
             self.vae, self.decoders, self.path = VAE.open(paths.vae, threads=self.threads), {}, paths.vae
             self.z_dim = self.vae.config.z_dim
         else:
@@ -71,15 +72,21 @@ class VaeLogic:
         dirs = [dirs] if isinstance(dirs, str) else list(dirs)
         cls = backend_class(self.backend)
         packs = {}
-        for d in dirs:
-            pack = load_vae_pack(Path(config.path).parent / str(d))     # relative to the config file
+        for d in dirs:                       # a pack problem is a config exit (2): the same pack fails again
+            try:
+                pack = load_vae_pack(Path(config.path).parent / str(d))     # relative to the config file
+            except PackError as e:
+                raise ConfigError(f"{config.path}: stage.vae.vae_pack: {e}") from None
             if cls.needs_compiled_pack and not pack.compiled():
-                raise ValueError(f"stage.vae.vae_pack {pack.dir}: not compiled for the NPU (anima-models compile "
-                                 f"{pack.dir} --target rk3588)")
+                raise ConfigError(f"stage.vae.vae_pack {pack.dir}: not compiled for the NPU (anima-models compile "
+                                  f"{pack.dir} --target rk3588)")
             if pack.latent_shape in packs:
-                raise ValueError(f"stage.vae.vae_pack: {pack.dir} and {packs[pack.latent_shape].dir} are both "
-                                 f"{pack.width}x{pack.height}")
+                raise ConfigError(f"stage.vae.vae_pack: {pack.dir} and {packs[pack.latent_shape].dir} are both "
+                                  f"{pack.width}x{pack.height}")
             packs[pack.latent_shape] = pack
+        problem = cls.runtime_problem(settings)
+        if problem:
+            raise ConfigError(f"{config.path}: stage.vae.backend = {self.backend!r}: {problem}")
         backend = make_branch_backend(self.backend, self.threads, settings)
         return {shape: PackDecoder(pack, backend) for shape, pack in packs.items()}
 

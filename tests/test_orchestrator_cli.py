@@ -89,7 +89,8 @@ def test_run_folder_must_be_private_and_short(tmp_path):
         RunFolder(d).check()
     with pytest.raises(ValueError, match="too long for unix sockets"):
         RunFolder(tmp_path / ("x" * 120)).check()
-    rf = init_run(tmp_path / "run", pack_dir=tmp_path / "pack")
+    from tests.doubles_harness import fake_pack
+    rf = init_run(tmp_path / "run", pack_dir=fake_pack(tmp_path / "pack"))     # init refuses a pack that is not there
     assert 'pack_dir = "' in rf.pipeline_toml.read_text()
     from stages.config import load_config
     assert load_config(rf.pipeline_toml).run_dir == rf.root

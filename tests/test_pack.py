@@ -152,8 +152,14 @@ def test_refuses_a_pack_of_another_checkpoint(tiny_dit, tmp_path):
     with pytest.raises(PackError, match="another checkpoint.*overwrite"):
         build_pack(other, out, (64, 64), "fp32")
     assert load_pack(out).source["sha256"] == first          # untouched
-    build_pack(tiny_dit, out, (64, 128), "fp16")             # same checkpoint: rebuilt in place
+    with pytest.raises(PackError, match="holds a pack for 64x64, this one is 64x128.*overwrite"):
+        build_pack(tiny_dit, out, (64, 128), "fp16")         # same checkpoint, another size: refused
+    g = load_pack(out).geometry
+    assert (g.width, g.height) == (64, 64) and load_pack(out).dtype == "fp32"     # untouched
+    build_pack(tiny_dit, out, (64, 64), "fp16")              # same checkpoint and size: rebuilt in place
     assert load_pack(out).dtype == "fp16"
+    build_pack(tiny_dit, out, (64, 128), "fp16", overwrite=True)     # another size, said so: replaced
+    assert load_pack(out).dtype == "fp16" and load_pack(out).geometry.height == 128
     build_pack(other, out, (64, 64), "fp32", overwrite=True)
     assert load_pack(out).source["sha256"] == file_sha256(other) != first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other.safetensors", "pack"]   # no leftovers

@@ -187,6 +187,12 @@ def test_pack_checks(pack, vae_file, tmp_path, tiny_dit):
     assert load_vae_pack(out).manifest["source"]["name"] == vae_file.name
     build_vae_pack(other, out, (64, 64), overwrite=True, threads=1)
     assert load_vae_pack(out).manifest["source"]["name"] == "other.safetensors"
+    # nor a pack of another size (a VAE pack serves one size: the DiT pack's)
+    with pytest.raises(VaePackError, match="holds a pack for 64x64, this one is 64x32.*overwrite"):
+        build_vae_pack(other, out, (64, 32), threads=1)
+    assert load_vae_pack(out).height == 64
+    build_vae_pack(other, out, (64, 32), overwrite=True, threads=1)
+    assert load_vae_pack(out).height == 32
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []   # no temporaries left
 
 
@@ -316,13 +322,13 @@ def test_vae_stage_decodes_packs_on_onnx_runtime(pack, vae_file, tmp_path):
 
 def test_vae_stage_refuses_a_bad_pack_setting(pack, tmp_path):
     from vae_stage import VaeStage
-    # a bad setting is found when the config is read: exit 2, supervisord leaves it down; a pack that cannot serve
-    # is found when the stage loads it: exit 1
+    # a bad setting is found when the config is read, a pack that cannot serve when the stage loads it: both exit 2
+    # (a pack problem fails the same way every time: supervisord leaves the stage down and the job says why)
     for toml, msg, code in [('backend = "onnx"', "stage.vae.vae_pack: backend 'onnx' decodes a VAE pack", 2),
                             ('backend = "tpu"', "stage.vae.backend: 'tpu' is not one of torch, onnx", 2),
-                            (f'backend = "rknn"\nvae_pack = "{pack.dir}"', "not compiled for the NPU", 1),
-                            (f'backend = "onnx"\nvae_pack = "{tmp_path}"', "not a complete VAE pack", 1),
-                            (f'backend = "onnx"\nvae_pack = ["{pack.dir}", "{pack.dir}"]', "are both 192x256", 1)]:
+                            (f'backend = "rknn"\nvae_pack = "{pack.dir}"', "not compiled for the NPU", 2),
+                            (f'backend = "onnx"\nvae_pack = "{tmp_path}"', "not a complete VAE pack", 2),
+                            (f'backend = "onnx"\nvae_pack = ["{pack.dir}", "{pack.dir}"]', "are both 192x256", 2)]:
         with pytest.raises(RuntimeError, match=f"exited {code}") as e:
             with VaeStage(toml):
                 pass

@@ -49,6 +49,13 @@ class BranchBackend:
         return None
 
     @classmethod
+    def runtime_problem(cls, settings: dict) -> str:
+        """"" when what this backend runs on is installed here (`settings`: its stage's table), else what is missing
+        and how to install it: asked when a stage starts, so a missing runtime stops it then, not at its first
+        model."""
+        return ""
+
+    @classmethod
     def trace_fields(cls) -> dict:
         """Fields this backend adds to each line of the executor's trace."""
         return {}

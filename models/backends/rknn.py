@@ -72,13 +72,22 @@ def check_toolkit_version(pack_dir, api) -> str:
     if not want or want == "unknown":
         raise BackendError(f"{pack}: the manifest records no rknn-toolkit2 version (run `anima-models compile {pack} "
                            "--target rk3588` with the toolkit in .venv-rknn)")
-    have = installed_lite_version(api)
-    if _release(have) != _release(want):
-        now = f"rknn-toolkit-lite2 {have} is installed" if have else "rknn-toolkit-lite2 is not installed"
-        raise BackendError(f"{pack} was compiled with rknn-toolkit2 {want}, but {now}: install the same release, "
-                           f"pip install 'rknn-toolkit-lite2=={_release(want)}' (with librknnrt.so {_release(want)} in "
-                           f"/usr/lib, docs/board.md), or compile the pack again with the toolkit that matches")
+    problem = runtime_mismatch(want, api)
+    if problem:
+        raise BackendError(f"{pack} was compiled with rknn-toolkit2 {want}, but {problem}, or compile the pack again "
+                           "with the toolkit that matches")
     return _release(want)
+
+
+def runtime_mismatch(want: str, api) -> str:
+    """"" when the rknn-toolkit-lite2 behind `api` is the release `want` (the rknn-toolkit2 that compiled a pack),
+    else what is installed and the command that installs the right one."""
+    have = installed_lite_version(api)
+    if _release(have) == _release(want):
+        return ""
+    now = f"rknn-toolkit-lite2 {have} is installed" if have else "rknn-toolkit-lite2 is not installed"
+    return (f"{now}: install the same release, pip install 'rknn-toolkit-lite2=={_release(want)}' (with librknnrt.so "
+            f"{_release(want)} in /usr/lib, docs/board.md)")
 
 
 def _pack_branches(p: Path) -> tuple:
@@ -159,6 +168,14 @@ class RknnLiteBackend(BranchBackend):
         timeline (models/board/auto.py)."""
         from models.board.auto import choose_policy
         return choose_policy(ctx, mem_available_mib=probes.mem_available_mib())
+
+    @classmethod
+    def runtime_problem(cls, settings: dict) -> str:
+        try:
+            lite_module(settings.get("lite"))
+        except (BackendError, ValueError) as e:
+            return str(e)
+        return ""
 
     def __init__(self, threads: Optional[int] = None, core_mask="auto", lite: Optional[str] = None):
         self.api = lite_module(lite)

@@ -15,8 +15,8 @@ def add_arguments(p) -> None:
     p.add_argument("--target", default="rk3588", help="NPU platform (default rk3588)")
     p.add_argument("--jobs", type=int, default=1, help="branches compiled in parallel (each a process; ~0.5-2 GB "
                    "RSS per full-size branch)")
-    p.add_argument("--toolkit-venv", default=None, help="rknn-toolkit2 environment (default .venv-rknn, or "
-                   "$ANIMA_RKNN_VENV); create it with `make rknn-venv`")
+    p.add_argument("--toolkit-venv", default=None, help="rknn-toolkit2 environment (default $ANIMA_RKNN_VENV, else "
+                   "a checkout's .venv-rknn, else .venv-rknn beside this environment); create it with `make rknn-venv`")
     p.add_argument("--blocks", default=None, help="DiT packs: only these blocks, e.g. 0,3,5-7 (default all)")
     p.add_argument("--per-worker", type=int, default=1, help="branches one worker process builds before it is "
                    "replaced (1: a process per branch, bounded memory; 0: no limit, saves the toolkit import)")

@@ -19,7 +19,7 @@ def add_arguments(p) -> None:
     p.add_argument("--resolution", default="512x512", help="image WIDTHxHEIGHT in pixels, multiples of 8 "
                                                           "(default 512x512)")
     p.add_argument("--dtype", default="fp16", choices=sorted(PACK_DTYPES), help="branch I/O and weight dtype")
-    p.add_argument("--overwrite", action="store_true", help="replace a pack built from another checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace a pack built from another checkpoint or for another resolution")
     p.add_argument("--context", type=int, default=TEXT_TOKENS,
                    help=f"context rows of cross-attention (default {TEXT_TOKENS}); more keeps every row of prompts "
                         f"longer than {TEXT_TOKENS} T5 tokens as ComfyUI does, with a mask input (docs/prompts.md)")

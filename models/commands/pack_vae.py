@@ -26,7 +26,7 @@ def add_arguments(p) -> None:
     p.add_argument("--calibration-seeds", type=int, default=2, help="seeded random latents the FP16 norm scales are "
                    "measured on (default 2)")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads for the calibration")
-    p.add_argument("--overwrite", action="store_true", help="replace a pack built from another file")
+    p.add_argument("--overwrite", action="store_true", help="replace a pack built from another file or for another resolution")
 
 
 def run(args) -> int:

@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from models.install import default_toolkit_venv
+
 log = logging.getLogger(__name__)
 
 WORKER = Path(__file__).with_name("worker.py")
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_VENV = REPO / ".venv-rknn"
+DEFAULT_VENV = default_toolkit_venv()      # the checkout's .venv-rknn, or beside this environment (models/install.py)
 VENV_ENV = "ANIMA_RKNN_VENV"              # overrides the default toolkit environment
 HELLO_TIMEOUT_S = 120.0                   # a cold start imports nothing yet, but the interpreter may be slow
 REQUEST_TIMEOUT_S = 3600.0                # one full-size build takes seconds to minutes; this only catches hangs
@@ -29,7 +30,7 @@ class ToolkitError(RuntimeError):
 
 
 def toolkit_python(venv=None) -> Path:
-    """The interpreter of the rknn-toolkit2 environment (argument, $ANIMA_RKNN_VENV, or .venv-rknn in the repo)."""
+    """The interpreter of the rknn-toolkit2 environment (argument, $ANIMA_RKNN_VENV, or DEFAULT_VENV)."""
     v = Path(venv or os.environ.get(VENV_ENV) or DEFAULT_VENV)
     py = v / "bin" / "python"
     if not py.exists():

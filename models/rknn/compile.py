@@ -161,13 +161,13 @@ def check_regressions(pack: Path, branches: list, toolkit: str) -> None:
 
 
 def compile_pack(pack_dir, target: str = "rk3588", jobs: int = 1, venv=None, blocks: Optional[list] = None,
-                 per_worker: int = 1, force: bool = False) -> dict:
+                 per_worker: int = 1, force: bool = False, progress=None) -> dict:
     """Compile the pack's branches (all, or those of `blocks`) into PACK/rknn; -> a report dict.
 
     `jobs` worker processes run in parallel; each serves `per_worker` branches before it is replaced (1: a fresh
     process per branch, so memory is returned to the system after every build; 0: no limit). Up-to-date outputs are
     skipped unless `force`. The manifest is rewritten (write-then-rename) after every branch, so an interrupted
-    compile resumes where it stopped.
+    compile resumes where it stopped. `progress(branches done, branches to build)` is called after each build.
     """
     pack = Path(pack_dir).absolute()
     if target not in TARGETS:
@@ -212,6 +212,9 @@ def compile_pack(pack_dir, target: str = "rk3588", jobs: int = 1, venv=None, blo
             else:
                 b.pop("rknn", None)
             write_manifest(pack, manifest)
+            done = sum(x.status != "skipped" for x in results.values())
+        if progress is not None:
+            progress(done, len(queue))
         if r.status == "built":
             log.info("%s: built in %.1f s, %.1f MB, peak RSS %.0f MB", r.name, r.entry["build_s"],
                      r.entry["bytes"] / 1e6, r.entry["peak_rss_mb"])

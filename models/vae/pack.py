@@ -23,7 +23,7 @@ from models.durable import atomic_write, building_folder, fsync_dir
 from models.manifest import (MANIFEST, BranchEntry, ManifestRecord, file_sha256, manifest_header, read_manifest,
                              source_entry, write_manifest)
 from models.pack import PACK_KIND as DIT_PACK_KIND
-from models.pack import PackError, Resolution, check_files, existing_pack_source, pack_member
+from models.pack import PackError, Resolution, check_files, pack_member, refuse_replacing
 from models.partition import Geometry
 from models.schema import Float, Int
 from models.vae.keys import VAEConfig
@@ -137,10 +137,7 @@ def build_vae_pack(vae_path, out_dir, resolution=(512, 512), tile: int = DEFAULT
     if cfg.upscale != 8:
         raise VaePackError(f"{vae_path}: upscale {cfg.upscale}, the pipeline's latents are 1/8 of the image")
     sha = file_sha256(vae_path)
-    prev = existing_pack_source(out)
-    if prev is not None and prev != sha and not overwrite:
-        raise VaePackError(f"{out}: holds a pack of another file (sha256 {prev[:12]}…, this one {sha[:12]}…); "
-                           "pass overwrite (--overwrite) to replace it")
+    refuse_replacing(out, sha, (geom.width, geom.height), overwrite, VaePackError, source="file")
     h, wd = geom.latent_h, geom.latent_w
     rows, cols = tile_grid(h, wd, tile, overlap, cfg.upscale)
     th, tw = rows[0][1], cols[0][1]

@@ -1,0 +1,345 @@
+"""A board bundle: everything a board runs, built on the PC from a ComfyUI-style models folder in one command
+(`anima-models bundle`), checked on the board by `orchestrator init --bundle` and `orchestrator doctor`.
+
+    BUNDLE/bundle.json              what is here (below), written last: a folder without it is not a bundle
+    BUNDLE/dit-WxH/                 the FP16 DiT pack of one image size (models/pack.py), compiled for the target
+    BUNDLE/vae-WxH/                 the VAE pack of that size (models/vae/pack.py), compiled for the target
+    BUNDLE/encoder/                 the text encoder for ONNX Runtime with its tokenizers (models/text/encoder_pack.py)
+
+    bundle.json  {"schema": 1, "kind": "anima-bundle", "target": "rk3588" | "none", "toolkit": "2.5.0" | null,
+                  "sizes": {"512x512": {"dit": PART, "vae": PART}}, "encoder": PART, "sources": {...}, ...}
+    PART         {"path": "dit-512x512", "kind": MANIFEST KIND, "bytes": N, "manifest_sha256": HEX}
+
+Paths are relative to the bundle (it is copied to the board as a whole). A part is pinned by the sha256 of its
+manifest, and the manifest holds the sha256 of every file, so the chain reaches every byte. `toolkit` is the
+rknn-toolkit2 release that compiled the packs: the board's rknn-toolkit-lite2 and librknnrt.so must be the same
+release. A `--target rk3588` bundle holds no branch ONNX graphs (models.pack.omit_onnx): the NPU reads the .rknn
+files only. `--target none` is a CPU bundle: ONNX Runtime for every stage (a PC executor; the tests here).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Optional
+
+from models.durable import atomic_write
+from models.manifest import MANIFEST, ManifestRecord, file_sha256, tool_versions
+from models.pack import PACK_KIND as DIT_KIND
+from models.models_dir import resolve_models
+from models.pack import PackError, build_pack, load_pack, missing_files, omit_onnx, onnx_omitted
+from models.partition import parse_resolution
+from models.schema import Int, SchemaError
+from models.text.encoder_pack import PACK_KIND as ENCODER_KIND
+from models.text.encoder_pack import EncoderPackError, build_encoder_pack, load_encoder_pack
+from models.vae.pack import PACK_KIND as VAE_KIND
+from models.vae.pack import build_vae_pack, load_vae_pack
+
+log = logging.getLogger(__name__)
+
+BUNDLE_JSON = "bundle.json"
+BUNDLE_KIND = "anima-bundle"
+SCHEMA_VERSION = 1
+TARGETS = ("rk3588", "none")          # none: a CPU bundle (ONNX Runtime); rk3588: compiled with rknn-toolkit2
+ENCODER_DIR = "encoder"
+
+
+class BundleError(ValueError):
+    """A bundle that cannot be built or is not usable; the message names the part and the fix."""
+
+
+def size_key(size: tuple) -> str:
+    return f"{size[0]}x{size[1]}"
+
+
+def part_dirs(size: tuple) -> tuple[str, str]:
+    """The DiT and VAE pack folders of one image size, relative to the bundle."""
+    return f"dit-{size_key(size)}", f"vae-{size_key(size)}"
+
+
+# ---- bundle.json as records ----------------------------------------------------------------------------------------
+
+class PartEntry(ManifestRecord, frozen=True):
+    path: str
+    kind: str
+    bytes: Int(0, 2**62)
+    manifest_sha256: str
+
+
+class SizeEntry(ManifestRecord, frozen=True):
+    dit: PartEntry
+    vae: PartEntry
+
+
+class BundleRecord(ManifestRecord, frozen=True):
+    schema: int
+    kind: str
+    target: str
+    sizes: dict[str, SizeEntry]
+    encoder: PartEntry
+    toolkit: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Bundle:
+    dir: Path
+    data: dict
+    target: str
+    toolkit: Optional[str]
+    sizes: dict            # {(width, height): (DiT pack folder, VAE pack folder)}, absolute, in bundle.json's order
+    encoder: Path
+
+    @property
+    def backend(self) -> str:
+        """The model backend the bundle's packs are built for (executor and VAE)."""
+        return "rknn" if self.target == "rk3588" else "onnx"
+
+
+def _folder_bytes(d: Path) -> int:
+    return sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+
+
+def _part_entry(bundle: Path, rel: str, kind: str) -> dict:
+    d = bundle / rel
+    return {"path": rel, "kind": kind, "bytes": _folder_bytes(d), "manifest_sha256": file_sha256(d / MANIFEST)}
+
+
+# ---- reading and checking ------------------------------------------------------------------------------------------
+
+def _member(bundle: Path, rel: str, where: str) -> Path:
+    parts = PurePosixPath(rel).parts
+    if not rel or PurePosixPath(rel).is_absolute() or ".." in parts or "\\" in rel:
+        raise BundleError(f"{where}: path {rel[:200]!r} is not a folder inside the bundle")
+    return bundle.joinpath(*parts)
+
+
+def _check_part(bundle: Path, entry: PartEntry, where: str, hashes: bool, target: str, toolkit: Optional[str]):
+    """A part's folder, its manifest (the sha256 bundle.json pins), its files (present; with `hashes`, their sha256)
+    and, for a compiled bundle, every model compiled for the target by the bundle's toolkit; -> the loaded pack."""
+    d = _member(bundle, entry.path, where)
+    fix = "; copy the whole bundle again (rsync -a) or rebuild it with `anima-models bundle`"
+    if not d.is_dir():
+        raise BundleError(f"{where}: {d} is missing{fix}")
+    mpath = d / MANIFEST
+    if not mpath.is_file():
+        raise BundleError(f"{where}: {d} has no {MANIFEST} (an interrupted copy or build){fix}")
+    if file_sha256(mpath) != entry.manifest_sha256:
+        raise BundleError(f"{where}: {mpath} is not the manifest bundle.json records (sha256 differs): another "
+                          f"pack was put in its place{fix}")
+    loaders = {DIT_KIND: load_pack, VAE_KIND: load_vae_pack, ENCODER_KIND: load_encoder_pack}
+    if entry.kind not in loaders:
+        raise BundleError(f"{where}: kind {entry.kind[:80]!r} is not one of {', '.join(loaders)}")
+    try:
+        pack = loaders[entry.kind](d, check=hashes)
+        if entry.kind != ENCODER_KIND and not hashes:          # the encoder's loader checks presence and size itself
+            gone = missing_files(d, pack.manifest)
+            if gone:
+                raise BundleError(f"{where}: {d}: {len(gone)} file(s) missing, e.g. {gone[0]}{fix}")
+    except (PackError, EncoderPackError) as e:
+        raise BundleError(f"{where}: {e}{fix}") from None
+    if target != "none" and entry.kind != ENCODER_KIND:
+        stale = [b.get("name") or b["onnx"] for b in pack.manifest["branches"]
+                 if not isinstance(b.get("rknn"), dict) or b["rknn"].get("target") != target
+                 or b["rknn"].get("toolkit") != toolkit]
+        if stale:
+            raise BundleError(f"{where}: {d}: {len(stale)} model(s) not compiled for {target} with rknn-toolkit2 "
+                              f"{toolkit}, e.g. {stale[0]}; rebuild the bundle with `anima-models bundle`")
+    return pack
+
+
+def read_bundle(bundle_dir, hashes: bool = False) -> Bundle:
+    """bundle.json and every part it names, checked (BundleError naming the part and the fix): present, the manifest
+    it pins, every file present (with `hashes`, its sha256), each size's DiT and VAE pack of that size, compiled for
+    the target by the recorded toolkit."""
+    b = Path(bundle_dir).expanduser().resolve()
+    path = b / BUNDLE_JSON
+    if not b.is_dir():
+        raise BundleError(f"{b}: no such bundle folder (make one on the PC with `anima-models bundle`)")
+    if not path.is_file():
+        hint = (" (this is a model pack, not a bundle: use --pack)" if (b / MANIFEST).is_file() else
+                " (an interrupted build or copy, or not a bundle: `anima-models bundle` writes it last)")
+        raise BundleError(f"{b}: no {BUNDLE_JSON}{hint}")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise BundleError(f"{path}: unreadable ({e})") from None
+    if not isinstance(data, dict) or data.get("kind") != BUNDLE_KIND:
+        raise BundleError(f"{path}: not a bundle (kind {str(data.get('kind') if isinstance(data, dict) else None)[:80]!r}"
+                          f", expected {BUNDLE_KIND!r})")
+    if data.get("schema") != SCHEMA_VERSION:
+        raise BundleError(f"{path}: schema version {str(data.get('schema'))[:40]}, this code reads {SCHEMA_VERSION}; "
+                          "rebuild the bundle with this release's `anima-models bundle`")
+    try:
+        rec = BundleRecord.from_data(data)
+    except SchemaError as e:
+        raise BundleError(f"{path}: {e.detail}") from None
+    if rec.target not in TARGETS:
+        raise BundleError(f"{path}: target {rec.target[:40]!r} is not one of {', '.join(TARGETS)}")
+    if rec.target != "none" and not rec.toolkit:
+        raise BundleError(f"{path}: target {rec.target} but no toolkit version recorded; rebuild the bundle")
+    if not rec.sizes:
+        raise BundleError(f"{path}: 'sizes' is empty; a bundle serves at least one image size")
+    sizes = {}
+    for key, entry in rec.sizes.items():
+        try:
+            size = parse_resolution(key)
+        except ValueError as e:
+            raise BundleError(f"{path}: sizes.{key[:40]}: {e}") from None
+        dit = _check_part(b, entry.dit, f"{path} sizes.{key}.dit", hashes, rec.target, rec.toolkit)
+        vae = _check_part(b, entry.vae, f"{path} sizes.{key}.vae", hashes, rec.target, rec.toolkit)
+        got = {"dit": (dit.geometry.width, dit.geometry.height), "vae": (vae.width, vae.height)}
+        for part, s in got.items():
+            if s != size:
+                raise BundleError(f"{path}: sizes.{key}.{part} is a {size_key(s)} pack; rebuild the bundle")
+        sizes[size] = (dit.dir.resolve(), vae.dir.resolve())
+    _check_part(b, rec.encoder, f"{path} encoder", hashes, rec.target, rec.toolkit)
+    return Bundle(b, data, rec.target, rec.toolkit, sizes, _member(b, rec.encoder.path, str(path)).resolve())
+
+
+# ---- building ------------------------------------------------------------------------------------------------------
+
+class _Sources:
+    """The models folder's files and their sha256, hashed once however many parts compare against them."""
+
+    def __init__(self, paths):
+        self.paths, self._sha = paths, {}
+
+    def sha(self, name: str) -> str:
+        if name not in self._sha:
+            self._sha[name] = file_sha256(getattr(self.paths, name))
+        return self._sha[name]
+
+
+def _existing_branch_pack(d: Path, kind: str, source_sha: str, size: tuple, target: str, toolkit) -> str:
+    """What a DiT or VAE pack already at `d` leaves to do: "nothing" (complete for this source, size, FP16 (DiT),
+    target and toolkit, ONNX graphs removed for rk3588), "compile" (the pack is complete, its compile is not: it
+    resumes, keeping the models already built), or "build" (absent, broken, or of another source or size)."""
+    if not (d / MANIFEST).is_file():
+        return "build"
+    try:
+        pack = (load_pack if kind == DIT_KIND else load_vae_pack)(d, check=True)
+    except PackError as e:
+        log.info("%s: rebuilt (%s)", d, e)
+        return "build"
+    m = pack.manifest
+    if m.get("source", {}).get("sha256") != source_sha or tuple(int(m["resolution"][k]) for k in ("width", "height")) \
+            != tuple(size) or (kind == DIT_KIND and m.get("dtype") != "fp16"):
+        return "build"
+    if target == "none":
+        return "build" if onnx_omitted(m) else "nothing"
+    if not onnx_omitted(m):
+        return "compile"
+    current = all(isinstance(b.get("rknn"), dict) and b["rknn"].get("target") == target
+                  and b["rknn"].get("toolkit") == toolkit for b in m["branches"])
+    return "nothing" if current else "build"
+
+
+def _kept_encoder(d: Path, src: _Sources) -> bool:
+    if not (d / MANIFEST).is_file():
+        return False
+    try:
+        m = load_encoder_pack(d, check=True).manifest
+    except EncoderPackError as e:
+        log.info("%s: rebuilt (%s)", d, e)
+        return False
+    s = m.get("sources", {})
+    return all(s.get(n, {}).get("sha256") == src.sha(n) for n in ("text_encoder", "dit"))
+
+
+def build_bundle(models_dir, resolutions, target: str, out_dir, *, toolkit_venv=None, jobs: int = 1,
+                 per_worker: int = 1, overwrite: bool = False, progress=None, overrides=None) -> dict:
+    """Build (or complete) the bundle at `out_dir` from a ComfyUI-style models folder: per size (width, height) in
+    `resolutions` an FP16 DiT pack and a VAE pack, compiled for `target` (ONNX graphs then removed), the encoder
+    pack, then bundle.json; -> bundle.json's content. A part already complete for these sources, size, target and
+    toolkit is kept (a run that stopped resumes); `progress` is a models.progress.Progress."""
+    if target not in TARGETS:
+        raise BundleError(f"target {target!r}: choose one of {', '.join(TARGETS)}")
+    sizes = list(dict.fromkeys(tuple(r) for r in resolutions))
+    if not sizes:
+        raise BundleError("no --resolution: give at least one image size, e.g. --resolution 512x512")
+    paths = resolve_models(models_dir, overrides)
+    src = _Sources(paths)
+    out = Path(out_dir).expanduser().absolute()
+    if out.exists() and not out.is_dir():
+        raise BundleError(f"{out}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / BUNDLE_JSON).is_file() and not overwrite:
+        known = {ENCODER_DIR, *(d for s in sizes for d in part_dirs(s))}
+        strangers = sorted(p.name for p in out.iterdir() if p.name not in known and not p.name.startswith("."))
+        if strangers:
+            raise BundleError(f"{out}: a non-empty folder that is not a bundle (holds {', '.join(strangers[:5])}); "
+                              "choose another --out")
+    toolkit = None
+    if target != "none":
+        from models.rknn.client import ToolkitError
+        from models.rknn.compile import toolkit_version
+        try:
+            toolkit = toolkit_version(toolkit_venv)
+        except ToolkitError as e:
+            raise BundleError(str(e.args[0])) from None
+    out.mkdir(parents=True, exist_ok=True)
+    (out / BUNDLE_JSON).unlink(missing_ok=True)          # written last: until then this is not a bundle
+    t0 = time.monotonic()
+
+    def step(name: str):
+        if progress is not None:
+            progress.start(name)
+
+    def counter(unit: str):
+        return None if progress is None else (lambda done, total: progress.count(done, total, unit))
+
+    def done(note: str = ""):
+        if progress is not None:
+            progress.finish(note)
+
+    for size in sizes:
+        for rel, kind in zip(part_dirs(size), (DIT_KIND, VAE_KIND)):
+            d = out / rel
+            source = "dit" if kind == DIT_KIND else "vae"
+            step(rel)
+            todo = _existing_branch_pack(d, kind, src.sha(source), size, target, toolkit)
+            if todo == "nothing":
+                done("kept (complete)")
+                continue
+            if todo == "build" and kind == DIT_KIND:
+                build_pack(paths.dit, d, size, "fp16", overwrite=overwrite, progress=counter("blocks"))
+            elif todo == "build":
+                build_vae_pack(paths.vae, d, size, overwrite=overwrite)
+            if target != "none":
+                _compile(d, target, toolkit_venv, jobs, per_worker, counter("models compiled"))
+                freed = omit_onnx(d)
+                done(f"compiled, {freed / 1e6:.1f} MB of ONNX removed")
+            else:
+                done("built")
+    step(ENCODER_DIR)
+    if _kept_encoder(out / ENCODER_DIR, src):
+        done("kept (complete)")
+    else:
+        build_encoder_pack(paths.text_encoder, paths.dit, paths.qwen_tokenizer, paths.t5_tokenizer,
+                           out / ENCODER_DIR, overwrite=overwrite)
+        done("built")
+    data = {
+        "schema": SCHEMA_VERSION, "kind": BUNDLE_KIND, "target": target, "toolkit": toolkit,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "tools": tool_versions(),
+        "sizes": {size_key(s): {"dit": _part_entry(out, part_dirs(s)[0], DIT_KIND),
+                                "vae": _part_entry(out, part_dirs(s)[1], VAE_KIND)} for s in sizes},
+        "encoder": _part_entry(out, ENCODER_DIR, ENCODER_KIND),
+        "sources": {n: {"name": getattr(paths, n).name, "sha256": src.sha(n)} for n in ("dit", "text_encoder", "vae")},
+        "build_s": round(time.monotonic() - t0, 1),
+    }
+    atomic_write(out / BUNDLE_JSON, json.dumps(data, indent=1) + "\n")
+    return data
+
+
+def _compile(pack: Path, target: str, venv, jobs: int, per_worker: int, progress) -> None:
+    from models.rknn.compile import compile_pack
+    report = compile_pack(pack, target=target, jobs=jobs, venv=venv, per_worker=per_worker, progress=progress)
+    if report["failed"]:
+        bad = [b for b in report["branches"] if b["status"] == "failed"]
+        raise BundleError(f"{pack}: {len(bad)} model(s) failed to compile, e.g. {bad[0]['name']}: {bad[0]['error']}; "
+                          "run `anima-models bundle` again to retry them (the built ones are kept)")
+
+
+def total_bytes(data: dict) -> int:
+    return sum(p["bytes"] for s in data["sizes"].values() for p in s.values()) + data["encoder"]["bytes"]

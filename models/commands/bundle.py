@@ -1,0 +1,57 @@
+"""`anima-models bundle`: everything a board runs, from a ComfyUI-style models folder, in one folder to copy.
+
+    anima-models bundle --models MODELS --resolution 512x512 [--resolution 832x1216 ...] --target rk3588 --out BUNDLE
+
+Per size an FP16 DiT pack and a VAE pack, compiled for the target with rknn-toolkit2 (their ONNX graphs then removed:
+the board reads only the .rknn files), the text encoder for ONNX Runtime with its tokenizers, and bundle.json (paths,
+sizes, hashes, the toolkit release the board's runtime must match; models/bundle.py). `--target none`: a CPU bundle
+(ONNX Runtime everywhere). Run it again after an interruption: complete parts are kept.
+"""
+from __future__ import annotations
+
+import shlex
+
+from models.models_dir import add_model_arguments
+from models.partition import parse_resolution
+
+
+def add_arguments(p) -> None:
+    add_model_arguments(p)
+    p.add_argument("--resolution", action="append", required=True, metavar="WxH",
+                   help="image WIDTHxHEIGHT (multiples of 8); repeat it for more sizes (the first is the default)")
+    p.add_argument("--target", required=True, choices=("rk3588", "none"),
+                   help="rk3588: compiled for the NPU with rknn-toolkit2; none: ONNX Runtime on a CPU")
+    p.add_argument("--out", required=True, metavar="BUNDLE", help="bundle folder to write (or complete)")
+    p.add_argument("--toolkit-venv", default=None, help="rknn-toolkit2 environment (default $ANIMA_RKNN_VENV, else "
+                   "a checkout's .venv-rknn, else .venv-rknn beside this environment); create it with `make rknn-venv`")
+    p.add_argument("--jobs", type=int, default=1, help="models compiled in parallel (each a process, ~0.5-2 GB RSS)")
+    p.add_argument("--per-worker", type=int, default=1, help="models one compiler process builds before it is "
+                   "replaced (1: bounded memory; 0: no limit, saves the toolkit's import)")
+    p.add_argument("--overwrite", action="store_true", help="replace parts built from other model files")
+
+
+def run(args) -> int:
+    from models.bundle import build_bundle, total_bytes
+    from models.cli import UserError
+    from models.models_dir import PART_NAMES
+    from models.progress import Progress
+
+    sizes = [parse_resolution(r) for r in args.resolution]
+    if args.jobs < 1:
+        raise UserError(f"--jobs {args.jobs}: must be 1 or more")
+    if args.per_worker < 0:
+        raise UserError(f"--per-worker {args.per_worker}: must be 0 (no limit) or positive")
+    overrides = {n: getattr(args, n, None) for n in PART_NAMES}
+    progress = Progress(2 * len(dict.fromkeys(sizes)) + 1)
+    data = build_bundle(args.models, sizes, args.target, args.out, toolkit_venv=args.toolkit_venv, jobs=args.jobs,
+                        per_worker=args.per_worker, overwrite=args.overwrite, progress=progress, overrides=overrides)
+    from pathlib import Path
+    out = Path(args.out).expanduser().absolute()
+    toolkit = f", rknn-toolkit2 {data['toolkit']}" if data["toolkit"] else ""
+    print(f"bundle {out}: {', '.join(data['sizes'])}, target {data['target']}{toolkit}, "
+          f"{total_bytes(data) / 1e6:.1f} MB")
+    q = shlex.quote
+    print(f"copy it to the board:  rsync -a --delete {q(str(out))}/ BOARD:anima/bundle/")
+    print("then on the board:     orchestrator --run ~/anima/run init --bundle ~/anima/bundle && "
+          "orchestrator --run ~/anima/run doctor")
+    return 0

@@ -1,0 +1,256 @@
+"""`anima-models bundle` -> `orchestrator init --bundle` on the tiny models folder: bundle.json against the files
+it describes, a second run keeping every part, each way a copied bundle can be wrong refused naming the part, and
+the pipeline.toml init writes read back as the stages read it."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from models.bundle import BUNDLE_JSON, BundleError, read_bundle
+from models.cli import main as models_main
+from models.manifest import MANIFEST, file_sha256
+from orchestrator import cli
+
+SIZE = "128x128"
+
+
+@pytest.fixture(scope="module")
+def cpu_bundle(tmp_path_factory, tiny_bundle) -> tuple:
+    """(bundle folder, the first run's stderr) of `bundle --target none` at 128x128; read-only (copy_bundle)."""
+    import contextlib
+    out = tmp_path_factory.mktemp("cpu_bundle") / "bundle"
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = models_main(["bundle", "--models", str(tiny_bundle), "--resolution", SIZE, "--target", "none",
+                          "--out", str(out)])
+    assert rc == 0, err.getvalue()
+    return out, err.getvalue()
+
+
+def copy_bundle(src: Path, dst: Path) -> Path:
+    """A copy made of hard links (no 130 MB copied): a test changes a file by replacing it, never in place."""
+    shutil.copytree(src, dst, copy_function=os.link)
+    return dst
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    path.unlink()
+    path.write_bytes(data)
+
+
+def test_bundle_json_describes_its_files(cpu_bundle):
+    out, err = cpu_bundle
+    data = json.loads((out / BUNDLE_JSON).read_text())
+    assert data["kind"] == "anima-bundle" and data["schema"] == 1
+    assert data["target"] == "none" and data["toolkit"] is None
+    assert list(data["sizes"]) == [SIZE]
+    parts = {**{f"{k}": v for k, v in data["sizes"][SIZE].items()}, "encoder": data["encoder"]}
+    assert {k: v["path"] for k, v in parts.items()} == {"dit": "dit-128x128", "vae": "vae-128x128",
+                                                        "encoder": "encoder"}     # relative to the bundle
+    assert {k: v["kind"] for k, v in parts.items()} == {"dit": "anima-dit-pack", "vae": "anima-vae-pack",
+                                                        "encoder": "anima-encoder-pack"}
+    for part in parts.values():
+        d = out / part["path"]
+        assert part["manifest_sha256"] == file_sha256(d / MANIFEST)
+        assert part["bytes"] == sum(f.stat().st_size for f in d.rglob("*") if f.is_file()) > 0
+    # a CPU bundle keeps its ONNX graphs (ONNX Runtime runs them) and has no compiled files
+    assert len(list((out / "dit-128x128" / "onnx").glob("*.onnx"))) == 84
+    assert not list(out.rglob("*.rknn"))
+    assert "3/3 parts" in err and "encoder built" in err
+
+
+def test_second_run_keeps_every_part(cpu_bundle, tiny_bundle, tmp_path, capsys):
+    out = copy_bundle(cpu_bundle[0], tmp_path / "b")
+    before = {p: (out / p / MANIFEST).stat().st_mtime_ns for p in ("dit-128x128", "vae-128x128", "encoder")}
+    assert models_main(["bundle", "--models", str(tiny_bundle), "--resolution", SIZE, "--target", "none",
+                        "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("kept (complete)") == 3 and "built" not in err
+    assert before == {p: (out / p / MANIFEST).stat().st_mtime_ns for p in before}
+    # a part whose file was damaged is rebuilt; the others are kept
+    replace_file(out / "vae-128x128" / "onnx" / "tile.onnx", b"broken")
+    assert models_main(["bundle", "--models", str(tiny_bundle), "--resolution", SIZE, "--target", "none",
+                        "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("kept (complete)") == 2 and "vae-128x128 built" in err
+    read_bundle(out, hashes=True)
+
+
+def test_bundle_refuses_bad_requests(tiny_bundle, tmp_path, capsys):
+    args = ["bundle", "--models", str(tiny_bundle), "--target", "none", "--out", str(tmp_path / "b")]
+    assert models_main(args + ["--resolution", "100x100"]) == 2
+    assert "multiple of 8" in capsys.readouterr().err
+    assert models_main(["bundle", "--models", str(tmp_path / "nope"), "--resolution", SIZE, "--target", "none",
+                        "--out", str(tmp_path / "b")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    assert models_main(["bundle", "--models", str(tiny_bundle), "--resolution", SIZE, "--target", "none",
+                        "--out", str(mine)]) == 2
+    assert "not a bundle (holds notes.txt)" in capsys.readouterr().err
+    assert (mine / "notes.txt").read_text() == "keep" and not (tmp_path / "b").exists()
+
+
+def test_read_bundle_names_what_is_wrong(cpu_bundle, tmp_path):
+    ok = read_bundle(cpu_bundle[0], hashes=True)
+    assert list(ok.sizes) == [(128, 128)] and ok.backend == "onnx" and ok.encoder == cpu_bundle[0] / "encoder"
+    b = copy_bundle(cpu_bundle[0], tmp_path / "gone")
+    shutil.rmtree(b / "vae-128x128")
+    with pytest.raises(BundleError, match=r"sizes\.128x128\.vae: .*vae-128x128 is missing; copy the whole bundle"):
+        read_bundle(b)
+    b = copy_bundle(cpu_bundle[0], tmp_path / "file")
+    host = b / "dit-128x128" / "host.safetensors"
+    data = bytearray(host.read_bytes())
+    data[-1] ^= 1
+    replace_file(host, bytes(data))                       # same size, another hash: only a hash check sees it
+    read_bundle(b, hashes=False)
+    with pytest.raises(BundleError, match=r"sizes\.128x128\.dit: .*host.safetensors \(sha256 differs"):
+        read_bundle(b, hashes=True)
+    b = copy_bundle(cpu_bundle[0], tmp_path / "swapped")
+    m = json.loads((b / "encoder" / MANIFEST).read_text())
+    m["created"] = "another build"
+    replace_file(b / "encoder" / MANIFEST, json.dumps(m).encode())
+    with pytest.raises(BundleError, match="encoder: .*not the manifest bundle.json records"):
+        read_bundle(b)
+    b = copy_bundle(cpu_bundle[0], tmp_path / "onnx")
+    (b / "dit-128x128" / "onnx" / "b03_ffn.onnx").unlink()
+    with pytest.raises(BundleError, match="1 file.s. missing, e.g. onnx/b03_ffn.onnx"):
+        read_bundle(b)
+    b = copy_bundle(cpu_bundle[0], tmp_path / "json")
+    (b / BUNDLE_JSON).unlink()
+    with pytest.raises(BundleError, match="no bundle.json .an interrupted build or copy"):
+        read_bundle(b)
+    with pytest.raises(BundleError, match="this is a model pack, not a bundle: use --pack"):
+        read_bundle(cpu_bundle[0] / "dit-128x128")
+    b = copy_bundle(cpu_bundle[0], tmp_path / "escape")
+    d = json.loads((b / BUNDLE_JSON).read_text())
+    d["encoder"]["path"] = "../encoder"
+    replace_file(b / BUNDLE_JSON, json.dumps(d).encode())
+    with pytest.raises(BundleError, match="'../encoder' is not a folder inside the bundle"):
+        read_bundle(b)
+
+
+def test_init_bundle_writes_a_config_that_works_as_written(cpu_bundle, tmp_path, capsys):
+    from stages.config import load_config
+    run = tmp_path / "run"
+    assert cli.main(["--run", str(run), "init", "--bundle", str(cpu_bundle[0])]) == 0
+    assert "next: orchestrator --run" in capsys.readouterr().out
+    cfg = load_config(run / "pipeline.toml")
+    b = cpu_bundle[0].resolve()
+    assert cfg.backend == "onnx" and cfg.pack_dir == b / "dit-128x128" and cfg.packs == (b / "dit-128x128",)
+    assert cfg.stage_settings("encoder")["backend"] == "onnx"
+    assert Path(cfg.stage_settings("encoder")["pack"]) == b / "encoder"
+    vae = cfg.stage_settings("vae")
+    assert vae["backend"] == "onnx" and [Path(p) for p in vae["vae_pack"]] == [b / "vae-128x128"]
+    text = (run / "pipeline.toml").read_text()
+    assert text.index("backend = \"onnx\"") < text.index("[stage.")          # the executor's: top level
+    assert json.loads((run / "prompt.json").read_text())["prompt"]           # an example to submit
+    # init --pack and --models with --bundle: refused (the bundle names them)
+    assert cli.main(["--run", str(tmp_path / "r2"), "init", "--bundle", str(b), "--models", str(b)]) == 2
+    assert "without --pack or --models" in capsys.readouterr().err
+
+
+def test_init_bundle_refuses_a_broken_bundle_before_writing(cpu_bundle, tmp_path, capsys):
+    b = copy_bundle(cpu_bundle[0], tmp_path / "b")
+    shutil.rmtree(b / "vae-128x128")
+    run = tmp_path / "run"
+    assert cli.main(["--run", str(run), "init", "--bundle", str(b)]) == 2
+    err = capsys.readouterr().err
+    assert "sizes.128x128.vae" in err and "is missing" in err and "Traceback" not in err
+    assert not run.exists()
+    assert cli.main(["--run", str(run), "init", "--bundle", str(tmp_path / "nope")]) == 2
+    assert "no such bundle folder" in capsys.readouterr().err
+
+
+def test_init_pack_refuses_a_misspelt_path_a_checkpoint_and_missing_models(tmp_path, tiny_dit, capsys):
+    from tests.doubles_harness import fake_pack
+    a = fake_pack(tmp_path / "a", 64, 64)
+    run = tmp_path / "run"
+    assert cli.main(["--run", str(run), "init", "--pack", str(tmp_path / "aa")]) == 2
+    assert f"--pack {tmp_path / 'aa'}: no such folder" in capsys.readouterr().err
+    assert cli.main(["--run", str(run), "init", "--pack", str(tiny_dit)]) == 2
+    assert "a file, not a model pack folder (a checkpoint: make a pack from it with `anima-models pack`)" in \
+        capsys.readouterr().err
+    assert cli.main(["--run", str(run), "init", "--pack", str(a), "--models", str(tmp_path / "models")]) == 2
+    assert "--models" in capsys.readouterr().err
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    assert cli.main(["--run", str(run), "init", "--pack", str(junk)]) == 2
+    assert "model pack" in capsys.readouterr().err
+    assert not run.exists()
+    assert cli.main(["--run", str(run), "init", "--pack", str(a)]) == 0
+
+
+def test_host_commands_without_the_host_extra_name_it(tmp_path, tiny_dit):
+    """A board install has no torch, transformers or onnx: `pack` (which builds ONNX graphs) says which extra to
+    install instead of a traceback."""
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['onnx'] = None\n"          # `import onnx` now fails as when it is absent
+            "from models.cli import main\n"
+            f"sys.exit(main(['pack', {str(tiny_dit)!r}, '--out', {str(tmp_path / 'p')!r}]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert r.returncode == 2, r.stderr
+    assert "this command needs the host extra" in r.stderr and "pip install 'anima-npu[host]'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.fixture(scope="module")
+def npu_bundle(tmp_path_factory, tiny_bundle, rknn_venv) -> Path:
+    """`bundle --target rk3588` at 128x128: every DiT and VAE model compiled by the real rknn-toolkit2 (~3 min)."""
+    out = tmp_path_factory.mktemp("npu_bundle") / "bundle"
+    assert models_main(["bundle", "--models", str(tiny_bundle), "--resolution", SIZE, "--target", "rk3588",
+                        "--out", str(out), "--toolkit-venv", str(rknn_venv), "--jobs", "2", "--per-worker", "0"]) == 0
+    return out
+
+
+def test_npu_bundle_is_compiled_and_holds_no_onnx_graphs(npu_bundle, rknn_venv, tiny_bundle, capsys, monkeypatch):
+    from models.backends.rknn import compiled_path
+    from models.pack import load_pack, onnx_omitted
+    from models.rknn.compile import toolkit_version
+    data = json.loads((npu_bundle / BUNDLE_JSON).read_text())
+    toolkit = toolkit_version(rknn_venv)
+    assert data["target"] == "rk3588" and data["toolkit"] == toolkit == "2.5.0"
+    for part, models in (("dit-128x128", 84), ("vae-128x128", 2)):
+        m = json.loads((npu_bundle / part / MANIFEST).read_text())
+        assert onnx_omitted(m) and len(m["branches"]) == models
+        assert {(b["rknn"]["target"], b["rknn"]["toolkit"]) for b in m["branches"]} == {("rk3588", toolkit)}
+        assert len(list((npu_bundle / part).rglob("*.rknn"))) == models
+        assert not list((npu_bundle / part).rglob("*.onnx"))          # the board never reads them
+    pack = load_pack(npu_bundle / "dit-128x128", check=True)          # the loader accepts the compiled pack as it is
+    assert compiled_path(pack.dir / pack.branches[0]["onnx"]).is_file()
+    assert read_bundle(npu_bundle, hashes=True).backend == "rknn"
+    capsys.readouterr()
+    # a second run compiles nothing: every part is kept
+    assert models_main(["bundle", "--models", str(tiny_bundle), "--resolution", SIZE, "--target", "rk3588",
+                        "--out", str(npu_bundle), "--toolkit-venv", str(rknn_venv)]) == 0
+    assert capsys.readouterr().err.count("kept (complete)") == 3
+
+
+def test_init_npu_bundle_checks_the_runtime(npu_bundle, tmp_path, capsys, monkeypatch):
+    from stages.config import load_config
+    monkeypatch.delenv("ANIMA_RKNN_STANDIN", raising=False)
+    run = tmp_path / "run"
+    assert cli.main(["--run", str(run), "init", "--bundle", str(npu_bundle), "--quick"]) == 2    # no rknnlite here
+    err = capsys.readouterr().err
+    assert "cannot import rknnlite.api" in err and "the bundle needs rknn-toolkit-lite2 2.5.0" in err
+    assert not run.exists()
+    monkeypatch.setenv("ANIMA_RKNN_STANDIN", "1")                  # the labelled stand-in imitates 2.5.0
+    from models.backends import rknnlite_standin
+    monkeypatch.setattr(rknnlite_standin, "LITE_VERSION", "2.3.2")
+    assert cli.main(["--run", str(run), "init", "--bundle", str(npu_bundle), "--quick"]) == 2
+    assert "compiled with rknn-toolkit2 2.5.0, but rknn-toolkit-lite2 2.3.2 is installed: install the same " \
+           "release, pip install 'rknn-toolkit-lite2==2.5.0'" in capsys.readouterr().err
+    monkeypatch.undo()
+    monkeypatch.setenv("ANIMA_RKNN_STANDIN", "1")
+    assert cli.main(["--run", str(run), "init", "--bundle", str(npu_bundle)]) == 0
+    cfg = load_config(run / "pipeline.toml")
+    assert cfg.backend == "rknn" and cfg.stage_settings("vae")["backend"] == "rknn"
+    assert cfg.stage_settings("encoder")["backend"] == "onnx"

@@ -1,0 +1,96 @@
+"""Fail before the work: a pack or runtime problem stops a stage at its start (exit 2, the cause in the job's error,
+not retried), and a size with a DiT pack but no VAE pack is refused at submit, never after the denoise."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from protocol import messages as m
+from stages.base import EXIT_CONFIG
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _stage(stage: str, config: Path, env=None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in ("SUPERVISOR_ENABLED",)}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, "-m", f"stages.{stage}", "--config", str(config)], capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+def test_encoder_without_its_pack_folder_exits_2_naming_it(tmp_path):
+    cfg = tmp_path / "pipeline.toml"
+    cfg.write_text(f'run_dir = "{tmp_path}"\n[stage.encoder]\nbackend = "onnx"\npack = "packs/encoder"\n')
+    r = _stage("encoder", cfg)
+    assert r.returncode == EXIT_CONFIG, r.stderr              # 1 would have supervisord start it again, in vain
+    assert f"stage.encoder.pack: {tmp_path / 'packs' / 'encoder'}: no such encoder pack folder" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_rknn_backend_without_rknnlite_is_refused_at_start(tmp_path, pipeline_assets):
+    """Refused at its start, so a job never spends its encode before the first branch finds the runtime absent."""
+    _, pack = pipeline_assets
+    cfg = tmp_path / "pipeline.toml"
+    cfg.write_text(f'run_dir = "{tmp_path}"\npack_dir = "{pack}"\nbackend = "rknn"\n')
+    r = _stage("executor", cfg, env={"ANIMA_RKNN_STANDIN": "0"})
+    assert r.returncode == EXIT_CONFIG, r.stderr
+    assert "backend = 'rknn': rknn backend: cannot import rknnlite.api" in r.stderr
+    assert "install rknn-toolkit-lite2 and librknnrt.so" in r.stderr
+
+
+def test_a_size_without_a_vae_pack_is_refused_at_submit(tmp_path, tiny_bundle):
+    from models.vae.pack import build_vae_pack
+    from orchestrator.daemon import Daemon
+    from orchestrator.runfolder import init_run
+    from stages.config import load_config
+    from tests.doubles_harness import fake_pack
+    a, b = fake_pack(tmp_path / "a", 64, 64), fake_pack(tmp_path / "b", 64, 32)
+    vae = build_vae_pack(next((tiny_bundle / "vae").glob("*.safetensors")), tmp_path / "vae64", (64, 64), threads=1)
+    rf = init_run(tmp_path / "run", packs=[a, b])
+    rf.pipeline_toml.write_text(rf.pipeline_toml.read_text() + f'\n[stage.vae]\nbackend = "onnx"\nvae_pack = '
+                                                               f'["{vae}"]\n')
+    d = Daemon(load_config(rf.pipeline_toml), rf, supervisor=object())
+    try:
+        def submit(w, h):
+            return d.handle(m.Submit(prompt_json=json.dumps({"prompt": "a", "width": w, "height": h}),
+                                     base_dir=str(tmp_path)))
+        assert isinstance(submit(64, 64), m.Submitted)
+        bad = submit(64, 32)
+        assert isinstance(bad, m.Error) and bad.field == "width"
+        assert "64x32 has a model pack but no VAE pack (stage.vae.vae_pack has: 64x64)" in bad.message
+        assert len(d.store.list()) == 1                        # nothing queued for it
+    finally:
+        d.ctx.term()
+
+
+@pytest.mark.slow
+def test_a_stage_config_exit_fails_the_job_at_once_with_its_cause(tmp_path, pipeline_assets):
+    """Through supervisord: the encoder's pack folder is missing; the job fails at its start with the encoder's own
+    words and without restarts that would fail the same way (the cause is in the job's error, not only in
+    encoder.log)."""
+    from tests.pipeline_harness import Pipeline
+    models, pack = pipeline_assets
+    missing = tmp_path / "nowhere" / "encoder"
+    with Pipeline.start(models, pack, extra_toml=f'[stage.encoder]\nbackend = "onnx"\npack = "{missing}"\n') as p:
+        job = p.submit({"prompt": "a", "steps": 1})
+        info = p.wait(job, timeout_s=240)
+        assert info.state == "failed"
+        assert info.error.startswith("cannot start: ") and "stage.encoder.pack: " in info.error
+        assert "no such encoder pack folder" in info.error
+        assert str(missing) in info.error and "not retried" in info.error
+        assert p.sup.info("encoder").exitstatus == EXIT_CONFIG
+
+
+def test_the_executor_backend_under_its_table_says_it_belongs_at_the_top(tmp_path):
+    """The message says where `backend` goes (an `unknown setting` list would not)."""
+    from stages.config import ConfigError, load_config
+    cfg = tmp_path / "pipeline.toml"
+    cfg.write_text('run_dir = "."\n[stage.executor]\nbackend = "rknn"\n')
+    with pytest.raises(ConfigError, match=r'stage\.executor\.backend: the executor\'s backend is a top-level key: '
+                                          r'put backend = "rknn" above every \[stage\.…\] table'):
+        load_config(cfg)
