@@ -118,7 +118,7 @@ def board_ram_gb(mem_total_kb) -> int | str:
     return min((4, 8, 16, 32), key=lambda g: abs(g - gib))
 
 
-def shared_table(steps: list, policy: str, ram_gb) -> tuple:
+def shared_table(steps: list, policy: str, ram_gb, vae: str = "cpu") -> tuple:
     """The rows bench/overhead.py prints (one table code), from this run's measured steps -> (lines, row dicts).
     The denoise is measured; the job's encode/decode are bench/overhead.py's figures (reference sd.cpp CPU VAE and
     the encoder estimate), said so; the last line is the interface line both benches end with."""
@@ -128,7 +128,7 @@ def shared_table(steps: list, policy: str, ram_gb) -> tuple:
     rows = rows_from_steps(steps)                       # no model: every figure as measured on this board
     lines = ["== the rows of bench/overhead.py, measured on this board"] + format_rows("measured", rows)
     if any(r.computed for r in rows):
-        p = project(rows, **job_figures(BoardModel()))
+        p = project(rows, **job_figures(BoardModel()), vae=vae)
         lines += [POLICY_HEADER, format_policy_line(policy, ram_gb, p, "measured")]
         lines += projection_notes(p, "measured denoise; encode/decode as in bench/overhead.py (modelled)")
         lines.append(summary_line(policy, ram_gb, p))
@@ -148,6 +148,8 @@ def main(argv=None) -> int:
     ap.add_argument("--resident-mb", type=float, default=None, help="budget for the resident policy (MiB)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--vae", default="npu", choices=("npu", "cpu"), help="which VAE the last line's job_s counts "
+                    "(as bench/overhead.py: npu = the VAE pack estimate, cpu = the reference's sd.cpp decode)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     why = board_check()
@@ -209,7 +211,7 @@ def main(argv=None) -> int:
     print(f"job wall {out['job']['wall_s']:.1f} s, pure NPU {out['job']['npu_s']:.1f} s; peak PSS "
           f"{out['peak_pss_mb']:.0f} MB; swap growth {out['swap_growth_mb']} MB; RKNPU driver {out['driver']}")
     out["board_ram_gb"] = board_ram_gb(probes.meminfo_kb().get("MemTotal"))
-    lines, out["rows"] = shared_table(steps, board.policy.name, out["board_ram_gb"])
+    lines, out["rows"] = shared_table(steps, board.policy.name, out["board_ram_gb"], args.vae)
     text = json.dumps(out, indent=1, default=float)
     if args.json:
         from models.durable import atomic_write

@@ -5,13 +5,15 @@ policy and board RAM, and the table a board owner reads.
     .venv/bin/python bench/overhead.py --backend board-sim --policy all --board-ram 8,16,32 --steps 2 --time-scale 0.5
     .venv/bin/python bench/overhead.py --backend rknn --pack packs/anima-512 --models MODELS --policy auto   # a board
     .venv/bin/python bench/overhead.py --analytic --policy all --board-ram 8,16,32     # the timeline only, no runs
+    .venv/bin/python bench/overhead.py --analytic --policy auto --board-ram 8 --vae cpu   # the reference's CPU VAE
 
 board-sim: the executor's phases and the scheduler's host ops are paced to the MODELLED RK3588 (models/board/cost.toml,
 reference board figures) for the full-size model at 512x512, times --time-scale; the tiny pack computes the real
 outputs. Every line says what is modelled and the time scale. Per policy: step wall, pure NPU, visible lifecycle,
 host, transport per computed step (board seconds; transport and the rest measured here), overhead_ratio = denoise
 wall / sum of pure NPU inference, and the projected 20-step Spectrum job (encode estimate + denoise + decode: the
-reference's 155.04 s CPU VAE, and the NPU VAE estimate). `--steps N` runs N steps (N < 20: the 20-step projection
+reference's 155.04 s CPU VAE, and the NPU VAE estimate; `--vae npu|cpu`, default npu as the board bundle configures
+it, says which one the last line's job_s counts). `--steps N` runs N steps (N < 20: the 20-step projection
 follows from the per-step figures). The analytic timeline (models/board/timeline.py, what `auto` evaluates) is
 printed beside each run. JSON and a PNG (per-step stacked bars per policy) go to bench/out/; runs of earlier
 invocations in the same JSON file are kept (same policy, RAM, steps and time scale: replaced). The last line is
@@ -30,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from models.board import auto as board_auto  # noqa: E402
-from models.board.account import (POLICY_HEADER, format_policy_line, format_rows, job_figures,  # noqa: E402
-                                           project, projection_notes, rows_from_steps, summary_line)
+from models.board.account import (POLICY_HEADER, VAES, format_policy_line, format_rows,  # noqa: E402
+                                  job_figures, project, projection_notes, rows_from_steps, summary_line)
 from models.board.cost import BOARD_RAMS_GB, LABEL, BoardModel, Shape  # noqa: E402
 from models.board.pace import check_time_scale, scale_note  # noqa: E402
 from models.policy import parse_policy  # noqa: E402
@@ -90,7 +92,7 @@ def run_one(args, assets, model: BoardModel, policy: str, ram: int) -> dict:
         pipe.stop()
     board = args.backend == "board-sim"
     rows = rows_from_steps(report["steps"], args.time_scale, model if board else None)
-    proj = project(rows, **job_figures(model))
+    proj = project(rows, **job_figures(model), vae=args.vae)
     chosen = re.findall(r"auto \(.*?\): .*? -> (\S+);", log)
     analytic = board_auto.evaluate(model, shape, budget, transport_s=proj.transport_step_s / 84)
     ledger = trace[-1].get("board", [{}])[0] if trace else {}
@@ -173,7 +175,7 @@ def plot(runs: list, path: Path) -> None:
     plt.close(fig)
 
 
-def analytic_table(model: BoardModel, policies: list, rams: list) -> list:
+def analytic_table(model: BoardModel, policies: list, rams: list, vae: str = "npu") -> list:
     """The projection from the analytic timeline alone (what `auto` evaluates), in the bench's table rows."""
     from models.board.account import Projection
     lines, last = [POLICY_HEADER + "  contexts"], ""
@@ -192,7 +194,7 @@ def analytic_table(model: BoardModel, policies: list, rams: list) -> list:
             denoise = e.denoise_s
             p = Projection(c.wall_s, w.wall_s, w.npu_s, w.lifecycle_s, w.host_s, w.transport_s, 0.0, denoise,
                            j["encode_s"], j["decode_s"], j["encode_s"] + denoise + j["decode_s"], j["decode_npu_s"],
-                           j["encode_s"] + denoise + j["decode_npu_s"])
+                           j["encode_s"] + denoise + j["decode_npu_s"], vae=vae)
             name = f"auto: {e.policy.name}" if pol == "auto" else e.policy.name
             lines.append(format_policy_line(name, ram, p, f"{LABEL}, analytic") + f"  {e.contexts}")
             last = summary_line(pol, ram, p)
@@ -215,6 +217,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="default bench/out/overhead-BACKEND.json (runs are merged)")
     ap.add_argument("--plot", default=None, help="default: the JSON's path with .png")
     ap.add_argument("--analytic", action="store_true", help="print the analytic timeline's table only (no runs)")
+    ap.add_argument("--vae", default="npu", choices=VAES, help="where the job's VAE decodes (the last line's job_s): "
+                    "npu = a VAE pack on the NPU (estimate; the board bundle's default), cpu = the reference's "
+                    "stable-diffusion.cpp (R11)")
     args = ap.parse_args(argv)
     try:
         args.time_scale = check_time_scale(args.time_scale)
@@ -234,7 +239,7 @@ def main(argv=None) -> int:
         return 2
     if args.analytic:
         model = BoardModel(Shape.of_pack(args.pack, "full")) if args.pack else BoardModel()
-        for line in model.describe() + analytic_table(model, policies, rams):
+        for line in model.describe() + analytic_table(model, policies, rams, args.vae):
             print(line)
         return 0
     if args.pack:

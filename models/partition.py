@@ -226,6 +226,19 @@ def context_mask(rows: int, text_tokens: int, dtype=np.float32) -> np.ndarray:
     return m
 
 
+def io_elements(kind: str, sym: dict, long_context: bool = False) -> tuple:
+    """(elements of every input, of every output) one call of a branch kind moves, for the symbol values `sym`
+    (`symbols`, or a modelled shape's): what the board model prices tensor I/O by."""
+    spec = branch_spec(kind)
+
+    def count(specs) -> int:
+        try:
+            return sum(int(np.prod([sym[d] if isinstance(d, str) else int(d) for d in s.shape])) for s in specs)
+        except KeyError as e:
+            raise ValueError(f"branch kind {kind!r}: no value for the shape symbol {e.args[0]!r}") from None
+    return count([i for i in spec.inputs if long_context or not i.long_context]), count(spec.outputs)
+
+
 def resolve_io(specs, cfg: DiTConfig, geom: Geometry, pack_dtype: str) -> list:
     """[IOSpec] -> [{"name", "shape": [ints], "dtype": "f16"|"f32"}]."""
     sym, dt = symbols(cfg, geom), pack_io_dtype(pack_dtype)

@@ -152,7 +152,7 @@ def test_host_pacer(pack, monkeypatch):
     naps, real_sleep = [], time.sleep
     monkeypatch.setattr(time, "sleep", lambda s: naps.append(s) or real_sleep(s))
     pacer = HostPacer.for_pack(pack.dir, 0.5)
-    assert pacer.pass_s * 6 == pytest.approx(0.1658 * 64 / 1024)          # board-facts.md:15, scaled by L x D
+    assert pacer.pass_s * 6 == pytest.approx(0.1658 * 64 / 1024)          # R3, scaled by L x D
     t0 = time.monotonic()
     p = pacer.op(t0)
     assert time.monotonic() - t0 >= pacer.pass_s / 2 * 0.5 and p.modelled_s == pytest.approx(pacer.pass_s / 2)
@@ -313,3 +313,31 @@ def test_pipeline_job_on_board_sim_equals_onnx(assets):
     table = format_table(report)
     assert "modelled" in table and "time_scale=0.01" in table and "measured" in table
     json.dumps(report)
+
+
+def test_contexts_inferring_at_once_share_the_npu_as_the_peers_measured():
+    """NPU work of n contexts at once progresses at concurrent_speedup[n-1] / n each (1.78x / 2, 2.39x / 3: peer
+    figures P1, P2); one alone at full speed; one that starts after another finished is not slowed."""
+    board = Board(8, 1.0)
+
+    def run(n: int, work: float = 0.2) -> list:
+        gate, got = threading.Barrier(n), []
+
+        def one():
+            gate.wait()
+            got.append(board.npu_work(clock(), work, 1.0, 0.0, lambda: None)[1])
+        threads = [threading.Thread(target=one) for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        return got
+    (alone,) = run(1)
+    assert alone.modelled_s == pytest.approx(0.2, rel=0.02) and alone.wall_s >= 0.2 * 0.99
+    for n, speedup in ((2, 1.78), (3, 2.39)):
+        for p in run(n):
+            assert p.modelled_s == pytest.approx(0.2 * n / speedup, rel=0.05)
+            assert p.wall_s + 0.005 >= p.target_s
+    first = board.npu_work(clock(), 0.05, 1.0, 0.0, lambda: None)[1]
+    second = board.npu_work(clock(), 0.05, 1.0, 0.0, lambda: None)[1]
+    assert first.modelled_s == pytest.approx(0.05, rel=0.05) and second.modelled_s == pytest.approx(0.05, rel=0.05)

@@ -8,8 +8,11 @@ board's time for the FULL-SIZE model at the pack's resolution (models/board/cost
     init     memory check (modelled MemAvailable must stay >= 1.5 GiB, else BackendError as a board would fail),
              CPU slot, ONNX Runtime session (real), sleep to the modelled init_runtime time; the context keeps its
              core mask
-    infer    tensor I/O in and out (modelled, CPU; one sleep), then an NPU core of the context's mask (exclusive:
-             waits while it is busy), the real inference, sleep to the modelled NPU time
+    infer    tensor I/O in and out (modelled by the bytes the call moves, CPU; one sleep), then an NPU core of the
+             context's mask (exclusive: waits while it is busy), the real inference, and the modelled NPU time: the
+             NPU work of every context inferring at once progresses at concurrent_speedup[n-1] / n of one context's
+             speed (n of them; 1.78x / 2 and 2.39x / 3, peer figures), so two or three contexts side by side take
+             as long as the board's cores do
     release  CPU slot, drop the session (real), sleep to the modelled release time; memory returned
 
 The modelled board (3 NPU cores, `cpu_slots` CPU slots for load/init/release, the memory ledger) is shared by every
@@ -60,6 +63,9 @@ class Board:
         self.core_wait_s = self.cpu_wait_s = 0.0
         self.refusals = 0
         self._announced = False
+        self._shares: dict = {}                   # NPU work in progress: id -> _Share (guarded by _cores_cv)
+        self._share_t = clock()
+        self._rates = base                         # concurrent_speedup (the cost model's)
 
     @classmethod
     def shared(cls, ram_gb: int = 8, time_scale: float = 1.0, board_model: str = "full") -> "Board":
@@ -156,6 +162,52 @@ class Board:
                     self._busy[c] = False
                 self._cores_cv.notify_all()
 
+    # -- the NPU's cores shared by the contexts inferring at once ------------------------------------------------
+    def _advance(self) -> None:
+        """Bring every share's progress up to now (under _cores_cv): piecewise, since the rate changes whenever one
+        finishes its work."""
+        now = clock()
+        dt = (now - self._share_t) / self.time_scale          # board seconds since the last update
+        self._share_t = now
+        while dt > 1e-12:
+            busy = [sh for sh in self._shares.values() if sh.remaining > 0]
+            if not busy:
+                return
+            rate = self._rates.rate(len(busy))
+            step = min(dt, min(sh.remaining / (rate * sh.mult) for sh in busy))
+            for sh in busy:
+                sh.remaining = max(0.0, sh.remaining - step * rate * sh.mult)
+                sh.elapsed += step
+            dt -= step
+
+    def npu_work(self, t1: float, work_s: float, mult: float, credit_s: float, real) -> tuple:
+        """Run `real()` (the inference here) as one context's NPU work of `work_s` board seconds (at one context's
+        speed x `mult`), begun at `t1`, shared with whatever else infers meanwhile -> (real()'s result, Paced)."""
+        share = _Share(max(0.0, work_s - credit_s / self.time_scale), mult)
+        key = object()
+        with self._cores_cv:
+            self._advance()
+            self._shares[key] = share
+            self._cores_cv.notify_all()
+        try:
+            out = real()
+            t_real = clock()
+            with self._cores_cv:
+                while True:
+                    self._advance()
+                    if share.remaining <= 0:
+                        break
+                    n = sum(1 for sh in self._shares.values() if sh.remaining > 0)
+                    left = share.remaining / (self._rates.rate(n) * share.mult) * self.time_scale
+                    self._cores_cv.wait(max(left, 1e-4))
+        finally:
+            with self._cores_cv:
+                self._advance()
+                self._shares.pop(key, None)
+                self._cores_cv.notify_all()
+        modelled = share.elapsed + credit_s / self.time_scale
+        return out, Paced(modelled, modelled * self.time_scale, t_real - t1, clock() - t1, credit_s)
+
     def add(self, phase: str, p: Paced) -> None:
         with self._lock:
             self.totals[phase].add(p)
@@ -168,6 +220,13 @@ class Board:
                     "peak_busy_cores": self.peak_busy,
                     "core_wait_s": self.core_wait_s, "cpu_wait_s": self.cpu_wait_s,
                     "phases": {k: t.to_dict() for k, t in self.totals.items()}}
+
+
+class _Share:
+    """One context's NPU work in progress: board seconds left at one context's speed, board seconds it has run."""
+
+    def __init__(self, remaining: float, mult: float):
+        self.remaining, self.mult, self.elapsed = remaining, mult, 0.0
 
 
 def shared_ledgers() -> list:
@@ -269,9 +328,11 @@ class BoardSimBackend(BranchBackend):
         self._phase("io", self._chain.pace(t0, fig.io_s, scale))
         with self.board.npu(self.mask_key, self.cores) as taken:
             t1 = clock()
-            out = self.onnx.infer(inputs)                            # real: the branch's outputs
-            npu_s = fig.npu_s / (self._model.multi_core_speedup if len(taken) > 1 else 1.0)
-            self._phase("npu", self._chain.pace(t1, npu_s, scale), cores=list(taken), at=t1, end=clock())
+            credit = min(self._chain.start(t1), fig.npu_s * scale)
+            mult = self._model.multi_core_speedup if len(taken) > 1 else 1.0
+            out, p = self.board.npu_work(t1, fig.npu_s, mult, credit,
+                                         lambda: self.onnx.infer(inputs))    # real: the branch's outputs
+            self._phase("npu", self._chain.end(p), cores=list(taken), at=t1, end=clock())
         return out
 
     def release(self) -> None:

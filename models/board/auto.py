@@ -20,7 +20,7 @@ from models.policy import MAX_PREFETCH, Policy
 
 log = logging.getLogger(__name__)
 
-COMPUTED_STEPS = 11          # a 20-step Spectrum job computes 11 steps (board-facts.md:28)
+COMPUTED_STEPS = 11          # a 20-step Spectrum job computes 11 steps (R8, docs/board-figures.md)
 TIE = 0.005                  # within 0.5 % of the fastest: prefer less memory, then a simpler policy
 
 

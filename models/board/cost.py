@@ -7,10 +7,14 @@ Scaling rules (the reference: Anima 2B, 1024 image tokens, 512 text tokens):
   ~ L^2 (self-attention scores and weights x V), `constant` (cross-attention's k/v projections of the text); each part
   scales with its own FLOP count, so other widths scale by weight bytes (the linear parts) and by width (attention).
 - lifecycle (load, init, release) and context memory: by the branch's weight bytes; independent of the resolution.
-- host ops and tensor I/O: by L x D (elementwise over the [L, D] tensors).
+- host ops: by L x D (elementwise over the [L, D] tensors).
+- tensor I/O: by the bytes a call moves in and out (the branch table's shapes, models/partition.py), at two per-MB
+  rates: the peers' in:out ratio scaled to the reference's unattributed remainder (`io_rates`).
+- N contexts inferring at once (dual_core, shards): each at concurrent_speedup[N-1] / N of its own speed.
 - a LoRA-ready pack (lora_rank R > 0): each projection's low-rank term x·Aᵀ·Bᵀ adds 2·rows·R·(in + out) FLOPs to
   the part its rows scale with (image tokens: linear; the text context's k/v: constant), priced at the branch's
-  own FLOP rate (the projections' MatMuls it runs beside). Its input bytes are not priced here: I/O scales by L x D.
+  own FLOP rate (the projections' MatMuls it runs beside). Its factor inputs are not priced as tensor I/O: the
+  branch table's shapes, which the I/O term reads, hold no factors.
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+from models.partition import TEXT_TOKENS, io_elements
 
 try:
     import tomllib
@@ -30,6 +36,7 @@ BOARD_RAMS_GB = (8, 16, 32)
 LABEL = "modelled"             # every printed board figure carries this word
 MODELS = ("full", "pack")      # what a pack is modelled as: the official 2B widths, or the pack's own config
 GIB = 1024.0                   # MiB per GiB
+MB = 1e6                       # the peers' per-MB I/O figures are per 10^6 bytes
 
 
 class CostModelError(ValueError):
@@ -56,6 +63,15 @@ class Shape:
     tokens: int
     text_tokens: int = 512
     lora_rank: int = 0        # R of a LoRA-ready pack (0: plain)
+
+    def symbols(self) -> dict:
+        """Values of the branch table's shape symbols (models.partition.BRANCHES) for this shape."""
+        return {"L": self.tokens, "S": self.text_tokens, "D": self.width, "Dc": self.context_dim,
+                "HD2": self.head_dim // 2}
+
+    def io_elements(self, kind: str) -> tuple:
+        """(input elements, output elements) of one call of a branch kind at this shape."""
+        return io_elements(kind, self.symbols(), self.text_tokens > TEXT_TOKENS)
 
     @classmethod
     def reference(cls, cost: dict) -> "Shape":
@@ -136,17 +152,24 @@ def weight_bytes(kind: str, s: Shape, itemsize: int = 2) -> int:
 
 @dataclass(frozen=True)
 class KindFigures:
-    """Board seconds (modelled) for one branch model of a kind: lifecycle per model, NPU and tensor I/O per
-    inference (one pass)."""
+    """Board seconds (modelled) for one branch model of a kind: lifecycle per model, NPU and tensor I/O (in, out)
+    per inference (one pass); and the bytes that I/O moves."""
     load_s: float
     init_s: float
     release_s: float
     npu_s: float
-    io_s: float
+    io_in_s: float
+    io_out_s: float
+    bytes_in: int = 0
+    bytes_out: int = 0
 
     @property
     def lifecycle_s(self) -> float:
         return self.load_s + self.init_s + self.release_s
+
+    @property
+    def io_s(self) -> float:
+        return self.io_in_s + self.io_out_s
 
 
 class BoardModel:
@@ -160,13 +183,17 @@ class BoardModel:
         try:
             self.ref = Shape.reference(self.cost)
             self.shape = shape or self.ref
-            self.kinds = {k: self._kind(k) for k in KINDS}
             c = self.cost
+            self.speedups = [float(x) for x in c["npu"]["concurrent_speedup"]]
+            if not self.speedups or self.speedups[0] != 1.0 or any(b < a for a, b in zip(self.speedups,
+                                                                                         self.speedups[1:])):
+                raise ValueError("npu.concurrent_speedup must start at 1.0 and never fall")
+            self.in_s_per_mb, self.out_s_per_mb = self.io_rates()
+            self.kinds = {k: self._kind(k) for k in KINDS}
             lsd = (self.shape.tokens * self.shape.width) / (self.ref.tokens * self.ref.width)
             self.host_block_s = c["host"]["per_block_s"] * lsd            # both passes, one block
             self.cores = int(c["npu"]["cores"])
             self.cpu_slots = int(c["lifecycle"]["cpu_slots"])
-            self.concurrent_efficiency = float(c["npu"]["concurrent_efficiency"])
             self.multi_core_speedup = float(c["npu"]["multi_core_speedup"])
             mem = c["memory"]
             self._mem_n = [0] + list(mem["contexts"])
@@ -191,9 +218,39 @@ class BoardModel:
         total = sum(sweep.values())
         wf = weight_bytes(kind, s) / weight_bytes(kind, ref)
         per = c["lifecycle"]["per_model_s"][kind] * wf
-        io = c["io"]["per_inference_s"] * (s.tokens * s.width) / (ref.tokens * ref.width)
+        n_in, n_out = s.io_elements(kind)
+        b_in, b_out = n_in * int(c["io"]["board_itemsize"]), n_out * int(c["io"]["out_itemsize"])
         return KindFigures(load_s=per * sweep["load"] / total, init_s=per * sweep["init"] / total,
-                           release_s=per * sweep["release"] / total, npu_s=npu, io_s=io)
+                           release_s=per * sweep["release"] / total, npu_s=npu,
+                           io_in_s=b_in / MB * self.in_s_per_mb, io_out_s=b_out / MB * self.out_s_per_mb,
+                           bytes_in=b_in, bytes_out=b_out)
+
+    def io_rates(self) -> tuple:
+        """(seconds per MB in, seconds per MB out): the peers' per-MB figures (P5, P6) in their ratio, scaled so that
+        the reference's bytes of one step (its inputs and outputs as it passed them) cost the reference's
+        unattributed remainder (R7); the only figure at this model's tensor shapes."""
+        io, ref = self.cost["io"], self.ref
+        b_in = b_out = 0
+        for kind in KINDS:
+            n_in, n_out = ref.io_elements(kind)
+            b_in += 2 * ref.blocks * n_in * int(io["reference_in_itemsize"])       # two passes per step
+            b_out += 2 * ref.blocks * n_out * int(io["reference_out_itemsize"])
+        peer_in, peer_out = io["peer_in_ms_per_mb"] / 1000, io["peer_out_ms_per_mb"] / 1000
+        scale = self.cost["step"]["remainder_s"] / (b_in / MB * peer_in + b_out / MB * peer_out)
+        return peer_in * scale, peer_out * scale
+
+    def io_seconds(self, bytes_in: float, bytes_out: float) -> tuple:
+        """(in, out) seconds of tensor I/O for a call moving these bytes (a shard, a LoRA-ready branch)."""
+        return bytes_in / MB * self.in_s_per_mb, bytes_out / MB * self.out_s_per_mb
+
+    def speedup(self, n: int) -> float:
+        """Summed throughput of n contexts inferring at once on n NPU cores, over one context's (P1, P2)."""
+        n = max(1, min(int(n), self.cores))
+        return self.speedups[min(n, len(self.speedups)) - 1]
+
+    def rate(self, n: int) -> float:
+        """The speed of each of n contexts inferring at once, as a fraction of one context alone."""
+        return self.speedup(n) / max(1, min(int(n), self.cores))
 
     def npu_parts(self, kind: str) -> dict:
         """Seconds of one inference by scaling part (what tests and docs show): {"linear", "quadratic", "constant"}."""
@@ -261,11 +318,16 @@ class BoardModel:
     def describe(self) -> list:
         """Lines for logs and benches: every one says modelled and where the figures come from."""
         s, p = self.shape, self.step_parts()
-        out = [f"{LABEL} RK3588 board ({self.source}, reference board figures): shape D={s.width} F={s.ffn_width} "
+        out = [f"{LABEL} RK3588 board ({self.source}, reference board and peer figures): shape D={s.width} F={s.ffn_width} "
                f"blocks={s.blocks} tokens={s.tokens}"]
         for k, f in self.kinds.items():
             out.append(f"{LABEL} {k:<5} load {f.load_s:.4f} s, init {f.init_s:.4f} s, release {f.release_s:.4f} s, "
-                       f"NPU {f.npu_s:.4f} s and tensor I/O {f.io_s:.4f} s per inference")
+                       f"NPU {f.npu_s:.4f} s and tensor I/O {f.io_s:.4f} s per inference ({f.bytes_in / MB:.2f} MB "
+                       f"in, {f.bytes_out / MB:.2f} MB out)")
         out.append(f"{LABEL} on-demand step {self.on_demand_step_s():.2f} s = NPU {p['npu_s']:.2f} + lifecycle "
                    f"{p['lifecycle_s']:.2f} + host {p['host_s']:.2f} + tensor I/O {p['io_s']:.2f}")
+        out.append(f"{LABEL} NPU cores: {self.cores}; contexts inferring at once 1/2/3: "
+                   + "/".join(f"{self.speedup(n):.2f}x" for n in range(1, self.cores + 1))
+                   + f" one context's throughput (peer figures); tensor I/O {self.in_s_per_mb * 1000:.2f} ms/MB in, "
+                   f"{self.out_s_per_mb * 1000:.2f} ms/MB out")
         return out

@@ -78,13 +78,21 @@ class Chain:
 
     def __init__(self):
         self.credit, self.last_end = 0.0, None
+        self._linked = False
 
-    def pace(self, t0: float, modelled_s: float, time_scale: float) -> Paced:
-        linked = self.last_end is not None and t0 - self.last_end <= self.CHAIN_GAP_S
-        p = pace(t0, modelled_s, time_scale, self.credit if linked else 0.0)
-        self.credit = (self.credit - p.credit_s if linked else 0.0) + p.excess_s
+    def start(self, t0: float) -> float:
+        """The credit a phase that began at `t0` may use (0 when the chain was broken)."""
+        self._linked = self.last_end is not None and t0 - self.last_end <= self.CHAIN_GAP_S
+        return self.credit if self._linked else 0.0
+
+    def end(self, p: Paced) -> Paced:
+        """Hand what the phase took beyond its credited target to the next one."""
+        self.credit = (self.credit - p.credit_s if self._linked else 0.0) + p.excess_s
         self.last_end = clock()
         return p
+
+    def pace(self, t0: float, modelled_s: float, time_scale: float) -> Paced:
+        return self.end(pace(t0, modelled_s, time_scale, self.start(t0)))
 
 
 @dataclass
@@ -116,7 +124,7 @@ class PaceTotals:
 class HostPacer:
     """The scheduler's host ops at the modelled board's pace: each pass's host op (models.dit_runner's `host_pace`
     hook) takes at least half the board's host time per branch pass x time_scale. The reference's 0.1658 s per block
-    covers both passes of its three branches (board-facts.md:15). An op that runs while the executor infers the other
+    covers both passes of its three branches (R3, docs/board-figures.md). An op that runs while the executor infers the other
     pass (interleave) is held there too, so what a policy hides stays hidden in wall time.
 
     The ops of one job form one chain (the scheduler's thread runs them in turn): what an op took beyond its target

@@ -8,8 +8,9 @@ evaluation; bench/overhead.py prints it beside the paced runs). Same figures as 
   request (the other pass) is on the NPU.
 - the executor gets the branch's context: pinned (`resident`, after the step that loaded it), prepared ahead by the
   prefetch helper, or loaded and initialised now (on demand); then infers (passes one after the other on one core,
-  or at once on two cores with `dual_core`); then releases it inside the call (on-demand) or hands the release to
-  the helper (prefetch).
+  or at once on two cores with `dual_core`, each then at the two-context rate: 1.78x / 2 of its own speed, peer
+  figures); then releases it inside the call (on-demand) or hands the release to the helper (prefetch). Tensor I/O
+  runs on the CPU beside each inference, at its own speed.
 - the prefetch helper is one FIFO thread: at a request's arrival it queues the preparation of the next `prefetch`
   branches of this step (the first branch of a step is never prefetched: no hint crosses a step), at the end of an
   inference the release of that context (the last call of a forward, with nothing ahead, releases inside the call).
@@ -57,7 +58,7 @@ def simulate_step(model: BoardModel, policy: Policy, pinned: frozenset = frozens
     seq = branch_sequence(model)
     fig = [model.kinds[k] for _, k in seq]
     h = model.host_pass_s
-    eff = model.concurrent_efficiency
+    both = model.rate(2)                                       # each of two contexts inferring at once
     per_branch = 1 if policy.interleave else 2                 # passes per request
     lanes = 2 if policy.dual_core and not dual_parallel else 1   # contexts handled one after the other
     prep = [lanes * (f.load_s + f.init_s) for f in fig]
@@ -112,7 +113,7 @@ def simulate_step(model: BoardModel, policy: Policy, pinned: frozenset = frozens
             start = max(arrive, ready)
             # 3) inference: passes in turn on one core, or both at once on two cores
             one = f.io_s + f.npu_s
-            dur = one / eff if policy.dual_core else per_branch * one
+            dur = f.io_s + f.npu_s / both if policy.dual_core else per_branch * one
             end = start + dur
             npu += per_branch * f.npu_s if not policy.dual_core else 2 * f.npu_s
             io += per_branch * f.io_s if not policy.dual_core else 2 * f.io_s
