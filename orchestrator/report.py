@@ -193,9 +193,9 @@ class JobReport:
     def _board_section(self) -> dict:
         """The modelled board's figures (board seconds) apart from what was measured here (models/board/account.py)."""
         from models.board.account import board_section
-        from models.board.cost import BoardModel, Shape
+        from models.board.cost import BoardModel
         b = self.board
-        model = BoardModel(Shape.of_pack(b["pack_dir"], b.get("board_model", "full")))
+        model = BoardModel.for_pack(b["pack_dir"], b.get("board_model", "full"), b.get("board_cost"))
         return board_section(list(self.denoised["steps"]), float(b.get("time_scale", 1.0)), model, b)
 
     def write(self, path: Path) -> Path:

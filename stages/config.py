@@ -174,6 +174,15 @@ def parse_config(data: dict[str, Any], path: Path) -> PipelineConfig:
     tables = {name: getattr(f.stage, name) for name in STAGE_TABLES}
     stage = {name: check_stage_table(name, table if table is not None else {}, w, f.backend)
              for name, table in tables.items()}
+    executor = stage["executor"]
+    if executor.board_cost is not None:                     # relative to this file; checked now, not at first use
+        cost = str(_path(base, executor.board_cost))
+        from models.board.cost import BoardModel, CostModelError
+        try:
+            BoardModel.for_pack(None, cost_path=cost)
+        except CostModelError as e:
+            raise ConfigError(f"{w}stage.executor.board_cost: {e}") from None
+        stage["executor"] = executor.replace(board_cost=cost)
     pack_dir = _path(base, f.pack_dir)
     packs = tuple(dict.fromkeys(p for p in [pack_dir] + [_path(base, p) for p in f.packs] if p is not None))
     return PipelineConfig(

@@ -129,6 +129,9 @@ class ExecutorSettings(BackendSettings, frozen=True):
     dual_masks: Annotated[list[CoreMask], Meta(min_length=2, max_length=2)] | None = None  # dual_core's two masks
     threads: Threads | None = None
     trace: PathText | None = None              # append one JSON line per branch call (relative to the config file)
+    # a board's own cost figures (bench/board.py --calibrate OUT.toml; relative to the config file): board-sim's
+    # pace and auto's choice on board-sim and rknn
+    board_cost: PathText | None = None
     dual_core: bool | None = None              # refused, naming where it goes: dual_core is a term of `policy`
     backend: Text(64) | None = None            # refused, naming where it goes: the file's top-level `backend`
 

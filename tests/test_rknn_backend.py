@@ -207,3 +207,62 @@ def test_policies_on_the_board_backend_give_on_demand_results(rknn_pack, calls):
     assert not [c for c in calls if c[0] == "release"]
     lc.close()
     assert sum(c[0] == "release" for c in calls) == sum(c[0] == "load_rknn" for c in calls) == 2 * len(compiled)
+
+
+def test_inputs_go_as_rknnlite_wants_them(feeds):
+    """The backend hands RKNNLite FP16 arrays with data_type float16 and every (non-4-D) input passed through
+    unconverted; outputs come back float32 from the runtime and leave the backend FP16, exactly ONNX Runtime's FP16
+    result; the three steps of inference() are timed apart for the calibration, and the bytes counted."""
+    pack, passes = feeds
+    for kind in ("self", "cross", "ffn"):
+        b = pack.branch(0, kind)
+        be = RknnLiteBackend(lite="standin")
+        be.load(pack.dir / b["rknn"]["file"])
+        be.init()
+        try:
+            got, split = be.infer_timed(passes[kind][0])
+            rt = be._ctx.rknn_runtime
+            assert rt.passed_through == [1] * len(b["inputs"])
+            assert set(split) == {"in_s", "npu_s", "out_s"} and min(split.values()) > 0
+            rep = be.report["passes"][-1]
+            assert rep["bytes_in"] == sum(2 * int(np.prod(i["shape"])) for i in b["inputs"])
+            assert rep["bytes_out"] == 4 * int(np.prod(b["outputs"][0]["shape"]))       # float32 from RKNNLite
+            assert rep["s"] >= sum(split.values())
+            plain = be.infer(passes[kind][0])
+            assert got["y"].dtype == np.float16
+            np.testing.assert_array_equal(got["y"], plain["y"])
+        finally:
+            be.release()
+        off = RknnLiteBackend(lite="standin", pass_through=False)        # the documented way out on a board
+        off.load(pack.dir / b["rknn"]["file"])
+        off.init()
+        try:
+            np.testing.assert_array_equal(off.infer(passes[kind][0])["y"], got["y"])
+            assert off._ctx.rknn_runtime.passed_through == [0] * len(b["inputs"])
+        finally:
+            off.release()
+
+
+def test_the_standin_keeps_rknnlites_input_rules(feeds):
+    """What the real wrapper refuses (rknn-toolkit-lite2 2.5.0, P9 in docs/board-figures.md), the stand-in refuses:
+    it logs and returns None, never computes from a buffer the board would read wrongly."""
+    pack, passes = feeds
+    b = pack.branch(0, "ffn")
+    lite = RKNNLite()
+    assert lite.load_rknn(str(pack.dir / b["rknn"]["file"])) == 0 and lite.init_runtime() == 0
+    xn = passes["ffn"][0]["xn"]
+    try:
+        ok = lite.inference(inputs=[xn], data_type=["float16"], inputs_pass_through=[1])
+        assert ok is not None and ok[0].dtype == np.float32
+        assert lite.inference(inputs=[xn.astype(np.float32)]) is not None            # converted by the runtime
+        assert lite.inference(inputs=[xn.astype(np.float32)], inputs_pass_through=[1]) is None   # not its type
+        assert lite.inference(inputs=[xn], data_type=["float32"]) is None             # data_type != dtype
+        assert lite.inference(inputs=[xn], data_type="bfloat16") is None
+        assert lite.inference(inputs=[xn], inputs_pass_through=[1, 0]) is None        # one flag per input
+        assert lite.inference(inputs=[xn.tolist()]) is None                          # not an ndarray
+        assert lite.inference(inputs=[xn, xn]) is None
+        again = lite.inference(inputs=[xn], reuse_outputs=True)
+        other = lite.inference(inputs=[passes["ffn"][1]["xn"]], reuse_outputs=True)
+        assert again[0] is other[0]                              # reused: overwritten by the next call, as documented
+    finally:
+        lite.release()

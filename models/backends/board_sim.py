@@ -30,7 +30,7 @@ from typing import Optional
 from models.backends.base import BackendError, BranchBackend
 from models.backends.core_mask import CORE_MASKS, core_mask_word
 from models.backends.onnx import OnnxBackend
-from models.board.cost import BOARD_RAMS_GB, GIB, LABEL, MODELS, BoardModel, CostModelError, Shape
+from models.board.cost import BOARD_RAMS_GB, GIB, LABEL, MODELS, BoardModel, CostModelError
 from models.board.pace import Chain, HostPacer, PaceTotals, Paced, check_time_scale, clock, scale_note
 from models.partition import parse_branch_file
 
@@ -42,13 +42,17 @@ class Board:
     _shared: dict = {}
     _shared_lock = threading.Lock()
 
-    def __init__(self, ram_gb: int = 8, time_scale: float = 1.0, board_model: str = "full"):
+    def __init__(self, ram_gb: int = 8, time_scale: float = 1.0, board_model: str = "full", board_cost=None):
         if ram_gb not in BOARD_RAMS_GB:
             raise ValueError(f"board_ram_gb {ram_gb!r}: choose one of {', '.join(map(str, BOARD_RAMS_GB))}")
         if board_model not in MODELS:
             raise ValueError(f"board_model {board_model!r}: choose one of {', '.join(MODELS)}")
         self.ram_gb, self.time_scale, self.board_model = ram_gb, check_time_scale(time_scale), board_model
-        base = BoardModel()
+        self.board_cost = str(board_cost) if board_cost else None     # a board's own figures, else cost.toml
+        try:
+            base = BoardModel.for_pack(None, board_model, self.board_cost)
+        except CostModelError as e:
+            raise ValueError(str(e)) from None
         self.cores = base.cores
         self._busy = [False] * self.cores
         self.peak_busy = 0                         # most cores busy at once (what dual_core reaches)
@@ -68,12 +72,13 @@ class Board:
         self._rates = base                         # concurrent_speedup (the cost model's)
 
     @classmethod
-    def shared(cls, ram_gb: int = 8, time_scale: float = 1.0, board_model: str = "full") -> "Board":
+    def shared(cls, ram_gb: int = 8, time_scale: float = 1.0, board_model: str = "full",
+               board_cost=None) -> "Board":
         """The process's board for these settings (every context of an executor shares it)."""
-        key = (ram_gb, float(time_scale), board_model)
+        key = (ram_gb, float(time_scale), board_model, str(board_cost) if board_cost else None)
         with cls._shared_lock:
             if key not in cls._shared:
-                cls._shared[key] = cls(ram_gb, time_scale, board_model)
+                cls._shared[key] = cls(ram_gb, time_scale, board_model, board_cost)
             return cls._shared[key]
 
     def model(self, pack_dir: Path) -> BoardModel:
@@ -81,7 +86,7 @@ class Board:
             m = self._models.get(pack_dir)
             if m is None:
                 try:
-                    m = self._models[pack_dir] = BoardModel(Shape.of_pack(pack_dir, self.board_model))
+                    m = self._models[pack_dir] = BoardModel.for_pack(pack_dir, self.board_model, self.board_cost)
                 except CostModelError as e:
                     raise BackendError(str(e)) from None
             first, self._announced = not self._announced, True
@@ -243,7 +248,7 @@ class BoardSimBackend(BranchBackend):
     parallel_contexts = 3          # three NPU cores
     takes_core_mask = True
     device = "npu"
-    SETTINGS = ("time_scale", "board_ram_gb", "board_model")    # [stage.executor] keys besides threads, core_mask
+    SETTINGS = ("time_scale", "board_ram_gb", "board_model", "board_cost")   # besides threads, core_mask
 
     @classmethod
     def auto_policy(cls, ctx):
@@ -255,7 +260,8 @@ class BoardSimBackend(BranchBackend):
     def host_pacer(cls, pack_dir, settings: dict) -> HostPacer:
         """Each host op held to the modelled board's host time x time_scale, so a policy that hides host time shows
         it in wall time (ValueError for a pack the cost model cannot size)."""
-        return HostPacer.for_pack(pack_dir, settings.get("time_scale", 1.0), settings.get("board_model", "full"))
+        return HostPacer.for_pack(pack_dir, settings.get("time_scale", 1.0), settings.get("board_model", "full"),
+                                  settings.get("board_cost"))
 
     @classmethod
     def report_section(cls, pack_dir, settings: dict) -> dict:
@@ -269,8 +275,9 @@ class BoardSimBackend(BranchBackend):
         return {"board": shared_ledgers()}
 
     def __init__(self, threads: Optional[int] = None, core_mask="auto", time_scale: float = 1.0,
-                 board_ram_gb: int = 8, board_model: str = "full", board: Optional[Board] = None):
-        self.board = board or Board.shared(board_ram_gb, time_scale, board_model)
+                 board_ram_gb: int = 8, board_model: str = "full", board_cost: Optional[str] = None,
+                 board: Optional[Board] = None):
+        self.board = board or Board.shared(board_ram_gb, time_scale, board_model, board_cost)
         self.mask_key = core_mask_word(core_mask)
         self.cores = CORE_MASKS[self.mask_key].cores
         self.onnx = OnnxBackend(threads)

@@ -26,6 +26,7 @@ REAL_MODULE = "rknnlite.api"
 STANDIN_MODULE = "models.backends.rknnlite_standin"
 STANDIN_ENV = "ANIMA_RKNN_STANDIN"       # "1": use the labelled stand-in (x86 tests); never chosen silently
 NP_DTYPES = {"f16": np.float16, "f32": np.float32}
+LITE_TYPES = {"f16": "float16", "f32": "float32"}       # RKNNLite's data_type names (P9, docs/board-figures.md)
 
 
 def lite_module(which: Optional[str] = None):
@@ -161,6 +162,7 @@ class RknnLiteBackend(BranchBackend):
     takes_core_mask = True
     needs_compiled_pack = True
     device = "npu"
+    SETTINGS = ("pass_through",)    # [stage.executor] / [stage.vae]: false hands every input converted (docs/board.md)
 
     @classmethod
     def auto_policy(cls, ctx):
@@ -177,7 +179,9 @@ class RknnLiteBackend(BranchBackend):
             return str(e)
         return ""
 
-    def __init__(self, threads: Optional[int] = None, core_mask="auto", lite: Optional[str] = None):
+    def __init__(self, threads: Optional[int] = None, core_mask="auto", lite: Optional[str] = None,
+                 pass_through: bool = True):
+        self.pass_through = bool(pass_through)
         self.api = lite_module(lite)
         self.cls = self.api.RKNNLite
         self.is_standin = bool(getattr(self.api, "IS_STANDIN", False))
@@ -238,11 +242,13 @@ class RknnLiteBackend(BranchBackend):
                 raise BackendError(f"{self._path}: init_runtime(core_mask={self.mask}) failed (is librknnrt.so "
                                    "in /usr/lib and the driver loaded? see docs/board.md)")
 
-    def infer(self, inputs: dict) -> dict:
-        """One pass: inputs in the manifest's order, outputs cast to the manifest's dtypes."""
-        if self._ctx is None:
-            raise BackendError("infer() before init()")
-        feed = []
+    def _feed(self, inputs: dict) -> tuple:
+        """Inputs as RKNNLite wants them (P9): one array per model input in the manifest's order, contiguous, in the
+        model's own dtype (FP16 for an FP16 pack: the runtime converts nothing; `data_type` says so), and passed
+        through unconverted where the input's layout is the NPU's own: every input but a 4-D one (assumed: the
+        runtime's native layout of a 1-D / 2-D FP16 tensor is the tensor itself; a 4-D one is NC1HWC2, so the VAE's
+        feature maps go converted, as NCHW). -> (arrays, inference() keyword arguments, bytes in)."""
+        feed, types, through = [], [], []
         for spec in self._entry["inputs"]:
             if spec["name"] not in inputs:
                 raise BackendError(f"{self._path}: missing input {spec['name']!r} (wants {spec['shape']})")
@@ -251,20 +257,64 @@ class RknnLiteBackend(BranchBackend):
                 raise BackendError(f"{self._path}: input {spec['name']!r} has shape {list(a.shape)}, "
                                    f"expected {spec['shape']}")
             feed.append(np.ascontiguousarray(a, NP_DTYPES.get(spec["dtype"], a.dtype)))
+            types.append(LITE_TYPES.get(spec["dtype"], str(feed[-1].dtype)))
+            through.append(int(self.pass_through and len(spec["shape"]) != 4))
+        kw = {"data_type": types, "inputs_pass_through": through}
         # 4-D inputs (the VAE's NCHW feature maps): RKNNLite reads them as NHWC unless data_format says otherwise
-        fmt = ["nchw"] * len(feed) if any(len(spec["shape"]) == 4 for spec in self._entry["inputs"]) else None
+        if any(len(spec["shape"]) == 4 for spec in self._entry["inputs"]):
+            kw["data_format"] = ["nchw"] * len(feed)
+        return feed, kw, sum(a.nbytes for a in feed)
+
+    def _outputs(self, outs) -> tuple:
+        """RKNNLite's outputs (float32 always: it has no output dtype argument, P9) in the manifest's shapes and
+        dtypes: FP16 for an FP16 pack, exact (the NPU computed FP16), half the bytes on to the host's FP32 add.
+        -> (outputs by name, bytes RKNNLite returned)."""
+        res, nbytes = {}, 0
+        for spec, y in zip(self._entry["outputs"], outs):
+            y = np.asarray(y)
+            nbytes += y.nbytes
+            y = output_as(y, spec["shape"], self._path, spec["name"])
+            res[spec["name"]] = y.astype(NP_DTYPES.get(spec["dtype"], y.dtype), copy=False)
+        return res, nbytes
+
+    def infer(self, inputs: dict) -> dict:
+        """One pass: inputs in the manifest's order and dtype, outputs cast to the manifest's dtypes."""
+        return self.infer_timed(inputs, split=False)[0]
+
+    def infer_timed(self, inputs: dict, split: bool = True) -> tuple:
+        """One pass -> (outputs, {"in_s", "npu_s", "out_s"} or None). With `split` (bench/board.py --calibrate) the
+        three steps inference() is made of (rknn_runtime.set_inputs, run, get_outputs, as rknnlite/api/rknn_lite.py
+        calls them) are timed one by one: tensor I/O in, the NPU, tensor I/O out. Where the wrapper has no such
+        runtime object, inference() runs whole and the split is None."""
+        if self._ctx is None:
+            raise BackendError("infer() before init()")
+        feed, kw, bytes_in = self._feed(inputs)
+        rt = getattr(self._ctx, "rknn_runtime", None) if split else None
+        steps = rt is not None and all(hasattr(rt, f) for f in ("set_inputs", "run", "get_outputs"))
+        split_s = None
         with self._phase(f"infer{len(self.report['passes'])}"):
             t0 = time.perf_counter()
-            outs = self._ctx.inference(inputs=feed, data_format=fmt) if fmt else self._ctx.inference(inputs=feed)
+            if steps:
+                try:
+                    rt.set_inputs(feed, kw["data_type"], kw.get("data_format"),
+                                  inputs_pass_through=kw["inputs_pass_through"])
+                    t1 = time.perf_counter()
+                    rt.run(False)
+                    t2 = time.perf_counter()
+                    outs = rt.get_outputs(False)
+                    split_s = {"in_s": t1 - t0, "npu_s": t2 - t1, "out_s": time.perf_counter() - t2}
+                except Exception as e:  # noqa: BLE001 - the runtime's own errors: the call failed
+                    log.error("%s: inference: %s", self._path, e)
+                    outs = None
+            else:
+                outs = self._ctx.inference(inputs=feed, **kw)
             dt = time.perf_counter() - t0
         if outs is None:
             raise BackendError(f"{self._path}: inference failed on core mask {self.mask}")
-        self.report["passes"].append({"core_mask": self.mask, "s": dt, "t0": t0})
-        res = {}
-        for spec, y in zip(self._entry["outputs"], outs):
-            y = output_as(np.asarray(y), spec["shape"], self._path, spec["name"])   # y: f32 from the runtime
-            res[spec["name"]] = y.astype(NP_DTYPES.get(spec["dtype"], y.dtype), copy=False)
-        return res
+        res, bytes_out = self._outputs(outs)
+        self.report["passes"].append({"core_mask": self.mask, "s": dt, "t0": t0, "bytes_in": bytes_in,
+                                      "bytes_out": bytes_out, **(split_s or {})})
+        return res, split_s
 
     def release(self) -> None:
         with self._phase("release"):

@@ -171,7 +171,8 @@ def board_section(steps: list, time_scale: float, model: BoardModel, settings: d
     rows = rows_from_steps(steps, time_scale, model)
     comp = [r for r in rows if r.computed]
     tot = lambda k: sum(getattr(r, k) for r in rows)      # noqa: E731
-    out = {"label": LABEL, "source": f"{model.source} (reference board figures)", "time_scale": time_scale,
+    what = "a board's own calibration" if model.measured else "reference board and peer figures"
+    out = {"label": LABEL, "source": f"{model.source} ({what})", "time_scale": time_scale,
            "board_ram_gb": settings.get("board_ram_gb", 8), "board_model": settings.get("board_model", "full"),
            "modelled": {"denoise_s": tot("wall_s") - tot("transport_s") - tot("other_s"),
                         "npu_s": tot("npu_s"), "io_s": tot("io_s"), "inference_s": tot("infer_s"),

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
-from models.board.cost import BOARD_RAMS_GB, LABEL, BoardModel, Shape
+from models.board.cost import BOARD_RAMS_GB, LABEL, BoardModel
 from models.board.timeline import StepTimeline, branch_sequence, pinned_branches, simulate_step
 from models.policy import MAX_PREFETCH, Policy
 
@@ -145,13 +145,13 @@ def choose_policy(ctx, mem_available_mib: Optional[float] = None) -> Policy:
     settings = dict(ctx.settings or {})
     packs = tuple(getattr(ctx, "packs", ()) or ())
     # the default pack (the first) sizes the model; without one, the reference configuration (512x512)
-    shape = Shape.of_pack(packs[0], settings.get("board_model", "full")) if packs else None
-    model = BoardModel(shape)
+    model = BoardModel.for_pack(packs[0] if packs else None, settings.get("board_model", "full"),
+                                settings.get("board_cost"))
     mib, basis = budget(model, settings, mem_available_mib)
     best, evals = choose(model, mib)
     fits = ", ".join(f"{r} GB: {n}" for r, n in fit_table(model).items())
-    log.info("auto (%s, %s): %s -> %s; contexts that fit resident (%s): %s", LABEL, basis, f"{mib:.0f} MiB for "
-             "contexts", best.policy.name, LABEL, fits)
+    log.info("auto (%s, %s; %s): %s -> %s; contexts that fit resident (%s): %s", LABEL, basis, model.source,
+             f"{mib:.0f} MiB for contexts", best.policy.name, LABEL, fits)
     for e in evals[:6]:
         log.info("auto: %s", e.line())
     masks = settings.get("dual_masks")

@@ -195,6 +195,7 @@ class BoardModel:
             self.cores = int(c["npu"]["cores"])
             self.cpu_slots = int(c["lifecycle"]["cpu_slots"])
             self.multi_core_speedup = float(c["npu"]["multi_core_speedup"])
+            self.measured = c.get("calibration", {}).get("label") == "measured"   # a board's own figures
             mem = c["memory"]
             self._mem_n = [0] + list(mem["contexts"])
             self._mem_drop = [0.0] + [float(x) for x in mem["mem_available_drop_mib"]]
@@ -226,10 +227,12 @@ class BoardModel:
                            bytes_in=b_in, bytes_out=b_out)
 
     def io_rates(self) -> tuple:
-        """(seconds per MB in, seconds per MB out): the peers' per-MB figures (P5, P6) in their ratio, scaled so that
-        the reference's bytes of one step (its inputs and outputs as it passed them) cost the reference's
-        unattributed remainder (R7); the only figure at this model's tensor shapes."""
+        """(seconds per MB in, seconds per MB out): a calibrated board's measured rates, else the peers' per-MB
+        figures (P5, P6) in their ratio, scaled so that the reference's bytes of one step (its inputs and outputs as
+        it passed them) cost the reference's unattributed remainder (R7): the only figure at this model's shapes."""
         io, ref = self.cost["io"], self.ref
+        if "in_ms_per_mb" in io and "out_ms_per_mb" in io:           # measured on a board (bench/board.py)
+            return io["in_ms_per_mb"] / 1000, io["out_ms_per_mb"] / 1000
         b_in = b_out = 0
         for kind in KINDS:
             n_in, n_out = ref.io_elements(kind)
@@ -314,11 +317,21 @@ class BoardModel:
             n += 1
         return n
 
+    @classmethod
+    def for_pack(cls, pack_dir=None, board_model: str = "full", cost_path=None) -> "BoardModel":
+        """The modelled board for a pack (None: the reference configuration) from a cost file: `cost_path` (a
+        board's own calibration, `[stage.executor] board_cost`) or the project's cost.toml."""
+        path = Path(cost_path) if cost_path else COST_FILE
+        cost = load_cost(path)
+        shape = Shape.of_pack(pack_dir, board_model, cost) if pack_dir is not None else None
+        return cls(shape, cost, path)
+
     # -- text -------------------------------------------------------------------------------------------------------
     def describe(self) -> list:
         """Lines for logs and benches: every one says modelled and where the figures come from."""
         s, p = self.shape, self.step_parts()
-        out = [f"{LABEL} RK3588 board ({self.source}, reference board and peer figures): shape D={s.width} F={s.ffn_width} "
+        what = "a board's own calibration" if self.measured else "reference board and peer figures"
+        out = [f"{LABEL} RK3588 board ({self.source}, {what}): shape D={s.width} F={s.ffn_width} "
                f"blocks={s.blocks} tokens={s.tokens}"]
         for k, f in self.kinds.items():
             out.append(f"{LABEL} {k:<5} load {f.load_s:.4f} s, init {f.init_s:.4f} s, release {f.release_s:.4f} s, "

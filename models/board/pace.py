@@ -139,9 +139,9 @@ class HostPacer:
         self._credit = 0.0
 
     @classmethod
-    def for_pack(cls, pack_dir, time_scale: float, board_model: str = "full") -> "HostPacer":
-        from models.board.cost import BoardModel, Shape
-        model = BoardModel(Shape.of_pack(pack_dir, board_model))
+    def for_pack(cls, pack_dir, time_scale: float, board_model: str = "full", board_cost=None) -> "HostPacer":
+        from models.board.cost import BoardModel
+        model = BoardModel.for_pack(pack_dir, board_model, board_cost)
         return cls(model.host_pass_s, time_scale)
 
     def op(self, t0: float) -> Paced:
