@@ -3,6 +3,7 @@
     python bench/board.py --pack packs/anima-512 [--steps 20] [--cfg 4.0] [--no-spectrum] [--core-mask auto]
                           [--policy on-demand|prefetch|prefetch2+dual_core|...] [--resident-mb N]
                           [--json bench/out/board.json]
+    python bench/board.py --pack packs/anima-512 --calibrate board-cost.toml    # this board's own cost figures
 
 Prints the reference work's tables: per-branch lifecycle sums (load/init/infer/release per kind), pure NPU time per
 branch kind (inference calls only), per-step wall time vs pure NPU time, peak process PSS and swap growth; all of it
@@ -11,6 +12,11 @@ as JSON too. Then the same per-step rows and policy row as bench/overhead.py pri
 the projection in docs/board.md. (The inference figure here is RKNNLite's inference() wall: NPU plus tensor I/O.)
 `bench/overhead.py --backend rknn --pack PACK --models MODELS --policy P` runs the whole pipeline on the board. The pack must be compiled (`anima-models compile PACK --target rk3588`, on an x86 host or the board).
 The text context is random (the encoder is not part of this measurement); see docs/board.md.
+
+`--calibrate OUT.toml` measures instead what the board model needs (per-kind NPU time and lifecycle, tensor I/O per
+MB in and out, host ops per block, 1 / 2 / 3 contexts inferring at once, MemAvailable per context; every compiled
+branch of the pack, each on demand) and writes it in the cost file's format (models/board/calibrate.py);
+`[stage.executor] board_cost = "OUT.toml"` then makes board-sim and `auto` use this board's figures.
 """
 from __future__ import annotations
 
@@ -135,6 +141,165 @@ def shared_table(steps: list, policy: str, ram_gb, vae: str = "cpu") -> tuple:
     return lines, [r.to_dict() for r in rows]
 
 
+def _random_feed(entry: dict, rng) -> dict:
+    return {i["name"]: rng.standard_normal(i["shape"]).astype(np.float16 if i["dtype"] == "f16" else np.float32)
+            for i in entry["inputs"]}
+
+
+class _NoBranches:
+    """The runner's branch side answering every call with zeros at once: a forward then times the host ops alone
+    (embedding, AdaLN modulation, LayerNorm, gates, residual, final layer), whatever the pack has compiled."""
+    interleave = False
+
+    def __init__(self, pack):
+        self.pack = pack
+
+    def submit(self, call):
+        from models.dit_runner import _Done
+        from models.phase_times import PhaseTimes
+        out = self.pack.branch(call.block, call.kind)["outputs"][0]
+        y = np.zeros(out["shape"], np.float16 if out["dtype"] == "f16" else np.float32)
+        return _Done(([{out["name"]: y} for _ in call.passes], PhaseTimes()))
+
+
+def calibrate(pack_dir, out_path, lite: str = "real", core_mask: str = "auto", contexts=(1, 2, 4, 8),
+              repeats: int = 4, seed: int = 0):
+    """Measure this board's cost figures on the compiled branches of a pack and write them to `out_path` (the cost
+    file's format) -> the Calibration. `lite` "standin" runs it on x86 against the labelled stand-in (tests)."""
+    import threading
+    from models import probes
+    from models.backends.rknn import RknnLiteBackend, installed_lite_version
+    from models.board.calibrate import Calibration, write_cost
+    from models.board.cost import KINDS, Shape
+    from models.dit_runner import DiTRunner
+    from models.durable import atomic_write
+    from models.pack import load_pack
+    pack = load_pack(pack_dir, check=False)
+    rng = np.random.default_rng(seed)
+    compiled = [b for b in pack.branches if isinstance(b.get("rknn"), dict) and b["rknn"].get("file")]
+    missing = [k for k in KINDS if not any(b["kind"] == k for b in compiled)]
+    if missing:
+        raise SystemExit(f"bench/board.py --calibrate: {pack.dir} has no compiled {', '.join(missing)} branch "
+                         "(anima-models compile PACK --target rk3588)")
+    new = lambda mask=core_mask: RknnLiteBackend(core_mask=mask, lite=lite)      # noqa: E731
+    # 1) every compiled branch on demand: load, init, two passes (tensor I/O in, NPU, I/O out apart), release
+    life = {k: {"load": [], "init": [], "release": []} for k in KINDS}
+    npu, infer = {k: [] for k in KINDS}, {k: [] for k in KINDS}
+    io_in = io_out = mb_in = mb_out = 0.0
+    split_ok, per_call = True, {}
+    for b in compiled:
+        kind = b["kind"]
+        be = new()
+        t0 = time.perf_counter()
+        be.load(pack.dir / b["rknn"]["file"])
+        t1 = time.perf_counter()
+        be.init()
+        t2 = time.perf_counter()
+        for _ in range(2):
+            _, split = be.infer_timed(_random_feed(b, rng))
+            rep = be.report["passes"][-1]
+            infer[kind].append(rep["s"])
+            per_call[kind] = [rep["bytes_in"], rep["bytes_out"]]
+            if split is None:
+                split_ok = False
+                npu[kind].append(rep["s"])
+                continue
+            npu[kind].append(split["npu_s"])
+            io_in, io_out = io_in + split["in_s"], io_out + split["out_s"]
+            mb_in, mb_out = mb_in + rep["bytes_in"] / 1e6, mb_out + rep["bytes_out"] / 1e6
+        t3 = time.perf_counter()
+        be.release()
+        life[kind]["load"].append(t1 - t0)
+        life[kind]["init"].append(t2 - t1)
+        life[kind]["release"].append(time.perf_counter() - t3)
+    mean = lambda xs: float(sum(xs) / len(xs))                        # noqa: E731
+    if not split_ok:          # the wrapper ran inference() whole: the NPU figure carries the I/O
+        npu = infer
+    # 2) 1, 2, 3 contexts inferring at once (one per core) on the first FFN branch: throughput over one's
+    ffn = next(b for b in compiled if b["kind"] == "ffn")
+    feed = _random_feed(ffn, rng)
+    speed = []
+    for k in (1, 2, 3):
+        ctxs = [new(str(i)) for i in range(k)]
+        for be in ctxs:
+            be.load(pack.dir / ffn["rknn"]["file"])
+            be.init()
+            be.infer(feed)                                              # warm
+        gate = threading.Barrier(k)
+
+        def work(be):
+            gate.wait()
+            for _ in range(repeats):
+                be.infer(feed)
+        threads = [threading.Thread(target=work, args=(be,)) for be in ctxs]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        speed.append(k * repeats / (time.perf_counter() - t0))
+        for be in ctxs:
+            be.release()
+    speedup = [1.0] + [max(1.0, v / speed[0]) if speed[0] else 1.0 for v in speed[1:]]
+    for i in range(1, len(speedup)):                                    # the cost model wants it never to fall
+        speedup[i] = max(speedup[i], speedup[i - 1])
+    # 3) MemAvailable with N contexts resident (branches in the fixed cycle's order, repeated)
+    avail0, pss0 = probes.mem_available_mib(), probes.pss_kb()
+    held, drops, extra = [], [], []
+    for n in sorted(set(int(x) for x in contexts if int(x) > 0)):
+        while len(held) < n:
+            b = compiled[len(held) % len(compiled)]
+            be = new()
+            be.load(pack.dir / b["rknn"]["file"])
+            be.init()
+            held.append(be)
+        avail, pss = probes.mem_available_mib(), probes.pss_kb()
+        drops.append(max(0.0, (avail0 or 0.0) - (avail or 0.0)))
+        extra.append(max(0.0, ((pss or 0) - (pss0 or 0)) / 1024))
+    for be in held:
+        be.release()
+    counts = sorted(set(int(x) for x in contexts if int(x) > 0))
+    # 4) host ops per block: a forward whose branches answer zeros at once
+    runner = DiTRunner(pack, branches=_NoBranches(pack))
+    g, c = pack.geometry, pack.config
+    x = rng.standard_normal((c.latent_channels, g.latent_h, g.latent_w), dtype=np.float32)
+    ctx = rng.standard_normal((g.text_tokens, c.context_dim), dtype=np.float32)
+    runner.forward_cfg(x, 0.6, ctx, np.zeros_like(ctx))
+    host_block = runner.last_timing.host_s / c.blocks
+    mem = probes.meminfo_kb()
+    api = RknnLiteBackend(lite=lite).api
+    dram = probes.dram_devfreq() or {}
+    board = {"machine": platform.machine(), "runtime": installed_lite_version(api) or "?",
+             "standin": bool(getattr(api, "IS_STANDIN", False)), "driver": probes.npu_driver_version(),
+             "dram_governor": dram.get("governor"), "dram_mhz": dram.get("cur_mhz"),
+             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "pack": str(pack.dir)}
+    cal = Calibration(
+        shape=Shape(c.width, c.heads, c.head_dim, c.ffn_width, c.context_dim, c.blocks, g.tokens, g.text_tokens),
+        npu_pass_s={k: mean(npu[k]) for k in KINDS}, io_split=split_ok,
+        in_ms_per_mb=1000 * io_in / mb_in if split_ok and mb_in else 0.0,
+        out_ms_per_mb=1000 * io_out / mb_out if split_ok and mb_out else 0.0,
+        lifecycle_s={k: {ph: mean(v) for ph, v in life[k].items()} for k in KINDS}, host_block_s=host_block,
+        speedup=speedup, mem_contexts=counts, mem_drop_mib=drops, extra_pss_mib=extra,
+        baseline_gib=((mem.get("MemTotal", 0) - mem.get("MemAvailable", 0)) / 2**20) if mem else 0.0,
+        mem_total_gib=mem.get("MemTotal", 0) / 2**20, board=board,
+        models={k: len(life[k]["load"]) for k in KINDS}, bytes_per_call=per_call)
+    atomic_write(out_path, write_cost(cal))
+    return cal
+
+
+def print_calibration(out_path) -> None:
+    """The calibrated board as the cost model reads it back, and auto's choice on it (modelled from it)."""
+    from models.board import auto as board_auto
+    from models.board.cost import BoardModel
+    model = BoardModel.for_pack(None, cost_path=out_path)
+    for line in model.describe():
+        print(line)
+    for ram in (8, 16, 32):
+        best, _ = board_auto.choose(model, model.context_budget_mib(ram))
+        print(f"auto on a {ram} GB board with these figures: {best.line()}")
+    print(f"calibration: {out_path}  (set [stage.executor] board_cost = \"{out_path}\")")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pack", required=True)
@@ -148,6 +313,8 @@ def main(argv=None) -> int:
     ap.add_argument("--resident-mb", type=float, default=None, help="budget for the resident policy (MiB)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--calibrate", metavar="OUT.toml", help="measure this board's cost figures and write them in "
+                    "the cost file's format (then [stage.executor] board_cost = \"OUT.toml\")")
     ap.add_argument("--vae", default="npu", choices=("npu", "cpu"), help="which VAE the last line's job_s counts "
                     "(as bench/overhead.py: npu = the VAE pack estimate, cpu = the reference's sd.cpp decode)")
     args = ap.parse_args(argv)
@@ -156,6 +323,10 @@ def main(argv=None) -> int:
     if why:
         print(f"bench/board.py: refusing: {why}", file=sys.stderr)
         return 2
+    if args.calibrate:
+        calibrate(args.pack, args.calibrate, core_mask=args.core_mask)
+        print_calibration(args.calibrate)
+        return 0
     from models.denoise import make_sampler, start_or_resume
     from models.spectrum import SpectrumSettings
     from models.dit_runner import DiTRunner

@@ -18,6 +18,7 @@ DMA_BUF_INFO = "/sys/kernel/debug/dma_buf/bufinfo"      # root + debugfs; absent
 RKNPU_LOAD = "/sys/kernel/debug/rknpu/load"              # "NPU load:  Core0:  0%, Core1:  0%, Core2:  0%,"
 RKNPU_VERSION = "/sys/kernel/debug/rknpu/version"        # "RKNPU driver: v0.9.8"
 RKNPU_MM = "/sys/kernel/debug/rknpu/mm"                  # the driver's own memory table, where it has one
+DRAM_DEVFREQ = "/sys/class/devfreq/dmc"                  # RK3588 DRAM: governor, cur_freq (Hz); no root needed
 
 DEVICE_TREE_COMPATIBLE = "/proc/device-tree/compatible"   # NUL-separated "vendor,board" and "rockchip,rk3588"
 DEVFREQ = "/sys/class/devfreq"                            # one folder per scaled device: dmc (DRAM), *.npu, *.gpu
@@ -128,6 +129,19 @@ def npu_driver_version() -> Optional[str]:
     text = _read(RKNPU_VERSION)
     m = re.search(r"v?(\d+\.\d+\.\d+)", text or "")
     return m.group(1) if m else None
+
+
+def dram_devfreq(root: str = DRAM_DEVFREQ) -> Optional[dict]:
+    """{"governor": "dmc_ondemand", "cur_mhz": 528.0} of the DRAM's devfreq device, None where it has none (the
+    `dmc_ondemand` governor can leave the DRAM at 528 of 2,112 MHz, P8 in docs/board-figures.md)."""
+    gov, cur = _read(f"{root}/governor"), _read(f"{root}/cur_freq")
+    if gov is None and cur is None:
+        return None
+    try:
+        mhz = int(cur.strip()) / 1e6 if cur is not None else None
+    except ValueError:
+        mhz = None
+    return {"governor": gov.strip() if gov is not None else None, "cur_mhz": mhz}
 
 
 def snapshot() -> dict:

@@ -71,3 +71,15 @@ def test_this_process_is_read_from_the_real_proc():
     rss_kb = probes.rss_bytes() / 1024
     assert rss_kb > 0 and abs(probes.smaps_kb()["Rss"] - rss_kb) < 64 * 1024
     assert probes.vm_hwm_kb() >= 0.9 * probes.smaps_kb()["Rss"] and probes.mem_available_mib() > 0
+
+
+def test_dram_devfreq_of_a_fake_tree(tmp_path):
+    """The DRAM governor and clock (P8: dmc_ondemand can hold it at 528 of 2,112 MHz); None without the device."""
+    dmc = tmp_path / "dmc"
+    dmc.mkdir()
+    (dmc / "governor").write_text("dmc_ondemand\n")
+    (dmc / "cur_freq").write_text("528000000\n")
+    assert probes.dram_devfreq(str(dmc)) == {"governor": "dmc_ondemand", "cur_mhz": 528.0}
+    (dmc / "cur_freq").write_text("garbage")
+    assert probes.dram_devfreq(str(dmc)) == {"governor": "dmc_ondemand", "cur_mhz": None}
+    assert probes.dram_devfreq(str(tmp_path / "none")) is None

@@ -215,8 +215,9 @@ class BoardModel:
         total_ref = sum(f_ref.values())
         npu = sum(t_ref * f_ref[p] / total_ref * (f_new[p] / f_ref[p]) for p in f_ref if f_ref[p])
         # lifecycle: per-kind model averages, split into phases by the sweep totals; by weight bytes
-        sweep = c["lifecycle"]["sweep_s"]
-        total = sum(sweep.values())
+        # (a calibrated board measured each kind's phases: they replace the sweep's split)
+        sweep = c["lifecycle"].get("phases_s", {}).get(kind) or c["lifecycle"]["sweep_s"]
+        total = sum(sweep[ph] for ph in ("load", "init", "release"))
         wf = weight_bytes(kind, s) / weight_bytes(kind, ref)
         per = c["lifecycle"]["per_model_s"][kind] * wf
         n_in, n_out = s.io_elements(kind)
