@@ -26,6 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 from models.branch_layout import head_halves, qk_scale
 from models.config import DiTConfig
 from models.partition import NUMPY_DTYPES, Geometry, branch_spec, pack_io_dtype, resolve
+from models.shards import ShardSpec, shard_io
 
 log = logging.getLogger(__name__)
 
@@ -86,15 +87,17 @@ def _proj(g: GraphBuilder, kind: str, x: str, w: Mapping, weight: str, stem: str
     return g.low_rank(y, x, names[0], names[1], stem) if names else y
 
 
-def _check_weights(kind: str, w: Mapping, cfg: DiTConfig) -> None:
-    D, hd, F, Dc = cfg.width, cfg.head_dim, cfg.ffn_width, cfg.context_dim
+def _check_weights(kind: str, w: Mapping, cfg: DiTConfig, heads: int, ffn: int) -> None:
+    """The weights of a branch with `heads` attention heads / `ffn` hidden units (a heads shard has fewer)."""
+    D, hd, Dc = cfg.width, cfg.head_dim, cfg.context_dim
     kv_in = Dc if kind == "cross" else D
+    inner = heads * hd
     want = {
-        "self": {"q_proj.weight": (D, D), "k_proj.weight": (D, D), "v_proj.weight": (D, D),
-                 "output_proj.weight": (D, D), "q_norm.weight": (hd,), "k_norm.weight": (hd,)},
-        "cross": {"q_proj.weight": (D, D), "k_proj.weight": (D, kv_in), "v_proj.weight": (D, kv_in),
-                  "output_proj.weight": (D, D), "q_norm.weight": (hd,), "k_norm.weight": (hd,)},
-        "ffn": {"layer1.weight": (F, D), "layer2.weight": (D, F)},
+        "self": {"q_proj.weight": (inner, D), "k_proj.weight": (inner, D), "v_proj.weight": (inner, D),
+                 "output_proj.weight": (D, inner), "q_norm.weight": (hd,), "k_norm.weight": (hd,)},
+        "cross": {"q_proj.weight": (inner, D), "k_proj.weight": (inner, kv_in), "v_proj.weight": (inner, kv_in),
+                  "output_proj.weight": (D, inner), "q_norm.weight": (hd,), "k_norm.weight": (hd,)},
+        "ffn": {"layer1.weight": (ffn, D), "layer2.weight": (D, ffn)},
     }[kind]
     for k in branch_spec(kind).weights:
         if k not in w:
@@ -109,23 +112,39 @@ def _rms_rstd(g: GraphBuilder, sq: str, n: int) -> str:
     return g.op("Pow", [g.op("Add", [ms, g.const("eps", EPS)]), g.const("m_half", -0.5)], "rstd")
 
 
-def _self_attn(g: GraphBuilder, w: Mapping, cfg: DiTConfig, L: int, lora: bool) -> str:
-    H, hd = cfg.heads, cfg.head_dim
-    h2, D = hd // 2, cfg.width
+def _rows(g: GraphBuilder, x: str, a: int, b: int, stem: str) -> str:
+    """Rows [a, b) of a 2-D input (a rows shard's queries): one Slice on axis 0 with constant bounds."""
+    return g.op("Slice", [x, g.shape([a]), g.shape([b]), g.shape([0])], stem)
+
+
+def _self_attn(g: GraphBuilder, w: Mapping, cfg: DiTConfig, L: int, H: int, lora: bool, rows=None) -> str:
+    """rows (a, b): only those query rows (a rows shard: keys and values still come from every token)."""
+    hd = cfg.head_dim
+    h2 = hd // 2
     inv = qk_scale(cfg)                       # folded into q/k projections: sum of (q/√hd)² = mean of q²
-    cos = g.op("Reshape", ["rope_cos", g.shape([1, L, 1, h2])], "cos")      # [1, L, 1, hd/2]
-    sin = g.op("Reshape", ["rope_sin", g.shape([1, L, 1, h2])], "sin")      # [1, L, 1, hd/2]
+    Lq = L if rows is None else rows[1] - rows[0]
+    src = {"q": "xn" if rows is None else _rows(g, "xn", rows[0], rows[1], "xq"), "k": "xn"}       # [Lq | L, D]
+    tables = {"k": ("rope_cos", "rope_sin")}
+    tables["q"] = tables["k"] if rows is None else tuple(_rows(g, t, rows[0], rows[1], t + "_q") for t in tables["k"])
+    rope = {}                                                                # one [1, T, 1, hd/2] pair per table
+    for p in ("k", "q"):
+        T = Lq if p == "q" else L
+        if tables[p] not in rope:
+            rope[tables[p]] = tuple(g.op("Reshape", [t, g.shape([1, T, 1, h2])], stem)
+                                    for t, stem in zip(tables[p], ("cos", "sin")))
     rot = {}
     for p, gain in (("q", 1.0), ("k", math.sqrt(hd))):                      # q keeps the 1/√hd attention scale
+        T = Lq if p == "q" else L
+        cos, sin = rope[tables[p]]
         Wa, Wb = head_halves(w[f"{p}_proj.weight"], H, hd)
-        ya, yb = g.matmul("xn", Wa * inv, p + "a"), g.matmul("xn", Wb * inv, p + "b")              # [L, D/2] each
+        ya, yb = g.matmul(src[p], Wa * inv, p + "a"), g.matmul(src[p], Wb * inv, p + "b")          # [T, H*hd/2] each
         names = _lora_names("self", f"{p}_proj.weight", lora)
         if names:                                 # the halves share x·Aᵀ; Bᵀ comes split as the rows are
-            t = g.op("MatMul", ["xn", names[0]], p + "_la")                                          # [L, R]
+            t = g.op("MatMul", [src[p], names[0]], p + "_la")                                        # [T, R]
             ya = g.op("Add", [ya, g.op("MatMul", [t, names[1]], p + "a_lb")], p + "a_lora")
             yb = g.op("Add", [yb, g.op("MatMul", [t, names[2]], p + "b_lb")], p + "b_lora")
-        a = g.op("Reshape", [ya, g.shape([1, L, H, h2])], p + "a4")                                   # [1, L, H, hd/2]
-        b = g.op("Reshape", [yb, g.shape([1, L, H, h2])], p + "b4")                                   # [1, L, H, hd/2]
+        a = g.op("Reshape", [ya, g.shape([1, T, H, h2])], p + "a4")                                   # [1, T, H, hd/2]
+        b = g.op("Reshape", [yb, g.shape([1, T, H, h2])], p + "b4")                                   # [1, T, H, hd/2]
         sq = g.op("Add", [g.op("Mul", [a, a]), g.op("Mul", [b, b])], p + "_sq")                     # [1, L, H, hd/2]
         r = _rms_rstd(g, sq, h2)                                                                     # [1, L, H, 1]
         nw = np.asarray(w[f"{p}_norm.weight"], np.float32) * gain                                    # [hd]
@@ -139,13 +158,14 @@ def _self_attn(g: GraphBuilder, w: Mapping, cfg: DiTConfig, L: int, lora: bool) 
     qb = g.op("Transpose", [rot["q"][1]], "qbT", perm=[0, 2, 1, 3])
     ka = g.op("Transpose", [rot["k"][0]], "kaT", perm=[0, 2, 3, 1])         # [1, H, hd/2, L]
     kb = g.op("Transpose", [rot["k"][1]], "kbT", perm=[0, 2, 3, 1])
-    s = g.op("Add", [g.op("MatMul", [qa, ka]), g.op("MatMul", [qb, kb])], "scores")  # [1, H, L, L]
-    v = _proj(g, "self", "xn", w, "v_proj.weight", "v", lora)                          # [L, D]
-    return _attend(g, "self", s, v, L, L, H, hd, D, w, lora)
+    s = g.op("Add", [g.op("MatMul", [qa, ka]), g.op("MatMul", [qb, kb])], "scores")  # [1, H, Lq, L]
+    v = _proj(g, "self", "xn", w, "v_proj.weight", "v", lora)                          # [L, H*hd]
+    return _attend(g, "self", s, v, Lq, L, H, hd, w, lora)
 
 
-def _cross_attn(g: GraphBuilder, w: Mapping, cfg: DiTConfig, L: int, S: int, masked: bool, lora: bool) -> str:
-    H, hd, D = cfg.heads, cfg.head_dim, cfg.width
+def _cross_attn(g: GraphBuilder, w: Mapping, cfg: DiTConfig, L: int, S: int, masked: bool, H: int,
+                lora: bool) -> str:
+    hd = cfg.head_dim
     inv = qk_scale(cfg)
     normed = {}
     for p, src, T, gain in (("q", "xn", L, 1.0), ("k", "context", S, math.sqrt(hd))):
@@ -159,17 +179,17 @@ def _cross_attn(g: GraphBuilder, w: Mapping, cfg: DiTConfig, L: int, S: int, mas
     s = g.op("MatMul", [q, k], "scores")                                      # [1, H, L, S]
     if masked:                                                                # + context_mask [S], broadcast
         s = g.op("Add", [s, "context_mask"], "scores_masked")
-    v = _proj(g, "cross", "context", w, "v_proj.weight", "v", lora)           # [S, D]
-    return _attend(g, "cross", s, v, L, S, H, hd, D, w, lora)
+    v = _proj(g, "cross", "context", w, "v_proj.weight", "v", lora)           # [S, H*hd]
+    return _attend(g, "cross", s, v, L, S, H, hd, w, lora)
 
 
-def _attend(g: GraphBuilder, kind: str, scores: str, v2d: str, L: int, T: int, H: int, hd: int, D: int, w: Mapping,
+def _attend(g: GraphBuilder, kind: str, scores: str, v2d: str, L: int, T: int, H: int, hd: int, w: Mapping,
             lora: bool) -> str:
-    """softmax(scores) · v, heads merged, output_proj -> y [L, D]."""
+    """softmax(scores) · v, heads merged, output_proj -> y [L, D] (a heads shard: its partial of y)."""
     p = g.op("Softmax", [scores], "probs", axis=-1)                           # [1, H, L, T]
     v = g.op("Transpose", [g.op("Reshape", [v2d, g.shape([1, T, H, hd])], "v4")], "vT", perm=[0, 2, 1, 3])  # [1,H,T,hd]
     o = g.op("Transpose", [g.op("MatMul", [p, v], "attn")], "oT", perm=[0, 2, 1, 3])   # [1, L, H, hd]
-    o = g.op("Reshape", [o, g.shape([L, D])], "o2")                                    # [L, D]
+    o = g.op("Reshape", [o, g.shape([L, H * hd])], "o2")                               # [L, H*hd]
     return _proj(g, kind, o, w, "output_proj.weight", "out", lora)                     # [L, D]
 
 
@@ -185,27 +205,38 @@ def _ffn(g: GraphBuilder, w: Mapping, lora: bool) -> str:
 
 
 def build_branch(kind: str, weights: Mapping, cfg: DiTConfig, geom: Geometry, dtype: str = "fp16",
-                 block: int = None) -> onnx.ModelProto:
-    """One branch graph with its weights (suffix names as in partition.BRANCHES) as initializers.
+                 block: int = None, shard: ShardSpec = None) -> onnx.ModelProto:
+    """One branch graph with its weights (suffix names as in partition.BRANCHES) as initializers; with `shard`, that
+    shard's graph (its weights: models.shards.shard_weights).
 
-    I/O names, shapes and dtypes come from the partition table (models.partition.resolve); a geometry with
-    lora_rank R > 0 gives a LoRA-ready graph (low-rank inputs per projection, partition.LoraSpec).
+    I/O names, shapes and dtypes come from the partition table (models.partition.resolve; a shard's from
+    models.shards.shard_io); a geometry with lora_rank R > 0 gives a LoRA-ready graph (low-rank inputs per
+    projection, partition.LoraSpec). A shard of a LoRA-ready branch is refused: shard_io has no low-rank inputs.
     """
-    _check_weights(kind, weights, cfg)
+    lora = geom.lora_rank > 0
+    if lora and shard is not None:
+        raise ValueError(f"{kind} branch: a shard of a LoRA-ready graph (lora_rank {geom.lora_rank}) is not "
+                         "supported: build it sharded or LoRA-ready, not both")
+    heads = shard.size if shard is not None and shard.cut == "heads" and kind != "ffn" else cfg.heads
+    ffn = shard.size if shard is not None and shard.cut == "heads" and kind == "ffn" else cfg.ffn_width
+    _check_weights(kind, weights, cfg, heads, ffn)
     dt = pack_io_dtype(dtype)
-    io = resolve(kind, cfg, geom, dtype)
+    io = resolve(kind, cfg, geom, dtype) if shard is None else shard_io(shard, cfg, geom, dtype)
     g = GraphBuilder(dt)
-    L, S, lora = geom.tokens, geom.text_tokens, geom.lora_rank > 0
+    L, S = geom.tokens, geom.text_tokens
+    rows = (shard.a, shard.b) if shard is not None and shard.cut == "rows" else None
     if kind == "self":
-        y = _self_attn(g, weights, cfg, L, lora)
-    elif kind == "cross":
-        y = _cross_attn(g, weights, cfg, L, S, any(i["name"] == "context_mask" for i in io["inputs"]), lora)
+        y = _self_attn(g, weights, cfg, L, heads, lora, rows)
+    elif kind == "cross":                  # a rows shard's xn has only its rows: the graph is the branch at Lq rows
+        y = _cross_attn(g, weights, cfg, L if rows is None else rows[1] - rows[0], S,
+                        any(i["name"] == "context_mask" for i in io["inputs"]), heads, lora)
     else:
         y = _ffn(g, weights, lora)
     out_name = io["outputs"][0]["name"]
     g.nodes.append(helper.make_node("Identity", [y], [out_name], name="output"))
     vi = lambda d: helper.make_tensor_value_info(d["name"], ONNX_DTYPES[d["dtype"]], d["shape"])  # noqa: E731
     name = f"b{block:02d}_{kind}" if block is not None else kind
+    name += f".s{shard.index}" if shard is not None else ""
     graph = helper.make_graph(g.nodes, name, [vi(d) for d in io["inputs"]], [vi(d) for d in io["outputs"]],
                               g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="anima-npu",
@@ -214,6 +245,8 @@ def build_branch(kind: str, weights: Mapping, cfg: DiTConfig, geom: Geometry, dt
     props = {"kind": kind, "block": str(block), "dtype": dt}
     if lora:
         props["lora_rank"] = str(geom.lora_rank)
+    if shard is not None:
+        props.update(shard=str(shard.index), shards=str(shard.n), cut=shard.cut, range=f"{shard.a}:{shard.b}")
     helper.set_model_props(model, props)
     return model
 

@@ -1,0 +1,112 @@
+"""Sharded branch graphs (models/shards.py, models/branch_graphs.py): every cut of every branch kind, run by ONNX
+Runtime in FP32, gives the unsharded graph's output (rows: bitwise, every row computed as the whole graph computes
+it; heads: the partials summed in FP32, cos >= 0.9999999); the plans, the shards' inputs and outputs, bad requests."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from models.branch_graphs import build_branch, serialize
+from models.config import PRESETS
+from models.partition import Geometry, resolve
+from models.rope import rope_tables
+from models.shards import CUTS, combine, plan, shard_feed, shard_io, shard_weights, split, weight_fraction
+
+CFG = PRESETS["tiny"]["dit"]                 # D 256, 4 heads of 64, FFN 1024, context 128
+GEOM = Geometry.from_resolution(128, 128)    # 64 image tokens, 512 text tokens
+
+
+def _weights(kind, seed=0):
+    rng = np.random.default_rng(seed)
+    D, hd, F, Dc = CFG.width, CFG.head_dim, CFG.ffn_width, CFG.context_dim
+    kv = Dc if kind == "cross" else D
+    shapes = {"ffn": {"layer1.weight": (F, D), "layer2.weight": (D, F)}}.get(kind) or {
+        "q_proj.weight": (D, D), "k_proj.weight": (D, kv), "v_proj.weight": (D, kv), "output_proj.weight": (D, D),
+        "q_norm.weight": (hd,), "k_norm.weight": (hd,)}
+    return {k: (rng.standard_normal(s) / np.sqrt(s[-1])).astype(np.float32) if len(s) == 2 else
+            (1 + 0.1 * rng.standard_normal(s)).astype(np.float32) for k, s in shapes.items()}
+
+
+def _feed(kind, seed=1):
+    rng = np.random.default_rng(seed)
+    cos, sin = rope_tables(GEOM.h_tokens, GEOM.w_tokens, CFG.head_dim)
+    out = {}
+    for spec in resolve(kind, CFG, GEOM, "fp32")["inputs"]:
+        name = spec["name"]
+        out[name] = {"rope_cos": cos, "rope_sin": sin}.get(name)
+        if out[name] is None:
+            out[name] = rng.standard_normal(spec["shape"]).astype(np.float32)
+    return out
+
+
+def _run(model, feed):
+    sess = ort.InferenceSession(serialize(model), providers=["CPUExecutionProvider"])
+    names = {i.name for i in sess.get_inputs()}
+    return sess.run(None, {k: v for k, v in feed.items() if k in names})[0]
+
+
+def _cos(a, b):
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("kind", ["self", "cross", "ffn"])
+@pytest.mark.parametrize("cut", CUTS)
+@pytest.mark.parametrize("n", [2, 3])
+def test_sharded_branch_computes_the_branch(kind, cut, n):
+    w, feed = _weights(kind), _feed(kind)
+    want = _run(build_branch(kind, w, CFG, GEOM, "fp32", 0), feed)                  # [L, D]
+    specs = plan(kind, cut, n, CFG, GEOM)
+    outs = []
+    for s in specs:
+        model = build_branch(kind, shard_weights(s, w), CFG, GEOM, "fp32", 0, shard=s)
+        io = shard_io(s, CFG, GEOM, "fp32")
+        sf = shard_feed(s, feed)
+        assert [i.name for i in model.graph.input] == [i["name"] for i in io["inputs"]]
+        for i in io["inputs"]:
+            assert list(sf[i["name"]].shape) == i["shape"]
+        y = _run(model, sf)
+        assert list(y.shape) == io["outputs"][0]["shape"]
+        outs.append(y)
+    got = combine(specs, outs)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    assert _cos(got, want) >= 0.9999999
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * float(np.abs(want).max()))
+    if cut == "rows":
+        np.testing.assert_array_equal(got, want)         # each row computed alone, the same way: bitwise
+
+
+def test_plans_split_evenly_and_say_what_they_hold():
+    assert split(64, 3) == [(0, 22), (22, 43), (43, 64)] and split(4, 3) == [(0, 2), (2, 3), (3, 4)]
+    heads = plan("self", "heads", 3, CFG, GEOM)
+    assert [(s.a, s.b) for s in heads] == [(0, 2), (2, 3), (3, 4)]
+    assert [weight_fraction(s) for s in heads] == [0.5, 0.25, 0.25]
+    assert [weight_fraction(s) for s in plan("ffn", "rows", 3, CFG, GEOM)] == [1.0, 1.0, 1.0]
+    # a heads shard holds its heads' rows of q/k/v and columns of the output projection; an FFN one its units
+    w = _weights("cross")
+    s1 = shard_weights(heads[1], w)
+    np.testing.assert_array_equal(s1["k_proj.weight"], w["k_proj.weight"][128:192])
+    np.testing.assert_array_equal(s1["output_proj.weight"], w["output_proj.weight"][:, 128:192])
+    f = shard_weights(plan("ffn", "heads", 2, CFG, GEOM)[1], _weights("ffn"))
+    assert f["layer1.weight"].shape == (512, 256) and f["layer2.weight"].shape == (256, 512)
+    # what a shard takes and returns: rows shards their rows (self-attention all of xn), heads shards everything
+    rows = plan("cross", "rows", 3, CFG, GEOM)[2]
+    io = shard_io(rows, CFG, GEOM, "fp16")
+    assert io["inputs"][0] == {"name": "xn", "shape": [21, 256], "dtype": "f16"}
+    assert io["outputs"][0]["shape"] == [21, 256]
+    assert shard_io(plan("self", "rows", 3, CFG, GEOM)[0], CFG, GEOM, "fp16")["inputs"][0]["shape"] == [64, 256]
+    full = [i["shape"] for i in resolve("self", CFG, GEOM, "fp16")["inputs"]]
+    assert [i["shape"] for i in shard_io(heads[0], CFG, GEOM, "fp16")["inputs"]] == full
+
+
+def test_bad_shard_requests_are_clear():
+    with pytest.raises(ValueError, match=r"shards 4 must be an integer in \[1, 3\]"):
+        plan("ffn", "rows", 4, CFG, GEOM)
+    with pytest.raises(ValueError, match="cut 'cols'"):
+        plan("ffn", "cols", 2, CFG, GEOM)
+    tiny = Geometry.from_resolution(16, 8)                  # 1 x 1 tokens
+    with pytest.raises(ValueError, match="need at least 2 token rows, it has 1"):
+        plan("ffn", "rows", 2, CFG, tiny)
+    with pytest.raises(ValueError, match="combine: 1 shard outputs for 2 shards"):
+        combine(plan("ffn", "rows", 2, CFG, GEOM), [np.zeros((32, 256))])
