@@ -37,10 +37,12 @@ from models.board.account import (POLICY_HEADER, VAES, format_policy_line, forma
 from models.board.cost import BOARD_RAMS_GB, LABEL, BoardModel, Shape  # noqa: E402
 from models.board.pace import check_time_scale, scale_note  # noqa: E402
 from models.policy import parse_policy  # noqa: E402
+from models.shards import MAX_SHARDS  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
 ALL = ("on-demand", "prefetch", "prefetch2", "interleave", "prefetch2+interleave", "dual_core", "resident",
-       "prefetch+dual_core", "prefetch2+dual_core", "auto")
+       "prefetch+dual_core", "prefetch2+dual_core", "shards", "prefetch2+shards", "prefetch2+interleave+shards",
+       "prefetch+dual_core+shards", "auto")
 PROMPT = json.loads((ROOT / "examples" / "prompt.json").read_text())
 
 
@@ -175,28 +177,51 @@ def plot(runs: list, path: Path) -> None:
     plt.close(fig)
 
 
-def analytic_table(model: BoardModel, policies: list, rams: list, vae: str = "npu") -> list:
-    """The projection from the analytic timeline alone (what `auto` evaluates), in the bench's table rows."""
+def pack_note(n: int, cuts: dict) -> str:
+    if n <= 1:
+        return "pack: one graph per branch"
+    return f"pack --shards {n}: " + ", ".join(f"{k} by {'token rows' if c == 'rows' else 'heads' if k != 'ffn' else 'hidden units'}"
+                                              for k, c in cuts.items())
+
+
+def model_for(pol: str, model: BoardModel, budget: float, shards) -> tuple:
+    """The modelled pack a policy runs on: `--shards N` (cuts chosen by the model), else a sharded pack of the
+    NPU's cores for a policy with the `shards` term, else the pack as it is -> (model, N, cuts)."""
+    n = shards or (MAX_SHARDS if "shards" in pol.split("+") else model.shape.shards)
+    if n > 1 and model.shape.shards != n:
+        cuts, _ = board_auto.choose_cuts(model, n, budget)
+        return board_auto.sharded_model(model, n, cuts), n, cuts
+    return model, model.shape.shards, dict(model.shape.cuts)
+
+
+def analytic_table(model: BoardModel, policies: list, rams: list, vae: str = "npu", shards=None) -> list:
+    """The projection from the analytic timeline alone (what `auto` evaluates), in the bench's table rows. `auto`
+    without --shards weighs the sharded packs too (board_auto.choose_pack) and says which pack it needs."""
     from models.board.account import Projection
-    lines, last = [POLICY_HEADER + "  contexts"], ""
+    lines, last = [POLICY_HEADER + "  contexts  pack"], ""
     j = job_figures(model)
     for ram in rams:
         budget = model.context_budget_mib(ram)
         for pol in policies:
-            shape, _ = policy_shape(pol, model, budget)
-            e = board_auto.evaluate(model, shape, budget, resident_contexts=None)
+            if pol == "auto" and not shards:
+                n, cuts, e = board_auto.choose_pack(model, budget)
+            else:
+                m, n, cuts = model_for(pol, model, budget, shards)
+                if pol == "auto":
+                    e = board_auto.choose(m, budget)[0]
+                else:
+                    shape, _ = policy_shape(pol, m, budget)
+                    e = board_auto.evaluate(m, shape, budget, resident_contexts=None)
             if e is None:
                 lines.append(f"{pol:<28} {ram:>4} does not fit  [{LABEL}]")
                 continue
-            if pol == "auto":
-                e = board_auto.choose(model, budget)[0]
             w, c = e.warm, e.cold
             denoise = e.denoise_s
             p = Projection(c.wall_s, w.wall_s, w.npu_s, w.lifecycle_s, w.host_s, w.transport_s, 0.0, denoise,
                            j["encode_s"], j["decode_s"], j["encode_s"] + denoise + j["decode_s"], j["decode_npu_s"],
                            j["encode_s"] + denoise + j["decode_npu_s"], vae=vae)
             name = f"auto: {e.policy.name}" if pol == "auto" else e.policy.name
-            lines.append(format_policy_line(name, ram, p, f"{LABEL}, analytic") + f"  {e.contexts}")
+            lines.append(format_policy_line(name, ram, p, f"{LABEL}, analytic") + f"  {e.contexts}  {pack_note(n, cuts)}")
             last = summary_line(pol, ram, p)
     return lines + [last] if lines[1:] else lines
 
@@ -217,6 +242,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="default bench/out/overhead-BACKEND.json (runs are merged)")
     ap.add_argument("--plot", default=None, help="default: the JSON's path with .png")
     ap.add_argument("--analytic", action="store_true", help="print the analytic timeline's table only (no runs)")
+    ap.add_argument("--shards", type=int, choices=range(1, MAX_SHARDS + 1), default=None,
+                    help="--analytic: model a pack built with --shards N (cuts chosen by the model); default: the "
+                    "pack's, or the NPU's cores for policies with the shards term, and auto weighs every N")
     ap.add_argument("--vae", default="npu", choices=VAES, help="where the job's VAE decodes (the last line's job_s): "
                     "npu = a VAE pack on the NPU (estimate; the board bundle's default), cpu = the reference's "
                     "stable-diffusion.cpp (R11)")
@@ -239,7 +267,7 @@ def main(argv=None) -> int:
         return 2
     if args.analytic:
         model = BoardModel(Shape.of_pack(args.pack, "full")) if args.pack else BoardModel()
-        for line in model.describe() + analytic_table(model, policies, rams, args.vae):
+        for line in model.describe() + analytic_table(model, policies, rams, args.vae, args.shards):
             print(line)
         return 0
     if args.pack:

@@ -10,6 +10,8 @@ A policy is parsed once from `[stage.executor] policy` (a string of terms joined
     resident        contexts stay loaded while their summed cost (the backend's context_mb) fits `resident_mb`;
                     the 84 branches run in a fixed cycle, so the first ones that fit are pinned, the rest on demand
     interleave      one request per CFG pass: the host ops of one pass run while the other pass infers
+    shards          a sharded pack's N shards of a branch (anima-models pack --shards N) infer at once on N contexts
+                    (N NPU cores; with dual_core 2 x N contexts over the cores); without it they infer in turn
 
 Combinations: any of them with each other except `interleave+dual_core` (interleave wants one pass on the NPU while
 the host works on the other; dual_core wants both passes on the NPU at once). Every policy gives results bitwise equal
@@ -28,8 +30,8 @@ from models.schema import Meta, Record, SchemaError, Wording
 
 MAX_PREFETCH = 4           # deeper than this only costs memory: the lifecycle of one branch (~0.2-0.5 s on the board)
                            # hides behind two branches of inference
-TERMS = ("on-demand", "prefetch", "dual_core", "resident", "interleave")
-TABLE_KEYS = ("prefetch", "dual_core", "resident_mb", "interleave")
+TERMS = ("on-demand", "prefetch", "dual_core", "resident", "interleave", "shards")
+TABLE_KEYS = ("prefetch", "dual_core", "resident_mb", "interleave", "shards")
 DEFAULT_DUAL_MASKS = ("0", "1")
 
 
@@ -58,6 +60,7 @@ class Policy(Record, frozen=True):
     # core masks of the two dual_core contexts (backends with core masks)
     dual_masks: Annotated[tuple[str, ...], Meta(min_length=2, max_length=2, title="dual_masks",
                                                 description="exactly two core masks")] = DEFAULT_DUAL_MASKS
+    shards: bool = False               # a sharded pack's shards at once, one context each
 
     @classmethod
     def _build(cls, *args, **kw):
@@ -91,16 +94,23 @@ class Policy(Record, frozen=True):
             terms.append("dual_core")
         if self.interleave:
             terms.append("interleave")
+        if self.shards:
+            terms.append("shards")
         return "+".join(terms) or "on-demand"
 
-    def contexts_in_flight(self) -> int:
-        """Contexts loaded at once besides resident ones: the current branch, the prefetched ones and one being
-        released in the background, each doubled by dual_core."""
+    def branches_in_flight(self) -> int:
+        """Branches loaded at once besides resident ones: the current one, the prefetched ones and one being
+        released in the background."""
+        return 1 + self.prefetch + (1 if self.prefetch else 0)
+
+    def contexts_in_flight(self, shards: int = 1) -> int:
+        """Contexts loaded at once besides resident ones: every branch in flight's, doubled by dual_core, times a
+        sharded pack's shards (each shard its own context)."""
         per = 2 if self.dual_core else 1
-        return per * (1 + self.prefetch + (1 if self.prefetch else 0))
+        return per * self.branches_in_flight() * max(1, int(shards))
 
 
-_TERM_RE = re.compile(r"^(on-demand|prefetch(\d*)|dual_core|resident|interleave)$")
+_TERM_RE = re.compile(r"^(on-demand|prefetch(\d*)|dual_core|resident|interleave|shards)$")
 
 
 def parse_policy(value: Union[str, dict, Policy], settings: Optional[dict] = None) -> Policy:
@@ -120,12 +130,12 @@ def parse_policy(value: Union[str, dict, Policy], settings: Optional[dict] = Non
             raise PolicyError(f"policy table: unknown key(s) {sorted(unknown)}; known: {', '.join(TABLE_KEYS)}")
         pre = value.get("prefetch", 0)
         pre = int(pre) if isinstance(pre, bool) else pre
-        for key in ("dual_core", "interleave"):
+        for key in ("dual_core", "interleave", "shards"):
             if not isinstance(value.get(key, False), bool):
                 raise PolicyError(f"policy.{key}: expected true or false, got {value[key]!r}")
         return Policy(prefetch=pre, dual_core=value.get("dual_core", False),
                       resident_mb=value.get("resident_mb", 0.0), interleave=value.get("interleave", False),
-                      dual_masks=tuple(masks))
+                      dual_masks=tuple(masks), shards=value.get("shards", False))
     if not isinstance(value, str):
         raise PolicyError(f"policy: expected a string such as \"prefetch+dual_core\" or a table, got {value!r}")
     text = value.strip().lower().replace("-", "_").replace("on_demand", "on-demand")
@@ -151,7 +161,7 @@ def parse_policy(value: Union[str, dict, Policy], settings: Optional[dict] = Non
                 raise PolicyError(f"policy {value!r}: 'resident' needs resident_mb = <MiB budget for resident "
                                   f"contexts> in [stage.executor] (got {budget!r})")
             kw["resident_mb"] = float(budget)
-        elif key in ("dual_core", "interleave"):
+        elif key in ("dual_core", "interleave", "shards"):
             kw[key] = True
     if "on-demand" in seen and seen & {"prefetch", "resident"}:
         raise PolicyError(f"policy {value!r}: on-demand contradicts prefetch/resident (it combines with dual_core "
@@ -177,9 +187,9 @@ def check_policy(policy: Policy, backend_class) -> Policy:
     """PolicyError when the backend cannot run the policy (capabilities are BranchBackend class attributes)."""
     name = getattr(backend_class, "name", backend_class.__name__)
     most = getattr(backend_class, "max_contexts", None)
-    if policy.dual_core and getattr(backend_class, "parallel_contexts", 1) < 2:
+    if (policy.dual_core or policy.shards) and getattr(backend_class, "parallel_contexts", 1) < 2:
         raise PolicyError(f"policy {policy.name!r}: backend {name!r} cannot run two contexts at the same time "
-                          "(dual_core needs two)")
+                          f"({'dual_core' if policy.dual_core else 'shards'} needs several)")
     need = policy.contexts_in_flight() + (1 if policy.resident else 0)
     if most is not None and need > most:
         raise PolicyError(f"policy {policy.name!r} holds up to {need} contexts at once; backend {name!r} holds "

@@ -296,3 +296,70 @@ def test_tensor_io_is_priced_by_bytes(model, cost):
         assert (f.bytes_in, f.bytes_out) == (n * 2, L * D * 4)
         assert f.io_s == pytest.approx(n * 2 / 1e6 * model.in_s_per_mb + L * D * 4 / 1e6 * model.out_s_per_mb)
     assert model.step_parts()["io_s"] < 0.7 * cost["step"]["remainder_s"]
+
+
+def test_a_sharded_pack_is_modelled_shard_by_shard(model):
+    """Heads shards split every part of a branch (NPU, lifecycle by weight bytes) and move the whole input and a
+    whole partial output each; rows shards split what their rows compute, recompute what every row needs (self-
+    attention's keys and values, cross-attention's context projections) and move only their rows."""
+    from models.board.flops import branch_flops, shard_flops
+    heads = BoardModel(model.shape.sharded(3, {"self": "heads", "cross": "heads", "ffn": "heads"}))
+    rows = BoardModel(model.shape.sharded(3, {"self": "rows", "cross": "rows", "ffn": "rows"}))
+    L, D = 1024, 2048
+    for kind in KINDS:
+        whole, hs, rs = model.kinds[kind], heads.parts[kind], rows.parts[kind]
+        assert len(hs) == len(rs) == 3
+        assert sum(f.npu_s for f in hs) == pytest.approx(whole.npu_s)
+        assert sum(f.lifecycle_s for f in hs) == pytest.approx(whole.lifecycle_s)
+        assert all(f.lifecycle_s == pytest.approx(whole.lifecycle_s) for f in rs)       # every rows shard: all weights
+        assert all((f.bytes_in, f.bytes_out) == (whole.bytes_in, whole.bytes_out) for f in hs)
+        assert sum(f.bytes_out for f in rs) == whole.bytes_out                          # its rows of y (FP32)
+        assert all(f.units == 1.0 for f in rs) and all(0.5 < f.units < 1.0 for f in hs)
+    assert sum(f.npu_s for f in rows.parts["ffn"]) == pytest.approx(model.kinds["ffn"].npu_s)
+    # cross rows: the context's k/v projections (the constant part) once per shard
+    extra = model.npu_parts("cross")["constant"]
+    assert sum(f.npu_s for f in rows.parts["cross"]) == pytest.approx(model.kinds["cross"].npu_s + 2 * extra)
+    assert [f.bytes_in for f in rows.parts["ffn"]] == [r * D * 2 for r in (342, 341, 341)]
+    # self rows: k and v projections, k's norm and RoPE in every shard
+    f = shard_flops("self", model.ref, "rows", 342, L)
+    kv = 2 * 2 * L * D * D + 2 * L * D + 3 * L * D
+    full = branch_flops("self", model.ref)
+    assert f["linear"] == pytest.approx(kv + (full["linear"] - kv) * 342 / L)
+    assert rows.parts["self"][0].bytes_in == model.kinds["self"].bytes_in                # all of xn and RoPE
+    # a context's memory: its weights plus what the runtime allocates beside them (R9's first context less the
+    # average branch's FP16 weights), which a shard keeps whole
+    w = (4 * D * D + 256 + 2 * D * D + 2 * 1024 * D + 256 + 2 * D * 8192) * 2 / 3 / 2**20
+    want = (151.8 - w + w * 2731 / 8192) / 151.8              # the first of 8192 hidden units split 2731/2731/2730
+    assert heads.parts["ffn"][0].units == pytest.approx(want)
+    assert heads.branch_units() == pytest.approx(3 * (151.8 - w) / 151.8 + w / 151.8) and rows.branch_units() == 3
+
+
+def test_lanes_share_the_npu_cores():
+    """infer_span: one lane runs its jobs in turn; n lanes at once each at rate(n); more lanes than cores wait for
+    one, their tensor I/O overlapping the others' NPU work; makespan of the lifecycle's contexts on CPU slots."""
+    from models.board.timeline import infer_span, makespan
+    m = BoardModel()
+    assert infer_span([[(0.1, 1.0), (0.1, 1.0)]], 3, m.rate) == pytest.approx(2.2)
+    assert infer_span([[(0.1, 1.0)]] * 2, 3, m.rate) == pytest.approx(0.1 + 1.0 / 0.89)
+    assert infer_span([[(0.1, 1.0)]] * 3, 3, m.rate) == pytest.approx(0.1 + 1.0 / (2.39 / 3))
+    six = infer_span([[(0.1, 1.0)]] * 6, 3, m.rate)          # two waves on three cores; the second's I/O hidden
+    assert six == pytest.approx(0.1 + 2 * 1.0 / (2.39 / 3))
+    assert makespan([1.0, 1.0, 1.0], 3) == 1.0 and makespan([1.0] * 4, 3) == 2.0 and makespan([], 3) == 0.0
+
+
+def test_auto_on_the_8gb_board_with_every_core_busy(model):
+    """Issue 20's target on the modelled 8 GB board (peer figures included): the best pack and policy auto finds
+    makes the 20-step Spectrum job, VAE on the NPU (estimate), <= 480 s; it uses every NPU core (3 shards) and fits."""
+    budget = model.context_budget_mib(8)
+    n, cuts, best = board_auto.choose_pack(model, budget)
+    assert n == 3 and best.policy.shards and set(cuts) == set(KINDS)
+    assert best.memory_mib <= budget
+    job = 39.0 + best.denoise_s + 25.0                     # the encoder and NPU VAE estimates of cost.toml [job]
+    assert job <= 480.0
+    # every policy that fits that pack is at best as fast; without shards the same board takes longer
+    sharded = board_auto.sharded_model(model, n, cuts)
+    _, evals = board_auto.choose(sharded, budget)
+    assert all(best.denoise_s <= e.denoise_s * (1 + board_auto.TIE) for e in evals)
+    plain = board_auto.choose(model, budget)[0]
+    assert not plain.policy.shards and plain.denoise_s > 1.15 * best.denoise_s
+    assert board_auto.evaluate(model, Policy(shards=True), budget) is None            # nothing to shard

@@ -4,19 +4,24 @@ cost.py and timeline.py), analytically, before anything loads.
 Memory: contexts may take the board's usable RAM minus the baseline usage minus the 1.5 GiB MemAvailable stop rule
 (reference board figures; 8/16/32 GB boards) or, on a real RK3588 (the `rknn` backend passes it), the MemAvailable
 it has now minus the stop rule. A policy fits when its contexts in flight (current, prefetched, one being released;
-x2 with dual_core) fit; `resident` then pins the first branches of the fixed cycle in what is left, keeping one
-context of slack. Among the policies that fit, the fastest projected denoise wins; within 0.5 % of it, the one with
-fewer contexts, then fewer terms (a simpler policy).
+x2 with dual_core; a sharded pack's shards each, priced by `context_units`) fit; `resident` then pins the first
+branches of the fixed cycle in what is left, keeping one context of slack. Among the policies that fit, the fastest
+projected denoise wins; within 0.5 % of it, the one with fewer contexts, then fewer terms (a simpler policy).
+`shards` is a candidate when the pack is sharded; `choose_pack` also weighs the packs `pack --shards N` could build
+(N shards, a cut per kind) and `choose_cuts` picks a sharded pack's cuts.
 """
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 from dataclasses import dataclass
 from typing import Optional
 
-from models.board.cost import BOARD_RAMS_GB, LABEL, BoardModel
+from models.board.cost import BOARD_RAMS_GB, KINDS, LABEL, BoardModel
 from models.board.timeline import StepTimeline, branch_sequence, pinned_branches, simulate_step
 from models.policy import MAX_PREFETCH, Policy
+from models.shards import CUTS, MAX_SHARDS
 
 log = logging.getLogger(__name__)
 
@@ -52,29 +57,35 @@ class Evaluation:
 def candidates() -> list:
     """Every policy combination the lifecycle accepts (interleave and dual_core do not combine)."""
     out = []
-    for resident in (False, True):
-        for dual in (False, True):
-            for inter in (False, True):
-                if dual and inter:
-                    continue
-                for pre in range(MAX_PREFETCH + 1):
-                    out.append(Policy(prefetch=pre, dual_core=dual, interleave=inter,
-                                      resident_mb=1.0 if resident else 0.0))
+    for shards in (False, True):
+        for resident in (False, True):
+            for dual in (False, True):
+                for inter in (False, True):
+                    if dual and inter:
+                        continue
+                    for pre in range(MAX_PREFETCH + 1):
+                        out.append(Policy(prefetch=pre, dual_core=dual, interleave=inter,
+                                          resident_mb=1.0 if resident else 0.0, shards=shards))
     return out
 
 
 def evaluate(model: BoardModel, policy: Policy, budget_mib: float, computed_steps: int = COMPUTED_STEPS,
              transport_s: float = 0.0, resident_contexts: Optional[int] = None) -> Optional[Evaluation]:
-    """The policy's projected steps on a board with `budget_mib` for contexts; None when it does not fit.
-    A resident policy pins as many contexts as fit (one of slack) unless `resident_contexts` says how many."""
-    fly = policy.contexts_in_flight()
-    fit = model.contexts_fit(budget_mib)
-    if fly > fit:
+    """The policy's projected steps on a board with `budget_mib` for contexts; None when it does not fit (or asks
+    for shards of a pack that has none). A resident policy pins as many contexts as fit (one of slack) unless
+    `resident_contexts` says how many. Memory is counted in whole-branch contexts (a heads shard is less of one)."""
+    n = len(model.parts["ffn"])                           # contexts per branch pass: the shards
+    if policy.shards and n < 2:
         return None
-    per = 2 if policy.dual_core else 1
+    per = (2 if policy.dual_core else 1) * n              # contexts per branch
+    per_units = (2 if policy.dual_core else 1) * model.branch_units()
+    fly, fly_units = policy.contexts_in_flight(n), policy.branches_in_flight() * per_units
+    fit = math.floor(model.units_fit(budget_mib) + 1e-9)
+    if fly_units > fit + 1e-9:
+        return None
     k = 0
     if policy.resident_mb > 0:
-        most = min(len(branch_sequence(model)) * per, max(0, fit - fly - 1))
+        most = min(len(branch_sequence(model)), max(0, math.floor((fit - fly_units - 1) / per_units + 1e-9))) * per
         k = most if resident_contexts is None else min(most, resident_contexts)
         k -= k % per
         if k == 0:
@@ -82,14 +93,15 @@ def evaluate(model: BoardModel, policy: Policy, budget_mib: float, computed_step
     pinned = pinned_branches(model, policy, k)
     cold = simulate_step(model, policy, pinned, warm=False, transport_s=transport_s)
     warm = simulate_step(model, policy, pinned, warm=True, transport_s=transport_s)
-    resident_mb = model.mem_drop_mib(fly + k) - model.mem_drop_mib(fly) if k else 0.0
+    units = fly_units + k // per * per_units
+    resident_mb = model.mem_drop_mib(units) - model.mem_drop_mib(fly_units) if k else 0.0
     pol = policy.replace(resident_mb=round(resident_mb, 1))
-    return Evaluation(pol, fly, k, model.mem_drop_mib(fly + k), cold, warm, computed_steps)
+    return Evaluation(pol, fly, k, model.mem_drop_mib(units), cold, warm, computed_steps)
 
 
 def _smallest_resident(model, policy, budget_mib, best: Evaluation, **kw) -> Evaluation:
     """The fewest pinned contexts that keep the policy's denoise time (pinning more than helps only costs memory)."""
-    per = 2 if policy.dual_core else 1
+    per = (2 if policy.dual_core else 1) * len(model.parts["ffn"])
     lo, hi = per, best.resident_contexts
     while lo < hi:
         mid = (lo + hi) // 2
@@ -121,6 +133,42 @@ def choose(model: BoardModel, budget_mib: float, computed_steps: int = COMPUTED_
     best = min((e for e in evals if e.denoise_s <= fast),
                key=lambda e: (e.contexts, len(e.policy.name.split("+")), e.denoise_s))
     return best, evals
+
+
+def sharded_model(model: BoardModel, shards: int, cuts) -> BoardModel:
+    """The same board and model as a pack built with `--shards N` and these cuts ({kind: cut})."""
+    return BoardModel(model.shape.sharded(shards, cuts), model.cost, model.path)
+
+
+def choose_cuts(model: BoardModel, shards: int, budget_mib: float, **kw) -> tuple:
+    """The cut per branch kind for a pack of `shards` shards: every combination evaluated with `choose` (lifecycle,
+    memory and tensor I/O priced) -> ({kind: cut}, the best Evaluation), fastest first; heads before rows on a tie
+    (less memory)."""
+    best = None
+    for combo in itertools.product(CUTS[::-1], repeat=len(KINDS)):        # ("heads", "rows")
+        cuts = dict(zip(KINDS, combo))
+        try:
+            e, _ = choose(sharded_model(model, shards, cuts), budget_mib, **kw)
+        except ValueError:
+            continue
+        if best is None or e.denoise_s < best[1].denoise_s * (1 - 1e-9):
+            best = (cuts, e)
+    if best is None:
+        raise ValueError(f"{LABEL} board: no {shards}-shard pack fits in {budget_mib:.0f} MiB")
+    return best
+
+
+def choose_pack(model: BoardModel, budget_mib: float, **kw) -> tuple:
+    """Over the packs `pack --shards N` builds (N = 1 .. the NPU's cores, the cuts `choose_cuts` picks) and every
+    policy: -> (N, {kind: cut}, the best Evaluation). Within 0.5 % of the fastest, fewer shards."""
+    options = [(1, {}, choose(model, budget_mib, **kw)[0])]
+    for n in range(2, MAX_SHARDS + 1):
+        try:
+            options.append((n, *choose_cuts(model, n, budget_mib, **kw)))
+        except ValueError:
+            continue
+    fast = min(o[2].denoise_s for o in options) * (1 + TIE)
+    return min((o for o in options if o[2].denoise_s <= fast), key=lambda o: (o[0], o[2].denoise_s))
 
 
 def fit_table(model: BoardModel) -> dict:

@@ -15,15 +15,21 @@ Scaling rules (the reference: Anima 2B, 1024 image tokens, 512 text tokens):
   the part its rows scale with (image tokens: linear; the text context's k/v: constant), priced at the branch's
   own FLOP rate (the projections' MatMuls it runs beside). Its factor inputs are not priced as tensor I/O: the
   branch table's shapes, which the I/O term reads, hold no factors.
+- a sharded pack (models/shards.py) as its shards: each one's FLOPs (a heads shard 1/N of every part; a rows shard
+  1/N of what its rows compute, all of what every shard recomputes: self-attention's keys and values, cross-attention's
+  context projections), lifecycle by its weight bytes, I/O by its own inputs and outputs, memory by `context_units`.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from models.board.flops import branch_flops, shard_flops, weight_bytes
 from models.partition import TEXT_TOKENS, io_elements
+from models.shards import split
 
 try:
     import tomllib
@@ -62,7 +68,17 @@ class Shape:
     blocks: int
     tokens: int
     text_tokens: int = 512
-    lora_rank: int = 0        # R of a LoRA-ready pack (0: plain)
+    lora_rank: int = 0               # R of a LoRA-ready pack (0: plain)
+    shards: int = 1                  # a sharded pack's shards per branch (models/shards.py)
+    cuts: tuple = ()                 # ((kind, "rows" | "heads"), ...) for a sharded pack
+
+    def cut(self, kind: str) -> str:
+        return dict(self.cuts).get(kind, "heads")
+
+    def sharded(self, shards: int, cuts) -> "Shape":
+        """The same model as a pack built with `--shards N` and these cuts ({kind: cut})."""
+        return dataclasses.replace(self, shards=int(shards), cuts=tuple(sorted(dict(cuts).items())) if shards > 1
+                                   else ())
 
     def symbols(self) -> dict:
         """Values of the branch table's shape symbols (models.partition.BRANCHES) for this shape."""
@@ -88,66 +104,17 @@ class Shape:
         try:
             man = json.loads((Path(pack_dir) / "manifest.json").read_text())
             c, g = man["config"], man["geometry"]
+            sh = man.get("shards") or {}
             own = cls(c["width"], c["heads"], c["head_dim"], c["ffn_width"], c["context_dim"], c["blocks"],
-                      g["tokens"], g.get("text_tokens", 512), g.get("lora_rank", 0))
+                      g["tokens"], g.get("text_tokens", 512), g.get("lora_rank", 0), int(sh.get("n", 1)),
+                      tuple(sorted(dict(sh.get("cuts", {})).items())))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise CostModelError(f"{pack_dir}: cannot read the pack's config and geometry ({e})") from None
         if model == "pack":
             return own
         ref = cls.reference(cost or load_cost())
         return cls(ref.width, ref.heads, ref.head_dim, ref.ffn_width, ref.context_dim, own.blocks, own.tokens,
-                   own.text_tokens, own.lora_rank)
-
-
-def lora_flops(kind: str, s: Shape) -> dict:
-    """FLOPs of a LoRA-ready branch's low-rank terms (partition.LoraSpec): {"linear": image-token rows, "constant":
-    the text context's rows}; zeros for a plain pack."""
-    from models.partition import branch_spec
-    out = {"linear": 0, "quadratic": 0, "constant": 0}
-    if not s.lora_rank:
-        return out
-    dims = {"D": s.width, "Dc": s.context_dim, "F": s.ffn_width}
-    for ls in branch_spec(kind).lora:
-        part, rows = ("constant", s.text_tokens) if ls.in_dim == "Dc" else ("linear", s.tokens)
-        out[part] += 2 * rows * s.lora_rank * (dims[ls.in_dim] + dims[ls.out_dim])
-    return out
-
-
-def branch_flops(kind: str, s: Shape) -> dict:
-    """FLOPs of one inference of a branch, by how they scale: {"linear": ~L, "quadratic": ~L^2, "constant": ~S}
-    (a LoRA-ready pack's low-rank terms included: `lora_flops`)."""
-    flops = _branch_flops(kind, s)
-    return {p: v + lora_flops(kind, s)[p] for p, v in flops.items()}
-
-
-def _branch_flops(kind: str, s: Shape) -> dict:
-    L, S, D, H, F, Dc = s.tokens, s.text_tokens, s.width, s.heads, s.ffn_width, s.context_dim
-    softmax = 5                                    # max, subtract, exp, sum, divide per score
-    if kind == "self":
-        return {"linear": 4 * 2 * L * D * D        # q, k, v, output projections
-                + 2 * 2 * L * D                    # q/k RMSNorm (mean of squares by MatMul)
-                + 6 * L * D,                       # RoPE on q and k
-                "quadratic": 2 * 2 * L * L * D     # q.k^T and weights x v over all heads
-                + softmax * H * L * L,
-                "constant": 0}
-    if kind == "cross":
-        return {"linear": 2 * 2 * L * D * D        # q and output projections
-                + 2 * L * D                        # q RMSNorm
-                + 2 * 2 * L * S * D                # scores and weights x v against S text tokens
-                + softmax * H * L * S,
-                "quadratic": 0,
-                "constant": 2 * 2 * S * Dc * D     # k and v projections of the text context
-                + 2 * S * D}
-    if kind == "ffn":
-        return {"linear": 2 * 2 * L * D * F + 8 * L * F, "quadratic": 0, "constant": 0}    # two projections, GELU
-    raise CostModelError(f"branch kind {kind!r}: choose one of {', '.join(KINDS)}")
-
-
-def weight_bytes(kind: str, s: Shape, itemsize: int = 2) -> int:
-    """Bytes of a branch's weights (FP16 on the board)."""
-    D, F, Dc, hd = s.width, s.ffn_width, s.context_dim, s.head_dim
-    n = {"self": 4 * D * D + 2 * hd, "cross": 2 * D * D + 2 * Dc * D + 2 * hd, "ffn": 2 * D * F}[kind]
-    return n * itemsize
+                   own.text_tokens, own.lora_rank, own.shards, own.cuts)
 
 
 @dataclass(frozen=True)
@@ -162,6 +129,7 @@ class KindFigures:
     io_out_s: float
     bytes_in: int = 0
     bytes_out: int = 0
+    units: float = 1.0             # its memory, in contexts of a whole branch (a heads shard less: context_units)
 
     @property
     def lifecycle_s(self) -> float:
@@ -190,30 +158,36 @@ class BoardModel:
                 raise ValueError("npu.concurrent_speedup must start at 1.0 and never fall")
             self.in_s_per_mb, self.out_s_per_mb = self.io_rates()
             self.kinds = {k: self._kind(k) for k in KINDS}
+            mem = c["memory"]
+            self._mem_n = [0] + list(mem["contexts"])
+            self._mem_drop = [0.0] + [float(x) for x in mem["mem_available_drop_mib"]]
+            self.parts = {k: self._shards(k) for k in KINDS}      # what one call runs: the branch, or its shards
             lsd = (self.shape.tokens * self.shape.width) / (self.ref.tokens * self.ref.width)
             self.host_block_s = c["host"]["per_block_s"] * lsd            # both passes, one block
             self.cores = int(c["npu"]["cores"])
             self.cpu_slots = int(c["lifecycle"]["cpu_slots"])
             self.multi_core_speedup = float(c["npu"]["multi_core_speedup"])
             self.measured = c.get("calibration", {}).get("label") == "measured"   # a board's own figures
-            mem = c["memory"]
-            self._mem_n = [0] + list(mem["contexts"])
-            self._mem_drop = [0.0] + [float(x) for x in mem["mem_available_drop_mib"]]
             wref = sum(weight_bytes(k, self.ref) for k in KINDS)
             self.weight_factor = sum(weight_bytes(k, self.shape) for k in KINDS) / wref
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
             raise CostModelError(f"board cost model {self.path}: missing or bad figure ({e!r})") from None
 
     # -- per kind ---------------------------------------------------------------------------------------------------
-    def _kind(self, kind: str) -> KindFigures:
-        c, ref, s = self.cost, self.ref, self.shape
-        # NPU: the one-forward split by kind, scaled to the 20-step run's NPU time per step
+    def _npu(self, kind: str, flops: dict) -> float:
+        """NPU seconds of an inference of these FLOPs (by part) of a branch kind: each part at the reference's
+        seconds per FLOP of that part (the one-forward split by kind, scaled to the 20-step run's NPU time)."""
+        c, ref = self.cost, self.ref
         fwd = c["npu"]["forward_s"]
         to_step = c["npu"]["step_npu_s"] / (2 * sum(fwd[k] for k in KINDS))
         t_ref = fwd[kind] / ref.blocks * to_step                                # one inference at the reference
-        f_ref, f_new = branch_flops(kind, ref), branch_flops(kind, s)
+        f_ref = branch_flops(kind, ref)
         total_ref = sum(f_ref.values())
-        npu = sum(t_ref * f_ref[p] / total_ref * (f_new[p] / f_ref[p]) for p in f_ref if f_ref[p])
+        return sum(t_ref * flops[p] / total_ref for p in f_ref if f_ref[p])
+
+    def _kind(self, kind: str) -> KindFigures:
+        c, ref, s = self.cost, self.ref, self.shape
+        npu = self._npu(kind, branch_flops(kind, s))
         # lifecycle: per-kind model averages, split into phases by the sweep totals; by weight bytes
         # (a calibrated board measured each kind's phases: they replace the sweep's split)
         sweep = c["lifecycle"].get("phases_s", {}).get(kind) or c["lifecycle"]["sweep_s"]
@@ -226,6 +200,47 @@ class BoardModel:
                            release_s=per * sweep["release"] / total, npu_s=npu,
                            io_in_s=b_in / MB * self.in_s_per_mb, io_out_s=b_out / MB * self.out_s_per_mb,
                            bytes_in=b_in, bytes_out=b_out)
+
+    def _shards(self, kind: str) -> list:
+        """[KindFigures] of the shards one call of a sharded pack runs (one entry: the branch itself)."""
+        s, whole = self.shape, self.kinds[kind]
+        if s.shards <= 1:
+            return [whole]
+        cut = s.cut(kind)
+        total = s.tokens if cut == "rows" else s.ffn_width if kind == "ffn" else s.heads
+        n_in, n_out = s.io_elements(kind)
+        out = []
+        for a, b in split(total, s.shards):
+            q = (b - a) / total
+            frac = 1.0 if cut == "rows" else q                       # its share of the branch's weights
+            e_in, e_out = n_in, n_out
+            if cut == "rows":                                        # its rows of y, and of xn where it takes them
+                e_out = int(round(n_out * q))
+                if kind != "self":
+                    e_in = n_in - s.tokens * s.width + (b - a) * s.width
+            b_in, b_out = e_in * int(self.cost["io"]["board_itemsize"]), e_out * int(self.cost["io"]["out_itemsize"])
+            io_in, io_out = self.io_seconds(b_in, b_out)
+            out.append(KindFigures(load_s=whole.load_s * frac, init_s=whole.init_s * frac,
+                                   release_s=whole.release_s * frac,
+                                   npu_s=self._npu(kind, shard_flops(kind, s, cut, b - a, total)),
+                                   io_in_s=io_in, io_out_s=io_out, bytes_in=b_in, bytes_out=b_out,
+                                   units=self.context_units(kind, frac)))
+        return out
+
+    def context_units(self, kind: str, fraction: float) -> float:
+        """Memory of a context holding `fraction` of a branch's weights, in whole-branch contexts. A context is its
+        weights (FP16: the branch's weight bytes) and the rest the runtime allocates for it (buffers, graph): the
+        reference's first context (R9) less the average reference branch's weights is that rest, which a shard
+        keeps whole (every context its own, P7)."""
+        if fraction >= 1.0:
+            return 1.0
+        w = sum(weight_bytes(k, self.ref) for k in KINDS) / len(KINDS) / 2**20          # MiB, the average branch
+        rest = max(0.0, float(self.cost["memory"]["mem_available_drop_mib"][0]) - w)
+        return (rest + fraction * w) / (rest + w)
+
+    def branch_units(self) -> float:
+        """Memory of one branch's contexts (its shards together), in whole-branch contexts: the largest kind."""
+        return max(sum(f.units for f in self.parts[k]) for k in KINDS)
 
     def io_rates(self) -> tuple:
         """(seconds per MB in, seconds per MB out): a calibrated board's measured rates, else the peers' per-MB
@@ -272,11 +287,11 @@ class BoardModel:
     def step_parts(self, passes: int = 2) -> dict:
         """A computed step under on-demand, by part (board seconds, modelled)."""
         n = self.shape.blocks
-        k = self.kinds
-        return {"npu_s": n * passes * sum(f.npu_s for f in k.values()),
-                "lifecycle_s": n * sum(f.lifecycle_s for f in k.values()),
+        parts = [f for fs in self.parts.values() for f in fs]        # every graph a step runs (shards: all of them)
+        return {"npu_s": n * passes * sum(f.npu_s for f in parts),
+                "lifecycle_s": n * sum(f.lifecycle_s for f in parts),
                 "host_s": n * self.host_block_s * passes / 2,
-                "io_s": n * passes * sum(f.io_s for f in k.values())}
+                "io_s": n * passes * sum(f.io_s for f in parts)}
 
     def on_demand_step_s(self) -> float:
         return sum(self.step_parts().values())
@@ -310,6 +325,14 @@ class BoardModel:
         if mem_available_mib is not None:
             return max(0.0, mem_available_mib - stop)
         return max(0.0, (self.usable_gib(ram_gb) - mem["baseline_gib"]) * GIB - stop)
+
+    def units_fit(self, budget_mib: float) -> float:
+        """How many whole-branch contexts' memory fits in `budget_mib` (a fraction where a shard takes less)."""
+        lo, hi = 0.0, float(max(1, self.contexts_fit(budget_mib) + 1))
+        for _ in range(50):                          # mem_drop_mib is increasing: bisect
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if self.mem_drop_mib(mid) <= budget_mib else (lo, mid)
+        return lo
 
     def contexts_fit(self, budget_mib: float) -> int:
         """How many contexts fit in `budget_mib` (the largest n with mem_drop_mib(n) <= budget)."""

@@ -14,8 +14,12 @@ evaluation; bench/overhead.py prints it beside the paced runs). Same figures as 
 - the prefetch helper is one FIFO thread: at a request's arrival it queues the preparation of the next `prefetch`
   branches of this step (the first branch of a step is never prefetched: no hint crosses a step), at the end of an
   inference the release of that context (the last call of a forward, with nothing ahead, releases inside the call).
-  With dual_core a branch has two contexts; the lifecycle loads, inits and releases the pair at once on two CPU
-  cores (`DUAL_LIFECYCLE_PARALLEL = True`; False models doing them one after the other).
+  With dual_core a branch has two contexts, a sharded pack's N (2N with dual_core); the lifecycle loads, inits and
+  releases them at once on the board's CPU slots (`DUAL_LIFECYCLE_PARALLEL = True`; False models doing them one
+  after the other).
+- a sharded pack's branch runs its shards: at once (`shards`: one lane per shard, each on an NPU core as one frees)
+  or in turn; with dual_core each pass has its lanes. Lanes do their tensor I/O on the CPU, then wait for a core;
+  the NPU work of the n lanes on cores progresses at rate(n) each (`infer_span`).
 - transport: `transport_s` per request (measured here), half each way.
 """
 from __future__ import annotations
@@ -47,6 +51,59 @@ class StepTimeline:
         return self.wall_s / self.npu_s
 
 
+def makespan(times: list, slots: int) -> float:
+    """Wall time of independent jobs on `slots` workers, longest first (the lifecycle's contexts of one branch)."""
+    free = [0.0] * max(1, min(int(slots), len(times) or 1))
+    for t in sorted(times, reverse=True):
+        i = free.index(min(free))
+        free[i] += t
+    return max(free) if times else 0.0
+
+
+def infer_span(lanes: list, cores: int, rate) -> float:
+    """Wall time of lanes running at once, each its jobs (io_s, npu_s) in turn: the tensor I/O on the CPU, then the
+    NPU work on a free core (lanes in order take the cores as they free); n lanes on cores each progress at
+    rate(n) of one context's speed."""
+    jobs = [list(lane) for lane in lanes if lane]
+    pos = [0] * len(jobs)
+    phase = ["io"] * len(jobs)
+    left = [lane[0][0] for lane in jobs]
+    t, busy = 0.0, 0
+    while True:
+        for i, ph in enumerate(phase):
+            if ph == "io" and left[i] <= 1e-12:
+                phase[i] = "wait"
+            if phase[i] == "wait" and busy < cores:
+                phase[i], left[i], busy = "npu", jobs[i][pos[i]][1], busy + 1
+        on = [i for i, ph in enumerate(phase) if ph == "npu"]
+        r = rate(len(on)) if on else 0.0
+        steps = [left[i] for i, ph in enumerate(phase) if ph == "io"] + [left[i] / r for i in on]
+        if not steps:
+            return t
+        dt = max(0.0, min(steps))
+        t += dt
+        for i, ph in enumerate(phase):
+            if ph == "io":
+                left[i] -= dt
+            elif ph == "npu":
+                left[i] -= dt * r
+                if left[i] <= 1e-12:
+                    busy -= 1
+                    pos[i] += 1
+                    if pos[i] == len(jobs[i]):
+                        phase[i] = "done"
+                    else:
+                        phase[i], left[i] = "io", jobs[i][pos[i]][0]
+
+
+def request_lanes(parts: list, passes: int, policy: Policy) -> list:
+    """The lanes of one request: per pass (dual_core: each pass its own), per shard (`shards`: each its own)."""
+    groups = [[p] for p in range(passes)] if policy.dual_core else [list(range(passes))]
+    if policy.shards and len(parts) > 1:
+        return [[(f.io_s, f.npu_s) for _ in g] for g in groups for f in parts]
+    return [[(f.io_s, f.npu_s) for _ in g for f in parts] for g in groups]
+
+
 def branch_sequence(model: BoardModel) -> list:
     return [(b, k) for b in range(model.shape.blocks) for k in KINDS]
 
@@ -56,12 +113,20 @@ def simulate_step(model: BoardModel, policy: Policy, pinned: frozenset = frozens
     """The critical path of one computed step. `pinned`: indices (into branch_sequence) of branches whose contexts
     stay loaded; `warm`: they are already loaded (False: this step loads them, and keeps them)."""
     seq = branch_sequence(model)
-    fig = [model.kinds[k] for _, k in seq]
+    parts = [model.parts[k] for _, k in seq]                   # the branch, or its shards
     h = model.host_pass_s
-    both = model.rate(2)                                       # each of two contexts inferring at once
     per_branch = 1 if policy.interleave else 2                 # passes per request
-    lanes = 2 if policy.dual_core and not dual_parallel else 1   # contexts handled one after the other
-    prep = [lanes * (f.load_s + f.init_s) for f in fig]
+    copies = 2 if policy.dual_core else 1                      # contexts per shard (a dual_core pair)
+    slots = model.cpu_slots if dual_parallel else 1            # contexts of one branch handled at once
+    by_kind = {k: (makespan([f.load_s + f.init_s for f in fs] * copies, slots),
+                   makespan([f.release_s for f in fs] * copies, slots),
+                   infer_span(request_lanes(fs, per_branch, policy), model.cores, model.rate),
+                   sum(f.npu_s for f in fs), sum(f.io_s for f in fs))
+               for k, fs in model.parts.items()}                   # every block's branch of a kind is alike
+    prep = [by_kind[k][0] for _, k in seq]
+    rel = [by_kind[k][1] for _, k in seq]
+    span = [by_kind[k][2] for _, k in seq]
+    npu_io = [by_kind[k][3:] for _, k in seq]
     lifecycle_vis = hidden = npu = io = infer_wall = 0.0
     helper_free = 0.0                                          # the prefetch helper (one per lane; lanes are alike)
     prepared: dict = {}                                        # branch -> time its context is ready
@@ -79,7 +144,7 @@ def simulate_step(model: BoardModel, policy: Policy, pinned: frozenset = frozens
             if branch is not None:
                 prepared[branch] = helper_free
 
-    for i, f in enumerate(fig):
+    for i, fs in enumerate(parts):
         held = i in pinned and warm
         for p in range(2 // per_branch):
             # 1) host ops for this request on the scheduler thread
@@ -111,22 +176,21 @@ def simulate_step(model: BoardModel, policy: Policy, pinned: frozenset = frozens
             else:
                 ready = arrive
             start = max(arrive, ready)
-            # 3) inference: passes in turn on one core, or both at once on two cores
-            one = f.io_s + f.npu_s
-            dur = f.io_s + f.npu_s / both if policy.dual_core else per_branch * one
+            # 3) inference: passes (and shards) in turn on one core, or at once on cores as they free
+            dur = span[i]
             end = start + dur
-            npu += per_branch * f.npu_s if not policy.dual_core else 2 * f.npu_s
-            io += per_branch * f.io_s if not policy.dual_core else 2 * f.io_s
+            npu += per_branch * npu_io[i][0]
+            io += per_branch * npu_io[i][1]
             infer_wall += dur
             # 4) release: pinned contexts stay; prefetch releases on the helper; on-demand inside the call
             done = end
             last = p == 2 // per_branch - 1
             if last and i not in pinned:
-                if policy.prefetch and i < len(fig) - 1:      # more calls follow: released behind them
-                    releases.append((end, lanes * f.release_s))
+                if policy.prefetch and i < len(parts) - 1:    # more calls follow: released behind them
+                    releases.append((end, rel[i]))
                 else:
-                    done = end + lanes * f.release_s
-                    lifecycle_vis += lanes * f.release_s
+                    done = end + rel[i]
+                    lifecycle_vis += rel[i]
             reply = done + transport_s / 2
             t_reply = [t_reply[1], reply]
             requests += 1
@@ -139,7 +203,7 @@ def simulate_step(model: BoardModel, policy: Policy, pinned: frozenset = frozens
 
 def pinned_branches(model: BoardModel, policy: Policy, contexts: int) -> frozenset:
     """The branches a resident budget of `contexts` contexts pins: the first ones of the fixed cycle (two contexts
-    each with dual_core)."""
-    per = 2 if policy.dual_core else 1
+    each with dual_core, times a sharded pack's shards)."""
+    per = (2 if policy.dual_core else 1) * len(model.parts["ffn"])
     n = min(len(branch_sequence(model)), max(0, contexts) // per)
     return frozenset(range(n))
