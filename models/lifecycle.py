@@ -13,6 +13,8 @@ Calls are served strictly in order (one worker thread). Per call:
      yet), or loaded and initialised now;
   2) queue the branches `ahead` for loading on the helper thread (prefetch);
   3) infer every pass: in order on one context, or (dual_core) pass i on context i % 2, the two contexts at once;
+     a sharded pack's branch (`shards_of` says so) is its N shard contexts per pass: at once (the `shards` policy:
+     shard i on core i) or in turn, each fed its part of the pass (models/shards.py), outputs combined in FP32;
   4) keep the model (hold, resident) or release it: now (on-demand, and a call with nothing ahead, the last of a
      forward, so nothing stays loaded while the executor idles) or on the helper thread (prefetch), in which case
      its release time is reported by the next call as `prev_release_s`.
@@ -31,6 +33,7 @@ from models.backends import backend_class
 from models.backends.base import BackendError, BranchBackend
 from models.phase_times import PhaseTimes
 from models.policy import Policy
+from models.shards import MAX_SHARDS, combine, shard_feed
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,8 @@ class _Context:
 
     def __init__(self, path: str, backends: list):
         self.path, self.backends = path, backends
+        self.masks: list = []                # the core mask each backend was made for (its spare pool)
+        self.specs: Optional[list] = None    # a sharded branch's ShardSpecs (backends copy-major: copy * N + shard)
         self.load_s = self.init_s = 0.0
         self.mb: Optional[float] = 0.0       # summed context_mb of its backends; None when one does not know
         self.pinned = False
@@ -98,7 +103,10 @@ class Lifecycle:
     """Serves branch calls under a Policy; see the module docstring for the four steps of a call."""
 
     def __init__(self, new_context: Callable[[Optional[str]], BranchBackend], policy: Policy = Policy(), *,
-                 after_release: Optional[Callable[[], None]] = None):
+                 after_release: Optional[Callable[[], None]] = None,
+                 shards_of: Optional[Callable[[str], Optional[tuple]]] = None):
+        """shards_of(path) -> ([shard file, ...], [ShardSpec, ...]) for a sharded pack's branch, None for one graph
+        (the pack's manifest knows; models.pack)."""
         if getattr(new_context, "single", False) and (policy.prefetch or policy.dual_core or policy.resident):
             raise ValueError(f"policy {policy.name!r} needs several contexts: give a backend factory "
                              "(context_factory), not one backend instance")
@@ -123,6 +131,8 @@ class Lifecycle:
         # thread (two CPU cores: a pair costs one context's time); two threads, so a release on the worker never
         # queues behind a prefetch on the helper
         self._pair = ThreadPoolExecutor(2, thread_name_prefix="lifecycle-pair") if policy.dual_core else None
+        self._shards_of = shards_of
+        self._aside: Optional[ThreadPoolExecutor] = None   # a sharded branch's contexts beside the calling thread
         self.closed = False
 
     # ---- public ------------------------------------------------------------------------------------------------
@@ -163,7 +173,7 @@ class Lifecycle:
             self._resident.clear()
             self.resident_mb = 0.0
             self._join_release()
-        for pool in (self._worker, self._helper, self._lane, self._pair):
+        for pool in (self._worker, self._helper, self._lane, self._pair, self._aside):
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
         self.closed = True
@@ -230,22 +240,39 @@ class Lifecycle:
     # ---- phases ------------------------------------------------------------------------------------------------
     def _instance(self, mask) -> BranchBackend:
         with self._spare_lock:
-            if self._spare[mask]:
+            if self._spare.setdefault(mask, []):
                 return self._spare[mask].pop()
         return self._new(mask)
 
+    def _aside_pool(self) -> ThreadPoolExecutor:
+        if self._aside is None:
+            self._aside = ThreadPoolExecutor(2 * MAX_SHARDS, thread_name_prefix="lifecycle-shard")
+        return self._aside
+
     def _open(self, path: str) -> _Context:
         """Load and init on every context the policy needs; a dual_core pair at once (the second on a pair thread),
-        so the phase times are the pair's wall (the longer of the two)."""
+        a sharded branch's contexts all at once (on shard threads), so the phase times are their wall (the longest)."""
         ctx = _Context(path, [])
-        other = self._pair.submit(self._open_one, path, self._masks[1]) if len(self._masks) == 2 else None
+        shards = self._shards_of(path) if self._shards_of is not None else None
+        if shards:
+            if getattr(self._new, "single", False):
+                raise LifecycleError(f"{path}: a sharded branch runs one context per shard: give a backend factory "
+                                     "(context_factory), not one backend instance", "load")
+            files, ctx.specs = shards
+            # `shards`: shard i on NPU core i, in every copy; in turn: each copy's contexts on its own mask
+            jobs = [(f, str(i % MAX_SHARDS) if self.policy.shards else m) for m in self._masks
+                    for i, f in enumerate(files)]
+            pool = self._aside_pool()
+        else:
+            jobs, pool = [(path, m) for m in self._masks], self._pair
+        others = [pool.submit(self._open_one, f, m) for f, m in jobs[1:]]
         results = []
         try:
-            results.append(self._open_one(path, self._masks[0]))
+            results.append(self._open_one(*jobs[0]))
         finally:
-            if other is not None:
-                results.append(other.result())          # waits even when the first failed: both are released
+            results += [o.result() for o in others]      # waits even when the first failed: all are released
         ctx.backends = [be for be, *_ in results if be is not None]
+        ctx.masks = [m for (_, m), r in zip(jobs, results) if r[0] is not None]
         error = next((r[4] for r in results if r[4] is not None), None)
         if error is not None:
             self._release_now(ctx)
@@ -277,6 +304,8 @@ class Lifecycle:
             return be, 0.0, 0.0, None, e
 
     def _infer(self, ctx: _Context, passes: list) -> tuple:
+        if ctx.specs is not None:
+            return self._infer_shards(ctx, passes)
         n = len(ctx.backends)
         infer_s, infer_at = [0.0] * len(passes), [0.0] * len(passes)
         outs: list = [None] * len(passes)
@@ -297,6 +326,41 @@ class Lifecycle:
                 other.result()                 # re-raises lane 1's error; waits even when lane 0 failed
         return outs, infer_s, infer_at
 
+    def _infer_shards(self, ctx: _Context, passes: list) -> tuple:
+        """Every pass of a sharded branch: lanes (one per shard with `shards`, one per copy otherwise; dual_core's
+        copies take the passes by turn) run at once; each pass's shard outputs are combined in FP32 in shard order."""
+        specs, n = ctx.specs, len(ctx.specs)
+        copies = len(ctx.backends) // n
+        got = [[None] * n for _ in passes]
+        spans = [[] for _ in passes]
+
+        def lane(copy: int, shards: list) -> None:
+            for p in range(copy, len(passes), copies):
+                for i in shards:
+                    t0 = time.monotonic()
+                    try:
+                        got[p][i] = ctx.backends[copy * n + i].infer(shard_feed(specs[i], passes[p]))
+                    except BackendError as e:
+                        raise LifecycleError(str(e), "infer", p) from None
+                    spans[p].append((t0, time.monotonic()))
+        lanes = [(c, [i]) for c in range(copies) for i in range(n)] if self.policy.shards else \
+            [(c, list(range(n))) for c in range(copies)]
+        others = [self._aside_pool().submit(lane, *ln) for ln in lanes[1:]]
+        try:
+            lane(*lanes[0])
+        finally:
+            errors = []
+            for f in others:                   # every lane ends before the call does; the first error is raised
+                try:
+                    f.result()
+                except LifecycleError as e:
+                    errors.append(e)
+            if errors:
+                raise errors[0]
+        outs = [{name: combine(specs, [g[name] for g in row], name) for name in row[0]} for row in got]
+        infer_at = [min(a for a, _ in sp) for sp in spans]
+        return outs, [max(b for _, b in sp) - a for sp, a in zip(spans, infer_at)], infer_at
+
     def _release_now(self, ctx: _Context) -> float:
         t0 = time.perf_counter()
 
@@ -305,12 +369,13 @@ class Lifecycle:
                 be.release()
             except Exception as e:  # noqa: BLE001 - a failing release must not hide the call's result
                 log.warning("%s: release: %s", ctx.path, e)
-        others = [self._pair.submit(release, be) for be in ctx.backends[1:]] if self._pair is not None else []
+        pool = self._aside_pool() if ctx.specs is not None else self._pair
+        others = [pool.submit(release, be) for be in ctx.backends[1:]] if pool is not None else []
         for be in ctx.backends[:1] if others else ctx.backends:
             release(be)
-        for f in others:                                   # a dual_core pair releases at once
+        for f in others:                                   # a dual_core pair, a branch's shards release at once
             f.result()
-        masks = self._masks if len(ctx.backends) == len(self._masks) else [None] * len(ctx.backends)
+        masks = ctx.masks if len(ctx.masks) == len(ctx.backends) else [None] * len(ctx.backends)
         with self._spare_lock:
             for be, mask in zip(ctx.backends, masks):
                 if not getattr(self._new, "single", False):

@@ -4,6 +4,7 @@ it; heads: the partials summed in FP32, cos >= 0.9999999); the plans, the shards
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -110,3 +111,48 @@ def test_bad_shard_requests_are_clear():
         plan("ffn", "rows", 2, CFG, tiny)
     with pytest.raises(ValueError, match="combine: 1 shard outputs for 2 shards"):
         combine(plan("ffn", "rows", 2, CFG, GEOM), [np.zeros((32, 256))])
+
+
+@pytest.fixture(scope="module")
+def shard_files(tmp_path_factory):
+    """A branch of each kind as one graph and as 3 shards (ffn, cross by rows; self by heads), FP32 ONNX files."""
+    d = tmp_path_factory.mktemp("shards")
+    out = {}
+    for kind, cut in (("self", "heads"), ("cross", "rows"), ("ffn", "rows")):
+        w = _weights(kind)
+        whole = d / f"b00_{kind}.onnx"
+        whole.write_bytes(serialize(build_branch(kind, w, CFG, GEOM, "fp32", 0)))
+        specs = plan(kind, cut, 3, CFG, GEOM)
+        files = []
+        for s in specs:
+            f = d / f"b00_{kind}.s{s.index}.onnx"
+            f.write_bytes(serialize(build_branch(kind, shard_weights(s, w), CFG, GEOM, "fp32", 0, shard=s)))
+            files.append(str(f))
+        out[str(whole)] = (files, specs)
+    return out
+
+
+@pytest.mark.parametrize("policy", ["on-demand", "shards", "dual_core+shards", "prefetch+shards", "interleave",
+                                    "resident+prefetch2+shards"])
+def test_the_lifecycle_runs_a_sharded_branch_under_every_policy(shard_files, policy):
+    """The lifecycle opens a sharded branch's N contexts (2N with dual_core), feeds each shard its part of every
+    pass and combines the outputs in FP32: bitwise the same under every policy, and the whole graph's result."""
+    from models.lifecycle import Lifecycle, context_factory
+    from models.policy import parse_policy
+    lc = Lifecycle(context_factory("onnx", threads=1), parse_policy(policy, {"resident_mb": 1e6}),
+                   shards_of=shard_files.get)
+    paths = list(shard_files)
+    feeds = {p: [_feed(k, seed) for seed in (1, 2)] for p, k in zip(paths, ("self", "cross", "ffn"))}
+    try:
+        for step in range(2):
+            for i, p in enumerate(paths):
+                outs, t = lc.run(p, feeds[p], ahead=paths[i + 1:i + 2])
+                assert len(outs) == 2 and len(t.infer_s) == 2 and min(t.infer_s) > 0
+                for o, f in zip(outs, feeds[p]):
+                    want = _run(onnx.load(p), f)
+                    assert o["y"].dtype == np.float32 and _cos(o["y"], want) >= 0.9999999
+                    ref = combine(shard_files[p][1], [_run(onnx.load(sf), shard_feed(s, f))
+                                                      for sf, s in zip(*shard_files[p])])
+                    np.testing.assert_array_equal(o["y"], ref)
+    finally:
+        lc.close()

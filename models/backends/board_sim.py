@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +36,7 @@ from models.board.pace import Chain, HostPacer, PaceTotals, Paced, check_time_sc
 from models.partition import parse_branch_file
 
 log = logging.getLogger(__name__)
+SHARD_RE = re.compile(r"\.s(\d+)\.onnx$")          # a sharded pack's shard graph: bNN_kind.sI.onnx
 
 class Board:
     """The modelled board one executor process runs on: NPU cores, CPU slots, the memory ledger, paced totals."""
@@ -62,6 +64,7 @@ class Board:
         self._models: dict = {}                    # pack folder -> BoardModel
         self._lock = threading.Lock()
         self.contexts = 0                          # resident (initialised) contexts
+        self.units = 0.0                           # their memory, in whole-branch contexts (a heads shard less)
         self.peak_contexts = 0
         self.totals = {ph: PaceTotals() for ph in ("load", "init", "io", "npu", "release")}
         self.core_wait_s = self.cpu_wait_s = 0.0
@@ -96,8 +99,8 @@ class Board:
         return m
 
     # -- memory -------------------------------------------------------------------------------------------------
-    def mem_available_gib(self, model: BoardModel, contexts: Optional[int] = None) -> float:
-        n = self.contexts if contexts is None else contexts
+    def mem_available_gib(self, model: BoardModel, units: Optional[float] = None) -> float:
+        n = self.units if units is None else units
         mem = model.cost["memory"]
         return model.usable_gib(self.ram_gb) - mem["baseline_gib"] - model.mem_drop_mib(n) / GIB
 
@@ -107,25 +110,28 @@ class Board:
                 f"{model.cost['memory']['baseline_gib']:.3f} GiB, {budget:.0f} MiB for contexts before MemAvailable "
                 f"< {model.cost['memory']['stop_mem_available_gib']} GiB: {model.contexts_fit(budget)} contexts")
 
-    def reserve(self, model: BoardModel, what: str) -> float:
-        """One more resident context, or BackendError when it would leave MemAvailable under the stop rule."""
+    def reserve(self, model: BoardModel, what: str, units: float = 1.0) -> float:
+        """One more resident context (`units` of a whole branch's memory: a heads shard less) -> its MiB, or
+        BackendError when it would leave MemAvailable under the stop rule."""
         stop = model.cost["memory"]["stop_mem_available_gib"]
         with self._lock:
-            after = self.mem_available_gib(model, self.contexts + 1)
+            after = self.mem_available_gib(model, self.units + units)
             if after < stop:
                 self.refusals += 1
                 raise BackendError(
                     f"{LABEL} board ({self.ram_gb} GB, reference board figures): init of {what} would leave "
                     f"MemAvailable at {after:.2f} GiB, under the {stop} GiB stop rule; {self.contexts} contexts "
-                    f"already hold {model.mem_drop_mib(self.contexts):.0f} MiB (use fewer resident contexts, or "
+                    f"already hold {model.mem_drop_mib(self.units):.0f} MiB (use fewer resident contexts, or "
                     f"a bigger board_ram_gb); {scale_note(self.time_scale)}")
             self.contexts += 1
+            self.units += units
             self.peak_contexts = max(self.peak_contexts, self.contexts)
-            return model.context_mib(self.contexts)
+            return model.mem_drop_mib(self.units) - model.mem_drop_mib(self.units - units)
 
-    def unreserve(self) -> None:
+    def unreserve(self, units: float = 1.0) -> None:
         with self._lock:
             self.contexts = max(0, self.contexts - 1)
+            self.units = max(0.0, self.units - units)
 
     # -- resources ----------------------------------------------------------------------------------------------
     @contextmanager
@@ -283,6 +289,7 @@ class BoardSimBackend(BranchBackend):
         self.onnx = OnnxBackend(threads)
         self._path: Optional[str] = None
         self._kind: Optional[str] = None
+        self._fig = None                       # the branch's (or its shard's) modelled figures
         self._model: Optional[BoardModel] = None
         self._reserved = False
         self._context_mib: Optional[float] = None
@@ -304,10 +311,14 @@ class BoardSimBackend(BranchBackend):
             _, kind = parse_branch_file(p.name)
         except ValueError as e:
             raise BackendError(f"{p}: {e}") from None
-        self._model = self.board.model(p.parent.parent)            # PACK/onnx/bNN_kind.onnx
+        self._model = self.board.model(p.parent.parent)            # PACK/onnx/bNN_kind.onnx (.sI.onnx: shard I)
         self._path, self._kind = str(p), kind
         self.report = {"branch": p.name, "label": LABEL, "time_scale": self.time_scale, "core_mask": self.mask_key}
-        fig = self._model.kinds[kind]
+        shard = SHARD_RE.search(p.name)
+        parts = self._model.parts[kind]
+        if (shard is None) != (len(parts) == 1) or (shard is not None and int(shard.group(1)) >= len(parts)):
+            raise BackendError(f"{p}: the pack's manifest says its {kind} branches run as {len(parts)} graph(s)")
+        self._fig = fig = parts[int(shard.group(1)) if shard else 0]
         self._chain = Chain()                                        # a new model: no credit from the last one
         with self.board.cpu_slot():
             t0 = clock()
@@ -317,9 +328,9 @@ class BoardSimBackend(BranchBackend):
     def init(self) -> None:
         if self._path is None:
             raise BackendError("init() before load()")
-        self._context_mib = self.board.reserve(self._model, os.path.basename(self._path))
+        self._context_mib = self.board.reserve(self._model, os.path.basename(self._path), self._fig.units)
         self._reserved = True
-        fig = self._model.kinds[self._kind]
+        fig = self._fig
         with self.board.cpu_slot():
             t0 = clock()
             try:
@@ -330,7 +341,7 @@ class BoardSimBackend(BranchBackend):
     def infer(self, inputs: dict) -> dict:
         if self._model is None or not self._reserved:
             raise BackendError("infer() before init()")
-        fig, scale = self._model.kinds[self._kind], self.time_scale
+        fig, scale = self._fig, self.time_scale
         t0 = clock()                                                 # tensor I/O in and out (CPU)
         self._phase("io", self._chain.pace(t0, fig.io_s, scale))
         with self.board.npu(self.mask_key, self.cores) as taken:
@@ -345,13 +356,13 @@ class BoardSimBackend(BranchBackend):
     def release(self) -> None:
         if self._path is None:
             return
-        fig = self._model.kinds[self._kind]
+        fig = self._fig
         with self.board.cpu_slot():
             t0 = clock()
             self.onnx.release()
             self._phase("release", self._chain.pace(t0, fig.release_s, self.time_scale))
         if self._reserved:
-            self.board.unreserve()
+            self.board.unreserve(self._fig.units)
         self._reserved, self._path, self._context_mib = False, None, None
 
     def context_mb(self) -> Optional[float]:
