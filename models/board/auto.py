@@ -140,13 +140,15 @@ def sharded_model(model: BoardModel, shards: int, cuts) -> BoardModel:
     return BoardModel(model.shape.sharded(shards, cuts), model.cost, model.path)
 
 
-def choose_cuts(model: BoardModel, shards: int, budget_mib: float, **kw) -> tuple:
-    """The cut per branch kind for a pack of `shards` shards: every combination evaluated with `choose` (lifecycle,
-    memory and tensor I/O priced) -> ({kind: cut}, the best Evaluation), fastest first; heads before rows on a tie
-    (less memory)."""
-    best = None
+def choose_cuts(model: BoardModel, shards: int, budget_mib: float, fixed: Optional[dict] = None, **kw) -> tuple:
+    """The cut per branch kind for a pack of `shards` shards: every combination (kinds in `fixed` keep theirs)
+    evaluated with `choose` (lifecycle, memory and tensor I/O priced) -> ({kind: cut}, the best Evaluation);
+    heads before rows on a tie (less memory)."""
+    best, fixed = None, dict(fixed or {})
     for combo in itertools.product(CUTS[::-1], repeat=len(KINDS)):        # ("heads", "rows")
         cuts = dict(zip(KINDS, combo))
+        if any(cuts[k] != c for k, c in fixed.items()):
+            continue
         try:
             e, _ = choose(sharded_model(model, shards, cuts), budget_mib, **kw)
         except ValueError:
