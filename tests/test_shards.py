@@ -156,3 +156,33 @@ def test_the_lifecycle_runs_a_sharded_branch_under_every_policy(shard_files, pol
                     np.testing.assert_array_equal(o["y"], ref)
     finally:
         lc.close()
+
+
+def test_pack_shard_entries_and_the_resolver(tmp_path):
+    """A branch's shard graphs and manifest entries (models/pack_shards.py), read back as specs, found by the
+    resolver from the branch's own file name; a manifest whose shards do not cover the cut is refused."""
+    import json
+    from models.pack_shards import ShardPackError, ShardResolver, choose_cuts, parse_cuts, part_files, part_specs, \
+        shard_entries
+    (tmp_path / "onnx").mkdir()
+    w = _weights("ffn")
+    block = shard_entries(tmp_path, "onnx/b00_ffn.onnx", "ffn", w, CFG, GEOM, "fp16", 0, 3, "heads")
+    entry = {"block": 0, "kind": "ffn", "onnx": "onnx/b00_ffn.onnx", "shards": block}
+    specs = part_specs(entry)
+    assert [(s.a, s.b, s.total) for s in specs] == [(0, 342, 1024), (342, 683, 1024), (683, 1024, 1024)]
+    assert [p for p, _ in part_files(entry)] == [f"onnx/b00_ffn.s{i}.onnx" for i in range(3)]
+    assert all((tmp_path / p).is_file() for p, _ in part_files(entry))
+    assert block["parts"][1]["outputs"][0] == {"name": "y", "shape": [64, 256], "dtype": "f16"}
+    (tmp_path / "onnx" / "b00_ffn.onnx").write_bytes(b"")
+    (tmp_path / "manifest.json").write_text(json.dumps({"shards": {"n": 3}, "branches": [entry]}))
+    files, got = ShardResolver()(tmp_path / "onnx" / "b00_ffn.onnx")
+    assert got == specs and files == [str((tmp_path / p).resolve()) for p, _ in part_files(entry)]
+    assert ShardResolver()(tmp_path / "onnx" / "b01_ffn.onnx") is None
+    bad = dict(entry, shards=dict(block, parts=block["parts"][::-1]))
+    with pytest.raises(ShardPackError, match="do not cover its heads in order"):
+        part_specs(bad)
+    assert parse_cuts("self=heads,cross=rows,ffn=rows") == {"self": "heads", "cross": "rows", "ffn": "rows"}
+    with pytest.raises(ShardPackError, match="--cuts 'ffn=cols'"):
+        parse_cuts("ffn=cols")
+    cuts, why = choose_cuts(CFG, GEOM, 3, {"ffn": "rows"})
+    assert cuts["ffn"] == "rows" and set(cuts) == {"self", "cross", "ffn"} and "modelled" in why
