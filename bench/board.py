@@ -67,7 +67,9 @@ class BoardBranches:
         from models.backends.rknn import RknnLiteBackend
         self.pack = pack
         pol = resolve_policy(policy, "rknn", RknnLiteBackend, settings, (pack.dir,))
-        self.local = LocalBranches(Lifecycle(context_factory(RknnLiteBackend, core_mask=core_mask, lite="real"), pol))
+        from models.pack_shards import ShardResolver
+        self.local = LocalBranches(Lifecycle(context_factory(RknnLiteBackend, core_mask=core_mask, lite="real"), pol,
+                                             shards_of=ShardResolver()))
         self.policy = pol
         self.interleave = pol.interleave
         self.reports: list = []

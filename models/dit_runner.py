@@ -15,6 +15,7 @@ from models.lifecycle import Lifecycle, context_factory, single_context
 from models.lora.apply import DitLora
 from models.phase_times import PhaseSums, PhaseTimes, add_call
 from models.pack import Pack, load_pack
+from models.pack_shards import ShardResolver
 from models.partition import BRANCHES, KINDS, NUMPY_DTYPES, branch_inputs, context_mask
 from models.policy import MAX_PREFETCH, Policy, resolve_policy
 from models.rope import rope_tables
@@ -161,7 +162,8 @@ class DiTRunner:
                 factory, name = single_context(backend), backend.name
             pol = resolve_policy(policy, name, factory.backend_class, packs=(self.pack.dir,)) \
                 if not isinstance(policy, Policy) else policy
-            branches = LocalBranches(Lifecycle(factory, pol, after_release=after_release))
+            branches = LocalBranches(Lifecycle(factory, pol, after_release=after_release,
+                                               shards_of=ShardResolver()))
         self.branches = branches
         self.host_pace = host_pace
         self.io_np = NUMPY_DTYPES[self.pack.io_dtype]

@@ -52,6 +52,7 @@ class _Context:
     def __init__(self, path: str, backends: list):
         self.path, self.backends = path, backends
         self.masks: list = []                # the core mask each backend was made for (its spare pool)
+        self.files: list = []                # shards opened one at a time, in the call (a one-context backend)
         self.specs: Optional[list] = None    # a sharded branch's ShardSpecs (backends copy-major: copy * N + shard)
         self.load_s = self.init_s = 0.0
         self.mb: Optional[float] = 0.0       # summed context_mb of its backends; None when one does not know
@@ -259,6 +260,9 @@ class Lifecycle:
                 raise LifecycleError(f"{path}: a sharded branch runs one context per shard: give a backend factory "
                                      "(context_factory), not one backend instance", "load")
             files, ctx.specs = shards
+            if getattr(self._new.backend_class, "max_contexts", None) == 1:
+                ctx.files = list(files)           # one context at a time (rknn-sim): each shard opens in its turn
+                return ctx
             # `shards`: shard i on NPU core i, in every copy; in turn: each copy's contexts on its own mask
             jobs = [(f, str(i % MAX_SHARDS) if self.policy.shards else m) for m in self._masks
                     for i, f in enumerate(files)]
@@ -330,6 +334,8 @@ class Lifecycle:
         """Every pass of a sharded branch: lanes (one per shard with `shards`, one per copy otherwise; dual_core's
         copies take the passes by turn) run at once; each pass's shard outputs are combined in FP32 in shard order."""
         specs, n = ctx.specs, len(ctx.specs)
+        if ctx.files:
+            return self._infer_shards_in_turn(ctx, passes)
         copies = len(ctx.backends) // n
         got = [[None] * n for _ in passes]
         spans = [[] for _ in passes]
@@ -360,6 +366,29 @@ class Lifecycle:
         outs = [{name: combine(specs, [g[name] for g in row], name) for name in row[0]} for row in got]
         infer_at = [min(a for a, _ in sp) for sp in spans]
         return outs, [max(b for _, b in sp) - a for sp, a in zip(spans, infer_at)], infer_at
+
+    def _infer_shards_in_turn(self, ctx: _Context, passes: list) -> tuple:
+        """A backend that holds one context (the simulator): each shard loaded, run for every pass and released in
+        turn; the call's inference time then includes the shards' lifecycles."""
+        got = [[] for _ in passes]
+        t0 = time.monotonic()
+        for f, spec in zip(ctx.files, ctx.specs):
+            be, _, _, _, error = self._open_one(f, self._masks[0])
+            if error is not None:
+                if be is not None:
+                    be.release()
+                raise error
+            try:
+                for p, feed in enumerate(passes):
+                    try:
+                        got[p].append(be.infer(shard_feed(spec, feed)))
+                    except BackendError as e:
+                        raise LifecycleError(str(e), "infer", p) from None
+            finally:
+                be.release()
+        dt = time.monotonic() - t0
+        outs = [{name: combine(ctx.specs, [g[name] for g in row], name) for name in row[0]} for row in got]
+        return outs, [dt / len(passes)] * len(passes), [t0] * len(passes)
 
     def _release_now(self, ctx: _Context) -> float:
         t0 = time.perf_counter()

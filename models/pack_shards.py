@@ -101,6 +101,11 @@ def part_files(entry: dict) -> list:
     return out
 
 
+def shard_count(manifest: dict) -> int:
+    """Shards per branch of a pack (1: every branch one graph)."""
+    return int((manifest.get("shards") or {}).get("n", 1))
+
+
 class ShardResolver:
     """shards_of(path) for the lifecycle: a branch file of a sharded pack (PACK/onnx/bNN_kind.onnx) -> its shard
     files and specs; None for a pack without shards or a file it does not list. One manifest read per pack."""

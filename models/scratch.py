@@ -51,9 +51,11 @@ class ScratchPlan:
         return sum(-(-s.nbytes // align) * align for s in self.slots)
 
 
-def scratch_plan(cfg: DiTConfig, geom: Geometry, pack_dtype: str, passes: int) -> ScratchPlan:
+def scratch_plan(cfg: DiTConfig, geom: Geometry, pack_dtype: str, passes: int, shards: int = 1) -> ScratchPlan:
     """The slots for a pack of this config, geometry and dtype ("fp16" | "fp32") with `passes` CFG passes: every
-    input a branch graph of this geometry takes (a long-context pack's mask too), then every output."""
+    input a branch graph of this geometry takes (a long-context pack's mask too), then every output. A sharded pack's
+    (`shards` > 1) outputs are FP32: the executor combines the shards' outputs in FP32 (models/lifecycle.py) and they
+    go to the host's FP32 residual add as they are."""
     tensors: dict = {}                     # name -> (IOSpec, resolved {"shape", "dtype"}); one per name
     for spec in BRANCHES:
         for io_specs in (branch_inputs(spec, geom), spec.outputs):
@@ -63,8 +65,11 @@ def scratch_plan(cfg: DiTConfig, geom: Geometry, pack_dtype: str, passes: int) -
                     raise ValueError(f"partition table: {io.name!r} of the {spec.kind} branch is {res} "
                                      f"({io.lifetime}), elsewhere {seen[1]} ({seen[0].lifetime})")
     slots = []
+    outputs = {o.name for spec in BRANCHES for o in spec.outputs}
     for name, (io, res) in tensors.items():
         shape = tuple(res["shape"])
+        if shards > 1 and name in outputs:
+            res = dict(res, dtype="f32")
         if io.lifetime in SHARED_LIFETIMES:
             slots.append(ScratchSlot(name, name, None, res["dtype"], shape, io.lifetime))
         else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from models.pack_shards import shard_count
 from models.scratch import scratch_plan
 from protocol import messages as m
 from protocol.arena import ALIGN_BYTES, Arena
@@ -31,7 +32,7 @@ class ArenaPlan:
 def arena_plan(pack) -> ArenaPlan:
     """Sizes for a models.pack.Pack (its manifest suffices: no weights are read)."""
     g, c = pack.geometry, pack.config
-    scratch = scratch_plan(c, g, pack.dtype, len(m.PASS_NAMES)).nbytes(ALIGN_BYTES)
+    scratch = scratch_plan(c, g, pack.dtype, len(m.PASS_NAMES), shard_count(pack.manifest)).nbytes(ALIGN_BYTES)
     return ArenaPlan(context_bytes=g.text_tokens * c.context_dim * 4,
                      latent_bytes=c.latent_channels * g.latent_h * g.latent_w * 4, scratch_bytes=scratch)
 

@@ -26,6 +26,7 @@ import numpy as np
 from models.backends import backend_class, backend_kwargs
 from models.lifecycle import Lifecycle, LifecycleError, context_factory
 from models.pack import load_pack
+from models.pack_shards import ShardResolver
 from models.partition import branch_file
 from models.policy import PolicyError, resolve_policy
 from models.probes import process_memory_mb
@@ -87,7 +88,7 @@ class ExecutorLogic:
         except PolicyError as e:
             raise ConfigError(f"{where}policy: {e}") from None
         factory = context_factory(cls, **backend_kwargs(cls, self.threads, settings, exclude=STAGE_KEYS))
-        self.lifecycle = Lifecycle(factory, self.policy, after_release=after_release)
+        self.lifecycle = Lifecycle(factory, self.policy, after_release=after_release, shards_of=ShardResolver())
         gc.collect()
         gc.freeze()                     # the modules' ~30k objects: a full collection per call drops from ~30 ms to ~0
         self.calls = 0

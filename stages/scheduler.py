@@ -33,6 +33,7 @@ from models.phase_times import PhaseSums
 from models.pack import PackError, load_pack
 from models.partition import KINDS, branch_index, parse_branch_file
 from models.policy import Policy, PolicyError, parse_policy
+from models.pack_shards import shard_count
 from models.scratch import scratch_plan
 from protocol import messages as m
 from protocol.fields import ProtocolError
@@ -69,7 +70,8 @@ class BranchClient:
         self.resends = 0
         self.step_ref = step_ref                      # [current 1-based step], read when a call goes out
         # every branch input and output slot, carved as the orchestrator sized the region: models/scratch.py
-        self.plan = scratch_plan(pack.config, pack.geometry, pack.dtype, len(m.PASS_NAMES))
+        self.plan = scratch_plan(pack.config, pack.geometry, pack.dtype, len(m.PASS_NAMES),
+                                 shard_count(pack.manifest))
         region = arena.region(msg.scratch.offset, msg.scratch.nbytes)
         self.slots = {s.name: region.alloc(s.name, s.dtype, s.shape) for s in self.plan.slots}
         self.xn = [self._desc("xn", p) for p in range(len(m.PASS_NAMES))]          # [L, D] io dtype

@@ -128,3 +128,15 @@ def test_lora_factors_are_written_when_the_branch_brings_other_arrays():
         assert (job.arena.read(first) == 2).all()
     finally:
         job.arena.close()
+
+
+def test_a_sharded_packs_outputs_are_fp32_in_both_plans():
+    """The executor combines a sharded branch's shard outputs in FP32 and hands them on so: y's slots are FP32 in
+    the plan the orchestrator sizes and the one the scheduler carves; inputs keep the pack's dtype."""
+    pack = _pack("tiny", 64, 64, 512, "fp16")
+    sharded = Pack(dir=pack.dir, manifest={"shards": {"n": 3}}, config=pack.config, geometry=pack.geometry,
+                   dtype="fp16")
+    plan = scratch_plan(pack.config, pack.geometry, "fp16", 2, shards=3)
+    want = _by_hand(pack) | {f"y.{p}": ("f32", (pack.geometry.tokens, pack.config.width)) for p in (0, 1)}
+    assert {s.name: (s.dtype, s.shape) for s in plan.slots} == want
+    assert arena_plan(sharded).scratch_bytes == plan.nbytes(ALIGN_BYTES) > arena_plan(pack).scratch_bytes
