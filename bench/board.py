@@ -297,8 +297,11 @@ def print_calibration(out_path) -> None:
     for line in model.describe():
         print(line)
     for ram in (8, 16, 32):
-        best, _ = board_auto.choose(model, model.context_budget_mib(ram))
-        print(f"auto on a {ram} GB board with these figures: {best.line()}")
+        try:
+            best, _ = board_auto.choose(model, model.context_budget_mib(ram))
+            print(f"auto on a {ram} GB board with these figures: {best.line()}")
+        except ValueError as e:                 # this board's baseline leaves no room on a board of that size
+            print(f"auto on a {ram} GB board with these figures: {e}")
     print(f"calibration: {out_path}  (set [stage.executor] board_cost = \"{out_path}\")")
 
 

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from models.board.cost import KINDS, Shape, load_cost
+from models.board.cost import BOARD_RAMS_GB, KINDS, Shape, load_cost
 
 MEASURED = "measured"
 
@@ -82,6 +82,10 @@ def write_cost(c: Calibration, base: Optional[dict] = None) -> str:
     s, p = c.shape, c.step_parts()
     wall = sum(p.values())
     sweep = {ph: s.blocks * sum(c.lifecycle_s[k][ph] for k in KINDS) for ph in ("load", "init", "release")}
+    # this board's size class (an 8 GB ROCK 5C has 7.75 GiB): its MemTotal is what it has usable
+    ram = min(BOARD_RAMS_GB, key=lambda g: abs(g - c.mem_total_gib)) if c.mem_total_gib > 0 else None
+    usable_8 = c.mem_total_gib if ram == 8 else float(base["memory"]["usable_gib_8gb"])
+    fraction = c.mem_total_gib / ram if ram not in (None, 8) else float(base["memory"]["usable_fraction"])
     src = "bench/board.py --calibrate"
     m = f"# {MEASURED} on this board ({src})"
     kept = "# not measured by a calibration: the project's cost.toml"
@@ -136,10 +140,10 @@ def write_cost(c: Calibration, base: Optional[dict] = None) -> str:
              f"mem_available_drop_mib = {_toml(_increasing(c.mem_drop_mib))}  {m} (made to grow by >= 1 MiB a row)",
              f"extra_pss_mib = {_toml([float(x) for x in c.extra_pss_mib])}  {m}",
              f"stop_mem_available_gib = {_toml(float(base['memory']['stop_mem_available_gib']))}  {kept}",
-             f"usable_gib_8gb = {_toml(float(base['memory']['usable_gib_8gb']))}  {kept} (this board: MemTotal "
-             f"{c.mem_total_gib:.2f} GiB)",
+             f"usable_gib_8gb = {_toml(usable_8)}  {'# ' + MEASURED + ': MemTotal' if ram == 8 else kept}",
              f"baseline_gib = {_toml(c.baseline_gib)}  {m}: MemTotal - MemAvailable before any context",
-             f"usable_fraction = {_toml(float(base['memory']['usable_fraction']))}  {kept}",
+             f"usable_fraction = {_toml(fraction)}  "
+             + (f"# {MEASURED}: MemTotal / {ram} GB" if ram not in (None, 8) else kept),
              "",
              "[dram]",
              *[f"{k} = {_toml(v)}" for k, v in base.get("dram", {}).items()],
