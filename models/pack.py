@@ -13,9 +13,11 @@ from models.durable import atomic_write, building_folder, fsync_dir
 from models.manifest import (MANIFEST, BranchEntry, ManifestRecord, data_sha256, existing_sources,  # noqa: F401
                              file_sha256, manifest_header, read_manifest, source_entry, write_manifest)
 from models.manifest import check_files as _check_listed
+from models.pack_shards import ShardPackError, choose_cuts, part_files, part_specs, shard_count, shard_entries
 from models.partition import (BRANCHES, PACK_DTYPES, TEXT_TOKENS, Geometry, branch_file, branch_index, branch_order,
                               pack_io_dtype, resolve)
 from models.schema import Int
+from models.shards import check_shards
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,8 @@ class Pack:
         copies of a pack on two machines have the same id (a remote executor is checked against it)."""
         key = [self.source.get("sha256"), self.geometry.width, self.geometry.height, self.dtype,
                [b.get("sha256") for b in self.branches]]
+        if shard_count(self.manifest) > 1:             # a sharded pack runs its shard files: they are what it computes
+            key.append([sha for b in self.branches for _, sha in part_files(b)])
         return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
     def host_weights(self) -> dict:
@@ -125,7 +129,8 @@ def refuse_replacing(out: Path, sha: str, size: tuple, overwrite: bool, error=Pa
 
 
 def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", overwrite: bool = False,
-               context: int = TEXT_TOKENS, lora_rank: int = 0, loras=(), progress=None) -> Path:
+               context: int = TEXT_TOKENS, lora_rank: int = 0, loras=(), shards: int = 1,
+               cuts: Optional[dict] = None, progress=None) -> Path:
     """Convert the checkpoint at `ckpt_path` into a pack at `out_dir` for `resolution` = (width, height) pixels.
 
     `context` > 512: cross-attention takes that many context rows plus an additive mask, so prompts longer than 512
@@ -133,6 +138,10 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
     `lora_rank` R > 0: a LoRA-ready pack, whose branch projections take rank-R low-rank inputs (LoRAs chosen per
     job, docs/lora.md). `loras` ([models.lora.LoraUse]): LoRAs baked into the weights (FP32, before the pack's dtype;
     the LLM adapter and text encoder parts of a LoRA are not in a DiT pack and are left to the encoder).
+
+    `shards` > 1: every branch also as that many shard graphs (models/pack_shards.py), so as many contexts on as
+    many NPU cores compute it at once; `cuts` ({kind: "rows" | "heads"}) fixes a kind's cut, the board model picks
+    the others at this pack's size (docs/board.md section 9).
 
     One block at a time (peak memory ~ one branch's weights); written into a temporary sibling folder that is renamed
     into place when complete. An existing pack of a different checkpoint or size is replaced only with `overwrite`.
@@ -149,6 +158,14 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
     out = Path(out_dir).absolute()
     ckpt = DiTCheckpoint.open(ckpt_path)
     cfg = ckpt.config
+    if lora_rank and shards != 1:                  # shard graphs take no low-rank inputs (models/branch_graphs.py)
+        raise PackError(f"--shards {shards} with --lora-rank {lora_rank}: a pack is sharded or LoRA-ready, not both; "
+                        "drop --shards for LoRAs per job (or bake them with --lora), or drop --lora-rank")
+    try:
+        shards = check_shards(shards)
+        cut_of, chosen = choose_cuts(cfg, geom, shards, cuts) if shards > 1 else ({}, "")
+    except (ShardPackError, ValueError) as e:
+        raise PackError(f"--shards {shards}: {e}") from None
     sha = ckpt.sha256()
     baked = _bake_plan(ckpt, loras)
     refuse_replacing(out, sha, (geom.width, geom.height), overwrite)
@@ -175,7 +192,10 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
             io = resolve(spec.kind, cfg, geom, dtype)
             branches.append({"block": block, "kind": spec.kind, "onnx": rel, "sha256": data_sha256(data),
                              "bytes": len(data), "inputs": io["inputs"], "outputs": io["outputs"]})
-            del data
+            if shards > 1:
+                branches[-1]["shards"] = shard_entries(tmp, rel, spec.kind, weights, cfg, geom, dtype, block, shards,
+                                                       cut_of[spec.kind])
+            del data, weights
             if spec.kind == BRANCHES[-1].kind:
                 log.info("pack: block %d/%d written", block + 1, cfg.blocks)
                 if progress is not None:
@@ -193,6 +213,8 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
         }
         if lora_rank or baked is not None:
             manifest["lora"] = {"rank": lora_rank, "baked": baked.report() if baked is not None else []}
+        if shards > 1:
+            manifest["shards"] = {"n": shards, "cuts": cut_of, "chosen": chosen}
         write_manifest(tmp, manifest)
         fsync_dir(tmp / ONNX_DIR)                   # the ONNX files' entries, before the folder's rename
     log.info("pack %s: %d branches, %s, %dx%d, built in %.1f s", out, len(branches), dtype, geom.width, geom.height,
@@ -298,6 +320,7 @@ def pack_files(manifest: dict) -> list:
             files.append((b["onnx"], b["sha256"]))
         if isinstance(b.get("rknn"), dict):
             files.append((b["rknn"]["file"], b["rknn"]["sha256"]))
+        files += part_files(b)
     return files
 
 
@@ -358,6 +381,30 @@ def load_pack(pack_dir, check: bool = True) -> Pack:
             pack_member(d, b.rknn.get("file"), bw + " rknn")
             if not isinstance(b.rknn.get("sha256"), str):
                 raise PackError(f"{bw} rknn: manifest field 'sha256' is missing")
+    _check_shards(d, m, where)
     if check:
         check_files(d, m)
     return Pack(d, m, cfg, geom, m["dtype"], list(m["branches"]))
+
+
+def _check_shards(d: Path, m: dict, where: str) -> None:
+    """A sharded pack: every branch lists shards that cover its cut in order, with file names inside the pack."""
+    try:
+        n = check_shards(shard_count(m))
+    except (TypeError, ValueError, AttributeError) as e:
+        raise PackError(f"{where}: manifest field 'shards' must be a table with n = the shards per branch ({e})") \
+            from None
+    if n == 1:
+        if any("shards" in b for b in m["branches"]):
+            raise PackError(f"{where}: branches list shards but the pack has no top-level shards.n > 1")
+        return
+    for b in m["branches"]:
+        bw = f"{where} branch b{b['block']:02d}_{b['kind']}"
+        try:
+            specs = part_specs(b, bw)
+        except ShardPackError as e:
+            raise PackError(str(e)) from None
+        if len(specs) != n:
+            raise PackError(f"{bw}: {len(specs)} shards, the pack's shards.n is {n}")
+        for rel, _ in part_files(b):
+            pack_member(d, rel, bw + " shards")

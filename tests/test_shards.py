@@ -186,3 +186,60 @@ def test_pack_shard_entries_and_the_resolver(tmp_path):
         parse_cuts("ffn=cols")
     cuts, why = choose_cuts(CFG, GEOM, 3, {"ffn": "rows"})
     assert cuts["ffn"] == "rows" and set(cuts) == {"self", "cross", "ffn"} and "modelled" in why
+
+
+def test_pack_shards_3_computes_what_the_unsharded_pack_does(tiny_dit, tmp_path, capsys):
+    """`anima-models pack --shards 3` (tiny, FP32): every branch's shard graphs beside its one graph, the cuts in the
+    manifest; its forward (the shards on three contexts at once, and in turn) equals the unsharded pack's forward
+    (cos >= 0.9999999; bitwise where every cut is rows); a manifest whose shards were tampered with is refused."""
+    import json
+    from pathlib import Path
+    from models.cli import main
+    from models.dit_runner import DiTRunner
+    from models.pack import PackError, build_pack, load_pack
+    from models.verify import random_inputs
+    one = build_pack(tiny_dit, tmp_path / "p1", (128, 128), "fp32")
+    assert main(["pack", str(tiny_dit), "--out", str(tmp_path / "p3"), "--resolution", "128x128", "--dtype", "fp32",
+                 "--shards", "3", "--cuts", "self=heads,cross=rows,ffn=heads"]) == 0
+    assert "shards 3 per branch: self by heads, cross by rows, ffn by heads" in capsys.readouterr().out
+    rows = build_pack(tiny_dit, tmp_path / "prows", (128, 128), "fp32", shards=3,
+                      cuts={"self": "rows", "cross": "rows", "ffn": "rows"})
+    sharded = load_pack(tmp_path / "p3")
+    assert sharded.manifest["shards"]["cuts"] == {"self": "heads", "cross": "rows", "ffn": "heads"}
+    assert all(len(b["shards"]["parts"]) == 3 for b in sharded.branches) and len(sharded.branches) == 84
+    assert (sharded.dir / "onnx" / "b27_ffn.s2.onnx").is_file()
+    assert sharded.identity != load_pack(one).identity
+    x, ctx = random_inputs(load_pack(one), seed=4)
+    want = DiTRunner(one, threads=1).forward(x, 0.6, ctx)
+    from models.pack_shards import ShardResolver
+    files, specs = ShardResolver()(sharded.branch_path(0, "self"))    # what the lifecycle runs instead of the graph
+    assert [Path(f).name for f in files] == [f"b00_self.s{i}.onnx" for i in range(3)] and specs[0].cut == "heads"
+    for policy in ("shards", "on-demand", "prefetch+dual_core+shards"):
+        r = DiTRunner(sharded, threads=1, policy=policy)
+        try:
+            v = r.forward(x, 0.6, ctx)
+        finally:
+            r.close()
+        assert _cos(v, want) >= 0.9999999, policy
+        assert np.abs(v - want).max() <= 1e-4 * np.abs(want).max(), policy
+        assert not np.array_equal(v, want)             # the heads' partial sums: the shards ran, not the one graph
+    r = DiTRunner(rows, threads=1, policy="shards")
+    try:
+        np.testing.assert_array_equal(r.forward(x, 0.6, ctx), want)
+    finally:
+        r.close()
+    man = json.loads((sharded.dir / "manifest.json").read_text())
+    man["branches"][5]["shards"]["parts"] = man["branches"][5]["shards"]["parts"][:2]
+    (sharded.dir / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(PackError, match="b01_ffn: the shards of a ffn branch do not cover its heads in order"):
+        load_pack(sharded.dir)
+    man["branches"][5]["shards"]["parts"] = [dict(p, onnx="../../x.onnx") for p in
+                                             json.loads((tmp_path / "prows" / "manifest.json").read_text())
+                                             ["branches"][5]["shards"]["parts"]]
+    man["branches"][5]["shards"]["cut"] = "rows"
+    (sharded.dir / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(PackError, match="leaves the pack folder"):
+        load_pack(sharded.dir)
+    with pytest.raises(PackError, match=r"--shards 4: shards 4 must be an integer in \[1, 3\]"):
+        build_pack(tiny_dit, tmp_path / "p4", (128, 128), "fp32", shards=4)
+    assert not (tmp_path / "p4").exists()

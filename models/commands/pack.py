@@ -3,6 +3,7 @@
     anima-models pack anima-preview.safetensors --out packs/anima-512 --resolution 512x512 --dtype fp16
     anima-models pack anima-preview.safetensors --out packs/anima-512-lora32 --lora-rank 32    # LoRAs per job
     anima-models pack anima-preview.safetensors --out packs/anima-512-style --lora style.safetensors:0.8   # baked
+    anima-models pack anima-preview.safetensors --out packs/anima-512-s3 --shards 3     # every NPU core on a branch
 """
 from __future__ import annotations
 
@@ -29,15 +30,21 @@ def add_arguments(p) -> None:
                         "default 0, docs/lora.md)")
     p.add_argument("--lora", action="append", default=[], metavar="FILE[:STRENGTH]",
                    help="bake a LoRA into the weights (repeatable; strength default 1.0): no run-time cost")
+    p.add_argument("--shards", type=int, default=1, help="also split every branch into N shard graphs (1-3), run on "
+                   "N contexts on N NPU cores at once by the `shards` policy (docs/board.md section 9); not with --lora-rank")
+    p.add_argument("--cuts", default=None, metavar="KIND=CUT,...", help="with --shards: the cut of a branch kind, "
+                   "rows or heads (e.g. self=heads,ffn=rows); the kinds not named are chosen by the board model")
 
 
 def run(args) -> int:
     from models.lora import parse_lora_arg
     from models.pack import build_pack, load_pack
+    from models.pack_shards import parse_cuts
     width, height = parse_resolution(args.resolution)
     loras = [parse_lora_arg(a) for a in args.lora]
     out = build_pack(args.checkpoint, args.out, (width, height), args.dtype, overwrite=args.overwrite,
-                     context=args.context, lora_rank=args.lora_rank, loras=loras)
+                     context=args.context, lora_rank=args.lora_rank, loras=loras, shards=args.shards,
+                     cuts=parse_cuts(args.cuts))
     pack = load_pack(out)
     g = pack.geometry
     print(f"pack {out}: {pack.config.blocks} blocks x {len(pack.branches) // pack.config.blocks} branches, "
@@ -46,4 +53,8 @@ def run(args) -> int:
           + (f", LoRA rank {g.lora_rank}" if g.lora_rank else "")
           + "".join(f", baked LoRA {b['name']} x {b['strength']:g}" for b in pack.manifest.get("lora", {})
                     .get("baked", [])))
+    sh = pack.manifest.get("shards")
+    if sh:
+        cuts = ", ".join(f"{k} by {v}" for k, v in sh["cuts"].items())
+        print(f"shards {sh['n']} per branch: {cuts} ({sh['chosen']})")
     return 0
