@@ -149,3 +149,39 @@ def test_verify_cumulative_through_simulator(tmp_path, tiny_dit, rknn_venv, monk
     assert all(r["cos"] >= MIN_COS for k, r in rows.items() if k[1] in ("self", "cross", "ffn"))
     assert rows[(None, "v")]["cos"] >= MIN_COS and rows[(1, "hidden")]["cos"] >= MIN_COS
     assert rc == 0 and rep["ok"]
+
+
+def test_a_sharded_pack_compiles_its_shards_and_runs_them_on_the_board_backend(tiny_dit, rknn_venv, tmp_path):
+    """`compile` builds a sharded pack's shard graphs too (bNN_kind.sI.rknn, each part's own `rknn` entry, hashed by
+    load_pack); the `rknn` backend (stand-in) resolves a shard's ONNX name to its .rknn, and the lifecycle's `shards`
+    policy on it computes the whole branch (cos >= 0.9999999 against the one graph, FP16 pack)."""
+    from models.backends.rknn import RknnLiteBackend, compiled_path
+    from models.lifecycle import Lifecycle, context_factory, run_branch
+    from models.backends import make_backend
+    from models.pack import build_pack, load_pack
+    from models.pack_shards import ShardResolver
+    from models.policy import parse_policy
+    from models.rknn.compile import compile_pack
+    pack_dir = build_pack(tiny_dit, tmp_path / "p", (128, 128), "fp16", shards=3,
+                          cuts={"self": "heads", "cross": "rows", "ffn": "heads"})
+    rep = compile_pack(pack_dir, target="rk3588", jobs=2, venv=rknn_venv, blocks=[0], per_worker=0)
+    assert (rep["built"], rep["failed"]) == (12, 0), rep
+    assert [b["name"] for b in rep["branches"][:4]] == ["b00_self", "b00_self.s0", "b00_self.s1", "b00_self.s2"]
+    pack = load_pack(pack_dir, check=True)               # every shard's .rknn hashed against its entry
+    parts = pack.branch(0, "ffn")["shards"]["parts"]
+    assert [p["rknn"]["file"] for p in parts] == [f"rknn/b00_ffn.s{i}.rknn" for i in range(3)]
+    assert all(p["rknn"]["onnx_sha256"] == p["sha256"] and p["rknn"]["cpu_ops"] == [] for p in parts)
+    assert compiled_path(pack.dir / parts[1]["onnx"]) == pack.dir / "rknn" / "b00_ffn.s1.rknn"
+    rng = np.random.default_rng(7)
+    lc = Lifecycle(context_factory(RknnLiteBackend, lite="standin"), parse_policy("shards"), shards_of=ShardResolver())
+    try:
+        for kind in ("self", "cross", "ffn"):
+            path = pack.branch_path(0, kind)
+            feeds = [{i["name"]: rng.standard_normal(i["shape"]).astype(np.float16)
+                      for i in pack.branch(0, kind)["inputs"]} for _ in range(2)]
+            outs, _ = lc.run(path, feeds)
+            want, _ = run_branch(make_backend("onnx", threads=1), path, feeds)
+            for got, ref in zip(outs, want):
+                assert got["y"].dtype == np.float32 and _cos(got["y"], ref["y"]) >= 0.9999999, kind
+    finally:
+        lc.close()

@@ -103,11 +103,17 @@ def _pack_branches(p: Path) -> tuple:
     return pack, loaded.manifest["branches"], p.relative_to(pack).as_posix()
 
 
+def _models(branches: list) -> list:
+    """Every model a pack's entries name: each branch, and a sharded pack's shard parts (their own file, inputs,
+    outputs and compiled file, models/pack_shards.py)."""
+    return [m for b in branches for m in [b, *((b.get("shards") or {}).get("parts") or ())]]
+
+
 def branch_entry(rknn_path) -> tuple:
-    """(pack folder, manifest branch entry) for a compiled branch file PACK/rknn/bNN_kind.rknn."""
+    """(pack folder, manifest entry) for a compiled branch file PACK/rknn/bNN_kind.rknn (or a shard's)."""
     p = Path(rknn_path).absolute()
     pack, branches, rel = _pack_branches(p)
-    for b in branches:
+    for b in _models(branches):
         if isinstance(b.get("rknn"), dict) and b["rknn"].get("file") == rel:
             return pack, b
     raise BackendError(f"{p}: not a compiled branch of {pack} (no manifest entry with rknn.file {rel!r}; "
@@ -116,12 +122,13 @@ def branch_entry(rknn_path) -> tuple:
 
 def compiled_path(model_path) -> Path:
     """The .rknn file of a branch: itself, or, for PACK/onnx/bNN_kind.onnx (what the scheduler names), the compiled
-    file the pack manifest records for that branch (inside the pack folder: its loader checked the name)."""
+    file the pack manifest records for that branch (inside the pack folder: its loader checked the name); a shard's
+    PACK/onnx/bNN_kind.sI.onnx likewise."""
     p = Path(model_path).absolute()
     if p.suffix == ".rknn":
         return p
     pack, branches, rel = _pack_branches(p)
-    for b in branches:
+    for b in _models(branches):
         if b.get("onnx") == rel:
             if not isinstance(b.get("rknn"), dict) or not b["rknn"].get("file"):
                 raise BackendError(f"{pack}: branch {rel} is not compiled for the NPU (run `anima-models compile "

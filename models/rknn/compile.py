@@ -34,6 +34,16 @@ def entry_name(branch: dict) -> str:
     return str(branch["name"]) if branch.get("name") else f"b{int(branch['block']):02d}_{branch['kind']}"
 
 
+def units(branches: list) -> list:
+    """(entry, the branch it belongs to, file stem) of every graph to compile: each branch, then a sharded pack's
+    shard parts (bNN_kind.sI: their own ONNX, sha256 and `rknn` entry, models/pack_shards.py)."""
+    out = []
+    for b in branches:
+        out.append((b, b, entry_name(b)))
+        out += [(p, b, f"{entry_name(b)}.s{int(p['index'])}") for p in (b.get("shards") or {}).get("parts") or ()]
+    return out
+
+
 @dataclass
 class BranchResult:
     block: Optional[int]
@@ -44,10 +54,10 @@ class BranchResult:
     name: str = ""
 
     @classmethod
-    def of(cls, branch: dict, status: str, entry: Optional[dict] = None) -> "BranchResult":
+    def of(cls, branch: dict, status: str, entry: Optional[dict] = None, name: str = "") -> "BranchResult":
         block = branch.get("block")
         return cls(None if block is None else int(block), str(branch["kind"]), status, dict(entry or {}),
-                   name=entry_name(branch))
+                   name=name or entry_name(branch))
 
 
 def _read_manifest(pack: Path) -> dict:
@@ -98,9 +108,15 @@ def _commit(tmp: Path, out: Path) -> None:
     tmp.unlink()
 
 
-def build_branch(slot: _WorkerSlot, pack: Path, branch: dict, target: str, toolkit: str) -> BranchResult:
-    """Compile one branch; the .rknn is renamed into place only when the build log is clean of REGTASK errors."""
-    res = BranchResult.of(branch, "failed")
+def build_branch(slot: _WorkerSlot, pack: Path, branch: dict, target: str, toolkit: str,
+                 unit: Optional[tuple] = None) -> BranchResult:
+    """Compile one branch (or `unit`: a shard part of it, its stem, see `units`); the .rknn is renamed into place
+    only when the build log is clean of REGTASK errors."""
+    if unit is not None:
+        branch, owner, name = unit
+        res = BranchResult.of(owner, "failed", name=name)
+    else:
+        res = BranchResult.of(branch, "failed")
     name = res.name
     onnx_path = pack / branch["onnx"]
     out_rel = f"{RKNN_DIR}/{name}.rknn"
@@ -178,33 +194,35 @@ def compile_pack(pack_dir, target: str = "rk3588", jobs: int = 1, venv=None, blo
     if blocks is not None and any("block" not in b for b in manifest["branches"]):
         raise CompileError(f"{pack}: blocks select DiT branches; this pack's models have no blocks")
     todo = [b for b in manifest["branches"] if blocks is None or int(b["block"]) in set(blocks)]
-    for b in todo:
+    work = units(todo)                                   # (entry, its branch, stem): branches and shard parts
+    for b, _, _ in work:
         if not (pack / b["onnx"]).is_file():
             raise CompileError(f"{pack}: branch file {b['onnx']} is missing")
     try:
         toolkit = toolkit_version(venv)
     except ToolkitError as e:
         raise CompileError(str(e.args[0])) from None
-    check_regressions(pack, todo, toolkit)
+    check_regressions(pack, [b for b, _, _ in work], toolkit)
     (pack / LOG_DIR).mkdir(parents=True, exist_ok=True)
     results: dict = {}
     lock = threading.Lock()
-    queue = [b for b in todo if force or not up_to_date(pack, b, toolkit, target)]
-    for b in todo:
-        if b not in queue:
-            results[entry_name(b)] = BranchResult.of(b, "skipped", b["rknn"])
+    queue = [u for u in work if force or not up_to_date(pack, u[0], toolkit, target)]
+    for u in work:
+        if u not in queue:
+            results[u[2]] = BranchResult.of(u[1], "skipped", u[0]["rknn"], name=u[2])
     log.info("compile %s for %s with rknn-toolkit2 %s: %d branch(es) to build, %d up to date, %d job(s)",
-             pack, target, toolkit, len(queue), len(todo) - len(queue), jobs)
+             pack, target, toolkit, len(queue), len(work) - len(queue), jobs)
     t0 = time.perf_counter()
     local = threading.local()
     slots = []
 
-    def one(b: dict) -> BranchResult:
+    def one(u: tuple) -> BranchResult:
+        b = u[0]
         if not hasattr(local, "slot"):
             local.slot = _WorkerSlot(venv, per_worker)
             with lock:
                 slots.append(local.slot)
-        r = build_branch(local.slot, pack, b, target, toolkit)
+        r = build_branch(local.slot, pack, b, target, toolkit, unit=u)
         with lock:
             results[r.name] = r
             if r.status == "built":
@@ -229,14 +247,15 @@ def compile_pack(pack_dir, target: str = "rk3588", jobs: int = 1, venv=None, blo
         for s in slots:
             s.close()
     wall = time.perf_counter() - t0
-    ordered = [results[entry_name(b)] for b in todo]
+    ordered = [results[name] for _, _, name in work]
     built = [r.entry for r in ordered if r.status in ("built", "skipped")]
     manifest["rknn"] = {
         "target": target, "toolkit": toolkit,
         "compiler": next((e.get("compiler") for e in built if e.get("compiler")), ""),
         "compiled": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "branches": sum(isinstance(b.get("rknn"), dict) for b in manifest["branches"]),
-        "bytes": sum(b["rknn"]["bytes"] for b in manifest["branches"] if isinstance(b.get("rknn"), dict)),
+        "bytes": sum(b["rknn"]["bytes"] for b, _, _ in units(manifest["branches"])
+                     if isinstance(b.get("rknn"), dict)),
     }
     write_manifest(pack, manifest)
     return {
