@@ -243,8 +243,9 @@ def main(argv=None) -> int:
     ap.add_argument("--plot", default=None, help="default: the JSON's path with .png")
     ap.add_argument("--analytic", action="store_true", help="print the analytic timeline's table only (no runs)")
     ap.add_argument("--shards", type=int, choices=range(1, MAX_SHARDS + 1), default=None,
-                    help="--analytic: model a pack built with --shards N (cuts chosen by the model); default: the "
-                    "pack's, or the NPU's cores for policies with the shards term, and auto weighs every N")
+                    help="model a pack built with --shards N (cuts chosen by the model; a run builds the tiny "
+                    "pack so); --analytic default: the pack's, or the NPU's cores for policies with the shards term, and auto "
+                    "weighs every N")
     ap.add_argument("--vae", default="npu", choices=VAES, help="where the job's VAE decodes (the last line's job_s): "
                     "npu = a VAE pack on the NPU (estimate; the board bundle's default), cpu = the reference's "
                     "stable-diffusion.cpp (R11)")
@@ -274,7 +275,11 @@ def main(argv=None) -> int:
         assets = (Path(args.models), Path(args.pack))
     else:
         from tests.pipeline_harness import tiny_assets
-        assets = tiny_assets(Path(args.cache), (args.width, args.height))
+        n, cuts = args.shards or 1, {}
+        if n > 1:                   # the cuts the model picks for the full-size pack (the tiny one computes them)
+            full = BoardModel()
+            cuts, _ = board_auto.choose_cuts(full, n, full.context_budget_mib(rams[0]))
+        assets = tiny_assets(Path(args.cache), (args.width, args.height), shards=n, cuts=cuts)
     model = BoardModel(Shape.of_pack(assets[1], "full"))
     for line in model.describe():
         print(f"{line}  [{scale_note(args.time_scale)}]")

@@ -38,16 +38,21 @@ POLL_S = 0.1
 TRACE_FILE = "trace.jsonl"
 
 
-def tiny_assets(cache: Path, resolution: tuple[int, int] = (128, 128), dtype: str = "fp16") -> tuple[Path, Path]:
-    """(models folder, pack folder) under `cache`: the embedded tiny bundle (seed 0) and its pack; both idempotent."""
+def tiny_assets(cache: Path, resolution: tuple[int, int] = (128, 128), dtype: str = "fp16", shards: int = 1,
+                cuts: dict | None = None) -> tuple[Path, Path]:
+    """(models folder, pack folder) under `cache`: the embedded tiny bundle (seed 0) and its pack (`shards`, `cuts`:
+    built with pack --shards N and these cuts); both idempotent."""
     from models.models_dir import resolve_models, write_bundle
     from models.pack import build_pack
     models = cache / "models"
     write_bundle("tiny", 0, models)
     dit = resolve_models(models, {}, need=("dit",)).dit
-    pack = cache / f"pack{resolution[0]}x{resolution[1]}-{dtype}"
+    name = f"pack{resolution[0]}x{resolution[1]}-{dtype}"
+    if shards > 1:
+        name += f"-s{shards}-" + "-".join(f"{k}{v}" for k, v in sorted((cuts or {}).items()))
+    pack = cache / name
     if not (pack / "manifest.json").exists():
-        build_pack(dit, pack, resolution, dtype)
+        build_pack(dit, pack, resolution, dtype, shards=shards, cuts=cuts)
     return models, pack
 
 
