@@ -180,8 +180,8 @@ def plot(runs: list, path: Path) -> None:
 def pack_note(n: int, cuts: dict) -> str:
     if n <= 1:
         return "pack: one graph per branch"
-    return f"pack --shards {n}: " + ", ".join(f"{k} by {'token rows' if c == 'rows' else 'heads' if k != 'ffn' else 'hidden units'}"
-                                              for k, c in cuts.items())
+    word = lambda k, c: "token rows" if c == "rows" else "heads" if k != "ffn" else "hidden units"    # noqa: E731
+    return f"pack --shards {n}: " + ", ".join(f"{k} by {word(k, c)}" for k, c in cuts.items())
 
 
 def model_for(pol: str, model: BoardModel, budget: float, shards) -> tuple:
@@ -221,7 +221,8 @@ def analytic_table(model: BoardModel, policies: list, rams: list, vae: str = "np
                            j["encode_s"], j["decode_s"], j["encode_s"] + denoise + j["decode_s"], j["decode_npu_s"],
                            j["encode_s"] + denoise + j["decode_npu_s"], vae=vae)
             name = f"auto: {e.policy.name}" if pol == "auto" else e.policy.name
-            lines.append(format_policy_line(name, ram, p, f"{LABEL}, analytic") + f"  {e.contexts}  {pack_note(n, cuts)}")
+            lines.append(format_policy_line(name, ram, p, f"{LABEL}, analytic")
+                         + f"  {e.contexts}  {pack_note(n, cuts)}")
             last = summary_line(pol, ram, p)
     return lines + [last] if lines[1:] else lines
 
@@ -244,8 +245,8 @@ def main(argv=None) -> int:
     ap.add_argument("--analytic", action="store_true", help="print the analytic timeline's table only (no runs)")
     ap.add_argument("--shards", type=int, choices=range(1, MAX_SHARDS + 1), default=None,
                     help="model a pack built with --shards N (cuts chosen by the model; a run builds the tiny "
-                    "pack so); --analytic default: the pack's, or the NPU's cores for policies with the shards term, and auto "
-                    "weighs every N")
+                    "pack so); --analytic default: the pack's, or the NPU's cores for policies with the shards term, "
+                    "and auto weighs every N")
     ap.add_argument("--vae", default="npu", choices=VAES, help="where the job's VAE decodes (the last line's job_s): "
                     "npu = a VAE pack on the NPU (estimate; the board bundle's default), cpu = the reference's "
                     "stable-diffusion.cpp (R11)")

@@ -69,8 +69,8 @@ def shard_entries(tmp: Path, rel: str, kind: str, weights: dict, cfg: DiTConfig,
         data = serialize(build_branch(kind, shard_weights(spec, weights), cfg, geom, dtype, block=block, shard=spec))
         atomic_write(tmp / part_rel, data)
         io = shard_io(spec, cfg, geom, dtype)
-        parts.append({**spec.to_dict(), "onnx": part_rel, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
-                      "inputs": io["inputs"], "outputs": io["outputs"]})
+        parts.append({**spec.to_dict(), "onnx": part_rel, "sha256": hashlib.sha256(data).hexdigest(),
+                      "bytes": len(data), "inputs": io["inputs"], "outputs": io["outputs"]})
     return {"cut": cut, "parts": parts}
 
 

@@ -3,8 +3,9 @@
 It offers the same surface as the real package (class RKNNLite with the NPU_CORE_* constants; load_rknn,
 init_runtime, inference, release, get_sdk_version; 0 / -1 return codes; inference -> list of float32 arrays or None;
 its `rknn_runtime` with set_inputs / run / get_outputs, the three steps inference() is made of) and the same rules
-for inputs (types, pass-through, layouts: `_Runtime`) but runs the branch's ONNX graph with ONNX Runtime on the CPU. The ONNX file is found through the pack manifest: the
-.rknn path's pack is its grandparent folder, whose manifest.json names the ONNX graph each .rknn was compiled from.
+for inputs (types, pass-through, layouts: `_Runtime`) but runs the branch's ONNX graph with ONNX Runtime on the CPU.
+The ONNX file is found through the pack manifest: the .rknn path's pack is its grandparent folder, whose
+manifest.json names the ONNX graph each .rknn was compiled from (a shard's too).
 Nothing it measures says anything about NPU speed or memory; the backend labels every report made with it.
 """
 from __future__ import annotations
