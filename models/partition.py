@@ -228,7 +228,8 @@ def context_mask(rows: int, text_tokens: int, dtype=np.float32) -> np.ndarray:
 
 def io_elements(kind: str, sym: dict, long_context: bool = False) -> tuple:
     """(elements of every input, of every output) one call of a branch kind moves, for the symbol values `sym`
-    (`symbols`, or a modelled shape's): what the board model prices tensor I/O by."""
+    (`symbols`, or a modelled shape's): what the board model prices tensor I/O by. A LoRA-ready graph's factor
+    inputs are left out: the board model does not price them as tensor I/O (docs/board.md section 7)."""
     spec = branch_spec(kind)
 
     def count(specs) -> int:
@@ -236,7 +237,7 @@ def io_elements(kind: str, sym: dict, long_context: bool = False) -> tuple:
             return sum(int(np.prod([sym[d] if isinstance(d, str) else int(d) for d in s.shape])) for s in specs)
         except KeyError as e:
             raise ValueError(f"branch kind {kind!r}: no value for the shape symbol {e.args[0]!r}") from None
-    return count([i for i in spec.inputs if long_context or not i.long_context]), count(spec.outputs)
+    return count([i for i in spec.inputs if (long_context or not i.long_context) and not i.lora]), count(spec.outputs)
 
 
 def resolve_io(specs, cfg: DiTConfig, geom: Geometry, pack_dtype: str) -> list:

@@ -243,3 +243,27 @@ def test_pack_shards_3_computes_what_the_unsharded_pack_does(tiny_dit, tmp_path,
     with pytest.raises(PackError, match=r"--shards 4: shards 4 must be an integer in \[1, 3\]"):
         build_pack(tiny_dit, tmp_path / "p4", (128, 128), "fp32", shards=4)
     assert not (tmp_path / "p4").exists()
+
+
+def test_a_pack_is_sharded_or_lora_ready_not_both(tiny_dit, tmp_path, capsys):
+    """Shard graphs take no LoRA factor inputs: `pack --shards N --lora-rank R` is refused naming both options, exit
+    2, nothing written; the graph builder refuses a shard of a LoRA-ready geometry too. Either alone still builds."""
+    from models.cli import main
+    from models.pack import PackError, build_pack
+    out = tmp_path / "both"
+    assert main(["pack", str(tiny_dit), "--out", str(out), "--resolution", "128x128", "--dtype", "fp32",
+                 "--shards", "2", "--lora-rank", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "--shards 2 with --lora-rank 4" in err and "not both" in err and "Traceback" not in err
+    assert not out.exists() and not list(tmp_path.iterdir())
+    with pytest.raises(PackError, match="--shards 3 with --lora-rank 8: a pack is sharded or LoRA-ready, not both"):
+        build_pack(tiny_dit, out, (128, 128), "fp32", lora_rank=8, shards=3)
+    assert not out.exists()
+    spec = plan("ffn", "heads", 2, CFG, GEOM)[0]
+    with pytest.raises(ValueError, match="not supported: build it sharded or LoRA-ready, not both"):
+        build_branch("ffn", shard_weights(spec, _weights("ffn")), CFG, Geometry.from_resolution(128, 128, lora_rank=4),
+                     "fp32", shard=spec)
+    assert main(["pack", str(tiny_dit), "--out", str(tmp_path / "lora"), "--resolution", "128x128", "--dtype",
+                 "fp32", "--lora-rank", "4"]) == 0
+    assert main(["pack", str(tiny_dit), "--out", str(tmp_path / "s2"), "--resolution", "128x128", "--dtype", "fp32",
+                 "--shards", "2"]) == 0

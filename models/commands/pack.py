@@ -31,7 +31,8 @@ def add_arguments(p) -> None:
     p.add_argument("--lora", action="append", default=[], metavar="FILE[:STRENGTH]",
                    help="bake a LoRA into the weights (repeatable; strength default 1.0): no run-time cost")
     p.add_argument("--shards", type=int, default=1, help="also split every branch into N shard graphs (1-3), run on "
-                   "N contexts on N NPU cores at once by the `shards` policy (docs/board.md section 9); not with --lora-rank")
+                   "N contexts on N NPU cores at once by the `shards` policy (docs/board.md section 9); not with "
+                   "--lora-rank")
     p.add_argument("--cuts", default=None, metavar="KIND=CUT,...", help="with --shards: the cut of a branch kind, "
                    "rows or heads (e.g. self=heads,ffn=rows); the kinds not named are chosen by the board model")
 
