@@ -172,7 +172,8 @@ def calibrate(pack_dir, out_path, lite: str = "real", core_mask: str = "auto", c
     from models import probes
     from models.backends.rknn import RknnLiteBackend, installed_lite_version
     from models.board.calibrate import Calibration, write_cost
-    from models.board.cost import KINDS, Shape
+    from models.board.cost import Shape
+    from models.partition import KINDS
     from models.dit_runner import DiTRunner
     from models.durable import atomic_write
     from models.pack import load_pack

@@ -11,9 +11,10 @@ import pytest
 
 from models.backends.board_sim import Board, BoardSimBackend
 from models.board import auto as board_auto
-from models.board.cost import KINDS, BoardModel, load_cost
+from models.board.cost import BoardModel, load_cost
 from models.lifecycle import run_branch
 from models.pack import load_pack
+from models.partition import KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
 

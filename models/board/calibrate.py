@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from models.board.cost import BOARD_RAMS_GB, KINDS, Shape, load_cost
+from models.board.cost import BOARD_RAMS_GB, Shape, load_cost
+from models.partition import KINDS
 
 MEASURED = "measured"
 

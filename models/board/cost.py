@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Optional
 
 from models.board.flops import branch_flops, shard_flops, weight_bytes
-from models.partition import TEXT_TOKENS, io_elements
+from models.partition import KINDS, TEXT_TOKENS, io_elements
 from models.shards import split
 
 try:
@@ -37,7 +37,6 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 COST_FILE = Path(__file__).with_name("cost.toml")
-KINDS = ("self", "cross", "ffn")
 BOARD_RAMS_GB = (8, 16, 32)
 LABEL = "modelled"             # every printed board figure carries this word
 MODELS = ("full", "pack")      # what a pack is modelled as: the official 2B widths, or the pack's own config

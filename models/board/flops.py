@@ -4,9 +4,7 @@ models/shards.py's cuts) and its weight bytes (`weight_bytes`). `s` is a models.
 tokens)."""
 from __future__ import annotations
 
-from models.partition import branch_spec
-
-KINDS = ("self", "cross", "ffn")
+from models.partition import KINDS, branch_spec
 
 
 class FlopsError(ValueError):

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from models.board.cost import KINDS, BoardModel
+from models.board.cost import BoardModel
+from models.partition import KINDS
 from models.policy import Policy
 
 DUAL_LIFECYCLE_PARALLEL = True      # models/lifecycle.py: a dual_core pair loads/inits/releases at once (_pair)
