@@ -441,6 +441,7 @@ def test_a_submit_whose_origin_the_record_cannot_keep_is_a_field_error(tmp_path)
     daemon = Daemon.__new__(Daemon)                     # the SUBMIT handler over this store, no sockets
     daemon.store, daemon.packs, daemon._submits, daemon._wake = JobStore(tmp_path, cached=True), {(64, 64): 0}, \
         OrderedDict(), False
+    daemon.vae_sizes = None                             # a VAE that decodes any size (no VAE pack configured)
     prompt = json.dumps({"prompt": "a girl", "seed": 7, "steps": 4, "width": 64, "height": 64})
     for origin, field in (([1], "origin"), ({f"k{i}": 1 for i in range(65)}, "origin"),
                           ({"k" * 129: 1}, "origin.<key>")):
