@@ -76,13 +76,13 @@ class ComfyClient:
             raise SystemExit(f"--comfyui {url}: only a ComfyUI on this machine's loopback is used")
         self.url, self.timeout_s = url.rstrip("/"), timeout_s
 
-    def _get(self, path: str) -> bytes:
+    def get(self, path: str) -> bytes:
         with urllib.request.urlopen(self.url + path, timeout=60) as r:
             return r.read()
 
     def check(self) -> dict:
         try:
-            return json.loads(self._get("/system_stats"))
+            return json.loads(self.get("/system_stats"))
         except (urllib.error.URLError, OSError, ValueError) as e:
             raise SystemExit(f"--comfyui {self.url}: no ComfyUI answers there ({e}); start it first") from None
 
@@ -96,7 +96,7 @@ class ComfyClient:
             raise ComfyError(f"ComfyUI refused the graph: {e.read().decode(errors='replace')[:800]}") from None
         t0 = time.monotonic()
         while time.monotonic() - t0 < self.timeout_s:
-            hist = json.loads(self._get(f"/history/{pid}"))
+            hist = json.loads(self.get(f"/history/{pid}"))
             if pid in hist:
                 h = hist[pid]
                 if h.get("status", {}).get("status_str") != "success":
@@ -107,13 +107,14 @@ class ComfyClient:
 
     def view(self, item: dict) -> bytes:
         q = urllib.parse.urlencode({k: item[k] for k in ("filename", "subfolder", "type")})
-        return self._get("/view?" + q)
+        return self.get("/view?" + q)
 
 
 def comfy_latent(raw: bytes, tmp: Path) -> np.ndarray:
     """A SaveLatent file (safetensors, 'latent_tensor' [1, 16, 1, h, w] in VAE space) -> model space [16, h, w]."""
     tmp.write_bytes(raw)
-    z = SafeTensorsFile(tmp).get("latent_tensor").reshape(16, *SafeTensorsFile(tmp).shape("latent_tensor")[-2:])
+    st = SafeTensorsFile(tmp)
+    z = st.get("latent_tensor").reshape(16, *st.shape("latent_tensor")[-2:])
     mean = np.asarray(LATENT_MEAN, np.float32)[:, None, None]
     std = np.asarray(LATENT_STD, np.float32)[:, None, None]
     return ((z - mean) / std).astype(np.float32)

@@ -21,26 +21,21 @@ and the job's settings: what tests/test_lora_comfy_model.py checks the DiT side 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
-import uuid
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from comfy_reference import ComfyClient, comfy_latent, cosine, png_pixels  # noqa: E402 - bench/'s one ComfyUI client
 from models.lora import LoraUse, TargetTable, plan_loras  # noqa: E402
 from models.models_dir import add_model_arguments, paths_from_args  # noqa: E402
 from models.noise import comfy_noise  # noqa: E402
 from models.safetensors_io import SafeTensorsFile  # noqa: E402
-from models.vae.latent import LATENT_MEAN, LATENT_STD  # noqa: E402
 
 # the synthetic LoRAs (file name -> layout, seed, rank, alpha, groups) and the cases: each a chain of
 # (file, ComfyUI node, strength_model, strength_clip) from the loaders outwards
@@ -50,10 +45,6 @@ CASES = {"none": [],
          "model_only": [("kohya_a3.safetensors", "LoraLoaderModelOnly", 0.8, None)],
          "chained": [("kohya_a3.safetensors", "LoraLoader", 0.8, 1.3),
                      ("comfy_noalpha.safetensors", "LoraLoaderModelOnly", -0.6, None)]}
-
-
-class ComfyError(RuntimeError):
-    pass
 
 
 def make_loras(paths, loras_dir: Path) -> None:
@@ -96,68 +87,6 @@ def comfy_graph(files: dict, chain: list, prompt: str, negative: str, seed: int,
         "10": {"class_type": "SaveImage", "inputs": {"images": ["9", 0], "filename_prefix": prefix}},
         "11": {"class_type": "SaveLatent", "inputs": {"samples": ["8", 0], "filename_prefix": "latents/" + prefix}}})
     return g
-
-
-class ComfyClient:
-    """The few ComfyUI HTTP endpoints this needs; loopback addresses only."""
-
-    def __init__(self, url: str, timeout_s: float):
-        host = urllib.parse.urlparse(url).hostname or ""
-        if host not in ("127.0.0.1", "localhost", "::1") and not host.startswith("127."):
-            raise SystemExit(f"--comfyui {url}: only a ComfyUI on this machine's loopback is used")
-        self.url, self.timeout_s = url.rstrip("/"), timeout_s
-
-    def get(self, path: str) -> bytes:
-        with urllib.request.urlopen(self.url + path, timeout=60) as r:
-            return r.read()
-
-    def check(self) -> dict:
-        try:
-            return json.loads(self.get("/system_stats"))
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            raise SystemExit(f"--comfyui {self.url}: no ComfyUI answers there ({e}); start it first") from None
-
-    def run(self, graph: dict) -> dict:
-        body = json.dumps({"prompt": graph, "client_id": uuid.uuid4().hex}).encode()
-        req = urllib.request.Request(self.url + "/prompt", data=body, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=60) as r:
-                pid = json.loads(r.read())["prompt_id"]
-        except urllib.error.HTTPError as e:
-            raise ComfyError(f"ComfyUI refused the graph: {e.read().decode(errors='replace')[:800]}") from None
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < self.timeout_s:
-            hist = json.loads(self.get(f"/history/{pid}"))
-            if pid in hist:
-                h = hist[pid]
-                if h.get("status", {}).get("status_str") != "success":
-                    raise ComfyError(f"ComfyUI job failed: {json.dumps(h.get('status'))[:800]}")
-                return h["outputs"]
-            time.sleep(1.0)
-        raise ComfyError(f"ComfyUI job {pid} did not finish in {self.timeout_s:.0f} s")
-
-    def view(self, item: dict) -> bytes:
-        return self.get("/view?" + urllib.parse.urlencode({k: item[k] for k in ("filename", "subfolder", "type")}))
-
-
-def comfy_latent(raw: bytes, tmp: Path) -> np.ndarray:
-    """A SaveLatent file (safetensors 'latent_tensor' [1, 16, 1, h, w] in VAE space) -> model space [16, h, w]."""
-    tmp.write_bytes(raw)
-    st = SafeTensorsFile(tmp)
-    z = st.get("latent_tensor").reshape(16, *st.shape("latent_tensor")[-2:])
-    mean = np.asarray(LATENT_MEAN, np.float32)[:, None, None]
-    std = np.asarray(LATENT_STD, np.float32)[:, None, None]
-    return ((z - mean) / std).astype(np.float32)
-
-
-def png_pixels(raw: bytes) -> np.ndarray:
-    from PIL import Image
-    return np.asarray(Image.open(io.BytesIO(raw)).convert("RGB"))
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 def uses_of(chain: list, loras_dir: Path) -> list:
