@@ -28,9 +28,9 @@ log = logging.getLogger("bench_long_context")
 
 
 def cross_weights(seed: int = 0) -> tuple:
-    from models.config import PRESETS
+    from models.dit.config import PRESETS
     from models.safetensors_io import bf16_to_f32
-    from models.synth_dit import dit_entries
+    from models.dit.synth import dit_entries
     want = "net.blocks.0.cross_attn."
     w = {e.name[len(want):]: bf16_to_f32(e.data()) for e in dit_entries("full", seed) if e.name.startswith(want)}
     return w, PRESETS["full"]["dit"]
@@ -38,8 +38,8 @@ def cross_weights(seed: int = 0) -> tuple:
 
 def prepare(w, cfg, resolution, context: int, dtype: str, folder: Path) -> dict:
     """Build and write the cross graph for `context` rows; its two CFG passes' feeds."""
-    from models.branch_graphs import build_branch, serialize
-    from models.partition import NUMPY_DTYPES, Geometry, context_mask, pack_io_dtype, resolve
+    from models.packs.branch_graphs import build_branch, serialize
+    from models.dit.partition import NUMPY_DTYPES, Geometry, context_mask, pack_io_dtype, resolve
     geom = Geometry.from_resolution(*resolution, text_tokens=context)
     t0 = time.perf_counter()
     data = serialize(build_branch("cross", w, cfg, geom, dtype, block=0))
@@ -61,7 +61,7 @@ def prepare(w, cfg, resolution, context: int, dtype: str, folder: Path) -> dict:
 
 
 def lifecycle(backend, case: dict) -> dict:
-    from models.lifecycle import run_branch
+    from models.runtime.lifecycle import run_branch
     _, t = run_branch(backend, case["path"], case["passes"])
     return {"load_s": t.load_s, "init_s": t.init_s, "infer_s": t.npu_s, "release_s": t.release_s}
 
@@ -76,11 +76,11 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default="bench/out/long_context.json")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from models.partition import parse_resolution
+    from models.dit.partition import parse_resolution
     resolution = parse_resolution(a.resolution)
     contexts = [int(c) for c in a.contexts.split(",")]
     w, cfg = cross_weights()
-    from models.backends import make_backend
+    from models.runtime.backends import make_backend
     backend = make_backend("onnx", threads=a.threads)
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="anima-longctx-") as d:

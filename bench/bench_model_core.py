@@ -28,7 +28,7 @@ RSS_LIMIT_GB = 3.0           # what the issue allows the full-size build
 
 
 def ensure_checkpoint(cache: Path, seed: int) -> tuple:
-    from models.synth_dit import write_dit
+    from models.dit.synth import write_dit
     ckpt = cache / f"anima-full-synth-{seed}.safetensors"
     if ckpt.exists():
         return ckpt, None
@@ -68,9 +68,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=str(ROOT / "bench" / "out" / "model_core.json"))
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from models.dit_runner import DiTRunner
-    from models.pack import load_pack
-    from models.verify import random_inputs, verify_pack
+    from models.runtime.dit_runner import DiTRunner
+    from models.packs.pack import load_pack
+    from models.runtime.verify import random_inputs, verify_pack
 
     result = {"resolution": args.resolution, "dtype": args.dtype, "threads": args.threads, "cpus": os.cpu_count(),
               "load_avg_start": os.getloadavg()}

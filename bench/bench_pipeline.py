@@ -5,7 +5,7 @@
 
 Pipeline: the harness of tests/pipeline_harness.py (real supervisord, real stages, embedded tiny bundle); the job's
 denoising wall time is the scheduler's (report.json stages.scheduler.wall_s), its transport time per branch call is
-report.json transport_s / branch_calls. In-process: models.denoise.denoise with models.dit_runner.DiTRunner on the
+report.json transport_s / branch_calls. In-process: models.sampling.denoise.denoise with models.runtime.dit_runner.DiTRunner on the
 same pack, seed, contexts (the job folder's cond.npy/uncond.npy) and thread count; its final latent must be bitwise the
 pipeline's. Bare round trip: pyzmq REQ/REP over ipc with frames of the same sizes as one BRANCH request and its
 BRANCH_DONE reply (descriptors only: the tensors stay in shared memory), and, for scale, with the tensors inline.
@@ -28,10 +28,10 @@ import zmq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from models.denoise import denoise, make_sampler, start_or_resume  # noqa: E402
-from models.spectrum import SpectrumSettings  # noqa: E402
-from models.dit_runner import DiTRunner  # noqa: E402
-from models.pack import load_pack  # noqa: E402
+from models.sampling.denoise import denoise, make_sampler, start_or_resume  # noqa: E402
+from models.sampling.spectrum import SpectrumSettings  # noqa: E402
+from models.runtime.dit_runner import DiTRunner  # noqa: E402
+from models.packs.pack import load_pack  # noqa: E402
 from protocol import codec, messages as m  # noqa: E402
 from protocol.tensors import TensorDesc  # noqa: E402
 from tests.pipeline_harness import Pipeline, tiny_assets  # noqa: E402

@@ -25,8 +25,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from models.dit_runner import DiTRunner  # noqa: E402
-from models.pack import load_pack  # noqa: E402
+from models.runtime.dit_runner import DiTRunner  # noqa: E402
+from models.packs.pack import load_pack  # noqa: E402
 from models.policy import parse_policy  # noqa: E402
 from tests.pipeline_harness import tiny_assets  # noqa: E402
 

@@ -19,16 +19,16 @@ from pathlib import Path
 
 import numpy as np
 
-from models.noise import initial_noise
-from models.sampler import Sampler
-from models.spectrum import SpectrumSettings
+from models.sampling.noise import initial_noise
+from models.sampling.sampler import Sampler
+from models.sampling.spectrum import SpectrumSettings
 
 log = logging.getLogger("bench_spectrum")
 
 
 def prepare_pack(work: Path, resolution: int, dtype: str, seed: int) -> Path:
-    from models.pack import build_pack
-    from models.synth_dit import write_dit
+    from models.packs.pack import build_pack
+    from models.dit.synth import write_dit
     ckpt = work / f"anima-tiny-{seed}.safetensors"
     if not ckpt.exists():
         write_dit("tiny", seed, ckpt, prefix="net.")
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="also write the numbers here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from models.dit_runner import DiTRunner
+    from models.runtime.dit_runner import DiTRunner
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)

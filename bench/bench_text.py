@@ -29,13 +29,13 @@ def rss_gb() -> float:
 
 def rss_now() -> dict:
     """Current VmRSS / RssAnon / RssFile in GB (Linux): file-backed pages are the mmap'd checkpoint, reclaimable."""
-    from models.probes import status_kb
+    from models.runtime.probes import status_kb
     return {k: round(v / 1024 ** 2, 2) for k, v in status_kb().items() if k in ("VmRSS", "RssAnon", "RssFile")}
 
 
 def ensure_files(cache: Path, seed: int) -> dict:
     from models.safetensors_io import write_safetensors
-    from models.synth_dit import dit_entries
+    from models.dit.synth import dit_entries
     from models.text.synth import write_te, write_tokenizers
     cache.mkdir(parents=True, exist_ok=True)
     te = cache / f"qwen3-te-full-synth-{seed}.safetensors"

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from models.durable import atomic_write
-from models.partition import KINDS
+from models.dit.partition import KINDS
 from orchestrator.report import MEMORY_POINTS
 
 
@@ -58,7 +58,7 @@ def child_runs(report_path: Path, runs: int) -> list[dict]:
 
 IN_PROCESS = """
 import json, resource, sys
-from models.probes import status_kb
+from models.runtime.probes import status_kb
 def rss():
     return status_kb()["VmRSS"] / 1024
 import orchestrator.flow, orchestrator.daemon          # what the daemon has loaded anyway

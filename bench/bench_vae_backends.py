@@ -67,7 +67,7 @@ def worker(kind: str, vae: str, pack: str, latent: str, out: str, threads: int) 
     lat = np.load(latent)
     t0 = time.perf_counter()
     if kind == "onnx":
-        from models.backends import make_backend
+        from models.runtime.backends import make_backend
         from models.vae.pack import load_vae_pack
         from models.vae.pack_decoder import PackDecoder
         dec = PackDecoder(load_vae_pack(pack), make_backend("onnx", threads=threads))

@@ -33,7 +33,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from models.partition import KINDS  # noqa: E402
+from models.dit.partition import KINDS  # noqa: E402
 
 log = logging.getLogger("bench.board")
 DT_COMPATIBLE = "/proc/device-tree/compatible"
@@ -57,17 +57,17 @@ def board_check() -> str:
 
 
 class BoardBranches:
-    """The runner's branch side: the one lifecycle (models/lifecycle.py) over RknnLiteBackend contexts under a
+    """The runner's branch side: the one lifecycle (models/runtime/lifecycle.py) over RknnLiteBackend contexts under a
     policy; keeps every call's PhaseTimes and the PSS peak."""
 
     def __init__(self, pack, core_mask: str, policy: str, settings: dict):
-        from models.dit_runner import LocalBranches
-        from models.lifecycle import Lifecycle, context_factory
+        from models.runtime.dit_runner import LocalBranches
+        from models.runtime.lifecycle import Lifecycle, context_factory
         from models.policy import resolve_policy
-        from models.backends.rknn import RknnLiteBackend
+        from models.runtime.backends.rknn import RknnLiteBackend
         self.pack = pack
         pol = resolve_policy(policy, "rknn", RknnLiteBackend, settings, (pack.dir,))
-        from models.pack_shards import ShardResolver
+        from models.packs.sharded import ShardResolver
         self.local = LocalBranches(Lifecycle(context_factory(RknnLiteBackend, core_mask=core_mask, lite="real"), pol,
                                              shards_of=ShardResolver()))
         self.policy = pol
@@ -93,7 +93,7 @@ class _Recorded:
 
     def result(self):
         if self.value is None:
-            from models import probes
+            from models.runtime import probes
             self.value = outs, t = self.handle.result()
             self.board.reports.append({"block": self.call.block, "kind": self.call.kind,
                                        "passes": list(self.call.passes), "times": t.to_dict()})
@@ -157,8 +157,8 @@ class _NoBranches:
         self.pack = pack
 
     def submit(self, call):
-        from models.dit_runner import _Done
-        from models.phase_times import PhaseTimes
+        from models.runtime.dit_runner import _Done
+        from models.runtime.phase_times import PhaseTimes
         out = self.pack.branch(call.block, call.kind)["outputs"][0]
         y = np.zeros(out["shape"], np.float16 if out["dtype"] == "f16" else np.float32)
         return _Done(([{out["name"]: y} for _ in call.passes], PhaseTimes()))
@@ -169,14 +169,14 @@ def calibrate(pack_dir, out_path, lite: str = "real", core_mask: str = "auto", c
     """Measure this board's cost figures on the compiled branches of a pack and write them to `out_path` (the cost
     file's format) -> the Calibration. `lite` "standin" runs it on x86 against the labelled stand-in (tests)."""
     import threading
-    from models import probes
-    from models.backends.rknn import RknnLiteBackend, installed_lite_version
+    from models.runtime import probes
+    from models.runtime.backends.rknn import RknnLiteBackend, installed_lite_version
     from models.board.calibrate import Calibration, write_cost
     from models.board.cost import Shape
-    from models.partition import KINDS
-    from models.dit_runner import DiTRunner
+    from models.dit.partition import KINDS
+    from models.runtime.dit_runner import DiTRunner
     from models.durable import atomic_write
-    from models.pack import load_pack
+    from models.packs.pack import load_pack
     pack = load_pack(pack_dir, check=False)
     rng = np.random.default_rng(seed)
     compiled = [b for b in pack.branches if isinstance(b.get("rknn"), dict) and b["rknn"].get("file")]
@@ -333,11 +333,11 @@ def main(argv=None) -> int:
         calibrate(args.pack, args.calibrate, core_mask=args.core_mask)
         print_calibration(args.calibrate)
         return 0
-    from models.denoise import make_sampler, start_or_resume
-    from models.spectrum import SpectrumSettings
-    from models.dit_runner import DiTRunner
-    from models.pack import load_pack
-    from models import probes
+    from models.sampling.denoise import make_sampler, start_or_resume
+    from models.sampling.spectrum import SpectrumSettings
+    from models.runtime.dit_runner import DiTRunner
+    from models.packs.pack import load_pack
+    from models.runtime import probes
 
     pack = load_pack(args.pack)
     board = BoardBranches(pack, args.core_mask, args.policy,
@@ -374,7 +374,7 @@ def main(argv=None) -> int:
         steps.append({**row, "npu_s": board.npu_s(reps)})  # every pass's inference() wall (NPU + tensor I/O)
         mark[:] = [now, n]
     t0 = time.perf_counter()
-    from models.denoise import denoise
+    from models.sampling.denoise import denoise
     denoise(runner, sampler, state, cond, uncond, on_step=on_step)
     out["job"] = {"steps": steps, "wall_s": time.perf_counter() - t0, "npu_s": sum(s["npu_s"] for s in steps)}
     print("== full job: per-step wall vs pure NPU")

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from models.partition import KINDS, branch_index  # noqa: E402
+from models.dit.partition import KINDS, branch_index  # noqa: E402
 from tests.pipeline_harness import Pipeline, tiny_assets  # noqa: E402
 
 STAGES = ("encoder", "scheduler", "executor", "vae", "orchestrator")

@@ -12,7 +12,7 @@ x2, EmptySD3LatentImage, ModelSamplingAuraFlow shift 3, KSampler, VAEDecode, Sav
 latent and the PNG, computes the same job here in-process (the text encoder on torch, the DiT through the pack on
 ONNX Runtime, the sampler, the VAE decoder) and prints one row per combo: the final latent's cosine and max
 difference (model space) and the PNGs' max pixel difference; --out writes them as JSON. Every row is computed by the
-pipeline's sampler (models.sampler.Sampler, what the scheduler stage runs); `euler` rows also by models.k_sampling in
+pipeline's sampler (models.sampling.sampler.Sampler, what the scheduler stage runs); `euler` rows also by models.sampling.k_sampling in
 ComfyUI's denoised form (the pipeline's Euler keeps its velocity form). The tokenizers must be ComfyUI's own
 (its comfy/text_encoders/qwen25_tokenizer and t5_tokenizer/tokenizer.json) for the token ids to agree: point
 --qwen-tokenizer / --t5-tokenizer at them, or copy them into the models folder's tokenizers/qwen and tokenizers/t5.
@@ -35,10 +35,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.k_sampling import SAMPLERS, cfg_denoised, ksampler_sigmas, make_sampler  # noqa: E402
-from models.sampler import Sampler  # noqa: E402
+from models.sampling.k_sampling import SAMPLERS, cfg_denoised, ksampler_sigmas, make_sampler  # noqa: E402
+from models.sampling.sampler import Sampler  # noqa: E402
 from models.models_dir import add_model_arguments, paths_from_args  # noqa: E402
-from models.noise import comfy_noise  # noqa: E402
+from models.sampling.noise import comfy_noise  # noqa: E402
 from models.safetensors_io import SafeTensorsFile  # noqa: E402
 from models.vae.latent import LATENT_MEAN, LATENT_STD  # noqa: E402
 
@@ -181,7 +181,7 @@ def main(argv=None) -> int:
     paths = paths_from_args(a)
     files = {"dit": paths.dit.name, "text_encoder": paths.text_encoder.name, "vae": paths.vae.name}
 
-    from models.dit_runner import DiTRunner
+    from models.runtime.dit_runner import DiTRunner
     from models.text.conditioning import TextEncoder
     from models.vae.api import VAE
     enc = TextEncoder.from_files(str(paths.text_encoder), str(paths.dit), str(paths.qwen_tokenizer),

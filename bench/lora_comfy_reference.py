@@ -32,9 +32,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from comfy_reference import ComfyClient, comfy_latent, cosine, png_pixels  # noqa: E402 - bench/'s one ComfyUI client
-from models.lora import LoraUse, TargetTable, plan_loras  # noqa: E402
+from models.lora import LoraUse, TargetTable, plan_loras, plan_text_loras  # noqa: E402
 from models.models_dir import add_model_arguments, paths_from_args  # noqa: E402
-from models.noise import comfy_noise  # noqa: E402
+from models.sampling.noise import comfy_noise  # noqa: E402
 from models.safetensors_io import SafeTensorsFile  # noqa: E402
 
 # the synthetic LoRAs (file name -> layout, seed, rank, alpha, groups) and the cases: each a chain of
@@ -49,7 +49,7 @@ CASES = {"none": [],
 
 def make_loras(paths, loras_dir: Path) -> None:
     """The cases' synthetic LoRAs for these model files (their own key lists), into MODELS/loras/."""
-    from models.dit_checkpoint import strip_prefix
+    from models.dit.checkpoint import strip_prefix
     from models.lora.synth import write_lora
     dit, te = SafeTensorsFile(paths.dit), SafeTensorsFile(paths.text_encoder)
     shapes = ({strip_prefix(k): dit.shape(k) for k in dit.keys()}, {k: te.shape(k) for k in te.keys()})
@@ -123,9 +123,9 @@ def main(argv=None) -> int:
         make_loras(paths, loras_dir)
     files = {"dit": paths.dit.name, "text_encoder": paths.text_encoder.name, "vae": paths.vae.name}
 
-    from models.config import expected_dit_shapes
-    from models.dit_runner import DiTRunner
-    from models.sampler import Sampler
+    from models.dit.config import expected_dit_shapes
+    from models.runtime.dit_runner import DiTRunner
+    from models.sampling.sampler import Sampler
     from models.text.conditioning import TextEncoder
     from models.vae.api import VAE
     enc = TextEncoder.from_files(str(paths.text_encoder), str(paths.dit), str(paths.qwen_tokenizer),
@@ -147,7 +147,7 @@ def main(argv=None) -> int:
         img_ref = png_pixels(client.view(out["10"]["images"][0]))
         t0 = time.monotonic()
         uses = uses_of(chain, loras_dir)
-        enc.set_lora(uses)
+        enc.set_lora(plan_text_loras(uses, enc))
         cond, uncond = enc.encode_pair(a.prompt, a.negative)
         runner.set_lora(plan_loras(uses, dit_table) if uses else None)
         s = Sampler(steps=a.steps, cfg=a.cfg, schedule=a.scheduler, spectrum=None)
@@ -174,7 +174,7 @@ def main(argv=None) -> int:
            "loras": {k: list(v) for k, v in LORAS.items()}, "cases": {k: [list(c) for c in v] for k, v in CASES.items()}}
     if a.record:
         dit = SafeTensorsFile(paths.dit)
-        from models.dit_checkpoint import strip_prefix
+        from models.dit.checkpoint import strip_prefix
         job["dit_shapes"] = {strip_prefix(k): list(dit.shape(k)) for k in dit.keys()
                              if not strip_prefix(k).startswith("llm_adapter.")}
         rec["job"] = np.array(json.dumps(job))

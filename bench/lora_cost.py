@@ -32,10 +32,10 @@ MODULES = {"self": "self_attn", "cross": "cross_attn", "ffn": "mlp"}
 
 def block0(seed: int) -> dict:
     """{kind: {weight suffix: f32}} of block 0 and the host weights, as `anima-models synth` makes them (bf16)."""
-    from models.host_ops import host_keys
-    from models.config import PRESETS
+    from models.dit.host_ops import host_keys
+    from models.dit.config import PRESETS
     from models.safetensors_io import bf16_to_f32
-    from models.synth_dit import dit_entries
+    from models.dit.synth import dit_entries
     host = set(host_keys(PRESETS["full"]["dit"]))
     out = {k: {} for k in KINDS}
     out["host"] = {}
@@ -52,8 +52,8 @@ def block0(seed: int) -> dict:
 
 def feeds(kind: str, cfg, geom, dtype: str, lora: dict, rng) -> list:
     """Both CFG passes' inputs of one branch (xn per pass, the rest shared), LoRA inputs from `lora`."""
-    from models.partition import NUMPY_DTYPES, branch_inputs, branch_spec, pack_io_dtype
-    from models.rope import rope_tables
+    from models.dit.partition import NUMPY_DTYPES, branch_inputs, branch_spec, pack_io_dtype
+    from models.dit.rope import rope_tables
     io = NUMPY_DTYPES[pack_io_dtype(dtype)]
     cos, sin = rope_tables(geom.h_tokens, geom.w_tokens, cfg.head_dim)
     shared = {"rope_cos": cos.astype(io), "rope_sin": sin.astype(io),
@@ -64,7 +64,7 @@ def feeds(kind: str, cfg, geom, dtype: str, lora: dict, rng) -> list:
 
 
 def lifecycle(backend, path, passes) -> dict:
-    from models.lifecycle import run_branch
+    from models.runtime.lifecycle import run_branch
     _, t = run_branch(backend, path, passes)
     return {"load_s": t.load_s, "init_s": t.init_s, "infer_s": t.npu_s, "release_s": t.release_s}
 
@@ -80,14 +80,14 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default="bench/out/lora_cost.json")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from models.backends import make_backend
+    from models.runtime.backends import make_backend
     from models.board.cost import BoardModel, Shape
-    from models.branch_graphs import build_branch, serialize
-    from models.config import PRESETS, expected_dit_shapes
+    from models.packs.branch_graphs import build_branch, serialize
+    from models.dit.config import PRESETS, expected_dit_shapes
     from models.lora import LoraUse, TargetTable, plan_loras
     from models.lora.apply import DitLora
     from models.lora.synth import write_lora
-    from models.partition import Geometry, parse_resolution
+    from models.dit.partition import Geometry, parse_resolution
     cfg = PRESETS["full"]["dit"]
     resolution = parse_resolution(a.resolution)
     ranks = [int(r) for r in a.ranks.split(",")]

@@ -37,7 +37,7 @@ from models.board.account import (POLICY_HEADER, VAES, format_policy_line, forma
 from models.board.cost import BOARD_RAMS_GB, LABEL, BoardModel, Shape  # noqa: E402
 from models.board.pace import check_time_scale, scale_note  # noqa: E402
 from models.policy import parse_policy  # noqa: E402
-from models.shards import MAX_SHARDS  # noqa: E402
+from models.dit.shards import MAX_SHARDS  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
 ALL = ("on-demand", "prefetch", "prefetch2", "interleave", "prefetch2+interleave", "dual_core", "resident",

@@ -35,9 +35,9 @@ import zmq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from models.dit_runner import DiTRunner  # noqa: E402
-from models.pack import load_pack  # noqa: E402
-from models.partition import KINDS  # noqa: E402
+from models.runtime.dit_runner import DiTRunner  # noqa: E402
+from models.packs.pack import load_pack  # noqa: E402
+from models.dit.partition import KINDS  # noqa: E402
 from models.durable import atomic_write  # noqa: E402
 from models.policy import Policy  # noqa: E402
 from protocol.security import read_keypair, write_keypair  # noqa: E402
@@ -83,7 +83,7 @@ def forward_row(runner: DiTRunner, inputs, label: str) -> tuple:
 
 def context_memory(pack, threads: int) -> dict:
     """RSS growth per kind over load+init and over the first inference (MiB), block 0's three branches."""
-    from models.backends.onnx import OnnxBackend
+    from models.runtime.backends.onnx import OnnxBackend
     p, rng, out, held = psutil.Process(), np.random.default_rng(1), {}, []
     for kind in KINDS:
         e = pack.branch(0, kind)

@@ -24,7 +24,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from models.partition import KINDS  # noqa: E402
+from models.dit.partition import KINDS  # noqa: E402
 
 log = logging.getLogger("bench.rknn_full")
 REFERENCE_TOTAL_GB = 3.99             # the reference work's 84 compiled branches at 512x512
@@ -37,8 +37,8 @@ def cosine(a, b) -> float:
 
 
 def ensure_pack(out: Path) -> Path:
-    from models.pack import build_pack
-    from models.synth_dit import write_dit
+    from models.packs.pack import build_pack
+    from models.dit.synth import write_dit
     ckpt, pack = out / "full-dit.safetensors", out / "pack512"
     if not ckpt.exists():
         t = time.perf_counter()
@@ -53,12 +53,12 @@ def ensure_pack(out: Path) -> Path:
 
 def per_branch_sim(pack_dir: Path, blocks: list, seed: int = 0) -> list:
     """Each selected branch: simulator vs ONNX Runtime vs the FP32 torch branch, on LayerNorm-like inputs."""
-    from models.backends import make_backend
-    from models.lifecycle import run_branch
-    from models.dit_checkpoint import DiTCheckpoint
-    from models.pack import load_pack
-    from models.reference import ref_cross_attn, ref_ffn, ref_self_attn
-    from models.rope import rope_tables
+    from models.runtime.backends import make_backend
+    from models.runtime.lifecycle import run_branch
+    from models.dit.checkpoint import DiTCheckpoint
+    from models.packs.pack import load_pack
+    from models.dit.reference import ref_cross_attn, ref_ffn, ref_self_attn
+    from models.dit.rope import rope_tables
     pack = load_pack(pack_dir, check=False)
     ck = DiTCheckpoint.open(pack.source["path"])
     g, c = pack.geometry, pack.config
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from models.partition import parse_blocks
+    from models.dit.partition import parse_blocks
     from models.rknn.compile import compile_pack, describe
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     if args.sim == "per-branch":
         result["sim"] = per_branch_sim(pack, blocks)
     elif args.sim == "cumulative":
-        from models.verify import verify_pack
+        from models.runtime.verify import verify_pack
         t = time.perf_counter()
         vr = verify_pack(pack, backend="rknn-sim", blocks=args.blocks)
         print(vr.table())

@@ -6,7 +6,7 @@ combines them (FP32), against the one-graph branch in the same simulator and aga
 
 Prints one row per kind x cut: cos and max |diff| of the combined shards against the one graph (both simulated) and
 against the FP32 reference, and the operators the compiler placed on the CPU (none expected); exits 1 when a row is
-below the marks of the pack's dtype (models/verify.py). Measured here (x86): numbers of the simulator, not a board.
+below the marks of the pack's dtype (models/runtime/verify.py). Measured here (x86): numbers of the simulator, not a board.
 """
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from models.branch_graphs import build_branch, serialize  # noqa: E402
-from models.config import PRESETS  # noqa: E402
-from models.partition import KINDS, Geometry, parse_resolution, resolve  # noqa: E402
-from models.rope import rope_tables  # noqa: E402
-from models.shards import CUTS, combine, plan, shard_feed, shard_weights  # noqa: E402
+from models.packs.branch_graphs import build_branch, serialize  # noqa: E402
+from models.dit.config import PRESETS  # noqa: E402
+from models.dit.partition import KINDS, Geometry, parse_resolution, resolve  # noqa: E402
+from models.dit.rope import rope_tables  # noqa: E402
+from models.dit.shards import CUTS, combine, plan, shard_feed, shard_weights  # noqa: E402
 
 MARKS = {"fp16": 0.9999, "fp32": 0.9999999}     # cos of the combined shards against the one graph
 
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     ap.add_argument("--venv", default=str(ROOT / ".venv-rknn"))
     args = ap.parse_args(argv)
     import onnxruntime as ort
-    from models.backends.rknn_sim import RknnSimBackend
+    from models.runtime.backends.rknn_sim import RknnSimBackend
     cfg = PRESETS[args.config]["dit"]
     geom = Geometry.from_resolution(*parse_resolution(args.resolution))
     rng = np.random.default_rng(0)

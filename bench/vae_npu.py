@@ -37,7 +37,7 @@ def psnr(a, b) -> float:
 
 
 def one(vae: Path, out: Path, res: tuple, tile: int, overlap: float, threads: int, seed: int) -> dict:
-    from models.backends import make_backend
+    from models.runtime.backends import make_backend
     from models.rknn.compile import compile_pack
     from models.vae import VAE
     from models.vae.api import to_uint8
@@ -107,7 +107,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from models.partition import parse_resolution
+    from models.dit.partition import parse_resolution
     from models.vae.synth import write_vae
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

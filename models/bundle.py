@@ -2,7 +2,7 @@
 (`anima-models bundle`), checked on the board by `orchestrator init --bundle` and `orchestrator doctor`.
 
     BUNDLE/bundle.json              what is here (below), written last: a folder without it is not a bundle
-    BUNDLE/dit-WxH/                 the FP16 DiT pack of one image size (models/pack.py), compiled for the target
+    BUNDLE/dit-WxH/                 the FP16 DiT pack of one image size (models/packs/pack.py), compiled for the target
     BUNDLE/vae-WxH/                 the VAE pack of that size (models/vae/pack.py), compiled for the target
     BUNDLE/encoder/                 the text encoder for ONNX Runtime with its tokenizers (models/text/encoder_pack.py)
 
@@ -13,7 +13,7 @@
 Paths are relative to the bundle (it is copied to the board as a whole). A part is pinned by the sha256 of its
 manifest, and the manifest holds the sha256 of every file, so the chain reaches every byte. `toolkit` is the
 rknn-toolkit2 release that compiled the packs: the board's rknn-toolkit-lite2 and librknnrt.so must be the same
-release. A `--target rk3588` bundle holds no branch ONNX graphs (models.pack.omit_onnx): the NPU reads the .rknn
+release. A `--target rk3588` bundle holds no branch ONNX graphs (models.packs.pack.omit_onnx): the NPU reads the .rknn
 files only. `--target none` is a CPU bundle: ONNX Runtime for every stage (a PC executor; the tests here).
 """
 from __future__ import annotations
@@ -27,10 +27,10 @@ from typing import Optional
 
 from models.durable import atomic_write
 from models.manifest import MANIFEST, ManifestRecord, file_sha256, tool_versions
-from models.pack import PACK_KIND as DIT_KIND
+from models.packs.pack import PACK_KIND as DIT_KIND
 from models.models_dir import resolve_models
-from models.pack import PackError, build_pack, load_pack, missing_files, omit_onnx, onnx_omitted
-from models.partition import parse_resolution
+from models.packs.pack import PackError, build_pack, load_pack, missing_files, omit_onnx, onnx_omitted
+from models.dit.partition import parse_resolution
 from models.schema import Int, SchemaError
 from models.text.encoder_pack import PACK_KIND as ENCODER_KIND
 from models.text.encoder_pack import EncoderPackError, build_encoder_pack, load_encoder_pack

@@ -1,4 +1,4 @@
-"""Pack manifests: THE reader, writer and file hash of every pack kind (DiT packs models/pack.py, VAE packs
+"""Pack manifests: THE reader, writer and file hash of every pack kind (DiT packs models/packs/pack.py, VAE packs
 models/vae/pack.py, encoder packs models/text/encoder_pack.py; `anima-models compile` adds its rknn entries), the
 manifest's fields typed as schema records (models/schema.py).
 
@@ -133,7 +133,7 @@ class FileEntry(ManifestRecord, frozen=True):
 
 class BranchEntry(ManifestRecord, frozen=True):
     """One model of a pack: a DiT branch (block, kind) or a VAE model (name); rknn: its compiled file, once built.
-    File names are checked by models.pack.pack_member (they must stay inside the pack folder)."""
+    File names are checked by models.packs.pack.pack_member (they must stay inside the pack folder)."""
     onnx: Any
     sha256: str
     block: Int(0, 1023) | None = None

@@ -248,7 +248,7 @@ def write_bundle(preset: str, seed: int, out_dir) -> ModelPaths:
     Idempotent: returns at once when a complete bundle for (preset, seed) is there. The stamp file is removed first
     and written last, so an interrupted write is redone next time. A lock file serialises concurrent writers.
     """
-    from models.config import PRESETS
+    from models.dit.config import PRESETS
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -265,7 +265,7 @@ def write_bundle(preset: str, seed: int, out_dir) -> ModelPaths:
         for n in ("dit", "text_encoder", "vae"):
             getattr(paths, n).parent.mkdir(parents=True, exist_ok=True)
         log.info("writing bundle preset=%s seed=%d to %s", preset, seed, out)
-        _writer("models.synth_dit", "write_dit")(preset, seed, paths.dit, prefix="net.")
+        _writer("models.dit.synth", "write_dit")(preset, seed, paths.dit, prefix="net.")
         _writer("models.text.synth", "write_te")(preset, seed, paths.text_encoder)
         _writer("models.vae.synth", "write_vae")(preset, seed, paths.vae, layout="original")
         _writer("models.text.synth", "write_tokenizers")(preset, out / "tokenizers")

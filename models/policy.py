@@ -1,7 +1,7 @@
 """Branch lifecycle policies: what stays loaded, what loads ahead, how the two CFG passes use the NPU.
 
 A policy is parsed once from `[stage.executor] policy` (a string of terms joined by `+`, or a table) into a
-`Policy`, checked against the backend's capabilities, and handed to `models.lifecycle.Lifecycle`:
+`Policy`, checked against the backend's capabilities, and handed to `models.runtime.lifecycle.Lifecycle`:
 
     on-demand       load, init, infer both passes, release; nothing stays loaded (least memory)
     prefetch[N]     the next N branches load and init on a helper thread while this one infers; releases run there

@@ -1,4 +1,4 @@
-"""The samplers and schedulers as A1111's web UI names them, and the ComfyUI names (models/sampler.py) they are.
+"""The samplers and schedulers as A1111's web UI names them, and the ComfyUI names (models/sampling/sampler.py) they are.
 
 Names from stable-diffusion-webui's modules/sd_samplers_kdiffusion.py (samplers_k_diffusion: label, function,
 aliases), sd_samplers_timesteps.py (DDIM, UniPC), sd_samplers_lcm.py (LCM) and sd_schedulers.py (schedulers: name,
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from models.sampler import DEFAULT_SCHEDULER
+from models.sampling.sampler import DEFAULT_SCHEDULER
 
 
 class A1111Name(NamedTuple):

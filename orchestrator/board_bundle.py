@@ -10,8 +10,8 @@ def runtime_problem(bundle: Bundle) -> str:
     and the fix."""
     if bundle.backend != "rknn":
         return ""
-    from models.backends.base import BackendError
-    from models.backends.rknn import lite_module, runtime_mismatch
+    from models.runtime.backends.base import BackendError
+    from models.runtime.backends.rknn import lite_module, runtime_mismatch
     try:
         api = lite_module()
     except BackendError as e:

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from models.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER
+from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER
 from orchestrator.prompt_spec import (PromptError, parse_prompt_bytes, parse_prompt_obj, read_prompt_file,
                                       read_prompt_stream)
 from orchestrator.runfolder import PROGRAMS, RunFolder, init_run
@@ -494,7 +494,7 @@ def cmd_service(args, rf: RunFolder) -> int:
 def cmd_serve(args, rf: RunFolder) -> int:
     """The daemon process. A bad config or pack is exit 2, after which supervisord leaves it down (it would fail the
     same way again); anything that breaks it while serving is exit 1, and supervisord starts it again."""
-    from models.pack import PackError
+    from models.packs.pack import PackError
     from orchestrator.daemon import serve
     from stages.config import ConfigError
     try:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from models.lora.plan import MAX_STRENGTH
-from models.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, DEFAULT_SHIFT
+from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, DEFAULT_SHIFT
 from orchestrator.prompt_spec import (DEFAULT_CFG, MAX_CFG, MAX_PROMPT_CHARS, MAX_SIDE, MAX_STEPS, SAMPLERS, SCHEDULERS,
                                       SEED_LIMIT, PromptError, parse_prompt_obj)
 

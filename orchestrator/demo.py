@@ -61,7 +61,7 @@ def _resolution(text: str) -> tuple[int, int]:
 def prepare_models(bundle: Path, resolution: tuple[int, int]) -> tuple[Path, Path]:
     """The tiny models folder and its pack under `bundle` (each kept when already complete) -> (models, pack)."""
     from models.models_dir import resolve_models, write_bundle
-    from models.pack import build_pack, load_pack
+    from models.packs.pack import build_pack, load_pack
     models = bundle / "models"
     t0 = time.monotonic()
     if not (models / "anima-bundle.json").exists():

@@ -1,7 +1,7 @@
 """`orchestrator doctor`: is this machine and this run folder ready for a job? One line per check,
 `ok|warn|fail NAME: what (and the fix)`, the last line `doctor ok=N warn=N fail=N`; exit 0 when nothing fails.
 
-Everything read from /proc and /sys goes through models.probes (tests point its paths at fake trees). A check that
+Everything read from /proc and /sys goes through models.runtime.probes (tests point its paths at fake trees). A check that
 does not apply (the NPU on a PC, or with a CPU bundle) says so on an ok line. `--full` also hashes every pack file.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from models import probes
+from models.runtime import probes
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 LIBRKNNRT = "librknnrt.so"
@@ -92,7 +92,7 @@ class Doctor:
         """Every pack the config names loads (with --full: every file's sha256), and every DiT size has a VAE pack."""
         if self.cfg is None:
             return
-        from models.pack import PackError, load_pack
+        from models.packs.pack import PackError, load_pack
         from models.text.encoder_pack import EncoderPackError, load_encoder_pack
         from models.vae.pack import load_vae_pack
         how = "every file's sha256" if self.full else "files present (--full: hashes)"
@@ -137,7 +137,7 @@ class Doctor:
 
     def _present(self, d, manifest) -> None:
         """Without --full the loaders read the manifest only: every file it vouches for must at least be there."""
-        from models.pack import PackError, missing_files
+        from models.packs.pack import PackError, missing_files
         if self.full:
             return
         gone = missing_files(d, manifest)
@@ -183,8 +183,8 @@ class Doctor:
 
     def _check_runtime(self) -> None:
         import json
-        from models.backends.base import BackendError
-        from models.backends.rknn import lite_module, runtime_mismatch
+        from models.runtime.backends.base import BackendError
+        from models.runtime.backends.rknn import lite_module, runtime_mismatch
         want = None
         for d in self.cfg.packs:
             try:

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from models.backends import backend_class
+from models.runtime.backends import backend_class
 from models.durable import atomic_write
 from models.lora.choice import lora_short_hash
-from models.pack import PackError, load_pack
-from models.partition import TEXT_TOKENS, context_rows
+from models.packs.pack import PackError, load_pack
+from models.dit.partition import TEXT_TOKENS, context_rows
 from orchestrator.job_arena import create_job_arena
 from orchestrator.loras import LoraRefused
 from orchestrator.prompt_spec import PromptSpec, output_file

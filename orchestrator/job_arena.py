@@ -1,11 +1,11 @@
 """One job's arena: the contexts and the latent (the orchestrator's slots), then the scheduler's scratch region, sized
-by the scratch plan the scheduler carves it with (models/scratch.py)."""
+by the scratch plan the scheduler carves it with (models/packs/scratch.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.pack_shards import shard_count
-from models.scratch import scratch_plan
+from models.packs.sharded import shard_count
+from models.packs.scratch import scratch_plan
 from protocol import messages as m
 from protocol.arena import ALIGN_BYTES, Arena
 from protocol.tensors import TensorDesc
@@ -30,7 +30,7 @@ class ArenaPlan:
 
 
 def arena_plan(pack) -> ArenaPlan:
-    """Sizes for a models.pack.Pack (its manifest suffices: no weights are read)."""
+    """Sizes for a models.packs.pack.Pack (its manifest suffices: no weights are read)."""
     g, c = pack.geometry, pack.config
     scratch = scratch_plan(c, g, pack.dtype, len(m.PASS_NAMES), shard_count(pack.manifest)).nbytes(ALIGN_BYTES)
     return ArenaPlan(context_bytes=g.text_tokens * c.context_dim * 4,

@@ -47,7 +47,7 @@ def _encoder_tables(config) -> tuple:
                      path.parent, e)
             return None, None
     try:
-        from models.dit_checkpoint import strip_prefix
+        from models.dit.checkpoint import strip_prefix
         from models.models_dir import resolve_models
         from models.safetensors_io import SafeTensorsFile
         paths = resolve_models(config.models_dir, {k: settings[k] for k in ("dit", "text_encoder") if k in settings},
@@ -78,8 +78,8 @@ class RunLoras:
     def table(self, size) -> TargetTable:
         """Every layer a LoRA may name in a job of this size (its pack's DiT, the encoder's adapter and Qwen3)."""
         if size not in self._tables:
-            from models.config import expected_dit_shapes
-            from models.pack import load_pack
+            from models.dit.config import expected_dit_shapes
+            from models.packs.pack import load_pack
             dit = dict(expected_dit_shapes(load_pack(self.packs[size].dir, check=False).config))
             adapter, te = _encoder_tables(self.config)
             if adapter:

@@ -41,7 +41,7 @@ class PackInfo:
 
 def read_pack(pack_dir: str | Path) -> PackInfo:
     """Manifest only (load_pack without hashing the files; the scheduler checks them when it loads the pack)."""
-    from models.pack import load_pack
+    from models.packs.pack import load_pack
     p = load_pack(pack_dir, check=False)
     g, c = p.geometry, p.config
     return PackInfo(dir=Path(pack_dir).resolve(), width=g.width, height=g.height, latent_channels=c.latent_channels,
@@ -54,7 +54,7 @@ def read_pack(pack_dir: str | Path) -> PackInfo:
 def read_packs(pack_dirs) -> dict[tuple[int, int], PackInfo]:
     """{(width, height): PackInfo} of every pack, the default (first) first; PackError (a ValueError) when two packs
     serve one size (a job picks its pack by size) or a manifest is unreadable."""
-    from models.pack import PackError
+    from models.packs.pack import PackError
     packs: dict[tuple[int, int], PackInfo] = {}
     for d in pack_dirs:
         try:
@@ -85,7 +85,7 @@ def vae_pack_sizes(cfg) -> list[tuple[int, int]] | None:
     vae = cfg.stage_settings("vae")
     if vae.get("backend", "torch") == "torch" or cfg.is_remote("vae"):
         return None
-    from models.pack import PackError
+    from models.packs.pack import PackError
     from models.vae.pack import load_vae_pack
     dirs = vae.get("vae_pack") or []
     sizes = []

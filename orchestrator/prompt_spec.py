@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
 from models.lora.choice import MAX_LORAS, LoraChoice
-from models.sampler import (DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLER_NAMES, SCHEDULER_NAMES,
+from models.sampling.sampler import (DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLER_NAMES, SCHEDULER_NAMES,
                             spectrum_refusal)
 from models.schema import Float, Int, Items, Meta, Record, SchemaError, Text, Wording, record_in
-from models.spectrum import SpectrumSettings  # noqa: F401 - the one Spectrum record; prompt.json's `spectrum`
+from models.sampling.spectrum import SpectrumSettings  # noqa: F401 - the one Spectrum record; prompt.json's `spectrum`
 from models.text.prompt_weights import PromptWeightError, check_prompt
 
 MAX_FILE_BYTES = 64 * 1024      # a prompt file larger than this is refused before parsing
@@ -18,7 +18,7 @@ MAX_STEPS = 200
 MAX_CFG = 30.0
 MAX_SIDE = 4096                 # pixels
 SEED_LIMIT = 2 ** 64            # seeds are 0 <= seed < 2^64
-SAMPLERS = SAMPLER_NAMES           # ComfyUI's names (models/sampler.py, docs/samplers.md)
+SAMPLERS = SAMPLER_NAMES           # ComfyUI's names (models/sampling/sampler.py, docs/samplers.md)
 SCHEDULERS = SCHEDULER_NAMES
 DEFAULT_STEPS = 30
 DEFAULT_CFG = 4.0
@@ -151,7 +151,7 @@ Side = Int(16, MAX_SIDE)
 class PromptFile(Record, frozen=True):
     """What a prompt.json file may hold (docs/prompts.md); omitted or null seed: drawn at random; omitted or null
     width/height: the pack's; spectrum: true, false or an object of settings (omitted or null: on, except for the
-    samplers it does not fit, models/sampler.py; asked for with one of those, refused naming the sampler); loras:
+    samplers it does not fit, models/sampling/sampler.py; asked for with one of those, refused naming the sampler); loras:
     [{name, strength, clip_strength}] (docs/lora.md)."""
 
     WORDING: ClassVar = PROMPT

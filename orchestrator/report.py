@@ -11,11 +11,11 @@ import psutil
 
 from models.durable import atomic_write
 from models.lora.a1111 import lora_stem, lora_tag
-from models.partition import KINDS, TEXT_TOKENS
-from models.phase_times import PhaseSums
+from models.dit.partition import KINDS, TEXT_TOKENS
+from models.runtime.phase_times import PhaseSums
 from orchestrator.a1111_names import sampler_label, scheduler_label
 from models.schema import base_types
-from models.probes import vm_hwm_kb
+from models.runtime.probes import vm_hwm_kb
 from orchestrator.runfolder import ON_DEMAND_STAGES, STAGE_PROGRAMS
 from protocol.messages import MAX_PNG_TEXT_CHARS
 

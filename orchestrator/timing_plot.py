@@ -93,7 +93,7 @@ def plot_data(report: dict) -> dict:
                 if v.get("calls")}
     labels = {k: f"{k} ({int(report['branches'][k]['calls'])} calls)" for k in branches}
     notes = {}
-    for k in branches:               # the lifecycle policy's split (models.phase_times.PhaseSums), when reported
+    for k in branches:               # the lifecycle policy's split (models.runtime.phase_times.PhaseSums), when reported
         b = report["branches"][k]
         if "visible_s" in b:
             notes[k] = (f"lifecycle {float(b['visible_s']):.2f} s visible, {float(b.get('hidden_s', 0.0)):.2f} s "

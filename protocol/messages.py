@@ -45,10 +45,10 @@ from typing import ClassVar, Literal
 
 from msgspec.structs import force_setattr
 
-from models import phase_times
+from models.runtime import phase_times
 from models.lora.choice import MAX_LORAS, LoraChoice
 from models.schema import fields_of
-from models.spectrum import SpectrumSettings
+from models.sampling.spectrum import SpectrumSettings
 from protocol.fields import (MAX_NAME_CHARS, MAX_PATH_CHARS, MAX_TEXT_CHARS, Count, Float, Int, List, Map, Name, Note,
                              Path, ProtocolError, Scalar, Seconds, Text, Version, WireRecord)
 from protocol.tensors import TensorDesc
@@ -61,7 +61,7 @@ MAX_STEPS = 1000
 MAX_BLOCKS = 256
 MAX_PASSES = 2  # CFG: conditional first, then unconditional
 MAX_AHEAD = 8  # branches named in BRANCH.next (prefetch hints)
-from models.partition import KINDS as BRANCH_KINDS  # noqa: E402 - the order inside a block: the branch table's
+from models.dit.partition import KINDS as BRANCH_KINDS  # noqa: E402 - the order inside a block: the branch table's
 PASS_NAMES = ("cond", "uncond")
 ERROR_CODES = (
     "bad_request",  # a field is missing, ill-typed or out of range (`field` names it)
@@ -141,7 +141,7 @@ class _Record(WireRecord, frozen=True):
 
 # ---- nested records ----------------------------------------------------------------------------------------------
 
-# Spectrum settings are models/spectrum.py's one record (prompt.json's names and bounds), carried as they are; so are
+# Spectrum settings are models/sampling/spectrum.py's one record (prompt.json's names and bounds), carried as they are; so are
 # a job's LoRAs (models/lora/choice.py: names under MODELS/loras/, each stage resolves them in its own models folder).
 
 class DenoiseParams(_Record, frozen=True):
@@ -163,7 +163,7 @@ class Region(_Record, frozen=True):
 
 
 class BranchPass(_Record, frozen=True):
-    """One CFG pass of a branch call: named inputs (as in models/partition.py) and where the output goes."""
+    """One CFG pass of a branch call: named inputs (as in models/dit/partition.py) and where the output goes."""
 
     name: Literal[PASS_NAMES]
     inputs: Map(TensorDesc, max_items=16)
@@ -179,7 +179,7 @@ class BranchRef(_Record, frozen=True):
     index: Int(0, 3 * MAX_BLOCKS)
 
 
-# THE per-call lifecycle times and their per-kind sums are models/phase_times.py's records, carried as they are.
+# THE per-call lifecycle times and their per-kind sums are models/runtime/phase_times.py's records, carried as they are.
 PhaseTimes = phase_times.PhaseTimes
 PhaseSums = phase_times.PhaseSums
 

@@ -46,7 +46,7 @@ rm -rf "$ASSETS" && mkdir -p "$ASSETS/src"
 git -C "$HERE" ls-files -z --cached --others --exclude-standard | (cd "$HERE" && xargs -0 cp --parents -t "$ASSETS/src" 2>/dev/null || true)
 PACK_CACHE="${ARM64_PACK:-/var/tmp/anima-arm64-pack}"
 if [[ ! -f "$PACK_CACHE/manifest.json" ]] || ! grep -q '"rknn"' "$PACK_CACHE/manifest.json"; then
-  PYTHONPATH="$HERE" "$HOST_PY" -c "import sys; from models.synth_dit import write_dit; write_dit('tiny', 0, sys.argv[1], prefix='net.')" "$PACK_CACHE.dit.safetensors"
+  PYTHONPATH="$HERE" "$HOST_PY" -c "import sys; from models.dit.synth import write_dit; write_dit('tiny', 0, sys.argv[1], prefix='net.')" "$PACK_CACHE.dit.safetensors"
   PYTHONPATH="$HERE" "$HOST_PY" -m models.cli pack "$PACK_CACHE.dit.safetensors" --out "$PACK_CACHE" --resolution 128x128 --dtype fp16 --overwrite
   PYTHONPATH="$HERE" "$HOST_PY" -m models.cli compile "$PACK_CACHE" --target rk3588 --blocks 0
 fi
@@ -77,7 +77,7 @@ for m in ("torch", "transformers", "onnx"):
 from rknnlite.api import RKNNLite
 from importlib.metadata import version
 print(f"arm64-check: from rknnlite.api import RKNNLite: ok (rknn-toolkit-lite2 {version('rknn-toolkit-lite2')})")
-import models.backends.rknn as be
+import models.runtime.backends.rknn as be
 pack = "/anima/pack"
 m = json.load(open(f"{pack}/manifest.json"))
 print(f"arm64-check: toolkit check against the pack: {be.check_toolkit_version(pack, __import__('rknnlite.api'))}"

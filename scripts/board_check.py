@@ -41,7 +41,7 @@ def say(text: str) -> None:
 def prepare(assets: Path) -> dict:
     """Host venv: models folder, DiT pack, encoder pack, VAE ONNX files (each kept when already complete)."""
     from models.models_dir import resolve_models, write_bundle
-    from models.pack import build_pack, load_pack
+    from models.packs.pack import build_pack, load_pack
     from models.text.encoder_pack import EncoderPackError, build_encoder_pack, load_encoder_pack
     assets.mkdir(parents=True, exist_ok=True)
     models = assets / "models"

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from models.lora import LoraError
+from models.lora import LoraError, plan_text_loras
 from models.lora.choice import lora_uses
 from models.models_dir import ModelsDirError, resolve_models
 from models.text.conditioning import TextEncoder
@@ -74,7 +74,7 @@ class EncoderLogic:
         # next job's choice replaces them, and only a part whose LoRAs change is made again (models/text/compute_*)
         t0 = time.perf_counter()
         try:
-            self.encoder.set_lora(lora_uses(msg.loras, self.models_dir))
+            self.encoder.set_lora(plan_text_loras(lora_uses(msg.loras, self.models_dir), self.encoder))
         except (ModelsDirError, LoraError, EncoderPackError) as e:    # a pack exported without its weights' list
             raise RequestFailed(f"encoder: {e}", field="loras") from None
         lora_s = time.perf_counter() - t0

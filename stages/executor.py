@@ -1,8 +1,8 @@
-"""The NPU branch executor stage: each BRANCH request runs through the one lifecycle (models/lifecycle.py), timed.
+"""The NPU branch executor stage: each BRANCH request runs through the one lifecycle (models/runtime/lifecycle.py), timed.
 
     python -m stages.executor --config run/pipeline.toml
 
-Backends (models/backends/): `onnx` (ONNX Runtime, any machine; the default here), `rknn` (rknn-toolkit-lite2 on the
+Backends (models/runtime/backends/): `onnx` (ONNX Runtime, any machine; the default here), `rknn` (rknn-toolkit-lite2 on the
 RK3588 board), `rknn-sim`, `board-sim`. Lifecycle policy (`[stage.executor] policy`, default "auto"; models/policy.py):
 `on-demand`, `prefetch[N]`, `dual_core`, `resident` (with `resident_mb`), `interleave`, joined by `+`; the resolved
 policy is in READY.info["policy"] (the scheduler reads it to decide whether to interleave the CFG passes).
@@ -23,13 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from models.backends import backend_class, backend_kwargs
-from models.lifecycle import Lifecycle, LifecycleError, context_factory
-from models.pack import load_pack
-from models.pack_shards import ShardResolver
-from models.partition import branch_file
+from models.runtime.backends import backend_class, backend_kwargs
+from models.runtime.lifecycle import Lifecycle, LifecycleError, context_factory
+from models.packs.pack import load_pack
+from models.packs.sharded import ShardResolver
+from models.dit.partition import branch_file
 from models.policy import PolicyError, resolve_policy
-from models.probes import process_memory_mb
+from models.runtime.probes import process_memory_mb
 from protocol import messages as m
 from stages.base import RequestFailed, stage_main
 from stages.config import ConfigError, PipelineConfig

@@ -1,5 +1,5 @@
 """A stage process's own memory: its peak RSS, and freed heap pages handed back to the OS (the /proc readings are
-models/probes.py)."""
+models/runtime/probes.py)."""
 from __future__ import annotations
 
 import resource

@@ -5,7 +5,7 @@
 Per computed step, for block 0…N−1: self, cross, ffn; each branch is ONE request to the executor carrying both CFG
 passes (conditional first), or, when the executor's policy interleaves, one request per pass (the first with
 hold=true), the host ops of one pass running while the executor infers the other. LayerNorm + modulation, gates and the FP32 residual stay here. A step is one
-model call (both passes) or more (heun, dpmpp_sde, sa_solver_pece ...: models/sampler.py SAMPLERS). After every
+model call (both passes) or more (heun, dpmpp_sde, sa_solver_pece ...: models/sampling/sampler.py SAMPLERS). After every
 finished step the sampler state (latent, the sampler's history and noise generator position, Spectrum history, seed)
 is written to the job folder (write-then-rename), so a restarted scheduler resumes at the last finished step and the
 result is bitwise identical to an uninterrupted run.
@@ -22,19 +22,19 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from models.backends import backend_class
-from models.config import expected_dit_shapes
-from models.denoise import make_sampler, save_state, start_or_resume
-from models.dit_runner import BranchCall, DiTRunner
+from models.runtime.backends import backend_class
+from models.dit.config import expected_dit_shapes
+from models.sampling.denoise import make_sampler, save_state, start_or_resume
+from models.runtime.dit_runner import BranchCall, DiTRunner
 from models.lora import LoraError, TargetTable, plan_loras
 from models.lora.choice import lora_uses
 from models.models_dir import ModelsDirError
-from models.phase_times import PhaseSums
-from models.pack import PackError, load_pack
-from models.partition import KINDS, branch_index, parse_branch_file
+from models.runtime.phase_times import PhaseSums
+from models.packs.pack import PackError, load_pack
+from models.dit.partition import KINDS, branch_index, parse_branch_file
 from models.policy import Policy, PolicyError, parse_policy
-from models.pack_shards import shard_count
-from models.scratch import scratch_plan
+from models.packs.sharded import shard_count
+from models.packs.scratch import scratch_plan
 from protocol import messages as m
 from protocol.fields import ProtocolError
 from protocol.liveness import PeerLost, PeerWatch
@@ -69,7 +69,7 @@ class BranchClient:
         self.interleave = interleave
         self.resends = 0
         self.step_ref = step_ref                      # [current 1-based step], read when a call goes out
-        # every branch input and output slot, carved as the orchestrator sized the region: models/scratch.py
+        # every branch input and output slot, carved as the orchestrator sized the region: models/packs/scratch.py
         self.plan = scratch_plan(pack.config, pack.geometry, pack.dtype, len(m.PASS_NAMES),
                                  shard_count(pack.manifest))
         region = arena.region(msg.scratch.offset, msg.scratch.nbytes)

@@ -64,7 +64,7 @@ class Table(Record, frozen=True):
 
 
 def _core_mask(value) -> str:
-    from models.backends.core_mask import CORE_MASKS, core_mask_word   # the one table of core masks
+    from models.runtime.backends.core_mask import CORE_MASKS, core_mask_word   # the one table of core masks
     if isinstance(value, int):
         return ""
     try:
@@ -80,7 +80,7 @@ def _rule(field: str, problem: str) -> None:
 
 
 class BackendSettings(Table, frozen=True):
-    """The model backends' constructor arguments (models.backends.backend_kwargs passes those a backend names)."""
+    """The model backends' constructor arguments (models.runtime.backends.backend_kwargs passes those a backend names)."""
 
     core_mask: CoreMask | None = None          # rknn: NPU core(s)
     lite: Literal["real", "standin"] | None = None   # rknn: RKNNLite provider
@@ -165,7 +165,7 @@ class VaeSettings(BackendSettings, frozen=True):
     def __post_init__(self):
         BackendSettings.__post_init__(self)
         if self.backend != "torch":                          # the default: no import needed to know it
-            from models.backends import vae_pack_backends    # torch (the VAE file) or a backend running VAE packs
+            from models.runtime.backends import vae_pack_backends    # torch (the VAE file) or a backend running VAE packs
             names = ("torch", *vae_pack_backends())
             _rule("backend", "" if self.backend in names else f"{self.backend!r:.80} is not one of {', '.join(names)}")
         packs = [self.vae_pack] if isinstance(self.vae_pack, str) else self.vae_pack
@@ -225,7 +225,7 @@ def backend_settings(stage: str, table: dict, backend: str) -> dict[str, Any]:
     name = table.get("backend", "torch") if stage == "vae" else backend if stage == "executor" else None
     if not isinstance(name, str):
         return {}
-    from models.backends import backend_class, backend_names
+    from models.runtime.backends import backend_class, backend_names
     if name not in backend_names():
         return {}
     cls = backend_class(name)
@@ -362,7 +362,7 @@ class PipelineFile(_Section, frozen=True):
     stage: Stages = Stages()
 
     def __post_init__(self):
-        from models.backends import backend_names           # the executor's backends live there ("rknn-sim" is one)
+        from models.runtime.backends import backend_names           # the executor's backends live there ("rknn-sim" is one)
         _rule("backend", "" if self.backend in backend_names() else
               f"{self.backend!r:.80} is not one of {', '.join(backend_names())}")
         _rule("log_level", "" if self.log_level.lower() in LOG_LEVELS else

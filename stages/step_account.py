@@ -1,5 +1,5 @@
 """One sampler step's figures on the scheduler's critical path (DENOISED.steps, report.json `steps`): wall, the
-executor's inference and the lifecycle the scheduler waited for (models.phase_times.PhaseTimes of every call), the host
+executor's inference and the lifecycle the scheduler waited for (models.runtime.phase_times.PhaseTimes of every call), the host
 ops not hidden behind an inference, their own compute here, transport. The rest of the wall (sampler, state file,
 events) is `wall - infer - lifecycle - host - transport`.
 """
@@ -10,7 +10,7 @@ from protocol import messages as m
 
 def step_times(step: int, wall_s: float, timing=None, *, transport_s: float = 0.0, calls: int = 0,
                host_work_s: float | None = None, clocks_shared: bool = True, nfe: int = 1) -> m.StepTimes:
-    """`timing`: the step's forward (models.dit_runner.ForwardTiming), None for a Spectrum forecast. `host_work_s`:
+    """`timing`: the step's forward (models.runtime.dit_runner.ForwardTiming), None for a Spectrum forecast. `host_work_s`:
     the host ops' own compute when they were held to a modelled board's time (board-sim), else their wall. `nfe`: the
     step's model calls (a forward each, both CFG passes); 0 for a forecast."""
     if timing is None:

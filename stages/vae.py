@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from models.backends import backend_class, make_branch_backend
-from models.backends.base import BackendError
+from models.runtime.backends import backend_class, make_branch_backend
+from models.runtime.backends.base import BackendError
 from models.models_dir import ModelsDirError, resolve_models
-from models.pack import PackError
+from models.packs.pack import PackError
 from models.vae.pack_decoder import DecodeError
 from models.vae.png import write_png
 from protocol import messages as m

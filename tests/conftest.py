@@ -9,7 +9,7 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_dit(tmp_path_factory) -> Path:
     """The tiny synthetic DiT + adapter (seed 0, prefix `net.`), written once per test session."""
-    from models.synth_dit import write_dit
+    from models.dit.synth import write_dit
     path = tmp_path_factory.mktemp("tiny_dit") / "tiny-dit.safetensors"
     write_dit("tiny", 0, path, prefix="net.")
     return path
@@ -39,7 +39,7 @@ def rknn_venv() -> Path:
 def rknn_pack(tmp_path_factory, tiny_dit, rknn_venv):
     """The tiny pack at 128x128 (64 image tokens, FP16) with blocks 0 and 27 compiled by the real rknn-toolkit2
     (6 branches, 2 jobs); -> (pack folder, compile report). Treat as read-only (copy it to change it)."""
-    from models.pack import build_pack
+    from models.packs.pack import build_pack
     from models.rknn.compile import compile_pack
     pack = build_pack(tiny_dit, tmp_path_factory.mktemp("rknn") / "pack128", (128, 128), "fp16")
     report = compile_pack(pack, target="rk3588", jobs=2, venv=rknn_venv, blocks=[0, 27], per_worker=0)

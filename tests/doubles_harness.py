@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from models.config import PRESETS, DiTConfig
-from models.partition import branch_order
+from models.dit.config import PRESETS, DiTConfig
+from models.dit.partition import branch_order
 from orchestrator.runfolder import RunFolder, init_run
 from orchestrator.supervisor import Supervisor
 from protocol import messages as m

@@ -43,7 +43,7 @@ def tiny_assets(cache: Path, resolution: tuple[int, int] = (128, 128), dtype: st
     """(models folder, pack folder) under `cache`: the embedded tiny bundle (seed 0) and its pack (`shards`, `cuts`:
     built with pack --shards N and these cuts); both idempotent."""
     from models.models_dir import resolve_models, write_bundle
-    from models.pack import build_pack
+    from models.packs.pack import build_pack
     models = cache / "models"
     write_bundle("tiny", 0, models)
     dit = resolve_models(models, {}, need=("dit",)).dit

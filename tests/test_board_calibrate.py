@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.backends.board_sim import Board, BoardSimBackend
+from models.runtime.backends.board_sim import Board, BoardSimBackend
 from models.board import auto as board_auto
 from models.board.cost import BoardModel, load_cost
-from models.lifecycle import run_branch
-from models.pack import load_pack
-from models.partition import KINDS
+from models.runtime.lifecycle import run_branch
+from models.packs.pack import load_pack
+from models.dit.partition import KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
 

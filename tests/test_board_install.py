@@ -25,7 +25,7 @@ HOST_ONLY = ("torch", "transformers", "onnx", "sentencepiece", "diffusers", "saf
 # board: encoder on ONNX Runtime, executor on rknn, VAE on a VAE pack. The VAE stage is in the list when its pack
 # backends are in the tree; without them it imports torch at start by design.
 VAE_PACKS = importlib.util.find_spec("models.vae.pack_decoder") is not None
-BOARD_MODULES = ("stages.scheduler", "stages.executor", "stages.encoder", "models.backends.rknn", "stages.config",
+BOARD_MODULES = ("stages.scheduler", "stages.executor", "stages.encoder", "models.runtime.backends.rknn", "stages.config",
                  "orchestrator.cli", "orchestrator.daemon", "orchestrator.flow", "orchestrator.prompt_spec",
                  "models.text.conditioning", "models.text.compute_onnx", "models.text.encoder_pack"
                  ) + (("stages.vae",) if VAE_PACKS else ())
@@ -120,7 +120,7 @@ def _toolkit_pin() -> str:
 
 
 def test_lite_pin_equals_the_compiler_release():
-    from models.backends import rknnlite_standin
+    from models.runtime.backends import rknnlite_standin
     assert rknnlite_standin.LITE_VERSION == _toolkit_pin()
 
 
@@ -128,8 +128,8 @@ def test_lite_pin_equals_the_compiler_release():
 def test_rknn_backend_checks_the_pack_toolkit(rknn_pack, tmp_path, monkeypatch):
     """The real compiler recorded its release in the manifest; the (labelled) stand-in runtime reports the release it
     imitates: equal -> loads; another release or none -> a clear error naming what to install."""
-    from models.backends.base import BackendError
-    from models.backends import rknn, rknnlite_standin
+    from models.runtime.backends.base import BackendError
+    from models.runtime.backends import rknn, rknnlite_standin
     pack = tmp_path / "pack"
     shutil.copytree(rknn_pack[0], pack)
     manifest = json.loads((pack / "manifest.json").read_text())

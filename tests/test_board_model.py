@@ -10,7 +10,7 @@ import pytest
 from models.board import auto as board_auto
 from models.board.cost import BoardModel, Shape, branch_flops, load_cost, weight_bytes
 from models.board.timeline import pinned_branches, simulate_step
-from models.partition import KINDS
+from models.dit.partition import KINDS
 from models.policy import Policy
 
 REF_STEP_S = 120.40            # R7 (docs/board-figures.md: 20 steps sequential CFG: 2,408.54 s)

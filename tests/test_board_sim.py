@@ -8,14 +8,14 @@ import time
 import numpy as np
 import pytest
 
-from models.backends import backend_class
-from models.backends.base import BackendError
-from models.backends.board_sim import Board, BoardSimBackend
-from models.backends.onnx import OnnxBackend
+from models.runtime.backends import backend_class
+from models.runtime.backends.base import BackendError
+from models.runtime.backends.board_sim import Board, BoardSimBackend
+from models.runtime.backends.onnx import OnnxBackend
 from models.board.cost import BoardModel, Shape
 from models.board.pace import Chain, HostPacer, check_time_scale, clock, pace
-from models.lifecycle import run_branch
-from models.pack import load_pack
+from models.runtime.lifecycle import run_branch
+from models.packs.pack import load_pack
 
 SCALE = 0.05                  # phases of the full-size model at 128x128 (64 tokens), shrunk 20x
 
@@ -47,10 +47,10 @@ def test_the_board_backends_answer_auto_themselves(pack, monkeypatch, tmp_path):
     reads: asked of the backend class, so it needs no other import (a fresh interpreter shows it)."""
     import subprocess
     import sys
-    from models import probes
+    from models.runtime import probes
     from models.board import auto as board_auto
     from models.policy import resolve_policy
-    from models.backends.rknn import RknnLiteBackend
+    from models.runtime.backends.rknn import RknnLiteBackend
     model = BoardModel(Shape.of_pack(pack.dir))
     for ram in (8, 32):
         want = board_auto.choose(model, model.context_budget_mib(ram))[0].policy
@@ -61,7 +61,7 @@ def test_the_board_backends_answer_auto_themselves(pack, monkeypatch, tmp_path):
     monkeypatch.setattr(probes, "MEMINFO", str(meminfo))
     want = board_auto.choose(model, model.context_budget_mib(mem_available_mib=3000.0))[0].policy
     assert resolve_policy("auto", "rknn", RknnLiteBackend, {"board_ram_gb": 32}, (pack.dir,)) == want
-    code = ("from models.policy import resolve_policy; from models.backends.board_sim import BoardSimBackend; "
+    code = ("from models.policy import resolve_policy; from models.runtime.backends.board_sim import BoardSimBackend; "
             "print(resolve_policy('auto', 'board-sim', BoardSimBackend, {'board_ram_gb': 8}).name)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[-1] == board_auto.choose(BoardModel(), BoardModel().context_budget_mib(8))[0].policy.name
@@ -269,9 +269,9 @@ def test_pipeline_job_on_board_sim_equals_onnx(assets):
     """A whole job through supervisord with the executor on board-sim: the latent is bitwise the in-process ONNX
     Runtime result; the report keeps the modelled board apart from what was measured here."""
     import json
-    from models.denoise import denoise, make_sampler, start_or_resume
-    from models.spectrum import SpectrumSettings
-    from models.dit_runner import DiTRunner
+    from models.sampling.denoise import denoise, make_sampler, start_or_resume
+    from models.sampling.spectrum import SpectrumSettings
+    from models.runtime.dit_runner import DiTRunner
     from tests.pipeline_harness import Pipeline
     models, pack_dir = assets
     prompt = {"prompt": "1girl, silver hair", "negative_prompt": "worst quality", "seed": 7, "steps": 2, "cfg": 4.0,

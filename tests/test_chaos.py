@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.chaos import STAGES, Chaos, summary_line  # noqa: E402
-from models.denoise import STATE_FILE  # noqa: E402
+from models.sampling.denoise import STATE_FILE  # noqa: E402
 from orchestrator import cli  # noqa: E402
 from tests.pipeline_harness import Pipeline, tiny_assets  # noqa: E402
 

@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.comfy_graph import (CANONICAL_IDS, GraphError, ModelNames, graph_links, graph_to_job, job_to_graph,
                                       node_table, object_info)
-from models.sampler import SAMPLER_NAMES, SCHEDULER_NAMES
+from models.sampling.sampler import SAMPLER_NAMES, SCHEDULER_NAMES
 from orchestrator.prompt_spec import parse_prompt_obj
 from tests.comfy_graphs import TINY_NAMES, edited, standard_graph
 

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from models.models_dir import resolve_models
-from models.pack import load_pack
+from models.packs.pack import load_pack
 from orchestrator.comfy_graph import ModelNames, graph_to_job
 from tests.comfy_png import read_comfy_png
 from tests.pipeline_harness import Pipeline, tiny_assets

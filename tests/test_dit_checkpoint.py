@@ -9,10 +9,10 @@ import struct
 import numpy as np
 import pytest
 
-from models.config import PRESETS, DiTConfig, expected_dit_shapes
-from models.dit_checkpoint import CheckpointError, DiTCheckpoint
+from models.dit.config import PRESETS, DiTConfig, expected_dit_shapes
+from models.dit.checkpoint import CheckpointError, DiTCheckpoint
 from models.safetensors_io import SafeTensorsFile, bf16_to_f32, save_arrays
-from models.synth_dit import dit_entries, param_count
+from models.dit.synth import dit_entries, param_count
 
 # A small variant with 40 blocks (community merges have other block counts) and no adapter.
 SMALL = DiTConfig(blocks=40, width=48, head_dim=16, heads=3, ffn_width=192, context_dim=24, lora_dim=8,

@@ -1,4 +1,4 @@
-"""`orchestrator doctor` on fake /proc and /sys trees (models.probes' paths pointed at tmp folders): each check's ok,
+"""`orchestrator doctor` on fake /proc and /sys trees (models.runtime.probes' paths pointed at tmp folders): each check's ok,
 warn and fail line with its fix, the summary line and the exit code."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from models import probes
+from models.runtime import probes
 from orchestrator import cli
 from orchestrator.doctor import doctor
 from orchestrator.runfolder import RunFolder

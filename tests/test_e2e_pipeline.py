@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from models.denoise import denoise, make_sampler, start_or_resume
-from models.spectrum import SpectrumSettings
-from models.dit_runner import DiTRunner
-from models.pack import load_pack
-from models.partition import KINDS
+from models.sampling.denoise import denoise, make_sampler, start_or_resume
+from models.sampling.spectrum import SpectrumSettings
+from models.runtime.dit_runner import DiTRunner
+from models.packs.pack import load_pack
+from models.dit.partition import KINDS
 from protocol import messages as m
 from tests.pipeline_harness import Pipeline, tiny_assets
 
@@ -53,7 +53,7 @@ def pipe(assets):
 
 @pytest.fixture(scope="module")
 def reference(assets):
-    """In-process sampling (models.denoise + DiTRunner, same pack, seed, settings and threads) from a job folder's
+    """In-process sampling (models.sampling.denoise + DiTRunner, same pack, seed, settings and threads) from a job folder's
     contexts; computed once, every job of this module has the same prompt."""
     cache = {}
 

@@ -6,18 +6,18 @@ import numpy as np
 import pytest
 
 from models import cli
-from models.branch_graphs import build_branch, serialize
-from models.backends import BACKENDS, make_backend
-from models.backends.onnx import OnnxBackend
-from models.lifecycle import run_branch
-from models.phase_times import PhaseTimes
-from models.dit_checkpoint import DiTCheckpoint
-from models.dit_runner import DiTRunner
-from models.pack import MANIFEST, build_pack, file_sha256, load_pack
-from models.partition import KINDS
-from models.reference import ref_cross_attn, ref_ffn, ref_self_attn, reference_forward
-from models.rope import rope_tables
-from models.verify import metrics, random_inputs
+from models.packs.branch_graphs import build_branch, serialize
+from models.runtime.backends import BACKENDS, make_backend
+from models.runtime.backends.onnx import OnnxBackend
+from models.runtime.lifecycle import run_branch
+from models.runtime.phase_times import PhaseTimes
+from models.dit.checkpoint import DiTCheckpoint
+from models.runtime.dit_runner import DiTRunner
+from models.packs.pack import MANIFEST, build_pack, file_sha256, load_pack
+from models.dit.partition import KINDS
+from models.dit.reference import ref_cross_attn, ref_ffn, ref_self_attn, reference_forward
+from models.dit.rope import rope_tables
+from models.runtime.verify import metrics, random_inputs
 
 
 def _cos(a, b):
@@ -113,7 +113,7 @@ def test_fp16_pack_forward(tiny_dit, ckpt, tmp_path):
 
 def test_fp16_graphs_at_512(ckpt, fp32_case, tmp_path):
     """The product resolution: 1024 image tokens; block 0's branches in FP16 against the torch oracles."""
-    from models.partition import Geometry
+    from models.dit.partition import Geometry
     g = Geometry.from_resolution(512, 512)
     assert g.tokens == 1024
     cos, sin = rope_tables(g.h_tokens, g.w_tokens, ckpt.config.head_dim)
@@ -144,7 +144,7 @@ def test_backend_registry():
 
 
 def test_backend_errors_name_the_file_and_input(small_pack, tmp_path):
-    from models.backends.base import BackendError
+    from models.runtime.backends.base import BackendError
     be = OnnxBackend(threads=1)
     with pytest.raises(BackendError, match="missing.onnx: cannot read"):
         run_branch(be, tmp_path / "missing.onnx", [{}])
@@ -223,7 +223,7 @@ def test_cli_verify_passes_then_fails_on_a_damaged_branch(small_pack, ckpt, tmp_
 
 
 def test_cli_verify_errors(small_pack, tmp_path, capsys):
-    from models.synth_dit import write_dit
+    from models.dit.synth import write_dit
     other = tmp_path / "other.safetensors"
     write_dit("tiny", 7, other)
     assert cli.main(["verify", str(small_pack), "--checkpoint", str(other)]) == 2

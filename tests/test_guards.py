@@ -83,7 +83,7 @@ def test_nan_branch_output_fails_the_job_naming_where(assets):
 
 
 def test_step_state_is_not_written_on_a_short_disk(tmp_path, monkeypatch):
-    from models.sampler_state import SamplerState
+    from models.sampling.sampler_state import SamplerState
     state = SamplerState(settings={}, step=3, latent=np.zeros((16, 64, 64), np.float32))   # 256 KiB
     check_state_room(str(tmp_path), state)                       # this disk has room
     monkeypatch.setattr("stages.scheduler.shutil.disk_usage", lambda p: Usage(10 * 2**30, 0, 8 * 2**20))

@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from models import host_ops as H
-from models.dit_checkpoint import DiTCheckpoint
-from models.rope import rope_axes, rope_tables
+from models.dit import host_ops as H
+from models.dit.checkpoint import DiTCheckpoint
+from models.dit.rope import rope_axes, rope_tables
 
 
 # -- patchify / unpatchify ----------------------------------------------------------------------------------------------
@@ -86,7 +86,7 @@ def test_gate_residual_f16_branch_output_fp32_residual():
 
 
 def test_host_path_imports_no_torch():
-    code = ("import sys, models.host_ops, models.rope, models.dit_checkpoint, models.synth_dit; "
+    code = ("import sys, models.dit.host_ops, models.dit.rope, models.dit.checkpoint, models.dit.synth; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
@@ -154,7 +154,7 @@ def ckpt(tiny_dit):
 
 @pytest.mark.parametrize("h,w,sigma", [(16, 16, 0.7), (11, 14, 0.05)])
 def test_composed_host_forward_matches_reference(ckpt, h, w, sigma):
-    from models.reference import reference_forward
+    from models.dit.reference import reference_forward
     cfg = ckpt.config
     rng = np.random.default_rng(3)
     x = rng.standard_normal((cfg.latent_channels, h, w)).astype(np.float32)
@@ -198,7 +198,7 @@ def test_composed_host_forward_matches_reference(ckpt, h, w, sigma):
 
 
 def test_reference_branch_front_doors(ckpt):
-    from models import reference as R
+    from models.dit import reference as R
     cfg = ckpt.config
     rng = np.random.default_rng(5)
     xn = rng.standard_normal((12, cfg.width)).astype(np.float32)

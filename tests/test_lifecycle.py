@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.backends.base import BackendError, BranchBackend
-from models.backends.onnx import OnnxBackend
-from models.dit_runner import DiTRunner
-from models.lifecycle import Lifecycle, LifecycleError, context_factory, run_branch, single_context
-from models.phase_times import PhaseSums, PhaseTimes, add_call
-from models.pack import build_pack, load_pack
+from models.runtime.backends.base import BackendError, BranchBackend
+from models.runtime.backends.onnx import OnnxBackend
+from models.runtime.dit_runner import DiTRunner
+from models.runtime.lifecycle import Lifecycle, LifecycleError, context_factory, run_branch, single_context
+from models.runtime.phase_times import PhaseSums, PhaseTimes, add_call
+from models.packs.pack import build_pack, load_pack
 from models.policy import (Policy, PolicyError, check_policy, parse_policy,
                            resolve_policy)
 
@@ -154,7 +154,7 @@ def test_policy_problem_is_the_config_check():
 
 
 def test_policies_are_checked_against_the_backend():
-    from models.backends.rknn_sim import RknnSimBackend
+    from models.runtime.backends.rknn_sim import RknnSimBackend
     check_policy(parse_policy("prefetch2+dual_core"), OnnxBackend)
     check_policy(parse_policy("interleave"), RknnSimBackend)                 # one context at a time: fine
     with pytest.raises(PolicyError, match="holds 1"):
@@ -164,7 +164,7 @@ def test_policies_are_checked_against_the_backend():
 
 
 def test_auto_uses_the_given_chooser_the_backends_own_or_the_safe_default():
-    from models.backends.rknn_sim import RknnSimBackend
+    from models.runtime.backends.rknn_sim import RknnSimBackend
     assert resolve_policy("auto", "onnx", OnnxBackend).name == "prefetch"      # documented safe default
     assert resolve_policy(None, "rknn-sim", RknnSimBackend).name == "on-demand"
     seen = []

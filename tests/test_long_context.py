@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.config import PRESETS
-from models.dit_checkpoint import DiTCheckpoint
-from models.dit_runner import DiTRunner
-from models.pack import build_pack, load_pack
-from models.partition import (MASKED, TEXT_TOKENS, BY_KIND, Geometry, branch_inputs, context_mask, context_rows,
+from models.dit.config import PRESETS
+from models.dit.checkpoint import DiTCheckpoint
+from models.runtime.dit_runner import DiTRunner
+from models.packs.pack import build_pack, load_pack
+from models.dit.partition import (MASKED, TEXT_TOKENS, BY_KIND, Geometry, branch_inputs, context_mask, context_rows,
                               resolve)
-from models.reference import reference_forward
+from models.dit.reference import reference_forward
 
 S_LONG = 640                     # > 512 and small enough for a quick test
 
@@ -114,8 +114,8 @@ def test_pipeline_long_prompt_keeps_every_row(tmp_path_factory):
     import tempfile
     from pathlib import Path
 
-    from models.denoise import denoise, make_sampler, start_or_resume
-    from models.spectrum import SpectrumSettings
+    from models.sampling.denoise import denoise, make_sampler, start_or_resume
+    from models.sampling.spectrum import SpectrumSettings
     from models.models_dir import resolve_models
     from models.text.tokenizers import PromptTokenizer
     from tests.pipeline_harness import Pipeline, tiny_assets

@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from models.config import PRESETS, expected_adapter_shapes, expected_dit_shapes
+from models.dit.config import PRESETS, expected_adapter_shapes, expected_dit_shapes
 from models.lora import LoraError, LoraFile, LoraUse, TargetTable, parse_lora_arg, plan_loras, reduce_rank
 from models.lora.synth import LAYOUTS, lora_name, write_lora
 from models.lora.targets import place_of

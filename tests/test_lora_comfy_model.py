@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from models.lora import LoraUse, TargetTable, plan_loras
-from models.noise import comfy_noise
+from models.sampling.noise import comfy_noise
 from models.policy import Policy
 
 REC = np.load(Path(__file__).parent / "data" / "lora" / "comfy_small_lora.npz")
@@ -25,12 +25,12 @@ CONTEXT_ROWS = 512
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    from models.config import expected_dit_shapes
-    from models.dit_runner import DiTRunner
+    from models.dit.config import expected_dit_shapes
+    from models.runtime.dit_runner import DiTRunner
     from models.lora.synth import write_lora
-    from models.pack import build_pack
+    from models.packs.pack import build_pack
     from models.safetensors_io import write_safetensors
-    from models.synth_dit import dit_entries
+    from models.dit.synth import dit_entries
     d = tmp_path_factory.mktemp("small_lora")
     write_safetensors(d / "anima-small.safetensors", dit_entries(JOB["dit_shapes"], 0, prefix="net."))
     for name, (layout, seed, rank, alpha, groups) in JOB["loras"].items():
@@ -48,7 +48,7 @@ def _context(rows: np.ndarray) -> np.ndarray:
 
 
 def _sample(runner, table, d, case) -> np.ndarray:
-    from models.sampler import Sampler
+    from models.sampling.sampler import Sampler
     uses = [LoraUse(str(d / name), sm, sc if node == "LoraLoader" else 0.0, name)
             for name, node, sm, sc in JOB["cases"][case]]
     runner.set_lora(plan_loras(uses, table))

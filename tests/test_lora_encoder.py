@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.lora import LoraUse, TargetTable, plan_loras
+from models.lora import LoraUse, TargetTable, plan_loras, plan_text_loras
 from models.lora.merged_file import write_merged
 from models.lora.synth import write_lora
 from models.text import synth as text_synth
@@ -46,7 +46,7 @@ def encoders(files):
 
 def _merged_encoder(files, uses, tmp_path):
     """The torch encoder on files with the LoRAs merged into them (models.lora.merged_file)."""
-    from models.dit_checkpoint import DiTCheckpoint
+    from models.dit.checkpoint import DiTCheckpoint
     from models.safetensors_io import SafeTensorsFile
     from models.text.conditioning import TextEncoder
     ck = DiTCheckpoint.open(files["dit"])
@@ -68,7 +68,7 @@ def test_encoder_loras_equal_the_files_with_the_lora_merged(files, encoders, tmp
     finally:
         ref.close()
     for enc in (t, o):
-        plan = enc.set_lora(uses)
+        plan = enc.set_lora(plan_text_loras(uses, enc))
         assert {p: len(plan.keys(p)) for p in ("branch", "host", "adapter", "te")} == \
             {"branch": 0, "host": 0, "adapter": 60, "te": 14}
         assert plan.report()[0]["not_applied"] == {"dit": 280}      # the DiT's own layers: the scheduler's
@@ -78,7 +78,7 @@ def test_encoder_loras_equal_the_files_with_the_lora_merged(files, encoders, tmp
             assert np.abs(g - w).max() <= 1e-4 * np.abs(w).max(), (enc.backend, p)
             assert _cos(b, w) < 0.9999                               # the LoRA changes the context by far more
     for enc in (t, o):                                              # and comes off again
-        enc.set_lora(())
+        enc.set_lora(plan_text_loras((), enc))
         for p, b in zip(PROMPTS, base):
             assert np.allclose(enc.encode(p), b, rtol=0, atol=1e-6 * np.abs(b).max()), enc.backend
 
@@ -86,10 +86,10 @@ def test_encoder_loras_equal_the_files_with_the_lora_merged(files, encoders, tmp
 def test_a_lora_of_the_dits_own_layers_leaves_the_encoder_alone(files, encoders):
     t, o = encoders
     before = o.compute.qwen, o.compute.adapter
-    plan = o.set_lora([LoraUse(str(files["body"]))])
+    plan = o.set_lora(plan_text_loras([LoraUse(str(files["body"]))], o))
     assert not plan.targets and plan.report()[0]["not_applied"] == {"dit": 454}
     assert (o.compute.qwen, o.compute.adapter) == before            # no session made again
-    o.set_lora(())
+    o.set_lora(plan_text_loras((), o))
 
 
 def test_onnx_loras_need_a_pack_that_names_its_weights(files, tmp_path):
@@ -105,7 +105,7 @@ def test_onnx_loras_need_a_pack_that_names_its_weights(files, tmp_path):
     enc = TextEncoder.from_pack(str(pack), threads=1)
     try:
         with pytest.raises(EncoderPackError, match="exported before LoRA support"):
-            enc.set_lora([LoraUse(str(files["comfy"]))])
+            enc.set_lora(plan_text_loras([LoraUse(str(files["comfy"]))], enc))
     finally:
         enc.close()
         shutil.rmtree(pack)

@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 
 from models import cli
-from models.config import expected_dit_shapes
-from models.dit_checkpoint import DiTCheckpoint
-from models.dit_runner import DiTRunner
+from models.dit.config import expected_dit_shapes
+from models.dit.checkpoint import DiTCheckpoint
+from models.runtime.dit_runner import DiTRunner
 from models.lora import LoraError, LoraUse, TargetTable, plan_loras
 from models.lora.merged_file import write_merged
 from models.lora.synth import write_lora
-from models.pack import build_pack, load_pack
-from models.partition import branch_inputs, BY_KIND
-from models.reference import reference_forward
-from models.verify import metrics, random_inputs
+from models.packs.pack import build_pack, load_pack
+from models.dit.partition import branch_inputs, BY_KIND
+from models.dit.reference import reference_forward
+from models.runtime.verify import metrics, random_inputs
 
 RES = (64, 64)                     # 16 image tokens: every structural choice, little time
 
@@ -125,7 +125,7 @@ def test_lora_inputs_are_declared_in_the_partition_table():
         spec = BY_KIND[kind]
         lora = [i for i in spec.inputs if i.lora]
         assert len(lora) == n and all(i.lifetime == "branch" for i in lora)
-        from models.partition import Geometry
+        from models.dit.partition import Geometry
         assert not any(i.lora for i in branch_inputs(spec, Geometry.from_resolution(64, 64)))
         assert len(branch_inputs(spec, Geometry.from_resolution(64, 64, lora_rank=4))) == len(spec.inputs) - \
             (kind == "cross")                                    # the long-context mask stays out

@@ -21,14 +21,14 @@ import pytest
 import requests
 from PIL import Image
 
-from models.denoise import denoise, make_sampler, start_or_resume
-from models.dit_runner import DiTRunner
+from models.sampling.denoise import denoise, make_sampler, start_or_resume
+from models.runtime.dit_runner import DiTRunner
 from models.lora import LoraUse, TargetTable, plan_loras
 from models.lora.merged_file import write_merged
 from models.lora.synth import write_lora
 from models.models_dir import resolve_models, write_bundle
-from models.pack import build_pack, load_pack
-from models.spectrum import SpectrumSettings
+from models.packs.pack import build_pack, load_pack
+from models.sampling.spectrum import SpectrumSettings
 from orchestrator.cli import CliError
 from protocol import messages as m
 from tests.comfy_graphs import standard_graph
@@ -67,7 +67,7 @@ def assets():
         plain = build_pack(paths.dit, root / "pack-plain", (128, 96), "fp32")
         uses = [LoraUse(str(models / "loras" / n), s, c) for n, (s, c) in STRENGTHS.items()]
         baked = build_pack(paths.dit, root / "pack-baked", (128, 128), "fp32", loras=uses)
-        from models.dit_checkpoint import DiTCheckpoint
+        from models.dit.checkpoint import DiTCheckpoint
         from models.safetensors_io import SafeTensorsFile
         ck, te = DiTCheckpoint.open(paths.dit), SafeTensorsFile(paths.text_encoder)
         plan = plan_loras(uses, TargetTable({k: ck.shape(k) for k in ck.keys()}, {k: te.shape(k) for k in te.keys()}))

@@ -19,7 +19,7 @@ def _cos(a, b) -> float:
 
 @pytest.fixture(scope="module")
 def lora_ready_rknn(tmp_path_factory, tiny_dit, rknn_venv):
-    from models.pack import build_pack
+    from models.packs.pack import build_pack
     from models.rknn.compile import compile_pack
     from models.safetensors_io import SafeTensorsFile, TensorEntry, write_safetensors
     d = tmp_path_factory.mktemp("lora_rknn")
@@ -34,15 +34,15 @@ def lora_ready_rknn(tmp_path_factory, tiny_dit, rknn_venv):
 
 
 def test_lora_ready_branches_compile_to_the_npu_and_compute_the_merged_weights(lora_ready_rknn, rknn_venv, tmp_path):
-    from models.backends import make_backend
-    from models.dit_checkpoint import DiTCheckpoint
-    from models.lifecycle import run_branch
+    from models.runtime.backends import make_backend
+    from models.dit.checkpoint import DiTCheckpoint
+    from models.runtime.lifecycle import run_branch
     from models.lora import LoraUse, TargetTable, plan_loras
     from models.lora.apply import DitLora
     from models.lora.synth import write_lora
-    from models.pack import load_pack
-    from models.reference import ref_cross_attn, ref_ffn, ref_self_attn
-    from models.rope import rope_tables
+    from models.packs.pack import load_pack
+    from models.dit.reference import ref_cross_attn, ref_ffn, ref_self_attn
+    from models.dit.rope import rope_tables
     cut, pack_dir, rep = lora_ready_rknn
     assert (rep["built"], rep["failed"]) == (3, 0), rep
     pack = load_pack(pack_dir)

@@ -97,8 +97,8 @@ def test_need_subset_and_no_folder(tmp_path):
 
 def test_bundle_writes_a_complete_loadable_folder(tiny_bundle, tmp_path):
     import shutil
-    from models.config import PRESETS
-    from models.dit_checkpoint import DiTCheckpoint
+    from models.dit.config import PRESETS
+    from models.dit.checkpoint import DiTCheckpoint
     from models.models_dir import bundle_paths
     from models.safetensors_io import SafeTensorsFile
 

@@ -146,7 +146,7 @@ def test_serve_exits_2_only_for_a_bad_config(tmp_path, monkeypatch, capsys, capl
     """supervisord leaves a program down after exit 2 (exitcodes=2): a bad config or pack is 2, but the daemon breaking
     while it serves (a ValueError or OSError from deep inside) is 1, so it is started again."""
     import orchestrator.daemon
-    from models.pack import PackError
+    from models.packs.pack import PackError
     from stages.config import ConfigError
     init_run(tmp_path / "run")
     args = ["--run", str(tmp_path / "run"), "serve", "--config", str(tmp_path / "run" / "pipeline.toml")]

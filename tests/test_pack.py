@@ -5,11 +5,11 @@ import shutil
 import numpy as np
 import pytest
 
-from models import branch_graphs
-from models.dit_checkpoint import DiTCheckpoint
-from models.host_ops import host_keys
-from models.pack import MANIFEST, PackError, build_pack, file_sha256, load_pack
-from models.partition import KINDS, branch_order, resolve
+from models.packs import branch_graphs
+from models.dit.checkpoint import DiTCheckpoint
+from models.dit.host_ops import host_keys
+from models.packs.pack import MANIFEST, PackError, build_pack, file_sha256, load_pack
+from models.dit.partition import KINDS, branch_order, resolve
 from models.safetensors_io import SafeTensorsFile
 
 
@@ -92,8 +92,8 @@ def test_check_names_a_missing_file_and_bad_manifest(pack16, tmp_path):
 def test_manifest_file_names_stay_inside_the_pack(pack16, tmp_path, where, name, words):
     """A pack may come from elsewhere: no manifest file name may reach a file outside its folder, for load_pack (which
     would hash it) nor for the rknn backend (which would run it; before, it took rknn.file as it stood)."""
-    from models.backends.base import BackendError
-    from models.backends.rknn import RknnLiteBackend, compiled_path
+    from models.runtime.backends.base import BackendError
+    from models.runtime.backends.rknn import RknnLiteBackend, compiled_path
     bad = tmp_path / "pack"
     shutil.copytree(pack16, bad)
     (tmp_path / "outside.rknn").write_bytes(b"not yours")
@@ -143,7 +143,7 @@ def test_interrupted_build_leaves_nothing_that_looks_complete(tiny_dit, tmp_path
 
 
 def test_refuses_a_pack_of_another_checkpoint(tiny_dit, tmp_path):
-    from models.synth_dit import write_dit
+    from models.dit.synth import write_dit
     other = tmp_path / "other.safetensors"
     write_dit("tiny", 1, other)
     out = tmp_path / "pack"

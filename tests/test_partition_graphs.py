@@ -5,11 +5,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from models.branch_graphs import build_branch, serialize
-from models.config import PRESETS
-from models.partition import (BRANCHES, KINDS, Geometry, branch_file, branch_index, branch_order, parse_blocks,
+from models.packs.branch_graphs import build_branch, serialize
+from models.dit.config import PRESETS
+from models.dit.partition import (BRANCHES, KINDS, Geometry, branch_file, branch_index, branch_order, parse_blocks,
                               parse_branch_file, parse_resolution, resolve)
-from models.rope import rope_tables
+from models.dit.rope import rope_tables
 
 CFG = PRESETS["tiny"]["dit"]
 GEOM = Geometry.from_resolution(128, 128)   # 16x16 latent -> 8x8 = 64 tokens

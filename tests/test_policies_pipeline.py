@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.denoise import denoise, make_sampler, start_or_resume
-from models.spectrum import SpectrumSettings
-from models.dit_runner import DiTRunner
-from models.pack import load_pack
-from models.partition import KINDS
+from models.sampling.denoise import denoise, make_sampler, start_or_resume
+from models.sampling.spectrum import SpectrumSettings
+from models.runtime.dit_runner import DiTRunner
+from models.packs.pack import load_pack
+from models.dit.partition import KINDS
 from tests.pipeline_harness import Pipeline, tiny_assets
 
 pytestmark = pytest.mark.slow

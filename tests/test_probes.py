@@ -1,7 +1,7 @@
-"""models/probes.py: the one reader of each /proc and /sys file, against fake trees (and this machine's own /proc)."""
+"""models/runtime/probes.py: the one reader of each /proc and /sys file, against fake trees (and this machine's own /proc)."""
 from __future__ import annotations
 
-from models import probes
+from models.runtime import probes
 
 ROLLUP = """55cfb391f000-7fffd7730000 ---p 00000000 00:00 0                          [rollup]
 Rss:                1776 kB

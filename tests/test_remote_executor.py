@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import zmq
 
-from models.denoise import denoise, make_sampler, start_or_resume
-from models.spectrum import SpectrumSettings
-from models.dit_runner import DiTRunner
-from models.pack import load_pack
+from models.sampling.denoise import denoise, make_sampler, start_or_resume
+from models.sampling.spectrum import SpectrumSettings
+from models.runtime.dit_runner import DiTRunner
+from models.packs.pack import load_pack
 from remote_net import RemoteNet, announce
 from remote_vae_machine import RemoteExecutor
 from tests.pipeline_harness import Pipeline, tiny_assets

@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.backends import backend_class, make_backend
-from models.backends import make_backend as make_model_backend      # one registry: the same function
-from models.backends.base import BackendError
-from models.backends.rknn import RknnLiteBackend
-from models.backends.rknnlite_standin import RKNNLite
-from models.lifecycle import Lifecycle, context_factory, run_branch
+from models.runtime.backends import backend_class, make_backend
+from models.runtime.backends import make_backend as make_model_backend      # one registry: the same function
+from models.runtime.backends.base import BackendError
+from models.runtime.backends.rknn import RknnLiteBackend
+from models.runtime.backends.rknnlite_standin import RKNNLite
+from models.runtime.lifecycle import Lifecycle, context_factory, run_branch
 from models.policy import parse_policy
 
 
@@ -27,7 +27,7 @@ def calls():
 @pytest.fixture(scope="module")
 def feeds(rknn_pack):
     """Two passes (cond, uncond) per kind, f16, shapes from the manifest."""
-    from models.pack import load_pack
+    from models.packs.pack import load_pack
     pack = load_pack(rknn_pack[0], check=False)
     rng = np.random.default_rng(3)
     out = {}
@@ -104,7 +104,7 @@ def test_every_backend_is_reached_from_models_alone():
     protocol or orchestrator module: the model CLI runs every backend without a process package."""
     import subprocess
     import sys
-    code = ("import sys; from models.backends import BACKENDS, backend_class; import models.commands.decode; "
+    code = ("import sys; from models.runtime.backends import BACKENDS, backend_class; import models.commands.decode; "
             "[backend_class(n) for n in BACKENDS]; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'stages', 'protocol', 'orchestrator'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -119,7 +119,7 @@ BOARD_CORES = {"auto": {0, 1, 2}, "0": {0}, "1": {1}, "2": {2}, "0_1": {0, 1}, "
 def test_one_core_mask_table_for_the_config_rknn_and_board_sim():
     """Every word (in any case, with or without NPU_CORE_) means the same mask to the config check, the rknn backend
     (its RKNNLite constant) and board-sim (the cores a context may take); an unknown word is refused by all three."""
-    from models.backends.board_sim import Board, BoardSimBackend
+    from models.runtime.backends.board_sim import Board, BoardSimBackend
     from stages.settings import _core_mask
     assert set(LITE_MASKS) == set(BOARD_CORES)
     for word, value in LITE_MASKS.items():
@@ -184,7 +184,7 @@ def test_policies_on_the_board_backend_give_on_demand_results(rknn_pack, calls):
     """The real RKNNLite call sequence (stand-in) under resident + prefetch + dual_core: contexts loaded on the helper
     thread, each keeping the core mask it was initialised with, pinned ones never released; outputs bitwise equal
     to on-demand; every context released at close."""
-    from models.pack import load_pack
+    from models.packs.pack import load_pack
     pack = load_pack(rknn_pack[0], check=False)
     compiled = [pack.branch_path(b["block"], b["kind"]) for b in pack.branches if isinstance(b.get("rknn"), dict)]
     rng = np.random.default_rng(5)

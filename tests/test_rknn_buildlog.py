@@ -79,9 +79,9 @@ def test_adaln_pattern_and_2_3_2_refusal(tiny_dit):
     assert msg and "2.3.2" in msg and "139" in msg and "modulate" in msg
     assert regression_for("2.5.0", m) is None and regression_for("2.3.0", m) is None
     # the pack's branch graphs keep the modulation on the host: no AdaLN pattern in them
-    from models.branch_graphs import build_branch
-    from models.dit_checkpoint import DiTCheckpoint
-    from models.partition import Geometry
+    from models.packs.branch_graphs import build_branch
+    from models.dit.checkpoint import DiTCheckpoint
+    from models.dit.partition import Geometry
     ck = DiTCheckpoint.open(tiny_dit)
     for kind in ("self", "cross", "ffn"):
         g = build_branch(kind, ck.branch_weights(0, kind), ck.config, Geometry.from_resolution(64, 64), "fp16")

@@ -24,7 +24,7 @@ def _cos(a, b) -> float:
 
 
 def test_compile_tiny_pack(rknn_pack):
-    from models.pack import load_pack
+    from models.packs.pack import load_pack
     pack_dir, rep = rknn_pack
     assert (rep["built"], rep["skipped"], rep["failed"]) == (6, 0, 0), rep
     assert rep["toolkit"] == "2.5.0" and rep["compiler"].startswith("2.5.0")
@@ -68,8 +68,8 @@ def test_compile_resumes_and_rebuilds_only_stale(rknn_pack, rknn_venv, tmp_path)
 
 @pytest.fixture(scope="module")
 def sim_inputs(rknn_pack):
-    from models.pack import load_pack
-    from models.rope import rope_tables
+    from models.packs.pack import load_pack
+    from models.dit.rope import rope_tables
     pack = load_pack(rknn_pack[0], check=False)
     g, c = pack.geometry, pack.config
     rng = np.random.default_rng(5)
@@ -81,10 +81,10 @@ def sim_inputs(rknn_pack):
 
 
 def test_simulator_matches_onnx_runtime_and_fp32(sim_inputs, tiny_dit, rknn_venv):
-    from models.backends import make_backend
-    from models.lifecycle import run_branch
-    from models.dit_checkpoint import DiTCheckpoint
-    from models.reference import ref_cross_attn, ref_ffn, ref_self_attn
+    from models.runtime.backends import make_backend
+    from models.runtime.lifecycle import run_branch
+    from models.dit.checkpoint import DiTCheckpoint
+    from models.dit.reference import ref_cross_attn, ref_ffn, ref_self_attn
     pack, avail = sim_inputs
     ck = DiTCheckpoint.open(tiny_dit)
     sim, ort = make_backend("rknn-sim", venv=rknn_venv), make_backend("onnx", threads=1)
@@ -110,8 +110,8 @@ def test_simulator_matches_onnx_runtime_and_fp32(sim_inputs, tiny_dit, rknn_venv
 
 
 def test_simulator_rejects_compiled_files_and_bad_inputs(rknn_pack, rknn_venv):
-    from models.backends import make_backend
-    from models.backends.base import BackendError
+    from models.runtime.backends import make_backend
+    from models.runtime.backends.base import BackendError
     pack_dir, _ = rknn_pack
     sim = make_backend("rknn-sim", venv=rknn_venv)
     with pytest.raises(BackendError, match="cannot run a compiled .rknn"):
@@ -129,7 +129,7 @@ def test_verify_cumulative_through_simulator(tmp_path, tiny_dit, rknn_venv, monk
     """anima-models verify --backend rknn-sim on a 2-block cut of the tiny checkpoint: every branch of the whole
     forward runs in the simulator; per-branch, per-block hidden state and final v against the FP32 reference."""
     from models.cli import main
-    from models.pack import build_pack
+    from models.packs.pack import build_pack
     from models.safetensors_io import SafeTensorsFile, TensorEntry, write_safetensors
     src = SafeTensorsFile(tiny_dit)
     dit_block = re.compile(r"^(?:net\.|model\.diffusion_model\.)?blocks\.(\d+)\.")     # not llm_adapter.blocks
@@ -155,11 +155,11 @@ def test_a_sharded_pack_compiles_its_shards_and_runs_them_on_the_board_backend(t
     """`compile` builds a sharded pack's shard graphs too (bNN_kind.sI.rknn, each part's own `rknn` entry, hashed by
     load_pack); the `rknn` backend (stand-in) resolves a shard's ONNX name to its .rknn, and the lifecycle's `shards`
     policy on it computes the whole branch (cos >= 0.9999999 against the one graph, FP16 pack)."""
-    from models.backends.rknn import RknnLiteBackend, compiled_path
-    from models.lifecycle import Lifecycle, context_factory, run_branch
-    from models.backends import make_backend
-    from models.pack import build_pack, load_pack
-    from models.pack_shards import ShardResolver
+    from models.runtime.backends.rknn import RknnLiteBackend, compiled_path
+    from models.runtime.lifecycle import Lifecycle, context_factory, run_branch
+    from models.runtime.backends import make_backend
+    from models.packs.pack import build_pack, load_pack
+    from models.packs.sharded import ShardResolver
     from models.policy import parse_policy
     from models.rknn.compile import compile_pack
     pack_dir = build_pack(tiny_dit, tmp_path / "p", (128, 128), "fp16", shards=3,

@@ -7,11 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from models import spectrum as sp
-from models.noise import comfy_noise, initial_noise, numpy_noise
-from models.sampler import Sampler, make_sigmas
-from models.sampler_state import SamplerState, SamplerStateError
-from models.spectrum import SpectrumSettings
+from models.sampling import spectrum as sp
+from models.sampling.noise import comfy_noise, initial_noise, numpy_noise
+from models.sampling.sampler import Sampler, make_sigmas
+from models.sampling.sampler_state import SamplerState, SamplerStateError
+from models.sampling.spectrum import SpectrumSettings
 
 SHAPE = (16, 4, 6)                      # [C, h, w]: small latent
 
@@ -273,7 +273,7 @@ def test_state_file_errors(tmp_path):
 def test_an_unusable_state_file_restarts_sampling_from_step_0(tmp_path, damage):
     """A truncated sampler state failed every resume although sampling is deterministic: now the job folder's state is
     used when whole, and sampling starts again from step 0 (same result) when not."""
-    from models.denoise import STATE_FILE, save_state, start_or_resume
+    from models.sampling.denoise import STATE_FILE, save_state, start_or_resume
     sampler = Sampler(steps=6, spectrum=SpectrumSettings(warmup=1))
     ref = sampler.sample(toy_model(), state=start_or_resume(sampler, 11, (16, 4, 6), noise="numpy"))
     st = start_or_resume(sampler, 11, (16, 4, 6), tmp_path, noise="numpy")

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.k_sampling import cfg_denoised, make_sampler
-from models.noise import comfy_noise
-from models.schedules import make_sigmas
+from models.sampling.k_sampling import cfg_denoised, make_sampler
+from models.sampling.noise import comfy_noise
+from models.sampling.schedules import make_sigmas
 
 REC = np.load(Path(__file__).parent / "data" / "samplers" / "comfy_small_6step.npz")
 JOB = json.loads(str(REC["job"]))
@@ -28,10 +28,10 @@ CONTEXT_ROWS = 512
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory):
-    from models.dit_runner import DiTRunner
-    from models.pack import build_pack
+    from models.runtime.dit_runner import DiTRunner
+    from models.packs.pack import build_pack
     from models.safetensors_io import write_safetensors
-    from models.synth_dit import dit_entries
+    from models.dit.synth import dit_entries
     d = tmp_path_factory.mktemp("small_dit")
     # the bundle's DiT without its LLM adapter (not needed with the recorded conditioning; each tensor's values
     # depend only on the seed and its name, so the blocks are the bundle's)

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.k_sampling import SAMPLER_NAMES, SAMPLERS, SamplerRunError, cfg_denoised, make_sampler
-from models.noise import comfy_noise
+from models.sampling.k_sampling import SAMPLER_NAMES, SAMPLERS, SamplerRunError, cfg_denoised, make_sampler
+from models.sampling.noise import comfy_noise
 from models.safetensors_io import SafeTensorsFile, TensorEntry, write_safetensors
 
 DATA = Path(__file__).parent / "data" / "samplers" / "comfy_toy.npz"

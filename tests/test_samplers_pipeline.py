@@ -1,4 +1,4 @@
-"""Every sampler through the pipeline's Sampler (models/sampler.py): the same latent as k_sampling driven directly with
+"""Every sampler through the pipeline's Sampler (models/sampling/sampler.py): the same latent as k_sampling driven directly with
 ComfyUI's CFG, a run killed after any step and resumed from its state file equal to the uninterrupted one bitwise
 (multistep history, noise generator position, Brownian tree, SA-Solver buffers, Spectrum history), state files that
 do not fit the sampler refused; Spectrum where it applies; the A1111 names."""
@@ -9,12 +9,12 @@ import math
 import numpy as np
 import pytest
 
-from models import k_sampling as ks
-from models.denoise import save_state, start_or_resume, STATE_FILE
-from models.noise import comfy_noise
-from models.sampler import SAMPLER_NAMES, SAMPLERS, SCHEDULER_NAMES, Sampler, spectrum_refusal
-from models.sampler_state import SamplerState, SamplerStateError
-from models.spectrum import SpectrumSettings
+from models.sampling import k_sampling as ks
+from models.sampling.denoise import save_state, start_or_resume, STATE_FILE
+from models.sampling.noise import comfy_noise
+from models.sampling.sampler import SAMPLER_NAMES, SAMPLERS, SCHEDULER_NAMES, Sampler, spectrum_refusal
+from models.sampling.sampler_state import SamplerState, SamplerStateError
+from models.sampling.spectrum import SpectrumSettings
 from orchestrator import a1111_names as an
 from orchestrator.prompt_spec import PromptError, parse_prompt_obj
 

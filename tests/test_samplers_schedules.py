@@ -15,10 +15,10 @@ import scipy.stats
 import torch
 import torchsde
 
-from models.brownian import BrownianTreeNoise
-from models.k_sampling import ksampler_sigmas
-from models.noise import TorchCpuGenerator
-from models.schedules import SCHEDULER_NAMES, beta_ppf, make_sigmas, sigma_table
+from models.sampling.brownian import BrownianTreeNoise
+from models.sampling.k_sampling import ksampler_sigmas
+from models.sampling.noise import TorchCpuGenerator
+from models.sampling.schedules import SCHEDULER_NAMES, beta_ppf, make_sigmas, sigma_table
 
 REF = np.load(Path(__file__).parent / "data" / "samplers" / "comfy_schedules.npz")
 KEYS = sorted(k for k in REF.files if k != "table")

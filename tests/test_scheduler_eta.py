@@ -2,8 +2,8 @@
 out; with a constant time per call the ETA is exact."""
 import pytest
 
-from models.partition import KINDS
-from models.spectrum import SpectrumSettings, plan
+from models.dit.partition import KINDS
+from models.sampling.spectrum import SpectrumSettings, plan
 from stages.scheduler import calls_left, eta_s
 
 

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from models.config import PRESETS
-from models.pack import Pack
-from models.partition import Geometry
-from models.scratch import scratch_plan
+from models.dit.config import PRESETS
+from models.packs.pack import Pack
+from models.dit.partition import Geometry
+from models.packs.scratch import scratch_plan
 from orchestrator.job_arena import arena_plan, create_job_arena
 from protocol.arena import ALIGN_BYTES, ArenaError
 from protocol.messages import Region

@@ -1,4 +1,4 @@
-"""Sharded branch graphs (models/shards.py, models/branch_graphs.py): every cut of every branch kind, run by ONNX
+"""Sharded branch graphs (models/dit/shards.py, models/packs/branch_graphs.py): every cut of every branch kind, run by ONNX
 Runtime in FP32, gives the unsharded graph's output (rows: bitwise, every row computed as the whole graph computes
 it; heads: the partials summed in FP32, cos >= 0.9999999); the plans, the shards' inputs and outputs, bad requests."""
 from __future__ import annotations
@@ -8,11 +8,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from models.branch_graphs import build_branch, serialize
-from models.config import PRESETS
-from models.partition import Geometry, resolve
-from models.rope import rope_tables
-from models.shards import CUTS, combine, plan, shard_feed, shard_io, shard_weights, split, weight_fraction
+from models.packs.branch_graphs import build_branch, serialize
+from models.dit.config import PRESETS
+from models.dit.partition import Geometry, resolve
+from models.dit.rope import rope_tables
+from models.dit.shards import CUTS, combine, plan, shard_feed, shard_io, shard_weights, split, weight_fraction
 
 CFG = PRESETS["tiny"]["dit"]                 # D 256, 4 heads of 64, FFN 1024, context 128
 GEOM = Geometry.from_resolution(128, 128)    # 64 image tokens, 512 text tokens
@@ -137,7 +137,7 @@ def shard_files(tmp_path_factory):
 def test_the_lifecycle_runs_a_sharded_branch_under_every_policy(shard_files, policy):
     """The lifecycle opens a sharded branch's N contexts (2N with dual_core), feeds each shard its part of every
     pass and combines the outputs in FP32: bitwise the same under every policy, and the whole graph's result."""
-    from models.lifecycle import Lifecycle, context_factory
+    from models.runtime.lifecycle import Lifecycle, context_factory
     from models.policy import parse_policy
     lc = Lifecycle(context_factory("onnx", threads=1), parse_policy(policy, {"resident_mb": 1e6}),
                    shards_of=shard_files.get)
@@ -159,10 +159,10 @@ def test_the_lifecycle_runs_a_sharded_branch_under_every_policy(shard_files, pol
 
 
 def test_pack_shard_entries_and_the_resolver(tmp_path):
-    """A branch's shard graphs and manifest entries (models/pack_shards.py), read back as specs, found by the
+    """A branch's shard graphs and manifest entries (models/packs/sharded.py), read back as specs, found by the
     resolver from the branch's own file name; a manifest whose shards do not cover the cut is refused."""
     import json
-    from models.pack_shards import ShardPackError, ShardResolver, choose_cuts, parse_cuts, part_files, part_specs, \
+    from models.packs.sharded import ShardPackError, ShardResolver, choose_cuts, parse_cuts, part_files, part_specs, \
         shard_entries
     (tmp_path / "onnx").mkdir()
     w = _weights("ffn")
@@ -195,9 +195,9 @@ def test_pack_shards_3_computes_what_the_unsharded_pack_does(tiny_dit, tmp_path,
     import json
     from pathlib import Path
     from models.cli import main
-    from models.dit_runner import DiTRunner
-    from models.pack import PackError, build_pack, load_pack
-    from models.verify import random_inputs
+    from models.runtime.dit_runner import DiTRunner
+    from models.packs.pack import PackError, build_pack, load_pack
+    from models.runtime.verify import random_inputs
     one = build_pack(tiny_dit, tmp_path / "p1", (128, 128), "fp32")
     assert main(["pack", str(tiny_dit), "--out", str(tmp_path / "p3"), "--resolution", "128x128", "--dtype", "fp32",
                  "--shards", "3", "--cuts", "self=heads,cross=rows,ffn=heads"]) == 0
@@ -211,7 +211,7 @@ def test_pack_shards_3_computes_what_the_unsharded_pack_does(tiny_dit, tmp_path,
     assert sharded.identity != load_pack(one).identity
     x, ctx = random_inputs(load_pack(one), seed=4)
     want = DiTRunner(one, threads=1).forward(x, 0.6, ctx)
-    from models.pack_shards import ShardResolver
+    from models.packs.sharded import ShardResolver
     files, specs = ShardResolver()(sharded.branch_path(0, "self"))    # what the lifecycle runs instead of the graph
     assert [Path(f).name for f in files] == [f"b00_self.s{i}.onnx" for i in range(3)] and specs[0].cut == "heads"
     for policy in ("shards", "on-demand", "prefetch+dual_core+shards"):
@@ -249,7 +249,7 @@ def test_a_pack_is_sharded_or_lora_ready_not_both(tiny_dit, tmp_path, capsys):
     """Shard graphs take no LoRA factor inputs: `pack --shards N --lora-rank R` is refused naming both options, exit
     2, nothing written; the graph builder refuses a shard of a LoRA-ready geometry too. Either alone still builds."""
     from models.cli import main
-    from models.pack import PackError, build_pack
+    from models.packs.pack import PackError, build_pack
     out = tmp_path / "both"
     assert main(["pack", str(tiny_dit), "--out", str(out), "--resolution", "128x128", "--dtype", "fp32",
                  "--shards", "2", "--lora-rank", "4"]) == 2

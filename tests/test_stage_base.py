@@ -335,7 +335,7 @@ def test_a_backends_declared_settings_pass_typed_by_its_constructor(tmp_path, mo
     """STAGE_TABLES cannot know a backend's own keys: the backend's SETTINGS lets them through for the executor (the
     top-level backend) and the VAE stage (its own backend), typed by the constructor's defaults; other backends still
     refuse them."""
-    import models.backends as sb
+    import models.runtime.backends as sb
     real_class, real_names = sb.backend_class, sb.backend_names
     monkeypatch.setattr(sb, "backend_names", lambda: sorted([*real_names(), "paced"]))
     monkeypatch.setattr(sb, "backend_class", lambda n: _PacedBackend if n == "paced" else real_class(n))

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import zmq
 
-from models.denoise import denoise, make_sampler, start_or_resume
-from models.spectrum import SpectrumSettings
-from models.dit_runner import DiTRunner
-from models.pack import build_pack, load_pack
+from models.sampling.denoise import denoise, make_sampler, start_or_resume
+from models.sampling.spectrum import SpectrumSettings
+from models.runtime.dit_runner import DiTRunner
+from models.packs.pack import build_pack, load_pack
 from protocol import messages as m
 from protocol.arena import Arena, list_segments, reap, run_prefix, segment_name
 from protocol.sockets import EventPull, LazyPirate

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import re
 
-from models.config import detect_adapter_config, detect_dit_config
-from models.synth_dit import ADAPTER_PREFIX, dit_shapes
+from models.dit.config import detect_adapter_config, detect_dit_config
+from models.dit.synth import ADAPTER_PREFIX, dit_shapes
 from models.text.synth import te_shapes
 from models.vae.keys import full_shapes
 from models.vae.synth import VAE_PRESETS

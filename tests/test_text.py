@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.config import DIT_PREFIXES, PRESETS
+from models.dit.config import DIT_PREFIXES, PRESETS
 from models.safetensors_io import SafeTensorsFile, TensorEntry, save_arrays, write_safetensors
 from models.text import synth as text_synth
 

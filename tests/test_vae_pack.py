@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.backends import make_backend
-from models.backends.base import BackendError
+from models.runtime.backends import make_backend
+from models.runtime.backends.base import BackendError
 from models.cli import main as cli_main
-from models.pack import PackError, load_branch_pack, load_pack
+from models.packs.pack import PackError, load_branch_pack, load_pack
 from models.safetensors_io import SafeTensorsFile, TensorEntry, write_safetensors
 from models.vae.pack import VaePackError, build_vae_pack, load_vae_pack
 from models.vae.pack_decoder import PackDecoder
@@ -171,7 +171,7 @@ def test_pack_checks(pack, vae_file, tmp_path, tiny_dit):
             load_branch_pack(bad, check=False)
     assert load_branch_pack(pack.dir).manifest["kind"] == "anima-vae-pack"
     dit_pack = tmp_path / "dit"
-    from models.pack import build_pack
+    from models.packs.pack import build_pack
     build_pack(tiny_dit, dit_pack, (64, 64), "fp32")
     with pytest.raises(VaePackError, match="not a VAE pack"):
         load_vae_pack(dit_pack)
@@ -214,8 +214,8 @@ def test_onnx_decode_matches_torch_tiled(pack, torch_vae):
 def test_standin_reads_4d_inputs_as_nhwc_unless_told(pack):
     """The stand-in behaves as RKNNLite: a 4-D input without data_format='nchw' is NHWC (a wrong-layout feed fails),
     so a backend that forgot data_format would fail here."""
-    from models.backends.rknnlite_standin import RKNNLite
-    from models.backends.rknn import output_as
+    from models.runtime.backends.rknnlite_standin import RKNNLite
+    from models.runtime.backends.rknn import output_as
     rk = RKNNLite()
     rk._onnx, rk._bytes = pack.model_path("trunk"), b"x"                     # skip the .rknn lookup
     assert rk.init_runtime() == 0
@@ -273,7 +273,7 @@ def test_run_time_path_imports_neither_torch_nor_onnx(pack):
             "import stages.vae\n"
             "from models.vae.pack import load_vae_pack\n"
             "from models.vae.pack_decoder import PackDecoder\n"
-            "from models.backends import make_branch_backend\n"
+            "from models.runtime.backends import make_branch_backend\n"
             f"d = PackDecoder(load_vae_pack({str(pack.dir)!r}), make_branch_backend('onnx', 1, {{}}))\n"
             "r = d.decode(np.zeros((16, 32, 24), np.float32))\n"
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'onnx', 'transformers'))\n"

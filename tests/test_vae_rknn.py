@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 import pytest
 
-from models.backends import make_backend
+from models.runtime.backends import make_backend
 from models.cli import main as cli_main
 from models.vae.pack import build_vae_pack, load_vae_pack
 from models.vae.pack_decoder import PackDecoder
@@ -118,8 +118,8 @@ def test_fp16_norm_scales_matter_in_the_simulator(vae_file, tmp_path, rknn_venv)
 def test_board_backend_on_the_standin(compiled):
     """RknnLiteBackend (the real API's calls) on the labelled stand-in: load_rknn/init_runtime once per model, one
     inference per tile with data_format nchw, release; the image is the ONNX graphs' (the stand-in runs them)."""
-    from models.backends.rknn import RknnLiteBackend
-    from models.backends.rknnlite_standin import RKNNLite
+    from models.runtime.backends.rknn import RknnLiteBackend
+    from models.runtime.backends.rknnlite_standin import RKNNLite
     lat = _latent(32, 24, seed=5)
     RKNNLite.calls.clear()
     got = PackDecoder(compiled, RknnLiteBackend(lite="standin")).decode(lat)

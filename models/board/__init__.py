@@ -6,5 +6,5 @@
     pace      real work, then sleep to modelled x time_scale (the board-sim backend, the scheduler's host ops)
     account   per-step rows of board time, the 20-step projection, the tables of the benches and the job report
 
-The board-sim backend that runs on this model is models/backends/board_sim.py.
+The board-sim backend that runs on this model is models/runtime/backends/board_sim.py.
 """

@@ -20,9 +20,9 @@ from typing import Optional
 
 from models.board.cost import BOARD_RAMS_GB, LABEL, BoardModel
 from models.board.timeline import StepTimeline, branch_sequence, pinned_branches, simulate_step
-from models.partition import KINDS
+from models.dit.partition import KINDS
 from models.policy import MAX_PREFETCH, Policy
-from models.shards import CUTS, MAX_SHARDS
+from models.dit.shards import CUTS, MAX_SHARDS
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from models.board.cost import BOARD_RAMS_GB, Shape, load_cost
-from models.partition import KINDS
+from models.dit.partition import KINDS
 
 MEASURED = "measured"
 

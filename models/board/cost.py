@@ -8,14 +8,14 @@ Scaling rules (the reference: Anima 2B, 1024 image tokens, 512 text tokens):
   scales with its own FLOP count, so other widths scale by weight bytes (the linear parts) and by width (attention).
 - lifecycle (load, init, release) and context memory: by the branch's weight bytes; independent of the resolution.
 - host ops: by L x D (elementwise over the [L, D] tensors).
-- tensor I/O: by the bytes a call moves in and out (the branch table's shapes, models/partition.py), at two per-MB
+- tensor I/O: by the bytes a call moves in and out (the branch table's shapes, models/dit/partition.py), at two per-MB
   rates: the peers' in:out ratio scaled to the reference's unattributed remainder (`io_rates`).
 - N contexts inferring at once (dual_core, shards): each at concurrent_speedup[N-1] / N of its own speed.
 - a LoRA-ready pack (lora_rank R > 0): each projection's low-rank term x·Aᵀ·Bᵀ adds 2·rows·R·(in + out) FLOPs to
   the part its rows scale with (image tokens: linear; the text context's k/v: constant), priced at the branch's
   own FLOP rate (the projections' MatMuls it runs beside). Its factor inputs are not priced as tensor I/O: the
   branch table's shapes, which the I/O term reads, hold no factors.
-- a sharded pack (models/shards.py) as its shards: each one's FLOPs (a heads shard 1/N of every part; a rows shard
+- a sharded pack (models/dit/shards.py) as its shards: each one's FLOPs (a heads shard 1/N of every part; a rows shard
   1/N of what its rows compute, all of what every shard recomputes: self-attention's keys and values, cross-attention's
   context projections), lifecycle by its weight bytes, I/O by its own inputs and outputs, memory by `context_units`.
 """
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Optional
 
 from models.board.flops import branch_flops, shard_flops, weight_bytes
-from models.partition import KINDS, TEXT_TOKENS, io_elements
-from models.shards import split
+from models.dit.partition import KINDS, TEXT_TOKENS, io_elements
+from models.dit.shards import split
 
 try:
     import tomllib
@@ -68,7 +68,7 @@ class Shape:
     tokens: int
     text_tokens: int = 512
     lora_rank: int = 0               # R of a LoRA-ready pack (0: plain)
-    shards: int = 1                  # a sharded pack's shards per branch (models/shards.py)
+    shards: int = 1                  # a sharded pack's shards per branch (models/dit/shards.py)
     cuts: tuple = ()                 # ((kind, "rows" | "heads"), ...) for a sharded pack
 
     def cut(self, kind: str) -> str:
@@ -80,7 +80,7 @@ class Shape:
                                    else ())
 
     def symbols(self) -> dict:
-        """Values of the branch table's shape symbols (models.partition.BRANCHES) for this shape."""
+        """Values of the branch table's shape symbols (models.dit.partition.BRANCHES) for this shape."""
         return {"L": self.tokens, "S": self.text_tokens, "D": self.width, "Dc": self.context_dim,
                 "HD2": self.head_dim // 2}
 

@@ -1,10 +1,10 @@
 """What a branch computes and holds, for the board cost model (models/board/cost.py): its FLOPs by how they scale
 (`branch_flops`, a LoRA-ready pack's low-rank terms included: `lora_flops`), a shard's (`shard_flops`,
-models/shards.py's cuts) and its weight bytes (`weight_bytes`). `s` is a models.board.cost.Shape (widths, heads,
+models/dit/shards.py's cuts) and its weight bytes (`weight_bytes`). `s` is a models.board.cost.Shape (widths, heads,
 tokens)."""
 from __future__ import annotations
 
-from models.partition import KINDS, branch_spec
+from models.dit.partition import KINDS, branch_spec
 
 
 class FlopsError(ValueError):

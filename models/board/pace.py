@@ -122,7 +122,7 @@ class PaceTotals:
 
 
 class HostPacer:
-    """The scheduler's host ops at the modelled board's pace: each pass's host op (models.dit_runner's `host_pace`
+    """The scheduler's host ops at the modelled board's pace: each pass's host op (models.runtime.dit_runner's `host_pace`
     hook) takes at least half the board's host time per branch pass x time_scale. The reference's 0.1658 s per block
     covers both passes of its three branches (R3, docs/board-figures.md). An op that runs while the executor infers the
     other pass (interleave) is held there too, so what a policy hides stays hidden in wall time.

@@ -1,6 +1,6 @@
 """Analytic timeline of one computed step on the MODELLED board under a lifecycle policy (the `auto` chooser's
 evaluation; bench/overhead.py prints it beside the paced runs). Same figures as the board-sim backend
-(cost.BoardModel), same rules as the lifecycle (models/lifecycle.py):
+(cost.BoardModel), same rules as the lifecycle (models/runtime/lifecycle.py):
 
 - the scheduler sends one request per branch (both CFG passes), or one per pass with `interleave`; requests are in
   lockstep (one outstanding); before a request it runs that request's host ops (residual of the previous branch and
@@ -27,10 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from models.board.cost import BoardModel
-from models.partition import KINDS
+from models.dit.partition import KINDS
 from models.policy import Policy
 
-DUAL_LIFECYCLE_PARALLEL = True      # models/lifecycle.py: a dual_core pair loads/inits/releases at once (_pair)
+DUAL_LIFECYCLE_PARALLEL = True      # models/runtime/lifecycle.py: a dual_core pair loads/inits/releases at once (_pair)
 
 
 @dataclass

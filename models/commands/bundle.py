@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 
 from models.models_dir import add_model_arguments
-from models.partition import parse_resolution
+from models.dit.partition import parse_resolution
 
 
 def add_arguments(p) -> None:

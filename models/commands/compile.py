@@ -25,7 +25,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from models.partition import parse_blocks
+    from models.dit.partition import parse_blocks
     from models.rknn.compile import _read_manifest, compile_pack, describe
     from pathlib import Path
 

@@ -12,13 +12,13 @@ import os
 
 import numpy as np
 
-from models.backends import vae_pack_backends
+from models.runtime.backends import vae_pack_backends
 from models.cli import UserError
 from models.vae.tiled import DEFAULT_OVERLAP, DEFAULT_TILE
 
 log = logging.getLogger(__name__)
 
-PACK_BACKENDS = vae_pack_backends()              # onnx, rknn-sim, rknn (models/backends/__init__.py)
+PACK_BACKENDS = vae_pack_backends()              # onnx, rknn-sim, rknn (models/runtime/backends/__init__.py)
 BACKENDS = ("torch",) + PACK_BACKENDS            # torch: the VAE file itself, not a pack
 
 
@@ -75,7 +75,7 @@ def _open_torch(args):
 
 def open_pack_decoder(pack_dir, backend: str, threads=None, core_mask="auto", toolkit_venv=None):
     """A PackDecoder for `pack_dir` on `backend` (onnx | rknn-sim | rknn); VaePackError / ValueError if unusable."""
-    from models.backends import backend_class, backend_kwargs
+    from models.runtime.backends import backend_class, backend_kwargs
     from models.vae.pack import load_vae_pack
     from models.vae.pack_decoder import PackDecoder
     if backend not in PACK_BACKENDS:
@@ -91,7 +91,7 @@ def open_pack_decoder(pack_dir, backend: str, threads=None, core_mask="auto", to
 
 
 def _open_pack(args):
-    from models.pack import PackError
+    from models.packs.pack import PackError
     if args.tile is not None or args.overlap is not None or args.no_tile:
         raise UserError("--tile/--overlap/--no-tile: a VAE pack's tiling is fixed when it is built (anima-models "
                         "pack-vae --tile --overlap)")
@@ -113,7 +113,7 @@ def run(args) -> int:
 
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be >= 1, got {args.threads}")
-    from models.backends.base import BackendError
+    from models.runtime.backends.base import BackendError
     from models.vae.pack_decoder import DecodeError
     latent = np.asarray(_load_latent(args.latent))
     try:

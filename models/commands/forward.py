@@ -13,7 +13,7 @@ import logging
 
 import numpy as np
 
-from models.backends import backend_names
+from models.runtime.backends import backend_names
 from models.durable import atomic_write
 
 log = logging.getLogger(__name__)
@@ -55,12 +55,12 @@ def read_inputs(path: str) -> dict:
 
 
 def run(args) -> int:
-    from models.dit_runner import DiTRunner
+    from models.runtime.dit_runner import DiTRunner
     arrs = read_inputs(args.inputs)
     runner = DiTRunner(args.pack, backend=args.backend, threads=args.threads)
     if args.lora:
         from models.lora import TargetTable, parse_lora_arg, plan_loras
-        from models.config import expected_dit_shapes
+        from models.dit.config import expected_dit_shapes
         plan = plan_loras([parse_lora_arg(a) for a in args.lora], TargetTable(expected_dit_shapes(runner.cfg)))
         applied = runner.set_lora(plan, args.lora_overflow)
         for rep in plan.report():

@@ -11,8 +11,8 @@ import re
 
 import numpy as np
 
-from models.config import DIT_PREFIXES
-from models.dit_checkpoint import LOOKS_LIKE, DiTCheckpoint, check_gguf, classify_keys
+from models.dit.config import DIT_PREFIXES
+from models.dit.checkpoint import LOOKS_LIKE, DiTCheckpoint, check_gguf, classify_keys
 from models.safetensors_io import SafeTensorsError, SafeTensorsFile
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from models.partition import MAX_LORA_RANK, PACK_DTYPES, TEXT_TOKENS, parse_resolution
+from models.dit.partition import MAX_LORA_RANK, PACK_DTYPES, TEXT_TOKENS, parse_resolution
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +39,8 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from models.lora import parse_lora_arg
-    from models.pack import build_pack, load_pack
-    from models.pack_shards import parse_cuts
+    from models.packs.pack import build_pack, load_pack
+    from models.packs.sharded import parse_cuts
     width, height = parse_resolution(args.resolution)
     loras = [parse_lora_arg(a) for a in args.lora]
     out = build_pack(args.checkpoint, args.out, (width, height), args.dtype, overwrite=args.overwrite,

@@ -9,7 +9,7 @@ import logging
 import os
 
 from models.cli import UserError
-from models.partition import parse_resolution
+from models.dit.partition import parse_resolution
 from models.vae.tiled import DEFAULT_OVERLAP, DEFAULT_TILE
 
 log = logging.getLogger(__name__)

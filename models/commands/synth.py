@@ -14,7 +14,7 @@ import os
 import time
 
 from models.cli import UserError
-from models.config import DIT_PREFIXES, PRESETS
+from models.dit.config import DIT_PREFIXES, PRESETS
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def run(args) -> int:
     os.makedirs(parent, exist_ok=True)
     t0 = time.monotonic()
     if args.what == "dit":
-        from models.synth_dit import write_dit
+        from models.dit.synth import write_dit
         write_dit(args.preset, args.seed, out, args.prefix)
     elif args.what == "te":
         _call("models.text.synth", "write_te", args.preset, args.seed, out)

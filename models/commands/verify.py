@@ -3,16 +3,16 @@
     anima-models verify packs/anima-512 [--checkpoint anima-preview.safetensors] [--json report.json]
                         [--backend onnx|rknn-sim|rknn|board-sim] [--blocks 0,5-7] [--seed 0]
 
-Exit 0 when every row meets the marks of models.verify.THRESHOLDS for the pack's dtype, 1 when one does not.
+Exit 0 when every row meets the marks of models.runtime.verify.THRESHOLDS for the pack's dtype, 1 when one does not.
 """
 from __future__ import annotations
 
 import json
 import logging
 
-from models.backends import backend_names
+from models.runtime.backends import backend_names
 from models.durable import atomic_write
-from models.verify import DEFAULT_SIGMA
+from models.runtime.verify import DEFAULT_SIGMA
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from models.verify import verify_pack
+    from models.runtime.verify import verify_pack
     report = verify_pack(args.pack, checkpoint=args.checkpoint, backend=args.backend, threads=args.threads,
                          blocks=args.blocks, seed=args.seed, sigma=args.sigma)
     print(report.table())

@@ -8,7 +8,7 @@ graphs). docs/lora.md describes the whole path.
     synth    write_lora: synthetic LoRAs with real key names
 """
 from models.lora.file import LoraError, LoraFile, LoraPair
-from models.lora.plan import LoraPlan, LoraUse, parse_lora_arg, plan_loras, reduce_rank
+from models.lora.plan import LoraPlan, LoraUse, parse_lora_arg, plan_loras, plan_text_loras, reduce_rank
 from models.lora.targets import PLACES, Target, TargetTable
 
 __all__ = ["LoraError", "LoraFile", "LoraPair", "LoraPlan", "LoraUse", "PLACES", "Target", "TargetTable",

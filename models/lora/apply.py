@@ -14,10 +14,10 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from models.branch_layout import lora_inputs
-from models.config import DiTConfig
+from models.dit.branch_layout import lora_inputs
+from models.dit.config import DiTConfig
 from models.lora.plan import LoraPlan
-from models.partition import Geometry, branch_spec
+from models.dit.partition import Geometry, branch_spec
 
 log = logging.getLogger(__name__)
 

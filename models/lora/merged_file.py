@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from models.config import DIT_PREFIXES
+from models.dit.config import DIT_PREFIXES
 from models.lora.plan import LoraPlan
 from models.safetensors_io import DTYPES, SafeTensorsFile, TensorEntry, write_safetensors
 

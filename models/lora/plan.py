@@ -264,3 +264,12 @@ def parse_lora_arg(text: str) -> LoraUse:
     use = LoraUse(path, nums[0] if nums else 1.0, nums[1] if len(nums) > 1 else None)
     use.check()
     return use
+
+
+def plan_text_loras(uses, encoder, strict: bool = True) -> Optional[LoraPlan]:
+    """`uses` planned against a text encoder's adapter and Qwen3 layers (models.text TextEncoder.lora_shapes);
+    None without LoRAs. The result goes to `encoder.set_lora`."""
+    if not uses:
+        return None
+    adapter, qwen = encoder.lora_shapes()
+    return plan_loras(list(uses), TargetTable.from_configs(adapter_cfg=adapter, te_shape=qwen), strict=strict)

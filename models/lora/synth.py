@@ -52,7 +52,7 @@ def lora_name(module: str, model: str, form: str) -> str:
 
 def preset_shapes(preset: str) -> tuple:
     """({DiT + adapter key: shape}, {Qwen3 key: shape}) of a synthetic preset's files."""
-    from models.synth_dit import dit_shapes
+    from models.dit.synth import dit_shapes
     from models.text.synth import te_shapes
     return dit_shapes(preset), te_shapes(preset)
 
@@ -60,7 +60,7 @@ def preset_shapes(preset: str) -> tuple:
 def target_weights(dit_shapes: dict, te_shapes: dict, groups) -> list:
     """[(model 'dit'|'te', weight key, (out, in), weight std)] of the layers the groups name, in key order, for
     models with these key -> shape tables (a preset's, or real files' own)."""
-    from models.synth_dit import _scale_for
+    from models.dit.synth import _scale_for
     bad = [g for g in groups if g not in GROUPS]
     if bad or not groups:
         raise ValueError(f"LoRA groups {list(groups)!r}: choose from {list(GROUPS)}")

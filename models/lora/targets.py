@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from models.lora.file import LoraError
-from models.partition import BRANCHES
+from models.dit.partition import BRANCHES
 
 PLACES = ("branch", "host", "adapter", "te")
 MODEL_OF_PLACE = {"branch": "dit", "host": "dit", "adapter": "dit", "te": "te"}   # whose strength applies
@@ -113,9 +113,9 @@ class TargetTable:
 
     @classmethod
     def from_configs(cls, dit_cfg=None, adapter_cfg=None, te_shape=None) -> "TargetTable":
-        """The table for models of these configs (models.config DiTConfig / AdapterConfig, models.text.qwen3
+        """The table for models of these configs (models.dit.config DiTConfig / AdapterConfig, models.text.qwen3
         Qwen3Shape), each optional: the key sets their checkpoints hold."""
-        from models.config import expected_adapter_shapes, expected_dit_shapes
+        from models.dit.config import expected_adapter_shapes, expected_dit_shapes
         dit = dict(expected_dit_shapes(dit_cfg)) if dit_cfg is not None else {}
         if adapter_cfg is not None:
             dit.update(expected_adapter_shapes(adapter_cfg, ADAPTER_PREFIX))

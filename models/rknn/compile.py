@@ -36,7 +36,7 @@ def entry_name(branch: dict) -> str:
 
 def units(branches: list) -> list:
     """(entry, the branch it belongs to, file stem) of every graph to compile: each branch, then a sharded pack's
-    shard parts (bNN_kind.sI: their own ONNX, sha256 and `rknn` entry, models/pack_shards.py)."""
+    shard parts (bNN_kind.sI: their own ONNX, sha256 and `rknn` entry, models/packs/sharded.py)."""
     out = []
     for b in branches:
         out.append((b, b, entry_name(b)))

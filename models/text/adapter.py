@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.config import DIT_PREFIXES, AdapterConfig, CheckpointError, detect_adapter_config, expected_adapter_shapes
+from models.dit.config import DIT_PREFIXES, AdapterConfig, CheckpointError, detect_adapter_config, expected_adapter_shapes
 from models.safetensors_io import SafeTensorsFile
 
 log = logging.getLogger(__name__)

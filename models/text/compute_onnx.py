@@ -41,15 +41,14 @@ class OnnxTextCompute:
             opts.add_initializer(name, value)
         return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
 
-    def lora_table(self):
-        """The layers a LoRA may change here: the adapter's and Qwen3's (models.lora.TargetTable)."""
-        from models.config import AdapterConfig
-        from models.lora import TargetTable
+    def lora_shapes(self) -> tuple:
+        """(AdapterConfig, Qwen3Shape) from the pack's manifest: the layers a LoRA may change here."""
+        from models.dit.config import AdapterConfig
         from models.text.qwen3 import Qwen3Shape
         m = self.pack.manifest
         qwen = Qwen3Shape(**{f: int(m["qwen3"][f]) for f in Qwen3Shape.__dataclass_fields__})
         adapter = AdapterConfig(**{f: int(m["adapter"][f]) for f in AdapterConfig.__dataclass_fields__})
-        return TargetTable.from_configs(adapter_cfg=adapter, te_shape=qwen)
+        return adapter, qwen
 
     def set_lora(self, plan) -> None:
         """Merge a LoraPlan's adapter and Qwen3 layers (None: none); a part gets a new session only when what it

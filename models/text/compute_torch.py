@@ -31,10 +31,9 @@ class TorchTextCompute:
         self._saved: list = []                           # [(parameter, its original)] while a LoRA is merged
         self.load_s = time.perf_counter() - t0
 
-    def lora_table(self):
-        """The layers a LoRA may change here: the adapter's and Qwen3's (models.lora.TargetTable)."""
-        from models.lora import TargetTable
-        return TargetTable.from_configs(adapter_cfg=self.adapter.config, te_shape=self.qwen.shape)
+    def lora_shapes(self) -> tuple:
+        """(AdapterConfig, Qwen3Shape): the layers a LoRA may change here."""
+        return self.adapter.config, self.qwen.shape
 
     @torch.no_grad()
     def set_lora(self, plan) -> None:

@@ -41,7 +41,7 @@ class TextCompute(Protocol):
 
     def adapter_rows(self, t5_ids: list, source: np.ndarray) -> np.ndarray: ...  # -> [T, context_dim] f32
 
-    def lora_table(self): ...                   # models.lora.TargetTable of the adapter's and Qwen3's layers
+    def lora_shapes(self) -> tuple: ...         # (AdapterConfig, Qwen3Shape): the layers a LoRA may change
 
     def set_lora(self, plan) -> None: ...       # merge a models.lora.LoraPlan (None: put the weights back)
 
@@ -106,15 +106,18 @@ class TextEncoder:
                  enc.context_dim)
         return enc
 
-    def set_lora(self, uses=()):
-        """Apply LoRAs ([models.lora.LoraUse]; empty: none) to the adapter and Qwen3 from the next encode on;
-        returns the models.lora.LoraPlan (None without LoRAs). Names of the DiT's own layers are left to it."""
+    def lora_shapes(self) -> tuple:
+        """(AdapterConfig, Qwen3Shape) of the layers a LoRA may change here (models.lora.plan_text_loras plans
+        against them; text/ never imports lora/, lora/ knows the text encoder's key layout)."""
         if self.compute is None:
             raise RuntimeError("TextEncoder is closed")
-        plan = None
-        if uses:
-            from models.lora import plan_loras
-            plan = plan_loras(list(uses), self.compute.lora_table())
+        return self.compute.lora_shapes()
+
+    def set_lora(self, plan=None):
+        """Apply a models.lora.LoraPlan (from plan_text_loras; None: none) to the adapter and Qwen3 from the next
+        encode on; returns the plan. Names of the DiT's own layers are left to it."""
+        if self.compute is None:
+            raise RuntimeError("TextEncoder is closed")
         self.compute.set_lora(plan)
         return plan
 

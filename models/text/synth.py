@@ -10,7 +10,7 @@ import zlib
 
 import numpy as np
 
-from models.config import PRESETS
+from models.dit.config import PRESETS
 from models.safetensors_io import TensorEntry, write_safetensors
 from models.text.tokenizers import QWEN_PAD_ID, QWEN_PAD_TOKEN
 

@@ -1,7 +1,7 @@
 """VAE packs: the Qwen-Image VAE decoder converted for one resolution — a trunk graph (latent resolution, whole image,
 with the middle block's attention) and one fixed-shape upsampler tile graph, FP32 ONNX, plus a manifest with hashes,
 the tiling plan and the FP16 calibration. Built into a temporary sibling folder and renamed into place, like DiT packs
-(models/pack.py); `anima-models compile` compiles both graphs for the NPU into the same folder.
+(models/packs/pack.py); `anima-models compile` compiles both graphs for the NPU into the same folder.
 
     PACK/manifest.json   kind "anima-vae-pack"; source, config, resolution, tiling, fp16, branches [trunk, tile]
     PACK/onnx/trunk.onnx z [1, 16, h, w] (VAE space) -> feats [1, 384, h, w]
@@ -22,9 +22,9 @@ import numpy as np
 from models.durable import atomic_write, building_folder, fsync_dir
 from models.manifest import (MANIFEST, BranchEntry, ManifestRecord, file_sha256, manifest_header, read_manifest,
                              source_entry, write_manifest)
-from models.pack import PACK_KIND as DIT_PACK_KIND
-from models.pack import PackError, Resolution, check_files, pack_member, refuse_replacing
-from models.partition import Geometry
+from models.packs.pack import PACK_KIND as DIT_PACK_KIND
+from models.packs.pack import PackError, Resolution, check_files, pack_member, refuse_replacing
+from models.dit.partition import Geometry
 from models.schema import Float, Int
 from models.vae.keys import VAEConfig
 from models.vae.tiled import DEFAULT_OVERLAP, DEFAULT_TILE, check_tiling, tile_grid
@@ -120,7 +120,7 @@ def build_vae_pack(vae_path, out_dir, resolution=(512, 512), tile: int = DEFAULT
                    overlap: float = DEFAULT_OVERLAP, overwrite: bool = False, seeds=CALIBRATION_SEEDS,
                    threads: Optional[int] = None) -> Path:
     """Convert the VAE file at `vae_path` into a VAE pack at `out_dir` for `resolution` = (width, height) pixels."""
-    from models.branch_graphs import OPSET, serialize
+    from models.packs.branch_graphs import OPSET, serialize
     from models.vae.checkpoint import load_vae
     from models.vae.flops import tile_flops, trunk_flops
     from models.vae.fp16 import SCALE_TARGET

@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from models.backends.base import BranchBackend
-from models.lifecycle import run_branch
+from models.runtime.backends.base import BranchBackend
+from models.runtime.lifecycle import run_branch
 from models.vae.api import DecodeResult, check_latent, to_uint8, to_unit
 from models.vae.latent import denormalize
 from models.vae.pack import VaePack
@@ -83,5 +83,5 @@ class PackDecoder:
 
 
 def _phases(t) -> dict:
-    """One model's lifecycle seconds (models.lifecycle.PhaseTimes) as the flat figures DECODED reports."""
+    """One model's lifecycle seconds (models.runtime.lifecycle.PhaseTimes) as the flat figures DECODED reports."""
     return {"load_s": t.load_s, "init_s": t.init_s, "infer_s": t.npu_s, "release_s": t.release_s}

@@ -31,8 +31,8 @@ from aiohttp import web
 
 from models.lora import LoraError
 from models.lora.a1111 import split_lora_tags
-from models.partition import KINDS, branch_index
-from models.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER
+from models.dit.partition import KINDS, branch_index
+from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER
 from orchestrator.a1111_names import (AUTOMATIC, A1111NameError, resolve, sampler_label, samplers_list,
                                       scheduler_label, schedulers_list)
 from orchestrator.http import files

@@ -20,7 +20,7 @@ import sys
 import psutil
 from aiohttp import web
 
-from models.backends import backend_class
+from models.runtime.backends import backend_class
 from orchestrator.comfy_graph import FIELD_NODES, GraphError, graph_to_job, node_table, object_info
 from orchestrator.http import comfy_shapes as shapes
 from orchestrator.http import files

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from models.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLERS, spectrum_refusal
+from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLERS, spectrum_refusal
 from orchestrator.http import files
 from orchestrator.http.common import FRONT, cancel_job, json_response, read_json, refuse, submit_job
 from orchestrator.http.views import JobView
