@@ -98,6 +98,90 @@ def existing_sources(out, error: Callable[[str], Exception], *keys: str):
         return "unreadable"
 
 
+class ManifestError(ValueError):
+    """A manifest.json that cannot be read, or lacks the part a caller picks out (the message names the file)."""
+
+
+def manifest_json(folder) -> dict:
+    """PACK/manifest.json as plain data, without any kind's checks: what the accessors below pick from (a pack's
+    loader reads it with read_manifest instead). ManifestError when it is missing, not JSON or not an object."""
+    path = Path(folder) / MANIFEST
+    try:
+        m = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ManifestError(f"{path}: unreadable manifest ({e})") from None
+    if not isinstance(m, dict):
+        raise ManifestError(f"{path}: not a manifest (a JSON {type(m).__name__}, not an object)")
+    return m
+
+
+def _part(m: dict, key: str, path) -> dict:
+    v = m.get(key)
+    if not isinstance(v, dict):
+        raise ManifestError(f"{Path(path) / MANIFEST}: manifest field {key!r} is missing or not an object")
+    return v
+
+
+def toolkit_release(folder) -> str | None:
+    """The rknn-toolkit2 release that compiled a pack (`rknn.toolkit`); None when the manifest records none (not
+    compiled). ManifestError for an unreadable manifest."""
+    rk = manifest_json(folder).get("rknn")
+    want = rk.get("toolkit") if isinstance(rk, dict) else None
+    return str(want) if want else None
+
+
+def encoder_weight_shapes(folder, parts=("adapter", "qwen3")) -> tuple:
+    """({key: shape}, ...) of the weights each named graph of an encoder pack lists (`graphs.PART.weights`: key ->
+    [file, offset, shape, transposed]; a transposed weight given back in the checkpoint's [out, in] order).
+    ManifestError when the manifest lists none (an encoder pack exported before LoRA support)."""
+    graphs = _part(manifest_json(folder), "graphs", folder)
+    out = []
+    try:
+        for part in parts:
+            w = graphs[part]["weights"]
+            out.append({k: tuple(reversed(shape)) if transposed else tuple(shape)
+                        for k, (_, _, shape, transposed) in w.items()})
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ManifestError(f"{Path(folder) / MANIFEST}: the graphs list no weights ({type(e).__name__}: {e})") \
+            from None
+    return tuple(out)
+
+
+def pack_shape_fields(folder) -> tuple[dict, dict, dict]:
+    """(config, geometry, shards) of a DiT pack: the widths, the tokens and the shard plan (`{}` unsharded).
+    ManifestError when config or geometry is missing."""
+    m = manifest_json(folder)
+    shards = m.get("shards") or {}
+    if not isinstance(shards, dict):
+        raise ManifestError(f"{Path(folder) / MANIFEST}: manifest field 'shards' is not an object")
+    return _part(m, "config", folder), _part(m, "geometry", folder), shards
+
+
+def sharded_branches(folder) -> list[dict]:
+    """The branch entries of a pack cut into shards (each with its `shards.parts`); [] for a pack without shards."""
+    m = manifest_json(folder)
+    shards = m.get("shards") or {}
+    if not isinstance(shards, dict) or shards.get("n", 1) <= 1:
+        return []
+    branches = m.get("branches")
+    if not isinstance(branches, list):
+        raise ManifestError(f"{Path(folder) / MANIFEST}: manifest field 'branches' is not a list")
+    return [b for b in branches if isinstance(b, dict) and b.get("shards")]
+
+
+def peak_model_bytes(folder) -> int:
+    """Bytes a DiT pack holds in memory at once at most: its host weights file plus its largest branch model (the
+    compiled .rknn where there is one). ManifestError when the manifest does not say; OSError from the host file."""
+    m = manifest_json(folder)
+    try:
+        host = (Path(folder) / m["host"]["file"]).stat().st_size
+        big = max((b.get("rknn") or {}).get("bytes") or b.get("bytes") or 0 for b in m["branches"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ManifestError(f"{Path(folder) / MANIFEST}: no host file or branch sizes ({type(e).__name__}: {e})") \
+            from None
+    return host + big
+
+
 def write_manifest(folder, manifest: dict) -> Path:
     """PACK/manifest.json, durably and atomically (a reader, or a resumed compile, never sees half of it)."""
     return atomic_write(Path(folder) / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")

@@ -182,14 +182,14 @@ class Doctor:
         self._check_runtime()
 
     def _check_runtime(self) -> None:
-        import json
+        from models.manifest import ManifestError, toolkit_release
         from models.runtime.backends.base import BackendError
         from models.runtime.backends.rknn import lite_module, runtime_mismatch
         want = None
         for d in self.cfg.packs:
             try:
-                want = (json.loads((Path(d) / "manifest.json").read_text()).get("rknn") or {}).get("toolkit")
-            except (OSError, ValueError, AttributeError):
+                want = toolkit_release(d)
+            except ManifestError:
                 continue
             if want:
                 break
@@ -241,15 +241,12 @@ class Doctor:
         the DiT host weights plus the largest branch model (the denoise), plus STAGE_OVERHEAD_MB."""
         if self.cfg is None or not self.cfg.packs:
             return None
-        import json
+        from models.manifest import ManifestError, peak_model_bytes
         peaks = []
         for d in self.cfg.packs:
             try:
-                m = json.loads((Path(d) / "manifest.json").read_text())
-                host = (Path(d) / m["host"]["file"]).stat().st_size
-                big = max((b.get("rknn") or {}).get("bytes") or b.get("bytes") or 0 for b in m["branches"])
-                peaks.append(host + big)
-            except (OSError, ValueError, KeyError, TypeError):
+                peaks.append(peak_model_bytes(d))
+            except (OSError, ManifestError):
                 continue
         enc = self.cfg.stage_settings("encoder")
         if enc.get("pack"):

@@ -8,10 +8,10 @@ backend = "onnx"`) or the models folder's DiT and text-encoder headers (torch).
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
+from models.manifest import ManifestError, encoder_weight_shapes
 from models.lora import LoraError, TargetTable, plan_loras
 from models.lora.choice import MAX_LORAS
 from models.lora.plan import open_lora
@@ -33,18 +33,12 @@ def _encoder_tables(config) -> tuple:
     models folder's file headers; (None, None) when neither says."""
     settings = config.stage_settings("encoder")
     if settings.get("backend") == "onnx" and settings.get("pack"):
-        path = (Path(config.path).parent / Path(str(settings["pack"])).expanduser()) / "manifest.json"
+        pack = Path(config.path).parent / Path(str(settings["pack"])).expanduser()
         try:
-            graphs = json.loads(path.read_text())["graphs"]
-            out = []
-            for part in ("adapter", "qwen3"):
-                w = graphs[part]["weights"]
-                out.append({k: tuple(reversed(shape)) if transposed else tuple(shape)
-                            for k, (_, _, shape, transposed) in w.items()})
-            return tuple(out)
-        except (OSError, ValueError, KeyError, TypeError) as e:
+            return encoder_weight_shapes(pack, ("adapter", "qwen3"))
+        except ManifestError as e:
             log.info("encoder pack %s: its weights are not listed (%s); its LoRA layers are checked when it runs",
-                     path.parent, e)
+                     pack, e)
             return None, None
     try:
         from models.dit.checkpoint import strip_prefix

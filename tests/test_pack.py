@@ -207,3 +207,27 @@ def test_identity_follows_what_the_pack_computes(pack16, tmp_path):
     man["branches"][5]["sha256"] = "0" * 64
     (copy / MANIFEST).write_text(json.dumps(man))
     assert load_pack(copy, check=False).identity != a.identity
+
+
+def test_manifest_accessors_pick_what_the_manifest_says(pack16, tmp_path):
+    """models.manifest's typed accessors (the one reader the board model, the backends and doctor use) against the
+    manifest read independently, and each refusal a ManifestError naming the file."""
+    from models.manifest import (ManifestError, manifest_json, pack_shape_fields, peak_model_bytes,
+                                 sharded_branches, toolkit_release)
+    m = json.loads((pack16 / MANIFEST).read_text())
+    assert manifest_json(pack16) == m
+    assert pack_shape_fields(pack16) == (m["config"], m["geometry"], {})
+    host = (pack16 / m["host"]["file"]).stat().st_size
+    assert peak_model_bytes(pack16) == host + max(b["bytes"] for b in m["branches"])
+    assert toolkit_release(pack16) is None and sharded_branches(pack16) == []
+    bad = tmp_path / "bad"
+    shutil.copytree(pack16, bad)
+    for text, words in (("[1, 2]", "not a manifest"), ("{", "unreadable manifest"), ('{"rknn": {"toolkit": "2.5.0"}}',
+                                                                                    "'config' is missing")):
+        (bad / MANIFEST).write_text(text)
+        with pytest.raises(ManifestError, match=words) as e:
+            pack_shape_fields(bad)
+        assert str(bad / MANIFEST) in str(e.value)
+    assert toolkit_release(bad) == "2.5.0"
+    with pytest.raises(ManifestError, match="no host file"):
+        peak_model_bytes(bad)

@@ -22,11 +22,11 @@ Scaling rules (the reference: Anima 2B, 1024 image tokens, 512 text tokens):
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from models.manifest import pack_shape_fields
 from models.board.flops import branch_flops, shard_flops, weight_bytes
 from models.dit.partition import KINDS, TEXT_TOKENS, io_elements
 from models.dit.shards import split
@@ -101,9 +101,7 @@ class Shape:
         if model not in MODELS:
             raise CostModelError(f"board_model {model!r}: choose one of {', '.join(MODELS)}")
         try:
-            man = json.loads((Path(pack_dir) / "manifest.json").read_text())
-            c, g = man["config"], man["geometry"]
-            sh = man.get("shards") or {}
+            c, g, sh = pack_shape_fields(pack_dir)
             own = cls(c["width"], c["heads"], c["head_dim"], c["ffn_width"], c["context_dim"], c["blocks"],
                       g["tokens"], g.get("text_tokens", 512), g.get("lora_rank", 0), int(sh.get("n", 1)),
                       tuple(sorted(dict(sh.get("cuts", {})).items())))

@@ -10,11 +10,11 @@ their outputs in FP32 (models.runtime.lifecycle); `shards_of` is what tells it a
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
 from pathlib import Path
 from typing import Optional
 
+from models.manifest import MANIFEST, sharded_branches
 from models.board import auto as board_auto
 from models.board.cost import LABEL, BoardModel, Shape
 from models.dit.config import DiTConfig
@@ -119,13 +119,10 @@ class ShardResolver:
             if pack not in self._packs:
                 table = {}
                 try:
-                    man = json.loads((pack / "manifest.json").read_text())
-                    if (man.get("shards") or {}).get("n", 1) > 1:
-                        for b in man["branches"]:
-                            if b.get("shards"):
-                                specs = part_specs(b, str(pack / "manifest.json"))
-                                table[str((pack / b["onnx"]).resolve())] = (
-                                    [str((pack / p["onnx"]).resolve()) for p in b["shards"]["parts"]], specs)
+                    for b in sharded_branches(pack):
+                        specs = part_specs(b, str(pack / MANIFEST))
+                        table[str((pack / b["onnx"]).resolve())] = (
+                            [str((pack / p["onnx"]).resolve()) for p in b["shards"]["parts"]], specs)
                 except (OSError, ValueError, KeyError, TypeError):
                     table = {}                # not a pack's branch: run it as one graph (its loader reports why)
                 self._packs[pack] = table

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import importlib
-import json
 import logging
 import os
 import time
@@ -15,6 +14,7 @@ from typing import Optional
 
 import numpy as np
 
+from models.manifest import ManifestError, toolkit_release
 from models.runtime import probes
 from models.runtime.backends.base import BackendError, BranchBackend
 from models.runtime.backends.core_mask import CORE_MASKS, core_mask_word
@@ -67,8 +67,8 @@ def check_toolkit_version(pack_dir, api) -> str:
     release (a .rknn file is read by the runtime of its toolkit). BackendError saying what to install when not."""
     pack = Path(pack_dir)
     try:
-        want = (json.loads((pack / "manifest.json").read_text()).get("rknn") or {}).get("toolkit")
-    except (OSError, ValueError, AttributeError) as e:
+        want = toolkit_release(pack)
+    except ManifestError as e:
         raise BackendError(f"{pack}: cannot read its manifest ({e})") from None
     if not want or want == "unknown":
         raise BackendError(f"{pack}: the manifest records no rknn-toolkit2 version (run `anima-models compile {pack} "
