@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     ap.add_argument("--resolution", type=int, default=256, help="square image size in pixels (multiple of 16)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--cfg", type=float, default=4.0)
-    ap.add_argument("--schedule", default="sgm_uniform", choices=("sgm_uniform", "simple"))
+    ap.add_argument("--scheduler", default="sgm_uniform", choices=("sgm_uniform", "simple"))
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "fp16"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads")
@@ -84,8 +84,8 @@ def main(argv=None) -> int:
     latent = initial_noise(args.seed, (cfg.latent_channels, h, w), "comfy")  # [16, h, w] f32
 
     runner.forward_cfg(latent, 1.0, ctx_c, ctx_u)                          # warm-up (first-load costs)
-    base = run_one(runner, Sampler(args.steps, args.cfg, args.schedule, spectrum=None), latent, ctx_c, ctx_u)
-    spec = run_one(runner, Sampler(args.steps, args.cfg, args.schedule, spectrum=SpectrumSettings()),
+    base = run_one(runner, Sampler(args.steps, args.cfg, args.scheduler, spectrum=None), latent, ctx_c, ctx_u)
+    spec = run_one(runner, Sampler(args.steps, args.cfg, args.scheduler, spectrum=SpectrumSettings()),
                    latent, ctx_c, ctx_u)
     diff = spec["latent"] - base["latent"]
     rel_rms = float(np.sqrt(np.mean(diff ** 2)) / np.sqrt(np.mean(base["latent"] ** 2)))

@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.sampling.k_sampling import SAMPLERS, cfg_denoised, ksampler_sigmas, make_sampler  # noqa: E402
+from models.sampling.k_sampling import SAMPLERS, cfg_denoised, ksampler_sigmas, new_ksampler  # noqa: E402
 from models.sampling.sampler import Sampler  # noqa: E402
 from models.models_dir import add_model_arguments, paths_from_args  # noqa: E402
 from models.sampling.noise import comfy_noise  # noqa: E402
@@ -135,10 +135,10 @@ def project_latent(runner, cond, uncond, seed: int, steps: int, cfg: float, samp
     """(final latent [16, h, w], model calls) of this project's job in-process."""
     noise = comfy_noise(seed, shape)
     if today:
-        s = Sampler(steps=steps, cfg=cfg, schedule=scheduler, spectrum=None, sampler=sampler)
+        s = Sampler(steps=steps, cfg=cfg, scheduler=scheduler, spectrum=None, sampler=sampler)
         st = s.sample(lambda x, sigma: runner.forward_cfg(x, sigma, cond, uncond), latent=noise, seed=seed)
         return s.result(st), 2 * sum(st.nfe)
-    ks = make_sampler(sampler, ksampler_sigmas(sampler, scheduler, steps), seed=seed, shape=shape)
+    ks = new_ksampler(sampler, ksampler_sigmas(sampler, scheduler, steps), seed=seed, shape=shape)
     calls = [0]
 
     def model(x, sigma):

@@ -150,7 +150,7 @@ def main(argv=None) -> int:
         enc.set_lora(plan_text_loras(uses, enc))
         cond, uncond = enc.encode_pair(a.prompt, a.negative)
         runner.set_lora(plan_loras(uses, dit_table) if uses else None)
-        s = Sampler(steps=a.steps, cfg=a.cfg, schedule=a.scheduler, spectrum=None)
+        s = Sampler(steps=a.steps, cfg=a.cfg, scheduler=a.scheduler, spectrum=None)
         z = s.sample(lambda x, sigma: runner.forward_cfg(x, sigma, cond, uncond), latent=comfy_noise(a.seed, shape)).latent
         img = vae.decode(z, tile=None).image
         ours_s = time.monotonic() - t0

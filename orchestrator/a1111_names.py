@@ -20,7 +20,7 @@ class A1111Name(NamedTuple):
     aliases: tuple = ()
 
 
-SAMPLERS = (
+A1111_SAMPLERS = (
     A1111Name("DPM++ 2M", "dpmpp_2m", ("k_dpmpp_2m",)),
     A1111Name("DPM++ SDE", "dpmpp_sde", ("k_dpmpp_sde",)),
     A1111Name("DPM++ 2M SDE", "dpmpp_2m_sde", ("k_dpmpp_2m_sde",)),
@@ -45,7 +45,7 @@ SAMPLERS = (
     A1111Name("SA-Solver", "sa_solver", ()),
     A1111Name("SA-Solver PECE", "sa_solver_pece", ()),
 )
-SCHEDULERS = (
+A1111_SCHEDULERS = (
     A1111Name("Uniform", "normal", ("uniform",)),        # A1111's "uniform": the model's own sigmas, ComfyUI's normal
     A1111Name("Karras", "karras", ()),
     A1111Name("Exponential", "exponential", ()),
@@ -69,8 +69,8 @@ UNSUPPORTED_SCHEDULERS = {"polyexponential": "Polyexponential", "align your step
                           "align_your_steps": "Align Your Steps"}
 SCHEDULER_SUFFIXES = {"karras": "karras", "exponential": "exponential"}     # "DPM++ 2M Karras" style names
 
-_SAMPLER_OF = {n.lower(): s for s in SAMPLERS for n in (s.label, s.name, *s.aliases)}
-_SCHEDULER_OF = {n.lower(): s for s in SCHEDULERS for n in (s.label, s.name, *s.aliases)}
+_SAMPLER_OF = {n.lower(): s for s in A1111_SAMPLERS for n in (s.label, s.name, *s.aliases)}
+_SCHEDULER_OF = {n.lower(): s for s in A1111_SCHEDULERS for n in (s.label, s.name, *s.aliases)}
 
 
 class A1111NameError(ValueError):
@@ -82,11 +82,11 @@ class A1111NameError(ValueError):
 
 
 def sampler_label(name: str) -> str:
-    return next(s.label for s in SAMPLERS if s.name == name)
+    return next(s.label for s in A1111_SAMPLERS if s.name == name)
 
 
 def scheduler_label(name: str) -> str:
-    return next(s.label for s in SCHEDULERS if s.name == name and s.label != "Uniform")
+    return next(s.label for s in A1111_SCHEDULERS if s.name == name and s.label != "Uniform")
 
 
 def resolve(sampler: str, scheduler: str | None) -> tuple[str, str]:
@@ -101,7 +101,7 @@ def resolve(sampler: str, scheduler: str | None) -> tuple[str, str]:
     if key not in _SAMPLER_OF:
         why = UNSUPPORTED_SAMPLERS.get(key)
         raise A1111NameError("sampler_name", f"{sampler!r:.80} is not available" + (f" ({why})" if why else "")
-                         + "; samplers: " + ", ".join(s.label for s in SAMPLERS))
+                         + "; samplers: " + ", ".join(s.label for s in A1111_SAMPLERS))
     sched_key = (scheduler or AUTOMATIC).strip().lower()
     if sched_key == AUTOMATIC:
         sched = implied or DEFAULT_SCHEDULER
@@ -113,20 +113,20 @@ def resolve(sampler: str, scheduler: str | None) -> tuple[str, str]:
     else:
         why = UNSUPPORTED_SCHEDULERS.get(sched_key)
         raise A1111NameError("scheduler", f"{scheduler!r:.80} is not available" + (f" ({why} is not run here)" if why
-                         else "") + "; schedulers: Automatic, " + ", ".join(s.label for s in SCHEDULERS))
+                         else "") + "; schedulers: Automatic, " + ", ".join(s.label for s in A1111_SCHEDULERS))
     return _SAMPLER_OF[key].name, sched
 
 
 def samplers_list() -> list[dict]:
     """`GET /sdapi/v1/samplers` (A1111's SamplerItem: name, aliases, options)."""
     return [{"name": s.label, "aliases": [s.name, *s.aliases] if s.label != s.name else list(s.aliases),
-             "options": {}} for s in SAMPLERS]
+             "options": {}} for s in A1111_SAMPLERS]
 
 
 def schedulers_list() -> list[dict]:
     """`GET /sdapi/v1/schedulers` (A1111's SchedulerItem: name, label, aliases, default_rho, need_inner_model)."""
     out = [{"name": AUTOMATIC, "label": "Automatic", "aliases": None, "default_rho": -1, "need_inner_model": False}]
-    for s in SCHEDULERS:
+    for s in A1111_SCHEDULERS:
         name = s.aliases[0] if s.label == "Uniform" else s.name
         out.append({"name": name, "label": s.label, "aliases": list(s.aliases) or None,
                     "default_rho": 7.0 if s.name == "karras" else -1, "need_inner_model": s.name != "karras"})

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from models.lora.plan import MAX_STRENGTH
-from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, DEFAULT_SHIFT
-from orchestrator.prompt_spec import (DEFAULT_CFG, MAX_CFG, MAX_PROMPT_CHARS, MAX_SIDE, MAX_STEPS, SAMPLERS, SCHEDULERS,
-                                      SEED_LIMIT, PromptError, parse_prompt_obj)
+from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, DEFAULT_SHIFT, SAMPLER_NAMES, SCHEDULER_NAMES
+from orchestrator.prompt_spec import (DEFAULT_CFG, MAX_CFG, MAX_PROMPT_CHARS, MAX_SIDE, MAX_STEPS, SEED_LIMIT, PromptError,
+                                      parse_prompt_obj)
 
 MAX_NODES = 64                  # a text-to-image graph has 9 or 10; anything far larger is not one
 MAX_ID_CHARS = 64
@@ -139,7 +139,7 @@ def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
                   InputSpec("seed", "INT", 0, dict(min=0, max=SEED_LIMIT - 1, control_after_generate=True)),
                   InputSpec("steps", "INT", 30, dict(min=1, max=MAX_STEPS)),
                   InputSpec("cfg", "FLOAT", DEFAULT_CFG, dict(min=1.0, max=MAX_CFG, step=0.1, round=0.01)),
-                  _combo("sampler_name", SAMPLERS), _combo("scheduler", SCHEDULERS, DEFAULT_SCHEDULER),
+                  _combo("sampler_name", SAMPLER_NAMES), _combo("scheduler", SCHEDULER_NAMES, DEFAULT_SCHEDULER),
                   InputSpec("positive", "CONDITIONING"), InputSpec("negative", "CONDITIONING"),
                   InputSpec("latent_image", "LATENT"),
                   InputSpec("denoise", "FLOAT", 1.0, dict(min=1.0, max=1.0, step=0.01))),
@@ -150,7 +150,7 @@ def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
                   InputSpec("noise_seed", "INT", 0, dict(min=0, max=SEED_LIMIT - 1, control_after_generate=True)),
                   InputSpec("steps", "INT", 30, dict(min=1, max=MAX_STEPS)),
                   InputSpec("cfg", "FLOAT", DEFAULT_CFG, dict(min=1.0, max=MAX_CFG, step=0.1, round=0.01)),
-                  _combo("sampler_name", SAMPLERS), _combo("scheduler", SCHEDULERS, DEFAULT_SCHEDULER),
+                  _combo("sampler_name", SAMPLER_NAMES), _combo("scheduler", SCHEDULER_NAMES, DEFAULT_SCHEDULER),
                   InputSpec("positive", "CONDITIONING"), InputSpec("negative", "CONDITIONING"),
                   InputSpec("latent_image", "LATENT"),
                   InputSpec("start_at_step", "INT", 0, dict(min=0, max=0)),

@@ -312,7 +312,7 @@ class JobFlow:
             if not self.cfg.is_remote(name) and self.sup.info(name).live:
                 self.sup.stop(name, timeout_s=self.settings.stop_timeout_s, sleep=self.d.pump)
         s = self.spec
-        params = m.DenoiseParams(seed=s.seed, steps=s.steps, cfg=s.cfg, sampler=s.sampler, schedule=s.scheduler,
+        params = m.DenoiseParams(seed=s.seed, steps=s.steps, cfg=s.cfg, sampler=s.sampler, scheduler=s.scheduler,
                                  width=self.pack.width, height=self.pack.height,
                                  spectrum=s.spectrum)
         # the report keeps what the backend models (board-sim: the board) apart from the time measured here

@@ -18,8 +18,6 @@ MAX_STEPS = 200
 MAX_CFG = 30.0
 MAX_SIDE = 4096                 # pixels
 SEED_LIMIT = 2 ** 64            # seeds are 0 <= seed < 2^64
-SAMPLERS = SAMPLER_NAMES           # ComfyUI's names (models/sampling/sampler.py, docs/samplers.md)
-SCHEDULERS = SCHEDULER_NAMES
 DEFAULT_STEPS = 30
 DEFAULT_CFG = 4.0
 MAX_INT_DIGITS = 40             # a JSON integer longer than this is never a valid value (seeds are < 2^64: 20 digits)
@@ -164,8 +162,8 @@ class PromptFile(Record, frozen=True):
     cfg: Float(1.0, MAX_CFG) = DEFAULT_CFG
     width: Side | None = None            # None: the pack's resolution (filled by `with_resolution`)
     height: Side | None = None
-    sampler: Literal[SAMPLERS] = DEFAULT_SAMPLER
-    scheduler: Literal[SCHEDULERS] = DEFAULT_SCHEDULER
+    sampler: Literal[SAMPLER_NAMES] = DEFAULT_SAMPLER
+    scheduler: Literal[SCHEDULER_NAMES] = DEFAULT_SCHEDULER
     spectrum: bool | SpectrumSettings | None = None     # omitted or null: on, where the sampler allows it
     output: Annotated[str, Meta(min_length=1, max_length=MAX_OUTPUT_CHARS, description=_NON_EMPTY_PATH)] | None = None
     overwrite: bool = False              # an existing `output` file is replaced (else kept, and the job says so)

@@ -149,7 +149,7 @@ class DenoiseParams(_Record, frozen=True):
     steps: Step
     cfg: Float(0.0, 100.0)
     sampler: Name = "euler"
-    schedule: Name = "sgm_uniform"
+    scheduler: Name = "sgm_uniform"
     width: Int(8, 16384)  # pixels
     height: Int(8, 16384)
     spectrum: SpectrumSettings = SpectrumSettings()

@@ -362,7 +362,7 @@ class SchedulerLogic:
                                 f"{list(msg.latent.shape)}")
         # 2) the sampler, fresh or resumed from the job folder
         try:
-            sampler = make_sampler(params.steps, params.cfg, params.schedule, params.spectrum, params.sampler)
+            sampler = make_sampler(params.steps, params.cfg, params.scheduler, params.spectrum, params.sampler)
         except ValueError as e:                     # an unknown name, Spectrum with a sampler it does not fit
             raise RequestFailed(str(e), code="bad_request", field="params.sampler") from None
         state = start_or_resume(sampler, params.seed, lat_shape, msg.job_dir, msg.resume)   # unusable state: step 0

@@ -54,7 +54,7 @@ def _sample(runner, table, d, case) -> np.ndarray:
     runner.set_lora(plan_loras(uses, table))
     cond, uncond = _context(REC[f"cond/{case}"]), _context(REC[f"uncond/{case}"])
     w, h = JOB["size"]
-    s = Sampler(steps=JOB["steps"], cfg=JOB["cfg"], schedule=JOB["scheduler"], spectrum=None)
+    s = Sampler(steps=JOB["steps"], cfg=JOB["cfg"], scheduler=JOB["scheduler"], spectrum=None)
     return s.sample(lambda x, sigma: runner.forward_cfg(x, sigma, cond, uncond),
                     latent=comfy_noise(JOB["seed"], (16, h // 8, w // 8))).latent.astype(np.float64).ravel()
 

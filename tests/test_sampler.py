@@ -71,7 +71,7 @@ def test_simple_matches_torch_float32_table():
     np.testing.assert_allclose(make_sigmas("simple", 20), np.array(want, np.float32), rtol=2e-7, atol=0)
 
 
-@pytest.mark.parametrize("bad", [dict(schedule="karras_exp"), dict(sampler="Euler a"), dict(steps=0), dict(steps=2.5),
+@pytest.mark.parametrize("bad", [dict(scheduler="karras_exp"), dict(sampler="Euler a"), dict(steps=0), dict(steps=2.5),
                                  dict(cfg=float("nan"))])
 def test_bad_settings_are_named(bad):
     with pytest.raises(ValueError, match="|".join(bad)):
@@ -224,7 +224,7 @@ def test_spectrum_changes_result_but_stays_close():
 @pytest.mark.parametrize("spectrum", [SpectrumSettings(), None], ids=["spectrum", "baseline"])
 def test_resume_after_any_step_is_bitwise(tmp_path, spectrum):
     n = 20
-    sampler = Sampler(steps=n, cfg=4.0, schedule="simple", spectrum=spectrum)
+    sampler = Sampler(steps=n, cfg=4.0, scheduler="simple", spectrum=spectrum)
     ref = sampler.sample(toy_model(), start_latent())
     path = tmp_path / "state.safetensors"
     for k in range(0, n + 1):

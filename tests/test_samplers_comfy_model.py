@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.sampling.k_sampling import cfg_denoised, make_sampler
+from models.sampling.k_sampling import cfg_denoised, new_ksampler
 from models.sampling.noise import comfy_noise
 from models.sampling.schedules import make_sigmas
 
@@ -60,7 +60,7 @@ def test_six_step_job_equals_comfyui(runner, sampler, scheduler):
     cond, uncond = _context(REC["cond"]), _context(REC["uncond"])
     w, h = JOB["size"]
     shape = (16, h // 8, w // 8)
-    ks = make_sampler(sampler, make_sigmas(scheduler, JOB["steps"]), seed=JOB["seed"], shape=shape)
+    ks = new_ksampler(sampler, make_sigmas(scheduler, JOB["steps"]), seed=JOB["seed"], shape=shape)
 
     def model(x, sigma):
         v_c, v_u = runner.forward_cfg(x, sigma, cond, uncond)

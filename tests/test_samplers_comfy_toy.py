@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.sampling.k_sampling import SAMPLER_NAMES, SAMPLERS, SamplerRunError, cfg_denoised, make_sampler
+from models.sampling.k_sampling import SAMPLER_NAMES, SAMPLERS, SamplerRunError, cfg_denoised, new_ksampler
 from models.sampling.noise import comfy_noise
 from models.safetensors_io import SafeTensorsFile, TensorEntry, write_safetensors
 
@@ -56,7 +56,7 @@ def test_every_sampler_and_scheduler_is_covered():
 def test_final_latent_equals_comfyui(key):
     name, _, _, sigmas, seed = _case(key)
     calls = []
-    got = make_sampler(name, sigmas, seed=seed, shape=SHAPE).sample(toy(calls), comfy_noise(seed, SHAPE))
+    got = new_ksampler(name, sigmas, seed=seed, shape=SHAPE).sample(toy(calls), comfy_noise(seed, SHAPE))
     ref = REF[key + "/x"]
     np.testing.assert_allclose(calls, REF[key + "/calls"], rtol=2e-6, atol=1e-7)     # the same model calls
     rel = float(np.abs(got - ref).max() / np.abs(ref).max())
@@ -66,7 +66,7 @@ def test_final_latent_equals_comfyui(key):
 @pytest.mark.parametrize("key", [k for k in CASES if k.endswith("/6")])
 def test_nfe_table_counts_the_calls(key):
     name, _, _, sigmas, seed = _case(key)
-    ks = make_sampler(name, sigmas, seed=seed, shape=SHAPE)
+    ks = new_ksampler(name, sigmas, seed=seed, shape=SHAPE)
     assert sum(ks.nfe(i) for i in range(ks.steps)) == len(REF[key + "/calls"])
 
 
@@ -91,16 +91,16 @@ def test_resumed_run_equals_uninterrupted_bitwise(name, tmp_path):
         k.startswith(name + "/") and k.endswith("/11") for k in CASES) else next(k for k in CASES if k.startswith(name + "/"))
     _, _, _, sigmas, seed = _case(key)
     noise = comfy_noise(seed, SHAPE)
-    want = make_sampler(name, sigmas, seed=seed, shape=SHAPE).sample(toy(), noise)
+    want = new_ksampler(name, sigmas, seed=seed, shape=SHAPE).sample(toy(), noise)
     model = toy()
     for stop in range(1, len(sigmas) - 1):
-        ks = make_sampler(name, sigmas, seed=seed, shape=SHAPE)
+        ks = new_ksampler(name, sigmas, seed=seed, shape=SHAPE)
         st = ks.start(noise)
         while st.step < stop:
             x_in, sigma = ks.point(st)
             ks.feed(st, model(x_in, sigma))
         _save(tmp_path / "state.safetensors", ks, st)
-        ks2 = make_sampler(name, sigmas, seed=seed, shape=SHAPE)
+        ks2 = new_ksampler(name, sigmas, seed=seed, shape=SHAPE)
         st2 = ks2.from_state_dict(*_load(tmp_path / "state.safetensors"))
         while not ks2.done(st2):
             x_in, sigma = ks2.point(st2)
@@ -112,13 +112,13 @@ def test_resumed_run_equals_uninterrupted_bitwise(name, tmp_path):
 def test_state_of_another_run_is_refused():
     key = next(k for k in CASES if k.startswith("er_sde/"))
     _, _, _, sigmas, seed = _case(key)
-    ks = make_sampler("er_sde", sigmas, seed=seed, shape=SHAPE)
+    ks = new_ksampler("er_sde", sigmas, seed=seed, shape=SHAPE)
     st = ks.start(comfy_noise(seed, SHAPE))
     x_in, sigma = ks.point(st)
     ks.feed(st, toy()(x_in, sigma))
     tensors, meta = ks.state_dict(st)
-    for other in (make_sampler("er_sde", sigmas, seed=seed + 1, shape=SHAPE),
-                  make_sampler("sa_solver", sigmas, seed=seed, shape=SHAPE)):
+    for other in (new_ksampler("er_sde", sigmas, seed=seed + 1, shape=SHAPE),
+                  new_ksampler("sa_solver", sigmas, seed=seed, shape=SHAPE)):
         with pytest.raises(SamplerRunError, match="sampler state was made by"):
             other.from_state_dict(tensors, meta)
     del tensors["gen.mt_key"]
@@ -129,7 +129,7 @@ def test_state_of_another_run_is_refused():
 def test_inside_a_two_call_step_is_not_a_resume_point():
     key = next(k for k in CASES if k.startswith("heun/") and k.endswith("/6"))
     _, _, _, sigmas, seed = _case(key)
-    ks = make_sampler("heun", sigmas, seed=seed, shape=SHAPE)
+    ks = new_ksampler("heun", sigmas, seed=seed, shape=SHAPE)
     st = ks.start(comfy_noise(seed, SHAPE))
     x_in, sigma = ks.point(st)
     ks.feed(st, toy()(x_in, sigma))
@@ -152,10 +152,10 @@ def test_cfg_denoised_is_comfyuis_combination():
 def test_bad_inputs_are_refused_naming_the_problem():
     sig = np.array([1.0, 0.5, 0.0], np.float32)
     with pytest.raises(ValueError, match="unknown sampler 'Euler a'; choose one of"):
-        make_sampler("Euler a", sig)
+        new_ksampler("Euler a", sig)
     with pytest.raises(ValueError, match="strictly descending"):
-        make_sampler("euler", np.array([0.5, 1.0, 0.0], np.float32))
-    ks = make_sampler("euler", sig, shape=(16, 4, 4))
+        new_ksampler("euler", np.array([0.5, 1.0, 0.0], np.float32))
+    ks = new_ksampler("euler", sig, shape=(16, 4, 4))
     st = ks.start(comfy_noise(1, SHAPE))
     with pytest.raises(ValueError, match="denoised has shape"):
         ks.feed(st, np.zeros((16, 4, 5), np.float32))

@@ -51,7 +51,7 @@ def _spectrum(name: str):
 
 @pytest.mark.parametrize("name", SAMPLER_NAMES)
 def test_every_sampler_killed_after_any_step_resumes_bitwise(name, tmp_path):
-    sampler = Sampler(steps=STEPS, cfg=4.0, schedule="karras", sampler=name, spectrum=_spectrum(name))
+    sampler = Sampler(steps=STEPS, cfg=4.0, scheduler="karras", sampler=name, spectrum=_spectrum(name))
     noise = comfy_noise(SEED, SHAPE)
     ref = sampler.sample(toy_velocity(), noise, seed=SEED)
     want = sampler.result(ref)
@@ -71,27 +71,27 @@ def test_every_sampler_killed_after_any_step_resumes_bitwise(name, tmp_path):
 @pytest.mark.parametrize("name", ["er_sde", "dpmpp_2m_sde", "sa_solver_pece", "uni_pc", "heun", "dpmpp_2m"])
 def test_the_sampler_equals_k_sampling_driven_with_comfy_cfg(name):
     """Nothing between the pipeline's step API and ComfyUI's maths: bitwise the k_sampling run fed cfg_denoised."""
-    sampler = Sampler(steps=STEPS, cfg=3.5, schedule="beta", sampler=name, spectrum=None)
+    sampler = Sampler(steps=STEPS, cfg=3.5, scheduler="beta", sampler=name, spectrum=None)
     noise = comfy_noise(SEED, SHAPE)
     got = sampler.result(sampler.sample(toy_velocity(), noise, seed=SEED))
-    machine = ks.make_sampler(name, ks.ksampler_sigmas(name, "beta", STEPS), seed=SEED, shape=SHAPE)
+    machine = ks.new_ksampler(name, ks.ksampler_sigmas(name, "beta", STEPS), seed=SEED, shape=SHAPE)
     model = toy_velocity()
     want = machine.sample(lambda x, s: ks.cfg_denoised(x, s, *model(x, s), 3.5), noise)
     np.testing.assert_array_equal(got, want)
 
 
 def test_euler_keeps_the_velocity_form_and_equals_comfy_form_closely():
-    sampler = Sampler(steps=STEPS, cfg=4.0, schedule="simple", spectrum=None)
+    sampler = Sampler(steps=STEPS, cfg=4.0, scheduler="simple", spectrum=None)
     noise = comfy_noise(SEED, SHAPE)
     got = sampler.result(sampler.sample(toy_velocity(), noise))
-    machine = ks.make_sampler("euler", sampler.sigmas, shape=SHAPE)
+    machine = ks.new_ksampler("euler", sampler.sigmas, shape=SHAPE)
     model = toy_velocity()
     want = machine.sample(lambda x, s: ks.cfg_denoised(x, s, *model(x, s), 4.0), noise)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
 
 
 def test_a_state_that_does_not_fit_the_sampler_restarts_from_step_0(tmp_path):
-    sampler = Sampler(steps=STEPS, schedule="simple", sampler="dpmpp_2m", spectrum=None)
+    sampler = Sampler(steps=STEPS, scheduler="simple", sampler="dpmpp_2m", spectrum=None)
     st = sampler.init_state(comfy_noise(SEED, SHAPE), seed=SEED)
     _run_to(sampler, st, toy_velocity(), 2)
     del st.run.arrays["old_denoised"]                   # the multistep history lost
@@ -102,13 +102,13 @@ def test_a_state_that_does_not_fit_the_sampler_restarts_from_step_0(tmp_path):
     # another sampler's state is refused too (its settings name it)
     _run_to(sampler, st := sampler.init_state(comfy_noise(SEED, SHAPE), seed=SEED), toy_velocity(), 2)
     save_state(st, tmp_path)
-    other = Sampler(steps=STEPS, schedule="simple", sampler="dpmpp_2m_sde", spectrum=None)
+    other = Sampler(steps=STEPS, scheduler="simple", sampler="dpmpp_2m_sde", spectrum=None)
     assert start_or_resume(other, SEED, SHAPE, tmp_path).step == 0
     assert start_or_resume(sampler, SEED, SHAPE, tmp_path).step == 2
 
 
 def test_a_generator_state_file_cut_is_refused(tmp_path):
-    sampler = Sampler(steps=STEPS, schedule="simple", sampler="euler_ancestral", spectrum=None)
+    sampler = Sampler(steps=STEPS, scheduler="simple", sampler="euler_ancestral", spectrum=None)
     st = sampler.init_state(comfy_noise(SEED, SHAPE), seed=SEED)
     _run_to(sampler, st, toy_velocity(), 1)
     st.run.gen = None                                   # as if the generator's tensors were missing
@@ -133,15 +133,15 @@ def test_spectrum_where_it_applies():
 
 
 def test_plan_counts_each_model_call():
-    s = Sampler(steps=4, sampler="heun", schedule="simple", spectrum=None)
+    s = Sampler(steps=4, sampler="heun", scheduler="simple", spectrum=None)
     assert s.plan() == [1, 1, 2, 2, 3, 3, 4]             # heun's last step is Euler alone
-    s = Sampler(steps=4, sampler="sa_solver_pece", schedule="simple", spectrum=None)
+    s = Sampler(steps=4, sampler="sa_solver_pece", scheduler="simple", spectrum=None)
     assert s.plan() == [1, 2, 2, 3, 3, 4, 4]
 
 
 def test_a1111_names():
-    assert {s.name for s in an.SAMPLERS} == set(SAMPLER_NAMES)
-    assert {s.name for s in an.SCHEDULERS} == set(SCHEDULER_NAMES)
+    assert {s.name for s in an.A1111_SAMPLERS} == set(SAMPLER_NAMES)
+    assert {s.name for s in an.A1111_SCHEDULERS} == set(SCHEDULER_NAMES)
     assert an.resolve("Euler a", None) == ("euler_ancestral", "sgm_uniform")
     assert an.resolve("k_euler_a", "automatic") == ("euler_ancestral", "sgm_uniform")
     assert an.resolve("DPM++ 2M", "Karras") == ("dpmpp_2m", "karras")

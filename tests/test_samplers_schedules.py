@@ -49,7 +49,7 @@ def test_all_nine_schedulers_are_in_the_reference():
 
 
 def test_unknown_schedule_is_refused_naming_the_ones_there_are():
-    with pytest.raises(ValueError, match=r"unknown schedule 'Karras'; choose one of \['simple', 'sgm_uniform', 'karras'"):
+    with pytest.raises(ValueError, match=r"unknown scheduler 'Karras'; choose one of \['simple', 'sgm_uniform', 'karras'"):
         make_sigmas("Karras", 6)
     with pytest.raises(ValueError, match="steps must be a positive integer"):
         make_sigmas("karras", 0)

@@ -18,9 +18,9 @@ log = logging.getLogger(__name__)
 STATE_FILE = "sampler_state.safetensors"
 
 
-def make_sampler(steps: int, cfg: float, schedule: str = DEFAULT_SCHEDULER,
+def make_sampler(steps: int, cfg: float, scheduler: str = DEFAULT_SCHEDULER,
                  spectrum: Optional[SpectrumSettings] = SpectrumSettings(), sampler: str = DEFAULT_SAMPLER) -> Sampler:
-    return Sampler(steps=steps, cfg=cfg, schedule=schedule, spectrum=spectrum, sampler=sampler)
+    return Sampler(steps=steps, cfg=cfg, scheduler=scheduler, spectrum=spectrum, sampler=sampler)
 
 
 def start_or_resume(sampler: Sampler, seed: int, latent_shape: tuple, job_dir=None, resume: bool = True,

@@ -6,7 +6,7 @@ flow-matching branches of those functions, their default options (eta 1, s_noise
 order of random draws. The model is a denoiser: `denoised = x - sigma·v` with CFG applied to the denoised values
 (cfg_denoised). Driving one:
 
-    ks = make_sampler("er_sde", sigmas, seed=seed, shape=latent.shape)
+    ks = new_ksampler("er_sde", sigmas, seed=seed, shape=latent.shape)
     st = ks.start(noise)                          # noise: the job's starting noise (models.sampling.noise.comfy_noise)
     while not ks.done(st):
         x_in, sigma = ks.point(st)                # where the model must be evaluated next
@@ -29,7 +29,7 @@ float32 sigmas and applied to float32 latents, except the linear solves of SA-So
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 import numpy as np
@@ -1064,16 +1064,36 @@ class UniPCBh2(UniPC):
 
 
 # ---- the table ----------------------------------------------------------------------------------------------------
+# Why Spectrum is refused for a sampler: its forecast is indexed by step (one CFG x0 per step, at the step's own
+# sigma); these samplers call the model a second time inside the step, at a point that has no place on that axis.
+_SECOND_CALL = ("a second model call inside each step ({what}); Spectrum forecasts one x0 per step, so a forecast "
+                "step would feed the same x0 to both calls and lose what the second call is for")
+_SPECTRUM_REFUSED = {
+    "heun": _SECOND_CALL.format(what="the corrector at the next sigma"),
+    "dpm_2": _SECOND_CALL.format(what="at the log-midpoint sigma"),
+    "dpm_2_ancestral": _SECOND_CALL.format(what="at the log-midpoint sigma"),
+    "dpmpp_2s_ancestral": _SECOND_CALL.format(what="at the log-SNR midpoint"),
+    "dpmpp_sde": _SECOND_CALL.format(what="at the log-SNR midpoint"),
+    "sa_solver_pece": _SECOND_CALL.format(what="the corrected latent, evaluated again"),
+}
+
+
 @dataclass(frozen=True)
 class SamplerInfo:
+    """One row of THE sampler table (the page, prompt.json, the HTTP APIs and A1111's names read it)."""
     name: str
     cls: type
-    nfe: str             # model calls per step, in words
+    nfe: str             # model calls per step, in words (Sampler.nfe(step) gives the number)
     noise: str           # "none", "gaussian" (default_noise_sampler, seed + 1) or "brownian" (BrownianTree, seed)
     state: str           # what the run carries between steps besides the latent
+    spectrum: Optional[str] = None   # None: Spectrum applies; else why it is refused
+
+    @property
+    def stochastic(self) -> bool:
+        return self.noise != "none"
 
 
-SAMPLERS = {i.name: i for i in (
+SAMPLERS = {i.name: replace(i, spectrum=_SPECTRUM_REFUSED.get(i.name)) for i in (
     SamplerInfo("euler", Euler, "1", "none", "nothing"),
     SamplerInfo("ddim", Ddim, "1", "none", "nothing (ComfyUI runs euler for ddim)"),
     SamplerInfo("euler_ancestral", EulerAncestral, "1", "gaussian", "noise generator"),
@@ -1118,7 +1138,9 @@ def ksampler_sigmas(name: str, scheduler: str, steps: int, shift: float = DEFAUL
     return make_sigmas(scheduler, steps, shift)
 
 
-def make_sampler(name: str, sigmas, seed: int = 0, shape=None, shift: float = DEFAULT_SHIFT) -> KSampler:
+def new_ksampler(name: str, sigmas, seed: int = 0, shape=None, shift: float = DEFAULT_SHIFT) -> KSampler:
+    """The ComfyUI sampler `name` over `sigmas` (the maths alone; models.sampling.denoise.make_sampler gives the
+    pipeline's Sampler with CFG and Spectrum)."""
     if name not in SAMPLERS:
         raise ValueError(f"unknown sampler {name!r}; choose one of {list(SAMPLER_NAMES)}")
     return SAMPLERS[name].cls(sigmas, seed=seed, shape=shape, shift=shift)

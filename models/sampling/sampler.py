@@ -1,7 +1,8 @@
-"""The pipeline's sampler (numpy): ONE table of samplers and ONE of schedulers, CFG, Spectrum, as a step API a process
+"""The pipeline's sampler (numpy): CFG and Spectrum over the one sampler table (k_sampling.SAMPLERS) and the one scheduler
+table (schedules.SCHEDULERS), as a step API a process
 drives. The sampler maths is ComfyUI's (models.sampling.k_sampling, models.sampling.schedules; docs/samplers.md).
 
-    sampler = Sampler(steps=20, cfg=4.0, schedule="sgm_uniform", sampler="er_sde", spectrum=SpectrumSettings())
+    sampler = Sampler(steps=20, cfg=4.0, scheduler="sgm_uniform", sampler="er_sde", spectrum=SpectrumSettings())
     state = sampler.init_state(initial_noise(seed, [16, h, w]), seed=seed, noise="comfy")
     while not sampler.done(state):
         if sampler.needs_model(state):                    # 1) a model call (both CFG passes) at point(state)
@@ -16,14 +17,14 @@ drives. The sampler maths is ComfyUI's (models.sampling.k_sampling, models.sampl
 from __future__ import annotations
 
 import logging
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, Optional
 
 import numpy as np
 
 from models.sampling import k_sampling as ks
-from models.sampling import schedules
 from models.sampling import spectrum as sp
-from models.sampling.schedules import DEFAULT_SHIFT
+from models.sampling.k_sampling import SAMPLER_NAMES, SAMPLERS, SamplerInfo
+from models.sampling.schedules import DEFAULT_SHIFT, SCHEDULER_NAMES, SCHEDULERS
 from models.sampling.sampler_state import SamplerState, SamplerStateError
 from models.sampling.spectrum import SpectrumSettings
 
@@ -34,49 +35,11 @@ DEFAULT_SAMPLER = "euler"
 DEFAULT_SCHEDULER = "sgm_uniform"
 PROBE_SHAPE = (16, 1, 1)       # a 1-pixel latent: the run structure a saved state is checked against
 
-# Why Spectrum is refused for a sampler: its forecast is indexed by step (one CFG x0 per step, at the step's own
-# sigma); these samplers call the model a second time inside the step, at a point that has no place on that axis.
-_SECOND_CALL = ("a second model call inside each step ({what}); Spectrum forecasts one x0 per step, so a forecast "
-                "step would feed the same x0 to both calls and lose what the second call is for")
-_SPECTRUM_REFUSED = {
-    "heun": _SECOND_CALL.format(what="the corrector at the next sigma"),
-    "dpm_2": _SECOND_CALL.format(what="at the log-midpoint sigma"),
-    "dpm_2_ancestral": _SECOND_CALL.format(what="at the log-midpoint sigma"),
-    "dpmpp_2s_ancestral": _SECOND_CALL.format(what="at the log-SNR midpoint"),
-    "dpmpp_sde": _SECOND_CALL.format(what="at the log-SNR midpoint"),
-    "sa_solver_pece": _SECOND_CALL.format(what="the corrected latent, evaluated again"),
-}
-
-
-class SamplerEntry(NamedTuple):
-    name: str
-    nfe: str                       # model calls per step, in words (Sampler.nfe(step) gives the number)
-    noise: str                     # "none", "gaussian" (seed + 1, torch CPU stream) or "brownian" (seed)
-    state: str                     # what the run carries between steps besides the latent
-    spectrum: Optional[str]        # None: Spectrum applies; else why it is refused
-
-    @property
-    def stochastic(self) -> bool:
-        return self.noise != "none"
-
-
-class SchedulerEntry(NamedTuple):
-    name: str
-    summary: str
-
-
-SAMPLERS = {i.name: SamplerEntry(i.name, i.nfe, i.noise, i.state, _SPECTRUM_REFUSED.get(i.name))
-            for i in ks.SAMPLERS.values()}
-SCHEDULERS = {s.name: SchedulerEntry(s.name, s.summary) for s in schedules.SCHEDULERS.values()}
-SAMPLER_NAMES = tuple(SAMPLERS)
-SCHEDULER_NAMES = tuple(SCHEDULERS)
-
-
-def check_names(sampler: str, schedule: str) -> None:
+def check_names(sampler: str, scheduler: str) -> None:
     if sampler not in SAMPLERS:
         raise ValueError(f"unknown sampler {sampler!r}; choose one of {list(SAMPLER_NAMES)}")
-    if schedule not in SCHEDULERS:
-        raise ValueError(f"unknown schedule {schedule!r}; choose one of {list(SCHEDULER_NAMES)}")
+    if scheduler not in SCHEDULERS:
+        raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {list(SCHEDULER_NAMES)}")
 
 
 def spectrum_refusal(sampler: str) -> Optional[str]:
@@ -85,18 +48,18 @@ def spectrum_refusal(sampler: str) -> Optional[str]:
     return None if why is None else f"Spectrum does not apply to sampler {sampler!r}: it makes {why}"
 
 
-def make_sigmas(schedule: str, steps: int, shift: float = DEFAULT_SHIFT, sampler: str = DEFAULT_SAMPLER) -> np.ndarray:
+def make_sigmas(scheduler: str, steps: int, shift: float = DEFAULT_SHIFT, sampler: str = DEFAULT_SAMPLER) -> np.ndarray:
     """Sigmas `sampler` runs on for `schedule` and `steps`: [n + 1] f32 descending, normally ending with 0 (ComfyUI's
     KSampler.calculate_sigmas, models.sampling.k_sampling.ksampler_sigmas)."""
-    check_names(sampler, schedule)
-    return ks.ksampler_sigmas(sampler, schedule, steps, shift)
+    check_names(sampler, scheduler)
+    return ks.ksampler_sigmas(sampler, scheduler, steps, shift)
 
 
 class Sampler:
     """A sampler + CFG over a sigma schedule, optionally with Spectrum; holds settings only, all progress lives in the
     state (models.sampling.sampler_state.SamplerState, its `run` the k_sampling step machine's)."""
 
-    def __init__(self, steps: int = 20, cfg: float = 4.0, schedule: str = DEFAULT_SCHEDULER,
+    def __init__(self, steps: int = 20, cfg: float = 4.0, scheduler: str = DEFAULT_SCHEDULER,
                  shift: float = DEFAULT_SHIFT, spectrum: Optional[SpectrumSettings] = SpectrumSettings(),
                  sampler: str = DEFAULT_SAMPLER):
         if not np.isfinite(cfg):
@@ -105,31 +68,31 @@ class Sampler:
             raise ValueError(f"spectrum must be SpectrumSettings or None, got {type(spectrum).__name__}")
         if spectrum is not None and not spectrum.enabled:
             spectrum = None                                                 # off: the plain baseline
-        check_names(sampler, schedule)
+        check_names(sampler, scheduler)
         if spectrum is not None and spectrum_refusal(sampler):
             raise ValueError(spectrum_refusal(sampler))
-        self.sigmas = make_sigmas(schedule, steps, shift, sampler)          # [n + 1] f32
+        self.sigmas = make_sigmas(scheduler, steps, shift, sampler)          # [n + 1] f32
         self.requested = int(steps)
         self.steps = len(self.sigmas) - 1       # the steps run (beta drops repeated sigmas for many steps)
-        self.cfg, self.schedule, self.shift, self.spectrum = float(cfg), schedule, float(shift), spectrum
+        self.cfg, self.scheduler, self.shift, self.spectrum = float(cfg), scheduler, float(shift), spectrum
         self.name = sampler
         self._machines: dict = {}
 
     # ---- settings --------------------------------------------------------------------------------------------------
     def settings(self) -> dict:
-        return {"sampler": self.name, "steps": self.requested, "cfg": self.cfg, "schedule": self.schedule,
+        return {"sampler": self.name, "steps": self.requested, "cfg": self.cfg, "scheduler": self.scheduler,
                 "shift": self.shift, "spectrum": None if self.spectrum is None else self.spectrum.to_dict()}
 
     @classmethod
     def from_settings(cls, d: dict) -> "Sampler":
         """From settings(); files written before the sampler choice have no `sampler` (they ran Euler)."""
-        known = {"sampler", "steps", "cfg", "schedule", "shift", "spectrum"}
+        known = {"sampler", "steps", "cfg", "scheduler", "shift", "spectrum"}
         if isinstance(d, dict) and "sampler" not in d:
             d = {**d, "sampler": DEFAULT_SAMPLER}
         if not isinstance(d, dict) or set(d) != known:
             raise ValueError(f"sampler settings must have exactly the fields {sorted(known)}, got {d!r}")
         spec = None if d["spectrum"] is None else SpectrumSettings.from_dict(d["spectrum"])
-        return cls(steps=d["steps"], cfg=d["cfg"], schedule=d["schedule"], shift=d["shift"], spectrum=spec,
+        return cls(steps=d["steps"], cfg=d["cfg"], scheduler=d["scheduler"], shift=d["shift"], spectrum=spec,
                    sampler=d["sampler"])
 
     @classmethod
@@ -141,7 +104,7 @@ class Sampler:
             raise SamplerStateError(f"sampler state has unusable settings: {e}") from None
 
     @property
-    def entry(self) -> SamplerEntry:
+    def entry(self) -> SamplerInfo:
         return SAMPLERS[self.name]
 
     def nfe(self, step: int) -> int:
@@ -161,7 +124,7 @@ class Sampler:
                 raise ValueError(f"sampler {self.name!r} draws noise: it needs the job's seed")
             if shape is None and self.entry.noise == "brownian":
                 shape = PROBE_SHAPE                 # nfe() only: the tree is never queried
-            self._machines[key] = ks.make_sampler(self.name, self.sigmas, seed=seed or 0, shape=shape,
+            self._machines[key] = ks.new_ksampler(self.name, self.sigmas, seed=seed or 0, shape=shape,
                                                   shift=self.shift)
         return self._machines[key]
 

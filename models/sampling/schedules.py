@@ -149,16 +149,16 @@ SCHEDULERS = {s.name: s for s in (
 SCHEDULER_NAMES = tuple(SCHEDULERS)
 
 
-def make_sigmas(schedule: str, steps: int, shift: float = DEFAULT_SHIFT) -> np.ndarray:
+def make_sigmas(scheduler: str, steps: int, shift: float = DEFAULT_SHIFT) -> np.ndarray:
     """The `schedule`'s sigmas for `steps` steps: [n + 1] f32, descending, normally ending with 0 (n = steps except
     for beta, see above)."""
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     if not shift > 0:
         raise ValueError(f"shift must be > 0, got {shift!r}")
-    if schedule not in SCHEDULERS:
-        raise ValueError(f"unknown schedule {schedule!r}; choose one of {list(SCHEDULER_NAMES)}")
-    return SCHEDULERS[schedule].fn(int(steps), float(shift)).astype(np.float32)
+    if scheduler not in SCHEDULERS:
+        raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {list(SCHEDULER_NAMES)}")
+    return SCHEDULERS[scheduler].fn(int(steps), float(shift)).astype(np.float32)
 
 
 # ---- Beta(a, b) quantile without scipy (the board has no scipy) ------------------------------------------------------

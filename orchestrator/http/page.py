@@ -15,12 +15,12 @@ from pathlib import Path
 
 from aiohttp import web
 
-from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLERS, spectrum_refusal
+from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLERS, SCHEDULER_NAMES, spectrum_refusal
 from orchestrator.http import files
 from orchestrator.http.common import FRONT, cancel_job, json_response, read_json, refuse, submit_job
 from orchestrator.http.views import JobView
 from orchestrator.job_record import JOB_ID_RE
-from orchestrator.prompt_spec import DEFAULT_CFG, DEFAULT_STEPS, MAX_CFG, MAX_PROMPT_CHARS, MAX_STEPS, SCHEDULERS
+from orchestrator.prompt_spec import DEFAULT_CFG, DEFAULT_STEPS, MAX_CFG, MAX_PROMPT_CHARS, MAX_STEPS
 from protocol import messages as m
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -44,7 +44,7 @@ async def info(request: web.Request) -> web.Response:
         "limits": {"steps": MAX_STEPS, "cfg": MAX_CFG, "prompt_chars": MAX_PROMPT_CHARS},
         # the pickers: every sampler with its model calls per step and why Spectrum does not fit it (None: it does)
         "samplers": [{"name": s.name, "nfe": s.nfe, "spectrum": spectrum_refusal(s.name)} for s in SAMPLERS.values()],
-        "schedulers": list(SCHEDULERS), "max_queue": pipe.max_queue, "version": pipe.version,
+        "schedulers": list(SCHEDULER_NAMES), "max_queue": pipe.max_queue, "version": pipe.version,
         "model": next((p.source_name for p in pipe.packs if p.source_name), ""), "loras": list(pipe.loras),
         "lora_ranks": {f"{p.width}x{p.height}": p.lora_rank for p in pipe.packs}})
 
