@@ -253,7 +253,7 @@ def build_bundle(models_dir, resolutions, target: str, out_dir, *, toolkit_venv=
     """Build (or complete) the bundle at `out_dir` from a ComfyUI-style models folder: per size (width, height) in
     `resolutions` an FP16 DiT pack and a VAE pack, compiled for `target` (ONNX graphs then removed), the encoder
     pack, then bundle.json; -> bundle.json's content. A part already complete for these sources, size, target and
-    toolkit is kept (a run that stopped resumes); `progress` is a models.progress.Progress."""
+    toolkit is kept (a run that stopped resumes); `progress` is a models.commands.progress.Progress."""
     if target not in TARGETS:
         raise BundleError(f"target {target!r}: choose one of {', '.join(TARGETS)}")
     sizes = list(dict.fromkeys(tuple(r) for r in resolutions))

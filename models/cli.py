@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
+
+from models.commands import UserError
+from models.lazy import import_target
 
 # subcommand -> module defining `add_arguments(parser)` and `run(args) -> int`. Modules load only when used,
 # so `anima-models pack` never imports torch.
@@ -31,8 +33,6 @@ HOST_MODULES = ("torch", "transformers", "onnx", "safetensors", "sentencepiece",
 HOST_EXTRA = "pip install 'anima-npu[host]'"
 
 
-class UserError(Exception):
-    """An error whose message is the whole answer: printed without a traceback, exit code 2."""
 
 
 def main(argv=None) -> int:
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_)
         if name == wanted:  # import only the module that will run
-            mod = importlib.import_module(module)
+            mod = import_target(module)
             mod.add_arguments(p)
             p.set_defaults(_run=mod.run)
     args = parser.parse_args(argv)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable
 
 from models.durable import atomic_write
+from models.lazy import import_target
 from models.schema import Int, Record, SchemaError, Wording
 
 MANIFEST = "manifest.json"
@@ -46,7 +47,7 @@ def tool_versions() -> dict:
     out = {"python": platform.python_version(), "numpy": numpy.__version__}
     for name in ("onnx", "onnxruntime"):
         try:
-            out[name] = __import__(name).__version__
+            out[name] = import_target(name).__version__
         except ImportError:
             out[name] = None
     try:
@@ -167,6 +168,15 @@ def sharded_branches(folder) -> list[dict]:
     if not isinstance(branches, list):
         raise ManifestError(f"{Path(folder) / MANIFEST}: manifest field 'branches' is not a list")
     return [b for b in branches if isinstance(b, dict) and b.get("shards")]
+
+
+def pack_resolution(folder) -> tuple[int, int]:
+    """(width, height) in pixels a pack was built for (`resolution`). ManifestError when it records none."""
+    r = manifest_json(folder).get("resolution")
+    try:
+        return int(r["width"]), int(r["height"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ManifestError(f"{Path(folder) / MANIFEST}: no resolution on record ({type(e).__name__}: {e})") from None
 
 
 def peak_model_bytes(folder) -> int:

@@ -11,7 +11,6 @@ Layout (what ComfyUI users already have, plus two tokenizer folders):
 from __future__ import annotations
 
 import fcntl
-import importlib
 import json
 import logging
 import os
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from models.lazy import import_target
 from models.durable import atomic_write
 
 log = logging.getLogger(__name__)
@@ -238,8 +238,8 @@ def bundle_complete(preset: str, seed: int, out_dir) -> bool:
         return False
 
 
-def _writer(module: str, func: str):
-    return getattr(importlib.import_module(module), func)   # lazy: the bundle parts need torch/transformers
+def _writer(target: str):
+    return import_target(target)        # lazy: the bundle parts need torch/transformers
 
 
 def write_bundle(preset: str, seed: int, out_dir) -> ModelPaths:
@@ -265,9 +265,9 @@ def write_bundle(preset: str, seed: int, out_dir) -> ModelPaths:
         for n in ("dit", "text_encoder", "vae"):
             getattr(paths, n).parent.mkdir(parents=True, exist_ok=True)
         log.info("writing bundle preset=%s seed=%d to %s", preset, seed, out)
-        _writer("models.dit.synth", "write_dit")(preset, seed, paths.dit, prefix="net.")
-        _writer("models.text.synth", "write_te")(preset, seed, paths.text_encoder)
-        _writer("models.vae.synth", "write_vae")(preset, seed, paths.vae, layout="original")
-        _writer("models.text.synth", "write_tokenizers")(preset, out / "tokenizers")
+        _writer("models.dit.synth:write_dit")(preset, seed, paths.dit, prefix="net.")
+        _writer("models.text.synth:write_te")(preset, seed, paths.text_encoder)
+        _writer("models.vae.synth:write_vae")(preset, seed, paths.vae, layout="original")
+        _writer("models.text.synth:write_tokenizers")(preset, out / "tokenizers")
         atomic_write(out / STAMP, json.dumps(_stamp_for(preset, seed, paths), indent=1))
     return paths

@@ -120,7 +120,7 @@ def _toolkit_pin() -> str:
 
 
 def test_lite_pin_equals_the_compiler_release():
-    from models.runtime.backends import rknnlite_standin
+    from models.runtime.backends.standin import rknnlite as rknnlite_standin
     assert rknnlite_standin.LITE_VERSION == _toolkit_pin()
 
 
@@ -129,7 +129,8 @@ def test_rknn_backend_checks_the_pack_toolkit(rknn_pack, tmp_path, monkeypatch):
     """The real compiler recorded its release in the manifest; the (labelled) stand-in runtime reports the release it
     imitates: equal -> loads; another release or none -> a clear error naming what to install."""
     from models.runtime.backends.base import BackendError
-    from models.runtime.backends import rknn, rknnlite_standin
+    from models.runtime.backends import rknn
+    from models.runtime.backends.standin import rknnlite as rknnlite_standin
     pack = tmp_path / "pack"
     shutil.copytree(rknn_pack[0], pack)
     manifest = json.loads((pack / "manifest.json").read_text())

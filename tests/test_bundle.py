@@ -243,7 +243,7 @@ def test_init_npu_bundle_checks_the_runtime(npu_bundle, tmp_path, capsys, monkey
     assert "cannot import rknnlite.api" in err and "the bundle needs rknn-toolkit-lite2 2.5.0" in err
     assert not run.exists()
     monkeypatch.setenv("ANIMA_RKNN_STANDIN", "1")                  # the labelled stand-in imitates 2.5.0
-    from models.runtime.backends import rknnlite_standin
+    from models.runtime.backends.standin import rknnlite as rknnlite_standin
     monkeypatch.setattr(rknnlite_standin, "LITE_VERSION", "2.3.2")
     assert cli.main(["--run", str(run), "init", "--bundle", str(npu_bundle), "--quick"]) == 2
     assert "compiled with rknn-toolkit2 2.5.0, but rknn-toolkit-lite2 2.3.2 is installed: install the same " \

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
+
+import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +51,8 @@ def references(rel: str, root: Path = ROOT) -> list[str]:
 
 # ---- the layers: every import in the code, from the source (module level, inside functions, import_module strings)
 LAYERS = ("models", "protocol", "stages", "orchestrator")      # each may import only those before it
+# a string naming a module of the layers, as models.lazy.import_target takes it: "models.vae.pack:load_vae_pack"
+TARGET = re.compile(r"(?:models|protocol|stages|orchestrator)(?:\.[a-z_][a-z0-9_]*)+(?::[A-Za-z_]\w*)?")
 TOP = ("bench", "scripts")                                      # may import anything; no layer imports them
 
 
@@ -78,6 +83,8 @@ def _imported(name: str, path: Path, known: set) -> set:
         elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
               and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
             targets = [node.args[0].value]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and TARGET.fullmatch(node.value):
+            targets = [node.value.partition(":")[0]]          # a models.lazy.import_target string in a table
         for t in targets:
             while t and t not in known:             # `from a.b import c`: the module a.b.c, else a.b
                 t = t.rpartition(".")[0]
@@ -189,3 +196,33 @@ def test_the_rule_finds_what_it_looks_for(tmp_path):
     assert references("clean.md", tmp_path) == []
     (tmp_path / "link").symlink_to(".." + "/shared/x")
     assert references("link", tmp_path) == ["1: .." + "/shared"]
+
+
+def test_strings_that_name_a_module_are_imports_and_resolve():
+    """Every "module:attr" string in the layers (the backends, pack loaders, subcommands, bundle writers, models.vae's
+    exports) counts in the import graph, names a module that exists, and goes through the one helper."""
+    graph = import_graph()
+    assert "models.runtime.backends.board_sim" in graph["models.runtime.backends"]     # BACKENDS' table
+    assert "models.vae.pack" in graph["models.packs.kinds"]                            # PACK_LOADERS
+    assert "models.commands.synth" in graph["models.cli"]                              # COMMANDS
+    mods = _modules()
+    for name, path in mods.items():
+        if name.split(".")[0] not in LAYERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and TARGET.fullmatch(node.value):
+                module = node.value.partition(":")[0]
+                assert module in mods, f"{name}: {node.value!r} names no module of the project"
+    users = [n for n, p in mods.items() if n.split(".")[0] in LAYERS and "import_module(" in p.read_text()]
+    assert users == ["models.lazy"], f"import_module outside models.lazy: {users}"
+
+
+def test_the_one_lazy_helper_imports_what_the_string_names():
+    from models.lazy import import_target
+    from models.packs.pack import load_pack
+    assert import_target("models.packs.pack:load_pack") is load_pack
+    assert import_target("models.packs.pack").load_pack is load_pack
+    with pytest.raises(AttributeError):
+        import_target("models.packs.pack:no_such_thing")
+    with pytest.raises(ImportError):
+        import_target("models.no_such_module")

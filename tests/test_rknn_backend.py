@@ -12,7 +12,7 @@ from models.runtime.backends import backend_class, make_backend
 from models.runtime.backends import make_backend as make_model_backend      # one registry: the same function
 from models.runtime.backends.base import BackendError
 from models.runtime.backends.rknn import RknnLiteBackend
-from models.runtime.backends.rknnlite_standin import RKNNLite
+from models.runtime.backends.standin.rknnlite import RKNNLite
 from models.runtime.lifecycle import Lifecycle, context_factory, run_branch
 from models.policy import parse_policy
 

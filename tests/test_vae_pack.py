@@ -15,7 +15,8 @@ import pytest
 from models.runtime.backends import make_backend
 from models.runtime.backends.base import BackendError
 from models.cli import main as cli_main
-from models.packs.pack import PackError, load_branch_pack, load_pack
+from models.packs.kinds import load_branch_pack
+from models.packs.pack import PackError, load_pack
 from models.safetensors_io import SafeTensorsFile, TensorEntry, write_safetensors
 from models.vae.pack import VaePackError, build_vae_pack, load_vae_pack
 from models.vae.pack_decoder import PackDecoder
@@ -214,7 +215,7 @@ def test_onnx_decode_matches_torch_tiled(pack, torch_vae):
 def test_standin_reads_4d_inputs_as_nhwc_unless_told(pack):
     """The stand-in behaves as RKNNLite: a 4-D input without data_format='nchw' is NHWC (a wrong-layout feed fails),
     so a backend that forgot data_format would fail here."""
-    from models.runtime.backends.rknnlite_standin import RKNNLite
+    from models.runtime.backends.standin.rknnlite import RKNNLite
     from models.runtime.backends.rknn import output_as
     rk = RKNNLite()
     rk._onnx, rk._bytes = pack.model_path("trunk"), b"x"                     # skip the .rknn lookup

@@ -119,7 +119,7 @@ def test_board_backend_on_the_standin(compiled):
     """RknnLiteBackend (the real API's calls) on the labelled stand-in: load_rknn/init_runtime once per model, one
     inference per tile with data_format nchw, release; the image is the ONNX graphs' (the stand-in runs them)."""
     from models.runtime.backends.rknn import RknnLiteBackend
-    from models.runtime.backends.rknnlite_standin import RKNNLite
+    from models.runtime.backends.standin.rknnlite import RKNNLite
     lat = _latent(32, 24, seed=5)
     RKNNLite.calls.clear()
     got = PackDecoder(compiled, RknnLiteBackend(lite="standin")).decode(lat)

@@ -50,6 +50,11 @@ def test_the_wheel_runs_outside_the_checkout(installed, tmp_path):
     work.mkdir()
     r = _run(venv, work, "python", "-c", "import models, orchestrator; print(models.__file__)")
     assert r.stdout.startswith(str(site)), r.stdout + r.stderr           # the wheel's copy, not this checkout
+    # the labelled RKNNLite stand-in is the checkout's (tests, bench), never the wheel's: asked for, a clear refusal
+    assert not (site / "models" / "runtime" / "backends" / "standin").exists()
+    assert (site / "models" / "runtime" / "backends" / "rknn.py").is_file()
+    r = _run(venv, work, "python", "-c", "from models.runtime.backends.rknn import lite_module; lite_module('standin')")
+    assert r.returncode != 0 and "cannot import models.runtime.backends.standin.rknnlite" in r.stderr, r.stderr
     share = venv / "share" / "anima-npu"
     assert (share / "supervisord.conf").is_file() and (share / "examples" / "prompt.json").is_file()
     assert (share / "docs" / "board.md").is_file()

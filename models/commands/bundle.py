@@ -32,9 +32,9 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from models.bundle import build_bundle, total_bytes
-    from models.cli import UserError
+    from models.commands import UserError
     from models.models_dir import PART_NAMES
-    from models.progress import Progress
+    from models.commands.progress import Progress
 
     sizes = [parse_resolution(r) for r in args.resolution]
     if args.jobs < 1:

@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from models.runtime.backends import vae_pack_backends
-from models.cli import UserError
+from models.commands import UserError
 from models.vae.tiled import DEFAULT_OVERLAP, DEFAULT_TILE
 
 log = logging.getLogger(__name__)

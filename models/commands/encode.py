@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from models.cli import UserError
+from models.commands import UserError
 from models.durable import atomic_write
 
 log = logging.getLogger(__name__)

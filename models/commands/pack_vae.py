@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 
-from models.cli import UserError
+from models.commands import UserError
 from models.dit.partition import parse_resolution
 from models.vae.tiled import DEFAULT_OVERLAP, DEFAULT_TILE
 

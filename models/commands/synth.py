@@ -8,12 +8,12 @@ or a LoRA.
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import time
 
-from models.cli import UserError
+from models.lazy import import_target
+from models.commands import UserError
 from models.dit.config import DIT_PREFIXES, PRESETS
 
 log = logging.getLogger(__name__)
@@ -39,14 +39,15 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", choices=("BF16", "F16", "F32"), default="BF16", help="LoRA weight dtype (lora only)")
 
 
-def _call(module: str, func: str, *a):
+def _call(target: str, *a):
+    module = target.partition(":")[0]
     try:
-        mod = importlib.import_module(module)
+        fn = import_target(target)
     except ModuleNotFoundError as e:
         if e.name and module.startswith(e.name):
             raise UserError(f"{module} is not available in this installation ({e})") from None
         raise
-    return getattr(mod, func)(*a)
+    return fn(*a)
 
 
 def _layout(args) -> str:
@@ -86,14 +87,14 @@ def run(args) -> int:
         from models.dit.synth import write_dit
         write_dit(args.preset, args.seed, out, args.prefix)
     elif args.what == "te":
-        _call("models.text.synth", "write_te", args.preset, args.seed, out)
+        _call("models.text.synth:write_te", args.preset, args.seed, out)
     elif args.what == "vae":
-        _call("models.vae.synth", "write_vae", args.preset, args.seed, out, _layout(args))
+        _call("models.vae.synth:write_vae", args.preset, args.seed, out, _layout(args))
     elif args.what == "tokenizers":
-        _call("models.text.synth", "write_tokenizers", args.preset, out)
+        _call("models.text.synth:write_tokenizers", args.preset, out)
     elif args.what == "lora":
         _lora(args, out)
     else:
-        _call("models.models_dir", "write_bundle", args.preset, args.seed, out)
+        _call("models.models_dir:write_bundle", args.preset, args.seed, out)
     print(f"wrote synthetic {args.what} ({args.preset}, seed {args.seed}) to {out} in {time.monotonic() - t0:.1f} s")
     return 0

@@ -13,6 +13,7 @@ from models.durable import atomic_write, building_folder, fsync_dir
 from models.manifest import (MANIFEST, BranchEntry, ManifestRecord, data_sha256, existing_sources,  # noqa: F401
                              file_sha256, manifest_header, read_manifest, source_entry, write_manifest)
 from models.manifest import check_files as _check_listed
+from models.manifest import ManifestError, manifest_json, pack_resolution
 from models.packs.sharded import ShardPackError, choose_cuts, part_files, part_specs, shard_count, shard_entries
 from models.dit.partition import (BRANCHES, PACK_DTYPES, TEXT_TOKENS, Geometry, branch_file, branch_index, branch_order,
                               pack_io_dtype, resolve)
@@ -118,9 +119,8 @@ def refuse_replacing(out: Path, sha: str, size: tuple, overwrite: bool, error=Pa
     if prev is None:
         return
     try:
-        r = json.loads((out / MANIFEST).read_text())["resolution"]
-        had = (int(r["width"]), int(r["height"]))
-    except (OSError, ValueError, KeyError, TypeError):
+        had = pack_resolution(out)
+    except ManifestError:
         return                                   # no size on record: the source rule above is all there is
     if had != tuple(size):
         raise error(f"{out}: holds a pack for {had[0]}x{had[1]}, this one is {size[0]}x{size[1]} (one pack per "
@@ -289,7 +289,7 @@ def omit_onnx(pack_dir) -> int:
     """Remove a compiled pack's branch ONNX graphs (what an NPU board never reads); -> bytes freed. The manifest says
     so first (written atomically), then the files go: an interruption leaves a pack whose loader still accepts it."""
     d = Path(pack_dir)
-    m = json.loads((d / MANIFEST).read_text())
+    m = manifest_json(d)
     missing = [b["onnx"] for b in m["branches"] if not isinstance(b.get("rknn"), dict)]
     if missing:
         raise PackError(f"{d}: {len(missing)} branch(es) not compiled (e.g. {missing[0]}); compile the pack before "
@@ -332,26 +332,6 @@ def missing_files(pack_dir, manifest: dict) -> list:
 def check_files(pack_dir, manifest: dict, error=PackError) -> None:
     """`error` (PackError) naming every file that is missing or whose sha256 differs from the manifest."""
     _check_listed(pack_dir, [(rel, sha, None) for rel, sha in pack_files(manifest)], error)
-
-
-# manifest "kind" -> "module:loader" of the packs whose branches a model backend runs (DiT branches, VAE models)
-PACK_LOADERS = {PACK_KIND: "models.packs.pack:load_pack", "anima-vae-pack": "models.vae.pack:load_vae_pack"}
-
-
-def load_branch_pack(pack_dir, check: bool = True):
-    """A DiT pack (Pack) or a VAE pack (models.vae.pack.VaePack), by its manifest's kind, read by that kind's loader
-    (which keeps every file name inside the pack folder); `.manifest["branches"]` lists its models either way."""
-    mpath = Path(pack_dir) / MANIFEST
-    try:
-        kind = json.loads(mpath.read_text()).get("kind", PACK_KIND)
-    except (OSError, ValueError, AttributeError):
-        kind = PACK_KIND                           # the DiT loader says what is wrong with it
-    if kind not in PACK_LOADERS:
-        raise PackError(f"{mpath}: a {str(kind)[:80]!r} folder, not one of the packs a backend runs "
-                        f"({', '.join(PACK_LOADERS)})")
-    import importlib
-    module, name = PACK_LOADERS[kind].split(":")
-    return getattr(importlib.import_module(module), name)(pack_dir, check=check)
 
 
 def load_pack(pack_dir, check: bool = True) -> Pack:

@@ -2,7 +2,7 @@
 
 Names resolve lazily; only `VAEDecoder` and `VAE`'s methods import torch (the pack backends never do).
 """
-import importlib
+from models.lazy import import_target
 
 _EXPORTS = {
     "VAE": "models.vae.api", "DecodeResult": "models.vae.api",
@@ -18,5 +18,5 @@ __all__ = list(_EXPORTS)
 
 def __getattr__(name):
     if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
+        return import_target(f"{_EXPORTS[name]}:{name}")
     raise AttributeError(f"module 'models.vae' has no attribute {name!r}")

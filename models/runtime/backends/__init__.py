@@ -11,9 +11,10 @@ rknn-toolkit2's environment; this module imports nothing heavy, so a config can 
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 from dataclasses import dataclass
+
+from models.lazy import import_target
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,9 @@ def backend_class(name: str):
     """A backend name -> its class (imported now); ValueError naming the choices, or why it cannot be imported."""
     if name not in BACKENDS:
         raise ValueError(f"backend {name!r}: choose one of {backend_names()}")
-    module, cls = BACKENDS[name].target.split(":")
+    module = BACKENDS[name].target.partition(":")[0]
     try:
-        return getattr(importlib.import_module(module), cls)
+        return import_target(BACKENDS[name].target)
     except (ImportError, AttributeError) as e:
         raise ValueError(f"backend {name!r} is not available here ({module}: {e})") from None
 

@@ -4,7 +4,6 @@ models/runtime/lifecycle.py)."""
 from __future__ import annotations
 
 import gc
-import importlib
 import logging
 import os
 import time
@@ -14,16 +13,17 @@ from typing import Optional
 
 import numpy as np
 
+from models.lazy import import_target
 from models.manifest import ManifestError, toolkit_release
 from models.runtime import probes
 from models.runtime.backends.base import BackendError, BranchBackend
 from models.runtime.backends.core_mask import CORE_MASKS, core_mask_word
-from models.packs.pack import PackError, load_branch_pack, pack_member
+from models.runtime.backends.compiled import branch_entry, compiled_path
 
 log = logging.getLogger(__name__)
 
 REAL_MODULE = "rknnlite.api"
-STANDIN_MODULE = "models.runtime.backends.rknnlite_standin"
+STANDIN_MODULE = "models.runtime.backends.standin.rknnlite"
 STANDIN_ENV = "ANIMA_RKNN_STANDIN"       # "1": use the labelled stand-in (x86 tests); never chosen silently
 NP_DTYPES = {"f16": np.float16, "f32": np.float32}
 LITE_TYPES = {"f16": "float16", "f32": "float32"}       # RKNNLite's data_type names (P9, docs/board-figures.md)
@@ -36,7 +36,7 @@ def lite_module(which: Optional[str] = None):
         raise ValueError(f"lite {which!r}: choose 'real' or 'standin'")
     name = STANDIN_MODULE if which == "standin" else REAL_MODULE
     try:
-        return importlib.import_module(name)
+        return import_target(name)
     except ImportError as e:
         raise BackendError(f"rknn backend: cannot import {name} ({e}); on an RK3588 board install "
                            "rknn-toolkit-lite2 and librknnrt.so (docs/board.md)") from None
@@ -89,52 +89,6 @@ def runtime_mismatch(want: str, api) -> str:
     now = f"rknn-toolkit-lite2 {have} is installed" if have else "rknn-toolkit-lite2 is not installed"
     return (f"{now}: install the same release, pip install 'rknn-toolkit-lite2=={_release(want)}' (with librknnrt.so "
             f"{_release(want)} in /usr/lib, docs/board.md)")
-
-
-def _pack_branches(p: Path) -> tuple:
-    """(pack folder, manifest branch entries, p relative to the pack) for a file PACK/<dir>/<name> of a DiT or a VAE
-    pack. The manifest is read by that kind's loader (models.packs.pack.load_branch_pack), which keeps every file name it
-    gives inside the pack folder."""
-    pack = p.parent.parent
-    try:
-        loaded = load_branch_pack(pack, check=False)
-    except PackError as e:
-        raise BackendError(f"{p}: its pack manifest is not usable ({e})") from None
-    return pack, loaded.manifest["branches"], p.relative_to(pack).as_posix()
-
-
-def _models(branches: list) -> list:
-    """Every model a pack's entries name: each branch, and a sharded pack's shard parts (their own file, inputs,
-    outputs and compiled file, models/packs/sharded.py)."""
-    return [m for b in branches for m in [b, *((b.get("shards") or {}).get("parts") or ())]]
-
-
-def branch_entry(rknn_path) -> tuple:
-    """(pack folder, manifest entry) for a compiled branch file PACK/rknn/bNN_kind.rknn (or a shard's)."""
-    p = Path(rknn_path).absolute()
-    pack, branches, rel = _pack_branches(p)
-    for b in _models(branches):
-        if isinstance(b.get("rknn"), dict) and b["rknn"].get("file") == rel:
-            return pack, b
-    raise BackendError(f"{p}: not a compiled branch of {pack} (no manifest entry with rknn.file {rel!r}; "
-                       "run `anima-models compile`)")
-
-
-def compiled_path(model_path) -> Path:
-    """The .rknn file of a branch: itself, or, for PACK/onnx/bNN_kind.onnx (what the scheduler names), the compiled
-    file the pack manifest records for that branch (inside the pack folder: its loader checked the name); a shard's
-    PACK/onnx/bNN_kind.sI.onnx likewise."""
-    p = Path(model_path).absolute()
-    if p.suffix == ".rknn":
-        return p
-    pack, branches, rel = _pack_branches(p)
-    for b in _models(branches):
-        if b.get("onnx") == rel:
-            if not isinstance(b.get("rknn"), dict) or not b["rknn"].get("file"):
-                raise BackendError(f"{pack}: branch {rel} is not compiled for the NPU (run `anima-models compile "
-                                   f"{pack} --target rk3588`)")
-            return pack_member(pack, b["rknn"]["file"])
-    raise BackendError(f"{p}: not a branch of pack {pack}")
 
 
 def output_as(y: np.ndarray, shape, path, name: str) -> np.ndarray:

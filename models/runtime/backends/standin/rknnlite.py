@@ -27,7 +27,7 @@ LITE_VERSION = "2.5.0"          # the rknn-toolkit-lite2 release this stand-in i
 def onnx_for_rknn(rknn_path) -> Path:
     """The ONNX graph a pack's .rknn was compiled from (manifest branch entry whose rknn.file is this file)."""
     from models.packs.pack import pack_member
-    from models.runtime.backends.rknn import branch_entry          # the backend's one manifest reader
+    from models.runtime.backends.compiled import branch_entry     # the backend's one manifest reader
     pack, entry = branch_entry(rknn_path)
     return pack_member(pack, entry["onnx"])
 
