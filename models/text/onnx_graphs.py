@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from models.packs.branch_graphs import OPSET, GraphBuilder
+from models.graphs.builder import OPSET, GraphBuilder
 
 IR_VERSION = 9
 ALIGN = 4096                    # external-data offset alignment (page size: mappable)

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from models.packs.branch_graphs import OPSET, GraphBuilder
+from models.graphs.builder import OPSET, GraphBuilder
 from models.vae.keys import VAEConfig, decoder_plan
 from models.vae.subpixel import PHASES, subpixel_weights
 

@@ -120,7 +120,7 @@ def build_vae_pack(vae_path, out_dir, resolution=(512, 512), tile: int = DEFAULT
                    overlap: float = DEFAULT_OVERLAP, overwrite: bool = False, seeds=CALIBRATION_SEEDS,
                    threads: Optional[int] = None) -> Path:
     """Convert the VAE file at `vae_path` into a VAE pack at `out_dir` for `resolution` = (width, height) pixels."""
-    from models.packs.branch_graphs import OPSET, serialize
+    from models.graphs.builder import OPSET, serialize
     from models.vae.checkpoint import load_vae
     from models.vae.flops import tile_flops, trunk_flops
     from models.vae.fp16 import SCALE_TARGET
