@@ -48,8 +48,13 @@ $(SYSTEMD_ANALYZE):
 	DEBIAN_FRONTEND=noninteractive apt-get update -q
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends systemd
 
+# Two workers, whole modules each (a module's pipeline is started once); a short base folder of its own, because the
+# unix sockets a test's run folder holds must stay under 100 characters and xdist adds a folder per worker.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) $(RKNN_STAMP) $(CHROMIUM) $(SYSTEMD_ANALYZE)
-	$(BIN)/python -m pytest -q tests
+	@T=$$(mktemp -d /tmp/anima-pt.XXXXXX); \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --basetemp=$$T tests; rc=$$?; rm -rf $$T; exit $$rc
 
 # The board's install on this machine: a fresh .venv-board (pip install '.[board]', no torch), the tiny job through
 # supervisord from it with encoder and VAE on ONNX Runtime. Last line: board-check ok torch=absent job_s=… venv_mb=…

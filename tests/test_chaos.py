@@ -37,7 +37,9 @@ def pipe():
     cache = Path(tempfile.mkdtemp(prefix="anima-chaos-assets-"))
     try:
         models, pack = tiny_assets(cache)
-        p = Pipeline.start(models, pack, threads=1)
+        # one restart per job is all a trial needs (one kill each); the bounded-retries test then gives up after two
+        # attempts instead of four (each waits out the scheduler's resends: ~20 s)
+        p = Pipeline.start(models, pack, threads=1, stage_retries=1)
         try:
             yield p
         finally:
