@@ -268,7 +268,9 @@ def main(argv=None) -> int:
         print("bench/overhead.py: --time-scale paces board-sim only", file=sys.stderr)
         return 2
     if args.analytic:
-        model = BoardModel(Shape.of_pack(args.pack, "full")) if args.pack else BoardModel()
+        # the size asked for (the reference's own is 512x512); a pack's own size when one is given
+        model = BoardModel(Shape.of_pack(args.pack, "full") if args.pack else Shape.at_resolution(args.width,
+                                                                                               args.height))
         for line in model.describe() + analytic_table(model, policies, rams, args.vae, args.shards):
             print(line)
         return 0

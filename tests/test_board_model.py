@@ -366,3 +366,26 @@ def test_auto_on_the_8gb_board_with_every_core_busy(model):
     plain = board_auto.choose(model, budget)[0]
     assert not plain.policy.shards and plain.denoise_s > 1.15 * best.denoise_s
     assert board_auto.evaluate(model, Policy(shards=True), budget) is None            # nothing to shard
+
+
+def test_the_analytic_bench_prices_the_size_asked_for(capsys):
+    """bench/overhead.py --analytic --resolution WxH models that size (it printed the 512x512 job for any size): the
+    image tokens, the attention's quadratic part and the VAE's pixels grow with it; every line stays modelled."""
+    import re
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench import overhead
+    jobs = {}
+    for size in ("512x512", "768x768", "1024x1024"):
+        assert overhead.main(["--analytic", "--policy", "auto", "--board-ram", "8", "--resolution", size]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert all("modelled" in line for line in out if "auto:" in line)
+        jobs[size] = float(re.fullmatch(r"policy=auto board_ram=8 overhead_ratio=[\d.]+ job_s=([\d.]+)", out[-1])[1])
+    assert jobs["512x512"] == pytest.approx(471.0, abs=1.0)             # the reference's size: unchanged
+    assert jobs["512x512"] < jobs["768x768"] < jobs["1024x1024"]
+    assert jobs["1024x1024"] >= 3 * jobs["512x512"]                     # 4x the tokens, more for the attention
+    ref, big = Shape.at_resolution(512, 512), Shape.at_resolution(1024, 1024)
+    assert (ref.tokens, big.tokens) == (1024, 4096) and big.width == ref.width and big.blocks == ref.blocks
+    with pytest.raises(ValueError):
+        Shape.at_resolution(1000, 1001)

@@ -120,9 +120,14 @@ def check_vae(vae: str) -> str:
 
 
 def job_figures(model: BoardModel) -> dict:
-    """Encode and decode on the board: the reference's sd.cpp CPU VAE, and the two estimates (labelled so)."""
+    """Encode and decode on the board (MODELLED): the reference's sd.cpp CPU VAE (R11, a 512x512 picture) and the two
+    estimates, the decodes scaled by the picture's size. The VAE is convolutions (and tiles of a fixed size), so
+    its work is linear in the pixels: tokens x 256 (one image token is 16x16 pixels). The encoder's work is the
+    prompt's, whatever the size."""
     j = model.cost["job"]
-    return {"encode_s": j["encoder_s_estimate"], "decode_s": j["vae_cpu_s"], "decode_npu_s": j["vae_npu_s_estimate"]}
+    size = model.shape.tokens / model.ref.tokens
+    return {"encode_s": j["encoder_s_estimate"], "decode_s": j["vae_cpu_s"] * size,
+            "decode_npu_s": j["vae_npu_s_estimate"] * size}
 
 
 def format_rows(label: str, rows: list, time_scale: float = 1.0) -> list:

@@ -28,7 +28,7 @@ from typing import Optional
 
 from models.manifest import pack_shape_fields
 from models.board.flops import branch_flops, shard_flops, weight_bytes
-from models.dit.partition import KINDS, TEXT_TOKENS, io_elements
+from models.dit.partition import KINDS, TEXT_TOKENS, Geometry, io_elements
 from models.dit.shards import split
 
 try:
@@ -93,6 +93,14 @@ class Shape:
         r = cost["reference"]
         return cls(r["width"], r["heads"], r["head_dim"], r["ffn_width"], r["context_dim"], r["blocks"], r["tokens"],
                    r["text_tokens"])
+
+    @classmethod
+    def at_resolution(cls, width: int, height: int, cost: Optional[dict] = None) -> "Shape":
+        """The official model (the reference's widths and blocks) at a picture size: that size's image tokens
+        (models.dit.partition.Geometry: 1024x1024 -> 4096), so the attention's quadratic part, the tensor I/O and
+        every context's memory follow the size; ValueError for a size the packs cannot take."""
+        g = Geometry.from_resolution(int(width), int(height))
+        return dataclasses.replace(cls.reference(cost or load_cost()), tokens=g.tokens)
 
     @classmethod
     def of_pack(cls, pack_dir, model: str = "full", cost: Optional[dict] = None) -> "Shape":
