@@ -438,3 +438,30 @@ def test_a_state_file_with_the_former_spectrum_names_still_resumes(tmp_path):
     back.settings["spectrum"]["history"] = 7                            # a history this code does not keep
     with pytest.raises(SamplerStateError):
         Sampler.from_state(back)
+
+
+@pytest.mark.parametrize("extra", ["junk", "run.a.history"])
+def test_a_state_padded_with_a_large_tensor_is_refused_from_its_header(tmp_path, monkeypatch, extra):
+    """A state file with one more, large tensor (reported: 1 GiB, read whole, 2.5 GB RSS, then refused) is refused
+    from the header's names and shapes: no tensor data is read at all."""
+    sampler = Sampler(steps=6, spectrum=SpectrumSettings(warmup=1))
+    st = sampler.init_state(start_latent(), seed=3, noise="numpy")
+    model = toy_model()
+    for _ in range(2):
+        sampler.step_computed(st, *model(st.latent, sampler.sigma(st)))
+    good = tmp_path / "good.safetensors"
+    st.save(good)
+    from models.safetensors_io import SafeTensorsFile
+    f = SafeTensorsFile(good)
+    meta, tensors = f.metadata["anima_sampler_state"], {k: f.get(k) for k in f.keys()}
+    big = np.zeros((4, 1024, 1024), np.float32)                          # 16 MB; the latent is far smaller
+    bad = tmp_path / "bad.safetensors"
+    _state_file(bad, meta, {**tensors, extra: big})
+    reads = []
+    real_get = SafeTensorsFile.get
+    monkeypatch.setattr(SafeTensorsFile, "get", lambda self, k, *a, **kw: reads.append(k) or real_get(self, k, *a, **kw))
+    with pytest.raises(SamplerStateError, match=extra.replace(".", r"\.")) as e:
+        SamplerState.load(bad)
+    assert reads == [], f"tensors read before the refusal: {reads}"
+    assert "bad.safetensors" in str(e.value)
+    assert SamplerState.load(good).step == 2 and reads                  # a sound state still loads

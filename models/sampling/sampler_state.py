@@ -143,6 +143,7 @@ class SamplerState:
                         ("run", meta.get("run") is None or _run_meta(meta.get("run")))):
             if not ok:
                 raise SamplerStateError(f"{name}: field {key!r} missing or malformed")
+        _check_header(f, meta, name)                                   # names and sizes, before any tensor is read
         latent = _tensor(f, "latent", name, None)                      # [C, h, w] f32
         spectrum = None
         sp = meta.get("spectrum")
@@ -166,6 +167,27 @@ class SamplerState:
 
 
 MAX_COUNT = 1_000_000          # steps, step lists, Spectrum call indices: far above any real run
+RUN_TENSOR_PREFIXES = ("a.", "l.", "gen.")      # the sampler's arrays, list items, noise generator (k_sampling)
+MAX_RUN_ELEMENTS = 4096         # the largest run tensor that is not latent-sized: the generator's state (624 words)
+
+
+def _check_header(f: SafeTensorsFile, meta: dict, name: str) -> None:
+    """What the header says, checked before a byte of tensor data is read: only the names a state holds (the latent,
+    one Spectrum x0 per recorded call, the sampler's run tensors), none larger than a latent (or the generator's
+    state), so a file padded with a huge tensor is refused at the cost of its header."""
+    if "latent" not in f:
+        raise SamplerStateError(f"{name}: tensor 'latent' missing")
+    latent = math.prod(f.shape("latent"))
+    sp = meta.get("spectrum")
+    calls = len(sp["calls"]) if isinstance(sp, dict) and isinstance(sp.get("calls"), list) else 0
+    x0s = {f"spectrum.x0.{i}" for i in range(calls)}
+    for key in f.keys():
+        run = key.startswith(RUN_PREFIX) and key[len(RUN_PREFIX):].startswith(RUN_TENSOR_PREFIXES)
+        if key != "latent" and key not in x0s and not run:
+            raise SamplerStateError(f"{name}: tensor {key[:80]!r} is not part of a sampler state")
+        if math.prod(f.shape(key)) > max(latent, MAX_RUN_ELEMENTS):
+            raise SamplerStateError(f"{name}: tensor {key[:80]!r} {list(f.shape(key))} is larger than the latent "
+                                    f"{list(f.shape('latent'))}")
 
 
 def _count(v, high: int = MAX_COUNT) -> bool:
