@@ -19,6 +19,7 @@ files only. `--target none` is a CPU bundle: ONNX Runtime for every stage (a PC 
 from __future__ import annotations
 
 import json
+import re
 import logging
 import time
 from dataclasses import dataclass
@@ -71,6 +72,11 @@ class PartEntry(ManifestRecord, frozen=True):
 class SizeEntry(ManifestRecord, frozen=True):
     dit: PartEntry
     vae: PartEntry
+
+
+# what `toolkit` may hold: an rknn-toolkit2 release as its own metadata gives it (2.5.0, 2.3.2+local); the value reaches
+# pipeline.toml's comment and every message, so nothing else passes
+TOOLKIT_RELEASE = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,4}){1,3}(?:[+.-][0-9A-Za-z]{1,32}){0,4}")
 
 
 class BundleRecord(ManifestRecord, frozen=True):
@@ -179,6 +185,10 @@ def read_bundle(bundle_dir, hashes: bool = False) -> Bundle:
         raise BundleError(f"{path}: target {rec.target[:40]!r} is not one of {', '.join(TARGETS)}")
     if rec.target != "none" and not rec.toolkit:
         raise BundleError(f"{path}: target {rec.target} but no toolkit version recorded; rebuild the bundle")
+    if rec.target == "none" and rec.toolkit is not None:
+        raise BundleError(f"{path}: target none compiles nothing, but a toolkit is recorded ({rec.toolkit[:40]!r})")
+    if rec.toolkit is not None and not TOOLKIT_RELEASE.fullmatch(rec.toolkit):
+        raise BundleError(f"{path}: toolkit {rec.toolkit[:40]!r} is not a release number (such as 2.5.0)")
     if not rec.sizes:
         raise BundleError(f"{path}: 'sizes' is empty; a bundle serves at least one image size")
     sizes = {}

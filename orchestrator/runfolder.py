@@ -131,8 +131,9 @@ def pipeline_toml_text(pack_dirs=(), models_dir: Path | None = None, bundle=None
     models = f'models_dir = {_toml_str(Path(models_dir).resolve())}\n' if models_dir else '# models_dir = "…"\n'
     tables = ""
     if bundle is not None:
-        toolkit = f", rknn-toolkit2 {bundle.toolkit}" if bundle.toolkit else ""
-        pack = (f"# from the bundle {bundle.dir} (target {bundle.target}{toolkit})\n"
+        # quoted as TOML strings: a folder's name may hold a newline, and a comment must stay one line
+        toolkit = f", rknn-toolkit2 {_toml_str(bundle.toolkit)}" if bundle.toolkit else ""
+        pack = (f"# from the bundle {_toml_str(bundle.dir)} (target {_toml_str(bundle.target)}{toolkit})\n"
                 f"backend = {_toml_str(bundle.backend)}     # the executor's model backend (a top-level key)\n"
                 + pack)
         vae = ", ".join(_toml_str(v) for _, v in bundle.sizes.values())

@@ -254,3 +254,29 @@ def test_init_npu_bundle_checks_the_runtime(npu_bundle, tmp_path, capsys, monkey
     cfg = load_config(run / "pipeline.toml")
     assert cfg.backend == "rknn" and cfg.stage_settings("vae")["backend"] == "rknn"
     assert cfg.stage_settings("encoder")["backend"] == "onnx"
+
+
+def test_bundle_values_never_become_toml_of_their_own(cpu_bundle, tmp_path, capsys):
+    """Reported: bundle.json's `toolkit` and the bundle folder's name were written verbatim into pipeline.toml, so a
+    crafted value added top-level keys and tables (`security`, `endpoints`, `models_dir`) that doctor accepted. Now a
+    toolkit is a release number (null for target none), and what pipeline.toml says of the bundle is quoted."""
+    import tomllib
+    inject = "2.5.0)\n[security]\nallow_plaintext_loopback = true\n# ("
+    for target, toolkit, words in (("none", inject, "target none compiles nothing"),
+                                   ("none", "2.5.0", "target none compiles nothing"),
+                                   ("rk3588", inject, "is not a release number")):
+        b = copy_bundle(cpu_bundle[0], tmp_path / f"t-{target}-{len(toolkit)}")
+        d = json.loads((b / BUNDLE_JSON).read_text())
+        d["target"], d["toolkit"] = target, toolkit
+        replace_file(b / BUNDLE_JSON, json.dumps(d).encode())
+        with pytest.raises(BundleError, match=words):
+            read_bundle(b)
+        assert cli.main(["--run", str(tmp_path / "r-refused"), "init", "--bundle", str(b)]) == 2
+        assert words in capsys.readouterr().err and not (tmp_path / "r-refused").exists()
+    b = copy_bundle(cpu_bundle[0], tmp_path / "b\n[security]\nallow_plaintext_loopback = true\nmodels_dir = \"/x\"\n#")
+    run = tmp_path / "run"
+    assert cli.main(["--run", str(run), "init", "--bundle", str(b)]) == 0
+    data = tomllib.loads((run / "pipeline.toml").read_text())
+    assert "security" not in data and "models_dir" not in data and data["backend"] == "onnx"
+    from stages.config import load_config
+    assert load_config(run / "pipeline.toml").pack_dir == (b / "dit-128x128").resolve()
