@@ -231,3 +231,42 @@ def test_manifest_accessors_pick_what_the_manifest_says(pack16, tmp_path):
     assert toolkit_release(bad) == "2.5.0"
     with pytest.raises(ManifestError, match="no host file"):
         peak_model_bytes(bad)
+
+
+
+@pytest.mark.parametrize("lie,words", [
+    (lambda m: m["config"].__setitem__("width", m["config"]["width"] * 2), "inputs/outputs are not the ones"),
+    (lambda m: m["config"].__setitem__("blocks", 1), "branch table does not list"),
+    (lambda m: m.__setitem__("shards", {"n": 1e400}), "manifest field 'shards'"),
+    (lambda m: m["geometry"].__setitem__("text_tokens", 1e400), "bad config/resolution"),
+    (lambda m: m["branches"][0].pop("onnx"), "'branches\\[0\\].onnx' is missing"),
+    (lambda m: m["branches"][0].__setitem__("rknn", {"sha256": "0" * 64}), "rknn: file name"),
+])
+def test_a_manifest_that_lies_or_lacks_is_a_pack_error(pack16, tmp_path, lie, words):
+    """Reported: a config that lies about the widths loaded (every job then killed the scheduler); n = 1e400 escaped
+    as OverflowError. Every such manifest is one PackError naming the manifest, with or without the file check."""
+    bad = tmp_path / "bad"
+    shutil.copytree(pack16, bad)
+    m = json.loads((bad / MANIFEST).read_text())
+    lie(m)
+    (bad / MANIFEST).write_text(json.dumps(m).replace("Infinity", "1e400"))
+    for check in (False, True):
+        with pytest.raises(PackError, match=words) as e:
+            load_pack(bad, check=check)
+        assert str(bad / MANIFEST) in str(e.value)
+
+
+def test_host_weights_that_disagree_with_the_config_are_refused(pack16, tmp_path):
+    """The host weights' header against the config (a host file of another model's widths under a true manifest)."""
+    from models.safetensors_io import TensorEntry, write_safetensors
+    bad = tmp_path / "bad"
+    shutil.copytree(pack16, bad)
+    m = json.loads((bad / MANIFEST).read_text())
+    host = bad / m["host"]["file"]
+    f = SafeTensorsFile(host)
+    entries = [TensorEntry(k, "F32", tuple(f.shape(k)), f.get(k)) for k in f.keys()]
+    k0 = entries[0].name
+    entries[0] = TensorEntry(k0, "F32", (1, 1), np.zeros((1, 1), np.float32))
+    write_safetensors(host, entries)
+    with pytest.raises(PackError, match=f"holds {k0} as \\[1, 1\\]"):
+        load_pack(bad, check=False)

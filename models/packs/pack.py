@@ -345,7 +345,7 @@ def load_pack(pack_dir, check: bool = True) -> Pack:
         geom = Geometry.from_resolution(rec.resolution.width, rec.resolution.height,
                                         int(rec.geometry.get("text_tokens", TEXT_TOKENS)),
                                         int(rec.geometry.get("lora_rank", 0)))
-    except (TypeError, KeyError, ValueError) as e:
+    except (TypeError, KeyError, ValueError, OverflowError) as e:
         raise PackError(f"{where}: bad config/resolution ({e})") from None
     if rec.dtype not in PACK_DTYPES:
         raise PackError(f"{where}: manifest field 'dtype' has unsupported value {rec.dtype!r}")
@@ -362,16 +362,44 @@ def load_pack(pack_dir, check: bool = True) -> Pack:
             if not isinstance(b.rknn.get("sha256"), str):
                 raise PackError(f"{bw} rknn: manifest field 'sha256' is missing")
     _check_shards(d, m, where)
+    _check_config_shapes(d, rec, cfg, geom, where)
     if check:
         check_files(d, m)
     return Pack(d, m, cfg, geom, m["dtype"], list(m["branches"]))
+
+
+def _check_config_shapes(d: Path, rec: "DiTManifest", cfg: DiTConfig, geom: Geometry, where: str) -> None:
+    """The manifest's config against what the pack holds: each branch's inputs and outputs as the config resolves
+    them, and the host weights' shapes in their file's header (read, not its data). A config that lies about the
+    widths would otherwise load and then fail every job inside the scheduler."""
+    for b in rec.branches:
+        io = resolve(b.kind, cfg, geom, rec.dtype)
+        if b.inputs != io["inputs"] or b.outputs != io["outputs"]:
+            raise PackError(f"{where} branch b{b.block:02d}_{b.kind}: its inputs/outputs are not the ones the "
+                            f"manifest's config gives (width {cfg.width}, {geom.tokens} tokens); rebuild the pack")
+    host = d / rec.host.file
+    if not host.is_file():
+        return                                     # check_files names a missing file
+    from models.dit.config import expected_dit_shapes
+    from models.dit.host_ops import host_keys
+    from models.safetensors_io import SafeTensorsError, SafeTensorsFile
+    try:
+        f = SafeTensorsFile(host)
+        have = {k: tuple(f.shape(k)) for k in f.keys()}
+    except (SafeTensorsError, OSError) as e:
+        raise PackError(f"{where} host: {host.name} is not readable ({e})") from None
+    want = expected_dit_shapes(cfg)
+    bad = [k for k in host_keys(cfg) if have.get(k) != tuple(want[k])]
+    if bad:
+        raise PackError(f"{where} host: {host.name} holds {bad[0]} as {list(have.get(bad[0], ()))}, the manifest's "
+                        f"config gives {list(want[bad[0]])}; rebuild the pack")
 
 
 def _check_shards(d: Path, m: dict, where: str) -> None:
     """A sharded pack: every branch lists shards that cover its cut in order, with file names inside the pack."""
     try:
         n = check_shards(shard_count(m))
-    except (TypeError, ValueError, AttributeError) as e:
+    except (TypeError, ValueError, AttributeError, OverflowError) as e:
         raise PackError(f"{where}: manifest field 'shards' must be a table with n = the shards per branch ({e})") \
             from None
     if n == 1:
