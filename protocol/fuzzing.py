@@ -225,111 +225,127 @@ def _frames_with_fresh_id(msg: m.Message, rng: random.Random,
     return [msgpack.packb(head, use_bin_type=True), *frames[1:]]
 
 
-def fuzz_live(ctx: zmq.Context, target: LiveTarget, n: int, seed: int = 0, probe_every: int = 200,
-              on_progress: Callable[[LiveCounts], None] | None = None) -> LiveCounts:
-    """Send `n` mutated requests to the live target, one at a time, each waited for; a valid probe request every
-    `probe_every` frames and at the end. No reply within the timeout is a hang if the same process still serves,
-    else a crash (and the fuzz goes on with the restarted process)."""
-    rng = random.Random(f"live-{seed}")
-    counts, t0 = LiveCounts(), time.monotonic()
-    sock = None
-    pid0 = 0
+class _LiveSession:
+    """One live fuzz: the REQ socket to the target, the pid that serves it, and the counts so far."""
 
-    def reopen():
-        nonlocal sock
-        if sock is not None:
-            sock.close(0)
-        sock = ctx.socket(zmq.REQ)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(target.endpoint)
+    def __init__(self, ctx: zmq.Context, target: LiveTarget, rng: random.Random):
+        self.ctx, self.target, self.rng = ctx, target, rng
+        self.counts = LiveCounts()
+        self.sock = None
+        self.pid0 = 0
 
-    def problem(text: str) -> None:
-        if len(counts.problems) < MAX_PROBLEMS:
-            counts.problems.append(f"{time.strftime('%H:%M:%S')} {text}")
+    def reopen(self) -> None:
+        if self.sock is not None:
+            self.sock.close(0)
+        self.sock = self.ctx.socket(zmq.REQ)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(self.target.endpoint)
 
-    def exchange(frames: list[bytes]) -> m.Message | None | str:
+    def problem(self, text: str) -> None:
+        if len(self.counts.problems) < MAX_PROBLEMS:
+            self.counts.problems.append(f"{time.strftime('%H:%M:%S')} {text}")
+
+    def exchange(self, frames: list[bytes]) -> m.Message | None | str:
         """The decoded reply, None for no reply in time (or the process is gone), or a str saying why the reply is
         broken."""
-        sock.send_multipart(frames)
-        deadline = time.monotonic() + target.timeout_s
-        while not sock.poll(int(PROCESS_CHECK_S * 1000), zmq.POLLIN):
-            if time.monotonic() > deadline or target.pid() != pid0:
-                reopen()                                     # a REQ socket without its reply cannot send again
+        self.sock.send_multipart(frames)
+        deadline = time.monotonic() + self.target.timeout_s
+        while not self.sock.poll(int(PROCESS_CHECK_S * 1000), zmq.POLLIN):
+            if time.monotonic() > deadline or self.target.pid() != self.pid0:
+                self.reopen()                                # a REQ socket without its reply cannot send again
                 return None
-        reply = sock.recv_multipart()
+        reply = self.sock.recv_multipart()
         try:
             return codec.decode(reply)
         except ProtocolError as e:
             return f"undecodable reply: {e}"
 
-    def await_process() -> int:
+    def await_process(self) -> int:
         """The serving pid, once there is one again (supervisord restarts a dead program); _Gone if none comes."""
-        now, deadline = target.pid(), time.monotonic() + RESTART_WAIT_S
+        now, deadline = self.target.pid(), time.monotonic() + RESTART_WAIT_S
         while not now and time.monotonic() < deadline:
             time.sleep(0.2)
-            now = target.pid()
+            now = self.target.pid()
         if not now:
-            problem(f"no process serves {target.endpoint} {RESTART_WAIT_S:.0f} s after it went away")
+            self.problem(f"no process serves {self.target.endpoint} {RESTART_WAIT_S:.0f} s after it went away")
             raise _Gone()
         return now
 
-    def same_process(what: str) -> bool:
+    def same_process(self, what: str) -> bool:
         """True when the process that served so far still does; else a crash is counted and the new one awaited."""
-        nonlocal pid0
-        now = target.pid()
-        if now == pid0 and now:
+        now = self.target.pid()
+        if now == self.pid0 and now:
             return True
-        counts.crashes += 1
-        problem(f"{what}: the process changed from pid {pid0} to {now or 'none'}")
-        pid0 = await_process()
+        self.counts.crashes += 1
+        self.problem(f"{what}: the process changed from pid {self.pid0} to {now or 'none'}")
+        self.pid0 = self.await_process()
         return False
 
-    def run_probe() -> None:
+    def run_probe(self) -> None:
+        counts = self.counts
         counts.probes += 1
-        reply = exchange(_frames_with_fresh_id(target.probe(), rng))
-        if not isinstance(reply, m.Message) or not target.probe_ok(reply):
+        reply = self.exchange(_frames_with_fresh_id(self.target.probe(), self.rng))
+        if not isinstance(reply, m.Message) or not self.target.probe_ok(reply):
             counts.failed_probes += 1
-            problem(f"probe after frame {counts.frames}: {reply!r:.500}")
-        same_process(f"probe after frame {counts.frames}")
+            self.problem(f"probe after frame {counts.frames}: {reply!r:.500}")
+        self.same_process(f"probe after frame {counts.frames}")
 
-    reopen()
-    try:
-        pid0 = await_process()
-        for i in range(n):
-            if i < len(target.corpus):
-                frames = _frames_with_fresh_id(target.corpus[i], rng)
-            elif target.payload is not None and rng.random() < 0.6:   # a field's content varied, the rest valid,
-                frames = _frames_with_fresh_id(target.bases[i % len(target.bases)], rng, target.payload)
-                if rng.random() < 0.3:                                # and sometimes broken on top
-                    frames = mutate(frames, rng, target.protect)
-            else:
-                frames = mutate(_frames_with_fresh_id(target.bases[i % len(target.bases)], rng), rng, target.protect)
-            counts.frames += 1
-            reply = exchange(frames)
-            if isinstance(reply, m.Message):
-                counts.answered += 1
-                counts.errors += isinstance(reply, m.Error)
-                if isinstance(reply, m.Error) and reply.code == "internal":    # the fatal tier: it dies now
-                    counts.crashes += 1
-                    problem(f"frame {i}: {reply.message[:500]}\n{frames[0][:300]!r}")
-                    time.sleep(0.5)
-                    pid0 = await_process()
-            elif reply is None:
-                if same_process(f"frame {i} (no reply)"):
-                    counts.hangs += 1
-                    problem(f"frame {i}: no reply in {target.timeout_s} s\n{frames[0][:300]!r}")
-            else:
+    def frames_for(self, i: int) -> list[bytes]:
+        """Frame i's request: the corpus first, then a base request with a field's content varied or mutated."""
+        target, rng = self.target, self.rng
+        if i < len(target.corpus):
+            return _frames_with_fresh_id(target.corpus[i], rng)
+        base = target.bases[i % len(target.bases)]
+        if target.payload is not None and rng.random() < 0.6:   # a field's content varied, the rest valid,
+            frames = _frames_with_fresh_id(base, rng, target.payload)
+            if rng.random() < 0.3:                                # and sometimes broken on top
+                frames = mutate(frames, rng, target.protect)
+            return frames
+        return mutate(_frames_with_fresh_id(base, rng), rng, target.protect)
+
+    def send_frame(self, i: int, frames: list[bytes]) -> None:
+        """Sends frame i and counts what came back: an answer, a hang, or a crash."""
+        counts = self.counts
+        counts.frames += 1
+        reply = self.exchange(frames)
+        if isinstance(reply, m.Message):
+            counts.answered += 1
+            counts.errors += isinstance(reply, m.Error)
+            if isinstance(reply, m.Error) and reply.code == "internal":    # the fatal tier: it dies now
                 counts.crashes += 1
-                problem(f"frame {i}: {reply}")
+                self.problem(f"frame {i}: {reply.message[:500]}\n{frames[0][:300]!r}")
+                time.sleep(0.5)
+                self.pid0 = self.await_process()
+        elif reply is None:
+            if self.same_process(f"frame {i} (no reply)"):
+                counts.hangs += 1
+                self.problem(f"frame {i}: no reply in {self.target.timeout_s} s\n{frames[0][:300]!r}")
+        else:
+            counts.crashes += 1
+            self.problem(f"frame {i}: {reply}")
+
+
+def fuzz_live(ctx: zmq.Context, target: LiveTarget, n: int, seed: int = 0, probe_every: int = 200,
+              on_progress: Callable[[LiveCounts], None] | None = None) -> LiveCounts:
+    """Send `n` mutated requests to the live target, one at a time, each waited for; a valid probe request every
+    `probe_every` frames and at the end. No reply within the timeout is a hang if the same process still serves,
+    else a crash (and the fuzz goes on with the restarted process)."""
+    live, t0 = _LiveSession(ctx, target, random.Random(f"live-{seed}")), time.monotonic()
+    counts = live.counts
+    live.reopen()
+    try:
+        live.pid0 = live.await_process()
+        for i in range(n):
+            live.send_frame(i, live.frames_for(i))
             if (i + 1) % probe_every == 0:
-                run_probe()
+                live.run_probe()
                 if on_progress is not None:
                     counts.wall_s = time.monotonic() - t0
                     on_progress(counts)
-        run_probe()
+        live.run_probe()
     except _Gone:
         counts.failed_probes += 1          # it stopped serving: the fuzz ends with what it saw
     finally:
-        sock.close(0)
+        live.sock.close(0)
         counts.wall_s = time.monotonic() - t0
     return counts
