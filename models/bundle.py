@@ -142,7 +142,7 @@ def _check_part(bundle: Path, entry: PartEntry, where: str, hashes: bool, target
         if entry.kind != ENCODER_KIND and not hashes:          # the encoder's loader checks presence and size itself
             gone = missing_files(d, pack.manifest)
             if gone:
-                raise BundleError(f"{where}: {d}: {len(gone)} file(s) missing, e.g. {gone[0]}{fix}")
+                raise BundleError(f"{where}: {d}: {len(gone)} file(s) missing or cut short, e.g. {gone[0]}{fix}")
     except (PackError, EncoderPackError) as e:
         raise BundleError(f"{where}: {e}{fix}") from None
     if target != "none" and entry.kind != ENCODER_KIND:

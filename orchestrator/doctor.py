@@ -142,7 +142,7 @@ class Doctor:
             return
         gone = missing_files(d, manifest)
         if gone:
-            raise PackError(f"{d}: {len(gone)} file(s) missing, e.g. {gone[0]}; copy the bundle again")
+            raise PackError(f"{d}: {len(gone)} file(s) missing or cut short, e.g. {gone[0]}; copy the bundle again")
 
     # -- the machine -----------------------------------------------------------------------------------------------
 

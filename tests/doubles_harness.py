@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from models.dit.config import PRESETS, DiTConfig
-from models.dit.partition import branch_order
+from models.dit.partition import Geometry, branch_order, resolve
 from orchestrator.runfolder import RunFolder, init_run
 from orchestrator.supervisor import Supervisor
 from protocol import messages as m
@@ -30,8 +30,10 @@ def fake_pack(d: Path, width: int = 64, height: int = 64) -> Path:
     """A pack manifest (no weights: the doubles never read them) for width x height images, 2 blocks."""
     cfg = PRESETS["tiny"]["dit"].to_dict()
     cfg["blocks"] = 2
-    branches = [{"block": b, "kind": s.kind, "onnx": f"onnx/b{b:02d}_{s.kind}.onnx", "sha256": "0" * 64}
-                for b, s in branch_order(DiTConfig.from_dict(cfg))]
+    dit, geom = DiTConfig.from_dict(cfg), Geometry.from_resolution(width, height)
+    branches = [{"block": b, "kind": s.kind, "onnx": f"onnx/b{b:02d}_{s.kind}.onnx", "sha256": "0" * 64,
+                 **resolve(s.kind, dit, geom, "fp32")}          # the shapes its config gives (load_pack checks them)
+                for b, s in branch_order(dit)]
     d.mkdir(parents=True)
     (d / "manifest.json").write_text(json.dumps({
         "schema": 1, "kind": "anima-dit-pack", "source": SOURCE, "config": cfg,

@@ -120,7 +120,7 @@ def test_read_bundle_names_what_is_wrong(cpu_bundle, tmp_path):
         read_bundle(b)
     b = copy_bundle(cpu_bundle[0], tmp_path / "onnx")
     (b / "dit-128x128" / "onnx" / "b03_ffn.onnx").unlink()
-    with pytest.raises(BundleError, match="1 file.s. missing, e.g. onnx/b03_ffn.onnx"):
+    with pytest.raises(BundleError, match=r"1 file.s. missing or cut short, e.g. onnx/b03_ffn.onnx \(missing\)"):
         read_bundle(b)
     b = copy_bundle(cpu_bundle[0], tmp_path / "json")
     (b / BUNDLE_JSON).unlink()
@@ -280,3 +280,22 @@ def test_bundle_values_never_become_toml_of_their_own(cpu_bundle, tmp_path, caps
     assert "security" not in data and "models_dir" not in data and data["backend"] == "onnx"
     from stages.config import load_config
     assert load_config(run / "pipeline.toml").pack_dir == (b / "dit-128x128").resolve()
+
+
+
+def test_a_file_cut_short_is_caught_without_hashing(cpu_bundle, tmp_path, capsys):
+    """Reported: `init --bundle --quick` and plain `doctor` passed a DiT or VAE file cut to 100 bytes (they promise
+    sizes). The quick look compares every size the manifest records."""
+    for part, rel in (("dit-128x128", "onnx/b05_cross.onnx"), ("vae-128x128", None)):
+        b = copy_bundle(cpu_bundle[0], tmp_path / part)
+        if rel is None:
+            rel = json.loads((b / part / MANIFEST).read_text())["branches"][0]["onnx"]
+        f = b / part / rel
+        size = f.stat().st_size
+        replace_file(f, f.read_bytes()[:100])                         # the copy's links are shared: never in place
+        with pytest.raises(BundleError, match=f"missing or cut short, e.g. {rel} \\(100 bytes, the manifest says "
+                                              f"{size}\\)"):
+            read_bundle(b, hashes=False)
+        run = tmp_path / f"run-{part}"
+        assert cli.main(["--run", str(run), "init", "--bundle", str(b), "--quick"]) == 2
+        assert "cut short" in capsys.readouterr().err and not run.exists()

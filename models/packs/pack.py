@@ -324,9 +324,30 @@ def pack_files(manifest: dict) -> list:
     return files
 
 
+def _recorded_sizes(manifest: dict) -> dict:
+    """{relative path: bytes} of the files whose size the manifest records (branch and shard graphs, compiled models)."""
+    sizes = {}
+    for b in manifest["branches"]:
+        for e in [b, *((b.get("shards") or {}).get("parts") or ())]:
+            if isinstance(e.get("onnx"), str) and type(e.get("bytes")) is int:
+                sizes[e["onnx"]] = e["bytes"]
+            rk = e.get("rknn")
+            if isinstance(rk, dict) and isinstance(rk.get("file"), str) and type(rk.get("bytes")) is int:
+                sizes[rk["file"]] = rk["bytes"]
+    return sizes
+
+
 def missing_files(pack_dir, manifest: dict) -> list:
-    """The files the manifest vouches for that are not in the pack folder (a quick look: no hashing)."""
-    return [rel for rel, _ in pack_files(manifest) if not (Path(pack_dir) / rel).is_file()]
+    """The files the manifest vouches for that are not in the pack folder, or not of the size it records (a quick
+    look: no hashing), each named with why: 'onnx/b00_self.onnx (missing)', '... (100 bytes, the manifest says N)'."""
+    sizes, out = _recorded_sizes(manifest), []
+    for rel, _ in pack_files(manifest):
+        p = Path(pack_dir) / rel
+        if not p.is_file():
+            out.append(f"{rel} (missing)")
+        elif rel in sizes and p.stat().st_size != sizes[rel]:
+            out.append(f"{rel} ({p.stat().st_size} bytes, the manifest says {sizes[rel]})")
+    return out
 
 
 def check_files(pack_dir, manifest: dict, error=PackError) -> None:
