@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER
 from orchestrator.prompt_spec import (PromptError, parse_prompt_bytes, parse_prompt_obj, read_prompt_file,
@@ -511,6 +512,100 @@ def cmd_serve(args, rf: RunFolder) -> int:
 # ---------------------------------------------------------------- parser
 
 
+class Command(NamedTuple):
+    """One subcommand: its name, its line in `orchestrator --help`, what runs it, and its arguments."""
+
+    name: str
+    help: str
+    fn: Callable
+    args: tuple = ()
+    description: str | None = None
+
+
+def arg(*flags: str, **kwargs) -> tuple:
+    """One add_argument call, written down for a Command."""
+    return flags, kwargs
+
+
+JSON_OUT = arg("--json", action="store_true", help='print one JSON object {"job", "image", "report"}')
+
+COMMANDS = (
+    Command("init", "create the run folder and its supervisord.conf", cmd_init, (
+        arg("--python", help="interpreter for the stage programs (default: this one)"),
+        arg("--pack", action="append", help="model pack folder for pipeline.toml; repeat it for more sizes "
+                                            "(one pack per size, the first is the default)"),
+        arg("--models", help="models folder (text encoder, VAE) for pipeline.toml"),
+        arg("--bundle", help="a board bundle (anima-models bundle): every pack, the encoder and the VAE, "
+                             "checked, with the backend of its target"),
+        arg("--quick", action="store_true", help="--bundle: check every file's presence and size, not its "
+                                                 "sha256 (doctor --full does that later)"),
+        arg("--force", action="store_true", help="rewrite supervisord.conf and pipeline.toml"))),
+    Command("doctor", "is this machine and run folder ready? one line per check, exit 1 on a failure", cmd_doctor, (
+        arg("--full", action="store_true", help="also check every pack file's sha256 (minutes for full-size "
+                                                "packs)"),)),
+    Command("serve", "run the job daemon (supervisord starts it)", cmd_serve, (
+        arg("--config", required=True, help="pipeline config (TOML)"),)),
+    Command("submit", "validate prompt.json and queue it", cmd_submit, (
+        arg("prompt", help="prompt.json, or - to read it from standard input"),
+        arg("--wait", action="store_true", help="follow the job to the end, then print image and timings "
+                                                "(Ctrl-C stops following; the job goes on)"),
+        JSON_OUT,
+        arg("--resolution", help="check width/height against WxH (default: the packs' sizes, from the config)"))),
+    Command("generate", "one line, no JSON file: queue a prompt, follow it, print the image path", cmd_generate, (
+        arg("prompt", help="the prompt (weights as in ComfyUI: (word:1.2))"),
+        arg("--negative", help="negative prompt"),
+        arg("--seed", type=int, help="0 .. 2^64-1 (default: random, printed)"),
+        arg("--steps", type=int, help="sampler steps (default 30)"),
+        arg("--cfg", type=float, help="CFG scale (default 4.0)"),
+        arg("-W", "--width", type=int, help="image width (a size with a model pack; default: the first pack's)"),
+        arg("-H", "--height", type=int, help="image height"),
+        arg("--sampler", help=f"{DEFAULT_SAMPLER} (default), er_sde, euler_ancestral, dpmpp_2m ... "
+                              "(ComfyUI's names: docs/samplers.md)"),
+        arg("--scheduler", help=f"{DEFAULT_SCHEDULER} (default), simple, karras, beta ... (docs/samplers.md)"),
+        arg("--no-spectrum", action="store_true", help="compute every step (no Spectrum forecasts)"),
+        arg("-o", "--output", help="a .png file or a folder (default: the job folder's image.png)"),
+        arg("--overwrite", action="store_true", help="replace an existing -o file (else it is refused)"),
+        arg("--lora", action="append", default=[], metavar="NAME[:STRENGTH[:CLIP_STRENGTH]]",
+            help="a LoRA under MODELS/loras/ (repeatable; strength default 1.0, the text encoder's default: "
+                 "the same; docs/lora.md)"),
+        JSON_OUT),
+        description="Queue one image and follow it to the end, as `submit --wait` does: progress and the timing "
+                    "table on stderr, the image path as the last line on stdout. Unset options take prompt.json's "
+                    "defaults (seed: random, size: the default pack's). Exit status: 0 done, 1 failed or cancelled, "
+                    "2 bad input (the option is named), 130 Ctrl-C, which CANCELS the job."),
+    Command("status", "every job, or one", cmd_status, (
+        arg("job", nargs="?"),
+        arg("--json", action="store_true"))),
+    Command("cancel", "cancel a queued or running job", cmd_cancel_resume, (arg("job"),)),
+    Command("resume", "queue a failed or cancelled job again, from the stage it stopped in", cmd_cancel_resume, (
+        arg("job"),)),
+    Command("prune", "remove finished jobs (done, failed, cancelled) and their folders", cmd_prune, (
+        arg("--keep", type=int, help="keep the N newest finished jobs"),
+        arg("--older-than", metavar="AGE", help="remove those finished longer ago than AGE: 7d, 12h, 30m or 45s "
+                                                "(a bare number is seconds)"))),
+    Command("stages", "supervisord state of every program", cmd_stages),
+    Command("restart", "restart one program through supervisord", cmd_restart, (arg("stage"),)),
+    Command("logs", "a program's log", cmd_logs, (
+        arg("stage"),
+        arg("-f", "--follow", action="store_true"),
+        arg("--bytes", type=int, default=16 * 1024, help="how much of the end to show first"))),
+    Command("keys", "CURVE key pairs for remote stages", cmd_keys, (
+        arg("action", choices=["generate"]),
+        arg("--dir", help="where to write (default: RUN/keys)"),
+        arg("--name", default="client", help="file name stem: NAME.key and NAME.key_secret"),
+        arg("--force", action="store_true", help="replace an existing key pair of that name"))),
+    Command("service", "a systemd unit that starts supervisord for the run folder at boot", cmd_service, (
+        arg("action", choices=["install", "uninstall"]),
+        arg("--user", action="store_true", help="a user unit (~/.config/systemd/user) instead of a system "
+                                                "unit (/etc/systemd/system, needs root)"),
+        arg("--print", action="store_true", help="install: print the unit, write nothing"),
+        arg("--name", default="anima", help="unit name (default: anima -> anima.service)"),
+        arg("--root", metavar="DIR", help="write below DIR instead of / (as systemctl --root)"),
+        arg("--force", action="store_true", help="replace or remove a unit written for another run folder "
+                                                 "or by something else"))),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="orchestrator", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -518,96 +613,12 @@ def build_parser() -> argparse.ArgumentParser:
                                  "current folder)")
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("init", help="create the run folder and its supervisord.conf")
-    s.add_argument("--python", help="interpreter for the stage programs (default: this one)")
-    s.add_argument("--pack", action="append", help="model pack folder for pipeline.toml; repeat it for more sizes "
-                                                   "(one pack per size, the first is the default)")
-    s.add_argument("--models", help="models folder (text encoder, VAE) for pipeline.toml")
-    s.add_argument("--bundle", help="a board bundle (anima-models bundle): every pack, the encoder and the VAE, "
-                                    "checked, with the backend of its target")
-    s.add_argument("--quick", action="store_true", help="--bundle: check every file's presence and size, not its "
-                                                        "sha256 (doctor --full does that later)")
-    s.add_argument("--force", action="store_true", help="rewrite supervisord.conf and pipeline.toml")
-    s.set_defaults(fn=cmd_init)
-    s = sub.add_parser("doctor", help="is this machine and run folder ready? one line per check, exit 1 on a "
-                                      "failure")
-    s.add_argument("--full", action="store_true", help="also check every pack file's sha256 (minutes for full-size "
-                                                       "packs)")
-    s.set_defaults(fn=cmd_doctor)
-    s = sub.add_parser("serve", help="run the job daemon (supervisord starts it)")
-    s.add_argument("--config", required=True, help="pipeline config (TOML)")
-    s.set_defaults(fn=cmd_serve)
-    s = sub.add_parser("submit", help="validate prompt.json and queue it")
-    s.add_argument("prompt", help="prompt.json, or - to read it from standard input")
-    s.add_argument("--wait", action="store_true", help="follow the job to the end, then print image and timings "
-                                                       "(Ctrl-C stops following; the job goes on)")
-    s.add_argument("--json", action="store_true", help='print one JSON object {"job", "image", "report"}')
-    s.add_argument("--resolution", help="check width/height against WxH (default: the packs' sizes, from the config)")
-    s.set_defaults(fn=cmd_submit)
-    s = sub.add_parser("generate", help="one line, no JSON file: queue a prompt, follow it, print the image path",
-                       description="Queue one image and follow it to the end, as `submit --wait` does: progress and "
-                                   "the timing table on stderr, the image path as the last line on stdout. Unset "
-                                   "options take prompt.json's defaults (seed: random, size: the default pack's). "
-                                   "Exit status: 0 done, 1 failed or cancelled, 2 bad input (the option is named), "
-                                   "130 Ctrl-C, which CANCELS the job.")
-    s.add_argument("prompt", help="the prompt (weights as in ComfyUI: (word:1.2))")
-    s.add_argument("--negative", help="negative prompt")
-    s.add_argument("--seed", type=int, help="0 .. 2^64-1 (default: random, printed)")
-    s.add_argument("--steps", type=int, help="sampler steps (default 30)")
-    s.add_argument("--cfg", type=float, help="CFG scale (default 4.0)")
-    s.add_argument("-W", "--width", type=int, help="image width (a size with a model pack; default: the first pack's)")
-    s.add_argument("-H", "--height", type=int, help="image height")
-    s.add_argument("--sampler", help=f"{DEFAULT_SAMPLER} (default), er_sde, euler_ancestral, dpmpp_2m ... "
-                   "(ComfyUI's names: docs/samplers.md)")
-    s.add_argument("--scheduler", help=f"{DEFAULT_SCHEDULER} (default), simple, karras, beta ... (docs/samplers.md)")
-    s.add_argument("--no-spectrum", action="store_true", help="compute every step (no Spectrum forecasts)")
-    s.add_argument("-o", "--output", help="a .png file or a folder (default: the job folder's image.png)")
-    s.add_argument("--overwrite", action="store_true", help="replace an existing -o file (else it is refused)")
-    s.add_argument("--lora", action="append", default=[], metavar="NAME[:STRENGTH[:CLIP_STRENGTH]]",
-                   help="a LoRA under MODELS/loras/ (repeatable; strength default 1.0, the text encoder's default: "
-                        "the same; docs/lora.md)")
-    s.add_argument("--json", action="store_true", help='print one JSON object {"job", "image", "report"}')
-    s.set_defaults(fn=cmd_generate)
-    s = sub.add_parser("status", help="every job, or one")
-    s.add_argument("job", nargs="?")
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(fn=cmd_status)
-    for name, help_ in (("cancel", "cancel a queued or running job"),
-                        ("resume", "queue a failed or cancelled job again, from the stage it stopped in")):
-        s = sub.add_parser(name, help=help_)
-        s.add_argument("job")
-        s.set_defaults(fn=cmd_cancel_resume)
-    s = sub.add_parser("prune", help="remove finished jobs (done, failed, cancelled) and their folders")
-    s.add_argument("--keep", type=int, help="keep the N newest finished jobs")
-    s.add_argument("--older-than", metavar="AGE", help="remove those finished longer ago than AGE: 7d, 12h, 30m or 45s "
-                                                       "(a bare number is seconds)")
-    s.set_defaults(fn=cmd_prune)
-    s = sub.add_parser("stages", help="supervisord state of every program")
-    s.set_defaults(fn=cmd_stages)
-    s = sub.add_parser("restart", help="restart one program through supervisord")
-    s.add_argument("stage")
-    s.set_defaults(fn=cmd_restart)
-    s = sub.add_parser("logs", help="a program's log")
-    s.add_argument("stage")
-    s.add_argument("-f", "--follow", action="store_true")
-    s.add_argument("--bytes", type=int, default=16 * 1024, help="how much of the end to show first")
-    s.set_defaults(fn=cmd_logs)
-    s = sub.add_parser("keys", help="CURVE key pairs for remote stages")
-    s.add_argument("action", choices=["generate"])
-    s.add_argument("--dir", help="where to write (default: RUN/keys)")
-    s.add_argument("--name", default="client", help="file name stem: NAME.key and NAME.key_secret")
-    s.add_argument("--force", action="store_true", help="replace an existing key pair of that name")
-    s.set_defaults(fn=cmd_keys)
-    s = sub.add_parser("service", help="a systemd unit that starts supervisord for the run folder at boot")
-    s.add_argument("action", choices=["install", "uninstall"])
-    s.add_argument("--user", action="store_true", help="a user unit (~/.config/systemd/user) instead of a system "
-                                                       "unit (/etc/systemd/system, needs root)")
-    s.add_argument("--print", action="store_true", help="install: print the unit, write nothing")
-    s.add_argument("--name", default="anima", help="unit name (default: anima -> anima.service)")
-    s.add_argument("--root", metavar="DIR", help="write below DIR instead of / (as systemctl --root)")
-    s.add_argument("--force", action="store_true", help="replace or remove a unit written for another run folder "
-                                                        "or by something else")
-    s.set_defaults(fn=cmd_service)
+    for command in COMMANDS:
+        extra = {"description": command.description} if command.description is not None else {}
+        s = sub.add_parser(command.name, help=command.help, **extra)
+        for flags, kwargs in command.args:
+            s.add_argument(*flags, **kwargs)
+        s.set_defaults(fn=command.fn)
     return p
 
 
