@@ -37,6 +37,7 @@ PY
 T="$(mktemp -d /tmp/anima-py310-tests.XXXXXX)"
 trap 'rm -rf "$SRC" "$T"' EXIT
 cp -r "$HERE/tests" "$HERE/pyproject.toml" "$T/" && mkdir "$T/scripts" && cp "$HERE/scripts/rknn_venv.sh" "$T/scripts/"
-# Left out here: the two tests that need the host's tools (the rknn compiler fixture, the synthetic bundle writer).
+# Left out here: the two tests that need the host's tools (the rknn compiler fixture, the synthetic bundle writer) and
+# the one of the labelled RKNNLite stand-in, which the installed package does not ship (tests/test_wheel_install.py).
 cd "$T" && env -u PYTHONPATH "$VENV/bin/python" -m pytest -q -p no:cacheprovider "${TESTS[@]}" -m "not slow" \
-  -k "not rknn_backend_checks and not onnx_encoder_stage_runs"
+  -k "not rknn_backend_checks and not onnx_encoder_stage_runs and not lite_pin_equals_the_compiler_release"
