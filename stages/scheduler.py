@@ -12,6 +12,7 @@ result is bitwise identical to an uninterrupted run.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -338,10 +339,10 @@ class SchedulerLogic:
         log.info("job %s: LoRAs %s (pack LoRA rank %d)", msg.job, [c.name for c in msg.loras],
                  runner.geom.lora_rank)
 
-    def on_denoise(self, msg: m.Denoise, ctx) -> m.Denoised:
-        t_start = time.monotonic()
+    def _checked_request(self, msg: m.Denoise, ctx):
+        """The job's pack, arena and both contexts, the request checked against the pack: (pack, arena, cond, uncond,
+        latent shape)."""
         params = msg.params
-        # 1) the pack, and the request checked against it
         pack = self._pack(msg.pack_dir, ctx)
         g, cfg = pack.geometry, pack.config
         if (params.width, params.height) != (g.width, g.height):
@@ -360,15 +361,21 @@ class SchedulerLogic:
         if msg.latent.dtype != "f32" or tuple(msg.latent.shape) != lat_shape:
             raise ProtocolError("latent", f"expected f32 {list(lat_shape)}, got {msg.latent.dtype} "
                                 f"{list(msg.latent.shape)}")
-        # 2) the sampler, fresh or resumed from the job folder
+        return pack, arena, cond, uncond, lat_shape
+
+    @staticmethod
+    def _sampler_and_state(msg: m.Denoise, lat_shape: tuple):
+        """The job's sampler and its state, fresh or resumed from the job folder (an unusable state: step 0)."""
+        params = msg.params
         try:
             sampler = make_sampler(params.steps, params.cfg, params.scheduler, params.spectrum, params.sampler)
         except ValueError as e:                     # an unknown name, Spectrum with a sampler it does not fit
             raise RequestFailed(str(e), code="bad_request", field="params.sampler") from None
-        state = start_or_resume(sampler, params.seed, lat_shape, msg.job_dir, msg.resume)   # unusable state: step 0
-        resumed_from = state.step
-        # 3) the executor link and the branch client
-        step_ref = [state.step + 1]
+        return sampler, start_or_resume(sampler, params.seed, lat_shape, msg.job_dir, msg.resume)
+
+    def _executor_side(self, msg: m.Denoise, ctx, pack, arena, sampler, step_ref: list) -> _ExecutorSide:
+        """The executor link, its heartbeat watch, the branch client over them and the DiT runner that drives it,
+        the job's LoRAs set on it."""
         sched = self.config.stage_settings("scheduler")
         curve = self.config.curve_client("executor") if msg.executor == self.config.endpoint("executor") else None
         plain = self.config.security.allow_plaintext_loopback
@@ -384,54 +391,94 @@ class SchedulerLogic:
         runner = ctx.keep_alive_while(DiTRunner, pack, branches=client, host_pace=pacer.op if pacer else None)
         if msg.loras:                  # a runner per job: the next job starts again from the pack's own weights
             ctx.keep_alive_while(self._set_lora, runner, msg)
-        sums: dict = {k: PhaseSums() for k in KINDS}
-        host_hidden = 0.0
-        clocks_shared = not msg.executor.startswith("tcp://")     # monotonic stamps compare on one host only
-        steps = []
+        return _ExecutorSide(link, watch, client, pacer, runner)
+
+    @staticmethod
+    def _step_loop(msg: m.Denoise, ctx, sampler, state, ex: _ExecutorSide, step_ref: list, cond, uncond,
+                   t_start: float) -> _StepTally:
+        """The steps, each one model call or more (or a Spectrum forecast); the state is saved after each."""
+        client, pacer = ex.client, ex.pacer
+        tally = _StepTally(clocks_shared=not msg.executor.startswith("tcp://"))
+        while not sampler.done(state):
+            step_ref[0] = state.step + 1
+            t_step, timing = time.monotonic(), None
+            marks = (client.transport_s, client.calls, pacer.totals.real_s if pacer else 0.0)
+            if sampler.needs_model(state):
+                timing = tally.model_step(ex.runner, sampler, state, cond, uncond, msg.context_rows or None)
+            else:
+                ctx.check(msg.job)
+                sampler.step_forecast(state)
+                ctx.emit(m.Progress(job=msg.job, step=state.step, steps=sampler.steps,
+                                    block=ex.runner.cfg.blocks - 1, branch=KINDS[-1], forecast=True,
+                                    elapsed_s=time.monotonic() - t_start))
+            if not np.isfinite(state.latent).all():
+                raise RequestFailed(f"latent has NaN/Inf after step {state.step}", field="latent")
+            check_state_room(msg.job_dir, state)
+            save_state(state, msg.job_dir)
+            tally.steps.append(step_times(state.step, time.monotonic() - t_step, timing,
+                                          transport_s=client.transport_s - marks[0], calls=client.calls - marks[1],
+                                          host_work_s=pacer.totals.real_s - marks[2] if pacer else None,
+                                          clocks_shared=tally.clocks_shared, nfe=state.nfe[-1]))
+        return tally
+
+    def on_denoise(self, msg: m.Denoise, ctx) -> m.Denoised:
+        t_start = time.monotonic()
+        pack, arena, cond, uncond, lat_shape = self._checked_request(msg, ctx)
+        sampler, state = self._sampler_and_state(msg, lat_shape)
+        resumed_from = state.step
+        step_ref = [state.step + 1]
+        ex = self._executor_side(msg, ctx, pack, arena, sampler, step_ref)
         try:
-            # 4) the steps, each one model call or more (or a Spectrum forecast); the state is saved after each
-            while not sampler.done(state):
-                step_ref[0] = state.step + 1
-                t_step, timing = time.monotonic(), None
-                marks = (client.transport_s, client.calls, pacer.totals.real_s if pacer else 0.0)
-                if sampler.needs_model(state):
-                    finished = False
-                    while not finished:
-                        x_in, sigma = sampler.point(state)
-                        v_c, v_u = runner.forward_cfg(x_in, sigma, cond, uncond, context_rows=msg.context_rows or None)
-                        call = runner.last_timing
-                        for k, ps in call.per_kind.items():
-                            sums[k].merge(ps)
-                        host_hidden += call.host_hidden_s if clocks_shared else 0.0
-                        timing = call if timing is None else timing.merged(call)
-                        finished = sampler.step_computed(state, v_c, v_u)
-                else:
-                    ctx.check(msg.job)
-                    sampler.step_forecast(state)
-                    ctx.emit(m.Progress(job=msg.job, step=state.step, steps=sampler.steps, block=cfg.blocks - 1,
-                                        branch=KINDS[-1], forecast=True, elapsed_s=time.monotonic() - t_start))
-                if not np.isfinite(state.latent).all():
-                    raise RequestFailed(f"latent has NaN/Inf after step {state.step}", field="latent")
-                check_state_room(msg.job_dir, state)
-                save_state(state, msg.job_dir)
-                steps.append(step_times(state.step, time.monotonic() - t_step, timing,
-                                        transport_s=client.transport_s - marks[0], calls=client.calls - marks[1],
-                                        host_work_s=pacer.totals.real_s - marks[2] if pacer else None,
-                                        clocks_shared=clocks_shared, nfe=state.nfe[-1]))
+            tally = self._step_loop(msg, ctx, sampler, state, ex, step_ref, cond, uncond, t_start)
         except FloatingPointError as e:
             raise RequestFailed(str(e), field="executor") from None
         finally:
-            link.close()
-            watch.close()
-        # 5) the final latent into its slot, and the sums
+            ex.link.close()
+            ex.watch.close()
+        # the final latent into its slot, and the sums
         arena.write(msg.latent, sampler.result(state))
-        wall = time.monotonic() - t_start
+        wall, client, steps = time.monotonic() - t_start, ex.client, tally.steps
         return m.reply_to(msg, m.Denoised, job=msg.job, latent=msg.latent, computed_steps=tuple(state.computed),
-                          forecast_steps=tuple(state.forecast), branch_calls=client.calls, branches=sums,
-                          host_s=max(0.0, wall - client.blocked_s), host_hidden_s=host_hidden,
+                          forecast_steps=tuple(state.forecast), branch_calls=client.calls, branches=tally.sums,
+                          host_s=max(0.0, wall - client.blocked_s), host_hidden_s=tally.host_hidden,
                           transport_s=client.transport_s, wall_s=wall, resumed_from=resumed_from,
-                          resends=link.resends + client.resends, steps=tuple(steps),
+                          resends=ex.link.resends + client.resends, steps=tuple(steps),
                           host_work_s=sum(st.host_work_s for st in steps))
+
+
+@dataclasses.dataclass
+class _ExecutorSide:
+    """What one DENOISE talks to the executor through; link and watch are closed when the steps end."""
+
+    link: LazyPirate
+    watch: PeerWatch
+    client: BranchClient
+    pacer: object            # the backend's host pacer, or None
+    runner: DiTRunner
+
+
+@dataclasses.dataclass
+class _StepTally:
+    """What the steps add up to for the DENOISED reply: per-kind branch sums, hidden host time, each step's times."""
+
+    clocks_shared: bool      # monotonic stamps compare on one host only
+    sums: dict = dataclasses.field(default_factory=lambda: {k: PhaseSums() for k in KINDS})
+    host_hidden: float = 0.0
+    steps: list = dataclasses.field(default_factory=list)
+
+    def model_step(self, runner: DiTRunner, sampler, state, cond, uncond, context_rows):
+        """One step's model calls (one, or more for a multi-call sampler), their timings merged and summed."""
+        timing, finished = None, False
+        while not finished:
+            x_in, sigma = sampler.point(state)
+            v_c, v_u = runner.forward_cfg(x_in, sigma, cond, uncond, context_rows=context_rows)
+            call = runner.last_timing
+            for k, ps in call.per_kind.items():
+                self.sums[k].merge(ps)
+            self.host_hidden += call.host_hidden_s if self.clocks_shared else 0.0
+            timing = call if timing is None else timing.merged(call)
+            finished = sampler.step_computed(state, v_c, v_u)
+        return timing
 
 
 def main(argv=None) -> int:
