@@ -456,9 +456,12 @@ def cmd_init(args, rf: RunFolder) -> int:
             raise CliError("--bundle names every pack and model: give it without --pack or --models", EXIT_USAGE)
         from orchestrator.board_bundle import board_bundle
         bundle = board_bundle(args.bundle, hashes=not args.quick)
+    changes: list = []
     rf = init_run(rf.root, python=args.python, packs=args.pack, models_dir=args.models, force=args.force,
-                  bundle=bundle)
+                  bundle=bundle, changes=changes)
     print(f"run folder {rf.root}\nsupervisord config {rf.supervisord_conf}\npipeline config {rf.pipeline_toml}")
+    for line in changes:
+        print(line)
     if bundle is not None:
         sizes = ", ".join(f"{w}x{h}" for w, h in bundle.sizes)
         print(f"bundle {bundle.dir}: {sizes}, backend {bundle.backend}")

@@ -162,11 +162,12 @@ def check_init_inputs(pack_dirs, models_dir) -> None:
 
 def init_run(run: str | os.PathLike | None = None, *, python: str | None = None, template: Path = TEMPLATE,
              pack_dir: Path | None = None, packs=(), models_dir: Path | None = None, force: bool = False,
-             bundle=None) -> RunFolder:
+             bundle=None, changes: list | None = None) -> RunFolder:
     """Create the run folder (0700) with logs/ and jobs/, its supervisord.conf, pipeline.toml (both kept when
     present, unless `force`) and an example prompt.json. `pack_dir` and `packs`: the model packs, the default first,
     or a checked models.bundle.Bundle; a bad pack or models folder, or two packs of one size, are refused
-    (ValueError) before anything is written."""
+    (ValueError) before anything is written. `changes` gets one line per file: written, kept as it was, or replaced
+    (with `force`; the file it replaces is kept beside it, and the line names the settings that differ)."""
     pack_dirs = ([pack_dir] if pack_dir else []) + list(packs or ())
     check_init_inputs(pack_dirs, models_dir)
     rf = RunFolder.resolve(run)
@@ -177,10 +178,52 @@ def init_run(run: str | os.PathLike | None = None, *, python: str | None = None,
     files = {rf.root / "supervisord.conf": lambda: render_supervisord_conf(template.read_text(), rf.root,
                                                                            python=python),
              rf.pipeline_toml: lambda: pipeline_toml_text(pack_dirs, models_dir, bundle)}
+    said = changes if changes is not None else []
     for path, text in files.items():
-        if force or not path.exists():
-            atomic_write(path, text())
+        said.append(_write_config(path, text(), force))
     example = rf.root / "prompt.json"            # the user's own once written: never replaced
     if EXAMPLE_PROMPT.is_file() and not example.exists():
         atomic_write(example, EXAMPLE_PROMPT.read_text())
+        said.append(f"wrote {example} (an example to submit)")
     return rf
+
+
+KEPT_SUFFIX = ".before-init"
+
+
+def _write_config(path: Path, text: str, force: bool) -> str:
+    """Write one config file of the run folder; -> what happened, in words. An existing file is the user's: kept
+    unless `force`, and then kept beside the new one (PATH.before-init), naming the settings that differ."""
+    if not path.exists():
+        atomic_write(path, text)
+        return f"wrote {path}"
+    old = path.read_text(errors="replace")
+    if old == text:
+        return f"kept {path} (already as init writes it)"
+    if not force:
+        return f"kept {path} as it is (yours; --force writes it again and keeps this one as {path.name}{KEPT_SUFFIX})"
+    atomic_write(path.with_name(path.name + KEPT_SUFFIX), old)
+    atomic_write(path, text)
+    differ = _differing_settings(old, text) if path.suffix == ".toml" else []
+    what = f": {', '.join(differ[:8])}{' ...' if len(differ) > 8 else ''} differ" if differ else ""
+    return f"replaced {path}; the previous one is {path.name}{KEPT_SUFFIX}{what}"
+
+
+def _differing_settings(old: str, new: str) -> list[str]:
+    """The dotted keys whose values differ between two TOML texts (either side unparsable: nothing to name)."""
+    try:
+        import tomllib
+    except ImportError:                                    # Python 3.10
+        import tomli as tomllib
+    try:
+        a, b = tomllib.loads(old), tomllib.loads(new)
+    except (ValueError, TypeError):
+        return []
+
+    def flat(d, pre=""):
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{pre}{k}.") if isinstance(v, dict) else {f"{pre}{k}": v})
+        return out
+    fa, fb = flat(a), flat(b)
+    return sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))

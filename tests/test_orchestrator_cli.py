@@ -120,6 +120,31 @@ def test_init_with_several_packs(tmp_path, capsys):
     assert "128x128 has no model pack; the sizes with a pack: 64x64, 64x32" in capsys.readouterr().err
 
 
+def test_init_again_says_what_it_kept_and_force_keeps_the_old_file(tmp_path, capsys):
+    """Reported: `init` on an existing run folder exited 0 printing as if it wrote the files, changing nothing, and
+    `--force` silently dropped hand edits (port, models_dir). Now every file's fate is printed; --force keeps the
+    replaced file beside the new one and names the settings that differ."""
+    from tests.doubles_harness import fake_pack
+    a = fake_pack(tmp_path / "a", 64, 64)
+    run = tmp_path / "run"
+    assert cli.main(["--run", str(run), "init", "--pack", str(a)]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {run / 'pipeline.toml'}" in out and f"wrote {run / 'supervisord.conf'}" in out
+    assert cli.main(["--run", str(run), "init", "--pack", str(a)]) == 0
+    assert f"kept {run / 'pipeline.toml'} (already as init writes it)" in capsys.readouterr().out
+    toml = run / "pipeline.toml"
+    edited = toml.read_text().replace("[stage.http]\n", "[stage.http]\nport = 8190\n", 1)
+    assert edited != toml.read_text()
+    toml.write_text(edited)
+    assert cli.main(["--run", str(run), "init", "--pack", str(a)]) == 0
+    out = capsys.readouterr().out
+    assert f"kept {toml} as it is (yours; --force writes it again" in out and toml.read_text() == edited
+    assert cli.main(["--run", str(run), "init", "--pack", str(a), "--force"]) == 0
+    out = capsys.readouterr().out
+    assert f"replaced {toml}; the previous one is pipeline.toml.before-init: stage.http.port differ" in out
+    assert (run / "pipeline.toml.before-init").read_text() == edited and "port = 8190" not in toml.read_text()
+
+
 def test_submit_stdin_limits_and_generate_names_options(tmp_path, capsys, monkeypatch):
     """Checked before any daemon is asked: too much or nothing on stdin, and generate's options by name."""
     import io
