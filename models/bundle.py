@@ -118,12 +118,20 @@ def _member(bundle: Path, rel: str, where: str) -> Path:
     parts = PurePosixPath(rel).parts
     if not rel or PurePosixPath(rel).is_absolute() or ".." in parts or "\\" in rel:
         raise BundleError(f"{where}: path {rel[:200]!r} is not a folder inside the bundle")
-    return bundle.joinpath(*parts)
+    d = bundle.joinpath(*parts)
+    if d.exists() and not d.resolve().is_relative_to(bundle.resolve()):     # a link out of the bundle
+        raise BundleError(f"{where}: path {rel[:200]!r} leads out of the bundle (a symbolic link); copy the part "
+                          "into the bundle")
+    return d
 
 
-def _check_part(bundle: Path, entry: PartEntry, where: str, hashes: bool, target: str, toolkit: Optional[str]):
+def _check_part(bundle: Path, entry: PartEntry, where: str, hashes: bool, target: str, toolkit: Optional[str],
+                kind: str):
     """A part's folder, its manifest (the sha256 bundle.json pins), its files (present; with `hashes`, their sha256)
-    and, for a compiled bundle, every model compiled for the target by the bundle's toolkit; -> the loaded pack."""
+    and, for a compiled bundle, every model compiled for the target by the bundle's toolkit; -> the loaded pack.
+    `kind`: the kind its place in bundle.json holds (a DiT pack under sizes.S.dit ...)."""
+    if entry.kind != kind:
+        raise BundleError(f"{where}: kind {entry.kind[:80]!r} where bundle.json holds a {kind!r}; rebuild the bundle")
     d = _member(bundle, entry.path, where)
     fix = "; copy the whole bundle again (rsync -a) or rebuild it with `anima-models bundle`"
     if not d.is_dir():
@@ -169,8 +177,8 @@ def read_bundle(bundle_dir, hashes: bool = False) -> Bundle:
         raise BundleError(f"{b}: no {BUNDLE_JSON}{hint}")
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise BundleError(f"{path}: unreadable ({e})") from None
+    except (OSError, ValueError, RecursionError) as e:      # RecursionError: nesting past Python's limit
+        raise BundleError(f"{path}: unreadable ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(data, dict) or data.get("kind") != BUNDLE_KIND:
         raise BundleError(f"{path}: not a bundle (kind {str(data.get('kind') if isinstance(data, dict) else None)[:80]!r}"
                           f", expected {BUNDLE_KIND!r})")
@@ -197,14 +205,14 @@ def read_bundle(bundle_dir, hashes: bool = False) -> Bundle:
             size = parse_resolution(key)
         except ValueError as e:
             raise BundleError(f"{path}: sizes.{key[:40]}: {e}") from None
-        dit = _check_part(b, entry.dit, f"{path} sizes.{key}.dit", hashes, rec.target, rec.toolkit)
-        vae = _check_part(b, entry.vae, f"{path} sizes.{key}.vae", hashes, rec.target, rec.toolkit)
+        dit = _check_part(b, entry.dit, f"{path} sizes.{key}.dit", hashes, rec.target, rec.toolkit, DIT_KIND)
+        vae = _check_part(b, entry.vae, f"{path} sizes.{key}.vae", hashes, rec.target, rec.toolkit, VAE_KIND)
         got = {"dit": (dit.geometry.width, dit.geometry.height), "vae": (vae.width, vae.height)}
         for part, s in got.items():
             if s != size:
                 raise BundleError(f"{path}: sizes.{key}.{part} is a {size_key(s)} pack; rebuild the bundle")
         sizes[size] = (dit.dir.resolve(), vae.dir.resolve())
-    _check_part(b, rec.encoder, f"{path} encoder", hashes, rec.target, rec.toolkit)
+    _check_part(b, rec.encoder, f"{path} encoder", hashes, rec.target, rec.toolkit, ENCODER_KIND)
     return Bundle(b, data, rec.target, rec.toolkit, sizes, _member(b, rec.encoder.path, str(path)).resolve())
 
 

@@ -299,3 +299,31 @@ def test_a_file_cut_short_is_caught_without_hashing(cpu_bundle, tmp_path, capsys
         run = tmp_path / f"run-{part}"
         assert cli.main(["--run", str(run), "init", "--bundle", str(b), "--quick"]) == 2
         assert "cut short" in capsys.readouterr().err and not run.exists()
+
+
+
+def test_kind_swaps_deep_json_and_links_out_are_refused(cpu_bundle, tmp_path, capsys):
+    """Reported: bundle.json's VAE entry as `dit` or its DiT as `encoder` was accepted or gave a traceback; a 100k-deep
+    bundle.json a traceback; a part folder symlinked outside the bundle was accepted. Each is a BundleError (exit 2)."""
+    cases = [
+        (lambda b, d: d["sizes"][SIZE]["vae"].__setitem__("kind", "anima-dit-pack"), "where bundle.json holds"),
+        (lambda b, d: d["sizes"][SIZE]["dit"].__setitem__("kind", "anima-encoder-pack"), "where bundle.json holds"),
+        (lambda b, d: d["sizes"][SIZE].__setitem__("dit", dict(d["sizes"][SIZE]["vae"])), "where bundle.json holds"),
+        (lambda b, d: replace_file(b / BUNDLE_JSON, b"[" * 100_000 + b"]" * 100_000) or d.clear(), "unreadable"),
+    ]
+    for i, (change, words) in enumerate(cases):
+        b = copy_bundle(cpu_bundle[0], tmp_path / f"c{i}")
+        d = json.loads((b / BUNDLE_JSON).read_text())
+        change(b, d)
+        if d:
+            replace_file(b / BUNDLE_JSON, json.dumps(d).encode())
+        with pytest.raises(BundleError, match=words):
+            read_bundle(b)
+        assert cli.main(["--run", str(tmp_path / f"r{i}"), "init", "--bundle", str(b), "--quick"]) == 2
+        assert words in capsys.readouterr().err
+    b = copy_bundle(cpu_bundle[0], tmp_path / "linked")
+    outside = tmp_path / "outside-encoder"
+    (b / "encoder").rename(outside)
+    (b / "encoder").symlink_to(outside)
+    with pytest.raises(BundleError, match="leads out of the bundle"):
+        read_bundle(b)
