@@ -1,9 +1,12 @@
-"""Full-size RKNN benchmark (not CI): compile the synthetic full preset's 512x512 pack and check it in the simulator.
+"""Full-size RKNN benchmark (not CI): compile the synthetic full preset's pack at a size and check it in the simulator.
 
-    .venv/bin/python bench/rknn_full.py [--out bench/out/rknn_full] [--blocks all|0,13,27] [--jobs 1]
-                                        [--sim per-branch|cumulative|none] [--json FILE]
+    .venv/bin/python bench/rknn_full.py [--out bench/out/rknn_full] [--resolution 512x512] [--blocks all|0,13,27]
+                                        [--jobs 1] [--sim per-branch|cumulative|none] [--json FILE]
 
-1) writes the synthetic `full` checkpoint (28 blocks, D 2048; bf16, ~4.2 GB) and its 512x512 FP16 pack when absent;
+Last line: `rknn_full resolution=WxH branches=N built=N failed=N worst_cos=X` (worst_cos: the lowest per-branch
+cosine of the simulator against ONNX Runtime; - without a per-branch check).
+
+1) writes the synthetic `full` checkpoint (28 blocks, D 2048; bf16, ~4.2 GB) and its FP16 pack at the size when absent;
 2) compiles the selected blocks with rknn-toolkit2 (one process per branch): total time, per-branch build time, size
    and peak RSS; the size sum is extrapolated to 84 branches and set against the reference work's ~3.99 GB;
 3) simulator check: `per-branch` builds each selected branch in the simulator and compares it with ONNX Runtime and
@@ -36,17 +39,18 @@ def cosine(a, b) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def ensure_pack(out: Path) -> Path:
+def ensure_pack(out: Path, size: tuple = (512, 512)) -> Path:
     from models.packs.pack import build_pack
     from models.dit.synth import write_dit
-    ckpt, pack = out / "full-dit.safetensors", out / "pack512"
+    ckpt = out / "full-dit.safetensors"
+    pack = out / ("pack512" if size == (512, 512) else f"pack{size[0]}x{size[1]}")
     if not ckpt.exists():
         t = time.perf_counter()
         write_dit("full", 0, ckpt)
         log.info("synthetic full checkpoint: %.1f GB in %.0f s", ckpt.stat().st_size / 1e9, time.perf_counter() - t)
     if not (pack / "manifest.json").exists():
         t = time.perf_counter()
-        build_pack(ckpt, pack, (512, 512), "fp16")
+        build_pack(ckpt, pack, size, "fp16")
         log.info("pack: built in %.0f s", time.perf_counter() - t)
     return pack
 
@@ -99,15 +103,23 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--sim", default="per-branch", choices=("per-branch", "cumulative", "none"))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--resolution", default="512x512", help="the pack's picture size WxH (default 512x512)")
     args = ap.parse_args(argv)
+    try:
+        size = tuple(int(v) for v in args.resolution.lower().split("x"))
+        from models.dit.partition import Geometry
+        Geometry.from_resolution(*size)
+    except (ValueError, TypeError) as e:
+        print(f"bench/rknn_full.py: --resolution {args.resolution}: {e}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from models.dit.partition import parse_blocks
     from models.rknn.compile import compile_pack, describe
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    pack = ensure_pack(out)
+    pack = ensure_pack(out, size)
     blocks = parse_blocks(args.blocks, 28)
-    result = {"blocks": blocks}
+    result = {"blocks": blocks, "resolution": f"{size[0]}x{size[1]}"}
     # 1) compile
     rep = compile_pack(pack, jobs=args.jobs, blocks=blocks, per_worker=1)
     print(describe(rep))
@@ -136,9 +148,15 @@ def main(argv=None) -> int:
         result["final_cos"] = final["cos"]
         result["final_cos_target_met"] = final["cos"] >= TARGET_FINAL_COS
     text = json.dumps(result, indent=1, default=float)
-    Path(args.json or out / "result.json").write_text(text + "\n")
+    Path(args.json or out / f"result-{result['resolution']}.json").write_text(text + "\n")
     print(text)
-    return 0
+    failed = [b for b in rep["branches"] if b["status"] == "failed"]
+    built = [b for b in rep["branches"] if b["status"] in ("built", "skipped")]      # skipped: compiled by a run before
+    cos = [r["cos_vs_onnx"] for r in result.get("sim", [])]
+    worst = f"{min(cos):.6f}" if cos else "-"
+    print(f"rknn_full resolution={result['resolution']} branches={len(rep['branches'])} built={len(built)} "
+          f"failed={len(failed)} worst_cos={worst}")
+    return 0 if not failed else 1
 
 
 if __name__ == "__main__":
