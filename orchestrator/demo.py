@@ -98,9 +98,36 @@ def prepare_run(run: Path, models: Path, pack: Path) -> tuple[RunFolder, bool]:
         init_run(run, pack_dir=pack, models_dir=models, force=True)
         changed = True
     text = toml.read_text()
+    if changed:
+        text = _http_port_for_demo(text)
     if not text.startswith(DEMO_MARK):
-        atomic_write(toml, f"{DEMO_MARK}the embedded tiny model (python -m orchestrator.demo)\n{text}")
+        text = f"{DEMO_MARK}the embedded tiny model (python -m orchestrator.demo)\n{text}"
+    if text != toml.read_text():
+        atomic_write(toml, text)
     return rf, changed
+
+
+def _port_taken(port: int, host: str = "127.0.0.1") -> bool:
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _http_port_for_demo(text: str) -> str:
+    """The demo's pipeline.toml with a front that can listen: ComfyUI's port (the default) when it is free, else any
+    free port (0; the one taken is in RUN/http.json and the demo prints it). A port the file already sets is kept."""
+    from stages.settings import HttpSettings
+    port = HttpSettings().port
+    head, sep, rest = text.partition("[stage.http]\n")
+    section = rest.split("\n[", 1)[0]
+    if not sep or any(line.strip().startswith("port") for line in section.splitlines()) or not _port_taken(port):
+        return text
+    _say(f"   port {port} is taken (ComfyUI?): the HTTP front takes any free port ([stage.http] port = 0)")
+    return f"{head}{sep}port = 0                   # {port} was taken when the demo wrote this: any free port\n{rest}"
 
 
 def _supervisord_state(sup) -> str:
@@ -285,9 +312,11 @@ def main(argv=None) -> int:
     else:
         bin_dir = Path(sys.executable).parent
         url = http_front(rf)
-        page = (f"  web page: {url}   (ComfyUI API: {url}prompt ... /ws; A1111 API: {url}sdapi/v1/txt2img)"
-                if url.startswith("http") else f"  web page: {url}")
-        _say(f"supervisord keeps running (scheduler, executor and the HTTP front stay up for the next job):\n"
+        up = url.startswith("http")
+        page = (f"  web page: {url}   (ComfyUI API: {url}prompt ... /ws; A1111 API: {url}sdapi/v1/txt2img)" if up
+                else f"  web page: none: {url}; its port is [stage.http] port in {rf.pipeline_toml}")
+        stays = "the HTTP front stay up" if up else "stay up; the HTTP front did not start"
+        _say(f"supervisord keeps running (scheduler, executor and {stays} for the next job):\n"
              f"  {bin_dir}/orchestrator --run {rf.root} submit {args.prompt} --wait    # another job\n"
              f"  {bin_dir}/supervisorctl -c {conf} status\n"
              f"  {bin_dir}/supervisorctl -c {conf} shutdown                    # stop everything\n{page}")

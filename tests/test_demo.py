@@ -103,3 +103,31 @@ def test_make_demo_path_runs_a_job_keeps_supervisord_then_stops_it(pipeline_asse
         except SupervisorError:
             pass
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_demo_takes_a_free_port_when_comfyuis_is_taken(tmp_path, capsys):
+    """Reported: with ComfyUI on 8188, `make demo` exited 0 while its front had EXITED, and nothing named
+    `[stage.http] port`. The demo's config now gives the front any free port when 8188 is taken (the demo prints the
+    URL the front took); a port the file sets, and a free 8188, are left alone."""
+    import socket
+    from stages.config import load_config
+    from tests.doubles_harness import fake_pack
+    pack, models = fake_pack(tmp_path / "pack", 64, 64), tmp_path / "models"
+    models.mkdir()
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        try:
+            holder.bind(("127.0.0.1", 8188))
+            holder.listen(1)
+        except OSError:
+            pass                                  # something here holds it already: taken either way
+        rf, changed = demo.prepare_run(tmp_path / "run", models, pack)
+        assert changed and "port 8188 is taken" in capsys.readouterr().err
+        assert load_config(rf.pipeline_toml).stage_settings("http")["port"] == 0
+        rf, changed = demo.prepare_run(tmp_path / "run", models, pack)      # the same demo again: nothing changes
+        assert not changed and load_config(rf.pipeline_toml).stage_settings("http")["port"] == 0
+    finally:
+        holder.close()
+    text = demo._http_port_for_demo("[stage.http]\nport = 9000\n")
+    assert text == "[stage.http]\nport = 9000\n"
