@@ -284,8 +284,10 @@ class Doctor:
         from orchestrator.supervisor import Supervisor, SupervisorError
         conf = self.rf.supervisord_conf
         try:
-            state = Supervisor(self.rf.supervisor_sock, timeout_s=2.0).ping()
+            sup = Supervisor(self.rf.supervisor_sock, timeout_s=2.0)
+            state = sup.ping()
             self.add(OK, "supervisord", f"{state} on {self.rf.supervisor_sock}")
+            self._check_always_on(sup)
             return
         except SupervisorError:
             self.add(WARN, "supervisord", f"not running for {self.rf.root}: start it with supervisord -c {conf}")
@@ -304,6 +306,23 @@ class Doctor:
             except OSError as e:
                 self.add(WARN, "http-port", f"{host}:{port} is taken ({e.strerror}): another program listens there; "
                                             "set [stage.http] port in pipeline.toml")
+
+    def _check_always_on(self, sup) -> None:
+        """The programs that stay up (scheduler, executor, the job daemon, the HTTP front): one that has stopped
+        for good fails, named with supervisord's reason, its log's last line and the setting to look at."""
+        from orchestrator.runfolder import ALWAYS_ON_STAGES
+        fixes = {"http": "the front's address is [stage.http] host and port in pipeline.toml (port = 0: any free one)"}
+        infos = sup.all_info()
+        for name in ALWAYS_ON_STAGES + ("orchestrator", "http"):
+            info = infos.get(name)
+            if info is None or info.state not in ("EXITED", "FATAL", "BACKOFF", "STOPPED"):
+                continue
+            log = self.rf.logs / f"{name}.log"
+            lines = log.read_text(errors="replace").strip().splitlines()[-1:] if log.is_file() else []
+            why = "; ".join(x for x in (info.spawnerr, info.description, *lines) if x)
+            fix = fixes.get(name, f"see {log}")
+            self.add(FAIL, f"program-{name}", f"{name} is {info.state} ({why[:300]}): {fix}; then supervisorctl -c "
+                                              f"{self.rf.supervisord_conf} start {name}")
 
     def run(self) -> list[Check]:
         for check in (self.check_config, self.check_run_folder, self.check_machine, self.check_npu,

@@ -170,3 +170,34 @@ def test_config_and_run_folder_failures(tree, tmp_path, bundle, capsys):
     capsys.readouterr()
     assert cli.main(["--run", str(rf.root), "doctor"]) == 1          # the command's exit status is the doctor's
     assert capsys.readouterr().out.splitlines()[-1].startswith("doctor ok=")
+
+
+def test_a_program_that_stopped_for_good_fails_naming_why(tree, tmp_path, bundle, monkeypatch):
+    """Reported: with ComfyUI on the front's port, doctor said fail=0 while the front had EXITED. supervisord's own
+    states are read (a stand-in for its XML-RPC answer here): a stopped always-on program fails with its reason,
+    its log's last line and the setting to look at."""
+    from orchestrator import supervisor
+    rf = init(tmp_path, bundle)
+    rf.logs.mkdir(exist_ok=True)
+    (rf.logs / "http.log").write_text("starting\nOSError: [Errno 98] address already in use: 127.0.0.1:8188\n")
+
+    def proc(name, state):
+        return supervisor.ProcInfo(name, state, 0 if state != "RUNNING" else 42, 1, "Exited too quickly", "", 0.0)
+
+    class FakeSupervisor:
+        def __init__(self, *a, **kw):
+            pass
+
+        def ping(self):
+            return "RUNNING"
+
+        def all_info(self):
+            return {n: proc(n, "FATAL" if n == "http" else "RUNNING")
+                    for n in ("scheduler", "executor", "orchestrator", "http")}
+    monkeypatch.setattr(supervisor, "Supervisor", FakeSupervisor)
+    rc, lines, last = run_doctor(rf)
+    assert rc != 0 and last.endswith(" fail=1"), (lines, last)
+    line = lines["program-http"]
+    assert line.startswith("fail program-http: http is FATAL (Exited too quickly; ") and "address already in use" in line
+    assert "[stage.http] host and port in pipeline.toml" in line and "start http" in line
+    assert "program-scheduler" not in lines
