@@ -236,9 +236,19 @@ class _Checker:
     def add(self, node_id: str, error: dict) -> None:
         self.errors.setdefault(node_id, []).append(error)
 
-    def node(self, node_id: str) -> None:
-        if node_id in self.done:
-            return
+    def node(self, root: str) -> None:
+        """Check `root` and every node it links to, depth first, in ComfyUI's order: an explicit stack (a chain as
+        long as the node limit allows needs no recursion), each node once (a loop ends the walk; `cycle` finds it)."""
+        stack = [self._visit(root)] if root not in self.done else []
+        while stack:
+            src = next(stack[-1], None)
+            if src is None:
+                stack.pop()
+            elif src not in self.done:
+                stack.append(self._visit(src))
+
+    def _visit(self, node_id: str):
+        """Check one node's inputs; yields the id of each node it links to, to be checked before its next input."""
         self.done.add(node_id)
         spec = self.table[self.graph[node_id]["class_type"]]
         inputs = self.graph[node_id].get("inputs", {})
@@ -251,14 +261,17 @@ class _Checker:
                 continue
             val = inputs[i.name]
             if i.is_link:
-                self._link(node_id, i, val)
+                src = self._link(node_id, i, val)
+                if src is not None:
+                    yield src
             elif isinstance(val, list):
                 self.add(node_id, _err("invalid_input_type", f"{i.name} takes a value, not a link", i.name,
                                        input_name=i.name, received_value=val))
             else:
                 self._value(node_id, i, val)
 
-    def _link(self, node_id: str, i: InputSpec, val) -> None:
+    def _link(self, node_id: str, i: InputSpec, val) -> str | None:
+        """Check a link input -> its source node's id (None when the link is refused)."""
         info = dict(input_name=i.name, received_value=val)
         if not (isinstance(val, list) and len(val) == 2 and isinstance(val[0], (str, int))
                 and isinstance(val[1], int) and not isinstance(val[1], bool)):
@@ -277,7 +290,35 @@ class _Checker:
                                    linked_node=val))
             return
         self.links[node_id][i.name] = src
-        self.node(src)
+        return src
+
+    def cycle(self, root: str) -> list[tuple[str, str]] | None:
+        """A loop among the links checked from `root`: [(node id, the input that links it to the next one)], the
+        last one's input closing the loop onto the first; None when the links from `root` form no loop. Iterative,
+        each node entered once: linear in the graph's size."""
+        state: dict[str, int] = {}                  # 1: on the current path, 2: finished
+        path: list[tuple[str, str]] = []            # (node, input being followed) from root to the current node
+        stack = [(root, iter(self.links.get(root, {}).items()))]
+        state[root] = 1
+        while stack:
+            node, edges = stack[-1]
+            step = next(edges, None)
+            if step is None:
+                state[node] = 2
+                stack.pop()
+                if path:
+                    path.pop()
+                continue
+            name, src = step
+            if state.get(src) == 1:                 # back onto the path: the loop runs from src to here
+                on = [n for n, _ in stack]
+                loop = [(n, path[k][1]) for k, n in enumerate(on) if k < len(path)] + [(node, name)]
+                return loop[on.index(src):]
+            if src not in state:
+                state[src] = 1
+                path.append((node, name))
+                stack.append((src, iter(self.links.get(src, {}).items())))
+        return None
 
     def _value(self, node_id: str, i: InputSpec, val) -> None:
         info = dict(input_name=i.name, received_value=val if isinstance(val, (str, int, float, bool)) else str(val))
@@ -355,6 +396,11 @@ def graph_to_job(graph: Any, *, names: ModelNames = ModelNames(), sizes=None) ->
     c = _Checker(graph, table)
     c.node(out)
     problems = [(k, e) for k, es in c.errors.items() for e in es] + extra
+    loop = c.cycle(out)
+    if loop is not None:                    # ComfyUI's "Dependency cycle detected", before anything walks the chains
+        shown = " -> ".join(f"{n}.{name}" for n, name in loop) + f" -> {loop[0][0]}"
+        problems += [(n, _err("dependency_cycle", "Dependency cycle detected", f"{name} - the graph loops: {shown}",
+                              input_name=name, cycle=[k for k, _ in loop])) for n, name in loop]
     if not problems:
         roles, spec, more = _roles(graph, table, c, out, sizes)
         problems += more
@@ -387,7 +433,9 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
     roles = {"save": out, "decode": decode, "sampler": sampler, "latent": latent, "vae": c.links[decode]["vae"],
              "positive": c.links[sampler]["positive"], "negative": c.links[sampler]["negative"]}
     model, model_loras = c.links[sampler]["model"], []
-    while role_of[model] in ("shift", "lora"):                   # from the sampler back to the loader
+    for _ in range(len(graph)):                                   # from the sampler back to the loader (no loops:
+        if role_of[model] not in ("shift", "lora"):               # graph_to_job refused them; bounded all the same)
+            break
         if role_of[model] == "shift":
             roles["shift"] = model
         else:
@@ -400,7 +448,9 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
     clips = {}
     for side in ("positive", "negative"):
         clip, chain = c.links[roles[side]]["clip"], []
-        while role_of[clip] == "lora":
+        for _ in range(len(graph)):
+            if role_of[clip] != "lora":
+                break
             chain.append(clip)
             clip = c.links[clip]["clip"]
         clips[side] = (clip, chain)
