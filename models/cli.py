@@ -1,4 +1,4 @@
-"""`anima-models`: offline model tooling (synth, pack, pack-vae, forward, verify, compile, encode, decode)."""
+"""`anima-models`: offline model tooling, one subcommand per module of models/commands/ (COMMANDS below)."""
 from __future__ import annotations
 
 import argparse
@@ -37,7 +37,7 @@ HOST_EXTRA = "pip install 'anima-npu[host]'"
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    parser = argparse.ArgumentParser(prog="anima-models", description=__doc__)
+    parser = argparse.ArgumentParser(prog="anima-models", description="offline model tooling: " + ", ".join(COMMANDS))
     sub = parser.add_subparsers(dest="command", required=True)
     argv = sys.argv[1:] if argv is None else list(argv)
     wanted = next((a for a in argv if not a.startswith("-")), None)

@@ -60,3 +60,14 @@ def test_synth_bundle_is_a_models_folder_and_is_kept_when_complete(tmp_path, cap
     with pytest.raises(SystemExit) as e:                                                            # not a preset
         main(["synth", "bundle", "--preset", "huge", "--out", str(tmp_path / "x")])
     assert e.value.code == 2 and "invalid choice: 'huge'" in capsys.readouterr().err
+
+
+def test_the_help_names_every_subcommand(capsys):
+    """Reported: `anima-models --help` described 8 subcommands and left out bundle, info and export-encoder."""
+    from models.cli import COMMANDS
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    described = text.split("offline model tooling: ", 1)[1].split(" positional arguments")[0]
+    assert [c.strip() for c in described.split(",")] == list(COMMANDS)
+    assert {"bundle", "info", "export-encoder"} <= set(COMMANDS)
