@@ -639,6 +639,11 @@ def main(argv=None) -> int:
     except SupervisorError as e:
         print(f"orchestrator {args.command}: error: {e}", file=sys.stderr)
         return EXIT_FAILED
+    except BrokenPipeError:
+        # the reader went away (`orchestrator stages | head`): what it wanted was printed; no error, and no second
+        # one when Python flushes stdout at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except (ValueError, OSError) as e:
         print(f"orchestrator {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -196,3 +196,17 @@ def test_prune_numbers_out_of_range_are_usage_errors(tmp_path, capsys):
         assert cli.main(["--run", str(run), "prune", *args]) == 2
         err = capsys.readouterr().err
         assert says in err and ("out of range" in err or "not finite" in err), err
+
+
+def test_a_reader_that_goes_away_is_not_an_error(tmp_path):
+    """Reported: `orchestrator stages | head` ended in a Broken pipe error (and Python's second one at exit)."""
+    import subprocess
+    import sys
+    run = tmp_path / "run"
+    assert cli.main(["--run", str(run), "init"]) == 0
+    p = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "--run", str(run), "init"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()                                   # gone before the first line
+    err = p.stderr.read().decode()
+    assert p.wait(60) == 0, err
+    assert "Broken pipe" not in err and "BrokenPipeError" not in err, err
