@@ -619,6 +619,8 @@ def build_parser() -> argparse.ArgumentParser:
     for command in COMMANDS:
         extra = {"description": command.description} if command.description is not None else {}
         s = sub.add_parser(command.name, help=command.help, **extra)
+        # `--run` after the subcommand too (`orchestrator doctor --run R`); given there it wins
+        s.add_argument("--run", default=argparse.SUPPRESS, help="run folder (as before the subcommand)")
         for flags, kwargs in command.args:
             s.add_argument(*flags, **kwargs)
         s.set_defaults(fn=command.fn)

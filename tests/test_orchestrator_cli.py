@@ -210,3 +210,13 @@ def test_a_reader_that_goes_away_is_not_an_error(tmp_path):
     err = p.stderr.read().decode()
     assert p.wait(60) == 0, err
     assert "Broken pipe" not in err and "BrokenPipeError" not in err, err
+
+
+def test_run_goes_before_or_after_the_subcommand(tmp_path, capsys):
+    """Reported: `orchestrator doctor --run R` was "unrecognized arguments" (only `--run R doctor` worked)."""
+    run = tmp_path / "run"
+    assert cli.main(["init", "--run", str(run)]) == 0
+    assert (run / "pipeline.toml").is_file() and f"run folder {run}" in capsys.readouterr().out
+    other = tmp_path / "other"
+    assert cli.main(["--run", str(other), "init", "--run", str(run)]) == 0       # after the subcommand wins
+    assert f"run folder {run}" in capsys.readouterr().out and not other.exists()
