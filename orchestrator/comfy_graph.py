@@ -410,12 +410,43 @@ def graph_to_job(graph: Any, *, names: ModelNames = ModelNames(), sizes=None) ->
     try:
         parse_prompt_obj(spec, check_output=False, resolution=list(sizes) if sizes else None)
     except PromptError as e:
-        role, name = FIELD_NODES.get(e.field, ("sampler", e.field))
-        lora = LORA_FIELD.match(e.field or "")
-        if lora and f"lora{lora.group(1)}" in roles:               # loras[i].name -> that loader's lora_name
-            role, name = f"lora{lora.group(1)}", LORA_INPUTS.get(lora.group(2), "lora_name")
-        raise _failed(graph, [_custom(roles[role], name, str(e).split(": ", 2)[-1])], out) from None
+        raise field_error(graph, GraphJob(spec, roles, out), e.field, e.detail) from None
     return GraphJob(spec=spec, nodes=roles, output=out)
+
+
+def prompt_detail(message: str, field: str = "") -> str:
+    """A prompt.json refusal's text without its "prompt.json: field 'F': " lead (the daemon's words are prompt.json's;
+    a graph or an HTTP request named no such file)."""
+    for lead in (f"prompt.json: field '{field}': ", "prompt.json: "):
+        if message.startswith(lead):
+            return message[len(lead):]
+    return message
+
+
+def field_nodes(job: GraphJob, field: str) -> list[tuple[str, str]] | None:
+    """The (node id, input name) pairs of a job's graph that carry a prompt.json field: loras[i]... the i-th LoRA's
+    loader, `loras` (the stack as a whole: its count, its rank) every loader; None for a field no node carries."""
+    lora = LORA_FIELD.match(field or "")
+    if lora and f"lora{lora.group(1)}" in job.nodes:            # loras[i].name -> that loader's lora_name
+        return [(job.nodes[f"lora{lora.group(1)}"], LORA_INPUTS.get(lora.group(2), "lora_name"))]
+    if field == "loras" or lora:
+        loaders = [n for r, n in job.nodes.items() if r.startswith("lora")]
+        if loaders:
+            return [(n, "lora_name") for n in loaders]
+    if field in FIELD_NODES:
+        role, name = FIELD_NODES[field]
+        return [(job.nodes[role], name)]
+    root = re.split(r"[.\[]", field or "", maxsplit=1)[0]
+    if root in job.spec:                                          # another field of the job: the sampler's
+        return [(job.nodes["sampler"], field)]
+    return None
+
+
+def field_error(graph: dict, job: GraphJob, field: str, detail: str) -> GraphError:
+    """A refusal of one of the job's prompt.json fields (graph_to_job's own check, or the daemon's at submit: a LoRA it
+    cannot apply) as ComfyUI's 400: node_errors on the node(s) that carry the field."""
+    where = field_nodes(job, field) or [(job.nodes["sampler"], field or "prompt")]
+    return _failed(graph, [_custom(node, name, prompt_detail(detail, field)) for node, name in where], job.output)
 
 
 def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list]:

@@ -7,13 +7,20 @@ No pipeline: graph_to_job runs in a forked child with a deadline (a loop must fa
 handlers run on aiohttp's test server with a stand-in daemon link."""
 from __future__ import annotations
 
+import asyncio
 import copy
 import multiprocessing
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from models.models_dir import list_loras
 from orchestrator.comfy_graph import GraphError, ModelNames, graph_to_job
+from orchestrator.prompt_spec import PromptError
+from protocol import messages as m
+from protocol.version import VERSION
 from tests.comfy_graphs import TINY_NAMES, standard_graph
 
 LORAS = ("a.safetensors", "b.safetensors")
@@ -128,3 +135,128 @@ def test_deep_chains_are_bounded_not_a_recursion_error():
     deeper["15"]["inputs"]["model"] = ["5199", 0]
     outcome, body, _ = translate(deeper)
     assert outcome == "refused" and body["error"]["type"] == "invalid_prompt", (outcome, body)
+
+
+# ---------------------------------------------------------------- the front's handlers, a stand-in daemon
+
+
+class FakeLink:
+    """The daemon as the front sees it: INFO lists MODELS/loras/ as it is at each call (the daemon's RunLoras does);
+    SUBMIT queues, or answers `refusal` (an ERROR) when one is set."""
+
+    def __init__(self, models_dir: Path):
+        self.models_dir, self.refusal, self.submitted = models_dir, None, []
+
+    async def call(self, msg, cls):
+        from orchestrator.http.link import DaemonRefused
+        if isinstance(msg, m.Info):
+            pack = m.PackRef(width=128, height=128, dir="/packs/128", dtype="f16", blocks=2,
+                             source_name=TINY_NAMES["unet"], source_sha256="0" * 64, lora_rank=16)
+            return m.Pipeline(id=msg.id, packs=(pack,), models={"text_encoder": TINY_NAMES["clip"],
+                                                                "vae": TINY_NAMES["vae"]},
+                              max_queue=8, version=VERSION, loras=tuple(list_loras(self.models_dir)))
+        if isinstance(msg, m.Submit):
+            if self.refusal is not None:
+                raise DaemonRefused(self.refusal)
+            self.submitted.append(msg)
+            return m.Submitted(id=msg.id, job=f"job{len(self.submitted)}", seed=1, position=0)
+        raise AssertionError(f"unexpected {type(msg).__name__}")
+
+    async def status_pages(self, **kw):
+        return
+        yield                                       # an async generator of no pages: nothing is active
+
+    async def close(self):
+        pass
+
+
+def _daemon_refusal(field: str, detail: str) -> m.Error:
+    """The daemon's ERROR for a LoRA it refuses at submit (orchestrator/daemon.py: LoraRefused -> PromptError)."""
+    return m.error_reply(1, "bad_request", str(PromptError(field, detail)), field=field)
+
+
+class Front:
+    """The front's app over a FakeLink, on aiohttp's test server; `request` runs one request and gives
+    (status, JSON body)."""
+
+    def __init__(self, root: Path):
+        from orchestrator.http.app import build_app, make_front
+        from orchestrator.http.settings import HttpSettings
+        self.models = root / "models"
+        (self.models / "loras").mkdir(parents=True)
+        for name in LORAS:
+            (self.models / "loras" / name).write_bytes(b"x")
+        cfg = SimpleNamespace(run_dir=root / "run", models_dir=self.models, backend="cpu", path=root / "p.toml")
+        self.front = make_front(cfg, HttpSettings(), None)
+        self.link = FakeLink(self.models)
+        self.front.link = self.front.tracker.link = self.link
+        self.build_app = build_app
+
+    def request(self, method: str, path: str, body=None) -> tuple[int, dict]:
+        return self.requests([(method, path, body)])[0]
+
+    def requests(self, calls) -> list[tuple[int, dict]]:
+        """Several requests on one server (`method` a callable: called between two requests)."""
+        from aiohttp.test_utils import TestClient, TestServer
+
+        async def go():
+            out = []
+            async with TestClient(TestServer(self.build_app(self.front))) as client:      # an app per loop
+                for method, path, body in calls:
+                    if callable(method):
+                        method()
+                        continue
+                    resp = await client.request(method, path, json=body)
+                    out.append((resp.status, await resp.json()))
+            return out
+        return asyncio.run(go())
+
+
+@pytest.fixture
+def front(tmp_path):
+    f = Front(tmp_path)
+    yield f
+    f.front.link = None
+
+
+def _two_lora_graph():
+    g = _lora_graph()
+    g["3"]["inputs"]["steps"] = 2
+    return g
+
+
+@pytest.mark.parametrize("field, detail, nodes", [
+    ("loras[0]", "model pack /packs/128 (128x128) takes no LoRA (lora_rank 0); build a LoRA-ready pack", ["20"]),
+    ("loras[1].name", "LoRA 'b.safetensors': resolves to /elsewhere/b.safetensors, outside loras/", ["21"]),
+    ("loras", "the LoRAs' stacked rank 48 is over the pack's 16", ["20", "21"]),
+], ids=["plain-pack", "symlinked-name", "rank-over-the-pack"])
+def test_lora_refusals_over_prompt_are_node_errors_on_the_loader(front, field, detail, nodes):
+    front.link.refusal = _daemon_refusal(field, detail)
+    status, body = front.request("POST", "/prompt", {"prompt": _two_lora_graph()})
+    assert status == 400, body
+    assert set(body) == {"error", "node_errors"}, body
+    assert body["error"]["type"] == "prompt_outputs_failed_validation"
+    assert sorted(body["node_errors"]) == nodes
+    for node in nodes:
+        entry = body["node_errors"][node]
+        assert entry["class_type"].startswith("LoraLoader") and entry["dependent_outputs"] == ["9"]
+        (err,) = entry["errors"]
+        assert err["type"] == "custom_validation_failed" and err["extra_info"]["input_name"] == "lora_name"
+        assert detail in err["details"] and "prompt.json" not in err["details"], err
+    assert "prompt.json" not in body["error"]["details"]
+    assert front.link.submitted == []
+
+
+def test_daemon_field_refusals_name_no_prompt_json(front):
+    """The daemon's word on a plain field over /prompt (on its node) and over A1111 (422): no "prompt.json:" text."""
+    front.link.refusal = _daemon_refusal("width", "128x128 has a model pack but no VAE pack")
+    status, body = front.request("POST", "/prompt", {"prompt": standard_graph()})
+    assert status == 400 and list(body["node_errors"]) == ["5"], body
+    (err,) = body["node_errors"]["5"]["errors"]
+    assert "no VAE pack" in err["details"] and "prompt.json" not in err["details"], err
+    front.link.refusal = _daemon_refusal("loras[0].name", "LoRA 'gone': no such file in loras/")
+    status, body = front.request("POST", "/sdapi/v1/txt2img", {"prompt": "1girl <lora:gone:0.8>", "width": 128,
+                                                               "height": 128, "steps": 2})
+    assert status == 422, body
+    assert body["field"] == "loras[0].name" and "no such file" in body["error"], body
+    assert not body["error"].startswith("prompt.json"), body

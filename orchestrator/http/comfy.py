@@ -21,7 +21,7 @@ import psutil
 from aiohttp import web
 
 from models.runtime.backends import backend_class
-from orchestrator.comfy_graph import FIELD_NODES, GraphError, graph_to_job, node_table, object_info
+from orchestrator.comfy_graph import GraphError, field_error, field_nodes, graph_to_job, node_table, object_info
 from orchestrator.http import comfy_shapes as shapes
 from orchestrator.http import files
 from orchestrator.http.common import FRONT, cancel_job, from_daemon, json_response, read_json, refuse, submit_job
@@ -62,15 +62,10 @@ async def post_prompt(request: web.Request) -> web.Response:
     try:
         sub = await submit_job(front, job.spec, origin)
     except DaemonRefused as e:
-        if e.code == "bad_request" and e.field in FIELD_NODES:          # the daemon's word, put on the node
-            role, name = FIELD_NODES[e.field]
-            node = job.nodes[role]
-            err = {"type": "custom_validation_failed", "message": "Custom validation failed for node",
-                   "details": f"{name} - {e.message}", "extra_info": {"input_name": name}}
-            return json_response({"error": {**err, "type": "prompt_outputs_failed_validation",
-                                            "message": "Prompt outputs failed validation"},
-                                  "node_errors": {node: {"errors": [err], "dependent_outputs": [job.output],
-                                                         "class_type": graph[node]["class_type"]}}}, 400)
+        # the daemon's word on a field of the job (a size without a VAE pack, a LoRA it cannot apply: a plain pack,
+        # a name that leads out of loras/, a stack over the pack's rank), put on the node that carries it
+        if e.code == "bad_request" and field_nodes(job, e.field) is not None:
+            return json_response(field_error(body["prompt"], job, e.field, e.message).body(), 400)
         raise from_daemon(e) from None
     return json_response({"prompt_id": sub.job, "number": sub.position, "node_errors": {}})
 

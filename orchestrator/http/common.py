@@ -6,6 +6,7 @@ import json
 
 from aiohttp import web
 
+from orchestrator.comfy_graph import prompt_detail
 from orchestrator.http.link import DaemonDown, DaemonRefused
 
 MAX_JSON_DEPTH = 32
@@ -94,8 +95,9 @@ def from_daemon(e: Exception) -> BadRequest:
     if isinstance(e, DaemonDown):
         return refuse(503, str(e))
     assert isinstance(e, DaemonRefused)
-    if e.code == "bad_request":
-        return refuse(400, e.message, field=e.field)
+    if e.code == "bad_request":                  # the daemon speaks of prompt.json; this request sent none
+        detail = prompt_detail(e.message, e.field)
+        return refuse(400, f"{e.field}: {detail}" if e.field and detail != e.message else detail, field=e.field)
     if e.code == "busy":
         return refuse(429, e.message)
     if e.unknown_job:
