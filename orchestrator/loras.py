@@ -9,13 +9,16 @@ backend = "onnx"`) or the models folder's DiT and text-encoder headers (torch).
 from __future__ import annotations
 
 import logging
+import os
+import threading
+import time
 from pathlib import Path
 
 from models.manifest import ManifestError, encoder_weight_shapes
 from models.lora import LoraError, TargetTable, plan_loras
 from models.lora.choice import MAX_LORAS
 from models.lora.plan import open_lora
-from models.models_dir import ModelsDirError, list_loras
+from models.models_dir import LORAS_DIR, ModelsDirError, list_loras
 
 log = logging.getLogger(__name__)
 
@@ -54,20 +57,67 @@ def _encoder_tables(config) -> tuple:
         return None, None
 
 
+FRESH_S = 2.0                   # a folder changed this recently may change again within its mtime's resolution
+
+
+class LoraListing:
+    """The names under MODELS/loras/ as they are now (list_loras), listed again whenever loras/ or a folder in it
+    changed: the key is every folder's mtime, a handful of stat calls per look rather than a walk of every file. A
+    folder changed within FRESH_S of the last listing is not trusted to show a second change in its mtime (a coarse
+    clock), so the list is made again until it settles."""
+
+    def __init__(self, models_dir):
+        self.models_dir = models_dir
+        self._key, self._names, self._trusted = None, [], False
+        self._lock = threading.Lock()
+
+    def _folders(self) -> tuple | None:
+        """(path, mtime_ns) of loras/ and each folder under it (links not followed, as list_loras does not);
+        None when there is no loras/ folder."""
+        if self.models_dir is None:
+            return None
+        root = os.path.join(os.path.expanduser(os.fspath(self.models_dir)), LORAS_DIR)
+        out, stack = [], [root]
+        while stack:
+            path = stack.pop()
+            try:
+                out.append((path, os.stat(path, follow_symlinks=False).st_mtime_ns))
+                with os.scandir(path) as entries:
+                    stack += [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+            except OSError:
+                if path == root:
+                    return None
+        return tuple(sorted(out))
+
+    def names(self) -> list:
+        with self._lock:
+            key = self._folders()
+            if key is None:
+                self._key, self._names, self._trusted = None, [], False
+                return []
+            if key != self._key or not self._trusted:
+                now = time.time_ns()
+                self._names = list_loras(self.models_dir)
+                self._key = key
+                self._trusted = all(now - mtime > FRESH_S * 1e9 for _, mtime in key)
+            return list(self._names)
+
+
 class RunLoras:
     """LoRA names and checks for one run folder's config and packs."""
 
     def __init__(self, config, packs: dict):
         self.config, self.packs = config, packs           # packs: (width, height) -> orchestrator.packs.PackInfo
         self._tables: dict = {}
+        self.listing = LoraListing(config.models_dir)
 
     @property
     def models_dir(self):
         return self.config.models_dir
 
     def names(self) -> list:
-        """The LoRAs a job may name (ComfyUI's list: paths under loras/)."""
-        return list_loras(self.models_dir)
+        """The LoRAs a job may name (ComfyUI's list: paths under loras/), as the folder is now."""
+        return self.listing.names()
 
     def table(self, size) -> TargetTable:
         """Every layer a LoRA may name in a job of this size (its pack's DiT, the encoder's adapter and Qwen3)."""

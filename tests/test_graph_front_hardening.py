@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import multiprocessing
+import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -142,13 +143,13 @@ def test_deep_chains_are_bounded_not_a_recursion_error():
 
 class FakeLink:
     """The daemon as the front sees it: INFO lists MODELS/loras/ as it is at each call (the daemon's RunLoras does);
-    SUBMIT queues, or answers `refusal` (an ERROR) when one is set."""
+    SUBMIT queues, or answers `refusal` (an ERROR) when one is set; a job's STATUS has no answer."""
 
     def __init__(self, models_dir: Path):
         self.models_dir, self.refusal, self.submitted = models_dir, None, []
 
     async def call(self, msg, cls):
-        from orchestrator.http.link import DaemonRefused
+        from orchestrator.http.link import DaemonDown, DaemonRefused
         if isinstance(msg, m.Info):
             pack = m.PackRef(width=128, height=128, dir="/packs/128", dtype="f16", blocks=2,
                              source_name=TINY_NAMES["unet"], source_sha256="0" * 64, lora_rank=16)
@@ -160,6 +161,8 @@ class FakeLink:
                 raise DaemonRefused(self.refusal)
             self.submitted.append(msg)
             return m.Submitted(id=msg.id, job=f"job{len(self.submitted)}", seed=1, position=0)
+        if isinstance(msg, m.Status):               # how a queued job is doing: not this test's concern
+            raise DaemonDown("no answer")
         raise AssertionError(f"unexpected {type(msg).__name__}")
 
     async def status_pages(self, **kw):
@@ -260,3 +263,55 @@ def test_daemon_field_refusals_name_no_prompt_json(front):
     assert status == 422, body
     assert body["field"] == "loras[0].name" and "no such file" in body["error"], body
     assert not body["error"].startswith("prompt.json"), body
+
+
+def test_the_lora_list_follows_the_folder(front):
+    """A LoRA added to MODELS/loras/ after the front started is in /object_info and taken by a graph at once."""
+    loras = front.models / "loras"
+    g = _two_lora_graph()
+    g["21"]["inputs"]["lora_name"] = "sub/new.safetensors"
+
+    def add():
+        (loras / "sub").mkdir()
+        (loras / "sub" / "new.safetensors").write_bytes(b"x")
+
+    def remove():
+        (loras / "a.safetensors").unlink()
+
+    choices = "/object_info/LoraLoaderModelOnly"
+    first, refused, listed, taken, gone = front.requests([
+        ("GET", choices, None), ("POST", "/prompt", {"prompt": g}), (add, None, None),
+        ("GET", choices, None), ("POST", "/prompt", {"prompt": g}), (remove, None, None),
+        ("POST", "/prompt", {"prompt": g})])
+    lora_names = lambda b: b["LoraLoaderModelOnly"]["input"]["required"]["lora_name"][0]  # noqa: E731
+    assert lora_names(first[1]) == list(LORAS)
+    assert refused[0] == 400 and "value_not_in_list" in str(refused[1])
+    assert lora_names(listed[1]) == ["a.safetensors", "b.safetensors", "sub/new.safetensors"]
+    assert taken[0] == 200, taken
+    assert gone[0] == 400 and list(gone[1]["node_errors"]) == ["20"], gone       # a.safetensors went
+
+
+def test_lora_listing_lists_again_only_when_a_folder_changed(tmp_path, monkeypatch):
+    """The front's and the daemon's LoRA list (orchestrator.loras.LoraListing): the folders' mtimes are the key; a
+    folder changed within FRESH_S is listed again at every look until it settles (a coarse mtime clock)."""
+    import orchestrator.loras as lo
+    calls = []
+    monkeypatch.setattr(lo, "list_loras", lambda d: calls.append(d) or list_loras(d))
+    loras = tmp_path / "loras"
+    (loras / "sub").mkdir(parents=True)
+    (loras / "a.safetensors").write_bytes(b"x")
+
+    def settle(age_s: float):
+        for d in (loras, loras / "sub"):
+            os.utime(d, (time.time() - age_s, time.time() - age_s))
+
+    listing = lo.LoraListing(tmp_path)
+    assert listing.names() == ["a.safetensors"] and listing.names() == ["a.safetensors"]
+    assert len(calls) == 2                                  # just written: not trusted yet
+    settle(3600)
+    listing.names(), listing.names(), listing.names()
+    assert len(calls) == 3                                  # settled: listed once, then the cache
+    (loras / "sub" / "b.safetensors").write_bytes(b"x")     # a folder under loras/ changed
+    settle(1800)
+    assert listing.names() == ["a.safetensors", "sub/b.safetensors"] and len(calls) == 4
+    assert lo.LoraListing(tmp_path / "none").names() == [] and lo.LoraListing(None).names() == []

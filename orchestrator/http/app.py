@@ -25,6 +25,7 @@ from orchestrator.http.hub import Hub
 from orchestrator.http.link import DaemonDown, DaemonLink, DaemonRefused
 from orchestrator.http.settings import HttpSettings
 from orchestrator.http.tracker import Tracker
+from orchestrator.loras import LoraListing
 from orchestrator.runfolder import RunFolder
 from protocol.security import WILDCARD_HOSTS
 
@@ -51,7 +52,8 @@ def make_front(cfg, settings: HttpSettings, token: str | None) -> Front:
     rf = RunFolder(cfg.run_dir.resolve())
     link = DaemonLink(rf.daemon_endpoint, settings.request_timeout_s)
     hub = Hub()
-    return Front(cfg, rf, settings, token, link, hub, Tracker(link, hub, settings.poll_s))
+    loras = LoraListing(cfg.models_dir)         # the LoRA list as the folder is now, not as it was at start
+    return Front(cfg, rf, settings, token, link, hub, Tracker(link, hub, settings.poll_s, loras))
 
 
 # ---------------------------------------------------------------- middlewares

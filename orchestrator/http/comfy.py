@@ -26,7 +26,7 @@ from orchestrator.http import comfy_shapes as shapes
 from orchestrator.http import files
 from orchestrator.http.common import FRONT, cancel_job, from_daemon, json_response, read_json, refuse, submit_job
 from orchestrator.http.link import DaemonRefused
-from orchestrator.http.views import JobView, model_names
+from orchestrator.http.views import JobView
 from orchestrator.job_record import JOB_ID_RE
 from protocol import messages as m
 from protocol.version import VERSION
@@ -53,8 +53,9 @@ async def post_prompt(request: web.Request) -> web.Response:
     if client_id is not None and (not isinstance(client_id, str) or len(client_id) > 128):
         raise refuse(400, "client_id must be a string of at most 128 characters")
     info = await front.tracker.info()
+    names = await front.tracker.names()
     try:
-        job = graph_to_job(body["prompt"], names=model_names(info), sizes=[(p.width, p.height) for p in info.packs])
+        job = graph_to_job(body["prompt"], names=names, sizes=[(p.width, p.height) for p in info.packs])
     except GraphError as e:
         return json_response(e.body(), 400)
     graph = {k: body["prompt"][k] for k in job.nodes.values()}        # what the job uses: kept with the job

@@ -45,7 +45,7 @@ async def info(request: web.Request) -> web.Response:
         # the pickers: every sampler with its model calls per step and why Spectrum does not fit it (None: it does)
         "samplers": [{"name": s.name, "nfe": s.nfe, "spectrum": spectrum_refusal(s.name)} for s in SAMPLERS.values()],
         "schedulers": list(SCHEDULER_NAMES), "max_queue": pipe.max_queue, "version": pipe.version,
-        "model": next((p.source_name for p in pipe.packs if p.source_name), ""), "loras": list(pipe.loras),
+        "model": next((p.source_name for p in pipe.packs if p.source_name), ""), "loras": list((await front.tracker.names()).lora),
         "lora_ranks": {f"{p.width}x{p.height}": p.lora_rank for p in pipe.packs}})
 
 

@@ -9,6 +9,7 @@ A job that leaves the active set is asked for once more to learn how it ended.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 
@@ -29,8 +30,9 @@ class JobGone(Exception):
 
 
 class Tracker:
-    def __init__(self, link: DaemonLink, hub: Hub, poll_s: float):
+    def __init__(self, link: DaemonLink, hub: Hub, poll_s: float, loras=None):
         self.link, self.hub, self.poll_s = link, hub, poll_s
+        self.loras = loras                           # orchestrator.loras.LoraListing of the run's models folder
         self.pipeline: m.Pipeline | None = None
         self.active: dict[str, JobView] = {}         # queued and running, oldest first (the last STATUS)
         self.followed: dict[str, JobView | None] = {}  # jobs whose end is still to be announced -> last view
@@ -49,10 +51,16 @@ class Tracker:
         return self.pipeline
 
     async def names(self) -> ModelNames:
+        """The loader file names: the daemon's (asked once), with the LoRAs as MODELS/loras/ is now (a file added
+        after the front started is listed and may be named)."""
         try:
-            return model_names(await self.info())
+            names = model_names(await self.info())
         except DaemonDown:
             return ModelNames()
+        if self.loras is None:
+            return names
+        loras = await asyncio.to_thread(self.loras.names)
+        return dataclasses.replace(names, lora=tuple(loras[:m.MAX_LORAS_LISTED]))
 
     async def fresh(self, max_age_s: float | None = None) -> dict[str, JobView]:
         """The active jobs, refreshed when older than `max_age_s` (default poll_s)."""
