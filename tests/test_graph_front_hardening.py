@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from models.lora.a1111 import LoraTag, split_lora_tags
 from models.models_dir import list_loras
 from orchestrator.comfy_graph import GraphError, ModelNames, graph_to_job
 from orchestrator.prompt_spec import PromptError
@@ -315,3 +316,23 @@ def test_lora_listing_lists_again_only_when_a_folder_changed(tmp_path, monkeypat
     settle(1800)
     assert listing.names() == ["a.safetensors", "sub/b.safetensors"] and len(calls) == 4
     assert lo.LoraListing(tmp_path / "none").names() == [] and lo.LoraListing(None).names() == []
+
+
+# ---------------------------------------------------------------- A1111 tags
+
+
+@pytest.mark.parametrize("text, want", [
+    ("1girl <lora:style:0.8>", "1girl"),
+    ("<lora:style:0.8> 1girl", "1girl"),
+    ("1girl <lora:style:0.8> smile", "1girl smile"),
+    ("1girl, <lora:style:0.8>, smile", "1girl, , smile"),          # A1111: what is around the tag stays
+    ("1girl,<lora:style:0.8>smile", "1girl,smile"),
+    ("1girl <lora:style:0.8> <lora:b:0.5>", "1girl"),
+    ("1girl\n<lora:style:0.8>\nsmile", "1girl\nsmile"),
+    ("1girl  <lora:style :0.8>", "1girl"),
+])
+def test_a1111_tags_leave_no_whitespace_of_their_own(text, want):
+    """`1girl <lora:style:0.8>` is the prompt `1girl` (with --lora style:0.8), not `1girl ` (a Qwen token more)."""
+    out, tags = split_lora_tags(text)
+    assert out == want
+    assert tags[0] == LoraTag("style", 0.8, 0.8)

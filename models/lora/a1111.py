@@ -1,6 +1,7 @@
 """A1111's LoRA tags in a prompt: `<lora:NAME:MULTIPLIER>` (also `<lora:NAME:TE:UNET>`, `te=` / `unet=` by name,
 and LyCORIS' `<lyco:...>`), taken out of the text as A1111 does (extra_networks.parse_prompt: the tag is cut out,
-what is around it stays), and written back for the PNG's A1111 parameters.
+what is around it stays; the whitespace the tag stood in goes with it), and written back for the PNG's A1111
+parameters.
 
     split_lora_tags("1girl, <lora:style:0.8>, smile") -> ("1girl, , smile", [LoraTag("style", 0.8, 0.8)])
 
@@ -62,7 +63,33 @@ def split_lora_tags(text: str) -> tuple:
         tags.append(LoraTag(name, unet, te))
     if len(tags) > MAX_TAGS:
         raise LoraError(f"the prompt has {len(tags)} LoRA tags; at most {MAX_TAGS}")
-    return TAG.sub("", text), tags
+    return _cut(TAG.split(text)[::3]), tags
+
+
+def _ws(text: str, end: bool) -> int:
+    """The length of the whitespace run at the text's end (or start)."""
+    return len(text) - len(text.rstrip() if end else text.lstrip())
+
+
+def _cut(pieces: list) -> str:
+    """The text between the tags, joined without the whitespace a tag stood in: a tag that opens or closes the text
+    takes the whitespace between it and that edge; one between two runs of whitespace takes one of them (the one
+    without a line break, when only one has it). Nothing else changes: `1girl <lora:s:0.8>` is `1girl` (the prompt
+    --lora s:0.8 takes with `1girl`; a trailing space is one more Qwen token), `a, <lora:s:1>, b` stays `a, , b`."""
+    out = pieces[0]
+    for k, seg in enumerate(pieces[1:], start=2):
+        left, right = _ws(out, True), _ws(seg, False)
+        if not out.strip():                                 # the tag opened the text
+            out, seg = "", seg[right:]
+        elif k == len(pieces) and not seg.strip():          # the tag closed it
+            out, seg = out[:len(out) - left], ""
+        elif left and right:
+            if "\n" in out[len(out) - left:] and "\n" not in seg[:right]:
+                seg = seg[right:]
+            else:
+                out = out[:len(out) - left]
+        out += seg
+    return out
 
 
 def lora_stem(name: str) -> str:
