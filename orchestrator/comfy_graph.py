@@ -31,6 +31,7 @@ from typing import Any
 
 from models.lora.plan import MAX_STRENGTH
 from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, DEFAULT_SHIFT, SAMPLER_NAMES, SCHEDULER_NAMES
+from models.sampling.spectrum import MAX_WARMUP, SpectrumSettings
 from orchestrator.prompt_spec import (DEFAULT_CFG, MAX_CFG, MAX_PROMPT_CHARS, MAX_SIDE, MAX_STEPS, SEED_LIMIT, PromptError,
                                       parse_prompt_obj)
 
@@ -96,6 +97,24 @@ def _combo(name, choices, default=None, **options) -> InputSpec:
                      dict(options), choices)
 
 
+def _spectrum_node() -> NodeSpec:
+    """Spectrum as ComfyUI offers its step caches: a model patch of its own. A graph without it samples every step
+    (ComfyUI's picture); with it, the job forecasts steps as prompt.json's `spectrum` does (its defaults)."""
+    d = SpectrumSettings()
+    return NodeSpec("AnimaSpectrum", "Spectrum (forecast steps)", "advanced/model", "spectrum",
+                    (InputSpec("model", "MODEL"),
+                     InputSpec("w", "FLOAT", d.w, dict(min=0.0, max=1.0, step=0.01)),
+                     InputSpec("m", "INT", d.m, dict(min=1, max=8)),
+                     InputSpec("lam", "FLOAT", d.lam, dict(min=0.0, max=100.0, step=0.01)),
+                     InputSpec("window", "FLOAT", d.window, dict(min=1.0, max=50.0, step=0.1)),
+                     InputSpec("flex", "FLOAT", d.flex, dict(min=0.0, max=10.0, step=0.01)),
+                     InputSpec("warmup", "INT", d.warmup, dict(min=0, max=MAX_WARMUP)),
+                     InputSpec("stop", "FLOAT", d.stop, dict(min=0.01, max=1.0, step=0.01))),
+                    ("MODEL",), ("MODEL",),
+                    description="Forecasts steps instead of computing them (fewer model calls, a picture close to "
+                                "the full run's; docs/samplers.md). Without this node a graph computes every step.")
+
+
 def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
     """The node classes `POST /prompt` accepts, with the ranges this pipeline supports (what `/object_info` shows)."""
     side = dict(min=16, max=MAX_SIDE)
@@ -134,6 +153,7 @@ def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
                  (InputSpec("model", "MODEL"),
                   InputSpec("shift", "FLOAT", DEFAULT_SHIFT, dict(min=DEFAULT_SHIFT, max=DEFAULT_SHIFT, step=0.01))),
                  ("MODEL",), ("MODEL",), description=f"Optional; the pipeline samples with shift {DEFAULT_SHIFT}."),
+        _spectrum_node(),
         NodeSpec("KSampler", "KSampler", "sampling", "sampler",
                  (InputSpec("model", "MODEL"),
                   InputSpec("seed", "INT", 0, dict(min=0, max=SEED_LIMIT - 1, control_after_generate=True)),
@@ -465,16 +485,16 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
              "positive": c.links[sampler]["positive"], "negative": c.links[sampler]["negative"]}
     model, model_loras = c.links[sampler]["model"], []
     for _ in range(len(graph)):                                   # from the sampler back to the loader (no loops:
-        if role_of[model] not in ("shift", "lora"):               # graph_to_job refused them; bounded all the same)
+        if role_of[model] not in ("shift", "lora", "spectrum"):   # graph_to_job refused them; bounded all the same)
             break
-        if role_of[model] == "shift":
-            roles["shift"] = model
+        if role_of[model] in ("shift", "spectrum"):
+            roles[role_of[model]] = model
         else:
             model_loras.append(model)
         model = c.links[model]["model"]
     if role_of[model] != "unet":
         problems.append(_custom(roles.get("shift", sampler), "model", "the model must come from UNETLoader, through "
-                                "LoRA loaders and ModelSamplingAuraFlow only"))
+                                "LoRA loaders, ModelSamplingAuraFlow and AnimaSpectrum only"))
     roles["unet"] = model
     clips = {}
     for side in ("positive", "negative"):
@@ -509,7 +529,10 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
     spec = {"prompt": v["positive"]["text"], "negative_prompt": v["negative"]["text"],
             "seed": ks["seed"] if "seed" in ks else ks["noise_seed"],
             "steps": ks["steps"], "cfg": ks["cfg"], "width": w, "height": h,
-            "sampler": ks["sampler_name"], "scheduler": ks["scheduler"]}
+            "sampler": ks["sampler_name"], "scheduler": ks["scheduler"],
+            # a ComfyUI graph means what it means in ComfyUI: every step computed, unless it patches Spectrum in
+            "spectrum": {**{k: x for k, x in v["spectrum"].items() if k != "model"}, "enabled": True}
+            if "spectrum" in v else False}
     if loras:
         spec["loras"] = loras
     return roles, spec, problems
@@ -530,7 +553,7 @@ def _failed(graph: dict, problems: list, out: str) -> GraphError:
 
 # The graph a job is shown as when it did not come from ComfyUI (node ids as in ComfyUI's default workflow style)
 CANONICAL_IDS = {"unet": "1", "clip": "2", "vae": "3", "positive": "4", "negative": "5", "latent": "6",
-                 "sampler": "7", "decode": "8", "save": "9"}
+                 "sampler": "7", "decode": "8", "save": "9", "spectrum": "30"}
 LORA_IDS = 10                   # the job's i-th LoRA loader is node "10" + i
 TITLES = {"positive": "CLIP Text Encode (Positive Prompt)", "negative": "CLIP Text Encode (Negative Prompt)"}
 
@@ -562,6 +585,11 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
             loaders.append(node(role, "LoraLoaderModelOnly", model=model, lora_name=lo["name"],
                                 strength_model=lo.get("strength", 1.0)))
             model = [ids[role], 0]
+    sp = spec.get("spectrum")
+    if isinstance(sp, dict) and sp.get("enabled"):          # the job forecast steps: the graph says so by its node
+        settings = {i.name: sp[i.name] for i in table["AnimaSpectrum"].inputs if i.name in sp}
+        loaders.append(node("spectrum", "AnimaSpectrum", model=model, **settings))
+        model = [ids["spectrum"], 0]
     return dict((
         node("unet", "UNETLoader", unet_name=first(names.unet), weight_dtype="default"),
         node("clip", "CLIPLoader", clip_name=first(names.clip), type="stable_diffusion"),

@@ -36,6 +36,7 @@ WIDGETS = {
     "KSampler": ("seed", "*control*", "steps", "cfg", "sampler_name", "scheduler", "denoise"),
     "VAEDecode": (),
     "SaveImage": ("filename_prefix",),
+    "AnimaSpectrum": ("w", "m", "lam", "window", "flex", "warmup", "stop"),     # this server's own node
 }
 OPTIONAL_DEFAULTS = {("CLIPLoader", "device"): "default"}
 

@@ -21,7 +21,7 @@ def test_standard_graph_maps_onto_a_job():
     job = graph_to_job(standard_graph(), names=NAMES, sizes=SIZES)
     assert job.spec == {"prompt": "1girl, silver hair, (blue eyes:1.2)", "negative_prompt": "worst quality",
                         "seed": 1234, "steps": 2, "cfg": 4.0, "width": 128, "height": 128, "sampler": "euler",
-                        "scheduler": "sgm_uniform"}
+                        "scheduler": "sgm_uniform", "spectrum": False}        # ComfyUI computes every step
     assert job.output == "9"
     assert job.nodes == {"save": "9", "decode": "8", "sampler": "3", "latent": "5", "vae": "13", "positive": "6",
                          "negative": "7", "shift": "15", "unet": "12", "clip": "11"}
@@ -130,7 +130,8 @@ def test_job_graph_round_trip():
     assert back.output == CANONICAL_IDS["save"]
     links = graph_links(g)
     assert ("7", 0, "8", "samples", "LATENT") in links and ("2", 0, "4", "clip", "CLIP") in links
-    assert len(links) == 9
+    assert len(links) == 10                   # the model goes through AnimaSpectrum: prompt.json's default is on
+    assert ("1", 0, "30", "model", "MODEL") in links and ("30", 0, "7", "model", "MODEL") in links
     # the client's own node ids can be kept
     g2 = job_to_graph(spec, names=NAMES, ids={"save": "save-node", "sampler": "ks"})
     assert g2["save-node"]["inputs"]["images"] == [CANONICAL_IDS["decode"], 0]
@@ -141,7 +142,7 @@ def test_object_info_shape():
     info = object_info(node_table(NAMES))
     assert set(info) == {"UNETLoader", "CLIPLoader", "VAELoader", "CLIPTextEncode", "EmptyLatentImage",
                          "EmptySD3LatentImage", "ModelSamplingAuraFlow", "KSampler", "KSamplerAdvanced", "VAEDecode",
-                         "SaveImage", "LoraLoader", "LoraLoaderModelOnly"}
+                         "SaveImage", "LoraLoader", "LoraLoaderModelOnly", "AnimaSpectrum"}
     ks = info["KSampler"]
     assert ks["input_order"]["required"] == ["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive",
                                              "negative", "latent_image", "denoise"]
@@ -188,3 +189,31 @@ def test_lora_loaders_map_onto_the_jobs_loras_and_back():
     again = graph_to_job(back, names=names, sizes=SIZES).spec["loras"]
     assert again == [{"name": "a.safetensors", "strength": 0.7, "clip_strength": 0.7},
                      {"name": "sub/b.safetensors", "strength": 0.4, "clip_strength": 0.0}]
+
+
+
+def test_spectrum_only_where_the_graph_patches_it_in():
+    """A ComfyUI graph means what it means in ComfyUI: no Spectrum unless its own node (AnimaSpectrum, a model patch
+    listed in /object_info like ComfyUI's EasyCache) sits in the model's chain; its widgets are the job's settings,
+    and a job that forecast steps shows as a graph with that node (which maps back onto the same job)."""
+    from models.sampling.spectrum import SpectrumSettings
+    table = node_table(NAMES)
+    info = object_info(table)["AnimaSpectrum"]
+    assert info["output"] == ["MODEL"] and info["input"]["required"]["warmup"][1]["default"] == SpectrumSettings().warmup
+    g = standard_graph()
+    g["30"] = {"class_type": "AnimaSpectrum", "inputs": {"model": g["3"]["inputs"]["model"], "w": 0.4, "m": 3,
+                                                         "lam": 1.0, "window": 2.0, "flex": 0.5, "warmup": 1,
+                                                         "stop": 0.9}}
+    g["3"]["inputs"]["model"] = ["30", 0]
+    job = graph_to_job(g, names=NAMES, sizes=SIZES)
+    assert job.nodes["spectrum"] == "30"
+    want = SpectrumSettings(warmup=1)
+    assert SpectrumSettings.from_dict(job.spec["spectrum"]) == want
+    spec = parse_prompt_obj(job.spec, resolution=SIZES)
+    assert spec.spectrum == want
+    back = job_to_graph(json.loads(json.dumps(spec.to_dict())), names=NAMES)
+    assert any(n["class_type"] == "AnimaSpectrum" for n in back.values())
+    assert graph_to_job(back, names=NAMES, sizes=SIZES).spec["spectrum"] == job.spec["spectrum"]
+    plain = parse_prompt_obj(graph_to_job(standard_graph(), names=NAMES, sizes=SIZES).spec, resolution=SIZES)
+    assert plain.spectrum.enabled is False
+    assert not any(n["class_type"] == "AnimaSpectrum" for n in job_to_graph(plain.to_dict(), names=NAMES).values())

@@ -40,7 +40,8 @@ def test_comfyui_loads_this_job_from_the_png(tmp_path):
     # the API graph is this job: ComfyUI's graph -> our job gives every field back
     job = graph_to_job(png["prompt"], names=NAMES, sizes=[(256, 128)])
     assert job.spec == {"prompt": spec.prompt, "negative_prompt": "worst", "seed": 2**63 + 5, "steps": 28,
-                        "cfg": 4.5, "width": 256, "height": 128, "sampler": "euler", "scheduler": "simple"}
+                        "cfg": 4.5, "width": 256, "height": 128, "sampler": "euler", "scheduler": "simple",
+                        "spectrum": spec.spectrum.to_dict()}       # prompt.json's default: on, as its own node
     loaders = {n["class_type"]: n["inputs"] for n in png["prompt"].values()}
     assert loaders["UNETLoader"]["unet_name"] == "anima-preview.safetensors"
     assert loaders["CLIPLoader"]["clip_name"] == "qwen_3_06b_base.safetensors"
