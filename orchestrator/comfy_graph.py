@@ -115,6 +115,37 @@ def _spectrum_node() -> NodeSpec:
                                 "the full run's; docs/samplers.md). Without this node a graph computes every step.")
 
 
+def _sampler_nodes() -> tuple[NodeSpec, ...]:
+    """KSampler and KSamplerAdvanced, with the ranges of this pipeline's one sampling pass."""
+    return (
+        NodeSpec("KSampler", "KSampler", "sampling", "sampler",
+                 (InputSpec("model", "MODEL"),
+                  InputSpec("seed", "INT", 0, dict(min=0, max=SEED_LIMIT - 1, control_after_generate=True)),
+                  InputSpec("steps", "INT", 30, dict(min=1, max=MAX_STEPS)),
+                  InputSpec("cfg", "FLOAT", DEFAULT_CFG, dict(min=1.0, max=MAX_CFG, step=0.1, round=0.01)),
+                  _combo("sampler_name", SAMPLER_NAMES), _combo("scheduler", SCHEDULER_NAMES, DEFAULT_SCHEDULER),
+                  InputSpec("positive", "CONDITIONING"), InputSpec("negative", "CONDITIONING"),
+                  InputSpec("latent_image", "LATENT"),
+                  InputSpec("denoise", "FLOAT", 1.0, dict(min=1.0, max=1.0, step=0.01))),
+                 ("LATENT",), ("LATENT",)),
+        # the whole schedule, from fresh noise, in one pass: the inputs that would split it are pinned to that
+        NodeSpec("KSamplerAdvanced", "KSampler (Advanced)", "sampling", "sampler",
+                 (InputSpec("model", "MODEL"), _combo("add_noise", ("enable",)),
+                  InputSpec("noise_seed", "INT", 0, dict(min=0, max=SEED_LIMIT - 1, control_after_generate=True)),
+                  InputSpec("steps", "INT", 30, dict(min=1, max=MAX_STEPS)),
+                  InputSpec("cfg", "FLOAT", DEFAULT_CFG, dict(min=1.0, max=MAX_CFG, step=0.1, round=0.01)),
+                  _combo("sampler_name", SAMPLER_NAMES), _combo("scheduler", SCHEDULER_NAMES, DEFAULT_SCHEDULER),
+                  InputSpec("positive", "CONDITIONING"), InputSpec("negative", "CONDITIONING"),
+                  InputSpec("latent_image", "LATENT"),
+                  InputSpec("start_at_step", "INT", 0, dict(min=0, max=0)),
+                  InputSpec("end_at_step", "INT", 10000, dict(min=0, max=10000)),
+                  _combo("return_with_leftover_noise", ("disable", "enable"))),
+                 ("LATENT",), ("LATENT",),
+                 description="One pass over the whole schedule: add_noise enable, start_at_step 0, end_at_step >= "
+                             "steps."),
+    )
+
+
 def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
     """The node classes `POST /prompt` accepts, with the ranges this pipeline supports (what `/object_info` shows)."""
     side = dict(min=16, max=MAX_SIDE)
@@ -154,31 +185,7 @@ def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
                   InputSpec("shift", "FLOAT", DEFAULT_SHIFT, dict(min=DEFAULT_SHIFT, max=DEFAULT_SHIFT, step=0.01))),
                  ("MODEL",), ("MODEL",), description=f"Optional; the pipeline samples with shift {DEFAULT_SHIFT}."),
         _spectrum_node(),
-        NodeSpec("KSampler", "KSampler", "sampling", "sampler",
-                 (InputSpec("model", "MODEL"),
-                  InputSpec("seed", "INT", 0, dict(min=0, max=SEED_LIMIT - 1, control_after_generate=True)),
-                  InputSpec("steps", "INT", 30, dict(min=1, max=MAX_STEPS)),
-                  InputSpec("cfg", "FLOAT", DEFAULT_CFG, dict(min=1.0, max=MAX_CFG, step=0.1, round=0.01)),
-                  _combo("sampler_name", SAMPLER_NAMES), _combo("scheduler", SCHEDULER_NAMES, DEFAULT_SCHEDULER),
-                  InputSpec("positive", "CONDITIONING"), InputSpec("negative", "CONDITIONING"),
-                  InputSpec("latent_image", "LATENT"),
-                  InputSpec("denoise", "FLOAT", 1.0, dict(min=1.0, max=1.0, step=0.01))),
-                 ("LATENT",), ("LATENT",)),
-        # the whole schedule, from fresh noise, in one pass: the inputs that would split it are pinned to that
-        NodeSpec("KSamplerAdvanced", "KSampler (Advanced)", "sampling", "sampler",
-                 (InputSpec("model", "MODEL"), _combo("add_noise", ("enable",)),
-                  InputSpec("noise_seed", "INT", 0, dict(min=0, max=SEED_LIMIT - 1, control_after_generate=True)),
-                  InputSpec("steps", "INT", 30, dict(min=1, max=MAX_STEPS)),
-                  InputSpec("cfg", "FLOAT", DEFAULT_CFG, dict(min=1.0, max=MAX_CFG, step=0.1, round=0.01)),
-                  _combo("sampler_name", SAMPLER_NAMES), _combo("scheduler", SCHEDULER_NAMES, DEFAULT_SCHEDULER),
-                  InputSpec("positive", "CONDITIONING"), InputSpec("negative", "CONDITIONING"),
-                  InputSpec("latent_image", "LATENT"),
-                  InputSpec("start_at_step", "INT", 0, dict(min=0, max=0)),
-                  InputSpec("end_at_step", "INT", 10000, dict(min=0, max=10000)),
-                  _combo("return_with_leftover_noise", ("disable", "enable"))),
-                 ("LATENT",), ("LATENT",),
-                 description="One pass over the whole schedule: add_noise enable, start_at_step 0, end_at_step >= "
-                             "steps."),
+        *_sampler_nodes(),
         NodeSpec("VAEDecode", "VAE Decode", "latent", "decode",
                  (InputSpec("samples", "LATENT"), InputSpec("vae", "VAE")), ("IMAGE",), ("IMAGE",)),
         NodeSpec("SaveImage", "Save Image", "image", "save",
@@ -483,28 +490,8 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
                                                           "EmptyLatentImage or EmptySD3LatentImage")]
     roles = {"save": out, "decode": decode, "sampler": sampler, "latent": latent, "vae": c.links[decode]["vae"],
              "positive": c.links[sampler]["positive"], "negative": c.links[sampler]["negative"]}
-    model, model_loras = c.links[sampler]["model"], []
-    for _ in range(len(graph)):                                   # from the sampler back to the loader (no loops:
-        if role_of[model] not in ("shift", "lora", "spectrum"):   # graph_to_job refused them; bounded all the same)
-            break
-        if role_of[model] in ("shift", "spectrum"):
-            roles[role_of[model]] = model
-        else:
-            model_loras.append(model)
-        model = c.links[model]["model"]
-    if role_of[model] != "unet":
-        problems.append(_custom(roles.get("shift", sampler), "model", "the model must come from UNETLoader, through "
-                                "LoRA loaders, ModelSamplingAuraFlow and AnimaSpectrum only"))
-    roles["unet"] = model
-    clips = {}
-    for side in ("positive", "negative"):
-        clip, chain = c.links[roles[side]]["clip"], []
-        for _ in range(len(graph)):
-            if role_of[clip] != "lora":
-                break
-            chain.append(clip)
-            clip = c.links[clip]["clip"]
-        clips[side] = (clip, chain)
+    model_loras = _model_chain(graph, c, role_of, roles, problems)
+    clips = {side: _chain(graph, c, role_of, c.links[roles[side]]["clip"], "clip") for side in ("positive", "negative")}
     if clips["positive"] != clips["negative"]:
         problems.append(_custom(roles["negative"], "clip", "both CLIPTextEncode nodes must take the same CLIP (one "
                                                            "text encoder, with the same LoRAs, encodes both prompts)"))
@@ -536,6 +523,32 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
     if loras:
         spec["loras"] = loras
     return roles, spec, problems
+
+
+def _chain(graph, c: _Checker, role_of: dict, node: str, link: str, through=("lora",)) -> tuple[str, list]:
+    """Back from `node` along input `link` through nodes of the `through` roles -> (the node it starts at, the nodes
+    passed, nearest first). No loops here (graph_to_job refused them); bounded all the same."""
+    passed = []
+    for _ in range(len(graph)):
+        if role_of[node] not in through:
+            break
+        passed.append(node)
+        node = c.links[node][link]
+    return node, passed
+
+
+def _model_chain(graph, c: _Checker, role_of: dict, roles: dict, problems: list) -> list:
+    """The sampler's model back to UNETLoader: its shift and Spectrum nodes into `roles`, -> its LoRA loaders."""
+    sampler = roles["sampler"]
+    unet, passed = _chain(graph, c, role_of, c.links[sampler]["model"], "model", ("shift", "lora", "spectrum"))
+    for node in passed:
+        if role_of[node] != "lora":
+            roles[role_of[node]] = node
+    if role_of[unet] != "unet":
+        problems.append(_custom(roles.get("shift", sampler), "model", "the model must come from UNETLoader, through "
+                                "LoRA loaders, ModelSamplingAuraFlow and AnimaSpectrum only"))
+    roles["unet"] = unet
+    return [n for n in passed if role_of[n] == "lora"]
 
 
 def _failed(graph: dict, problems: list, out: str) -> GraphError:
