@@ -147,10 +147,7 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
     into place when complete. An existing pack of a different checkpoint or size is replaced only with `overwrite`.
     `progress(blocks done, blocks)` is called after each block.
     """
-    from models.packs.branch_graphs import OPSET, build_branch, serialize
     from models.dit.checkpoint import DiTCheckpoint
-    from models.dit.host_ops import host_keys
-    from models.safetensors_io import TensorEntry, write_safetensors
 
     t0 = time.perf_counter()
     io_dt = pack_io_dtype(dtype)
@@ -158,59 +155,16 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
     out = Path(out_dir).absolute()
     ckpt = DiTCheckpoint.open(ckpt_path)
     cfg = ckpt.config
-    if lora_rank and shards != 1:                  # shard graphs take no low-rank inputs (models/packs/branch_graphs.py)
-        raise PackError(f"--shards {shards} with --lora-rank {lora_rank}: a pack is sharded or LoRA-ready, not both; "
-                        "drop --shards for LoRAs per job (or bake them with --lora), or drop --lora-rank")
-    try:
-        shards = check_shards(shards)
-        cut_of, chosen = choose_cuts(cfg, geom, shards, cuts) if shards > 1 else ({}, "")
-    except (ShardPackError, ValueError) as e:
-        raise PackError(f"--shards {shards}: {e}") from None
+    shards, cut_of, chosen = _shard_cuts(cfg, geom, shards, cuts, lora_rank)
     sha = ckpt.sha256()
     baked = _bake_plan(ckpt, loras)
     refuse_replacing(out, sha, (geom.width, geom.height), overwrite)
     with building_folder(out) as tmp:                 # renamed to `out` when complete, removed on any error
-        # 1) host weights (FP32), streamed tensor by tensor
-        keys = host_keys(cfg)
-        write_safetensors(tmp / HOST_FILE, [TensorEntry(k, "F32", tuple(ckpt.shape(k)),
-                                                        (lambda k=k: _baked(baked, k, ckpt.get(k))))
-                                            for k in keys], metadata={"source_sha256": sha})
-        # 2) branch graphs, block by block in execution order
-        (tmp / ONNX_DIR).mkdir()
-        branches = []
-        for block, spec in branch_order(cfg):
-            if spec.kind == BRANCHES[0].kind:
-                ckpt = _reopen(ckpt_path)           # drop the last block's mapped pages: they count in RSS
-            rel = f"{ONNX_DIR}/{branch_file(block, spec.kind)}"
-            weights = ckpt.branch_weights(block, spec.kind)
-            prefix = f"blocks.{block}.{spec.module}."
-            weights = {k: _baked(baked, prefix + k, w) for k, w in weights.items()}
-            model = build_branch(spec.kind, weights, cfg, geom, dtype, block=block)
-            data = serialize(model)
-            del model
-            atomic_write(tmp / rel, data)
-            io = resolve(spec.kind, cfg, geom, dtype)
-            branches.append({"block": block, "kind": spec.kind, "onnx": rel, "sha256": data_sha256(data),
-                             "bytes": len(data), "inputs": io["inputs"], "outputs": io["outputs"]})
-            if shards > 1:
-                branches[-1]["shards"] = shard_entries(tmp, rel, spec.kind, weights, cfg, geom, dtype, block, shards,
-                                                       cut_of[spec.kind])
-            del data, weights
-            if spec.kind == BRANCHES[-1].kind:
-                log.info("pack: block %d/%d written", block + 1, cfg.blocks)
-                if progress is not None:
-                    progress(block + 1, cfg.blocks)
-        # 3) the manifest, last: a folder without it is not a pack
-        manifest = {
-            **manifest_header(PACK_KIND, SCHEMA_VERSION),
-            "source": source_entry(ckpt_path, sha),
-            "config": cfg.to_dict(),
-            "resolution": {"width": geom.width, "height": geom.height},
-            "geometry": geom.to_dict(),
-            "dtype": dtype, "io_dtype": io_dt, "opset": OPSET,
-            "host": {"file": HOST_FILE, "sha256": file_sha256(tmp / HOST_FILE), "keys": len(keys)},
-            "branches": branches,
-        }
+        keys = _write_host_weights(tmp, ckpt, baked, sha)
+        del ckpt                                    # its mapped pages count in RSS; the branches reopen it per block
+        branches = _write_branches(tmp, ckpt_path, cfg, geom, dtype, baked, shards, cut_of, progress)
+        # the manifest, last: a folder without it is not a pack
+        manifest = _pack_manifest(tmp, ckpt_path, sha, cfg, geom, dtype, io_dt, len(keys), branches)
         if lora_rank or baked is not None:
             manifest["lora"] = {"rank": lora_rank, "baked": baked.report() if baked is not None else []}
         if shards > 1:
@@ -220,6 +174,84 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
     log.info("pack %s: %d branches, %s, %dx%d, built in %.1f s", out, len(branches), dtype, geom.width, geom.height,
              time.perf_counter() - t0)
     return out
+
+
+def _shard_cuts(cfg, geom: Geometry, shards: int, cuts: Optional[dict], lora_rank: int) -> tuple:
+    """(shards, {kind: cut}, how the cuts were chosen) for a pack of `shards` shards; PackError naming the option."""
+    if lora_rank and shards != 1:                  # shard graphs take no low-rank inputs (models/packs/branch_graphs.py)
+        raise PackError(f"--shards {shards} with --lora-rank {lora_rank}: a pack is sharded or LoRA-ready, not both; "
+                        "drop --shards for LoRAs per job (or bake them with --lora), or drop --lora-rank")
+    try:
+        shards = check_shards(shards)
+        cut_of, chosen = choose_cuts(cfg, geom, shards, cuts) if shards > 1 else ({}, "")
+    except (ShardPackError, ValueError) as e:
+        raise PackError(f"--shards {shards}: {e}") from None
+    return shards, cut_of, chosen
+
+
+def _write_host_weights(tmp: Path, ckpt, baked, sha: str) -> list:
+    """The host weights (FP32), streamed tensor by tensor; their keys."""
+    from models.dit.host_ops import host_keys
+    from models.safetensors_io import TensorEntry, write_safetensors
+
+    keys = host_keys(ckpt.config)
+    write_safetensors(tmp / HOST_FILE, [TensorEntry(k, "F32", tuple(ckpt.shape(k)),
+                                                    (lambda k=k: _baked(baked, k, ckpt.get(k))))
+                                        for k in keys], metadata={"source_sha256": sha})
+    return keys
+
+
+def _write_branches(tmp: Path, ckpt_path, cfg, geom: Geometry, dtype: str, baked, shards: int, cut_of: dict,
+                    progress) -> list:
+    """The branch graphs, block by block in execution order; their manifest entries."""
+    (tmp / ONNX_DIR).mkdir()
+    branches = []
+    for block, spec in branch_order(cfg):
+        if spec.kind == BRANCHES[0].kind:
+            ckpt = _reopen(ckpt_path)           # drop the last block's mapped pages: they count in RSS
+        prefix = f"blocks.{block}.{spec.module}."
+        weights = {k: _baked(baked, prefix + k, w) for k, w in ckpt.branch_weights(block, spec.kind).items()}
+        branches.append(_write_branch(tmp, spec.kind, block, weights, cfg, geom, dtype))
+        if shards > 1:
+            branches[-1]["shards"] = shard_entries(tmp, branches[-1]["onnx"], spec.kind, weights, cfg, geom, dtype,
+                                                   block, shards, cut_of[spec.kind])
+        del weights
+        if spec.kind == BRANCHES[-1].kind:
+            log.info("pack: block %d/%d written", block + 1, cfg.blocks)
+            if progress is not None:
+                progress(block + 1, cfg.blocks)
+    return branches
+
+
+def _write_branch(tmp: Path, kind: str, block: int, weights: dict, cfg, geom: Geometry, dtype: str) -> dict:
+    """One branch's ONNX graph written into the pack; its manifest entry."""
+    from models.packs.branch_graphs import build_branch, serialize
+
+    rel = f"{ONNX_DIR}/{branch_file(block, kind)}"
+    model = build_branch(kind, weights, cfg, geom, dtype, block=block)
+    data = serialize(model)
+    del model
+    atomic_write(tmp / rel, data)
+    io = resolve(kind, cfg, geom, dtype)
+    return {"block": block, "kind": kind, "onnx": rel, "sha256": data_sha256(data),
+            "bytes": len(data), "inputs": io["inputs"], "outputs": io["outputs"]}
+
+
+def _pack_manifest(tmp: Path, ckpt_path, sha: str, cfg, geom: Geometry, dtype: str, io_dt: str, host_keys: int,
+                   branches: list) -> dict:
+    """The manifest of a pack whose files are written (LoRA and shard sections aside)."""
+    from models.packs.branch_graphs import OPSET
+
+    return {
+        **manifest_header(PACK_KIND, SCHEMA_VERSION),
+        "source": source_entry(ckpt_path, sha),
+        "config": cfg.to_dict(),
+        "resolution": {"width": geom.width, "height": geom.height},
+        "geometry": geom.to_dict(),
+        "dtype": dtype, "io_dtype": io_dt, "opset": OPSET,
+        "host": {"file": HOST_FILE, "sha256": file_sha256(tmp / HOST_FILE), "keys": host_keys},
+        "branches": branches,
+    }
 
 
 def _bake_plan(ckpt, loras):
