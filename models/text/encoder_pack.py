@@ -200,12 +200,7 @@ def build_encoder_pack(text_encoder, dit, qwen_tokenizer, t5_tokenizer, out_dir,
             "sources": sources,
             "qwen3": {**shape.__dict__, "rope_theta": qwen3_mod.ROPE_THETA, "rms_eps": qwen3_mod.RMS_EPS},
             "adapter": {**cfg.to_dict(), "rope_theta": adapter_mod.ROPE_THETA, "rms_eps": adapter_mod.RMS_EPS},
-            "dtype": "fp32", "opset": OPSET,
-            "graphs": {"qwen3": {"onnx": QWEN3_ONNX, "inputs": [["input_ids", "i64", ["S"]]],
-                                 "outputs": [["hidden", "f32", ["S", shape.hidden]]], "weights": qwen_weights},
-                       "adapter": {"onnx": ADAPTER_ONNX,
-                                   "inputs": [["t5_ids", "i64", ["T"]], ["source", "f32", ["S", cfg.source_dim]]],
-                                   "outputs": [["rows", "f32", ["T", cfg.width]]], "weights": adapter_weights}},
+            "dtype": "fp32", "opset": OPSET, "graphs": _graph_entries(shape, cfg, qwen_weights, adapter_weights),
             "tokenizers": {"qwen": QWEN_TOKENIZER, "t5": T5_TOKENIZER, "check": tok_check},
             "files": [{"file": f, "sha256": file_sha256(tmp / f), "bytes": (tmp / f).stat().st_size} for f in files],
         }
@@ -213,6 +208,15 @@ def build_encoder_pack(text_encoder, dit, qwen_tokenizer, t5_tokenizer, out_dir,
     log.info("encoder pack %s: Qwen3 %d layers + adapter %d blocks, %.1f MB, built in %.1f s", out, shape.layers,
              cfg.blocks, sum(f["bytes"] for f in manifest["files"]) / 1e6, time.perf_counter() - t0)
     return out
+
+
+def _graph_entries(shape, cfg, qwen_weights: dict, adapter_weights: dict) -> dict:
+    """The manifest's `graphs`: each ONNX file, its inputs and outputs, and the weights it holds (LoRAs merge them)."""
+    return {"qwen3": {"onnx": QWEN3_ONNX, "inputs": [["input_ids", "i64", ["S"]]],
+                      "outputs": [["hidden", "f32", ["S", shape.hidden]]], "weights": qwen_weights},
+            "adapter": {"onnx": ADAPTER_ONNX,
+                        "inputs": [["t5_ids", "i64", ["T"]], ["source", "f32", ["S", cfg.source_dim]]],
+                        "outputs": [["rows", "f32", ["T", cfg.width]]], "weights": adapter_weights}}
 
 
 # -- loading (board) --------------------------------------------------------------------------------------------------
