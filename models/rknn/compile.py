@@ -186,6 +186,39 @@ def compile_pack(pack_dir, target: str = "rk3588", jobs: int = 1, venv=None, blo
     compile resumes where it stopped. `progress(branches done, branches to build)` is called after each build.
     """
     pack = Path(pack_dir).absolute()
+    manifest, work = _compile_work(pack, target, jobs, blocks)
+    try:
+        toolkit = toolkit_version(venv)
+    except ToolkitError as e:
+        raise CompileError(str(e.args[0])) from None
+    check_regressions(pack, [b for b, _, _ in work], toolkit)
+    (pack / LOG_DIR).mkdir(parents=True, exist_ok=True)
+    run = _CompileRun(pack, manifest, target, toolkit, venv, per_worker, progress)
+    run.queue = [u for u in work if force or not up_to_date(pack, u[0], toolkit, target)]
+    for u in work:
+        if u not in run.queue:
+            run.results[u[2]] = BranchResult.of(u[1], "skipped", u[0]["rknn"], name=u[2])
+    log.info("compile %s for %s with rknn-toolkit2 %s: %d branch(es) to build, %d up to date, %d job(s)",
+             pack, target, toolkit, len(run.queue), len(work) - len(run.queue), jobs)
+    t0 = time.perf_counter()
+    run.build_all(jobs)
+    wall = time.perf_counter() - t0
+    ordered = [run.results[name] for _, _, name in work]
+    manifest["rknn"] = _rknn_section(manifest, ordered, target, toolkit)
+    write_manifest(pack, manifest)
+    return {
+        "pack": str(pack), "target": target, "toolkit": toolkit, "compiler": manifest["rknn"]["compiler"],
+        "jobs": jobs, "wall_s": round(wall, 2),
+        "built": sum(r.status == "built" for r in ordered), "skipped": sum(r.status == "skipped" for r in ordered),
+        "failed": sum(r.status == "failed" for r in ordered),
+        "branches": [{"name": r.name, "block": r.block, "kind": r.kind, "status": r.status, "error": r.error,
+                      **{k: r.entry.get(k) for k in ("bytes", "build_s", "peak_rss_mb", "cpu_ops", "file")}}
+                     for r in ordered],
+    }
+
+
+def _compile_work(pack: Path, target: str, jobs, blocks: Optional[list]) -> tuple:
+    """The request checked: (the pack's manifest, the units to compile: (entry, its branch, stem), see `units`)."""
     if target not in TARGETS:
         raise CompileError(f"target {target!r}: choose one of {list(TARGETS)}")
     if not isinstance(jobs, int) or jobs < 1:
@@ -198,41 +231,50 @@ def compile_pack(pack_dir, target: str = "rk3588", jobs: int = 1, venv=None, blo
     for b, _, _ in work:
         if not (pack / b["onnx"]).is_file():
             raise CompileError(f"{pack}: branch file {b['onnx']} is missing")
-    try:
-        toolkit = toolkit_version(venv)
-    except ToolkitError as e:
-        raise CompileError(str(e.args[0])) from None
-    check_regressions(pack, [b for b, _, _ in work], toolkit)
-    (pack / LOG_DIR).mkdir(parents=True, exist_ok=True)
-    results: dict = {}
-    lock = threading.Lock()
-    queue = [u for u in work if force or not up_to_date(pack, u[0], toolkit, target)]
-    for u in work:
-        if u not in queue:
-            results[u[2]] = BranchResult.of(u[1], "skipped", u[0]["rknn"], name=u[2])
-    log.info("compile %s for %s with rknn-toolkit2 %s: %d branch(es) to build, %d up to date, %d job(s)",
-             pack, target, toolkit, len(queue), len(work) - len(queue), jobs)
-    t0 = time.perf_counter()
-    local = threading.local()
-    slots = []
+    return manifest, work
 
-    def one(u: tuple) -> BranchResult:
+
+class _CompileRun:
+    """The builds of one compile_pack: a worker slot per pool thread, the results by stem, and the manifest
+    rewritten after every build."""
+
+    def __init__(self, pack: Path, manifest: dict, target: str, toolkit: str, venv, per_worker: int, progress):
+        self.pack, self.manifest, self.target, self.toolkit = pack, manifest, target, toolkit
+        self.venv, self.per_worker, self.progress = venv, per_worker, progress
+        self.queue: list = []
+        self.results: dict = {}
+        self.lock = threading.Lock()
+        self.local = threading.local()
+        self.slots: list = []
+
+    def build_all(self, jobs: int) -> None:
+        try:
+            with ThreadPoolExecutor(max_workers=jobs) as ex:
+                list(ex.map(self.build_one, self.queue))
+        finally:
+            for s in self.slots:
+                s.close()
+
+    def _slot(self) -> _WorkerSlot:
+        if not hasattr(self.local, "slot"):
+            self.local.slot = _WorkerSlot(self.venv, self.per_worker)
+            with self.lock:
+                self.slots.append(self.local.slot)
+        return self.local.slot
+
+    def build_one(self, u: tuple) -> BranchResult:
         b = u[0]
-        if not hasattr(local, "slot"):
-            local.slot = _WorkerSlot(venv, per_worker)
-            with lock:
-                slots.append(local.slot)
-        r = build_branch(local.slot, pack, b, target, toolkit, unit=u)
-        with lock:
-            results[r.name] = r
+        r = build_branch(self._slot(), self.pack, b, self.target, self.toolkit, unit=u)
+        with self.lock:
+            self.results[r.name] = r
             if r.status == "built":
                 b["rknn"] = r.entry
             else:
                 b.pop("rknn", None)
-            write_manifest(pack, manifest)
-            done = sum(x.status != "skipped" for x in results.values())
-        if progress is not None:
-            progress(done, len(queue))
+            write_manifest(self.pack, self.manifest)
+            done = sum(x.status != "skipped" for x in self.results.values())
+        if self.progress is not None:
+            self.progress(done, len(self.queue))
         if r.status == "built":
             log.info("%s: built in %.1f s, %.1f MB, peak RSS %.0f MB", r.name, r.entry["build_s"],
                      r.entry["bytes"] / 1e6, r.entry["peak_rss_mb"])
@@ -240,32 +282,17 @@ def compile_pack(pack_dir, target: str = "rk3588", jobs: int = 1, venv=None, blo
             log.error("%s: FAILED: %s", r.name, r.error)
         return r
 
-    try:
-        with ThreadPoolExecutor(max_workers=jobs) as ex:
-            list(ex.map(one, queue))
-    finally:
-        for s in slots:
-            s.close()
-    wall = time.perf_counter() - t0
-    ordered = [results[name] for _, _, name in work]
+
+def _rknn_section(manifest: dict, ordered: list, target: str, toolkit: str) -> dict:
+    """The manifest's "rknn" summary once the builds are done."""
     built = [r.entry for r in ordered if r.status in ("built", "skipped")]
-    manifest["rknn"] = {
+    return {
         "target": target, "toolkit": toolkit,
         "compiler": next((e.get("compiler") for e in built if e.get("compiler")), ""),
         "compiled": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "branches": sum(isinstance(b.get("rknn"), dict) for b in manifest["branches"]),
         "bytes": sum(b["rknn"]["bytes"] for b, _, _ in units(manifest["branches"])
                      if isinstance(b.get("rknn"), dict)),
-    }
-    write_manifest(pack, manifest)
-    return {
-        "pack": str(pack), "target": target, "toolkit": toolkit, "compiler": manifest["rknn"]["compiler"],
-        "jobs": jobs, "wall_s": round(wall, 2),
-        "built": sum(r.status == "built" for r in ordered), "skipped": sum(r.status == "skipped" for r in ordered),
-        "failed": sum(r.status == "failed" for r in ordered),
-        "branches": [{"name": r.name, "block": r.block, "kind": r.kind, "status": r.status, "error": r.error,
-                      **{k: r.entry.get(k) for k in ("bytes", "build_s", "peak_rss_mb", "cpu_ops", "file")}}
-                     for r in ordered],
     }
 
 
