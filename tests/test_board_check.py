@@ -55,4 +55,5 @@ def test_py310_check(tmp_path):
     assert r.returncode == 0, out[-5000:]
     assert re.search(r"python 3\.10\.\d+: tomli in place of tomllib, no torch; stages\.config from \S+site-packages",
                      r.stdout), out[-3000:]
-    assert re.search(r"^\d+ passed, 2 deselected", r.stdout.strip().splitlines()[-1]), out[-3000:]
+    # 3 deselected: the two host-only tests and the stand-in's (scripts/py310_check.sh says which)
+    assert re.search(r"^\d+ passed, 3 deselected", r.stdout.strip().splitlines()[-1]), out[-3000:]

@@ -17,6 +17,7 @@ from PIL import Image
 
 from models.models_dir import resolve_models
 from models.packs.pack import load_pack
+from models.sampling.spectrum import SpectrumSettings
 from orchestrator.comfy_graph import ModelNames, graph_to_job
 from tests.comfy_png import read_comfy_png
 from tests.pipeline_harness import Pipeline, tiny_assets
@@ -75,6 +76,8 @@ def test_generate_one_line_prints_the_image_path(pipe, assets, tmp_path):
     files = resolve_models(models, {}, need=("text_encoder", "vae"))
     names = ModelNames(unet=(pack.source["name"],), clip=(files.text_encoder.name,), vae=(files.vae.name,))
     spec = graph_to_job(png["prompt"], names=names, sizes=[SIZE]).spec          # the loaders name these files
+    sp = spec.pop("spectrum")                  # `generate` keeps Spectrum on: the graph carries it as its node
+    assert sp["enabled"] is True and SpectrumSettings.from_dict(sp) == SpectrumSettings()
     assert spec == {"prompt": "1girl, silver hair, (blue eyes:1.2)", "negative_prompt": "worst quality", "seed": 7,
                     "steps": 2, "cfg": 4.0, "width": 128, "height": 128, "sampler": "euler",
                     "scheduler": "sgm_uniform"}
