@@ -113,93 +113,109 @@ def simulate_step(model: BoardModel, policy: Policy, pinned: frozenset = frozens
                   transport_s: float = 0.0, dual_parallel: bool = DUAL_LIFECYCLE_PARALLEL) -> StepTimeline:
     """The critical path of one computed step. `pinned`: indices (into branch_sequence) of branches whose contexts
     stay loaded; `warm`: they are already loaded (False: this step loads them, and keeps them)."""
-    seq = branch_sequence(model)
-    parts = [model.parts[k] for _, k in seq]                   # the branch, or its shards
-    h = model.host_pass_s
-    per_branch = 1 if policy.interleave else 2                 # passes per request
-    copies = 2 if policy.dual_core else 1                      # contexts per shard (a dual_core pair)
-    slots = model.cpu_slots if dual_parallel else 1            # contexts of one branch handled at once
-    by_kind = {k: (makespan([f.load_s + f.init_s for f in fs] * copies, slots),
-                   makespan([f.release_s for f in fs] * copies, slots),
-                   infer_span(request_lanes(fs, per_branch, policy), model.cores, model.rate),
-                   sum(f.npu_s for f in fs), sum(f.io_s for f in fs))
-               for k, fs in model.parts.items()}                   # every block's branch of a kind is alike
-    prep = [by_kind[k][0] for _, k in seq]
-    rel = [by_kind[k][1] for _, k in seq]
-    span = [by_kind[k][2] for _, k in seq]
-    npu_io = [by_kind[k][3:] for _, k in seq]
-    lifecycle_vis = hidden = npu = io = infer_wall = 0.0
-    helper_free = 0.0                                          # the prefetch helper (one per lane; lanes are alike)
-    prepared: dict = {}                                        # branch -> time its context is ready
-    releases: list = []                                        # background releases queued: (time queued, seconds)
-    t_reply = [0.0, 0.0]                                       # replies of the last two requests
-    host_end = 0.0
-    requests = 0
+    sim = _StepSim(model, policy, pinned, warm, transport_s, dual_parallel)
+    for i in range(len(sim.seq)):
+        for p in range(2 // sim.per_branch):
+            sim.request(i, p)
+    wall = sim.t_reply[1]
+    requests = sim.requests
+    host_vis = max(0.0, wall - sim.infer_wall - sim.lifecycle_vis - requests * transport_s)
+    return StepTimeline(wall_s=wall, npu_s=sim.npu, io_s=sim.io, infer_wall_s=sim.infer_wall,
+                        lifecycle_s=sim.lifecycle_vis, lifecycle_hidden_s=sim.hidden, host_s=host_vis,
+                        transport_s=requests * transport_s, requests=requests)
 
-    def run_helper(until_queue_time: float, jobs: list) -> None:
-        nonlocal helper_free, hidden
+
+class _StepSim:
+    """The clocks of one simulated step: the scheduler's host ops, the requests' replies, the prefetch helper, and
+    what the critical path has summed so far."""
+
+    def __init__(self, model: BoardModel, policy: Policy, pinned: frozenset, warm: bool, transport_s: float,
+                 dual_parallel: bool):
+        self.model, self.policy, self.pinned, self.warm, self.transport_s = model, policy, pinned, warm, transport_s
+        self.seq = branch_sequence(model)
+        self.per_branch = 1 if policy.interleave else 2        # passes per request
+        copies = 2 if policy.dual_core else 1                  # contexts per shard (a dual_core pair)
+        slots = model.cpu_slots if dual_parallel else 1        # contexts of one branch handled at once
+        by_kind = {k: (makespan([f.load_s + f.init_s for f in fs] * copies, slots),
+                       makespan([f.release_s for f in fs] * copies, slots),
+                       infer_span(request_lanes(fs, self.per_branch, policy), model.cores, model.rate),
+                       sum(f.npu_s for f in fs), sum(f.io_s for f in fs))
+                   for k, fs in model.parts.items()}               # every block's branch of a kind is alike
+        self.prep = [by_kind[k][0] for _, k in self.seq]
+        self.rel = [by_kind[k][1] for _, k in self.seq]
+        self.span = [by_kind[k][2] for _, k in self.seq]
+        self.npu_io = [by_kind[k][3:] for _, k in self.seq]
+        self.lifecycle_vis = self.hidden = self.npu = self.io = self.infer_wall = 0.0
+        self.helper_free = 0.0                                 # the prefetch helper (one per lane; lanes are alike)
+        self.prepared: dict = {}                               # branch -> time its context is ready
+        self.releases: list = []                               # background releases queued: (time queued, seconds)
+        self.t_reply = [0.0, 0.0]                              # replies of the last two requests
+        self.host_end = 0.0
+        self.requests = 0
+
+    def request(self, i: int, p: int) -> None:
+        """Request p (a pass with interleave, else both) of branch i, from its host ops to its reply."""
+        arrive = self._send(self.model.host_pass_s) + self.transport_s / 2
+        held = i in self.pinned and self.warm
+        ready = self._context_ready(i, arrive) if p == 0 and not held else arrive
+        start = max(arrive, ready)
+        # inference: passes (and shards) in turn on one core, or at once on cores as they free
+        dur = self.span[i]
+        end = start + dur
+        self.npu += self.per_branch * self.npu_io[i][0]
+        self.io += self.per_branch * self.npu_io[i][1]
+        self.infer_wall += dur
+        done = self._release(i, end) if p == 2 // self.per_branch - 1 else end
+        reply = done + self.transport_s / 2
+        self.t_reply = [self.t_reply[1], reply]
+        self.requests += 1
+
+    def _send(self, h: float) -> float:
+        """When the request leaves the scheduler: after its host ops on the scheduler thread."""
+        if self.policy.interleave:
+            h_start = max(self.t_reply[0], self.host_end)      # needs the reply two requests back (same pass)
+            self.host_end = h_start + h
+            return max(self.host_end, self.t_reply[1])
+        self.host_end = self.t_reply[1] + self.per_branch * h
+        return self.host_end
+
+    def _context_ready(self, i: int, arrive: float) -> float:
+        """When branch i's context is ready: prepared ahead, or loaded now; the next branches queued to prepare."""
+        if self.policy.prefetch and i in self.prepared:
+            ready = self.prepared.pop(i)
+            self.lifecycle_vis += max(0.0, ready - arrive)
+        else:
+            ready = arrive + self.prep[i]
+            self.lifecycle_vis += self.prep[i]
+        if self.policy.prefetch:
+            self._queue_prefetch(i, arrive)
+        return ready
+
+    def _queue_prefetch(self, i: int, arrive: float) -> None:
+        """The helper's queue at branch i's arrival: the releases handed to it, then the next branches' preparation."""
+        jobs = [(q, s, None) for q, s in self.releases]
+        self.releases.clear()
+        for j in range(i + 1, min(len(self.seq), i + 1 + self.policy.prefetch)):
+            if j not in self.prepared and not (j in self.pinned and self.warm):
+                self.prepared[j] = float("inf")                # queued
+                jobs.append((arrive, self.prep[j], j))
         for q, secs, branch in jobs:
-            start = max(helper_free, q)
-            helper_free = start + secs
-            hidden += secs
+            start = max(self.helper_free, q)
+            self.helper_free = start + secs
+            self.hidden += secs
             if branch is not None:
-                prepared[branch] = helper_free
+                self.prepared[branch] = self.helper_free
 
-    for i, fs in enumerate(parts):
-        held = i in pinned and warm
-        for p in range(2 // per_branch):
-            # 1) host ops for this request on the scheduler thread
-            if policy.interleave:
-                h_start = max(t_reply[0], host_end)            # needs the reply two requests back (same pass)
-                host_end = h_start + h
-                send = max(host_end, t_reply[1])
-            else:
-                host_end = t_reply[1] + per_branch * h
-                send = host_end
-            arrive = send + transport_s / 2
-            # 2) the context: held, prepared ahead, or loaded now
-            first = p == 0
-            if first and not held:
-                if policy.prefetch and i in prepared:
-                    ready = prepared.pop(i)
-                    lifecycle_vis += max(0.0, ready - arrive)
-                else:
-                    ready = arrive + prep[i]
-                    lifecycle_vis += prep[i]
-                if policy.prefetch:                            # queue the next branches' preparation
-                    jobs = [(q, s, None) for q, s in releases]
-                    releases.clear()
-                    for j in range(i + 1, min(len(seq), i + 1 + policy.prefetch)):
-                        if j not in prepared and not (j in pinned and warm):
-                            prepared[j] = float("inf")         # queued
-                            jobs.append((arrive, prep[j], j))
-                    run_helper(arrive, jobs)
-            else:
-                ready = arrive
-            start = max(arrive, ready)
-            # 3) inference: passes (and shards) in turn on one core, or at once on cores as they free
-            dur = span[i]
-            end = start + dur
-            npu += per_branch * npu_io[i][0]
-            io += per_branch * npu_io[i][1]
-            infer_wall += dur
-            # 4) release: pinned contexts stay; prefetch releases on the helper; on-demand inside the call
-            done = end
-            last = p == 2 // per_branch - 1
-            if last and i not in pinned:
-                if policy.prefetch and i < len(parts) - 1:    # more calls follow: released behind them
-                    releases.append((end, rel[i]))
-                else:
-                    done = end + rel[i]
-                    lifecycle_vis += rel[i]
-            reply = done + transport_s / 2
-            t_reply = [t_reply[1], reply]
-            requests += 1
-    wall = t_reply[1]
-    host_vis = max(0.0, wall - infer_wall - lifecycle_vis - requests * transport_s)
-    return StepTimeline(wall_s=wall, npu_s=npu, io_s=io, infer_wall_s=infer_wall, lifecycle_s=lifecycle_vis,
-                        lifecycle_hidden_s=hidden, host_s=host_vis, transport_s=requests * transport_s,
-                        requests=requests)
+    def _release(self, i: int, end: float) -> float:
+        """When branch i's last call is done: pinned contexts stay; prefetch releases on the helper; on-demand inside
+        the call."""
+        if i in self.pinned:
+            return end
+        if self.policy.prefetch and i < len(self.seq) - 1:     # more calls follow: released behind them
+            self.releases.append((end, self.rel[i]))
+            return end
+        self.lifecycle_vis += self.rel[i]
+        return end + self.rel[i]
 
 
 def pinned_branches(model: BoardModel, policy: Policy, contexts: int) -> frozenset:
