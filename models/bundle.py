@@ -279,64 +279,25 @@ def build_bundle(models_dir, resolutions, target: str, out_dir, *, toolkit_venv=
         raise BundleError("no --resolution: give at least one image size, e.g. --resolution 512x512")
     paths = resolve_models(models_dir, overrides)
     src = _Sources(paths)
-    out = Path(out_dir).expanduser().absolute()
-    if out.exists() and not out.is_dir():
-        raise BundleError(f"{out}: exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not (out / BUNDLE_JSON).is_file() and not overwrite:
-        known = {ENCODER_DIR, *(d for s in sizes for d in part_dirs(s))}
-        strangers = sorted(p.name for p in out.iterdir() if p.name not in known and not p.name.startswith("."))
-        if strangers:
-            raise BundleError(f"{out}: a non-empty folder that is not a bundle (holds {', '.join(strangers[:5])}); "
-                              "choose another --out")
-    toolkit = None
-    if target != "none":
-        from models.rknn.client import ToolkitError
-        from models.rknn.compile import toolkit_version
-        try:
-            toolkit = toolkit_version(toolkit_venv)
-        except ToolkitError as e:
-            raise BundleError(str(e.args[0])) from None
+    out = _bundle_folder(out_dir, sizes, overwrite)
+    toolkit = _toolkit_for(target, toolkit_venv)
     out.mkdir(parents=True, exist_ok=True)
     (out / BUNDLE_JSON).unlink(missing_ok=True)          # written last: until then this is not a bundle
     t0 = time.monotonic()
-
-    def step(name: str):
-        if progress is not None:
-            progress.start(name)
-
-    def counter(unit: str):
-        return None if progress is None else (lambda done, total: progress.count(done, total, unit))
-
-    def done(note: str = ""):
-        if progress is not None:
-            progress.finish(note)
-
+    steps = _Steps(progress)
     for size in sizes:
         for rel, kind in zip(part_dirs(size), (DIT_KIND, VAE_KIND)):
-            d = out / rel
-            source = "dit" if kind == DIT_KIND else "vae"
-            step(rel)
-            todo = _existing_branch_pack(d, kind, src.sha(source), size, target, toolkit)
-            if todo == "nothing":
-                done("kept (complete)")
-                continue
-            if todo == "build" and kind == DIT_KIND:
-                build_pack(paths.dit, d, size, "fp16", overwrite=overwrite, progress=counter("blocks"))
-            elif todo == "build":
-                build_vae_pack(paths.vae, d, size, overwrite=overwrite)
-            if target != "none":
-                _compile(d, target, toolkit_venv, jobs, per_worker, counter("models compiled"))
-                freed = omit_onnx(d)
-                done(f"compiled, {freed / 1e6:.1f} MB of ONNX removed")
-            else:
-                done("built")
-    step(ENCODER_DIR)
+            steps.step(rel)
+            note = _branch_pack_part(out / rel, kind, size, paths, src, target, toolkit, overwrite, steps,
+                                     (toolkit_venv, jobs, per_worker))
+            steps.done(note)
+    steps.step(ENCODER_DIR)
     if _kept_encoder(out / ENCODER_DIR, src):
-        done("kept (complete)")
+        steps.done("kept (complete)")
     else:
         build_encoder_pack(paths.text_encoder, paths.dit, paths.qwen_tokenizer, paths.t5_tokenizer,
                            out / ENCODER_DIR, overwrite=overwrite)
-        done("built")
+        steps.done("built")
     data = {
         "schema": SCHEMA_VERSION, "kind": BUNDLE_KIND, "target": target, "toolkit": toolkit,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "tools": tool_versions(),
@@ -348,6 +309,71 @@ def build_bundle(models_dir, resolutions, target: str, out_dir, *, toolkit_venv=
     }
     atomic_write(out / BUNDLE_JSON, json.dumps(data, indent=1) + "\n")
     return data
+
+
+def _bundle_folder(out_dir, sizes: list, overwrite: bool) -> Path:
+    """The bundle's folder, refused when it is a file or a non-empty folder of other things (unless `overwrite`)."""
+    out = Path(out_dir).expanduser().absolute()
+    if out.exists() and not out.is_dir():
+        raise BundleError(f"{out}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / BUNDLE_JSON).is_file() and not overwrite:
+        known = {ENCODER_DIR, *(d for s in sizes for d in part_dirs(s))}
+        strangers = sorted(p.name for p in out.iterdir() if p.name not in known and not p.name.startswith("."))
+        if strangers:
+            raise BundleError(f"{out}: a non-empty folder that is not a bundle (holds {', '.join(strangers[:5])}); "
+                              "choose another --out")
+    return out
+
+
+def _toolkit_for(target: str, toolkit_venv):
+    """The rknn-toolkit2 version that compiles for `target` (None for target none, which compiles nothing)."""
+    if target == "none":
+        return None
+    from models.rknn.client import ToolkitError
+    from models.rknn.compile import toolkit_version
+    try:
+        return toolkit_version(toolkit_venv)
+    except ToolkitError as e:
+        raise BundleError(str(e.args[0])) from None
+
+
+class _Steps:
+    """The bundle's parts as steps of a models.commands.progress.Progress (none: silent)."""
+
+    def __init__(self, progress):
+        self.progress = progress
+
+    def step(self, name: str) -> None:
+        if self.progress is not None:
+            self.progress.start(name)
+
+    def counter(self, unit: str):
+        progress = self.progress
+        return None if progress is None else (lambda done, total: progress.count(done, total, unit))
+
+    def done(self, note: str = "") -> None:
+        if self.progress is not None:
+            self.progress.finish(note)
+
+
+def _branch_pack_part(d: Path, kind: str, size: tuple, paths, src: _Sources, target: str, toolkit, overwrite: bool,
+                      steps: _Steps, compile_with: tuple) -> str:
+    """One size's DiT or VAE pack at `d`, kept, built and/or compiled as it needs (ONNX then removed); what was done.
+    `compile_with`: (toolkit venv, jobs, per_worker)."""
+    source = "dit" if kind == DIT_KIND else "vae"
+    todo = _existing_branch_pack(d, kind, src.sha(source), size, target, toolkit)
+    if todo == "nothing":
+        return "kept (complete)"
+    if todo == "build" and kind == DIT_KIND:
+        build_pack(paths.dit, d, size, "fp16", overwrite=overwrite, progress=steps.counter("blocks"))
+    elif todo == "build":
+        build_vae_pack(paths.vae, d, size, overwrite=overwrite)
+    if target == "none":
+        return "built"
+    venv, jobs, per_worker = compile_with
+    _compile(d, target, venv, jobs, per_worker, steps.counter("models compiled"))
+    freed = omit_onnx(d)
+    return f"compiled, {freed / 1e6:.1f} MB of ONNX removed"
 
 
 def _compile(pack: Path, target: str, venv, jobs: int, per_worker: int, progress) -> None:
