@@ -1,0 +1,294 @@
+"""Stage control for one job: supervisord programs started, stopped and waited on, a request to a stage that dies
+meanwhile asked again, the encoder and VAE kept down while denoising, and the stages' memory sampled into the job's
+report."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from orchestrator.report import current_rss_mb, peak_rss_mb
+from orchestrator.runfolder import ALWAYS_ON_STAGES, ON_DEMAND_STAGES
+from orchestrator.supervisor import SupervisorError
+from protocol import messages as m
+from protocol.fields import ProtocolError
+from protocol.sockets import PeerUnavailable
+from protocol.version import VERSION
+from stages.base import EXIT_CONFIG
+
+log = logging.getLogger("orchestrator.flow")     # one logger for a job's story, whichever half tells it
+
+BUSY_RETRY_S = 0.5           # a stage that answers `busy` is asked again after this long (at most the call's timeout)
+READY_TIMEOUT_S = 5.0        # one HELLO while a stage comes up (repeated until start_timeout_s)
+DYING_WAIT_S = 2.0           # a stage's last word (DYING) is looked for this long after its config exit
+START_ATTEMPTS = 3           # a stage that dies while supervisord starts it (within startsecs) is started again
+
+
+class StageFailed(Exception):
+    def __init__(self, stage: str, message: str):
+        super().__init__(f"{stage}: {message}")
+        self.stage, self.message = stage, message
+
+
+class Cancelled(Exception):
+    pass
+
+
+class Stopping(Exception):
+    """The daemon is shutting down: the job stays in its state on disk for the next daemon to resume."""
+
+
+class StageControl:
+    """The stages as one job drives them. `d` is the Daemon (sockets, supervisor, idle pump, cancel requests);
+    `report` is the job's JobReport, which gets the stages' memory and the teardown record."""
+
+    def __init__(self, daemon, job, report):
+        self.d, self.job, self.report = daemon, job, report
+        self.sup, self.cfg, self.settings = daemon.sup, daemon.cfg, daemon.settings
+        self._watch: tuple[str, int, float] | None = None     # (stage, pid at request start, start time)
+        self._died: str | None = None
+        self._config_exit, self._up_since = False, 0.0
+        self._sampling: set[str] = set()                      # stages whose RSS is sampled now
+        self._denoising = False
+        self._last_sample = 0.0
+
+    # ------------------------------------------------------------ starting and stopping stages
+
+    def bring_up(self, stage: str, *, gone_pid: int = 0) -> None:
+        """Local: start through supervisord (after the dead process `gone_pid` has left) and wait RUNNING; then HELLO
+        until READY. A remote stage is only health-checked."""
+        deadline = time.monotonic() + self.settings.start_timeout_s
+        self._up_since = time.time()             # a DYING after this is this start's last word
+        if not self.cfg.is_remote(stage):
+            self._start_program(stage, gone_pid, deadline)
+            self._sampling.add(stage)
+        check = self._start_failed(stage)
+        while True:
+            try:
+                reply = self.d.link(stage).request(m.Hello(peer="orchestrator", pid=os.getpid(), version=VERSION),
+                                                   timeout_s=READY_TIMEOUT_S, retries=0, should_stop=check,
+                                                   idle=self.d.idle)
+                m.expect(reply, m.Ready, stage)
+                if stage in self._sampling:          # loaded and ready: the first point of its memory trace
+                    self._sample_one(stage)
+                return
+            except PeerUnavailable:
+                self.check_cancel()
+                if self._config_exit:
+                    raise StageFailed(stage, self._died) from None
+                if self._died or time.monotonic() > deadline:
+                    where = self.cfg.endpoint(stage)
+                    why = self._died or f"no READY within {self.settings.start_timeout_s:.0f} s"
+                    raise StageFailed(stage, f"not reachable at {where}: {why}") from None
+            except (m.RemoteError, ProtocolError) as e:
+                raise StageFailed(stage, f"bad READY: {e}") from None
+
+    def _start_program(self, stage: str, gone_pid: int, deadline: float) -> None:
+        """A local stage's program started through supervisord and RUNNING, once `gone_pid` has left; a start that
+        dies within startsecs is tried again (START_ATTEMPTS), a config exit is not."""
+        while gone_pid and time.monotonic() < deadline:      # its last word is out; wait for the exit itself
+            info = self.sup.info(stage)
+            if info.pid != gone_pid:
+                break
+            self.d.pump(0.05)
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                self.sup.start(stage, timeout_s=self.settings.start_timeout_s, sleep=self.d.pump)
+                break
+            except SupervisorError as e:  # e.g. killed within startsecs: EXITED/BACKOFF, not RUNNING
+                why = self._config_exit_reason(stage, self.sup.info(stage))
+                if why:
+                    raise StageFailed(stage, why) from None
+                if attempt == START_ATTEMPTS or time.monotonic() > deadline:
+                    raise StageFailed(stage, f"could not start ({attempt} attempts): {e}") from None
+                log.warning("job %s: %s did not start (%s); again (%d/%d)", self.job.id, stage, e, attempt,
+                            START_ATTEMPTS)
+                self.d.pump(1.0)
+
+    def _start_failed(self, stage: str):
+        """A should_stop for HELLO while a stage comes up: FATAL ends it; an exit is started again (twice at most)."""
+        self._died, self._config_exit = None, False
+        restarts = [0]
+
+        def check() -> bool:
+            self._sample()                   # its memory while it loads (the longest part of a stage's phase)
+            if self.d.stopping or self.job.id in self.d.cancel_requests:
+                return True
+            if not self.cfg.is_remote(stage):
+                info = self.sup.info(stage)
+                why = self._config_exit_reason(stage, info)
+                if why:
+                    self._died, self._config_exit = why, True
+                    return True
+                if info.state in ("EXITED", "STOPPED") and restarts[0] < 2:
+                    restarts[0] += 1
+                    self.sup.start(stage, wait=False)
+                elif info.state in ("FATAL", "EXITED", "STOPPED"):
+                    self._died = f"{info.state}: {info.spawnerr or info.description} (see its log)"
+                    return True
+            return False
+        return check
+
+    def _config_exit_reason(self, stage: str, info) -> str:
+        """Why a stage that exited EXIT_CONFIG did (its DYING of this start, else a pointer to its log); "" for any
+        other state. A config or pack problem fails the same way every time: it is not retried, and its cause is
+        the job's error, not only a line in the stage's log."""
+        if info.state != "EXITED" or info.exitstatus != EXIT_CONFIG:
+            return ""
+        said, until = "", time.monotonic() + DYING_WAIT_S
+        while True:                     # its DYING went out before the exit; it may not have been read yet
+            dying = self.d.dying.get(stage)
+            said = dying[1].reason if dying is not None and dying[0] >= self._up_since else ""
+            if said or time.monotonic() > until:
+                break
+            self.d.pump(0.05)
+        return (f"{said} (exit {EXIT_CONFIG}, not retried)" if said else
+                f"exited {EXIT_CONFIG} (a config or pack problem, not retried; see orchestrator logs {stage})")
+
+    def bring_down(self, stage: str) -> None:
+        if self.cfg.is_remote(stage):
+            return
+        info = self.sup.info(stage)
+        if info.pid:
+            self.report.stages[stage].see_rss(peak_rss_mb(info.pid))
+            self.report.memory.add(stage, self.report.since_start(), current_rss_mb(info.pid))   # its last look
+        self._sampling.discard(stage)
+        try:
+            self.sup.stop(stage, timeout_s=self.settings.stop_timeout_s, sleep=self.d.pump)
+        except SupervisorError as e:
+            raise StageFailed(stage, f"could not stop: {e}") from None
+
+    def tear_down_on_demand(self) -> None:
+        """Nothing heavy may be up while denoising: the local on-demand stages still live are stopped."""
+        for name in ON_DEMAND_STAGES:
+            if not self.cfg.is_remote(name) and self.sup.info(name).live:
+                self.sup.stop(name, timeout_s=self.settings.stop_timeout_s, sleep=self.d.pump)
+
+    def stop_quietly(self) -> None:
+        for stage in ON_DEMAND_STAGES:
+            if not self.cfg.is_remote(stage):
+                try:
+                    self.sup.stop(stage, timeout_s=self.settings.stop_timeout_s, sleep=self.d.pump)
+                except SupervisorError as e:
+                    log.warning("could not stop %s: %s", stage, e)
+
+    # ------------------------------------------------------------ requests with death detection
+
+    def call(self, stage: str, msg: m.Message, timeout_s: float) -> m.Message:
+        """Send one request; a stage that dies meanwhile is waited for and asked again (bounded), then StageFailed."""
+        deaths, busy_since, last_error = 0, None, ""
+        while True:
+            self.check_cancel()
+            self._arm(stage)
+            pid0 = self._watch[1]
+            try:
+                reply = self.d.link(stage).request(msg, timeout_s=timeout_s, retries=0, should_stop=self._abort,
+                                                   idle=self.d.idle)
+            except PeerUnavailable as e:
+                self.check_cancel()
+                last_error, dead = self._died or str(e), self._died is not None
+                reply = None
+            finally:
+                self._watch = None
+            if isinstance(reply, m.Error) and reply.code == "busy":
+                busy_since = busy_since or time.monotonic()
+                if time.monotonic() - busy_since > timeout_s:   # e.g. still serving a dead orchestrator's request
+                    raise StageFailed(stage, f"busy for {timeout_s:.0f} s: {reply.message}")
+                self.d.pump(BUSY_RETRY_S)
+                continue
+            if isinstance(reply, m.Error) and reply.code == "cancelled" and self.job.id in self.d.cancel_requests:
+                raise Cancelled()
+            if reply is None or (isinstance(reply, m.Error) and reply.retry):
+                if reply is not None:                # `internal` (ERROR, DYING, exit) or a retryable failure
+                    last_error, dead = f"{reply.code}: {reply.message}", reply.code == "internal"
+                deaths += 1
+                if deaths > self.settings.stage_retries:
+                    raise StageFailed(stage, f"gave up after {deaths} failed attempts; last error: {last_error}")
+                log.warning("job %s: %s failed (%s); waiting for it to come back (%d/%d)", self.job.id, stage,
+                            last_error, deaths, self.settings.stage_retries)
+                try:
+                    self.bring_up(stage, gone_pid=pid0 if dead else 0)
+                except StageFailed as e:
+                    raise StageFailed(stage, f"{e.message}; last error: {last_error}") from None
+                continue
+            if isinstance(reply, m.Error):
+                raise StageFailed(stage, f"{reply.code}: {reply.message}" + (f" (field {reply.field})"
+                                                                            if reply.field else ""))
+            return reply
+
+    def denoise(self, msg: m.Denoise, timeout_s: float) -> m.Denoised:
+        """The DENOISE request, with the always-on stages' memory and the teardown record sampled while it runs."""
+        self._denoising = True
+        self._sampling = set(ALWAYS_ON_STAGES)
+        try:
+            self._sample(force=True)
+            reply = m.expect(self.call("scheduler", msg, timeout_s), m.Denoised, "scheduler")
+            self._sample(force=True)
+        finally:
+            self._denoising = False
+            self._sampling = set()
+        return reply
+
+    def _arm(self, stage: str) -> None:
+        pid = 0 if self.cfg.is_remote(stage) else self.sup.info(stage).pid
+        self._watch, self._died = (stage, pid, time.time()), None
+
+    def _abort(self) -> bool:
+        """Polled while a request is out: cancel asked, or the stage's process is gone (supervisord / DYING)."""
+        if self.d.stopping or self.job.id in self.d.cancel_requests:
+            return True
+        self._sample()
+        return self._died is not None
+
+    def _sample(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_sample < self.settings.sample_interval_s:
+            return
+        self._last_sample = now
+        try:
+            infos = self.sup.all_info()
+        except SupervisorError as e:
+            log.warning("supervisord sample failed: %s", e)
+            return
+        if self._denoising:                                   # the teardown record, read from supervisord
+            self.report.teardown.sample({n: None if self.cfg.is_remote(n) else infos.get(n)
+                                         for n in ON_DEMAND_STAGES})
+        for stage in self._sampling:
+            self._sample_one(stage, infos.get(stage))
+        if self._watch is not None:
+            self._see_watched(infos)
+
+    def _see_watched(self, infos: dict) -> None:
+        """The stage a request is out to: gone when it said DYING since, or its process is not the one asked."""
+        stage, pid0, t0 = self._watch
+        dying = self.d.dying.get(stage)
+        if dying is not None and dying[0] >= t0:
+            self._died = f"{stage} died: {dying[1].reason}"
+        elif not self.cfg.is_remote(stage):
+            info = infos.get(stage)
+            if info is None or not info.live or (pid0 and info.pid != pid0):
+                state = "gone" if info is None else f"{info.state} {info.description}".strip()
+                self._died = f"{stage} process {pid0} is gone (supervisord: {state})"
+
+    def _sample_one(self, stage: str, info=None) -> None:
+        """One RSS look at a local stage: its peak so far and a point of the report's memory trace."""
+        try:
+            info = info or self.sup.info(stage)
+        except SupervisorError:
+            return
+        if info.live:
+            mb = current_rss_mb(info.pid)
+            self.report.stages[stage].see_rss(mb)
+            self.report.memory.add(stage, self.report.since_start(), mb)
+
+    def check_cancel(self) -> None:
+        if self.d.stopping:
+            raise Stopping()
+        if self.job.id in self.d.cancel_requests:
+            link = self.d.links.get("scheduler")
+            if self._denoising and link is not None:
+                try:
+                    link.request(m.Cancel(job=self.job.id), timeout_s=2.0, retries=0)
+                except PeerUnavailable:
+                    pass
+            raise Cancelled()
