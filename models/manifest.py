@@ -106,13 +106,17 @@ class ManifestError(ValueError):
 def manifest_json(folder) -> dict:
     """PACK/manifest.json as plain data, without any kind's checks: what the accessors below pick from (a pack's
     loader reads it with read_manifest instead). ManifestError when it is missing, not JSON or not an object."""
-    path = Path(folder) / MANIFEST
+    return _load_json(Path(folder) / MANIFEST, ManifestError)
+
+
+def _load_json(path: Path, error: Callable[[str], Exception]) -> dict:
+    """The manifest file as a JSON object, or `error` naming it: unreadable, not JSON, not an object."""
     try:
         m = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise ManifestError(f"{path}: unreadable manifest ({e})") from None
+        raise error(f"{path}: unreadable manifest ({e})") from None
     if not isinstance(m, dict):
-        raise ManifestError(f"{path}: not a manifest (a JSON {type(m).__name__}, not an object)")
+        raise error(f"{path}: not a manifest (a JSON {type(m).__name__}, not an object)")
     return m
 
 
@@ -259,12 +263,7 @@ def read_manifest(folder, record: type[ManifestRecord], error: Callable[[str], E
         raise error(f"{d}: no such {what} folder{hint}")
     if not mpath.is_file():
         raise error(f"{d}: not a complete {what} (no {MANIFEST}; a build may have been interrupted)")
-    try:
-        m = json.loads(mpath.read_text())
-    except (OSError, ValueError) as e:
-        raise error(f"{mpath}: unreadable manifest ({e})") from None
-    if not isinstance(m, dict):
-        raise error(f"{mpath}: not a manifest (a JSON {type(m).__name__}, not an object)")
+    m = _load_json(mpath, error)
     got = m.get("kind", default_kind)
     if kind is not None and got != kind:
         name = kind_what or what
