@@ -66,11 +66,21 @@ def _modules() -> dict[str, Path]:
     return mods
 
 
+def _logger_names(tree: ast.AST) -> set:
+    """The string constants naming a logger (`logging.getLogger("orchestrator.flow")`): dotted like a module, but no
+    import."""
+    return {id(node.args[0]) for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "getLogger"
+            and node.args and isinstance(node.args[0], ast.Constant)}
+
+
 def _imported(name: str, path: Path, known: set) -> set:
     """The project modules `name` imports, wherever the import statement sits; `import_module("x.y")` too."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
+    tree = ast.parse(path.read_bytes(), str(path))
+    loggers = _logger_names(tree)
+    for node in ast.walk(tree):
         targets = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -83,7 +93,8 @@ def _imported(name: str, path: Path, known: set) -> set:
         elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
               and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
             targets = [node.args[0].value]
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and TARGET.fullmatch(node.value):
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and TARGET.fullmatch(node.value)
+              and id(node) not in loggers):
             targets = [node.value.partition(":")[0]]          # a models.lazy.import_target string in a table
         for t in targets:
             while t and t not in known:             # `from a.b import c`: the module a.b.c, else a.b
@@ -157,8 +168,9 @@ def test_the_import_rules_find_what_they_look_for(tmp_path):
     cycle are all found."""
     src = tmp_path / "mod.py"
     src.write_text("import importlib\nfrom . import sibling\n\ndef f():\n    from stages.base import StageProc\n"
-                   "    importlib.import_module('orchestrator.daemon')\n")
-    known = {"models.x.mod", "models.x.sibling", "stages.base", "orchestrator.daemon"}
+                   "    importlib.import_module('orchestrator.daemon')\n"
+                   "    logging.getLogger('orchestrator.flow')\n")
+    known = {"models.x.mod", "models.x.sibling", "stages.base", "orchestrator.daemon", "orchestrator.flow"}
     deps = _imported("models.x.mod", src, known)
     assert deps == {"models.x.sibling", "stages.base", "orchestrator.daemon"}
     assert upward_imports({"models.x.mod": deps}) == ["models.x.mod imports orchestrator.daemon",
