@@ -2,6 +2,7 @@
 or a LoRA.
 
     anima-models synth dit --preset tiny --seed 0 --out tiny-dit.safetensors [--prefix model.diffusion_model.]
+    anima-models synth dit --preset tiny --outliers --blocks 2 --out outliers.safetensors   # INT8 stand-in
     anima-models synth bundle --preset tiny --seed 0 --out models/
     anima-models synth lora --preset tiny --seed 1 --out models/loras/style.safetensors --layout kohya --rank 8 \
         --alpha 4 --groups blocks,host,adapter,te
@@ -36,6 +37,9 @@ def add_arguments(p) -> None:
     p.add_argument("--alpha", default=None, help="LoRA alpha (lora only; default rank / 2, 'none' for no alpha)")
     p.add_argument("--groups", default="blocks", help="LoRA targets, comma-separated: blocks (sd-scripts' default), "
                                                       "host, adapter, te (lora only)")
+    p.add_argument("--outliers", action="store_true", help="dit only: a few modulated channels 35-90x the median "
+                   "magnitude at every token and step, a stand-in for a real checkpoint's statistics (docs/quant.md)")
+    p.add_argument("--blocks", type=int, default=0, help="dit only: keep the first N blocks (default all)")
     p.add_argument("--dtype", choices=("BF16", "F16", "F32"), default="BF16", help="LoRA weight dtype (lora only)")
 
 
@@ -85,7 +89,9 @@ def run(args) -> int:
     t0 = time.monotonic()
     if args.what == "dit":
         from models.dit.synth import write_dit
-        write_dit(args.preset, args.seed, out, args.prefix)
+        if args.blocks < 0:
+            raise UserError(f"--blocks must be >= 0, got {args.blocks}")
+        write_dit(args.preset, args.seed, out, args.prefix, outliers=args.outliers, blocks=args.blocks)
     elif args.what == "te":
         _call("models.text.synth:write_te", args.preset, args.seed, out)
     elif args.what == "vae":

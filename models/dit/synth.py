@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import zlib
 from typing import Callable
 
@@ -70,11 +71,30 @@ def dit_shapes(preset: str) -> dict:
     return shapes
 
 
-def dit_entries(preset, seed: int, prefix: str = "net.") -> list:
+def _bent(gen: Callable, key: str, seed: int, width: int) -> Callable:
+    """A generator whose tensor goes through the outlier preset (models/dit/outliers.py) before its bf16 rounding."""
+    from models.dit.outliers import bend
+    from models.safetensors_io import bf16_to_f32
+
+    def g(rng: np.random.Generator) -> np.ndarray:
+        a = gen(rng)
+        return f32_to_bf16(np.ascontiguousarray(bend(key, bf16_to_f32(a), seed, width), np.float32)).reshape(a.shape)
+    return g
+
+
+def keep_blocks(shapes: dict, blocks: int) -> dict:
+    """The shapes of a checkpoint cut to its first `blocks` DiT blocks (a short model for tests and benches)."""
+    if blocks < 1:
+        raise ValueError(f"blocks {blocks} must be >= 1")
+    return {k: v for k, v in shapes.items() if not re.match(r"^blocks\.(\d+)\.", k) or int(k.split(".")[1]) < blocks}
+
+
+def dit_entries(preset, seed: int, prefix: str = "net.", outliers: bool = False) -> list:
     """Lazy TensorEntry list (bf16) for a synthetic checkpoint; each entry's data is a callable returning the
     tensor as bf16 bit patterns (uint16; widen with models.safetensors_io.bf16_to_f32). preset: a preset name, or
     {stripped key: shape} of the checkpoint to make (each tensor depends only on the seed, its key and its shape,
-    so a recorded key list makes the same file again)."""
+    so a recorded key list makes the same file again). outliers: the outlier preset (models/dit/outliers.py), a
+    stand-in for a real checkpoint's activation statistics."""
     if prefix not in DIT_PREFIXES:
         raise ValueError(f"unknown key prefix {prefix!r}; choose one of {list(DIT_PREFIXES)}")
     entries = []
@@ -82,6 +102,8 @@ def dit_entries(preset, seed: int, prefix: str = "net.") -> list:
     for key, shape in shapes.items():
         std, mean = _scale_for(key, shape)
         gen = _normal(shape, std, mean)
+        if outliers:
+            gen = _bent(gen, key, seed, shapes["x_embedder.proj.1.weight"][0])
         entries.append(TensorEntry(prefix + key, "BF16", tuple(shape),
                                    (lambda g=gen, k=key: g(_rng(seed, k)))))
     return entries
@@ -91,9 +113,13 @@ def param_count(preset: str) -> int:
     return sum(int(np.prod(s, dtype=np.int64)) for s in dit_shapes(preset).values())
 
 
-def write_dit(preset: str, seed: int, out, prefix: str = "net.") -> None:
-    """Write the synthetic checkpoint to `out` one tensor at a time (peak memory ~ the largest tensor)."""
-    entries = dit_entries(preset, seed, prefix)
-    log.info("writing synthetic DiT preset=%s seed=%d (%d tensors, %d parameters) to %s",
-             preset, seed, len(entries), param_count(preset), os.fspath(out))
-    write_safetensors(out, entries, metadata={"format": "pt", "anima_synthetic": f"{preset}:{seed}"})
+def write_dit(preset: str, seed: int, out, prefix: str = "net.", outliers: bool = False,
+              blocks: int = 0) -> None:
+    """Write the synthetic checkpoint to `out` one tensor at a time (peak memory ~ the largest tensor); outliers:
+    the outlier preset; blocks > 0: only the first that many DiT blocks."""
+    shapes = dit_shapes(preset) if not blocks else keep_blocks(dit_shapes(preset), blocks)
+    entries = dit_entries(shapes, seed, prefix, outliers)
+    log.info("writing synthetic DiT preset=%s seed=%d%s (%d tensors) to %s", preset, seed,
+             " with outlier channels" if outliers else "", len(entries), os.fspath(out))
+    tag = f"{preset}:{seed}" + (":outliers" if outliers else "") + (f":blocks{blocks}" if blocks else "")
+    write_safetensors(out, entries, metadata={"format": "pt", "anima_synthetic": tag})
