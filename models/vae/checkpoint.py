@@ -1,4 +1,5 @@
-"""Open a VAE file in either key layout: detect, validate, and give the decoder's weights as 2D-conv f32 tensors."""
+"""Open a VAE file in either key layout: detect, validate, and give the decoder's (or the encoder's) weights as 2D-conv
+f32 tensors."""
 from __future__ import annotations
 
 import logging
@@ -10,11 +11,13 @@ import numpy as np
 from models.dit.checkpoint import LOOKS_LIKE, classify_keys
 from models.safetensors_io import SafeTensorsError, SafeTensorsFile
 from models.vae.keys import (VAEConfig, VAEKeyError, check_decoder_shapes, decoder_shapes, detect_config,
-                             diffusers_per_stage, to_original)
+                             diffusers_per_stage, encoder_shapes, to_original)
+from models.vae.keys import TOP_ORIG_TO_DIFF
 
 log = logging.getLogger(__name__)
 
 DECODER_MARKERS = {"original": "decoder.conv1.weight", "diffusers": "decoder.conv_in.weight"}
+ENCODER_MARKERS = {"original": "encoder.conv1.weight", "diffusers": "encoder.conv_in.weight"}
 
 
 class VAEError(ValueError):
@@ -23,7 +26,7 @@ class VAEError(ValueError):
 
 @dataclass
 class VAEWeights:
-    """The decoder's tensors under original-layout names, each conv collapsed to 2D: [out, in, kh, kw] f32."""
+    """The decoder's (or the encoder's) tensors under original-layout names, each conv collapsed to 2D: [out, in, kh, kw] f32."""
     path: str
     layout: str                 # "original" | "diffusers"
     config: VAEConfig
@@ -56,9 +59,7 @@ def collapse(key: str, arr: np.ndarray) -> np.ndarray:
     return arr
 
 
-def load_vae(path) -> VAEWeights:
-    """Read a VAE file (original or diffusers layout, with or without the encoder) for the single-image decoder."""
-    path = os.fspath(path)
+def _open(path: str) -> SafeTensorsFile:
     try:
         with open(path, "rb") as f:
             if f.read(4) == b"GGUF":
@@ -66,27 +67,24 @@ def load_vae(path) -> VAEWeights:
     except OSError as e:
         raise VAEError(f"{path}: cannot open ({e.strerror})") from None
     try:
-        st = SafeTensorsFile(path)
+        return SafeTensorsFile(path)
     except SafeTensorsError as e:
         raise VAEError(str(e)) from None
-    keys = st.keys()
-    try:
-        layout = detect_layout(keys)
-    except VAEError as e:
-        raise VAEError(f"{path}: {e}") from None
-    try:
-        if layout == "original":
-            names = {k: k for k in keys if k.startswith(("decoder.", "conv2."))}
-        else:
-            per_stage = diffusers_per_stage(keys)
-            names = {to_original(k, per_stage): k for k in keys if k.startswith(("decoder.", "post_quant_conv."))}
-        shapes = {o: st.shape(k) for o, k in names.items()}
-        cfg = detect_config(shapes)
-        check_decoder_shapes(cfg, shapes)
-    except VAEKeyError as e:
-        raise VAEError(f"{path} ({layout} layout): {e}") from None
+
+
+def _original_names(keys, layout: str, prefixes: tuple) -> dict:
+    """{original-layout name: the file's name} of the keys under `prefixes` (original-layout prefixes)."""
+    if layout == "original":
+        return {k: k for k in keys if k.startswith(prefixes)}
+    per_stage = diffusers_per_stage(keys)
+    theirs = tuple(TOP_ORIG_TO_DIFF.get(p[:-1], p[:-1]) + "." for p in prefixes)     # conv1. -> quant_conv.
+    return {to_original(k, per_stage): k for k in keys if k.startswith(theirs)}
+
+
+def _read(path: str, st: SafeTensorsFile, names: dict, wanted) -> dict:
+    """{original key: collapsed f32 array} for every key of `wanted`; dtype and finiteness checked."""
     tensors = {}
-    for okey in decoder_shapes(cfg):                               # time_conv is never read
+    for okey in wanted:
         fkey = names[okey]
         dtype = st.dtype(fkey)
         if dtype not in ("BF16", "F16", "F32"):
@@ -95,5 +93,48 @@ def load_vae(path) -> VAEWeights:
         if not np.isfinite(arr).all():
             raise VAEError(f"{path}: tensor {fkey!r} has NaN or infinite values")
         tensors[okey] = collapse(okey, arr)
+    return tensors
+
+
+def _checked(path: str, st: SafeTensorsFile, encoder: bool) -> tuple:
+    """(layout, config, {original name: file name}) of the decoder half, or of the encoder half and `conv1`."""
+    keys = st.keys()
+    try:
+        layout = detect_layout(keys)
+    except VAEError as e:
+        raise VAEError(f"{path}: {e}") from None
+    if encoder and ENCODER_MARKERS[layout] not in keys:
+        raise VAEError(f"{path}: a VAE without its encoder (no {ENCODER_MARKERS[layout]}): encoding an image needs "
+                       "the whole qwen_image_vae.safetensors")
+    try:
+        names = _original_names(keys, layout, ("decoder.", "conv2."))
+        shapes = {o: st.shape(k) for o, k in names.items()}
+        cfg = detect_config(shapes)                                # the decoder tells the config; both halves share it
+        check_decoder_shapes(cfg, shapes)
+        if encoder:
+            names = _original_names(keys, layout, ("encoder.", "conv1."))
+            check_decoder_shapes(cfg, {o: st.shape(k) for o, k in names.items()}, encoder_shapes(cfg, None))
+    except VAEKeyError as e:
+        raise VAEError(f"{path} ({layout} layout): {e}") from None
+    return layout, cfg, names
+
+
+def load_vae(path) -> VAEWeights:
+    """Read a VAE file (original or diffusers layout, with or without the encoder) for the single-image decoder."""
+    path = os.fspath(path)
+    st = _open(path)
+    layout, cfg, names = _checked(path, st, encoder=False)
+    tensors = _read(path, st, names, decoder_shapes(cfg))           # time_conv is never read
     log.info("VAE %s: %s layout, config %s, %d decoder tensors", path, layout, cfg.to_dict(), len(tensors))
+    return VAEWeights(path=path, layout=layout, config=cfg, tensors=tensors)
+
+
+def load_vae_encoder(path) -> VAEWeights:
+    """Read the encoder half and the quant conv `conv1` of a whole VAE file (either layout) for the single-image
+    encoder; time_conv is never read (one frame: the temporal downsample keeps the first frame as it is)."""
+    path = os.fspath(path)
+    st = _open(path)
+    layout, cfg, names = _checked(path, st, encoder=True)
+    tensors = _read(path, st, names, encoder_shapes(cfg, None))
+    log.info("VAE %s: %s layout, config %s, %d encoder tensors", path, layout, cfg.to_dict(), len(tensors))
     return VAEWeights(path=path, layout=layout, config=cfg, tensors=tensors)

@@ -127,29 +127,43 @@ def decoder_shapes(cfg: VAEConfig, temporal_up=None) -> dict:
     return out
 
 
-def encoder_shapes(cfg: VAEConfig, temporal_down=DEFAULT_TEMPORAL_DOWN) -> dict:
-    """{original key: shape} for the encoder half and `conv1` (present in real files, never used here)."""
+def encoder_plan(cfg: VAEConfig) -> list:
+    """The flat `encoder.downsamples` list: ("res", cin, cout) or ("down", dim, dim), in order (stage i of the
+    encoder ends with a downsample except the last; the downsample is ZeroPad2d(0, 1, 0, 1) + a 3x3 stride-2 conv)."""
     dims = [cfg.base_dim * m for m in (1,) + tuple(cfg.dim_mult)]
-    out = {"encoder.conv1.weight": (dims[0], cfg.out_channels, 3, 3, 3), "encoder.conv1.bias": (dims[0],)}
-    idx, n = 0, len(dims) - 1
+    plan, n = [], len(dims) - 1
     for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:])):
         for _ in range(cfg.num_res_blocks):
-            _res_shapes(f"encoder.downsamples.{idx}.", cin, cout, out)
-            cin, idx = cout, idx + 1
+            plan.append(("res", cin, cout))
+            cin = cout
         if i != n - 1:
-            p = f"encoder.downsamples.{idx}."
-            out[p + "resample.1.weight"] = (cout, cout, 3, 3)
-            out[p + "resample.1.bias"] = (cout,)
-            if temporal_down[i]:
-                out[p + "time_conv.weight"] = (cout, cout, 3, 1, 1)
-                out[p + "time_conv.bias"] = (cout,)
-            idx += 1
-    _middle_shapes("encoder.middle.", dims[-1], out)
-    out["encoder.head.0.gamma"] = (dims[-1], 1, 1, 1)
-    out["encoder.head.2.weight"] = (2 * cfg.z_dim, dims[-1], 3, 3, 3)
-    out["encoder.head.2.bias"] = (2 * cfg.z_dim,)
-    out["conv1.weight"] = (2 * cfg.z_dim, 2 * cfg.z_dim, 1, 1, 1)
-    out["conv1.bias"] = (2 * cfg.z_dim,)
+            plan.append(("down", cout, cout))
+    return plan
+
+
+def encoder_shapes(cfg: VAEConfig, temporal_down=DEFAULT_TEMPORAL_DOWN) -> dict:
+    """{original key: shape} for the encoder half and `conv1` (the quant conv: mean and logvar, 2 z_dim out);
+    `time_conv` keys only where temporal_down says so (None: none, as the single-image encoder reads them)."""
+    c0, z2 = cfg.base_dim, 2 * cfg.z_dim
+    out = {"encoder.conv1.weight": (c0, cfg.out_channels, 3, 3, 3), "encoder.conv1.bias": (c0,)}
+    downs = 0
+    for idx, (kind, cin, cout) in enumerate(encoder_plan(cfg)):
+        p = f"encoder.downsamples.{idx}."
+        if kind == "res":
+            _res_shapes(p, cin, cout, out)
+            continue
+        out[p + "resample.1.weight"] = (cout, cout, 3, 3)
+        out[p + "resample.1.bias"] = (cout,)
+        if temporal_down is not None and temporal_down[downs]:
+            out[p + "time_conv.weight"] = (cout, cout, 3, 1, 1)
+            out[p + "time_conv.bias"] = (cout,)
+        downs += 1
+    _middle_shapes("encoder.middle.", cfg.mid_dim, out)
+    out["encoder.head.0.gamma"] = (cfg.mid_dim, 1, 1, 1)
+    out["encoder.head.2.weight"] = (z2, cfg.mid_dim, 3, 3, 3)
+    out["encoder.head.2.bias"] = (z2,)
+    out["conv1.weight"] = (z2, z2, 1, 1, 1)
+    out["conv1.bias"] = (z2,)
     return out
 
 
@@ -201,9 +215,10 @@ def detect_config(shapes: dict) -> VAEConfig:
     return VAEConfig(z_dim=z, base_dim=base, dim_mult=tuple(mult), num_res_blocks=first_up - 1, out_channels=out_ch)
 
 
-def check_decoder_shapes(cfg: VAEConfig, shapes: dict) -> None:
-    """Every decoder tensor present with the shape the config implies (time_conv optional and unchecked)."""
-    for key, want in decoder_shapes(cfg).items():
+def check_decoder_shapes(cfg: VAEConfig, shapes: dict, want_shapes: dict = None) -> None:
+    """Every decoder tensor (or every one of `want_shapes`) present with the shape the config implies (time_conv
+    optional and unchecked)."""
+    for key, want in (want_shapes if want_shapes is not None else decoder_shapes(cfg)).items():
         got = _need(shapes, key)
         if tuple(got) != tuple(want):
             raise VAEKeyError(f"tensor {key!r} has shape {list(got)}, expected {list(want)} for config {cfg.to_dict()}")

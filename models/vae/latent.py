@@ -1,4 +1,4 @@
-"""Model-space latent -> VAE space (the per-channel de-normalisation), without torch: every VAE backend uses it."""
+"""Model-space latent <-> VAE space (the per-channel (de-)normalisation), without torch: every VAE backend uses it."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,3 +18,14 @@ def denormalize(latent: np.ndarray) -> np.ndarray:
     mean = np.asarray(LATENT_MEAN, np.float32)[:, None, None]
     std = np.asarray(LATENT_STD, np.float32)[:, None, None]
     return (latent.astype(np.float32) * std + mean).astype(np.float32)
+
+
+def normalize(z_vae: np.ndarray) -> np.ndarray:
+    """VAE space [16, h, w] (the encoder's mean) -> model space [16, h, w] f32: (z - mean) / std, the inverse of
+    `denormalize` (ComfyUI's Wan 2.1 latent format `process_in`, scale factor 1)."""
+    c = z_vae.shape[0]
+    if c != len(LATENT_MEAN):
+        raise ValueError(f"latent has {c} channels; the Qwen-Image VAE normalisation needs {len(LATENT_MEAN)}")
+    mean = np.asarray(LATENT_MEAN, np.float32)[:, None, None]
+    std = np.asarray(LATENT_STD, np.float32)[:, None, None]
+    return ((z_vae.astype(np.float32) - mean) / std).astype(np.float32)

@@ -1,6 +1,9 @@
-"""Tiled VAE decoding: overlapping latent-resolution tiles, each upsampled alone, blended with cosine ramps.
+"""Tiled VAE decoding and encoding: overlapping latent-resolution tiles, each upsampled (or an image tile downsampled)
+alone, blended with cosine ramps.
 
-numpy only: the torch decoder and the VAE-pack backends (ONNX Runtime, the NPU) share this one plan and blend."""
+numpy only: the torch decoder and encoder and the VAE-pack backends (ONNX Runtime, the NPU) share this one plan and
+blend. Encoding plans in latent pixels too: a tile of t latent pixels reads the image's t*8 pixels at 8 * its start,
+and its features [C, t, t] are blended at latent resolution (scale 1)."""
 from __future__ import annotations
 
 import logging
@@ -73,15 +76,17 @@ def tile_inputs(z, rows, cols):
 
 
 def blend(images, rows, cols, scale: int) -> np.ndarray:
-    """Image tiles [1, 3, th*scale, tw*scale] (an iterable in tile_inputs order) -> the blended canvas [3, H, W] f32:
+    """Tiles [1, C, th*scale, tw*scale] (an iterable in tile_inputs order) -> the blended canvas [C, H, W] f32:
     each tile weighted by its separable cosine ramps, the sum divided by the summed weights."""
     h, w = rows[-1][0] + rows[-1][1], cols[-1][0] + cols[-1][1]
-    out = np.zeros((3, h * scale, w * scale), np.float32)                  # out: [3, H, W] weighted sum
+    out = None                                                             # out: [C, H, W] weighted sum
     wsum = np.zeros((1, h * scale, w * scale), np.float32)                 # wsum: [1, H, W]
     it = iter(images)
     for y0, th, wy in rows:
         for x0, tw, wx in cols:
-            img = np.asarray(next(it))[0]                                   # img: [3, th*scale, tw*scale]
+            img = np.asarray(next(it))[0]                                   # img: [C, th*scale, tw*scale]
+            if out is None:                                                 # C: 3 for images, 384 for features
+                out = np.zeros((img.shape[0], h * scale, w * scale), np.float32)
             wt = np.outer(wy, wx).astype(np.float32)[None]                  # wt: [1, th*scale, tw*scale]
             ys, xs = slice(y0 * scale, (y0 + th) * scale), slice(x0 * scale, (x0 + tw) * scale)
             out[:, ys, xs] += img * wt
@@ -99,3 +104,25 @@ def decode_tiled(decode_fn, z, scale: int, tile: int = DEFAULT_TILE, overlap: fl
     rows, cols = tile_grid(h, w, tile, overlap, scale)
     log.debug("tiled decode: latent %dx%d, tile %d, overlap %s, %d tiles", h, w, tile, overlap, len(rows) * len(cols))
     return blend((decode_fn(t) for t in tile_inputs(z, rows, cols)), rows, cols, scale)
+
+
+def image_tile_inputs(image, rows, cols, down: int):
+    """The image tiles of image [1, 3, H, W] for latent-pixel plans (scale 1), in blend order, each
+    [1, 3, th*down, tw*down]."""
+    for y0, th, _ in rows:
+        for x0, tw, _ in cols:
+            yield image[:, :, y0 * down:(y0 + th) * down, x0 * down:(x0 + tw) * down]
+
+
+def encode_tiled(encode_fn, image, down: int, tile: int = DEFAULT_TILE, overlap: float = DEFAULT_OVERLAP) -> np.ndarray:
+    """image: [1, 3, H, W] (H, W multiples of `down`) -> the blended features [C, H/down, W/down] f32 numpy.
+
+    encode_fn maps an image tile [1, 3, th*down, tw*down] to features [1, C, th, tw] (the encoder's downsampling
+    stages); the tiles and their cosine ramps are planned at latent resolution, exactly the decoder's plan."""
+    _, _, hh, ww = image.shape
+    if hh % down or ww % down:
+        raise ValueError(f"image {hh}x{ww} is not a multiple of {down} per side")
+    rows, cols = tile_grid(hh // down, ww // down, tile, overlap, 1)
+    log.debug("tiled encode: image %dx%d, tile %d, overlap %s, %d tiles", hh, ww, tile, overlap,
+              len(rows) * len(cols))
+    return blend((encode_fn(t) for t in image_tile_inputs(image, rows, cols, down)), rows, cols, 1)
