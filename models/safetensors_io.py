@@ -72,7 +72,8 @@ def _indices(value, max_len: int) -> bool:
 class SafeTensorsFile:
     """One safetensors file, memory-mapped; tensors are read one at a time on request."""
 
-    def __init__(self, path: Union[str, os.PathLike]):
+    def __init__(self, path: Union[str, os.PathLike], *, max_header_bytes: int = MAX_HEADER_BYTES,
+                 max_keys: int | None = None, mapped: bool = True):
         self.path = os.fspath(path)
         try:
             size = os.path.getsize(self.path)
@@ -82,7 +83,9 @@ class SafeTensorsFile:
             raise SafeTensorsError(f"{self.path}: not a safetensors file ({size} bytes, too short for a header)")
         with open(self.path, "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
-            if n == 0 or n > MAX_HEADER_BYTES or 8 + n > size:
+            if n > max_header_bytes and 8 + n <= size:
+                raise SafeTensorsError(f"{self.path}: header of {n} bytes; at most {max_header_bytes} are read")
+            if n == 0 or n > max_header_bytes or 8 + n > size:
                 raise SafeTensorsError(
                     f"{self.path}: not a safetensors file or truncated (header length {n}, file size {size})")
             raw = f.read(n)
@@ -93,6 +96,9 @@ class SafeTensorsFile:
                                    f"{type(e).__name__}: {str(e)[:200]})") from None
         if not isinstance(header, dict):
             raise SafeTensorsError(f"{self.path}: not a safetensors file (header is not a JSON object)")
+        if max_keys is not None and len(header) - ("__metadata__" in header) > max_keys:
+            raise SafeTensorsError(f"{self.path}: {len(header) - ('__metadata__' in header)} tensors; at most "
+                                   f"{max_keys} are read")
         meta = header.pop("__metadata__", None) or {}
         if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
             raise SafeTensorsError(f"{self.path}: not a safetensors file (__metadata__ must map strings to strings)")
@@ -120,7 +126,8 @@ class SafeTensorsFile:
                 raise SafeTensorsError(
                     f"{self.path}: truncated: tensor {name!r} ends at byte {base + b}, file has {size} bytes")
             self._infos[name] = info
-        self._mm = np.memmap(self.path, dtype=np.uint8, mode="r") if size > base else np.zeros(0, np.uint8)
+        self.size, self.data_start = size, base
+        self._mm = np.memmap(self.path, dtype=np.uint8, mode="r") if size > base and mapped else None
 
     # -- introspection -------------------------------------------------------------------------------------------
     def keys(self) -> list:
@@ -152,7 +159,22 @@ class SafeTensorsFile:
             what = "quantized/unsupported" if info.dtype in KNOWN_UNSUPPORTED else "unknown"
             raise SafeTensorsError(f"{self.path}: tensor {name!r} has {what} dtype {info.dtype}")
         np_dtype = DTYPES[info.dtype][0]
+        if self._mm is None:
+            return self._read(info).view(np_dtype).reshape(info.shape)
         return self._mm[info.start:info.end].view(np_dtype).reshape(info.shape)
+
+    def _read(self, info: TensorInfo) -> np.ndarray:
+        """The tensor's bytes by read(), not the mapping: a file cut short meanwhile is an error here, where a
+        mapped page past the new end would be SIGBUS."""
+        want = info.end - info.start
+        buf = bytearray(want)
+        with open(self.path, "rb") as f:
+            f.seek(info.start)
+            got = f.readinto(buf)
+        if got != want:
+            raise SafeTensorsError(f"{self.path}: truncated: tensor {info.name!r} needs bytes {info.start}.."
+                                   f"{info.end}, the file now ends at {info.start + got}")
+        return np.frombuffer(buf, np.uint8)
 
     def get(self, name: str, dtype=np.float32) -> np.ndarray:
         """The tensor converted to `dtype` (float32 by default) as a fresh array."""

@@ -7,6 +7,8 @@ import os
 import signal
 import time
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
@@ -38,6 +40,20 @@ SUBMIT_MEMORY = 256          # request ids of recent SUBMITs (a resent SUBMIT re
 PRUNE_MEMORY = 8
 DETAIL_BUDGET_BYTES = 768 * 1024     # a detailed STATUS reply stops adding jobs here (frame 0 is capped at 1 MiB)
 PRUNE_BATCH_S = 1.0          # one PRUNE removes jobs this long at most (then `more`), well within a client's timeout
+# LoRA files are read (headers at submit, whole files hashed at a job's start) on worker threads, so one large file
+# costs its own submitter time, not every client's; two, so a job's hashing does not hold up the next submit's check
+LORA_WORKERS = 2
+DEFERRED = object()          # handle()'s "answered later": a SUBMIT whose LoRAs are being checked
+
+
+@dataclass
+class _PendingSubmit:
+    """A SUBMIT waiting for its LoRA check: answered along `req` (the latest resend's envelope) when `check` is done."""
+    msg: m.Submit
+    spec: object
+    origin: object
+    check: Future
+    req: object = None
 
 
 class Daemon:
@@ -66,6 +82,8 @@ class Daemon:
         self.stopping = False
         self._submits: OrderedDict[int, str] = OrderedDict()
         self._prunes: OrderedDict[int, m.Jobs] = OrderedDict()
+        self.lora_pool = ThreadPoolExecutor(LORA_WORKERS, thread_name_prefix="lora")
+        self._pending: dict[int, _PendingSubmit] = {}      # SUBMIT id -> its LoRA check under way
         self._wake = True                                  # re-read the queue now
         self.server: Server | None = None
         self.events: EventPull | None = None
@@ -97,6 +115,7 @@ class Daemon:
                  f", resuming {running[0].id} at {running[0].state}" if running else "")
 
     def close(self) -> None:
+        self.lora_pool.shutdown(wait=False, cancel_futures=True)
         if self.heartbeats is not None:
             self.heartbeats.close()
         for link in self.links.values():
@@ -160,7 +179,11 @@ class Daemon:
                     if req.error is not None:
                         self.server.reply_error(req, req.error)
                     else:
-                        self.server.reply(req, self.handle(req.msg))
+                        reply = self.handle(req.msg, defer=True)
+                        if reply is DEFERRED:
+                            self._pending[req.msg.id].req = req
+                        else:
+                            self.server.reply(req, reply)
             if self.events.sock in ready:
                 ev = self.events.recv(0.0)
                 if ev is not None:
@@ -169,6 +192,23 @@ class Daemon:
                     except Exception:  # noqa: BLE001 - a stage's odd event must not end the job waiting in idle
                         log.exception("event %s not handled", ev.KIND)
             ready = dict(poller.poll(0))
+        self._answer_checked()
+
+    def _answer_checked(self) -> None:
+        """Answer the SUBMITs whose LoRA check is done: queued, or refused naming the field."""
+        for mid, p in list(self._pending.items()):
+            if p.check.done():
+                del self._pending[mid]
+                reply = self._guard(p.msg, lambda p=p: self._queue_checked(p))
+                if p.req is not None:
+                    self.server.reply(p.req, reply)
+
+    def _queue_checked(self, p: _PendingSubmit) -> m.Message:
+        try:
+            p.check.result()
+        except LoraRefused as e:
+            raise PromptError(e.field, e.detail) from None
+        return self._queue(p.msg, p.spec, p.origin)
 
     # ------------------------------------------------------------ events from stages
 
@@ -185,35 +225,45 @@ class Daemon:
 
     # ------------------------------------------------------------ CLI requests
 
-    def handle(self, msg: m.Message) -> m.Message:
+    def handle(self, msg: m.Message, defer: bool = False) -> m.Message:
+        """The reply to one request; with `defer`, a SUBMIT with LoRAs may be DEFERRED (answered by pump() when its
+        check on a worker thread is done)."""
+        return self._guard(msg, lambda: self._dispatch(msg, defer))
+
+    def _dispatch(self, msg: m.Message, defer: bool) -> m.Message:
+        if isinstance(msg, m.Submit):
+            return self._submit(msg, defer)
+        if isinstance(msg, m.Status):
+            return self._status(msg)
+        if isinstance(msg, m.Info):
+            return self._info(msg)
+        if isinstance(msg, m.Cancel):
+            job = self.store.cancel(msg.job)
+            if job.active:
+                self.cancel_requests.add(job.id)
+                return m.reply_to(msg, m.Ok, note=f"job {job.id} is being cancelled (it was {job.state})")
+            return m.reply_to(msg, m.Ok, note=f"job {job.id} cancelled")
+        if isinstance(msg, m.Resume):
+            job = self.store.resume(msg.job)
+            self._wake = True
+            return m.reply_to(msg, m.Submitted, job=job.id, seed=int(job.spec["seed"]),
+                              position=self._position(job.id))
+        if isinstance(msg, m.Prune):
+            return self._prune(msg)
+        if isinstance(msg, m.Hello):
+            return m.reply_to(msg, m.Ready, stage="orchestrator", pid=os.getpid(), version=VERSION,
+                              info={"run": str(self.rf.root), "pack": str(self.pack.dir),
+                                    "sizes": ",".join(f"{w}x{h}" for w, h in self.packs)})
+        if isinstance(msg, m.Heartbeat):
+            cur = self.current.job.id if self.current else None
+            return m.reply_to(msg, m.Pong, stage="orchestrator", pid=os.getpid(), busy=cur is not None, job=cur,
+                              uptime_s=0.0)
+        return m.error_reply(msg.id, "unknown_kind", f"the orchestrator does not serve {msg.KIND}", field="kind")
+
+    def _guard(self, msg: m.Message, fn) -> m.Message:
+        """fn()'s reply, or the error reply its exception means (one bad request never ends the daemon)."""
         try:
-            if isinstance(msg, m.Submit):
-                return self._submit(msg)
-            if isinstance(msg, m.Status):
-                return self._status(msg)
-            if isinstance(msg, m.Info):
-                return self._info(msg)
-            if isinstance(msg, m.Cancel):
-                job = self.store.cancel(msg.job)
-                if job.active:
-                    self.cancel_requests.add(job.id)
-                    return m.reply_to(msg, m.Ok, note=f"job {job.id} is being cancelled (it was {job.state})")
-                return m.reply_to(msg, m.Ok, note=f"job {job.id} cancelled")
-            if isinstance(msg, m.Resume):
-                job = self.store.resume(msg.job)
-                self._wake = True
-                return m.reply_to(msg, m.Submitted, job=job.id, seed=int(job.spec["seed"]),
-                                  position=self._position(job.id))
-            if isinstance(msg, m.Prune):
-                return self._prune(msg)
-            if isinstance(msg, m.Hello):
-                return m.reply_to(msg, m.Ready, stage="orchestrator", pid=os.getpid(), version=VERSION,
-                                  info={"run": str(self.rf.root), "pack": str(self.pack.dir),
-                                        "sizes": ",".join(f"{w}x{h}" for w, h in self.packs)})
-            if isinstance(msg, m.Heartbeat):
-                cur = self.current.job.id if self.current else None
-                return m.reply_to(msg, m.Pong, stage="orchestrator", pid=os.getpid(), busy=cur is not None, job=cur,
-                                  uptime_s=0.0)
+            return fn()
         except PromptError as e:
             return m.error_reply(msg.id, "bad_request", str(e), field=e.field)
         except QueueFull as e:
@@ -224,12 +274,13 @@ class Daemon:
             log.exception("orchestrator: %s request %d failed", msg.KIND, msg.id)
             return m.error_reply(msg.id, "failed", f"the orchestrator could not serve {msg.KIND}: "
                                                    f"{type(e).__name__}: {e}")
-        return m.error_reply(msg.id, "unknown_kind", f"the orchestrator does not serve {msg.KIND}", field="kind")
 
-    def _submit(self, msg: m.Submit) -> m.Message:
+    def _submit(self, msg: m.Submit, defer: bool = False) -> m.Message:
         if msg.id in self._submits:                     # a resend of a SUBMIT we already queued
             job = self.store.get(self._submits[msg.id])
             return m.reply_to(msg, m.Submitted, job=job.id, seed=int(job.spec["seed"]), position=self._position(job.id))
+        if msg.id in self._pending:                     # a resend while its LoRAs are checked: answered with it
+            return DEFERRED
         base = Path(msg.base_dir)
         if not base.is_absolute():
             return m.error_reply(msg.id, "bad_request", "base_dir must be an absolute path", field="base_dir")
@@ -240,11 +291,6 @@ class Daemon:
             raise PromptError("width", f"{size[0]}x{size[1]} has a model pack but no VAE pack (stage.vae.vae_pack "
                                        f"has: {have}); add the VAE pack of that size (anima-models pack-vae, or the "
                                        "bundle's)")
-        if spec.loras:
-            try:
-                self.loras.check(spec.loras, size, self.packs[size].lora_rank)
-            except LoraRefused as e:
-                raise PromptError(e.field, e.detail) from None
         origin = None
         if msg.origin:
             try:
@@ -255,6 +301,19 @@ class Daemon:
                 origin = convert(origin, ORIGIN, where="origin")     # as the job's record keeps it
             except SchemaError as e:
                 return m.error_reply(msg.id, "bad_request", str(e), field=e.field)
+        check = self.lora_pool.submit(self.loras.check, spec.loras, size, self.packs[size].lora_rank) if \
+            spec.loras else None
+        pending = _PendingSubmit(msg, spec, origin, check) if check is not None else None
+        if pending is not None and defer:
+            self._pending[msg.id] = pending
+            return DEFERRED
+        if pending is not None:
+            check.exception()                          # called directly (tests, tools): the check is waited for
+            return self._queue_checked(pending)
+        return self._queue(msg, spec, origin)
+
+    def _queue(self, msg: m.Submit, spec, origin) -> m.Message:
+        """A checked SUBMIT into the queue."""
         job = self.store.submit(spec.to_dict(), origin)
         self._wake = True
         self._submits[msg.id] = job.id

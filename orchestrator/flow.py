@@ -29,6 +29,8 @@ from protocol.tensors import from_inline
 
 log = logging.getLogger(__name__)
 
+OFF_THREAD_POLL_S = 0.05     # the daemon's clients wait at most this long more while a LoRA is read off its thread
+
 def lora_places(layers: dict, lora_rank: int) -> dict:
     """Where a LoRA's layers ({place: count}, models.lora.targets.PLACES) are applied in the pipeline."""
     where = {"branch": f"executor: the LoRA-ready pack's low-rank inputs (rank {lora_rank}), written by the scheduler",
@@ -189,17 +191,29 @@ class JobFlow:
         and recorded: what each changes where (report.json `loras`), the hashes the PNG names them by."""
         if not self.spec.loras:
             return
-        try:
+
+        def check_and_hash() -> tuple:
             uses, plan = self.d.loras.check(self.spec.loras, self.pack.size, self.pack.lora_rank)
+            return uses, plan, [lora_short_hash(u.path) for u in uses]
+        try:
+            uses, plan, hashes = self._off_thread(check_and_hash)
         except LoraRefused as e:
             raise StageFailed("orchestrator", f"prompt.json field '{e.field}': {e.detail}") from None
-        for use, rep in zip(uses, plan):
-            try:
-                self.lora_hashes[use.name] = lora_short_hash(use.path)
-            except OSError as e:
-                raise StageFailed("orchestrator", f"LoRA {use.path}: {e}") from None
+        except OSError as e:
+            raise StageFailed("orchestrator", f"LoRA {self.d.loras.told(e)}") from None
+        for use, rep, short in zip(uses, plan, hashes):
+            self.lora_hashes[use.name] = short
             self.report.loras.append({**rep, "short_hash": self.lora_hashes[use.name],
                                       "applied_in": lora_places(rep["layers"], self.pack.lora_rank)})
+
+    def _off_thread(self, fn):
+        """fn() on the daemon's LoRA workers (reading and hashing whole files), the daemon serving its clients and
+        this job's cancel meanwhile (a cancelled job leaves the worker to finish on its own)."""
+        work = self.d.lora_pool.submit(fn)
+        while not work.done():
+            self.d.pump(OFF_THREAD_POLL_S)
+            self.control.check_cancel()
+        return work.result()
 
     # ------------------------------------------------------------ stages
 

@@ -18,7 +18,7 @@ from models.manifest import ManifestError, encoder_weight_shapes
 from models.lora import LoraError, TargetTable, plan_loras
 from models.lora.choice import MAX_LORAS
 from models.lora.plan import open_lora
-from models.models_dir import LORAS_DIR, ModelsDirError, list_loras
+from models.models_dir import LORAS_DIR, ModelsDirError, list_loras, lora_relative
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +134,10 @@ class RunLoras:
             self._tables[size] = table
         return self._tables[size]
 
+    def told(self, err: Exception) -> str:
+        """An error's text as a client sees it: LoRA files named under loras/, not by the server's paths."""
+        return lora_relative(self.models_dir, str(err))
+
     def check(self, choices, size, lora_rank: int, overflow: str = "refuse") -> tuple:
         """A job's `loras` ([models.lora.choice.LoraChoice]) -> ([LoraUse] with resolved paths, the plan's report),
         or LoraRefused naming the entry: a name outside loras/ or of no file, a file that is not a LoRA this model
@@ -146,12 +150,12 @@ class RunLoras:
             try:
                 use = choice.use(self.models_dir)
             except ModelsDirError as err:
-                raise LoraRefused(f"loras[{i}].name", str(err)) from None
+                raise LoraRefused(f"loras[{i}].name", self.told(err)) from None
             try:
                 use.check()
                 files.append(open_lora(use.path))
             except LoraError as err:
-                raise LoraRefused(f"loras[{i}]", str(err)) from None
+                raise LoraRefused(f"loras[{i}]", self.told(err)) from None
             uses.append(use)
         if not uses:
             return [], []
@@ -160,5 +164,5 @@ class RunLoras:
             plan.check_rank(lora_rank, overflow, where=f"model pack {self.packs[size].dir} ({size[0]}x{size[1]}): ")
         except LoraError as err:
             bad = next((i for i, f in enumerate(files) if f.path in str(err)), None)
-            raise LoraRefused(f"loras[{bad}]" if bad is not None else "loras", str(err)) from None
+            raise LoraRefused(f"loras[{bad}]" if bad is not None else "loras", self.told(err)) from None
         return uses, plan.report()

@@ -110,6 +110,11 @@ class StageContext:
     def check(self, job: str | None = None) -> None:
         """keepalive(), then raise Interrupted if the stage is stopping or `job` was cancelled."""
         self.keepalive()
+        self.interrupted(job)
+
+    def interrupted(self, job: str | None = None) -> None:
+        """Raise Interrupted if the stage is stopping or `job` was cancelled, answering nothing: what a
+        keep_alive_while helper thread may call between units of its work (the caller's thread answers)."""
         if self._proc.stopping:
             raise Interrupted("the stage is shutting down")
         if job is not None and job in self._proc.cancelled:

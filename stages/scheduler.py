@@ -29,7 +29,7 @@ from models.sampling.denoise import make_sampler, save_state, start_or_resume
 from models.runtime.dit_runner import BranchCall, DiTRunner
 from models.lora import LoraError, TargetTable, plan_loras
 from models.lora.choice import lora_uses
-from models.models_dir import ModelsDirError
+from models.models_dir import ModelsDirError, lora_relative
 from models.runtime.phase_times import PhaseSums
 from models.packs.pack import PackError, load_pack
 from models.dit.partition import KINDS, branch_index, parse_branch_file
@@ -326,16 +326,16 @@ class SchedulerLogic:
             log.info("%s", pacer.describe())
         return pacer
 
-    def _set_lora(self, runner: DiTRunner, msg: m.Denoise) -> None:
+    def _set_lora(self, runner: DiTRunner, msg: m.Denoise, ctx) -> None:
         """The job's LoRAs on the DiT: host layers merged into FP32 copies of the pack's weights, branch layers as
         the LoRA-ready pack's low-rank inputs (written into the scratch slots the partition table gives them). The
         adapter's and text encoder's layers are the encoder's. A plain pack refuses branch layers, naming the fix."""
         try:
             plan = plan_loras(lora_uses(msg.loras, self.config.models_dir),
                               TargetTable(expected_dit_shapes(runner.cfg)))
-            runner.set_lora(plan, where=f"model pack {runner.pack.dir}: ")
+            runner.set_lora(plan, where=f"model pack {runner.pack.dir}: ", between=lambda: ctx.interrupted(msg.job))
         except (ModelsDirError, LoraError) as e:
-            raise RequestFailed(f"scheduler: {e}", field="loras") from None
+            raise RequestFailed(f"scheduler: {lora_relative(self.config.models_dir, str(e))}", field="loras") from None
         log.info("job %s: LoRAs %s (pack LoRA rank %d)", msg.job, [c.name for c in msg.loras],
                  runner.geom.lora_rank)
 
@@ -390,7 +390,7 @@ class SchedulerLogic:
         pacer = self._host_pacer(msg.pack_dir)
         runner = ctx.keep_alive_while(DiTRunner, pack, branches=client, host_pace=pacer.op if pacer else None)
         if msg.loras:                  # a runner per job: the next job starts again from the pack's own weights
-            ctx.keep_alive_while(self._set_lora, runner, msg)
+            ctx.keep_alive_while(self._set_lora, runner, msg, ctx)
         return _ExecutorSide(link, watch, client, pacer, runner)
 
     @staticmethod
@@ -432,6 +432,8 @@ class SchedulerLogic:
             tally = self._step_loop(msg, ctx, sampler, state, ex, step_ref, cond, uncond, t_start)
         except FloatingPointError as e:
             raise RequestFailed(str(e), field="executor") from None
+        except LoraError as e:                      # a LoRA file changed under the job (cut short, rewritten)
+            raise RequestFailed(f"scheduler: {lora_relative(self.config.models_dir, str(e))}", field="loras") from None
         finally:
             ex.link.close()
             ex.watch.close()

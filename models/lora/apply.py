@@ -28,8 +28,9 @@ class DitLora:
     """What a job's LoRAs change in the DiT of one pack: host weights and branch inputs."""
 
     def __init__(self, plan: Optional[LoraPlan], cfg: DiTConfig, geom: Geometry, pack_dtype: str,
-                 overflow: str = "refuse", where: str = "", cache_mb: float = CACHE_MB):
+                 overflow: str = "refuse", where: str = "", cache_mb: float = CACHE_MB, between=None):
         self.plan, self.cfg, self.geom, self.dtype, self.overflow = plan, cfg, geom, pack_dtype, overflow
+        self.between = between                     # called between layers (a cancel check that raises)
         self.svd_errors: dict = {}                 # branch weight key -> relative error of its SVD reduction
         self._zeros: dict = {}                     # kind -> zero inputs (the same for every block)
         self._cache: dict = {}                     # (block, kind) -> inputs, while they fit cache_mb
@@ -38,6 +39,8 @@ class DitLora:
         if self.over:
             log.warning("%d branch layers have a stacked LoRA rank over the pack's %d: reduced by SVD (errors in "
                         "the report)", len(self.over), geom.lora_rank)
+        if plan is not None and geom.lora_rank > 0:
+            plan.read_all("branch", between)       # a bad branch weight fails the job here, not a step later
 
     @property
     def empty(self) -> bool:
@@ -49,6 +52,8 @@ class DitLora:
             return base
         out = dict(base)
         for key in self.plan.keys("host"):
+            if self.between is not None:
+                self.between()
             out[key] = self.plan.merged(key, base[key])
         return out
 

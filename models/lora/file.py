@@ -20,6 +20,13 @@ from models.safetensors_io import SafeTensorsError, SafeTensorsFile
 
 FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")
 HASH_CHUNK = 8 * 1024 * 1024
+# Bounds on what is read of a LoRA before anything is applied. An Anima LoRA on every layer of the DiT, its LLM
+# adapter and Qwen3 has ~800 modules (~2,400 keys, a header under 1 MB with kohya's training metadata); ranks people
+# train are 4..256. Beyond these a file is refused from its header: a rank is what every merge and factor allocates
+# ([out, rank] and [rank, in] in FP32), and a header is parsed whole.
+MAX_HEADER_BYTES = 8 * 1024 * 1024
+MAX_KEYS = 8192
+MAX_RANK = 1024
 
 # key suffix -> (role, layout); role "up" [out, r] / "down" [r, in]. Matched by the longest suffix first.
 PAIR_SUFFIXES = {
@@ -88,9 +95,14 @@ class LoraFile:
     def __init__(self, path):
         self.path = os.fspath(path)
         try:
-            self._st = st = SafeTensorsFile(self.path)
+            self._st = st = SafeTensorsFile(self.path, max_header_bytes=MAX_HEADER_BYTES, max_keys=MAX_KEYS,
+                                            mapped=False)
         except SafeTensorsError as e:
             raise LoraError(f"LoRA {e}") from None
+        end = max((st.info(k).end for k in st.keys()), default=st.data_start)
+        if st.size != end:
+            raise LoraError(f"LoRA {self.path}: {st.size - end} bytes after the last tensor (a safetensors file ends "
+                            "where its last tensor does: damaged, or not what its header says)")
         self.metadata = dict(st.metadata)
         parts: dict = {}                                        # name -> {"up": key, "down": key, "alpha": key}
         self.stray: list = []
@@ -152,6 +164,9 @@ class LoraFile:
         if su[1] != sd[0] or su[1] == 0:
             raise LoraError(f"{self.path}: module {name!r}: up {list(su)} and down {list(sd)} do not chain (up is "
                             "[out, rank], down [rank, in])")
+        if su[1] > MAX_RANK:
+            raise LoraError(f"{self.path}: module {name!r}: rank {su[1]} (up {list(su)}, down {list(sd)}); at most "
+                            f"{MAX_RANK} is applied")
         alpha = None
         if "alpha" in slot:
             k = slot["alpha"][0]

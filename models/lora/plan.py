@@ -111,6 +111,18 @@ class LoraPlan:
                         f"({_names(k for k, _ in over)}): use fewer or smaller LoRAs, a pack built with --lora-rank "
                         f"{worst}, or let the rank be reduced by SVD")
 
+    def read_all(self, place: str, between=None) -> None:
+        """Every pair that updates a target of `place` read once, so what LoraFile refuses when read (NaN/Inf, a
+        file cut short since it was opened) is refused now rather than wherever the arrays are first used;
+        `between()` is called before each target (a cancel check that raises)."""
+        for key in self.keys(place):
+            if between is not None:
+                between()
+            for u in self.updates[key]:
+                f = self.files[u.use]
+                f.up(u.pair)
+                f.down(u.pair)
+
     # -- applying --------------------------------------------------------------------------------------------------
     def delta(self, key: str) -> np.ndarray:
         """ΔW [out, in] f32 of one target: Σ factor · (up @ down), added in the order of the uses."""

@@ -175,11 +175,12 @@ class DiTRunner:
         self.rope = {"rope_cos": cos.astype(self.io_np), "rope_sin": sin.astype(self.io_np)}
         self.last_timing: Optional[ForwardTiming] = None
 
-    def set_lora(self, plan=None, overflow: str = "refuse", where: str = "") -> DitLora:
+    def set_lora(self, plan=None, overflow: str = "refuse", where: str = "", between=None) -> DitLora:
         """Apply a LoraPlan (models.lora.plan) from the next forward on: host layers merged into FP32 copies of the
         pack's weights, branch layers as a LoRA-ready pack's low-rank inputs; None: back to the plain pack. Nothing
-        is reloaded (the branch graphs take the factors as inputs)."""
-        lora = DitLora(plan, self.cfg, self.geom, self.pack.dtype, overflow, where)
+        is reloaded (the branch graphs take the factors as inputs). `between()` runs between layers (a cancel
+        check that raises)."""
+        lora = DitLora(plan, self.cfg, self.geom, self.pack.dtype, overflow, where, between=between)
         self.weights = lora.host_weights(self.base_weights)
         self.lora, self._lora_feed = lora, (None, {})
         return lora
