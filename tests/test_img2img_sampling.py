@@ -1,0 +1,258 @@
+"""Sampling from a latent (models.sampling.img2img): ComfyUI's denoise sigmas, KSamplerAdvanced's window, the start
+at the first sigma, the noise mask at every model call, resume. The references are ComfyUI's formulas written again
+here (comfy/samplers.py KSampler.set_steps / KSampler.sample / KSamplerX0Inpaint, comfy/k_diffusion/sampling.py
+sample_euler / sample_heun / sample_euler_ancestral_RF, ModelSampling CONST noise_scaling) in torch."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from models.sampling.img2img import LatentPlan, LatentSampler, passes_through, plan_sigmas, sampler_from_settings
+from models.sampling.k_sampling import SAMPLER_NAMES, ksampler_sigmas
+from models.sampling.noise import comfy_noise
+from models.sampling.sampler_state import SamplerState
+from models.sampling.schedules import SCHEDULER_NAMES
+
+torch = pytest.importorskip("torch")
+SHAPE = (16, 4, 6)
+CFG = 3.0
+
+
+def _pattern(seed):
+    return np.random.default_rng(seed).standard_normal(SHAPE).astype(np.float32)
+
+
+IMAGE = _pattern(11) * np.float32(0.7)
+MASK = np.zeros(SHAPE, np.float32)
+MASK[:, 1:3, 2:5] = 1.0
+MASK[:, 3, 0] = 0.25                      # a soft edge
+
+
+def velocities(x, sigma):
+    """A toy flow model: (v_cond, v_uncond), smooth in x and sigma."""
+    x = np.asarray(x, np.float32)
+    s = np.float32(sigma)
+    v_c = x * np.float32(0.4) - IMAGE * np.float32(0.3) + np.roll(x, 1, 0) * np.float32(0.1) * s
+    v_u = x * np.float32(0.35) + np.float32(0.05) * s
+    return v_c, v_u
+
+
+# ---- sigmas ----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("scheduler", SCHEDULER_NAMES)
+@pytest.mark.parametrize("steps,denoise", [(10, 0.6), (8, 0.5), (7, 0.33), (6, 1.0), (5, 0.99995)])
+def test_denoise_sigmas_are_set_steps(scheduler, steps, denoise):
+    if scheduler == "kl_optimal" and steps < 2:
+        pytest.skip("kl_optimal needs 2 steps")
+    # set_steps: above 0.9999 the plain schedule, else the schedule of int(steps / denoise) cut to its last steps + 1
+    base = ksampler_sigmas("euler", scheduler, steps if denoise > 0.9999 else int(steps / denoise))
+    want = base if denoise > 0.9999 else base[len(base) - min(len(base), steps + 1):]
+    got = plan_sigmas("euler", scheduler, steps, 3.0, LatentPlan(denoise=denoise))
+    np.testing.assert_array_equal(got, want)
+    assert got[-1] == 0 and (denoise > 0.9999 or len(got) <= steps + 1)    # ddim_uniform may run more at 1
+
+
+def test_denoise_sigmas_of_a_penultimate_discarding_sampler():
+    # uni_pc's schedule is that of steps + 1 without its penultimate sigma, at the long step count too
+    long = ksampler_sigmas("euler", "karras", int(6 / 0.5) + 1)
+    want = np.concatenate([long[:-2], long[-1:]])[-7:]
+    np.testing.assert_array_equal(plan_sigmas("uni_pc", "karras", 6, 3.0, LatentPlan(denoise=0.5)), want)
+
+
+@pytest.mark.parametrize("start,last,full", [(0, 10, True), (2, 6, False), (2, 6, True), (3, None, True),
+                                             (None, 4, False), (9, 100, True), (10, 10, True)])
+def test_advanced_window(start, last, full):
+    sig = ksampler_sigmas("euler", "simple", 10)
+    ref = torch.from_numpy(sig.copy())
+    # KSampler.sample: the end first (force_full_denoise zeroes the new last), then the start
+    if last is not None and last < len(ref) - 1:
+        ref = ref[:last + 1]
+        if full:
+            ref[-1] = 0
+    plan = LatentPlan.advanced(True, start if start is not None else 0, last if last is not None else 10000,
+                               not full)
+    if start is not None and start >= len(ref) - 1:
+        assert passes_through("euler", "simple", 10, 3.0, plan)
+        with pytest.raises(ValueError, match="start_at_step"):
+            LatentSampler(steps=10, scheduler="simple", spectrum=None, plan=plan)
+        return
+    ref = ref[start or 0:]
+    np.testing.assert_array_equal(plan_sigmas("euler", "simple", 10, 3.0, plan), ref.numpy())
+
+
+@pytest.mark.parametrize("bad,field", [(dict(denoise=0.0), "denoise"), (dict(denoise=1.5), "denoise"),
+                                       (dict(denoise=float("nan")), "denoise"), (dict(start_step=-1), "start_at_step"),
+                                       (dict(last_step=2.5), "end_at_step"), (dict(add_noise="yes"), "add_noise")])
+def test_bad_plans_are_named(bad, field):
+    with pytest.raises(ValueError, match=field):
+        LatentPlan(**bad)
+
+
+# ---- ComfyUI's sampling, written again --------------------------------------------------------------------------------
+def _comfy_sample(name, sigmas, noise, image, mask, seed):
+    """comfy/samplers.py KSAMPLER.sample + KSamplerX0Inpaint + the k-diffusion loop, for euler, heun and
+    euler_ancestral (RF), CONST model sampling; returns (final latent, model inputs)."""
+    sig = torch.from_numpy(np.asarray(sigmas, np.float32))
+    noise_t, img = torch.from_numpy(noise), torch.from_numpy(image)
+    m = None if mask is None else torch.from_numpy(mask)
+    inputs = []
+
+    def noise_scaling(s, n, lat):
+        return s * n + (1.0 - s) * lat
+
+    def model(x, s):
+        if m is not None:
+            x = x * m + noise_scaling(s, noise_t, img) * (1.0 - m)
+        inputs.append(x.numpy().copy())
+        v_c, v_u = (torch.from_numpy(v) for v in velocities(x.numpy(), float(s)))
+        d_c, d_u = x - v_c * s, x - v_u * s
+        out = d_u + (d_c - d_u) * CFG
+        if m is not None:
+            out = out * m + img * (1.0 - m)
+        return out
+
+    x = noise_scaling(sig[0], noise_t, img)
+    gen = torch.Generator().manual_seed(seed + 1)
+    for i in range(len(sig) - 1):
+        den = model(x, sig[i])
+        if name == "euler_ancestral":
+            if sig[i + 1] == 0:
+                x = den
+                continue
+            sd = sig[i + 1] * (1 + (sig[i + 1] / sig[i] - 1))
+            a1, ad = 1 - sig[i + 1], 1 - sd
+            renoise = (sig[i + 1] ** 2 - sd ** 2 * a1 ** 2 / ad ** 2) ** 0.5
+            r = sd / sig[i]
+            x = r * x + (1 - r) * den
+            x = (a1 / ad) * x + torch.randn(x.shape, generator=gen) * renoise
+            continue
+        d = (x - den) / sig[i]
+        dt = sig[i + 1] - sig[i]
+        if name == "heun" and sig[i + 1] != 0:
+            x2 = x + d * dt
+            d2 = (x2 - model(x2, sig[i + 1])) / sig[i + 1]
+            x = x + (d + d2) / 2 * dt
+        else:
+            x = x + d * dt
+    last = sig[-1]
+    return (x / (1.0 - last)).numpy(), inputs
+
+
+def _run(sampler, state, inputs=None):
+    while not sampler.done(state):
+        x_in, sigma = sampler.point(state)
+        if inputs is not None:
+            inputs.append(x_in.copy())
+        sampler.step_computed(state, *velocities(x_in, sigma))
+    return sampler.result(state)
+
+
+CASES = [("euler", "sgm_uniform", 8, LatentPlan(denoise=0.6)),
+         ("euler", "simple", 8, LatentPlan(denoise=0.8, masked=True)),
+         ("heun", "karras", 6, LatentPlan(denoise=0.5, masked=True)),
+         ("euler_ancestral", "karras", 7, LatentPlan(denoise=0.6)),
+         ("euler_ancestral", "beta", 7, LatentPlan(denoise=0.8, masked=True)),
+         ("euler", "normal", 10, LatentPlan.advanced(True, 3, 7, True)),
+         ("heun", "simple", 10, LatentPlan.advanced(False, 4, 10, False, masked=True))]
+
+
+@pytest.mark.parametrize("name,scheduler,steps,plan", CASES)
+def test_sampling_from_a_latent_equals_comfyuis(name, scheduler, steps, plan):
+    seed = 5
+    mask = MASK if plan.masked else None
+    s = LatentSampler(steps=steps, cfg=CFG, scheduler=scheduler, sampler=name, spectrum=None, plan=plan)
+    got_inputs = []
+    got = _run(s, s.start(seed, image=IMAGE, mask=mask), got_inputs)
+    noise = comfy_noise(seed, SHAPE) if plan.add_noise else np.zeros(SHAPE, np.float32)
+    want, want_inputs = _comfy_sample(name, s.sigmas, noise, IMAGE, mask, seed)
+    assert len(got_inputs) == len(want_inputs)                 # the same model calls (heun: two a step)
+    for a, b in zip(got_inputs, want_inputs):
+        np.testing.assert_allclose(a, b, rtol=0, atol=2e-5)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+    if plan.masked:                                            # outside the mask the image survives the whole run
+        keep = MASK == 0
+        np.testing.assert_allclose(got[keep], IMAGE[keep], rtol=0, atol=1e-5)
+
+
+def test_leftover_noise_then_a_second_pass_without_noise():
+    # the classic two-KSamplerAdvanced split: 0..4 with leftover noise, then 4..8 with add_noise disabled equals
+    # one run over 0..8 (ComfyUI: inverse_noise_scaling and noise_scaling at the same sigma cancel)
+    full = LatentSampler(steps=8, cfg=CFG, spectrum=None, scheduler="simple", plan=LatentPlan())
+    want = _run(full, full.start(9, image=np.zeros(SHAPE, np.float32)))
+    a = LatentSampler(steps=8, cfg=CFG, spectrum=None, scheduler="simple",
+                      plan=LatentPlan.advanced(True, 0, 4, True))
+    mid = _run(a, a.start(9, image=np.zeros(SHAPE, np.float32)))
+    assert a.sigmas[-1] > 0
+    b = LatentSampler(steps=8, cfg=CFG, spectrum=None, scheduler="simple",
+                      plan=LatentPlan.advanced(False, 4, 10000, False))
+    got = _run(b, b.start(9, image=mid))
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", SAMPLER_NAMES)
+def test_every_sampler_keeps_the_unmasked_latent_and_blends_every_call(name):
+    plan = LatentPlan(denoise=0.7, masked=True)
+    s = LatentSampler(steps=6, cfg=CFG, scheduler="karras", sampler=name, spectrum=None, plan=plan)
+    state = s.start(3, image=IMAGE, mask=MASK)
+    noise, keep = comfy_noise(3, SHAPE), MASK == 0
+    calls = 0
+    while not s.done(state):
+        x_in, sigma = s.point(state)
+        sg = np.float32(sigma)
+        # outside the mask the model sees noise_scaling(sigma, noise, image), whatever call of the step this is
+        np.testing.assert_allclose(x_in[keep], (sg * noise + (1 - sg) * IMAGE)[keep], rtol=0, atol=1e-6)
+        s.step_computed(state, *velocities(x_in, sigma))
+        calls += 1
+    assert calls == sum(s.nfe(i) for i in range(s.steps))
+    got = s.result(state)
+    # UniPC's last update mixes its data predictions at rescaled points (x·sqrt(t^2 + 1)), not the blended denoised
+    # alone, so in ComfyUI too the kept area is only close to the image
+    tol = 1e-2 if name.startswith("uni_pc") else 2e-4
+    np.testing.assert_allclose(got[keep], IMAGE[keep], rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("name", ["euler", "heun", "er_sde", "dpmpp_2m_sde", "sa_solver_pece", "uni_pc"])
+def test_resume_after_every_step_is_bitwise(name, tmp_path):
+    plan = LatentPlan(denoise=0.6, masked=True)
+
+    def make():
+        return LatentSampler(steps=5, cfg=CFG, scheduler="beta", sampler=name, spectrum=None, plan=plan)
+    s = make()
+    want = _run(s, s.start(21, image=IMAGE, mask=MASK))
+    for stop in range(1, s.steps):
+        s = make()
+        st = s.start(21, image=IMAGE, mask=MASK)
+        while st.step < stop:
+            x_in, sigma = s.point(st)
+            s.step_computed(st, *velocities(x_in, sigma))
+        st.save(tmp_path / "state.safetensors")
+        loaded = SamplerState.load(tmp_path / "state.safetensors")
+        s2 = sampler_from_settings(loaded.settings)            # a fresh process knows only the file
+        s2.check_state(loaded)
+        assert s2.plan == plan
+        assert _run(s2, loaded).tobytes() == want.tobytes(), f"{name}: resumed after step {stop} differs"
+
+
+def test_a_state_of_another_plan_is_refused(tmp_path):
+    s = LatentSampler(steps=5, cfg=CFG, spectrum=None, plan=LatentPlan(denoise=0.6))
+    st = s.start(1, image=IMAGE)
+    other = LatentSampler(steps=5, cfg=CFG, spectrum=None, plan=LatentPlan(denoise=0.5))
+    with pytest.raises(ValueError, match="settings"):
+        other.check_state(st)
+
+
+def test_plain_plan_is_text_to_image():
+    from models.sampling.sampler import Sampler
+    base = Sampler(steps=6, cfg=CFG, sampler="dpmpp_2m", scheduler="karras", spectrum=None)
+    s = LatentSampler(steps=6, cfg=CFG, sampler="dpmpp_2m", scheduler="karras", spectrum=None)
+    want = _run(base, base.init_state(comfy_noise(4, SHAPE), seed=4, noise="comfy"))
+    got = _run(s, s.start(4, image=np.zeros(SHAPE, np.float32)))
+    assert got.tobytes() == want.tobytes()
+
+
+def test_bad_starts_are_named():
+    s = LatentSampler(steps=5, cfg=CFG, spectrum=None, plan=LatentPlan(denoise=0.6, masked=True))
+    for kwargs, msg in ((dict(image=IMAGE), "give the mask"), (dict(image=IMAGE, mask=MASK[:8]), "mask has shape"),
+                        (dict(image=IMAGE, mask=MASK * 2), "within"),
+                        (dict(image=np.full(SHAPE, np.nan, np.float32), mask=MASK), "image holds NaN")):
+        with pytest.raises(ValueError, match=msg):
+            s.start(1, **kwargs)
