@@ -154,6 +154,8 @@ class VaeSettings(BackendSettings, frozen=True):
     vae: PathText | None = None                # torch: the VAE file (default: from models_dir)
     # the other backends: a VAE pack folder (anima-models pack-vae), or a list, one per image size
     vae_pack: PathText | list[PathText] | None = None
+    # the other backends, VAE_ENCODE: a VAE encoder pack folder, or a list, one per image size (none: no encoding)
+    vae_encoder_pack: PathText | list[PathText] | None = None
     threads: Threads | None = None
     max_latent: Int(1, 4096) = 512             # DECODE: largest latent h and w (prompts allow 4096 px)
     tile_min: Int(1, 4096) = 16                # DECODE: smallest tile side in latent pixels
@@ -171,6 +173,9 @@ class VaeSettings(BackendSettings, frozen=True):
         packs = [self.vae_pack] if isinstance(self.vae_pack, str) else self.vae_pack
         _rule("vae_pack", "" if packs is None or 1 <= len(packs) <= 64 else
               "expected a VAE pack folder, or a list of 1..64 of them (one per image size)")
+        enc = [self.vae_encoder_pack] if isinstance(self.vae_encoder_pack, str) else self.vae_encoder_pack
+        _rule("vae_encoder_pack", "" if enc is None or 1 <= len(enc) <= 64 else
+              "expected a VAE encoder pack folder, or a list of 1..64 of them (one per image size)")
         _rule("tile_min", "" if self.tile_min <= self.tile_max else "tile_min must not exceed tile_max")
         _rule("vae_pack", "" if self.backend == "torch" or self.vae_pack else f"backend {self.backend!r} decodes a "
               "VAE pack; set vae_pack = DIR (anima-models pack-vae)")
@@ -202,6 +207,7 @@ class HttpSettings(Table, frozen=True):
     port: Int(0, 65535) = 8188                 # 0: any free port (written to RUN/http.json)
     token_file: PathText | None = None         # a 0600 file holding the bearer token (relative to the config file)
     max_body_kb: Int(1, 65536) = 256           # larger request bodies get 413
+    max_upload_mb: Int(1, 1024) = 32           # an image upload or an img2img request may be this large
     request_timeout_s: Float(0.1, 120.0) = 5.0     # one request to the daemon; no answer: 503
     poll_s: Float(0.05, 10.0) = 0.25           # how often running jobs are looked at
     # a connection's request headers must arrive, and an idle keep-alive connection is closed, this long after it

@@ -123,7 +123,9 @@ def _malformed(url: str, job_dir_name: str) -> list[tuple[str, str, str, dict, t
                                                              "type": "output"}}, (400,)),
         ("view absolute", "GET", "view", {"params": {"filename": "/etc/passwd"}}, (400,)),
         ("view type input", "GET", "view", {"params": {"filename": "image.png", "subfolder": job_dir_name,
-                                                       "type": "input"}}, (400,)),
+                                                       "type": "input"}}, (404,)),     # no such upload
+        ("view type bogus", "GET", "view", {"params": {"filename": "image.png", "type": "models"}}, (400,)),
+        ("upload not multipart", "POST", "upload/image", {"json": {"image": "x"}}, (400,)),
         ("view job.json", "GET", "view", {"params": {"filename": "job.json", "subfolder": job_dir_name}}, (404,)),
         ("view no filename", "GET", "view", {}, (404,)),
         ("history max_items", "GET", "history", {"params": {"max_items": "many"}}, (400,)),

@@ -77,14 +77,15 @@ def _header(data: bytes, max_pixels: int):
     return im
 
 
-def open_bounded(data: bytes, *, max_pixels: int = MAX_PIXELS):
-    """The decoded first frame as a PIL image, EXIF orientation applied; ImageInputError for anything refused."""
+def open_bounded(data: bytes, *, max_pixels: int = MAX_PIXELS, transpose: bool = True):
+    """The decoded first frame as a PIL image, EXIF orientation applied (unless not `transpose`: the stored pixels,
+    as ComfyUI's mask upload reads them); ImageInputError for anything refused."""
     from PIL import ImageOps
     im = _header(data, max_pixels)
     try:
         im.seek(0)
         im.load()
-        out = ImageOps.exif_transpose(im)
+        out = ImageOps.exif_transpose(im) if transpose else im.copy()
     except (OSError, SyntaxError, ValueError, EOFError) as e:     # truncated or corrupt pixel data
         raise ImageInputError(f"the image data cannot be decoded: {e}"[:300]) from None
     finally:

@@ -6,6 +6,7 @@
     POST /interrupt [{"prompt_id"}]                  -> 200: the running job is cancelled
     GET  /history[?max_items=N], /history/{id}       -> {prompt_id: {"prompt", "outputs", "status", "meta"}}
     GET  /view?filename=&subfolder=&type=output      -> the file (image.png, timing.png, report.json of a job)
+    POST /upload/image, /upload/mask; GET /view?type=input|temp -> uploaded images (orchestrator/http/uploads.py)
     GET  /system_stats, /object_info[/{class}], /embeddings
     GET  /ws?clientId=                               -> status, execution_start, executing, progress, executed,
                                                         execution_success | execution_error | execution_interrupted
@@ -23,7 +24,7 @@ from aiohttp import web
 from models.runtime.backends import backend_class
 from orchestrator.comfy_graph import GraphError, field_error, field_nodes, graph_to_job, node_table, object_info
 from orchestrator.http import comfy_shapes as shapes
-from orchestrator.http import files
+from orchestrator.http import files, uploads
 from orchestrator.http.common import FRONT, cancel_job, from_daemon, json_response, read_json, refuse, submit_job
 from orchestrator.http.link import DaemonRefused
 from orchestrator.http.views import JobView
@@ -147,6 +148,8 @@ async def get_view(request: web.Request) -> web.Response:
     q = request.query
     if "filename" not in q:
         raise refuse(404, "filename is required")
+    if uploads.serves(q.get("type", "output"), q.get("subfolder", "")):
+        return await uploads.view(request, q["filename"], q.get("subfolder", ""), q.get("type", "output"))
     try:
         path, ctype = files.resolve(front.rf.jobs, q["filename"], q.get("subfolder", ""), q.get("type", "output"))
         data = await files.read_async(path)
@@ -172,7 +175,7 @@ async def get_system_stats(request: web.Request) -> web.Response:
 
 async def get_object_info(request: web.Request) -> web.Response:
     names = await request.app[FRONT].tracker.names()
-    info = object_info(node_table(names))
+    info = {**uploads.loader_nodes(uploads.input_images(request.app[FRONT])), **object_info(node_table(names))}
     cls = request.match_info.get("node_class")
     if cls is not None:
         info = {cls: info[cls]} if cls in info else {}
@@ -192,7 +195,7 @@ ROUTES = [("POST", "/prompt", post_prompt), ("GET", "/prompt", get_prompt), ("GE
           ("GET", "/history/{prompt_id}", get_history_item), ("GET", "/view", get_view),
           ("GET", "/system_stats", get_system_stats), ("GET", "/object_info", get_object_info),
           ("GET", "/object_info/{node_class}", get_object_info), ("GET", "/embeddings", get_embeddings),
-          ("GET", "/ws", websocket)]
+          ("GET", "/ws", websocket)] + uploads.ROUTES
 
 
 def add_routes(app: web.Application) -> None:

@@ -6,6 +6,7 @@
     token_file = "http.token"   # a 0600 file holding the token (>= 16 characters); clients send
                                 # `Authorization: Bearer <token>` (or HTTP Basic with it as the password)
     max_body_kb = 256           # request bodies larger than this get 413
+    max_upload_mb = 32          # image uploads and A1111 img2img bodies (base64 images) up to this
     request_timeout_s = 5.0     # one request to the daemon; no answer -> 503
     poll_s = 0.25               # how often running jobs are looked at (progress over the WebSocket)
     idle_timeout_s = 15.0       # headers must arrive, an idle keep-alive connection is closed, within this
@@ -32,6 +33,10 @@ class HttpSettings(settings.HttpSettings, frozen=True):
     @property
     def max_body_bytes(self) -> int:
         return self.max_body_kb * 1024
+
+    @property
+    def max_upload_bytes(self) -> int:
+        return self.max_upload_mb * 2**20
 
     @classmethod
     def from_config(cls, cfg) -> "HttpSettings":

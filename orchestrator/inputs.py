@@ -1,0 +1,188 @@
+"""The run folder's upload folders (RUN/input, RUN/temp, RUN/output: ComfyUI's `type` input | temp | output) and the
+job inputs kept in a job folder.
+
+A name never leaves its folder: a file name is one plain name (no "/", "\\", NUL or control character, not "." or
+"..", not hidden, at most MAX_NAME_BYTES of UTF-8); a subfolder is such names joined by "/" (at most MAX_DEPTH; "" and
+"." parts dropped as os.path.normpath drops them, ".." and absolute paths refused). Every folder on the way is looked
+at without following links (a link planted in an upload folder is refused, never followed), and a file is written
+through models.durable.atomic_write, which replaces a link at the destination instead of writing through it.
+
+ComfyUI's rules for an upload (server.py, `image_upload`): without `overwrite` "true" or "1", a name taken by another
+file becomes "NAME (1).EXT", "NAME (2).EXT" ... and a name holding the same bytes is answered as it is, without
+writing again; the answer is {"name", "subfolder", "type"}. `LoadImage` lists the input folder's image files (the
+top level, sorted, as ComfyUI's INPUT_TYPES does).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from pathlib import Path
+
+from models.durable import atomic_write, is_temporary
+
+KINDS = ("input", "temp", "output")              # ComfyUI's upload types; `input` by default
+MAX_NAME_BYTES = 255
+MAX_DEPTH = 8
+MAX_RENAMES = 10_000
+IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".webp": "image/webp",
+               ".bmp": "image/bmp", ".gif": "image/gif"}
+JOB_INPUTS = ("init_image", "mask")              # kept in a job folder as NAME.png
+
+
+class InputNameError(ValueError):
+    """A name or subfolder that could never be in an upload folder (HTTP 400); `field` names the form field."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def check_name(name, field: str = "filename") -> str:
+    """One plain file name, or InputNameError saying why not."""
+    if not isinstance(name, str) or not name:
+        raise InputNameError(field, "a file name is required")
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise InputNameError(field, f"longer than {MAX_NAME_BYTES} bytes")
+    if any(c in name for c in "/\\") or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise InputNameError(field, f"{name[:80]!r} is not a plain file name (no '/', '\\', NUL or control "
+                                    "characters)")
+    if name in (".", "..") or name.startswith("."):
+        raise InputNameError(field, f"{name[:80]!r}: names starting with '.' are not taken")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputNameError(field, "not text (a lone surrogate)") from None
+    return name
+
+
+def check_subfolder(sub, field: str = "subfolder") -> tuple[str, ...]:
+    """The parts of a relative subfolder ("" is the folder itself), or InputNameError."""
+    if sub is None or sub == "":
+        return ()
+    if not isinstance(sub, str):
+        raise InputNameError(field, "must be a string")
+    if sub.startswith("/") or "\\" in sub or (len(sub) > 1 and sub[1] == ":"):
+        raise InputNameError(field, f"{sub[:80]!r}: must be a relative path inside the folder")
+    parts = tuple(p for p in sub.split("/") if p not in ("", "."))
+    if ".." in parts:
+        raise InputNameError(field, f"{sub[:80]!r}: '..' would leave the folder")
+    if len(parts) > MAX_DEPTH:
+        raise InputNameError(field, f"deeper than {MAX_DEPTH} folders")
+    for p in parts:
+        check_name(p, field)
+    return parts
+
+
+def check_kind(kind, field: str = "type") -> str:
+    kind = "input" if kind in (None, "") else kind
+    if kind not in KINDS:
+        raise InputNameError(field, f"{str(kind)[:40]!r}: must be one of {', '.join(KINDS)}")
+    return kind
+
+
+def _plain_dir(path: Path, create: bool) -> None:
+    """`path` is a real folder (not a link), created 0700 when missing and `create`; else FileNotFoundError."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        if not create:
+            raise
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise InputNameError("subfolder", f"{path.name!r} is not a folder (a link or a file)")
+
+
+def folder(run_root: Path, kind: str, parts: tuple[str, ...] = (), *, create: bool = False) -> Path:
+    """RUN/<kind>/<parts...>, every folder on the way checked to be a real folder (created when `create`)."""
+    base = Path(os.path.realpath(run_root))
+    path = base / kind
+    _plain_dir(path, create)
+    for p in parts:
+        path = path / p
+        _plain_dir(path, create)
+    if os.path.realpath(path) != str(path):                    # a link swapped in meanwhile: never followed
+        raise InputNameError("subfolder", "leads out of the upload folder")
+    return path
+
+
+def find(run_root: Path, kind: str, subfolder: str, name: str) -> Path:
+    """An existing regular file in an upload folder (not a link); FileNotFoundError, or InputNameError for names."""
+    path = folder(run_root, check_kind(kind), check_subfolder(subfolder)) / check_name(name)
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise FileNotFoundError(str(path))
+    return path
+
+
+def _same_bytes(path: Path, digest: str) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return False
+        return hashlib.sha256(f.read()).hexdigest() == digest
+
+
+def save_upload(run_root: Path, kind: str, subfolder: str, name: str, data: bytes, *, overwrite: bool) -> str:
+    """Write an upload by ComfyUI's rules; -> the name it has (renamed "NAME (i).EXT" when taken, unless
+    `overwrite`; an existing file with the same bytes keeps its name and is not written again)."""
+    where = folder(run_root, check_kind(kind), check_subfolder(subfolder), create=True)
+    check_name(name)
+    if overwrite:
+        atomic_write(where / name, data, mode=0o600)
+        return name
+    stem, ext = os.path.splitext(name)
+    digest = hashlib.sha256(data).hexdigest()
+    candidate = name
+    for i in range(1, MAX_RENAMES + 1):
+        if len(candidate.encode("utf-8")) > MAX_NAME_BYTES:
+            raise InputNameError("image", f"no free name for {name[:80]!r} within {MAX_NAME_BYTES} bytes")
+        if _same_bytes(where / candidate, digest):
+            return candidate
+        try:
+            atomic_write(where / candidate, data, mode=0o600, overwrite=False)
+            return candidate
+        except FileExistsError:                  # taken (by another file, or a concurrent upload): the next name
+            candidate = f"{stem} ({i}){ext}"
+    raise InputNameError("image", f"{MAX_RENAMES} files already take the name {name[:80]!r}")
+
+
+def list_images(run_root: Path) -> list[str]:
+    """LoadImage's choices: the image files at the top of RUN/input (regular files, no links), sorted."""
+    try:
+        base = folder(run_root, "input")
+        entries = list(os.scandir(base))
+    except (FileNotFoundError, InputNameError):
+        return []
+    return sorted(e.name for e in entries
+                  if e.is_file(follow_symlinks=False) and not e.name.startswith(".") and not is_temporary(e.name)
+                  and os.path.splitext(e.name)[1].lower() in IMAGE_TYPES)
+
+
+def annotated(name: str, default_kind: str) -> tuple[str, str, str]:
+    """ComfyUI's annotated name "sub/NAME.png [input]" -> (subfolder, name, kind)."""
+    kind = default_kind
+    for k in KINDS:
+        if name.endswith(f" [{k}]"):
+            name, kind = name[:-len(k) - 3], k
+            break
+    sub, _, base = name.rpartition("/")
+    return sub, base, kind
+
+
+def keep_in_job(job_dir: Path, inputs: dict[str, bytes]) -> dict[str, Path]:
+    """The job's input images (JOB_INPUTS -> PNG bytes) written durably into its folder before the job is
+    acknowledged, so a job resumed after a crash reads the same bytes; -> the paths written."""
+    out = {}
+    for key, data in inputs.items():
+        if key not in JOB_INPUTS:
+            raise ValueError(f"{key!r} is not a job input ({', '.join(JOB_INPUTS)})")
+        out[key] = atomic_write(Path(job_dir) / f"{key}.png", data, mode=0o600)
+    return out

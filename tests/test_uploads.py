@@ -1,0 +1,258 @@
+"""Issue 27 items 6 and 8, the ways in for images: ComfyUI's /upload/image and /upload/mask (its form fields, the
+rename rule "NAME (1).png", overwrite, subfolders, the mask's alpha written into the original), /view of uploads,
+LoadImage / LoadImageMask listing the input folder in /object_info, and names that try to leave the input folder
+(.., absolute, links, NUL, overlong) or files that are not images: a 400 naming the field, nothing written.
+
+No pipeline: the front's app on aiohttp's test server with the stand-in daemon link of
+tests/test_graph_front_hardening.py."""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import urllib.parse
+
+import numpy as np
+import pytest
+from PIL import Image
+from PIL.PngImagePlugin import PngInfo
+
+from orchestrator import inputs
+from tests.test_graph_front_hardening import Front
+
+RNG = np.random.default_rng(6)
+
+
+def png(array: np.ndarray, mode: str | None = None, text: dict | None = None) -> bytes:
+    meta = PngInfo()
+    for k, v in (text or {}).items():
+        meta.add_text(k, v)
+    buf = io.BytesIO()
+    Image.fromarray(array, mode).save(buf, "PNG", pnginfo=meta)
+    return buf.getvalue()
+
+
+PICTURE = png(RNG.integers(0, 256, (8, 12, 3), dtype=np.uint8))
+OTHER = png(RNG.integers(0, 256, (8, 12, 3), dtype=np.uint8))
+
+
+BOUNDARY = "----anima-test-7MA4YWxkTrZu0gW"
+
+
+def multipart(form: dict) -> tuple[bytes, str]:
+    """A multipart/form-data body written byte by byte, file names exactly as given (a browser or curl sends them
+    so; aiohttp's own FormData would percent-encode a '/')."""
+    out = b""
+    for key, value in form.items():
+        if isinstance(value, tuple):                         # (file name, bytes[, "rfc5987"])
+            name = (f"filename*=UTF-8''{urllib.parse.quote(value[0])}" if value[2:] == ("rfc5987",)
+                    else f'filename="{value[0]}"')
+            head = f'Content-Disposition: form-data; name="{key}"; {name}\r\nContent-Type: image/png\r\n'
+            value = value[:2]
+            data = value[1]
+        else:
+            head, data = f'Content-Disposition: form-data; name="{key}"\r\n', value.encode()
+        out += f"--{BOUNDARY}\r\n".encode() + head.encode("utf-8", "surrogatepass") + b"\r\n" + data + b"\r\n"
+    return out + f"--{BOUNDARY}--\r\n".encode(), f"multipart/form-data; boundary={BOUNDARY}"
+
+
+class Uploads(Front):
+    """Front with multipart requests: `send` runs (method, path, form | params) calls -> [(status, body bytes,
+    content type)]."""
+
+    def send(self, calls):
+        from aiohttp.test_utils import TestClient, TestServer
+
+        async def go():
+            out = []
+            async with TestClient(TestServer(self.build_app(self.front))) as client:
+                for method, path, arg in calls:
+                    if method == "POST":
+                        body, ctype = multipart(arg)
+                        resp = await client.post(path, data=body, headers={"Content-Type": ctype})
+                    else:
+                        resp = await client.get(path, params=arg)
+                    out.append((resp.status, await resp.read(), resp.content_type))
+            return out
+        return asyncio.run(go())
+
+    def post(self, path: str, **form) -> tuple[int, dict]:
+        status, body, _ = self.send([("POST", path, form)])[0]
+        return status, json.loads(body)
+
+    @property
+    def input_dir(self):
+        return self.front.rf.root / "input"
+
+
+@pytest.fixture
+def front(tmp_path):
+    f = Uploads(tmp_path)
+    f.front.rf.root.mkdir(mode=0o700)
+    yield f
+
+
+def test_upload_answers_name_subfolder_type_and_writes_the_bytes(front):
+    status, body = front.post("/upload/image", image=("cat.png", PICTURE))
+    assert (status, body) == (200, {"name": "cat.png", "subfolder": "", "type": "input"})
+    assert (front.input_dir / "cat.png").read_bytes() == PICTURE
+    status, body = front.post("/api/upload/image", image=("cat.png", PICTURE), subfolder="a/b", type="temp")
+    assert (status, body) == (200, {"name": "cat.png", "subfolder": "a/b", "type": "temp"})
+    assert (front.front.rf.root / "temp" / "a" / "b" / "cat.png").read_bytes() == PICTURE
+
+
+def test_taken_name_is_renamed_unless_overwrite_and_same_bytes_keep_the_name(front):
+    """ComfyUI: another file under the name -> "cat (1).png", "cat (2).png"; the same bytes again -> the existing
+    name, not written twice; overwrite "true" or "1" replaces; any other overwrite value renames."""
+    assert front.post("/upload/image", image=("cat.png", PICTURE))[1]["name"] == "cat.png"
+    assert front.post("/upload/image", image=("cat.png", OTHER))[1]["name"] == "cat (1).png"
+    third = png(RNG.integers(0, 256, (8, 12, 3), dtype=np.uint8))
+    assert front.post("/upload/image", image=("cat.png", third), overwrite="false")[1]["name"] == "cat (2).png"
+    assert front.post("/upload/image", image=("cat.png", OTHER))[1]["name"] == "cat (1).png"    # the same bytes
+    assert sorted(os.listdir(front.input_dir)) == ["cat (1).png", "cat (2).png", "cat.png"]
+    assert front.post("/upload/image", image=("cat.png", OTHER), overwrite="1")[1]["name"] == "cat.png"
+    assert (front.input_dir / "cat.png").read_bytes() == OTHER
+    assert front.post("/upload/image", image=("cat.png", third), overwrite="true")[1]["name"] == "cat.png"
+    assert (front.input_dir / "cat.png").read_bytes() == third
+
+
+@pytest.mark.parametrize("form, field", [
+    ({"image": ("../escape.png", PICTURE)}, "image"),
+    ({"image": ("/etc/evil.png", PICTURE)}, "image"),
+    ({"image": ("a\x00b.png", PICTURE, "rfc5987")}, "image"),
+    ({"image": ("x" * 300 + ".png", PICTURE)}, "image"),
+    ({"image": (".hidden.png", PICTURE)}, "image"),
+    ({"image": ("ok.png", PICTURE), "subfolder": "../.."}, "subfolder"),
+    ({"image": ("ok.png", PICTURE), "subfolder": "/tmp"}, "subfolder"),
+    ({"image": ("ok.png", PICTURE), "subfolder": "a/../../b"}, "subfolder"),
+    ({"image": ("ok.png", PICTURE), "subfolder": "a\\b"}, "subfolder"),
+    ({"image": ("ok.png", PICTURE), "type": "models"}, "type"),
+    ({"image": ("ok.png", b"GIF89a but not really")}, "image"),
+    ({"image": ("ok.png", b"plain text")}, "image"),
+    ({"image": "not a file"}, "image"),
+    ({}, "image"),
+], ids=["dotdot", "absolute", "nul", "overlong", "hidden", "sub-dotdot", "sub-absolute", "sub-escape",
+        "sub-backslash", "type", "fake-gif", "text", "image-as-text", "no-image"])
+def test_bad_uploads_are_400_naming_the_field_and_write_nothing(front, form, field):
+    status, body = front.post("/upload/image", **form)
+    assert status == 400, body
+    assert body["field"] == field and body["error"].startswith(f"{field}:"), body
+    written = [p for p in front.front.rf.root.rglob("*") if p.is_file()]
+    assert written == [], written
+
+
+def test_raw_nul_in_a_part_header_is_a_400(front):
+    status, body = front.post("/upload/image", image=("a\x00b.png", PICTURE))
+    assert status == 400 and "form cannot be read" in body["error"], body
+    assert not front.input_dir.exists()
+
+
+def test_decompression_bomb_upload_is_refused(front):
+    from tests.test_image_inputs import raw_png
+    status, body = front.post("/upload/image", image=("bomb.png", raw_png(100_000, 100_000, 8, 2, b"\x00" * 64)))
+    assert status == 400 and "decompression bomb" in body["error"], body
+    assert not (front.input_dir / "bomb.png").exists()
+
+
+def test_links_in_the_input_folder_are_never_followed(front, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    front.input_dir.mkdir(mode=0o700)
+    (front.input_dir / "out").symlink_to(outside)
+    status, body = front.post("/upload/image", image=("x.png", PICTURE), subfolder="out")
+    assert status == 400 and body["field"] == "subfolder", body
+    assert list(outside.iterdir()) == []
+    (outside / "secret.png").write_bytes(PICTURE)
+    (front.input_dir / "link.png").symlink_to(outside / "secret.png")
+    (st, _, _), (st2, _, _) = front.send([("GET", "/view", {"filename": "link.png", "type": "input"}),
+                                          ("GET", "/view", {"filename": "secret.png", "subfolder": "out",
+                                                            "type": "input"})])
+    assert (st, st2) == (404, 400)
+    # an upload under a link's name replaces the link, never writes through it
+    assert front.post("/upload/image", image=("link.png", OTHER), overwrite="true")[0] == 200
+    assert (outside / "secret.png").read_bytes() == PICTURE and not (front.input_dir / "link.png").is_symlink()
+
+
+def test_view_serves_uploads_and_refuses_names_that_leave(front):
+    front.post("/upload/image", image=("cat.png", PICTURE), subfolder="clipspace")
+    got = front.send([
+        ("GET", "/view", {"filename": "cat.png", "subfolder": "clipspace", "type": "input"}),
+        ("GET", "/api/view", {"filename": "clipspace/cat.png [input]"}),
+        ("GET", "/view", {"filename": "cat.png", "type": "input"}),
+        ("GET", "/view", {"filename": "../../pipeline.toml", "type": "input"}),
+        ("GET", "/view", {"filename": "cat.png", "subfolder": "../../jobs", "type": "input"}),
+        ("GET", "/view", {"filename": "cat.png", "type": "nowhere"})])
+    assert [g[0] for g in got] == [200, 200, 404, 400, 400, 400]
+    assert got[0][1] == PICTURE and got[0][2] == "image/png" and got[1][1] == PICTURE
+
+
+def test_object_info_lists_the_input_folders_images(front):
+    front.post("/upload/image", image=("b.png", PICTURE))
+    front.post("/upload/image", image=("a.png", OTHER))
+    front.post("/upload/image", image=("deep.png", PICTURE), subfolder="sub")
+    front.input_dir.joinpath("notes.txt").write_text("not an image")
+    (_, info, _), = front.send([("GET", "/object_info", {})])
+    info = json.loads(info)
+    assert info["LoadImage"]["input"]["required"]["image"] == [["a.png", "b.png"], {"image_upload": True}]
+    assert info["LoadImage"]["output"] == ["IMAGE", "MASK"]
+    mask = info["LoadImageMask"]["input"]["required"]
+    assert mask["image"][0] == ["a.png", "b.png"] and mask["channel"] == [["alpha", "red", "green", "blue"]]
+    assert "KSampler" in info                               # the graph's nodes are all still there
+
+
+def test_upload_mask_puts_the_masks_alpha_into_the_original(front):
+    """ComfyUI's mask editor: the original (RGB, PNG text) with the uploaded file's alpha as its alpha."""
+    rgb = RNG.integers(0, 256, (8, 12, 3), dtype=np.uint8)
+    front.post("/upload/image", image=("photo.png", png(rgb, text={"parameters": "a cat"})), subfolder="s")
+    drawn = RNG.integers(0, 256, (8, 12, 4), dtype=np.uint8)
+    ref = json.dumps({"filename": "photo.png", "subfolder": "s", "type": "input"})
+    status, body = front.post("/upload/mask", image=("clipspace-mask.png", png(drawn, "RGBA")), original_ref=ref,
+                              subfolder="clipspace")
+    assert (status, body) == (200, {"name": "clipspace-mask.png", "subfolder": "clipspace", "type": "input"})
+    with Image.open(front.input_dir / "clipspace" / "clipspace-mask.png") as im:
+        assert im.mode == "RGBA" and im.text.get("parameters") == "a cat"
+        out = np.asarray(im)
+    np.testing.assert_array_equal(out[:, :, :3], rgb)
+    np.testing.assert_array_equal(out[:, :, 3], drawn[:, :, 3])
+
+
+@pytest.mark.parametrize("ref, status, field", [
+    (None, 400, "original_ref"), ("{not json", 400, "original_ref"), ('["photo.png"]', 400, "original_ref"),
+    ('{"filename": "../../pipeline.toml", "type": "input"}', 400, "original_ref"),
+    ('{"filename": "photo.png", "subfolder": "../..", "type": "input"}', 400, "original_ref"),
+    ('{"filename": "photo.png", "type": "models"}', 400, "original_ref"),
+    ('{"filename": "absent.png", "type": "input"}', 404, "original_ref"),
+], ids=["missing", "not-json", "not-object", "dotdot", "sub-dotdot", "type", "absent"])
+def test_bad_original_ref(front, ref, status, field):
+    front.post("/upload/image", image=("photo.png", PICTURE))
+    form = {"image": ("m.png", png(np.zeros((8, 12, 4), np.uint8), "RGBA"))}
+    if ref is not None:
+        form["original_ref"] = ref
+    got, body = front.post("/upload/mask", **form)
+    assert got == status and body["field"] == field, body
+    assert not (front.input_dir / "m.png").exists()
+
+
+def test_mask_of_another_size_is_refused_naming_both(front):
+    front.post("/upload/image", image=("photo.png", PICTURE))
+    status, body = front.post("/upload/mask", image=("m.png", png(np.zeros((4, 4, 4), np.uint8), "RGBA")),
+                              original_ref=json.dumps({"filename": "photo.png", "type": "input"}))
+    assert status == 400 and "4x4" in body["error"] and "12x8" in body["error"], body
+
+
+def test_upload_larger_than_max_body_but_within_max_upload(front):
+    """Uploads have their own bound (stage.http.max_upload_mb), above the JSON bodies' max_body_kb."""
+    big = png(RNG.integers(0, 256, (400, 400, 3), dtype=np.uint8))         # ~480 KB, over the 256 KB default
+    assert len(big) > front.front.settings.max_body_bytes
+    assert front.post("/upload/image", image=("big.png", big))[0] == 200
+
+
+def test_job_inputs_are_kept_durably_in_the_job_folder(tmp_path):
+    job = tmp_path / "job"
+    job.mkdir()
+    paths = inputs.keep_in_job(job, {"init_image": PICTURE, "mask": OTHER})
+    assert paths["init_image"].read_bytes() == PICTURE and (job / "mask.png").read_bytes() == OTHER
+    assert sorted(os.listdir(job)) == ["init_image.png", "mask.png"]          # no temporary left behind
+    with pytest.raises(ValueError, match="'style' is not a job input"):
+        inputs.keep_in_job(job, {"style": PICTURE})
