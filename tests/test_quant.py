@@ -86,3 +86,52 @@ def test_synth_outliers_cli(tmp_path):
     assert main(["synth", "dit", "--outliers", "--blocks", "1", "--out", str(out)]) == 0
     assert DiTCheckpoint.open(out).config.blocks == 1
     assert main(["synth", "dit", "--blocks", "-1", "--out", str(out)]) == 2
+
+
+@pytest.fixture(scope="module")
+def calib(outlier_ckpt, tiny_bundle, tmp_path_factory):
+    """An FP32 128x128 pack of the 2-block outlier DiT and its calibration (2 prompts x 1 seed x 4 steps)."""
+    from models.cli import main
+    from models.packs.pack import build_pack
+    tmp = tmp_path_factory.mktemp("calib")
+    pack = build_pack(outlier_ckpt, tmp / "p32", (128, 128), "fp32")
+    prompts = tmp / "prompts.txt"
+    prompts.write_text("1girl, blue hair\n# not a prompt\n\nlandscape, mountains at dawn\n")
+    rc = main(["calibrate", str(pack), "--models", str(tiny_bundle), "--dit", str(outlier_ckpt), "--prompts",
+               str(prompts), "--out", str(tmp / "calib"), "--seeds", "3", "--steps", "4", "--samples", "5",
+               "--holdout", "2"])
+    assert rc == 0
+    return pack, tmp / "calib"
+
+
+def test_calibrate_keeps_maxima_of_every_sigma_and_holds_samples_out(calib):
+    from models.quant.calib import read_calib
+    from models.sampling.sampler import make_sigmas
+    _, folder = calib
+    c = read_calib(folder)
+    assert c.info["records"] == 2 * 1 * 4 * 2                      # prompts x seeds x steps x passes
+    want = [float(s) for s in make_sigmas("sgm_uniform", 4)[:-1]]  # every sampled sigma, the final 0 aside
+    np.testing.assert_allclose(c.info["sigmas"], sorted(want, reverse=True), rtol=1e-6)
+    assert len(c.info["samples"]) == 5 and len(c.info["heldout"]) == 2
+    assert {m["pass"] for m in c.info["samples"] + c.info["heldout"]} == {0, 1}
+    for name in ("b00_self", "b01_cross", "b01_ffn"):
+        am = c.absmax(name)
+        kept = np.stack([np.abs(x).max(axis=0) for x, _ in c.inputs(name)])
+        # the maxima are over every non-held-out record: never below a kept sample (f16 rounding aside)
+        assert (kept.max(axis=0) <= am * (1 + 1e-3) + 1e-3).all()
+        assert np.sort(am / np.median(am))[-3] > 20                # the preset's 3 channels are in the statistics
+    x, ctx = c.inputs("b00_cross", held_out=True)[0]
+    assert x.shape == (64, 256) and ctx.shape == (512, 128)
+
+
+def test_calibrate_bad_input_is_a_clear_error(calib, tmp_path, capsys):
+    from models.cli import main
+    pack, _ = calib
+    empty = tmp_path / "p.txt"
+    empty.write_text("# nothing\n")
+    assert main(["calibrate", str(pack), "--models", str(tmp_path), "--prompts", str(empty), "--out",
+                 str(tmp_path / "c")]) == 2
+    assert "--prompts" in capsys.readouterr().err
+    assert main(["calibrate", str(pack), "--models", str(tmp_path), "--prompts", str(empty), "--out",
+                 str(tmp_path / "c"), "--seeds", "x"]) == 2
+    assert "--seeds" in capsys.readouterr().err
