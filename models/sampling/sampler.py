@@ -17,16 +17,19 @@ drives. The sampler maths is ComfyUI's (models.sampling.k_sampling, models.sampl
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable, Optional
 
 import numpy as np
 
 from models.sampling import k_sampling as ks
 from models.sampling import spectrum as sp
+from models.sampling import step_cache as sc
 from models.sampling.k_sampling import SAMPLER_NAMES, SAMPLERS, SamplerInfo
 from models.sampling.schedules import DEFAULT_SHIFT, SCHEDULER_NAMES, SCHEDULERS
 from models.sampling.sampler_state import SamplerState, SamplerStateError
 from models.sampling.spectrum import SpectrumSettings
+from models.sampling.step_cache import CacheSettings
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +64,7 @@ class Sampler:
 
     def __init__(self, steps: int = 20, cfg: float = 4.0, scheduler: str = DEFAULT_SCHEDULER,
                  shift: float = DEFAULT_SHIFT, spectrum: Optional[SpectrumSettings] = SpectrumSettings(),
-                 sampler: str = DEFAULT_SAMPLER):
+                 sampler: str = DEFAULT_SAMPLER, cache: Optional[CacheSettings] = None):
         if not np.isfinite(cfg):
             raise ValueError(f"cfg must be a finite number, got {cfg!r}")
         if spectrum is not None and not isinstance(spectrum, SpectrumSettings):
@@ -71,29 +74,43 @@ class Sampler:
         check_names(sampler, scheduler)
         if spectrum is not None and spectrum_refusal(sampler):
             raise ValueError(spectrum_refusal(sampler))
+        if cache is not None and not isinstance(cache, CacheSettings):
+            raise ValueError(f"cache must be CacheSettings or None, got {type(cache).__name__}")
+        if cache is not None and spectrum is not None:
+            raise ValueError(f"cache: {cache.node} and Spectrum both decide which model calls to skip; turn one off "
+                             "(spectrum.enabled false, or no cache)")
         self.sigmas = make_sigmas(scheduler, steps, shift, sampler)          # [n + 1] f32
         self.requested = int(steps)
         self.steps = len(self.sigmas) - 1       # the steps run (beta drops repeated sigmas for many steps)
         self.cfg, self.scheduler, self.shift, self.spectrum = float(cfg), scheduler, float(shift), spectrum
         self.name = sampler
+        # ComfyUI runs no unconditional pass at cfg 1 (math.isclose(cfg, 1.0), comfy/samplers.py sampling_function)
+        self.passes = 1 if math.isclose(self.cfg, 1.0) else 2
+        self.cache = cache
+        self._cache = None if cache is None else sc.StepCache(cache, self.shift, self.passes)
         self._machines: dict = {}
 
     # ---- settings --------------------------------------------------------------------------------------------------
     def settings(self) -> dict:
         return {"sampler": self.name, "steps": self.requested, "cfg": self.cfg, "scheduler": self.scheduler,
-                "shift": self.shift, "spectrum": None if self.spectrum is None else self.spectrum.to_dict()}
+                "shift": self.shift, "spectrum": None if self.spectrum is None else self.spectrum.to_dict(),
+                "cache": None if self.cache is None else self.cache.to_dict()}
 
     @classmethod
     def from_settings(cls, d: dict) -> "Sampler":
-        """From settings(); files written before the sampler choice have no `sampler` (they ran Euler)."""
-        known = {"sampler", "steps", "cfg", "scheduler", "shift", "spectrum"}
+        """From settings(); files written before the sampler choice have no `sampler` (they ran Euler), before the
+        step caches no `cache`."""
+        known = {"sampler", "steps", "cfg", "scheduler", "shift", "spectrum", "cache"}
         if isinstance(d, dict) and "sampler" not in d:
             d = {**d, "sampler": DEFAULT_SAMPLER}
+        if isinstance(d, dict) and "cache" not in d:
+            d = {**d, "cache": None}
         if not isinstance(d, dict) or set(d) != known:
             raise ValueError(f"sampler settings must have exactly the fields {sorted(known)}, got {d!r}")
         spec = None if d["spectrum"] is None else SpectrumSettings.from_dict(d["spectrum"])
+        cache = None if d["cache"] is None else CacheSettings.from_data(d["cache"], where="cache")
         return cls(steps=d["steps"], cfg=d["cfg"], scheduler=d["scheduler"], shift=d["shift"], spectrum=spec,
-                   sampler=d["sampler"])
+                   sampler=d["sampler"], cache=cache)
 
     @classmethod
     def from_state(cls, state: SamplerState) -> "Sampler":
@@ -138,7 +155,8 @@ class Sampler:
         if latent.ndim != 3:
             raise ValueError(f"latent must be [C, h, w], got shape {latent.shape}")
         spec = None if self.spectrum is None else sp.new_state(self.spectrum)
-        state = SamplerState(settings=self.settings(), step=0, latent=latent, spectrum=spec, seed=seed, noise=noise)
+        state = SamplerState(settings=self.settings(), step=0, latent=latent, spectrum=spec, seed=seed, noise=noise,
+                             cache=None if self.cache is None else sc.CacheState())
         state.run = self._ks(state).start(latent)
         return state
 
@@ -154,6 +172,10 @@ class Sampler:
             raise SamplerStateError(f"sampler state step {state.step} is outside 0..{self.steps}")
         if (state.spectrum is None) != (self.spectrum is None):
             raise SamplerStateError("sampler state and settings disagree on Spectrum")
+        if (state.cache is None) != (self.cache is None):
+            raise SamplerStateError("sampler state and settings disagree on the step cache")
+        if state.cache is not None and len(state.cache.diffs) not in (0, self.passes if self._cache.per_pass else 1):
+            raise SamplerStateError(f"sampler state's cache holds {len(state.cache.diffs)} differences")
         if self.entry.stochastic and state.seed is None:
             raise SamplerStateError(f"sampler state of {self.name!r} has no seed")
         self._check_run(state)
@@ -205,21 +227,69 @@ class Sampler:
             return True
         return not sp.should_forecast(self.spectrum, state.spectrum, state.step, self.steps)
 
-    def step_computed(self, state: SamplerState, v_cond: np.ndarray, v_uncond: np.ndarray) -> bool:
-        """One model call's conditional and unconditional velocities at point(state): [C, h, w] each. Returns True
-        when that call finished the step."""
+    def reuses(self, state: SamplerState) -> bool:
+        """True when the step cache reuses the next model call (no model run: call step_reused); the cache's
+        figures move once per call, so asking twice gives the same answer."""
+        if self._cache is None:
+            return False
+        self._require_running(state)
+        x_in, sigma = self.point(state)
+        return self._cache.decide(state.cache, (state.step, state.run.stage), x_in, sigma)
+
+    def step_reused(self, state: SamplerState) -> bool:
+        """Feed the next model call from the step cache (reuses(state) was True). Returns True when that call
+        finished the step."""
+        if not self.reuses(state):
+            raise RuntimeError(f"step {state.step + 1}: the step cache does not reuse this call; call step_computed")
+        x_in, _ = self.point(state)
+        outs = self._cache.reused_outputs(state.cache, x_in)
+        state.step_reused += 1
+        if self._cache.per_pass:                     # the passes' velocities, combined as computed ones are
+            return self._fed(state, *self._cfg_pair(outs[0], outs[-1]), reused=True)
+        step, calls = state.step, state.run.stage + 1
+        self._ks(state).feed(state.run, outs[0])     # lazycache: the CFG denoised latent itself
+        return self._finish(state, step, calls)
+
+    def _cfg_pair(self, v_cond, v_uncond):
+        """(v_cond, v_uncond) for the step machine: at cfg 1 the one pass stands for both, so the CFG mix
+        uncond + (cond - uncond)·1 is the conditional result exactly (ComfyUI's cfg-1 result)."""
+        return (v_cond, v_cond) if self.passes == 1 else (v_cond, v_uncond)
+
+    def step_computed(self, state: SamplerState, v_cond: np.ndarray, v_uncond: Optional[np.ndarray] = None) -> bool:
+        """One model call's conditional and unconditional velocities at point(state): [C, h, w] each (at cfg 1 the
+        conditional one only: a v_uncond given is not used). Returns True when that call finished the step."""
         if not self.needs_model(state):
             raise RuntimeError(f"step {state.step + 1} is a Spectrum forecast; call step_forecast")
+        if self.reuses(state):
+            raise RuntimeError(f"step {state.step + 1}: the step cache reuses this call; call step_reused")
         v_c = self._velocity(state, v_cond, "v_cond")
-        v_u = self._velocity(state, v_uncond, "v_uncond")
+        if self.passes == 1:
+            v_u = v_c
+        elif v_uncond is None:
+            raise ValueError(f"cfg {self.cfg} needs the unconditional pass too (v_uncond)")
+        else:
+            v_u = self._velocity(state, v_uncond, "v_uncond")
+        return self._fed(state, v_c, v_u)
+
+    def _fed(self, state: SamplerState, v_c, v_u, reused: bool = False) -> bool:
         step, calls = state.step, state.run.stage + 1
+        x_in = None if self._cache is None else self.point(state)[0]
         x0 = self._ks(state).feed_cfg(state.run, v_c, v_u, self.cfg)     # CFG x0: [C, h, w] f32
+        if self._cache is not None and not reused:
+            outs = [v_c] if self.passes == 1 else [v_c, v_u]
+            self._cache.record(state.cache, x_in, outs if self._cache.per_pass else [x0])
+        return self._finish(state, step, calls, x0)
+
+    def _finish(self, state: SamplerState, step: int, calls: int, x0=None) -> bool:
+        """After a call: when it finished the step, the step's record (computed, its calls run and reused)."""
         if state.step == step:
             return False
         if self.spectrum is not None:
             sp.record_computed(self.spectrum, state.spectrum, step, x0)
         state.computed.append(step + 1)
-        state.nfe.append(calls)
+        state.nfe.append(calls - state.step_reused)
+        state.skipped.append(state.step_reused)
+        state.step_reused = 0
         return True
 
     def step_forecast(self, state: SamplerState) -> None:
@@ -232,6 +302,7 @@ class Sampler:
         sp.record_forecast(state.spectrum)
         state.forecast.append(step + 1)
         state.nfe.append(0)
+        state.skipped.append(0)
 
     def result(self, state: SamplerState) -> np.ndarray:
         """The final latent [C, h, w] f32 (for Euler, the state's latent)."""
@@ -263,13 +334,15 @@ class Sampler:
         else:
             self.check_state(state)
         while not self.done(state):
-            if self.needs_model(state):
+            if self.reuses(state):
+                finished = self.step_reused(state)
+            elif self.needs_model(state):
                 finished = self.step_computed(state, *model_fn(*self.point(state)))
             else:
                 self.step_forecast(state)
                 finished = True
             if finished and on_step is not None:
                 on_step(state)
-        log.info("sampled %d steps with %s: %d computed, %d forecast, %d model calls", self.steps, self.name,
-                 len(state.computed), len(state.forecast), sum(state.nfe))
+        log.info("sampled %d steps with %s: %d computed, %d forecast, %d model calls, %d reused by the step cache",
+                 self.steps, self.name, len(state.computed), len(state.forecast), sum(state.nfe), sum(state.skipped))
         return state

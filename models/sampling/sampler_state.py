@@ -13,6 +13,7 @@ from models.safetensors_io import SafeTensorsError, SafeTensorsFile, TensorEntry
 from models.sampling.k_sampling import SamplerRun, SamplerRunError, restore_run, run_state
 from models.sampling.noise import TorchCpuGenerator
 from models.sampling.spectrum import SpectrumState
+from models.sampling import step_cache as sc
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +34,13 @@ class SamplerState:
     `computed` and `forecast` list finished steps, 1-based; `nfe` the model calls of each finished step. `run` is the
     sampler's whole progress (models.sampling.k_sampling.SamplerRun: the latent, multistep history, the noise generator's
     position); `step` and `latent` are its. `seed` and `noise` name the seed and noise mode of the starting latent.
+    `cache` is the step cache's (models.sampling.step_cache.CacheState) and `skipped` the calls it reused per finished
+    step; `step_reused` counts those of the step under way (always 0 between steps, so never saved).
     """
 
     def __init__(self, settings: dict, step: int, latent: np.ndarray, spectrum: Optional[SpectrumState] = None,
                  computed=None, forecast=None, seed: Optional[int] = None, noise: Optional[str] = None,
-                 run: Optional[SamplerRun] = None, nfe=None):
+                 run: Optional[SamplerRun] = None, nfe=None, cache: Optional[sc.CacheState] = None, skipped=None):
         self.settings = settings                       # Sampler.settings(): sampler, steps, cfg, schedule, ...
         self.run = run if run is not None else SamplerRun(step=int(step), stage=0, x=latent)
         self.run.step, self.run.x = int(step), latent
@@ -45,6 +48,8 @@ class SamplerState:
         self.computed = list(computed or [])
         self.forecast = list(forecast or [])
         self.nfe = list(nfe or [])
+        self.skipped = list(skipped) if skipped is not None else [0] * len(self.nfe)
+        self.cache, self.step_reused = cache, 0
         self.seed, self.noise = seed, noise
 
     @property
@@ -69,6 +74,7 @@ class SamplerState:
         r = self.run
         arrays = [r.x, *r.arrays.values(), *(a for v in r.lists.values() for a in v)]
         arrays += self.spectrum.x0s if self.spectrum is not None else []
+        arrays += list(sc.state_part(self.cache)[0].values()) if self.cache is not None else []
         return sum(a.nbytes for a in arrays) + (624 * 8 + 8 if r.gen is not None else 0)
 
     def copy(self) -> "SamplerState":
@@ -81,8 +87,12 @@ class SamplerState:
                          lists={k: [a.copy() for a in v] for k, v in r.lists.items()},
                          scalars=json.loads(json.dumps(r.scalars)),
                          gen=None if r.gen is None else TorchCpuGenerator.from_state(r.gen.state()))
+        cache = None
+        if self.cache is not None:
+            tensors, meta = sc.state_part(self.cache)
+            cache = sc.restore_part(meta, {k: v.copy() for k, v in tensors.items()})
         return SamplerState(dict(self.settings), self.step, run.x, sp, list(self.computed), list(self.forecast),
-                            self.seed, self.noise, run=run, nfe=list(self.nfe))
+                            self.seed, self.noise, run=run, nfe=list(self.nfe), cache=cache, skipped=list(self.skipped))
 
     # ---- file form -------------------------------------------------------------------------------------------------
     def save(self, path) -> None:
@@ -100,7 +110,11 @@ class SamplerState:
                 "window": float(self.spectrum.window), "cached": int(self.spectrum.cached),
                 "calls": [int(c) for c in self.spectrum.calls]},
             "run": {**run_meta, "gen": self.run.gen is not None},
+            "skipped": [int(n) for n in self.skipped],
         }
+        cache_tensors = {}
+        if self.cache is not None:
+            cache_tensors, meta["cache"] = sc.state_part(self.cache)
         lat = np.ascontiguousarray(self.latent, dtype=np.float32)
         entries = [TensorEntry("latent", "F32", tuple(lat.shape), lat)]
         for i, x0 in enumerate(self.spectrum.x0s if self.spectrum is not None else []):
@@ -110,6 +124,9 @@ class SamplerState:
             dtype = "I64" if v.dtype.kind in "iu" else "F32"
             v = np.ascontiguousarray(v, dtype=np.int64 if dtype == "I64" else np.float32)
             entries.append(TensorEntry(RUN_PREFIX + k, dtype, tuple(v.shape), v))
+        for k, v in cache_tensors.items():
+            v = np.ascontiguousarray(v, dtype=np.float32)
+            entries.append(TensorEntry(k, "F32", tuple(v.shape), v))
         write_safetensors(path, entries, metadata={META_KEY: json.dumps(meta, separators=(",", ":"))})
 
     @classmethod
@@ -140,6 +157,8 @@ class SamplerState:
                         ("seed", meta.get("seed") is None or _count(meta.get("seed"), 2**64 - 1)),
                         ("noise", meta.get("noise") is None or isinstance(meta.get("noise"), str)),
                         ("nfe", meta.get("nfe") is None or _counts(meta.get("nfe"))),
+                        ("skipped", meta.get("skipped") is None or (_counts(meta.get("skipped")) and
+                                                                   len(meta["skipped"]) == len(meta.get("nfe") or []))),
                         ("run", meta.get("run") is None or _run_meta(meta.get("run")))):
             if not ok:
                 raise SamplerStateError(f"{name}: field {key!r} missing or malformed")
@@ -161,9 +180,26 @@ class SamplerState:
                 run = restore_run(meta["step"], latent, tensors, meta["run"], bool(meta["run"]["gen"]))
             except SamplerRunError as e:
                 raise SamplerStateError(f"{name}: {e}") from None
+        cache = _cache_part(f, meta, name, latent.shape)
         return cls(settings=meta["settings"], step=meta["step"], latent=latent, spectrum=spectrum,
                    computed=meta["computed"], forecast=meta["forecast"], seed=meta.get("seed"),
-                   noise=meta.get("noise"), run=run, nfe=meta.get("nfe"))
+                   noise=meta.get("noise"), run=run, nfe=meta.get("nfe"), cache=cache, skipped=meta.get("skipped"))
+
+
+def _cache_part(f: SafeTensorsFile, meta: dict, name: str, shape) -> Optional[sc.CacheState]:
+    """The step cache's part of a state file (None when the job has none): its differences latent-sized, its
+    subsampled input and output [C, ceil(h/8), ceil(w/8)]."""
+    if meta.get("cache") is None:
+        return None
+    small = (shape[0], -(-shape[1] // sc.SUBSAMPLE), -(-shape[2] // sc.SUBSAMPLE))
+    tensors = {}
+    for key in f.keys():
+        if key.startswith(sc.TENSOR_PREFIX):
+            tensors[key] = _tensor(f, key, name, shape if ".diff." in key else small)
+    try:
+        return sc.restore_part(meta["cache"], tensors)
+    except ValueError as e:
+        raise SamplerStateError(f"{name}: {e}") from None
 
 
 MAX_COUNT = 1_000_000          # steps, step lists, Spectrum call indices: far above any real run
@@ -183,7 +219,7 @@ def _check_header(f: SafeTensorsFile, meta: dict, name: str) -> None:
     x0s = {f"spectrum.x0.{i}" for i in range(calls)}
     for key in f.keys():
         run = key.startswith(RUN_PREFIX) and key[len(RUN_PREFIX):].startswith(RUN_TENSOR_PREFIXES)
-        if key != "latent" and key not in x0s and not run:
+        if key != "latent" and key not in x0s and not run and not key.startswith(sc.TENSOR_PREFIX):
             raise SamplerStateError(f"{name}: tensor {key[:80]!r} is not part of a sampler state")
         if math.prod(f.shape(key)) > max(latent, MAX_RUN_ELEMENTS):
             raise SamplerStateError(f"{name}: tensor {key[:80]!r} {list(f.shape(key))} is larger than the latent "

@@ -1,0 +1,284 @@
+"""Step caches (models/sampling/step_cache.py) against an independent torch re-implementation of ComfyUI's EasyCache
+and LazyCache written here the way ComfyUI wires them (a wrapper round the diffusion model's batched call with one
+uuid per conditioning, a wrapper round the CFG guider's predict_noise), on a toy flow model: the same calls reused,
+the same latent. Also cfg 1's single pass, resuming a killed job, and bad settings."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from models.sampling.denoise import model_call, save_state, start_or_resume
+from models.sampling.k_sampling import SAMPLER_NAMES
+from models.sampling.sampler import Sampler
+from models.sampling.step_cache import CacheSettings
+from models.schema import SchemaError
+
+SHAPE = (16, 24, 24)
+SHIFT = 3.0
+
+
+def toy_velocity(x: np.ndarray, sigma: float, ctx: float) -> np.ndarray:
+    """A smooth, sigma- and context-dependent velocity (the 'diffusion model')."""
+    x = np.asarray(x, np.float32)
+    return (np.tanh(x * np.float32(0.6 + 0.2 * ctx)) * np.float32(0.8) + np.float32(0.3 * sigma * ctx)
+            - np.float32(0.05) * x).astype(np.float32)
+
+
+COND, UNCOND = 1.0, -0.5          # the two contexts
+
+
+def ours(steps=14, cfg=4.0, sampler="euler", cache=None, seed=7):
+    noise = np.random.default_rng(seed).standard_normal(SHAPE).astype(np.float32)
+    sm = Sampler(steps=steps, cfg=cfg, sampler=sampler, scheduler="simple", spectrum=None, cache=cache)
+    passes = []
+
+    def model(x, s):
+        passes.append(sm.passes)
+        return toy_velocity(x, s, COND), toy_velocity(x, s, UNCOND)
+    st = sm.sample(model, latent=noise, seed=seed)
+    return sm, st, noise, passes
+
+
+# ---- the reference: ComfyUI's wiring, re-written here in torch ------------------------------------------------------
+def ref_percent_to_sigma(p: float) -> float:
+    if p <= 0.0:
+        return 1.0
+    if p >= 1.0:
+        return 0.0
+    t = 1.0 - p
+    return SHIFT * t / (1 + (SHIFT - 1) * t)
+
+
+class RefCache:
+    """Holder of ComfyUI's state; `lazy` selects LazyCache's rules."""
+
+    def __init__(self, thr, start, end, lazy=False):
+        self.thr, self.lazy = thr, lazy
+        self.start_t, self.end_t = ref_percent_to_sigma(start), ref_percent_to_sigma(end)
+        self.first = None
+        self.x_prev = self.out_prev = self.norm = self.rate = None
+        self.cum = 0.0
+        self.diffs = {}
+        self.log = []                     # per model call: True when it was reused
+
+    @staticmethod
+    def sub(t):
+        return t[..., ::8, ::8].clone()
+
+    def forward(self, run, x, sigma, uuids):
+        """EasyCache's diffusion-model wrapper: x [B, C, h, w], one uuid per batch entry."""
+        if not bool(sigma[0] > self.end_t):
+            self.log.append(False)
+            return run(x)
+        idx = uuids.index(self.first) if self.first in uuids else None
+        change = None
+        if bool(sigma[0] <= self.start_t):
+            ready = all(u in self.diffs for u in uuids)
+            if self.first is None:
+                self.first, idx = uuids[0], 0
+            if idx is not None:
+                if self.x_prev is not None:
+                    change = (self.sub(x[idx:idx + 1]) - self.x_prev).flatten().abs().mean()
+                if self.norm is not None and self.rate is not None:
+                    self.cum = self.cum + self.rate * change / self.norm
+                    if bool(self.cum < self.thr) and ready:
+                        self.log.append(True)
+                        return torch.cat([x[i:i + 1] + self.diffs[u] for i, u in enumerate(uuids)])
+                    self.cum = 0.0
+        out = run(x)
+        self.log.append(False)
+        if idx is not None and self.norm is not None:
+            oc = (self.sub(out[idx:idx + 1]) - self.out_prev).flatten().abs().mean()
+            if change is not None:
+                self.rate = oc / change
+        for i, u in enumerate(uuids):
+            self.diffs[u] = out[i:i + 1] - x[i:i + 1]
+        if idx is not None:
+            self.x_prev, self.out_prev = self.sub(x[idx:idx + 1]), self.sub(out[idx:idx + 1])
+            self.norm = out.flatten().abs().mean()
+        return out
+
+    def predict(self, run, x, sigma):
+        """LazyCache's predict_noise wrapper: x the latent, run(x) the CFG denoised."""
+        if not bool(sigma[0] > self.end_t):
+            self.log.append(False)
+            return run(x)
+        change = None
+        if bool(sigma[0] <= self.start_t) and self.x_prev is not None:
+            change = (self.sub(x) - self.x_prev).flatten().abs().mean()
+            if self.norm is not None and self.rate is not None:
+                self.cum = self.cum + self.rate * change / self.norm
+                if bool(self.cum < self.thr):
+                    self.log.append(True)
+                    return x + self.diffs["den"]
+                self.cum = 0.0
+        out = run(x)
+        self.log.append(False)
+        if self.norm is not None:
+            oc = (self.sub(out) - self.out_prev).flatten().abs().mean()
+            if change is not None:
+                self.rate = oc / change
+        self.diffs["den"] = out - x
+        self.x_prev, self.out_prev, self.norm = self.sub(x), self.sub(out), out.flatten().abs().mean()
+        return out
+
+
+def ref_denoised(cache, x, sigma, cfg):
+    """ComfyUI's CFG guider: one batch [uncond, cond] (cond alone at cfg 1), denoised = x - v·sigma, then the mix."""
+    s = torch.tensor([sigma], dtype=torch.float32)
+
+    def diffusion(xb):
+        ctxs = [COND] if xb.shape[0] == 1 else [UNCOND, COND]
+        return torch.cat([torch.from_numpy(toy_velocity(xb[i].numpy(), sigma, c))[None] for i, c in enumerate(ctxs)])
+
+    def guided(x1):
+        xb = x1.expand(1 if math.isclose(cfg, 1.0) else 2, *x1.shape[1:]).clone()
+        uuids = ["c"] if xb.shape[0] == 1 else ["u", "c"]
+        v = cache.forward(diffusion, xb, s, uuids) if cache is not None and not cache.lazy else diffusion(xb)
+        den = xb - v * sigma
+        if xb.shape[0] == 1:
+            return torch.zeros_like(den[0:1]) + (den[0:1] - torch.zeros_like(den[0:1])) * cfg
+        return den[0:1] + (den[1:2] - den[0:1]) * cfg
+    return cache.predict(guided, x, s) if cache is not None and cache.lazy else guided(x)
+
+
+def ref_sample(sigmas, noise, cfg, cache, sampler="euler"):
+    x = torch.from_numpy(noise)[None] * float(sigmas[0])
+    for i in range(len(sigmas) - 1):
+        s, s1 = float(sigmas[i]), float(sigmas[i + 1])
+        d = (x - ref_denoised(cache, x, s, cfg)) / s
+        if sampler == "euler" or s1 == 0:
+            x = x + d * (s1 - s)
+        else:                                           # heun: a second call at the Euler point
+            x2 = x + d * (s1 - s)
+            d2 = (x2 - ref_denoised(cache, x2, s1, cfg)) / s1
+            x = x + (d + d2) / 2 * (s1 - s)
+    return x[0].numpy()
+
+
+@pytest.mark.parametrize("kind", ["easycache", "lazycache"])
+@pytest.mark.parametrize("sampler,cfg", [("euler", 4.0), ("euler", 1.0), ("heun", 4.5)])
+def test_cache_matches_comfyui_reference(kind, sampler, cfg):
+    settings = CacheSettings(kind=kind, reuse_threshold=0.2)
+    sm, st, noise, _ = ours(cfg=cfg, sampler=sampler, cache=settings)
+    ref = RefCache(0.2, 0.15, 0.95, lazy=kind == "lazycache")
+    want = ref_sample(sm.sigmas, noise, cfg, ref, sampler)
+    calls = 2 if sampler == "heun" else 1
+    per_step = [ref.log[i:i + calls] for i in range(0, len(ref.log), calls)]
+    if sampler == "heun":                               # heun's last step (to sigma 0) is one call
+        per_step = [ref.log[2 * i:2 * i + 2] for i in range(sm.steps - 1)] + [ref.log[2 * (sm.steps - 1):]]
+    assert st.skipped == [sum(c) for c in per_step]
+    assert st.nfe == [len(c) - sum(c) for c in per_step]
+    assert sum(st.skipped) >= 3                         # the cache did reuse calls here
+    np.testing.assert_allclose(sm.result(st), want, rtol=1e-4, atol=1e-5)
+    c = st.cache                                        # the figures the decisions came from, as ComfyUI's
+    for got, exp in ((c.norm, ref.norm), (c.rate, ref.rate), (c.total, ref.cum)):
+        assert float(got) == pytest.approx(float(exp), rel=1e-4, abs=1e-7)
+    np.testing.assert_allclose(c.x_prev, ref.x_prev[0].numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_no_cache_reference_agrees_and_cache_changes_the_picture():
+    """The reference sampler itself matches the pipeline's without a cache (so the cache tests compare caches)."""
+    sm, st, noise, _ = ours(cfg=4.0)
+    np.testing.assert_allclose(sm.result(st), ref_sample(sm.sigmas, noise, 4.0, None), rtol=1e-4, atol=1e-5)
+    _, cst, _, _ = ours(cfg=4.0, cache=CacheSettings())
+    assert np.abs(sm.result(st) - Sampler(steps=14, cfg=4.0, scheduler="simple", spectrum=None,
+                                          cache=CacheSettings()).result(cst)).max() > 1e-4
+
+
+def test_start_and_end_bound_the_reused_calls():
+    """No call before start_percent or from end_percent on is reused: sigma bounds from the shifted percents."""
+    sm, st, _, _ = ours(steps=20, cache=CacheSettings(reuse_threshold=3.0, start_percent=0.4, end_percent=0.6))
+    lo, hi = ref_percent_to_sigma(0.6), ref_percent_to_sigma(0.4)
+    for i, n in enumerate(st.skipped):
+        if n:
+            assert lo < float(sm.sigmas[i]) <= hi
+    assert sum(st.skipped) > 0
+
+
+class _Runner:
+    """forward_passes / forward_cfg of a DiT runner, counting passes."""
+
+    def __init__(self):
+        self.passes = 0
+
+    def forward_passes(self, xs, sigma, ctxs, context_rows=None):
+        self.passes += len(xs)
+        return [toy_velocity(x, sigma, c) for x, c in zip(xs, ctxs)]
+
+    def forward_cfg(self, x, sigma, c, u, context_rows=None):
+        return tuple(self.forward_passes([x, x], sigma, [c, u], context_rows))
+
+
+@pytest.mark.parametrize("name", SAMPLER_NAMES)
+def test_cfg1_runs_one_pass_per_call_for_every_sampler(name):
+    noise = np.random.default_rng(3).standard_normal((16, 8, 8)).astype(np.float32)
+    runs = {}
+    for cfg in (1.0, 4.0):
+        sm = Sampler(steps=4, cfg=cfg, sampler=name, spectrum=None)
+        runner = _Runner()
+        st = sm.sample(lambda x, s: model_call(runner, sm, x, s, COND, UNCOND), latent=noise, seed=5)
+        assert runner.passes == sm.passes * sum(st.nfe)
+        assert np.isfinite(sm.result(st)).all()
+        runs[cfg] = runner.passes // sm.passes
+    assert runs[1.0] == runs[4.0]                       # the same calls, half the passes
+
+
+def test_cfg1_single_pass_equals_two_pass_result():
+    _, st, noise, passes = ours(cfg=1.0)
+    sm = Sampler(steps=14, cfg=1.0, scheduler="simple", spectrum=None)
+    assert set(passes) == {1}
+    two = ref_sample(sm.sigmas, noise, 1.0000001, None)   # two passes (not isclose to 1 only above 1e-9: force it)
+    x = torch.from_numpy(noise)[None] * float(sm.sigmas[0])
+    for i in range(sm.steps):                             # ComfyUI's two-pass form at exactly cfg 1
+        s, s1 = float(sm.sigmas[i]), float(sm.sigmas[i + 1])
+        dc = x - torch.from_numpy(toy_velocity(x[0].numpy(), s, COND))[None] * s
+        du = x - torch.from_numpy(toy_velocity(x[0].numpy(), s, UNCOND))[None] * s
+        x = x + (x - (du + (dc - du) * 1.0)) / s * (s1 - s)
+    np.testing.assert_allclose(sm.result(st), x[0].numpy(), rtol=1e-5, atol=1e-6)
+    assert np.abs(two - sm.result(st)).max() > 0         # the reference above is not a one-pass run
+
+
+@pytest.mark.parametrize("kind", ["easycache", "lazycache"])
+def test_resume_after_a_kill_keeps_the_latent(tmp_path, kind):
+    cache = CacheSettings(kind=kind)
+    sm, whole, noise, _ = ours(sampler="heun", cfg=4.0, cache=cache)
+    shape = noise.shape
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_8(state):
+        save_state(state, tmp_path)
+        if state.step == 8:
+            raise Killed
+
+    sampler = Sampler(steps=14, cfg=4.0, sampler="heun", scheduler="simple", spectrum=None, cache=cache)
+    state = sampler.init_state(noise, seed=7)
+    model = lambda x, s: (toy_velocity(x, s, COND), toy_velocity(x, s, UNCOND))  # noqa: E731
+    with pytest.raises(Killed):
+        sampler.sample(model, state=state, on_step=kill_at_8)
+    again = Sampler(steps=14, cfg=4.0, sampler="heun", scheduler="simple", spectrum=None, cache=cache)
+    resumed = start_or_resume(again, 7, shape, tmp_path)
+    assert resumed.step == 8 and resumed.cache is not None and resumed.cache.run > 0
+    again.sample(model, state=resumed)
+    np.testing.assert_array_equal(again.result(resumed), sm.result(whole))
+    assert resumed.skipped == whole.skipped and resumed.nfe == whole.nfe
+
+
+@pytest.mark.parametrize("bad,field", [({"reuse_threshold": 3.5}, "reuse_threshold"),
+                                       ({"start_percent": -0.1}, "start_percent"),
+                                       ({"end_percent": 1.2}, "end_percent"),
+                                       ({"kind": "teacache"}, "kind"),
+                                       ({"reuse": 0.1}, "reuse")])
+def test_bad_settings_name_the_field(bad, field):
+    with pytest.raises(SchemaError) as e:
+        CacheSettings.from_data(bad)
+    assert e.value.field == field
+
+
+def test_cache_and_spectrum_together_are_refused():
+    from models.sampling.spectrum import SpectrumSettings
+    with pytest.raises(ValueError, match="cache: EasyCache and Spectrum"):
+        Sampler(steps=10, cfg=4.0, spectrum=SpectrumSettings(), cache=CacheSettings())
