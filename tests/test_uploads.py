@@ -8,6 +8,7 @@ tests/test_graph_front_hardening.py."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
 import os
@@ -256,3 +257,100 @@ def test_job_inputs_are_kept_durably_in_the_job_folder(tmp_path):
     assert sorted(os.listdir(job)) == ["init_image.png", "mask.png"]          # no temporary left behind
     with pytest.raises(ValueError, match="'style' is not a job input"):
         inputs.keep_in_job(job, {"style": PICTURE})
+
+
+# ---------------------------------------------------------------- A1111 /sdapi/v1/img2img
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def img2img_body(**kw) -> dict:
+    init = RNG.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    return {"prompt": "a cat", "steps": 3, "width": 64, "height": 64, "init_images": [b64(png(init))],
+            "denoising_strength": 0.5, **kw}
+
+
+def test_valid_img2img_is_refused_501_and_queues_nothing(front):
+    status, body = front.request("POST", "/sdapi/v1/img2img", img2img_body(mask=b64(png(np.zeros((64, 64), np.uint8)))))
+    assert status == 501 and body["detail"] == "img2img needs the VAE encoder (not built yet)", body
+    assert front.link.submitted == []
+
+
+def test_img2img_body_may_be_larger_than_max_body(front):
+    big = png(RNG.integers(0, 256, (400, 400, 3), dtype=np.uint8))
+    assert len(b64(big)) > front.front.settings.max_body_bytes
+    status, body = front.request("POST", "/sdapi/v1/img2img", img2img_body(init_images=[b64(big)]))
+    assert status == 501, body
+
+
+def _bomb() -> str:
+    from tests.test_image_inputs import raw_png
+    return b64(raw_png(100_000, 100_000, 8, 2, b"\x00" * 64))
+
+
+@pytest.mark.parametrize("edit, field", [
+    ({"init_images": None}, "init_images"), ({"init_images": []}, "init_images"),
+    ({"init_images": "abc"}, "init_images"), ({"init_images": [b64(PICTURE)] * 2}, "init_images"),
+    ({"init_images": ["%%% not base64"]}, "init_images[0]"), ({"init_images": [b64(b"text")]}, "init_images[0]"),
+    ({"init_images": ["https://example.com/a.png"]}, "init_images[0]"), ({"init_images": [_bomb()]}, "init_images[0]"),
+    ({"init_images": [12]}, "init_images[0]"),
+    ({"denoising_strength": 0}, "denoising_strength"), ({"denoising_strength": 1.5}, "denoising_strength"),
+    ({"denoising_strength": -0.1}, "denoising_strength"), ({"denoising_strength": "half"}, "denoising_strength"),
+    ({"mask_blur": -1}, "mask_blur"), ({"mask_blur": 65}, "mask_blur"), ({"mask_blur_x": 2.5}, "mask_blur_x"),
+    ({"inpainting_fill": 4}, "inpainting_fill"), ({"inpainting_fill": -1}, "inpainting_fill"),
+    ({"inpainting_mask_invert": 2}, "inpainting_mask_invert"), ({"inpaint_full_res": "maybe"}, "inpaint_full_res"),
+    ({"inpaint_full_res_padding": 300}, "inpaint_full_res_padding"), ({"resize_mode": 3}, "resize_mode"),
+    ({"resize_mode": 7}, "resize_mode"), ({"mask": b64(b"not an image")}, "mask"), ({"mask": 5}, "mask"),
+    ({"mask": b64(png(np.zeros((8, 8), np.uint8)))}, "mask"), ({"mask_round": "sometimes"}, "mask_round"),
+    ({"steps": 0}, "steps"), ({"batch_size": 2}, "batch_size"),
+], ids=lambda v: "-".join(f"{k}={str(x)[:12]}" for k, x in v.items()) if isinstance(v, dict) else v)
+def test_img2img_bad_fields_are_422_naming_the_field(front, edit, field):
+    status, body = front.request("POST", "/sdapi/v1/img2img", img2img_body(**edit))
+    assert status == 422, body
+    assert body["field"] == field and body["error"].startswith(f"{field}:"), body
+    assert front.link.submitted == []
+
+
+def test_img2img_not_json_is_422(front):
+    status, body = front.request("POST", "/sdapi/v1/img2img", [1, 2])
+    assert status == 422 and "JSON object" in body["error"], body
+
+
+def _pixels(data: bytes) -> np.ndarray:
+    with Image.open(io.BytesIO(data)) as im:
+        return np.asarray(im)
+
+
+def test_img2img_record_keeps_the_images_as_a1111_reads_them():
+    from orchestrator.http.img2img import to_request
+    init = RNG.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    rgb_mask = RNG.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    c = rgb_mask.astype(np.float64)
+    luma = np.floor((c[:, :, 0] * 299 + c[:, :, 1] * 587 + c[:, :, 2] * 114) / 1000.0 + 0.5)
+    r = to_request(img2img_body(init_images=["data:image/png;base64," + b64(png(init))], mask=b64(png(rgb_mask)),
+                                inpaint_full_res=False, mask_blur=6, inpainting_fill=2))
+    np.testing.assert_array_equal(_pixels(r.init_image), init)
+    assert np.abs(_pixels(r.mask).astype(int) - luma).max() <= 1              # greyscale, not thresholded
+    assert (r.denoise, r.mask_blur_x, r.mask_blur_y, r.inpainting_fill, r.inpaint_full_res) == (0.5, 6, 6, 2, False)
+    assert r.spec["width"] == 64 and r.spec["prompt"] == "a cat"
+    inv = to_request(img2img_body(mask=b64(png(rgb_mask)), inpainting_mask_invert=1, inpaint_full_res=False))
+    assert np.abs((255 - _pixels(inv.mask).astype(int)) - luma).max() <= 1
+    rgba = np.concatenate([init, RNG.integers(0, 256, (64, 64, 1), dtype=np.uint8)], axis=2)
+    alpha = to_request(img2img_body(mask=b64(png(rgba, "RGBA"))))
+    np.testing.assert_array_equal(_pixels(alpha.mask), np.where(rgba[:, :, 3] > 128, 255, 0))
+
+
+def test_img2img_sizes_follow_resize_mode_and_full_res():
+    from orchestrator.http.img2img import to_request
+    wide = png(RNG.integers(0, 256, (32, 96, 3), dtype=np.uint8))
+    mask = png(np.full((32, 96), 255, np.uint8))
+    for mode in (0, 1, 2):
+        r = to_request(img2img_body(init_images=[b64(wide)], mask=b64(mask), resize_mode=mode,
+                                    inpaint_full_res=False))
+        assert _pixels(r.init_image).shape == (64, 64, 3) and _pixels(r.mask).shape == (64, 64)
+    kept = to_request(img2img_body(init_images=[b64(wide)], mask=b64(mask)))      # only masked: its own size
+    assert _pixels(kept.init_image).shape == (32, 96, 3) and _pixels(kept.mask).shape == (32, 96)
+    plain = to_request(img2img_body(init_images=[b64(wide)]))                     # no mask: the job's size
+    assert _pixels(plain.init_image).shape == (64, 64, 3) and plain.mask is None

@@ -15,7 +15,7 @@ I;16 modes) is scaled by 1/65535 (ComfyUI's `convert("RGB")` clips it to white a
 as ComfyUI reads it (values / 255, clipped). Only the first frame of an animated file is read (one image per job).
 
 A1111's mask (modules/processing.py, create_binary_mask): an RGBA mask whose alpha is not all opaque gives its alpha
-rounded to 0 or 255 at 128; any other mask is its greyscale (`convert("L")`).
+(rounded to 0 or 255 at 128 with mask_round, A1111's default); any other mask is its greyscale (`convert("L")`).
 
 Bounds, before decoding: at most MAX_INPUT_BYTES of file, a format Pillow names in FORMATS, and width x height at most
 `max_pixels` (MAX_PIXELS by default) as the header says; Pillow's own decompression-bomb check is turned into an
@@ -141,12 +141,13 @@ def load_image_mask(data: bytes, channel: str = "alpha", *, max_pixels: int = MA
     return 1.0 - band if channel == "alpha" else band
 
 
-def a1111_mask(data: bytes, *, max_pixels: int = MAX_PIXELS) -> np.ndarray:
-    """A1111's img2img mask as [H, W] in 0..1 (1 = repaint): a translucent RGBA mask's alpha rounded at 128, else
-    the greyscale of the mask."""
+def a1111_mask(data: bytes, *, rounded: bool = True, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+    """A1111's img2img mask as [H, W] in 0..1 (1 = repaint): a translucent RGBA mask's alpha (rounded to 0 or 1 at
+    128 unless not `rounded`: A1111's mask_round), else the greyscale of the mask."""
     im = open_bounded(data, max_pixels=max_pixels)
     if im.mode == "RGBA" and im.getextrema()[-1] != (255, 255):
-        grey = np.where(np.asarray(im.getchannel("A")) > 128, 255, 0)
+        alpha = np.asarray(im.getchannel("A"))
+        grey = np.where(alpha > 128, 255, 0) if rounded else alpha
     elif _sixteen_bit(im):
         grey = np.asarray(im, dtype=np.float32) / 257.0
     else:

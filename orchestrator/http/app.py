@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from models.durable import atomic_write
-from orchestrator.http import a1111, comfy, page
+from orchestrator.http import a1111, comfy, img2img, page
 from orchestrator.http.common import FRONT, BadRequest, from_daemon, json_response
 from orchestrator.http.hub import Hub
 from orchestrator.http.link import DaemonDown, DaemonLink, DaemonRefused
@@ -188,6 +188,7 @@ def build_app(front: Front) -> web.Application:
     app[FRONT] = front
     comfy.add_routes(app)
     a1111.add_routes(app)
+    img2img.add_routes(app)
     page.add_routes(app)
     return app
 

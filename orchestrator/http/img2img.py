@@ -1,0 +1,170 @@
+"""A1111's `POST /sdapi/v1/img2img`: the request read into a checked record, every bad field a 422 naming it.
+
+The fields beyond txt2img's (stable-diffusion-webui's StableDiffusionImg2ImgProcessingAPI, its defaults):
+
+    init_images              [base64 image] (a "data:image/png;base64," prefix is taken); one image per request
+    mask                     base64 image or null: white = repainted (A1111's create_binary_mask, models/images)
+    resize_mode              0 just resize | 1 crop and resize | 2 resize and fill (default 0); 3 (latent) refused
+    denoising_strength       in (0, 1] (default 0.75)
+    mask_blur                0..64, sets mask_blur_x and mask_blur_y (default 4 each)
+    inpainting_fill          0 fill | 1 original | 2 latent noise | 3 latent nothing (default 0)
+    inpainting_mask_invert   0 | 1 (default 0: the white part is repainted)
+    inpaint_full_res         bool (default true: "only masked"), inpaint_full_res_padding 0..256 (default 32)
+    mask_round               bool (default true)
+
+The txt2img fields are read as /sdapi/v1/txt2img reads them (orchestrator/http/a1111.py: `to_spec`). The init image
+and the mask are decoded under models/images' bounds and brought to the job's width x height by `resize_mode` as
+A1111 does, and kept as PNG bytes for the job folder (orchestrator/inputs.keep_in_job). A valid request is refused
+with 501 until the VAE encoder and the sampling side that run it exist: no picture is made up.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import io
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from models.images import ImageInputError, a1111_mask, fit_image, load_image
+from models.images.decode import MAX_INPUT_BYTES
+from orchestrator.http import a1111
+from orchestrator.http.common import FRONT, BadRequest, json_response, read_json
+
+IMG2IMG_FIELDS = ("init_images", "mask", "resize_mode", "denoising_strength", "mask_blur", "mask_blur_x",
+                  "mask_blur_y", "inpainting_fill", "inpainting_mask_invert", "inpaint_full_res",
+                  "inpaint_full_res_padding", "mask_round", "include_init_images", "image_cfg_scale",
+                  "initial_noise_multiplier", "latent_mask")
+MAX_BLUR = 64
+MAX_PADDING = 256
+NOT_BUILT = "img2img needs the VAE encoder (not built yet)"
+
+
+@dataclass(frozen=True)
+class Img2ImgRequest:
+    spec: dict                      # the txt2img part, as /sdapi/v1/txt2img makes it
+    init_image: bytes               # PNG, RGB: width x height, or its own size under inpaint_full_res with a mask
+    mask: bytes | None              # PNG, L (255 = repaint; inpainting_mask_invert applied; not blurred), or None
+    denoise: float
+    resize_mode: int
+    mask_blur_x: int
+    mask_blur_y: int
+    inpainting_fill: int
+    inpaint_full_res: bool
+    inpaint_full_res_padding: int
+
+
+def _base64_image(value, field: str) -> bytes:
+    if not isinstance(value, str) or not value:
+        raise a1111._bad(field, f"must be a base64 image, got {type(value).__name__}")
+    if value.startswith(("http://", "https://")):
+        raise a1111._bad(field, "image URLs are not fetched; send the image as base64")
+    if value.startswith("data:"):
+        value = value.partition(",")[2]
+    text = "".join(value.split())
+    if len(text) > (MAX_INPUT_BYTES // 3 + 1) * 4:
+        raise a1111._bad(field, f"the image is over {MAX_INPUT_BYTES} bytes")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise a1111._bad(field, "is not valid base64") from None
+
+
+def _png(im) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, "PNG", compress_level=4)
+    return buf.getvalue()
+
+
+def _decoded(body: dict, field: str, key: str):
+    """The request's image `key` decoded (bounded) as PIL: init_images[0] in RGB, the mask in L by A1111's rule."""
+    from PIL import Image
+    data = _base64_image(body[key] if key == "mask" else body[key][0], field)
+    try:
+        if key == "mask":
+            grey = a1111_mask(data, rounded=a1111._bool(body, "mask_round", True))
+            return Image.fromarray((grey * 255.0 + 0.5).astype("uint8"), "L")
+        rgb = load_image(data).pixels                             # 16-bit, CMYK, palette, EXIF as LoadImage
+        return Image.fromarray((rgb * 255.0 + 0.5).astype("uint8"), "RGB")
+    except ImageInputError as e:
+        raise a1111._bad(field, str(e)) from None
+
+
+def _images(body: dict, spec: dict, resize_mode: int, full_res: bool) -> tuple[bytes, bytes | None]:
+    """(init image, mask) as PNG: both brought to the job's size by resize_mode, or, with a mask and
+    inpaint_full_res (A1111 crops around the mask and pastes back), both kept at the init image's size."""
+    from PIL import ImageOps
+    images = body.get("init_images")
+    if not isinstance(images, list) or not images:
+        raise a1111._bad("init_images", "must be a list holding one base64 image")
+    if len(images) > 1:
+        raise a1111._bad("init_images", f"{len(images)} images: one per request here")
+    init = _decoded(body, "init_images[0]", "init_images")
+    mask = None if body.get("mask") in (None, "") else _decoded(body, "mask", "mask")
+    if mask is not None and a1111._number(body, "inpainting_mask_invert", 0, integer=True, low=0, high=1):
+        mask = ImageOps.invert(mask)
+    if mask is not None and full_res:
+        if mask.size != init.size:
+            raise a1111._bad("mask", f"the mask is {mask.width}x{mask.height} but init_images[0] is "
+                                     f"{init.width}x{init.height}")
+        return _png(init), _png(mask)
+    w, h = spec["width"], spec["height"]
+    try:
+        init = fit_image(init, w, h, resize_mode, what="init_images[0]")
+        mask = None if mask is None else fit_image(mask, w, h, resize_mode, what="mask")
+    except ImageInputError as e:
+        raise a1111._bad("resize_mode", str(e)) from None
+    return _png(init), None if mask is None else _png(mask)
+
+
+def _strength(body: dict) -> float:
+    v = a1111._number(body, "denoising_strength", 0.75, integer=False, low=0.0, high=1.0)
+    if v <= 0:
+        raise a1111._bad("denoising_strength", f"must be in (0, 1], got {v}: 0 would give back the init image")
+    return float(v)
+
+
+def _blur(body: dict) -> tuple[int, int]:
+    if body.get("mask_blur") is not None:
+        b = a1111._number(body, "mask_blur", 4, integer=True, low=0, high=MAX_BLUR)
+        return b, b
+    return (a1111._number(body, "mask_blur_x", 4, integer=True, low=0, high=MAX_BLUR),
+            a1111._number(body, "mask_blur_y", 4, integer=True, low=0, high=MAX_BLUR))
+
+
+def _resize_mode(body: dict) -> int:
+    mode = a1111._number(body, "resize_mode", 0, integer=True, low=0, high=3)
+    if mode == 3:
+        raise a1111._bad("resize_mode", "3 (just resize, latent upscale) is not supported here; use 0, 1 or 2")
+    return mode
+
+
+def to_request(body: dict) -> Img2ImgRequest:
+    """An img2img request body -> the checked record (BadRequest 422 naming the first bad field)."""
+    spec = a1111.to_spec({k: v for k, v in body.items() if k not in IMG2IMG_FIELDS})
+    resize_mode, denoise = _resize_mode(body), _strength(body)
+    blur_x, blur_y = _blur(body)
+    fill = a1111._number(body, "inpainting_fill", 0, integer=True, low=0, high=3)
+    a1111._number(body, "inpainting_mask_invert", 0, integer=True, low=0, high=1)
+    full_res = a1111._bool(body, "inpaint_full_res", True)
+    padding = a1111._number(body, "inpaint_full_res_padding", 32, integer=True, low=0, high=MAX_PADDING)
+    a1111._bool(body, "mask_round", True)
+    a1111._bool(body, "include_init_images", False)
+    init, mask = _images(body, spec, resize_mode, full_res)
+    return Img2ImgRequest(spec, init, mask, denoise, resize_mode, blur_x, blur_y, fill, full_res, padding)
+
+
+async def img2img(request: web.Request) -> web.Response:
+    """Checked in full (422 naming a field), then 501: the encoder and sampling pieces that run it are not here."""
+    settings = request.app[FRONT].settings
+    try:
+        body = await read_json(request.clone(client_max_size=settings.max_upload_bytes))
+        await asyncio.to_thread(to_request, body)
+    except BadRequest as e:
+        raise a1111._unprocessable(e) from None
+    return json_response({"error": "NotImplemented", "detail": NOT_BUILT}, 501)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_route("POST", "/sdapi/v1/img2img", img2img)
