@@ -127,6 +127,33 @@ def _part(m: dict, key: str, path) -> dict:
     return v
 
 
+def quant_info(manifest: dict) -> dict | None:
+    """A W8A8 pack's "quant" table (scheme, INT8 layer names, smoothing, the quantizer dataset's file), None for a
+    float pack; ManifestError when it is there but malformed."""
+    q = manifest.get("quant")
+    if q is None:
+        return None
+    ds = q.get("dataset") if isinstance(q, dict) else None
+    if not isinstance(q, dict) or q.get("scheme") != "w8a8" or not isinstance(q.get("int8"), list) \
+            or not isinstance(ds, dict) or not isinstance(ds.get("file"), str) or not isinstance(ds.get("sha256"), str):
+        raise ManifestError("manifest field 'quant' must be a table with scheme 'w8a8', a list 'int8' and a "
+                            "'dataset' {file, sha256}")
+    return q
+
+
+def branch_int8(branch: dict) -> list:
+    """The output names of a branch graph's INT8 MatMuls (empty for a float branch)."""
+    names = branch.get("int8") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ManifestError(f"branch {branch.get('onnx')!r}: manifest field 'int8' must be a list of tensor names")
+    return names
+
+
+def pack_quant(folder) -> dict | None:
+    """quant_info of the pack at `folder`."""
+    return quant_info(manifest_json(folder))
+
+
 def toolkit_release(folder) -> str | None:
     """The rknn-toolkit2 release that compiled a pack (`rknn.toolkit`); None when the manifest records none (not
     compiled). ManifestError for an unreadable manifest."""

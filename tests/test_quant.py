@@ -135,3 +135,58 @@ def test_calibrate_bad_input_is_a_clear_error(calib, tmp_path, capsys):
     assert main(["calibrate", str(pack), "--models", str(tmp_path), "--prompts", str(empty), "--out",
                  str(tmp_path / "c"), "--seeds", "x"]) == 2
     assert "--seeds" in capsys.readouterr().err
+
+
+def _forward(pack, x, ctx, sigma=0.6):
+    from models.runtime.dit_runner import DiTRunner
+    r = DiTRunner(pack, "onnx")
+    try:
+        return r.forward(x, sigma, ctx)
+    finally:
+        r.close()
+
+
+def test_smoothing_folded_into_the_host_modulation_leaves_the_model_unchanged(outlier_ckpt, calib, tmp_path):
+    """FP32 graphs, no quantization: X/s on the host times W·s in the graph is X·W, so the W8A8 pack's float path
+    matches the plain FP32 pack's; without the host's 1/s it would be far off."""
+    from models.dit.checkpoint import DiTCheckpoint
+    from models.packs.pack import build_pack, load_pack
+    from models.quant.smooth import SMOOTH_KEY
+    plain, folder = calib
+    q = build_pack(outlier_ckpt, tmp_path / "q32", (128, 128), "fp32", quant=(folder, ("fc1", "qkv", "q"), 0.5))
+    pk = load_pack(q)
+    s = pk.host_weights()[SMOOTH_KEY]
+    assert s.shape == (2, 3, 256) and s.max() > 20 * np.median(s)         # the outlier channels get divided most
+    # the graph's fc1 weight is the checkpoint's with its input columns times s (read back from the ONNX file)
+    import onnx
+    from onnx import numpy_helper
+    g = onnx.load(str(pk.branch_path(1, "ffn")))
+    w = {i.name: numpy_helper.to_array(i) for i in g.graph.initializer}
+    fc1 = next(v for k, v in w.items() if k.startswith("h_w"))             # [D, F] (in, out)
+    want = DiTCheckpoint.open(outlier_ckpt).get("blocks.1.mlp.layer1.weight").T * s[1, 2][:, None]
+    np.testing.assert_allclose(fc1, want, rtol=1e-6)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((16, 16, 16)).astype(np.float32)
+    ctx = rng.standard_normal((512, 128)).astype(np.float32)
+    ref, got = _forward(plain, x, ctx), _forward(q, x, ctx)
+    assert np.abs(got - ref).max() < 1e-3 * np.abs(ref).max()
+    assert pk.manifest["quant"]["int8"] == ["fc1", "qkv", "q"]
+    assert [len(b["int8"]) for b in pk.branches] == [5, 1, 1] * 2          # q/k halves, v; cross q; fc1
+
+
+def test_pack_quant_refuses_bad_combinations(outlier_ckpt, plain_ckpt, calib, tmp_path, capsys):
+    from models.cli import main
+    _, folder = calib
+    base = ["pack", str(outlier_ckpt), "--out", str(tmp_path / "p"), "--resolution", "128x128"]
+    for extra, word in ((["--quant", "w8a8"], "--calib"), (["--quant", "w8a8", "--calib", str(folder), "--lora-rank",
+                                                             "8"], "--lora-rank"),
+                        (["--quant", "w8a8", "--calib", str(folder), "--smooth", "2"], "--smooth"),
+                        (["--quant", "w8a8", "--calib", str(folder), "--int8", "fc3"], "--int8"),
+                        (["--calib", str(folder)], "--calib")):
+        assert main(base + extra) == 2, extra
+        assert word in capsys.readouterr().err
+    other = ["pack", str(plain_ckpt), "--out", str(tmp_path / "p"), "--resolution", "128x128", "--quant", "w8a8",
+             "--calib", str(folder)]
+    assert main(other) == 2 and "checkpoint" in capsys.readouterr().err
+    assert main(base[:4] + ["--resolution", "256x256", "--quant", "w8a8", "--calib", str(folder)]) == 2
+    assert "128x128" in capsys.readouterr().err

@@ -33,8 +33,28 @@ def add_arguments(p) -> None:
     p.add_argument("--shards", type=int, default=1, help="also split every branch into N shard graphs (1-3), run on "
                    "N contexts on N NPU cores at once by the `shards` policy (docs/board.md section 9); not with "
                    "--lora-rank")
+    p.add_argument("--quant", choices=("w8a8",), default=None, help="an INT8 pack: the --int8 projections with INT8 "
+                   "weights (per channel) and activations, the rest FP16; needs --calib (docs/quant.md)")
+    p.add_argument("--calib", default=None, metavar="CALIB", help="with --quant: a calibration folder of this "
+                   "checkpoint at this size (anima-models calibrate)")
+    p.add_argument("--smooth", default="0.5", metavar="ALPHA|off", help="with --quant: SmoothQuant alpha folded into "
+                   "the host modulation (default 0.5), or off")
+    p.add_argument("--int8", default="fc1,qkv,q", help="with --quant: the INT8 projections, from fc1, qkv, q, fc2 "
+                   "(default fc1,qkv,q: fc2's input has nothing on the host to fold smoothing into)")
     p.add_argument("--cuts", default=None, metavar="KIND=CUT,...", help="with --shards: the cut of a branch kind, "
                    "rows or heads (e.g. self=heads,ffn=rows); the kinds not named are chosen by the board model")
+
+
+def _quant(args):
+    """(calibration folder, INT8 layers, alpha | None) of --quant, or None; ValueError naming the option."""
+    from models.quant.smooth import parse_int8, parse_smooth
+    if args.quant is None:
+        if args.calib is not None:
+            raise ValueError("--calib is for --quant w8a8")
+        return None
+    if args.calib is None:
+        raise ValueError("--quant w8a8 needs --calib CALIB (a calibration folder: anima-models calibrate)")
+    return args.calib, parse_int8(args.int8), parse_smooth(args.smooth)
 
 
 def run(args) -> int:
@@ -45,7 +65,7 @@ def run(args) -> int:
     loras = [parse_lora_arg(a) for a in args.lora]
     out = build_pack(args.checkpoint, args.out, (width, height), args.dtype, overwrite=args.overwrite,
                      context=args.context, lora_rank=args.lora_rank, loras=loras, shards=args.shards,
-                     cuts=parse_cuts(args.cuts))
+                     cuts=parse_cuts(args.cuts), quant=_quant(args))
     pack = load_pack(out)
     g = pack.geometry
     print(f"pack {out}: {pack.config.blocks} blocks x {len(pack.branches) // pack.config.blocks} branches, "
@@ -54,6 +74,11 @@ def run(args) -> int:
           + (f", LoRA rank {g.lora_rank}" if g.lora_rank else "")
           + "".join(f", baked LoRA {b['name']} x {b['strength']:g}" for b in pack.manifest.get("lora", {})
                     .get("baked", [])))
+    from models.manifest import quant_info
+    q = quant_info(pack.manifest)
+    if q is not None:
+        print(f"quant {q['scheme']}: INT8 {','.join(q['int8'])}, smoothing {q['smooth']}, "
+              f"{q['dataset']['samples']} quantizer samples per branch; compile it with `anima-models compile`")
     sh = pack.manifest.get("shards")
     if sh:
         cuts = ", ".join(f"{k} by {v}" for k, v in sh["cuts"].items())

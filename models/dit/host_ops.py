@@ -118,3 +118,14 @@ def final_layer(weights: Mapping, x: np.ndarray, emb: np.ndarray, adaln_lora: np
          + adaln_lora[: 2 * D])                                              # [2D]
     xn = layernorm_modulate(x, m[:D], m[D:])                                 # [L, D]
     return (xn @ weights["final_layer.linear.weight"].T).astype(np.float32)  # [L, C*4]
+
+
+def fold_smoothing(mods: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """A W8A8 pack's SmoothQuant factors folded into the modulations: mods [blocks, 3, 3, D], s [blocks, 3, D]
+    -> mods whose shift and scale give layernorm_modulate(x)/s, i.e. norm(x)·((1+scale)/s) + shift/s; the gate
+    is untouched (the branch output is what it was). FP32, once per sigma."""
+    out = np.array(mods, np.float32, copy=True)
+    s = np.asarray(s, np.float32)
+    out[:, :, 0] /= s
+    out[:, :, 1] = (1.0 + out[:, :, 1]) / s - 1.0
+    return out

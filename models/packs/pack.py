@@ -130,7 +130,7 @@ def refuse_replacing(out: Path, sha: str, size: tuple, overwrite: bool, error=Pa
 
 def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", overwrite: bool = False,
                context: int = TEXT_TOKENS, lora_rank: int = 0, loras=(), shards: int = 1,
-               cuts: Optional[dict] = None, progress=None) -> Path:
+               cuts: Optional[dict] = None, progress=None, quant: Optional[tuple] = None) -> Path:
     """Convert the checkpoint at `ckpt_path` into a pack at `out_dir` for `resolution` = (width, height) pixels.
 
     `context` > 512: cross-attention takes that many context rows plus an additive mask, so prompts longer than 512
@@ -146,6 +146,8 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
     One block at a time (peak memory ~ one branch's weights); written into a temporary sibling folder that is renamed
     into place when complete. An existing pack of a different checkpoint or size is replaced only with `overwrite`.
     `progress(blocks done, blocks)` is called after each block.
+    `quant` (calibration folder, INT8 layer names, smoothing alpha or None): a W8A8 pack (models/quant/packing.py,
+    docs/quant.md): smoothed weights, the factors among the host weights, the quantizer's dataset; compiled INT8.
     """
     from models.dit.checkpoint import DiTCheckpoint
 
@@ -158,22 +160,40 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
     shards, cut_of, chosen = _shard_cuts(cfg, geom, shards, cuts, lora_rank)
     sha = ckpt.sha256()
     baked = _bake_plan(ckpt, loras)
+    qplan = _quant_plan(quant, ckpt, sha, geom, lora_rank, shards, loras)
     refuse_replacing(out, sha, (geom.width, geom.height), overwrite)
     with building_folder(out) as tmp:                 # renamed to `out` when complete, removed on any error
-        keys = _write_host_weights(tmp, ckpt, baked, sha)
+        keys = _write_host_weights(tmp, ckpt, baked, sha, qplan)
         del ckpt                                    # its mapped pages count in RSS; the branches reopen it per block
-        branches = _write_branches(tmp, ckpt_path, cfg, geom, dtype, baked, shards, cut_of, progress)
+        branches = _write_branches(tmp, ckpt_path, cfg, geom, dtype, baked, shards, cut_of, progress, qplan)
         # the manifest, last: a folder without it is not a pack
         manifest = _pack_manifest(tmp, ckpt_path, sha, cfg, geom, dtype, io_dt, len(keys), branches)
         if lora_rank or baked is not None:
             manifest["lora"] = {"rank": lora_rank, "baked": baked.report() if baked is not None else []}
         if shards > 1:
             manifest["shards"] = {"n": shards, "cuts": cut_of, "chosen": chosen}
+        if qplan is not None:
+            from models.quant.packing import quant_section, write_dataset
+            manifest["quant"] = quant_section(qplan, write_dataset(tmp, qplan, cfg, geom))
         write_manifest(tmp, manifest)
         fsync_dir(tmp / ONNX_DIR)                   # the ONNX files' entries, before the folder's rename
     log.info("pack %s: %d branches, %s, %dx%d, built in %.1f s", out, len(branches), dtype, geom.width, geom.height,
              time.perf_counter() - t0)
     return out
+
+
+def _quant_plan(quant: Optional[tuple], ckpt, sha: str, geom: Geometry, lora_rank: int, shards: int, loras):
+    """The QuantPlan of a W8A8 pack with its smoothing table, or None; PackError naming the option."""
+    if quant is None:
+        return None
+    from models.quant.packing import check_combination, open_plan, smooth_table
+    try:
+        check_combination(lora_rank, shards, loras)
+        plan = open_plan(quant[0], tuple(quant[1]), quant[2], sha, geom)
+    except ValueError as e:
+        raise PackError(str(e)) from None
+    plan.smooth = smooth_table(plan, ckpt, ckpt.config)
+    return plan
 
 
 def _shard_cuts(cfg, geom: Geometry, shards: int, cuts: Optional[dict], lora_rank: int) -> tuple:
@@ -189,20 +209,23 @@ def _shard_cuts(cfg, geom: Geometry, shards: int, cuts: Optional[dict], lora_ran
     return shards, cut_of, chosen
 
 
-def _write_host_weights(tmp: Path, ckpt, baked, sha: str) -> list:
-    """The host weights (FP32), streamed tensor by tensor; their keys."""
+def _write_host_weights(tmp: Path, ckpt, baked, sha: str, qplan=None) -> list:
+    """The host weights (FP32), streamed tensor by tensor (a W8A8 pack's smoothing factors last); their keys."""
     from models.dit.host_ops import host_keys
     from models.safetensors_io import TensorEntry, write_safetensors
 
     keys = host_keys(ckpt.config)
-    write_safetensors(tmp / HOST_FILE, [TensorEntry(k, "F32", tuple(ckpt.shape(k)),
-                                                    (lambda k=k: _baked(baked, k, ckpt.get(k))))
-                                        for k in keys], metadata={"source_sha256": sha})
+    entries = [TensorEntry(k, "F32", tuple(ckpt.shape(k)), (lambda k=k: _baked(baked, k, ckpt.get(k)))) for k in keys]
+    if qplan is not None:
+        from models.quant.packing import SMOOTH_KEY
+        entries.append(TensorEntry(SMOOTH_KEY, "F32", tuple(qplan.smooth.shape), qplan.smooth))
+        keys = keys + [SMOOTH_KEY]
+    write_safetensors(tmp / HOST_FILE, entries, metadata={"source_sha256": sha})
     return keys
 
 
 def _write_branches(tmp: Path, ckpt_path, cfg, geom: Geometry, dtype: str, baked, shards: int, cut_of: dict,
-                    progress) -> list:
+                    progress, qplan=None) -> list:
     """The branch graphs, block by block in execution order; their manifest entries."""
     (tmp / ONNX_DIR).mkdir()
     branches = []
@@ -211,7 +234,11 @@ def _write_branches(tmp: Path, ckpt_path, cfg, geom: Geometry, dtype: str, baked
             ckpt = _reopen(ckpt_path)           # drop the last block's mapped pages: they count in RSS
         prefix = f"blocks.{block}.{spec.module}."
         weights = {k: _baked(baked, prefix + k, w) for k, w in ckpt.branch_weights(block, spec.kind).items()}
-        branches.append(_write_branch(tmp, spec.kind, block, weights, cfg, geom, dtype))
+        if qplan is not None:
+            from models.quant.packing import branch_weights
+            weights = branch_weights(qplan, block, spec.kind, weights)
+        branches.append(_write_branch(tmp, spec.kind, block, weights, cfg, geom, dtype,
+                                      qplan.int8 if qplan is not None else ()))
         if shards > 1:
             branches[-1]["shards"] = shard_entries(tmp, branches[-1]["onnx"], spec.kind, weights, cfg, geom, dtype,
                                                    block, shards, cut_of[spec.kind])
@@ -223,18 +250,26 @@ def _write_branches(tmp: Path, ckpt_path, cfg, geom: Geometry, dtype: str, baked
     return branches
 
 
-def _write_branch(tmp: Path, kind: str, block: int, weights: dict, cfg, geom: Geometry, dtype: str) -> dict:
-    """One branch's ONNX graph written into the pack; its manifest entry."""
+def _write_branch(tmp: Path, kind: str, block: int, weights: dict, cfg, geom: Geometry, dtype: str,
+                  int8: tuple = ()) -> dict:
+    """One branch's ONNX graph written into the pack; its manifest entry (a W8A8 pack's: with its INT8 MatMuls)."""
     from models.packs.branch_graphs import build_branch, serialize
 
     rel = f"{ONNX_DIR}/{branch_file(block, kind)}"
     model = build_branch(kind, weights, cfg, geom, dtype, block=block)
+    names = []
+    if int8:
+        from models.quant.smooth import int8_tensors
+        names = int8_tensors(model, kind, int8)
     data = serialize(model)
     del model
     atomic_write(tmp / rel, data)
     io = resolve(kind, cfg, geom, dtype)
-    return {"block": block, "kind": kind, "onnx": rel, "sha256": data_sha256(data),
-            "bytes": len(data), "inputs": io["inputs"], "outputs": io["outputs"]}
+    entry = {"block": block, "kind": kind, "onnx": rel, "sha256": data_sha256(data),
+             "bytes": len(data), "inputs": io["inputs"], "outputs": io["outputs"]}
+    if int8:
+        entry["int8"] = names
+    return entry
 
 
 def _pack_manifest(tmp: Path, ckpt_path, sha: str, cfg, geom: Geometry, dtype: str, io_dt: str, host_keys: int,
@@ -353,6 +388,10 @@ def pack_files(manifest: dict) -> list:
         if isinstance(b.get("rknn"), dict):
             files.append((b["rknn"]["file"], b["rknn"]["sha256"]))
         files += part_files(b)
+    from models.manifest import quant_info
+    q = quant_info(manifest)
+    if q is not None:
+        files.append((q["dataset"]["file"], q["dataset"]["sha256"]))
     return files
 
 

@@ -10,6 +10,7 @@ from typing import Optional, Union
 import numpy as np
 
 from models.dit import host_ops
+from models.quant.smooth import SMOOTH_KEY
 from models.runtime.backends.base import BranchBackend
 from models.runtime.lifecycle import Lifecycle, context_factory, single_context
 from models.lora.apply import DitLora
@@ -264,6 +265,8 @@ class DiTRunner:
             hidden.append(host_ops.embed(tok, W["x_embedder.proj.1.weight"]))        # [L, D] f32
         emb, lora = host_ops.t_embedding(W, sigma, cfg)                              # [D], [3D]
         mods = host_ops.block_modulations(W, emb, lora, cfg)                         # [blocks, 3, 3, D]
+        if SMOOTH_KEY in W:                        # a W8A8 pack: the branches take xn / s (models/quant/smooth.py)
+            mods = host_ops.fold_smoothing(mods, W[SMOOTH_KEY])
         timing.host_s += time.monotonic() - t0
         # 2) blocks in strict order (per pass); per branch: host LayerNorm+modulate, the branch, host gate+residual
         units = [(block, j) for block in range(cfg.blocks) for j in range(len(BRANCHES))]
