@@ -27,6 +27,16 @@ def example_arrays(seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
+def _vae_encode_examples(a: dict) -> dict[str, m.Message]:
+    """VAE_ENCODE from the job arena into a latent slot; VAE_ENCODED with the latent inline (a remote VAE)."""
+    f = InlineFrames()
+    lat = f.add(a["latent"])
+    return {"VAE_ENCODE": m.VaeEncode(job="job-1", image=_slot("image", "f32", (3, 512, 512)),
+                                      arena="anima_0badcafe_job-1", latent=_slot("latent", "f32", (16, 64, 64), 2**22),
+                                      tile=m.TileSettings(tile=32, overlap=0.5)),
+            "VAE_ENCODED": m.VaeEncoded(job="job-1", latent=lat, timings={"encode_s": 1.2}, inline=tuple(f.frames))}
+
+
 def examples(seed: int = 0) -> dict[str, m.Message]:
     """kind -> a valid message of that kind (every kind in KINDS)."""
     a = example_arrays(seed)
@@ -97,6 +107,7 @@ def examples(seed: int = 0) -> dict[str, m.Message]:
                                                   source_name="anima-preview.safetensors", source_sha256="ab" * 32)],
                                  models={"text_encoder": "qwen_3_06b_base.safetensors"}, max_queue=16, version="0.1.0")
     out["PRUNE"] = m.Prune(keep=10, older_than_s=7 * 86400.0)
+    out.update(_vae_encode_examples(a))
     missing = set(m.KINDS) - set(out)
     if missing:
         raise AssertionError(f"examples missing for {sorted(missing)}")

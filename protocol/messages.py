@@ -28,6 +28,7 @@ The conversation (→ request, ← its reply, ⇢ event):
                                                        ← BRANCH_DONE {job, step, block, branch, attempt, times, outputs}
   orchestrator → vae
     → DECODE {job, latent, arena, output, return_png, metadata, tile}    ← DECODED {job, path, png, width, height, timings}
+    → VAE_ENCODE {job, image, arena, latent, tile}     ← VAE_ENCODED {job, latent, timings}
   orchestrator CLI, HTTP front → orchestrator daemon (ipc://RUN/sock/orchestrator.sock)
     → SUBMIT {prompt_json, base_dir, origin}           ← SUBMITTED {job, seed, position}
     → STATUS {job | None, detail, active, before, limit}   ← JOBS {jobs: [JobInfo], more}
@@ -408,6 +409,24 @@ class Decoded(Message, tag="DECODED"):
     png: TensorDesc | None = None  # u8 [n] inline PNG bytes when asked
     width: Int(1, 65536)
     height: Int(1, 65536)
+    timings: Map(Seconds) = {}
+
+
+@_message("VAE_ENCODE")
+class VaeEncode(Message, tag="VAE_ENCODE"):
+    """An image to a model-space latent (img2img's start): the VAE stage's encoder half."""
+
+    job: Name
+    image: TensorDesc  # [3, H, W] f32 in [-1, 1] (2 * pixel / 255 - 1), slot or inline
+    arena: Name | None = None
+    latent: TensorDesc | None = None  # [16, H/8, W/8] f32 slot to fill; None: the latent comes back inline
+    tile: TileSettings = TileSettings()
+
+
+@_message("VAE_ENCODED")
+class VaeEncoded(Message, tag="VAE_ENCODED"):
+    job: Name
+    latent: TensorDesc  # [16, H/8, W/8] f32 model space, where it was written
     timings: Map(Seconds) = {}
 
 

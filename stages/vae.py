@@ -11,6 +11,11 @@ inline and the PNG goes back inline (`return_png`).
     vae = "FILE"               # torch: the VAE file (default: from models_dir)
     vae_pack = "packs/vae-512" # onnx / rknn-sim / rknn: a VAE pack (anima-models pack-vae; compiled for rknn), or a
                                # list of them, one per image size; relative to this file's folder
+    vae_encoder_pack = "packs/vae-enc-512"   # onnx / rknn-sim / rknn, VAE_ENCODE: encoder packs, the same way
+
+VAE_ENCODE (an image [3, H, W] in [-1, 1] -> a model-space latent into the slot it names, or inline) is served by the
+same process: started for it before denoising and stopped after, exactly as for DECODE (orchestrator/stage_control.py
+starts and stops the stage; the encoder is only read by the first VAE_ENCODE, so a decode-only run never holds it).
     core_mask = "auto"         # rknn: NPU cores (auto | 0 | 1 | 2 | 0_1 | 0_1_2 | all); lite = "standin" in tests
 """
 from __future__ import annotations
@@ -27,6 +32,7 @@ from models.runtime.backends import backend_class, make_branch_backend
 from models.runtime.backends.base import BackendError
 from models.models_dir import ModelsDirError, resolve_models
 from models.packs.pack import PackError
+from models.vae.encoder_pack import EncodeError
 from models.vae.pack_decoder import DecodeError
 from models.vae.png import write_png
 from protocol import messages as m
@@ -34,14 +40,14 @@ from protocol.fields import ProtocolError
 from stages.base import RequestFailed, exit_process, stage_main
 from stages.config import ConfigError, PipelineConfig
 from stages.tensor_io import ReplyTensors, read_tensor
-from stages.vae_limits import DecodeLimits, DecodePlan, check_decode
+from stages.vae_limits import DecodeLimits, DecodePlan, check_decode, check_encode
 
 log = logging.getLogger(__name__)
 
 
 class VaeLogic:
     """Holds the decoder (torch on a VAE file, or a VAE pack on a model backend); DECODE → PNG file (local) or PNG
-    bytes (remote)."""
+    bytes (remote); VAE_ENCODE → the image's latent (the VAE file's encoder half, or an encoder pack)."""
 
     def __init__(self, config: PipelineConfig):
         settings = config.stage_settings("vae")
@@ -62,6 +68,11 @@ class VaeLogic:
             self.z_dim = next(iter(self.decoders.values())).config.z_dim
         self.load_s = time.perf_counter() - t0
         self.limits = DecodeLimits.from_config(config, self.z_dim, fixed_tiling=self.vae is None)
+        # VAE_ENCODE: the torch encoder is read from the VAE file on the first request (a decode-only stage never
+        # holds it); the pack backends' encoder packs are checked now, run on the decoders' backend instance
+        self.torch_encoder, self.encoders, self.encoder_load_s = None, {}, 0.0
+        if self.vae is None and settings.get("vae_encoder_pack"):
+            self.encoders = self._encoder_packs(config, settings, next(iter(self.decoders.values())).backend)
 
     def _pack_decoders(self, config: PipelineConfig, settings: dict) -> dict:
         """{latent shape: PackDecoder} for `vae_pack` (one folder or a list, one per image size), every file checked;
@@ -89,6 +100,65 @@ class VaeLogic:
             raise ConfigError(f"{config.path}: stage.vae.backend = {self.backend!r}: {problem}")
         backend = make_branch_backend(self.backend, self.threads, settings)
         return {shape: PackDecoder(pack, backend) for shape, pack in packs.items()}
+
+    def _encoder_packs(self, config: PipelineConfig, settings: dict, backend) -> dict:
+        """{image shape: PackEncoder} for `vae_encoder_pack` (a folder or a list, one per image size), checked."""
+        from models.vae.encoder_pack import PackEncoder, load_vae_encoder_pack
+        dirs = settings["vae_encoder_pack"]
+        dirs = [dirs] if isinstance(dirs, str) else list(dirs)
+        needs_npu = backend_class(self.backend).needs_compiled_pack
+        encoders = {}
+        for d in dirs:                       # a pack problem is a config exit (2), as for the decoder packs
+            try:
+                pack = load_vae_encoder_pack(Path(config.path).parent / str(d))
+            except PackError as e:
+                raise ConfigError(f"{config.path}: stage.vae.vae_encoder_pack: {e}") from None
+            if needs_npu and not pack.compiled():
+                raise ConfigError(f"stage.vae.vae_encoder_pack {pack.dir}: not compiled for the NPU (anima-models "
+                                  f"compile {pack.dir} --target rk3588)")
+            if pack.image_shape in encoders:
+                raise ConfigError(f"stage.vae.vae_encoder_pack: {pack.dir} and {encoders[pack.image_shape].pack.dir} "
+                                  f"are both {pack.width}x{pack.height}")
+            encoders[pack.image_shape] = PackEncoder(pack, backend)
+        return encoders
+
+    def _encoder(self, shape: tuple):
+        """The encoder for an image of `shape` [3, H, W]: the torch one (read now if not yet), or that size's pack."""
+        if self.vae is not None:
+            if self.torch_encoder is None:
+                from models.vae.checkpoint import VAEError
+                from models.vae.encode import TorchEncoder
+                t0 = time.perf_counter()
+                try:
+                    self.torch_encoder = TorchEncoder.open(self.path, threads=self.threads)
+                except VAEError as e:
+                    raise RequestFailed(f"cannot encode images: {e}") from None
+                self.encoder_load_s = time.perf_counter() - t0
+            return self.torch_encoder
+        if shape not in self.encoders:
+            sizes = ", ".join(f"{e.pack.width}x{e.pack.height}" for e in self.encoders.values()) or "none"
+            raise ProtocolError("image", f"{shape[2]}x{shape[1]} pixels: no VAE encoder pack for it "
+                                         f"(stage.vae.vae_encoder_pack has {sizes})")
+        return self.encoders[shape]
+
+    def on_vae_encode(self, msg: m.VaeEncode, ctx) -> m.VaeEncoded:
+        plan = check_encode(msg, self.limits)            # descriptors, size bounds, tiling: ERROR replies
+        enc = self._encoder(tuple(msg.image.shape))
+        image = read_tensor(ctx, msg.arena, msg.image, msg.inline, field="image", copy=True)   # [3, H, W] f32
+        try:
+            result = enc.encode(image, tile=plan.tile, overlap=plan.overlap) if self.vae is not None else \
+                enc.encode(image)
+        except ValueError as e:                             # the encoder's own checks (NaN, range): the request's
+            raise RequestFailed(f"cannot encode this image: {e}", code="bad_request", field="image") from None
+        except (BackendError, EncodeError) as e:
+            raise RequestFailed(f"VAE encoder on {self.backend}: {e}") from None
+        ctx.check(msg.job)
+        out = ReplyTensors(ctx, msg.arena)
+        desc = out.put(result.latent, msg.latent, field="latent")
+        timings = {"encode_s": result.seconds, "load_s": self.encoder_load_s,
+                   **{f"{k}_{ph}": float(v) for k in ("features", "head")
+                      for ph, v in result.timings.get(k, {}).items()}}
+        return m.reply_to(msg, m.VaeEncoded, job=msg.job, latent=desc, timings=timings, inline=out.inline)
 
     def info(self) -> dict:
         return {"vae": ", ".join(self.path) if self.vae is None else str(self.path), "backend": self.backend,

@@ -1,5 +1,6 @@
-"""What a DECODE may ask of the VAE stage, checked before any work: every violation is a ProtocolError (an ERROR
-reply naming the field; the stage keeps serving). For a remote VAE every allowed client can send these.
+"""What a DECODE (or a VAE_ENCODE: check_encode) may ask of the VAE stage, checked before any work: every violation
+is a ProtocolError (an ERROR reply naming the field; the stage keeps serving). For a remote VAE every allowed client
+can send these.
 
 - latent: f32 [z, h, w] with the decoder's z channels and 1 <= h, w <= `[stage.vae] max_latent`;
 - tile: `tile_min` <= tile <= `tile_max`, and the stride (tile minus overlap) at least `min_stride_fraction` of the
@@ -65,27 +66,7 @@ def check_decode(msg: m.Decode, limits: DecodeLimits) -> DecodePlan:
                                       "([stage.vae] max_latent)")
     # 2) tiling
     t = msg.tile
-    if limits.fixed_tiling:                     # a VAE pack tiles by its own plan: DECODE's tile fields are unused
-        tile = None
-    elif not t.enabled:
-        if max(h, w) > limits.tile_max:
-            raise ProtocolError("tile.enabled", f"an untiled decode is limited to {limits.tile_max} latent pixels per "
-                                                f"side ([stage.vae] tile_max); this latent is {h}x{w}")
-        tile = None
-    else:
-        if not limits.tile_min <= t.tile <= limits.tile_max:
-            raise ProtocolError("tile.tile", f"tile {t.tile} is outside {limits.tile_min}..{limits.tile_max} "
-                                             "([stage.vae] tile_min, tile_max)")
-        try:
-            stride = check_tiling(t.tile, t.overlap)    # the decoders' own rule (models/vae/tiled.py)
-        except ValueError as e:
-            raise ProtocolError("tile", str(e)) from None
-        least = math.ceil(limits.min_stride_fraction * t.tile)
-        if stride < least:
-            raise ProtocolError("tile.overlap", f"overlap {t.overlap} leaves a stride of {stride} for tile {t.tile}; "
-                                                f"at least {least} is needed ([stage.vae] min_stride_fraction "
-                                                f"{limits.min_stride_fraction})")
-        tile = t.tile
+    tile = _tile(t, h, w, limits, "decode")
     # 3) where the PNG goes
     if msg.output is None:
         if not msg.return_png:
@@ -101,6 +82,50 @@ def check_decode(msg: m.Decode, limits: DecodeLimits) -> DecodePlan:
         if problem:
             raise ProtocolError(f"metadata.{key}"[:200], problem)
     return DecodePlan(tile=tile, overlap=t.overlap, output=output)
+
+
+def _tile(t: m.TileSettings, h: int, w: int, limits: DecodeLimits, what: str) -> int | None:
+    """The tile side for a latent h x w (None: whole, or a VAE pack's own plan); ProtocolError naming the field."""
+    if limits.fixed_tiling:                     # a VAE pack tiles by its own plan: the request's tile fields are unused
+        return None
+    if not t.enabled:
+        if max(h, w) > limits.tile_max:
+            raise ProtocolError("tile.enabled", f"an untiled {what} is limited to {limits.tile_max} latent pixels per "
+                                                f"side ([stage.vae] tile_max); this latent is {h}x{w}")
+        return None
+    if not limits.tile_min <= t.tile <= limits.tile_max:
+        raise ProtocolError("tile.tile", f"tile {t.tile} is outside {limits.tile_min}..{limits.tile_max} "
+                                         "([stage.vae] tile_min, tile_max)")
+    try:
+        stride = check_tiling(t.tile, t.overlap)    # the decoders' own rule (models/vae/tiled.py)
+    except ValueError as e:
+        raise ProtocolError("tile", str(e)) from None
+    least = math.ceil(limits.min_stride_fraction * t.tile)
+    if stride < least:
+        raise ProtocolError("tile.overlap", f"overlap {t.overlap} leaves a stride of {stride} for tile {t.tile}; "
+                                            f"at least {least} is needed ([stage.vae] min_stride_fraction "
+                                            f"{limits.min_stride_fraction})")
+    return t.tile
+
+
+def check_encode(msg: m.VaeEncode, limits: DecodeLimits, down: int = 8) -> DecodePlan:
+    """A VAE_ENCODE's image and latent descriptors and tiling checked before any byte is read (the latent h x w,
+    H/8 x W/8, within [stage.vae] max_latent); -> the plan (no output path: the latent goes to its slot or inline)."""
+    img = msg.image
+    if img.dtype != "f32" or len(img.shape) != 3 or img.shape[0] != 3:
+        raise ProtocolError("image", f"expected f32 [3, H, W] in [-1, 1], got {img.dtype} {list(img.shape)}")
+    hh, ww = img.shape[1:]
+    if hh < down or ww < down or hh % down or ww % down:
+        raise ProtocolError("image", f"{ww}x{hh} pixels: width and height must be positive multiples of {down}")
+    h, w = hh // down, ww // down
+    if h > limits.max_latent or w > limits.max_latent:
+        raise ProtocolError("image", f"{ww}x{hh} pixels: the latent {h}x{w} is outside 1..{limits.max_latent} per "
+                                     "side ([stage.vae] max_latent)")
+    want = (limits.z_dim, h, w)
+    if msg.latent is not None and (msg.latent.dtype != "f32" or tuple(msg.latent.shape) != want):
+        raise ProtocolError("latent", f"expected f32 {list(want)} for a {ww}x{hh} image, got {msg.latent.dtype} "
+                                      f"{list(msg.latent.shape)}")
+    return DecodePlan(tile=_tile(msg.tile, h, w, limits, "encode"), overlap=msg.tile.overlap, output=None)
 
 
 def _job_output(output: str, job: str, jobs_dir: Path) -> str:

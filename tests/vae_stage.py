@@ -3,6 +3,7 @@
 
     with VaeStage('backend = "onnx"\\nvae_pack = "/path/pack"') as st:
         reply = st.decode(latent)            # m.Decoded (or raises RemoteError)
+        st.encode(image)                     # m.VaeEncoded, the latent inline (or in the arena slot it names)
         st.image(reply)                      # the PNG's pixels [H, W, 3] u8
 """
 from __future__ import annotations
@@ -75,6 +76,18 @@ class VaeStage:
                        inline=tuple(frames.frames))
         with LazyPirate(self.ctx, self.config.endpoint("vae"), timeout_s=60.0, retries=0) as link:
             return m.expect(link.request(msg), m.Decoded, "vae")
+
+    def request(self, msg: m.Message, reply_cls: type) -> m.Message:
+        with LazyPirate(self.ctx, self.config.endpoint("vae"), timeout_s=60.0, retries=0) as link:
+            return m.expect(link.request(msg), reply_cls, "vae")
+
+    def encode(self, image: np.ndarray, **fields) -> m.VaeEncoded:
+        """VAE_ENCODE with the image inline (unless `fields` name an arena slot); the latent back inline or in the
+        slot `latent=` names."""
+        frames = InlineFrames()
+        desc = fields.pop("image_desc", None) or frames.add(np.ascontiguousarray(image))
+        return self.request(m.VaeEncode(job=fields.pop("job", "j1"), image=desc, inline=tuple(frames.frames),
+                                        **fields), m.VaeEncoded)
 
     @staticmethod
     def image(reply: m.Decoded) -> np.ndarray:

@@ -9,7 +9,8 @@ from models.manifest import MANIFEST, ManifestError, manifest_json
 from models.packs.pack import PACK_KIND, PackError
 
 # manifest "kind" -> "module:loader" of the packs whose branches a model backend runs (DiT branches, VAE models)
-PACK_LOADERS = {PACK_KIND: "models.packs.pack:load_pack", "anima-vae-pack": "models.vae.pack:load_vae_pack"}
+PACK_LOADERS = {PACK_KIND: "models.packs.pack:load_pack", "anima-vae-pack": "models.vae.pack:load_vae_pack",
+                "anima-vae-encoder-pack": "models.vae.encoder_pack:load_vae_encoder_pack"}
 
 
 def load_branch_pack(pack_dir, check: bool = True):
