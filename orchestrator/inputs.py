@@ -177,6 +177,28 @@ def annotated(name: str, default_kind: str) -> tuple[str, str, str]:
     return sub, base, kind
 
 
+def read_upload(run_root: Path, ref: str, field: str = "image") -> bytes:
+    """The bytes of an uploaded image as a graph or prompt names it (LoadImage's "sub/NAME.png [input]"), read
+    without following a link and checked to decode (models.images' bounds); InputNameError for a name that could
+    not be there, FileNotFoundError, or models.images.ImageInputError."""
+    from models.images import open_bounded
+    from models.images.decode import MAX_INPUT_BYTES
+    if not isinstance(ref, str):
+        raise InputNameError(field, "must be a file name")
+    sub, name, kind = annotated(ref, "input")
+    try:
+        path = find(run_root, kind, sub, name)
+    except InputNameError as e:
+        raise InputNameError(field, str(e)) from None
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise FileNotFoundError(str(path))
+        data = f.read(MAX_INPUT_BYTES + 1)
+    open_bounded(data).close()
+    return data
+
+
 def keep_in_job(job_dir: Path, inputs: dict[str, bytes]) -> dict[str, Path]:
     """The job's input images (JOB_INPUTS -> PNG bytes) written durably into its folder before the job is
     acknowledged, so a job resumed after a crash reads the same bytes; -> the paths written."""

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from models.durable import atomic_write, fsync_dir, remove_stale_temporaries
 from models.schema import SchemaError
+from orchestrator.inputs import keep_in_job
 from orchestrator.job_record import (FINISHED, JOB_ID_RE, MAX_HISTORY, STAGES, TRANSITIONS, UNREADABLE, Job,
                                      JobEntry, job_json, record_text)
 
@@ -221,13 +222,16 @@ class JobStore:
         self._keep(job)
         return job
 
-    def submit(self, spec: dict, origin: dict | None = None) -> Job:
+    def submit(self, spec: dict, origin: dict | None = None, inputs: dict[str, bytes] | None = None) -> Job:
         """Queue a validated spec (PromptSpec.to_dict()); refuses when the queue is full or the disk is short.
-        The folder is made under a hidden name with its job.json, then renamed: it never exists without its record."""
+        The folder is made under a hidden name with its job.json and its input images (`inputs`: init_image, mask ->
+        PNG bytes, orchestrator.inputs.keep_in_job), then renamed: it never exists without its record and inputs."""
         self._check_room()
         now = time.time()
         tmp = Path(tempfile.mkdtemp(prefix=NEW_PREFIX, dir=self.root))          # 0700
         try:
+            if inputs:
+                keep_in_job(tmp, inputs)
             for _ in range(8):
                 job_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + "-" + secrets.token_hex(3)
                 job = Job(id=job_id, state="queued", spec=dict(spec), created=now, updated=now,

@@ -354,3 +354,37 @@ def test_img2img_sizes_follow_resize_mode_and_full_res():
     assert _pixels(kept.init_image).shape == (32, 96, 3) and _pixels(kept.mask).shape == (32, 96)
     plain = to_request(img2img_body(init_images=[b64(wide)]))                     # no mask: the job's size
     assert _pixels(plain.init_image).shape == (64, 64, 3) and plain.mask is None
+
+
+def test_job_store_keeps_the_inputs_before_the_job_exists(tmp_path):
+    """JobStore.submit writes the inputs into the hidden new folder, then renames it: a job is never seen (or
+    acknowledged) without them, and a failing write leaves no job at all."""
+    from orchestrator.jobs import JobStore
+    store = JobStore(tmp_path)
+    job = store.submit({"prompt": "a cat"}, {"api": "a1111"}, inputs={"init_image": PICTURE, "mask": OTHER})
+    folder = store.job_dir(job.id)
+    assert (folder / "init_image.png").read_bytes() == PICTURE and (folder / "mask.png").read_bytes() == OTHER
+    assert store.get(job.id).state == "queued"
+    with pytest.raises(ValueError, match="not a job input"):
+        store.submit({"prompt": "a dog"}, None, inputs={"../escape": PICTURE})
+    assert sorted(os.listdir(tmp_path / "jobs")) == [job.id]                # no second job, no half-made folder
+    assert not (tmp_path / "escape").exists()
+
+
+def test_read_upload_for_a_job(front, tmp_path):
+    front.post("/upload/image", image=("cat.png", PICTURE), subfolder="s")
+    root = front.front.rf.root
+    assert inputs.read_upload(root, "s/cat.png") == PICTURE
+    assert inputs.read_upload(root, "s/cat.png [input]") == PICTURE
+    with pytest.raises(FileNotFoundError):
+        inputs.read_upload(root, "cat.png")
+    with pytest.raises(inputs.InputNameError, match="init_image: subfolder"):
+        inputs.read_upload(root, "../../jobs/x.png", "init_image")
+    (front.input_dir / "s" / "text.png").write_bytes(b"not an image")
+    from models.images import ImageInputError
+    with pytest.raises(ImageInputError, match="not an image"):
+        inputs.read_upload(root, "s/text.png")
+    (tmp_path / "secret.png").write_bytes(PICTURE)
+    (front.input_dir / "s" / "link.png").symlink_to(tmp_path / "secret.png")
+    with pytest.raises(FileNotFoundError):
+        inputs.read_upload(root, "s/link.png")
