@@ -164,6 +164,9 @@ class JobReport:
             "forecast_steps": list(d.get("forecast_steps", [])),
             "branch_calls": int(d.get("branch_calls", 0)),
             "nfe": sum(int(s.get("nfe", 1)) for s in d.get("steps", [])),      # model calls, both CFG passes each
+            # the whole job's model calls run and those the step cache (EasyCache, LazyCache) answered
+            "model_calls": int(d.get("model_calls", 0)),
+            "reused_calls": int(d.get("reused_calls", 0)),
             "resumed_from": int(d.get("resumed_from", 0)),
             "resends": int(d.get("resends", 0)),
             "teardown": {"encoder_running_during_denoise": t.encoder_running_during_denoise,
@@ -291,7 +294,8 @@ def format_table(report: dict) -> str:
                  f"({report.get('host_hidden_s', 0.0):.2f} s behind inference), transport "
                  f"{report.get('transport_s', 0.0):.2f} s (measured), "
                  f"{report.get('branch_calls', 0)} branch calls, {len(steps)} computed steps "
-                 f"({len(report.get('forecast_steps', []))} forecast), {report.get('nfe', len(steps))} model calls, "
+                 f"({len(report.get('forecast_steps', []))} forecast), {report.get('nfe', len(steps))} model calls"
+                 f"{_reused(report)}, "
                  f"total {report.get('wall_s', 0.0):.1f} s")
     text = report.get("text") or {}
     if text.get("truncated"):
@@ -301,3 +305,13 @@ def format_table(report: dict) -> str:
                  f"vae running during denoise: {td.get('vae_running_during_denoise')} "
                  f"({td.get('samples', 0)} supervisord samples)")
     return "\n".join(lines)
+
+
+def _reused(report: dict) -> str:
+    """' (N reused by EasyCache|LazyCache)' when the job ran a step cache."""
+    cache = (report.get("prompt") or {}).get("cache") if isinstance(report.get("prompt"), dict) else None
+    n = int(report.get("reused_calls", 0))
+    if not n and not cache:
+        return ""
+    name = NODE_NAMES.get((cache or {}).get("kind"), "the step cache")
+    return f" ({n} reused by {name})"

@@ -50,6 +50,7 @@ from models.runtime import phase_times
 from models.lora.choice import MAX_LORAS, LoraChoice
 from models.schema import fields_of
 from models.sampling.spectrum import SpectrumSettings
+from models.sampling.step_cache import CacheSettings
 from protocol.fields import (MAX_NAME_CHARS, MAX_PATH_CHARS, MAX_TEXT_CHARS, Count, Float, Int, List, Map, Name, Note,
                              Path, ProtocolError, Scalar, Seconds, Text, Version, WireRecord)
 from protocol.tensors import TensorDesc
@@ -154,6 +155,7 @@ class DenoiseParams(_Record, frozen=True):
     width: Int(8, 16384)  # pixels
     height: Int(8, 16384)
     spectrum: SpectrumSettings = SpectrumSettings()
+    cache: CacheSettings | None = None  # EasyCache / LazyCache (models/sampling/step_cache.py); None: off
 
 
 class Region(_Record, frozen=True):
@@ -345,6 +347,8 @@ class Denoised(Message, tag="DENOISED"):
     resends: Count = 0
     host_work_s: Seconds = 0.0  # host ops' own compute here (host_s minus board-sim pacing)
     steps: List(StepTimes, max_items=MAX_STEPS) = ()  # this run's steps
+    model_calls: Count = 0  # the job's model calls run (each one CFG pass or both), resumed steps' included
+    reused_calls: Count = 0  # the job's model calls the step cache answered without the model
 
 
 # ---- executor ----------------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import zmq
 
 from models.runtime.backends import backend_class
 from models.dit.config import expected_dit_shapes
-from models.sampling.denoise import make_sampler, save_state, start_or_resume
+from models.sampling.denoise import make_sampler, model_call, save_state, start_or_resume
 from models.runtime.dit_runner import BranchCall, DiTRunner
 from models.lora import LoraError, TargetTable, plan_loras
 from models.lora.choice import lora_uses
@@ -368,9 +368,11 @@ class SchedulerLogic:
         """The job's sampler and its state, fresh or resumed from the job folder (an unusable state: step 0)."""
         params = msg.params
         try:
-            sampler = make_sampler(params.steps, params.cfg, params.scheduler, params.spectrum, params.sampler)
-        except ValueError as e:                     # an unknown name, Spectrum with a sampler it does not fit
-            raise RequestFailed(str(e), code="bad_request", field="params.sampler") from None
+            sampler = make_sampler(params.steps, params.cfg, params.scheduler, params.spectrum, params.sampler,
+                                   cache=params.cache)
+        except ValueError as e:                     # an unknown name, Spectrum with a sampler or with a cache
+            field = "params.cache" if str(e).startswith("cache:") else "params.sampler"
+            raise RequestFailed(str(e), code="bad_request", field=field) from None
         return sampler, start_or_resume(sampler, params.seed, lat_shape, msg.job_dir, msg.resume)
 
     def _executor_side(self, msg: m.Denoise, ctx, pack, arena, sampler, step_ref: list) -> _ExecutorSide:
@@ -405,6 +407,10 @@ class SchedulerLogic:
             marks = (client.transport_s, client.calls, pacer.totals.real_s if pacer else 0.0)
             if sampler.needs_model(state):
                 timing = tally.model_step(ex.runner, sampler, state, cond, uncond, msg.context_rows or None)
+                if timing is None:                  # every call of the step came from the step cache
+                    ctx.emit(m.Progress(job=msg.job, step=state.step, steps=sampler.steps,
+                                        block=ex.runner.cfg.blocks - 1, branch=KINDS[-1], forecast=True,
+                                        elapsed_s=time.monotonic() - t_start))
             else:
                 ctx.check(msg.job)
                 sampler.step_forecast(state)
@@ -445,7 +451,8 @@ class SchedulerLogic:
                           host_s=max(0.0, wall - client.blocked_s), host_hidden_s=tally.host_hidden,
                           transport_s=client.transport_s, wall_s=wall, resumed_from=resumed_from,
                           resends=ex.link.resends + client.resends, steps=tuple(steps),
-                          host_work_s=sum(st.host_work_s for st in steps))
+                          host_work_s=sum(st.host_work_s for st in steps), model_calls=sum(state.nfe),
+                          reused_calls=sum(state.skipped))
 
 
 @dataclasses.dataclass
@@ -469,11 +476,15 @@ class _StepTally:
     steps: list = dataclasses.field(default_factory=list)
 
     def model_step(self, runner: DiTRunner, sampler, state, cond, uncond, context_rows):
-        """One step's model calls (one, or more for a multi-call sampler), their timings merged and summed."""
+        """One step's model calls (one, or more for a multi-call sampler), their timings merged and summed; a call
+        the step cache reuses makes no branch call. None when no call ran the model."""
         timing, finished = None, False
         while not finished:
+            if sampler.reuses(state):
+                finished = sampler.step_reused(state)
+                continue
             x_in, sigma = sampler.point(state)
-            v_c, v_u = runner.forward_cfg(x_in, sigma, cond, uncond, context_rows=context_rows)
+            v_c, v_u = model_call(runner, sampler, x_in, sigma, cond, uncond, context_rows)
             call = runner.last_timing
             for k, ps in call.per_kind.items():
                 self.sums[k].merge(ps)
