@@ -135,6 +135,33 @@ class Doctor:
             except EncoderPackError as e:
                 self.add(FAIL, "encoder-pack", f"{e}")
 
+    def check_size_memory(self) -> None:
+        """Each DiT size's largest branch call (its contexts and the arena's growth, MODELLED by the board model with
+        the official widths) against what the board leaves for contexts: this board's MemAvailable when the executor
+        runs on its NPU, else the modelled `board_ram_gb` board (8 GB)."""
+        if self.cfg is None:
+            return
+        from models.board.auto import budget
+        from models.board.cost import BoardModel, CostModelError
+        from models.packs.memory_fit import size_fit
+        from models.packs.pack import PackError, load_pack
+        ex = self.cfg.stage_settings("executor")
+        avail = None
+        if ex.get("backend") == "rknn":
+            avail = probes.meminfo_kb().get("MemAvailable")
+            avail = None if avail is None else avail / 1024
+        for d in self.cfg.packs:
+            try:
+                g = load_pack(d, check=False).geometry
+                model = BoardModel.for_pack(d, "full", ex.get("board_cost"))
+            except (PackError, CostModelError, OSError) as e:
+                self.add(WARN, "size-memory", f"{d}: cannot model its memory: {e}")
+                continue
+            mib, basis = budget(model, ex, avail)
+            fit = size_fit(model, (g.width, g.height), mib, basis)
+            status = OK if fit.fits else WARN if avail is not None else FAIL
+            self.add(status, f"memory-{g.width}x{g.height}", fit.line())
+
     def _present(self, d, manifest) -> None:
         """Without --full the loaders read the manifest only: every file it vouches for must at least be there."""
         from models.packs.pack import PackError, missing_files
@@ -326,7 +353,8 @@ class Doctor:
 
     def run(self) -> list[Check]:
         for check in (self.check_config, self.check_run_folder, self.check_machine, self.check_npu,
-                      self.check_governors, self.check_memory, self.check_packs, self.check_supervisord):
+                      self.check_governors, self.check_memory, self.check_packs, self.check_size_memory,
+                      self.check_supervisord):
             try:
                 check()
             except Exception as e:  # noqa: BLE001 - one broken check is its own line, never the doctor's end

@@ -1,4 +1,5 @@
-"""Reads rknn-toolkit2's verbose build log: compiler version, operator placement (NPU/CPU), REGTASK errors."""
+"""Reads rknn-toolkit2's verbose build log: compiler version, operator placement (NPU/CPU), REGTASK errors, the
+memory the compiler planned (internal: feature tensors; weights)."""
 from __future__ import annotations
 
 import re
@@ -14,6 +15,10 @@ _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 LAYER_TABLE_TITLE = "Network Layer Information Table"
 IO_OPS = ("InputOperator", "OutputOperator")      # the graph's inputs/outputs: always "CPU", not a placement
 REGTASK = "REGTASK"                                # "REGTASK: The bit width of field value exceeds the limit, ..."
+# "Total Internal Memory Size: 1.06816e+06KB", "Total Weight Memory Size: 515.5KB": what the compiler planned for the
+# model's feature tensors (activations) and its weights; printed in KB (1024 bytes), large ones in C's %g form
+_MEMORY_RE = re.compile(r"Total (Internal|Weight) Memory Size:\s*([0-9.]+(?:[eE][+-]?[0-9]+)?)\s*([KMG]?B)\b")
+_UNIT = {"B": 1, "KB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3}
 
 
 @dataclass
@@ -37,6 +42,8 @@ class BuildLog:
     regtask_errors: int = 0
     regtask_samples: list = field(default_factory=list)
     errors: list = field(default_factory=list)        # "E ..." lines other than REGTASK
+    internal_bytes: int = 0                           # the compiler's planned activation memory (0: not in the log)
+    weight_bytes: int = 0                             # the compiler's planned weight memory
 
     @property
     def cpu_ops(self) -> list:
@@ -50,7 +57,7 @@ class BuildLog:
         return {"toolkit": self.toolkit_version, "compiler": self.compiler_version, "layers": len(self.layers),
                 "npu_layers": sum(lay.target == "NPU" for lay in self.layers), "cpu_ops": self.cpu_op_names(),
                 "regtask_errors": self.regtask_errors, "regtask_samples": self.regtask_samples,
-                "errors": self.errors[:10]}
+                "errors": self.errors[:10], "internal_bytes": self.internal_bytes, "weight_bytes": self.weight_bytes}
 
 
 def _strip(line: str) -> str:
@@ -86,6 +93,11 @@ def parse_build_log(text: str, max_samples: int = 5) -> BuildLog:
             m = _TOOLKIT_RE.search(line)
             if m:
                 out.toolkit_version = m.group(1)
+        m = _MEMORY_RE.search(line)
+        if m:
+            n = round(float(m.group(2)) * _UNIT[m.group(3).upper()])
+            setattr(out, "internal_bytes" if m.group(1) == "Internal" else "weight_bytes", n)
+            continue
         if line.startswith("E ") and len(out.errors) < 50:
             out.errors.append(line)
         body = _RKNN_PREFIX_RE.sub("", line, count=1)

@@ -153,6 +153,8 @@ def build_branch(slot: _WorkerSlot, pack: Path, branch: dict, target: str, toolk
         "export_s": round(reply["export_s"], 3), "wall_s": round(wall, 3), "peak_rss_mb": round(rss_kb / 1024, 1),
         "layers": len(parsed.layers), "npu_layers": sum(x.target == "NPU" for x in parsed.layers),
         "cpu_ops": parsed.cpu_op_names(), "log": log_rel,
+        # what a context of it needs on the board beyond the file: the compiler's planned activation memory
+        "internal_bytes": parsed.internal_bytes, "weight_mem_bytes": parsed.weight_bytes,
     }
     if parsed.cpu_ops:
         log.warning("%s: %d operator(s) on the CPU: %s", name, len(parsed.cpu_ops), ", ".join(parsed.cpu_op_names()))
@@ -212,7 +214,8 @@ def compile_pack(pack_dir, target: str = "rk3588", jobs: int = 1, venv=None, blo
         "built": sum(r.status == "built" for r in ordered), "skipped": sum(r.status == "skipped" for r in ordered),
         "failed": sum(r.status == "failed" for r in ordered),
         "branches": [{"name": r.name, "block": r.block, "kind": r.kind, "status": r.status, "error": r.error,
-                      **{k: r.entry.get(k) for k in ("bytes", "build_s", "peak_rss_mb", "cpu_ops", "file")}}
+                      **{k: r.entry.get(k) for k in ("bytes", "build_s", "peak_rss_mb", "cpu_ops", "file",
+                                                      "internal_bytes", "weight_mem_bytes")}}
                      for r in ordered],
     }
 
@@ -298,11 +301,11 @@ def _rknn_section(manifest: dict, ordered: list, target: str, toolkit: str) -> d
 
 def describe(report: dict) -> str:
     """The report as a table for people."""
-    rows = [f"{'branch':<10} {'status':<8} {'build s':>8} {'MB':>8} {'RSS MB':>8}  CPU ops / error"]
+    rows = [f"{'branch':<10} {'status':<8} {'build s':>8} {'MB':>8} {'RSS MB':>8} {'int. MiB':>9}  CPU ops / error"]
     for b in report["branches"]:
         extra = b["error"] or (", ".join(b["cpu_ops"]) if b["cpu_ops"] else "-")
         rows.append(f"{b['name']:<10} {b['status']:<8} {b['build_s'] or 0:>8.2f} {(b['bytes'] or 0) / 1e6:>8.2f} "
-                    f"{b['peak_rss_mb'] or 0:>8.0f}  {extra}")
+                    f"{b['peak_rss_mb'] or 0:>8.0f} {(b.get('internal_bytes') or 0) / 2**20:>9.1f}  {extra}")
     total = sum(b["bytes"] or 0 for b in report["branches"])
     rows.append(f"{report['built']} built, {report['skipped']} up to date, {report['failed']} failed; "
                 f"{total / 1e6:.1f} MB; {report['wall_s']:.1f} s wall; rknn-toolkit2 {report['toolkit']}, "
