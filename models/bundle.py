@@ -31,7 +31,7 @@ from models.manifest import MANIFEST, ManifestRecord, file_sha256, tool_versions
 from models.packs.pack import PACK_KIND as DIT_KIND
 from models.models_dir import resolve_models
 from models.packs.pack import PackError, build_pack, load_pack, missing_files, omit_onnx, onnx_omitted
-from models.dit.partition import parse_resolution
+from models.dit.partition import MAX_LORA_RANK, parse_resolution
 from models.schema import Int, SchemaError
 from models.text.encoder_pack import PACK_KIND as ENCODER_KIND
 from models.text.encoder_pack import EncoderPackError, build_encoder_pack, load_encoder_pack
@@ -45,6 +45,7 @@ BUNDLE_KIND = "anima-bundle"
 SCHEMA_VERSION = 1
 TARGETS = ("rk3588", "none")          # none: a CPU bundle (ONNX Runtime); rk3588: compiled with rknn-toolkit2
 ENCODER_DIR = "encoder"
+LORA_RANKS = range(0, MAX_LORA_RANK + 1)
 
 
 class BundleError(ValueError):
@@ -230,10 +231,12 @@ class _Sources:
         return self._sha[name]
 
 
-def _existing_branch_pack(d: Path, kind: str, source_sha: str, size: tuple, target: str, toolkit) -> str:
-    """What a DiT or VAE pack already at `d` leaves to do: "nothing" (complete for this source, size, FP16 (DiT),
-    target and toolkit, ONNX graphs removed for rk3588), "compile" (the pack is complete, its compile is not: it
-    resumes, keeping the models already built), or "build" (absent, broken, or of another source or size)."""
+def _existing_branch_pack(d: Path, kind: str, source_sha: str, size: tuple, build_for: tuple) -> str:
+    """What a DiT or VAE pack already at `d` leaves to do: "nothing" (complete for this source, size, FP16 and LoRA
+    rank (DiT), target and toolkit, ONNX graphs removed for rk3588), "compile" (the pack is complete, its compile is
+    not: it resumes, keeping the models already built), or "build" (absent, broken, or of another source, size or
+    rank). `build_for`: (target, toolkit, LoRA rank)."""
+    target, toolkit, lora_rank = build_for
     if not (d / MANIFEST).is_file():
         return "build"
     try:
@@ -243,7 +246,7 @@ def _existing_branch_pack(d: Path, kind: str, source_sha: str, size: tuple, targ
         return "build"
     m = pack.manifest
     if m.get("source", {}).get("sha256") != source_sha or tuple(int(m["resolution"][k]) for k in ("width", "height")) \
-            != tuple(size) or (kind == DIT_KIND and m.get("dtype") != "fp16"):
+            != tuple(size) or (kind == DIT_KIND and (m.get("dtype") != "fp16" or pack.geometry.lora_rank != lora_rank)):
         return "build"
     if target == "none":
         return "build" if onnx_omitted(m) else "nothing"
@@ -267,29 +270,36 @@ def _kept_encoder(d: Path, src: _Sources) -> bool:
 
 
 def build_bundle(models_dir, resolutions, target: str, out_dir, *, toolkit_venv=None, jobs: int = 1,
-                 per_worker: int = 1, overwrite: bool = False, progress=None, overrides=None) -> dict:
+                 per_worker: int = 1, overwrite: bool = False, progress=None, overrides=None,
+                 lora_rank: int = 0) -> dict:
     """Build (or complete) the bundle at `out_dir` from a ComfyUI-style models folder: per size (width, height) in
-    `resolutions` an FP16 DiT pack and a VAE pack, compiled for `target` (ONNX graphs then removed), the encoder
-    pack, then bundle.json; -> bundle.json's content. A part already complete for these sources, size, target and
-    toolkit is kept (a run that stopped resumes); `progress` is a models.commands.progress.Progress."""
+    `resolutions` an FP16 DiT pack (LoRA-ready at `lora_rank` R > 0) and a VAE pack, compiled for `target` (ONNX
+    graphs then removed), the encoder pack, then bundle.json; -> bundle.json's content. A part already complete for
+    these sources, size, target, toolkit and LoRA rank is kept (a run that stopped resumes); `progress` is a
+    models.commands.progress.Progress. The sizes a bundle already at `out_dir` holds stay in it, after the ones
+    asked for (made to match the sources, target and rank); with `overwrite` they are removed instead: no part
+    folder is left that bundle.json does not list."""
     if target not in TARGETS:
         raise BundleError(f"target {target!r}: choose one of {', '.join(TARGETS)}")
-    sizes = list(dict.fromkeys(tuple(r) for r in resolutions))
-    if not sizes:
+    asked = list(dict.fromkeys(tuple(r) for r in resolutions))
+    if not asked:
         raise BundleError("no --resolution: give at least one image size, e.g. --resolution 512x512")
+    if lora_rank and lora_rank not in LORA_RANKS:
+        raise BundleError(f"--lora-rank {lora_rank}: must be in 0..{LORA_RANKS[-1]}")
     paths = resolve_models(models_dir, overrides)
     src = _Sources(paths)
-    out = _bundle_folder(out_dir, sizes, overwrite)
+    out = _bundle_folder(out_dir, asked, overwrite)
     toolkit = _toolkit_for(target, toolkit_venv)
+    steps = _Steps(progress)
+    sizes = _bundle_sizes(out, asked, overwrite, steps)
     out.mkdir(parents=True, exist_ok=True)
     (out / BUNDLE_JSON).unlink(missing_ok=True)          # written last: until then this is not a bundle
     t0 = time.monotonic()
-    steps = _Steps(progress)
     for size in sizes:
         for rel, kind in zip(part_dirs(size), (DIT_KIND, VAE_KIND)):
             steps.step(rel)
-            note = _branch_pack_part(out / rel, kind, size, paths, src, target, toolkit, overwrite, steps,
-                                     (toolkit_venv, jobs, per_worker))
+            note = _branch_pack_part(out / rel, kind, size, paths, src, (target, toolkit, lora_rank), overwrite,
+                                     steps, (toolkit_venv, jobs, per_worker))
             steps.done(note)
     steps.step(ENCODER_DIR)
     if _kept_encoder(out / ENCODER_DIR, src):
@@ -303,7 +313,7 @@ def build_bundle(models_dir, resolutions, target: str, out_dir, *, toolkit_venv=
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "tools": tool_versions(),
         "sizes": {size_key(s): {"dit": _part_entry(out, part_dirs(s)[0], DIT_KIND),
                                 "vae": _part_entry(out, part_dirs(s)[1], VAE_KIND)} for s in sizes},
-        "encoder": _part_entry(out, ENCODER_DIR, ENCODER_KIND),
+        "encoder": _part_entry(out, ENCODER_DIR, ENCODER_KIND), "lora_rank": lora_rank,
         "sources": {n: {"name": getattr(paths, n).name, "sha256": src.sha(n)} for n in ("dit", "text_encoder", "vae")},
         "build_s": round(time.monotonic() - t0, 1),
     }
@@ -317,12 +327,52 @@ def _bundle_folder(out_dir, sizes: list, overwrite: bool) -> Path:
     if out.exists() and not out.is_dir():
         raise BundleError(f"{out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not (out / BUNDLE_JSON).is_file() and not overwrite:
-        known = {ENCODER_DIR, *(d for s in sizes for d in part_dirs(s))}
+        known = {ENCODER_DIR, *(d for s in sizes + _part_sizes(out) for d in part_dirs(s))}
         strangers = sorted(p.name for p in out.iterdir() if p.name not in known and not p.name.startswith("."))
         if strangers:
             raise BundleError(f"{out}: a non-empty folder that is not a bundle (holds {', '.join(strangers[:5])}); "
                               "choose another --out")
     return out
+
+
+PART_DIR = re.compile(r"(?:dit|vae)-([0-9]{1,5})x([0-9]{1,5})")
+
+
+def _part_sizes(out: Path) -> list:
+    """The image sizes of the part folders (dit-WxH, vae-WxH) at `out`, bundle.json's order first."""
+    if not out.is_dir():
+        return []
+    found = set()
+    for p in out.iterdir():
+        m = PART_DIR.fullmatch(p.name)
+        if m and p.is_dir():
+            try:
+                found.add(parse_resolution(f"{m[1]}x{m[2]}"))
+            except ValueError:                   # not a size a bundle builds: left to the stranger check
+                pass
+    try:
+        listed = [parse_resolution(k) for k in json.loads((out / BUNDLE_JSON).read_text())["sizes"]]
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
+        listed = []
+    return [s for s in dict.fromkeys(listed + sorted(found)) if s in found]
+
+
+def _bundle_sizes(out: Path, asked: list, overwrite: bool, steps: "_Steps") -> list:
+    """The sizes the bundle at `out` will list: the ones asked for, then those it holds already; with `overwrite`
+    the folders of the sizes not asked for are removed (a part bundle.json does not list would still be copied)."""
+    import shutil
+    earlier = [s for s in _part_sizes(out) if s not in asked]
+    if earlier and overwrite:
+        for s in earlier:
+            for rel in part_dirs(s):
+                shutil.rmtree(out / rel, ignore_errors=True)
+        steps.say(f"removed {', '.join(map(size_key, earlier))} (--overwrite: only the sizes asked for stay)")
+        return asked
+    if earlier:
+        steps.say(f"keeping {', '.join(map(size_key, earlier))} (already in the bundle; --overwrite removes it)")
+    sizes = asked + earlier
+    steps.parts(2 * len(sizes) + 1)
+    return sizes
 
 
 def _toolkit_for(target: str, toolkit_venv):
@@ -355,17 +405,29 @@ class _Steps:
         if self.progress is not None:
             self.progress.finish(note)
 
+    def say(self, text: str) -> None:
+        if self.progress is not None:
+            print(f"{self.progress.label}: {text}", file=self.progress.stream, flush=True)
+        else:
+            log.info("%s", text)
 
-def _branch_pack_part(d: Path, kind: str, size: tuple, paths, src: _Sources, target: str, toolkit, overwrite: bool,
+    def parts(self, n: int) -> None:
+        if self.progress is not None:
+            self.progress.parts = max(1, n)
+
+
+def _branch_pack_part(d: Path, kind: str, size: tuple, paths, src: _Sources, build_for: tuple, overwrite: bool,
                       steps: _Steps, compile_with: tuple) -> str:
     """One size's DiT or VAE pack at `d`, kept, built and/or compiled as it needs (ONNX then removed); what was done.
-    `compile_with`: (toolkit venv, jobs, per_worker)."""
+    `build_for`: (target, toolkit, LoRA rank of a DiT pack); `compile_with`: (toolkit venv, jobs, per_worker)."""
     source = "dit" if kind == DIT_KIND else "vae"
-    todo = _existing_branch_pack(d, kind, src.sha(source), size, target, toolkit)
+    target, toolkit, lora_rank = build_for
+    todo = _existing_branch_pack(d, kind, src.sha(source), size, build_for)
     if todo == "nothing":
         return "kept (complete)"
     if todo == "build" and kind == DIT_KIND:
-        build_pack(paths.dit, d, size, "fp16", overwrite=overwrite, progress=steps.counter("blocks"))
+        build_pack(paths.dit, d, size, "fp16", overwrite=overwrite, progress=steps.counter("blocks"),
+                   lora_rank=lora_rank)
     elif todo == "build":
         build_vae_pack(paths.vae, d, size, overwrite=overwrite)
     if target == "none":

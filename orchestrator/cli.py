@@ -452,8 +452,8 @@ def cmd_keys(args, rf: RunFolder) -> int:
 def cmd_init(args, rf: RunFolder) -> int:
     bundle = None
     if args.bundle:
-        if args.pack or args.models:
-            raise CliError("--bundle names every pack and model: give it without --pack or --models", EXIT_USAGE)
+        if args.pack:
+            raise CliError("--bundle names every pack: give it without --pack", EXIT_USAGE)
         from orchestrator.board_bundle import board_bundle
         bundle = board_bundle(args.bundle, hashes=not args.quick)
     changes: list = []
@@ -537,7 +537,8 @@ COMMANDS = (
         arg("--python", help="interpreter for the stage programs (default: this one)"),
         arg("--pack", action="append", help="model pack folder for pipeline.toml; repeat it for more sizes "
                                             "(one pack per size, the first is the default)"),
-        arg("--models", help="models folder (text encoder, VAE) for pipeline.toml"),
+        arg("--models", help="models folder (text encoder, VAE) for pipeline.toml; with --bundle, where LoRAs are "
+                             "(its loras/; default: the run folder's models/)"),
         arg("--bundle", help="a board bundle (anima-models bundle): every pack, the encoder and the VAE, "
                              "checked, with the backend of its target"),
         arg("--quick", action="store_true", help="--bundle: check every file's presence and size, not its "

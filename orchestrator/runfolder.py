@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.durable import atomic_write
+from models.models_dir import LORAS_DIR
 from models.install import REPO_DIR, SOURCE_TREE, default_run_dir, project_file
 from protocol.security import ipc_path
 from stages.config import JOBS_DIR, STAGES
@@ -130,6 +131,8 @@ def pipeline_toml_text(pack_dirs=(), models_dir: Path | None = None, bundle=None
     packs = "packs = [" + ", ".join(dirs[1:]) + "]\n" if len(dirs) > 1 else ""
     models = f'models_dir = {_toml_str(Path(models_dir).resolve())}\n' if models_dir else '# models_dir = "…"\n'
     tables = ""
+    if bundle is not None and models_dir:
+        models = models.rstrip("\n") + f"     # LoRAs: {LORA_FILES} (the bundle's packs need nothing else here)\n"
     if bundle is not None:
         # quoted as TOML strings: a folder's name may hold a newline, and a comment must stay one line
         toolkit = f", rknn-toolkit2 {_toml_str(bundle.toolkit)}" if bundle.toolkit else ""
@@ -175,10 +178,12 @@ def init_run(run: str | os.PathLike | None = None, *, python: str | None = None,
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(rf.root, 0o700)
     rf.check()
+    said = changes if changes is not None else []
+    if bundle is not None:
+        models_dir = _bundle_models_dir(rf, models_dir, said)
     files = {rf.root / "supervisord.conf": lambda: render_supervisord_conf(template.read_text(), rf.root,
                                                                            python=python),
              rf.pipeline_toml: lambda: pipeline_toml_text(pack_dirs, models_dir, bundle)}
-    said = changes if changes is not None else []
     for path, text in files.items():
         said.append(_write_config(path, text(), force))
     example = rf.root / "prompt.json"            # the user's own once written: never replaced
@@ -186,6 +191,20 @@ def init_run(run: str | os.PathLike | None = None, *, python: str | None = None,
         atomic_write(example, EXAMPLE_PROMPT.read_text())
         said.append(f"wrote {example} (an example to submit)")
     return rf
+
+
+LORA_FILES = "their .safetensors files go in MODELS_DIR/loras/"
+
+
+def _bundle_models_dir(rf: RunFolder, models_dir, said: list) -> Path:
+    """A bundle run folder's models folder, for LoRAs: the one given, else the run folder's models/; its loras/
+    folder is made, so that a LoRA dropped there is a LoRA a job can name without editing pipeline.toml."""
+    models = Path(models_dir).expanduser().resolve() if models_dir else rf.root / "models"
+    loras = models / LORAS_DIR
+    if not loras.is_dir():
+        loras.mkdir(parents=True, exist_ok=True, mode=0o700)
+        said.append(f"made {loras} (LoRAs for jobs: put .safetensors files here; models_dir in pipeline.toml)")
+    return models
 
 
 KEPT_SUFFIX = ".before-init"

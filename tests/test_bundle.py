@@ -151,9 +151,9 @@ def test_init_bundle_writes_a_config_that_works_as_written(cpu_bundle, tmp_path,
     text = (run / "pipeline.toml").read_text()
     assert text.index("backend = \"onnx\"") < text.index("[stage.")          # the executor's: top level
     assert json.loads((run / "prompt.json").read_text())["prompt"]           # an example to submit
-    # init --pack and --models with --bundle: refused (the bundle names them)
-    assert cli.main(["--run", str(tmp_path / "r2"), "init", "--bundle", str(b), "--models", str(b)]) == 2
-    assert "without --pack or --models" in capsys.readouterr().err
+    # init --pack with --bundle: refused (the bundle names the packs)
+    assert cli.main(["--run", str(tmp_path / "r2"), "init", "--bundle", str(b), "--pack", str(b / "dit-128x128")]) == 2
+    assert "without --pack" in capsys.readouterr().err
 
 
 def test_init_bundle_refuses_a_broken_bundle_before_writing(cpu_bundle, tmp_path, capsys):
@@ -277,7 +277,7 @@ def test_bundle_values_never_become_toml_of_their_own(cpu_bundle, tmp_path, caps
     run = tmp_path / "run"
     assert cli.main(["--run", str(run), "init", "--bundle", str(b)]) == 0
     data = tomllib.loads((run / "pipeline.toml").read_text())
-    assert "security" not in data and "models_dir" not in data and data["backend"] == "onnx"
+    assert "security" not in data and data["models_dir"] == str((run / "models").resolve()) and data["backend"] == "onnx"
     from stages.config import load_config
     assert load_config(run / "pipeline.toml").pack_dir == (b / "dit-128x128").resolve()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 
 from models.models_dir import add_model_arguments
-from models.dit.partition import parse_resolution
+from models.dit.partition import MAX_LORA_RANK, parse_resolution
 
 
 def add_arguments(p) -> None:
@@ -27,7 +27,11 @@ def add_arguments(p) -> None:
     p.add_argument("--jobs", type=int, default=1, help="models compiled in parallel (each a process, ~0.5-2 GB RSS)")
     p.add_argument("--per-worker", type=int, default=1, help="models one compiler process builds before it is "
                    "replaced (1: bounded memory; 0: no limit, saves the toolkit's import)")
-    p.add_argument("--overwrite", action="store_true", help="replace parts built from other model files")
+    p.add_argument("--lora-rank", type=int, default=0, metavar="R",
+                   help=f"LoRA-ready DiT packs: LoRAs up to a stacked rank R are chosen per job (0..{MAX_LORA_RANK}; "
+                        "default 0; as `anima-models pack --lora-rank`, docs/lora.md)")
+    p.add_argument("--overwrite", action="store_true", help="replace parts built from other model files, and "
+                   "remove the sizes already in the bundle that are not asked for (without it they are kept)")
 
 
 def run(args) -> int:
@@ -39,18 +43,26 @@ def run(args) -> int:
     sizes = [parse_resolution(r) for r in args.resolution]
     if args.jobs < 1:
         raise UserError(f"--jobs {args.jobs}: must be 1 or more")
+    if not 0 <= args.lora_rank <= MAX_LORA_RANK:
+        raise UserError(f"--lora-rank {args.lora_rank}: must be in 0..{MAX_LORA_RANK}")
     if args.per_worker < 0:
         raise UserError(f"--per-worker {args.per_worker}: must be 0 (no limit) or positive")
     overrides = {n: getattr(args, n, None) for n in PART_NAMES}
     progress = Progress(2 * len(dict.fromkeys(sizes)) + 1)
     data = build_bundle(args.models, sizes, args.target, args.out, toolkit_venv=args.toolkit_venv, jobs=args.jobs,
-                        per_worker=args.per_worker, overwrite=args.overwrite, progress=progress, overrides=overrides)
+                        per_worker=args.per_worker, overwrite=args.overwrite, progress=progress, overrides=overrides,
+                        lora_rank=args.lora_rank)
     from pathlib import Path
     out = Path(args.out).expanduser().absolute()
     toolkit = f", rknn-toolkit2 {data['toolkit']}" if data["toolkit"] else ""
-    print(f"bundle {out}: {', '.join(data['sizes'])}, target {data['target']}{toolkit}, "
+    lora = f", LoRA rank {args.lora_rank}" if args.lora_rank else ""
+    print(f"bundle {out}: {', '.join(data['sizes'])}, target {data['target']}{toolkit}{lora}, "
           f"{total_bytes(data) / 1e6:.1f} MB")
     q = shlex.quote
+    if data["target"] == "none":                 # a CPU bundle runs on this machine: nothing to copy
+        print(f"use it here:           orchestrator --run run init --bundle {q(str(out))} && "
+              "orchestrator --run run doctor")
+        return 0
     print(f"copy it to the board:  rsync -a --delete {q(str(out))}/ BOARD:anima/bundle/")
     print("then on the board:     orchestrator --run ~/anima/run init --bundle ~/anima/bundle && "
           "orchestrator --run ~/anima/run doctor")

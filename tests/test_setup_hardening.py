@@ -1,0 +1,108 @@
+"""Issue 30, the set-up as a new user meets it: a bundle built again for another size, LoRAs through the bundle path,
+a pipeline.toml edited under running stages, and the command line's own words (help, start command, info, hints)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from models.bundle import BUNDLE_JSON, read_bundle
+from models.cli import main as models_main
+from orchestrator import cli
+
+SIZE, MORE = "64x64", "64x80"
+RANK = 4
+
+
+def _bundle(models: Path, out: Path, *extra: str) -> int:
+    return models_main(["bundle", "--models", str(models), "--target", "none", "--out", str(out), *extra])
+
+
+@pytest.fixture(scope="module")
+def lora_bundle(tmp_path_factory, tiny_bundle) -> Path:
+    """A LoRA-ready CPU bundle (`bundle --lora-rank 4`) at 64x64; read-only (copy it with hard links)."""
+    out = tmp_path_factory.mktemp("setup_bundle") / "bundle"
+    assert _bundle(tiny_bundle, out, "--resolution", SIZE, "--lora-rank", str(RANK)) == 0
+    return out
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, copy_function=os.link)
+    return dst
+
+
+def _part_folders(b: Path) -> set:
+    return {p.name for p in b.iterdir() if p.is_dir() and p.name.split("-")[0] in ("dit", "vae")}
+
+
+def _listed_folders(b: Path) -> set:
+    data = json.loads((b / BUNDLE_JSON).read_text())
+    return {part["path"] for size in data["sizes"].values() for part in size.values()}
+
+
+# ---- item 15: a bundle built again for another size -----------------------------------------------------------------
+
+def test_another_size_is_added_to_the_bundle_not_swapped_for_it(lora_bundle, tiny_bundle, tmp_path, capsys):
+    """Reported: `bundle --resolution 512x512 --out B` on a 256x256 bundle dropped 256x256 from bundle.json while its
+    folders stayed (and were rsynced). Now the earlier size stays listed; --overwrite removes its folders."""
+    b = _copy(lora_bundle, tmp_path / "b")
+    assert _bundle(tiny_bundle, b, "--resolution", MORE, "--lora-rank", str(RANK)) == 0
+    said = capsys.readouterr()
+    assert f"keeping {SIZE}" in said.err
+    # item 20: a CPU bundle is used where it was built, not copied to a board
+    assert "rsync" not in said.out and f"init --bundle {b}" in said.out and f"LoRA rank {RANK}" in said.out
+    assert _listed_folders(b) == _part_folders(b) == {f"dit-{SIZE}", f"vae-{SIZE}", f"dit-{MORE}", f"vae-{MORE}"}
+    assert sorted(read_bundle(b).sizes) == sorted([(64, 64), (64, 80)])       # each listed part checks out
+    # --overwrite: only the size asked for is left, folders and listing alike
+    assert _bundle(tiny_bundle, b, "--resolution", MORE, "--lora-rank", str(RANK), "--overwrite") == 0
+    assert f"removed {SIZE}" in capsys.readouterr().err
+    assert _listed_folders(b) == _part_folders(b) == {f"dit-{MORE}", f"vae-{MORE}"}
+    assert list(read_bundle(b).sizes) == [(64, 80)]
+
+
+# ---- item 17: LoRAs through the bundle path ------------------------------------------------------------------------
+
+def test_a_lora_ready_bundle_takes_a_lora_without_hand_edits(lora_bundle, tmp_path, capsys):
+    """Reported: no LoRA from a bundle without hand edits (no --lora-rank, no models folder in the run folder,
+    `init --bundle --models` refused). Now `bundle --lora-rank R` makes LoRA-ready DiT packs, `init --bundle` sets
+    models_dir to the run folder's models/ and makes its loras/, and a LoRA put there is queued as it is."""
+    from models.lora.synth import write_lora
+    from models.packs.pack import load_pack
+    from orchestrator.daemon import Daemon
+    from orchestrator.runfolder import RunFolder
+    from protocol import messages as m
+    from protocol.prompt import PromptFile
+    from stages.config import load_config
+    assert load_pack(lora_bundle / f"dit-{SIZE}").geometry.lora_rank == RANK
+    run = tmp_path / "run"
+    assert cli.main(["--run", str(run), "init", "--bundle", str(lora_bundle), "--quick"]) == 0
+    assert f"made {run.resolve() / 'models' / 'loras'}" in capsys.readouterr().out
+    cfg = load_config(run / "pipeline.toml")
+    assert cfg.models_dir == run.resolve() / "models" and (cfg.models_dir / "loras").is_dir()
+    write_lora("tiny", 3, cfg.models_dir / "loras" / "style.safetensors", "kohya", rank=RANK, groups=("blocks",))
+    d = Daemon(cfg, RunFolder.resolve(run))
+    try:
+        prompt = {"prompt": "1girl", "seed": 1, "steps": 2, "width": 64, "height": 64,
+                  "loras": [{"name": "style", "strength": 0.5}]}
+        reply = d.handle(m.Submit(prompt=PromptFile.from_data(prompt), base_dir=str(tmp_path)))
+        assert isinstance(reply, m.Submitted), reply
+        assert [x["name"] for x in d.store.get(reply.job).spec["loras"]] == ["style"]
+    finally:
+        d.close()
+        d.ctx.term()
+    # the user's own models folder for LoRAs: --models with --bundle is taken, its loras/ made
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    assert cli.main(["--run", str(tmp_path / "run2"), "init", "--bundle", str(lora_bundle), "--quick",
+                     "--models", str(mine)]) == 0
+    assert load_config(tmp_path / "run2" / "pipeline.toml").models_dir == mine.resolve()
+    assert (mine / "loras").is_dir()
+
+
+def test_no_models_folder_names_the_setting():
+    from models.models_dir import ModelsDirError, lora_path
+    with pytest.raises(ModelsDirError, match="set models_dir in pipeline.toml"):
+        lora_path(None, "style")
