@@ -10,6 +10,7 @@ Layout (what ComfyUI users already have, plus two tokenizer folders):
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -168,39 +169,93 @@ LORA_SUFFIX = ".safetensors"
 MAX_LORA_NAME = 255
 
 
+def _lora_root(models_dir) -> Path:
+    return Path(os.path.expanduser(os.fspath(models_dir))) / LORAS_DIR
+
+
+def _name_ok(name) -> bool:
+    return isinstance(name, str) and bool(name) and len(name) <= MAX_LORA_NAME and "\x00" not in name and \
+        "\\" not in name
+
+
+def _lora_file(top: Path, path: Path) -> tuple:
+    """(the regular file `path` leads to inside `top` (loras/, resolved), links followed; or None, why not). Never
+    raises: a name too long for the file system, a link loop or an unreadable folder is a reason like any other."""
+    try:
+        full = path.resolve(strict=True)
+    except FileNotFoundError:
+        return None, "missing"
+    except RuntimeError:                              # Path.resolve's own "Symlink loop" (Python < 3.13)
+        return None, "a symbolic link loop"
+    except OSError as e:
+        return None, {errno.ENAMETOOLONG: "too long a file name", errno.ELOOP: "a symbolic link loop",
+                      errno.ENOTDIR: "missing"}.get(e.errno, "unreadable")
+    if top not in full.parents:
+        return None, f"a link that leads outside {LORAS_DIR}/"
+    try:
+        return (full, "") if full.is_file() else (None, "not a file")
+    except OSError:
+        return None, "unreadable"
+
+
 def list_loras(models_dir) -> list:
-    """The LoRAs of a models folder as ComfyUI lists them: paths under loras/ with '/', sorted ([] without one)."""
+    """The LoRAs of a models folder as ComfyUI lists them: paths under loras/ with '/', sorted ([] without one).
+    Only names a job may use (lora_path takes them): no link that leads out of loras/ or loops, no name too long;
+    linked folders are not walked (LoraListing keys on the folders themselves)."""
     if models_dir is None:
         return []
-    root = Path(os.path.expanduser(os.fspath(models_dir))) / LORAS_DIR
-    if not root.is_dir():
+    root = _lora_root(models_dir)
+    try:
+        top = root.resolve(strict=True)
+    except (OSError, RuntimeError):
         return []
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*" + LORA_SUFFIX) if p.is_file())
+    out = []
+    for folder, _, files in os.walk(root):
+        for f in files:
+            rel = (Path(folder) / f).relative_to(root).as_posix()
+            if f.endswith(LORA_SUFFIX) and _name_ok(rel) and _lora_file(top, root / rel)[0] is not None:
+                out.append(rel)
+    return sorted(out)
+
+
+def lora_relative(models_dir, text: str) -> str:
+    """`text` with the models folder's loras/ path (as configured and resolved) written as `loras/`: what a client
+    is told names LoRAs as it names them, not the server's folders."""
+    if models_dir is None:
+        return text
+    root = _lora_root(models_dir)
+    for r in {str(root.resolve()), str(root)}:
+        text = text.replace(r + os.sep, LORAS_DIR + "/").replace(r, LORAS_DIR + "/")
+    return text
 
 
 def lora_path(models_dir, name: str) -> Path:
     """The file a LoRA name means: `style.safetensors` or `sub/style.safetensors` under MODELS/loras/ (ComfyUI's
     names), or a bare `style` (A1111's: the file's stem, in any subfolder when only one has it). A name that is not a
-    relative path inside loras/ (absolute, '..', a link that leads out) is refused: a job may name LoRAs, not files.
-    ModelsDirError naming the LoRAs there are when nothing matches."""
-    if not isinstance(name, str) or not name or len(name) > MAX_LORA_NAME or "\x00" in name or "\\" in name:
+    relative path inside loras/ (absolute, '..', a link that leads out or loops) is refused: a job may name LoRAs,
+    not files. ModelsDirError naming the LoRAs there are when nothing matches; its texts name paths under loras/."""
+    if not _name_ok(name):
         raise ModelsDirError(f"LoRA name {str(name)[:80]!r}: a relative path under {LORAS_DIR}/ like "
-                             f"style{LORA_SUFFIX}")
+                             f"style{LORA_SUFFIX}, at most {MAX_LORA_NAME} characters")
     if models_dir is None:
         raise ModelsDirError(f"LoRA {name!r}: no models folder is configured: set models_dir in pipeline.toml to a "
                              f"folder whose {LORAS_DIR}/ holds the LoRAs")
-    root = (Path(os.path.expanduser(os.fspath(models_dir))) / LORAS_DIR).resolve()
     rel = Path(name)
     if rel.is_absolute() or ".." in rel.parts:
         raise ModelsDirError(f"LoRA {name!r}: names a file outside {LORAS_DIR}/ (LoRAs are named by their path "
-                             f"under {root})")
+                             f"under {LORAS_DIR}/)")
+    root = _lora_root(models_dir)
+    try:
+        top = root.resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise ModelsDirError(f"LoRA {name!r}: the models folder has no {LORAS_DIR}/ folder") from None
     candidates = [rel] if name.endswith(LORA_SUFFIX) else [Path(name + LORA_SUFFIX)]
     for c in candidates:
-        full = (root / c).resolve()
-        if full.is_file():
-            if root not in full.parents:
-                raise ModelsDirError(f"LoRA {name!r}: resolves to {full}, outside {root}")
+        full, why = _lora_file(top, root / c)
+        if full is not None:
             return full
+        if why not in ("missing", "not a file"):
+            raise ModelsDirError(f"LoRA {name!r}: {LORAS_DIR}/{c.as_posix()} is {why}")
     if "/" not in name and not name.endswith(LORA_SUFFIX):             # A1111: the stem, wherever it is
         hits = [p for p in list_loras(models_dir) if Path(p).stem == name]
         if len(hits) == 1:
@@ -209,8 +264,8 @@ def lora_path(models_dir, name: str) -> Path:
             raise ModelsDirError(f"LoRA {name!r} is ambiguous: {', '.join(hits)}; name one with its folder")
     have = list_loras(models_dir)
     shown = ", ".join(have[:10]) + (f" ... ({len(have)} in all)" if len(have) > 10 else "")
-    raise ModelsDirError(f"LoRA {name!r}: no such file in {root}" + (f"; there are: {shown}" if have else
-                                                                       " (the folder is empty or missing)"))
+    raise ModelsDirError(f"LoRA {name!r}: no such file in {LORAS_DIR}/" + (f"; there are: {shown}" if have else
+                                                                          " (the folder is empty)"))
 
 
 # ---- the embedded default: a complete synthetic models folder --------------------------------------------------------
