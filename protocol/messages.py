@@ -156,6 +156,13 @@ class DenoiseParams(_Record, frozen=True):
     height: Int(8, 16384)
     spectrum: SpectrumSettings = SpectrumSettings()
     cache: CacheSettings | None = None  # EasyCache / LazyCache (models/sampling/step_cache.py); None: off
+    # sampling from a latent, as ComfyUI's KSampler (denoise) and KSamplerAdvanced (the rest); models/sampling/img2img.py
+    denoise: Float(above=0.0, hi=1.0) = 1.0
+    start_step: Int(0, MAX_STEPS) | None = None  # start_at_step
+    end_step: Int(0, MAX_STEPS) | None = None  # end_at_step
+    add_noise: bool = True
+    leftover_noise: bool = False  # return_with_leftover_noise (with end_step)
+    noise_index: Int(0, 4095) = 0  # the image's place in ComfyUI's batch noise (one randn over [B, C, h, w])
 
 
 class Region(_Record, frozen=True):
@@ -309,6 +316,8 @@ class Denoise(Message, tag="DENOISE"):
     cond: TensorDesc  # [S, Dc]
     uncond: TensorDesc
     latent: TensorDesc  # output [C, H/8, W/8] f32
+    init_latent: TensorDesc | None = None  # [C, H/8, W/8] f32 model space: the latent to start from (None: zeros)
+    noise_mask: TensorDesc | None = None  # [C, H/8, W/8] f32 in [0, 1]: 1 where the sampler may change the latent
     scratch: Region  # the scheduler carves branch inputs/outputs from here
     executor: Path  # endpoint
     resume: bool = True  # continue from job_dir's last finished step when present

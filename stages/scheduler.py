@@ -43,6 +43,7 @@ from protocol.sockets import LazyPirate, PeerUnavailable, parse_endpoint
 from protocol.tensors import InlineFrames, from_inline
 from protocol.version import VERSION
 from stages.base import RequestFailed, stage_main
+from stages.latent_start import from_latent, latent_sampler_and_state
 from stages.config import ConfigError, PipelineConfig
 from stages.step_account import step_times
 from stages.tensor_io import read_tensor
@@ -430,7 +431,10 @@ class SchedulerLogic:
     def on_denoise(self, msg: m.Denoise, ctx) -> m.Denoised:
         t_start = time.monotonic()
         pack, arena, cond, uncond, lat_shape = self._checked_request(msg, ctx)
-        sampler, state = self._sampler_and_state(msg, lat_shape)
+        if from_latent(msg):                        # img2img, inpaint, a hires pass, KSamplerAdvanced, a batch image
+            sampler, state = latent_sampler_and_state(msg, ctx, lat_shape)
+        else:
+            sampler, state = self._sampler_and_state(msg, lat_shape)
         resumed_from = state.step
         step_ref = [state.step + 1]
         ex = self._executor_side(msg, ctx, pack, arena, sampler, step_ref)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from models.sampling import latent_ops as lo
 from models.sampling.img2img import LatentPlan, LatentSampler, passes_through, plan_sigmas, sampler_from_settings
 from models.sampling.k_sampling import SAMPLER_NAMES, ksampler_sigmas
 from models.sampling.noise import comfy_noise
@@ -228,8 +229,18 @@ def test_resume_after_every_step_is_bitwise(name, tmp_path):
         loaded = SamplerState.load(tmp_path / "state.safetensors")
         s2 = sampler_from_settings(loaded.settings)            # a fresh process knows only the file
         s2.check_state(loaded)
-        assert s2.plan == plan
+        assert s2.latent_plan == plan
         assert _run(s2, loaded).tobytes() == want.tobytes(), f"{name}: resumed after step {stop} differs"
+
+
+def test_force_full_denoise_without_an_end_step_is_the_same_plan(tmp_path):
+    # the stage spells KSampler's plan with force_full_denoise = not leftover_noise; a state saved by either
+    # spelling must resume under the other (it once restarted from step 0)
+    a = LatentSampler(steps=4, cfg=CFG, spectrum=None, plan=LatentPlan(denoise=0.5, force_full_denoise=True))
+    b = LatentSampler(steps=4, cfg=CFG, spectrum=None, plan=LatentPlan(denoise=0.5))
+    st = a.start(3, image=IMAGE)
+    b.check_state(st)
+    assert a.latent_plan.plain is False and LatentPlan(force_full_denoise=True).plain
 
 
 def test_a_state_of_another_plan_is_refused(tmp_path):
@@ -256,3 +267,75 @@ def test_bad_starts_are_named():
                         (dict(image=np.full(SHAPE, np.nan, np.float32), mask=MASK), "image holds NaN")):
         with pytest.raises(ValueError, match=msg):
             s.start(1, **kwargs)
+
+
+# ---- the pipeline: the scheduler stage samples from an init latent and a mask in the job's arena, and resumes -------
+from tests.test_stage_processes import THREADS, _contexts, pack128, pipeline  # noqa: E402,F401 - fixtures reused
+
+
+def _latent_job(config, ctx, pack, job_dir, init, mask, params):
+    """Act as the orchestrator: arena with contexts, init latent and mask; DENOISE -> (latent, reply)."""
+    from protocol import messages as m
+    from protocol.arena import Arena, segment_name
+    from protocol.sockets import LazyPirate
+    cond, uncond = _contexts(pack)
+    job_dir.mkdir(parents=True, exist_ok=True)                  # the orchestrator makes the job folder
+    g, c = pack.geometry, pack.config
+    L, D, S, Dc = g.tokens, c.width, g.text_tokens, c.context_dim
+    size = 2 * S * Dc * 4 + 3 * init.nbytes + (4 * L * D + 2 * S * Dc + L * c.head_dim) * 4
+    with Arena.create(segment_name(config.run_dir, job_dir.name), size + 2**20) as arena:
+        slots = {}
+        for name, a in (("cond", cond), ("uncond", uncond), ("init", init), ("mask", mask)):
+            slots[name] = arena.alloc(name, "f32", a.shape)
+            arena.write(slots[name], a)
+        dl = arena.alloc("latent", "f32", init.shape)
+        start = -(-arena.slots.cursor // 64) * 64
+        msg = m.Denoise(job=job_dir.name, job_dir=str(job_dir), pack_dir=str(pack.dir), arena=arena.name,
+                        params=params, cond=slots["cond"], uncond=slots["uncond"], latent=dl,
+                        init_latent=slots["init"], noise_mask=slots["mask"],
+                        scratch=m.Region(offset=start, nbytes=arena.size - start), executor=config.endpoint("executor"))
+        with LazyPirate(ctx, config.endpoint("scheduler"), timeout_s=300.0, retries=3) as link:
+            reply = link.request(msg)
+        return arena.read(dl), reply, cond, uncond
+
+
+def test_pipeline_inpaint_resumes_bitwise(pipeline, pack128, tmp_path):
+    from models.packs.pack import load_pack
+    from models.runtime.dit_runner import DiTRunner
+    from models.sampling.denoise import denoise, save_state
+    from models.sampling.img2img import start_or_resume_latent
+    from protocol import messages as m
+    config, ctx, procs, _ = pipeline
+    pack = load_pack(pack128)
+    g, c = pack.geometry, pack.config
+    shape = (c.latent_channels, g.latent_h, g.latent_w)
+    init = np.random.default_rng(2).standard_normal(shape).astype(np.float32) * np.float32(0.5)
+    pixel = np.zeros((g.height, g.width), np.float32)
+    pixel[:, g.width // 2:] = 1.0                                      # inpaint the right half
+    mask = lo.prepare_mask(pixel, (1,) + shape)[0]
+    params = m.DenoiseParams(seed=42, steps=2, cfg=4.0, width=g.width, height=g.height, sampler="euler_ancestral",
+                             scheduler="karras", spectrum=m.SpectrumSettings(enabled=False), denoise=0.6)
+    # the reference: in-process, the same LatentSampler, its state after step 1 kept as a killed job leaves it; the
+    # stage resumes from it (init latent and mask from the arena) to the in-process latent bitwise
+    runner = DiTRunner(pack, threads=THREADS)
+    cond, uncond = _contexts(pack)
+    s = LatentSampler(steps=2, cfg=4.0, sampler="euler_ancestral", scheduler="karras", spectrum=None,
+                      plan=LatentPlan(denoise=0.6, masked=True))
+    killed = tmp_path / "killed"
+    saved = []
+
+    def keep_first(state):
+        if not saved:
+            save_state(state, killed)
+            saved.append(state.step)
+    ref = s.result(denoise(runner, s, start_or_resume_latent(s, 42, shape, image=init, mask=mask), cond, uncond,
+                           on_step=keep_first))
+    resumed, reply, _, _ = _latent_job(config, ctx, pack, killed, init, mask, params)
+    assert isinstance(reply, m.Denoised), reply
+    assert reply.resumed_from == saved[0] == 1
+    np.testing.assert_array_equal(resumed, ref)
+    keep = mask == 0
+    np.testing.assert_allclose(ref[keep], init[keep], atol=1e-4)        # the unmasked half is the init latent
+    bad = m.DenoiseParams(**{**{f: getattr(params, f) for f in params.__struct_fields__}, "start_step": 2})
+    _, reply, _, _ = _latent_job(config, ctx, pack, tmp_path / "bad", init, mask, bad)
+    assert isinstance(reply, m.Error) and reply.field == "params.start_step", reply

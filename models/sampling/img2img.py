@@ -34,9 +34,10 @@ import numpy as np
 from models.sampling import k_sampling as ks
 from models.sampling import latent_ops as lo
 from models.sampling.k_sampling import cfg_denoised
+from models.sampling.denoise import start_or_resume
 from models.sampling.noise import initial_noise
 from models.sampling.sampler import Sampler
-from models.sampling.sampler_state import SamplerState
+from models.sampling.sampler_state import SamplerState, SamplerStateError
 
 F32 = np.float32
 IMAGE, NOISE, MASK = "inpaint_image", "inpaint_noise", "inpaint_mask"
@@ -56,6 +57,8 @@ class LatentPlan:
     masked: bool = False
 
     def __post_init__(self):
+        if self.last_step is None:              # force_full_denoise only acts on an end step: one spelling of each plan
+            object.__setattr__(self, "force_full_denoise", False)
         d = self.denoise
         if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0.0 < d <= 1.0:
             raise ValueError(f"denoise must be in (0, 1], got {d!r}")
@@ -131,7 +134,11 @@ class _Inpainting:
         """CFG on the velocities at the blended point, then the blend of the denoised (Euler's velocity form does
         not apply: ComfyUI's sampler sees the blended denoised against its unblended x)."""
         x_in, sigma = self.point(st)
-        den = self._blend(st, cfg_denoised(x_in, sigma, v_cond, v_uncond, cfg))
+        if v_uncond is None:                    # one pass (cfg 1): ComfyUI's result is the conditional denoised
+            raw = x_in - np.asarray(v_cond, np.float32) * F32(sigma)
+        else:
+            raw = cfg_denoised(x_in, sigma, v_cond, v_uncond, cfg)
+        den = self._blend(st, raw)
         self.inner.feed(st, den)
         return den
 
@@ -151,12 +158,12 @@ class LatentSampler(Sampler):
         if sig is None:
             raise ValueError(f"start_at_step {plan.start_step} leaves no step to sample (ComfyUI returns the latent "
                              "unchanged: see passes_through)")
-        self.plan = plan
+        self.latent_plan = plan
         self.sigmas, self.steps = sig, len(sig) - 1
         self._machines = {}
 
     def settings(self) -> dict:
-        return {**super().settings(), PLAN_KEY: self.plan.to_dict()}
+        return {**super().settings(), PLAN_KEY: self.latent_plan.to_dict()}
 
     @classmethod
     def from_settings(cls, d: dict) -> "LatentSampler":
@@ -172,7 +179,8 @@ class LatentSampler(Sampler):
         key = (seed, None if shape is None else tuple(shape))
         fresh = key not in self._machines
         machine = super()._machine(seed, shape)
-        if fresh and self.plan.masked:
+        plan = getattr(self, "latent_plan", None)       # None while Sampler.__init__ runs
+        if fresh and plan is not None and plan.masked:
             machine = self._machines[key] = _Inpainting(machine)
         return machine
 
@@ -187,21 +195,21 @@ class LatentSampler(Sampler):
                 raise ValueError("give the image (latent) to start from or the noise")
             noise = initial_noise(seed, shape, noise_mode)
         noise = np.asarray(noise, dtype=np.float32)
-        if not self.plan.add_noise:
+        if not self.latent_plan.add_noise:
             noise = np.zeros_like(noise)                     # add_noise "disable": ComfyUI's noise is zeros
         for name, a in (("image", image), ("mask", mask)):
             if a is not None and np.shape(a) != noise.shape:
                 raise ValueError(f"{name} has shape {list(np.shape(a))}, the latent is {list(noise.shape)}")
             if a is not None and not np.isfinite(a).all():
                 raise ValueError(f"{name} holds NaN or Inf")
-        if (mask is not None) != self.plan.masked:
+        if (mask is not None) != self.latent_plan.masked:
             raise ValueError("a mask is given but the plan is not masked" if mask is not None else
                              "the plan is masked: give the mask")
         if mask is not None and (np.min(mask) < 0 or np.max(mask) > 1):
             raise ValueError("mask values must be within [0, 1]")
         state = self.init_state(noise, seed=seed, noise=noise_mode)
         machine = self._ks(state)
-        state.run = machine.start(noise, image, mask) if self.plan.masked else machine.start(noise, image)
+        state.run = machine.start(noise, image, mask) if self.latent_plan.masked else machine.start(noise, image)
         return state
 
 
@@ -215,3 +223,30 @@ def sampler_from_settings(d: dict) -> Sampler:
     if isinstance(d, dict) and PLAN_KEY in d:
         return LatentSampler.from_settings(d)
     return Sampler.from_settings(d)
+
+
+def job_noise(seed: int, shape, index: int = 0) -> np.ndarray:
+    """Image `index`'s starting noise in ComfyUI's batch (prepare_noise: one randn over [B, C, h, w]): [C, h, w] f32.
+    Index 0 is a single image's noise."""
+    return lo.batch_noise(seed, (int(index) + 1,) + tuple(shape))[int(index)]
+
+
+def start_or_resume_latent(sampler: LatentSampler, seed: int, shape, job_dir=None, resume: bool = True,
+                           image: Optional[np.ndarray] = None, mask: Optional[np.ndarray] = None,
+                           noise_index: int = 0) -> SamplerState:
+    """The job folder's saved state when usable (for a masked run: made from this image, mask and noise), else a
+    fresh run from `image` (None: zeros) with image `noise_index`'s noise of the seed's batch."""
+    shape = tuple(int(s) for s in shape)
+    noise = job_noise(seed, shape, noise_index)
+    start = np.zeros(shape, np.float32) if image is None else image
+
+    def usable(state: SamplerState) -> None:
+        if not sampler.latent_plan.masked:
+            return
+        want = {IMAGE: start, MASK: mask, NOISE: noise if sampler.latent_plan.add_noise else np.zeros_like(noise)}
+        for key, a in want.items():
+            if not np.array_equal(state.run.arrays.get(key), a):
+                raise SamplerStateError(f"the saved run's {key} is not this job's")
+
+    return start_or_resume(sampler, seed, shape, job_dir, resume, fresh=lambda: sampler.start(
+        seed, image=start, mask=mask, noise=noise), usable=usable)
