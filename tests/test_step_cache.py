@@ -338,3 +338,24 @@ def test_pipeline_reused_calls_make_no_branch_calls(pipeline, pack128, tmp_path)
     bad = m.DenoiseParams(seed=1, steps=2, cfg=4.0, width=g.width, height=g.height, cache=cache)
     _, reply, _, _ = _job(config, ctx, pack, tmp_path / "jobbad", bad)
     assert isinstance(reply, m.Error) and reply.field == "params.cache" and "Spectrum" in reply.message
+
+
+# ---- the board model prices a job by its calls (modelled figures) ----------------------------------------------------
+def test_board_model_prices_one_pass_calls_and_counts_reused_ones_out():
+    from models.board.auto import evaluate, job_calls
+    from models.board.cost import BoardModel
+    from models.board.timeline import branch_sequence
+    from models.policy import Policy
+    model = BoardModel.for_pack(None, "full", None)
+    parts1, parts2 = model.step_parts(passes=1), model.step_parts(passes=2)
+    for pol in (Policy(), Policy(prefetch=2), Policy(prefetch=1, interleave=True), Policy(prefetch=1, dual_core=True)):
+        two, one = evaluate(model, pol, 6000.0), evaluate(model, pol, 6000.0, passes=1)
+        assert one.warm.npu_s == pytest.approx(parts1["npu_s"]) and two.warm.npu_s == pytest.approx(parts2["npu_s"])
+        assert one.warm.wall_s < two.warm.wall_s
+        assert one.warm.requests == len(branch_sequence(model))       # one request per branch, interleave or not
+    report = {"prompt": {"cfg": 1.0}, "model_calls": 9, "reused_calls": 5, "nfe": 9}
+    calls, passes = job_calls(report)
+    assert (calls, passes) == (9, 1)
+    e = evaluate(model, Policy(prefetch=2), 6000.0, computed_steps=calls, passes=passes)
+    assert e.denoise_s == pytest.approx(e.cold.wall_s + 8 * e.warm.wall_s)
+    assert job_calls({"prompt": {"cfg": 4.5}, "nfe": 14, "computed_steps": list(range(1, 15))}) == (14, 2)

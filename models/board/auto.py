@@ -39,7 +39,7 @@ class Evaluation:
     memory_mib: float            # MemAvailable the policy's contexts take at most (modelled)
     cold: StepTimeline           # the first computed step (resident contexts load in it)
     warm: StepTimeline           # every later computed step
-    computed_steps: int
+    computed_steps: int          # the job's model calls (a step cache's reused calls and forecast steps make none)
 
     @property
     def contexts(self) -> int:
@@ -71,9 +71,10 @@ def candidates() -> list:
 
 
 def evaluate(model: BoardModel, policy: Policy, budget_mib: float, computed_steps: int = COMPUTED_STEPS,
-             transport_s: float = 0.0, resident_contexts: Optional[int] = None) -> Optional[Evaluation]:
+             transport_s: float = 0.0, resident_contexts: Optional[int] = None,
+             passes: int = 2) -> Optional[Evaluation]:
     """The policy's projected steps on a board with `budget_mib` for contexts; None when it does not fit (or asks
-    for shards of a pack that has none). A resident policy pins as many contexts as fit (one of slack) unless
+    for shards of a pack that has none). `passes`: CFG passes per model call (1 at cfg 1). A resident policy pins as many contexts as fit (one of slack) unless
     `resident_contexts` says how many. Memory is counted in whole-branch contexts (a heads shard is less of one)."""
     n = len(model.parts["ffn"])                           # contexts per branch pass: the shards
     if policy.shards and n < 2:
@@ -92,8 +93,8 @@ def evaluate(model: BoardModel, policy: Policy, budget_mib: float, computed_step
         if k == 0:
             return None                                   # nothing to pin: the plain policy covers it
     pinned = pinned_branches(model, policy, k)
-    cold = simulate_step(model, policy, pinned, warm=False, transport_s=transport_s)
-    warm = simulate_step(model, policy, pinned, warm=True, transport_s=transport_s)
+    cold = simulate_step(model, policy, pinned, warm=False, transport_s=transport_s, passes=passes)
+    warm = simulate_step(model, policy, pinned, warm=True, transport_s=transport_s, passes=passes)
     units = fly_units + k // per * per_units
     resident_mb = model.mem_drop_mib(units) - model.mem_drop_mib(fly_units) if k else 0.0
     pol = policy.replace(resident_mb=round(resident_mb, 1))
@@ -117,9 +118,9 @@ def _smallest_resident(model, policy, budget_mib, best: Evaluation, **kw) -> Eva
 
 
 def choose(model: BoardModel, budget_mib: float, computed_steps: int = COMPUTED_STEPS,
-           transport_s: float = 0.0) -> tuple:
+           transport_s: float = 0.0, passes: int = 2) -> tuple:
     """-> (the chosen Evaluation, every Evaluation that fits, fastest first)."""
-    kw = {"computed_steps": computed_steps, "transport_s": transport_s}
+    kw = {"computed_steps": computed_steps, "transport_s": transport_s, "passes": passes}
     evals = []
     for pol in candidates():
         e = evaluate(model, pol, budget_mib, **kw)
@@ -134,6 +135,14 @@ def choose(model: BoardModel, budget_mib: float, computed_steps: int = COMPUTED_
     best = min((e for e in evals if e.denoise_s <= fast),
                key=lambda e: (e.contexts, len(e.policy.name.split("+")), e.denoise_s))
     return best, evals
+
+
+def job_calls(report: dict) -> tuple:
+    """(model calls, CFG passes per call) a finished job's report.json says it ran: what the board model prices a
+    job by (its calls, not its steps: a two-call sampler's step is two, a call the step cache reused is none)."""
+    calls = report.get("model_calls") or report.get("nfe") or len(report.get("computed_steps", []))
+    cfg = float((report.get("prompt") or {}).get("cfg", 4.0))
+    return int(calls), 1 if math.isclose(cfg, 1.0) else 2
 
 
 def sharded_model(model: BoardModel, shards: int, cuts) -> BoardModel:

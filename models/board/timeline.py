@@ -110,12 +110,14 @@ def branch_sequence(model: BoardModel) -> list:
 
 
 def simulate_step(model: BoardModel, policy: Policy, pinned: frozenset = frozenset(), warm: bool = True,
-                  transport_s: float = 0.0, dual_parallel: bool = DUAL_LIFECYCLE_PARALLEL) -> StepTimeline:
+                  transport_s: float = 0.0, dual_parallel: bool = DUAL_LIFECYCLE_PARALLEL,
+                  passes: int = 2) -> StepTimeline:
     """The critical path of one computed step. `pinned`: indices (into branch_sequence) of branches whose contexts
-    stay loaded; `warm`: they are already loaded (False: this step loads them, and keeps them)."""
-    sim = _StepSim(model, policy, pinned, warm, transport_s, dual_parallel)
+    stay loaded; `warm`: they are already loaded (False: this step loads them, and keeps them). `passes`: CFG passes
+    per model call (1 at cfg 1: one request per branch, whatever the policy)."""
+    sim = _StepSim(model, policy, pinned, warm, transport_s, dual_parallel, passes)
     for i in range(len(sim.seq)):
-        for p in range(2 // sim.per_branch):
+        for p in range(sim.passes // sim.per_branch):
             sim.request(i, p)
     wall = sim.t_reply[1]
     requests = sim.requests
@@ -130,10 +132,12 @@ class _StepSim:
     what the critical path has summed so far."""
 
     def __init__(self, model: BoardModel, policy: Policy, pinned: frozenset, warm: bool, transport_s: float,
-                 dual_parallel: bool):
+                 dual_parallel: bool, passes: int = 2):
         self.model, self.policy, self.pinned, self.warm, self.transport_s = model, policy, pinned, warm, transport_s
         self.seq = branch_sequence(model)
-        self.per_branch = 1 if policy.interleave else 2        # passes per request
+        self.passes = passes
+        self.interleave = policy.interleave and passes > 1     # one pass: nothing to interleave with
+        self.per_branch = 1 if self.interleave else passes     # passes per request
         copies = 2 if policy.dual_core else 1                  # contexts per shard (a dual_core pair)
         slots = model.cpu_slots if dual_parallel else 1        # contexts of one branch handled at once
         by_kind = {k: (makespan([f.load_s + f.init_s for f in fs] * copies, slots),
@@ -165,14 +169,14 @@ class _StepSim:
         self.npu += self.per_branch * self.npu_io[i][0]
         self.io += self.per_branch * self.npu_io[i][1]
         self.infer_wall += dur
-        done = self._release(i, end) if p == 2 // self.per_branch - 1 else end
+        done = self._release(i, end) if p == self.passes // self.per_branch - 1 else end
         reply = done + self.transport_s / 2
         self.t_reply = [self.t_reply[1], reply]
         self.requests += 1
 
     def _send(self, h: float) -> float:
         """When the request leaves the scheduler: after its host ops on the scheduler thread."""
-        if self.policy.interleave:
+        if self.interleave:
             h_start = max(self.t_reply[0], self.host_end)      # needs the reply two requests back (same pass)
             self.host_end = h_start + h
             return max(self.host_end, self.t_reply[1])
