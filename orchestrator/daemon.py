@@ -238,6 +238,10 @@ class Daemon:
         if isinstance(msg, m.Info):
             return self._info(msg)
         if isinstance(msg, m.Cancel):
+            cur = self.current.job.id if self.current is not None else None
+            if cur == msg.job and self.store.get(cur).state == "queued":   # taken, not yet marked running (its
+                self.cancel_requests.add(cur)                              # LoRAs read meanwhile): the flow stops it
+                return m.reply_to(msg, m.Ok, note=f"job {cur} is being cancelled (it was starting)")
             job = self.store.cancel(msg.job)
             if job.active:
                 self.cancel_requests.add(job.id)

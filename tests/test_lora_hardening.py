@@ -315,3 +315,21 @@ def test_file_errors_name_the_lora_under_loras_not_the_servers_path(tmp_path):
     assert e.value.field == "loras[0]"
     assert "loras/sub/cut.safetensors" in e.value.detail and str(tmp_path) not in e.value.detail, e.value.detail
     assert lora_relative(tmp_path, f"{tmp_path}/loras/x.safetensors: bad") == "loras/x.safetensors: bad"
+
+
+def test_a_cancel_while_the_starting_jobs_loras_are_read_is_left_to_its_flow(daemon):
+    """The flow serves clients while it reads the job's LoRAs, before the job is marked running: a CANCEL then must
+    not cancel the job under the flow (whose next transition, to encoding, then failed and ended the daemon)."""
+    from protocol import messages as m
+    d, root = daemon
+    sub = d.handle(_submit({"prompt": "1girl", "seed": 2, "steps": 2}, root))
+    assert isinstance(sub, m.Submitted), sub
+    d.current = SimpleNamespace(job=SimpleNamespace(id=sub.job))        # what JobFlow.run sets first
+    try:
+        ok = d.handle(m.Cancel(job=sub.job))
+    finally:
+        d.current = None
+    assert isinstance(ok, m.Ok) and "being cancelled" in ok.note, ok
+    assert d.store.get(sub.job).state == "queued" and sub.job in d.cancel_requests
+    d.store.transition(sub.job, "cancelled", "cancelled by the user")  # what the flow's Cancelled does
+    d.cancel_requests.discard(sub.job)
