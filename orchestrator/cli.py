@@ -63,11 +63,12 @@ class DaemonClient:
         from protocol.messages import RemoteError, expect
         from protocol.sockets import PeerUnavailable
         if not self.rf.daemon_sock.exists() and not self._daemon_coming():
-            conf = self.rf.supervisord_conf
-            fix = (f"is supervisord up? (supervisord -c {conf})" if conf.is_file() else
-                   f"{self.rf.root} is not a run folder yet: orchestrator --run {self.rf.root} init --bundle BUNDLE, "
-                   f"then supervisord -c {conf}")
-            raise CliError(f"the orchestrator daemon is not answering: no socket {self.rf.daemon_sock}; {fix}")
+            raise CliError(f"the orchestrator daemon is not answering: no socket {self.rf.daemon_sock}; "
+                           f"{self._start_hint()}")
+        if not _listening(self.rf.daemon_sock) and not self._daemon_coming():
+            # a socket file left by a daemon that stopped: a request would wait out its retries for nobody
+            raise CliError(f"the orchestrator daemon is not running (nothing listens on {self.rf.daemon_sock}); "
+                           f"{self._start_hint()}")
         try:
             return expect(self.client.request(msg), expect_cls, "orchestrator daemon")
         except PeerUnavailable:
@@ -76,6 +77,15 @@ class DaemonClient:
         except RemoteError as e:
             code = EXIT_USAGE if e.code in ("bad_request", "failed") else EXIT_FAILED
             raise CliError(e.reply.message, code) from None
+
+    def _start_hint(self) -> str:
+        conf = self.rf.supervisord_conf
+        exe = Path(sys.executable).with_name("supervisord")
+        start = f"{exe if exe.is_file() else 'supervisord'} -c {conf}"
+        if conf.is_file():
+            return f"start it with: {start}"
+        return (f"{self.rf.root} is not a run folder yet: orchestrator --run {self.rf.root} init --bundle BUNDLE, "
+                f"then {start}")
 
     def _daemon_coming(self) -> bool:
         """supervisord is starting the daemon (just launched): wait for its socket instead of failing."""
@@ -96,6 +106,23 @@ class DaemonClient:
     def close(self):
         self.client.close()
         self.ctx.term()
+
+
+def _listening(path: Path) -> bool:
+    """Something accepts connections on the unix socket `path` (ZeroMQ's ipc:// is one); a refused connect is a
+    socket file its process left behind."""
+    import socket
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1.0)
+    try:
+        s.connect(str(path))
+        return True
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError:                  # anything else (a busy backlog, permissions): let the request say what it is
+        return True
+    finally:
+        s.close()
 
 
 # ---------------------------------------------------------------- commands
@@ -532,6 +559,9 @@ def arg(*flags: str, **kwargs) -> tuple:
 
 JSON_OUT = arg("--json", action="store_true", help='print one JSON object {"job", "image", "report"}')
 
+JOB_HELP = "a job id as submit and status print it"
+PROGRAM_HELP = f"a supervisord program: {', '.join(PROGRAMS)}"
+
 COMMANDS = (
     Command("init", "create the run folder and its supervisord.conf", cmd_init, (
         arg("--python", help="interpreter for the stage programs (default: this one)"),
@@ -578,20 +608,22 @@ COMMANDS = (
                     "defaults (seed: random, size: the default pack's). Exit status: 0 done, 1 failed or cancelled, "
                     "2 bad input (the option is named), 130 Ctrl-C, which CANCELS the job."),
     Command("status", "every job, or one", cmd_status, (
-        arg("job", nargs="?"),
-        arg("--json", action="store_true"))),
-    Command("cancel", "cancel a queued or running job", cmd_cancel_resume, (arg("job"),)),
+        arg("job", nargs="?", metavar="JOB", help=JOB_HELP + " (default: every job)"),
+        arg("--json", action="store_true", help="one JSON object per job, as the daemon reports it"))),
+    Command("cancel", "cancel a queued or running job", cmd_cancel_resume, (
+        arg("job", metavar="JOB", help=JOB_HELP),)),
     Command("resume", "queue a failed or cancelled job again, from the stage it stopped in", cmd_cancel_resume, (
-        arg("job"),)),
+        arg("job", metavar="JOB", help=JOB_HELP),)),
     Command("prune", "remove finished jobs (done, failed, cancelled) and their folders", cmd_prune, (
         arg("--keep", type=int, help="keep the N newest finished jobs"),
         arg("--older-than", metavar="AGE", help="remove those finished longer ago than AGE: 7d, 12h, 30m or 45s "
                                                 "(a bare number is seconds)"))),
     Command("stages", "supervisord state of every program", cmd_stages),
-    Command("restart", "restart one program through supervisord", cmd_restart, (arg("stage"),)),
+    Command("restart", "restart one program through supervisord", cmd_restart, (
+        arg("stage", metavar="PROGRAM", help=PROGRAM_HELP),)),
     Command("logs", "a program's log", cmd_logs, (
-        arg("stage"),
-        arg("-f", "--follow", action="store_true"),
+        arg("stage", metavar="PROGRAM", help=PROGRAM_HELP),
+        arg("-f", "--follow", action="store_true", help="keep printing what the program writes (Ctrl-C stops)"),
         arg("--bytes", type=int, default=16 * 1024, help="how much of the end to show first"))),
     Command("keys", "CURVE key pairs for remote stages", cmd_keys, (
         arg("action", choices=["generate"]),

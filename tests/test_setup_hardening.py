@@ -106,3 +106,52 @@ def test_no_models_folder_names_the_setting():
     from models.models_dir import ModelsDirError, lora_path
     with pytest.raises(ModelsDirError, match="set models_dir in pipeline.toml"):
         lora_path(None, "style")
+
+
+# ---- item 20: the command line's own words --------------------------------------------------------------------------
+
+def test_positional_arguments_have_names_and_help(capsys):
+    """Reported: status/cancel/resume/logs/restart showed bare `job` and `stage` without a word of help."""
+    from orchestrator.runfolder import PROGRAMS
+    for command, metavar in (("status", "JOB"), ("cancel", "JOB"), ("resume", "JOB"), ("logs", "PROGRAM"),
+                             ("restart", "PROGRAM")):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        text = capsys.readouterr().out
+        section = text.split("positional arguments:")[1].split("options:")[0]
+        name, _, words = section.strip().partition(" ")
+        assert name == metavar and words.strip(), (command, section)
+        if metavar == "PROGRAM":
+            assert all(p in " ".join(section.split()) for p in PROGRAMS)
+
+
+def test_generate_with_the_daemon_gone_fails_fast_naming_the_start_command(tmp_path, capsys):
+    """Reported: with supervisord down `generate` waited 11 s (a request's retries against a socket file the stopped
+    daemon left) and did not say how to start it."""
+    import socket
+    import time
+    from orchestrator.runfolder import init_run
+    rf = init_run(tmp_path / "run")
+    rf.daemon_sock.parent.mkdir(parents=True, exist_ok=True)
+    left = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    left.bind(str(rf.daemon_sock))                  # bound, then closed without unlinking: what a killed daemon leaves
+    left.close()
+    t0 = time.monotonic()
+    rc = cli.main(["--run", str(rf.root), "generate", "1girl", "--steps", "2"])
+    took = time.monotonic() - t0
+    err = capsys.readouterr().err
+    assert rc == 1 and took < 3.0, (rc, took, err)
+    assert f"supervisord -c {rf.supervisord_conf}" in err and "not running" in err and "Traceback" not in err
+
+
+def test_info_on_a_lora_tells_layout_rank_and_targets(tmp_path, capsys):
+    """Reported: `anima-models info` on a LoRA said 'unknown'."""
+    from models.lora.synth import write_lora
+    for layout, rank, groups in (("kohya", 6, ("blocks", "te")), ("comfy", 3, ("blocks",))):
+        path = tmp_path / f"{layout}.safetensors"
+        modules = write_lora("tiny", 5, path, layout, rank=rank, groups=groups)
+        assert models_main(["info", str(path)]) == 0
+        out = capsys.readouterr().out
+        assert f"kind: LoRA ({layout} layout), {modules} modules" in out and f"rank: {rank}," in out
+        assert "unknown" not in out and ("text encoder x" in out) == ("te" in groups)
+        assert "DiT x" in out and "self_attn, cross_attn, mlp" in out
