@@ -1,6 +1,7 @@
-"""Qwen-Image (Wan 2.1) VAE decoder: both key layouts, single-image 2D path, tiled decoding, PNG output, VAE packs.
+"""Qwen-Image (Wan 2.1) VAE decoder and encoder: both key layouts, single-image 2D path, tiling, PNG output, VAE packs.
 
-Names resolve lazily; only `VAEDecoder` and `VAE`'s methods import torch (the pack backends never do).
+Names resolve lazily; only `VAEDecoder`, `VAEEncoder` and the methods of `VAE` and `TorchEncoder` import torch (the
+pack backends never do).
 """
 from models.lazy import import_target
 
@@ -12,6 +13,8 @@ _EXPORTS = {
     "VAEConfig": "models.vae.keys",
     "decode_to_png": "models.vae.png", "write_png": "models.vae.png",
     "write_vae": "models.vae.synth",
+    "TorchEncoder": "models.vae.encode", "EncodeResult": "models.vae.encode", "check_image": "models.vae.encode",
+    "load_vae_encoder": "models.vae.checkpoint", "VAEEncoder": "models.vae.encoder", "normalize": "models.vae.latent",
 }
 __all__ = list(_EXPORTS)
 
