@@ -388,3 +388,13 @@ def test_read_upload_for_a_job(front, tmp_path):
     (front.input_dir / "s" / "link.png").symlink_to(tmp_path / "secret.png")
     with pytest.raises(FileNotFoundError):
         inputs.read_upload(root, "s/link.png")
+
+
+def test_upload_over_max_upload_is_413(tmp_path):
+    from orchestrator.http.settings import HttpSettings
+    f = Uploads(tmp_path)
+    f.front.rf.root.mkdir(mode=0o700)
+    f.front.settings = HttpSettings(max_upload_mb=1)
+    status, body = f.post("/upload/image", image=("big.png", b"\x89PNG" + bytes(1_100_000)))
+    assert status == 413, body
+    assert not (f.input_dir / "big.png").exists()
