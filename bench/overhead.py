@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import time
@@ -194,9 +195,12 @@ def model_for(pol: str, model: BoardModel, budget: float, shards) -> tuple:
     return model, model.shape.shards, dict(model.shape.cuts)
 
 
-def analytic_table(model: BoardModel, policies: list, rams: list, vae: str = "npu", shards=None) -> list:
+def analytic_table(model: BoardModel, policies: list, rams: list, vae: str = "npu", shards=None,
+                   calls: int = board_auto.COMPUTED_STEPS, passes: int = 2) -> list:
     """The projection from the analytic timeline alone (what `auto` evaluates), in the bench's table rows. `auto`
-    without --shards weighs the sharded packs too (board_auto.choose_pack) and says which pack it needs."""
+    without --shards weighs the sharded packs too (board_auto.choose_pack) and says which pack it needs. The job is
+    priced by its model calls (`calls`, `passes` CFG passes each: 1 at cfg 1)."""
+    kw = {"computed_steps": calls, "passes": passes}
     from models.board.account import Projection
     lines, last = [POLICY_HEADER + "  contexts  pack"], ""
     j = job_figures(model)
@@ -204,14 +208,14 @@ def analytic_table(model: BoardModel, policies: list, rams: list, vae: str = "np
         budget = model.context_budget_mib(ram)
         for pol in policies:
             if pol == "auto" and not shards:
-                n, cuts, e = board_auto.choose_pack(model, budget)
+                n, cuts, e = board_auto.choose_pack(model, budget, **kw)
             else:
                 m, n, cuts = model_for(pol, model, budget, shards)
                 if pol == "auto":
-                    e = board_auto.choose(m, budget)[0]
+                    e = board_auto.choose(m, budget, **kw)[0]
                 else:
                     shape, _ = policy_shape(pol, m, budget)
-                    e = board_auto.evaluate(m, shape, budget, resident_contexts=None)
+                    e = board_auto.evaluate(m, shape, budget, resident_contexts=None, **kw)
             if e is None:
                 lines.append(f"{pol:<28} {ram:>4} does not fit  [{LABEL}]")
                 continue
@@ -219,7 +223,7 @@ def analytic_table(model: BoardModel, policies: list, rams: list, vae: str = "np
             denoise = e.denoise_s
             p = Projection(c.wall_s, w.wall_s, w.npu_s, w.lifecycle_s, w.host_s, w.transport_s, 0.0, denoise,
                            j["encode_s"], j["decode_s"], j["encode_s"] + denoise + j["decode_s"], j["decode_npu_s"],
-                           j["encode_s"] + denoise + j["decode_npu_s"], vae=vae)
+                           j["encode_s"] + denoise + j["decode_npu_s"], computed=calls, vae=vae)
             name = f"auto: {e.policy.name}" if pol == "auto" else e.policy.name
             lines.append(format_policy_line(name, ram, p, f"{LABEL}, analytic")
                          + f"  {e.contexts}  {pack_note(n, cuts)}")
@@ -250,6 +254,10 @@ def main(argv=None) -> int:
     ap.add_argument("--vae", default="npu", choices=VAES, help="where the job's VAE decodes (the last line's job_s): "
                     "npu = a VAE pack on the NPU (estimate; the board bundle's default), cpu = the reference's "
                     "stable-diffusion.cpp (R11)")
+    ap.add_argument("--calls", type=int, default=board_auto.COMPUTED_STEPS,
+                    help="--analytic: the job's model calls (a run's report.json model_calls: a step cache's reused "
+                    "calls make none; default the 20-step Spectrum job's 11)")
+    ap.add_argument("--cfg", type=float, default=4.0, help="--analytic: the job's cfg (1: one CFG pass per call)")
     args = ap.parse_args(argv)
     try:
         args.time_scale = check_time_scale(args.time_scale)
@@ -259,6 +267,10 @@ def main(argv=None) -> int:
             raise ValueError(f"--board-ram {args.board_ram}: choose from {BOARD_RAMS_GB}")
         if not 1 <= args.steps <= 200:
             raise ValueError(f"--steps {args.steps}: 1..200")
+        if not 1 <= args.calls <= 1000:
+            raise ValueError(f"--calls {args.calls}: 1..1000")
+        if not (math.isfinite(args.cfg) and 0.0 <= args.cfg <= 100.0):
+            raise ValueError(f"--cfg {args.cfg}: a number in 0..100")
     except ValueError as e:
         print(f"bench/overhead.py: {e}", file=sys.stderr)
         return 2
@@ -271,7 +283,9 @@ def main(argv=None) -> int:
         # the size asked for (the reference's own is 512x512); a pack's own size when one is given
         model = BoardModel(Shape.of_pack(args.pack, "full") if args.pack else Shape.at_resolution(args.width,
                                                                                                args.height))
-        for line in model.describe() + analytic_table(model, policies, rams, args.vae, args.shards):
+        passes = 1 if math.isclose(args.cfg, 1.0) else 2
+        for line in model.describe() + analytic_table(model, policies, rams, args.vae, args.shards, args.calls,
+                                                      passes):
             print(line)
         return 0
     if args.pack:
