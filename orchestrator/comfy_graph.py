@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from models.lora.plan import MAX_STRENGTH
@@ -89,6 +89,7 @@ class ModelNames:
     clip: tuple[str, ...] = ()
     vae: tuple[str, ...] = ()
     lora: tuple[str, ...] = ()          # MODELS/loras/ (models.models_dir.list_loras)
+    sizes: tuple[tuple[int, int], ...] = ()   # (width, height) of every model pack, the default first
 
 
 def _combo(name, choices, default=None, **options) -> InputSpec:
@@ -146,9 +147,27 @@ def _sampler_nodes() -> tuple[NodeSpec, ...]:
     )
 
 
+def _size_inputs(sizes, default: int) -> tuple[InputSpec, ...]:
+    """An empty latent's width, height and batch_size. With the packs' sizes known: the default pack's size, bounded
+    by the sizes' extents at the step between them (ComfyUI's INT widgets cannot list pairs: a graph's pair without a
+    pack is refused naming the sizes), and the sizes in the tooltip."""
+    if not sizes:
+        side = [dict(min=16, max=MAX_SIDE, step=16)] * 2
+        defaults = (default, default)
+    else:
+        have = "sizes with a model pack: " + ", ".join(f"{w}x{h}" for w, h in sizes)
+        side = []
+        for axis in (0, 1):
+            vals = sorted({s[axis] for s in sizes})
+            step = math.gcd(*(v - vals[0] for v in vals)) or 16
+            side.append(dict(min=vals[0], max=vals[-1], step=step, tooltip=have))
+        defaults = sizes[0]
+    return (InputSpec("width", "INT", defaults[0], side[0]), InputSpec("height", "INT", defaults[1], side[1]),
+            InputSpec("batch_size", "INT", 1, dict(min=1, max=1)))
+
+
 def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
     """The node classes `POST /prompt` accepts, with the ranges this pipeline supports (what `/object_info` shows)."""
-    side = dict(min=16, max=MAX_SIDE)
     strength = dict(min=-MAX_STRENGTH, max=MAX_STRENGTH, step=0.01)
     return {n.class_type: n for n in (
         NodeSpec("UNETLoader", "Load Diffusion Model", "advanced/loaders", "unet",
@@ -173,13 +192,11 @@ def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
                  (InputSpec("text", "STRING", "", {"multiline": True, "dynamicPrompts": True}),
                   InputSpec("clip", "CLIP")), ("CONDITIONING",), ("CONDITIONING",)),
         NodeSpec("EmptyLatentImage", "Empty Latent Image", "latent", "latent",
-                 (InputSpec("width", "INT", 512, dict(side, step=16)), InputSpec("height", "INT", 512, dict(side, step=16)),
-                  InputSpec("batch_size", "INT", 1, dict(min=1, max=1))), ("LATENT",), ("LATENT",),
+                 _size_inputs(names.sizes, 512), ("LATENT",), ("LATENT",),
                  description="The image size: one with a model pack (GET /anima/info lists them)."),
         NodeSpec("EmptySD3LatentImage", "EmptySD3LatentImage", "latent/sd3", "latent",
-                 (InputSpec("width", "INT", 1024, dict(side, step=16)),
-                  InputSpec("height", "INT", 1024, dict(side, step=16)),
-                  InputSpec("batch_size", "INT", 1, dict(min=1, max=1))), ("LATENT",), ("LATENT",)),
+                 _size_inputs(names.sizes, 1024), ("LATENT",), ("LATENT",),
+                 description="The image size: one with a model pack (GET /anima/info lists them)."),
         NodeSpec("ModelSamplingAuraFlow", "ModelSamplingAuraFlow", "advanced/model", "shift",
                  (InputSpec("model", "MODEL"),
                   InputSpec("shift", "FLOAT", DEFAULT_SHIFT, dict(min=DEFAULT_SHIFT, max=DEFAULT_SHIFT, step=0.01))),
@@ -386,7 +403,9 @@ def _custom(node_id: str, name: str, details: str, value=None) -> tuple[str, dic
 def graph_to_job(graph: Any, *, names: ModelNames = ModelNames(), sizes=None) -> GraphJob:
     """Map an API-format graph onto a prompt.json object, or raise GraphError with ComfyUI's 400 body.
     `sizes`: the (width, height) pairs that have a model pack (None: not checked here)."""
-    table = node_table(names)
+    # the sizes bound /object_info's widgets; a graph's size is checked against the packs' sizes themselves, so a
+    # size without a pack is refused naming them, not as out of a widget's range
+    table = node_table(replace(names, sizes=()))
     # 1) the graph's outline: an object of nodes, each a known class with an inputs object
     if not isinstance(graph, dict) or not graph:
         raise GraphError(_err("invalid_prompt", "Invalid prompt: the prompt must be a non-empty object of nodes"))

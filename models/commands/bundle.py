@@ -1,6 +1,6 @@
 """`anima-models bundle`: everything a board runs, from a ComfyUI-style models folder, in one folder to copy.
 
-    anima-models bundle --models MODELS --resolution 512x512 [--resolution 832x1216 ...] --target rk3588 --out BUNDLE
+    anima-models bundle --models MODELS --resolution 1024x1024,896x1152,1152x896 --target rk3588 --out BUNDLE
 
 Per size an FP16 DiT pack and a VAE pack, compiled for the target with rknn-toolkit2 (their ONNX graphs then removed:
 the board reads only the .rknn files), the text encoder for ONNX Runtime with its tokenizers, and bundle.json (paths,
@@ -18,7 +18,8 @@ from models.dit.partition import MAX_LORA_RANK, parse_resolution
 def add_arguments(p) -> None:
     add_model_arguments(p)
     p.add_argument("--resolution", action="append", required=True, metavar="WxH",
-                   help="image WIDTHxHEIGHT (multiples of 8); repeat it for more sizes (the first is the default)")
+                   help="image WIDTHxHEIGHT (multiples of 8); more sizes as a comma list or repeated (the first "
+                        "is the default)")
     p.add_argument("--target", required=True, choices=("rk3588", "none"),
                    help="rk3588: compiled for the NPU with rknn-toolkit2; none: ONNX Runtime on a CPU")
     p.add_argument("--out", required=True, metavar="BUNDLE", help="bundle folder to write (or complete)")
@@ -40,7 +41,7 @@ def run(args) -> int:
     from models.models_dir import PART_NAMES
     from models.commands.progress import Progress
 
-    sizes = [parse_resolution(r) for r in args.resolution]
+    sizes = [parse_resolution(r) for given in args.resolution for r in given.split(",")]
     if args.jobs < 1:
         raise UserError(f"--jobs {args.jobs}: must be 1 or more")
     if not 0 <= args.lora_rank <= MAX_LORA_RANK:

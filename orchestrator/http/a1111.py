@@ -100,8 +100,9 @@ def _text(body: dict, field: str) -> str:
     return v
 
 
-def to_spec(body: dict) -> dict:
-    """A txt2img request -> a prompt.json object (the daemon checks it again against its packs)."""
+def to_spec(body: dict, size: tuple = (512, 512)) -> dict:
+    """A txt2img request -> a prompt.json object (the daemon checks it again against its packs); `size`: the
+    width and height a request without them gets (the default pack's: A1111's 512 may have no pack here)."""
     for field, ok in MUST_BE.items():
         if field in body and body[field] not in ok:
             raise _bad(field, f"{body[field]!r}"[:80] + f" is not supported here (only {ok[0]!r}: one image per "
@@ -113,8 +114,8 @@ def to_spec(body: dict) -> dict:
     spec = {"prompt": prompt, "negative_prompt": _text(body, "negative_prompt"),
             "steps": _number(body, "steps", 20, integer=True, low=1, high=MAX_STEPS),
             "cfg": float(_number(body, "cfg_scale", 7.0, integer=False, low=1.0, high=MAX_CFG)),
-            "width": _number(body, "width", 512, integer=True, low=16, high=16384),
-            "height": _number(body, "height", 512, integer=True, low=16, high=16384)}
+            "width": _number(body, "width", size[0], integer=True, low=16, high=16384),
+            "height": _number(body, "height", size[1], integer=True, low=16, high=16384)}
     seed = _number(body, "seed", -1, integer=True, low=-1, high=2**64 - 1)
     if seed != -1:
         spec["seed"] = seed
@@ -163,7 +164,8 @@ async def txt2img(request: web.Request) -> web.Response:
     front = request.app[FRONT]
     try:
         body = await read_json(request)
-        spec = to_spec(body)
+        sizes = (await front.tracker.names()).sizes
+        spec = to_spec(body, sizes[0] if sizes else (512, 512))
         sub = await submit_job(front, spec, {"api": "a1111"})
     except BadRequest as e:
         raise _unprocessable(e) from None

@@ -13,12 +13,14 @@ STATE_ROLE = {"encoding": "positive", "denoising": "sampler", "decoding": "decod
 
 
 def model_names(pipeline: m.Pipeline | None) -> ModelNames:
-    """Loader file names from the daemon: the packs' checkpoints, the models folder's text encoder and VAE."""
+    """Loader file names from the daemon: the packs' checkpoints, the models folder's text encoder and VAE; the
+    packs' sizes (the default first)."""
     if pipeline is None:
         return ModelNames()
     unet = tuple(dict.fromkeys(p.source_name for p in pipeline.packs if p.source_name))
     return ModelNames(unet=unet, clip=tuple(filter(None, [pipeline.models.get("text_encoder")])),
-                      vae=tuple(filter(None, [pipeline.models.get("vae")])), lora=tuple(pipeline.loras))
+                      vae=tuple(filter(None, [pipeline.models.get("vae")])), lora=tuple(pipeline.loras),
+                      sizes=tuple((p.width, p.height) for p in pipeline.packs))
 
 
 @dataclass(frozen=True)
