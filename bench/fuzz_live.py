@@ -27,7 +27,8 @@ import zmq
 from orchestrator.cli import CliError
 from protocol import messages as m
 from protocol.arena import Arena, segment_name
-from protocol.fuzzing import LiveTarget, json_variant
+from protocol.fuzzing import LiveTarget, carried, json_variant
+from protocol.prompt import PromptFile
 from protocol.sockets import LazyPirate
 from protocol.tensors import InlineFrames, TensorDesc
 from stages.config import load_config
@@ -110,23 +111,28 @@ def decode_target(pipe, arena: Arena) -> LiveTarget:
 
 
 def daemon_targets(pipe, sandbox: Path) -> dict[str, LiveTarget]:
-    """SUBMIT (the message and, half the time, the prompt JSON inside it) and STATUS to the real daemon."""
+    """SUBMIT (the message and, half the time, the prompt record inside it) and STATUS to the real daemon."""
     sandbox.mkdir(parents=True, exist_ok=True)
     (sandbox / "sub").mkdir(exist_ok=True)
     outputs = _sandbox_outputs(sandbox)
-    submit = m.Submit(prompt_json=json.dumps(BASE_PROMPT), base_dir=str(sandbox))
+    submit = m.Submit(prompt=PromptFile.from_data(BASE_PROMPT), base_dir=str(sandbox))
 
     values = {"output": outputs, "seed": SEEDS}
 
     def payload(head: dict, rng: random.Random) -> None:
-        head["prompt_json"] = json_variant(BASE_PROMPT, rng, values)
+        head["prompt"] = carried(json_variant(BASE_PROMPT, rng, values))
 
     def is_jobs(reply: m.Message) -> bool:
         return isinstance(reply, m.Jobs)
 
     common = dict(endpoint=pipe.rf.daemon_endpoint, pid=_pid(pipe, "orchestrator"), probe=lambda: m.Status(),
                   probe_ok=is_jobs, timeout_s=60.0)
-    corpus = [m.Submit(prompt_json=_with_raw(BASE_PROMPT, k, v), base_dir=str(sandbox))
+    def raw(key: str, value: str):
+        def edit(head: dict, rng: random.Random) -> None:
+            head["prompt"] = carried(_with_raw(BASE_PROMPT, key, value))
+        return edit
+
+    corpus = [(submit, raw(k, v))
               for k, v in (("seed", "9" * 5000), ("output", outputs[3]), ("prompt", '"\\ud800"'),
                            ("spectrum", "[" * 5000 + "]" * 5000))]        # values a naive reader dies on
     return {"SUBMIT": LiveTarget(bases=[submit], payload=payload, protect=frozenset({"base_dir"}), corpus=corpus,

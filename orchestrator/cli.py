@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER
-from orchestrator.prompt_spec import (PromptError, parse_prompt_bytes, parse_prompt_obj, read_prompt_file,
-                                      read_prompt_stream)
+from orchestrator.prompt_spec import (PromptError, parse_prompt_obj, parse_prompt_text, prompt_record,
+                                      read_prompt_file, read_prompt_stream, resolve_prompt)
 from orchestrator.runfolder import PROGRAMS, RunFolder, init_run
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -141,14 +141,15 @@ def _resolution(text: str | None, rf: RunFolder) -> list[tuple[int, int]] | None
 
 def cmd_submit(args, rf: RunFolder) -> int:
     # 1) read the file (or standard input) once and validate those bytes: nothing reaches the queue unless they are
-    #    good, and what is sent is what was checked
+    #    good, and what is sent is the record that was checked
     try:
         data = read_prompt_stream(sys.stdin.buffer) if args.prompt == "-" else read_prompt_file(args.prompt)
-        spec = parse_prompt_bytes(data, resolution=_resolution(args.resolution, rf))
+        prompt = parse_prompt_text(data)
+        spec = resolve_prompt(prompt, resolution=_resolution(args.resolution, rf))
     except PromptError as e:
         raise CliError(str(e), EXIT_USAGE) from None
     # 2) queue it, 3) follow it (Ctrl-C stops following; the job goes on)
-    return _queue(args, rf, data, spec, wait=args.wait, cancel_on_interrupt=False)
+    return _queue(args, rf, prompt, spec, wait=args.wait, cancel_on_interrupt=False)
 
 
 # generate's options -> the prompt.json field each one fills (errors name the option, not the field)
@@ -184,19 +185,18 @@ def cmd_generate(args, rf: RunFolder) -> int:
         flag = GENERATE_FLAGS.get(e.field.split(".")[0].split("[")[0], e.field or "the options")
         detail = e.detail.replace('set "overwrite": true', "give --overwrite")    # prompt.json's words -> ours
         raise CliError(f"{flag}: {detail}", EXIT_USAGE) from None
-    data = json.dumps(obj, ensure_ascii=False).encode("utf-8")           # the object just checked
-    return _queue(args, rf, data, spec, wait=True, cancel_on_interrupt=True)
+    return _queue(args, rf, prompt_record(obj), spec, wait=True, cancel_on_interrupt=True)
 
 
-def _queue(args, rf: RunFolder, data: bytes, spec, *, wait: bool, cancel_on_interrupt: bool) -> int:
-    """Queue checked prompt.json bytes (the daemon validates them again, against the pack it serves) and, with
+def _queue(args, rf: RunFolder, prompt, spec, *, wait: bool, cancel_on_interrupt: bool) -> int:
+    """Queue a checked prompt record (the daemon resolves it again, against the packs it serves) and, with
     `wait`, follow the job to its end: progress on stderr, then the timing table, the image path last on stdout.
     Ctrl-C while following: exit 130, the job cancelled (`cancel_on_interrupt`) or left to run."""
     from protocol.messages import Submit, Submitted
     client = DaemonClient(rf)
     try:
         try:
-            sub = client.call(Submit(prompt_json=data.decode("utf-8"), base_dir=os.getcwd()), Submitted)
+            sub = client.call(Submit(prompt=prompt, base_dir=os.getcwd()), Submitted)
         except KeyboardInterrupt:
             raise CliError("interrupted before the daemon answered; the job may have been queued "
                            "(orchestrator status)", EXIT_INTERRUPTED) from None

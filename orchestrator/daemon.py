@@ -20,7 +20,7 @@ from orchestrator.job_record import ORIGIN, UNREADABLE, JobEntry
 from orchestrator.jobs import JobError, JobStore, QueueFull
 from orchestrator.loras import LoraRefused, RunLoras
 from orchestrator.packs import read_packs, vae_pack_sizes
-from orchestrator.prompt_spec import PromptError, parse_prompt_bytes
+from orchestrator.prompt_spec import PromptError, resolve_prompt
 from orchestrator.runfolder import ALWAYS_ON_STAGES, ON_DEMAND_STAGES, RunFolder
 from orchestrator.supervisor import Supervisor
 from orchestrator.watchdog import HangWatch
@@ -288,7 +288,7 @@ class Daemon:
         base = Path(msg.base_dir)
         if not base.is_absolute():
             return m.error_reply(msg.id, "bad_request", "base_dir must be an absolute path", field="base_dir")
-        spec = parse_prompt_bytes(msg.prompt_json, base_dir=base, resolution=list(self.packs))
+        spec = resolve_prompt(msg.prompt, base_dir=base, resolution=list(self.packs))
         size = (spec.width or self.pack.width, spec.height or self.pack.height)
         if self.vae_sizes is not None and size not in self.vae_sizes:     # found now, not after the whole denoise
             have = ", ".join(f"{w}x{h}" for w, h in self.vae_sizes) or "none readable"

@@ -248,17 +248,17 @@ def submit_and_follow(rf: RunFolder, prompt: Path) -> dict:
     """Validate and queue the prompt, follow it with the progress line, print the timing table. -> result paths."""
     from orchestrator.cli import DaemonClient, _follow
     from orchestrator.packs import pack_sizes
-    from orchestrator.prompt_spec import PromptError, parse_prompt_bytes, read_prompt_file
+    from orchestrator.prompt_spec import PromptError, parse_prompt_text, read_prompt_file, resolve_prompt
     from orchestrator.report import format_table
     from protocol.messages import Submit, Submitted
     try:
-        data = read_prompt_file(prompt)              # read once: what is checked is what is sent
-        parse_prompt_bytes(data, resolution=pack_sizes(rf.pipeline_toml))
+        record = parse_prompt_text(read_prompt_file(prompt))     # read once: what is checked is what is sent
+        resolve_prompt(record, resolution=pack_sizes(rf.pipeline_toml))
     except PromptError as e:
         raise DemoError(f"{prompt}: {e}") from None
     client = DaemonClient(rf)
     try:
-        sub = client.call(Submit(prompt_json=data.decode("utf-8"), base_dir=os.getcwd()), Submitted)
+        sub = client.call(Submit(prompt=record, base_dir=os.getcwd()), Submitted)
         _say(f"5) job {sub.job} queued from {prompt} (seed {sub.seed})")
         t0 = time.monotonic()
         info = _follow(client, sub.job, quiet=False)

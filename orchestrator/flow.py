@@ -70,7 +70,7 @@ class JobFlow:
         self.d, self.job = daemon, job
         self.store, self.cfg, self.settings = daemon.store, daemon.cfg, daemon.settings
         self.dir = self.store.job_dir(job.id)
-        self.spec = PromptSpec.from_dict(job.spec)
+        self.spec = job.prompt()
         self.pack = daemon.packs.get((self.spec.width, self.spec.height))     # the job's size picks its pack
         self.report = JobReport(job.id, job.spec)
         for name in ("encoder", "executor", "vae"):

@@ -66,9 +66,13 @@ class Job(Record, forbid_unknown_fields=False):
         if self.state in FINISHED:
             return
         try:
-            PromptSpec.from_dict(self.spec)
+            self.prompt()
         except SchemaError as e:
             raise SchemaError(f"spec.{e.field}" if e.field else "spec", e.detail, e.code) from None
+
+    def prompt(self) -> PromptSpec:
+        """The job's prompt as the one prompt record (protocol/prompt.py), checked again; job.json keeps its data."""
+        return PromptSpec.from_dict(self.spec)
 
     @property
     def active(self) -> bool:

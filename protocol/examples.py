@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from protocol import messages as m
+from protocol.prompt import PromptFile
 from protocol.tensors import InlineFrames, TensorDesc
 
 
@@ -93,7 +94,7 @@ def examples(seed: int = 0) -> dict[str, m.Message]:
     out["DECODED"] = m.Decoded(job="job-1", png=png, width=512, height=512, timings={"decode_s": 2.0},
                                inline=tuple(f.frames))
     # orchestrator CLI <-> daemon
-    out["SUBMIT"] = m.Submit(prompt_json='{"prompt": "1girl", "steps": 20}', base_dir="/home/user",
+    out["SUBMIT"] = m.Submit(prompt=PromptFile(prompt="1girl", steps=20), base_dir="/home/user",
                              origin='{"api": "comfyui", "client_id": "c1"}')
     out["SUBMITTED"] = m.Submitted(job="job-2", seed=2**63 + 5, position=1)
     out["STATUS"] = m.Status(job=None, detail=True, active=True, before="job-9", limit=24)

@@ -18,6 +18,7 @@ from protocol import codec
 from protocol import messages as m
 from protocol.examples import examples
 from protocol.fields import ProtocolError
+from protocol.prompt import PromptFile
 
 _ODD_VALUES: list[Any] = [None, True, False, 0, -1, 1, 2**31, 2**63, 2**64 - 1, -(2**63), 0.5, -0.0, 1e308,
                           float("nan"), float("inf"), float("-inf"), "", "x", "\x00", "../..", "é" * 50, "a" * 70_000,
@@ -124,7 +125,7 @@ def fuzz_kind(kind: str, n: int, seed: int = 0) -> FuzzCounts:
     return counts
 
 
-# ---- JSON text fields (SUBMIT.prompt_json): odd values as raw JSON text, including what json.dumps cannot write ----
+# ---- JSON content (SUBMIT.origin's text, SUBMIT.prompt's record): odd values as raw JSON, incl. what json.dumps cannot write
 ODD_JSON: list[str] = [
     "null", "true", "false", "0", "-1", "1e400", "-1e400", "NaN", "Infinity", "-Infinity", "1.5", "-0.0",
     "9" * 5000, "-" + "9" * 5000, str(2**64), str(2**63), "1" + "0" * 300, '""', '"x"', '"\\ud800"',
@@ -211,7 +212,8 @@ class LiveTarget:
     probe_ok: Callable[[m.Message], bool]                    # ... and what its reply must satisfy
     payload: Callable[[dict, random.Random], None] | None = None   # edits a header (a dict) before mutate()
     protect: frozenset = frozenset()                         # header fields mutate() leaves alone
-    corpus: list[m.Message] = dataclasses.field(default_factory=list)     # known bad requests, sent first
+    corpus: list = dataclasses.field(default_factory=list)   # known bad requests, sent first: messages, or
+    #                                                          (message, header edit) pairs for what no message holds
     timeout_s: float = 30.0                                  # a reply later than this is a hang
 
 
@@ -223,6 +225,40 @@ def _frames_with_fresh_id(msg: m.Message, rng: random.Random,
     if payload is not None:
         payload(head, rng)
     return [msgpack.packb(head, use_bin_type=True), *frames[1:]]
+
+
+def carried(text: str):
+    """A JSON variant as the msgpack map a client would send it in (a SUBMIT's prompt record): decoded, where msgpack
+    can carry the values; integers past 64 bits and lone surrogates cannot be packed, so those variants stay text
+    (the record then gets a string where it wants an object, which it refuses)."""
+    try:
+        obj = json.loads(text, parse_int=lambda t: int(t) if len(t) <= 19 else float("inf"))
+        msgpack.packb(obj, use_bin_type=True)
+        return obj
+    except (ValueError, RecursionError, OverflowError, TypeError, UnicodeEncodeError):
+        return text
+
+
+def submit_frames(prompt_text: str, base_dir: str) -> list[bytes]:
+    """A SUBMIT whose prompt record is the JSON text as a client would carry it (`carried`): odd values that no
+    PromptFile could hold, for a daemon to refuse."""
+    base = m.Submit(prompt=PromptFile(prompt="x"), base_dir=base_dir)
+    return _frames_with_fresh_id(base, random.Random(), lambda head, rng: head.__setitem__("prompt",
+                                                                                           carried(prompt_text)))
+
+
+def request_once(ctx: zmq.Context, endpoint: str, frames: list[bytes], timeout_s: float = 30.0) -> m.Message:
+    """Raw frames to a REQ/REP peer and its decoded reply (TimeoutError when none comes)."""
+    sock = ctx.socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(endpoint)
+        sock.send_multipart(frames)
+        if not sock.poll(int(timeout_s * 1000)):
+            raise TimeoutError(f"no reply from {endpoint} in {timeout_s:g} s")
+        return codec.decode(sock.recv_multipart())
+    finally:
+        sock.close()
 
 
 class _LiveSession:
@@ -294,7 +330,9 @@ class _LiveSession:
         """Frame i's request: the corpus first, then a base request with a field's content varied or mutated."""
         target, rng = self.target, self.rng
         if i < len(target.corpus):
-            return _frames_with_fresh_id(target.corpus[i], rng)
+            entry = target.corpus[i]
+            msg, edit = entry if isinstance(entry, tuple) else (entry, None)
+            return _frames_with_fresh_id(msg, rng, edit)
         base = target.bases[i % len(target.bases)]
         if target.payload is not None and rng.random() < 0.6:   # a field's content varied, the rest valid,
             frames = _frames_with_fresh_id(base, rng, target.payload)

@@ -19,6 +19,7 @@ from models.dit.partition import Geometry, branch_order, resolve
 from orchestrator.runfolder import RunFolder, init_run
 from orchestrator.supervisor import Supervisor
 from protocol import messages as m
+from protocol.prompt import PromptFile
 from protocol.arena import list_segments, run_prefix
 
 BIN = Path(sys.executable).parent
@@ -94,7 +95,7 @@ class Doubles:
         return self._client
 
     def submit(self, prompt: dict) -> str:
-        return self.client().call(m.Submit(prompt_json=json.dumps(prompt), base_dir=str(self.root)), m.Submitted).job
+        return self.client().call(m.Submit(prompt=PromptFile.from_data(prompt), base_dir=str(self.root)), m.Submitted).job
 
     def status(self, **kw) -> m.Jobs:
         return self.client().call(m.Status(**kw), m.Jobs)

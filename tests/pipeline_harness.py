@@ -29,6 +29,7 @@ import psutil
 from orchestrator.runfolder import PROGRAMS, RunFolder, init_run
 from orchestrator.supervisor import Supervisor, SupervisorError
 from protocol import messages as m
+from protocol.prompt import PromptFile
 from protocol.arena import list_segments, run_prefix
 
 BIN = Path(sys.executable).parent
@@ -177,7 +178,7 @@ class Pipeline:
 
     def submit(self, prompt: dict) -> str:
         """Queue a prompt (a dict as in prompt.json) through the daemon's socket; -> job id."""
-        sub = self.client().call(m.Submit(prompt_json=json.dumps(prompt), base_dir=str(self.root)), m.Submitted)
+        sub = self.client().call(m.Submit(prompt=PromptFile.from_data(prompt), base_dir=str(self.root)), m.Submitted)
         return sub.job
 
     def status(self, job: str) -> m.JobInfo | None:

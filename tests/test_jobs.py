@@ -442,13 +442,14 @@ def test_a_submit_whose_origin_the_record_cannot_keep_is_a_field_error(tmp_path)
     daemon.store, daemon.packs, daemon._submits, daemon._wake = JobStore(tmp_path, cached=True), {(64, 64): 0}, \
         OrderedDict(), False
     daemon.vae_sizes = None                             # a VAE that decodes any size (no VAE pack configured)
-    prompt = json.dumps({"prompt": "a girl", "seed": 7, "steps": 4, "width": 64, "height": 64})
+    from protocol.prompt import PromptFile
+    prompt = PromptFile.from_data({"prompt": "a girl", "seed": 7, "steps": 4, "width": 64, "height": 64})
     for origin, field in (([1], "origin"), ({f"k{i}": 1 for i in range(65)}, "origin"),
                           ({"k" * 129: 1}, "origin.<key>")):
-        reply = daemon._submit(m.Submit(id=1, prompt_json=prompt, base_dir=str(tmp_path), origin=json.dumps(origin)))
+        reply = daemon._submit(m.Submit(id=1, prompt=prompt, base_dir=str(tmp_path), origin=json.dumps(origin)))
         assert isinstance(reply, m.Error) and reply.code == "bad_request" and reply.field == field, reply
     assert daemon.store.entries()[0] == []
-    reply = daemon._submit(m.Submit(id=2, prompt_json=prompt, base_dir=str(tmp_path), origin='{"api": "cli"}'))
+    reply = daemon._submit(m.Submit(id=2, prompt=prompt, base_dir=str(tmp_path), origin='{"api": "cli"}'))
     assert isinstance(reply, m.Submitted) and daemon.store.get(reply.job).origin == {"api": "cli"}
 
 

@@ -15,6 +15,7 @@ from models.safetensors_io import TensorEntry, write_safetensors
 from orchestrator.daemon import Daemon
 from orchestrator.runfolder import init_run
 from protocol import messages as m
+from protocol.prompt import PromptFile
 from stages.config import load_config
 from tests.pipeline_harness import pipeline_toml
 
@@ -56,7 +57,7 @@ def daemon(tmp_path_factory, pipeline_assets):
 
 def _submit(d, root, loras) -> m.Message:
     prompt = {"prompt": "1girl", "seed": 1, "steps": 2, "loras": loras}
-    return d.handle(m.Submit(prompt_json=json.dumps(prompt), base_dir=str(root)))
+    return d.handle(m.Submit(prompt=PromptFile.from_data(prompt), base_dir=str(root)))
 
 
 def test_malformed_and_unfitting_loras_are_refused_naming_the_field(daemon):

@@ -4,8 +4,11 @@ stays in the job folder); `orchestrator prune` removes finished jobs only, throu
 import json
 import time
 
+import zmq
+
 from orchestrator import cli
 from protocol import messages as m
+from protocol.fuzzing import request_once, submit_frames
 from tests.test_orchestrator_flow import _pipeline, _prompt, _status, _wait_state, pipeline  # noqa: F401 - fixtures
 
 
@@ -108,10 +111,10 @@ def test_bad_submits_to_an_idle_daemon_get_field_errors_and_it_stays_up(pipeline
     pid = sup.info("orchestrator").pid
     client = cli.DaemonClient(rf)
     try:
-        for field, text in (("seed", '{"prompt": "a", "seed": ' + "1" * 5000 + "}"),
+        for field, text in (("prompt.seed", '{"prompt": "a", "seed": ' + "1" * 5000 + "}"),
                             ("output", json.dumps({"prompt": "a", "output": "/tmp/" + "n" * 256})),
-                            ("negative_prompt", '{"prompt": "a", "negative_prompt": "\\udfff"}')):
-            reply = client.client.request(m.Submit(prompt_json=text, base_dir=str(tmp_path)))
+                            ("prompt", '{"prompt": "a", "negative_prompt": "\\udfff"}')):
+            reply = request_once(zmq.Context.instance(), rf.daemon_endpoint, submit_frames(text, str(tmp_path)))
             assert isinstance(reply, m.Error) and reply.code == "bad_request" and reply.field == field, reply
         assert isinstance(client.client.request(m.Status(job=None)), m.Jobs)
     finally:

@@ -170,7 +170,7 @@ def test_overwrite_lets_an_existing_output_be_named(tmp_path):
         parse_prompt_bytes(_j(output=str(tmp_path / "link.png")))
 
 
-def test_cli_sends_the_bytes_it_checked(tmp_path, monkeypatch):
+def test_cli_sends_the_record_it_checked(tmp_path, monkeypatch):
     """The file is read once: the CLI once checked it, then read it again to send (a swapped file slipped through)."""
     f = tmp_path / "p.json"
     f.write_text(_j(seed=5))
@@ -195,7 +195,7 @@ def test_cli_sends_the_bytes_it_checked(tmp_path, monkeypatch):
             pass
 
         def call(self, msg, cls):
-            sent.append(msg.prompt_json)
+            sent.append(msg.prompt)
             from protocol import messages as m
             return m.Submitted(job="20260101-000000-abcdef", seed=5, position=0)
 
@@ -203,7 +203,8 @@ def test_cli_sends_the_bytes_it_checked(tmp_path, monkeypatch):
             pass
     monkeypatch.setattr(cli, "DaemonClient", Client)
     assert cli.main(["--run", str(tmp_path / "run"), "submit", str(f), "--resolution", "512x512"]) == 0
-    assert sent == [_j(seed=5)] and len(reads) == 1
+    from orchestrator.prompt_spec import parse_prompt_text
+    assert sent == [parse_prompt_text(_j(seed=5))] and len(reads) == 1
 
 
 def test_load_prompt_reports_unreadable_file(tmp_path):

@@ -212,7 +212,7 @@ def test_fuzz_submit_and_status_through_the_real_daemon(pipe, targets, ctx):
         counts = fuzz_live(ctx, targets[kind], n, seed=0, probe_every=100)
         assert counts.ok, f"{counts.line(kind)}\n{counts.first_problem}\n{pipe.logs()}"
         assert counts.errors > n // 3
-    sub = _request(ctx, pipe.rf.daemon_endpoint, m.Submit(prompt_json=json.dumps({"prompt": "after", "steps": 1}),
+    sub = _request(ctx, pipe.rf.daemon_endpoint, m.Submit(prompt=PromptFile.from_data({"prompt": "after", "steps": 1}),
                                                           base_dir=str(pipe.root)))
     assert isinstance(sub, m.Submitted), sub
     jobs = settle_jobs(pipe)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from protocol import messages as m
+from protocol.prompt import PromptFile
 from stages.base import EXIT_CONFIG
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +58,7 @@ def test_a_size_without_a_vae_pack_is_refused_at_submit(tmp_path, tiny_bundle):
     d = Daemon(load_config(rf.pipeline_toml), rf, supervisor=object())
     try:
         def submit(w, h):
-            return d.handle(m.Submit(prompt_json=json.dumps({"prompt": "a", "width": w, "height": h}),
+            return d.handle(m.Submit(prompt=PromptFile.from_data({"prompt": "a", "width": w, "height": h}),
                                      base_dir=str(tmp_path)))
         assert isinstance(submit(64, 64), m.Submitted)
         bad = submit(64, 32)

@@ -115,15 +115,21 @@ FRONT = web.AppKey("front", object)          # orchestrator.http.app.Front
 
 
 async def submit_job(front, spec: dict, origin: dict):
-    """Queue a prompt.json object through the daemon (it validates again and decides); the job is followed so its
-    end is announced. -> SUBMITTED."""
+    """Queue a prompt.json object through the daemon as the prompt record (it resolves it against its packs and
+    decides); the job is followed so its end is announced. -> SUBMITTED. A record that does not hold is refused as the
+    daemon refuses one (DaemonRefused, bad_request, the field named), so every front words it one way."""
+    from orchestrator.prompt_spec import PromptError, prompt_record
     from protocol import messages as m
+    try:
+        prompt = prompt_record(spec)
+    except PromptError as e:
+        raise DaemonRefused(m.error_reply(0, "bad_request", str(e), field=e.field)) from None
     origin_json = json.dumps(origin, ensure_ascii=False)
     if len(origin_json) > m.MAX_ORIGIN_CHARS:
         raise refuse(413, f"the request is too large to keep with the job ({len(origin_json)} characters of JSON; "
                           f"the limit is {m.MAX_ORIGIN_CHARS})")
-    sub = await front.link.call(m.Submit(prompt_json=json.dumps(spec, ensure_ascii=False),
-                                         base_dir=str(front.rf.root), origin=origin_json), m.Submitted)
+    sub = await front.link.call(m.Submit(prompt=prompt, base_dir=str(front.rf.root), origin=origin_json),
+                                m.Submitted)
     front.tracker.follow(sub.job)
     try:
         await front.tracker.refresh()            # /queue and a new WebSocket's `status` count it from now on

@@ -1,0 +1,215 @@
+"""The prompt as one typed record, from every way in to the sampler.
+
+`PromptFile` is what a prompt.json file (or a ComfyUI graph, an A1111 request, the page, `generate`) asks for: the
+fronts build it, SUBMIT carries it, the daemon resolves it into a `PromptSpec` (the seed drawn, Spectrum as its
+settings, `output` an absolute path; orchestrator/prompt_spec.py) and the job store keeps that. Every error names the
+field and the allowed values in prompt.json's words (docs/prompts.md)."""
+from typing import Annotated, ClassVar, Literal
+
+from models.lora.choice import MAX_LORAS, LoraChoice
+from models.sampling.sampler import (DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLER_NAMES, SCHEDULER_NAMES,
+                                     spectrum_refusal)
+from models.sampling.spectrum import SpectrumSettings
+from models.schema import Float, Int, Items, Meta, Record, SchemaError, Text, Wording, record_in
+from models.text.prompt_weights import PromptWeightError, check_prompt
+
+MAX_FILE_BYTES = 64 * 1024      # a prompt file larger than this is refused before parsing
+MAX_PROMPT_CHARS = 4000         # per prompt (the text encoder keeps at most 512 tokens anyway)
+MAX_STEPS = 200
+MAX_CFG = 30.0
+MAX_SIDE = 4096                 # pixels
+SEED_LIMIT = 2 ** 64            # seeds are 0 <= seed < 2^64
+DEFAULT_STEPS = 30
+DEFAULT_CFG = 4.0
+MAX_INT_DIGITS = 40             # a JSON integer longer than this is never a valid value (seeds are < 2^64: 20 digits)
+MAX_OUTPUT_CHARS = 4096
+_NON_EMPTY_PATH = "a non-empty path string"
+
+
+class PromptError(SchemaError):
+    """A prompt.json problem; `field` is the dotted field name ('' for the file as a whole)."""
+
+    def __init__(self, field: str, message: str, code: str = "bad_field"):
+        super().__init__(field, message, code)
+        ValueError.__init__(self, f"prompt.json: field '{field}': {message}" if field else f"prompt.json: {message}")
+
+
+class _LongInt:
+    """A JSON integer with more than MAX_INT_DIGITS digits, kept unconverted: int() of a few thousand digits raises
+    ValueError (Python's int-from-string limit) before any field could be named; the field check names it instead."""
+
+    def __init__(self, text: str):
+        self.digits = len(text.lstrip("-"))
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
+class PromptWording(Wording):
+    """prompt.json's words: JSON's type names, the allowed range in every message."""
+
+    JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
+                  type(None): "null", _LongInt: "integer"}
+
+    def json_type(self, v) -> str:
+        return self.JSON_TYPES.get(type(v), type(v).__name__)
+
+    def type(self, p):
+        given, got = [e for e in p.expected if e != "null"], self.json_type(p.value)
+        lo, hi = p.meta.get("ge", p.meta.get("gt")), p.meta.get("le")
+        if "description" in p.meta:
+            return f"must be {p.meta['description']}, got {got} {p.value!r:.80}"
+        if given == ["integer"]:
+            if isinstance(p.value, _LongInt):
+                return f"must be in {lo}..{hi}, got an integer of {p.value.digits} digits"
+            return f"must be an integer in {lo}..{hi}, got {got} {p.value!r:.80}"
+        if given == ["number"]:
+            return f"must be a number in [{lo}, {hi}], got {got} {p.value!r:.80}"
+        if given == ["choice"]:
+            return self.choice(p)
+        if given == ["boolean"]:
+            return f"must be true or false, got {got}"
+        if sorted(given) == ["boolean", "struct"]:
+            return f"must be true, false or an object of {self.noun(p)}s, got {got}"
+        if given == ["array"]:
+            return f"must be an array, got {got}"
+        if given == ["struct"]:
+            return f"must be an object of {self.noun(p)}s, got {got}"
+        if given == ["string"]:
+            return f"must be a string, got {got}"
+        return f"must be {' or '.join(given)}, got {got}"
+
+    @staticmethod
+    def noun(p) -> str:
+        return record_in(p.declared).KEY_NOUN
+
+    def range(self, p):
+        if "gt" in p.meta and not p.value > p.meta["gt"]:
+            return f"must be greater than {p.meta['gt']:g}"
+        if self.number(p.value, p.declared) != str(p.value) or isinstance(p.value, float):
+            return f"must be in {self.bounds(p.meta)}, got {float(p.value)}"
+        return f"must be in {p.meta.get('ge')}..{p.meta.get('le')}, got {p.value}"
+
+    def nonfinite(self, p):
+        return f"must be in {self.bounds(p.meta)}, got {p.value}"
+
+    def length(self, p):
+        lo = p.meta.get("min_length", 0)
+        if p.unit != "characters":
+            return f"holds {p.count} {p.unit}; at most {p.meta.get('max_length')}" if p.count > lo else \
+                f"must hold at least {lo} {p.unit}"
+        if p.count < lo:
+            return "must not be empty"
+        return f"is {p.count} characters long; the limit is {p.meta.get('max_length')}"
+
+    def nul(self, p):
+        return "must not contain NUL characters"
+
+    def choice(self, p):
+        return f"must be one of {', '.join(repr(a) for a in p.choices)}, got {p.value!r:.80}"
+
+    def missing(self, p):
+        return "is required"
+
+    def unknown(self, path, p):
+        key = str(p.key).encode("utf-8", "backslashreplace").decode("ascii", "replace")[:80]
+        return (f"{path}.{key}" if path else key), \
+            f"unknown {p.record.KEY_NOUN}; allowed: {', '.join(p.expected)}", "unknown_field"
+
+
+PROMPT = PromptWording()
+
+
+def _unicode(name: str, v: str) -> None:
+    """JSON escapes can spell lone surrogates (\\ud800) that are not Unicode text: the encoder and every message
+    codec would fail on them later, in the middle of a job."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise PromptError(name, f"holds a lone surrogate (U+{ord(v[e.start]):04X} at character {e.start}), "
+                                "which is not valid Unicode text") from None
+
+
+def _text(name: str, v: str, *, required: bool) -> None:
+    _unicode(name, v)
+    if required and not v.strip():
+        raise PromptError(name, "must not be empty")
+    try:
+        check_prompt(v)
+    except PromptWeightError as e:
+        raise PromptError(name, str(e)) from None
+
+
+Side = Int(16, MAX_SIDE)
+
+
+class PromptFile(Record, frozen=True):
+    """What a prompt.json file may hold (docs/prompts.md); omitted or null seed: drawn at random; omitted or null
+    width/height: the pack's; spectrum: true, false or an object of settings (omitted or null: on, except for the
+    samplers it does not fit, models/sampling/sampler.py; asked for with one of those, refused naming the sampler); loras:
+    [{name, strength, clip_strength}] (docs/lora.md)."""
+
+    WORDING: ClassVar = PROMPT
+    ERROR: ClassVar = PromptError
+
+    prompt: Text(MAX_PROMPT_CHARS)
+    negative_prompt: Text(MAX_PROMPT_CHARS) = ""
+    seed: Int(0, SEED_LIMIT - 1) | None = None
+    steps: Int(1, MAX_STEPS) = DEFAULT_STEPS
+    cfg: Float(1.0, MAX_CFG) = DEFAULT_CFG
+    width: Side | None = None            # None: the pack's resolution (filled by `with_resolution`)
+    height: Side | None = None
+    sampler: Literal[SAMPLER_NAMES] = DEFAULT_SAMPLER
+    scheduler: Literal[SCHEDULER_NAMES] = DEFAULT_SCHEDULER
+    spectrum: bool | SpectrumSettings | None = None     # omitted or null: on, where the sampler allows it
+    output: Annotated[str, Meta(min_length=1, max_length=MAX_OUTPUT_CHARS, description=_NON_EMPTY_PATH)] | None = None
+    overwrite: bool = False              # an existing `output` file is replaced (else kept, and the job says so)
+    loras: Items(LoraChoice, MAX_LORAS) = ()   # names under MODELS/loras/, checked against the pack at submit
+
+    def __post_init__(self):
+        _text("prompt", self.prompt, required=True)
+        _text("negative_prompt", self.negative_prompt, required=False)
+        for side in ("width", "height"):
+            v = getattr(self, side)
+            if v is not None and v % 16:
+                raise PromptError(side, f"must be a multiple of 16 (8x VAE downsampling x 2x2 patches), got {v}")
+        spectrum_on = self.spectrum if isinstance(self.spectrum, (bool, type(None))) else self.spectrum.enabled
+        if spectrum_on and spectrum_refusal(self.sampler):
+            raise PromptError("spectrum", f"{spectrum_refusal(self.sampler)}; set \"spectrum\": false for it "
+                                          "(docs/samplers.md)")
+        if self.output is not None:
+            if not self.output.strip():
+                raise PromptError("output", f"must be {_NON_EMPTY_PATH}, got string {self.output!r}")
+            if "\x00" in self.output:
+                raise PromptError("output", "must not contain NUL characters")
+            _unicode("output", self.output)
+
+
+class PromptSpec(PromptFile, frozen=True):
+    """A checked job prompt: the file's fields with the seed drawn when it had none (recorded), Spectrum as its
+    settings record and `output` an absolute path (of a .png file or of a directory; None: the job folder)."""
+
+    spectrum: SpectrumSettings = SpectrumSettings()
+    seed: Int(0, SEED_LIMIT - 1) = 0
+    seed_random: bool = False           # True when the file had no seed and one was drawn (recorded for the report)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PromptSpec":
+        """Rebuild a spec stored by `to_dict` (job.json); re-validates every field."""
+        return cls.from_data(d)
+
+    def with_sizes(self, sizes) -> "PromptSpec":
+        """Fill an omitted width/height from the first size that fits (the default pack first); a size that has no
+        model pack is refused, naming the sizes that have one. `sizes`: (width, height) pairs."""
+        sizes = [tuple(s) for s in sizes]
+        fits = [(w, h) for w, h in sizes if self.width in (None, w) and self.height in (None, h)]
+        if not fits:
+            name = "width" if self.width is not None else "height"
+            want = f"{self.width if self.width is not None else '*'}x{self.height if self.height is not None else '*'}"
+            have = ", ".join(f"{w}x{h}" for w, h in sizes) or "none"
+            raise PromptError(name, f"{want} has no model pack; the sizes with a pack: {have}")
+        return self.replace(width=fits[0][0], height=fits[0][1])
+
+    def with_resolution(self, width: int, height: int) -> "PromptSpec":
+        """`with_sizes` for one pack."""
+        return self.with_sizes([(width, height)])
