@@ -398,3 +398,21 @@ def test_upload_over_max_upload_is_413(tmp_path):
     status, body = f.post("/upload/image", image=("big.png", b"\x89PNG" + bytes(1_100_000)))
     assert status == 413, body
     assert not (f.input_dir / "big.png").exists()
+
+
+def test_upload_mask_on_a_jobs_output_image(front):
+    """original_ref of type output (its default) with a job id subfolder: the job's own image.png."""
+    job = "20260101-120000-a1b2c3"
+    rgb = RNG.integers(0, 256, (8, 12, 3), dtype=np.uint8)
+    (front.front.rf.jobs / job).mkdir(parents=True)
+    (front.front.rf.jobs / job / "image.png").write_bytes(png(rgb))
+    drawn = RNG.integers(0, 256, (8, 12, 4), dtype=np.uint8)
+    status, body = front.post("/upload/mask", image=("edit.png", png(drawn, "RGBA")),
+                              original_ref=json.dumps({"filename": "image.png", "subfolder": job}))
+    assert (status, body) == (200, {"name": "edit.png", "subfolder": "", "type": "input"}), body
+    out = _pixels((front.input_dir / "edit.png").read_bytes())
+    np.testing.assert_array_equal(out[:, :, :3], rgb)
+    np.testing.assert_array_equal(out[:, :, 3], drawn[:, :, 3])
+    status, body = front.post("/upload/mask", image=("edit2.png", png(drawn, "RGBA")),
+                              original_ref=json.dumps({"filename": "job.json", "subfolder": job}))
+    assert status == 404 and body["field"] == "original_ref", body
