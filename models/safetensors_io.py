@@ -153,7 +153,8 @@ class SafeTensorsFile:
 
     # -- data ----------------------------------------------------------------------------------------------------
     def raw(self, name: str) -> np.ndarray:
-        """The stored array (bf16 as uint16 bit patterns), a read-only view into the mapping: no copy."""
+        """The stored array (bf16 as uint16 bit patterns): a read-only view into the mapping (no copy), or with
+        `mapped=False` the bytes read for this call."""
         info = self.info(name)
         if info.dtype not in DTYPES:
             what = "quantized/unsupported" if info.dtype in KNOWN_UNSUPPORTED else "unknown"
