@@ -1,5 +1,5 @@
 """The scheduler's run from a latent: a DENOISE whose params or tensors ask for more than text-to-image (denoise,
-KSamplerAdvanced's window, an init latent, a noise mask, a batch image's noise) gets models.sampling.img2img's
+KSamplerAdvanced's window, an init latent, a noise mask, an image of a batch) gets models.sampling.img2img's
 LatentSampler, its init latent and mask read from the job's arena and checked."""
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ from protocol import messages as m
 from stages.base import RequestFailed
 from stages.tensor_io import read_tensor
 
-_PLAN_FIELDS = {"denoise": "params.denoise", "start_at_step": "params.start_step", "end_at_step": "params.end_step"}
+_PLAN_FIELDS = {"denoise": "params.denoise", "start_at_step": "params.start_step", "end_at_step": "params.end_step",
+                "batch_pos": "params.batch_pos"}
 
 
 def from_latent(msg: m.Denoise) -> bool:
     """True when the request samples from a latent (anything text-to-image's Sampler would not do)."""
     p = msg.params
     return (msg.init_latent is not None or msg.noise_mask is not None or p.denoise != 1.0 or p.start_step is not None
-            or p.end_step is not None or not p.add_noise or p.leftover_noise or p.noise_index != 0)
+            or p.end_step is not None or not p.add_noise or p.leftover_noise or p.noise_index != 0 or p.batch_size != 1)
 
 
 def plan_of(msg: m.Denoise) -> LatentPlan:
@@ -25,7 +26,7 @@ def plan_of(msg: m.Denoise) -> LatentPlan:
     try:
         return LatentPlan(denoise=float(p.denoise), start_step=p.start_step, last_step=p.end_step,
                           force_full_denoise=not p.leftover_noise, add_noise=p.add_noise,
-                          masked=msg.noise_mask is not None)
+                          masked=msg.noise_mask is not None, batch_size=p.batch_size, batch_pos=p.batch_pos)
     except ValueError as e:
         raise RequestFailed(str(e), code="bad_request", field=_field(str(e))) from None
 
@@ -56,9 +57,10 @@ def latent_sampler_and_state(msg: m.Denoise, ctx, lat_shape: tuple):
     plan = plan_of(msg)
     try:
         sampler = LatentSampler(steps=p.steps, cfg=p.cfg, scheduler=p.scheduler, spectrum=p.spectrum,
-                                sampler=p.sampler, plan=plan)
-    except ValueError as e:                     # an unknown name, Spectrum with a sampler it does not fit
-        field = "params.start_step" if "start_at_step" in str(e) else "params.sampler"
+                                sampler=p.sampler, cache=p.cache, plan=plan)
+    except ValueError as e:                     # an unknown name, Spectrum with a sampler or a cache, no step left
+        field = ("params.start_step" if "start_at_step" in str(e) else
+                 "params.cache" if str(e).startswith("cache:") else "params.sampler")
         raise RequestFailed(str(e), code="bad_request", field=field) from None
     image, mask = _inputs(msg, ctx, lat_shape)
     state = start_or_resume_latent(sampler, p.seed, lat_shape, msg.job_dir, msg.resume, image=image, mask=mask,

@@ -339,3 +339,70 @@ def test_pipeline_inpaint_resumes_bitwise(pipeline, pack128, tmp_path):
     bad = m.DenoiseParams(**{**{f: getattr(params, f) for f in params.__struct_fields__}, "start_step": 2})
     _, reply, _, _ = _latent_job(config, ctx, pack, tmp_path / "bad", init, mask, bad)
     assert isinstance(reply, m.Error) and reply.field == "params.start_step", reply
+
+
+# ---- batches: ComfyUI samples the batch as one tensor; the pipeline runs its images one after another -------------
+def _velocities_batch(x, sigma):
+    return tuple(np.stack(v) for v in zip(*(velocities(xi, sigma) for xi in x)))
+
+
+def _whole_batch(name, sigmas, noise, seed):
+    """The batch [B, C, h, w] through one k_sampling machine, as ComfyUI's sampler sees it (its noise draws over the
+    batch tensor): the reference for the image-by-image runs."""
+    from models.sampling.k_sampling import cfg_denoised, new_ksampler
+    m = new_ksampler(name, sigmas, seed=seed, shape=noise.shape)
+    st = m.start(noise)
+    while not m.done(st):
+        x_in, sigma = m.point(st)
+        m.feed(st, cfg_denoised(x_in, sigma, *_velocities_batch(x_in, sigma), CFG))
+    return m.result(st)
+
+
+@pytest.mark.parametrize("name", ["euler_ancestral", "dpmpp_2m_sde", "er_sde", "dpmpp_2m"])
+def test_batch_images_one_by_one_equal_the_batch_tensor(name):
+    seed, shape = 31, (3,) + SHAPE
+    noise = lo.batch_noise(seed, shape)
+    sigmas = ksampler_sigmas(name, "karras", 5)
+    want = _whole_batch(name, sigmas, noise, seed)
+    for b in range(3):
+        s = LatentSampler(steps=5, cfg=CFG, sampler=name, scheduler="karras", spectrum=None,
+                          plan=LatentPlan(batch_size=3, batch_pos=b))
+        got = _run(s, s.start(seed, image=np.zeros(SHAPE, np.float32), noise=noise[b]))
+        np.testing.assert_allclose(got, want[b], rtol=0, atol=2e-5, err_msg=f"{name}: image {b}")
+    if name == "euler_ancestral":                 # and the batch tensor is ComfyUI's: the loop written in torch
+        g = torch.Generator().manual_seed(seed + 1)
+        sig = torch.from_numpy(sigmas)
+        x = sig[0] * torch.from_numpy(noise)
+        for i in range(len(sig) - 1):
+            v_c, v_u = (torch.from_numpy(v) for v in _velocities_batch(x.numpy(), float(sig[i])))
+            d_u = x - v_u * sig[i]
+            den = d_u + ((x - v_c * sig[i]) - d_u) * CFG
+            if sig[i + 1] == 0:
+                x = den
+                continue
+            sd = sig[i + 1] * (1 + (sig[i + 1] / sig[i] - 1))
+            a1, ad = 1 - sig[i + 1], 1 - sd
+            x = (sd / sig[i]) * x + (1 - sd / sig[i]) * den
+            x = (a1 / ad) * x + torch.randn(x.shape, generator=g) * (sig[i + 1] ** 2 - sd ** 2 * a1 ** 2 / ad ** 2) ** 0.5
+        np.testing.assert_allclose(want, x.numpy(), rtol=0, atol=2e-5)
+
+
+def test_a_batch_image_resumes_bitwise(tmp_path):
+    plan = LatentPlan(batch_size=2, batch_pos=1, denoise=0.7)
+    noise = lo.batch_noise(8, (2,) + SHAPE)[1]
+
+    def make():
+        return LatentSampler(steps=4, cfg=CFG, sampler="er_sde", scheduler="simple", spectrum=None, plan=plan)
+    s = make()
+    want = _run(s, s.start(8, image=IMAGE, noise=noise))
+    s = make()
+    st = s.start(8, image=IMAGE, noise=noise)
+    x_in, sigma = s.point(st)
+    s.step_computed(st, *velocities(x_in, sigma))
+    st.save(tmp_path / "state.safetensors")
+    back = SamplerState.load(tmp_path / "state.safetensors")
+    s2 = sampler_from_settings(back.settings)
+    s2.check_state(back)
+    assert _run(s2, back).tobytes() == want.tobytes()
+    with pytest.raises(ValueError, match="batch_pos"):
+        LatentPlan(batch_size=2, batch_pos=2)

@@ -32,6 +32,7 @@ from typing import Optional
 import numpy as np
 
 from models.sampling import k_sampling as ks
+from models.sampling.brownian import BrownianTreeNoise
 from models.sampling import latent_ops as lo
 from models.sampling.k_sampling import cfg_denoised
 from models.sampling.denoise import start_or_resume
@@ -55,6 +56,8 @@ class LatentPlan:
     force_full_denoise: bool = False
     add_noise: bool = True
     masked: bool = False
+    batch_size: int = 1         # the batch ComfyUI samples as one tensor, and this image's place in it: the noise
+    batch_pos: int = 0          # samplers draw over the whole batch each time (see _Batched)
 
     def __post_init__(self):
         if self.last_step is None:              # force_full_denoise only acts on an end step: one spelling of each plan
@@ -65,6 +68,10 @@ class LatentPlan:
         for name, v in (("start_at_step", self.start_step), ("end_at_step", self.last_step)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 10_000):
                 raise ValueError(f"{name} must be an integer in 0..10000, got {v!r}")
+        for name, v, low, high in (("batch_size", self.batch_size, 1, lo.MAX_BATCH),
+                                   ("batch_pos", self.batch_pos, 0, max(0, self.batch_size - 1))):
+            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+                raise ValueError(f"{name} must be an integer in {low}..{high}, got {v!r}")
         for name in ("force_full_denoise", "add_noise", "masked"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -143,6 +150,53 @@ class _Inpainting:
         return den
 
 
+class _BatchDraws:
+    """A noise generator seen by image `pos` of a batch of `size`: every draw is one randn over the whole batch
+    [size, ...] (ComfyUI's default_noise_sampler draws over the batch tensor), of which this image keeps its own."""
+
+    def __init__(self, gen, pos: int, size: int):
+        self.gen, self.pos, self.size = gen, pos, size
+
+    def randn(self, shape) -> np.ndarray:
+        return self.gen.randn((self.size,) + tuple(shape))[self.pos]
+
+    def state(self) -> dict:
+        return self.gen.state()
+
+
+class _Batched:
+    """A k_sampling machine run for one image of a batch that ComfyUI samples as one tensor: its Gaussian draws and
+    its Brownian tree are the batch's (models.sampling.brownian over [size, C, h, w]), sliced to the image. The
+    deterministic samplers act on each image alone, so they need nothing of this."""
+
+    def __init__(self, inner: ks.KSampler, pos: int, size: int):
+        self.inner, self.pos, self.size = inner, pos, size
+        if inner._bt is not None:
+            sig = inner.noise_sigmas                    # the tree's span as KSampler builds it
+            tree = BrownianTreeNoise((size,) + inner.shape, float(sig[sig > 0].min()), float(sig.max()), inner.seed)
+            inner._bt = lambda s, s_next: tree(s, s_next)[pos:pos + 1]
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def _draws(self, st):
+        if st.gen is not None and not isinstance(st.gen, _BatchDraws):     # a fresh or a restored run
+            st.gen = _BatchDraws(st.gen, self.pos, self.size)
+        return st
+
+    def start(self, noise, latent=None):
+        return self._draws(self.inner.start(noise, latent))
+
+    def point(self, st):
+        return self.inner.point(self._draws(st))
+
+    def feed(self, st, denoised):
+        self.inner.feed(self._draws(st), denoised)
+
+    def feed_cfg(self, st, v_cond, v_uncond, cfg):
+        return self.inner.feed_cfg(self._draws(st), v_cond, v_uncond, cfg)
+
+
 class LatentSampler(Sampler):
     """The pipeline's Sampler over ComfyUI's sigmas for a LatentPlan, with the noise mask blended at every model call.
     A plain plan is text-to-image exactly as Sampler runs it."""
@@ -180,6 +234,8 @@ class LatentSampler(Sampler):
         fresh = key not in self._machines
         machine = super()._machine(seed, shape)
         plan = getattr(self, "latent_plan", None)       # None while Sampler.__init__ runs
+        if fresh and plan is not None and plan.batch_size > 1 and self.entry.stochastic:
+            machine = self._machines[key] = _Batched(machine, plan.batch_pos, plan.batch_size)
         if fresh and plan is not None and plan.masked:
             machine = self._machines[key] = _Inpainting(machine)
         return machine
