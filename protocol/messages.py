@@ -30,7 +30,7 @@ The conversation (→ request, ← its reply, ⇢ event):
     → DECODE {job, latent, arena, output, return_png, metadata, tile}    ← DECODED {job, path, png, width, height, timings}
     → VAE_ENCODE {job, image, arena, latent, tile}     ← VAE_ENCODED {job, latent, timings}
   orchestrator CLI, HTTP front → orchestrator daemon (ipc://RUN/sock/orchestrator.sock)
-    → SUBMIT {prompt_json, base_dir, origin}           ← SUBMITTED {job, seed, position}
+    → SUBMIT {prompt, base_dir, origin}                ← SUBMITTED {job, seed, position}
     → STATUS {job | None, detail, active, before, limit}   ← JOBS {jobs: [JobInfo], more}
     → CANCEL {job}                                     ← OK
     → RESUME {job}                                     ← SUBMITTED
@@ -51,6 +51,7 @@ from models.lora.choice import MAX_LORAS, LoraChoice
 from models.schema import fields_of
 from models.sampling.spectrum import SpectrumSettings
 from models.sampling.step_cache import CacheSettings
+from protocol.prompt import PromptFile
 from protocol.fields import (MAX_NAME_CHARS, MAX_PATH_CHARS, MAX_TEXT_CHARS, Count, Float, Int, List, Map, Name, Note,
                              Path, ProtocolError, Scalar, Seconds, Text, Version, WireRecord)
 from protocol.tensors import TensorDesc
@@ -447,7 +448,7 @@ class VaeEncoded(Message, tag="VAE_ENCODED"):
 
 # ---- orchestrator CLI ↔ daemon ------------------------------------------------------------------------------------
 
-MAX_PROMPT_JSON_CHARS = 65_536  # a whole prompt.json (orchestrator.prompt_spec.MAX_FILE_BYTES)
+MAX_PROMPT_JSON_CHARS = 65_536  # a whole prompt.json (protocol.prompt.MAX_FILE_BYTES)
 MAX_ORIGIN_CHARS = 65_536       # what a job came from (JSON: api, client id, the client's graph)
 MAX_JOBS_LISTED = 256
 MAX_PACKS = 32
@@ -486,7 +487,7 @@ class PackRef(_Record, frozen=True):
 
 @_message("SUBMIT")
 class Submit(Message, tag="SUBMIT"):
-    prompt_json: Text(MAX_PROMPT_JSON_CHARS)  # the file's text: the daemon validates it again
+    prompt: PromptFile  # the one prompt record (protocol/prompt.py), checked as it is decoded
     base_dir: Path  # relative `output` paths resolve from here (the CLI's working directory)
     origin: Text(MAX_ORIGIN_CHARS) = ""  # JSON object kept with the job: {"api", "client_id", "graph"...}
 
