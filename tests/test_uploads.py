@@ -278,6 +278,16 @@ def test_valid_img2img_is_refused_501_and_queues_nothing(front):
     assert front.link.submitted == []
 
 
+def test_img2img_without_a_size_takes_the_default_packs(front):
+    """As txt2img: no width/height is the default pack's size (the stand-in daemon's 128x128), so a 128x128 init
+    image under resize_mode's default needs no resize and a 64x64 one is resized to it."""
+    from orchestrator.http.img2img import to_request
+    body = {k: v for k, v in img2img_body().items() if k not in ("width", "height")}
+    assert front.request("POST", "/sdapi/v1/img2img", body)[0] == 501
+    r = to_request(body, (128, 128))
+    assert r.spec["width"] == r.spec["height"] == 128 and _pixels(r.init_image).shape == (128, 128, 3)
+
+
 def test_img2img_body_may_be_larger_than_max_body(front):
     big = png(RNG.integers(0, 256, (400, 400, 3), dtype=np.uint8))
     assert len(b64(big)) > front.front.settings.max_body_bytes

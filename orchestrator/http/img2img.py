@@ -140,9 +140,10 @@ def _resize_mode(body: dict) -> int:
     return mode
 
 
-def to_request(body: dict) -> Img2ImgRequest:
-    """An img2img request body -> the checked record (BadRequest 422 naming the first bad field)."""
-    spec = a1111.to_spec({k: v for k, v in body.items() if k not in IMG2IMG_FIELDS})
+def to_request(body: dict, size: tuple = (512, 512)) -> Img2ImgRequest:
+    """An img2img request body -> the checked record (BadRequest 422 naming the first bad field); `size`: the
+    width and height a request without them gets, as txt2img's."""
+    spec = a1111.to_spec({k: v for k, v in body.items() if k not in IMG2IMG_FIELDS}, size)
     resize_mode, denoise = _resize_mode(body), _strength(body)
     blur_x, blur_y = _blur(body)
     fill = a1111._number(body, "inpainting_fill", 0, integer=True, low=0, high=3)
@@ -157,10 +158,11 @@ def to_request(body: dict) -> Img2ImgRequest:
 
 async def img2img(request: web.Request) -> web.Response:
     """Checked in full (422 naming a field), then 501: the encoder and sampling pieces that run it are not here."""
-    settings = request.app[FRONT].settings
+    front = request.app[FRONT]
     try:
-        body = await read_json(request.clone(client_max_size=settings.max_upload_bytes))
-        await asyncio.to_thread(to_request, body)
+        body = await read_json(request.clone(client_max_size=front.settings.max_upload_bytes))
+        sizes = (await front.tracker.names()).sizes
+        await asyncio.to_thread(to_request, body, sizes[0] if sizes else (512, 512))
     except BadRequest as e:
         raise a1111._unprocessable(e) from None
     return json_response({"error": "NotImplemented", "detail": NOT_BUILT}, 501)
