@@ -7,6 +7,7 @@ with its models folder holding the same files as --models (diffusion_models/, te
 and then
     .venv/bin/python bench/comfy_reference.py --comfyui http://127.0.0.1:8190 --models MODELS --pack PACK \\
         --combo euler/simple --combo er_sde/beta --out bench/out/comfy_reference.json
+(add `--step-cache easycache --steps 14` for both sides with ComfyUI's EasyCache node, `--cfg 1` for one pass per call)
 For each sampler/scheduler combo it submits ComfyUI's API graph (UNETLoader, CLIPLoader, VAELoader, CLIPTextEncode
 x2, EmptySD3LatentImage, ModelSamplingAuraFlow shift 3, KSampler, VAEDecode, SaveImage, SaveLatent), fetches the
 latent and the PNG, computes the same job here in-process (the text encoder on torch, the DiT through the pack on
@@ -36,7 +37,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.sampling.k_sampling import SAMPLERS, cfg_denoised, ksampler_sigmas, new_ksampler  # noqa: E402
+from models.sampling.denoise import model_call  # noqa: E402
 from models.sampling.sampler import Sampler  # noqa: E402
+from models.sampling.step_cache import CacheSettings  # noqa: E402
 from models.models_dir import add_model_arguments, paths_from_args  # noqa: E402
 from models.sampling.noise import comfy_noise  # noqa: E402
 from models.safetensors_io import SafeTensorsFile  # noqa: E402
@@ -48,9 +51,10 @@ class ComfyError(RuntimeError):
 
 
 def comfy_graph(files: dict, prompt: str, negative: str, seed: int, steps: int, cfg: float, sampler: str,
-                scheduler: str, width: int, height: int, prefix: str) -> dict:
-    """ComfyUI's standard Anima text-to-image graph plus a SaveLatent of the KSampler's output."""
-    return {
+                scheduler: str, width: int, height: int, prefix: str, cache=None) -> dict:
+    """ComfyUI's standard Anima text-to-image graph plus a SaveLatent of the KSampler's output; `cache` (a
+    CacheSettings) puts its EasyCache or LazyCache node between ModelSamplingAuraFlow and the KSampler."""
+    graph = {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": files["dit"], "weight_dtype": "default"}},
         "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": files["text_encoder"], "type": "stable_diffusion"}},
         "3": {"class_type": "VAELoader", "inputs": {"vae_name": files["vae"]}},
@@ -65,6 +69,12 @@ def comfy_graph(files: dict, prompt: str, negative: str, seed: int, steps: int, 
         "10": {"class_type": "SaveImage", "inputs": {"images": ["9", 0], "filename_prefix": prefix}},
         "11": {"class_type": "SaveLatent", "inputs": {"samples": ["8", 0], "filename_prefix": "latents/" + prefix}},
     }
+    if cache is not None:
+        graph["12"] = {"class_type": cache.node, "inputs": {"model": ["7", 0], "reuse_threshold": cache.reuse_threshold,
+                                                           "start_percent": cache.start_percent,
+                                                           "end_percent": cache.end_percent, "verbose": False}}
+        graph["8"]["inputs"]["model"] = ["12", 0]
+    return graph
 
 
 class ComfyClient:
@@ -131,13 +141,14 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def project_latent(runner, cond, uncond, seed: int, steps: int, cfg: float, sampler: str, scheduler: str,
-                   shape: tuple, today: bool) -> tuple:
-    """(final latent [16, h, w], model calls) of this project's job in-process."""
+                   shape: tuple, today: bool, cache=None) -> tuple:
+    """(final latent [16, h, w], model passes) of this project's job in-process (a step cache's reused calls and cfg
+    1's missing unconditional pass make none)."""
     noise = comfy_noise(seed, shape)
     if today:
-        s = Sampler(steps=steps, cfg=cfg, scheduler=scheduler, spectrum=None, sampler=sampler)
-        st = s.sample(lambda x, sigma: runner.forward_cfg(x, sigma, cond, uncond), latent=noise, seed=seed)
-        return s.result(st), 2 * sum(st.nfe)
+        s = Sampler(steps=steps, cfg=cfg, scheduler=scheduler, spectrum=None, sampler=sampler, cache=cache)
+        st = s.sample(lambda x, sigma: model_call(runner, s, x, sigma, cond, uncond), latent=noise, seed=seed)
+        return s.result(st), s.passes * sum(st.nfe)
     ks = new_ksampler(sampler, ksampler_sigmas(sampler, scheduler, steps), seed=seed, shape=shape)
     calls = [0]
 
@@ -168,7 +179,11 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="JSON file for the rows (and the latents as .npz next to it)")
     p.add_argument("--record", default=None, help="write a test record (.npz): ComfyUI's final latents, the job's "
                    "settings and its conditioning rows, what tests/test_samplers_comfy_model.py checks against")
+    p.add_argument("--step-cache", choices=("easycache", "lazycache"), default=None,
+                   help="both sides with ComfyUI's EasyCache or LazyCache node (its default percents)")
+    p.add_argument("--reuse-threshold", type=float, default=0.2, help="the cache node's reuse_threshold")
     a = p.parse_args(argv)
+    cache = None if a.step_cache is None else CacheSettings(kind=a.step_cache, reuse_threshold=a.reuse_threshold)
 
     combos = [c.split("/", 1) for c in (a.combo or ["euler/simple", "euler/sgm_uniform"])]
     for c in combos:
@@ -198,13 +213,14 @@ def main(argv=None) -> int:
         prefix = f"anima_ref_{sampler}_{scheduler}_{a.seed}"
         t0 = time.monotonic()
         out = client.run(comfy_graph(files, a.prompt, a.negative, a.seed, a.steps, a.cfg, sampler, scheduler,
-                                     width, height, prefix))
+                                     width, height, prefix, cache))
         comfy_s = time.monotonic() - t0
         z_ref = comfy_latent(client.view(out["11"]["latents"][0]), tmp)
         img_ref = png_pixels(client.view(out["10"]["images"][0]))
-        for today in ((True, False) if sampler == "euler" else (True,)):
+        for today in ((True, False) if sampler == "euler" and cache is None else (True,)):
             t0 = time.monotonic()
-            z, calls = project_latent(runner, cond, uncond, a.seed, a.steps, a.cfg, sampler, scheduler, shape, today)
+            z, calls = project_latent(runner, cond, uncond, a.seed, a.steps, a.cfg, sampler, scheduler, shape, today,
+                                      cache)
             ours_s = time.monotonic() - t0
             img = vae.decode(z, tile=None).image
             row = {"sampler": sampler, "scheduler": scheduler, "project": "pipeline sampler" if today else "k_sampling",
