@@ -29,6 +29,7 @@ from protocol.arena import reap, run_prefix
 from protocol.sockets import EventPull, LazyPirate, Server
 from protocol.version import VERSION
 from stages.config import ConfigError
+from stages.config_digest import stale_stages_message
 
 log = logging.getLogger(__name__)
 
@@ -288,6 +289,9 @@ class Daemon:
         base = Path(msg.base_dir)
         if not base.is_absolute():
             return m.error_reply(msg.id, "bad_request", "base_dir must be an absolute path", field="base_dir")
+        stale = stale_stages_message(self.cfg, ALWAYS_ON_STAGES)     # the on-demand ones start on the file as it is
+        if stale:
+            return m.error_reply(msg.id, "failed", stale)
         spec = resolve_prompt(msg.prompt, base_dir=base, resolution=list(self.packs))
         size = (spec.width or self.pack.width, spec.height or self.pack.height)
         if self.vae_sizes is not None and size not in self.vae_sizes:     # found now, not after the whole denoise

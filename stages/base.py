@@ -42,6 +42,7 @@ from protocol.fields import ProtocolError
 from protocol.security import served_elsewhere
 from protocol.sockets import POLL_SLICE_S, EventPush, Request, Server
 from protocol.version import VERSION
+from stages.config_digest import record_start
 from stages.config import ConfigError, PipelineConfig, load_config
 
 log = logging.getLogger(__name__)
@@ -376,6 +377,7 @@ def stage_main(stage: str, make_logic: Callable[[PipelineConfig], Any], argv: li
             event_socket(ctx, config).last_word(m.Dying(stage=stage, pid=os.getpid(),
                                                         reason=f"start-up failed: {type(e).__name__}: {e}"[:4000]))
             return EXIT_FATAL
+        record_start(config, stage)      # what it runs with: a later edit of the file is told, not met halfway
         return StageProc(stage, logic, config, ctx=ctx).run()
     finally:
         ctx.term()

@@ -155,3 +155,84 @@ def test_info_on_a_lora_tells_layout_rank_and_targets(tmp_path, capsys):
         assert f"kind: LoRA ({layout} layout), {modules} modules" in out and f"rank: {rank}," in out
         assert "unknown" not in out and ("text encoder x" in out) == ("te" in groups)
         assert "DiT x" in out and "self_attn, cross_attn, mlp" in out
+
+
+# ---- item 18: pipeline.toml edited under running stages -------------------------------------------------------------
+
+def _submit(d, base: Path):
+    from protocol import messages as m
+    from protocol.prompt import PromptFile
+    prompt = {"prompt": "1girl", "seed": 1, "steps": 2, "width": 64, "height": 64}
+    return d.handle(m.Submit(prompt=PromptFile.from_data(prompt), base_dir=str(base)))
+
+
+def test_a_job_is_refused_while_a_stage_runs_an_older_config(lora_bundle, tmp_path, capsys):
+    """Reported: after an edit of pipeline.toml, `orchestrator restart orchestrator` accepted the next job, which then
+    failed halfway on the scheduler's and executor's stale settings. Now a stage records what it started with, and
+    the daemon refuses a job while a running stage's settings differ from the file's, naming the stage, the setting
+    and the restart; a change the stage does not use, or a restarted stage, lets jobs through."""
+    from orchestrator.daemon import Daemon
+    from orchestrator.runfolder import RunFolder
+    from protocol import messages as m
+    from stages.config import load_config
+    from stages.config_digest import record_path, record_start
+    run = tmp_path / "run"
+    assert cli.main(["--run", str(run), "init", "--bundle", str(lora_bundle), "--quick"]) == 0
+    toml = run / "pipeline.toml"
+    for stage in ("scheduler", "executor"):
+        record_start(load_config(toml), stage)                 # as stage_main does, for this (live) process
+    original = toml.read_text()
+    cases = ((original.replace("[stage.http]\n", "[stage.http]\nport = 9999\n"), None),        # not the stages'
+             (original + "\n[stage.scheduler]\nbranch_timeout_s = 300.0\n", "stage.scheduler.branch_timeout_s"),
+             (original.replace('run_dir = "."\n', 'run_dir = "."\nthreads = 1\n'), "threads"))
+    for text, changed in cases:
+        toml.write_text(text)
+        cfg = load_config(toml)
+        d = Daemon(cfg, RunFolder.resolve(run))
+        try:
+            queued = len(d.store.pending())
+            reply = _submit(d, tmp_path)
+            if changed is None:
+                assert isinstance(reply, m.Submitted), reply
+                continue
+            assert isinstance(reply, m.Error) and changed in reply.message, reply
+            assert "orchestrator restart scheduler" in reply.message and len(d.store.pending()) == queued
+            if changed == "threads":                           # a top-level key: every stage runs with it
+                assert "orchestrator restart executor" in reply.message
+            record_start(cfg, "scheduler")                     # the scheduler restarted on the file
+            record_start(cfg, "executor")
+            assert isinstance(_submit(d, tmp_path), m.Submitted)
+        finally:
+            d.close()
+            d.ctx.term()
+    assert json.loads(record_path(cfg, "scheduler").read_text())["pid"] == os.getpid()
+
+
+def test_a_started_stage_records_the_config_it_took(lora_bundle, tmp_path):
+    """The record the check above reads is written by the stage process itself (stage_main), with its pid."""
+    import subprocess
+    import sys
+    import time
+    from stages.config import load_config
+    from stages.config_digest import digest, effective_settings, record_path, stale_settings
+    run = tmp_path / "run"
+    assert cli.main(["--run", str(run), "init", "--bundle", str(lora_bundle), "--quick"]) == 0
+    cfg = load_config(run / "pipeline.toml")
+    path = record_path(cfg, "executor")
+    proc = subprocess.Popen([sys.executable, "-m", "stages.executor", "--config", str(run / "pipeline.toml")],
+                            cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not path.is_file() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        rec = json.loads(path.read_text())
+        assert rec["pid"] == proc.pid and rec["digest"] == digest(effective_settings(cfg, "executor"))
+        assert stale_settings(cfg, "executor") == []
+        (run / "pipeline.toml").write_text((run / "pipeline.toml").read_text() + "\n[stage.scheduler]\n"
+                                           "branch_timeout_s = 300.0\n")       # not the executor's table
+        assert stale_settings(load_config(run / "pipeline.toml"), "executor") == []
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert stale_settings(cfg, "executor") == []       # its process gone: a new one reads the file as it is
