@@ -152,3 +152,53 @@ def test_fits_a_phone(pipe, browser):
     assert box["x"] >= 0 and box["x"] + box["width"] <= 390 and box["height"] >= 36      # a finger-sized button
     cols = page.evaluate("getComputedStyle(document.getElementById('gallery')).gridTemplateColumns.split(' ').length")
     assert cols == 2
+
+
+def test_spectrum_comes_back_and_several_loras_with_their_strengths(pipe, browser):
+    """Reported: switching back from a two-call sampler left Spectrum unchecked (the next job ran without it); the
+    page offered one LoRA per job and no text-encoder strength; gallery cards did not show a job's LoRAs."""
+    from models.lora.choice import MAX_LORAS
+    from models.lora.synth import write_lora
+    from stages.config import load_config
+    loras = load_config(pipe.root / "pipeline.toml").models_dir / "loras"
+    loras.mkdir(exist_ok=True)
+    for i, name in enumerate(("ink", "sketch")):      # text-encoder LoRAs: a plain pack takes them (the encoder's)
+        write_lora("tiny", 60 + i, loras / f"{name}.safetensors", "comfy", rank=2, groups=("adapter", "te"))
+    page, errors = _open(browser, pipe.http_url())
+    page.wait_for_selector("#lora-box:not([hidden])")
+    # Spectrum: the user's choice is back once the sampler that ruled it out is gone, checked or not
+    for wanted in (True, False):
+        page.set_checked("#spectrum", wanted)
+        page.select_option("#sampler", "heun")
+        assert page.is_disabled("#spectrum") and not page.is_checked("#spectrum")
+        page.select_option("#sampler", "euler")
+        assert not page.is_disabled("#spectrum") and page.is_checked("#spectrum") == wanted
+    page.set_checked("#spectrum", True)
+    # LoRA rows: one to start with, as many as the server takes, each with two strengths
+    assert len(page.query_selector_all("#lora-rows .lora")) == 1
+    while not page.is_disabled("#lora-add"):
+        page.click("#lora-add")
+    assert len(page.query_selector_all("#lora-rows .lora")) == MAX_LORAS
+    while len(page.query_selector_all("#lora-rows .lora")) > 2:
+        page.click("#lora-rows .lora:last-child .lora-remove")
+    assert not page.is_disabled("#lora-add")
+    chosen = [("ink.safetensors", "0.5", "0.25"), ("sketch.safetensors", "1", "0.75")]
+    for row, (name, model, te) in zip(page.query_selector_all("#lora-rows .lora"), chosen):
+        row.query_selector(".lora-name").select_option(name)
+        row.query_selector(".lora-strength").fill(model)
+        row.query_selector(".lora-clip").fill(te)
+    page.fill("#prompt", "a job with two LoRAs")
+    page.fill("#steps", "20")
+    page.click("#go")
+    page.wait_for_function("document.getElementById('live-job').textContent.startsWith('job ')")
+    job = page.text_content("#live-job").split()[-1]
+    import json
+    spec = json.loads((pipe.job_dir(job) / "job.json").read_text())["spec"]
+    assert [(x["name"], x["strength"], x["clip_strength"]) for x in spec["loras"]] == \
+        [(n, float(s), float(t)) for n, s, t in chosen]
+    assert spec["spectrum"] not in (False, None)
+    card = page.wait_for_selector(f"#job-{job} .loras")
+    assert card.inner_text() == "LoRA " + " · ".join(f"{n} {s} / text encoder {t}" for n, s, t in chosen)
+    page.click("#cancel")
+    page.wait_for_function("document.getElementById('live-state').textContent === 'cancelled'", timeout=JOB_MS)
+    assert errors == []

@@ -16,6 +16,7 @@ from pathlib import Path
 from aiohttp import web
 
 from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLERS, SCHEDULER_NAMES, spectrum_refusal
+from models.lora.choice import MAX_LORAS
 from orchestrator.http import files
 from orchestrator.http.common import FRONT, cancel_job, json_response, read_json, refuse, submit_job
 from orchestrator.http.views import JobView
@@ -41,7 +42,7 @@ async def info(request: web.Request) -> web.Response:
                                                                        for p in pipe.packs},
         "defaults": {"steps": DEFAULT_STEPS, "cfg": DEFAULT_CFG, "spectrum": True, "sampler": DEFAULT_SAMPLER,
                      "scheduler": DEFAULT_SCHEDULER},
-        "limits": {"steps": MAX_STEPS, "cfg": MAX_CFG, "prompt_chars": MAX_PROMPT_CHARS},
+        "limits": {"steps": MAX_STEPS, "cfg": MAX_CFG, "prompt_chars": MAX_PROMPT_CHARS, "loras": MAX_LORAS},
         # the pickers: every sampler with its model calls per step and why Spectrum does not fit it (None: it does)
         "samplers": [{"name": s.name, "nfe": s.nfe, "spectrum": spectrum_refusal(s.name)} for s in SAMPLERS.values()],
         "schedulers": list(SCHEDULER_NAMES), "max_queue": pipe.max_queue, "version": pipe.version,

@@ -9,6 +9,7 @@ let info = null;            // GET /anima/info
 let current = null;         // the job this page submitted and follows
 let oldest = null;          // the gallery's oldest job id (paging back)
 let ws = null;
+let spectrumWanted = true;  // the user's own choice, put back when the sampler (or cache) that ruled it out goes
 
 // ------------------------------------------------------------------ requests
 
@@ -48,7 +49,7 @@ function spectrumFits() {
   const s = info.samplers.find((x) => x.name === $("sampler").value);
   const why = s ? s.spectrum : null;
   $("spectrum").disabled = Boolean(why);
-  if (why) $("spectrum").checked = false;
+  $("spectrum").checked = why ? false : spectrumWanted;
   $("spectrum").parentElement.title = why || "";
 }
 
@@ -58,7 +59,10 @@ function formBody() {
                  cfg: Number($("cfg").value), width: w, height: h, sampler: $("sampler").value,
                  scheduler: $("scheduler").value, spectrum: $("spectrum").checked, client_id: clientId };
   if ($("seed").value.trim() !== "") body.seed = $("seed").value.trim();   // digits: 64-bit seeds overflow a Number
-  if ($("lora").value) body.loras = [{ name: $("lora").value, strength: Number($("lora-strength").value) }];
+  const loras = Array.from(document.querySelectorAll("#lora-rows .lora"), (r) => ({
+    name: r.querySelector(".lora-name").value, strength: Number(r.querySelector(".lora-strength").value),
+    clip_strength: Number(r.querySelector(".lora-clip").value) })).filter((l) => l.name);
+  if (loras.length) body.loras = loras;
   return body;
 }
 
@@ -84,6 +88,35 @@ async function cancel() {
   $("cancel").disabled = true;
   try { await api("/anima/jobs/" + encodeURIComponent(current) + "/cancel", { method: "POST", body: "{}" }); }
   catch (e) { showError(e.message); }
+}
+
+// one row per LoRA: its name, its strength on the model (DiT) and on the text encoder; as many as the server takes
+function strengthInput(cls, title) {
+  return el("input", { className: cls, type: "number", min: -100, max: 100, step: 0.05, value: 1, title,
+                       inputMode: "decimal" });
+}
+
+function addLoraRow() {
+  const rows = $("lora-rows");
+  if (rows.children.length >= info.limits.loras) return;
+  const pick = el("select", { className: "lora-name" }, el("option", { value: "", textContent: "none" }));
+  for (const name of info.loras || []) pick.append(el("option", { value: name, textContent: name }));
+  const row = el("div", { className: "row lora" }, el("label", {}, "LoRA ", pick),
+                 el("label", {}, "Model ", strengthInput("lora-strength", "strength on the model (DiT)")),
+                 el("label", {}, "Text encoder ", strengthInput("lora-clip", "strength on the text encoder")));
+  row.append(el("button", { type: "button", className: "lora-remove", textContent: "Remove",
+                            onclick: () => { row.remove(); loraButtons(); } }));
+  rows.append(row);
+  loraButtons();
+}
+
+function loraButtons() {
+  $("lora-add").disabled = $("lora-rows").children.length >= info.limits.loras;
+}
+
+function loraText(l) {
+  const te = l.clip_strength === null || l.clip_strength === undefined ? "" : " / text encoder " + l.clip_strength;
+  return l.name + " " + l.strength + te;
 }
 
 // ------------------------------------------------------------------ live progress
@@ -180,6 +213,9 @@ function card(j) {
   }
   c.append(el("div", { className: "prompt", textContent: s.prompt || "" }));
   c.append(el("div", { className: "meta", textContent: meta }));
+  if ((s.loras || []).length) {
+    c.append(el("div", { className: "meta loras", textContent: "LoRA " + s.loras.map(loraText).join(" · ") }));
+  }
   const state = el("span", { className: "badge " + j.state, textContent: j.state });
   c.append(el("div", { className: "meta" }, state, document.createTextNode(" " + j.job +
     (j.error ? " — " + j.error_stage + ": " + j.error : ""))));
@@ -229,9 +265,11 @@ async function start() {
   $("steps").max = info.limits.steps;
   $("cfg").value = info.defaults.cfg;
   $("cfg").max = info.limits.cfg;
-  $("spectrum").checked = info.defaults.spectrum;
-  for (const name of info.loras || []) $("lora").append(el("option", { value: name, textContent: name }));
-  $("lora-row").hidden = !(info.loras || []).length;     // a LoRA-ready pack applies it; a plain one says so
+  $("spectrum").checked = spectrumWanted = info.defaults.spectrum;
+  $("spectrum").addEventListener("change", () => { spectrumWanted = $("spectrum").checked; });
+  $("lora-box").hidden = !(info.loras || []).length;     // a LoRA-ready pack applies them; a plain one says so
+  $("lora-add").addEventListener("click", addLoraRow);
+  addLoraRow();
   for (const s of info.samplers) {
     const calls = s.nfe === "1" ? "" : " (" + s.nfe + " model calls per step)";
     $("sampler").append(el("option", { value: s.name, textContent: s.name + calls }));
