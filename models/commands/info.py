@@ -95,7 +95,8 @@ def _lora_lines(path: str):
     for part, n in parts.most_common():
         more = ""
         if part == "DiT" and blocks:
-            more = f" in {len(blocks)} block(s) {min(blocks)}..{max(blocks)}" + (f": {', '.join(kinds)}" if kinds else "")
+            more = f" in {len(blocks)} block(s) {min(blocks)}..{max(blocks)}"
+            more += f": {', '.join(kinds)}" if kinds else ""
         targets.append(f"{part} x{n}{more}")
     return [f"kind: LoRA ({', '.join(lf.layouts)} layout), {len(pairs)} modules",
             f"rank: {ranks[-1] if len(ranks) == 1 else f'{ranks[0]}..{ranks[-1]}'}"
