@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from models.board.cost import BoardModel, Shape
@@ -124,3 +125,19 @@ def test_doctor_prints_one_memory_line_per_size(tmp_path, tiny_dit, monkeypatch)
     monkeypatch.setattr(probes, "MEMINFO", str(meminfo))
     low = check({"backend": "rknn"})
     assert {c.status for c in low} == {WARN} and all("MemAvailable 1562 MiB (measured)" in c.text for c in low)
+
+
+def test_compile_records_each_contexts_planned_memory(rknn_pack):
+    from models.manifest import manifest_json
+    pack, report = rknn_pack
+    compiled = [b for b in manifest_json(pack)["branches"] if "rknn" in b]
+    assert len(compiled) == 6
+    for b in compiled:
+        e = b["rknn"]
+        # a context holds at least its graph's own inputs and outputs, and the weights the graph file carries
+        io_bytes = max(2 * int(np.prod(t["shape"])) for t in b["inputs"] + b["outputs"])
+        assert e["internal_bytes"] >= io_bytes, (b["kind"], e["internal_bytes"], io_bytes)
+        assert 0 < e["weight_mem_bytes"] <= e["bytes"], (b["kind"], e)
+    by_name = {r["name"]: r for r in report["branches"]}
+    assert all(by_name[f"b{b['block']:02d}_{b['kind']}"]["internal_bytes"] == b["rknn"]["internal_bytes"]
+               for b in compiled)
