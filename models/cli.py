@@ -16,6 +16,8 @@ COMMANDS = {
     "pack-vae": ("models.commands.pack_vae", "convert a VAE file into a VAE pack (trunk + tile ONNX for one resolution)"),
     "forward": ("models.commands.forward", "one DiT forward through a pack, in process"),
     "calibrate": ("models.commands.calibrate", "collect a pack's branch inputs from real jobs (INT8 calibration)"),
+    "quant-check": ("models.commands.quant_check", "an INT8 pack's branches and a whole job in the rknn-toolkit2 "
+                    "simulator against the FP32 reference"),
     "verify": ("models.commands.verify", "compare a pack's branches against the FP32 reference"),
     "compile": ("models.commands.compile", "compile a DiT or VAE pack's ONNX files to RKNN with rknn-toolkit2"),
     "encode": ("models.commands.encode", "prompt -> text context [512, context_dim]"),

@@ -67,10 +67,11 @@ def _read_manifest(pack: Path) -> dict:
     return m
 
 
-def up_to_date(pack: Path, branch: dict, toolkit: str, target: str) -> bool:
-    """A compiled file exists, matches its recorded sha256, and was built from this ONNX by this toolkit for target."""
+def up_to_date(pack: Path, branch: dict, toolkit: str, target: str, quant: str = None) -> bool:
+    """A compiled file exists, matches its recorded sha256, and was built from this ONNX by this toolkit for target
+    (a W8A8 branch: with this quantization fingerprint)."""
     e = branch.get("rknn")
-    if not isinstance(e, dict):
+    if not isinstance(e, dict) or e.get("quant") != quant:
         return False
     if e.get("onnx_sha256") != branch.get("sha256") or e.get("toolkit") != toolkit or e.get("target") != target:
         return False
@@ -109,7 +110,7 @@ def _commit(tmp: Path, out: Path) -> None:
 
 
 def build_branch(slot: _WorkerSlot, pack: Path, branch: dict, target: str, toolkit: str,
-                 unit: Optional[tuple] = None) -> BranchResult:
+                 unit: Optional[tuple] = None, manifest: Optional[dict] = None) -> BranchResult:
     """Compile one branch (or `unit`: a shard part of it, its stem, see `units`); the .rknn is renamed into place
     only when the build log is clean of REGTASK errors."""
     if unit is not None:
@@ -124,15 +125,20 @@ def build_branch(slot: _WorkerSlot, pack: Path, branch: dict, target: str, toolk
     out, tmp, log_path = pack / out_rel, pack / (out_rel + ".tmp"), pack / log_rel
     log_path.unlink(missing_ok=True)
     t0 = time.perf_counter()
+    work = pack / RKNN_DIR / f".{name}.dataset"
     try:
+        quant = _quant_fields(pack, manifest, branch, work)
         w = slot.get()
-        reply = w.request("build", onnx=str(onnx_path), out=str(tmp), target=target, log=str(log_path))
+        reply = w.request("build", onnx=str(onnx_path), out=str(tmp), target=target, log=str(log_path),
+                          **{k: v for k, v in quant.items() if k == "quant"})
     except ToolkitError as e:
         tmp.unlink(missing_ok=True)
         code = e.args[1] if len(e.args) > 1 else None
         res.error = str(e.args[0]) + (" — a segmentation fault in the compiler" if code in (-11, 139) else "")
         slot.close()
         return res
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     wall = time.perf_counter() - t0
     parsed = parse_build_log(log_path.read_text(errors="replace") if log_path.exists() else "")
     if parsed.regtask_errors:
@@ -156,9 +162,29 @@ def build_branch(slot: _WorkerSlot, pack: Path, branch: dict, target: str, toolk
         # what a context of it needs on the board beyond the file: the compiler's planned activation memory
         "internal_bytes": parsed.internal_bytes, "weight_mem_bytes": parsed.weight_bytes,
     }
+    if quant:
+        res.entry.update(quant=quant["fingerprint"], int8_tensors=reply.get("int8_tensors"))
     if parsed.cpu_ops:
         log.warning("%s: %d operator(s) on the CPU: %s", name, len(parsed.cpu_ops), ", ".join(parsed.cpu_op_names()))
     return res
+
+
+def _quant_fields(pack: Path, manifest: Optional[dict], branch: dict, work: Path) -> dict:
+    """{"quant": request, "fingerprint"} of a W8A8 branch (models/rknn/quant.py), {} for a float one."""
+    if manifest is None or "block" not in branch:
+        return {}
+    from models.rknn.quant import quant_fingerprint, quant_request
+    req = quant_request(pack, manifest, branch, work)
+    return {} if req is None else {"quant": req, "fingerprint": quant_fingerprint(manifest, branch)}
+
+
+def _fingerprint(manifest: dict, branch: dict):
+    """The quantization fingerprint a W8A8 branch's .rknn must carry to be up to date (None for a float one)."""
+    from models.manifest import branch_int8, quant_info
+    if "block" not in branch or quant_info(manifest) is None or not branch_int8(branch):
+        return None
+    from models.rknn.quant import quant_fingerprint
+    return quant_fingerprint(manifest, branch)
 
 
 def toolkit_version(venv=None) -> str:
@@ -196,7 +222,8 @@ def compile_pack(pack_dir, target: str = "rk3588", jobs: int = 1, venv=None, blo
     check_regressions(pack, [b for b, _, _ in work], toolkit)
     (pack / LOG_DIR).mkdir(parents=True, exist_ok=True)
     run = _CompileRun(pack, manifest, target, toolkit, venv, per_worker, progress)
-    run.queue = [u for u in work if force or not up_to_date(pack, u[0], toolkit, target)]
+    run.queue = [u for u in work if force or not up_to_date(pack, u[0], toolkit, target,
+                                                            _fingerprint(manifest, u[0]))]
     for u in work:
         if u not in run.queue:
             run.results[u[2]] = BranchResult.of(u[1], "skipped", u[0]["rknn"], name=u[2])
@@ -267,7 +294,7 @@ class _CompileRun:
 
     def build_one(self, u: tuple) -> BranchResult:
         b = u[0]
-        r = build_branch(self._slot(), self.pack, b, self.target, self.toolkit, unit=u)
+        r = build_branch(self._slot(), self.pack, b, self.target, self.toolkit, unit=u, manifest=self.manifest)
         with self.lock:
             self.results[r.name] = r
             if r.status == "built":

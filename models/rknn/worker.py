@@ -10,6 +10,8 @@ named by the request, or to /dev/null, by redirecting file descriptors 1 and 2.
 Requests ({"op": ...}):
   hello                                     -> toolkit version, python, pid
   build    onnx, out, target, log            -> load_onnx + build(no quantization) + export_rknn to `out`
+           [, quant: {dataset: [[npy per input]], int8: [tensor names], int8_inputs: [input names]}]
+                                             -> W8A8 hybrid quantization instead: those MatMuls INT8, the rest FP16
   sim_load onnx, target, log                 -> load_onnx + build + init_runtime() in the simulator (kept alive)
   sim_infer inputs [npy paths, graph order], out_dir, log [, data_format: ["nchw", ...] per input]
                                              -> outputs as npy files (float32, as the simulator returns)
@@ -81,10 +83,36 @@ def toolkit_version() -> str:
         return "unknown"
 
 
+def _float16_all_but(cfg_path: str, int8: list, int8_inputs, graph_inputs=()) -> dict:
+    """Edit the toolkit's hybrid quantization config (YAML it wrote: `custom_quantize_layers: {}` then
+    `quantize_parameters:` with one 4-space-indented `name:` per tensor) so every tensor but the INT8 MatMuls'
+    outputs and their inputs' runs float16 (graph inputs are not layers: left as the quantizer set them);
+    -> {tensor: "int8" | "float16" | "input"}. Plain text: the toolkit's environment
+    has no YAML library, and the lines it writes are this regular."""
+    with open(cfg_path) as f:
+        lines = f.read().splitlines()
+    if not lines or not lines[0].startswith("custom_quantize_layers:") or "quantize_parameters:" not in lines:
+        raise RuntimeError(f"{cfg_path}: not the hybrid quantization config rknn-toolkit2 2.5.0 writes")
+    start = lines.index("quantize_parameters:")
+    names = [ln[4:-1].strip("'\"") for ln in lines[start + 1:] if ln.startswith("    ") and not ln.startswith("     ")
+             and ln.endswith(":")]
+    out = {n: "int8" if any(n in (o, o + "_mm") for o in int8)
+           or any(n == i or n.startswith(i + "_") for i in int8_inputs)
+           else "input" if n in graph_inputs else "float16" for n in names}
+    missing = [o for o in int8 if out.get(o + "_mm") != "int8" and out.get(o) != "int8"]
+    if missing:
+        raise RuntimeError(f"the quantizer's config has no tensor for INT8 MatMul(s) {missing}")
+    head = ["custom_quantize_layers:"] + [f"    {n}: float16" for n, v in out.items() if v == "float16"]
+    with open(cfg_path, "w") as f:
+        f.write("\n".join(head + lines[1:]) + "\n")
+    return out
+
+
 class Worker:
     """Holds at most one simulator context between requests."""
 
     def __init__(self):
+        self.built = None
         self.sim = None
         self.sim_onnx = None
 
@@ -93,7 +121,11 @@ class Worker:
         return RKNN(verbose=True)
 
     def _load_build(self, rk, req: dict) -> dict:
-        """config + load_onnx + build; -> timings and return codes; raises RuntimeError naming the failed phase."""
+        """config + load_onnx + build; -> timings and return codes; raises RuntimeError naming the failed phase.
+        With req["quant"], the build is the hybrid quantization of `_quant_build` (self.built is the built RKNN)."""
+        self.built = rk
+        if req.get("quant"):
+            return self._quant_build(rk, req)
         t = {}
         t0 = time.perf_counter()
         rc = rk.config(target_platform=req.get("target", "rk3588"))
@@ -110,6 +142,36 @@ class Worker:
             raise RuntimeError(f"build returned {rc}")
         return t
 
+    def _quant_build(self, rk, req: dict) -> dict:
+        """rknn-toolkit2's hybrid quantization: step 1 quantizes everything W8A8 (per-channel weights, per-tensor
+        activations) over the dataset and writes its per-tensor config; every tensor but the INT8 MatMuls' own
+        (and their inputs') is set to float16 in it; step 2 builds from the edited config."""
+        q, t = req["quant"], {}
+        t0 = time.perf_counter()
+        rc = rk.config(target_platform=req.get("target", "rk3588"), quantized_dtype="w8a8",
+                       quantized_method="channel", quantized_algorithm="normal")
+        if rc not in (None, 0):
+            raise RuntimeError(f"config returned {rc}")
+        if rk.load_onnx(model=req["onnx"]) != 0:
+            raise RuntimeError("load_onnx failed")
+        t["load_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        with open("dataset.txt", "w") as f:                  # the worker's cwd is its own scratch folder
+            f.write("".join(" ".join(paths) + "\n" for paths in q["dataset"]))
+        if rk.hybrid_quantization_step1(dataset="dataset.txt") != 0:
+            raise RuntimeError("hybrid_quantization_step1 failed")
+        stem = os.path.splitext(os.path.basename(req["onnx"]))[0]
+        params = _float16_all_but(stem + ".quantization.cfg", q["int8"], q.get("int8_inputs", ()),
+                                  q.get("graph_inputs", ()))
+        keep = [n for n in params if params[n] == "int8"]
+        rk.release()
+        rk = self.built = self._new()
+        if rk.hybrid_quantization_step2(stem + ".model", stem + ".data", stem + ".quantization.cfg") != 0:
+            raise RuntimeError("hybrid_quantization_step2 failed")
+        t["build_s"] = time.perf_counter() - t1
+        t["int8_tensors"], t["float16_tensors"] = len(keep), len(params) - len(keep)
+        return t
+
     def op_hello(self, req: dict) -> dict:
         return {"toolkit": toolkit_version(), "python": sys.version.split()[0], "pid": os.getpid()}
 
@@ -118,13 +180,15 @@ class Worker:
         rk = self._new()
         try:
             t = self._load_build(rk, req)
+            rk = self.built
             t0 = time.perf_counter()
             rc = rk.export_rknn(req["out"])
             t["export_s"] = time.perf_counter() - t0
             if rc != 0:
                 raise RuntimeError(f"export_rknn returned {rc}")
         finally:
-            rk.release()
+            (self.built or rk).release()             # the RKNN the build ended with (a hybrid build makes a second)
+            self.built = None
         return {**t, "bytes": os.path.getsize(req["out"]), "peak_rss_kb": _peak_rss_kb()}
 
     def op_sim_load(self, req: dict) -> dict:
@@ -133,13 +197,15 @@ class Worker:
         rk = self._new()
         try:
             t = self._load_build(rk, req)
+            rk = self.built
             t0 = time.perf_counter()
             rc = rk.init_runtime()           # no target: the simulator
             t["init_s"] = time.perf_counter() - t0
             if rc != 0:
                 raise RuntimeError(f"init_runtime (simulator) returned {rc}")
         except BaseException:
-            rk.release()
+            (self.built or rk).release()
+            self.built = None
             raise
         self.sim, self.sim_onnx = rk, req["onnx"]
         return {**t, "peak_rss_kb": _peak_rss_kb()}

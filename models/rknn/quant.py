@@ -1,0 +1,56 @@
+"""The quantization part of a toolkit request for a W8A8 pack's branch: its quantizer dataset written out as the .npy
+files rknn-toolkit2 reads (one line of paths per sample, in graph input order) and the INT8 MatMuls to keep."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from models.manifest import branch_int8, quant_info
+
+NP = {"f16": np.float16, "f32": np.float32}
+INT8_INPUTS = ("xn",)              # the graph input the INT8 projections read (the host's modulated activation)
+
+
+def quant_fingerprint(manifest: dict, branch: dict) -> str:
+    """What a quantized build depends on besides its ONNX: the dataset and the INT8 tensor names."""
+    q = quant_info(manifest)
+    key = [q["dataset"]["sha256"], branch_int8(branch), q.get("smooth"), q["int8"]]
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
+
+
+def stem_of(branch: dict) -> str:
+    return f"b{int(branch['block']):02d}_{branch['kind']}"
+
+
+def quant_request(pack: Path, manifest: dict, branch: dict, work: Path, dataset=None) -> dict:
+    """{dataset, int8, int8_inputs} for a worker request, the .npy files written under `work`; None for a branch of
+    a float pack (or a float branch)."""
+    q = quant_info(manifest)
+    names = branch_int8(branch)
+    if q is None or not names:
+        return None
+    from models.safetensors_io import SafeTensorsFile
+    st = dataset or SafeTensorsFile(Path(pack) / q["dataset"]["file"])
+    have = set(st.keys())
+    stem, rows = stem_of(branch), []
+    work.mkdir(parents=True, exist_ok=True)
+    for k in range(int(q["dataset"]["samples"])):
+        if f"{stem}.{k}.xn" not in have:
+            break
+        paths = []
+        for inp in branch["inputs"]:
+            key = f"{stem}.{k}.{inp['name']}" if f"{stem}.{k}.{inp['name']}" in have else f"shared.{inp['name']}"
+            p = work / f"{stem}.{k}.{inp['name']}.npy"
+            np.save(p, st.get(key).astype(NP[inp["dtype"]]).reshape(inp["shape"]))
+            paths.append(str(p))
+        rows.append(paths)
+    if not rows:
+        raise ValueError(f"{pack}: the quantizer dataset has no samples for {stem}")
+    import onnx
+    g = onnx.load(str(Path(pack) / branch["onnx"]), load_external_data=False).graph
+    # graph inputs and constants appear in the toolkit's tensor table but are not layers it lets one set to float16
+    fixed = [i["name"] for i in branch["inputs"]] + [i.name for i in g.initializer]
+    return {"dataset": rows, "int8": names, "int8_inputs": list(INT8_INPUTS), "graph_inputs": fixed}
