@@ -31,7 +31,7 @@ from typing import Any
 
 from models.lora.plan import MAX_STRENGTH
 from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, DEFAULT_SHIFT, SAMPLER_NAMES, SCHEDULER_NAMES
-from models.sampling.spectrum import MAX_WARMUP, SpectrumSettings
+from models.sampling.spectrum import SpectrumSettings
 from orchestrator.prompt_spec import (DEFAULT_CFG, MAX_CFG, MAX_PROMPT_CHARS, MAX_SIDE, MAX_STEPS, SEED_LIMIT, PromptError,
                                       parse_prompt_obj)
 
@@ -98,19 +98,27 @@ def _combo(name, choices, default=None, **options) -> InputSpec:
                      dict(options), choices)
 
 
+def _setting(record, name: str, step: float | None = None) -> InputSpec:
+    """A node input for one field of a settings record: its type, default and bounds read from the record (one
+    place for them), a bound the value must stay above shown as the first step past it."""
+    import msgspec.inspect
+    t = next(f.type for f in msgspec.inspect.type_info(record).fields if f.name == name)
+    default = getattr(record(), name)
+    if isinstance(t, msgspec.inspect.BoolType):
+        return InputSpec(name, "BOOLEAN", default)
+    lo = t.ge if t.ge is not None else t.gt + (step or 1)
+    options = dict(min=lo, max=t.le) | (dict(step=step) if step and isinstance(t, msgspec.inspect.FloatType) else {})
+    return InputSpec(name, "FLOAT" if isinstance(t, msgspec.inspect.FloatType) else "INT", default, options)
+
+
 def _spectrum_node() -> NodeSpec:
     """Spectrum as ComfyUI offers its step caches: a model patch of its own. A graph without it samples every step
     (ComfyUI's picture); with it, the job forecasts steps as prompt.json's `spectrum` does (its defaults)."""
-    d = SpectrumSettings()
+    steps = {"w": 0.01, "lam": 0.01, "window": 0.1, "flex": 0.01, "stop": 0.01}
     return NodeSpec("AnimaSpectrum", "Spectrum (forecast steps)", "advanced/model", "spectrum",
                     (InputSpec("model", "MODEL"),
-                     InputSpec("w", "FLOAT", d.w, dict(min=0.0, max=1.0, step=0.01)),
-                     InputSpec("m", "INT", d.m, dict(min=1, max=8)),
-                     InputSpec("lam", "FLOAT", d.lam, dict(min=0.0, max=100.0, step=0.01)),
-                     InputSpec("window", "FLOAT", d.window, dict(min=1.0, max=50.0, step=0.1)),
-                     InputSpec("flex", "FLOAT", d.flex, dict(min=0.0, max=10.0, step=0.01)),
-                     InputSpec("warmup", "INT", d.warmup, dict(min=0, max=MAX_WARMUP)),
-                     InputSpec("stop", "FLOAT", d.stop, dict(min=0.01, max=1.0, step=0.01))),
+                     *(_setting(SpectrumSettings, name, steps.get(name))
+                       for name in ("w", "m", "lam", "window", "flex", "warmup", "stop"))),
                     ("MODEL",), ("MODEL",),
                     description="Forecasts steps instead of computing them (fewer model calls, a picture close to "
                                 "the full run's; docs/samplers.md). Without this node a graph computes every step.")

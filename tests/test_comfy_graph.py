@@ -217,3 +217,27 @@ def test_spectrum_only_where_the_graph_patches_it_in():
     plain = parse_prompt_obj(graph_to_job(standard_graph(), names=NAMES, sizes=SIZES).spec, resolution=SIZES)
     assert plain.spectrum.enabled is False
     assert not any(n["class_type"] == "AnimaSpectrum" for n in job_to_graph(plain.to_dict(), names=NAMES).values())
+
+
+def test_the_setting_nodes_offer_exactly_their_records_bounds():
+    """AnimaSpectrum, EasyCache and LazyCache take their inputs' defaults and bounds from SpectrumSettings and
+    CacheSettings (they were typed twice): each offered bound is accepted by the record, one step past it refused."""
+    from models.sampling.spectrum import SpectrumSettings
+    from models.sampling.step_cache import CacheSettings
+    from models.schema import SchemaError
+    from orchestrator import comfy_graph as g
+    nodes = [(g._spectrum_node(), SpectrumSettings)] + [(n, CacheSettings) for n in g._cache_nodes()]
+    checked = 0
+    for node, record in nodes:
+        for spec in node.inputs[1:]:
+            assert spec.default == getattr(record(), spec.name)
+            if spec.type == "BOOLEAN":
+                continue
+            step = spec.options.get("step", 1)
+            for edge, past in ((spec.options["min"], spec.options["min"] - step),
+                               (spec.options["max"], spec.options["max"] + step)):
+                record(**{spec.name: edge})
+                with pytest.raises(SchemaError):
+                    record(**{spec.name: past})
+                checked += 1
+    assert checked == 2 * sum(s.type != "BOOLEAN" for node, _ in nodes for s in node.inputs[1:]) >= 14
