@@ -305,6 +305,22 @@ def _state_file(path, meta_text: str, tensors: dict) -> None:
     write_safetensors(path, entries, metadata={"anima_sampler_state": meta_text})
 
 
+@pytest.fixture
+def saved_state(tmp_path):
+    """A Spectrum state two computed steps in, saved and read back raw: (its sampler, the file, the file's metadata
+    JSON, its tensors by name)."""
+    from models.safetensors_io import SafeTensorsFile
+    sampler = Sampler(steps=6, spectrum=SpectrumSettings(warmup=1))
+    st = sampler.init_state(start_latent(), seed=3, noise="numpy")
+    model = toy_model()
+    for _ in range(2):
+        sampler.step_computed(st, *model(st.latent, sampler.sigma(st)))
+    good = tmp_path / "good.safetensors"
+    st.save(good)
+    f = SafeTensorsFile(good)
+    return sampler, good, f.metadata["anima_sampler_state"], {k: f.get(k) for k in f.keys()}
+
+
 @pytest.mark.parametrize("change", [
     lambda m, t: (m.replace('"step":2', '"step":' + "9" * 5000), t),              # int past the digit limit
     lambda m, t: (m.replace('"settings":', '"settings":' + "[" * 50_000 + "]" * 50_000 + ',"x":'), t),
@@ -327,19 +343,10 @@ def _state_file(path, meta_text: str, tensors: dict) -> None:
     lambda m, t: ("[" * 100_000, t),
     lambda m, t: ("{}", t),
 ])
-def test_hostile_state_files_are_only_ever_a_sampler_state_error(tmp_path, change):
+def test_hostile_state_files_are_only_ever_a_sampler_state_error(tmp_path, change, saved_state):
     """Whatever the file holds, SamplerState.load raises SamplerStateError (the scheduler turns it into an ERROR
     reply and keeps serving), never ValueError/TypeError/RecursionError/OverflowError (those killed it)."""
-    sampler = Sampler(steps=6, spectrum=SpectrumSettings(warmup=1))
-    st = sampler.init_state(start_latent(), seed=3, noise="numpy")
-    model = toy_model()
-    for _ in range(2):
-        sampler.step_computed(st, *model(st.latent, sampler.sigma(st)))
-    good = tmp_path / "good.safetensors"
-    st.save(good)
-    from models.safetensors_io import SafeTensorsFile
-    f = SafeTensorsFile(good)
-    meta, tensors = f.metadata["anima_sampler_state"], {k: f.get(k) for k in f.keys()}
+    sampler, good, meta, tensors = saved_state
     assert '"step":2' in meta and '"calls":[0,1]' in meta and '"computed":[1,2]' in meta and '"cached":0' in meta
     bad = tmp_path / "bad.safetensors"
     _state_file(bad, *change(meta, tensors))
@@ -441,19 +448,11 @@ def test_a_state_file_with_the_former_spectrum_names_still_resumes(tmp_path):
 
 
 @pytest.mark.parametrize("extra", ["junk", "run.a.history"])
-def test_a_state_padded_with_a_large_tensor_is_refused_from_its_header(tmp_path, monkeypatch, extra):
+def test_a_state_padded_with_a_large_tensor_is_refused_from_its_header(tmp_path, monkeypatch, extra, saved_state):
     """A state file with one more, large tensor (reported: 1 GiB, read whole, 2.5 GB RSS, then refused) is refused
     from the header's names and shapes: no tensor data is read at all."""
-    sampler = Sampler(steps=6, spectrum=SpectrumSettings(warmup=1))
-    st = sampler.init_state(start_latent(), seed=3, noise="numpy")
-    model = toy_model()
-    for _ in range(2):
-        sampler.step_computed(st, *model(st.latent, sampler.sigma(st)))
-    good = tmp_path / "good.safetensors"
-    st.save(good)
     from models.safetensors_io import SafeTensorsFile
-    f = SafeTensorsFile(good)
-    meta, tensors = f.metadata["anima_sampler_state"], {k: f.get(k) for k in f.keys()}
+    sampler, good, meta, tensors = saved_state
     big = np.zeros((4, 1024, 1024), np.float32)                          # 16 MB; the latent is far smaller
     bad = tmp_path / "bad.safetensors"
     _state_file(bad, meta, {**tensors, extra: big})
