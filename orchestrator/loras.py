@@ -138,6 +138,20 @@ class RunLoras:
         """An error's text as a client sees it: LoRA files named under loras/, not by the server's paths."""
         return lora_relative(self.models_dir, str(err))
 
+    def _refuse_on_int8(self, plan, size) -> None:
+        """A W8A8 pack's INT8 layers were calibrated (and smoothed) on the checkpoint's own activations: a LoRA that
+        changes any DiT layer (branch or host) shifts them; refused naming the pack's INT8 layers and the LoRA. A
+        LoRA of the encoder only is left alone (it changes the context, which no INT8 layer reads)."""
+        info = self.packs[size]
+        int8 = getattr(info, "int8", ())
+        for i, rep in enumerate(plan.report() if int8 else ()):
+            dit = {p: n for p, n in rep["layers"].items() if p in ("branch", "host") and n}
+            if dit:
+                raise LoraRefused(f"loras[{i}]", f"model pack {info.dir} ({size[0]}x{size[1]}) is INT8 (W8A8 "
+                                  f"{', '.join(int8)}, calibrated without LoRAs) and LoRA {rep['name']} changes "
+                                  f"{sum(dit.values())} of its DiT layers; use a FP16 pack of this size for LoRAs "
+                                  "(or bake the LoRA into the checkpoint, then calibrate and pack that)")
+
     def check(self, choices, size, lora_rank: int, overflow: str = "refuse") -> tuple:
         """A job's `loras` ([models.lora.choice.LoraChoice]) -> ([LoraUse] with resolved paths, the plan's report),
         or LoraRefused naming the entry: a name outside loras/ or of no file, a file that is not a LoRA this model
@@ -161,6 +175,7 @@ class RunLoras:
             return [], []
         try:
             plan = plan_loras(uses, self.table(size), files=files)
+            self._refuse_on_int8(plan, size)
             plan.check_rank(lora_rank, overflow, where=f"model pack {self.packs[size].dir} ({size[0]}x{size[1]}): ")
         except LoraError as err:
             bad = next((i for i, f in enumerate(files) if f.path in str(err)), None)

@@ -100,3 +100,25 @@ def test_loras_within_the_packs_rank_are_checked_and_queued(daemon):
     assert list(job.spec["loras"]) == [{"name": "te_only.safetensors", "strength": 0.7, "clip_strength": None}]
     assert d.handle(m.Info()).loras == ("cut.safetensors", "good.safetensors", "loha.safetensors", "sdxl.safetensors",
                                         "shape.safetensors", "te_only.safetensors", "unknown.safetensors")
+
+
+def test_a_dit_lora_on_an_int8_pack_is_refused_naming_both(daemon):
+    """A W8A8 pack's INT8 layers were calibrated on the checkpoint's own activations: a LoRA changing DiT layers is
+    refused naming the pack's INT8 layers and the LoRA; an encoder-only LoRA goes through."""
+    import dataclasses
+    from orchestrator.loras import LoraRefused
+    d, _ = daemon
+    size = (128, 128)
+    plain = d.loras.packs[size]
+    d.loras.packs[size] = dataclasses.replace(plain, int8=("fc1", "qkv", "q"))
+    try:
+        with pytest.raises(LoraRefused) as e:
+            d.loras.check((LoraChoice(name="good"),), size, lora_rank=12)
+        assert e.value.field == "loras[0]"
+        assert "INT8 (W8A8 fc1, qkv, q" in e.value.detail and "LoRA good" in e.value.detail
+        uses, _ = d.loras.check((LoraChoice(name="te_only.safetensors"),), size, lora_rank=0)
+        assert len(uses) == 1
+    finally:
+        d.loras.packs[size] = plain
+    uses, _ = d.loras.check((LoraChoice(name="good"),), size, lora_rank=12)     # the FP16 pack takes it
+    assert len(uses) == 1

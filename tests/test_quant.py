@@ -214,6 +214,8 @@ def test_compile_builds_the_int8_layers_and_resumes(int8_pack, rknn_venv):
         assert b["rknn"]["quant"] and b["rknn"]["int8_tensors"] >= len(b["int8"])
     again = compile_pack(pack, jobs=1, venv=rknn_venv, per_worker=0)
     assert (again["built"], again["skipped"]) == (0, 3)
+    from orchestrator.packs import read_pack
+    assert read_pack(pack).int8 == ("fc1", "qkv", "q")            # what the daemon refuses LoRAs by
 
 
 def test_quant_check_smoothing_keeps_the_picture_plain_int8_does_not(int8_pack, outlier_ckpt, calib, tmp_path,
