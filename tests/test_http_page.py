@@ -165,7 +165,6 @@ def test_spectrum_comes_back_and_several_loras_with_their_strengths(pipe, browse
     for i, name in enumerate(("ink", "sketch")):      # text-encoder LoRAs: a plain pack takes them (the encoder's)
         write_lora("tiny", 60 + i, loras / f"{name}.safetensors", "comfy", rank=2, groups=("adapter", "te"))
     page, errors = _open(browser, pipe.http_url())
-    page.wait_for_selector("#lora-box:not([hidden])")
     # Spectrum: the user's choice is back once the sampler that ruled it out is gone, checked or not
     for wanted in (True, False):
         page.set_checked("#spectrum", wanted)
@@ -174,6 +173,7 @@ def test_spectrum_comes_back_and_several_loras_with_their_strengths(pipe, browse
         page.select_option("#sampler", "euler")
         assert not page.is_disabled("#spectrum") and page.is_checked("#spectrum") == wanted
     page.set_checked("#spectrum", True)
+    page.wait_for_selector("#lora-box:not([hidden])")
     # LoRA rows: one to start with, as many as the server takes, each with two strengths
     assert len(page.query_selector_all("#lora-rows .lora")) == 1
     while not page.is_disabled("#lora-add"):
