@@ -321,8 +321,10 @@ class Daemon:
         return self._queue(msg, spec, origin)
 
     def _queue(self, msg: m.Submit, spec, origin) -> m.Message:
-        """A checked SUBMIT into the queue."""
-        job = self.store.submit(spec.to_dict(), origin)
+        """A checked SUBMIT into the queue, with its init image and mask (read, fitted and kept in the job folder
+        before the answer: orchestrator.job_inputs)."""
+        from orchestrator.job_inputs import job_inputs
+        job = self.store.submit(spec.to_dict(), origin, inputs=job_inputs(self.rf.root, spec))
         self._wake = True
         self._submits[msg.id] = job.id
         while len(self._submits) > SUBMIT_MEMORY:

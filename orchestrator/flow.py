@@ -41,6 +41,7 @@ def lora_places(layers: dict, lora_rank: int) -> dict:
 
 
 TEXT_FILE = "text.json"          # the prompts' T5 token counts (report `text`), kept for a resume
+INIT_LATENT_FILE = "init_latent.npy"   # img2img: the init image's VAE latent, encoded once
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
@@ -81,6 +82,7 @@ class JobFlow:
         self.arena: Arena | None = None
         self._resume_sampling = True                          # DENOISE resume: go on from the per-step state
         self.lora_hashes: dict = {}                           # LoRA name -> A1111's short hash (the PNG's)
+        self.img2img = self.spec.init_image is not None       # init_image.png (and mask.png) kept in the job folder
 
     # ------------------------------------------------------------ the flow
 
@@ -107,7 +109,7 @@ class JobFlow:
                 # 2) encode, 3) denoise, 4) decode
                 t0 = self.report.since_start()
                 try:
-                    {"encoding": self._encode, "denoising": self._denoise, "decoding": self._decode}[state]()
+                    {"encoding": self._encode_all, "denoising": self._denoise, "decoding": self._decode}[state]()
                 finally:                     # a failed job's report shows how far each phase got
                     self.report.phases.append([state, round(t0, 3), round(self.report.since_start(), 3)])
             self.report.finished = time.time()
@@ -178,13 +180,14 @@ class JobFlow:
         # new arena under the old name and mix the two (its writes would land in the resumed job's latent)
         name = segment_name(self.d.rf.root, f"{self.job.id}_{secrets.token_hex(3)}")
         try:
-            made = create_job_arena(name, load_pack(self.pack.dir, check=False))     # the manifest, no weights
+            made = create_job_arena(name, load_pack(self.pack.dir, check=False), self.img2img)   # manifest only
         except PackError as e:
             raise StageFailed("orchestrator", f"model pack {self.pack.dir}: {e}") from None
         except Exception as e:  # ArenaError: no space, a stale segment
             raise StageFailed("orchestrator", f"cannot create the job arena: {e}") from None
         self.arena, self.cond, self.uncond, self.latent = made.arena, made.cond, made.uncond, made.latent
         self.scratch = made.scratch
+        self.image_slot, self.init_latent, self.noise_mask = made.image, made.init_latent, made.noise_mask
 
     def _check_loras(self) -> None:
         """The job's LoRAs checked again against its pack and the encoder (a file may have changed since submit),
@@ -229,9 +232,9 @@ class JobFlow:
                 return start, why
             start, why = "denoising", "latent.npy missing or unusable: denoising again"
         if start == "denoising":
-            if self._load_contexts():
+            if self._load_contexts() and (not self.img2img or self._init_latent() is not None):
                 return start, why
-            start, why = "encoding", "cond.npy/uncond.npy missing or unusable: encoding again"
+            start, why = "encoding", "cond.npy/uncond.npy or init_latent.npy missing or unusable: encoding again"
             self._resume_sampling = False    # steps saved with the old contexts are not reused: sample from step 0
         if why:
             log.warning("job %s: %s", self.job.id, why)
@@ -260,6 +263,46 @@ class JobFlow:
         except (OSError, ValueError) as e:
             log.warning("%s is unusable: %s", self.dir / TEXT_FILE, e)
             return None
+
+    def _encode_all(self) -> None:
+        self._encode()
+        if self.img2img:
+            self._encode_image()
+
+    def _init_latent(self) -> np.ndarray | None:
+        return _load_npy(self.dir / INIT_LATENT_FILE, self.pack.latent_shape)            # [C, H/8, W/8] f32
+
+    def _encode_image(self) -> None:
+        """img2img: the kept init_image.png through the VAE stage's encoder into init_latent.npy (once: a resume
+        reads the file, so the job samples from the same latent bitwise); the VAE is stopped before the denoise."""
+        from orchestrator.job_inputs import image_tensor
+        if self._init_latent() is not None:
+            return
+        t0, remote = time.monotonic(), self.cfg.is_remote("vae")
+        image = image_tensor((self.dir / "init_image.png").read_bytes())       # [3, H, W] f32 in [-1, 1]
+        self.control.bring_up("vae")
+        if remote:
+            from protocol.tensors import InlineFrames
+            frames = InlineFrames()
+            msg = m.VaeEncode(job=self.job.id, image=frames.add(image), inline=tuple(frames.frames))
+        else:
+            self.arena.write(self.image_slot, image)
+            msg = m.VaeEncode(job=self.job.id, image=self.image_slot, arena=self.arena.name, latent=self.init_latent)
+        reply = m.expect(self.control.call("vae", msg, self.settings.decode_timeout_s), m.VaeEncoded, "vae")
+        if reply.latent.inline:
+            latent = from_inline(reply.latent, reply.inline)
+        elif reply.latent.slot != self.init_latent.slot:
+            raise StageFailed("vae", f"VAE_ENCODED points at slot {reply.latent.slot!r}, expected "
+                                     f"{self.init_latent.slot!r}")
+        else:
+            latent = self.arena.read(self.init_latent)
+        if tuple(latent.shape) != tuple(self.pack.latent_shape) or not np.isfinite(latent).all():
+            raise StageFailed("vae", f"the encoded latent is {list(latent.shape)}, expected "
+                                     f"{list(self.pack.latent_shape)} and finite")
+        _save_npy(self.dir / INIT_LATENT_FILE, np.ascontiguousarray(latent, dtype=np.float32))
+        self.report.vae_encode_timings = dict(reply.timings)
+        self.control.bring_down("vae")
+        self.report.stages["vae"].wall_s += time.monotonic() - t0
 
     def _encode(self) -> None:
         t0 = time.monotonic()
@@ -297,14 +340,14 @@ class JobFlow:
         s = self.spec
         params = m.DenoiseParams(seed=s.seed, steps=s.steps, cfg=s.cfg, sampler=s.sampler, scheduler=s.scheduler,
                                  width=self.pack.width, height=self.pack.height,
-                                 spectrum=s.spectrum)
+                                 spectrum=s.spectrum, denoise=s.denoise)
         # the report keeps what the backend models (board-sim: the board) apart from the time measured here
         self.report.board = backend_class(self.cfg.backend).report_section(self.pack.dir,
                                                                            self.cfg.stage_settings("executor"))
         msg = m.Denoise(job=self.job.id, job_dir=str(self.dir), pack_dir=str(self.pack.dir), arena=self.arena.name,
                         params=params, cond=self.cond, uncond=self.uncond, latent=self.latent, scratch=self.scratch,
                         executor=self.cfg.endpoint("executor"), resume=self._resume_sampling,
-                        context_rows=self._context_rows(), loras=self.spec.loras)
+                        context_rows=self._context_rows(), loras=self.spec.loras, **self._start_latent())
         reply = self.control.denoise(msg, self.settings.denoise_timeout_s)
         if reply.latent.inline:
             self.arena.write(self.latent, from_inline(reply.latent, reply.inline))
@@ -316,6 +359,26 @@ class JobFlow:
         self.report.stages["scheduler"].wall_s += time.monotonic() - t0
         # the executor's critical path: lifecycle it could not hide plus inference (prefetched loads run beside it)
         self.report.stages["executor"].wall_s += sum(b.total_s for b in reply.branches.values())
+
+    def _start_latent(self) -> dict:
+        """img2img: DENOISE's init_latent (init_latent.npy) and noise_mask (mask.png at the latent's size, bilinear
+        and repeated over the channels as ComfyUI's SetLatentNoiseMask is applied) written into their slots."""
+        if not self.img2img:
+            return {}
+        from models.sampling.latent_ops import prepare_mask
+        from orchestrator.job_inputs import mask_array
+        latent = self._init_latent()
+        if latent is None:
+            raise StageFailed("orchestrator", f"{self.dir / INIT_LATENT_FILE} is missing or unusable (resume the "
+                                              "job to encode the init image again)")
+        self.arena.write(self.init_latent, latent)
+        out = {"init_latent": self.init_latent}
+        mask_png = self.dir / "mask.png"
+        if mask_png.exists():
+            mask = prepare_mask(mask_array(mask_png.read_bytes()), (1, *self.pack.latent_shape))[0]
+            self.arena.write(self.noise_mask, mask)                       # [C, H/8, W/8] f32 in [0, 1]
+            out["noise_mask"] = self.noise_mask
+        return out
 
     def _decode(self) -> None:
         t0 = time.monotonic()                # the latent is in the arena: denoised now, or read by _resume_point

@@ -22,19 +22,24 @@ class ArenaPlan:
     context_bytes: int        # one context [S, Dc] f32
     latent_bytes: int         # [C, H/8, W/8] f32
     scratch_bytes: int        # branch inputs/outputs for every CFG pass, carved by the scheduler
+    image_bytes: int = 0      # img2img: the init image [3, H, W] f32 (then an init latent and a noise mask too)
 
     @property
     def total(self) -> int:
         """Every slot at an aligned offset (protocol.arena.SlotAllocator), the scratch region starting aligned."""
-        return 2 * _aligned(self.context_bytes) + _aligned(self.latent_bytes) + self.scratch_bytes
+        latents = 3 if self.image_bytes else 1
+        return 2 * _aligned(self.context_bytes) + latents * _aligned(self.latent_bytes) + \
+            _aligned(self.image_bytes) + self.scratch_bytes
 
 
-def arena_plan(pack) -> ArenaPlan:
-    """Sizes for a models.packs.pack.Pack (its manifest suffices: no weights are read)."""
+def arena_plan(pack, img2img: bool = False) -> ArenaPlan:
+    """Sizes for a models.packs.pack.Pack (its manifest suffices: no weights are read); `img2img`: with the init
+    image, init latent and noise mask slots."""
     g, c = pack.geometry, pack.config
     scratch = scratch_plan(c, g, pack.dtype, len(m.PASS_NAMES), shard_count(pack.manifest)).nbytes(ALIGN_BYTES)
     return ArenaPlan(context_bytes=g.text_tokens * c.context_dim * 4,
-                     latent_bytes=c.latent_channels * g.latent_h * g.latent_w * 4, scratch_bytes=scratch)
+                     latent_bytes=c.latent_channels * g.latent_h * g.latent_w * 4, scratch_bytes=scratch,
+                     image_bytes=3 * g.latent_h * g.latent_w * 64 * 4 if img2img else 0)
 
 
 @dataclass(frozen=True)
@@ -44,19 +49,27 @@ class JobArena:
     uncond: TensorDesc        # [S, Dc] f32
     latent: TensorDesc        # [C, H/8, W/8] f32
     scratch: m.Region         # for DENOISE.scratch
+    image: TensorDesc | None = None         # img2img: [3, H, W] f32 in [-1, 1], VAE_ENCODE's input
+    init_latent: TensorDesc | None = None   # [C, H/8, W/8] f32, VAE_ENCODE's output and DENOISE's init_latent
+    noise_mask: TensorDesc | None = None    # [C, H/8, W/8] f32 in [0, 1], DENOISE's noise_mask
 
 
-def create_job_arena(name: str, pack) -> JobArena:
+def create_job_arena(name: str, pack, img2img: bool = False) -> JobArena:
     """The segment (ArenaError when /dev/shm has no room) with the orchestrator's slots carved and the rest handed
-    over as the scratch region."""
-    arena = Arena.create(name, arena_plan(pack).total)
+    over as the scratch region; `img2img`: the init image, init latent and noise mask slots too."""
+    arena = Arena.create(name, arena_plan(pack, img2img).total)
     g, c = pack.geometry, pack.config
     ctx_shape, lat_shape = (g.text_tokens, c.context_dim), (c.latent_channels, g.latent_h, g.latent_w)
     try:
         cond, uncond = arena.alloc("cond", "f32", ctx_shape), arena.alloc("uncond", "f32", ctx_shape)
         latent = arena.alloc("latent", "f32", lat_shape)
+        extra = {}
+        if img2img:
+            extra = {"image": arena.alloc("image", "f32", (3, g.latent_h * 8, g.latent_w * 8)),
+                     "init_latent": arena.alloc("init_latent", "f32", lat_shape),
+                     "noise_mask": arena.alloc("noise_mask", "f32", lat_shape)}
     except BaseException:
         arena.close()                     # the owner's close unlinks: no segment left behind
         raise
     start, nbytes = arena.slots.remaining()
-    return JobArena(arena, cond, uncond, latent, m.Region(offset=start, nbytes=nbytes))
+    return JobArena(arena, cond, uncond, latent, m.Region(offset=start, nbytes=nbytes), **extra)

@@ -138,6 +138,7 @@ class JobReport:
     encoder_timings: dict = field(default_factory=dict)
     text: dict = field(default_factory=dict)            # T5 token counts of both prompts, truncated or not
     vae_timings: dict = field(default_factory=dict)
+    vae_encode_timings: dict = field(default_factory=dict)     # img2img: VAE_ENCODE's timings ({} otherwise)
     image: str | None = None
     delivery: dict | None = None                       # {output, written, note?}: the copy to the prompt's `output`
     started: float = field(default_factory=time.time)
@@ -188,6 +189,7 @@ class JobReport:
             "loras": self.loras,
             "latent": {"file": "latent.npy", "space": LATENT_SPACE, "note": LATENT_NOTE},
             "vae_timings": self.vae_timings,
+            "vae_encode_timings": self.vae_encode_timings,
             "phases": self.phases,
             "memory": {"unit": "MiB RSS", "measured": True, "series": self.memory.series},
             "wall_s": round((self.finished or time.time()) - self.started, 4),

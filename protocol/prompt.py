@@ -23,6 +23,8 @@ DEFAULT_STEPS = 30
 DEFAULT_CFG = 4.0
 MAX_INT_DIGITS = 40             # a JSON integer longer than this is never a valid value (seeds are < 2^64: 20 digits)
 MAX_OUTPUT_CHARS = 4096
+MAX_INPUT_REF_CHARS = 1024      # an upload's name as LoadImage gives it: 'sub/NAME.png [input]'
+_UPLOAD_NAME = "an uploaded image's name as LoadImage gives it ('NAME.png', 'sub/NAME.png [input]')"
 _NON_EMPTY_PATH = "a non-empty path string"
 
 
@@ -165,6 +167,12 @@ class PromptFile(Record, frozen=True):
     output: Annotated[str, Meta(min_length=1, max_length=MAX_OUTPUT_CHARS, description=_NON_EMPTY_PATH)] | None = None
     overwrite: bool = False              # an existing `output` file is replaced (else kept, and the job says so)
     loras: Items(LoraChoice, MAX_LORAS) = ()   # names under MODELS/loras/, checked against the pack at submit
+    # img2img / inpaint (docs/workflows.md): uploads in RUN/input|temp|output, read and kept in the job at submit
+    init_image: Annotated[str, Meta(min_length=1, max_length=MAX_INPUT_REF_CHARS, description=_UPLOAD_NAME)] | None \
+        = None
+    mask: Annotated[str, Meta(min_length=1, max_length=MAX_INPUT_REF_CHARS, description=_UPLOAD_NAME)] | None = None
+    resize_mode: Int(0, 2) | None = None       # an init image/mask of another size: A1111's modes; None: refused
+    denoise: Float(0.0, 1.0) = 1.0             # KSampler's denoise: the part of the schedule sampled
 
     def __post_init__(self):
         _text("prompt", self.prompt, required=True)
@@ -177,12 +185,26 @@ class PromptFile(Record, frozen=True):
         if spectrum_on and spectrum_refusal(self.sampler):
             raise PromptError("spectrum", f"{spectrum_refusal(self.sampler)}; set \"spectrum\": false for it "
                                           "(docs/samplers.md)")
+        _check_inputs(self)
         if self.output is not None:
             if not self.output.strip():
                 raise PromptError("output", f"must be {_NON_EMPTY_PATH}, got string {self.output!r}")
             if "\x00" in self.output:
                 raise PromptError("output", "must not contain NUL characters")
             _unicode("output", self.output)
+
+
+def _check_inputs(f) -> None:
+    if not f.denoise > 0:
+        raise PromptError("denoise", f"must be in (0, 1] (0 would sample nothing), got {float(f.denoise)}")
+    if f.mask is not None and f.init_image is None:
+        raise PromptError("mask", "needs an init_image to inpaint")
+    for name in ("init_image", "mask"):
+        v = getattr(f, name)
+        if v is not None:
+            _unicode(name, v)
+            if "\x00" in v:
+                raise PromptError(name, "must not contain NUL characters")
 
 
 class PromptSpec(PromptFile, frozen=True):

@@ -8,6 +8,11 @@ Behaviour switches (files in the run folder, so a test can flip them while the s
     RUN/double_step_s        seconds per denoising step (default 0.05)
     RUN/double_encoder_crash the encoder raises (fatal tier) on ENCODE
     RUN/double_encode_s      the next ENCODE sleeps this long first (the flag is consumed; RUN/double_encoding says so)
+    RUN/double_vae_encode_s  the next VAE_ENCODE sleeps this long first (consumed; RUN/double_vae_encoding says so)
+
+VAE_ENCODE's stand-in latent: channel c is the 8x8 mean of image channel c % 3 plus a fresh random jitter below 1e-3
+per call, so a job that encoded its image twice would show it. A DENOISE with an init latent gives
+2 * init_latent + noise_mask (0 without one) + denoise: the test sees what reached the scheduler.
 """
 from __future__ import annotations
 
@@ -81,6 +86,9 @@ class SchedulerDouble:
             tmp.write_text(json.dumps({"step": step}))
             os.replace(tmp, state_path)
         latent = np.full(msg.latent.shape, float(cond[0, 0]) + msg.params.seed % 7, np.float32)  # [C, h, w] f32
+        if msg.init_latent is not None:
+            mask = arena.read(msg.noise_mask) if msg.noise_mask is not None else np.float32(0)
+            latent = (2 * arena.read(msg.init_latent) + mask + np.float32(msg.params.denoise)).astype(np.float32)
         arena.write(msg.latent, latent)
         sums = {k: m.PhaseSums(calls=steps, load_s=0.01, init_s=0.02, infer_s=0.03, release_s=0.004)
                 for k in ("self", "cross", "ffn")}
@@ -97,6 +105,24 @@ class ExecutorDouble:
 class VaeDouble:
     def __init__(self, cfg):
         self.cfg = cfg
+
+    def on_vae_encode(self, msg: m.VaeEncode, ctx) -> m.VaeEncoded:
+        from stages.tensor_io import ReplyTensors, read_tensor
+        delay = float(_flag(self.cfg, "double_vae_encode_s", "0"))
+        if delay:
+            Path(self.cfg.run_dir, "double_vae_encode_s").unlink(missing_ok=True)
+            Path(self.cfg.run_dir, "double_vae_encoding").write_text(str(os.getpid()))
+            time.sleep(delay)
+        image = read_tensor(ctx, msg.arena, msg.image, msg.inline, field="image")      # [3, H, W] f32
+        _, h, w = image.shape
+        pooled = image.reshape(3, h // 8, 8, w // 8, 8).mean(axis=(2, 4))
+        c = msg.latent.shape[0] if msg.latent is not None else 16
+        jitter = np.random.default_rng().uniform(0, 1e-3, (c, h // 8, w // 8))
+        latent = (pooled[np.arange(c) % 3] + jitter).astype(np.float32)
+        out = ReplyTensors(ctx, msg.arena)
+        desc = out.put(latent, msg.latent, field="latent")
+        return m.reply_to(msg, m.VaeEncoded, job=msg.job, latent=desc, timings={"encode_s": 0.001},
+                          inline=out.inline)
 
     def on_decode(self, msg: m.Decode, ctx) -> m.Decoded:
         from PIL import Image, PngImagePlugin

@@ -1,0 +1,181 @@
+"""img2img and inpaint through the real daemon and supervisord with stand-in stages (tests/orch_doubles.py): the
+prompt's init_image / mask read from the upload folder and kept in the job folder at submit, VAE_ENCODE run by the
+VAE stage (stopped before the denoise), DENOISE given the init latent, the noise mask at the latent's size and the
+denoise; a job killed mid-way resumes from the same latent bitwise; bad inputs refused naming the field."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchestrator.cli import CliError
+from orchestrator.inputs import save_upload
+from tests.doubles_harness import Doubles
+
+W, H = 64, 64
+
+
+@pytest.fixture(scope="module")
+def d():
+    root = Path(tempfile.mkdtemp(prefix="anima-img2img-"))
+    with Doubles.start(root, [(W, H)]) as d:
+        yield d
+
+
+@pytest.fixture(autouse=True)
+def _flags(d):
+    for name in ("double_step_s", "double_vae_encode_s", "double_vae_encoding"):
+        d.flag(name, None)
+
+
+def _png(a: np.ndarray, mode: str) -> bytes:
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.fromarray(a, mode).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _image(seed: int, w: int = W, h: int = H) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)          # [H, W, 3] u8
+
+
+def _block_mask() -> np.ndarray:
+    """255 on whole 8x8 blocks (the left half, and one block more): bilinear to the latent's size is then exactly
+    the block's value, which the test computes by slicing instead."""
+    m = np.zeros((H, W), np.uint8)
+    m[:, : W // 2] = 255
+    m[8:16, 40:48] = 255
+    return m
+
+
+def _upload(d, name: str, data: bytes) -> str:
+    assert save_upload(d.rf.root, "input", "t", name, data, overwrite=True) == name
+    return f"t/{name} [input]"
+
+
+def _wait(d, job: str, states, timeout_s: float = 60.0, pred=None):
+    deadline = time.monotonic() + timeout_s
+    info = None
+    while time.monotonic() < deadline:
+        try:
+            info = d.status(job=job).jobs[0]
+        except CliError:                                   # the daemon restarting
+            info = None
+        if info is not None and info.state in states and (pred is None or pred(info)):
+            return info
+        time.sleep(0.05)
+    raise AssertionError(f"job {job} never reached {states}: {info}\n{d.logs()}")
+
+
+def _expected_init_latent(pixels: np.ndarray, channels: int) -> np.ndarray:
+    """The double's encoder by another route: each 8x8 block's mean of 2 * pixel / 255 - 1, by loops over blocks."""
+    x = pixels.astype(np.float64) / 255.0 * 2.0 - 1.0
+    out = np.zeros((channels, H // 8, W // 8))
+    for c in range(channels):
+        for i in range(H // 8):
+            for j in range(W // 8):
+                out[c, i, j] = x[i * 8:(i + 1) * 8, j * 8:(j + 1) * 8, c % 3].mean()
+    return out
+
+
+def test_inpaint_job_encodes_the_kept_image_and_denoises_from_it(d):
+    pixels, mask = _image(1), _block_mask()
+    job = d.submit({"prompt": "a girl", "seed": 3, "steps": 3, "denoise": 0.6,
+                    "init_image": _upload(d, "init.png", _png(pixels, "RGB")),
+                    "mask": _upload(d, "mask.png", _png(mask, "L"))})
+    jd = d.rf.jobs / job
+    assert (jd / "init_image.png").exists() and (jd / "mask.png").exists()     # kept before SUBMITTED came back
+    info = _wait(d, job, ("done", "failed"))
+    assert info.state == "done", info
+    init = np.load(jd / "init_latent.npy")
+    expected = _expected_init_latent(pixels, init.shape[0])
+    assert np.abs(init - expected).max() < 1.01e-3                           # the double's jitter is below 1e-3
+    noise_mask = mask[::8, ::8] / 255.0                                        # each block's value, latent size
+    want = (2 * init + noise_mask[None].astype(np.float32) + np.float32(0.6)).astype(np.float32)
+    np.testing.assert_array_equal(np.load(jd / "latent.npy"), want)
+    report = json.loads((jd / "report.json").read_text())
+    assert report["teardown"]["vae_running_during_denoise"] is False
+    assert report["vae_encode_timings"]["encode_s"] > 0
+    assert d.sup.info("vae").state != "RUNNING"
+
+
+def test_orchestrator_killed_mid_denoise_resumes_from_the_same_latent(d):
+    d.flag("double_step_s", "0.3")
+    pixels = _image(3)
+    job = d.submit({"prompt": "a girl", "seed": 5, "steps": 8, "denoise": 0.8,
+                    "init_image": _upload(d, "resume.png", _png(pixels, "RGB")),
+                    "mask": _upload(d, "resume_mask.png", _png(_block_mask(), "L"))})
+    _wait(d, job, ("denoising",), pred=lambda i: i.progress is not None and i.progress.step >= 2)
+    before = np.load(d.rf.jobs / job / "init_latent.npy")
+    old = d.sup.info("orchestrator").pid
+    d.close_client()
+    os.kill(old, signal.SIGKILL)                              # supervisord restarts it; the job resumes in place
+    d.flag("double_step_s", "0.02")
+    info = _wait(d, job, ("done", "failed"), timeout_s=90)
+    assert info.state == "done", info
+    assert d.sup.info("orchestrator").pid != old
+    jd = d.rf.jobs / job
+    after = np.load(jd / "init_latent.npy")
+    np.testing.assert_array_equal(after, before)              # not encoded again (the double's jitter would differ)
+    mask = _block_mask()[::8, ::8] / 255.0
+    want = (2 * before + mask[None].astype(np.float32) + np.float32(0.8)).astype(np.float32)
+    np.testing.assert_array_equal(np.load(jd / "latent.npy"), want)
+
+
+def test_vae_killed_mid_encode_is_asked_again(d):
+    d.flag("double_vae_encode_s", "30")
+    pixels = _image(4)
+    job = d.submit({"prompt": "a girl", "seed": 6, "steps": 2,
+                    "init_image": _upload(d, "killed.png", _png(pixels, "RGB"))})
+    marker = d.rf.root / "double_vae_encoding"
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(int(marker.read_text()), signal.SIGKILL)
+    info = _wait(d, job, ("done", "failed"), timeout_s=90)
+    assert info.state == "done", info
+    init = np.load(d.rf.jobs / job / "init_latent.npy")
+    assert np.abs(init - _expected_init_latent(pixels, init.shape[0])).max() < 1.01e-3
+
+
+def test_an_image_of_another_size_is_fitted_and_sampled_without_a_mask(d):
+    from PIL import Image
+    pixels = _image(5, w=W * 2, h=H)
+    job = d.submit({"prompt": "a girl", "seed": 7, "steps": 2, "resize_mode": 0, "denoise": 0.5,
+                    "init_image": _upload(d, "wide.png", _png(pixels, "RGB"))})
+    assert _wait(d, job, ("done", "failed")).state == "done"
+    jd = d.rf.jobs / job
+    kept = Image.open(jd / "init_image.png")
+    ref = Image.fromarray(pixels, "RGB").resize((W, H), resample=Image.LANCZOS)     # A1111's "just resize"
+    assert kept.size == (W, H)
+    np.testing.assert_array_equal(np.asarray(kept), np.asarray(ref))
+    assert not (jd / "mask.png").exists()                     # no mask: no noise mask reaches the scheduler
+    init = np.load(jd / "init_latent.npy")
+    np.testing.assert_array_equal(np.load(jd / "latent.npy"), (2 * init + np.float32(0.5)).astype(np.float32))
+
+
+@pytest.mark.parametrize("fields, field, words", [
+    ({"init_image": "t/nothing.png [input]"}, "init_image", "is not an uploaded image"),
+    ({"init_image": "../../etc/passwd"}, "init_image", "'..'"),
+    ({"init_image": "t/notimage.png [input]"}, "init_image", "notimage.png"),
+    ({"init_image": "t/big.png [input]"}, "init_image", f"is 128x64 but the job is {W}x{H}"),
+    ({"init_image": "t/ok.png [input]", "mask": "t/big.png [input]"}, "mask", f"is 128x64 but the job is {W}x{H}"),
+    ({"mask": "t/ok.png [input]"}, "mask", "needs an init_image"),
+    ({"init_image": "t/ok.png [input]", "denoise": 0}, "denoise", "(0, 1]"),
+])
+def test_bad_inputs_are_refused_naming_the_field_and_queue_nothing(d, fields, field, words):
+    _upload(d, "notimage.png", b"this is not a PNG")
+    _upload(d, "big.png", _png(_image(6, w=W * 2, h=H), "RGB"))
+    _upload(d, "ok.png", _png(_image(7), "RGB"))
+    before = sorted(p.name for p in d.rf.jobs.iterdir())
+    with pytest.raises((CliError, ValueError)) as e:          # the daemon's answer, or the record's own check
+        d.submit({"prompt": "a girl", "seed": 1, "steps": 2, **fields})
+    assert f"'{field}'" in str(e.value) and words in str(e.value), str(e.value)
+    assert sorted(p.name for p in d.rf.jobs.iterdir()) == before
