@@ -246,6 +246,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", default="/tmp/anima-bench-overhead", help="where the tiny bundle and pack are kept")
     ap.add_argument("--json", default=None, help="default bench/out/overhead-BACKEND.json (runs are merged)")
     ap.add_argument("--plot", default=None, help="default: the JSON's path with .png")
+    ap.add_argument("--quant", choices=("w8a8",), default=None, help="--analytic: model a W8A8 pack of the "
+                    "default INT8 layers (fc1, qkv, q; docs/quant.md)")
     ap.add_argument("--analytic", action="store_true", help="print the analytic timeline's table only (no runs)")
     ap.add_argument("--shards", type=int, choices=range(1, MAX_SHARDS + 1), default=None,
                     help="model a pack built with --shards N (cuts chosen by the model; a run builds the tiny "
@@ -283,6 +285,12 @@ def main(argv=None) -> int:
         # the size asked for (the reference's own is 512x512); a pack's own size when one is given
         model = BoardModel(Shape.of_pack(args.pack, "full") if args.pack else Shape.at_resolution(args.width,
                                                                                                args.height))
+        if args.quant:                      # the same model as a W8A8 pack of the default INT8 layers (unsharded)
+            import dataclasses
+            from models.quant.smooth import DEFAULT_INT8
+            model = BoardModel(dataclasses.replace(model.shape, int8=DEFAULT_INT8, shards=1, cuts=()))
+            print(f"W8A8 pack: INT8 {', '.join(DEFAULT_INT8)} at the reference's measured 1.90x (R13), the rest "
+                  "FP16; not sharded  [modelled]")
         passes = 1 if math.isclose(args.cfg, 1.0) else 2
         for line in model.describe() + analytic_table(model, policies, rams, args.vae, args.shards, args.calls,
                                                       passes):

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Optional
 
 from models.manifest import pack_shape_fields
-from models.board.flops import branch_flops, shard_flops, weight_bytes
+from models.board.flops import (branch_flops, int8_projection_flops, int8_weight_elements, shard_flops,  # noqa: F401
+                                 weight_bytes)
 from models.dit.partition import KINDS, TEXT_TOKENS, Geometry, io_elements
 from models.dit.shards import split
 
@@ -70,6 +71,7 @@ class Shape:
     lora_rank: int = 0               # R of a LoRA-ready pack (0: plain)
     shards: int = 1                  # a sharded pack's shards per branch (models/dit/shards.py)
     cuts: tuple = ()                 # ((kind, "rows" | "heads"), ...) for a sharded pack
+    int8: tuple = ()                 # a W8A8 pack's INT8 projections (fc1, qkv, q, fc2; models/quant/smooth.py)
 
     def cut(self, kind: str) -> str:
         return dict(self.cuts).get(kind, "heads")
@@ -115,11 +117,14 @@ class Shape:
                       tuple(sorted(dict(sh.get("cuts", {})).items())))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise CostModelError(f"{pack_dir}: cannot read the pack's config and geometry ({e})") from None
+        from models.manifest import pack_quant
+        q = pack_quant(pack_dir)
+        own = dataclasses.replace(own, int8=tuple(q["int8"]) if q else ())
         if model == "pack":
             return own
         ref = cls.reference(cost or load_cost())
         return cls(ref.width, ref.heads, ref.head_dim, ref.ffn_width, ref.context_dim, own.blocks, own.tokens,
-                   own.text_tokens, own.lora_rank, own.shards, own.cuts)
+                   own.text_tokens, own.lora_rank, own.shards, own.cuts, own.int8)
 
 
 @dataclass(frozen=True)
@@ -190,14 +195,24 @@ class BoardModel:
         total_ref = sum(f_ref.values())
         return sum(t_ref * flops[p] / total_ref for p in f_ref if f_ref[p])
 
+    def _int8_saving(self, kind: str) -> float:
+        """NPU seconds a W8A8 pack's INT8 projections save in one inference: their share of the branch's linear
+        part runs at the reference's measured W8A8 speed-up (R13: FFN core 1.90x, both projections INT8)."""
+        f8 = int8_projection_flops(kind, self.shape)
+        if not f8:
+            return 0.0
+        flops = branch_flops(kind, self.shape)
+        linear_s = self._npu(kind, {p: (v if p == "linear" else 0) for p, v in flops.items()})
+        return linear_s * f8 / flops["linear"] * (1.0 - 1.0 / float(self.cost["quant"]["int8_speedup"]))
+
     def _kind(self, kind: str) -> KindFigures:
         c, ref, s = self.cost, self.ref, self.shape
-        npu = self._npu(kind, branch_flops(kind, s))
+        npu = self._npu(kind, branch_flops(kind, s)) - self._int8_saving(kind)
         # lifecycle: per-kind model averages, split into phases by the sweep totals; by weight bytes
         # (a calibrated board measured each kind's phases: they replace the sweep's split)
         sweep = c["lifecycle"].get("phases_s", {}).get(kind) or c["lifecycle"]["sweep_s"]
         total = sum(sweep[ph] for ph in ("load", "init", "release"))
-        wf = weight_bytes(kind, s) / weight_bytes(kind, ref)
+        wf = (weight_bytes(kind, s) - int8_weight_elements(kind, s)) / weight_bytes(kind, ref)   # INT8: 1 byte
         per = c["lifecycle"]["per_model_s"][kind] * wf
         n_in, n_out = s.io_elements(kind)
         b_in, b_out = n_in * int(c["io"]["board_itemsize"]), n_out * int(c["io"]["out_itemsize"])

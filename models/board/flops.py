@@ -71,3 +71,19 @@ def weight_bytes(kind: str, s: "Shape", itemsize: int = 2) -> int:
     D, F, Dc, hd = s.width, s.ffn_width, s.context_dim, s.head_dim
     n = {"self": 4 * D * D + 2 * hd, "cross": 2 * D * D + 2 * Dc * D + 2 * hd, "ffn": 2 * D * F}[kind]
     return n * itemsize
+
+
+def int8_projection_flops(kind: str, s: "Shape") -> int:
+    """FLOPs of a W8A8 pack's INT8 projections in one inference of a branch kind (s.int8: fc1, qkv, q, fc2), all
+    of them in the branch's "linear" part."""
+    L, D, F = s.tokens, s.width, s.ffn_width
+    per = {"fc1": ("ffn", 2 * L * D * F), "fc2": ("ffn", 2 * L * F * D), "qkv": ("self", 3 * 2 * L * D * D),
+           "q": ("cross", 2 * L * D * D)}
+    return sum(f for name, (k, f) in per.items() if k == kind and name in s.int8)
+
+
+def int8_weight_elements(kind: str, s: "Shape") -> int:
+    """Weight elements of a branch kind a W8A8 pack stores as INT8 (1 byte instead of FP16's 2)."""
+    D, F = s.width, s.ffn_width
+    per = {"fc1": ("ffn", D * F), "fc2": ("ffn", F * D), "qkv": ("self", 3 * D * D), "q": ("cross", D * D)}
+    return sum(n for name, (k, n) in per.items() if k == kind and name in s.int8)
