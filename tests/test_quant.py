@@ -224,7 +224,7 @@ def test_quant_check_smoothing_keeps_the_picture_plain_int8_does_not(int8_pack, 
     same INT8 layers without it fall plainly lower on the outlier channels (measured, not modelled)."""
     from models.cli import main
     from models.packs.pack import build_pack, load_pack
-    from models.quant.check import ResidentSim, branch_table
+    from models.runtime.quant_check import ResidentSim, branch_table
     from models.quant.calib import read_calib
     from models.dit.checkpoint import DiTCheckpoint
     pack, _ = int8_pack

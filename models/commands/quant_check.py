@@ -27,7 +27,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from models.quant.check import describe, quant_check
+    from models.runtime.quant_check import describe, quant_check
     if args.steps < 1 or args.jobs < 1 or args.seed < 0:
         raise ValueError("--steps and --jobs must be >= 1, --seed >= 0")
     rep = quant_check(args.pack, args.checkpoint, args.calib, steps=args.steps, seed=args.seed, cfg_scale=args.cfg,
