@@ -156,7 +156,27 @@ def cmd_submit(args, rf: RunFolder) -> int:
 GENERATE_FLAGS = {"prompt": "PROMPT", "negative_prompt": "--negative", "seed": "--seed", "steps": "--steps",
                   "cfg": "--cfg", "width": "-W/--width", "height": "-H/--height", "sampler": "--sampler",
                   "scheduler": "--scheduler", "spectrum": "--no-spectrum", "output": "-o/--output",
-                  "overwrite": "--overwrite", "loras": "--lora"}
+                  "overwrite": "--overwrite", "loras": "--lora", "init_image": "--init-image", "mask": "--mask",
+                  "denoise": "--denoise", "resize_mode": "--resize-mode"}
+CLI_UPLOADS = "cli"                 # generate's --init-image/--mask files are uploaded into RUN/input/cli/
+
+
+def _upload_file(rf: RunFolder, path: str, flag: str) -> str:
+    """A local image file copied into the run folder's uploads (ComfyUI's rules: same bytes keep their name) ->
+    its name as LoadImage gives it, which prompt.json's init_image/mask take; CliError (exit 2) naming the flag."""
+    from models.images import ImageInputError, open_bounded
+    from models.images.decode import MAX_INPUT_BYTES
+    from orchestrator.inputs import InputNameError, save_upload
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_INPUT_BYTES + 1)
+        if len(data) > MAX_INPUT_BYTES:
+            raise ImageInputError(f"larger than {MAX_INPUT_BYTES} bytes")
+        open_bounded(data).close()
+        name = save_upload(rf.root, "input", CLI_UPLOADS, os.path.basename(path), data, overwrite=False)
+    except (OSError, ImageInputError, InputNameError) as e:
+        raise CliError(f"{flag}: {path}: {e}", EXIT_USAGE) from None
+    return f"{CLI_UPLOADS}/{name} [input]"
 
 
 def cmd_generate(args, rf: RunFolder) -> int:
@@ -165,7 +185,9 @@ def cmd_generate(args, rf: RunFolder) -> int:
     obj = {"prompt": args.prompt, "negative_prompt": args.negative, "seed": args.seed, "steps": args.steps,
            "cfg": args.cfg, "width": args.width, "height": args.height, "sampler": args.sampler,
            "scheduler": args.scheduler, "spectrum": False if args.no_spectrum else None, "output": args.output,
-           "overwrite": True if args.overwrite else None}
+           "overwrite": True if args.overwrite else None, "denoise": args.denoise, "resize_mode": args.resize_mode,
+           "init_image": args.init_image and _upload_file(rf, args.init_image, "--init-image"),
+           "mask": args.mask and _upload_file(rf, args.mask, "--mask")}
     obj = {k: v for k, v in obj.items() if v is not None}
     if args.lora:
         from models.lora.plan import parse_lora_arg
@@ -602,6 +624,13 @@ COMMANDS = (
         arg("--lora", action="append", default=[], metavar="NAME[:STRENGTH[:CLIP_STRENGTH]]",
             help="a LoRA under MODELS/loras/ (repeatable; strength default 1.0, the text encoder's default: "
                  "the same; docs/lora.md)"),
+        arg("--init-image", metavar="FILE", help="img2img: the image to start from (copied into RUN/input/cli/; "
+                                                 "docs/workflows.md)"),
+        arg("--mask", metavar="FILE", help="inpaint: white (or an RGBA mask's alpha) is repainted; needs "
+                                           "--init-image"),
+        arg("--denoise", type=float, help="the part of the schedule sampled, in (0, 1] (default 1.0)"),
+        arg("--resize-mode", type=int, choices=[0, 1, 2], help="an image of another size: 0 just resize, 1 crop "
+                                                               "and resize, 2 resize and fill (default: refused)"),
         JSON_OUT),
         description="Queue one image and follow it to the end, as `submit --wait` does: progress and the timing "
                     "table on stderr, the image path as the last line on stdout. Unset options take prompt.json's "

@@ -179,3 +179,41 @@ def test_bad_inputs_are_refused_naming_the_field_and_queue_nothing(d, fields, fi
         d.submit({"prompt": "a girl", "seed": 1, "steps": 2, **fields})
     assert f"'{field}'" in str(e.value) and words in str(e.value), str(e.value)
     assert sorted(p.name for p in d.rf.jobs.iterdir()) == before
+
+
+def test_generate_uploads_its_files_and_runs_img2img(d, tmp_path, capsys):
+    from orchestrator import cli
+    pixels, mask = _image(8), _block_mask()
+    (tmp_path / "start.png").write_bytes(_png(pixels, "RGB"))
+    (tmp_path / "hole.png").write_bytes(_png(mask, "L"))
+    rc = cli.main(["--run", str(d.rf.root), "generate", "a girl", "--seed", "9", "--steps", "2", "--json",
+                   "--init-image", str(tmp_path / "start.png"), "--mask", str(tmp_path / "hole.png"),
+                   "--denoise", "0.7"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    job = json.loads(out.out.strip().splitlines()[-1])["job"]
+    jd = d.rf.jobs / job
+    assert (d.rf.root / "input" / "cli" / "start.png").read_bytes() == (tmp_path / "start.png").read_bytes()
+    spec = json.loads((jd / "job.json").read_text())["spec"]
+    assert spec["init_image"] == "cli/start.png [input]" and spec["denoise"] == 0.7
+    init = np.load(jd / "init_latent.npy")
+    want = (2 * init + (mask[::8, ::8] / 255.0)[None].astype(np.float32) + np.float32(0.7)).astype(np.float32)
+    np.testing.assert_array_equal(np.load(jd / "latent.npy"), want)
+
+
+@pytest.mark.parametrize("extra, flag", [
+    (["--init-image", "NOTIMAGE"], "--init-image"),
+    (["--init-image", "MISSING"], "--init-image"),
+    (["--init-image", "OK", "--denoise", "0"], "--denoise"),
+    (["--mask", "OK"], "--mask"),
+])
+def test_generate_refuses_bad_img2img_options_naming_them(d, tmp_path, capsys, extra, flag):
+    from orchestrator import cli
+    (tmp_path / "NOTIMAGE").write_bytes(b"GIF89a not really")
+    (tmp_path / "OK").write_bytes(_png(_image(9), "RGB"))
+    args = [str(tmp_path / a) if a in ("NOTIMAGE", "MISSING", "OK") else a for a in extra]
+    before = sorted(p.name for p in d.rf.jobs.iterdir())
+    rc = cli.main(["--run", str(d.rf.root), "generate", "a girl", "--steps", "2", *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and flag in err and "Traceback" not in err, err
+    assert sorted(p.name for p in d.rf.jobs.iterdir()) == before
