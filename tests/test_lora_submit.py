@@ -15,7 +15,7 @@ from models.safetensors_io import TensorEntry, write_safetensors
 from orchestrator.daemon import Daemon
 from orchestrator.runfolder import init_run
 from protocol import messages as m
-from protocol.prompt import PromptFile
+from protocol.prompt import PromptError, PromptFile
 from stages.config import load_config
 from tests.pipeline_harness import pipeline_toml
 
@@ -71,7 +71,6 @@ def test_malformed_and_unfitting_loras_are_refused_naming_the_field(daemon):
         ([{"name": "loha.safetensors"}], "loras[0]", "LoHa"),
         ([{"name": "../loras/good.safetensors"}], "loras[0].name", "outside loras/"),
         ([{"name": "missing"}], "loras[0].name", "there are: cut.safetensors, good.safetensors"),
-        ([{"name": "good.safetensors", "clip_strength": -101}], "loras[0].clip_strength", "[-100.0, 100.0]"),
         ([{"name": "good.safetensors"}], "loras", f"model pack {pack} (128x128): the LoRAs update"),
     ]
     for loras, field, words in cases:
@@ -80,6 +79,9 @@ def test_malformed_and_unfitting_loras_are_refused_naming_the_field(daemon):
         assert reply.field == field and words in reply.message, (loras, reply.message)
         assert f"field '{field}'" in reply.message
     assert d.store.pending() == []                                   # nothing was queued
+    with pytest.raises(PromptError) as e:                           # a strength out of range: the record's own check
+        PromptFile.from_data({"prompt": "1girl", "loras": [{"name": "good.safetensors", "clip_strength": -101}]})
+    assert e.value.field == "loras[0].clip_strength" and "[-100.0, 100.0]" in str(e.value)
     plain = _submit(d, root, [{"name": "good.safetensors"}]).message
     assert "--lora-rank R" in plain and "--lora FILE:STRENGTH" in plain          # the plain pack's two ways out
 
