@@ -442,6 +442,11 @@ def test_a_submit_whose_origin_the_record_cannot_keep_is_a_field_error(tmp_path)
     daemon.store, daemon.packs, daemon._submits, daemon._wake = JobStore(tmp_path, cached=True), {(64, 64): 0}, \
         OrderedDict(), False
     daemon.vae_sizes = None                             # a VAE that decodes any size (no VAE pack configured)
+    daemon._pending = {}                                # no SUBMIT's LoRAs under check
+    from orchestrator.runfolder import RunFolder
+    daemon.rf = RunFolder(tmp_path)                     # uploads (none here) are read from its input/
+    from stages.config import parse_config
+    daemon.cfg = parse_config({"run_dir": str(tmp_path)}, tmp_path / "pipeline.toml")   # no stage records: none stale
     from protocol.prompt import PromptFile
     prompt = PromptFile.from_data({"prompt": "a girl", "seed": 7, "steps": 4, "width": 64, "height": 64})
     for origin, field in (([1], "origin"), ({f"k{i}": 1 for i in range(65)}, "origin"),
