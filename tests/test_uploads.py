@@ -272,27 +272,43 @@ def img2img_body(**kw) -> dict:
             "denoising_strength": 0.5, **kw}
 
 
-def test_valid_img2img_is_refused_501_and_queues_nothing(front):
-    status, body = front.request("POST", "/sdapi/v1/img2img", img2img_body(mask=b64(png(np.zeros((64, 64), np.uint8)))))
-    assert status == 501 and body["detail"] == "img2img needs the VAE encoder (not built yet)", body
-    assert front.link.submitted == []
+@pytest.fixture
+def queued(monkeypatch):
+    """img2img's job stand-in: the specs it was asked to run; its refusal as the daemon's (422 naming the field)."""
+    from orchestrator.http.common import refuse
+    specs = []
+
+    async def run_job(front_, spec):
+        specs.append(spec)
+        raise refuse(422, "stand-in: not run", field="stand_in")
+    monkeypatch.setattr("orchestrator.http.a1111.run_job", run_job)
+    return specs
 
 
-def test_img2img_without_a_size_takes_the_default_packs(front):
+def test_valid_img2img_is_queued_with_its_images_kept(front, queued):
+    body = img2img_body(mask=b64(png(np.zeros((64, 64), np.uint8))), inpaint_full_res=False)
+    status, answer = front.request("POST", "/sdapi/v1/img2img", body)
+    assert answer.get("field") == "stand_in", answer
+    spec = queued[0]
+    assert spec["denoise"] == 0.5 and spec["init_image"].startswith("a1111/") and spec["mask"].endswith(" [temp]")
+
+
+def test_img2img_without_a_size_takes_the_default_packs(front, queued):
     """As txt2img: no width/height is the default pack's size (the stand-in daemon's 128x128), so a 128x128 init
     image under resize_mode's default needs no resize and a 64x64 one is resized to it."""
     from orchestrator.http.img2img import to_request
     body = {k: v for k, v in img2img_body().items() if k not in ("width", "height")}
-    assert front.request("POST", "/sdapi/v1/img2img", body)[0] == 501
+    front.request("POST", "/sdapi/v1/img2img", body)
+    assert (queued[0]["width"], queued[0]["height"]) == (128, 128)
     r = to_request(body, (128, 128))
     assert r.spec["width"] == r.spec["height"] == 128 and _pixels(r.init_image).shape == (128, 128, 3)
 
 
-def test_img2img_body_may_be_larger_than_max_body(front):
+def test_img2img_body_may_be_larger_than_max_body(front, queued):
     big = png(RNG.integers(0, 256, (400, 400, 3), dtype=np.uint8))
     assert len(b64(big)) > front.front.settings.max_body_bytes
     status, body = front.request("POST", "/sdapi/v1/img2img", img2img_body(init_images=[b64(big)]))
-    assert status == 501, body
+    assert body.get("field") == "stand_in" and len(queued) == 1, body
 
 
 def _bomb() -> str:

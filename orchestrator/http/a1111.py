@@ -152,7 +152,8 @@ def _info(job: JobView, png: bytes, model: str) -> dict:
             "scheduler": scheduler_label(s.get("scheduler", DEFAULT_SCHEDULER)), "cfg_scale": s["cfg"],
             "steps": s["steps"],
             "batch_size": 1, "restore_faces": False, "face_restoration_model": None, "sd_model_name": model,
-            "sd_model_hash": None, "seed_resize_from_w": -1, "seed_resize_from_h": -1, "denoising_strength": 0,
+            "sd_model_hash": None, "seed_resize_from_w": -1, "seed_resize_from_h": -1,
+            "denoising_strength": s.get("denoise", 1.0) if s.get("init_image") else 0,
             "extra_generation_params": {"Spectrum": bool((s.get("spectrum") or {}).get("enabled", False)),
                                         "Job": job.id},
             "index_of_first_image": 0, "infotexts": [infotext], "styles": [],
@@ -160,18 +161,15 @@ def _info(job: JobView, png: bytes, model: str) -> dict:
             "is_using_inpainting_conditioning": False, "version": f"anima-npu {VERSION}"}
 
 
-async def txt2img(request: web.Request) -> web.Response:
-    front = request.app[FRONT]
+async def run_job(front, spec: dict):
+    """Queue `spec` and wait for its end (a client that goes away leaves the job running) -> (job, PNG bytes), or
+    (the JobFailed answer, None); the daemon's refusal of a field is 422 as every A1111 validation error."""
     try:
-        body = await read_json(request)
-        sizes = (await front.tracker.names()).sizes
-        spec = to_spec(body, sizes[0] if sizes else (512, 512))
         sub = await submit_job(front, spec, {"api": "a1111"})
     except BadRequest as e:
         raise _unprocessable(e) from None
     except DaemonRefused as e:                       # the daemon's word on a field (e.g. a size without a pack)
         raise _unprocessable(from_daemon(e)) from None
-    # the job runs under the daemon; this request waits for it (a client that goes away leaves the job running)
     try:
         job = await front.tracker.wait(sub.job)
     except JobGone as e:
@@ -180,9 +178,22 @@ async def txt2img(request: web.Request) -> web.Response:
         raise refuse(409, f"job {job.id} was interrupted", job=job.id)
     if job.state != "done":
         return json_response({"error": "JobFailed", "detail": f"job {job.id} failed: {job.info.error_stage}: "
-                              f"{job.info.error}", "job": job.id}, 500)
+                              f"{job.info.error}", "job": job.id}, 500), None
     path, _ = files.resolve(front.rf.jobs, "image.png", job.id)
-    png = await files.read_async(path)
+    return job, await files.read_async(path)
+
+
+async def txt2img(request: web.Request) -> web.Response:
+    front = request.app[FRONT]
+    try:
+        body = await read_json(request)
+        sizes = (await front.tracker.names()).sizes
+        spec = to_spec(body, sizes[0] if sizes else (512, 512))
+    except BadRequest as e:
+        raise _unprocessable(e) from None
+    job, png = await run_job(front, spec)
+    if png is None:
+        return job
     names = await front.tracker.names()
     info = _info(job, png, names.unet[0] if names.unet else "")
     params = {**body, "prompt": body.get("prompt", spec["prompt"]), "negative_prompt": spec["negative_prompt"],

@@ -14,23 +14,33 @@ The fields beyond txt2img's (stable-diffusion-webui's StableDiffusionImg2ImgProc
 
 The txt2img fields are read as /sdapi/v1/txt2img reads them (orchestrator/http/a1111.py: `to_spec`). The init image
 and the mask are decoded under models/images' bounds and brought to the job's width x height by `resize_mode` as
-A1111 does, and kept as PNG bytes for the job folder (orchestrator/inputs.keep_in_job). A valid request is refused
-with 501 until the VAE encoder and the sampling side that run it exist: no picture is made up.
+A1111 does; with a mask, the mask is blurred, the masked part filled (inpainting_fill 0) and, after the job, the
+original pasted back over the unmasked part as A1111 does (models/images/inpaint.py). The images go to RUN/temp/a1111/
+and the job's prompt names them (init_image, mask, denoise = denoising_strength); the daemon keeps them in the job
+folder. Not supported yet, refused 422 naming the field: inpaint_full_res true with a mask ("only masked"), and
+inpainting_fill 2 / 3 (latent noise / nothing). The latent mask is ComfyUI's (bilinear to the latent's size, not
+rounded), where A1111 resizes it with Pillow and rounds it: docs/workflows.md.
 """
 from __future__ import annotations
 
 import asyncio
 import base64
 import binascii
+import hashlib
 import io
+import json
 from dataclasses import dataclass
+
+import numpy as np
 
 from aiohttp import web
 
 from models.images import ImageInputError, a1111_mask, fit_image, load_image
+from models.images import inpaint
 from models.images.decode import MAX_INPUT_BYTES
 from orchestrator.http import a1111
 from orchestrator.http.common import FRONT, BadRequest, json_response, read_json
+from orchestrator.inputs import save_upload
 
 IMG2IMG_FIELDS = ("init_images", "mask", "resize_mode", "denoising_strength", "mask_blur", "mask_blur_x",
                   "mask_blur_y", "inpainting_fill", "inpainting_mask_invert", "inpaint_full_res",
@@ -38,7 +48,8 @@ IMG2IMG_FIELDS = ("init_images", "mask", "resize_mode", "denoising_strength", "m
                   "initial_noise_multiplier", "latent_mask")
 MAX_BLUR = 64
 MAX_PADDING = 256
-NOT_BUILT = "img2img needs the VAE encoder (not built yet)"
+FILLS = {0: "fill", 1: "original", 2: "latent noise", 3: "latent nothing"}
+UPLOADS = "a1111"                  # the request's images kept for its job in RUN/temp/a1111/
 
 
 @dataclass(frozen=True)
@@ -156,16 +167,78 @@ def to_request(body: dict, size: tuple = (512, 512)) -> Img2ImgRequest:
     return Img2ImgRequest(spec, init, mask, denoise, resize_mode, blur_x, blur_y, fill, full_res, padding)
 
 
+def _supported(req: Img2ImgRequest) -> None:
+    if req.mask is not None and req.inpaint_full_res:
+        raise a1111._bad("inpaint_full_res", "true (\"only masked\": crop around the mask, inpaint, paste back) is "
+                                             "not supported yet; send \"inpaint_full_res\": false (whole picture)")
+    if req.mask is not None and req.inpainting_fill in (2, 3):
+        raise a1111._bad("inpainting_fill", f"{req.inpainting_fill} ({FILLS[req.inpainting_fill]}) is not supported "
+                                            "yet; use 0 (fill) or 1 (original)")
+
+
+def prepare(req: Img2ImgRequest) -> tuple[bytes, bytes | None, np.ndarray | None]:
+    """(init image PNG as the job encodes it, mask PNG as the job's noise mask, the paste-back mask or None), as
+    A1111 makes them: the mask blurred by mask_blur_x/y, the masked part filled for inpainting_fill 0, the latent
+    mask the blurred mask, the overlay the blurred mask x 2 (models.images.inpaint)."""
+    from PIL import Image
+    if req.mask is None:
+        return req.init_image, None, None
+    with Image.open(io.BytesIO(req.mask)) as m:
+        blurred = inpaint.blur_mask(np.asarray(m.convert("L")), req.mask_blur_x, req.mask_blur_y)
+    mask_im = Image.fromarray(blurred, "L")
+    init = req.init_image
+    if req.inpainting_fill == 0:
+        with Image.open(io.BytesIO(req.init_image)) as im:
+            init = _png(inpaint.fill(im.convert("RGB"), mask_im))
+    return init, _png(mask_im), inpaint.overlay_mask(blurred)
+
+
+def _keep(front, data: bytes) -> str:
+    """An image for the job in RUN/temp/a1111/ (named by its bytes: the same image keeps one file) -> its name as
+    the prompt's init_image / mask take it."""
+    name = hashlib.sha256(data).hexdigest()[:32] + ".png"
+    save_upload(front.rf.root, "temp", UPLOADS, name, data, overwrite=False)
+    return f"{UPLOADS}/{name} [temp]"
+
+
+def _pasted(png: bytes, req: Img2ImgRequest, overlay) -> bytes:
+    """The job's PNG with the original pasted back over the unmasked part (A1111's apply_overlay), its text kept."""
+    from PIL import Image, PngImagePlugin
+    with Image.open(io.BytesIO(png)) as out, Image.open(io.BytesIO(req.init_image)) as init:
+        info = PngImagePlugin.PngInfo()
+        for k, v in (out.text or {}).items():
+            info.add_itxt(k, v)
+        result = inpaint.paste_back(out, init.convert("RGB"), overlay)
+    buf = io.BytesIO()
+    result.save(buf, "PNG", pnginfo=info, compress_level=4)
+    return buf.getvalue()
+
+
 async def img2img(request: web.Request) -> web.Response:
-    """Checked in full (422 naming a field), then 501: the encoder and sampling pieces that run it are not here."""
+    """Checked in full (422 naming a field), the images kept for the job, the job run, the original pasted back."""
     front = request.app[FRONT]
     try:
         body = await read_json(request.clone(client_max_size=front.settings.max_upload_bytes))
         sizes = (await front.tracker.names()).sizes
-        await asyncio.to_thread(to_request, body, sizes[0] if sizes else (512, 512))
+        req = await asyncio.to_thread(to_request, body, sizes[0] if sizes else (512, 512))
+        _supported(req)
+        init, mask, overlay = await asyncio.to_thread(prepare, req)
+        spec = {**req.spec, "denoise": req.denoise, "init_image": await asyncio.to_thread(_keep, front, init)}
+        if mask is not None:
+            spec["mask"] = await asyncio.to_thread(_keep, front, mask)
     except BadRequest as e:
         raise a1111._unprocessable(e) from None
-    return json_response({"error": "NotImplemented", "detail": NOT_BUILT}, 501)
+    job, png = await a1111.run_job(front, spec)
+    if png is None:
+        return job
+    if overlay is not None:
+        png = await asyncio.to_thread(_pasted, png, req, overlay)
+    names = await front.tracker.names()
+    info = a1111._info(job, png, names.unet[0] if names.unet else "")
+    params = {k: v for k, v in body.items() if k not in ("init_images", "mask")}
+    images = [base64.b64encode(png).decode()] if a1111._bool(body, "send_images", True) else []
+    return json_response({"images": images, "parameters": {**params, "seed": job.spec["seed"]},
+                          "info": json.dumps(info)})
 
 
 def add_routes(app: web.Application) -> None:

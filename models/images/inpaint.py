@@ -1,0 +1,75 @@
+"""A1111's img2img mask handling in pixels (stable-diffusion-webui modules/processing.py
+StableDiffusionProcessingImg2Img.init, modules/masking.py `fill`, processing.apply_overlay), for the non-"only
+masked" path:
+
+    blur_mask(mask, bx, by)   the binary mask blurred along x then y as cv2.GaussianBlur does it there (kernel
+                              2 * int(2.5 * blur + 0.5) + 1, sigma = blur, border reflect-101), rounded to 8 bits;
+                              computed in float64 here, so within 1 of OpenCV's fixed-point result
+    fill(image, mask)         inpainting_fill 0: the masked part filled from the rest by blurs of radius 256, 64, 16,
+                              4, 2, 0 composited over each other (Pillow, as masking.fill)
+    overlay_mask(mask)        the blurred mask * 2 clipped to 255: where the original is pasted back
+    paste_back(out, init, m)  the generated image with the original over it, alpha 255 - m (so the unmasked area is
+                              the original's pixels exactly)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _kernel(sigma: float) -> np.ndarray:
+    k = 2 * int(2.5 * sigma + 0.5) + 1
+    x = np.arange(k, dtype=np.float64) - (k - 1) / 2
+    w = np.exp(-x * x / (2 * sigma * sigma))
+    return w / w.sum()
+
+
+def _blur_axis(a: np.ndarray, sigma: float, axis: int) -> np.ndarray:
+    w = _kernel(sigma)
+    r, n = len(w) // 2, a.shape[axis]
+    pad = [(0, 0)] * a.ndim
+    pad[axis] = (r, r)
+    padded = np.pad(a, pad, mode="reflect") if n > 1 else np.pad(a, pad, mode="edge")   # numpy's reflect = 101
+    out = np.zeros(a.shape, np.float64)
+    for i, wi in enumerate(w):
+        out += wi * np.take(padded, np.arange(i, i + n), axis=axis)
+    return out
+
+
+def blur_mask(mask: np.ndarray, blur_x: int, blur_y: int) -> np.ndarray:
+    """[H, W] uint8 -> [H, W] uint8: A1111's mask_blur_x then mask_blur_y (0: that axis untouched)."""
+    a = np.asarray(mask, dtype=np.uint8)
+    if blur_x > 0:
+        a = np.clip(np.round(_blur_axis(a.astype(np.float64), blur_x, 1)), 0, 255).astype(np.uint8)
+    if blur_y > 0:
+        a = np.clip(np.round(_blur_axis(a.astype(np.float64), blur_y, 0)), 0, 255).astype(np.uint8)
+    return a
+
+
+def fill(image, mask):
+    """A1111's masking.fill: the masked part (mask white) of the PIL RGB `image` filled with blurred colours of the
+    rest; `mask` a PIL L image."""
+    from PIL import Image, ImageFilter, ImageOps
+    image_mod = Image.new("RGBA", (image.width, image.height))
+    image_masked = Image.new("RGBa", (image.width, image.height))
+    image_masked.paste(image.convert("RGBA").convert("RGBa"), mask=ImageOps.invert(mask.convert("L")))
+    image_masked = image_masked.convert("RGBa")
+    for radius, repeats in ((256, 1), (64, 1), (16, 2), (4, 4), (2, 2), (0, 1)):
+        blurred = image_masked.filter(ImageFilter.GaussianBlur(radius)).convert("RGBA")
+        for _ in range(repeats):
+            image_mod.alpha_composite(blurred)
+    return image_mod.convert("RGB")
+
+
+def overlay_mask(blurred: np.ndarray) -> np.ndarray:
+    """[H, W] uint8: where (and how much) the generated image shows through the pasted-back original."""
+    return np.clip(blurred.astype(np.float32) * 2, 0, 255).astype(np.uint8)
+
+
+def paste_back(out, init, overlay: np.ndarray):
+    """The generated PIL image `out` with the original `init` composited over it, alpha 255 - overlay."""
+    from PIL import Image, ImageOps
+    over = Image.new("RGBa", init.size)
+    over.paste(init.convert("RGBA").convert("RGBa"), mask=ImageOps.invert(Image.fromarray(overlay, "L")))
+    result = out.convert("RGBA")
+    result.alpha_composite(over.convert("RGBA"))
+    return result.convert("RGB")
