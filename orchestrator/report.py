@@ -249,7 +249,8 @@ def png_metadata(spec, pack, job: str, names=None, graph: dict | None = None,
     params = a1111_parameters(spec.prompt + tags, spec.negative_prompt, {
         "Steps": spec.steps, "Sampler": sampler_label(spec.sampler), "Schedule type": scheduler_label(spec.scheduler),
         "CFG scale": spec.cfg, "Seed": spec.seed, "Size": f"{width}x{height}", "Model": pack.source_name,
-        "Model hash": pack.source_sha256[:10], **({"Lora hashes": hashes} if hashes else {}), "Spectrum": spectrum})
+        "Model hash": pack.source_sha256[:10], **({"Lora hashes": hashes} if hashes else {}),
+        **({"Denoising strength": spec.denoise} if spec.init_image is not None else {}), "Spectrum": spectrum})
     names = names or ModelNames(unet=(pack.source_name,) if pack.source_name else ())
     chunks = None
     if graph is not None:
@@ -265,6 +266,7 @@ def png_metadata(spec, pack, job: str, names=None, graph: dict | None = None,
     own = {"job": job, "prompt": spec.prompt, "negative_prompt": spec.negative_prompt, "seed": spec.seed,
            "steps": spec.steps, "cfg": spec.cfg, "sampler": spec.sampler, "scheduler": spec.scheduler,
            "width": width, "height": height, "spectrum": spec.spectrum.to_dict(),
+           **({"init_image": spec.init_image, "mask": spec.mask, "denoise": spec.denoise} if spec.init_image else {}),
            "model": pack.source_name, "model_sha256": pack.source_sha256,
            "latent_space": LATENT_SPACE, "latent_note": LATENT_NOTE,
            "loras": [{**c.to_dict(), "clip_strength": c.te_strength, "short_hash": lora_hashes.get(c.name)}

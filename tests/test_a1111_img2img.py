@@ -105,7 +105,7 @@ def test_inpaint_keeps_the_unmasked_area_and_queues_the_blurred_mask(front):
     blend = alpha * init + (1 - alpha) * np.array(GREEN)
     assert np.abs(out.astype(float) - blend).max() <= 2
     info = json.loads(body["info"])
-    assert info["denoising_strength"] == 0.6 and info["infotexts"] == ["from the job"]
+    assert info["denoising_strength"] == 0.6 and info["infotexts"] == ["from the job, Mask blur: 4"]
 
 
 def test_inpainting_fill_0_fills_the_masked_part_before_encoding(front):
@@ -141,3 +141,22 @@ def test_unsupported_inpaint_modes_are_422_naming_the_field(front, edit, field):
     status, answer = front.request("POST", "/sdapi/v1/img2img", body)
     assert status == 422 and answer["field"] == field, answer
     assert front.ran == []
+
+
+def test_png_parameters_name_the_denoising_strength_and_the_mask_blur(front):
+    from orchestrator.prompt_spec import parse_prompt_obj
+    from orchestrator.report import png_metadata
+    pack = SimpleNamespace(width=64, height=64, source_name="m.safetensors", source_sha256="ab" * 32)
+    spec = parse_prompt_obj({"prompt": "a cat", "seed": 1, "init_image": "a.png", "mask": "m.png", "denoise": 0.6},
+                            resolution=(64, 64))
+    meta = png_metadata(spec, pack, "j")
+    pairs = dict(p.split(": ", 1) for p in meta["parameters"].splitlines()[-1].split(", "))
+    assert pairs["Denoising strength"] == "0.6"
+    assert json.loads(meta["anima"])["denoise"] == 0.6
+    plain = png_metadata(parse_prompt_obj({"prompt": "a cat", "seed": 1}, resolution=(64, 64)), pack, "j")
+    assert "Denoising strength" not in plain["parameters"]                   # txt2img: A1111 writes none
+    mask = np.zeros((64, 64), np.uint8)
+    mask[8:24, 8:24] = 255
+    status, body = front.request("POST", "/sdapi/v1/img2img", _body(mask=b64(png(mask)), mask_blur=3))
+    assert status == 200, body
+    assert json.loads(body["info"])["infotexts"] == ["from the job, Mask blur: 3"]

@@ -201,13 +201,21 @@ def _keep(front, data: bytes) -> str:
     return f"{UPLOADS}/{name} [temp]"
 
 
+def _mask_blur(parameters: str, req: Img2ImgRequest) -> str:
+    """A1111's generation text gets "Mask blur: N" after its pairs when the mask was blurred (N: mask_blur_x when
+    both axes are the same, as A1111's mask_blur property gives; the job never sees the blur, so it is added here)."""
+    if not (req.mask_blur_x or req.mask_blur_y) or req.mask_blur_x != req.mask_blur_y:
+        return parameters
+    return f"{parameters}, Mask blur: {req.mask_blur_x}"
+
+
 def _pasted(png: bytes, req: Img2ImgRequest, overlay) -> bytes:
     """The job's PNG with the original pasted back over the unmasked part (A1111's apply_overlay), its text kept."""
     from PIL import Image, PngImagePlugin
     with Image.open(io.BytesIO(png)) as out, Image.open(io.BytesIO(req.init_image)) as init:
         info = PngImagePlugin.PngInfo()
         for k, v in (out.text or {}).items():
-            info.add_itxt(k, v)
+            info.add_itxt(k, _mask_blur(v, req) if k == "parameters" else v)
         result = inpaint.paste_back(out, init.convert("RGB"), overlay)
     buf = io.BytesIO()
     result.save(buf, "PNG", pnginfo=info, compress_level=4)
