@@ -157,7 +157,22 @@ GENERATE_FLAGS = {"prompt": "PROMPT", "negative_prompt": "--negative", "seed": "
                   "cfg": "--cfg", "width": "-W/--width", "height": "-H/--height", "sampler": "--sampler",
                   "scheduler": "--scheduler", "spectrum": "--no-spectrum", "output": "-o/--output",
                   "overwrite": "--overwrite", "loras": "--lora", "init_image": "--init-image", "mask": "--mask",
-                  "denoise": "--denoise", "resize_mode": "--resize-mode"}
+                  "denoise": "--denoise", "resize_mode": "--resize-mode", "cache": "--cache",
+                  "cache.reuse_threshold": "--reuse-threshold", "cache.start_percent": "--cache-start",
+                  "cache.end_percent": "--cache-end"}
+
+
+def _cache_option(args):
+    """generate's step cache options -> prompt.json's `cache` (None without --cache)."""
+    extra = {"reuse_threshold": args.reuse_threshold, "start_percent": args.cache_start,
+             "end_percent": args.cache_end}
+    given = {k: v for k, v in extra.items() if v is not None}
+    if args.cache is None:
+        if given:
+            raise CliError(f"{GENERATE_FLAGS['cache.' + next(iter(given))]}: needs --cache easycache|lazycache",
+                           EXIT_USAGE)
+        return None
+    return {"kind": args.cache, **given}
 CLI_UPLOADS = "cli"                 # generate's --init-image/--mask files are uploaded into RUN/input/cli/
 
 
@@ -189,6 +204,9 @@ def cmd_generate(args, rf: RunFolder) -> int:
            "init_image": args.init_image and _upload_file(rf, args.init_image, "--init-image"),
            "mask": args.mask and _upload_file(rf, args.mask, "--mask")}
     obj = {k: v for k, v in obj.items() if v is not None}
+    cache = _cache_option(args)
+    if cache is not None:
+        obj["cache"] = cache
     if args.lora:
         from models.lora.plan import parse_lora_arg
         try:
@@ -204,7 +222,8 @@ def cmd_generate(args, rf: RunFolder) -> int:
     try:
         spec = parse_prompt_obj(obj, resolution=_resolution(None, rf))     # NaN/inf are named here, not in JSON
     except PromptError as e:
-        flag = GENERATE_FLAGS.get(e.field.split(".")[0].split("[")[0], e.field or "the options")
+        flag = GENERATE_FLAGS.get(e.field) or GENERATE_FLAGS.get(e.field.split(".")[0].split("[")[0],
+                                                                  e.field or "the options")
         detail = e.detail.replace('set "overwrite": true', "give --overwrite")    # prompt.json's words -> ours
         raise CliError(f"{flag}: {detail}", EXIT_USAGE) from None
     return _queue(args, rf, prompt_record(obj), spec, wait=True, cancel_on_interrupt=True)
@@ -619,6 +638,12 @@ COMMANDS = (
                               "(ComfyUI's names: docs/samplers.md)"),
         arg("--scheduler", help=f"{DEFAULT_SCHEDULER} (default), simple, karras, beta ... (docs/samplers.md)"),
         arg("--no-spectrum", action="store_true", help="compute every step (no Spectrum forecasts)"),
+        arg("--cache", choices=("easycache", "lazycache"),
+            help="ComfyUI's EasyCache or LazyCache: reuse a model call when the input barely moved (Spectrum off; "
+                 "docs/samplers.md)"),
+        arg("--reuse-threshold", type=float, help="the cache's reuse_threshold, 0..3 (default 0.2)"),
+        arg("--cache-start", type=float, help="the cache's start_percent, 0..1 (default 0.15)"),
+        arg("--cache-end", type=float, help="the cache's end_percent, 0..1 (default 0.95)"),
         arg("-o", "--output", help="a .png file or a folder (default: the job folder's image.png)"),
         arg("--overwrite", action="store_true", help="replace an existing -o file (else it is refused)"),
         arg("--lora", action="append", default=[], metavar="NAME[:STRENGTH[:CLIP_STRENGTH]]",

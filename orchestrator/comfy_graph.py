@@ -32,6 +32,7 @@ from typing import Any
 from models.lora.plan import MAX_STRENGTH
 from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, DEFAULT_SHIFT, SAMPLER_NAMES, SCHEDULER_NAMES
 from models.sampling.spectrum import SpectrumSettings
+from models.sampling.step_cache import NODE_NAMES as CACHE_NODES, CacheSettings
 from orchestrator.prompt_spec import (DEFAULT_CFG, MAX_CFG, MAX_PROMPT_CHARS, MAX_SIDE, MAX_STEPS, SEED_LIMIT, PromptError,
                                       parse_prompt_obj)
 
@@ -124,6 +125,19 @@ def _spectrum_node() -> NodeSpec:
                                 "the full run's; docs/samplers.md). Without this node a graph computes every step.")
 
 
+def _cache_nodes() -> tuple[NodeSpec, ...]:
+    """ComfyUI's EasyCache and LazyCache model patches, their inputs, defaults and bounds (comfy_extras/
+    nodes_easycache.py); prompt.json's `cache` (models/sampling/step_cache.py reproduces them)."""
+    what = {"easycache": "Reuses each CFG pass's output change when the input barely moved (ComfyUI's EasyCache).",
+            "lazycache": "Reuses the CFG-combined prediction's change when the input barely moved (ComfyUI's "
+                         "LazyCache)."}
+    return tuple(NodeSpec(name, name, "advanced/debug", "cache",
+                          (InputSpec("model", "MODEL"),
+                           *(_setting(CacheSettings, name, 0.01)
+                             for name in ("reuse_threshold", "start_percent", "end_percent", "verbose"))),
+                          ("MODEL",), ("MODEL",), description=what[kind]) for kind, name in CACHE_NODES.items())
+
+
 def _sampler_nodes() -> tuple[NodeSpec, ...]:
     """KSampler and KSamplerAdvanced, with the ranges of this pipeline's one sampling pass."""
     return (
@@ -210,6 +224,7 @@ def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
                   InputSpec("shift", "FLOAT", DEFAULT_SHIFT, dict(min=DEFAULT_SHIFT, max=DEFAULT_SHIFT, step=0.01))),
                  ("MODEL",), ("MODEL",), description=f"Optional; the pipeline samples with shift {DEFAULT_SHIFT}."),
         _spectrum_node(),
+        *_cache_nodes(),
         *_sampler_nodes(),
         NodeSpec("VAEDecode", "VAE Decode", "latent", "decode",
                  (InputSpec("samples", "LATENT"), InputSpec("vae", "VAE")), ("IMAGE",), ("IMAGE",)),
@@ -375,7 +390,9 @@ class _Checker:
     def _value(self, node_id: str, i: InputSpec, val) -> None:
         info = dict(input_name=i.name, received_value=val if isinstance(val, (str, int, float, bool)) else str(val))
         try:
-            if isinstance(val, (dict, bool)) or val is None:
+            if i.type == "BOOLEAN" and not isinstance(val, bool):
+                raise ValueError(f"{type(val).__name__} is not a BOOLEAN")
+            if isinstance(val, dict) or val is None or (isinstance(val, bool) and i.type != "BOOLEAN"):
                 raise ValueError(f"{type(val).__name__} is not a {i.type}")
             if i.type == "INT":
                 if isinstance(val, str) and len(val) > 40:
@@ -547,6 +564,12 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
             # a ComfyUI graph means what it means in ComfyUI: every step computed, unless it patches Spectrum in
             "spectrum": {**{k: x for k, x in v["spectrum"].items() if k != "model"}, "enabled": True}
             if "spectrum" in v else False}
+    if "cache" in v:
+        kind = next(k for k, name in CACHE_NODES.items() if graph[roles["cache"]]["class_type"] == name)
+        spec["cache"] = {"kind": kind, **{k: x for k, x in v["cache"].items() if k != "model"}}
+        if "spectrum" in v:
+            problems.append(_custom(roles["cache"], "model", f"{CACHE_NODES[kind]} and AnimaSpectrum both decide "
+                                    "which model calls to skip: use one of them"))
     if loras:
         spec["loras"] = loras
     return roles, spec, problems
@@ -567,13 +590,16 @@ def _chain(graph, c: _Checker, role_of: dict, node: str, link: str, through=("lo
 def _model_chain(graph, c: _Checker, role_of: dict, roles: dict, problems: list) -> list:
     """The sampler's model back to UNETLoader: its shift and Spectrum nodes into `roles`, -> its LoRA loaders."""
     sampler = roles["sampler"]
-    unet, passed = _chain(graph, c, role_of, c.links[sampler]["model"], "model", ("shift", "lora", "spectrum"))
+    unet, passed = _chain(graph, c, role_of, c.links[sampler]["model"], "model",
+                          ("shift", "lora", "spectrum", "cache"))
     for node in passed:
-        if role_of[node] != "lora":
+        if role_of[node] == "cache" and "cache" in roles:
+            problems.append(_custom(node, "model", "one step cache per job (EasyCache or LazyCache)"))
+        elif role_of[node] != "lora":
             roles[role_of[node]] = node
     if role_of[unet] != "unet":
         problems.append(_custom(roles.get("shift", sampler), "model", "the model must come from UNETLoader, through "
-                                "LoRA loaders, ModelSamplingAuraFlow and AnimaSpectrum only"))
+                                "LoRA loaders, ModelSamplingAuraFlow, AnimaSpectrum, EasyCache and LazyCache only"))
     roles["unet"] = unet
     return [n for n in passed if role_of[n] == "lora"]
 
@@ -595,6 +621,7 @@ def _failed(graph: dict, problems: list, out: str) -> GraphError:
 CANONICAL_IDS = {"unet": "1", "clip": "2", "vae": "3", "positive": "4", "negative": "5", "latent": "6",
                  "sampler": "7", "decode": "8", "save": "9", "spectrum": "30"}
 LORA_IDS = 10                   # the job's i-th LoRA loader is node "10" + i
+CACHE_ID = "31"                 # the job's EasyCache / LazyCache node
 TITLES = {"positive": "CLIP Text Encode (Positive Prompt)", "negative": "CLIP Text Encode (Negative Prompt)"}
 
 
@@ -630,6 +657,13 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
         settings = {i.name: sp[i.name] for i in table["AnimaSpectrum"].inputs if i.name in sp}
         loaders.append(node("spectrum", "AnimaSpectrum", model=model, **settings))
         model = [ids["spectrum"], 0]
+    cache = spec.get("cache")
+    if isinstance(cache, dict):                             # the job's step cache as ComfyUI's node
+        d = CacheSettings(**cache)
+        ids.setdefault("cache", CACHE_ID)
+        loaders.append(node("cache", d.node, model=model, reuse_threshold=d.reuse_threshold,
+                            start_percent=d.start_percent, end_percent=d.end_percent, verbose=d.verbose))
+        model = [ids["cache"], 0]
     return dict((
         node("unet", "UNETLoader", unet_name=first(names.unet), weight_dtype="default"),
         node("clip", "CLIPLoader", clip_name=first(names.clip), type="stable_diffusion"),

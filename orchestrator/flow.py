@@ -340,7 +340,7 @@ class JobFlow:
         s = self.spec
         params = m.DenoiseParams(seed=s.seed, steps=s.steps, cfg=s.cfg, sampler=s.sampler, scheduler=s.scheduler,
                                  width=self.pack.width, height=self.pack.height,
-                                 spectrum=s.spectrum, denoise=s.denoise)
+                                 spectrum=s.spectrum, denoise=s.denoise, cache=s.cache)
         # the report keeps what the backend models (board-sim: the board) apart from the time measured here
         self.report.board = backend_class(self.cfg.backend).report_section(self.pack.dir,
                                                                            self.cfg.stage_settings("executor"))

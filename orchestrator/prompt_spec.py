@@ -80,7 +80,7 @@ def resolve_prompt(f: PromptFile, *, base_dir: Path | None = None, check_output:
     if f.seed is None:                  # omitted or null -> random, recorded
         kw["seed"], kw["seed_random"] = secrets.randbelow(SEED_LIMIT), True
     if f.spectrum is None:              # the default: Spectrum where the sampler allows it (docs/samplers.md)
-        kw["spectrum"] = SpectrumSettings(enabled=spectrum_refusal(f.sampler) is None)
+        kw["spectrum"] = SpectrumSettings(enabled=spectrum_refusal(f.sampler) is None and f.cache is None)
     elif isinstance(f.spectrum, bool):
         kw["spectrum"] = SpectrumSettings(enabled=f.spectrum)
     if f.output is not None:

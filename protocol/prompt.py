@@ -10,6 +10,7 @@ from models.lora.choice import MAX_LORAS, LoraChoice
 from models.sampling.sampler import (DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLER_NAMES, SCHEDULER_NAMES,
                                      spectrum_refusal)
 from models.sampling.spectrum import SpectrumSettings
+from models.sampling.step_cache import CacheSettings
 from models.schema import Float, Int, Items, Meta, Record, SchemaError, Text, Wording, record_in
 from models.text.prompt_weights import PromptWeightError, check_prompt
 
@@ -167,6 +168,7 @@ class PromptFile(Record, frozen=True):
     output: Annotated[str, Meta(min_length=1, max_length=MAX_OUTPUT_CHARS, description=_NON_EMPTY_PATH)] | None = None
     overwrite: bool = False              # an existing `output` file is replaced (else kept, and the job says so)
     loras: Items(LoraChoice, MAX_LORAS) = ()   # names under MODELS/loras/, checked against the pack at submit
+    cache: CacheSettings | None = None   # ComfyUI's EasyCache / LazyCache (docs/prompts.md); null: none
     # img2img / inpaint (docs/workflows.md): uploads in RUN/input|temp|output, read and kept in the job at submit
     init_image: Annotated[str, Meta(min_length=1, max_length=MAX_INPUT_REF_CHARS, description=_UPLOAD_NAME)] | None \
         = None
@@ -185,6 +187,9 @@ class PromptFile(Record, frozen=True):
         if spectrum_on and spectrum_refusal(self.sampler):
             raise PromptError("spectrum", f"{spectrum_refusal(self.sampler)}; set \"spectrum\": false for it "
                                           "(docs/samplers.md)")
+        if self.cache is not None and spectrum_on:
+            raise PromptError("cache", f"{self.cache.node} and Spectrum both decide which model calls to skip: leave "
+                                       "\"spectrum\" out (a cache turns it off) or set it false")
         _check_inputs(self)
         if self.output is not None:
             if not self.output.strip():

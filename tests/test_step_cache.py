@@ -359,3 +359,79 @@ def test_board_model_prices_one_pass_calls_and_counts_reused_ones_out():
     e = evaluate(model, Policy(prefetch=2), 6000.0, computed_steps=calls, passes=passes)
     assert e.denoise_s == pytest.approx(e.cold.wall_s + 8 * e.warm.wall_s)
     assert job_calls({"prompt": {"cfg": 4.5}, "nfe": 14, "computed_steps": list(range(1, 15))}) == (14, 2)
+
+
+# ---- prompt.json and the ComfyUI graph front ---------------------------------------------------------------------
+def _cache_graph(kind="EasyCache", **inputs):
+    from tests.comfy_graphs import standard_graph
+    g = standard_graph(steps=14)
+    g["31"] = {"class_type": kind, "inputs": {"model": g["3"]["inputs"]["model"], "reuse_threshold": 0.2,
+                                              "start_percent": 0.15, "end_percent": 0.95, "verbose": False, **inputs}}
+    g["3"]["inputs"]["model"] = ["31", 0]
+    return g
+
+
+@pytest.mark.parametrize("node,kind", [("EasyCache", "easycache"), ("LazyCache", "lazycache")])
+def test_graph_cache_nodes_become_the_jobs_cache_and_back(node, kind):
+    import json as _json
+    from orchestrator.comfy_graph import ModelNames, graph_to_job, job_to_graph, node_table, object_info
+    from orchestrator.prompt_spec import parse_prompt_obj
+    from tests.comfy_graphs import TINY_NAMES
+    names = ModelNames(unet=(TINY_NAMES["unet"],), clip=(TINY_NAMES["clip"],), vae=(TINY_NAMES["vae"],))
+    info = object_info(node_table(names))[node]["input"]["required"]
+    assert info["reuse_threshold"][1] == {"min": 0.0, "max": 3.0, "step": 0.01, "default": 0.2}   # ComfyUI's widget
+    assert info["verbose"] == ["BOOLEAN", {"default": False}]
+    job = graph_to_job(_cache_graph(node, reuse_threshold=0.3), names=names, sizes=[(128, 128)])
+    assert job.nodes["cache"] == "31"
+    spec = parse_prompt_obj(job.spec, resolution=[(128, 128)])
+    assert spec.cache == CacheSettings(kind=kind, reuse_threshold=0.3) and spec.spectrum.enabled is False
+    back = job_to_graph(_json.loads(_json.dumps(spec.to_dict())), names=names)
+    assert [n["class_type"] for n in back.values()].count(node) == 1
+    assert graph_to_job(back, names=names, sizes=[(128, 128)]).spec["cache"] == job.spec["cache"]
+
+
+def test_graph_cache_with_spectrum_or_bad_values_is_refused_naming_the_node():
+    from orchestrator.comfy_graph import GraphError, ModelNames, graph_to_job
+    from tests.comfy_graphs import TINY_NAMES
+    names = ModelNames(unet=(TINY_NAMES["unet"],), clip=(TINY_NAMES["clip"],), vae=(TINY_NAMES["vae"],))
+    g = _cache_graph()
+    g["30"] = {"class_type": "AnimaSpectrum", "inputs": {"model": g["31"]["inputs"]["model"], "w": 0.4, "m": 3,
+                                                         "lam": 1.0, "window": 2.0, "flex": 0.5, "warmup": 1,
+                                                         "stop": 0.9}}
+    g["31"]["inputs"]["model"] = ["30", 0]
+    with pytest.raises(GraphError) as e:
+        graph_to_job(g, names=names, sizes=[(128, 128)])
+    assert "31" in e.value.node_errors and "AnimaSpectrum" in json_text(e.value.node_errors)
+    for bad in ({"reuse_threshold": 3.5}, {"verbose": "yes"}, {"end_percent": -1}):
+        with pytest.raises(GraphError) as e:
+            graph_to_job(_cache_graph(**bad), names=names, sizes=[(128, 128)])
+        assert list(e.value.node_errors) == ["31"] and next(iter(bad)) in json_text(e.value.node_errors)
+
+
+def json_text(obj) -> str:
+    import json as _json
+    return _json.dumps(obj)
+
+
+@pytest.mark.parametrize("obj,field", [({"cache": {"kind": "teacache"}}, "cache.kind"),
+                                       ({"cache": {"reuse_threshold": -1}}, "cache.reuse_threshold"),
+                                       ({"cache": {"kind": "easycache"}, "spectrum": True}, "cache"),
+                                       ({"cache": "easycache"}, "cache")])
+def test_prompt_json_cache_is_checked_naming_the_field(obj, field):
+    from orchestrator.prompt_spec import PromptError, parse_prompt_obj
+    with pytest.raises(PromptError) as e:
+        parse_prompt_obj({"prompt": "x", **obj}, resolution=[(128, 128)])
+    assert e.value.field == field
+    ok = parse_prompt_obj({"prompt": "x", "cache": {"kind": "lazycache"}}, resolution=[(128, 128)])
+    assert ok.cache == CacheSettings(kind="lazycache") and ok.spectrum.enabled is False
+
+
+def test_generate_cache_options_are_checked_naming_the_option(tmp_path, capsys):
+    from orchestrator import cli
+    from orchestrator.runfolder import init_run
+    run = init_run(tmp_path / "run")
+    for argv, said in ((["--reuse-threshold", "0.3"], "error: --reuse-threshold: needs --cache"),
+                       (["--cache", "easycache", "--reuse-threshold", "9"], "error: --reuse-threshold: must be in"),
+                       (["--cache", "lazycache", "--cache-end", "1.5"], "error: --cache-end: must be in")):
+        assert cli.main(["--run", str(run.root), "generate", "a", *argv]) == 2
+        assert said in capsys.readouterr().err

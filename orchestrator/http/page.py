@@ -3,7 +3,8 @@
     GET  /anima/info                 sizes with packs (default first), defaults, limits, the LoRAs (MODELS/loras/)
     GET  /anima/jobs?before=&limit=  the newest jobs with their prompt, settings, state and file links (`more`)
     POST /anima/jobs                 {prompt, negative_prompt, seed (digits)|null, steps, cfg, width, height,
-                                      sampler, scheduler, spectrum, loras, client_id} -> {"job", "seed", "position"}
+                                      sampler, scheduler, spectrum, cache, loras, client_id}
+                                     -> {"job", "seed", "position"}
 Seeds travel as strings of digits here: 64-bit seeds do not fit a JavaScript number.
     POST /anima/jobs/{job}/cancel    -> {"note"}
 Live progress comes over /ws (`anima.progress`, `anima.job`, and ComfyUI's messages for the page's own jobs).
@@ -16,6 +17,7 @@ from pathlib import Path
 from aiohttp import web
 
 from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLERS, SCHEDULER_NAMES, spectrum_refusal
+from models.sampling.step_cache import NODE_NAMES as CACHE_NODES, CacheSettings
 from models.lora.choice import MAX_LORAS
 from orchestrator.http import files
 from orchestrator.http.common import FRONT, cancel_job, json_response, read_json, refuse, submit_job
@@ -26,7 +28,7 @@ from protocol import messages as m
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 PAGE_FIELDS = ("prompt", "negative_prompt", "seed", "steps", "cfg", "width", "height", "sampler", "scheduler",
-               "spectrum", "loras")
+               "spectrum", "cache", "loras")
 MAX_PAGE = 48
 
 
@@ -45,7 +47,10 @@ async def info(request: web.Request) -> web.Response:
         "limits": {"steps": MAX_STEPS, "cfg": MAX_CFG, "prompt_chars": MAX_PROMPT_CHARS, "loras": MAX_LORAS},
         # the pickers: every sampler with its model calls per step and why Spectrum does not fit it (None: it does)
         "samplers": [{"name": s.name, "nfe": s.nfe, "spectrum": spectrum_refusal(s.name)} for s in SAMPLERS.values()],
-        "schedulers": list(SCHEDULER_NAMES), "max_queue": pipe.max_queue, "version": pipe.version,
+        "schedulers": list(SCHEDULER_NAMES),
+        # the step caches the page offers (ComfyUI's EasyCache and LazyCache, their defaults): prompt.json's `cache`
+        "caches": [{"kind": k, "name": n, **CacheSettings(kind=k).to_dict()} for k, n in CACHE_NODES.items()],
+        "max_queue": pipe.max_queue, "version": pipe.version,
         "model": next((p.source_name for p in pipe.packs if p.source_name), ""), "loras": list((await front.tracker.names()).lora),
         "lora_ranks": {f"{p.width}x{p.height}": p.lora_rank for p in pipe.packs}})
 

@@ -47,7 +47,8 @@ function showError(text) {
 // Spectrum does not fit samplers that call the model twice per step: the checkbox is off and says why
 function spectrumFits() {
   const s = info.samplers.find((x) => x.name === $("sampler").value);
-  const why = s ? s.spectrum : null;
+  // a step cache and Spectrum both decide which model calls to skip: the job takes one of them
+  const why = $("cache").value ? "a step cache is on (it and Spectrum cannot be combined)" : (s ? s.spectrum : null);
   $("spectrum").disabled = Boolean(why);
   $("spectrum").checked = why ? false : spectrumWanted;
   $("spectrum").parentElement.title = why || "";
@@ -58,6 +59,7 @@ function formBody() {
   const body = { prompt: $("prompt").value, negative_prompt: $("negative").value, steps: Number($("steps").value),
                  cfg: Number($("cfg").value), width: w, height: h, sampler: $("sampler").value,
                  scheduler: $("scheduler").value, spectrum: $("spectrum").checked, client_id: clientId };
+  if ($("cache").value) body.cache = { kind: $("cache").value };
   if ($("seed").value.trim() !== "") body.seed = $("seed").value.trim();   // digits: 64-bit seeds overflow a Number
   const loras = Array.from(document.querySelectorAll("#lora-rows .lora"), (r) => ({
     name: r.querySelector(".lora-name").value, strength: Number(r.querySelector(".lora-strength").value),
@@ -204,6 +206,7 @@ function card(j) {
   const s = j.spec || {};
   const meta = [s.width && s.height ? s.width + "x" + s.height : "", "seed " + s.seed, s.steps + " steps",
                 "cfg " + s.cfg, "spectrum " + (s.spectrum ? "on" : "off"),
+                s.cache ? "cache " + s.cache.kind : "",
                 s.sampler ? s.sampler + " / " + s.scheduler : "", j.api].filter(Boolean).join(" · ");
   const c = el("article", { className: "job", id: "job-" + j.job });
   if (j.files.image) {
@@ -277,7 +280,12 @@ async function start() {
   for (const name of info.schedulers) $("scheduler").append(el("option", { value: name, textContent: name }));
   $("sampler").value = info.defaults.sampler;
   $("scheduler").value = info.defaults.scheduler;
+  for (const c of info.caches || []) {
+    const what = c.name + " (reuse " + c.reuse_threshold + ", " + c.start_percent + "–" + c.end_percent + ")";
+    $("cache").append(el("option", { value: c.kind, textContent: what }));
+  }
   $("sampler").addEventListener("change", spectrumFits);
+  $("cache").addEventListener("change", spectrumFits);
   spectrumFits();
   connect();
   fillGallery(true);
