@@ -13,6 +13,7 @@ from models.durable import atomic_write
 from models.lora.a1111 import lora_stem, lora_tag
 from models.dit.partition import KINDS, TEXT_TOKENS
 from models.runtime.phase_times import PhaseSums
+from models.sampling.step_cache import NODE_NAMES
 from orchestrator.a1111_names import sampler_label, scheduler_label
 from models.schema import base_types
 from models.runtime.probes import vm_hwm_kb

@@ -435,3 +435,40 @@ def test_generate_cache_options_are_checked_naming_the_option(tmp_path, capsys):
                        (["--cache", "lazycache", "--cache-end", "1.5"], "error: --cache-end: must be in")):
         assert cli.main(["--run", str(run.root), "generate", "a", *argv]) == 2
         assert said in capsys.readouterr().err
+
+
+def test_a_job_with_a_cache_at_cfg1_end_to_end(default_pipeline, pipeline_assets):
+    """prompt.json's `cache` at cfg 1 through the daemon, supervisord and the real stages: the in-process latent
+    bitwise, report.json's model_calls and reused_calls, the job's spec keeping the cache."""
+    from models.packs.pack import load_pack
+    from models.runtime.dit_runner import DiTRunner
+    from models.sampling.denoise import denoise, make_sampler
+    pipe = default_pipeline
+    cache = {"kind": "easycache", "reuse_threshold": 3.0, "start_percent": 0.0, "end_percent": 1.0}
+    prompt = {"prompt": "1girl, silver hair", "negative_prompt": "worst quality", "seed": 99, "steps": 3, "cfg": 1.0,
+              "sampler": "euler", "scheduler": "sgm_uniform", "cache": cache}
+    job = pipe.submit(prompt)
+    info = pipe.wait(job, timeout_s=600.0)
+    assert info.state == "done", f"{info.error_stage}: {info.error}\n{pipe.logs()}"
+    job_dir = pipe.job_dir(job)
+    r = pipe.report(job)
+    assert r["prompt"]["cache"] == {**cache, "verbose": False} and r["prompt"]["spectrum"]["enabled"] is False
+    pack = load_pack(pipeline_assets[1])
+    g, c = pack.geometry, pack.config
+    sampler = make_sampler(3, 1.0, "sgm_uniform", None, cache=CacheSettings(**cache))
+    state = start_or_resume(sampler, 99, (c.latent_channels, g.latent_h, g.latent_w))
+    final = denoise(DiTRunner(pack, threads=1), sampler, state, np.load(job_dir / "cond.npy"),
+                    np.load(job_dir / "uncond.npy"))
+    np.testing.assert_array_equal(np.load(job_dir / "latent.npy"), sampler.result(final))
+    assert (r["model_calls"], r["reused_calls"]) == (sum(final.nfe), sum(final.skipped)) == (2, 1)
+    assert r["branch_calls"] == 3 * c.blocks * 2
+
+
+def test_timing_table_names_the_cache_and_its_reused_calls():
+    from orchestrator.report import format_table
+    base = {"job": "j", "prompt": {"cfg": 4.0, "cache": {"kind": "lazycache"}}, "computed_steps": [1, 2, 3],
+            "forecast_steps": [], "branch_calls": 168, "nfe": 2, "model_calls": 2, "reused_calls": 1, "stages": {},
+            "branches": {}, "steps": []}
+    assert "2 model calls (1 reused by LazyCache)" in format_table(base)
+    plain = {**base, "prompt": {"cfg": 4.0, "cache": None}, "reused_calls": 0}
+    assert "model calls," in format_table(plain) and "reused" not in format_table(plain)
