@@ -279,7 +279,11 @@ class JobFlow:
         if self._init_latent() is not None:
             return
         t0, remote = time.monotonic(), self.cfg.is_remote("vae")
-        image = image_tensor((self.dir / "init_image.png").read_bytes())       # [3, H, W] f32 in [-1, 1]
+        try:
+            image = image_tensor((self.dir / "init_image.png").read_bytes())   # [3, H, W] f32 in [-1, 1]
+        except (OSError, ValueError) as e:     # removed or damaged since submit: the job cannot start from it
+            raise StageFailed("orchestrator", f"the job's init image {self.dir / 'init_image.png'} cannot be read "
+                                              f"({e}); submit the job again") from None
         self.control.bring_up("vae")
         if remote:
             from protocol.tensors import InlineFrames

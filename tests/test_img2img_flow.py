@@ -31,7 +31,7 @@ def d():
 
 @pytest.fixture(autouse=True)
 def _flags(d):
-    for name in ("double_step_s", "double_vae_encode_s", "double_vae_encoding"):
+    for name in ("double_step_s", "double_vae_encode_s", "double_vae_encoding", "double_encode_s", "double_encoding"):
         d.flag(name, None)
 
 
@@ -159,6 +159,20 @@ def test_an_image_of_another_size_is_fitted_and_sampled_without_a_mask(d):
     assert not (jd / "mask.png").exists()                     # no mask: no noise mask reaches the scheduler
     init = np.load(jd / "init_latent.npy")
     np.testing.assert_array_equal(np.load(jd / "latent.npy"), (2 * init + np.float32(0.5)).astype(np.float32))
+
+
+def test_a_kept_image_gone_before_its_encode_fails_the_job_naming_it(d):
+    d.flag("double_encode_s", "2")                           # the text encoder holds the job in `encoding` a while
+    job = d.submit({"prompt": "a girl", "seed": 8, "steps": 2,
+                    "init_image": _upload(d, "gone.png", _png(_image(10), "RGB"))})
+    marker = d.rf.root / "double_encoding"
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (d.rf.jobs / job / "init_image.png").unlink()
+    info = _wait(d, job, ("done", "failed"))
+    assert info.state == "failed" and info.error_stage == "orchestrator", info
+    assert "init_image.png cannot be read" in info.error and "Traceback" not in info.error, info.error
 
 
 @pytest.mark.parametrize("fields, field, words", [
