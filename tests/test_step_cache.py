@@ -284,62 +284,6 @@ def test_cache_and_spectrum_together_are_refused():
         Sampler(steps=10, cfg=4.0, spectrum=SpectrumSettings(), cache=CacheSettings())
 
 
-# ---- through the scheduler and executor processes --------------------------------------------------------------------
-from tests.test_stage_processes import THREADS, _contexts, pack128, pipeline  # noqa: E402,F401 - fixtures
-
-
-def _job(config, ctx, pack, job_dir, params):
-    """DENOISE as the orchestrator sends it -> (latent, DENOISED)."""
-    from protocol import messages as m
-    from protocol.arena import Arena, segment_name
-    from protocol.sockets import LazyPirate
-    cond, uncond = _contexts(pack)
-    job_dir.mkdir(parents=True, exist_ok=True)
-    g, c = pack.geometry, pack.config
-    L, D, S, Dc = g.tokens, c.width, g.text_tokens, c.context_dim
-    size = 2 * S * Dc * 4 + c.latent_channels * g.latent_h * g.latent_w * 4 + (4 * L * D + 2 * S * Dc + L * c.head_dim) * 4
-    with Arena.create(segment_name(config.run_dir, job_dir.name), size + 2**20) as arena:
-        dc, du = arena.alloc("cond", "f32", cond.shape), arena.alloc("uncond", "f32", uncond.shape)
-        arena.write(dc, cond)
-        arena.write(du, uncond)
-        dl = arena.alloc("latent", "f32", (c.latent_channels, g.latent_h, g.latent_w))
-        start = -(-arena.slots.cursor // 64) * 64
-        msg = m.Denoise(job=job_dir.name, job_dir=str(job_dir), pack_dir=str(pack.dir), arena=arena.name,
-                        params=params, cond=dc, uncond=du, latent=dl,
-                        scratch=m.Region(offset=start, nbytes=arena.size - start), executor=config.endpoint("executor"))
-        with LazyPirate(ctx, config.endpoint("scheduler"), timeout_s=300.0, retries=3) as link:
-            reply = link.request(msg)
-        return (arena.read(dl) if isinstance(reply, m.Denoised) else None), reply, cond, uncond
-
-
-def test_pipeline_reused_calls_make_no_branch_calls(pipeline, pack128, tmp_path):
-    """EasyCache at cfg 1 through the processes (one job: the single pass and the cache together): the in-process
-    latent bitwise, three branch calls of one pass per block for each model call run, none for a reused one, the
-    counts in DENOISED; a cache with Spectrum is a bad request naming params.cache."""
-    from models.packs.pack import load_pack
-    from models.runtime.dit_runner import DiTRunner
-    from models.sampling.denoise import denoise, make_sampler
-    from protocol import messages as m
-    config, ctx, _, _ = pipeline
-    pack = load_pack(pack128)
-    blocks, g, steps = pack.config.blocks, pack.geometry, 3
-    cache = CacheSettings(reuse_threshold=3.0, start_percent=0.0, end_percent=1.0)
-    params = m.DenoiseParams(seed=42, steps=steps, cfg=1.0, width=g.width, height=g.height,
-                             spectrum=m.SpectrumSettings(enabled=False), cache=cache)
-    latent, reply, cond, uncond = _job(config, ctx, pack, tmp_path / "job", params)
-    sampler = make_sampler(steps, 1.0, "sgm_uniform", None, cache=cache)
-    state = start_or_resume(sampler, 42, latent.shape)
-    ref = denoise(DiTRunner(pack, threads=THREADS), sampler, state, cond, uncond)
-    np.testing.assert_array_equal(latent, ref.latent)
-    assert (reply.model_calls, reply.reused_calls) == (sum(ref.nfe), sum(ref.skipped)) == (2, 1)
-    assert reply.branch_calls == 3 * blocks * reply.model_calls
-    assert all(b.calls == blocks * reply.model_calls for b in reply.branches.values())
-    assert [s.calls for s in reply.steps] == [3 * blocks, 3 * blocks, 0]
-    bad = m.DenoiseParams(seed=1, steps=2, cfg=4.0, width=g.width, height=g.height, cache=cache)
-    _, reply, _, _ = _job(config, ctx, pack, tmp_path / "jobbad", bad)
-    assert isinstance(reply, m.Error) and reply.field == "params.cache" and "Spectrum" in reply.message
-
-
 # ---- the board model prices a job by its calls (modelled figures) ----------------------------------------------------
 def test_board_model_prices_one_pass_calls_and_counts_reused_ones_out():
     from models.board.auto import evaluate, job_calls
@@ -461,7 +405,8 @@ def test_a_job_with_a_cache_at_cfg1_end_to_end(default_pipeline, pipeline_assets
                     np.load(job_dir / "uncond.npy"))
     np.testing.assert_array_equal(np.load(job_dir / "latent.npy"), sampler.result(final))
     assert (r["model_calls"], r["reused_calls"]) == (sum(final.nfe), sum(final.skipped)) == (2, 1)
-    assert r["branch_calls"] == 3 * c.blocks * 2
+    assert r["branch_calls"] == 3 * c.blocks * 2            # one pass per branch call, none for the reused call
+    assert [st["calls"] for st in r["steps"]] == [3 * c.blocks, 3 * c.blocks, 0]
 
 
 def test_timing_table_names_the_cache_and_its_reused_calls():
