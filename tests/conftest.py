@@ -55,6 +55,23 @@ def pipeline_assets(tmp_path_factory) -> tuple:
     return tiny_assets(tmp_path_factory.mktemp("pipeline_assets"))
 
 
+@pytest.fixture(scope="session")
+def default_pipeline(pipeline_assets):
+    """One running pipeline with the default config (tests.pipeline_harness.Pipeline.start on pipeline_assets, one
+    thread) for every module that needs nothing else (end-to-end jobs, the HTTP front, the soak): started once per
+    test worker instead of once per module. A test that kills or restarts a program leaves it to supervisord and
+    the orchestrator to bring back, as in a real run; every user checks changes against its own before/after, never
+    against a fresh pipeline's counters. Stopped clean at the end: no process outlives supervisord, no segment left."""
+    from tests.pipeline_harness import Pipeline
+    models, pack = pipeline_assets
+    p = Pipeline.start(models, pack, threads=1)
+    try:
+        p.http_url()
+        yield p
+    finally:
+        p.stop_clean()
+
+
 # The modules that take longest (measured with --durations on main, seconds of one core each, roughly), run first:
 # `make test` spreads whole modules over two workers (pytest-xdist --dist loadfile), and a long module started last
 # would leave the other worker idle at the end. Modules not listed keep their order after these.

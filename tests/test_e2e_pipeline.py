@@ -5,8 +5,6 @@ no /dev/shm segment and no stray process left."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from models.runtime.dit_runner import DiTRunner
 from models.packs.pack import load_pack
 from models.dit.partition import KINDS
 from protocol import messages as m
-from tests.pipeline_harness import Pipeline, tiny_assets
+from tests.pipeline_harness import Pipeline
 
 THREADS = 1           # the stages and the in-process reference run ONNX Runtime with the same thread count
 # 4 steps, Spectrum warm-up 1: computed [1, 2, 4], forecast [3] (the forecast path and its saved history are exercised)
@@ -31,24 +29,14 @@ _PIXELS: dict = {}    # job -> PNG pixels of the finished PROMPT jobs of this mo
 
 
 @pytest.fixture(scope="module")
-def assets():
-    """The tiny bundle and its 128x128 pack in a folder of our own (not pytest's basetemp: concurrent sessions prune
-    it while supervisord still reads from it)."""
-    cache = Path(tempfile.mkdtemp(prefix="anima-e2e-assets-"))
-    try:
-        yield tiny_assets(cache)
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
+def assets(pipeline_assets):
+    return pipeline_assets
 
 
 @pytest.fixture(scope="module")
-def pipe(assets):
-    models, pack = assets
-    p = Pipeline.start(models, pack, threads=THREADS)
-    try:
-        yield p
-    finally:
-        p.stop_clean()
+def pipe(default_pipeline):
+    assert default_pipeline.toml_args["threads"] == THREADS      # the in-process reference runs with the same threads
+    return default_pipeline
 
 
 @pytest.fixture(scope="module")

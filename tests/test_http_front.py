@@ -7,11 +7,8 @@ from __future__ import annotations
 import base64
 import io
 import json
-import shutil
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,26 +17,15 @@ from PIL import Image
 
 from protocol import messages as m
 from tests.comfy_graphs import edited, standard_graph
-from tests.pipeline_harness import Pipeline, tiny_assets
+from tests.pipeline_harness import Pipeline
 
 JOB_S = 600.0
 PROMPT, NEGATIVE, SEED, STEPS, CFG = "1girl, silver hair, (blue eyes:1.2)", "worst quality", 4321, 3, 4.0
 
 
 @pytest.fixture(scope="module")
-def pipe():
-    cache = Path(tempfile.mkdtemp(prefix="anima-http-assets-"))
-    p = None
-    try:
-        models, pack = tiny_assets(cache)
-        p = Pipeline.start(models, pack, threads=1)
-        p.http_url()
-        yield p
-    finally:
-        if p is not None:
-            assert p.stop() == [], "processes of the run outlived supervisord's shutdown"
-            assert p.leftover_segments() == []
-        shutil.rmtree(cache, ignore_errors=True)
+def pipe(default_pipeline):
+    return default_pipeline
 
 
 def url_of(p: Pipeline) -> str:
