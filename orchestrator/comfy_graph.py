@@ -19,7 +19,7 @@ loaders outward, each with the strengths of the chains it is in (0 where it is n
 Validation follows ComfyUI's (execution.validate_prompt): unknown node types, missing inputs, bad links, type
 mismatches, values outside min/max or not in a list are reported per node as {"errors": [{type, message, details,
 extra_info}], "dependent_outputs", "class_type"}; the body of the 400 is {"error": {...}, "node_errors": {...}}.
-Then what this pipeline cannot do (a second sampling pass, denoise < 1, a batch, a size without a model pack, another
+Then what this pipeline cannot do (a second sampling pass, a batch, a size without a model pack, another
 sampling shift) is reported the same way, on the node that asks for it.
 """
 from __future__ import annotations
@@ -149,23 +149,20 @@ def _sampler_nodes() -> tuple[NodeSpec, ...]:
                   _combo("sampler_name", SAMPLER_NAMES), _combo("scheduler", SCHEDULER_NAMES, DEFAULT_SCHEDULER),
                   InputSpec("positive", "CONDITIONING"), InputSpec("negative", "CONDITIONING"),
                   InputSpec("latent_image", "LATENT"),
-                  InputSpec("denoise", "FLOAT", 1.0, dict(min=1.0, max=1.0, step=0.01))),
+                  InputSpec("denoise", "FLOAT", 1.0, dict(min=0.0, max=1.0, step=0.01))),
                  ("LATENT",), ("LATENT",)),
-        # the whole schedule, from fresh noise, in one pass: the inputs that would split it are pinned to that
         NodeSpec("KSamplerAdvanced", "KSampler (Advanced)", "sampling", "sampler",
-                 (InputSpec("model", "MODEL"), _combo("add_noise", ("enable",)),
+                 (InputSpec("model", "MODEL"), _combo("add_noise", ("enable", "disable")),
                   InputSpec("noise_seed", "INT", 0, dict(min=0, max=SEED_LIMIT - 1, control_after_generate=True)),
                   InputSpec("steps", "INT", 30, dict(min=1, max=MAX_STEPS)),
                   InputSpec("cfg", "FLOAT", DEFAULT_CFG, dict(min=1.0, max=MAX_CFG, step=0.1, round=0.01)),
                   _combo("sampler_name", SAMPLER_NAMES), _combo("scheduler", SCHEDULER_NAMES, DEFAULT_SCHEDULER),
                   InputSpec("positive", "CONDITIONING"), InputSpec("negative", "CONDITIONING"),
                   InputSpec("latent_image", "LATENT"),
-                  InputSpec("start_at_step", "INT", 0, dict(min=0, max=0)),
+                  InputSpec("start_at_step", "INT", 0, dict(min=0, max=10000)),
                   InputSpec("end_at_step", "INT", 10000, dict(min=0, max=10000)),
                   _combo("return_with_leftover_noise", ("disable", "enable"))),
-                 ("LATENT",), ("LATENT",),
-                 description="One pass over the whole schedule: add_noise enable, start_at_step 0, end_at_step >= "
-                             "steps."),
+                 ("LATENT",), ("LATENT",)),
     )
 
 
@@ -554,9 +551,6 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
         have = ", ".join(f"{a}x{b}" for a, b in sizes)
         problems.append(_custom(latent, "width", f"{w}x{h} has no model pack; the sizes with one: {have}", w))
     ks = v["sampler"]
-    if "end_at_step" in ks and ks["end_at_step"] < ks["steps"]:      # KSamplerAdvanced stopping early
-        problems.append(_custom(sampler, "end_at_step", f"one sampling pass per job: end_at_step must be at least "
-                                f"steps ({ks['steps']}), got {ks['end_at_step']}", ks["end_at_step"]))
     spec = {"prompt": v["positive"]["text"], "negative_prompt": v["negative"]["text"],
             "seed": ks["seed"] if "seed" in ks else ks["noise_seed"],
             "steps": ks["steps"], "cfg": ks["cfg"], "width": w, "height": h,
@@ -570,9 +564,27 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
         if "spectrum" in v:
             problems.append(_custom(roles["cache"], "model", f"{CACHE_NODES[kind]} and AnimaSpectrum both decide "
                                     "which model calls to skip: use one of them"))
+    spec.update(_latent_fields(ks))
     if loras:
         spec["loras"] = loras
     return roles, spec, problems
+
+
+def _latent_fields(ks: dict) -> dict:
+    """prompt.json's fields for sampling from the latent (docs/latent-sampling.md), only those off their defaults:
+    KSampler's denoise; KSamplerAdvanced's add_noise, start/end step and leftover noise as nodes.py maps them."""
+    out = {}
+    if "denoise" in ks and ks["denoise"] != 1.0:
+        out["denoise"] = ks["denoise"]
+    if "add_noise" in ks:
+        if ks["add_noise"] == "disable":
+            out["add_noise"] = False
+        if ks["start_at_step"]:
+            out["start_step"] = ks["start_at_step"]
+        if ks["end_at_step"] < ks["steps"]:
+            out["end_step"] = ks["end_at_step"]
+            out["leftover_noise"] = ks["return_with_leftover_noise"] == "enable"
+    return out
 
 
 def _chain(graph, c: _Checker, role_of: dict, node: str, link: str, through=("lora",)) -> tuple[str, list]:
@@ -672,13 +684,24 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
         node("positive", "CLIPTextEncode", text=spec["prompt"], clip=clip),
         node("negative", "CLIPTextEncode", text=spec.get("negative_prompt", ""), clip=clip),
         node("latent", "EmptyLatentImage", width=spec["width"], height=spec["height"], batch_size=1),
-        node("sampler", "KSampler", model=model, seed=spec["seed"], steps=spec["steps"], cfg=spec["cfg"],
-             sampler_name=spec.get("sampler", DEFAULT_SAMPLER), scheduler=spec.get("scheduler", DEFAULT_SCHEDULER),
-             positive=[ids["positive"], 0], negative=[ids["negative"], 0], latent_image=[ids["latent"], 0],
-             denoise=1.0),
+        _sampler_node(node, spec, ids, model),
         node("decode", "VAEDecode", samples=[ids["sampler"], 0], vae=[ids["vae"], 0]),
         node("save", "SaveImage", images=[ids["decode"], 0], filename_prefix="anima"),
     ))
+
+
+def _sampler_node(node, spec: dict, ids: dict, model: list) -> tuple[str, dict]:
+    """KSampler for a job run from its first step, KSamplerAdvanced for one with a step window or without noise."""
+    common = dict(model=model, steps=spec["steps"], cfg=spec["cfg"], sampler_name=spec.get("sampler", DEFAULT_SAMPLER),
+                  scheduler=spec.get("scheduler", DEFAULT_SCHEDULER), positive=[ids["positive"], 0],
+                  negative=[ids["negative"], 0], latent_image=[ids["latent"], 0])
+    if spec.get("start_step") is None and spec.get("end_step") is None and spec.get("add_noise", True):
+        return node("sampler", "KSampler", seed=spec["seed"], denoise=spec.get("denoise", 1.0), **common)
+    end = spec.get("end_step")
+    return node("sampler", "KSamplerAdvanced", noise_seed=spec["seed"], **common,
+                add_noise="enable" if spec.get("add_noise", True) else "disable",
+                start_at_step=spec.get("start_step") or 0, end_at_step=10000 if end is None else end,
+                return_with_leftover_noise="enable" if spec.get("leftover_noise") else "disable")
 
 
 def graph_links(graph: dict, table: dict[str, NodeSpec] | None = None) -> list[tuple[str, int, str, str, str]]:

@@ -344,7 +344,8 @@ class JobFlow:
         s = self.spec
         params = m.DenoiseParams(seed=s.seed, steps=s.steps, cfg=s.cfg, sampler=s.sampler, scheduler=s.scheduler,
                                  width=self.pack.width, height=self.pack.height,
-                                 spectrum=s.spectrum, denoise=s.denoise, cache=s.cache)
+                                 spectrum=s.spectrum, denoise=s.denoise, cache=s.cache, start_step=s.start_step,
+                                 end_step=s.end_step, add_noise=s.add_noise, leftover_noise=s.leftover_noise)
         # the report keeps what the backend models (board-sim: the board) apart from the time measured here
         self.report.board = backend_class(self.cfg.backend).report_section(self.pack.dir,
                                                                            self.cfg.stage_settings("executor"))

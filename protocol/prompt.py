@@ -9,6 +9,8 @@ from typing import Annotated, ClassVar, Literal
 from models.lora.choice import MAX_LORAS, LoraChoice
 from models.sampling.sampler import (DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLER_NAMES, SCHEDULER_NAMES,
                                      spectrum_refusal)
+from models.sampling.img2img import LatentPlan, passes_through
+from models.sampling.schedules import DEFAULT_SHIFT
 from models.sampling.spectrum import SpectrumSettings
 from models.sampling.step_cache import CacheSettings
 from models.schema import Float, Int, Items, Meta, Record, SchemaError, Text, Wording, record_in
@@ -175,6 +177,11 @@ class PromptFile(Record, frozen=True):
     mask: Annotated[str, Meta(min_length=1, max_length=MAX_INPUT_REF_CHARS, description=_UPLOAD_NAME)] | None = None
     resize_mode: Int(0, 2) | None = None       # an init image/mask of another size: A1111's modes; None: refused
     denoise: Float(0.0, 1.0) = 1.0             # KSampler's denoise: the part of the schedule sampled
+    # KSamplerAdvanced's window (docs/latent-sampling.md)
+    start_step: Int(0, 10_000) | None = None   # start_at_step
+    end_step: Int(0, 10_000) | None = None     # end_at_step
+    add_noise: bool = True
+    leftover_noise: bool = False               # return_with_leftover_noise (with end_step)
 
     def __post_init__(self):
         _text("prompt", self.prompt, required=True)
@@ -191,6 +198,11 @@ class PromptFile(Record, frozen=True):
             raise PromptError("cache", f"{self.cache.node} and Spectrum both decide which model calls to skip: leave "
                                        "\"spectrum\" out (a cache turns it off) or set it false")
         _check_inputs(self)
+        if self.start_step is not None and passes_through(self.sampler, self.scheduler, self.steps, DEFAULT_SHIFT,
+                                                          LatentPlan(start_step=self.start_step,
+                                                                     last_step=self.end_step)):
+            raise PromptError("start_step", f"start_at_step {self.start_step} leaves no step of the {self.steps}-step "
+                                            "schedule to sample")
         if self.output is not None:
             if not self.output.strip():
                 raise PromptError("output", f"must be {_NON_EMPTY_PATH}, got string {self.output!r}")

@@ -4,6 +4,8 @@ here (comfy/samplers.py KSampler.set_steps / KSampler.sample / KSamplerX0Inpaint
 sample_euler / sample_heun / sample_euler_ancestral_RF, ModelSampling CONST noise_scaling) in torch."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -406,3 +408,49 @@ def test_a_batch_image_resumes_bitwise(tmp_path):
     assert _run(s2, back).tobytes() == want.tobytes()
     with pytest.raises(ValueError, match="batch_pos"):
         LatentPlan(batch_size=2, batch_pos=2)
+
+
+# ---- the ComfyUI graph front: KSampler denoise and KSamplerAdvanced's window reach the job ---------------------------
+def _graph_job(graph):
+    from orchestrator.comfy_graph import ModelNames, graph_to_job
+    from tests.comfy_graphs import TINY_NAMES
+    names = ModelNames(unet=(TINY_NAMES["unet"],), clip=(TINY_NAMES["clip"],), vae=(TINY_NAMES["vae"],))
+    return graph_to_job(graph, names=names, sizes=[(128, 128)]), names
+
+
+def _advanced(graph, **inputs):
+    g = dict(graph)
+    ks = g["3"]["inputs"]
+    g["3"] = {"class_type": "KSamplerAdvanced", "inputs": {
+        "model": ks["model"], "add_noise": "enable", "noise_seed": ks["seed"], "steps": 8, "cfg": ks["cfg"],
+        "sampler_name": "euler", "scheduler": "simple", "positive": ks["positive"], "negative": ks["negative"],
+        "latent_image": ks["latent_image"], "start_at_step": 0, "end_at_step": 10000,
+        "return_with_leftover_noise": "disable", **inputs}}
+    return g
+
+
+def test_graph_denoise_and_advanced_window_reach_the_job():
+    from orchestrator.comfy_graph import GraphError, job_to_graph
+    from orchestrator.prompt_spec import parse_prompt_obj
+    from tests.comfy_graphs import edited, standard_graph
+    g = standard_graph()
+    job, names = _graph_job(edited(g, "3", denoise=0.6))
+    assert job.spec["denoise"] == 0.6 and "start_step" not in job.spec
+    spec = parse_prompt_obj(job.spec, resolution=[(128, 128)])
+    assert spec.denoise == 0.6 and spec.add_noise and spec.start_step is None
+    # KSamplerAdvanced as nodes.py maps it: add_noise disable, the window, leftover noise kept
+    job, _ = _graph_job(_advanced(g, add_noise="disable", start_at_step=2, end_at_step=5,
+                                  return_with_leftover_noise="enable"))
+    want = {"add_noise": False, "start_step": 2, "end_step": 5, "leftover_noise": True}
+    assert {k: job.spec[k] for k in want} == want and "denoise" not in job.spec
+    # and back: the job's graph is a KSamplerAdvanced with the same window, which maps onto the same job
+    full = parse_prompt_obj(job.spec, resolution=[(128, 128)]).to_dict()
+    back, _ = _graph_job(job_to_graph(full, names=names))
+    assert {k: back.spec[k] for k in want} == want
+    # the whole schedule from noise stays a plain job; nothing left to sample is refused on the sampler node
+    job, _ = _graph_job(_advanced(g))
+    assert not {"denoise", "start_step", "end_step", "add_noise", "leftover_noise"} & set(job.spec)
+    for bad, name in ((edited(g, "3", denoise=0.0), "denoise"), (_advanced(g, start_at_step=8), "start_at_step")):
+        with pytest.raises(GraphError) as e:
+            _graph_job(bad)
+        assert "3" in e.value.node_errors and name in json.dumps(e.value.body()), e.value.body()
