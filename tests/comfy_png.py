@@ -37,6 +37,8 @@ WIDGETS = {
     "VAEDecode": (),
     "SaveImage": ("filename_prefix",),
     "AnimaSpectrum": ("w", "m", "lam", "window", "flex", "warmup", "stop"),     # this server's own node
+    "EasyCache": ("reuse_threshold", "start_percent", "end_percent", "verbose"),
+    "LazyCache": ("reuse_threshold", "start_percent", "end_percent", "verbose"),
 }
 OPTIONAL_DEFAULTS = {("CLIPLoader", "device"): "default"}
 

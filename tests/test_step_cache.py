@@ -417,3 +417,18 @@ def test_timing_table_names_the_cache_and_its_reused_calls():
     assert "2 model calls (1 reused by LazyCache)" in format_table(base)
     plain = {**base, "prompt": {"cfg": 4.0, "cache": None}, "reused_calls": 0}
     assert "model calls," in format_table(plain) and "reused" not in format_table(plain)
+
+
+def test_a_cache_job_as_a_comfyui_ui_workflow():
+    """The PNG's workflow of a job with a cache: the node with ComfyUI's widget order, links intact."""
+    from orchestrator.comfy_graph import job_to_graph
+    from orchestrator.comfy_workflow import api_to_workflow
+    from orchestrator.prompt_spec import parse_prompt_obj
+    from tests.comfy_png import check_workflow
+    spec = parse_prompt_obj({"prompt": "x", "cache": {"kind": "lazycache", "end_percent": 0.8}},
+                            resolution=[(128, 128)])
+    graph = job_to_graph(spec.to_dict())
+    wf = api_to_workflow(graph)
+    check_workflow(wf, graph)
+    node = next(n for n in wf["nodes"] if n["type"] == "LazyCache")
+    assert node["widgets_values"] == [0.2, 0.15, 0.8, False]
