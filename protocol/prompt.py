@@ -199,7 +199,8 @@ class PromptFile(Record, frozen=True):
                                        "\"spectrum\" out (a cache turns it off) or set it false")
         _check_inputs(self)
         if self.start_step is not None and passes_through(self.sampler, self.scheduler, self.steps, DEFAULT_SHIFT,
-                                                          LatentPlan(start_step=self.start_step,
+                                                          LatentPlan(denoise=float(self.denoise),
+                                                                     start_step=self.start_step,
                                                                      last_step=self.end_step)):
             raise PromptError("start_step", f"start_at_step {self.start_step} leaves no step of the {self.steps}-step "
                                             "schedule to sample")
