@@ -231,3 +231,38 @@ def test_generate_refuses_bad_img2img_options_naming_them(d, tmp_path, capsys, e
     err = capsys.readouterr().err
     assert rc == 2 and flag in err and "Traceback" not in err, err
     assert sorted(p.name for p in d.rf.jobs.iterdir()) == before
+
+
+def test_remote_vae_encodes_inline(tmp_path):
+    """A tcp VAE (a second process on loopback, as on another machine): the init image goes to VAE_ENCODE inline and
+    the latent comes back inline; supervisord's VAE is never started."""
+    import socket
+    import subprocess
+    import sys
+    from tests.doubles_harness import DOUBLES
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    remote = tmp_path / "remote"
+    remote.mkdir(mode=0o700)
+    (remote / "remote.toml").write_text(f'run_dir = "{remote}"\n[endpoints]\nvae = "tcp://127.0.0.1:{port}"\n'
+                                        "[security]\nallow_plaintext_loopback = true\n")
+    vae = subprocess.Popen([sys.executable, str(DOUBLES), "vae", "--config", str(remote / "remote.toml")],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    root = Path(tempfile.mkdtemp(prefix="anima-img2img-remote-"))
+    try:
+        extra = f'[endpoints]\nvae = "tcp://127.0.0.1:{port}"\n[security]\nallow_plaintext_loopback = true\n'
+        with Doubles.start(root, [(W, H)], extra_toml=extra) as d:
+            pixels = _image(11)
+            job = d.submit({"prompt": "a girl", "seed": 2, "steps": 2, "denoise": 0.5,
+                            "init_image": _upload(d, "remote.png", _png(pixels, "RGB"))})
+            info = _wait(d, job, ("done", "failed"), timeout_s=90)
+            assert info.state == "done", f"{info}\n{d.logs()}"
+            init = np.load(d.rf.jobs / job / "init_latent.npy")
+            assert np.abs(init - _expected_init_latent(pixels, init.shape[0])).max() < 1.01e-3
+            report = json.loads((d.rf.jobs / job / "report.json").read_text())
+            assert report["stages"]["vae"]["remote"] is True
+            assert d.sup.info("vae").start == 0                       # never started through supervisord
+    finally:
+        vae.terminate()
+        vae.wait(timeout=20)
