@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -73,6 +74,7 @@ def pipeline(request, tmp_path, pack128):
         for f in (run / "sock").iterdir():
             f.unlink()
         (run / "sock").rmdir()
+        shutil.rmtree(run / "stages", ignore_errors=True)     # each stage's record of its config (RUN/stages/)
         cfg.unlink()
         run.rmdir()
 
