@@ -236,13 +236,16 @@ def test_quant_check_smoothing_keeps_the_picture_plain_int8_does_not(int8_pack, 
     fields = dict(kv.split("=") for kv in last.split()[1:])
     assert last.startswith("quant-check ") and fields["branches"] == "3"
     assert float(fields["worst_cos"]) >= 0.998 and float(fields["final_cos"]) >= 0.99, last
+    assert main(["quant-check", str(calib[0]), "--checkpoint", str(outlier_ckpt), "--calib", str(folder)]) == 2
+    assert "not a W8A8 pack" in capsys.readouterr().err                # a float pack: a clear error, no simulator
     off = build_pack(outlier_ckpt, tmp_path / "off", (128, 128), "fp16", quant=(folder, ("fc1",), None))
-    sim = ResidentSim(load_pack(off), venv=rknn_venv)
+    sim = ResidentSim(load_pack(off), venv=rknn_venv, kinds=("ffn",))
     try:
         rows = branch_table(load_pack(off), sim, DiTCheckpoint.open(outlier_ckpt), read_calib(folder))
     finally:
         sim.close()
-    ffn = next(r for r in rows if r["branch"] == "b00_ffn")
+    assert [r["branch"] for r in rows] == ["b00_ffn"]
+    ffn = rows[0]
     assert ffn["cos"] < 0.99, rows                                   # per-tensor INT8 of the massive channels
 
 

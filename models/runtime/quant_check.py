@@ -39,7 +39,8 @@ class ResidentSim(BranchBackend):
     device = "npu"
     max_contexts = 1
 
-    def __init__(self, pack, venv=None, target: str = "rk3588", jobs: int = 2):
+    def __init__(self, pack, venv=None, target: str = "rk3588", jobs: int = 2, kinds=None):
+        """kinds: build only the branches of these kinds (a partial check); default every branch."""
         self.pack, self.venv, self.target = pack, venv, target
         self.workers: dict = {}                      # onnx path -> ToolkitWorker holding its built model
         self.build_s: dict = {}
@@ -47,13 +48,13 @@ class ResidentSim(BranchBackend):
         self._path: Optional[str] = None
         self._tmp = tempfile.mkdtemp(prefix="anima-quant-check-")
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
-            list(ex.map(self._build, list(pack.branches)))
+            list(ex.map(self._build, [b for b in pack.branches if kinds is None or b["kind"] in kinds]))
 
     def _build(self, branch: dict) -> None:
         from models.rknn.client import ToolkitWorker
         from models.rknn.quant import quant_request
         from models.runtime.backends.rknn_sim import _graph_io
-        path = str(self.pack.dir / branch["onnx"])
+        path = os.path.abspath(str(self.pack.dir / branch["onnx"]))
         work = Path(self._tmp) / Path(path).stem
         work.mkdir(parents=True, exist_ok=True)
         req = quant_request(self.pack.dir, self.pack.manifest, branch, work)       # None: a float branch
@@ -114,6 +115,8 @@ def branch_table(pack, sim: ResidentSim, ckpt, calib) -> list:
     cos, sin = rope_tables(pack.geometry.h_tokens, pack.geometry.w_tokens, pack.config.head_dim)
     rows = []
     for j, b in enumerate(pack.branches):
+        if os.path.abspath(str(pack.dir / b["onnx"])) not in sim.workers:
+            continue                                                            # not built (a partial check)
         name = f"b{b['block']:02d}_{b['kind']}"
         w = ckpt.branch_weights(b["block"], b["kind"])
         sim.load(pack.dir / b["onnx"])
