@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/chaos.py --stage scheduler --trials 20 --json bench/out/chaos_scheduler.json
     .venv/bin/python bench/chaos.py --stage all --trials 20 --seed 7       # 20 per stage, one supervisord session
+    .venv/bin/anima-models synth lora --preset tiny --seed 1 --rank 4 --groups blocks,host,adapter,te --out style.safetensors
+    .venv/bin/python bench/chaos.py --stage all --trials 2 --sampler euler_ancestral --lora style.safetensors:0.8:1.2
 
 One real pipeline (tests/pipeline_harness.py: supervisord, the five real programs, the embedded tiny bundle, a 128x128
 FP16 pack) serves every trial. The first job runs undisturbed: its final latent is the reference and its phase times
@@ -10,7 +12,10 @@ place the kills. Each trial submits the same job and SIGKILLs the chosen program
 call of the denoise, orchestrator a random fraction into the whole job. Then: the job is `done` (supervisord restarted
 the program; the orchestrator retried or resumed), `latent.npy` is bitwise the reference, no /dev/shm segment of the run
 is left, and no process of the run lives outside supervisord's programs nor as a child of one. A draw that comes too
-late (the stage already gone) is drawn again over a shorter span, so every counted trial killed something. The last
+late (the stage already gone) is drawn again over a shorter span, so every counted trial killed something.
+`--sampler` a stochastic one (euler_ancestral, dpmpp_2m_sde, er_sde): its noise must resume bitwise from the job's
+sampler state. `--lora FILE[:STRENGTH[:CLIP_STRENGTH]]` (repeatable): the file is copied into the models folder's
+loras/, the pack is built LoRA-ready (`--lora-rank`, default the sum of the files' ranks) and every job names it. The last
 line printed is `survived=<k>/<n> identical=<k>/<n> shm_leaked=<count> orphans=<count>`.
 """
 from __future__ import annotations
@@ -33,6 +38,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from models.dit.partition import KINDS, branch_index  # noqa: E402
+from models.lora.file import LoraError, LoraFile  # noqa: E402
+from models.lora.plan import parse_lora_arg  # noqa: E402
 from tests.pipeline_harness import Pipeline, tiny_assets  # noqa: E402
 
 STAGES = ("encoder", "scheduler", "executor", "vae", "orchestrator")
@@ -307,9 +314,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sampler", default=PROMPT["sampler"],
                     help="the job's sampler (e.g. er_sde: its history and noise position must survive every kill)")
     ap.add_argument("--scheduler", default=PROMPT["scheduler"])
+    ap.add_argument("--lora", action="append", default=[], metavar="FILE[:STRENGTH[:CLIP_STRENGTH]]",
+                    help="a LoRA every job uses (repeatable; e.g. from `anima-models synth lora`)")
+    ap.add_argument("--lora-rank", type=int, default=0,
+                    help="rank of the LoRA-ready pack (default: the sum of the --lora files' ranks)")
     args = ap.parse_args(argv)
     if args.trials < 1:
         ap.error("--trials must be at least 1")
+    try:
+        args.loras, args.lora_rank = lora_jobs(args.lora, args.lora_rank)
+    except ValueError as e:
+        ap.error(str(e))
     stages = list(STAGES) if args.stage == "all" else [args.stage]
     cache = args.cache or Path(tempfile.mkdtemp(prefix="anima-chaos-"))
     try:
@@ -317,6 +332,30 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.cache is None:
             shutil.rmtree(cache, ignore_errors=True)
+
+
+def lora_jobs(specs: list[str], rank: int) -> tuple[list, int]:
+    """--lora values -> ([(file, prompt.json's loras entry)], the pack's LoRA rank); ValueError naming the flag."""
+    out, need = [], 0
+    for spec in specs:
+        use = parse_lora_arg(spec)
+        path = Path(use.path)
+        if not path.is_file():
+            raise ValueError(f"--lora {spec!r}: no such file {path}")
+        try:
+            pairs = LoraFile(path).pairs.values()
+        except LoraError as e:
+            raise ValueError(f"--lora {spec!r}: {e}") from None
+        need += max((p.rank for p in pairs), default=0)
+        entry = {"name": path.name, "strength": use.strength}
+        if use.clip_strength is not None:
+            entry["clip_strength"] = use.clip_strength
+        out.append((path, entry))
+    if len({e["name"] for _, e in out}) < len(out):
+        raise ValueError("--lora: two files with the same name (each is copied to loras/ under its name)")
+    if rank < 0 or (out and rank and rank < need):
+        raise ValueError(f"--lora-rank {rank}: the --lora files need at least {need} (their ranks summed)")
+    return out, (rank or need) if out else 0
 
 
 def _interrupt(signum, frame):
@@ -328,7 +367,10 @@ def _run(args, stages: list[str], cache: Path) -> int:
     # the trials so far summed up
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
-    models, pack = tiny_assets(cache)
+    models, pack = tiny_assets(cache, lora_rank=args.lora_rank)
+    for path, entry in args.loras:
+        (models / "loras").mkdir(exist_ok=True)
+        shutil.copyfile(path, models / "loras" / entry["name"])
     t0 = time.monotonic()
     so_far: dict = {}
 
@@ -340,6 +382,8 @@ def _run(args, stages: list[str], cache: Path) -> int:
     with Pipeline.start(models, pack, threads=args.threads) as pipe:
         try:
             prompt = {**PROMPT, "sampler": args.sampler, "scheduler": args.scheduler}
+            if args.loras:
+                prompt["loras"] = [entry for _, entry in args.loras]
             chaos, trials = run_trials(pipe, stages, args.trials, args.seed, after=save, prompt=prompt)
         except KeyboardInterrupt:
             if "chaos" not in so_far:

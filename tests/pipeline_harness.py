@@ -40,9 +40,9 @@ TRACE_FILE = "trace.jsonl"
 
 
 def tiny_assets(cache: Path, resolution: tuple[int, int] = (128, 128), dtype: str = "fp16", shards: int = 1,
-                cuts: dict | None = None) -> tuple[Path, Path]:
+                cuts: dict | None = None, lora_rank: int = 0) -> tuple[Path, Path]:
     """(models folder, pack folder) under `cache`: the embedded tiny bundle (seed 0) and its pack (`shards`, `cuts`:
-    built with pack --shards N and these cuts); both idempotent."""
+    built with pack --shards N and these cuts; `lora_rank` R > 0: LoRA-ready, pack --lora-rank R); both idempotent."""
     from models.models_dir import resolve_models, write_bundle
     from models.packs.pack import build_pack
     models = cache / "models"
@@ -51,9 +51,11 @@ def tiny_assets(cache: Path, resolution: tuple[int, int] = (128, 128), dtype: st
     name = f"pack{resolution[0]}x{resolution[1]}-{dtype}"
     if shards > 1:
         name += f"-s{shards}-" + "-".join(f"{k}{v}" for k, v in sorted((cuts or {}).items()))
+    if lora_rank:
+        name += f"-lora{lora_rank}"
     pack = cache / name
     if not (pack / "manifest.json").exists():
-        build_pack(dit, pack, resolution, dtype, shards=shards, cuts=cuts)
+        build_pack(dit, pack, resolution, dtype, shards=shards, cuts=cuts, lora_rank=lora_rank)
     return models, pack
 
 
