@@ -185,21 +185,24 @@ def pack_note(n: int, cuts: dict) -> str:
     return f"pack --shards {n}: " + ", ".join(f"{k} by {word(k, c)}" for k, c in cuts.items())
 
 
-def model_for(pol: str, model: BoardModel, budget: float, shards) -> tuple:
+def model_for(pol: str, model: BoardModel, budget: float, shards, memory=None) -> tuple:
     """The modelled pack a policy runs on: `--shards N` (cuts chosen by the model), else a sharded pack of the
     NPU's cores for a policy with the `shards` term, else the pack as it is -> (model, N, cuts)."""
     n = shards or (MAX_SHARDS if "shards" in pol.split("+") else model.shape.shards)
     if n > 1 and model.shape.shards != n:
-        cuts, _ = board_auto.choose_cuts(model, n, budget)
+        cuts, _ = board_auto.choose_cuts(model, n, budget, memory=memory)
         return board_auto.sharded_model(model, n, cuts), n, cuts
     return model, model.shape.shards, dict(model.shape.cuts)
 
 
 def analytic_table(model: BoardModel, policies: list, rams: list, vae: str = "npu", shards=None,
-                   calls: int = board_auto.COMPUTED_STEPS, passes: int = 2) -> list:
+                   calls: int = board_auto.COMPUTED_STEPS, passes: int = 2, size: tuple = (512, 512)) -> list:
     """The projection from the analytic timeline alone (what `auto` evaluates), in the bench's table rows. `auto`
     without --shards weighs the sharded packs too (board_auto.choose_pack) and says which pack it needs. The job is
-    priced by its model calls (`calls`, `passes` CFG passes each: 1 at cfg 1)."""
+    priced by its model calls (`calls`, `passes` CFG passes each: 1 at cfg 1). Every policy must also fit beside
+    the largest branch call's activation memory at `size` (models/packs/memory_fit); auto says which did not."""
+    from models.packs.memory_fit import for_auto
+    memory = for_auto(size)
     kw = {"computed_steps": calls, "passes": passes}
     from models.board.account import Projection
     lines, last = [POLICY_HEADER + "  contexts  pack"], ""
@@ -207,18 +210,22 @@ def analytic_table(model: BoardModel, policies: list, rams: list, vae: str = "np
     for ram in rams:
         budget = model.context_budget_mib(ram)
         for pol in policies:
+            why = ""
             if pol == "auto" and not shards:
-                n, cuts, e = board_auto.choose_pack(model, budget, **kw)
+                n, cuts, e = board_auto.choose_pack(model, budget, memory=memory, **kw)
             else:
-                m, n, cuts = model_for(pol, model, budget, shards)
+                m, n, cuts = model_for(pol, model, budget, shards, memory)
                 if pol == "auto":
-                    e = board_auto.choose(m, budget, **kw)[0]
+                    e = board_auto.choose(m, budget, memory=memory, **kw)[0]
                 else:
                     shape, _ = policy_shape(pol, m, budget)
-                    e = board_auto.evaluate(m, shape, budget, resident_contexts=None, **kw)
+                    fit = memory(m, budget)
+                    e = board_auto.evaluate(m, shape, budget, resident_contexts=None, fit=fit, **kw)
+                    why = board_auto.memory_problem(shape, n, fit) if e is None else ""
             if e is None:
-                lines.append(f"{pol:<28} {ram:>4} does not fit  [{LABEL}]")
+                lines.append(f"{pol:<28} {ram:>4} does not fit{': ' + why if why else ''}  [{LABEL}]")
                 continue
+            lines += [f"  {ram} GB, ruled out by memory: {why}" for why in e.ruled_out]
             w, c = e.warm, e.cold
             denoise = e.denoise_s
             p = Projection(c.wall_s, w.wall_s, w.npu_s, w.lifecycle_s, w.host_s, w.transport_s, 0.0, denoise,
@@ -292,8 +299,13 @@ def main(argv=None) -> int:
             print(f"W8A8 pack: INT8 {', '.join(DEFAULT_INT8)} at the reference's measured 1.90x (R13), the rest "
                   "FP16; not sharded  [modelled]")
         passes = 1 if math.isclose(args.cfg, 1.0) else 2
-        for line in model.describe() + analytic_table(model, policies, rams, args.vae, args.shards, args.calls,
-                                                      passes):
+        try:
+            lines = analytic_table(model, policies, rams, args.vae, args.shards, args.calls, passes,
+                                   (args.width, args.height))
+        except ValueError as e:             # nothing fits this size on this board: say so, no traceback
+            print(f"bench/overhead.py: --resolution {args.resolution}: {e}", file=sys.stderr)
+            return 2
+        for line in model.describe() + lines:
             print(line)
         return 0
     if args.pack:

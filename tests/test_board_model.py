@@ -389,3 +389,67 @@ def test_the_analytic_bench_prices_the_size_asked_for(capsys):
     assert (ref.tokens, big.tokens) == (1024, 4096) and big.width == ref.width and big.blocks == ref.blocks
     with pytest.raises(ValueError):
         Shape.at_resolution(1000, 1001)
+
+
+def _at(w: int, h: int) -> BoardModel:
+    return BoardModel(Shape.at_resolution(w, h))
+
+
+def test_auto_at_1024_leaves_out_policies_whose_activation_memory_does_not_fit():
+    """At 1024x1024 a self-attention context holds two FP16 score buffers [heads, L, L] (the compiler's plan, M1)
+    beside its weights; auto picked prefetch+dual_core (6 contexts) by the weights' memory alone. With the size's
+    memory (models/packs/memory_fit) it picks a policy whose self contexts, at this lower bound, fit the budget,
+    and says why the others were left out. The bound is computed here from the shape, not from memory_fit's line."""
+    from models.packs.memory_fit import for_auto
+    m = _at(1024, 1024)
+    budget = m.context_budget_mib(8)
+    score_mib = 2 * m.shape.heads * m.shape.tokens ** 2 * 2 / 2 ** 20                # 1,024 MiB at 4,096 tokens
+    per_context = score_mib + m.context_mib(1)
+
+    def self_contexts_fit(pol: Policy) -> bool:
+        # every context in flight may be a self-attention one (the cycle's next branch is the next block's self)
+        return pol.contexts_in_flight(1) * per_context <= budget
+
+    old = board_auto.choose(m, budget)[0]
+    assert not self_contexts_fit(old.policy)                  # the weights-only choice: prefetch and dual_core
+    best = board_auto.choose(m, budget, memory=for_auto((1024, 1024)))[0]
+    assert self_contexts_fit(best.policy) and not best.policy.prefetch and not best.policy.dual_core
+    assert best.denoise_s > old.denoise_s                     # what the lost prefetch costs
+    assert any(why.startswith(f"{old.policy.name}:") and "1024x1024" in why for why in best.ruled_out)
+    n, _, packed = board_auto.choose_pack(m, budget, memory=for_auto((1024, 1024)))
+    assert not packed.policy.prefetch and not packed.policy.dual_core
+
+
+def test_auto_at_512_picks_what_it_picked_before_with_the_memory_rule():
+    """At 512x512 the activation memory has not grown (R9's contexts were measured there): the same choice and
+    the same denoise as the weights-only rule, for the plain pack and over the sharded packs."""
+    from models.packs.memory_fit import for_auto
+    m = _at(512, 512)
+    budget = m.context_budget_mib(8)
+    old, new = board_auto.choose(m, budget)[0], board_auto.choose(m, budget, memory=for_auto((512, 512)))[0]
+    assert new.policy == old.policy and new.denoise_s == pytest.approx(old.denoise_s, rel=1e-12)
+    assert not new.ruled_out
+    old_p = board_auto.choose_pack(m, budget)
+    new_p = board_auto.choose_pack(m, budget, memory=for_auto((512, 512)))
+    assert (new_p[0], new_p[1], new_p[2].policy) == (old_p[0], old_p[1], old_p[2].policy)
+
+
+def test_the_analytic_bench_says_which_policies_the_size_memory_left_out(capsys):
+    """bench/overhead.py --analytic at 1 MP: auto's line is a policy without prefetch, and the ruled-out lines name
+    the size and stay modelled; at 512x512 none is printed."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench import overhead
+    assert overhead.main(["--analytic", "--policy", "auto", "--board-ram", "8", "--resolution", "1024x1024"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    ruled = [line for line in out if "ruled out by memory" in line]
+    assert ruled and all("1024x1024" in line and "modelled" in line for line in ruled)
+    chosen = next(line for line in out if line.startswith("auto:"))
+    assert "prefetch" not in chosen.split()[1] and "dual_core" not in chosen.split()[1]
+    assert overhead.main(["--analytic", "--policy", "auto", "--board-ram", "8", "--resolution", "512x512"]) == 0
+    assert not [line for line in capsys.readouterr().out.splitlines() if "ruled out by memory" in line]
+    # a size whose largest call alone does not fit: exit 2 naming the option and the shortfall, no traceback
+    assert overhead.main(["--analytic", "--policy", "auto", "--board-ram", "8", "--resolution", "1536x1536"]) == 2
+    err = capsys.readouterr().err
+    assert "--resolution 1536x1536" in err and "does not fit" in err and "Traceback" not in err

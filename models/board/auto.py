@@ -40,6 +40,7 @@ class Evaluation:
     cold: StepTimeline           # the first computed step (resident contexts load in it)
     warm: StepTimeline           # every later computed step
     computed_steps: int          # the job's model calls (a step cache's reused calls and forecast steps make none)
+    ruled_out: tuple = ()        # (choose) the policies the size's activation memory left out, a line each
 
     @property
     def contexts(self) -> int:
@@ -70,24 +71,41 @@ def candidates() -> list:
     return out
 
 
+def memory_problem(policy: Policy, shards: int, fit, resident: int = 0) -> str:
+    """Why a policy's contexts do not fit beside the largest branch call at the size `fit` describes ('' when they
+    do). `fit`: models/packs/memory_fit.SizeFit (one call's contexts, the arena's growth and how many further
+    contexts of the largest size fit beside them: the rule lives there); every context beyond one call's is counted
+    at the largest context's size (conservative)."""
+    extra = policy.contexts_in_flight(shards) + resident - max(1, int(shards))
+    if extra <= fit.spare_contexts:
+        return ""
+    return (f"{policy.name}: needs {extra} more context(s) beside its {fit.kind} call at {fit.width}x{fit.height}, "
+            f"{fit.spare_contexts} fit ({fit.need_mib:,.0f} MiB for the call and arena, {fit.context_mib:,.0f} MiB "
+            f"a context, {fit.budget_mib:,.0f} MiB for contexts; {LABEL})")
+
+
 def evaluate(model: BoardModel, policy: Policy, budget_mib: float, computed_steps: int = COMPUTED_STEPS,
              transport_s: float = 0.0, resident_contexts: Optional[int] = None,
-             passes: int = 2) -> Optional[Evaluation]:
+             passes: int = 2, fit=None) -> Optional[Evaluation]:
     """The policy's projected steps on a board with `budget_mib` for contexts; None when it does not fit (or asks
     for shards of a pack that has none). `passes`: CFG passes per model call (1 at cfg 1). A resident policy pins as many contexts as fit (one of slack) unless
-    `resident_contexts` says how many. Memory is counted in whole-branch contexts (a heads shard is less of one)."""
+    `resident_contexts` says how many. Memory is counted in whole-branch contexts (a heads shard is less of one);
+    with `fit` (the size's activation memory, memory_problem) the policy's contexts must also fit beside its call."""
     n = len(model.parts["ffn"])                           # contexts per branch pass: the shards
     if policy.shards and n < 2:
         return None
     per = (2 if policy.dual_core else 1) * n              # contexts per branch
     per_units = (2 if policy.dual_core else 1) * model.branch_units()
     fly, fly_units = policy.contexts_in_flight(n), policy.branches_in_flight() * per_units
-    fit = math.floor(model.units_fit(budget_mib) + 1e-9)
-    if fly_units > fit + 1e-9:
+    size_fit, fit = fit, math.floor(model.units_fit(budget_mib) + 1e-9)
+    if fly_units > fit + 1e-9 or (size_fit is not None and memory_problem(policy, n, size_fit)):
         return None
     k = 0
     if policy.resident_mb > 0:
         most = min(len(branch_sequence(model)), max(0, math.floor((fit - fly_units - 1) / per_units + 1e-9))) * per
+        if size_fit is not None:             # the resident ones beside the call too, in whole branches
+            room = size_fit.spare_contexts + n - fly
+            most = min(most, max(0, room - room % per))
         k = most if resident_contexts is None else min(most, resident_contexts)
         k -= k % per
         if k == 0:
@@ -117,10 +135,30 @@ def _smallest_resident(model, policy, budget_mib, best: Evaluation, **kw) -> Eva
     return evaluate(model, policy, budget_mib, resident_contexts=hi, **kw) or best
 
 
+def _memory_ruled_out(model: BoardModel, budget_mib: float, fit) -> tuple:
+    """The lines of the policies whose contexts fit by the weights' memory but not beside the size's largest call
+    (resident variants say the same as their plain policy, so only the plain ones)."""
+    n, units = len(model.parts["ffn"]), math.floor(model.units_fit(budget_mib) + 1e-9)
+    out = []
+    for pol in candidates():
+        if pol.resident or (pol.shards and n < 2):
+            continue
+        weights_fit = pol.branches_in_flight() * (2 if pol.dual_core else 1) * model.branch_units() <= units + 1e-9
+        why = memory_problem(pol, n, fit) if weights_fit else ""
+        if why:
+            out.append(why)
+    return tuple(out)
+
+
 def choose(model: BoardModel, budget_mib: float, computed_steps: int = COMPUTED_STEPS,
-           transport_s: float = 0.0, passes: int = 2) -> tuple:
-    """-> (the chosen Evaluation, every Evaluation that fits, fastest first)."""
-    kw = {"computed_steps": computed_steps, "transport_s": transport_s, "passes": passes}
+           transport_s: float = 0.0, passes: int = 2, memory=None) -> tuple:
+    """-> (the chosen Evaluation, every Evaluation that fits, fastest first). `memory`: (model, budget_mib) -> the
+    size's models/packs/memory_fit.SizeFit (memory_fit.for_auto); with it a policy must also fit beside the size's
+    largest call, and the chosen Evaluation's `ruled_out` says which did not and why."""
+    fit = memory(model, budget_mib) if memory is not None else None
+    if fit is not None and not fit.fits:
+        raise ValueError(f"{LABEL} board: {fit.line()}")
+    kw = {"computed_steps": computed_steps, "transport_s": transport_s, "passes": passes, "fit": fit}
     evals = []
     for pol in candidates():
         e = evaluate(model, pol, budget_mib, **kw)
@@ -134,6 +172,8 @@ def choose(model: BoardModel, budget_mib: float, computed_steps: int = COMPUTED_
     fast = evals[0].denoise_s * (1 + TIE)
     best = min((e for e in evals if e.denoise_s <= fast),
                key=lambda e: (e.contexts, len(e.policy.name.split("+")), e.denoise_s))
+    if fit is not None:
+        best.ruled_out = _memory_ruled_out(model, budget_mib, fit)
     return best, evals
 
 

@@ -154,3 +154,10 @@ def fit_at(width: int, height: int, ram_gb: float = 8, shards: int = 1, cuts=Non
         return size_fit(m, (width, height), m.context_budget_mib(mem_available_mib=mem_available_mib),
                         f"MemAvailable {mem_available_mib:,.0f} MiB, measured")
     return size_fit(m, (width, height), m.context_budget_mib(ram_gb), f"{ram_gb:g} GB board")
+
+
+def for_auto(size: tuple, basis: str = "the modelled board"):
+    """This module's rule as `auto` weighs it (models/board/auto.choose's `memory`): (model, MiB for contexts) ->
+    the model's SizeFit at `size`, so a policy whose contexts do not fit beside the size's largest call is left out."""
+    w, h = int(size[0]), int(size[1])
+    return lambda model, budget_mib: size_fit(model, (w, h), budget_mib, basis)
