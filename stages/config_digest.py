@@ -28,8 +28,29 @@ IGNORED = ("path", "stage", "log_level")      # not settings a stage computes wi
 MAX_RECORD_BYTES = 1 << 20
 
 
+# the programs a stage serves or calls: another program's endpoint or server key is nothing it computes with (a remote
+# VAE added to the file must not ask for a scheduler restart)
+CALLS = {"scheduler": ("executor",), "executor": (), "encoder": (), "vae": ()}
+SERVES_ALSO = ("events",)
+
+
+def _concerns(stage: str, key: str, settings: dict) -> bool:
+    if stage not in CALLS:
+        return True
+    peers = (stage, *CALLS[stage], *SERVES_ALSO)
+    parts = key.split(".")
+    if parts[0] == "endpoints" and len(parts) > 1:
+        return parts[1] in peers
+    if parts[:2] == ["security", "servers"]:
+        return len(parts) > 2 and parts[2] in peers
+    if key == "security.client_key":        # used only to call a peer that has a server key
+        return any(f"security.servers.{p}" in settings for p in CALLS[stage])
+    return True
+
+
 def effective_settings(config, stage: str) -> dict:
-    """{dotted key: value} of what `stage` runs with under `config` (a stages.config.PipelineConfig)."""
+    """{dotted key: value} of what `stage` runs with under `config` (a stages.config.PipelineConfig): the other
+    programs' endpoints and keys left out (CALLS)."""
     top = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in IGNORED}
     top[f"stage.{stage}"] = config.stage.get(stage)
     plain = json.loads(json.dumps(msgspec.to_builtins(top, enc_hook=str), sort_keys=True, default=str))
@@ -42,7 +63,7 @@ def effective_settings(config, stage: str) -> dict:
         else:
             out[key] = value
     flat(plain, "")
-    return out
+    return {k: v for k, v in out.items() if _concerns(stage, k, out)}
 
 
 def digest(settings: dict) -> str:

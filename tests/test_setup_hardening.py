@@ -236,3 +236,18 @@ def test_a_started_stage_records_the_config_it_took(lora_bundle, tmp_path):
         proc.terminate()
         proc.wait(timeout=30)
     assert stale_settings(cfg, "executor") == []       # its process gone: a new one reads the file as it is
+
+
+def test_another_programs_endpoint_or_key_leaves_a_stage_current(tmp_path):
+    """A remote VAE added to pipeline.toml (its endpoint, its server key, the client key to call it) asked for a
+    scheduler and executor restart although neither talks to the VAE; the scheduler's own peer's endpoint does."""
+    from stages.config import parse_config
+    from stages.config_digest import effective_settings
+    toml = tmp_path / "pipeline.toml"
+    base = parse_config({"run_dir": str(tmp_path)}, toml)
+    vae = parse_config({"run_dir": str(tmp_path), "endpoints": {"vae": "tcp://10.0.0.9:5600"}}, toml)
+    executor = parse_config({"run_dir": str(tmp_path), "endpoints": {"executor": "tcp://10.0.0.9:5601"}}, toml)
+    for stage in ("scheduler", "executor"):
+        assert effective_settings(vae, stage) == effective_settings(base, stage)
+    assert effective_settings(executor, "scheduler") != effective_settings(base, "scheduler")
+    assert effective_settings(executor, "executor") != effective_settings(base, "executor")
