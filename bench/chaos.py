@@ -40,6 +40,7 @@ if str(ROOT) not in sys.path:
 from models.dit.partition import KINDS, branch_index  # noqa: E402
 from models.lora.file import LoraError, LoraFile  # noqa: E402
 from models.lora.plan import parse_lora_arg  # noqa: E402
+from orchestrator.cli import CliError  # noqa: E402
 from tests.pipeline_harness import Pipeline, tiny_assets  # noqa: E402
 
 STAGES = ("encoder", "scheduler", "executor", "vae", "orchestrator")
@@ -171,7 +172,11 @@ class Chaos:
         for attempt in range(MAX_REDRAWS + 1):
             t.redraws = attempt
             self._quiet()
-            t.job = self.pipe.submit(self.prompt)
+            try:
+                t.job = self.pipe.submit(self.prompt)
+            except CliError as e:                   # refused: a failed trial, and the next one is still tried
+                t.state, t.error, t.wall_s = "refused", str(e), time.monotonic() - t0
+                return t
             try:
                 t.moment, t.killed_pid = self._kill(stage, t.job, rng)
             except TooLate as e:
@@ -385,6 +390,9 @@ def _run(args, stages: list[str], cache: Path) -> int:
             if args.loras:
                 prompt["loras"] = [entry for _, entry in args.loras]
             chaos, trials = run_trials(pipe, stages, args.trials, args.seed, after=save, prompt=prompt)
+        except CliError as e:                       # the undisturbed job refused: nothing to compare with
+            print(f"the undisturbed job was refused: {e}", file=sys.stderr, flush=True)
+            return 2
         except KeyboardInterrupt:
             if "chaos" not in so_far:
                 raise
