@@ -44,6 +44,12 @@ TEXT_FILE = "text.json"          # the prompts' T5 token counts (report `text`),
 INIT_LATENT_FILE = "init_latent.npy"   # img2img: the init image's VAE latent, encoded once
 
 
+def batch_name(stem: str, suffix: str, pos: int) -> str:
+    """Image `pos` of a job's batch: latent.npy / image.png for the first (a single image's names), then
+    latent_1.npy, image_1.png ... (what the job folder, the report and `output` call them)."""
+    return f"{stem}{suffix}" if pos == 0 else f"{stem}_{pos}{suffix}"
+
+
 def _save_npy(path: Path, array: np.ndarray) -> None:
     atomic_write(path, lambda f: np.save(f, array, allow_pickle=False))
 
@@ -83,6 +89,7 @@ class JobFlow:
         self._resume_sampling = True                          # DENOISE resume: go on from the per-step state
         self.lora_hashes: dict = {}                           # LoRA name -> A1111's short hash (the PNG's)
         self.img2img = self.spec.init_image is not None       # init_image.png (and mask.png) kept in the job folder
+        self.batch = self.spec.batch                          # images run one after another, each its own DENOISE
 
     # ------------------------------------------------------------ the flow
 
@@ -226,11 +233,11 @@ class JobFlow:
         whole cond.npy/uncond.npy (else they are encoded again)."""
         why = ""
         if start == "decoding":
-            latent = _load_npy(self.dir / "latent.npy", self.pack.latent_shape)              # [C, H/8, W/8] f32
-            if latent is not None:
-                self.arena.write(self.latent, latent)
+            latents = [self._batch_latent(pos) for pos in range(self.batch)]                 # [C, H/8, W/8] f32
+            if all(a is not None for a in latents):
+                self.arena.write(self.latent, latents[0])
                 return start, why
-            start, why = "denoising", "latent.npy missing or unusable: denoising again"
+            start, why = "denoising", "a latent .npy missing or unusable: denoising again (only the images without one)"
         if start == "denoising":
             if self._load_contexts() and (not self.img2img or self._init_latent() is not None):
                 return start, why
@@ -338,18 +345,34 @@ class JobFlow:
             return ()
         return (context_rows(t["t5_tokens_prompt"], S), context_rows(t["t5_tokens_negative"], S))
 
+    def _batch_latent(self, pos: int) -> np.ndarray | None:
+        return _load_npy(self.dir / batch_name("latent", ".npy", pos), self.pack.latent_shape)
+
     def _denoise(self) -> None:
+        """Each image of the batch whose latent is not in the job folder yet: a DENOISE of its own, as its place in
+        ComfyUI's batch (noise_index, batch_size/batch_pos: one randn over the batch tensor, sliced to it)."""
+        for pos in range(self.batch):
+            if self.batch > 1 and self._batch_latent(pos) is not None:    # sampled before a restart
+                continue
+            self._denoise_one(pos)
+        if self.batch > 1:
+            self.arena.write(self.latent, self._batch_latent(0))
+
+    def _denoise_one(self, pos: int) -> None:
         t0 = time.monotonic()
         self.control.tear_down_on_demand()
         s = self.spec
+        batch = dict(noise_index=pos, batch_size=self.batch, batch_pos=pos) if self.batch > 1 else {}
         params = m.DenoiseParams(seed=s.seed, steps=s.steps, cfg=s.cfg, sampler=s.sampler, scheduler=s.scheduler,
                                  width=self.pack.width, height=self.pack.height,
                                  spectrum=s.spectrum, denoise=s.denoise, cache=s.cache, start_step=s.start_step,
-                                 end_step=s.end_step, add_noise=s.add_noise, leftover_noise=s.leftover_noise)
+                                 end_step=s.end_step, add_noise=s.add_noise, leftover_noise=s.leftover_noise, **batch)
+        state_dir = self.dir if pos == 0 else self.dir / f"batch_{pos}"      # each image's per-step sampler state
+        state_dir.mkdir(exist_ok=True)
         # the report keeps what the backend models (board-sim: the board) apart from the time measured here
         self.report.board = backend_class(self.cfg.backend).report_section(self.pack.dir,
                                                                            self.cfg.stage_settings("executor"))
-        msg = m.Denoise(job=self.job.id, job_dir=str(self.dir), pack_dir=str(self.pack.dir), arena=self.arena.name,
+        msg = m.Denoise(job=self.job.id, job_dir=str(state_dir), pack_dir=str(self.pack.dir), arena=self.arena.name,
                         params=params, cond=self.cond, uncond=self.uncond, latent=self.latent, scratch=self.scratch,
                         executor=self.cfg.endpoint("executor"), resume=self._resume_sampling,
                         context_rows=self._context_rows(), loras=self.spec.loras, **self._start_latent())
@@ -359,7 +382,7 @@ class JobFlow:
         latent = self.arena.read(self.latent)                                  # [C, H/8, W/8] f32
         if not np.isfinite(latent).all():
             raise StageFailed("scheduler", "the final latent holds NaN or Inf")
-        _save_npy(self.dir / "latent.npy", latent)
+        _save_npy(self.dir / batch_name("latent", ".npy", pos), latent)
         self.report.denoised = reply.to_wire()                                 # branches: PhaseSums, steps: StepTimes, as maps
         self.report.stages["scheduler"].wall_s += time.monotonic() - t0
         # the executor's critical path: lifecycle it could not hide plus inference (prefetched loads run beside it)
@@ -386,14 +409,36 @@ class JobFlow:
         return out
 
     def _decode(self) -> None:
-        t0 = time.monotonic()                # the latent is in the arena: denoised now, or read by _resume_point
-        remote = self.cfg.is_remote("vae")
+        """Each image of the batch to its own PNG (a batch's PNGs already written before a restart are kept)."""
+        t0 = time.monotonic()                # the first latent is in the arena: denoised now, or read by _resume_point
         self.control.bring_up("vae")
-        image = self.dir / "image.png"
+        for pos in range(self.batch):
+            image = self.dir / batch_name("image", ".png", pos)
+            if not (self.batch > 1 and image.exists()):
+                if self.batch > 1:
+                    latent = self._batch_latent(pos)
+                    if latent is None:
+                        raise StageFailed("orchestrator", f"{self.dir / batch_name('latent', '.npy', pos)} is "
+                                                          "missing or unusable (resume the job to denoise it again)")
+                    self.arena.write(self.latent, latent)
+                self._decode_one(pos, image)
+        self.control.bring_down("vae")
+        # copied to `output` once all are decoded: a restart mid-batch finds none of its own copies in the way
+        where = [self._deliver(self.dir / batch_name("image", ".png", pos), pos) for pos in range(self.batch)]
+        self.report.stages["vae"].wall_s += time.monotonic() - t0
+        self.report.image = where[0]
+        if self.batch > 1:
+            self.report.images = [{"batch_index": pos, "seed": self.spec.seed, "image": w,
+                                   "latent": str(self.dir / batch_name("latent", ".npy", pos))}
+                                  for pos, w in enumerate(where)]
+
+    def _decode_one(self, pos: int, image: Path) -> None:
+        remote = self.cfg.is_remote("vae")
         msg = m.Decode(job=self.job.id, latent=self.latent, arena=None if remote else self.arena.name,
                        output=None if remote else str(image), return_png=remote,
                        metadata=png_metadata(self.spec, self.pack, self.job.id, self._model_names(),
-                                             graph=self._client_graph(), lora_hashes=self.lora_hashes))
+                                             graph=self._client_graph(), lora_hashes=self.lora_hashes,
+                                             batch_pos=pos))
         if remote:
             from protocol.tensors import InlineFrames
             frames = InlineFrames()
@@ -406,9 +451,6 @@ class JobFlow:
         elif reply.path != str(image):
             raise StageFailed("vae", f"DECODED names {reply.path!r}, expected {image}")
         self.report.vae_timings = dict(reply.timings)
-        self.control.bring_down("vae")
-        self.report.stages["vae"].wall_s += time.monotonic() - t0
-        self.report.image = self._deliver(image)
 
     def _client_graph(self) -> dict | None:
         """The API graph a ComfyUI client sent for this job (its node ids, titles, loader names, optional nodes), as
@@ -425,7 +467,7 @@ class JobFlow:
                           clip=tuple(filter(None, [files.get("text_encoder")])),
                           vae=tuple(filter(None, [files.get("vae")])))
 
-    def _deliver(self, image: Path) -> str:
+    def _deliver(self, image: Path, pos: int = 0) -> str:
         """Copy the PNG to the prompt's `output` (a .png path, or a folder that gets JOB.png) -> where the image is.
 
         The copy is a file created exclusively next to the destination (atomic_write: no planted link is followed)
@@ -435,6 +477,8 @@ class JobFlow:
         if not out:
             return str(image)
         dest = output_file(out, self.job.id)
+        if pos:                              # a batch's other images next to the first: NAME_1.png ...
+            dest = dest.with_name(batch_name(dest.stem, dest.suffix, pos))
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(dest, image.read_bytes(), overwrite=self.spec.overwrite)
@@ -446,5 +490,6 @@ class JobFlow:
         except OSError as e:
             raise StageFailed("orchestrator", f"cannot write the image to output {dest}: {e} (the image is kept "
                                               f"at {image})") from None
-        self.report.delivery = {"output": str(dest), "written": True}
+        if pos == 0:                         # a batch's record is its first image's, unless a later one was kept
+            self.report.delivery = {"output": str(dest), "written": True}
         return str(dest)

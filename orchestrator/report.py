@@ -141,6 +141,7 @@ class JobReport:
     vae_timings: dict = field(default_factory=dict)
     vae_encode_timings: dict = field(default_factory=dict)     # img2img: VAE_ENCODE's timings ({} otherwise)
     image: str | None = None
+    images: list = field(default_factory=list)         # a batch: per image {batch_index, seed, image, latent}
     delivery: dict | None = None                       # {output, written, note?}: the copy to the prompt's `output`
     started: float = field(default_factory=time.time)
     finished: float | None = None
@@ -160,6 +161,7 @@ class JobReport:
         return {
             "job": self.job,
             "image": self.image,
+            "images": self.images,
             "delivery": self.delivery,
             "prompt": self.spec,
             "computed_steps": list(d.get("computed_steps", [])),
@@ -228,7 +230,7 @@ def a1111_parameters(prompt: str, negative: str, settings: dict) -> str:
 
 
 def png_metadata(spec, pack, job: str, names=None, graph: dict | None = None,
-                 lora_hashes: dict | None = None) -> dict[str, str]:
+                 lora_hashes: dict | None = None, batch_pos: int = 0) -> dict[str, str]:
     """The PNG's text chunks, for the tools that read them:
     - `parameters`: A1111's generation line (A1111, Civitai and most image browsers read it);
     - `prompt`: the job as ComfyUI's API graph, `workflow`: the same graph as ComfyUI's editor saves it (dropped on
@@ -251,7 +253,8 @@ def png_metadata(spec, pack, job: str, names=None, graph: dict | None = None,
         "Steps": spec.steps, "Sampler": sampler_label(spec.sampler), "Schedule type": scheduler_label(spec.scheduler),
         "CFG scale": spec.cfg, "Seed": spec.seed, "Size": f"{width}x{height}", "Model": pack.source_name,
         "Model hash": pack.source_sha256[:10], **({"Lora hashes": hashes} if hashes else {}),
-        **({"Denoising strength": spec.denoise} if spec.init_image is not None else {}), "Spectrum": spectrum})
+        **({"Denoising strength": spec.denoise} if spec.init_image is not None else {}),
+        **({"Batch size": spec.batch, "Batch pos": batch_pos} if spec.batch > 1 else {}), "Spectrum": spectrum})
     names = names or ModelNames(unet=(pack.source_name,) if pack.source_name else ())
     chunks = None
     if graph is not None:
@@ -268,6 +271,7 @@ def png_metadata(spec, pack, job: str, names=None, graph: dict | None = None,
            "steps": spec.steps, "cfg": spec.cfg, "sampler": spec.sampler, "scheduler": spec.scheduler,
            "width": width, "height": height, "spectrum": spec.spectrum.to_dict(),
            **({"init_image": spec.init_image, "mask": spec.mask, "denoise": spec.denoise} if spec.init_image else {}),
+           **({"batch": spec.batch, "batch_index": batch_pos} if spec.batch > 1 else {}),
            "model": pack.source_name, "model_sha256": pack.source_sha256,
            "latent_space": LATENT_SPACE, "latent_note": LATENT_NOTE,
            "loras": [{**c.to_dict(), "clip_strength": c.te_strength, "short_hash": lora_hashes.get(c.name)}

@@ -24,6 +24,7 @@ MAX_SIDE = 4096                 # pixels
 SEED_LIMIT = 2 ** 64            # seeds are 0 <= seed < 2^64
 DEFAULT_STEPS = 30
 DEFAULT_CFG = 4.0
+MAX_BATCH = 8                   # images per job (batch-1 packs run them one after another)
 MAX_INT_DIGITS = 40             # a JSON integer longer than this is never a valid value (seeds are < 2^64: 20 digits)
 MAX_OUTPUT_CHARS = 4096
 MAX_INPUT_REF_CHARS = 1024      # an upload's name as LoadImage gives it: 'sub/NAME.png [input]'
@@ -182,6 +183,8 @@ class PromptFile(Record, frozen=True):
     end_step: Int(0, 10_000) | None = None     # end_at_step
     add_noise: bool = True
     leftover_noise: bool = False               # return_with_leftover_noise (with end_step)
+    # images from one seed as ComfyUI's EmptyLatentImage batch_size samples them (docs/workflows.md)
+    batch: Int(1, MAX_BATCH) = 1
 
     def __post_init__(self):
         _text("prompt", self.prompt, required=True)

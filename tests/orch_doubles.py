@@ -12,7 +12,9 @@ Behaviour switches (files in the run folder, so a test can flip them while the s
 
 VAE_ENCODE's stand-in latent: channel c is the 8x8 mean of image channel c % 3 plus a fresh random jitter below 1e-3
 per call, so a job that encoded its image twice would show it. A DENOISE with an init latent gives
-2 * init_latent + noise_mask (0 without one) + denoise: the test sees what reached the scheduler.
+2 * init_latent + noise_mask (0 without one) + denoise: the test sees what reached the scheduler. A DENOISE of a batch image (batch_size > 1) gives
+image batch_pos's slice of the seed's batch noise (models.sampling.latent_ops.batch_noise) + 100 * (noise_index -
+batch_pos), and counts its steps run in RUN/double_batch_steps (one line per step: "JOBDIR POS STEP").
 """
 from __future__ import annotations
 
@@ -85,7 +87,15 @@ class SchedulerDouble:
             tmp = state_path.with_suffix(".tmp")
             tmp.write_text(json.dumps({"step": step}))
             os.replace(tmp, state_path)
+            if msg.params.batch_size > 1:
+                with open(Path(self.cfg.run_dir) / "double_batch_steps", "a") as f:
+                    f.write(f"{msg.job_dir} {msg.params.batch_pos} {step}\n")
         latent = np.full(msg.latent.shape, float(cond[0, 0]) + msg.params.seed % 7, np.float32)  # [C, h, w] f32
+        p = msg.params
+        if p.batch_size > 1:
+            from models.sampling.latent_ops import batch_noise
+            latent = (batch_noise(p.seed, (p.batch_size, *msg.latent.shape))[p.batch_pos]
+                      + np.float32(100 * (p.noise_index - p.batch_pos))).astype(np.float32)
         if msg.init_latent is not None:
             mask = arena.read(msg.noise_mask) if msg.noise_mask is not None else np.float32(0)
             latent = (2 * arena.read(msg.init_latent) + mask + np.float32(msg.params.denoise)).astype(np.float32)

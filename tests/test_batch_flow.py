@@ -1,0 +1,139 @@
+"""prompt.json `batch` through the real daemon and supervisord with stand-in stages (tests/orch_doubles.py): the
+images run one after another, each DENOISE asking for its place in ComfyUI's batch (noise_index, batch_size,
+batch_pos), each decoded to its own PNG with its seed and batch place in its metadata, every image in the report and
+delivered to `output`; a daemon killed mid-batch resumes only what is missing, to the same latents bitwise."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from orchestrator.cli import CliError
+from tests.doubles_harness import Doubles
+
+W, H = 64, 64
+
+
+@pytest.fixture(scope="module")
+def d():
+    root = Path(tempfile.mkdtemp(prefix="anima-batch-"))
+    with Doubles.start(root, [(W, H)]) as d:
+        yield d
+
+
+@pytest.fixture(autouse=True)
+def _flags(d):
+    for name in ("double_step_s", "double_batch_steps"):
+        d.flag(name, None)
+
+
+def _wait(d, job: str, states, timeout_s: float = 60.0, pred=None):
+    deadline = time.monotonic() + timeout_s
+    info = None
+    while time.monotonic() < deadline:
+        try:
+            info = d.status(job=job).jobs[0]
+        except CliError:                                   # the daemon restarting
+            info = None
+        if info is not None and info.state in states and (pred is None or pred(info)):
+            return info
+        time.sleep(0.05)
+    raise AssertionError(f"job {job} never reached {states}: {info}\n{d.logs()}")
+
+
+def _torch_batch(seed: int, batch: int, shape) -> np.ndarray:
+    """ComfyUI's prepare_noise for an EmptyLatentImage batch, in torch itself: one randn over [B, C, h, w]."""
+    g = torch.Generator("cpu").manual_seed(seed)
+    return torch.randn((batch, *shape), generator=g, dtype=torch.float32).numpy()
+
+
+def _png_text(path: Path) -> dict:
+    from PIL import Image
+    with Image.open(path) as im:
+        return dict(im.text)
+
+
+def _steps_run(d) -> list[tuple[str, int, int]]:
+    p = d.rf.root / "double_batch_steps"
+    rows = [line.split() for line in p.read_text().splitlines()] if p.exists() else []
+    return [(Path(jd).name, int(pos), int(step)) for jd, pos, step in rows]
+
+
+def test_a_batch_gives_each_image_its_place_in_the_batch_and_its_own_png(d, tmp_path):
+    seed, batch = 11, 3
+    job = d.submit({"prompt": "a girl", "seed": seed, "steps": 2, "batch": batch, "output": str(tmp_path)})
+    info = _wait(d, job, ("done", "failed"))
+    assert info.state == "done", info
+    jd = d.rf.jobs / job
+    latents = [np.load(jd / name) for name in ("latent.npy", "latent_1.npy", "latent_2.npy")]
+    want = _torch_batch(seed, batch, latents[0].shape)
+    for pos, latent in enumerate(latents):      # the double's latent: the batch noise slice it was asked for
+        np.testing.assert_allclose(latent, want[pos], rtol=0, atol=1e-6)   # torch's randn within its float32 ulp
+    report = json.loads((jd / "report.json").read_text())
+    assert [i["batch_index"] for i in report["images"]] == [0, 1, 2]
+    assert [Path(i["image"]).name for i in report["images"]] == [f"{job}.png", f"{job}_1.png", f"{job}_2.png"]
+    assert report["image"] == str(tmp_path / f"{job}.png")
+    for pos, name in enumerate(("image.png", "image_1.png", "image_2.png")):
+        text = _png_text(jd / name)
+        assert f"Seed: {seed}," in text["parameters"]
+        assert f"Batch size: {batch}, Batch pos: {pos}," in text["parameters"]
+        own = json.loads(text["anima"])
+        assert (own["seed"], own["batch"], own["batch_index"]) == (seed, batch, pos)
+        delivered = tmp_path / (f"{job}.png" if pos == 0 else f"{job}_{pos}.png")
+        assert delivered.read_bytes() == (jd / name).read_bytes()
+
+
+def test_a_single_image_job_keeps_its_names_and_no_batch_labels(d):
+    job = d.submit({"prompt": "a girl", "seed": 4, "steps": 2})
+    assert _wait(d, job, ("done", "failed")).state == "done"
+    jd = d.rf.jobs / job
+    assert not (jd / "latent_1.npy").exists() and not (jd / "image_1.png").exists()
+    assert "Batch size" not in _png_text(jd / "image.png")["parameters"]
+    assert json.loads((jd / "report.json").read_text())["images"] == []
+
+
+def test_daemon_killed_mid_batch_resumes_only_what_is_missing(d):
+    seed, batch, steps = 23, 3, 4
+    d.flag("double_step_s", "0.2")
+    job = d.submit({"prompt": "a girl", "seed": seed, "steps": steps, "batch": batch})
+    jd = d.rf.jobs / job
+    deadline = time.monotonic() + 60
+    while not any(pos == 1 and step >= 2 for _, pos, step in _steps_run(d)):
+        assert time.monotonic() < deadline, d.logs()
+        time.sleep(0.05)
+    first = (jd / "latent.npy").stat().st_mtime_ns
+    old = d.sup.info("orchestrator").pid
+    d.close_client()
+    os.kill(old, signal.SIGKILL)                              # supervisord restarts it; the job resumes in place
+    d.flag("double_step_s", "0.02")
+    info = _wait(d, job, ("done", "failed"), timeout_s=90)
+    assert info.state == "done", info
+    assert d.sup.info("orchestrator").pid != old
+    assert (jd / "latent.npy").stat().st_mtime_ns == first            # image 0 was not sampled again
+    runs = _steps_run(d)
+    assert sorted(s for _, pos, s in runs if pos == 0) == list(range(1, steps + 1))
+    assert [s for _, pos, s in runs if pos == 1].count(1) == 1        # image 1 went on from its saved step
+    want = _torch_batch(seed, batch, np.load(jd / "latent.npy").shape)
+    for pos, name in enumerate(("latent.npy", "latent_1.npy", "latent_2.npy")):
+        np.testing.assert_allclose(np.load(jd / name), want[pos], rtol=0, atol=1e-6)
+    reference = d.submit({"prompt": "a girl", "seed": seed, "steps": 2, "batch": batch})   # run without a kill
+    assert _wait(d, reference, ("done", "failed")).state == "done"
+    for name in ("latent.npy", "latent_1.npy", "latent_2.npy"):
+        np.testing.assert_array_equal(np.load(jd / name), np.load(d.rf.jobs / reference / name))
+    assert (jd / "image_2.png").exists()
+
+
+@pytest.mark.parametrize("value, words", [(0, "1..8"), (9, "1..8"), ("2", "integer")])
+def test_a_bad_batch_is_refused_naming_the_field(d, value, words):
+    before = sorted(p.name for p in d.rf.jobs.iterdir())
+    with pytest.raises((CliError, ValueError)) as e:
+        d.submit({"prompt": "a girl", "seed": 1, "steps": 2, "batch": value})
+    assert "'batch'" in str(e.value) and words in str(e.value), str(e.value)
+    assert sorted(p.name for p in d.rf.jobs.iterdir()) == before
