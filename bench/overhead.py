@@ -221,7 +221,7 @@ def analytic_table(model: BoardModel, policies: list, rams: list, vae: str = "np
                     shape, _ = policy_shape(pol, m, budget)
                     fit = memory(m, budget)
                     e = board_auto.evaluate(m, shape, budget, resident_contexts=None, fit=fit, **kw)
-                    why = board_auto.memory_problem(shape, n, fit) if e is None else ""
+                    why = board_auto.memory_problem(shape, n, fit) if e is None and fit is not None else ""
             if e is None:
                 lines.append(f"{pol:<28} {ram:>4} does not fit{': ' + why if why else ''}  [{LABEL}]")
                 continue

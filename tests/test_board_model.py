@@ -453,3 +453,30 @@ def test_the_analytic_bench_says_which_policies_the_size_memory_left_out(capsys)
     assert overhead.main(["--analytic", "--policy", "auto", "--board-ram", "8", "--resolution", "1536x1536"]) == 2
     err = capsys.readouterr().err
     assert "--resolution 1536x1536" in err and "does not fit" in err and "Traceback" not in err
+
+
+def _pack_manifest(folder, w: int, h: int):
+    from models.dit.partition import Geometry
+    man = {"config": {"width": 256, "heads": 4, "head_dim": 64, "ffn_width": 1024, "context_dim": 128, "blocks": 28},
+           "geometry": Geometry.from_resolution(w, h).to_dict()}
+    folder.mkdir()
+    (folder / "manifest.json").write_text(json.dumps(man))
+    return folder
+
+
+def test_the_executors_auto_weighs_its_packs_size_memory(tmp_path):
+    """board-sim's `auto` (the executor's, through resolve_policy) for a 1024x1024 pack: no prefetch and no second
+    core beside the 1 MP self-attention (it picked prefetch+dual_core); for a 512x512 pack the weights-only pick."""
+    from models.policy import resolve_policy
+    from models.runtime.backends.board_sim import BoardSimBackend
+    settings = {"board_ram_gb": 8}
+    big_pack = _pack_manifest(tmp_path / "a", 1024, 1024)
+    big = resolve_policy("auto", "board-sim", BoardSimBackend, settings, packs=[big_pack])
+    m = BoardModel.for_pack(tmp_path / "a")
+    score_mib = 2 * m.shape.heads * m.shape.tokens ** 2 * 2 / 2 ** 20
+    assert big.contexts_in_flight(1) * (score_mib + m.context_mib(1)) <= m.context_budget_mib(8)
+    assert board_auto.choose(m, m.context_budget_mib(8))[0].policy.name == "prefetch+dual_core"     # the old pick
+    small_pack = _pack_manifest(tmp_path / "b", 512, 512)
+    small = resolve_policy("auto", "board-sim", BoardSimBackend, settings, packs=[small_pack])
+    s = BoardModel.for_pack(small_pack)
+    assert small == board_auto.choose(s, s.context_budget_mib(8))[0].policy

@@ -153,8 +153,8 @@ def _memory_ruled_out(model: BoardModel, budget_mib: float, fit) -> tuple:
 def choose(model: BoardModel, budget_mib: float, computed_steps: int = COMPUTED_STEPS,
            transport_s: float = 0.0, passes: int = 2, memory=None) -> tuple:
     """-> (the chosen Evaluation, every Evaluation that fits, fastest first). `memory`: (model, budget_mib) -> the
-    size's models/packs/memory_fit.SizeFit (memory_fit.for_auto); with it a policy must also fit beside the size's
-    largest call, and the chosen Evaluation's `ruled_out` says which did not and why."""
+    size's models/packs/memory_fit.SizeFit or None (memory_fit.for_auto); with one a policy must also fit beside
+    the size's largest call, and the chosen Evaluation's `ruled_out` says which did not and why."""
     fit = memory(model, budget_mib) if memory is not None else None
     if fit is not None and not fit.fits:
         raise ValueError(f"{LABEL} board: {fit.line()}")
@@ -238,21 +238,24 @@ def budget(model: BoardModel, settings: dict, mem_available_mib: Optional[float]
     return model.context_budget_mib(ram), f"{ram} GB board ({LABEL})"
 
 
-def choose_policy(ctx, mem_available_mib: Optional[float] = None) -> Policy:
+def choose_policy(ctx, mem_available_mib: Optional[float] = None, memory=None) -> Policy:
     """`auto` for the board backends (their auto_policy): models.policy.AutoContext -> Policy. The real board passes
     its MemAvailable now; without it (board-sim, or a board where it is unreadable) the modelled `board_ram_gb`
-    board's memory is the budget."""
+    board's memory is the budget. `memory`: the default pack's size's activation memory (`choose`'s; the backends
+    pass models/packs/memory_fit.for_pack)."""
     settings = dict(ctx.settings or {})
     packs = tuple(getattr(ctx, "packs", ()) or ())
     # the default pack (the first) sizes the model; without one, the reference configuration (512x512)
     model = BoardModel.for_pack(packs[0] if packs else None, settings.get("board_model", "full"),
                                 settings.get("board_cost"))
     mib, basis = budget(model, settings, mem_available_mib)
-    best, evals = choose(model, mib)
+    best, evals = choose(model, mib, memory=memory)
     fits = ", ".join(f"{r} GB: {n}" for r, n in fit_table(model).items())
     log.info("auto (%s, %s; %s): %s -> %s; contexts that fit resident (%s): %s", LABEL, basis, model.source,
              f"{mib:.0f} MiB for contexts", best.policy.name, LABEL, fits)
     for e in evals[:6]:
         log.info("auto: %s", e.line())
+    for why in best.ruled_out:
+        log.info("auto: ruled out by memory: %s", why)
     masks = settings.get("dual_masks")
     return best.policy.replace(dual_masks=tuple(masks)) if masks else best.policy

@@ -158,6 +158,36 @@ def fit_at(width: int, height: int, ram_gb: float = 8, shards: int = 1, cuts=Non
 
 def for_auto(size: tuple, basis: str = "the modelled board"):
     """This module's rule as `auto` weighs it (models/board/auto.choose's `memory`): (model, MiB for contexts) ->
-    the model's SizeFit at `size`, so a policy whose contexts do not fit beside the size's largest call is left out."""
+    the model's SizeFit at `size` (None below 512x512's tokens), so a policy whose contexts do not fit beside the
+    size's largest call is left out."""
     w, h = int(size[0]), int(size[1])
-    return lambda model, budget_mib: size_fit(model, (w, h), budget_mib, basis)
+    ref_tokens = Geometry.from_resolution(*REFERENCE_SIZE).tokens
+
+    def fit(model: BoardModel, budget_mib: float) -> Optional[SizeFit]:
+        # below the size R9's contexts were measured at nothing has grown: the weights' rule (auto's own) holds
+        if model.shape.tokens < ref_tokens:
+            return None
+        return size_fit(_with_memory_figures(model), (w, h), budget_mib, basis)
+    return fit
+
+
+def _with_memory_figures(model: BoardModel) -> BoardModel:
+    """The model with the project's [context_memory] where its cost file has none: a board's own calibration
+    (models/board/calibrate.py) measures times and MemAvailable, while those figures are the compiler's plan."""
+    if "context_memory" in model.cost:
+        return model
+    from models.board.cost import load_cost
+    return BoardModel(model.shape, {**model.cost, "context_memory": load_cost()["context_memory"]}, model.path)
+
+
+def for_pack(pack_dir):
+    """`for_auto` at a DiT pack's own picture size (its manifest's geometry), for the executor's `auto`; None when
+    there is no pack or its geometry does not give the size (then auto weighs the weights' memory alone)."""
+    if pack_dir is None:
+        return None
+    from models.manifest import ManifestError, pack_shape_fields
+    try:
+        _, g, _ = pack_shape_fields(pack_dir)
+        return for_auto((int(g["width"]), int(g["height"])))
+    except (ManifestError, OSError, KeyError, TypeError, ValueError):
+        return None

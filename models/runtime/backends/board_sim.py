@@ -260,7 +260,9 @@ class BoardSimBackend(BranchBackend):
     def auto_policy(cls, ctx):
         """The policy that fits the modelled `board_ram_gb` board, chosen on its timeline (models/board/auto.py)."""
         from models.board.auto import choose_policy
-        return choose_policy(ctx)
+        from models.packs.memory_fit import for_pack
+        packs = tuple(getattr(ctx, "packs", ()) or ())
+        return choose_policy(ctx, memory=for_pack(packs[0] if packs else None))
 
     @classmethod
     def host_pacer(cls, pack_dir, settings: dict) -> HostPacer:

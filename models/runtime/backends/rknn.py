@@ -130,7 +130,10 @@ class RknnLiteBackend(BranchBackend):
         """The policy that fits this board's memory now (its MemAvailable, measured), chosen on the modelled board's
         timeline (models/board/auto.py)."""
         from models.board.auto import choose_policy
-        return choose_policy(ctx, mem_available_mib=probes.mem_available_mib())
+        from models.packs.memory_fit import for_pack
+        packs = tuple(getattr(ctx, "packs", ()) or ())
+        return choose_policy(ctx, mem_available_mib=probes.mem_available_mib(),
+                             memory=for_pack(packs[0] if packs else None))
 
     @classmethod
     def runtime_problem(cls, settings: dict) -> str:
