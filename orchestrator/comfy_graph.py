@@ -33,7 +33,7 @@ from models.lora.plan import MAX_STRENGTH
 from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, DEFAULT_SHIFT, SAMPLER_NAMES, SCHEDULER_NAMES
 from models.sampling.spectrum import SpectrumSettings
 from models.sampling.step_cache import NODE_NAMES as CACHE_NODES, CacheSettings
-from orchestrator.prompt_spec import (DEFAULT_CFG, MAX_CFG, MAX_PROMPT_CHARS, MAX_SIDE, MAX_STEPS, SEED_LIMIT, PromptError,
+from orchestrator.prompt_spec import (DEFAULT_CFG, MAX_BATCH, MAX_CFG, MAX_PROMPT_CHARS, MAX_SIDE, MAX_STEPS, SEED_LIMIT, PromptError,
                                       parse_prompt_obj)
 
 MAX_NODES = 64                  # a text-to-image graph has 9 or 10; anything far larger is not one
@@ -182,7 +182,7 @@ def _size_inputs(sizes, default: int) -> tuple[InputSpec, ...]:
             side.append(dict(min=vals[0], max=vals[-1], step=step, tooltip=have))
         defaults = sizes[0]
     return (InputSpec("width", "INT", defaults[0], side[0]), InputSpec("height", "INT", defaults[1], side[1]),
-            InputSpec("batch_size", "INT", 1, dict(min=1, max=1)))
+            InputSpec("batch_size", "INT", 1, dict(min=1, max=MAX_BATCH)))
 
 
 def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
@@ -284,7 +284,8 @@ LORA_INPUTS = {"name": "lora_name", "strength": "strength_model", "clip_strength
 # prompt.json field -> (role of the node, input name) that carries it, to put the daemon's field errors on a node
 FIELD_NODES = {"prompt": ("positive", "text"), "negative_prompt": ("negative", "text"), "seed": ("sampler", "seed"),
                "steps": ("sampler", "steps"), "cfg": ("sampler", "cfg"), "sampler": ("sampler", "sampler_name"),
-               "scheduler": ("sampler", "scheduler"), "width": ("latent", "width"), "height": ("latent", "height")}
+               "scheduler": ("sampler", "scheduler"), "width": ("latent", "width"), "height": ("latent", "height"),
+               "batch": ("latent", "batch_size")}
 
 
 class _Checker:
@@ -565,6 +566,8 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
             problems.append(_custom(roles["cache"], "model", f"{CACHE_NODES[kind]} and AnimaSpectrum both decide "
                                     "which model calls to skip: use one of them"))
     spec.update(_latent_fields(ks))
+    if v["latent"].get("batch_size", 1) > 1:                     # its images run one after another, as in the batch
+        spec["batch"] = v["latent"]["batch_size"]
     if loras:
         spec["loras"] = loras
     return roles, spec, problems
@@ -683,7 +686,7 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
         *loaders,
         node("positive", "CLIPTextEncode", text=spec["prompt"], clip=clip),
         node("negative", "CLIPTextEncode", text=spec.get("negative_prompt", ""), clip=clip),
-        node("latent", "EmptyLatentImage", width=spec["width"], height=spec["height"], batch_size=1),
+        node("latent", "EmptyLatentImage", width=spec["width"], height=spec["height"], batch_size=spec.get("batch", 1)),
         _sampler_node(node, spec, ids, model),
         node("decode", "VAEDecode", samples=[ids["sampler"], 0], vae=[ids["vae"], 0]),
         node("save", "SaveImage", images=[ids["decode"], 0], filename_prefix="anima"),

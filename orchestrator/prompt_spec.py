@@ -8,8 +8,8 @@ from pathlib import Path
 
 from models.sampling.sampler import spectrum_refusal
 from models.sampling.spectrum import SpectrumSettings
-from protocol.prompt import (DEFAULT_CFG, DEFAULT_STEPS, MAX_CFG, MAX_FILE_BYTES, MAX_INT_DIGITS,  # noqa: F401
-                             MAX_PROMPT_CHARS, MAX_SIDE, MAX_STEPS, PROMPT, SEED_LIMIT, PromptError, PromptFile,
+from protocol.prompt import (DEFAULT_CFG, DEFAULT_STEPS, MAX_BATCH, MAX_CFG, MAX_FILE_BYTES,  # noqa: F401
+                             MAX_INT_DIGITS, MAX_PROMPT_CHARS, MAX_SIDE, MAX_STEPS, PROMPT, SEED_LIMIT, PromptError, PromptFile,
                              PromptSpec, _LongInt, _unicode)
 
 

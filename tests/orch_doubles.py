@@ -12,9 +12,10 @@ Behaviour switches (files in the run folder, so a test can flip them while the s
 
 VAE_ENCODE's stand-in latent: channel c is the 8x8 mean of image channel c % 3 plus a fresh random jitter below 1e-3
 per call, so a job that encoded its image twice would show it. A DENOISE with an init latent gives
-2 * init_latent + noise_mask (0 without one) + denoise: the test sees what reached the scheduler. A DENOISE of a batch image (batch_size > 1) gives
-image batch_pos's slice of the seed's batch noise (models.sampling.latent_ops.batch_noise) + 100 * (noise_index -
-batch_pos), and counts its steps run in RUN/double_batch_steps (one line per step: "JOBDIR POS STEP").
+2 * init_latent + noise_mask (0 without one) + denoise: the test sees what reached the scheduler.
+A DENOISE of a batch image (batch_size > 1) gives image batch_pos's slice of the seed's batch noise
+(models.sampling.latent_ops.batch_noise) + 100 * (noise_index - batch_pos), and logs each step it runs in
+RUN/double_batch_steps (one line per step: "JOBDIR POS STEP").
 """
 from __future__ import annotations
 

@@ -84,6 +84,8 @@ def test_a_batch_gives_each_image_its_place_in_the_batch_and_its_own_png(d, tmp_
         text = _png_text(jd / name)
         assert f"Seed: {seed}," in text["parameters"]
         assert f"Batch size: {batch}, Batch pos: {pos}," in text["parameters"]
+        graph = json.loads(text["prompt"])                           # the job's graph makes the same batch
+        assert [n["inputs"]["batch_size"] for n in graph.values() if "batch_size" in n["inputs"]] == [batch]
         own = json.loads(text["anima"])
         assert (own["seed"], own["batch"], own["batch_index"]) == (seed, batch, pos)
         delivered = tmp_path / (f"{job}.png" if pos == 0 else f"{job}_{pos}.png")
@@ -137,3 +139,32 @@ def test_a_bad_batch_is_refused_naming_the_field(d, value, words):
         d.submit({"prompt": "a girl", "seed": 1, "steps": 2, "batch": value})
     assert "'batch'" in str(e.value) and words in str(e.value), str(e.value)
     assert sorted(p.name for p in d.rf.jobs.iterdir()) == before
+
+
+def test_a_comfy_graph_with_batch_size_runs_the_batch_and_history_lists_every_image(d):
+    import requests
+    from tests.comfy_graphs import standard_graph
+    from tests.doubles_harness import SOURCE
+    names = {"unet": SOURCE["name"], "clip": "any-te.safetensors", "vae": "any-vae.safetensors"}
+    g = standard_graph(width=W, height=H, steps=2, seed=31, names=names)
+    g["5"]["inputs"]["batch_size"] = 3
+    url = d.http_url()
+    r = requests.post(url + "prompt", json={"prompt": g}, timeout=30)
+    assert r.status_code == 200, r.text
+    job = r.json()["prompt_id"]
+    assert _wait(d, job, ("done", "failed")).state == "done"
+    jd = d.rf.jobs / job
+    want = _torch_batch(31, 3, np.load(jd / "latent.npy").shape)
+    for pos, name in enumerate(("latent.npy", "latent_1.npy", "latent_2.npy")):
+        np.testing.assert_allclose(np.load(jd / name), want[pos], rtol=0, atol=1e-6)
+    outputs = requests.get(url + f"history/{job}", timeout=30).json()[job]["outputs"]
+    listed = [i["filename"] for node in outputs.values() for i in node["images"]]
+    assert listed == ["image.png", "image_1.png", "image_2.png"]
+    for name in listed:
+        img = requests.get(url + "view", params={"filename": name, "subfolder": job, "type": "output"}, timeout=30)
+        assert img.status_code == 200 and img.content == (jd / name).read_bytes()
+    graph = json.loads(_png_text(jd / "image_2.png")["prompt"])          # the graph as sent, batch and all
+    assert graph["5"]["inputs"]["batch_size"] == 3
+    g["5"]["inputs"]["batch_size"] = 9
+    r = requests.post(url + "prompt", json={"prompt": g}, timeout=30)
+    assert r.status_code == 400 and "batch_size" in r.text, r.text

@@ -75,7 +75,7 @@ CASES = [
     ("sampler", edited(G, "3", sampler_name="deis"), "3", "value_not_in_list", "sampler_name"),
     ("scheduler", edited(G, "3", scheduler="Karras"), "3", "value_not_in_list", "scheduler"),
     ("denoise", edited(G, "3", denoise=-0.5), "3", "value_smaller_than_min", "denoise"),
-    ("batch", edited(G, "5", batch_size=2), "5", "value_bigger_than_max", "batch_size"),
+    ("batch", edited(G, "5", batch_size=9), "5", "value_bigger_than_max", "batch_size"),
     ("no-pack", edited(G, "5", width=512, height=512), "5", "custom_validation_failed", "512x512 has no model pack"),
     ("shift", edited(G, "15", shift=1.73), "15", "value_smaller_than_min", "shift"),
     ("unet-name", edited(G, "12", unet_name="sdxl.safetensors"), "12", "value_not_in_list", "unet_name"),

@@ -13,8 +13,15 @@ def ts(t: float) -> int:
     return int(t * 1000)        # ComfyUI's message timestamps are in ms
 
 
+def image_files(job: JobView) -> list[str]:
+    """The job folder's PNGs: image.png, then a batch's image_1.png ... (orchestrator.flow.batch_name)."""
+    n = job.spec.get("batch", 1) if isinstance(job.spec.get("batch"), int) else 1
+    return [IMAGE_FILE] + [f"image_{pos}.png" for pos in range(1, n)]
+
+
 def images(job: JobView) -> list[dict]:
-    return [{"filename": IMAGE_FILE, "subfolder": job.id, "type": "output"}] if job.state == "done" else []
+    return [{"filename": name, "subfolder": job.id, "type": "output"} for name in image_files(job)] \
+        if job.state == "done" else []
 
 
 def status(queue_remaining: int) -> dict:

@@ -13,8 +13,10 @@ import stat
 from pathlib import Path
 
 from orchestrator.job_record import JOB_ID_RE
+from protocol.prompt import MAX_BATCH
 
-ALLOWED = {"image.png": "image/png", "timing.png": "image/png", "report.json": "application/json"}
+ALLOWED = {"image.png": "image/png", "timing.png": "image/png", "report.json": "application/json",
+           **{f"image_{pos}.png": "image/png" for pos in range(1, MAX_BATCH)}}     # a batch's other images
 MAX_FILE_BYTES = 64 * 2**20
 
 
