@@ -5,7 +5,10 @@ Memory: contexts may take the board's usable RAM minus the baseline usage minus 
 (reference board figures; 8/16/32 GB boards) or, on a real RK3588 (the `rknn` backend passes it), the MemAvailable
 it has now minus the stop rule. A policy fits when its contexts in flight (current, prefetched, one being released;
 x2 with dual_core; a sharded pack's shards each, priced by `context_units`) fit; `resident` then pins the first
-branches of the fixed cycle in what is left, keeping one context of slack. Among the policies that fit, the fastest
+branches of the fixed cycle in what is left, keeping one context of slack. Given the picture size's activation
+memory (`memory`: models/packs/memory_fit.for_auto, the one place for that rule), every context beyond the largest
+branch call's must also fit beside that call and the arena's growth; the policies it leaves out are named in the
+chosen Evaluation's `ruled_out`. Among the policies that fit, the fastest
 projected denoise wins; within 0.5 % of it, the one with fewer contexts, then fewer terms (a simpler policy).
 `shards` is a candidate when the pack is sharded; `choose_pack` also weighs the packs `pack --shards N` could build
 (N shards, a cut per kind) and `choose_cuts` picks a sharded pack's cuts.
