@@ -168,3 +168,27 @@ def test_a_comfy_graph_with_batch_size_runs_the_batch_and_history_lists_every_im
     g["5"]["inputs"]["batch_size"] = 9
     r = requests.post(url + "prompt", json={"prompt": g}, timeout=30)
     assert r.status_code == 400 and "batch_size" in r.text, r.text
+
+
+def test_a1111_batch_size_and_n_iter_return_every_image_with_seeds_numbered_as_a1111_does(d):
+    import base64
+    import io
+    import requests
+    from PIL import Image
+    prompt, seed = "a girl", 40
+    r = requests.post(d.http_url() + "sdapi/v1/txt2img", json={"prompt": prompt, "seed": seed, "steps": 1, "width": W,
+                                                               "height": H, "batch_size": 2, "n_iter": 2}, timeout=120)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    info = json.loads(body["info"])
+    assert info["all_seeds"] == [seed, seed + 1, seed + 2, seed + 3] and info["batch_size"] == 2
+    assert len(body["images"]) == 4 and len(info["infotexts"]) == 4
+    for k, b64 in enumerate(body["images"]):
+        with Image.open(io.BytesIO(base64.b64decode(b64))) as im:
+            assert f"Seed: {seed + k}," in im.text["parameters"]
+            # the double decodes its latent cond + seed % 7 (cond: the prompt's length) to one grey level
+            assert np.asarray(im)[0, 0, 0] == len(prompt) + (seed + k) % 7
+        assert f"Seed: {seed + k}," in info["infotexts"][k]
+    for field, value in (("batch_size", 9), ("n_iter", 0), ("batch_size", "two")):
+        r = requests.post(d.http_url() + "sdapi/v1/txt2img", json={"prompt": prompt, field: value}, timeout=30)
+        assert r.status_code == 422 and field in r.text, r.text

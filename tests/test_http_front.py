@@ -124,7 +124,7 @@ def _malformed(url: str, job_dir_name: str) -> list[tuple[str, str, str, dict, t
         ("no such route", "GET", "nothing/here", {}, (404,)),
         ("a1111 not json", "POST", "sdapi/v1/txt2img", {"data": b"prompt=cat"}, (422,)),
         ("a1111 array", "POST", "sdapi/v1/txt2img", {"json": ["cat"]}, (422,)),
-        ("a1111 batch", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "batch_size": 2}}, (422,)),
+        ("a1111 batch", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "batch_size": 9}}, (422,)),
         ("a1111 hires", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "enable_hr": True}}, (422,)),
         ("a1111 sampler", "POST", "sdapi/v1/txt2img", {"json": {"prompt": "x", "sampler_name": "Restart"}},
          (422,)),

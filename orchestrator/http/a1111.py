@@ -100,10 +100,22 @@ def _text(body: dict, field: str) -> str:
     return v
 
 
-def to_spec(body: dict, size: tuple = (512, 512)) -> dict:
+MAX_BATCH_SIZE = MAX_N_ITER = 8     # A1111's UI sliders go to 8 (batch) and 100 (count); a board job is minutes
+
+
+def image_count(body: dict) -> int:
+    """batch_size x n_iter: the images a txt2img request asks for (each its own job, seeds seed, seed+1, ...)."""
+    return (_number(body, "batch_size", 1, integer=True, low=1, high=MAX_BATCH_SIZE)
+            * _number(body, "n_iter", 1, integer=True, low=1, high=MAX_N_ITER))
+
+
+def to_spec(body: dict, size: tuple = (512, 512), *, batches: bool = False) -> dict:
     """A txt2img request -> a prompt.json object (the daemon checks it again against its packs); `size`: the
-    width and height a request without them gets (the default pack's: A1111's 512 may have no pack here)."""
+    width and height a request without them gets (the default pack's: A1111's 512 may have no pack here).
+    `batches`: batch_size / n_iter are read by the caller (image_count), else they must be 1."""
     for field, ok in MUST_BE.items():
+        if batches and field in ("batch_size", "n_iter"):
+            continue
         if field in body and body[field] not in ok:
             raise _bad(field, f"{body[field]!r}"[:80] + f" is not supported here (only {ok[0]!r}: one image per "
                        "request, no hires fix, styles, scripts or setting overrides)")
@@ -141,10 +153,8 @@ def _unprocessable(e: BadRequest) -> BadRequest:
 
 
 def _info(job: JobView, png: bytes, model: str) -> dict:
-    from PIL import Image
     s = job.spec
-    with Image.open(io.BytesIO(png)) as im:
-        infotext = im.text.get("parameters", "") if hasattr(im, "text") else ""
+    infotext = _infotext(png)
     return {"prompt": s["prompt"], "all_prompts": [s["prompt"]], "negative_prompt": s.get("negative_prompt", ""),
             "all_negative_prompts": [s.get("negative_prompt", "")], "seed": s["seed"], "all_seeds": [s["seed"]],
             "subseed": -1, "all_subseeds": [-1], "subseed_strength": 0, "width": s["width"], "height": s["height"],
@@ -159,6 +169,20 @@ def _info(job: JobView, png: bytes, model: str) -> dict:
             "index_of_first_image": 0, "infotexts": [infotext], "styles": [],
             "job_timestamp": time.strftime("%Y%m%d%H%M%S", time.localtime(job.info.created)), "clip_skip": 1,
             "is_using_inpainting_conditioning": False, "version": f"anima-npu {VERSION}"}
+
+
+def _infotext(png: bytes) -> str:
+    from PIL import Image
+    with Image.open(io.BytesIO(png)) as im:
+        return im.text.get("parameters", "") if hasattr(im, "text") else ""
+
+
+def _batch_info(info: dict, jobs: list, pngs: list, batch_size: int) -> dict:
+    """A1111's info for every image of the request: each its seed (seed + its index), its infotext."""
+    n = len(jobs)
+    return {**info, "all_prompts": info["all_prompts"] * n, "all_negative_prompts": info["all_negative_prompts"] * n,
+            "all_seeds": [j.spec["seed"] for j in jobs], "all_subseeds": [-1] * n, "batch_size": batch_size,
+            "infotexts": [_infotext(p) for p in pngs]}
 
 
 async def run_job(front, spec: dict):
@@ -188,19 +212,28 @@ async def txt2img(request: web.Request) -> web.Response:
     try:
         body = await read_json(request)
         sizes = (await front.tracker.names()).sizes
-        spec = to_spec(body, sizes[0] if sizes else (512, 512))
+        spec = to_spec(body, sizes[0] if sizes else (512, 512), batches=True)
+        count = image_count(body)
     except BadRequest as e:
         raise _unprocessable(e) from None
-    job, png = await run_job(front, spec)
-    if png is None:
-        return job
+    jobs, pngs = [], []
+    for k in range(count):           # A1111 numbers a request's images' seeds seed, seed+1, ... (across n_iter too)
+        one = spec if k == 0 else {**spec, "seed": (jobs[0].spec["seed"] + k) % 2**64}
+        job, png = await run_job(front, one)
+        if png is None:
+            return job
+        jobs.append(job)
+        pngs.append(png)
+    job, png = jobs[0], pngs[0]
     names = await front.tracker.names()
-    info = _info(job, png, names.unet[0] if names.unet else "")
+    info = _batch_info(_info(job, png, names.unet[0] if names.unet else ""), jobs, pngs,
+                       int(body.get("batch_size", 1)))
     params = {**body, "prompt": body.get("prompt", spec["prompt"]), "negative_prompt": spec["negative_prompt"],
               "seed": job.spec["seed"],
               "steps": spec["steps"], "cfg_scale": spec["cfg"], "width": spec["width"], "height": spec["height"],
-              "sampler_name": "Euler", "scheduler": spec["scheduler"], "batch_size": 1, "n_iter": 1}
-    images = [base64.b64encode(png).decode()] if _bool(body, "send_images", True) else []
+              "sampler_name": "Euler", "scheduler": spec["scheduler"], "batch_size": int(body.get("batch_size", 1)),
+              "n_iter": int(body.get("n_iter", 1))}
+    images = [base64.b64encode(p).decode() for p in pngs] if _bool(body, "send_images", True) else []
     return json_response({"images": images, "parameters": params, "info": json.dumps(info)})
 
 
