@@ -19,8 +19,8 @@ loaders outward, each with the strengths of the chains it is in (0 where it is n
 Validation follows ComfyUI's (execution.validate_prompt): unknown node types, missing inputs, bad links, type
 mismatches, values outside min/max or not in a list are reported per node as {"errors": [{type, message, details,
 extra_info}], "dependent_outputs", "class_type"}; the body of the 400 is {"error": {...}, "node_errors": {...}}.
-Then what this pipeline cannot do (a second sampling pass, a batch, a size without a model pack, another
-sampling shift) is reported the same way, on the node that asks for it.
+Then what this pipeline cannot do (a second sampling pass, a size without a model pack, another sampling shift) is
+reported the same way, on the node that asks for it.
 """
 from __future__ import annotations
 
