@@ -192,3 +192,34 @@ def test_a1111_batch_size_and_n_iter_return_every_image_with_seeds_numbered_as_a
     for field, value in (("batch_size", 9), ("n_iter", 0), ("batch_size", "two")):
         r = requests.post(d.http_url() + "sdapi/v1/txt2img", json={"prompt": prompt, field: value}, timeout=30)
         assert r.status_code == 422 and field in r.text, r.text
+
+
+def test_a_batch_through_the_real_stages_equals_in_process_sampling_per_place(default_pipeline, pipeline_assets):
+    """The one real-pipeline batch job (tiny bundle): each image's final latent equals in-process LatentSampler +
+    DiTRunner at its place in the batch (tests/test_img2img_sampling.py shows those places equal ComfyUI's batch
+    tensor run through one sampler), with euler_ancestral's per-step noise the batch's; the images differ."""
+    from models.packs.pack import load_pack
+    from models.runtime.dit_runner import DiTRunner
+    from models.sampling.denoise import denoise
+    from models.sampling.img2img import LatentPlan, LatentSampler, start_or_resume_latent
+    pipe, (_, pack_dir) = default_pipeline, pipeline_assets
+    threads = pipe.toml_args["threads"]
+    pack = load_pack(pack_dir)
+    g, c = pack.geometry, pack.config
+    shape = (c.latent_channels, g.latent_h, g.latent_w)
+    job = pipe.submit({"prompt": "1girl, silver hair", "negative_prompt": "worst quality", "seed": 91, "steps": 2,
+                       "cfg": 4.0, "sampler": "euler_ancestral", "scheduler": "karras", "spectrum": False,
+                       "batch": 2})
+    info = pipe.wait(job, timeout_s=600)
+    assert info.state == "done", f"{info.error_stage}: {info.error}\n{pipe.logs()}"
+    jd = pipe.job_dir(job)
+    cond, uncond = np.load(jd / "cond.npy"), np.load(jd / "uncond.npy")
+    runner = DiTRunner(pack, threads=threads)
+    latents = [np.load(jd / name) for name in ("latent.npy", "latent_1.npy")]
+    for pos, latent in enumerate(latents):
+        s = LatentSampler(steps=2, cfg=4.0, sampler="euler_ancestral", scheduler="karras", spectrum=None,
+                          plan=LatentPlan(batch_size=2, batch_pos=pos))
+        state = start_or_resume_latent(s, 91, shape, noise_index=pos)
+        np.testing.assert_array_equal(latent, s.result(denoise(runner, s, state, cond, uncond)))
+    assert not np.array_equal(latents[0], latents[1])
+    assert [Path(i["image"]).name for i in pipe.report(job)["images"]] == ["image.png", "image_1.png"]
