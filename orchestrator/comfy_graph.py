@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from models.images.decode import CHANNELS
 from models.lora.plan import MAX_STRENGTH
 from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, DEFAULT_SHIFT, SAMPLER_NAMES, SCHEDULER_NAMES
 from models.sampling.spectrum import SpectrumSettings
@@ -40,7 +41,7 @@ MAX_NODES = 64                  # a text-to-image graph has 9 or 10; anything fa
 MAX_ID_CHARS = 64
 CLIP_TYPES = ("stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart", "cosmos",
               "lumina2", "wan", "hidream", "chroma", "ace", "omnigen2", "qwen_image", "hunyuan_image", "flux2", "ovis")
-LINK_TYPES = ("MODEL", "CLIP", "VAE", "CONDITIONING", "LATENT", "IMAGE")
+LINK_TYPES = ("MODEL", "CLIP", "VAE", "CONDITIONING", "LATENT", "IMAGE", "MASK")
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,24 @@ def _sampler_nodes() -> tuple[NodeSpec, ...]:
     )
 
 
+def image_nodes(images: tuple[str, ...] = ()) -> tuple[NodeSpec, ...]:
+    """LoadImage and LoadImageMask (their `image` choices: the input folder's images; () here, where a graph's name is
+    checked as an upload name and read at submit, as ComfyUI's VALIDATE_INPUTS accepts "sub/NAME.png [input]"), and
+    the nodes that make a latent from an image: VAEEncode and SetLatentNoiseMask (docs/workflows.md)."""
+    image = InputSpec("image", "COMBO", None, {"image_upload": True}, tuple(images) or None)
+    return (NodeSpec("LoadImage", "Load Image", "image", "image", (image,), ("IMAGE", "MASK"), ("IMAGE", "MASK"),
+                     description="An upload (/upload/image) as IMAGE and its MASK = 1 - alpha."),
+            NodeSpec("LoadImageMask", "Load Image (as Mask)", "mask", "mask",
+                     (image, InputSpec("channel", "COMBO", None, {}, CHANNELS)), ("MASK",), ("MASK",),
+                     description="One channel of an upload as a MASK (alpha inverted: 1 - alpha)."),
+            NodeSpec("VAEEncode", "VAE Encode", "latent", "encode",
+                     (InputSpec("pixels", "IMAGE"), InputSpec("vae", "VAE")), ("LATENT",), ("LATENT",),
+                     description="The job's init image, encoded by the VAE stage (img2img)."),
+            NodeSpec("SetLatentNoiseMask", "Set Latent Noise Mask", "latent/inpaint", "noise_mask",
+                     (InputSpec("samples", "LATENT"), InputSpec("mask", "MASK")), ("LATENT",), ("LATENT",),
+                     description="Inpaint: the latent resampled where the mask is 1, kept where it is 0."))
+
+
 def _size_inputs(sizes, default: int) -> tuple[InputSpec, ...]:
     """An empty latent's width, height and batch_size. With the packs' sizes known: the default pack's size, bounded
     by the sizes' extents at the step between them (ComfyUI's INT widgets cannot list pairs: a graph's pair without a
@@ -223,6 +242,7 @@ def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
         _spectrum_node(),
         *_cache_nodes(),
         *_sampler_nodes(),
+        *image_nodes(),
         NodeSpec("VAEDecode", "VAE Decode", "latent", "decode",
                  (InputSpec("samples", "LATENT"), InputSpec("vae", "VAE")), ("IMAGE",), ("IMAGE",)),
         NodeSpec("SaveImage", "Save Image", "image", "save",
@@ -285,7 +305,8 @@ LORA_INPUTS = {"name": "lora_name", "strength": "strength_model", "clip_strength
 FIELD_NODES = {"prompt": ("positive", "text"), "negative_prompt": ("negative", "text"), "seed": ("sampler", "seed"),
                "steps": ("sampler", "steps"), "cfg": ("sampler", "cfg"), "sampler": ("sampler", "sampler_name"),
                "scheduler": ("sampler", "scheduler"), "width": ("latent", "width"), "height": ("latent", "height"),
-               "batch": ("latent", "batch_size")}
+               "batch": ("latent", "batch_size"), "init_image": ("image", "image"), "mask": ("mask", "image"),
+               "mask_channel": ("mask", "channel")}
 
 
 class _Checker:
@@ -502,7 +523,7 @@ def field_nodes(job: GraphJob, field: str) -> list[tuple[str, str]] | None:
         loaders = [n for r, n in job.nodes.items() if r.startswith("lora")]
         if loaders:
             return [(n, "lora_name") for n in loaders]
-    if field in FIELD_NODES:
+    if field in FIELD_NODES and FIELD_NODES[field][0] in job.nodes:
         role, name = FIELD_NODES[field]
         return [(job.nodes[role], name)]
     root = re.split(r"[.\[]", field or "", maxsplit=1)[0]
@@ -527,7 +548,10 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
     if role_of[sampler] != "sampler":
         return {}, {}, [_custom(decode, "samples", "VAEDecode must decode the KSampler's output")]
     latent = c.links[sampler]["latent_image"]
-    if role_of[latent] != "latent":
+    image = _image_latent(c, role_of, c.links[decode]["vae"], latent)       # None: not from an image
+    if image is not None and image[2]:
+        return {}, {}, image[2]
+    if role_of[latent] != "latent" and image is None:
         return {}, {}, [_custom(sampler, "latent_image", "one sampling pass per job: the latent must come from "
                                                           "EmptyLatentImage or EmptySD3LatentImage")]
     roles = {"save": out, "decode": decode, "sampler": sampler, "latent": latent, "vae": c.links[decode]["vae"],
@@ -546,9 +570,10 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
         if entry["strength"] or entry["clip_strength"]:           # ComfyUI: both 0 leaves the models as they are
             roles[f"lora{len(loras)}"] = node
             loras.append(entry)
+    roles.update(image[0] if image else {})
     v = {r: c.values[k] for r, k in roles.items()}
-    w, h = v["latent"]["width"], v["latent"]["height"]
-    if sizes is not None and (w, h) not in set(sizes):
+    w, h = v["latent"].get("width"), v["latent"].get("height")      # an encoded image: the pack's size
+    if sizes is not None and w is not None and (w, h) not in set(sizes):
         have = ", ".join(f"{a}x{b}" for a, b in sizes)
         problems.append(_custom(latent, "width", f"{w}x{h} has no model pack; the sizes with one: {have}", w))
     ks = v["sampler"]
@@ -566,11 +591,56 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
             problems.append(_custom(roles["cache"], "model", f"{CACHE_NODES[kind]} and AnimaSpectrum both decide "
                                     "which model calls to skip: use one of them"))
     spec.update(_latent_fields(ks))
+    if image is not None:                                         # ComfyUI's size: the image's (the job's: its pack's)
+        spec = {**{k: x for k, x in spec.items() if k not in ("width", "height")}, **image[1]}
     if v["latent"].get("batch_size", 1) > 1:                     # its images run one after another, as in the batch
         spec["batch"] = v["latent"]["batch_size"]
     if loras:
         spec["loras"] = loras
     return roles, spec, problems
+
+
+def _image_latent(c: _Checker, role_of: dict, vae: str, latent: str) -> tuple[dict, dict, list] | None:
+    """The sampler's latent from an image: VAEEncode of LoadImage's IMAGE, optionally through SetLatentNoiseMask with
+    LoadImage's MASK or a LoadImageMask -> (roles, prompt.json fields, problems); None for a latent of another kind.
+    The mask keeps ComfyUI's rule (`mask_channel`: LoadImage's MASK is 1 - alpha), which the job reads, not A1111's."""
+    if role_of[latent] not in ("encode", "noise_mask"):
+        return None
+    roles, fields = {}, {}
+    if role_of[latent] == "noise_mask":
+        roles["noise_mask"], roles["mask"] = latent, c.links[latent]["mask"]
+        mask = c.values[roles["mask"]]
+        fields["mask"] = mask["image"]
+        fields["mask_channel"] = mask.get("channel", "alpha")        # LoadImage's MASK: LoadImageMask's alpha
+        latent = c.links[latent]["samples"]
+        if role_of[latent] != "encode":
+            return roles, fields, [_custom(roles["noise_mask"], "samples", "one sampling pass per job: the masked "
+                                           "latent must be VAEEncode's")]
+    roles["encode"] = latent
+    pixels = c.links[latent]["pixels"]
+    if role_of[pixels] != "image":
+        return roles, fields, [_custom(latent, "pixels", "one sampling pass per job: the pixels must be a "
+                                       "LoadImage's (an upload)")]
+    roles["image"] = pixels
+    fields["init_image"] = c.values[pixels]["image"]
+    if c.links[latent]["vae"] != vae:
+        return roles, fields, [_custom(latent, "vae", "VAEEncode and VAEDecode must take the same VAE (one VAE stage)")]
+    problems = [_custom(roles[role], "image", f"Invalid image file: {fields[key]}", fields[key])
+                for role, key in (("image", "init_image"), ("mask", "mask")) if key in fields
+                and not _upload_name(fields[key])]
+    return roles, fields, problems
+
+
+def _upload_name(ref: str) -> bool:
+    """A name LoadImage could give ("sub/NAME.png [input]"): one that stays inside an upload folder."""
+    from orchestrator.inputs import InputNameError, annotated, check_name, check_subfolder
+    sub, name, _ = annotated(ref, "input")
+    try:
+        check_name(name)
+        check_subfolder(sub)
+    except InputNameError:
+        return False
+    return True
 
 
 def _latent_fields(ks: dict) -> dict:
@@ -637,6 +707,7 @@ CANONICAL_IDS = {"unet": "1", "clip": "2", "vae": "3", "positive": "4", "negativ
                  "sampler": "7", "decode": "8", "save": "9", "spectrum": "30"}
 LORA_IDS = 10                   # the job's i-th LoRA loader is node "10" + i
 CACHE_ID = "31"                 # the job's EasyCache / LazyCache node
+IMAGE_IDS = {"image": "40", "encode": "41", "mask": "42", "noise_mask": "43"}     # a job from an init image
 TITLES = {"positive": "CLIP Text Encode (Positive Prompt)", "negative": "CLIP Text Encode (Negative Prompt)"}
 
 
@@ -686,11 +757,36 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
         *loaders,
         node("positive", "CLIPTextEncode", text=spec["prompt"], clip=clip),
         node("negative", "CLIPTextEncode", text=spec.get("negative_prompt", ""), clip=clip),
-        node("latent", "EmptyLatentImage", width=spec["width"], height=spec["height"], batch_size=spec.get("batch", 1)),
+        *_latent_nodes(node, spec, ids),
         _sampler_node(node, spec, ids, model),
         node("decode", "VAEDecode", samples=[ids["sampler"], 0], vae=[ids["vae"], 0]),
         node("save", "SaveImage", images=[ids["decode"], 0], filename_prefix="anima"),
     ))
+
+
+def _latent_nodes(node, spec: dict, ids: dict) -> list[tuple[str, dict]]:
+    """The sampler's latent: EmptyLatentImage, or for a job from an init image LoadImage -> VAEEncode [->
+    SetLatentNoiseMask with LoadImage's MASK (mask_channel alpha, the same upload) or a LoadImageMask]. A mask of
+    A1111's rule shows as LoadImageMask red: the same mask for a grey mask without alpha (docs/workflows.md)."""
+    if not spec.get("init_image"):
+        return [node("latent", "EmptyLatentImage", width=spec["width"], height=spec["height"],
+                     batch_size=spec.get("batch", 1))]
+    for role, default in IMAGE_IDS.items():
+        ids.setdefault(role, default)
+    out = [node("image", "LoadImage", image=spec["init_image"]),
+           node("encode", "VAEEncode", pixels=[ids["image"], 0], vae=[ids["vae"], 0])]
+    samples = [ids["encode"], 0]
+    if spec.get("mask"):
+        channel = spec.get("mask_channel")
+        if channel == "alpha" and spec["mask"] == spec["init_image"] and ids["mask"] in (IMAGE_IDS["mask"], ids["image"]):
+            mask = [ids["image"], 1]
+        else:
+            out.append(node("mask", "LoadImageMask", image=spec["mask"], channel=channel or "red"))
+            mask = [ids["mask"], 0]
+        out.append(node("noise_mask", "SetLatentNoiseMask", samples=samples, mask=mask))
+        samples = [ids["noise_mask"], 0]
+    ids["latent"] = samples[0]
+    return out
 
 
 def _sampler_node(node, spec: dict, ids: dict, model: list) -> tuple[str, dict]:

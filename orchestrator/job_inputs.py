@@ -3,7 +3,9 @@ the run folder's upload folders (orchestrator.inputs.read_upload: no link follow
 job's size (A1111's resize modes with `resize_mode`, else refused naming both sizes) and written as the PNGs the job
 folder keeps (JobStore.submit(inputs=...)), so a resumed job reads the same pixels the first run read.
 
-The mask is A1111's rule (models.images.a1111_mask): white (or a translucent RGBA mask's alpha) is repainted. The
+The mask is A1111's rule (models.images.a1111_mask): white (or a translucent RGBA mask's alpha) is repainted; with
+`mask_channel` ComfyUI's LoadImageMask of that channel (LoadImage's MASK is "alpha": 1 - alpha), kept 8-bit (exact for
+8-bit sources: (255 - a) / 255 is a grey level). The
 pixels the flow feeds the VAE encoder and the noise mask at the latent's size come from those kept PNGs."""
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ def job_inputs(run_root: Path, spec) -> dict[str, bytes]:
     """{init_image, mask} -> PNG bytes at the job's size (RGB 8-bit; the mask 8-bit grey, 255 = repaint); {} for a
     text-to-image job. PromptError naming the field for a missing upload, a non-image or a size that does not fit."""
     from PIL import Image
-    from models.images import ImageInputError, a1111_mask, load_image
+    from models.images import ImageInputError, a1111_mask, load_image, load_image_mask
     out = {}
     if spec.init_image is None:
         return out
@@ -61,7 +63,8 @@ def job_inputs(run_root: Path, spec) -> dict[str, bytes]:
     if spec.mask is not None:
         data = _read(run_root, spec.mask, "mask")
         try:
-            grey = a1111_mask(data)                                          # [H, W] f32 0..1, 1 = repaint
+            grey = (a1111_mask(data) if spec.mask_channel is None                # [H, W] f32 0..1, 1 = repaint
+                    else load_image_mask(data, spec.mask_channel))
         except ImageInputError as e:
             raise PromptError("mask", str(e)) from None
         im = Image.fromarray(np.round(grey * 255).astype(np.uint8), "L")

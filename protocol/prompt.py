@@ -176,6 +176,9 @@ class PromptFile(Record, frozen=True):
     init_image: Annotated[str, Meta(min_length=1, max_length=MAX_INPUT_REF_CHARS, description=_UPLOAD_NAME)] | None \
         = None
     mask: Annotated[str, Meta(min_length=1, max_length=MAX_INPUT_REF_CHARS, description=_UPLOAD_NAME)] | None = None
+    # None: A1111's rule (white, or a translucent mask's alpha, is repainted); a channel: ComfyUI's LoadImageMask
+    # of it (LoadImage's MASK is "alpha": 1 - alpha is repainted), the rule a ComfyUI graph's mask follows
+    mask_channel: Literal["alpha", "red", "green", "blue"] | None = None
     resize_mode: Int(0, 2) | None = None       # an init image/mask of another size: A1111's modes; None: refused
     denoise: Float(0.0, 1.0) = 1.0             # KSampler's denoise: the part of the schedule sampled
     # KSamplerAdvanced's window (docs/latent-sampling.md)
@@ -220,6 +223,8 @@ def _check_inputs(f) -> None:
         raise PromptError("denoise", f"must be in (0, 1] (0 would sample nothing), got {float(f.denoise)}")
     if f.mask is not None and f.init_image is None:
         raise PromptError("mask", "needs an init_image to inpaint")
+    if f.mask_channel is not None and f.mask is None:
+        raise PromptError("mask_channel", "says how to read a mask; there is no mask")
     for name in ("init_image", "mask"):
         v = getattr(f, name)
         if v is not None:

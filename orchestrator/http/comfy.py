@@ -175,7 +175,8 @@ async def get_system_stats(request: web.Request) -> web.Response:
 
 async def get_object_info(request: web.Request) -> web.Response:
     names = await request.app[FRONT].tracker.names()
-    info = {**uploads.loader_nodes(uploads.input_images(request.app[FRONT])), **object_info(node_table(names))}
+    # the loaders' image choices are the input folder's (the node table's are not listed there)
+    info = {**object_info(node_table(names)), **uploads.loader_nodes(uploads.input_images(request.app[FRONT]))}
     cls = request.match_info.get("node_class")
     if cls is not None:
         info = {cls: info[cls]} if cls in info else {}

@@ -22,7 +22,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from models.images import CHANNELS, ImageInputError, open_bounded
 from orchestrator import inputs
-from orchestrator.comfy_graph import InputSpec, NodeSpec, object_info
+from orchestrator.comfy_graph import image_nodes, object_info
 from orchestrator.http import files
 from orchestrator.http.common import FRONT, refuse
 from orchestrator.job_record import JOB_ID_RE
@@ -178,10 +178,7 @@ async def view(request: web.Request, filename: str, subfolder: str, kind: str) -
 def loader_nodes(images: list[str]) -> dict:
     """/object_info's LoadImage and LoadImageMask, as ComfyUI lists them (its `image` choices: the input folder's
     images, sorted; the upload widget's `image_upload` option)."""
-    image = InputSpec("image", "COMBO", None, {"image_upload": True}, tuple(images))
-    nodes = (NodeSpec("LoadImage", "Load Image", "image", "image", (image,), ("IMAGE", "MASK"), ("IMAGE", "MASK")),
-             NodeSpec("LoadImageMask", "Load Image (as Mask)", "mask", "image",
-                      (image, InputSpec("channel", "COMBO", None, {}, CHANNELS)), ("MASK",), ("MASK",)))
+    nodes = [n for n in image_nodes(tuple(images)) if n.class_type in ("LoadImage", "LoadImageMask")]
     return object_info({n.class_type: n for n in nodes})
 
 

@@ -1,0 +1,241 @@
+"""The ComfyUI graph front's image nodes: LoadImage -> VAEEncode [-> SetLatentNoiseMask with LoadImage's MASK or a
+LoadImageMask] -> KSampler becomes a job with init_image, mask (ComfyUI's mask rule, `mask_channel`) and denoise;
+other shapes refused in ComfyUI's node_errors on the node at fault; the job's graph maps back onto the same job; one
+job run through the real daemon and supervisord with stand-in stages from a graph whose mask is LoadImage's alpha."""
+from __future__ import annotations
+
+import copy
+import io
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchestrator.comfy_graph import GraphError, ModelNames, graph_to_job, job_to_graph, node_table, object_info
+from orchestrator.prompt_spec import parse_prompt_obj
+from tests.comfy_graphs import TINY_NAMES, edited, standard_graph
+
+NAMES = ModelNames(unet=(TINY_NAMES["unet"],), clip=(TINY_NAMES["clip"],), vae=(TINY_NAMES["vae"],))
+SIZES = [(64, 64)]
+
+
+def image_graph(*, mask: str | None = "image", denoise: float = 0.6, image: str = "t/init.png [input]") -> dict:
+    """The standard graph with its EmptyLatentImage ("5") replaced by LoadImage "20" -> VAEEncode "21", and with a
+    mask SetLatentNoiseMask "23" taking LoadImage's MASK (mask="image") or LoadImageMask "22" of that channel."""
+    g = edited(standard_graph(width=64, height=64), "3", denoise=denoise)
+    del g["5"]
+    g["20"] = {"class_type": "LoadImage", "inputs": {"image": image}}
+    g["21"] = {"class_type": "VAEEncode", "inputs": {"pixels": ["20", 0], "vae": ["13", 0]}}
+    latent = ["21", 0]
+    if mask is not None:
+        src = ["20", 1]
+        if mask != "image":
+            g["22"] = {"class_type": "LoadImageMask", "inputs": {"image": "t/mask.png [input]", "channel": mask}}
+            src = ["22", 0]
+        g["23"] = {"class_type": "SetLatentNoiseMask", "inputs": {"samples": latent, "mask": src}}
+        latent = ["23", 0]
+    g["3"]["inputs"]["latent_image"] = latent
+    return g
+
+
+def _refused(graph) -> GraphError:
+    with pytest.raises(GraphError) as e:
+        graph_to_job(graph, names=NAMES, sizes=SIZES)
+    json.dumps(e.value.body())
+    return e.value
+
+
+def _custom(err: GraphError, node: str, name: str, words: str) -> None:
+    entry = err.node_errors[node]
+    assert entry["class_type"] == err_class(node, err)
+    details = [e["details"] for e in entry["errors"] if e["type"] == "custom_validation_failed"]
+    assert any(d.startswith(f"{name} - ") and words in d for d in details), details
+
+
+def err_class(node: str, err: GraphError) -> str:
+    return err.node_errors[node]["class_type"]
+
+
+def test_img2img_graph_maps_onto_the_job_fields():
+    job = graph_to_job(image_graph(mask=None), names=NAMES, sizes=SIZES)
+    assert {k: job.spec.get(k) for k in ("init_image", "mask", "mask_channel", "denoise", "width", "height")} == \
+        {"init_image": "t/init.png [input]", "mask": None, "mask_channel": None, "denoise": 0.6, "width": None,
+         "height": None}                                    # the size: the pack's (the image is fitted or refused)
+    assert (job.nodes["image"], job.nodes["encode"], job.nodes["latent"]) == ("20", "21", "21")
+    assert parse_prompt_obj(job.spec, resolution=SIZES).init_image == "t/init.png [input]"
+
+
+@pytest.mark.parametrize("mask, channel, mask_name, node", [
+    ("image", "alpha", "t/init.png [input]", "20"),         # LoadImage's MASK: its own upload, 1 - alpha
+    ("red", "red", "t/mask.png [input]", "22"),
+    ("alpha", "alpha", "t/mask.png [input]", "22"),
+])
+def test_a_noise_mask_becomes_the_jobs_mask_with_comfyuis_rule(mask, channel, mask_name, node):
+    job = graph_to_job(image_graph(mask=mask, denoise=0.8), names=NAMES, sizes=SIZES)
+    assert (job.spec["mask"], job.spec["mask_channel"], job.spec["denoise"]) == (mask_name, channel, 0.8)
+    assert (job.nodes["mask"], job.nodes["noise_mask"], job.nodes["latent"]) == (node, "23", "23")
+
+
+def _resolved(spec: dict) -> dict:
+    import msgspec
+    return msgspec.to_builtins(parse_prompt_obj(spec, resolution=SIZES))
+
+
+@pytest.mark.parametrize("mask", [None, "image", "alpha", "green"])
+def test_the_jobs_graph_maps_back_onto_the_same_job(mask):
+    job = graph_to_job(image_graph(mask=mask), names=NAMES, sizes=SIZES)
+    spec = _resolved(job.spec)
+    back = job_to_graph(spec, names=NAMES, ids=job.nodes)
+    again = graph_to_job(back, names=NAMES, sizes=SIZES)
+    assert _resolved(again.spec) == spec
+    classes = sorted(n["class_type"] for n in back.values())
+    assert "EmptyLatentImage" not in classes and "VAEEncode" in classes
+    assert ("SetLatentNoiseMask" in classes) == (mask is not None)
+    # a job of prompt.json's own (no graph ids) shows with the canonical ids, and maps back too
+    plain = job_to_graph(spec, names=NAMES)
+    assert _resolved(graph_to_job(plain, names=NAMES, sizes=SIZES).spec) == spec
+
+
+def test_an_a1111_rule_mask_shows_as_load_image_mask_red():
+    spec = _resolved({"prompt": "x", "init_image": "a.png", "mask": "m.png", "denoise": 0.5})
+    g = job_to_graph(spec, names=NAMES)
+    masks = [n for n in g.values() if n["class_type"] == "LoadImageMask"]
+    assert [m["inputs"] for m in masks] == [{"image": "m.png", "channel": "red"}]
+
+
+def test_other_shapes_are_refused_on_the_node_that_asks():
+    g = image_graph(mask=None)
+    g["30"] = {**copy.deepcopy(g["3"]), "class_type": "KSampler"}          # a first pass, decoded: a second pass
+    g["5"] = {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}}
+    g["30"]["inputs"]["latent_image"] = ["5", 0]
+    g["31"] = {"class_type": "VAEDecode", "inputs": {"samples": ["30", 0], "vae": ["13", 0]}}
+    g["21"]["inputs"]["pixels"] = ["31", 0]
+    _custom(_refused(g), "21", "pixels", "must be a LoadImage's")
+    g = image_graph(mask="red")
+    g["23"]["inputs"]["samples"] = ["5", 0]
+    g["5"] = {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}}
+    _custom(_refused(g), "23", "samples", "must be VAEEncode's")
+    g = image_graph(mask=None)
+    g["14"] = {"class_type": "VAELoader", "inputs": {"vae_name": TINY_NAMES["vae"]}}
+    g["21"]["inputs"]["vae"] = ["14", 0]
+    _custom(_refused(g), "21", "vae", "same VAE")
+
+
+@pytest.mark.parametrize("image", ["../escape.png", "t/../../x.png [input]", "/etc/passwd"])
+def test_image_names_that_are_not_uploads_are_refused_on_the_loader(image):
+    _custom(_refused(image_graph(mask=None, image=image)), "20", "image", "Invalid image file")
+
+
+def test_bad_node_inputs_are_comfyuis_node_errors():
+    g = image_graph(mask="red")
+    g["22"]["inputs"]["channel"] = "purple"
+    assert [x["type"] for x in _refused(g).node_errors["22"]["errors"]] == ["value_not_in_list"]
+    g = image_graph(mask="image")
+    g["23"]["inputs"]["mask"] = ["20", 0]                                   # LoadImage's IMAGE is not a MASK
+    assert [x["type"] for x in _refused(g).node_errors["23"]["errors"]] == ["return_type_mismatch"]
+    g = image_graph(mask=None)
+    del g["21"]["inputs"]["pixels"]
+    assert [x["type"] for x in _refused(g).node_errors["21"]["errors"]] == ["required_input_missing"]
+    g = image_graph(mask=None)
+    g["20"]["inputs"]["image"] = 5
+    assert [x["type"] for x in _refused(g).node_errors["20"]["errors"]] == ["invalid_input_type"]
+
+
+def test_object_info_lists_the_image_nodes():
+    info = object_info(node_table(NAMES))
+    assert info["VAEEncode"]["input"]["required"] == {"pixels": ["IMAGE"], "vae": ["VAE"]}
+    assert info["SetLatentNoiseMask"]["input"]["required"] == {"samples": ["LATENT"], "mask": ["MASK"]}
+    assert info["LoadImage"]["output"] == ["IMAGE", "MASK"]
+
+
+# ---------------------------------------------------------------- the mask rule, and one job through the flow
+
+W = H = 64
+
+
+def _png(a: np.ndarray, mode: str) -> bytes:
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.fromarray(a, mode).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _rgba(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random pixels and an alpha transparent (0) on whole 8x8 blocks of the left half and 255 elsewhere: ComfyUI
+    repaints where 1 - alpha is 1, the left half; bilinear to the latent's size keeps each block's value."""
+    rgb = np.random.default_rng(seed).integers(0, 256, (H, W, 3), dtype=np.uint8)
+    alpha = np.full((H, W), 255, np.uint8)
+    alpha[:, : W // 2] = 0
+    return rgb, alpha
+
+
+def test_load_image_mask_rule_is_read_not_a1111s(tmp_path):
+    """The same RGBA upload as prompt.json's mask: A1111's rule repaints where alpha is high, mask_channel alpha
+    (LoadImage's MASK) where it is low; the kept mask.png is exactly 255 - alpha."""
+    from orchestrator.inputs import save_upload
+    from orchestrator.job_inputs import job_inputs, mask_array
+    rgb, alpha = _rgba(2)
+    alpha[3, 40] = 77                                                         # one translucent pixel
+    save_upload(tmp_path, "input", "t", "init.png", _png(np.dstack([rgb, alpha]), "RGBA"), overwrite=True)
+    base = {"prompt": "x", "init_image": "t/init.png [input]", "mask": "t/init.png [input]", "width": W, "height": H}
+    comfy = mask_array(job_inputs(tmp_path, parse_prompt_obj({**base, "mask_channel": "alpha"}))["mask"])
+    np.testing.assert_array_equal(np.round(comfy * 255), 255 - alpha.astype(np.float64))
+    a1111 = mask_array(job_inputs(tmp_path, parse_prompt_obj(base))["mask"])
+    np.testing.assert_array_equal(a1111, (alpha > 128).astype(np.float32))   # A1111's mask_round
+
+
+def test_mask_channel_without_a_mask_is_refused_naming_it():
+    from orchestrator.prompt_spec import PromptError
+    with pytest.raises(PromptError) as e:
+        parse_prompt_obj({"prompt": "x", "init_image": "a.png", "mask_channel": "red"})
+    assert e.value.field == "mask_channel"
+
+
+@pytest.fixture(scope="module")
+def d():
+    from tests.doubles_harness import Doubles
+    root = Path(tempfile.mkdtemp(prefix="anima-comfy-image-"))
+    with Doubles.start(root, [(W, H)]) as d:
+        yield d
+
+
+def _wait(d, job: str, timeout_s: float = 60.0):
+    from orchestrator.cli import CliError
+    deadline = time.monotonic() + timeout_s
+    info = None
+    while time.monotonic() < deadline:
+        try:
+            info = d.status(job=job).jobs[0]
+        except CliError:
+            info = None
+        if info is not None and info.state in ("done", "failed"):
+            return info
+        time.sleep(0.05)
+    raise AssertionError(f"job {job} never ended: {info}\n{d.logs()}")
+
+
+def test_a_load_image_mask_graph_runs_with_the_encoded_latent_and_comfyuis_mask(d):
+    """The graph's job through the daemon and the flow: the stand-in encoder's latent (each 8x8 block's mean,
+    computed here by loops) and the noise mask 1 - alpha at the latent's size reach DENOISE (the stand-in scheduler's
+    latent is 2 * init + mask + denoise)."""
+    from orchestrator.inputs import save_upload
+    rgb, alpha = _rgba(5)
+    save_upload(d.rf.root, "input", "t", "init.png", _png(np.dstack([rgb, alpha]), "RGBA"), overwrite=True)
+    job = graph_to_job(image_graph(mask="image", denoise=0.6), names=NAMES, sizes=SIZES)
+    spec = {**copy.deepcopy(job.spec), "steps": 3}
+    name = d.submit(spec)
+    info = _wait(d, name)
+    assert info.state == "done", info
+    jd = d.rf.jobs / name
+    init = np.load(jd / "init_latent.npy")
+    x = rgb.astype(np.float64) / 255.0 * 2.0 - 1.0
+    want_init = np.array([[[x[i * 8:(i + 1) * 8, j * 8:(j + 1) * 8, c % 3].mean() for j in range(W // 8)]
+                           for i in range(H // 8)] for c in range(init.shape[0])])
+    assert np.abs(init - want_init).max() < 1.01e-3                          # the double's jitter is below 1e-3
+    noise_mask = 1.0 - alpha[::8, ::8] / 255.0
+    assert noise_mask[:, 0].min() == 1.0 and noise_mask[:, -1].max() == 0.0   # the left half repainted
+    want = (2 * init + noise_mask[None].astype(np.float32) + np.float32(0.6)).astype(np.float32)
+    np.testing.assert_array_equal(np.load(jd / "latent.npy"), want)
