@@ -19,6 +19,7 @@ from models.schema import SchemaError
 from orchestrator.inputs import keep_in_job
 from orchestrator.job_record import (FINISHED, JOB_ID_RE, MAX_HISTORY, STAGES, TRANSITIONS, UNREADABLE, Job,
                                      JobEntry, job_json, record_text)
+from protocol.prompt import MAX_BATCH
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,8 @@ JOB_FILE = "job.json"
 NEW_PREFIX = ".new-"            # a job folder being made (hidden; renamed to its id with its first job.json inside)
 GONE_PREFIX = ".gone-"          # a job folder being removed (renamed aside first, then deleted)
 # files only the daemon writes in a job folder: their temporaries are stale whenever a daemon starts
-DAEMON_FILES = (JOB_FILE, "text.json", "cond.npy", "uncond.npy", "latent.npy", "report.json")
+DAEMON_FILES = (JOB_FILE, "text.json", "cond.npy", "uncond.npy", "latent.npy", "report.json",
+                *(f"latent_{pos}.npy" for pos in range(1, MAX_BATCH)))      # a batch's other latents
 LEGACY_SUFFIXES = (".tmp", ".tmp.npy", ".new")   # write-then-rename names used before models.durable
 STALE_TEMP_S = 600.0            # a stage's temporary this old (or older than the boot) is not being written
 
@@ -372,6 +374,9 @@ class JobStore:
             # state, image.png) only when stale, since a stage may still be finishing a dead daemon's request
             removed += remove_stale_temporaries(path, targets=lambda name: name in DAEMON_FILES)
             removed += remove_stale_temporaries(path, stage_age_s)
+            for sub in path.glob("batch_*"):         # a batch image's sampler state (orchestrator.flow)
+                if sub.is_dir() and not sub.is_symlink():
+                    removed += remove_stale_temporaries(sub, stage_age_s)
             removed += _remove_legacy_temporaries(path, time.time() - stage_age_s)
             if not (path / JOB_FILE).exists():
                 if any(path.iterdir()):

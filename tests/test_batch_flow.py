@@ -223,3 +223,21 @@ def test_a_batch_through_the_real_stages_equals_in_process_sampling_per_place(de
         np.testing.assert_array_equal(latent, s.result(denoise(runner, s, state, cond, uncond)))
     assert not np.array_equal(latents[0], latents[1])
     assert [Path(i["image"]).name for i in pipe.report(job)["images"]] == ["image.png", "image_1.png"]
+
+
+def test_a_crash_leaves_no_batch_temporaries_behind(tmp_path):
+    """At a daemon's start a batch's own temporaries go (latent_N.npy's always, as latent.npy's), and a stage's stale
+    ones in a batch image's state folder (batch_N/) as in the job folder; a fresh one (a stage may be writing) stays."""
+    from orchestrator.jobs import JOB_FILE, JobStore
+    store = JobStore(tmp_path)
+    jd = store.root / "20260101-120000-a1b2c3"
+    (jd / "batch_1").mkdir(parents=True)
+    (jd / JOB_FILE).write_text("{}")
+    mine, stale, fresh = jd / ".latent_1.npy.k3j2.tmp", jd / "batch_1" / ".state.json.a1.tmp", \
+        jd / "batch_1" / ".state.json.b2.tmp"
+    for p in (mine, stale, fresh):
+        p.write_bytes(b"x")
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    removed = store.clean()
+    assert not mine.exists() and not stale.exists() and fresh.exists(), removed
