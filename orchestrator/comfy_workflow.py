@@ -69,6 +69,8 @@ def _widgets(spec: NodeSpec, inputs: dict) -> list:
         values.append(v)
         if i.options.get("control_after_generate"):
             values.append(CONTROL_AFTER_GENERATE)
+        elif i.options.get("image_upload"):            # the editor's upload button saves its value after the name
+            values.append("image")
     return values
 
 

@@ -106,6 +106,19 @@ def test_an_a1111_rule_mask_shows_as_load_image_mask_red():
     assert [m["inputs"] for m in masks] == [{"image": "m.png", "channel": "red"}]
 
 
+def test_the_jobs_ui_workflow_has_comfyuis_load_image_widgets():
+    from orchestrator.comfy_workflow import api_to_workflow
+    spec = _resolved({"prompt": "x", "init_image": "t/a.png [input]", "mask": "t/a.png [input]",
+                      "mask_channel": "alpha", "denoise": 0.5})
+    wf = api_to_workflow(job_to_graph(spec, names=NAMES))
+    loads = [n for n in wf["nodes"] if n["type"] == "LoadImage"]
+    assert [n["widgets_values"] for n in loads] == [["t/a.png [input]", "image"]]
+    assert [n["type"] for n in wf["nodes"] if n["type"] == "LoadImageMask"] == []   # its own MASK output
+    noise = next(n for n in wf["nodes"] if n["type"] == "SetLatentNoiseMask")
+    mask_link = next(i["link"] for i in noise["inputs"] if i["name"] == "mask")
+    assert [(lk[1], lk[2], lk[5]) for lk in wf["links"] if lk[0] == mask_link] == [(loads[0]["id"], 1, "MASK")]
+
+
 def test_other_shapes_are_refused_on_the_node_that_asks():
     g = image_graph(mask=None)
     g["30"] = {**copy.deepcopy(g["3"]), "class_type": "KSampler"}          # a first pass, decoded: a second pass
@@ -239,3 +252,12 @@ def test_a_load_image_mask_graph_runs_with_the_encoded_latent_and_comfyuis_mask(
     assert noise_mask[:, 0].min() == 1.0 and noise_mask[:, -1].max() == 0.0   # the left half repainted
     want = (2 * init + noise_mask[None].astype(np.float32) + np.float32(0.6)).astype(np.float32)
     np.testing.assert_array_equal(np.load(jd / "latent.npy"), want)
+    from PIL import Image
+    png = next(p for p in sorted(jd.glob("*.png")) if p.name not in ("init_image.png", "mask.png"))
+    with Image.open(png) as im:
+        text = dict(im.text)
+    assert json.loads(text["anima"])["mask_channel"] == "alpha"
+    graph = json.loads(text["prompt"])                                        # the graph it shows maps back on it
+    again = graph_to_job(graph, names=ModelNames(), sizes=SIZES).spec
+    assert {k: again.get(k) for k in ("init_image", "mask", "mask_channel", "denoise")} == \
+        {k: job.spec[k] for k in ("init_image", "mask", "mask_channel", "denoise")}
