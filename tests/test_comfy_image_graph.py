@@ -142,6 +142,19 @@ def test_image_names_that_are_not_uploads_are_refused_on_the_loader(image):
     _custom(_refused(image_graph(mask=None, image=image)), "20", "image", "Invalid image file")
 
 
+@pytest.mark.parametrize("mask, field, node, name", [
+    ("image", "init_image", "20", "image"), ("image", "mask", "20", "image"), ("green", "mask", "22", "image"),
+    ("green", "mask_channel", "22", "channel")])
+def test_the_daemons_refusal_of_an_image_field_lands_on_its_loader(mask, field, node, name):
+    """What the daemon says at submit (a missing upload, a size without a pack) on the node that carries the field."""
+    from orchestrator.comfy_graph import field_error
+    g = image_graph(mask=mask)
+    job = graph_to_job(g, names=NAMES, sizes=SIZES)
+    err = field_error(g, job, field, f"prompt.json: field '{field}': 96x64 is not the job's 64x64")
+    assert list(err.node_errors) == [node]
+    assert err.node_errors[node]["errors"][0]["details"] == f"{name} - 96x64 is not the job's 64x64"
+
+
 def test_bad_node_inputs_are_comfyuis_node_errors():
     g = image_graph(mask="red")
     g["22"]["inputs"]["channel"] = "purple"
@@ -204,6 +217,9 @@ def test_mask_channel_without_a_mask_is_refused_naming_it():
     from orchestrator.prompt_spec import PromptError
     with pytest.raises(PromptError) as e:
         parse_prompt_obj({"prompt": "x", "init_image": "a.png", "mask_channel": "red"})
+    assert e.value.field == "mask_channel"
+    with pytest.raises(PromptError) as e:
+        parse_prompt_obj({"prompt": "x", "init_image": "a.png", "mask": "m.png", "mask_channel": "purple"})
     assert e.value.field == "mask_channel"
 
 
