@@ -504,6 +504,17 @@ def graph_to_job(graph: Any, *, names: ModelNames = ModelNames(), sizes=None) ->
     return GraphJob(spec=spec, nodes=roles, output=out)
 
 
+def sized_to_image(graph: dict, job: GraphJob, size: tuple[int, int], sizes=None) -> GraphJob:
+    """A job from an encoded image at the image's size (ComfyUI's VAEEncode encodes the image as it is): the upload's
+    (width, height), or GraphError on its LoadImage naming the sizes with a model pack (`sizes`; None: not checked)."""
+    w, h = size
+    if sizes is not None and (w, h) not in set(sizes):
+        have = ", ".join(f"{a}x{b}" for a, b in sizes)
+        raise _failed(graph, [_custom(job.nodes["image"], "image", f"the image is {w}x{h}, a size without a model "
+                                      f"pack; the sizes with one: {have}", job.spec["init_image"])], job.output)
+    return replace(job, spec={**job.spec, "width": w, "height": h})
+
+
 def prompt_detail(message: str, field: str = "") -> str:
     """A prompt.json refusal's text without its "prompt.json: field 'F': " lead (the daemon's words are prompt.json's;
     a graph or an HTTP request named no such file)."""

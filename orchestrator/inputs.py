@@ -199,6 +199,17 @@ def read_upload(run_root: Path, ref: str, field: str = "image") -> bytes:
     return data
 
 
+def upload_size(run_root: Path, ref: str) -> tuple[int, int] | None:
+    """An upload's (width, height) as read_upload finds it; None when it cannot be read (the daemon's check at submit
+    names the field then)."""
+    from models.images import ImageInputError, open_bounded
+    try:
+        with open_bounded(read_upload(run_root, ref)) as im:
+            return im.size
+    except (InputNameError, OSError, ImageInputError):
+        return None
+
+
 def keep_in_job(job_dir: Path, inputs: dict[str, bytes]) -> dict[str, Path]:
     """The job's input images (JOB_INPUTS -> PNG bytes) written durably into its folder before the job is
     acknowledged, so a job resumed after a crash reads the same bytes; -> the paths written."""

@@ -155,6 +155,31 @@ def test_the_daemons_refusal_of_an_image_field_lands_on_its_loader(mask, field, 
     assert err.node_errors[node]["errors"][0]["details"] == f"{name} - 96x64 is not the job's 64x64"
 
 
+def test_the_job_takes_the_uploads_size_as_comfyui_encodes_it(tmp_path):
+    """The HTTP front's step after graph_to_job: the upload's size (EXIF orientation applied, as LoadImage does) with a
+    pack for it becomes the job's; one without is refused on the LoadImage naming the sizes there are."""
+    from PIL import Image
+    from orchestrator.comfy_graph import sized_to_image
+    from orchestrator.inputs import save_upload, upload_size
+    im = Image.new("RGB", (96, 64))
+    exif = im.getexif()
+    exif[0x0112] = 6                                                          # rotated 90 degrees: 64 wide, 96 high
+    buf = io.BytesIO()
+    im.save(buf, format="JPEG", exif=exif)
+    save_upload(tmp_path, "input", "t", "init.jpg", buf.getvalue(), overwrite=True)
+    size = upload_size(tmp_path, "t/init.jpg [input]")
+    assert size == (64, 96)
+    assert upload_size(tmp_path, "t/missing.png [input]") is None and upload_size(tmp_path, "../x.png") is None
+    g = image_graph(mask=None, image="t/init.jpg [input]")
+    sizes = [(64, 64), (64, 96)]
+    job = sized_to_image(g, graph_to_job(g, names=NAMES, sizes=sizes), size, sizes)
+    assert (job.spec["width"], job.spec["height"]) == (64, 96)
+    assert parse_prompt_obj(job.spec, resolution=sizes).height == 96
+    with pytest.raises(GraphError) as e:
+        sized_to_image(g, graph_to_job(g, names=NAMES, sizes=SIZES), size, SIZES)
+    _custom(e.value, "20", "image", "the image is 64x96, a size without a model pack; the sizes with one: 64x64")
+
+
 def test_bad_node_inputs_are_comfyuis_node_errors():
     g = image_graph(mask="red")
     g["22"]["inputs"]["channel"] = "purple"
@@ -277,3 +302,27 @@ def test_a_load_image_mask_graph_runs_with_the_encoded_latent_and_comfyuis_mask(
     again = graph_to_job(graph, names=ModelNames(), sizes=SIZES).spec
     assert {k: again.get(k) for k in ("init_image", "mask", "mask_channel", "denoise")} == \
         {k: job.spec[k] for k in ("init_image", "mask", "mask_channel", "denoise")}
+
+
+@pytest.mark.parametrize("size, status", [((128, 128), 200), ((96, 64), 400)])
+def test_post_prompt_sizes_the_job_to_the_upload(tmp_path, size, status):
+    """POST /prompt over a stand-in daemon (one 128x128 pack): an upload of the pack's size is submitted at it (the
+    graph names no size); another is 400 on the LoadImage naming the sizes with a pack, and nothing is submitted."""
+    from orchestrator.inputs import save_upload
+    from tests.test_graph_front_hardening import Front
+    f = Front(tmp_path)
+    f.front.rf.root.mkdir(mode=0o700, exist_ok=True)
+    rgb = np.zeros((size[1], size[0], 3), np.uint8)
+    save_upload(f.front.rf.root, "input", "t", "init.png", _png(rgb, "RGB"), overwrite=True)
+    try:
+        code, body = f.request("POST", "/prompt", {"prompt": image_graph(mask=None)})
+    finally:
+        f.front.link = None
+    assert code == status, body
+    if status == 200:
+        prompt = f.link.submitted[0].prompt
+        assert (prompt.width, prompt.height, prompt.init_image, prompt.denoise) == (128, 128, "t/init.png [input]", 0.6)
+    else:
+        assert f.link.submitted == []
+        details = [e["details"] for e in body["node_errors"]["20"]["errors"]]
+        assert details == ["image - the image is 96x64, a size without a model pack; the sizes with one: 128x128"]

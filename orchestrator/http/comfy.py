@@ -14,6 +14,7 @@ Every route is also served under /api (as ComfyUI does). The prompt id is the jo
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import platform
 import sys
@@ -22,7 +23,9 @@ import psutil
 from aiohttp import web
 
 from models.runtime.backends import backend_class
-from orchestrator.comfy_graph import GraphError, field_error, field_nodes, graph_to_job, node_table, object_info
+from orchestrator import inputs
+from orchestrator.comfy_graph import (GraphError, field_error, field_nodes, graph_to_job, node_table, object_info,
+                                      sized_to_image)
 from orchestrator.http import comfy_shapes as shapes
 from orchestrator.http import files, uploads
 from orchestrator.http.common import FRONT, cancel_job, from_daemon, json_response, read_json, refuse, submit_job
@@ -56,7 +59,11 @@ async def post_prompt(request: web.Request) -> web.Response:
     info = await front.tracker.info()
     names = await front.tracker.names()
     try:
-        job = graph_to_job(body["prompt"], names=names, sizes=[(p.width, p.height) for p in info.packs])
+        sizes = [(p.width, p.height) for p in info.packs]
+        job = graph_to_job(body["prompt"], names=names, sizes=sizes)
+        if "init_image" in job.spec:
+            size = await asyncio.to_thread(inputs.upload_size, front.rf.root, job.spec["init_image"])
+            job = sized_to_image(body["prompt"], job, size, sizes) if size else job
     except GraphError as e:
         return json_response(e.body(), 400)
     graph = {k: body["prompt"][k] for k in job.nodes.values()}        # what the job uses: kept with the job
