@@ -42,6 +42,7 @@ def lora_places(layers: dict, lora_rank: int) -> dict:
 
 TEXT_FILE = "text.json"          # the prompts' T5 token counts (report `text`), kept for a resume
 INIT_LATENT_FILE = "init_latent.npy"   # img2img: the init image's VAE latent, encoded once
+HIRES_LATENT_FILE = "hires_latent.npy"   # hires fix: the second pass's latent (latent.npy keeps the first pass's)
 
 
 def batch_name(stem: str, suffix: str, pos: int) -> str:
@@ -90,6 +91,8 @@ class JobFlow:
         self.lora_hashes: dict = {}                           # LoRA name -> A1111's short hash (the PNG's)
         self.img2img = self.spec.init_image is not None       # init_image.png (and mask.png) kept in the job folder
         self.batch = self.spec.batch                          # images run one after another, each its own DENOISE
+        h = self.spec.hires                                   # hires fix: the second pass's pack, by its size
+        self.hires_pack = daemon.packs.get(h.size(self.spec.width, self.spec.height)) if h is not None else None
 
     # ------------------------------------------------------------ the flow
 
@@ -100,10 +103,7 @@ class JobFlow:
         try:
             # 1) room on the job folder's disk, its pack, then the job's arena: contexts, latent, the scheduler's scratch
             self._check_disk()
-            if self.pack is None:
-                have = ", ".join(f"{w}x{h}" for w, h in self.d.packs)
-                raise StageFailed("orchestrator", f"no model pack for {self.spec.width}x{self.spec.height} any more "
-                                  f"(the config changed after the job was queued); the sizes with a pack: {have}")
+            self._check_packs()
             self._make_arena()
             self._check_loras()
             # resumed past encoding: what the earlier stages left in the job folder goes into the arena, or the job
@@ -182,12 +182,31 @@ class JobFlow:
                               f"{self.store.min_free_mb:.0f} MB (free some space, then `orchestrator resume "
                               f"{self.job.id}`)")
 
-    def _make_arena(self) -> None:
+    def _check_packs(self) -> None:
+        have = ", ".join(f"{w}x{h}" for w, h in self.d.packs)
+        if self.pack is None:
+            raise StageFailed("orchestrator", f"no model pack for {self.spec.width}x{self.spec.height} any more "
+                              f"(the config changed after the job was queued); the sizes with a pack: {have}")
+        if self.spec.hires is not None and self.hires_pack is None:
+            w, h = self.spec.hires.size(self.spec.width, self.spec.height)
+            raise StageFailed("orchestrator", f"no model pack for the hires pass's {w}x{h} any more (the config "
+                              f"changed after the job was queued); the sizes with a pack: {have}")
+
+    def _to_hires_arena(self) -> None:
+        """The rest of the job on the hires pack: its own arena (contexts, init latent, latent), the first closed."""
+        if self.pack is self.hires_pack:
+            return
+        self.arena.close()
+        self.arena, self.pack = None, self.hires_pack
+        self._make_arena(init_slots=True)
+
+    def _make_arena(self, init_slots: bool | None = None) -> None:
         # a fresh name per arena: a stage still serving a dead daemon's request for this job can never attach the
         # new arena under the old name and mix the two (its writes would land in the resumed job's latent)
         name = segment_name(self.d.rf.root, f"{self.job.id}_{secrets.token_hex(3)}")
         try:
-            made = create_job_arena(name, load_pack(self.pack.dir, check=False), self.img2img)   # manifest only
+            made = create_job_arena(name, load_pack(self.pack.dir, check=False),               # manifest only
+                                    self.img2img if init_slots is None else init_slots)
         except PackError as e:
             raise StageFailed("orchestrator", f"model pack {self.pack.dir}: {e}") from None
         except Exception as e:  # ArenaError: no space, a stale segment
@@ -233,8 +252,12 @@ class JobFlow:
         whole cond.npy/uncond.npy (else they are encoded again)."""
         why = ""
         if start == "decoding":
+            if self.spec.hires is not None and self._hires_latent() is not None:
+                self._to_hires_arena()
+                self.arena.write(self.latent, self._hires_latent())
+                return start, why
             latents = [self._batch_latent(pos) for pos in range(self.batch)]                 # [C, H/8, W/8] f32
-            if all(a is not None for a in latents):
+            if self.spec.hires is None and all(a is not None for a in latents):
                 self.arena.write(self.latent, latents[0])
                 return start, why
             start, why = "denoising", "a latent .npy missing or unusable: denoising again (only the images without one)"
@@ -352,15 +375,40 @@ class JobFlow:
         """Each image of the batch whose latent is not in the job folder yet: a DENOISE of its own, as its place in
         ComfyUI's batch (noise_index, batch_size/batch_pos: one randn over the batch tensor, sliced to it)."""
         for pos in range(self.batch):
-            if self.batch > 1 and self._batch_latent(pos) is not None:    # sampled before a restart
+            if (self.batch > 1 or self.spec.hires) and self._batch_latent(pos) is not None:   # before a restart
                 continue
             self._denoise_one(pos)
         if self.batch > 1:
             self.arena.write(self.latent, self._batch_latent(0))
+        if self.spec.hires is not None:
+            self._hires_pass()
+
+    def _hires_latent(self) -> np.ndarray | None:
+        return _load_npy(self.dir / HIRES_LATENT_FILE, self.hires_pack.latent_shape)
+
+    def _hires_pass(self) -> None:
+        """The first pass's latent (latent.npy) upscaled as LatentUpscale/LatentUpscaleBy, then sampled again from it
+        on the hires pack (ComfyUI's second KSampler: the job's seed, the hires steps and denoise); its per-step state
+        in hires/, its latent hires_latent.npy (a resume goes on from either)."""
+        from models.sampling.latent_ops import common_upscale
+        h, s, first = self.spec.hires, self.spec, self._batch_latent(0)
+        if first is None:
+            raise StageFailed("orchestrator", f"{self.dir / 'latent.npy'} is missing or unusable (resume the job)")
+        self._to_hires_arena()
+        if not self._load_contexts():
+            raise StageFailed("orchestrator", "cond.npy/uncond.npy are missing or unusable (resume the job)")
+        done = self._hires_latent()
+        if done is not None:
+            self.arena.write(self.latent, done)
+            return
+        _, lat_h, lat_w = self.pack.latent_shape
+        self.arena.write(self.init_latent, common_upscale(first[None], lat_w, lat_h, h.method)[0])
+        params = m.DenoiseParams(seed=s.seed, steps=h.steps or s.steps, cfg=s.cfg, sampler=s.sampler,
+                                 scheduler=s.scheduler, width=self.pack.width, height=self.pack.height,
+                                 spectrum=s.spectrum, denoise=h.denoise, cache=s.cache)
+        self._run_denoise(params, self.dir / "hires", {"init_latent": self.init_latent}, HIRES_LATENT_FILE)
 
     def _denoise_one(self, pos: int) -> None:
-        t0 = time.monotonic()
-        self.control.tear_down_on_demand()
         s = self.spec
         batch = dict(noise_index=pos, batch_size=self.batch, batch_pos=pos) if self.batch > 1 else {}
         params = m.DenoiseParams(seed=s.seed, steps=s.steps, cfg=s.cfg, sampler=s.sampler, scheduler=s.scheduler,
@@ -368,6 +416,12 @@ class JobFlow:
                                  spectrum=s.spectrum, denoise=s.denoise, cache=s.cache, start_step=s.start_step,
                                  end_step=s.end_step, add_noise=s.add_noise, leftover_noise=s.leftover_noise, **batch)
         state_dir = self.dir if pos == 0 else self.dir / f"batch_{pos}"      # each image's per-step sampler state
+        self._run_denoise(params, state_dir, self._start_latent(), batch_name("latent", ".npy", pos))
+
+    def _run_denoise(self, params: m.DenoiseParams, state_dir: Path, start: dict, latent_file: str) -> None:
+        """One DENOISE on the arena's pack: the latent back, checked, written to the job folder as `latent_file`."""
+        t0 = time.monotonic()
+        self.control.tear_down_on_demand()
         state_dir.mkdir(exist_ok=True)
         # the report keeps what the backend models (board-sim: the board) apart from the time measured here
         self.report.board = backend_class(self.cfg.backend).report_section(self.pack.dir,
@@ -375,14 +429,14 @@ class JobFlow:
         msg = m.Denoise(job=self.job.id, job_dir=str(state_dir), pack_dir=str(self.pack.dir), arena=self.arena.name,
                         params=params, cond=self.cond, uncond=self.uncond, latent=self.latent, scratch=self.scratch,
                         executor=self.cfg.endpoint("executor"), resume=self._resume_sampling,
-                        context_rows=self._context_rows(), loras=self.spec.loras, **self._start_latent())
+                        context_rows=self._context_rows(), loras=self.spec.loras, **start)
         reply = self.control.denoise(msg, self.settings.denoise_timeout_s)
         if reply.latent.inline:
             self.arena.write(self.latent, from_inline(reply.latent, reply.inline))
         latent = self.arena.read(self.latent)                                  # [C, H/8, W/8] f32
         if not np.isfinite(latent).all():
             raise StageFailed("scheduler", "the final latent holds NaN or Inf")
-        _save_npy(self.dir / batch_name("latent", ".npy", pos), latent)
+        _save_npy(self.dir / latent_file, latent)
         self.report.denoised = reply.to_wire()                                 # branches: PhaseSums, steps: StepTimes, as maps
         self.report.stages["scheduler"].wall_s += time.monotonic() - t0
         # the executor's critical path: lifecycle it could not hide plus inference (prefetched loads run beside it)

@@ -229,6 +229,20 @@ def a1111_parameters(prompt: str, negative: str, settings: dict) -> str:
     return f"{text(prompt)}\n{A1111_NEGATIVE} {text(negative)}\n{pairs}"
 
 
+# A1111's hires upscaler names for the latent methods it has (area and bislerp it has not: named as ComfyUI names them)
+A1111_LATENT_UPSCALERS = {"bilinear": "Latent", "bicubic": "Latent (bicubic)", "nearest-exact": "Latent (nearest-exact)"}
+
+
+def _hires_labels(spec) -> dict:
+    """A1111's infotext of a hires fix: Denoising strength, Hires upscale or Hires resize, Hires steps, upscaler."""
+    h = spec.hires
+    if h is None:
+        return {}
+    size = {"Hires upscale": h.scale} if h.scale is not None else {"Hires resize": f"{h.width}x{h.height}"}
+    return {"Denoising strength": h.denoise, **size, **({"Hires steps": h.steps} if h.steps else {}),
+            "Hires upscaler": A1111_LATENT_UPSCALERS.get(h.method, h.method)}
+
+
 def png_metadata(spec, pack, job: str, names=None, graph: dict | None = None,
                  lora_hashes: dict | None = None, batch_pos: int = 0) -> dict[str, str]:
     """The PNG's text chunks, for the tools that read them:
@@ -254,7 +268,8 @@ def png_metadata(spec, pack, job: str, names=None, graph: dict | None = None,
         "CFG scale": spec.cfg, "Seed": spec.seed, "Size": f"{width}x{height}", "Model": pack.source_name,
         "Model hash": pack.source_sha256[:10], **({"Lora hashes": hashes} if hashes else {}),
         **({"Denoising strength": spec.denoise} if spec.init_image is not None else {}),
-        **({"Batch size": spec.batch, "Batch pos": batch_pos} if spec.batch > 1 else {}), "Spectrum": spectrum})
+        **({"Batch size": spec.batch, "Batch pos": batch_pos} if spec.batch > 1 else {}),
+        **_hires_labels(spec), "Spectrum": spectrum})
     names = names or ModelNames(unet=(pack.source_name,) if pack.source_name else ())
     chunks = None
     if graph is not None:
@@ -273,6 +288,7 @@ def png_metadata(spec, pack, job: str, names=None, graph: dict | None = None,
            **({"init_image": spec.init_image, "mask": spec.mask, "denoise": spec.denoise} if spec.init_image else {}),
            **({"mask_channel": spec.mask_channel} if spec.mask_channel else {}),
            **({"batch": spec.batch, "batch_index": batch_pos} if spec.batch > 1 else {}),
+           **({"hires": spec.hires.to_dict()} if spec.hires is not None else {}),
            "model": pack.source_name, "model_sha256": pack.source_sha256,
            "latent_space": LATENT_SPACE, "latent_note": LATENT_NOTE,
            "loras": [{**c.to_dict(), "clip_strength": c.te_strength, "short_hash": lora_hashes.get(c.name)}

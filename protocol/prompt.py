@@ -10,6 +10,7 @@ from models.lora.choice import MAX_LORAS, LoraChoice
 from models.sampling.sampler import (DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLER_NAMES, SCHEDULER_NAMES,
                                      spectrum_refusal)
 from models.sampling.img2img import LatentPlan, passes_through
+from models.sampling.latent_ops import LATENT_SCALE, UPSCALE_METHODS, LatentOpError, upscale_size
 from models.sampling.schedules import DEFAULT_SHIFT
 from models.sampling.spectrum import SpectrumSettings
 from models.sampling.step_cache import CacheSettings
@@ -149,6 +150,27 @@ def _text(name: str, v: str, *, required: bool) -> None:
 Side = Int(16, MAX_SIDE)
 
 
+class HiresSettings(Record, frozen=True):
+    """prompt.json's `hires`: after the first denoise the latent upscaled as ComfyUI's LatentUpscaleBy (`scale`) or
+    LatentUpscale (`width` and `height`, pixels) with `method`, then sampled again from it on the pack of the new
+    size: `steps` (0: the job's), `denoise` (docs/workflows.md)."""
+
+    KEY_NOUN: ClassVar[str] = "setting"
+
+    scale: Float(1.0, 4.0) | None = None
+    width: Side | None = None
+    height: Side | None = None
+    method: Literal[UPSCALE_METHODS] = "nearest-exact"
+    steps: Int(0, MAX_STEPS) = 0
+    denoise: Float(0.0, 1.0) = 0.5
+
+    def size(self, width: int, height: int) -> tuple[int, int]:
+        """(width, height) in pixels of the second pass for a first pass of width x height."""
+        h, w = upscale_size((height // LATENT_SCALE, width // LATENT_SCALE), self.width or 0, self.height or 0,
+                            None if self.scale is None else float(self.scale))
+        return w * LATENT_SCALE, h * LATENT_SCALE
+
+
 class PromptFile(Record, frozen=True):
     """What a prompt.json file may hold (docs/prompts.md); omitted or null seed: drawn at random; omitted or null
     width/height: the pack's; spectrum: true, false or an object of settings (omitted or null: on, except for the
@@ -188,6 +210,7 @@ class PromptFile(Record, frozen=True):
     leftover_noise: bool = False               # return_with_leftover_noise (with end_step)
     # images from one seed as ComfyUI's EmptyLatentImage batch_size samples them (docs/workflows.md)
     batch: Int(1, MAX_BATCH) = 1
+    hires: HiresSettings | None = None         # hires fix: a second pass at a larger size (docs/workflows.md)
 
     def __post_init__(self):
         _text("prompt", self.prompt, required=True)
@@ -204,6 +227,7 @@ class PromptFile(Record, frozen=True):
             raise PromptError("cache", f"{self.cache.node} and Spectrum both decide which model calls to skip: leave "
                                        "\"spectrum\" out (a cache turns it off) or set it false")
         _check_inputs(self)
+        _check_hires(self)
         if self.start_step is not None and passes_through(self.sampler, self.scheduler, self.steps, DEFAULT_SHIFT,
                                                           LatentPlan(denoise=float(self.denoise),
                                                                      start_step=self.start_step,
@@ -216,6 +240,18 @@ class PromptFile(Record, frozen=True):
             if "\x00" in self.output:
                 raise PromptError("output", "must not contain NUL characters")
             _unicode("output", self.output)
+
+
+def _check_hires(f) -> None:
+    h = f.hires
+    if h is None:
+        return
+    if (h.scale is None) == (h.width is None and h.height is None) or (h.width is None) != (h.height is None):
+        raise PromptError("hires", "needs either scale, or both width and height")
+    if not h.denoise > 0:
+        raise PromptError("hires.denoise", f"must be in (0, 1] (0 would sample nothing), got {float(h.denoise)}")
+    if f.batch > 1:
+        raise PromptError("hires", "with a batch is not supported yet: set batch 1")
 
 
 def _check_inputs(f) -> None:
@@ -256,6 +292,15 @@ class PromptSpec(PromptFile, frozen=True):
             want = f"{self.width if self.width is not None else '*'}x{self.height if self.height is not None else '*'}"
             have = ", ".join(f"{w}x{h}" for w, h in sizes) or "none"
             raise PromptError(name, f"{want} has no model pack; the sizes with a pack: {have}")
+        if self.hires is not None:                  # the second pass runs on the pack of its size
+            try:
+                second = self.hires.size(*fits[0])
+            except LatentOpError as e:
+                raise PromptError("hires", str(e)) from None
+            if second not in sizes:
+                have = ", ".join(f"{w}x{h}" for w, h in sizes)
+                raise PromptError("hires", f"the second pass at {second[0]}x{second[1]} has no model pack; the sizes "
+                                           f"with a pack: {have}")
         return self.replace(width=fits[0][0], height=fits[0][1])
 
     def with_resolution(self, width: int, height: int) -> "PromptSpec":

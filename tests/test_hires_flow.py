@@ -1,0 +1,134 @@
+"""prompt.json `hires` through the real daemon and supervisord with stand-in stages (tests/orch_doubles.py), two fake
+packs (64x64, 96x96): the first pass's latent kept as latent.npy, upscaled as LatentUpscaleBy and sampled again on the
+96x96 pack from it (the double gives 2 * init_latent + denoise: the test sees the upscaled latent that reached the
+scheduler), decoded at 96x96 with A1111's hires labels; a daemon killed mid second pass resumes it to the same latent
+bitwise; a second-pass size without a pack is refused at submit naming the sizes there are."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from orchestrator.cli import CliError
+from orchestrator.inputs import save_upload
+from tests.doubles_harness import Doubles
+
+SIZES = [(64, 64), (96, 96)]
+
+
+@pytest.fixture(scope="module")
+def d():
+    root = Path(tempfile.mkdtemp(prefix="anima-hires-"))
+    with Doubles.start(root, SIZES) as d:
+        yield d
+
+
+@pytest.fixture(autouse=True)
+def _flags(d):
+    d.flag("double_step_s", None)
+
+
+def _init_image(d, name: str, seed: int) -> str:
+    pixels = np.random.default_rng(seed).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(buf, format="PNG")
+    assert save_upload(d.rf.root, "input", "h", name, buf.getvalue(), overwrite=True) == name
+    return f"h/{name} [input]"
+
+
+def _wait(d, job: str, states, timeout_s: float = 60.0, pred=None):
+    deadline = time.monotonic() + timeout_s
+    info = None
+    while time.monotonic() < deadline:
+        try:
+            info = d.status(job=job).jobs[0]
+        except CliError:                                   # the daemon restarting
+            info = None
+        if info is not None and info.state in states and (pred is None or pred(info)):
+            return info
+        time.sleep(0.05)
+    raise AssertionError(f"job {job} never reached {states}: {info}\n{d.logs()}")
+
+
+def _torch_upscaled(latent: np.ndarray, size: tuple, mode: str) -> np.ndarray:
+    """ComfyUI's common_upscale for these modes is torch's interpolate (align_corners False for bilinear)."""
+    x = torch.from_numpy(latent[None])
+    kw = {"align_corners": False} if mode == "bilinear" else {}
+    return F.interpolate(x, size=size, mode=mode, **kw)[0].numpy()
+
+
+@pytest.mark.parametrize("method", ["bilinear", "nearest-exact"])
+def test_hires_upscales_the_first_latent_and_samples_it_again_on_the_larger_pack(d, method):
+    job = d.submit({"prompt": "a girl", "seed": 3, "steps": 2, "denoise": 0.8,
+                    "init_image": _init_image(d, "first.png", 1),
+                    "hires": {"scale": 1.5, "method": method, "steps": 3, "denoise": 0.5}})
+    info = _wait(d, job, ("done", "failed"))
+    assert info.state == "done", info
+    jd = d.rf.jobs / job
+    first = np.load(jd / "latent.npy")
+    np.testing.assert_array_equal(first, (2 * np.load(jd / "init_latent.npy") + np.float32(0.8)).astype(np.float32))
+    hires = np.load(jd / "hires_latent.npy")
+    assert hires.shape == (first.shape[0], 12, 12)
+    want = 2 * _torch_upscaled(first, (12, 12), method) + 0.5
+    np.testing.assert_allclose(hires, want, rtol=0, atol=1e-5)
+    with Image.open(jd / "image.png") as im:
+        assert im.size == (96, 96)
+        params = im.text["parameters"]
+    label = {"bilinear": "Latent", "nearest-exact": "Latent (nearest-exact)"}[method]
+    assert "Size: 64x64," in params and "Denoising strength: 0.5," in params
+    assert f"Hires upscale: 1.5, Hires steps: 3, Hires upscaler: {label}," in params
+    report = json.loads((jd / "report.json").read_text())
+    assert report["computed_steps"] == [1, 2, 3]                 # the last DENOISE: the hires pass's 3 steps
+
+
+def test_daemon_killed_mid_second_pass_resumes_it_to_the_same_latent(d):
+    d.flag("double_step_s", "0.3")
+    job = d.submit({"prompt": "a girl", "seed": 5, "steps": 1, "denoise": 0.8,
+                    "init_image": _init_image(d, "resume.png", 2),
+                    "hires": {"width": 96, "height": 96, "method": "bilinear", "steps": 6, "denoise": 0.6}})
+    jd = d.rf.jobs / job
+    state = jd / "hires" / "state.json"
+    deadline = time.monotonic() + 60
+    while not (state.exists() and json.loads(state.read_text() or "{}").get("step", 0) >= 2):
+        assert time.monotonic() < deadline, d.logs()
+        time.sleep(0.05)
+    first = (jd / "latent.npy").stat().st_mtime_ns
+    old = d.sup.info("orchestrator").pid
+    d.close_client()
+    os.kill(old, signal.SIGKILL)                              # supervisord restarts it; the job resumes in place
+    d.flag("double_step_s", "0.02")
+    info = _wait(d, job, ("done", "failed"), timeout_s=90)
+    assert info.state == "done", info
+    assert (jd / "latent.npy").stat().st_mtime_ns == first            # the first pass was not sampled again
+    report = json.loads((jd / "report.json").read_text())
+    assert report["resumed_from"] >= 2                                # the second pass went on from its step
+    first_latent = np.load(jd / "latent.npy")
+    want = 2 * _torch_upscaled(first_latent, (12, 12), "bilinear") + 0.6
+    np.testing.assert_allclose(np.load(jd / "hires_latent.npy"), want, rtol=0, atol=1e-5)
+    with Image.open(jd / "image.png") as im:
+        assert im.size == (96, 96) and "Hires resize: 96x96," in im.text["parameters"]
+
+
+@pytest.mark.parametrize("hires, extra, field, words", [
+    ({"scale": 2.0}, {}, "hires", "128x128 has no model pack; the sizes with a pack: 64x64, 96x96"),
+    ({"width": 96}, {}, "hires", "either scale, or both width and height"),
+    ({"scale": 1.5, "denoise": 0}, {}, "hires.denoise", "(0, 1]"),
+    ({"scale": 1.5, "method": "lanczos"}, {}, "hires.method", "'bislerp'"),
+    ({"scale": 1.5}, {"batch": 2}, "hires", "batch"),
+])
+def test_bad_hires_is_refused_at_submit_naming_the_field(d, hires, extra, field, words):
+    before = sorted(p.name for p in d.rf.jobs.iterdir())
+    with pytest.raises((CliError, ValueError)) as e:
+        d.submit({"prompt": "a girl", "seed": 1, "steps": 2, "width": 64, "height": 64, "hires": hires, **extra})
+    assert f"'{field}'" in str(e.value) and words in str(e.value), str(e.value)
+    assert sorted(p.name for p in d.rf.jobs.iterdir()) == before
