@@ -30,7 +30,8 @@ NEW_PREFIX = ".new-"            # a job folder being made (hidden; renamed to it
 GONE_PREFIX = ".gone-"          # a job folder being removed (renamed aside first, then deleted)
 # files only the daemon writes in a job folder: their temporaries are stale whenever a daemon starts
 DAEMON_FILES = (JOB_FILE, "text.json", "cond.npy", "uncond.npy", "latent.npy", "report.json",
-                *(f"latent_{pos}.npy" for pos in range(1, MAX_BATCH)))      # a batch's other latents
+                *(f"latent_{pos}.npy" for pos in range(1, MAX_BATCH)),      # a batch's other latents
+                "hires_latent.npy")                                          # a hires fix's second pass
 LEGACY_SUFFIXES = (".tmp", ".tmp.npy", ".new")   # write-then-rename names used before models.durable
 STALE_TEMP_S = 600.0            # a stage's temporary this old (or older than the boot) is not being written
 
@@ -374,7 +375,7 @@ class JobStore:
             # state, image.png) only when stale, since a stage may still be finishing a dead daemon's request
             removed += remove_stale_temporaries(path, targets=lambda name: name in DAEMON_FILES)
             removed += remove_stale_temporaries(path, stage_age_s)
-            for sub in path.glob("batch_*"):         # a batch image's sampler state (orchestrator.flow)
+            for sub in [*path.glob("batch_*"), path / "hires"]:    # a batch image's, a hires pass's sampler state
                 if sub.is_dir() and not sub.is_symlink():
                     removed += remove_stale_temporaries(sub, stage_age_s)
             removed += _remove_legacy_temporaries(path, time.time() - stage_age_s)

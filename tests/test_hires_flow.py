@@ -132,3 +132,20 @@ def test_bad_hires_is_refused_at_submit_naming_the_field(d, hires, extra, field,
         d.submit({"prompt": "a girl", "seed": 1, "steps": 2, "width": 64, "height": 64, "hires": hires, **extra})
     assert f"'{field}'" in str(e.value) and words in str(e.value), str(e.value)
     assert sorted(p.name for p in d.rf.jobs.iterdir()) == before
+
+
+def test_a_crash_leaves_no_hires_temporaries_behind(tmp_path):
+    """At a daemon's start hires_latent.npy's temporaries go (the daemon's own), and a stage's stale ones in the
+    second pass's state folder hires/; a fresh one (a stage may be writing it) stays."""
+    from orchestrator.jobs import JOB_FILE, JobStore
+    store = JobStore(tmp_path)
+    jd = store.root / "20260101-120000-c3d4e5"
+    (jd / "hires").mkdir(parents=True)
+    (jd / JOB_FILE).write_text("{}")
+    mine, stale, fresh = jd / ".hires_latent.npy.k3.tmp", jd / "hires" / ".s.json.a1.tmp", jd / "hires" / ".s.json.b2.tmp"
+    for p in (mine, stale, fresh):
+        p.write_bytes(b"x")
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    removed = store.clean()
+    assert not mine.exists() and not stale.exists() and fresh.exists(), removed
