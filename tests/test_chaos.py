@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import io
-import shutil
 import stat
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 from bench.chaos import STAGES, Chaos, summary_line  # noqa: E402
 from models.sampling.denoise import STATE_FILE  # noqa: E402
 from orchestrator import cli  # noqa: E402
-from tests.pipeline_harness import Pipeline, tiny_assets  # noqa: E402
+from tests.pipeline_harness import Pipeline  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -33,19 +31,15 @@ JOB_TIMEOUT_S = 900.0
 
 
 @pytest.fixture(scope="module")
-def pipe():
-    cache = Path(tempfile.mkdtemp(prefix="anima-chaos-assets-"))
+def pipe(pipeline_assets):
+    models, pack = pipeline_assets
+    # one restart per job is all a trial needs (one kill each); the bounded-retries test then gives up after two
+    # attempts instead of four (each waits out the scheduler's resends: ~20 s)
+    p = Pipeline.start(models, pack, threads=1, stage_retries=1)
     try:
-        models, pack = tiny_assets(cache)
-        # one restart per job is all a trial needs (one kill each); the bounded-retries test then gives up after two
-        # attempts instead of four (each waits out the scheduler's resends: ~20 s)
-        p = Pipeline.start(models, pack, threads=1, stage_retries=1)
-        try:
-            yield p
-        finally:
-            p.stop_clean()
+        yield p
     finally:
-        shutil.rmtree(cache, ignore_errors=True)
+        p.stop_clean()
 
 
 @pytest.fixture(scope="module")
