@@ -180,6 +180,10 @@ def image_nodes(images: tuple[str, ...] = ()) -> tuple[NodeSpec, ...]:
             NodeSpec("VAEEncode", "VAE Encode", "latent", "encode",
                      (InputSpec("pixels", "IMAGE"), InputSpec("vae", "VAE")), ("LATENT",), ("LATENT",),
                      description="The job's init image, encoded by the VAE stage (img2img)."),
+            NodeSpec("VAEEncodeForInpaint", "VAE Encode (for Inpainting)", "latent/inpaint", "inpaint_encode",
+                     (InputSpec("pixels", "IMAGE"), InputSpec("vae", "VAE"), InputSpec("mask", "MASK"),
+                      InputSpec("grow_mask_by", "INT", 6, dict(min=0, max=64, step=1))), ("LATENT",), ("LATENT",),
+                     description="Inpaint: the masked pixels grey before encoding, the mask grown as the noise mask."),
             NodeSpec("SetLatentNoiseMask", "Set Latent Noise Mask", "latent/inpaint", "noise_mask",
                      (InputSpec("samples", "LATENT"), InputSpec("mask", "MASK")), ("LATENT",), ("LATENT",),
                      description="Inpaint: the latent resampled where the mask is 1, kept where it is 0."))
@@ -306,7 +310,7 @@ FIELD_NODES = {"prompt": ("positive", "text"), "negative_prompt": ("negative", "
                "steps": ("sampler", "steps"), "cfg": ("sampler", "cfg"), "sampler": ("sampler", "sampler_name"),
                "scheduler": ("sampler", "scheduler"), "width": ("latent", "width"), "height": ("latent", "height"),
                "batch": ("latent", "batch_size"), "init_image": ("image", "image"), "mask": ("mask", "image"),
-               "mask_channel": ("mask", "channel")}
+               "mask_channel": ("mask", "channel"), "grow_mask_by": ("encode", "grow_mask_by")}
 
 
 class _Checker:
@@ -613,16 +617,22 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
 
 def _image_latent(c: _Checker, role_of: dict, vae: str, latent: str) -> tuple[dict, dict, list] | None:
     """The sampler's latent from an image: VAEEncode of LoadImage's IMAGE, optionally through SetLatentNoiseMask with
-    LoadImage's MASK or a LoadImageMask -> (roles, prompt.json fields, problems); None for a latent of another kind.
+    LoadImage's MASK or a LoadImageMask, or VAEEncodeForInpaint with such a mask (`grow_mask_by`) -> (roles,
+    prompt.json fields, problems); None for a latent of another kind.
     The mask keeps ComfyUI's rule (`mask_channel`: LoadImage's MASK is 1 - alpha), which the job reads, not A1111's."""
-    if role_of[latent] not in ("encode", "noise_mask"):
+    if role_of[latent] not in ("encode", "noise_mask", "inpaint_encode"):
         return None
     roles, fields = {}, {}
+    if role_of[latent] == "inpaint_encode":
+        fields["grow_mask_by"] = c.values[latent]["grow_mask_by"]
     if role_of[latent] == "noise_mask":
-        roles["noise_mask"], roles["mask"] = latent, c.links[latent]["mask"]
+        roles["noise_mask"] = latent
+    if role_of[latent] != "encode":                               # SetLatentNoiseMask's or VAEEncodeForInpaint's mask
+        roles["mask"] = c.links[latent]["mask"]
         mask = c.values[roles["mask"]]
         fields["mask"] = mask["image"]
         fields["mask_channel"] = mask.get("channel", "alpha")        # LoadImage's MASK: LoadImageMask's alpha
+    if role_of[latent] == "noise_mask":
         latent = c.links[latent]["samples"]
         if role_of[latent] != "encode":
             return roles, fields, [_custom(roles["noise_mask"], "samples", "one sampling pass per job: the masked "
@@ -777,23 +787,29 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
 
 def _latent_nodes(node, spec: dict, ids: dict) -> list[tuple[str, dict]]:
     """The sampler's latent: EmptyLatentImage, or for a job from an init image LoadImage -> VAEEncode [->
-    SetLatentNoiseMask with LoadImage's MASK (mask_channel alpha, the same upload) or a LoadImageMask]. A mask of
+    SetLatentNoiseMask with LoadImage's MASK (mask_channel alpha, the same upload) or a LoadImageMask], or with
+    grow_mask_by VAEEncodeForInpaint taking that mask. A mask of
     A1111's rule shows as LoadImageMask red: the same mask for a grey mask without alpha (docs/workflows.md)."""
     if not spec.get("init_image"):
         return [node("latent", "EmptyLatentImage", width=spec["width"], height=spec["height"],
                      batch_size=spec.get("batch", 1))]
     for role, default in IMAGE_IDS.items():
         ids.setdefault(role, default)
-    out = [node("image", "LoadImage", image=spec["init_image"]),
-           node("encode", "VAEEncode", pixels=[ids["image"], 0], vae=[ids["vae"], 0])]
-    samples = [ids["encode"], 0]
+    out = [node("image", "LoadImage", image=spec["init_image"])]
+    mask, channel = None, spec.get("mask_channel")
     if spec.get("mask"):
-        channel = spec.get("mask_channel")
         if channel == "alpha" and spec["mask"] == spec["init_image"] and ids["mask"] in (IMAGE_IDS["mask"], ids["image"]):
             mask = [ids["image"], 1]
         else:
             out.append(node("mask", "LoadImageMask", image=spec["mask"], channel=channel or "red"))
             mask = [ids["mask"], 0]
+    pixels = dict(pixels=[ids["image"], 0], vae=[ids["vae"], 0])
+    samples = [ids["encode"], 0]
+    if spec.get("grow_mask_by") is not None:
+        out.append(node("encode", "VAEEncodeForInpaint", **pixels, mask=mask, grow_mask_by=spec["grow_mask_by"]))
+    else:
+        out.append(node("encode", "VAEEncode", **pixels))
+    if mask is not None and spec.get("grow_mask_by") is None:
         out.append(node("noise_mask", "SetLatentNoiseMask", samples=samples, mask=mask))
         samples = [ids["noise_mask"], 0]
     ids["latent"] = samples[0]

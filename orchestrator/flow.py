@@ -310,7 +310,8 @@ class JobFlow:
             return
         t0, remote = time.monotonic(), self.cfg.is_remote("vae")
         try:
-            image = image_tensor((self.dir / "init_image.png").read_bytes())   # [3, H, W] f32 in [-1, 1]
+            grey = (self.dir / "mask.png").read_bytes() if self.spec.grow_mask_by is not None else None
+            image = image_tensor((self.dir / "init_image.png").read_bytes(), grey)   # [3, H, W] f32 in [-1, 1]
         except (OSError, ValueError) as e:     # removed or damaged since submit: the job cannot start from it
             raise StageFailed("orchestrator", f"the job's init image {self.dir / 'init_image.png'} cannot be read "
                                               f"({e}); submit the job again") from None
@@ -457,7 +458,8 @@ class JobFlow:
         out = {"init_latent": self.init_latent}
         mask_png = self.dir / "mask.png"
         if mask_png.exists():
-            mask = prepare_mask(mask_array(mask_png.read_bytes()), (1, *self.pack.latent_shape))[0]
+            mask = prepare_mask(mask_array(mask_png.read_bytes(), self.spec.grow_mask_by),
+                                (1, *self.pack.latent_shape))[0]
             self.arena.write(self.noise_mask, mask)                       # [C, H/8, W/8] f32 in [0, 1]
             out["noise_mask"] = self.noise_mask
         return out

@@ -72,16 +72,26 @@ def job_inputs(run_root: Path, spec) -> dict[str, bytes]:
     return out
 
 
-def image_tensor(png: bytes) -> np.ndarray:
-    """A kept init_image.png as the VAE encoder's input: [3, H, W] f32, 2 * pixel / 255 - 1."""
+def image_tensor(png: bytes, grey_mask: bytes | None = None) -> np.ndarray:
+    """A kept init_image.png as the VAE encoder's input: [3, H, W] f32, 2 * pixel / 255 - 1; with `grey_mask` (a
+    kept mask.png) the pixels under it grey first, as VAEEncodeForInpaint does on the float image."""
     from PIL import Image
     with Image.open(io.BytesIO(png)) as im:
         a = np.asarray(im.convert("RGB"), dtype=np.float32)                  # [H, W, 3] 0..255
-    return np.ascontiguousarray((a / 255.0 * 2.0 - 1.0).transpose(2, 0, 1))
+    rgb = a / 255.0
+    if grey_mask is not None:
+        from models.images.inpaint import grey_under
+        rgb = grey_under(rgb, mask_array(grey_mask))
+    return np.ascontiguousarray((rgb * 2.0 - 1.0).transpose(2, 0, 1))
 
 
-def mask_array(png: bytes) -> np.ndarray:
-    """A kept mask.png as [H, W] f32 in [0, 1] (1 = repaint)."""
+def mask_array(png: bytes, grow_mask_by: int | None = None) -> np.ndarray:
+    """A kept mask.png as [H, W] f32 in [0, 1] (1 = repaint); with `grow_mask_by`, VAEEncodeForInpaint's noise mask
+    (rounded, grown)."""
     from PIL import Image
     with Image.open(io.BytesIO(png)) as im:
-        return np.asarray(im.convert("L"), dtype=np.float32) / 255.0
+        mask = np.asarray(im.convert("L"), dtype=np.float32) / 255.0
+    if grow_mask_by is None:
+        return mask
+    from models.images.inpaint import grow_mask
+    return grow_mask(mask, grow_mask_by)

@@ -201,6 +201,9 @@ class PromptFile(Record, frozen=True):
     # None: A1111's rule (white, or a translucent mask's alpha, is repainted); a channel: ComfyUI's LoadImageMask
     # of it (LoadImage's MASK is "alpha": 1 - alpha is repainted), the rule a ComfyUI graph's mask follows
     mask_channel: Literal["alpha", "red", "green", "blue"] | None = None
+    # ComfyUI's VAEEncodeForInpaint: the pixels under the mask grey (0.5) before encoding, the mask grown by this
+    # as the noise mask; None: the image encoded as it is (VAEEncode)
+    grow_mask_by: Int(0, 64) | None = None
     resize_mode: Int(0, 2) | None = None       # an init image/mask of another size: A1111's modes; None: refused
     denoise: Float(0.0, 1.0) = 1.0             # KSampler's denoise: the part of the schedule sampled
     # KSamplerAdvanced's window (docs/latent-sampling.md)
@@ -261,6 +264,8 @@ def _check_inputs(f) -> None:
         raise PromptError("mask", "needs an init_image to inpaint")
     if f.mask_channel is not None and f.mask is None:
         raise PromptError("mask_channel", "says how to read a mask; there is no mask")
+    if f.grow_mask_by is not None and f.mask is None:
+        raise PromptError("grow_mask_by", "grows the inpaint mask; there is no mask")
     for name in ("init_image", "mask"):
         v = getattr(f, name)
         if v is not None:

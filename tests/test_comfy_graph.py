@@ -143,7 +143,7 @@ def test_object_info_shape():
     assert set(info) == {"UNETLoader", "CLIPLoader", "VAELoader", "CLIPTextEncode", "EmptyLatentImage",
                          "EmptySD3LatentImage", "ModelSamplingAuraFlow", "KSampler", "KSamplerAdvanced", "VAEDecode",
                          "SaveImage", "LoraLoader", "LoraLoaderModelOnly", "AnimaSpectrum", "EasyCache", "LazyCache",
-                         "LoadImage", "LoadImageMask", "VAEEncode", "SetLatentNoiseMask"}
+                         "LoadImage", "LoadImageMask", "VAEEncode", "VAEEncodeForInpaint", "SetLatentNoiseMask"}
     ks = info["KSampler"]
     assert ks["input_order"]["required"] == ["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive",
                                              "negative", "latent_image", "denoise"]

@@ -1,7 +1,8 @@
 """The ComfyUI graph front's image nodes: LoadImage -> VAEEncode [-> SetLatentNoiseMask with LoadImage's MASK or a
-LoadImageMask] -> KSampler becomes a job with init_image, mask (ComfyUI's mask rule, `mask_channel`) and denoise;
-other shapes refused in ComfyUI's node_errors on the node at fault; the job's graph maps back onto the same job; one
-job run through the real daemon and supervisord with stand-in stages from a graph whose mask is LoadImage's alpha."""
+LoadImageMask] -> KSampler, or VAEEncodeForInpaint with such a mask, becomes a job with init_image, mask (ComfyUI's
+mask rule, `mask_channel`), grow_mask_by and denoise; other shapes refused in ComfyUI's node_errors on the node at
+fault; the job's graph maps back onto the same job; one job run through the real daemon and supervisord with
+stand-in stages from a VAEEncodeForInpaint graph whose mask is LoadImage's alpha."""
 from __future__ import annotations
 
 import copy
@@ -38,6 +39,16 @@ def image_graph(*, mask: str | None = "image", denoise: float = 0.6, image: str 
         g["23"] = {"class_type": "SetLatentNoiseMask", "inputs": {"samples": latent, "mask": src}}
         latent = ["23", 0]
     g["3"]["inputs"]["latent_image"] = latent
+    return g
+
+
+def inpaint_graph(*, mask: str = "image", grow: int = 6, denoise: float = 0.8) -> dict:
+    """image_graph's with VAEEncodeForInpaint "21" (its mask LoadImage's MASK or LoadImageMask "22") for VAEEncode."""
+    g = image_graph(mask=mask, denoise=denoise)
+    src = g.pop("23")["inputs"]["mask"]
+    g["21"] = {"class_type": "VAEEncodeForInpaint",
+               "inputs": {"pixels": ["20", 0], "vae": ["13", 0], "mask": src, "grow_mask_by": grow}}
+    g["3"]["inputs"]["latent_image"] = ["21", 0]
     return g
 
 
@@ -97,6 +108,55 @@ def test_the_jobs_graph_maps_back_onto_the_same_job(mask):
     # a job of prompt.json's own (no graph ids) shows with the canonical ids, and maps back too
     plain = job_to_graph(spec, names=NAMES)
     assert _resolved(graph_to_job(plain, names=NAMES, sizes=SIZES).spec) == spec
+
+
+@pytest.mark.parametrize("mask", ["image", "red"])
+def test_vae_encode_for_inpaint_maps_onto_grow_mask_by_and_back(mask):
+    g = inpaint_graph(mask=mask, grow=6)
+    job = graph_to_job(g, names=NAMES, sizes=SIZES)
+    assert {k: job.spec.get(k) for k in ("init_image", "mask", "mask_channel", "grow_mask_by", "denoise")} == \
+        {"init_image": "t/init.png [input]", "mask": "t/init.png [input]" if mask == "image" else "t/mask.png [input]",
+         "mask_channel": "alpha" if mask == "image" else "red", "grow_mask_by": 6, "denoise": 0.8}
+    assert (job.nodes["encode"], job.nodes["latent"]) == ("21", "21") and "noise_mask" not in job.nodes
+    spec = _resolved(job.spec)
+    back = job_to_graph(spec, names=NAMES, ids=job.nodes)
+    assert back["21"]["class_type"] == "VAEEncodeForInpaint" and back["21"]["inputs"]["grow_mask_by"] == 6
+    assert "SetLatentNoiseMask" not in {n["class_type"] for n in back.values()}
+    assert _resolved(graph_to_job(back, names=NAMES, sizes=SIZES).spec) == spec
+    assert _resolved(graph_to_job(job_to_graph(spec, names=NAMES), names=NAMES, sizes=SIZES).spec) == spec
+    bad = copy.deepcopy(g)
+    bad["21"]["inputs"]["grow_mask_by"] = 65                                # ComfyUI's max is 64
+    assert [x["type"] for x in _refused(bad).node_errors["21"]["errors"]] == ["value_bigger_than_max"]
+    with pytest.raises(Exception) as e:
+        parse_prompt_obj({"prompt": "x", "init_image": "a.png", "grow_mask_by": 6})
+    assert getattr(e.value, "field", None) == "grow_mask_by"
+
+
+def test_grey_and_grown_mask_match_comfyuis_torch_ops():
+    """models.images.inpaint against ComfyUI's own ops in torch (conv2d with a box of ones, clamp, crop, round;
+    (x - 0.5) * (1 - round(m)) + 0.5), on a mask with soft values and odd and even boxes."""
+    import math
+    import torch
+    from models.images.inpaint import grey_under, grow_mask
+    rng = np.random.default_rng(4)
+    mask = (rng.random((40, 24)) > 0.93).astype(np.float32) * rng.choice([0.4, 0.6, 1.0], (40, 24)).astype(np.float32)
+    rgb = (rng.integers(0, 256, (40, 24, 3)).astype(np.float32) / 255.0)
+    t = torch.from_numpy(mask)[None, None]
+    for by in (0, 1, 5, 6, 64):
+        if by == 0:
+            want = t.round()
+        else:
+            k = torch.ones((1, 1, by, by))
+            want = torch.clamp(torch.nn.functional.conv2d(t.round(), k, padding=math.ceil((by - 1) / 2)), 0, 1)
+        want = want[:, :, :40, :24].round()[0, 0].numpy()
+        np.testing.assert_array_equal(grow_mask(mask, by), want)
+    px = torch.from_numpy(rgb.copy())[None]
+    m = (1.0 - t.round()).squeeze(1)
+    for i in range(3):
+        px[:, :, :, i] -= 0.5
+        px[:, :, :, i] *= m
+        px[:, :, :, i] += 0.5
+    np.testing.assert_array_equal(grey_under(rgb, mask), px[0].numpy())
 
 
 def test_an_a1111_rule_mask_shows_as_load_image_mask_red():
@@ -271,37 +331,49 @@ def _wait(d, job: str, timeout_s: float = 60.0):
     raise AssertionError(f"job {job} never ended: {info}\n{d.logs()}")
 
 
-def test_a_load_image_mask_graph_runs_with_the_encoded_latent_and_comfyuis_mask(d):
-    """The graph's job through the daemon and the flow: the stand-in encoder's latent (each 8x8 block's mean,
-    computed here by loops) and the noise mask 1 - alpha at the latent's size reach DENOISE (the stand-in scheduler's
-    latent is 2 * init + mask + denoise)."""
+def test_a_vae_encode_for_inpaint_graph_runs_grey_under_the_mask_with_the_grown_mask(d):
+    """The one job through the daemon and the flow (stand-in stages): VAEEncodeForInpaint on LoadImage's MASK
+    (1 - alpha, read by mask_channel): the stand-in encoder sees the pixels under the mask grey (its latent: each 8x8
+    block's mean of the grey-filled image, computed here), DENOISE gets the mask grown by 6 (ComfyUI's conv2d box,
+    then bilinear to the latent's size: torch here; the stand-in scheduler's latent is 2 * init + mask + denoise);
+    the PNG keeps a graph that maps back onto the job."""
+    import math
+    import torch
     from orchestrator.inputs import save_upload
-    rgb, alpha = _rgba(5)
-    save_upload(d.rf.root, "input", "t", "init.png", _png(np.dstack([rgb, alpha]), "RGBA"), overwrite=True)
-    job = graph_to_job(image_graph(mask="image", denoise=0.6), names=NAMES, sizes=SIZES)
-    spec = {**copy.deepcopy(job.spec), "steps": 3}
-    name = d.submit(spec)
+    rgb, alpha = _rgba(7)
+    alpha[:, : W // 2 + 1] = 0          # one column past a block: grown by 6 it reaches the next latent sample
+    save_upload(d.rf.root, "input", "t", "inp.png", _png(np.dstack([rgb, alpha]), "RGBA"), overwrite=True)
+    g = inpaint_graph(mask="image", grow=6)
+    g["20"]["inputs"]["image"] = "t/inp.png [input]"
+    job = graph_to_job(g, names=NAMES, sizes=SIZES)
+    name = d.submit({**job.spec, "steps": 3})
     info = _wait(d, name)
     assert info.state == "done", info
     jd = d.rf.jobs / name
     init = np.load(jd / "init_latent.npy")
-    x = rgb.astype(np.float64) / 255.0 * 2.0 - 1.0
-    want_init = np.array([[[x[i * 8:(i + 1) * 8, j * 8:(j + 1) * 8, c % 3].mean() for j in range(W // 8)]
-                           for i in range(H // 8)] for c in range(init.shape[0])])
+    masked = torch.from_numpy(1.0 - alpha.astype(np.float32) / 255.0)[None, None]
+    x = torch.from_numpy(rgb.astype(np.float32) / 255.0)
+    x = ((x - 0.5) * (1.0 - masked.round())[0, 0, :, :, None] + 0.5) * 2.0 - 1.0
+    want_init = torch.nn.functional.avg_pool2d(x.permute(2, 0, 1)[None].double(), 8)[0].numpy()
+    want_init = want_init[[c % 3 for c in range(init.shape[0])]]
     assert np.abs(init - want_init).max() < 1.01e-3                          # the double's jitter is below 1e-3
-    noise_mask = 1.0 - alpha[::8, ::8] / 255.0
-    assert noise_mask[:, 0].min() == 1.0 and noise_mask[:, -1].max() == 0.0   # the left half repainted
-    want = (2 * init + noise_mask[None].astype(np.float32) + np.float32(0.6)).astype(np.float32)
-    np.testing.assert_array_equal(np.load(jd / "latent.npy"), want)
+    assert np.abs(want_init[:, :, : W // 16]).max() < 1e-6                    # grey: 0 in the encoder's range
+    grown = torch.clamp(torch.nn.functional.conv2d(masked.round(), torch.ones((1, 1, 6, 6)), padding=3), 0, 1)
+    grown = grown[:, :, :H, :W].round()
+    noise_mask = torch.nn.functional.interpolate(grown, size=(H // 8, W // 8), mode="bilinear")[0, 0].numpy()
+    assert (noise_mask[:, W // 16] == 0.5).all()                            # grown (0 without the grow)
+    want = (2 * init + noise_mask[None].astype(np.float32) + np.float32(0.8)).astype(np.float32)
+    np.testing.assert_allclose(np.load(jd / "latent.npy"), want, rtol=0, atol=1e-6)
     from PIL import Image
     png = next(p for p in sorted(jd.glob("*.png")) if p.name not in ("init_image.png", "mask.png"))
     with Image.open(png) as im:
         text = dict(im.text)
-    assert json.loads(text["anima"])["mask_channel"] == "alpha"
+    anima = json.loads(text["anima"])
+    assert (anima["mask_channel"], anima["grow_mask_by"]) == ("alpha", 6)
     graph = json.loads(text["prompt"])                                        # the graph it shows maps back on it
     again = graph_to_job(graph, names=ModelNames(), sizes=SIZES).spec
-    assert {k: again.get(k) for k in ("init_image", "mask", "mask_channel", "denoise")} == \
-        {k: job.spec[k] for k in ("init_image", "mask", "mask_channel", "denoise")}
+    keys = ("init_image", "mask", "mask_channel", "grow_mask_by", "denoise")
+    assert {k: again.get(k) for k in keys} == {k: job.spec[k] for k in keys}
 
 
 @pytest.mark.parametrize("size, status", [((128, 128), 200), ((96, 64), 400)])

@@ -10,10 +10,38 @@ masked" path:
     overlay_mask(mask)        the blurred mask * 2 clipped to 255: where the original is pasted back
     paste_back(out, init, m)  the generated image with the original over it, alpha 255 - m (so the unmasked area is
                               the original's pixels exactly)
+
+and ComfyUI's VAEEncodeForInpaint (comfy nodes.py) on the float image and its MASK:
+
+    grey_under(rgb, mask)     the pixels under the rounded mask set to 0.5 ((x - 0.5) * (1 - round(m)) + 0.5)
+    grow_mask(mask, by)       its noise mask: the rounded mask convolved with a by x by box of ones (padding
+                              ceil((by - 1) / 2)), clamped to 1, cropped to the image, rounded; by 0: the mask rounded
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+
+def grey_under(rgb: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """[H, W, 3] f32 in 0..1 and a [H, W] mask in 0..1 -> the image VAEEncodeForInpaint encodes (float32 as there)."""
+    m = (np.float32(1.0) - np.round(mask).astype(np.float32))[..., None]
+    return ((rgb.astype(np.float32) - np.float32(0.5)) * m + np.float32(0.5)).astype(np.float32)
+
+
+def grow_mask(mask: np.ndarray, by: int) -> np.ndarray:
+    """VAEEncodeForInpaint's noise mask at the image's size ([H, W] f32, 0 or 1). The box of ones is separable: a
+    sum of `by` shifted rows, then of `by` shifted columns (exact: sums of 0s and 1s)."""
+    r = np.round(mask).astype(np.float32)
+    if by == 0:
+        return r
+    h, w = r.shape
+    pad = math.ceil((by - 1) / 2)
+    p = np.pad(r, pad)
+    rows = sum(p[a:a + h, :] for a in range(by))
+    box = sum(rows[:, b:b + w] for b in range(by))
+    return np.round(np.clip(box, 0.0, 1.0)).astype(np.float32)
 
 
 def _kernel(sigma: float) -> np.ndarray:
