@@ -195,6 +195,10 @@ def test_other_shapes_are_refused_on_the_node_that_asks():
     g["14"] = {"class_type": "VAELoader", "inputs": {"vae_name": TINY_NAMES["vae"]}}
     g["21"]["inputs"]["vae"] = ["14", 0]
     _custom(_refused(g), "21", "vae", "same VAE")
+    g = inpaint_graph(mask="image")                                         # a second mask over the inpaint encode
+    g["23"] = {"class_type": "SetLatentNoiseMask", "inputs": {"samples": ["21", 0], "mask": ["20", 1]}}
+    g["3"]["inputs"]["latent_image"] = ["23", 0]
+    _custom(_refused(g), "23", "samples", "must be VAEEncode's")
 
 
 @pytest.mark.parametrize("image", ["../escape.png", "t/../../x.png [input]", "/etc/passwd"])
@@ -238,6 +242,14 @@ def test_the_job_takes_the_uploads_size_as_comfyui_encodes_it(tmp_path):
     with pytest.raises(GraphError) as e:
         sized_to_image(g, graph_to_job(g, names=NAMES, sizes=SIZES), size, SIZES)
     _custom(e.value, "20", "image", "the image is 64x96, a size without a model pack; the sizes with one: 64x64")
+
+
+def test_the_daemons_refusal_of_grow_mask_by_lands_on_vae_encode_for_inpaint():
+    from orchestrator.comfy_graph import field_error
+    g = inpaint_graph(mask="red")
+    err = field_error(g, graph_to_job(g, names=NAMES, sizes=SIZES), "grow_mask_by", "stand-in refusal")
+    assert list(err.node_errors) == ["21"] and err.node_errors["21"]["class_type"] == "VAEEncodeForInpaint"
+    assert err.node_errors["21"]["errors"][0]["details"] == "grow_mask_by - stand-in refusal"
 
 
 def test_bad_node_inputs_are_comfyuis_node_errors():
