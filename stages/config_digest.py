@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 RECORD_DIR = "stages"
 IGNORED = ("path", "stage", "log_level")      # not settings a stage computes with (its own table is added below)
 MAX_RECORD_BYTES = 1 << 20
+# which settings a record holds (effective_settings' rule): a stage started by code with another rule recorded other
+# keys, and comparing them would call every stage stale after an upgrade; such a record tells nothing either way
+RULE = 2
 
 
 # the programs a stage serves or calls: another program's endpoint or server key is nothing it computes with (a remote
@@ -80,7 +83,8 @@ def record_start(config, stage: str) -> None:
     path = record_path(config, stage)
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write(path, json.dumps({"pid": os.getpid(), "digest": digest(settings), "settings": settings}))
+        atomic_write(path, json.dumps({"pid": os.getpid(), "rule": RULE, "digest": digest(settings),
+                                       "settings": settings}))
     except OSError as e:              # the check it feeds is then skipped for this stage; the stage itself runs
         log.warning("%s: could not record its configuration in %s: %s", stage, path, e)
 
@@ -108,7 +112,7 @@ def stale_settings(config, stage: str) -> list:
         rec = json.loads(path.read_text())
     except (OSError, ValueError):
         return []
-    if not isinstance(rec, dict) or not _alive(rec.get("pid")):
+    if not isinstance(rec, dict) or rec.get("rule") != RULE or not _alive(rec.get("pid")):
         return []
     now = effective_settings(config, stage)
     if rec.get("digest") == digest(now):

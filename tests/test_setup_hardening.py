@@ -251,3 +251,25 @@ def test_another_programs_endpoint_or_key_leaves_a_stage_current(tmp_path):
         assert effective_settings(vae, stage) == effective_settings(base, stage)
     assert effective_settings(executor, "scheduler") != effective_settings(base, "scheduler")
     assert effective_settings(executor, "executor") != effective_settings(base, "executor")
+
+
+def test_a_record_of_another_rule_is_not_taken_for_a_stale_stage(tmp_path):
+    """A stage started by code that recorded other keys (an upgrade while it ran) made every job refused, naming
+    settings nobody had changed: a record of another rule tells nothing, so it asks for no restart."""
+    import json
+    import os
+
+    from stages.config import parse_config
+    from stages.config_digest import RULE, record_path, record_start, stale_settings
+    cfg = parse_config({"run_dir": str(tmp_path)}, tmp_path / "pipeline.toml")
+    record_start(cfg, "scheduler")
+    assert stale_settings(cfg, "scheduler") == []
+    path = record_path(cfg, "scheduler")
+    rec = json.loads(path.read_text())
+    assert rec["rule"] == RULE and rec["pid"] == os.getpid()
+    rec["settings"]["endpoints.encoder"] = "ipc:///elsewhere"           # what an older rule kept
+    rec["digest"] = "0" * 64
+    path.write_text(json.dumps(rec))
+    assert stale_settings(cfg, "scheduler") == ["endpoints.encoder"]   # the same rule: a real difference
+    path.write_text(json.dumps({**rec, "rule": RULE - 1}))
+    assert stale_settings(cfg, "scheduler") == []
