@@ -149,3 +149,25 @@ def test_a_crash_leaves_no_hires_temporaries_behind(tmp_path):
     os.utime(stale, (old, old))
     removed = store.clean()
     assert not mine.exists() and not stale.exists() and fresh.exists(), removed
+
+
+def test_a1111_enable_hr_returns_the_upscaled_image(d):
+    import base64
+    import requests
+    url = d.http_url() + "sdapi/v1/txt2img"
+    base = {"prompt": "a girl", "seed": 8, "steps": 1, "width": 64, "height": 64, "enable_hr": True}
+    r = requests.post(url, json={**base, "hr_scale": 1.5, "hr_upscaler": "Latent (nearest-exact)",
+                                 "hr_second_pass_steps": 2, "denoising_strength": 0.4}, timeout=120)
+    assert r.status_code == 200, r.text
+    with Image.open(io.BytesIO(base64.b64decode(r.json()["images"][0]))) as im:
+        assert im.size == (96, 96)                       # int(64 * 1.5), as A1111 computes the second size
+        assert "Denoising strength: 0.4, Hires upscale" not in im.text["parameters"]     # A1111's resize form
+        assert "Hires resize: 96x96, Hires steps: 2, Hires upscaler: Latent (nearest-exact)," in im.text["parameters"]
+    job = json.loads(r.json()["info"])["extra_generation_params"]["Job"]
+    first = np.load(d.rf.jobs / job / "latent.npy")
+    want = 2 * _torch_upscaled(first, (12, 12), "nearest-exact") + 0.4
+    np.testing.assert_allclose(np.load(d.rf.jobs / job / "hires_latent.npy"), want, rtol=0, atol=1e-5)
+    for extra, field in (({"hr_upscaler": "R-ESRGAN 4x+"}, "hr_upscaler"), ({"hr_resize_x": 96}, "hr_resize_x"),
+                         ({"hr_scale": 2.0}, "hires"), ({"hr_prompt": "other"}, "hr_prompt")):
+        r = requests.post(url, json={**base, **extra}, timeout=30)
+        assert r.status_code == 422 and field in r.text, (extra, r.text)

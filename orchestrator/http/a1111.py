@@ -103,6 +103,35 @@ def _text(body: dict, field: str) -> str:
 MAX_BATCH_SIZE = MAX_N_ITER = 8     # A1111's UI sliders go to 8 (batch) and 100 (count); a board job is minutes
 
 
+# A1111's latent hires upscalers (modules/shared: latent_upscale_modes) that are ComfyUI's methods too; its default
+# (hr_upscaler null) is "Latent"; the antialiased ones and the pixel upscalers are not done here
+A1111_LATENT_MODES = {"Latent": "bilinear", "Latent (bicubic)": "bicubic", "Latent (nearest-exact)": "nearest-exact"}
+
+
+def hires_of(body: dict, width: int, height: int) -> dict | None:
+    """A1111's hires fields -> prompt.json's `hires` (None without enable_hr): the second size as A1111 computes
+    it (int(width * hr_scale), or hr_resize_x/y), its upscaler, hr_second_pass_steps, denoising_strength (0.75)."""
+    if not _bool(body, "enable_hr", False):
+        return None
+    mode = _name(body, "hr_upscaler") or "Latent"
+    if mode not in A1111_LATENT_MODES:
+        raise _bad("hr_upscaler", f"{mode!r} is not supported here; one of {', '.join(A1111_LATENT_MODES)}")
+    rx = _number(body, "hr_resize_x", 0, integer=True, low=0, high=16384)
+    ry = _number(body, "hr_resize_y", 0, integer=True, low=0, high=16384)
+    if (rx == 0) != (ry == 0) or rx * height != ry * width:
+        raise _bad("hr_resize_x", f"{rx}x{ry}: give both hr_resize_x and hr_resize_y in the first pass's aspect "
+                                  f"({width}x{height}), or neither and hr_scale")
+    if rx == 0:
+        scale = _number(body, "hr_scale", 2.0, integer=False, low=1.0, high=4.0)
+        rx, ry = int(width * scale), int(height * scale)
+    for field in ("hr_prompt", "hr_negative_prompt"):
+        if _text(body, field) not in ("", _text(body, field.replace("hr_", ""))):
+            raise _bad(field, "a second-pass prompt of its own is not supported here; leave it empty")
+    return {"width": rx, "height": ry, "method": A1111_LATENT_MODES[mode],
+            "steps": _number(body, "hr_second_pass_steps", 0, integer=True, low=0, high=MAX_STEPS),
+            "denoise": float(_number(body, "denoising_strength", 0.75, integer=False, low=0.01, high=1.0))}
+
+
 def image_count(body: dict) -> int:
     """batch_size x n_iter: the images a txt2img request asks for (each its own job, seeds seed, seed+1, ...)."""
     return (_number(body, "batch_size", 1, integer=True, low=1, high=MAX_BATCH_SIZE)
@@ -114,7 +143,7 @@ def to_spec(body: dict, size: tuple = (512, 512), *, batches: bool = False) -> d
     width and height a request without them gets (the default pack's: A1111's 512 may have no pack here).
     `batches`: batch_size / n_iter are read by the caller (image_count), else they must be 1."""
     for field, ok in MUST_BE.items():
-        if batches and field in ("batch_size", "n_iter"):
+        if batches and field in ("batch_size", "n_iter", "enable_hr"):      # txt2img reads these itself
             continue
         if field in body and body[field] not in ok:
             raise _bad(field, f"{body[field]!r}"[:80] + f" is not supported here (only {ok[0]!r}: one image per "
@@ -214,6 +243,9 @@ async def txt2img(request: web.Request) -> web.Response:
         sizes = (await front.tracker.names()).sizes
         spec = to_spec(body, sizes[0] if sizes else (512, 512), batches=True)
         count = image_count(body)
+        hires = hires_of(body, spec["width"], spec["height"])
+        if hires is not None:
+            spec["hires"] = hires
     except BadRequest as e:
         raise _unprocessable(e) from None
     jobs, pngs = [], []
