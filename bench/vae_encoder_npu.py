@@ -49,7 +49,8 @@ def one(vae: Path, out: Path, res: tuple, tile: int, overlap: float, threads: in
     from models.rknn.compile import compile_pack
     from models.runtime.backends import make_backend
     from models.vae.encode import TorchEncoder
-    from models.vae.encoder_pack import PackEncoder, build_vae_encoder_pack, calibration_image, load_vae_encoder_pack
+    from models.vae.encoder_pack import build_vae_encoder_pack, calibration_image, load_vae_encoder_pack
+    from models.vae.pack_encoder import PackEncoder
     w, h = res
     name = f"vae-enc-{w}x{h}-t{tile}"
     row = {"resolution": f"{w}x{h}", "tile": tile, "overlap": overlap, "pack": str(out / name)}

@@ -103,7 +103,8 @@ class VaeLogic:
 
     def _encoder_packs(self, config: PipelineConfig, settings: dict, backend) -> dict:
         """{image shape: PackEncoder} for `vae_encoder_pack` (a folder or a list, one per image size), checked."""
-        from models.vae.encoder_pack import PackEncoder, load_vae_encoder_pack
+        from models.vae.encoder_pack import load_vae_encoder_pack
+        from models.vae.pack_encoder import PackEncoder
         dirs = settings["vae_encoder_pack"]
         dirs = [dirs] if isinstance(dirs, str) else list(dirs)
         needs_npu = backend_class(self.backend).needs_compiled_pack

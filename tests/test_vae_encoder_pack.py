@@ -11,7 +11,8 @@ import pytest
 
 from models.runtime.backends import make_backend
 from models.vae.encode import TorchEncoder
-from models.vae.encoder_pack import (PackEncoder, build_vae_encoder_pack, calibration_image, load_vae_encoder_pack)
+from models.vae.encoder_pack import build_vae_encoder_pack, calibration_image, load_vae_encoder_pack
+from models.vae.pack_encoder import PackEncoder
 from models.vae.pack import VaePackError
 from models.vae.synth import write_vae
 from protocol import messages as m

@@ -14,7 +14,8 @@ import pytest
 from models.rknn.compile import compile_pack
 from models.runtime.backends import make_backend
 from models.vae.encode import TorchEncoder
-from models.vae.encoder_pack import PackEncoder, build_vae_encoder_pack, calibration_image, load_vae_encoder_pack
+from models.vae.encoder_pack import build_vae_encoder_pack, calibration_image, load_vae_encoder_pack
+from models.vae.pack_encoder import PackEncoder
 from models.vae.synth import write_vae
 
 RES = (192, 256)                     # latent 32 x 24, tile 16 / overlap 0.5: 6 tiles

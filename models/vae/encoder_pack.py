@@ -7,8 +7,8 @@ decoder's VAE packs (models/vae/pack.py) and compiled for the NPU by the same `a
     PACK/onnx/features.onnx image [1, 3, 8 th, 8 tw] in [-1, 1] -> feats [1, 384, th, tw]
     PACK/onnx/head.onnx     feats [1, 384, h, w] -> mean [1, 16, h, w] (VAE space)
 
-`PackEncoder` runs one with any branch backend (onnx, rknn-sim, the board's rknn), no torch: the image's tiles through
-the features model, blended on the host (models.vae.tiled), the head once, then normalised to model space.
+models/vae/pack_encoder.py's `PackEncoder` runs one (kept apart so that loading a pack, as models.packs.kinds does,
+never imports the runtime that runs it).
 """
 from __future__ import annotations
 
@@ -26,11 +26,7 @@ from models.manifest import (BranchEntry, ManifestRecord, file_sha256, manifest_
 from models.packs.pack import PACK_KIND as DIT_PACK_KIND
 from models.packs.pack import PackError, Resolution, check_files, pack_member, refuse_replacing
 from models.dit.partition import Geometry
-from models.runtime.backends.base import BranchBackend
-from models.runtime.lifecycle import run_branch
-from models.vae.encode import EncodeResult, check_image
 from models.vae.keys import VAEConfig
-from models.vae.latent import normalize
 from models.vae.pack import TilingEntry, VaeConfigEntry, VaePackError
 from models.vae.tiled import DEFAULT_OVERLAP, DEFAULT_TILE, blend, check_tiling, image_tile_inputs, tile_grid
 
@@ -230,51 +226,3 @@ def load_vae_encoder_pack(pack_dir, check: bool = True) -> VaeEncoderPack:
     if check:
         check_files(d, m, VaePackError)
     return VaeEncoderPack(d, m, cfg, geom.width, geom.height, t.tile, t.overlap)
-
-
-class PackEncoder:
-    """One encoder pack + one backend instance (BranchBackend: load/init/infer/release, one model at a time)."""
-
-    def __init__(self, pack: VaeEncoderPack, backend: BranchBackend):
-        self.pack, self.config, self.backend = pack, pack.config, backend
-
-    def check(self, image) -> np.ndarray:
-        """The image as f32 [3, H, W] of exactly the pack's size; ValueError naming both otherwise."""
-        a = check_image(image, self.config.upscale)
-        if tuple(a.shape) != self.pack.image_shape:
-            raise ValueError(f"image: {a.shape[2]}x{a.shape[1]} pixels, but the VAE encoder pack {self.pack.dir} "
-                             f"encodes {self.pack.width}x{self.pack.height}")
-        return a
-
-    def encode_vae(self, image) -> tuple:
-        """image [3, H, W] in [-1, 1] -> (the posterior mean [z, h, w] f32 VAE space, timings dict)."""
-        img = self.check(image)[None]                                          # [1, 3, H, W]
-        s = self.config.upscale
-        io = {name: (b["inputs"][0]["name"], b["outputs"][0]["name"]) for name, b in self.pack.models.items()}
-        rows, cols = tile_grid(img.shape[2] // s, img.shape[3] // s, self.pack.tile, self.pack.overlap, 1)
-        feeds = [{io["features"][0]: np.ascontiguousarray(t)} for t in image_tile_inputs(img, rows, cols, s)]
-        outs, tf = run_branch(self.backend, self.pack.model_path("features"), feeds)
-        t0 = time.perf_counter()
-        feats = blend((np.asarray(o[io["features"][1]], np.float32) for o in outs), rows, cols, 1)[None]
-        blend_s = time.perf_counter() - t0
-        (out,), th = run_branch(self.backend, self.pack.model_path("head"), [{io["head"][0]: feats}])
-        mean = np.asarray(out[io["head"][1]], np.float32)[0]
-        bad = int(np.size(mean) - np.count_nonzero(np.isfinite(mean)))
-        if bad:
-            raise EncodeError(f"VAE encoder pack {self.pack.dir} on backend {self.backend.name}: {bad} non-finite "
-                              "values in the latent (an FP16 overflow on the NPU?); see the pack's fp16 report")
-        return mean, {"features": _phases(tf), "head": _phases(th), "tiles": len(feeds), "blend_s": blend_s}
-
-    def encode(self, image) -> EncodeResult:
-        """image [3, H, W] in [-1, 1] -> EncodeResult(latent [16, H/8, W/8] f32 in model space)."""
-        t0 = time.perf_counter()
-        mean, timings = self.encode_vae(image)
-        latent = normalize(mean)
-        dt = time.perf_counter() - t0
-        log.info("encoded %s -> %s in %.2f s (VAE encoder pack, backend %s, %d tiles)", list(np.shape(image)),
-                 list(latent.shape), dt, self.backend.name, timings["tiles"])
-        return EncodeResult(latent=latent, seconds=dt, timings=timings)
-
-
-def _phases(t) -> dict:
-    return {"load_s": t.load_s, "init_s": t.init_s, "infer_s": t.npu_s, "release_s": t.release_s}
