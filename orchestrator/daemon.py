@@ -280,6 +280,16 @@ class Daemon:
             return m.error_reply(msg.id, "failed", f"the orchestrator could not serve {msg.KIND}: "
                                                    f"{type(e).__name__}: {e}")
 
+    def _file_config(self):
+        """pipeline.toml as it is now (what a stage started now would run), else the daemon's own copy: a running
+        stage is stale when it differs from the file, not from what this daemon read at its start (an executor
+        restarted on an edited file runs what the file says)."""
+        from stages.config import load_config
+        try:
+            return load_config(self.cfg.path)
+        except (ConfigError, OSError):
+            return self.cfg
+
     def _submit(self, msg: m.Submit, defer: bool = False) -> m.Message:
         if msg.id in self._submits:                     # a resend of a SUBMIT we already queued
             job = self.store.get(self._submits[msg.id])
@@ -289,7 +299,7 @@ class Daemon:
         base = Path(msg.base_dir)
         if not base.is_absolute():
             return m.error_reply(msg.id, "bad_request", "base_dir must be an absolute path", field="base_dir")
-        stale = stale_stages_message(self.cfg, ALWAYS_ON_STAGES)     # the on-demand ones start on the file as it is
+        stale = stale_stages_message(self._file_config(), ALWAYS_ON_STAGES)  # on-demand ones start on the file as is
         if stale:
             return m.error_reply(msg.id, "failed", stale)
         spec = resolve_prompt(msg.prompt, base_dir=base, resolution=list(self.packs))

@@ -93,7 +93,7 @@ def _malformed(url: str, job_dir_name: str) -> list[tuple[str, str, str, dict, t
         ("comfy sampler", "POST", "prompt", {"json": {"prompt": edited(g, "3", sampler_name="deis")}}, (400,)),
         ("comfy size without pack", "POST", "prompt", {"json": {"prompt": edited(g, "5", width=512, height=512)}},
          (400,)),
-        ("comfy denoise", "POST", "prompt", {"json": {"prompt": edited(g, "3", denoise=0.4)}}, (400,)),
+        ("comfy denoise", "POST", "prompt", {"json": {"prompt": edited(g, "3", denoise=1.5)}}, (400,)),
         ("comfy batch", "POST", "prompt", {"json": {"prompt": edited(g, "5", batch_size=9)}}, (400,)),
         ("comfy missing input", "POST", "prompt", {"json": {"prompt": edited(g, "3", positive=...)}}, (400,)),
         ("comfy dangling link", "POST", "prompt", {"json": {"prompt": edited(g, "8", vae=["77", 0])}}, (400,)),

@@ -31,7 +31,7 @@ from models.packs.pack import build_pack, load_pack
 from models.sampling.spectrum import SpectrumSettings
 from orchestrator.cli import CliError
 from protocol import messages as m
-from protocol.prompt import PromptFile
+from protocol.prompt import PromptError, PromptFile
 from tests.comfy_graphs import standard_graph
 from tests.pipeline_harness import Pipeline
 
@@ -236,7 +236,7 @@ def test_comfy_graph_and_a1111_tags_give_the_same_job(pipe, lora_job):
 
 
 def _refused(pipe, prompt: dict) -> str:
-    with pytest.raises(CliError) as e:
+    with pytest.raises((CliError, PromptError)) as e:           # the daemon's refusal, or the record's own
         pipe.client().call(m.Submit(prompt=PromptFile.from_data(prompt), base_dir=str(pipe.root)), m.Submitted)
     return str(e.value)
 
