@@ -156,8 +156,6 @@ class VaeSettings(BackendSettings, frozen=True):
     vae_pack: PathText | list[PathText] | None = None
     # the other backends, VAE_ENCODE: a VAE encoder pack folder, or a list, one per image size (none: no encoding)
     vae_encoder_pack: PathText | list[PathText] | None = None
-    # the other backends, VAE_ENCODE: a VAE encoder pack folder, or a list, one per image size (none: no encoding)
-    vae_encoder_pack: PathText | list[PathText] | None = None
     threads: Threads | None = None
     max_latent: Int(1, 4096) = 512             # DECODE: largest latent h and w (prompts allow 4096 px)
     tile_min: Int(1, 4096) = 16                # DECODE: smallest tile side in latent pixels
@@ -175,9 +173,6 @@ class VaeSettings(BackendSettings, frozen=True):
         packs = [self.vae_pack] if isinstance(self.vae_pack, str) else self.vae_pack
         _rule("vae_pack", "" if packs is None or 1 <= len(packs) <= 64 else
               "expected a VAE pack folder, or a list of 1..64 of them (one per image size)")
-        enc = [self.vae_encoder_pack] if isinstance(self.vae_encoder_pack, str) else self.vae_encoder_pack
-        _rule("vae_encoder_pack", "" if enc is None or 1 <= len(enc) <= 64 else
-              "expected a VAE encoder pack folder, or a list of 1..64 of them (one per image size)")
         enc = [self.vae_encoder_pack] if isinstance(self.vae_encoder_pack, str) else self.vae_encoder_pack
         _rule("vae_encoder_pack", "" if enc is None or 1 <= len(enc) <= 64 else
               "expected a VAE encoder pack folder, or a list of 1..64 of them (one per image size)")
