@@ -24,10 +24,10 @@ from models.durable import atomic_write, building_folder, fsync_dir
 from models.manifest import (BranchEntry, ManifestRecord, file_sha256, manifest_header, read_manifest, source_entry,
                              write_manifest)
 from models.packs.pack import PACK_KIND as DIT_PACK_KIND
-from models.packs.pack import PackError, Resolution, check_files, pack_member, refuse_replacing
+from models.packs.pack import Resolution, check_files, refuse_replacing
 from models.dit.partition import Geometry
 from models.vae.keys import VAEConfig
-from models.vae.pack import TilingEntry, VaeConfigEntry, VaePackError
+from models.vae.pack import TilingEntry, VaeConfigEntry, VaePackError, check_branch_io
 from models.vae.tiled import DEFAULT_OVERLAP, DEFAULT_TILE, blend, check_tiling, image_tile_inputs, tile_grid
 
 log = logging.getLogger(__name__)
@@ -190,20 +190,7 @@ def _check_branches(d: Path, where: str, rec, cfg: VAEConfig, geom, th: int, tw:
     s, h, w = cfg.upscale, geom.latent_h, geom.latent_w
     want = {"features": ([1, cfg.out_channels, s * th, s * tw], [1, cfg.mid_dim, th, tw]),
             "head": ([1, cfg.mid_dim, h, w], [1, cfg.z_dim, h, w])}
-    for b in rec.branches:
-        try:                                       # every file it names stays inside the pack folder
-            pack_member(d, b.onnx, f"{where} branch {b.name}")
-            if b.rknn is not None:
-                pack_member(d, b.rknn.get("file"), f"{where} branch {b.name} rknn")
-        except PackError as e:
-            raise VaePackError(str(e)) from None
-        try:
-            got = ([int(x) for x in b.inputs[0]["shape"]], [int(x) for x in b.outputs[0]["shape"]])
-        except (TypeError, KeyError, IndexError, ValueError):
-            got = None
-        if got != want[b.name]:
-            raise VaePackError(f"{where}: branch {b.name}: input/output shapes {got}, the config and tiling "
-                               f"give {list(want[b.name])}")
+    check_branch_io(d, rec.branches, want, where)
 
 
 def load_vae_encoder_pack(pack_dir, check: bool = True) -> VaeEncoderPack:

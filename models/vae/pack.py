@@ -185,6 +185,25 @@ def build_vae_pack(vae_path, out_dir, resolution=(512, 512), tile: int = DEFAULT
     return out
 
 
+def check_branch_io(d: Path, branches, want: dict, where: str) -> None:
+    """A VAE (decoder or encoder) pack's branches: every file they name inside the pack folder, each one's input and
+    output shapes those `want` gives ({name: (input shape, output shape)}, from the config and tiling)."""
+    for b in branches:
+        try:                                       # every file it names stays inside the pack folder
+            pack_member(d, b.onnx, f"{where} branch {b.name}")
+            if b.rknn is not None:
+                pack_member(d, b.rknn.get("file"), f"{where} branch {b.name} rknn")
+        except PackError as e:
+            raise VaePackError(str(e)) from None
+        try:
+            got = ([int(x) for x in b.inputs[0]["shape"]], [int(x) for x in b.outputs[0]["shape"]])
+        except (TypeError, KeyError, IndexError, ValueError):
+            got = None
+        if got != want[b.name]:
+            raise VaePackError(f"{where}: branch {b.name}: input/output shapes {got}, the config and tiling "
+                               f"give {list(want[b.name])}")
+
+
 def load_vae_pack(pack_dir, check: bool = True) -> VaePack:
     """Read and validate a VAE pack's manifest; with `check`, verify every file's existence and sha256."""
     d = Path(pack_dir).absolute()
@@ -208,20 +227,7 @@ def load_vae_pack(pack_dir, check: bool = True) -> VaePack:
     th, tw, up = rows[0][1], cols[0][1], cfg.upscale
     want = {"trunk": ([1, cfg.z_dim, geom.latent_h, geom.latent_w], [1, cfg.mid_dim, geom.latent_h, geom.latent_w]),
             "tile": ([1, cfg.mid_dim, th, tw], [1, cfg.out_channels, th * up, tw * up])}
-    for b in rec.branches:
-        try:                                       # every file it names stays inside the pack folder
-            pack_member(d, b.onnx, f"{where} branch {b.name}")
-            if b.rknn is not None:
-                pack_member(d, b.rknn.get("file"), f"{where} branch {b.name} rknn")
-        except PackError as e:
-            raise VaePackError(str(e)) from None
-        try:
-            got = ([int(x) for x in b.inputs[0]["shape"]], [int(x) for x in b.outputs[0]["shape"]])
-        except (TypeError, KeyError, IndexError, ValueError):
-            got = None
-        if got != want[b.name]:
-            raise VaePackError(f"{where}: branch {b.name}: input/output shapes {got}, the config and tiling "
-                               f"give {list(want[b.name])}")
+    check_branch_io(d, rec.branches, want, where)
     if check:
         check_files(d, m, VaePackError)
     return VaePack(d, m, cfg, width, height, tile, overlap)
