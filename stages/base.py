@@ -327,8 +327,19 @@ def _past_startsecs() -> None:
     `exitcodes` says; after it, an exit in `exitcodes` is EXITED and expected. Not under supervisord
     ($SUPERVISOR_ENABLED unset): at once."""
     if os.environ.get("SUPERVISOR_ENABLED"):
-        lived = time.time() - psutil.Process().create_time()
-        time.sleep(max(0.0, SUPERVISOR_STARTSECS + 0.5 - lived))
+        time.sleep(max(0.0, SUPERVISOR_STARTSECS + 0.5 - _lived_s()))
+
+
+def _lived_s() -> float:
+    """Seconds since this process started, on the boot clock both /proc/self/stat's start time and CLOCK_BOOTTIME
+    count in. Not psutil's create_time against time.time(): its boot time is /proc/stat's btime rounded down to the
+    second, so a process could look up to a second older than it is and exit inside startsecs after all."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])    # field 22, starttime, counted after comm
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0                                                       # unknown: wait the whole startsecs
 
 
 def config_exit() -> int:

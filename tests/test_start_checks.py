@@ -95,3 +95,23 @@ def test_the_executor_backend_under_its_table_says_it_belongs_at_the_top(tmp_pat
     with pytest.raises(ConfigError, match=r'stage\.executor\.backend: the executor\'s backend is a top-level key: '
                                           r'put backend = "rknn" above every \[stage\.…\] table'):
         load_config(cfg)
+
+
+def test_a_config_exit_under_supervisord_lives_past_startsecs(tmp_path):
+    """Timed from before the spawn: a config exit must not come sooner than supervisord's startsecs, or supervisord
+    takes it for a failed start (FATAL after retries, no exit status). psutil's create_time rounds the boot time down
+    to the second, so a process looked up to a second older than it was and exited after ~0.9 s on this machine."""
+    import time
+    from stages.base import SUPERVISOR_STARTSECS
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SUPERVISOR_ENABLED": "1"}
+
+    def timed(code: str) -> tuple[subprocess.CompletedProcess, float]:
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+        return r, time.monotonic() - t0
+    for _ in range(3):
+        r, took = timed("import sys; from stages.base import config_exit; sys.exit(config_exit())")
+        assert r.returncode == EXIT_CONFIG, r.stderr
+        assert took >= SUPERVISOR_STARTSECS + 0.2, took
+    r, took = timed("from stages.base import _lived_s; print(_lived_s())")
+    assert 0.0 <= float(r.stdout) <= took + 0.02, (r.stdout, r.stderr, took)   # never older than it is
