@@ -60,7 +60,6 @@ class DaemonClient:
                                  retries=1)
 
     def call(self, msg, expect_cls):
-        from protocol.messages import RemoteError, expect
         from protocol.sockets import PeerUnavailable
         if not self.rf.daemon_sock.exists() and not self._daemon_coming():
             raise CliError(f"the orchestrator daemon is not answering: no socket {self.rf.daemon_sock}; "
@@ -70,13 +69,10 @@ class DaemonClient:
             raise CliError(f"the orchestrator daemon is not running (nothing listens on {self.rf.daemon_sock}); "
                            f"{self._start_hint()}")
         try:
-            return expect(self.client.request(msg), expect_cls, "orchestrator daemon")
+            return answer(self.client.request(msg), expect_cls)
         except PeerUnavailable:
             raise CliError(f"the orchestrator daemon is not answering on {self.rf.daemon_endpoint}; is supervisord "
                            f"up? (supervisorctl -c {self.rf.supervisord_conf} status)") from None
-        except RemoteError as e:
-            code = EXIT_USAGE if e.code in ("bad_request", "failed") else EXIT_FAILED
-            raise CliError(e.reply.message, code) from None
 
     def _start_hint(self) -> str:
         conf = self.rf.supervisord_conf
@@ -106,6 +102,17 @@ class DaemonClient:
     def close(self):
         self.client.close()
         self.ctx.term()
+
+
+def answer(reply, expect_cls):
+    """The daemon's reply as the CLI takes it (every client's one reading): the `expect_cls` message, or CliError
+    with the daemon's own words (exit 2 for a request it refused, 1 otherwise)."""
+    from protocol.messages import RemoteError, expect
+    try:
+        return expect(reply, expect_cls, "orchestrator daemon")
+    except RemoteError as e:
+        code = EXIT_USAGE if e.code in ("bad_request", "failed") else EXIT_FAILED
+        raise CliError(e.reply.message, code) from None
 
 
 def _listening(path: Path) -> bool:
@@ -234,7 +241,7 @@ def _queue(args, rf: RunFolder, prompt, spec, *, wait: bool, cancel_on_interrupt
     `wait`, follow the job to its end: progress on stderr, then the timing table, the image path last on stdout.
     Ctrl-C while following: exit 130, the job cancelled (`cancel_on_interrupt`) or left to run."""
     from protocol.messages import Submit, Submitted
-    client = DaemonClient(rf)
+    client = args.connect(rf)
     try:
         try:
             sub = client.call(Submit(prompt=prompt, base_dir=os.getcwd()), Submitted)
@@ -249,7 +256,7 @@ def _queue(args, rf: RunFolder, prompt, spec, *, wait: bool, cancel_on_interrupt
         try:
             info = _follow(client, sub.job, quiet=args.json)
         except KeyboardInterrupt:
-            return _interrupted(rf, sub.job, cancel_on_interrupt)
+            return _interrupted(args, rf, sub.job, cancel_on_interrupt)
     finally:
         client.close()
     if info.state != "done":
@@ -267,7 +274,7 @@ def _queue(args, rf: RunFolder, prompt, spec, *, wait: bool, cancel_on_interrupt
     return EXIT_OK
 
 
-def _interrupted(rf: RunFolder, job: str, cancel: bool) -> int:
+def _interrupted(args, rf: RunFolder, job: str, cancel: bool) -> int:
     """Ctrl-C while following `job`: cancel it (generate) or leave it running (submit --wait). A second Ctrl-C
     while cancelling gives up at once and says how to cancel by hand."""
     print(file=sys.stderr)
@@ -276,7 +283,7 @@ def _interrupted(rf: RunFolder, job: str, cancel: bool) -> int:
               file=sys.stderr)
         return EXIT_INTERRUPTED
     from protocol.messages import Cancel, Ok
-    client = DaemonClient(rf)        # a fresh socket: the interrupted request may have left the old one mid-call
+    client = args.connect(rf)        # a fresh socket: the interrupted request may have left the old one mid-call
     try:
         client.call(Cancel(job=job), Ok)
         print(f"job {job} cancelled (Ctrl-C)", file=sys.stderr)
@@ -351,7 +358,7 @@ def _follow(client: DaemonClient, job: str, *, quiet: bool):
 
 def cmd_status(args, rf: RunFolder) -> int:
     from protocol.messages import Jobs, Status
-    client = DaemonClient(rf)
+    client = args.connect(rf)
     try:
         jobs = client.call(Status(job=args.job), Jobs).jobs
     finally:
@@ -373,7 +380,7 @@ def cmd_status(args, rf: RunFolder) -> int:
 
 def cmd_cancel_resume(args, rf: RunFolder) -> int:
     from protocol.messages import Cancel, Ok, Resume, Submitted
-    client = DaemonClient(rf)
+    client = args.connect(rf)
     try:
         if args.command == "cancel":
             print(client.call(Cancel(job=args.job), Ok).note or f"job {args.job} cancelled")
@@ -407,7 +414,7 @@ def cmd_prune(args, rf: RunFolder) -> int:
             raise CliError(f"{option} {str(given)[:40]}: {e.detail}" + (" (seconds)" if option == "--older-than"
                                                                          else ""), EXIT_USAGE) from None
     request()
-    client = DaemonClient(rf)         # the daemon is the queue's one writer: it removes them, a batch per request
+    client = args.connect(rf)         # the daemon is the queue's one writer: it removes them, a batch per request
     removed = 0
     try:
         while True:
@@ -714,8 +721,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
+def main(argv=None, *, connect: Callable[[RunFolder], object] | None = None) -> int:
+    """`connect(rf)` -> the daemon client the job commands use: DaemonClient (its socket) unless given, e.g.
+    orchestrator.inproc.InprocClient's daemon in this process."""
     args = build_parser().parse_args(argv)
+    args.connect = connect or DaemonClient
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from orchestrator.supervisor import SupervisorError

@@ -72,6 +72,24 @@ def default_pipeline(pipeline_assets):
         p.stop_clean()
 
 
+@pytest.fixture
+def inproc_daemon(tmp_path):
+    """A run folder (tmp_path/run) on a 64x64 manifest-only pack with its job daemon in this process
+    (orchestrator.inproc.InprocClient): `cli.main(argv, connect=client.connect)` runs the job commands against the
+    daemon's own queue and checks, no pipeline started (so no job runs)."""
+    import sys
+    from orchestrator.inproc import InprocClient
+    from orchestrator.runfolder import init_run
+    from tests.doubles_harness import fake_pack
+    rf = init_run(tmp_path / "run", python=sys.executable)
+    rf.pipeline_toml.write_text(f'run_dir = "."\npack_dir = "{fake_pack(tmp_path / "pack")}"\nthreads = 1\n')
+    client = InprocClient.open(rf)
+    try:
+        yield client
+    finally:
+        client.shut()
+
+
 # The modules that take longest (measured with --durations on main, seconds of one core each, roughly), run first:
 # `make test` spreads whole modules over two workers (pytest-xdist --dist loadfile), and a long module started last
 # would leave the other worker idle at the end. Modules not listed keep their order after these.

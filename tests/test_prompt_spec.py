@@ -170,8 +170,9 @@ def test_overwrite_lets_an_existing_output_be_named(tmp_path):
         parse_prompt_bytes(_j(output=str(tmp_path / "link.png")))
 
 
-def test_cli_sends_the_record_it_checked(tmp_path, monkeypatch):
-    """The file is read once: the CLI once checked it, then read it again to send (a swapped file slipped through)."""
+def test_cli_sends_the_record_it_checked(tmp_path, monkeypatch, inproc_daemon):
+    """The file is read once: the CLI once checked it, then read it again to send (a swapped file slipped through).
+    The daemon (in this process) queues exactly the record that was checked."""
     f = tmp_path / "p.json"
     f.write_text(_j(seed=5))
     reads = []
@@ -188,23 +189,13 @@ def test_cli_sends_the_record_it_checked(tmp_path, monkeypatch):
         return real_path_open(self, *a, **kw)
     monkeypatch.setattr("builtins.open", counting_open)
     monkeypatch.setattr(Path, "open", counting_path_open)       # read_text/read_bytes open through it
-    sent = []
-
-    class Client:
-        def __init__(self, rf):
-            pass
-
-        def call(self, msg, cls):
-            sent.append(msg.prompt)
-            from protocol import messages as m
-            return m.Submitted(job="20260101-000000-abcdef", seed=5, position=0)
-
-        def close(self):
-            pass
-    monkeypatch.setattr(cli, "DaemonClient", Client)
-    assert cli.main(["--run", str(tmp_path / "run"), "submit", str(f), "--resolution", "512x512"]) == 0
-    from orchestrator.prompt_spec import parse_prompt_text
-    assert sent == [parse_prompt_text(_j(seed=5))] and len(reads) == 1
+    rf = inproc_daemon.daemon.rf
+    assert cli.main(["--run", str(rf.root), "submit", str(f)], connect=inproc_daemon.connect) == 0
+    from orchestrator.prompt_spec import parse_prompt_text, resolve_prompt
+    (job,) = inproc_daemon.daemon.store.pending()
+    size = [(inproc_daemon.daemon.pack.width, inproc_daemon.daemon.pack.height)]
+    assert job.spec == resolve_prompt(parse_prompt_text(_j(seed=5)), base_dir=Path.cwd(), resolution=size).to_dict()
+    assert job.spec["seed"] == 5 and len(reads) == 1
 
 
 def test_load_prompt_reports_unreadable_file(tmp_path):

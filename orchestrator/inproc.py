@@ -1,0 +1,62 @@
+"""The job daemon served in this process: the CLI's requests answered by `Daemon.handle`, no socket between.
+
+`orchestrator.cli.DaemonClient` talks to the daemon supervisord runs, over its ipc socket; `InprocClient` has the
+same `call(msg, expect_cls)` / `close()` and hands each request to a `Daemon` built here (the way vLLM offers an
+in-process engine client beside its multiprocess one). The queue, the job store, the checks at submit and prune's
+batches are the daemon's own code; only the stages are absent, so no job runs. Tests and tools use it to drive
+`orchestrator submit|status|cancel|resume|prune` without starting a pipeline:
+
+    with InprocClient.open(rf) as client:
+        cli.main(["--run", str(rf.root), "prune", "--keep", "1"], connect=client.connect)
+
+Every request and reply goes through the wire codec, as over the socket: what the daemon sees is what it would
+be sent, and a message that would not encode fails here too.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.cli import answer
+from orchestrator.daemon import Daemon
+from orchestrator.runfolder import RunFolder
+
+
+class InprocClient:
+    """Requests to a `Daemon` in this process (its sockets never opened: `Daemon.open` is not called)."""
+
+    def __init__(self, daemon: Daemon):
+        self.daemon = daemon
+
+    @classmethod
+    def open(cls, rf: RunFolder, config_path: Path | None = None) -> InprocClient:
+        """The daemon of run folder `rf` on its pipeline.toml (or `config_path`), its queue as the folder has it."""
+        from stages.config import load_config
+        daemon = Daemon(load_config(config_path or rf.pipeline_toml), rf)
+        daemon.store.recover()                 # as Daemon.open does: torn writes cleaned, a running job kept
+        return cls(daemon)
+
+    def connect(self, rf: RunFolder) -> InprocClient:
+        """cli.main's `connect`: every command of that run gets this client (and its one daemon)."""
+        if Path(rf.root).resolve() != Path(self.daemon.rf.root).resolve():
+            raise ValueError(f"this in-process daemon serves {self.daemon.rf.root}, not {rf.root}")
+        return self
+
+    def call(self, msg, expect_cls):
+        from protocol.codec import decode, encode
+        reply = self.daemon.handle(decode(encode(msg)))          # defer=False: a LoRA check is waited for
+        return answer(decode(encode(reply)), expect_cls)
+
+    def close(self):
+        """Each command closes its client; the daemon stays for the next one (shut() ends it)."""
+
+    def shut(self):
+        """The daemon ends (its LoRA workers, its zmq context); once, however often it is called."""
+        if not self.daemon.ctx.closed:
+            self.daemon.close()
+            self.daemon.ctx.term()
+
+    def __enter__(self) -> InprocClient:
+        return self
+
+    def __exit__(self, *exc):
+        self.shut()
