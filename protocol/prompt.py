@@ -160,9 +160,20 @@ class HiresSettings(Record, frozen=True):
     scale: Float(1.0, 4.0) | None = None
     width: Side | None = None
     height: Side | None = None
-    method: Literal[UPSCALE_METHODS] = "nearest-exact"
+    method: Literal[UPSCALE_METHODS + ("lanczos",)] = "nearest-exact"
+    # "latent": the latent upscaled (LatentUpscale[By]); "pixel": the first pass decoded, the image scaled as
+    # ComfyUI's ImageScale[By] (`method`, lanczos too, bislerp not) and encoded again (VAEEncode)
+    space: Literal["latent", "pixel"] = "latent"
     steps: Int(0, MAX_STEPS) = 0
     denoise: Float(0.0, 1.0) = 0.5
+    # the second KSampler's own settings; None: the job's (A1111's hr_prompt / hr_negative_prompt, hr_sampler_name,
+    # hr_scheduler; a ComfyUI graph's second KSampler and its CLIPTextEncode nodes)
+    prompt: Text(MAX_PROMPT_CHARS) | None = None
+    negative_prompt: Text(MAX_PROMPT_CHARS) | None = None
+    sampler: Literal[SAMPLER_NAMES] | None = None
+    scheduler: Literal[SCHEDULER_NAMES] | None = None
+    cfg: Float(1.0, MAX_CFG) | None = None
+    seed: Int(0, SEED_LIMIT - 1) | None = None
 
     def size(self, width: int, height: int) -> tuple[int, int]:
         """(width, height) in pixels of the second pass for a first pass of width x height."""
@@ -253,6 +264,15 @@ def _check_hires(f) -> None:
         raise PromptError("hires", "needs either scale, or both width and height")
     if not h.denoise > 0:
         raise PromptError("hires.denoise", f"must be in (0, 1] (0 would sample nothing), got {float(h.denoise)}")
+    if h.space == "latent" and h.method == "lanczos":
+        raise PromptError("hires.method", "lanczos scales pixels (ImageScale): set \"space\": \"pixel\", or pick a "
+                                          "latent method")
+    if h.space == "pixel" and h.method == "bislerp":
+        raise PromptError("hires.method", "bislerp scales latents (LatentUpscale): set \"space\": \"latent\", or "
+                                          "pick a pixel method")
+    for name in ("prompt", "negative_prompt"):
+        if getattr(h, name) is not None:
+            _text(f"hires.{name}", getattr(h, name), required=False)
     if f.batch > 1:
         raise PromptError("hires", "with a batch is not supported yet: set batch 1")
 
