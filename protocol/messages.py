@@ -163,6 +163,7 @@ class DenoiseParams(_Record, frozen=True):
     end_step: Int(0, MAX_STEPS) | None = None  # end_at_step
     add_noise: bool = True
     leftover_noise: bool = False  # return_with_leftover_noise (with end_step)
+    latent_fill: Literal["noise", "nothing"] | None = None  # the masked init latent: the seed's noise or zeros
     noise_index: Int(0, 4095) = 0  # the image's place in ComfyUI's batch noise (one randn over [B, C, h, w])
     batch_size: Int(1, 64) = 1  # the batch ComfyUI samples as one tensor (its noise samplers draw over all of it)
     batch_pos: Int(0, 63) = 0  # this image's place in that batch

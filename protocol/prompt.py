@@ -215,6 +215,9 @@ class PromptFile(Record, frozen=True):
     # ComfyUI's VAEEncodeForInpaint: the pixels under the mask grey (0.5) before encoding, the mask grown by this
     # as the noise mask; None: the image encoded as it is (VAEEncode)
     grow_mask_by: Int(0, 64) | None = None
+    # A1111's inpainting_fill 2 / 3: the masked part of the init latent replaced by the seed's noise ("noise") or by
+    # zeros ("nothing") before sampling; None: the encoded image as it is
+    latent_fill: Literal["noise", "nothing"] | None = None
     resize_mode: Int(0, 2) | None = None       # an init image/mask of another size: A1111's modes; None: refused
     denoise: Float(0.0, 1.0) = 1.0             # KSampler's denoise: the part of the schedule sampled
     # KSamplerAdvanced's window (docs/latent-sampling.md)
@@ -286,6 +289,8 @@ def _check_inputs(f) -> None:
         raise PromptError("mask_channel", "says how to read a mask; there is no mask")
     if f.grow_mask_by is not None and f.mask is None:
         raise PromptError("grow_mask_by", "grows the inpaint mask; there is no mask")
+    if f.latent_fill is not None and f.mask is None:
+        raise PromptError("latent_fill", "fills the masked part of the latent; there is no mask")
     for name in ("init_image", "mask"):
         v = getattr(f, name)
         if v is not None:

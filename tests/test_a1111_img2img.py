@@ -130,17 +130,77 @@ def test_img2img_without_mask_returns_the_job_image(front):
     assert (_image(body["images"][0]) == GREEN).all()
 
 
-@pytest.mark.parametrize("edit, field", [
-    ({"inpaint_full_res": True}, "inpaint_full_res"), ({"inpaint_full_res": None}, "inpaint_full_res"),
-    ({"inpainting_fill": 2}, "inpainting_fill"), ({"inpainting_fill": 3}, "inpainting_fill"),
-])
-def test_unsupported_inpaint_modes_are_422_naming_the_field(front, edit, field):
-    body = _body(mask=b64(png(np.zeros((64, 64), np.uint8))), **edit)
-    if edit.get("inpaint_full_res", False) is None:
-        body.pop("inpaint_full_res")                                          # A1111's default is true
+@pytest.mark.parametrize("fill, latent_fill", [(2, "noise"), (3, "nothing"), (0, None), (1, None)])
+def test_latent_fills_reach_the_job_as_latent_fill(front, fill, latent_fill):
+    """inpainting_fill 2 / 3 (latent noise / nothing) were 422; they are the job's latent_fill (what it does to the
+    latent: tests/test_img2img_sampling.py), the init image sent as it is."""
+    init = RNG.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    mask = np.zeros((64, 64), np.uint8)
+    mask[8:40, 8:40] = 255
+    status, body = front.request("POST", "/sdapi/v1/img2img", _body(init_images=[b64(png(init))], mask=b64(png(mask)),
+                                 mask_blur=0, inpainting_fill=fill))
+    assert status == 200, body
+    assert front.ran[0].get("latent_fill") == latent_fill
+    if fill != 0:
+        np.testing.assert_array_equal(_kept(front, front.ran[0]["init_image"]), init)
+
+
+def test_only_masked_runs_the_region_around_the_mask_and_pastes_it_back(front):
+    """inpaint_full_res (A1111's default) was 422. The job runs on the mask's bounding box widened by the padding
+    and grown to the job's aspect ratio, resized to the job's size; its image goes back into that box of the
+    original, the rest of the original kept exactly."""
+    init = RNG.integers(0, 256, (96, 128, 3), dtype=np.uint8)
+    mask = np.zeros((96, 128), np.uint8)
+    mask[20:30, 80:100] = 255                       # 20 x 10 pixels
+    body = _body(init_images=[b64(png(init))], mask=b64(png(mask)), mask_blur=0, inpainting_fill=1,
+                 inpaint_full_res_padding=4)
+    body.pop("inpaint_full_res")                    # A1111's default: only masked
     status, answer = front.request("POST", "/sdapi/v1/img2img", body)
-    assert status == 422 and answer["field"] == field, answer
-    assert front.ran == []
+    assert status == 200, answer
+    # the box by hand: x 76..104, y 16..34 (28 x 18), grown to 1:1 along y by 10 (5 above, 5 below): y 11..39
+    box = (76, 11, 104, 39)
+    want_init = np.asarray(Image.fromarray(init).crop(box).resize((64, 64), Image.LANCZOS))
+    spec = front.ran[0]
+    assert (spec["width"], spec["height"]) == (64, 64)
+    np.testing.assert_array_equal(_kept(front, spec["init_image"]), want_init)
+    want_mask = np.asarray(Image.fromarray(mask).crop(box).resize((64, 64), Image.LANCZOS))
+    np.testing.assert_array_equal(_kept(front, spec["mask"]), want_mask)
+    out = _image(answer["images"][0])
+    assert out.shape == init.shape                  # the original's size, not the job's
+    keep = mask == 0
+    np.testing.assert_array_equal(out[keep], init[keep])
+    assert (out[mask == 255] == GREEN).all()        # the job's (flat green) image, resized into the box
+    assert "Inpaint area: Only masked, Masked area padding: 4" in json.loads(answer["info"])["infotexts"][0]
+
+
+def test_only_masked_with_an_empty_mask_inpaints_the_whole_picture(front):
+    init = RNG.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    body = _body(init_images=[b64(png(init))], mask=b64(png(np.zeros((64, 64), np.uint8))), inpaint_full_res=True,
+                 inpainting_fill=1)
+    status, answer = front.request("POST", "/sdapi/v1/img2img", body)
+    assert status == 200, answer
+    np.testing.assert_array_equal(_kept(front, front.ran[0]["init_image"]), init)
+    assert "Inpaint area" not in json.loads(answer["info"])["infotexts"][0]
+
+
+@pytest.mark.parametrize("box, size, image, want", [
+    ((10, 0, 50, 5), (64, 64), (128, 96), (10, 0, 50, 40)),      # at the top edge: pushed down inside the image
+    ((10, 90, 50, 95), (64, 64), (128, 96), (10, 56, 50, 96)),   # at the bottom: pushed up
+    ((0, 0, 10, 40), (128, 64), (100, 40), (0, 0, 80, 40)),      # wider: grown along x from the left edge
+    ((0, 0, 90, 40), (64, 64), (100, 30), (0, 0, 90, 30)),       # taller than the image: cut at its edge
+])
+def test_expand_region_keeps_the_box_inside_the_image(box, size, image, want):
+    from models.images.inpaint import expand_region
+    assert expand_region(box, *size, *image) == want
+
+
+def test_crop_region_is_the_padded_bounding_box():
+    from models.images.inpaint import crop_region
+    m = np.zeros((20, 30), np.uint8)
+    assert crop_region(m, 4) is None
+    m[5, 7] = m[9, 12] = 1
+    assert crop_region(m, 0) == (7, 5, 13, 10) and crop_region(m, 3) == (4, 2, 16, 13)
+    assert crop_region(m, 50) == (0, 0, 30, 20)
 
 
 def test_png_parameters_name_the_denoising_strength_and_the_mask_blur(front):

@@ -289,12 +289,17 @@ def job_noise(seed: int, shape, index: int = 0) -> np.ndarray:
 
 def start_or_resume_latent(sampler: LatentSampler, seed: int, shape, job_dir=None, resume: bool = True,
                            image: Optional[np.ndarray] = None, mask: Optional[np.ndarray] = None,
-                           noise_index: int = 0) -> SamplerState:
+                           noise_index: int = 0, fill: Optional[str] = None) -> SamplerState:
     """The job folder's saved state when usable (for a masked run: made from this image, mask and noise), else a
-    fresh run from `image` (None: zeros) with image `noise_index`'s noise of the seed's batch."""
+    fresh run from `image` (None: zeros) with image `noise_index`'s noise of the seed's batch. `fill` (A1111's
+    inpainting_fill 2 / 3, with a mask): the image's masked part replaced first by that noise ("noise") or by zeros
+    ("nothing"), image·(1 - mask) + noise·mask as A1111 does to its init latent."""
     shape = tuple(int(s) for s in shape)
     noise = job_noise(seed, shape, noise_index)
     start = np.zeros(shape, np.float32) if image is None else image
+    if fill is not None:
+        keep = start * (np.float32(1.0) - mask)
+        start = (keep + noise * mask if fill == "noise" else keep).astype(np.float32)
 
     def usable(state: SamplerState) -> None:
         if not sampler.latent_plan.masked:
