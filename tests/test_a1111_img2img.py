@@ -31,7 +31,7 @@ def front(tmp_path, monkeypatch):
         buf, info = io.BytesIO(), PngInfo()
         info.add_text("parameters", "from the job")
         Image.new("RGB", (spec["width"], spec["height"]), GREEN).save(buf, "PNG", pnginfo=info)
-        job = SimpleNamespace(id="job1", spec={**spec, "seed": 5}, info=SimpleNamespace(created=0.0))
+        job = SimpleNamespace(id="job1", spec={"seed": 5, **spec}, info=SimpleNamespace(created=0.0))  # 5: drawn
         return job, buf.getvalue()
     monkeypatch.setattr("orchestrator.http.a1111.run_job", run_job)
     yield f
@@ -220,3 +220,25 @@ def test_png_parameters_name_the_denoising_strength_and_the_mask_blur(front):
     status, body = front.request("POST", "/sdapi/v1/img2img", _body(mask=b64(png(mask)), mask_blur=3))
     assert status == 200, body
     assert json.loads(body["info"])["infotexts"] == ["from the job, Mask blur: 3"]
+
+
+def test_img2img_batches_run_one_job_per_image_with_a1111s_seeds(front):
+    """batch_size x n_iter were 422 on img2img: now each image its own job with seed, seed+1, ... (as txt2img),
+    each pasted back, every image answered with its own infotext."""
+    init = RNG.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    mask = np.zeros((64, 64), np.uint8)
+    mask[8:40, 8:40] = 255
+    status, body = front.request("POST", "/sdapi/v1/img2img", _body(init_images=[b64(png(init))], mask=b64(png(mask)),
+                                 mask_blur=0, inpainting_fill=1, seed=40, batch_size=2, n_iter=2))
+    assert status == 200, body
+    assert [s["seed"] for s in front.ran] == [40, 41, 42, 43]
+    assert len(body["images"]) == 4
+    for b in body["images"]:
+        out = _image(b)
+        np.testing.assert_array_equal(out[mask == 0], init[mask == 0])
+    info = json.loads(body["info"])
+    assert info["batch_size"] == 2 and len(info["infotexts"]) == 4
+    status, answer = front.request("POST", "/sdapi/v1/img2img", _body(enable_hr=True))
+    assert status == 422 and answer["field"] == "enable_hr"
+    status, answer = front.request("POST", "/sdapi/v1/img2img", _body(batch_size=9))
+    assert status == 422 and answer["field"] == "batch_size"

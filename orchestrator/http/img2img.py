@@ -67,6 +67,7 @@ class Img2ImgRequest:
     inpainting_fill: int
     inpaint_full_res: bool
     inpaint_full_res_padding: int
+    count: int = 1                  # batch_size x n_iter: one job per image, seeds seed, seed+1, ... as txt2img's
 
 
 def _base64_image(value, field: str) -> bytes:
@@ -157,7 +158,10 @@ def _resize_mode(body: dict) -> int:
 def to_request(body: dict, size: tuple = (512, 512)) -> Img2ImgRequest:
     """An img2img request body -> the checked record (BadRequest 422 naming the first bad field); `size`: the
     width and height a request without them gets, as txt2img's."""
-    spec = a1111.to_spec({k: v for k, v in body.items() if k not in IMG2IMG_FIELDS}, size)
+    spec = a1111.to_spec({k: v for k, v in body.items() if k not in IMG2IMG_FIELDS}, size, batches=True)
+    if body.get("enable_hr") not in (None, False):
+        raise a1111._bad("enable_hr", "the hires fix is txt2img's; img2img takes none")
+    count = a1111.image_count(body)
     resize_mode, denoise = _resize_mode(body), _strength(body)
     blur_x, blur_y = _blur(body)
     fill = a1111._number(body, "inpainting_fill", 0, integer=True, low=0, high=3)
@@ -167,7 +171,7 @@ def to_request(body: dict, size: tuple = (512, 512)) -> Img2ImgRequest:
     a1111._bool(body, "mask_round", True)
     a1111._bool(body, "include_init_images", False)
     init, mask = _images(body, spec, resize_mode, full_res)
-    return Img2ImgRequest(spec, init, mask, denoise, resize_mode, blur_x, blur_y, fill, full_res, padding)
+    return Img2ImgRequest(spec, init, mask, denoise, resize_mode, blur_x, blur_y, fill, full_res, padding, count)
 
 
 @dataclass(frozen=True)
@@ -266,15 +270,18 @@ async def img2img(request: web.Request) -> web.Response:
                 spec["latent_fill"] = LATENT_FILLS[req.inpainting_fill]
     except BadRequest as e:
         raise a1111._unprocessable(e) from None
-    job, png = await a1111.run_job(front, spec)
-    if png is None:
-        return job
-    if prep.overlay is not None:
-        png = await asyncio.to_thread(_pasted, png, req, prep)
+
+    async def paste(png: bytes) -> bytes:
+        return png if prep.overlay is None else await asyncio.to_thread(_pasted, png, req, prep)
+    jobs, pngs = await a1111.run_jobs(front, spec, req.count, paste)
+    if pngs is None:
+        return jobs
+    job, png = jobs[0], pngs[0]
     names = await front.tracker.names()
-    info = a1111._info(job, png, names.unet[0] if names.unet else "")
+    info = a1111._batch_info(a1111._info(job, png, names.unet[0] if names.unet else ""), jobs, pngs,
+                             int(body.get("batch_size", 1)))
     params = {k: v for k, v in body.items() if k not in ("init_images", "mask")}
-    images = [base64.b64encode(png).decode()] if a1111._bool(body, "send_images", True) else []
+    images = [base64.b64encode(p).decode() for p in pngs] if a1111._bool(body, "send_images", True) else []
     return json_response({"images": images, "parameters": {**params, "seed": job.spec["seed"]},
                           "info": json.dumps(info)})
 
