@@ -817,7 +817,14 @@ def _latent_nodes(node, spec: dict, ids: dict) -> list[tuple[str, dict]]:
 
 
 def _sampler_node(node, spec: dict, ids: dict, model: list) -> tuple[str, dict]:
-    """KSampler for a job run from its first step, KSamplerAdvanced for one with a step window or without noise."""
+    """KSampler for a job run from its first step, KSamplerAdvanced for one with a step window or without noise (or
+    counting its denoise as A1111's img2img: that window on the full schedule)."""
+    if spec.get("denoise_steps", "comfyui") == "a1111":
+        from models.sampling.latent_ops import a1111_start_step
+        off = a1111_start_step(spec["steps"], spec.get("denoise", 1.0))
+        end = spec.get("end_step")
+        spec = {**spec, "denoise": 1.0, "denoise_steps": "comfyui", "start_step": off + (spec.get("start_step") or 0),
+                "end_step": None if end is None else off + end}
     common = dict(model=model, steps=spec["steps"], cfg=spec["cfg"], sampler_name=spec.get("sampler", DEFAULT_SAMPLER),
                   scheduler=spec.get("scheduler", DEFAULT_SCHEDULER), positive=[ids["positive"], 0],
                   negative=[ids["negative"], 0], latent_image=[ids["latent"], 0])

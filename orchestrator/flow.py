@@ -416,7 +416,7 @@ class JobFlow:
                                  width=self.pack.width, height=self.pack.height,
                                  spectrum=s.spectrum, denoise=s.denoise, cache=s.cache, start_step=s.start_step,
                                  end_step=s.end_step, add_noise=s.add_noise, leftover_noise=s.leftover_noise,
-                                 latent_fill=s.latent_fill, **batch)
+                                 latent_fill=s.latent_fill, denoise_steps=s.denoise_steps, **batch)
         state_dir = self.dir if pos == 0 else self.dir / f"batch_{pos}"      # each image's per-step sampler state
         self._run_denoise(params, state_dir, self._start_latent(), batch_name("latent", ".npy", pos))
 

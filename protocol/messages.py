@@ -49,6 +49,7 @@ from msgspec.structs import force_setattr
 from models.runtime import phase_times
 from models.lora.choice import MAX_LORAS, LoraChoice
 from models.schema import fields_of
+from models.sampling.img2img import DENOISE_STEPS
 from models.sampling.spectrum import SpectrumSettings
 from models.sampling.step_cache import CacheSettings
 from protocol.prompt import PromptFile
@@ -159,6 +160,7 @@ class DenoiseParams(_Record, frozen=True):
     cache: CacheSettings | None = None  # EasyCache / LazyCache (models/sampling/step_cache.py); None: off
     # sampling from a latent, as ComfyUI's KSampler (denoise) and KSamplerAdvanced (the rest); models/sampling/img2img.py
     denoise: Float(above=0.0, hi=1.0) = 1.0
+    denoise_steps: Literal[DENOISE_STEPS] = "comfyui"  # ComfyUI's count of a partial denoise, or A1111's img2img's
     start_step: Int(0, MAX_STEPS) | None = None  # start_at_step
     end_step: Int(0, MAX_STEPS) | None = None  # end_at_step
     add_noise: bool = True

@@ -9,7 +9,7 @@ from typing import Annotated, ClassVar, Literal
 from models.lora.choice import MAX_LORAS, LoraChoice
 from models.sampling.sampler import (DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLER_NAMES, SCHEDULER_NAMES,
                                      spectrum_refusal)
-from models.sampling.img2img import LatentPlan, passes_through
+from models.sampling.img2img import DENOISE_STEPS, LatentPlan, passes_through
 from models.sampling.latent_ops import LATENT_SCALE, UPSCALE_METHODS, LatentOpError, upscale_size
 from models.sampling.schedules import DEFAULT_SHIFT
 from models.sampling.spectrum import SpectrumSettings
@@ -220,6 +220,8 @@ class PromptFile(Record, frozen=True):
     latent_fill: Literal["noise", "nothing"] | None = None
     resize_mode: Int(0, 2) | None = None       # an init image/mask of another size: A1111's modes; None: refused
     denoise: Float(0.0, 1.0) = 1.0             # KSampler's denoise: the part of the schedule sampled
+    # how denoise counts steps: ComfyUI's KSampler (all `steps`) or A1111's img2img (int(denoise x steps) + 1)
+    denoise_steps: Literal[DENOISE_STEPS] = "comfyui"
     # KSamplerAdvanced's window (docs/latent-sampling.md)
     start_step: Int(0, 10_000) | None = None   # start_at_step
     end_step: Int(0, 10_000) | None = None     # end_at_step
@@ -247,6 +249,7 @@ class PromptFile(Record, frozen=True):
         _check_hires(self)
         if self.start_step is not None and passes_through(self.sampler, self.scheduler, self.steps, DEFAULT_SHIFT,
                                                           LatentPlan(denoise=float(self.denoise),
+                                                                     denoise_steps=self.denoise_steps,
                                                                      start_step=self.start_step,
                                                                      last_step=self.end_step)):
             raise PromptError("start_step", f"start_at_step {self.start_step} leaves no step of the {self.steps}-step "

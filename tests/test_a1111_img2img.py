@@ -242,3 +242,29 @@ def test_img2img_batches_run_one_job_per_image_with_a1111s_seeds(front):
     assert status == 422 and answer["field"] == "enable_hr"
     status, answer = front.request("POST", "/sdapi/v1/img2img", _body(batch_size=9))
     assert status == 422 and answer["field"] == "batch_size"
+
+
+def test_img2img_counts_steps_as_a1111_and_its_graph_says_so(front):
+    """A1111's img2img at steps 20, denoising_strength 0.5 computes 11 steps (ComfyUI's KSampler denoise 0.5 would
+    compute 20): the job's denoise_steps is "a1111", and the ComfyUI graph made of such a job is the equivalent
+    KSamplerAdvanced window, which maps back to a job with the same sigmas."""
+    from models.sampling.img2img import LatentPlan, plan_sigmas
+    from orchestrator.comfy_graph import ModelNames, graph_to_job, job_to_graph
+    from orchestrator.prompt_spec import parse_prompt_obj
+    status, body = front.request("POST", "/sdapi/v1/img2img", _body(steps=20, denoising_strength=0.5))
+    assert status == 200, body
+    spec = front.ran[0]
+    assert spec["denoise_steps"] == "a1111" and spec["denoise"] == 0.5 and spec["steps"] == 20
+    full = parse_prompt_obj({**spec, "init_image": "a.png", "seed": 1}, resolution=(64, 64)).to_dict()
+    names = ModelNames(unet=("u.safetensors",), clip=("c.safetensors",), vae=("v.safetensors",))
+    graph = job_to_graph(full, names=names)
+    (ks,) = [n for n in graph.values() if n["class_type"].startswith("KSampler")]
+    assert ks["class_type"] == "KSamplerAdvanced" and ks["inputs"]["start_at_step"] == 9
+    back = graph_to_job(graph, names=names, sizes=[(64, 64)]).spec
+
+    def sigmas(s):
+        return plan_sigmas(s["sampler"], s["scheduler"], s["steps"], 3.0, LatentPlan(
+            denoise=s.get("denoise", 1.0), denoise_steps=s.get("denoise_steps", "comfyui"),
+            start_step=s.get("start_step"), last_step=s.get("end_step")))
+    assert len(sigmas(full)) == 12
+    np.testing.assert_array_equal(sigmas(back), sigmas(full))

@@ -49,6 +49,22 @@ def denoise_sigmas(sampler: str, scheduler: str, steps: int, denoise: float = 1.
     return ksampler_sigmas(sampler, scheduler, int(steps / denoise), shift)[-(steps + 1):]
 
 
+def a1111_start_step(steps: int, denoise: float) -> int:
+    """stable-diffusion-webui's img2img count (sd_samplers_common.setup_img2img_steps without img2img_fix_steps) as a
+    KSamplerAdvanced start_at_step on the schedule of `steps`: t_enc = int(min(denoise, 0.999) * steps), the last
+    t_enc + 1 steps computed, fewer the lower the denoise (ComfyUI's KSampler computes `steps` whatever the
+    denoise)."""
+    if isinstance(denoise, bool) or not isinstance(denoise, (int, float)) or not 0.0 < denoise <= 1.0:
+        raise LatentOpError(f"denoise must be in (0, 1], got {denoise!r}")
+    return steps - int(min(denoise, 0.999) * steps) - 1
+
+
+def a1111_img2img_sigmas(sampler: str, scheduler: str, steps: int, denoise: float,
+                         shift: float = DEFAULT_SHIFT) -> np.ndarray:
+    """The sigmas of A1111's img2img count: the schedule of `steps` from a1111_start_step."""
+    return ksampler_sigmas(sampler, scheduler, steps, shift)[a1111_start_step(steps, denoise):]
+
+
 def window_sigmas(sigmas: np.ndarray, start_step: Optional[int] = None, last_step: Optional[int] = None,
                   force_full_denoise: bool = False) -> Optional[np.ndarray]:
     """KSampler.sample's step window over `sigmas`; None when start_step leaves nothing to sample (ComfyUI then
