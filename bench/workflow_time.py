@@ -80,7 +80,7 @@ class Prices:
     """The modelled seconds of a pass's calls at a size, and the VAE's, cached per size."""
 
     def __init__(self, ram: int):
-        self.ram, self._models = ram, {}
+        self.ram, self._models, self._denoise = ram, {}, {}
 
     def model(self, size) -> BoardModel:
         if size not in self._models:
@@ -89,10 +89,12 @@ class Prices:
 
     def denoise_s(self, size, calls: int) -> tuple:
         """(seconds, the policy auto picks) for `calls` model calls at `size` (CFG: 2 passes a call)."""
-        m = self.model(size)
-        n, cuts, e = board_auto.choose_pack(m, m.context_budget_mib(self.ram), memory=for_auto(size),
-                                            computed_steps=calls, passes=2)
-        return e.denoise_s, e.policy.name
+        if (size, calls) not in self._denoise:          # auto weighs every pack and policy: seconds a size
+            m = self.model(size)
+            n, cuts, e = board_auto.choose_pack(m, m.context_budget_mib(self.ram), memory=for_auto(size),
+                                                computed_steps=calls, passes=2)
+            self._denoise[size, calls] = e.denoise_s, e.policy.name
+        return self._denoise[size, calls]
 
     def decode_s(self, size) -> float:
         return job_figures(self.model(size))["decode_npu_s"]
