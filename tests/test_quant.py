@@ -265,3 +265,66 @@ def test_board_model_prices_int8_projections_at_the_reference_speedup():
     both = BoardModel(dataclasses.replace(fp16.shape, int8=("fc1", "fc2")))
     # both projections INT8, as the reference measured: its FFN core at ~1/1.90 (GELU aside)
     assert both.kinds["ffn"].npu_s / fp16.kinds["ffn"].npu_s == pytest.approx(1 / 1.90, rel=0.01)
+
+
+def test_board_model_prices_int8_shards_from_cost_rows():
+    """A 3-shard W8A8 pack (ffn by rows, self by heads, cross by rows) against a hand computation from the cost
+    file's rows: each shard's NPU time is its FP16 shard time less its INT8 projections' FP16 time x (1 - 1/1.90)
+    (R13), the projections' FP16 time their FLOPs at the shard kind's FP16 seconds per FLOP; every rows shard of
+    self-attention would still compute all keys and values, so its INT8 saving has them whole."""
+    import dataclasses
+    from models.board.cost import BoardModel, Shape, load_cost
+    cost = load_cost()
+    sp = float(cost["quant"]["int8_speedup"])
+    assert sp == pytest.approx(44.76 / 23.57, rel=1e-3)                     # R13: the FFN core, FP16 vs W8A8
+    base = Shape.at_resolution(512, 512).sharded(3, {"self": "rows", "cross": "rows", "ffn": "heads"})
+    fp16 = BoardModel(base)
+    int8 = BoardModel(dataclasses.replace(base, int8=("fc1", "qkv", "q")))
+    L, D, F = base.tokens, base.width, base.ffn_width
+    fwd = cost["npu"]["forward_s"]
+    to_step = cost["npu"]["step_npu_s"] / (2 * sum(fwd.values()))
+    ref = Shape.reference(cost)
+    ref_flops = {"self": 4 * 2 * ref.tokens * ref.width ** 2 + 2 * 2 * ref.tokens * ref.width
+                 + 6 * ref.tokens * ref.width + 2 * 2 * ref.tokens ** 2 * ref.width + 5 * ref.heads * ref.tokens ** 2,
+                 "ffn": 2 * 2 * ref.tokens * ref.width * ref.ffn_width + 8 * ref.tokens * ref.ffn_width}
+    per_flop = {k: fwd[k] / ref.blocks * to_step / ref_flops[k] for k in ("self", "ffn")}
+    for i, (a, b) in enumerate(_split(F, 3)):
+        f8 = 2 * L * D * (b - a)                                              # fc1's rows of its hidden units
+        want = fp16.parts["ffn"][i].npu_s - f8 * per_flop["ffn"] * (1 - 1 / sp)
+        assert int8.parts["ffn"][i].npu_s == pytest.approx(want, rel=1e-9)
+    for i, (a, b) in enumerate(_split(L, 3)):
+        f8 = 2 * 2 * L * D * D + 2 * (b - a) * D * D                            # k, v whole; q of its rows
+        want = fp16.parts["self"][i].npu_s - f8 * per_flop["self"] * (1 - 1 / sp)
+        assert int8.parts["self"][i].npu_s == pytest.approx(want, rel=1e-9)
+    # lifecycle by weight bytes: a heads shard of the FFN holds a third of it, fc1 at 1 byte (fc2 FP16): 3/4 of FP16
+    assert int8.parts["ffn"][0].lifecycle_s == pytest.approx(fp16.parts["ffn"][0].lifecycle_s * 0.75, rel=1e-9)
+    assert int8.parts["ffn"][0].io_s == pytest.approx(fp16.parts["ffn"][0].io_s, rel=1e-12)     # I/O as FP16
+    assert int8.parts["cross"][0].npu_s < fp16.parts["cross"][0].npu_s
+
+
+def _split(total, n):
+    base, extra = divmod(total, n)
+    out, a = [], 0
+    for i in range(n):
+        out.append((a, a + base + (i < extra)))
+        a = out[-1][1]
+    return out
+
+
+def test_auto_weighs_int8_shards_and_picks_them_when_faster():
+    """choose_pack over a W8A8 pack considers 1..3 shards: at 512x512 on the 8 GB board the sharded INT8 pack is
+    faster than the unsharded one (modelled) and auto picks it; its denoise is below the FP16 sharded pack's."""
+    import dataclasses
+    from models.board import auto
+    from models.board.cost import BoardModel, Shape
+    from models.packs.memory_fit import for_auto
+    from models.quant.smooth import DEFAULT_INT8
+    fp16 = BoardModel(Shape.at_resolution(512, 512))
+    int8 = BoardModel(dataclasses.replace(fp16.shape, int8=DEFAULT_INT8))
+    budget, memory = int8.context_budget_mib(8), for_auto((512, 512))
+    n, cuts, best = auto.choose_pack(int8, budget, memory=memory)
+    one = auto.choose(int8, budget, memory=memory)[0]
+    assert n == 3 and best.denoise_s < one.denoise_s * (1 - auto.TIE), (n, best.denoise_s, one.denoise_s)
+    n16, _, best16 = auto.choose_pack(fp16, budget, memory=memory)
+    assert n16 == 3 and best.denoise_s < best16.denoise_s
+    assert auto.sharded_model(int8, n, cuts).shape.int8 == DEFAULT_INT8      # the pack it prices is INT8
