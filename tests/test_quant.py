@@ -267,6 +267,75 @@ def test_board_model_prices_int8_projections_at_the_reference_speedup():
     assert both.kinds["ffn"].npu_s / fp16.kinds["ffn"].npu_s == pytest.approx(1 / 1.90, rel=0.01)
 
 
+CUTS2 = {"self": "heads", "cross": "rows", "ffn": "rows"}       # both cuts, a partial-sum kind and a rows kind
+
+
+@pytest.fixture(scope="module")
+def sharded_fp32(outlier_ckpt, calib, tmp_path_factory):
+    """A 2-shard W8A8 pack of the outlier DiT with FP32 graphs (no quantization: the float path of the same pack)."""
+    from models.packs.pack import build_pack
+    _, folder = calib
+    return build_pack(outlier_ckpt, tmp_path_factory.mktemp("s32") / "w8a8-s2", (128, 128), "fp32", shards=2,
+                      cuts=CUTS2, quant=(folder, ("fc1", "qkv", "q"), 0.5))
+
+
+def test_sharded_int8_pack_records_int8_per_shard_and_folds_the_smoothing(sharded_fp32, calib, outlier_ckpt):
+    """Every shard graph lists its own INT8 MatMuls (as the branch does); the shard's weights are the smoothed
+    checkpoint's cut (read back from its ONNX, computed here from the checkpoint and s); the float path of the
+    sharded W8A8 pack gives the plain FP32 pack's output (smoothing folded into the host, shards combined)."""
+    import onnx
+    from onnx import numpy_helper
+    from models.dit.checkpoint import DiTCheckpoint
+    from models.packs.pack import load_pack
+    from models.quant.smooth import SMOOTH_KEY
+    plain, _ = calib
+    pk = load_pack(sharded_fp32)
+    assert pk.manifest["shards"]["n"] == 2 and pk.manifest["shards"]["cuts"] == CUTS2
+    for b, want in zip(pk.branches, (5, 1, 1)):                           # q/k halves + v; cross q; fc1
+        parts = b["shards"]["parts"]
+        assert [len(p["int8"]) for p in parts] == [want, want], b["kind"]
+        for p in parts:                                                  # the names are the shard graph's MatMuls
+            g = onnx.load(str(pk.dir / p["onnx"]), load_external_data=False).graph
+            assert set(p["int8"]) <= {n.output[0] for n in g.node if n.op_type == "MatMul"}
+    s = pk.host_weights()[SMOOTH_KEY]
+    g = onnx.load(str(pk.dir / pk.branch(0, "self")["shards"]["parts"][1]["onnx"]))
+    w = {i.name: numpy_helper.to_array(i) for i in g.graph.initializer}
+    v = next(a for k, a in w.items() if k.startswith("v_w"))                # [D, D/2]: heads 2..3 of v_proj
+    ck = DiTCheckpoint.open(outlier_ckpt).get("blocks.0.self_attn.v_proj.weight")         # [D, D] (out, in)
+    half = ck.shape[0] // 2
+    np.testing.assert_allclose(v, ck[half:].T * s[0, 0][:, None], rtol=1e-6)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((16, 16, 16)).astype(np.float32)
+    ctx = rng.standard_normal((512, 128)).astype(np.float32)
+    ref, got = _forward(plain, x, ctx), _forward(pk, x, ctx)
+    assert np.abs(got - ref).max() < 1e-3 * np.abs(ref).max()
+
+
+def test_a_shards_quantizer_dataset_is_its_part_of_the_branchs(sharded_fp32, tmp_path):
+    """The quantizer inputs of a rows shard are its rows of the branch's stored X/s (sliced here by hand from the
+    dataset file); a heads shard takes the whole input; the one dataset serves every shard, and each shard's build
+    has its own fingerprint."""
+    from models.packs.pack import load_pack
+    from models.rknn.quant import quant_fingerprint, quant_request
+    from models.safetensors_io import SafeTensorsFile
+    pk = load_pack(sharded_fp32)
+    ds = SafeTensorsFile(pk.dir / pk.manifest["quant"]["dataset"]["file"])
+    ffn, selfb = pk.branch(0, "ffn"), pk.branch(0, "self")
+    prints = set()
+    for b in (ffn, selfb):
+        for p in b["shards"]["parts"]:
+            req = quant_request(pk.dir, pk.manifest, b, tmp_path / p["onnx"].replace("/", "_"), part=p)
+            assert req["int8"] == p["int8"] and len(req["dataset"]) == pk.manifest["quant"]["dataset"]["samples"]
+            for k, paths in enumerate(req["dataset"]):
+                xn = np.load(paths[[i["name"] for i in p["inputs"]].index("xn")])
+                full = ds.get(f"b00_{b['kind']}.{k}.xn")
+                a, e = p["range"] if b["kind"] == "ffn" else (0, full.shape[0])
+                np.testing.assert_array_equal(xn, full[a:e].astype(xn.dtype))
+            prints.add(quant_fingerprint(pk.manifest, b, p))
+    assert len(prints) == 4
+    assert quant_fingerprint(pk.manifest, ffn) not in prints                  # the one graph's is its own
+
+
 def test_board_model_prices_int8_shards_from_cost_rows():
     """A 3-shard W8A8 pack (ffn by rows, self by heads, cross by rows) against a hand computation from the cost
     file's rows: each shard's NPU time is its FP16 shard time less its INT8 projections' FP16 time x (1 - 1/1.90)
@@ -328,3 +397,49 @@ def test_auto_weighs_int8_shards_and_picks_them_when_faster():
     n16, _, best16 = auto.choose_pack(fp16, budget, memory=memory)
     assert n16 == 3 and best.denoise_s < best16.denoise_s
     assert auto.sharded_model(int8, n, cuts).shape.int8 == DEFAULT_INT8      # the pack it prices is INT8
+
+
+def test_sharded_int8_pack_compiles_and_passes_quant_check_in_the_simulator(outlier_ckpt, calib, tmp_path,
+                                                                           rknn_venv, capsys):
+    """A 2-shard W8A8 pack through the real rknn-toolkit2: `compile` builds every shard with hybrid quantization
+    (its INT8 MatMuls kept INT8) and resumes; `quant-check` runs the job on the shards and compares each branch's
+    combined shards (and each shard) with the FP32 reference: smoothed, they hold (measured in the simulator)."""
+    from models.cli import main
+    from models.packs.pack import build_pack, load_pack
+    from models.rknn.compile import compile_pack
+    _, folder = calib
+    pack = build_pack(outlier_ckpt, tmp_path / "w8a8-s2", (128, 128), "fp16", shards=2, cuts=CUTS2,
+                      quant=(folder, ("fc1", "qkv", "q"), 0.5))
+    report = compile_pack(pack, jobs=2, venv=rknn_venv, per_worker=0)
+    assert (report["built"], report["failed"]) == (9, 0), report                  # 3 branches + 6 shards
+    for b in load_pack(pack).branches:
+        for p in b["shards"]["parts"]:
+            assert p["rknn"]["quant"] and p["rknn"]["int8_tensors"] >= len(p["int8"]), p
+    again = compile_pack(pack, jobs=1, venv=rknn_venv, per_worker=0)
+    assert (again["built"], again["skipped"]) == (0, 9)
+    assert main(["quant-check", str(pack), "--checkpoint", str(outlier_ckpt), "--calib", str(folder), "--steps", "3",
+                 "--toolkit-venv", str(rknn_venv)]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    fields = dict(kv.split("=") for kv in out[-1].split()[1:])
+    assert out[-1].startswith("quant-check ") and fields["branches"] == "3"
+    assert float(fields["worst_cos"]) >= 0.998 and float(fields["final_cos"]) >= 0.99, out[-1]
+    shard_rows = [ln.split() for ln in out if ln.startswith("  b00_")]
+    assert len(shard_rows) == 6 and min(float(r[1]) for r in shard_rows) >= 0.998, out
+
+
+def test_a_relative_toolkit_venv_works_and_a_missing_one_is_a_clear_error(sharded_fp32, calib, outlier_ckpt,
+                                                                            rknn_venv, tmp_path, monkeypatch,
+                                                                            capsys):
+    """The toolkit worker starts in its own scratch folder: a relative --toolkit-venv must still name the venv
+    (it was looked up from the scratch folder: FileNotFoundError); quant-check without a toolkit environment
+    exits 2 naming --toolkit-venv."""
+    from models.cli import main
+    from models.rknn.client import ToolkitWorker
+    monkeypatch.chdir(rknn_venv.parent)
+    with ToolkitWorker(rknn_venv.name) as w:                                  # e.g. ".venv-rknn"
+        assert w.toolkit_version
+    monkeypatch.chdir(tmp_path)
+    _, folder = calib
+    assert main(["quant-check", str(sharded_fp32), "--checkpoint", str(outlier_ckpt), "--calib", str(folder),
+                 "--toolkit-venv", str(tmp_path / "no-venv")]) == 2
+    assert "--toolkit-venv" in capsys.readouterr().err
