@@ -285,6 +285,10 @@ def main(argv=None) -> int:
         return 2
     policies = [p for v in (args.policy or ["on-demand"]) for p in v.split(",")]
     policies = list(ALL) if policies == ["all"] else policies
+    if args.quant and not args.analytic:      # a run builds the tiny FP16 pack: it would silently not be INT8
+        print("bench/overhead.py: --quant models a W8A8 pack with --analytic only (runs use the tiny FP16 pack)",
+              file=sys.stderr)
+        return 2
     if args.backend != "board-sim" and args.time_scale != 1:
         print("bench/overhead.py: --time-scale paces board-sim only", file=sys.stderr)
         return 2

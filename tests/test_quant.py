@@ -443,3 +443,26 @@ def test_a_relative_toolkit_venv_works_and_a_missing_one_is_a_clear_error(sharde
     assert main(["quant-check", str(sharded_fp32), "--checkpoint", str(outlier_ckpt), "--calib", str(folder),
                  "--toolkit-venv", str(tmp_path / "no-venv")]) == 2
     assert "--toolkit-venv" in capsys.readouterr().err
+
+
+def test_the_analytic_bench_prices_a_sharded_int8_pack(capsys):
+    """bench/overhead.py --analytic --quant w8a8 --policy auto: auto's line names a --shards 3 pack, every line is
+    labelled modelled, the job is faster than the FP16 pack's and than the INT8 pack unsharded (--shards 1); a run
+    (not --analytic) with --quant is refused: it would run the FP16 tiny pack."""
+    import re
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench import overhead
+    jobs = {}
+    for name, extra in (("fp16", []), ("int8", ["--quant", "w8a8"]), ("int8-1", ["--quant", "w8a8", "--shards", "1"])):
+        assert overhead.main(["--analytic", "--policy", "auto", "--board-ram", "8"] + extra) == 0
+        out = capsys.readouterr().out.splitlines()
+        auto_line = next(line for line in out if line.startswith("auto:"))
+        assert "modelled" in auto_line and all("modelled" in line for line in out if "W8A8" in line)
+        if name == "int8":
+            assert "pack --shards 3" in auto_line and "W8A8" in out[0]
+        jobs[name] = float(re.fullmatch(r"policy=auto board_ram=8 overhead_ratio=[\d.]+ job_s=([\d.]+)", out[-1])[1])
+    assert jobs["int8"] < jobs["fp16"] and jobs["int8"] < jobs["int8-1"], jobs
+    assert overhead.main(["--backend", "board-sim", "--quant", "w8a8"]) == 2
+    assert "--analytic" in capsys.readouterr().err
