@@ -466,3 +466,16 @@ def test_the_analytic_bench_prices_a_sharded_int8_pack(capsys):
     assert jobs["int8"] < jobs["fp16"] and jobs["int8"] < jobs["int8-1"], jobs
     assert overhead.main(["--backend", "board-sim", "--quant", "w8a8"]) == 2
     assert "--analytic" in capsys.readouterr().err
+
+
+def test_board_sim_models_a_sharded_int8_pack_as_built(sharded_fp32):
+    """What board-sim and `auto` read off a pack (Shape.of_pack): its shards, cuts and INT8 layers together, so its
+    shards are priced with their INT8 projections (each shard's NPU time below the same FP16 pack's)."""
+    import dataclasses
+    from models.board.cost import BoardModel, Shape
+    shape = Shape.of_pack(sharded_fp32, "full")
+    assert (shape.shards, dict(shape.cuts), shape.int8) == (2, CUTS2, ("fc1", "qkv", "q"))
+    int8, fp16 = BoardModel(shape), BoardModel(dataclasses.replace(shape, int8=()))
+    for kind in ("self", "cross", "ffn"):
+        assert len(int8.parts[kind]) == 2
+        assert all(a.npu_s < b.npu_s for a, b in zip(int8.parts[kind], fp16.parts[kind])), kind
