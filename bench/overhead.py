@@ -251,7 +251,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pack", help="a real pack (rknn / onnx backends); default: the tiny pack at the resolution")
     ap.add_argument("--models", help="the models folder that goes with --pack")
     ap.add_argument("--cache", default="/tmp/anima-bench-overhead", help="where the tiny bundle and pack are kept")
-    ap.add_argument("--json", default=None, help="default bench/out/overhead-BACKEND.json (runs are merged)")
+    ap.add_argument("--json", default=None, help="default bench/out/overhead-BACKEND.json (runs are merged); with "
+                    "--analytic: the printed table, only when given")
     ap.add_argument("--plot", default=None, help="default: the JSON's path with .png")
     ap.add_argument("--quant", choices=("w8a8",), default=None, help="--analytic: model a W8A8 pack of the "
                     "default INT8 layers (fc1, qkv, q; docs/quant.md)")
@@ -312,6 +313,12 @@ def main(argv=None) -> int:
             return 2
         for line in model.describe() + lines:
             print(line)
+        if args.json:                       # the printed table, kept (a run's JSON holds runs; this is a projection)
+            from models.durable import atomic_write
+            doc = {"label": LABEL, "analytic": True, "resolution": [args.width, args.height], "quant": args.quant,
+                   "shards": args.shards, "policies": policies, "board_ram_gb": rams, "lines": model.describe() + lines}
+            atomic_write(Path(args.json), (json.dumps(doc, indent=1) + "\n").encode())
+            print(f"json: {args.json}  [{LABEL}]")
         return 0
     if args.pack:
         assets = (Path(args.models), Path(args.pack))

@@ -445,7 +445,7 @@ def test_a_relative_toolkit_venv_works_and_a_missing_one_is_a_clear_error(sharde
     assert "--toolkit-venv" in capsys.readouterr().err
 
 
-def test_the_analytic_bench_prices_a_sharded_int8_pack(capsys):
+def test_the_analytic_bench_prices_a_sharded_int8_pack(capsys, tmp_path):
     """bench/overhead.py --analytic --quant w8a8 --policy auto: auto's line names a --shards 3 pack, every line is
     labelled modelled, the job is faster than the FP16 pack's and than the INT8 pack unsharded (--shards 1); a run
     (not --analytic) with --quant is refused: it would run the FP16 tiny pack."""
@@ -464,6 +464,13 @@ def test_the_analytic_bench_prices_a_sharded_int8_pack(capsys):
             assert "pack --shards 3" in auto_line and "W8A8" in out[0]
         jobs[name] = float(re.fullmatch(r"policy=auto board_ram=8 overhead_ratio=[\d.]+ job_s=([\d.]+)", out[-1])[1])
     assert jobs["int8"] < jobs["fp16"] and jobs["int8"] < jobs["int8-1"], jobs
+    import json
+    out = tmp_path / "a.json"
+    assert overhead.main(["--analytic", "--policy", "auto", "--quant", "w8a8", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["label"] == "modelled" and doc["quant"] == "w8a8"
+    assert doc["lines"][-1].endswith("job_s=%.1f" % jobs["int8"])
+    capsys.readouterr()
     assert overhead.main(["--backend", "board-sim", "--quant", "w8a8"]) == 2
     assert "--analytic" in capsys.readouterr().err
 

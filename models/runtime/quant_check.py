@@ -3,10 +3,12 @@
 1. Every branch, built by the toolkit's hybrid quantization exactly as `anima-models compile` builds it, runs on the
    calibration's held-out inputs (records the quantizer never saw); its output is compared with the FP32 torch
    reference (models/dit/reference.py) of the checkpoint's own, unsmoothed weights on the unsmoothed input: the
-   cosine measures everything INT8 and smoothing did to that branch.
+   cosine measures everything INT8 and smoothing did to that branch. A sharded pack's branch is its shards (what
+   the executor runs), combined in FP32, with a cosine per shard beside it.
 2. A whole job (the calibration's first prompt, its negative, a seed; every step computed) runs twice from the same
-   noise: on the INT8 pack in the simulator (each branch kept built in its own worker, so the job costs one build per
-   branch) and on a FP16 pack of the same checkpoint on ONNX Runtime; the final latents' cosine is the job's figure.
+   noise: on the INT8 pack in the simulator (each branch, or shard, kept built in its own worker, so the job costs
+   one build per graph; shards run in turn) and on a FP16 pack of the same checkpoint on ONNX Runtime; the final
+   latents' cosine is the job's figure.
 """
 from __future__ import annotations
 
