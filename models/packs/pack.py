@@ -160,7 +160,7 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
     shards, cut_of, chosen = _shard_cuts(cfg, geom, shards, cuts, lora_rank, tuple(quant[1]) if quant else ())
     sha = ckpt.sha256()
     baked = _bake_plan(ckpt, loras)
-    qplan = _quant_plan(quant, ckpt, sha, geom, lora_rank, shards, loras)
+    qplan = _quant_plan(quant, ckpt, sha, geom, lora_rank, loras)
     refuse_replacing(out, sha, (geom.width, geom.height), overwrite)
     with building_folder(out) as tmp:                 # renamed to `out` when complete, removed on any error
         keys = _write_host_weights(tmp, ckpt, baked, sha, qplan)
@@ -182,13 +182,13 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
     return out
 
 
-def _quant_plan(quant: Optional[tuple], ckpt, sha: str, geom: Geometry, lora_rank: int, shards: int, loras):
+def _quant_plan(quant: Optional[tuple], ckpt, sha: str, geom: Geometry, lora_rank: int, loras):
     """The QuantPlan of a W8A8 pack with its smoothing table, or None; PackError naming the option."""
     if quant is None:
         return None
     from models.quant.packing import check_combination, open_plan, smooth_table
     try:
-        check_combination(lora_rank, shards, loras)
+        check_combination(lora_rank, loras)
         plan = open_plan(quant[0], tuple(quant[1]), quant[2], sha, geom)
     except ValueError as e:
         raise PackError(str(e)) from None

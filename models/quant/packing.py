@@ -87,7 +87,7 @@ def quant_section(plan: QuantPlan, dataset: dict) -> dict:
             "dataset": dataset}
 
 
-def check_combination(lora_rank: int, shards: int, loras) -> None:
+def check_combination(lora_rank: int, loras) -> None:
     """An INT8 pack takes no LoRA-ready inputs and no baked LoRAs (their deltas would need re-calibration);
     ValueError naming both options. Shards are fine: each shard graph carries its branch's INT8 layers."""
     if lora_rank:
