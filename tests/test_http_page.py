@@ -226,8 +226,10 @@ def _start_from(page, picture: Path) -> None:
                            "document.getElementById('mask-canvas').width > 0")
 
 
-def _submitted(page) -> str:
-    page.wait_for_function("document.getElementById('live-job').textContent.startsWith('job ')", timeout=JOB_MS)
+def _submitted(page, after: str = "") -> str:
+    """The job the page queued last: a new id in the live box (`after`, the one it showed before)."""
+    page.wait_for_function("([old]) => { const t = document.getElementById('live-job').textContent;"
+                           "return t.startsWith('job ') && t !== 'job ' + old; }", arg=[after], timeout=JOB_MS)
     return page.text_content("#live-job").split()[-1]
 
 
@@ -300,6 +302,10 @@ def test_paint_a_mask_and_grow_it(pipe, browser, tmp_path):
     page.dispatch_event("#form", "drop", {"dataTransfer": page.evaluate_handle(DROP, ["paint.png", data])})
     page.wait_for_function("document.getElementById('mask-canvas').width === 128")
     assert page.query_selector("#init-box .field-error") is None
+    # the thumbnail is a data: URL, which the page's CSP allows (a blob: one it blocks; this browser bypasses the CSP
+    # for Playwright's own scripts, so the rule is checked here)
+    from orchestrator.http.app import PAGE_CSP
+    assert page.get_attribute("#init-thumb", "src").startswith("data:image/png") and "img-src 'self' data:" in PAGE_CSP
     page.select_option("#mask-mode", "paint")
     page.eval_on_selector("#brush", "e => { e.value = '20'; e.dispatchEvent(new Event('input')); }")
     box = page.query_selector("#mask-canvas").bounding_box()
@@ -326,10 +332,25 @@ def test_paint_a_mask_and_grow_it(pipe, browser, tmp_path):
     assert mask[100, 100] == 0 and mask[round(0.25 * 128), 100] == 0 and mask[10, 10] == 0
     page.click("#cancel")
     page.wait_for_function("document.getElementById('live-state').textContent === 'cancelled'", timeout=JOB_MS)
-    # erase and clear: the canvas is empty again, so no mask goes with the next job
+    # clear: the canvas is empty again
     page.click("#mask-clear")
     assert page.evaluate("(() => { const c = document.getElementById('mask-canvas');"
                          "return Math.max(...c.getContext('2d').getImageData(0, 0, c.width, c.height).data); })()") == 0
+    # a mask file instead: uploaded as it is, the job's mask is its white
+    grey = np.zeros((128, 128), np.uint8)
+    grey[:, 64:] = 255
+    Image.fromarray(grey, "L").save(tmp_path / "right.png")
+    page.select_option("#mask-mode", "file")
+    assert page.is_hidden("#mask-canvas") and page.is_hidden("#brush")
+    page.set_input_files("#mask-file", str(tmp_path / "right.png"))
+    page.fill("#grow", "")
+    page.click("#go")
+    job = _submitted(page, after=job)
+    spec = _spec(pipe, job)
+    assert spec["mask"] == "page/right.png [input]" and spec.get("grow_mask_by") is None
+    assert np.array_equal(np.asarray(Image.open(pipe.job_dir(job) / "mask.png")), grey)
+    page.click("#cancel")
+    page.wait_for_function("document.getElementById('live-state').textContent === 'cancelled'", timeout=JOB_MS)
     assert errors == []
 
 
