@@ -342,6 +342,14 @@ def test_paint_a_mask_and_grow_it(pipe, browser, tmp_path):
     Image.fromarray(grey, "L").save(tmp_path / "right.png")
     page.select_option("#mask-mode", "file")
     assert page.is_hidden("#mask-canvas") and page.is_hidden("#brush")
+    # a mask file that is not an image: refused in the mask row when it comes back, and once again (not twice) by a
+    # Generate that needs it; no job is queued
+    page.set_input_files("#mask-file", str(tmp_path / "notes.png"))
+    page.wait_for_selector("[data-field~=mask] .field-error")
+    page.click("#go")
+    page.wait_for_function("document.querySelectorAll('[data-field~=mask] .field-error').length === 1 && "
+                           "!document.getElementById('go').disabled")
+    assert page.text_content("#live-job") == "job " + job
     page.set_input_files("#mask-file", str(tmp_path / "right.png"))
     page.fill("#grow", "")
     page.click("#go")

@@ -53,6 +53,8 @@ function fieldError(field, text) {
   const key = String(field || "").split(/[.[]/)[0];
   const box = key ? document.querySelector('[data-field~="' + CSS.escape(key) + '"]') : null;
   if (!box) { showError(text + (field ? " (" + field + ")" : "")); return; }
+  // once: an upload's refusal is said when it comes back and again by a Generate that was waiting on it
+  if (Array.from(box.querySelectorAll(".field-error")).some((e) => e.textContent === text)) return;
   box.append(el("span", { className: "error field-error", role: "alert", textContent: text }));
 }
 
@@ -322,7 +324,7 @@ function imageEvents() {
   $("mask-file").addEventListener("change", () => {
     const file = $("mask-file").files[0];
     maskUpload = file ? upload(file, file.name || "mask.png", "mask") : null;
-    if (maskUpload) maskUpload.catch((e) => fieldError("mask", e.message));
+    if (maskUpload) maskUpload.catch((e) => fieldError("mask", e.message));   // and again at Generate
   });
   const form = $("form");                      // an image dropped anywhere on the form is the one to start from
   form.addEventListener("dragover", (ev) => {
