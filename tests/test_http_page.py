@@ -315,6 +315,9 @@ def test_paint_a_mask_and_grow_it(pipe, browser, tmp_path):
     for fx in (0.3, 0.4, 0.5):
         page.mouse.move(*at(fx, 0.25))
     page.mouse.up()
+    page.check("#erase")                                         # erase the stroke's far end again: a click's dot
+    page.mouse.click(*at(0.5, 0.25))
+    page.uncheck("#erase")
     page.fill("#grow", "6")
     page.fill("#prompt", "1girl, a painted mask")
     page.fill("#steps", "20")
@@ -327,8 +330,9 @@ def test_paint_a_mask_and_grow_it(pipe, browser, tmp_path):
     import numpy as np
     mask = np.asarray(Image.open(pipe.job_dir(job) / "mask.png"))
     assert mask.shape == (128, 128)
-    for fx in (0.2, 0.3, 0.4, 0.5):
+    for fx in (0.2, 0.3, 0.4):
         assert mask[round(0.25 * 128), round(fx * 128)] == 255, fx
+    assert mask[round(0.25 * 128), round(0.5 * 128)] == 0                     # erased
     assert mask[100, 100] == 0 and mask[round(0.25 * 128), 100] == 0 and mask[10, 10] == 0
     page.click("#cancel")
     page.wait_for_function("document.getElementById('live-state').textContent === 'cancelled'", timeout=JOB_MS)
