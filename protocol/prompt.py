@@ -26,6 +26,7 @@ SEED_LIMIT = 2 ** 64            # seeds are 0 <= seed < 2^64
 DEFAULT_STEPS = 30
 DEFAULT_CFG = 4.0
 MAX_BATCH = 8                   # images per job (batch-1 packs run them one after another)
+MAX_HIRES_SCALE = 4.0           # hires `scale`: each latent side times at most this
 MAX_INT_DIGITS = 40             # a JSON integer longer than this is never a valid value (seeds are < 2^64: 20 digits)
 MAX_OUTPUT_CHARS = 4096
 MAX_INPUT_REF_CHARS = 1024      # an upload's name as LoadImage gives it: 'sub/NAME.png [input]'
@@ -157,7 +158,7 @@ class HiresSettings(Record, frozen=True):
 
     KEY_NOUN: ClassVar[str] = "setting"
 
-    scale: Float(1.0, 4.0) | None = None
+    scale: Float(1.0, MAX_HIRES_SCALE) | None = None
     width: Side | None = None
     height: Side | None = None
     method: Literal[UPSCALE_METHODS + ("lanczos",)] = "nearest-exact"
