@@ -193,8 +193,10 @@ class JobFlow:
                               f"changed after the job was queued); the sizes with a pack: {have}")
 
     def _to_hires_arena(self) -> None:
-        """The rest of the job on the hires pack: its own arena (contexts, init latent, latent), the first closed."""
-        if self.pack is self.hires_pack:
+        """The rest of the job on the hires pack: its own arena (contexts, init latent, latent), the first closed.
+        The same pack (a second pass at the first size) keeps its arena only if it has an init latent slot (a
+        text-to-image job's has none)."""
+        if self.pack is self.hires_pack and self.init_latent is not None:
             return
         self.arena.close()
         self.arena, self.pack = None, self.hires_pack

@@ -420,3 +420,22 @@ def test_post_prompt_submits_the_hires_fix_and_the_batch(tmp_path):
     assert second.prompt.batch == 3 and second.prompt.hires is None
     details = [e["details"] for e in body["node_errors"]["50"]["errors"]]
     assert any("192x192 has no model pack" in d and "128x128" in d for d in details), details
+
+
+def test_a_hires_jobs_png_shows_the_two_pass_graph():
+    """A job of prompt.json / A1111's enable_hr / the page (no client graph): the PNG's `prompt` chunk is the two-pass
+    graph (orchestrator/report.py png_metadata: what /history and /queue show too, views.JobView.graph), and
+    `workflow` draws it; the graph maps back onto the job."""
+    from types import SimpleNamespace
+
+    from orchestrator.report import png_metadata
+    pack = SimpleNamespace(width=64, height=64, source_name=TINY_NAMES["unet"], source_sha256="ab" * 32)
+    spec = parse_prompt_obj({"prompt": "a cat", "seed": 1, "steps": 3, "spectrum": False,
+                             "hires": {"scale": 1.5, "denoise": 0.4, "prompt": "a sharp cat"}}, resolution=SIZES)
+    meta = png_metadata(spec, pack, "j", names=NAMES)
+    graph = json.loads(meta["prompt"])
+    assert graph["8"]["inputs"]["samples"] == ["51", 0] and graph["51"]["inputs"]["latent_image"] == ["50", 0]
+    assert graph["52"]["inputs"]["text"] == "a sharp cat"
+    assert {n["type"] for n in json.loads(meta["workflow"])["nodes"]} >= {"LatentUpscaleBy", "KSampler"}
+    back = parse_prompt_obj(_job(graph).spec, resolution=SIZES)
+    assert back.hires == spec.hires.replace(steps=3) and back.seed == spec.seed
