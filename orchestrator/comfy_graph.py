@@ -19,8 +19,11 @@ loaders outward, each with the strengths of the chains it is in (0 where it is n
 Validation follows ComfyUI's (execution.validate_prompt): unknown node types, missing inputs, bad links, type
 mismatches, values outside min/max or not in a list are reported per node as {"errors": [{type, message, details,
 extra_info}], "dependent_outputs", "class_type"}; the body of the 400 is {"error": {...}, "node_errors": {...}}.
-Then what this pipeline cannot do (a second sampling pass, a size without a model pack, another sampling shift) is
-reported the same way, on the node that asks for it.
+Then what this pipeline cannot do (a size without a model pack, another sampling shift, an image, batch or hires fix
+shape prompt.json cannot say: docs/workflows.md) is reported the same way, on the node that asks for it.
+
+A hires fix (KSampler -> LatentUpscale[By], or VAEDecode -> ImageScale[By] -> VAEEncode, -> KSampler) maps onto
+prompt.json's `hires`, RepeatLatentBatch / LatentFromBatch before the sampler onto `batch`.
 """
 from __future__ import annotations
 
@@ -872,8 +875,8 @@ def _image_latent(c: _Checker, role_of: dict, vae: str, latent: str) -> tuple[di
     roles["encode"] = latent
     pixels = c.links[latent]["pixels"]
     if role_of[pixels] != "image":
-        return roles, fields, [_custom(latent, "pixels", "one sampling pass per job: the pixels must be a "
-                                       "LoadImage's (an upload)")]
+        return roles, fields, [_custom(latent, "pixels", "the pixels must be a LoadImage's (an upload), or for a "
+                                       "pixel hires fix ImageScale[By] of the first KSampler's VAEDecode")]
     roles["image"] = pixels
     fields["init_image"] = c.values[pixels]["image"]
     if c.links[latent]["vae"] != vae:
