@@ -675,6 +675,12 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
         spec["batch"] = batch_size
     if second is not None:
         spec["hires"] = _hires(graph, c, role_of, roles, spec, problems)
+        if "mask" in spec and "hires_encode" not in roles:
+            # ComfyUI's LATENT keeps its noise_mask through KSampler and LatentUpscale: its second pass is masked
+            problems.append(_custom(roles["upscale"], "samples", "the first pass's latent carries its noise mask "
+                                    "into ComfyUI's second KSampler, which a job's second pass does not: inpaint "
+                                    "with the pixel path (VAEDecode -> ImageScale[By] -> VAEEncode) or without a "
+                                    "hires fix"))
         if not problems and (spec.get("width") or sizes):    # an image's job: at the pack's size here
             problems += _hires_size_problems(graph, GraphJob(spec, roles, out), *(
                 (spec["width"], spec["height"]) if spec.get("width") else sizes[0]))

@@ -273,6 +273,21 @@ def test_a_hires_fix_from_an_init_image_is_sized_to_the_image():
             "center would crop the 96x64 first pass")
 
 
+def test_a_latent_hires_fix_of_an_inpaint_is_refused_the_pixel_path_taken():
+    """ComfyUI's KSampler and LatentUpscale copy the LATENT dict, noise_mask included: its second KSampler samples
+    under the first pass's mask, a job's second pass does not. VAEEncode makes a latent without one."""
+    def inpaint(g):
+        del g["5"]
+        g["20"] = {"class_type": "LoadImage", "inputs": {"image": "a.png"}}
+        g["21"] = {"class_type": "VAEEncode", "inputs": {"pixels": ["20", 0], "vae": ["13", 0]}}
+        g["23"] = {"class_type": "SetLatentNoiseMask", "inputs": {"samples": ["21", 0], "mask": ["20", 1]}}
+        g["3"]["inputs"].update(latent_image=["23", 0], denoise=0.8)
+        return g
+    _custom(_refused(inpaint(hires_graph())), "50", "samples", "carries its noise mask")
+    job = _job(inpaint(hires_graph("ImageScaleBy")))
+    assert (job.spec["mask"], job.spec["hires"]["space"]) == ("a.png", "pixel")
+
+
 # ---- graph -> job: batches -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("nodes,batch_size,want", [
     ((("RepeatLatentBatch", {"amount": 3}),), 1, 3),
