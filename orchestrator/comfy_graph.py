@@ -586,7 +586,10 @@ def _hires_size_problems(graph: dict, job: GraphJob, width: int, height: int) ->
             old, new = (height, width), (h["width"], h["height"])
         else:
             old = (height // lo.LATENT_SCALE, width // lo.LATENT_SCALE)
-            new = lo.upscale_size(old, h["width"], h["height"])[::-1]
+            try:
+                new = lo.upscale_size(old, h["width"], h["height"])[::-1]
+            except lo.LatentOpError as e:               # a side past what any latent may be
+                return [_custom(node, "width", str(e), h["width"])]
         if lo.center_crop_margins(*old, *new) != (0, 0):
             problems.append(_custom(node, "crop", f"center would crop the {width}x{height} first pass to the aspect "
                                     f"of {h['width']}x{h['height']}; a job's hires pass does not crop: set disabled, "
@@ -788,7 +791,7 @@ def _hires(graph, c: _Checker, role_of: dict, roles: dict, spec: dict, problems:
     cfg, sampler, scheduler and prompts where they differ from the first's. Both passes take one model chain."""
     up, ks = c.values[roles["upscale"]], c.values[roles["hires_sampler"]]
     h = {"method": up["upscale_method"], **({"space": "pixel"} if "hires_encode" in roles else {})}
-    problems += _upscale_size(roles["upscale"], up, h)
+    problems += _upscale_size(roles["upscale"], up, h, (spec["width"], spec["height"]) if spec.get("width") else None)
     problems += _second_sampler(graph, c, roles, ks, h)
     if c.links[roles["hires_sampler"]]["model"] != c.links[roles["sampler"]]["model"]:
         problems.append(_custom(roles["hires_sampler"], "model", "both KSamplers must take the same MODEL (one model "
@@ -812,22 +815,42 @@ def _hires(graph, c: _Checker, role_of: dict, roles: dict, spec: dict, problems:
     return h
 
 
-def _upscale_size(node: str, up: dict, h: dict) -> list:
-    """The second size: scale_by (prompt.json's hires.scale, 1..4), or both width and height."""
+def _upscale_size(node: str, up: dict, h: dict, first: tuple[int, int] | None) -> list:
+    """The second size: scale_by (prompt.json's hires.scale, 1..4), or width and height, a 0 side keeping the
+    first pass's aspect as the node does (`first`: its (width, height), None when an init image sets it later)."""
     if "scale_by" in up:
         if not 1.0 <= up["scale_by"] <= 4.0:
             return [_custom(node, "scale_by", f"a hires fix upscales by 1..4 (prompt.json's hires.scale), got "
                             f"{up['scale_by']}", up["scale_by"])]
         h["scale"] = up["scale_by"]
         return []
-    zero = [k for k in ("width", "height") if not up[k]]
-    if zero:
-        return [_custom(node, zero[0], "0 (keep the aspect) is not supported: give both width and height", 0)]
-    if h.get("space") == "pixel" and (up["width"] % 8 or up["height"] % 8):
-        return [_custom(node, "width" if up["width"] % 8 else "height", "VAEEncode would crop the scaled image to "
-                        "a multiple of 8 pixels: give width and height that are multiples of 8")]
-    h.update(width=up["width"], height=up["height"])      # crop: checked once the first size is known
+    width, height = up["width"], up["height"]
+    if not (width and height):
+        if first is None:
+            return [_custom(node, "width" if not width else "height", "0 (keep the aspect) needs the first pass's "
+                            "size, which an init image's graph gets only at submit: give both width and height", 0)]
+        try:
+            width, height = _kept_aspect(width, height, *first, h.get("space") == "pixel")
+        except lo.LatentOpError as e:                   # a side past what any latent may be
+            return [_custom(node, "width" if width else "height", str(e), width or height)]
+    if h.get("space") == "pixel" and (width % 8 or height % 8):
+        return [_custom(node, "width" if width % 8 else "height", f"{width}x{height}: VAEEncode would crop the "
+                        "scaled image to a multiple of 8 pixels: give a width and height that are multiples of 8")]
+    h.update(width=width, height=height)                # crop: checked once the first size is known
     return []
+
+
+def _kept_aspect(width: int, height: int, w0: int, h0: int, pixel: bool) -> tuple[int, int]:
+    """An upscale node's size with a 0 side from a w0 x h0 first pass: ImageScale's rule on pixels (round, at least
+    1), LatentUpscale's on latent cells (models/sampling/latent_ops.upscale_size), in pixels."""
+    if not (width or height):
+        return w0, h0                                   # both 0: the input as it is
+    if pixel:
+        if not width:
+            return max(1, round(w0 * height / h0)), height
+        return width, max(1, round(h0 * width / w0))
+    cells = lo.upscale_size((h0 // lo.LATENT_SCALE, w0 // lo.LATENT_SCALE), width, height)
+    return cells[1] * lo.LATENT_SCALE, cells[0] * lo.LATENT_SCALE
 
 
 def _second_sampler(graph, c: _Checker, roles: dict, ks: dict, h: dict) -> list:

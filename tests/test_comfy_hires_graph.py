@@ -234,7 +234,34 @@ def test_pixel_sizes_vae_encode_would_crop_are_refused():
     _custom(_refused(hires_graph("ImageScaleBy", scale_by=1.3), [(64, 64), (80, 80)]), "50", "scale_by",
             "scales the 64x64 image to 83x83")
     _custom(_refused(hires_graph("ImageScale", width=100, height=96)), "50", "width", "multiples of 8")
-    _custom(_refused(hires_graph("LatentUpscale", width=0, height=96)), "50", "width", "give both")
+    _custom(_refused(hires_graph("ImageScale", width=0, height=100)), "50", "width", "100x100: VAEEncode would crop")
+
+
+@pytest.mark.parametrize("up,width,height,want", [
+    ("LatentUpscale", 0, 96, (96, 96)),          # 0 keeps the aspect (nodes.py: round(w * height / h), at least 64)
+    ("LatentUpscale", 128, 0, (128, 128)),
+    ("LatentUpscale", 0, 0, (64, 64)),           # both 0: the latent as it is
+    ("ImageScale", 0, 96, (96, 96)),             # ImageScale: round(w * height / h) pixels
+    ("ImageScale", 0, 0, (64, 64)),
+])
+def test_a_zero_side_keeps_the_first_passs_aspect(up, width, height, want):
+    h = _job(hires_graph(up, width=width, height=height)).spec["hires"]
+    assert (h["width"], h["height"]) == want
+
+
+def test_sides_past_any_latent_are_node_errors_not_tracebacks():
+    _custom(_refused(hires_graph("LatentUpscale", width=10000, height=0)), "50", "width",
+            "must be an integer in 0..8192")
+    _custom(_refused(hires_graph("LatentUpscale", width=16000, height=96, crop="center")), "50", "width",
+            "must be an integer in 0..8192")
+    e = _refused(hires_graph("LatentUpscale", width=8000, height=96))          # prompt.json's bound: on the node
+    _custom(e, "50", "width", "16..4096")
+    g = hires_graph("LatentUpscale", width=0, height=96)                       # from an init image: no size yet
+    del g["5"]
+    g["20"] = {"class_type": "LoadImage", "inputs": {"image": "a.png"}}
+    g["21"] = {"class_type": "VAEEncode", "inputs": {"pixels": ["20", 0], "vae": ["13", 0]}}
+    g["3"]["inputs"].update(latent_image=["21", 0], denoise=0.6)
+    _custom(_refused(g), "50", "width", "give both width and height")
 
 
 def test_other_hires_shapes_are_refused_on_the_node():
@@ -365,7 +392,8 @@ def test_a_hires_jobs_graph_is_the_two_pass_graph_and_maps_back(hires):
                       "sampler": "euler", "spectrum": False, "hires": hires})
     g = job_to_graph(spec, names=NAMES)
     kinds = {n["class_type"] for n in g.values()}
-    assert ({"ImageScaleBy", "ImageScale"} if hires.get("space") == "pixel" else {"LatentUpscaleBy", "LatentUpscale"})         & kinds
+    ups = {"ImageScaleBy", "ImageScale"} if hires.get("space") == "pixel" else {"LatentUpscaleBy", "LatentUpscale"}
+    assert ups & kinds
     assert [n["class_type"] for n in g.values()].count("KSampler") == 2
     back = _resolved(_job(g).spec)
     # the same job: a second KSampler always has its steps (hires.steps 0, "the job's", shows as that number)
