@@ -646,6 +646,8 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
     problems = []
     role_of = {k: table[graph[k]["class_type"]].role for k in c.done}
     decode = c.links[out]["images"]
+    if role_of[decode] != "decode":                               # an IMAGE of LoadImage or ImageScale: no job
+        return {}, {}, [_custom(out, "images", "SaveImage must save VAEDecode's image (of the last KSampler)")]
     sampler = c.links[decode]["samples"]
     if role_of[sampler] != "sampler":
         return {}, {}, [_custom(decode, "samples", "VAEDecode must decode the KSampler's output")]

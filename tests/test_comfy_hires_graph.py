@@ -482,3 +482,42 @@ def test_a_hires_jobs_png_shows_the_two_pass_graph():
     assert {n["type"] for n in json.loads(meta["workflow"])["nodes"]} >= {"LatentUpscaleBy", "KSampler"}
     back = parse_prompt_obj(_job(graph).spec, resolution=SIZES)
     assert back.hires == spec.hires.replace(steps=3) and back.seed == spec.seed
+
+
+def test_save_image_of_an_image_that_is_no_decode_is_a_node_error():
+    """SaveImage of LoadImage's (or ImageScale's) IMAGE passed ComfyUI's type check and then raised KeyError in the
+    mapping (a 500 from POST /prompt); now a node error on SaveImage."""
+    for src in ("20", "50"):
+        g = hires_graph("ImageScaleBy")
+        g["20"] = {"class_type": "LoadImage", "inputs": {"image": "a.png"}}
+        g["9"]["inputs"]["images"] = [src, 0]
+        _custom(_refused(g), "9", "images", "must save VAEDecode's image")
+
+
+def test_random_edits_of_hires_and_batch_graphs_are_graph_errors_or_jobs():
+    """Inputs of the new nodes' graphs set to values and links of every kind: graph_to_job (and sized_to_image for
+    an image's job) gives a job or ComfyUI's 400, never another exception (a 500)."""
+    import random
+    pool = [0, 1, -1, 8, 63, 65, 4096, 16384, 99999, 0.5, 1.0, 1.5, 4.0, 8.0, "x", "", None, [], {}, True, "center",
+            "bislerp", "lanczos", "disable", float("nan"), ["3", 0], ["50", 0], ["5", 0], ["54", 0], ["55", 0],
+            ["51", 0], ["99", 0], ["20", 0], ["20", 1], ["21", 0]]
+    bases = [hires_graph(u) for u in ("LatentUpscaleBy", "LatentUpscale", "ImageScaleBy", "ImageScale")]
+    bases += [hires_graph(second="KSamplerAdvanced"), batch_graph(("RepeatLatentBatch", {"amount": 3})),
+              batch_graph(("LatentFromBatch", {"batch_index": 0, "length": 2}), batch_size=3)]
+    for g in list(bases):
+        g = copy.deepcopy(g)
+        g["20"] = {"class_type": "LoadImage", "inputs": {"image": "a.png"}}
+        g["21"] = {"class_type": "VAEEncode", "inputs": {"pixels": ["20", 0], "vae": ["13", 0]}}
+        bases.append(g)
+    rng = random.Random(27)
+    for _ in range(600):
+        g = copy.deepcopy(rng.choice(bases))
+        for _ in range(rng.randint(1, 3)):
+            node = g[rng.choice(list(g))]
+            node["inputs"][rng.choice(list(node["inputs"]))] = rng.choice(pool)
+        try:
+            job = _job(g)
+            if "init_image" in job.spec:
+                sized_to_image(g, job, rng.choice([(64, 64), (96, 64), (80, 80)]), SIZES)
+        except GraphError as e:
+            json.dumps(e.body())
