@@ -137,6 +137,23 @@ def test_a_graphs_text_to_image_hires_fix_at_the_first_size_runs_on_the_one_pack
         assert im.size == (64, 64) and "Hires upscale: 1.0, Hires steps: 4," in im.text["parameters"]
 
 
+def test_bislerp_upscales_the_latent_in_vae_space_as_comfyui(d):
+    """ComfyUI's LatentUpscale sees a KSampler's LATENT in VAE space (process_latent_out: z * std + mean); bislerp
+    slerps across channels, so upscaling the model-space latent gave another latent (max difference ~1.5 on a
+    random one). Reference: ComfyUI's bislerp written in torch (tests/test_hires_batch.py) on the VAE-space latent."""
+    from models.vae.latent import denormalize, normalize
+    from tests.test_hires_batch import _torch_bislerp
+    job = d.submit({"prompt": "a girl", "seed": 4, "steps": 2, "denoise": 0.8,
+                    "init_image": _init_image(d, "bs.png", 4),
+                    "hires": {"scale": 1.5, "method": "bislerp", "steps": 2, "denoise": 0.5}})
+    info = _wait(d, job, ("done", "failed"))
+    assert info.state == "done", info
+    jd = d.rf.jobs / job
+    vae = torch.from_numpy(denormalize(np.load(jd / "latent.npy"))[None])
+    want = 2 * normalize(_torch_bislerp(vae, 12, 12)[0].numpy()) + np.float32(0.5)
+    np.testing.assert_allclose(np.load(jd / "hires_latent.npy"), want, rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("hires, extra, field, words", [
     ({"scale": 2.0}, {}, "hires", "128x128 has no model pack; the sizes with a pack: 64x64, 96x96"),
     ({"width": 96}, {}, "hires", "either scale, or both width and height"),
