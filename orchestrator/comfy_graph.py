@@ -779,8 +779,9 @@ def _second_pass(c: _Checker, role_of: dict, sampler: str, vae: str) -> tuple[di
     roles.update(hires_encode=latent, upscale=c.links[latent]["pixels"])
     decode = roles["hires_decode"] = c.links[roles["upscale"]]["image"]
     if role_of[decode] != "decode" or role_of[c.links[decode]["samples"]] != "sampler":
-        return roles, None, [_custom(roles["upscale"], "image", "a pixel hires fix scales the first KSampler's "
-                                     "VAEDecode")]
+        return roles, None, [_custom(roles["upscale"], "image", "ImageScale[By] before VAEEncode is a pixel hires "
+                                     "fix here: it scales the first KSampler's VAEDecode (an upload is encoded at "
+                                     "its own size)")]
     wrong = [n for n in (decode, latent) if c.links[n]["vae"] != vae]
     if wrong:
         return roles, None, [_custom(n, "vae", "every VAEDecode and VAEEncode must take the same VAE (one VAE "
