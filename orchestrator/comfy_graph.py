@@ -902,8 +902,8 @@ def _image_latent(c: _Checker, role_of: dict, vae: str, latent: str) -> tuple[di
     if role_of[latent] == "noise_mask":
         latent = c.links[latent]["samples"]
         if role_of[latent] != "encode":
-            return roles, fields, [_custom(roles["noise_mask"], "samples", "one sampling pass per job: the masked "
-                                           "latent must be VAEEncode's")]
+            return roles, fields, [_custom(roles["noise_mask"], "samples", "the masked latent must be VAEEncode's "
+                                           "(RepeatLatentBatch / LatentFromBatch go after SetLatentNoiseMask)")]
     roles["encode"] = latent
     pixels = c.links[latent]["pixels"]
     if role_of[pixels] != "image":

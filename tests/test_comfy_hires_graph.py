@@ -353,6 +353,20 @@ def test_a_batch_graphs_images_start_from_comfyuis_noise(nodes, batch_size, batc
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
+def test_a_masked_batch_takes_its_batch_nodes_after_the_mask():
+    g = batch_graph(("RepeatLatentBatch", {"amount": 2}))
+    del g["5"]
+    g["20"] = {"class_type": "LoadImage", "inputs": {"image": "a.png"}}
+    g["21"] = {"class_type": "VAEEncode", "inputs": {"pixels": ["20", 0], "vae": ["13", 0]}}
+    g["23"] = {"class_type": "SetLatentNoiseMask", "inputs": {"samples": ["21", 0], "mask": ["20", 1]}}
+    g["60"]["inputs"]["samples"] = ["23", 0]
+    job = _job(g)
+    assert (job.spec["batch"], job.spec["mask"], job.spec["mask_channel"]) == (2, "a.png", "alpha")
+    g["60"]["inputs"]["samples"], g["23"]["inputs"]["samples"] = ["21", 0], ["60", 0]
+    g["3"]["inputs"]["latent_image"] = ["23", 0]
+    _custom(_refused(g), "23", "samples", "go after SetLatentNoiseMask")
+
+
 def test_batches_a_job_cannot_say_are_refused_on_the_node():
     e = _refused(batch_graph(("LatentFromBatch", {"batch_index": 1, "length": 2}), batch_size=4))
     _custom(e, "60", "batch_index", "runs from image 0")
