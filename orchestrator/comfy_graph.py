@@ -638,7 +638,13 @@ def field_error(graph: dict, job: GraphJob, field: str, detail: str) -> GraphErr
     """A refusal of one of the job's prompt.json fields (graph_to_job's own check, or the daemon's at submit: a LoRA it
     cannot apply) as ComfyUI's 400: node_errors on the node(s) that carry the field."""
     where = field_nodes(job, field) or [(job.nodes["sampler"], field or "prompt")]
+    where = [(node, ADVANCED_INPUTS.get(name, name) if graph[node].get("class_type") == "KSamplerAdvanced" else name)
+             for node, name in where]
     return _failed(graph, [_custom(node, name, prompt_detail(detail, field)) for node, name in where], job.output)
+
+
+# KSampler's input -> KSamplerAdvanced's that carries the same field (a second pass's denoise: its start_at_step)
+ADVANCED_INPUTS = {"seed": "noise_seed", "denoise": "start_at_step"}
 
 
 def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list]:

@@ -194,6 +194,9 @@ def test_a_second_size_without_a_pack_is_refused_naming_the_sizes():
                                                  "model pack; the sizes with a pack: 64x64")
     _custom(e, "50", "scale_by", "the second pass at 96x96 has no model pack")
     _custom(field_error(hires_graph(), job, "hires.steps", "must be in 0..200"), "51", "steps", "0..200")
+    g = hires_graph(second="KSamplerAdvanced")                 # its inputs by KSamplerAdvanced's names
+    _custom(field_error(g, _job(g), "hires.seed", "must be in 0..7"), "51", "noise_seed", "0..7")
+    _custom(field_error(g, _job(g), "hires.denoise", "must be in (0, 1]"), "51", "start_at_step", "(0, 1]")
 
 
 def test_the_second_pass_must_take_the_first_passs_model_clip_and_vae():
