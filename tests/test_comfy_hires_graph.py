@@ -538,3 +538,16 @@ def test_random_edits_of_hires_and_batch_graphs_are_graph_errors_or_jobs():
                 sized_to_image(g, job, rng.choice([(64, 64), (96, 64), (80, 80)]), SIZES)
         except GraphError as e:
             json.dumps(e.body())
+
+
+@pytest.mark.parametrize("extra", [{"mask": "a.png", "mask_channel": "alpha"},
+                                   {"mask": "m.png", "mask_channel": "red", "grow_mask_by": 6}, {"mask": "m.png"}])
+def test_an_image_batch_jobs_graph_with_a_mask_maps_back(extra):
+    spec = _resolved({"prompt": "x", "width": 64, "height": 64, "spectrum": False, "init_image": "a.png",
+                      "denoise": 0.6, "batch": 3, **extra})
+    g = job_to_graph(spec, names=NAMES)
+    assert g["44"]["class_type"] == "RepeatLatentBatch" and g["44"]["inputs"]["amount"] == 3
+    back = _resolved(_job(g).spec)
+    keys = ("init_image", "mask", "grow_mask_by", "denoise", "batch")
+    assert {k: back[k] for k in keys} == {k: spec[k] for k in keys}
+    assert back["mask_channel"] == (spec["mask_channel"] or "red")     # A1111's rule shows as LoadImageMask red
