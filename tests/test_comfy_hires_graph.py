@@ -551,3 +551,16 @@ def test_an_image_batch_jobs_graph_with_a_mask_maps_back(extra):
     keys = ("init_image", "mask", "grow_mask_by", "denoise", "batch")
     assert {k: back[k] for k in keys} == {k: spec[k] for k in keys}
     assert back["mask_channel"] == (spec["mask_channel"] or "red")     # A1111's rule shows as LoadImageMask red
+
+
+@pytest.mark.parametrize("extra", [{"cache": {"kind": "easycache"}}, {"spectrum": True},
+                                   {"loras": [{"name": "a.safetensors", "strength": 0.5, "clip_strength": 0.25}]},
+                                   {"init_image": "a.png", "denoise": 0.5}])
+def test_both_passes_share_the_model_chain_back_and_forth(extra):
+    spec = _resolved({"prompt": "x", "seed": 2, "width": 64, "height": 64, "spectrum": False,
+                      "hires": {"scale": 1.5, "seed": 3}, **extra})
+    g = job_to_graph(spec, names=NAMES)
+    assert g["51"]["inputs"]["model"] == g["7"]["inputs"]["model"]
+    back = _resolved(_job(g).spec)
+    spec["hires"]["steps"] = spec["steps"]
+    assert back == spec, {k: (back[k], spec[k]) for k in spec if back.get(k) != spec[k]}
