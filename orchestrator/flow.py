@@ -193,8 +193,10 @@ class JobFlow:
                               f"changed after the job was queued); the sizes with a pack: {have}")
 
     def _to_hires_arena(self) -> None:
-        """The rest of the job on the hires pack: its own arena (contexts, init latent, latent), the first closed."""
-        if self.pack is self.hires_pack:
+        """The rest of the job on the hires pack: its own arena (contexts, init latent, latent), the first closed.
+        The same pack (a second pass at the first size) keeps its arena only if it has an init latent slot (a
+        text-to-image job's has none)."""
+        if self.pack is self.hires_pack and self.init_latent is not None:
             return
         self.arena.close()
         self.arena, self.pack = None, self.hires_pack
@@ -403,7 +405,11 @@ class JobFlow:
             self.arena.write(self.latent, done)
             return
         _, lat_h, lat_w = self.pack.latent_shape
-        self.arena.write(self.init_latent, common_upscale(first[None], lat_w, lat_h, h.method)[0])
+        # in VAE space, as ComfyUI's LatentUpscale sees a KSampler's LATENT (process_latent_out); only bislerp, which
+        # slerps across channels, is changed by the per-channel std/mean (the others are affine per channel)
+        from models.vae.latent import denormalize, normalize
+        self.arena.write(self.init_latent,
+                         normalize(common_upscale(denormalize(first)[None], lat_w, lat_h, h.method)[0]))
         params = m.DenoiseParams(seed=s.seed, steps=h.steps or s.steps, cfg=s.cfg, sampler=s.sampler,
                                  scheduler=s.scheduler, width=self.pack.width, height=self.pack.height,
                                  spectrum=s.spectrum, denoise=h.denoise, cache=s.cache)

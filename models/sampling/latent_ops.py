@@ -208,14 +208,21 @@ def common_upscale(samples: np.ndarray, width: int, height: int, method: str, cr
     return _resize(x, height, width, method)
 
 
-def _center_crop(x: np.ndarray, width: int, height: int) -> np.ndarray:
-    old_h, old_w = x.shape[-2:]
+def center_crop_margins(old_h: int, old_w: int, width: int, height: int) -> tuple[int, int]:
+    """(dy, dx): what common_upscale's crop "center" cuts from each side of an old_h x old_w input before scaling
+    it to width x height (the part of it of the new aspect); (0, 0) when the aspects agree."""
     old_aspect, new_aspect = old_w / old_h, width / height
     dx = dy = 0
     if old_aspect > new_aspect:
         dx = round((old_w - old_w * (new_aspect / old_aspect)) / 2)
     elif old_aspect < new_aspect:
         dy = round((old_h - old_h * (old_aspect / new_aspect)) / 2)
+    return dy, dx
+
+
+def _center_crop(x: np.ndarray, width: int, height: int) -> np.ndarray:
+    old_h, old_w = x.shape[-2:]
+    dy, dx = center_crop_margins(old_h, old_w, width, height)
     return x[..., dy:old_h - dy, dx:old_w - dx]
 
 
