@@ -143,14 +143,19 @@ def test_a_crash_leaves_no_hires_temporaries_behind(tmp_path):
     store = JobStore(tmp_path)
     jd = store.root / "20260101-120000-c3d4e5"
     (jd / "hires").mkdir(parents=True)
+    (jd / "hires_1").mkdir()
     (jd / JOB_FILE).write_text("{}")
-    mine, stale, fresh = jd / ".hires_latent.npy.k3.tmp", jd / "hires" / ".s.json.a1.tmp", jd / "hires" / ".s.json.b2.tmp"
-    for p in (mine, stale, fresh):
+    mine = [jd / ".hires_latent.npy.k3.tmp", jd / ".first_1.png.k4.tmp", jd / ".hires_init.npy.k5.tmp",
+            jd / ".hires_cond.npy.k6.tmp", jd / ".hires_latent_2.npy.k7.tmp"]
+    stale = [jd / "hires" / ".s.json.a1.tmp", jd / "hires_1" / ".s.json.a2.tmp"]
+    fresh = jd / "hires" / ".s.json.b2.tmp"
+    for p in (*mine, *stale, fresh):
         p.write_bytes(b"x")
     old = time.time() - 3600
-    os.utime(stale, (old, old))
+    for p in stale:
+        os.utime(p, (old, old))
     removed = store.clean()
-    assert not mine.exists() and not stale.exists() and fresh.exists(), removed
+    assert not any(p.exists() for p in (*mine, *stale)) and fresh.exists(), removed
 
 
 def test_a1111_enable_hr_returns_the_upscaled_image(d):
