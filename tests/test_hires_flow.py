@@ -175,7 +175,10 @@ def test_a1111_enable_hr_returns_the_upscaled_image(d):
     want = 2 * _torch_upscaled(first, (12, 12), "nearest-exact") + 0.4
     np.testing.assert_allclose(np.load(d.rf.jobs / job / "hires_latent.npy"), want, rtol=0, atol=1e-5)
     for extra, field in (({"hr_upscaler": "R-ESRGAN 4x+"}, "hr_upscaler"), ({"hr_resize_x": 96}, "hr_resize_x"),
-                         ({"hr_scale": 2.0}, "hires"), ({"hr_prompt": "other"}, "hr_prompt")):
+                         ({"hr_scale": 2.0}, "hires"), ({"hr_upscaler": "Latent (antialiased)"}, "hr_upscaler"),
+                         ({"hr_sampler_name": "PLMS"}, "hr_sampler_name"), ({"hr_scheduler": "Nope"}, "hr_scheduler"),
+                         ({"hr_checkpoint_name": "other.safetensors"}, "hr_checkpoint_name"),
+                         ({"hr_prompt": "a <lora:x:1>"}, "hr_prompt"), ({"hr_cfg": 99}, "hr_cfg")):
         r = requests.post(url, json={**base, **extra}, timeout=30)
         assert r.status_code == 422 and field in r.text, (extra, r.text)
 
@@ -312,3 +315,54 @@ def test_a_pixel_hires_batch_killed_mid_encode_and_mid_second_pass_resumes_to_th
         with Image.open(jd / f"first{suffix}.png") as im:
             want = _encoded_reference(_scaled_reference(np.asarray(im.convert("RGB")), (96, 96), "bilinear"))
         np.testing.assert_allclose(start, want, rtol=0, atol=1.1e-3)
+
+
+def test_a1111_hires_fields_map_onto_prompt_json_hires():
+    from orchestrator.http.a1111 import hires_of, to_spec
+    body = {"prompt": "a girl", "negative_prompt": "bad", "width": 64, "height": 64, "sampler_name": "DPM++ 2M",
+            "scheduler": "Karras", "cfg_scale": 5, "enable_hr": True, "hr_scale": 1.5}
+    spec = to_spec(body, batches=True)
+    assert hires_of({**body, "hr_upscaler": "Lanczos"}, spec) == {
+        "width": 96, "height": 96, "space": "pixel", "method": "lanczos", "steps": 0, "denoise": 0.75}
+    got = hires_of({**body, "hr_upscaler": "Nearest", "hr_prompt": "a tall girl", "hr_negative_prompt": "bad",
+                    "hr_sampler_name": "Euler a", "hr_scheduler": "Use same scheduler", "hr_cfg": 6.5}, spec)
+    assert (got["space"], got["method"]) == ("pixel", "nearest-exact")
+    assert {k: got[k] for k in ("prompt", "sampler", "cfg")} == {"prompt": "a tall girl", "sampler": "euler_ancestral",
+                                                                 "cfg": 6.5}
+    assert "negative_prompt" not in got and "scheduler" not in got       # the same as the first pass's: not its own
+    got = hires_of({**body, "hr_sampler_name": "Use same sampler", "hr_scheduler": "Exponential", "hr_prompt": ""},
+                   spec)
+    assert got["scheduler"] == "exponential" and "sampler" not in got and "prompt" not in got
+    assert hires_of({**body, "enable_hr": False}, spec) is None
+
+
+def test_a1111_pixel_hires_with_a_batch_and_its_own_settings(d):
+    """enable_hr with "Lanczos", hr_prompt, hr_sampler_name, hr_scheduler, Forge's hr_cfg and batch_size 2: two jobs
+    (seeds seed, seed + 1), each decoded, scaled, encoded and sampled again with the second pass's settings, each PNG
+    with A1111's labels for them."""
+    import base64
+    import requests
+    url = d.http_url() + "sdapi/v1/txt2img"
+    r = requests.post(url, json={"prompt": "a girl", "seed": 20, "steps": 1, "width": 64, "height": 64,
+                                 "batch_size": 2, "enable_hr": True, "hr_scale": 1.5, "hr_upscaler": "Lanczos",
+                                 "hr_second_pass_steps": 2, "denoising_strength": 0.5, "hr_prompt": "a tall girl",
+                                 "hr_sampler_name": "DPM++ 2M", "hr_scheduler": "Karras", "hr_cfg": 5.5},
+                      timeout=120)
+    assert r.status_code == 200, r.text
+    info = json.loads(r.json()["info"])
+    assert info["all_seeds"] == [20, 21] and len(r.json()["images"]) == 2
+    for k, b64 in enumerate(r.json()["images"]):
+        with Image.open(io.BytesIO(base64.b64decode(b64))) as im:
+            assert im.size == (96, 96)
+            p = im.text["parameters"]
+        assert f"Seed: {20 + k}," in p and "Hires upscaler: Lanczos, Hires sampler: DPM++ 2M, " \
+            "Hires schedule type: Karras, Hires CFG Scale: 5.5, Hires prompt: a tall girl" in p, p
+        job = json.loads(im.text["anima"])["job"]
+        second = _log(d, "double_denoises", job)[-1]
+        assert (second["sampler"], second["scheduler"], second["cfg"], second["seed"], second["cond"]) == \
+            ("dpmpp_2m", "karras", 5.5, 20 + k, len("a tall girl"))
+        jd = d.rf.jobs / job
+        with Image.open(jd / "first.png") as im:
+            pixels = np.asarray(im.convert("RGB"))
+        want = _encoded_reference(_scaled_reference(pixels, (96, 96), "lanczos"))
+        np.testing.assert_allclose(np.load(jd / "hires_init.npy"), want, rtol=0, atol=1.1e-3)
