@@ -85,7 +85,8 @@ def test_pixel_hires_job_through_the_real_vae_equals_in_process_decode_scale_enc
     """prompt.json hires space "pixel" on the one pack (scale 1: the second pass on the same pack, its own arena with
     the init slot): the real VAE stage decodes the first latent (inline, first.png), the image goes through
     ImageScaleBy's lanczos (at scale 1: Pillow's LANCZOS to the same size) and the real VAE_ENCODE (inline), and the
-    second pass samples from that latent with its own sampler, scheduler, cfg and seed."""
+    second pass samples from that latent with its own prompt (encoded in the first pass's encoder session), sampler,
+    scheduler, cfg and seed."""
     from models.vae.api import VAE
     from models.vae.encode import TorchEncoder
     models, pack_dir = pipeline_assets
@@ -93,7 +94,7 @@ def test_pixel_hires_job_through_the_real_vae_equals_in_process_decode_scale_enc
     g, c = pack.geometry, pack.config
     shape = (c.latent_channels, g.latent_h, g.latent_w)
     hires = {"scale": 1.0, "space": "pixel", "method": "lanczos", "steps": 2, "denoise": 0.5,
-             "sampler": "euler", "scheduler": "simple", "cfg": 3.0, "seed": 5}
+             "sampler": "euler", "scheduler": "simple", "cfg": 3.0, "seed": 5, "prompt": "1girl, red hair"}
     job = pipe.submit({**JOB, "steps": 2, "denoise": 1.0, "hires": hires})
     info = pipe.wait(job, timeout_s=600)
     assert info.state == "done", f"{info.error_stage}: {info.error}\n{pipe.logs()}"
@@ -110,13 +111,17 @@ def test_pixel_hires_job_through_the_real_vae_equals_in_process_decode_scale_enc
     np.testing.assert_allclose(np.load(jd / "hires_init.npy"), start, rtol=0, atol=1e-5)
     s = LatentSampler(steps=2, cfg=3.0, sampler="euler", scheduler="simple", spectrum=None,
                       plan=LatentPlan(denoise=0.5))
-    cond, uncond = np.load(jd / "cond.npy"), np.load(jd / "uncond.npy")
+    cond, uncond = np.load(jd / "hires_cond.npy"), np.load(jd / "hires_uncond.npy")
+    assert not np.array_equal(cond, np.load(jd / "cond.npy"))                    # its own prompt's context
+    np.testing.assert_array_equal(uncond, np.load(jd / "uncond.npy"))           # the same negative, encoded again
     state = start_or_resume_latent(s, 5, shape, image=np.load(jd / "hires_init.npy"))
     ref = s.result(denoise(DiTRunner(pack, threads=THREADS), s, state, cond, uncond))
     np.testing.assert_array_equal(np.load(jd / "hires_latent.npy"), ref)
     report = pipe.report(job)
-    assert report["teardown"]["vae_running_during_denoise"] is False
+    assert report["teardown"] == {**report["teardown"], "vae_running_during_denoise": False,
+                                  "encoder_running_during_denoise": False}
     with Image.open(info.image) as im:
         assert "Hires upscale: 1.0, Hires steps: 2, Hires upscaler: Lanczos, Hires sampler: Euler, " \
-               "Hires schedule type: Simple, Hires CFG Scale: 3.0, Hires seed: 5," in im.text["parameters"]
+               "Hires schedule type: Simple, Hires CFG Scale: 3.0, Hires prompt: \"1girl, red hair\", Hires seed: 5," \
+               in im.text["parameters"]
     print(f"\npixel hires job: report wall {report['wall_s']:.1f} s")
