@@ -251,7 +251,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pack", help="a real pack (rknn / onnx backends); default: the tiny pack at the resolution")
     ap.add_argument("--models", help="the models folder that goes with --pack")
     ap.add_argument("--cache", default="/tmp/anima-bench-overhead", help="where the tiny bundle and pack are kept")
-    ap.add_argument("--json", default=None, help="default bench/out/overhead-BACKEND.json (runs are merged)")
+    ap.add_argument("--json", default=None, help="default bench/out/overhead-BACKEND.json (runs are merged); with "
+                    "--analytic: the printed table, only when given")
     ap.add_argument("--plot", default=None, help="default: the JSON's path with .png")
     ap.add_argument("--quant", choices=("w8a8",), default=None, help="--analytic: model a W8A8 pack of the "
                     "default INT8 layers (fc1, qkv, q; docs/quant.md)")
@@ -285,6 +286,10 @@ def main(argv=None) -> int:
         return 2
     policies = [p for v in (args.policy or ["on-demand"]) for p in v.split(",")]
     policies = list(ALL) if policies == ["all"] else policies
+    if args.quant and not args.analytic:      # a run builds the tiny FP16 pack: it would silently not be INT8
+        print("bench/overhead.py: --quant models a W8A8 pack with --analytic only (runs use the tiny FP16 pack)",
+              file=sys.stderr)
+        return 2
     if args.backend != "board-sim" and args.time_scale != 1:
         print("bench/overhead.py: --time-scale paces board-sim only", file=sys.stderr)
         return 2
@@ -292,12 +297,13 @@ def main(argv=None) -> int:
         # the size asked for (the reference's own is 512x512); a pack's own size when one is given
         model = BoardModel(Shape.of_pack(args.pack, "full") if args.pack else Shape.at_resolution(args.width,
                                                                                                args.height))
-        if args.quant:                      # the same model as a W8A8 pack of the default INT8 layers (unsharded)
+        if args.quant:                      # the same model as a W8A8 pack of the default INT8 layers
             import dataclasses
             from models.quant.smooth import DEFAULT_INT8
-            model = BoardModel(dataclasses.replace(model.shape, int8=DEFAULT_INT8, shards=1, cuts=()))
-            print(f"W8A8 pack: INT8 {', '.join(DEFAULT_INT8)} at the reference's measured 1.90x (R13), the rest "
-                  "FP16; not sharded  [modelled]")
+            model = BoardModel(dataclasses.replace(model.shape, int8=DEFAULT_INT8))
+            print(f"W8A8 pack: INT8 {', '.join(DEFAULT_INT8)} at the reference's measured "
+                  f"{float(model.cost['quant']['int8_speedup']):.2f}x (R13), the rest FP16; sharded or not as "
+                  f"--shards / auto choose  [{LABEL}]")
         passes = 1 if math.isclose(args.cfg, 1.0) else 2
         try:
             lines = analytic_table(model, policies, rams, args.vae, args.shards, args.calls, passes,
@@ -307,6 +313,12 @@ def main(argv=None) -> int:
             return 2
         for line in model.describe() + lines:
             print(line)
+        if args.json:                       # the printed table, kept (a run's JSON holds runs; this is a projection)
+            from models.durable import atomic_write
+            doc = {"label": LABEL, "analytic": True, "resolution": [args.width, args.height], "quant": args.quant,
+                   "shards": args.shards, "policies": policies, "board_ram_gb": rams, "lines": model.describe() + lines}
+            atomic_write(Path(args.json), (json.dumps(doc, indent=1) + "\n").encode())
+            print(f"json: {args.json}  [{LABEL}]")
         return 0
     if args.pack:
         assets = (Path(args.models), Path(args.pack))

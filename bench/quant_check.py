@@ -1,12 +1,14 @@
 """INT8 measurement (not CI): the outlier preset in the rknn-toolkit2 simulator, smoothing off vs on, side by side.
 
-    .venv/bin/python bench/quant_check.py [--out bench/out/quant] [--blocks 4] [--resolution 256x256] [--steps 20]
+    .venv/bin/python bench/quant_check.py [--out bench/out/quant] [--blocks 4] [--resolution 256x256] [--steps 20] \
+        [--shards N [--cuts self=heads,cross=rows,ffn=rows]]
 
 1) writes the tiny-width synthetic DiT with outlier channels (--blocks blocks) and a tiny models folder;
 2) an FP32 pack, calibrated over 3 prompts x 2 seeds x every step (`anima-models calibrate`);
 3) two W8A8 packs of the same INT8 layers (fc1, qkv, q): `--smooth off` and `--smooth 0.5`;
 4) `quant-check` of each: per-branch cosines vs the FP32 reference on held-out inputs, a --steps job's final latent
-   vs the FP16 pack's. Writes OUT/quant_check.json; last line
+   vs the FP16 pack's. With --shards N the W8A8 packs are sharded (each shard its own hybrid-quantized graph; the
+   job runs the shards, the table adds each shard's cosine). Writes OUT/quant_check.json (-sN.json); last line
    `quant_check off_worst=X off_final=Y smooth_worst=Z smooth_final=W` (simulator, synthetic weights: measured).
 """
 from __future__ import annotations
@@ -53,25 +55,32 @@ def main(argv=None) -> int:
     ap.add_argument("--resolution", default="256x256")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--venv", default=None, help="rknn-toolkit2 environment")
+    ap.add_argument("--shards", type=int, default=1, help="build the W8A8 packs with --shards N (1-3)")
+    ap.add_argument("--cuts", default=None, help="with --shards: KIND=CUT,... (default: the board model's choice)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from models.dit.partition import parse_resolution
-    from models.packs.pack import build_pack
+    from models.packs.pack import build_pack, load_pack
     from models.runtime.quant_check import describe, quant_check
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    from models.packs.sharded import parse_cuts
     res = parse_resolution(args.resolution)
+    cuts = parse_cuts(args.cuts)
     ck, calib, calib_s = _prepare(out, args.blocks, res, args.steps)
     fp16 = build_pack(ck, out / "fp16", res, "fp16", overwrite=True)
     report = {"what": "measured in the rknn-toolkit2 2.5.0 simulator on synthetic weights (outlier preset)",
-              "blocks": args.blocks, "resolution": list(res), "steps": args.steps, "calibrate_s": round(calib_s, 1)}
+              "blocks": args.blocks, "resolution": list(res), "steps": args.steps, "calibrate_s": round(calib_s, 1),
+              "shards": args.shards}
     for name, alpha in (("off", None), ("smooth", 0.5)):
-        pack = build_pack(ck, out / f"w8a8-{name}", res, "fp16", overwrite=True,
+        pack = build_pack(ck, out / f"w8a8-{name}", res, "fp16", overwrite=True, shards=args.shards, cuts=cuts,
                           quant=(calib, ("fc1", "qkv", "q"), alpha))
+        report["cuts"] = load_pack(pack).manifest.get("shards", {}).get("cuts", {})
         rep = quant_check(pack, ck, calib, steps=args.steps, venv=args.venv, fp16_pack=fp16)
         print(f"--- smoothing {name}\n{describe(rep)}", flush=True)
         report[name] = rep
-    (out / "quant_check.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    fname = "quant_check.json" if args.shards == 1 else f"quant_check-s{args.shards}.json"
+    (out / fname).write_text(json.dumps(report, indent=1, default=str) + "\n")
     side = [f"{r['off']['branch']:<10} {r['off']['cos']:.6f} {r['smooth']['cos']:.6f}" for r in
             ({"off": a, "smooth": b} for a, b in zip(report["off"]["branches"], report["smooth"]["branches"]))]
     print("branch     off       smooth\n" + "\n".join(side))

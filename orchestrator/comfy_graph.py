@@ -19,8 +19,11 @@ loaders outward, each with the strengths of the chains it is in (0 where it is n
 Validation follows ComfyUI's (execution.validate_prompt): unknown node types, missing inputs, bad links, type
 mismatches, values outside min/max or not in a list are reported per node as {"errors": [{type, message, details,
 extra_info}], "dependent_outputs", "class_type"}; the body of the 400 is {"error": {...}, "node_errors": {...}}.
-Then what this pipeline cannot do (a second sampling pass, a size without a model pack, another sampling shift) is
-reported the same way, on the node that asks for it.
+Then what this pipeline cannot do (a size without a model pack, another sampling shift, an image, batch or hires fix
+shape prompt.json cannot say: docs/workflows.md) is reported the same way, on the node that asks for it.
+
+A hires fix (KSampler -> LatentUpscale[By], or VAEDecode -> ImageScale[By] -> VAEEncode, -> KSampler) maps onto
+prompt.json's `hires`, RepeatLatentBatch / LatentFromBatch before the sampler onto `batch`.
 """
 from __future__ import annotations
 
@@ -29,11 +32,15 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from models.images.decode import CHANNELS
 from models.lora.plan import MAX_STRENGTH
+from models.sampling import latent_ops as lo
 from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, DEFAULT_SHIFT, SAMPLER_NAMES, SCHEDULER_NAMES
 from models.sampling.spectrum import SpectrumSettings
 from models.sampling.step_cache import NODE_NAMES as CACHE_NODES, CacheSettings
+from protocol.prompt import HiresSettings
 from orchestrator.prompt_spec import (DEFAULT_CFG, MAX_BATCH, MAX_CFG, MAX_PROMPT_CHARS, MAX_SIDE, MAX_STEPS, SEED_LIMIT, PromptError,
                                       parse_prompt_obj)
 
@@ -189,6 +196,42 @@ def image_nodes(images: tuple[str, ...] = ()) -> tuple[NodeSpec, ...]:
                      description="Inpaint: the latent resampled where the mask is 1, kept where it is 0."))
 
 
+MAX_RESOLUTION = 16384          # ComfyUI's nodes.MAX_RESOLUTION: the upscale nodes' width/height bound
+PIXEL_METHODS = ("nearest-exact", "bilinear", "area", "bicubic", "lanczos")     # ImageScale's upscale_method
+
+
+def hires_batch_nodes() -> tuple[NodeSpec, ...]:
+    """ComfyUI's upscale nodes (a hires fix's second pass: LatentUpscale[By] on the latent, ImageScale[By] on the
+    decoded pixels) and batch nodes, with nodes.py's exact inputs, choices and ranges (docs/workflows.md)."""
+    side = lambda step: dict(min=0, max=MAX_RESOLUTION, step=step)    # noqa: E731
+    scale = lambda default: InputSpec("scale_by", "FLOAT", default, dict(min=0.01, max=8.0, step=0.01))  # noqa: E731
+    crop = _combo("crop", lo.CROP_METHODS)
+    latent, image = InputSpec("samples", "LATENT"), InputSpec("image", "IMAGE")
+    return (
+        NodeSpec("LatentUpscale", "Upscale Latent", "latent", "upscale",
+                 (latent, _combo("upscale_method", lo.UPSCALE_METHODS), InputSpec("width", "INT", 512, side(8)),
+                  InputSpec("height", "INT", 512, side(8)), crop), ("LATENT",), ("LATENT",),
+                 description="A hires fix: the first pass's latent upscaled, sampled again by a second KSampler."),
+        NodeSpec("LatentUpscaleBy", "Upscale Latent By", "latent", "upscale",
+                 (latent, _combo("upscale_method", lo.UPSCALE_METHODS), scale(1.5)), ("LATENT",), ("LATENT",),
+                 description="A hires fix: the first pass's latent upscaled by scale_by (1..4 here)."),
+        NodeSpec("ImageScale", "Upscale Image", "image/upscaling", "upscale",
+                 (image, _combo("upscale_method", PIXEL_METHODS), InputSpec("width", "INT", 512, side(1)),
+                  InputSpec("height", "INT", 512, side(1)), crop), ("IMAGE",), ("IMAGE",),
+                 description="A pixel hires fix: the first pass decoded, scaled, encoded again (VAEEncode)."),
+        NodeSpec("ImageScaleBy", "Upscale Image By", "image/upscaling", "upscale",
+                 (image, _combo("upscale_method", PIXEL_METHODS), scale(1.0)), ("IMAGE",), ("IMAGE",),
+                 description="A pixel hires fix: the first pass decoded, scaled by scale_by, encoded again."),
+        NodeSpec("RepeatLatentBatch", "Repeat Latent Batch", "latent/batch", "batch",
+                 (latent, InputSpec("amount", "INT", 1, dict(min=1, max=64))), ("LATENT",), ("LATENT",),
+                 description=f"The latent repeated: a batch (at most {MAX_BATCH} images per job)."),
+        NodeSpec("LatentFromBatch", "Latent From Batch", "latent/batch", "batch",
+                 (latent, InputSpec("batch_index", "INT", 0, dict(min=0, max=63)),
+                  InputSpec("length", "INT", 1, dict(min=1, max=64))), ("LATENT",), ("LATENT",),
+                 description="Images of a batch, keeping their noise (a batch from its first image here)."),
+    )
+
+
 def _size_inputs(sizes, default: int) -> tuple[InputSpec, ...]:
     """An empty latent's width, height and batch_size. With the packs' sizes known: the default pack's size, bounded
     by the sizes' extents at the step between them (ComfyUI's INT widgets cannot list pairs: a graph's pair without a
@@ -247,6 +290,7 @@ def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
         *_cache_nodes(),
         *_sampler_nodes(),
         *image_nodes(),
+        *hires_batch_nodes(),
         NodeSpec("VAEDecode", "VAE Decode", "latent", "decode",
                  (InputSpec("samples", "LATENT"), InputSpec("vae", "VAE")), ("IMAGE",), ("IMAGE",)),
         NodeSpec("SaveImage", "Save Image", "image", "save",
@@ -310,7 +354,14 @@ FIELD_NODES = {"prompt": ("positive", "text"), "negative_prompt": ("negative", "
                "steps": ("sampler", "steps"), "cfg": ("sampler", "cfg"), "sampler": ("sampler", "sampler_name"),
                "scheduler": ("sampler", "scheduler"), "width": ("latent", "width"), "height": ("latent", "height"),
                "batch": ("latent", "batch_size"), "init_image": ("image", "image"), "mask": ("mask", "image"),
-               "mask_channel": ("mask", "channel"), "grow_mask_by": ("encode", "grow_mask_by")}
+               "mask_channel": ("mask", "channel"), "grow_mask_by": ("encode", "grow_mask_by"),
+               # a hires fix's second pass: its upscale node and second KSampler (and its own CLIPTextEncode nodes)
+               "hires.steps": ("hires_sampler", "steps"), "hires.denoise": ("hires_sampler", "denoise"),
+               "hires.seed": ("hires_sampler", "seed"), "hires.cfg": ("hires_sampler", "cfg"),
+               "hires.sampler": ("hires_sampler", "sampler_name"), "hires.scheduler": ("hires_sampler", "scheduler"),
+               "hires.prompt": ("hires_positive", "text"), "hires.negative_prompt": ("hires_negative", "text"),
+               "hires.method": ("upscale", "upscale_method"), "hires.scale": ("upscale", "scale_by"),
+               "hires.width": ("upscale", "width"), "hires.height": ("upscale", "height")}
 
 
 class _Checker:
@@ -516,7 +567,41 @@ def sized_to_image(graph: dict, job: GraphJob, size: tuple[int, int], sizes=None
         have = ", ".join(f"{a}x{b}" for a, b in sizes)
         raise _failed(graph, [_custom(job.nodes["image"], "image", f"the image is {w}x{h}, a size without a model "
                                       f"pack; the sizes with one: {have}", job.spec["init_image"])], job.output)
+    problems = _hires_size_problems(graph, job, w, h)
+    if problems:
+        raise _failed(graph, problems, job.output)
     return replace(job, spec={**job.spec, "width": w, "height": h})
+
+
+def _hires_size_problems(graph: dict, job: GraphJob, width: int, height: int) -> list:
+    """A hires fix's checks that need the first pass's size (width x height pixels): crop "center" must cut
+    nothing (prompt.json's hires does not crop), and a pixel ImageScaleBy must give the job's second size in whole
+    latent cells (ComfyUI scales to round(side * scale_by) pixels; VAEEncode crops that to a multiple of 8)."""
+    h, node = job.spec.get("hires"), job.nodes.get("upscale")
+    if h is None or node is None:
+        return []
+    up, pixel, problems = graph[node]["inputs"], h.get("space") == "pixel", []
+    if up.get("crop") == "center":
+        if pixel:
+            old, new = (height, width), (h["width"], h["height"])
+        else:
+            old = (height // lo.LATENT_SCALE, width // lo.LATENT_SCALE)
+            try:
+                new = lo.upscale_size(old, h["width"], h["height"])[::-1]
+            except lo.LatentOpError as e:               # a side past what any latent may be
+                return [_custom(node, "width", str(e), h["width"])]
+        if lo.center_crop_margins(*old, *new) != (0, 0):
+            problems.append(_custom(node, "crop", f"center would crop the {width}x{height} first pass to the aspect "
+                                    f"of {h['width']}x{h['height']}; a job's hires pass does not crop: set disabled, "
+                                    "or keep the aspect", "center"))
+    if pixel and "scale" in h:
+        comfy = (round(width * h["scale"]), round(height * h["scale"]))
+        ours = HiresSettings(scale=h["scale"], space="pixel").size(width, height)
+        if comfy != ours:
+            problems.append(_custom(node, "scale_by", f"scales the {width}x{height} image to {comfy[0]}x{comfy[1]}, "
+                                    f"which is not the {ours[0]}x{ours[1]} (whole latent cells) a job's pixel pass "
+                                    "scales to: pick a scale_by whose sizes are multiples of 8", h["scale"]))
+    return problems
 
 
 def prompt_detail(message: str, field: str = "") -> str:
@@ -538,6 +623,8 @@ def field_nodes(job: GraphJob, field: str) -> list[tuple[str, str]] | None:
         loaders = [n for r, n in job.nodes.items() if r.startswith("lora")]
         if loaders:
             return [(n, "lora_name") for n in loaders]
+    if field == "hires" and "upscale" in job.nodes:             # the second size as a whole: where it is asked
+        return [(job.nodes["upscale"], "scale_by" if "scale" in job.spec.get("hires", {}) else "width")]
     if field in FIELD_NODES and FIELD_NODES[field][0] in job.nodes:
         role, name = FIELD_NODES[field]
         return [(job.nodes[role], name)]
@@ -551,7 +638,13 @@ def field_error(graph: dict, job: GraphJob, field: str, detail: str) -> GraphErr
     """A refusal of one of the job's prompt.json fields (graph_to_job's own check, or the daemon's at submit: a LoRA it
     cannot apply) as ComfyUI's 400: node_errors on the node(s) that carry the field."""
     where = field_nodes(job, field) or [(job.nodes["sampler"], field or "prompt")]
+    where = [(node, ADVANCED_INPUTS.get(name, name) if graph[node].get("class_type") == "KSamplerAdvanced" else name)
+             for node, name in where]
     return _failed(graph, [_custom(node, name, prompt_detail(detail, field)) for node, name in where], job.output)
+
+
+# KSampler's input -> KSamplerAdvanced's that carries the same field (a second pass's denoise: its start_at_step)
+ADVANCED_INPUTS = {"seed": "noise_seed", "denoise": "start_at_step"}
 
 
 def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list]:
@@ -559,18 +652,57 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
     problems = []
     role_of = {k: table[graph[k]["class_type"]].role for k in c.done}
     decode = c.links[out]["images"]
+    if role_of[decode] != "decode":                               # an IMAGE of LoadImage or ImageScale: no job
+        return {}, {}, [_custom(out, "images", "SaveImage must save VAEDecode's image (of the last KSampler)")]
     sampler = c.links[decode]["samples"]
     if role_of[sampler] != "sampler":
         return {}, {}, [_custom(decode, "samples", "VAEDecode must decode the KSampler's output")]
-    latent = c.links[sampler]["latent_image"]
-    image = _image_latent(c, role_of, c.links[decode]["vae"], latent)       # None: not from an image
+    vae = c.links[decode]["vae"]
+    second = _second_pass(c, role_of, sampler, vae)           # a hires fix: `sampler` is its second KSampler
+    if second is not None:
+        if second[2]:
+            return {}, {}, second[2]
+        sampler = second[1]
+    latent, batch = _chain(graph, c, role_of, c.links[sampler]["latent_image"], "samples", ("batch",))
+    image = _image_latent(c, role_of, vae, latent)                # None: not from an image
     if image is not None and image[2]:
         return {}, {}, image[2]
     if role_of[latent] != "latent" and image is None:
-        return {}, {}, [_custom(sampler, "latent_image", "one sampling pass per job: the latent must come from "
-                                                          "EmptyLatentImage or EmptySD3LatentImage")]
-    roles = {"save": out, "decode": decode, "sampler": sampler, "latent": latent, "vae": c.links[decode]["vae"],
-             "positive": c.links[sampler]["positive"], "negative": c.links[sampler]["negative"]}
+        where = (batch[-1], "samples") if batch else (sampler, "latent_image")
+        return {}, {}, [_custom(*where, "a KSampler's latent must come from EmptyLatentImage, EmptySD3LatentImage, "
+                                "VAEEncode[ForInpaint] or SetLatentNoiseMask (through RepeatLatentBatch / "
+                                "LatentFromBatch), or for a second pass (a hires fix) from LatentUpscale[By] or "
+                                "ImageScale[By] + VAEEncode of the first")]
+    roles = {"save": out, "decode": decode, "sampler": sampler, "latent": latent, "vae": vae,
+             "positive": c.links[sampler]["positive"], "negative": c.links[sampler]["negative"],
+             **{f"batch{i}": n for i, n in enumerate(batch)}, **(second[0] if second else {})}
+    loras = _loras(graph, c, role_of, roles, problems)
+    roles.update(image[0] if image else {})
+    spec = _job_fields(graph, c, roles, sizes, problems)
+    if image is not None:                                         # ComfyUI's size: the image's (the job's: its pack's)
+        spec = {**{k: x for k, x in spec.items() if k not in ("width", "height")}, **image[1]}
+    batch_size = _batch_size(c, roles, batch, problems)
+    if batch_size > 1:                                            # its images run one after another, as in the batch
+        spec["batch"] = batch_size
+    if second is not None:
+        spec["hires"] = _hires(graph, c, role_of, roles, spec, problems)
+        if "mask" in spec and "hires_encode" not in roles:
+            # ComfyUI's LATENT keeps its noise_mask through KSampler and LatentUpscale: its second pass is masked
+            problems.append(_custom(roles["upscale"], "samples", "the first pass's latent carries its noise mask "
+                                    "into ComfyUI's second KSampler, which a job's second pass does not: inpaint "
+                                    "with the pixel path (VAEDecode -> ImageScale[By] -> VAEEncode) or without a "
+                                    "hires fix"))
+        if not problems and (spec.get("width") or sizes):    # an image's job: at the pack's size here
+            problems += _hires_size_problems(graph, GraphJob(spec, roles, out), *(
+                (spec["width"], spec["height"]) if spec.get("width") else sizes[0]))
+    if loras:
+        spec["loras"] = loras
+    return roles, spec, problems
+
+
+def _loras(graph, c: _Checker, role_of: dict, roles: dict, problems: list) -> list:
+    """The job's LoRAs from the sampler's model chain and the prompts' CLIP chain (both prompts' the same one); the
+    model chain's other nodes and the CLIP loader into `roles`."""
     model_loras = _model_chain(graph, c, role_of, roles, problems)
     clips = {side: _chain(graph, c, role_of, c.links[roles[side]]["clip"], "clip") for side in ("positive", "negative")}
     if clips["positive"] != clips["negative"]:
@@ -585,12 +717,16 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
         if entry["strength"] or entry["clip_strength"]:           # ComfyUI: both 0 leaves the models as they are
             roles[f"lora{len(loras)}"] = node
             loras.append(entry)
-    roles.update(image[0] if image else {})
+    return loras
+
+
+def _job_fields(graph, c: _Checker, roles: dict, sizes, problems: list) -> dict:
+    """prompt.json's fields from the first KSampler, its prompts, latent and model patches."""
     v = {r: c.values[k] for r, k in roles.items()}
     w, h = v["latent"].get("width"), v["latent"].get("height")      # an encoded image: the pack's size
     if sizes is not None and w is not None and (w, h) not in set(sizes):
         have = ", ".join(f"{a}x{b}" for a, b in sizes)
-        problems.append(_custom(latent, "width", f"{w}x{h} has no model pack; the sizes with one: {have}", w))
+        problems.append(_custom(roles["latent"], "width", f"{w}x{h} has no model pack; the sizes with one: {have}", w))
     ks = v["sampler"]
     spec = {"prompt": v["positive"]["text"], "negative_prompt": v["negative"]["text"],
             "seed": ks["seed"] if "seed" in ks else ks["noise_seed"],
@@ -606,13 +742,150 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
             problems.append(_custom(roles["cache"], "model", f"{CACHE_NODES[kind]} and AnimaSpectrum both decide "
                                     "which model calls to skip: use one of them"))
     spec.update(_latent_fields(ks))
-    if image is not None:                                         # ComfyUI's size: the image's (the job's: its pack's)
-        spec = {**{k: x for k, x in spec.items() if k not in ("width", "height")}, **image[1]}
-    if v["latent"].get("batch_size", 1) > 1:                     # its images run one after another, as in the batch
-        spec["batch"] = v["latent"]["batch_size"]
-    if loras:
-        spec["loras"] = loras
-    return roles, spec, problems
+    return spec
+
+
+def _batch_size(c: _Checker, roles: dict, batch: list, problems: list) -> int:
+    """The images a batch of the latent source's batch_size (1 for an encoded image) through RepeatLatentBatch /
+    LatentFromBatch (`batch`, nearest the sampler first) gives, as nodes.py's own ops count them on a stand-in
+    latent. prompt.json's `batch` B is ComfyUI's batch images 0..B-1 (each its place in the batch's noise): a
+    selection that starts past image 0 keeps other images' noise, which a job cannot say (refused on the node)."""
+    x, idx = np.zeros((c.values[roles["latent"]].get("batch_size", 1), 1, 1, 1), np.float32), None
+    for node in reversed(batch):
+        v = c.values[node]
+        if "amount" in v:
+            x, _, idx = lo.repeat_batch(x, v["amount"], None, idx)
+        else:
+            x, _, idx = lo.from_batch(x, v["batch_index"], v["length"], None, idx)
+            if idx[0] != 0:
+                problems.append(_custom(node, "batch_index", f"the batch would start at image {idx[0]} of the batch's "
+                                        "noise; a job's batch runs from image 0 (batch_index 0, any length)",
+                                        v["batch_index"]))
+                return 1
+        if len(x) > MAX_BATCH:
+            problems.append(_custom(node, "amount" if "amount" in v else "length", f"a batch of {len(x)} images; at "
+                                    f"most {MAX_BATCH} per job", len(x)))
+            return 1
+    return len(x)
+
+
+def _second_pass(c: _Checker, role_of: dict, sampler: str, vae: str) -> tuple[dict, str | None, list] | None:
+    """A hires fix ending at KSampler `sampler`: its latent LatentUpscale[By] of the first KSampler's, or VAEEncode
+    of ImageScale[By] of the first KSampler's VAEDecode (the pixel path) -> (the second pass's roles, the first
+    KSampler, problems); None for a graph of one pass. Every VAE the same one (one VAE stage)."""
+    latent = c.links[sampler]["latent_image"]
+    roles = {"hires_sampler": sampler}
+    if role_of[latent] == "upscale":
+        roles["upscale"], first = latent, c.links[latent]["samples"]
+        if role_of[first] != "sampler":
+            return roles, None, [_custom(latent, "samples", "a hires fix upscales the first KSampler's latent")]
+        return roles, first, []
+    if role_of[latent] != "encode" or role_of[c.links[latent]["pixels"]] != "upscale":
+        return None
+    roles.update(hires_encode=latent, upscale=c.links[latent]["pixels"])
+    decode = roles["hires_decode"] = c.links[roles["upscale"]]["image"]
+    if role_of[decode] != "decode" or role_of[c.links[decode]["samples"]] != "sampler":
+        return roles, None, [_custom(roles["upscale"], "image", "ImageScale[By] before VAEEncode is a pixel hires "
+                                     "fix here: it scales the first KSampler's VAEDecode (an upload is encoded at "
+                                     "its own size)")]
+    wrong = [n for n in (decode, latent) if c.links[n]["vae"] != vae]
+    if wrong:
+        return roles, None, [_custom(n, "vae", "every VAEDecode and VAEEncode must take the same VAE (one VAE "
+                                     "stage)") for n in wrong]
+    return roles, c.links[decode]["samples"], []
+
+
+def _hires(graph, c: _Checker, role_of: dict, roles: dict, spec: dict, problems: list) -> dict:
+    """prompt.json's `hires` from the upscale node and the second KSampler: its steps and denoise, and its seed,
+    cfg, sampler, scheduler and prompts where they differ from the first's. Both passes take one model chain."""
+    up, ks = c.values[roles["upscale"]], c.values[roles["hires_sampler"]]
+    h = {"method": up["upscale_method"], **({"space": "pixel"} if "hires_encode" in roles else {})}
+    problems += _upscale_size(roles["upscale"], up, h, (spec["width"], spec["height"]) if spec.get("width") else None)
+    problems += _second_sampler(graph, c, roles, ks, h)
+    if c.links[roles["hires_sampler"]]["model"] != c.links[roles["sampler"]]["model"]:
+        problems.append(_custom(roles["hires_sampler"], "model", "both KSamplers must take the same MODEL (one model "
+                                "chain per job: its LoRAs, patches and shift are both passes')"))
+    seed = ks["seed"] if "seed" in ks else ks["noise_seed"]
+    for key, val in (("seed", seed), ("cfg", ks["cfg"]), ("sampler", ks["sampler_name"]),
+                     ("scheduler", ks["scheduler"])):
+        if val != spec[key]:
+            h[key] = val
+    clip = _chain(graph, c, role_of, c.links[roles["positive"]]["clip"], "clip")
+    for side, key in (("positive", "prompt"), ("negative", "negative_prompt")):
+        node = c.links[roles["hires_sampler"]][side]
+        if node == roles[side]:
+            continue
+        roles[f"hires_{side}"] = node
+        if _chain(graph, c, role_of, c.links[node]["clip"], "clip") != clip:
+            problems.append(_custom(node, "clip", "the second pass's CLIPTextEncode must take the first's CLIP (one "
+                                    "text encoder, with the same LoRAs)"))
+        if c.values[node]["text"] != spec[key]:
+            h[key] = c.values[node]["text"]
+    return h
+
+
+def _upscale_size(node: str, up: dict, h: dict, first: tuple[int, int] | None) -> list:
+    """The second size: scale_by (prompt.json's hires.scale, 1..4), or width and height, a 0 side keeping the
+    first pass's aspect as the node does (`first`: its (width, height), None when an init image sets it later)."""
+    if "scale_by" in up:
+        if not 1.0 <= up["scale_by"] <= 4.0:
+            return [_custom(node, "scale_by", f"a hires fix upscales by 1..4 (prompt.json's hires.scale), got "
+                            f"{up['scale_by']}", up["scale_by"])]
+        h["scale"] = up["scale_by"]
+        return []
+    width, height = up["width"], up["height"]
+    if not (width and height):
+        if first is None:
+            return [_custom(node, "width" if not width else "height", "0 (keep the aspect) needs the first pass's "
+                            "size, which an init image's graph gets only at submit: give both width and height", 0)]
+        try:
+            width, height = _kept_aspect(width, height, *first, h.get("space") == "pixel")
+        except lo.LatentOpError as e:                   # a side past what any latent may be
+            return [_custom(node, "width" if width else "height", str(e), width or height)]
+    if h.get("space") == "pixel" and (width % 8 or height % 8):
+        return [_custom(node, "width" if width % 8 else "height", f"{width}x{height}: VAEEncode would crop the "
+                        "scaled image to a multiple of 8 pixels: give a width and height that are multiples of 8")]
+    h.update(width=width, height=height)                # crop: checked once the first size is known
+    return []
+
+
+def _kept_aspect(width: int, height: int, w0: int, h0: int, pixel: bool) -> tuple[int, int]:
+    """An upscale node's size with a 0 side from a w0 x h0 first pass: ImageScale's rule on pixels (round, at least
+    1), LatentUpscale's on latent cells (models/sampling/latent_ops.upscale_size), in pixels."""
+    if not (width or height):
+        return w0, h0                                   # both 0: the input as it is
+    if pixel:
+        if not width:
+            return max(1, round(w0 * height / h0)), height
+        return width, max(1, round(h0 * width / w0))
+    cells = lo.upscale_size((h0 // lo.LATENT_SCALE, w0 // lo.LATENT_SCALE), width, height)
+    return cells[1] * lo.LATENT_SCALE, cells[0] * lo.LATENT_SCALE
+
+
+def _second_sampler(graph, c: _Checker, roles: dict, ks: dict, h: dict) -> list:
+    """The second KSampler's steps and denoise; KSamplerAdvanced's as the denoise whose schedule it samples
+    (steps - start_at_step of the full schedule of steps: ComfyUI's denoise (steps - s) / steps takes the
+    schedule of int(steps' / d) = steps steps, its last steps' + 1, the same sigmas), noise added, to the end."""
+    node = roles["hires_sampler"]
+    if "denoise" in ks:
+        h.update(steps=ks["steps"], denoise=ks["denoise"])
+        return []
+    if ks["add_noise"] != "enable":
+        return [_custom(node, "add_noise", "the second pass of a hires fix adds its noise (prompt.json's hires has "
+                        "no add_noise): set enable")]
+    if ks["end_at_step"] < ks["steps"]:
+        return [_custom(node, "end_at_step", "the second pass of a hires fix samples to the end (prompt.json's hires "
+                        "has no end step): set it to steps or more", ks["end_at_step"])]
+    left = ks["steps"] - ks["start_at_step"]
+    if left <= 0:
+        return [_custom(node, "start_at_step", f"leaves no step of the {ks['steps']}-step schedule to sample",
+                        ks["start_at_step"])]
+    d = left / ks["steps"]
+    if int(left / d) != ks["steps"]:            # float rounding: the denoise would take another schedule
+        return [_custom(node, "start_at_step", f"{ks['start_at_step']} of {ks['steps']} steps has no denoise "
+                        "that takes the same sigmas; use KSampler's denoise", ks["start_at_step"])]
+    h.update(steps=left, denoise=d)
+    return []
 
 
 def _image_latent(c: _Checker, role_of: dict, vae: str, latent: str) -> tuple[dict, dict, list] | None:
@@ -635,13 +908,13 @@ def _image_latent(c: _Checker, role_of: dict, vae: str, latent: str) -> tuple[di
     if role_of[latent] == "noise_mask":
         latent = c.links[latent]["samples"]
         if role_of[latent] != "encode":
-            return roles, fields, [_custom(roles["noise_mask"], "samples", "one sampling pass per job: the masked "
-                                           "latent must be VAEEncode's")]
+            return roles, fields, [_custom(roles["noise_mask"], "samples", "the masked latent must be VAEEncode's "
+                                           "(RepeatLatentBatch / LatentFromBatch go after SetLatentNoiseMask)")]
     roles["encode"] = latent
     pixels = c.links[latent]["pixels"]
     if role_of[pixels] != "image":
-        return roles, fields, [_custom(latent, "pixels", "one sampling pass per job: the pixels must be a "
-                                       "LoadImage's (an upload)")]
+        return roles, fields, [_custom(latent, "pixels", "the pixels must be a LoadImage's (an upload), or for a "
+                                       "pixel hires fix ImageScale[By] of the first KSampler's VAEDecode")]
     roles["image"] = pixels
     fields["init_image"] = c.values[pixels]["image"]
     if c.links[latent]["vae"] != vae:
@@ -729,7 +1002,12 @@ CANONICAL_IDS = {"unet": "1", "clip": "2", "vae": "3", "positive": "4", "negativ
 LORA_IDS = 10                   # the job's i-th LoRA loader is node "10" + i
 CACHE_ID = "31"                 # the job's EasyCache / LazyCache node
 IMAGE_IDS = {"image": "40", "encode": "41", "mask": "42", "noise_mask": "43"}     # a job from an init image
-TITLES = {"positive": "CLIP Text Encode (Positive Prompt)", "negative": "CLIP Text Encode (Negative Prompt)"}
+BATCH_ID = "44"                 # a batch from an init image: RepeatLatentBatch after its latent
+HIRES_IDS = {"upscale": "50", "hires_sampler": "51", "hires_positive": "52", "hires_negative": "53",
+             "hires_decode": "54", "hires_encode": "55"}                     # a hires fix's second pass
+TITLES = {"positive": "CLIP Text Encode (Positive Prompt)", "negative": "CLIP Text Encode (Negative Prompt)",
+          "hires_positive": "CLIP Text Encode (Hires Positive Prompt)",
+          "hires_negative": "CLIP Text Encode (Hires Negative Prompt)", "hires_sampler": "KSampler (Hires)"}
 
 
 def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str, str] | None = None) -> dict:
@@ -780,7 +1058,9 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
         node("negative", "CLIPTextEncode", text=spec.get("negative_prompt", ""), clip=clip),
         *_latent_nodes(node, spec, ids),
         _sampler_node(node, spec, ids, model),
-        node("decode", "VAEDecode", samples=[ids["sampler"], 0], vae=[ids["vae"], 0]),
+        *_hires_nodes(node, spec, ids, model, clip),
+        node("decode", "VAEDecode", samples=[ids["hires_sampler" if spec.get("hires") else "sampler"], 0],
+             vae=[ids["vae"], 0]),
         node("save", "SaveImage", images=[ids["decode"], 0], filename_prefix="anima"),
     ))
 
@@ -812,19 +1092,64 @@ def _latent_nodes(node, spec: dict, ids: dict) -> list[tuple[str, dict]]:
     if mask is not None and spec.get("grow_mask_by") is None:
         out.append(node("noise_mask", "SetLatentNoiseMask", samples=samples, mask=mask))
         samples = [ids["noise_mask"], 0]
+    if spec.get("batch", 1) > 1:                            # the encoded image repeated: ComfyUI's batch of it
+        ids.setdefault("batch0", BATCH_ID)
+        out.append(node("batch0", "RepeatLatentBatch", samples=samples, amount=spec["batch"]))
+        samples = [ids["batch0"], 0]
     ids["latent"] = samples[0]
     return out
 
 
-def _sampler_node(node, spec: dict, ids: dict, model: list) -> tuple[str, dict]:
-    """KSampler for a job run from its first step, KSamplerAdvanced for one with a step window or without noise."""
+def _hires_nodes(node, spec: dict, ids: dict, model: list, clip: list) -> list[tuple[str, dict]]:
+    """A hires fix's second pass after the first KSampler: LatentUpscaleBy / LatentUpscale of its latent, or
+    (space pixel) VAEDecode -> ImageScaleBy / ImageScale -> VAEEncode; then KSampler (Hires) with the hires
+    settings (the job's where they are not set) and, for its own prompts, CLIPTextEncode nodes of its own."""
+    h = spec.get("hires")
+    if not h:
+        return []
+    for role, default in HIRES_IDS.items():
+        ids.setdefault(role, default)
+    size = dict(scale_by=h["scale"]) if h.get("scale") is not None else \
+        dict(width=h["width"], height=h["height"], crop="disabled")
+    if h.get("space") == "pixel":
+        out = [node("hires_decode", "VAEDecode", samples=[ids["sampler"], 0], vae=[ids["vae"], 0]),
+               node("upscale", "ImageScaleBy" if "scale_by" in size else "ImageScale",
+                    image=[ids["hires_decode"], 0], upscale_method=h.get("method") or "nearest-exact", **size),
+               node("hires_encode", "VAEEncode", pixels=[ids["upscale"], 0], vae=[ids["vae"], 0])]
+        latent = ids["hires_encode"]
+    else:
+        out = [node("upscale", "LatentUpscaleBy" if "scale_by" in size else "LatentUpscale",
+                    samples=[ids["sampler"], 0], upscale_method=h.get("method") or "nearest-exact", **size)]
+        latent = ids["upscale"]
+    links = {**ids, "latent": latent}
+    for side, key in (("positive", "prompt"), ("negative", "negative_prompt")):
+        if h.get(key) is not None:
+            out.append(node(f"hires_{side}", "CLIPTextEncode", text=h[key], clip=clip))
+            links[side] = ids[f"hires_{side}"]
+    own = {k: h[k] for k in ("seed", "cfg", "sampler", "scheduler") if h.get(k) is not None}
+    second = {**spec, **own, "steps": h.get("steps") or spec["steps"], "denoise": h.get("denoise", 0.5),
+              "denoise_steps": "comfyui", "start_step": None, "end_step": None, "add_noise": True}
+    out.append(_sampler_node(node, second, links, model, role="hires_sampler"))
+    return out
+
+
+def _sampler_node(node, spec: dict, ids: dict, model: list, role: str = "sampler") -> tuple[str, dict]:
+    """KSampler for a job run from its first step, KSamplerAdvanced for one with a step window or without noise, or
+    counting its denoise as A1111's img2img (that window on the full schedule); node `role`, its links the `ids` of
+    positive, negative and latent."""
+    if spec.get("denoise_steps", "comfyui") == "a1111":
+        from models.sampling.latent_ops import a1111_start_step
+        off = a1111_start_step(spec["steps"], spec.get("denoise", 1.0))
+        end = spec.get("end_step")
+        spec = {**spec, "denoise": 1.0, "denoise_steps": "comfyui", "start_step": off + (spec.get("start_step") or 0),
+                "end_step": None if end is None else off + end}
     common = dict(model=model, steps=spec["steps"], cfg=spec["cfg"], sampler_name=spec.get("sampler", DEFAULT_SAMPLER),
                   scheduler=spec.get("scheduler", DEFAULT_SCHEDULER), positive=[ids["positive"], 0],
                   negative=[ids["negative"], 0], latent_image=[ids["latent"], 0])
     if spec.get("start_step") is None and spec.get("end_step") is None and spec.get("add_noise", True):
-        return node("sampler", "KSampler", seed=spec["seed"], denoise=spec.get("denoise", 1.0), **common)
+        return node(role, "KSampler", seed=spec["seed"], denoise=spec.get("denoise", 1.0), **common)
     end = spec.get("end_step")
-    return node("sampler", "KSamplerAdvanced", noise_seed=spec["seed"], **common,
+    return node(role, "KSamplerAdvanced", noise_seed=spec["seed"], **common,
                 add_noise="enable" if spec.get("add_noise", True) else "disable",
                 start_at_step=spec.get("start_step") or 0, end_at_step=10000 if end is None else end,
                 return_with_leftover_noise="enable" if spec.get("leftover_noise") else "disable")

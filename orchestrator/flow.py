@@ -198,9 +198,11 @@ class JobFlow:
                               f"changed after the job was queued); the sizes with a pack: {have}")
 
     def _to_hires_arena(self) -> None:
-        """The rest of the job on the hires pack: its own arena (contexts, init latent, latent), the first closed."""
+        """The rest of the job on the hires pack: its own arena (contexts, init latent, latent), the first closed.
+        The same pack (a second pass at the first size) keeps its arena only if it has an init latent slot (a
+        text-to-image job's has none)."""
         if self.pack is self.hires_pack and self.init_latent is not None:
-            return                       # the same size (scale 1), and the arena has the init-latent slot already
+            return
         self.arena.close()
         self.arena, self.pack = None, self.hires_pack
         self._make_arena(init_slots=True)
@@ -489,7 +491,10 @@ class JobFlow:
             return start
         from models.sampling.latent_ops import common_upscale
         _, lat_h, lat_w = self.pack.latent_shape
-        return common_upscale(first[None], lat_w, lat_h, h.method)[0]
+        # in VAE space, as ComfyUI's LatentUpscale sees a KSampler's LATENT (process_latent_out); only bislerp, which
+        # slerps across channels, is changed by the per-channel std/mean (the others are affine per channel)
+        from models.vae.latent import denormalize, normalize
+        return normalize(common_upscale(denormalize(first)[None], lat_w, lat_h, h.method)[0])
 
     def _hires_one(self, pos: int, start: np.ndarray) -> None:
         """One image's second DENOISE: hires' steps and denoise, its sampler, scheduler, cfg and seed or the job's
@@ -558,7 +563,8 @@ class JobFlow:
         params = m.DenoiseParams(seed=s.seed, steps=s.steps, cfg=s.cfg, sampler=s.sampler, scheduler=s.scheduler,
                                  width=self.pack.width, height=self.pack.height,
                                  spectrum=s.spectrum, denoise=s.denoise, cache=s.cache, start_step=s.start_step,
-                                 end_step=s.end_step, add_noise=s.add_noise, leftover_noise=s.leftover_noise, **batch)
+                                 end_step=s.end_step, add_noise=s.add_noise, leftover_noise=s.leftover_noise,
+                                 latent_fill=s.latent_fill, denoise_steps=s.denoise_steps, **batch)
         state_dir = self.dir if pos == 0 else self.dir / f"batch_{pos}"      # each image's per-step sampler state
         self._run_denoise(params, state_dir, self._start_latent(), batch_name("latent", ".npy", pos))
 

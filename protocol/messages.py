@@ -49,6 +49,7 @@ from msgspec.structs import force_setattr
 from models.runtime import phase_times
 from models.lora.choice import MAX_LORAS, LoraChoice
 from models.schema import fields_of
+from models.sampling.img2img import DENOISE_STEPS
 from models.sampling.spectrum import SpectrumSettings
 from models.sampling.step_cache import CacheSettings
 from protocol.prompt import PromptFile
@@ -159,10 +160,12 @@ class DenoiseParams(_Record, frozen=True):
     cache: CacheSettings | None = None  # EasyCache / LazyCache (models/sampling/step_cache.py); None: off
     # sampling from a latent, as ComfyUI's KSampler (denoise) and KSamplerAdvanced (the rest); models/sampling/img2img.py
     denoise: Float(above=0.0, hi=1.0) = 1.0
+    denoise_steps: Literal[DENOISE_STEPS] = "comfyui"  # ComfyUI's count of a partial denoise, or A1111's img2img's
     start_step: Int(0, MAX_STEPS) | None = None  # start_at_step
     end_step: Int(0, MAX_STEPS) | None = None  # end_at_step
     add_noise: bool = True
     leftover_noise: bool = False  # return_with_leftover_noise (with end_step)
+    latent_fill: Literal["noise", "nothing"] | None = None  # the masked init latent: the seed's noise or zeros
     noise_index: Int(0, 4095) = 0  # the image's place in ComfyUI's batch noise (one randn over [B, C, h, w])
     batch_size: Int(1, 64) = 1  # the batch ComfyUI samples as one tensor (its noise samplers draw over all of it)
     batch_pos: Int(0, 63) = 0  # this image's place in that batch

@@ -9,7 +9,7 @@ from typing import Annotated, ClassVar, Literal
 from models.lora.choice import MAX_LORAS, LoraChoice
 from models.sampling.sampler import (DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLER_NAMES, SCHEDULER_NAMES,
                                      spectrum_refusal)
-from models.sampling.img2img import LatentPlan, passes_through
+from models.sampling.img2img import DENOISE_STEPS, LatentPlan, passes_through
 from models.sampling.latent_ops import LATENT_SCALE, UPSCALE_METHODS, LatentOpError, upscale_size
 from models.sampling.schedules import DEFAULT_SHIFT
 from models.sampling.spectrum import SpectrumSettings
@@ -26,6 +26,7 @@ SEED_LIMIT = 2 ** 64            # seeds are 0 <= seed < 2^64
 DEFAULT_STEPS = 30
 DEFAULT_CFG = 4.0
 MAX_BATCH = 8                   # images per job (batch-1 packs run them one after another)
+MAX_HIRES_SCALE = 4.0           # hires `scale`: each latent side times at most this
 MAX_INT_DIGITS = 40             # a JSON integer longer than this is never a valid value (seeds are < 2^64: 20 digits)
 MAX_OUTPUT_CHARS = 4096
 MAX_INPUT_REF_CHARS = 1024      # an upload's name as LoadImage gives it: 'sub/NAME.png [input]'
@@ -157,7 +158,7 @@ class HiresSettings(Record, frozen=True):
 
     KEY_NOUN: ClassVar[str] = "setting"
 
-    scale: Float(1.0, 4.0) | None = None
+    scale: Float(1.0, MAX_HIRES_SCALE) | None = None
     width: Side | None = None
     height: Side | None = None
     method: Literal[UPSCALE_METHODS + ("lanczos",)] = "nearest-exact"
@@ -176,12 +177,8 @@ class HiresSettings(Record, frozen=True):
     seed: Int(0, SEED_LIMIT - 1) | None = None
 
     def size(self, width: int, height: int) -> tuple[int, int]:
-        """(width, height) in pixels of the second pass for a first pass of width x height: LatentUpscale[By]'s
-        (whole latent cells), or for the pixel path ImageScaleBy's round(side * scale) / ImageScale's width x height."""
-        if self.space == "pixel":
-            if self.scale is None:
-                return self.width, self.height
-            return round(width * float(self.scale)), round(height * float(self.scale))
+        """(width, height) in pixels of the second pass for a first pass of width x height: LatentUpscale[By]'s whole
+        latent cells, for the pixel path too (the graph front refuses an ImageScale[By] whose size differs)."""
         h, w = upscale_size((height // LATENT_SCALE, width // LATENT_SCALE), self.width or 0, self.height or 0,
                             None if self.scale is None else float(self.scale))
         return w * LATENT_SCALE, h * LATENT_SCALE
@@ -221,8 +218,13 @@ class PromptFile(Record, frozen=True):
     # ComfyUI's VAEEncodeForInpaint: the pixels under the mask grey (0.5) before encoding, the mask grown by this
     # as the noise mask; None: the image encoded as it is (VAEEncode)
     grow_mask_by: Int(0, 64) | None = None
+    # A1111's inpainting_fill 2 / 3: the masked part of the init latent replaced by the seed's noise ("noise") or by
+    # zeros ("nothing") before sampling; None: the encoded image as it is
+    latent_fill: Literal["noise", "nothing"] | None = None
     resize_mode: Int(0, 2) | None = None       # an init image/mask of another size: A1111's modes; None: refused
     denoise: Float(0.0, 1.0) = 1.0             # KSampler's denoise: the part of the schedule sampled
+    # how denoise counts steps: ComfyUI's KSampler (all `steps`) or A1111's img2img (int(denoise x steps) + 1)
+    denoise_steps: Literal[DENOISE_STEPS] = "comfyui"
     # KSamplerAdvanced's window (docs/latent-sampling.md)
     start_step: Int(0, 10_000) | None = None   # start_at_step
     end_step: Int(0, 10_000) | None = None     # end_at_step
@@ -250,6 +252,7 @@ class PromptFile(Record, frozen=True):
         _check_hires(self)
         if self.start_step is not None and passes_through(self.sampler, self.scheduler, self.steps, DEFAULT_SHIFT,
                                                           LatentPlan(denoise=float(self.denoise),
+                                                                     denoise_steps=self.denoise_steps,
                                                                      start_step=self.start_step,
                                                                      last_step=self.end_step)):
             raise PromptError("start_step", f"start_at_step {self.start_step} leaves no step of the {self.steps}-step "
@@ -295,6 +298,8 @@ def _check_inputs(f) -> None:
         raise PromptError("mask_channel", "says how to read a mask; there is no mask")
     if f.grow_mask_by is not None and f.mask is None:
         raise PromptError("grow_mask_by", "grows the inpaint mask; there is no mask")
+    if f.latent_fill is not None and f.mask is None:
+        raise PromptError("latent_fill", "fills the masked part of the latent; there is no mask")
     for name in ("init_image", "mask"):
         v = getattr(f, name)
         if v is not None:

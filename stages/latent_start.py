@@ -18,13 +18,16 @@ def from_latent(msg: m.Denoise) -> bool:
     """True when the request samples from a latent (anything text-to-image's Sampler would not do)."""
     p = msg.params
     return (msg.init_latent is not None or msg.noise_mask is not None or p.denoise != 1.0 or p.start_step is not None
-            or p.end_step is not None or not p.add_noise or p.leftover_noise or p.noise_index != 0 or p.batch_size != 1)
+            or p.denoise_steps != "comfyui"
+            or p.end_step is not None or not p.add_noise or p.leftover_noise or p.noise_index != 0 or p.batch_size != 1
+            or p.latent_fill is not None)
 
 
 def plan_of(msg: m.Denoise) -> LatentPlan:
     p = msg.params
     try:
-        return LatentPlan(denoise=float(p.denoise), start_step=p.start_step, last_step=p.end_step,
+        return LatentPlan(denoise=float(p.denoise), denoise_steps=p.denoise_steps, start_step=p.start_step,
+                          last_step=p.end_step,
                           force_full_denoise=not p.leftover_noise, add_noise=p.add_noise,
                           masked=msg.noise_mask is not None, batch_size=p.batch_size, batch_pos=p.batch_pos)
     except ValueError as e:
@@ -63,6 +66,9 @@ def latent_sampler_and_state(msg: m.Denoise, ctx, lat_shape: tuple):
                  "params.cache" if str(e).startswith("cache:") else "params.sampler")
         raise RequestFailed(str(e), code="bad_request", field=field) from None
     image, mask = _inputs(msg, ctx, lat_shape)
+    if p.latent_fill is not None and (image is None or mask is None):
+        raise RequestFailed("latent_fill needs an init_latent and a noise_mask", code="bad_request",
+                            field="params.latent_fill")
     state = start_or_resume_latent(sampler, p.seed, lat_shape, msg.job_dir, msg.resume, image=image, mask=mask,
-                                   noise_index=p.noise_index)
+                                   noise_index=p.noise_index, fill=p.latent_fill)
     return sampler, state

@@ -31,7 +31,7 @@ def front(tmp_path, monkeypatch):
         buf, info = io.BytesIO(), PngInfo()
         info.add_text("parameters", "from the job")
         Image.new("RGB", (spec["width"], spec["height"]), GREEN).save(buf, "PNG", pnginfo=info)
-        job = SimpleNamespace(id="job1", spec={**spec, "seed": 5}, info=SimpleNamespace(created=0.0))
+        job = SimpleNamespace(id="job1", spec={"seed": 5, **spec}, info=SimpleNamespace(created=0.0))  # 5: drawn
         return job, buf.getvalue()
     monkeypatch.setattr("orchestrator.http.a1111.run_job", run_job)
     yield f
@@ -130,17 +130,77 @@ def test_img2img_without_mask_returns_the_job_image(front):
     assert (_image(body["images"][0]) == GREEN).all()
 
 
-@pytest.mark.parametrize("edit, field", [
-    ({"inpaint_full_res": True}, "inpaint_full_res"), ({"inpaint_full_res": None}, "inpaint_full_res"),
-    ({"inpainting_fill": 2}, "inpainting_fill"), ({"inpainting_fill": 3}, "inpainting_fill"),
-])
-def test_unsupported_inpaint_modes_are_422_naming_the_field(front, edit, field):
-    body = _body(mask=b64(png(np.zeros((64, 64), np.uint8))), **edit)
-    if edit.get("inpaint_full_res", False) is None:
-        body.pop("inpaint_full_res")                                          # A1111's default is true
+@pytest.mark.parametrize("fill, latent_fill", [(2, "noise"), (3, "nothing"), (0, None), (1, None)])
+def test_latent_fills_reach_the_job_as_latent_fill(front, fill, latent_fill):
+    """inpainting_fill 2 / 3 (latent noise / nothing) were 422; they are the job's latent_fill (what it does to the
+    latent: tests/test_img2img_sampling.py), the init image sent as it is."""
+    init = RNG.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    mask = np.zeros((64, 64), np.uint8)
+    mask[8:40, 8:40] = 255
+    status, body = front.request("POST", "/sdapi/v1/img2img", _body(init_images=[b64(png(init))], mask=b64(png(mask)),
+                                 mask_blur=0, inpainting_fill=fill))
+    assert status == 200, body
+    assert front.ran[0].get("latent_fill") == latent_fill
+    if fill != 0:
+        np.testing.assert_array_equal(_kept(front, front.ran[0]["init_image"]), init)
+
+
+def test_only_masked_runs_the_region_around_the_mask_and_pastes_it_back(front):
+    """inpaint_full_res (A1111's default) was 422. The job runs on the mask's bounding box widened by the padding
+    and grown to the job's aspect ratio, resized to the job's size; its image goes back into that box of the
+    original, the rest of the original kept exactly."""
+    init = RNG.integers(0, 256, (96, 128, 3), dtype=np.uint8)
+    mask = np.zeros((96, 128), np.uint8)
+    mask[20:30, 80:100] = 255                       # 20 x 10 pixels
+    body = _body(init_images=[b64(png(init))], mask=b64(png(mask)), mask_blur=0, inpainting_fill=1,
+                 inpaint_full_res_padding=4)
+    body.pop("inpaint_full_res")                    # A1111's default: only masked
     status, answer = front.request("POST", "/sdapi/v1/img2img", body)
-    assert status == 422 and answer["field"] == field, answer
-    assert front.ran == []
+    assert status == 200, answer
+    # the box by hand: x 76..104, y 16..34 (28 x 18), grown to 1:1 along y by 10 (5 above, 5 below): y 11..39
+    box = (76, 11, 104, 39)
+    want_init = np.asarray(Image.fromarray(init).crop(box).resize((64, 64), Image.LANCZOS))
+    spec = front.ran[0]
+    assert (spec["width"], spec["height"]) == (64, 64)
+    np.testing.assert_array_equal(_kept(front, spec["init_image"]), want_init)
+    want_mask = np.asarray(Image.fromarray(mask).crop(box).resize((64, 64), Image.LANCZOS))
+    np.testing.assert_array_equal(_kept(front, spec["mask"]), want_mask)
+    out = _image(answer["images"][0])
+    assert out.shape == init.shape                  # the original's size, not the job's
+    keep = mask == 0
+    np.testing.assert_array_equal(out[keep], init[keep])
+    assert (out[mask == 255] == GREEN).all()        # the job's (flat green) image, resized into the box
+    assert "Inpaint area: Only masked, Masked area padding: 4" in json.loads(answer["info"])["infotexts"][0]
+
+
+def test_only_masked_with_an_empty_mask_inpaints_the_whole_picture(front):
+    init = RNG.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    body = _body(init_images=[b64(png(init))], mask=b64(png(np.zeros((64, 64), np.uint8))), inpaint_full_res=True,
+                 inpainting_fill=1)
+    status, answer = front.request("POST", "/sdapi/v1/img2img", body)
+    assert status == 200, answer
+    np.testing.assert_array_equal(_kept(front, front.ran[0]["init_image"]), init)
+    assert "Inpaint area" not in json.loads(answer["info"])["infotexts"][0]
+
+
+@pytest.mark.parametrize("box, size, image, want", [
+    ((10, 0, 50, 5), (64, 64), (128, 96), (10, 0, 50, 40)),      # at the top edge: pushed down inside the image
+    ((10, 90, 50, 95), (64, 64), (128, 96), (10, 56, 50, 96)),   # at the bottom: pushed up
+    ((0, 0, 10, 40), (128, 64), (100, 40), (0, 0, 80, 40)),      # wider: grown along x from the left edge
+    ((0, 0, 90, 40), (64, 64), (100, 30), (0, 0, 90, 30)),       # taller than the image: cut at its edge
+])
+def test_expand_region_keeps_the_box_inside_the_image(box, size, image, want):
+    from models.images.inpaint import expand_region
+    assert expand_region(box, *size, *image) == want
+
+
+def test_crop_region_is_the_padded_bounding_box():
+    from models.images.inpaint import crop_region
+    m = np.zeros((20, 30), np.uint8)
+    assert crop_region(m, 4) is None
+    m[5, 7] = m[9, 12] = 1
+    assert crop_region(m, 0) == (7, 5, 13, 10) and crop_region(m, 3) == (4, 2, 16, 13)
+    assert crop_region(m, 50) == (0, 0, 30, 20)
 
 
 def test_png_parameters_name_the_denoising_strength_and_the_mask_blur(front):
@@ -160,3 +220,51 @@ def test_png_parameters_name_the_denoising_strength_and_the_mask_blur(front):
     status, body = front.request("POST", "/sdapi/v1/img2img", _body(mask=b64(png(mask)), mask_blur=3))
     assert status == 200, body
     assert json.loads(body["info"])["infotexts"] == ["from the job, Mask blur: 3"]
+
+
+def test_img2img_batches_run_one_job_per_image_with_a1111s_seeds(front):
+    """batch_size x n_iter were 422 on img2img: now each image its own job with seed, seed+1, ... (as txt2img),
+    each pasted back, every image answered with its own infotext."""
+    init = RNG.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    mask = np.zeros((64, 64), np.uint8)
+    mask[8:40, 8:40] = 255
+    status, body = front.request("POST", "/sdapi/v1/img2img", _body(init_images=[b64(png(init))], mask=b64(png(mask)),
+                                 mask_blur=0, inpainting_fill=1, seed=40, batch_size=2, n_iter=2))
+    assert status == 200, body
+    assert [s["seed"] for s in front.ran] == [40, 41, 42, 43]
+    assert len(body["images"]) == 4
+    for b in body["images"]:
+        out = _image(b)
+        np.testing.assert_array_equal(out[mask == 0], init[mask == 0])
+    info = json.loads(body["info"])
+    assert info["batch_size"] == 2 and len(info["infotexts"]) == 4
+    status, answer = front.request("POST", "/sdapi/v1/img2img", _body(enable_hr=True))
+    assert status == 422 and answer["field"] == "enable_hr"
+    status, answer = front.request("POST", "/sdapi/v1/img2img", _body(batch_size=9))
+    assert status == 422 and answer["field"] == "batch_size"
+
+
+def test_img2img_counts_steps_as_a1111_and_its_graph_says_so(front):
+    """A1111's img2img at steps 20, denoising_strength 0.5 computes 11 steps (ComfyUI's KSampler denoise 0.5 would
+    compute 20): the job's denoise_steps is "a1111", and the ComfyUI graph made of such a job is the equivalent
+    KSamplerAdvanced window, which maps back to a job with the same sigmas."""
+    from models.sampling.img2img import LatentPlan, plan_sigmas
+    from orchestrator.comfy_graph import ModelNames, graph_to_job, job_to_graph
+    from orchestrator.prompt_spec import parse_prompt_obj
+    status, body = front.request("POST", "/sdapi/v1/img2img", _body(steps=20, denoising_strength=0.5))
+    assert status == 200, body
+    spec = front.ran[0]
+    assert spec["denoise_steps"] == "a1111" and spec["denoise"] == 0.5 and spec["steps"] == 20
+    full = parse_prompt_obj({**spec, "init_image": "a.png", "seed": 1}, resolution=(64, 64)).to_dict()
+    names = ModelNames(unet=("u.safetensors",), clip=("c.safetensors",), vae=("v.safetensors",))
+    graph = job_to_graph(full, names=names)
+    (ks,) = [n for n in graph.values() if n["class_type"].startswith("KSampler")]
+    assert ks["class_type"] == "KSamplerAdvanced" and ks["inputs"]["start_at_step"] == 9
+    back = graph_to_job(graph, names=names, sizes=[(64, 64)]).spec
+
+    def sigmas(s):
+        return plan_sigmas(s["sampler"], s["scheduler"], s["steps"], 3.0, LatentPlan(
+            denoise=s.get("denoise", 1.0), denoise_steps=s.get("denoise_steps", "comfyui"),
+            start_step=s.get("start_step"), last_step=s.get("end_step")))
+    assert len(sigmas(full)) == 12
+    np.testing.assert_array_equal(sigmas(back), sigmas(full))

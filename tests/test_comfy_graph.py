@@ -89,7 +89,7 @@ CASES = [
     ("long-prompt", edited(G, "6", text="x" * 4001), "6", "custom_validation_failed", "limit is 4000"),
     ("nul-negative", edited(G, "7", text="a\x00b"), "7", "custom_validation_failed", "NUL"),
     ("two-passes", {**edited(G, "3", latent_image=["30", 0]), "30": G["3"]}, "3", "custom_validation_failed",
-     "one sampling pass"),
+     "for a second pass (a hires fix) from LatentUpscale[By]"),
     ("sampler-loop", edited(G, "3", latent_image=["3", 0]), "3", "dependency_cycle", "the graph loops: 3.latent_image"),
     ("decode-latent", edited(G, "8", samples=["5", 0]), "8", "custom_validation_failed", "KSampler's output"),
     ("two-outputs", {**G, "10": {"class_type": "SaveImage", "inputs": {"images": ["8", 0]}}}, "10",
@@ -143,7 +143,9 @@ def test_object_info_shape():
     assert set(info) == {"UNETLoader", "CLIPLoader", "VAELoader", "CLIPTextEncode", "EmptyLatentImage",
                          "EmptySD3LatentImage", "ModelSamplingAuraFlow", "KSampler", "KSamplerAdvanced", "VAEDecode",
                          "SaveImage", "LoraLoader", "LoraLoaderModelOnly", "AnimaSpectrum", "EasyCache", "LazyCache",
-                         "LoadImage", "LoadImageMask", "VAEEncode", "VAEEncodeForInpaint", "SetLatentNoiseMask"}
+                         "LoadImage", "LoadImageMask", "VAEEncode", "VAEEncodeForInpaint", "SetLatentNoiseMask",
+                         "LatentUpscale", "LatentUpscaleBy", "ImageScale", "ImageScaleBy", "RepeatLatentBatch",
+                         "LatentFromBatch"}
     ks = info["KSampler"]
     assert ks["input_order"]["required"] == ["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive",
                                              "negative", "latent_image", "denoise"]

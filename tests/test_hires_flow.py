@@ -119,6 +119,41 @@ def test_daemon_killed_mid_second_pass_resumes_it_to_the_same_latent(d):
         assert im.size == (96, 96) and "Hires resize: 96x96," in im.text["parameters"]
 
 
+def test_a_graphs_text_to_image_hires_fix_at_the_first_size_runs_on_the_one_pack(d):
+    """ComfyUI's refine pass (KSampler -> LatentUpscaleBy 1.0 -> KSampler denoise 0.5) mapped by the graph front: a
+    text-to-image job whose second pass is on the first pass's pack (its arena had no init latent slot: the job
+    failed there before)."""
+    from orchestrator.comfy_graph import graph_to_job
+    from tests.test_comfy_hires_graph import hires_graph
+    spec = graph_to_job(hires_graph(scale_by=1.0), sizes=SIZES).spec
+    assert spec["hires"] == {"method": "nearest-exact", "scale": 1.0, "steps": 4, "denoise": 0.5}
+    job = d.submit(spec)
+    info = _wait(d, job, ("done", "failed"))
+    assert info.state == "done", info
+    jd = d.rf.jobs / job
+    want = 2 * _torch_upscaled(np.load(jd / "latent.npy"), (8, 8), "nearest-exact") + 0.5
+    np.testing.assert_allclose(np.load(jd / "hires_latent.npy"), want, rtol=0, atol=1e-6)
+    with Image.open(jd / "image.png") as im:
+        assert im.size == (64, 64) and "Hires upscale: 1.0, Hires steps: 4," in im.text["parameters"]
+
+
+def test_bislerp_upscales_the_latent_in_vae_space_as_comfyui(d):
+    """ComfyUI's LatentUpscale sees a KSampler's LATENT in VAE space (process_latent_out: z * std + mean); bislerp
+    slerps across channels, so upscaling the model-space latent gave another latent (max difference ~1.5 on a
+    random one). Reference: ComfyUI's bislerp written in torch (tests/test_hires_batch.py) on the VAE-space latent."""
+    from models.vae.latent import denormalize, normalize
+    from tests.test_hires_batch import _torch_bislerp
+    job = d.submit({"prompt": "a girl", "seed": 4, "steps": 2, "denoise": 0.8,
+                    "init_image": _init_image(d, "bs.png", 4),
+                    "hires": {"scale": 1.5, "method": "bislerp", "steps": 2, "denoise": 0.5}})
+    info = _wait(d, job, ("done", "failed"))
+    assert info.state == "done", info
+    jd = d.rf.jobs / job
+    vae = torch.from_numpy(denormalize(np.load(jd / "latent.npy"))[None])
+    want = 2 * normalize(_torch_bislerp(vae, 12, 12)[0].numpy()) + np.float32(0.5)
+    np.testing.assert_allclose(np.load(jd / "hires_latent.npy"), want, rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("hires, extra, field, words", [
     ({"scale": 2.0}, {}, "hires", "128x128 has no model pack; the sizes with a pack: 64x64, 96x96"),
     ({"width": 96}, {}, "hires", "either scale, or both width and height"),

@@ -457,3 +457,33 @@ def test_samplers_by_every_way_in(d):
                                                 "scheduler": "kl_optimal", "spectrum": False}, timeout=30)
     assert r.status_code == 200, r.text
     assert _wait_job(d, r.json()["job"]).state == "done"
+
+
+def test_page_workflow_fields_are_taken_and_refused_by_name(d):
+    """/anima/jobs takes prompt.json's init_image, mask, denoise, batch and hires (the page's controls) and a bad value
+    of each is a 400 naming the field (the page puts it next to the control); /anima/info gives the hires choices."""
+    from models.sampling.latent_ops import UPSCALE_METHODS
+    from protocol.prompt import MAX_BATCH, MAX_HIRES_SCALE
+    url = d.http_url()
+    info = requests.get(url + "anima/info", timeout=30).json()
+    assert info["limits"]["batch"] == MAX_BATCH == 8
+    assert MAX_HIRES_SCALE == 4.0 and UPSCALE_METHODS == ("nearest-exact", "bilinear", "area", "bicubic", "bislerp")
+    assert info["hires"] == {"methods": {"latent": list(UPSCALE_METHODS)}, "max_scale": 4.0, "denoise": 0.5,
+                             "method": "nearest-exact"}
+    base = {"prompt": "a girl", "steps": 2}
+    for extra, field in (({"batch": 9}, "batch"), ({"denoise": 0}, "denoise"),
+                         ({"init_image": "page/nothing.png [input]"}, "init_image"),
+                         ({"init_image": "../../etc/passwd"}, "init_image"),
+                         ({"hires": {"scale": 5}}, "hires.scale"),
+                         ({"hires": {"scale": 2, "method": "lanczos"}}, "hires.method"),
+                         ({"hires": {"scale": 2}}, "hires")):            # 64x64 x 2 = 128x128: no pack
+        r = requests.post(url + "anima/jobs", json={**base, **extra}, timeout=30)
+        assert r.status_code == 400 and r.json()["field"] == field, (extra, r.text)
+    # taken: the job keeps them as the page sent them (before, /anima/jobs refused them as unknown fields)
+    r = requests.post(url + "anima/jobs", json={**base, "batch": 2, "hires": None}, timeout=30)
+    assert r.status_code == 200, r.text
+    job = r.json()["job"]
+    assert _wait_job(d, job).state == "done"
+    assert json.loads((d.rf.jobs / job / "job.json").read_text())["spec"]["batch"] == 2
+    listed = requests.get(url + "anima/jobs?limit=1", timeout=30).json()["jobs"][0]
+    assert listed["job"] == job and listed["spec"]["batch"] == 2 and set(listed["files"]) >= {"image", "image_1"}

@@ -215,3 +215,34 @@ def test_a1111_client_and_malformed_requests_leave_the_job_alone(pipe, reference
     jobs_after = {j.job for j in pipe.client().call(m.Status(), m.Jobs).jobs}
     assert jobs_after - jobs_before == {job}
     assert {n: pipe.sup.info(n).pid for n in sup_pids} == sup_pids
+
+
+def test_a_comfy_hires_graph_runs_both_passes(pipe, reference_job):
+    """KSampler -> LatentUpscaleBy 1.0 -> KSampler (denoise 0.5) through comfy-api-simplified: the graph front maps it
+    onto prompt.json's hires, the real flow samples the second pass on the one (128x128) pack, and /history and the
+    PNG keep the two-pass graph as sent (a second pack size would need a pipeline of its own: not here)."""
+    from comfy_api_simplified import ComfyApiWrapper, ComfyWorkflowWrapper
+    from tests.test_comfy_hires_graph import hires_graph
+    url = url_of(pipe)
+    names = _names(url)
+    graph = hires_graph(scale_by=1.0)
+    graph["5"]["inputs"].update(width=128, height=128)
+    graph["3"]["inputs"]["steps"] = 1
+    graph["51"]["inputs"]["steps"] = 2
+    for node, key in (("12", "unet"), ("11", "clip"), ("13", "vae")):
+        graph[node]["inputs"][f"{key}_name"] = names[key]
+    api = ComfyApiWrapper(url.rstrip("/"))
+    images = api.queue_and_wait_images(ComfyWorkflowWrapper(graph), "Save Image")
+    job = pipe.client().call(m.Status(limit=1), m.Jobs).jobs[-1]
+    assert job.state == "done", job
+    jd = pipe.job_dir(job.job)
+    assert images["image.png"] == (jd / "image.png").read_bytes()
+    first, second = np.load(jd / "latent.npy"), np.load(jd / "hires_latent.npy")
+    assert first.shape == second.shape and not np.array_equal(first, second)     # sampled again from the first
+    report = json.loads((jd / "report.json").read_text())
+    assert report["computed_steps"] == [1, 2]                                   # the second pass's two steps
+    im = Image.open(io.BytesIO(images["image.png"]))
+    assert im.size == (128, 128) and "Hires upscale: 1.0, Hires steps: 2," in im.text["parameters"]
+    sent = json.loads(im.text["prompt"])
+    assert sent["51"]["inputs"]["latent_image"] == ["50", 0] and sent["50"]["class_type"] == "LatentUpscaleBy"
+    assert api.get_history(job.job)[job.job]["prompt"][2]["51"]["class_type"] == "KSampler"

@@ -202,3 +202,203 @@ def test_spectrum_comes_back_and_several_loras_with_their_strengths(pipe, browse
     page.click("#cancel")
     page.wait_for_function("document.getElementById('live-state').textContent === 'cancelled'", timeout=JOB_MS)
     assert errors == []
+
+
+# ---------------------------------------------------------------- img2img, inpaint, batch and hires from the page
+
+def _picture(path: Path, size=(128, 128)) -> Path:
+    """A smooth RGB picture (not a flat one: the encoder sees something) written as a PNG for the file input."""
+    import numpy as np
+    w, h = size
+    yy, xx = np.mgrid[0:h, 0:w]
+    Image.fromarray(np.stack([xx * 2, yy * 2, (xx + yy) % 256], -1).astype(np.uint8), "RGB").save(path)
+    return path
+
+
+def _spec(pipe, job: str) -> dict:
+    import json
+    return json.loads((pipe.job_dir(job) / "job.json").read_text())["spec"]
+
+
+def _start_from(page, picture: Path) -> None:
+    page.set_input_files("#init-file", str(picture))
+    page.wait_for_function("document.getElementById('init-thumb').naturalWidth > 0 && "
+                           "document.getElementById('mask-canvas').width > 0")
+
+
+def _submitted(page, after: str = "") -> str:
+    """The job the page queued last: a new id in the live box (`after`, the one it showed before)."""
+    page.wait_for_function("([old]) => { const t = document.getElementById('live-job').textContent;"
+                           "return t.startsWith('job ') && t !== 'job ' + old; }", arg=[after], timeout=JOB_MS)
+    return page.text_content("#live-job").split()[-1]
+
+
+def test_img2img_from_an_uploaded_image_as_a_batch_of_two(pipe, browser, tmp_path):
+    """(One job for both: each costs ~20 s of stage start-ups here.) The image to start from goes up through
+    /upload/image and the job names it with the slider's denoise; a batch of 2 shows both images, in the result area
+    and in the gallery card."""
+    page, errors = _open(browser, pipe.http_url())
+    assert page.is_hidden("#denoise")                              # text-to-image: denoise 1, no slider
+    _start_from(page, _picture(tmp_path / "start.png"))
+    # the image's size has a pack: it is picked, no resize mode asked for; another size asks for one
+    assert page.input_value("#size") == "128x128" and page.is_hidden("#resize-mode")
+    assert page.text_content("#denoise-out") == "0.60"
+    page.select_option("#size", "64x128")
+    assert page.is_visible("#resize-mode") and page.input_value("#resize-mode") == "1"
+    page.select_option("#size", "128x128")
+    assert page.is_hidden("#resize-mode")
+    page.eval_on_selector("#denoise", "e => { e.value = '0.45'; e.dispatchEvent(new Event('input')); }")
+    assert page.text_content("#denoise-out") == "0.45"
+    page.fill("#prompt", "1girl, from a picture")
+    page.fill("#seed", "5")
+    page.fill("#steps", "2")
+    page.fill("#batch", "2")
+    page.click("#go")
+    job = _submitted(page)
+    page.wait_for_function("document.getElementById('live-state').textContent === 'done'", timeout=JOB_MS)
+    spec = _spec(pipe, job)
+    assert spec["init_image"] == "page/start.png [input]" and spec["denoise"] == 0.45 and spec["batch"] == 2
+    assert spec.get("resize_mode") is None and spec.get("mask") is None
+    # the upload the job names holds the file's bytes; the job kept its own copy
+    assert (pipe.root / "input" / "page" / "start.png").read_bytes() == (tmp_path / "start.png").read_bytes()
+    assert (pipe.job_dir(job) / "init_image.png").is_file()
+    # both images of the batch, in batch order, at the job's size; two different pictures (each its own place in the
+    # batch's noise)
+    page.wait_for_function("Array.from(document.querySelectorAll('#results img.result')).every(i => i.complete)")
+    srcs = page.eval_on_selector_all("#results img.result", "is => is.map(i => [i.src, i.naturalWidth])")
+    assert [s.split("filename=")[1].split("&")[0] for s, _ in srcs] == ["image.png", "image_1.png"]
+    assert [w for _, w in srcs] == [128, 128]
+    a, b = (Image.open(pipe.job_dir(job) / n) for n in ("image.png", "image_1.png"))
+    assert a.tobytes() != b.tobytes()
+    page.wait_for_selector(f"#job-{job} .badge.done")
+    page.wait_for_function(f"document.querySelectorAll('#job-{job} img.image').length === 2")
+    assert "from page/start.png [input] · denoise 0.45 · batch 2" in page.inner_text(f"#job-{job}")
+    # clear: back to text-to-image
+    page.click("#init-clear")
+    assert page.is_hidden("#denoise") and page.is_hidden("#init-thumb")
+    assert errors == []
+
+
+DROP = """([name, b64]) => {
+  const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+  const dt = new DataTransfer();
+  dt.items.add(new File([bytes], name, {type: 'image/png'}));
+  return dt;
+}"""
+
+
+def test_paint_a_mask_and_grow_it(pipe, browser, tmp_path):
+    """The image dropped onto the form; a stroke painted on the canvas over it goes up as the job's mask (white where
+    painted, A1111's rule); grow mask is grow_mask_by. A file that is not an image is refused next to the image."""
+    import base64
+    from orchestrator.prompt_spec import MAX_BATCH
+    page, errors = _open(browser, pipe.http_url())
+    assert page.get_attribute("#batch", "max") == str(MAX_BATCH)
+    (tmp_path / "notes.png").write_text("not a picture")
+    page.set_input_files("#init-file", str(tmp_path / "notes.png"))
+    err = page.wait_for_selector("#init-box .field-error")
+    assert "image" in err.inner_text() and page.is_hidden("#init-controls")
+    data = base64.b64encode(_picture(tmp_path / "paint.png").read_bytes()).decode()
+    page.dispatch_event("#form", "drop", {"dataTransfer": page.evaluate_handle(DROP, ["paint.png", data])})
+    page.wait_for_function("document.getElementById('mask-canvas').width === 128")
+    assert page.query_selector("#init-box .field-error") is None
+    # the thumbnail is a data: URL, which the page's CSP allows (a blob: one it blocks; this browser bypasses the CSP
+    # for Playwright's own scripts, so the rule is checked here)
+    from orchestrator.http.app import PAGE_CSP
+    assert page.get_attribute("#init-thumb", "src").startswith("data:image/png") and "img-src 'self' data:" in PAGE_CSP
+    page.select_option("#mask-mode", "paint")
+    page.eval_on_selector("#brush", "e => { e.value = '20'; e.dispatchEvent(new Event('input')); }")
+    box = page.query_selector("#mask-canvas").bounding_box()
+    at = lambda fx, fy: (box["x"] + fx * box["width"], box["y"] + fy * box["height"])     # noqa: E731
+    page.mouse.move(*at(0.2, 0.25))
+    page.mouse.down()
+    for fx in (0.3, 0.4, 0.5):
+        page.mouse.move(*at(fx, 0.25))
+    page.mouse.up()
+    page.check("#erase")                                         # erase the stroke's far end again: a click's dot
+    page.mouse.click(*at(0.5, 0.25))
+    page.uncheck("#erase")
+    page.fill("#grow", "6")
+    page.fill("#prompt", "1girl, a painted mask")
+    page.fill("#steps", "20")
+    page.click("#go")
+    job = _submitted(page)
+    spec = _spec(pipe, job)
+    assert spec["mask"] == "page/mask.png [input]" and spec["grow_mask_by"] == 6 and spec.get("mask_channel") is None
+    # the job's mask (kept at submit, 255 = repaint): white along the stroke, black far from it. The stroke's middle
+    # in image pixels, from where the mouse went on the displayed canvas (128 px image)
+    import numpy as np
+    mask = np.asarray(Image.open(pipe.job_dir(job) / "mask.png"))
+    assert mask.shape == (128, 128)
+    for fx in (0.2, 0.3, 0.4):
+        assert mask[round(0.25 * 128), round(fx * 128)] == 255, fx
+    assert mask[round(0.25 * 128), round(0.5 * 128)] == 0                     # erased
+    assert mask[100, 100] == 0 and mask[round(0.25 * 128), 100] == 0 and mask[10, 10] == 0
+    page.click("#cancel")
+    page.wait_for_function("document.getElementById('live-state').textContent === 'cancelled'", timeout=JOB_MS)
+    # clear: the canvas is empty again
+    page.click("#mask-clear")
+    assert page.evaluate("(() => { const c = document.getElementById('mask-canvas');"
+                         "return Math.max(...c.getContext('2d').getImageData(0, 0, c.width, c.height).data); })()") == 0
+    # a mask file instead: uploaded as it is, the job's mask is its white
+    grey = np.zeros((128, 128), np.uint8)
+    grey[:, 64:] = 255
+    Image.fromarray(grey, "L").save(tmp_path / "right.png")
+    page.select_option("#mask-mode", "file")
+    assert page.is_hidden("#mask-canvas") and page.is_hidden("#brush")
+    # a mask file that is not an image: refused in the mask row when it comes back, and once again (not twice) by a
+    # Generate that needs it; no job is queued
+    page.set_input_files("#mask-file", str(tmp_path / "notes.png"))
+    page.wait_for_selector("[data-field~=mask] .field-error")
+    page.click("#go")
+    page.wait_for_function("document.querySelectorAll('[data-field~=mask] .field-error').length === 1 && "
+                           "!document.getElementById('go').disabled")
+    assert page.text_content("#live-job") == "job " + job
+    page.set_input_files("#mask-file", str(tmp_path / "right.png"))
+    page.fill("#grow", "")
+    page.click("#go")
+    job = _submitted(page, after=job)
+    spec = _spec(pipe, job)
+    assert spec["mask"] == "page/right.png [input]" and spec.get("grow_mask_by") is None
+    assert np.array_equal(np.asarray(Image.open(pipe.job_dir(job) / "mask.png")), grey)
+    page.click("#cancel")
+    page.wait_for_function("document.getElementById('live-state').textContent === 'cancelled'", timeout=JOB_MS)
+    assert errors == []
+
+
+def test_hires_controls(pipe, browser):
+    page, errors = _open(browser, pipe.http_url())
+    # the methods come from the server (the latent ones); the second sizes are the other sizes with a pack
+    from models.sampling.latent_ops import UPSCALE_METHODS
+    assert page.eval_on_selector_all("#hires-method option", "os => os.map(o => o.value)") == \
+        [f"latent:{m}" for m in UPSCALE_METHODS]
+    assert page.is_hidden("#hires-scale")
+    page.check("#hires-on")
+    assert page.input_value("#hires-denoise") == "0.5" and page.input_value("#hires-method") == "latent:nearest-exact"
+    page.select_option("#size", "64x128")
+    assert page.eval_on_selector_all("#hires-to option", "os => os.map(o => o.value)") == ["scale", "128x128"]
+    # scale 2 of 64x128 is 128x256, which has no pack: the refusal lands in the hires box, naming the sizes
+    page.fill("#prompt", "1girl, hires")
+    page.fill("#hires-scale", "2")
+    page.click("#go")
+    err = page.wait_for_selector("#hires-box .field-error")
+    assert "128x256 has no model pack" in err.inner_text() and "128x128" in err.inner_text()
+    assert page.is_hidden("#error")
+    # a size with a pack: the job carries hires as the controls set it
+    page.select_option("#hires-to", "128x128")
+    assert page.is_hidden("#hires-scale")
+    page.select_option("#hires-method", "latent:bilinear")
+    page.fill("#hires-steps", "2")
+    page.fill("#hires-denoise", "0.4")
+    page.fill("#steps", "20")
+    page.click("#go")
+    job = _submitted(page)
+    assert page.query_selector("#hires-box .field-error") is None           # the last refusal is gone
+    h = _spec(pipe, job)["hires"]
+    assert (h["width"], h["height"], h["scale"], h["method"], h["space"], h["steps"], h["denoise"]) == \
+        (128, 128, None, "bilinear", "latent", 2, 0.4)
+    page.wait_for_selector(f"#job-{job}")
+    assert "hires 128x128 bilinear denoise 0.40 2 steps" in page.inner_text(f"#job-{job}")
+    page.click("#cancel")
+    page.wait_for_function("document.getElementById('live-state').textContent === 'cancelled'", timeout=JOB_MS)
+    assert errors == []

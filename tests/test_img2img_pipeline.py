@@ -1,6 +1,6 @@
 """img2img + inpaint through the REAL stages (tiny bundle, 128x128 pack): the prompt's uploads read and kept by the
 daemon, the VAE stage's real encoder run on the kept image (VAE_ENCODE), the scheduler's LatentSampler from that
-latent with the noise mask and denoise; the final latent against in-process computation (models.vae's TorchEncoder,
+latent with the noise mask, denoise and latent_fill; the final latent against in-process computation (models.vae's TorchEncoder,
 models.sampling.img2img's LatentSampler and the DiT runner on the same pack and threads)."""
 from __future__ import annotations
 
@@ -47,7 +47,9 @@ def test_inpaint_job_equals_in_process_encode_and_sampling(pipe, pipeline_assets
     mask[:, g.width // 2:] = 255                                                   # repaint the right half
     save_upload(pipe.rf.root, "input", "e2e", "init.png", _png(pixels, "RGB"), overwrite=True)
     save_upload(pipe.rf.root, "input", "e2e", "mask.png", _png(mask, "L"), overwrite=True)
-    job = pipe.submit({**JOB, "init_image": "e2e/init.png [input]", "mask": "e2e/mask.png [input]"})
+    # latent_fill (A1111's inpainting_fill 2) rides along: the masked part starts from the seed's noise
+    job = pipe.submit({**JOB, "init_image": "e2e/init.png [input]", "mask": "e2e/mask.png [input]",
+                       "latent_fill": "noise"})
     info = pipe.wait(job, timeout_s=600)
     assert info.state == "done", f"{info.error_stage}: {info.error}\n{pipe.logs()}"
     jd = pipe.job_dir(job)
@@ -66,7 +68,7 @@ def test_inpaint_job_equals_in_process_encode_and_sampling(pipe, pipeline_assets
     s = LatentSampler(steps=3, cfg=4.0, sampler="euler_ancestral", scheduler="karras", spectrum=None,
                       plan=LatentPlan(denoise=0.6, masked=True))
     cond, uncond = np.load(jd / "cond.npy"), np.load(jd / "uncond.npy")
-    state = start_or_resume_latent(s, 77, shape, image=init, mask=noise_mask)
+    state = start_or_resume_latent(s, 77, shape, image=init, mask=noise_mask, fill="noise")
     ref = s.result(denoise(DiTRunner(pack, threads=THREADS), s, state, cond, uncond))
     latent = np.load(jd / "latent.npy")
     np.testing.assert_array_equal(latent, ref)

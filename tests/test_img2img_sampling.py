@@ -454,3 +454,62 @@ def test_graph_denoise_and_advanced_window_reach_the_job():
         with pytest.raises(GraphError) as e:
             _graph_job(bad)
         assert "3" in e.value.node_errors and name in json.dumps(e.value.body()), e.value.body()
+
+
+@pytest.mark.parametrize("fill", ["noise", "nothing"])
+def test_latent_fill_replaces_the_masked_init_latent_and_resumes_bitwise(fill, tmp_path):
+    """A1111's inpainting_fill 2 / 3: its init latent becomes init·(1 - mask) + randn(seed)·mask (latent noise) or
+    init·(1 - mask) (latent nothing) before the sampler adds its noise; the run starts exactly as a masked run of
+    that latent would, and a resume from the job folder takes the same start (the state records it)."""
+    from models.sampling.img2img import start_or_resume_latent
+    plan = LatentPlan(denoise=0.8, masked=True)
+
+    def make():
+        return LatentSampler(steps=4, cfg=CFG, scheduler="karras", sampler="euler", spectrum=None, plan=plan)
+    t = torch.manual_seed(5)
+    randn = torch.randn((1, *SHAPE), generator=t)[0].numpy()          # A1111's create_random_tensors on the CPU
+    m = torch.from_numpy(MASK)
+    filled = (torch.from_numpy(IMAGE) * (1 - m) + (torch.from_numpy(randn) * m if fill == "noise" else 0)).numpy()
+    s = make()
+    want = _run(s, s.start(5, image=filled.astype(np.float32), mask=MASK))
+    s = make()
+    st = start_or_resume_latent(s, 5, SHAPE, tmp_path, image=IMAGE, mask=MASK, fill=fill)
+    x_in, sigma = s.point(st)
+    s.step_computed(st, *velocities(x_in, sigma))
+    from models.sampling.denoise import STATE_FILE
+    st.save(tmp_path / STATE_FILE)
+    s2 = make()
+    st2 = start_or_resume_latent(s2, 5, SHAPE, tmp_path, image=IMAGE, mask=MASK, fill=fill)
+    assert st2.step == 1
+    got = _run(s2, st2)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    plain = make()
+    assert not np.allclose(_run(plain, plain.start(5, image=IMAGE, mask=MASK)), want, atol=1e-3)
+
+
+@pytest.mark.parametrize("steps, denoise, computed", [(20, 0.5, 11), (20, 0.75, 16), (20, 1.0, 20), (8, 0.3, 3),
+                                                      (30, 0.01, 1)])
+def test_a1111_denoise_steps_compute_int_denoise_x_steps_plus_one(steps, denoise, computed):
+    """A1111's img2img (setup_img2img_steps, img2img_fix_steps off) computes int(min(d, 0.999) * steps) + 1 steps:
+    the last ones of the `steps` schedule; ComfyUI's KSampler computes `steps` of the schedule of steps / d. The
+    A1111 run equals KSamplerAdvanced started at steps - that - 1 (what the job's ComfyUI graph shows)."""
+    a = LatentSampler(steps=steps, cfg=CFG, scheduler="karras", sampler="euler", spectrum=None,
+                      plan=LatentPlan(denoise=denoise, denoise_steps="a1111"))
+    c = LatentSampler(steps=steps, cfg=CFG, scheduler="karras", sampler="euler", spectrum=None,
+                      plan=LatentPlan(denoise=denoise))
+    assert a.steps == computed and c.steps == steps
+    full = ksampler_sigmas("euler", "karras", steps)
+    np.testing.assert_array_equal(a.sigmas, full[len(full) - computed - 1:])
+    w = LatentSampler(steps=steps, cfg=CFG, scheduler="karras", sampler="euler", spectrum=None,
+                      plan=LatentPlan(start_step=steps - computed))
+    assert _run(a, a.start(2, image=IMAGE)).tobytes() == _run(w, w.start(2, image=IMAGE)).tobytes()
+
+
+def test_a_plan_saved_before_denoise_steps_existed_still_loads():
+    d = LatentPlan(denoise=0.6).to_dict()
+    del d["denoise_steps"]
+    assert LatentPlan.from_dict(d) == LatentPlan(denoise=0.6)
+    with pytest.raises(ValueError, match="exactly the fields"):
+        LatentPlan.from_dict({**d, "colour": 1})
+    with pytest.raises(ValueError, match="denoise_steps"):
+        LatentPlan(denoise=0.5, denoise_steps="forge")

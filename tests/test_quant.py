@@ -265,3 +265,224 @@ def test_board_model_prices_int8_projections_at_the_reference_speedup():
     both = BoardModel(dataclasses.replace(fp16.shape, int8=("fc1", "fc2")))
     # both projections INT8, as the reference measured: its FFN core at ~1/1.90 (GELU aside)
     assert both.kinds["ffn"].npu_s / fp16.kinds["ffn"].npu_s == pytest.approx(1 / 1.90, rel=0.01)
+
+
+CUTS2 = {"self": "heads", "cross": "rows", "ffn": "rows"}       # both cuts, a partial-sum kind and a rows kind
+
+
+@pytest.fixture(scope="module")
+def sharded_fp32(outlier_ckpt, calib, tmp_path_factory):
+    """A 2-shard W8A8 pack of the outlier DiT with FP32 graphs (no quantization: the float path of the same pack)."""
+    from models.packs.pack import build_pack
+    _, folder = calib
+    return build_pack(outlier_ckpt, tmp_path_factory.mktemp("s32") / "w8a8-s2", (128, 128), "fp32", shards=2,
+                      cuts=CUTS2, quant=(folder, ("fc1", "qkv", "q"), 0.5))
+
+
+def test_sharded_int8_pack_records_int8_per_shard_and_folds_the_smoothing(sharded_fp32, calib, outlier_ckpt):
+    """Every shard graph lists its own INT8 MatMuls (as the branch does); the shard's weights are the smoothed
+    checkpoint's cut (read back from its ONNX, computed here from the checkpoint and s); the float path of the
+    sharded W8A8 pack gives the plain FP32 pack's output (smoothing folded into the host, shards combined)."""
+    import onnx
+    from onnx import numpy_helper
+    from models.dit.checkpoint import DiTCheckpoint
+    from models.packs.pack import load_pack
+    from models.quant.smooth import SMOOTH_KEY
+    plain, _ = calib
+    pk = load_pack(sharded_fp32)
+    assert pk.manifest["shards"]["n"] == 2 and pk.manifest["shards"]["cuts"] == CUTS2
+    for b, want in zip(pk.branches, (5, 1, 1)):                           # q/k halves + v; cross q; fc1
+        parts = b["shards"]["parts"]
+        assert [len(p["int8"]) for p in parts] == [want, want], b["kind"]
+        for p in parts:                                                  # the names are the shard graph's MatMuls
+            g = onnx.load(str(pk.dir / p["onnx"]), load_external_data=False).graph
+            assert set(p["int8"]) <= {n.output[0] for n in g.node if n.op_type == "MatMul"}
+    s = pk.host_weights()[SMOOTH_KEY]
+    g = onnx.load(str(pk.dir / pk.branch(0, "self")["shards"]["parts"][1]["onnx"]))
+    w = {i.name: numpy_helper.to_array(i) for i in g.graph.initializer}
+    v = next(a for k, a in w.items() if k.startswith("v_w"))                # [D, D/2]: heads 2..3 of v_proj
+    ck = DiTCheckpoint.open(outlier_ckpt).get("blocks.0.self_attn.v_proj.weight")         # [D, D] (out, in)
+    half = ck.shape[0] // 2
+    np.testing.assert_allclose(v, ck[half:].T * s[0, 0][:, None], rtol=1e-6)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((16, 16, 16)).astype(np.float32)
+    ctx = rng.standard_normal((512, 128)).astype(np.float32)
+    ref, got = _forward(plain, x, ctx), _forward(pk, x, ctx)
+    assert np.abs(got - ref).max() < 1e-3 * np.abs(ref).max()
+
+
+def test_a_shards_quantizer_dataset_is_its_part_of_the_branchs(sharded_fp32, tmp_path):
+    """The quantizer inputs of a rows shard are its rows of the branch's stored X/s (sliced here by hand from the
+    dataset file); a heads shard takes the whole input; the one dataset serves every shard, and each shard's build
+    has its own fingerprint."""
+    from models.packs.pack import load_pack
+    from models.rknn.quant import quant_fingerprint, quant_request
+    from models.safetensors_io import SafeTensorsFile
+    pk = load_pack(sharded_fp32)
+    ds = SafeTensorsFile(pk.dir / pk.manifest["quant"]["dataset"]["file"])
+    ffn, selfb = pk.branch(0, "ffn"), pk.branch(0, "self")
+    prints = set()
+    for b in (ffn, selfb):
+        for p in b["shards"]["parts"]:
+            req = quant_request(pk.dir, pk.manifest, b, tmp_path / p["onnx"].replace("/", "_"), part=p)
+            assert req["int8"] == p["int8"] and len(req["dataset"]) == pk.manifest["quant"]["dataset"]["samples"]
+            for k, paths in enumerate(req["dataset"]):
+                xn = np.load(paths[[i["name"] for i in p["inputs"]].index("xn")])
+                full = ds.get(f"b00_{b['kind']}.{k}.xn")
+                a, e = p["range"] if b["kind"] == "ffn" else (0, full.shape[0])
+                np.testing.assert_array_equal(xn, full[a:e].astype(xn.dtype))
+            prints.add(quant_fingerprint(pk.manifest, b, p))
+    assert len(prints) == 4
+    assert quant_fingerprint(pk.manifest, ffn) not in prints                  # the one graph's is its own
+
+
+def test_board_model_prices_int8_shards_from_cost_rows():
+    """A 3-shard W8A8 pack (ffn by rows, self by heads, cross by rows) against a hand computation from the cost
+    file's rows: each shard's NPU time is its FP16 shard time less its INT8 projections' FP16 time x (1 - 1/1.90)
+    (R13), the projections' FP16 time their FLOPs at the shard kind's FP16 seconds per FLOP; every rows shard of
+    self-attention would still compute all keys and values, so its INT8 saving has them whole."""
+    import dataclasses
+    from models.board.cost import BoardModel, Shape, load_cost
+    cost = load_cost()
+    sp = float(cost["quant"]["int8_speedup"])
+    assert sp == pytest.approx(44.76 / 23.57, rel=1e-3)                     # R13: the FFN core, FP16 vs W8A8
+    base = Shape.at_resolution(512, 512).sharded(3, {"self": "rows", "cross": "rows", "ffn": "heads"})
+    fp16 = BoardModel(base)
+    int8 = BoardModel(dataclasses.replace(base, int8=("fc1", "qkv", "q")))
+    L, D, F = base.tokens, base.width, base.ffn_width
+    fwd = cost["npu"]["forward_s"]
+    to_step = cost["npu"]["step_npu_s"] / (2 * sum(fwd.values()))
+    ref = Shape.reference(cost)
+    ref_flops = {"self": 4 * 2 * ref.tokens * ref.width ** 2 + 2 * 2 * ref.tokens * ref.width
+                 + 6 * ref.tokens * ref.width + 2 * 2 * ref.tokens ** 2 * ref.width + 5 * ref.heads * ref.tokens ** 2,
+                 "ffn": 2 * 2 * ref.tokens * ref.width * ref.ffn_width + 8 * ref.tokens * ref.ffn_width}
+    per_flop = {k: fwd[k] / ref.blocks * to_step / ref_flops[k] for k in ("self", "ffn")}
+    for i, (a, b) in enumerate(_split(F, 3)):
+        f8 = 2 * L * D * (b - a)                                              # fc1's rows of its hidden units
+        want = fp16.parts["ffn"][i].npu_s - f8 * per_flop["ffn"] * (1 - 1 / sp)
+        assert int8.parts["ffn"][i].npu_s == pytest.approx(want, rel=1e-9)
+    for i, (a, b) in enumerate(_split(L, 3)):
+        f8 = 2 * 2 * L * D * D + 2 * (b - a) * D * D                            # k, v whole; q of its rows
+        want = fp16.parts["self"][i].npu_s - f8 * per_flop["self"] * (1 - 1 / sp)
+        assert int8.parts["self"][i].npu_s == pytest.approx(want, rel=1e-9)
+    # lifecycle by weight bytes: a heads shard of the FFN holds a third of it, fc1 at 1 byte (fc2 FP16): 3/4 of FP16
+    assert int8.parts["ffn"][0].lifecycle_s == pytest.approx(fp16.parts["ffn"][0].lifecycle_s * 0.75, rel=1e-9)
+    assert int8.parts["ffn"][0].io_s == pytest.approx(fp16.parts["ffn"][0].io_s, rel=1e-12)     # I/O as FP16
+    assert int8.parts["cross"][0].npu_s < fp16.parts["cross"][0].npu_s
+
+
+def _split(total, n):
+    base, extra = divmod(total, n)
+    out, a = [], 0
+    for i in range(n):
+        out.append((a, a + base + (i < extra)))
+        a = out[-1][1]
+    return out
+
+
+def test_auto_weighs_int8_shards_and_picks_them_when_faster():
+    """choose_pack over a W8A8 pack considers 1..3 shards: at 512x512 on the 8 GB board the sharded INT8 pack is
+    faster than the unsharded one (modelled) and auto picks it; its denoise is below the FP16 sharded pack's."""
+    import dataclasses
+    from models.board import auto
+    from models.board.cost import BoardModel, Shape
+    from models.packs.memory_fit import for_auto
+    from models.quant.smooth import DEFAULT_INT8
+    fp16 = BoardModel(Shape.at_resolution(512, 512))
+    int8 = BoardModel(dataclasses.replace(fp16.shape, int8=DEFAULT_INT8))
+    budget, memory = int8.context_budget_mib(8), for_auto((512, 512))
+    n, cuts, best = auto.choose_pack(int8, budget, memory=memory)
+    one = auto.choose(int8, budget, memory=memory)[0]
+    assert n == 3 and best.denoise_s < one.denoise_s * (1 - auto.TIE), (n, best.denoise_s, one.denoise_s)
+    n16, _, best16 = auto.choose_pack(fp16, budget, memory=memory)
+    assert n16 == 3 and best.denoise_s < best16.denoise_s
+    assert auto.sharded_model(int8, n, cuts).shape.int8 == DEFAULT_INT8      # the pack it prices is INT8
+
+
+def test_sharded_int8_pack_compiles_and_passes_quant_check_in_the_simulator(outlier_ckpt, calib, tmp_path,
+                                                                           rknn_venv, capsys):
+    """A 2-shard W8A8 pack through the real rknn-toolkit2: `compile` builds every shard with hybrid quantization
+    (its INT8 MatMuls kept INT8) and resumes; `quant-check` runs the job on the shards and compares each branch's
+    combined shards (and each shard) with the FP32 reference: smoothed, they hold (measured in the simulator)."""
+    from models.cli import main
+    from models.packs.pack import build_pack, load_pack
+    from models.rknn.compile import compile_pack
+    _, folder = calib
+    pack = build_pack(outlier_ckpt, tmp_path / "w8a8-s2", (128, 128), "fp16", shards=2, cuts=CUTS2,
+                      quant=(folder, ("fc1", "qkv", "q"), 0.5))
+    report = compile_pack(pack, jobs=2, venv=rknn_venv, per_worker=0)
+    assert (report["built"], report["failed"]) == (9, 0), report                  # 3 branches + 6 shards
+    for b in load_pack(pack).branches:
+        for p in b["shards"]["parts"]:
+            assert p["rknn"]["quant"] and p["rknn"]["int8_tensors"] >= len(p["int8"]), p
+    again = compile_pack(pack, jobs=1, venv=rknn_venv, per_worker=0)
+    assert (again["built"], again["skipped"]) == (0, 9)
+    assert main(["quant-check", str(pack), "--checkpoint", str(outlier_ckpt), "--calib", str(folder), "--steps", "3",
+                 "--toolkit-venv", str(rknn_venv)]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    fields = dict(kv.split("=") for kv in out[-1].split()[1:])
+    assert out[-1].startswith("quant-check ") and fields["branches"] == "3"
+    assert float(fields["worst_cos"]) >= 0.998 and float(fields["final_cos"]) >= 0.99, out[-1]
+    shard_rows = [ln.split() for ln in out if ln.startswith("  b00_")]
+    assert len(shard_rows) == 6 and min(float(r[1]) for r in shard_rows) >= 0.998, out
+
+
+def test_a_relative_toolkit_venv_works_and_a_missing_one_is_a_clear_error(sharded_fp32, calib, outlier_ckpt,
+                                                                            rknn_venv, tmp_path, monkeypatch,
+                                                                            capsys):
+    """The toolkit worker starts in its own scratch folder: a relative --toolkit-venv must still name the venv
+    (it was looked up from the scratch folder: FileNotFoundError); quant-check without a toolkit environment
+    exits 2 naming --toolkit-venv."""
+    from models.cli import main
+    from models.rknn.client import ToolkitWorker
+    monkeypatch.chdir(rknn_venv.parent)
+    with ToolkitWorker(rknn_venv.name) as w:                                  # e.g. ".venv-rknn"
+        assert w.toolkit_version
+    monkeypatch.chdir(tmp_path)
+    _, folder = calib
+    assert main(["quant-check", str(sharded_fp32), "--checkpoint", str(outlier_ckpt), "--calib", str(folder),
+                 "--toolkit-venv", str(tmp_path / "no-venv")]) == 2
+    assert "--toolkit-venv" in capsys.readouterr().err
+
+
+def test_the_analytic_bench_prices_a_sharded_int8_pack(capsys, tmp_path):
+    """bench/overhead.py --analytic --quant w8a8 --policy auto: auto's line names a --shards 3 pack, every line is
+    labelled modelled, the job is faster than the FP16 pack's and than the INT8 pack unsharded (--shards 1); a run
+    (not --analytic) with --quant is refused: it would run the FP16 tiny pack."""
+    import re
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench import overhead
+    jobs = {}
+    for name, extra in (("fp16", []), ("int8", ["--quant", "w8a8"]), ("int8-1", ["--quant", "w8a8", "--shards", "1"])):
+        assert overhead.main(["--analytic", "--policy", "auto", "--board-ram", "8"] + extra) == 0
+        out = capsys.readouterr().out.splitlines()
+        auto_line = next(line for line in out if line.startswith("auto:"))
+        assert "modelled" in auto_line and all("modelled" in line for line in out if "W8A8" in line)
+        if name == "int8":
+            assert "pack --shards 3" in auto_line and "W8A8" in out[0]
+        jobs[name] = float(re.fullmatch(r"policy=auto board_ram=8 overhead_ratio=[\d.]+ job_s=([\d.]+)", out[-1])[1])
+    assert jobs["int8"] < jobs["fp16"] and jobs["int8"] < jobs["int8-1"], jobs
+    import json
+    out = tmp_path / "a.json"
+    assert overhead.main(["--analytic", "--policy", "auto", "--quant", "w8a8", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["label"] == "modelled" and doc["quant"] == "w8a8"
+    assert doc["lines"][-1].endswith("job_s=%.1f" % jobs["int8"])
+    capsys.readouterr()
+    assert overhead.main(["--backend", "board-sim", "--quant", "w8a8"]) == 2
+    assert "--analytic" in capsys.readouterr().err
+
+
+def test_board_sim_models_a_sharded_int8_pack_as_built(sharded_fp32):
+    """What board-sim and `auto` read off a pack (Shape.of_pack): its shards, cuts and INT8 layers together, so its
+    shards are priced with their INT8 projections (each shard's NPU time below the same FP16 pack's)."""
+    import dataclasses
+    from models.board.cost import BoardModel, Shape
+    shape = Shape.of_pack(sharded_fp32, "full")
+    assert (shape.shards, dict(shape.cuts), shape.int8) == (2, CUTS2, ("fc1", "qkv", "q"))
+    int8, fp16 = BoardModel(shape), BoardModel(dataclasses.replace(shape, int8=()))
+    for kind in ("self", "cross", "ffn"):
+        assert len(int8.parts[kind]) == 2
+        assert all(a.npu_s < b.npu_s for a, b in zip(int8.parts[kind], fp16.parts[kind])), kind

@@ -267,3 +267,30 @@ def test_a_pack_is_sharded_or_lora_ready_not_both(tiny_dit, tmp_path, capsys):
                  "fp32", "--lora-rank", "4"]) == 0
     assert main(["pack", str(tiny_dit), "--out", str(tmp_path / "s2"), "--resolution", "128x128", "--dtype", "fp32",
                  "--shards", "2"]) == 0
+
+
+def test_one_backend_instance_of_one_context_runs_a_sharded_branch_in_turn(shard_files):
+    """quant-check's simulator is one backend instance holding one context at a time (max_contexts 1): the lifecycle
+    opens each shard on it in turn and combines their outputs (it refused any single instance before); a single
+    instance of a backend that could hold several contexts is still refused, naming the factory to give."""
+    from models.runtime.backends.onnx import OnnxBackend
+    from models.runtime.lifecycle import Lifecycle, LifecycleError, single_context
+
+    class OneContext(OnnxBackend):
+        max_contexts = 1
+
+    p = next(iter(shard_files))
+    feed = [_feed("self", 3)]
+    lc = Lifecycle(single_context(OneContext(threads=1)), shards_of=shard_files.get)
+    try:
+        outs, _ = lc.run(p, feed)
+    finally:
+        lc.close()
+    ref = combine(shard_files[p][1], [_run(onnx.load(sf), shard_feed(s, feed[0])) for sf, s in zip(*shard_files[p])])
+    np.testing.assert_array_equal(outs[0]["y"], ref)
+    lc = Lifecycle(single_context(OnnxBackend(threads=1)), shards_of=shard_files.get)
+    try:
+        with pytest.raises(LifecycleError, match="context_factory"):
+            lc.run(p, feed)
+    finally:
+        lc.close()

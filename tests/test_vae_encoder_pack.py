@@ -156,3 +156,42 @@ def test_vae_stage_encodes_on_an_encoder_pack(pack, vae_file, tmp_path):
         assert e.value.field == "image"
         maps = st.mapped_files()
         assert "libtorch" not in maps and "onnx_cpp2py_export" not in maps
+
+
+def _onnx_gflop(path: Path) -> float:
+    """2 x multiply-adds of every Conv and MatMul of an ONNX graph, from its inferred shapes (independent of
+    models.vae.flops); not the one-channel 1x1 convs that sum the squares for RMS norm (a norm, not a layer)."""
+    import onnx
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(path)))
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)}
+    shapes.update({t.name: list(t.dims) for t in model.graph.initializer})
+    total = 0
+    for n in model.graph.node:
+        if n.op_type == "Conv":
+            cout, cin_g, kh, kw = shapes[n.input[1]]
+            if cout == 1 and kh == kw == 1:
+                continue
+            total += 2 * int(np.prod(shapes[n.output[0]])) * cin_g * kh * kw
+        elif n.op_type == "MatMul":
+            a, b = shapes[n.input[0]], shapes[n.input[1]]
+            total += 2 * int(np.prod(shapes[n.output[0]])) * a[-1]
+            assert a[-1] == b[-2]
+    return total / 1e9
+
+
+def test_encoder_pack_records_its_flops_and_the_estimate_prices_them(pack):
+    """Each model's gflop is what its ONNX graph computes (counted from the graph), and the NPU encode ESTIMATE at
+    the default tiling is that count over the reference FFN throughput plus the FP16 weights' lifecycle."""
+    from models.vae.npu_estimate import encode_estimate, estimate
+    for b in pack.manifest["branches"]:
+        assert b["gflop"] == pytest.approx(_onnx_gflop(pack.dir / b["onnx"]), abs=5e-4), b["name"]   # 3 decimals
+    est = estimate(pack.manifest)
+    assert est["calls"] == {"features": 6, "head": 1}
+    from models.vae.keys import VAEConfig
+    c = pack.manifest["config"]
+    cfg = VAEConfig(c["z_dim"], c["base_dim"], tuple(c["dim_mult"]), c["num_res_blocks"], c["out_channels"])
+    assert encode_estimate(cfg, *RES, tile=16)["gflop"] == pytest.approx(est["gflop"], rel=1e-3)   # the pack's tiling
+    full = encode_estimate(cfg, 512, 512)
+    assert full["estimate"] and full["calls"]["head"] == 1
+    assert full["npu_s"] == pytest.approx(full["gflop"] / 87.50, rel=1e-3)

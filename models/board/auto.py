@@ -217,7 +217,7 @@ def choose_pack(model: BoardModel, budget_mib: float, **kw) -> tuple:
     """Over the packs `pack --shards N` builds (N = 1 .. the NPU's cores, the cuts `choose_cuts` picks) and every
     policy: -> (N, {kind: cut}, the best Evaluation). Within 0.5 % of the fastest, fewer shards."""
     options = [(1, {}, choose(model, budget_mib, **kw)[0])]
-    for n in range(2, MAX_SHARDS + 1 if not model.shape.int8 else 2):    # a W8A8 pack is not sharded
+    for n in range(2, MAX_SHARDS + 1):             # a W8A8 pack too: its shards carry their branch's INT8 layers
         try:
             options.append((n, *choose_cuts(model, n, budget_mib, **kw)))
         except ValueError:

@@ -18,6 +18,9 @@ Scaling rules (the reference: Anima 2B, 1024 image tokens, 512 text tokens):
 - a sharded pack (models/dit/shards.py) as its shards: each one's FLOPs (a heads shard 1/N of every part; a rows shard
   1/N of what its rows compute, all of what every shard recomputes: self-attention's keys and values, cross-attention's
   context projections), lifecycle by its weight bytes, I/O by its own inputs and outputs, memory by `context_units`.
+- a W8A8 pack (Shape.int8): the INT8 projections' FLOPs of each branch or shard (flops.int8_shard_flops) at the
+  reference's measured W8A8 speed-up (R13) of their FP16 price, INT8 weights 1 byte for the lifecycle (R4: it follows
+  the weight bytes); tensor I/O and a context's memory as FP16 (conservative: the graphs' inputs stay FP16).
 """
 from __future__ import annotations
 
@@ -27,8 +30,8 @@ from pathlib import Path
 from typing import Optional
 
 from models.manifest import pack_shape_fields
-from models.board.flops import (branch_flops, int8_projection_flops, int8_weight_elements, shard_flops,  # noqa: F401
-                                 weight_bytes)
+from models.board.flops import (branch_flops, int8_projection_flops, int8_shard_flops,  # noqa: F401
+                                 int8_weight_elements, shard_flops, weight_bytes)
 from models.dit.partition import KINDS, TEXT_TOKENS, Geometry, io_elements
 from models.dit.shards import split
 
@@ -195,19 +198,18 @@ class BoardModel:
         total_ref = sum(f_ref.values())
         return sum(t_ref * flops[p] / total_ref for p in f_ref if f_ref[p])
 
-    def _int8_saving(self, kind: str) -> float:
-        """NPU seconds a W8A8 pack's INT8 projections save in one inference: their share of the branch's linear
-        part runs at the reference's measured W8A8 speed-up (R13: FFN core 1.90x, both projections INT8)."""
-        f8 = int8_projection_flops(kind, self.shape)
+    def _int8_saving(self, kind: str, f8: float) -> float:
+        """NPU seconds a W8A8 pack's INT8 projections (`f8` of their FLOPs in one inference of the branch or of a
+        shard, all in its linear part) save: that share of the linear time runs at the reference's measured W8A8
+        speed-up (R13: FFN core 1.90x, both projections INT8)."""
         if not f8:
             return 0.0
-        flops = branch_flops(kind, self.shape)
-        linear_s = self._npu(kind, {p: (v if p == "linear" else 0) for p, v in flops.items()})
-        return linear_s * f8 / flops["linear"] * (1.0 - 1.0 / float(self.cost["quant"]["int8_speedup"]))
+        linear_s = self._npu(kind, {"linear": f8, "quadratic": 0, "constant": 0})     # at the FP16 price per FLOP
+        return linear_s * (1.0 - 1.0 / float(self.cost["quant"]["int8_speedup"]))
 
     def _kind(self, kind: str) -> KindFigures:
         c, ref, s = self.cost, self.ref, self.shape
-        npu = self._npu(kind, branch_flops(kind, s)) - self._int8_saving(kind)
+        npu = self._npu(kind, branch_flops(kind, s)) - self._int8_saving(kind, int8_projection_flops(kind, s))
         # lifecycle: per-kind model averages, split into phases by the sweep totals; by weight bytes
         # (a calibrated board measured each kind's phases: they replace the sweep's split)
         sweep = c["lifecycle"].get("phases_s", {}).get(kind) or c["lifecycle"]["sweep_s"]
@@ -242,7 +244,8 @@ class BoardModel:
             io_in, io_out = self.io_seconds(b_in, b_out)
             out.append(KindFigures(load_s=whole.load_s * frac, init_s=whole.init_s * frac,
                                    release_s=whole.release_s * frac,
-                                   npu_s=self._npu(kind, shard_flops(kind, s, cut, b - a, total)),
+                                   npu_s=self._npu(kind, shard_flops(kind, s, cut, b - a, total))
+                                   - self._int8_saving(kind, int8_shard_flops(kind, s, cut, b - a, total)),
                                    io_in_s=io_in, io_out_s=io_out, bytes_in=b_in, bytes_out=b_out,
                                    units=self.context_units(kind, frac)))
         return out

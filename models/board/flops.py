@@ -82,6 +82,18 @@ def int8_projection_flops(kind: str, s: "Shape") -> int:
     return sum(f for name, (k, f) in per.items() if k == kind and name in s.int8)
 
 
+def int8_shard_flops(kind: str, s: "Shape", cut: str, size: int, total: int) -> float:
+    """FLOPs of a W8A8 pack's INT8 projections in one shard (`size` of `total`), as `shard_flops` splits the
+    branch: a heads shard 1/N of each; a rows shard its rows' share, except self-attention's k and v projections,
+    which every rows shard computes for all tokens (qkv INT8: those stay whole)."""
+    f8 = int8_projection_flops(kind, s)
+    q = size / total
+    if cut == "rows" and kind == "self" and "qkv" in s.int8:
+        kv = 2 * 2 * s.tokens * s.width * s.width
+        return kv + (f8 - kv) * q
+    return f8 * q
+
+
 def int8_weight_elements(kind: str, s: "Shape") -> int:
     """Weight elements of a branch kind a W8A8 pack stores as INT8 (1 byte instead of FP16's 2)."""
     D, F = s.width, s.ffn_width

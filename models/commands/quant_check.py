@@ -30,8 +30,12 @@ def run(args) -> int:
     from models.runtime.quant_check import describe, quant_check
     if args.steps < 1 or args.jobs < 1 or args.seed < 0:
         raise ValueError("--steps and --jobs must be >= 1, --seed >= 0")
-    rep = quant_check(args.pack, args.checkpoint, args.calib, steps=args.steps, seed=args.seed, cfg_scale=args.cfg,
-                      venv=args.toolkit_venv, jobs=args.jobs)
+    from models.rknn.client import ToolkitError
+    try:
+        rep = quant_check(args.pack, args.checkpoint, args.calib, steps=args.steps, seed=args.seed,
+                          cfg_scale=args.cfg, venv=args.toolkit_venv, jobs=args.jobs)
+    except ToolkitError as e:                # no toolkit environment, or a build it refused: exit 2, no traceback
+        raise ValueError(f"--toolkit-venv: {e.args[0]}") from None
     if args.json:
         atomic_write(args.json, json.dumps(rep, indent=1) + "\n")
     print(describe(rep))

@@ -11,6 +11,15 @@ masked" path:
     paste_back(out, init, m)  the generated image with the original over it, alpha 255 - m (so the unmasked area is
                               the original's pixels exactly)
 
+and for "only masked" (inpaint_full_res, A1111's masking.get_crop_region and expand_crop_region):
+
+    crop_region(mask, pad)    the box (x1, y1, x2, y2) around every nonzero pixel, widened by pad on each side,
+                              clipped to the image; None when the mask is empty
+    expand_region(box, w, h, image_w, image_h)
+                              that box grown along one axis to the job's aspect ratio w / h (centred, shifted back
+                              inside the image, clipped at its far edge)
+    paste_back(..., at=box)   the generated image resized (crop and resize) into the box of the full-size original
+
 and ComfyUI's VAEEncodeForInpaint (comfy nodes.py) on the float image and its MASK:
 
     grey_under(rgb, mask)     the pixels under the rounded mask set to 0.5 ((x - 0.5) * (1 - round(m)) + 0.5)
@@ -93,11 +102,53 @@ def overlay_mask(blurred: np.ndarray) -> np.ndarray:
     return np.clip(blurred.astype(np.float32) * 2, 0, 255).astype(np.uint8)
 
 
-def paste_back(out, init, overlay: np.ndarray):
-    """The generated PIL image `out` with the original `init` composited over it, alpha 255 - overlay."""
+def crop_region(mask: np.ndarray, pad: int) -> tuple[int, int, int, int] | None:
+    """[H, W] mask -> (x1, y1, x2, y2), x2/y2 exclusive: the nonzero pixels' bounding box widened by `pad`, clipped."""
+    rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
+    if rows.size == 0:
+        return None
+    h, w = mask.shape
+    return (max(int(cols[0]) - pad, 0), max(int(rows[0]) - pad, 0), min(int(cols[-1]) + 1 + pad, w),
+            min(int(rows[-1]) + 1 + pad, h))
+
+
+def _grow_span(lo: int, hi: int, want: float, limit: int) -> tuple[int, int]:
+    """[lo, hi) grown to about `want` long around its centre (the extra split low half first), pushed back inside
+    [0, limit) when it runs past either end, and cut at `limit` if still longer."""
+    extra = int(want - (hi - lo))
+    lo, hi = lo - extra // 2, hi + extra - extra // 2
+    if hi >= limit:
+        lo, hi = lo - (hi - limit), limit
+    if lo < 0:
+        lo, hi = 0, hi - lo
+    return lo, min(hi, limit)
+
+
+def expand_region(box: tuple[int, int, int, int], width: int, height: int, image_w: int,
+                  image_h: int) -> tuple[int, int, int, int]:
+    """The crop box grown to the processing aspect ratio width / height: the short axis lengthened (A1111 grows the
+    region rather than distorting it when it is resized to the job's size)."""
+    x1, y1, x2, y2 = box
+    ratio = width / height
+    if (x2 - x1) / (y2 - y1) > ratio:
+        y1, y2 = _grow_span(y1, y2, (x2 - x1) / ratio, image_h)
+    else:
+        x1, x2 = _grow_span(x1, x2, (y2 - y1) * ratio, image_w)
+    return x1, y1, x2, y2
+
+
+def paste_back(out, init, overlay: np.ndarray, at: tuple[int, int, int, int] | None = None):
+    """The generated PIL image `out` with the original `init` composited over it, alpha 255 - overlay; with `at`
+    (only masked), `out` is first resized (crop and resize) into that box of a blank image of the original's size."""
     from PIL import Image, ImageOps
     over = Image.new("RGBa", init.size)
     over.paste(init.convert("RGBA").convert("RGBa"), mask=ImageOps.invert(Image.fromarray(overlay, "L")))
+    if at is not None:
+        from models.images.fit import fit_image
+        x1, y1, x2, y2 = at
+        base = Image.new("RGBA", init.size)
+        base.paste(fit_image(out.convert("RGB"), x2 - x1, y2 - y1, 1), (x1, y1))
+        out = base
     result = out.convert("RGBA")
     result.alpha_composite(over.convert("RGBA"))
     return result.convert("RGB")

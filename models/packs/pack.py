@@ -157,10 +157,10 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
     out = Path(out_dir).absolute()
     ckpt = DiTCheckpoint.open(ckpt_path)
     cfg = ckpt.config
-    shards, cut_of, chosen = _shard_cuts(cfg, geom, shards, cuts, lora_rank)
+    shards, cut_of, chosen = _shard_cuts(cfg, geom, shards, cuts, lora_rank, tuple(quant[1]) if quant else ())
     sha = ckpt.sha256()
     baked = _bake_plan(ckpt, loras)
-    qplan = _quant_plan(quant, ckpt, sha, geom, lora_rank, shards, loras)
+    qplan = _quant_plan(quant, ckpt, sha, geom, lora_rank, loras)
     refuse_replacing(out, sha, (geom.width, geom.height), overwrite)
     with building_folder(out) as tmp:                 # renamed to `out` when complete, removed on any error
         keys = _write_host_weights(tmp, ckpt, baked, sha, qplan)
@@ -182,13 +182,13 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
     return out
 
 
-def _quant_plan(quant: Optional[tuple], ckpt, sha: str, geom: Geometry, lora_rank: int, shards: int, loras):
+def _quant_plan(quant: Optional[tuple], ckpt, sha: str, geom: Geometry, lora_rank: int, loras):
     """The QuantPlan of a W8A8 pack with its smoothing table, or None; PackError naming the option."""
     if quant is None:
         return None
     from models.quant.packing import check_combination, open_plan, smooth_table
     try:
-        check_combination(lora_rank, shards, loras)
+        check_combination(lora_rank, loras)
         plan = open_plan(quant[0], tuple(quant[1]), quant[2], sha, geom)
     except ValueError as e:
         raise PackError(str(e)) from None
@@ -196,14 +196,15 @@ def _quant_plan(quant: Optional[tuple], ckpt, sha: str, geom: Geometry, lora_ran
     return plan
 
 
-def _shard_cuts(cfg, geom: Geometry, shards: int, cuts: Optional[dict], lora_rank: int) -> tuple:
-    """(shards, {kind: cut}, how the cuts were chosen) for a pack of `shards` shards; PackError naming the option."""
+def _shard_cuts(cfg, geom: Geometry, shards: int, cuts: Optional[dict], lora_rank: int, int8: tuple = ()) -> tuple:
+    """(shards, {kind: cut}, how the cuts were chosen) for a pack of `shards` shards (a W8A8 pack's, priced with its
+    `int8` layers); PackError naming the option."""
     if lora_rank and shards != 1:                  # shard graphs take no low-rank inputs (models/packs/branch_graphs.py)
         raise PackError(f"--shards {shards} with --lora-rank {lora_rank}: a pack is sharded or LoRA-ready, not both; "
                         "drop --shards for LoRAs per job (or bake them with --lora), or drop --lora-rank")
     try:
         shards = check_shards(shards)
-        cut_of, chosen = choose_cuts(cfg, geom, shards, cuts) if shards > 1 else ({}, "")
+        cut_of, chosen = choose_cuts(cfg, geom, shards, cuts, int8) if shards > 1 else ({}, "")
     except (ShardPackError, ValueError) as e:
         raise PackError(f"--shards {shards}: {e}") from None
     return shards, cut_of, chosen
@@ -241,7 +242,8 @@ def _write_branches(tmp: Path, ckpt_path, cfg, geom: Geometry, dtype: str, baked
                                       qplan.int8 if qplan is not None else ()))
         if shards > 1:
             branches[-1]["shards"] = shard_entries(tmp, branches[-1]["onnx"], spec.kind, weights, cfg, geom, dtype,
-                                                   block, shards, cut_of[spec.kind])
+                                                   block, shards, cut_of[spec.kind],
+                                                   qplan.int8 if qplan is not None else ())
         del weights
         if spec.kind == BRANCHES[-1].kind:
             log.info("pack: block %d/%d written", block + 1, cfg.blocks)

@@ -43,15 +43,15 @@ def parse_cuts(text: Optional[str]) -> dict:
     return out
 
 
-def choose_cuts(cfg: DiTConfig, geom: Geometry, shards: int, given: Optional[dict] = None) -> tuple:
+def choose_cuts(cfg: DiTConfig, geom: Geometry, shards: int, given: Optional[dict] = None, int8: tuple = ()) -> tuple:
     """The cut per branch kind -> ({kind: cut}, how it was chosen). Kinds `given` keep their cut; the board model
     (models/board/auto.choose_cuts: lifecycle, memory and tensor I/O priced, every policy weighed) picks the rest at
-    this pack's size (its widths and tokens) on the modelled 8 GB board."""
+    this pack's size (its widths and tokens; a W8A8 pack's `int8` layers) on the modelled 8 GB board."""
     given = dict(given or {})
     if set(given) >= set(KINDS):
         return given, "given (--cuts)"
     shape = Shape(cfg.width, cfg.heads, cfg.head_dim, cfg.ffn_width, cfg.context_dim, cfg.blocks, geom.tokens,
-                  geom.text_tokens)
+                  geom.text_tokens, int8=tuple(int8))
     model = BoardModel(shape)
     budget = model.context_budget_mib(BOARD_RAM_GB)
     cuts, best = board_auto.choose_cuts(model, shards, budget, fixed=given)
@@ -60,17 +60,26 @@ def choose_cuts(cfg: DiTConfig, geom: Geometry, shards: int, given: Optional[dic
 
 
 def shard_entries(tmp: Path, rel: str, kind: str, weights: dict, cfg: DiTConfig, geom: Geometry, dtype: str,
-                  block: int, shards: int, cut: str) -> dict:
-    """Write a branch's shard graphs beside its one graph (onnx/bNN_kind.sI.onnx) -> the entry's `shards` block."""
+                  block: int, shards: int, cut: str, int8: tuple = ()) -> dict:
+    """Write a branch's shard graphs beside its one graph (onnx/bNN_kind.sI.onnx) -> the entry's `shards` block.
+    A W8A8 pack's (`int8`: its INT8 layer names; `weights` already smoothed): each part lists its own INT8 MatMuls
+    (`int8`), as the branch entry does; its quantizer inputs are the branch's, cut as `shard_feed` cuts a pass."""
     from models.packs.branch_graphs import build_branch, serialize     # onnx: the host's, never the board's
     parts = []
     for spec in plan(kind, cut, shards, cfg, geom):
         part_rel = rel[:-len(".onnx")] + f".s{spec.index}.onnx"
-        data = serialize(build_branch(kind, shard_weights(spec, weights), cfg, geom, dtype, block=block, shard=spec))
+        model = build_branch(kind, shard_weights(spec, weights), cfg, geom, dtype, block=block, shard=spec)
+        names = []
+        if int8:
+            from models.quant.smooth import int8_tensors
+            names = int8_tensors(model, kind, int8)
+        data = serialize(model)
+        del model
         atomic_write(tmp / part_rel, data)
         io = shard_io(spec, cfg, geom, dtype)
         parts.append({**spec.to_dict(), "onnx": part_rel, "sha256": hashlib.sha256(data).hexdigest(),
-                      "bytes": len(data), "inputs": io["inputs"], "outputs": io["outputs"]})
+                      "bytes": len(data), "inputs": io["inputs"], "outputs": io["outputs"],
+                      **({"int8": names} if int8 else {})})
     return {"cut": cut, "parts": parts}
 
 

@@ -87,14 +87,12 @@ def quant_section(plan: QuantPlan, dataset: dict) -> dict:
             "dataset": dataset}
 
 
-def check_combination(lora_rank: int, shards: int, loras) -> None:
-    """An INT8 pack is plain: no LoRA-ready inputs, no baked LoRAs (their deltas would need re-calibration), no
-    shards; ValueError naming both options."""
+def check_combination(lora_rank: int, loras) -> None:
+    """An INT8 pack takes no LoRA-ready inputs and no baked LoRAs (their deltas would need re-calibration);
+    ValueError naming both options. Shards are fine: each shard graph carries its branch's INT8 layers."""
     if lora_rank:
         raise ValueError(f"--quant w8a8 with --lora-rank {lora_rank}: an INT8 pack takes no LoRA inputs (its INT8 "
                          "projections have no FP16 low-rank path); build a FP16 LoRA-ready pack for LoRAs")
     if loras:
         raise ValueError("--quant w8a8 with --lora: bake the LoRA into the checkpoint and calibrate that, or use a "
                          "FP16 pack")
-    if shards != 1:
-        raise ValueError(f"--quant w8a8 with --shards {shards}: an INT8 pack is not sharded")

@@ -30,9 +30,11 @@ class ToolkitError(RuntimeError):
 
 
 def toolkit_python(venv=None) -> Path:
-    """The interpreter of the rknn-toolkit2 environment (argument, $ANIMA_RKNN_VENV, or DEFAULT_VENV)."""
+    """The interpreter of the rknn-toolkit2 environment (argument, $ANIMA_RKNN_VENV, or DEFAULT_VENV), as an absolute
+    path: the worker starts in a scratch folder, where a relative one names nothing (not resolved: a venv's python
+    is a link, and following it would leave the venv)."""
     v = Path(venv or os.environ.get(VENV_ENV) or DEFAULT_VENV)
-    py = v / "bin" / "python"
+    py = v.absolute() / "bin" / "python"
     if not py.exists():
         raise ToolkitError(f"rknn-toolkit2 environment {v} not found (no {py}); create it with `make rknn-venv` "
                            "(scripts/rknn_venv.sh) or pass --toolkit-venv")

@@ -117,6 +117,7 @@ def build_branch(slot: _WorkerSlot, pack: Path, branch: dict, target: str, toolk
         branch, owner, name = unit
         res = BranchResult.of(owner, "failed", name=name)
     else:
+        owner = branch
         res = BranchResult.of(branch, "failed")
     name = res.name
     onnx_path = pack / branch["onnx"]
@@ -127,7 +128,7 @@ def build_branch(slot: _WorkerSlot, pack: Path, branch: dict, target: str, toolk
     t0 = time.perf_counter()
     work = pack / RKNN_DIR / f".{name}.dataset"
     try:
-        quant = _quant_fields(pack, manifest, branch, work)
+        quant = _quant_fields(pack, manifest, owner, work, None if branch is owner else branch)
         w = slot.get()
         reply = w.request("build", onnx=str(onnx_path), out=str(tmp), target=target, log=str(log_path),
                           **{k: v for k, v in quant.items() if k == "quant"})
@@ -169,22 +170,25 @@ def build_branch(slot: _WorkerSlot, pack: Path, branch: dict, target: str, toolk
     return res
 
 
-def _quant_fields(pack: Path, manifest: Optional[dict], branch: dict, work: Path) -> dict:
-    """{"quant": request, "fingerprint"} of a W8A8 branch (models/rknn/quant.py), {} for a float one."""
+def _quant_fields(pack: Path, manifest: Optional[dict], branch: dict, work: Path, part: Optional[dict] = None) -> dict:
+    """{"quant": request, "fingerprint"} of a W8A8 branch or of `part`, a shard of it (models/rknn/quant.py), {} for
+    a float one."""
     if manifest is None or "block" not in branch:
         return {}
     from models.rknn.quant import quant_fingerprint, quant_request
-    req = quant_request(pack, manifest, branch, work)
-    return {} if req is None else {"quant": req, "fingerprint": quant_fingerprint(manifest, branch)}
+    req = quant_request(pack, manifest, branch, work, part=part)
+    return {} if req is None else {"quant": req, "fingerprint": quant_fingerprint(manifest, branch, part)}
 
 
-def _fingerprint(manifest: dict, branch: dict):
-    """The quantization fingerprint a W8A8 branch's .rknn must carry to be up to date (None for a float one)."""
+def _fingerprint(manifest: dict, unit: tuple):
+    """The quantization fingerprint a W8A8 unit's (a branch's or a shard's, see `units`) .rknn must carry to be up
+    to date (None for a float one)."""
     from models.manifest import branch_int8, quant_info
-    if "block" not in branch or quant_info(manifest) is None or not branch_int8(branch):
+    entry, owner, _ = unit
+    if "block" not in owner or quant_info(manifest) is None or not branch_int8(entry):
         return None
     from models.rknn.quant import quant_fingerprint
-    return quant_fingerprint(manifest, branch)
+    return quant_fingerprint(manifest, owner, None if entry is owner else entry)
 
 
 def toolkit_version(venv=None) -> str:
@@ -222,8 +226,7 @@ def compile_pack(pack_dir, target: str = "rk3588", jobs: int = 1, venv=None, blo
     check_regressions(pack, [b for b, _, _ in work], toolkit)
     (pack / LOG_DIR).mkdir(parents=True, exist_ok=True)
     run = _CompileRun(pack, manifest, target, toolkit, venv, per_worker, progress)
-    run.queue = [u for u in work if force or not up_to_date(pack, u[0], toolkit, target,
-                                                            _fingerprint(manifest, u[0]))]
+    run.queue = [u for u in work if force or not up_to_date(pack, u[0], toolkit, target, _fingerprint(manifest, u))]
     for u in work:
         if u not in run.queue:
             run.results[u[2]] = BranchResult.of(u[1], "skipped", u[0]["rknn"], name=u[2])

@@ -256,13 +256,13 @@ class Lifecycle:
         ctx = _Context(path, [])
         shards = self._shards_of(path) if self._shards_of is not None else None
         if shards:
-            if getattr(self._new, "single", False):
-                raise LifecycleError(f"{path}: a sharded branch runs one context per shard: give a backend factory "
-                                     "(context_factory), not one backend instance", "load")
             files, ctx.specs = shards
             if getattr(self._new.backend_class, "max_contexts", None) == 1:
                 ctx.files = list(files)           # one context at a time (rknn-sim): each shard opens in its turn
-                return ctx
+                return ctx                        # (so one backend instance serves them too: quant-check's)
+            if getattr(self._new, "single", False):
+                raise LifecycleError(f"{path}: a sharded branch runs one context per shard: give a backend factory "
+                                     "(context_factory), not one backend instance", "load")
             # `shards`: shard i on NPU core i, in every copy; in turn: each copy's contexts on its own mask
             jobs = [(f, str(i % MAX_SHARDS) if self.policy.shards else m) for m in self._masks
                     for i, f in enumerate(files)]

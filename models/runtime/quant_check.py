@@ -3,10 +3,12 @@
 1. Every branch, built by the toolkit's hybrid quantization exactly as `anima-models compile` builds it, runs on the
    calibration's held-out inputs (records the quantizer never saw); its output is compared with the FP32 torch
    reference (models/dit/reference.py) of the checkpoint's own, unsmoothed weights on the unsmoothed input: the
-   cosine measures everything INT8 and smoothing did to that branch.
+   cosine measures everything INT8 and smoothing did to that branch. A sharded pack's branch is its shards (what
+   the executor runs), combined in FP32, with a cosine per shard beside it.
 2. A whole job (the calibration's first prompt, its negative, a seed; every step computed) runs twice from the same
-   noise: on the INT8 pack in the simulator (each branch kept built in its own worker, so the job costs one build per
-   branch) and on a FP16 pack of the same checkpoint on ONNX Runtime; the final latents' cosine is the job's figure.
+   noise: on the INT8 pack in the simulator (each branch, or shard, kept built in its own worker, so the job costs
+   one build per graph; shards run in turn) and on a FP16 pack of the same checkpoint on ONNX Runtime; the final
+   latents' cosine is the job's figure.
 """
 from __future__ import annotations
 
@@ -32,6 +34,13 @@ def cosine(a, b) -> float:
     return float(a @ b / den) if den > 0 else float("nan")
 
 
+def graphs(branch: dict) -> list:
+    """(branch, part | None) of what a job runs for a branch: its shard parts when the pack is sharded (the executor
+    runs those, never the one graph), else the branch's one graph."""
+    parts = (branch.get("shards") or {}).get("parts") or ()
+    return [(branch, p) for p in parts] or [(branch, None)]
+
+
 class ResidentSim(BranchBackend):
     """Every branch of a pack built once in the simulator, each in its own toolkit worker, and kept: a job's branch
     calls then cost an inference each. load(path) picks the branch; init and release keep it built."""
@@ -47,17 +56,24 @@ class ResidentSim(BranchBackend):
         self._io: dict = {}
         self._path: Optional[str] = None
         self._tmp = tempfile.mkdtemp(prefix="anima-quant-check-")
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
-            list(ex.map(self._build, [b for b in pack.branches if kinds is None or b["kind"] in kinds]))
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
+                list(ex.map(self._build, [u for b in pack.branches if kinds is None or b["kind"] in kinds
+                                          for u in graphs(b)]))
+        except BaseException:
+            self.close()                     # the workers already built, and the scratch folder: nothing leaks
+            raise
 
-    def _build(self, branch: dict) -> None:
+    def _build(self, unit: tuple) -> None:
+        """Build one graph (a branch, or a shard part of one) as `compile` would, and keep it."""
         from models.rknn.client import ToolkitWorker
         from models.rknn.quant import quant_request
         from models.runtime.backends.rknn_sim import _graph_io
-        path = os.path.abspath(str(self.pack.dir / branch["onnx"]))
+        branch, part = unit
+        path = os.path.abspath(str(self.pack.dir / (part or branch)["onnx"]))
         work = Path(self._tmp) / Path(path).stem
         work.mkdir(parents=True, exist_ok=True)
-        req = quant_request(self.pack.dir, self.pack.manifest, branch, work)       # None: a float branch
+        req = quant_request(self.pack.dir, self.pack.manifest, branch, work, part=part)   # None: a float graph
         w = ToolkitWorker(self.venv)
         self.workers[path] = w
         t0 = time.perf_counter()
@@ -107,7 +123,10 @@ def _reference(kind: str, w: dict, x: np.ndarray, ctx, geom, cfg) -> np.ndarray:
 
 
 def branch_table(pack, sim: ResidentSim, ckpt, calib) -> list:
-    """[{branch, samples, cos (worst of its held-out inputs), mean}] for every branch, in execution order."""
+    """[{branch, samples, cos (worst of its held-out inputs), mean[, shards]}] for every branch, in execution order.
+    A sharded branch: its shards' outputs combined as the executor combines them (FP32) against the whole reference,
+    and under `shards` each shard's own output against the reference's part of it (rows: its rows; heads: the
+    reference computed with the shard's weights, a partial sum)."""
     from models.dit.rope import rope_tables
     from models.quant.smooth import SMOOTH_KEY
     s = pack.host_weights()[SMOOTH_KEY]                                         # [blocks, 3, D]
@@ -115,21 +134,48 @@ def branch_table(pack, sim: ResidentSim, ckpt, calib) -> list:
     cos, sin = rope_tables(pack.geometry.h_tokens, pack.geometry.w_tokens, pack.config.head_dim)
     rows = []
     for j, b in enumerate(pack.branches):
-        if os.path.abspath(str(pack.dir / b["onnx"])) not in sim.workers:
+        units = graphs(b)
+        if any(os.path.abspath(str(pack.dir / (p or b)["onnx"])) not in sim.workers for _, p in units):
             continue                                                            # not built (a partial check)
-        name = f"b{b['block']:02d}_{b['kind']}"
         w = ckpt.branch_weights(b["block"], b["kind"])
-        sim.load(pack.dir / b["onnx"])
-        cs = []
-        for x, ctx in calib.inputs(name, held_out=True):
+        cs, per = [], [[] for _ in units]
+        for x, ctx in calib.inputs(f"b{b['block']:02d}_{b['kind']}", held_out=True):
             feed = {"xn": (x / s[b["block"], j % 3][None, :]).astype(np_dt), "rope_cos": cos.astype(np_dt),
                     "rope_sin": sin.astype(np_dt)}
             if ctx is not None:
                 feed["context"] = ctx.astype(np_dt)
-            y = sim.infer(feed)["y"]
-            cs.append(cosine(y, _reference(b["kind"], w, x, ctx, pack.geometry, pack.config)))
-        rows.append({"branch": name, "samples": len(cs), "cos": min(cs), "mean": float(np.mean(cs))})
+            ref = _reference(b["kind"], w, x, ctx, pack.geometry, pack.config)
+            y, part_cos = _run_graphs(pack, sim, b, units, feed, ref, w, x, ctx)
+            cs.append(cosine(y, ref))
+            for k, c in enumerate(part_cos):
+                per[k].append(c)
+        row = {"branch": f"b{b['block']:02d}_{b['kind']}", "samples": len(cs), "cos": min(cs),
+               "mean": float(np.mean(cs))}
+        if units[0][1] is not None:
+            row["shards"] = [{"shard": f"{row['branch']}.s{k}", "cos": min(c), "mean": float(np.mean(c))}
+                             for k, c in enumerate(per)]
+        rows.append(row)
     return rows
+
+
+def _run_graphs(pack, sim: ResidentSim, branch: dict, units: list, feed: dict, ref, w, x, ctx) -> tuple:
+    """One held-out input through a branch's graphs in the simulator -> (the branch's output, [each shard's cos vs
+    its part of the FP32 reference]; empty for a one-graph branch)."""
+    if units[0][1] is None:
+        sim.load(pack.dir / branch["onnx"])
+        return sim.infer(feed)["y"], []
+    from models.dit.shards import combine, shard_feed, shard_weights
+    from models.packs.sharded import part_specs
+    specs, outs, part_cos = part_specs(branch), [], []
+    for spec, (_, part) in zip(specs, units):
+        sim.load(pack.dir / part["onnx"])
+        outs.append(sim.infer(shard_feed(spec, feed))["y"])
+        if spec.cut == "rows":
+            want = ref[spec.a:spec.b]
+        else:                                     # heads: what the shard's own weights compute, a partial sum
+            want = _reference(branch["kind"], shard_weights(spec, w), x, ctx, pack.geometry, pack.config)
+        part_cos.append(cosine(outs[-1], want))
+    return combine(specs, outs), part_cos
 
 
 def _job(runner, calib, steps: int, seed: int, cfg_scale: float) -> np.ndarray:
@@ -189,7 +235,10 @@ def quant_check(pack_dir, ckpt_path, calib_dir, steps: int = 20, seed: int = 0, 
 
 def describe(rep: dict) -> str:
     lines = [f"{'branch':<10} {'held-out':>8} {'worst cos':>12} {'mean cos':>12}"]
-    lines += [f"{r['branch']:<10} {r['samples']:>8} {r['cos']:>12.6f} {r['mean']:>12.6f}" for r in rep["branches"]]
+    for r in rep["branches"]:
+        lines.append(f"{r['branch']:<10} {r['samples']:>8} {r['cos']:>12.6f} {r['mean']:>12.6f}"
+                     + ("  (its shards combined)" if r.get("shards") else ""))
+        lines += [f"  {p['shard']:<12} {'':>6} {p['cos']:>12.6f} {p['mean']:>12.6f}" for p in r.get("shards", ())]
     lines.append(f"job: {rep['steps']} steps, seed {rep['seed']}, CFG {rep['cfg']:g}: final latent cos vs the FP16 "
                  f"pack {rep['final_cos']:.6f} ({rep['what']})")
     lines.append(f"quant-check branches={len(rep['branches'])} worst_cos={rep['worst_cos']:.6f} "

@@ -45,6 +45,10 @@ IMAGE, NOISE, MASK = "inpaint_image", "inpaint_noise", "inpaint_mask"
 PLAN_KEY = "latent_plan"        # the plan's place in Sampler.settings()
 
 
+DENOISE_STEPS = ("comfyui", "a1111")
+LATER_FIELDS = {"denoise_steps"}            # absent from states saved before it existed
+
+
 @dataclass(frozen=True)
 class LatentPlan:
     """How a KSampler samples from a latent. KSampler: denoise. KSamplerAdvanced: add_noise, start_step,
@@ -58,6 +62,8 @@ class LatentPlan:
     masked: bool = False
     batch_size: int = 1         # the batch ComfyUI samples as one tensor, and this image's place in it: the noise
     batch_pos: int = 0          # samplers draw over the whole batch each time (see _Batched)
+    # how `denoise` counts its steps: ComfyUI's KSampler ("comfyui") or A1111's img2img ("a1111", fewer steps)
+    denoise_steps: str = "comfyui"
 
     def __post_init__(self):
         if self.last_step is None:              # force_full_denoise only acts on an end step: one spelling of each plan
@@ -72,6 +78,8 @@ class LatentPlan:
                                    ("batch_pos", self.batch_pos, 0, max(0, self.batch_size - 1))):
             if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
                 raise ValueError(f"{name} must be an integer in {low}..{high}, got {v!r}")
+        if self.denoise_steps not in DENOISE_STEPS:
+            raise ValueError(f"denoise_steps must be one of {', '.join(DENOISE_STEPS)}, got {self.denoise_steps!r}")
         for name in ("force_full_denoise", "add_noise", "masked"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -94,15 +102,18 @@ class LatentPlan:
     @classmethod
     def from_dict(cls, d) -> "LatentPlan":
         known = set(cls.__dataclass_fields__)
-        if not isinstance(d, dict) or set(d) != known:
-            raise ValueError(f"a latent plan has exactly the fields {sorted(known)}, got {d!r}")
-        return cls(**d)
+        if not isinstance(d, dict) or not known - LATER_FIELDS <= set(d) <= known:   # a state saved before a field
+            raise ValueError(f"a latent plan has exactly the fields {sorted(known)}, got {d!r}")  # was added: its
+        return cls(**d)                                                                         # default
 
 
 def plan_sigmas(sampler: str, scheduler: str, steps: int, shift: float, plan: LatentPlan) -> Optional[np.ndarray]:
     """The sigmas ComfyUI samples for `plan`; None when start_step leaves no step (the latent passes unchanged)."""
-    return lo.window_sigmas(lo.denoise_sigmas(sampler, scheduler, steps, plan.denoise, shift), plan.start_step,
-                            plan.last_step, plan.force_full_denoise)
+    if plan.denoise_steps == "a1111":
+        sig = lo.a1111_img2img_sigmas(sampler, scheduler, steps, plan.denoise, shift)
+    else:
+        sig = lo.denoise_sigmas(sampler, scheduler, steps, plan.denoise, shift)
+    return lo.window_sigmas(sig, plan.start_step, plan.last_step, plan.force_full_denoise)
 
 
 class _Inpainting:
@@ -289,12 +300,17 @@ def job_noise(seed: int, shape, index: int = 0) -> np.ndarray:
 
 def start_or_resume_latent(sampler: LatentSampler, seed: int, shape, job_dir=None, resume: bool = True,
                            image: Optional[np.ndarray] = None, mask: Optional[np.ndarray] = None,
-                           noise_index: int = 0) -> SamplerState:
+                           noise_index: int = 0, fill: Optional[str] = None) -> SamplerState:
     """The job folder's saved state when usable (for a masked run: made from this image, mask and noise), else a
-    fresh run from `image` (None: zeros) with image `noise_index`'s noise of the seed's batch."""
+    fresh run from `image` (None: zeros) with image `noise_index`'s noise of the seed's batch. `fill` (A1111's
+    inpainting_fill 2 / 3, with a mask): the image's masked part replaced first by that noise ("noise") or by zeros
+    ("nothing"), image·(1 - mask) + noise·mask as A1111 does to its init latent."""
     shape = tuple(int(s) for s in shape)
     noise = job_noise(seed, shape, noise_index)
     start = np.zeros(shape, np.float32) if image is None else image
+    if fill is not None:
+        keep = start * (np.float32(1.0) - mask)
+        start = (keep + noise * mask if fill == "noise" else keep).astype(np.float32)
 
     def usable(state: SamplerState) -> None:
         if not sampler.latent_plan.masked:

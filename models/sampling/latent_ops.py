@@ -49,6 +49,22 @@ def denoise_sigmas(sampler: str, scheduler: str, steps: int, denoise: float = 1.
     return ksampler_sigmas(sampler, scheduler, int(steps / denoise), shift)[-(steps + 1):]
 
 
+def a1111_start_step(steps: int, denoise: float) -> int:
+    """stable-diffusion-webui's img2img count (sd_samplers_common.setup_img2img_steps without img2img_fix_steps) as a
+    KSamplerAdvanced start_at_step on the schedule of `steps`: t_enc = int(min(denoise, 0.999) * steps), the last
+    t_enc + 1 steps computed, fewer the lower the denoise (ComfyUI's KSampler computes `steps` whatever the
+    denoise)."""
+    if isinstance(denoise, bool) or not isinstance(denoise, (int, float)) or not 0.0 < denoise <= 1.0:
+        raise LatentOpError(f"denoise must be in (0, 1], got {denoise!r}")
+    return steps - int(min(denoise, 0.999) * steps) - 1
+
+
+def a1111_img2img_sigmas(sampler: str, scheduler: str, steps: int, denoise: float,
+                         shift: float = DEFAULT_SHIFT) -> np.ndarray:
+    """The sigmas of A1111's img2img count: the schedule of `steps` from a1111_start_step."""
+    return ksampler_sigmas(sampler, scheduler, steps, shift)[a1111_start_step(steps, denoise):]
+
+
 def window_sigmas(sigmas: np.ndarray, start_step: Optional[int] = None, last_step: Optional[int] = None,
                   force_full_denoise: bool = False) -> Optional[np.ndarray]:
     """KSampler.sample's step window over `sigmas`; None when start_step leaves nothing to sample (ComfyUI then
@@ -192,14 +208,21 @@ def common_upscale(samples: np.ndarray, width: int, height: int, method: str, cr
     return _resize(x, height, width, method)
 
 
-def _center_crop(x: np.ndarray, width: int, height: int) -> np.ndarray:
-    old_h, old_w = x.shape[-2:]
+def center_crop_margins(old_h: int, old_w: int, width: int, height: int) -> tuple[int, int]:
+    """(dy, dx): what common_upscale's crop "center" cuts from each side of an old_h x old_w input before scaling
+    it to width x height (the part of it of the new aspect); (0, 0) when the aspects agree."""
     old_aspect, new_aspect = old_w / old_h, width / height
     dx = dy = 0
     if old_aspect > new_aspect:
         dx = round((old_w - old_w * (new_aspect / old_aspect)) / 2)
     elif old_aspect < new_aspect:
         dy = round((old_h - old_h * (old_aspect / new_aspect)) / 2)
+    return dy, dx
+
+
+def _center_crop(x: np.ndarray, width: int, height: int) -> np.ndarray:
+    old_h, old_w = x.shape[-2:]
+    dy, dx = center_crop_margins(old_h, old_w, width, height)
     return x[..., dy:old_h - dy, dx:old_w - dx]
 
 

@@ -26,6 +26,7 @@ from models.manifest import (BranchEntry, ManifestRecord, file_sha256, manifest_
 from models.packs.pack import PACK_KIND as DIT_PACK_KIND
 from models.packs.pack import Resolution, check_files, refuse_replacing
 from models.dit.partition import Geometry
+from models.vae.flops import features_flops, head_flops
 from models.vae.keys import VAEConfig
 from models.vae.pack import TilingEntry, VaeConfigEntry, VaePackError, check_branch_io
 from models.vae.tiled import DEFAULT_OVERLAP, DEFAULT_TILE, blend, check_tiling, image_tile_inputs, tile_grid
@@ -121,12 +122,13 @@ def _branches(tmp: Path, graphs: dict) -> list:
     from models.graphs.builder import serialize
     out = []
     for name in MODELS:
-        model, ins, outs, calls = graphs[name]
+        model, ins, outs, flops, calls = graphs[name]
         data = serialize(model)
         rel = f"{ONNX_DIR}/{name}.onnx"
         atomic_write(tmp / rel, data)
         out.append({"name": name, "kind": f"vae-encoder-{name}", "onnx": rel, "sha256": file_sha256(tmp / rel),
-                    "bytes": len(data), "inputs": ins, "outputs": outs, "calls": calls})
+                    "bytes": len(data), "inputs": ins, "outputs": outs, "gflop": round(flops / 1e9, 3),
+                    "calls": calls})
     return out
 
 
@@ -158,9 +160,10 @@ def build_vae_encoder_pack(vae_path, out_dir, resolution=(512, 512), tile: int =
             log.warning("encoder %s: FP16 headroom %s (largest activation %.1f at %s): the NPU may overflow", name,
                         r["headroom"], r["max_abs"], r["at"])
     graphs = {"features": (features_graph(w, cfg, th, tw, scales)[0], _io(FEATS_IN, (1, cfg.out_channels, s * th,
-                           s * tw)), _io(FEATS_OUT, (1, cfg.mid_dim, th, tw)), len(rows) * len(cols)),
+                           s * tw)), _io(FEATS_OUT, (1, cfg.mid_dim, th, tw)), features_flops(cfg, s * tw, s * th),
+                           len(rows) * len(cols)),
               "head": (head_graph(w, cfg, h, wd, scales)[0], _io(HEAD_IN, (1, cfg.mid_dim, h, wd)),
-                       _io(HEAD_OUT, (1, cfg.z_dim, h, wd)), 1)}
+                       _io(HEAD_OUT, (1, cfg.z_dim, h, wd)), head_flops(cfg, h, wd), 1)}
     with building_folder(out) as tmp:                 # renamed to `out` when complete, removed on any error
         manifest = {
             **manifest_header(PACK_KIND, SCHEMA_VERSION),

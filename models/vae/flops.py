@@ -1,7 +1,8 @@
-"""Analytic FLOP count of the single-image decoder (2 FLOPs per multiply-add; convs and attention matmuls only)."""
+"""Analytic FLOP count of the single-image decoder and encoder (2 FLOPs per multiply-add; convs and attention matmuls
+only)."""
 from __future__ import annotations
 
-from models.vae.keys import VAEConfig, decoder_plan
+from models.vae.keys import VAEConfig, decoder_plan, encoder_plan
 
 
 def conv_flops(cin: int, cout: int, k: int, h: int, w: int) -> int:
@@ -54,3 +55,33 @@ def decoder_flops(cfg: VAEConfig, h: int, w: int) -> dict:
     up = upsampler_flops(cfg, h, w)
     conv = trunk_conv + up["nominal"]
     return {"conv": conv, "attention": att, "total": conv + att, "executed": trunk_conv + up["executed"] + att}
+
+
+def features_flops(cfg: VAEConfig, width: int, height: int) -> int:
+    """The encoder's pixel part on a width x height image (tile): conv1 and the downsampling stages (a residual block
+    is two 3x3 convs and a 1x1 shortcut where the channels change; a downsample one 3x3 stride-2 conv)."""
+    h, w = height, width
+    total = conv_flops(cfg.out_channels, cfg.base_dim, 3, h, w)                            # encoder.conv1
+    for kind, a, b in encoder_plan(cfg):
+        if kind == "res":
+            total += conv_flops(a, b, 3, h, w) + conv_flops(b, b, 3, h, w)
+            if a != b:
+                total += conv_flops(a, b, 1, h, w)
+        else:
+            h, w = h // 2, w // 2
+            total += conv_flops(a, b, 3, h, w)                                             # stride 2: output grid
+    return total
+
+
+def head_flops(cfg: VAEConfig, h: int, w: int) -> int:
+    """The encoder's latent-resolution part on features [mid, h, w]: the middle block with its attention, the head
+    conv and the quant conv's mean half (the logvar half is never used, and the head graph leaves it out)."""
+    c, z2 = cfg.mid_dim, 2 * cfg.z_dim
+    total = 4 * conv_flops(c, c, 3, h, w)                                                  # middle residuals
+    total += conv_flops(c, 3 * c, 1, h, w) + conv_flops(c, c, 1, h, w) + attention_flops(cfg, h, w)
+    return total + conv_flops(c, z2, 3, h, w) + conv_flops(z2, cfg.z_dim, 1, h, w)     # quant conv: the mean only
+
+
+def encoder_flops(cfg: VAEConfig, width: int, height: int) -> int:
+    """FLOPs to encode one width x height image untiled (models.vae.encoder.VAEEncoder's 2D convs)."""
+    return features_flops(cfg, width, height) + head_flops(cfg, height // cfg.upscale, width // cfg.upscale)

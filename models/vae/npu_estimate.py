@@ -11,6 +11,8 @@ weight bytes (R4), so seconds per byte × the pack's .rknn bytes.
 """
 from __future__ import annotations
 
+import numpy as np
+
 # reference board figures (docs/board-figures.md): Anima at 512x512 (L 1024 image tokens, S 512 text tokens), D 2048,
 # Dc 1024, F 8192, 28 blocks (R2); pure NPU seconds of one forward (one CFG pass over all 28 blocks) per kind (R5)
 REF = {"L": 1024, "S": 512, "D": 2048, "Dc": 1024, "F": 8192, "blocks": 28}
@@ -43,16 +45,40 @@ def estimate(manifest: dict) -> dict:
     lifecycle from the compiled bytes (or, uncompiled, from the FP16 weight bytes = ONNX FP32 bytes / 2), total."""
     models = manifest["branches"]
     gflop = sum(float(b["gflop"]) * int(b["calls"]) for b in models)
-    tp = throughputs()
     compiled = all(isinstance(b.get("rknn"), dict) for b in models)
     nbytes = sum(b["rknn"]["bytes"] for b in models) if compiled else sum(b["bytes"] for b in models) / 2
+    return _estimate(gflop, nbytes, "rknn" if compiled else "fp16 weights (onnx / 2)",
+                     {b["name"]: b["calls"] for b in models})
+
+
+def encode_estimate(cfg, width: int, height: int, tile: int | None = None, overlap: float | None = None) -> dict:
+    """The ESTIMATE of encoding one width x height image on the NPU (img2img's VAE_ENCODE) as an encoder pack at the
+    default tiling (or `tile`, `overlap`) runs it (build_vae_encoder_pack: a features tile graph per tile, the head once), by the same
+    arithmetic as a decode; lifecycle from the encoder's FP16 weight bytes (the 2D kernels the single-image encoder
+    runs). What a built encoder pack's manifest says is `estimate(manifest)`; nothing here was timed."""
+    from models.vae.flops import features_flops, head_flops
+    from models.vae.keys import encoder_shapes
+    from models.vae.tiled import DEFAULT_OVERLAP, DEFAULT_TILE, tile_grid
+    h, w, s = height // cfg.upscale, width // cfg.upscale, cfg.upscale
+    rows, cols = tile_grid(h, w, tile or DEFAULT_TILE, DEFAULT_OVERLAP if overlap is None else overlap, 1)
+    tiles = len(rows) * len(cols)
+    gflop = (features_flops(cfg, s * cols[0][1], s * rows[0][1]) * tiles + head_flops(cfg, h, w)) / 1e9
+    params = 0
+    for shape in encoder_shapes(cfg, temporal_down=None).values():
+        kernel = shape[:2] + shape[3:] if len(shape) == 5 else shape      # a 3D kernel runs as its last 2D slice
+        params += int(np.prod(kernel))
+    return _estimate(gflop, 2 * params, "fp16 weights (analytic)", {"features": tiles, "head": 1})
+
+
+def _estimate(gflop: float, nbytes: float, bytes_from: str, calls: dict) -> dict:
+    tp = throughputs()
     npu_s = {k: gflop / g for k, g in tp.items()}
     life = nbytes * lifecycle_s_per_byte()
     main = npu_s[MAIN_KIND]
     return {
-        "estimate": True, "gflop": gflop, "calls": {b["name"]: b["calls"] for b in models},
+        "estimate": True, "gflop": gflop, "calls": calls,
         "throughput_gflops": tp, "npu_s": main, "npu_s_range": [min(npu_s.values()), max(npu_s.values())],
-        "model_bytes": nbytes, "bytes_from": "rknn" if compiled else "fp16 weights (onnx / 2)",
+        "model_bytes": nbytes, "bytes_from": bytes_from,
         "lifecycle_s": life, "total_s": main + life,
         "arithmetic": (f"{gflop:.1f} GFLOP / {tp[MAIN_KIND]:.1f} GFLOP/s (reference FFN: "
                        f"{branch_flops()['ffn'] / 1e9:.2f} GFLOP per pass, {REF_FORWARD_S['ffn']} s / "

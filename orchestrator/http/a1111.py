@@ -281,6 +281,21 @@ async def run_job(front, spec: dict):
     return job, await files.read_async(path)
 
 
+async def run_jobs(front, spec: dict, count: int, finish=None):
+    """batch_size x n_iter images, each its own job, one after another: A1111 numbers a request's seeds seed, seed+1,
+    ... (across n_iter too; a random seed is drawn by the first job) -> (jobs, PNGs), or (the first failure's answer,
+    None). `finish(png)`: what is done to each image before it is answered (img2img's paste-back)."""
+    jobs, pngs = [], []
+    for k in range(count):
+        one = spec if k == 0 else {**spec, "seed": (jobs[0].spec["seed"] + k) % 2**64}
+        job, png = await run_job(front, one)
+        if png is None:
+            return job, None
+        jobs.append(job)
+        pngs.append(png if finish is None else await finish(png))
+    return jobs, pngs
+
+
 async def txt2img(request: web.Request) -> web.Response:
     front = request.app[FRONT]
     try:
@@ -293,14 +308,9 @@ async def txt2img(request: web.Request) -> web.Response:
             spec["hires"] = hires
     except BadRequest as e:
         raise _unprocessable(e) from None
-    jobs, pngs = [], []
-    for k in range(count):           # A1111 numbers a request's images' seeds seed, seed+1, ... (across n_iter too)
-        one = spec if k == 0 else {**spec, "seed": (jobs[0].spec["seed"] + k) % 2**64}
-        job, png = await run_job(front, one)
-        if png is None:
-            return job
-        jobs.append(job)
-        pngs.append(png)
+    jobs, pngs = await run_jobs(front, spec, count)
+    if pngs is None:
+        return jobs
     job, png = jobs[0], pngs[0]
     names = await front.tracker.names()
     info = _batch_info(_info(job, png, names.unet[0] if names.unet else ""), jobs, pngs,

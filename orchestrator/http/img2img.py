@@ -15,11 +15,14 @@ The fields beyond txt2img's (stable-diffusion-webui's StableDiffusionImg2ImgProc
 The txt2img fields are read as /sdapi/v1/txt2img reads them (orchestrator/http/a1111.py: `to_spec`). The init image
 and the mask are decoded under models/images' bounds and brought to the job's width x height by `resize_mode` as
 A1111 does; with a mask, the mask is blurred, the masked part filled (inpainting_fill 0) and, after the job, the
-original pasted back over the unmasked part as A1111 does (models/images/inpaint.py). The images go to RUN/temp/a1111/
-and the job's prompt names them (init_image, mask, denoise = denoising_strength); the daemon keeps them in the job
-folder. Not supported yet, refused 422 naming the field: inpaint_full_res true with a mask ("only masked"), and
-inpainting_fill 2 / 3 (latent noise / nothing). The latent mask is ComfyUI's (bilinear to the latent's size, not
-rounded), where A1111 resizes it with Pillow and rounds it: docs/workflows.md.
+original pasted back over the unmasked part as A1111 does (models/images/inpaint.py). With inpaint_full_res ("only
+masked", A1111's default) the job runs on the region around the blurred mask (widened by the padding and grown to the
+job's aspect ratio), brought to the job's size by resize-and-fill; the result is resized back into that region of the
+original. inpainting_fill 2 / 3 (latent noise / latent nothing) become the prompt's `latent_fill`: the masked part of
+the init latent replaced by the seed's noise or by zeros before sampling. The images go to RUN/temp/a1111/ and the
+job's prompt names them (init_image, mask, denoise = denoising_strength); the daemon keeps them in the job folder. The
+latent mask is ComfyUI's (bilinear to the latent's size, not rounded), where A1111 resizes it with Pillow and rounds
+it: docs/workflows.md.
 """
 from __future__ import annotations
 
@@ -48,7 +51,7 @@ IMG2IMG_FIELDS = ("init_images", "mask", "resize_mode", "denoising_strength", "m
                   "initial_noise_multiplier", "latent_mask")
 MAX_BLUR = 64
 MAX_PADDING = 256
-FILLS = {0: "fill", 1: "original", 2: "latent noise", 3: "latent nothing"}
+LATENT_FILLS = {2: "noise", 3: "nothing"}     # inpainting_fill 2 latent noise, 3 latent nothing -> latent_fill
 UPLOADS = "a1111"                  # the request's images kept for its job in RUN/temp/a1111/
 
 
@@ -64,6 +67,7 @@ class Img2ImgRequest:
     inpainting_fill: int
     inpaint_full_res: bool
     inpaint_full_res_padding: int
+    count: int = 1                  # batch_size x n_iter: one job per image, seeds seed, seed+1, ... as txt2img's
 
 
 def _base64_image(value, field: str) -> bytes:
@@ -154,7 +158,10 @@ def _resize_mode(body: dict) -> int:
 def to_request(body: dict, size: tuple = (512, 512)) -> Img2ImgRequest:
     """An img2img request body -> the checked record (BadRequest 422 naming the first bad field); `size`: the
     width and height a request without them gets, as txt2img's."""
-    spec = a1111.to_spec({k: v for k, v in body.items() if k not in IMG2IMG_FIELDS}, size)
+    spec = a1111.to_spec({k: v for k, v in body.items() if k not in IMG2IMG_FIELDS}, size, batches=True)
+    if body.get("enable_hr") not in (None, False):
+        raise a1111._bad("enable_hr", "the hires fix is txt2img's; img2img takes none")
+    count = a1111.image_count(body)
     resize_mode, denoise = _resize_mode(body), _strength(body)
     blur_x, blur_y = _blur(body)
     fill = a1111._number(body, "inpainting_fill", 0, integer=True, low=0, high=3)
@@ -164,33 +171,54 @@ def to_request(body: dict, size: tuple = (512, 512)) -> Img2ImgRequest:
     a1111._bool(body, "mask_round", True)
     a1111._bool(body, "include_init_images", False)
     init, mask = _images(body, spec, resize_mode, full_res)
-    return Img2ImgRequest(spec, init, mask, denoise, resize_mode, blur_x, blur_y, fill, full_res, padding)
+    return Img2ImgRequest(spec, init, mask, denoise, resize_mode, blur_x, blur_y, fill, full_res, padding, count)
 
 
-def _supported(req: Img2ImgRequest) -> None:
-    if req.mask is not None and req.inpaint_full_res:
-        raise a1111._bad("inpaint_full_res", "true (\"only masked\": crop around the mask, inpaint, paste back) is "
-                                             "not supported yet; send \"inpaint_full_res\": false (whole picture)")
-    if req.mask is not None and req.inpainting_fill in (2, 3):
-        raise a1111._bad("inpainting_fill", f"{req.inpainting_fill} ({FILLS[req.inpainting_fill]}) is not supported "
-                                            "yet; use 0 (fill) or 1 (original)")
+@dataclass(frozen=True)
+class Prepared:
+    """What the job gets and what is done with its image: the init image and the noise mask as PNGs at the job's
+    size, the paste-back mask (None without a mask) and, for only masked, the region of the original it fills."""
+
+    init_image: bytes
+    mask: bytes | None = None
+    overlay: np.ndarray | None = None
+    region: tuple[int, int, int, int] | None = None
 
 
-def prepare(req: Img2ImgRequest) -> tuple[bytes, bytes | None, np.ndarray | None]:
-    """(init image PNG as the job encodes it, mask PNG as the job's noise mask, the paste-back mask or None), as
-    A1111 makes them: the mask blurred by mask_blur_x/y, the masked part filled for inpainting_fill 0, the latent
-    mask the blurred mask, the overlay the blurred mask x 2 (models.images.inpaint)."""
+def _only_masked(req: Img2ImgRequest, init, blurred: np.ndarray):
+    """inpaint_full_res: (init, blurred mask) cropped to the region around the mask, brought to the job's size by
+    resize-and-fill, and the region; (init, blurred, None) for an empty mask (A1111 then inpaints the whole
+    picture)."""
+    from PIL import Image
+    box = inpaint.crop_region(blurred, req.inpaint_full_res_padding)
+    if box is None:
+        return init, blurred, None
+    w, h = req.spec["width"], req.spec["height"]
+    box = inpaint.expand_region(box, w, h, init.width, init.height)
+    init = fit_image(init.crop(box), w, h, 2)
+    blurred = np.asarray(fit_image(Image.fromarray(blurred, "L").crop(box), w, h, 2))
+    return init, blurred, box
+
+
+def prepare(req: Img2ImgRequest) -> Prepared:
+    """The job's inputs as A1111 makes them: the mask blurred by mask_blur_x/y, for only masked the region around it
+    cut out and sized for the job, the masked part filled for inpainting_fill 0, the latent mask the blurred mask,
+    the overlay the full-size blurred mask x 2 (models.images.inpaint)."""
     from PIL import Image
     if req.mask is None:
-        return req.init_image, None, None
+        return Prepared(req.init_image)
     with Image.open(io.BytesIO(req.mask)) as m:
         blurred = inpaint.blur_mask(np.asarray(m.convert("L")), req.mask_blur_x, req.mask_blur_y)
+    overlay = inpaint.overlay_mask(blurred)
+    with Image.open(io.BytesIO(req.init_image)) as im:
+        init = im.convert("RGB")
+    region = None
+    if req.inpaint_full_res:
+        init, blurred, region = _only_masked(req, init, blurred)
     mask_im = Image.fromarray(blurred, "L")
-    init = req.init_image
     if req.inpainting_fill == 0:
-        with Image.open(io.BytesIO(req.init_image)) as im:
-            init = _png(inpaint.fill(im.convert("RGB"), mask_im))
-    return init, _png(mask_im), inpaint.overlay_mask(blurred)
+        init = inpaint.fill(init, mask_im)
+    return Prepared(_png(init), _png(mask_im), overlay, region)
 
 
 def _keep(front, data: bytes) -> str:
@@ -201,22 +229,26 @@ def _keep(front, data: bytes) -> str:
     return f"{UPLOADS}/{name} [temp]"
 
 
-def _mask_blur(parameters: str, req: Img2ImgRequest) -> str:
-    """A1111's generation text gets "Mask blur: N" after its pairs when the mask was blurred (N: mask_blur_x when
-    both axes are the same, as A1111's mask_blur property gives; the job never sees the blur, so it is added here)."""
-    if not (req.mask_blur_x or req.mask_blur_y) or req.mask_blur_x != req.mask_blur_y:
-        return parameters
-    return f"{parameters}, Mask blur: {req.mask_blur_x}"
+def _mask_params(parameters: str, req: Img2ImgRequest, prep: Prepared) -> str:
+    """A1111's generation text gets what the job never sees after its pairs: "Mask blur: N" when the mask was
+    blurred (N: mask_blur_x when both axes are the same, as A1111's mask_blur property gives), and "Inpaint area:
+    Only masked, Masked area padding: P" when the job ran on a region."""
+    if (req.mask_blur_x or req.mask_blur_y) and req.mask_blur_x == req.mask_blur_y:
+        parameters += f", Mask blur: {req.mask_blur_x}"
+    if prep.region is not None:
+        parameters += f", Inpaint area: Only masked, Masked area padding: {req.inpaint_full_res_padding}"
+    return parameters
 
 
-def _pasted(png: bytes, req: Img2ImgRequest, overlay) -> bytes:
-    """The job's PNG with the original pasted back over the unmasked part (A1111's apply_overlay), its text kept."""
+def _pasted(png: bytes, req: Img2ImgRequest, prep: Prepared) -> bytes:
+    """The job's PNG with the original pasted back over the unmasked part (A1111's apply_overlay; only masked: the
+    job's image resized into its region first), its text kept."""
     from PIL import Image, PngImagePlugin
     with Image.open(io.BytesIO(png)) as out, Image.open(io.BytesIO(req.init_image)) as init:
         info = PngImagePlugin.PngInfo()
         for k, v in (out.text or {}).items():
-            info.add_itxt(k, _mask_blur(v, req) if k == "parameters" else v)
-        result = inpaint.paste_back(out, init.convert("RGB"), overlay)
+            info.add_itxt(k, _mask_params(v, req, prep) if k == "parameters" else v)
+        result = inpaint.paste_back(out, init.convert("RGB"), prep.overlay, at=prep.region)
     buf = io.BytesIO()
     result.save(buf, "PNG", pnginfo=info, compress_level=4)
     return buf.getvalue()
@@ -229,22 +261,27 @@ async def img2img(request: web.Request) -> web.Response:
         body = await read_json(request.clone(client_max_size=front.settings.max_upload_bytes))
         sizes = (await front.tracker.names()).sizes
         req = await asyncio.to_thread(to_request, body, sizes[0] if sizes else (512, 512))
-        _supported(req)
-        init, mask, overlay = await asyncio.to_thread(prepare, req)
-        spec = {**req.spec, "denoise": req.denoise, "init_image": await asyncio.to_thread(_keep, front, init)}
-        if mask is not None:
-            spec["mask"] = await asyncio.to_thread(_keep, front, mask)
+        prep = await asyncio.to_thread(prepare, req)
+        spec = {**req.spec, "denoise": req.denoise, "denoise_steps": "a1111",     # A1111's count: fewer steps
+                "init_image": await asyncio.to_thread(_keep, front, prep.init_image)}
+        if prep.mask is not None:
+            spec["mask"] = await asyncio.to_thread(_keep, front, prep.mask)
+            if req.inpainting_fill in LATENT_FILLS:
+                spec["latent_fill"] = LATENT_FILLS[req.inpainting_fill]
     except BadRequest as e:
         raise a1111._unprocessable(e) from None
-    job, png = await a1111.run_job(front, spec)
-    if png is None:
-        return job
-    if overlay is not None:
-        png = await asyncio.to_thread(_pasted, png, req, overlay)
+
+    async def paste(png: bytes) -> bytes:
+        return png if prep.overlay is None else await asyncio.to_thread(_pasted, png, req, prep)
+    jobs, pngs = await a1111.run_jobs(front, spec, req.count, paste)
+    if pngs is None:
+        return jobs
+    job, png = jobs[0], pngs[0]
     names = await front.tracker.names()
-    info = a1111._info(job, png, names.unet[0] if names.unet else "")
+    info = a1111._batch_info(a1111._info(job, png, names.unet[0] if names.unet else ""), jobs, pngs,
+                             int(body.get("batch_size", 1)))
     params = {k: v for k, v in body.items() if k not in ("init_images", "mask")}
-    images = [base64.b64encode(png).decode()] if a1111._bool(body, "send_images", True) else []
+    images = [base64.b64encode(p).decode() for p in pngs] if a1111._bool(body, "send_images", True) else []
     return json_response({"images": images, "parameters": {**params, "seed": job.spec["seed"]},
                           "info": json.dumps(info)})
 

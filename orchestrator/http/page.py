@@ -3,8 +3,9 @@
     GET  /anima/info                 sizes with packs (default first), defaults, limits, the LoRAs (MODELS/loras/)
     GET  /anima/jobs?before=&limit=  the newest jobs with their prompt, settings, state and file links (`more`)
     POST /anima/jobs                 {prompt, negative_prompt, seed (digits)|null, steps, cfg, width, height,
-                                      sampler, scheduler, spectrum, cache, loras, client_id}
-                                     -> {"job", "seed", "position"}
+                                      sampler, scheduler, spectrum, cache, loras, batch, hires, and from an upload
+                                      (/upload/image) init_image, denoise, resize_mode, mask, grow_mask_by;
+                                      client_id} -> {"job", "seed", "position"}
 Seeds travel as strings of digits here: 64-bit seeds do not fit a JavaScript number.
     POST /anima/jobs/{job}/cancel    -> {"note"}
 Live progress comes over /ws (`anima.progress`, `anima.job`, and ComfyUI's messages for the page's own jobs).
@@ -17,6 +18,7 @@ from pathlib import Path
 from aiohttp import web
 
 from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLERS, SCHEDULER_NAMES, spectrum_refusal
+from models.sampling.latent_ops import UPSCALE_METHODS
 from models.sampling.step_cache import NODE_NAMES as CACHE_NODES, CacheSettings
 from models.lora.choice import MAX_LORAS
 from orchestrator.http import files
@@ -24,12 +26,18 @@ from orchestrator.http.common import FRONT, cancel_job, json_response, read_json
 from orchestrator.http.views import JobView
 from orchestrator.job_record import JOB_ID_RE
 from orchestrator.prompt_spec import DEFAULT_CFG, DEFAULT_STEPS, MAX_CFG, MAX_PROMPT_CHARS, MAX_STEPS
+from protocol.prompt import MAX_BATCH, MAX_HIRES_SCALE, HiresSettings
 from protocol import messages as m
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 PAGE_FIELDS = ("prompt", "negative_prompt", "seed", "steps", "cfg", "width", "height", "sampler", "scheduler",
-               "spectrum", "cache", "loras")
+               "spectrum", "cache", "loras", "batch", "hires",
+               "init_image", "denoise", "resize_mode", "mask", "mask_channel", "grow_mask_by")
 MAX_PAGE = 48
+# the hires controls: the upscale methods by space the flow runs (the latent ones; prompt.json's "pixel" space is
+# listed here once the flow runs it), the scale bounds and the second pass's default denoise, from prompt.json's record
+HIRES_CHOICES = {"methods": {"latent": list(UPSCALE_METHODS)}, "max_scale": MAX_HIRES_SCALE,
+                 "denoise": HiresSettings().denoise, "method": HiresSettings().method}
 
 
 async def index(request: web.Request) -> web.FileResponse:
@@ -44,7 +52,9 @@ async def info(request: web.Request) -> web.Response:
                                                                        for p in pipe.packs},
         "defaults": {"steps": DEFAULT_STEPS, "cfg": DEFAULT_CFG, "spectrum": True, "sampler": DEFAULT_SAMPLER,
                      "scheduler": DEFAULT_SCHEDULER},
-        "limits": {"steps": MAX_STEPS, "cfg": MAX_CFG, "prompt_chars": MAX_PROMPT_CHARS, "loras": MAX_LORAS},
+        "limits": {"steps": MAX_STEPS, "cfg": MAX_CFG, "prompt_chars": MAX_PROMPT_CHARS, "loras": MAX_LORAS,
+                   "batch": MAX_BATCH},
+        "hires": HIRES_CHOICES,
         # the pickers: every sampler with its model calls per step and why Spectrum does not fit it (None: it does)
         "samplers": [{"name": s.name, "nfe": s.nfe, "spectrum": spectrum_refusal(s.name)} for s in SAMPLERS.values()],
         "schedulers": list(SCHEDULER_NAMES),
