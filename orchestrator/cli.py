@@ -166,7 +166,39 @@ GENERATE_FLAGS = {"prompt": "PROMPT", "negative_prompt": "--negative", "seed": "
                   "overwrite": "--overwrite", "loras": "--lora", "init_image": "--init-image", "mask": "--mask",
                   "denoise": "--denoise", "resize_mode": "--resize-mode", "cache": "--cache",
                   "cache.reuse_threshold": "--reuse-threshold", "cache.start_percent": "--cache-start",
-                  "cache.end_percent": "--cache-end"}
+                  "cache.end_percent": "--cache-end", "batch": "--batch", "hires": "--hires",
+                  "hires.scale": "--hires", "hires.width": "--hires", "hires.height": "--hires",
+                  "hires.steps": "--hires-steps", "hires.denoise": "--hires-denoise", "hires.method": "--hires-method",
+                  "hires.space": "--hires-pixel", "hires.sampler": "--hires-sampler",
+                  "hires.scheduler": "--hires-scheduler", "hires.cfg": "--hires-cfg", "hires.seed": "--hires-seed",
+                  "hires.prompt": "--hires-prompt", "hires.negative_prompt": "--hires-negative"}
+# generate's hires options -> prompt.json's hires fields (--hires itself gives scale, or width and height)
+HIRES_OPTIONS = {"hires_steps": "steps", "hires_denoise": "denoise", "hires_method": "method",
+                 "hires_sampler": "sampler", "hires_scheduler": "scheduler", "hires_cfg": "cfg", "hires_seed": "seed",
+                 "hires_prompt": "prompt", "hires_negative": "negative_prompt"}
+
+
+def _hires_option(args):
+    """generate's --hires SCALE|WxH and its --hires-* options -> prompt.json's `hires` (None without --hires)."""
+    given = {field: getattr(args, opt) for opt, field in HIRES_OPTIONS.items() if getattr(args, opt) is not None}
+    if args.hires_pixel:
+        given["space"] = "pixel"
+    if args.hires is None:
+        if given:
+            raise CliError(f"{GENERATE_FLAGS['hires.' + next(iter(given))]}: needs --hires SCALE|WxH", EXIT_USAGE)
+        return None
+    text = args.hires.strip().lower()
+    try:
+        if "x" in text:
+            w, h = text.split("x")
+            size = {"width": int(w), "height": int(h)}
+        else:
+            size = {"scale": float(text)}
+    except ValueError:
+        raise CliError(f"--hires: {args.hires!r}: expected a scale (1.5) or WxH (1536x1536)", EXIT_USAGE) from None
+    if args.hires_pixel and "method" not in given:
+        given["method"] = "lanczos"          # the pixel path's usual filter (A1111's and ComfyUI's lanczos)
+    return {**size, **given}
 
 
 def _cache_option(args):
@@ -211,9 +243,9 @@ def cmd_generate(args, rf: RunFolder) -> int:
            "init_image": args.init_image and _upload_file(rf, args.init_image, "--init-image"),
            "mask": args.mask and _upload_file(rf, args.mask, "--mask")}
     obj = {k: v for k, v in obj.items() if v is not None}
-    cache = _cache_option(args)
-    if cache is not None:
-        obj["cache"] = cache
+    for name, value in (("cache", _cache_option(args)), ("hires", _hires_option(args)), ("batch", args.batch)):
+        if value is not None:
+            obj[name] = value
     if args.lora:
         from models.lora.plan import parse_lora_arg
         try:
@@ -663,6 +695,21 @@ COMMANDS = (
         arg("--denoise", type=float, help="the part of the schedule sampled, in (0, 1] (default 1.0)"),
         arg("--resize-mode", type=int, choices=[0, 1, 2], help="an image of another size: 0 just resize, 1 crop "
                                                                "and resize, 2 resize and fill (default: refused)"),
+        arg("--batch", type=int, metavar="N", help="N images from one seed, as ComfyUI's batch_size (default 1)"),
+        arg("--hires", metavar="SCALE|WxH", help="hires fix: a second pass at SCALE times the size, or at WxH "
+                                                 "(a size with a pack; docs/workflows.md)"),
+        arg("--hires-steps", type=int, help="the second pass's steps (default: --steps)"),
+        arg("--hires-denoise", type=float, help="the second pass's denoise, in (0, 1] (default 0.5)"),
+        arg("--hires-method", help="nearest-exact (default), bilinear, area, bicubic, bislerp; with --hires-pixel "
+                                   "lanczos (its default) and not bislerp"),
+        arg("--hires-pixel", action="store_true", help="scale the decoded image (ImageScale) and encode it again, "
+                                                        "not the latent"),
+        arg("--hires-sampler", help="the second pass's sampler (default: --sampler)"),
+        arg("--hires-scheduler", help="the second pass's scheduler (default: --scheduler)"),
+        arg("--hires-cfg", type=float, help="the second pass's CFG scale (default: --cfg)"),
+        arg("--hires-seed", type=int, help="the second pass's noise seed (default: --seed)"),
+        arg("--hires-prompt", help="the second pass's prompt (default: the prompt)"),
+        arg("--hires-negative", help="the second pass's negative prompt (default: --negative)"),
         JSON_OUT),
         description="Queue one image and follow it to the end, as `submit --wait` does: progress and the timing "
                     "table on stderr, the image path as the last line on stdout. Unset options take prompt.json's "

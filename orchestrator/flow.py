@@ -1,6 +1,7 @@
 """One job's flow: encode (encoder up, then down) → denoise (scheduler) → decode (VAE up, then down); retries."""
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -43,6 +44,9 @@ def lora_places(layers: dict, lora_rank: int) -> dict:
 TEXT_FILE = "text.json"          # the prompts' T5 token counts (report `text`), kept for a resume
 INIT_LATENT_FILE = "init_latent.npy"   # img2img: the init image's VAE latent, encoded once
 HIRES_LATENT_FILE = "hires_latent.npy"   # hires fix: the second pass's latent (latent.npy keeps the first pass's)
+HIRES_TEXT_FILE = "hires_text.json"      # the second pass's own prompts: their token counts (hires_cond/uncond.npy)
+HIRES_INIT_FILE = "hires_init.npy"       # the pixel path: the scaled first image encoded again, the second start
+FIRST_IMAGE_FILE = "first.png"           # the pixel path: the first pass's image as the VAE decoded it (8 bits)
 
 
 def batch_name(stem: str, suffix: str, pos: int) -> str:
@@ -80,6 +84,7 @@ class JobFlow:
         self.dir = self.store.job_dir(job.id)
         self.spec = job.prompt()
         self.pack = daemon.packs.get((self.spec.width, self.spec.height))     # the job's size picks its pack
+        self.first_pack = self.pack                           # the first pass's (`pack` turns to the hires one)
         self.report = JobReport(job.id, job.spec)
         for name in ("encoder", "executor", "vae"):
             self.report.stages[name].remote = self.cfg.is_remote(name)
@@ -254,19 +259,18 @@ class JobFlow:
         whole cond.npy/uncond.npy (else they are encoded again)."""
         why = ""
         if start == "decoding":
-            if self.spec.hires is not None and self._hires_latent() is not None:
-                self._to_hires_arena()
-                self.arena.write(self.latent, self._hires_latent())
-                return start, why
-            latents = [self._batch_latent(pos) for pos in range(self.batch)]                 # [C, H/8, W/8] f32
-            if self.spec.hires is None and all(a is not None for a in latents):
+            latents = [self._final_latent(pos) for pos in range(self.batch)]                 # [C, H/8, W/8] f32
+            if all(a is not None for a in latents):
+                if self.spec.hires is not None:
+                    self._to_hires_arena()
                 self.arena.write(self.latent, latents[0])
                 return start, why
             start, why = "denoising", "a latent .npy missing or unusable: denoising again (only the images without one)"
         if start == "denoising":
-            if self._load_contexts() and (not self.img2img or self._init_latent() is not None):
+            if self._load_contexts() and (self._hires_texts() is None or self._hires_contexts() is not None) and \
+                    (not self.img2img or self._init_latent() is not None):
                 return start, why
-            start, why = "encoding", "cond.npy/uncond.npy or init_latent.npy missing or unusable: encoding again"
+            start, why = "encoding", "the contexts (.npy) or init_latent.npy missing or unusable: encoding again"
             self._resume_sampling = False    # steps saved with the old contexts are not reused: sample from step 0
         if why:
             log.warning("job %s: %s", self.job.id, why)
@@ -276,7 +280,7 @@ class JobFlow:
         """The job folder's contexts (and their T5 token counts) into the arena and the report; False when any is
         missing or unusable (the counts only matter to a long-context pack: they set its mask)."""
         arrays = [_load_npy(self.dir / f"{name}.npy", self.pack.context_shape) for name in ("cond", "uncond")]
-        text = self._load_text()
+        text = self._load_text(TEXT_FILE)
         if any(a is None for a in arrays) or (text is None and self.pack.text_tokens > TEXT_TOKENS):
             return False
         self.arena.write(self.cond, arrays[0])                                               # [S, Dc] f32
@@ -284,16 +288,34 @@ class JobFlow:
         self.report.text = text or {}
         return True
 
-    def _load_text(self) -> dict | None:
+    def _hires_texts(self) -> tuple[str, str] | None:
+        """The second pass's (prompt, negative) when it has its own (hires.prompt / negative_prompt), else None."""
+        h, s = self.spec.hires, self.spec
+        if h is None:
+            return None
+        texts = (s.prompt if h.prompt is None else h.prompt, s.negative_prompt if h.negative_prompt is None
+                 else h.negative_prompt)
+        return None if texts == (s.prompt, s.negative_prompt) else texts
+
+    def _hires_contexts(self) -> tuple | None:
+        """(cond, uncond, text) of the second pass's own prompts from the job folder, or None when any is unusable."""
+        arrays = [_load_npy(self.dir / f"hires_{name}.npy", self.hires_pack.context_shape)
+                  for name in ("cond", "uncond")]
+        text = self._load_text(HIRES_TEXT_FILE)
+        if any(a is None for a in arrays) or (text is None and self.hires_pack.text_tokens > TEXT_TOKENS):
+            return None
+        return arrays[0], arrays[1], text or {}
+
+    def _load_text(self, name: str) -> dict | None:
         try:
-            text = json.loads((self.dir / TEXT_FILE).read_text())
+            text = json.loads((self.dir / name).read_text())
             if not isinstance(text, dict):
                 raise ValueError(f"a {type(text).__name__}, not an object")
             return text
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:
-            log.warning("%s is unusable: %s", self.dir / TEXT_FILE, e)
+            log.warning("%s is unusable: %s", self.dir / name, e)
             return None
 
     def _encode_all(self) -> None:
@@ -318,7 +340,14 @@ class JobFlow:
             raise StageFailed("orchestrator", f"the job's init image {self.dir / 'init_image.png'} cannot be read "
                                               f"({e}); submit the job again") from None
         self.control.bring_up("vae")
-        if remote:
+        _save_npy(self.dir / INIT_LATENT_FILE, self._vae_encode(image, self.pack.latent_shape, inline=remote))
+        self.control.bring_down("vae")
+        self.report.stages["vae"].wall_s += time.monotonic() - t0
+
+    def _vae_encode(self, image: np.ndarray, shape: tuple, inline: bool) -> np.ndarray:
+        """VAE_ENCODE of an image [3, H, W] f32 in [-1, 1] -> its latent, checked to be `shape` and finite: through the
+        arena's image and init-latent slots, or `inline` (a remote VAE; an arena of another size or without them)."""
+        if inline:
             from protocol.tensors import InlineFrames
             frames = InlineFrames()
             msg = m.VaeEncode(job=self.job.id, image=frames.add(image), inline=tuple(frames.frames))
@@ -328,25 +357,49 @@ class JobFlow:
         reply = m.expect(self.control.call("vae", msg, self.settings.decode_timeout_s), m.VaeEncoded, "vae")
         if reply.latent.inline:
             latent = from_inline(reply.latent, reply.inline)
-        elif reply.latent.slot != self.init_latent.slot:
+        elif inline or reply.latent.slot != self.init_latent.slot:
             raise StageFailed("vae", f"VAE_ENCODED points at slot {reply.latent.slot!r}, expected "
-                                     f"{self.init_latent.slot!r}")
+                                     f"{'an inline latent' if inline else repr(self.init_latent.slot)}")
         else:
             latent = self.arena.read(self.init_latent)
-        if tuple(latent.shape) != tuple(self.pack.latent_shape) or not np.isfinite(latent).all():
-            raise StageFailed("vae", f"the encoded latent is {list(latent.shape)}, expected "
-                                     f"{list(self.pack.latent_shape)} and finite")
-        _save_npy(self.dir / INIT_LATENT_FILE, np.ascontiguousarray(latent, dtype=np.float32))
+        if tuple(latent.shape) != tuple(shape) or not np.isfinite(latent).all():
+            raise StageFailed("vae", f"the encoded latent is {list(latent.shape)}, expected {list(shape)} and finite")
         self.report.vae_encode_timings = dict(reply.timings)
-        self.control.bring_down("vae")
-        self.report.stages["vae"].wall_s += time.monotonic() - t0
+        return np.ascontiguousarray(latent, dtype=np.float32)
 
     def _encode(self) -> None:
+        """The job's prompts, and the second pass's own when it has them, in one encoder session (the encoder down
+        before any DENOISE); what a restart finds in the job folder is not encoded again."""
         t0 = time.monotonic()
-        if self._load_contexts():            # encoded before a restart: no encoder needed
+        first = not self._load_contexts()
+        second = self._hires_texts() is not None and self._hires_contexts() is None
+        if not (first or second):            # encoded before a restart: no encoder needed
             return
-        remote = self.cfg.is_remote("encoder")
         self.control.bring_up("encoder")
+        if first:
+            self._encode_first()
+        if second:
+            self._encode_hires()
+        self.control.bring_down("encoder")   # stopped (and seen STOPPED) before DENOISE goes out
+        self.report.stages["encoder"].wall_s += time.monotonic() - t0
+
+    def _encode_hires(self) -> None:
+        """hires.prompt / negative_prompt -> hires_cond.npy, hires_uncond.npy (inline: the hires pack's rows, which
+        the first arena's slots may not have) and hires_text.json, the counts first (a resume reads all three)."""
+        prompt, negative = self._hires_texts()
+        pack = self.hires_pack
+        msg = m.Encode(job=self.job.id, prompt=prompt, negative=negative, rows=pack.text_tokens, loras=self.spec.loras)
+        reply = m.expect(self.control.call("encoder", msg, self.settings.encode_timeout_s), m.Encoded, "encoder")
+        arrays = [from_inline(d, reply.inline) if d.inline else None for d in (reply.cond, reply.uncond)]
+        if any(a is None or tuple(a.shape) != tuple(pack.context_shape) for a in arrays):
+            raise StageFailed("encoder", f"ENCODED for the hires prompts is not inline {list(pack.context_shape)}")
+        text = text_record(reply.tokens_cond, reply.tokens_uncond, reply.truncated, pack.text_tokens)
+        atomic_write(self.dir / HIRES_TEXT_FILE, json.dumps(text))
+        for name, a in zip(("cond", "uncond"), arrays):
+            _save_npy(self.dir / f"hires_{name}.npy", np.ascontiguousarray(a, dtype=np.float32))
+
+    def _encode_first(self) -> None:
+        remote = self.cfg.is_remote("encoder")
         msg = m.Encode(job=self.job.id, prompt=self.spec.prompt, negative=self.spec.negative_prompt,
                        arena=None if remote else self.arena.name, cond=None if remote else self.cond,
                        uncond=None if remote else self.uncond, rows=self.pack.text_tokens, loras=self.spec.loras)
@@ -361,8 +414,6 @@ class JobFlow:
         _save_npy(self.dir / "cond.npy", self.arena.read(self.cond))
         _save_npy(self.dir / "uncond.npy", self.arena.read(self.uncond))
         self.report.encoder_timings = dict(reply.timings)
-        self.control.bring_down("encoder")   # stopped (and seen STOPPED) before DENOISE goes out
-        self.report.stages["encoder"].wall_s += time.monotonic() - t0
 
     def _context_rows(self) -> tuple:
         """Per pass, the rows of ComfyUI's context a long-context pack leaves unmasked; () for a 512-row pack."""
@@ -372,7 +423,12 @@ class JobFlow:
         return (context_rows(t["t5_tokens_prompt"], S), context_rows(t["t5_tokens_negative"], S))
 
     def _batch_latent(self, pos: int) -> np.ndarray | None:
-        return _load_npy(self.dir / batch_name("latent", ".npy", pos), self.pack.latent_shape)
+        """Image `pos`'s first-pass latent from the job folder (None: missing or unusable)."""
+        return _load_npy(self.dir / batch_name("latent", ".npy", pos), self.first_pack.latent_shape)
+
+    def _final_latent(self, pos: int) -> np.ndarray | None:
+        """Image `pos`'s latent to decode: its second pass's with a hires fix, else its first pass's."""
+        return self._batch_latent(pos) if self.spec.hires is None else self._hires_latent(pos)
 
     def _denoise(self) -> None:
         """Each image of the batch whose latent is not in the job folder yet: a DENOISE of its own, as its place in
@@ -381,39 +437,125 @@ class JobFlow:
             if (self.batch > 1 or self.spec.hires) and self._batch_latent(pos) is not None:   # before a restart
                 continue
             self._denoise_one(pos)
-        if self.batch > 1:
+        if self.batch > 1 and self.spec.hires is None:
             self.arena.write(self.latent, self._batch_latent(0))
         if self.spec.hires is not None:
             self._hires_pass()
 
-    def _hires_latent(self) -> np.ndarray | None:
-        return _load_npy(self.dir / HIRES_LATENT_FILE, self.hires_pack.latent_shape)
+    def _hires_latent(self, pos: int = 0) -> np.ndarray | None:
+        return _load_npy(self.dir / batch_name("hires_latent", ".npy", pos), self.hires_pack.latent_shape)
 
     def _hires_pass(self) -> None:
-        """The first pass's latent (latent.npy) upscaled as LatentUpscale/LatentUpscaleBy, then sampled again from it
-        on the hires pack (ComfyUI's second KSampler: the job's seed, the hires steps and denoise); its per-step state
-        in hires/, its latent hires_latent.npy (a resume goes on from either)."""
-        from models.sampling.latent_ops import common_upscale
-        h, s, first = self.spec.hires, self.spec, self._batch_latent(0)
-        if first is None:
-            raise StageFailed("orchestrator", f"{self.dir / 'latent.npy'} is missing or unusable (resume the job)")
+        """Each image's first-pass latent (latent.npy, latent_1.npy ...) to the second pass's start, then sampled
+        again from it on the hires pack (ComfyUI's second KSampler, with hires' own settings where it has them); its
+        per-step state in hires/ (hires_1/ ...), its latent hires_latent.npy (hires_latent_1.npy ...): a resume goes
+        on from either, and runs only the images without one."""
+        firsts = [self._batch_latent(pos) for pos in range(self.batch)]
+        for pos, first in enumerate(firsts):
+            if first is None:
+                raise StageFailed("orchestrator", f"{self.dir / batch_name('latent', '.npy', pos)} is missing or "
+                                                  "unusable (resume the job)")
+        todo = [pos for pos in range(self.batch) if self._hires_latent(pos) is None]
+        if todo and self.spec.hires.space == "pixel":
+            self._pixel_starts(firsts, todo)             # on the VAE, before the hires arena: it needs none
         self._to_hires_arena()
-        if not self._load_contexts():
-            raise StageFailed("orchestrator", "cond.npy/uncond.npy are missing or unusable (resume the job)")
-        done = self._hires_latent()
-        if done is not None:
-            self.arena.write(self.latent, done)
+        if todo:
+            self._hires_contexts_to_arena()
+        for pos in todo:
+            self._hires_one(pos, self._hires_start(pos, firsts[pos]))
+        self.arena.write(self.latent, self._hires_latent(0))
+
+    def _hires_contexts_to_arena(self) -> None:
+        """The second pass's contexts into the hires arena: its own prompts' (hires_cond.npy ...), or the job's."""
+        if self._hires_texts() is None:
+            if not self._load_contexts():
+                raise StageFailed("orchestrator", "cond.npy/uncond.npy are missing or unusable (resume the job)")
             return
+        got = self._hires_contexts()
+        if got is None:
+            raise StageFailed("orchestrator", "hires_cond.npy/hires_uncond.npy are missing or unusable (resume the "
+                                              "job)")
+        self.arena.write(self.cond, got[0])                                                  # [S, Dc] f32
+        self.arena.write(self.uncond, got[1])
+        self.report.text = got[2]                        # the second pass's token counts set a long pack's mask
+
+    def _hires_start(self, pos: int, first: np.ndarray) -> np.ndarray:
+        """The latent the second pass of image `pos` starts from: LatentUpscale[By] of its first latent, or the pixel
+        path's encoded image (hires_init.npy, made by _pixel_starts)."""
+        h = self.spec.hires
+        if h.space == "pixel":
+            name = batch_name("hires_init", ".npy", pos)
+            start = _load_npy(self.dir / name, self.pack.latent_shape)
+            if start is None:
+                raise StageFailed("orchestrator", f"{self.dir / name} is missing or unusable (resume the job)")
+            return start
+        from models.sampling.latent_ops import common_upscale
         _, lat_h, lat_w = self.pack.latent_shape
         # in VAE space, as ComfyUI's LatentUpscale sees a KSampler's LATENT (process_latent_out); only bislerp, which
         # slerps across channels, is changed by the per-channel std/mean (the others are affine per channel)
         from models.vae.latent import denormalize, normalize
-        self.arena.write(self.init_latent,
-                         normalize(common_upscale(denormalize(first)[None], lat_w, lat_h, h.method)[0]))
-        params = m.DenoiseParams(seed=s.seed, steps=h.steps or s.steps, cfg=s.cfg, sampler=s.sampler,
-                                 scheduler=s.scheduler, width=self.pack.width, height=self.pack.height,
-                                 spectrum=s.spectrum, denoise=h.denoise, cache=s.cache)
-        self._run_denoise(params, self.dir / "hires", {"init_latent": self.init_latent}, HIRES_LATENT_FILE)
+        return normalize(common_upscale(denormalize(first)[None], lat_w, lat_h, h.method)[0])
+
+    def _hires_one(self, pos: int, start: np.ndarray) -> None:
+        """One image's second DENOISE: hires' steps and denoise, its sampler, scheduler, cfg and seed or the job's
+        (a batch image draws its place in the seed's batch noise, as ComfyUI's second KSampler on the batch does)."""
+        from models.sampling.sampler import spectrum_refusal
+        from models.sampling.spectrum import SpectrumSettings
+        h, s = self.spec.hires, self.spec
+        sampler = h.sampler or s.sampler
+        # the job's Spectrum, unless the second pass's sampler is one it does not fit (asked for: refused at submit)
+        spectrum = s.spectrum if spectrum_refusal(sampler) is None else SpectrumSettings(enabled=False)
+        batch = dict(noise_index=pos, batch_size=self.batch, batch_pos=pos) if self.batch > 1 else {}
+        params = m.DenoiseParams(seed=s.seed if h.seed is None else h.seed, steps=h.steps or s.steps,
+                                 cfg=s.cfg if h.cfg is None else h.cfg, sampler=sampler,
+                                 scheduler=h.scheduler or s.scheduler, width=self.pack.width, height=self.pack.height,
+                                 spectrum=spectrum, denoise=h.denoise, cache=s.cache, **batch)
+        self.arena.write(self.init_latent, start)
+        self._run_denoise(params, self.dir / batch_name("hires", "", pos), {"init_latent": self.init_latent},
+                          batch_name("hires_latent", ".npy", pos))
+
+    def _pixel_starts(self, firsts: list, todo: list) -> None:
+        """The pixel path (ImageScale[By] + VAEEncode) for the images in `todo`: the first latent decoded at the first
+        size (first.png, kept), scaled to the second size, encoded again (hires_init.npy, kept: a resume never encodes
+        twice, so it samples from the same latent bitwise). The VAE is up for these only, down before the DENOISE."""
+        from models.sampling.latent_ops import image_scale
+        shape, t0 = self.hires_pack.latent_shape, time.monotonic()
+        todo = [pos for pos in todo if _load_npy(self.dir / batch_name("hires_init", ".npy", pos), shape) is None]
+        if not todo:
+            return
+        self.control.bring_up("vae")
+        for pos in todo:
+            pixels = self._first_image(pos, firsts[pos])                             # [H, W, 3] uint8
+            unit = image_scale(pixels, self.hires_pack.width, self.hires_pack.height, self.spec.hires.method)
+            # bicubic's overshoot clipped: the encoder takes [-1, 1] (ComfyUI's VAEEncode is not given it clipped)
+            image = np.clip(unit, 0.0, 1.0) * np.float32(2.0) - np.float32(1.0)
+            _save_npy(self.dir / batch_name("hires_init", ".npy", pos), self._vae_encode(image, shape, inline=True))
+        self.control.bring_down("vae")
+        self.report.stages["vae"].wall_s += time.monotonic() - t0
+
+    def _first_image(self, pos: int, latent: np.ndarray) -> np.ndarray:
+        """Image `pos`'s first pass as 8-bit pixels: first.png (first_1.png ...) when whole, else the latent decoded
+        by the VAE stage (inline both ways: it is not the arena's size) and kept there."""
+        from PIL import Image
+        from protocol.tensors import InlineFrames
+        path = self.dir / batch_name("first", ".png", pos)
+        try:
+            with Image.open(path) as im:
+                return np.asarray(im.convert("RGB"), dtype=np.uint8)
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as e:            # torn by a power cut: decoded again (the same pixels)
+            log.warning("%s is unusable: %s", path, e)
+        frames = InlineFrames()
+        desc = frames.add(np.ascontiguousarray(latent, dtype=np.float32))
+        msg = m.Decode(job=self.job.id, latent=desc, return_png=True, inline=tuple(frames.frames))
+        reply = m.expect(self.control.call("vae", msg, self.settings.decode_timeout_s), m.Decoded, "vae")
+        if reply.png is None:
+            raise StageFailed("vae", "DECODED has no PNG, which DECODE asked for (return_png)")
+        data = from_inline(reply.png, reply.inline).tobytes()
+        atomic_write(path, data)
+        with Image.open(io.BytesIO(data)) as im:
+            return np.asarray(im.convert("RGB"), dtype=np.uint8)
 
     def _denoise_one(self, pos: int) -> None:
         s = self.spec
@@ -479,10 +621,10 @@ class JobFlow:
             image = self.dir / batch_name("image", ".png", pos)
             if not (self.batch > 1 and image.exists()):
                 if self.batch > 1:
-                    latent = self._batch_latent(pos)
+                    latent = self._final_latent(pos)
                     if latent is None:
-                        raise StageFailed("orchestrator", f"{self.dir / batch_name('latent', '.npy', pos)} is "
-                                                          "missing or unusable (resume the job to denoise it again)")
+                        raise StageFailed("orchestrator", f"{self.dir / self._latent_name(pos)} is missing or "
+                                                          "unusable (resume the job to denoise it again)")
                     self.arena.write(self.latent, latent)
                 self._decode_one(pos, image)
         self.control.bring_down("vae")
@@ -492,8 +634,11 @@ class JobFlow:
         self.report.image = where[0]
         if self.batch > 1:
             self.report.images = [{"batch_index": pos, "seed": self.spec.seed, "image": w,
-                                   "latent": str(self.dir / batch_name("latent", ".npy", pos))}
+                                   "latent": str(self.dir / self._latent_name(pos))}
                                   for pos, w in enumerate(where)]
+
+    def _latent_name(self, pos: int) -> str:
+        return batch_name("latent" if self.spec.hires is None else "hires_latent", ".npy", pos)
 
     def _decode_one(self, pos: int, image: Path) -> None:
         remote = self.cfg.is_remote("vae")

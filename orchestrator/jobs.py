@@ -31,7 +31,11 @@ GONE_PREFIX = ".gone-"          # a job folder being removed (renamed aside firs
 # files only the daemon writes in a job folder: their temporaries are stale whenever a daemon starts
 DAEMON_FILES = (JOB_FILE, "text.json", "cond.npy", "uncond.npy", "latent.npy", "report.json",
                 *(f"latent_{pos}.npy" for pos in range(1, MAX_BATCH)),      # a batch's other latents
-                "hires_latent.npy")                                          # a hires fix's second pass
+                # a hires fix's: its own prompts' contexts, and per image its second pass's latent, the pixel
+                # path's decoded first image and encoded start (orchestrator/flow.py)
+                "hires_text.json", "hires_cond.npy", "hires_uncond.npy",
+                *(f"{stem}{'' if pos == 0 else f'_{pos}'}{suffix}" for pos in range(MAX_BATCH)
+                  for stem, suffix in (("hires_latent", ".npy"), ("hires_init", ".npy"), ("first", ".png"))))
 LEGACY_SUFFIXES = (".tmp", ".tmp.npy", ".new")   # write-then-rename names used before models.durable
 STALE_TEMP_S = 600.0            # a stage's temporary this old (or older than the boot) is not being written
 
@@ -375,7 +379,8 @@ class JobStore:
             # state, image.png) only when stale, since a stage may still be finishing a dead daemon's request
             removed += remove_stale_temporaries(path, targets=lambda name: name in DAEMON_FILES)
             removed += remove_stale_temporaries(path, stage_age_s)
-            for sub in [*path.glob("batch_*"), path / "hires"]:    # a batch image's, a hires pass's sampler state
+            for sub in [*path.glob("batch_*"), path / "hires", *path.glob("hires_*")]:   # a batch image's, a hires
+                # pass's sampler state (hires_N/: a batch image's second pass)
                 if sub.is_dir() and not sub.is_symlink():
                     removed += remove_stale_temporaries(sub, stage_age_s)
             removed += _remove_legacy_temporaries(path, time.time() - stage_age_s)

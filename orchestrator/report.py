@@ -231,16 +231,28 @@ def a1111_parameters(prompt: str, negative: str, settings: dict) -> str:
 
 # A1111's hires upscaler names for the latent methods it has (area and bislerp it has not: named as ComfyUI names them)
 A1111_LATENT_UPSCALERS = {"bilinear": "Latent", "bicubic": "Latent (bicubic)", "nearest-exact": "Latent (nearest-exact)"}
+# and for the pixel path: A1111's plain upscalers (modules/upscaler.py: UpscalerLanczos, UpscalerNearest)
+A1111_PIXEL_UPSCALERS = {"lanczos": "Lanczos", "nearest-exact": "Nearest"}
 
 
 def _hires_labels(spec) -> dict:
-    """A1111's infotext of a hires fix: Denoising strength, Hires upscale or Hires resize, Hires steps, upscaler."""
+    """A1111's infotext of a hires fix: Denoising strength, Hires upscale or Hires resize, Hires steps, upscaler;
+    then what the second pass has of its own, as A1111 names it where it differs from the first pass's (Hires
+    sampler, Hires schedule type, Hires prompt, Hires negative prompt; Forge's Hires CFG Scale; this project's Hires
+    seed)."""
     h = spec.hires
     if h is None:
         return {}
     size = {"Hires upscale": h.scale} if h.scale is not None else {"Hires resize": f"{h.width}x{h.height}"}
+    names = A1111_PIXEL_UPSCALERS if h.space == "pixel" else A1111_LATENT_UPSCALERS
+    own = {"Hires sampler": (h.sampler, spec.sampler, sampler_label),
+           "Hires schedule type": (h.scheduler, spec.scheduler, scheduler_label),
+           "Hires CFG Scale": (h.cfg, spec.cfg, None), "Hires prompt": (h.prompt, spec.prompt, None),
+           "Hires negative prompt": (h.negative_prompt, spec.negative_prompt, None),
+           "Hires seed": (h.seed, spec.seed, None)}
     return {"Denoising strength": h.denoise, **size, **({"Hires steps": h.steps} if h.steps else {}),
-            "Hires upscaler": A1111_LATENT_UPSCALERS.get(h.method, h.method)}
+            "Hires upscaler": names.get(h.method, h.method),
+            **{k: (label(v) if label else v) for k, (v, first, label) in own.items() if v is not None and v != first}}
 
 
 def png_metadata(spec, pack, job: str, names=None, graph: dict | None = None,

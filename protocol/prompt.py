@@ -177,7 +177,8 @@ class HiresSettings(Record, frozen=True):
     seed: Int(0, SEED_LIMIT - 1) | None = None
 
     def size(self, width: int, height: int) -> tuple[int, int]:
-        """(width, height) in pixels of the second pass for a first pass of width x height."""
+        """(width, height) in pixels of the second pass for a first pass of width x height: LatentUpscale[By]'s whole
+        latent cells, for the pixel path too (the graph front refuses an ImageScale[By] whose size differs)."""
         h, w = upscale_size((height // LATENT_SCALE, width // LATENT_SCALE), self.width or 0, self.height or 0,
                             None if self.scale is None else float(self.scale))
         return w * LATENT_SCALE, h * LATENT_SCALE
@@ -191,6 +192,7 @@ class PromptFile(Record, frozen=True):
 
     WORDING: ClassVar = PROMPT
     ERROR: ClassVar = PromptError
+    SPECTRUM_AS_ASKED: ClassVar[bool] = True    # `spectrum` is what the file asked (a PromptSpec's is settled)
 
     prompt: Text(MAX_PROMPT_CHARS)
     negative_prompt: Text(MAX_PROMPT_CHARS) = ""
@@ -280,8 +282,11 @@ def _check_hires(f) -> None:
     for name in ("prompt", "negative_prompt"):
         if getattr(h, name) is not None:
             _text(f"hires.{name}", getattr(h, name), required=False)
-    if f.batch > 1:
-        raise PromptError("hires", "with a batch is not supported yet: set batch 1")
+    spectrum_on = f.spectrum if isinstance(f.spectrum, (bool, type(None))) else f.spectrum.enabled
+    # asked for with a second-pass sampler it does not fit: refused (left to its default, it is off for that pass)
+    if f.SPECTRUM_AS_ASKED and spectrum_on and h.sampler is not None and spectrum_refusal(h.sampler):
+        raise PromptError("hires.sampler", f"{spectrum_refusal(h.sampler)}; set \"spectrum\": false for it "
+                                           "(docs/samplers.md)")
 
 
 def _check_inputs(f) -> None:
@@ -307,6 +312,7 @@ class PromptSpec(PromptFile, frozen=True):
     """A checked job prompt: the file's fields with the seed drawn when it had none (recorded), Spectrum as its
     settings record and `output` an absolute path (of a .png file or of a directory; None: the job folder)."""
 
+    SPECTRUM_AS_ASKED: ClassVar[bool] = False
     spectrum: SpectrumSettings = SpectrumSettings()
     seed: Int(0, SEED_LIMIT - 1) = 0
     seed_random: bool = False           # True when the file had no seed and one was drawn (recorded for the report)

@@ -15,7 +15,9 @@ per call, so a job that encoded its image twice would show it. A DENOISE with an
 2 * init_latent + noise_mask (0 without one) + denoise: the test sees what reached the scheduler.
 A DENOISE of a batch image (batch_size > 1) gives image batch_pos's slice of the seed's batch noise
 (models.sampling.latent_ops.batch_noise) + 100 * (noise_index - batch_pos), and logs each step it runs in
-RUN/double_batch_steps (one line per step: "JOBDIR POS STEP").
+RUN/double_batch_steps (one line per step: "JOBDIR POS STEP"). Every DENOISE appends a JSON line to RUN/double_denoises
+(its state folder, params, cond[0, 0], uncond[0, 0]), every ENCODE one to RUN/double_encodes (pid, prompt, negative,
+rows). DECODE's stand-in image: each latent cell's int(latent[0]) % 256 as an 8x8 grey block.
 """
 from __future__ import annotations
 
@@ -33,6 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from protocol import messages as m  # noqa: E402
 from protocol.tensors import InlineFrames  # noqa: E402
 from stages.base import stage_main  # noqa: E402
+
+
+CONTEXT_DIM = 128          # the fake packs' context width (tests/doubles_harness.py: the test DiT config)
 
 
 def _flag(cfg, name: str, default=None):
@@ -53,9 +58,12 @@ class EncoderDouble:
             Path(self.cfg.run_dir, "double_encoding").write_text(str(os.getpid()))
             time.sleep(delay)
         vals = {"cond": float(len(msg.prompt)), "uncond": float(len(msg.negative))}
+        with open(Path(self.cfg.run_dir) / "double_encodes", "a") as f:
+            f.write(json.dumps({"pid": os.getpid(), "prompt": msg.prompt, "negative": msg.negative,
+                                "rows": msg.rows, "inline": msg.arena is None}) + "\n")
         if msg.arena is None:
             frames = InlineFrames()
-            descs = {k: frames.add(np.full((512, 32), v, np.float32)) for k, v in vals.items()}
+            descs = {k: frames.add(np.full((msg.rows, CONTEXT_DIM), v, np.float32)) for k, v in vals.items()}
             return m.reply_to(msg, m.Encoded, job=msg.job, cond=descs["cond"], uncond=descs["uncond"], tokens_cond=1,
                               tokens_uncond=1, inline=tuple(frames.frames))
         arena = ctx.arena(msg.arena)
@@ -78,6 +86,14 @@ class SchedulerDouble:
         start = json.loads(state_path.read_text())["step"] if msg.resume and state_path.exists() else 0
         arena = ctx.arena(msg.arena)
         cond = arena.read(msg.cond)                                          # [S, Dc] f32
+        p = msg.params
+        with open(Path(self.cfg.run_dir) / "double_denoises", "a") as f:
+            f.write(json.dumps({"job_dir": msg.job_dir, "seed": p.seed, "steps": p.steps, "cfg": p.cfg,
+                                "sampler": p.sampler, "scheduler": p.scheduler, "denoise": p.denoise,
+                                "spectrum": p.spectrum.enabled, "batch_size": p.batch_size,
+                                "batch_pos": p.batch_pos, "noise_index": p.noise_index,
+                                "width": p.width, "height": p.height, "cond": float(cond[0, 0]),
+                                "uncond": float(arena.read(msg.uncond)[0, 0])}) + "\n")
         steps = msg.params.steps
         for step in range(start + 1, steps + 1):
             for block, branch in ((0, "self"), (0, "cross"), (0, "ffn")):
@@ -140,7 +156,8 @@ class VaeDouble:
         from stages.tensor_io import ReplyTensors, read_tensor
         latent = read_tensor(ctx, msg.arena, msg.latent, msg.inline, field="latent")   # [C, h, w] f32
         c, h, w = latent.shape
-        img = Image.fromarray(np.full((h * 8, w * 8, 3), int(latent[0, 0, 0]) % 256, np.uint8))
+        cells = (latent[0].astype(np.int64) % 256).astype(np.uint8)                    # [h, w]: int() per cell
+        img = Image.fromarray(np.repeat(np.repeat(cells, 8, 0), 8, 1)[..., None].repeat(3, 2))
         info = PngImagePlugin.PngInfo()
         for k, v in msg.metadata.items():
             info.add_itxt(k, v)

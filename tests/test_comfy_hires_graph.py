@@ -283,9 +283,10 @@ def test_other_hires_shapes_are_refused_on_the_node():
     g["8"]["inputs"]["samples"] = ["57", 0]
     _custom(_refused(g), "51", "latent_image", "for a second pass")
     g = hires_graph()
-    g["3"]["inputs"]["latent_image"] = ["60", 0]                 # a batch with a hires fix: prompt.json refuses it
+    g["3"]["inputs"]["latent_image"] = ["60", 0]                 # a batch with a hires fix: each image its second pass
     g["60"] = {"class_type": "RepeatLatentBatch", "inputs": {"samples": ["5", 0], "amount": 2}}
-    _custom(_refused(g), "50", "scale_by", "with a batch is not supported yet")
+    job = _job(g)
+    assert job.spec["batch"] == 2 and job.spec["hires"]["scale"] == 1.5
 
 
 def test_a_hires_fix_from_an_init_image_is_sized_to_the_image():

@@ -184,3 +184,71 @@ def test_from_batch_noise_is_the_batch_images_noise():
     full = lo.batch_noise(7, (4, 16, 4, 4))
     _, _, idx = lo.from_batch(np.zeros((4, 16, 4, 4), np.float32), 2, 2)
     np.testing.assert_array_equal(lo.batch_noise(7, (2, 16, 4, 4), idx), full[2:4])
+
+
+# ---- the pixel path: ImageScale / ImageScaleBy on the decoded 8-bit image ------------------------------------------
+def _image(h=24, w=20, seed=3):
+    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("method", ["nearest-exact", "bilinear", "bicubic", "area"])
+@pytest.mark.parametrize("size", [(36, 30), (48, 40), (20, 16)])
+def test_image_scale_is_torch_interpolate_on_the_unit_image(method, size):
+    """ComfyUI's ImageScale: image.movedim(-1, 1) through common_upscale (torch interpolate), back to [.., H, W, C];
+    here from u8 / 255 as ComfyUI's LoadImage makes the float image."""
+    img = _image()
+    x = torch.from_numpy(img.astype(np.float32) / 255.0).movedim(-1, 0)[None]
+    want = F.interpolate(x, size=size, mode=method).numpy()[0]
+    got = lo.image_scale(img, size[1], size[0], method)
+    assert got.shape == (3, *size) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+def _comfy_lanczos(samples, width, height):
+    """comfy.utils.lanczos as published: each [C, H, W] float image clipped to 8 bits (truncated), Pillow's LANCZOS,
+    back to float / 255."""
+    from PIL import Image
+    images = [Image.fromarray(np.clip(255. * im.movedim(0, -1).cpu().numpy(), 0, 255).astype(np.uint8))
+              for im in samples]
+    images = [im.resize((width, height), resample=Image.Resampling.LANCZOS) for im in images]
+    return torch.stack([torch.from_numpy(np.array(im).astype(np.float32) / 255.0).movedim(-1, 0) for im in images])
+
+
+def _numpy_lanczos(img: np.ndarray, width: int, height: int) -> np.ndarray:
+    """An independent Lanczos-3 in float (Pillow's kernel: support 3 * max(in/out, 1), centres (i + 0.5) * in/out,
+    weights normalised), along rows then columns, the intermediate image rounded and clipped to 8 bits as Pillow's
+    is, in float64 (Pillow's weights are 22-bit fixed point)."""
+    def axis(n_in, n_out):
+        scale = n_in / n_out
+        fs = max(scale, 1.0)
+        wm = np.zeros((n_out, n_in))
+        for i in range(n_out):
+            c = (i + 0.5) * scale
+            lo_, hi_ = max(int(c - 3 * fs + 0.5), 0), min(int(c + 3 * fs + 0.5), n_in)
+            j = np.arange(lo_, hi_)
+            x = (j - c + 0.5) / fs
+            k = np.sinc(x) * np.sinc(x / 3) * (np.abs(x) < 3)
+            wm[i, lo_:hi_] = k / k.sum()
+        return wm
+    a = img.astype(np.float64)
+    a = np.clip(np.round(np.einsum("xw,hwc->hxc", axis(img.shape[1], width), a)), 0, 255)
+    a = np.einsum("yh,hxc->yxc", axis(img.shape[0], height), a)
+    return np.clip(a, 0, 255).transpose(2, 0, 1) / 255.0
+
+
+@pytest.mark.parametrize("size", [(36, 30), (48, 40), (29, 23)])
+def test_image_scale_lanczos_is_comfys_pillow_lanczos(size):
+    img = _image()
+    got = lo.image_scale(img, size[1], size[0], "lanczos")
+    x = torch.from_numpy(img.astype(np.float32) / 255.0).movedim(-1, 0)[None]
+    np.testing.assert_array_equal(got, _comfy_lanczos(x, size[1], size[0]).numpy()[0])   # 8-bit in: bitwise
+    # and it is a Lanczos-3 of this image at this size (not another filter, not transposed): within Pillow's
+    # fixed-point and 8-bit rounding of the float kernel
+    np.testing.assert_allclose(got, _numpy_lanczos(img, size[1], size[0]), rtol=0, atol=1.01 / 255)
+
+
+def test_image_scale_refuses_bad_arguments():
+    with pytest.raises(lo.LatentOpError, match="bislerp"):
+        lo.image_scale(_image(), 30, 36, "bislerp")
+    with pytest.raises(lo.LatentOpError, match="uint8"):
+        lo.image_scale(_image().astype(np.float32), 30, 36, "bilinear")

@@ -159,7 +159,9 @@ def test_bislerp_upscales_the_latent_in_vae_space_as_comfyui(d):
     ({"width": 96}, {}, "hires", "either scale, or both width and height"),
     ({"scale": 1.5, "denoise": 0}, {}, "hires.denoise", "(0, 1]"),
     ({"scale": 1.5, "method": "lanczos"}, {}, "hires.method", "lanczos scales pixels"),
-    ({"scale": 1.5}, {"batch": 2}, "hires", "batch"),
+    ({"scale": 1.5, "sampler": "heun"}, {"spectrum": True}, "hires.sampler", "Spectrum does not apply to sampler"),
+    ({"scale": 1.5, "space": "pixel", "method": "bislerp"}, {}, "hires.method", "bislerp scales latents"),
+    ({"scale": 1.25, "space": "pixel"}, {}, "hires", "80x80 has no model pack"),
 ])
 def test_bad_hires_is_refused_at_submit_naming_the_field(d, hires, extra, field, words):
     before = sorted(p.name for p in d.rf.jobs.iterdir())
@@ -176,14 +178,19 @@ def test_a_crash_leaves_no_hires_temporaries_behind(tmp_path):
     store = JobStore(tmp_path)
     jd = store.root / "20260101-120000-c3d4e5"
     (jd / "hires").mkdir(parents=True)
+    (jd / "hires_1").mkdir()
     (jd / JOB_FILE).write_text("{}")
-    mine, stale, fresh = jd / ".hires_latent.npy.k3.tmp", jd / "hires" / ".s.json.a1.tmp", jd / "hires" / ".s.json.b2.tmp"
-    for p in (mine, stale, fresh):
+    mine = [jd / ".hires_latent.npy.k3.tmp", jd / ".first_1.png.k4.tmp", jd / ".hires_init.npy.k5.tmp",
+            jd / ".hires_cond.npy.k6.tmp", jd / ".hires_latent_2.npy.k7.tmp"]
+    stale = [jd / "hires" / ".s.json.a1.tmp", jd / "hires_1" / ".s.json.a2.tmp"]
+    fresh = jd / "hires" / ".s.json.b2.tmp"
+    for p in (*mine, *stale, fresh):
         p.write_bytes(b"x")
     old = time.time() - 3600
-    os.utime(stale, (old, old))
+    for p in stale:
+        os.utime(p, (old, old))
     removed = store.clean()
-    assert not mine.exists() and not stale.exists() and fresh.exists(), removed
+    assert not any(p.exists() for p in (*mine, *stale)) and fresh.exists(), removed
 
 
 def test_a1111_enable_hr_returns_the_upscaled_image(d):
@@ -203,6 +210,194 @@ def test_a1111_enable_hr_returns_the_upscaled_image(d):
     want = 2 * _torch_upscaled(first, (12, 12), "nearest-exact") + 0.4
     np.testing.assert_allclose(np.load(d.rf.jobs / job / "hires_latent.npy"), want, rtol=0, atol=1e-5)
     for extra, field in (({"hr_upscaler": "R-ESRGAN 4x+"}, "hr_upscaler"), ({"hr_resize_x": 96}, "hr_resize_x"),
-                         ({"hr_scale": 2.0}, "hires"), ({"hr_prompt": "other"}, "hr_prompt")):
+                         ({"hr_scale": 2.0}, "hires"), ({"hr_upscaler": "Latent (antialiased)"}, "hr_upscaler"),
+                         ({"hr_sampler_name": "PLMS"}, "hr_sampler_name"), ({"hr_scheduler": "Nope"}, "hr_scheduler"),
+                         ({"hr_checkpoint_name": "other.safetensors"}, "hr_checkpoint_name"),
+                         ({"hr_prompt": "a <lora:x:1>"}, "hr_prompt"), ({"hr_cfg": 99}, "hr_cfg")):
         r = requests.post(url, json={**base, **extra}, timeout=30)
         assert r.status_code == 422 and field in r.text, (extra, r.text)
+
+
+def _log(d, name: str, job: str) -> list[dict]:
+    """The doubles' JSON lines (RUN/double_denoises, RUN/double_encodes) of one job."""
+    p = d.rf.root / name
+    rows = [json.loads(line) for line in p.read_text().splitlines()] if p.exists() else []
+    return [r for r in rows if job in r.get("job_dir", job)]
+
+
+def test_the_second_pass_runs_with_its_own_settings_and_prompts(d):
+    """hires' sampler, scheduler, cfg, seed and prompts reach the second DENOISE (and only it); its prompts are
+    encoded in the first pass's encoder session, kept as hires_cond/uncond.npy, labelled as A1111 labels them."""
+    before = len(_log(d, "double_encodes", ""))
+    job = d.submit({"prompt": "a girl", "negative_prompt": "bad", "seed": 3, "steps": 2, "cfg": 4.0,
+                    "sampler": "euler", "scheduler": "simple",
+                    "hires": {"scale": 1.5, "steps": 3, "denoise": 0.5, "sampler": "heun", "scheduler": "karras",
+                              "cfg": 6.5, "seed": 77, "prompt": "a tall girl, red", "negative_prompt": "blurry"}})
+    info = _wait(d, job, ("done", "failed"))
+    assert info.state == "done", info
+    jd = d.rf.jobs / job
+    first, second = _log(d, "double_denoises", job)
+    assert (first["sampler"], first["scheduler"], first["cfg"], first["seed"], first["steps"]) == \
+        ("euler", "simple", 4.0, 3, 2)
+    assert (first["cond"], first["uncond"]) == (len("a girl"), len("bad"))      # the encoder double: len(prompt)
+    assert (second["sampler"], second["scheduler"], second["cfg"], second["seed"], second["steps"]) == \
+        ("heun", "karras", 6.5, 77, 3)
+    assert (second["cond"], second["uncond"]) == (len("a tall girl, red"), len("blurry"))
+    assert second["spectrum"] is False and first["spectrum"] is True     # Spectrum does not fit heun: off for it
+    assert (second["width"], second["height"]) == (96, 96)
+    encodes = _log(d, "double_encodes", "")[before:]
+    assert [(e["prompt"], e["negative"]) for e in encodes] == [("a girl", "bad"), ("a tall girl, red", "blurry")]
+    assert encodes[0]["pid"] == encodes[1]["pid"]                          # one encoder session for both
+    np.testing.assert_array_equal(np.load(jd / "hires_cond.npy"), np.full((512, 128), 16.0, np.float32))
+    with Image.open(jd / "image.png") as im:
+        params = im.text["parameters"]
+    assert ("Hires upscaler: Latent (nearest-exact), Hires sampler: Heun, Hires schedule type: Karras, "
+            "Hires CFG Scale: 6.5, Hires prompt: \"a tall girl, red\", Hires negative prompt: blurry, "
+            "Hires seed: 77,") in params, params
+
+
+def _first_image(latent: np.ndarray) -> np.ndarray:
+    """The VAE double's picture of a latent (tests/orch_doubles.py): int(latent[0]) % 256 per 8x8 block, grey."""
+    cells = (latent[0].astype(np.int64) % 256).astype(np.uint8)
+    return np.repeat(np.repeat(cells, 8, 0), 8, 1)[..., None].repeat(3, 2)
+
+
+def _scaled_reference(pixels: np.ndarray, size: tuple, method: str) -> np.ndarray:
+    """ComfyUI's ImageScale in torch / Pillow directly: interpolate on u8 / 255, or Pillow's LANCZOS on 8 bits."""
+    if method == "lanczos":
+        im = Image.fromarray(pixels).resize((size[1], size[0]), resample=Image.Resampling.LANCZOS)
+        return np.asarray(im, dtype=np.float32).transpose(2, 0, 1) / np.float32(255.0)
+    x = torch.from_numpy(pixels.astype(np.float32) / 255.0).movedim(-1, 0)[None]
+    return F.interpolate(x, size=size, mode=method)[0].numpy()
+
+
+def _encoded_reference(unit: np.ndarray) -> np.ndarray:
+    """The VAE double's VAE_ENCODE of the [0, 1] image, without its jitter (< 1e-3): 8x8 means of 2 x - 1."""
+    image = np.clip(unit, 0, 1) * 2 - 1
+    _, h, w = image.shape
+    pooled = image.reshape(3, h // 8, 8, w // 8, 8).mean(axis=(2, 4))
+    return pooled[np.arange(16) % 3]
+
+
+@pytest.mark.parametrize("method", ["lanczos", "bicubic"])
+def test_the_pixel_path_decodes_scales_and_encodes_each_image_of_a_batch(d, method):
+    job = d.submit({"prompt": "a girl", "seed": 4, "steps": 2, "batch": 2,
+                    "hires": {"scale": 1.5, "space": "pixel", "method": method, "steps": 2, "denoise": 0.7}})
+    info = _wait(d, job, ("done", "failed"))
+    assert info.state == "done", info
+    jd = d.rf.jobs / job
+    rows = _log(d, "double_denoises", job)
+    assert [(r["batch_size"], r["batch_pos"], r["width"]) for r in rows] == [(2, 0, 64), (2, 1, 64), (2, 0, 96),
+                                                                              (2, 1, 96)]
+    for pos, suffix in enumerate(("", "_1")):
+        first = np.load(jd / f"latent{suffix}.npy")
+        with Image.open(jd / f"first{suffix}.png") as im:
+            pixels = np.asarray(im.convert("RGB"))
+        np.testing.assert_array_equal(pixels, _first_image(first))        # the first pass's latent, decoded
+        start = np.load(jd / f"hires_init{suffix}.npy")
+        want = _encoded_reference(_scaled_reference(pixels, (96, 96), method))
+        np.testing.assert_allclose(start, want, rtol=0, atol=1.1e-3)          # the double's jitter is < 1e-3
+        hires = np.load(jd / f"hires_latent{suffix}.npy")
+        np.testing.assert_array_equal(hires, (2 * start + np.float32(0.7)).astype(np.float32))
+        with Image.open(jd / f"image{suffix}.png") as im:
+            assert im.size == (96, 96)
+            p = im.text["parameters"]
+        upscaler = {"lanczos": "Lanczos", "bicubic": "bicubic"}[method]
+        assert f"Batch size: 2, Batch pos: {pos}," in p and f"Hires upscaler: {upscaler}," in p, p
+    report = json.loads((jd / "report.json").read_text())
+    assert [i["latent"].rsplit("/", 1)[1] for i in report["images"]] == ["hires_latent.npy", "hires_latent_1.npy"]
+
+
+def test_a_pixel_hires_batch_killed_mid_encode_and_mid_second_pass_resumes_to_the_same_latents(d):
+    """Killed while the VAE encodes image 0's scaled picture, then while image 1's second pass samples: first.png is
+    not decoded again, hires_init*.npy not encoded again, image 0's second pass not sampled again."""
+    d.flag("double_vae_encode_s", "4")
+    job = d.submit({"prompt": "a girl", "seed": 6, "steps": 1, "batch": 2,
+                    "hires": {"width": 96, "height": 96, "space": "pixel", "method": "bilinear", "steps": 6,
+                              "denoise": 0.6}})
+    jd = d.rf.jobs / job
+    deadline = time.monotonic() + 60
+    while not (d.rf.root / "double_vae_encoding").exists():
+        assert time.monotonic() < deadline, d.logs()
+        time.sleep(0.05)
+    (d.rf.root / "double_vae_encoding").unlink()
+    assert (jd / "first.png").exists() and not (jd / "hires_init.npy").exists()
+    first_png = (jd / "first.png").stat().st_mtime_ns
+
+    def kill():
+        old = d.sup.info("orchestrator").pid
+        d.close_client()
+        os.kill(old, signal.SIGKILL)                          # supervisord restarts it; the job resumes in place
+    kill()
+    d.flag("double_step_s", "0.3")
+    state = jd / "hires_1" / "state.json"
+    while not (state.exists() and json.loads(state.read_text() or "{}").get("step", 0) >= 2):
+        assert time.monotonic() < deadline + 60, d.logs()
+        time.sleep(0.05)
+    kept = {n: (jd / n).stat().st_mtime_ns for n in ("first.png", "first_1.png", "hires_init.npy",
+                                                      "hires_init_1.npy", "hires_latent.npy")}
+    kill()
+    d.flag("double_step_s", "0.02")
+    info = _wait(d, job, ("done", "failed"), timeout_s=90)
+    assert info.state == "done", info
+    assert (jd / "first.png").stat().st_mtime_ns == first_png
+    assert {n: (jd / n).stat().st_mtime_ns for n in kept} == kept
+    assert json.loads((jd / "report.json").read_text())["resumed_from"] >= 2
+    for suffix in ("", "_1"):
+        start = np.load(jd / f"hires_init{suffix}.npy")
+        np.testing.assert_array_equal(np.load(jd / f"hires_latent{suffix}.npy"),
+                                      (2 * start + np.float32(0.6)).astype(np.float32))
+        with Image.open(jd / f"first{suffix}.png") as im:
+            want = _encoded_reference(_scaled_reference(np.asarray(im.convert("RGB")), (96, 96), "bilinear"))
+        np.testing.assert_allclose(start, want, rtol=0, atol=1.1e-3)
+
+
+def test_a1111_hires_fields_map_onto_prompt_json_hires():
+    from orchestrator.http.a1111 import hires_of, to_spec
+    body = {"prompt": "a girl", "negative_prompt": "bad", "width": 64, "height": 64, "sampler_name": "DPM++ 2M",
+            "scheduler": "Karras", "cfg_scale": 5, "enable_hr": True, "hr_scale": 1.5}
+    spec = to_spec(body, batches=True)
+    assert hires_of({**body, "hr_upscaler": "Lanczos"}, spec) == {
+        "width": 96, "height": 96, "space": "pixel", "method": "lanczos", "steps": 0, "denoise": 0.75}
+    got = hires_of({**body, "hr_upscaler": "Nearest", "hr_prompt": "a tall girl", "hr_negative_prompt": "bad",
+                    "hr_sampler_name": "Euler a", "hr_scheduler": "Use same scheduler", "hr_cfg": 6.5}, spec)
+    assert (got["space"], got["method"]) == ("pixel", "nearest-exact")
+    assert {k: got[k] for k in ("prompt", "sampler", "cfg")} == {"prompt": "a tall girl", "sampler": "euler_ancestral",
+                                                                 "cfg": 6.5}
+    assert "negative_prompt" not in got and "scheduler" not in got       # the same as the first pass's: not its own
+    got = hires_of({**body, "hr_sampler_name": "Use same sampler", "hr_scheduler": "Exponential", "hr_prompt": ""},
+                   spec)
+    assert got["scheduler"] == "exponential" and "sampler" not in got and "prompt" not in got
+    assert hires_of({**body, "enable_hr": False}, spec) is None
+
+
+def test_a1111_pixel_hires_with_a_batch_and_its_own_settings(d):
+    """enable_hr with "Lanczos", hr_prompt, hr_sampler_name, hr_scheduler, Forge's hr_cfg and batch_size 2: two jobs
+    (seeds seed, seed + 1), each decoded, scaled, encoded and sampled again with the second pass's settings, each PNG
+    with A1111's labels for them."""
+    import base64
+    import requests
+    url = d.http_url() + "sdapi/v1/txt2img"
+    r = requests.post(url, json={"prompt": "a girl", "seed": 20, "steps": 1, "width": 64, "height": 64,
+                                 "batch_size": 2, "enable_hr": True, "hr_scale": 1.5, "hr_upscaler": "Lanczos",
+                                 "hr_second_pass_steps": 2, "denoising_strength": 0.5, "hr_prompt": "a tall girl",
+                                 "hr_sampler_name": "DPM++ 2M", "hr_scheduler": "Karras", "hr_cfg": 5.5},
+                      timeout=120)
+    assert r.status_code == 200, r.text
+    info = json.loads(r.json()["info"])
+    assert info["all_seeds"] == [20, 21] and len(r.json()["images"]) == 2
+    for k, b64 in enumerate(r.json()["images"]):
+        with Image.open(io.BytesIO(base64.b64decode(b64))) as im:
+            assert im.size == (96, 96)
+            p = im.text["parameters"]
+        assert f"Seed: {20 + k}," in p and "Hires upscaler: Lanczos, Hires sampler: DPM++ 2M, " \
+            "Hires schedule type: Karras, Hires CFG Scale: 5.5, Hires prompt: a tall girl" in p, p
+        job = json.loads(im.text["anima"])["job"]
+        second = _log(d, "double_denoises", job)[-1]
+        assert (second["sampler"], second["scheduler"], second["cfg"], second["seed"], second["cond"]) == \
+            ("dpmpp_2m", "karras", 5.5, 20 + k, len("a tall girl"))
+        jd = d.rf.jobs / job
+        with Image.open(jd / "first.png") as im:
+            pixels = np.asarray(im.convert("RGB"))
+        want = _encoded_reference(_scaled_reference(pixels, (96, 96), "lanczos"))
+        np.testing.assert_allclose(np.load(jd / "hires_init.npy"), want, rtol=0, atol=1.1e-3)

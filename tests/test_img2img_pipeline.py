@@ -80,3 +80,50 @@ def test_inpaint_job_equals_in_process_encode_and_sampling(pipe, pipeline_assets
     own = json.loads(Image.open(info.image).text["anima"])
     assert own["denoise"] == 0.6 and own["init_image"] == "e2e/init.png [input]"
     print(f"\nimg2img job: report wall {report['wall_s']:.1f} s, encode {report['vae_encode_timings']['encode_s']:.2f} s")
+
+
+def test_pixel_hires_job_through_the_real_vae_equals_in_process_decode_scale_encode_and_sampling(pipe,
+                                                                                                  pipeline_assets):
+    """prompt.json hires space "pixel" on the one pack (scale 1: the second pass on the same pack, its own arena with
+    the init slot): the real VAE stage decodes the first latent (inline, first.png), the image goes through
+    ImageScaleBy's lanczos (at scale 1: Pillow's LANCZOS to the same size) and the real VAE_ENCODE (inline), and the
+    second pass samples from that latent with its own prompt (encoded in the first pass's encoder session), sampler,
+    scheduler, cfg and seed."""
+    from models.vae.api import VAE
+    from models.vae.encode import TorchEncoder
+    models, pack_dir = pipeline_assets
+    pack = load_pack(pack_dir)
+    g, c = pack.geometry, pack.config
+    shape = (c.latent_channels, g.latent_h, g.latent_w)
+    hires = {"scale": 1.0, "space": "pixel", "method": "lanczos", "steps": 2, "denoise": 0.5,
+             "sampler": "euler", "scheduler": "simple", "cfg": 3.0, "seed": 5, "prompt": "1girl, red hair"}
+    job = pipe.submit({**JOB, "steps": 2, "denoise": 1.0, "hires": hires})
+    info = pipe.wait(job, timeout_s=600)
+    assert info.state == "done", f"{info.error_stage}: {info.error}\n{pipe.logs()}"
+    jd = pipe.job_dir(job)
+    vae = resolve_models(models, {"vae": None}, need=("vae",)).vae
+    first = np.load(jd / "latent.npy")
+    want_px = VAE.open(vae, threads=THREADS).decode(first).image                      # [H, W, 3] u8
+    with Image.open(jd / "first.png") as im:
+        got_px = np.asarray(im.convert("RGB"))
+    np.testing.assert_array_equal(got_px, want_px)
+    scaled = np.asarray(Image.fromarray(want_px).resize((g.width, g.height), resample=Image.Resampling.LANCZOS))
+    image = (scaled.astype(np.float32) / 255.0 * 2.0 - 1.0).transpose(2, 0, 1)
+    start = TorchEncoder.open(vae, threads=THREADS).encode(image).latent
+    np.testing.assert_allclose(np.load(jd / "hires_init.npy"), start, rtol=0, atol=1e-5)
+    s = LatentSampler(steps=2, cfg=3.0, sampler="euler", scheduler="simple", spectrum=None,
+                      plan=LatentPlan(denoise=0.5))
+    cond, uncond = np.load(jd / "hires_cond.npy"), np.load(jd / "hires_uncond.npy")
+    assert not np.array_equal(cond, np.load(jd / "cond.npy"))                    # its own prompt's context
+    np.testing.assert_array_equal(uncond, np.load(jd / "uncond.npy"))           # the same negative, encoded again
+    state = start_or_resume_latent(s, 5, shape, image=np.load(jd / "hires_init.npy"))
+    ref = s.result(denoise(DiTRunner(pack, threads=THREADS), s, state, cond, uncond))
+    np.testing.assert_array_equal(np.load(jd / "hires_latent.npy"), ref)
+    report = pipe.report(job)
+    assert report["teardown"] == {**report["teardown"], "vae_running_during_denoise": False,
+                                  "encoder_running_during_denoise": False}
+    with Image.open(info.image) as im:
+        assert "Hires upscale: 1.0, Hires steps: 2, Hires upscaler: Lanczos, Hires sampler: Euler, " \
+               "Hires schedule type: Simple, Hires CFG Scale: 3.0, Hires prompt: \"1girl, red hair\", Hires seed: 5," \
+               in im.text["parameters"]
+    print(f"\npixel hires job: report wall {report['wall_s']:.1f} s")

@@ -220,3 +220,38 @@ def test_run_goes_before_or_after_the_subcommand(tmp_path, capsys):
     other = tmp_path / "other"
     assert cli.main(["--run", str(other), "init", "--run", str(run)]) == 0       # after the subcommand wins
     assert f"run folder {run}" in capsys.readouterr().out and not other.exists()
+
+
+def test_generate_hires_and_batch_options_become_prompt_json_fields(tmp_path, capsys, monkeypatch):
+    """--hires SCALE|WxH and its --hires-* options, --batch: the prompt.json `hires` and `batch` the job is queued
+    with; a bad one is exit 2 naming the option (checked before any daemon is asked)."""
+    import sys
+    from tests.doubles_harness import fake_pack
+    rf = init_run(tmp_path / "run", python=sys.executable)
+    a, b = fake_pack(tmp_path / "p64", 64, 64), fake_pack(tmp_path / "p96", 96, 96)
+    rf.pipeline_toml.write_text(f'run_dir = "."\npack_dir = "{a}"\npacks = ["{b}"]\nthreads = 1\n')
+    queued = []
+    monkeypatch.setattr(cli, "_queue", lambda args, rf, prompt, spec, **kw: queued.append(spec) or 0)
+    base = ["--run", str(rf.root), "generate", "a girl", "--seed", "3"]
+    assert cli.main([*base, "--batch", "2", "--hires", "1.5", "--hires-steps", "4", "--hires-denoise", "0.4",
+                     "--hires-pixel", "--hires-sampler", "dpmpp_2m", "--hires-scheduler", "karras", "--hires-cfg",
+                     "5", "--hires-seed", "9", "--hires-prompt", "a tall girl", "--hires-negative", "blurry"]) == 0
+    spec = queued.pop()
+    assert spec.batch == 2
+    assert spec.hires.to_dict() == {"scale": 1.5, "width": None, "height": None, "method": "lanczos",
+                                    "space": "pixel", "steps": 4, "denoise": 0.4, "prompt": "a tall girl",
+                                    "negative_prompt": "blurry", "sampler": "dpmpp_2m", "scheduler": "karras",
+                                    "cfg": 5.0, "seed": 9}
+    assert cli.main([*base, "--hires", "96x96", "--hires-method", "bislerp"]) == 0
+    h = queued.pop().hires
+    assert (h.width, h.height, h.scale, h.method, h.space) == (96, 96, None, "bislerp", "latent")
+    for extra, words in ((["--hires-steps", "3"], "--hires-steps: needs --hires SCALE|WxH"),
+                         (["--hires", "big"], "--hires: 'big': expected a scale (1.5) or WxH"),
+                         (["--hires", "2"], "--hires: the second pass at 128x128 has no model pack"),
+                         (["--hires", "1.5", "--hires-denoise", "0"], "--hires-denoise: must be in (0, 1]"),
+                         (["--hires", "1.5", "--hires-pixel", "--hires-method", "bislerp"], "--hires-method: bislerp"),
+                         (["--hires", "1.5", "--hires-sampler", "nope"], "--hires-sampler: must be one of"),
+                         (["--batch", "9"], "--batch: must be in 1..8, got 9")):
+        assert cli.main([*base, *extra]) == 2, extra
+        assert words in capsys.readouterr().err, extra
+    assert queued == []

@@ -349,3 +349,25 @@ def bislerp(samples: np.ndarray, width: int, height: int) -> np.ndarray:
     p2 = np.moveaxis(mid[:, :, i2, :], 1, -1).reshape(-1, c)
     rr = np.broadcast_to(r[None, :, None], (n, height, width)).reshape(-1, 1)
     return np.ascontiguousarray(np.moveaxis(_slerp(p1, p2, rr).reshape(n, height, width, c), -1, 1))
+
+
+IMAGE_SCALE_METHODS = ("nearest-exact", "bilinear", "area", "bicubic", "lanczos")
+
+
+def image_scale(image: np.ndarray, width: int, height: int, method: str) -> np.ndarray:
+    """ComfyUI's ImageScale / ImageScaleBy (crop disabled) on an 8-bit RGB image [H, W, 3] -> [3, height, width] f32:
+    comfy.utils.common_upscale's torch interpolate on the [0, 1] float image (u8 / 255), or for "lanczos"
+    comfy.utils.lanczos: Pillow's LANCZOS on the 8-bit image, then / 255. The float image is what VAEEncode takes;
+    ComfyUI's own float image from VAEDecode is only clipped to [0, 1], ours was truncated to 8 bits by the PNG
+    (the same clip(255 x).astype(uint8) comfy's lanczos does, so lanczos matches exactly, the others within 1/255)."""
+    a = np.asarray(image)
+    if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != 3:
+        raise LatentOpError(f"an image to scale is [H, W, 3] uint8, got {a.dtype} {list(a.shape)}")
+    if method not in IMAGE_SCALE_METHODS:
+        raise LatentOpError(f"upscale_method must be one of {list(IMAGE_SCALE_METHODS)}, got {method!r}")
+    if method == "lanczos":
+        from PIL import Image                # comfy.utils.lanczos is Pillow's filter itself
+        scaled = Image.fromarray(a, "RGB").resize((width, height), resample=Image.Resampling.LANCZOS)
+        return np.ascontiguousarray(np.asarray(scaled, dtype=np.float32).transpose(2, 0, 1) / F32(255.0))
+    unit = (a.astype(F32) / F32(255.0)).transpose(2, 0, 1)[None]                     # [1, 3, H, W] in [0, 1]
+    return np.ascontiguousarray(_resize(unit, height, width, method)[0])

@@ -6,12 +6,15 @@
     GET  /sdapi/v1/sd-models, /samplers, /schedulers, /scripts, /options
     POST /sdapi/v1/interrupt -> {} (the running job is cancelled)
 
-A1111 fields this pipeline cannot honour (a batch, hires fix, styles, scripts, face restoration, tiling, subseeds,
-setting overrides) are refused with 422 naming the field unless they hold their default; sampler_name and scheduler
-are A1111's names (orchestrator/a1111_names.py: "Euler a", "DPM++ 2M Karras", "Karras" ...), run as ComfyUI runs
-them; sampler internals (eta, s_churn, s_tmin, s_tmax, s_noise: ComfyUI's defaults are used) and unknown fields are
-ignored, as A1111 ignores unknown fields. `<lora:NAME:S>` tags in the prompt (models/lora/a1111.py) are cut out of the
-text and become the job's LoRAs (names under MODELS/loras/, checked at submit), as A1111's extra networks do.
+enable_hr is a hires pass (prompt.json `hires`: the Latent upscalers and the plain Lanczos / Nearest ones, hr_prompt,
+hr_negative_prompt, hr_sampler_name, hr_scheduler, Forge's hr_cfg); batch_size x n_iter run as that many jobs.
+A1111 fields this pipeline cannot honour (styles, scripts, face restoration, tiling, subseeds, setting overrides,
+hr_checkpoint_name, the model upscalers) are refused with 422 naming the field unless they hold their default;
+sampler_name and scheduler are A1111's names (orchestrator/a1111_names.py: "Euler a", "DPM++ 2M Karras", "Karras"
+...), run as ComfyUI runs them; sampler internals (eta, s_churn, s_tmin, s_tmax, s_noise: ComfyUI's defaults are used)
+and unknown fields are ignored, as A1111 ignores unknown fields. `<lora:NAME:S>` tags in the prompt
+(models/lora/a1111.py) are cut out of the text and become the job's LoRAs (names under MODELS/loras/, checked at
+submit), as A1111's extra networks do.
 Extension: "spectrum": true|false (omitted: on where the sampler allows it).
 
 Every refusal of the request itself is 422, as A1111's FastAPI answers any validation error (a body that is not
@@ -49,7 +52,7 @@ MUST_BE = {"batch_size": (1,), "n_iter": (1,), "enable_hr": (False,), "restore_f
            "tiling": (False, None), "subseed_strength": (0, 0.0), "styles": ([], None), "script_name": (None, ""),
            "script_args": ([], None), "alwayson_scripts": ({}, None), "override_settings": ({}, None),
            "seed_resize_from_h": (0, -1), "seed_resize_from_w": (0, -1), "refiner_checkpoint": (None, ""),
-           "init_images": (None, [])}
+           "init_images": (None, []), "hr_checkpoint_name": (None, "", "Use same checkpoint")}
 
 
 def _bad(field: str, message: str):
@@ -104,18 +107,26 @@ MAX_BATCH_SIZE = MAX_N_ITER = 8     # A1111's UI sliders go to 8 (batch) and 100
 
 
 # A1111's latent hires upscalers (modules/shared: latent_upscale_modes) that are ComfyUI's methods too; its default
-# (hr_upscaler null) is "Latent"; the antialiased ones and the pixel upscalers are not done here
+# (hr_upscaler null) is "Latent"; the antialiased ones, "Latent (nearest)" and the model upscalers (ESRGAN, R-ESRGAN,
+# SwinIR, LDSR, ScuNET, DAT ...) and "None" are not done here
 A1111_LATENT_MODES = {"Latent": "bilinear", "Latent (bicubic)": "bicubic", "Latent (nearest-exact)": "nearest-exact"}
+# and its plain pixel upscalers (modules/upscaler.py UpscalerLanczos, UpscalerNearest: Pillow's filters), run as
+# ComfyUI's ImageScale with that method on the decoded first image (prompt.json hires.space "pixel")
+A1111_PIXEL_MODES = {"Lanczos": "lanczos", "Nearest": "nearest-exact"}
+SAME_SAMPLER, SAME_SCHEDULER = "Use same sampler", "Use same scheduler"      # A1111's UI values for "the first's"
 
 
-def hires_of(body: dict, width: int, height: int) -> dict | None:
+def hires_of(body: dict, spec: dict) -> dict | None:
     """A1111's hires fields -> prompt.json's `hires` (None without enable_hr): the second size as A1111 computes
-    it (int(width * hr_scale), or hr_resize_x/y), its upscaler, hr_second_pass_steps, denoising_strength (0.75)."""
+    it (int(width * hr_scale), or hr_resize_x/y), its upscaler, hr_second_pass_steps, denoising_strength (0.75),
+    and the second pass's own hr_prompt / hr_negative_prompt, hr_sampler_name / hr_scheduler, Forge's hr_cfg."""
     if not _bool(body, "enable_hr", False):
         return None
+    width, height = spec["width"], spec["height"]
     mode = _name(body, "hr_upscaler") or "Latent"
-    if mode not in A1111_LATENT_MODES:
-        raise _bad("hr_upscaler", f"{mode!r} is not supported here; one of {', '.join(A1111_LATENT_MODES)}")
+    if mode not in A1111_LATENT_MODES and mode not in A1111_PIXEL_MODES:
+        raise _bad("hr_upscaler", f"{mode!r} is not supported here; one of "
+                                  f"{', '.join([*A1111_LATENT_MODES, *A1111_PIXEL_MODES])}")
     rx = _number(body, "hr_resize_x", 0, integer=True, low=0, high=16384)
     ry = _number(body, "hr_resize_y", 0, integer=True, low=0, high=16384)
     if (rx == 0) != (ry == 0) or rx * height != ry * width:
@@ -124,12 +135,46 @@ def hires_of(body: dict, width: int, height: int) -> dict | None:
     if rx == 0:
         scale = _number(body, "hr_scale", 2.0, integer=False, low=1.0, high=4.0)
         rx, ry = int(width * scale), int(height * scale)
-    for field in ("hr_prompt", "hr_negative_prompt"):
-        if _text(body, field) not in ("", _text(body, field.replace("hr_", ""))):
-            raise _bad(field, "a second-pass prompt of its own is not supported here; leave it empty")
-    return {"width": rx, "height": ry, "method": A1111_LATENT_MODES[mode],
+    pixel = mode in A1111_PIXEL_MODES
+    return {"width": rx, "height": ry, "space": "pixel" if pixel else "latent",
+            "method": (A1111_PIXEL_MODES if pixel else A1111_LATENT_MODES)[mode],
             "steps": _number(body, "hr_second_pass_steps", 0, integer=True, low=0, high=MAX_STEPS),
-            "denoise": float(_number(body, "denoising_strength", 0.75, integer=False, low=0.01, high=1.0))}
+            "denoise": float(_number(body, "denoising_strength", 0.75, integer=False, low=0.01, high=1.0)),
+            **_hires_own(body, spec)}
+
+
+def _hires_own(body: dict, spec: dict) -> dict:
+    """The second pass's own settings of an enable_hr request, only where they differ from the first pass's (as
+    A1111 reads them: an empty hr_prompt is the prompt; "Use same sampler" / null the first's sampler)."""
+    own = {}
+    for field, key in (("hr_prompt", "prompt"), ("hr_negative_prompt", "negative_prompt")):
+        text = _text(body, field)
+        if key == "prompt" and text:             # its LoRA tags: the first prompt's LoRAs serve both passes
+            try:
+                text, tags = split_lora_tags(text)
+            except LoraError as e:
+                raise _bad(field, str(e)) from None
+            if tags:
+                raise _bad(field, "LoRA tags of the second pass's own are not supported here; the prompt's LoRAs "
+                                  "apply to both passes")
+        if text and text != spec[key]:
+            own[key] = text
+    sampler = None if _name(body, "hr_sampler_name") in (None, SAME_SAMPLER) else _name(body, "hr_sampler_name")
+    scheduler = None if _name(body, "hr_scheduler") in (None, SAME_SCHEDULER) else _name(body, "hr_scheduler")
+    if sampler is not None or scheduler is not None:
+        first = _name(body, "sampler_name") or _name(body, "sampler_index") or "Euler"
+        try:
+            hs, hsch = resolve(sampler or first, scheduler or AUTOMATIC)
+        except A1111NameError as e:
+            raise _bad("hr_" + e.field, str(e)) from None
+        if scheduler is None and hsch == DEFAULT_SCHEDULER:     # none of its own, none in the sampler's name
+            hsch = spec["scheduler"]                            # ("DPM++ 2M Karras"): the first pass's
+        own.update({k: v for k, v in (("sampler", hs), ("scheduler", hsch)) if v != spec[k]})
+    if body.get("hr_cfg") is not None:          # Forge's field (A1111 has none): the second pass's CFG scale
+        cfg = float(_number(body, "hr_cfg", spec["cfg"], integer=False, low=1.0, high=MAX_CFG))
+        if cfg != spec["cfg"]:
+            own["cfg"] = cfg
+    return own
 
 
 def image_count(body: dict) -> int:
@@ -258,7 +303,7 @@ async def txt2img(request: web.Request) -> web.Response:
         sizes = (await front.tracker.names()).sizes
         spec = to_spec(body, sizes[0] if sizes else (512, 512), batches=True)
         count = image_count(body)
-        hires = hires_of(body, spec["width"], spec["height"])
+        hires = hires_of(body, spec)
         if hires is not None:
             spec["hires"] = hires
     except BadRequest as e:
