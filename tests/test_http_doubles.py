@@ -462,13 +462,14 @@ def test_samplers_by_every_way_in(d):
 def test_page_workflow_fields_are_taken_and_refused_by_name(d):
     """/anima/jobs takes prompt.json's init_image, mask, denoise, batch and hires (the page's controls) and a bad value
     of each is a 400 naming the field (the page puts it next to the control); /anima/info gives the hires choices."""
-    from models.sampling.latent_ops import UPSCALE_METHODS
+    from models.sampling.latent_ops import IMAGE_SCALE_METHODS, UPSCALE_METHODS
     from protocol.prompt import MAX_BATCH, MAX_HIRES_SCALE
     url = d.http_url()
     info = requests.get(url + "anima/info", timeout=30).json()
     assert info["limits"]["batch"] == MAX_BATCH == 8
     assert MAX_HIRES_SCALE == 4.0 and UPSCALE_METHODS == ("nearest-exact", "bilinear", "area", "bicubic", "bislerp")
-    assert info["hires"] == {"methods": {"latent": list(UPSCALE_METHODS)}, "max_scale": 4.0, "denoise": 0.5,
+    assert info["hires"] == {"methods": {"latent": list(UPSCALE_METHODS), "pixel": list(IMAGE_SCALE_METHODS)},
+                             "max_scale": 4.0, "denoise": 0.5,
                              "method": "nearest-exact"}
     base = {"prompt": "a girl", "steps": 2}
     for extra, field in (({"batch": 9}, "batch"), ({"denoise": 0}, "denoise"),

@@ -368,10 +368,10 @@ def test_paint_a_mask_and_grow_it(pipe, browser, tmp_path):
 
 def test_hires_controls(pipe, browser):
     page, errors = _open(browser, pipe.http_url())
-    # the methods come from the server (the latent ones); the second sizes are the other sizes with a pack
-    from models.sampling.latent_ops import UPSCALE_METHODS
+    # the methods come from the server (both spaces); the second sizes are the other sizes with a pack
+    from models.sampling.latent_ops import IMAGE_SCALE_METHODS, UPSCALE_METHODS
     assert page.eval_on_selector_all("#hires-method option", "os => os.map(o => o.value)") == \
-        [f"latent:{m}" for m in UPSCALE_METHODS]
+        [f"latent:{m}" for m in UPSCALE_METHODS] + [f"pixel:{m}" for m in IMAGE_SCALE_METHODS]
     assert page.is_hidden("#hires-scale")
     page.check("#hires-on")
     assert page.input_value("#hires-denoise") == "0.5" and page.input_value("#hires-method") == "latent:nearest-exact"

@@ -45,6 +45,7 @@ from orchestrator.http.link import DaemonRefused
 from orchestrator.http.tracker import JobGone
 from orchestrator.http.views import JobView
 from orchestrator.prompt_spec import MAX_CFG, MAX_STEPS
+from protocol.prompt import MAX_HIRES_SCALE
 from protocol.version import VERSION
 
 # field -> the values that mean "not used": anything else asks for what this pipeline does not do
@@ -133,7 +134,7 @@ def hires_of(body: dict, spec: dict) -> dict | None:
         raise _bad("hr_resize_x", f"{rx}x{ry}: give both hr_resize_x and hr_resize_y in the first pass's aspect "
                                   f"({width}x{height}), or neither and hr_scale")
     if rx == 0:
-        scale = _number(body, "hr_scale", 2.0, integer=False, low=1.0, high=4.0)
+        scale = _number(body, "hr_scale", 2.0, integer=False, low=1.0, high=MAX_HIRES_SCALE)
         rx, ry = int(width * scale), int(height * scale)
     pixel = mode in A1111_PIXEL_MODES
     return {"width": rx, "height": ry, "space": "pixel" if pixel else "latent",

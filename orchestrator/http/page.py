@@ -18,7 +18,7 @@ from pathlib import Path
 from aiohttp import web
 
 from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLERS, SCHEDULER_NAMES, spectrum_refusal
-from models.sampling.latent_ops import UPSCALE_METHODS
+from models.sampling.latent_ops import IMAGE_SCALE_METHODS, UPSCALE_METHODS
 from models.sampling.step_cache import NODE_NAMES as CACHE_NODES, CacheSettings
 from models.lora.choice import MAX_LORAS
 from orchestrator.http import files
@@ -36,7 +36,8 @@ PAGE_FIELDS = ("prompt", "negative_prompt", "seed", "steps", "cfg", "width", "he
 MAX_PAGE = 48
 # the hires controls: the upscale methods by space the flow runs (the latent ones; prompt.json's "pixel" space is
 # listed here once the flow runs it), the scale bounds and the second pass's default denoise, from prompt.json's record
-HIRES_CHOICES = {"methods": {"latent": list(UPSCALE_METHODS)}, "max_scale": MAX_HIRES_SCALE,
+HIRES_CHOICES = {"methods": {"latent": list(UPSCALE_METHODS), "pixel": list(IMAGE_SCALE_METHODS)},
+                 "max_scale": MAX_HIRES_SCALE,
                  "denoise": HiresSettings().denoise, "method": HiresSettings().method}
 
 
