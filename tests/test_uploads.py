@@ -330,7 +330,8 @@ def _bomb() -> str:
     ({"inpaint_full_res_padding": 300}, "inpaint_full_res_padding"), ({"resize_mode": 3}, "resize_mode"),
     ({"resize_mode": 7}, "resize_mode"), ({"mask": b64(b"not an image")}, "mask"), ({"mask": 5}, "mask"),
     ({"mask": b64(png(np.zeros((8, 8), np.uint8)))}, "mask"), ({"mask_round": "sometimes"}, "mask_round"),
-    ({"steps": 0}, "steps"), ({"batch_size": 2}, "batch_size"),
+    ({"steps": 0}, "steps"), ({"batch_size": 9}, "batch_size"), ({"n_iter": 0}, "n_iter"),   # 2..8 run: a job each
+    ({"enable_hr": True}, "enable_hr"),
 ], ids=lambda v: "-".join(f"{k}={str(x)[:12]}" for k, x in v.items()) if isinstance(v, dict) else v)
 def test_img2img_bad_fields_are_422_naming_the_field(front, edit, field):
     status, body = front.request("POST", "/sdapi/v1/img2img", img2img_body(**edit))
