@@ -69,3 +69,31 @@ def test_six_step_job_equals_comfyui(runner, sampler, scheduler):
     want = REC[f"comfyui/{sampler}/{scheduler}"].astype(np.float64).ravel()
     cos = got @ want / (np.linalg.norm(got) * np.linalg.norm(want))
     assert cos >= 0.99999, f"{sampler}/{scheduler}: cosine {cos:.9f} with ComfyUI's final latent"
+
+
+# tests/data/samplers/comfy_small_easycache.npz: the same bundle, prompt pair and seed through ComfyUI's graph with its
+# EasyCache node (reuse 0.2, start 0.15, end 0.95) before the KSampler, 14 steps (ComfyUI's log: 6 of 14 steps skipped
+# for euler/simple, 2 of 14 for dpmpp_2m/karras). A reused call is where ComfyUI's in-place add shows
+# (models/sampling/step_cache.py reused_outputs): without it euler's latent has cosine -0.58 with ComfyUI's.
+EASY = np.load(Path(__file__).parent / "data" / "samplers" / "comfy_small_easycache.npz")
+EASY_JOB = json.loads(str(EASY["job"]))
+
+
+@pytest.mark.parametrize("sampler,scheduler", [("euler", "simple"), ("dpmpp_2m", "karras")])
+def test_easycache_job_equals_comfyui(runner, sampler, scheduler):
+    from models.sampling.denoise import model_call
+    from models.sampling.sampler import Sampler
+    from models.sampling.step_cache import CacheSettings
+    assert EASY_JOB["size"] == JOB["size"] and EASY_JOB["cache"]["kind"] == "easycache"
+    cond, uncond = _context(EASY["cond"]), _context(EASY["uncond"])
+    w, h = EASY_JOB["size"]
+    shape = (16, h // 8, w // 8)
+    s = Sampler(steps=EASY_JOB["steps"], cfg=EASY_JOB["cfg"], scheduler=scheduler, sampler=sampler, spectrum=None,
+                cache=CacheSettings(**EASY_JOB["cache"]))
+    st = s.sample(lambda x, sigma: model_call(runner, s, x, sigma, cond, uncond),
+                  latent=comfy_noise(EASY_JOB["seed"], shape), seed=EASY_JOB["seed"])
+    assert sum(st.skipped) == {"euler": 6, "dpmpp_2m": 2}[sampler]          # ComfyUI's "skipped N/14 steps"
+    got = s.result(st).astype(np.float64).ravel()
+    want = EASY[f"comfyui/{sampler}/{scheduler}"].astype(np.float64).ravel()
+    cos = got @ want / (np.linalg.norm(got) * np.linalg.norm(want))
+    assert cos >= 0.99999, f"easycache {sampler}/{scheduler}: cosine {cos:.9f} with ComfyUI's final latent"

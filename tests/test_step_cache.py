@@ -1,7 +1,8 @@
 """Step caches (models/sampling/step_cache.py) against an independent torch re-implementation of ComfyUI's EasyCache
 and LazyCache written here the way ComfyUI wires them (a wrapper round the diffusion model's batched call with one
-uuid per conditioning, a wrapper round the CFG guider's predict_noise), on a toy flow model: the same calls reused,
-the same latent. Also cfg 1's single pass, resuming a killed job, and bad settings."""
+uuid per conditioning, adding its cached difference in place to that batch; a wrapper round the CFG guider's
+predict_noise), on a toy flow model: the same calls reused, the same latent. Also cfg 1's single pass, resuming a
+killed job, and bad settings."""
 import math
 
 import numpy as np
@@ -84,7 +85,9 @@ class RefCache:
                     self.cum = self.cum + self.rate * change / self.norm
                     if bool(self.cum < self.thr) and ready:
                         self.log.append(True)
-                        return torch.cat([x[i:i + 1] + self.diffs[u] for i, u in enumerate(uuids)])
+                        for i, u in enumerate(uuids):      # in place, as ComfyUI's apply_cache_diff: x is the
+                            x[i:i + 1] += self.diffs[u]    # guider's batch, read again by calculate_denoised
+                        return x
                     self.cum = 0.0
         out = run(x)
         self.log.append(False)

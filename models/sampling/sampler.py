@@ -241,8 +241,8 @@ class Sampler:
         finished the step."""
         if not self.reuses(state):
             raise RuntimeError(f"step {state.step + 1}: the step cache does not reuse this call; call step_computed")
-        x_in, _ = self.point(state)
-        outs = self._cache.reused_outputs(state.cache, x_in)
+        x_in, sigma = self.point(state)
+        outs = self._cache.reused_outputs(state.cache, x_in, sigma)
         state.step_reused += 1
         if self._cache.per_pass:                     # the passes' velocities, combined as computed ones are
             return self._fed(state, *self._cfg_pair(outs[0], outs[-1]), reused=True)

@@ -6,7 +6,8 @@ Both measure, at each model call inside [start_percent, end_percent), how far th
 call that ran the model (mean |Δ| over every 8th latent row and column), turn it into an estimated output change with
 the output/input change ratio of the last two computed calls, and add that up; while the sum stays below
 reuse_threshold the call is not made and its output is the call's input plus the difference output - input the last
-computed call left. A call that runs the model resets the sum.
+computed call left (for easycache, as ComfyUI's in-place add makes it: reused_outputs). A call that runs the model
+resets the sum.
 
     easycache   per CFG pass (ComfyUI's DIFFUSION_MODEL wrapper): the passes' raw outputs (velocities) each get
                 their own difference; the input/output figures follow the first pass of ComfyUI's batch, which is the
@@ -150,11 +151,25 @@ class StepCache:
         st.total = F32(0.0)
         return False
 
-    def reused_outputs(self, st: CacheState, x: np.ndarray) -> list:
-        """The outputs of a reused call: its input plus each cached difference."""
+    def reused_outputs(self, st: CacheState, x: np.ndarray, sigma: float) -> list:
+        """The outputs of a reused call: its input plus each cached difference (lazycache: the denoised latent).
+
+        easycache: the velocities that give ComfyUI's denoised for the call. ComfyUI's EasyCache adds the difference
+        to the diffusion model's input tensor in place, and for a flow model (CONST: calculate_input returns its
+        input) that tensor is also the model_input calculate_denoised reads, so a reused pass's denoised is
+        x' - x'·sigma with x' = x + d, not x - (x + d)·sigma. The velocity returned is the one whose
+        x - v·sigma is that denoised (sigma > 0 here: the cache only acts above end_percent's sigma)."""
         st.reused += 1
         st.pending = None
-        return [x + d for d in st.diffs]
+        if not self.per_pass:
+            return [x + d for d in st.diffs]
+        s = F32(sigma)
+        outs = []
+        for d in st.diffs:
+            aliased = x + d                           # the model input after ComfyUI's in-place add
+            den = aliased - aliased * s
+            outs.append(((x - den) / s).astype(F32))
+        return outs
 
     def record(self, st: CacheState, x: np.ndarray, outputs: list) -> None:
         """After a computed call at input `x`: `outputs` are, for easycache, the passes' velocities in the
