@@ -366,7 +366,9 @@ function setState(state) {
 }
 
 function onProgress(p) {
-  if (p.job !== current) return;
+  // a job's end is anima.job's to show (state, error, the images at once): a progress line that already says
+  // "done" would light the badge before the images are there
+  if (p.job !== current || ["done", "failed", "cancelled"].includes(p.state)) return;
   setState(p.state);
   if (p.state === "encoding") { $("bar").value = 0.02; $("live-text").textContent = "encoding the prompt"; }
   else if (p.state === "decoding") { $("bar").value = 0.98; $("live-text").textContent = "decoding the image"; }
