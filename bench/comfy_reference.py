@@ -7,7 +7,10 @@ with its models folder holding the same files as --models (diffusion_models/, te
 and then
     .venv/bin/python bench/comfy_reference.py --comfyui http://127.0.0.1:8190 --models MODELS --pack PACK \\
         --combo euler/simple --combo er_sde/beta --out bench/out/comfy_reference.json
-(add `--step-cache easycache --steps 14` for both sides with ComfyUI's EasyCache node, `--cfg 1` for one pass per call)
+(add `--step-cache easycache --steps 14` for both sides with ComfyUI's EasyCache node, `--cfg 1` for one pass per call;
+`--workflow all --extra-pack PACK384` sends bench/comfy_workflows.py's graphs — img2img, both inpaints, a latent
+hires fix, a batch of 3, EasyCache, cfg 1 — unchanged to ComfyUI and to this project's HTTP front and compares the
+PNGs; the last line is `comfy_workflows images=N within_1=N worst=D`)
 For each sampler/scheduler combo it submits ComfyUI's API graph (UNETLoader, CLIPLoader, VAELoader, CLIPTextEncode
 x2, EmptySD3LatentImage, ModelSamplingAuraFlow shift 3, KSampler, VAEDecode, SaveImage, SaveLatent), fetches the
 latent and the PNG, computes the same job here in-process (the text encoder on torch, the DiT through the pack on
@@ -119,6 +122,22 @@ class ComfyClient:
         q = urllib.parse.urlencode({k: item[k] for k in ("filename", "subfolder", "type")})
         return self.get("/view?" + q)
 
+    def upload(self, name: str, data: bytes) -> dict:
+        """POST /upload/image (multipart: image, overwrite) -> {name, subfolder, type}."""
+        boundary = uuid.uuid4().hex
+        body = (f'--{boundary}\r\nContent-Disposition: form-data; name="overwrite"\r\n\r\ntrue\r\n'
+                f'--{boundary}\r\nContent-Disposition: form-data; name="image"; filename="{name}"\r\n'
+                f'Content-Type: image/png\r\n\r\n').encode() + data + f"\r\n--{boundary}--\r\n".encode()
+        req = urllib.request.Request(self.url + "/upload/image", data=body,
+                                     headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())
+
+    def images(self, outputs: dict) -> list:
+        """Every SaveImage output's PNG of a finished graph, in node-id then batch order, as RGB arrays."""
+        return [png_pixels(self.view(item)) for nid in sorted(outputs, key=lambda k: int(k) if k.isdigit() else k)
+                for item in outputs[nid].get("images", [])]
+
 
 def comfy_latent(raw: bytes, tmp: Path) -> np.ndarray:
     """A SaveLatent file (safetensors, 'latent_tensor' [1, 16, 1, h, w] in VAE space) -> model space [16, h, w]."""
@@ -159,6 +178,62 @@ def project_latent(runner, cond, uncond, seed: int, steps: int, cfg: float, samp
     return ks.sample(model, noise), calls[0]
 
 
+def run_workflows(a, client: ComfyClient, files: dict, width: int, height: int) -> list:
+    """Each --workflow's graph, unchanged, on ComfyUI and on this project's HTTP front (--front, or a supervisord
+    pipeline started here on --pack and --extra-pack): one row per image, the PNGs' pixel difference."""
+    from bench.comfy_workflows import WORKFLOWS, input_images
+    names = list(WORKFLOWS) if "all" in a.workflow else a.workflow
+    pipe = None
+    if a.front:
+        front = ComfyClient(a.front, a.timeout)
+    else:
+        from tests.pipeline_harness import Pipeline
+        if not a.models:
+            raise SystemExit("--workflow without --front starts a pipeline on a models folder: give --models")
+        pipe = Pipeline.start(Path(a.models).resolve(), Path(a.pack).resolve(), packs=tuple(str(Path(x).resolve()) for x in a.extra_pack), threads=a.threads or 2,
+                              branch_timeout_s=600.0)
+        front = ComfyClient(pipe.http_url(), a.timeout)
+    rows = []
+    try:
+        front.check()
+        for name, data in input_images(width, height).items():
+            for side in (client, front):
+                got = side.upload(name, data)
+                if got.get("name") != name:
+                    raise SystemExit(f"{side.url} stored the upload {name} as {got}: the graphs name it {name}")
+        for name in names:
+            what, build = WORKFLOWS[name]
+            graph = build(files, a.seed, width, height)
+            t0 = time.monotonic()
+            ref = client.images(client.run(graph))
+            comfy_s = time.monotonic() - t0
+            t0 = time.monotonic()
+            ours = front.images(front.run(graph))
+            ours_s = time.monotonic() - t0
+            if len(ours) != len(ref):
+                raise SystemExit(f"{name}: ComfyUI gave {len(ref)} images, this front {len(ours)}")
+            for i, (img, img_ref) in enumerate(zip(ours, ref)):
+                same_size = img.shape == img_ref.shape
+                d = np.abs(img.astype(int) - img_ref.astype(int)) if same_size else None
+                row = {"workflow": name, "what": what, "image": i, "size": list(img.shape[1::-1]),
+                       "comfyui_size": list(img_ref.shape[1::-1]),
+                       "pixel_max_diff": int(d.max()) if same_size else None,
+                       "pixels_off_by_more_than_1": int((d > 1).sum()) if same_size else None,
+                       "pixel_mean_abs_diff": round(float(d.mean()), 4) if same_size else None,
+                       "comfyui_s": round(comfy_s, 1), "project_s": round(ours_s, 1)}
+                rows.append(row)
+                verdict = ("sizes differ" if not same_size else
+                           "within 1" if row["pixel_max_diff"] <= 1 else "DIFFERENT")
+                print(f"{name:14s} image {i}  {row['size'][0]}x{row['size'][1]}  max|dpixel| "
+                      f"{row['pixel_max_diff']}  ({row['pixels_off_by_more_than_1']} px > 1, mean "
+                      f"{row['pixel_mean_abs_diff']})  {verdict}  comfy {comfy_s:.0f} s, front {ours_s:.0f} s",
+                      flush=True)
+    finally:
+        if pipe is not None:
+            pipe.stop()
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="bench/comfy_reference.py", description=__doc__.split("\n")[0],
                                 epilog="ComfyUI is not started, installed or built by this script: run it yourself "
@@ -182,8 +257,40 @@ def main(argv=None) -> int:
     p.add_argument("--step-cache", choices=("easycache", "lazycache"), default=None,
                    help="both sides with ComfyUI's EasyCache or LazyCache node (its default percents)")
     p.add_argument("--reuse-threshold", type=float, default=0.2, help="the cache node's reuse_threshold")
+    p.add_argument("--workflow", action="append", default=None, metavar="NAME",
+                   help="repeatable, or 'all': send bench/comfy_workflows.py's graph NAME unchanged to ComfyUI and to "
+                        "this project's HTTP front and compare the images (txt2img, img2img, inpaint-mask, "
+                        "inpaint-vae, hires-latent, batch3, easycache, cfg1)")
+    p.add_argument("--front", default=None, help="--workflow: URL of this project's running HTTP front on loopback; "
+                   "default: a supervisord pipeline started here on --pack (and --extra-pack), stopped at the end")
+    p.add_argument("--extra-pack", action="append", default=[], metavar="PACK",
+                   help="--workflow: another pack for the started pipeline (the hires fix's 384x384 pass)")
     a = p.parse_args(argv)
     cache = None if a.step_cache is None else CacheSettings(kind=a.step_cache, reuse_threshold=a.reuse_threshold)
+
+    if a.workflow:
+        from bench.comfy_workflows import WORKFLOWS
+        bad = [w for w in a.workflow if w != "all" and w not in WORKFLOWS]
+        if bad:
+            raise SystemExit(f"--workflow {bad[0]}: expected 'all' or one of {list(WORKFLOWS)}")
+        width, height = (int(v) for v in a.size.lower().split("x"))
+        client = ComfyClient(a.comfyui, a.timeout)
+        stats = client.check()
+        paths = paths_from_args(a)
+        files = {"dit": paths.dit.name, "text_encoder": paths.text_encoder.name, "vae": paths.vae.name}
+        rows = run_workflows(a, client, files, width, height)
+        if a.out:
+            outp = Path(a.out)
+            outp.parent.mkdir(parents=True, exist_ok=True)
+            outp.write_text(json.dumps({"job": {"seed": a.seed, "size": [width, height], "files": files,
+                                                "pack": a.pack, "extra_packs": a.extra_pack,
+                                                "comfyui": {"url": a.comfyui, "system": stats.get("system", {})}},
+                                        "rows": rows}, indent=1))
+            print(f"wrote {outp}")
+        off = [r for r in rows if r["pixel_max_diff"] is None or r["pixel_max_diff"] > 1]
+        print(f"comfy_workflows images={len(rows)} within_1={len(rows) - len(off)} "
+              f"worst={max((r['pixel_max_diff'] or 0) for r in rows) if rows else 0}")
+        return 1 if off else 0
 
     combos = [c.split("/", 1) for c in (a.combo or ["euler/simple", "euler/sgm_uniform"])]
     for c in combos:
@@ -241,7 +348,8 @@ def main(argv=None) -> int:
         rec = {"cond": cond[:int(np.abs(cond).sum(1).nonzero()[0].max()) + 1],
                "uncond": uncond[:int(np.abs(uncond).sum(1).nonzero()[0].max()) + 1],
                "job": np.array(json.dumps({"seed": a.seed, "steps": a.steps, "cfg": a.cfg, "size": [width, height],
-                                           "prompt": a.prompt, "negative": a.negative, "files": files}))}
+                                           "prompt": a.prompt, "negative": a.negative, "files": files,
+                                           "cache": None if cache is None else cache.to_dict()}))}
         rec.update({f"comfyui/{k.split('/')[0]}/{k.split('/')[1]}": v for k, v in latents.items()
                     if k.endswith("/comfyui")})
         np.savez_compressed(a.record, **rec)

@@ -1,0 +1,135 @@
+"""The ComfyUI API graphs bench/comfy_reference.py --workflow sends, unchanged, to this project's HTTP front and to
+ComfyUI, and the input images they load (made here, deterministic, uploaded to both sides under the same names).
+
+Each graph is ComfyUI's own node vocabulary (nodes.py, comfy_extras/nodes_easycache.py): no node of this project's,
+no Spectrum node (a ComfyUI graph samples every step), SaveImage as the only output. WORKFLOWS maps a name to
+(what it is, the graph builder); a builder takes the files, the seed and the size and returns the graph.
+"""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+PROMPT = "1girl, silver hair, blue eyes, (masterpiece:1.2)"
+NEGATIVE = "worst quality, low quality"
+INIT_IMAGE = "anima_ref_init.png"             # RGB: what VAEEncode / VAEEncodeForInpaint encode
+MASKED_IMAGE = "anima_ref_init_masked.png"    # the same RGB with an alpha channel: LoadImage's MASK is 1 - alpha
+MASK_IMAGE = "anima_ref_mask.png"             # grey: LoadImageMask(channel red) repaints where it is white
+
+
+def input_images(width: int, height: int) -> dict:
+    """{upload name: PNG bytes}: a smooth colour field with a few shapes (so img2img has structure to keep), the
+    same with an alpha hole (a soft-edged disc, transparent = repaint), and a grey mask of a rectangle."""
+    from PIL import Image
+    y, x = np.mgrid[0:height, 0:width].astype(np.float64)
+    u, v = x / max(width - 1, 1), y / max(height - 1, 1)
+    rgb = np.stack([0.2 + 0.6 * u, 0.3 + 0.5 * v * (1 - u), 0.8 - 0.5 * v], -1)
+    disc = (x - 0.35 * width) ** 2 + (y - 0.4 * height) ** 2 < (0.18 * min(width, height)) ** 2
+    rgb[disc] = (0.95, 0.85, 0.3)
+    rgb[(x > 0.6 * width) & (x < 0.8 * width) & (y > 0.55 * height)] = (0.15, 0.2, 0.5)
+    pixels = np.clip(np.round(rgb * 255), 0, 255).astype(np.uint8)
+    r = np.hypot(x - 0.6 * width, y - 0.35 * height) / (0.22 * min(width, height))
+    alpha = np.clip(np.round(255 * np.clip((r - 0.8) / 0.4, 0, 1)), 0, 255).astype(np.uint8)
+    mask = np.zeros((height, width), np.uint8)
+    mask[int(0.25 * height):int(0.7 * height), int(0.15 * width):int(0.55 * width)] = 255
+
+    def png(a: np.ndarray, mode: str) -> bytes:
+        buf = io.BytesIO()
+        Image.fromarray(a, mode).save(buf, format="PNG")
+        return buf.getvalue()
+    return {INIT_IMAGE: png(pixels, "RGB"), MASKED_IMAGE: png(np.dstack([pixels, alpha]), "RGBA"),
+            MASK_IMAGE: png(mask, "L")}
+
+
+def _base(files: dict, seed: int) -> dict:
+    """Loaders, the prompt pair and ModelSamplingAuraFlow (shift 3): ids 1-5 and 7, as ComfyUI's Anima template."""
+    return {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": files["dit"], "weight_dtype": "default"}},
+        "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": files["text_encoder"], "type": "stable_diffusion"}},
+        "3": {"class_type": "VAELoader", "inputs": {"vae_name": files["vae"]}},
+        "4": {"class_type": "CLIPTextEncode", "inputs": {"text": PROMPT, "clip": ["2", 0]}},
+        "5": {"class_type": "CLIPTextEncode", "inputs": {"text": NEGATIVE, "clip": ["2", 0]}},
+        "7": {"class_type": "ModelSamplingAuraFlow", "inputs": {"model": ["1", 0], "shift": 3.0}},
+    }
+
+
+def _ksampler(latent: list, seed: int, steps: int, cfg: float, sampler: str, scheduler: str, denoise: float,
+              model: list | None = None) -> dict:
+    return {"class_type": "KSampler", "inputs": {"model": model or ["7", 0], "positive": ["4", 0], "negative": ["5", 0],
+                                                 "latent_image": latent, "seed": seed, "steps": steps, "cfg": cfg,
+                                                 "sampler_name": sampler, "scheduler": scheduler, "denoise": denoise}}
+
+
+def _out(graph: dict, samples: list, prefix: str) -> dict:
+    graph["9"] = {"class_type": "VAEDecode", "inputs": {"samples": samples, "vae": ["3", 0]}}
+    graph["10"] = {"class_type": "SaveImage", "inputs": {"images": ["9", 0], "filename_prefix": prefix}}
+    return graph
+
+
+def _empty(width: int, height: int, batch: int = 1) -> dict:
+    return {"class_type": "EmptySD3LatentImage", "inputs": {"width": width, "height": height, "batch_size": batch}}
+
+
+def txt2img(files, seed, width, height, steps=6, cfg=4.0, sampler="euler", scheduler="simple", batch=1, cache=None):
+    g = _base(files, seed)
+    g["6"] = _empty(width, height, batch)
+    model = ["7", 0]
+    if cache is not None:                                   # ComfyUI's EasyCache / LazyCache patch on the model
+        g["12"] = {"class_type": cache["node"], "inputs": {"model": ["7", 0], "reuse_threshold": cache["reuse"],
+                                                           "start_percent": 0.15, "end_percent": 0.95,
+                                                           "verbose": False}}
+        model = ["12", 0]
+    g["8"] = _ksampler(["6", 0], seed, steps, cfg, sampler, scheduler, 1.0, model)
+    return _out(g, ["8", 0], f"ref_txt2img_b{batch}")
+
+
+def img2img(files, seed, width, height):
+    g = _base(files, seed)
+    g["20"] = {"class_type": "LoadImage", "inputs": {"image": INIT_IMAGE}}
+    g["21"] = {"class_type": "VAEEncode", "inputs": {"pixels": ["20", 0], "vae": ["3", 0]}}
+    g["8"] = _ksampler(["21", 0], seed, 6, 4.0, "euler_ancestral", "karras", 0.6)
+    return _out(g, ["8", 0], "ref_img2img")
+
+
+def inpaint_noise_mask(files, seed, width, height):
+    g = _base(files, seed)
+    g["20"] = {"class_type": "LoadImage", "inputs": {"image": MASKED_IMAGE}}
+    g["21"] = {"class_type": "VAEEncode", "inputs": {"pixels": ["20", 0], "vae": ["3", 0]}}
+    g["22"] = {"class_type": "SetLatentNoiseMask", "inputs": {"samples": ["21", 0], "mask": ["20", 1]}}
+    g["8"] = _ksampler(["22", 0], seed, 6, 4.0, "euler", "simple", 0.8)
+    return _out(g, ["8", 0], "ref_inpaint_mask")
+
+
+def inpaint_vae(files, seed, width, height):
+    g = _base(files, seed)
+    g["20"] = {"class_type": "LoadImage", "inputs": {"image": INIT_IMAGE}}
+    g["23"] = {"class_type": "LoadImageMask", "inputs": {"image": MASK_IMAGE, "channel": "red"}}
+    g["21"] = {"class_type": "VAEEncodeForInpaint", "inputs": {"pixels": ["20", 0], "vae": ["3", 0],
+                                                               "mask": ["23", 0], "grow_mask_by": 6}}
+    g["8"] = _ksampler(["21", 0], seed, 6, 4.0, "er_sde", "beta", 1.0)
+    return _out(g, ["8", 0], "ref_inpaint_vae")
+
+
+def hires_latent(files, seed, width, height):
+    g = _base(files, seed)
+    g["6"] = _empty(width, height)
+    g["8"] = _ksampler(["6", 0], seed, 6, 4.0, "euler", "simple", 1.0)
+    g["24"] = {"class_type": "LatentUpscaleBy", "inputs": {"samples": ["8", 0], "upscale_method": "nearest-exact",
+                                                           "scale_by": 1.5}}
+    g["25"] = _ksampler(["24", 0], seed, 6, 4.0, "euler", "simple", 0.5)
+    return _out(g, ["25", 0], "ref_hires")
+
+
+WORKFLOWS = {
+    "txt2img": ("text-to-image, no Spectrum node (euler/simple, 6 steps, cfg 4)", txt2img),
+    "img2img": ("LoadImage -> VAEEncode, denoise 0.6, euler_ancestral/karras", img2img),
+    "inpaint-mask": ("SetLatentNoiseMask with LoadImage's MASK (alpha), denoise 0.8", inpaint_noise_mask),
+    "inpaint-vae": ("VAEEncodeForInpaint (LoadImageMask red, grow 6), er_sde/beta", inpaint_vae),
+    "hires-latent": ("256 -> LatentUpscaleBy 1.5 nearest-exact -> second pass denoise 0.5 (384)", hires_latent),
+    "batch3": ("EmptySD3LatentImage batch 3, dpmpp_2m/karras", lambda f, s, w, h: txt2img(
+        f, s, w, h, sampler="dpmpp_2m", scheduler="karras", batch=3)),
+    "easycache": ("EasyCache (reuse 0.2) on the model, 14 steps", lambda f, s, w, h: txt2img(
+        f, s, w, h, steps=14, cache={"node": "EasyCache", "reuse": 0.2})),
+    "cfg1": ("cfg 1 (one pass per model call)", lambda f, s, w, h: txt2img(f, s, w, h, cfg=1.0)),
+}
