@@ -55,28 +55,15 @@ class ComfyError(RuntimeError):
 
 def comfy_graph(files: dict, prompt: str, negative: str, seed: int, steps: int, cfg: float, sampler: str,
                 scheduler: str, width: int, height: int, prefix: str, cache=None) -> dict:
-    """ComfyUI's standard Anima text-to-image graph plus a SaveLatent of the KSampler's output; `cache` (a
-    CacheSettings) puts its EasyCache or LazyCache node between ModelSamplingAuraFlow and the KSampler."""
-    graph = {
-        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": files["dit"], "weight_dtype": "default"}},
-        "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": files["text_encoder"], "type": "stable_diffusion"}},
-        "3": {"class_type": "VAELoader", "inputs": {"vae_name": files["vae"]}},
-        "4": {"class_type": "CLIPTextEncode", "inputs": {"text": prompt, "clip": ["2", 0]}},
-        "5": {"class_type": "CLIPTextEncode", "inputs": {"text": negative, "clip": ["2", 0]}},
-        "6": {"class_type": "EmptySD3LatentImage", "inputs": {"width": width, "height": height, "batch_size": 1}},
-        "7": {"class_type": "ModelSamplingAuraFlow", "inputs": {"model": ["1", 0], "shift": 3.0}},
-        "8": {"class_type": "KSampler", "inputs": {"model": ["7", 0], "positive": ["4", 0], "negative": ["5", 0],
-                                                    "latent_image": ["6", 0], "seed": seed, "steps": steps, "cfg": cfg,
-                                                    "sampler_name": sampler, "scheduler": scheduler, "denoise": 1.0}},
-        "9": {"class_type": "VAEDecode", "inputs": {"samples": ["8", 0], "vae": ["3", 0]}},
-        "10": {"class_type": "SaveImage", "inputs": {"images": ["9", 0], "filename_prefix": prefix}},
-        "11": {"class_type": "SaveLatent", "inputs": {"samples": ["8", 0], "filename_prefix": "latents/" + prefix}},
-    }
-    if cache is not None:
-        graph["12"] = {"class_type": cache.node, "inputs": {"model": ["7", 0], "reuse_threshold": cache.reuse_threshold,
-                                                           "start_percent": cache.start_percent,
-                                                           "end_percent": cache.end_percent, "verbose": False}}
-        graph["8"]["inputs"]["model"] = ["12", 0]
+    """ComfyUI's standard Anima text-to-image graph (bench/comfy_workflows.py txt2img) plus a SaveLatent of the
+    KSampler's output; `cache` (a CacheSettings) puts its EasyCache or LazyCache node between ModelSamplingAuraFlow
+    and the KSampler."""
+    from bench.comfy_workflows import txt2img
+    node = None if cache is None else {"node": cache.node, "reuse": cache.reuse_threshold,
+                                       "start": cache.start_percent, "end": cache.end_percent}
+    graph = txt2img(files, seed, width, height, steps=steps, cfg=cfg, sampler=sampler, scheduler=scheduler,
+                    cache=node, prompt=prompt, negative=negative, prefix=prefix)
+    graph["11"] = {"class_type": "SaveLatent", "inputs": {"samples": ["8", 0], "filename_prefix": "latents/" + prefix}}
     return graph
 
 

@@ -42,14 +42,14 @@ def input_images(width: int, height: int) -> dict:
             MASK_IMAGE: png(mask, "L")}
 
 
-def _base(files: dict, seed: int) -> dict:
+def _base(files: dict, seed: int, prompt: str = PROMPT, negative: str = NEGATIVE) -> dict:
     """Loaders, the prompt pair and ModelSamplingAuraFlow (shift 3): ids 1-5 and 7, as ComfyUI's Anima template."""
     return {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": files["dit"], "weight_dtype": "default"}},
         "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": files["text_encoder"], "type": "stable_diffusion"}},
         "3": {"class_type": "VAELoader", "inputs": {"vae_name": files["vae"]}},
-        "4": {"class_type": "CLIPTextEncode", "inputs": {"text": PROMPT, "clip": ["2", 0]}},
-        "5": {"class_type": "CLIPTextEncode", "inputs": {"text": NEGATIVE, "clip": ["2", 0]}},
+        "4": {"class_type": "CLIPTextEncode", "inputs": {"text": prompt, "clip": ["2", 0]}},
+        "5": {"class_type": "CLIPTextEncode", "inputs": {"text": negative, "clip": ["2", 0]}},
         "7": {"class_type": "ModelSamplingAuraFlow", "inputs": {"model": ["1", 0], "shift": 3.0}},
     }
 
@@ -71,17 +71,21 @@ def _empty(width: int, height: int, batch: int = 1) -> dict:
     return {"class_type": "EmptySD3LatentImage", "inputs": {"width": width, "height": height, "batch_size": batch}}
 
 
-def txt2img(files, seed, width, height, steps=6, cfg=4.0, sampler="euler", scheduler="simple", batch=1, cache=None):
-    g = _base(files, seed)
+def txt2img(files, seed, width, height, steps=6, cfg=4.0, sampler="euler", scheduler="simple", batch=1, cache=None,
+            prompt=PROMPT, negative=NEGATIVE, prefix=None):
+    """The standard Anima text-to-image graph; `cache`: {"node": EasyCache|LazyCache, "reuse": threshold, and
+    optionally "start"/"end" percents (the node's defaults 0.15 / 0.95)} patched on the model before the KSampler."""
+    g = _base(files, seed, prompt, negative)
     g["6"] = _empty(width, height, batch)
     model = ["7", 0]
-    if cache is not None:                                   # ComfyUI's EasyCache / LazyCache patch on the model
+    if cache is not None:
         g["12"] = {"class_type": cache["node"], "inputs": {"model": ["7", 0], "reuse_threshold": cache["reuse"],
-                                                           "start_percent": 0.15, "end_percent": 0.95,
+                                                           "start_percent": cache.get("start", 0.15),
+                                                           "end_percent": cache.get("end", 0.95),
                                                            "verbose": False}}
         model = ["12", 0]
     g["8"] = _ksampler(["6", 0], seed, steps, cfg, sampler, scheduler, 1.0, model)
-    return _out(g, ["8", 0], f"ref_txt2img_b{batch}")
+    return _out(g, ["8", 0], prefix or f"ref_txt2img_b{batch}")
 
 
 def img2img(files, seed, width, height):
