@@ -122,8 +122,8 @@ class ComfyClient:
 
     def images(self, outputs: dict) -> list:
         """Every SaveImage output's PNG of a finished graph, in node-id then batch order, as RGB arrays."""
-        return [png_pixels(self.view(item)) for nid in sorted(outputs, key=lambda k: int(k) if k.isdigit() else k)
-                for item in outputs[nid].get("images", [])]
+        order = sorted(outputs, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k))
+        return [png_pixels(self.view(item)) for nid in order for item in outputs[nid].get("images", [])]
 
 
 def comfy_latent(raw: bytes, tmp: Path) -> np.ndarray:
@@ -177,7 +177,8 @@ def run_workflows(a, client: ComfyClient, files: dict, width: int, height: int) 
         from tests.pipeline_harness import Pipeline
         if not a.models:
             raise SystemExit("--workflow without --front starts a pipeline on a models folder: give --models")
-        pipe = Pipeline.start(Path(a.models).resolve(), Path(a.pack).resolve(), packs=tuple(str(Path(x).resolve()) for x in a.extra_pack), threads=a.threads or 2,
+        extra = tuple(str(Path(x).resolve()) for x in a.extra_pack)
+        pipe = Pipeline.start(Path(a.models).resolve(), Path(a.pack).resolve(), packs=extra, threads=a.threads or 2,
                               branch_timeout_s=600.0)
         front = ComfyClient(pipe.http_url(), a.timeout)
     rows = []

@@ -42,7 +42,7 @@ def input_images(width: int, height: int) -> dict:
             MASK_IMAGE: png(mask, "L")}
 
 
-def _base(files: dict, seed: int, prompt: str = PROMPT, negative: str = NEGATIVE) -> dict:
+def _base(files: dict, prompt: str = PROMPT, negative: str = NEGATIVE) -> dict:
     """Loaders, the prompt pair and ModelSamplingAuraFlow (shift 3): ids 1-5 and 7, as ComfyUI's Anima template."""
     return {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": files["dit"], "weight_dtype": "default"}},
@@ -71,11 +71,18 @@ def _empty(width: int, height: int, batch: int = 1) -> dict:
     return {"class_type": "EmptySD3LatentImage", "inputs": {"width": width, "height": height, "batch_size": batch}}
 
 
+def _encoded(graph: dict, image: str) -> list:
+    """LoadImage "20" of an upload -> VAEEncode "21"; -> the latent's link."""
+    graph["20"] = {"class_type": "LoadImage", "inputs": {"image": image}}
+    graph["21"] = {"class_type": "VAEEncode", "inputs": {"pixels": ["20", 0], "vae": ["3", 0]}}
+    return ["21", 0]
+
+
 def txt2img(files, seed, width, height, steps=6, cfg=4.0, sampler="euler", scheduler="simple", batch=1, cache=None,
             prompt=PROMPT, negative=NEGATIVE, prefix=None):
     """The standard Anima text-to-image graph; `cache`: {"node": EasyCache|LazyCache, "reuse": threshold, and
     optionally "start"/"end" percents (the node's defaults 0.15 / 0.95)} patched on the model before the KSampler."""
-    g = _base(files, seed, prompt, negative)
+    g = _base(files, prompt, negative)
     g["6"] = _empty(width, height, batch)
     model = ["7", 0]
     if cache is not None:
@@ -89,24 +96,20 @@ def txt2img(files, seed, width, height, steps=6, cfg=4.0, sampler="euler", sched
 
 
 def img2img(files, seed, width, height):
-    g = _base(files, seed)
-    g["20"] = {"class_type": "LoadImage", "inputs": {"image": INIT_IMAGE}}
-    g["21"] = {"class_type": "VAEEncode", "inputs": {"pixels": ["20", 0], "vae": ["3", 0]}}
-    g["8"] = _ksampler(["21", 0], seed, 6, 4.0, "euler_ancestral", "karras", 0.6)
+    g = _base(files)
+    g["8"] = _ksampler(_encoded(g, INIT_IMAGE), seed, 6, 4.0, "euler_ancestral", "karras", 0.6)
     return _out(g, ["8", 0], "ref_img2img")
 
 
 def inpaint_noise_mask(files, seed, width, height):
-    g = _base(files, seed)
-    g["20"] = {"class_type": "LoadImage", "inputs": {"image": MASKED_IMAGE}}
-    g["21"] = {"class_type": "VAEEncode", "inputs": {"pixels": ["20", 0], "vae": ["3", 0]}}
-    g["22"] = {"class_type": "SetLatentNoiseMask", "inputs": {"samples": ["21", 0], "mask": ["20", 1]}}
+    g = _base(files)
+    g["22"] = {"class_type": "SetLatentNoiseMask", "inputs": {"samples": _encoded(g, MASKED_IMAGE), "mask": ["20", 1]}}
     g["8"] = _ksampler(["22", 0], seed, 6, 4.0, "euler", "simple", 0.8)
     return _out(g, ["8", 0], "ref_inpaint_mask")
 
 
 def inpaint_vae(files, seed, width, height):
-    g = _base(files, seed)
+    g = _base(files)
     g["20"] = {"class_type": "LoadImage", "inputs": {"image": INIT_IMAGE}}
     g["23"] = {"class_type": "LoadImageMask", "inputs": {"image": MASK_IMAGE, "channel": "red"}}
     g["21"] = {"class_type": "VAEEncodeForInpaint", "inputs": {"pixels": ["20", 0], "vae": ["3", 0],
@@ -116,7 +119,7 @@ def inpaint_vae(files, seed, width, height):
 
 
 def hires_latent(files, seed, width, height):
-    g = _base(files, seed)
+    g = _base(files)
     g["6"] = _empty(width, height)
     g["8"] = _ksampler(["6", 0], seed, 6, 4.0, "euler", "simple", 1.0)
     g["24"] = {"class_type": "LatentUpscaleBy", "inputs": {"samples": ["8", 0], "upscale_method": "nearest-exact",
