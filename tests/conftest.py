@@ -56,6 +56,15 @@ def pipeline_assets(tmp_path_factory) -> tuple:
 
 
 @pytest.fixture(scope="session")
+def board_stages(pipeline_assets) -> str:
+    """The [stage.encoder]/[stage.vae] tables of the board's ONNX encoder and VAE for pipeline_assets' models
+    (tests.pipeline_harness.board_stage_toml; the packs built once per session beside them, ~8 s)."""
+    from tests.pipeline_harness import board_stage_toml
+    models, pack = pipeline_assets
+    return board_stage_toml(models, pack.parent)
+
+
+@pytest.fixture(scope="session")
 def default_pipeline(pipeline_assets):
     """One running pipeline with the default config (tests.pipeline_harness.Pipeline.start on pipeline_assets, one
     thread) for every module that needs nothing else (end-to-end jobs, the HTTP front, the soak): started once per

@@ -59,6 +59,25 @@ def tiny_assets(cache: Path, resolution: tuple[int, int] = (128, 128), dtype: st
     return models, pack
 
 
+def board_stage_toml(models: Path, cache: Path, resolution: tuple[int, int] = (128, 128)) -> str:
+    """[stage.encoder] and [stage.vae] tables that run the board's encoder and VAE (ONNX Runtime on the packs of
+    `anima-models bundle --target none` from `models`, built under `cache` once): for the modules whose subject is
+    the pipeline's machinery (crashes, hangs, power cuts, the CLI), not the torch stages' numbers. On 2 cores a stage
+    start with torch + transformers costs ~11 CPU-s per job, the ONNX one ~1 s; the torch stages keep their own
+    pipeline tests (test_e2e_pipeline, test_stage_processes, the img2img/batch/LoRA flows). No VAE encoder pack:
+    an img2img job needs the torch VAE."""
+    from models.cli import main as models_main
+    bundle = cache / f"cpu-bundle-{resolution[0]}x{resolution[1]}"
+    if not (bundle / "bundle.json").exists():
+        rc = models_main(["bundle", "--models", str(models), "--resolution", f"{resolution[0]}x{resolution[1]}",
+                          "--target", "none", "--out", str(bundle)])
+        if rc != 0:
+            raise RuntimeError(f"bundle --target none from {models} failed ({rc})")
+    vae = bundle / f"vae-{resolution[0]}x{resolution[1]}"
+    return (f'[stage.encoder]\nbackend = "onnx"\npack = "{bundle / "encoder"}"\n'
+            f'[stage.vae]\nbackend = "onnx"\nvae_pack = ["{vae}"]\n')
+
+
 def pipeline_toml(pack: Path, models: Path, *, threads: int = 1, branch_timeout_s: float = 20.0,
                   extra: str = "", packs=(), executor: str = "", orchestrator: str = "",
                   timing_plot: bool = False, backend: str = "onnx", stage_retries: int = 3) -> str:

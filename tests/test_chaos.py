@@ -31,11 +31,11 @@ JOB_TIMEOUT_S = 900.0
 
 
 @pytest.fixture(scope="module")
-def pipe(pipeline_assets):
+def pipe(pipeline_assets, board_stages):
     models, pack = pipeline_assets
     # one restart per job is all a trial needs (one kill each); the bounded-retries test then gives up after two
     # attempts instead of four (each waits out the scheduler's resends: ~20 s)
-    p = Pipeline.start(models, pack, threads=1, stage_retries=1)
+    p = Pipeline.start(models, pack, threads=1, stage_retries=1, extra_toml=board_stages)   # the board's stages
     try:
         yield p
     finally:

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -20,25 +17,21 @@ from models.packs.pack import load_pack
 from models.sampling.spectrum import SpectrumSettings
 from orchestrator.comfy_graph import ModelNames, graph_to_job
 from tests.comfy_png import read_comfy_png
-from tests.pipeline_harness import Pipeline, tiny_assets
+from tests.pipeline_harness import Pipeline
 
 SIZE = (128, 128)
 CLI_TIMEOUT_S = 600
 
 
 @pytest.fixture(scope="module")
-def assets():
-    cache = Path(tempfile.mkdtemp(prefix="anima-daily-assets-"))
-    try:
-        yield tiny_assets(cache, SIZE)
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
+def assets(pipeline_assets):
+    return pipeline_assets
 
 
 @pytest.fixture(scope="module")
-def pipe(assets):
+def pipe(assets, board_stages):
     models, pack = assets
-    p = Pipeline.start(models, pack, threads=1, timing_plot=True)
+    p = Pipeline.start(models, pack, threads=1, timing_plot=True, extra_toml=board_stages)     # the board's stages
     try:
         yield p
     finally:
@@ -89,7 +82,9 @@ def test_generate_one_line_prints_the_image_path(pipe, assets, tmp_path):
     Image.open(plot).verify()
     drawn = json.loads(Image.open(plot).text["anima-plot"])
     assert drawn["provenance"] == "measured on this machine"
-    assert drawn["panels"]["branches"] == sorted(report["branches"])
+    # the executor's branch kinds, and the board VAE's pack models (one trunk call, then the tile model) beside them
+    assert {"trunk_infer_s", "tile_infer_s"} <= set(report["vae_timings"]), report["vae_timings"]
+    assert drawn["panels"]["branches"] == sorted([*report["branches"], "vae trunk", "vae tile"])
     assert set(drawn["panels"]["memory"]) == {"encoder", "scheduler", "executor", "vae"} == set(
         report["memory"]["series"])
     assert [p[0] for p in report["phases"]] == ["encoding", "denoising", "decoding"]

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import tempfile
 import time
 from pathlib import Path
 
@@ -20,7 +18,7 @@ import zmq
 from orchestrator.jobs import JobStore
 from protocol import messages as m
 from protocol.fuzzing import request_once, submit_frames
-from tests.pipeline_harness import Pipeline, tiny_assets
+from tests.pipeline_harness import Pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -32,19 +30,10 @@ JOB_TIMEOUT_S = 300.0
 
 
 @pytest.fixture(scope="module")
-def assets():
-    cache = Path(tempfile.mkdtemp(prefix="anima-hard-assets-"))
-    try:
-        yield tiny_assets(cache)
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def pipe(assets):
-    models, pack = assets
-    p = Pipeline.start(models, pack, threads=1, branch_timeout_s=BRANCH_TIMEOUT_S,
-                       orchestrator_toml=f"hang_timeout_s = {HANG_S}\n")
+def pipe(pipeline_assets, board_stages):
+    models, pack = pipeline_assets
+    p = Pipeline.start(models, pack, threads=1, branch_timeout_s=BRANCH_TIMEOUT_S, extra_toml=board_stages,
+                       orchestrator_toml=f"hang_timeout_s = {HANG_S}\n")          # the board's encoder and VAE
     try:
         yield p
     finally:
