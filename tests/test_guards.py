@@ -18,7 +18,7 @@ import pytest
 from orchestrator import cli
 from stages.base import RequestFailed
 from stages.scheduler import check_state_room
-from tests.pipeline_harness import Pipeline, tiny_assets
+from tests.pipeline_harness import Pipeline
 
 Usage = namedtuple("Usage", "total used free")
 
@@ -51,19 +51,15 @@ def poisoned_pack(pack: Path, out: Path, branch: str = "onnx/b00_self.onnx") -> 
 
 
 @pytest.fixture(scope="module")
-def assets():
-    cache = Path(tempfile.mkdtemp(prefix="anima-guards-"))
-    try:
-        yield tiny_assets(cache)
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
+def assets(pipeline_assets):
+    return pipeline_assets
 
 
-def test_nan_branch_output_fails_the_job_naming_where(assets):
+def test_nan_branch_output_fails_the_job_naming_where(assets, board_stages):
     models, pack = assets
     bad = poisoned_pack(pack, Path(tempfile.mkdtemp(prefix="anima-nanpack-")) / "pack")
     try:
-        with Pipeline.start(models, bad) as p:
+        with Pipeline.start(models, bad, extra_toml=board_stages) as p:     # the board's encoder and VAE
             job = p.submit({"prompt": "a girl", "seed": 3, "steps": 2})
             info = p.wait(job, timeout_s=600)
             assert info.state == "failed", f"{info.state}\n{p.logs()}"

@@ -7,8 +7,6 @@ on-demand and prefetch; tests/test_lifecycle.py checks every policy and combinat
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +17,7 @@ from models.sampling.spectrum import SpectrumSettings
 from models.runtime.dit_runner import DiTRunner
 from models.packs.pack import load_pack
 from models.dit.partition import KINDS
-from tests.pipeline_harness import Pipeline, tiny_assets
+from tests.pipeline_harness import Pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -32,18 +30,15 @@ POLICIES = [("prefetch2+dual_core", ""), ("resident+prefetch+interleave", f"resi
 
 
 @pytest.fixture(scope="module")
-def assets():
-    cache = Path(tempfile.mkdtemp(prefix="anima-pol-assets-"))
-    try:
-        yield tiny_assets(cache)
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
+def assets(pipeline_assets):
+    return pipeline_assets
 
 
 @pytest.fixture(scope="module")
-def pipe(assets):
+def pipe(assets, board_stages):
     models, pack = assets
-    p = Pipeline.start(models, pack, threads=THREADS, executor_toml='policy = "on-demand"\n')
+    p = Pipeline.start(models, pack, threads=THREADS, executor_toml='policy = "on-demand"\n',
+                       extra_toml=board_stages)                          # the board's encoder and VAE
     try:
         yield p
     finally:
