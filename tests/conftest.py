@@ -102,13 +102,14 @@ def inproc_daemon(tmp_path):
 # The modules that take longest (measured with --durations on main, seconds of one core each, roughly), run first:
 # `make test` spreads whole modules over two workers (pytest-xdist --dist loadfile), and a long module started last
 # would leave the other worker idle at the end. Modules not listed keep their order after these.
-LONGEST_FIRST = ("test_chaos.py", "test_hardening_pipeline.py", "test_http_doubles.py", "test_quant.py",
-                 "test_board_check.py", "test_http_page.py",
-                 "test_e2e_pipeline.py", "test_orchestrator_hardening.py", "test_soak.py", "test_lora_pipeline.py",
-                 "test_daily_use.py", "test_http_settings.py", "test_orchestrator_flow.py", "test_policies_pipeline.py",
-                 "test_demo.py", "test_bundle.py", "test_stage_processes.py", "test_long_context.py", "test_shards.py",
-                 "test_http_front.py", "test_samplers_comfy_model.py", "test_board_sim.py",
-                 "test_rknn_compile.py", "test_remote_executor.py", "test_remote_e2e.py")
+LONGEST_FIRST = ("test_board_check.py", "test_http_doubles.py", "test_e2e_pipeline.py", "test_chaos.py",
+                 "test_samplers_comfy_model.py", "test_http_page.py", "test_batch_flow.py", "test_hires_flow.py",
+                 "test_hardening_pipeline.py", "test_quant.py", "test_lora_pipeline.py", "test_orchestrator_hardening.py",
+                 "test_demo.py", "test_bundle.py", "test_soak.py", "test_http_front.py", "test_orchestrator_flow.py",
+                 "test_http_settings.py", "test_stage_processes.py", "test_long_context.py", "test_img2img_pipeline.py",
+                 "test_img2img_flow.py", "test_daily_use.py", "test_lifecycle.py", "test_rknn_compile.py",
+                 "test_policies_pipeline.py", "test_shards.py", "test_rknn_backend.py", "test_step_cache.py",
+                 "test_remote_executor.py", "test_board_sim.py", "test_remote_e2e.py")
 
 
 def pytest_collection_modifyitems(items):
