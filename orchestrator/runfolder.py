@@ -120,6 +120,14 @@ def _toml_str(value) -> str:
     return json.dumps(str(value), ensure_ascii=False)
 
 
+def bundle_stage_tables(bundle) -> str:
+    """The [stage.encoder] and [stage.vae] tables of a checked models.bundle.Bundle: its encoder pack on ONNX
+    Runtime, its VAE packs (one per image size) on its backend."""
+    vae = ", ".join(_toml_str(v) for _, v in bundle.sizes.values())
+    return (f"[stage.encoder]\nbackend = \"onnx\"\npack = {_toml_str(bundle.encoder)}\n\n"
+            f"[stage.vae]\nbackend = {_toml_str(bundle.backend)}\nvae_pack = [{vae}]     # one per image size\n\n")
+
+
 def pipeline_toml_text(pack_dirs=(), models_dir: Path | None = None, bundle=None) -> str:
     """pipeline.toml naming the packs (the first is the default: `pack_dir`; more go to `packs`) and models; or,
     for a checked models.bundle.Bundle, everything it holds: its executor backend (a top-level key), the DiT pack of
@@ -139,10 +147,7 @@ def pipeline_toml_text(pack_dirs=(), models_dir: Path | None = None, bundle=None
         pack = (f"# from the bundle {_toml_str(bundle.dir)} (target {_toml_str(bundle.target)}{toolkit})\n"
                 f"backend = {_toml_str(bundle.backend)}     # the executor's model backend (a top-level key)\n"
                 + pack)
-        vae = ", ".join(_toml_str(v) for _, v in bundle.sizes.values())
-        tables = (f"[stage.encoder]\nbackend = \"onnx\"\npack = {_toml_str(bundle.encoder)}\n\n"
-                  f"[stage.vae]\nbackend = {_toml_str(bundle.backend)}\nvae_pack = [{vae}]     # one per image size\n\n"
-                  "[stage.executor]\n# policy = \"auto\"         # models/policy.py\n\n")
+        tables = bundle_stage_tables(bundle) + "[stage.executor]\n# policy = \"auto\"         # models/policy.py\n\n"
     return PIPELINE_TEMPLATE.format(pack=pack, packs=packs, models=models, tables=tables)
 
 

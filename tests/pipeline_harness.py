@@ -73,9 +73,9 @@ def board_stage_toml(models: Path, cache: Path, resolution: tuple[int, int] = (1
                           "--target", "none", "--out", str(bundle)])
         if rc != 0:
             raise RuntimeError(f"bundle --target none from {models} failed ({rc})")
-    vae = bundle / f"vae-{resolution[0]}x{resolution[1]}"
-    return (f'[stage.encoder]\nbackend = "onnx"\npack = "{bundle / "encoder"}"\n'
-            f'[stage.vae]\nbackend = "onnx"\nvae_pack = ["{vae}"]\n')
+    from models.bundle import read_bundle
+    from orchestrator.runfolder import bundle_stage_tables
+    return bundle_stage_tables(read_bundle(bundle, hashes=False))      # the tables `init --bundle` writes
 
 
 def pipeline_toml(pack: Path, models: Path, *, threads: int = 1, branch_timeout_s: float = 20.0,
