@@ -24,13 +24,8 @@ CLI_TIMEOUT_S = 600
 
 
 @pytest.fixture(scope="module")
-def assets(pipeline_assets):
-    return pipeline_assets
-
-
-@pytest.fixture(scope="module")
-def pipe(assets, board_stages):
-    models, pack = assets
+def pipe(pipeline_assets, board_stages):
+    models, pack = pipeline_assets
     p = Pipeline.start(models, pack, threads=1, timing_plot=True, extra_toml=board_stages)     # the board's stages
     try:
         yield p
@@ -49,7 +44,7 @@ def _clean(pipe):
     assert pipe.strays() == [] and pipe.stage_children() == [], "a process outlived its job (the plot's child?)"
 
 
-def test_generate_one_line_prints_the_image_path(pipe, assets, tmp_path):
+def test_generate_one_line_prints_the_image_path(pipe, pipeline_assets, tmp_path):
     r = cli(pipe, "generate", "1girl, silver hair, (blue eyes:1.2)", "--negative", "worst quality", "--seed", "7",
             "--steps", "2", "-o", "out.png", cwd=tmp_path)
     out, err = r.stdout.decode(), r.stderr.decode()
@@ -64,7 +59,7 @@ def test_generate_one_line_prints_the_image_path(pipe, assets, tmp_path):
     # the PNG as ComfyUI reads it: the editor graph is loaded, and both graphs are this job
     png = read_comfy_png(image.read_bytes())
     assert png["dropped"] == "workflow"
-    models, pack_dir = assets
+    models, pack_dir = pipeline_assets
     pack = load_pack(pack_dir)
     files = resolve_models(models, {}, need=("text_encoder", "vae"))
     names = ModelNames(unet=(pack.source["name"],), clip=(files.text_encoder.name,), vae=(files.vae.name,))

@@ -50,13 +50,8 @@ def poisoned_pack(pack: Path, out: Path, branch: str = "onnx/b00_self.onnx") -> 
     return out
 
 
-@pytest.fixture(scope="module")
-def assets(pipeline_assets):
-    return pipeline_assets
-
-
-def test_nan_branch_output_fails_the_job_naming_where(assets, board_stages):
-    models, pack = assets
+def test_nan_branch_output_fails_the_job_naming_where(pipeline_assets, board_stages):
+    models, pack = pipeline_assets
     bad = poisoned_pack(pack, Path(tempfile.mkdtemp(prefix="anima-nanpack-")) / "pack")
     try:
         with Pipeline.start(models, bad, extra_toml=board_stages) as p:     # the board's encoder and VAE

@@ -30,13 +30,8 @@ POLICIES = [("prefetch2+dual_core", ""), ("resident+prefetch+interleave", f"resi
 
 
 @pytest.fixture(scope="module")
-def assets(pipeline_assets):
-    return pipeline_assets
-
-
-@pytest.fixture(scope="module")
-def pipe(assets, board_stages):
-    models, pack = assets
+def pipe(pipeline_assets, board_stages):
+    models, pack = pipeline_assets
     p = Pipeline.start(models, pack, threads=THREADS, executor_toml='policy = "on-demand"\n',
                        extra_toml=board_stages)                          # the board's encoder and VAE
     try:
@@ -46,14 +41,14 @@ def pipe(assets, board_stages):
 
 
 @pytest.fixture(scope="module")
-def reference(assets):
+def reference(pipeline_assets):
     """In-process on-demand sampling from a job folder's contexts (every job here has the same prompt)."""
     cache = {}
 
     def get(job_dir: Path) -> np.ndarray:
         if "latent" not in cache:
             spec = json.loads((job_dir / "job.json").read_text())["spec"]
-            pack = load_pack(assets[1])
+            pack = load_pack(pipeline_assets[1])
             g, c = pack.geometry, pack.config
             sampler = make_sampler(spec["steps"], spec["cfg"], spec["scheduler"],
                                    SpectrumSettings(**spec["spectrum"]))
