@@ -51,8 +51,10 @@ class Doubles:
         self._client = None
 
     @classmethod
-    def start(cls, root: Path, sizes=((64, 64),), extra_toml: str = "", extra_conf: str = "") -> "Doubles":
-        """`extra_conf`: more supervisord.conf sections (e.g. another [program:...])."""
+    def start(cls, root: Path, sizes=((64, 64),), extra_toml: str = "", extra_conf: str = "",
+              timing_plot: bool = False) -> "Doubles":
+        """`extra_conf`: more supervisord.conf sections (e.g. another [program:...]). timing.png only with
+        `timing_plot`: drawing it (a matplotlib child process, ~1.4 s) would be a double job's longest part."""
         rf = init_run(root / "run")
         conf = rf.supervisord_conf.read_text()
         for stage in ("encoder", "scheduler", "executor", "vae"):
@@ -63,7 +65,8 @@ class Doubles:
         rf.pipeline_toml.write_text(f'run_dir = "."\npack_dir = "{packs[0]}"\npacks = [{more}]\nthreads = 1\n'
                                     "[timeouts]\nrequest_s = 2.0\n"
                                     "[stage.orchestrator]\nsample_interval_s = 0.05\nstart_timeout_s = 30\n"
-                                    f"stage_retries = 1\n[stage.http]\nport = 0\npoll_s = 0.1\n{extra_toml}")
+                                    f"stage_retries = 1\ntiming_plot_timeout_s = {120 if timing_plot else 0}\n"
+                                    f"[stage.http]\nport = 0\npoll_s = 0.1\n{extra_toml}")
         proc = subprocess.Popen([str(BIN / "supervisord"), "-n", "-c", str(rf.supervisord_conf)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         d = cls(root, proc)
