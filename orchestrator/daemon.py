@@ -160,8 +160,13 @@ class Daemon:
             self._wake = True
 
     def idle(self) -> None:
-        """Called between poll slices while a stage request is out: answer the CLI, take events."""
+        """Called while a stage request is out: answer the CLI, take events (at once when one comes: `wake`)."""
         self.pump(0.0)
+
+    @property
+    def wake(self) -> tuple:
+        """The sockets `idle` serves: a stage request's wait runs it as soon as one of them has input."""
+        return (self.server.sock, self.events.sock)
 
     def pump(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` for CLI requests and events; handle everything that came; heartbeats."""

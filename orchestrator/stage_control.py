@@ -67,7 +67,7 @@ class StageControl:
             try:
                 reply = self.d.link(stage).request(m.Hello(peer="orchestrator", pid=os.getpid(), version=VERSION),
                                                    timeout_s=READY_TIMEOUT_S, retries=0, should_stop=check,
-                                                   idle=self.d.idle)
+                                                   idle=self.d.idle, wake=self.d.wake)
                 m.expect(reply, m.Ready, stage)
                 if stage in self._sampling:          # loaded and ready: the first point of its memory trace
                     self._sample_one(stage)
@@ -183,7 +183,7 @@ class StageControl:
             pid0 = self._watch[1]
             try:
                 reply = self.d.link(stage).request(msg, timeout_s=timeout_s, retries=0, should_stop=self._abort,
-                                                   idle=self.d.idle)
+                                                   idle=self.d.idle, wake=self.d.wake)
             except PeerUnavailable as e:
                 self.check_cancel()
                 last_error, dead = self._died or str(e), self._died is not None

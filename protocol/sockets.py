@@ -94,21 +94,31 @@ def make_socket(ctx: zmq.Context, kind: int, endpoint: str, *, bind: bool, curve
 
 
 def _poll(sock: zmq.Socket, timeout_s: float, *, should_stop: Callable[[], bool] | None = None,
-          idle: Callable[[], None] | None = None) -> bool:
-    """Wait for input in short slices, running `idle` and honouring `should_stop` between them."""
+          idle: Callable[[], None] | None = None, wake: tuple = ()) -> bool:
+    """Wait for input in short slices, running `idle` and honouring `should_stop` between them. Input on a `wake`
+    socket (one that `idle` serves) runs `idle` at once instead of at the end of the slice; `should_stop` still runs
+    once a slice at most."""
     if timeout_s <= 0:
         return bool(sock.poll(0, zmq.POLLIN))
+    poller = zmq.Poller()
+    for s in (sock, *wake):
+        poller.register(s, zmq.POLLIN)
     deadline = time.monotonic() + timeout_s
+    next_check = time.monotonic() + POLL_SLICE_S
     while True:
-        left = deadline - time.monotonic()
+        now = time.monotonic()
+        left = deadline - now
         if left <= 0:
             return False
-        if sock.poll(int(min(left, POLL_SLICE_S) * 1000) or 1, zmq.POLLIN):
+        ready = dict(poller.poll(int(min(left, max(0.0, next_check - now)) * 1000) or 1))
+        if sock in ready:
             return True
         if idle is not None:
             idle()
-        if should_stop is not None and should_stop():
-            return False
+        if time.monotonic() >= next_check:
+            next_check = time.monotonic() + POLL_SLICE_S
+            if should_stop is not None and should_stop():
+                return False
 
 
 class LazyPirate:
@@ -167,9 +177,10 @@ class LazyPirate:
 
     def request(self, msg: Message, *, timeout_s: float | None = None, retries: int | None = None,
                 should_stop: Callable[[], bool] | None = None, idle: Callable[[], None] | None = None,
-                sent: bool = False) -> Message:
+                sent: bool = False, wake: tuple = ()) -> Message:
         """Send `msg` and return the reply (an ERROR reply is returned, not raised; see messages.expect).
-        sent: the first attempt already went out through `send(msg)`."""
+        sent: the first attempt already went out through `send(msg)`; wake: sockets `idle` serves, whose input
+        runs it at once (a daemon answers its clients while it waits on a stage)."""
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         tries = 1 + (self.retries if retries is None else retries)
         has_attempt = "attempt" in msg.__struct_fields__
@@ -181,7 +192,7 @@ class LazyPirate:
             try:
                 if not (sent and attempt == 1):
                     sock.send_multipart(codec.encode(msg), copy=False)
-                got = _poll(sock, timeout_s, should_stop=should_stop, idle=idle)
+                got = _poll(sock, timeout_s, should_stop=should_stop, idle=idle, wake=wake)
                 reply = codec.decode(sock.recv_multipart(copy=False)) if got else None
             except BaseException:
                 # whatever ends the wait early (an exception from `idle`/`should_stop`, a bad reply, a signal) leaves

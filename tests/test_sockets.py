@@ -181,6 +181,47 @@ def test_an_exception_in_idle_leaves_the_client_usable(ctx, run_dir):
     assert not t.is_alive()
 
 
+def test_input_on_a_wake_socket_runs_idle_at_once(ctx, run_dir, monkeypatch):
+    """The daemon waits on a stage (HELLO while it starts, a branch call) with its own clients' requests served by
+    `idle`: a CLI request that came meanwhile waited for the end of the poll slice; on a `wake` socket it is served
+    at once. Here the slice is 10 s and the stage answers after 1 s: only the wake socket can run idle before that."""
+    monkeypatch.setattr("protocol.sockets.POLL_SLICE_S", 10.0)
+    endpoint = ipc_endpoint(run_dir, "slow")
+    stop = threading.Event()
+    srv = Server(ctx, endpoint)
+
+    def handle(msg):
+        time.sleep(1.0)
+        return m.reply_to(msg, m.Ok, note=msg.KIND)
+
+    t = _thread(lambda: serve(srv, handle, should_stop=stop.is_set))
+    pull = make_socket(ctx, zmq.PULL, ipc_endpoint(run_dir, "clients"), bind=True)
+    push = make_socket(ctx, zmq.PUSH, ipc_endpoint(run_dir, "clients"), bind=False)
+    served = []
+
+    def idle():
+        while pull.poll(0, zmq.POLLIN):
+            served.append((pull.recv(), time.monotonic()))
+    try:
+        with LazyPirate(ctx, endpoint, peer="slow", timeout_s=5.0, retries=0) as lp:
+            msg = m.Heartbeat(peer="t")
+            lp.send(msg)
+            sent = time.monotonic()
+            _thread(lambda: (time.sleep(0.1), push.send(b"status")))
+            reply = lp.request(msg, idle=idle, wake=(pull,), sent=True)
+            answered = time.monotonic()
+        assert reply.note == "HEARTBEAT"
+        assert [b for b, _ in served] == [b"status"]
+        assert served[0][1] - sent < 0.8 < answered - sent       # served while the stage was still working
+    finally:
+        stop.set()
+        t.join(5)
+        srv.close()
+        push.close(0)
+        pull.close(0)
+    assert not t.is_alive()
+
+
 def test_serve_answers_bad_messages_with_errors_and_keeps_serving(ctx, run_dir):
     endpoint = ipc_endpoint(run_dir, "echo")
     stop = threading.Event()
