@@ -55,8 +55,8 @@ class StageControl:
     # ------------------------------------------------------------ starting and stopping stages
 
     def bring_up(self, stage: str, *, gone_pid: int = 0) -> None:
-        """Local: start through supervisord (after the dead process `gone_pid` has left) and wait RUNNING; then HELLO
-        until READY. A remote stage is only health-checked."""
+        """Local: start through supervisord (after the dead process `gone_pid` has left), then HELLO until READY. A
+        remote stage is only health-checked."""
         deadline = time.monotonic() + self.settings.start_timeout_s
         self._up_since = time.time()             # a DYING after this is this start's last word
         if not self.cfg.is_remote(stage):
@@ -84,8 +84,9 @@ class StageControl:
                 raise StageFailed(stage, f"bad READY: {e}") from None
 
     def _start_program(self, stage: str, gone_pid: int, deadline: float) -> None:
-        """A local stage's program started through supervisord and RUNNING, once `gone_pid` has left; a start that
-        dies within startsecs is tried again (START_ATTEMPTS), a config exit is not."""
+        """A local stage's program started through supervisord once `gone_pid` has left. Not waited for RUNNING: the
+        stage's READY is the sign it serves, and supervisord says RUNNING only after startsecs, a second the job would
+        wait for nothing whenever the stage loads sooner. A start that dies is started again by _start_failed."""
         while gone_pid and time.monotonic() < deadline:      # its last word is out; wait for the exit itself
             info = self.sup.info(stage)
             if info.pid != gone_pid:
@@ -93,12 +94,9 @@ class StageControl:
             self.d.pump(0.05)
         for attempt in range(1, START_ATTEMPTS + 1):
             try:
-                self.sup.start(stage, timeout_s=self.settings.start_timeout_s, sleep=self.d.pump)
-                break
-            except SupervisorError as e:  # e.g. killed within startsecs: EXITED/BACKOFF, not RUNNING
-                why = self._config_exit_reason(stage, self.sup.info(stage))
-                if why:
-                    raise StageFailed(stage, why) from None
+                self.sup.start(stage, wait=False)
+                return
+            except SupervisorError as e:  # supervisord could not spawn it (e.g. SPAWN_ERROR)
                 if attempt == START_ATTEMPTS or time.monotonic() > deadline:
                     raise StageFailed(stage, f"could not start ({attempt} attempts): {e}") from None
                 log.warning("job %s: %s did not start (%s); again (%d/%d)", self.job.id, stage, e, attempt,
@@ -106,7 +104,8 @@ class StageControl:
                 self.d.pump(1.0)
 
     def _start_failed(self, stage: str):
-        """A should_stop for HELLO while a stage comes up: FATAL ends it; an exit is started again (twice at most)."""
+        """A should_stop for HELLO while a stage comes up: a config exit ends it; a start that ended (FATAL: it kept
+        dying within startsecs; EXITED, STOPPED) is started again, START_ATTEMPTS starts in all."""
         self._died, self._config_exit = None, False
         restarts = [0]
 
@@ -120,8 +119,10 @@ class StageControl:
                 if why:
                     self._died, self._config_exit = why, True
                     return True
-                if info.state in ("EXITED", "STOPPED") and restarts[0] < 2:
+                if info.state in ("FATAL", "EXITED", "STOPPED") and restarts[0] < START_ATTEMPTS - 1:
                     restarts[0] += 1
+                    log.warning("job %s: %s ended while starting (%s); again (%d/%d)", self.job.id, stage,
+                                info.spawnerr or info.description or info.state, restarts[0] + 1, START_ATTEMPTS)
                     self.sup.start(stage, wait=False)
                 elif info.state in ("FATAL", "EXITED", "STOPPED"):
                     self._died = f"{info.state}: {info.spawnerr or info.description} (see its log)"

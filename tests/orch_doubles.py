@@ -9,6 +9,7 @@ Behaviour switches (files in the run folder, so a test can flip them while the s
     RUN/double_encoder_crash the encoder raises (fatal tier) on ENCODE
     RUN/double_encode_s      the next ENCODE sleeps this long first (the flag is consumed; RUN/double_encoding says so)
     RUN/double_vae_encode_s  the next VAE_ENCODE sleeps this long first (consumed; RUN/double_vae_encoding says so)
+    RUN/double_start_crashes N: the encoder's next N starts exit 1 at once (a start that dies within startsecs)
 
 VAE_ENCODE's stand-in latent: channel c is the 8x8 mean of image channel c % 3 plus a fresh random jitter below 1e-3
 per call, so a job that encoded its image twice would show it. A DENOISE with an init latent gives
@@ -176,6 +177,17 @@ class VaeDouble:
 
 LOGICS = {"encoder": EncoderDouble, "scheduler": SchedulerDouble, "executor": ExecutorDouble, "vae": VaeDouble}
 
+def _crash_at_start(stage: str) -> None:
+    if stage != "encoder" or "--config" not in sys.argv:
+        return
+    flag = Path(sys.argv[sys.argv.index("--config") + 1]).parent / "double_start_crashes"
+    left = int(flag.read_text()) if flag.exists() else 0
+    if left > 0:
+        flag.write_text(str(left - 1))
+        sys.exit(1)
+
+
 if __name__ == "__main__":
     stage = sys.argv.pop(1)
+    _crash_at_start(stage)
     sys.exit(stage_main(stage, LOGICS[stage]))

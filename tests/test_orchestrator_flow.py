@@ -36,7 +36,7 @@ def _pipeline():
 def pipeline(_pipeline):
     """Per test: default double behaviour, an idle queue, and no segment left behind."""
     rf, sup = _pipeline
-    for flag in ("double_step_s", "double_encoder_crash", "double_encode_s", "double_encoding"):
+    for flag in ("double_step_s", "double_encoder_crash", "double_encode_s", "double_encoding", "double_start_crashes"):
         (rf.root / flag).unlink(missing_ok=True)
     yield rf, sup
     assert list_segments(run_prefix(rf.root)) == [], "a shared-memory segment outlived the job"
@@ -102,6 +102,35 @@ def test_job_runs_with_encoder_and_vae_down_while_denoising(pipeline, tmp_path, 
     assert img.size == (64, 64)
     assert "Seed: 3" in img.text["parameters"] and json.loads(img.text["anima"])["negative_prompt"] == "bad"
     assert img.getpixel((0, 0))[0] == (6 + 3 % 7)          # len("a girl") + seed % 7: the flow carried the data
+
+
+def _with_startsecs(conf: str, programs, secs: int) -> str:
+    for name in programs:
+        head = conf.index(f"[program:{name}]")
+        at = conf.index("startsecs=", head)
+        conf = conf[:at] + conf[at:].replace(conf[at:conf.index("\n", at)], f"startsecs={secs}", 1)
+    return conf
+
+
+def test_a_stage_is_used_once_ready_not_after_supervisords_startsecs(pipeline, tmp_path, capsys):
+    """READY is the sign a stage serves: the job does not wait for supervisord to call the encoder and the VAE
+    RUNNING (startsecs, 30 s here, 1 s as shipped: a second per start whenever a stage loads sooner), and a stage
+    stopped while supervisord still says STARTING ends STOPPED, not BACKOFF or FATAL."""
+    rf, sup = pipeline
+    conf = rf.supervisord_conf.read_text()
+    rf.supervisord_conf.write_text(_with_startsecs(conf, ("encoder", "vae"), 30))
+    assert set(sup.update()) == {"encoder", "vae"}
+    try:
+        t0 = time.monotonic()
+        rc = cli.main(["--run", str(rf.root), "submit", str(_prompt(tmp_path)), "--wait"])
+        took = time.monotonic() - t0
+        assert rc == 0, capsys.readouterr().err
+        assert took < 20, f"the job waited for startsecs: {took:.1f} s"
+        infos = sup.all_info()
+        assert infos["encoder"].state == "STOPPED" and infos["vae"].state == "STOPPED"
+    finally:
+        rf.supervisord_conf.write_text(conf)
+        sup.update()
 
 
 def test_teardown_record_sees_a_live_encoder(pipeline, tmp_path, capsys):
@@ -181,6 +210,18 @@ def test_crashing_encoder_fails_the_job_with_a_clear_reason(pipeline, tmp_path, 
     listing = capsys.readouterr().out
     assert all(p in listing for p in ("encoder", "scheduler", "executor", "vae", "orchestrator"))
     assert "RUNNING" in listing
+
+
+def test_an_encoder_that_dies_while_starting_until_fatal_is_started_again(pipeline, tmp_path, capsys):
+    """Four quick deaths: the first start and supervisord's three retries (startretries) end FATAL; the job starts it
+    once more (START_ATTEMPTS) and goes on."""
+    rf, sup = pipeline
+    (rf.root / "double_start_crashes").write_text("4")
+    rc = cli.main(["--run", str(rf.root), "submit", str(_prompt(tmp_path)), "--wait"])
+    assert rc == 0, capsys.readouterr().err
+    assert (rf.root / "double_start_crashes").read_text() == "0"
+    log = (rf.logs / "orchestrator.log").read_text()
+    assert "encoder ended while starting (Exited too quickly" in log and "again (2/3)" in log, log[-2000:]
 
 
 def test_orchestrator_sigkill_mid_denoise_resumes_the_job(pipeline, tmp_path, capsys):
