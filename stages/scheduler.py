@@ -300,12 +300,14 @@ class SchedulerLogic:
                 raise RequestFailed(str(e), field="pack_dir") from None
         return pack
 
-    def _executor_policy(self, link: LazyPirate, msg: m.Denoise, pack) -> Policy:
+    def _executor_policy(self, link: LazyPirate, msg: m.Denoise, pack, ctx) -> Policy:
         """The executor's resolved lifecycle policy (READY.info): with interleave, each CFG pass is its own call.
-        A remote executor computes its own copy of the pack: it must be this pack, else every result would be wrong."""
+        A remote executor computes its own copy of the pack: it must be this pack, else every result would be wrong.
+        While the executor is waited for, the scheduler answers its own heartbeats and honours a stop."""
         try:
             ready = m.expect(link.request(m.Hello(peer="scheduler", pid=os.getpid(), version=VERSION),
-                                          timeout_s=self.config.timeouts.request_s), m.Ready, "executor")
+                                          timeout_s=self.config.timeouts.request_s, idle=ctx.keepalive,
+                                          should_stop=lambda: ctx.stopping), m.Ready, "executor")
             policy = parse_policy(str(ready.info.get("policy", "on-demand")),
                                   {"resident_mb": ready.info.get("resident_mb") or None})
         except PeerUnavailable as e:
@@ -387,7 +389,7 @@ class SchedulerLogic:
                           timeout_s=sched["branch_timeout_s"], retries=t.retries)
         watch = PeerWatch(self.zctx, msg.executor, peer="executor", interval_s=t.heartbeat_s, liveness=t.liveness,
                           curve=curve, allow_plaintext=plain)
-        policy = self._executor_policy(link, msg, pack)
+        policy = self._executor_policy(link, msg, pack, ctx)
         client = BranchClient(ctx, msg, pack, link, watch, arena, step_ref, max_lost=t.retries,
                               interleave=policy.interleave, computed_steps=sampler.plan())
         pacer = self._host_pacer(msg.pack_dir)

@@ -88,6 +88,30 @@ def _contexts(pack):
     return cond, uncond
 
 
+def _arena_size(pack) -> int:
+    g, c = pack.geometry, pack.config
+    L, D, S, Dc = g.tokens, c.width, g.text_tokens, c.context_dim
+    size = 2 * S * Dc * 4 + c.latent_channels * g.latent_h * g.latent_w * 4 + (4 * L * D + 2 * S * Dc + L * c.head_dim) * 4
+    return size + 2**20
+
+
+def _denoise_msg(config, pack, arena, job_dir: Path, job: str, spectrum: bool, steps: int, cond, uncond):
+    """The orchestrator's part: contexts and latent slots in `arena`, the DENOISE naming them. -> (msg, latent slot)."""
+    job_dir.mkdir(parents=True, exist_ok=True)                  # the orchestrator makes the job folder
+    g, c = pack.geometry, pack.config
+    dc, du = arena.alloc("cond", "f32", cond.shape), arena.alloc("uncond", "f32", uncond.shape)
+    arena.write(dc, cond)
+    arena.write(du, uncond)
+    dl = arena.alloc("latent", "f32", (c.latent_channels, g.latent_h, g.latent_w))
+    start = -(-arena.slots.cursor // 64) * 64
+    params = m.DenoiseParams(seed=42, steps=steps, cfg=4.0, width=g.width, height=g.height,
+                             spectrum=m.SpectrumSettings(enabled=spectrum))
+    msg = m.Denoise(job=job, job_dir=str(job_dir), pack_dir=str(pack.dir), arena=arena.name, params=params,
+                    cond=dc, uncond=du, latent=dl, scratch=m.Region(offset=start, nbytes=arena.size - start),
+                    executor=config.endpoint("executor"))
+    return msg, dl
+
+
 def _run_job(config, ctx, pack, job_dir: Path, job: str, spectrum: bool, steps: int, kill=None, contexts=None,
              expect=m.Denoised):
     """Act as the orchestrator: arena, contexts (changed by `contexts(cond, uncond)` when given), DENOISE; `kill(procs)`
@@ -95,21 +119,8 @@ def _run_job(config, ctx, pack, job_dir: Path, job: str, spectrum: bool, steps: 
     cond, uncond = _contexts(pack)
     if contexts is not None:
         cond, uncond = contexts(cond, uncond)
-    job_dir.mkdir(parents=True, exist_ok=True)                  # the orchestrator makes the job folder
-    g, c = pack.geometry, pack.config
-    L, D, S, Dc = g.tokens, c.width, g.text_tokens, c.context_dim
-    size = 2 * S * Dc * 4 + c.latent_channels * g.latent_h * g.latent_w * 4 + (4 * L * D + 2 * S * Dc + L * c.head_dim) * 4
-    with Arena.create(segment_name(config.run_dir, job), size + 2**20) as arena:
-        dc, du = arena.alloc("cond", "f32", cond.shape), arena.alloc("uncond", "f32", uncond.shape)
-        arena.write(dc, cond)
-        arena.write(du, uncond)
-        dl = arena.alloc("latent", "f32", (c.latent_channels, g.latent_h, g.latent_w))
-        start = -(-arena.slots.cursor // 64) * 64
-        params = m.DenoiseParams(seed=42, steps=steps, cfg=4.0, width=g.width, height=g.height,
-                                 spectrum=m.SpectrumSettings(enabled=spectrum))
-        msg = m.Denoise(job=job, job_dir=str(job_dir), pack_dir=str(pack.dir), arena=arena.name, params=params,
-                        cond=dc, uncond=du, latent=dl, scratch=m.Region(offset=start, nbytes=arena.size - start),
-                        executor=config.endpoint("executor"))
+    with Arena.create(segment_name(config.run_dir, job), _arena_size(pack)) as arena:
+        msg, dl = _denoise_msg(config, pack, arena, job_dir, job, spectrum, steps, cond, uncond)
         with LazyPirate(ctx, config.endpoint("scheduler"), timeout_s=300.0, retries=3) as link:
             if kill is not None:
                 kill()
@@ -207,3 +218,25 @@ def test_a_non_finite_context_is_an_error_reply_and_the_scheduler_serves_on(pipe
     latent, reply, cond, uncond = _run_job(config, ctx, pack, tmp_path / "job", "jobOK", False, 2)
     np.testing.assert_array_equal(latent, _in_process(pack, cond, uncond, False, 2).latent)
     assert procs["scheduler"].pid == pid and procs["scheduler"].poll() is None
+
+
+def test_the_scheduler_answers_heartbeats_and_stops_while_it_waits_for_the_executor(pipeline, pack128, tmp_path):
+    """A DENOISE starts with a HELLO to the executor. With the executor down, that wait (request_s per attempt, here
+    30 s x 6) answered no heartbeat (the orchestrator saw the scheduler silent, then a flood of late PONGs) and no
+    SIGTERM. Now the scheduler answers while it waits, and stops when told."""
+    config, ctx, procs, _ = pipeline
+    pack = load_pack(pack128)
+    os.killpg(procs["executor"].pid, signal.SIGKILL)
+    procs["executor"].wait(10)
+    with Arena.create(segment_name(config.run_dir, "jobH"), _arena_size(pack)) as arena:
+        msg, _ = _denoise_msg(config, pack, arena, tmp_path / "job", "jobH", False, 2, *_contexts(pack))
+        with LazyPirate(ctx, config.endpoint("scheduler"), timeout_s=60.0, retries=0) as link:
+            link.send(msg)
+            time.sleep(1.0)                                     # the scheduler is in its HELLO to the executor
+            with LazyPirate(ctx, config.endpoint("scheduler"), timeout_s=3.0, retries=1) as hb:
+                pong = m.expect(hb.request(m.Heartbeat(peer="test")), m.Pong, "scheduler")
+            assert pong.busy and pong.job == "jobH", pong
+            t0 = time.monotonic()
+            procs["scheduler"].send_signal(signal.SIGTERM)
+            procs["scheduler"].wait(timeout=30)
+            assert time.monotonic() - t0 < 10
