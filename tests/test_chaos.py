@@ -28,14 +28,18 @@ pytestmark = pytest.mark.slow
 CI_PROMPT = {"prompt": "1girl, chaos", "negative_prompt": "lowres", "seed": 77, "steps": 2, "cfg": 4.0}
 CI_SEED = 6                  # base seed of the kill moments (bench/chaos.py --seed)
 JOB_TIMEOUT_S = 900.0
+# a killed executor is seen by heartbeats and resent to at once; only a silent one is waited for this long (a tiny
+# branch takes milliseconds, an ONNX executor's restart a second or two)
+BRANCH_TIMEOUT_S = 10.0
 
 
 @pytest.fixture(scope="module")
 def pipe(pipeline_assets, board_stages):
     models, pack = pipeline_assets
     # one restart per job is all a trial needs (one kill each); the bounded-retries test then gives up after two
-    # attempts instead of four (each waits out the scheduler's resends: ~20 s)
-    p = Pipeline.start(models, pack, threads=1, stage_retries=1, extra_toml=board_stages)   # the board's stages
+    # attempts instead of four, each waiting out the scheduler's resends to a silent executor for BRANCH_TIMEOUT_S
+    p = Pipeline.start(models, pack, threads=1, stage_retries=1, branch_timeout_s=BRANCH_TIMEOUT_S,
+                       extra_toml=board_stages)                                                # the board's stages
     try:
         yield p
     finally:
