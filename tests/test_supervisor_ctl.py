@@ -113,6 +113,44 @@ def _alive(pid: int) -> bool:
     return True
 
 
+ORDER_PROGRAM = """
+[program:{name}]
+command={py} -c "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (open('{log}', 'a').write('{name} '), sys.exit(0))); time.sleep(600)"
+priority={prio}
+autostart=true
+autorestart=false
+startsecs=0
+stdout_logfile={run}/{name}.log
+"""
+
+
+def test_stop_all_goes_by_priority_without_waiting_for_supervisords_ticks(tmp_path):
+    """supervisord's shutdown stops one priority level at a time and moves on at its next one-second tick; stop_all
+    keeps its order (the highest priority number first: the front, the orchestrator, then the stages) and moves on as
+    soon as a level is down."""
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    conf = run / "supervisord.conf"
+    order = run / "order.txt"
+    programs = [("stage", 100), ("daemon", 300), ("front", 400), ("front2", 400)]
+    conf.write_text(TINY_CONF.format(run=run, py=sys.executable) + "".join(
+        ORDER_PROGRAM.format(name=n, prio=p, py=sys.executable, log=order, run=run) for n, p in programs))
+    proc = _start_supervisord(conf, run / "supervisor.sock")
+    sup = Supervisor(run / "supervisor.sock")
+    try:
+        for name, _ in programs:
+            sup.wait_state(name, ("RUNNING",), 20)
+        t0 = time.monotonic()
+        sup.stop_all()
+        took = time.monotonic() - t0
+        said = order.read_text().split()
+        assert sorted(said[:2]) == ["front", "front2"] and said[2:] == ["daemon", "stage"], said
+        assert all(sup.info(name).state == "STOPPED" for name, _ in programs)
+        assert took < 2.0, f"stop_all took {took:.1f} s for three levels"
+    finally:
+        _stop_supervisord(sup, proc)
+
+
 def test_start_stop_status(tiny):
     sup, run, conf = tiny
     assert sup.ping() == "RUNNING"
