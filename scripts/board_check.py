@@ -203,6 +203,7 @@ def run(assets: Path, venv: Path) -> int:
             problems.append("the encoder log does not say it ran on ONNX Runtime")
     finally:
         try:
+            sup.stop_all(60)
             sup.shutdown()
             sup_proc.wait(60)
         except Exception:

@@ -150,12 +150,14 @@ class Pipeline:
         time.sleep(POLL_S)
 
     def stop(self) -> list[int]:
-        """supervisorctl shutdown; SIGKILL whatever of this run is left. -> pids that had to be killed."""
+        """Every program stopped in supervisord's shutdown order (Supervisor.stop_all), then supervisord shut down;
+        SIGKILL whatever of this run is left. -> pids that had to be killed."""
         if self._client is not None:
             self._client.close()
             self._client = None
         if self.proc.poll() is None:
             try:
+                self.sup.stop_all(SHUTDOWN_TIMEOUT_S)
                 self.sup.shutdown()
                 self.proc.wait(SHUTDOWN_TIMEOUT_S)
             except (SupervisorError, OSError, subprocess.TimeoutExpired):
