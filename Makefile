@@ -28,31 +28,30 @@ $(RKNN_STAMP): scripts/rknn_venv.sh
 
 rknn-venv: $(RKNN_STAMP)
 
-# Debian's Chromium drives the web page's test (Playwright with executable_path). Installed when missing; that needs
-# root (CI runs as root): without it `make test` stops here rather than skipping the page test.
+# Debian packages the tests use, installed when missing, in one apt-get call (dpkg takes one lock: two calls side by
+# side under `make -j` would fail). That needs root (CI runs as root): without it `make test` stops here rather than
+# skipping the tests that use them.
+#   chromium         drives the web page's test (Playwright with executable_path)
+#   systemd          its systemd-analyze checks the unit `orchestrator service install` writes (tests/test_service.py);
+#                    systemd is not started
 CHROMIUM := /usr/bin/chromium
+SYSTEMD_ANALYZE := /usr/bin/systemd-analyze
+DEBS := $(CHROMIUM) $(SYSTEMD_ANALYZE)
 
-$(CHROMIUM):
-	@if [ "$$(id -u)" != 0 ]; then echo "make test needs $(CHROMIUM): run 'apt-get install -y chromium' as root" >&2; exit 1; fi
-	DEBIAN_FRONTEND=noninteractive apt-get update -q
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
+$(DEBS) &:
+	@want=""; [ -x $(CHROMIUM) ] || want="$$want chromium"; [ -x $(SYSTEMD_ANALYZE) ] || want="$$want systemd"; \
+	if [ -z "$$want" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then echo "make test needs$$want: run 'apt-get install -y$$want' as root" >&2; exit 1; fi; \
+	DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$want
 
 chromium: $(CHROMIUM)
-
-# Debian's systemd-analyze checks the unit `orchestrator service install` writes (tests/test_service.py); systemd is
-# not started. Installed when missing; that needs root (CI runs as root).
-SYSTEMD_ANALYZE := /usr/bin/systemd-analyze
-
-$(SYSTEMD_ANALYZE):
-	@if [ "$$(id -u)" != 0 ]; then echo "make test needs $(SYSTEMD_ANALYZE): run 'apt-get install -y systemd' as root" >&2; exit 1; fi
-	DEBIAN_FRONTEND=noninteractive apt-get update -q
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends systemd
 
 # Two workers, whole modules each (a module's pipeline is started once); a short base folder of its own, because the
 # unix sockets a test's run folder holds must stay under 100 characters and xdist adds a folder per worker.
 TEST_WORKERS ?= 2
 
-test: $(STAMP) $(RKNN_STAMP) $(CHROMIUM) $(SYSTEMD_ANALYZE)
+test: $(STAMP) $(RKNN_STAMP) $(DEBS)
 	@T=$$(mktemp -d /tmp/anima-pt.XXXXXX); \
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30 --basetemp=$$T tests; rc=$$?; rm -rf $$T; exit $$rc
 
