@@ -81,6 +81,22 @@ def default_pipeline(pipeline_assets):
         p.stop_clean()
 
 
+@pytest.fixture(scope="session")
+def board_pipeline(pipeline_assets, board_stages):
+    """One running pipeline with the board's stage set (encoder and VAE on ONNX Runtime: board_stages) and otherwise
+    the default config, for the modules whose subject is not the torch stages (the soak's always-on stages, the HTTP
+    front with third-party clients): a tiny job costs ~2 CPU-s there against ~9 with torch + transformers starting
+    per job. Shared and stopped as default_pipeline is."""
+    from tests.pipeline_harness import Pipeline
+    models, pack = pipeline_assets
+    p = Pipeline.start(models, pack, threads=1, extra_toml=board_stages)
+    try:
+        p.http_url()
+        yield p
+    finally:
+        p.stop_clean()
+
+
 @pytest.fixture
 def inproc_daemon(tmp_path):
     """A run folder (tmp_path/run) on a 64x64 manifest-only pack with its job daemon in this process

@@ -59,13 +59,15 @@ def tiny_assets(cache: Path, resolution: tuple[int, int] = (128, 128), dtype: st
     return models, pack
 
 
-def board_stage_toml(models: Path, cache: Path, resolution: tuple[int, int] = (128, 128)) -> str:
+def board_stage_toml(models: Path, cache: Path, resolution: tuple[int, int] = (128, 128),
+                     stages: tuple[str, ...] = ("encoder", "vae")) -> str:
     """[stage.encoder] and [stage.vae] tables that run the board's encoder and VAE (ONNX Runtime on the packs of
     `anima-models bundle --target none` from `models`, built under `cache` once): for the modules whose subject is
-    the pipeline's machinery (crashes, hangs, power cuts, the CLI), not the torch stages' numbers. On 2 cores a stage
-    start with torch + transformers costs ~11 CPU-s per job, the ONNX one ~1 s; the torch stages keep their own
-    pipeline tests (test_e2e_pipeline, test_stage_processes, the img2img/batch/LoRA flows). No VAE encoder pack:
-    an img2img job needs the torch VAE."""
+    the pipeline's machinery (crashes, hangs, power cuts, the CLI, the front), not the torch stages' numbers. On 2
+    cores a stage start with torch + transformers costs ~6-11 CPU-s per job, the ONNX one ~1 s; the torch stages
+    keep their own pipeline tests (test_e2e_pipeline, test_stage_processes, the img2img/batch/LoRA flows). `stages`:
+    the tables wanted (("encoder",): the ONNX encoder beside the torch VAE). No VAE encoder pack: an img2img job needs
+    the torch VAE."""
     from models.cli import main as models_main
     bundle = cache / f"cpu-bundle-{resolution[0]}x{resolution[1]}"
     if not (bundle / "bundle.json").exists():
@@ -75,7 +77,8 @@ def board_stage_toml(models: Path, cache: Path, resolution: tuple[int, int] = (1
             raise RuntimeError(f"bundle --target none from {models} failed ({rc})")
     from models.bundle import read_bundle
     from orchestrator.runfolder import bundle_stage_tables
-    return bundle_stage_tables(read_bundle(bundle, hashes=False))      # the tables `init --bundle` writes
+    tables = bundle_stage_tables(read_bundle(bundle, hashes=False))    # the tables `init --bundle` writes
+    return "".join(t + "\n\n" for t in tables.split("\n\n") if t and t.split("\n")[0][len("[stage."):-1] in stages)
 
 
 def pipeline_toml(pack: Path, models: Path, *, threads: int = 1, branch_timeout_s: float = 20.0,

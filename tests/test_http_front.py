@@ -24,8 +24,9 @@ PROMPT, NEGATIVE, SEED, STEPS, CFG = "1girl, silver hair, (blue eyes:1.2)", "wor
 
 
 @pytest.fixture(scope="module")
-def pipe(default_pipeline):
-    return default_pipeline
+def pipe(board_pipeline):
+    """The session's pipeline with the board's encoder and VAE: the front is the subject here, not the torch stages."""
+    return board_pipeline
 
 
 def url_of(p: Pipeline) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.pipeline_harness import Pipeline, tiny_assets
+from tests.pipeline_harness import Pipeline, board_stage_toml, tiny_assets
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
@@ -21,20 +21,20 @@ JOB_MS = 600_000
 
 
 @pytest.fixture(scope="module")
-def pipe():
-    cache = Path(tempfile.mkdtemp(prefix="anima-page-assets-"))
-    p = None
+def pipe(pipeline_assets):
+    """The session's tiny models and 128x128 pack, a 64x128 pack built beside it (the page offers both sizes); the
+    board's encoder on ONNX Runtime (the page is the subject, not transformers' start-up), the torch VAE (an
+    uploaded image is encoded: the CPU bundle has no VAE encoder)."""
+    models, pack = pipeline_assets
+    _, tall = tiny_assets(pack.parent, (64, 128))
+    encoder = board_stage_toml(models, pack.parent, stages=("encoder",))
+    p = Pipeline.start(models, pack, threads=1, packs=[tall], timing_plot=True, extra_toml=encoder)
     try:
-        models, pack = tiny_assets(cache, (128, 128))
-        _, tall = tiny_assets(cache, (64, 128))
-        p = Pipeline.start(models, pack, threads=1, packs=[tall], timing_plot=True)
         p.http_url()
         yield p
     finally:
-        if p is not None:
-            assert p.stop() == []
-            assert p.leftover_segments() == []
-        shutil.rmtree(cache, ignore_errors=True)
+        assert p.stop() == []
+        assert p.leftover_segments() == []
 
 
 @pytest.fixture(scope="module")

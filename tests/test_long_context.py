@@ -105,7 +105,7 @@ def test_each_pass_keeps_its_own_mask_in_every_scheduling(packs):
     np.testing.assert_array_equal(outs["on-demand"][1], alone)
 
 
-def test_pipeline_long_prompt_keeps_every_row(tmp_path_factory):
+def test_pipeline_long_prompt_keeps_every_row(pipeline_assets):
     """Through supervisord and the real stages with a 640-row FP16 pack: a prompt over 512 T5 tokens keeps all its
     rows (not truncated), the negative prompt's pass masks the rows past 512, and the final latent equals in-process
     sampling with ComfyUI's row counts (and not the unmasked one)."""
@@ -118,11 +118,11 @@ def test_pipeline_long_prompt_keeps_every_row(tmp_path_factory):
     from models.sampling.spectrum import SpectrumSettings
     from models.models_dir import resolve_models
     from models.text.tokenizers import PromptTokenizer
-    from tests.pipeline_harness import Pipeline, tiny_assets
+    from tests.pipeline_harness import Pipeline
 
     cache = Path(tempfile.mkdtemp(prefix="anima-long-"))     # not pytest's basetemp (see test_e2e_pipeline)
     try:
-        models, _ = tiny_assets(cache)
+        models, _ = pipeline_assets                           # the session's tiny models folder (read-only)
         paths = resolve_models(models, {}, need=("dit", "qwen_tokenizer", "t5_tokenizer"))
         pack = build_pack(paths.dit, cache / "pack128-640", (128, 128), "fp16", context=S_LONG)
         prompt = {"prompt": "girl, " * 290 + "(smile:1.2)", "negative_prompt": "lowres", "seed": 7, "steps": 2,

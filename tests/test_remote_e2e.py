@@ -4,10 +4,8 @@ bundle) with `endpoints.vae = tcp://…` pointing at the examples/remote-vae mac
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +15,7 @@ from PIL import Image
 
 from remote_net import RemoteNet, announce
 from remote_vae_machine import RemoteVae
-from tests.pipeline_harness import Pipeline, tiny_assets
+from tests.pipeline_harness import Pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -29,14 +27,9 @@ JOB_TIMEOUT_S = 600.0
 
 
 @pytest.fixture(scope="module")
-def assets():
-    """The tiny bundle and its 128x128 pack in a folder of our own (pytest's basetemp may be pruned by other sessions
-    while supervisord still reads from it)."""
-    cache = Path(tempfile.mkdtemp(prefix="anima-rvae-assets-"))
-    try:
-        yield tiny_assets(cache)
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
+def assets(pipeline_assets):
+    """The session's tiny bundle and its 128x128 pack."""
+    return pipeline_assets
 
 
 @pytest.fixture(scope="module")
