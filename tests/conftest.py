@@ -7,21 +7,21 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def tiny_dit(tmp_path_factory) -> Path:
-    """The tiny synthetic DiT + adapter (seed 0, prefix `net.`), written once per test session."""
-    from models.dit.synth import write_dit
-    path = tmp_path_factory.mktemp("tiny_dit") / "tiny-dit.safetensors"
-    write_dit("tiny", 0, path, prefix="net.")
-    return path
+def tiny_bundle(tmp_path_factory) -> Path:
+    """A complete synthetic tiny models folder (ComfyUI layout, seed 0), written once per session (~4 s); the
+    pipelines of pipeline_assets run on it too. Treat as read-only (copy it to add LoRAs)."""
+    from models.models_dir import write_bundle
+    out = tmp_path_factory.mktemp("tiny_assets") / "models"
+    write_bundle("tiny", 0, out)
+    return out
 
 
 @pytest.fixture(scope="session")
-def tiny_bundle(tmp_path_factory) -> Path:
-    """A complete synthetic tiny models folder (ComfyUI layout, seed 0), written once per session; treat as read-only."""
-    from models.models_dir import write_bundle
-    out = tmp_path_factory.mktemp("tiny_bundle")
-    write_bundle("tiny", 0, out)
-    return out
+def tiny_dit(tiny_bundle) -> Path:
+    """The tiny synthetic DiT + adapter (seed 0, prefix `net.`): the session bundle's DiT file (write_bundle writes it
+    with models.dit.synth.write_dit, as `anima-models synth dit --preset tiny --seed 0 --prefix net.` does)."""
+    from models.models_dir import resolve_models
+    return resolve_models(tiny_bundle, {}, need=("dit",)).dit
 
 
 @pytest.fixture(scope="session")
@@ -47,12 +47,12 @@ def rknn_pack(tmp_path_factory, tiny_dit, rknn_venv):
 
 
 @pytest.fixture(scope="session")
-def pipeline_assets(tmp_path_factory) -> tuple:
-    """(models folder, 128x128 FP16 pack) of tests.pipeline_harness.tiny_assets, built once per session (~10 s under
-    load) for the modules that run a pipeline on it; treat as read-only (more packs may be added beside it with
-    tiny_assets(pack.parent, ...))."""
+def pipeline_assets(tiny_bundle) -> tuple:
+    """(models folder, 128x128 FP16 pack) of tests.pipeline_harness.tiny_assets on the session's tiny bundle, the
+    pack built once per session for the modules that run a pipeline on it; treat as read-only (more packs may be
+    added beside it with tiny_assets(pack.parent, ...))."""
     from tests.pipeline_harness import tiny_assets
-    return tiny_assets(tmp_path_factory.mktemp("pipeline_assets"))
+    return tiny_assets(tiny_bundle.parent)
 
 
 @pytest.fixture(scope="session")
