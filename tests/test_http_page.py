@@ -5,6 +5,7 @@ sized window has no sideways scrolling. No Chromium is a failure, not a skip (`m
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -22,12 +23,15 @@ JOB_MS = 600_000
 
 @pytest.fixture(scope="module")
 def pipe(pipeline_assets):
-    """The session's tiny models and 128x128 pack, a 64x128 pack built beside it (the page offers both sizes); the
-    board's encoder on ONNX Runtime (the page is the subject, not transformers' start-up), the torch VAE (an
-    uploaded image is encoded: the CPU bundle has no VAE encoder)."""
-    models, pack = pipeline_assets
+    """The session's 128x128 pack and a 64x128 pack built beside it (the page offers both sizes); a models folder of
+    its own, hard links to the session's files (a test adds LoRAs to its loras/); the board's encoder on ONNX Runtime
+    (the page is the subject, not transformers' start-up), the torch VAE (an uploaded image is encoded: the CPU
+    bundle has no VAE encoder)."""
+    shared, pack = pipeline_assets
     _, tall = tiny_assets(pack.parent, (64, 128))
-    encoder = board_stage_toml(models, pack.parent, stages=("encoder",))
+    encoder = board_stage_toml(shared, pack.parent, stages=("encoder",))
+    own = Path(tempfile.mkdtemp(prefix="anima-page-models-"))
+    models = shutil.copytree(shared, own / "models", copy_function=os.link)
     p = Pipeline.start(models, pack, threads=1, packs=[tall], timing_plot=True, extra_toml=encoder)
     try:
         p.http_url()
@@ -35,6 +39,7 @@ def pipe(pipeline_assets):
     finally:
         assert p.stop() == []
         assert p.leftover_segments() == []
+        shutil.rmtree(own, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
