@@ -53,7 +53,7 @@ TEST_WORKERS ?= 2
 
 test: $(STAMP) $(RKNN_STAMP) $(DEBS)
 	@T=$$(mktemp -d /tmp/anima-pt.XXXXXX); \
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30 --basetemp=$$T tests; rc=$$?; rm -rf $$T; exit $$rc
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 --basetemp=$$T tests; rc=$$?; rm -rf $$T; exit $$rc
 
 # The board's install on this machine: a fresh .venv-board (pip install '.[board]', no torch), the tiny job through
 # supervisord from it with encoder and VAE on ONNX Runtime. Last line: board-check ok torch=absent job_s=… venv_mb=…

@@ -13,7 +13,16 @@ def tiny_bundle(tmp_path_factory) -> Path:
     from models.models_dir import write_bundle
     out = tmp_path_factory.mktemp("tiny_assets") / "models"
     write_bundle("tiny", 0, out)
-    return out
+    files = _listing(out)
+    yield out
+    assert _listing(out) == files, f"a test changed the shared tiny models folder {out} (copy it to change it)"
+
+
+def _listing(folder: Path) -> dict:
+    """{relative path: (size, mtime_ns)} of every file and folder under `folder`, but write_bundle's lock file (each
+    idempotent call opens it for writing)."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))
+            if p.name != ".anima-bundle.lock"}
 
 
 @pytest.fixture(scope="session")
@@ -115,17 +124,23 @@ def inproc_daemon(tmp_path):
         client.shut()
 
 
-# The modules that take longest (measured with --durations on main, seconds of one core each, roughly), run first:
-# `make test` spreads whole modules over two workers (pytest-xdist --dist loadfile), and a long module started last
-# would leave the other worker idle at the end. Modules not listed keep their order after these.
-LONGEST_FIRST = ("test_board_check.py", "test_http_doubles.py", "test_e2e_pipeline.py", "test_chaos.py",
-                 "test_samplers_comfy_model.py", "test_http_page.py", "test_batch_flow.py", "test_hires_flow.py",
-                 "test_hardening_pipeline.py", "test_quant.py", "test_lora_pipeline.py", "test_orchestrator_hardening.py",
-                 "test_demo.py", "test_bundle.py", "test_soak.py", "test_http_front.py", "test_orchestrator_flow.py",
-                 "test_http_settings.py", "test_stage_processes.py", "test_long_context.py", "test_img2img_pipeline.py",
-                 "test_img2img_flow.py", "test_daily_use.py", "test_lifecycle.py", "test_rknn_compile.py",
-                 "test_policies_pipeline.py", "test_shards.py", "test_rknn_backend.py", "test_step_cache.py",
-                 "test_remote_executor.py", "test_board_sim.py", "test_remote_e2e.py")
+# The modules that take longest (each module's wall time in a `make test` run on 2 workers, longest first), run
+# first: `make test` hands whole modules to two workers (pytest-xdist --dist loadfile --no-loadscope-reorder: without
+# that flag xdist reorders the modules by their number of tests, and a long module started last leaves the other
+# worker idle at the end). Modules not listed (under 8 s) keep their order after these.
+LONGEST_FIRST = ("test_board_check.py", "test_chaos.py", "test_e2e_pipeline.py", "test_hardening_pipeline.py",
+                 "test_samplers_comfy_model.py", "test_quant.py", "test_lora_pipeline.py", "test_http_doubles.py",
+                 "test_demo.py", "test_img2img_pipeline.py", "test_hires_flow.py", "test_stage_processes.py",
+                 "test_orchestrator_flow.py", "test_bundle.py", "test_orchestrator_hardening.py",
+                 "test_http_page.py", "test_batch_flow.py", "test_shards.py", "test_long_context.py",
+                 "test_rknn_backend.py", "test_rknn_compile.py", "test_http_settings.py", "test_lifecycle.py",
+                 "test_policies_pipeline.py", "test_daily_use.py", "test_img2img_flow.py",
+                 "test_lora_comfy_model.py", "test_vae_rknn.py", "test_http_front.py", "test_lora_pack.py",
+                 "test_forward_verify.py", "test_soak.py", "test_step_cache.py", "test_board_sim.py",
+                 "test_remote_executor.py", "test_board_calibrate.py", "test_remote_stage.py", "test_remote_e2e.py",
+                 "test_pack.py", "test_stage_hardening.py", "test_board_model.py", "test_vae_pack.py",
+                 "test_lora_rknn.py", "test_start_checks.py", "test_samplers_comfy_toy.py", "test_wheel_install.py",
+                 "test_img2img_sampling.py", "test_supervisor_ctl.py")
 
 
 def pytest_collection_modifyitems(items):
