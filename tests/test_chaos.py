@@ -31,15 +31,17 @@ JOB_TIMEOUT_S = 900.0
 # a killed executor is seen by heartbeats and resent to at once; only a silent one is waited for this long (a tiny
 # branch takes milliseconds, an ONNX executor's restart a second or two)
 BRANCH_TIMEOUT_S = 10.0
+REQUEST_S = 2.0              # [timeouts] request_s: a restarted stage answers HELLO within a second or two
 
 
 @pytest.fixture(scope="module")
 def pipe(pipeline_assets, board_stages):
     models, pack = pipeline_assets
     # one restart per job is all a trial needs (one kill each); the bounded-retries test then gives up after two
-    # attempts instead of four, each waiting out the scheduler's resends to a silent executor for BRANCH_TIMEOUT_S
+    # attempts instead of four: the first waits out the scheduler's resends to a silent executor (BRANCH_TIMEOUT_S),
+    # the second its HELLO to the executor (4 x REQUEST_S)
     p = Pipeline.start(models, pack, threads=1, stage_retries=1, branch_timeout_s=BRANCH_TIMEOUT_S,
-                       extra_toml=board_stages)                                                # the board's stages
+                       request_s=REQUEST_S, extra_toml=board_stages)                           # the board's stages
     try:
         yield p
     finally:
