@@ -306,8 +306,7 @@ def main(argv=None) -> int:
     if args.stop:
         from orchestrator.supervisor import Supervisor
         sup = Supervisor(rf.supervisor_sock)
-        sup.stop_all()                                # in supervisord's order, without its second per level
-        sup.shutdown()
+        sup.shutdown_in_order()                       # supervisord's order, without its second per level
         sup.wait_gone()                               # gone, so a next `make demo` can start it again at once
         _say(f"supervisord stopped ({conf})")
     else:

@@ -223,6 +223,14 @@ class Supervisor:
                 for proc in procs:
                     self.wait_state(proc, STOPPED_STATES, max(0.0, deadline - time.monotonic()))
 
+    def shutdown_in_order(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
+        """`stop_all`, then `shutdown`: supervisord is asked to exit even when a program outlasted `timeout_s` (that
+        SupervisorError is raised after the request). `wait_gone` waits for the exit."""
+        try:
+            self.stop_all(timeout_s)
+        finally:
+            self.shutdown()
+
     def wait_gone(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
         """Wait until supervisord no longer answers on its socket (a shutdown stops every program first, each within
         its stopwaitsecs). SupervisorError when it still answers after `timeout_s`, or answers as running again."""

@@ -203,8 +203,7 @@ def run(assets: Path, venv: Path) -> int:
             problems.append("the encoder log does not say it ran on ONNX Runtime")
     finally:
         try:
-            sup.stop_all(60)
-            sup.shutdown()
+            sup.shutdown_in_order(60)
             sup_proc.wait(60)
         except Exception:
             os.killpg(sup_proc.pid, 9)

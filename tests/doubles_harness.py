@@ -119,8 +119,7 @@ class Doubles:
     def stop(self) -> None:
         self.close_client()
         try:
-            self.sup.stop_all(60)
-            self.sup.shutdown()
+            self.sup.shutdown_in_order(60)
             self.proc.wait(timeout=60)
         except Exception:  # noqa: BLE001 - tear down whatever state it is in
             self.proc.kill()

@@ -155,15 +155,14 @@ class Pipeline:
         time.sleep(POLL_S)
 
     def stop(self) -> list[int]:
-        """Every program stopped in supervisord's shutdown order (Supervisor.stop_all), then supervisord shut down;
+        """Every program stopped in supervisord's shutdown order, then supervisord shut down (shutdown_in_order);
         SIGKILL whatever of this run is left. -> pids that had to be killed."""
         if self._client is not None:
             self._client.close()
             self._client = None
         if self.proc.poll() is None:
             try:
-                self.sup.stop_all(SHUTDOWN_TIMEOUT_S)
-                self.sup.shutdown()
+                self.sup.shutdown_in_order(SHUTDOWN_TIMEOUT_S)
                 self.proc.wait(SHUTDOWN_TIMEOUT_S)
             except (SupervisorError, OSError, subprocess.TimeoutExpired):
                 _killpg(self.proc.pid)

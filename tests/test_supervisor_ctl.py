@@ -147,8 +147,11 @@ def test_stop_all_goes_by_priority_without_waiting_for_supervisords_ticks(tmp_pa
         assert sorted(said[:2]) == ["front", "front2"] and said[2:] == ["daemon", "stage"], said
         assert all(sup.info(name).state == "STOPPED" for name, _ in programs)
         assert took < 2.0, f"stop_all took {took:.1f} s for three levels"
+        sup.shutdown_in_order()                     # nothing left to stop: supervisord exits at once
+        assert proc.wait(timeout=20) == 0
     finally:
-        _stop_supervisord(sup, proc)
+        if proc.poll() is None:
+            _stop_supervisord(sup, proc)
 
 
 def test_start_stop_status(tiny):
