@@ -120,12 +120,14 @@ def _toml_str(value) -> str:
     return json.dumps(str(value), ensure_ascii=False)
 
 
-def bundle_stage_tables(bundle) -> str:
-    """The [stage.encoder] and [stage.vae] tables of a checked models.bundle.Bundle: its encoder pack on ONNX
-    Runtime, its VAE packs (one per image size) on its backend."""
+def bundle_stage_tables(bundle, stages: tuple[str, ...] = ("encoder", "vae")) -> str:
+    """The [stage.encoder] and [stage.vae] tables of a checked models.bundle.Bundle (those of `stages`): its encoder
+    pack on ONNX Runtime, its VAE packs (one per image size) on its backend."""
     vae = ", ".join(_toml_str(v) for _, v in bundle.sizes.values())
-    return (f"[stage.encoder]\nbackend = \"onnx\"\npack = {_toml_str(bundle.encoder)}\n\n"
-            f"[stage.vae]\nbackend = {_toml_str(bundle.backend)}\nvae_pack = [{vae}]     # one per image size\n\n")
+    tables = {"encoder": f"[stage.encoder]\nbackend = \"onnx\"\npack = {_toml_str(bundle.encoder)}\n\n",
+              "vae": f"[stage.vae]\nbackend = {_toml_str(bundle.backend)}\n"
+                     f"vae_pack = [{vae}]     # one per image size\n\n"}
+    return "".join(tables[s] for s in stages)
 
 
 def pipeline_toml_text(pack_dirs=(), models_dir: Path | None = None, bundle=None) -> str:

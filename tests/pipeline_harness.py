@@ -77,8 +77,7 @@ def board_stage_toml(models: Path, cache: Path, resolution: tuple[int, int] = (1
             raise RuntimeError(f"bundle --target none from {models} failed ({rc})")
     from models.bundle import read_bundle
     from orchestrator.runfolder import bundle_stage_tables
-    tables = bundle_stage_tables(read_bundle(bundle, hashes=False))    # the tables `init --bundle` writes
-    return "".join(t + "\n\n" for t in tables.split("\n\n") if t and t.split("\n")[0][len("[stage."):-1] in stages)
+    return bundle_stage_tables(read_bundle(bundle, hashes=False), stages)    # the tables `init --bundle` writes
 
 
 def pipeline_toml(pack: Path, models: Path, *, threads: int = 1, branch_timeout_s: float = 20.0,
