@@ -27,14 +27,8 @@ JOB_TIMEOUT_S = 600.0
 
 
 @pytest.fixture(scope="module")
-def assets(pipeline_assets):
-    """The session's tiny bundle and its 128x128 pack."""
-    return pipeline_assets
-
-
-@pytest.fixture(scope="module")
-def remote_vae(assets, request):
-    models, _ = assets
+def remote_vae(pipeline_assets, request):
+    models, _ = pipeline_assets
     net = RemoteNet.up("re")
     vae = RemoteVae(net, models)
     ctx = zmq.Context()
@@ -57,8 +51,8 @@ def _board_toml(vae: RemoteVae) -> str:
             f'[security.servers]\nvae = "{keys / "vae.key"}"\n')
 
 
-def test_a_job_decodes_on_the_remote_vae(assets, remote_vae):
-    models, pack = assets
+def test_a_job_decodes_on_the_remote_vae(pipeline_assets, remote_vae):
+    models, pack = pipeline_assets
     with Pipeline.start(models, pack, threads=THREADS, extra_toml=_board_toml(remote_vae)) as p:
         # 1) the CLI health-checks the remote stage over CURVE instead of asking supervisord
         cli = subprocess.run([str(Path(sys.executable).with_name("orchestrator")), "--run", str(p.root), "stages"],
