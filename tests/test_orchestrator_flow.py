@@ -105,10 +105,10 @@ def test_job_runs_with_encoder_and_vae_down_while_denoising(pipeline, tmp_path, 
 
 
 def _with_startsecs(conf: str, programs, secs: int) -> str:
+    """supervisord.conf with `startsecs=` of each of `programs` set to `secs`."""
     for name in programs:
-        head = conf.index(f"[program:{name}]")
-        at = conf.index("startsecs=", head)
-        conf = conf[:at] + conf[at:].replace(conf[at:conf.index("\n", at)], f"startsecs={secs}", 1)
+        at = conf.index("startsecs=", conf.index(f"[program:{name}]"))
+        conf = conf[:at] + f"startsecs={secs}" + conf[conf.index("\n", at):]
     return conf
 
 
