@@ -101,7 +101,7 @@ def _poll(sock: zmq.Socket, timeout_s: float, *, should_stop: Callable[[], bool]
     if timeout_s <= 0:
         return bool(sock.poll(0, zmq.POLLIN))
     poller = zmq.Poller()
-    for s in (sock, *wake):
+    for s in (sock, *(wake if idle is not None else ())):     # input nothing serves would wake the wait in a loop
         poller.register(s, zmq.POLLIN)
     deadline = time.monotonic() + timeout_s
     next_check = time.monotonic() + POLL_SLICE_S

@@ -222,6 +222,38 @@ def test_input_on_a_wake_socket_runs_idle_at_once(ctx, run_dir, monkeypatch):
     assert not t.is_alive()
 
 
+def test_a_wake_socket_without_idle_does_not_spin_the_wait(ctx, run_dir):
+    """Input waiting on a `wake` socket that no `idle` serves would make every poll return at once: the wait would
+    spin a core until the reply. Without `idle`, the wake sockets are not watched."""
+    endpoint = ipc_endpoint(run_dir, "slow")
+    stop = threading.Event()
+    srv = Server(ctx, endpoint)
+
+    def handle(msg):
+        time.sleep(1.0)
+        return m.reply_to(msg, m.Ok, note=msg.KIND)
+
+    t = _thread(lambda: serve(srv, handle, should_stop=stop.is_set))
+    pull = make_socket(ctx, zmq.PULL, ipc_endpoint(run_dir, "clients"), bind=True)
+    push = make_socket(ctx, zmq.PUSH, ipc_endpoint(run_dir, "clients"), bind=False)
+    try:
+        push.send(b"status")
+        assert pull.poll(2000, zmq.POLLIN)                     # unread input on the wake socket
+        with LazyPirate(ctx, endpoint, peer="slow", timeout_s=5.0, retries=0) as lp:
+            cpu0 = time.process_time()
+            reply = lp.request(m.Heartbeat(peer="t"), wake=(pull,))
+            cpu = time.process_time() - cpu0
+        assert reply.note == "HEARTBEAT"
+        assert cpu < 0.5, f"the 1 s wait took {cpu:.2f} CPU-s"
+    finally:
+        stop.set()
+        t.join(5)
+        srv.close()
+        push.close(0)
+        pull.close(0)
+    assert not t.is_alive()
+
+
 def test_serve_answers_bad_messages_with_errors_and_keeps_serving(ctx, run_dir):
     endpoint = ipc_endpoint(run_dir, "echo")
     stop = threading.Event()
