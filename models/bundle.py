@@ -7,7 +7,8 @@
     BUNDLE/encoder/                 the text encoder for ONNX Runtime with its tokenizers (models/text/encoder_pack.py)
 
     bundle.json  {"schema": 1, "kind": "anima-bundle", "target": "rk3588" | "none", "toolkit": "2.5.0" | null,
-                  "sizes": {"512x512": {"dit": PART, "vae": PART}}, "encoder": PART, "sources": {...}, ...}
+                  "sizes": {"512x512": {"dit": PART, "vae": PART}}, "encoder": PART, "sources": {...},
+                  "sampling"?: {"steps", "cfg", "sampler", "scheduler"} (`--sampling`, as every DiT pack records), ...}
     PART         {"path": "dit-512x512", "kind": MANIFEST KIND, "bytes": N, "manifest_sha256": HEX}
 
 Paths are relative to the bundle (it is copied to the board as a whole). A part is pinned by the sha256 of its
@@ -27,10 +28,11 @@ from pathlib import Path, PurePosixPath
 from typing import Optional
 
 from models.durable import atomic_write
-from models.manifest import MANIFEST, ManifestRecord, file_sha256, tool_versions
+from models.manifest import MANIFEST, ManifestRecord, SamplingRecord, file_sha256, tool_versions
 from models.packs.pack import PACK_KIND as DIT_KIND
 from models.models_dir import resolve_models
 from models.packs.pack import PackError, build_pack, load_pack, missing_files, omit_onnx, onnx_omitted
+from models.packs.sampling import record_sampling
 from models.dit.partition import MAX_LORA_RANK, parse_resolution
 from models.schema import Int, SchemaError
 from models.text.encoder_pack import PACK_KIND as ENCODER_KIND
@@ -87,6 +89,7 @@ class BundleRecord(ManifestRecord, frozen=True):
     sizes: dict[str, SizeEntry]
     encoder: PartEntry
     toolkit: Optional[str] = None
+    sampling: Optional[SamplingRecord] = None      # the model's sampling settings, as each DiT pack records them
 
 
 @dataclass(frozen=True)
@@ -271,14 +274,15 @@ def _kept_encoder(d: Path, src: _Sources) -> bool:
 
 def build_bundle(models_dir, resolutions, target: str, out_dir, *, toolkit_venv=None, jobs: int = 1,
                  per_worker: int = 1, overwrite: bool = False, progress=None, overrides=None,
-                 lora_rank: int = 0) -> dict:
+                 lora_rank: int = 0, sampling: dict | None = None) -> dict:
     """Build (or complete) the bundle at `out_dir` from a ComfyUI-style models folder: per size (width, height) in
     `resolutions` an FP16 DiT pack (LoRA-ready at `lora_rank` R > 0) and a VAE pack, compiled for `target` (ONNX
     graphs then removed), the encoder pack, then bundle.json; -> bundle.json's content. A part already complete for
     these sources, size, target, toolkit and LoRA rank is kept (a run that stopped resumes); `progress` is a
     models.commands.progress.Progress. The sizes a bundle already at `out_dir` holds stay in it, after the ones
     asked for (made to match the sources, target and rank); with `overwrite` they are removed instead: no part
-    folder is left that bundle.json does not list."""
+    folder is left that bundle.json does not list. `sampling` (models/packs/sampling.py): what every DiT pack and
+    bundle.json record as the settings of the model (None: none recorded)."""
     if target not in TARGETS:
         raise BundleError(f"target {target!r}: choose one of {', '.join(TARGETS)}")
     asked = list(dict.fromkeys(tuple(r) for r in resolutions))
@@ -300,6 +304,8 @@ def build_bundle(models_dir, resolutions, target: str, out_dir, *, toolkit_venv=
             steps.step(rel)
             note = _branch_pack_part(out / rel, kind, size, paths, src, (target, toolkit, lora_rank), overwrite,
                                      steps, (toolkit_venv, jobs, per_worker))
+            if kind == DIT_KIND and record_sampling(out / rel, sampling) and note.startswith("kept"):
+                note = "kept, its sampling record changed"
             steps.done(note)
     steps.step(ENCODER_DIR)
     if _kept_encoder(out / ENCODER_DIR, src):
@@ -314,6 +320,7 @@ def build_bundle(models_dir, resolutions, target: str, out_dir, *, toolkit_venv=
         "sizes": {size_key(s): {"dit": _part_entry(out, part_dirs(s)[0], DIT_KIND),
                                 "vae": _part_entry(out, part_dirs(s)[1], VAE_KIND)} for s in sizes},
         "encoder": _part_entry(out, ENCODER_DIR, ENCODER_KIND), "lora_rank": lora_rank,
+        **({"sampling": dict(sampling)} if sampling is not None else {}),
         "sources": {n: {"name": getattr(paths, n).name, "sha256": src.sha(n)} for n in ("dit", "text_encoder", "vae")},
         "build_s": round(time.monotonic() - t0, 1),
     }

@@ -20,7 +20,7 @@ from typing import Any, Callable, ClassVar, Iterable
 
 from models.durable import atomic_write
 from models.lazy import import_target
-from models.schema import Int, Record, SchemaError, Wording
+from models.schema import Float, Int, Record, SchemaError, Text, Wording
 
 MANIFEST = "manifest.json"
 HASH_CHUNK = 8 * 1024 * 1024          # bytes per read when hashing
@@ -149,6 +149,24 @@ def branch_int8(branch: dict) -> list:
     return names
 
 
+def sampling_info(manifest: dict) -> dict | None:
+    """The sampling settings a pack or bundle records for the model it holds (`sampling`: steps, cfg, sampler,
+    scheduler; `anima-models pack|bundle --sampling`, models/packs/sampling.py), None when it records none (a job
+    then takes prompt.json's defaults). ManifestError when it is there but malformed."""
+    s = manifest.get("sampling")
+    if s is None:
+        return None
+    try:
+        return SamplingRecord.from_data(s, where="sampling").to_dict()
+    except SchemaError as e:
+        raise ManifestError(e.detail) from None
+
+
+def pack_sampling(folder) -> dict | None:
+    """sampling_info of the pack at `folder`."""
+    return sampling_info(manifest_json(folder))
+
+
 def pack_quant(folder) -> dict | None:
     """quant_info of the pack at `folder`."""
     return quant_info(manifest_json(folder))
@@ -248,6 +266,20 @@ class ManifestRecord(Record, frozen=True, forbid_unknown_fields=False):
     record and pass."""
 
     WORDING: ClassVar = MANIFEST_WORDS
+
+
+class SamplingRecord(ManifestRecord, frozen=True, forbid_unknown_fields=True):
+    """`sampling`: the settings a job takes when it sets none (KSampler's steps, cfg, sampler_name, scheduler)."""
+    steps: Int(1, 200)
+    cfg: Float(1.0, 30.0)
+    sampler: Text(64, 1)
+    scheduler: Text(64, 1)
+
+    def __post_init__(self):
+        from models.sampling.sampler import SAMPLER_NAMES, SCHEDULER_NAMES
+        for name, allowed in (("sampler", SAMPLER_NAMES), ("scheduler", SCHEDULER_NAMES)):
+            if getattr(self, name) not in allowed:
+                raise SchemaError(name, f"{name} {getattr(self, name)!r:.80} is not one of {', '.join(allowed)}")
 
 
 class FileEntry(ManifestRecord, frozen=True):

@@ -307,7 +307,8 @@ class Daemon:
         stale = stale_stages_message(self._file_config(), ALWAYS_ON_STAGES)  # on-demand ones start on the file as is
         if stale:
             return m.error_reply(msg.id, "failed", stale)
-        spec = resolve_prompt(msg.prompt, base_dir=base, resolution=list(self.packs))
+        spec = resolve_prompt(msg.prompt, base_dir=base, resolution=list(self.packs),
+                              sampling={size: p.sampling for size, p in self.packs.items()})
         size = (spec.width or self.pack.width, spec.height or self.pack.height)
         if self.vae_sizes is not None and size not in self.vae_sizes:     # found now, not after the whole denoise
             have = ", ".join(f"{w}x{h}" for w, h in self.vae_sizes) or "none readable"

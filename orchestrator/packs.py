@@ -26,6 +26,7 @@ class PackInfo:
     source_name: str
     lora_rank: int = 0        # R of a LoRA-ready pack (its branches take LoRAs per job); 0: a plain pack
     int8: tuple = ()          # a W8A8 pack's INT8 layers (fc1, qkv, q ...), calibrated without LoRAs; () for FP16
+    sampling: dict | None = None   # the model's settings for jobs that set none (models/packs/sampling.py)
 
     @property
     def size(self) -> tuple[int, int]:
@@ -42,7 +43,7 @@ class PackInfo:
 
 def read_pack(pack_dir: str | Path) -> PackInfo:
     """Manifest only (load_pack without hashing the files; the scheduler checks them when it loads the pack)."""
-    from models.manifest import quant_info
+    from models.manifest import quant_info, sampling_info
     from models.packs.pack import load_pack
     p = load_pack(pack_dir, check=False)
     q = quant_info(p.manifest)
@@ -51,7 +52,7 @@ def read_pack(pack_dir: str | Path) -> PackInfo:
                     latent_h=g.latent_h, latent_w=g.latent_w, tokens=g.tokens, text_tokens=g.text_tokens,
                     context_dim=c.context_dim, hidden=c.width, head_dim=c.head_dim, blocks=c.blocks, io_dtype=p.io_dtype,
                     source_sha256=str(p.source.get("sha256", "")), source_name=str(p.source.get("name", "")),
-                    lora_rank=g.lora_rank, int8=tuple(q["int8"]) if q else ())
+                    lora_rank=g.lora_rank, int8=tuple(q["int8"]) if q else (), sampling=sampling_info(p.manifest))
 
 
 def read_packs(pack_dirs) -> dict[tuple[int, int], PackInfo]:

@@ -72,15 +72,18 @@ def prompt_record(obj) -> PromptFile:
 
 
 def resolve_prompt(f: PromptFile, *, base_dir: Path | None = None, check_output: bool = True,
-                   resolution=None) -> PromptSpec:
-    """The record as the job runs it: a missing seed drawn at random and marked `seed_random`, Spectrum's default
-    settled, `output` absolute (and checked, with `check_output`). `resolution`: the (width, height) of the pack, or
-    a list of them (several packs, the default first); None: not checked."""
+                   resolution=None, sampling: dict | None = None) -> PromptSpec:
+    """The record as the job runs it: a missing seed drawn at random and marked `seed_random`, steps, cfg, sampler and
+    scheduler it leaves unset taken from its pack's record (`sampling`: {(width, height): the pack's settings or None})
+    else prompt.json's defaults, Spectrum's default settled, `output` absolute (and checked, with `check_output`).
+    `resolution`: the (width, height) of the pack, or a list of them (several packs, the default first); None: not
+    checked."""
     kw = {name: getattr(f, name) for name in f.__struct_fields__}
+    kw.update(f.sampling_filled(pack_sampling_for(f, resolution, sampling)))
     if f.seed is None:                  # omitted or null -> random, recorded
         kw["seed"], kw["seed_random"] = secrets.randbelow(SEED_LIMIT), True
     if f.spectrum is None:              # the default: Spectrum where the sampler allows it (docs/samplers.md)
-        kw["spectrum"] = SpectrumSettings(enabled=spectrum_refusal(f.sampler) is None and f.cache is None)
+        kw["spectrum"] = SpectrumSettings(enabled=spectrum_refusal(kw["sampler"]) is None and f.cache is None)
     elif isinstance(f.spectrum, bool):
         kw["spectrum"] = SpectrumSettings(enabled=f.spectrum)
     if f.output is not None:
@@ -89,6 +92,15 @@ def resolve_prompt(f: PromptFile, *, base_dir: Path | None = None, check_output:
     if resolution is not None:
         spec = spec.with_sizes(as_sizes(resolution))
     return spec
+
+
+def pack_sampling_for(f: PromptFile, resolution, sampling: dict | None) -> dict | None:
+    """The sampling settings the pack a job runs on records (the first size that fits it, as `with_sizes` picks);
+    None without a record, or when the size is not known here."""
+    if not sampling or resolution is None:
+        return None
+    fits = [s for s in as_sizes(resolution) if f.width in (None, s[0]) and f.height in (None, s[1])]
+    return sampling.get(fits[0]) if fits else None
 
 
 def parse_prompt_obj(obj, **kw) -> PromptSpec:

@@ -8,7 +8,7 @@ from typing import Annotated, ClassVar, Literal
 
 from models.lora.choice import MAX_LORAS, LoraChoice
 from models.sampling.sampler import (DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLER_NAMES, SCHEDULER_NAMES,
-                                     spectrum_refusal)
+                                     cfg_passes, spectrum_refusal)
 from models.sampling.img2img import DENOISE_STEPS, LatentPlan, passes_through
 from models.sampling.latent_ops import LATENT_SCALE, UPSCALE_METHODS, LatentOpError, upscale_size
 from models.sampling.schedules import DEFAULT_SHIFT
@@ -25,6 +25,9 @@ MAX_SIDE = 4096                 # pixels
 SEED_LIMIT = 2 ** 64            # seeds are 0 <= seed < 2^64
 DEFAULT_STEPS = 30
 DEFAULT_CFG = 4.0
+SAMPLING_FIELDS = ("steps", "cfg", "sampler", "scheduler")   # a pack's recorded settings fill these when unset
+DEFAULT_SAMPLING = {"steps": DEFAULT_STEPS, "cfg": DEFAULT_CFG, "sampler": DEFAULT_SAMPLER,
+                    "scheduler": DEFAULT_SCHEDULER}        # a pack that records none
 MAX_BATCH = 8                   # images per job (batch-1 packs run them one after another)
 MAX_HIRES_SCALE = 4.0           # hires `scale`: each latent side times at most this
 MAX_INT_DIGITS = 40             # a JSON integer longer than this is never a valid value (seeds are < 2^64: 20 digits)
@@ -197,12 +200,14 @@ class PromptFile(Record, frozen=True):
     prompt: Text(MAX_PROMPT_CHARS)
     negative_prompt: Text(MAX_PROMPT_CHARS) = ""
     seed: Int(0, SEED_LIMIT - 1) | None = None
-    steps: Int(1, MAX_STEPS) = DEFAULT_STEPS
-    cfg: Float(1.0, MAX_CFG) = DEFAULT_CFG
+    # omitted or null: the settings the job's pack records for its model (models/packs/sampling.py), else
+    # DEFAULT_SAMPLING (resolve_prompt fills them)
+    steps: Int(1, MAX_STEPS) | None = None
+    cfg: Float(1.0, MAX_CFG) | None = None
     width: Side | None = None            # None: the pack's resolution (filled by `with_resolution`)
     height: Side | None = None
-    sampler: Literal[SAMPLER_NAMES] = DEFAULT_SAMPLER
-    scheduler: Literal[SCHEDULER_NAMES] = DEFAULT_SCHEDULER
+    sampler: Literal[SAMPLER_NAMES] | None = None
+    scheduler: Literal[SCHEDULER_NAMES] | None = None
     spectrum: bool | SpectrumSettings | None = None     # omitted or null: on, where the sampler allows it
     output: Annotated[str, Meta(min_length=1, max_length=MAX_OUTPUT_CHARS, description=_NON_EMPTY_PATH)] | None = None
     overwrite: bool = False              # an existing `output` file is replaced (else kept, and the job says so)
@@ -242,7 +247,7 @@ class PromptFile(Record, frozen=True):
             if v is not None and v % 16:
                 raise PromptError(side, f"must be a multiple of 16 (8x VAE downsampling x 2x2 patches), got {v}")
         spectrum_on = self.spectrum if isinstance(self.spectrum, (bool, type(None))) else self.spectrum.enabled
-        if spectrum_on and spectrum_refusal(self.sampler):
+        if spectrum_on and self.sampler is not None and spectrum_refusal(self.sampler):
             raise PromptError("spectrum", f"{spectrum_refusal(self.sampler)}; set \"spectrum\": false for it "
                                           "(docs/samplers.md)")
         if self.cache is not None and spectrum_on:
@@ -250,7 +255,7 @@ class PromptFile(Record, frozen=True):
                                        "\"spectrum\" out (a cache turns it off) or set it false")
         _check_inputs(self)
         _check_hires(self)
-        if self.start_step is not None and passes_through(self.sampler, self.scheduler, self.steps, DEFAULT_SHIFT,
+        if self.start_step is not None and self.sampling_set() and passes_through(self.sampler, self.scheduler, self.steps, DEFAULT_SHIFT,
                                                           LatentPlan(denoise=float(self.denoise),
                                                                      denoise_steps=self.denoise_steps,
                                                                      start_step=self.start_step,
@@ -263,6 +268,22 @@ class PromptFile(Record, frozen=True):
             if "\x00" in self.output:
                 raise PromptError("output", "must not contain NUL characters")
             _unicode("output", self.output)
+
+    def sampling_set(self) -> bool:
+        """True when steps, cfg, sampler and scheduler are all set (a resolved spec's always are)."""
+        return all(getattr(self, k) is not None for k in SAMPLING_FIELDS)
+
+    def negative_ignored(self) -> bool:
+        """True when no pass of the job runs at a cfg other than 1: ComfyUI then runs no unconditional pass
+        (comfy/samplers.py), so a negative prompt changes nothing and is not encoded."""
+        cfgs = [self.cfg] + ([self.cfg if self.hires.cfg is None else self.hires.cfg] if self.hires else [])
+        return all(c is not None and cfg_passes(c) == 1 for c in cfgs)
+
+    def sampling_filled(self, recorded: dict | None = None) -> dict:
+        """{steps, cfg, sampler, scheduler} as the job runs them: its own where set, else the pack's `recorded`
+        settings, else DEFAULT_SAMPLING."""
+        base = {**DEFAULT_SAMPLING, **(recorded or {})}
+        return {k: base[k] if getattr(self, k) is None else getattr(self, k) for k in SAMPLING_FIELDS}
 
 
 def _check_hires(f) -> None:
@@ -313,6 +334,10 @@ class PromptSpec(PromptFile, frozen=True):
     settings record and `output` an absolute path (of a .png file or of a directory; None: the job folder)."""
 
     SPECTRUM_AS_ASKED: ClassVar[bool] = False
+    steps: Int(1, MAX_STEPS) = DEFAULT_STEPS
+    cfg: Float(1.0, MAX_CFG) = DEFAULT_CFG
+    sampler: Literal[SAMPLER_NAMES] = DEFAULT_SAMPLER
+    scheduler: Literal[SCHEDULER_NAMES] = DEFAULT_SCHEDULER
     spectrum: SpectrumSettings = SpectrumSettings()
     seed: Int(0, SEED_LIMIT - 1) = 0
     seed_random: bool = False           # True when the file had no seed and one was drawn (recorded for the report)

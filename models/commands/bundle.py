@@ -1,6 +1,7 @@
 """`anima-models bundle`: everything a board runs, from a ComfyUI-style models folder, in one folder to copy.
 
     anima-models bundle --models MODELS --resolution 1024x1024,896x1152,1152x896 --target rk3588 --out BUNDLE
+    anima-models bundle --models MODELS --resolution 1024x1024 --target rk3588 --out BUNDLE --sampling turbo
 
 Per size an FP16 DiT pack and a VAE pack, compiled for the target with rknn-toolkit2 (their ONNX graphs then removed:
 the board reads only the .rknn files), the text encoder for ONNX Runtime with its tokenizers, and bundle.json (paths,
@@ -31,6 +32,8 @@ def add_arguments(p) -> None:
     p.add_argument("--lora-rank", type=int, default=0, metavar="R",
                    help=f"LoRA-ready DiT packs: LoRAs up to a stacked rank R are chosen per job (0..{MAX_LORA_RANK}; "
                         "default 0; as `anima-models pack --lora-rank`, docs/lora.md)")
+    from models.packs.sampling import add_sampling_arguments
+    add_sampling_arguments(p)
     p.add_argument("--overwrite", action="store_true", help="replace parts built from other model files, and "
                    "remove the sizes already in the bundle that are not asked for (without it they are kept)")
 
@@ -48,11 +51,16 @@ def run(args) -> int:
         raise UserError(f"--lora-rank {args.lora_rank}: must be in 0..{MAX_LORA_RANK}")
     if args.per_worker < 0:
         raise UserError(f"--per-worker {args.per_worker}: must be 0 (no limit) or positive")
+    from models.packs.sampling import parse_sampling
+    try:
+        sampling = parse_sampling(args.sampling, args.sampling_json)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     overrides = {n: getattr(args, n, None) for n in PART_NAMES}
     progress = Progress(2 * len(dict.fromkeys(sizes)) + 1)
     data = build_bundle(args.models, sizes, args.target, args.out, toolkit_venv=args.toolkit_venv, jobs=args.jobs,
                         per_worker=args.per_worker, overwrite=args.overwrite, progress=progress, overrides=overrides,
-                        lora_rank=args.lora_rank)
+                        lora_rank=args.lora_rank, sampling=sampling)
     from pathlib import Path
     out = Path(args.out).expanduser().absolute()
     toolkit = f", rknn-toolkit2 {data['toolkit']}" if data["toolkit"] else ""

@@ -4,6 +4,7 @@
     anima-models pack anima-preview.safetensors --out packs/anima-512-lora32 --lora-rank 32    # LoRAs per job
     anima-models pack anima-preview.safetensors --out packs/anima-512-style --lora style.safetensors:0.8   # baked
     anima-models pack anima-preview.safetensors --out packs/anima-512-s3 --shards 3     # every NPU core on a branch
+    anima-models pack anima-turbo.safetensors --out packs/turbo-1024 --resolution 1024x1024 --sampling turbo
 """
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ def add_arguments(p) -> None:
                    "the host modulation (default 0.5), or off")
     p.add_argument("--int8", default="fc1,qkv,q", help="with --quant: the INT8 projections, from fc1, qkv, q, fc2 "
                    "(default fc1,qkv,q: fc2's input has nothing on the host to fold smoothing into)")
+    from models.packs.sampling import add_sampling_arguments
+    add_sampling_arguments(p)
     p.add_argument("--cuts", default=None, metavar="KIND=CUT,...", help="with --shards: the cut of a branch kind, "
                    "rows or heads (e.g. self=heads,ffn=rows); the kinds not named are chosen by the board model")
 
@@ -60,12 +63,14 @@ def _quant(args):
 def run(args) -> int:
     from models.lora import parse_lora_arg
     from models.packs.pack import build_pack, load_pack
+    from models.packs.sampling import parse_sampling
     from models.packs.sharded import parse_cuts
     width, height = parse_resolution(args.resolution)
+    sampling = parse_sampling(args.sampling, args.sampling_json)
     loras = [parse_lora_arg(a) for a in args.lora]
     out = build_pack(args.checkpoint, args.out, (width, height), args.dtype, overwrite=args.overwrite,
                      context=args.context, lora_rank=args.lora_rank, loras=loras, shards=args.shards,
-                     cuts=parse_cuts(args.cuts), quant=_quant(args))
+                     cuts=parse_cuts(args.cuts), quant=_quant(args), sampling=sampling)
     pack = load_pack(out)
     g = pack.geometry
     print(f"pack {out}: {pack.config.blocks} blocks x {len(pack.branches) // pack.config.blocks} branches, "
@@ -74,7 +79,11 @@ def run(args) -> int:
           + (f", LoRA rank {g.lora_rank}" if g.lora_rank else "")
           + "".join(f", baked LoRA {b['name']} x {b['strength']:g}" for b in pack.manifest.get("lora", {})
                     .get("baked", [])))
-    from models.manifest import quant_info
+    from models.manifest import quant_info, sampling_info
+    rec = sampling_info(pack.manifest)
+    if rec is not None:
+        print(f"sampling for jobs that set none: {rec['steps']} steps, cfg {rec['cfg']:g}, {rec['sampler']}, "
+              f"{rec['scheduler']}")
     q = quant_info(pack.manifest)
     if q is not None:
         print(f"quant {q['scheme']}: INT8 {','.join(q['int8'])}, smoothing {q['smooth']}, "

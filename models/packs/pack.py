@@ -130,7 +130,8 @@ def refuse_replacing(out: Path, sha: str, size: tuple, overwrite: bool, error=Pa
 
 def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", overwrite: bool = False,
                context: int = TEXT_TOKENS, lora_rank: int = 0, loras=(), shards: int = 1,
-               cuts: Optional[dict] = None, progress=None, quant: Optional[tuple] = None) -> Path:
+               cuts: Optional[dict] = None, progress=None, quant: Optional[tuple] = None,
+               sampling: Optional[dict] = None) -> Path:
     """Convert the checkpoint at `ckpt_path` into a pack at `out_dir` for `resolution` = (width, height) pixels.
 
     `context` > 512: cross-attention takes that many context rows plus an additive mask, so prompts longer than 512
@@ -148,6 +149,7 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
     `progress(blocks done, blocks)` is called after each block.
     `quant` (calibration folder, INT8 layer names, smoothing alpha or None): a W8A8 pack (models/quant/packing.py,
     docs/quant.md): smoothed weights, the factors among the host weights, the quantizer's dataset; compiled INT8.
+    `sampling` ({steps, cfg, sampler, scheduler}, models/packs/sampling.py): the settings jobs that set none take.
     """
     from models.dit.checkpoint import DiTCheckpoint
 
@@ -175,6 +177,8 @@ def build_pack(ckpt_path, out_dir, resolution=(512, 512), dtype: str = "fp16", o
         if qplan is not None:
             from models.quant.packing import quant_section, write_dataset
             manifest["quant"] = quant_section(qplan, write_dataset(tmp, qplan, cfg, geom))
+        if sampling is not None:
+            manifest["sampling"] = dict(sampling)
         write_manifest(tmp, manifest)
         fsync_dir(tmp / ONNX_DIR)                   # the ONNX files' entries, before the folder's rename
     log.info("pack %s: %d branches, %s, %dx%d, built in %.1f s", out, len(branches), dtype, geom.width, geom.height,

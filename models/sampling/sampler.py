@@ -58,6 +58,12 @@ def make_sigmas(scheduler: str, steps: int, shift: float = DEFAULT_SHIFT, sample
     return ks.ksampler_sigmas(sampler, scheduler, steps, shift)
 
 
+def cfg_passes(cfg: float) -> int:
+    """Model passes per call: ComfyUI runs no unconditional pass at cfg 1 (math.isclose(cfg, 1.0),
+    comfy/samplers.py sampling_function), so a negative prompt changes nothing there."""
+    return 1 if math.isclose(float(cfg), 1.0) else 2
+
+
 class Sampler:
     """A sampler + CFG over a sigma schedule, optionally with Spectrum; holds settings only, all progress lives in the
     state (models.sampling.sampler_state.SamplerState, its `run` the k_sampling step machine's)."""
@@ -84,8 +90,7 @@ class Sampler:
         self.steps = len(self.sigmas) - 1       # the steps run (beta drops repeated sigmas for many steps)
         self.cfg, self.scheduler, self.shift, self.spectrum = float(cfg), scheduler, float(shift), spectrum
         self.name = sampler
-        # ComfyUI runs no unconditional pass at cfg 1 (math.isclose(cfg, 1.0), comfy/samplers.py sampling_function)
-        self.passes = 1 if math.isclose(self.cfg, 1.0) else 2
+        self.passes = cfg_passes(self.cfg)
         self.cache = cache
         self._cache = None if cache is None else sc.StepCache(cache, self.shift, self.passes)
         self._machines: dict = {}

@@ -1,0 +1,208 @@
+"""A job priced before it runs: the MODELLED board seconds of a resolved prompt on a run folder's board settings
+and packs (`orchestrator estimate`, `generate --estimate`, the page's line beside Generate, report.json's
+`estimate`). Every figure comes from the board model (models/board: cost.toml through cost.py, the lifecycle policy
+through timeline.py and auto.py), never from a clock:
+
+    encode    the text encoder stage, start and weights included (cost.toml [job] encoder_s_estimate)
+    denoise   the job's model calls (its sampler's plan: Spectrum's forecast steps make none, a step of a two-call
+              sampler two) x CFG passes per call (1 at cfg 1), on its pack (size, FP16 or INT8 layers, shards) under
+              the executor's policy (`auto`: the one auto picks) on the `board_ram_gb` board; a hires fix adds its
+              second pass on the pack of its size
+    decode    the VAE: a VAE pack on the NPU (estimate) or the torch VAE on the CPU (reference figure R11), per image
+
+The last line is an interface (other checks parse it):
+    estimate job_s=S encode_s=S denoise_s=S decode_s=S calls=N passes=P [modelled]
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from models.board.cost import LABEL
+
+REFERENCE_NOTE = "no packs in the run folder: the official model at the job's size, the [board] defaults"
+
+
+class EstimateError(ValueError):
+    """A job the board model cannot price (its policy fits no modelled board, a size no pack serves)."""
+
+
+@dataclass(frozen=True)
+class BoardSettings:
+    """The run folder's [stage.executor] settings the board model prices with (board-sim's; an rknn board's too)."""
+    board_ram_gb: int = 8
+    board_model: str = "full"
+    board_cost: str | None = None
+    policy: object = "auto"
+    executor: dict = field(default_factory=dict)      # the whole table (parse_policy's resident_mb, dual_masks)
+    vae: str = "npu"                                  # where the VAE decodes: npu (a VAE pack) or cpu (torch)
+
+    @classmethod
+    def of_config(cls, cfg) -> "BoardSettings":
+        ex = cfg.stage_settings("executor")
+        vae = "cpu" if cfg.stage_settings("vae").get("backend", "torch") == "torch" else "npu"
+        return cls(int(ex.get("board_ram_gb", 8)), str(ex.get("board_model", "full")), ex.get("board_cost"),
+                   ex.get("policy", "auto"), ex, vae)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    encode_s: float
+    denoise_s: float
+    decode_s: float
+    calls: int
+    passes: int
+    policy: str
+    board_ram_gb: int
+    size: tuple
+    source: str
+    notes: tuple = ()
+    label: str = LABEL
+
+    @property
+    def job_s(self) -> float:
+        return self.encode_s + self.denoise_s + self.decode_s
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "size": list(self.size), "notes": list(self.notes), "job_s": self.job_s}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Estimate":
+        keep = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        return cls(**{**keep, "size": tuple(keep["size"]), "notes": tuple(keep.get("notes", ()))})
+
+    def line(self) -> str:
+        """THE last line (an interface: keep its format)."""
+        return (f"estimate job_s={self.job_s:.1f} encode_s={self.encode_s:.1f} denoise_s={self.denoise_s:.1f} "
+                f"decode_s={self.decode_s:.1f} calls={self.calls} passes={self.passes} [{self.label}]")
+
+    def lines(self) -> list:
+        w, h = self.size
+        out = [f"{self.label} RK3588 board ({self.source}), {self.board_ram_gb} GB, policy {self.policy}, "
+               f"{w}x{h}",
+               f"{self.label} encode {self.encode_s:.1f} s (text encoder stage, start and weights included)",
+               f"{self.label} denoise {self.denoise_s:.1f} s: {self.calls} model calls x {self.passes} CFG "
+               f"pass{'es' if self.passes > 1 else ''}",
+               f"{self.label} decode {self.decode_s:.1f} s"]
+        out += [f"{self.label} note: {n}" for n in self.notes]
+        return out + [self.line()]
+
+
+def passes_of(cfg: float) -> int:
+    """CFG passes per model call: ComfyUI runs no unconditional pass at cfg 1 (the sampler's rule)."""
+    from models.sampling.sampler import cfg_passes
+    return cfg_passes(cfg)
+
+
+def first_pass_calls(spec) -> int:
+    """Model calls of one image's first pass: its sampler's plan over the window it samples."""
+    from models.sampling.img2img import LatentPlan, LatentSampler
+    plan = LatentPlan(denoise=float(spec.denoise), denoise_steps=spec.denoise_steps, start_step=spec.start_step,
+                      last_step=spec.end_step, force_full_denoise=not spec.leftover_noise, add_noise=spec.add_noise,
+                      masked=spec.mask is not None)
+    s = LatentSampler(steps=spec.steps, cfg=spec.cfg, scheduler=spec.scheduler, spectrum=spec.spectrum,
+                      sampler=spec.sampler, cache=spec.cache, plan=plan)
+    return len(s.plan())
+
+
+def hires_calls(spec) -> tuple:
+    """(model calls, CFG passes) of one image's hires second pass (its own settings, else the job's)."""
+    from models.sampling.img2img import LatentPlan, LatentSampler
+    from models.sampling.sampler import spectrum_refusal
+    from models.sampling.spectrum import SpectrumSettings
+    h = spec.hires
+    sampler = h.sampler or spec.sampler
+    cfg = spec.cfg if h.cfg is None else h.cfg
+    spectrum = spec.spectrum if spectrum_refusal(sampler) is None else SpectrumSettings(enabled=False)
+    s = LatentSampler(steps=h.steps or spec.steps, cfg=cfg, scheduler=h.scheduler or spec.scheduler,
+                      spectrum=spectrum, sampler=sampler, cache=spec.cache, plan=LatentPlan(denoise=float(h.denoise)))
+    return len(s.plan()), passes_of(cfg)
+
+
+def _model(pack_dir, size, board: BoardSettings):
+    from models.board.cost import COST_FILE, BoardModel, CostModelError, Shape, load_cost
+    try:
+        if pack_dir is not None:
+            return BoardModel.for_pack(pack_dir, board.board_model, board.board_cost)
+        path = board.board_cost or COST_FILE
+        cost = load_cost(path)
+        return BoardModel(Shape.at_resolution(*size, cost), cost, path)
+    except (CostModelError, ValueError, OSError) as e:
+        raise EstimateError(f"the board model cannot price {size[0]}x{size[1]}: {e}") from None
+
+
+def denoise_on(pack_dir, size, calls: int, passes: int, board: BoardSettings) -> tuple:
+    """(board seconds, the policy's name, the model) of `calls` model calls on a pack under the executor's policy."""
+    from models.board import auto
+    from models.packs.memory_fit import for_auto
+    from models.policy import PolicyError, parse_policy
+    model = _model(pack_dir, size, board)
+    budget = model.context_budget_mib(board.board_ram_gb)
+    kw = {"computed_steps": max(1, calls), "passes": passes}
+    try:
+        if isinstance(board.policy, str) and board.policy.strip().lower() == "auto":
+            e = auto.choose(model, budget, memory=for_auto(size), **kw)[0]
+            name = f"auto: {e.policy.name}"
+        else:
+            e = auto.evaluate(model, parse_policy(board.policy, board.executor), budget, **kw)
+            name = e.policy.name if e is not None else str(board.policy)
+    except (PolicyError, ValueError) as err:
+        raise EstimateError(f"policy {board.policy!r:.80} on the {LABEL} {board.board_ram_gb} GB board: {err}") \
+            from None
+    if e is None:
+        raise EstimateError(f"policy {board.policy!r:.80} does not fit the {LABEL} {board.board_ram_gb} GB board")
+    return (e.denoise_s if calls else 0.0), name, model
+
+
+def estimate_spec(spec, packs: dict, board: BoardSettings) -> Estimate:
+    """The estimate of a resolved PromptSpec on `packs` ({(width, height): pack folder or None}: None prices the
+    official model at that size) under `board`."""
+    from models.board.account import job_figures
+    size = (spec.width, spec.height)
+    if size not in packs:
+        raise EstimateError(f"{size[0]}x{size[1]} has no model pack")
+    batch, notes = int(spec.batch), []
+    calls, passes = first_pass_calls(spec) * batch, passes_of(spec.cfg)
+    denoise, policy, model = denoise_on(packs[size], size, calls, passes, board)
+    encodes = 1
+    final = model
+    if spec.hires is not None:
+        second = spec.hires.size(*size)
+        if second not in packs:
+            raise EstimateError(f"the hires pass at {second[0]}x{second[1]} has no model pack")
+        h_calls, h_passes = hires_calls(spec)
+        h_s, _, final = denoise_on(packs[second], second, h_calls * batch, h_passes, board)
+        denoise, calls = denoise + h_s, calls + h_calls * batch
+        encodes += spec.hires.prompt is not None or spec.hires.negative_prompt is not None
+        if spec.hires.space == "pixel":
+            notes.append("the pixel hires path's extra decode and encode of the first pass are not priced")
+    if spec.cache is not None:
+        notes.append(f"{spec.cache.node} may reuse some model calls: priced as if every call ran")
+    if spec.negative_prompt.strip() and spec.negative_ignored():
+        notes.append("cfg 1: the negative prompt changes nothing and is not encoded")
+    j = job_figures(final)
+    decode = (j["decode_npu_s"] if board.vae == "npu" else j["decode_s"]) * batch
+    what = "a board's own calibration" if model.measured else "reference board and peer figures"
+    if all(p is None for p in packs.values()):
+        notes.append(REFERENCE_NOTE)
+    return Estimate(encode_s=j["encode_s"] * encodes, denoise_s=denoise, decode_s=decode, calls=calls,
+                    passes=passes, policy=policy, board_ram_gb=board.board_ram_gb, size=size,
+                    source=f"{model.source}, {what}", notes=tuple(notes))
+
+
+def estimate_with_config(spec, cfg, packs: dict | None = None) -> Estimate:
+    """The estimate on a pipeline config's board settings and packs (`packs`: the daemon's PackInfo by size, read
+    from the config's pack folders when not given)."""
+    if packs is None:
+        from orchestrator.packs import read_packs
+        packs = read_packs(cfg.packs)
+    return estimate_spec(spec, {size: Path(p.dir) for size, p in packs.items()}, BoardSettings.of_config(cfg))
+
+
+def safe_estimate(spec, cfg, packs: dict | None = None) -> dict | None:
+    """estimate_with_config as report.json keeps it; None when the board model cannot price the job (the job runs
+    all the same)."""
+    try:
+        return estimate_with_config(spec, cfg, packs).to_dict()
+    except (EstimateError, ValueError, OSError):
+        return None
