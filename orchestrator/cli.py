@@ -7,6 +7,7 @@
     orchestrator submit examples/prompt.json --wait     # validate, queue, follow, print image + timings
     orchestrator submit - < prompt.json                 # prompt.json from standard input
     orchestrator generate "1girl, ..." --steps 20 -o out.png    # one line: queue, follow, print the image path
+    orchestrator estimate examples/prompt.json          # its modelled board seconds, before it runs (generate --estimate)
     orchestrator status [JOB] | cancel JOB | resume JOB
     orchestrator prune --keep 20 | --older-than 7d     # remove finished jobs (never queued or running ones)
     orchestrator stages | restart executor | logs scheduler -f
@@ -159,6 +160,41 @@ def cmd_submit(args, rf: RunFolder) -> int:
     return _queue(args, rf, prompt, spec, wait=args.wait, cancel_on_interrupt=False)
 
 
+def _estimate(record, rf: RunFolder, resolution: str | None = None) -> int:
+    """Price a prompt record on this run folder's board settings and packs (modelled; nothing is queued): the lines
+    labelled modelled, the `estimate ...` line last (orchestrator/estimate.py)."""
+    from orchestrator.estimate import BoardSettings, EstimateError, estimate_spec
+    cfg = packs = None
+    if rf.pipeline_toml.exists():
+        from orchestrator.packs import read_packs
+        from stages.config import load_config
+        cfg = load_config(rf.pipeline_toml)
+        packs = read_packs(cfg.packs)
+    if packs:
+        sizes = _resolution(resolution, rf) if resolution else list(packs)
+        spec = resolve_prompt(record, resolution=sizes, check_output=False,
+                              sampling={size: p.sampling for size, p in packs.items()})
+        dirs, board = {size: p.dir for size, p in packs.items()}, BoardSettings.of_config(cfg)
+    else:       # no run folder yet: the official model at the job's size (512x512 unless it says), the defaults
+        size = _resolution(resolution, rf)[0] if resolution else (record.width or 512, record.height or 512)
+        spec = resolve_prompt(record, resolution=[size], check_output=False)
+        dirs, board = {size: None, **({spec.hires.size(*size): None} if spec.hires else {})}, BoardSettings()
+    try:
+        est = estimate_spec(spec, dirs, board)
+    except EstimateError as e:
+        raise CliError(str(e)) from None
+    print("\n".join(est.lines()))
+    return EXIT_OK
+
+
+def cmd_estimate(args, rf: RunFolder) -> int:
+    try:
+        data = read_prompt_stream(sys.stdin.buffer) if args.prompt == "-" else read_prompt_file(args.prompt)
+        return _estimate(parse_prompt_text(data), rf, args.resolution)
+    except PromptError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
+
+
 # generate's options -> the prompt.json field each one fills (errors name the option, not the field)
 GENERATE_FLAGS = {"prompt": "PROMPT", "negative_prompt": "--negative", "seed": "--seed", "steps": "--steps",
                   "cfg": "--cfg", "width": "-W/--width", "height": "-H/--height", "sampler": "--sampler",
@@ -259,6 +295,8 @@ def cmd_generate(args, rf: RunFolder) -> int:
         except UnicodeEncodeError:          # undecodable bytes on the command line (surrogate escapes)
             raise CliError(f"{GENERATE_FLAGS[field]}: not valid UTF-8 text", EXIT_USAGE) from None
     try:
+        if args.estimate:                   # priced, not queued
+            return _estimate(prompt_record(obj), rf)
         spec = parse_prompt_obj(obj, resolution=_resolution(None, rf))     # NaN/inf are named here, not in JSON
     except PromptError as e:
         flag = GENERATE_FLAGS.get(e.field) or GENERATE_FLAGS.get(e.field.split(".")[0].split("[")[0],
@@ -669,13 +707,13 @@ COMMANDS = (
         arg("prompt", help="the prompt (weights as in ComfyUI: (word:1.2))"),
         arg("--negative", help="negative prompt"),
         arg("--seed", type=int, help="0 .. 2^64-1 (default: random, printed)"),
-        arg("--steps", type=int, help="sampler steps (default 30)"),
-        arg("--cfg", type=float, help="CFG scale (default 4.0)"),
+        arg("--steps", type=int, help="sampler steps (default: the pack's recorded settings, else 30)"),
+        arg("--cfg", type=float, help="CFG scale (default: the pack's, else 4.0)"),
         arg("-W", "--width", type=int, help="image width (a size with a model pack; default: the first pack's)"),
         arg("-H", "--height", type=int, help="image height"),
-        arg("--sampler", help=f"{DEFAULT_SAMPLER} (default), er_sde, euler_ancestral, dpmpp_2m ... "
+        arg("--sampler", help=f"{DEFAULT_SAMPLER} (default, unless the pack records one), er_sde, euler_ancestral, dpmpp_2m ... "
                               "(ComfyUI's names: docs/samplers.md)"),
-        arg("--scheduler", help=f"{DEFAULT_SCHEDULER} (default), simple, karras, beta ... (docs/samplers.md)"),
+        arg("--scheduler", help=f"{DEFAULT_SCHEDULER} (default, unless the pack records one), simple, karras, beta ... (docs/samplers.md)"),
         arg("--no-spectrum", action="store_true", help="compute every step (no Spectrum forecasts)"),
         arg("--cache", choices=("easycache", "lazycache"),
             help="ComfyUI's EasyCache or LazyCache: reuse a model call when the input barely moved (Spectrum off; "
@@ -710,11 +748,21 @@ COMMANDS = (
         arg("--hires-seed", type=int, help="the second pass's noise seed (default: --seed)"),
         arg("--hires-prompt", help="the second pass's prompt (default: the prompt)"),
         arg("--hires-negative", help="the second pass's negative prompt (default: --negative)"),
+        arg("--estimate", action="store_true", help="print the job's modelled board seconds (as `orchestrator "
+                                                    "estimate`) instead of queueing it"),
         JSON_OUT),
         description="Queue one image and follow it to the end, as `submit --wait` does: progress and the timing "
                     "table on stderr, the image path as the last line on stdout. Unset options take prompt.json's "
                     "defaults (seed: random, size: the default pack's). Exit status: 0 done, 1 failed or cancelled, "
                     "2 bad input (the option is named), 130 Ctrl-C, which CANCELS the job."),
+    Command("estimate", "price prompt.json before it runs: modelled board seconds on this run folder's board "
+                        "settings and packs (nothing is queued)", cmd_estimate, (
+        arg("prompt", help="prompt.json, or - to read it from standard input"),
+        arg("--resolution", help="the pack size WxH to price it on (default: the job's own, as a submit picks it)")),
+        description="Encode, denoise (model calls x CFG passes at the job's size and pack, under the executor's "
+                    "policy on the board_ram_gb board) and decode, in MODELLED board seconds (models/board). The "
+                    "last line is `estimate job_s=... encode_s=... denoise_s=... decode_s=... calls=... passes=... "
+                    "[modelled]`."),
     Command("status", "every job, or one", cmd_status, (
         arg("job", nargs="?", metavar="JOB", help=JOB_HELP + " (default: every job)"),
         arg("--json", action="store_true", help="one JSON object per job, as the daemon reports it"))),

@@ -239,6 +239,8 @@ class Daemon:
     def _dispatch(self, msg: m.Message, defer: bool) -> m.Message:
         if isinstance(msg, m.Submit):
             return self._submit(msg, defer)
+        if isinstance(msg, m.EstimateJob):
+            return self._estimate(msg)
         if isinstance(msg, m.Status):
             return self._status(msg)
         if isinstance(msg, m.Info):
@@ -335,6 +337,21 @@ class Daemon:
             check.exception()                          # called directly (tests, tools): the check is waited for
             return self._queue_checked(pending)
         return self._queue(msg, spec, origin)
+
+    def _estimate(self, msg: m.EstimateJob) -> m.Message:
+        """The job a SUBMIT of this prompt would queue, checked as _submit checks it, priced on the board model
+        (orchestrator/estimate.py; modelled seconds); nothing is queued."""
+        from orchestrator.estimate import EstimateError, estimate_with_config
+        base = Path(msg.base_dir)
+        if not base.is_absolute():
+            return m.error_reply(msg.id, "bad_request", "base_dir must be an absolute path", field="base_dir")
+        spec = resolve_prompt(msg.prompt, base_dir=base, check_output=False, resolution=list(self.packs),
+                              sampling={size: p.sampling for size, p in self.packs.items()})
+        try:
+            est = estimate_with_config(spec, self.cfg, self.packs)
+        except EstimateError as e:
+            return m.error_reply(msg.id, "failed", str(e))
+        return m.reply_to(msg, m.Estimated, estimate=json.dumps(est.to_dict()))
 
     def _queue(self, msg: m.Submit, spec, origin) -> m.Message:
         """A checked SUBMIT into the queue, with its init image and mask (read, fitted and kept in the job folder

@@ -19,6 +19,7 @@ from models.durable import atomic_write
 from models.lora.choice import lora_short_hash
 from models.packs.pack import PackError, load_pack
 from models.dit.partition import TEXT_TOKENS, context_rows
+from orchestrator.estimate import safe_estimate
 from orchestrator.job_arena import create_job_arena
 from orchestrator.loras import LoraRefused
 from orchestrator.prompt_spec import PromptSpec, output_file
@@ -86,6 +87,7 @@ class JobFlow:
         self.pack = daemon.packs.get((self.spec.width, self.spec.height))     # the job's size picks its pack
         self.first_pack = self.pack                           # the first pass's (`pack` turns to the hires one)
         self.report = JobReport(job.id, job.spec)
+        self.report.estimate = safe_estimate(self.spec, self.cfg, daemon.packs)    # modelled, beside the measured
         for name in ("encoder", "executor", "vae"):
             self.report.stages[name].remote = self.cfg.is_remote(name)
         self.report.teardown.encoder_remote = self.cfg.is_remote("encoder")
@@ -400,7 +402,9 @@ class JobFlow:
 
     def _encode_first(self) -> None:
         remote = self.cfg.is_remote("encoder")
-        msg = m.Encode(job=self.job.id, prompt=self.spec.prompt, negative=self.spec.negative_prompt,
+        # cfg 1 everywhere: no unconditional pass reads the negative prompt's context, so it is not encoded
+        negative = "" if self.spec.negative_ignored() else self.spec.negative_prompt
+        msg = m.Encode(job=self.job.id, prompt=self.spec.prompt, negative=negative,
                        arena=None if remote else self.arena.name, cond=None if remote else self.cond,
                        uncond=None if remote else self.uncond, rows=self.pack.text_tokens, loras=self.spec.loras)
         reply = m.expect(self.control.call("encoder", msg, self.settings.encode_timeout_s), m.Encoded, "encoder")

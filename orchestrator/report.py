@@ -149,6 +149,7 @@ class JobReport:
     memory: MemoryTrace = field(default_factory=MemoryTrace)
     phases: list = field(default_factory=list)         # [[state, start_s, end_s]] from the job's start (this run)
     loras: list = field(default_factory=list)          # per LoRA: file, strengths, layers per place, where applied
+    estimate: dict | None = None     # the job priced before it ran (orchestrator/estimate.py; modelled seconds)
 
     def since_start(self) -> float:
         return time.time() - self.started
@@ -196,6 +197,8 @@ class JobReport:
             "phases": self.phases,
             "memory": {"unit": "MiB RSS", "measured": True, "series": self.memory.series},
             "wall_s": round((self.finished or time.time()) - self.started, 4),
+            **({"estimate": self.estimate} if self.estimate else {}),
+            "warnings": job_warnings(self.spec),
         }
 
     def _board_section(self) -> dict:
@@ -208,6 +211,41 @@ class JobReport:
 
     def write(self, path: Path) -> Path:
         return atomic_write(path, json.dumps(self.to_dict(), indent=1))
+
+
+def job_warnings(spec: dict) -> list:
+    """What the job record tells its user about settings that do nothing: a negative prompt at cfg 1 (ComfyUI runs
+    no unconditional pass there, so it is not encoded)."""
+    if not str(spec.get("negative_prompt") or "").strip():
+        return []
+    from models.sampling.sampler import cfg_passes
+    hires = spec.get("hires") or {}
+    cfgs = [spec.get("cfg", 4.0)] + ([hires.get("cfg") or spec.get("cfg", 4.0)] if hires else [])
+    if any(cfg_passes(float(c)) > 1 for c in cfgs):
+        return []
+    return ["cfg 1: the negative prompt changes nothing (no unconditional pass runs, as in ComfyUI) and was not "
+            "encoded; raise cfg above 1 for it to count"]
+
+
+def estimate_rows(report: dict) -> list:
+    """The estimate made before the job ran beside what was measured: encode, denoise, decode and the job, seconds
+    (the modelled row in board seconds; the measured row on this machine, or the board-sim's modelled board
+    denoise where the run was paced)."""
+    e = report.get("estimate")
+    if not e:
+        return []
+    st = report.get("stages", {})
+    wall = lambda n: float(st.get(n, {}).get("wall_s", 0.0))     # noqa: E731
+    board = report.get("board")
+    denoise = float(board["denoise_board_s"]) if board else wall("scheduler")
+    what = "board-sim run (denoise: its modelled board)" if board else "this run"
+    head = f"{'':<22} {'encode s':>9} {'denoise s':>10} {'decode s':>9} {'job s':>9} {'calls':>6} {'passes':>6}"
+    return [head,
+            f"{'estimate (modelled)':<22} {e['encode_s']:>9.1f} {e['denoise_s']:>10.1f} {e['decode_s']:>9.1f} "
+            f"{e['job_s']:>9.1f} {e['calls']:>6} {e['passes']:>6}",
+            f"{'measured':<22} {wall('encoder'):>9.1f} {denoise:>10.1f} {wall('vae'):>9.1f} "
+            f"{float(report.get('wall_s', 0.0)):>9.1f} {int(report.get('model_calls') or report.get('nfe') or 0):>6} "
+            f"{'':>6}  ({what})"]
 
 
 A1111_NEGATIVE = "Negative prompt:"
@@ -340,6 +378,10 @@ def format_table(report: dict) -> str:
     text = report.get("text") or {}
     if text.get("truncated"):
         lines.append(f"prompt truncated: {text.get('note', '')}")
+    rows = estimate_rows(report)
+    if rows:
+        lines += [""] + rows
+    lines += [f"warning: {w}" for w in report.get("warnings", [])]
     td = report.get("teardown", {})
     lines.append(f"encoder running during denoise: {td.get('encoder_running_during_denoise')}, "
                  f"vae running during denoise: {td.get('vae_running_during_denoise')} "

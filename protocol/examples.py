@@ -97,6 +97,8 @@ def examples(seed: int = 0) -> dict[str, m.Message]:
     out["SUBMIT"] = m.Submit(prompt=PromptFile(prompt="1girl", steps=20), base_dir="/home/user",
                              origin='{"api": "comfyui", "client_id": "c1"}')
     out["SUBMITTED"] = m.Submitted(job="job-2", seed=2**63 + 5, position=1)
+    out["ESTIMATE"] = m.EstimateJob(prompt=PromptFile(prompt="1girl", cfg=1.0), base_dir="/home/user")
+    out["ESTIMATED"] = m.Estimated(estimate='{"job_s": 540.5, "calls": 11, "passes": 1, "label": "modelled"}')
     out["STATUS"] = m.Status(job=None, detail=True, active=True, before="job-9", limit=24)
     out["JOBS"] = m.Jobs(jobs=[m.JobInfo(job="job-1", state="denoising", created=1.7e9, updated=1.7e9 + 5,
                                          progress=out["PROGRESS"], spec_json='{"prompt": "1girl"}'),

@@ -31,6 +31,7 @@ The conversation (→ request, ← its reply, ⇢ event):
     → VAE_ENCODE {job, image, arena, latent, tile}     ← VAE_ENCODED {job, latent, timings}
   orchestrator CLI, HTTP front → orchestrator daemon (ipc://RUN/sock/orchestrator.sock)
     → SUBMIT {prompt, base_dir, origin}                ← SUBMITTED {job, seed, position}
+    → ESTIMATE {prompt, base_dir}                      ← ESTIMATED {estimate}   (checked as SUBMIT; nothing queued)
     → STATUS {job | None, detail, active, before, limit}   ← JOBS {jobs: [JobInfo], more}
     → CANCEL {job}                                     ← OK
     → RESUME {job}                                     ← SUBMITTED
@@ -500,6 +501,18 @@ class Submitted(Message, tag="SUBMITTED"):
     job: Name
     seed: Int(0, 2**64 - 1)  # drawn by the daemon when the file had none
     position: Int(0, 2**20) = 0
+
+
+@_message("ESTIMATE")
+class EstimateJob(Message, tag="ESTIMATE"):
+    """The job SUBMIT would queue, checked the same way and priced on the board model instead (nothing is queued)."""
+    prompt: PromptFile
+    base_dir: Path
+
+
+@_message("ESTIMATED")
+class Estimated(Message, tag="ESTIMATED"):
+    estimate: Text(MAX_ORIGIN_CHARS)  # JSON object: orchestrator/estimate.py Estimate.to_dict (modelled seconds)
 
 
 @_message("STATUS")
