@@ -310,7 +310,7 @@ class Daemon:
         if stale:
             return m.error_reply(msg.id, "failed", stale)
         spec = resolve_prompt(msg.prompt, base_dir=base, resolution=list(self.packs),
-                              sampling={size: p.sampling for size, p in self.packs.items()})
+                              sampling=self._pack_sampling())
         size = (spec.width or self.pack.width, spec.height or self.pack.height)
         if self.vae_sizes is not None and size not in self.vae_sizes:     # found now, not after the whole denoise
             have = ", ".join(f"{w}x{h}" for w, h in self.vae_sizes) or "none readable"
@@ -338,6 +338,10 @@ class Daemon:
             return self._queue_checked(pending)
         return self._queue(msg, spec, origin)
 
+    def _pack_sampling(self) -> dict:
+        """{(width, height): the sampling settings that size's pack records, or None} for resolve_prompt."""
+        return {size: p.sampling for size, p in self.packs.items()}
+
     def _estimate(self, msg: m.EstimateJob) -> m.Message:
         """The job a SUBMIT of this prompt would queue, checked as _submit checks it, priced on the board model
         (orchestrator/estimate.py; modelled seconds); nothing is queued."""
@@ -346,7 +350,7 @@ class Daemon:
         if not base.is_absolute():
             return m.error_reply(msg.id, "bad_request", "base_dir must be an absolute path", field="base_dir")
         spec = resolve_prompt(msg.prompt, base_dir=base, check_output=False, resolution=list(self.packs),
-                              sampling={size: p.sampling for size, p in self.packs.items()})
+                              sampling=self._pack_sampling())
         try:
             est = estimate_with_config(spec, self.cfg, self.packs)
         except EstimateError as e:
@@ -409,7 +413,7 @@ class Daemon:
     def _info(self, msg: m.Info) -> m.Pipeline:
         packs = tuple(m.PackRef(width=p.width, height=p.height, dir=str(p.dir), dtype=p.io_dtype, blocks=p.blocks,
                                 source_name=p.source_name[:m.MAX_PATH_CHARS], source_sha256=p.source_sha256[:64],
-                                lora_rank=p.lora_rank)
+                                lora_rank=p.lora_rank, sampling=m.SamplingRef(**p.sampling) if p.sampling else None)
                       for p in self.packs.values())
         loras = tuple(self.loras.names()[:m.MAX_LORAS_LISTED])
         return m.reply_to(msg, m.Pipeline, packs=packs, models=self.model_files(), max_queue=self.settings.max_queue,

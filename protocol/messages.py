@@ -476,6 +476,16 @@ class JobInfo(_Record, frozen=True):
     origin: Text(MAX_ORIGIN_CHARS) = ""  # with STATUS detail: SUBMIT's origin ("" when none)
 
 
+class SamplingRef(_Record, frozen=True):
+    """The sampling settings a pack records for its model (models/packs/sampling.py): a job that sets none takes
+    them."""
+
+    steps: Int(1, 1000)
+    cfg: Float(0.0, 100.0)
+    sampler: Name
+    scheduler: Name
+
+
 class PackRef(_Record, frozen=True):
     """A model pack the daemon serves: one image size."""
 
@@ -487,6 +497,7 @@ class PackRef(_Record, frozen=True):
     source_name: Note = ""  # the checkpoint it was built from
     source_sha256: Text(64) = ""
     lora_rank: Int(0, 2**16) = 0  # R of a LoRA-ready pack; 0: it takes no LoRA per job
+    sampling: SamplingRef | None = None  # None: the pack records none (prompt.json's defaults)
 
 
 @_message("SUBMIT")

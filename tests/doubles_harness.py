@@ -38,7 +38,7 @@ def fake_pack(d: Path, width: int = 64, height: int = 64) -> Path:
     d.mkdir(parents=True)
     (d / "manifest.json").write_text(json.dumps({
         "schema": 1, "kind": "anima-dit-pack", "source": SOURCE, "config": cfg,
-        "resolution": {"width": width, "height": height}, "dtype": "fp32",
+        "resolution": {"width": width, "height": height}, "geometry": geom.to_dict(), "dtype": "fp32",
         "host": {"file": "host.safetensors", "sha256": "0" * 64}, "branches": branches}))
     return d
 

@@ -439,8 +439,9 @@ def test_a_submit_whose_origin_the_record_cannot_keep_is_a_field_error(tmp_path)
     from orchestrator.daemon import Daemon
     from protocol import messages as m
     daemon = Daemon.__new__(Daemon)                     # the SUBMIT handler over this store, no sockets
-    daemon.store, daemon.packs, daemon._submits, daemon._wake = JobStore(tmp_path, cached=True), {(64, 64): 0}, \
-        OrderedDict(), False
+    from types import SimpleNamespace
+    daemon.store, daemon.packs, daemon._submits, daemon._wake = JobStore(tmp_path, cached=True), \
+        {(64, 64): SimpleNamespace(sampling=None)}, OrderedDict(), False
     daemon.vae_sizes = None                             # a VAE that decodes any size (no VAE pack configured)
     daemon._pending = {}                                # no SUBMIT's LoRAs under check
     from orchestrator.runfolder import RunFolder

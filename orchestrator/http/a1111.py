@@ -169,11 +169,11 @@ def _hires_own(body: dict, spec: dict) -> dict:
         except A1111NameError as e:
             raise _bad("hr_" + e.field, str(e)) from None
         if scheduler is None and hsch == DEFAULT_SCHEDULER:     # none of its own, none in the sampler's name
-            hsch = spec["scheduler"]                            # ("DPM++ 2M Karras"): the first pass's
-        own.update({k: v for k, v in (("sampler", hs), ("scheduler", hsch)) if v != spec[k]})
+            hsch = spec.get("scheduler")                        # ("DPM++ 2M Karras"): the first pass's
+        own.update({k: v for k, v in (("sampler", hs), ("scheduler", hsch)) if v is not None and v != spec.get(k)})
     if body.get("hr_cfg") is not None:          # Forge's field (A1111 has none): the second pass's CFG scale
-        cfg = float(_number(body, "hr_cfg", spec["cfg"], integer=False, low=1.0, high=MAX_CFG))
-        if cfg != spec["cfg"]:
+        cfg = float(_number(body, "hr_cfg", spec.get("cfg", 7.0), integer=False, low=1.0, high=MAX_CFG))
+        if cfg != spec.get("cfg"):
             own["cfg"] = cfg
     return own
 
@@ -184,10 +184,12 @@ def image_count(body: dict) -> int:
             * _number(body, "n_iter", 1, integer=True, low=1, high=MAX_N_ITER))
 
 
-def to_spec(body: dict, size: tuple = (512, 512), *, batches: bool = False) -> dict:
+def to_spec(body: dict, size: tuple = (512, 512), *, batches: bool = False, recorded: bool = False) -> dict:
     """A txt2img request -> a prompt.json object (the daemon checks it again against its packs); `size`: the
     width and height a request without them gets (the default pack's: A1111's 512 may have no pack here).
-    `batches`: batch_size / n_iter are read by the caller (image_count), else they must be 1."""
+    `batches`: batch_size / n_iter are read by the caller (image_count), else they must be 1. `recorded`: the pack
+    of the job's size records its model's sampling settings, so steps, cfg_scale and the sampler the request leaves
+    out are left to the daemon to fill from it (else A1111's defaults: 20 steps, cfg 7, Euler)."""
     for field, ok in MUST_BE.items():
         if batches and field in ("batch_size", "n_iter", "enable_hr"):      # txt2img reads these itself
             continue
@@ -206,12 +208,21 @@ def to_spec(body: dict, size: tuple = (512, 512), *, batches: bool = False) -> d
     seed = _number(body, "seed", -1, integer=True, low=-1, high=2**64 - 1)
     if seed != -1:
         spec["seed"] = seed
-    sampler = _name(body, "sampler_name") or _name(body, "sampler_index") or "Euler"
+    named = _name(body, "sampler_name") or _name(body, "sampler_index")
+    sampler = named or "Euler"
     scheduler = _name(body, "scheduler") or AUTOMATIC
     try:
         spec["sampler"], spec["scheduler"] = resolve(sampler, scheduler)
     except A1111NameError as e:
         raise _bad(e.field, str(e)) from None
+    if recorded:                      # what the request leaves out is the pack's (models/packs/sampling.py)
+        for field, key in (("steps", "steps"), ("cfg_scale", "cfg")):
+            if field not in body:
+                del spec[key]
+        if not named:
+            del spec["sampler"]
+        if not named and scheduler == AUTOMATIC:
+            del spec["scheduler"]
     if "spectrum" in body:
         if not isinstance(body["spectrum"], bool):
             raise _bad("spectrum", "must be true or false")
@@ -302,7 +313,10 @@ async def txt2img(request: web.Request) -> web.Response:
     try:
         body = await read_json(request)
         sizes = (await front.tracker.names()).sizes
-        spec = to_spec(body, sizes[0] if sizes else (512, 512), batches=True)
+        size = sizes[0] if sizes else (512, 512)
+        recorded = {(p.width, p.height) for p in (await front.tracker.info()).packs if p.sampling is not None}
+        asked = (body.get("width", size[0]), body.get("height", size[1]))
+        spec = to_spec(body, size, batches=True, recorded=asked in recorded)
         count = image_count(body)
         hires = hires_of(body, spec)
         if hires is not None:
@@ -318,8 +332,9 @@ async def txt2img(request: web.Request) -> web.Response:
                        int(body.get("batch_size", 1)))
     params = {**body, "prompt": body.get("prompt", spec["prompt"]), "negative_prompt": spec["negative_prompt"],
               "seed": job.spec["seed"],
-              "steps": spec["steps"], "cfg_scale": spec["cfg"], "width": spec["width"], "height": spec["height"],
-              "sampler_name": "Euler", "scheduler": spec["scheduler"], "batch_size": int(body.get("batch_size", 1)),
+              "steps": job.spec["steps"], "cfg_scale": job.spec["cfg"], "width": spec["width"],
+              "height": spec["height"], "sampler_name": "Euler", "scheduler": job.spec["scheduler"],
+              "batch_size": int(body.get("batch_size", 1)),
               "n_iter": int(body.get("n_iter", 1))}
     images = [base64.b64encode(p).decode() for p in pngs] if _bool(body, "send_images", True) else []
     return json_response({"images": images, "parameters": params, "info": json.dumps(info)})

@@ -7,11 +7,15 @@
                                       (/upload/image) init_image, denoise, resize_mode, mask, grow_mask_by;
                                       client_id} -> {"job", "seed", "position"}
 Seeds travel as strings of digits here: 64-bit seeds do not fit a JavaScript number.
+    POST /anima/estimate             the same form body -> the job's MODELLED board seconds (orchestrator/estimate.py:
+                                      {"job_s", "encode_s", "denoise_s", "decode_s", "calls", "passes", "notes",
+                                      "line", ...}); checked by the daemon as a submit is, nothing queued
     POST /anima/jobs/{job}/cancel    -> {"note"}
 Live progress comes over /ws (`anima.progress`, `anima.job`, and ComfyUI's messages for the page's own jobs).
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -23,6 +27,7 @@ from models.sampling.step_cache import NODE_NAMES as CACHE_NODES, CacheSettings
 from models.lora.choice import MAX_LORAS
 from orchestrator.http import files
 from orchestrator.http.common import FRONT, cancel_job, json_response, read_json, refuse, submit_job
+from orchestrator.http.link import DaemonRefused
 from orchestrator.http.views import JobView
 from orchestrator.job_record import JOB_ID_RE
 from orchestrator.prompt_spec import DEFAULT_CFG, DEFAULT_STEPS, MAX_CFG, MAX_PROMPT_CHARS, MAX_STEPS
@@ -53,6 +58,8 @@ async def info(request: web.Request) -> web.Response:
                                                                        for p in pipe.packs},
         "defaults": {"steps": DEFAULT_STEPS, "cfg": DEFAULT_CFG, "spectrum": True, "sampler": DEFAULT_SAMPLER,
                      "scheduler": DEFAULT_SCHEDULER},
+        # per size, the settings its pack records for its model (models/packs/sampling.py): the form takes them
+        "sampling": {f"{p.width}x{p.height}": p.sampling.to_dict() for p in pipe.packs if p.sampling is not None},
         "limits": {"steps": MAX_STEPS, "cfg": MAX_CFG, "prompt_chars": MAX_PROMPT_CHARS, "loras": MAX_LORAS,
                    "batch": MAX_BATCH},
         "hires": HIRES_CHOICES,
@@ -103,9 +110,8 @@ async def list_jobs(request: web.Request) -> web.Response:
                           "more": reply.more})
 
 
-async def post_job(request: web.Request) -> web.Response:
-    """The page's form: a prompt.json object (the daemon validates it: errors name the field) plus client_id."""
-    front = request.app[FRONT]
+async def form_body(request: web.Request) -> tuple:
+    """(the page's form as a prompt.json object, its client_id): unknown fields refused, the seed's digits read."""
     body = await read_json(request)
     client_id = body.pop("client_id", None)
     if client_id is not None and (not isinstance(client_id, str) or len(client_id) > 128):
@@ -118,8 +124,31 @@ async def post_job(request: web.Request) -> web.Response:
         if not (seed.isascii() and seed.isdigit() and len(seed) <= 20):
             raise refuse(400, "seed must be a whole number", field="seed")
         body["seed"] = int(seed)
+    return body, client_id
+
+
+async def post_job(request: web.Request) -> web.Response:
+    """The page's form: a prompt.json object (the daemon validates it: errors name the field) plus client_id."""
+    front = request.app[FRONT]
+    body, client_id = await form_body(request)
     sub = await submit_job(front, body, {"api": "page", "client_id": client_id})
     return json_response({"job": sub.job, "seed": str(sub.seed), "position": sub.position})
+
+
+async def post_estimate(request: web.Request) -> web.Response:
+    """The form priced on the board model by the daemon (checked as a submit is; nothing queued): modelled seconds
+    and the `estimate ...` line."""
+    from orchestrator.prompt_spec import PromptError, prompt_record
+    front = request.app[FRONT]
+    body, _ = await form_body(request)
+    try:
+        prompt = prompt_record(body)
+    except PromptError as e:
+        raise DaemonRefused(m.error_reply(0, "bad_request", str(e), field=e.field)) from None
+    reply = await front.link.call(m.EstimateJob(prompt=prompt, base_dir=str(front.rf.root)), m.Estimated)
+    from orchestrator.estimate import Estimate
+    est = Estimate.from_dict(json.loads(reply.estimate))
+    return json_response({**est.to_dict(), "line": est.line()})
 
 
 async def post_cancel(request: web.Request) -> web.Response:
@@ -137,3 +166,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/anima/jobs", list_jobs)
     app.router.add_post("/anima/jobs", post_job)
     app.router.add_post("/anima/jobs/{job}/cancel", post_cancel)
+    app.router.add_post("/anima/estimate", post_estimate)

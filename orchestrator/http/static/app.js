@@ -513,6 +513,51 @@ async function fillGallery(fresh) {
 function sizeChanged() {
   hiresSizes();
   resizeChoice();
+  packSampling();
+}
+
+// the settings the chosen size's pack records for its model (Turbo: cfg 1, its steps ...) fill the form
+function packSampling() {
+  const rec = (info.sampling || {})[$("size").value];
+  if (!rec) return;
+  $("steps").value = rec.steps;
+  $("cfg").value = rec.cfg;
+  $("sampler").value = rec.sampler;
+  $("scheduler").value = rec.scheduler;
+  spectrumFits();
+  negativeHint();
+}
+
+// at cfg 1 no unconditional pass runs: a negative prompt changes nothing, and the page says so beside it
+function negativeHint() {
+  const one = Math.abs(Number($("cfg").value) - 1) < 1e-9;
+  $("negative-hint").hidden = !(one && $("negative").value.trim());
+}
+
+// the job's modelled board seconds beside Generate, asked again (debounced) whenever a setting changes
+let estimateTimer = null, estimateSeq = 0;
+function scheduleEstimate() {
+  clearTimeout(estimateTimer);
+  estimateTimer = setTimeout(showEstimate, 400);
+}
+
+async function showEstimate() {
+  const seq = ++estimateSeq;
+  const body = formBody();
+  if (!body.prompt.trim()) body.prompt = "1girl";      // the text changes no figure of the price
+  if (init) {                                 // the price of img2img follows its denoise; the mask changes nothing
+    try { body.init_image = await init.upload; body.denoise = Number($("denoise").value); } catch (e) { return; }
+  }
+  try {
+    const r = await api("/anima/estimate", { method: "POST", body: JSON.stringify(body) });
+    if (seq !== estimateSeq) return;
+    $("estimate").textContent = "estimate ≈ " + fmtEta(r.job_s) + " on the board (encode " + r.encode_s.toFixed(0) +
+      " s, denoise " + r.denoise_s.toFixed(0) + " s: " + r.calls + " calls × " + r.passes + " pass" +
+      (r.passes > 1 ? "es" : "") + ", decode " + r.decode_s.toFixed(0) + " s) [" + r.label + "]";
+    $("estimate").title = r.line + (r.notes.length ? "\n" + r.notes.join("\n") : "");
+  } catch (e) {
+    if (seq === estimateSeq) $("estimate").textContent = "no estimate: " + e.message;
+  }
 }
 
 // the hires box from /anima/info: the methods of every space the server runs, its scale bound and default denoise
@@ -574,6 +619,11 @@ async function start() {
   $("sampler").addEventListener("change", spectrumFits);
   $("cache").addEventListener("change", spectrumFits);
   spectrumFits();
+  packSampling();
+  for (const id of ["cfg", "negative"]) $(id).addEventListener("input", negativeHint);
+  for (const kind of ["input", "change"]) $("form").addEventListener(kind, scheduleEstimate);
+  negativeHint();
+  scheduleEstimate();
   connect();
   fillGallery(true);
 }
