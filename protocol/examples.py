@@ -38,6 +38,14 @@ def _vae_encode_examples(a: dict) -> dict[str, m.Message]:
             "VAE_ENCODED": m.VaeEncoded(job="job-1", latent=lat, timings={"encode_s": 1.2}, inline=tuple(f.frames))}
 
 
+def _submit_examples() -> dict[str, m.Message]:
+    return {"SUBMIT": m.Submit(prompt=PromptFile(prompt="1girl", steps=20), base_dir="/home/user",
+                               origin='{"api": "comfyui", "client_id": "c1"}'),
+            "SUBMITTED": m.Submitted(job="job-2", seed=2**63 + 5, position=1),
+            "ESTIMATE": m.EstimateJob(prompt=PromptFile(prompt="1girl", cfg=1.0), base_dir="/home/user"),
+            "ESTIMATED": m.Estimated(estimate='{"job_s": 540.5, "calls": 11, "passes": 1, "label": "modelled"}')}
+
+
 def examples(seed: int = 0) -> dict[str, m.Message]:
     """kind -> a valid message of that kind (every kind in KINDS)."""
     a = example_arrays(seed)
@@ -94,11 +102,7 @@ def examples(seed: int = 0) -> dict[str, m.Message]:
     out["DECODED"] = m.Decoded(job="job-1", png=png, width=512, height=512, timings={"decode_s": 2.0},
                                inline=tuple(f.frames))
     # orchestrator CLI <-> daemon
-    out["SUBMIT"] = m.Submit(prompt=PromptFile(prompt="1girl", steps=20), base_dir="/home/user",
-                             origin='{"api": "comfyui", "client_id": "c1"}')
-    out["SUBMITTED"] = m.Submitted(job="job-2", seed=2**63 + 5, position=1)
-    out["ESTIMATE"] = m.EstimateJob(prompt=PromptFile(prompt="1girl", cfg=1.0), base_dir="/home/user")
-    out["ESTIMATED"] = m.Estimated(estimate='{"job_s": 540.5, "calls": 11, "passes": 1, "label": "modelled"}')
+    out.update(_submit_examples())
     out["STATUS"] = m.Status(job=None, detail=True, active=True, before="job-9", limit=24)
     out["JOBS"] = m.Jobs(jobs=[m.JobInfo(job="job-1", state="denoising", created=1.7e9, updated=1.7e9 + 5,
                                          progress=out["PROGRESS"], spec_json='{"prompt": "1girl"}'),
