@@ -328,3 +328,26 @@ def test_kind_swaps_deep_json_and_links_out_are_refused(cpu_bundle, tmp_path, ca
     (b / "encoder").symlink_to(outside)
     with pytest.raises(BundleError, match="leads out of the bundle"):
         read_bundle(b)
+
+
+def test_bundle_records_the_models_sampling(cpu_bundle, tiny_bundle, tmp_path, capsys):
+    """`--sampling turbo` on a complete bundle: every part kept, the DiT pack's manifest and bundle.json record the
+    settings (the pack's pinned manifest hash follows), read back through the one manifest reader; a malformed
+    record in bundle.json is refused naming it, a bad option before anything is built."""
+    from models.manifest import pack_sampling
+    from models.packs.sampling import TURBO
+    out = copy_bundle(cpu_bundle[0], tmp_path / "b")
+    base = ["bundle", "--models", str(tiny_bundle), "--resolution", SIZE, "--target", "none", "--out", str(out)]
+    assert models_main(base + ["--sampling", "turbo"]) == 0
+    err = capsys.readouterr().err
+    assert "kept, its sampling record changed" in err and "built" not in err
+    assert pack_sampling(out / "dit-128x128") == TURBO and pack_sampling(cpu_bundle[0] / "dit-128x128") is None
+    data = json.loads((out / BUNDLE_JSON).read_text())
+    assert data["sampling"] == TURBO
+    read_bundle(out, hashes=True)
+    data["sampling"]["scheduler"] = "sometimes"
+    replace_file(out / BUNDLE_JSON, json.dumps(data).encode())
+    with pytest.raises(BundleError, match="scheduler"):
+        read_bundle(out)
+    assert models_main(base + ["--sampling-json", '{"steps": 8}']) == 2
+    assert "--sampling-json" in capsys.readouterr().err
