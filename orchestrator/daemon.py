@@ -311,12 +311,7 @@ class Daemon:
             return m.error_reply(msg.id, "failed", stale)
         spec = resolve_prompt(msg.prompt, base_dir=base, resolution=list(self.packs),
                               sampling=self._pack_sampling())
-        size = (spec.width or self.pack.width, spec.height or self.pack.height)
-        if self.vae_sizes is not None and size not in self.vae_sizes:     # found now, not after the whole denoise
-            have = ", ".join(f"{w}x{h}" for w, h in self.vae_sizes) or "none readable"
-            raise PromptError("width", f"{size[0]}x{size[1]} has a model pack but no VAE pack (stage.vae.vae_pack "
-                                       f"has: {have}); add the VAE pack of that size (anima-models pack-vae, or the "
-                                       "bundle's)")
+        size = self._check_vae_size(spec)
         origin = None
         if msg.origin:
             try:
@@ -338,6 +333,16 @@ class Daemon:
             return self._queue_checked(pending)
         return self._queue(msg, spec, origin)
 
+    def _check_vae_size(self, spec) -> tuple:
+        """The job's size, refused when the VAE cannot decode it: found at submit, not after the whole denoise."""
+        size = (spec.width or self.pack.width, spec.height or self.pack.height)
+        if self.vae_sizes is not None and size not in self.vae_sizes:
+            have = ", ".join(f"{w}x{h}" for w, h in self.vae_sizes) or "none readable"
+            raise PromptError("width", f"{size[0]}x{size[1]} has a model pack but no VAE pack (stage.vae.vae_pack "
+                                       f"has: {have}); add the VAE pack of that size (anima-models pack-vae, or the "
+                                       "bundle's)")
+        return size
+
     def _pack_sampling(self) -> dict:
         """{(width, height): the sampling settings that size's pack records, or None} for resolve_prompt."""
         return {size: p.sampling for size, p in self.packs.items()}
@@ -351,6 +356,7 @@ class Daemon:
             return m.error_reply(msg.id, "bad_request", "base_dir must be an absolute path", field="base_dir")
         spec = resolve_prompt(msg.prompt, base_dir=base, check_output=False, resolution=list(self.packs),
                               sampling=self._pack_sampling())
+        self._check_vae_size(spec)
         try:
             est = estimate_with_config(spec, self.cfg, self.packs)
         except EstimateError as e:
