@@ -118,6 +118,9 @@ def test_submit_see_progress_and_the_image(pipe, browser):
     job = page.text_content("#live-job").split()[-1]
     png = Image.open(io.BytesIO((pipe.job_dir(job) / "image.png").read_bytes()))
     assert png.size == (64, 128) and "Seed: 77" in png.text["parameters"]
+    import json
+    est = json.loads((pipe.job_dir(job) / "report.json").read_text())["estimate"]     # priced before it ran
+    assert est["label"] == "modelled" and (est["calls"], est["passes"], est["size"]) == (3, 2, [64, 128])
     # the gallery: the job with its settings; a timing plot next to report.json shows in its card
     page.wait_for_selector(f"#job-{job} .badge.done")
     card = page.wait_for_selector(f"#job-{job}")
