@@ -271,13 +271,15 @@ def _upload_file(rf: RunFolder, path: str, flag: str) -> str:
 
 def cmd_generate(args, rf: RunFolder) -> int:
     """One line, no JSON file: the options become a prompt.json object, checked and followed exactly as `submit
-    --wait` does. Ctrl-C cancels the job (it exists only for this command)."""
+    --wait` does. Ctrl-C cancels the job (it exists only for this command). With --estimate it is priced instead
+    (images are not uploaded: the price follows their denoise, not their pixels)."""
+    upload = (lambda _rf, path, flag: f"{CLI_UPLOADS}/estimate.png [input]") if args.estimate else _upload_file
     obj = {"prompt": args.prompt, "negative_prompt": args.negative, "seed": args.seed, "steps": args.steps,
            "cfg": args.cfg, "width": args.width, "height": args.height, "sampler": args.sampler,
            "scheduler": args.scheduler, "spectrum": False if args.no_spectrum else None, "output": args.output,
            "overwrite": True if args.overwrite else None, "denoise": args.denoise, "resize_mode": args.resize_mode,
-           "init_image": args.init_image and _upload_file(rf, args.init_image, "--init-image"),
-           "mask": args.mask and _upload_file(rf, args.mask, "--mask")}
+           "init_image": args.init_image and upload(rf, args.init_image, "--init-image"),
+           "mask": args.mask and upload(rf, args.mask, "--mask")}
     obj = {k: v for k, v in obj.items() if v is not None}
     for name, value in (("cache", _cache_option(args)), ("hires", _hires_option(args)), ("batch", args.batch)):
         if value is not None:
