@@ -45,12 +45,10 @@ def test_presets_are_the_sources_settings_and_options_name_themselves():
 
 def test_a_pack_records_its_sampling_and_the_one_reader_gives_it(pipeline_assets, tmp_path):
     import shutil
-    from orchestrator.packs import read_pack
     _, pack = pipeline_assets
-    mine = tmp_path / "pack"
-    shutil.copy(pack / "manifest.json", tmp_path / "manifest.json")
+    mine = tmp_path / "pack"                                 # the manifest alone: the reader reads nothing else
     mine.mkdir()
-    shutil.copy(tmp_path / "manifest.json", mine / "manifest.json")
+    shutil.copy(pack / "manifest.json", mine / "manifest.json")
     assert pack_sampling(mine) is None                       # packs built before: none (prompt.json's defaults)
     assert record_sampling(mine, TURBO) and not record_sampling(mine, TURBO)     # rewritten once
     assert pack_sampling(mine) == TURBO
