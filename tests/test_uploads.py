@@ -443,3 +443,123 @@ def test_upload_mask_on_a_jobs_output_image(front):
     status, body = front.post("/upload/mask", image=("edit2.png", png(drawn, "RGBA")),
                               original_ref=json.dumps({"filename": "job.json", "subfolder": job}))
     assert status == 404 and body["field"] == "original_ref", body
+
+
+# ---------------------------------------------------------------- issue 45: whose file a name is
+
+def _victims_request(front, queued, body) -> tuple[str, str]:
+    status, answer = front.request("POST", "/sdapi/v1/img2img", body)
+    assert answer.get("field") == "stand_in", answer
+    spec = queued[-1]
+    return spec["init_image"], spec.get("mask")
+
+
+def test_a_kept_img2img_image_cannot_be_swapped_through_an_upload(front, queued):
+    """Item 2: the kept names are public (/queue, /history); an upload over one with overwrite=1 is refused, and the
+    victim's next identical request runs on the victim's own pixels (init image and mask alike)."""
+    init = RNG.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    mask = np.zeros((64, 64), np.uint8)
+    mask[8:40, 8:40] = 255
+    body = img2img_body(init_images=[b64(png(init))], mask=b64(png(mask)), inpaint_full_res=False, mask_blur=0,
+                        inpainting_fill=1)
+    kept_init, kept_mask = _victims_request(front, queued, body)
+    root = front.front.rf.root
+    attack = png(RNG.integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    for ref in (kept_init, kept_mask):
+        sub, name, kind = inputs.annotated(ref, "input")
+        for form in ({"subfolder": sub, "type": kind}, {"subfolder": f"./{sub}/.", "type": kind}):
+            status, answer = front.post("/upload/image", image=(name, attack), overwrite="1", **form)
+            assert status == 403 and answer["field"] == "subfolder", answer
+        status, answer = front.post("/upload/mask", image=(name, png(np.zeros((64, 64, 4), np.uint8), "RGBA")),
+                                    subfolder=sub, type=kind, overwrite="1",
+                                    original_ref=json.dumps({"filename": ref}))
+        assert status == 403 and answer["field"] == "subfolder", answer
+    assert _victims_request(front, queued, body) == (kept_init, kept_mask)
+    np.testing.assert_array_equal(_pixels(inputs.read_upload(root, kept_init)), init)     # what the job reads
+    np.testing.assert_array_equal(_pixels(inputs.read_upload(root, kept_mask)), mask)
+    assert sorted(os.listdir(root / "temp" / "a1111")) == sorted(
+        inputs.annotated(r, "input")[1] for r in (kept_init, kept_mask))                  # no "(1)" copies
+
+
+def test_a_kept_image_changed_on_disk_is_refused_and_written_again(front, queued):
+    body = img2img_body()
+    kept = _victims_request(front, queued, body)[0]
+    root = front.front.rf.root
+    sub, name, kind = inputs.annotated(kept, "input")
+    path = root / kind / sub / name
+    sent = path.read_bytes()
+    path.write_bytes(OTHER)
+    with pytest.raises(inputs.InputNameError, match="init_image: .* does not hold the image its name says"):
+        inputs.read_upload(root, kept, "init_image")
+    assert _victims_request(front, queued, body)[0] == kept and path.read_bytes() == sent
+
+
+def test_an_upload_named_as_a_folder_is_409_not_a_traceback(front):
+    """Item 7: RUN/input/page and RUN/input/cli are the page's and the CLI's upload folders."""
+    (front.input_dir / "page").mkdir(parents=True)
+    status, body = front.post("/upload/image", image=("page", PICTURE), overwrite="1")
+    assert status == 409 and body["field"] == "image" and "folder" in body["error"], body
+    assert (front.input_dir / "page").is_dir()
+    status, body = front.post("/upload/image", image=("page", PICTURE))            # without overwrite: renamed
+    assert (status, body["name"]) == (200, "page (1)"), body
+
+
+def test_output_names_mean_the_jobs_own_files(front):
+    """Item 10: "<job>/image.png [output]" is the job's image for /view and for a prompt alike; uploads do not
+    write under a job id."""
+    job = "20260101-120000-a1b2c3"
+    rgb = RNG.integers(0, 256, (8, 12, 3), dtype=np.uint8)
+    (front.front.rf.jobs / job).mkdir(parents=True)
+    (front.front.rf.jobs / job / "image.png").write_bytes(png(rgb))
+    for sub in (job, f"{job}/deeper", f"./{job}"):
+        status, body = front.post("/upload/image", image=("image.png", PICTURE), type="output", subfolder=sub)
+        assert status == 403 and body["field"] == "subfolder", (sub, body)
+    assert not (front.front.rf.root / "output").exists()
+    root = front.front.rf.root
+    np.testing.assert_array_equal(_pixels(inputs.read_upload(root, f"{job}/image.png [output]")), rgb)
+    (st, data, _), = front.send([("GET", "/view", {"filename": "image.png", "subfolder": job, "type": "output"})])
+    assert st == 200 and data == (front.front.rf.jobs / job / "image.png").read_bytes()
+    with pytest.raises(FileNotFoundError):
+        inputs.read_upload(root, f"{job}/job.json [output]")
+    # an upload of type output elsewhere keeps its ComfyUI meaning: the output folder
+    assert front.post("/upload/image", image=("mine.png", PICTURE), type="output", subfolder="x")[0] == 200
+    assert inputs.read_upload(root, "x/mine.png [output]") == PICTURE
+
+
+def _stored_png(seed: int) -> bytes:
+    """A PNG whose size depends on its dimensions only (no compression): many files of one size."""
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(
+        buf, "PNG", compress_level=0)
+    return buf.getvalue()
+
+
+def test_an_upload_under_a_much_used_name_reads_no_earlier_file(front, monkeypatch):
+    """Item 11: the k-th upload under one name hashed every earlier "NAME (i).EXT" in full; now it hashes its own
+    bytes only (files of another size are not read; a file's digest is remembered by its identity)."""
+    import hashlib
+    hashed = []
+
+    class Counting:
+        def __init__(self, data=b""):
+            self.h = hashlib.sha256(data)
+            hashed.append(len(data))
+
+        def hexdigest(self):
+            return self.h.hexdigest()
+    monkeypatch.setattr(inputs, "hashlib", type("H", (), {"sha256": Counting}))
+    images = [_stored_png(i) for i in range(8)]
+    assert len({len(i) for i in images}) == 1
+    front.input_dir.mkdir()
+    (front.input_dir / "big.png").write_bytes(images[0])           # a file the front did not write: hashed once
+    for k, data in enumerate(images[1:], 1):
+        hashed.clear()
+        assert front.post("/upload/image", image=("big.png", data))[1]["name"] == f"big ({k}).png"
+        assert sum(hashed) <= (2 * len(data) if k == 1 else len(data)), (k, hashed)
+    hashed.clear()
+    small = png(RNG.integers(0, 256, (4, 4, 3), dtype=np.uint8))
+    assert front.post("/upload/image", image=("big.png", small))[1]["name"] == "big (8).png"
+    assert sum(hashed) <= len(small)
+    hashed.clear()
+    assert front.post("/upload/image", image=("big.png", images[5]))[1]["name"] == "big (5).png"   # same bytes
+    assert sum(hashed) <= len(images[5])
