@@ -233,13 +233,17 @@ def save_upload(run_root: Path, kind: str, subfolder: str, name: str, data: byte
     for i in range(1, MAX_RENAMES + 1):
         if len(candidate.encode("utf-8")) > MAX_NAME_BYTES:
             raise InputNameError("image", f"no free name for {name[:80]!r} within {MAX_NAME_BYTES} bytes")
-        if _same_bytes(where / candidate, len(data), digest):
+        path = where / candidate
+        if _same_bytes(path, len(data), digest):
             return candidate
-        try:
-            _written(where / candidate, data, digest, overwrite=False)
-            return candidate
-        except FileExistsError:                  # taken (by another file, or a concurrent upload): the next name
-            candidate = f"{stem} ({i}){ext}"
+        if not os.path.lexists(path):            # a taken name is not written at all (each write is an fsync)
+            try:
+                _written(path, data, digest, overwrite=False)
+                return candidate
+            except FileExistsError:              # a concurrent upload took it meanwhile: maybe with these bytes
+                if _same_bytes(path, len(data), digest):
+                    return candidate
+        candidate = f"{stem} ({i}){ext}"
     raise InputNameError("image", f"{MAX_RENAMES} files already take the name {name[:80]!r}")
 
 

@@ -535,8 +535,9 @@ def _stored_png(seed: int) -> bytes:
 
 
 def test_an_upload_under_a_much_used_name_reads_no_earlier_file(front, monkeypatch):
-    """Item 11: the k-th upload under one name hashed every earlier "NAME (i).EXT" in full; now it hashes its own
-    bytes only (files of another size are not read; a file's digest is remembered by its identity)."""
+    """Item 11: the k-th upload under one name hashed every earlier "NAME (i).EXT" in full and wrote its bytes (with
+    an fsync) under each taken name before moving on; now it hashes its own bytes only (files of another size are not
+    read; a file's digest is remembered by its identity) and writes once."""
     import hashlib
     hashed = []
 
@@ -548,14 +549,20 @@ def test_an_upload_under_a_much_used_name_reads_no_earlier_file(front, monkeypat
         def hexdigest(self):
             return self.h.hexdigest()
     monkeypatch.setattr(inputs, "hashlib", type("H", (), {"sha256": Counting}))
+    writes = []
+    real_write = inputs.atomic_write
+    monkeypatch.setattr(inputs, "atomic_write", lambda path, *a, **kw: writes.append(path.name) or real_write(
+        path, *a, **kw))
     images = [_stored_png(i) for i in range(8)]
     assert len({len(i) for i in images}) == 1
     front.input_dir.mkdir()
     (front.input_dir / "big.png").write_bytes(images[0])           # a file the front did not write: hashed once
     for k, data in enumerate(images[1:], 1):
         hashed.clear()
+        writes.clear()
         assert front.post("/upload/image", image=("big.png", data))[1]["name"] == f"big ({k}).png"
         assert sum(hashed) <= (2 * len(data) if k == 1 else len(data)), (k, hashed)
+        assert writes == [f"big ({k}).png"]                     # a taken name is not written (and fsynced) first
     hashed.clear()
     small = png(RNG.integers(0, 256, (4, 4, 3), dtype=np.uint8))
     assert front.post("/upload/image", image=("big.png", small))[1]["name"] == "big (8).png"
