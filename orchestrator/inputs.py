@@ -24,6 +24,7 @@ import hashlib
 import os
 import stat
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 
@@ -40,6 +41,11 @@ JOB_INPUTS = ("init_image", "mask")              # kept in a job folder as NAME.
 PRIVATE = ("temp", "a1111")                      # RUN/temp/a1111: img2img requests' own images, named by their bytes
 PRIVATE_NAME_HEX = 32                            # hex digits of the sha256 in a private image's name
 DIGESTS_KEPT = 4096                              # files whose digest is remembered (least recently used dropped)
+
+
+class UploadsFull(ValueError):
+    """The upload folders would pass their quota (stage.http.max_uploads_mb; HTTP 507): the message says how to
+    make room."""
 
 
 class InputNameError(ValueError):
@@ -216,9 +222,60 @@ def _check_not_folder(path: Path, field: str = "image") -> None:
         raise InputNameError(field, f"{path.name[:80]!r} is a folder here; upload under another name", status=409)
 
 
-def save_upload(run_root: Path, kind: str, subfolder: str, name: str, data: bytes, *, overwrite: bool) -> str:
+def upload_files(run_root: Path):
+    """(path, lstat) of every regular file in RUN/input, temp and output (no link followed, none listed)."""
+    base = Path(os.path.realpath(run_root))
+    for kind in KINDS:
+        for top, dirs, names in os.walk(base / kind):        # os.walk descends into no linked folder
+            for n in names:
+                try:
+                    st = os.lstat(os.path.join(top, n))
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    yield Path(top) / n, st
+
+
+def uploads_size(run_root: Path) -> tuple[int, int]:
+    """(files, bytes) in the upload folders."""
+    files = total = 0
+    for _, st in upload_files(run_root):
+        files, total = files + 1, total + st.st_size
+    return files, total
+
+
+def _check_room(run_root: Path, adding: int, quota_bytes: int | None) -> None:
+    """UploadsFull when `adding` bytes more would pass the quota (None or 0: no quota). Uploads written at the same
+    moment may pass it by one upload each: the sum is read, not reserved."""
+    if not quota_bytes:
+        return
+    used = uploads_size(run_root)[1]
+    if used + adding > quota_bytes:
+        raise UploadsFull(f"the upload folders (RUN/input, temp, output) hold {used / 1e6:,.1f} MB; this "
+                          f"{adding / 1e6:,.1f} MB would pass stage.http.max_uploads_mb = {quota_bytes // 2**20}: "
+                          "remove old uploads (orchestrator prune --older-than 7d) or raise it in pipeline.toml")
+
+
+def prune_uploads(run_root: Path, older_than_s: float, now: float | None = None) -> list[tuple[Path, int]]:
+    """Remove the uploads not changed for `older_than_s` (an img2img request's kept image is touched when it is used
+    again) -> (path, bytes) of each. No job needs them: a job keeps its own copy of its inputs at submit."""
+    cutoff = (time.time() if now is None else now) - older_than_s
+    removed = []
+    for path, st in list(upload_files(run_root)):
+        if st.st_mtime < cutoff:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            removed.append((path, st.st_size))
+    return removed
+
+
+def save_upload(run_root: Path, kind: str, subfolder: str, name: str, data: bytes, *, overwrite: bool,
+                quota_bytes: int | None = None) -> str:
     """Write an upload by ComfyUI's rules; -> the name it has (renamed "NAME (i).EXT" when taken, unless
-    `overwrite`; an existing file with the same bytes keeps its name and is not written again)."""
+    `overwrite`; an existing file with the same bytes keeps its name and is not written again). UploadsFull when
+    writing it would pass `quota_bytes`."""
     kind, parts = check_kind(kind), check_subfolder(subfolder)
     check_writable(kind, parts)
     check_name(name)
@@ -226,6 +283,7 @@ def save_upload(run_root: Path, kind: str, subfolder: str, name: str, data: byte
     digest = hashlib.sha256(data).hexdigest()
     if overwrite:
         _check_not_folder(where / name)
+        _check_room(run_root, len(data), quota_bytes)
         _written(where / name, data, digest, overwrite=True)
         return name
     stem, ext = os.path.splitext(name)
@@ -237,6 +295,7 @@ def save_upload(run_root: Path, kind: str, subfolder: str, name: str, data: byte
         if _same_bytes(path, len(data), digest):
             return candidate
         if not os.path.lexists(path):            # a taken name is not written at all (each write is an fsync)
+            _check_room(run_root, len(data), quota_bytes)
             try:
                 _written(path, data, digest, overwrite=False)
                 return candidate
@@ -251,16 +310,18 @@ def private_name(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:PRIVATE_NAME_HEX] + ".png"
 
 
-def keep_private(run_root: Path, data: bytes) -> str:
+def keep_private(run_root: Path, data: bytes, quota_bytes: int | None = None) -> str:
     """An img2img request's PNG in RUN/temp/a1111/ under the name its bytes give -> the name as a prompt's init_image
     or mask takes it ("a1111/<sha256>.png [temp]"). Written unless the file there holds these bytes (then only
-    touched, so pruning by age spares it); a file that does not (changed behind the front's back) is replaced."""
+    touched, so pruning by age spares it); a file that does not (changed behind the front's back) is replaced.
+    UploadsFull when writing it would pass `quota_bytes`."""
     where = folder(run_root, PRIVATE[0], PRIVATE[1:], create=True)
     name = private_name(data)
     digest = hashlib.sha256(data).hexdigest()
     if _same_bytes(where / name, len(data), digest):
         os.utime(where / name, follow_symlinks=False)
     else:
+        _check_room(run_root, len(data), quota_bytes)
         _written(where / name, data, digest, overwrite=True)
     return f"{PRIVATE[1]}/{name} [{PRIVATE[0]}]"
 

@@ -570,3 +570,59 @@ def test_an_upload_under_a_much_used_name_reads_no_earlier_file(front, monkeypat
     hashed.clear()
     assert front.post("/upload/image", image=("big.png", images[5]))[1]["name"] == "big (5).png"   # same bytes
     assert sum(hashed) <= len(images[5])
+
+
+# ---------------------------------------------------------------- issue 45 item 6: the uploads' quota and pruning
+
+def _big_png(seed: int) -> bytes:
+    return png(np.random.default_rng(seed).integers(0, 256, (440, 440, 3), dtype=np.uint8))
+
+
+def test_uploads_past_their_quota_are_507_naming_it(tmp_path, queued):
+    """Ten 29 MB uploads grew RUN/input by 300 MB with no bound; now stage.http.max_uploads_mb bounds the upload
+    folders together (uploads, masks and img2img's kept images): past it a new file is a 507 naming the setting and
+    nothing is written; the same bytes again write nothing and still pass."""
+    from orchestrator.http.settings import HttpSettings
+    f = Uploads(tmp_path)
+    f.front.rf.root.mkdir(mode=0o700)
+    f.front.settings = HttpSettings(max_uploads_mb=1)
+    first, second = _big_png(1), _big_png(2)
+    assert 2**20 / 2 < len(first) < 2**20
+    assert f.post("/upload/image", image=("a.png", first))[0] == 200
+    status, body = f.post("/upload/image", image=("b.png", second))
+    assert status == 507 and "stage.http.max_uploads_mb = 1" in body["error"] and "prune" in body["error"], body
+    assert f.post("/upload/image", image=("a.png", first), type="temp")[0] == 507
+    assert f.post("/upload/image", image=("a.png", first))[1] == {"name": "a.png", "subfolder": "", "type": "input"}
+    status, body = f.request("POST", "/sdapi/v1/img2img", img2img_body(
+        init_images=[b64(_big_png(3))], width=440, height=440))
+    assert status == 507 and "max_uploads_mb" in body["error"], body
+    assert queued == [] and inputs.uploads_size(f.front.rf.root) == (1, len(first))
+    f.front.settings = HttpSettings(max_uploads_mb=0)                                  # 0: no limit
+    assert f.post("/upload/image", image=("b.png", second))[0] == 200
+
+
+def test_prune_older_than_removes_uploads_of_that_age(inproc_daemon, capsys):
+    """`prune` removed jobs only; RUN/input and RUN/temp (temp/a1111 too) grew for ever. With --older-than the
+    uploads unchanged for that long go as well (a job keeps its own copy of its inputs at submit)."""
+    import time
+    from orchestrator import cli
+    rf = inproc_daemon.daemon.rf
+    old, new = time.time() - 7200, time.time()
+    files = {"input/page/old.png": old, "input/old.png": old, "temp/a1111/" + "0" * 32 + ".png": old,
+             "output/x/old.png": old, "input/page/new.png": new, "temp/new.png": new}
+    for rel, mtime in files.items():
+        (rf.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (rf.root / rel).write_bytes(PICTURE)
+        os.utime(rf.root / rel, (mtime, mtime))
+    outside = rf.root / "outside.png"
+    outside.write_bytes(PICTURE)
+    os.utime(outside, (old, old))
+    (rf.root / "input" / "link").symlink_to(rf.root)                 # a link is neither followed nor removed
+    assert cli.main(["--run", str(rf.root), "prune", "--keep", "5"], connect=inproc_daemon.connect) == 0
+    assert all((rf.root / rel).exists() for rel in files)           # --keep alone: no age, no upload removed
+    capsys.readouterr()
+    assert cli.main(["--run", str(rf.root), "prune", "--older-than", "1h"], connect=inproc_daemon.connect) == 0
+    err = capsys.readouterr().err
+    assert f"4 upload(s) removed ({4 * len(PICTURE) / 1e6:,.1f} MB)" in err, err
+    assert sorted(rel for rel in files if (rf.root / rel).exists()) == ["input/page/new.png", "temp/new.png"]
+    assert outside.exists() and (rf.root / "input" / "link").is_symlink() and rf.jobs.is_dir()

@@ -42,8 +42,8 @@ from models.images import ImageInputError, a1111_mask, fit_image, load_image
 from models.images import inpaint
 from models.images.decode import MAX_INPUT_BYTES
 from orchestrator.http import a1111
-from orchestrator.http.common import FRONT, BadRequest, json_response, read_json
-from orchestrator.inputs import keep_private
+from orchestrator.http.common import FRONT, BadRequest, json_response, read_json, refuse
+from orchestrator.inputs import UploadsFull, keep_private
 
 IMG2IMG_FIELDS = ("init_images", "mask", "resize_mode", "denoising_strength", "mask_blur", "mask_blur_x",
                   "mask_blur_y", "inpainting_fill", "inpainting_mask_invert", "inpaint_full_res",
@@ -245,6 +245,14 @@ def _pasted(png: bytes, req: Img2ImgRequest, prep: Prepared) -> bytes:
     return buf.getvalue()
 
 
+async def _kept(front, png: bytes) -> str:
+    """The image kept for the job (orchestrator.inputs.keep_private) -> its name; 507 past the uploads' quota."""
+    try:
+        return await asyncio.to_thread(keep_private, front.rf.root, png, front.settings.max_uploads_bytes)
+    except UploadsFull as e:
+        raise refuse(507, str(e)) from None
+
+
 async def img2img(request: web.Request) -> web.Response:
     """Checked in full (422 naming a field), the images kept for the job, the job run, the original pasted back."""
     front = request.app[FRONT]
@@ -254,9 +262,9 @@ async def img2img(request: web.Request) -> web.Response:
         req = await asyncio.to_thread(to_request, body, sizes[0] if sizes else (512, 512))
         prep = await asyncio.to_thread(prepare, req)
         spec = {**req.spec, "denoise": req.denoise, "denoise_steps": "a1111",     # A1111's count: fewer steps
-                "init_image": await asyncio.to_thread(keep_private, front.rf.root, prep.init_image)}
+                "init_image": await _kept(front, prep.init_image)}
         if prep.mask is not None:
-            spec["mask"] = await asyncio.to_thread(keep_private, front.rf.root, prep.mask)
+            spec["mask"] = await _kept(front, prep.mask)
             if req.inpainting_fill in LATENT_FILLS:
                 spec["latent_fill"] = LATENT_FILLS[req.inpainting_fill]
     except BadRequest as e:

@@ -10,7 +10,8 @@
 Names, folders and the rename rule: orchestrator/inputs.py. Every upload must be an image models/images decodes
 (bounded before decoding); anything else is a 400 naming the field. Bodies may be stage.http.max_upload_mb large.
 Uploads never write a job's files (type output, a job id subfolder) nor the A1111 img2img requests' own images
-(type temp, subfolder a1111): 403 naming `subfolder`; a name a folder holds, with overwrite, is a 409.
+(type temp, subfolder a1111): 403 naming `subfolder`; a name a folder holds, with overwrite, is a 409. Past
+stage.http.max_uploads_mb (the upload folders together) a new file is a 507 naming it.
 """
 from __future__ import annotations
 
@@ -82,9 +83,11 @@ async def _upload(request: web.Request, make_bytes=None) -> web.Response:
         if make_bytes is not None:
             data = await asyncio.to_thread(make_bytes, front, post, data)
         saved = await asyncio.to_thread(inputs.save_upload, front.rf.root, kind, subfolder, name, data,
-                                        overwrite=overwrite)
+                                        overwrite=overwrite, quota_bytes=front.settings.max_uploads_bytes)
     except inputs.InputNameError as e:
         raise refuse(e.status, str(e), field=e.field) from None
+    except inputs.UploadsFull as e:
+        raise refuse(507, str(e)) from None
     return web.json_response({"name": saved, "subfolder": subfolder, "type": kind})
 
 
