@@ -41,6 +41,7 @@ JOB_INPUTS = ("init_image", "mask")              # kept in a job folder as NAME.
 PRIVATE = ("temp", "a1111")                      # RUN/temp/a1111: img2img requests' own images, named by their bytes
 PRIVATE_NAME_HEX = 32                            # hex digits of the sha256 in a private image's name
 DIGESTS_KEPT = 4096                              # files whose digest is remembered (least recently used dropped)
+USAGE_FRESH_S = 30.0                             # the upload folders' running total is walked again after this
 
 
 class UploadsFull(ValueError):
@@ -170,7 +171,8 @@ def find(run_root: Path, kind: str, subfolder: str, name: str) -> Path:
 
 
 _digests: OrderedDict[tuple, str] = OrderedDict()       # (dev, inode, size, mtime, ctime) -> sha256 hex
-_digests_lock = threading.Lock()
+_usage: dict[str, tuple[int, float]] = {}                # run folder -> (upload bytes, monotonic time walked)
+_digests_lock = threading.Lock()                        # guards both
 
 
 def _identity(st: os.stat_result) -> tuple:
@@ -245,12 +247,20 @@ def uploads_size(run_root: Path) -> tuple[int, int]:
 
 
 def _check_room(run_root: Path, adding: int, quota_bytes: int | None) -> None:
-    """UploadsFull when `adding` bytes more would pass the quota (None or 0: no quota). Uploads written at the same
-    moment may pass it by one upload each: the sum is read, not reserved."""
+    """UploadsFull when `adding` bytes more would pass the quota (None or 0: no quota). The folders are walked when
+    the running total says full and every USAGE_FRESH_S (others write and prune them too), not at every upload;
+    uploads written at the same moment may pass the quota by one upload each."""
     if not quota_bytes:
         return
-    used = uploads_size(run_root)[1]
-    if used + adding > quota_bytes:
+    key = os.path.realpath(run_root)
+    with _digests_lock:
+        used, walked = _usage.get(key, (None, 0.0))
+    if used is None or used + adding > quota_bytes or time.monotonic() - walked > USAGE_FRESH_S:
+        used, walked = uploads_size(run_root)[1], time.monotonic()
+    full = used + adding > quota_bytes
+    with _digests_lock:
+        _usage[key] = (used if full else used + adding, walked)
+    if full:
         raise UploadsFull(f"the upload folders (RUN/input, temp, output) hold {used / 1e6:,.1f} MB; this "
                           f"{adding / 1e6:,.1f} MB would pass stage.http.max_uploads_mb = {quota_bytes // 2**20}: "
                           "remove old uploads (orchestrator prune --older-than 7d) or raise it in pipeline.toml")

@@ -578,7 +578,7 @@ def _big_png(seed: int) -> bytes:
     return png(np.random.default_rng(seed).integers(0, 256, (440, 440, 3), dtype=np.uint8))
 
 
-def test_uploads_past_their_quota_are_507_naming_it(tmp_path, queued):
+def test_uploads_past_their_quota_are_507_naming_it(tmp_path, queued, monkeypatch):
     """Ten 29 MB uploads grew RUN/input by 300 MB with no bound; now stage.http.max_uploads_mb bounds the upload
     folders together (uploads, masks and img2img's kept images): past it a new file is a 507 naming the setting and
     nothing is written; the same bytes again write nothing and still pass."""
@@ -588,6 +588,15 @@ def test_uploads_past_their_quota_are_507_naming_it(tmp_path, queued):
     f.front.settings = HttpSettings(max_uploads_mb=1)
     first, second = _big_png(1), _big_png(2)
     assert 2**20 / 2 < len(first) < 2**20
+    walks = []
+    real_size = inputs.uploads_size
+    monkeypatch.setattr(inputs, "uploads_size", lambda root: walks.append(1) or real_size(root))
+    small = [png(RNG.integers(0, 256, (8, 8, 3), dtype=np.uint8)) for _ in range(4)]
+    for i, data in enumerate(small):
+        assert f.post("/upload/image", image=(f"s{i}.png", data))[0] == 200
+    assert len(walks) == 1                        # the folders are walked once, not at every upload
+    for i in range(4):
+        os.unlink(f.input_dir / f"s{i}.png")
     assert f.post("/upload/image", image=("a.png", first))[0] == 200
     status, body = f.post("/upload/image", image=("b.png", second))
     assert status == 507 and "stage.http.max_uploads_mb = 1" in body["error"] and "prune" in body["error"], body
