@@ -107,8 +107,12 @@ def job_of(kind: str, parts: tuple[str, ...]) -> str | None:
     return parts[0] if kind == "output" and parts and JOB_ID_RE.match(parts[0]) else None
 
 
-def check_writable(kind: str, parts: tuple[str, ...]) -> None:
-    """InputNameError (403) for a folder an upload may not write: a job's, or the img2img requests' own."""
+def check_writable(kind: str, parts: tuple[str, ...], name: str) -> None:
+    """InputNameError (403) for a folder an upload may not write (a job's, or the img2img requests' own), or for a
+    file that would take the img2img folder's place."""
+    if (kind,) + parts + (name,) == PRIVATE:
+        raise InputNameError("image", f"{name!r} in {kind}/ is the A1111 img2img requests' folder; upload under "
+                                      "another name", status=403)
     if job_of(kind, parts):
         raise InputNameError("subfolder", f"{parts[0]!r} is a job id: \"{parts[0]}/NAME [output]\" names that job's "
                                           "own files, which uploads do not write", status=403)
@@ -287,8 +291,8 @@ def save_upload(run_root: Path, kind: str, subfolder: str, name: str, data: byte
     `overwrite`; an existing file with the same bytes keeps its name and is not written again). UploadsFull when
     writing it would pass `quota_bytes`."""
     kind, parts = check_kind(kind), check_subfolder(subfolder)
-    check_writable(kind, parts)
     check_name(name)
+    check_writable(kind, parts, name)
     where = folder(run_root, kind, parts, create=True)
     digest = hashlib.sha256(data).hexdigest()
     if overwrite:

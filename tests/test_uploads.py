@@ -474,11 +474,24 @@ def test_a_kept_img2img_image_cannot_be_swapped_through_an_upload(front, queued)
                                     subfolder=sub, type=kind, overwrite="1",
                                     original_ref=json.dumps({"filename": ref}))
         assert status == 403 and answer["field"] == "subfolder", answer
+    status, answer = front.post("/upload/image", image=("a1111", attack), type="temp")   # a file in its place
+    assert status == 403 and answer["field"] == "image", answer
     assert _victims_request(front, queued, body) == (kept_init, kept_mask)
     np.testing.assert_array_equal(_pixels(inputs.read_upload(root, kept_init)), init)     # what the job reads
     np.testing.assert_array_equal(_pixels(inputs.read_upload(root, kept_mask)), mask)
     assert sorted(os.listdir(root / "temp" / "a1111")) == sorted(
         inputs.annotated(r, "input")[1] for r in (kept_init, kept_mask))                  # no "(1)" copies
+
+
+def test_img2img_before_any_kept_image_with_a_file_in_the_folders_place(front, queued):
+    """No upload can put a file named a1111 in RUN/temp (it would stop every img2img request); one put there by hand
+    is a 503 saying what to remove, not a traceback."""
+    assert front.post("/upload/image", image=("a1111", PICTURE), type="temp", subfolder=".")[0] == 403
+    assert not (front.front.rf.root / "temp" / "a1111").exists()
+    (front.front.rf.root / "temp").mkdir()
+    (front.front.rf.root / "temp" / "a1111").write_bytes(PICTURE)
+    status, answer = front.request("POST", "/sdapi/v1/img2img", img2img_body())
+    assert status == 503 and "RUN/temp/a1111" in answer["error"] and queued == [], answer
 
 
 def test_a_kept_image_changed_on_disk_is_refused_and_written_again(front, queued):

@@ -43,7 +43,7 @@ from models.images import inpaint
 from models.images.decode import MAX_INPUT_BYTES
 from orchestrator.http import a1111
 from orchestrator.http.common import FRONT, BadRequest, json_response, read_json, refuse
-from orchestrator.inputs import UploadsFull, keep_private
+from orchestrator.inputs import InputNameError, UploadsFull, keep_private
 
 IMG2IMG_FIELDS = ("init_images", "mask", "resize_mode", "denoising_strength", "mask_blur", "mask_blur_x",
                   "mask_blur_y", "inpainting_fill", "inpainting_mask_invert", "inpaint_full_res",
@@ -251,6 +251,8 @@ async def _kept(front, png: bytes) -> str:
         return await asyncio.to_thread(keep_private, front.rf.root, png, front.settings.max_uploads_bytes)
     except UploadsFull as e:
         raise refuse(507, str(e)) from None
+    except InputNameError as e:                 # RUN/temp/a1111 is not a plain folder (a link, a file)
+        raise refuse(503, f"RUN/temp/a1111 cannot keep the request's images ({e}): remove what is there") from None
 
 
 async def img2img(request: web.Request) -> web.Response:
