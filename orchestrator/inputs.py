@@ -39,6 +39,9 @@ IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg",
                ".bmp": "image/bmp", ".gif": "image/gif"}
 JOB_INPUTS = ("init_image", "mask")              # kept in a job folder as NAME.png
 PRIVATE = ("temp", "a1111")                      # RUN/temp/a1111: img2img requests' own images, named by their bytes
+# the folders the front and the CLI upload into (the page: static/app.js UPLOAD_FOLDER, the CLI: cli.CLI_UPLOADS,
+# img2img: PRIVATE): no upload may put a file in their place
+OWN_FOLDERS = {("input", "page"), ("input", "cli"), PRIVATE}
 PRIVATE_NAME_HEX = 32                            # hex digits of the sha256 in a private image's name
 DIGESTS_KEPT = 4096                              # files whose digest is remembered (least recently used dropped)
 USAGE_FRESH_S = 30.0                             # the upload folders' running total is walked again after this
@@ -109,10 +112,10 @@ def job_of(kind: str, parts: tuple[str, ...]) -> str | None:
 
 def check_writable(kind: str, parts: tuple[str, ...], name: str) -> None:
     """InputNameError (403) for a folder an upload may not write (a job's, or the img2img requests' own), or for a
-    file that would take the img2img folder's place."""
-    if (kind,) + parts + (name,) == PRIVATE:
-        raise InputNameError("image", f"{name!r} in {kind}/ is the A1111 img2img requests' folder; upload under "
-                                      "another name", status=403)
+    file that would take the place of one of OWN_FOLDERS."""
+    if not parts and (kind, name) in OWN_FOLDERS:
+        raise InputNameError("image", f"{name!r} in {kind}/ is the folder of the page's, the CLI's or img2img's "
+                                      "uploads; upload under another name", status=403)
     if job_of(kind, parts):
         raise InputNameError("subfolder", f"{parts[0]!r} is a job id: \"{parts[0]}/NAME [output]\" names that job's "
                                           "own files, which uploads do not write", status=403)

@@ -13,6 +13,7 @@ import io
 import json
 import os
 import urllib.parse
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -484,10 +485,18 @@ def test_a_kept_img2img_image_cannot_be_swapped_through_an_upload(front, queued)
 
 
 def test_img2img_before_any_kept_image_with_a_file_in_the_folders_place(front, queued):
-    """No upload can put a file named a1111 in RUN/temp (it would stop every img2img request); one put there by hand
-    is a 503 saying what to remove, not a traceback."""
-    assert front.post("/upload/image", image=("a1111", PICTURE), type="temp", subfolder=".")[0] == 403
-    assert not (front.front.rf.root / "temp" / "a1111").exists()
+    """No upload can put a file named a1111 in RUN/temp (it would stop every img2img request), nor page or cli in
+    RUN/input (the page's and the CLI's uploads); one put there by hand is a 503 saying what to remove, not a
+    traceback."""
+    from orchestrator import cli
+    from orchestrator.http import page
+    app_js = (Path(page.__file__).parent / "static" / "app.js").read_text()
+    assert 'const UPLOAD_FOLDER = "page";' in app_js and ("input", cli.CLI_UPLOADS) in inputs.OWN_FOLDERS
+    for kind, name in inputs.OWN_FOLDERS:
+        status, answer = front.post("/upload/image", image=(name, PICTURE), type=kind, subfolder=".")
+        assert status == 403 and answer["field"] == "image", answer
+        assert not (front.front.rf.root / kind / name).exists()
+    assert front.post("/upload/image", image=("x.png", PICTURE), subfolder="page")[0] == 200     # into them: yes
     (front.front.rf.root / "temp").mkdir()
     (front.front.rf.root / "temp" / "a1111").write_bytes(PICTURE)
     status, answer = front.request("POST", "/sdapi/v1/img2img", img2img_body())
@@ -508,13 +517,15 @@ def test_a_kept_image_changed_on_disk_is_refused_and_written_again(front, queued
 
 
 def test_an_upload_named_as_a_folder_is_409_not_a_traceback(front):
-    """Item 7: RUN/input/page and RUN/input/cli are the page's and the CLI's upload folders."""
-    (front.input_dir / "page").mkdir(parents=True)
-    status, body = front.post("/upload/image", image=("page", PICTURE), overwrite="1")
-    assert status == 409 and body["field"] == "image" and "folder" in body["error"], body
-    assert (front.input_dir / "page").is_dir()
-    status, body = front.post("/upload/image", image=("page", PICTURE))            # without overwrite: renamed
-    assert (status, body["name"]) == (200, "page (1)"), body
+    """Item 7: the name of a folder (RUN/input/page and cli, the page's and the CLI's uploads: 403, the name is
+    theirs; any other, like ComfyUI's clipspace: 409) was a 500 IsADirectoryError."""
+    for name, want in (("page", 403), ("cli", 403), ("clipspace", 409)):
+        (front.input_dir / name).mkdir(parents=True)
+        status, body = front.post("/upload/image", image=(name, PICTURE), overwrite="1")
+        assert status == want and body["field"] == "image" and "folder" in body["error"], body
+        assert (front.input_dir / name).is_dir()
+    status, body = front.post("/upload/image", image=("clipspace", PICTURE))       # without overwrite: renamed
+    assert (status, body["name"]) == (200, "clipspace (1)"), body
 
 
 def test_output_names_mean_the_jobs_own_files(front):
