@@ -461,7 +461,7 @@ def cmd_prune(args, rf: RunFolder) -> int:
         client.close()
     print(f"{removed} finished job(s) removed", file=sys.stderr)
     if older_than_s is not None:                   # uploads by the same age: a job keeps its own copy of its inputs
-        from orchestrator.inputs import prune_uploads
+        from orchestrator.upload_space import prune_uploads
         gone = prune_uploads(rf.root, older_than_s)
         print(f"{len(gone)} upload(s) removed ({sum(n for _, n in gone) / 1e6:,.1f} MB) from {rf.root}/input, temp, "
               "output", file=sys.stderr)

@@ -88,7 +88,7 @@ class Doctor:
 
     def check_uploads(self) -> None:
         """The upload folders' size against stage.http.max_uploads_mb (a new upload past it is refused)."""
-        from orchestrator.inputs import uploads_size
+        from orchestrator.upload_space import uploads_size
         files, size = uploads_size(self.rf.root)
         quota = self.cfg.settings("http").max_uploads_mb if self.cfg is not None else 0
         text = f"{files} file(s), {_mb(size)} in {self.rf.root}/input, temp, output"

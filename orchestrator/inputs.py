@@ -24,14 +24,13 @@ import hashlib
 import os
 import stat
 import threading
-import time
 from collections import OrderedDict
 from pathlib import Path
 
 from models.durable import atomic_write, is_temporary
+from orchestrator.upload_space import KINDS, check_room
 from orchestrator.job_record import JOB_ID_RE
 
-KINDS = ("input", "temp", "output")              # ComfyUI's upload types; `input` by default
 MAX_NAME_BYTES = 255
 MAX_DEPTH = 8
 MAX_RENAMES = 10_000
@@ -44,12 +43,6 @@ PRIVATE = ("temp", "a1111")                      # RUN/temp/a1111: img2img reque
 OWN_FOLDERS = {("input", "page"), ("input", "cli"), PRIVATE}
 PRIVATE_NAME_HEX = 32                            # hex digits of the sha256 in a private image's name
 DIGESTS_KEPT = 4096                              # files whose digest is remembered (least recently used dropped)
-USAGE_FRESH_S = 30.0                             # the upload folders' running total is walked again after this
-
-
-class UploadsFull(ValueError):
-    """The upload folders would pass their quota (stage.http.max_uploads_mb; HTTP 507): the message says how to
-    make room."""
 
 
 class InputNameError(ValueError):
@@ -178,8 +171,7 @@ def find(run_root: Path, kind: str, subfolder: str, name: str) -> Path:
 
 
 _digests: OrderedDict[tuple, str] = OrderedDict()       # (dev, inode, size, mtime, ctime) -> sha256 hex
-_usage: dict[str, tuple[int, float]] = {}                # run folder -> (upload bytes, monotonic time walked)
-_digests_lock = threading.Lock()                        # guards both
+_digests_lock = threading.Lock()
 
 
 def _identity(st: os.stat_result) -> tuple:
@@ -231,63 +223,6 @@ def _check_not_folder(path: Path, field: str = "image") -> None:
         raise InputNameError(field, f"{path.name[:80]!r} is a folder here; upload under another name", status=409)
 
 
-def upload_files(run_root: Path):
-    """(path, lstat) of every regular file in RUN/input, temp and output (no link followed, none listed)."""
-    base = Path(os.path.realpath(run_root))
-    for kind in KINDS:
-        for top, dirs, names in os.walk(base / kind):        # os.walk descends into no linked folder
-            for n in names:
-                try:
-                    st = os.lstat(os.path.join(top, n))
-                except FileNotFoundError:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    yield Path(top) / n, st
-
-
-def uploads_size(run_root: Path) -> tuple[int, int]:
-    """(files, bytes) in the upload folders."""
-    files = total = 0
-    for _, st in upload_files(run_root):
-        files, total = files + 1, total + st.st_size
-    return files, total
-
-
-def _check_room(run_root: Path, adding: int, quota_bytes: int | None) -> None:
-    """UploadsFull when `adding` bytes more would pass the quota (None or 0: no quota). The folders are walked when
-    the running total says full and every USAGE_FRESH_S (others write and prune them too), not at every upload;
-    uploads written at the same moment may pass the quota by one upload each."""
-    if not quota_bytes:
-        return
-    key = os.path.realpath(run_root)
-    with _digests_lock:
-        used, walked = _usage.get(key, (None, 0.0))
-    if used is None or used + adding > quota_bytes or time.monotonic() - walked > USAGE_FRESH_S:
-        used, walked = uploads_size(run_root)[1], time.monotonic()
-    full = used + adding > quota_bytes
-    with _digests_lock:
-        _usage[key] = (used if full else used + adding, walked)
-    if full:
-        raise UploadsFull(f"the upload folders (RUN/input, temp, output) hold {used / 1e6:,.1f} MB; this "
-                          f"{adding / 1e6:,.1f} MB would pass stage.http.max_uploads_mb = {quota_bytes // 2**20}: "
-                          "remove old uploads (orchestrator prune --older-than 7d) or raise it in pipeline.toml")
-
-
-def prune_uploads(run_root: Path, older_than_s: float, now: float | None = None) -> list[tuple[Path, int]]:
-    """Remove the uploads not changed for `older_than_s` (an img2img request's kept image is touched when it is used
-    again) -> (path, bytes) of each. No job needs them: a job keeps its own copy of its inputs at submit."""
-    cutoff = (time.time() if now is None else now) - older_than_s
-    removed = []
-    for path, st in list(upload_files(run_root)):
-        if st.st_mtime < cutoff:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                continue
-            removed.append((path, st.st_size))
-    return removed
-
-
 def save_upload(run_root: Path, kind: str, subfolder: str, name: str, data: bytes, *, overwrite: bool,
                 quota_bytes: int | None = None) -> str:
     """Write an upload by ComfyUI's rules; -> the name it has (renamed "NAME (i).EXT" when taken, unless
@@ -300,7 +235,7 @@ def save_upload(run_root: Path, kind: str, subfolder: str, name: str, data: byte
     digest = hashlib.sha256(data).hexdigest()
     if overwrite:
         _check_not_folder(where / name)
-        _check_room(run_root, len(data), quota_bytes)
+        check_room(run_root, len(data), quota_bytes)
         _written(where / name, data, digest, overwrite=True)
         return name
     stem, ext = os.path.splitext(name)
@@ -312,7 +247,7 @@ def save_upload(run_root: Path, kind: str, subfolder: str, name: str, data: byte
         if _same_bytes(path, len(data), digest):
             return candidate
         if not os.path.lexists(path):            # a taken name is not written at all (each write is an fsync)
-            _check_room(run_root, len(data), quota_bytes)
+            check_room(run_root, len(data), quota_bytes)
             try:
                 _written(path, data, digest, overwrite=False)
                 return candidate
@@ -335,12 +270,16 @@ def keep_private(run_root: Path, data: bytes, quota_bytes: int | None = None) ->
     where = folder(run_root, PRIVATE[0], PRIVATE[1:], create=True)
     name = private_name(data)
     digest = hashlib.sha256(data).hexdigest()
+    ref = f"{PRIVATE[1]}/{name} [{PRIVATE[0]}]"
     if _same_bytes(where / name, len(data), digest):
-        os.utime(where / name, follow_symlinks=False)
-    else:
-        _check_room(run_root, len(data), quota_bytes)
-        _written(where / name, data, digest, overwrite=True)
-    return f"{PRIVATE[1]}/{name} [{PRIVATE[0]}]"
+        try:
+            os.utime(where / name, follow_symlinks=False)
+            return ref
+        except FileNotFoundError:                # pruned meanwhile: written again
+            pass
+    check_room(run_root, len(data), quota_bytes)
+    _written(where / name, data, digest, overwrite=True)
+    return ref
 
 
 def _check_private(kind: str, parts: tuple[str, ...], name: str, data: bytes, field: str) -> None:

@@ -613,8 +613,9 @@ def test_uploads_past_their_quota_are_507_naming_it(tmp_path, queued, monkeypatc
     first, second = _big_png(1), _big_png(2)
     assert 2**20 / 2 < len(first) < 2**20
     walks = []
-    real_size = inputs.uploads_size
-    monkeypatch.setattr(inputs, "uploads_size", lambda root: walks.append(1) or real_size(root))
+    from orchestrator import upload_space
+    real_size = upload_space.uploads_size
+    monkeypatch.setattr(upload_space, "uploads_size", lambda root: walks.append(1) or real_size(root))
     small = [png(RNG.integers(0, 256, (8, 8, 3), dtype=np.uint8)) for _ in range(4)]
     for i, data in enumerate(small):
         assert f.post("/upload/image", image=(f"s{i}.png", data))[0] == 200
@@ -629,7 +630,7 @@ def test_uploads_past_their_quota_are_507_naming_it(tmp_path, queued, monkeypatc
     status, body = f.request("POST", "/sdapi/v1/img2img", img2img_body(
         init_images=[b64(_big_png(3))], width=440, height=440))
     assert status == 507 and "max_uploads_mb" in body["error"], body
-    assert queued == [] and inputs.uploads_size(f.front.rf.root) == (1, len(first))
+    assert queued == [] and real_size(f.front.rf.root) == (1, len(first))
     f.front.settings = HttpSettings(max_uploads_mb=0)                                  # 0: no limit
     assert f.post("/upload/image", image=("b.png", second))[0] == 200
 

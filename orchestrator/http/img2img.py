@@ -43,7 +43,8 @@ from models.images import inpaint
 from models.images.decode import MAX_INPUT_BYTES
 from orchestrator.http import a1111
 from orchestrator.http.common import FRONT, BadRequest, json_response, read_json, refuse
-from orchestrator.inputs import InputNameError, UploadsFull, keep_private
+from orchestrator.inputs import InputNameError, keep_private
+from orchestrator.upload_space import UploadsFull
 
 IMG2IMG_FIELDS = ("init_images", "mask", "resize_mode", "denoising_strength", "mask_blur", "mask_blur_x",
                   "mask_blur_y", "inpainting_fill", "inpainting_mask_invert", "inpaint_full_res",

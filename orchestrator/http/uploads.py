@@ -24,7 +24,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from models.images import CHANNELS, ImageInputError, open_bounded
-from orchestrator import inputs
+from orchestrator import inputs, upload_space
 from orchestrator.comfy_graph import image_nodes, object_info
 from orchestrator.http import files
 from orchestrator.http.common import FRONT, refuse
@@ -86,7 +86,7 @@ async def _upload(request: web.Request, make_bytes=None) -> web.Response:
                                         overwrite=overwrite, quota_bytes=front.settings.max_uploads_bytes)
     except inputs.InputNameError as e:
         raise refuse(e.status, str(e), field=e.field) from None
-    except inputs.UploadsFull as e:
+    except upload_space.UploadsFull as e:
         raise refuse(507, str(e)) from None
     return web.json_response({"name": saved, "subfolder": subfolder, "type": kind})
 
