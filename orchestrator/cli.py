@@ -500,6 +500,11 @@ def cmd_prune(args, rf: RunFolder) -> int:
     finally:
         client.close()
     print(f"{removed} finished job(s) removed", file=sys.stderr)
+    if older_than_s is not None:                   # uploads by the same age: a job keeps its own copy of its inputs
+        from orchestrator.upload_space import prune_uploads
+        gone = prune_uploads(rf.root, older_than_s)
+        print(f"{len(gone)} upload(s) removed ({sum(n for _, n in gone) / 1e6:,.1f} MB) from {rf.root}/input, temp, "
+              "output", file=sys.stderr)
     return EXIT_OK
 
 
@@ -775,7 +780,7 @@ COMMANDS = (
     Command("prune", "remove finished jobs (done, failed, cancelled) and their folders", cmd_prune, (
         arg("--keep", type=int, help="keep the N newest finished jobs"),
         arg("--older-than", metavar="AGE", help="remove those finished longer ago than AGE: 7d, 12h, 30m or 45s "
-                                                "(a bare number is seconds)"))),
+                                                "(a bare number is seconds), and uploads unchanged for as long"))),
     Command("stages", "supervisord state of every program", cmd_stages),
     Command("restart", "restart one program through supervisord", cmd_restart, (
         arg("stage", metavar="PROGRAM", help=PROGRAM_HELP),)),

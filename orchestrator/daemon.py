@@ -246,15 +246,7 @@ class Daemon:
         if isinstance(msg, m.Info):
             return self._info(msg)
         if isinstance(msg, m.Cancel):
-            cur = self.current.job.id if self.current is not None else None
-            if cur == msg.job and self.store.get(cur).state == "queued":   # taken, not yet marked running (its
-                self.cancel_requests.add(cur)                              # LoRAs read meanwhile): the flow stops it
-                return m.reply_to(msg, m.Ok, note=f"job {cur} is being cancelled (it was starting)")
-            job = self.store.cancel(msg.job)
-            if job.active:
-                self.cancel_requests.add(job.id)
-                return m.reply_to(msg, m.Ok, note=f"job {job.id} is being cancelled (it was {job.state})")
-            return m.reply_to(msg, m.Ok, note=f"job {job.id} cancelled")
+            return self._cancel(msg)
         if isinstance(msg, m.Resume):
             job = self.store.resume(msg.job)
             self._wake = True
@@ -271,6 +263,19 @@ class Daemon:
             return m.reply_to(msg, m.Pong, stage="orchestrator", pid=os.getpid(), busy=cur is not None, job=cur,
                               uptime_s=0.0)
         return m.error_reply(msg.id, "unknown_kind", f"the orchestrator does not serve {msg.KIND}", field="kind")
+
+    def _cancel(self, msg: m.Cancel) -> m.Message:
+        cur = self.current.job.id if self.current is not None else None
+        if msg.queued_only and (cur == msg.job or self.store.view(msg.job).state != "queued"):
+            return m.reply_to(msg, m.Ok, note=f"job {msg.job} is not waiting: left as it is")
+        if cur == msg.job and self.store.get(cur).state == "queued":   # taken, not yet marked running (its
+            self.cancel_requests.add(cur)                              # LoRAs read meanwhile): the flow stops it
+            return m.reply_to(msg, m.Ok, note=f"job {cur} is being cancelled (it was starting)")
+        job = self.store.cancel(msg.job)
+        if job.active:
+            self.cancel_requests.add(job.id)
+            return m.reply_to(msg, m.Ok, note=f"job {job.id} is being cancelled (it was {job.state})")
+        return m.reply_to(msg, m.Ok, note=f"job {job.id} cancelled")
 
     def _guard(self, msg: m.Message, fn) -> m.Message:
         """fn()'s reply, or the error reply its exception means (one bad request never ends the daemon)."""

@@ -86,6 +86,18 @@ class Doctor:
         else:
             self.add(OK, "run-folder", f"{root} is private (0700) and writable, {free:,.0f} MiB free")
 
+    def check_uploads(self) -> None:
+        """The upload folders' size against stage.http.max_uploads_mb (a new upload past it is refused)."""
+        from orchestrator.upload_space import uploads_size
+        files, size = uploads_size(self.rf.root)
+        quota = self.cfg.settings("http").max_uploads_mb if self.cfg is not None else 0
+        text = f"{files} file(s), {_mb(size)} in {self.rf.root}/input, temp, output"
+        if quota and size >= 0.9 * quota * 2**20:
+            self.add(WARN, "uploads", f"{text}: near stage.http.max_uploads_mb = {quota} (a new upload past it is "
+                                      "refused): orchestrator prune --older-than 7d")
+        else:
+            self.add(OK, "uploads", text + (f" (stage.http.max_uploads_mb = {quota})" if quota else ""))
+
     # -- packs -----------------------------------------------------------------------------------------------------
 
     def check_packs(self) -> None:
@@ -352,7 +364,7 @@ class Doctor:
                                               f"{self.rf.supervisord_conf} start {name}")
 
     def run(self) -> list[Check]:
-        for check in (self.check_config, self.check_run_folder, self.check_machine, self.check_npu,
+        for check in (self.check_config, self.check_run_folder, self.check_uploads, self.check_machine, self.check_npu,
                       self.check_governors, self.check_memory, self.check_packs, self.check_size_memory,
                       self.check_supervisord):
             try:

@@ -111,6 +111,7 @@ run_dir = "."
 # host = "127.0.0.1"        # the HTTP front (ComfyUI and A1111 APIs, the web page); loopback unless a token is set
 # port = 8188
 # token_file = "http.token" # needed to listen on any other address: clients send Authorization: Bearer <token>
+# max_uploads_mb = 2048     # RUN/input, temp and output together (0: no limit); orchestrator prune --older-than
 """
 
 

@@ -33,7 +33,7 @@ The conversation (→ request, ← its reply, ⇢ event):
     → SUBMIT {prompt, base_dir, origin}                ← SUBMITTED {job, seed, position}
     → ESTIMATE {prompt, base_dir}                      ← ESTIMATED {estimate}   (checked as SUBMIT; nothing queued)
     → STATUS {job | None, detail, active, before, limit}   ← JOBS {jobs: [JobInfo], more}
-    → CANCEL {job}                                     ← OK
+    → CANCEL {job, queued_only}                        ← OK
     → RESUME {job}                                     ← SUBMITTED
     → INFO {}                                          ← PIPELINE {packs: [PackRef], models, max_queue, version,
                                                                    loras}
@@ -258,6 +258,7 @@ class Pong(Message, tag="PONG"):
 @_message("CANCEL")
 class Cancel(Message, tag="CANCEL"):
     job: Name
+    queued_only: bool = False      # the orchestrator cancels the job only while it waits (ComfyUI's queue delete)
 
 
 @_message("SHUTDOWN")

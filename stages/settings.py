@@ -208,6 +208,7 @@ class HttpSettings(Table, frozen=True):
     token_file: PathText | None = None         # a 0600 file holding the bearer token (relative to the config file)
     max_body_kb: Int(1, 65536) = 256           # larger request bodies get 413
     max_upload_mb: Int(1, 1024) = 32           # an image upload or an img2img request may be this large
+    max_uploads_mb: Int(0, 2**20) = 2048       # RUN/input, temp and output together; past it 507 (0: no limit)
     request_timeout_s: Float(0.1, 120.0) = 5.0     # one request to the daemon; no answer: 503
     poll_s: Float(0.05, 10.0) = 0.25           # how often running jobs are looked at
     # a connection's request headers must arrive, and an idle keep-alive connection is closed, this long after it

@@ -72,6 +72,22 @@ def test_a_cpu_bundle_on_a_pc_is_ready(tree, tmp_path, bundle):
     assert lines["config"].startswith("ok config:") and lines["run-folder"].startswith("ok run-folder:")
 
 
+def test_doctor_shows_the_uploads_size_against_their_quota(tree, tmp_path, bundle):
+    """Issue 45 item 6: the upload folders' size, a warning near stage.http.max_uploads_mb."""
+    rf = init(tmp_path, bundle)
+    put(rf.root, "input/page/a.png", "x" * 600_000)
+    put(rf.root, "temp/a1111/b.png", "y" * 400_000)
+    rc, lines, _ = run_doctor(rf)
+    assert lines["uploads"] == (f"ok uploads: 2 file(s), 1 MB in {rf.root}/input, temp, output "
+                                "(stage.http.max_uploads_mb = 2048)"), lines
+    text = rf.pipeline_toml.read_text().replace("# max_uploads_mb = 2048", "max_uploads_mb = 1")
+    rf.pipeline_toml.write_text(text)
+    rc, lines, last = run_doctor(rf)
+    assert lines["uploads"].startswith("warn uploads: 2 file(s), 1 MB in ") and "max_uploads_mb = 1 " in \
+        lines["uploads"] and "orchestrator prune --older-than" in lines["uploads"], lines["uploads"]
+    assert last.endswith(" fail=0")
+
+
 def test_board_governors_memory_and_swap(tree, tmp_path, bundle, monkeypatch):
     rf = init(tmp_path, bundle)
     monkeypatch.setattr("platform.machine", lambda: "aarch64")

@@ -318,6 +318,36 @@ def test_the_running_job_stays_in_view_behind_big_queued_graphs(d):
             _wait_job(d, j)
 
 
+def test_queue_delete_and_clear_remove_waiting_prompts_only(d):
+    """ComfyUI's POST /queue (was 405): "delete" cancels the named waiting prompts, "clear" every waiting one; the
+    running prompt is left alone by both, unknown ids are ignored."""
+    url = d.http_url()
+    d.flag("double_step_s", "5")
+    running = d.submit({"prompt": "hold", "steps": 20, "seed": 1})
+    try:
+        _wait_job(d, running, ("denoising",))
+        a, b, c = (requests.post(url + "prompt", json={"prompt": graph(seed=s)}, timeout=30).json()["prompt_id"]
+                   for s in (2, 3, 4))
+        r = requests.post(url + "queue", json={"delete": [a, running, "20990101-000000-abcdef", "nonsense"]},
+                          timeout=30)
+        assert r.status_code == 200, r.text
+        assert [d.status(job=j).jobs[0].state for j in (a, running, b, c)] == ["cancelled", "denoising", "queued",
+                                                                              "queued"]
+        q = requests.get(url + "queue", timeout=30).json()
+        assert [i[1] for i in q["queue_running"]] == [running] and [i[1] for i in q["queue_pending"]] == [b, c]
+        assert requests.post(url + "api/queue", json={"clear": True}, timeout=30).status_code == 200
+        assert [d.status(job=j).jobs[0].state for j in (running, b, c)] == ["denoising", "cancelled", "cancelled"]
+        q = requests.get(url + "queue", timeout=30).json()
+        assert [i[1] for i in q["queue_running"]] == [running] and q["queue_pending"] == []
+        r = requests.post(url + "queue", json={"delete": running}, timeout=30)
+        assert r.status_code == 400 and r.json()["field"] == "delete", r.text
+        assert d.status(job=running).jobs[0].state == "denoising"
+    finally:
+        requests.post(url + f"anima/jobs/{running}/cancel", timeout=30)
+        d.flag("double_step_s", None)
+        _wait_job(d, running)
+
+
 def test_a1111_request_ends_when_its_job_is_pruned_meanwhile(d):
     """A txt2img request hung forever when its job ended and was pruned between two looks of the front (the tracker
     dropped the job on the daemon's "no job" and never answered its waiter). Stopping the front (SIGSTOP) makes that

@@ -121,7 +121,7 @@ def _malformed(url: str, job_dir_name: str) -> list[tuple[str, str, str, dict, t
         ("ws long client id", "GET", "ws", {"params": {"clientId": "c" * 300}}, (400,)),
         ("cross origin", "POST", "prompt", {"json": {"prompt": g}, "headers": {"Origin": "http://evil.example"}},
          (403,)),
-        ("queue post", "POST", "queue", {"json": {"clear": True}}, (405,)),
+        ("queue delete not a list", "POST", "queue", {"json": {"delete": 5}}, (400,)),
         ("no such route", "GET", "nothing/here", {}, (404,)),
         ("a1111 not json", "POST", "sdapi/v1/txt2img", {"data": b"prompt=cat"}, (422,)),
         ("a1111 array", "POST", "sdapi/v1/txt2img", {"json": ["cat"]}, (422,)),

@@ -13,6 +13,7 @@ import io
 import json
 import os
 import urllib.parse
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -443,3 +444,219 @@ def test_upload_mask_on_a_jobs_output_image(front):
     status, body = front.post("/upload/mask", image=("edit2.png", png(drawn, "RGBA")),
                               original_ref=json.dumps({"filename": "job.json", "subfolder": job}))
     assert status == 404 and body["field"] == "original_ref", body
+
+
+# ---------------------------------------------------------------- issue 45: whose file a name is
+
+def _victims_request(front, queued, body) -> tuple[str, str]:
+    status, answer = front.request("POST", "/sdapi/v1/img2img", body)
+    assert answer.get("field") == "stand_in", answer
+    spec = queued[-1]
+    return spec["init_image"], spec.get("mask")
+
+
+def test_a_kept_img2img_image_cannot_be_swapped_through_an_upload(front, queued):
+    """Item 2: the kept names are public (/queue, /history); an upload over one with overwrite=1 is refused, and the
+    victim's next identical request runs on the victim's own pixels (init image and mask alike)."""
+    init = RNG.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    mask = np.zeros((64, 64), np.uint8)
+    mask[8:40, 8:40] = 255
+    body = img2img_body(init_images=[b64(png(init))], mask=b64(png(mask)), inpaint_full_res=False, mask_blur=0,
+                        inpainting_fill=1)
+    kept_init, kept_mask = _victims_request(front, queued, body)
+    root = front.front.rf.root
+    attack = png(RNG.integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    for ref in (kept_init, kept_mask):
+        sub, name, kind = inputs.annotated(ref, "input")
+        for form in ({"subfolder": sub, "type": kind}, {"subfolder": f"./{sub}/.", "type": kind}):
+            status, answer = front.post("/upload/image", image=(name, attack), overwrite="1", **form)
+            assert status == 403 and answer["field"] == "subfolder", answer
+        status, answer = front.post("/upload/mask", image=(name, png(np.zeros((64, 64, 4), np.uint8), "RGBA")),
+                                    subfolder=sub, type=kind, overwrite="1",
+                                    original_ref=json.dumps({"filename": ref}))
+        assert status == 403 and answer["field"] == "subfolder", answer
+    status, answer = front.post("/upload/image", image=("a1111", attack), type="temp")   # a file in its place
+    assert status == 403 and answer["field"] == "image", answer
+    assert _victims_request(front, queued, body) == (kept_init, kept_mask)
+    np.testing.assert_array_equal(_pixels(inputs.read_upload(root, kept_init)), init)     # what the job reads
+    np.testing.assert_array_equal(_pixels(inputs.read_upload(root, kept_mask)), mask)
+    assert sorted(os.listdir(root / "temp" / "a1111")) == sorted(
+        inputs.annotated(r, "input")[1] for r in (kept_init, kept_mask))                  # no "(1)" copies
+
+
+def test_img2img_before_any_kept_image_with_a_file_in_the_folders_place(front, queued):
+    """No upload can put a file named a1111 in RUN/temp (it would stop every img2img request), nor page or cli in
+    RUN/input (the page's and the CLI's uploads); one put there by hand is a 503 saying what to remove, not a
+    traceback."""
+    from orchestrator import cli
+    from orchestrator.http import page
+    app_js = (Path(page.__file__).parent / "static" / "app.js").read_text()
+    assert 'const UPLOAD_FOLDER = "page";' in app_js and ("input", cli.CLI_UPLOADS) in inputs.OWN_FOLDERS
+    for kind, name in inputs.OWN_FOLDERS:
+        status, answer = front.post("/upload/image", image=(name, PICTURE), type=kind, subfolder=".")
+        assert status == 403 and answer["field"] == "image", answer
+        assert not (front.front.rf.root / kind / name).exists()
+    assert front.post("/upload/image", image=("x.png", PICTURE), subfolder="page")[0] == 200     # into them: yes
+    (front.front.rf.root / "temp").mkdir()
+    (front.front.rf.root / "temp" / "a1111").write_bytes(PICTURE)
+    status, answer = front.request("POST", "/sdapi/v1/img2img", img2img_body())
+    assert status == 503 and "RUN/temp/a1111" in answer["error"] and queued == [], answer
+
+
+def test_a_kept_image_changed_on_disk_is_refused_and_written_again(front, queued):
+    body = img2img_body()
+    kept = _victims_request(front, queued, body)[0]
+    root = front.front.rf.root
+    sub, name, kind = inputs.annotated(kept, "input")
+    path = root / kind / sub / name
+    sent = path.read_bytes()
+    path.write_bytes(OTHER)
+    with pytest.raises(inputs.InputNameError, match="init_image: .* does not hold the image its name says"):
+        inputs.read_upload(root, kept, "init_image")
+    assert _victims_request(front, queued, body)[0] == kept and path.read_bytes() == sent
+
+
+def test_an_upload_named_as_a_folder_is_409_not_a_traceback(front):
+    """Item 7: the name of a folder (RUN/input/page and cli, the page's and the CLI's uploads: 403, the name is
+    theirs; any other, like ComfyUI's clipspace: 409) was a 500 IsADirectoryError."""
+    for name, want in (("page", 403), ("cli", 403), ("clipspace", 409)):
+        (front.input_dir / name).mkdir(parents=True)
+        status, body = front.post("/upload/image", image=(name, PICTURE), overwrite="1")
+        assert status == want and body["field"] == "image" and "folder" in body["error"], body
+        assert (front.input_dir / name).is_dir()
+    status, body = front.post("/upload/image", image=("clipspace", PICTURE))       # without overwrite: renamed
+    assert (status, body["name"]) == (200, "clipspace (1)"), body
+
+
+def test_output_names_mean_the_jobs_own_files(front):
+    """Item 10: "<job>/image.png [output]" is the job's image for /view and for a prompt alike; uploads do not
+    write under a job id."""
+    job = "20260101-120000-a1b2c3"
+    rgb = RNG.integers(0, 256, (8, 12, 3), dtype=np.uint8)
+    (front.front.rf.jobs / job).mkdir(parents=True)
+    (front.front.rf.jobs / job / "image.png").write_bytes(png(rgb))
+    for sub in (job, f"{job}/deeper", f"./{job}"):
+        status, body = front.post("/upload/image", image=("image.png", PICTURE), type="output", subfolder=sub)
+        assert status == 403 and body["field"] == "subfolder", (sub, body)
+    assert not (front.front.rf.root / "output").exists()
+    root = front.front.rf.root
+    np.testing.assert_array_equal(_pixels(inputs.read_upload(root, f"{job}/image.png [output]")), rgb)
+    (st, data, _), = front.send([("GET", "/view", {"filename": "image.png", "subfolder": job, "type": "output"})])
+    assert st == 200 and data == (front.front.rf.jobs / job / "image.png").read_bytes()
+    with pytest.raises(FileNotFoundError):
+        inputs.read_upload(root, f"{job}/job.json [output]")
+    # an upload of type output elsewhere keeps its ComfyUI meaning: the output folder
+    assert front.post("/upload/image", image=("mine.png", PICTURE), type="output", subfolder="x")[0] == 200
+    assert inputs.read_upload(root, "x/mine.png [output]") == PICTURE
+
+
+def _stored_png(seed: int) -> bytes:
+    """A PNG whose size depends on its dimensions only (no compression): many files of one size."""
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(
+        buf, "PNG", compress_level=0)
+    return buf.getvalue()
+
+
+def test_an_upload_under_a_much_used_name_reads_no_earlier_file(front, monkeypatch):
+    """Item 11: the k-th upload under one name hashed every earlier "NAME (i).EXT" in full and wrote its bytes (with
+    an fsync) under each taken name before moving on; now it hashes its own bytes only (files of another size are not
+    read; a file's digest is remembered by its identity) and writes once."""
+    import hashlib
+    hashed = []
+
+    class Counting:
+        def __init__(self, data=b""):
+            self.h = hashlib.sha256(data)
+            hashed.append(len(data))
+
+        def hexdigest(self):
+            return self.h.hexdigest()
+    monkeypatch.setattr(inputs, "hashlib", type("H", (), {"sha256": Counting}))
+    writes = []
+    real_write = inputs.atomic_write
+    monkeypatch.setattr(inputs, "atomic_write", lambda path, *a, **kw: writes.append(path.name) or real_write(
+        path, *a, **kw))
+    images = [_stored_png(i) for i in range(8)]
+    assert len({len(i) for i in images}) == 1
+    front.input_dir.mkdir()
+    (front.input_dir / "big.png").write_bytes(images[0])           # a file the front did not write: hashed once
+    for k, data in enumerate(images[1:], 1):
+        hashed.clear()
+        writes.clear()
+        assert front.post("/upload/image", image=("big.png", data))[1]["name"] == f"big ({k}).png"
+        assert sum(hashed) <= (2 * len(data) if k == 1 else len(data)), (k, hashed)
+        assert writes == [f"big ({k}).png"]                     # a taken name is not written (and fsynced) first
+    hashed.clear()
+    small = png(RNG.integers(0, 256, (4, 4, 3), dtype=np.uint8))
+    assert front.post("/upload/image", image=("big.png", small))[1]["name"] == "big (8).png"
+    assert sum(hashed) <= len(small)
+    hashed.clear()
+    assert front.post("/upload/image", image=("big.png", images[5]))[1]["name"] == "big (5).png"   # same bytes
+    assert sum(hashed) <= len(images[5])
+
+
+# ---------------------------------------------------------------- issue 45 item 6: the uploads' quota and pruning
+
+def _big_png(seed: int) -> bytes:
+    return png(np.random.default_rng(seed).integers(0, 256, (440, 440, 3), dtype=np.uint8))
+
+
+def test_uploads_past_their_quota_are_507_naming_it(tmp_path, queued, monkeypatch):
+    """Ten 29 MB uploads grew RUN/input by 300 MB with no bound; now stage.http.max_uploads_mb bounds the upload
+    folders together (uploads, masks and img2img's kept images): past it a new file is a 507 naming the setting and
+    nothing is written; the same bytes again write nothing and still pass."""
+    from orchestrator.http.settings import HttpSettings
+    f = Uploads(tmp_path)
+    f.front.rf.root.mkdir(mode=0o700)
+    f.front.settings = HttpSettings(max_uploads_mb=1)
+    first, second = _big_png(1), _big_png(2)
+    assert 2**20 / 2 < len(first) < 2**20
+    walks = []
+    from orchestrator import upload_space
+    real_size = upload_space.uploads_size
+    monkeypatch.setattr(upload_space, "uploads_size", lambda root: walks.append(1) or real_size(root))
+    small = [png(RNG.integers(0, 256, (8, 8, 3), dtype=np.uint8)) for _ in range(4)]
+    for i, data in enumerate(small):
+        assert f.post("/upload/image", image=(f"s{i}.png", data))[0] == 200
+    assert len(walks) == 1                        # the folders are walked once, not at every upload
+    for i in range(4):
+        os.unlink(f.input_dir / f"s{i}.png")
+    assert f.post("/upload/image", image=("a.png", first))[0] == 200
+    status, body = f.post("/upload/image", image=("b.png", second))
+    assert status == 507 and "stage.http.max_uploads_mb = 1" in body["error"] and "prune" in body["error"], body
+    assert f.post("/upload/image", image=("a.png", first), type="temp")[0] == 507
+    assert f.post("/upload/image", image=("a.png", first))[1] == {"name": "a.png", "subfolder": "", "type": "input"}
+    status, body = f.request("POST", "/sdapi/v1/img2img", img2img_body(
+        init_images=[b64(_big_png(3))], width=440, height=440))
+    assert status == 507 and "max_uploads_mb" in body["error"], body
+    assert queued == [] and real_size(f.front.rf.root) == (1, len(first))
+    f.front.settings = HttpSettings(max_uploads_mb=0)                                  # 0: no limit
+    assert f.post("/upload/image", image=("b.png", second))[0] == 200
+
+
+def test_prune_older_than_removes_uploads_of_that_age(inproc_daemon, capsys):
+    """`prune` removed jobs only; RUN/input and RUN/temp (temp/a1111 too) grew for ever. With --older-than the
+    uploads unchanged for that long go as well (a job keeps its own copy of its inputs at submit)."""
+    import time
+    from orchestrator import cli
+    rf = inproc_daemon.daemon.rf
+    old, new = time.time() - 7200, time.time()
+    files = {"input/page/old.png": old, "input/old.png": old, "temp/a1111/" + "0" * 32 + ".png": old,
+             "output/x/old.png": old, "input/page/new.png": new, "temp/new.png": new}
+    for rel, mtime in files.items():
+        (rf.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (rf.root / rel).write_bytes(PICTURE)
+        os.utime(rf.root / rel, (mtime, mtime))
+    outside = rf.root / "outside.png"
+    outside.write_bytes(PICTURE)
+    os.utime(outside, (old, old))
+    (rf.root / "input" / "link").symlink_to(rf.root)                 # a link is neither followed nor removed
+    assert cli.main(["--run", str(rf.root), "prune", "--keep", "5"], connect=inproc_daemon.connect) == 0
+    assert all((rf.root / rel).exists() for rel in files)           # --keep alone: no age, no upload removed
+    capsys.readouterr()
+    assert cli.main(["--run", str(rf.root), "prune", "--older-than", "1h"], connect=inproc_daemon.connect) == 0
+    err = capsys.readouterr().err
+    assert f"4 upload(s) removed ({4 * len(PICTURE) / 1e6:,.1f} MB)" in err, err
+    assert sorted(rel for rel in files if (rf.root / rel).exists()) == ["input/page/new.png", "temp/new.png"]
+    assert outside.exists() and (rf.root / "input" / "link").is_symlink() and rf.jobs.is_dir()

@@ -3,6 +3,7 @@
     POST /prompt {"prompt": API graph, "client_id"}  -> {"prompt_id", "number", "node_errors"} | 400 {"error", "node_errors"}
     GET  /prompt                                     -> {"exec_info": {"queue_remaining"}}
     GET  /queue                                      -> {"queue_running": [item], "queue_pending": [item]}
+    POST /queue {"clear": true} | {"delete": [id]}   -> 200: waiting prompts removed (a running one is left alone)
     POST /interrupt [{"prompt_id"}]                  -> 200: the running job is cancelled
     GET  /history[?max_items=N], /history/{id}       -> {prompt_id: {"prompt", "outputs", "status", "meta"}}
     GET  /view?filename=&subfolder=&type=output      -> the file (image.png, timing.png, report.json of a job)
@@ -91,6 +92,28 @@ async def get_queue(request: web.Request) -> web.Response:
     names = await tracker.names()
     return json_response({"queue_running": [shapes.queue_item(j, names) for j in active.values() if j.running],
                           "queue_pending": [shapes.queue_item(j, names) for j in active.values() if not j.running]})
+
+
+async def post_queue(request: web.Request) -> web.Response:
+    """ComfyUI's queue edits: "clear" (true) removes every waiting prompt, "delete" the waiting prompts it names. As
+    ComfyUI's delete_queue_item, only the queue is looked in: a running prompt is left alone (the daemon checks it
+    still waits: CANCEL queued_only), an unknown or finished one ignored."""
+    front = request.app[FRONT]
+    body = await read_json(request)
+    delete = body.get("delete", [])
+    if not isinstance(delete, list) or len(delete) > MAX_HISTORY_ITEMS or not all(isinstance(d, str) for d in delete):
+        raise refuse(400, f"delete must be a list of at most {MAX_HISTORY_ITEMS} prompt ids", field="delete")
+    ids = [d for d in delete if JOB_ID_RE.match(d)]
+    if body.get("clear"):
+        ids += [j.id for j in (await front.tracker.fresh(0.0)).values() if not j.running]
+    for job_id in dict.fromkeys(ids):
+        try:
+            await front.link.call(m.Cancel(job=job_id, queued_only=True), m.Ok)
+        except DaemonRefused as e:
+            if not e.unknown_job:
+                raise from_daemon(e) from None
+    await front.tracker.fresh(0.0)
+    return web.Response(status=200)
 
 
 async def post_interrupt(request: web.Request) -> web.Response:
@@ -199,6 +222,7 @@ async def websocket(request: web.Request) -> web.StreamResponse:
 
 
 ROUTES = [("POST", "/prompt", post_prompt), ("GET", "/prompt", get_prompt), ("GET", "/queue", get_queue),
+          ("POST", "/queue", post_queue),
           ("POST", "/interrupt", post_interrupt), ("GET", "/history", get_history),
           ("GET", "/history/{prompt_id}", get_history_item), ("GET", "/view", get_view),
           ("GET", "/system_stats", get_system_stats), ("GET", "/object_info", get_object_info),

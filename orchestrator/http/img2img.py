@@ -19,7 +19,8 @@ original pasted back over the unmasked part as A1111 does (models/images/inpaint
 masked", A1111's default) the job runs on the region around the blurred mask (widened by the padding and grown to the
 job's aspect ratio), brought to the job's size by resize-and-fill; the result is resized back into that region of the
 original. inpainting_fill 2 / 3 (latent noise / latent nothing) become the prompt's `latent_fill`: the masked part of
-the init latent replaced by the seed's noise or by zeros before sampling. The images go to RUN/temp/a1111/ and the
+the init latent replaced by the seed's noise or by zeros before sampling. The images go to RUN/temp/a1111/, named by their
+bytes and written by this front only (orchestrator.inputs.keep_private: uploads cannot write there), and the
 job's prompt names them (init_image, mask, denoise = denoising_strength); the daemon keeps them in the job folder. The
 latent mask is ComfyUI's (bilinear to the latent's size, not rounded), where A1111 resizes it with Pillow and rounds
 it: docs/workflows.md.
@@ -29,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import hashlib
 import io
 import json
 from dataclasses import dataclass
@@ -42,8 +42,9 @@ from models.images import ImageInputError, a1111_mask, fit_image, load_image
 from models.images import inpaint
 from models.images.decode import MAX_INPUT_BYTES
 from orchestrator.http import a1111
-from orchestrator.http.common import FRONT, BadRequest, json_response, read_json
-from orchestrator.inputs import save_upload
+from orchestrator.http.common import FRONT, BadRequest, json_response, read_json, refuse
+from orchestrator.inputs import InputNameError, keep_private
+from orchestrator.upload_space import UploadsFull
 
 IMG2IMG_FIELDS = ("init_images", "mask", "resize_mode", "denoising_strength", "mask_blur", "mask_blur_x",
                   "mask_blur_y", "inpainting_fill", "inpainting_mask_invert", "inpaint_full_res",
@@ -52,7 +53,6 @@ IMG2IMG_FIELDS = ("init_images", "mask", "resize_mode", "denoising_strength", "m
 MAX_BLUR = 64
 MAX_PADDING = 256
 LATENT_FILLS = {2: "noise", 3: "nothing"}     # inpainting_fill 2 latent noise, 3 latent nothing -> latent_fill
-UPLOADS = "a1111"                  # the request's images kept for its job in RUN/temp/a1111/
 
 
 @dataclass(frozen=True)
@@ -221,14 +221,6 @@ def prepare(req: Img2ImgRequest) -> Prepared:
     return Prepared(_png(init), _png(mask_im), overlay, region)
 
 
-def _keep(front, data: bytes) -> str:
-    """An image for the job in RUN/temp/a1111/ (named by its bytes: the same image keeps one file) -> its name as
-    the prompt's init_image / mask take it."""
-    name = hashlib.sha256(data).hexdigest()[:32] + ".png"
-    save_upload(front.rf.root, "temp", UPLOADS, name, data, overwrite=False)
-    return f"{UPLOADS}/{name} [temp]"
-
-
 def _mask_params(parameters: str, req: Img2ImgRequest, prep: Prepared) -> str:
     """A1111's generation text gets what the job never sees after its pairs: "Mask blur: N" when the mask was
     blurred (N: mask_blur_x when both axes are the same, as A1111's mask_blur property gives), and "Inpaint area:
@@ -254,6 +246,16 @@ def _pasted(png: bytes, req: Img2ImgRequest, prep: Prepared) -> bytes:
     return buf.getvalue()
 
 
+async def _kept(front, png: bytes) -> str:
+    """The image kept for the job (orchestrator.inputs.keep_private) -> its name; 507 past the uploads' quota."""
+    try:
+        return await asyncio.to_thread(keep_private, front.rf.root, png, front.settings.max_uploads_bytes)
+    except UploadsFull as e:
+        raise refuse(507, str(e)) from None
+    except InputNameError as e:                 # RUN/temp/a1111 is not a plain folder (a link, a file)
+        raise refuse(503, f"RUN/temp/a1111 cannot keep the request's images ({e}): remove what is there") from None
+
+
 async def img2img(request: web.Request) -> web.Response:
     """Checked in full (422 naming a field), the images kept for the job, the job run, the original pasted back."""
     front = request.app[FRONT]
@@ -263,9 +265,9 @@ async def img2img(request: web.Request) -> web.Response:
         req = await asyncio.to_thread(to_request, body, sizes[0] if sizes else (512, 512))
         prep = await asyncio.to_thread(prepare, req)
         spec = {**req.spec, "denoise": req.denoise, "denoise_steps": "a1111",     # A1111's count: fewer steps
-                "init_image": await asyncio.to_thread(_keep, front, prep.init_image)}
+                "init_image": await _kept(front, prep.init_image)}
         if prep.mask is not None:
-            spec["mask"] = await asyncio.to_thread(_keep, front, prep.mask)
+            spec["mask"] = await _kept(front, prep.mask)
             if req.inpainting_fill in LATENT_FILLS:
                 spec["latent_fill"] = LATENT_FILLS[req.inpainting_fill]
     except BadRequest as e:

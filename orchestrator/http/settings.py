@@ -7,6 +7,7 @@
                                 # `Authorization: Bearer <token>` (or HTTP Basic with it as the password)
     max_body_kb = 256           # request bodies larger than this get 413
     max_upload_mb = 32          # image uploads and A1111 img2img bodies (base64 images) up to this
+    max_uploads_mb = 2048       # the upload folders (RUN/input, temp, output) together; a new upload past it: 507
     request_timeout_s = 5.0     # one request to the daemon; no answer -> 503
     poll_s = 0.25               # how often running jobs are looked at (progress over the WebSocket)
     idle_timeout_s = 15.0       # headers must arrive, an idle keep-alive connection is closed, within this
@@ -37,6 +38,10 @@ class HttpSettings(settings.HttpSettings, frozen=True):
     @property
     def max_upload_bytes(self) -> int:
         return self.max_upload_mb * 2**20
+
+    @property
+    def max_uploads_bytes(self) -> int | None:
+        return self.max_uploads_mb * 2**20 or None
 
     @classmethod
     def from_config(cls, cfg) -> "HttpSettings":

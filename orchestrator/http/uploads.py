@@ -9,6 +9,9 @@
 
 Names, folders and the rename rule: orchestrator/inputs.py. Every upload must be an image models/images decodes
 (bounded before decoding); anything else is a 400 naming the field. Bodies may be stage.http.max_upload_mb large.
+Uploads never write a job's files (type output, a job id subfolder) nor the A1111 img2img requests' own images
+(type temp, subfolder a1111): 403 naming `subfolder`; a name a folder holds, with overwrite, is a 409. Past
+stage.http.max_uploads_mb (the upload folders together) a new file is a 507 naming it.
 """
 from __future__ import annotations
 
@@ -21,11 +24,10 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from models.images import CHANNELS, ImageInputError, open_bounded
-from orchestrator import inputs
+from orchestrator import inputs, upload_space
 from orchestrator.comfy_graph import image_nodes, object_info
 from orchestrator.http import files
 from orchestrator.http.common import FRONT, refuse
-from orchestrator.job_record import JOB_ID_RE
 
 
 def _bad(field: str, message: str):
@@ -81,9 +83,11 @@ async def _upload(request: web.Request, make_bytes=None) -> web.Response:
         if make_bytes is not None:
             data = await asyncio.to_thread(make_bytes, front, post, data)
         saved = await asyncio.to_thread(inputs.save_upload, front.rf.root, kind, subfolder, name, data,
-                                        overwrite=overwrite)
+                                        overwrite=overwrite, quota_bytes=front.settings.max_uploads_bytes)
     except inputs.InputNameError as e:
-        raise _bad(e.field, str(e).partition(": ")[2]) from None
+        raise refuse(e.status, str(e), field=e.field) from None
+    except upload_space.UploadsFull as e:
+        raise refuse(507, str(e)) from None
     return web.json_response({"name": saved, "subfolder": subfolder, "type": kind})
 
 
@@ -96,11 +100,6 @@ def _original_path(front, ref: dict):
     sub, name, kind = inputs.annotated(ref["filename"], ref.get("type") or "output")
     if ref.get("subfolder"):
         sub = f"{ref['subfolder']}/{sub}" if sub else ref["subfolder"]
-    if kind == "output" and JOB_ID_RE.match(sub or ""):
-        try:
-            return files.resolve(front.rf.jobs, name, sub, "output")[0]
-        except files.BadName as e:
-            raise inputs.InputNameError("original_ref", str(e)) from None
     return inputs.find(front.rf.root, kind, sub, name)
 
 
@@ -152,8 +151,12 @@ async def upload_mask(request: web.Request) -> web.Response:
 
 
 def serves(kind: str, subfolder: str) -> bool:
-    """Is this /view request for an upload (not a job's file)?"""
-    return kind in ("input", "temp") or (kind == "output" and not JOB_ID_RE.match(subfolder or ""))
+    """Is this /view request for an upload (not a job's file)? A malformed subfolder is the upload view's 400."""
+    try:
+        parts = inputs.check_subfolder(subfolder)
+    except inputs.InputNameError:
+        return True
+    return kind in ("input", "temp") or (kind == "output" and not inputs.job_of(kind, parts))
 
 
 async def view(request: web.Request, filename: str, subfolder: str, kind: str) -> web.Response:
