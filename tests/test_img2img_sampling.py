@@ -122,6 +122,19 @@ def test_the_wire_refuses_an_over_long_schedule_naming_params_denoise():
         with pytest.raises(ProtocolError, match="limit is 10000") as e:
             m.DenoiseParams(**{**ok, "denoise": d})
         assert e.value.field == "denoise"
+    # a DENOISE asking for it is refused where the scheduler decodes it, naming params.denoise
+    import msgpack
+    from protocol import codec
+    from protocol.tensors import TensorDesc
+    desc = TensorDesc("f32", (4,), slot="s", offset=0)
+    msg = m.Denoise(job="j", job_dir="/tmp/j", pack_dir="/tmp/p", arena="a", params=m.DenoiseParams(**ok), cond=desc,
+                    uncond=desc, latent=desc, scratch=m.Region(offset=0, nbytes=64), executor="tcp://127.0.0.1:1")
+    head = msgpack.unpackb(codec.encode(msg)[0])
+    assert codec.decode([msgpack.packb(head)]).params.denoise == ok["denoise"]
+    head["params"]["denoise"] = 1e-7
+    with pytest.raises(ProtocolError, match="limit is 10000") as e:
+        codec.decode([msgpack.packb(head)])
+    assert e.value.field == "params.denoise"
 
 
 # ---- ComfyUI's sampling, written again --------------------------------------------------------------------------------
