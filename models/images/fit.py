@@ -35,8 +35,9 @@ def _crop_and_resize(im, width: int, height: int):
     as A1111 does; one whose cover size passes FULL_RESIZE_LIMIT times the job's pixels (a thin image: an 8192x1
     one's for a 256x256 job is 2,097,152x256) gets only the window computed, its memory the job's size times the
     image's long side. The window is the whole resize's in Pillow's horizontal-then-vertical order with its
-    fixed-point weights (_lanczos_window); Pillow may run the two passes the other way round for some sizes, which
-    can move a pixel by a few levels, never where the short side is enlarged (every thin image)."""
+    fixed-point weights (_lanczos_window), so equal to it wherever the short side is enlarged (a line a few pixels
+    thin always is; tests/test_image_inputs.py checks it on ordinary sizes). Where the short side shrinks too, Pillow
+    (13) runs the passes the other way round for some sizes, which can move pixels by a few levels."""
     from PIL import Image
     ratio, src_ratio = width / height, im.width / im.height
     src_w = width if ratio > src_ratio else im.width * height // im.height
