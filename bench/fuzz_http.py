@@ -3,13 +3,17 @@ the shapes issue 30 found: ComfyUI graphs that loop (a node feeding itself, load
 whose clip is its own output), deep chains of loaders, wide fan-out, dangling links, mutated graphs; and hostile LoRA
 files through every way in (a graph's LoraLoader, the page's prompt.json `loras`, A1111's `<lora:...>` tags): huge
 header lengths and headers, many keys, trailing bytes (an 8 GB sparse file), NaN/Inf weights, absurd ranks (sparse
-files at rank 2^20), bad dtypes, cut files, link loops, links out, names too long.
+files at rank 2^20), bad dtypes, cut files, link loops, links out, names too long; and (issue 45, bench/fuzz_inputs.py)
+init images thin, huge, bombs and of odd modes under every resize_mode, and the schedule's bounds (a tiny denoise,
+steps past the limits, hires denoise/steps) through prompt.json, the graph and A1111.
 
     .venv/bin/python bench/fuzz_http.py --requests 10000            # table on stdout, JSON in bench/out/
+    .venv/bin/python bench/fuzz_http.py --only inputs --requests 100000 # images and schedule bounds alone
 
 Every request must be answered (a hang is no answer within --timeout s), never with a 5xx, and no program of the
-pipeline may die or be restarted (its supervisord pid changes). Jobs a request queues are cancelled at once: by
-design (bench/fuzz_live.FUZZ_TOML) none gets past encoding. Exit status 1 on any hang, 5xx or stage death.
+pipeline may die or be restarted (its supervisord pid changes) or pass --max-rss-mb of peak memory (VmHWM). Jobs a
+request queues are cancelled at once: by design (bench/fuzz_live.FUZZ_TOML) none gets past encoding. Exit status 1 on
+any hang, 5xx, traceback in an answer, stage death or memory peak.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # bench.*, tests.* when run as a script
 
+from bench.fuzz_inputs import InputRequests, input_images, upload  # noqa: E402
 from bench.fuzz_live import FUZZ_TOML, settle_jobs  # noqa: E402
 from models.lora.synth import lora_entries, write_lora  # noqa: E402
 from models.safetensors_io import TensorEntry, write_safetensors  # noqa: E402
@@ -41,6 +46,9 @@ PROGRAMS = ("orchestrator", "scheduler", "executor", "http")     # always on: a 
 LORA_PACK = (128, 96)                                            # the LoRA-ready pack's size (rank LORA_RANK)
 LORA_RANK = 8
 PROBE_EVERY = 200
+FAMILIES = ("graphs", "loras", "inputs")                         # --only: graph shapes, LoRA files, images/bounds
+FUZZ_ENCODER = "/nonexistent/fuzz/"                              # FUZZ_TOML's text encoder: every job fails there
+MAX_RSS_MB = 1000                                                # a program's peak RSS above this fails the run
 MAX_EXAMPLES = 8                                                 # first problems kept per kind in the JSON
 
 
@@ -202,9 +210,13 @@ class Requests:
                 "height": 128, "seed": 1}
         return "a1111_lora", "POST", "sdapi/v1/txt2img", json.dumps(body)
 
-    def next(self) -> tuple:
-        return self.rng.choices([self.comfy_shape, self.comfy_lora, self.page_lora, self.a1111_lora],
-                                weights=[4, 3, 2, 1])[0]()
+    def next(self, families=FAMILIES, inputs: InputRequests | None = None) -> tuple:
+        pool = [(self.comfy_shape, 4, "graphs"), (self.comfy_lora, 3, "loras"), (self.page_lora, 2, "loras"),
+                (self.a1111_lora, 1, "loras")]
+        if inputs is not None:
+            pool.append((inputs.next, 5, "inputs"))
+        pool = [(f, w) for f, w, fam in pool if fam in families]
+        return self.rng.choices([f for f, _ in pool], weights=[w for _, w in pool])[0]()
 
 
 # ---- the run ---------------------------------------------------------------------------------------------------------
@@ -214,13 +226,15 @@ class Tally:
         self.deaths: list = []
         self.failed_probes = 0
         self.probes = 0
-        self.examples: dict = {"5xx": [], "hang": [], "down": [], "leak": []}
+        self.examples: dict = {"5xx": [], "hang": [], "down": [], "leak": [], "traceback": []}
         self.wall_s = 0.0
         self.leaks = 0                      # answers that show the server's loras/ folder or a link's target
+        self.peak_rss_mb: dict = {}         # program -> its largest VmHWM seen (MB)
+        self.start_rss_mb: dict = {}        # the same before the first request
 
     def add(self, kind: str, outcome: str, detail: str = "") -> None:
         self.by_kind.setdefault(kind, Counter())[outcome] += 1
-        for what in ("5xx", "hang", "down"):
+        for what in ("5xx", "hang", "down", "traceback"):
             if outcome.startswith(what) and len(self.examples[what]) < MAX_EXAMPLES:
                 self.examples[what].append(f"{kind}: {detail[:400]}")
 
@@ -248,9 +262,13 @@ def _send(url: str, req: tuple, timeout_s: float, tally: Tally, secrets: tuple) 
         tally.add(kind, "down", str(e))
         return
     outcome = str(r.status_code)
-    if r.status_code >= 500:
+    if r.status_code == 500 and FUZZ_ENCODER in r.text and '"JobFailed"' in r.text:
+        outcome = "ran"                   # A1111's call waits for its job, which the harness's encoder fails by design
+    elif r.status_code >= 500:
         outcome = f"5xx {r.status_code}"
     tally.add(kind, outcome, r.text)
+    if "Traceback (most recent call last)" in r.text:
+        tally.add(kind, "traceback", r.text)
     if any(x in r.text for x in secrets):
         tally.leaks += 1
         if len(tally.examples["leak"]) < MAX_EXAMPLES:
@@ -265,6 +283,17 @@ def _send(url: str, req: tuple, timeout_s: float, tally: Tally, secrets: tuple) 
                 tally.add("cancel", "down", str(e))
 
 
+def _peak_rss(pipe, tally: Tally) -> None:
+    """Each program's peak resident memory so far (/proc/PID/status VmHWM), the largest kept."""
+    for name in PROGRAMS:
+        try:
+            text = Path(f"/proc/{pipe.sup.info(name).pid}/status").read_text()
+        except OSError:
+            continue
+        kb = next((int(line.split()[1]) for line in text.splitlines() if line.startswith("VmHWM:")), 0)
+        tally.peak_rss_mb[name] = max(tally.peak_rss_mb.get(name, 0), kb // 1024)
+
+
 def _probe(url: str, timeout_s: float, tally: Tally) -> None:
     tally.probes += 1
     try:
@@ -274,19 +303,27 @@ def _probe(url: str, timeout_s: float, tally: Tally) -> None:
     tally.failed_probes += not ok
 
 
-def fuzz(pipe, url: str, n: int, seed: int, timeout_s: float, loras: dict, secrets: tuple) -> Tally:
-    """`n` requests against the front; pids of the programs looked at with every probe; `secrets`: paths no answer
-    may show."""
+def fuzz(pipe, url: str, n: int, seed: int, timeout_s: float, loras: dict, secrets: tuple,
+         families=FAMILIES) -> Tally:
+    """`n` requests of `families` against the front; pids and peak memory of the programs looked at with every probe;
+    `secrets`: paths no answer may show."""
     info = requests.get(url + "object_info", timeout=60).json()
     names = {k: info[node]["input"]["required"][f"{k}_name"][0][0]
              for k, node in (("unet", "UNETLoader"), ("clip", "CLIPLoader"), ("vae", "VAELoader"))}
     gen, tally = Requests(random.Random(seed), names, loras), Tally()
+    inputs = None
+    if "inputs" in families:
+        images = input_images()
+        inputs = InputRequests(random.Random(seed + 1), gen._graph, images, upload(url, images, timeout_s))
     start = _pids(pipe)
+    _peak_rss(pipe, tally)
+    tally.start_rss_mb = dict(tally.peak_rss_mb)
     t0 = time.monotonic()
     for i in range(n):
-        _send(url, gen.next(), timeout_s, tally, secrets)
+        _send(url, gen.next(families, inputs), timeout_s, tally, secrets)
         if (i + 1) % PROBE_EVERY == 0 or i + 1 == n:
             _probe(url, timeout_s, tally)
+            _peak_rss(pipe, tally)
             now = _pids(pipe)
             for name in PROGRAMS:
                 if now[name] != start[name]:
@@ -299,14 +336,19 @@ def fuzz(pipe, url: str, n: int, seed: int, timeout_s: float, loras: dict, secre
     return tally
 
 
-def report(tally: Tally, n: int, out: Path) -> bool:
+def report(tally: Tally, n: int, out: Path, max_rss_mb: int = MAX_RSS_MB) -> bool:
     outcomes = sorted({o for c in tally.by_kind.values() for o in c})
     print(f"{'kind':<22}" + "".join(f"{o:>9}" for o in outcomes) + f"{'total':>8}")
     for kind in sorted(tally.by_kind):
         c = tally.by_kind[kind]
         print(f"{kind:<22}" + "".join(f"{c.get(o, 0):>9}" for o in outcomes) + f"{sum(c.values()):>8}")
     hangs, fives, down = tally.total("hang"), tally.total("5xx"), tally.total("down")
-    ok = hangs == 0 and fives == 0 and down == 0 and not tally.deaths and tally.failed_probes == 0 and not tally.leaks
+    heavy = {k: v for k, v in tally.peak_rss_mb.items() if v > max_rss_mb}
+    ok = hangs == 0 and fives == 0 and down == 0 and not tally.deaths and tally.failed_probes == 0 and not tally.leaks \
+        and not heavy and tally.total("traceback") == 0
+    start = tally.start_rss_mb
+    print("peak RSS MB (measured, VmHWM; at start -> end): " + ", ".join(
+        f"{k} {start.get(k, '?')} -> {v}" for k, v in sorted(tally.peak_rss_mb.items())) + f"; bound {max_rss_mb}")
     print(f"requests={n} hangs={hangs} 5xx={fives} down={down} stage_deaths={len(tally.deaths)} leaks={tally.leaks} "
           f"probes={tally.probes - tally.failed_probes}/{tally.probes} wall_s={tally.wall_s:.0f} "
           f"{'ok' if ok else 'FAILED'}")
@@ -314,13 +356,15 @@ def report(tally: Tally, n: int, out: Path) -> bool:
     out.write_text(json.dumps({"requests": n, "hangs": hangs, "5xx": fives, "down": down, "leaks": tally.leaks,
                                "stage_deaths": tally.deaths, "probes": tally.probes,
                                "failed_probes": tally.failed_probes, "wall_s": tally.wall_s,
+                               "peak_rss_mb": tally.peak_rss_mb, "start_rss_mb": tally.start_rss_mb,
                                "by_kind": {k: dict(c) for k, c in tally.by_kind.items()},
                                "examples": tally.examples}, indent=1))
     print(f"json: {out}")
     return ok
 
 
-def run(n: int, seed: int, timeout_s: float, out: Path, keep: bool) -> bool:
+def run(n: int, seed: int, timeout_s: float, out: Path, keep: bool, families=FAMILIES,
+        max_rss_mb: int = MAX_RSS_MB) -> bool:
     from models.models_dir import resolve_models
     from models.packs.pack import build_pack
     from tests.pipeline_harness import Pipeline, tiny_assets
@@ -333,9 +377,9 @@ def run(n: int, seed: int, timeout_s: float, out: Path, keep: bool) -> bool:
                                lora_rank=LORA_RANK)
         with Pipeline.start(models, pack, threads=1, extra_toml=FUZZ_TOML, keep=keep, packs=(lora_pack,)) as pipe:
             secrets = tuple({str(models / "loras"), str((models / "loras").resolve()), str(cache / "outside")})
-            tally = fuzz(pipe, pipe.http_url(), n, seed, timeout_s, loras, secrets)
+            tally = fuzz(pipe, pipe.http_url(), n, seed, timeout_s, loras, secrets, families)
             settle_jobs(pipe)
-            return report(tally, n, out)
+            return report(tally, n, out, max_rss_mb)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 
@@ -347,10 +391,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds without an answer that make a hang")
     parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "out" / "fuzz_http.json")
     parser.add_argument("--keep", action="store_true", help="keep the pipeline's run folder (logs)")
+    parser.add_argument("--only", nargs="+", choices=FAMILIES, default=list(FAMILIES),
+                        help="request families: graph shapes, LoRA files, init images and schedule bounds")
+    parser.add_argument("--max-rss-mb", type=int, default=MAX_RSS_MB, help="a program's allowed peak RSS (MB)")
     args = parser.parse_args(argv)
     if args.requests < 1 or args.timeout <= 0:
         parser.error("--requests must be >= 1 and --timeout > 0")
-    return 0 if run(args.requests, args.seed, args.timeout, args.json, args.keep) else 1
+    return 0 if run(args.requests, args.seed, args.timeout, args.json, args.keep, tuple(args.only),
+                    args.max_rss_mb) else 1
 
 
 if __name__ == "__main__":

@@ -352,6 +352,7 @@ LORA_INPUTS = {"name": "lora_name", "strength": "strength_model", "clip_strength
 # prompt.json field -> (role of the node, input name) that carries it, to put the daemon's field errors on a node
 FIELD_NODES = {"prompt": ("positive", "text"), "negative_prompt": ("negative", "text"), "seed": ("sampler", "seed"),
                "steps": ("sampler", "steps"), "cfg": ("sampler", "cfg"), "sampler": ("sampler", "sampler_name"),
+               "denoise": ("sampler", "denoise"),
                "scheduler": ("sampler", "scheduler"), "width": ("latent", "width"), "height": ("latent", "height"),
                "batch": ("latent", "batch_size"), "init_image": ("image", "image"), "mask": ("mask", "image"),
                "mask_channel": ("mask", "channel"), "grow_mask_by": ("encode", "grow_mask_by"),

@@ -51,6 +51,7 @@ from models.runtime import phase_times
 from models.lora.choice import MAX_LORAS, LoraChoice
 from models.schema import fields_of
 from models.sampling.img2img import DENOISE_STEPS
+from models.sampling.latent_ops import LatentOpError, schedule_steps
 from models.sampling.spectrum import SpectrumSettings
 from models.sampling.step_cache import CacheSettings
 from protocol.prompt import PromptFile
@@ -170,6 +171,13 @@ class DenoiseParams(_Record, frozen=True):
     noise_index: Int(0, 4095) = 0  # the image's place in ComfyUI's batch noise (one randn over [B, C, h, w])
     batch_size: Int(1, 64) = 1  # the batch ComfyUI samples as one tensor (its noise samplers draw over all of it)
     batch_pos: Int(0, 63) = 0  # this image's place in that batch
+
+    def __post_init__(self):
+        if self.denoise_steps == "comfyui":         # A1111's count samples the schedule of `steps` itself
+            try:
+                schedule_steps(self.steps, float(self.denoise))
+            except LatentOpError as e:              # refused here, before the scheduler builds int(steps / denoise)
+                raise ProtocolError("denoise", str(e)) from None
 
 
 class Region(_Record, frozen=True):

@@ -10,7 +10,7 @@ from models.lora.choice import MAX_LORAS, LoraChoice
 from models.sampling.sampler import (DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLER_NAMES, SCHEDULER_NAMES,
                                      cfg_passes, spectrum_refusal)
 from models.sampling.img2img import DENOISE_STEPS, LatentPlan, passes_through
-from models.sampling.latent_ops import LATENT_SCALE, UPSCALE_METHODS, LatentOpError, upscale_size
+from models.sampling.latent_ops import LATENT_SCALE, UPSCALE_METHODS, LatentOpError, schedule_steps, upscale_size
 from models.sampling.schedules import DEFAULT_SHIFT
 from models.sampling.spectrum import SpectrumSettings
 from models.sampling.step_cache import CacheSettings
@@ -294,6 +294,7 @@ def _check_hires(f) -> None:
         raise PromptError("hires", "needs either scale, or both width and height")
     if not h.denoise > 0:
         raise PromptError("hires.denoise", f"must be in (0, 1] (0 would sample nothing), got {float(h.denoise)}")
+    _check_schedule("hires.denoise", h.steps or f.steps, h.denoise)       # the second pass counts as ComfyUI's
     if h.space == "latent" and h.method == "lanczos":
         raise PromptError("hires.method", "lanczos scales pixels (ImageScale): set \"space\": \"pixel\", or pick a "
                                           "latent method")
@@ -310,9 +311,19 @@ def _check_hires(f) -> None:
                                            "(docs/samplers.md)")
 
 
+def _check_schedule(field: str, steps: int, denoise) -> None:
+    """The full schedule a partial denoise builds, bounded before anything builds it (latent_ops.schedule_steps)."""
+    try:
+        schedule_steps(steps, float(denoise))
+    except LatentOpError as e:
+        raise PromptError(field, str(e)) from None
+
+
 def _check_inputs(f) -> None:
     if not f.denoise > 0:
         raise PromptError("denoise", f"must be in (0, 1] (0 would sample nothing), got {float(f.denoise)}")
+    if f.denoise_steps == "comfyui":                # A1111's count samples the schedule of `steps` itself
+        _check_schedule("denoise", f.steps, f.denoise)
     if f.mask is not None and f.init_image is None:
         raise PromptError("mask", "needs an init_image to inpaint")
     if f.mask_channel is not None and f.mask is None:

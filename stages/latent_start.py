@@ -61,8 +61,9 @@ def latent_sampler_and_state(msg: m.Denoise, ctx, lat_shape: tuple):
     try:
         sampler = LatentSampler(steps=p.steps, cfg=p.cfg, scheduler=p.scheduler, spectrum=p.spectrum,
                                 sampler=p.sampler, cache=p.cache, plan=plan)
-    except ValueError as e:                     # an unknown name, Spectrum with a sampler or a cache, no step left
+    except ValueError as e:                     # an unknown name, Spectrum with a sampler or a cache, no step left,
         field = ("params.start_step" if "start_at_step" in str(e) else
+                 "params.denoise" if str(e).startswith("denoise") else     # a schedule past MAX_SCHEDULE_STEPS
                  "params.cache" if str(e).startswith("cache:") else "params.sampler")
         raise RequestFailed(str(e), code="bad_request", field=field) from None
     image, mask = _inputs(msg, ctx, lat_shape)

@@ -199,6 +199,19 @@ def test_a_second_size_without_a_pack_is_refused_naming_the_sizes():
     _custom(field_error(g, _job(g), "hires.denoise", "must be in (0, 1]"), "51", "start_at_step", "(0, 1]")
 
 
+def test_a_denoise_past_the_schedule_bound_is_refused_on_its_ksampler():
+    # int(steps / denoise) sigmas: denoise 1e-300 was accepted and failed after the whole first pass (1e-7 at 8 steps
+    # took 1.8 GB); refused at submit on the node and input that carry it, as ComfyUI's 400
+    g = hires_graph()
+    g["51"]["inputs"]["denoise"] = 1e-300
+    _custom(_refused(g), "51", "denoise", "the limit is 10000 (ComfyUI's KSampler steps maximum)")
+    g = hires_graph()
+    g["3"]["inputs"]["denoise"] = 1e-7
+    _custom(_refused(g), "3", "denoise", "use a denoise of at least steps / 10000")
+    g["3"]["inputs"]["denoise"] = g["3"]["inputs"]["steps"] / 10000               # at the bound: accepted
+    assert _job(g).spec["denoise"] == g["3"]["inputs"]["denoise"]
+
+
 def test_the_second_pass_must_take_the_first_passs_model_clip_and_vae():
     g = hires_graph()
     g["16"] = {"class_type": "ModelSamplingAuraFlow", "inputs": {"shift": 3.0, "model": ["12", 0]}}

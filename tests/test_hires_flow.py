@@ -158,6 +158,8 @@ def test_bislerp_upscales_the_latent_in_vae_space_as_comfyui(d):
     ({"scale": 2.0}, {}, "hires", "128x128 has no model pack; the sizes with a pack: 64x64, 96x96"),
     ({"width": 96}, {}, "hires", "either scale, or both width and height"),
     ({"scale": 1.5, "denoise": 0}, {}, "hires.denoise", "(0, 1]"),
+    # int(steps / denoise) sigmas: refused at submit, not after the whole first pass
+    ({"scale": 1.5, "denoise": 1e-7}, {}, "hires.denoise", "the limit is 10000 (ComfyUI's KSampler steps maximum)"),
     ({"scale": 1.5, "method": "lanczos"}, {}, "hires.method", "lanczos scales pixels"),
     ({"scale": 1.5, "sampler": "heun"}, {"spectrum": True}, "hires.sampler", "Spectrum does not apply to sampler"),
     ({"scale": 1.5, "space": "pixel", "method": "bislerp"}, {}, "hires.method", "bislerp scales latents"),

@@ -222,3 +222,86 @@ def test_resize_and_fill_stretches_the_edges():
     for y in range(16):
         assert np.abs(out[y, cols] - half[0, cols]).max() <= 2
         assert np.abs(out[48 + y, cols] - half[-1, cols]).max() <= 2
+
+
+def _a1111_crop_and_resize(im, width, height):
+    """A1111's resize_image mode 1 as it is written: the whole image to its cover size, then the centre pasted."""
+    ratio, src_ratio = width / height, im.width / im.height
+    src_w = width if ratio > src_ratio else im.width * height // im.height
+    src_h = height if ratio <= src_ratio else im.height * width // im.width
+    resized = im.resize((src_w, src_h), resample=Image.LANCZOS)
+    out = Image.new(im.mode, (width, height))
+    out.paste(resized, box=(width // 2 - src_w // 2, height // 2 - src_h // 2))
+    return out
+
+
+def _random_images(n, seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        w, h = (int(v) for v in rng.integers(8, 300, 2))
+        mode = ("RGB", "L", "RGBA")[int(rng.integers(0, 3))]
+        a = rng.integers(0, 256, (h, w, {"RGB": 3, "L": 1, "RGBA": 4}[mode]), dtype=np.uint8)
+        yield Image.fromarray(a[..., 0] if mode == "L" else a, mode), 16 * int(rng.integers(2, 30)), \
+            16 * int(rng.integers(2, 30))
+
+
+def _cover(im, w, h):
+    """A1111's cover size of `im` for a w x h job."""
+    wider = w / h <= im.width / im.height
+    return (im.width * h // im.height, h) if wider else (w, im.height * w // im.width)
+
+
+def test_crop_and_resize_equals_a1111s_scale_then_crop(monkeypatch):
+    import models.images.fit as fit
+    checked = 0
+    for im, w, h in _random_images(60, 1):                  # about the job's aspect: the whole resize, as A1111
+        cw, ch = _cover(im, w, h)
+        if cw * ch <= fit.FULL_RESIZE_LIMIT * w * h:
+            checked += 1
+            np.testing.assert_array_equal(np.asarray(fit_image(im, w, h, 1)),
+                                          np.asarray(_a1111_crop_and_resize(im, w, h)))
+    # only the window computed (what a thin image gets), on ordinary sizes whose short side is enlarged: the same
+    monkeypatch.setattr(fit, "FULL_RESIZE_LIMIT", 0)
+    for im, w, h in _random_images(80, 2):
+        cw, ch = _cover(im, w, h)
+        if (ch == h and h > im.height) or (cw == w and w > im.width):
+            checked += 1
+            np.testing.assert_array_equal(np.asarray(fit_image(im, w, h, 1)),
+                                          np.asarray(_a1111_crop_and_resize(im, w, h)),
+                                          err_msg=f"{im.mode} {im.size} -> {w}x{h}")
+    assert checked >= 60
+
+
+@pytest.mark.parametrize("size", [(8192, 1), (1, 8192), (16384, 3)])
+def test_a_thin_image_is_cropped_without_its_cover_size(monkeypatch, size):
+    # an 8192x1 image for a 256x256 job was resized whole to 2,097,152x256 (the daemon 68 -> 2,221 MB)
+    real = Image.Image.resize
+
+    def bounded(self, dims, *args, **kwargs):
+        assert dims[0] * dims[1] <= 4 * 256 * 256 * 64, f"resized to {dims}"   # the job's size times a long side
+        return real(self, dims, *args, **kwargs)
+    rng = np.random.default_rng(3)
+    line = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    im = Image.fromarray(line)
+    monkeypatch.setattr(Image.Image, "resize", bounded)
+    out = np.asarray(fit_image(im, 256, 256, 1))
+    monkeypatch.setattr(Image.Image, "resize", real)
+    assert out.shape == (256, 256, 3)
+    if 1 in size:                               # one row (column): every output row (column) is its resized window
+        wide = size[1] == 1
+        src = size[0] if wide else size[1]
+        cover = src * 256                      # the long side at the cover size, computed alone as a reference
+        ref = np.asarray(im.resize((cover, 1) if wide else (1, cover), resample=Image.LANCZOS))
+        start = cover // 2 - 128
+        want = ref[0, start:start + 256] if wide else ref[start:start + 256, 0]
+        got = out[0] if wide else out[:, 0]
+        np.testing.assert_array_equal(got, want)
+        assert (out == (out[:1] if wide else out[:, :1])).all()
+
+
+@pytest.mark.parametrize("size", [(8192, 1), (1, 8192), (300, 1)])
+def test_resize_and_fill_keeps_a_thin_image_at_one_pixel(size):
+    # A1111's resize height int(1 * 256 / 8192) = 0: "height and width must be > 0" (a 409 naming no field here)
+    im = Image.fromarray(np.full((size[1], size[0], 3), 200, np.uint8))
+    out = np.asarray(fit_image(im, 256, 256, 2))
+    assert out.shape == (256, 256, 3) and (out == 200).all()

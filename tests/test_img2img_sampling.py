@@ -90,6 +90,53 @@ def test_bad_plans_are_named(bad, field):
         LatentPlan(**bad)
 
 
+def test_a_schedule_past_comfyuis_step_limit_is_refused_before_it_is_built(monkeypatch):
+    # KSampler.set_steps builds int(steps / denoise) sigmas: 8 steps at 1e-7 built 80,000,000 (1.8 GB); the bound
+    # (ComfyUI's KSampler steps maximum) is checked before any schedule exists
+    real, built = lo.ksampler_sigmas, []
+
+    def guarded(sampler, scheduler, steps, *rest):
+        built.append(steps)
+        assert steps <= lo.MAX_SCHEDULE_STEPS, f"a schedule of {steps} steps was built"
+        return real(sampler, scheduler, steps, *rest)
+    monkeypatch.setattr(lo, "ksampler_sigmas", guarded)
+    for steps, denoise in ((8, 1e-7), (8, 1e-300), (8, 5e-324), (200, 0.019), (10, 10 / 10001.5)):
+        with pytest.raises(lo.LatentOpError, match=r"^denoise .* the limit is 10000"):
+            lo.denoise_sigmas("euler", "simple", steps, denoise)
+        with pytest.raises(ValueError, match=r"^denoise "):              # the scheduler's LatentSampler: the same
+            LatentSampler(steps=steps, scheduler="simple", spectrum=None, plan=LatentPlan(denoise=denoise))
+    assert built == []
+    for steps, denoise in ((8, 8 / 10000), (100, 0.01), (200, 0.02), (7, 0.33)):     # at and under the bound
+        assert lo.schedule_steps(steps, denoise) == int(steps / denoise) <= 10000
+        np.testing.assert_array_equal(lo.denoise_sigmas("euler", "simple", steps, denoise),
+                                      real("euler", "simple", int(steps / denoise))[-(steps + 1):])
+
+
+def test_the_wire_refuses_an_over_long_schedule_naming_params_denoise():
+    from protocol import messages as m
+    from protocol.fields import ProtocolError
+    ok = dict(seed=1, steps=8, cfg=4.0, width=64, height=64, denoise=8 / 10000)
+    assert m.DenoiseParams(**ok).denoise == ok["denoise"]
+    assert m.DenoiseParams(**{**ok, "denoise": 1e-7, "denoise_steps": "a1111"}).denoise == 1e-7   # steps' schedule
+    for d in (1e-7, 1e-300):
+        with pytest.raises(ProtocolError, match="limit is 10000") as e:
+            m.DenoiseParams(**{**ok, "denoise": d})
+        assert e.value.field == "denoise"
+    # a DENOISE asking for it is refused where the scheduler decodes it, naming params.denoise
+    import msgpack
+    from protocol import codec
+    from protocol.tensors import TensorDesc
+    desc = TensorDesc("f32", (4,), slot="s", offset=0)
+    msg = m.Denoise(job="j", job_dir="/tmp/j", pack_dir="/tmp/p", arena="a", params=m.DenoiseParams(**ok), cond=desc,
+                    uncond=desc, latent=desc, scratch=m.Region(offset=0, nbytes=64), executor="tcp://127.0.0.1:1")
+    head = msgpack.unpackb(codec.encode(msg)[0])
+    assert codec.decode([msgpack.packb(head)]).params.denoise == ok["denoise"]
+    head["params"]["denoise"] = 1e-7
+    with pytest.raises(ProtocolError, match="limit is 10000") as e:
+        codec.decode([msgpack.packb(head)])
+    assert e.value.field == "params.denoise"
+
+
 # ---- ComfyUI's sampling, written again --------------------------------------------------------------------------------
 def _comfy_sample(name, sigmas, noise, image, mask, seed):
     """comfy/samplers.py KSAMPLER.sample + KSamplerX0Inpaint + the k-diffusion loop, for euler, heun and

@@ -249,6 +249,8 @@ def test_generate_hires_and_batch_options_become_prompt_json_fields(tmp_path, ca
                          (["--hires", "big"], "--hires: 'big': expected a scale (1.5) or WxH"),
                          (["--hires", "2"], "--hires: the second pass at 128x128 has no model pack"),
                          (["--hires", "1.5", "--hires-denoise", "0"], "--hires-denoise: must be in (0, 1]"),
+                         (["--hires", "1.5", "--hires-denoise", "1e-7"], "--hires-denoise: denoise 1e-07 at"),
+                         (["--denoise", "1e-300"], "--denoise: denoise 1e-300 at"),
                          (["--hires", "1.5", "--hires-pixel", "--hires-method", "bislerp"], "--hires-method: bislerp"),
                          (["--hires", "1.5", "--hires-sampler", "nope"], "--hires-sampler: must be one of"),
                          (["--batch", "9"], "--batch: must be in 1..8, got 9")):

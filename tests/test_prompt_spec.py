@@ -86,6 +86,12 @@ MALFORMED = [
     ("key-lone-surrogate", '{"prompt": "a", "\\ud800": 1}', r"field '\\ud800': unknown field"),
     ("overwrite-string", _j(overwrite="yes"), r"field 'overwrite': must be true or false"),
     ("output-exists", None, r"field 'output': .*exists; .*overwrite"),  # content built in the test
+    # a partial denoise builds int(steps / denoise) sigmas: bounded before it is built (1e-7 at 8 steps took 1.8 GB;
+    # with a start_step the check itself built it and numpy's "Maximum allowed size exceeded" named no field)
+    ("denoise-schedule", _j(steps=8, denoise=1e-7), r"field 'denoise': .*limit is 10000 \(ComfyUI's KSampler"),
+    ("denoise-schedule-start", _j(steps=8, denoise=1e-300, start_step=2), r"field 'denoise': .*at least steps / 10000"),
+    ("denoise-subnormal", _j(steps=8, denoise=5e-324), r"field 'denoise': .*limit is 10000"),
+    ("hires-denoise-schedule", _j(steps=30, hires={"scale": 1.5, "denoise": 1e-7}), r"field 'hires.denoise': .*10000"),
 ]
 
 

@@ -32,6 +32,9 @@ CROP_METHODS = ("disabled", "center")
 LATENT_SCALE = 8                # pixels per latent cell (the Qwen-Image VAE)
 MAX_LATENT_SIDE = 1024          # 8192 pixels: far above any pack, a bound for what a graph may ask
 MAX_BATCH = 64                  # ComfyUI's RepeatLatentBatch / EmptyLatentImage cap is 64 (4096 for the latter)
+# the longest full schedule a partial denoise may build (int(steps / denoise) steps): ComfyUI's KSampler `steps` maximum
+# (nodes.py), so a denoise never asks for a schedule ComfyUI would refuse as a step count; 10000 sigmas cost ~80 KB
+MAX_SCHEDULE_STEPS = 10_000
 
 
 class LatentOpError(ValueError):
@@ -39,14 +42,29 @@ class LatentOpError(ValueError):
 
 
 # ---- sigmas --------------------------------------------------------------------------------------------------------
-def denoise_sigmas(sampler: str, scheduler: str, steps: int, denoise: float = 1.0,
-                   shift: float = DEFAULT_SHIFT) -> np.ndarray:
-    """KSampler.set_steps: the sigmas for `steps` at denoise `denoise` ([<= steps + 1] f32)."""
+def schedule_steps(steps: int, denoise: float) -> int:
+    """The length of the full schedule KSampler.set_steps builds for `steps` at `denoise` (int(steps / denoise) below
+    0.9999), refused past MAX_SCHEDULE_STEPS before anything is allocated. The message starts with "denoise"."""
     if isinstance(denoise, bool) or not isinstance(denoise, (int, float)) or not 0.0 < denoise <= 1.0:
         raise LatentOpError(f"denoise must be in (0, 1], got {denoise!r}")
     if denoise > 0.9999:
+        return steps
+    ratio = steps / denoise                         # a float (inf for the tiniest denoise): never a huge int
+    if ratio >= MAX_SCHEDULE_STEPS + 1:
+        raise LatentOpError(f"denoise {denoise!r} at {steps} steps would sample the last {steps} of a schedule of "
+                            f"int(steps / denoise) = {ratio:.4g} steps; the limit is {MAX_SCHEDULE_STEPS} (ComfyUI's "
+                            f"KSampler steps maximum): use a denoise of at least steps / {MAX_SCHEDULE_STEPS} = "
+                            f"{steps / MAX_SCHEDULE_STEPS:.6g}")
+    return int(ratio)
+
+
+def denoise_sigmas(sampler: str, scheduler: str, steps: int, denoise: float = 1.0,
+                   shift: float = DEFAULT_SHIFT) -> np.ndarray:
+    """KSampler.set_steps: the sigmas for `steps` at denoise `denoise` ([<= steps + 1] f32)."""
+    full = schedule_steps(steps, denoise)
+    if full == steps:
         return ksampler_sigmas(sampler, scheduler, steps, shift)
-    return ksampler_sigmas(sampler, scheduler, int(steps / denoise), shift)[-(steps + 1):]
+    return ksampler_sigmas(sampler, scheduler, full, shift)[-(steps + 1):]
 
 
 def a1111_start_step(steps: int, denoise: float) -> int:
