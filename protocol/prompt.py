@@ -312,7 +312,10 @@ def _check_hires(f) -> None:
 
 
 def _check_schedule(field: str, steps: int, denoise) -> None:
-    """The full schedule a partial denoise builds, bounded before anything builds it (latent_ops.schedule_steps)."""
+    """The full schedule a partial denoise builds, bounded before anything builds it (latent_ops.schedule_steps).
+    Unset steps (a file that leaves them to its pack's record) are checked once the spec is resolved."""
+    if steps is None:
+        return
     try:
         schedule_steps(steps, float(denoise))
     except LatentOpError as e:

@@ -92,6 +92,10 @@ MALFORMED = [
     ("denoise-schedule-start", _j(steps=8, denoise=1e-300, start_step=2), r"field 'denoise': .*at least steps / 10000"),
     ("denoise-subnormal", _j(steps=8, denoise=5e-324), r"field 'denoise': .*limit is 10000"),
     ("hires-denoise-schedule", _j(steps=30, hires={"scale": 1.5, "denoise": 1e-7}), r"field 'hires.denoise': .*10000"),
+    # steps left to the pack's record: the bound is checked once they are known, not divided into None
+    ("denoise-schedule-unset-steps", json.dumps({"prompt": "a", "denoise": 1e-7}), r"field 'denoise': .*at 30 steps"),
+    ("hires-denoise-unset-steps", json.dumps({"prompt": "a", "hires": {"scale": 1.5, "denoise": 1e-9}}),
+     r"field 'hires.denoise': .*at 30 steps"),
 ]
 
 
