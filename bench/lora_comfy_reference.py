@@ -12,7 +12,8 @@ then
         --make-loras [--record tests/data/lora/comfy_small_lora.npz] [--out bench/out/lora_comfy_reference.json]
 --make-loras writes the synthetic LoRAs the cases name into MODELS/loras/ (models.lora.synth, from the models'
 own key lists: a kohya LoRA with alpha != rank over the blocks, host layers, LLM adapter and Qwen3, and a
-ComfyUI-layout one without alpha over the blocks and adapter). PACK: this project's pack of the same DiT at --size
+ComfyUI-layout one without alpha over the blocks and adapter; for `--case turbo|lokr|loha --cfg 1 --steps 8`, the
+Turbo-LoRA form, a LoKr and a LoHa over the blocks and host layers). PACK: this project's pack of the same DiT at --size
 with --lora-rank 12 or more (FP32 for a comparison at the 1e-5 level). The tokenizers must be ComfyUI's own (its
 qwen25_tokenizer and t5_tokenizer/tokenizer.json in MODELS/tokenizers/qwen and /t5) for the token ids to agree.
 --record writes ComfyUI's final latents, the conditioning this project's text encoder made with each case's LoRAs
@@ -40,11 +41,18 @@ from models.safetensors_io import SafeTensorsFile  # noqa: E402
 # the synthetic LoRAs (file name -> layout, seed, rank, alpha, groups) and the cases: each a chain of
 # (file, ComfyUI node, strength_model, strength_clip) from the loaders outwards
 LORAS = {"kohya_a3.safetensors": ("kohya", 11, 8, 3.0, ("blocks", "host", "adapter", "te")),
-         "comfy_noalpha.safetensors": ("comfy", 12, 4, None, ("blocks", "adapter"))}
+         "comfy_noalpha.safetensors": ("comfy", 12, 4, None, ("blocks", "adapter")),
+         "turbo.safetensors": ("turbo", 21, 8, None, ("blocks", "host")),
+         "lokr.safetensors": ("lokr", 22, 4, 2.0, ("blocks", "host")),
+         "loha.safetensors": ("loha", 23, 4, 3.0, ("blocks", "host"))}
 CASES = {"none": [],
          "model_only": [("kohya_a3.safetensors", "LoraLoaderModelOnly", 0.8, None)],
          "chained": [("kohya_a3.safetensors", "LoraLoader", 0.8, 1.3),
-                     ("comfy_noalpha.safetensors", "LoraLoaderModelOnly", -0.6, None)]}
+                     ("comfy_noalpha.safetensors", "LoraLoaderModelOnly", -0.6, None)],
+         # the Turbo settings (--cfg 1 --steps 8); LoKr / LoHa take rank 16 at run time: a pack with --lora-rank 16
+         "turbo": [("turbo.safetensors", "LoraLoaderModelOnly", 1.0, None)],
+         "lokr": [("lokr.safetensors", "LoraLoaderModelOnly", 0.8, None)],
+         "loha": [("loha.safetensors", "LoraLoaderModelOnly", -0.7, None)]}
 
 
 def make_loras(paths, loras_dir: Path) -> None:
