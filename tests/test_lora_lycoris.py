@@ -20,7 +20,7 @@ from models.lora.synth import write_lora
 from models.packs.pack import build_pack, load_pack
 from models.runtime.dit_runner import DiTRunner
 from models.runtime.verify import metrics, random_inputs
-from models.safetensors_io import TensorEntry, write_safetensors
+from models.safetensors_io import SafeTensorsFile, TensorEntry, write_safetensors
 
 REC = np.load(Path(__file__).parent / "data" / "lora" / "comfy_lycoris_weights.npz")
 META = json.loads(str(REC["meta"]))
@@ -179,3 +179,43 @@ def test_baked_and_run_time_packs_equal_the_merged_checkpoint(tiny_dit, lyco, tm
     ready = DiTRunner(build_pack(tiny_dit, tmp_path / "ready", RES, "fp32", lora_rank=16), threads=2)
     ready.set_lora(plan)                                                      # turbo rank 8, LoKr / LoHa 4·4
     assert metrics(ready.forward(*inputs), v_ref)["cos"] >= 0.99999
+
+
+def test_text_encoder_and_adapter_layers_merge_a_lokr_and_a_loha(tmp_path):
+    """The encoder's layers (Qwen3 under strength_clip, the LLM adapter under strength_model) take the same ΔW."""
+    from models.dit.config import expected_adapter_shapes
+    from models.text.qwen3 import Qwen3Shape, expected_shapes
+    from models.text.synth import TE_PRESETS
+    te = "lora_te_layers_0_mlp_down_proj"                                      # [64, 192]
+    ad = "lora_unet_llm_adapter_blocks_0_mlp_0"                               # [512, 128]
+    rng = np.random.default_rng(3)
+    t = {te + ".lokr_w1": rng.standard_normal((4, 8)), te + ".lokr_w2": rng.standard_normal((16, 24)),
+         te + ".alpha": 9.0,                                                  # both full: alpha does not scale
+         ad + ".hada_w1_a": rng.standard_normal((512, 2)), ad + ".hada_w1_b": rng.standard_normal((2, 128)),
+         ad + ".hada_w2_a": rng.standard_normal((512, 3)), ad + ".hada_w2_b": rng.standard_normal((3, 128))}
+    t = {k: np.float32(v) for k, v in t.items()}
+    path = _write(tmp_path / "enc.safetensors", t)
+    tab = TargetTable(expected_adapter_shapes(PRESETS["tiny"]["adapter"], "llm_adapter."),
+                      expected_shapes(Qwen3Shape(**TE_PRESETS["tiny"])))
+    plan = plan_loras([LoraUse(str(path), 0.5, 1.5)], tab)
+    want_te = np.einsum("ij,kl->ikjl", t[te + ".lokr_w1"], t[te + ".lokr_w2"]).reshape(64, 192)
+    np.testing.assert_allclose(plan.delta("model.layers.0.mlp.down_proj.weight"), 1.5 * want_te, rtol=1e-5,
+                               atol=1e-5)
+    want_ad = (t[ad + ".hada_w1_a"] @ t[ad + ".hada_w1_b"]) * (t[ad + ".hada_w2_a"] @ t[ad + ".hada_w2_b"])
+    np.testing.assert_allclose(plan.delta("llm_adapter.blocks.0.mlp.0.weight"), 0.5 * want_ad, rtol=1e-5, atol=1e-5)
+    assert plan.report()[0]["layers"] == {"adapter": 1, "te": 1}
+
+
+def test_synth_command_writes_each_layout(tmp_path, capsys):
+    from models import cli
+    for layout, keys in (("turbo", ("diffusion_model.blocks.0.self_attn.q_proj.lora_A.weight",
+                                    "diffusion_model.t_embedder.1.linear_1.lora_B.weight")),
+                         ("lokr", ("lora_unet_blocks_0_self_attn_q_proj.lokr_w1",
+                                   "lora_unet_blocks_0_self_attn_q_proj.lokr_w2_b")),
+                         ("loha", ("lora_unet_blocks_0_mlp_layer1.hada_w2_a", "lora_unet_blocks_0_mlp_layer1.alpha"))):
+        out = tmp_path / f"{layout}.safetensors"
+        assert cli.main(["synth", "lora", "--preset", "tiny", "--out", str(out), "--layout", layout,
+                         "--rank", "4"]) == 0
+        assert set(keys) <= set(SafeTensorsFile(out).keys()), layout
+    assert len(LoraFile(tmp_path / "turbo.safetensors").pairs) == 280 + 174       # blocks and host layers
+    assert len(LoraFile(tmp_path / "lokr.safetensors").pairs) == 280                # blocks only by default
