@@ -55,6 +55,16 @@ CASES = {"none": [],
          "loha": [("loha.safetensors", "LoraLoaderModelOnly", -0.7, None)]}
 
 
+def baked_runner(dit_path, uses, size, threads, out: Path):
+    """A DiTRunner over an FP32 pack of the DiT with `uses` baked in (their strength_model; a LoraLoaderModelOnly
+    chain's whole effect on the DiT)."""
+    import shutil
+    from models.packs.pack import build_pack
+    from models.runtime.dit_runner import DiTRunner
+    shutil.rmtree(out, ignore_errors=True)
+    return DiTRunner(build_pack(dit_path, out, size, "fp32", loras=list(uses)), threads=threads)
+
+
 def make_loras(paths, loras_dir: Path) -> None:
     """The cases' synthetic LoRAs for these model files (their own key lists), into MODELS/loras/."""
     from models.dit.checkpoint import strip_prefix
@@ -121,6 +131,8 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one ComfyUI job may take")
     p.add_argument("--out", default=None, help="JSON file for the rows")
     p.add_argument("--record", default=None, help="write the test record (.npz)")
+    p.add_argument("--baked", action="store_true", help="this project's DiT side from a pack per case with the "
+                   "case's LoRAs baked in (FP32, `anima-models pack --lora`), not from --pack's run-time inputs")
     a = p.parse_args(argv)
     width, height = (int(v) for v in a.size.lower().split("x"))
     client = ComfyClient(a.comfyui, a.timeout)
@@ -157,9 +169,14 @@ def main(argv=None) -> int:
         uses = uses_of(chain, loras_dir)
         enc.set_lora(plan_text_loras(uses, enc))
         cond, uncond = enc.encode_pair(a.prompt, a.negative)
-        runner.set_lora(plan_loras(uses, dit_table) if uses else None)
+        dit = baked_runner(paths.dit, uses, (width, height), a.threads, tmp.with_suffix(f".{case}")) if a.baked \
+            else runner
+        if not a.baked:
+            runner.set_lora(plan_loras(uses, dit_table) if uses else None)
         s = Sampler(steps=a.steps, cfg=a.cfg, scheduler=a.scheduler, spectrum=None)
-        z = s.sample(lambda x, sigma: runner.forward_cfg(x, sigma, cond, uncond), latent=comfy_noise(a.seed, shape)).latent
+        z = s.sample(lambda x, sigma: dit.forward_cfg(x, sigma, cond, uncond), latent=comfy_noise(a.seed, shape)).latent
+        if dit is not runner:
+            dit.close()
         img = vae.decode(z, tile=None).image
         ours_s = time.monotonic() - t0
         diff = np.abs(img.astype(int) - img_ref.astype(int))
