@@ -5,8 +5,8 @@
 Layouts: `kohya` (sd-scripts: lora_unet_<module with _>.lora_down.weight [r, in] / .lora_up.weight [out, r] / .alpha,
 text encoder lora_te_<module>), `comfy` (sd-scripts' convert_anima_lora_to_comfy output: diffusion_model.<module>
 .lora_A.weight / .lora_B.weight / .alpha, text encoder text_encoder.qwen3.<module>), `bare` (.lora_A / .lora_B without
-.weight), `peft-default` (.lora_A.default.weight / .lora_B.default.weight), `turbo` (the ComfyUI form over the DiT's
-blocks and host layers by default: a few-step LoRA extracted from a Turbo checkpoint, docs/lora.md section 1),
+.weight), `peft-default` (.lora_A.default.weight / .lora_B.default.weight), `turbo` (a stand-in for the Anima Turbo LoRA,
+whose key list is not published: the ComfyUI form over the DiT's blocks and host layers by default, docs/lora.md),
 `lokr` (LyCORIS LoKr in kohya names: .lokr_w1 [a, b] full, .lokr_w2_a [c, r] / .lokr_w2_b [r, d], .alpha; a·c = out,
 b·d = in) and `loha` (LyCORIS LoHa: .hada_w1_a [out, r], .hada_w1_b [r, in], .hada_w2_a, .hada_w2_b, .alpha). Groups: `blocks` (sd-scripts' default
 targets: q/k/v/output_proj of self- and cross-attention, mlp.layer1/2 in every block), `host` (the embedders, every
