@@ -12,7 +12,8 @@ then
         --make-loras [--record tests/data/lora/comfy_small_lora.npz] [--out bench/out/lora_comfy_reference.json]
 --make-loras writes the synthetic LoRAs the cases name into MODELS/loras/ (models.lora.synth, from the models'
 own key lists: a kohya LoRA with alpha != rank over the blocks, host layers, LLM adapter and Qwen3, and a
-ComfyUI-layout one without alpha over the blocks and adapter). PACK: this project's pack of the same DiT at --size
+ComfyUI-layout one without alpha over the blocks and adapter; for `--case turbo|lokr|loha --cfg 1 --steps 8`, the
+Turbo-LoRA form, a LoKr and a LoHa over the blocks and host layers). PACK: this project's pack of the same DiT at --size
 with --lora-rank 12 or more (FP32 for a comparison at the 1e-5 level). The tokenizers must be ComfyUI's own (its
 qwen25_tokenizer and t5_tokenizer/tokenizer.json in MODELS/tokenizers/qwen and /t5) for the token ids to agree.
 --record writes ComfyUI's final latents, the conditioning this project's text encoder made with each case's LoRAs
@@ -40,11 +41,28 @@ from models.safetensors_io import SafeTensorsFile  # noqa: E402
 # the synthetic LoRAs (file name -> layout, seed, rank, alpha, groups) and the cases: each a chain of
 # (file, ComfyUI node, strength_model, strength_clip) from the loaders outwards
 LORAS = {"kohya_a3.safetensors": ("kohya", 11, 8, 3.0, ("blocks", "host", "adapter", "te")),
-         "comfy_noalpha.safetensors": ("comfy", 12, 4, None, ("blocks", "adapter"))}
+         "comfy_noalpha.safetensors": ("comfy", 12, 4, None, ("blocks", "adapter")),
+         "turbo.safetensors": ("turbo", 21, 8, None, ("blocks", "host")),
+         "lokr.safetensors": ("lokr", 22, 4, 2.0, ("blocks", "host")),
+         "loha.safetensors": ("loha", 23, 4, 3.0, ("blocks", "host"))}
 CASES = {"none": [],
          "model_only": [("kohya_a3.safetensors", "LoraLoaderModelOnly", 0.8, None)],
          "chained": [("kohya_a3.safetensors", "LoraLoader", 0.8, 1.3),
-                     ("comfy_noalpha.safetensors", "LoraLoaderModelOnly", -0.6, None)]}
+                     ("comfy_noalpha.safetensors", "LoraLoaderModelOnly", -0.6, None)],
+         # the Turbo settings (--cfg 1 --steps 8); LoKr / LoHa take rank 16 at run time: a pack with --lora-rank 16
+         "turbo": [("turbo.safetensors", "LoraLoaderModelOnly", 1.0, None)],
+         "lokr": [("lokr.safetensors", "LoraLoaderModelOnly", 0.8, None)],
+         "loha": [("loha.safetensors", "LoraLoaderModelOnly", -0.7, None)]}
+
+
+def baked_runner(dit_path, uses, size, threads, out: Path):
+    """A DiTRunner over an FP32 pack of the DiT with `uses` baked in (their strength_model; a LoraLoaderModelOnly
+    chain's whole effect on the DiT)."""
+    import shutil
+    from models.packs.pack import build_pack
+    from models.runtime.dit_runner import DiTRunner
+    shutil.rmtree(out, ignore_errors=True)
+    return DiTRunner(build_pack(dit_path, out, size, "fp32", loras=list(uses)), threads=threads)
 
 
 def make_loras(paths, loras_dir: Path) -> None:
@@ -113,6 +131,8 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one ComfyUI job may take")
     p.add_argument("--out", default=None, help="JSON file for the rows")
     p.add_argument("--record", default=None, help="write the test record (.npz)")
+    p.add_argument("--baked", action="store_true", help="this project's DiT side from a pack per case with the "
+                   "case's LoRAs baked in (FP32, `anima-models pack --lora`), not from --pack's run-time inputs")
     a = p.parse_args(argv)
     width, height = (int(v) for v in a.size.lower().split("x"))
     client = ComfyClient(a.comfyui, a.timeout)
@@ -149,9 +169,14 @@ def main(argv=None) -> int:
         uses = uses_of(chain, loras_dir)
         enc.set_lora(plan_text_loras(uses, enc))
         cond, uncond = enc.encode_pair(a.prompt, a.negative)
-        runner.set_lora(plan_loras(uses, dit_table) if uses else None)
+        dit = baked_runner(paths.dit, uses, (width, height), a.threads, tmp.with_suffix(f".{case}")) if a.baked \
+            else runner
+        if not a.baked:
+            runner.set_lora(plan_loras(uses, dit_table) if uses else None)
         s = Sampler(steps=a.steps, cfg=a.cfg, scheduler=a.scheduler, spectrum=None)
-        z = s.sample(lambda x, sigma: runner.forward_cfg(x, sigma, cond, uncond), latent=comfy_noise(a.seed, shape)).latent
+        z = s.sample(lambda x, sigma: dit.forward_cfg(x, sigma, cond, uncond), latent=comfy_noise(a.seed, shape)).latent
+        if dit is not runner:
+            dit.close()
         img = vae.decode(z, tile=None).image
         ours_s = time.monotonic() - t0
         diff = np.abs(img.astype(int) - img_ref.astype(int))

@@ -43,7 +43,7 @@ def test_every_layout_reads_back_onto_the_same_layers(tmp_path, layout):
     path = tmp_path / f"{layout}.safetensors"
     n = write_lora("tiny", 1, path, layout, rank=4, alpha=2.0, groups=ALL_GROUPS)
     f = LoraFile(path)
-    assert f.layouts == (layout,) and len(f.pairs) == n and not f.stray
+    assert f.layouts == ({"turbo": "comfy"}.get(layout, layout),) and len(f.pairs) == n and not f.stray
     plan = plan_loras([LoraUse(str(path))], tiny_table())
     counts = plan.report()[0]["layers"]
     # blocks: 28 x (4 self + 4 cross + 2 ffn); host: x_embedder, 2 t_embedder, 28 x 3 x 2 modulation, final 3;
@@ -189,12 +189,13 @@ def test_refusals_name_the_file_and_the_problem(tmp_path, kohya):
     with pytest.raises(LoraError, match="names a layer of Anima.*Stable Diffusion"):
         plan_loras([LoraUse(str(sdxl))], t)
     # other adapter types, named
-    for suffix, what in ((".hada_w1_a", "LoHa"), (".lokr_w1", "LoKr"), (".dora_scale", "DoRA")):
+    for suffix, what in ((".hada_w1_a", "both a LoRA pair"), (".lokr_w1", "both a LoRA pair"),
+                         (".dora_scale", "this is DoRA"), (".oft_blocks", "this is OFT")):
         p = _write(tmp_path / f"t{suffix}.safetensors", {
             "lora_unet_blocks_0_mlp_layer1.lora_up.weight": np.ones((1024, 2)),
             "lora_unet_blocks_0_mlp_layer1.lora_down.weight": np.ones((2, 256)),
             "lora_unet_blocks_0_mlp_layer1" + suffix: np.ones((2, 2))})
-        with pytest.raises(LoraError, match=f"this is {what}"):
+        with pytest.raises(LoraError, match=what):
             LoraFile(p)
     # half a pair
     half = _write(tmp_path / "half.safetensors", {"lora_unet_blocks_0_mlp_layer1.lora_up.weight": np.ones((1024, 2))})

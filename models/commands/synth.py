@@ -6,6 +6,7 @@ or a LoRA.
     anima-models synth bundle --preset tiny --seed 0 --out models/
     anima-models synth lora --preset tiny --seed 1 --out models/loras/style.safetensors --layout kohya --rank 8 \
         --alpha 4 --groups blocks,host,adapter,te
+    anima-models synth lora --preset tiny --seed 2 --out models/loras/lokr.safetensors --layout lokr --rank 4
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 
 WHAT = ("dit", "te", "vae", "tokenizers", "bundle", "lora")
 VAE_LAYOUTS = ("original", "diffusers")
-LORA_LAYOUTS = ("kohya", "comfy", "bare", "peft-default")         # models.lora.synth.LAYOUTS
+LORA_LAYOUTS = ("kohya", "comfy", "bare", "peft-default", "turbo", "lokr", "loha")   # models.lora.synth.LAYOUTS
 
 
 def add_arguments(p) -> None:
@@ -32,11 +33,11 @@ def add_arguments(p) -> None:
     p.add_argument("--prefix", choices=DIT_PREFIXES, default="net.", help="DiT key prefix (dit only)")
     p.add_argument("--layout", choices=VAE_LAYOUTS + LORA_LAYOUTS, default=None,
                    help="key layout: vae original (default) | diffusers; lora kohya (default) | comfy | bare | "
-                        "peft-default")
+                        "peft-default | turbo (ComfyUI form over blocks and host layers) | lokr | loha (LyCORIS)")
     p.add_argument("--rank", type=int, default=8, help="LoRA rank (lora only)")
     p.add_argument("--alpha", default=None, help="LoRA alpha (lora only; default rank / 2, 'none' for no alpha)")
-    p.add_argument("--groups", default="blocks", help="LoRA targets, comma-separated: blocks (sd-scripts' default), "
-                                                      "host, adapter, te (lora only)")
+    p.add_argument("--groups", default=None, help="LoRA targets, comma-separated: blocks (sd-scripts' default), "
+                                                    "host, adapter, te (lora only; default blocks, turbo blocks,host)")
     p.add_argument("--outliers", action="store_true", help="dit only: a few modulated channels 35-90x the median "
                    "magnitude at every token and step, a stand-in for a real checkpoint's statistics (docs/quant.md)")
     p.add_argument("--blocks", type=int, default=0, help="dit only: keep the first N blocks (default all)")
@@ -64,7 +65,7 @@ def _layout(args) -> str:
 
 
 def _lora(args, out: str) -> None:
-    from models.lora.synth import write_lora
+    from models.lora.synth import DEFAULT_GROUPS, write_lora
     if args.rank < 1:
         raise UserError(f"--rank must be >= 1, got {args.rank}")
     if args.alpha is None:
@@ -76,8 +77,12 @@ def _lora(args, out: str) -> None:
             alpha = float(args.alpha)
         except ValueError:
             raise UserError(f"--alpha {args.alpha!r}: a number or 'none'") from None
-    groups = tuple(g.strip() for g in args.groups.split(",") if g.strip())
-    write_lora(args.preset, args.seed, out, _layout(args), args.rank, alpha, groups, args.dtype)
+    layout = _layout(args)
+    if args.groups is None:
+        groups = DEFAULT_GROUPS.get(layout, ("blocks",))
+    else:
+        groups = tuple(g.strip() for g in args.groups.split(",") if g.strip())
+    write_lora(args.preset, args.seed, out, layout, args.rank, alpha, groups, args.dtype)
 
 
 def run(args) -> int:

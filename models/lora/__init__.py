@@ -5,6 +5,7 @@ graphs). docs/lora.md describes the whole path.
     file     LoraFile, LoraPair, LoraError: one file as stored (pairs, layouts, alpha), checked for structure
     targets  TargetTable: name -> layer (DiT, LLM adapter, Qwen3) from the models' key lists; where each computes
     plan     LoraUse, plan_loras -> LoraPlan: merged weights, stacked factors (rank R, SVD reduction), the report
+    lycoris  LoKr / LoHa: header checks, ΔW as ComfyUI's weight adapters form it, its exact low-rank form
     synth    write_lora: synthetic LoRAs with real key names
 """
 from models.lora.file import LoraError, LoraFile, LoraPair

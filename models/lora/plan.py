@@ -5,6 +5,9 @@ of applying them (FP32 numpy, no torch):
     factors:  B = [s_1·up_1 | s_2·up_2 | …] [out, R], A = [down_1; down_2; …] [R, in], zero-padded to R,
               so W·x + B·(A·x) = W'·x                                        (a LoRA-ready branch graph's inputs)
 
+LoKr / LoHa modules (models/lora/lycoris.py) merge their ΔW as ComfyUI does, and give factors through their exact
+low-rank form (rank r1·r2), so a LoRA-ready pack takes them when that rank fits.
+
 scale = alpha / rank when the file has alpha, else 1 (models/lora/file.py); strength_model applies to the DiT and
 its LLM adapter, strength_clip to the text encoder (ComfyUI's LoraLoader). LoRAs stack along the rank; more rank than
 a graph takes is refused, or reduced by a truncated SVD whose relative error (Frobenius) is reported.
@@ -20,6 +23,7 @@ from typing import Optional
 import numpy as np
 
 from models.lora.file import LoraError, LoraFile
+from models.lora.lycoris import KIND_NAMES as LYCORIS_NAMES
 from models.lora.targets import PARTS, PLACES, Absent, Target, TargetTable, looks_like
 
 log = logging.getLogger(__name__)
@@ -84,8 +88,9 @@ class LoraPlan:
         return [k for k, t in self.targets.items() if t.place == place]
 
     def rank(self, key: str) -> int:
-        """The stacked rank of one target (the sum over the LoRAs that update it)."""
-        return sum(u.pair.rank for u in self.updates[key])
+        """The stacked rank of one target (the sum over the LoRAs that update it; a LoKr/LoHa counts the rank of
+        its exact low-rank form)."""
+        return sum(u.pair.runtime_rank for u in self.updates[key])
 
     def max_rank(self, place: str = "branch") -> int:
         return max((self.rank(k) for k in self.keys(place)), default=0)
@@ -107,9 +112,13 @@ class LoraPlan:
                             "but this pack takes no LoRA at run time: build it with `anima-models pack ... "
                             "--lora-rank R`, or bake the LoRA in with `--lora FILE:STRENGTH`")
         worst = max(r for _, r in over)
+        lyco = sorted({u.pair.layout for k, _ in over for u in self.updates[k] if u.pair.kind != "lora"})
+        bake = (f"; a {'/'.join(LYCORIS_NAMES[k] for k in lyco)} takes rank r1·r2 at run time (its exact low-rank "
+                "form): bake it into the pack instead with `anima-models pack CKPT --out PACK --lora FILE:STRENGTH` "
+                "(or `anima-models bundle --lora FILE:STRENGTH`)") if lyco else ""
         raise LoraError(f"{where}stacked LoRA rank {worst} exceeds the pack's LoRA rank {R} in {len(over)} layers "
                         f"({_names(k for k, _ in over)}): use fewer or smaller LoRAs, a pack built with --lora-rank "
-                        f"{worst}, or let the rank be reduced by SVD")
+                        f"{worst}, or let the rank be reduced by SVD{bake}")
 
     def read_all(self, place: str, between=None) -> None:
         """Every pair that updates a target of `place` read once, so what LoraFile refuses when read (NaN/Inf, a
@@ -119,17 +128,14 @@ class LoraPlan:
             if between is not None:
                 between()
             for u in self.updates[key]:
-                f = self.files[u.use]
-                f.up(u.pair)
-                f.down(u.pair)
+                self.files[u.use].arrays(u.pair)
 
     # -- applying --------------------------------------------------------------------------------------------------
     def delta(self, key: str) -> np.ndarray:
         """ΔW [out, in] f32 of one target: Σ factor · (up @ down), added in the order of the uses."""
         out = None
         for u in self.updates[key]:
-            f = self.files[u.use]
-            d = (np.float32(u.factor) * f.up(u.pair)) @ f.down(u.pair)                # [out, r] @ [r, in]
+            d = self._term(u)
             out = d if out is None else out + d
         return out if out is not None else np.zeros(self.targets[key].shape, np.float32)
 
@@ -140,9 +146,16 @@ class LoraPlan:
             raise LoraError(f"{key}: weight has shape {list(w.shape)}, the LoRA plan expects "
                             f"{list(self.targets[key].shape)}")
         for u in self.updates[key]:
-            f = self.files[u.use]
-            w += (np.float32(u.factor) * f.up(u.pair)) @ f.down(u.pair)               # [out, r] @ [r, in]
+            w += self._term(u)
         return w
+
+    def _term(self, u: Update) -> np.ndarray:
+        """factor · ΔW [out, in] f32 of one update: (factor · up) @ down for a pair; factor · kron / Hadamard
+        product for LoKr / LoHa (ComfyUI's `(strength * alpha) * lora_diff`)."""
+        f = self.files[u.use]
+        if u.pair.kind == "lora":
+            return (np.float32(u.factor) * f.up(u.pair)) @ f.down(u.pair)            # [out, r] @ [r, in]
+        return np.float32(u.factor) * f.product(u.pair)
 
     def factors(self, key: str, R: int, overflow: str = "refuse") -> tuple:
         """(B [out, R], A [R, in], relative error) f32: the stacked factors of one target zero-padded to R, so that
@@ -151,9 +164,9 @@ class LoraPlan:
         out_f, in_f = self.targets[key].shape
         ups, downs = [], []
         for u in self.updates.get(key, ()):
-            f = self.files[u.use]
-            ups.append(np.float32(u.factor) * f.up(u.pair))                          # [out, r_i]
-            downs.append(f.down(u.pair))                                              # [r_i, in]
+            up, down = self.files[u.use].low_rank(u.pair)                             # [out, r_i], [r_i, in]
+            ups.append(np.float32(u.factor) * up)
+            downs.append(down)
         r = sum(d.shape[0] for d in downs)
         B = np.zeros((out_f, R), np.float32)
         A = np.zeros((R, in_f), np.float32)

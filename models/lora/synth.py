@@ -5,7 +5,10 @@
 Layouts: `kohya` (sd-scripts: lora_unet_<module with _>.lora_down.weight [r, in] / .lora_up.weight [out, r] / .alpha,
 text encoder lora_te_<module>), `comfy` (sd-scripts' convert_anima_lora_to_comfy output: diffusion_model.<module>
 .lora_A.weight / .lora_B.weight / .alpha, text encoder text_encoder.qwen3.<module>), `bare` (.lora_A / .lora_B without
-.weight) and `peft-default` (.lora_A.default.weight / .lora_B.default.weight). Groups: `blocks` (sd-scripts' default
+.weight), `peft-default` (.lora_A.default.weight / .lora_B.default.weight), `turbo` (a stand-in for the Anima Turbo LoRA,
+whose key list is not published: the ComfyUI form over the DiT's blocks and host layers by default, docs/lora.md),
+`lokr` (LyCORIS LoKr in kohya names: .lokr_w1 [a, b] full, .lokr_w2_a [c, r] / .lokr_w2_b [r, d], .alpha; a·c = out,
+b·d = in) and `loha` (LyCORIS LoHa: .hada_w1_a [out, r], .hada_w1_b [r, in], .hada_w2_a, .hada_w2_b, .alpha). Groups: `blocks` (sd-scripts' default
 targets: q/k/v/output_proj of self- and cross-attention, mlp.layer1/2 in every block), `host` (the embedders, every
 AdaLN modulation layer and the final layer), `adapter` (the LLM adapter's block linears: sd-scripts'
 train_llm_adapter), `te` (Qwen3's attention and MLP projections).
@@ -31,7 +34,12 @@ LAYOUTS = {   # layout -> (down suffix, up suffix, DiT name form, TE name form)
     "comfy": (".lora_A.weight", ".lora_B.weight", "dotted", "dotted"),
     "bare": (".lora_A", ".lora_B", "dotted", "dotted"),
     "peft-default": (".lora_A.default.weight", ".lora_B.default.weight", "dotted", "dotted"),
+    "turbo": (".lora_A.weight", ".lora_B.weight", "dotted", "dotted"),
+    "lokr": (".lokr_w1", ".lokr_w2_b", "kohya", "kohya"),        # (a key every module has, for counting)
+    "loha": (".hada_w1_a", ".hada_w1_b", "kohya", "kohya"),
 }
+DEFAULT_GROUPS = {"turbo": ("blocks", "host")}                   # what a layout targets when no groups are given
+LOKR_FACTOR = 4         # w1's side: the divisor of out / in nearest 4 (LyCORIS' `factor`), w2 the rest
 REL_STRENGTH = 0.25     # std of up @ down relative to the std of the weight it changes (before alpha / rank)
 TE_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
               "mlp.up_proj", "mlp.down_proj")
@@ -88,23 +96,57 @@ def lora_entries(preset, seed: int, layout: str = "kohya", rank: int = 8, alpha:
     if not isinstance(rank, int) or rank < 1:
         raise ValueError(f"LoRA rank must be a positive integer, got {rank!r}")
     down_sfx, up_sfx, dit_form, te_form = LAYOUTS[layout]
+    make = {"lokr": _lokr, "loha": _loha}.get(layout, _pair)
     entries = []
     shapes = preset_shapes(preset) if isinstance(preset, str) else preset
     for model, key, (n_out, n_in), w_std in target_weights(shapes[0], shapes[1], groups):
         name = lora_name(key[:-len(".weight")], model, te_form if model == "te" else dit_form)
-        up_std = REL_STRENGTH * w_std * math.sqrt(n_in) / math.sqrt(rank)     # std(up @ down) ≈ REL · std(W)
-
-        def down(name=name, n_in=n_in):
-            return _rng(seed, name + ".down").standard_normal((rank, n_in), dtype=np.float32) / np.float32(
-                math.sqrt(n_in))                                                # [r, in]
-
-        def up(name=name, n_out=n_out, s=up_std):
-            return _rng(seed, name + ".up").standard_normal((n_out, rank), dtype=np.float32) * np.float32(s)  # [out, r]
-        entries.append(TensorEntry(name + down_sfx, dtype, (rank, n_in), down))
-        entries.append(TensorEntry(name + up_sfx, dtype, (n_out, rank), up))
+        entries += make(seed, name, n_out, n_in, rank, REL_STRENGTH * w_std, dtype, (down_sfx, up_sfx))
         if alpha is not None:
             entries.append(TensorEntry(name + ".alpha", dtype, (), np.asarray(alpha, np.float32)))
     return entries
+
+
+def _normal(seed: int, key: str, shape: tuple, std: float):
+    """A lazy N(0, std²) f32 array, its values a function of (seed, key) alone."""
+    return lambda: _rng(seed, key).standard_normal(shape, dtype=np.float32) * np.float32(std)
+
+
+def _pair(seed, name, n_out, n_in, rank, rel, dtype, sfx) -> list:
+    """down [r, in], up [out, r] with std(up @ down) ≈ rel (the weight's std times REL_STRENGTH)."""
+    def down():            # divided, not multiplied by 1/√in: the same bits as the files tests/data/lora records
+        return _rng(seed, name + ".down").standard_normal((rank, n_in), dtype=np.float32) / np.float32(
+            math.sqrt(n_in))                                                    # [r, in]
+    return [TensorEntry(name + sfx[0], dtype, (rank, n_in), down),
+            TensorEntry(name + sfx[1], dtype, (n_out, rank), _normal(seed, name + ".up", (n_out, rank),
+                                                                     rel * math.sqrt(n_in) / math.sqrt(rank)))]
+
+
+def lokr_split(n: int, factor: int = LOKR_FACTOR) -> tuple:
+    """(m, n // m): m the divisor of n nearest `factor` with m <= n // m (1 for a prime n)."""
+    best = 1
+    for m in range(1, int(math.isqrt(n)) + 1):
+        if n % m == 0 and abs(m - factor) < abs(best - factor):
+            best = m
+    return best, n // best
+
+
+def _lokr(seed, name, n_out, n_in, rank, rel, dtype, sfx) -> list:
+    """w1 [a, b] full, w2 = w2_a [c, r] @ w2_b [r, d]: std(kron(w1, w2)) ≈ rel."""
+    (a, c), (b, d) = lokr_split(n_out), lokr_split(n_in)
+    r = min(rank, c, d)
+    return [TensorEntry(name + ".lokr_w1", dtype, (a, b), _normal(seed, name + ".w1", (a, b), 1.0)),
+            TensorEntry(name + ".lokr_w2_a", dtype, (c, r), _normal(seed, name + ".w2a", (c, r), rel)),
+            TensorEntry(name + ".lokr_w2_b", dtype, (r, d), _normal(seed, name + ".w2b", (r, d), 1 / math.sqrt(r)))]
+
+
+def _loha(seed, name, n_out, n_in, rank, rel, dtype, sfx) -> list:
+    """(w1_a @ w1_b) of std 1 times (w2_a @ w2_b) of std rel."""
+    sd = 1 / math.sqrt(rank)
+    return [TensorEntry(name + ".hada_w1_a", dtype, (n_out, rank), _normal(seed, name + ".w1a", (n_out, rank), 1.0)),
+            TensorEntry(name + ".hada_w1_b", dtype, (rank, n_in), _normal(seed, name + ".w1b", (rank, n_in), sd)),
+            TensorEntry(name + ".hada_w2_a", dtype, (n_out, rank), _normal(seed, name + ".w2a", (n_out, rank), rel)),
+            TensorEntry(name + ".hada_w2_b", dtype, (rank, n_in), _normal(seed, name + ".w2b", (rank, n_in), sd))]
 
 
 def write_lora(preset, seed: int, out, layout: str = "kohya", rank: int = 8, alpha: Optional[float] = None,
@@ -112,7 +154,7 @@ def write_lora(preset, seed: int, out, layout: str = "kohya", rank: int = 8, alp
     """Write a synthetic LoRA to `out`; returns the number of modules. Metadata as sd-scripts writes it."""
     entries = lora_entries(preset, seed, layout, rank, alpha, groups, dtype)
     modules = sum(1 for e in entries if e.name.endswith(LAYOUTS[layout][0]))
-    meta = {"ss_network_module": "networks.lora_anima", "ss_network_dim": str(rank),
+    meta = {"ss_network_module": "lycoris.kohya" if layout in ("lokr", "loha") else "networks.lora_anima", "ss_network_dim": str(rank),
             "ss_network_alpha": str(alpha if alpha is not None else rank),
             "anima_synthetic": f"lora:{preset if isinstance(preset, str) else 'shapes'}:{seed}:{layout}:"
                                f"{','.join(groups)}"}
