@@ -163,12 +163,13 @@ class SwarmComfy:
 
 
 class Dispatcher:
-    """SwarmUI's multi-backend as far as jobs go: one worker per backend takes the next job when its backend is
-    free; a backend that fails (connection refused or dropped mid-job) is set aside and its job goes back to the
+    """SwarmUI's multi-backend as far as jobs go: `usages` workers per backend (its MaxUsages, 1 + OverQueue: a
+    job queued behind the running one, each on a socket of its own) take the next job when one of them is free;
+    a backend that fails (connection refused or dropped mid-job) is set aside and its job goes back to the
     queue for another; each job's images are kept by its key, with the backend that made them."""
 
-    def __init__(self, urls: list[str], timeout_s: float = 60.0):
-        self.urls, self.timeout_s = urls, timeout_s
+    def __init__(self, urls: list[str], timeout_s: float = 60.0, usages: int = 2):
+        self.urls, self.timeout_s, self.usages = urls, timeout_s, usages
         self.jobs: queue.Queue = queue.Queue()
         self.results: dict = {}
         self.total = 0
@@ -181,7 +182,8 @@ class Dispatcher:
         self.total = len(jobs)
         for key, graph in jobs.items():
             self.jobs.put((key, graph))
-        workers = [threading.Thread(target=self._work, args=(u,), daemon=True) for u in self.urls]
+        workers = [threading.Thread(target=self._work, args=(u,), daemon=True)
+                   for u in self.urls for _ in range(self.usages)]
         for w in workers:
             w.start()
         for w in workers:
