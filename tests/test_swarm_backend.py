@@ -4,7 +4,7 @@ ComfyUIAPIAbstractBackend sends — object_info for its model lists, a reused `w
 POST history {"delete"}, and for a cancel POST queue {"delete"}, POST interrupt {prompt_id} — against fronts over
 the real daemon and supervisord with stand-in stages (tests/orch_doubles.py: the image is a function of the seed and
 the init image, each job well under a second). Three fronts behind SwarmUI's multi-backend dispatch: 12 jobs spread,
-one front killed mid-job, its job retried on another, each image equal to its seed's on a single front."""
+one front killed mid-job, its job retried on another, each image equal to its seed's made by another front alone."""
 from __future__ import annotations
 
 import io
@@ -103,6 +103,9 @@ def test_swarm_client_runs_txt2img_and_img2img(fronts):
         [png2] = c.generate(img2img_graph(name))
         assert "execution_success" in [k for k, _ in c.messages]
         assert not np.array_equal(pixels(png2), pixels(c.generate(graph(5))[0]))   # the init image mattered
+        for bad, field in (({"delete": "x"}, "delete"), ({"clear": "yes"}, "clear")):
+            r = c._post_text("history", bad)
+            assert r.status_code == 400 and r.json()["field"] == field, r.text
         # the same socket, reused, for another job (SwarmUI keeps sockets in ReusableSockets)
         assert len(c.generate(graph(8))) == 1
     finally:
@@ -139,7 +142,7 @@ def _wait_images(c: SwarmComfy, prompt_id: str, timeout_s: float = 60.0) -> list
 
 def test_three_fronts_behind_a_dispatcher_one_killed_mid_job(fronts):
     """12 jobs spread over three fronts; front 1's front process is killed while it runs a job: that job is retried
-    on another and every image equals the same seed's image made on front 0 alone."""
+    on another and every image equals the same seed's image made by another front on its own."""
     seeds = list(range(100, 112))
     urls = [d.http_url().rstrip("/") for d in fronts]
     victim = fronts[1]
@@ -158,13 +161,17 @@ def test_three_fronts_behind_a_dispatcher_one_killed_mid_job(fronts):
     assert list(disp.failed) == [urls[1]] and 1 <= len(disp.retried) <= disp.usages, (disp.failed, disp.retried)
     by_front = {u: sum(1 for url, _ in results.values() if url == u) for u in urls}
     assert sum(by_front.values()) == 12 and by_front[urls[0]] > 0 and by_front[urls[2]] > 0, by_front
-    # the reference: each seed on one front alone (queued at once: its on-demand stages stay up between jobs)
-    single = SwarmComfy(urls[0])
+    # the reference: each seed's job made by one front on its own, another front than the one that made it in the
+    # dispatch (front 1 answers again at a new address: supervisord restarted its killed front); queued at once
+    refs = [SwarmComfy(d.http_url().rstrip("/")) for d in fronts]
     try:
-        ids = {s: single.submit(graph(s)) for s in seeds}
+        ids = {s: (refs[(urls.index(results[s][0]) + 1) % FRONTS], None) for s in seeds}
+        ids = {s: (c, c.submit(graph(s))) for s, (c, _) in ids.items()}
         for s in seeds:
             url, images = results[s]
-            assert len(images) == 1
-            assert np.array_equal(pixels(images[0]), pixels(_wait_images(single, ids[s])[0])), (s, url)
+            c, prompt_id = ids[s]
+            assert len(images) == 1 and c.url != url
+            assert np.array_equal(pixels(images[0]), pixels(_wait_images(c, prompt_id)[0])), (s, url, c.url)
     finally:
-        single.close()
+        for c in refs:
+            c.close()
