@@ -365,9 +365,15 @@ def test_bundle_run_folder_lists_and_checks_its_loader_names(cpu_bundle, tiny_bu
     run = tmp_path / "run"
     assert cli.main(["--run", str(run), "init", "--bundle", str(cpu_bundle[0])]) == 0
     capsys.readouterr()
-    files = pack_model_files(load_config(run / "pipeline.toml"))
+    cfg = load_config(run / "pipeline.toml")
+    files = pack_model_files(cfg)
     src = resolve_models(tiny_bundle, {}, need=("dit", "text_encoder", "vae"))
     assert files == {"text_encoder": src.text_encoder.name, "vae": src.vae.name}
+    # what the daemon answers INFO with (and the front lists): the packs' sources, the run folder's models/ holding
+    # only loras/ (before: nothing, and every name was taken)
+    from types import SimpleNamespace
+    from orchestrator.daemon import Daemon
+    assert Daemon.model_files(SimpleNamespace(cfg=cfg, _model_files=None)) == files
     names = ModelNames(unet=(src.dit.name,), clip=(files["text_encoder"],), vae=(files["vae"],), sizes=((128, 128),))
     info = object_info(node_table(names))
     assert info["CLIPLoader"]["input"]["required"]["clip_name"][0] == [src.text_encoder.name]
