@@ -222,6 +222,9 @@ async def get_system_stats(request: web.Request) -> web.Response:
 
 
 async def get_object_info(request: web.Request) -> web.Response:
+    # asked of the daemon each time: a client's liveness check (SwarmUI's) sees a 503 while the daemon is down, and
+    # the model lists are the daemon's, never a guess that would take any name
+    await request.app[FRONT].tracker.info(fresh=True)
     names = await request.app[FRONT].tracker.names()
     # the loaders' image choices are the input folder's (the node table's are not listed there)
     info = {**object_info(node_table(names)), **uploads.loader_nodes(uploads.input_images(request.app[FRONT]))}
