@@ -175,3 +175,28 @@ def test_three_fronts_behind_a_dispatcher_one_killed_mid_job(fronts):
     finally:
         for c in refs:
             c.close()
+
+
+def test_feature_flags_are_answered_only_as_the_first_message(fronts):
+    """ComfyUI's server.py: only a client's first message, if it is feature_flags, is answered (with the server's
+    flags); anything else a client says, JSON or not, is ignored and the socket stays open."""
+    import websocket
+    ws_url = fronts[0].http_url().replace("http://", "ws://") + "ws?clientId="
+    late = websocket.create_connection(ws_url + "late", timeout=5)
+    first = websocket.create_connection(ws_url + "first", timeout=5)
+    try:
+        assert json.loads(late.recv())["type"] == "status" and json.loads(first.recv())["type"] == "status"
+        late.send("not json {")
+        late.send(json.dumps({"type": "feature_flags", "data": {"supports_preview_metadata": True}}))
+        first.send(json.dumps({"type": "feature_flags", "data": {"supports_preview_metadata": True}}))
+        answer = json.loads(first.recv())
+        assert answer["type"] == "feature_flags" and answer["data"]["max_upload_size"] == 32 * 2**20, answer
+        late.settimeout(0.5)
+        said = []
+        with pytest.raises(websocket.WebSocketTimeoutException):
+            while True:
+                said.append(json.loads(late.recv())["type"])
+        assert "feature_flags" not in said and late.connected, said      # a second message is not answered
+    finally:
+        late.close()
+        first.close()
