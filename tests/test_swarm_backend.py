@@ -191,16 +191,18 @@ def _said(ws, seconds: float) -> list[dict]:
 
 
 def test_feature_flags_are_answered_only_as_the_first_message(fronts):
-    """ComfyUI's server.py: only a client's first message, if it is feature_flags, is answered (with the server's
-    flags); anything else a client says, JSON or not, is ignored and the socket stays open."""
+    """ComfyUI's server.py: only a client's first JSON message, if it is feature_flags, is answered (with the
+    server's flags); text that is not JSON does not count; anything else a client says is ignored and the socket
+    stays open."""
     import websocket
     ws_url = fronts[0].http_url().replace("http://", "ws://") + "ws?clientId="
     late = websocket.create_connection(ws_url + "late", timeout=5)
     first = websocket.create_connection(ws_url + "first", timeout=5)
     flags = json.dumps({"type": "feature_flags", "data": {"supports_preview_metadata": True}})
     try:
-        late.send("not json {")
+        late.send(json.dumps({"type": "hello", "data": {}}))
         late.send(flags)
+        first.send("not json {")
         first.send(flags)
         answers = [msg for msg in _said(first, 2.0) if msg["type"] == "feature_flags"]
         assert [a["data"]["max_upload_size"] for a in answers] == [32 * 2**20], answers

@@ -51,26 +51,27 @@ class Hub:
                 if msg.type == WSMsgType.ERROR:
                     log.warning("ws %s closed with %s", sid, ws.exception())
                 elif msg.type == WSMsgType.TEXT and first:
-                    first = False
-                    await self._first_message(sid, ws, msg.data)
+                    first = not await self._first_message(sid, ws, msg.data)
         finally:
             if self.sockets.get(sid) is ws:
                 del self.sockets[sid]
                 self.client_flags.pop(sid, None)
         return ws
 
-    async def _first_message(self, sid: str, ws: web.WebSocketResponse, text: str) -> None:
-        """ComfyUI's negotiation (server.py): a first message {"type": "feature_flags", "data": {...}} is kept as
-        the client's flags and answered with the server's; anything else a client says is ignored."""
+    async def _first_message(self, sid: str, ws: web.WebSocketResponse, text: str) -> bool:
+        """ComfyUI's negotiation (server.py): a first JSON message {"type": "feature_flags", "data": {...}} is kept
+        as the client's flags and answered with the server's; -> whether it was the first JSON message (text that
+        is not JSON is ignored and does not count, as there)."""
         try:
             msg = json.loads(text)
         except ValueError:
             log.info("ws %s: a message that is not JSON; ignored", sid)
-            return
+            return False
         if isinstance(msg, dict) and msg.get("type") == "feature_flags":
             flags = msg.get("data")
             self.client_flags[sid] = flags if isinstance(flags, dict) else {}
             await self._send(sid, ws, "feature_flags", self.server_flags)
+        return True
 
     async def send(self, kind: str, data: dict, sid: str | None = None) -> None:
         """To client `sid`, or to every client when None (an unknown sid is dropped, as ComfyUI does)."""
