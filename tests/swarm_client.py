@@ -46,8 +46,7 @@ class SwarmComfy:
     _id: str = ""
 
     def _http(self, method: str, path: str, **kw) -> requests.Response:
-        r = requests.request(method, f"{self.url.rstrip('/')}/{path}", timeout=self.timeout_s, **kw)
-        return r
+        return requests.request(method, f"{self.url.rstrip('/')}/{path}", timeout=self.timeout_s, **kw)
 
     def _post_text(self, path: str, obj: dict) -> requests.Response:
         """SwarmUI posts queue/interrupt/history edits as StringContent: text/plain; charset=utf-8."""
