@@ -19,7 +19,7 @@ from orchestrator.heartbeat import Heartbeats
 from orchestrator.job_record import ORIGIN, UNREADABLE, JobEntry
 from orchestrator.jobs import JobError, JobStore, QueueFull
 from orchestrator.loras import LoraRefused, RunLoras
-from orchestrator.packs import read_packs, vae_pack_sizes
+from orchestrator.packs import pack_model_files, read_packs, vae_pack_sizes
 from orchestrator.prompt_spec import PromptError, resolve_prompt
 from orchestrator.runfolder import ALWAYS_ON_STAGES, ON_DEMAND_STAGES, RunFolder
 from orchestrator.supervisor import Supervisor
@@ -431,15 +431,17 @@ class Daemon:
                           version=VERSION, loras=loras)
 
     def model_files(self) -> dict[str, str]:
-        """File names of the text encoder and VAE in the models folder (what a ComfyUI loader names); {} unknown."""
+        """File names of the text encoder and VAE (what a ComfyUI loader names): those the packs the stages run were
+        made from, else the models folder's; {} unknown."""
         if self._model_files is None:
             from models.models_dir import resolve_models
+            self._model_files = pack_model_files(self.cfg)         # a bundle's: the files its packs came from
+            need = tuple(k for k in ("text_encoder", "vae") if k not in self._model_files)
             try:
-                paths = resolve_models(self.cfg.models_dir, {}, need=("text_encoder", "vae"))
-                self._model_files = {k: getattr(paths, k).name for k in ("text_encoder", "vae")}
+                paths = resolve_models(self.cfg.models_dir, {}, need=need) if need else None
+                self._model_files.update({k: getattr(paths, k).name for k in need})
             except (ValueError, OSError) as e:
                 log.info("model file names unknown (%s)", e)
-                self._model_files = {}
         return self._model_files
 
     def job_info(self, entry: JobEntry, pending_ids: list[str], detail: bool = False, record=None) -> m.JobInfo:

@@ -672,7 +672,8 @@ class JobFlow:
         return graph if isinstance(graph, dict) and graph else None
 
     def _model_names(self):
-        """The loaders' file names in the PNG's ComfyUI graph: the pack's checkpoint, the models folder's files."""
+        """The loaders' file names in the PNG's ComfyUI graph: the pack's checkpoint, the text encoder's and VAE's
+        (Daemon.model_files: a bundle's packs' sources, else the models folder's files)."""
         from orchestrator.comfy_graph import ModelNames
         files = self.d.model_files()
         return ModelNames(unet=tuple(filter(None, [self.pack.source_name])),

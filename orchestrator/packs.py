@@ -100,3 +100,28 @@ def vae_pack_sizes(cfg) -> list[tuple[int, int]] | None:
             continue
         sizes.append((p.width, p.height))
     return sizes
+
+
+def pack_model_files(cfg) -> dict[str, str]:
+    """The file names the encoder pack and the VAE packs were made from (their manifests' sources: what a ComfyUI
+    client names in CLIPLoader and VAELoader), for the stages that run packs here; a pack that cannot be read, or a
+    stage that runs elsewhere or on model files (torch), adds nothing."""
+    from models.manifest import ManifestError, manifest_json
+    base, out = Path(cfg.path).parent, {}
+    enc, vae = cfg.stage_settings("encoder"), cfg.stage_settings("vae")
+    picks = []
+    if enc.get("backend", "torch") != "torch" and enc.get("pack") and not cfg.is_remote("encoder"):
+        picks.append(("text_encoder", enc["pack"], ("sources", "text_encoder", "name")))
+    dirs = vae.get("vae_pack") or []
+    if vae.get("backend", "torch") != "torch" and dirs and not cfg.is_remote("vae"):
+        picks += [("vae", d, ("source", "name")) for d in ([dirs] if isinstance(dirs, str) else dirs)]
+    for key, folder, path in picks:
+        try:
+            entry = manifest_json(base / str(folder))
+            for part in path:
+                entry = entry[part]
+        except (ManifestError, KeyError, TypeError):
+            continue
+        if isinstance(entry, str) and entry and key not in out:    # the VAE packs of several sizes share one file
+            out[key] = entry
+    return out

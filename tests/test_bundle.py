@@ -351,3 +351,39 @@ def test_bundle_records_the_models_sampling(cpu_bundle, tiny_bundle, tmp_path, c
         read_bundle(out)
     assert models_main(base + ["--sampling-json", '{"steps": 8}']) == 2
     assert "--sampling-json" in capsys.readouterr().err
+
+
+def test_bundle_run_folder_lists_and_checks_its_loader_names(cpu_bundle, tiny_bundle, tmp_path, capsys):
+    """Issue 44 item 9: on an `init --bundle` run folder the text encoder and the VAE are packs; the loaders list
+    the files those packs were made from (a client that builds its graph from /object_info finds them), and any
+    other name is refused as ComfyUI refuses one not in its list."""
+    from models.models_dir import resolve_models
+    from orchestrator.comfy_graph import GraphError, ModelNames, graph_to_job, node_table, object_info
+    from orchestrator.packs import pack_model_files
+    from stages.config import load_config
+    from tests.comfy_graphs import standard_graph
+    run = tmp_path / "run"
+    assert cli.main(["--run", str(run), "init", "--bundle", str(cpu_bundle[0])]) == 0
+    capsys.readouterr()
+    cfg = load_config(run / "pipeline.toml")
+    files = pack_model_files(cfg)
+    src = resolve_models(tiny_bundle, {}, need=("dit", "text_encoder", "vae"))
+    assert files == {"text_encoder": src.text_encoder.name, "vae": src.vae.name}
+    # what the daemon answers INFO with (and the front lists): the packs' sources, the run folder's models/ holding
+    # only loras/ (before: nothing, and every name was taken)
+    from types import SimpleNamespace
+    from orchestrator.daemon import Daemon
+    assert Daemon.model_files(SimpleNamespace(cfg=cfg, _model_files=None)) == files
+    names = ModelNames(unet=(src.dit.name,), clip=(files["text_encoder"],), vae=(files["vae"],), sizes=((128, 128),))
+    info = object_info(node_table(names))
+    assert info["CLIPLoader"]["input"]["required"]["clip_name"][0] == [src.text_encoder.name]
+    assert info["VAELoader"]["input"]["required"]["vae_name"][0] == [src.vae.name]
+    good = {"unet": src.dit.name, "clip": src.text_encoder.name, "vae": src.vae.name}
+    graph_to_job(standard_graph(width=128, height=128, names=good), names=names, sizes=[(128, 128)])
+    for key, cls in (("clip", "CLIPLoader"), ("vae", "VAELoader")):
+        with pytest.raises(GraphError) as e:
+            graph_to_job(standard_graph(width=128, height=128, names={**good, key: "other.safetensors"}),
+                         names=names, sizes=[(128, 128)])
+        errors = [err for node in e.value.body()["node_errors"].values() for err in node["errors"]
+                  if node["class_type"] == cls]
+        assert [err["type"] for err in errors] == ["value_not_in_list"], e.value.body()

@@ -239,7 +239,7 @@ def test_daemon_down_is_503_then_back(d):
     try:
         for method, path, body in (("GET", "queue", None), ("POST", "prompt", {"prompt": graph()}),
                                    ("GET", "history", None), ("POST", "sdapi/v1/txt2img", {"prompt": "x"}),
-                                   ("GET", "anima/jobs", None)):
+                                   ("GET", "anima/jobs", None), ("GET", "object_info", None)):
             t0 = time.monotonic()
             r = requests.request(method, url + path, json=body, timeout=30)
             assert r.status_code == 503, (path, r.status_code, r.text)

@@ -247,3 +247,22 @@ def test_a_comfy_hires_graph_runs_both_passes(pipe, reference_job):
     sent = json.loads(im.text["prompt"])
     assert sent["51"]["inputs"]["latent_image"] == ["50", 0] and sent["50"]["class_type"] == "LatentUpscaleBy"
     assert api.get_history(job.job)[job.job]["prompt"][2]["51"]["class_type"] == "KSampler"
+
+
+def test_swarm_protocol_client_gets_the_reference_image(pipe, reference_job):
+    """The one real-pipeline check of the SwarmUI backend (the dispatch itself: tests/test_swarm_backend.py on
+    stand-in stages): what SwarmUI's ComfyUI backend sends gets, for the same graph and seed, the pixels the
+    reference job made on this front (the image a job gets does not depend on which client or backend sent it)."""
+    from tests.swarm_client import SwarmComfy
+    c = SwarmComfy(url_of(pipe).rstrip("/"), timeout_s=JOB_S)
+    try:
+        c.load_value_set()
+        names = {"unet": c.models["Stable-Diffusion"][0], "clip": c.models["CLIP"][0], "vae": c.models["VAE"][0]}
+        graph = standard_graph(prompt=PROMPT, negative=NEGATIVE, seed=SEED, steps=STEPS, cfg=CFG, names=names)
+        [png] = c.generate(graph)
+    finally:
+        c.close()
+    kinds = [k for k, _ in c.messages]
+    assert kinds[0] == "execution_start" and "progress" in kinds and kinds[-2:] == ["execution_success", "executing"]
+    pixels = lambda b: np.asarray(Image.open(io.BytesIO(b)).convert("RGB"))  # noqa: E731
+    assert np.array_equal(pixels(png), pixels(reference_job[1]))

@@ -51,7 +51,8 @@ class Front:
 def make_front(cfg, settings: HttpSettings, token: str | None) -> Front:
     rf = RunFolder(cfg.run_dir.resolve())
     link = DaemonLink(rf.daemon_endpoint, settings.request_timeout_s)
-    hub = Hub()
+    # ComfyUI's server flags, less what this front does not do: it sends no previews (binary frames) at all
+    hub = Hub({"supports_preview_metadata": False, "max_upload_size": settings.max_upload_bytes})
     loras = LoraListing(cfg.models_dir)         # the LoRA list as the folder is now, not as it was at start
     return Front(cfg, rf, settings, token, link, hub, Tracker(link, hub, settings.poll_s, loras))
 

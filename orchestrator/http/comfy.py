@@ -6,11 +6,13 @@
     POST /queue {"clear": true} | {"delete": [id]}   -> 200: waiting prompts removed (a running one is left alone)
     POST /interrupt [{"prompt_id"}]                  -> 200: the running job is cancelled
     GET  /history[?max_items=N], /history/{id}       -> {prompt_id: {"prompt", "outputs", "status", "meta"}}
+    POST /history {"delete": [id]} | {"clear": true} -> 200: accepted; the board's job records stay (prune)
     GET  /view?filename=&subfolder=&type=output      -> the file (image.png, timing.png, report.json of a job)
     POST /upload/image, /upload/mask; GET /view?type=input|temp -> uploaded images (orchestrator/http/uploads.py)
     GET  /system_stats, /object_info[/{class}], /embeddings
     GET  /ws?clientId=                               -> status, execution_start, executing, progress, executed,
-                                                        execution_success | execution_error | execution_interrupted
+                                                        execution_success | execution_error | execution_interrupted;
+                                                        a first feature_flags from the client is answered
 Every route is also served under /api (as ComfyUI does). The prompt id is the job id.
 """
 from __future__ import annotations
@@ -100,10 +102,7 @@ async def post_queue(request: web.Request) -> web.Response:
     still waits: CANCEL queued_only), an unknown or finished one ignored."""
     front = request.app[FRONT]
     body = await read_json(request)
-    delete = body.get("delete", [])
-    if not isinstance(delete, list) or len(delete) > MAX_HISTORY_ITEMS or not all(isinstance(d, str) for d in delete):
-        raise refuse(400, f"delete must be a list of at most {MAX_HISTORY_ITEMS} prompt ids", field="delete")
-    ids = [d for d in delete if JOB_ID_RE.match(d)]
+    ids = [d for d in _prompt_ids(body, "delete") if JOB_ID_RE.match(d)]
     if body.get("clear"):
         ids += [j.id for j in (await front.tracker.fresh(0.0)).values() if not j.running]
     for job_id in dict.fromkeys(ids):
@@ -157,6 +156,25 @@ async def get_history(request: web.Request) -> web.Response:
     return json_response({j.id: shapes.history_entry(j, names) for j in out[-max_items:]})
 
 
+def _prompt_ids(body: dict, key: str) -> list[str]:
+    """body[key] (absent: none) as ComfyUI's list of prompt ids; else a 400 naming the field."""
+    ids = body.get(key, [])
+    if not isinstance(ids, list) or len(ids) > MAX_HISTORY_ITEMS or not all(isinstance(d, str) for d in ids):
+        raise refuse(400, f"{key} must be a list of at most {MAX_HISTORY_ITEMS} prompt ids", field=key)
+    return ids
+
+
+async def post_history(request: web.Request) -> web.Response:
+    """ComfyUI's history edits ({"delete": [id]}, {"clear": true}: what SwarmUI sends after it took a prompt's
+    images) are accepted and change nothing: the front keeps no history of its own, and a job's record, folder and
+    image are the board's, kept until `orchestrator prune` (docs/http.md)."""
+    body = await read_json(request)
+    _prompt_ids(body, "delete")
+    if not isinstance(body.get("clear", False), bool):
+        raise refuse(400, "clear must be true or false", field="clear")
+    return web.Response(status=200)
+
+
 async def get_history_item(request: web.Request) -> web.Response:
     front = request.app[FRONT]
     prompt_id = request.match_info["prompt_id"]
@@ -204,6 +222,9 @@ async def get_system_stats(request: web.Request) -> web.Response:
 
 
 async def get_object_info(request: web.Request) -> web.Response:
+    # asked of the daemon each time: a client's liveness check (SwarmUI's) sees a 503 while the daemon is down, and
+    # the model lists are the daemon's, never a guess that would take any name
+    await request.app[FRONT].tracker.info(fresh=True)
     names = await request.app[FRONT].tracker.names()
     # the loaders' image choices are the input folder's (the node table's are not listed there)
     info = {**object_info(node_table(names)), **uploads.loader_nodes(uploads.input_images(request.app[FRONT]))}
@@ -223,7 +244,7 @@ async def websocket(request: web.Request) -> web.StreamResponse:
 
 ROUTES = [("POST", "/prompt", post_prompt), ("GET", "/prompt", get_prompt), ("GET", "/queue", get_queue),
           ("POST", "/queue", post_queue),
-          ("POST", "/interrupt", post_interrupt), ("GET", "/history", get_history),
+          ("POST", "/interrupt", post_interrupt), ("GET", "/history", get_history), ("POST", "/history", post_history),
           ("GET", "/history/{prompt_id}", get_history_item), ("GET", "/view", get_view),
           ("GET", "/system_stats", get_system_stats), ("GET", "/object_info", get_object_info),
           ("GET", "/object_info/{node_class}", get_object_info), ("GET", "/embeddings", get_embeddings),

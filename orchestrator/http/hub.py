@@ -1,7 +1,10 @@
-"""WebSocket clients of `/ws?clientId=`: ComfyUI's messages {"type", "data"} to one client or to all."""
+"""WebSocket clients of `/ws?clientId=`: ComfyUI's messages {"type", "data"} to one client or to all, and the one
+message a client may send, ComfyUI's `feature_flags` (its first message: the client's flags kept, the server's
+answered)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 
@@ -15,9 +18,11 @@ SEND_TIMEOUT_S = 5.0            # a client that does not read is dropped rather 
 
 
 class Hub:
-    def __init__(self):
+    def __init__(self, server_flags: dict | None = None):
         self.sockets: dict[str, web.WebSocketResponse] = {}
         self.on_connect = None           # async callable(sid) -> list of (type, data) to greet a client with
+        self.server_flags = server_flags or {}      # answered to a client's feature_flags
+        self.client_flags: dict[str, dict] = {}     # what each client said it supports
 
     def __len__(self) -> int:
         return len(self.sockets)
@@ -41,13 +46,32 @@ class Hub:
             if self.on_connect is not None:
                 for kind, data in await self.on_connect(sid):
                     await self._send(sid, ws, kind, data)
-            async for msg in ws:                 # clients have nothing to say; read to notice the close
+            first = True
+            async for msg in ws:                 # read to notice the close, and a first feature_flags
                 if msg.type == WSMsgType.ERROR:
                     log.warning("ws %s closed with %s", sid, ws.exception())
+                elif msg.type == WSMsgType.TEXT and first:
+                    first = not await self._first_message(sid, ws, msg.data)
         finally:
             if self.sockets.get(sid) is ws:
                 del self.sockets[sid]
+                self.client_flags.pop(sid, None)
         return ws
+
+    async def _first_message(self, sid: str, ws: web.WebSocketResponse, text: str) -> bool:
+        """ComfyUI's negotiation (server.py): a first JSON message {"type": "feature_flags", "data": {...}} is kept
+        as the client's flags and answered with the server's; -> whether it was the first JSON message (text that
+        is not JSON is ignored and does not count, as there)."""
+        try:
+            msg = json.loads(text)
+        except ValueError:
+            log.info("ws %s: a message that is not JSON; ignored", sid)
+            return False
+        if isinstance(msg, dict) and msg.get("type") == "feature_flags":
+            flags = msg.get("data")
+            self.client_flags[sid] = flags if isinstance(flags, dict) else {}
+            await self._send(sid, ws, "feature_flags", self.server_flags)
+        return True
 
     async def send(self, kind: str, data: dict, sid: str | None = None) -> None:
         """To client `sid`, or to every client when None (an unknown sid is dropped, as ComfyUI does)."""

@@ -45,8 +45,9 @@ class Tracker:
 
     # ------------------------------------------------------------ what handlers ask
 
-    async def info(self) -> m.Pipeline:
-        if self.pipeline is None:
+    async def info(self, fresh: bool = False) -> m.Pipeline:
+        """The daemon's INFO, asked once (with `fresh`, again: DaemonDown when it does not answer)."""
+        if self.pipeline is None or fresh:
             self.pipeline = await self.link.call(m.Info(), m.Pipeline)
         return self.pipeline
 
