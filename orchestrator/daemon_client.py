@@ -1,7 +1,7 @@
 """The job daemon's client: `call(msg, expect)` sends a request through a transport and reads its reply one way.
 
 The transports: the daemon's ipc socket with Lazy Pirate retries (`DaemonClient.socket`: the CLI, the demo, the
-test harnesses) and a `Daemon` in this process (`DaemonClient.in_process`: tools and tests, no socket). The HTTP
+test harnesses) and a `Daemon` in this process (`DaemonClient.in_process`: no socket; tests/inproc.py). The HTTP
 front's asyncio DEALER (orchestrator.http.link.DaemonLink), many requests in flight, reads its replies with the
 same `read_reply`. A reply is the expected message, or DaemonRefused (the daemon's ERROR, its words kept), or
 DaemonDown (no answer in time, not running, or an answer of another kind); each caller words those its own way

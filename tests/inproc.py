@@ -1,11 +1,8 @@
-"""The job daemon served in this process: the CLI's requests answered by `Daemon.handle`, no socket between.
-
-`orchestrator.cli.DaemonClient` talks to the daemon supervisord runs, over its ipc socket; `InprocClient` has the
-same `call(msg, expect_cls)` / `close()` and hands each request to a `Daemon` built here (through
-`orchestrator.daemon_client.DaemonClient.in_process`, the same client and reply reader) (the way vLLM offers an
-in-process engine client beside its multiprocess one). The queue, the job store, the checks at submit and prune's
-batches are the daemon's own code; only the stages are absent, so no job runs. Tests and tools use it to drive
-`orchestrator submit|status|cancel|resume|prune` without starting a pipeline:
+"""Test support: the job daemon of a run folder served in this process, the CLI's requests answered by
+`Daemon.handle` with no socket between (orchestrator.daemon_client.DaemonClient.in_process: the same client and reply
+reader as over the socket). The queue, the job store, the checks at submit and prune's batches are the daemon's own
+code; only the stages are absent, so no job runs. Tests drive `orchestrator submit|status|cancel|resume|prune`
+with it without starting a pipeline:
 
     with InprocClient.open(rf) as client:
         cli.main(["--run", str(rf.root), "prune", "--keep", "1"], connect=client.connect)
