@@ -57,6 +57,7 @@ class DaemonClient:
     def __init__(self, send: Callable[[m.Message], m.Message], close: Callable[[], None] = lambda: None,
                  errors: Callable[[Exception], Exception] = _as_is):
         self._send, self._close, self._errors = send, close, errors
+        self.client = None             # socket(): the raw Lazy Pirate (a request sent as it is, its reply not read)
 
     def call(self, msg: m.Message, expect: type[m.Message]) -> m.Message:
         try:
@@ -95,7 +96,7 @@ class DaemonClient:
             link.close()
             ctx.term()
         client = cls(send, close, errors)
-        client.client = link           # the raw Lazy Pirate: a request sent as it is, its reply not read
+        client.client = link
         return client
 
     @classmethod
