@@ -130,8 +130,8 @@ def shared_table(steps: list, policy: str, ram_gb, vae: str = "cpu") -> tuple:
     """The rows bench/overhead.py prints (one table code), from this run's measured steps -> (lines, row dicts).
     The denoise is measured; the job's encode/decode are bench/overhead.py's figures (reference sd.cpp CPU VAE and
     the encoder estimate), said so; the last line is the interface line both benches end with."""
-    from models.board.account import (POLICY_HEADER, format_policy_line, format_rows, job_figures,
-                                               project, projection_notes, rows_from_steps, summary_line)
+    from bench.board_table import POLICY_HEADER, format_policy_line, format_rows, projection_notes, summary_line
+    from models.board.account import job_figures, project, rows_from_steps
     from models.board.cost import BoardModel
     rows = rows_from_steps(steps)                       # no model: every figure as measured on this board
     lines = ["== the rows of bench/overhead.py, measured on this board"] + format_rows("measured", rows)

@@ -39,7 +39,7 @@ from bench.fuzz_inputs import InputRequests, input_images, upload  # noqa: E402
 from bench.fuzz_live import FUZZ_TOML, settle_jobs  # noqa: E402
 from models.lora.synth import lora_entries, write_lora  # noqa: E402
 from models.safetensors_io import TensorEntry, write_safetensors  # noqa: E402
-from protocol.fuzzing import json_variant  # noqa: E402
+from tests.fuzzing import json_variant  # noqa: E402
 from tests.comfy_graphs import standard_graph  # noqa: E402
 
 PROGRAMS = ("orchestrator", "scheduler", "executor", "http")     # always on: a pid change is a death

@@ -1,5 +1,5 @@
 """Live fuzz targets on the real pipeline (tests/pipeline_harness.py: supervisord and the real programs): the VAE
-stage's DECODE and the orchestrator daemon's SUBMIT and STATUS, driven by protocol.fuzzing.fuzz_live. Used by
+stage's DECODE and the orchestrator daemon's SUBMIT and STATUS, driven by tests.fuzzing.fuzz_live. Used by
 bench/fuzz_protocol.py (`--live`) and tests/test_stage_hardening.py (CI counts).
 
     from bench.fuzz_live import FUZZ_TOML, live_targets
@@ -27,7 +27,7 @@ import zmq
 from orchestrator.cli import CliError
 from protocol import messages as m
 from protocol.arena import Arena, segment_name
-from protocol.fuzzing import LiveTarget, carried, json_variant
+from tests.fuzzing import LiveTarget, carried, json_variant
 from protocol.prompt import PromptFile
 from protocol.sockets import LazyPirate
 from protocol.tensors import InlineFrames, TensorDesc

@@ -25,7 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # bench.*, tests.* when run as a script
 
 from protocol import messages as m  # noqa: E402
-from protocol.fuzzing import FuzzCounts, fuzz_kind  # noqa: E402
+from tests.fuzzing import FuzzCounts, fuzz_kind  # noqa: E402
 
 
 def _run(args: tuple[str, int, int]) -> tuple[str, FuzzCounts, float]:
@@ -103,7 +103,7 @@ def run_live(kinds: list[str], frames: int, seed: int, keep: bool):
     import zmq
 
     from bench.fuzz_live import FUZZ_TOML, live_targets, settle_jobs
-    from protocol.fuzzing import fuzz_live
+    from tests.fuzzing import fuzz_live
     from tests.pipeline_harness import Pipeline, tiny_assets
     # a `kill` (SIGTERM) unwinds like an exception: the pipeline is shut down and the fuzz arena unlinked (killed
     # mid-run without this, earlier runs left /dev/shm/anima_*_fuzz-live behind)

@@ -33,8 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from models.board import auto as board_auto  # noqa: E402
-from models.board.account import (POLICY_HEADER, VAES, format_policy_line, format_rows,  # noqa: E402
-                                  job_figures, project, projection_notes, rows_from_steps, summary_line)
+from bench.board_table import (POLICY_HEADER, format_policy_line, format_rows, projection_notes,  # noqa: E402
+                               summary_line)
+from models.board.account import VAES, job_figures, project, rows_from_steps  # noqa: E402
 from models.board.cost import BOARD_RAMS_GB, LABEL, BoardModel, Shape  # noqa: E402
 from models.board.pace import check_time_scale, scale_note  # noqa: E402
 from models.policy import parse_policy  # noqa: E402

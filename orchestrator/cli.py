@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER
+from orchestrator import daemon_client
+from orchestrator.daemon_client import DAEMON_TIMEOUT_S, DaemonRefused
 from orchestrator.prompt_spec import (PromptError, parse_prompt_obj, parse_prompt_text, prompt_record,
                                       read_prompt_file, read_prompt_stream, resolve_prompt)
 from orchestrator.runfolder import PROGRAMS, RunFolder, init_run
@@ -33,8 +35,6 @@ from orchestrator.runfolder import PROGRAMS, RunFolder, init_run
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130      # 128 + SIGINT, as shells report a Ctrl-C
 WAIT_POLL_S = 0.25          # --wait asks the daemon this often
-DAEMON_TIMEOUT_S = 5.0      # one CLI -> daemon request
-DAEMON_START_WAIT_S = 60.0  # a daemon supervisord is starting gets this long to bind its socket
 DAEMON_GONE_S = 120.0       # --wait keeps asking a daemon that stopped answering (being restarted) this long
 
 
@@ -49,88 +49,16 @@ class CliError(Exception):
 # ---------------------------------------------------------------- daemon client
 
 
-class DaemonClient:
-    """Requests to the job daemon over its ipc socket (Lazy Pirate; SUBMIT is deduplicated by request id)."""
-
-    def __init__(self, rf: RunFolder, timeout_s: float = DAEMON_TIMEOUT_S):
-        import zmq
-        from protocol.sockets import LazyPirate
-        self.rf = rf
-        self.ctx = zmq.Context()
-        self.client = LazyPirate(self.ctx, rf.daemon_endpoint, peer="orchestrator daemon", timeout_s=timeout_s,
-                                 retries=1)
-
-    def call(self, msg, expect_cls):
-        from protocol.sockets import PeerUnavailable
-        if not self.rf.daemon_sock.exists() and not self._daemon_coming():
-            raise CliError(f"the orchestrator daemon is not answering: no socket {self.rf.daemon_sock}; "
-                           f"{self._start_hint()}")
-        if not _listening(self.rf.daemon_sock) and not self._daemon_coming():
-            # a socket file left by a daemon that stopped: a request would wait out its retries for nobody
-            raise CliError(f"the orchestrator daemon is not running (nothing listens on {self.rf.daemon_sock}); "
-                           f"{self._start_hint()}")
-        try:
-            return answer(self.client.request(msg), expect_cls)
-        except PeerUnavailable:
-            raise CliError(f"the orchestrator daemon is not answering on {self.rf.daemon_endpoint}; is supervisord "
-                           f"up? (supervisorctl -c {self.rf.supervisord_conf} status)") from None
-
-    def _start_hint(self) -> str:
-        conf = self.rf.supervisord_conf
-        exe = Path(sys.executable).with_name("supervisord")
-        start = f"{exe if exe.is_file() else 'supervisord'} -c {conf}"
-        if conf.is_file():
-            return f"start it with: {start}"
-        return (f"{self.rf.root} is not a run folder yet: orchestrator --run {self.rf.root} init --bundle BUNDLE, "
-                f"then {start}")
-
-    def _daemon_coming(self) -> bool:
-        """supervisord is starting the daemon (just launched): wait for its socket instead of failing."""
-        from orchestrator.supervisor import Supervisor, SupervisorError
-        deadline = time.monotonic() + DAEMON_START_WAIT_S
-        while time.monotonic() < deadline:
-            try:
-                state = Supervisor(self.rf.supervisor_sock, timeout_s=2.0).info("orchestrator").state
-            except SupervisorError:
-                return False
-            if state not in ("STARTING", "RUNNING", "BACKOFF"):
-                return False
-            if self.rf.daemon_sock.exists():
-                return True
-            time.sleep(0.2)
-        return False
-
-    def close(self):
-        self.client.close()
-        self.ctx.term()
+def cli_error(e: Exception) -> CliError:
+    """A DaemonDown or DaemonRefused as the CLI says it: the daemon's own words, exit 2 for a request it refused
+    (bad_request, failed), 1 otherwise."""
+    code = EXIT_USAGE if isinstance(e, DaemonRefused) and e.code in ("bad_request", "failed") else EXIT_FAILED
+    return CliError(str(e), code)
 
 
-def answer(reply, expect_cls):
-    """The daemon's reply as the CLI takes it (every client's one reading): the `expect_cls` message, or CliError
-    with the daemon's own words (exit 2 for a request it refused, 1 otherwise)."""
-    from protocol.messages import RemoteError, expect
-    try:
-        return expect(reply, expect_cls, "orchestrator daemon")
-    except RemoteError as e:
-        code = EXIT_USAGE if e.code in ("bad_request", "failed") else EXIT_FAILED
-        raise CliError(e.reply.message, code) from None
-
-
-def _listening(path: Path) -> bool:
-    """Something accepts connections on the unix socket `path` (ZeroMQ's ipc:// is one); a refused connect is a
-    socket file its process left behind."""
-    import socket
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(1.0)
-    try:
-        s.connect(str(path))
-        return True
-    except (ConnectionRefusedError, FileNotFoundError):
-        return False
-    except OSError:                  # anything else (a busy backlog, permissions): let the request say what it is
-        return True
-    finally:
-        s.close()
+def DaemonClient(rf: RunFolder, timeout_s: float = DAEMON_TIMEOUT_S) -> daemon_client.DaemonClient:  # noqa: N802
+    """The CLI's daemon client: the one over the daemon's socket, its failures as CliError."""
+    return daemon_client.DaemonClient.socket(rf, timeout_s, errors=cli_error)
 
 
 # ---------------------------------------------------------------- commands
@@ -825,7 +753,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None, *, connect: Callable[[RunFolder], object] | None = None) -> int:
     """`connect(rf)` -> the daemon client the job commands use: DaemonClient (its socket) unless given, e.g.
-    orchestrator.inproc.InprocClient's daemon in this process."""
+    one to a daemon in this process (orchestrator.daemon_client.DaemonClient.in_process)."""
     args = build_parser().parse_args(argv)
     args.connect = connect or DaemonClient
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,

@@ -21,6 +21,8 @@ from models.packs.pack import PackError, load_pack
 from models.dit.partition import TEXT_TOKENS, context_rows
 from orchestrator.estimate import safe_estimate
 from orchestrator.job_arena import create_job_arena
+from orchestrator.job_files import (COND_FILE, HIRES_TEXT_FILE, INIT_IMAGE_FILE, INIT_LATENT_FILE, MASK_FILE,
+                                    REPORT_FILE, TEXT_FILE, UNCOND_FILE, batch_name)
 from orchestrator.loras import LoraRefused
 from orchestrator.prompt_spec import PromptSpec, output_file
 from orchestrator.report import JobReport, png_metadata, text_record
@@ -40,20 +42,6 @@ def lora_places(layers: dict, lora_rank: int) -> dict:
              "adapter": "encoder: merged into the LLM adapter for this job",
              "te": "encoder: merged into the Qwen3 text encoder for this job"}
     return {place: where[place] for place in layers}
-
-
-TEXT_FILE = "text.json"          # the prompts' T5 token counts (report `text`), kept for a resume
-INIT_LATENT_FILE = "init_latent.npy"   # img2img: the init image's VAE latent, encoded once
-HIRES_LATENT_FILE = "hires_latent.npy"   # hires fix: the second pass's latent (latent.npy keeps the first pass's)
-HIRES_TEXT_FILE = "hires_text.json"      # the second pass's own prompts: their token counts (hires_cond/uncond.npy)
-HIRES_INIT_FILE = "hires_init.npy"       # the pixel path: the scaled first image encoded again, the second start
-FIRST_IMAGE_FILE = "first.png"           # the pixel path: the first pass's image as the VAE decoded it (8 bits)
-
-
-def batch_name(stem: str, suffix: str, pos: int) -> str:
-    """Image `pos` of a job's batch: latent.npy / image.png for the first (a single image's names), then
-    latent_1.npy, image_1.png ... (what the job folder, the report and `output` call them)."""
-    return f"{stem}{suffix}" if pos == 0 else f"{stem}_{pos}{suffix}"
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
@@ -127,17 +115,17 @@ class JobFlow:
                 finally:                     # a failed job's report shows how far each phase got
                     self.report.phases.append([state, round(t0, 3), round(self.report.since_start(), 3)])
             self.report.finished = time.time()
-            self.report.write(self.dir / "report.json")
+            self.report.write(self.dir / REPORT_FILE)
             self._timing_plot()
             self.store.transition(job.id, "done", (self.report.delivery or {}).get("note", ""),
-                                  image=self.report.image, report=str(self.dir / "report.json"))
+                                  image=self.report.image, report=str(self.dir / REPORT_FILE))
         except Cancelled:
             self.control.stop_quietly()
             self.store.transition(job.id, "cancelled", "cancelled by the user")
         except StageFailed as e:
             log.error("job %s failed: %s", job.id, e)
             self.control.stop_quietly()
-            self.report.write(self.dir / "report.json")
+            self.report.write(self.dir / REPORT_FILE)
             self._timing_plot()
             self.store.fail(job.id, e.stage, e.message)
         except Stopping:
@@ -162,7 +150,7 @@ class JobFlow:
         limit = self.settings.timing_plot_timeout_s
         if not limit:                        # turned off ([stage.orchestrator] timing_plot_timeout_s = 0)
             return
-        cmd = [sys.executable, "-m", "orchestrator.timing_plot", str(self.dir / "report.json"),
+        cmd = [sys.executable, "-m", "orchestrator.timing_plot", str(self.dir / REPORT_FILE),
                "--parent", str(os.getpid())]
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)   # stderr: our log
@@ -336,10 +324,10 @@ class JobFlow:
             return
         t0, remote = time.monotonic(), self.cfg.is_remote("vae")
         try:
-            grey = (self.dir / "mask.png").read_bytes() if self.spec.grow_mask_by is not None else None
-            image = image_tensor((self.dir / "init_image.png").read_bytes(), grey)   # [3, H, W] f32 in [-1, 1]
+            grey = (self.dir / MASK_FILE).read_bytes() if self.spec.grow_mask_by is not None else None
+            image = image_tensor((self.dir / INIT_IMAGE_FILE).read_bytes(), grey)   # [3, H, W] f32 in [-1, 1]
         except (OSError, ValueError) as e:     # removed or damaged since submit: the job cannot start from it
-            raise StageFailed("orchestrator", f"the job's init image {self.dir / 'init_image.png'} cannot be read "
+            raise StageFailed("orchestrator", f"the job's init image {self.dir / INIT_IMAGE_FILE} cannot be read "
                                               f"({e}); submit the job again") from None
         self.control.bring_up("vae")
         _save_npy(self.dir / INIT_LATENT_FILE, self._vae_encode(image, self.pack.latent_shape, inline=remote))
@@ -415,8 +403,8 @@ class JobFlow:
                 raise StageFailed("encoder", f"ENCODED points at slot {theirs.slot!r}, expected {mine.slot!r}")
         self.report.text = text_record(reply.tokens_cond, reply.tokens_uncond, reply.truncated, self.pack.text_tokens)
         atomic_write(self.dir / TEXT_FILE, json.dumps(self.report.text))   # before the contexts: a resume reads both
-        _save_npy(self.dir / "cond.npy", self.arena.read(self.cond))
-        _save_npy(self.dir / "uncond.npy", self.arena.read(self.uncond))
+        _save_npy(self.dir / COND_FILE, self.arena.read(self.cond))
+        _save_npy(self.dir / UNCOND_FILE, self.arena.read(self.uncond))
         self.report.encoder_timings = dict(reply.timings)
 
     def _context_rows(self) -> tuple:
@@ -609,7 +597,7 @@ class JobFlow:
                                               "job to encode the init image again)")
         self.arena.write(self.init_latent, latent)
         out = {"init_latent": self.init_latent}
-        mask_png = self.dir / "mask.png"
+        mask_png = self.dir / MASK_FILE
         if mask_png.exists():
             mask = prepare_mask(mask_array(mask_png.read_bytes(), self.spec.grow_mask_by),
                                 (1, *self.pack.latent_shape))[0]

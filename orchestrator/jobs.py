@@ -17,25 +17,16 @@ from pathlib import Path
 from models.durable import atomic_write, fsync_dir, remove_stale_temporaries
 from models.schema import SchemaError
 from orchestrator.inputs import keep_in_job
+from orchestrator.job_files import DAEMON_FILES, JOB_FILE
 from orchestrator.job_record import (FINISHED, JOB_ID_RE, MAX_HISTORY, STAGES, TRANSITIONS, UNREADABLE, Job,
                                      JobEntry, job_json, record_text)
-from protocol.prompt import MAX_BATCH
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_QUEUE = 16          # queued + running jobs
 DEFAULT_MIN_FREE_MB = 64        # free disk space needed to accept a job
-JOB_FILE = "job.json"
 NEW_PREFIX = ".new-"            # a job folder being made (hidden; renamed to its id with its first job.json inside)
 GONE_PREFIX = ".gone-"          # a job folder being removed (renamed aside first, then deleted)
-# files only the daemon writes in a job folder: their temporaries are stale whenever a daemon starts
-DAEMON_FILES = (JOB_FILE, "text.json", "cond.npy", "uncond.npy", "latent.npy", "report.json",
-                *(f"latent_{pos}.npy" for pos in range(1, MAX_BATCH)),      # a batch's other latents
-                # a hires fix's: its own prompts' contexts, and per image its second pass's latent, the pixel
-                # path's decoded first image and encoded start (orchestrator/flow.py)
-                "hires_text.json", "hires_cond.npy", "hires_uncond.npy",
-                *(f"{stem}{'' if pos == 0 else f'_{pos}'}{suffix}" for pos in range(MAX_BATCH)
-                  for stem, suffix in (("hires_latent", ".npy"), ("hires_init", ".npy"), ("first", ".png"))))
 LEGACY_SUFFIXES = (".tmp", ".tmp.npy", ".new")   # write-then-rename names used before models.durable
 STALE_TEMP_S = 600.0            # a stage's temporary this old (or older than the boot) is not being written
 

@@ -89,12 +89,6 @@ class _UnixTransport(xmlrpc.client.Transport):
         return _UnixConnection(self._path, self._timeout)
 
 
-def socket_path_from_url(url: str) -> str:
-    if not url.startswith("unix://"):
-        raise SupervisorError(f"supervisord serverurl {url!r}: only unix:// sockets are supported")
-    return url[len("unix://"):]
-
-
 class Supervisor:
     """A client for one supervisord. Every call opens the socket afresh, so it survives supervisord restarts."""
 

@@ -109,10 +109,10 @@ def board_pipeline(pipeline_assets, board_stages):
 @pytest.fixture
 def inproc_daemon(tmp_path):
     """A run folder (tmp_path/run) on a 64x64 manifest-only pack with its job daemon in this process
-    (orchestrator.inproc.InprocClient): `cli.main(argv, connect=client.connect)` runs the job commands against the
+    (tests.inproc.InprocClient): `cli.main(argv, connect=client.connect)` runs the job commands against the
     daemon's own queue and checks, no pipeline started (so no job runs)."""
     import sys
-    from orchestrator.inproc import InprocClient
+    from tests.inproc import InprocClient
     from orchestrator.runfolder import init_run
     from tests.doubles_harness import fake_pack
     rf = init_run(tmp_path / "run", python=sys.executable)

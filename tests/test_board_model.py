@@ -206,7 +206,8 @@ def test_auto_more_memory_never_slower(model):
 
 def test_rows_and_projection(model):
     """Paced seconds / time_scale + what was measured here, unscaled; the 20-step Spectrum job from the rows."""
-    from models.board.account import format_policy_line, format_rows, job_figures, project, rows_from_steps
+    from bench.board_table import format_policy_line, format_rows
+    from models.board.account import job_figures, project, rows_from_steps
     steps = [{"step": 1, "computed": True, "wall_s": 61.0, "infer_s": 42.0, "lifecycle_s": 16.0, "host_s": 2.3,
               "transport_s": 0.5, "calls": 84},
              {"step": 2, "computed": True, "wall_s": 60.0, "infer_s": 42.0, "lifecycle_s": 15.0, "host_s": 2.3,
@@ -233,8 +234,8 @@ def test_board_bench_prints_the_overhead_rows(model):
     labelled measured, and ends with the same interface line; it imports on a machine without RKNNLite."""
     import importlib.util
     from pathlib import Path
-    from models.board.account import (POLICY_HEADER, format_policy_line, format_rows, job_figures, project,
-                                               rows_from_steps)
+    from bench.board_table import POLICY_HEADER, format_policy_line, format_rows
+    from models.board.account import job_figures, project, rows_from_steps
     path = Path(__file__).resolve().parents[1] / "bench" / "board.py"
     spec = importlib.util.spec_from_file_location("bench_board", path)
     board = importlib.util.module_from_spec(spec)

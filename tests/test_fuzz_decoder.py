@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from protocol import codec
 from protocol import messages as m
-from protocol.examples import examples
+from tests.protocol_examples import examples
 from protocol.fields import ProtocolError
-from protocol.fuzzing import fuzz_kind
+from tests.fuzzing import fuzz_kind
 from protocol.sockets import make_socket
 from stages.base import StageProc
 from stages.config import parse_config

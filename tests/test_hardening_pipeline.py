@@ -17,7 +17,7 @@ import zmq
 
 from orchestrator.jobs import JobStore
 from protocol import messages as m
-from protocol.fuzzing import request_once, submit_frames
+from tests.fuzzing import request_once, submit_frames
 from tests.pipeline_harness import Pipeline
 
 pytestmark = pytest.mark.slow

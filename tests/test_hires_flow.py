@@ -308,6 +308,11 @@ def test_the_pixel_path_decodes_scales_and_encodes_each_image_of_a_batch(d, meth
         assert f"Batch size: 2, Batch pos: {pos}," in p and f"Hires upscaler: {upscaler}," in p, p
     report = json.loads((jd / "report.json").read_text())
     assert [i["latent"].rsplit("/", 1)[1] for i in report["images"]] == ["hires_latent.npy", "hires_latent_1.npy"]
+    from orchestrator.job_files import JOB_FILES, names
+    table = {n for f in JOB_FILES for n in names(f)}
+    left = {p.name for p in jd.iterdir() if p.is_file()} - {"state.json"}     # the scheduler double's step state
+    assert {"first_1.png", "hires_init_1.npy", "hires_latent_1.npy", "latent_1.npy", "report.json"} <= left
+    assert left <= table, left - table             # every file the flow left is in the job folder's one table
 
 
 def test_a_pixel_hires_batch_killed_mid_encode_and_mid_second_pass_resumes_to_the_same_latents(d):

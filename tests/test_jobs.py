@@ -510,3 +510,36 @@ def test_other_names_that_reach_files_refuse_a_trailing_newline(tmp_path):
     with pytest.raises(ArenaError, match="not usable in a segment name"):
         segment_name(tmp_path, "job\n")
     assert segment_name(tmp_path, "job")
+
+
+def test_daemon_restart_clears_every_job_folder_temporary(tmp_path):
+    """Every file of the job-folder table leaves a torn temporary: a daemon start removes all of the daemon's own
+    (init_latent.npy's among them: it was missing from the list), a stage's only when stale."""
+    import psutil
+    from models.durable import atomic_write
+    from orchestrator.job_files import DAEMON, JOB_FILES, names
+    store = JobStore(tmp_path)
+    job = store.submit(SPEC)
+    store.transition(job.id, "encoding")
+    d = store.job_dir(job.id)
+    atomic_write(d / "init_latent.npy", b"whole")              # the file itself stays; only its torn copies go
+    before_boot = psutil.boot_time() - 60
+    daemon_temps, stale_stage, fresh_stage = [], [], []
+    for f in JOB_FILES:
+        for i, name in enumerate(names(f)):
+            temp = d / f".{name}.t{i:05d}.tmp"                 # the name atomic_write gives its temporary
+            temp.write_bytes(b"torn")
+            if f.writer == DAEMON:
+                daemon_temps.append(temp.name)
+            else:
+                old = d / f".{name}.s{i:05d}.tmp"
+                old.write_bytes(b"torn")
+                os.utime(old, (before_boot, before_boot))
+                stale_stage.append(old.name)
+                fresh_stage.append(temp.name)
+    assert ".init_latent.npy.t00000.tmp" in daemon_temps and ".job.json.t00000.tmp" in daemon_temps
+    assert ".hires_init_3.npy.t00003.tmp" in daemon_temps and ".first_1.png.t00001.tmp" in daemon_temps
+    JobStore(tmp_path, cached=True).recover()
+    left = sorted(p.name for p in d.iterdir())
+    assert left == sorted(["job.json", "init_latent.npy", *fresh_stage])      # a live stage may be writing those
+    assert (d / "init_latent.npy").read_bytes() == b"whole"

@@ -8,7 +8,7 @@ import zmq
 
 from orchestrator import cli
 from protocol import messages as m
-from protocol.fuzzing import request_once, submit_frames
+from tests.fuzzing import request_once, submit_frames
 from tests.test_orchestrator_flow import _pipeline, _prompt, _status, _wait_state, pipeline  # noqa: F401 - fixtures
 
 
@@ -164,7 +164,7 @@ def test_prune_counts_every_removed_job(inproc_daemon, tmp_path, capsys):
     """3,000 jobs removed were reported as "256 finished job(s) removed" (the reply lists at most 256). The daemon
     removes a batch per request and says `more`; the CLI asks again and counts them all (the daemon in this process:
     its store and prune are the served ones; no job needs to run)."""
-    from orchestrator.inproc import InprocClient
+    from tests.inproc import InprocClient
     rf = inproc_daemon.daemon.rf
     capsys.readouterr()
     assert cli.main(["--run", str(rf.root), "submit", str(_prompt(tmp_path))], connect=inproc_daemon.connect) == 0

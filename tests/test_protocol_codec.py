@@ -8,7 +8,7 @@ import pytest
 
 from protocol import codec
 from protocol import messages as m
-from protocol.examples import example_arrays, examples
+from tests.protocol_examples import example_arrays, examples
 from protocol.fields import MAX_TEXT_CHARS, ProtocolError
 from protocol.tensors import InlineFrames, TensorDesc, from_inline
 

@@ -13,7 +13,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from protocol import codec
 from protocol import messages as m
-from protocol.examples import examples
+from tests.protocol_examples import examples
 from protocol.sockets import (HWM_MESSAGES, CurveClient, CurveServer, EndpointError, EventPull, EventPush,
                               LazyPirate, PeerRefused, PeerUnavailable, Server, ipc_endpoint, make_socket, parse_endpoint,
                               read_keypair, serve, write_keypair)

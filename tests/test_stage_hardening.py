@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 from bench.fuzz_live import FUZZ_JOB, FUZZ_TOML, LATENT, live_targets, settle_jobs  # noqa: E402
 from protocol import messages as m  # noqa: E402
 from protocol.arena import SHM_DIR, Arena, list_segments, run_prefix, segment_name  # noqa: E402
-from protocol.fuzzing import fuzz_live  # noqa: E402
+from tests.fuzzing import fuzz_live  # noqa: E402
 from protocol.prompt import PromptFile  # noqa: E402
 from protocol.sockets import LazyPirate  # noqa: E402
 from protocol.tensors import TensorDesc  # noqa: E402

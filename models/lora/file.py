@@ -277,19 +277,5 @@ class LoraFile:
             self._sha256 = h.hexdigest()
         return self._sha256
 
-    def addnet_hash(self) -> str:
-        """sha256 (hex) of the tensor data after the header: the hash A1111 writes, 12 digits of it, under "Lora
-        hashes" (sd-webui-additional-networks' safetensors hash, which stays the same when only metadata changes)."""
-        h = hashlib.sha256()
-        with open(self.path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            f.seek(8 + n)
-            while True:
-                chunk = f.read(HASH_CHUNK)
-                if not chunk:
-                    break
-                h.update(chunk)
-        return h.hexdigest()
-
     def __repr__(self) -> str:
         return f"LoraFile({self.path!r}, {len(self.pairs)} pairs, {'/'.join(self.layouts)})"

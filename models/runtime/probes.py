@@ -144,12 +144,6 @@ def dram_devfreq(root: str = DRAM_DEVFREQ) -> Optional[dict]:
     return {"governor": gov.strip() if gov is not None else None, "cur_mhz": mhz}
 
 
-def snapshot() -> dict:
-    """Everything readable now; unreadable figures are None (a desktop has no dma-buf/NPU files)."""
-    return {"pss_kb": pss_kb(), "swap_used_kb": swap_used_kb(), "dma_buf_bytes": dma_buf_bytes(),
-            "npu_load": npu_load()}
-
-
 def soc_compatible() -> Optional[list]:
     """The device tree's compatible strings (["radxa,rock-5b", "rockchip,rk3588"]), None without a device tree
     (x86 PCs)."""

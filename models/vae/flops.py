@@ -80,8 +80,3 @@ def head_flops(cfg: VAEConfig, h: int, w: int) -> int:
     total = 4 * conv_flops(c, c, 3, h, w)                                                  # middle residuals
     total += conv_flops(c, 3 * c, 1, h, w) + conv_flops(c, c, 1, h, w) + attention_flops(cfg, h, w)
     return total + conv_flops(c, z2, 3, h, w) + conv_flops(z2, cfg.z_dim, 1, h, w)     # quant conv: the mean only
-
-
-def encoder_flops(cfg: VAEConfig, width: int, height: int) -> int:
-    """FLOPs to encode one width x height image untiled (models.vae.encoder.VAEEncoder's 2D convs)."""
-    return features_flops(cfg, width, height) + head_flops(cfg, height // cfg.upscale, width // cfg.upscale)

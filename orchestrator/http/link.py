@@ -1,6 +1,7 @@
 """The front's client of the orchestrator daemon: one DEALER socket, many requests in flight, each matched to its
-reply by id. A daemon that is down (no connection: ZMQ_IMMEDIATE refuses the send) or silent (no reply within the
-timeout) is `DaemonDown` -> 503, never a hang."""
+reply by id and read as every daemon client reads one (orchestrator.daemon_client.read_reply). A daemon that is
+down (no connection: ZMQ_IMMEDIATE refuses the send) or silent (no reply within the timeout) is `DaemonDown` -> 503,
+never a hang."""
 from __future__ import annotations
 
 import asyncio
@@ -9,28 +10,13 @@ import logging
 import zmq
 import zmq.asyncio
 
+from orchestrator.daemon_client import DaemonDown, DaemonRefused, read_reply  # noqa: F401 - theirs to catch
 from protocol import codec
 from protocol import messages as m
 from protocol.fields import ProtocolError
 from protocol.sockets import configure
 
 log = logging.getLogger(__name__)
-
-
-class DaemonDown(Exception):
-    """The daemon did not take the request or did not answer in time."""
-
-
-class DaemonRefused(Exception):
-    """The daemon answered with an ERROR: `code`, `field`, `message` as it said them."""
-
-    def __init__(self, reply: m.Error):
-        super().__init__(reply.message)
-        self.code, self.field, self.message, self.retry = reply.code, reply.field, reply.message, reply.retry
-
-    @property
-    def unknown_job(self) -> bool:
-        return self.code == "failed" and self.message.startswith("no job ")
 
 
 class DaemonLink:
@@ -93,11 +79,7 @@ class DaemonLink:
                 raise DaemonDown(f"the orchestrator daemon did not answer {msg.KIND} within {timeout_s:.0f} s") from None
         finally:
             self.pending.pop(msg.id, None)
-        if isinstance(reply, m.Error):
-            raise DaemonRefused(reply)
-        if not isinstance(reply, expect):
-            raise DaemonDown(f"the orchestrator daemon answered {msg.KIND} with {reply.KIND}")
-        return reply
+        return read_reply(reply, expect, msg.KIND)
 
     async def status_pages(self, **status):
         """The jobs of a STATUS listing page by page, the newest page first (each oldest first): a reply stops at

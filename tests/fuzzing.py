@@ -16,7 +16,7 @@ import zmq
 
 from protocol import codec
 from protocol import messages as m
-from protocol.examples import examples
+from tests.protocol_examples import examples
 from protocol.fields import ProtocolError
 from protocol.prompt import PromptFile
 

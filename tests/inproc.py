@@ -1,23 +1,19 @@
-"""The job daemon served in this process: the CLI's requests answered by `Daemon.handle`, no socket between.
-
-`orchestrator.cli.DaemonClient` talks to the daemon supervisord runs, over its ipc socket; `InprocClient` has the
-same `call(msg, expect_cls)` / `close()` and hands each request to a `Daemon` built here (the way vLLM offers an
-in-process engine client beside its multiprocess one). The queue, the job store, the checks at submit and prune's
-batches are the daemon's own code; only the stages are absent, so no job runs. Tests and tools use it to drive
-`orchestrator submit|status|cancel|resume|prune` without starting a pipeline:
+"""Test support: the job daemon of a run folder served in this process, the CLI's requests answered by
+`Daemon.handle` with no socket between (orchestrator.daemon_client.DaemonClient.in_process: the same client and reply
+reader as over the socket). The queue, the job store, the checks at submit and prune's batches are the daemon's own
+code; only the stages are absent, so no job runs. Tests drive `orchestrator submit|status|cancel|resume|prune`
+with it without starting a pipeline:
 
     with InprocClient.open(rf) as client:
         cli.main(["--run", str(rf.root), "prune", "--keep", "1"], connect=client.connect)
-
-Every request and reply goes through the wire codec, as over the socket: what the daemon sees is what it would
-be sent, and a message that would not encode fails here too.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.cli import answer
+from orchestrator.cli import cli_error
 from orchestrator.daemon import Daemon
+from orchestrator.daemon_client import DaemonClient
 from orchestrator.runfolder import RunFolder
 
 
@@ -26,6 +22,7 @@ class InprocClient:
 
     def __init__(self, daemon: Daemon):
         self.daemon = daemon
+        self.client = DaemonClient.in_process(daemon, errors=cli_error)     # failures as the CLI's own
 
     @classmethod
     def open(cls, rf: RunFolder, config_path: Path | None = None) -> InprocClient:
@@ -42,9 +39,7 @@ class InprocClient:
         return self
 
     def call(self, msg, expect_cls):
-        from protocol.codec import decode, encode
-        reply = self.daemon.handle(decode(encode(msg)))          # defer=False: a LoRA check is waited for
-        return answer(decode(encode(reply)), expect_cls)
+        return self.client.call(msg, expect_cls)
 
     def close(self):
         """Each command closes its client; the daemon stays for the next one (shut() ends it)."""
