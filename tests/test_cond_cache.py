@@ -1,0 +1,144 @@
+"""The conditioning cache (orchestrator/cond_cache.py): keying, LRU eviction by size, torn entries never trusted; and
+through the real pipeline (the board's ONNX encoder on the tiny bundle): queued jobs share one encoder start, a later
+job with an earlier prompt starts none and gives the cold job's latent and pixels bitwise."""
+from __future__ import annotations
+
+import io
+import os
+import time
+
+import numpy as np
+import pytest
+
+from orchestrator.cond_cache import CondCache, CondEntry, cache_key
+
+SHAPE = (8, 4)
+ENC = "e" * 64
+
+
+def _entry(seed: int) -> CondEntry:
+    rng = np.random.default_rng(seed)
+    return CondEntry(rng.standard_normal(SHAPE).astype(np.float32), rng.standard_normal(SHAPE).astype(np.float32),
+                     5 + seed, 3, False)
+
+
+def _key(prompt: str, **kw) -> str:
+    args = dict(negative="", rows=SHAPE[0], loras=[], encoder=ENC) | kw
+    return cache_key(prompt, args["negative"], args["rows"], args["loras"], args["encoder"])
+
+
+def test_the_key_changes_with_every_input_the_encoder_reads():
+    base = _key("a cat")
+    others = [_key("a cat "), _key("(a cat:1.2)"), _key("a cat", negative="dog"), _key("a cat", rows=16),
+              _key("a cat", loras=[["x", 1.0, 1.0, []]]), _key("a cat", loras=[["x", 1.0, 0.5, []]]),
+              _key("a cat", encoder="f" * 64)]
+    assert base == _key("a cat")
+    assert len({base, *others}) == len(others) + 1
+
+
+def test_an_entry_reads_back_bitwise_and_a_miss_is_none(tmp_path):
+    cache = CondCache(tmp_path, 1.0)
+    e = _entry(1)
+    cache.put(_key("a"), e)
+    got = cache.get(_key("a"), SHAPE)
+    assert got.cond.tobytes() == e.cond.tobytes() and got.uncond.tobytes() == e.uncond.tobytes()
+    assert (got.tokens_cond, got.tokens_uncond, got.truncated) == (6, 3, False)
+    assert cache.get(_key("b"), SHAPE) is None
+    assert cache.get(_key("a"), (16, 4)) is None            # another shape is not this pack's: not trusted
+    assert not (tmp_path / "cache" / "cond" / f"{_key('a')}.npz").exists()
+
+
+def test_off_keeps_nothing(tmp_path):
+    cache = CondCache(tmp_path, 0)
+    cache.put(_key("a"), _entry(1))
+    assert cache.get(_key("a"), SHAPE) is None and not (tmp_path / "cache").exists()
+
+
+def test_the_least_recently_used_entry_goes_first(tmp_path):
+    one = CondCache(tmp_path / "probe", 1.0)
+    one.put(_key("probe"), _entry(0))
+    size = (tmp_path / "probe" / "cache" / "cond" / f"{_key('probe')}.npz").stat().st_size
+    cache = CondCache(tmp_path, 3.5 * size / 2**20)            # room for three entries
+    for i, p in enumerate(("a", "b", "c")):
+        cache.put(_key(p), _entry(i))
+        path = cache.dir / f"{_key(p)}.npz"
+        os.utime(path, ns=(time.time_ns(), 1_000_000_000 * (i + 1)))    # a, b, c used in that order
+    assert cache.get(_key("a"), SHAPE) is not None            # a used again: b is now the oldest
+    cache.put(_key("d"), _entry(3))
+    kept = {p for p in "abcd" if (cache.dir / f"{_key(p)}.npz").exists()}
+    assert kept == {"a", "c", "d"}
+
+
+@pytest.mark.parametrize("damage", ["cut", "flip", "empty", "foreign"])
+def test_a_damaged_entry_is_removed_not_trusted(tmp_path, damage):
+    cache = CondCache(tmp_path, 1.0)
+    cache.put(_key("a"), _entry(1))
+    path = cache.dir / f"{_key('a')}.npz"
+    data = path.read_bytes()
+    if damage == "cut":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "empty":
+        path.write_bytes(b"")
+    elif damage == "foreign":                                  # a whole npz whose contexts are not the checksummed ones
+        e = _entry(1)
+        good = np.load(io.BytesIO(data))
+        buf = io.BytesIO()
+        np.savez(buf, cond=e.cond + np.float32(1), uncond=e.uncond, meta=good["meta"])
+        path.write_bytes(buf.getvalue())
+    else:                                                      # one bit of the stored cond flipped (zip CRC or ours)
+        b = bytearray(data)
+        b[len(b) // 3] ^= 0x01
+        path.write_bytes(bytes(b))
+    assert cache.get(_key("a"), SHAPE) is None
+    assert not path.exists()
+
+
+def test_a_bad_key_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="sha256"):
+        CondCache(tmp_path, 1.0).get("../../etc/passwd", SHAPE)
+
+
+# ------------------------------------------------------------------ through the real pipeline
+
+@pytest.fixture(scope="module")
+def cache_pipeline(pipeline_assets, board_stages):
+    """The board's stage set with the conditioning cache on (the shared pipelines run with it off)."""
+    from tests.pipeline_harness import Pipeline
+    models, pack = pipeline_assets
+    p = Pipeline.start(models, pack, threads=1, extra_toml=board_stages, cond_cache_mb=64)
+    try:
+        yield p
+    finally:
+        p.stop_clean()
+
+
+def _encoder_starts(p) -> int:
+    return sum(f.read_text(errors="replace").count("encoder ready on") for f in p.rf.logs.glob("encoder*.log"))
+
+
+def _pixels(path) -> bytes:
+    from PIL import Image
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB")).tobytes()
+
+
+def test_queued_jobs_share_one_encoder_start_and_a_cached_prompt_starts_none(cache_pipeline):
+    p = cache_pipeline
+    prompts = [{"prompt": f"a lighthouse at dusk, view {i}", "negative_prompt": "blurry", "seed": 11 + i, "steps": 2}
+               for i in range(3)]
+    before = _encoder_starts(p)
+    jobs = [p.submit(x) for x in prompts]                      # queued at once: the first starts the encoder
+    for j in jobs:
+        assert p.wait(j, ("done", "failed")).state == "done", p.logs()
+    assert [p.report(j)["encoder_started"] for j in jobs] == [True, False, False]
+    assert _encoder_starts(p) - before == 1
+    assert len(list((p.root / "cache" / "cond").glob("*.npz"))) == 3
+    # a later job with the first (cold) job's prompt: no encoder, the same contexts, latent and pixels bitwise
+    later = p.submit(prompts[0])
+    assert p.wait(later, ("done", "failed")).state == "done", p.logs()
+    assert p.report(later)["encoder_started"] is False
+    assert _encoder_starts(p) - before == 1
+    cold, warm = p.job_dir(jobs[0]), p.job_dir(later)
+    for name in ("cond.npy", "uncond.npy", "latent.npy", "text.json"):
+        assert (warm / name).read_bytes() == (cold / name).read_bytes(), name
+    assert _pixels(warm / "image.png") == _pixels(cold / "image.png")
