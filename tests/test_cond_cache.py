@@ -98,6 +98,42 @@ def test_a_bad_key_is_refused(tmp_path):
         CondCache(tmp_path, 1.0).get("../../etc/passwd", SHAPE)
 
 
+def test_a_queued_jobs_encodes_are_its_first_pass_and_its_hires_own_prompts():
+    """What the look-ahead asks the encoder for (flow._prompt_pairs): each pass's texts at its own pack's rows."""
+    from orchestrator.flow import _prompt_pairs
+    from orchestrator.prompt_spec import parse_prompt_obj
+    sizes = [(64, 64), (96, 96)]
+    packs = {s: f"pack{s[0]}" for s in sizes}
+    plain = parse_prompt_obj({"prompt": "a cat", "negative_prompt": "dog", "seed": 1, "width": 64, "height": 64,
+                              "hires": {"scale": 1.5}}, resolution=sizes)
+    assert _prompt_pairs(plain, packs) == [("a cat", "dog", "pack64")]        # the second pass reuses the first's
+    own = parse_prompt_obj({"prompt": "a cat", "negative_prompt": "dog", "seed": 1, "width": 64, "height": 64,
+                            "hires": {"scale": 1.5, "prompt": "a sharp cat"}}, resolution=sizes)
+    assert _prompt_pairs(own, packs) == [("a cat", "dog", "pack64"), ("a sharp cat", "dog", "pack96")]
+    assert _prompt_pairs(own, {}) == []                                        # no pack: its own flow fails it
+
+
+def test_the_encoders_identity_follows_its_files(tmp_path):
+    """An encoder pack's file rewritten (same size), or another pack named, is another encoder: its cache entries
+    no longer match."""
+    from types import SimpleNamespace
+
+    from orchestrator.cond_cache import encoder_identity
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.onnx").write_bytes(b"x" * 64)
+    cfg = lambda pack: SimpleNamespace(path=tmp_path / "pipeline.toml",                    # noqa: E731
+                                       stage_settings=lambda stage: {"backend": "onnx", "pack": pack})
+    first = encoder_identity(cfg("a"))
+    assert encoder_identity(cfg("a")) == first
+    assert encoder_identity(cfg("b")) != first
+    f = tmp_path / "a" / "model.onnx"
+    st = f.stat()
+    f.write_bytes(b"y" * 64)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert encoder_identity(cfg("a")) != first
+
+
 # ------------------------------------------------------------------ through the real pipeline
 
 @pytest.fixture(scope="module")
