@@ -134,6 +134,22 @@ def test_the_encoders_identity_follows_its_files(tmp_path):
     assert encoder_identity(cfg("a")) != first
 
 
+def test_the_loras_identity_names_strengths_and_file(tmp_path):
+    from models.lora.choice import LoraChoice
+    from orchestrator.cond_cache import lora_identity
+    (tmp_path / "loras").mkdir()
+    f = tmp_path / "loras" / "x.safetensors"
+    f.write_bytes(b"z" * 32)
+    ident = lambda **kw: lora_identity([LoraChoice(name="x.safetensors", **kw)], tmp_path)      # noqa: E731
+    first = ident(strength=1.0)
+    assert ident(strength=1.0) == first
+    assert ident(strength=0.5) != first and ident(strength=1.0, clip_strength=0.5) != first
+    st = f.stat()
+    f.write_bytes(b"w" * 32)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert ident(strength=1.0) != first
+
+
 # ------------------------------------------------------------------ through the real pipeline
 
 @pytest.fixture(scope="module")
