@@ -37,6 +37,63 @@ def file_sha256(path) -> str:
             h.update(chunk)
 
 
+# A file whose sha256 was checked is not read again while its (size, mtime_ns, inode) stay the same: a memo file in
+# the user's cache folder (ANIMA_HASH_MEMO names another; empty: no memo). Only files last changed over
+# MEMO_SETTLED_NS ago are remembered (git's "racily clean" rule): a file rewritten within the clock tick of its
+# check keeps its mtime, and such a change must not hide behind the memo.
+MEMO_ENV = "ANIMA_HASH_MEMO"
+MEMO_SETTLED_NS = 2_000_000_000
+MEMO_ENTRIES = 4096                  # the oldest remembered files are dropped beyond this
+
+
+def memo_path() -> Path | None:
+    v = os.environ.get(MEMO_ENV)
+    if v is not None:
+        return Path(v) if v else None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "anima-npu" / "sha256-memo.json"
+
+
+class HashMemo:
+    """file_sha256 remembered by (absolute path, size, mtime_ns, inode); `save()` writes what was learned (best
+    effort, atomically: processes that check at once lose entries to each other, never tear the file)."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = memo_path() if path is None else path
+        self.entries: dict = {}
+        self.changed = False
+        if self.path is not None:
+            try:
+                data = json.loads(self.path.read_text())
+                self.entries = {k: v for k, v in data.items() if isinstance(v, list) and len(v) == 4}
+            except (OSError, ValueError, AttributeError):
+                pass
+
+    def sha256(self, path) -> str:
+        p = Path(path).resolve()
+        st = p.stat()
+        ident = [st.st_size, st.st_mtime_ns, st.st_ino]
+        hit = self.entries.get(str(p))
+        if hit is not None and hit[:3] == ident:
+            return hit[3]
+        sha = file_sha256(p)
+        if self.path is not None and time.time_ns() - st.st_mtime_ns > MEMO_SETTLED_NS:
+            self.entries.pop(str(p), None)
+            self.entries[str(p)] = ident + [sha]
+            self.changed = True
+        return sha
+
+    def save(self) -> None:
+        if not (self.changed and self.path is not None):
+            return
+        keep = dict(list(self.entries.items())[-MEMO_ENTRIES:])
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.path, json.dumps(keep))
+        except OSError:
+            pass                     # no memo: the next check reads the files again
+
+
 def data_sha256(data) -> str:
     """The sha256 (hex) of bytes about to be written: the same digest file_sha256 gives for the file."""
     return hashlib.sha256(data).hexdigest()
@@ -341,15 +398,17 @@ def check_files(folder, files: Iterable[tuple[str, str, int | None]], error: Cal
                 hashes: bool = True, hint: str = "") -> None:
     """`error` naming every file (relative path, sha256, size or None) that is missing, of another size, or (with
     `hashes`) whose sha256 differs from the manifest."""
-    bad = []
+    bad, memo = [], HashMemo() if hashes else None
     for rel, want, size in files:
         p = Path(folder) / rel
         if not p.is_file():
             bad.append(f"{rel} (missing)")
         elif size is not None and p.stat().st_size != size:
             bad.append(f"{rel} (size {p.stat().st_size}, manifest {size})")
-        elif hashes and file_sha256(p) != want:
+        elif hashes and memo.sha256(p) != want:
             bad.append(f"{rel} (sha256 differs from the manifest)")
+    if memo is not None:
+        memo.save()
     if bad:
         raise error(f"{folder}: {len(bad)} file(s) differ from the manifest: {', '.join(bad)}{hint}")
 

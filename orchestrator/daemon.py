@@ -14,6 +14,7 @@ from pathlib import Path
 import zmq
 
 from models.schema import SchemaError, convert
+from orchestrator.cond_cache import CondCache
 from orchestrator.flow import JobFlow
 from orchestrator.heartbeat import Heartbeats
 from orchestrator.job_record import ORIGIN, UNREADABLE, JobEntry
@@ -69,6 +70,7 @@ class Daemon:
         self.pack = next(iter(self.packs.values()))        # the default: a job that names no size gets this one
         self.loras = RunLoras(config, self.packs)          # a job's LoRAs checked at submit
         self.vae_sizes = vae_pack_sizes(config)            # None: the VAE decodes any size
+        self.cond_cache = CondCache(rf.root, self.settings.cond_cache_mb)   # prompts' contexts across jobs
         self._model_files: dict[str, str] | None = None
         self.store = JobStore(rf.root, max_queue=self.settings.max_queue, min_free_mb=self.settings.min_free_mb,
                               cached=True)          # the single writer: records kept in memory, written through

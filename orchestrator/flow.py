@@ -19,10 +19,11 @@ from models.durable import atomic_write
 from models.lora.choice import lora_short_hash
 from models.packs.pack import PackError, load_pack
 from models.dit.partition import TEXT_TOKENS, context_rows
+from orchestrator.cond_cache import CondEntry, cache_key, encoder_identity, lora_identity
 from orchestrator.estimate import safe_estimate
 from orchestrator.job_arena import create_job_arena
-from orchestrator.job_files import (COND_FILE, HIRES_TEXT_FILE, INIT_IMAGE_FILE, INIT_LATENT_FILE, MASK_FILE,
-                                    REPORT_FILE, TEXT_FILE, UNCOND_FILE, batch_name)
+from orchestrator.job_files import (COND_FILE, HIRES_COND_FILE, HIRES_TEXT_FILE, HIRES_UNCOND_FILE, INIT_IMAGE_FILE,
+                                    INIT_LATENT_FILE, MASK_FILE, REPORT_FILE, TEXT_FILE, UNCOND_FILE, batch_name)
 from orchestrator.loras import LoraRefused
 from orchestrator.prompt_spec import PromptSpec, output_file
 from orchestrator.report import JobReport, png_metadata, text_record
@@ -63,6 +64,28 @@ def _load_npy(path: Path, shape: tuple) -> np.ndarray | None:
         return None
 
 
+def hires_texts(spec: PromptSpec) -> tuple[str, str] | None:
+    """A job's second pass's (prompt, negative) when it has its own (hires.prompt / negative_prompt), else None."""
+    h = spec.hires
+    if h is None:
+        return None
+    texts = (spec.prompt if h.prompt is None else h.prompt,
+             spec.negative_prompt if h.negative_prompt is None else h.negative_prompt)
+    return None if texts == (spec.prompt, spec.negative_prompt) else texts
+
+
+def _prompt_pairs(spec: PromptSpec, packs: dict) -> list:
+    """[(prompt, negative, pack)] a job sends the encoder: its first pass's, and its hires pass's own (a size with no
+    pack is left out: that job fails on its own)."""
+    out, first, texts = [], packs.get((spec.width, spec.height)), hires_texts(spec)
+    if first is not None:
+        out.append((spec.prompt, spec.negative_prompt, first))
+    hires = packs.get(spec.hires.size(spec.width, spec.height)) if texts is not None else None
+    if hires is not None:
+        out.append((*texts, hires))
+    return out
+
+
 class JobFlow:
     """Runs one job to done/failed/cancelled: its states, their transitions and what the job records (report, job
     folder). `d` is the Daemon (sockets, store, supervisor, idle pump); `control` drives the stages."""
@@ -84,6 +107,7 @@ class JobFlow:
         self.arena: Arena | None = None
         self._resume_sampling = True                          # DENOISE resume: go on from the per-step state
         self.lora_hashes: dict = {}                           # LoRA name -> A1111's short hash (the PNG's)
+        self._encoder_id: str | None = None                   # cond_cache.encoder_identity, read when first needed
         self.img2img = self.spec.init_image is not None       # init_image.png (and mask.png) kept in the job folder
         self.batch = self.spec.batch                          # images run one after another, each its own DENOISE
         h = self.spec.hires                                   # hires fix: the second pass's pack, by its size
@@ -280,12 +304,7 @@ class JobFlow:
 
     def _hires_texts(self) -> tuple[str, str] | None:
         """The second pass's (prompt, negative) when it has its own (hires.prompt / negative_prompt), else None."""
-        h, s = self.spec.hires, self.spec
-        if h is None:
-            return None
-        texts = (s.prompt if h.prompt is None else h.prompt, s.negative_prompt if h.negative_prompt is None
-                 else h.negative_prompt)
-        return None if texts == (s.prompt, s.negative_prompt) else texts
+        return hires_texts(self.spec)
 
     def _hires_contexts(self) -> tuple | None:
         """(cond, uncond, text) of the second pass's own prompts from the job folder, or None when any is unusable."""
@@ -359,34 +378,110 @@ class JobFlow:
 
     def _encode(self) -> None:
         """The job's prompts, and the second pass's own when it has them, in one encoder session (the encoder down
-        before any DENOISE); what a restart finds in the job folder is not encoded again."""
+        before any DENOISE); what a restart finds in the job folder or the conditioning cache is not encoded again,
+        and a job that needs nothing encoded starts no encoder (report `encoder_started`)."""
         t0 = time.monotonic()
-        first = not self._load_contexts()
-        second = self._hires_texts() is not None and self._hires_contexts() is None
-        if not (first or second):            # encoded before a restart: no encoder needed
+        first = not self._load_contexts() and not self._first_from_cache()
+        second = self._hires_texts() is not None and self._hires_contexts() is None and not self._hires_from_cache()
+        if not (first or second):            # encoded before a restart, or cached: no encoder needed
             return
         self.control.bring_up("encoder")
+        self.report.encoder_started = True
         if first:
             self._encode_first()
         if second:
             self._encode_hires()
+        self._encode_queued()                # one encoder start for the queue: its jobs' prompts into the cache
         self.control.bring_down("encoder")   # stopped (and seen STOPPED) before DENOISE goes out
         self.report.stages["encoder"].wall_s += time.monotonic() - t0
+
+    # ------------------------------------------------------------ the conditioning cache (orchestrator/cond_cache.py)
+
+    def _cond_key(self, loras, prompt: str, negative: str, rows: int) -> str | None:
+        """The cache key of one ENCODE, or None when it cannot be known here (cache off, a remote encoder whose
+        files this machine cannot see, a file gone: then the encoder answers as before)."""
+        if not self.d.cond_cache.on or self.cfg.is_remote("encoder"):
+            return None
+        try:
+            if self._encoder_id is None:         # once per job: a file changed between jobs is a new encoder
+                self._encoder_id = encoder_identity(self.cfg)
+            return cache_key(prompt, negative, rows, lora_identity(loras, self.cfg.models_dir), self._encoder_id)
+        except Exception as e:  # noqa: BLE001 - OSError, ModelsDirError: the encoder stage says it better
+            log.info("job %s: conditioning not cached: %s", self.job.id, e)
+            return None
+
+    def _cached(self, prompt: str, negative: str, pack) -> CondEntry | None:
+        key = self._cond_key(self.spec.loras, prompt, negative, pack.text_tokens)
+        return None if key is None else self.d.cond_cache.get(key, pack.context_shape)
+
+    def _first_from_cache(self) -> bool:
+        entry = self._cached(self.spec.prompt, self.spec.negative_prompt, self.pack)
+        if entry is None:
+            return False
+        self.arena.write(self.cond, entry.cond)                                              # [S, Dc] f32
+        self.arena.write(self.uncond, entry.uncond)
+        self._keep_first(entry)
+        return True
+
+    def _hires_from_cache(self) -> bool:
+        entry = self._cached(*self._hires_texts(), self.hires_pack)
+        if entry is not None:
+            self._keep_hires(entry)
+        return entry is not None
+
+    def _encode_queued(self) -> None:
+        """While the encoder is up: every queued job's prompts that the cache lacks, encoded into it (first pass and a
+        hires pass's own). Best effort: a prompt the encoder refuses is left for its own job to report."""
+        if not self.d.cond_cache.on:
+            return
+        for job in self.store.pending():
+            if job.id == self.job.id or job.cancel_requested or job.id in self.d.cancel_requests:
+                continue
+            try:
+                spec = job.prompt()
+            except Exception:  # noqa: BLE001 - its own flow reports a prompt that no longer reads
+                continue
+            for prompt, negative, pack in _prompt_pairs(spec, self.d.packs):
+                key = self._cond_key(spec.loras, prompt, negative, pack.text_tokens)
+                if key is None or self.d.cond_cache.get(key, pack.context_shape) is not None:
+                    continue
+                try:
+                    entry = self._encode_inline(prompt, negative, pack, spec.loras, job.id)
+                except StageFailed as e:
+                    log.info("job %s: queued job %s's prompts not encoded ahead: %s", self.job.id, job.id, e)
+                    return
+                self.d.cond_cache.put(key, entry)
+
+    # ------------------------------------------------------------ the encoder
+
+    def _encode_inline(self, prompt: str, negative: str, pack, loras, job_id: str) -> CondEntry:
+        """One ENCODE answered inline (the rows of `pack`, which this job's arena slots may not have)."""
+        msg = m.Encode(job=job_id, prompt=prompt, negative=negative, rows=pack.text_tokens, loras=loras)
+        reply = m.expect(self.control.call("encoder", msg, self.settings.encode_timeout_s), m.Encoded, "encoder")
+        arrays = [from_inline(d, reply.inline) if d.inline else None for d in (reply.cond, reply.uncond)]
+        if any(a is None or tuple(a.shape) != tuple(pack.context_shape) for a in arrays):
+            raise StageFailed("encoder", f"ENCODED for {job_id}'s prompts is not inline {list(pack.context_shape)}")
+        cond, uncond = (np.ascontiguousarray(a, dtype=np.float32) for a in arrays)
+        return CondEntry(cond, uncond, reply.tokens_cond, reply.tokens_uncond, reply.truncated)
 
     def _encode_hires(self) -> None:
         """hires.prompt / negative_prompt -> hires_cond.npy, hires_uncond.npy (inline: the hires pack's rows, which
         the first arena's slots may not have) and hires_text.json, the counts first (a resume reads all three)."""
         prompt, negative = self._hires_texts()
-        pack = self.hires_pack
-        msg = m.Encode(job=self.job.id, prompt=prompt, negative=negative, rows=pack.text_tokens, loras=self.spec.loras)
-        reply = m.expect(self.control.call("encoder", msg, self.settings.encode_timeout_s), m.Encoded, "encoder")
-        arrays = [from_inline(d, reply.inline) if d.inline else None for d in (reply.cond, reply.uncond)]
-        if any(a is None or tuple(a.shape) != tuple(pack.context_shape) for a in arrays):
-            raise StageFailed("encoder", f"ENCODED for the hires prompts is not inline {list(pack.context_shape)}")
-        text = text_record(reply.tokens_cond, reply.tokens_uncond, reply.truncated, pack.text_tokens)
+        entry = self._encode_inline(prompt, negative, self.hires_pack, self.spec.loras, self.job.id)
+        self._keep_hires(entry)
+        self._cache_put(prompt, negative, self.hires_pack, entry)
+
+    def _keep_hires(self, entry: CondEntry) -> None:
+        text = text_record(entry.tokens_cond, entry.tokens_uncond, entry.truncated, self.hires_pack.text_tokens)
         atomic_write(self.dir / HIRES_TEXT_FILE, json.dumps(text))
-        for name, a in zip(("cond", "uncond"), arrays):
-            _save_npy(self.dir / f"hires_{name}.npy", np.ascontiguousarray(a, dtype=np.float32))
+        _save_npy(self.dir / HIRES_COND_FILE, entry.cond)
+        _save_npy(self.dir / HIRES_UNCOND_FILE, entry.uncond)
+
+    def _cache_put(self, prompt: str, negative: str, pack, entry: CondEntry) -> None:
+        key = self._cond_key(self.spec.loras, prompt, negative, pack.text_tokens)
+        if key is not None:
+            self.d.cond_cache.put(key, entry)
 
     def _encode_first(self) -> None:
         remote = self.cfg.is_remote("encoder")
@@ -401,11 +496,19 @@ class JobFlow:
                 self.arena.write(mine, from_inline(theirs, reply.inline))
             elif theirs.slot != mine.slot:
                 raise StageFailed("encoder", f"ENCODED points at slot {theirs.slot!r}, expected {mine.slot!r}")
-        self.report.text = text_record(reply.tokens_cond, reply.tokens_uncond, reply.truncated, self.pack.text_tokens)
-        atomic_write(self.dir / TEXT_FILE, json.dumps(self.report.text))   # before the contexts: a resume reads both
-        _save_npy(self.dir / COND_FILE, self.arena.read(self.cond))
-        _save_npy(self.dir / UNCOND_FILE, self.arena.read(self.uncond))
+        entry = CondEntry(self.arena.read(self.cond), self.arena.read(self.uncond), reply.tokens_cond,
+                          reply.tokens_uncond, reply.truncated)
+        self._keep_first(entry)
+        self._cache_put(self.spec.prompt, self.spec.negative_prompt, self.pack, entry)
         self.report.encoder_timings = dict(reply.timings)
+
+    def _keep_first(self, entry: CondEntry) -> None:
+        """The first pass's contexts and token counts into the report and the job folder (text.json first: a resume
+        reads both)."""
+        self.report.text = text_record(entry.tokens_cond, entry.tokens_uncond, entry.truncated, self.pack.text_tokens)
+        atomic_write(self.dir / TEXT_FILE, json.dumps(self.report.text))
+        _save_npy(self.dir / COND_FILE, entry.cond)
+        _save_npy(self.dir / UNCOND_FILE, entry.uncond)
 
     def _context_rows(self) -> tuple:
         """Per pass, the rows of ComfyUI's context a long-context pack leaves unmasked; () for a 512-row pack."""

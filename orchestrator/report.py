@@ -137,6 +137,7 @@ class JobReport:
     teardown: TeardownRecord = field(default_factory=TeardownRecord)
     denoised: dict = field(default_factory=dict)        # the scheduler's DENOISED fields (steps, sums, host/transport)
     encoder_timings: dict = field(default_factory=dict)
+    encoder_started: bool = False      # this job started the encoder (False: its contexts were cached or kept)
     text: dict = field(default_factory=dict)            # T5 token counts of both prompts, truncated or not
     vae_timings: dict = field(default_factory=dict)
     vae_encode_timings: dict = field(default_factory=dict)     # img2img: VAE_ENCODE's timings ({} otherwise)
@@ -189,6 +190,7 @@ class JobReport:
             "steps": list(d.get("steps", [])),
             **({"board": self._board_section()} if self.board and d.get("steps") else {}),
             "encoder_timings": self.encoder_timings,
+            "encoder_started": self.encoder_started,
             "text": self.text,
             "loras": self.loras,
             "latent": {"file": "latent.npy", "space": LATENT_SPACE, "note": LATENT_NOTE},

@@ -198,6 +198,8 @@ class OrchestratorSettings(Table, frozen=True):
     hang_timeout_s: Float(0.0, 86400.0) = 120.0
     # the child process that draws each job's timing.png (3.3 s under load: bench/bench_timing_plot.py); 0: no plot
     timing_plot_timeout_s: Float(0.0, 3600.0) = 120.0
+    # prompts' contexts kept in RUN/cache/cond (orchestrator/cond_cache.py), least recently used dropped first; 0: off
+    cond_cache_mb: Float(0.0, 1e6) = 256.0
 
 
 class HttpSettings(Table, frozen=True):
