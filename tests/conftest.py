@@ -6,6 +6,21 @@ from pathlib import Path
 import pytest
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _hash_memo_in_session(tmp_path_factory):
+    """The sha256 memo (models/manifest.py) of the suite's processes and the stages they start in the session's own
+    folder, not the user's cache folder."""
+    import os
+    from models.manifest import MEMO_ENV
+    old = os.environ.get(MEMO_ENV)
+    os.environ[MEMO_ENV] = str(tmp_path_factory.mktemp("hash_memo") / "sha256-memo.json")
+    yield
+    if old is None:
+        os.environ.pop(MEMO_ENV, None)
+    else:
+        os.environ[MEMO_ENV] = old
+
+
 @pytest.fixture(scope="session")
 def tiny_bundle(tmp_path_factory) -> Path:
     """A complete synthetic tiny models folder (ComfyUI layout, seed 0), written once per session (~4 s); the
