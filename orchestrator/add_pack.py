@@ -30,6 +30,7 @@ def _edited(text: str, entry: str, has_default: bool) -> str:
     if packs:
         p = packs[0]
         items = p.group("items").rstrip()
+        items = items[:-1] if items.endswith(",") else items            # ["a", ] -> ["a", "b"]
         joined = f"{items}, {entry}" if items.strip() else entry
         return text[:p.start("items")] + joined + text[p.end("items"):]
     if re.search(r'^packs[ \t]*=', top, re.M):

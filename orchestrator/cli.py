@@ -568,16 +568,15 @@ def cmd_restart(args, rf: RunFolder) -> int:
     return EXIT_OK
 
 
-RELOADED = ALWAYS_ON_STAGES + ("orchestrator",)    # the on-demand stages start on the file as it is, every job
-
-
 def _stale_programs(rf: RunFolder) -> dict:
     """{program: the settings it runs with that differ from RUN/pipeline.toml} of the local programs that hold the
-    file's settings from their start; the daemon when it recorded nothing (started by older code) too."""
+    file's settings from their start (the on-demand stages start on the file as it is, every job); the daemon when
+    it recorded nothing (started by older code) too."""
     from stages.config import load_config
     from stages.config_digest import record_path, stale_settings
     cfg = load_config(rf.pipeline_toml)
-    stale = {s: keys for s in RELOADED if not cfg.is_remote(s) and (keys := stale_settings(cfg, s))}
+    local = [s for s in ALWAYS_ON_STAGES if not cfg.is_remote(s)] + ["orchestrator"]
+    stale = {s: keys for s in local if (keys := stale_settings(cfg, s))}
     if "orchestrator" not in stale and not record_path(cfg, "orchestrator").is_file():
         stale["orchestrator"] = ["(its start not recorded)"]
     return stale

@@ -178,7 +178,7 @@ def ensure_supervisord(rf: RunFolder, config_changed: bool = False) -> bool:
     while True:
         try:
             info = sup.info("orchestrator")
-            if info.state == "RUNNING" and rf.daemon_sock.exists() and _daemon_answers(rf):
+            if info.state == "RUNNING" and rf.daemon_sock.exists() and daemon_answers(rf):
                 return started
             if info.state in ("FATAL", "EXITED", "BACKOFF"):
                 raise DemoError(f"the orchestrator daemon is {info.state}: {info.spawnerr or info.description}\n"
@@ -212,7 +212,7 @@ def http_front(rf: RunFolder, timeout_s: float = 30.0) -> str:
         time.sleep(0.2)
 
 
-def _daemon_answers(rf: RunFolder) -> bool:
+def daemon_answers(rf: RunFolder) -> bool:
     """HELLO to the job daemon: READY means it serves (a socket file alone may be a dead daemon's)."""
     import zmq
     from protocol.messages import Hello, Ready

@@ -128,6 +128,5 @@ def stale_stages_message(config, stages) -> str:
         return ""
     what = "; ".join(f"{s} ({', '.join(k[:80] for k in keys[:5])}{' ...' if len(keys) > 5 else ''})"
                      for s, keys in stale.items())
-    restart = " and ".join(f"orchestrator restart {s}" for s in stale)
-    return (f"{config.path} changed since these stages started, and they still run the old settings: {what}; "
-            f"restart them first: {restart}")
+    return (f"{config.path} changed since these programs started, and they still run the old settings: {what}; "
+            f"restart them first: orchestrator reload (it restarts {' and '.join(stale)})")

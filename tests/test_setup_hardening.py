@@ -196,9 +196,10 @@ def test_a_job_is_refused_while_a_stage_runs_an_older_config(lora_bundle, tmp_pa
                 assert isinstance(reply, m.Submitted), reply
                 continue
             assert isinstance(reply, m.Error) and changed in reply.message, reply
-            assert "orchestrator restart scheduler" in reply.message and len(d.store.pending()) == queued
+            assert "restart them first: orchestrator reload (it restarts scheduler" in reply.message
+            assert len(d.store.pending()) == queued
             if changed == "threads":                           # a top-level key: every stage runs with it
-                assert "orchestrator restart executor" in reply.message
+                assert "restarts scheduler and executor)" in reply.message
             record_start(cfg, "scheduler")                     # the scheduler restarted on the file
             record_start(cfg, "executor")
             assert isinstance(_submit(d, tmp_path), m.Submitted)
@@ -273,3 +274,85 @@ def test_a_record_of_another_rule_is_not_taken_for_a_stale_stage(tmp_path):
     assert stale_settings(cfg, "scheduler") == ["endpoints.encoder"]   # the same rule: a real difference
     path.write_text(json.dumps({**rec, "rule": RULE - 1}))
     assert stale_settings(cfg, "scheduler") == []
+
+
+class _Restarts:
+    """supervisord for `orchestrator reload`, in this process: a restarted stage records the file as it is now (as
+    stage_main does), a restarted orchestrator is a new Daemon on the file (as `orchestrator serve` is)."""
+
+    def __init__(self, run: Path):
+        self.run, self.restarted, self.daemon = run, [], None
+
+    def restart(self, name: str):
+        from types import SimpleNamespace
+
+        from orchestrator.daemon import Daemon
+        from orchestrator.runfolder import RunFolder
+        from stages.config import load_config
+        from stages.config_digest import record_start
+        cfg = load_config(self.run / "pipeline.toml")
+        if name == "orchestrator":
+            self.close()
+            self.daemon = Daemon(cfg, RunFolder.resolve(self.run))
+        record_start(cfg, name)
+        self.restarted.append(name)
+        return SimpleNamespace(state="RUNNING", pid=os.getpid())
+
+    def close(self):
+        if self.daemon is not None:
+            self.daemon.close()
+            self.daemon.ctx.term()
+
+
+def test_reload_after_adding_packs_lets_the_next_hires_and_lora_jobs_through(lora_bundle, tiny_bundle, tmp_path,
+                                                                             capsys, monkeypatch):
+    """Issue 44: after a pack was added, the refusal named `orchestrator restart scheduler` and `... executor`;
+    after both the daemon still refused the hires pass (`has no model pack`) and a LoRA on the new LoRA-ready pack
+    until `orchestrator restart orchestrator`, which nothing named. Now every stale-settings refusal names
+    `orchestrator reload`, which restarts every program whose settings differ from the file, the daemon included."""
+    from models.lora.synth import write_lora
+    from orchestrator.daemon import Daemon
+    from orchestrator.runfolder import RunFolder
+    from protocol import messages as m
+    from protocol.prompt import PromptFile
+    from stages.config import load_config
+    from stages.config_digest import record_start
+    from tests.doubles_harness import fake_pack
+    models = _copy(tiny_bundle, tmp_path / "models")
+    (models / "loras").mkdir()
+    write_lora("tiny", 7, models / "loras" / "style.safetensors", "kohya", rank=RANK, groups=("blocks",))
+    small, ready = fake_pack(tmp_path / "small", 32, 32), lora_bundle / f"dit-{SIZE}"     # LoRA-ready, 64x64
+    run = tmp_path / "run"
+    assert cli.main(["--run", str(run), "init", "--pack", str(small), "--models", str(models)]) == 0
+    toml = run / "pipeline.toml"
+    sup = _Restarts(run)
+    monkeypatch.setattr(cli, "_supervisor", lambda rf: sup)
+    monkeypatch.setattr("orchestrator.demo.daemon_answers", lambda rf: True)
+    for name in ("scheduler", "executor", "orchestrator"):         # the pipeline running on the file as init wrote it
+        sup.restart(name)
+    sup.restarted.clear()
+
+    def submit(prompt):
+        return sup.daemon.handle(m.Submit(prompt=PromptFile.from_data({"prompt": "1girl", "seed": 1, "steps": 2,
+                                                                       **prompt}), base_dir=str(tmp_path)))
+    hires = {"width": 32, "height": 32, "hires": {"width": 64, "height": 64}}
+    lora = {"width": 64, "height": 64, "loras": [{"name": "style"}]}
+    try:
+        assert cli.main(["--run", str(run), "init", "--add-pack", str(ready)]) == 0
+        assert load_config(toml).packs == (small.resolve(), ready.resolve())
+        for prompt in (hires, lora):
+            reply = submit(prompt)
+            assert isinstance(reply, m.Error) and "restart them first: orchestrator reload" in reply.message, reply
+            assert "scheduler and executor and orchestrator" in reply.message
+        capsys.readouterr()
+        assert cli.main(["--run", str(run), "reload"]) == 0
+        assert sup.restarted == ["scheduler", "executor", "orchestrator"]
+        out = capsys.readouterr().out
+        assert "orchestrator RUNNING pid" in out and "(was running with other packs" in out
+        for prompt in (hires, lora):
+            assert isinstance(submit(prompt), m.Submitted)
+        assert cli.main(["--run", str(run), "reload"]) == 0 and sup.restarted == ["scheduler", "executor",
+                                                                                   "orchestrator"]
+        assert "nothing to reload: every program runs with" in capsys.readouterr().out
+    finally:
+        sup.close()
