@@ -88,7 +88,9 @@ def prepare_run(run: Path, models: Path, pack: Path) -> tuple[RunFolder, bool]:
     if toml.exists():
         from stages.config import load_config
         cfg = load_config(toml)
-        changed = cfg.packs != (pack.resolve(),) or cfg.models_dir != models.resolve()
+        # the demo's pack the default and its models: the demo's folder, also with more packs added
+        # (`orchestrator init --add-pack`), which it keeps
+        changed = cfg.packs[:1] != (pack.resolve(),) or cfg.models_dir != models.resolve()
         if changed and not toml.read_text().startswith(DEMO_MARK):
             raise DemoError(f"{toml} is not the demo's (pack_dir {cfg.pack_dir}, models_dir {cfg.models_dir}); "
                             f"the demo leaves it alone: run it with another --run folder")
