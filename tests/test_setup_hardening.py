@@ -45,9 +45,13 @@ def _listed_folders(b: Path) -> set:
 
 # ---- item 15: a bundle built again for another size -----------------------------------------------------------------
 
-def test_another_size_is_added_to_the_bundle_not_swapped_for_it(lora_bundle, tiny_bundle, tmp_path, capsys):
+def test_another_size_is_added_to_the_bundle_not_swapped_for_it(lora_bundle, tiny_bundle, tmp_path, capsys,
+                                                                 monkeypatch):
     """Reported: `bundle --resolution 512x512 --out B` on a 256x256 bundle dropped 256x256 from bundle.json while its
-    folders stayed (and were rsynced). Now the earlier size stays listed; --overwrite removes its folders."""
+    folders stayed (and were rsynced). Now the earlier size stays listed; --overwrite removes its folders. Issue 44:
+    the added size silently became the default (listed first), and the closing hint named a checkout's `run`: the
+    earlier default stays first, and the hint names a run folder beside the bundle ($ANIMA_RUN when set)."""
+    monkeypatch.delenv("ANIMA_RUN", raising=False)
     b = _copy(lora_bundle, tmp_path / "b")
     assert _bundle(tiny_bundle, b, "--resolution", MORE, "--lora-rank", str(RANK)) == 0
     said = capsys.readouterr()
@@ -55,7 +59,9 @@ def test_another_size_is_added_to_the_bundle_not_swapped_for_it(lora_bundle, tin
     # item 20: a CPU bundle is used where it was built, not copied to a board
     assert "rsync" not in said.out and f"init --bundle {b}" in said.out and f"LoRA rank {RANK}" in said.out
     assert _listed_folders(b) == _part_folders(b) == {f"dit-{SIZE}", f"vae-{SIZE}", f"dit-{MORE}", f"vae-{MORE}"}
-    assert sorted(read_bundle(b).sizes) == sorted([(64, 64), (64, 80)])       # each listed part checks out
+    assert list(read_bundle(b).sizes) == [(64, 64), (64, 80)]       # each listed part checks out, the default first
+    run = tmp_path / "run"
+    assert f"orchestrator --run {run} init --bundle {b} && orchestrator --run {run} doctor" in said.out
     # --overwrite: only the size asked for is left, folders and listing alike
     assert _bundle(tiny_bundle, b, "--resolution", MORE, "--lora-rank", str(RANK), "--overwrite") == 0
     assert f"removed {SIZE}" in capsys.readouterr().err
