@@ -583,7 +583,7 @@ def _stale_programs(rf: RunFolder) -> dict:
 
 
 def _wait_daemon(rf: RunFolder, timeout_s: float = DAEMON_GONE_S) -> None:
-    from orchestrator.demo import daemon_answers
+    from orchestrator.daemon_probe import daemon_answers
     deadline = time.monotonic() + timeout_s
     while not daemon_answers(rf):
         if time.monotonic() > deadline:

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from models.durable import atomic_write
+from orchestrator.daemon_probe import daemon_answers
 from orchestrator.runfolder import ALWAYS_ON_STAGES, EXAMPLE_PROMPT, REPO_DIR, RunFolder, init_run
 
 log = logging.getLogger(__name__)
@@ -212,22 +213,6 @@ def http_front(rf: RunFolder, timeout_s: float = 30.0) -> str:
             tail = _log_tail(rf, "http", 400).strip().splitlines()
             return f"the HTTP front is {info.state}: {tail[-1] if tail else ''} (log: {rf.logs / 'http.log'})"
         time.sleep(0.2)
-
-
-def daemon_answers(rf: RunFolder) -> bool:
-    """HELLO to the job daemon: READY means it serves (a socket file alone may be a dead daemon's)."""
-    import zmq
-    from protocol.messages import Hello, Ready
-    from protocol.sockets import LazyPirate
-    from protocol.version import VERSION
-    ctx = zmq.Context()
-    try:
-        with LazyPirate(ctx, rf.daemon_endpoint, peer="orchestrator daemon", timeout_s=2.0, retries=0) as link:
-            return isinstance(link.request(Hello(peer="demo", pid=os.getpid(), version=VERSION)), Ready)
-    except Exception:  # noqa: BLE001 - not up yet
-        return False
-    finally:
-        ctx.term()
 
 
 def _log_tail(rf: RunFolder, program: str, chars: int = 2000) -> str:

@@ -333,7 +333,7 @@ def test_reload_after_adding_packs_lets_the_next_hires_and_lora_jobs_through(lor
     toml = run / "pipeline.toml"
     sup = _Restarts(run)
     monkeypatch.setattr(cli, "_supervisor", lambda rf: sup)
-    monkeypatch.setattr("orchestrator.demo.daemon_answers", lambda rf: True)
+    monkeypatch.setattr("orchestrator.daemon_probe.daemon_answers", lambda rf: True)
     for name in ("scheduler", "executor", "orchestrator"):         # the pipeline running on the file as init wrote it
         sup.restart(name)
     sup.restarted.clear()
