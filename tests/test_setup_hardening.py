@@ -360,5 +360,13 @@ def test_reload_after_adding_packs_lets_the_next_hires_and_lora_jobs_through(lor
         assert cli.main(["--run", str(run), "reload"]) == 0 and sup.restarted == ["scheduler", "executor",
                                                                                    "orchestrator"]
         assert "nothing to reload: every program runs with" in capsys.readouterr().out
+        # the VAE's packs: the daemon refuses the sizes they cannot decode, so it takes them again (the VAE stage
+        # starts per job on the file as it is)
+        toml.write_text(toml.read_text() + f'\n[stage.vae]\nbackend = "onnx"\nvae_pack = ["{lora_bundle}/vae-{SIZE}"]\n')
+        sup.restarted.clear()
+        assert cli.main(["--run", str(run), "reload"]) == 0 and sup.restarted == ["orchestrator"]
+        assert isinstance(submit(lora), m.Submitted)
+        reply = submit({"width": 32, "height": 32})
+        assert isinstance(reply, m.Error) and "32x32 has a model pack but no VAE pack" in reply.message
     finally:
         sup.close()
