@@ -597,6 +597,8 @@ def cmd_reload(args, rf: RunFolder) -> int:
     if not stale:
         print(f"nothing to reload: every program runs with {rf.pipeline_toml} as it is")
         return EXIT_OK
+    if "orchestrator" in stale:            # the HTTP front keeps the daemon's packs (its sizes, the page) from its start
+        stale["http"] = ["packs, as the orchestrator's"]
     sup = _supervisor(rf)
     for name, keys in stale.items():
         info = sup.restart(name)

@@ -167,6 +167,8 @@ def test_reload_after_adding_packs_runs_the_next_hires_and_lora_jobs(pipe, pipel
     LoRA job run, with no other command."""
     import re
     import shutil
+    import time
+    import urllib.request
 
     from models.lora.synth import write_lora
     from tests.pipeline_harness import board_stage_toml, tiny_assets
@@ -188,7 +190,7 @@ def test_reload_after_adding_packs_runs_the_next_hires_and_lora_jobs(pipe, pipel
     assert r.returncode != 0 and "orchestrator reload" in r.stderr.decode(), r.stderr.decode()
     r = cli(pipe, "reload", cwd=tmp_path)
     out = r.stdout.decode()
-    assert r.returncode == 0 and all(f"{p} RUNNING" in out for p in ("scheduler", "executor", "orchestrator")), \
+    assert r.returncode == 0 and all(f"{p} RUNNING" in out for p in ("scheduler", "executor", "orchestrator", "http")), \
         r.stderr.decode() + pipe.logs()
     r = cli(pipe, *hires, cwd=tmp_path)
     assert r.returncode == 0, r.stderr.decode() + pipe.logs()
@@ -197,5 +199,14 @@ def test_reload_after_adding_packs_runs_the_next_hires_and_lora_jobs(pipe, pipel
             "-o", "lora.png", cwd=tmp_path)
     assert r.returncode == 0, r.stderr.decode() + pipe.logs()
     assert Image.open(tmp_path / "lora.png").size == (64, 64)
+    deadline, listed = time.monotonic() + 60, ""
+    while "style.safetensors" not in listed and time.monotonic() < deadline:     # the front restarted, new port
+        try:
+            with urllib.request.urlopen(pipe.http_url().rstrip("/") + "/object_info/LoraLoader", timeout=10) as page:
+                listed = page.read().decode()
+        except OSError as e:
+            listed = f"{e}"
+            time.sleep(0.5)
+    assert "style.safetensors" in listed, listed + pipe.logs()   # the front's LoRAs: those of the new models folder
     assert "nothing to reload" in cli(pipe, "reload", cwd=tmp_path).stdout.decode()
     _clean(pipe)

@@ -352,19 +352,19 @@ def test_reload_after_adding_packs_lets_the_next_hires_and_lora_jobs_through(lor
             assert "scheduler and executor and orchestrator" in reply.message
         capsys.readouterr()
         assert cli.main(["--run", str(run), "reload"]) == 0
-        assert sup.restarted == ["scheduler", "executor", "orchestrator"]
+        assert sup.restarted == ["scheduler", "executor", "orchestrator", "http"]
         out = capsys.readouterr().out
         assert "orchestrator RUNNING pid" in out and "(was running with other packs" in out
         for prompt in (hires, lora):
             assert isinstance(submit(prompt), m.Submitted)
         assert cli.main(["--run", str(run), "reload"]) == 0 and sup.restarted == ["scheduler", "executor",
-                                                                                   "orchestrator"]
+                                                                                   "orchestrator", "http"]
         assert "nothing to reload: every program runs with" in capsys.readouterr().out
         # the VAE's packs: the daemon refuses the sizes they cannot decode, so it takes them again (the VAE stage
         # starts per job on the file as it is)
         toml.write_text(toml.read_text() + f'\n[stage.vae]\nbackend = "onnx"\nvae_pack = ["{lora_bundle}/vae-{SIZE}"]\n')
         sup.restarted.clear()
-        assert cli.main(["--run", str(run), "reload"]) == 0 and sup.restarted == ["orchestrator"]
+        assert cli.main(["--run", str(run), "reload"]) == 0 and sup.restarted == ["orchestrator", "http"]
         assert isinstance(submit(lora), m.Submitted)
         reply = submit({"width": 32, "height": 32})
         assert isinstance(reply, m.Error) and "32x32 has a model pack but no VAE pack" in reply.message
