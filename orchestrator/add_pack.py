@@ -24,9 +24,10 @@ def _edited(text: str, entry: str, has_default: bool) -> str:
     after `pack_dir`; or, with no pack yet, `pack_dir = entry` in place of init's commented `# pack_dir = "…"`."""
     top = text[:m.start()] if (m := _FIRST_TABLE.search(text)) else text      # only top-level keys are edited
     packs = list(_PACKS.finditer(top))
-    dirs = [d for d in _PACK_DIR.finditer(top)]
+    found = list(_PACK_DIR.finditer(top))
+    dirs = [d for d in found if not d.group().startswith("#")] or found[:1]     # a commented-out one: init's
     if len(packs) > 1 or len(dirs) > 1:
-        raise AddPackError("pipeline.toml names `packs` or `pack_dir` more than once at its top")
+        raise AddPackError("pipeline.toml sets `packs` or `pack_dir` more than once at its top")
     if packs:
         p = packs[0]
         items = p.group("items").rstrip()
@@ -39,7 +40,7 @@ def _edited(text: str, entry: str, has_default: bool) -> str:
         raise AddPackError("pipeline.toml has no `pack_dir` line at its top to add the pack after; add it by hand "
                            "(packs = [\"…\"])")
     d = dirs[0]
-    if not has_default:
+    if not has_default or d.group().startswith("#"):
         return text[:d.start()] + f"pack_dir = {entry}" + text[d.end():]
     return text[:d.end()] + f"\npacks = [{entry}]" + text[d.end():]
 

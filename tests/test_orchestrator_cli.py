@@ -289,3 +289,8 @@ def test_init_add_pack_keeps_every_edit(tmp_path, capsys):
     assert "is not a one-line list" in capsys.readouterr().err
     assert cli.main(["--run", str(tmp_path / "none"), "init", "--add-pack", str(b)]) == 2
     assert "does not exist; make the run folder first" in capsys.readouterr().err
+    bare = tmp_path / "bare"                               # init with no pack: its commented pack_dir takes the first
+    assert cli.main(["--run", str(bare), "init"]) == 0
+    assert cli.main(["--run", str(bare), "init", "--add-pack", str(a), "--add-pack", str(b)]) == 0
+    assert load_config(bare / "pipeline.toml").packs == (a.resolve(), b.resolve())
+    assert "# pack_dir" not in (bare / "pipeline.toml").read_text()
