@@ -365,10 +365,12 @@ def _part_sizes(out: Path) -> list:
 
 
 def _bundle_sizes(out: Path, asked: list, overwrite: bool, steps: "_Steps") -> list:
-    """The sizes the bundle at `out` will list: the ones asked for, then those it holds already; with `overwrite`
-    the folders of the sizes not asked for are removed (a part bundle.json does not list would still be copied)."""
+    """The sizes the bundle at `out` will list: those it holds already in their order (its first, the default of a
+    run folder made from it, stays the default), then the new ones asked for; with `overwrite` only those asked for,
+    and the folders of the others removed (a part bundle.json does not list would still be copied)."""
     import shutil
-    earlier = [s for s in _part_sizes(out) if s not in asked]
+    held = _part_sizes(out)
+    earlier = [s for s in held if s not in asked]
     if earlier and overwrite:
         for s in earlier:
             for rel in part_dirs(s):
@@ -377,7 +379,7 @@ def _bundle_sizes(out: Path, asked: list, overwrite: bool, steps: "_Steps") -> l
         return asked
     if earlier:
         steps.say(f"keeping {', '.join(map(size_key, earlier))} (already in the bundle; --overwrite removes it)")
-    sizes = asked + earlier
+    sizes = held + [s for s in asked if s not in held]
     steps.parts(2 * len(sizes) + 1)
     return sizes
 

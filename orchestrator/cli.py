@@ -30,7 +30,7 @@ from orchestrator import daemon_client
 from orchestrator.daemon_client import DAEMON_TIMEOUT_S, DaemonRefused
 from orchestrator.prompt_spec import (PromptError, parse_prompt_obj, parse_prompt_text, prompt_record,
                                       read_prompt_file, read_prompt_stream, resolve_prompt)
-from orchestrator.runfolder import PROGRAMS, RunFolder, init_run
+from orchestrator.runfolder import ALWAYS_ON_STAGES, PROGRAMS, RunFolder, init_run
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130      # 128 + SIGINT, as shells report a Ctrl-C
@@ -501,6 +501,46 @@ def cmd_restart(args, rf: RunFolder) -> int:
     return EXIT_OK
 
 
+def _stale_programs(rf: RunFolder) -> dict:
+    """{program: the settings it runs with that differ from RUN/pipeline.toml} of the local programs that hold the
+    file's settings from their start (the on-demand stages start on the file as it is, every job); the daemon when
+    it recorded nothing (started by older code) too."""
+    from stages.config import load_config
+    from stages.config_digest import record_path, stale_settings
+    cfg = load_config(rf.pipeline_toml)
+    local = [s for s in ALWAYS_ON_STAGES if not cfg.is_remote(s)] + ["orchestrator"]
+    stale = {s: keys for s in local if (keys := stale_settings(cfg, s))}
+    if "orchestrator" not in stale and not record_path(cfg, "orchestrator").is_file():
+        stale["orchestrator"] = ["(its start not recorded)"]
+    return stale
+
+
+def _wait_daemon(rf: RunFolder, timeout_s: float = DAEMON_GONE_S) -> None:
+    from orchestrator.daemon_probe import daemon_answers
+    deadline = time.monotonic() + timeout_s
+    while not daemon_answers(rf):
+        if time.monotonic() > deadline:
+            raise CliError(f"the orchestrator daemon did not answer within {timeout_s:.0f} s of its restart "
+                           f"(orchestrator logs orchestrator)")
+        time.sleep(0.3)
+
+
+def cmd_reload(args, rf: RunFolder) -> int:
+    stale = _stale_programs(rf)
+    if not stale:
+        print(f"nothing to reload: every program runs with {rf.pipeline_toml} as it is")
+        return EXIT_OK
+    if "orchestrator" in stale:            # the HTTP front keeps the daemon's packs (its sizes, the page) from its start
+        stale["http"] = ["packs, as the orchestrator's"]
+    sup = _supervisor(rf)
+    for name, keys in stale.items():
+        info = sup.restart(name)
+        if name == "orchestrator":
+            _wait_daemon(rf)
+        print(f"{name} {info.state} pid {info.pid} (was running with other {', '.join(keys[:5])})")
+    return EXIT_OK
+
+
 def cmd_logs(args, rf: RunFolder) -> int:
     sup = _supervisor(rf)
     text, offset, _ = sup.tail(_program(args.stage), 0, args.bytes)
@@ -529,7 +569,22 @@ def cmd_keys(args, rf: RunFolder) -> int:
     return EXIT_OK
 
 
+def _init_add_pack(args, rf: RunFolder) -> int:
+    from orchestrator.add_pack import add_packs
+    if args.bundle or args.pack or args.models or args.force:
+        raise CliError("--add-pack edits the run folder's pipeline.toml as it is: give it without --pack, --bundle, "
+                       "--models or --force", EXIT_USAGE)
+    rf.check()
+    changes: list = []
+    add_packs(rf, args.add_pack, changes)
+    for line in changes:
+        print(line)
+    return EXIT_OK
+
+
 def cmd_init(args, rf: RunFolder) -> int:
+    if args.add_pack:
+        return _init_add_pack(args, rf)
     bundle = None
     if args.bundle:
         if args.pack:
@@ -620,6 +675,9 @@ COMMANDS = (
         arg("--python", help="interpreter for the stage programs (default: this one)"),
         arg("--pack", action="append", help="model pack folder for pipeline.toml; repeat it for more sizes "
                                             "(one pack per size, the first is the default)"),
+        arg("--add-pack", action="append", metavar="PACK", help="add a model pack (another size) to the run "
+                                                                 "folder's pipeline.toml, keeping every edit in it "
+                                                                 "(repeatable)"),
         arg("--models", help="models folder (text encoder, VAE) for pipeline.toml; with --bundle, where LoRAs are "
                              "(its loras/; default: the run folder's models/)"),
         arg("--bundle", help="a board bundle (anima-models bundle): every pack, the encoder and the VAE, "
@@ -712,6 +770,8 @@ COMMANDS = (
     Command("stages", "supervisord state of every program", cmd_stages),
     Command("restart", "restart one program through supervisord", cmd_restart, (
         arg("stage", metavar="PROGRAM", help=PROGRAM_HELP),)),
+    Command("reload", "after an edit of pipeline.toml: restart every program it concerns (scheduler, executor, "
+                      "the daemon), waiting for the daemon to answer", cmd_reload),
     Command("logs", "a program's log", cmd_logs, (
         arg("stage", metavar="PROGRAM", help=PROGRAM_HELP),
         arg("-f", "--follow", action="store_true", help="keep printing what the program writes (Ctrl-C stops)"),

@@ -30,7 +30,7 @@ from protocol.arena import reap, run_prefix
 from protocol.sockets import EventPull, LazyPirate, Server
 from protocol.version import VERSION
 from stages.config import ConfigError
-from stages.config_digest import stale_stages_message
+from stages.config_digest import record_start, stale_stages_message
 
 log = logging.getLogger(__name__)
 
@@ -313,7 +313,8 @@ class Daemon:
         base = Path(msg.base_dir)
         if not base.is_absolute():
             return m.error_reply(msg.id, "bad_request", "base_dir must be an absolute path", field="base_dir")
-        stale = stale_stages_message(self._file_config(), ALWAYS_ON_STAGES)  # on-demand ones start on the file as is
+        # on-demand stages start on the file as it is; this daemon's own packs and settings are those of its start
+        stale = stale_stages_message(self._file_config(), ALWAYS_ON_STAGES + ("orchestrator",))
         if stale:
             return m.error_reply(msg.id, "failed", stale)
         spec = resolve_prompt(msg.prompt, base_dir=base, resolution=list(self.packs),
@@ -477,6 +478,7 @@ def serve(rf: RunFolder, config_path: Path) -> int:
     logging.getLogger().setLevel(cfg.log_level.upper())
     setproctitle.setproctitle("anima-orchestrator")
     d = Daemon(cfg, rf)
+    record_start(cfg, "orchestrator")     # its packs and settings: an edit of the file asks for `orchestrator reload`
 
     def on_signal(signum, frame):
         log.info("orchestrator received %s, stopping", signal.Signals(signum).name)

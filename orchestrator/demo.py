@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from models.durable import atomic_write
+from orchestrator.daemon_probe import daemon_answers
 from orchestrator.runfolder import ALWAYS_ON_STAGES, EXAMPLE_PROMPT, REPO_DIR, RunFolder, init_run
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,9 @@ def prepare_run(run: Path, models: Path, pack: Path) -> tuple[RunFolder, bool]:
     if toml.exists():
         from stages.config import load_config
         cfg = load_config(toml)
-        changed = cfg.packs != (pack.resolve(),) or cfg.models_dir != models.resolve()
+        # the demo's pack the default and its models: the demo's folder, also with more packs added
+        # (`orchestrator init --add-pack`), which it keeps
+        changed = cfg.packs[:1] != (pack.resolve(),) or cfg.models_dir != models.resolve()
         if changed and not toml.read_text().startswith(DEMO_MARK):
             raise DemoError(f"{toml} is not the demo's (pack_dir {cfg.pack_dir}, models_dir {cfg.models_dir}); "
                             f"the demo leaves it alone: run it with another --run folder")
@@ -178,7 +181,7 @@ def ensure_supervisord(rf: RunFolder, config_changed: bool = False) -> bool:
     while True:
         try:
             info = sup.info("orchestrator")
-            if info.state == "RUNNING" and rf.daemon_sock.exists() and _daemon_answers(rf):
+            if info.state == "RUNNING" and rf.daemon_sock.exists() and daemon_answers(rf):
                 return started
             if info.state in ("FATAL", "EXITED", "BACKOFF"):
                 raise DemoError(f"the orchestrator daemon is {info.state}: {info.spawnerr or info.description}\n"
@@ -210,22 +213,6 @@ def http_front(rf: RunFolder, timeout_s: float = 30.0) -> str:
             tail = _log_tail(rf, "http", 400).strip().splitlines()
             return f"the HTTP front is {info.state}: {tail[-1] if tail else ''} (log: {rf.logs / 'http.log'})"
         time.sleep(0.2)
-
-
-def _daemon_answers(rf: RunFolder) -> bool:
-    """HELLO to the job daemon: READY means it serves (a socket file alone may be a dead daemon's)."""
-    import zmq
-    from protocol.messages import Hello, Ready
-    from protocol.sockets import LazyPirate
-    from protocol.version import VERSION
-    ctx = zmq.Context()
-    try:
-        with LazyPirate(ctx, rf.daemon_endpoint, peer="orchestrator daemon", timeout_s=2.0, retries=0) as link:
-            return isinstance(link.request(Hello(peer="demo", pid=os.getpid(), version=VERSION)), Ready)
-    except Exception:  # noqa: BLE001 - not up yet
-        return False
-    finally:
-        ctx.term()
 
 
 def _log_tail(rf: RunFolder, program: str, chars: int = 2000) -> str:

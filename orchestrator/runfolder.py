@@ -115,7 +115,7 @@ run_dir = "."
 """
 
 
-def _toml_str(value) -> str:
+def toml_str(value) -> str:
     """A TOML basic string (json's escapes are TOML's for every character a path holds)."""
     import json
     return json.dumps(str(value), ensure_ascii=False)
@@ -124,9 +124,9 @@ def _toml_str(value) -> str:
 def bundle_stage_tables(bundle, stages: tuple[str, ...] = ("encoder", "vae")) -> str:
     """The [stage.encoder] and [stage.vae] tables of a checked models.bundle.Bundle (those of `stages`): its encoder
     pack on ONNX Runtime, its VAE packs (one per image size) on its backend."""
-    vae = ", ".join(_toml_str(v) for _, v in bundle.sizes.values())
-    tables = {"encoder": f"[stage.encoder]\nbackend = \"onnx\"\npack = {_toml_str(bundle.encoder)}\n\n",
-              "vae": f"[stage.vae]\nbackend = {_toml_str(bundle.backend)}\n"
+    vae = ", ".join(toml_str(v) for _, v in bundle.sizes.values())
+    tables = {"encoder": f"[stage.encoder]\nbackend = \"onnx\"\npack = {toml_str(bundle.encoder)}\n\n",
+              "vae": f"[stage.vae]\nbackend = {toml_str(bundle.backend)}\n"
                      f"vae_pack = [{vae}]     # one per image size\n\n"}
     return "".join(tables[s] for s in stages)
 
@@ -137,18 +137,18 @@ def pipeline_toml_text(pack_dirs=(), models_dir: Path | None = None, bundle=None
     each size, the encoder pack and the VAE packs, every path absolute."""
     if bundle is not None:
         pack_dirs = [dit for dit, _ in bundle.sizes.values()]
-    dirs = [_toml_str(Path(p).resolve()) for p in pack_dirs]
+    dirs = [toml_str(Path(p).resolve()) for p in pack_dirs]
     pack = f'pack_dir = {dirs[0]}\n' if dirs else '# pack_dir = "…"\n'
     packs = "packs = [" + ", ".join(dirs[1:]) + "]\n" if len(dirs) > 1 else ""
-    models = f'models_dir = {_toml_str(Path(models_dir).resolve())}\n' if models_dir else '# models_dir = "…"\n'
+    models = f'models_dir = {toml_str(Path(models_dir).resolve())}\n' if models_dir else '# models_dir = "…"\n'
     tables = ""
     if bundle is not None and models_dir:
         models = models.rstrip("\n") + f"     # LoRAs: {LORA_FILES} (the bundle's packs need nothing else here)\n"
     if bundle is not None:
         # quoted as TOML strings: a folder's name may hold a newline, and a comment must stay one line
-        toolkit = f", rknn-toolkit2 {_toml_str(bundle.toolkit)}" if bundle.toolkit else ""
-        pack = (f"# from the bundle {_toml_str(bundle.dir)} (target {_toml_str(bundle.target)}{toolkit})\n"
-                f"backend = {_toml_str(bundle.backend)}     # the executor's model backend (a top-level key)\n"
+        toolkit = f", rknn-toolkit2 {toml_str(bundle.toolkit)}" if bundle.toolkit else ""
+        pack = (f"# from the bundle {toml_str(bundle.dir)} (target {toml_str(bundle.target)}{toolkit})\n"
+                f"backend = {toml_str(bundle.backend)}     # the executor's model backend (a top-level key)\n"
                 + pack)
         tables = bundle_stage_tables(bundle) + "[stage.executor]\n# policy = \"auto\"         # models/policy.py\n\n"
     return PIPELINE_TEMPLATE.format(pack=pack, packs=packs, models=models, tables=tables)

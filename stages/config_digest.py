@@ -5,7 +5,8 @@ halfway on a scheduler or executor still running the old settings).
     RUN/stages/NAME.config.json   {"pid": PID, "digest": SHA256, "settings": {dotted key: value}}
 
 A stage's effective configuration is the file's top-level settings (packs, models folder, backend, threads,
-endpoints, timeouts, security) and its own `[stage.NAME]` table, with every default filled in and paths resolved:
+endpoints, timeouts, security) and its own `[stage.NAME]` table (the job daemon's also `[stage.vae]`: ALSO_READS),
+with every default filled in and paths resolved:
 a comment, another stage's table or the log level changes nothing it computes with.
 """
 from __future__ import annotations
@@ -35,6 +36,8 @@ RULE = 2
 # VAE added to the file must not ask for a scheduler restart)
 CALLS = {"scheduler": ("executor",), "executor": (), "encoder": (), "vae": ()}
 SERVES_ALSO = ("events",)
+# another program's table a program computes with: the job daemon refuses a size the VAE's packs cannot decode
+ALSO_READS = {"orchestrator": ("vae",)}
 
 
 def _concerns(stage: str, key: str, settings: dict) -> bool:
@@ -55,7 +58,8 @@ def effective_settings(config, stage: str) -> dict:
     """{dotted key: value} of what `stage` runs with under `config` (a stages.config.PipelineConfig): the other
     programs' endpoints and keys left out (CALLS)."""
     top = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in IGNORED}
-    top[f"stage.{stage}"] = config.stage.get(stage)
+    for table in (stage, *ALSO_READS.get(stage, ())):
+        top[f"stage.{table}"] = config.stage.get(table)
     plain = json.loads(json.dumps(msgspec.to_builtins(top, enc_hook=str), sort_keys=True, default=str))
     out: dict = {}
 
@@ -128,6 +132,5 @@ def stale_stages_message(config, stages) -> str:
         return ""
     what = "; ".join(f"{s} ({', '.join(k[:80] for k in keys[:5])}{' ...' if len(keys) > 5 else ''})"
                      for s, keys in stale.items())
-    restart = " and ".join(f"orchestrator restart {s}" for s in stale)
-    return (f"{config.path} changed since these stages started, and they still run the old settings: {what}; "
-            f"restart them first: {restart}")
+    return (f"{config.path} changed since these programs started, and they still run the old settings: {what}; "
+            f"restart them first: orchestrator reload (it restarts {' and '.join(stale)})")

@@ -158,3 +158,55 @@ def test_ctrl_c_cancels_generate(pipe, tmp_path):
     assert pipe.wait(job, ("cancelled",), timeout_s=120).state == "cancelled"
     _clean(pipe)
 
+
+
+def test_reload_after_adding_packs_runs_the_next_hires_and_lora_jobs(pipe, pipeline_assets, tmp_path):
+    """Issue 44, on the running pipeline (last in this module: it leaves the pipeline on the edited file): a pack of
+    another size and a LoRA-ready pack added with `init --add-pack`, the LoRAs' models folder and the VAE pack of the
+    new size edited in by hand; a job is refused naming `orchestrator reload` until it ran, then the hires job and the
+    LoRA job run, with no other command."""
+    import re
+    import shutil
+    import time
+    import urllib.request
+
+    from models.lora.synth import write_lora
+    from tests.pipeline_harness import board_stage_toml, tiny_assets
+    models, pack = pipeline_assets
+    ready = tiny_assets(pack.parent, (64, 64), lora_rank=4)[1]                  # LoRA-ready, the new size
+    board_stage_toml(models, pack.parent, (64, 64))                             # its CPU bundle: the 64x64 VAE pack
+    vae64 = pack.parent / "cpu-bundle-64x64" / "vae-64x64"
+    mine = shutil.copytree(models, tmp_path / "models", copy_function=os.link)  # the session's folder stays as it is
+    (mine / "loras").mkdir(exist_ok=True)
+    write_lora("tiny", 5, mine / "loras" / "style.safetensors", "kohya", rank=4, groups=("blocks",))
+    r = cli(pipe, "init", "--add-pack", str(ready), cwd=tmp_path)
+    assert r.returncode == 0 and "added" in r.stdout.decode(), r.stderr.decode()
+    toml = pipe.rf.pipeline_toml
+    text = re.sub(r'^models_dir = .*$', f'models_dir = "{mine}"', toml.read_text(), count=1, flags=re.M)
+    toml.write_text(re.sub(r'^(vae_pack = \[[^\]]*)\]', rf'\1, "{vae64}"]', text, count=1, flags=re.M))
+    hires = ("generate", "a", "--seed", "3", "--steps", "2", "-W", "64", "-H", "64", "--hires", "128x128",
+             "--hires-steps", "2", "-o", "hires.png")
+    r = cli(pipe, *hires, cwd=tmp_path)
+    assert r.returncode != 0 and "orchestrator reload" in r.stderr.decode(), r.stderr.decode()
+    r = cli(pipe, "reload", cwd=tmp_path)
+    out = r.stdout.decode()
+    assert r.returncode == 0 and all(f"{p} RUNNING" in out for p in ("scheduler", "executor", "orchestrator", "http")), \
+        r.stderr.decode() + pipe.logs()
+    r = cli(pipe, *hires, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr.decode() + pipe.logs()
+    assert Image.open(tmp_path / "hires.png").size == (128, 128)
+    r = cli(pipe, "generate", "a", "--seed", "4", "--steps", "2", "-W", "64", "-H", "64", "--lora", "style",
+            "-o", "lora.png", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr.decode() + pipe.logs()
+    assert Image.open(tmp_path / "lora.png").size == (64, 64)
+    deadline, listed = time.monotonic() + 60, ""
+    while "style.safetensors" not in listed and time.monotonic() < deadline:     # the front restarted, new port
+        try:
+            with urllib.request.urlopen(pipe.http_url().rstrip("/") + "/object_info/LoraLoader", timeout=10) as page:
+                listed = page.read().decode()
+        except OSError as e:
+            listed = f"{e}"
+            time.sleep(0.5)
+    assert "style.safetensors" in listed, listed + pipe.logs()   # the front's LoRAs: those of the new models folder
+    assert "nothing to reload" in cli(pipe, "reload", cwd=tmp_path).stdout.decode()
+    _clean(pipe)

@@ -131,3 +131,25 @@ def test_the_demo_takes_a_free_port_when_comfyuis_is_taken(tmp_path, capsys):
         holder.close()
     text = demo._http_port_for_demo("[stage.http]\nport = 9000\n")
     assert text == "[stage.http]\nport = 9000\n"
+
+
+def test_a_demo_folder_that_gained_packs_is_still_the_demos(tmp_path, capsys):
+    """Issue 44: after packs were added to the demo's run folder, `make demo` refused it (`... is not the demo's`) or
+    rewrote pipeline.toml without them. A folder whose default pack and models are the demo's is the demo's: the
+    packs added with `init --add-pack` (or `init --force` with more packs) stay."""
+    from orchestrator import cli
+    from stages.config import load_config
+    from tests.doubles_harness import fake_pack
+    pack, more, models = fake_pack(tmp_path / "pack", 64, 64), fake_pack(tmp_path / "more", 32, 32), tmp_path / "m"
+    models.mkdir()
+    run = tmp_path / "run"
+    rf, _ = demo.prepare_run(run, models, pack)
+    assert cli.main(["--run", str(run), "init", "--add-pack", str(more)]) == 0
+    text = rf.pipeline_toml.read_text()
+    rf, changed = demo.prepare_run(run, models, pack)
+    assert not changed and rf.pipeline_toml.read_text() == text
+    assert load_config(rf.pipeline_toml).packs == (pack.resolve(), more.resolve())
+    assert cli.main(["--run", str(run), "init", "--force", "--pack", str(pack), "--pack", str(more),
+                     "--models", str(models)]) == 0            # the demo's mark gone: still the demo's folder
+    rf, changed = demo.prepare_run(run, models, pack)
+    assert not changed and load_config(rf.pipeline_toml).packs == (pack.resolve(), more.resolve())

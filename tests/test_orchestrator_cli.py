@@ -257,3 +257,42 @@ def test_generate_hires_and_batch_options_become_prompt_json_fields(tmp_path, ca
         assert cli.main([*base, *extra]) == 2, extra
         assert words in capsys.readouterr().err, extra
     assert queued == []
+
+
+def test_init_add_pack_keeps_every_edit(tmp_path, capsys):
+    """Reported: `init --pack A --pack B` on an existing run folder wrote nothing and `--force` dropped the user's
+    edits (the port). `init --add-pack` adds the pack to pipeline.toml as an edit of its text: the hand-edited port and
+    comments stay byte for byte, the pack is the daemon's next size, a second pack of one size is refused."""
+    from stages.config import load_config
+    from tests.doubles_harness import fake_pack
+    a, b, c = fake_pack(tmp_path / "a", 64, 64), fake_pack(tmp_path / "b", 64, 32), fake_pack(tmp_path / "c", 32, 32)
+    dup = fake_pack(tmp_path / "dup", 64, 32)
+    run = tmp_path / "run"
+    assert cli.main(["--run", str(run), "init", "--pack", str(a)]) == 0
+    toml = run / "pipeline.toml"
+    edited = toml.read_text().replace("[stage.http]\n", "[stage.http]\nport = 8190   # mine\n", 1)
+    toml.write_text(edited)
+    capsys.readouterr()
+    assert cli.main(["--run", str(run), "init", "--add-pack", str(b)]) == 0
+    assert f"added {b.resolve()} to {toml}" in capsys.readouterr().out
+    text = toml.read_text()
+    assert text == edited.replace(f"pack_dir = \"{a.resolve()}\"\n",
+                                  f"pack_dir = \"{a.resolve()}\"\npacks = [\"{b.resolve()}\"]\n", 1)
+    cfg = load_config(toml)
+    assert cfg.packs == (a.resolve(), b.resolve()) and cfg.stage["http"].port == 8190
+    assert cli.main(["--run", str(run), "init", "--add-pack", str(c), "--add-pack", str(b)]) == 0
+    assert load_config(toml).packs == (a.resolve(), b.resolve(), c.resolve())
+    assert "port = 8190   # mine\n" in toml.read_text()
+    before = toml.read_text()
+    assert cli.main(["--run", str(run), "init", "--add-pack", str(dup)]) == 2
+    assert "are both 64x32; keep one pack per image size" in capsys.readouterr().err and toml.read_text() == before
+    toml.write_text(before.replace("packs = [", "packs = [\n", 1))            # a shape it does not edit
+    assert cli.main(["--run", str(run), "init", "--add-pack", str(fake_pack(tmp_path / "d", 96, 96))]) == 2
+    assert "is not a one-line list" in capsys.readouterr().err
+    assert cli.main(["--run", str(tmp_path / "none"), "init", "--add-pack", str(b)]) == 2
+    assert "does not exist; make the run folder first" in capsys.readouterr().err
+    bare = tmp_path / "bare"                               # init with no pack: its commented pack_dir takes the first
+    assert cli.main(["--run", str(bare), "init"]) == 0
+    assert cli.main(["--run", str(bare), "init", "--add-pack", str(a), "--add-pack", str(b)]) == 0
+    assert load_config(bare / "pipeline.toml").packs == (a.resolve(), b.resolve())
+    assert "# pack_dir" not in (bare / "pipeline.toml").read_text()

@@ -45,9 +45,13 @@ def _listed_folders(b: Path) -> set:
 
 # ---- item 15: a bundle built again for another size -----------------------------------------------------------------
 
-def test_another_size_is_added_to_the_bundle_not_swapped_for_it(lora_bundle, tiny_bundle, tmp_path, capsys):
+def test_another_size_is_added_to_the_bundle_not_swapped_for_it(lora_bundle, tiny_bundle, tmp_path, capsys,
+                                                                 monkeypatch):
     """Reported: `bundle --resolution 512x512 --out B` on a 256x256 bundle dropped 256x256 from bundle.json while its
-    folders stayed (and were rsynced). Now the earlier size stays listed; --overwrite removes its folders."""
+    folders stayed (and were rsynced). Now the earlier size stays listed; --overwrite removes its folders. Issue 44:
+    the added size silently became the default (listed first), and the closing hint named a checkout's `run`: the
+    earlier default stays first, and the hint names a run folder beside the bundle ($ANIMA_RUN when set)."""
+    monkeypatch.delenv("ANIMA_RUN", raising=False)
     b = _copy(lora_bundle, tmp_path / "b")
     assert _bundle(tiny_bundle, b, "--resolution", MORE, "--lora-rank", str(RANK)) == 0
     said = capsys.readouterr()
@@ -55,7 +59,9 @@ def test_another_size_is_added_to_the_bundle_not_swapped_for_it(lora_bundle, tin
     # item 20: a CPU bundle is used where it was built, not copied to a board
     assert "rsync" not in said.out and f"init --bundle {b}" in said.out and f"LoRA rank {RANK}" in said.out
     assert _listed_folders(b) == _part_folders(b) == {f"dit-{SIZE}", f"vae-{SIZE}", f"dit-{MORE}", f"vae-{MORE}"}
-    assert sorted(read_bundle(b).sizes) == sorted([(64, 64), (64, 80)])       # each listed part checks out
+    assert list(read_bundle(b).sizes) == [(64, 64), (64, 80)]       # each listed part checks out, the default first
+    run = tmp_path / "run"
+    assert f"orchestrator --run {run} init --bundle {b} && orchestrator --run {run} doctor" in said.out
     # --overwrite: only the size asked for is left, folders and listing alike
     assert _bundle(tiny_bundle, b, "--resolution", MORE, "--lora-rank", str(RANK), "--overwrite") == 0
     assert f"removed {SIZE}" in capsys.readouterr().err
@@ -196,9 +202,10 @@ def test_a_job_is_refused_while_a_stage_runs_an_older_config(lora_bundle, tmp_pa
                 assert isinstance(reply, m.Submitted), reply
                 continue
             assert isinstance(reply, m.Error) and changed in reply.message, reply
-            assert "orchestrator restart scheduler" in reply.message and len(d.store.pending()) == queued
+            assert "restart them first: orchestrator reload (it restarts scheduler" in reply.message
+            assert len(d.store.pending()) == queued
             if changed == "threads":                           # a top-level key: every stage runs with it
-                assert "orchestrator restart executor" in reply.message
+                assert "restarts scheduler and executor)" in reply.message
             record_start(cfg, "scheduler")                     # the scheduler restarted on the file
             record_start(cfg, "executor")
             assert isinstance(_submit(d, tmp_path), m.Submitted)
@@ -273,3 +280,93 @@ def test_a_record_of_another_rule_is_not_taken_for_a_stale_stage(tmp_path):
     assert stale_settings(cfg, "scheduler") == ["endpoints.encoder"]   # the same rule: a real difference
     path.write_text(json.dumps({**rec, "rule": RULE - 1}))
     assert stale_settings(cfg, "scheduler") == []
+
+
+class _Restarts:
+    """supervisord for `orchestrator reload`, in this process: a restarted stage records the file as it is now (as
+    stage_main does), a restarted orchestrator is a new Daemon on the file (as `orchestrator serve` is)."""
+
+    def __init__(self, run: Path):
+        self.run, self.restarted, self.daemon = run, [], None
+
+    def restart(self, name: str):
+        from types import SimpleNamespace
+
+        from orchestrator.daemon import Daemon
+        from orchestrator.runfolder import RunFolder
+        from stages.config import load_config
+        from stages.config_digest import record_start
+        cfg = load_config(self.run / "pipeline.toml")
+        if name == "orchestrator":
+            self.close()
+            self.daemon = Daemon(cfg, RunFolder.resolve(self.run))
+        record_start(cfg, name)
+        self.restarted.append(name)
+        return SimpleNamespace(state="RUNNING", pid=os.getpid())
+
+    def close(self):
+        if self.daemon is not None:
+            self.daemon.close()
+            self.daemon.ctx.term()
+
+
+def test_reload_after_adding_packs_lets_the_next_hires_and_lora_jobs_through(lora_bundle, tiny_bundle, tmp_path,
+                                                                             capsys, monkeypatch):
+    """Issue 44: after a pack was added, the refusal named `orchestrator restart scheduler` and `... executor`;
+    after both the daemon still refused the hires pass (`has no model pack`) and a LoRA on the new LoRA-ready pack
+    until `orchestrator restart orchestrator`, which nothing named. Now every stale-settings refusal names
+    `orchestrator reload`, which restarts every program whose settings differ from the file, the daemon included."""
+    from models.lora.synth import write_lora
+    from orchestrator.daemon import Daemon
+    from orchestrator.runfolder import RunFolder
+    from protocol import messages as m
+    from protocol.prompt import PromptFile
+    from stages.config import load_config
+    from stages.config_digest import record_start
+    from tests.doubles_harness import fake_pack
+    models = _copy(tiny_bundle, tmp_path / "models")
+    (models / "loras").mkdir()
+    write_lora("tiny", 7, models / "loras" / "style.safetensors", "kohya", rank=RANK, groups=("blocks",))
+    small, ready = fake_pack(tmp_path / "small", 32, 32), lora_bundle / f"dit-{SIZE}"     # LoRA-ready, 64x64
+    run = tmp_path / "run"
+    assert cli.main(["--run", str(run), "init", "--pack", str(small), "--models", str(models)]) == 0
+    toml = run / "pipeline.toml"
+    sup = _Restarts(run)
+    monkeypatch.setattr(cli, "_supervisor", lambda rf: sup)
+    monkeypatch.setattr("orchestrator.daemon_probe.daemon_answers", lambda rf: True)
+    for name in ("scheduler", "executor", "orchestrator"):         # the pipeline running on the file as init wrote it
+        sup.restart(name)
+    sup.restarted.clear()
+
+    def submit(prompt):
+        return sup.daemon.handle(m.Submit(prompt=PromptFile.from_data({"prompt": "1girl", "seed": 1, "steps": 2,
+                                                                       **prompt}), base_dir=str(tmp_path)))
+    hires = {"width": 32, "height": 32, "hires": {"width": 64, "height": 64}}
+    lora = {"width": 64, "height": 64, "loras": [{"name": "style"}]}
+    try:
+        assert cli.main(["--run", str(run), "init", "--add-pack", str(ready)]) == 0
+        assert load_config(toml).packs == (small.resolve(), ready.resolve())
+        for prompt in (hires, lora):
+            reply = submit(prompt)
+            assert isinstance(reply, m.Error) and "restart them first: orchestrator reload" in reply.message, reply
+            assert "scheduler and executor and orchestrator" in reply.message
+        capsys.readouterr()
+        assert cli.main(["--run", str(run), "reload"]) == 0
+        assert sup.restarted == ["scheduler", "executor", "orchestrator", "http"]
+        out = capsys.readouterr().out
+        assert "orchestrator RUNNING pid" in out and "(was running with other packs" in out
+        for prompt in (hires, lora):
+            assert isinstance(submit(prompt), m.Submitted)
+        assert cli.main(["--run", str(run), "reload"]) == 0 and sup.restarted == ["scheduler", "executor",
+                                                                                   "orchestrator", "http"]
+        assert "nothing to reload: every program runs with" in capsys.readouterr().out
+        # the VAE's packs: the daemon refuses the sizes they cannot decode, so it takes them again (the VAE stage
+        # starts per job on the file as it is)
+        toml.write_text(toml.read_text() + f'\n[stage.vae]\nbackend = "onnx"\nvae_pack = ["{lora_bundle}/vae-{SIZE}"]\n')
+        sup.restarted.clear()
+        assert cli.main(["--run", str(run), "reload"]) == 0 and sup.restarted == ["orchestrator", "http"]
+        assert isinstance(submit(lora), m.Submitted)
+        reply = submit({"width": 32, "height": 32})
+        assert isinstance(reply, m.Error) and "32x32 has a model pack but no VAE pack" in reply.message
+    finally:
+        sup.close()

@@ -69,8 +69,10 @@ def run(args) -> int:
           f"{total_bytes(data) / 1e6:.1f} MB")
     q = shlex.quote
     if data["target"] == "none":                 # a CPU bundle runs on this machine: nothing to copy
-        print(f"use it here:           orchestrator --run run init --bundle {q(str(out))} && "
-              "orchestrator --run run doctor")
+        import os                                # the user's run folder, else one beside the bundle (not a checkout's)
+        run = q(os.environ.get("ANIMA_RUN") or str(out.parent / "run"))
+        print(f"use it here:           orchestrator --run {run} init --bundle {q(str(out))} && "
+              f"orchestrator --run {run} doctor")
         return 0
     print(f"copy it to the board:  rsync -a --delete {q(str(out))}/ BOARD:anima/bundle/")
     print("then on the board:     orchestrator --run ~/anima/run init --bundle ~/anima/bundle && "
