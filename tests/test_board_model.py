@@ -503,12 +503,7 @@ def test_a_warm_job_drops_the_encoder_and_where_memory_allows_the_vae_lifecycle(
 def test_overhead_warm_is_the_cold_job_less_the_encoder_and_vae_lifecycle(capsys):
     """bench/overhead.py --analytic: the cold Turbo 8-step 512x512 job reproduces issue 43's 232 s, and --warm is
     that less 39 s and the 0.5 s VAE lifecycle (the VAE fits beside the contexts on 8 GB)."""
-    import importlib.util
-    from pathlib import Path
-    path = Path(board_auto.__file__).resolve().parents[2] / "bench" / "overhead.py"
-    spec = importlib.util.spec_from_file_location("overhead_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from bench import overhead as bench
     args = ["--analytic", "--policy", "auto", "--board-ram", "8", "--vae", "npu", "--resolution", "512x512",
             "--calls", "8", "--cfg", "1"]
     job = {}
@@ -519,3 +514,18 @@ def test_overhead_warm_is_the_cold_job_less_the_encoder_and_vae_lifecycle(capsys
         assert ("the VAE stays up between jobs" in "\n".join(out)) == warm
     assert round(job[False]) == 232
     assert math.isclose(job[False] - job[True], 39.0 + 0.5, abs_tol=0.11)
+
+
+def test_job_shapes_rows_are_overheads_lines(capsys):
+    """bench/job_shapes.py's row for a shape is bench/overhead.py --analytic's job for the same arguments: issue 43's
+    1 MP Turbo 8-step figures (FP16 1,014 s, W8A8 859 s), cold and warm."""
+    from bench import job_shapes, overhead
+    turbo8 = next(s for s in job_shapes.SHAPES if s[0] == "Turbo 8 steps cfg 1")
+    for pack, warm, want in (("fp16", False, 1014), ("int8", True, None)):
+        r = job_shapes.row((1024, 1024), pack, 8, turbo8, warm)
+        args = ["--analytic", "--policy", "auto", "--board-ram", "8", "--resolution", "1024x1024", "--calls", "8",
+                "--cfg", "1"] + (["--quant", "w8a8"] if pack == "int8" else []) + (["--warm"] if warm else [])
+        assert overhead.main(args) == 0
+        job = float(capsys.readouterr().out.splitlines()[-1].rsplit("job_s=", 1)[1])
+        assert r["job_s"] == round(job, 1) and r["label"] == "modelled" and r["vae_stays_up"] == warm
+        assert want is None or round(job) == want
