@@ -6,6 +6,7 @@ policy and board RAM, and the table a board owner reads.
     .venv/bin/python bench/overhead.py --backend rknn --pack packs/anima-512 --models MODELS --policy auto   # a board
     .venv/bin/python bench/overhead.py --analytic --policy all --board-ram 8,16,32     # the timeline only, no runs
     .venv/bin/python bench/overhead.py --analytic --policy auto --board-ram 8 --vae cpu   # the reference's CPU VAE
+    .venv/bin/python bench/overhead.py --analytic --policy auto --calls 8 --cfg 1 --warm  # prompts cached, VAE up
 
 board-sim: the executor's phases and the scheduler's host ops are paced to the MODELLED RK3588 (models/board/cost.toml,
 reference board figures) for the full-size model at 512x512, times --time-scale; the tiny pack computes the real
@@ -196,8 +197,21 @@ def model_for(pol: str, model: BoardModel, budget: float, shards, memory=None) -
     return model, model.shape.shards, dict(model.shape.cuts)
 
 
+def projection(model: BoardModel, e, calls: int, vae: str, budget: float, warm: bool = False) -> tuple:
+    """(Projection, whether the VAE stays up) of the job a policy's evaluation `e` runs (MODELLED): cold, or `warm`
+    (prompts cached; the VAE up between jobs when account.vae_stays_up says the board's memory allows)."""
+    from models.board.account import Projection, vae_stays_up
+    up = warm and vae_stays_up(model, budget, e.memory_mib)
+    j = job_figures(model, warm=warm, vae_up=up)
+    w, c, denoise = e.warm, e.cold, e.denoise_s
+    return Projection(c.wall_s, w.wall_s, w.npu_s, w.lifecycle_s, w.host_s, w.transport_s, 0.0, denoise,
+                      j["encode_s"], j["decode_s"], j["encode_s"] + denoise + j["decode_s"], j["decode_npu_s"],
+                      j["encode_s"] + denoise + j["decode_npu_s"], computed=calls, vae=vae), up
+
+
 def analytic_table(model: BoardModel, policies: list, rams: list, vae: str = "npu", shards=None,
-                   calls: int = board_auto.COMPUTED_STEPS, passes: int = 2, size: tuple = (512, 512)) -> list:
+                   calls: int = board_auto.COMPUTED_STEPS, passes: int = 2, size: tuple = (512, 512),
+                   warm: bool = False) -> list:
     """The projection from the analytic timeline alone (what `auto` evaluates), in the bench's table rows. `auto`
     without --shards weighs the sharded packs too (board_auto.choose_pack) and says which pack it needs. The job is
     priced by its model calls (`calls`, `passes` CFG passes each: 1 at cfg 1). Every policy must also fit beside
@@ -205,9 +219,7 @@ def analytic_table(model: BoardModel, policies: list, rams: list, vae: str = "np
     from models.packs.memory_fit import for_auto
     memory = for_auto(size)
     kw = {"computed_steps": calls, "passes": passes}
-    from models.board.account import Projection
     lines, last = [POLICY_HEADER + "  contexts  pack"], ""
-    j = job_figures(model)
     for ram in rams:
         budget = model.context_budget_mib(ram)
         for pol in policies:
@@ -227,11 +239,11 @@ def analytic_table(model: BoardModel, policies: list, rams: list, vae: str = "np
                 lines.append(f"{pol:<28} {ram:>4} does not fit{': ' + why if why else ''}  [{LABEL}]")
                 continue
             lines += [f"  {ram} GB, ruled out by memory: {why}" for why in e.ruled_out]
-            w, c = e.warm, e.cold
-            denoise = e.denoise_s
-            p = Projection(c.wall_s, w.wall_s, w.npu_s, w.lifecycle_s, w.host_s, w.transport_s, 0.0, denoise,
-                           j["encode_s"], j["decode_s"], j["encode_s"] + denoise + j["decode_s"], j["decode_npu_s"],
-                           j["encode_s"] + denoise + j["decode_npu_s"], computed=calls, vae=vae)
+            p, up = projection(model, e, calls, vae, budget, warm)
+            if warm:
+                lines.append(f"  {ram} GB, warm: prompts cached (encoder 0 s); the VAE "
+                             + ("stays up between jobs" if up else "does not fit beside the contexts: it loads")
+                             + f"  [{LABEL}]")
             name = f"auto: {e.policy.name}" if pol == "auto" else e.policy.name
             lines.append(format_policy_line(name, ram, p, f"{LABEL}, analytic")
                          + f"  {e.contexts}  {pack_note(n, cuts)}")
@@ -268,6 +280,9 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=board_auto.COMPUTED_STEPS,
                     help="--analytic: the job's model calls (a run's report.json model_calls: a step cache's reused "
                     "calls make none; default the 20-step Spectrum job's 11)")
+    ap.add_argument("--warm", action="store_true", help="--analytic: a warm job: its prompts' conditioning cached "
+                    "in the run folder (no encoder start, load or run), the VAE up between jobs where the board's "
+                    "memory allows it beside the contexts")
     ap.add_argument("--cfg", type=float, default=4.0, help="--analytic: the job's cfg (1: one CFG pass per call)")
     args = ap.parse_args(argv)
     try:
@@ -308,7 +323,7 @@ def main(argv=None) -> int:
         passes = 1 if math.isclose(args.cfg, 1.0) else 2
         try:
             lines = analytic_table(model, policies, rams, args.vae, args.shards, args.calls, passes,
-                                   (args.width, args.height))
+                                   (args.width, args.height), warm=args.warm)
         except ValueError as e:             # nothing fits this size on this board: say so, no traceback
             print(f"bench/overhead.py: --resolution {args.resolution}: {e}", file=sys.stderr)
             return 2
@@ -317,7 +332,7 @@ def main(argv=None) -> int:
         if args.json:                       # the printed table, kept (a run's JSON holds runs; this is a projection)
             from models.durable import atomic_write
             doc = {"label": LABEL, "analytic": True, "resolution": [args.width, args.height], "quant": args.quant,
-                   "shards": args.shards, "policies": policies, "board_ram_gb": rams, "lines": model.describe() + lines}
+                   "shards": args.shards, "warm": args.warm, "policies": policies, "board_ram_gb": rams, "lines": model.describe() + lines}
             atomic_write(Path(args.json), (json.dumps(doc, indent=1) + "\n").encode())
             print(f"json: {args.json}  [{LABEL}]")
         return 0

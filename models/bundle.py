@@ -8,14 +8,16 @@
 
     bundle.json  {"schema": 1, "kind": "anima-bundle", "target": "rk3588" | "none", "toolkit": "2.5.0" | null,
                   "sizes": {"512x512": {"dit": PART, "vae": PART}}, "encoder": PART, "sources": {...},
-                  "sampling"?: {"steps", "cfg", "sampler", "scheduler"} (`--sampling`, as every DiT pack records), ...}
+                  "sampling"?: {"steps", "cfg", "sampler", "scheduler"} (`--sampling`, as every DiT pack records),
+                  "lora": [{"name": "style.safetensors", "strength": 0.8, "sha256": HEX}], ...}
     PART         {"path": "dit-512x512", "kind": MANIFEST KIND, "bytes": N, "manifest_sha256": HEX}
 
 Paths are relative to the bundle (it is copied to the board as a whole). A part is pinned by the sha256 of its
 manifest, and the manifest holds the sha256 of every file, so the chain reaches every byte. `toolkit` is the
 rknn-toolkit2 release that compiled the packs: the board's rknn-toolkit-lite2 and librknnrt.so must be the same
 release. A `--target rk3588` bundle holds no branch ONNX graphs (models.packs.pack.omit_onnx): the NPU reads the .rknn
-files only. `--target none` is a CPU bundle: ONNX Runtime for every stage (a PC executor; the tests here).
+files only. "lora": the LoRAs baked into every DiT pack (`bundle --lora`, as `pack --lora`), each pack's manifest
+agreeing. `--target none` is a CPU bundle: ONNX Runtime for every stage (a PC executor; the tests here).
 """
 from __future__ import annotations
 
@@ -100,6 +102,7 @@ class Bundle:
     toolkit: Optional[str]
     sizes: dict            # {(width, height): (DiT pack folder, VAE pack folder)}, absolute, in bundle.json's order
     encoder: Path
+    lora: tuple = ()       # the LoRAs baked into every DiT pack: ({"name", "strength", "sha256"}, ...)
 
     @property
     def backend(self) -> str:
@@ -203,7 +206,7 @@ def read_bundle(bundle_dir, hashes: bool = False) -> Bundle:
         raise BundleError(f"{path}: toolkit {rec.toolkit[:40]!r} is not a release number (such as 2.5.0)")
     if not rec.sizes:
         raise BundleError(f"{path}: 'sizes' is empty; a bundle serves at least one image size")
-    sizes = {}
+    sizes, lora = {}, _baked_in(path, data.get("lora", []))
     for key, entry in rec.sizes.items():
         try:
             size = parse_resolution(key)
@@ -211,13 +214,34 @@ def read_bundle(bundle_dir, hashes: bool = False) -> Bundle:
             raise BundleError(f"{path}: sizes.{key[:40]}: {e}") from None
         dit = _check_part(b, entry.dit, f"{path} sizes.{key}.dit", hashes, rec.target, rec.toolkit, DIT_KIND)
         vae = _check_part(b, entry.vae, f"{path} sizes.{key}.vae", hashes, rec.target, rec.toolkit, VAE_KIND)
+        if _pack_baked(dit.manifest) != _pack_baked({"lora": {"baked": lora}}):
+            raise BundleError(f"{path}: sizes.{key}.dit: its DiT pack has baked LoRA "
+                              f"{baked_label(dit.manifest.get('lora', {}).get('baked', [])) or 'none'}, bundle.json "
+                              f"says {baked_label(lora) or 'none'}; rebuild the bundle")
         got = {"dit": (dit.geometry.width, dit.geometry.height), "vae": (vae.width, vae.height)}
         for part, s in got.items():
             if s != size:
                 raise BundleError(f"{path}: sizes.{key}.{part} is a {size_key(s)} pack; rebuild the bundle")
         sizes[size] = (dit.dir.resolve(), vae.dir.resolve())
     _check_part(b, rec.encoder, f"{path} encoder", hashes, rec.target, rec.toolkit, ENCODER_KIND)
-    return Bundle(b, data, rec.target, rec.toolkit, sizes, _member(b, rec.encoder.path, str(path)).resolve())
+    return Bundle(b, data, rec.target, rec.toolkit, sizes, _member(b, rec.encoder.path, str(path)).resolve(),
+                  lora)
+
+
+def _baked_in(path: Path, lora) -> tuple:
+    """bundle.json's "lora" (the LoRAs baked into its DiT packs), checked: a list of {name, strength, sha256}."""
+    ok = isinstance(lora, list) and all(
+        isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("sha256"), str)
+        and isinstance(e.get("strength"), (int, float)) and not isinstance(e.get("strength"), bool) for e in lora)
+    if not ok:
+        raise BundleError(f"{path}: 'lora' is not a list of {{name, strength, sha256}}; rebuild the bundle")
+    return tuple({"name": e["name"][:200], "strength": float(e["strength"]), "sha256": e["sha256"][:64]}
+                 for e in lora)
+
+
+def baked_label(lora) -> str:
+    """The baked LoRAs as the commands print them: "style.safetensors x 0.8, ..." ("" for none)."""
+    return ", ".join(f"{e['name']} x {e['strength']:g}" for e in lora)
 
 
 # ---- building ------------------------------------------------------------------------------------------------------
@@ -238,8 +262,8 @@ def _existing_branch_pack(d: Path, kind: str, source_sha: str, size: tuple, buil
     """What a DiT or VAE pack already at `d` leaves to do: "nothing" (complete for this source, size, FP16 and LoRA
     rank (DiT), target and toolkit, ONNX graphs removed for rk3588), "compile" (the pack is complete, its compile is
     not: it resumes, keeping the models already built), or "build" (absent, broken, or of another source, size or
-    rank). `build_for`: (target, toolkit, LoRA rank)."""
-    target, toolkit, lora_rank = build_for
+    rank, or other baked LoRAs). `build_for`: (target, toolkit, LoRA rank, baked LoRAs as _baked_key)."""
+    target, toolkit, lora_rank, baked = build_for
     if not (d / MANIFEST).is_file():
         return "build"
     try:
@@ -249,7 +273,8 @@ def _existing_branch_pack(d: Path, kind: str, source_sha: str, size: tuple, buil
         return "build"
     m = pack.manifest
     if m.get("source", {}).get("sha256") != source_sha or tuple(int(m["resolution"][k]) for k in ("width", "height")) \
-            != tuple(size) or (kind == DIT_KIND and (m.get("dtype") != "fp16" or pack.geometry.lora_rank != lora_rank)):
+            != tuple(size) or (kind == DIT_KIND and (m.get("dtype") != "fp16" or pack.geometry.lora_rank != lora_rank
+                               or _pack_baked(m) != baked)):
         return "build"
     if target == "none":
         return "build" if onnx_omitted(m) else "nothing"
@@ -258,6 +283,30 @@ def _existing_branch_pack(d: Path, kind: str, source_sha: str, size: tuple, buil
     current = all(isinstance(b.get("rknn"), dict) and b["rknn"].get("target") == target
                   and b["rknn"].get("toolkit") == toolkit for b in m["branches"])
     return "nothing" if current else "build"
+
+
+def _pack_baked(manifest: dict) -> tuple:
+    """A DiT pack's baked LoRAs as a build compares them: ((name, strength), ...) in order."""
+    return tuple((b.get("name"), float(b.get("strength", 0))) for b in manifest.get("lora", {}).get("baked", []))
+
+
+def _lora_records(loras) -> list:
+    """bundle.json's "lora": per baked LoRA its file's name, strength and sha256 (BundleError for a missing file)."""
+    out = []
+    for u in loras:
+        p = Path(u.path).expanduser()
+        if not p.is_file():
+            raise BundleError(f"--lora {u.path}: no such file")
+        out.append({"name": u.label, "strength": float(u.strength), "sha256": file_sha256(p)})
+    return out
+
+
+def _previous_lora(out: Path):
+    """The "lora" of the bundle.json already at `out` (None when there is none or it is unreadable)."""
+    try:
+        return json.loads((out / BUNDLE_JSON).read_text()).get("lora", [])
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
 
 
 def _kept_encoder(d: Path, src: _Sources) -> bool:
@@ -274,15 +323,17 @@ def _kept_encoder(d: Path, src: _Sources) -> bool:
 
 def build_bundle(models_dir, resolutions, target: str, out_dir, *, toolkit_venv=None, jobs: int = 1,
                  per_worker: int = 1, overwrite: bool = False, progress=None, overrides=None,
-                 lora_rank: int = 0, sampling: dict | None = None) -> dict:
+                 lora_rank: int = 0, loras=(), sampling: dict | None = None) -> dict:
     """Build (or complete) the bundle at `out_dir` from a ComfyUI-style models folder: per size (width, height) in
     `resolutions` an FP16 DiT pack (LoRA-ready at `lora_rank` R > 0) and a VAE pack, compiled for `target` (ONNX
     graphs then removed), the encoder pack, then bundle.json; -> bundle.json's content. A part already complete for
     these sources, size, target, toolkit and LoRA rank is kept (a run that stopped resumes); `progress` is a
     models.commands.progress.Progress. The sizes a bundle already at `out_dir` holds stay in it, after the ones
     asked for (made to match the sources, target and rank); with `overwrite` they are removed instead: no part
-    folder is left that bundle.json does not list. `sampling` (models/packs/sampling.py): what every DiT pack and
-    bundle.json record as the settings of the model (None: none recorded)."""
+    folder is left that bundle.json does not list. `loras` ([models.lora.LoraUse]): baked into every DiT pack as
+    `anima-models pack --lora` bakes them (a pack baked with other LoRAs, or files whose sha256 changed since the
+    last bundle.json, is rebuilt). `sampling` (models/packs/sampling.py): what every DiT pack and bundle.json record as
+    the settings of the model (None: none recorded)."""
     if target not in TARGETS:
         raise BundleError(f"target {target!r}: choose one of {', '.join(TARGETS)}")
     asked = list(dict.fromkeys(tuple(r) for r in resolutions))
@@ -292,7 +343,10 @@ def build_bundle(models_dir, resolutions, target: str, out_dir, *, toolkit_venv=
         raise BundleError(f"--lora-rank {lora_rank}: must be in 0..{LORA_RANKS[-1]}")
     paths = resolve_models(models_dir, overrides)
     src = _Sources(paths)
+    lora = _lora_records(loras)
     out = _bundle_folder(out_dir, asked, overwrite)
+    previous = _previous_lora(out)
+    baked = _pack_baked({"lora": {"baked": lora}}) if previous in (None, lora) else ("changed",)
     toolkit = _toolkit_for(target, toolkit_venv)
     steps = _Steps(progress)
     sizes = _bundle_sizes(out, asked, overwrite, steps)
@@ -302,8 +356,8 @@ def build_bundle(models_dir, resolutions, target: str, out_dir, *, toolkit_venv=
     for size in sizes:
         for rel, kind in zip(part_dirs(size), (DIT_KIND, VAE_KIND)):
             steps.step(rel)
-            note = _branch_pack_part(out / rel, kind, size, paths, src, (target, toolkit, lora_rank), overwrite,
-                                     steps, (toolkit_venv, jobs, per_worker))
+            note = _branch_pack_part(out / rel, kind, size, paths, src, (target, toolkit, lora_rank, baked), overwrite,
+                                     steps, (toolkit_venv, jobs, per_worker), loras)
             if kind == DIT_KIND and record_sampling(out / rel, sampling) and note.startswith("kept"):
                 note = "kept, its sampling record changed"
             steps.done(note)
@@ -319,7 +373,7 @@ def build_bundle(models_dir, resolutions, target: str, out_dir, *, toolkit_venv=
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "tools": tool_versions(),
         "sizes": {size_key(s): {"dit": _part_entry(out, part_dirs(s)[0], DIT_KIND),
                                 "vae": _part_entry(out, part_dirs(s)[1], VAE_KIND)} for s in sizes},
-        "encoder": _part_entry(out, ENCODER_DIR, ENCODER_KIND), "lora_rank": lora_rank,
+        "encoder": _part_entry(out, ENCODER_DIR, ENCODER_KIND), "lora_rank": lora_rank, "lora": lora,
         **({"sampling": dict(sampling)} if sampling is not None else {}),
         "sources": {n: {"name": getattr(paths, n).name, "sha256": src.sha(n)} for n in ("dit", "text_encoder", "vae")},
         "build_s": round(time.monotonic() - t0, 1),
@@ -426,17 +480,17 @@ class _Steps:
 
 
 def _branch_pack_part(d: Path, kind: str, size: tuple, paths, src: _Sources, build_for: tuple, overwrite: bool,
-                      steps: _Steps, compile_with: tuple) -> str:
+                      steps: _Steps, compile_with: tuple, loras=()) -> str:
     """One size's DiT or VAE pack at `d`, kept, built and/or compiled as it needs (ONNX then removed); what was done.
-    `build_for`: (target, toolkit, LoRA rank of a DiT pack); `compile_with`: (toolkit venv, jobs, per_worker)."""
+    `build_for`: (target, toolkit, LoRA rank and baked LoRAs of a DiT pack); `loras`: the LoRAs to bake; `compile_with`: (toolkit venv, jobs, per_worker)."""
     source = "dit" if kind == DIT_KIND else "vae"
-    target, toolkit, lora_rank = build_for
+    target, toolkit, lora_rank, _ = build_for
     todo = _existing_branch_pack(d, kind, src.sha(source), size, build_for)
     if todo == "nothing":
         return "kept (complete)"
     if todo == "build" and kind == DIT_KIND:
         build_pack(paths.dit, d, size, "fp16", overwrite=overwrite, progress=steps.counter("blocks"),
-                   lora_rank=lora_rank)
+                   lora_rank=lora_rank, loras=list(loras))
     elif todo == "build":
         build_vae_pack(paths.vae, d, size, overwrite=overwrite)
     if target == "none":

@@ -599,7 +599,9 @@ def cmd_init(args, rf: RunFolder) -> int:
         print(line)
     if bundle is not None:
         sizes = ", ".join(f"{w}x{h}" for w, h in bundle.sizes)
-        print(f"bundle {bundle.dir}: {sizes}, backend {bundle.backend}")
+        from models.bundle import baked_label
+        lora = f", baked LoRA {baked_label(bundle.lora)}" if bundle.lora else ""
+        print(f"bundle {bundle.dir}: {sizes}, backend {bundle.backend}{lora}")
     run = f" --run {rf.root}" if args.run else ""
     print(f"next: orchestrator{run} doctor, then supervisord -c {rf.supervisord_conf}")
     return EXIT_OK

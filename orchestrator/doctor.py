@@ -118,6 +118,10 @@ class Doctor:
                 continue
             dit_sizes.append((p.geometry.width, p.geometry.height))
             self.add(OK, "dit-pack", f"{d}: {p.geometry.width}x{p.geometry.height}, {p.dtype}; {how}")
+            baked = p.manifest.get("lora", {}).get("baked", [])
+            if baked:
+                from models.bundle import baked_label
+                self.add(OK, "lora", f"{d}: baked LoRA {baked_label(baked)} (no run-time cost)")
         vae = self.cfg.stage_settings("vae")
         if vae.get("backend", "torch") != "torch":
             packs = vae.get("vae_pack") or []

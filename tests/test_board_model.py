@@ -481,3 +481,52 @@ def test_the_executors_auto_weighs_its_packs_size_memory(tmp_path):
     small = resolve_policy("auto", "board-sim", BoardSimBackend, settings, packs=[small_pack])
     s = BoardModel.for_pack(small_pack)
     assert small == board_auto.choose(s, s.context_budget_mib(8))[0].policy
+
+
+def test_a_warm_job_drops_the_encoder_and_where_memory_allows_the_vae_lifecycle():
+    """--warm against cost.toml's own figures read here: cold - warm = the encoder estimate, plus the VAE's lifecycle
+    (scaled with the picture) when the VAE stays up; it stays up only when its resident memory fits the budget left."""
+    import tomllib
+    from pathlib import Path
+    from models.board.account import job_figures, vae_stays_up
+    j = tomllib.loads((Path(board_auto.__file__).parent / "cost.toml").read_text())["job"]
+    m = BoardModel(Shape.at_resolution(1024, 1024))
+    scale = m.shape.tokens / m.ref.tokens
+    assert scale == 4.0
+    cold, warm, up = job_figures(m), job_figures(m, warm=True), job_figures(m, warm=True, vae_up=True)
+    assert cold["encode_s"] == j["encoder_s_estimate"] == 39.0 and warm["encode_s"] == 0.0
+    assert warm["decode_npu_s"] == cold["decode_npu_s"] == 100.0
+    assert math.isclose(cold["decode_npu_s"] - up["decode_npu_s"], j["vae_npu_lifecycle_s_estimate"] * 4)
+    need = j["vae_npu_resident_mib_estimate"] * 4
+    assert vae_stays_up(m, 2000.0, 2000.0 - need) and not vae_stays_up(m, 2000.0, 2000.0 - need + 1)
+
+
+def test_overhead_warm_is_the_cold_job_less_the_encoder_and_vae_lifecycle(capsys):
+    """bench/overhead.py --analytic: the cold Turbo 8-step 512x512 job reproduces issue 43's 232 s, and --warm is
+    that less 39 s and the 0.5 s VAE lifecycle (the VAE fits beside the contexts on 8 GB)."""
+    from bench import overhead as bench
+    args = ["--analytic", "--policy", "auto", "--board-ram", "8", "--vae", "npu", "--resolution", "512x512",
+            "--calls", "8", "--cfg", "1"]
+    job = {}
+    for warm in (False, True):
+        assert bench.main(args + (["--warm"] if warm else [])) == 0
+        out = capsys.readouterr().out.splitlines()
+        job[warm] = float(out[-1].rsplit("job_s=", 1)[1])
+        assert ("the VAE stays up between jobs" in "\n".join(out)) == warm
+    assert round(job[False]) == 232
+    assert math.isclose(job[False] - job[True], 39.0 + 0.5, abs_tol=0.11)
+
+
+def test_job_shapes_rows_are_overheads_lines(capsys):
+    """bench/job_shapes.py's row for a shape is bench/overhead.py --analytic's job for the same arguments: issue 43's
+    1 MP Turbo 8-step figures (FP16 1,014 s, W8A8 859 s), cold and warm."""
+    from bench import job_shapes, overhead
+    turbo8 = next(s for s in job_shapes.SHAPES if s[0] == "Turbo 8 steps cfg 1")
+    for pack, warm, want in (("fp16", False, 1014), ("int8", True, None)):
+        r = job_shapes.row((1024, 1024), pack, 8, turbo8, warm)
+        args = ["--analytic", "--policy", "auto", "--board-ram", "8", "--resolution", "1024x1024", "--calls", "8",
+                "--cfg", "1"] + (["--quant", "w8a8"] if pack == "int8" else []) + (["--warm"] if warm else [])
+        assert overhead.main(args) == 0
+        job = float(capsys.readouterr().out.splitlines()[-1].rsplit("job_s=", 1)[1])
+        assert r["job_s"] == round(job, 1) and r["label"] == "modelled" and r["vae_stays_up"] == warm
+        assert want is None or round(job) == want

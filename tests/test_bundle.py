@@ -387,3 +387,57 @@ def test_bundle_run_folder_lists_and_checks_its_loader_names(cpu_bundle, tiny_bu
         errors = [err for node in e.value.body()["node_errors"].values() for err in node["errors"]
                   if node["class_type"] == cls]
         assert [err["type"] for err in errors] == ["value_not_in_list"], e.value.body()
+
+
+def test_bundle_lora_bakes_into_every_dit_pack(tiny_bundle, tiny_dit, cpu_bundle, tmp_path, capsys):
+    """`bundle --lora FILE:STRENGTH` bakes the LoRA into the DiT pack of every size as `pack --lora` does, records it
+    in bundle.json, and init --bundle and doctor say so; another strength rebuilds the DiT packs, nothing else."""
+    from models.lora import LoraUse
+    from models.lora.synth import write_lora
+    from models.packs.pack import build_pack, load_pack
+    from orchestrator.doctor import doctor
+    from orchestrator.runfolder import RunFolder
+    lora = tmp_path / "style.safetensors"
+    write_lora("tiny", 7, lora, "kohya", rank=4)
+    out = tmp_path / "b"
+    args = ["bundle", "--models", str(tiny_bundle), "--resolution", "64x64," + SIZE, "--target", "none",
+            "--out", str(out)]
+    assert models_main(args + ["--lora", f"{lora}:0.8"]) == 0
+    assert "baked LoRA style.safetensors x 0.8" in capsys.readouterr().out
+    data = json.loads((out / BUNDLE_JSON).read_text())
+    assert data["lora"] == [{"name": "style.safetensors", "strength": 0.8, "sha256": file_sha256(lora)}]
+    def weights(d):
+        return [b["sha256"] for b in load_pack(d).manifest["branches"]]
+    ref = build_pack(tiny_dit, tmp_path / "ref", (64, 64), "fp16", loras=[LoraUse(str(lora), 0.8)])
+    assert weights(out / "dit-64x64") == weights(ref)                        # pack --lora's weights
+    assert weights(out / "dit-128x128") != weights(cpu_bundle[0] / "dit-128x128")     # baked: not the plain pack
+    for key in ("64x64", SIZE):
+        m = load_pack(out / f"dit-{key}").manifest
+        assert [(b["name"], b["strength"]) for b in m["lora"]["baked"]] == [("style.safetensors", 0.8)]
+    assert read_bundle(out).lora == tuple(data["lora"])
+    assert cli.main(["--run", str(tmp_path / "run"), "init", "--bundle", str(out)]) == 0
+    assert "backend onnx, baked LoRA style.safetensors x 0.8" in capsys.readouterr().out
+    report = io.StringIO()
+    doctor(RunFolder.resolve(tmp_path / "run"), out=report)
+    lines = [ln for ln in report.getvalue().splitlines() if ln.startswith("ok lora: ")]
+    assert len(lines) == 2 and all("baked LoRA style.safetensors x 0.8 (no run-time cost)" in ln for ln in lines)
+    # another strength: both DiT packs rebuilt, the VAE packs and the encoder kept
+    assert models_main(args + ["--lora", f"{lora}:0.5"]) == 0
+    err = capsys.readouterr().err
+    assert json.loads((out / BUNDLE_JSON).read_text())["lora"][0]["strength"] == 0.5
+    assert load_pack(out / "dit-64x64").manifest["lora"]["baked"][0]["strength"] == 0.5
+    assert err.count("kept (complete)") == 3, err
+    # a LoRA file that is not there, and bundle.json's lora not a list: refused naming it
+    assert models_main(args + ["--lora", f"{tmp_path / 'nope.safetensors'}:0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "--lora" in err and "no such file" in err, err
+    b = copy_bundle(out, tmp_path / "b2")
+    data = json.loads((out / BUNDLE_JSON).read_text())
+    data["lora"][0]["strength"] = 0.8
+    replace_file(b / BUNDLE_JSON, json.dumps(data).encode())
+    with pytest.raises(BundleError, match="sizes.64x64.dit: its DiT pack has baked LoRA style.safetensors x 0.5"):
+        read_bundle(b)
+    data["lora"] = [{"name": "x"}]
+    replace_file(b / BUNDLE_JSON, json.dumps(data).encode())
+    with pytest.raises(BundleError, match="'lora' is not a list"):
+        read_bundle(b)

@@ -120,15 +120,25 @@ def check_vae(vae: str) -> str:
     return vae
 
 
-def job_figures(model: BoardModel) -> dict:
+def vae_stays_up(model: BoardModel, budget_mib: float, used_mib: float) -> bool:
+    """Whether the NPU VAE may stay up between jobs (MODELLED): its resident memory, scaled with the picture as its
+    time is, fits in the board's context budget beside what the DiT policy's contexts take (`used_mib`)."""
+    j = model.cost["job"]
+    need = float(j["vae_npu_resident_mib_estimate"]) * model.shape.tokens / model.ref.tokens
+    return budget_mib - used_mib >= need
+
+
+def job_figures(model: BoardModel, warm: bool = False, vae_up: bool = False) -> dict:
     """Encode and decode on the board (MODELLED): the reference's sd.cpp CPU VAE (R11, a 512x512 picture) and the two
     estimates, the decodes scaled by the picture's size. The VAE is convolutions (and tiles of a fixed size), so
     its work is linear in the pixels: tokens x 256 (one image token is 16x16 pixels). The encoder's work is the
-    prompt's, whatever the size."""
+    prompt's, whatever the size. `warm`: the prompts' conditioning comes from the run folder's cache (no encoder
+    start, load or run); `vae_up`: the NPU VAE stayed up since the last job (vae_stays_up): no lifecycle."""
     j = model.cost["job"]
     size = model.shape.tokens / model.ref.tokens
-    return {"encode_s": j["encoder_s_estimate"], "decode_s": j["vae_cpu_s"] * size,
-            "decode_npu_s": j["vae_npu_s_estimate"] * size}
+    npu = j["vae_npu_s_estimate"] - (j["vae_npu_lifecycle_s_estimate"] if vae_up else 0.0)
+    return {"encode_s": 0.0 if warm else j["encoder_s_estimate"], "decode_s": j["vae_cpu_s"] * size,
+            "decode_npu_s": npu * size}
 
 
 def board_section(steps: list, time_scale: float, model: BoardModel, settings: dict) -> dict:

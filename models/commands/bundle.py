@@ -32,6 +32,9 @@ def add_arguments(p) -> None:
     p.add_argument("--lora-rank", type=int, default=0, metavar="R",
                    help=f"LoRA-ready DiT packs: LoRAs up to a stacked rank R are chosen per job (0..{MAX_LORA_RANK}; "
                         "default 0; as `anima-models pack --lora-rank`, docs/lora.md)")
+    p.add_argument("--lora", action="append", default=[], metavar="FILE:STRENGTH",
+                   help="bake a LoRA into every DiT pack of the bundle (repeatable; strength default 1.0) as "
+                        "`anima-models pack --lora` does: no run-time cost; recorded in bundle.json")
     from models.packs.sampling import add_sampling_arguments
     add_sampling_arguments(p)
     p.add_argument("--overwrite", action="store_true", help="replace parts built from other model files, and "
@@ -44,7 +47,12 @@ def run(args) -> int:
     from models.models_dir import PART_NAMES
     from models.commands.progress import Progress
 
+    from models.lora import parse_lora_arg
     sizes = [parse_resolution(r) for given in args.resolution for r in given.split(",")]
+    try:
+        loras = [parse_lora_arg(a) for a in args.lora]
+    except ValueError as e:
+        raise UserError(str(e)) from None
     if args.jobs < 1:
         raise UserError(f"--jobs {args.jobs}: must be 1 or more")
     if not 0 <= args.lora_rank <= MAX_LORA_RANK:
@@ -60,11 +68,13 @@ def run(args) -> int:
     progress = Progress(2 * len(dict.fromkeys(sizes)) + 1)
     data = build_bundle(args.models, sizes, args.target, args.out, toolkit_venv=args.toolkit_venv, jobs=args.jobs,
                         per_worker=args.per_worker, overwrite=args.overwrite, progress=progress, overrides=overrides,
-                        lora_rank=args.lora_rank, sampling=sampling)
+                        lora_rank=args.lora_rank, loras=loras, sampling=sampling)
     from pathlib import Path
     out = Path(args.out).expanduser().absolute()
     toolkit = f", rknn-toolkit2 {data['toolkit']}" if data["toolkit"] else ""
     lora = f", LoRA rank {args.lora_rank}" if args.lora_rank else ""
+    from models.bundle import baked_label
+    lora += f", baked LoRA {baked_label(data['lora'])}" if data["lora"] else ""
     print(f"bundle {out}: {', '.join(data['sizes'])}, target {data['target']}{toolkit}{lora}, "
           f"{total_bytes(data) / 1e6:.1f} MB")
     q = shlex.quote
