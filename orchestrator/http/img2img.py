@@ -275,7 +275,7 @@ async def img2img(request: web.Request) -> web.Response:
 
     async def paste(png: bytes) -> bytes:
         return png if prep.overlay is None else await asyncio.to_thread(_pasted, png, req, prep)
-    jobs, pngs = await a1111.run_jobs(front, spec, req.count, paste)
+    jobs, pngs = await a1111.run_jobs(front, spec, req.count, paste, request)
     if pngs is None:
         return jobs
     job, png = jobs[0], pngs[0]
