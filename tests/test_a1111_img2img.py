@@ -180,6 +180,7 @@ def test_only_masked_with_an_empty_mask_inpaints_the_whole_picture(front):
     status, answer = front.request("POST", "/sdapi/v1/img2img", body)
     assert status == 200, answer
     np.testing.assert_array_equal(_kept(front, front.ran[0]["init_image"]), init)
+    assert "mask" not in front.ran[0]                  # A1111 switches to img2img: the whole picture repainted
     assert "Inpaint area" not in json.loads(answer["info"])["infotexts"][0]
 
 
@@ -268,3 +269,49 @@ def test_img2img_counts_steps_as_a1111_and_its_graph_says_so(front):
             start_step=s.get("start_step"), last_step=s.get("end_step")))
     assert len(sigmas(full)) == 12
     np.testing.assert_array_equal(sigmas(back), sigmas(full))
+
+
+def test_a_blank_mask_under_only_masked_is_img2img_of_the_resized_init(front):
+    """A1111 ("Unable to perform Inpaint Only mask because mask is blank, switch to img2img mode"): an all-black
+    mask with inpaint_full_res drops the mask and runs img2img on the init image brought to the job's size by
+    resize_mode. It was refused naming init_image (kept at its own 96x64 for a 64x64 job)."""
+    from models.images import fit_image
+    init = RNG.integers(0, 256, (64, 96, 3), dtype=np.uint8)
+    body = _body(init_images=[b64(png(init))], mask=b64(png(np.zeros((64, 96), np.uint8))), inpaint_full_res=True,
+                 resize_mode=1)
+    status, answer = front.request("POST", "/sdapi/v1/img2img", body)
+    assert status == 200, answer
+    spec = front.ran[0]
+    assert "mask" not in spec and "latent_fill" not in spec
+    want = np.asarray(fit_image(Image.fromarray(init, "RGB"), 64, 64, 1))
+    np.testing.assert_array_equal(_kept(front, spec["init_image"]), want)
+    assert _image(answer["images"][0]).shape == (64, 64, 3)
+
+
+def test_a_refused_img2img_leaves_no_kept_images(front, monkeypatch):
+    """The daemon refuses the job (a field, a full queue): the request's images in RUN/temp/a1111 are removed (a
+    queued job has its own copies), unless another request in flight holds the same bytes."""
+    from orchestrator.http.common import refuse
+    from orchestrator.http import img2img
+    folder = front.front.rf.root / "temp" / "a1111"
+
+    async def refused(front_, spec):
+        front.ran.append((spec["init_image"], sorted(p.name for p in folder.iterdir())))   # there for the SUBMIT
+        raise refuse(429, "the queue is full")
+    monkeypatch.setattr("orchestrator.http.a1111.run_job", refused)
+    mask = np.zeros((64, 64), np.uint8)
+    mask[8:20, 8:20] = 255
+    body = _body(mask=b64(png(mask)))
+    status, answer = front.request("POST", "/sdapi/v1/img2img", body)
+    assert status == 429, answer
+    ref, listed = front.ran[0]
+    assert len(listed) == 2 and list(folder.iterdir()) == []
+    held = ref.partition("/")[2].rsplit(" [", 1)[0]
+    img2img.HELD[held] += 1                                # another request holds the same init image meanwhile
+    try:
+        status, _ = front.request("POST", "/sdapi/v1/img2img", body)
+        assert status == 429 and [p.name for p in folder.iterdir()] == [held]
+    finally:
+        img2img.HELD[held] -= 1
+        del img2img.HELD[held]
+    assert not img2img.HELD
