@@ -17,13 +17,14 @@ SUBMIT_GRACE_S = 2.0         # a SUBMIT's answer is waited for this long past th
 class BadRequest(Exception):
     """A request refused with `status` (4xx) and a JSON `body`."""
 
-    def __init__(self, status: int, body: dict):
+    def __init__(self, status: int, body: dict, headers: dict | None = None):
         super().__init__(body.get("error") if isinstance(body.get("error"), str) else str(body))
-        self.status, self.body = status, body
+        self.status, self.body, self.headers = status, body, headers or {}
 
 
-def refuse(status: int, message: str, **extra) -> BadRequest:
-    return BadRequest(status, {"error": message, **extra})
+def refuse(status: int, message: str, *, headers: dict | None = None, **extra) -> BadRequest:
+    """`headers`: the answer's own (Retry-After on a 503 that passes)."""
+    return BadRequest(status, {"error": message, **extra}, headers)
 
 
 def _walk(obj, limit: int) -> tuple[int, str | None]:

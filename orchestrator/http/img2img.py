@@ -55,6 +55,9 @@ IMG2IMG_FIELDS = ("init_images", "mask", "resize_mode", "denoising_strength", "m
 MAX_BLUR = 64
 MAX_PADDING = 256
 LATENT_FILLS = {2: "noise", 3: "nothing"}     # inpainting_fill 2 latent noise, 3 latent nothing -> latent_fill
+PREPARE_SLOTS = 2             # requests decoding and blurring their images at once (a 4096² one: ~1 GB for seconds)
+RETRY_AFTER_S = 10            # a request past them is 503 with this Retry-After
+_preparing = 0                # requests in prepare now (the front is one process, one event loop)
 HELD: Counter = Counter()     # RUN/temp/a1111 names -> the requests in this front holding them (until their SUBMIT)
 
 
@@ -264,6 +267,21 @@ async def _kept(front, png: bytes, held: list) -> str:
         raise refuse(503, f"RUN/temp/a1111 cannot keep the request's images ({e}): remove what is there") from None
 
 
+async def _prepared(body: dict, size: tuple) -> tuple[Img2ImgRequest, Prepared]:
+    """to_request and prepare on a worker thread, at most PREPARE_SLOTS requests at once: more would hold a GB
+    each (RGBA 4096² images, their masks and blurs); the excess is 503 with Retry-After."""
+    global _preparing
+    if _preparing >= PREPARE_SLOTS:
+        raise refuse(503, f"{PREPARE_SLOTS} img2img requests are preparing their images; send it again in "
+                          f"{RETRY_AFTER_S} s", headers={"Retry-After": str(RETRY_AFTER_S)})
+    _preparing += 1
+    try:
+        req = await asyncio.to_thread(to_request, body, size)
+        return req, await asyncio.to_thread(prepare, req)
+    finally:
+        _preparing -= 1
+
+
 async def _released(front, held: list, refused: bool) -> None:
     """The request's hold on its kept images ends; a refused request's images no other request holds are removed
     (a queued job has its own copies in its folder)."""
@@ -295,8 +313,7 @@ async def _img2img(request: web.Request, front, held: list) -> web.Response:
     try:
         body = await read_json(request.clone(client_max_size=front.settings.max_upload_bytes))
         sizes = (await front.tracker.names()).sizes
-        req = await asyncio.to_thread(to_request, body, sizes[0] if sizes else (512, 512))
-        prep = await asyncio.to_thread(prepare, req)
+        req, prep = await _prepared(body, sizes[0] if sizes else (512, 512))
         kept = {"init_image": await _kept(front, prep.init_image, held)}
         if prep.mask is not None:
             kept["mask"] = await _kept(front, prep.mask, held)
