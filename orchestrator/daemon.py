@@ -310,6 +310,7 @@ class Daemon:
             return m.reply_to(msg, m.Submitted, job=job.id, seed=int(job.spec["seed"]), position=self._position(job.id))
         if msg.id in self._pending:                     # a resend while its LoRAs are checked: answered with it
             return DEFERRED
+        self._check_answer_by(msg)                      # waited behind another request past its client's wait
         base = Path(msg.base_dir)
         if not base.is_absolute():
             return m.error_reply(msg.id, "bad_request", "base_dir must be an absolute path", field="base_dir")
@@ -340,6 +341,15 @@ class Daemon:
             check.exception()                          # called directly (tests, tools): the check is waited for
             return self._queue_checked(pending)
         return self._queue(msg, spec, origin)
+
+    @staticmethod
+    def _check_answer_by(msg: m.Submit) -> None:
+        """QueueFull (busy, retry) once the client stopped waiting: it was told the SUBMIT failed, so a job queued
+        now would run beside the one its retry queues."""
+        if msg.answer_by and time.time() > msg.answer_by:
+            late = time.time() - msg.answer_by
+            raise QueueFull(f"the SUBMIT was decided {late:.1f} s after its client stopped waiting (answer_by); "
+                            "nothing was queued: send it again")
 
     def _check_vae_size(self, spec) -> tuple:
         """The job's size, refused when the VAE cannot decode it: found at submit, not after the whole denoise."""
@@ -375,7 +385,9 @@ class Daemon:
         """A checked SUBMIT into the queue, with its init image and mask (read, fitted and kept in the job folder
         before the answer: orchestrator.job_inputs)."""
         from orchestrator.job_inputs import job_inputs
-        job = self.store.submit(spec.to_dict(), origin, inputs=job_inputs(self.rf.root, spec))
+        inputs = job_inputs(self.rf.root, spec)
+        self._check_answer_by(msg)                      # the image work above may outlast the client's wait
+        job = self.store.submit(spec.to_dict(), origin, inputs=inputs)
         self._wake = True
         self._submits[msg.id] = job.id
         while len(self._submits) > SUBMIT_MEMORY:

@@ -282,6 +282,15 @@ def keep_private(run_root: Path, data: bytes, quota_bytes: int | None = None) ->
     return ref
 
 
+def drop_private(run_root: Path, data: bytes) -> None:
+    """Remove the RUN/temp/a1111/ file keep_private wrote for `data` (its request was refused: no job reads it)."""
+    try:
+        where = folder(run_root, PRIVATE[0], PRIVATE[1:])
+        os.unlink(where / private_name(data))
+    except (OSError, InputNameError):          # gone already, or the folder is not ours to clean
+        pass
+
+
 def _check_private(kind: str, parts: tuple[str, ...], name: str, data: bytes, field: str) -> None:
     if (kind,) + parts[:1] == PRIVATE and private_name(data) != name:
         raise InputNameError(field, f"{name[:80]!r} does not hold the image its name says (changed after it was "

@@ -30,7 +30,7 @@ The conversation (→ request, ← its reply, ⇢ event):
     → DECODE {job, latent, arena, output, return_png, metadata, tile}    ← DECODED {job, path, png, width, height, timings}
     → VAE_ENCODE {job, image, arena, latent, tile}     ← VAE_ENCODED {job, latent, timings}
   orchestrator CLI, HTTP front → orchestrator daemon (ipc://RUN/sock/orchestrator.sock)
-    → SUBMIT {prompt, base_dir, origin}                ← SUBMITTED {job, seed, position}
+    → SUBMIT {prompt, base_dir, origin, answer_by}     ← SUBMITTED {job, seed, position}
     → ESTIMATE {prompt, base_dir}                      ← ESTIMATED {estimate}   (checked as SUBMIT; nothing queued)
     → STATUS {job | None, detail, active, before, limit}   ← JOBS {jobs: [JobInfo], more}
     → CANCEL {job, queued_only}                        ← OK
@@ -514,6 +514,9 @@ class Submit(Message, tag="SUBMIT"):
     prompt: PromptFile  # the one prompt record (protocol/prompt.py), checked as it is decoded
     base_dir: Path  # relative `output` paths resolve from here (the CLI's working directory)
     origin: Text(MAX_ORIGIN_CHARS) = ""  # JSON object kept with the job: {"api", "client_id", "graph"...}
+    # the wall-clock time (s since the epoch) after which the client no longer waits for the answer: a SUBMIT
+    # decided later is refused (busy, retry), never queued behind a client told it failed; 0: the client waits
+    answer_by: Float(0.0, 1e11) = 0.0
 
 
 @_message("SUBMITTED")

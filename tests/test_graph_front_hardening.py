@@ -146,10 +146,12 @@ class FakeLink:
     """The daemon as the front sees it: INFO lists MODELS/loras/ as it is at each call (the daemon's RunLoras does);
     SUBMIT queues, or answers `refusal` (an ERROR) when one is set; a job's STATUS has no answer."""
 
+    timeout_s = 5.0                              # DaemonLink's request_timeout_s
+
     def __init__(self, models_dir: Path):
         self.models_dir, self.refusal, self.submitted = models_dir, None, []
 
-    async def call(self, msg, cls):
+    async def call(self, msg, cls, timeout_s=None):
         from orchestrator.http.link import DaemonDown, DaemonRefused
         if isinstance(msg, m.Info):
             pack = m.PackRef(width=128, height=128, dir="/packs/128", dtype="f16", blocks=2,

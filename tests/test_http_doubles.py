@@ -518,3 +518,44 @@ def test_page_workflow_fields_are_taken_and_refused_by_name(d):
     assert json.loads((d.rf.jobs / job / "job.json").read_text())["spec"]["batch"] == 2
     listed = requests.get(url + "anima/jobs?limit=1", timeout=30).json()["jobs"][0]
     assert listed["job"] == job and listed["spec"]["batch"] == 2 and set(listed["files"]) >= {"image", "image_1"}
+
+
+def test_an_a1111_batch_stops_when_its_client_goes(d):
+    """A txt2img batch of 4 whose client hangs up while the first image is made: the first job ends as any job does,
+    the other three are never queued (before: all 4 ran for nobody)."""
+    import socket
+    from urllib.parse import urlparse
+    url = urlparse(d.http_url())
+    d.flag("double_step_s", "1.5")
+    body = json.dumps({"prompt": "batch whose client goes", "width": 64, "height": 64, "steps": 1, "seed": 5,
+                       "batch_size": 4}).encode()
+    before = {j.job for j in d.status().jobs}
+    deadline = time.monotonic() + 30
+    while requests.get(d.http_url() + "sdapi/v1/progress", timeout=30).status_code != 200:   # the front's link is up
+        assert time.monotonic() < deadline, "the front never reached the daemon"
+        time.sleep(0.1)
+    try:
+        with socket.create_connection((url.hostname, url.port), timeout=30) as s:
+            s.sendall(b"POST /sdapi/v1/txt2img HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            deadline = time.monotonic() + 30
+            while not (mine := [j.job for j in d.status().jobs if j.job not in before]):
+                assert time.monotonic() < deadline, f"the batch's first job never got queued: {_reply(s)}"
+                time.sleep(0.05)
+        assert _wait_job(d, mine[0]).state == "done"
+        time.sleep(2.0)                        # the front's next look at the request (it would queue image 2 now)
+        ours = [j for j in d.status().jobs if j.job not in before]
+        assert [j.job for j in ours] == mine, [j.job for j in ours]
+    finally:
+        d.flag("double_step_s", None)
+        for j in d.status(active=True).jobs:
+            if j.job not in before:
+                requests.post(d.http_url() + f"anima/jobs/{j.job}/cancel", timeout=30)
+
+
+def _reply(s) -> bytes:
+    s.settimeout(1.0)
+    try:
+        return s.recv(2000)
+    except OSError as e:
+        return repr(e).encode()

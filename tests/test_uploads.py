@@ -275,13 +275,14 @@ def img2img_body(**kw) -> dict:
 
 @pytest.fixture
 def queued(monkeypatch):
-    """img2img's job stand-in: the specs it was asked to run; its refusal as the daemon's (422 naming the field)."""
-    from orchestrator.http.common import refuse
+    """img2img's job stand-in: the specs it was asked to run; the job queued and failed (its answer names
+    `stand_in`; a refused one would have its kept images removed)."""
+    from orchestrator.http.common import json_response
     specs = []
 
     async def run_job(front_, spec):
         specs.append(spec)
-        raise refuse(422, "stand-in: not run", field="stand_in")
+        return json_response({"error": "JobFailed", "detail": "stand-in: not run", "field": "stand_in"}, 500), None
     monkeypatch.setattr("orchestrator.http.a1111.run_job", run_job)
     return specs
 

@@ -7,7 +7,8 @@
     POST /sdapi/v1/interrupt -> {} (the running job is cancelled)
 
 enable_hr is a hires pass (prompt.json `hires`: the Latent upscalers and the plain Lanczos / Nearest ones, hr_prompt,
-hr_negative_prompt, hr_sampler_name, hr_scheduler, Forge's hr_cfg); batch_size x n_iter run as that many jobs.
+hr_negative_prompt, hr_sampler_name, hr_scheduler, Forge's hr_cfg); batch_size x n_iter run as that many jobs,
+one after another (a client that goes away: the rest are not queued).
 A1111 fields this pipeline cannot honour (styles, scripts, face restoration, tiling, subseeds, setting overrides,
 hr_checkpoint_name, the model upscalers) are refused with 422 naming the field unless they hold their default;
 sampler_name and scheduler are A1111's names (orchestrator/a1111_names.py: "Euler a", "DPM++ 2M Karras", "Karras"
@@ -27,6 +28,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import logging
 import math
 import time
 
@@ -47,6 +49,8 @@ from orchestrator.http.views import JobView
 from orchestrator.prompt_spec import MAX_CFG, MAX_STEPS
 from protocol.prompt import MAX_HIRES_SCALE
 from protocol.version import VERSION
+
+log = logging.getLogger(__name__)
 
 # field -> the values that mean "not used": anything else asks for what this pipeline does not do
 MUST_BE = {"batch_size": (1,), "n_iter": (1,), "enable_hr": (False,), "restore_faces": (False, None),
@@ -293,12 +297,18 @@ async def run_job(front, spec: dict):
     return job, await files.read_async(path)
 
 
-async def run_jobs(front, spec: dict, count: int, finish=None):
+async def run_jobs(front, spec: dict, count: int, finish=None, request: web.Request | None = None):
     """batch_size x n_iter images, each its own job, one after another: A1111 numbers a request's seeds seed, seed+1,
     ... (across n_iter too; a random seed is drawn by the first job) -> (jobs, PNGs), or (the first failure's answer,
-    None). `finish(png)`: what is done to each image before it is answered (img2img's paste-back)."""
+    None). `finish(png)`: what is done to each image before it is answered (img2img's paste-back). Once `request`'s
+    client has gone, the rest of the batch is not queued (as A1111's interrupt ends a batch; the job under way ends
+    as any job does, its image kept)."""
     jobs, pngs = [], []
     for k in range(count):
+        if k and request is not None and request.transport is None:      # aiohttp drops it when the client goes
+            log.info("A1111 batch: the client went away after %d of %d images; the rest are not queued", k, count)
+            return json_response({"error": "Interrupted", "detail": f"the client went away: {count - k} of "
+                                  f"{count} images not queued"}, 409), None
         one = spec if k == 0 else {**spec, "seed": (jobs[0].spec["seed"] + k) % 2**64}
         job, png = await run_job(front, one)
         if png is None:
@@ -323,7 +333,7 @@ async def txt2img(request: web.Request) -> web.Response:
             spec["hires"] = hires
     except BadRequest as e:
         raise _unprocessable(e) from None
-    jobs, pngs = await run_jobs(front, spec, count)
+    jobs, pngs = await run_jobs(front, spec, count, request=request)
     if pngs is None:
         return jobs
     job, png = jobs[0], pngs[0]

@@ -70,7 +70,9 @@ async def answers(request: web.Request, handler):
     try:
         return await handler(request)
     except BadRequest as e:
-        return json_response(e.body, e.status)
+        answer = json_response(e.body, e.status)
+        answer.headers.update(e.headers)
+        return answer
     except (DaemonDown, DaemonRefused) as e:
         b = from_daemon(e)
         return json_response(b.body, b.status)

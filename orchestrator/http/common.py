@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 from aiohttp import web
 
@@ -10,18 +11,20 @@ from orchestrator.comfy_graph import prompt_detail
 from orchestrator.http.link import DaemonDown, DaemonRefused
 
 MAX_JSON_DEPTH = 32
+SUBMIT_GRACE_S = 2.0         # a SUBMIT's answer is waited for this long past the answer_by it carries
 
 
 class BadRequest(Exception):
     """A request refused with `status` (4xx) and a JSON `body`."""
 
-    def __init__(self, status: int, body: dict):
+    def __init__(self, status: int, body: dict, headers: dict | None = None):
         super().__init__(body.get("error") if isinstance(body.get("error"), str) else str(body))
-        self.status, self.body = status, body
+        self.status, self.body, self.headers = status, body, headers or {}
 
 
-def refuse(status: int, message: str, **extra) -> BadRequest:
-    return BadRequest(status, {"error": message, **extra})
+def refuse(status: int, message: str, *, headers: dict | None = None, **extra) -> BadRequest:
+    """`headers`: the answer's own (Retry-After on a 503 that passes)."""
+    return BadRequest(status, {"error": message, **extra}, headers)
 
 
 def _walk(obj, limit: int) -> tuple[int, str | None]:
@@ -128,8 +131,12 @@ async def submit_job(front, spec: dict, origin: dict):
     if len(origin_json) > m.MAX_ORIGIN_CHARS:
         raise refuse(413, f"the request is too large to keep with the job ({len(origin_json)} characters of JSON; "
                           f"the limit is {m.MAX_ORIGIN_CHARS})")
-    sub = await front.link.call(m.Submit(prompt=prompt, base_dir=str(front.rf.root), origin=origin_json),
-                                m.Submitted)
+    # the daemon queues only what it decides by answer_by; the answer is waited for SUBMIT_GRACE_S longer, so a job
+    # is queued only when the client hears so (a 503 after answer_by means nothing was queued)
+    wait_s = front.link.timeout_s
+    sub = await front.link.call(m.Submit(prompt=prompt, base_dir=str(front.rf.root), origin=origin_json,
+                                         answer_by=time.time() + wait_s), m.Submitted,
+                                timeout_s=wait_s + SUBMIT_GRACE_S)
     front.tracker.follow(sub.job)
     try:
         await front.tracker.refresh()            # /queue and a new WebSocket's `status` count it from now on

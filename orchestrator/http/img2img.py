@@ -18,10 +18,11 @@ A1111 does; with a mask, the mask is blurred, the masked part filled (inpainting
 original pasted back over the unmasked part as A1111 does (models/images/inpaint.py). With inpaint_full_res ("only
 masked", A1111's default) the job runs on the region around the blurred mask (widened by the padding and grown to the
 job's aspect ratio), brought to the job's size by resize-and-fill; the result is resized back into that region of the
-original. inpainting_fill 2 / 3 (latent noise / latent nothing) become the prompt's `latent_fill`: the masked part of
+original; a blank mask there is dropped and the request runs as plain img2img (A1111 switches so). inpainting_fill 2 / 3 (latent noise / latent nothing) become the prompt's `latent_fill`: the masked part of
 the init latent replaced by the seed's noise or by zeros before sampling. The images go to RUN/temp/a1111/, named by their
 bytes and written by this front only (orchestrator.inputs.keep_private: uploads cannot write there), and the
-job's prompt names them (init_image, mask, denoise = denoising_strength); the daemon keeps them in the job folder. The
+job's prompt names them (init_image, mask, denoise = denoising_strength); the daemon keeps them in the job folder
+(a refused request's are removed). The
 latent mask is ComfyUI's (bilinear to the latent's size, not rounded), where A1111 resizes it with Pillow and rounds
 it: docs/workflows.md.
 """
@@ -32,6 +33,7 @@ import base64
 import binascii
 import io
 import json
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,7 +45,7 @@ from models.images import inpaint
 from models.images.decode import MAX_INPUT_BYTES
 from orchestrator.http import a1111
 from orchestrator.http.common import FRONT, BadRequest, json_response, read_json, refuse
-from orchestrator.inputs import InputNameError, keep_private
+from orchestrator.inputs import InputNameError, drop_private, keep_private, private_name
 from orchestrator.upload_space import UploadsFull
 
 IMG2IMG_FIELDS = ("init_images", "mask", "resize_mode", "denoising_strength", "mask_blur", "mask_blur_x",
@@ -53,6 +55,10 @@ IMG2IMG_FIELDS = ("init_images", "mask", "resize_mode", "denoising_strength", "m
 MAX_BLUR = 64
 MAX_PADDING = 256
 LATENT_FILLS = {2: "noise", 3: "nothing"}     # inpainting_fill 2 latent noise, 3 latent nothing -> latent_fill
+PREPARE_SLOTS = 2             # requests decoding and blurring their images at once (a 4096² one: ~1 GB for seconds)
+RETRY_AFTER_S = 10            # a request past them is 503 with this Retry-After
+_preparing = 0                # requests in prepare now (the front is one process, one event loop)
+HELD: Counter = Counter()     # RUN/temp/a1111 names -> the requests in this front holding them (until their SUBMIT)
 
 
 @dataclass(frozen=True)
@@ -123,7 +129,9 @@ def _images(body: dict, spec: dict, resize_mode: int, full_res: bool) -> tuple[b
         if mask.size != init.size:
             raise a1111._bad("mask", f"the mask is {mask.width}x{mask.height} but init_images[0] is "
                                      f"{init.width}x{init.height}")
-        return _png(init), _png(mask)
+        if mask.getbbox() is not None:
+            return _png(init), _png(mask)
+        mask = None                 # A1111: "Unable to perform Inpaint Only mask because mask is blank" -> img2img
     w, h = spec["width"], spec["height"]
     try:
         init = fit_image(init, w, h, resize_mode, what="init_images[0]")
@@ -246,8 +254,11 @@ def _pasted(png: bytes, req: Img2ImgRequest, prep: Prepared) -> bytes:
     return buf.getvalue()
 
 
-async def _kept(front, png: bytes) -> str:
-    """The image kept for the job (orchestrator.inputs.keep_private) -> its name; 507 past the uploads' quota."""
+async def _kept(front, png: bytes, held: list) -> str:
+    """The image kept for the job (orchestrator.inputs.keep_private) -> its name; 507 past the uploads' quota.
+    `held` gets the PNG: the request holds the file (counted before it is written) until _released."""
+    HELD[private_name(png)] += 1
+    held.append(png)
     try:
         return await asyncio.to_thread(keep_private, front.rf.root, png, front.settings.max_uploads_bytes)
     except UploadsFull as e:
@@ -256,18 +267,58 @@ async def _kept(front, png: bytes) -> str:
         raise refuse(503, f"RUN/temp/a1111 cannot keep the request's images ({e}): remove what is there") from None
 
 
+async def _prepared(body: dict, size: tuple) -> tuple[Img2ImgRequest, Prepared]:
+    """to_request and prepare on a worker thread, at most PREPARE_SLOTS requests at once: more would hold a GB
+    each (RGBA 4096² images, their masks and blurs); the excess is 503 with Retry-After."""
+    global _preparing
+    if _preparing >= PREPARE_SLOTS:
+        raise refuse(503, f"{PREPARE_SLOTS} img2img requests are preparing their images; send it again in "
+                          f"{RETRY_AFTER_S} s", headers={"Retry-After": str(RETRY_AFTER_S)})
+    _preparing += 1
+    try:
+        req = await asyncio.to_thread(to_request, body, size)
+        return req, await asyncio.to_thread(prepare, req)
+    finally:
+        _preparing -= 1
+
+
+async def _released(front, held: list, refused: bool) -> None:
+    """The request's hold on its kept images ends; a refused request's images no other request holds are removed
+    (a queued job has its own copies in its folder)."""
+    gone = []
+    for png in held:
+        name = private_name(png)
+        HELD[name] -= 1
+        if HELD[name] <= 0:
+            del HELD[name]
+            if refused:
+                gone.append(png)
+    for png in gone:
+        await asyncio.to_thread(drop_private, front.rf.root, png)
+
+
 async def img2img(request: web.Request) -> web.Response:
     """Checked in full (422 naming a field), the images kept for the job, the job run, the original pasted back."""
-    front = request.app[FRONT]
+    front, held, refused = request.app[FRONT], [], False
+    try:
+        return await _img2img(request, front, held)
+    except BadRequest:
+        refused = True
+        raise
+    finally:
+        await _released(front, held, refused)
+
+
+async def _img2img(request: web.Request, front, held: list) -> web.Response:
     try:
         body = await read_json(request.clone(client_max_size=front.settings.max_upload_bytes))
         sizes = (await front.tracker.names()).sizes
-        req = await asyncio.to_thread(to_request, body, sizes[0] if sizes else (512, 512))
-        prep = await asyncio.to_thread(prepare, req)
-        spec = {**req.spec, "denoise": req.denoise, "denoise_steps": "a1111",     # A1111's count: fewer steps
-                "init_image": await _kept(front, prep.init_image)}
+        req, prep = await _prepared(body, sizes[0] if sizes else (512, 512))
+        kept = {"init_image": await _kept(front, prep.init_image, held)}
         if prep.mask is not None:
-            spec["mask"] = await _kept(front, prep.mask)
+            kept["mask"] = await _kept(front, prep.mask, held)
+        spec = {**req.spec, "denoise": req.denoise, "denoise_steps": "a1111", **kept}     # A1111's count: fewer steps
+        if prep.mask is not None:
             if req.inpainting_fill in LATENT_FILLS:
                 spec["latent_fill"] = LATENT_FILLS[req.inpainting_fill]
     except BadRequest as e:
@@ -275,7 +326,7 @@ async def img2img(request: web.Request) -> web.Response:
 
     async def paste(png: bytes) -> bytes:
         return png if prep.overlay is None else await asyncio.to_thread(_pasted, png, req, prep)
-    jobs, pngs = await a1111.run_jobs(front, spec, req.count, paste)
+    jobs, pngs = await a1111.run_jobs(front, spec, req.count, paste, request)
     if pngs is None:
         return jobs
     job, png = jobs[0], pngs[0]
