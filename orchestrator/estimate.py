@@ -15,11 +15,13 @@ The last line is an interface (other checks parse it):
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from models.board.cost import LABEL
 
+log = logging.getLogger(__name__)
 REFERENCE_NOTE = "no packs in the run folder: the official model at the job's size, the [board] defaults"
 
 
@@ -202,9 +204,13 @@ def estimate_with_config(spec, cfg, packs: dict | None = None) -> Estimate:
 
 
 def safe_estimate(spec, cfg, packs: dict | None = None) -> dict | None:
-    """estimate_with_config as report.json keeps it; None when the board model cannot price the job (the job runs
-    all the same)."""
+    """estimate_with_config as report.json keeps it; None when the board model cannot price the job. The estimate is
+    what a report shows beside the measured times: whatever goes wrong pricing it is logged, and the job runs all the
+    same."""
     try:
         return estimate_with_config(spec, cfg, packs).to_dict()
-    except (EstimateError, ValueError, OSError):
-        return None
+    except (EstimateError, ValueError, OSError) as e:
+        log.info("no estimate for this job: %s", e)
+    except Exception:                       # a bug in the pricing must not fail a job that would otherwise run
+        log.exception("the board model failed to price this job")
+    return None

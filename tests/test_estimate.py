@@ -216,7 +216,7 @@ def test_cli_estimate_without_a_run_folder(tmp_path, capsys):
 @pytest.fixture
 def turbo_daemon(tmp_path):
     """inproc_daemon's run folder with its 64x64 pack recording Turbo's settings."""
-    from orchestrator.inproc import InprocClient
+    from tests.inproc import InprocClient
     from orchestrator.runfolder import init_run
     from tests.doubles_harness import fake_pack
     rf = init_run(tmp_path / "run", python=sys.executable)

@@ -74,7 +74,7 @@ def run(args) -> int:
     toolkit = f", rknn-toolkit2 {data['toolkit']}" if data["toolkit"] else ""
     lora = f", LoRA rank {args.lora_rank}" if args.lora_rank else ""
     from models.bundle import baked_label
-    lora += f", baked LoRA {baked_label(data['lora'])}" if data["lora"] else ""
+    lora += f", baked LoRA {baked_label(data['lora'])}" if data.get("lora") else ""
     print(f"bundle {out}: {', '.join(data['sizes'])}, target {data['target']}{toolkit}{lora}, "
           f"{total_bytes(data) / 1e6:.1f} MB")
     q = shlex.quote

@@ -18,7 +18,8 @@ from typing import Optional
 
 import numpy as np
 
-from models.lora import lycoris
+from models.lora.lycoris import KIND_NAMES, KIND_OF_PART, check_shapes
+from models.lora.lycoris import low_rank as lycoris_low_rank, product as lycoris_product
 from models.safetensors_io import SafeTensorsError, SafeTensorsFile
 
 FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")
@@ -39,7 +40,7 @@ PAIR_SUFFIXES = {
     ".lora_B": ("up", "bare"), ".lora_A": ("down", "bare"),
 }
 ALPHA_SUFFIX = ".alpha"
-LYCORIS_SUFFIXES = {"." + p: p for p in lycoris.KIND_OF_PART}      # ".lokr_w1" -> "lokr_w1", ...
+LYCORIS_SUFFIXES = {"." + p: p for p in KIND_OF_PART}      # ".lokr_w1" -> "lokr_w1", ...
 # key suffixes of adapter types that are not a plain low-rank pair -> the type's name (refused, named)
 OTHER_TYPES = {
     ".dora_scale": "DoRA (weight-decomposed LoRA, dora_scale)",
@@ -174,10 +175,10 @@ class LoraFile:
     def _lycoris_pair(self, name: str, slot: dict) -> LoraPair:
         """A LoKr or LoHa module, checked from its header (models/lora/lycoris.py)."""
         lyco = slot["lyco"]
-        kinds = sorted({lycoris.KIND_OF_PART[p] for p in lyco})
+        kinds = sorted({KIND_OF_PART[p] for p in lyco})
 
         def fail(text):
-            raise LoraError(f"{self.path}: module {name!r} ({'/'.join(lycoris.KIND_NAMES[k] for k in kinds)}) "
+            raise LoraError(f"{self.path}: module {name!r} ({'/'.join(KIND_NAMES[k] for k in kinds)}) "
                             f"{text}")
         if len(kinds) > 1:
             fail("mixes LoKr (lokr_*) and LoHa (hada_*) keys")
@@ -187,7 +188,7 @@ class LoraFile:
             if self._st.dtype(k) not in FLOAT_DTYPES:
                 fail(f"key {k!r} has dtype {self._st.dtype(k)}; a LoRA weight must be one of "
                      f"{', '.join(FLOAT_DTYPES)}")
-        sh = lycoris.check_shapes(kinds[0], lyco, self._st.shape, fail)
+        sh = check_shapes(kinds[0], lyco, self._st.shape, fail)
         if sh.dim is not None and sh.dim > MAX_RANK:
             fail(f"rank {sh.dim}; at most {MAX_RANK} is applied")
         alpha = self._alpha(slot)
@@ -247,13 +248,13 @@ class LoraFile:
         """ΔW before scale and strength, [out, in] f32: up @ down, or LoKr's / LoHa's (models/lora/lycoris.py)."""
         if pair.kind == "lora":
             return self.up(pair) @ self.down(pair)
-        return lycoris.product(pair.kind, self.arrays(pair))
+        return lycoris_product(pair.kind, self.arrays(pair))
 
     def low_rank(self, pair: LoraPair) -> tuple:
         """(up [out, k], down [k, in]) f32 with up @ down = product(pair), k = pair.runtime_rank."""
         if pair.kind == "lora":
             return self.up(pair), self.down(pair)
-        return lycoris.low_rank(pair.kind, self.arrays(pair))
+        return lycoris_low_rank(pair.kind, self.arrays(pair))
 
     def _array(self, key: str) -> np.ndarray:
         try:
