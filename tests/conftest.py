@@ -1,6 +1,7 @@
 """Shared pytest fixtures: synthetic checkpoints written once per session."""
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -126,12 +127,22 @@ def inproc_daemon(tmp_path):
     """A run folder (tmp_path/run) on a 64x64 manifest-only pack with its job daemon in this process
     (tests.inproc.InprocClient): `cli.main(argv, connect=client.connect)` runs the job commands against the
     daemon's own queue and checks, no pipeline started (so no job runs)."""
+    with open_inproc_daemon(tmp_path) as client:
+        yield client
+
+
+@contextlib.contextmanager
+def open_inproc_daemon(tmp_path, pack_hook=None):
+    """inproc_daemon's run folder and client; `pack_hook(pack_dir)` changes the pack before the daemon reads it."""
     import sys
     from tests.inproc import InprocClient
     from orchestrator.runfolder import init_run
     from tests.doubles_harness import fake_pack
     rf = init_run(tmp_path / "run", python=sys.executable)
-    rf.pipeline_toml.write_text(f'run_dir = "."\npack_dir = "{fake_pack(tmp_path / "pack")}"\nthreads = 1\n')
+    pack = fake_pack(tmp_path / "pack")
+    if pack_hook is not None:
+        pack_hook(pack)
+    rf.pipeline_toml.write_text(f'run_dir = "."\npack_dir = "{pack}"\nthreads = 1\n')
     client = InprocClient.open(rf)
     try:
         yield client

@@ -216,18 +216,9 @@ def test_cli_estimate_without_a_run_folder(tmp_path, capsys):
 @pytest.fixture
 def turbo_daemon(tmp_path):
     """inproc_daemon's run folder with its 64x64 pack recording Turbo's settings."""
-    from tests.inproc import InprocClient
-    from orchestrator.runfolder import init_run
-    from tests.doubles_harness import fake_pack
-    rf = init_run(tmp_path / "run", python=sys.executable)
-    pack = fake_pack(tmp_path / "pack")
-    record_sampling(pack, TURBO)
-    rf.pipeline_toml.write_text(f'run_dir = "."\npack_dir = "{pack}"\nthreads = 1\n')
-    client = InprocClient.open(rf)
-    try:
+    from tests.conftest import open_inproc_daemon
+    with open_inproc_daemon(tmp_path, lambda pack: record_sampling(pack, TURBO)) as client:
         yield client
-    finally:
-        client.shut()
 
 
 def test_a_turbo_run_folder_estimates_and_queues_turbo_jobs(turbo_daemon, tmp_path, capsys):
