@@ -136,8 +136,12 @@ class Tracker:
         async with self._lock:
             # every page: the details of a few large queued jobs fill one reply, and the running job is the oldest
             infos: list[m.JobInfo] = []
-            async for page in self.link.status_pages(active=True, detail=True):
-                infos[:0] = page
+            try:
+                async for page in self.link.status_pages(active=True, detail=True):
+                    infos[:0] = page
+            except DaemonDown:
+                self.refreshed_at = 0.0          # the last look is no answer now: the next handler asks again
+                raise
             now = {i.job: JobView.of(i) for i in infos}
             names = model_names(self.pipeline)
             # 1) running and queued jobs: start, node changes, progress
