@@ -48,6 +48,7 @@ MAX_NODES = 64                  # a text-to-image graph has 9 or 10; anything fa
 MAX_ID_CHARS = 64
 CLIP_TYPES = ("stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart", "cosmos",
               "lumina2", "wan", "hidream", "chroma", "ace", "omnigen2", "qwen_image", "hunyuan_image", "flux2", "ovis")
+ANIMA_CLIP_TYPE = "stable_diffusion"     # what ComfyUI's Anima template gives CLIPLoader; the others are other models'
 LINK_TYPES = ("MODEL", "CLIP", "VAE", "CONDITIONING", "LATENT", "IMAGE", "MASK")
 
 
@@ -710,6 +711,10 @@ def _loras(graph, c: _Checker, role_of: dict, roles: dict, problems: list) -> li
         problems.append(_custom(roles["negative"], "clip", "both CLIPTextEncode nodes must take the same CLIP (one "
                                                            "text encoder, with the same LoRAs, encodes both prompts)"))
     roles["clip"], clip_loras = clips["positive"]
+    clip_type = c.values[roles["clip"]].get("type", ANIMA_CLIP_TYPE)
+    if clip_type != ANIMA_CLIP_TYPE:
+        problems.append(_custom(roles["clip"], "type", f"{clip_type!r} is not Anima's text encoder type: "
+                                f"{ANIMA_CLIP_TYPE!r} (ComfyUI's Anima template)", clip_type))
     loras = []                                                    # from the loaders outward: ComfyUI's patch order
     for node in list(reversed(model_loras)) + [n for n in reversed(clip_loras) if n not in model_loras]:
         val = c.values[node]
@@ -1052,7 +1057,7 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
         model = [ids["cache"], 0]
     return dict((
         node("unet", "UNETLoader", unet_name=first(names.unet), weight_dtype="default"),
-        node("clip", "CLIPLoader", clip_name=first(names.clip), type="stable_diffusion"),
+        node("clip", "CLIPLoader", clip_name=first(names.clip), type=ANIMA_CLIP_TYPE),
         node("vae", "VAELoader", vae_name=first(names.vae)),
         *loaders,
         node("positive", "CLIPTextEncode", text=spec["prompt"], clip=clip),

@@ -357,3 +357,17 @@ def test_img2img_preparation_past_its_slots_is_503_with_retry_after(front, monke
     monkeypatch.setattr(img2img, "_preparing", img2img.PREPARE_SLOTS - 1)
     status, answer = front.request("POST", "/sdapi/v1/img2img", _body())
     assert status == 200 and img2img._preparing == img2img.PREPARE_SLOTS - 1, answer
+
+
+def test_img2img_parameters_echo_what_ran(front):
+    """img2img echoed the request as it came (no sampler at all when left out, the seed drawn added): now the job's
+    settings in A1111's names, as txt2img's answer gives them; the images stay out of the echo."""
+    status, body = front.request("POST", "/sdapi/v1/img2img", _body(sampler_name="DPM++ 2M Karras", seed=-1))
+    assert status == 200, body
+    ran = {**front.ran[0], "seed": 5}                 # the stand-in job's spec: what ran (seed 5 drawn)
+    assert (ran["sampler"], ran["scheduler"]) == ("dpmpp_2m", "karras")
+    p = body["parameters"]
+    assert {k: p[k] for k in ("sampler_name", "scheduler", "steps", "cfg_scale", "seed", "width", "height")} == {
+        "sampler_name": "DPM++ 2M", "scheduler": "Karras", "steps": ran["steps"], "cfg_scale": ran["cfg"],
+        "seed": 5, "width": 64, "height": 64}
+    assert p["denoising_strength"] == 0.6 and "init_images" not in p and "mask" not in p

@@ -79,6 +79,10 @@ CASES = [
     ("no-pack", edited(G, "5", width=512, height=512), "5", "custom_validation_failed", "512x512 has no model pack"),
     ("shift", edited(G, "15", shift=1.73), "15", "value_smaller_than_min", "shift"),
     ("unet-name", edited(G, "12", unet_name="sdxl.safetensors"), "12", "value_not_in_list", "unet_name"),
+    # ComfyUI lists every text encoder type; Anima's is its template's "stable_diffusion": another is refused
+    ("clip-type", edited(G, "11", type="qwen_image"), "11", "custom_validation_failed",
+     "type - 'qwen_image' is not Anima's text encoder type: 'stable_diffusion'"),
+    ("clip-type-unknown", edited(G, "11", type="sdxl"), "11", "value_not_in_list", "type"),
     ("missing-input", edited(G, "3", positive=...), "3", "required_input_missing", "positive"),
     ("bad-link", edited(G, "3", positive=["6"]), "3", "bad_linked_input", "positive"),
     ("dangling-link", edited(G, "3", positive=["42", 0]), "3", "bad_linked_input", "positive"),

@@ -363,7 +363,7 @@ def test_a1111_hires_fields_map_onto_prompt_json_hires():
     from orchestrator.http.a1111 import hires_of, to_spec
     body = {"prompt": "a girl", "negative_prompt": "bad", "width": 64, "height": 64, "sampler_name": "DPM++ 2M",
             "scheduler": "Karras", "cfg_scale": 5, "enable_hr": True, "hr_scale": 1.5}
-    spec = to_spec(body, batches=True)
+    spec = to_spec(body)
     assert hires_of({**body, "hr_upscaler": "Lanczos"}, spec) == {
         "width": 96, "height": 96, "space": "pixel", "method": "lanczos", "steps": 0, "denoise": 0.75}
     got = hires_of({**body, "hr_upscaler": "Nearest", "hr_prompt": "a tall girl", "hr_negative_prompt": "bad",

@@ -562,3 +562,31 @@ def _reply(s) -> bytes:
         return s.recv(2000)
     except OSError as e:
         return repr(e).encode()
+
+
+def test_a1111_parameters_echo_what_ran(d):
+    """txt2img answered `parameters.sampler_name: "Euler"` whatever ran, and the scheduler in ComfyUI's spelling.
+    Now every echoed setting is the job's (job.json: what the daemon ran), in A1111's names: "DPM++ 2M Karras" ran
+    as DPM++ 2M with the Karras schedule, a random seed is the seed drawn, the size the one asked."""
+    url = d.http_url()
+    body = {"prompt": "a girl", "seed": -1, "steps": 2, "cfg_scale": 5.5, "width": 64, "height": 32,
+            "sampler_name": "DPM++ 2M Karras", "batch_size": 2}
+    r = requests.post(url + "sdapi/v1/txt2img", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    params, info = r.json()["parameters"], json.loads(r.json()["info"])
+    spec = json.loads((d.rf.jobs / info["extra_generation_params"]["Job"] / "job.json").read_text())["spec"]
+    assert (spec["sampler"], spec["scheduler"]) == ("dpmpp_2m", "karras")        # what ran
+    assert {k: params[k] for k in ("sampler_name", "scheduler", "steps", "cfg_scale", "seed", "width", "height",
+                                   "batch_size")} == {
+        "sampler_name": "DPM++ 2M", "scheduler": "Karras", "steps": 2, "cfg_scale": 5.5, "seed": spec["seed"],
+        "width": 64, "height": 32, "batch_size": 2}
+    assert params["seed"] == info["all_seeds"][0] != -1
+    assert "Sampler: DPM++ 2M, Schedule type: Karras" in info["infotexts"][0]      # the PNG's own words agree
+    # left to the defaults: the pipeline's sampler and scheduler, as the PNG names them
+    r = requests.post(url + "sdapi/v1/txt2img", json={"prompt": "a girl", "seed": 3, "steps": 1, "width": 64,
+                                                       "height": 64}, timeout=60)
+    assert r.status_code == 200, r.text
+    params, info = r.json()["parameters"], json.loads(r.json()["info"])
+    text = info["infotexts"][0]
+    assert f"Sampler: {params['sampler_name']}, Schedule type: {params['scheduler']}" in text, (params, text)
+    assert (params["steps"], params["cfg_scale"], params["seed"]) == (1, 7.0, 3)

@@ -52,12 +52,20 @@ from protocol.version import VERSION
 
 log = logging.getLogger(__name__)
 
-# field -> the values that mean "not used": anything else asks for what this pipeline does not do
-MUST_BE = {"batch_size": (1,), "n_iter": (1,), "enable_hr": (False,), "restore_faces": (False, None),
-           "tiling": (False, None), "subseed_strength": (0, 0.0), "styles": ([], None), "script_name": (None, ""),
-           "script_args": ([], None), "alwayson_scripts": ({}, None), "override_settings": ({}, None),
-           "seed_resize_from_h": (0, -1), "seed_resize_from_w": (0, -1), "refiner_checkpoint": (None, ""),
-           "init_images": (None, []), "hr_checkpoint_name": (None, "", "Use same checkpoint")}
+# field -> (the values that mean "not used", what any other value asks for that this pipeline does not do)
+MUST_BE = {"restore_faces": ((False, None), "face restoration is not run here"),
+           "tiling": ((False, None), "tiling is not run here"),
+           "subseed_strength": ((0, 0.0), "variation seeds (subseeds) are not run here"),
+           "styles": (([], None), "saved styles are not kept here: put their words in the prompt"),
+           "script_name": ((None, ""), "scripts are not run here"),
+           "script_args": (([], None), "scripts are not run here"),
+           "alwayson_scripts": (({}, None), "scripts and extensions are not run here"),
+           "override_settings": (({}, None), "setting overrides are not taken here"),
+           "seed_resize_from_h": ((0, -1), "seed resize is not run here"),
+           "seed_resize_from_w": ((0, -1), "seed resize is not run here"),
+           "refiner_checkpoint": ((None, ""), "a refiner is not run here"),
+           "init_images": ((None, []), "an image to start from goes to /sdapi/v1/img2img"),
+           "hr_checkpoint_name": ((None, "", "Use same checkpoint"), "the hires pass runs the same checkpoint here")}
 
 
 def _bad(field: str, message: str):
@@ -188,18 +196,15 @@ def image_count(body: dict) -> int:
             * _number(body, "n_iter", 1, integer=True, low=1, high=MAX_N_ITER))
 
 
-def to_spec(body: dict, size: tuple = (512, 512), *, batches: bool = False, recorded: bool = False) -> dict:
+def to_spec(body: dict, size: tuple = (512, 512), *, recorded: bool = False) -> dict:
     """A txt2img request -> a prompt.json object (the daemon checks it again against its packs); `size`: the
-    width and height a request without them gets (the default pack's: A1111's 512 may have no pack here).
-    `batches`: batch_size / n_iter are read by the caller (image_count), else they must be 1. `recorded`: the pack
+    width and height a request without them gets (the default pack's: A1111's 512 may have no pack here);
+    batch_size / n_iter (image_count) and enable_hr (hires_of) are the caller's to read. `recorded`: the pack
     of the job's size records its model's sampling settings, so steps, cfg_scale and the sampler the request leaves
     out are left to the daemon to fill from it (else A1111's defaults: 20 steps, cfg 7, Euler)."""
-    for field, ok in MUST_BE.items():
-        if batches and field in ("batch_size", "n_iter", "enable_hr"):      # txt2img reads these itself
-            continue
+    for field, (ok, why) in MUST_BE.items():
         if field in body and body[field] not in ok:
-            raise _bad(field, f"{body[field]!r}"[:80] + f" is not supported here (only {ok[0]!r}: one image per "
-                       "request, no hires fix, styles, scripts or setting overrides)")
+            raise _bad(field, f"{body[field]!r}"[:80] + f" is not supported ({why}; only {ok[0]!r})")
     try:                             # A1111's <lora:NAME:S> tags leave the text and become the job's LoRAs
         prompt, tags = split_lora_tags(_text(body, "prompt"))
     except LoraError as e:
@@ -259,6 +264,24 @@ def _info(job: JobView, png: bytes, model: str) -> dict:
             "index_of_first_image": 0, "infotexts": [infotext], "styles": [],
             "job_timestamp": time.strftime("%Y%m%d%H%M%S", time.localtime(job.info.created)), "clip_skip": 1,
             "is_using_inpainting_conditioning": False, "version": f"anima-npu {VERSION}"}
+
+
+def parameters(body: dict, job: JobView) -> dict:
+    """A1111's `parameters`: the request as it came (A1111 echoes its request model), with what the job ran in place
+    of its settings, in A1111's names ("DPM++ 2M Karras" ran as sampler "DPM++ 2M", scheduler "Karras"); a hires
+    pass's sampler and scheduler too. The images of an img2img request are left out."""
+    s = job.spec
+    sampler, scheduler = s.get("sampler", DEFAULT_SAMPLER), s.get("scheduler", DEFAULT_SCHEDULER)
+    out = {k: v for k, v in body.items() if k not in ("init_images", "mask")}
+    out.update({"prompt": body.get("prompt", s["prompt"]), "negative_prompt": s.get("negative_prompt", ""),
+                "seed": s["seed"], "steps": s["steps"], "cfg_scale": s["cfg"], "width": s["width"],
+                "height": s["height"], "sampler_name": sampler_label(sampler), "scheduler": scheduler_label(scheduler),
+                "batch_size": int(body.get("batch_size", 1)), "n_iter": int(body.get("n_iter", 1))})
+    hires = s.get("hires")
+    if isinstance(hires, dict):
+        out.update({"hr_sampler_name": sampler_label(hires.get("sampler") or sampler),
+                    "hr_scheduler": scheduler_label(hires.get("scheduler") or scheduler)})
+    return out
 
 
 def _infotext(png: bytes) -> str:
@@ -326,7 +349,7 @@ async def txt2img(request: web.Request) -> web.Response:
         size = sizes[0] if sizes else (512, 512)
         recorded = {(p.width, p.height) for p in (await front.tracker.info()).packs if p.sampling is not None}
         asked = (body.get("width", size[0]), body.get("height", size[1]))
-        spec = to_spec(body, size, batches=True, recorded=asked in recorded)
+        spec = to_spec(body, size, recorded=asked in recorded)
         count = image_count(body)
         hires = hires_of(body, spec)
         if hires is not None:
@@ -340,12 +363,7 @@ async def txt2img(request: web.Request) -> web.Response:
     names = await front.tracker.names()
     info = _batch_info(_info(job, png, names.unet[0] if names.unet else ""), jobs, pngs,
                        int(body.get("batch_size", 1)))
-    params = {**body, "prompt": body.get("prompt", spec["prompt"]), "negative_prompt": spec["negative_prompt"],
-              "seed": job.spec["seed"],
-              "steps": job.spec["steps"], "cfg_scale": job.spec["cfg"], "width": spec["width"],
-              "height": spec["height"], "sampler_name": "Euler", "scheduler": job.spec["scheduler"],
-              "batch_size": int(body.get("batch_size", 1)),
-              "n_iter": int(body.get("n_iter", 1))}
+    params = parameters(body, job)
     images = [base64.b64encode(p).decode() for p in pngs] if _bool(body, "send_images", True) else []
     return json_response({"images": images, "parameters": params, "info": json.dumps(info)})
 

@@ -2,7 +2,7 @@
 
 The fields beyond txt2img's (stable-diffusion-webui's StableDiffusionImg2ImgProcessingAPI, its defaults):
 
-    init_images              [base64 image] (a "data:image/png;base64," prefix is taken); one image per request
+    init_images              [base64 image] (a "data:image/png;base64," prefix is taken); one init image per request
     mask                     base64 image or null: white = repainted (A1111's create_binary_mask, models/images)
     resize_mode              0 just resize | 1 crop and resize | 2 resize and fill (default 0); 3 (latent) refused
     denoising_strength       in (0, 1] (default 0.75)
@@ -120,7 +120,8 @@ def _images(body: dict, spec: dict, resize_mode: int, full_res: bool) -> tuple[b
     if not isinstance(images, list) or not images:
         raise a1111._bad("init_images", "must be a list holding one base64 image")
     if len(images) > 1:
-        raise a1111._bad("init_images", f"{len(images)} images: one per request here")
+        raise a1111._bad("init_images", f"{len(images)} images: one init image per request here (batch_size and "
+                                            "n_iter repeat it)")
     init = _decoded(body, "init_images[0]", "init_images")
     mask = None if body.get("mask") in (None, "") else _decoded(body, "mask", "mask")
     if mask is not None and a1111._number(body, "inpainting_mask_invert", 0, integer=True, low=0, high=1):
@@ -166,7 +167,7 @@ def _resize_mode(body: dict) -> int:
 def to_request(body: dict, size: tuple = (512, 512)) -> Img2ImgRequest:
     """An img2img request body -> the checked record (BadRequest 422 naming the first bad field); `size`: the
     width and height a request without them gets, as txt2img's."""
-    spec = a1111.to_spec({k: v for k, v in body.items() if k not in IMG2IMG_FIELDS}, size, batches=True)
+    spec = a1111.to_spec({k: v for k, v in body.items() if k not in IMG2IMG_FIELDS}, size)
     if body.get("enable_hr") not in (None, False):
         raise a1111._bad("enable_hr", "the hires fix is txt2img's; img2img takes none")
     count = a1111.image_count(body)
@@ -333,10 +334,8 @@ async def _img2img(request: web.Request, front, held: list) -> web.Response:
     names = await front.tracker.names()
     info = a1111._batch_info(a1111._info(job, png, names.unet[0] if names.unet else ""), jobs, pngs,
                              int(body.get("batch_size", 1)))
-    params = {k: v for k, v in body.items() if k not in ("init_images", "mask")}
     images = [base64.b64encode(p).decode() for p in pngs] if a1111._bool(body, "send_images", True) else []
-    return json_response({"images": images, "parameters": {**params, "seed": job.spec["seed"]},
-                          "info": json.dumps(info)})
+    return json_response({"images": images, "parameters": a1111.parameters(body, job), "info": json.dumps(info)})
 
 
 def add_routes(app: web.Application) -> None:
