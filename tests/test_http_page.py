@@ -1,7 +1,7 @@
 """The web page in a real browser: Debian's Chromium, headless, driven by Playwright, against the real pipeline with
 two packs (128x128, the default, and 64x128). Submit from the page, see the progress advance (step, block, ETA),
 see the image at the chosen size; the gallery shows the job with its settings and its timing plot; cancel; a phone
-sized window has no sideways scrolling. No Chromium is a failure, not a skip (`make test` installs it)."""
+sized window has no sideways scrolling, nor has the timing report view there; the icon; the hires-with-a-mask warning. No Chromium is a failure, not a skip (`make test` installs it)."""
 from __future__ import annotations
 
 import io
@@ -169,6 +169,76 @@ def test_fits_a_phone(pipe, browser):
     assert box["x"] >= 0 and box["x"] + box["width"] <= 390 and box["height"] >= 36      # a finger-sized button
     cols = page.evaluate("getComputedStyle(document.getElementById('gallery')).gridTemplateColumns.split(' ').length")
     assert cols == 2
+
+
+def _seconds(t: float) -> str:
+    """report.js's figure for t seconds."""
+    return (f"{t:.1f}" if t >= 10 else f"{t:.2f}") + " s"
+
+
+def test_the_timing_report_reads_on_a_phone(pipe, browser):
+    """The gallery's timing plot (timing.png, 1200 px wide) shrank to a third of a phone's width: unreadable. Its
+    panels now open in the page's report view, drawn at the screen's width in the page's type: at 390 px no sideways
+    scrolling, every bar inside the screen, the labels at least 11 px, one row per sampler step whose total is the
+    step's wall time from report.json."""
+    job = pipe.submit({"prompt": "a girl, for her timing", "seed": 4, "steps": 3, "width": 64, "height": 128})
+    assert pipe.wait(job, timeout_s=JOB_MS / 1000).state == "done"
+    report = pipe.report(job)
+    page = browser.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(pipe.http_url())
+    page.wait_for_selector(f"#job-{job} img.timing")
+    page.click(f"#job-{job} img.timing")
+    page.wait_for_selector("#report .panel.steps .bar-row")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    for sel in ("#report", "#report .bar", "#report .spark", "#report .bar-label"):
+        boxes = [e.bounding_box() for e in page.query_selector_all(sel)]
+        assert boxes and all(b["x"] >= 0 and b["x"] + b["width"] <= 390 + 0.5 for b in boxes), (sel, boxes)
+    sizes = page.eval_on_selector_all("#report .bar-label, #report .legend li",
+                                      "es => es.map(e => parseFloat(getComputedStyle(e).fontSize))")
+    assert min(sizes) >= 11, sizes
+    keys = ("infer_s", "lifecycle_s", "host_s", "transport_s")
+    want = [_seconds(max(float(s["wall_s"]), sum(float(s.get(k, 0.0)) for k in keys))) for s in report["steps"]]
+    got = page.eval_on_selector_all("#report .panel.steps .bar-total", "es => es.map(e => e.textContent)")
+    assert got == want and len(got) == 3
+    kinds = {k for k, v in report["branches"].items() if v.get("calls")}
+    labels = page.eval_on_selector_all("#report .panel.branches .bar-label", "es => es.map(e => e.textContent)")
+    assert {x.split(" (")[0] for x in labels} >= kinds, labels
+    assert page.is_visible("#report .panel.memory .spark")
+    page.click("#report-close")
+    assert page.is_hidden("#report")
+    assert errors == []
+
+
+def test_the_icon_and_the_hires_mask_warning(pipe, browser, tmp_path):
+    """/favicon.ico was a 404; the page's hires fix with a painted mask repaints the whole picture in its second
+    pass, which only the docs said: the hires box now warns while both are set."""
+    import xml.etree.ElementTree as ET
+    page, errors = _open(browser, pipe.http_url())
+    r = page.request.get(pipe.http_url() + "favicon.ico")
+    assert r.status == 200 and r.headers["content-type"].startswith("image/svg+xml")
+    assert ET.fromstring(r.body()).tag == "{http://www.w3.org/2000/svg}svg"
+    assert page.get_attribute("link[rel=icon]", "href") == "/favicon.ico"
+    _start_from(page, _picture(tmp_path / "warn.png"))
+    page.select_option("#mask-mode", "paint")
+    page.check("#hires-on")
+    assert page.is_hidden("#hires-mask-hint")                  # nothing painted yet: no mask
+    box = page.query_selector("#mask-canvas").bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    assert page.is_visible("#hires-mask-hint")
+    assert "repaints the whole picture" in page.inner_text("#hires-mask-hint")
+    page.uncheck("#hires-on")
+    assert page.is_hidden("#hires-mask-hint")
+    page.check("#hires-on")
+    assert page.is_visible("#hires-mask-hint")
+    page.click("#mask-clear")
+    assert page.is_hidden("#hires-mask-hint")
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.select_option("#mask-mode", "")
+    assert page.is_hidden("#hires-mask-hint")
+    assert errors == []
 
 
 def test_spectrum_comes_back_and_several_loras_with_their_strengths(pipe, browser):

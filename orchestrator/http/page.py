@@ -11,6 +11,9 @@ Seeds travel as strings of digits here: 64-bit seeds do not fit a JavaScript num
                                       {"job_s", "encode_s", "denoise_s", "decode_s", "calls", "passes", "notes",
                                       "line", ...}); checked by the daemon as a submit is, nothing queued
     POST /anima/jobs/{job}/cancel    -> {"note"}
+    GET  /anima/jobs/{job}/timing    the job's timing panels as data (orchestrator.timing_plot.plot_data of its
+                                      report.json, with the plot's colours): the page draws them at the screen's width
+    GET  /favicon.ico                the page's icon (static/icon.svg)
 Live progress comes over /ws (`anima.progress`, `anima.job`, and ComfyUI's messages for the page's own jobs).
 """
 from __future__ import annotations
@@ -151,6 +154,30 @@ async def post_estimate(request: web.Request) -> web.Response:
     return json_response({**est.to_dict(), "line": est.line()})
 
 
+async def timing(request: web.Request) -> web.Response:
+    """The job's timing panels as data, for the page's report view (drawn there at the screen's width; timing.png is
+    the daemon's fixed-width picture of the same data)."""
+    from orchestrator.timing_plot import COLOURS, plot_data
+    front = request.app[FRONT]
+    job = request.match_info["job"]
+    if not JOB_ID_RE.match(job):
+        raise refuse(400, "not a job id")
+    try:
+        path, _ = files.resolve(front.rf.jobs, "report.json", job)
+        report = json.loads(await files.read_async(path))
+        data = plot_data(report)
+    except OSError:
+        raise refuse(404, f"job {job} has no report.json (yet)") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise refuse(404, f"job {job}'s report.json cannot be read: {e}"[:300]) from None
+    return json_response({**data, "colours": COLOURS})
+
+
+async def favicon(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(STATIC_DIR / "icon.svg", headers={"Content-Type": "image/svg+xml",
+                                                               "Cache-Control": "max-age=86400"})
+
+
 async def post_cancel(request: web.Request) -> web.Response:
     front = request.app[FRONT]
     job = request.match_info["job"]
@@ -161,9 +188,11 @@ async def post_cancel(request: web.Request) -> web.Response:
 
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/", index)
+    app.router.add_get("/favicon.ico", favicon)
     app.router.add_static("/static/", STATIC_DIR, follow_symlinks=False, show_index=False)
     app.router.add_get("/anima/info", info)
     app.router.add_get("/anima/jobs", list_jobs)
     app.router.add_post("/anima/jobs", post_job)
     app.router.add_post("/anima/jobs/{job}/cancel", post_cancel)
+    app.router.add_get("/anima/jobs/{job}/timing", timing)
     app.router.add_post("/anima/estimate", post_estimate)

@@ -237,6 +237,14 @@ function maskMode() {
   for (const e of document.querySelectorAll(".mask-only")) e.hidden = !mode;
   $("mask-file-box").hidden = mode !== "file";
   if (mode !== "file") { maskUpload = null; $("mask-file").value = ""; }
+  hiresMaskHint();
+}
+
+// a job's second pass is not masked (docs/workflows.md): with a mask and the hires fix both set, say so
+function hiresMaskHint() {
+  const mode = $("mask-mode").value;
+  const masked = !!init && ((mode === "paint" && painted) || (mode === "file" && !!maskUpload));
+  $("hires-mask-hint").hidden = !($("hires-on").checked && masked);
 }
 
 // the canvas holds the image's own pixels (the CSS scales it over the thumbnail): the mask is the image's size
@@ -246,6 +254,7 @@ function resetMask() {
   c.height = init ? init.height : 0;
   c.getContext("2d").clearRect(0, 0, c.width, c.height);
   painted = false;
+  hiresMaskHint();
 }
 
 function canvasPoint(ev) {
@@ -287,7 +296,7 @@ function paintEvents() {
     paint(stroke, p);
     stroke = p;
   });
-  for (const end of ["pointerup", "pointercancel"]) c.addEventListener(end, () => { stroke = null; });
+  for (const end of ["pointerup", "pointercancel"]) c.addEventListener(end, () => { stroke = null; hiresMaskHint(); });
 }
 
 // the painted mask as an opaque PNG at the image's size: black (kept) under the white strokes
@@ -462,9 +471,11 @@ function card(j) {
   const state = el("span", { className: "badge " + j.state, textContent: j.state });
   c.append(el("div", { className: "meta" }, state, document.createTextNode(" " + j.job +
     (j.error ? " — " + j.error_stage + ": " + j.error : ""))));
-  if (j.files.timing) {
-    c.append(el("a", { href: j.files.timing, target: "_blank", rel: "noopener" },
-                el("img", { className: "timing", src: j.files.timing, alt: "timing plot", loading: "lazy" })));
+  if (j.files.timing) {                  // its panels open in the report view (report.js), drawn to fit the screen
+    const plot = el("a", { href: j.files.timing, title: "the timing panels" },
+                    el("img", { className: "timing", src: j.files.timing, alt: "timing plot", loading: "lazy" }));
+    plot.addEventListener("click", (ev) => { ev.preventDefault(); openReport(j.job); });
+    c.append(plot);
   }
   if (j.files.report) c.append(el("a", { href: j.files.report, target: "_blank", rel: "noopener",
                                          textContent: "report.json" }));
@@ -622,6 +633,7 @@ async function start() {
   packSampling();
   for (const id of ["cfg", "negative"]) $(id).addEventListener("input", negativeHint);
   for (const kind of ["input", "change"]) $("form").addEventListener(kind, scheduleEstimate);
+  $("form").addEventListener("change", hiresMaskHint);        // the hires box, the mask mode, a mask file
   negativeHint();
   scheduleEstimate();
   connect();
