@@ -393,6 +393,10 @@ def test_a1111_pixel_hires_with_a_batch_and_its_own_settings(d):
     assert r.status_code == 200, r.text
     info = json.loads(r.json()["info"])
     assert info["all_seeds"] == [20, 21] and len(r.json()["images"]) == 2
+    params = r.json()["parameters"]                   # what ran, both passes' samplers in A1111's labels
+    assert {k: params[k] for k in ("sampler_name", "scheduler", "hr_sampler_name", "hr_scheduler", "seed")} == {
+        "sampler_name": "Euler", "scheduler": "SGM Uniform", "hr_sampler_name": "DPM++ 2M", "hr_scheduler": "Karras",
+        "seed": 20}
     for k, b64 in enumerate(r.json()["images"]):
         with Image.open(io.BytesIO(base64.b64decode(b64))) as im:
             assert im.size == (96, 96)
