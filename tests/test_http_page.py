@@ -489,4 +489,3 @@ def test_hires_controls(pipe, browser):
     page.click("#cancel")
     page.wait_for_function("document.getElementById('live-state').textContent === 'cancelled'", timeout=JOB_MS)
     assert errors == []
-
