@@ -1,8 +1,8 @@
 """A1111's web UI API, the text-to-image subset (shapes as stable-diffusion-webui's modules/api answers them):
 
     POST /sdapi/v1/txt2img   {prompt, negative_prompt, seed (-1 random), steps, cfg_scale, width, height,
-                              sampler_name, scheduler, ...}  -> {"images": [base64 PNG], "parameters" (the request with what
-                              ran: `parameters()`), "info": JSON text}
+                              sampler_name, scheduler, ...}  -> {"images": [base64 PNG], "parameters" (the
+                              request with what ran: `parameters()`), "info": JSON text}
     GET  /sdapi/v1/progress  -> {"progress", "eta_relative", "state": {...}, "current_image", "textinfo"}
     GET  /sdapi/v1/sd-models, /samplers, /schedulers, /scripts, /options
     POST /sdapi/v1/interrupt -> {} (the running job is cancelled)
