@@ -665,7 +665,8 @@ def cmd_init(args, rf: RunFolder) -> int:
         lora = f", baked LoRA {baked_label(bundle.lora)}" if bundle.lora else ""
         print(f"bundle {bundle.dir}: {sizes}, backend {bundle.backend}{lora}")
     run = f" --run {rf.root}" if args.run else ""
-    print(f"next: orchestrator{run} doctor, then supervisord -c {rf.supervisord_conf}")
+    print(f"next: orchestrator{run} doctor, then orchestrator{run} start (supervisord -c {rf.supervisord_conf}, "
+          "waited for)")
     return EXIT_OK
 
 
@@ -729,7 +730,7 @@ def arg(*flags: str, **kwargs) -> tuple:
     return flags, kwargs
 
 
-JSON_OUT = arg("--json", action="store_true", help='print one JSON object {"job", "image", "report"}')
+JSON_OUT = arg("--json", action="store_true", help='print one JSON object {"job", "image", "report", "images"}')
 
 JOB_HELP = "a job id as submit and status print it"
 PROGRAM_HELP = f"a supervisord program: {', '.join(PROGRAMS)}"
@@ -809,8 +810,9 @@ COMMANDS = (
                                                     "estimate`) instead of queueing it"),
         JSON_OUT),
         description="Queue one image and follow it to the end, as `submit --wait` does: progress and the timing "
-                    "table on stderr, the image path as the last line on stdout. Unset options take prompt.json's "
-                    "defaults (seed: random, size: the default pack's). Exit status: 0 done, 1 failed or cancelled, "
+                    "table on stderr, the image path on stdout (a batch: one line per image, the first image's "
+                    "first). Unset options take prompt.json's defaults (seed: random, size: the default pack's). "
+                    "Exit status: 0 done, 1 failed or cancelled, "
                     "2 bad input (the option is named), 130 Ctrl-C, which CANCELS the job."),
     Command("estimate", "price prompt.json before it runs: modelled board seconds on this run folder's board "
                         "settings and packs (nothing is queued)", cmd_estimate, (
@@ -820,7 +822,8 @@ COMMANDS = (
                     "policy on the board_ram_gb board) and decode, in MODELLED board seconds (models/board). The "
                     "last line is `estimate job_s=... encode_s=... denoise_s=... decode_s=... calls=... passes=... "
                     "[modelled]`."),
-    Command("status", "every job, or one", cmd_status, (
+    Command("status", "every job, or one in detail (read from its folder when the daemon does not answer)",
+            cmd_status, (
         arg("job", nargs="?", metavar="JOB", help=JOB_HELP + " (default: every job)"),
         arg("--json", action="store_true", help="one JSON object per job, as the daemon reports it"))),
     Command("cancel", "cancel a queued or running job", cmd_cancel_resume, (
