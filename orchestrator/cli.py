@@ -398,7 +398,8 @@ def _status_job(args, rf: RunFolder) -> int:
         print(json.dumps([info.to_wire()]))
         return EXIT_OK
     report = _read_report(info.report)
-    print("\n".join(job_view.detail_lines(info, report, image_paths(info.image, report))))
+    progress = _progress_line(info) if info.progress is not None and info.state == "denoising" else None
+    print("\n".join(job_view.detail_lines(info, report, image_paths(info.image, report), progress)))
     return EXIT_OK
 
 

@@ -16,8 +16,8 @@
 5) the prompt submitted and followed (progress, then the timing table); the PNG and report.json paths are printed.
 supervisord stays up afterwards (the scheduler and executor keep serving further `orchestrator submit`s; the HTTP
 front serves the web page and the ComfyUI/A1111 APIs on http://127.0.0.1:8188/), and the last lines say where the
-page is and how to stop it all (`orchestrator stop`); `--stop` shuts it down instead, as that does. Running it again reuses the bundle, the pack and the
-running pipeline.
+page is and how to stop it all (`orchestrator stop`); `--stop` shuts it down instead, as that does. Running it
+again reuses the bundle, the pack and the running pipeline.
 """
 from __future__ import annotations
 

@@ -73,13 +73,13 @@ def timing_lines(info: m.JobInfo, report: dict | None) -> list[str]:
     return out
 
 
-def detail_lines(info: m.JobInfo, report: dict | None, images: list[str]) -> list[str]:
-    """Everything `status JOB` prints of one job."""
+def detail_lines(info: m.JobInfo, report: dict | None, images: list[str], progress: str | None = None) -> list[str]:
+    """Everything `status JOB` prints of one job; `progress`: the follow loop's line for a running job."""
     state = info.state + (f" ({info.position} ahead)" if info.state == "queued" else "")
     if info.error:
         state += f": {info.error_stage + ': ' if info.error_stage else ''}{info.error}"
     spec = json.loads(info.spec_json) if info.spec_json else {}
-    out = [f"job {info.job}", _line("state", state)]
+    out = [f"job {info.job}", _line("state", state)] + ([_line("progress", progress)] if progress else [])
     out += settings_lines(spec) + timing_lines(info, report)
     for i, path in enumerate(images):
         out.append(_line("image" if len(images) == 1 else f"image {i + 1}", path))

@@ -136,3 +136,27 @@ def test_stop_then_start_at_once(d, capsys):
     new = sup._call("supervisor.getPID")
     assert new != old and supervisord_pid(d.rf) == new and daemon_answers(d.rf)
     assert run(d, "start") == 0 and "already running" in capsys.readouterr().out
+
+
+def test_status_job_of_a_running_job_shows_its_progress(tmp_path, capsys):
+    """A job the daemon is denoising: its detail carries the follow loop's progress line."""
+    from orchestrator.runfolder import init_run
+    from protocol import messages as m
+    spec = {"prompt": "a cat", "negative_prompt": "", "seed": 3, "steps": 10, "cfg": 4.0, "width": 64, "height": 64,
+            "sampler": "euler", "scheduler": "simple", "spectrum": {"enabled": False}, "batch": 1}
+    info = m.JobInfo(job="20260101-000000-abcdef", state="denoising", created=1.0, updated=2.0,
+                     spec_json=json.dumps(spec), progress=m.Progress(job="20260101-000000-abcdef", step=3, steps=10, block=12, branch="cross",
+                                         elapsed_s=20.0))
+
+    class Daemon:
+        def call(self, msg, expect):
+            assert isinstance(msg, m.Status) and msg.detail and msg.job == info.job
+            return m.Jobs(jobs=(info,))
+
+        def close(self):
+            pass
+    rf = init_run(tmp_path / "run")
+    assert cli.main(["--run", str(rf.root), "status", info.job], connect=lambda _rf: Daemon()) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "  state:     denoising" and lines[2].startswith("  progress:  [") and "step 3/10" in lines[2]
+    assert "  sampling:  10 steps, cfg 4.0, sampler euler, scheduler simple, spectrum off" in lines
