@@ -124,8 +124,6 @@ def _spawn(rf: RunFolder) -> None:
     """`supervisord -c RUN/supervisord.conf` from this environment; it returns once supervisord has bound its
     socket and gone to the background (a socket still in use, a bad config: its own message, exit 1)."""
     conf = rf.supervisord_conf
-    if not conf.is_file():
-        raise SupervisorError(f"no {conf}: create the run folder first (orchestrator --run {rf.root} init ...)")
     cmd = [sys.executable, "-m", "supervisor.supervisord", "-c", str(conf)]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=SPAWN_TIMEOUT_S, cwd=rf.root)
@@ -164,6 +162,9 @@ def start(rf: RunFolder, timeout_s: float = START_TIMEOUT_S, say: Callable[[str]
     """supervisord for the run folder, started unless it runs (one shutting down is waited for first); back once
     its programs are up (`wait_up`; `optional` ones may have failed). -> whether it was started now."""
     deadline = time.monotonic() + timeout_s
+    if not rf.supervisord_conf.is_file():
+        raise SupervisorError(f"no {rf.supervisord_conf}: create the run folder first (orchestrator --run {rf.root} "
+                              "init ...)")
     sup = Supervisor(rf.supervisor_sock)
     state = supervisord_state(sup)
     if state == "shutting down":
