@@ -10,6 +10,7 @@
     orchestrator estimate examples/prompt.json          # its modelled board seconds, before it runs (generate --estimate)
     orchestrator status [JOB] | cancel JOB | resume JOB
     orchestrator prune --keep 20 | --older-than 7d     # remove finished jobs (never queued or running ones)
+    orchestrator start | stop                           # supervisord for the run folder, waited for
     orchestrator stages | restart executor | logs scheduler -f
     orchestrator keys generate --dir keys --name vae    # CURVE key pair, 0600
     orchestrator service install [--user] [--print]     # systemd unit: supervisord for the run folder at boot
@@ -27,7 +28,7 @@ from typing import Callable, NamedTuple
 
 from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER
 from orchestrator import daemon_client
-from orchestrator.daemon_client import DAEMON_TIMEOUT_S, DaemonRefused
+from orchestrator.daemon_client import DAEMON_TIMEOUT_S, DaemonDown, DaemonRefused
 from orchestrator.prompt_spec import (PromptError, parse_prompt_obj, parse_prompt_text, prompt_record,
                                       read_prompt_file, read_prompt_stream, resolve_prompt)
 from orchestrator.runfolder import ALWAYS_ON_STAGES, PROGRAMS, RunFolder, init_run
@@ -41,9 +42,9 @@ DAEMON_GONE_S = 120.0       # --wait keeps asking a daemon that stopped answerin
 class CliError(Exception):
     """A message that is the whole answer; `code` is the exit status."""
 
-    def __init__(self, message: str, code: int = EXIT_FAILED):
+    def __init__(self, message: str, code: int = EXIT_FAILED, *, daemon_down: bool = False):
         super().__init__(message)
-        self.code = code
+        self.code, self.daemon_down = code, daemon_down
 
 
 # ---------------------------------------------------------------- daemon client
@@ -53,7 +54,7 @@ def cli_error(e: Exception) -> CliError:
     """A DaemonDown or DaemonRefused as the CLI says it: the daemon's own words, exit 2 for a request it refused
     (bad_request, failed), 1 otherwise."""
     code = EXIT_USAGE if isinstance(e, DaemonRefused) and e.code in ("bad_request", "failed") else EXIT_FAILED
-    return CliError(str(e), code)
+    return CliError(str(e), code, daemon_down=isinstance(e, DaemonDown))
 
 
 def DaemonClient(rf: RunFolder, timeout_s: float = DAEMON_TIMEOUT_S) -> daemon_client.DaemonClient:  # noqa: N802
@@ -251,7 +252,7 @@ def _queue(args, rf: RunFolder, prompt, spec, *, wait: bool, cancel_on_interrupt
         seed_note = " (random)" if spec.seed_random else ""
         print(f"job {sub.job} queued (seed {sub.seed}{seed_note}, {sub.position} ahead)", file=sys.stderr)
         if not wait:
-            _print_result(args, sub.job, None, None)
+            _print_result(args, sub.job, [], None)
             return EXIT_OK
         try:
             info = _follow(client, sub.job, quiet=args.json)
@@ -265,13 +266,28 @@ def _queue(args, rf: RunFolder, prompt, spec, *, wait: bool, cancel_on_interrupt
             print(json.dumps({"job": info.job, "image": None, "report": info.report, "state": info.state,
                               "error": f"{info.error_stage}: {info.error}" if info.error else info.state}))
         raise CliError(f"job {info.job} {info.state}{why}", EXIT_FAILED)
-    if not args.json and info.report and Path(info.report).exists():
+    report = _read_report(info.report)
+    if not args.json and report is not None:
         from orchestrator.report import format_table
-        print(format_table(json.loads(Path(info.report).read_text())), file=sys.stderr)
+        print(format_table(report), file=sys.stderr)
         plot = Path(info.report).with_name("timing.png")
         print(f"report {info.report}" + (f", timing plot {plot}" if plot.exists() else ""), file=sys.stderr)
-    _print_result(args, info.job, info.image, info.report)
+    _print_result(args, info.job, image_paths(info.image, report), info.report)
     return EXIT_OK
+
+
+def _read_report(path: str | None) -> dict | None:
+    """A finished job's report.json, or None when it has none (or it cannot be read: the paths still print)."""
+    try:
+        return json.loads(Path(path).read_text()) if path else None
+    except (OSError, ValueError):
+        return None
+
+
+def image_paths(image: str | None, report: dict | None) -> list[str]:
+    """Every image of a finished job, the first first: a batch's from its report (`images`), else the one."""
+    batch = [i["image"] for i in (report or {}).get("images") or () if i.get("image")]
+    return batch or ([image] if image else [])
 
 
 def _interrupted(args, rf: RunFolder, job: str, cancel: bool) -> int:
@@ -295,11 +311,13 @@ def _interrupted(args, rf: RunFolder, job: str, cancel: bool) -> int:
     return EXIT_INTERRUPTED
 
 
-def _print_result(args, job, image, report):
+def _print_result(args, job, images: list[str], report):
+    """stdout: the image path (a batch: one line per image, the first first), or the job id when there is none yet;
+    with --json one object, `image` the first and `images` all of them."""
     if args.json:
-        print(json.dumps({"job": job, "image": image, "report": report}))
+        print(json.dumps({"job": job, "image": images[0] if images else None, "report": report, "images": images}))
     else:
-        print(image or job)
+        print("\n".join(images) or job)
 
 
 def _job_info(client: DaemonClient, job: str):
@@ -356,8 +374,39 @@ def _follow(client: DaemonClient, job: str, *, quiet: bool):
         time.sleep(WAIT_POLL_S)
 
 
+def _status_job(args, rf: RunFolder) -> int:
+    """`status JOB`: the job in detail, from the daemon; from its folder when the daemon does not answer (said so on
+    stderr: no progress or queue position then, and a job the daemon was running may have moved on)."""
+    from orchestrator import job_view
+    from orchestrator.jobs import JobError
+    from protocol.messages import Jobs, Status
+    client = args.connect(rf)
+    try:
+        info = client.call(Status(job=args.job, detail=True), Jobs).jobs[0]
+    except CliError as e:
+        if not e.daemon_down:
+            raise
+        try:
+            info = job_view.from_folder(rf, args.job)
+        except JobError as je:
+            raise CliError(f"{e}; and in its folder: {je}") from None
+        print(f"the orchestrator daemon does not answer: job {args.job} as read from its folder "
+              f"{rf.jobs / args.job} (job.json, report.json)", file=sys.stderr)
+    finally:
+        client.close()
+    if args.json:
+        print(json.dumps([info.to_wire()]))
+        return EXIT_OK
+    report = _read_report(info.report)
+    progress = _progress_line(info) if info.progress is not None and info.state == "denoising" else None
+    print("\n".join(job_view.detail_lines(info, report, image_paths(info.image, report), progress)))
+    return EXIT_OK
+
+
 def cmd_status(args, rf: RunFolder) -> int:
     from protocol.messages import Jobs, Status
+    if args.job:
+        return _status_job(args, rf)
     client = args.connect(rf)
     try:
         jobs = client.call(Status(job=args.job), Jobs).jobs
@@ -472,6 +521,20 @@ def _hello(cfg, stage: str) -> str:
         return f"UNREACHABLE remote {cfg.endpoint(stage)}: {e}"
     finally:
         ctx.term()
+
+
+def cmd_start_stop(args, rf: RunFolder) -> int:
+    """`start` / `stop`: supervisord for the run folder, waited for (orchestrator.run_control); past --timeout a
+    SupervisorError saying what it waited for (exit 1)."""
+    from orchestrator import run_control
+    if args.timeout is not None and not 0 < args.timeout <= 24 * 3600:
+        raise CliError(f"--timeout {args.timeout}: must be in (0, 86400] seconds", EXIT_USAGE)
+    if args.command == "start":
+        rf.check()
+        run_control.start(rf, args.timeout or run_control.START_TIMEOUT_S)
+    else:
+        run_control.stop(rf, args.timeout or run_control.STOP_TIMEOUT_S)
+    return EXIT_OK
 
 
 def cmd_stages(args, rf: RunFolder) -> int:
@@ -603,7 +666,8 @@ def cmd_init(args, rf: RunFolder) -> int:
         lora = f", baked LoRA {baked_label(bundle.lora)}" if bundle.lora else ""
         print(f"bundle {bundle.dir}: {sizes}, backend {bundle.backend}{lora}")
     run = f" --run {rf.root}" if args.run else ""
-    print(f"next: orchestrator{run} doctor, then supervisord -c {rf.supervisord_conf}")
+    print(f"next: orchestrator{run} doctor, then orchestrator{run} start (supervisord -c {rf.supervisord_conf}, "
+          "waited for)")
     return EXIT_OK
 
 
@@ -667,7 +731,7 @@ def arg(*flags: str, **kwargs) -> tuple:
     return flags, kwargs
 
 
-JSON_OUT = arg("--json", action="store_true", help='print one JSON object {"job", "image", "report"}')
+JSON_OUT = arg("--json", action="store_true", help='print one JSON object {"job", "image", "report", "images"}')
 
 JOB_HELP = "a job id as submit and status print it"
 PROGRAM_HELP = f"a supervisord program: {', '.join(PROGRAMS)}"
@@ -747,8 +811,9 @@ COMMANDS = (
                                                     "estimate`) instead of queueing it"),
         JSON_OUT),
         description="Queue one image and follow it to the end, as `submit --wait` does: progress and the timing "
-                    "table on stderr, the image path as the last line on stdout. Unset options take prompt.json's "
-                    "defaults (seed: random, size: the default pack's). Exit status: 0 done, 1 failed or cancelled, "
+                    "table on stderr, the image path on stdout (a batch: one line per image, the first image's "
+                    "first). Unset options take prompt.json's defaults (seed: random, size: the default pack's). "
+                    "Exit status: 0 done, 1 failed or cancelled, "
                     "2 bad input (the option is named), 130 Ctrl-C, which CANCELS the job."),
     Command("estimate", "price prompt.json before it runs: modelled board seconds on this run folder's board "
                         "settings and packs (nothing is queued)", cmd_estimate, (
@@ -758,7 +823,8 @@ COMMANDS = (
                     "policy on the board_ram_gb board) and decode, in MODELLED board seconds (models/board). The "
                     "last line is `estimate job_s=... encode_s=... denoise_s=... decode_s=... calls=... passes=... "
                     "[modelled]`."),
-    Command("status", "every job, or one", cmd_status, (
+    Command("status", "every job, or one in detail (read from its folder when the daemon does not answer)",
+            cmd_status, (
         arg("job", nargs="?", metavar="JOB", help=JOB_HELP + " (default: every job)"),
         arg("--json", action="store_true", help="one JSON object per job, as the daemon reports it"))),
     Command("cancel", "cancel a queued or running job", cmd_cancel_resume, (
@@ -769,6 +835,18 @@ COMMANDS = (
         arg("--keep", type=int, help="keep the N newest finished jobs"),
         arg("--older-than", metavar="AGE", help="remove those finished longer ago than AGE: 7d, 12h, 30m or 45s "
                                                 "(a bare number is seconds), and uploads unchanged for as long"))),
+    Command("start", "start supervisord for the run folder and wait until its stages and the daemon are up",
+            cmd_start_stop, (arg("--timeout", type=float, metavar="SECONDS",
+                                 help="give up after this long (default 120)"),),
+            description="Start supervisord (RUN/supervisord.conf) unless it runs, waiting first for one that is still "
+                        "shutting down; return once every program it starts by itself (scheduler, executor, the "
+                        "orchestrator daemon, the HTTP front) is RUNNING and the daemon answers. Exit 1 with what it "
+                        "waited for when that takes longer than --timeout, or a program fails to start."),
+    Command("stop", "stop every program and supervisord, and wait until supervisord has exited", cmd_start_stop, (
+        arg("--timeout", type=float, metavar="SECONDS", help="give up after this long (default 180)"),),
+        description="Stop every program in supervisord's shutdown order, then supervisord; return once its process "
+                    "has exited and its socket is gone, so `orchestrator start` may follow at once (`supervisorctl "
+                    "shutdown` returns before that). A supervisord that is not running is not an error."),
     Command("stages", "supervisord state of every program", cmd_stages),
     Command("restart", "restart one program through supervisord", cmd_restart, (
         arg("stage", metavar="PROGRAM", help=PROGRAM_HELP),)),

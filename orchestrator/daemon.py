@@ -17,7 +17,7 @@ from models.schema import SchemaError, convert
 from orchestrator.cond_cache import CondCache
 from orchestrator.flow import JobFlow
 from orchestrator.heartbeat import Heartbeats
-from orchestrator.job_record import ORIGIN, UNREADABLE, JobEntry
+from orchestrator.job_record import ORIGIN, UNREADABLE, JobEntry, info_of
 from orchestrator.jobs import JobError, JobStore, QueueFull
 from orchestrator.loras import LoraRefused, RunLoras
 from orchestrator.packs import pack_model_files, read_packs, vae_pack_sizes
@@ -462,21 +462,13 @@ class Daemon:
     def job_info(self, entry: JobEntry, pending_ids: list[str], detail: bool = False, record=None) -> m.JobInfo:
         """A job's JobInfo from its index entry; with `detail` its spec and origin from the record (`record`, else read
         from the store: a finished job's from its file)."""
-        spec_json = origin = ""
         if detail and entry.state != UNREADABLE:
             try:
                 record = record or self.store.view(entry.id)
             except JobError as e:                   # removed or broken since it was listed: listed without detail
                 log.warning("job %s: no detail: %s", entry.id, e)
-            else:
-                spec_json = json.dumps(record.spec, ensure_ascii=False)[:m.MAX_PROMPT_JSON_CHARS]
-                origin = json.dumps(record.origin, ensure_ascii=False) if record.origin else ""
-                origin = origin if len(origin) <= m.MAX_ORIGIN_CHARS else ""
-        return m.JobInfo(job=entry.id, state=entry.state, created=entry.created, updated=entry.updated,
-                         position=pending_ids.index(entry.id) if entry.id in pending_ids else 0,
-                         error_stage=entry.error_stage[:m.MAX_NAME_CHARS], error=entry.error[:m.MAX_PATH_CHARS],
-                         image=entry.image, report=entry.report, progress=self.progress.get(entry.id),
-                         spec_json=spec_json, origin=origin)
+        return info_of(entry, record if detail else None, progress=self.progress.get(entry.id),
+                       position=pending_ids.index(entry.id) if entry.id in pending_ids else 0)
 
 
 def serve(rf: RunFolder, config_path: Path) -> int:

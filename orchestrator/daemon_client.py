@@ -9,7 +9,6 @@ through `errors` (the CLI: CliError with its exit status)."""
 from __future__ import annotations
 
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -112,8 +111,7 @@ class DaemonClient:
 
 def _start_hint(rf) -> str:
     conf = rf.supervisord_conf
-    exe = Path(sys.executable).with_name("supervisord")
-    start = f"{exe if exe.is_file() else 'supervisord'} -c {conf}"
+    start = f"orchestrator --run {rf.root} start (supervisord -c {conf}, waited for)"
     if conf.is_file():
         return f"start it with: {start}"
     return (f"{rf.root} is not a run folder yet: orchestrator --run {rf.root} init --bundle BUNDLE, "

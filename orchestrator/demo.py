@@ -10,13 +10,14 @@
    there; the 20-step example (11 computed steps) takes ~3-4 minutes of denoising on 2 idle cores and far longer on
    a shared machine, while a 256x256 job (256 tokens) took 6.9 minutes at load average ~10 on 2 cores (near 1.5
    minutes idle); `--resolution 512x512` runs that size.
-3) the run folder (`orchestrator init`) pointing at both; 4) supervisord started unless it is already up (one that
-   is shutting down, e.g. right after `supervisorctl shutdown`, is waited for first: it still holds the socket);
+3) the run folder (`orchestrator init`) pointing at both; 4) supervisord started unless it is already up, as
+   `orchestrator start` starts it (one that is shutting down, e.g. right after `supervisorctl shutdown`, is waited for
+   first: it still holds the socket);
 5) the prompt submitted and followed (progress, then the timing table); the PNG and report.json paths are printed.
 supervisord stays up afterwards (the scheduler and executor keep serving further `orchestrator submit`s; the HTTP
 front serves the web page and the ComfyUI/A1111 APIs on http://127.0.0.1:8188/), and the last lines say where the
-page is and how to stop it all; `--stop` shuts it down instead. Running it again reuses the bundle, the pack and the
-running pipeline.
+page is and how to stop it all (`orchestrator stop`); `--stop` shuts it down instead, as that does. Running it
+again reuses the bundle, the pack and the running pipeline.
 """
 from __future__ import annotations
 
@@ -24,13 +25,11 @@ import argparse
 import json
 import logging
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from models.durable import atomic_write
-from orchestrator.daemon_probe import daemon_answers
 from orchestrator.runfolder import ALWAYS_ON_STAGES, EXAMPLE_PROMPT, REPO_DIR, RunFolder, init_run
 
 log = logging.getLogger(__name__)
@@ -133,65 +132,29 @@ def _http_port_for_demo(text: str) -> str:
     return f"{head}{sep}port = 0                   # {port} was taken when the demo wrote this: any free port\n{rest}"
 
 
-def _supervisord_state(sup) -> str:
-    """"running", "shutting down" (`supervisorctl shutdown` returns before supervisord has gone: it still holds the
-    socket while it stops its programs) or "absent"."""
-    from orchestrator.supervisor import ShuttingDown, SupervisorError
-    try:
-        sup.ping()
-        return "running"
-    except ShuttingDown:
-        return "shutting down"
-    except (SupervisorError, OSError):
-        return "absent"
-
-
 def ensure_supervisord(rf: RunFolder, config_changed: bool = False) -> bool:
     """supervisord for this run folder, started unless it already answers (then its always-on programs are restarted
-    when the config changed; one that is shutting down is waited for, then started again); waits for the job
-    daemon. -> started now."""
+    when the config changed), as `orchestrator start` starts it: one that is shutting down is waited for first, and
+    the stages and the job daemon are waited for (the HTTP front's state is the page line's). -> started now."""
+    from orchestrator import run_control
     from orchestrator.supervisor import Supervisor, SupervisorError
     sup = Supervisor(rf.supervisor_sock)
-    state = _supervisord_state(sup)
-    if state == "shutting down":
-        _say(f"4) supervisord for {rf.root} is shutting down: waiting for it to exit")
-        try:
-            sup.wait_gone()
-        except SupervisorError as e:
-            raise DemoError(str(e)) from None
-        state = _supervisord_state(sup)
-    if state == "running":
-        started = False
-        _say(f"4) supervisord is already running for {rf.root}")
+    running = run_control.supervisord_state(sup) == "running"
+    _say(f"4) supervisord is already running for {rf.root}" if running else
+         f"4) starting supervisord for {rf.root} (as `orchestrator start`: its stages and daemon waited for)")
+    try:
+        if not running:
+            return run_control.start(rf, UP_TIMEOUT_S, say=lambda line: _say(f"   {line}"), optional=("http",))
         if config_changed:
             _say("   the pipeline config changed: restarting orchestrator, scheduler, executor and the HTTP front")
             sup.update()                                  # supervisord rereads its config (e.g. a new program)
             for program in ALWAYS_ON_STAGES + ("orchestrator", "http"):
                 if program in sup.all_info():
                     sup.restart(program)
-    else:
-        conf = rf.supervisord_conf
-        _say(f"4) starting supervisord -c {conf}")
-        r = subprocess.run([str(Path(sys.executable).parent / "supervisord"), "-c", str(conf)], capture_output=True,
-                           text=True, timeout=60)
-        if r.returncode != 0:
-            raise DemoError(f"supervisord did not start ({r.returncode}): {(r.stderr or r.stdout).strip()}")
-        started = True
-    deadline = time.monotonic() + UP_TIMEOUT_S
-    while True:
-        try:
-            info = sup.info("orchestrator")
-            if info.state == "RUNNING" and rf.daemon_sock.exists() and daemon_answers(rf):
-                return started
-            if info.state in ("FATAL", "EXITED", "BACKOFF"):
-                raise DemoError(f"the orchestrator daemon is {info.state}: {info.spawnerr or info.description}\n"
-                                f"{_log_tail(rf, 'orchestrator')}")
-        except (SupervisorError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise DemoError(f"the orchestrator daemon did not come up in {UP_TIMEOUT_S:.0f} s\n"
-                            f"{_log_tail(rf, 'orchestrator')}")
-        time.sleep(0.2)
+        run_control.wait_up(rf, sup, time.monotonic() + UP_TIMEOUT_S, optional=("http",))
+        return False
+    except SupervisorError as e:
+        raise DemoError(f"{e}\n{_log_tail(rf, 'orchestrator')}") from None
 
 
 def http_front(rf: RunFolder, timeout_s: float = 30.0) -> str:
@@ -291,11 +254,13 @@ def main(argv=None) -> int:
     conf = rf.supervisord_conf
     print(f"image:  {result['image']}\nreport: {result['report']}")
     if args.stop:
-        from orchestrator.supervisor import Supervisor
-        sup = Supervisor(rf.supervisor_sock)
-        sup.shutdown_in_order()                       # supervisord's order, without its second per level
-        sup.wait_gone()                               # gone, so a next `make demo` can start it again at once
-        _say(f"supervisord stopped ({conf})")
+        from orchestrator import run_control
+        from orchestrator.supervisor import SupervisorError
+        try:                                          # gone, so a next `make demo` can start it again at once
+            run_control.stop(rf, say=_say)
+        except SupervisorError as e:
+            _say(f"demo: the job is done, but supervisord did not stop: {e}")
+            return 1
     else:
         bin_dir = Path(sys.executable).parent
         url = http_front(rf)
@@ -306,7 +271,7 @@ def main(argv=None) -> int:
         _say(f"supervisord keeps running (scheduler, executor and {stays} for the next job):\n"
              f"  {bin_dir}/orchestrator --run {rf.root} submit {args.prompt} --wait    # another job\n"
              f"  {bin_dir}/supervisorctl -c {conf} status\n"
-             f"  {bin_dir}/supervisorctl -c {conf} shutdown                    # stop everything\n{page}")
+             f"  {bin_dir}/orchestrator --run {rf.root} stop      # stop everything (and wait); start: again\n{page}")
     return 0
 
 

@@ -333,7 +333,8 @@ class Doctor:
             self._check_always_on(sup)
             return
         except SupervisorError:
-            self.add(WARN, "supervisord", f"not running for {self.rf.root}: start it with supervisord -c {conf}")
+            self.add(WARN, "supervisord", f"not running for {self.rf.root}: start it with orchestrator --run {self.rf.root} "
+                                                 f"start (supervisord -c {conf}, waited for)")
         port = 8188
         host = "127.0.0.1"
         if self.cfg is not None:

@@ -113,6 +113,22 @@ class JobEntry:
                    report=job.report)
 
 
+def info_of(entry: JobEntry, record: Job | None = None, *, position: int = 0, progress=None):
+    """What STATUS says of a job (protocol.messages.JobInfo): its index entry, and with `record` its spec and origin
+    (each left out when too long for the wire). The daemon's answer and `orchestrator status JOB` reading the job
+    folder when the daemon does not answer both say it this way."""
+    from protocol import messages as m
+    spec_json = origin = ""
+    if record is not None:
+        spec_json = json.dumps(record.spec, ensure_ascii=False)[:m.MAX_PROMPT_JSON_CHARS]
+        origin = json.dumps(record.origin, ensure_ascii=False) if record.origin else ""
+        origin = origin if len(origin) <= m.MAX_ORIGIN_CHARS else ""
+    return m.JobInfo(job=entry.id, state=entry.state, created=entry.created, updated=entry.updated,
+                     position=position, error_stage=entry.error_stage[:m.MAX_NAME_CHARS],
+                     error=entry.error[:m.MAX_PATH_CHARS], image=entry.image, report=entry.report, progress=progress,
+                     spec_json=spec_json, origin=origin)
+
+
 def job_json(job: Job) -> str:
     """job.json's text, of a record checked again (the store changes records in place before it saves them)."""
     data = job.to_dict()

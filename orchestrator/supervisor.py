@@ -126,6 +126,11 @@ class Supervisor:
     def all_info(self) -> dict[str, ProcInfo]:
         return {d["name"]: ProcInfo.from_rpc(d) for d in self._call("supervisor.getAllProcessInfo")}
 
+    def autostarted(self) -> list[str]:
+        """The programs supervisord starts by itself (autostart=true), named as `info` takes them."""
+        return [c["name"] if c["group"] == c["name"] else f"{c['group']}:{c['name']}"
+                for c in self._call("supervisor.getAllConfigInfo") if c.get("autostart")]
+
     def is_live(self, name: str) -> bool:
         return self.info(name).live
 
