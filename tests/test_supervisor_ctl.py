@@ -115,7 +115,7 @@ def _alive(pid: int) -> bool:
 
 ORDER_PROGRAM = """
 [program:{name}]
-command={py} -c "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (open('{log}', 'a').write('{name} '), sys.exit(0))); time.sleep(600)"
+command={py} -c "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (open('{log}', 'a').write('{name} '), sys.exit(0))); print('up', flush=True); time.sleep(600)"
 priority={prio}
 autostart=true
 autorestart=false
@@ -140,6 +140,11 @@ def test_stop_all_goes_by_priority_without_waiting_for_supervisords_ticks(tmp_pa
     try:
         for name, _ in programs:
             sup.wait_state(name, ("RUNNING",), 20)
+        # RUNNING comes before the program has set its SIGTERM handler (startsecs=0): wait for its "up" line
+        deadline = time.monotonic() + 20
+        while not all((run / f"{n}.log").exists() and "up" in (run / f"{n}.log").read_text() for n, _ in programs):
+            assert time.monotonic() < deadline, "the programs never said up"
+            time.sleep(0.05)
         t0 = time.monotonic()
         sup.stop_all()
         took = time.monotonic() - t0
