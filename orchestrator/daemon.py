@@ -78,6 +78,7 @@ class Daemon:
         self.ctx = ctx or zmq.Context()
         self.links: dict[str, LazyPirate] = {}
         self.progress: dict[str, m.Progress] = {}          # job -> latest PROGRESS
+        self.denoise_pass: dict[str, m.DenoisePass] = {}   # job -> the DENOISE out now (StageControl.denoise)
         self.dying: dict[str, tuple[float, m.Dying]] = {}  # stage -> (unix time, last DYING)
         self.ready: dict[str, tuple[float, int]] = {}      # stage -> (unix time, pid) of the last READY event
         self.cancel_requests: set[str] = set()
@@ -476,6 +477,7 @@ class Daemon:
                          position=pending_ids.index(entry.id) if entry.id in pending_ids else 0,
                          error_stage=entry.error_stage[:m.MAX_NAME_CHARS], error=entry.error[:m.MAX_PATH_CHARS],
                          image=entry.image, report=entry.report, progress=self.progress.get(entry.id),
+                         denoise_pass=self.denoise_pass.get(entry.id),
                          spec_json=spec_json, origin=origin)
 
 

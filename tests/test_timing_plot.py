@@ -10,16 +10,19 @@ from PIL import Image
 
 from orchestrator import timing_plot
 from orchestrator.report import MEMORY_POINTS, JobReport, MemoryTrace
+from protocol import messages as m
+
+ONE_PASS = m.DenoisePass(image=1, images=1)      # a job of one image, one sampling pass
 
 
 def _report(board=None) -> dict:
     r = JobReport("20260101-000000-abcdef", {"prompt": "a", "width": 128, "height": 128, "steps": 4})
-    r.denoised = {"computed_steps": [1, 2, 4], "forecast_steps": [3], "branch_calls": 9, "host_s": 0.3,
+    r.add_pass(ONE_PASS, {"computed_steps": [1, 2, 4], "forecast_steps": [3], "branch_calls": 9, "host_s": 0.3,
                   "transport_s": 0.1,
                   "branches": {"self": {"load_s": 0.5, "init_s": 0.25, "infer_s": 1.0, "release_s": 0.125,
                                         "calls": 3},
                                "ffn": {"load_s": 0.75, "init_s": 0.5, "infer_s": 2.0, "release_s": 0.25,
-                                       "visible_s": 1.5, "calls": 3}}}
+                                       "visible_s": 1.5, "calls": 3}}})
     for t in range(20):
         r.memory.add("scheduler", 1.0 + 0.2 * t, 300.0 + t)
         r.memory.add("executor", 1.0 + 0.2 * t, 500.0 - t)
