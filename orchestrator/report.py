@@ -182,6 +182,9 @@ class JobReport:
             "reused_calls": int(d.get("reused_calls", 0)),
             "resumed_from": int(d.get("resumed_from", 0)),
             "resends": int(d.get("resends", 0)),
+            # the backend the executor ran the branches on, as its READY said ("" from a scheduler that does not say)
+            "executor_backend": next((p["denoised"].get("executor_backend") for p in reversed(self.passes)
+                                      if p["denoised"].get("executor_backend")), ""),
             "passes": [pass_summary(p) for p in self.passes],
             "teardown": {"encoder_running_during_denoise": t.encoder_running_during_denoise,
                          "vae_running_during_denoise": t.vae_running_during_denoise,

@@ -375,6 +375,7 @@ class Denoised(Message, tag="DENOISED"):
     steps: List(StepTimes, max_items=MAX_STEPS) = ()  # this run's steps
     model_calls: Count = 0  # the job's model calls run (each one CFG pass or both), resumed steps' included
     reused_calls: Count = 0  # the job's model calls the step cache answered without the model
+    executor_backend: Text(MAX_NAME_CHARS) = ""  # the backend the executor ran the branches on (its READY says)
 
 
 # ---- executor ----------------------------------------------------------------------------------------------------

@@ -298,8 +298,9 @@ class SchedulerLogic:
                 raise RequestFailed(str(e), field="pack_dir") from None
         return pack
 
-    def _executor_policy(self, link: LazyPirate, msg: m.Denoise, pack, ctx) -> Policy:
-        """The executor's resolved lifecycle policy (READY.info): with interleave, each CFG pass is its own call.
+    def _executor_policy(self, link: LazyPirate, msg: m.Denoise, pack, ctx) -> tuple[Policy, str]:
+        """The executor's resolved lifecycle policy and its backend (READY.info): with interleave, each CFG pass is
+        its own call.
         A remote executor computes its own copy of the pack: it must be this pack, else every result would be wrong.
         While the executor is waited for, the scheduler answers its own heartbeats and honours a stop."""
         try:
@@ -314,7 +315,7 @@ class SchedulerLogic:
             raise RequestFailed(f"executor's HELLO: {e}", field="executor", retry=True) from None
         if parse_endpoint(msg.executor)[0] == "tcp":
             check_remote_pack(ready.info, pack, link.endpoint)
-        return policy
+        return policy, str(ready.info.get("backend", ""))[:m.MAX_NAME_CHARS]
 
     def _host_pacer(self, pack_dir: str):
         """The backend's own pace for the host ops (board-sim: each held to the modelled board's host time x
@@ -387,7 +388,7 @@ class SchedulerLogic:
                           timeout_s=sched["branch_timeout_s"], retries=t.retries)
         watch = PeerWatch(self.zctx, msg.executor, peer="executor", interval_s=t.heartbeat_s, liveness=t.liveness,
                           curve=curve, allow_plaintext=plain)
-        policy = self._executor_policy(link, msg, pack, ctx)
+        policy, backend = self._executor_policy(link, msg, pack, ctx)
         client = BranchClient(ctx, msg, pack, link, watch, arena, step_ref, max_lost=t.retries,
                               interleave=policy.interleave, computed_steps=sampler.plan(),
                               steps=sampler.steps)
@@ -395,7 +396,7 @@ class SchedulerLogic:
         runner = ctx.keep_alive_while(DiTRunner, pack, branches=client, host_pace=pacer.op if pacer else None)
         if msg.loras:                  # a runner per job: the next job starts again from the pack's own weights
             ctx.keep_alive_while(self._set_lora, runner, msg, ctx)
-        return _ExecutorSide(link, watch, client, pacer, runner)
+        return _ExecutorSide(link, watch, client, pacer, runner, backend)
 
     @staticmethod
     def _step_loop(msg: m.Denoise, ctx, sampler, state, ex: _ExecutorSide, step_ref: list, cond,
@@ -454,7 +455,7 @@ class SchedulerLogic:
                           transport_s=client.transport_s, wall_s=wall, resumed_from=resumed_from,
                           resends=ex.link.resends + client.resends, steps=tuple(steps),
                           host_work_s=sum(st.host_work_s for st in steps), model_calls=sum(state.nfe),
-                          reused_calls=sum(state.skipped))
+                          reused_calls=sum(state.skipped), executor_backend=ex.backend)
 
 
 @dataclasses.dataclass
@@ -466,6 +467,7 @@ class _ExecutorSide:
     client: BranchClient
     pacer: object            # the backend's host pacer, or None
     runner: DiTRunner
+    backend: str = ""        # the executor's backend (its READY), for the job's report
 
 
 @dataclasses.dataclass
