@@ -27,7 +27,6 @@ from models.runtime.backends import backend_class
 from models.dit.config import expected_dit_shapes
 from models.sampling.denoise import make_sampler, model_call, save_state, start_or_resume
 from models.runtime.dit_runner import BranchCall, DiTRunner
-from stages.eta import EtaClock
 from models.lora import LoraError, TargetTable, plan_loras
 from models.lora.choice import lora_uses
 from models.models_dir import ModelsDirError, lora_relative
@@ -46,6 +45,7 @@ from protocol.version import VERSION
 from stages.base import RequestFailed, stage_main
 from stages.latent_start import from_latent, latent_sampler_and_state
 from stages.config import ConfigError, PipelineConfig
+from stages.eta import EtaClock
 from stages.step_account import step_times
 from stages.tensor_io import read_tensor
 
