@@ -340,7 +340,7 @@ def _follow(client: DaemonClient, job: str, *, quiet: bool):
             continue
         line = _progress_line(info)
         # a terminal gets one line redrawn per branch; a log gets a line per step or state change
-        key = line if tty else (info.state, info.progress.step if info.progress else None)
+        key = line if tty else (info.state, info.progress.step if info.progress else None, info.denoise_pass)
         if key != last:
             if tty:
                 print("\r" + line.ljust(79), end="", file=sys.stderr, flush=True)
