@@ -152,3 +152,26 @@ def test_bad_report_is_a_message(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "timing plot:" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "timing.png").exists()
+
+
+def test_a_board_sim_job_of_two_passes_prices_each_on_its_own_pack(pipeline_assets):
+    """A hires job's first pass runs the small pack, its second the large one: the report's modelled board prices
+    each pass's steps on its own pack (the board NPU seconds per step differ by size), summed."""
+    from models.board.account import board_section
+    from models.board.cost import BoardModel
+    from tests.pipeline_harness import tiny_assets
+    _, large = pipeline_assets                              # the session's 128x128 pack, and a 64x64 one beside it
+    packs = {(64, 64): tiny_assets(large.parent, (64, 64))[1], (128, 128): large}
+    rows = [{"step": n, "computed": True, "wall_s": 1.0, "infer_s": 0.5, "lifecycle_s": 0.1, "host_s": 0.1,
+             "transport_s": 0.01, "calls": 3} for n in (1, 2)]
+    r = JobReport("20260101-000000-abcdef", {"prompt": "a", "width": 64, "height": 64, "steps": 2})
+    for size, name in (((64, 64), "first"), ((128, 128), "hires")):
+        r.board = {"pack_dir": str(packs[size]), "time_scale": 1.0}
+        r.add_pass(m.DenoisePass(image=1, images=1, name=name), {"steps": rows, "branch_calls": 6})
+    board = r.to_dict()["board"]
+    alone = {size: board_section([(rows, BoardModel.for_pack(packs[size]))], 1.0, {}) for size in packs}
+    small, large = alone[(64, 64)]["modelled"]["npu_s"], alone[(128, 128)]["modelled"]["npu_s"]
+    assert large > small > 0                                # a per-size figure: one model for both would be wrong
+    assert board["modelled"]["npu_s"] == pytest.approx(small + large)
+    assert board["denoise_board_s"] == pytest.approx(sum(a["denoise_board_s"] for a in alone.values()))
+    assert len(board["steps"]) == 4
