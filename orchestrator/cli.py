@@ -329,17 +329,15 @@ def _job_info(client: DaemonClient, job: str):
 
 
 def _progress_line(info) -> str:
+    """`JOB: queued (2 ahead)`, `JOB: encoding the prompt`, or a denoising job's bar and step (the page's words:
+    orchestrator/progress_text.py)."""
+    from orchestrator.progress_text import phase_text
     p = info.progress
     if info.state != "denoising" or p is None:
-        return f"{info.job}: {info.state}" + (f" ({info.position} ahead)" if info.state == "queued" else "")
+        return f"{info.job}: {phase_text(info)}"
     width = 24
     filled = int(width * (p.step - 1) / max(p.steps, 1))
-    eta_s = p.eta_s
-    if eta_s is None and p.step > 1:     # the stage gave none: scale the time so far by the steps left
-        eta_s = p.elapsed_s / (p.step - 1) * (p.steps - p.step + 1)
-    eta = "?" if eta_s is None else f"{int(eta_s // 60)}m{int(eta_s % 60):02d}s"
-    kind = "forecast" if p.forecast else f"block {p.block:>2} {p.branch:<5} {p.cfg_pass}"
-    return f"[{'#' * filled}{'.' * (width - filled)}] step {p.step}/{p.steps} {kind}  ETA {eta}"
+    return f"[{'#' * filled}{'.' * (width - filled)}] {phase_text(info)}"
 
 
 def _follow(client: DaemonClient, job: str, *, quiet: bool):
@@ -360,7 +358,7 @@ def _follow(client: DaemonClient, job: str, *, quiet: bool):
             continue
         line = _progress_line(info)
         # a terminal gets one line redrawn per branch; a log gets a line per step or state change
-        key = line if tty else (info.state, info.progress.step if info.progress else None)
+        key = line if tty else (info.state, info.progress.step if info.progress else None, info.denoise_pass)
         if key != last:
             if tty:
                 print("\r" + line.ljust(79), end="", file=sys.stderr, flush=True)

@@ -78,6 +78,7 @@ class Daemon:
         self.ctx = ctx or zmq.Context()
         self.links: dict[str, LazyPirate] = {}
         self.progress: dict[str, m.Progress] = {}          # job -> latest PROGRESS
+        self.denoise_pass: dict[str, m.DenoisePass] = {}   # job -> the DENOISE out now (StageControl.denoise)
         self.dying: dict[str, tuple[float, m.Dying]] = {}  # stage -> (unix time, last DYING)
         self.ready: dict[str, tuple[float, int]] = {}      # stage -> (unix time, pid) of the last READY event
         self.cancel_requests: set[str] = set()
@@ -468,6 +469,7 @@ class Daemon:
             except JobError as e:                   # removed or broken since it was listed: listed without detail
                 log.warning("job %s: no detail: %s", entry.id, e)
         return info_of(entry, record if detail else None, progress=self.progress.get(entry.id),
+                       denoise_pass=self.denoise_pass.get(entry.id),
                        position=pending_ids.index(entry.id) if entry.id in pending_ids else 0)
 
 

@@ -607,7 +607,7 @@ class JobFlow:
                                  spectrum=spectrum, denoise=h.denoise, cache=s.cache, **batch)
         self.arena.write(self.init_latent, start)
         self._run_denoise(params, self.dir / batch_name("hires", "", pos), {"init_latent": self.init_latent},
-                          batch_name("hires_latent", ".npy", pos))
+                          batch_name("hires_latent", ".npy", pos), sampling_pass="hires")
 
     def _pixel_starts(self, firsts: list, todo: list) -> None:
         """The pixel path (ImageScale[By] + VAEEncode) for the images in `todo`: the first latent decoded at the first
@@ -663,7 +663,8 @@ class JobFlow:
         state_dir = self.dir if pos == 0 else self.dir / f"batch_{pos}"      # each image's per-step sampler state
         self._run_denoise(params, state_dir, self._start_latent(), batch_name("latent", ".npy", pos))
 
-    def _run_denoise(self, params: m.DenoiseParams, state_dir: Path, start: dict, latent_file: str) -> None:
+    def _run_denoise(self, params: m.DenoiseParams, state_dir: Path, start: dict, latent_file: str,
+                     sampling_pass: str = "first") -> None:
         """One DENOISE on the arena's pack: the latent back, checked, written to the job folder as `latent_file`."""
         t0 = time.monotonic()
         self.control.tear_down_on_demand()
@@ -675,14 +676,13 @@ class JobFlow:
                         params=params, cond=self.cond, uncond=self.uncond, latent=self.latent, scratch=self.scratch,
                         executor=self.cfg.endpoint("executor"), resume=self._resume_sampling,
                         context_rows=self._context_rows(), loras=self.spec.loras, **start)
-        reply = self.control.denoise(msg, self.settings.denoise_timeout_s)
+        reply = self.control.denoise(msg, self.settings.denoise_timeout_s, sampling_pass)
         if reply.latent.inline:
             self.arena.write(self.latent, from_inline(reply.latent, reply.inline))
         latent = self.arena.read(self.latent)                                  # [C, H/8, W/8] f32
         if not np.isfinite(latent).all():
             raise StageFailed("scheduler", "the final latent holds NaN or Inf")
         _save_npy(self.dir / latent_file, latent)
-        self.report.denoised = reply.to_wire()                                 # branches: PhaseSums, steps: StepTimes, as maps
         self.report.stages["scheduler"].wall_s += time.monotonic() - t0
         # the executor's critical path: lifecycle it could not hide plus inference (prefetched loads run beside it)
         self.report.stages["executor"].wall_s += sum(b.total_s for b in reply.branches.values())

@@ -113,7 +113,7 @@ class JobEntry:
                    report=job.report)
 
 
-def info_of(entry: JobEntry, record: Job | None = None, *, position: int = 0, progress=None):
+def info_of(entry: JobEntry, record: Job | None = None, *, position: int = 0, progress=None, denoise_pass=None):
     """What STATUS says of a job (protocol.messages.JobInfo): its index entry, and with `record` its spec and origin
     (each left out when too long for the wire). The daemon's answer and `orchestrator status JOB` reading the job
     folder when the daemon does not answer both say it this way."""
@@ -126,7 +126,7 @@ def info_of(entry: JobEntry, record: Job | None = None, *, position: int = 0, pr
     return m.JobInfo(job=entry.id, state=entry.state, created=entry.created, updated=entry.updated,
                      position=position, error_stage=entry.error_stage[:m.MAX_NAME_CHARS],
                      error=entry.error[:m.MAX_PATH_CHARS], image=entry.image, report=entry.report, progress=progress,
-                     spec_json=spec_json, origin=origin)
+                     denoise_pass=denoise_pass, spec_json=spec_json, origin=origin)
 
 
 def job_json(job: Job) -> str:

@@ -135,7 +135,7 @@ class JobReport:
     spec: dict
     stages: dict = field(default_factory=lambda: {s: StageRecord() for s in STAGE_PROGRAMS})
     teardown: TeardownRecord = field(default_factory=TeardownRecord)
-    denoised: dict = field(default_factory=dict)        # the scheduler's DENOISED fields (steps, sums, host/transport)
+    passes: list = field(default_factory=list)          # per DENOISE: where it ran in the job, its DENOISED fields
     encoder_timings: dict = field(default_factory=dict)
     encoder_started: bool = False      # this job started the encoder (False: its contexts were cached or kept)
     text: dict = field(default_factory=dict)            # T5 token counts of both prompts, truncated or not
@@ -155,8 +155,15 @@ class JobReport:
     def since_start(self) -> float:
         return time.time() - self.started
 
+    def add_pass(self, where, denoised: dict) -> None:
+        """One DENOISE's reply (DENOISED's wire fields) as the job's next sampling pass; `where` is its
+        protocol.messages.DenoisePass (image of the batch, first or hires pass). The board-sim settings in force
+        for it are kept with it (a hires pass's pack is another)."""
+        self.passes.append({"image": where.image, "images": where.images, "pass": where.name,
+                            "denoised": denoised, "board": self.board})
+
     def to_dict(self) -> dict:
-        d = self.denoised
+        d = sum_passes(self.passes)
         branches = {k: {name: cast(d.get("branches", {}).get(k, {}).get(name, 0)) for name, cast in SUMS.items()}
                     for k in KINDS}
         t = self.teardown
@@ -175,6 +182,10 @@ class JobReport:
             "reused_calls": int(d.get("reused_calls", 0)),
             "resumed_from": int(d.get("resumed_from", 0)),
             "resends": int(d.get("resends", 0)),
+            # the backend the executor ran the branches on, as its READY said ("" from a scheduler that does not say)
+            "executor_backend": next((p["denoised"].get("executor_backend") for p in reversed(self.passes)
+                                      if p["denoised"].get("executor_backend")), ""),
+            "passes": [pass_summary(p) for p in self.passes],
             "teardown": {"encoder_running_during_denoise": t.encoder_running_during_denoise,
                          "vae_running_during_denoise": t.vae_running_during_denoise,
                          "samples": t.samples, "encoder_remote": t.encoder_remote, "vae_remote": t.vae_remote,
@@ -188,7 +199,7 @@ class JobReport:
             "host_work_s": float(d.get("host_work_s", 0.0)),
             "transport_s": float(d.get("transport_s", 0.0)),
             "steps": list(d.get("steps", [])),
-            **({"board": self._board_section()} if self.board and d.get("steps") else {}),
+            **({"board": self._board_section()} if any(p["board"] for p in self.passes) and d.get("steps") else {}),
             "encoder_timings": self.encoder_timings,
             "encoder_started": self.encoder_started,
             "text": self.text,
@@ -207,12 +218,53 @@ class JobReport:
         """The modelled board's figures (board seconds) apart from what was measured here (models/board/account.py)."""
         from models.board.account import board_section
         from models.board.cost import BoardModel
-        b = self.board
-        model = BoardModel.for_pack(b["pack_dir"], b.get("board_model", "full"), b.get("board_cost"))
-        return board_section(list(self.denoised["steps"]), float(b.get("time_scale", 1.0)), model, b)
+        priced = [(list(p["denoised"].get("steps", [])), p["board"]) for p in self.passes if p["board"]]
+        b = priced[-1][1]
+        return board_section([(steps, BoardModel.for_pack(pb["pack_dir"], pb.get("board_model", "full"),
+                                                          pb.get("board_cost"))) for steps, pb in priced],
+                             float(b.get("time_scale", 1.0)), b)
 
     def write(self, path: Path) -> Path:
         return atomic_write(path, json.dumps(self.to_dict(), indent=1))
+
+
+PASS_LISTS = ("computed_steps", "forecast_steps")
+PASS_COUNTS = ("branch_calls", "model_calls", "reused_calls", "resends")
+PASS_SECONDS = ("host_s", "host_hidden_s", "host_work_s", "transport_s", "wall_s")
+
+
+def sum_passes(passes: list) -> dict:
+    """The job's sampling as one DENOISED-like dict over all its passes (every batch image, a hires pass): counts,
+    seconds and branch sums added, step lists and step rows one after another (a job of several passes tags each
+    step row with its image and pass), resumed_from the furthest any pass went on from."""
+    if len(passes) == 1:
+        return passes[0]["denoised"]
+    out = {k: [] for k in PASS_LISTS + ("steps",)}
+    out.update({k: 0 for k in PASS_COUNTS + PASS_SECONDS + ("resumed_from",)})
+    branches: dict = {}
+    for p in passes:
+        d = p["denoised"]
+        for k in PASS_LISTS:
+            out[k] += list(d.get(k, []))
+        out["steps"] += [{**row, "image": p["image"], "pass": p["pass"]} for row in d.get("steps", [])]
+        for k in PASS_COUNTS + PASS_SECONDS:
+            out[k] += d.get(k, 0)
+        out["resumed_from"] = max(out["resumed_from"], int(d.get("resumed_from", 0)))
+        for kind, sums in d.get("branches", {}).items():
+            mine = branches.setdefault(kind, {})
+            for name, value in sums.items():
+                mine[name] = mine.get(name, 0) + value
+    out["branches"] = branches
+    return out
+
+
+def pass_summary(p: dict) -> dict:
+    """report.json's `passes` entry: one DENOISE of the job, where it ran and what it counted."""
+    d = p["denoised"]
+    return {"image": p["image"], "images": p["images"], "pass": p["pass"],
+            "computed_steps": list(d.get("computed_steps", [])), "forecast_steps": list(d.get("forecast_steps", [])),
+            **{k: int(d.get(k, 0)) for k in ("branch_calls", "model_calls", "reused_calls", "resumed_from")},
+            "wall_s": round(float(d.get("wall_s", 0.0)), 4)}
 
 
 def job_warnings(spec: dict) -> list:

@@ -217,8 +217,14 @@ class StageControl:
                                                                             if reply.field else ""))
             return reply
 
-    def denoise(self, msg: m.Denoise, timeout_s: float) -> m.Denoised:
-        """The DENOISE request, with the always-on stages' memory and the teardown record sampled while it runs."""
+    def denoise(self, msg: m.Denoise, timeout_s: float, sampling_pass: str = "first") -> m.Denoised:
+        """The DENOISE request, with the always-on stages' memory and the teardown record sampled while it runs.
+        Its place in the job (the image of the batch from its params, `sampling_pass`: "first" or "hires") is what
+        the job's progress names meanwhile (JobInfo.denoise_pass), and its reply is the report's next pass."""
+        where = m.DenoisePass(image=msg.params.batch_pos + 1, images=msg.params.batch_size, name=sampling_pass)
+        job = self.job.id
+        self.d.progress.pop(job, None)                        # the last pass's steps are not this one's
+        self.d.denoise_pass[job] = where
         self._denoising = True
         self._sampling = set(ALWAYS_ON_STAGES)
         try:
@@ -228,6 +234,9 @@ class StageControl:
         finally:
             self._denoising = False
             self._sampling = set()
+            self.d.denoise_pass.pop(job, None)
+            self.d.progress.pop(job, None)
+        self.report.add_pass(where, reply.to_wire())         # branches: PhaseSums, steps: StepTimes, as maps
         return reply
 
     def _arm(self, stage: str) -> None:

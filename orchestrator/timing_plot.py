@@ -3,7 +3,7 @@
     python -m orchestrator.timing_plot RUN/jobs/<id>/report.json [-o timing.png]
 
 Panels: (1) per sampler step, the scheduler's critical path stacked: the executor's branch inference (the NPU's work
-on the board), the lifecycle it waited for (load/init/release not hidden by a policy), host ops, transport and the
+on the board; the legend names the executor backend that ran), the lifecycle it waited for (load/init/release not hidden by a policy), host ops, transport and the
 rest (sampler, state file); (2) per branch kind, the executor's load/init/infer/release totals, and a VAE pack's
 trunk and tile models the same way (the VAE stage's own figures, measured here); (3) every stage's RSS
 over the job, with the encode/denoise/decode phases shaded. Figures are measured on this machine. With the board-sim
@@ -25,8 +25,8 @@ from pathlib import Path
 
 from models.durable import atomic_write
 
-STEP_SERIES = (  # report step field -> legend (the critical path of one step, bottom to top)
-    ("infer_s", "branch inference (NPU)"),
+STEP_SERIES = (  # report step field -> legend (the critical path of one step, bottom to top); {backend}: the one run
+    ("infer_s", "branch inference ({backend})"),
     ("lifecycle_s", "visible lifecycle (load/init/release waited for)"),
     ("host_s", "host ops"),
     ("transport_s", "transport"),
@@ -35,7 +35,7 @@ PHASES = ("load_s", "init_s", "infer_s", "release_s")
 VAE_MODELS = ("trunk", "tile")     # models.vae.pack_decoder: one trunk call, then the tile model for every tile
 STAGE_ORDER = ("encoder", "scheduler", "executor", "vae")
 PHASE_COLOURS = {"encoding": "#d9e8f5", "denoising": "#f5ecd9", "decoding": "#e1f5d9"}
-COLOURS = {"branch inference (NPU)": "#2ca02c", "visible lifecycle (load/init/release waited for)": "#ff7f0e",
+COLOURS = {"branch inference": "#2ca02c", "visible lifecycle (load/init/release waited for)": "#ff7f0e",
            "host ops": "#1f77b4", "transport": "#d62728", "other (sampler, state file)": "#9467bd",
            "branch inference (MODELLED NPU + tensor I/O)": "#2ca02c", "visible lifecycle (MODELLED)": "#ff7f0e",
            "host ops (MODELLED board CPU)": "#1f77b4", "transport (measured here)": "#d62728",
@@ -66,6 +66,13 @@ def provenance(report: dict) -> str:
     return "measured on this machine"
 
 
+def _step_axis(rows: list) -> list:
+    """The steps panel's x: the step numbers, or 1..N over a job of several sampling passes (batch images, a hires
+    pass), whose step numbers start again at 1 each pass."""
+    steps = [int(r["step"]) for r in rows]
+    return steps if len(set(steps)) == len(steps) else list(range(1, len(steps) + 1))
+
+
 def plot_data(report: dict) -> dict:
     """What the picture shows, as data: {title, provenance, panels: [{name, title, ...series}]}."""
     label = provenance(report)
@@ -80,14 +87,15 @@ def plot_data(report: dict) -> dict:
         rows = board["steps"]
         series = {name: [float(r.get(key, 0.0)) for r in rows] for key, name in BOARD_SERIES}
         panels.append({"name": "steps", "title": f"per step in board seconds: {label_board(board)}",
-                       "x": [int(r["step"]) for r in rows], "computed": [bool(r.get("computed", True)) for r in rows],
+                       "x": _step_axis(rows), "computed": [bool(r.get("computed", True)) for r in rows],
                        "series": series})
     elif steps:
-        series = {name: [float(s.get(key, 0.0)) for s in steps] for key, name in STEP_SERIES}
+        backend = report.get("executor_backend") or "executor"
+        series = {name.format(backend=backend): [float(s.get(key, 0.0)) for s in steps] for key, name in STEP_SERIES}
         other = [max(0.0, float(s.get("wall_s", 0.0)) - sum(float(s.get(k, 0.0)) for k, _ in STEP_SERIES))
                  for s in steps]
         series["other (sampler, state file)"] = other
-        panels.append({"name": "steps", "title": f"per step ({label})", "x": [int(s["step"]) for s in steps],
+        panels.append({"name": "steps", "title": f"per step ({label})", "x": _step_axis(steps),
                        "computed": [bool(s.get("computed", True)) for s in steps], "series": series})
     branches = {k: {p: float(v.get(p, 0.0)) for p in PHASES} for k, v in (report.get("branches") or {}).items()
                 if v.get("calls")}
@@ -121,7 +129,7 @@ def _steps_panel(ax, p: dict) -> None:
     x = p["x"]
     bottom = [0.0] * len(x)
     for name, values in p["series"].items():
-        ax.bar(x, values, bottom=bottom, label=name, width=0.8, color=COLOURS.get(name))
+        ax.bar(x, values, bottom=bottom, label=name, width=0.8, color=COLOURS.get(name, COLOURS.get(name.split(" (")[0])))
         bottom = [b + v for b, v in zip(bottom, values)]
     for xi, computed, top in zip(x, p["computed"], bottom):
         if not computed:

@@ -353,7 +353,8 @@ class Progress(Message, tag="PROGRESS"):
     cfg_pass: Literal[PASS_NAMES + ("both",)] = "both"
     forecast: bool = False
     elapsed_s: Seconds
-    eta_s: Seconds | None = None
+    eta_s: Seconds | None = None  # the sampling pass's time left (stages/eta.py)
+    blocks: Int(0, MAX_BLOCKS) = 0  # the pack's blocks (0: not said)
 
 
 @_message("DENOISED")
@@ -374,6 +375,7 @@ class Denoised(Message, tag="DENOISED"):
     steps: List(StepTimes, max_items=MAX_STEPS) = ()  # this run's steps
     model_calls: Count = 0  # the job's model calls run (each one CFG pass or both), resumed steps' included
     reused_calls: Count = 0  # the job's model calls the step cache answered without the model
+    executor_backend: Text(MAX_NAME_CHARS) = ""  # the backend the executor ran the branches on (its READY says)
 
 
 # ---- executor ----------------------------------------------------------------------------------------------------
@@ -468,8 +470,21 @@ MAX_PACKS = 32
 MAX_LORAS_LISTED = 1024         # LoRA names in PIPELINE (ComfyUI's LoraLoader list)
 
 
+SAMPLING_PASSES = ("first", "hires")      # a job's sampling passes: its own, then a hires fix's second pass
+
+
+class DenoisePass(_Record, frozen=True):
+    """Which DENOISE of its job is running: the image of the batch and the sampling pass (what a progress line
+    names: `image 2/3 · hires pass · step 4/6`)."""
+
+    image: Int(1, 64)  # 1-based
+    images: Int(1, 64)
+    name: Literal[SAMPLING_PASSES] = "first"
+
+
 class JobInfo(_Record, frozen=True):
-    """One job as `orchestrator status` shows it; the progress fields are the latest PROGRESS of a running job."""
+    """One job as `orchestrator status` shows it; the progress fields are the latest PROGRESS of a running job and
+    the DENOISE it belongs to."""
 
     job: Name
     state: Name  # queued, encoding, denoising, decoding, done, failed, cancelled
@@ -481,6 +496,7 @@ class JobInfo(_Record, frozen=True):
     image: Path | None = None
     report: Path | None = None
     progress: Progress | None = None
+    denoise_pass: DenoisePass | None = None  # with `progress`: which image of the batch, which sampling pass
     spec_json: Text(MAX_PROMPT_JSON_CHARS) = ""  # with STATUS detail: the job's resolved prompt
     origin: Text(MAX_ORIGIN_CHARS) = ""  # with STATUS detail: SUBMIT's origin ("" when none)
 

@@ -45,6 +45,7 @@ from protocol.version import VERSION
 from stages.base import RequestFailed, stage_main
 from stages.latent_start import from_latent, latent_sampler_and_state
 from stages.config import ConfigError, PipelineConfig
+from stages.eta import EtaClock
 from stages.step_account import step_times
 from stages.tensor_io import read_tensor
 
@@ -63,9 +64,11 @@ class BranchClient:
     slots a request names are per pass, so the other pass's host work never touches them before the reply."""
 
     def __init__(self, ctx, msg: m.Denoise, pack, link: LazyPirate, watch: PeerWatch, arena, step_ref: list,
-                 max_lost: int, interleave: bool = False, computed_steps=()):
+                 max_lost: int, interleave: bool = False, computed_steps=(), steps: int | None = None):
         self.stage_ctx, self.msg, self.pack, self.link, self.arena = ctx, msg, pack, link, arena
-        self.computed_steps = sorted(computed_steps)  # 1-based steps that run the model (the rest are forecast)
+        # the ETA's clock: 1-based steps that run the model (the rest are forecast)
+        self.steps = steps or msg.params.steps       # the sampler's (a latent start's schedule may be shorter)
+        self.eta = EtaClock(self.steps, pack.config.blocks, computed_steps)
         self.remote = parse_endpoint(msg.executor)[0] == "tcp"     # another machine: tensors travel inline
         self.watch, self.max_lost = watch, max_lost
         self.interleave = interleave
@@ -81,7 +84,6 @@ class BranchClient:
         self.written: dict = {}                      # slot name -> the array it holds (inputs that stay a while)
         self._out: _Pending | None = None            # the request on the wire
         self.calls = 0
-        self.branches_done = 0                       # branches whose every pass came back (the ETA's unit)
         self.blocked_s = 0.0                         # scheduler time spent sending, waiting and reading replies
         self.transport_s = 0.0
         self.started = time.monotonic()
@@ -222,27 +224,23 @@ class _Pending:
         c.calls += 1
         c.blocked_s += blocked
         c.transport_s += max(0.0, blocked - t.total_s)      # waiting beyond the executor's critical path
-        c.branches_done += not call.hold
+        if not call.hold:                     # a branch is done when its every pass is (with interleave, two)
+            c.eta.call_done()
         cfg_pass = "both" if len(call.passes) > 1 else m.PASS_NAMES[call.passes[0]]
         elapsed = time.monotonic() - c.started
-        eta = eta_s(c.branches_done, elapsed, calls_left(req.step, req.block, req.branch, c.pack.config.blocks,
-                                                         c.computed_steps))
-        c.stage_ctx.emit(m.Progress(job=req.job, step=req.step, steps=c.msg.params.steps, block=req.block,
-                                    branch=req.branch, cfg_pass=cfg_pass, elapsed_s=elapsed, eta_s=eta))
+        c.stage_ctx.emit(m.Progress(job=req.job, step=req.step, steps=c.steps, block=req.block,
+                                    branch=req.branch, cfg_pass=cfg_pass, elapsed_s=elapsed,
+                                    eta_s=c.eta.eta(elapsed, req.step, req.block, req.branch),
+                                    blocks=c.pack.config.blocks))
         self.value = (ys, t)
 
 
-def calls_left(step: int, block: int, kind: str, blocks: int, computed_steps) -> int:
-    """Branch calls still to come after (step, block, kind): the rest of this step, then every later computed step's
-    (forecast steps make none)."""
-    rest = (blocks - 1 - block) * len(KINDS) + (len(KINDS) - 1 - KINDS.index(kind))
-    return rest + len(KINDS) * blocks * sum(1 for s in computed_steps if s > step)
-
-
-def eta_s(calls_done: int, elapsed_s: float, left: int) -> float:
-    """Denoising time left: the calls to come at the mean wall time per call so far (host ops and transport
-    included). A call here is a branch with all its passes (with interleave, two requests)."""
-    return elapsed_s / max(calls_done, 1) * left
+def _cheap_progress(msg: m.Denoise, ctx, client: BranchClient, step: int, steps: int) -> None:
+    """The PROGRESS of a step that made no branch call (forecast, or the step cache's), priced as the rest."""
+    blocks = client.pack.config.blocks
+    elapsed = time.monotonic() - client.started
+    ctx.emit(m.Progress(job=msg.job, step=step, steps=steps, block=blocks - 1, branch=KINDS[-1], forecast=True,
+                        elapsed_s=elapsed, eta_s=client.eta.eta(elapsed, step), blocks=blocks))
 
 
 def check_state_room(job_dir: str, state) -> None:
@@ -300,8 +298,9 @@ class SchedulerLogic:
                 raise RequestFailed(str(e), field="pack_dir") from None
         return pack
 
-    def _executor_policy(self, link: LazyPirate, msg: m.Denoise, pack, ctx) -> Policy:
-        """The executor's resolved lifecycle policy (READY.info): with interleave, each CFG pass is its own call.
+    def _executor_policy(self, link: LazyPirate, msg: m.Denoise, pack, ctx) -> tuple[Policy, str]:
+        """The executor's resolved lifecycle policy and its backend (READY.info): with interleave, each CFG pass is
+        its own call.
         A remote executor computes its own copy of the pack: it must be this pack, else every result would be wrong.
         While the executor is waited for, the scheduler answers its own heartbeats and honours a stop."""
         try:
@@ -316,7 +315,7 @@ class SchedulerLogic:
             raise RequestFailed(f"executor's HELLO: {e}", field="executor", retry=True) from None
         if parse_endpoint(msg.executor)[0] == "tcp":
             check_remote_pack(ready.info, pack, link.endpoint)
-        return policy
+        return policy, str(ready.info.get("backend", ""))[:m.MAX_NAME_CHARS]
 
     def _host_pacer(self, pack_dir: str):
         """The backend's own pace for the host ops (board-sim: each held to the modelled board's host time x
@@ -389,18 +388,19 @@ class SchedulerLogic:
                           timeout_s=sched["branch_timeout_s"], retries=t.retries)
         watch = PeerWatch(self.zctx, msg.executor, peer="executor", interval_s=t.heartbeat_s, liveness=t.liveness,
                           curve=curve, allow_plaintext=plain)
-        policy = self._executor_policy(link, msg, pack, ctx)
+        policy, backend = self._executor_policy(link, msg, pack, ctx)
         client = BranchClient(ctx, msg, pack, link, watch, arena, step_ref, max_lost=t.retries,
-                              interleave=policy.interleave, computed_steps=sampler.plan())
+                              interleave=policy.interleave, computed_steps=sampler.plan(),
+                              steps=sampler.steps)
         pacer = self._host_pacer(msg.pack_dir)
         runner = ctx.keep_alive_while(DiTRunner, pack, branches=client, host_pace=pacer.op if pacer else None)
         if msg.loras:                  # a runner per job: the next job starts again from the pack's own weights
             ctx.keep_alive_while(self._set_lora, runner, msg, ctx)
-        return _ExecutorSide(link, watch, client, pacer, runner)
+        return _ExecutorSide(link, watch, client, pacer, runner, backend)
 
     @staticmethod
-    def _step_loop(msg: m.Denoise, ctx, sampler, state, ex: _ExecutorSide, step_ref: list, cond, uncond,
-                   t_start: float) -> _StepTally:
+    def _step_loop(msg: m.Denoise, ctx, sampler, state, ex: _ExecutorSide, step_ref: list, cond,
+                   uncond) -> _StepTally:
         """The steps, each one model call or more (or a Spectrum forecast); the state is saved after each."""
         client, pacer = ex.client, ex.pacer
         tally = _StepTally(clocks_shared=not msg.executor.startswith("tcp://"))
@@ -410,16 +410,11 @@ class SchedulerLogic:
             marks = (client.transport_s, client.calls, pacer.totals.real_s if pacer else 0.0)
             if sampler.needs_model(state):
                 timing = tally.model_step(ex.runner, sampler, state, cond, uncond, msg.context_rows or None)
-                if timing is None:                  # every call of the step came from the step cache
-                    ctx.emit(m.Progress(job=msg.job, step=state.step, steps=sampler.steps,
-                                        block=ex.runner.cfg.blocks - 1, branch=KINDS[-1], forecast=True,
-                                        elapsed_s=time.monotonic() - t_start))
             else:
                 ctx.check(msg.job)
                 sampler.step_forecast(state)
-                ctx.emit(m.Progress(job=msg.job, step=state.step, steps=sampler.steps,
-                                    block=ex.runner.cfg.blocks - 1, branch=KINDS[-1], forecast=True,
-                                    elapsed_s=time.monotonic() - t_start))
+            if timing is None:                      # a forecast step, or every call of it from the step cache
+                _cheap_progress(msg, ctx, client, state.step, sampler.steps)
             if not np.isfinite(state.latent).all():
                 raise RequestFailed(f"latent has NaN/Inf after step {state.step}", field="latent")
             check_state_room(msg.job_dir, state)
@@ -428,6 +423,8 @@ class SchedulerLogic:
                                           transport_s=client.transport_s - marks[0], calls=client.calls - marks[1],
                                           host_work_s=pacer.totals.real_s - marks[2] if pacer else None,
                                           clocks_shared=tally.clocks_shared, nfe=state.nfe[-1]))
+            if timing is None:
+                client.eta.cheap_step(time.monotonic() - t_step)
         return tally
 
     def on_denoise(self, msg: m.Denoise, ctx) -> m.Denoised:
@@ -441,7 +438,7 @@ class SchedulerLogic:
         step_ref = [state.step + 1]
         ex = self._executor_side(msg, ctx, pack, arena, sampler, step_ref)
         try:
-            tally = self._step_loop(msg, ctx, sampler, state, ex, step_ref, cond, uncond, t_start)
+            tally = self._step_loop(msg, ctx, sampler, state, ex, step_ref, cond, uncond)
         except FloatingPointError as e:
             raise RequestFailed(str(e), field="executor") from None
         except LoraError as e:                      # a LoRA file changed under the job (cut short, rewritten)
@@ -458,7 +455,7 @@ class SchedulerLogic:
                           transport_s=client.transport_s, wall_s=wall, resumed_from=resumed_from,
                           resends=ex.link.resends + client.resends, steps=tuple(steps),
                           host_work_s=sum(st.host_work_s for st in steps), model_calls=sum(state.nfe),
-                          reused_calls=sum(state.skipped))
+                          reused_calls=sum(state.skipped), executor_backend=ex.backend)
 
 
 @dataclasses.dataclass
@@ -470,6 +467,7 @@ class _ExecutorSide:
     client: BranchClient
     pacer: object            # the backend's host pacer, or None
     runner: DiTRunner
+    backend: str = ""        # the executor's backend (its READY), for the job's report
 
 
 @dataclasses.dataclass

@@ -92,6 +92,33 @@ def test_a_batch_gives_each_image_its_place_in_the_batch_and_its_own_png(d, tmp_
         assert delivered.read_bytes() == (jd / name).read_bytes()
 
 
+def test_a_batch_reports_every_images_pass_and_its_progress_names_the_image(d):
+    from orchestrator.cli import _progress_line
+    from orchestrator.report import format_table
+    d.flag("double_step_s", "0.15")
+    job = d.submit({"prompt": "a girl", "seed": 5, "steps": 3, "batch": 3})
+    lines, deadline = set(), time.monotonic() + 60
+    while True:
+        info = d.status(job=job).jobs[0]
+        if info.state == "denoising" and info.progress is not None:
+            lines.add(_progress_line(info).split("] ", 1)[1].split(" · block")[0])
+        if info.state in ("done", "failed"):
+            break
+        assert time.monotonic() < deadline, d.logs()
+        time.sleep(0.03)
+    assert info.state == "done", info
+    # the CLI's (and the page's) line says which image runs, each restarting at step 1
+    for image in (1, 2, 3):
+        assert f"image {image}/3 · step 1/3" in lines, lines
+    assert lines <= {f"image {i}/3 · step {s}/3" for i in (1, 2, 3) for s in (1, 2, 3)}, lines
+    report = json.loads((d.rf.jobs / job / "report.json").read_text())
+    # every image's DENOISE counted (the double makes 3 branch calls a step), not the last one's
+    assert report["branch_calls"] == 3 * 3 * 3 and len(report["computed_steps"]) == 9
+    assert [(p["image"], p["images"], p["pass"]) for p in report["passes"]] == [(i, 3, "first") for i in (1, 2, 3)]
+    assert report["branches"]["ffn"]["calls"] == 9 and report["host_s"] == pytest.approx(3 * 0.5)
+    assert "27 branch calls, 9 computed steps" in format_table(report)
+
+
 def test_a_single_image_job_keeps_its_names_and_no_batch_labels(d):
     job = d.submit({"prompt": "a girl", "seed": 4, "steps": 2})
     assert _wait(d, job, ("done", "failed")).state == "done"

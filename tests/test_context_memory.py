@@ -87,6 +87,14 @@ def test_one_megapixel_fits_the_8gb_board_and_2048_does_not():
     assert three.context_mib < f.context_mib < three.call_mib
 
 
+def test_a_size_under_512_prints_the_arenas_shrink_signed():
+    # 256x256 has fewer tokens than 512x512: the arena shrinks, and the line says so with one sign ("arena -7 MiB")
+    f = fit_at(256, 256)
+    assert f.arena_growth_mib < -0.5
+    assert f"arena -{round(-f.arena_growth_mib):,} MiB)" in f.line() and "+-" not in f.line()
+    assert f"arena +{round(fit_at(1024, 1024).arena_growth_mib):,} MiB)" in fit_at(1024, 1024).line()
+
+
 class _Cfg:
     """The two things check_size_memory reads of a pipeline config."""
 

@@ -111,6 +111,7 @@ def test_job_end_to_end(pipe, assets, reference):
     r = pipe.report(job)
     assert r["computed_steps"] == ref["computed"] == [1, 2, 4] and r["forecast_steps"] == [3]
     assert r["branch_calls"] == 3 * blocks * len(ref["computed"])
+    assert r["executor_backend"] == "onnx" and [(p["image"], p["pass"]) for p in r["passes"]] == [(1, "first")]
     td = r["teardown"]
     assert td["encoder_running_during_denoise"] is False and td["vae_running_during_denoise"] is False
     assert td["samples"] >= 3                            # recorded from supervisord during the run

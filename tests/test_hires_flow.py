@@ -21,6 +21,7 @@ from PIL import Image
 
 from orchestrator.cli import CliError
 from orchestrator.inputs import save_upload
+from orchestrator.report import format_table
 from tests.doubles_harness import Doubles
 
 SIZES = [(64, 64), (96, 96)]
@@ -88,7 +89,12 @@ def test_hires_upscales_the_first_latent_and_samples_it_again_on_the_larger_pack
     assert "Size: 64x64," in params and "Denoising strength: 0.5," in params
     assert f"Hires upscale: 1.5, Hires steps: 3, Hires upscaler: {label}," in params
     report = json.loads((jd / "report.json").read_text())
-    assert report["computed_steps"] == [1, 2, 3]                 # the last DENOISE: the hires pass's 3 steps
+    # both sampling passes counted: the first pass's 2 steps and the hires pass's 3 (the double makes 3 calls a step)
+    assert report["computed_steps"] == [1, 2, 1, 2, 3] and report["branch_calls"] == 3 * (2 + 3)
+    assert [(p["image"], p["pass"], p["branch_calls"]) for p in report["passes"]] == [(1, "first", 6),
+                                                                                      (1, "hires", 9)]
+    assert report["branches"]["self"]["calls"] == 2 + 3
+    assert "15 branch calls, 5 computed steps" in format_table(report)
 
 
 def test_daemon_killed_mid_second_pass_resumes_it_to_the_same_latent(d):

@@ -103,6 +103,10 @@ def test_submit_see_progress_and_the_image(pipe, browser):
     page.click("#go")
     page.wait_for_function("document.getElementById('live-state').textContent === 'done'", timeout=JOB_MS)
     seen = page.evaluate("window.__seen")
+    # the phase in the CLI's words (orchestrator/progress_text.py), from the first line on: queued, not "starting"
+    texts = [t for _, t in seen]
+    assert texts[0] == "queued" or texts[0].startswith("queued ("), seen
+    assert not {"starting", "encoding"} & set(texts) and "done" in texts, seen
     # progress advanced: denoising lines with step/block/ETA, the bar only going up, several distinct values
     denoising = [(b, t) for b, t in seen if t.startswith("step ")]
     assert any("block " in t and "ETA " in t and "ETA ?" not in t for _, t in denoising), seen

@@ -316,7 +316,7 @@ def test_status_reads_and_copies_no_more_for_many_finished_jobs(tmp_path, monkey
     store.transition(queued[0], "encoding")
     store.recover()
     daemon = Daemon.__new__(Daemon)                     # the STATUS handler over this store, no sockets
-    daemon.store, daemon.progress = store, {}
+    daemon.store, daemon.progress, daemon.denoise_pass = store, {}, {}
     reads, copies = [], []
     real_read, real_copy = JobStore._read, jobs_mod.copy.deepcopy
     monkeypatch.setattr(JobStore, "_read", lambda self, i: reads.append(i) or real_read(self, i))
@@ -469,6 +469,7 @@ def test_a_resent_prune_gets_the_first_ones_answer(tmp_path):
     ids = _finished_records(JobStore(tmp_path), 300)
     daemon = Daemon.__new__(Daemon)                     # the PRUNE handler over this store, no sockets
     daemon.store, daemon.progress, daemon._prunes = JobStore(tmp_path, cached=True), {}, OrderedDict()
+    daemon.denoise_pass = {}
     first = m.Prune(keep=0)
     reply = daemon._prune(first)                        # a batch: up to 256 jobs or PRUNE_BATCH_S
     n = len(reply.jobs)

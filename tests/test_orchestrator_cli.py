@@ -9,27 +9,62 @@ from orchestrator.report import JobReport, format_table, text_record
 from orchestrator.runfolder import RunFolder, init_run
 from protocol import messages as m
 
+ONE_PASS = m.DenoisePass(image=1, images=1)      # a job of one image, one sampling pass
 
-def _info(state, progress=None):
-    return m.JobInfo(job="20260101-120000-a1b2c3", state=state, created=1.0, updated=2.0, progress=progress)
+
+def _info(state, progress=None, denoise_pass=None, position=0):
+    return m.JobInfo(job="20260101-120000-a1b2c3", state=state, created=1.0, updated=2.0, progress=progress,
+                     denoise_pass=denoise_pass, position=position)
 
 
 def test_progress_line_shows_step_block_branch_and_eta():
-    p = m.Progress(job="x", step=3, steps=10, block=12, branch="cross", cfg_pass="both", elapsed_s=20.0)
+    p = m.Progress(job="x", step=3, steps=10, block=12, branch="cross", cfg_pass="both", elapsed_s=20.0, eta_s=80.0,
+                   blocks=28)
     line = cli._progress_line(_info("denoising", p))
-    assert "step 3/10" in line and "block 12 cross" in line and "ETA 1m20s" in line   # 20 s for 2 steps, 8 left
-    assert "ETA 0m05s" in cli._progress_line(_info("denoising", m.Progress(
-        job="x", step=1, steps=2, block=0, branch="self", elapsed_s=1.0, eta_s=5.0)))
-    assert cli._progress_line(_info("encoding")).endswith(": encoding")
+    assert line.endswith("] step 3/10 · block 13/28 cross · ETA 1m20s"), line
+    # no ETA from the stage: unknown, not a guess scaled from the steps so far (forecast steps made that swing)
+    assert cli._progress_line(_info("denoising", p.replace(eta_s=None))).endswith("ETA ?")
+    assert cli._progress_line(_info("encoding")).endswith(": encoding the prompt")
+    assert cli._progress_line(_info("queued", position=2)).endswith(": queued (2 ahead)")
+
+
+def test_progress_names_the_image_of_the_batch_and_the_hires_pass():
+    from orchestrator.http.views import JobView
+    p = m.Progress(job="x", step=4, steps=6, block=0, branch="self", elapsed_s=1.0, eta_s=5.0, blocks=2)
+    cases = [(m.DenoisePass(image=2, images=3), "image 2/3 · step 4/6 · block 1/2 self · ETA 0m05s"),
+             (m.DenoisePass(image=1, images=1, name="hires"), "hires pass · step 4/6"),
+             (m.DenoisePass(image=3, images=3, name="hires"), "image 3/3 · hires pass · step 4/6"),
+             (m.DenoisePass(image=1, images=1), "step 4/6")]
+    for where, words in cases:
+        info = _info("denoising", p, where)
+        assert "] " + words in cli._progress_line(info), (where, cli._progress_line(info))
+        fields = JobView.of(info).progress_fields()
+        # the page's line (anima.progress `text`) is the CLI's, bar aside
+        assert cli._progress_line(info).endswith("] " + fields["text"])
+        assert (fields.get("image"), fields.get("images"), fields.get("pass")) == (where.image, where.images,
+                                                                                   where.name)
+    forecast = _info("denoising", p.replace(forecast=True), m.DenoisePass(image=2, images=3))
+    assert cli._progress_line(forecast).endswith("] image 2/3 · step 4/6 · forecast · ETA 0m05s")
+
+
+@pytest.mark.parametrize("state, position, words", [("queued", 0, "queued"), ("queued", 3, "queued (3 ahead)"),
+                                                    ("encoding", 0, "encoding the prompt"),
+                                                    ("denoising", 0, "denoising"),
+                                                    ("decoding", 0, "decoding the image")])
+def test_the_page_and_the_cli_say_a_phase_in_the_same_words(state, position, words):
+    from orchestrator.http.views import JobView
+    info = _info(state, position=position)
+    assert cli._progress_line(info) == f"{info.job}: {words}"
+    assert JobView.of(info).progress_fields()["text"] == words
 
 
 def test_timing_table_lists_stages_and_branch_phases():
     r = JobReport("j", {"prompt": "a"})
     r.stages["encoder"].wall_s, r.stages["encoder"].peak_rss_mb = 3.5, 2500.0
-    r.denoised = {"computed_steps": [1, 2], "forecast_steps": [3], "branch_calls": 6, "host_s": 1.25,
+    r.add_pass(ONE_PASS, {"computed_steps": [1, 2], "forecast_steps": [3], "branch_calls": 6, "host_s": 1.25,
                   "transport_s": 0.5, "branches": {"self": {"load_s": 1.0, "init_s": 2.0, "infer_s": 3.0,
                                                             "release_s": 0.25, "visible_s": 3.25, "calls": 2,
-                                                            "cached": 1}}}
+                                                            "cached": 1}}})
     d = r.to_dict()
     assert d["branches"]["self"] == {"load_s": 1.0, "init_s": 2.0, "infer_s": 3.0, "release_s": 0.25, "wait_s": 0.0,
                                      "visible_s": 3.25, "hidden_s": 0.0, "calls": 2, "cached": 1}

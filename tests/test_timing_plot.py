@@ -10,22 +10,26 @@ from PIL import Image
 
 from orchestrator import timing_plot
 from orchestrator.report import MEMORY_POINTS, JobReport, MemoryTrace
+from protocol import messages as m
+
+ONE_PASS = m.DenoisePass(image=1, images=1)      # a job of one image, one sampling pass
 
 
 def _report(board=None) -> dict:
     r = JobReport("20260101-000000-abcdef", {"prompt": "a", "width": 128, "height": 128, "steps": 4})
-    r.denoised = {"computed_steps": [1, 2, 4], "forecast_steps": [3], "branch_calls": 9, "host_s": 0.3,
+    r.add_pass(ONE_PASS, {"computed_steps": [1, 2, 4], "forecast_steps": [3], "branch_calls": 9, "host_s": 0.3,
                   "transport_s": 0.1,
                   "branches": {"self": {"load_s": 0.5, "init_s": 0.25, "infer_s": 1.0, "release_s": 0.125,
                                         "calls": 3},
                                "ffn": {"load_s": 0.75, "init_s": 0.5, "infer_s": 2.0, "release_s": 0.25,
-                                       "visible_s": 1.5, "calls": 3}}}
+                                       "visible_s": 1.5, "calls": 3}}, "executor_backend": "onnx"})
     for t in range(20):
         r.memory.add("scheduler", 1.0 + 0.2 * t, 300.0 + t)
         r.memory.add("executor", 1.0 + 0.2 * t, 500.0 - t)
     r.memory.add("encoder", 0.1, 2500.0)
     r.phases = [["encoding", 0.0, 1.0], ["denoising", 1.0, 5.0], ["decoding", 5.0, 6.0]]
     d = json.loads(json.dumps(r.to_dict()))
+    assert d["executor_backend"] == "onnx"
     # the scheduler's per-step figures (DENOISED.steps, one StepTimes each)
     d["steps"] = [{"step": 1, "computed": True, "wall_s": 1.5, "infer_s": 1.0, "lifecycle_s": 0.25, "host_s": 0.1,
                    "host_work_s": 0.1, "transport_s": 0.05, "calls": 3},
@@ -47,7 +51,8 @@ def test_panels_are_the_reports_figures():
     steps = panels["steps"]
     assert steps["x"] == [1, 2, 3, 4] and steps["computed"] == [True, True, False, True]
     s = steps["series"]
-    assert s["branch inference (NPU)"] == [1.0, 0.75, 0.0, 0.5]
+    # named by the backend that ran (report.json executor_backend, from the executor's READY), not "NPU" on a CPU
+    assert s["branch inference (onnx)"] == [1.0, 0.75, 0.0, 0.5] and not any("NPU" in k for k in s)
     assert s["visible lifecycle (load/init/release waited for)"] == [0.25, 0.25, 0.0, 0.25]
     assert s["host ops"] == [0.1, 0.1, 0.0, 0.1] and s["transport"] == [0.05, 0.05, 0.0, 0.05]
     # the rest of each step's wall time (sampler, state file), never negative
@@ -147,3 +152,26 @@ def test_bad_report_is_a_message(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "timing plot:" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "timing.png").exists()
+
+
+def test_a_board_sim_job_of_two_passes_prices_each_on_its_own_pack(pipeline_assets):
+    """A hires job's first pass runs the small pack, its second the large one: the report's modelled board prices
+    each pass's steps on its own pack (the board NPU seconds per step differ by size), summed."""
+    from models.board.account import board_section
+    from models.board.cost import BoardModel
+    from tests.pipeline_harness import tiny_assets
+    _, large = pipeline_assets                              # the session's 128x128 pack, and a 64x64 one beside it
+    packs = {(64, 64): tiny_assets(large.parent, (64, 64))[1], (128, 128): large}
+    rows = [{"step": n, "computed": True, "wall_s": 1.0, "infer_s": 0.5, "lifecycle_s": 0.1, "host_s": 0.1,
+             "transport_s": 0.01, "calls": 3} for n in (1, 2)]
+    r = JobReport("20260101-000000-abcdef", {"prompt": "a", "width": 64, "height": 64, "steps": 2})
+    for size, name in (((64, 64), "first"), ((128, 128), "hires")):
+        r.board = {"pack_dir": str(packs[size]), "time_scale": 1.0}
+        r.add_pass(m.DenoisePass(image=1, images=1, name=name), {"steps": rows, "branch_calls": 6})
+    board = r.to_dict()["board"]
+    alone = {size: board_section([(rows, BoardModel.for_pack(packs[size]))], 1.0, {}) for size in packs}
+    small, large = alone[(64, 64)]["modelled"]["npu_s"], alone[(128, 128)]["modelled"]["npu_s"]
+    assert large > small > 0                                # a per-size figure: one model for both would be wrong
+    assert board["modelled"]["npu_s"] == pytest.approx(small + large)
+    assert board["denoise_board_s"] == pytest.approx(sum(a["denoise_board_s"] for a in alone.values()))
+    assert len(board["steps"]) == 4

@@ -141,9 +141,13 @@ def job_figures(model: BoardModel, warm: bool = False, vae_up: bool = False) -> 
             "decode_npu_s": npu * size}
 
 
-def board_section(steps: list, time_scale: float, model: BoardModel, settings: dict) -> dict:
-    """report.json's `board` block for a board-sim job: modelled board seconds apart from what was measured here."""
-    rows = rows_from_steps(steps, time_scale, model)
+def board_section(passes: list, time_scale: float, settings: dict) -> dict:
+    """report.json's `board` block for a board-sim job: modelled board seconds apart from what was measured here.
+    `passes`: [(StepTimes wire dicts, BoardModel)] per sampling pass, each priced on its own pack's model (a hires
+    pass runs a larger pack)."""
+    model = passes[0][1]
+    rows = [r for steps, pass_model in passes for r in rows_from_steps(steps, time_scale, pass_model)]
+    steps = [s for pass_steps, _ in passes for s in pass_steps]
     comp = [r for r in rows if r.computed]
     tot = lambda k: sum(getattr(r, k) for r in rows)      # noqa: E731
     what = "a board's own calibration" if model.measured else "reference board and peer figures"

@@ -70,6 +70,11 @@ def arena_mib(shape: Shape, size: tuple, passes: int = 2) -> float:
     return scratch_plan(cfg, g, "fp16", passes, shards=shape.shards).nbytes(64) / MIB
 
 
+def signed_mib(mib: float) -> str:
+    """A change in MiB with its sign: "+12 MiB", "-7 MiB" (a size under 512x512 shrinks the arena), "+0 MiB"."""
+    return f"{round(mib) or 0:+,} MiB"
+
+
 @dataclass(frozen=True)
 class SizeFit:
     """One size's memory on a board (MODELLED): the largest branch call's contexts and the arena's growth against
@@ -97,7 +102,7 @@ class SizeFit:
     def line(self) -> str:
         what = f"{self.shards} shards of " if self.shards > 1 else ""
         head = (f"{self.width}x{self.height}: a {self.kind} call needs {self.need_mib:,.0f} MiB ({what}"
-                f"{self.context_mib:,.0f} MiB contexts + arena +{self.arena_growth_mib:,.0f} MiB) of "
+                f"{self.context_mib:,.0f} MiB contexts, arena {signed_mib(self.arena_growth_mib)}) of "
                 f"{self.budget_mib:,.0f} MiB for contexts ({self.basis})")
         if self.fits:
             return f"{head}; {self.spare_contexts} more fit beside it ({LABEL})"

@@ -5,7 +5,7 @@
     POST /anima/jobs                 {prompt, negative_prompt, seed (digits)|null, steps, cfg, width, height,
                                       sampler, scheduler, spectrum, cache, loras, batch, hires, and from an upload
                                       (/upload/image) init_image, denoise, resize_mode, mask, grow_mask_by;
-                                      client_id} -> {"job", "seed", "position"}
+                                      client_id} -> {"job", "seed", "position", "text"}
 Seeds travel as strings of digits here: 64-bit seeds do not fit a JavaScript number.
     POST /anima/estimate             the same form body -> the job's MODELLED board seconds (orchestrator/estimate.py:
                                       {"job_s", "encode_s", "denoise_s", "decode_s", "calls", "passes", "notes",
@@ -33,6 +33,7 @@ from orchestrator.http.common import FRONT, cancel_job, json_response, read_json
 from orchestrator.http.link import DaemonRefused
 from orchestrator.http.views import JobView
 from orchestrator.job_record import JOB_ID_RE
+from orchestrator.progress_text import phase_text
 from orchestrator.prompt_spec import DEFAULT_CFG, DEFAULT_STEPS, MAX_CFG, MAX_PROMPT_CHARS, MAX_STEPS
 from protocol.prompt import MAX_BATCH, MAX_HIRES_SCALE, HiresSettings
 from protocol import messages as m
@@ -135,7 +136,9 @@ async def post_job(request: web.Request) -> web.Response:
     front = request.app[FRONT]
     body, client_id = await form_body(request)
     sub = await submit_job(front, body, {"api": "page", "client_id": client_id})
-    return json_response({"job": sub.job, "seed": str(sub.seed), "position": sub.position})
+    queued = m.JobInfo(job=sub.job, state="queued", created=0.0, updated=0.0, position=sub.position)
+    return json_response({"job": sub.job, "seed": str(sub.seed), "position": sub.position,
+                          "text": phase_text(queued)})
 
 
 async def post_estimate(request: web.Request) -> web.Response:

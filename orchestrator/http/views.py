@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.comfy_graph import CANONICAL_IDS, ModelNames, job_to_graph
 from orchestrator.job_record import FINISHED, STAGES
+from orchestrator.progress_text import phase_text
 from protocol import messages as m
 
 STATE_ROLE = {"encoding": "positive", "denoising": "sampler", "decoding": "decode"}   # the node a state "executes"
@@ -85,11 +86,14 @@ class JobView:
         return job_to_graph(self.spec, names=names)
 
     def progress_fields(self, blocks: int | None = None) -> dict:
-        """The page's live fields: state, step, block, branch, ETA."""
-        p = self.info.progress
-        out = {"job": self.id, "state": self.state, "position": self.info.position}
+        """The page's live fields: state, step, block, branch, ETA, which image and pass, and `text`: the phase in
+        the CLI's words (orchestrator/progress_text.py)."""
+        p, w = self.info.progress, self.info.denoise_pass
+        out = {"job": self.id, "state": self.state, "position": self.info.position,
+               "text": phase_text(self.info, blocks)}
         if p is not None and self.state == "denoising":
-            out.update(step=p.step, steps=p.steps, block=p.block, blocks=blocks, branch=p.branch,
+            out.update(step=p.step, steps=p.steps, block=p.block, blocks=p.blocks or blocks, branch=p.branch,
                        forecast=p.forecast, elapsed_s=round(p.elapsed_s, 3),
-                       eta_s=None if p.eta_s is None else round(p.eta_s, 1))
+                       eta_s=None if p.eta_s is None else round(p.eta_s, 1),
+                       **({"image": w.image, "images": w.images, "pass": w.name} if w is not None else {}))
         return out

@@ -9,6 +9,8 @@ const clientId = "page-" + Math.random().toString(36).slice(2) + Date.now().toSt
 let info = null;            // GET /anima/info
 let current = null;         // the job this page submitted and follows
 let currentBatch = 1;       // its images: image.png, image_1.png ... (the server names a batch's files so)
+let currentHires = false;   // it has a hires pass (each image sampled twice)
+let liveSeen = false;       // a live message about it came (newer than any listing asked for before)
 let oldest = null;          // the gallery's oldest job id (paging back)
 let ws = null;
 let spectrumWanted = true;  // the user's own choice, put back when the sampler (or cache) that ruled it out goes
@@ -121,7 +123,8 @@ async function submit(ev) {
     const r = await api("/anima/jobs", { method: "POST", body: JSON.stringify(body) });
     current = r.job;
     currentBatch = body.batch || 1;
-    startLive(r.job, r.position);
+    currentHires = !!body.hires;
+    startLive(r.job, r.text);
     loadGallery(true);
   } catch (e) {
     fieldError(e.body && e.body.field, e.message);
@@ -359,12 +362,14 @@ function fmtEta(s) {
   return Math.floor(s / 60) + "m" + String(s % 60).padStart(2, "0") + "s";
 }
 
-function startLive(job, position) {
+// the phase's words are the daemon's (orchestrator/progress_text.py), the CLI's too: `text` in each message
+function startLive(job, text) {
   $("live").hidden = false;
   $("live-job").textContent = "job " + job;
   setState("queued");
+  liveSeen = false;
   $("bar").value = 0;
-  $("live-text").textContent = position ? position + " job(s) ahead" : "starting";
+  $("live-text").textContent = text;
   $("results").hidden = true;
   $("cancel").disabled = false;
 }
@@ -378,16 +383,19 @@ function onProgress(p) {
   // a job's end is anima.job's to show (state, error, the images at once): a progress line that already says
   // "done" would light the badge before the images are there
   if (p.job !== current || ["done", "failed", "cancelled"].includes(p.state)) return;
+  liveSeen = true;
   setState(p.state);
-  if (p.state === "encoding") { $("bar").value = 0.02; $("live-text").textContent = "encoding the prompt"; }
-  else if (p.state === "decoding") { $("bar").value = 0.98; $("live-text").textContent = "decoding the image"; }
+  if (p.state === "encoding") $("bar").value = 0.02;
+  else if (p.state === "decoding") $("bar").value = 0.98;
   else if (p.state === "denoising" && p.step) {
-    const blocks = p.blocks || 28;
+    // the bar over the whole job: this pass's place among the job's passes (batch images, a hires pass)
+    const blocks = p.blocks || 28, images = p.images || 1, passes = images * (currentHires ? 2 : 1);
+    const index = (p.pass === "hires" ? images : 0) + (p.image || 1) - 1;
     const within = (3 * p.block + KINDS.indexOf(p.branch) + 1) / (3 * blocks);
-    $("bar").value = Math.min(0.97, 0.03 + 0.94 * (p.step - 1 + within) / p.steps);
-    const what = p.forecast ? "forecast" : "block " + (p.block + 1) + "/" + blocks + " " + p.branch;
-    $("live-text").textContent = "step " + p.step + "/" + p.steps + " · " + what + " · ETA " + fmtEta(p.eta_s);
+    const frac = (index + (p.step - 1 + within) / p.steps) / passes;
+    $("bar").value = Math.max($("bar").value, Math.min(0.97, 0.03 + 0.94 * frac));
   }
+  if (p.text) $("live-text").textContent = p.text;
 }
 
 function onJobEnd(d) {
@@ -514,7 +522,11 @@ async function fillGallery(fresh) {
   try { r = await api("/anima/jobs?limit=24" + q); } catch (e) { return; }
   const g = $("gallery");
   if (fresh) g.replaceChildren();
-  for (const j of r.jobs) g.append(card(j));
+  for (const j of r.jobs) {
+    g.append(card(j));
+    // the followed job began before the page knew its id: its phase from the listing until a live message says more
+    if (j.job === current && !liveSeen && j.progress) { onProgress(j.progress); liveSeen = false; }
+  }
   if (r.jobs.length) oldest = r.jobs[r.jobs.length - 1].job;
   $("more").hidden = !r.more;
 }
