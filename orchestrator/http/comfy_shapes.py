@@ -2,7 +2,7 @@
 execution.py write them; see docs/http.md for the fields)."""
 from __future__ import annotations
 
-from orchestrator.comfy_graph import ModelNames
+from orchestrator.comfy_nodes import ModelNames
 from orchestrator.http.views import STATE_ROLE, JobView
 
 IMAGE_FILE = "image.png"        # in the job folder; /view?filename=image.png&subfolder=JOB&type=output
