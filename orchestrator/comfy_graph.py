@@ -246,25 +246,18 @@ def graph_to_job(graph: Any, *, names: ModelNames = ModelNames(), sizes=None) ->
     if node_errors:
         first = next(iter(node_errors.values()))["errors"][0]
         raise GraphError(first, node_errors)
-    # 2) exactly one output: SaveImage
+    # 2) the outputs: SaveImage and PreviewImage nodes, the first the job's
     outputs = [k for k, n in graph.items() if table[n["class_type"]].output_node]
     if not outputs:
-        raise GraphError(_err("prompt_no_outputs", "Prompt has no outputs", "this server needs one SaveImage node"))
+        raise GraphError(_err("prompt_no_outputs", "Prompt has no outputs", "this server needs a SaveImage node"))
     out = outputs[0]
-    extra = [(k, _err("custom_validation_failed", "Custom validation failed for node",
-                      f"a job makes one image; SaveImage node '{out}' is its output")) for k in outputs[1:]]
-    # 3) ComfyUI's checks, from the output through its links
+    # 3) ComfyUI's checks, from each output through its links
     c = _Checker(graph, table)
-    c.node(out)
-    problems = [(k, e) for k, es in c.errors.items() for e in es] + extra
-    loop = c.cycle(out)
-    if loop is not None:                    # ComfyUI's "Dependency cycle detected", before anything walks the chains
-        shown = " -> ".join(f"{n}.{name}" for n, name in loop) + f" -> {loop[0][0]}"
-        problems += [(n, _err("dependency_cycle", "Dependency cycle detected", f"{name} - the graph loops: {shown}",
-                              input_name=name, cycle=[k for k, _ in loop])) for n, name in loop]
+    problems = _checked(c, outputs)
     if not problems:
         roles, spec, more = _roles(graph, table, c, out, sizes)
-        problems += more
+        problems += more + _same_image(c, outputs)
+        roles.update({f"save{k}": node for k, node in enumerate(outputs[1:], 1)})
     if problems:
         raise _failed(graph, problems, out)
     # 4) whatever prompt.json still refuses (lengths, NUL, empty prompt) lands on the node that carries it
@@ -273,6 +266,35 @@ def graph_to_job(graph: Any, *, names: ModelNames = ModelNames(), sizes=None) ->
     except PromptError as e:
         raise field_error(graph, GraphJob(spec, roles, out), e.field, e.detail) from None
     return GraphJob(spec=spec, nodes=roles, output=out)
+
+
+def _checked(c: _Checker, outputs: list[str]) -> list[tuple[str, dict]]:
+    """ComfyUI's checks of every output's inputs and links, then a loop among them (ComfyUI's "Dependency cycle
+    detected", before anything walks the chains) -> problems."""
+    for out in outputs:
+        c.node(out)
+    problems = [(k, e) for k, es in c.errors.items() for e in es]
+    for out in outputs:
+        loop = c.cycle(out)
+        if loop is not None:
+            shown = " -> ".join(f"{n}.{name}" for n, name in loop) + f" -> {loop[0][0]}"
+            return problems + [(n, _err("dependency_cycle", "Dependency cycle detected", f"{name} - the graph loops: "
+                                        f"{shown}", input_name=name, cycle=[k for k, _ in loop])) for n, name in loop]
+    return problems
+
+
+def _same_image(c: _Checker, outputs: list[str]) -> list[tuple[str, dict]]:
+    """Every output saves the job's one image: the IMAGE its first output saves (several SaveImage / PreviewImage
+    nodes on it are one image shown several times)."""
+    image = c.links[outputs[0]]["images"]
+    return [_custom(k, "images", f"a job makes one image: every SaveImage and PreviewImage must save the image "
+                                 f"output node '{outputs[0]}' saves (node '{image}')") for k in outputs[1:]
+            if c.links[k]["images"] != image]
+
+
+def output_nodes(nodes: dict[str, str]) -> list[str]:
+    """A job's output node ids (its roles save, save1, save2 ...): the job's one image shown by each."""
+    return [nodes["save"]] + [nodes[f"save{k}"] for k in range(1, len(nodes)) if f"save{k}" in nodes]
 
 
 def sized_to_image(graph: dict, job: GraphJob, size: tuple[int, int], sizes=None) -> GraphJob:

@@ -318,6 +318,8 @@ def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
         NodeSpec("SaveImage", "Save Image", "image", "save",
                  (InputSpec("images", "IMAGE"), InputSpec("filename_prefix", "STRING", "ComfyUI")),
                  output_node=True, description="The job's PNG (GET /view?filename=image.png&subfolder=JOB&type=output)."),
+        NodeSpec("PreviewImage", "Preview Image", "image", "save", (InputSpec("images", "IMAGE"),), output_node=True,
+                 description="The job's PNG, as SaveImage shows it (the board keeps every image in the job folder)."),
     )}
 
 

@@ -107,3 +107,42 @@ def test_the_tables_inputs_are_comfyuis():
         "latent_image", "start_at_step", "end_at_step", "return_with_leftover_noise"]
     assert table["SaveImage"].input("filename_prefix").default == "ComfyUI"
     assert "mage" in table["CLIPLoader"].input("type").choices       # the newest of ComfyUI's CLIP types
+
+
+def _done_view(graph: dict, job):
+    """The front's view of a finished ComfyUI job (what /history and the WebSocket are built from)."""
+    import json
+    from orchestrator.http.views import JobView
+    from protocol import messages as m
+    origin = {"api": "comfyui", "graph": graph, "nodes": job.nodes}
+    return JobView.of(m.JobInfo(job="j1", state="done", created=1.0, updated=2.0, spec_json=json.dumps(job.spec),
+                                origin=json.dumps(origin)))
+
+
+def test_several_save_and_preview_nodes_on_the_final_image_are_one_job():
+    """SaveImage and PreviewImage on the same VAEDecode: the same job as one SaveImage; each output node gets the
+    job's images in /history and an `executed` message, as ComfyUI reports each output node."""
+    from orchestrator.comfy_nodes import ModelNames
+    from orchestrator.http import comfy_shapes as shapes
+    one = standard_graph()
+    g = {**one, "21": {"class_type": "PreviewImage", "inputs": {"images": ["8", 0]}},
+         "22": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "copy"}}}
+    job = graph_to_job(g)
+    assert job.spec == graph_to_job(one).spec and job.output == "9"
+    assert (job.nodes["save"], job.nodes["save1"], job.nodes["save2"]) == ("9", "21", "22")
+    view = _done_view(g, job)
+    entry = shapes.history_entry(view, ModelNames())
+    assert list(entry["outputs"]) == ["9", "21", "22"] == list(entry["meta"]) == entry["prompt"][4]
+    assert all(o["images"][0] == {"filename": "image.png", "subfolder": "j1", "type": "output"}
+               for o in entry["outputs"].values())
+    executed = [msg["node"] for kind, msg in shapes.end(view, ModelNames()) if kind == "executed"]
+    assert executed == ["9", "21", "22"]
+
+
+def test_an_output_of_another_image_is_refused_on_it():
+    g = {**standard_graph(), "20": {"class_type": "LoadImage", "inputs": {"image": "t/a.png [input]"}},
+         "21": {"class_type": "PreviewImage", "inputs": {"images": ["20", 0]}}}
+    with pytest.raises(GraphError) as e:
+        graph_to_job(g)
+    (err,) = e.value.node_errors["21"]["errors"]
+    assert err["type"] == "custom_validation_failed" and "every SaveImage and PreviewImage" in err["details"]
