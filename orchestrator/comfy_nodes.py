@@ -5,10 +5,12 @@ choices; its outputs) and how it maps onto a job (`job`: the prompt.json fields 
 `/object_info` (object_info below), the validation with ComfyUI's `node_errors` and both directions of the graph <->
 job mapping (orchestrator/comfy_graph.py), the UI workflow in a PNG (orchestrator/comfy_workflow.py).
 
-Defaults, bounds and choices are ComfyUI's (nodes.py, comfy_extras/) except where this pipeline supports less: the
-KSamplers' steps and cfg (prompt.json's MAX_STEPS, 1..MAX_CFG), ModelSamplingAuraFlow's shift (one value), the
-latent sizes (the model packs'), the LoRA strengths (models.lora.plan.MAX_STRENGTH), LatentFromBatch/RepeatLatentBatch
-as ComfyUI bounds them. A bound changed here changes what `/object_info` shows and what validation refuses.
+Defaults, bounds and choices are ComfyUI's (nodes.py, comfy_extras/) except where this pipeline supports less or
+chooses its own: the KSamplers' steps and cfg (prompt.json's bounds and defaults), ModelSamplingAuraFlow's shift (one
+value), UNETLoader's weight_dtype (default only), the latent sizes and batch (the model packs', prompt.json's batch),
+LatentFromBatch's batch_index (0..63, an older ComfyUI's: the newest takes -16384..16384, a negative counting from the
+end). A bound changed here changes what `/object_info` shows and what validation refuses.
+`bench/comfy_node_specs.py --comfyui-src CHECKOUT` lists every input where the table and a ComfyUI checkout differ.
 
 A node's `job` fields are named for where the node sits in a job's graph (`PLACES`): CLIPTextEncode carries `prompt`,
 which at the negative place is `negative_prompt` and at a hires fix's second positive `hires.prompt`.
@@ -108,16 +110,17 @@ def _combo(name, choices, default=None, **options) -> InputSpec:
                      dict(options), choices)
 
 
-def _setting(record, name: str, step: float | None = None) -> InputSpec:
+def _setting(record, name: str, step: float | None = None, **extra) -> InputSpec:
     """A node input for one field of a settings record: its type, default and bounds read from the record (one
-    place for them), a bound the value must stay above shown as the first step past it."""
+    place for them), a bound the value must stay above shown as the first step past it; `extra` options."""
     import msgspec.inspect
     t = next(f.type for f in msgspec.inspect.type_info(record).fields if f.name == name)
     default = getattr(record(), name)
     if isinstance(t, msgspec.inspect.BoolType):
-        return InputSpec(name, "BOOLEAN", default)
+        return InputSpec(name, "BOOLEAN", default, dict(extra))
     lo = t.ge if t.ge is not None else t.gt + (step or 1)
     options = dict(min=lo, max=t.le) | (dict(step=step) if step and isinstance(t, msgspec.inspect.FloatType) else {})
+    options |= extra
     return InputSpec(name, "FLOAT" if isinstance(t, msgspec.inspect.FloatType) else "INT", default, options)
 
 
@@ -143,7 +146,7 @@ def _cache_nodes() -> tuple[NodeSpec, ...]:
                          "LazyCache)."}
     return tuple(NodeSpec(name, name, "advanced/debug", "cache",
                           (InputSpec("model", "MODEL"),
-                           *(_setting(CacheSettings, name, 0.01)
+                           *(_setting(CacheSettings, name, 0.01, advanced=True)
                              for name in ("reuse_threshold", "start_percent", "end_percent", "verbose"))),
                           ("MODEL",), ("MODEL",), description=what[kind], job=CACHE_FIELDS)
                  for kind, name in CACHE_NODES.items())

@@ -146,3 +146,49 @@ def test_an_output_of_another_image_is_refused_on_it():
         graph_to_job(g)
     (err,) = e.value.node_errors["21"]["errors"]
     assert err["type"] == "custom_validation_failed" and "every SaveImage and PreviewImage" in err["details"]
+
+
+COMFY_SOURCE = '''
+MAX_RESOLUTION = 16384
+class KSampler:
+    @classmethod
+    def INPUT_TYPES(s):
+        return {"required": {"model": ("MODEL",),
+                             "seed": ("INT", {"default": 0, "min": 0, "max": 0xffffffffffffffff}),
+                             "steps": ("INT", {"default": 20, "min": 1, "max": 10000}),
+                             "sampler_name": (comfy.samplers.KSampler.SAMPLERS, ),
+                             "latent_image": ("LATENT", ), "extra": ("FLOAT", {"default": 0.5})}}
+class LatentUpscale:
+    @classmethod
+    def INPUT_TYPES(s):
+        return {"required": {"samples": ("LATENT",), "upscale_method": (["nearest-exact", "bilinear"],),
+                             "width": ("INT", {"default": 512, "min": 0, "max": MAX_RESOLUTION, "step": 8})}}
+'''
+SCHEMA_SOURCE = '''
+class EasyCacheNode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(node_id="EasyCache", inputs=[io.Model.Input("model"),
+                         io.Float.Input("reuse_threshold", min=0.0, default=0.3, max=3.0, step=0.01)])
+'''
+
+
+def test_the_spec_check_reads_comfyuis_declarations(tmp_path):
+    """bench/comfy_node_specs.py on a stand-in ComfyUI source: each kind of difference found, nothing else."""
+    from bench.comfy_node_specs import comfy_nodes, differences
+    (tmp_path / "comfy_extras").mkdir()
+    (tmp_path / "nodes.py").write_text(COMFY_SOURCE)
+    (tmp_path / "comfy_extras" / "nodes_easycache.py").write_text(SCHEMA_SOURCE)
+    theirs = comfy_nodes(tmp_path)
+    table = node_table()
+    rows = {(r["input"], r["what"]): (r.get("ours"), r.get("comfyui")) for r in differences(table["KSampler"],
+                                                                                          theirs["KSampler"])}
+    assert rows[("steps", "default")] == (30, 20) and rows[("steps", "max")] == (200, 10000)
+    assert ("extra", "not in the table") in rows and ("cfg", "not in ComfyUI") in rows
+    assert not any(name in ("seed", "model", "latent_image", "sampler_name") for name, _ in rows)
+    up = {(r["input"], r["what"]): r.get("comfyui") for r in differences(table["LatentUpscale"],
+                                                                         theirs["LatentUpscale"])}
+    assert up[("upscale_method", "choices")] == ["nearest-exact", "bilinear"] and ("width", "max") not in up
+    ec = {(r["input"], r["what"]): r.get("comfyui") for r in differences(table["EasyCache"], theirs["EasyCache"])}
+    assert ec == {("reuse_threshold", "default"): 0.3, ("start_percent", "not in ComfyUI"): None,
+                  ("end_percent", "not in ComfyUI"): None, ("verbose", "not in ComfyUI"): None}
