@@ -146,7 +146,7 @@ def _cache_nodes() -> tuple[NodeSpec, ...]:
                          "LazyCache)."}
     return tuple(NodeSpec(name, name, "advanced/debug", "cache",
                           (InputSpec("model", "MODEL"),
-                           *(_setting(CacheSettings, name, 0.01, advanced=True)
+                           *(_setting(CacheSettings, name, 0.01)
                              for name in ("reuse_threshold", "start_percent", "end_percent", "verbose"))),
                           ("MODEL",), ("MODEL",), description=what[kind], job=CACHE_FIELDS)
                  for kind, name in CACHE_NODES.items())
