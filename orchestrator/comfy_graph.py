@@ -1,8 +1,9 @@
-"""ComfyUI API graphs <-> Anima jobs: the node table, graph -> job (with ComfyUI's `node_errors`), job -> graph.
+"""ComfyUI API graphs <-> Anima jobs: graph -> job (with ComfyUI's `node_errors`), job -> graph.
 
-The one place that knows ComfyUI's graph format. Readers: the HTTP front (`POST /prompt`, `/object_info`, the graphs in
-`/history` and `/queue`) and the PNG's `prompt`/`workflow` chunks (the API graph of a job, and ComfyUI's UI workflow
-built from the same table).
+The nodes themselves (inputs, bounds, outputs, the job fields each carries) are the node table's
+(orchestrator/comfy_nodes.py); this module walks a graph through it. Readers: the HTTP front (`POST /prompt`, the
+graphs in `/history` and `/queue`) and the PNG's `prompt`/`workflow` chunks (the API graph of a job, and ComfyUI's UI
+workflow built from the same table).
 
 The standard Anima text-to-image graph (API format: {node id: {"class_type", "inputs", "_meta": {"title"}}}; an input
 is a literal or a link [source node id, output slot]):
@@ -29,296 +30,22 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from models.images.decode import CHANNELS
-from models.lora.plan import MAX_STRENGTH
 from models.sampling import latent_ops as lo
-from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, DEFAULT_SHIFT, SAMPLER_NAMES, SCHEDULER_NAMES
-from models.sampling.spectrum import SpectrumSettings
+from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER
 from models.sampling.step_cache import NODE_NAMES as CACHE_NODES, CacheSettings
 from protocol.prompt import HiresSettings
-from orchestrator.prompt_spec import (DEFAULT_CFG, MAX_BATCH, MAX_CFG, MAX_PROMPT_CHARS, MAX_SIDE, MAX_STEPS, SEED_LIMIT, PromptError,
-                                      parse_prompt_obj)
+from orchestrator.comfy_nodes import (ANIMA_CLIP_TYPE, InputSpec, ModelNames, NodeSpec, carried, node_table,
+                                      places_in_order)
+from orchestrator.comfy_nodes import image_nodes, object_info, _cache_nodes, _spectrum_node  # noqa: F401 (tests' names)
+from orchestrator.prompt_spec import MAX_BATCH, PromptError, parse_prompt_obj
 
 MAX_NODES = 64                  # a text-to-image graph has 9 or 10; anything far larger is not one
 MAX_ID_CHARS = 64
-CLIP_TYPES = ("stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart", "cosmos",
-              "lumina2", "wan", "hidream", "chroma", "ace", "omnigen2", "qwen_image", "hunyuan_image", "flux2", "ovis")
-ANIMA_CLIP_TYPE = "stable_diffusion"     # what ComfyUI's Anima template gives CLIPLoader; the others are other models'
-LINK_TYPES = ("MODEL", "CLIP", "VAE", "CONDITIONING", "LATENT", "IMAGE", "MASK")
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """One input of a node as ComfyUI's INPUT_TYPES describes it."""
-
-    name: str
-    type: str                           # INT | FLOAT | STRING | COMBO | a link type (LINK_TYPES)
-    default: Any = None
-    options: dict = field(default_factory=dict)     # ComfyUI's input options: min, max, step, multiline, tooltip ...
-    choices: tuple | None = None        # COMBO values; None: not checked (a list this server does not know)
-    optional: bool = False
-
-    @property
-    def is_link(self) -> bool:
-        return self.type in LINK_TYPES
-
-    @property
-    def is_widget(self) -> bool:
-        """A value typed into the node (ComfyUI's `widgets_values` in a UI workflow, in input order)."""
-        return not self.is_link
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    """A node class this server accepts: its ComfyUI description and the part of the job it maps to (`role`)."""
-
-    class_type: str
-    display_name: str
-    category: str
-    role: str                           # unet, clip, vae, text, latent, shift, sampler, decode, save
-    inputs: tuple[InputSpec, ...]
-    outputs: tuple[str, ...] = ()
-    output_names: tuple[str, ...] = ()
-    output_node: bool = False
-    description: str = ""
-
-    def input(self, name: str) -> InputSpec | None:
-        return next((i for i in self.inputs if i.name == name), None)
-
-
-@dataclass(frozen=True)
-class ModelNames:
-    """File names the loaders may name (ComfyUI's COMBO lists); an empty tuple means "not known here, not checked"."""
-
-    unet: tuple[str, ...] = ()
-    clip: tuple[str, ...] = ()
-    vae: tuple[str, ...] = ()
-    lora: tuple[str, ...] = ()          # MODELS/loras/ (models.models_dir.list_loras)
-    sizes: tuple[tuple[int, int], ...] = ()   # (width, height) of every model pack, the default first
-
-
-def _combo(name, choices, default=None, **options) -> InputSpec:
-    choices = tuple(choices) if choices else None
-    return InputSpec(name, "COMBO", default if default is not None else (choices[0] if choices else None),
-                     dict(options), choices)
-
-
-def _setting(record, name: str, step: float | None = None) -> InputSpec:
-    """A node input for one field of a settings record: its type, default and bounds read from the record (one
-    place for them), a bound the value must stay above shown as the first step past it."""
-    import msgspec.inspect
-    t = next(f.type for f in msgspec.inspect.type_info(record).fields if f.name == name)
-    default = getattr(record(), name)
-    if isinstance(t, msgspec.inspect.BoolType):
-        return InputSpec(name, "BOOLEAN", default)
-    lo = t.ge if t.ge is not None else t.gt + (step or 1)
-    options = dict(min=lo, max=t.le) | (dict(step=step) if step and isinstance(t, msgspec.inspect.FloatType) else {})
-    return InputSpec(name, "FLOAT" if isinstance(t, msgspec.inspect.FloatType) else "INT", default, options)
-
-
-def _spectrum_node() -> NodeSpec:
-    """Spectrum as ComfyUI offers its step caches: a model patch of its own. A graph without it samples every step
-    (ComfyUI's picture); with it, the job forecasts steps as prompt.json's `spectrum` does (its defaults)."""
-    steps = {"w": 0.01, "lam": 0.01, "window": 0.1, "flex": 0.01, "stop": 0.01}
-    return NodeSpec("AnimaSpectrum", "Spectrum (forecast steps)", "advanced/model", "spectrum",
-                    (InputSpec("model", "MODEL"),
-                     *(_setting(SpectrumSettings, name, steps.get(name))
-                       for name in ("w", "m", "lam", "window", "flex", "warmup", "stop"))),
-                    ("MODEL",), ("MODEL",),
-                    description="Forecasts steps instead of computing them (fewer model calls, a picture close to "
-                                "the full run's; docs/samplers.md). Without this node a graph computes every step.")
-
-
-def _cache_nodes() -> tuple[NodeSpec, ...]:
-    """ComfyUI's EasyCache and LazyCache model patches, their inputs, defaults and bounds (comfy_extras/
-    nodes_easycache.py); prompt.json's `cache` (models/sampling/step_cache.py reproduces them)."""
-    what = {"easycache": "Reuses each CFG pass's output change when the input barely moved (ComfyUI's EasyCache).",
-            "lazycache": "Reuses the CFG-combined prediction's change when the input barely moved (ComfyUI's "
-                         "LazyCache)."}
-    return tuple(NodeSpec(name, name, "advanced/debug", "cache",
-                          (InputSpec("model", "MODEL"),
-                           *(_setting(CacheSettings, name, 0.01)
-                             for name in ("reuse_threshold", "start_percent", "end_percent", "verbose"))),
-                          ("MODEL",), ("MODEL",), description=what[kind]) for kind, name in CACHE_NODES.items())
-
-
-def _sampler_nodes() -> tuple[NodeSpec, ...]:
-    """KSampler and KSamplerAdvanced, with the ranges of this pipeline's one sampling pass."""
-    return (
-        NodeSpec("KSampler", "KSampler", "sampling", "sampler",
-                 (InputSpec("model", "MODEL"),
-                  InputSpec("seed", "INT", 0, dict(min=0, max=SEED_LIMIT - 1, control_after_generate=True)),
-                  InputSpec("steps", "INT", 30, dict(min=1, max=MAX_STEPS)),
-                  InputSpec("cfg", "FLOAT", DEFAULT_CFG, dict(min=1.0, max=MAX_CFG, step=0.1, round=0.01)),
-                  _combo("sampler_name", SAMPLER_NAMES), _combo("scheduler", SCHEDULER_NAMES, DEFAULT_SCHEDULER),
-                  InputSpec("positive", "CONDITIONING"), InputSpec("negative", "CONDITIONING"),
-                  InputSpec("latent_image", "LATENT"),
-                  InputSpec("denoise", "FLOAT", 1.0, dict(min=0.0, max=1.0, step=0.01))),
-                 ("LATENT",), ("LATENT",)),
-        NodeSpec("KSamplerAdvanced", "KSampler (Advanced)", "sampling", "sampler",
-                 (InputSpec("model", "MODEL"), _combo("add_noise", ("enable", "disable")),
-                  InputSpec("noise_seed", "INT", 0, dict(min=0, max=SEED_LIMIT - 1, control_after_generate=True)),
-                  InputSpec("steps", "INT", 30, dict(min=1, max=MAX_STEPS)),
-                  InputSpec("cfg", "FLOAT", DEFAULT_CFG, dict(min=1.0, max=MAX_CFG, step=0.1, round=0.01)),
-                  _combo("sampler_name", SAMPLER_NAMES), _combo("scheduler", SCHEDULER_NAMES, DEFAULT_SCHEDULER),
-                  InputSpec("positive", "CONDITIONING"), InputSpec("negative", "CONDITIONING"),
-                  InputSpec("latent_image", "LATENT"),
-                  InputSpec("start_at_step", "INT", 0, dict(min=0, max=10000)),
-                  InputSpec("end_at_step", "INT", 10000, dict(min=0, max=10000)),
-                  _combo("return_with_leftover_noise", ("disable", "enable"))),
-                 ("LATENT",), ("LATENT",)),
-    )
-
-
-def image_nodes(images: tuple[str, ...] = ()) -> tuple[NodeSpec, ...]:
-    """LoadImage and LoadImageMask (their `image` choices: the input folder's images; () here, where a graph's name is
-    checked as an upload name and read at submit, as ComfyUI's VALIDATE_INPUTS accepts "sub/NAME.png [input]"), and
-    the nodes that make a latent from an image: VAEEncode and SetLatentNoiseMask (docs/workflows.md)."""
-    image = InputSpec("image", "COMBO", None, {"image_upload": True}, tuple(images) or None)
-    return (NodeSpec("LoadImage", "Load Image", "image", "image", (image,), ("IMAGE", "MASK"), ("IMAGE", "MASK"),
-                     description="An upload (/upload/image) as IMAGE and its MASK = 1 - alpha."),
-            NodeSpec("LoadImageMask", "Load Image (as Mask)", "mask", "mask",
-                     (image, InputSpec("channel", "COMBO", None, {}, CHANNELS)), ("MASK",), ("MASK",),
-                     description="One channel of an upload as a MASK (alpha inverted: 1 - alpha)."),
-            NodeSpec("VAEEncode", "VAE Encode", "latent", "encode",
-                     (InputSpec("pixels", "IMAGE"), InputSpec("vae", "VAE")), ("LATENT",), ("LATENT",),
-                     description="The job's init image, encoded by the VAE stage (img2img)."),
-            NodeSpec("VAEEncodeForInpaint", "VAE Encode (for Inpainting)", "latent/inpaint", "inpaint_encode",
-                     (InputSpec("pixels", "IMAGE"), InputSpec("vae", "VAE"), InputSpec("mask", "MASK"),
-                      InputSpec("grow_mask_by", "INT", 6, dict(min=0, max=64, step=1))), ("LATENT",), ("LATENT",),
-                     description="Inpaint: the masked pixels grey before encoding, the mask grown as the noise mask."),
-            NodeSpec("SetLatentNoiseMask", "Set Latent Noise Mask", "latent/inpaint", "noise_mask",
-                     (InputSpec("samples", "LATENT"), InputSpec("mask", "MASK")), ("LATENT",), ("LATENT",),
-                     description="Inpaint: the latent resampled where the mask is 1, kept where it is 0."))
-
-
-MAX_RESOLUTION = 16384          # ComfyUI's nodes.MAX_RESOLUTION: the upscale nodes' width/height bound
-PIXEL_METHODS = ("nearest-exact", "bilinear", "area", "bicubic", "lanczos")     # ImageScale's upscale_method
-
-
-def hires_batch_nodes() -> tuple[NodeSpec, ...]:
-    """ComfyUI's upscale nodes (a hires fix's second pass: LatentUpscale[By] on the latent, ImageScale[By] on the
-    decoded pixels) and batch nodes, with nodes.py's exact inputs, choices and ranges (docs/workflows.md)."""
-    side = lambda step: dict(min=0, max=MAX_RESOLUTION, step=step)    # noqa: E731
-    scale = lambda default: InputSpec("scale_by", "FLOAT", default, dict(min=0.01, max=8.0, step=0.01))  # noqa: E731
-    crop = _combo("crop", lo.CROP_METHODS)
-    latent, image = InputSpec("samples", "LATENT"), InputSpec("image", "IMAGE")
-    return (
-        NodeSpec("LatentUpscale", "Upscale Latent", "latent", "upscale",
-                 (latent, _combo("upscale_method", lo.UPSCALE_METHODS), InputSpec("width", "INT", 512, side(8)),
-                  InputSpec("height", "INT", 512, side(8)), crop), ("LATENT",), ("LATENT",),
-                 description="A hires fix: the first pass's latent upscaled, sampled again by a second KSampler."),
-        NodeSpec("LatentUpscaleBy", "Upscale Latent By", "latent", "upscale",
-                 (latent, _combo("upscale_method", lo.UPSCALE_METHODS), scale(1.5)), ("LATENT",), ("LATENT",),
-                 description="A hires fix: the first pass's latent upscaled by scale_by (1..4 here)."),
-        NodeSpec("ImageScale", "Upscale Image", "image/upscaling", "upscale",
-                 (image, _combo("upscale_method", PIXEL_METHODS), InputSpec("width", "INT", 512, side(1)),
-                  InputSpec("height", "INT", 512, side(1)), crop), ("IMAGE",), ("IMAGE",),
-                 description="A pixel hires fix: the first pass decoded, scaled, encoded again (VAEEncode)."),
-        NodeSpec("ImageScaleBy", "Upscale Image By", "image/upscaling", "upscale",
-                 (image, _combo("upscale_method", PIXEL_METHODS), scale(1.0)), ("IMAGE",), ("IMAGE",),
-                 description="A pixel hires fix: the first pass decoded, scaled by scale_by, encoded again."),
-        NodeSpec("RepeatLatentBatch", "Repeat Latent Batch", "latent/batch", "batch",
-                 (latent, InputSpec("amount", "INT", 1, dict(min=1, max=64))), ("LATENT",), ("LATENT",),
-                 description=f"The latent repeated: a batch (at most {MAX_BATCH} images per job)."),
-        NodeSpec("LatentFromBatch", "Latent From Batch", "latent/batch", "batch",
-                 (latent, InputSpec("batch_index", "INT", 0, dict(min=0, max=63)),
-                  InputSpec("length", "INT", 1, dict(min=1, max=64))), ("LATENT",), ("LATENT",),
-                 description="Images of a batch, keeping their noise (a batch from its first image here)."),
-    )
-
-
-def _size_inputs(sizes, default: int) -> tuple[InputSpec, ...]:
-    """An empty latent's width, height and batch_size. With the packs' sizes known: the default pack's size, bounded
-    by the sizes' extents at the step between them (ComfyUI's INT widgets cannot list pairs: a graph's pair without a
-    pack is refused naming the sizes), and the sizes in the tooltip."""
-    if not sizes:
-        side = [dict(min=16, max=MAX_SIDE, step=16)] * 2
-        defaults = (default, default)
-    else:
-        have = "sizes with a model pack: " + ", ".join(f"{w}x{h}" for w, h in sizes)
-        side = []
-        for axis in (0, 1):
-            vals = sorted({s[axis] for s in sizes})
-            step = math.gcd(*(v - vals[0] for v in vals)) or 16
-            side.append(dict(min=vals[0], max=vals[-1], step=step, tooltip=have))
-        defaults = sizes[0]
-    return (InputSpec("width", "INT", defaults[0], side[0]), InputSpec("height", "INT", defaults[1], side[1]),
-            InputSpec("batch_size", "INT", 1, dict(min=1, max=MAX_BATCH)))
-
-
-def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
-    """The node classes `POST /prompt` accepts, with the ranges this pipeline supports (what `/object_info` shows)."""
-    strength = dict(min=-MAX_STRENGTH, max=MAX_STRENGTH, step=0.01)
-    return {n.class_type: n for n in (
-        NodeSpec("UNETLoader", "Load Diffusion Model", "advanced/loaders", "unet",
-                 (_combo("unet_name", names.unet), _combo("weight_dtype", ("default",))),
-                 ("MODEL",), ("MODEL",), description="The Anima DiT this server runs (one model pack per size)."),
-        NodeSpec("CLIPLoader", "Load CLIP", "advanced/loaders", "clip",
-                 (_combo("clip_name", names.clip), _combo("type", CLIP_TYPES),
-                  InputSpec("device", "COMBO", "default", {"advanced": True}, ("default", "cpu"), optional=True)),
-                 ("CLIP",), ("CLIP",), description="The Qwen3 text encoder of the models folder."),
-        NodeSpec("VAELoader", "Load VAE", "loaders", "vae", (_combo("vae_name", names.vae),), ("VAE",), ("VAE",)),
-        NodeSpec("LoraLoader", "Load LoRA (Model and CLIP)", "model/loaders", "lora",
-                 (InputSpec("model", "MODEL"), InputSpec("clip", "CLIP"), _combo("lora_name", names.lora),
-                  InputSpec("strength_model", "FLOAT", 1.0, dict(strength)),
-                  InputSpec("strength_clip", "FLOAT", 1.0, dict(strength))),
-                 ("MODEL", "CLIP"), ("MODEL", "CLIP"),
-                 description="A LoRA of MODELS/loras/ on the DiT and the text encoder (applied per job)."),
-        NodeSpec("LoraLoaderModelOnly", "Load LoRA", "model/loaders", "lora",
-                 (InputSpec("model", "MODEL"), _combo("lora_name", names.lora),
-                  InputSpec("strength_model", "FLOAT", 1.0, dict(strength))),
-                 ("MODEL",), ("MODEL",), description="A LoRA of MODELS/loras/ on the DiT (applied per job)."),
-        NodeSpec("CLIPTextEncode", "CLIP Text Encode (Prompt)", "conditioning", "text",
-                 (InputSpec("text", "STRING", "", {"multiline": True, "dynamicPrompts": True}),
-                  InputSpec("clip", "CLIP")), ("CONDITIONING",), ("CONDITIONING",)),
-        NodeSpec("EmptyLatentImage", "Empty Latent Image", "latent", "latent",
-                 _size_inputs(names.sizes, 512), ("LATENT",), ("LATENT",),
-                 description="The image size: one with a model pack (GET /anima/info lists them)."),
-        NodeSpec("EmptySD3LatentImage", "EmptySD3LatentImage", "latent/sd3", "latent",
-                 _size_inputs(names.sizes, 1024), ("LATENT",), ("LATENT",),
-                 description="The image size: one with a model pack (GET /anima/info lists them)."),
-        NodeSpec("ModelSamplingAuraFlow", "ModelSamplingAuraFlow", "advanced/model", "shift",
-                 (InputSpec("model", "MODEL"),
-                  InputSpec("shift", "FLOAT", DEFAULT_SHIFT, dict(min=DEFAULT_SHIFT, max=DEFAULT_SHIFT, step=0.01))),
-                 ("MODEL",), ("MODEL",), description=f"Optional; the pipeline samples with shift {DEFAULT_SHIFT}."),
-        _spectrum_node(),
-        *_cache_nodes(),
-        *_sampler_nodes(),
-        *image_nodes(),
-        *hires_batch_nodes(),
-        NodeSpec("VAEDecode", "VAE Decode", "latent", "decode",
-                 (InputSpec("samples", "LATENT"), InputSpec("vae", "VAE")), ("IMAGE",), ("IMAGE",)),
-        NodeSpec("SaveImage", "Save Image", "image", "save",
-                 (InputSpec("images", "IMAGE"), InputSpec("filename_prefix", "STRING", "ComfyUI")),
-                 output_node=True, description="The job's PNG (GET /view?filename=image.png&subfolder=JOB&type=output)."),
-    )}
-
-
-def object_info(table: dict[str, NodeSpec]) -> dict:
-    """`GET /object_info`: every accepted node class in ComfyUI's shape (COMBO inputs as [[choices], {options}])."""
-    out = {}
-    for n in table.values():
-        groups: dict[str, dict] = {"required": {}, "optional": {}}
-        for i in n.inputs:
-            opts = dict(i.options)
-            if i.default is not None and not i.is_link:
-                opts["default"] = i.default
-            kind = list(i.choices or ()) if i.type == "COMBO" else i.type
-            groups["optional" if i.optional else "required"][i.name] = [kind, opts] if opts else [kind]
-        groups = {k: v for k, v in groups.items() if v or k == "required"}
-        out[n.class_type] = {
-            "input": groups, "input_order": {k: list(v) for k, v in groups.items()},
-            "output": list(n.outputs), "output_is_list": [False] * len(n.outputs), "output_name": list(n.output_names),
-            "name": n.class_type, "display_name": n.display_name, "description": n.description,
-            "python_module": "nodes", "category": n.category, "output_node": n.output_node}
-    return out
-
 
 # ---------------------------------------------------------------- graph -> job
 
@@ -347,23 +74,7 @@ def _err(kind: str, message: str, details: str = "", **extra) -> dict:
     return {"type": kind, "message": message, "details": details, "extra_info": extra}
 
 
-# a LoRA's prompt.json field (loras[i].name ...) -> the input of its loader node that carries it
-LORA_FIELD = re.compile(r"^loras\[(\d+)\](?:\.(\w+))?")
-LORA_INPUTS = {"name": "lora_name", "strength": "strength_model", "clip_strength": "strength_clip"}
-# prompt.json field -> (role of the node, input name) that carries it, to put the daemon's field errors on a node
-FIELD_NODES = {"prompt": ("positive", "text"), "negative_prompt": ("negative", "text"), "seed": ("sampler", "seed"),
-               "steps": ("sampler", "steps"), "cfg": ("sampler", "cfg"), "sampler": ("sampler", "sampler_name"),
-               "denoise": ("sampler", "denoise"),
-               "scheduler": ("sampler", "scheduler"), "width": ("latent", "width"), "height": ("latent", "height"),
-               "batch": ("latent", "batch_size"), "init_image": ("image", "image"), "mask": ("mask", "image"),
-               "mask_channel": ("mask", "channel"), "grow_mask_by": ("encode", "grow_mask_by"),
-               # a hires fix's second pass: its upscale node and second KSampler (and its own CLIPTextEncode nodes)
-               "hires.steps": ("hires_sampler", "steps"), "hires.denoise": ("hires_sampler", "denoise"),
-               "hires.seed": ("hires_sampler", "seed"), "hires.cfg": ("hires_sampler", "cfg"),
-               "hires.sampler": ("hires_sampler", "sampler_name"), "hires.scheduler": ("hires_sampler", "scheduler"),
-               "hires.prompt": ("hires_positive", "text"), "hires.negative_prompt": ("hires_negative", "text"),
-               "hires.method": ("upscale", "upscale_method"), "hires.scale": ("upscale", "scale_by"),
-               "hires.width": ("upscale", "width"), "hires.height": ("upscale", "height")}
+LORA_FIELD = re.compile(r"^loras\[(\d+)\]")      # a LoRA's prompt.json field: loras[i], loras[i].name ...
 
 
 class _Checker:
@@ -378,6 +89,10 @@ class _Checker:
 
     def add(self, node_id: str, error: dict) -> None:
         self.errors.setdefault(node_id, []).append(error)
+
+    def fields(self, node_id: str) -> dict:
+        """A checked node's values as the prompt.json fields it carries (the node table's `job`)."""
+        return self.table[self.graph[node_id]["class_type"]].job_values(self.values[node_id])
 
     def node(self, root: str) -> None:
         """Check `root` and every node it links to, depth first, in ComfyUI's order: an explicit stack (a chain as
@@ -532,25 +247,18 @@ def graph_to_job(graph: Any, *, names: ModelNames = ModelNames(), sizes=None) ->
     if node_errors:
         first = next(iter(node_errors.values()))["errors"][0]
         raise GraphError(first, node_errors)
-    # 2) exactly one output: SaveImage
+    # 2) the outputs: SaveImage and PreviewImage nodes, the first the job's
     outputs = [k for k, n in graph.items() if table[n["class_type"]].output_node]
     if not outputs:
-        raise GraphError(_err("prompt_no_outputs", "Prompt has no outputs", "this server needs one SaveImage node"))
+        raise GraphError(_err("prompt_no_outputs", "Prompt has no outputs", "this server needs a SaveImage node"))
     out = outputs[0]
-    extra = [(k, _err("custom_validation_failed", "Custom validation failed for node",
-                      f"a job makes one image; SaveImage node '{out}' is its output")) for k in outputs[1:]]
-    # 3) ComfyUI's checks, from the output through its links
+    # 3) ComfyUI's checks, from each output through its links
     c = _Checker(graph, table)
-    c.node(out)
-    problems = [(k, e) for k, es in c.errors.items() for e in es] + extra
-    loop = c.cycle(out)
-    if loop is not None:                    # ComfyUI's "Dependency cycle detected", before anything walks the chains
-        shown = " -> ".join(f"{n}.{name}" for n, name in loop) + f" -> {loop[0][0]}"
-        problems += [(n, _err("dependency_cycle", "Dependency cycle detected", f"{name} - the graph loops: {shown}",
-                              input_name=name, cycle=[k for k, _ in loop])) for n, name in loop]
+    problems = _checked(c, outputs)
     if not problems:
         roles, spec, more = _roles(graph, table, c, out, sizes)
-        problems += more
+        problems += more + _same_image(c, outputs)
+        roles.update({f"save{k}": node for k, node in enumerate(outputs[1:], 1)})
     if problems:
         raise _failed(graph, problems, out)
     # 4) whatever prompt.json still refuses (lengths, NUL, empty prompt) lands on the node that carries it
@@ -559,6 +267,35 @@ def graph_to_job(graph: Any, *, names: ModelNames = ModelNames(), sizes=None) ->
     except PromptError as e:
         raise field_error(graph, GraphJob(spec, roles, out), e.field, e.detail) from None
     return GraphJob(spec=spec, nodes=roles, output=out)
+
+
+def _checked(c: _Checker, outputs: list[str]) -> list[tuple[str, dict]]:
+    """ComfyUI's checks of every output's inputs and links, then a loop among them (ComfyUI's "Dependency cycle
+    detected", before anything walks the chains) -> problems."""
+    for out in outputs:
+        c.node(out)
+    problems = [(k, e) for k, es in c.errors.items() for e in es]
+    for out in outputs:
+        loop = c.cycle(out)
+        if loop is not None:
+            shown = " -> ".join(f"{n}.{name}" for n, name in loop) + f" -> {loop[0][0]}"
+            return problems + [(n, _err("dependency_cycle", "Dependency cycle detected", f"{name} - the graph loops: "
+                                        f"{shown}", input_name=name, cycle=[k for k, _ in loop])) for n, name in loop]
+    return problems
+
+
+def _same_image(c: _Checker, outputs: list[str]) -> list[tuple[str, dict]]:
+    """Every output saves the job's one image: the IMAGE its first output saves (several SaveImage / PreviewImage
+    nodes on it are one image shown several times)."""
+    image = c.links[outputs[0]]["images"]
+    return [_custom(k, "images", f"a job makes one image: every SaveImage and PreviewImage must save the image "
+                                 f"output node '{outputs[0]}' saves (node '{image}')") for k in outputs[1:]
+            if c.links[k]["images"] != image]
+
+
+def output_nodes(nodes: dict[str, str]) -> list[str]:
+    """A job's output node ids (its roles save, save1, save2 ...): the job's one image shown by each."""
+    return [nodes["save"]] + [nodes[f"save{k}"] for k in range(1, len(nodes)) if f"save{k}" in nodes]
 
 
 def sized_to_image(graph: dict, job: GraphJob, size: tuple[int, int], sizes=None) -> GraphJob:
@@ -615,22 +352,26 @@ def prompt_detail(message: str, field: str = "") -> str:
     return message
 
 
-def field_nodes(job: GraphJob, field: str) -> list[tuple[str, str]] | None:
-    """The (node id, input name) pairs of a job's graph that carry a prompt.json field: loras[i]... the i-th LoRA's
-    loader, `loras` (the stack as a whole: its count, its rank) every loader; None for a field no node carries."""
-    lora = LORA_FIELD.match(field or "")
-    if lora and f"lora{lora.group(1)}" in job.nodes:            # loras[i].name -> that loader's lora_name
-        return [(job.nodes[f"lora{lora.group(1)}"], LORA_INPUTS.get(lora.group(2), "lora_name"))]
+def field_nodes(graph: dict, job: GraphJob, field: str) -> list[tuple[str, str]] | None:
+    """The (node id, input name) pairs of a job's graph that carry a prompt.json field (the node table's `job` and
+    `refusals` at each node's place): `loras` (the stack as a whole: its count, its rank) every loader; None for a
+    field no node carries."""
+    field = field or ""
+    table = node_table()
+    for place, node in places_in_order(job.nodes):
+        name = carried(place, table[graph[node]["class_type"]]).get(field)
+        if name is not None:
+            return [(node, name)]
+    lora = LORA_FIELD.match(field)
+    if lora and f"lora{lora.group(1)}" in job.nodes:            # loras[i] as a whole: its loader's lora_name
+        return [(job.nodes[f"lora{lora.group(1)}"], "lora_name")]
     if field == "loras" or lora:
         loaders = [n for r, n in job.nodes.items() if r.startswith("lora")]
         if loaders:
             return [(n, "lora_name") for n in loaders]
     if field == "hires" and "upscale" in job.nodes:             # the second size as a whole: where it is asked
         return [(job.nodes["upscale"], "scale_by" if "scale" in job.spec.get("hires", {}) else "width")]
-    if field in FIELD_NODES and FIELD_NODES[field][0] in job.nodes:
-        role, name = FIELD_NODES[field]
-        return [(job.nodes[role], name)]
-    root = re.split(r"[.\[]", field or "", maxsplit=1)[0]
+    root = re.split(r"[.\[]", field, maxsplit=1)[0]
     if root in job.spec:                                          # another field of the job: the sampler's
         return [(job.nodes["sampler"], field)]
     return None
@@ -639,14 +380,8 @@ def field_nodes(job: GraphJob, field: str) -> list[tuple[str, str]] | None:
 def field_error(graph: dict, job: GraphJob, field: str, detail: str) -> GraphError:
     """A refusal of one of the job's prompt.json fields (graph_to_job's own check, or the daemon's at submit: a LoRA it
     cannot apply) as ComfyUI's 400: node_errors on the node(s) that carry the field."""
-    where = field_nodes(job, field) or [(job.nodes["sampler"], field or "prompt")]
-    where = [(node, ADVANCED_INPUTS.get(name, name) if graph[node].get("class_type") == "KSamplerAdvanced" else name)
-             for node, name in where]
+    where = field_nodes(graph, job, field) or [(job.nodes["sampler"], field or "prompt")]
     return _failed(graph, [_custom(node, name, prompt_detail(detail, field)) for node, name in where], job.output)
-
-
-# KSampler's input -> KSamplerAdvanced's that carries the same field (a second pass's denoise: its start_at_step)
-ADVANCED_INPUTS = {"seed": "noise_seed", "denoise": "start_at_step"}
 
 
 def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list]:
@@ -717,9 +452,9 @@ def _loras(graph, c: _Checker, role_of: dict, roles: dict, problems: list) -> li
                                 f"{ANIMA_CLIP_TYPE!r} (ComfyUI's Anima template)", clip_type))
     loras = []                                                    # from the loaders outward: ComfyUI's patch order
     for node in list(reversed(model_loras)) + [n for n in reversed(clip_loras) if n not in model_loras]:
-        val = c.values[node]
-        entry = {"name": val["lora_name"], "strength": val["strength_model"] if node in model_loras else 0.0,
-                 "clip_strength": val.get("strength_clip", 0.0) if node in clip_loras else 0.0}
+        val = c.fields(node)
+        entry = {"name": val["name"], "strength": val["strength"] if node in model_loras else 0.0,
+                 "clip_strength": val.get("clip_strength", 0.0) if node in clip_loras else 0.0}
         if entry["strength"] or entry["clip_strength"]:           # ComfyUI: both 0 leaves the models as they are
             roles[f"lora{len(loras)}"] = node
             loras.append(entry)
@@ -728,22 +463,20 @@ def _loras(graph, c: _Checker, role_of: dict, roles: dict, problems: list) -> li
 
 def _job_fields(graph, c: _Checker, roles: dict, sizes, problems: list) -> dict:
     """prompt.json's fields from the first KSampler, its prompts, latent and model patches."""
-    v = {r: c.values[k] for r, k in roles.items()}
+    v = {r: c.fields(k) for r, k in roles.items()}
     w, h = v["latent"].get("width"), v["latent"].get("height")      # an encoded image: the pack's size
     if sizes is not None and w is not None and (w, h) not in set(sizes):
         have = ", ".join(f"{a}x{b}" for a, b in sizes)
         problems.append(_custom(roles["latent"], "width", f"{w}x{h} has no model pack; the sizes with one: {have}", w))
     ks = v["sampler"]
-    spec = {"prompt": v["positive"]["text"], "negative_prompt": v["negative"]["text"],
-            "seed": ks["seed"] if "seed" in ks else ks["noise_seed"],
-            "steps": ks["steps"], "cfg": ks["cfg"], "width": w, "height": h,
-            "sampler": ks["sampler_name"], "scheduler": ks["scheduler"],
+    spec = {"prompt": v["positive"]["prompt"], "negative_prompt": v["negative"]["prompt"],
+            "seed": ks["seed"], "steps": ks["steps"], "cfg": ks["cfg"], "width": w, "height": h,
+            "sampler": ks["sampler"], "scheduler": ks["scheduler"],
             # a ComfyUI graph means what it means in ComfyUI: every step computed, unless it patches Spectrum in
-            "spectrum": {**{k: x for k, x in v["spectrum"].items() if k != "model"}, "enabled": True}
-            if "spectrum" in v else False}
+            "spectrum": {**v["spectrum"], "enabled": True} if "spectrum" in v else False}
     if "cache" in v:
         kind = next(k for k, name in CACHE_NODES.items() if graph[roles["cache"]]["class_type"] == name)
-        spec["cache"] = {"kind": kind, **{k: x for k, x in v["cache"].items() if k != "model"}}
+        spec["cache"] = {"kind": kind, **v["cache"]}
         if "spectrum" in v:
             problems.append(_custom(roles["cache"], "model", f"{CACHE_NODES[kind]} and AnimaSpectrum both decide "
                                     "which model calls to skip: use one of them"))
@@ -756,7 +489,7 @@ def _batch_size(c: _Checker, roles: dict, batch: list, problems: list) -> int:
     LatentFromBatch (`batch`, nearest the sampler first) gives, as nodes.py's own ops count them on a stand-in
     latent. prompt.json's `batch` B is ComfyUI's batch images 0..B-1 (each its place in the batch's noise): a
     selection that starts past image 0 keeps other images' noise, which a job cannot say (refused on the node)."""
-    x, idx = np.zeros((c.values[roles["latent"]].get("batch_size", 1), 1, 1, 1), np.float32), None
+    x, idx = np.zeros((c.fields(roles["latent"]).get("batch", 1), 1, 1, 1), np.float32), None
     for node in reversed(batch):
         v = c.values[node]
         if "amount" in v:
@@ -804,18 +537,16 @@ def _second_pass(c: _Checker, role_of: dict, sampler: str, vae: str) -> tuple[di
 def _hires(graph, c: _Checker, role_of: dict, roles: dict, spec: dict, problems: list) -> dict:
     """prompt.json's `hires` from the upscale node and the second KSampler: its steps and denoise, and its seed,
     cfg, sampler, scheduler and prompts where they differ from the first's. Both passes take one model chain."""
-    up, ks = c.values[roles["upscale"]], c.values[roles["hires_sampler"]]
-    h = {"method": up["upscale_method"], **({"space": "pixel"} if "hires_encode" in roles else {})}
+    up, ks = c.fields(roles["upscale"]), c.fields(roles["hires_sampler"])
+    h = {"method": up["method"], **({"space": "pixel"} if "hires_encode" in roles else {})}
     problems += _upscale_size(roles["upscale"], up, h, (spec["width"], spec["height"]) if spec.get("width") else None)
     problems += _second_sampler(graph, c, roles, ks, h)
     if c.links[roles["hires_sampler"]]["model"] != c.links[roles["sampler"]]["model"]:
         problems.append(_custom(roles["hires_sampler"], "model", "both KSamplers must take the same MODEL (one model "
                                 "chain per job: its LoRAs, patches and shift are both passes')"))
-    seed = ks["seed"] if "seed" in ks else ks["noise_seed"]
-    for key, val in (("seed", seed), ("cfg", ks["cfg"]), ("sampler", ks["sampler_name"]),
-                     ("scheduler", ks["scheduler"])):
-        if val != spec[key]:
-            h[key] = val
+    for key in ("seed", "cfg", "sampler", "scheduler"):
+        if ks[key] != spec[key]:
+            h[key] = ks[key]
     clip = _chain(graph, c, role_of, c.links[roles["positive"]]["clip"], "clip")
     for side, key in (("positive", "prompt"), ("negative", "negative_prompt")):
         node = c.links[roles["hires_sampler"]][side]
@@ -825,19 +556,21 @@ def _hires(graph, c: _Checker, role_of: dict, roles: dict, spec: dict, problems:
         if _chain(graph, c, role_of, c.links[node]["clip"], "clip") != clip:
             problems.append(_custom(node, "clip", "the second pass's CLIPTextEncode must take the first's CLIP (one "
                                     "text encoder, with the same LoRAs)"))
-        if c.values[node]["text"] != spec[key]:
-            h[key] = c.values[node]["text"]
+        text = c.fields(node)["prompt"]
+        if text != spec[key]:
+            h[key] = text
     return h
 
 
 def _upscale_size(node: str, up: dict, h: dict, first: tuple[int, int] | None) -> list:
-    """The second size: scale_by (prompt.json's hires.scale, 1..4), or width and height, a 0 side keeping the
-    first pass's aspect as the node does (`first`: its (width, height), None when an init image sets it later)."""
-    if "scale_by" in up:
-        if not 1.0 <= up["scale_by"] <= 4.0:
+    """The second size from the upscale node's fields (`up`): scale_by (prompt.json's hires.scale, 1..4), or width
+    and height, a 0 side keeping the first pass's aspect as the node does (`first`: its (width, height), None when
+    an init image sets it later)."""
+    if "scale" in up:
+        if not 1.0 <= up["scale"] <= 4.0:
             return [_custom(node, "scale_by", f"a hires fix upscales by 1..4 (prompt.json's hires.scale), got "
-                            f"{up['scale_by']}", up["scale_by"])]
-        h["scale"] = up["scale_by"]
+                            f"{up['scale']}", up["scale"])]
+        h["scale"] = up["scale"]
         return []
     width, height = up["width"], up["height"]
     if not (width and height):
@@ -869,9 +602,10 @@ def _kept_aspect(width: int, height: int, w0: int, h0: int, pixel: bool) -> tupl
 
 
 def _second_sampler(graph, c: _Checker, roles: dict, ks: dict, h: dict) -> list:
-    """The second KSampler's steps and denoise; KSamplerAdvanced's as the denoise whose schedule it samples
-    (steps - start_at_step of the full schedule of steps: ComfyUI's denoise (steps - s) / steps takes the
-    schedule of int(steps' / d) = steps steps, its last steps' + 1, the same sigmas), noise added, to the end."""
+    """The second KSampler's steps and denoise from its fields (`ks`); KSamplerAdvanced's as the denoise whose
+    schedule it samples (steps - start_at_step of the full schedule of steps: ComfyUI's denoise (steps - s) / steps
+    takes the schedule of int(steps' / d) = steps steps, its last steps' + 1, the same sigmas), noise added, to the
+    end."""
     node = roles["hires_sampler"]
     if "denoise" in ks:
         h.update(steps=ks["steps"], denoise=ks["denoise"])
@@ -879,17 +613,17 @@ def _second_sampler(graph, c: _Checker, roles: dict, ks: dict, h: dict) -> list:
     if ks["add_noise"] != "enable":
         return [_custom(node, "add_noise", "the second pass of a hires fix adds its noise (prompt.json's hires has "
                         "no add_noise): set enable")]
-    if ks["end_at_step"] < ks["steps"]:
+    if ks["end_step"] < ks["steps"]:
         return [_custom(node, "end_at_step", "the second pass of a hires fix samples to the end (prompt.json's hires "
-                        "has no end step): set it to steps or more", ks["end_at_step"])]
-    left = ks["steps"] - ks["start_at_step"]
+                        "has no end step): set it to steps or more", ks["end_step"])]
+    left = ks["steps"] - ks["start_step"]
     if left <= 0:
         return [_custom(node, "start_at_step", f"leaves no step of the {ks['steps']}-step schedule to sample",
-                        ks["start_at_step"])]
+                        ks["start_step"])]
     d = left / ks["steps"]
     if int(left / d) != ks["steps"]:            # float rounding: the denoise would take another schedule
-        return [_custom(node, "start_at_step", f"{ks['start_at_step']} of {ks['steps']} steps has no denoise "
-                        "that takes the same sigmas; use KSampler's denoise", ks["start_at_step"])]
+        return [_custom(node, "start_at_step", f"{ks['start_step']} of {ks['steps']} steps has no denoise "
+                        "that takes the same sigmas; use KSampler's denoise", ks["start_step"])]
     h.update(steps=left, denoise=d)
     return []
 
@@ -903,14 +637,14 @@ def _image_latent(c: _Checker, role_of: dict, vae: str, latent: str) -> tuple[di
         return None
     roles, fields = {}, {}
     if role_of[latent] == "inpaint_encode":
-        fields["grow_mask_by"] = c.values[latent]["grow_mask_by"]
+        fields.update(c.fields(latent))                            # grow_mask_by
     if role_of[latent] == "noise_mask":
         roles["noise_mask"] = latent
     if role_of[latent] != "encode":                               # SetLatentNoiseMask's or VAEEncodeForInpaint's mask
         roles["mask"] = c.links[latent]["mask"]
-        mask = c.values[roles["mask"]]
-        fields["mask"] = mask["image"]
-        fields["mask_channel"] = mask.get("channel", "alpha")        # LoadImage's MASK: LoadImageMask's alpha
+        mask = c.fields(roles["mask"])                              # LoadImageMask's, or LoadImage's MASK:
+        fields["mask"] = mask.get("mask", mask.get("init_image"))     # its upload's alpha (LoadImageMask's alpha)
+        fields["mask_channel"] = mask.get("mask_channel", "alpha")
     if role_of[latent] == "noise_mask":
         latent = c.links[latent]["samples"]
         if role_of[latent] != "encode":
@@ -922,7 +656,7 @@ def _image_latent(c: _Checker, role_of: dict, vae: str, latent: str) -> tuple[di
         return roles, fields, [_custom(latent, "pixels", "the pixels must be a LoadImage's (an upload), or for a "
                                        "pixel hires fix ImageScale[By] of the first KSampler's VAEDecode")]
     roles["image"] = pixels
-    fields["init_image"] = c.values[pixels]["image"]
+    fields["init_image"] = c.fields(pixels)["init_image"]
     if c.links[latent]["vae"] != vae:
         return roles, fields, [_custom(latent, "vae", "VAEEncode and VAEDecode must take the same VAE (one VAE stage)")]
     problems = [_custom(roles[role], "image", f"Invalid image file: {fields[key]}", fields[key])
@@ -944,19 +678,20 @@ def _upload_name(ref: str) -> bool:
 
 
 def _latent_fields(ks: dict) -> dict:
-    """prompt.json's fields for sampling from the latent (docs/latent-sampling.md), only those off their defaults:
-    KSampler's denoise; KSamplerAdvanced's add_noise, start/end step and leftover noise as nodes.py maps them."""
+    """prompt.json's fields for sampling from the latent (docs/latent-sampling.md), from a KSampler's fields, only
+    those off their defaults: KSampler's denoise; KSamplerAdvanced's add_noise, start/end step and leftover noise
+    as nodes.py maps them (an end past the steps is the end)."""
     out = {}
     if "denoise" in ks and ks["denoise"] != 1.0:
         out["denoise"] = ks["denoise"]
     if "add_noise" in ks:
         if ks["add_noise"] == "disable":
             out["add_noise"] = False
-        if ks["start_at_step"]:
-            out["start_step"] = ks["start_at_step"]
-        if ks["end_at_step"] < ks["steps"]:
-            out["end_step"] = ks["end_at_step"]
-            out["leftover_noise"] = ks["return_with_leftover_noise"] == "enable"
+        if ks["start_step"]:
+            out["start_step"] = ks["start_step"]
+        if ks["end_step"] < ks["steps"]:
+            out["end_step"] = ks["end_step"]
+            out["leftover_noise"] = ks["leftover_noise"] == "enable"
     return out
 
 
@@ -1011,6 +746,7 @@ IMAGE_IDS = {"image": "40", "encode": "41", "mask": "42", "noise_mask": "43"}   
 BATCH_ID = "44"                 # a batch from an init image: RepeatLatentBatch after its latent
 HIRES_IDS = {"upscale": "50", "hires_sampler": "51", "hires_positive": "52", "hires_negative": "53",
              "hires_decode": "54", "hires_encode": "55"}                     # a hires fix's second pass
+ADVANCED_END = 10000            # KSamplerAdvanced's end_at_step for "to the end" (nodes.py's default)
 TITLES = {"positive": "CLIP Text Encode (Positive Prompt)", "negative": "CLIP Text Encode (Negative Prompt)",
           "hires_positive": "CLIP Text Encode (Hires Positive Prompt)",
           "hires_negative": "CLIP Text Encode (Hires Negative Prompt)", "hires_sampler": "KSampler (Hires)"}
@@ -1022,9 +758,12 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
     ids = {**CANONICAL_IDS, **(ids or {})}
     table = node_table(names)
 
-    def node(role: str, class_type: str, **inputs) -> tuple[str, dict]:
-        return ids[role], {"inputs": inputs, "class_type": class_type,
-                           "_meta": {"title": TITLES.get(role, table[class_type].display_name)}}
+    def node(role: str, class_type: str, fields: dict | None = None, **inputs) -> tuple[str, dict]:
+        """Node `role` of `class_type`: the job's `fields` it carries (the node table's `job`) and its other
+        `inputs` (links, values the job does not hold)."""
+        spec = table[class_type]
+        return ids[role], {"inputs": spec.graph_inputs(fields or {}, **inputs), "class_type": class_type,
+                           "_meta": {"title": TITLES.get(role, spec.display_name)}}
 
     first = lambda xs: xs[0] if xs else ""  # noqa: E731
     # the job's LoRAs as loaders chained after UNETLoader and CLIPLoader (ModelOnly when the text encoder's is 0)
@@ -1035,33 +774,30 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
         sc = lo.get("clip_strength")
         if sc is None:                                      # omitted or null: the model's strength (ComfyUI's)
             sc = lo.get("strength", 1.0)
+        fields = {"name": lo["name"], "strength": lo.get("strength", 1.0), "clip_strength": sc}
         if sc:
-            loaders.append(node(role, "LoraLoader", model=model, clip=clip, lora_name=lo["name"],
-                                strength_model=lo.get("strength", 1.0), strength_clip=sc))
+            loaders.append(node(role, "LoraLoader", fields, model=model, clip=clip))
             model, clip = [ids[role], 0], [ids[role], 1]
         else:
-            loaders.append(node(role, "LoraLoaderModelOnly", model=model, lora_name=lo["name"],
-                                strength_model=lo.get("strength", 1.0)))
+            loaders.append(node(role, "LoraLoaderModelOnly", fields, model=model))
             model = [ids[role], 0]
     sp = spec.get("spectrum")
     if isinstance(sp, dict) and sp.get("enabled"):          # the job forecast steps: the graph says so by its node
-        settings = {i.name: sp[i.name] for i in table["AnimaSpectrum"].inputs if i.name in sp}
-        loaders.append(node("spectrum", "AnimaSpectrum", model=model, **settings))
+        loaders.append(node("spectrum", "AnimaSpectrum", sp, model=model))
         model = [ids["spectrum"], 0]
     cache = spec.get("cache")
     if isinstance(cache, dict):                             # the job's step cache as ComfyUI's node
         d = CacheSettings(**cache)
         ids.setdefault("cache", CACHE_ID)
-        loaders.append(node("cache", d.node, model=model, reuse_threshold=d.reuse_threshold,
-                            start_percent=d.start_percent, end_percent=d.end_percent, verbose=d.verbose))
+        loaders.append(node("cache", d.node, {f: getattr(d, f) for f in table[d.node].job}, model=model))
         model = [ids["cache"], 0]
     return dict((
         node("unet", "UNETLoader", unet_name=first(names.unet), weight_dtype="default"),
         node("clip", "CLIPLoader", clip_name=first(names.clip), type=ANIMA_CLIP_TYPE),
         node("vae", "VAELoader", vae_name=first(names.vae)),
         *loaders,
-        node("positive", "CLIPTextEncode", text=spec["prompt"], clip=clip),
-        node("negative", "CLIPTextEncode", text=spec.get("negative_prompt", ""), clip=clip),
+        node("positive", "CLIPTextEncode", {"prompt": spec["prompt"]}, clip=clip),
+        node("negative", "CLIPTextEncode", {"prompt": spec.get("negative_prompt", "")}, clip=clip),
         *_latent_nodes(node, spec, ids),
         _sampler_node(node, spec, ids, model),
         *_hires_nodes(node, spec, ids, model, clip),
@@ -1077,22 +813,21 @@ def _latent_nodes(node, spec: dict, ids: dict) -> list[tuple[str, dict]]:
     grow_mask_by VAEEncodeForInpaint taking that mask. A mask of
     A1111's rule shows as LoadImageMask red: the same mask for a grey mask without alpha (docs/workflows.md)."""
     if not spec.get("init_image"):
-        return [node("latent", "EmptyLatentImage", width=spec["width"], height=spec["height"],
-                     batch_size=spec.get("batch", 1))]
+        return [node("latent", "EmptyLatentImage", {**spec, "batch": spec.get("batch", 1)})]
     for role, default in IMAGE_IDS.items():
         ids.setdefault(role, default)
-    out = [node("image", "LoadImage", image=spec["init_image"])]
+    out = [node("image", "LoadImage", spec)]
     mask, channel = None, spec.get("mask_channel")
     if spec.get("mask"):
         if channel == "alpha" and spec["mask"] == spec["init_image"] and ids["mask"] in (IMAGE_IDS["mask"], ids["image"]):
             mask = [ids["image"], 1]
         else:
-            out.append(node("mask", "LoadImageMask", image=spec["mask"], channel=channel or "red"))
+            out.append(node("mask", "LoadImageMask", {**spec, "mask_channel": channel or "red"}))
             mask = [ids["mask"], 0]
     pixels = dict(pixels=[ids["image"], 0], vae=[ids["vae"], 0])
     samples = [ids["encode"], 0]
     if spec.get("grow_mask_by") is not None:
-        out.append(node("encode", "VAEEncodeForInpaint", **pixels, mask=mask, grow_mask_by=spec["grow_mask_by"]))
+        out.append(node("encode", "VAEEncodeForInpaint", spec, **pixels, mask=mask))
     else:
         out.append(node("encode", "VAEEncode", **pixels))
     if mask is not None and spec.get("grow_mask_by") is None:
@@ -1100,7 +835,7 @@ def _latent_nodes(node, spec: dict, ids: dict) -> list[tuple[str, dict]]:
         samples = [ids["noise_mask"], 0]
     if spec.get("batch", 1) > 1:                            # the encoded image repeated: ComfyUI's batch of it
         ids.setdefault("batch0", BATCH_ID)
-        out.append(node("batch0", "RepeatLatentBatch", samples=samples, amount=spec["batch"]))
+        out.append(node("batch0", "RepeatLatentBatch", spec, samples=samples))
         samples = [ids["batch0"], 0]
     ids["latent"] = samples[0]
     return out
@@ -1115,22 +850,22 @@ def _hires_nodes(node, spec: dict, ids: dict, model: list, clip: list) -> list[t
         return []
     for role, default in HIRES_IDS.items():
         ids.setdefault(role, default)
-    size = dict(scale_by=h["scale"]) if h.get("scale") is not None else \
-        dict(width=h["width"], height=h["height"], crop="disabled")
+    by = h.get("scale") is not None
+    size = {**h, "method": h.get("method") or "nearest-exact"}
+    crop = {} if by else {"crop": "disabled"}
     if h.get("space") == "pixel":
         out = [node("hires_decode", "VAEDecode", samples=[ids["sampler"], 0], vae=[ids["vae"], 0]),
-               node("upscale", "ImageScaleBy" if "scale_by" in size else "ImageScale",
-                    image=[ids["hires_decode"], 0], upscale_method=h.get("method") or "nearest-exact", **size),
+               node("upscale", "ImageScaleBy" if by else "ImageScale", size, image=[ids["hires_decode"], 0], **crop),
                node("hires_encode", "VAEEncode", pixels=[ids["upscale"], 0], vae=[ids["vae"], 0])]
         latent = ids["hires_encode"]
     else:
-        out = [node("upscale", "LatentUpscaleBy" if "scale_by" in size else "LatentUpscale",
-                    samples=[ids["sampler"], 0], upscale_method=h.get("method") or "nearest-exact", **size)]
+        out = [node("upscale", "LatentUpscaleBy" if by else "LatentUpscale", size, samples=[ids["sampler"], 0],
+                    **crop)]
         latent = ids["upscale"]
     links = {**ids, "latent": latent}
     for side, key in (("positive", "prompt"), ("negative", "negative_prompt")):
         if h.get(key) is not None:
-            out.append(node(f"hires_{side}", "CLIPTextEncode", text=h[key], clip=clip))
+            out.append(node(f"hires_{side}", "CLIPTextEncode", {"prompt": h[key]}, clip=clip))
             links[side] = ids[f"hires_{side}"]
     own = {k: h[k] for k in ("seed", "cfg", "sampler", "scheduler") if h.get(k) is not None}
     second = {**spec, **own, "steps": h.get("steps") or spec["steps"], "denoise": h.get("denoise", 0.5),
@@ -1149,16 +884,14 @@ def _sampler_node(node, spec: dict, ids: dict, model: list, role: str = "sampler
         end = spec.get("end_step")
         spec = {**spec, "denoise": 1.0, "denoise_steps": "comfyui", "start_step": off + (spec.get("start_step") or 0),
                 "end_step": None if end is None else off + end}
-    common = dict(model=model, steps=spec["steps"], cfg=spec["cfg"], sampler_name=spec.get("sampler", DEFAULT_SAMPLER),
-                  scheduler=spec.get("scheduler", DEFAULT_SCHEDULER), positive=[ids["positive"], 0],
-                  negative=[ids["negative"], 0], latent_image=[ids["latent"], 0])
-    if spec.get("start_step") is None and spec.get("end_step") is None and spec.get("add_noise", True):
-        return node(role, "KSampler", seed=spec["seed"], denoise=spec.get("denoise", 1.0), **common)
-    end = spec.get("end_step")
-    return node(role, "KSamplerAdvanced", noise_seed=spec["seed"], **common,
-                add_noise="enable" if spec.get("add_noise", True) else "disable",
-                start_at_step=spec.get("start_step") or 0, end_at_step=10000 if end is None else end,
-                return_with_leftover_noise="enable" if spec.get("leftover_noise") else "disable")
+    end, toggle = spec.get("end_step"), lambda on: "enable" if on else "disable"   # noqa: E731
+    fields = {**spec, "sampler": spec.get("sampler", DEFAULT_SAMPLER), "scheduler": spec.get("scheduler",
+              DEFAULT_SCHEDULER), "denoise": spec.get("denoise", 1.0), "add_noise": toggle(spec.get("add_noise", True)),
+              "start_step": spec.get("start_step") or 0, "end_step": ADVANCED_END if end is None else end,
+              "leftover_noise": toggle(spec.get("leftover_noise"))}
+    plain = spec.get("start_step") is None and end is None and spec.get("add_noise", True)
+    return node(role, "KSampler" if plain else "KSamplerAdvanced", fields, model=model,
+                positive=[ids["positive"], 0], negative=[ids["negative"], 0], latent_image=[ids["latent"], 0])
 
 
 def graph_links(graph: dict, table: dict[str, NodeSpec] | None = None) -> list[tuple[str, int, str, str, str]]:

@@ -16,7 +16,8 @@ of the graph, so it opens readable.
 """
 from __future__ import annotations
 
-from orchestrator.comfy_graph import NodeSpec, graph_links, node_table
+from orchestrator.comfy_graph import graph_links
+from orchestrator.comfy_nodes import NodeSpec, node_table
 
 VERSION = 0.4
 CONTROL_AFTER_GENERATE = "fixed"     # the seed is the job's; the editor should not change it on the next queue

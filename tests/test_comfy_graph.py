@@ -96,8 +96,11 @@ CASES = [
      "for a second pass (a hires fix) from LatentUpscale[By]"),
     ("sampler-loop", edited(G, "3", latent_image=["3", 0]), "3", "dependency_cycle", "the graph loops: 3.latent_image"),
     ("decode-latent", edited(G, "8", samples=["5", 0]), "8", "custom_validation_failed", "KSampler's output"),
-    ("two-outputs", {**G, "10": {"class_type": "SaveImage", "inputs": {"images": ["8", 0]}}}, "10",
+    ("two-images", {**G, "20": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["13", 0]}},
+                    "10": {"class_type": "SaveImage", "inputs": {"images": ["20", 0], "filename_prefix": "b"}}}, "10",
      "custom_validation_failed", "one image"),
+    ("output-input-missing", {**G, "10": {"class_type": "SaveImage", "inputs": {"images": ["8", 0]}}}, "10",
+     "required_input_missing", "filename_prefix"),
 ]
 
 
@@ -149,7 +152,7 @@ def test_object_info_shape():
                          "SaveImage", "LoraLoader", "LoraLoaderModelOnly", "AnimaSpectrum", "EasyCache", "LazyCache",
                          "LoadImage", "LoadImageMask", "VAEEncode", "VAEEncodeForInpaint", "SetLatentNoiseMask",
                          "LatentUpscale", "LatentUpscaleBy", "ImageScale", "ImageScaleBy", "RepeatLatentBatch",
-                         "LatentFromBatch"}
+                         "LatentFromBatch", "PreviewImage"}
     ks = info["KSampler"]
     assert ks["input_order"]["required"] == ["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive",
                                              "negative", "latent_image", "denoise"]

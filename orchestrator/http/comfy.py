@@ -27,8 +27,8 @@ from aiohttp import web
 
 from models.runtime.backends import backend_class
 from orchestrator import inputs
-from orchestrator.comfy_graph import (GraphError, field_error, field_nodes, graph_to_job, node_table, object_info,
-                                      sized_to_image)
+from orchestrator.comfy_graph import GraphError, field_error, field_nodes, graph_to_job, sized_to_image
+from orchestrator.comfy_nodes import node_table, object_info
 from orchestrator.http import comfy_shapes as shapes
 from orchestrator.http import files, uploads
 from orchestrator.http.common import FRONT, cancel_job, from_daemon, json_response, read_json, refuse, submit_job
@@ -76,7 +76,7 @@ async def post_prompt(request: web.Request) -> web.Response:
     except DaemonRefused as e:
         # the daemon's word on a field of the job (a size without a VAE pack, a LoRA it cannot apply: a plain pack,
         # a name that leads out of loras/, a stack over the pack's rank), put on the node that carries it
-        if e.code == "bad_request" and field_nodes(job, e.field) is not None:
+        if e.code == "bad_request" and field_nodes(body["prompt"], job, e.field) is not None:
             return json_response(field_error(body["prompt"], job, e.field, e.message).body(), 400)
         raise from_daemon(e) from None
     return json_response({"prompt_id": sub.job, "number": sub.position, "node_errors": {}})

@@ -2,7 +2,8 @@
 execution.py write them; see docs/http.md for the fields)."""
 from __future__ import annotations
 
-from orchestrator.comfy_graph import ModelNames
+from orchestrator.comfy_graph import output_nodes
+from orchestrator.comfy_nodes import ModelNames
 from orchestrator.http.views import STATE_ROLE, JobView
 
 IMAGE_FILE = "image.png"        # in the job folder; /view?filename=image.png&subfolder=JOB&type=output
@@ -57,15 +58,16 @@ def _node_type(job: JobView, node: str, names: ModelNames) -> str:
 
 
 def end(job: JobView, names: ModelNames) -> list[tuple[str, dict]]:
-    """What ComfyUI sends when a prompt ends: success (the SaveImage node's images), error, or interruption; then
-    `executing` with node None."""
-    save, t = job.nodes["save"], ts(job.info.updated)
+    """What ComfyUI sends when a prompt ends: success (each output node's images: SaveImage, PreviewImage), error, or
+    interruption; then `executing` with node None."""
+    t = ts(job.info.updated)
     out: list[tuple[str, dict]] = []
     if job.state == "done":
-        out += [executing(job, save),
-                ("executed", {"node": save, "display_node": save, "output": {"images": images(job)},
-                              "prompt_id": job.id}),
-                ("execution_success", {"prompt_id": job.id, "timestamp": t})]
+        for save in output_nodes(job.nodes):
+            out += [executing(job, save),
+                    ("executed", {"node": save, "display_node": save, "output": {"images": images(job)},
+                                  "prompt_id": job.id})]
+        out.append(("execution_success", {"prompt_id": job.id, "timestamp": t}))
     else:
         node = job.nodes[STAGE_ROLE.get(job.info.error_stage, "sampler")]
         base = {"prompt_id": job.id, "node_id": node, "node_type": _node_type(job, node, names), "executed": [],
@@ -83,20 +85,21 @@ def end(job: JobView, names: ModelNames) -> list[tuple[str, dict]]:
 def queue_item(job: JobView, names: ModelNames) -> list:
     """[number, prompt_id, prompt, extra_data, outputs_to_execute]."""
     extra = {"client_id": job.client_id} if job.client_id else {}
-    return [job.number, job.id, job.graph(names), extra, [job.nodes["save"]]]
+    return [job.number, job.id, job.graph(names), extra, output_nodes(job.nodes)]
 
 
 def history_entry(job: JobView, names: ModelNames) -> dict:
-    """One finished prompt: the queue item, its outputs by node id, its status and messages, meta."""
-    save = job.nodes["save"]
+    """One finished prompt: the queue item, its outputs by node id (each output node the job's images), its status
+    and messages, meta."""
+    saves = output_nodes(job.nodes) if job.state == "done" else []
     kind = {"done": "execution_success", "cancelled": "execution_interrupted"}.get(job.state, "execution_error")
     messages = [["execution_start", {"prompt_id": job.id, "timestamp": ts(job.info.created)}],
                 [kind, {"prompt_id": job.id, "timestamp": ts(job.info.updated)}]]
     if kind == "execution_error":
         messages[-1][1].update(exception_message=job.info.error, exception_type=f"anima.{job.info.error_stage}")
     return {"prompt": queue_item(job, names),
-            "outputs": {save: {"images": images(job)}} if job.state == "done" else {},
+            "outputs": {save: {"images": images(job)} for save in saves},
             "status": {"status_str": "success" if job.state == "done" else "error", "completed": job.state == "done",
                        "messages": messages},
-            "meta": {save: {"node_id": save, "display_node": save, "parent_node": None, "real_node_id": save}}
-            if job.state == "done" else {}}
+            "meta": {save: {"node_id": save, "display_node": save, "parent_node": None, "real_node_id": save}
+                     for save in saves}}

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 
-from orchestrator.comfy_graph import ModelNames
+from orchestrator.comfy_nodes import ModelNames
 from orchestrator.http import comfy_shapes as shapes
 from orchestrator.http.hub import Hub
 from orchestrator.http.link import DaemonDown, DaemonLink, DaemonRefused

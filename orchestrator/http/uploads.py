@@ -25,7 +25,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from models.images import CHANNELS, ImageInputError, open_bounded
 from orchestrator import inputs, upload_space
-from orchestrator.comfy_graph import image_nodes, object_info
+from orchestrator.comfy_nodes import image_nodes, object_info
 from orchestrator.http import files
 from orchestrator.http.common import FRONT, refuse
 
