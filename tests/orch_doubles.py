@@ -29,7 +29,22 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+
+def _crash_at_start(argv: list[str]) -> None:
+    """The encoder's start dies before any heavy import: within startsecs (1 s) even on a loaded machine, else
+    supervisord counts it RUNNING and restarts it itself (autorestart) instead of ending FATAL."""
+    if __name__ != "__main__" or argv[1:2] != ["encoder"] or "--config" not in argv:
+        return
+    flag = Path(argv[argv.index("--config") + 1]).parent / "double_start_crashes"
+    left = int(flag.read_text()) if flag.exists() else 0
+    if left > 0:
+        flag.write_text(str(left - 1))
+        sys.exit(1)
+
+
+_crash_at_start(sys.argv)
+
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -177,17 +192,6 @@ class VaeDouble:
 
 LOGICS = {"encoder": EncoderDouble, "scheduler": SchedulerDouble, "executor": ExecutorDouble, "vae": VaeDouble}
 
-def _crash_at_start(stage: str) -> None:
-    if stage != "encoder" or "--config" not in sys.argv:
-        return
-    flag = Path(sys.argv[sys.argv.index("--config") + 1]).parent / "double_start_crashes"
-    left = int(flag.read_text()) if flag.exists() else 0
-    if left > 0:
-        flag.write_text(str(left - 1))
-        sys.exit(1)
-
-
 if __name__ == "__main__":
     stage = sys.argv.pop(1)
-    _crash_at_start(stage)
     sys.exit(stage_main(stage, LOGICS[stage]))
