@@ -116,3 +116,59 @@ def test_a_plan_that_is_not_a_dag_is_refused():
         Plan((Denoise(inputs=("cond.npy",), outputs=("latent.npy",)),))
     with pytest.raises(PlanError, match="writes \\['latent.npy'\\] again"):
         Plan((Denoise(outputs=("latent.npy",)), Denoise(outputs=("latent.npy",))))
+
+
+# ---------------------------------------------------------------- which steps a resume runs (no pipeline)
+
+def _runner(tmp_path, plan: Plan, text_tokens: int = 512):
+    from types import SimpleNamespace
+
+    from orchestrator.plan.run import PlanRunner
+    r = PlanRunner.__new__(PlanRunner)
+    r.dir, r.plan = tmp_path, plan
+    r.first_pack = SimpleNamespace(context_shape=(4, 3), latent_shape=(2, 4, 4), text_tokens=text_tokens)
+    r.hires_pack = SimpleNamespace(context_shape=(4, 3), latent_shape=(2, 6, 6), text_tokens=text_tokens)
+    return r
+
+
+def _keep(folder: Path, name: str, shape: tuple) -> None:
+    import numpy as np
+    np.save(folder / name, np.zeros(shape, np.float32), allow_pickle=False)
+
+
+def test_a_resume_runs_only_the_steps_whose_outputs_are_not_whole(tmp_path):
+    """A batch of 2 with a hires fix, killed in image 1's second pass: image 0's second latent and image 1's first are
+    whole, so only image 1's second pass runs (its first latent and the contexts read again, not made), then both
+    decodes; image 0's first latent and its sampler state are not needed."""
+    plan = _plan(batch=2, hires={"scale": 1.5})
+    r = _runner(tmp_path, plan)
+    for name in ("cond.npy", "uncond.npy"):
+        _keep(tmp_path, name, (4, 3))
+    _keep(tmp_path, "latent_1.npy", (2, 4, 4))
+    _keep(tmp_path, "hires_latent.npy", (2, 6, 6))
+    todo, missing = r._steps_to_run()
+    assert [s.name for s in todo] == ["HiresDenoise[1]", "Decode[0]", "Decode[1]", "Deliver"]
+    assert missing[todo[0]] == ["hires_latent_1.npy"]
+    (tmp_path / "image.png").write_bytes(b"png")          # decoded before the kill: not decoded again
+    assert [s.name for s in r._steps_to_run()[0]] == ["HiresDenoise[1]", "Decode[1]", "Deliver"]
+
+
+def test_a_torn_or_wrong_file_is_made_again_with_what_it_needs(tmp_path):
+    r = _runner(tmp_path, _plan())
+    _keep(tmp_path, "cond.npy", (4, 3))
+    _keep(tmp_path, "uncond.npy", (4, 3))
+    _keep(tmp_path, "latent.npy", (2, 4, 5))                              # another pack's shape
+    assert [s.name for s in r._steps_to_run()[0]] == ["Denoise[0]", "Decode[0]", "Deliver"]
+    (tmp_path / "cond.npy").write_bytes((tmp_path / "cond.npy").read_bytes()[:-5])     # cut short: a power cut
+    todo, missing = r._steps_to_run()
+    assert [s.name for s in todo] == ["EncodeText", "Denoise[0]", "Decode[0]", "Deliver"]
+    assert missing[todo[0]] == ["cond.npy"] and missing[todo[1]] == ["latent.npy"]
+    _keep(tmp_path, "cond.npy", (4, 3))
+    _keep(tmp_path, "latent.npy", (2, 4, 4))
+    assert [s.name for s in r._steps_to_run()[0]] == ["Decode[0]", "Deliver"]
+    # a long-context pack's mask needs the token counts: without text.json the contexts are not whole
+    (tmp_path / "latent.npy").unlink()
+    long = _runner(tmp_path, _plan(), text_tokens=1024)
+    assert [s.name for s in long._steps_to_run()[0]] == ["EncodeText", "Denoise[0]", "Decode[0]", "Deliver"]
+    (tmp_path / "text.json").write_text('{"t5_tokens_prompt": 3}')
+    assert [s.name for s in long._steps_to_run()[0]] == ["Denoise[0]", "Decode[0]", "Deliver"]
