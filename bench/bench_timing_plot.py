@@ -61,7 +61,7 @@ import json, resource, sys
 from models.runtime.probes import status_kb
 def rss():
     return status_kb()["VmRSS"] / 1024
-import orchestrator.flow, orchestrator.daemon          # what the daemon has loaded anyway
+import orchestrator.plan.run, orchestrator.daemon          # what the daemon has loaded anyway
 base = rss()
 from orchestrator import timing_plot
 timing_plot.render(json.load(open(sys.argv[1])))

@@ -15,7 +15,7 @@ import zmq
 
 from models.schema import SchemaError, convert
 from orchestrator.cond_cache import CondCache
-from orchestrator.flow import JobFlow
+from orchestrator.plan.run import PlanRunner
 from orchestrator.heartbeat import Heartbeats
 from orchestrator.job_record import ORIGIN, UNREADABLE, JobEntry, info_of
 from orchestrator.jobs import JobError, JobStore, QueueFull
@@ -82,7 +82,7 @@ class Daemon:
         self.dying: dict[str, tuple[float, m.Dying]] = {}  # stage -> (unix time, last DYING)
         self.ready: dict[str, tuple[float, int]] = {}      # stage -> (unix time, pid) of the last READY event
         self.cancel_requests: set[str] = set()
-        self.current: JobFlow | None = None
+        self.current: PlanRunner | None = None
         self.stopping = False
         self._submits: OrderedDict[int, str] = OrderedDict()
         self._prunes: OrderedDict[int, m.Jobs] = OrderedDict()
@@ -158,7 +158,7 @@ class Daemon:
                 self.store.transition(job.id, "cancelled", "cancelled before it ran")
                 self._wake = True
                 continue
-            JobFlow(self, job).run()
+            PlanRunner(self, job).run()
             self.cancel_requests.discard(job.id)
             self._wake = True
 

@@ -2,7 +2,7 @@
 
 Everything that lists them reads this table: the queue's crash clean-up at daemon start (orchestrator.jobs: the
 daemon's own temporaries always go, a stage's only when stale, since a stage may still be finishing a dead daemon's
-request) and the job's flow (orchestrator.flow), which writes and resumes from them."""
+request) and the job's plan (orchestrator.plan), whose steps write them and resume from them."""
 from __future__ import annotations
 
 from dataclasses import dataclass

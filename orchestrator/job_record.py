@@ -59,7 +59,7 @@ class Job(Record, forbid_unknown_fields=False):
     origin: ORIGIN | None = None                        # where it came from
 
     def __post_init__(self):
-        # a job still to run: its spec as its flow will read it (orchestrator.flow), so a record the flow would refuse
+        # a job still to run: its spec as its runner will read it (orchestrator.plan.run), so a record it would refuse
         # is set aside when read, or refused when written (a resume), never met by the daemon when its turn comes.
         # A finished job's spec is only listed: parsing its prompt's weights at every read would make a listing's
         # cost grow with the prompts' length.

@@ -16,7 +16,7 @@ from protocol.sockets import PeerUnavailable
 from protocol.version import VERSION
 from stages.base import EXIT_CONFIG
 
-log = logging.getLogger("orchestrator.flow")     # one logger for a job's story, whichever half tells it
+log = logging.getLogger("orchestrator.plan")     # one logger for a job's story, whichever half tells it
 
 BUSY_RETRY_S = 0.5           # a stage that answers `busy` is asked again after this long (at most the call's timeout)
 READY_TIMEOUT_S = 5.0        # one HELLO while a stage comes up (repeated until start_timeout_s)

@@ -11,7 +11,7 @@ executor backend the per-step panel shows the report's `board.steps` instead: bo
 (inference, lifecycle, host ops; transport and the rest measured here, each series says which), and the executor
 panel says its phases were paced to the modelled board x time_scale.
 
-The daemon runs this module in a short child process after each job (orchestrator.flow), so matplotlib's memory
+The daemon runs this module in a short child process after each job (orchestrator.plan.run), so matplotlib's memory
 and import time never enter the long-lived daemon, and every job has its plot whether or not the HTTP front runs.
 The PNG carries a `anima-plot` text chunk: the panels and series it drew (what tests check, not pixels).
 """

@@ -365,7 +365,7 @@ def test_a_batch_graphs_images_start_from_comfyuis_noise(nodes, batch_size, batc
     spec = parse_prompt_obj(_job(batch_graph(*nodes, batch_size=batch_size)).spec, resolution=SIZES)
     shape = (16, spec.height // 8, spec.width // 8)
     want = _comfy_prepare_noise(torch, spec.seed, (spec.batch,) + shape, batch_index)
-    # the flow's DENOISE for image i: noise_index i (orchestrator/flow.py _denoise_one)
+    # the flow's DENOISE for image i: noise_index i (orchestrator/plan/denoise.py _denoise_one)
     got = np.stack([job_noise(spec.seed, shape, i) for i in range(spec.batch)])
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 

@@ -131,7 +131,7 @@ def test_at_cfg_1_the_negative_prompt_is_not_encoded_and_the_record_says_so():
 def test_the_encoder_is_sent_no_negative_prompt_at_cfg_1(monkeypatch):
     """The flow's ENCODE (the encoder and arena stubbed): the prompt only at cfg 1, both above it. The sampler at cfg
     1 runs no unconditional pass (models/sampling/sampler.py, as ComfyUI), so nothing reads that context."""
-    from orchestrator import flow
+    from orchestrator.plan import run as flow
     from models.sampling.sampler import Sampler
     assert Sampler(steps=4, cfg=1.0).passes == 1
     sent = []
@@ -144,7 +144,7 @@ def test_the_encoder_is_sent_no_negative_prompt_at_cfg_1(monkeypatch):
         raise Stop
 
     for cfg, negative in ((1.0, ""), (4.0, "bad")):
-        f = flow.JobFlow.__new__(flow.JobFlow)
+        f = flow.PlanRunner.__new__(flow.PlanRunner)
         f.spec = parse_prompt_obj({"prompt": "a", "negative_prompt": "bad", "cfg": cfg, "seed": 1,
                                    "width": 64, "height": 64})
         f.job = type("J", (), {"id": "j"})()

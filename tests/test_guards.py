@@ -86,11 +86,11 @@ def test_step_state_is_not_written_on_a_short_disk(tmp_path, monkeypatch):
 
 
 def test_a_job_does_not_start_on_a_short_disk(tmp_path, monkeypatch):
-    """JobFlow.run checks the job folder's disk before anything (a queued job may wait while the disk fills): the
+    """PlanRunner.run checks the job folder's disk before anything (a queued job may wait while the disk fills): the
     job fails naming the orchestrator and the folder, nothing is created, and it can be resumed."""
     from types import SimpleNamespace
 
-    from orchestrator.flow import JobFlow
+    from orchestrator.plan.run import PlanRunner
     from orchestrator.jobs import JobStore
     from orchestrator.prompt_spec import parse_prompt_obj
     store = JobStore(tmp_path, min_free_mb=64)
@@ -100,8 +100,8 @@ def test_a_job_does_not_start_on_a_short_disk(tmp_path, monkeypatch):
         store=store, cfg=SimpleNamespace(is_remote=lambda name: False), settings=SimpleNamespace(stop_timeout_s=1.0),
         sup=SimpleNamespace(stop=lambda name, **kw: stopped.append(name)), packs={}, current=None, progress={},
         pump=lambda s: None, rf=SimpleNamespace(root=tmp_path))
-    monkeypatch.setattr("orchestrator.flow.shutil.disk_usage", lambda p: Usage(10 * 2**30, 0, 20 * 2**20))
-    JobFlow(daemon, job).run()
+    monkeypatch.setattr("orchestrator.plan.checks.shutil.disk_usage", lambda p: Usage(10 * 2**30, 0, 20 * 2**20))
+    PlanRunner(daemon, job).run()
     failed = store.get(job.id)
     assert failed.state == "failed" and failed.error["stage"] == "orchestrator"
     assert failed.error["message"].startswith(f"only 20 MB free in {store.job_dir(job.id)}; a job needs at least 64 MB")
@@ -117,7 +117,7 @@ def test_a_job_whose_size_lost_its_pack_fails_clearly(tmp_path):
     instead of running on another pack."""
     from types import SimpleNamespace
 
-    from orchestrator.flow import JobFlow
+    from orchestrator.plan.run import PlanRunner
     from orchestrator.jobs import JobStore
     from orchestrator.prompt_spec import parse_prompt_obj
     store = JobStore(tmp_path, min_free_mb=0)
@@ -127,7 +127,7 @@ def test_a_job_whose_size_lost_its_pack_fails_clearly(tmp_path):
         store=store, cfg=SimpleNamespace(is_remote=lambda name: False), settings=SimpleNamespace(stop_timeout_s=1.0),
         sup=SimpleNamespace(stop=lambda name, **kw: None), packs={(64, 64): object()}, current=None, progress={},
         pump=lambda s: None, rf=SimpleNamespace(root=tmp_path))
-    JobFlow(daemon, job).run()
+    PlanRunner(daemon, job).run()
     failed = store.get(job.id)
     assert failed.state == "failed" and failed.error["stage"] == "orchestrator"
     assert "no model pack for 64x32 any more" in failed.error["message"] and "64x64" in failed.error["message"]

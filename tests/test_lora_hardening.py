@@ -192,8 +192,8 @@ def test_a_stage_context_answers_cancel_checks_without_serving():
 
 # -- item 6: the daemon reads and hashes LoRAs off its own thread -----------------------------------------------------
 def test_the_jobs_lora_hashes_are_made_while_the_daemon_serves(tmp_path, monkeypatch):
-    import orchestrator.flow as flow_mod
-    from orchestrator.flow import JobFlow
+    import orchestrator.plan.checks as flow_mod
+    from orchestrator.plan.run import PlanRunner
     path = tmp_path / "s.safetensors"
     write_lora("tiny", 6, path, "kohya", rank=2, groups=("blocks",))
     raw = path.read_bytes()
@@ -208,7 +208,7 @@ def test_the_jobs_lora_hashes_are_made_while_the_daemon_serves(tmp_path, monkeyp
     monkeypatch.setattr(flow_mod, "lora_short_hash", slow_hash)
     use = LoraUse(str(path), 1.0, None, "s.safetensors")
     pool = ThreadPoolExecutor(1)
-    flow = object.__new__(JobFlow)
+    flow = object.__new__(PlanRunner)
     flow.spec = SimpleNamespace(loras=[LoraChoice(name="s.safetensors")])
     flow.pack = SimpleNamespace(size=(128, 128), lora_rank=8)
     flow.lora_hashes, flow.report = {}, SimpleNamespace(loras=[])
@@ -324,7 +324,7 @@ def test_a_cancel_while_the_starting_jobs_loras_are_read_is_left_to_its_flow(dae
     d, root = daemon
     sub = d.handle(_submit({"prompt": "1girl", "seed": 2, "steps": 2}, root))
     assert isinstance(sub, m.Submitted), sub
-    d.current = SimpleNamespace(job=SimpleNamespace(id=sub.job))        # what JobFlow.run sets first
+    d.current = SimpleNamespace(job=SimpleNamespace(id=sub.job))        # what PlanRunner.run sets first
     try:
         ok = d.handle(m.Cancel(job=sub.job))
     finally:

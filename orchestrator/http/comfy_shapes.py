@@ -15,7 +15,7 @@ def ts(t: float) -> int:
 
 
 def image_files(job: JobView) -> list[str]:
-    """The job folder's PNGs: image.png, then a batch's image_1.png ... (orchestrator.flow.batch_name)."""
+    """The job folder's PNGs: image.png, then a batch's image_1.png ... (orchestrator.job_files.batch_name)."""
     n = job.spec.get("batch", 1) if isinstance(job.spec.get("batch"), int) else 1
     return [IMAGE_FILE] + [f"image_{pos}.png" for pos in range(1, n)]
 

@@ -1,0 +1,174 @@
+"""The job as a plan (orchestrator/plan): each prompt shape's steps, written out and checked without a pipeline."""
+import json
+from pathlib import Path
+
+import pytest
+
+from models.sampling.denoise import STATE_FILE
+from orchestrator.job_files import JOB_FILES, names
+from orchestrator.plan.build import build_plan, hires_texts
+from orchestrator.plan.steps import (Decode, Deliver, Denoise, EncodeText, HiresDenoise, PixelStart, Plan, PlanError,
+                                     SCHEDULER)
+from orchestrator.prompt_spec import parse_prompt_obj
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = [(512, 512), (768, 768)]
+
+
+def _plan(**kw) -> Plan:
+    obj = {**json.loads((ROOT / "examples" / "prompt.json").read_text()), **kw}
+    return build_plan(parse_prompt_obj(obj, resolution=SIZES))
+
+
+def _lines(plan: Plan) -> list[list[str]]:
+    return [line.split() for line in plan.describe()]
+
+
+def test_text_to_image_is_encode_denoise_decode_deliver():
+    assert _lines(_plan()) == [
+        ["encoding", "encoder", "EncodeText", "-", "->", "text.json", "cond.npy", "uncond.npy"],
+        ["denoising", "scheduler", "Denoise[0]", "text.json", "cond.npy", "uncond.npy", "->", "latent.npy"],
+        ["decoding", "vae", "Decode[0]", "latent.npy", "->", "image.png"],
+        ["decoding", "-", "Deliver", "image.png", "->", "-"]]
+
+
+def test_img2img_encodes_its_image_once_and_inpaint_reads_the_mask():
+    plain = _plan(init_image="a.png")
+    assert [s.name for s in plain.steps] == ["EncodeText", "EncodeImage", "Denoise[0]", "Decode[0]", "Deliver"]
+    assert plain.steps[1].inputs == ("init_image.png",) and plain.steps[1].outputs == ("init_latent.npy",)
+    assert plain.steps[2].inputs[-1] == "init_latent.npy"
+    inpaint = _plan(init_image="a.png", mask="m.png", grow_mask_by=6)
+    assert inpaint.steps[1].inputs == ("init_image.png", "mask.png")         # VAEEncodeForInpaint greys under it
+    assert inpaint.steps[2].inputs[-2:] == ("init_latent.npy", "mask.png")   # SetLatentNoiseMask
+    assert _plan(init_image="a.png", mask="m.png").steps[1].inputs == ("init_image.png",)
+
+
+def test_a_batch_is_one_denoise_and_one_decode_per_image_each_with_its_state():
+    plan = _plan(batch=3)
+    denoises = [s for s in plan.steps if isinstance(s, Denoise)]
+    assert [(s.pos, s.outputs, s.scratch) for s in denoises] == [
+        (0, ("latent.npy",), (STATE_FILE,)), (1, ("latent_1.npy",), (f"batch_1/{STATE_FILE}",)),
+        (2, ("latent_2.npy",), (f"batch_2/{STATE_FILE}",))]
+    assert [s.outputs for s in plan.steps if isinstance(s, Decode)] == [("image.png",), ("image_1.png",),
+                                                                        ("image_2.png",)]
+    assert plan.steps[-1] == Deliver(inputs=("image.png", "image_1.png", "image_2.png"))
+
+
+def test_hires_in_latent_space_samples_again_from_each_first_latent():
+    plan = _plan(batch=2, hires={"scale": 1.5})
+    assert [s.name for s in plan.steps] == ["EncodeText", "Denoise[0]", "Denoise[1]", "HiresDenoise[0]",
+                                            "HiresDenoise[1]", "Decode[0]", "Decode[1]", "Deliver"]
+    second = plan.steps[4]
+    assert second.inputs == ("text.json", "cond.npy", "uncond.npy", "latent_1.npy")    # the job's own contexts
+    assert second.outputs == ("hires_latent_1.npy",) and second.scratch == (f"hires_1/{STATE_FILE}",)
+    assert plan.steps[5].inputs == ("hires_latent.npy",)
+
+
+def test_hires_in_pixel_space_with_its_own_prompts():
+    plan = _plan(hires={"scale": 1.5, "space": "pixel", "prompt": "sharp"})
+    assert _lines(plan) == [
+        ["encoding", "encoder", "EncodeText", "-", "->", "text.json", "cond.npy", "uncond.npy"],
+        ["encoding", "encoder", "EncodeText[hires]", "-", "->", "hires_text.json", "hires_cond.npy",
+         "hires_uncond.npy"],
+        ["denoising", "scheduler", "Denoise[0]", "text.json", "cond.npy", "uncond.npy", "->", "latent.npy"],
+        ["denoising", "vae", "PixelStart[0]", "latent.npy", "->", "hires_init.npy"],
+        ["denoising", "scheduler", "HiresDenoise[0]", "hires_text.json", "hires_cond.npy", "hires_uncond.npy",
+         "latent.npy", "hires_init.npy", "->", "hires_latent.npy"],
+        ["decoding", "vae", "Decode[0]", "hires_latent.npy", "->", "image.png"],
+        ["decoding", "-", "Deliver", "image.png", "->", "-"]]
+    assert plan.steps[3].scratch == ("first.png",)
+
+
+def test_the_second_pass_has_its_own_prompts_only_when_they_differ():
+    spec = parse_prompt_obj({"prompt": "a", "negative_prompt": "b", "seed": 1, "hires": {"scale": 1.5, "prompt": "a"}},
+                            resolution=SIZES)
+    assert hires_texts(spec) is None
+    assert not any(isinstance(s, EncodeText) and s.hires for s in build_plan(spec).steps)
+    assert hires_texts(parse_prompt_obj({"prompt": "a", "seed": 1, "hires": {"scale": 1.5, "negative_prompt": "x"}},
+                                        resolution=SIZES)) == ("a", "x")
+
+
+SHAPES = [{}, {"init_image": "a.png", "mask": "m.png", "grow_mask_by": 4}, {"batch": 4},
+          {"hires": {"scale": 1.5}}, {"batch": 2, "hires": {"scale": 1.5, "space": "pixel", "negative_prompt": "x"}},
+          {"init_image": "a.png", "batch": 2, "hires": {"scale": 1.5, "space": "pixel"}}]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: ",".join(s) or "txt2img")
+def test_every_plan_is_a_dag_of_the_job_folders_files(shape):
+    """Each step reads only what an earlier step wrote (or the job's kept inputs), every name is one of JOB_FILES',
+    the states only go forward, and every image's first-pass file is read by the step after it."""
+    plan = _plan(**shape)
+    known = {n for f in JOB_FILES for n in names(f)}
+    for i, step in enumerate(plan.steps):
+        assert set(step.inputs + step.outputs) <= known, step
+        assert all(plan.steps.index(p) < i for p in plan.producers(step))
+        assert all(s.rsplit("/", 1)[-1] in known for s in step.scratch), step
+    order = ["encoding", "denoising", "decoding"]
+    assert [order.index(s.phase) for s in plan.steps] == sorted(order.index(s.phase) for s in plan.steps)
+    denoisers = [s for s in plan.steps if s.stage == SCHEDULER]
+    assert all(isinstance(s, (Denoise, HiresDenoise)) for s in denoisers)
+    assert len([s for s in plan.steps if isinstance(s, PixelStart)]) == (
+        plan.steps[-1].inputs.__len__() if shape.get("hires", {}).get("space") == "pixel" else 0)
+
+
+def test_a_plan_that_is_not_a_dag_is_refused():
+    with pytest.raises(PlanError, match=r"Denoise\[0\] reads \['cond.npy'\]"):
+        Plan((Denoise(inputs=("cond.npy",), outputs=("latent.npy",)),))
+    with pytest.raises(PlanError, match="writes \\['latent.npy'\\] again"):
+        Plan((Denoise(outputs=("latent.npy",)), Denoise(outputs=("latent.npy",))))
+
+
+# ---------------------------------------------------------------- which steps a resume runs (no pipeline)
+
+def _runner(tmp_path, plan: Plan, text_tokens: int = 512):
+    from types import SimpleNamespace
+
+    from orchestrator.plan.run import PlanRunner
+    r = PlanRunner.__new__(PlanRunner)
+    r.dir, r.plan = tmp_path, plan
+    r.first_pack = SimpleNamespace(context_shape=(4, 3), latent_shape=(2, 4, 4), text_tokens=text_tokens)
+    r.hires_pack = SimpleNamespace(context_shape=(4, 3), latent_shape=(2, 6, 6), text_tokens=text_tokens)
+    return r
+
+
+def _keep(folder: Path, name: str, shape: tuple) -> None:
+    import numpy as np
+    np.save(folder / name, np.zeros(shape, np.float32), allow_pickle=False)
+
+
+def test_a_resume_runs_only_the_steps_whose_outputs_are_not_whole(tmp_path):
+    """A batch of 2 with a hires fix, killed in image 1's second pass: image 0's second latent and image 1's first are
+    whole, so only image 1's second pass runs (its first latent and the contexts read again, not made), then both
+    decodes; image 0's first latent and its sampler state are not needed."""
+    plan = _plan(batch=2, hires={"scale": 1.5})
+    r = _runner(tmp_path, plan)
+    for name in ("cond.npy", "uncond.npy"):
+        _keep(tmp_path, name, (4, 3))
+    _keep(tmp_path, "latent_1.npy", (2, 4, 4))
+    _keep(tmp_path, "hires_latent.npy", (2, 6, 6))
+    todo, missing = r._steps_to_run()
+    assert [s.name for s in todo] == ["HiresDenoise[1]", "Decode[0]", "Decode[1]", "Deliver"]
+    assert missing[todo[0]] == ["hires_latent_1.npy"]
+    (tmp_path / "image.png").write_bytes(b"png")          # decoded before the kill: not decoded again
+    assert [s.name for s in r._steps_to_run()[0]] == ["HiresDenoise[1]", "Decode[1]", "Deliver"]
+
+
+def test_a_torn_or_wrong_file_is_made_again_with_what_it_needs(tmp_path):
+    r = _runner(tmp_path, _plan())
+    _keep(tmp_path, "cond.npy", (4, 3))
+    _keep(tmp_path, "uncond.npy", (4, 3))
+    _keep(tmp_path, "latent.npy", (2, 4, 5))                              # another pack's shape
+    assert [s.name for s in r._steps_to_run()[0]] == ["Denoise[0]", "Decode[0]", "Deliver"]
+    (tmp_path / "cond.npy").write_bytes((tmp_path / "cond.npy").read_bytes()[:-5])     # cut short: a power cut
+    todo, missing = r._steps_to_run()
+    assert [s.name for s in todo] == ["EncodeText", "Denoise[0]", "Decode[0]", "Deliver"]
+    assert missing[todo[0]] == ["cond.npy"] and missing[todo[1]] == ["latent.npy"]
+    _keep(tmp_path, "cond.npy", (4, 3))
+    _keep(tmp_path, "latent.npy", (2, 4, 4))
+    assert [s.name for s in r._steps_to_run()[0]] == ["Decode[0]", "Deliver"]
+    # a long-context pack's mask needs the token counts: without text.json the contexts are not whole
+    (tmp_path / "latent.npy").unlink()
+    long = _runner(tmp_path, _plan(), text_tokens=1024)
+    assert [s.name for s in long._steps_to_run()[0]] == ["EncodeText", "Denoise[0]", "Decode[0]", "Deliver"]
+    (tmp_path / "text.json").write_text('{"t5_tokens_prompt": 3}')
+    assert [s.name for s in long._steps_to_run()[0]] == ["Denoise[0]", "Decode[0]", "Deliver"]
