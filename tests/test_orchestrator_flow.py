@@ -75,8 +75,8 @@ def test_job_runs_with_encoder_and_vae_down_while_denoising(pipeline, tmp_path, 
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     result = json.loads(captured.out)                  # exactly one JSON object on stdout
-    assert set(result) == {"job", "image", "report"}
-    assert result["image"] == str(out_dir / f"{result['job']}.png")
+    assert set(result) == {"job", "image", "report", "images"}
+    assert result["image"] == str(out_dir / f"{result['job']}.png") and result["images"] == [result["image"]]
     report = json.loads(Path(result["report"]).read_text())
     td = report["teardown"]
     assert td["encoder_running_during_denoise"] is False and td["vae_running_during_denoise"] is False
