@@ -49,7 +49,7 @@ def row(size: tuple, pack: str, ram: int, shape: tuple, warm: bool) -> dict:
     model = BoardModel(dataclasses.replace(base, int8=DEFAULT_INT8) if pack == "int8" else base)
     budget = model.context_budget_mib(ram)
     n, cuts, e = board_auto.choose_pack(model, budget, memory=for_auto(size), computed_steps=calls, passes=passes)
-    p, vae_up = projection(model, e, calls, "npu", budget, warm)
+    p, vae_up = projection(model, e, calls, "npu", budget, warm, ram, passes)
     return {"shape": name, "steps": steps, "model_calls": calls, "cfg_passes": passes, "size": f"{size[0]}x{size[1]}",
             "pack": pack, "int8": list(DEFAULT_INT8) if pack == "int8" else [], "board_ram_gb": ram,
             "warm": warm, "vae_stays_up": vae_up, "policy": e.policy.name, "shards": n, "cuts": dict(cuts),
