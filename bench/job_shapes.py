@@ -7,9 +7,10 @@ board RAM, cold and warm; the table docs/board.md shows, and JSON.
 Each row is bench/overhead.py's analytic projection (`--analytic --policy auto --vae npu`: the policy and the
 `pack --shards N` the board model picks) for one shape: its model calls (a Spectrum job's computed ones) and CFG
 passes (1 at cfg 1). FP16 packs, and W8A8 packs of the default INT8 layers (fc1, qkv, q) priced at the reference's
-measured INT8 speed-up (R13). Cold: the encoder starts, loads and runs (39 s estimate), the VAE loads; warm: the
-prompts' conditioning comes from the run folder's cache, and the NPU VAE stays up between jobs where the board's
-memory allows it beside the DiT's contexts (models/board/account.vae_stays_up). Every figure comes from
+measured INT8 speed-up (R13). Cold: the encoder starts, loads and runs (39 s estimate for two texts; the prompt
+alone at cfg 1: models/board/account.encoder_s), the VAE loads; warm: the prompts' conditioning comes from the run
+folder's cache, and the NPU VAE stays up through the denoise where the board's memory allows it beside the DiT's
+contexts (models/board/account.stays_up_while_denoising: never on 8 GB). Every figure comes from
 models/board/cost.toml, whose constants cite the reference figures of docs/board-figures.md (R1-R13, P1-P9, M1).
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ policy and board RAM, and the table a board owner reads.
     .venv/bin/python bench/overhead.py --backend rknn --pack packs/anima-512 --models MODELS --policy auto   # a board
     .venv/bin/python bench/overhead.py --analytic --policy all --board-ram 8,16,32     # the timeline only, no runs
     .venv/bin/python bench/overhead.py --analytic --policy auto --board-ram 8 --vae cpu   # the reference's CPU VAE
-    .venv/bin/python bench/overhead.py --analytic --policy auto --calls 8 --cfg 1 --warm  # prompts cached, VAE up
+    .venv/bin/python bench/overhead.py --analytic --policy auto --calls 8 --cfg 1 --warm  # prompts cached
 
 board-sim: the executor's phases and the scheduler's host ops are paced to the MODELLED RK3588 (models/board/cost.toml,
 reference board figures) for the full-size model at 512x512, times --time-scale; the tiny pack computes the real

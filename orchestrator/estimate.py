@@ -122,7 +122,8 @@ def hires_calls(spec) -> tuple:
     return len(s.plan()), passes_of(cfg)
 
 
-def _model(pack_dir, size, board: BoardSettings):
+def board_model_for(pack_dir, size, board: BoardSettings):
+    """The board model of a pack (None: the official model at `size`) on the run folder's cost file."""
     from models.board.cost import COST_FILE, BoardModel, CostModelError, Shape, load_cost
     try:
         if pack_dir is not None:
@@ -141,7 +142,7 @@ def evaluation(pack_dir, size, calls: int, passes: int, board: BoardSettings) ->
     from models.board import auto
     from models.packs.memory_fit import for_auto
     from models.policy import PolicyError, parse_policy
-    model = _model(pack_dir, size, board)
+    model = board_model_for(pack_dir, size, board)
     budget = model.context_budget_mib(board.board_ram_gb)
     kw = {"computed_steps": max(1, calls), "passes": passes}
     try:

@@ -127,7 +127,7 @@ def _job_figure(model: BoardModel, key: str) -> float:
     return float(j[key] if key in j else load_cost()["job"][key])
 
 
-STAYS_UP_RULE_GB = 8          # at or under this RAM nothing heavy is up beside the DiT while it denoises (the 8 GB rule)
+STAYS_UP_RULE_GB = 8          # at or under this RAM nothing heavy is up beside the DiT while it denoises
 
 
 def resident_mib(model: BoardModel, stage: str) -> float:
