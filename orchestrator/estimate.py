@@ -170,6 +170,23 @@ def denoise_on(pack_dir, size, calls: int, passes: int, board: BoardSettings) ->
     return (e.denoise_s if calls else 0.0), name, model
 
 
+def shard_note(model, size, calls: int, passes: int, board: BoardSettings, denoise_s: float) -> list:
+    """A note when the job's pack is one graph per branch and `auto` would denoise faster on a sharded build of it
+    (`pack --shards N`, the board model's choice, as bench/overhead.py --analytic prices it); the pack is priced as
+    it is, since that is what the board runs. None for a LoRA-ready pack (shards take no low-rank inputs)."""
+    from models.board import auto
+    from models.packs.memory_fit import for_auto
+    if (model.shape.shards > 1 or model.shape.lora_rank or not calls or not isinstance(board.policy, str)
+            or board.policy.strip().lower() != "auto"):
+        return []
+    budget = model.context_budget_mib(board.board_ram_gb)
+    n, _, e = auto.choose_pack(model, budget, memory=for_auto(size), computed_steps=calls, passes=passes)
+    if n <= 1 or e.denoise_s >= denoise_s:
+        return []
+    return [f"this pack is not sharded: built with `anima-models pack --shards {n}` the denoise would be "
+            f"{e.denoise_s:.1f} s ({e.policy.name})"]
+
+
 def estimate_spec(spec, packs: dict, board: BoardSettings, cached: bool = False) -> Estimate:
     """The estimate of a resolved PromptSpec on `packs` ({(width, height): pack folder or None}: None prices the
     official model at that size) under `board`. `cached`: every prompt pair of the job is in the run folder's
@@ -181,6 +198,7 @@ def estimate_spec(spec, packs: dict, board: BoardSettings, cached: bool = False)
     batch, notes = int(spec.batch), []
     calls, passes = first_pass_calls(spec) * batch, passes_of(spec.cfg)
     denoise, policy, model = denoise_on(packs[size], size, calls, passes, board)
+    notes += shard_note(model, size, calls, passes, board, denoise)
     encodes = 1
     final = model
     if spec.hires is not None:
