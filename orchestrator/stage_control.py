@@ -161,10 +161,14 @@ class StageControl:
 
     def _stop_held(self, starting: str) -> None:
         """The other on-demand stage, when kept up, stopped before `starting` comes up unless both fit together."""
-        live = [s for s in ON_DEMAND_STAGES if s != starting and not self.cfg.is_remote(s) and self.sup.info(s).live]
+        live = [s for s in ON_DEMAND_STAGES if s != starting and self.keep.after_use(s) and not self.cfg.is_remote(s)
+                and self.sup.info(s).live]
         for stage in self.keep.to_stop_before(starting, live):
             log.info("job %s: %s stopped before %s starts (keep_up %s)", self.job.id, stage, starting, self.keep.why)
-            self.sup.stop(stage, timeout_s=self.settings.stop_timeout_s, sleep=self.d.pump)
+            try:
+                self.sup.stop(stage, timeout_s=self.settings.stop_timeout_s, sleep=self.d.pump)
+            except SupervisorError as e:
+                raise StageFailed(stage, f"could not stop: {e}") from None
 
     def bring_down(self, stage: str) -> None:
         """A stage's phase is over: stopped, or left up when the job's keep_up policy says so."""
