@@ -135,3 +135,59 @@ def test_the_vae_that_decoded_a_job_encodes_the_next_ones_init_image(idle_pipeli
     log = "".join(f.read_text(errors="replace") for f in p.rf.logs.glob("orchestrator*.log"))
     mine = [line for line in log.splitlines() if third in line]
     assert (f"job {third}: vae stopped before encoder starts" in log) == (not together), "\n".join(mine)
+
+
+# ------------------------------------------------------------------ StageControl's part, on a stand-in supervisord
+
+class _Sup:
+    """supervisord as StageControl asks it: programs' states (a pid above pid_max: no process to sample), and the
+    stops asked for, in order."""
+
+    def __init__(self, live: set):
+        self.live, self.stops = set(live), []
+
+    def info(self, name: str):
+        from orchestrator.supervisor import ProcInfo
+        up = name in self.live
+        return ProcInfo(name, "RUNNING" if up else "STOPPED", 4_194_399 if up else 0, 0, "", "", 0.0)
+
+    def stop(self, name: str, timeout_s: float = 0.0, sleep=None):
+        self.stops.append(name)
+        self.live.discard(name)
+
+
+def _control(sup: _Sup, keep: keep_up.KeepUp):
+    from orchestrator.report import JobReport
+    from orchestrator.stage_control import StageControl
+    settings = SimpleNamespace(keep_up="never", stop_timeout_s=1.0)
+    daemon = SimpleNamespace(sup=sup, cfg=SimpleNamespace(is_remote=lambda name: False), settings=settings,
+                             pump=lambda s: None)
+    c = StageControl(daemon, SimpleNamespace(id="j"), JobReport("j", {}))
+    c.keep = keep
+    return c
+
+
+def test_stage_control_keeps_stops_before_another_and_before_denoise():
+    idle = keep_up.KeepUp({"encoder": "idle", "vae": "idle"}, False, "test")
+    sup = _Sup({"vae"})
+    c = _control(sup, idle)
+    c.bring_down("vae")                                      # its phase over: kept up
+    assert sup.stops == [] and c._held("vae")
+    c._stop_held("encoder")                                  # the encoder starts: the two do not fit together
+    assert sup.stops == ["vae"]
+    sup.live.add("encoder")
+    c._stop_held("vae")
+    assert sup.stops == ["vae", "encoder"]
+    sup.live |= {"encoder", "vae"}
+    c.tear_down_on_demand()                                  # before DENOISE: nothing idle stays up
+    assert set(sup.stops[2:]) == {"encoder", "vae"} and not sup.live
+    # together: nothing stopped before a start; `always`: kept through the denoise; `never`: stopped after use
+    sup = _Sup({"vae", "encoder"})
+    c = _control(sup, keep_up.KeepUp({"encoder": "idle", "vae": "always"}, True, "test"))
+    c._stop_held("encoder")
+    c.tear_down_on_demand()
+    assert sup.stops == ["encoder"] and sup.live == {"vae"}
+    sup = _Sup({"vae"})
+    c = _control(sup, keep_up.NEVER)
+    c.bring_down("vae")
+    assert sup.stops == ["vae"] and not c._held("vae")
