@@ -7,9 +7,10 @@ board RAM, cold and warm; the table docs/board.md shows, and JSON.
 Each row is bench/overhead.py's analytic projection (`--analytic --policy auto --vae npu`: the policy and the
 `pack --shards N` the board model picks) for one shape: its model calls (a Spectrum job's computed ones) and CFG
 passes (1 at cfg 1). FP16 packs, and W8A8 packs of the default INT8 layers (fc1, qkv, q) priced at the reference's
-measured INT8 speed-up (R13). Cold: the encoder starts, loads and runs (39 s estimate), the VAE loads; warm: the
-prompts' conditioning comes from the run folder's cache, and the NPU VAE stays up between jobs where the board's
-memory allows it beside the DiT's contexts (models/board/account.vae_stays_up). Every figure comes from
+measured INT8 speed-up (R13). Cold: the encoder starts, loads and runs (39 s estimate for two texts; the prompt
+alone at cfg 1: models/board/account.encoder_s), the VAE loads; warm: the prompts' conditioning comes from the run
+folder's cache, and the NPU VAE stays up through the denoise where the board's memory allows it beside the DiT's
+contexts (models/board/account.stays_up_while_denoising: never on 8 GB). Every figure comes from
 models/board/cost.toml, whose constants cite the reference figures of docs/board-figures.md (R1-R13, P1-P9, M1).
 """
 from __future__ import annotations
@@ -49,7 +50,7 @@ def row(size: tuple, pack: str, ram: int, shape: tuple, warm: bool) -> dict:
     model = BoardModel(dataclasses.replace(base, int8=DEFAULT_INT8) if pack == "int8" else base)
     budget = model.context_budget_mib(ram)
     n, cuts, e = board_auto.choose_pack(model, budget, memory=for_auto(size), computed_steps=calls, passes=passes)
-    p, vae_up = projection(model, e, calls, "npu", budget, warm)
+    p, vae_up = projection(model, e, calls, "npu", budget, warm, ram, passes)
     return {"shape": name, "steps": steps, "model_calls": calls, "cfg_passes": passes, "size": f"{size[0]}x{size[1]}",
             "pack": pack, "int8": list(DEFAULT_INT8) if pack == "int8" else [], "board_ram_gb": ram,
             "warm": warm, "vae_stays_up": vae_up, "policy": e.policy.name, "shards": n, "cuts": dict(cuts),

@@ -6,7 +6,7 @@ policy and board RAM, and the table a board owner reads.
     .venv/bin/python bench/overhead.py --backend rknn --pack packs/anima-512 --models MODELS --policy auto   # a board
     .venv/bin/python bench/overhead.py --analytic --policy all --board-ram 8,16,32     # the timeline only, no runs
     .venv/bin/python bench/overhead.py --analytic --policy auto --board-ram 8 --vae cpu   # the reference's CPU VAE
-    .venv/bin/python bench/overhead.py --analytic --policy auto --calls 8 --cfg 1 --warm  # prompts cached, VAE up
+    .venv/bin/python bench/overhead.py --analytic --policy auto --calls 8 --cfg 1 --warm  # prompts cached
 
 board-sim: the executor's phases and the scheduler's host ops are paced to the MODELLED RK3588 (models/board/cost.toml,
 reference board figures) for the full-size model at 512x512, times --time-scale; the tiny pack computes the real
@@ -197,12 +197,15 @@ def model_for(pol: str, model: BoardModel, budget: float, shards, memory=None) -
     return model, model.shape.shards, dict(model.shape.cuts)
 
 
-def projection(model: BoardModel, e, calls: int, vae: str, budget: float, warm: bool = False) -> tuple:
+def projection(model: BoardModel, e, calls: int, vae: str, budget: float, warm: bool = False, ram: float = 8,
+               passes: int = 2) -> tuple:
     """(Projection, whether the VAE stays up) of the job a policy's evaluation `e` runs (MODELLED): cold, or `warm`
-    (prompts cached; the VAE up between jobs when account.vae_stays_up says the board's memory allows)."""
-    from models.board.account import Projection, vae_stays_up
-    up = warm and vae_stays_up(model, budget, e.memory_mib)
-    j = job_figures(model, warm=warm, vae_up=up)
+    (prompts cached; the VAE up from the last job through this one's denoise where
+    account.stays_up_while_denoising allows it on a `ram` GB board: never on 8 GB). The encoder runs the texts the
+    job's CFG `passes` need (account.encoder_s)."""
+    from models.board.account import Projection, stays_up_while_denoising
+    up = warm and stays_up_while_denoising(model, ram, budget, e.memory_mib)
+    j = job_figures(model, warm=warm, vae_up=up, passes=passes)
     w, c, denoise = e.warm, e.cold, e.denoise_s
     return Projection(c.wall_s, w.wall_s, w.npu_s, w.lifecycle_s, w.host_s, w.transport_s, 0.0, denoise,
                       j["encode_s"], j["decode_s"], j["encode_s"] + denoise + j["decode_s"], j["decode_npu_s"],
@@ -239,10 +242,11 @@ def analytic_table(model: BoardModel, policies: list, rams: list, vae: str = "np
                 lines.append(f"{pol:<28} {ram:>4} does not fit{': ' + why if why else ''}  [{LABEL}]")
                 continue
             lines += [f"  {ram} GB, ruled out by memory: {why}" for why in e.ruled_out]
-            p, up = projection(model, e, calls, vae, budget, warm)
+            p, up = projection(model, e, calls, vae, budget, warm, ram, passes)
             if warm:
                 lines.append(f"  {ram} GB, warm: prompts cached (encoder 0 s); the VAE "
-                             + ("stays up between jobs" if up else "does not fit beside the contexts: it loads")
+                             + ("stays up between jobs" if up else "loads (on 8 GB it is down while the DiT denoises; "
+                                                             "else it does not fit beside the contexts)")
                              + f"  [{LABEL}]")
             name = f"auto: {e.policy.name}" if pol == "auto" else e.policy.name
             lines.append(format_policy_line(name, ram, p, f"{LABEL}, analytic")

@@ -1,7 +1,7 @@
 """INT8 measurement (not CI): the outlier preset in the rknn-toolkit2 simulator, smoothing off vs on, side by side.
 
     .venv/bin/python bench/quant_check.py [--out bench/out/quant] [--blocks 4] [--resolution 256x256] [--steps 20] \
-        [--shards N [--cuts self=heads,cross=rows,ffn=rows]]
+        [--shards N [--cuts self=heads,cross=rows,ffn=rows]] [--turbo --steps 8 --cfg 1]
 
 1) writes the tiny-width synthetic DiT with outlier channels (--blocks blocks) and a tiny models folder;
 2) an FP32 pack, calibrated over 3 prompts x 2 seeds x every step (`anima-models calibrate`);
@@ -10,6 +10,10 @@
    vs the FP16 pack's. With --shards N the W8A8 packs are sharded (each shard its own hybrid-quantized graph; the
    job runs the shards, the table adds each shard's cosine). Writes OUT/quant_check.json (-sN.json); last line
    `quant_check off_worst=X off_final=Y smooth_worst=Z smooth_final=W` (simulator, synthetic weights: measured).
+--turbo: a Turbo-like checkpoint, the outlier preset with a synthetic LoRA in the official Turbo LoRA's layout
+(models/lora/synth.py `turbo`: blocks and host, rank 32) merged into its weights (models/lora/merged_file.py), as a
+Turbo checkpoint is the base with the distillation's update merged; calibrated and checked on its own jobs at
+--steps / --cfg (Turbo: 8 steps, cfg 1).
 """
 from __future__ import annotations
 
@@ -27,7 +31,23 @@ PROMPTS = ("1girl, blue hair, school uniform, smiling", "a mountain lake at dawn
            "cyberpunk street at night, neon signs, rain")
 
 
-def _prepare(out: Path, blocks: int, res: tuple, steps: int) -> tuple:
+def _turbo_like(base: Path, out: Path) -> Path:
+    """`base` with a synthetic Turbo-layout LoRA merged into its block and host weights."""
+    from models.dit.checkpoint import DiTCheckpoint
+    from models.lora import LoraUse, TargetTable, plan_loras
+    from models.lora.merged_file import write_merged
+    from models.lora.synth import write_lora
+    ck = DiTCheckpoint.open(base)
+    shapes = {k: ck.shape(k) for k in ck.keys()}
+    lora = out / "turbo-lora.safetensors"
+    write_lora((shapes, None), 43, lora, "turbo", rank=32, groups=("blocks", "host"))
+    plan = plan_loras([LoraUse(str(lora), 1.0, 0.0, lora.name)], TargetTable(shapes))
+    merged = out / "turbo-like.safetensors"
+    write_merged(base, plan, merged)
+    return merged
+
+
+def _prepare(out: Path, blocks: int, res: tuple, steps: int, cfg: float = 4.0, turbo: bool = False) -> tuple:
     from models.cli import main
     from models.dit.synth import write_dit
     from models.models_dir import write_bundle
@@ -35,6 +55,8 @@ def _prepare(out: Path, blocks: int, res: tuple, steps: int) -> tuple:
     ck = out / "outliers.safetensors"
     if not ck.exists():
         write_dit("tiny", 0, ck, outliers=True, blocks=blocks)
+    if turbo:
+        ck = _turbo_like(ck, out)
     models = out / "models"
     if not (models / "text_encoders").exists():
         write_bundle("tiny", 0, models)
@@ -44,7 +66,7 @@ def _prepare(out: Path, blocks: int, res: tuple, steps: int) -> tuple:
     t0 = time.perf_counter()
     assert main(["calibrate", str(p32), "--models", str(models), "--dit", str(ck), "--prompts",
                  str(out / "prompts.txt"), "--out", str(calib), "--seeds", "0,1", "--steps", str(steps),
-                 "--samples", "8", "--holdout", "4"]) == 0
+                 "--cfg", str(cfg), "--samples", "8", "--holdout", "4"]) == 0
     return ck, calib, time.perf_counter() - t0
 
 
@@ -57,6 +79,8 @@ def main(argv=None) -> int:
     ap.add_argument("--venv", default=None, help="rknn-toolkit2 environment")
     ap.add_argument("--shards", type=int, default=1, help="build the W8A8 packs with --shards N (1-3)")
     ap.add_argument("--cuts", default=None, help="with --shards: KIND=CUT,... (default: the board model's choice)")
+    ap.add_argument("--cfg", type=float, default=4.0, help="CFG scale of the calibration and the job (Turbo: 1)")
+    ap.add_argument("--turbo", action="store_true", help="a Turbo-like checkpoint (a Turbo-layout LoRA merged in)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from models.dit.partition import parse_resolution
@@ -67,16 +91,17 @@ def main(argv=None) -> int:
     from models.packs.sharded import parse_cuts
     res = parse_resolution(args.resolution)
     cuts = parse_cuts(args.cuts)
-    ck, calib, calib_s = _prepare(out, args.blocks, res, args.steps)
+    ck, calib, calib_s = _prepare(out, args.blocks, res, args.steps, args.cfg, args.turbo)
     fp16 = build_pack(ck, out / "fp16", res, "fp16", overwrite=True)
-    report = {"what": "measured in the rknn-toolkit2 2.5.0 simulator on synthetic weights (outlier preset)",
+    report = {"what": "measured in the rknn-toolkit2 2.5.0 simulator on synthetic weights (outlier preset"
+                      + (", a Turbo-layout LoRA merged)" if args.turbo else ")"),
               "blocks": args.blocks, "resolution": list(res), "steps": args.steps, "calibrate_s": round(calib_s, 1),
-              "shards": args.shards}
+              "shards": args.shards, "cfg": args.cfg, "turbo": args.turbo}
     for name, alpha in (("off", None), ("smooth", 0.5)):
         pack = build_pack(ck, out / f"w8a8-{name}", res, "fp16", overwrite=True, shards=args.shards, cuts=cuts,
                           quant=(calib, ("fc1", "qkv", "q"), alpha))
         report["cuts"] = load_pack(pack).manifest.get("shards", {}).get("cuts", {})
-        rep = quant_check(pack, ck, calib, steps=args.steps, venv=args.venv, fp16_pack=fp16)
+        rep = quant_check(pack, ck, calib, steps=args.steps, cfg_scale=args.cfg, venv=args.venv, fp16_pack=fp16)
         print(f"--- smoothing {name}\n{describe(rep)}", flush=True)
         report[name] = rep
     fname = "quant_check.json" if args.shards == 1 else f"quant_check-s{args.shards}.json"

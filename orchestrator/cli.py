@@ -92,8 +92,9 @@ def cmd_submit(args, rf: RunFolder) -> int:
 def _estimate(record, rf: RunFolder, resolution: str | None = None) -> int:
     """Price a prompt record on this run folder's board settings and packs (modelled; nothing is queued): the lines
     labelled modelled, the `estimate ...` line last (orchestrator/estimate.py)."""
-    from orchestrator.estimate import BoardSettings, EstimateError, estimate_spec
+    from orchestrator.estimate import BoardSettings, EstimateError, estimate_spec, prompts_cached
     cfg = packs = None
+    cached = False
     if rf.pipeline_toml.exists():
         from orchestrator.packs import read_packs
         from stages.config import load_config
@@ -104,12 +105,13 @@ def _estimate(record, rf: RunFolder, resolution: str | None = None) -> int:
         spec = resolve_prompt(record, resolution=sizes, check_output=False,
                               sampling={size: p.sampling for size, p in packs.items()})
         dirs, board = {size: p.dir for size, p in packs.items()}, BoardSettings.of_config(cfg)
+        cached = prompts_cached(spec, cfg, packs)
     else:       # no run folder yet: the official model at the job's size (512x512 unless it says), the defaults
         size = _resolution(resolution, rf)[0] if resolution else (record.width or 512, record.height or 512)
         spec = resolve_prompt(record, resolution=[size], check_output=False)
         dirs, board = {size: None, **({spec.hires.size(*size): None} if spec.hires else {})}, BoardSettings()
     try:
-        est = estimate_spec(spec, dirs, board)
+        est = estimate_spec(spec, dirs, board, cached=cached)
     except EstimateError as e:
         raise CliError(str(e)) from None
     print("\n".join(est.lines()))

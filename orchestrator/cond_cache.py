@@ -105,6 +105,10 @@ class CondCache:
             raise ValueError(f"cache key {key!r:.80} is not a sha256 hex digest")
         return self.dir / f"{key}{SUFFIX}"
 
+    def has(self, key: str) -> bool:
+        """Whether an entry is kept under `key` (not read: a job's own get() still checks it, and removes a bad one)."""
+        return self.on and self._path(key).is_file()
+
     def get(self, key: str, shape: tuple) -> CondEntry | None:
         """The entry when whole and of `shape` ([S, Dc]), its use recorded (mtime); else None (a bad one removed)."""
         if not self.on:
@@ -168,3 +172,15 @@ class CondCache:
                 break
             p.unlink(missing_ok=True)
             total -= size
+
+
+def all_cached(cfg, cache: CondCache, loras, pairs) -> bool:
+    """Whether every (prompt, negative, rows) of `pairs`, encoded with the job's `loras`, is kept: the job would
+    start no encoder. False when it cannot be known here (cache off, a remote encoder, a file gone)."""
+    if not cache.on or cfg.is_remote("encoder") or not pairs:
+        return False
+    try:
+        enc, lid = encoder_identity(cfg), lora_identity(loras, cfg.models_dir)
+    except Exception:  # noqa: BLE001 - OSError, ModelsDirError: the job's own flow reports it
+        return False
+    return all(cache.has(cache_key(p, n, rows, lid, enc)) for p, n, rows in pairs)

@@ -3,7 +3,8 @@ and packs (`orchestrator estimate`, `generate --estimate`, the page's line besid
 `estimate`). Every figure comes from the board model (models/board: cost.toml through cost.py, the lifecycle policy
 through timeline.py and auto.py), never from a clock:
 
-    encode    the text encoder stage, start and weights included (cost.toml [job] encoder_s_estimate)
+    encode    the text encoder stage, start and weights included, the texts it runs (models/board/account.encoder_s:
+              no negative prompt at cfg 1); 0 when every prompt pair is in the run folder's conditioning cache
     denoise   the job's model calls (its sampler's plan: Spectrum's forecast steps make none, a step of a two-call
               sampler two) x CFG passes per call (1 at cfg 1), on its pack (size, FP16 or INT8 layers, shards) under
               the executor's policy (`auto`: the one auto picks) on the `board_ram_gb` board; a hires fix adds its
@@ -121,7 +122,8 @@ def hires_calls(spec) -> tuple:
     return len(s.plan()), passes_of(cfg)
 
 
-def _model(pack_dir, size, board: BoardSettings):
+def board_model_for(pack_dir, size, board: BoardSettings):
+    """The board model of a pack (None: the official model at `size`) on the run folder's cost file."""
     from models.board.cost import COST_FILE, BoardModel, CostModelError, Shape, load_cost
     try:
         if pack_dir is not None:
@@ -133,17 +135,23 @@ def _model(pack_dir, size, board: BoardSettings):
         raise EstimateError(f"the board model cannot price {size[0]}x{size[1]}: {e}") from None
 
 
-def denoise_on(pack_dir, size, calls: int, passes: int, board: BoardSettings) -> tuple:
-    """(board seconds, the policy's name, the model) of `calls` model calls on a pack under the executor's policy."""
+def evaluation(pack_dir, size, calls: int, passes: int, board: BoardSettings) -> tuple:
+    """(the board model's Evaluation of the executor's policy, the policy's name, the model) of `calls` model calls on
+    a pack (None: the official model at `size`, on the pack `pack --shards N` the board model picks, as
+    bench/overhead.py --analytic prices it; a pack: as it was built, its shards from its manifest)."""
     from models.board import auto
     from models.packs.memory_fit import for_auto
     from models.policy import PolicyError, parse_policy
-    model = _model(pack_dir, size, board)
+    model = board_model_for(pack_dir, size, board)
     budget = model.context_budget_mib(board.board_ram_gb)
     kw = {"computed_steps": max(1, calls), "passes": passes}
     try:
         if isinstance(board.policy, str) and board.policy.strip().lower() == "auto":
-            e = auto.choose(model, budget, memory=for_auto(size), **kw)[0]
+            if pack_dir is None:
+                n, cuts, e = auto.choose_pack(model, budget, memory=for_auto(size), **kw)
+                model = auto.sharded_model(model, n, cuts) if n > 1 else model
+            else:
+                e = auto.choose(model, budget, memory=for_auto(size), **kw)[0]
             name = f"auto: {e.policy.name}"
         else:
             e = auto.evaluate(model, parse_policy(board.policy, board.executor), budget, **kw)
@@ -153,19 +161,44 @@ def denoise_on(pack_dir, size, calls: int, passes: int, board: BoardSettings) ->
             from None
     if e is None:
         raise EstimateError(f"policy {board.policy!r:.80} does not fit the {LABEL} {board.board_ram_gb} GB board")
+    return e, name, model
+
+
+def denoise_on(pack_dir, size, calls: int, passes: int, board: BoardSettings) -> tuple:
+    """(board seconds, the policy's name, the model) of `calls` model calls on a pack under the executor's policy."""
+    e, name, model = evaluation(pack_dir, size, calls, passes, board)
     return (e.denoise_s if calls else 0.0), name, model
 
 
-def estimate_spec(spec, packs: dict, board: BoardSettings) -> Estimate:
+def shard_note(model, size, calls: int, passes: int, board: BoardSettings, denoise_s: float) -> list:
+    """A note when the job's pack is one graph per branch and `auto` would denoise faster on a sharded build of it
+    (`pack --shards N`, the board model's choice, as bench/overhead.py --analytic prices it); the pack is priced as
+    it is, since that is what the board runs. None for a LoRA-ready pack (shards take no low-rank inputs)."""
+    from models.board import auto
+    from models.packs.memory_fit import for_auto
+    if (model.shape.shards > 1 or model.shape.lora_rank or not calls or not isinstance(board.policy, str)
+            or board.policy.strip().lower() != "auto"):
+        return []
+    budget = model.context_budget_mib(board.board_ram_gb)
+    n, _, e = auto.choose_pack(model, budget, memory=for_auto(size), computed_steps=calls, passes=passes)
+    if n <= 1 or e.denoise_s >= denoise_s:
+        return []
+    return [f"this pack is not sharded: built with `anima-models pack --shards {n}` the denoise would be "
+            f"{e.denoise_s:.1f} s ({e.policy.name})"]
+
+
+def estimate_spec(spec, packs: dict, board: BoardSettings, cached: bool = False) -> Estimate:
     """The estimate of a resolved PromptSpec on `packs` ({(width, height): pack folder or None}: None prices the
-    official model at that size) under `board`."""
-    from models.board.account import job_figures
+    official model at that size) under `board`. `cached`: every prompt pair of the job is in the run folder's
+    conditioning cache (prompts_cached), so its encode is 0 s: no encoder start, load or run."""
+    from models.board.account import encoder_s, job_figures
     size = (spec.width, spec.height)
     if size not in packs:
         raise EstimateError(f"{size[0]}x{size[1]} has no model pack")
     batch, notes = int(spec.batch), []
     calls, passes = first_pass_calls(spec) * batch, passes_of(spec.cfg)
     denoise, policy, model = denoise_on(packs[size], size, calls, passes, board)
+    notes += shard_note(model, size, calls, passes, board, denoise)
     encodes = 1
     final = model
     if spec.hires is not None:
@@ -186,10 +219,13 @@ def estimate_spec(spec, packs: dict, board: BoardSettings) -> Estimate:
         notes.append("cfg 1: the negative prompt changes nothing and is not encoded")
     j = job_figures(final)
     decode = (j["decode_npu_s"] if board.vae == "npu" else j["decode_s"]) * batch
+    if cached:
+        notes.append("every prompt is in the conditioning cache: no encoder start, load or run")
     what = "a board's own calibration" if model.measured else "reference board and peer figures"
     if all(p is None for p in packs.values()):
         notes.append(REFERENCE_NOTE)
-    return Estimate(encode_s=j["encode_s"] * encodes, denoise_s=denoise, decode_s=decode, calls=calls,
+    encode = 0.0 if cached else encoder_s(model, 1 if spec.negative_ignored() else 2, encodes)
+    return Estimate(encode_s=encode, denoise_s=denoise, decode_s=decode, calls=calls,
                     passes=passes, policy=policy, board_ram_gb=board.board_ram_gb, size=size,
                     source=f"{model.source}, {what}", notes=tuple(notes))
 
@@ -200,7 +236,29 @@ def estimate_with_config(spec, cfg, packs: dict | None = None) -> Estimate:
     if packs is None:
         from orchestrator.packs import read_packs
         packs = read_packs(cfg.packs)
-    return estimate_spec(spec, {size: Path(p.dir) for size, p in packs.items()}, BoardSettings.of_config(cfg))
+    return estimate_spec(spec, {size: Path(p.dir) for size, p in packs.items()}, BoardSettings.of_config(cfg),
+                         cached=prompts_cached(spec, cfg, packs))
+
+
+def prompts_cached(spec, cfg, packs: dict) -> bool:
+    """Whether every prompt pair the job would send the encoder (its first pass's; a hires pass's own, on the pack
+    of its size) is in the run folder's conditioning cache (orchestrator/cond_cache.py), under the same key the job
+    looks it up by. `packs`: PackInfo by size."""
+    from orchestrator.cond_cache import CondCache, all_cached
+    first = packs.get((spec.width, spec.height))
+    if first is None:
+        return False
+    pairs = [(spec.prompt, spec.negative_prompt, first.text_tokens)]
+    h = spec.hires
+    texts = None if h is None else (spec.prompt if h.prompt is None else h.prompt,
+                                    spec.negative_prompt if h.negative_prompt is None else h.negative_prompt)
+    if texts is not None and texts != (spec.prompt, spec.negative_prompt):
+        second = packs.get(h.size(spec.width, spec.height))
+        if second is None:
+            return False
+        pairs.append((*texts, second.text_tokens))
+    cache = CondCache(cfg.run_dir, cfg.settings("orchestrator").cond_cache_mb)
+    return all_cached(cfg, cache, spec.loras, pairs)
 
 
 def safe_estimate(spec, cfg, packs: dict | None = None) -> dict | None:

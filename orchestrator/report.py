@@ -138,6 +138,8 @@ class JobReport:
     passes: list = field(default_factory=list)          # per DENOISE: where it ran in the job, its DENOISED fields
     encoder_timings: dict = field(default_factory=dict)
     encoder_started: bool = False      # this job started the encoder (False: its contexts were cached or kept)
+    stage_starts: dict = field(default_factory=lambda: {"encoder": 0, "vae": 0})   # supervisord starts this run
+    keep_up: str = "never"             # orchestrator/keep_up.py: the job's policy, as resolved
     text: dict = field(default_factory=dict)            # T5 token counts of both prompts, truncated or not
     vae_timings: dict = field(default_factory=dict)
     vae_encode_timings: dict = field(default_factory=dict)     # img2img: VAE_ENCODE's timings ({} otherwise)
@@ -202,6 +204,8 @@ class JobReport:
             **({"board": self._board_section()} if any(p["board"] for p in self.passes) and d.get("steps") else {}),
             "encoder_timings": self.encoder_timings,
             "encoder_started": self.encoder_started,
+            "stage_starts": dict(self.stage_starts),
+            "keep_up": self.keep_up,
             "text": self.text,
             "loras": self.loras,
             "latent": {"file": "latent.npy", "space": LATENT_SPACE, "note": LATENT_NOTE},

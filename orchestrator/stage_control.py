@@ -7,6 +7,7 @@ import logging
 import os
 import time
 
+from orchestrator import keep_up
 from orchestrator.report import current_rss_mb, peak_rss_mb
 from orchestrator.runfolder import ALWAYS_ON_STAGES, ON_DEMAND_STAGES
 from orchestrator.supervisor import SupervisorError
@@ -51,6 +52,9 @@ class StageControl:
         self._sampling: set[str] = set()                      # stages whose RSS is sampled now
         self._denoising = False
         self._last_sample = 0.0
+        # which on-demand stages stay up after a use (orchestrator/keep_up.py; from its pack on the board model)
+        self.keep = keep_up.for_job(daemon, job)
+        report.keep_up = self.keep.why
 
     # ------------------------------------------------------------ starting and stopping stages
 
@@ -60,7 +64,12 @@ class StageControl:
         deadline = time.monotonic() + self.settings.start_timeout_s
         self._up_since = time.time()             # a DYING after this is this start's last word
         if not self.cfg.is_remote(stage):
-            self._start_program(stage, gone_pid, deadline)
+            if not gone_pid and self._held(stage):
+                log.info("job %s: %s already up (keep_up %s): no start", self.job.id, stage, self.keep.why)
+            else:
+                self._stop_held(stage)
+                self._start_program(stage, gone_pid, deadline)
+                self.report.stage_starts[stage] = self.report.stage_starts.get(stage, 0) + 1
             self._sampling.add(stage)
         check = self._start_failed(stage)
         while True:
@@ -146,7 +155,23 @@ class StageControl:
         return (f"{said} (exit {EXIT_CONFIG}, not retried)" if said else
                 f"exited {EXIT_CONFIG} (a config or pack problem, not retried; see orchestrator logs {stage})")
 
+    def _held(self, stage: str) -> bool:
+        """Up from an earlier use this policy kept it for (a live process: its HELLO still has to answer)."""
+        return self.keep.after_use(stage) and self.sup.info(stage).live
+
+    def _stop_held(self, starting: str) -> None:
+        """The other on-demand stage, when kept up, stopped before `starting` comes up unless both fit together."""
+        live = [s for s in ON_DEMAND_STAGES if s != starting and self.keep.after_use(s) and not self.cfg.is_remote(s)
+                and self.sup.info(s).live]
+        for stage in self.keep.to_stop_before(starting, live):
+            log.info("job %s: %s stopped before %s starts (keep_up %s)", self.job.id, stage, starting, self.keep.why)
+            try:
+                self.sup.stop(stage, timeout_s=self.settings.stop_timeout_s, sleep=self.d.pump)
+            except SupervisorError as e:
+                raise StageFailed(stage, f"could not stop: {e}") from None
+
     def bring_down(self, stage: str) -> None:
+        """A stage's phase is over: stopped, or left up when the job's keep_up policy says so."""
         if self.cfg.is_remote(stage):
             return
         info = self.sup.info(stage)
@@ -154,14 +179,20 @@ class StageControl:
             self.report.stages[stage].see_rss(peak_rss_mb(info.pid))
             self.report.memory.add(stage, self.report.since_start(), current_rss_mb(info.pid))   # its last look
         self._sampling.discard(stage)
+        if self.keep.after_use(stage):
+            log.info("job %s: %s kept up (keep_up %s)", self.job.id, stage, self.keep.why)
+            return
         try:
             self.sup.stop(stage, timeout_s=self.settings.stop_timeout_s, sleep=self.d.pump)
         except SupervisorError as e:
             raise StageFailed(stage, f"could not stop: {e}") from None
 
     def tear_down_on_demand(self) -> None:
-        """Nothing heavy may be up while denoising: the local on-demand stages still live are stopped."""
+        """Nothing heavy may be up while denoising: the local on-demand stages still live are stopped (but one the
+        keep_up policy keeps up through the denoise: never on 8 GB)."""
         for name in ON_DEMAND_STAGES:
+            if self.keep.while_denoising(name):
+                continue
             if not self.cfg.is_remote(name) and self.sup.info(name).live:
                 self.sup.stop(name, timeout_s=self.settings.stop_timeout_s, sleep=self.d.pump)
 

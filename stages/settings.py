@@ -200,6 +200,9 @@ class OrchestratorSettings(Table, frozen=True):
     timing_plot_timeout_s: Float(0.0, 3600.0) = 120.0
     # prompts' contexts kept in RUN/cache/cond (orchestrator/cond_cache.py), least recently used dropped first; 0: off
     cond_cache_mb: Float(0.0, 1e6) = 256.0
+    # the encoder and VAE left up between uses (orchestrator/keep_up.py): auto (the board model's per-RAM policy:
+    # never beside the DiT while it denoises on 8 GB), never, idle (up while nothing denoises), always
+    keep_up: Literal["auto", "never", "idle", "always"] = "auto"
 
 
 class HttpSettings(Table, frozen=True):

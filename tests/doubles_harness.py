@@ -65,6 +65,7 @@ class Doubles:
         rf.pipeline_toml.write_text(f'run_dir = "."\npack_dir = "{packs[0]}"\npacks = [{more}]\nthreads = 1\n'
                                     "[timeouts]\nrequest_s = 2.0\n"
                                     "[stage.orchestrator]\nsample_interval_s = 0.05\nstart_timeout_s = 30\n"
+                                    'keep_up = "never"\n'
                                     f"stage_retries = 1\ntiming_plot_timeout_s = {120 if timing_plot else 0}\n"
                                     f"[stage.http]\nport = 0\npoll_s = 0.1\n{extra_toml}")
         proc = subprocess.Popen([str(BIN / "supervisord"), "-n", "-c", str(rf.supervisord_conf)],

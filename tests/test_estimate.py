@@ -195,6 +195,58 @@ def test_the_estimate_is_the_board_benchs_projection(policy, cfg):
     assert cpu.decode_s == pytest.approx(155.04)             # the reference's sd.cpp CPU VAE at 512x512 (R11)
 
 
+def test_auto_prices_the_pack_the_board_model_picks_as_the_bench_does():
+    """No run folder, `auto`: the 1 MP Turbo 8-step cfg 1 job on the pack bench/overhead.py --analytic --policy auto
+    prices (the sharded pack auto picks: 875 s of denoise, not the unsharded pack's), and its encoder at cfg 1 (the
+    prompt alone): the bench's own job seconds, line for line, cold and with every prompt cached (--warm; on 8 GB
+    the VAE is not kept up through the denoise, so the two differ by the encoder alone)."""
+    sys.path.insert(0, str(ROOT))
+    from bench import overhead
+    spec = parse_prompt_obj({"prompt": "a lighthouse", "negative_prompt": "blurry", "width": 1024, "height": 1024,
+                             "steps": 8, "cfg": 1, "sampler": "er_sde", "scheduler": "simple", "spectrum": False},
+                            resolution=[(1024, 1024)])
+    jobs = {}
+    for cached in (False, True):
+        e = jobs[cached] = estimate_spec(spec, {(1024, 1024): None}, BoardSettings(), cached=cached)
+        out = io.StringIO()
+        with redirect_stdout(out):
+            assert overhead.main(["--analytic", "--policy", "auto", "--board-ram", "8", "--vae", "npu", "--resolution",
+                                  "1024x1024", "--calls", "8", "--cfg", "1"] + (["--warm"] if cached else [])) == 0
+        bench_job = float(out.getvalue().strip().splitlines()[-1].split("job_s=")[1])
+        assert (e.calls, e.passes) == (8, 1) and "shards" in e.policy
+        assert round(e.job_s, 1) == pytest.approx(bench_job, abs=0.06)
+        assert (e.encode_s == 0.0) == cached and (cached or 23 < e.encode_s < 24)
+    assert jobs[False].job_s <= 1000.0            # issue 43's modelled target, FP16 pack, cold
+
+
+def test_an_unsharded_run_folder_pack_is_priced_as_built_and_says_what_shards_would_give(tmp_path):
+    """A run folder's 1 MP pack of one graph per branch (as `bundle` builds them): priced as the board runs it, with a
+    note naming `pack --shards N` and its denoise; that figure is bench/overhead.py --analytic --pack on the same pack
+    (auto weighing the sharded builds), and a pack built sharded is priced with its own shards (no note)."""
+    sys.path.insert(0, str(ROOT))
+    from bench import overhead
+    from tests.doubles_harness import fake_pack
+    pack = fake_pack(tmp_path / "p1024", 1024, 1024)
+    spec = parse_prompt_obj({"prompt": "a", "width": 1024, "height": 1024, "steps": 8, "cfg": 1,
+                             "sampler": "er_sde", "scheduler": "simple", "spectrum": False},
+                            resolution=[(1024, 1024)])
+    e = estimate_spec(spec, {(1024, 1024): pack}, BoardSettings())
+    note = next(n for n in e.notes if "not sharded" in n)
+    n, sharded_s = re.search(r"--shards (\d)` the denoise would be (\d+\.\d) s", note).groups()
+    assert int(n) > 1 and float(sharded_s) < e.denoise_s
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert overhead.main(["--analytic", "--pack", str(pack), "--policy", "auto", "--board-ram", "8", "--vae",
+                              "npu", "--resolution", "1024x1024", "--calls", "8", "--cfg", "1"]) == 0
+    bench_job = float(out.getvalue().strip().splitlines()[-1].split("job_s=")[1])
+    assert e.encode_s + float(sharded_s) + e.decode_s == pytest.approx(bench_job, abs=0.15)
+    man = json.loads((pack / "manifest.json").read_text())
+    man["shards"] = {"n": int(n), "cuts": {"self": "heads", "cross": "heads", "ffn": "heads"}}
+    (pack / "manifest.json").write_text(json.dumps(man))
+    again = estimate_spec(spec, {(1024, 1024): pack}, BoardSettings())
+    assert not any("not sharded" in x for x in again.notes) and again.denoise_s < e.denoise_s
+
+
 def test_estimate_line_round_trips_and_keeps_its_format():
     e = Estimate(39.0, 553.84, 25.0, 11, 2, "auto: prefetch2", 8, (512, 512), "models/board/cost.toml")
     assert LINE.match(e.line()) and e.line() == ("estimate job_s=617.8 encode_s=39.0 denoise_s=553.8 decode_s=25.0 "

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from models.board.cost import LABEL, BoardModel
+from models.board.cost import LABEL, BoardModel, load_cost
 from models.board.pace import scale_note
 
 SPECTRUM_COMPUTED = 11            # of 20 steps (R8, docs/board-figures.md)
@@ -120,24 +120,65 @@ def check_vae(vae: str) -> str:
     return vae
 
 
-def vae_stays_up(model: BoardModel, budget_mib: float, used_mib: float) -> bool:
-    """Whether the NPU VAE may stay up between jobs (MODELLED): its resident memory, scaled with the picture as its
-    time is, fits in the board's context budget beside what the DiT policy's contexts take (`used_mib`)."""
+def _job_figure(model: BoardModel, key: str) -> float:
+    """A cost.toml [job] figure of the model's cost file; the project's own where a board's calibration made before
+    the figure existed lacks it."""
     j = model.cost["job"]
-    need = float(j["vae_npu_resident_mib_estimate"]) * model.shape.tokens / model.ref.tokens
-    return budget_mib - used_mib >= need
+    return float(j[key] if key in j else load_cost()["job"][key])
 
 
-def job_figures(model: BoardModel, warm: bool = False, vae_up: bool = False) -> dict:
+STAYS_UP_RULE_GB = 8          # at or under this RAM nothing heavy is up beside the DiT while it denoises
+
+
+def resident_mib(model: BoardModel, stage: str) -> float:
+    """What an on-demand stage holds while up (MODELLED, cost.toml [job]): the NPU VAE's scales with the picture as
+    its time does; the encoder's is its weights, whatever the size."""
+    if stage == "vae":
+        return _job_figure(model, "vae_npu_resident_mib_estimate") * model.shape.tokens / model.ref.tokens
+    if stage == "encoder":
+        return _job_figure(model, "encoder_resident_mib_estimate")
+    raise ValueError(f"stage {stage!r}: encoder or vae")
+
+
+def stays_up_while_denoising(model: BoardModel, ram_gb: float, budget_mib: float, used_mib: float,
+                             stage: str = "vae") -> bool:
+    """Whether an on-demand stage (the NPU VAE, the encoder) may stay up while the DiT denoises (MODELLED): never on
+    an 8 GB board (the rule the pipeline keeps: the encoder and the VAE are down before DENOISE), else when its
+    resident memory fits in the board's context budget beside what the DiT policy's contexts take (`used_mib`)."""
+    if ram_gb <= STAYS_UP_RULE_GB:
+        return False
+    return budget_mib - used_mib >= resident_mib(model, stage)
+
+
+def fit_together(model: BoardModel, budget_mib: float, stages) -> bool:
+    """Whether on-demand stages may be up at once while nothing denoises (MODELLED): their resident memory together
+    within the context budget (the DiT's contexts are not counted: no call is out)."""
+    return sum(resident_mib(model, s) for s in stages) <= budget_mib
+
+
+def encoder_s(model: BoardModel, passes: int = 2, pairs: int = 1) -> float:
+    """The encoder stage's seconds for one job (MODELLED, cost.toml [job]): its start and weights
+    (encoder_load_s_estimate), then its compute, which is linear in the tokens it runs (models/text runs a prompt's
+    own tokens, no padding): the estimate's two texts of encoder_prompt_tokens_estimate tokens at cfg > 1; at cfg 1
+    (`passes` 1) the pipeline sends no negative prompt (orchestrator/flow.py: no unconditional pass reads it), so
+    the encoder runs the prompt and the empty text's single token. `pairs`: prompt pairs encoded in the one start
+    (a hires pass's own prompts are a second pair)."""
+    load, tokens = _job_figure(model, "encoder_load_s_estimate"), _job_figure(model, "encoder_prompt_tokens_estimate")
+    per_token = (_job_figure(model, "encoder_s_estimate") - load) / (2 * tokens)
+    return load + pairs * per_token * (2 * tokens if passes > 1 else tokens + 1)
+
+
+def job_figures(model: BoardModel, warm: bool = False, vae_up: bool = False, passes: int = 2) -> dict:
     """Encode and decode on the board (MODELLED): the reference's sd.cpp CPU VAE (R11, a 512x512 picture) and the two
     estimates, the decodes scaled by the picture's size. The VAE is convolutions (and tiles of a fixed size), so
     its work is linear in the pixels: tokens x 256 (one image token is 16x16 pixels). The encoder's work is the
-    prompt's, whatever the size. `warm`: the prompts' conditioning comes from the run folder's cache (no encoder
-    start, load or run); `vae_up`: the NPU VAE stayed up since the last job (vae_stays_up): no lifecycle."""
+    prompt's, whatever the size (encoder_s: the job's CFG `passes` say whether the negative prompt is encoded).
+    `warm`: the prompts' conditioning comes from the run folder's cache (no encoder start, load or run); `vae_up`:
+    the NPU VAE stayed up since the last job (stays_up_while_denoising): no lifecycle."""
     j = model.cost["job"]
     size = model.shape.tokens / model.ref.tokens
     npu = j["vae_npu_s_estimate"] - (j["vae_npu_lifecycle_s_estimate"] if vae_up else 0.0)
-    return {"encode_s": 0.0 if warm else j["encoder_s_estimate"], "decode_s": j["vae_cpu_s"] * size,
+    return {"encode_s": 0.0 if warm else encoder_s(model, passes), "decode_s": j["vae_cpu_s"] * size,
             "decode_npu_s": npu * size}
 
 
