@@ -3,7 +3,8 @@
     POST /sdapi/v1/txt2img   {prompt, negative_prompt, seed (-1 random), steps, cfg_scale, width, height,
                               sampler_name, scheduler, ...}  -> {"images": [base64 PNG], "parameters" (the
                               request with what ran: `parameters()`), "info": JSON text}
-    GET  /sdapi/v1/progress  -> {"progress", "eta_relative", "state": {...}, "current_image", "textinfo"}
+    GET  /sdapi/v1/progress  -> {"progress", "eta_relative", "state": {...}, "current_image", "textinfo"}: over the
+                              whole request (`request_progress`)
     GET  /sdapi/v1/sd-models, /samplers, /schedulers, /scripts, /options
     POST /sdapi/v1/interrupt -> {} (the running job is cancelled)
 
@@ -299,11 +300,12 @@ def _batch_info(info: dict, jobs: list, pngs: list, batch_size: int) -> dict:
             "infotexts": [_infotext(p) for p in pngs]}
 
 
-async def run_job(front, spec: dict):
+async def run_job(front, spec: dict, image: int = 1, images: int = 1):
     """Queue `spec` and wait for its end (a client that goes away leaves the job running) -> (job, PNG bytes), or
-    (the JobFailed answer, None); the daemon's refusal of a field is 422 as every A1111 validation error."""
+    (the JobFailed answer, None); the daemon's refusal of a field is 422 as every A1111 validation error. The origin
+    keeps the job's `image` of the request's `images` (what /progress counts the request by)."""
     try:
-        sub = await submit_job(front, spec, {"api": "a1111"})
+        sub = await submit_job(front, spec, {"api": "a1111", "image": image, "images": images})
     except BadRequest as e:
         raise _unprocessable(e) from None
     except DaemonRefused as e:                       # the daemon's word on a field (e.g. a size without a pack)
@@ -334,7 +336,7 @@ async def run_jobs(front, spec: dict, count: int, finish=None, request: web.Requ
             return json_response({"error": "Interrupted", "detail": f"the client went away: {count - k} of "
                                   f"{count} images not queued"}, 409), None
         one = spec if k == 0 else {**spec, "seed": (jobs[0].spec["seed"] + k) % 2**64}
-        job, png = await run_job(front, one)
+        job, png = await run_job(front, one, k + 1, count)
         if png is None:
             return job, None
         jobs.append(job)
@@ -369,23 +371,52 @@ async def txt2img(request: web.Request) -> web.Response:
     return json_response({"images": images, "parameters": params, "info": json.dumps(info)})
 
 
+def _request_place(job: JobView) -> tuple[int, int]:
+    """The job's image of its A1111 request and the request's images, as run_jobs wrote them in the origin; (1, 1) for
+    a job from elsewhere (one job is the whole request)."""
+    o = job.origin
+    k, n = o.get("image"), o.get("images")
+    if o.get("api") == "a1111" and type(k) is int and type(n) is int and 1 <= k <= n:
+        return k, n
+    return 1, 1
+
+
+def request_progress(job: JobView, blocks: int | None) -> tuple[float, int, int, int, int]:
+    """Where the running job stands in the whole A1111 request, counted as A1111's shared.state counts it: each image's
+    sampling pass is one of job_count jobs (the first passes of a job's images, then their hires passes), job_no the
+    running one (0-based), sampling_step/sampling_steps within it, progress the request's fraction done.
+    -> (progress, job_no, job_count, sampling_step, sampling_steps)."""
+    k, n = _request_place(job)
+    where, p = job.info.denoise_pass, job.info.progress
+    images = where.images if where is not None else max(1, int(job.spec.get("batch") or 1))
+    per_job = images * (2 if job.spec.get("hires") else 1)
+    unit, within, step, steps = 0, 0.01, 0, 0          # encoding: the job's first pass not begun
+    if job.state == "decoding":
+        unit, within = per_job - 1, 1.0                # every pass done (the cap keeps it under 1)
+    elif job.state == "denoising":
+        unit = 0 if where is None else (images if where.name == "hires" else 0) + where.image - 1
+        within = 0.0
+        if p is not None:
+            branches = (branch_index(p.block, p.branch) + 1) / (len(KINDS) * (blocks or p.blocks or 1))
+            within, step, steps = (p.step - 1 + branches) / p.steps, p.step, p.steps
+    job_no, job_count = (k - 1) * per_job + unit, n * per_job
+    return min(0.99, (job_no + within) / job_count), job_no, job_count, step, steps
+
+
 async def progress(request: web.Request) -> web.Response:
     tracker = request.app[FRONT].tracker
-    active = await tracker.fresh()
+    await tracker.fresh()
     job = tracker.running()
-    frac, eta, step, steps, text = 0.0, 0.0, 0, 0, None
+    frac, eta, job_no, job_count, step, steps, text = 0.0, 0.0, 0, 0, 0, 0, None
     if job is not None:
-        p, text = job.info.progress, f"{job.id}: {job.state}"
-        frac = {"encoding": 0.01, "decoding": 0.99}.get(job.state, 0.0)
-        if job.state == "denoising" and p is not None:
-            blocks = tracker.blocks_of(job) or 1
-            within = (branch_index(p.block, p.branch) + 1) / (len(KINDS) * blocks)
-            frac = min(0.99, (p.step - 1 + within) / p.steps)
-            eta, step, steps = p.eta_s or 0.0, p.step, p.steps
+        text = f"{job.id}: {job.state}"
+        frac, job_no, job_count, step, steps = request_progress(job, tracker.blocks_of(job))
+        if job.state == "denoising" and job.info.progress is not None:
+            eta = job.info.progress.eta_s or 0.0
     created = job.info.created if job is not None else time.time()
     state = {"skipped": False, "interrupted": False, "stopping_generation": False,
-             "job": job.id if job is not None else "", "job_count": len(active),
-             "job_timestamp": time.strftime("%Y%m%d%H%M%S", time.localtime(created)), "job_no": 0,
+             "job": job.id if job is not None else "", "job_count": job_count,
+             "job_timestamp": time.strftime("%Y%m%d%H%M%S", time.localtime(created)), "job_no": job_no,
              "sampling_step": step, "sampling_steps": steps}
     return json_response({"progress": round(frac, 4), "eta_relative": round(eta, 1), "state": state,
                           "current_image": None, "textinfo": text, "current_task": job.id if job else None})
