@@ -595,3 +595,33 @@ def test_a1111_parameters_echo_what_ran(d):
     text = info["infotexts"][0]
     assert f"Sampler: {params['sampler_name']}, Schedule type: {params['scheduler']}" in text, (params, text)
     assert (params["steps"], params["cfg_scale"], params["seed"]) == (1, 7.0, 3)
+
+
+def test_a1111_progress_counts_the_whole_batch(d):
+    """A txt2img batch of 2 (two jobs, one after another): /sdapi/v1/progress counts both as one request, job_count 2,
+    the second job job_no 1 from half-way on, and `progress` does not start again at 0 for the second image."""
+    url = d.http_url()
+    d.flag("double_step_s", "0.4")
+    looks, done = [], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            p = requests.get(url + "sdapi/v1/progress", timeout=30).json()
+            if p["state"]["job"]:
+                looks.append((p["state"]["job"], p["state"]["job_no"], p["state"]["job_count"], p["progress"]))
+            time.sleep(0.1)
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        r = requests.post(url + "sdapi/v1/txt2img", json={"prompt": "a batch watched", "seed": 4, "steps": 3,
+                                                           "width": 64, "height": 64, "batch_size": 2}, timeout=120)
+    finally:
+        done.set()
+        t.join()
+        d.flag("double_step_s", None)
+    assert r.status_code == 200, r.text
+    jobs = json.loads(r.json()["info"])["extra_generation_params"]["Job"]
+    assert {c for _, _, c, _ in looks} == {2}, looks
+    second = [(n, f) for job, n, _, f in looks if job != jobs]
+    assert second and all(n == 1 and f >= 0.5 for n, f in second), looks
+    assert [f for *_, f in looks] == sorted(f for *_, f in looks), looks
