@@ -26,7 +26,7 @@ def front(tmp_path, monkeypatch):
     f.front.rf.root.mkdir(mode=0o700)
     f.ran = []
 
-    async def run_job(front_, spec):              # the job: a flat green picture with a PNG text chunk
+    async def run_job(front_, spec, image=1, images=1):   # the job: a flat green picture with a PNG text chunk
         from PIL.PngImagePlugin import PngInfo
         f.ran.append(spec)
         buf, info = io.BytesIO(), PngInfo()
@@ -296,7 +296,7 @@ def test_a_refused_img2img_leaves_no_kept_images(front, monkeypatch):
     from orchestrator.http import img2img
     folder = front.front.rf.root / "temp" / "a1111"
 
-    async def refused(front_, spec):
+    async def refused(front_, spec, image=1, images=1):
         front.ran.append((spec["init_image"], sorted(p.name for p in folder.iterdir())))   # there for the SUBMIT
         raise refuse(429, "the queue is full")
     monkeypatch.setattr("orchestrator.http.a1111.run_job", refused)
