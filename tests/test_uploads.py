@@ -280,7 +280,7 @@ def queued(monkeypatch):
     from orchestrator.http.common import json_response
     specs = []
 
-    async def run_job(front_, spec):
+    async def run_job(front_, spec, image=1, images=1):
         specs.append(spec)
         return json_response({"error": "JobFailed", "detail": "stand-in: not run", "field": "stand_in"}, 500), None
     monkeypatch.setattr("orchestrator.http.a1111.run_job", run_job)
