@@ -389,7 +389,8 @@ def main(argv=None) -> int:
         _say(f"supervisord keeps running (scheduler, executor and {stays} for the next job):\n"
              f"  {bin_dir}/orchestrator --run {rf.root} submit {args.prompt} --wait    # another job\n"
              f"  {bin_dir}/supervisorctl -c {conf} status\n"
-             f"  {bin_dir}/supervisorctl -c {conf} shutdown                    # stop everything\n{page}")
+             f"  {bin_dir}/supervisorctl -c {conf} shutdown                    # stop everything\n{page}\n"
+             f"  every workflow on this folder (generate, A1111, ComfyUI, the page): docs/cookbook.md")
     return 0
 
 
