@@ -157,7 +157,7 @@ def prepare_run(run: Path, models: Path, packs: list[Path], port: int | None = N
         init_run(run, pack_dir=pack, packs=more, models_dir=models, force=True)
         changed = True
     before = toml.read_text()
-    add_packs(rf, more, [])                               # a folder of an older demo: the sizes it lacks
+    add_packs(rf, _sizes_lacking(toml, more), [])        # a folder of an older demo: the sizes it lacks
     text = toml.read_text()
     if changed and port is None:
         text = _http_port_for_demo(text)
@@ -171,15 +171,23 @@ def prepare_run(run: Path, models: Path, packs: list[Path], port: int | None = N
     return rf, changed
 
 
+def _sizes_lacking(toml: Path, packs: list[Path]) -> list[Path]:
+    """The packs of `packs` whose size no pack of the run folder serves (a pack added by hand for a size is kept)."""
+    from orchestrator.packs import pack_sizes, read_pack
+    have = set(pack_sizes(toml) or ())
+    return [p for p in packs if read_pack(p).size not in have]
+
+
 def _unmarked(text: str) -> str:
     return text.split("\n", 1)[1] if text.startswith(DEMO_MARK) else text
 
 
 def _with_http_port(text: str, port: int) -> str:
     """pipeline.toml's text with [stage.http] port = `port` (the line replaced or added; nothing else changes)."""
-    head, sep, rest = text.partition("[stage.http]\n")
-    if not sep:
+    table = re.search(r"^[ \t]*\[stage\.http\][ \t]*(#[^\n]*)?\n", text, re.M)
+    if table is None:
         return f"{text.rstrip()}\n[stage.http]\nport = {port}\n"
+    head, sep, rest = text[:table.start()], table.group(), text[table.end():]
     section, nxt, tail = rest.partition("\n[")
     lines = section.split("\n")
     at = next((i for i, line in enumerate(lines) if re.match(r"[ \t]*port[ \t]*=", line)), None)

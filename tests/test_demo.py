@@ -217,3 +217,10 @@ def test_an_older_demo_folder_gets_the_sizes_it_lacks_as_an_edit(tmp_path):
     cfg = load_config(rf.pipeline_toml)
     assert changed and cfg.packs == (pack.resolve(), more.resolve())
     assert cfg.stage_settings("scheduler")["branch_timeout_s"] == 77
+    mine = fake_pack(tmp_path / "mine", 128, 128)              # a size the user added a pack of by hand: kept,
+    text = rf.pipeline_toml.read_text().replace("packs = [", f'packs = ["{mine}", ')     # the demo's not added
+    rf.pipeline_toml.write_text(text)
+    rf, changed = demo.prepare_run(tmp_path / "run", models, [pack, more, fake_pack(tmp_path / "d128", 128, 128)])
+    assert not changed and rf.pipeline_toml.read_text() == text
+    assert demo._with_http_port("a = 1\n[stage.http]  # the front\nhost = \"x\"\n[stage.vae]\nport = 3\n", 9) == \
+        "a = 1\n[stage.http]  # the front\nport = 9\nhost = \"x\"\n[stage.vae]\nport = 3\n"
