@@ -131,8 +131,9 @@ def test_every_cookbook_command_runs_on_the_demo_folder(demo_folder):
     Supervisor(run / "supervisor.sock").wait_gone()           # the last block stopped it
     with pytest.raises(SupervisorError):
         Supervisor(run / "supervisor.sock").ping()
-    left = [p.pid for p in psutil.process_iter(["cmdline"]) if str(run) in " ".join(p.info["cmdline"] or ())]
-    assert left == [] and list_segments(run_prefix(run)) == []
+    mine = [p for p in psutil.process_iter(["cmdline"]) if str(run) in " ".join(p.info["cmdline"] or ())]
+    _, left = psutil.wait_procs(mine, timeout=30)      # supervisord's socket goes just before its process does
+    assert [p.info["cmdline"] for p in left] == [] and list_segments(run_prefix(run)) == []
 
 
 def _do_on_the_page(steps: str, root: Path) -> None:
