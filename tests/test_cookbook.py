@@ -26,12 +26,12 @@ DOC_DEFAULT, TEST_DEFAULT = 256, 128                 # the demo's default size o
 BLOCK_S = 600                                        # one block's commands, at most
 CHROMIUM = Path("/usr/bin/chromium")
 # the images the page's commands write (in the checkout's folder), at the page's sizes
-IMAGES = {"first.png": (256, 256), "out.png": (512, 512), "hires.png": (384, 384), "lora.png": (256, 256),
-          "two-loras.png": (256, 256), "inpaint.png": (256, 256), "a1111.png": (384, 384),
+IMAGES = {"first.png": (256, 256), "out.png": (512, 512), "hires.png": (384, 384), "two-loras.png": (256, 256),
+          "inpaint.png": (256, 256), "a1111.png": (384, 384),
           "a1111-inpaint.png": (256, 256), "comfy.png": (256, 256), "comfy-img2img.png": (256, 256)}
 # what each job was, from the PNG's own record (its `anima` chunk): its LoRAs (A1111 names them by their stem) and
 # which of hires, init_image, mask it had
-LORAS = {"lora.png": ["demo-style.safetensors"], "two-loras.png": ["demo-style.safetensors", "mine.safetensors"],
+LORAS = {"two-loras.png": ["demo-style.safetensors", "mine.safetensors"],
          "a1111.png": ["demo-style"], "comfy.png": ["demo-style.safetensors"], "first.png": []}
 KINDS = {"first.png": set(), "out.png": set(), "hires.png": {"hires"}, "a1111.png": {"hires"},
          "inpaint.png": {"init_image", "mask"}, "a1111-inpaint.png": {"init_image", "mask"},
