@@ -4,8 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 RUN ?= $(CURDIR)/run
-# extra demo flags, e.g. make demo DEMO_ARGS="--resolution 512x512 --stop"
+# extra demo flags, e.g. make demo DEMO_ARGS="--resolution 512x512 --stop"; PORT: the HTTP front's (make demo PORT=8190)
 DEMO_ARGS ?=
+PORT ?=
 
 .PHONY: demo test test-setup venv clean bench rknn-venv chromium board-check py310-check arm64-check
 
@@ -18,7 +19,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m orchestrator.demo --run $(RUN) $(DEMO_ARGS)
+	$(BIN)/python -m orchestrator.demo --run $(RUN) $(if $(PORT),--port $(PORT)) $(DEMO_ARGS)
 
 # rknn-toolkit2 (the x86 RKNN compiler + simulator) in its own environment; its pins clash with .venv.
 RKNN_STAMP := .venv-rknn/.rknn-installed

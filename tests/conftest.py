@@ -156,8 +156,9 @@ def open_inproc_daemon(tmp_path, pack_hook=None):
 # worker idle at the end). Modules not listed (under 8 s) keep their order after these.
 LONGEST_FIRST = ("test_board_check.py", "test_chaos.py", "test_e2e_pipeline.py", "test_hardening_pipeline.py",
                  "test_samplers_comfy_model.py", "test_quant.py", "test_lora_pipeline.py", "test_http_doubles.py",
-                 "test_demo.py", "test_cli_commands.py", "test_img2img_pipeline.py", "test_hires_flow.py", "test_stage_processes.py",
-                 "test_orchestrator_flow.py", "test_bundle.py", "test_orchestrator_hardening.py",
+                 "test_cookbook.py", "test_demo.py", "test_cli_commands.py", "test_img2img_pipeline.py",
+                 "test_hires_flow.py", "test_stage_processes.py", "test_orchestrator_flow.py", "test_bundle.py",
+                 "test_orchestrator_hardening.py",
                  "test_http_page.py", "test_batch_flow.py", "test_shards.py", "test_long_context.py",
                  "test_rknn_backend.py", "test_rknn_compile.py", "test_http_settings.py", "test_lifecycle.py",
                  "test_policies_pipeline.py", "test_daily_use.py", "test_img2img_flow.py",

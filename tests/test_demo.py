@@ -63,30 +63,30 @@ def test_make_demo_path_runs_a_job_keeps_supervisord_then_stops_it(pipeline_asse
     import psutil
     from PIL import Image
 
-    from orchestrator.runfolder import init_run
     from protocol.arena import list_segments, run_prefix
-    models, pack = pipeline_assets
+    from stages.config import load_config
+    models, _ = pipeline_assets
     root = Path(tempfile.mkdtemp(prefix="anima-demo-"))
     try:
-        bundle = root / "bundle"
-        bundle.mkdir()
-        (bundle / "models").symlink_to(models)                       # the session's tiny bundle and 128x128 pack,
-        (bundle / "pack-128x128").symlink_to(pack)                   # as the demo lays them out
+        bundle = root / "bundle"                                     # the session's tiny models as hard links (the
+        shutil.copytree(models, bundle / "models", copy_function=os.link)     # demo adds its LoRA to its copy)
         run = root / "run"
-        rf = init_run(run, pack_dir=bundle / "pack-128x128", models_dir=bundle / "models")
-        text = rf.pipeline_toml.read_text()                         # the demo's own file, its front on a free port
-        rf.pipeline_toml.write_text(f"{demo.DEMO_MARK}the embedded tiny model (test)\n{text}port = 0\n")
+        rf = demo.RunFolder.resolve(run)
         prompt = root / "prompt.json"
         prompt.write_text(json.dumps({"prompt": "1girl, demo", "seed": 3, "steps": 2, "spectrum": False}))
         cmd = [sys.executable, "-m", "orchestrator.demo", "--run", str(run), "--bundle", str(bundle),
-               "--resolution", "128x128", "--prompt", str(prompt)]
+               "--resolution", "128x128", "--prompt", str(prompt), "--port", "0"]
         first = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ})
         assert first.returncode == 0, first.stderr[-3000:]
         out = dict(line.split(":  ", 1) if ":  " in line else line.split(": ", 1) for line in first.stdout.splitlines())
         image, report = Path(out["image"].strip()), Path(out["report"].strip())
         assert Image.open(image).size == (128, 128) and json.loads(report.read_text())["stages"]
         err = first.stderr
-        for says in ("models and pack ready", "4) starting supervisord", "5) job", "stage ", "done in",
+        assert (bundle / "models" / "loras" / demo.DEMO_LORA).is_file()
+        cfg = load_config(rf.pipeline_toml)
+        assert [p.name for p in cfg.packs] == [f"pack-{s}x{s}-lora8" for s in (128, 192, 256)]
+        assert cfg.stage_settings("http")["port"] == 0
+        for says in ("models, LoRA and packs ready", "4) starting supervisord", "5) job", "stage ", "done in",
                      "supervisord keeps running", "web page: http://127.0.0.1:"):
             assert says in err, (says, err[-2000:])
         assert Supervisor(rf.supervisor_sock).ping() == "RUNNING"    # left up for the next job
@@ -122,10 +122,10 @@ def test_the_demo_takes_a_free_port_when_comfyuis_is_taken(tmp_path, capsys):
             holder.listen(1)
         except OSError:
             pass                                  # something here holds it already: taken either way
-        rf, changed = demo.prepare_run(tmp_path / "run", models, pack)
+        rf, changed = demo.prepare_run(tmp_path / "run", models, [pack])
         assert changed and "port 8188 is taken" in capsys.readouterr().err
         assert load_config(rf.pipeline_toml).stage_settings("http")["port"] == 0
-        rf, changed = demo.prepare_run(tmp_path / "run", models, pack)      # the same demo again: nothing changes
+        rf, changed = demo.prepare_run(tmp_path / "run", models, [pack])      # the same demo again: nothing changes
         assert not changed and load_config(rf.pipeline_toml).stage_settings("http")["port"] == 0
     finally:
         holder.close()
@@ -143,13 +143,84 @@ def test_a_demo_folder_that_gained_packs_is_still_the_demos(tmp_path, capsys):
     pack, more, models = fake_pack(tmp_path / "pack", 64, 64), fake_pack(tmp_path / "more", 32, 32), tmp_path / "m"
     models.mkdir()
     run = tmp_path / "run"
-    rf, _ = demo.prepare_run(run, models, pack)
+    rf, _ = demo.prepare_run(run, models, [pack])
     assert cli.main(["--run", str(run), "init", "--add-pack", str(more)]) == 0
     text = rf.pipeline_toml.read_text()
-    rf, changed = demo.prepare_run(run, models, pack)
+    rf, changed = demo.prepare_run(run, models, [pack])
     assert not changed and rf.pipeline_toml.read_text() == text
     assert load_config(rf.pipeline_toml).packs == (pack.resolve(), more.resolve())
     assert cli.main(["--run", str(run), "init", "--force", "--pack", str(pack), "--pack", str(more),
                      "--models", str(models)]) == 0            # the demo's mark gone: still the demo's folder
-    rf, changed = demo.prepare_run(run, models, pack)
+    rf, changed = demo.prepare_run(run, models, [pack])
     assert not changed and load_config(rf.pipeline_toml).packs == (pack.resolve(), more.resolve())
+
+
+def test_the_demo_makes_every_readme_size_and_a_lora(tmp_path, capsys):
+    """Issue 44: the demo had one plain 256x256 pack and no LoRA, so the README's own `generate ... -W 512 -H 512`,
+    its `--hires 1.5` and any LoRA were refused on the demo's folder. Its packs are now 256, 384 and 512 (the
+    default first), all LoRA-ready, and its models folder has a LoRA in loras/ written by `anima-models synth lora`
+    (the file equal to the one that command writes)."""
+    from models.cli import main as models_main
+    from models.packs.pack import load_pack
+    assert demo.demo_sizes(demo.DEFAULT_RESOLUTION) == [(256, 256), (384, 384), (512, 512)]
+    assert demo.demo_sizes((200, 120)) == [(200, 120), (296, 176), (400, 240)]     # each side a multiple of 8
+    models = tmp_path / "bundle" / "models"
+    models.mkdir(parents=True)
+    lora = demo.write_demo_lora(models)
+    assert lora == models / "loras" / "demo-style.safetensors"
+    assert models_main(["synth", "lora", *demo.DEMO_LORA_ARGS, "--out", str(tmp_path / "cli.safetensors")]) == 0
+    assert lora.read_bytes() == (tmp_path / "cli.safetensors").read_bytes()
+    assert "anima-models synth lora --preset tiny" in capsys.readouterr().err
+    demo.write_demo_lora(models)                                         # kept: nothing said, nothing written
+    assert capsys.readouterr().err == ""
+    _, packs = demo.prepare_models(tmp_path / "bundle", (64, 64))       # tiny sizes: a few seconds
+    assert [p.name for p in packs] == ["pack-64x64-lora8", "pack-96x96-lora8", "pack-128x128-lora8"]
+    assert [load_pack(p).geometry.lora_rank for p in packs] == [demo.LORA_RANK] * 3
+
+
+def test_make_demo_port_sets_the_fronts_port_and_keeps_the_rest(tmp_path, capsys):
+    """`make demo PORT=8190` (the demo's --port): [stage.http] port in the demo's pipeline.toml, the line replaced
+    when there, every other line kept; the same port again changes nothing (no restart); a bad port is exit 2."""
+    import subprocess
+    from stages.config import load_config
+    from tests.doubles_harness import fake_pack
+    dry = subprocess.run(["make", "-n", "demo", "PORT=8190", "STAMP="], cwd=demo.REPO_DIR, capture_output=True,
+                         text=True, timeout=60)
+    assert "-m orchestrator.demo --run" in dry.stdout and "--port 8190" in dry.stdout, dry.stdout + dry.stderr
+    pack, models = fake_pack(tmp_path / "pack", 64, 64), tmp_path / "models"
+    models.mkdir()
+    rf, changed = demo.prepare_run(tmp_path / "run", models, [pack], 8190)
+    assert changed and load_config(rf.pipeline_toml).stage_settings("http")["port"] == 8190
+    text = rf.pipeline_toml.read_text().replace("port = 8190", "port = 8190   # mine") + "# a note of mine\n"
+    rf.pipeline_toml.write_text(text)
+    rf, changed = demo.prepare_run(tmp_path / "run", models, [pack])            # no --port: the file's is kept
+    assert not changed and rf.pipeline_toml.read_text() == text
+    rf, changed = demo.prepare_run(tmp_path / "run", models, [pack], 8191)
+    assert changed and rf.pipeline_toml.read_text() == text.replace("port = 8190   # mine", "port = 8191")
+    with pytest.raises(SystemExit) as e:
+        demo.main(["--run", str(tmp_path / "run"), "--port", "70000"])
+    assert e.value.code == 2 and "--port" in capsys.readouterr().err
+
+
+def test_an_older_demo_folder_gets_the_sizes_it_lacks_as_an_edit(tmp_path):
+    """A demo folder whose default pack is the demo's but that lacks some of its sizes (made before they were
+    added) gets them added as `init --add-pack` does: its hand edits stay, and the config counts as changed (a
+    running pipeline is restarted to see them)."""
+    from stages.config import load_config
+    from tests.doubles_harness import fake_pack
+    pack, more, models = fake_pack(tmp_path / "pack", 64, 64), fake_pack(tmp_path / "more", 96, 96), tmp_path / "m"
+    models.mkdir()
+    rf, _ = demo.prepare_run(tmp_path / "run", models, [pack])
+    edited = rf.pipeline_toml.read_text() + "[stage.scheduler]\nbranch_timeout_s = 77\n"
+    rf.pipeline_toml.write_text(edited)
+    rf, changed = demo.prepare_run(tmp_path / "run", models, [pack, more])
+    cfg = load_config(rf.pipeline_toml)
+    assert changed and cfg.packs == (pack.resolve(), more.resolve())
+    assert cfg.stage_settings("scheduler")["branch_timeout_s"] == 77
+    mine = fake_pack(tmp_path / "mine", 128, 128)              # a size the user added a pack of by hand: kept,
+    text = rf.pipeline_toml.read_text().replace("packs = [", f'packs = ["{mine}", ')     # the demo's not added
+    rf.pipeline_toml.write_text(text)
+    rf, changed = demo.prepare_run(tmp_path / "run", models, [pack, more, fake_pack(tmp_path / "d128", 128, 128)])
+    assert not changed and rf.pipeline_toml.read_text() == text
+    assert demo._with_http_port("a = 1\n[stage.http]  # the front\nhost = \"x\"\n[stage.vae]\nport = 3\n", 9) == \
+        "a = 1\n[stage.http]  # the front\nport = 9\nhost = \"x\"\n[stage.vae]\nport = 3\n"

@@ -1,0 +1,187 @@
+"""docs/cookbook.md, run: every fenced `sh` block as one bash script and the `page` block in Chromium, in the page's
+order, on one demo folder (`python -m orchestrator.demo`, what `make demo` runs) started once for the module.
+
+The blocks are read from the page itself, so the page and this test cannot drift apart. To fit the suite's time the
+demo is made at half the page's default size (--resolution 128x128: packs 128, 192 and 256 instead of 256, 384 and
+512) and each command is shrunk the same way before it runs: every size it names halved, every step count 2, the
+page's URL the front's (the demo takes a free port here). A command this shrinking does not cover fails the test
+(`_shrunk`), rather than running at full size. Each image a command writes is checked at its size (halved)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[1]
+COOKBOOK = REPO / "docs" / "cookbook.md"
+DOC_DEFAULT, TEST_DEFAULT = 256, 128                 # the demo's default size on the page, and here
+BLOCK_S = 600                                        # one block's commands, at most
+CHROMIUM = Path("/usr/bin/chromium")
+# the images the page's commands write (in the checkout's folder), at the page's sizes
+IMAGES = {"first.png": (256, 256), "out.png": (512, 512), "hires.png": (384, 384), "two-loras.png": (256, 256),
+          "inpaint.png": (256, 256), "a1111.png": (384, 384),
+          "a1111-inpaint.png": (256, 256), "comfy.png": (256, 256), "comfy-img2img.png": (256, 256)}
+# what each job was, from the PNG's own record (its `anima` chunk): its LoRAs (A1111 names them by their stem) and
+# which of hires, init_image, mask it had
+LORAS = {"two-loras.png": ["demo-style.safetensors", "mine.safetensors"],
+         "a1111.png": ["demo-style"], "comfy.png": ["demo-style.safetensors"], "first.png": []}
+KINDS = {"first.png": set(), "out.png": set(), "hires.png": {"hires"}, "a1111.png": {"hires"},
+         "inpaint.png": {"init_image", "mask"}, "a1111-inpaint.png": {"init_image", "mask"},
+         "comfy-img2img.png": {"init_image"}}
+
+
+def blocks(text: str) -> list[tuple[str, str]]:
+    """(language, body) of every fenced block of the page, in order."""
+    return [(m["lang"], m["body"]) for m in re.finditer(r"^```(?P<lang>\w*)\n(?P<body>.*?)^```$", text, re.M | re.S)]
+
+
+def _half(m: re.Match) -> str:
+    return f"{m['key']}{int(m['n']) * TEST_DEFAULT // DOC_DEFAULT}"
+
+
+STEPS = re.compile(r'(?P<key>--steps |--hires-steps |"steps": |"hr_second_pass_steps": |type )(?P<n>\d+)'
+                   r'(?P<tail> into (Hires steps|Steps))?')
+SIZES = re.compile(r'(?P<key>-W |-H |"width": |"height": )(?P<n>\d+)')
+PICK = re.compile(r'pick (?P<w>\d+)x(?P<h>\d+) in Size')
+
+
+def _shrunk(body: str, url: str) -> str:
+    """The block with the test's sizes, 2 steps a job and the front's URL; a step count left is an error (a size
+    left shows in its image's size)."""
+    out = body.replace("http://127.0.0.1:8188", url.rstrip("/"))
+    out = STEPS.sub(lambda m: f"{m['key']}2{m['tail'] or ''}" if m["key"] != "type " or m["tail"] else m[0], out)
+    out = SIZES.sub(_half, out)
+    out = PICK.sub(lambda m: f"pick {int(m['w']) // 2}x{int(m['h']) // 2} in Size", out)
+    left = [m[0] for m in re.finditer(r'steps\W{0,3}(?!2\b)\d+', out, re.I)]      # a size left: its image's check
+    assert not left, f"the test does not know how to shrink {left} in docs/cookbook.md:\n{body}"
+    return out
+
+
+def test_the_cookbook_opens_with_make_demo_and_holds_only_runnable_blocks():
+    """The page's blocks are all `sh` or `page` (what the test runs); the first is `make demo`, the one command the
+    test runs its own way (`python -m orchestrator.demo`, the Makefile's demo recipe, with its test arguments)."""
+    found = blocks(COOKBOOK.read_text())
+    assert found and {lang for lang, _ in found} <= {"sh", "page"}, [lang for lang, _ in found]
+    assert found[0] == ("sh", "make demo\n")
+    assert "-m orchestrator.demo --run $(RUN)" in (REPO / "Makefile").read_text()
+    assert _shrunk('generate x --steps 20 -W 512 -H 384\n"steps": 30, "width": 256', "http://h:1") == \
+        'generate x --steps 2 -W 256 -H 192\n"steps": 2, "width": 128'
+    with pytest.raises(AssertionError, match="does not know how to shrink"):
+        _shrunk("generate x --hires 2 --hires-steps=12 -W 512", "http://h:1")
+
+
+@pytest.fixture(scope="module")
+def demo_folder():
+    """The checkout's folder as the cookbook sees it, in a short /tmp folder: .venv and the demo's run/ (made by
+    the demo at 128x128, its front on a free port, its first job 2 steps); supervisord shut down at the end."""
+    from orchestrator.supervisor import Supervisor, SupervisorError
+    root = Path(tempfile.mkdtemp(prefix="anima-cb-", dir="/tmp"))
+    (root / ".venv").symlink_to(REPO / ".venv")
+    prompt = root / "two-steps.json"
+    prompt.write_text(json.dumps({"prompt": "1girl, demo", "seed": 3, "steps": 2}))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "orchestrator.demo", "--run", str(root / "run"), "--resolution",
+           f"{TEST_DEFAULT}x{TEST_DEFAULT}", "--port", "0", "--prompt", str(prompt)]
+    try:
+        made = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=BLOCK_S)
+        assert made.returncode == 0, made.stderr[-3000:]
+        yield root, env, json.loads((root / "run" / "http.json").read_text())["url"]
+    finally:
+        try:
+            sup = Supervisor(root / "run" / "supervisor.sock")
+            sup.shutdown()
+            sup.wait_gone()
+        except (SupervisorError, OSError):
+            pass
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_every_cookbook_command_runs_on_the_demo_folder(demo_folder):
+    import psutil
+    from orchestrator.supervisor import Supervisor, SupervisorError
+    from protocol.arena import list_segments, run_prefix
+    root, env, url = demo_folder
+    for i, (lang, body) in enumerate(blocks(COOKBOOK.read_text())[1:], 1):
+        script = _shrunk(body, url)
+        if lang == "page":
+            _do_on_the_page(script, root)
+            continue
+        r = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=root, env=env, capture_output=True,
+                           text=True, timeout=BLOCK_S)
+        assert r.returncode == 0, f"block {i} of docs/cookbook.md failed ({r.returncode}):\n{script}\n" \
+                                  f"--- stdout\n{r.stdout[-2000:]}\n--- stderr\n{r.stderr[-3000:]}"
+    for name, (w, h) in IMAGES.items():
+        png = Image.open(root / name)
+        assert png.size == (w // 2, h // 2), (name, png.size)
+    for name, loras in LORAS.items():
+        spec = json.loads(Image.open(root / name).text["anima"])
+        assert [entry["name"] for entry in spec.get("loras") or []] == loras, (name, spec.get("loras"))
+    for name, kind in KINDS.items():
+        spec = json.loads(Image.open(root / name).text["anima"])
+        assert {k for k in ("hires", "init_image", "mask") if spec.get(k)} == kind, (name, spec)
+    run = root / "run"
+    Supervisor(run / "supervisor.sock").wait_gone()           # the last block stopped it
+    with pytest.raises(SupervisorError):
+        Supervisor(run / "supervisor.sock").ping()
+    mine = [p for p in psutil.process_iter(["cmdline"]) if str(run) in " ".join(p.info["cmdline"] or ())]
+    _, left = psutil.wait_procs(mine, timeout=30)      # supervisord's socket goes just before its process does
+    assert [p.info["cmdline"] for p in left] == [] and list_segments(run_prefix(run)) == []
+
+
+def _do_on_the_page(steps: str, root: Path) -> None:
+    """The page block's lines in Chromium (Playwright): open URL, type X into LABEL, pick OPTION in LABEL, tick
+    LABEL, press BUTTON, wait until done. The job it made is checked at its size."""
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: the cookbook's page block needs Debian's chromium (`make test` "
+                    "installs it)")
+    from playwright.sync_api import sync_playwright
+    profile = Path(tempfile.mkdtemp(prefix="anima-chromium-"))
+    try:
+        with sync_playwright() as pw:
+            ctx = pw.chromium.launch_persistent_context(str(profile), executable_path=str(CHROMIUM), headless=True,
+                                                        args=["--no-sandbox", "--disable-gpu", "--no-first-run"],
+                                                        bypass_csp=True)
+            try:
+                page = ctx.new_page()
+                for line in filter(None, (s.strip() for s in steps.splitlines())):
+                    _page_step(page, line)
+                job = page.text_content("#live-job").split()[-1]
+            finally:
+                ctx.close()
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    assert Image.open(root / "run" / "jobs" / job / "image.png").size == (192, 192)      # hires 1.5 of 128
+
+
+def _page_step(page, line: str) -> None:
+    if m := re.fullmatch(r"open (\S+)", line):
+        page.goto(m[1])
+        page.wait_for_function("document.getElementById('size').options.length > 0")
+        page.wait_for_function("document.getElementById('conn').textContent === 'live'")
+    elif m := re.fullmatch(r'type "?(.*?)"? into (.+)', line):
+        _labelled(page, m[2]).fill(m[1])
+    elif m := re.fullmatch(r"pick (\S+) in (.+)", line):
+        _labelled(page, m[2]).select_option(m[1])
+    elif m := re.fullmatch(r"tick (.+)", line):
+        _labelled(page, m[1]).check()
+    elif m := re.fullmatch(r"press (.+)", line):
+        page.get_by_role("button", name=m[1], exact=True).click()
+    elif line == "wait until done":
+        page.wait_for_function("document.getElementById('live-state').textContent === 'done'",
+                               timeout=BLOCK_S * 1000)
+    else:
+        raise AssertionError(f"docs/cookbook.md's page block: no such step {line!r}")
+
+
+def _labelled(page, label: str):
+    """The control whose label reads `label` (a select's accessible name also holds its chosen option's text)."""
+    words = r"\s+".join(re.escape(w) for w in label.split())      # no escaped space: JavaScript's regex refuses it
+    return page.get_by_label(re.compile(rf"^\s*{words}(\s|$)"))
