@@ -351,9 +351,7 @@ def build_bundle(models_dir, resolutions, target: str, out_dir, *, toolkit_venv=
     asked = list(dict.fromkeys(tuple(r) for r in resolutions))
     if not asked:
         raise BundleError("no --resolution: give at least one image size, e.g. --resolution 512x512")
-    if lora_rank and lora_rank not in LORA_RANKS:
-        raise BundleError(f"--lora-rank {lora_rank}: must be in 0..{LORA_RANKS[-1]}")
-    _check_bundle_shards(shards, lora_rank)
+    _check_dit_options(lora_rank, shards)
     paths = resolve_models(models_dir, overrides)
     src = _Sources(paths)
     lora = _lora_records(loras)
@@ -387,8 +385,7 @@ def build_bundle(models_dir, resolutions, target: str, out_dir, *, toolkit_venv=
         "sizes": {size_key(s): {"dit": _part_entry(out, part_dirs(s)[0], DIT_KIND),
                                 "vae": _part_entry(out, part_dirs(s)[1], VAE_KIND)} for s in sizes},
         "encoder": _part_entry(out, ENCODER_DIR, ENCODER_KIND), "lora_rank": lora_rank, "lora": lora,
-        "shards": shards,
-        **({"sampling": dict(sampling)} if sampling is not None else {}),
+        "shards": shards, **({"sampling": dict(sampling)} if sampling is not None else {}),
         "sources": {n: {"name": getattr(paths, n).name, "sha256": src.sha(n)} for n in ("dit", "text_encoder", "vae")},
         "build_s": round(time.monotonic() - t0, 1),
     }
@@ -396,8 +393,10 @@ def build_bundle(models_dir, resolutions, target: str, out_dir, *, toolkit_venv=
     return data
 
 
-def _check_bundle_shards(shards, lora_rank: int) -> None:
-    """--shards N: 1..MAX_SHARDS, and not with a LoRA rank (shard graphs take no low-rank inputs)."""
+def _check_dit_options(lora_rank: int, shards) -> None:
+    """--lora-rank R in LORA_RANKS; --shards N in 1..MAX_SHARDS, not with a LoRA rank (shards take no low-rank inputs)."""
+    if lora_rank and lora_rank not in LORA_RANKS:
+        raise BundleError(f"--lora-rank {lora_rank}: must be in 0..{LORA_RANKS[-1]}")
     try:
         check_shards(shards)
     except (TypeError, ValueError) as e:

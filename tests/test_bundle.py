@@ -509,3 +509,27 @@ def test_bundle_shards_is_checked_before_anything_is_built(tiny_bundle, tmp_path
         err = capsys.readouterr().err
         assert words in err and "Traceback" not in err
         assert not (tmp_path / "b").exists()
+
+
+def test_an_npu_bundle_with_shards_compiles_every_shard_and_keeps_no_onnx(tiny_bundle, rknn_venv, tmp_path, capsys):
+    """`bundle --target rk3588 --shards 2` on a one-block DiT (9 DiT models: 3 branches and their 6 shards, by the
+    real rknn-toolkit2): every shard compiled as `anima-models compile` compiles a sharded pack, no ONNX graph left
+    (the shards' too: the board reads .rknn only), the bundle checked with every hash, a second run keeping it."""
+    from models.dit.synth import write_dit
+    from models.packs.pack import load_pack
+    from models.runtime.backends.rknn import compiled_path
+    dit = tmp_path / "one-block.safetensors"
+    write_dit("tiny", 0, dit, blocks=1)
+    out = tmp_path / "bundle"
+    argv = ["bundle", "--models", str(tiny_bundle), "--dit", str(dit), "--resolution", SIZE, "--target", "rk3588",
+            "--out", str(out), "--toolkit-venv", str(rknn_venv), "--shards", "2"]
+    assert models_main(argv + ["--jobs", "2", "--per-worker", "0"]) == 0
+    pack = load_pack(out / "dit-128x128", check=True)
+    parts = [p for b in pack.branches for p in b["shards"]["parts"]]
+    assert len(pack.branches) == 3 and len(parts) == 6 and pack.manifest["shards"]["n"] == 2
+    assert all(p["rknn"]["target"] == "rk3588" and compiled_path(pack.dir / p["onnx"]).is_file() for p in parts)
+    assert len(list(pack.dir.rglob("*.rknn"))) == 9 and not list(pack.dir.rglob("*.onnx"))
+    assert read_bundle(out, hashes=True).data["shards"] == 2
+    capsys.readouterr()
+    assert models_main(argv) == 0
+    assert capsys.readouterr().err.count("kept (complete)") == 3

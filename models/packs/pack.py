@@ -372,7 +372,8 @@ def omit_onnx(pack_dir) -> int:
     if not onnx_omitted(m):
         m["omitted"] = sorted({*(m.get("omitted") or ()), OMITTED_ONNX})
         write_manifest(d, m)
-    graphs = [rel for b in m["branches"] for rel in [b["onnx"], *(p for p, _ in part_files(b))]]
+    graphs = [rel for b in m["branches"] for rel in [b["onnx"], *(p["onnx"] for p in (b.get("shards") or {})
+                                                                  .get("parts", ()))]]
     freed = 0
     for rel in graphs:
         f = pack_member(d, rel)
