@@ -9,7 +9,7 @@
     bundle.json  {"schema": 1, "kind": "anima-bundle", "target": "rk3588" | "none", "toolkit": "2.5.0" | null,
                   "sizes": {"512x512": {"dit": PART, "vae": PART}}, "encoder": PART, "sources": {...},
                   "sampling"?: {"steps", "cfg", "sampler", "scheduler"} (`--sampling`, as every DiT pack records),
-                  "lora": [{"name": "style.safetensors", "strength": 0.8, "sha256": HEX}], ...}
+                  "lora": [{"name": "style.safetensors", "strength": 0.8, "sha256": HEX}], "shards": N, ...}
     PART         {"path": "dit-512x512", "kind": MANIFEST KIND, "bytes": N, "manifest_sha256": HEX}
 
 Paths are relative to the bundle (it is copied to the board as a whole). A part is pinned by the sha256 of its
@@ -17,7 +17,8 @@ manifest, and the manifest holds the sha256 of every file, so the chain reaches 
 rknn-toolkit2 release that compiled the packs: the board's rknn-toolkit-lite2 and librknnrt.so must be the same
 release. A `--target rk3588` bundle holds no branch ONNX graphs (models.packs.pack.omit_onnx): the NPU reads the .rknn
 files only. "lora": the LoRAs baked into every DiT pack (`bundle --lora`, as `pack --lora`), each pack's manifest
-agreeing. `--target none` is a CPU bundle: ONNX Runtime for every stage (a PC executor; the tests here).
+agreeing. "shards": the shard graphs per branch of every DiT pack (`bundle --shards N`, as `pack --shards`; 1: one
+graph per branch), each pack's manifest agreeing; a compiled bundle's shards are compiled too. `--target none` is a CPU bundle: ONNX Runtime for every stage (a PC executor; the tests here).
 """
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ from models.packs.pack import PACK_KIND as DIT_KIND
 from models.models_dir import resolve_models
 from models.packs.pack import PackError, build_pack, load_pack, missing_files, omit_onnx, onnx_omitted
 from models.packs.sampling import record_sampling
+from models.packs.sharded import shard_count
 from models.dit.partition import MAX_LORA_RANK, parse_resolution
+from models.dit.shards import MAX_SHARDS, check_shards
 from models.schema import Int, SchemaError
 from models.text.encoder_pack import PACK_KIND as ENCODER_KIND
 from models.text.encoder_pack import EncoderPackError, build_encoder_pack, load_encoder_pack
@@ -92,6 +95,7 @@ class BundleRecord(ManifestRecord, frozen=True):
     encoder: PartEntry
     toolkit: Optional[str] = None
     sampling: Optional[SamplingRecord] = None      # the model's sampling settings, as each DiT pack records them
+    shards: Int(1, MAX_SHARDS) = 1                 # shard graphs per branch of every DiT pack (`bundle --shards`)
 
 
 @dataclass(frozen=True)
@@ -161,9 +165,7 @@ def _check_part(bundle: Path, entry: PartEntry, where: str, hashes: bool, target
     except (PackError, EncoderPackError) as e:
         raise BundleError(f"{where}: {e}{fix}") from None
     if target != "none" and entry.kind != ENCODER_KIND:
-        stale = [b.get("name") or b["onnx"] for b in pack.manifest["branches"]
-                 if not isinstance(b.get("rknn"), dict) or b["rknn"].get("target") != target
-                 or b["rknn"].get("toolkit") != toolkit]
+        stale = [b.get("name") or b["onnx"] for b in pack.manifest["branches"] if not _compiled(b, target, toolkit)]
         if stale:
             raise BundleError(f"{where}: {d}: {len(stale)} model(s) not compiled for {target} with rknn-toolkit2 "
                               f"{toolkit}, e.g. {stale[0]}; rebuild the bundle with `anima-models bundle`")
@@ -214,6 +216,9 @@ def read_bundle(bundle_dir, hashes: bool = False) -> Bundle:
             raise BundleError(f"{path}: sizes.{key[:40]}: {e}") from None
         dit = _check_part(b, entry.dit, f"{path} sizes.{key}.dit", hashes, rec.target, rec.toolkit, DIT_KIND)
         vae = _check_part(b, entry.vae, f"{path} sizes.{key}.vae", hashes, rec.target, rec.toolkit, VAE_KIND)
+        if shard_count(dit.manifest) != rec.shards:
+            raise BundleError(f"{path}: sizes.{key}.dit: its DiT pack has {shard_count(dit.manifest)} shard(s) per "
+                              f"branch, bundle.json says {rec.shards}; rebuild the bundle")
         if _pack_baked(dit.manifest) != _pack_baked({"lora": {"baked": lora}}):
             raise BundleError(f"{path}: sizes.{key}.dit: its DiT pack has baked LoRA "
                               f"{baked_label(dit.manifest.get('lora', {}).get('baked', [])) or 'none'}, bundle.json "
@@ -262,8 +267,9 @@ def _existing_branch_pack(d: Path, kind: str, source_sha: str, size: tuple, buil
     """What a DiT or VAE pack already at `d` leaves to do: "nothing" (complete for this source, size, FP16 and LoRA
     rank (DiT), target and toolkit, ONNX graphs removed for rk3588), "compile" (the pack is complete, its compile is
     not: it resumes, keeping the models already built), or "build" (absent, broken, or of another source, size or
-    rank, or other baked LoRAs). `build_for`: (target, toolkit, LoRA rank, baked LoRAs as _baked_key)."""
-    target, toolkit, lora_rank, baked = build_for
+    rank, other baked LoRAs or shards). `build_for`: (target, toolkit, LoRA rank, baked LoRAs as _pack_baked, shards
+    per branch)."""
+    target, toolkit, lora_rank, baked, shards = build_for
     if not (d / MANIFEST).is_file():
         return "build"
     try:
@@ -274,15 +280,20 @@ def _existing_branch_pack(d: Path, kind: str, source_sha: str, size: tuple, buil
     m = pack.manifest
     if m.get("source", {}).get("sha256") != source_sha or tuple(int(m["resolution"][k]) for k in ("width", "height")) \
             != tuple(size) or (kind == DIT_KIND and (m.get("dtype") != "fp16" or pack.geometry.lora_rank != lora_rank
-                               or _pack_baked(m) != baked)):
+                               or _pack_baked(m) != baked or shard_count(m) != shards)):
         return "build"
     if target == "none":
         return "build" if onnx_omitted(m) else "nothing"
     if not onnx_omitted(m):
         return "compile"
-    current = all(isinstance(b.get("rknn"), dict) and b["rknn"].get("target") == target
-                  and b["rknn"].get("toolkit") == toolkit for b in m["branches"])
-    return "nothing" if current else "build"
+    return "nothing" if all(_compiled(b, target, toolkit) for b in m["branches"]) else "build"
+
+
+def _compiled(entry: dict, target: str, toolkit) -> bool:
+    """A branch entry, and each of its shards, compiled for `target` by `toolkit`."""
+    parts = [entry, *(entry.get("shards") or {}).get("parts", ())]
+    return all(isinstance(e.get("rknn"), dict) and e["rknn"].get("target") == target
+               and e["rknn"].get("toolkit") == toolkit for e in parts)
 
 
 def _pack_baked(manifest: dict) -> tuple:
@@ -323,7 +334,7 @@ def _kept_encoder(d: Path, src: _Sources) -> bool:
 
 def build_bundle(models_dir, resolutions, target: str, out_dir, *, toolkit_venv=None, jobs: int = 1,
                  per_worker: int = 1, overwrite: bool = False, progress=None, overrides=None,
-                 lora_rank: int = 0, loras=(), sampling: dict | None = None) -> dict:
+                 lora_rank: int = 0, loras=(), sampling: dict | None = None, shards: int = 1) -> dict:
     """Build (or complete) the bundle at `out_dir` from a ComfyUI-style models folder: per size (width, height) in
     `resolutions` an FP16 DiT pack (LoRA-ready at `lora_rank` R > 0) and a VAE pack, compiled for `target` (ONNX
     graphs then removed), the encoder pack, then bundle.json; -> bundle.json's content. A part already complete for
@@ -333,14 +344,14 @@ def build_bundle(models_dir, resolutions, target: str, out_dir, *, toolkit_venv=
     folder is left that bundle.json does not list. `loras` ([models.lora.LoraUse]): baked into every DiT pack as
     `anima-models pack --lora` bakes them (a pack baked with other LoRAs, or files whose sha256 changed since the
     last bundle.json, is rebuilt). `sampling` (models/packs/sampling.py): what every DiT pack and bundle.json record as
-    the settings of the model (None: none recorded)."""
+    the settings of the model (None: none recorded). `shards`: every DiT pack also as that many shard graphs per
+    branch (`anima-models pack --shards`, cuts chosen by the board model at its size), compiled with the rest."""
     if target not in TARGETS:
         raise BundleError(f"target {target!r}: choose one of {', '.join(TARGETS)}")
     asked = list(dict.fromkeys(tuple(r) for r in resolutions))
     if not asked:
         raise BundleError("no --resolution: give at least one image size, e.g. --resolution 512x512")
-    if lora_rank and lora_rank not in LORA_RANKS:
-        raise BundleError(f"--lora-rank {lora_rank}: must be in 0..{LORA_RANKS[-1]}")
+    _check_dit_options(lora_rank, shards)
     paths = resolve_models(models_dir, overrides)
     src = _Sources(paths)
     lora = _lora_records(loras)
@@ -356,8 +367,8 @@ def build_bundle(models_dir, resolutions, target: str, out_dir, *, toolkit_venv=
     for size in sizes:
         for rel, kind in zip(part_dirs(size), (DIT_KIND, VAE_KIND)):
             steps.step(rel)
-            note = _branch_pack_part(out / rel, kind, size, paths, src, (target, toolkit, lora_rank, baked), overwrite,
-                                     steps, (toolkit_venv, jobs, per_worker), loras)
+            note = _branch_pack_part(out / rel, kind, size, paths, src, (target, toolkit, lora_rank, baked, shards),
+                                     overwrite, steps, (toolkit_venv, jobs, per_worker), loras)
             if kind == DIT_KIND and record_sampling(out / rel, sampling) and note.startswith("kept"):
                 note = "kept, its sampling record changed"
             steps.done(note)
@@ -374,12 +385,25 @@ def build_bundle(models_dir, resolutions, target: str, out_dir, *, toolkit_venv=
         "sizes": {size_key(s): {"dit": _part_entry(out, part_dirs(s)[0], DIT_KIND),
                                 "vae": _part_entry(out, part_dirs(s)[1], VAE_KIND)} for s in sizes},
         "encoder": _part_entry(out, ENCODER_DIR, ENCODER_KIND), "lora_rank": lora_rank, "lora": lora,
-        **({"sampling": dict(sampling)} if sampling is not None else {}),
+        "shards": shards, **({"sampling": dict(sampling)} if sampling is not None else {}),
         "sources": {n: {"name": getattr(paths, n).name, "sha256": src.sha(n)} for n in ("dit", "text_encoder", "vae")},
         "build_s": round(time.monotonic() - t0, 1),
     }
     atomic_write(out / BUNDLE_JSON, json.dumps(data, indent=1) + "\n")
     return data
+
+
+def _check_dit_options(lora_rank: int, shards) -> None:
+    """--lora-rank R in LORA_RANKS; --shards N in 1..MAX_SHARDS, not with a LoRA rank (shards take no low-rank inputs)."""
+    if lora_rank and lora_rank not in LORA_RANKS:
+        raise BundleError(f"--lora-rank {lora_rank}: must be in 0..{LORA_RANKS[-1]}")
+    try:
+        check_shards(shards)
+    except (TypeError, ValueError) as e:
+        raise BundleError(f"--shards {shards}: {e}") from None
+    if shards > 1 and lora_rank:
+        raise BundleError(f"--shards {shards} with --lora-rank {lora_rank}: a DiT pack is sharded or LoRA-ready, not "
+                          "both; drop --shards for LoRAs per job (or bake them with --lora), or drop --lora-rank")
 
 
 def _bundle_folder(out_dir, sizes: list, overwrite: bool) -> Path:
@@ -484,13 +508,13 @@ def _branch_pack_part(d: Path, kind: str, size: tuple, paths, src: _Sources, bui
     """One size's DiT or VAE pack at `d`, kept, built and/or compiled as it needs (ONNX then removed); what was done.
     `build_for`: (target, toolkit, LoRA rank and baked LoRAs of a DiT pack); `loras`: the LoRAs to bake; `compile_with`: (toolkit venv, jobs, per_worker)."""
     source = "dit" if kind == DIT_KIND else "vae"
-    target, toolkit, lora_rank, _ = build_for
+    target, toolkit, lora_rank, _, shards = build_for
     todo = _existing_branch_pack(d, kind, src.sha(source), size, build_for)
     if todo == "nothing":
         return "kept (complete)"
     if todo == "build" and kind == DIT_KIND:
         build_pack(paths.dit, d, size, "fp16", overwrite=overwrite, progress=steps.counter("blocks"),
-                   lora_rank=lora_rank, loras=list(loras))
+                   lora_rank=lora_rank, loras=list(loras), shards=shards)
     elif todo == "build":
         build_vae_pack(paths.vae, d, size, overwrite=overwrite)
     if target == "none":

@@ -441,3 +441,95 @@ def test_bundle_lora_bakes_into_every_dit_pack(tiny_bundle, tiny_dit, cpu_bundle
     replace_file(b / BUNDLE_JSON, json.dumps(data).encode())
     with pytest.raises(BundleError, match="'lora' is not a list"):
         read_bundle(b)
+
+
+def _bench_job_s(pack: Path, shards: int, size: str, calls: int, cfg: float) -> float:
+    """bench/overhead.py --analytic's job seconds for `pack` modelled as built with `--shards` (the reference)."""
+    import sys
+    from contextlib import redirect_stdout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench import overhead
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert overhead.main(["--analytic", "--pack", str(pack), "--shards", str(shards), "--policy", "auto",
+                              "--board-ram", "8", "--vae", "npu", "--resolution", size, "--calls", str(calls),
+                              "--cfg", str(cfg)]) == 0
+    return float(out.getvalue().strip().splitlines()[-1].split("job_s=")[1])
+
+
+def test_a_bundle_with_shards_builds_sharded_packs_and_estimate_prices_them(tiny_bundle, cpu_bundle, tmp_path,
+                                                                           capsys):
+    """`bundle --shards 2`: every DiT pack sharded (its manifest's shards.n, bundle.json's "shards"), and
+    `orchestrator estimate` on a run folder made from it prices that sharded pack: bench/overhead.py --analytic on the
+    same pack with --shards 2 gives the same job seconds, and the unsharded bundle's pack is priced differently."""
+    import re
+    from models.packs.pack import load_pack
+    out = tmp_path / "bundle"
+    assert models_main(["bundle", "--models", str(tiny_bundle), "--resolution", SIZE, "--target", "none",
+                        "--out", str(out), "--shards", "2"]) == 0
+    assert "2 shards per branch" in capsys.readouterr().out
+    data = json.loads((out / BUNDLE_JSON).read_text())
+    assert data["shards"] == 2 and json.loads((cpu_bundle[0] / BUNDLE_JSON).read_text())["shards"] == 1
+    pack = load_pack(out / "dit-128x128", check=True)
+    assert pack.manifest["shards"]["n"] == 2 and all(len(b["shards"]["parts"]) == 2 for b in pack.branches)
+    assert read_bundle(out).sizes[(128, 128)][0] == pack.dir.resolve()
+    prompt = tmp_path / "p.json"
+    prompt.write_text(json.dumps({"prompt": "a", "width": 128, "height": 128, "steps": 8, "cfg": 1,
+                                  "sampler": "er_sde", "scheduler": "simple", "spectrum": False}))
+    line = re.compile(r"^estimate job_s=(\d+\.\d) .* calls=(\d+) passes=1 \[modelled\]$")
+    priced = {}
+    for name, b in (("sharded", out), ("unsharded", cpu_bundle[0])):
+        run = tmp_path / f"run-{name}"
+        assert cli.main(["--run", str(run), "init", "--bundle", str(b)]) == 0
+        capsys.readouterr()
+        assert cli.main(["--run", str(run), "estimate", str(prompt)]) == 0
+        printed = capsys.readouterr().out.strip().splitlines()
+        job_s, calls = line.match(printed[-1]).groups()
+        priced[name] = (float(job_s), int(calls), printed)
+    job_s, calls, printed = priced["sharded"]
+    assert job_s == pytest.approx(_bench_job_s(pack.dir, 2, SIZE, calls, 1.0), abs=0.06)
+    assert not any("not sharded" in x for x in printed)
+    assert priced["unsharded"][0] == pytest.approx(_bench_job_s(cpu_bundle[0] / "dit-128x128", 1, SIZE, calls, 1.0),
+                                                   abs=0.06)
+    assert job_s != priced["unsharded"][0]
+    # a bundle.json that says otherwise than its packs is refused naming the field
+    b = copy_bundle(out, tmp_path / "lying")
+    d = json.loads((b / BUNDLE_JSON).read_text())
+    d["shards"] = 1
+    replace_file(b / BUNDLE_JSON, json.dumps(d).encode())
+    with pytest.raises(BundleError, match="2 shard\\(s\\) per branch, bundle.json says 1"):
+        read_bundle(b)
+
+
+def test_bundle_shards_is_checked_before_anything_is_built(tiny_bundle, tmp_path, capsys):
+    for extra, words in ((["--shards", "4"], "--shards 4: shards 4 must be an integer in [1, 3]"),
+                         (["--shards", "2", "--lora-rank", "8"], "--shards 2 with --lora-rank 8")):
+        assert models_main(["bundle", "--models", str(tiny_bundle), "--resolution", SIZE, "--target", "none",
+                            "--out", str(tmp_path / "b"), *extra]) == 2
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err
+        assert not (tmp_path / "b").exists()
+
+
+def test_an_npu_bundle_with_shards_compiles_every_shard_and_keeps_no_onnx(tiny_bundle, rknn_venv, tmp_path, capsys):
+    """`bundle --target rk3588 --shards 2` on a one-block DiT (9 DiT models: 3 branches and their 6 shards, by the
+    real rknn-toolkit2): every shard compiled as `anima-models compile` compiles a sharded pack, no ONNX graph left
+    (the shards' too: the board reads .rknn only), the bundle checked with every hash, a second run keeping it."""
+    from models.dit.synth import write_dit
+    from models.packs.pack import load_pack
+    from models.runtime.backends.rknn import compiled_path
+    dit = tmp_path / "one-block.safetensors"
+    write_dit("tiny", 0, dit, blocks=1)
+    out = tmp_path / "bundle"
+    argv = ["bundle", "--models", str(tiny_bundle), "--dit", str(dit), "--resolution", SIZE, "--target", "rk3588",
+            "--out", str(out), "--toolkit-venv", str(rknn_venv), "--shards", "2"]
+    assert models_main(argv + ["--jobs", "2", "--per-worker", "0"]) == 0
+    pack = load_pack(out / "dit-128x128", check=True)
+    parts = [p for b in pack.branches for p in b["shards"]["parts"]]
+    assert len(pack.branches) == 3 and len(parts) == 6 and pack.manifest["shards"]["n"] == 2
+    assert all(p["rknn"]["target"] == "rk3588" and compiled_path(pack.dir / p["onnx"]).is_file() for p in parts)
+    assert len(list(pack.dir.rglob("*.rknn"))) == 9 and not list(pack.dir.rglob("*.onnx"))
+    assert read_bundle(out, hashes=True).data["shards"] == 2
+    capsys.readouterr()
+    assert models_main(argv) == 0
+    assert capsys.readouterr().err.count("kept (complete)") == 3

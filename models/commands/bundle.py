@@ -1,11 +1,12 @@
 """`anima-models bundle`: everything a board runs, from a ComfyUI-style models folder, in one folder to copy.
 
     anima-models bundle --models MODELS --resolution 1024x1024,896x1152,1152x896 --target rk3588 --out BUNDLE
-    anima-models bundle --models MODELS --resolution 1024x1024 --target rk3588 --out BUNDLE --sampling turbo
+    anima-models bundle --models MODELS --resolution 1024x1024 --target rk3588 --out BUNDLE --sampling turbo --shards 3
 
 Per size an FP16 DiT pack and a VAE pack, compiled for the target with rknn-toolkit2 (their ONNX graphs then removed:
 the board reads only the .rknn files), the text encoder for ONNX Runtime with its tokenizers, and bundle.json (paths,
-sizes, hashes, the toolkit release the board's runtime must match; models/bundle.py). `--target none`: a CPU bundle
+sizes, hashes, the toolkit release the board's runtime must match; models/bundle.py). `--shards N`: every DiT pack
+also as N shard graphs per branch, compiled too (as `anima-models pack --shards`; what `--policy auto` prices). `--target none`: a CPU bundle
 (ONNX Runtime everywhere). Run it again after an interruption: complete parts are kept.
 """
 from __future__ import annotations
@@ -35,6 +36,10 @@ def add_arguments(p) -> None:
     p.add_argument("--lora", action="append", default=[], metavar="FILE:STRENGTH",
                    help="bake a LoRA into every DiT pack of the bundle (repeatable; strength default 1.0) as "
                         "`anima-models pack --lora` does: no run-time cost; recorded in bundle.json")
+    p.add_argument("--shards", type=int, default=1, metavar="N",
+                   help="every DiT pack of the bundle also as N shard graphs per branch (1-3), compiled too, run on "
+                        "N NPU cores at once by the `shards` policy, as `anima-models pack --shards` (docs/board.md "
+                        "section 9; default 1); not with --lora-rank")
     from models.packs.sampling import add_sampling_arguments
     add_sampling_arguments(p)
     p.add_argument("--overwrite", action="store_true", help="replace parts built from other model files, and "
@@ -68,13 +73,15 @@ def run(args) -> int:
     progress = Progress(2 * len(dict.fromkeys(sizes)) + 1)
     data = build_bundle(args.models, sizes, args.target, args.out, toolkit_venv=args.toolkit_venv, jobs=args.jobs,
                         per_worker=args.per_worker, overwrite=args.overwrite, progress=progress, overrides=overrides,
-                        lora_rank=args.lora_rank, loras=loras, sampling=sampling)
+                        lora_rank=args.lora_rank, loras=loras, sampling=sampling,
+                        shards=args.shards)
     from pathlib import Path
     out = Path(args.out).expanduser().absolute()
     toolkit = f", rknn-toolkit2 {data['toolkit']}" if data["toolkit"] else ""
     lora = f", LoRA rank {args.lora_rank}" if args.lora_rank else ""
     from models.bundle import baked_label
     lora += f", baked LoRA {baked_label(data['lora'])}" if data.get("lora") else ""
+    lora += f", {data['shards']} shards per branch" if data.get("shards", 1) > 1 else ""
     print(f"bundle {out}: {', '.join(data['sizes'])}, target {data['target']}{toolkit}{lora}, "
           f"{total_bytes(data) / 1e6:.1f} MB")
     q = shlex.quote

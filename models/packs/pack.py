@@ -14,7 +14,8 @@ from models.manifest import (MANIFEST, BranchEntry, ManifestRecord, data_sha256,
                              file_sha256, manifest_header, read_manifest, source_entry, write_manifest)
 from models.manifest import check_files as _check_listed
 from models.manifest import ManifestError, manifest_json, pack_resolution
-from models.packs.sharded import ShardPackError, choose_cuts, part_files, part_specs, shard_count, shard_entries
+from models.packs.sharded import ShardPackError, choose_cuts, part_files, part_specs, shard_count, shard_entries, \
+    uncompiled_parts
 from models.dit.partition import (BRANCHES, PACK_DTYPES, TEXT_TOKENS, Geometry, branch_file, branch_index, branch_order,
                               pack_io_dtype, resolve)
 from models.schema import Int
@@ -348,7 +349,7 @@ def pack_member(pack_dir, rel, where: str = "") -> Path:
 
 
 # manifest "omitted": what a pack's builder removed because its backend never reads it. "onnx": the branch graphs of
-# a compiled pack (a board bundle, models/bundle.py): each branch keeps its ONNX entry (name, sha256) as the record
+# a compiled pack (a board bundle, models/bundle.py): each branch (and shard) keeps its ONNX entry (name, sha256) as the record
 # of what its .rknn was compiled from, but the file is gone and no reader asks for it.
 OMITTED_ONNX = "onnx"
 
@@ -363,21 +364,24 @@ def omit_onnx(pack_dir) -> int:
     so first (written atomically), then the files go: an interruption leaves a pack whose loader still accepts it."""
     d = Path(pack_dir)
     m = manifest_json(d)
-    missing = [b["onnx"] for b in m["branches"] if not isinstance(b.get("rknn"), dict)]
+    missing = [n for b in m["branches"] for n in ([] if isinstance(b.get("rknn"), dict) else [b["onnx"]])
+               + uncompiled_parts(b)]
     if missing:
         raise PackError(f"{d}: {len(missing)} branch(es) not compiled (e.g. {missing[0]}); compile the pack before "
                         "removing its ONNX graphs")
     if not onnx_omitted(m):
         m["omitted"] = sorted({*(m.get("omitted") or ()), OMITTED_ONNX})
         write_manifest(d, m)
+    graphs = [rel for b in m["branches"] for rel in [b["onnx"], *(p["onnx"] for p in (b.get("shards") or {})
+                                                                  .get("parts", ()))]]
     freed = 0
-    for b in m["branches"]:
-        f = pack_member(d, b["onnx"])
+    for rel in graphs:
+        f = pack_member(d, rel)
         if f.is_file():
             freed += f.stat().st_size
             f.unlink()
-    for b in m["branches"]:
-        parent = pack_member(d, b["onnx"]).parent
+    for rel in graphs:
+        parent = pack_member(d, rel).parent
         if parent != d.resolve() and parent.is_dir() and not any(parent.iterdir()):
             parent.rmdir()
     return freed
@@ -393,7 +397,7 @@ def pack_files(manifest: dict) -> list:
             files.append((b["onnx"], b["sha256"]))
         if isinstance(b.get("rknn"), dict):
             files.append((b["rknn"]["file"], b["rknn"]["sha256"]))
-        files += part_files(b)
+        files += part_files(b, onnx=not omitted)
     from models.manifest import quant_info
     q = quant_info(manifest)
     if q is not None:

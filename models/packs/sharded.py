@@ -100,14 +100,20 @@ def part_specs(entry: dict, where: str = "manifest") -> list:
     return specs
 
 
-def part_files(entry: dict) -> list:
-    """(relative path, sha256) of every file of a branch entry's shards (ONNX, and compiled RKNN)."""
+def part_files(entry: dict, onnx: bool = True) -> list:
+    """(relative path, sha256) of every file of a branch entry's shards (ONNX unless not `onnx`, and compiled RKNN)."""
     out = []
     for p in (entry.get("shards") or {}).get("parts", ()):
-        out.append((p["onnx"], p["sha256"]))
+        if onnx:
+            out.append((p["onnx"], p["sha256"]))
         if isinstance(p.get("rknn"), dict):
             out.append((p["rknn"]["file"], p["rknn"]["sha256"]))
     return out
+
+
+def uncompiled_parts(entry: dict) -> list:
+    """The ONNX names of a branch entry's shards that have no compiled model."""
+    return [p["onnx"] for p in (entry.get("shards") or {}).get("parts", ()) if not isinstance(p.get("rknn"), dict)]
 
 
 def shard_count(manifest: dict) -> int:
