@@ -228,6 +228,7 @@ class Tally:
         self.probes = 0
         self.examples: dict = {"5xx": [], "hang": [], "down": [], "leak": [], "traceback": []}
         self.wall_s = 0.0
+        self.sent = 0                       # requests sent (fewer than asked when --max-s ran out)
         self.leaks = 0                      # answers that show the server's loras/ folder or a link's target
         self.peak_rss_mb: dict = {}         # program -> its largest VmHWM seen (MB)
         self.start_rss_mb: dict = {}        # the same before the first request
@@ -304,9 +305,9 @@ def _probe(url: str, timeout_s: float, tally: Tally) -> None:
 
 
 def fuzz(pipe, url: str, n: int, seed: int, timeout_s: float, loras: dict, secrets: tuple,
-         families=FAMILIES) -> Tally:
-    """`n` requests of `families` against the front; pids and peak memory of the programs looked at with every probe;
-    `secrets`: paths no answer may show."""
+         families=FAMILIES, max_s: float | None = None) -> Tally:
+    """`n` requests of `families` against the front (fewer when `max_s` seconds pass first: tally.sent says how
+    many); pids and peak memory of the programs looked at with every probe; `secrets`: paths no answer may show."""
     info = requests.get(url + "object_info", timeout=60).json()
     names = {k: info[node]["input"]["required"][f"{k}_name"][0][0]
              for k, node in (("unet", "UNETLoader"), ("clip", "CLIPLoader"), ("vae", "VAELoader"))}
@@ -321,7 +322,9 @@ def fuzz(pipe, url: str, n: int, seed: int, timeout_s: float, loras: dict, secre
     t0 = time.monotonic()
     for i in range(n):
         _send(url, gen.next(families, inputs), timeout_s, tally, secrets)
-        if (i + 1) % PROBE_EVERY == 0 or i + 1 == n:
+        tally.sent = i + 1
+        last = i + 1 == n or (max_s is not None and time.monotonic() - t0 > max_s)
+        if (i + 1) % PROBE_EVERY == 0 or last:
             _probe(url, timeout_s, tally)
             _peak_rss(pipe, tally)
             now = _pids(pipe)
@@ -332,11 +335,13 @@ def fuzz(pipe, url: str, n: int, seed: int, timeout_s: float, loras: dict, secre
         if (i + 1) % 1000 == 0:
             print(f"  {i + 1} requests, {time.monotonic() - t0:.0f} s, 5xx={tally.total('5xx')} "
                   f"hangs={tally.total('hang')} deaths={len(tally.deaths)}", flush=True)
+        if last:
+            break
     tally.wall_s = time.monotonic() - t0
     return tally
 
 
-def report(tally: Tally, n: int, out: Path, max_rss_mb: int = MAX_RSS_MB) -> bool:
+def report(tally: Tally, out: Path, max_rss_mb: int = MAX_RSS_MB) -> bool:
     outcomes = sorted({o for c in tally.by_kind.values() for o in c})
     print(f"{'kind':<22}" + "".join(f"{o:>9}" for o in outcomes) + f"{'total':>8}")
     for kind in sorted(tally.by_kind):
@@ -349,6 +354,7 @@ def report(tally: Tally, n: int, out: Path, max_rss_mb: int = MAX_RSS_MB) -> boo
     start = tally.start_rss_mb
     print("peak RSS MB (measured, VmHWM; at start -> end): " + ", ".join(
         f"{k} {start.get(k, '?')} -> {v}" for k, v in sorted(tally.peak_rss_mb.items())) + f"; bound {max_rss_mb}")
+    n = tally.sent
     print(f"requests={n} hangs={hangs} 5xx={fives} down={down} stage_deaths={len(tally.deaths)} leaks={tally.leaks} "
           f"probes={tally.probes - tally.failed_probes}/{tally.probes} wall_s={tally.wall_s:.0f} "
           f"{'ok' if ok else 'FAILED'}")
@@ -364,7 +370,7 @@ def report(tally: Tally, n: int, out: Path, max_rss_mb: int = MAX_RSS_MB) -> boo
 
 
 def run(n: int, seed: int, timeout_s: float, out: Path, keep: bool, families=FAMILIES,
-        max_rss_mb: int = MAX_RSS_MB) -> bool:
+        max_rss_mb: int = MAX_RSS_MB, max_s: float | None = None) -> bool:
     from models.models_dir import resolve_models
     from models.packs.pack import build_pack
     from tests.pipeline_harness import Pipeline, tiny_assets
@@ -377,9 +383,9 @@ def run(n: int, seed: int, timeout_s: float, out: Path, keep: bool, families=FAM
                                lora_rank=LORA_RANK)
         with Pipeline.start(models, pack, threads=1, extra_toml=FUZZ_TOML, keep=keep, packs=(lora_pack,)) as pipe:
             secrets = tuple({str(models / "loras"), str((models / "loras").resolve()), str(cache / "outside")})
-            tally = fuzz(pipe, pipe.http_url(), n, seed, timeout_s, loras, secrets, families)
+            tally = fuzz(pipe, pipe.http_url(), n, seed, timeout_s, loras, secrets, families, max_s)
             settle_jobs(pipe)
-            return report(tally, n, out, max_rss_mb)
+            return report(tally, out, max_rss_mb)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 
@@ -394,11 +400,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=FAMILIES, default=list(FAMILIES),
                         help="request families: graph shapes, LoRA files, init images and schedule bounds")
     parser.add_argument("--max-rss-mb", type=int, default=MAX_RSS_MB, help="a program's allowed peak RSS (MB)")
+    parser.add_argument("--max-s", type=float, default=None,
+                        help="stop sending after this many seconds (the summary says how many requests were sent)")
     args = parser.parse_args(argv)
-    if args.requests < 1 or args.timeout <= 0:
-        parser.error("--requests must be >= 1 and --timeout > 0")
+    if args.requests < 1 or args.timeout <= 0 or (args.max_s is not None and args.max_s <= 0):
+        parser.error("--requests must be >= 1, --timeout and --max-s > 0")
     return 0 if run(args.requests, args.seed, args.timeout, args.json, args.keep, tuple(args.only),
-                    args.max_rss_mb) else 1
+                    args.max_rss_mb, args.max_s) else 1
 
 
 if __name__ == "__main__":
