@@ -2,26 +2,35 @@
 
     .venv/bin/python bench/chaos.py --stage scheduler --trials 20 --json bench/out/chaos_scheduler.json
     .venv/bin/python bench/chaos.py --stage all --trials 20 --seed 7       # 20 per stage, one supervisord session
+    .venv/bin/python bench/chaos.py --stage all --kind all --trials 4      # 4 per stage and job kind: 100 trials
     .venv/bin/anima-models synth lora --preset tiny --seed 1 --rank 4 --groups blocks,host,adapter,te --out style.safetensors
     .venv/bin/python bench/chaos.py --stage all --trials 2 --sampler euler_ancestral --lora style.safetensors:0.8:1.2
 
 One real pipeline (tests/pipeline_harness.py: supervisord, the five real programs, the embedded tiny bundle, a 128x128
-FP16 pack) serves every trial. The first job runs undisturbed: its final latent is the reference and its phase times
-place the kills. Each trial submits the same job and SIGKILLs the chosen program at a moment drawn from a seeded RNG
-(recorded per trial): encoder / VAE a random fraction into their lifetime, scheduler / executor at a random branch
-call of the denoise, orchestrator a random fraction into the whole job. Then: the job is `done` (supervisord restarted
-the program; the orchestrator retried or resumed), `latent.npy` is bitwise the reference, no /dev/shm segment of the run
-is left, and no process of the run lives outside supervisord's programs nor as a child of one. A draw that comes too
-late (the stage already gone) is drawn again over a shorter span, so every counted trial killed something.
-`--sampler` a stochastic one (euler_ancestral, dpmpp_2m_sde, er_sde): its noise must resume bitwise from the job's
-sampler state. `--lora FILE[:STRENGTH[:CLIP_STRENGTH]]` (repeatable): the file is copied into the models folder's
-loras/, the pack is built LoRA-ready (`--lora-rank`, default the sum of the files' ranks) and every job names it. The last
-line printed is `survived=<k>/<n> identical=<k>/<n> shm_leaked=<count> orphans=<count>`.
+FP16 pack, and a 160x160 one for the hires kinds) serves every trial. Job kinds (`--kind`, JOB_KINDS): txt2img; img2img
+(an uploaded init image, denoise 0.6: the VAE encodes it first); hires_latent and hires_pixel (a second pass at 1.25x
+on the 160x160 pack from the first latent upscaled by bislerp, or from the first image decoded, scaled by lanczos and
+encoded again); batch (two images from one seed, one DENOISE each). Per kind the first job runs undisturbed: its final
+latents and images are the reference, its times place the kills. Each trial submits the same job and SIGKILLs the
+chosen program at a moment drawn from a seeded RNG (recorded per trial): encoder / VAE a random fraction into the time
+their processes were up during the job (the VAE of img2img and hires_pixel is up twice), scheduler / executor at a
+random branch call of all the job's denoise passes (counted in the executor's trace), orchestrator a random fraction
+into the whole job. Then: the job is `done` (supervisord restarted the program; the orchestrator retried or resumed),
+every latent (`latent*.npy`, `hires_latent*.npy`) and image's pixels (`image*.png`) bitwise the reference, no /dev/shm
+segment of the run is left, and no process of the run lives outside supervisord's programs nor as a child of one. A
+draw that comes too late (the stage already gone) is drawn again over a shorter span, so every counted trial killed
+something. `--sampler` a stochastic one (euler_ancestral, dpmpp_2m_sde, er_sde): its noise must resume bitwise from the
+job's sampler state. `--lora FILE[:STRENGTH[:CLIP_STRENGTH]]` (repeatable): the file is copied into the models
+folder's loras/, the packs are built LoRA-ready (`--lora-rank`, default the sum of the files' ranks) and every job
+names it. `--board-encoder`: the board's text encoder (ONNX Runtime, `anima-models bundle --target none`) instead of
+torch, a second or so less per job. The last lines printed are a table of identical/trials per kind and stage and
+`survived=<k>/<n> identical=<k>/<n> shm_leaked=<count> orphans=<count>`.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import signal
@@ -37,11 +46,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from models.dit.partition import KINDS, branch_index  # noqa: E402
 from models.lora.file import LoraError, LoraFile  # noqa: E402
 from models.lora.plan import parse_lora_arg  # noqa: E402
 from orchestrator.cli import CliError  # noqa: E402
-from tests.pipeline_harness import Pipeline, tiny_assets  # noqa: E402
+from bench.chaos_jobs import (HIRES_SCALE, INIT_IMAGE, JOB_KINDS, PACK_SIZE, TraceCount, differing,  # noqa: E402
+                              hires_size, init_png, job_outputs, job_prompt, trace_size)
+from orchestrator.inputs import save_upload  # noqa: E402
+from tests.pipeline_harness import TRACE_FILE, Pipeline, board_stage_toml, tiny_assets  # noqa: E402
 
 STAGES = ("encoder", "scheduler", "executor", "vae", "orchestrator")
 # 4 steps, Spectrum warm-up 1: computed [1, 2, 4], forecast [3] (a resumed scheduler must restore Spectrum history)
@@ -52,22 +63,26 @@ POLL_S = 0.02
 SETTLE_S = 15.0              # after a job: how long leftovers may take to go (arena close, supervisord reaping)
 MAX_REDRAWS = 3              # a kill moment that came too late is drawn again this often
 LIFE_FRACTION = 0.8          # encoder/VAE/orchestrator kills land in the first 80 % of the measured span
+END_STATES = ("done", "failed", "cancelled")
 
 
 @dataclass
 class Baseline:
-    """The undisturbed job: reference latent and where the time goes (seconds, measured by polling)."""
+    """A kind's undisturbed job: its results and where the time goes (seconds, measured by polling)."""
+    kind: str
     job: str
-    latent: np.ndarray
-    computed: list
-    blocks: int
-    encoder_life_s: float        # encoder pid seen .. job leaves `encoding`
-    vae_life_s: float            # VAE pid seen .. job leaves `decoding`
+    outputs: dict                # job_outputs: {file name: array}
+    calls: int                   # branch calls the executor served (all denoise passes)
+    alive_s: dict                # encoder / vae: seconds their processes were up during the job
     job_s: float                 # submit .. done
 
+    @property
+    def latent(self) -> np.ndarray:
+        return self.outputs["latent.npy"]
+
     def public(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k != "latent"}
-        d["latent_shape"] = list(self.latent.shape)
+        d = {k: v for k, v in asdict(self).items() if k != "outputs"}
+        d["outputs"] = {k: list(v.shape) for k, v in self.outputs.items()}
         return d
 
 
@@ -75,7 +90,8 @@ class Baseline:
 class Trial:
     stage: str
     index: int
-    seed: int                    # the trial's RNG seed (base seed, stage, index)
+    seed: int                    # the trial's RNG seed (base seed, kind, stage, index)
+    kind: str = "txt2img"
     moment: dict = field(default_factory=dict)   # the draw and where the kill landed
     job: str = ""
     killed_pid: int = 0
@@ -83,6 +99,7 @@ class Trial:
     state: str = ""
     error: str = ""
     identical: bool = False
+    differs: list = field(default_factory=list)  # results not bitwise the reference's
     shm_leaked: list = field(default_factory=list)
     orphans: list = field(default_factory=list)
     wall_s: float = 0.0
@@ -94,93 +111,95 @@ class Trial:
     def line(self) -> str:
         where = " ".join(f"{k}={v}" for k, v in self.moment.items())
         err = f" error={self.error[:300]!r}" if self.error else ""
-        return (f"[{self.stage} #{self.index}] seed={self.seed} {where} pid={self.killed_pid} redraws={self.redraws} "
-                f"-> {self.state} identical={self.identical} shm={len(self.shm_leaked)} orphans={len(self.orphans)} "
-                f"{self.wall_s:.1f}s{err}")
+        diff = f" differs={self.differs}" if self.differs else ""
+        return (f"[{self.kind} {self.stage} #{self.index}] seed={self.seed} {where} pid={self.killed_pid} "
+                f"redraws={self.redraws} -> {self.state} identical={self.identical}{diff} shm={len(self.shm_leaked)} "
+                f"orphans={len(self.orphans)} {self.wall_s:.1f}s{err}")
 
 
 class TooLate(Exception):
     """The drawn moment passed before it could be hit (the stage already gone): draw again."""
 
 
-def _progress_pos(info, blocks: int, computed: list) -> int | None:
-    """A job's progress as an index into the denoise's branch calls (computed steps only), or None before any.
-    A forecast step counts as the end of the computed steps before it."""
-    p = info.progress if info is not None else None
-    if p is None:
-        return None
-    if p.step in computed:
-        return computed.index(p.step) * blocks * len(KINDS) + branch_index(p.block, p.branch)
-    return sum(s < p.step for s in computed) * blocks * len(KINDS) - 1
-
-
 class Chaos:
-    """Trials on one pipeline: `baseline()` once, then `trial(stage, index)` as often as wanted."""
+    """Trials on one pipeline: `baseline(kind)` once per job kind, then `trial(stage, index, kind)` as often as
+    wanted. `hires_scale`: the hires kinds' scale (its second-pass pack must be the pipeline's)."""
 
-    def __init__(self, pipe: Pipeline, seed: int = 0, prompt: dict | None = None, log=print):
+    def __init__(self, pipe: Pipeline, seed: int = 0, prompt: dict | None = None, log=print,
+                 hires_scale: float = HIRES_SCALE):
         self.pipe, self.seed, self.prompt, self.log = pipe, seed, dict(prompt or PROMPT), log
-        self.base: Baseline | None = None
-        self.life: dict[str, float] = {}         # span the encoder/VAE/orchestrator draws spread over (shrinks
-                                                 # when a draw came too late)
+        self.prompts = {k: job_prompt(k, self.prompt, hires_scale) for k in JOB_KINDS}
+        self.bases: dict[str, Baseline] = {}
+        self.life: dict[tuple, float] = {}       # (kind, stage) -> span the encoder/VAE/orchestrator draws spread
+                                                 # over (shrinks when a draw came too late)
+
+    @property
+    def base(self) -> Baseline | None:
+        """The txt2img baseline."""
+        return self.bases.get("txt2img")
 
     # ------------------------------------------------------------ the undisturbed run
 
-    def baseline(self) -> Baseline:
+    def baseline(self, kind: str = "txt2img") -> Baseline:
+        if kind not in JOB_KINDS:
+            raise ValueError(f"job kind {kind!r}: choose one of {', '.join(JOB_KINDS)}")
         p, t0 = self.pipe, time.monotonic()
-        job = p.submit(self.prompt)
-        seen: dict[str, float] = {}
-        enc_pid_at = vae_pid_at = None
+        if kind == "img2img":
+            save_upload(p.rf.root, "input", INIT_IMAGE[0], INIT_IMAGE[1], init_png(), overwrite=True)
+        self._quiet()
+        at = trace_size(p.root / TRACE_FILE)
+        job = p.submit(self.prompts[kind])
+        alive = {"encoder": 0.0, "vae": 0.0}
+        last = time.monotonic()
         while True:
             info = p.status(job)
-            now = time.monotonic() - t0
-            if info is not None:
-                seen.setdefault(info.state, now)
-                if info.state in ("done", "failed", "cancelled"):
-                    break
-            if enc_pid_at is None and p.sup.info("encoder").pid:
-                enc_pid_at = now
-            if vae_pid_at is None and p.sup.info("vae").pid:
-                vae_pid_at = now
-            if now > JOB_TIMEOUT_S:
-                raise AssertionError(f"the undisturbed job {job} did not finish in {JOB_TIMEOUT_S:.0f} s\n{p.logs()}")
+            now = time.monotonic()
+            for stage in alive:
+                if p.sup.info(stage).pid:
+                    alive[stage] += now - last
+            last = now
+            if info is not None and info.state in END_STATES:
+                break
+            if now - t0 > JOB_TIMEOUT_S:
+                raise AssertionError(f"the undisturbed {kind} job {job} did not finish in {JOB_TIMEOUT_S:.0f} s\n"
+                                     f"{p.logs()}")
             time.sleep(POLL_S)
         if info.state != "done":
-            raise AssertionError(f"the undisturbed job failed: {info.error_stage}: {info.error}\n{p.logs()}")
-        report = p.report(job)
-        self.base = Baseline(
-            job=job, latent=np.load(p.job_dir(job) / "latent.npy"), computed=list(report["computed_steps"]),
-            blocks=report["branch_calls"] // (3 * len(report["computed_steps"])),
-            encoder_life_s=seen.get("denoising", now) - (enc_pid_at or seen.get("encoding", 0.0)),
-            vae_life_s=seen.get("done", now) - (vae_pid_at or seen.get("decoding", now)),
-            job_s=seen["done"])
-        self.log(f"baseline {job}: {self.base.job_s:.1f} s (encoder up {self.base.encoder_life_s:.1f} s, "
-                 f"VAE up {self.base.vae_life_s:.1f} s), computed {self.base.computed}, {self.base.blocks} blocks")
-        return self.base
+            raise AssertionError(f"the undisturbed {kind} job failed: {info.error_stage}: {info.error}\n{p.logs()}")
+        b = Baseline(kind=kind, job=job, outputs=job_outputs(p.job_dir(job)), calls=TraceCount(p.root / TRACE_FILE,
+                     job, at)(), alive_s={k: round(v, 3) for k, v in alive.items()}, job_s=time.monotonic() - t0)
+        self.bases[kind] = b
+        self.log(f"baseline {kind} {job}: {b.job_s:.1f} s (encoder up {b.alive_s['encoder']:.1f} s, VAE up "
+                 f"{b.alive_s['vae']:.1f} s), {b.calls} branch calls, results {sorted(b.outputs)}")
+        return b
 
     # ------------------------------------------------------------ one trial
 
-    def trial(self, stage: str, index: int) -> Trial:
+    def trial(self, stage: str, index: int, kind: str = "txt2img") -> Trial:
         if stage not in STAGES:
             raise ValueError(f"stage {stage!r}: choose one of {', '.join(STAGES)}")
-        if self.base is None:
-            self.baseline()
-        seed = self.seed * 1_000_003 + STAGES.index(stage) * 10_007 + index
+        if kind not in self.bases:
+            self.baseline(kind)
+        base = self.bases[kind]
+        seed = self.seed * 1_000_003 + JOB_KINDS.index(kind) * 100_003 + STAGES.index(stage) * 10_007 + index
         rng = random.Random(seed)
-        t = Trial(stage=stage, index=index, seed=seed)
+        t = Trial(stage=stage, index=index, seed=seed, kind=kind)
         t0 = time.monotonic()
         info = None
         for attempt in range(MAX_REDRAWS + 1):
             t.redraws = attempt
             self._quiet()
+            at = trace_size(self.pipe.root / TRACE_FILE)
             try:
-                t.job = self.pipe.submit(self.prompt)
+                t.job = self.pipe.submit(self.prompts[kind])
             except CliError as e:                   # refused: a failed trial, and the next one is still tried
                 t.state, t.error, t.wall_s = "refused", str(e), time.monotonic() - t0
                 return t
             try:
-                t.moment, t.killed_pid = self._kill(stage, t.job, rng)
+                t.moment, t.killed_pid = self._kill(stage, kind, t.job, rng, TraceCount(self.pipe.root / TRACE_FILE,
+                                                                                        t.job, at))
             except TooLate as e:
-                self.log(f"[{stage} #{index}] too late ({e}); drawing again")
+                self.log(f"[{kind} {stage} #{index}] too late ({e}); drawing again")
                 self.pipe.wait(t.job, timeout_s=JOB_TIMEOUT_S)
                 continue
             info = self.pipe.wait(t.job, timeout_s=JOB_TIMEOUT_S)
@@ -192,8 +211,9 @@ class Chaos:
         t.state = info.state
         if info.state != "done":
             t.error = f"{info.error_stage}: {info.error}"
-        latent = self.pipe.job_dir(t.job) / "latent.npy"
-        t.identical = info.state == "done" and latent.exists() and np.array_equal(np.load(latent), self.base.latent)
+        else:
+            t.differs = differing(job_outputs(self.pipe.job_dir(t.job)), base.outputs)
+            t.identical = not t.differs
         t.shm_leaked, t.orphans = self._leftovers()
         t.wall_s = time.monotonic() - t0
         return t
@@ -205,56 +225,66 @@ class Chaos:
         for name in ("encoder", "vae"):
             self.pipe.wait_program(name, ("STOPPED", "EXITED", "FATAL"))
 
-    def _kill(self, stage: str, job: str, rng: random.Random) -> tuple[dict, int]:
+    def _kill(self, stage: str, kind: str, job: str, rng: random.Random, served: TraceCount) -> tuple[dict, int]:
         """Wait for the drawn moment of `job` and SIGKILL `stage` there; -> (the moment, the pid killed)."""
-        p, b, u = self.pipe, self.base, rng.random()
-        deadline = time.monotonic() + JOB_TIMEOUT_S
+        u = rng.random()
         if stage in ("encoder", "vae"):
-            phase = "encoding" if stage == "encoder" else "decoding"
-            life = self.life.setdefault(stage, b.encoder_life_s if stage == "encoder" else b.vae_life_s)
-            delay = u * LIFE_FRACTION * life
-            pid = 0
-            while not pid:                           # the process exists (supervisord started it for this job)
-                info = p.status(job)
-                if info is not None and info.state in ("done", "failed", "cancelled"):
-                    raise TooLate(f"job {info.state} before {stage} started")
-                pid = p.sup.info(stage).pid
-                self._deadline(deadline, job)
-                time.sleep(POLL_S)
-            time.sleep(delay)
-            info = p.status(job)
-            if p.sup.info(stage).pid != pid or (info is not None and info.state != phase):
-                self.life[stage] = delay / LIFE_FRACTION * 0.9      # the machine got faster: draw within less
-                raise TooLate(f"{stage} gone after {delay:.2f} s")
-            p.kill(stage)
-            return {"u": round(u, 4), "delay_s": round(delay, 3), "state": phase}, pid
+            return self._kill_on_demand(stage, kind, job, u)
         if stage == "orchestrator":
-            delay = u * LIFE_FRACTION * self.life.setdefault(stage, b.job_s)
+            p = self.pipe
+            delay = u * LIFE_FRACTION * self.life.setdefault((kind, stage), self.bases[kind].job_s)
             time.sleep(delay)
             info = p.status(job)
-            if info is None or info.state in ("done", "failed", "cancelled"):
-                self.life[stage] = delay / LIFE_FRACTION * 0.9
+            if info is None or info.state in END_STATES:
+                self.life[(kind, stage)] = delay / LIFE_FRACTION * 0.9
                 raise TooLate(f"job {getattr(info, 'state', '?')} after {delay:.2f} s")
-            pos = _progress_pos(info, b.blocks, b.computed)
+            call = served()
             pid = p.kill("orchestrator")
-            return {"u": round(u, 4), "delay_s": round(delay, 3), "state": info.state, "call": pos}, pid
-        # scheduler / executor: a random branch call of the denoise
-        total = len(b.computed) * b.blocks * len(KINDS)
+            return {"u": round(u, 4), "delay_s": round(delay, 3), "state": info.state, "call": call}, pid
+        return self._kill_at_call(stage, job, u, served, self.bases[kind].calls)
+
+    def _kill_on_demand(self, stage: str, kind: str, job: str, u: float) -> tuple[dict, int]:
+        """Encoder / VAE: once their processes have been up `u` x LIFE_FRACTION of the baseline's time (summed over
+        each time the flow brought them up)."""
+        p, deadline = self.pipe, time.monotonic() + JOB_TIMEOUT_S
+        delay = u * LIFE_FRACTION * self.life.setdefault((kind, stage), self.bases[kind].alive_s[stage])
+        up, last = 0.0, time.monotonic()
+        while True:
+            info = p.status(job)
+            if info is not None and info.state in END_STATES:
+                self.life[(kind, stage)] = max(up, POLL_S) / LIFE_FRACTION * 0.9   # the machine got faster
+                raise TooLate(f"job {info.state} after {stage} was up {up:.2f} s of {delay:.2f}")
+            now, pid = time.monotonic(), p.sup.info(stage).pid
+            if pid:
+                up += now - last
+            last = now
+            if pid and up >= delay:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    raise TooLate(f"{stage} {pid} gone as it was killed") from None
+                return {"u": round(u, 4), "delay_s": round(delay, 3),
+                        "state": getattr(info, "state", "?")}, pid
+            self._deadline(deadline, job)
+            time.sleep(POLL_S)
+
+    def _kill_at_call(self, stage: str, job: str, u: float, served: TraceCount, total: int) -> tuple[dict, int]:
+        """Scheduler / executor: once the executor has served `u` x the baseline's branch calls of `job` (any pass)."""
+        p, deadline = self.pipe, time.monotonic() + JOB_TIMEOUT_S
         target = min(total - 1, int(u * total))
         while True:
             info = p.status(job)
-            if info is not None and info.state in ("decoding", "done", "failed", "cancelled"):
+            if info is not None and info.state in ("decoding",) + END_STATES:
                 raise TooLate(f"denoise over before call {target}")
-            pos = _progress_pos(info, b.blocks, b.computed) if info is not None and info.state == "denoising" \
-                else None
-            if pos is not None and pos >= target:
+            n = served()
+            if info is not None and info.state == "denoising" and n >= target:
                 break
             self._deadline(deadline, job)
             time.sleep(POLL_S)
         pid = p.kill(stage)
-        step = b.computed[target // (len(KINDS) * b.blocks)]
-        block, kind = (target // len(KINDS)) % b.blocks, KINDS[target % len(KINDS)]
-        return {"u": round(u, 4), "target": f"step{step}/b{block}/{kind}", "call": pos}, pid
+        last = served.last
+        after = f"step{last['step']}/b{last['block']}/{last['branch']}" if last else "-"
+        return {"u": round(u, 4), "target": target, "call": n, "after": after}, pid
 
     def _deadline(self, deadline: float, job: str) -> None:
         if time.monotonic() > deadline:
@@ -278,20 +308,38 @@ def summary_line(trials: list[Trial]) -> str:
             f"shm_leaked={sum(len(t.shm_leaked) for t in trials)} orphans={sum(len(t.orphans) for t in trials)}")
 
 
+def table(trials: list[Trial]) -> str:
+    """identical/trials per job kind (rows) and stage (columns), a Markdown table."""
+    kinds = [k for k in JOB_KINDS if any(t.kind == k for t in trials)]
+    stages = [s for s in STAGES if any(t.stage == s for t in trials)]
+    rows = ["| kind | " + " | ".join(stages) + " | all |", "|---" * (len(stages) + 2) + "|"]
+    for kind in kinds + ["all"]:
+        cells = []
+        for stage in stages + ["all"]:
+            ts = [t for t in trials if kind in ("all", t.kind) and stage in ("all", t.stage)]
+            cells.append(f"{sum(t.identical for t in ts)}/{len(ts)}")
+        rows.append(f"| {kind} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def run_trials(pipe: Pipeline, stages: list[str], trials: int, seed: int = 0, log=print,
-               after=None, prompt: dict | None = None) -> tuple[Chaos, list[Trial]]:
-    """`trials` per stage, interleaved (encoder, scheduler, …, encoder, …) on one pipeline; one line per trial;
-    `after(chaos, trials so far)` after each (the script saves its JSON there, so a cut-short run keeps its trials)."""
-    chaos = Chaos(pipe, seed, prompt=prompt, log=log)
-    chaos.baseline()
+               after=None, prompt: dict | None = None, kinds=("txt2img",),
+               hires_scale: float = HIRES_SCALE) -> tuple[Chaos, list[Trial]]:
+    """`trials` per stage and job kind, interleaved (txt2img encoder, txt2img scheduler, …, img2img encoder, …) on one
+    pipeline, the kinds' baselines first; one line per trial; `after(chaos, trials so far)` after each (the script
+    saves its JSON there, so a cut-short run keeps its trials)."""
+    chaos = Chaos(pipe, seed, prompt=prompt, log=log, hires_scale=hires_scale)
+    for kind in kinds:
+        chaos.baseline(kind)
     out = []
     for i in range(trials):
-        for stage in stages:
-            t = chaos.trial(stage, i)
-            log(t.line())
-            out.append(t)
-            if after is not None:
-                after(chaos, out)
+        for kind in kinds:
+            for stage in stages:
+                t = chaos.trial(stage, i, kind)
+                log(t.line())
+                out.append(t)
+                if after is not None:
+                    after(chaos, out)
     return chaos, out
 
 
@@ -301,9 +349,11 @@ def write_json(path: Path, chaos: Chaos, trials: list[Trial], stages: list[str],
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps({
-        "stages": stages, "trials_per_stage": per_stage, "seed": chaos.seed, "prompt": chaos.prompt,
-        "baseline": chaos.base.public(), "trials": [{**asdict(t), "survived": t.survived} for t in trials],
-        "summary": summary_line(trials), "complete": end_shm is not None, "end_shm": end_shm,
+        "stages": stages, "kinds": list(chaos.bases), "trials_per_stage_and_kind": per_stage, "seed": chaos.seed,
+        "prompts": {k: chaos.prompts[k] for k in chaos.bases},
+        "baselines": {k: b.public() for k, b in chaos.bases.items()},
+        "trials": [{**asdict(t), "survived": t.survived} for t in trials],
+        "table": table(trials), "summary": summary_line(trials), "complete": end_shm is not None, "end_shm": end_shm,
         "wall_s": round(wall_s, 1)}, indent=1))
     tmp.replace(path)
 
@@ -311,11 +361,15 @@ def write_json(path: Path, chaos: Chaos, trials: list[Trial], stages: list[str],
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stage", required=True, choices=STAGES + ("all",))
-    ap.add_argument("--trials", type=int, default=20, help="trials per stage (default 20)")
+    ap.add_argument("--kind", nargs="+", choices=JOB_KINDS + ("all",), default=["txt2img"],
+                    help="job kinds (default txt2img)")
+    ap.add_argument("--trials", type=int, default=20, help="trials per stage and kind (default 20)")
     ap.add_argument("--seed", type=int, default=0, help="base seed of the kill moments (recorded per trial)")
     ap.add_argument("--json", type=Path, help="write every trial and the summary here")
     ap.add_argument("--cache", type=Path, help="folder for the tiny bundle and pack (default: a temp folder)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--board-encoder", action="store_true",
+                    help="the board's ONNX text encoder instead of torch's (quicker stage starts)")
     ap.add_argument("--sampler", default=PROMPT["sampler"],
                     help="the job's sampler (e.g. er_sde: its history and noise position must survive every kill)")
     ap.add_argument("--scheduler", default=PROMPT["scheduler"])
@@ -331,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         ap.error(str(e))
     stages = list(STAGES) if args.stage == "all" else [args.stage]
+    args.kinds = list(JOB_KINDS) if "all" in args.kind else list(dict.fromkeys(args.kind))
     cache = args.cache or Path(tempfile.mkdtemp(prefix="anima-chaos-"))
     try:
         return _run(args, stages, cache)
@@ -372,7 +427,10 @@ def _run(args, stages: list[str], cache: Path) -> int:
     # the trials so far summed up
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
-    models, pack = tiny_assets(cache, lora_rank=args.lora_rank)
+    models, pack = tiny_assets(cache, PACK_SIZE, lora_rank=args.lora_rank)
+    hires = any(k.startswith("hires_") for k in args.kinds)
+    packs = (tiny_assets(cache, hires_size(), lora_rank=args.lora_rank)[1],) if hires else ()
+    extra = board_stage_toml(models, cache, PACK_SIZE, stages=("encoder",)) if args.board_encoder else ""
     for path, entry in args.loras:
         (models / "loras").mkdir(exist_ok=True)
         shutil.copyfile(path, models / "loras" / entry["name"])
@@ -384,12 +442,13 @@ def _run(args, stages: list[str], cache: Path) -> int:
         if args.json:
             write_json(args.json, chaos, done, stages, args.trials, time.monotonic() - t0)
     interrupted = False
-    with Pipeline.start(models, pack, threads=args.threads) as pipe:
+    with Pipeline.start(models, pack, threads=args.threads, packs=packs, extra_toml=extra) as pipe:
         try:
             prompt = {**PROMPT, "sampler": args.sampler, "scheduler": args.scheduler}
             if args.loras:
                 prompt["loras"] = [entry for _, entry in args.loras]
-            chaos, trials = run_trials(pipe, stages, args.trials, args.seed, after=save, prompt=prompt)
+            chaos, trials = run_trials(pipe, stages, args.trials, args.seed, after=save, prompt=prompt,
+                                       kinds=args.kinds)
         except CliError as e:                       # the undisturbed job refused: nothing to compare with
             print(f"the undisturbed job was refused: {e}", file=sys.stderr, flush=True)
             return 2
@@ -400,6 +459,7 @@ def _run(args, stages: list[str], cache: Path) -> int:
             print(f"interrupted after {len(trials)} trial(s)", flush=True)
     end_shm = pipe.leftover_segments()          # after supervisord's shutdown: nothing of the run may remain
     line = summary_line(trials)
+    print(table(trials), flush=True)
     if args.json:
         write_json(args.json, chaos, trials, stages, args.trials, time.monotonic() - t0, end_shm)
     print(line, flush=True)

@@ -228,6 +228,8 @@ class Tally:
         self.probes = 0
         self.examples: dict = {"5xx": [], "hang": [], "down": [], "leak": [], "traceback": []}
         self.wall_s = 0.0
+        self.sent = 0                       # requests sent (fewer than asked when --max-s ran out)
+        self.interrupted = False            # stopped by SIGINT/SIGTERM
         self.leaks = 0                      # answers that show the server's loras/ folder or a link's target
         self.peak_rss_mb: dict = {}         # program -> its largest VmHWM seen (MB)
         self.start_rss_mb: dict = {}        # the same before the first request
@@ -266,7 +268,7 @@ def _send(url: str, req: tuple, timeout_s: float, tally: Tally, secrets: tuple) 
         outcome = "ran"                   # A1111's call waits for its job, which the harness's encoder fails by design
     elif r.status_code >= 500:
         outcome = f"5xx {r.status_code}"
-    tally.add(kind, outcome, r.text)
+    tally.add(kind, outcome, f"{r.text} <- {text[:300]}" if r.status_code >= 500 else r.text)
     if "Traceback (most recent call last)" in r.text:
         tally.add(kind, "traceback", r.text)
     if any(x in r.text for x in secrets):
@@ -303,10 +305,21 @@ def _probe(url: str, timeout_s: float, tally: Tally) -> None:
     tally.failed_probes += not ok
 
 
+def _check(pipe, url: str, timeout_s: float, tally: Tally, start: dict, sent: int) -> dict:
+    """A probe, the programs' peak memory, and their pids against `start` (a change is a death); -> the pids now."""
+    _probe(url, timeout_s, tally)
+    _peak_rss(pipe, tally)
+    now = _pids(pipe)
+    for name in PROGRAMS:
+        if now[name] != start[name]:
+            tally.deaths.append(f"{name}: {start[name]} -> {now[name]} after request {sent}")
+    return now
+
+
 def fuzz(pipe, url: str, n: int, seed: int, timeout_s: float, loras: dict, secrets: tuple,
-         families=FAMILIES) -> Tally:
-    """`n` requests of `families` against the front; pids and peak memory of the programs looked at with every probe;
-    `secrets`: paths no answer may show."""
+         families=FAMILIES, max_s: float | None = None) -> Tally:
+    """`n` requests of `families` against the front (fewer when `max_s` seconds pass first: tally.sent says how
+    many); pids and peak memory of the programs looked at with every probe; `secrets`: paths no answer may show."""
     info = requests.get(url + "object_info", timeout=60).json()
     names = {k: info[node]["input"]["required"][f"{k}_name"][0][0]
              for k, node in (("unet", "UNETLoader"), ("clip", "CLIPLoader"), ("vae", "VAELoader"))}
@@ -319,24 +332,26 @@ def fuzz(pipe, url: str, n: int, seed: int, timeout_s: float, loras: dict, secre
     _peak_rss(pipe, tally)
     tally.start_rss_mb = dict(tally.peak_rss_mb)
     t0 = time.monotonic()
-    for i in range(n):
-        _send(url, gen.next(families, inputs), timeout_s, tally, secrets)
-        if (i + 1) % PROBE_EVERY == 0 or i + 1 == n:
-            _probe(url, timeout_s, tally)
-            _peak_rss(pipe, tally)
-            now = _pids(pipe)
-            for name in PROGRAMS:
-                if now[name] != start[name]:
-                    tally.deaths.append(f"{name}: {start[name]} -> {now[name]} after request {i + 1}")
-            start = now
-        if (i + 1) % 1000 == 0:
-            print(f"  {i + 1} requests, {time.monotonic() - t0:.0f} s, 5xx={tally.total('5xx')} "
-                  f"hangs={tally.total('hang')} deaths={len(tally.deaths)}", flush=True)
+    try:
+        for i in range(n):
+            _send(url, gen.next(families, inputs), timeout_s, tally, secrets)
+            tally.sent = i + 1
+            last = i + 1 == n or (max_s is not None and time.monotonic() - t0 > max_s)
+            if (i + 1) % PROBE_EVERY == 0 or last:
+                start = _check(pipe, url, timeout_s, tally, start, i + 1)
+            if (i + 1) % 1000 == 0:
+                print(f"  {i + 1} requests, {time.monotonic() - t0:.0f} s, 5xx={tally.total('5xx')} "
+                      f"hangs={tally.total('hang')} deaths={len(tally.deaths)}", flush=True)
+            if last:
+                break
+    except KeyboardInterrupt:                   # SIGINT/SIGTERM: the requests so far are reported
+        tally.interrupted = True
+        print(f"interrupted after {tally.sent} requests", flush=True)
     tally.wall_s = time.monotonic() - t0
     return tally
 
 
-def report(tally: Tally, n: int, out: Path, max_rss_mb: int = MAX_RSS_MB) -> bool:
+def report(tally: Tally, out: Path, max_rss_mb: int = MAX_RSS_MB) -> bool:
     outcomes = sorted({o for c in tally.by_kind.values() for o in c})
     print(f"{'kind':<22}" + "".join(f"{o:>9}" for o in outcomes) + f"{'total':>8}")
     for kind in sorted(tally.by_kind):
@@ -345,15 +360,16 @@ def report(tally: Tally, n: int, out: Path, max_rss_mb: int = MAX_RSS_MB) -> boo
     hangs, fives, down = tally.total("hang"), tally.total("5xx"), tally.total("down")
     heavy = {k: v for k, v in tally.peak_rss_mb.items() if v > max_rss_mb}
     ok = hangs == 0 and fives == 0 and down == 0 and not tally.deaths and tally.failed_probes == 0 and not tally.leaks \
-        and not heavy and tally.total("traceback") == 0
+        and not heavy and tally.total("traceback") == 0 and not tally.interrupted
     start = tally.start_rss_mb
     print("peak RSS MB (measured, VmHWM; at start -> end): " + ", ".join(
         f"{k} {start.get(k, '?')} -> {v}" for k, v in sorted(tally.peak_rss_mb.items())) + f"; bound {max_rss_mb}")
+    n = tally.sent
     print(f"requests={n} hangs={hangs} 5xx={fives} down={down} stage_deaths={len(tally.deaths)} leaks={tally.leaks} "
           f"probes={tally.probes - tally.failed_probes}/{tally.probes} wall_s={tally.wall_s:.0f} "
           f"{'ok' if ok else 'FAILED'}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"requests": n, "hangs": hangs, "5xx": fives, "down": down, "leaks": tally.leaks,
+    out.write_text(json.dumps({"requests": n, "interrupted": tally.interrupted, "hangs": hangs, "5xx": fives, "down": down, "leaks": tally.leaks,
                                "stage_deaths": tally.deaths, "probes": tally.probes,
                                "failed_probes": tally.failed_probes, "wall_s": tally.wall_s,
                                "peak_rss_mb": tally.peak_rss_mb, "start_rss_mb": tally.start_rss_mb,
@@ -363,23 +379,30 @@ def report(tally: Tally, n: int, out: Path, max_rss_mb: int = MAX_RSS_MB) -> boo
     return ok
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def run(n: int, seed: int, timeout_s: float, out: Path, keep: bool, families=FAMILIES,
-        max_rss_mb: int = MAX_RSS_MB) -> bool:
+        max_rss_mb: int = MAX_RSS_MB, max_s: float | None = None, daemon_timeout_s: float | None = None) -> bool:
     from models.models_dir import resolve_models
     from models.packs.pack import build_pack
     from tests.pipeline_harness import Pipeline, tiny_assets
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))   # unwinds: the pipeline stops
+    signal.signal(signal.SIGTERM, _interrupt)      # the requests so far reported, then the pipeline stopped
+    signal.signal(signal.SIGINT, _interrupt)
+    # keys before the first table header land in the harness's last table, [stage.http]
+    extra = (f"request_timeout_s = {daemon_timeout_s}\n" if daemon_timeout_s else "") + FUZZ_TOML
     cache = Path(tempfile.mkdtemp(prefix="anima-fuzz-http-"))
     try:
         models, pack = tiny_assets(cache)
         loras = hostile_loras(models / "loras", cache / "outside.safetensors")
         lora_pack = build_pack(resolve_models(models, {}, need=("dit",)).dit, cache / "pack-lora", LORA_PACK, "fp16",
                                lora_rank=LORA_RANK)
-        with Pipeline.start(models, pack, threads=1, extra_toml=FUZZ_TOML, keep=keep, packs=(lora_pack,)) as pipe:
+        with Pipeline.start(models, pack, threads=1, extra_toml=extra, keep=keep, packs=(lora_pack,)) as pipe:
             secrets = tuple({str(models / "loras"), str((models / "loras").resolve()), str(cache / "outside")})
-            tally = fuzz(pipe, pipe.http_url(), n, seed, timeout_s, loras, secrets, families)
+            tally = fuzz(pipe, pipe.http_url(), n, seed, timeout_s, loras, secrets, families, max_s)
             settle_jobs(pipe)
-            return report(tally, n, out, max_rss_mb)
+            return report(tally, out, max_rss_mb)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 
@@ -394,11 +417,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=FAMILIES, default=list(FAMILIES),
                         help="request families: graph shapes, LoRA files, init images and schedule bounds")
     parser.add_argument("--max-rss-mb", type=int, default=MAX_RSS_MB, help="a program's allowed peak RSS (MB)")
+    parser.add_argument("--max-s", type=float, default=None,
+                        help="stop sending after this many seconds (the summary says how many requests were sent)")
+    parser.add_argument("--daemon-timeout", type=float, default=None,
+                        help="the front's [stage.http] request_timeout_s (default its own, 5 s): on a starved machine "
+                             "a silent daemon is a 503 after it")
     args = parser.parse_args(argv)
-    if args.requests < 1 or args.timeout <= 0:
-        parser.error("--requests must be >= 1 and --timeout > 0")
+    if args.requests < 1 or args.timeout <= 0 or (args.max_s is not None and args.max_s <= 0) \
+            or (args.daemon_timeout is not None and not 0.1 <= args.daemon_timeout <= 120):
+        parser.error("--requests must be >= 1, --timeout and --max-s > 0, --daemon-timeout in [0.1, 120]")
     return 0 if run(args.requests, args.seed, args.timeout, args.json, args.keep, tuple(args.only),
-                    args.max_rss_mb) else 1
+                    args.max_rss_mb, args.max_s, args.daemon_timeout) else 1
 
 
 if __name__ == "__main__":

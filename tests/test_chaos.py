@@ -1,5 +1,6 @@
 """Crash survival on the real pipeline (tests/pipeline_harness.py): bench/chaos.py's trials at CI size (one SIGKILL
-per stage at a seeded random moment of a 2-step tiny job: done, bitwise as undisturbed, no segment, no orphan); a job
+per stage at a seeded random moment of a 2-step tiny txt2img job, and one in each other job kind (img2img, latent and
+pixel hires, batch): done, every latent and image bitwise as undisturbed, no segment, no orphan); a job
 that fails after bounded retries names the stage and last error and finishes after `orchestrator resume JOB` with the
 same latent; the run folder and its sockets are private."""
 from __future__ import annotations
@@ -18,9 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.chaos import STAGES, Chaos, summary_line  # noqa: E402
+from bench.chaos_jobs import hires_size  # noqa: E402
 from models.sampling.denoise import STATE_FILE  # noqa: E402
 from orchestrator import cli  # noqa: E402
-from tests.pipeline_harness import Pipeline  # noqa: E402
+from tests.pipeline_harness import Pipeline, board_stage_toml, tiny_assets  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -32,16 +34,24 @@ JOB_TIMEOUT_S = 900.0
 # branch takes milliseconds, an ONNX executor's restart a second or two)
 BRANCH_TIMEOUT_S = 10.0
 REQUEST_S = 2.0              # [timeouts] request_s: a restarted stage answers HELLO within a second or two
+# the other job kinds, one trial each (CI time), at the stage whose recovery is that kind's own: the VAE encoding the
+# init image, a scheduler in the second pass's DENOISE, the orchestrator across the pixel path's decode/encode, an
+# executor in a batch
+KIND_STAGES = {"img2img": "vae", "hires_latent": "scheduler", "hires_pixel": "orchestrator", "batch": "executor"}
 
 
 @pytest.fixture(scope="module")
-def pipe(pipeline_assets, board_stages):
+def pipe(pipeline_assets):
     models, pack = pipeline_assets
+    hires_pack = tiny_assets(pack.parent, hires_size())[1]         # the hires kinds' second pass (160x160)
+    # the board's ONNX encoder; the torch VAE, which encodes too (img2img, the pixel hires path; the board bundle has
+    # no VAE encoder pack)
+    stages = board_stage_toml(models, pack.parent, stages=("encoder",))
     # one restart per job is all a trial needs (one kill each); the bounded-retries test then gives up after two
     # attempts instead of four: the first waits out the scheduler's resends to a silent executor (BRANCH_TIMEOUT_S),
     # the second its HELLO to the executor (4 x REQUEST_S)
     p = Pipeline.start(models, pack, threads=1, stage_retries=1, branch_timeout_s=BRANCH_TIMEOUT_S,
-                       request_s=REQUEST_S, extra_toml=board_stages)                           # the board's stages
+                       request_s=REQUEST_S, extra_toml=stages, packs=(hires_pack,))
     try:
         yield p
     finally:
@@ -82,6 +92,17 @@ def test_sigkill_at_a_random_moment(chaos, stage):
     assert t.identical, "the final latent differs from the undisturbed run"
     assert t.shm_leaked == [] and t.orphans == [], t.line()
     assert summary_line([t]) == "survived=1/1 identical=1/1 shm_leaked=0 orphans=0"
+
+
+@pytest.mark.parametrize("kind, stage", sorted(KIND_STAGES.items()))
+def test_sigkill_in_every_job_kind(chaos, kind, stage):
+    t = chaos.trial(stage, 0, kind)
+    print("\n" + t.line())
+    assert t.killed_pid > 0 and t.moment, t
+    assert t.survived, f"{t.line()}\n{chaos.pipe.logs()}"
+    assert t.identical, f"not bitwise the undisturbed {kind} job: {t.differs}"
+    assert t.shm_leaked == [] and t.orphans == [], t.line()
+    assert len(chaos.bases[kind].outputs) >= 2 + (kind == "batch") * 2 + kind.startswith("hires")
 
 
 def _cli(pipe, *args) -> tuple[int, str]:
