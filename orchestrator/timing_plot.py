@@ -125,11 +125,22 @@ def plot_data(report: dict) -> dict:
     return {"title": title, "provenance": label, "panels": panels}
 
 
+def colour_of(name: str) -> str | None:
+    """A series' colour: its own, else its kind's (the backend in "branch inference (onnx)" varies by run)."""
+    return COLOURS.get(name, COLOURS.get(name.split(" (")[0]))
+
+
+def series_colours(data: dict) -> dict:
+    """Every colour a drawing of `data` (plot_data's) needs, by the names its panels use."""
+    names = {n for p in data["panels"] for n in (p.get("series") or {})}
+    return {**COLOURS, **{n: c for n in names if (c := colour_of(n)) is not None}}
+
+
 def _steps_panel(ax, p: dict) -> None:
     x = p["x"]
     bottom = [0.0] * len(x)
     for name, values in p["series"].items():
-        ax.bar(x, values, bottom=bottom, label=name, width=0.8, color=COLOURS.get(name, COLOURS.get(name.split(" (")[0])))
+        ax.bar(x, values, bottom=bottom, label=name, width=0.8, color=colour_of(name))
         bottom = [b + v for b, v in zip(bottom, values)]
     for xi, computed, top in zip(x, p["computed"], bottom):
         if not computed:

@@ -35,7 +35,12 @@ def url_of(p: Pipeline) -> str:
 
 def _names(url: str) -> dict:
     """The loader file names, read from /object_info as a ComfyUI client would."""
-    info = requests.get(url + "object_info", timeout=30).json()
+    deadline = time.monotonic() + 90
+    while (r := requests.get(url + "object_info", timeout=30)).status_code == 503:   # the daemon not answering yet:
+        assert time.monotonic() < deadline, r.text                                   # poll, as SwarmUI's liveness does
+        time.sleep(0.5)
+    assert r.status_code == 200, r.text
+    info = r.json()
     first = lambda cls, name: info[cls]["input"]["required"][name][0][0]  # noqa: E731
     return {"unet": first("UNETLoader", "unet_name"), "clip": first("CLIPLoader", "clip_name"),
             "vae": first("VAELoader", "vae_name")}

@@ -72,7 +72,7 @@ def test_the_plan_holds_every_branch_input_and_output(spec):
 
 def _client(arena, scratch, pack):
     msg = SimpleNamespace(executor="ipc:///tmp/anima-test-executor.sock", scratch=scratch, job="j")
-    return BranchClient(None, msg, pack, None, None, arena, [1], max_lost=0)
+    return BranchClient(None, msg, pack, None, None, arena, [1], max_lost=0, steps=1)
 
 
 @pytest.mark.parametrize("spec", PACKS)

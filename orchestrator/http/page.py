@@ -160,7 +160,7 @@ async def post_estimate(request: web.Request) -> web.Response:
 async def timing(request: web.Request) -> web.Response:
     """The job's timing panels as data, for the page's report view (drawn there at the screen's width; timing.png is
     the daemon's fixed-width picture of the same data)."""
-    from orchestrator.timing_plot import COLOURS, plot_data
+    from orchestrator.timing_plot import plot_data, series_colours
     front = request.app[FRONT]
     job = request.match_info["job"]
     if not JOB_ID_RE.match(job):
@@ -173,7 +173,7 @@ async def timing(request: web.Request) -> web.Response:
         raise refuse(404, f"job {job} has no report.json (yet)") from None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise refuse(404, f"job {job}'s report.json cannot be read: {e}"[:300]) from None
-    return json_response({**data, "colours": COLOURS})
+    return json_response({**data, "colours": series_colours(data)})
 
 
 async def favicon(request: web.Request) -> web.FileResponse:
