@@ -246,7 +246,9 @@ def test_a_comfy_hires_graph_runs_both_passes(pipe, reference_job):
     first, second = np.load(jd / "latent.npy"), np.load(jd / "hires_latent.npy")
     assert first.shape == second.shape and not np.array_equal(first, second)     # sampled again from the first
     report = json.loads((jd / "report.json").read_text())
-    assert report["computed_steps"] == [1, 2]                                   # the second pass's two steps
+    # both passes reported, one after the other: the first pass's one step, then the second pass's two
+    assert [(p["pass"], p["computed_steps"]) for p in report["passes"]] == [("first", [1]), ("hires", [1, 2])]
+    assert report["computed_steps"] == [1, 1, 2]
     im = Image.open(io.BytesIO(images["image.png"]))
     assert im.size == (128, 128) and "Hires upscale: 1.0, Hires steps: 2," in im.text["parameters"]
     sent = json.loads(im.text["prompt"])
