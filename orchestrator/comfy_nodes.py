@@ -153,27 +153,30 @@ def _cache_nodes() -> tuple[NodeSpec, ...]:
                  for kind, name in CACHE_NODES.items())
 
 
+def _seed_input(name: str) -> InputSpec:
+    return InputSpec(name, "INT", 0, dict(min=0, max=SEED_LIMIT - 1, control_after_generate=True))
+
+
+def _pass_inputs() -> tuple[InputSpec, ...]:
+    """The inputs both samplers share, in ComfyUI's order after the seed: steps to latent_image."""
+    return (InputSpec("steps", "INT", DEFAULT_STEPS, dict(min=1, max=MAX_STEPS)),
+            InputSpec("cfg", "FLOAT", DEFAULT_CFG, dict(min=1.0, max=MAX_CFG, step=0.1, round=0.01)),
+            _combo("sampler_name", SAMPLER_NAMES), _combo("scheduler", SCHEDULER_NAMES, DEFAULT_SCHEDULER),
+            InputSpec("positive", "CONDITIONING"), InputSpec("negative", "CONDITIONING"),
+            InputSpec("latent_image", "LATENT"))
+
+
 def _sampler_nodes() -> tuple[NodeSpec, ...]:
     """KSampler and KSamplerAdvanced, with the ranges of this pipeline's one sampling pass."""
     return (
         NodeSpec("KSampler", "KSampler", "sampling", "sampler",
                  (InputSpec("model", "MODEL"),
-                  InputSpec("seed", "INT", 0, dict(min=0, max=SEED_LIMIT - 1, control_after_generate=True)),
-                  InputSpec("steps", "INT", DEFAULT_STEPS, dict(min=1, max=MAX_STEPS)),
-                  InputSpec("cfg", "FLOAT", DEFAULT_CFG, dict(min=1.0, max=MAX_CFG, step=0.1, round=0.01)),
-                  _combo("sampler_name", SAMPLER_NAMES), _combo("scheduler", SCHEDULER_NAMES, DEFAULT_SCHEDULER),
-                  InputSpec("positive", "CONDITIONING"), InputSpec("negative", "CONDITIONING"),
-                  InputSpec("latent_image", "LATENT"),
+                  _seed_input("seed"), *_pass_inputs(),
                   InputSpec("denoise", "FLOAT", 1.0, dict(min=0.0, max=1.0, step=0.01))),
                  ("LATENT",), ("LATENT",), job={**PASS_FIELDS, "seed": "seed", "denoise": "denoise"}),
         NodeSpec("KSamplerAdvanced", "KSampler (Advanced)", "sampling", "sampler",
                  (InputSpec("model", "MODEL"), _combo("add_noise", ("enable", "disable"), advanced=True),
-                  InputSpec("noise_seed", "INT", 0, dict(min=0, max=SEED_LIMIT - 1, control_after_generate=True)),
-                  InputSpec("steps", "INT", DEFAULT_STEPS, dict(min=1, max=MAX_STEPS)),
-                  InputSpec("cfg", "FLOAT", DEFAULT_CFG, dict(min=1.0, max=MAX_CFG, step=0.1, round=0.01)),
-                  _combo("sampler_name", SAMPLER_NAMES), _combo("scheduler", SCHEDULER_NAMES, DEFAULT_SCHEDULER),
-                  InputSpec("positive", "CONDITIONING"), InputSpec("negative", "CONDITIONING"),
-                  InputSpec("latent_image", "LATENT"),
+                  _seed_input("noise_seed"), *_pass_inputs(),
                   InputSpec("start_at_step", "INT", 0, dict(min=0, max=10000, advanced=True)),
                   InputSpec("end_at_step", "INT", 10000, dict(min=0, max=10000, advanced=True)),
                   _combo("return_with_leftover_noise", ("disable", "enable"), advanced=True)),
