@@ -120,6 +120,19 @@ class Supervisor:
         """supervisord's own state name (RUNNING when healthy)."""
         return self._call("supervisor.getState")["statename"]
 
+    def wait_answering(self, timeout_s: float, alive: Callable[[], bool] = lambda: True) -> str:
+        """Poll until supervisord answers on its socket (-> its state name). Its socket file is linked in before it
+        listens, so a connect in between is refused: the file's existence is not yet an answer. `alive` says whether
+        the supervisord being waited for still runs (a start that failed stops the wait at once)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self.ping()
+            except SupervisorError:
+                if not alive() or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.05)
+
     def info(self, name: str) -> ProcInfo:
         return ProcInfo.from_rpc(self._call("supervisor.getProcessInfo", name, name=name))
 

@@ -83,6 +83,7 @@ class Doubles:
         while not self.rf.supervisor_sock.exists():
             assert time.monotonic() < deadline and self.proc.poll() is None, "supervisord did not start"
             time.sleep(0.05)
+        self.sup.wait_answering(max(1.0, deadline - time.monotonic()), alive=lambda: self.proc.poll() is None)
         for name in ("orchestrator", "scheduler", "executor", "http"):
             self.sup.wait_state(name, ("RUNNING",), 60)
         while not (self.rf.daemon_sock.exists() and self.rf.http_json.exists()):

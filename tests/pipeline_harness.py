@@ -146,6 +146,11 @@ class Pipeline:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self.rf.supervisor_sock.exists():
             self._check_alive(deadline)
+        try:
+            self.sup.wait_answering(max(1.0, deadline - time.monotonic()), alive=lambda: self.proc.poll() is None)
+        except SupervisorError:
+            self._check_alive(0.0)
+            raise
         for name in always_on:
             self.sup.wait_state(name, ("RUNNING",), max(1.0, deadline - time.monotonic()))
         while not self.rf.daemon_sock.exists():

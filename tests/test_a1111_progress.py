@@ -53,6 +53,7 @@ def _request_run(images: int, steps: int, hires_steps: int) -> list[tuple[JobVie
     for k in range(1, images + 1):
         job, origin = f"20260101-000000-job{k}", {"api": "a1111", "image": k, "images": images}
         looks.append((_view(job, "encoding", spec, origin), (k, 0, 0, 0, "")))
+        looks.append((_view(job, "denoising", spec, origin), (k, 0, 0, 0, "")))     # before its first branch
         for pass_no, (name, n) in enumerate([("first", steps), ("hires", hires_steps)]):
             where = m.DenoisePass(image=1, images=1, name=name)
             for s in range(1, n + 1):

@@ -72,6 +72,7 @@ def _start_supervisord(conf: Path, sock: Path) -> subprocess.Popen:
             proc.kill()
             raise RuntimeError("supervisord did not create its socket")
         time.sleep(0.05)
+    Supervisor(sock).wait_answering(max(1.0, deadline - time.monotonic()), alive=lambda: proc.poll() is None)
     return proc
 
 
@@ -263,3 +264,42 @@ def test_the_on_demand_stages_are_the_ones_supervisord_does_not_autostart():
     from stages.base import SUPERVISOR_STARTSECS
     assert {p: conf.getfloat(f"program:{p}", "startsecs") for p in STAGE_PROGRAMS + ("orchestrator",)} == \
         {p: SUPERVISOR_STARTSECS for p in STAGE_PROGRAMS + ("orchestrator",)}
+
+
+def test_wait_answering_outlasts_a_socket_file_that_does_not_listen_yet(tmp_path):
+    """supervisord links its socket file in before it listens (supervisor/http.py: bind, link, then postbind's
+    listen): a connect in that window is refused. The wait outlasts it; a start that died ends the wait at once."""
+    import socket
+    import threading
+    import xmlrpc.client
+    path = tmp_path / "s.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))                                    # the file exists, nobody listens
+    with pytest.raises(SupervisorError, match="not reachable"):
+        Supervisor(path).ping()
+    with pytest.raises(SupervisorError, match="not reachable"):
+        Supervisor(path).wait_answering(30, alive=lambda: False)
+
+    def listen_late():
+        time.sleep(0.3)
+        srv.listen(1)
+        conn, _ = srv.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(4096)
+            head, body = data.split(b"\r\n\r\n", 1)
+            length = int([h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")][0])
+            while len(body) < length:
+                body += conn.recv(4096)
+            reply = xmlrpc.client.dumps(({"statecode": 1, "statename": "RUNNING"},), methodresponse=True).encode()
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/xml\r\nContent-Length: %d\r\n\r\n" % len(reply) + reply)
+    t = threading.Thread(target=listen_late)
+    t.start()
+    t0 = time.monotonic()
+    try:
+        assert Supervisor(path).wait_answering(30) == "RUNNING"
+        assert time.monotonic() - t0 >= 0.25
+    finally:
+        t.join(10)
+        srv.close()

@@ -390,7 +390,9 @@ def request_progress(job: JobView, blocks: int | None) -> tuple[float, int, int,
     where, p = job.info.denoise_pass, job.info.progress
     images = where.images if where is not None else max(1, int(job.spec.get("batch") or 1))
     per_job = images * (2 if job.spec.get("hires") else 1)
-    unit, within, step, steps = 0, 0.01, 0, 0          # encoding: the job's first pass not begun
+    # encoding, and denoising before its first branch reports: the job's first pass not begun. Both count 0 so the
+    # fraction never falls back when the first step's first branches (a few thousandths) arrive.
+    unit, within, step, steps = 0, 0.0, 0, 0
     if job.state == "decoding":
         unit, within = per_job - 1, 1.0                # every pass done (the cap keeps it under 1)
     elif job.state == "denoising":
