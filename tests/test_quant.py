@@ -166,9 +166,9 @@ def test_calibrate_at_cfg_1_records_one_pass_and_no_negative(outlier_ckpt, tiny_
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("1girl, blue hair\nlandscape, mountains at dawn\n")
     with caplog.at_level("WARNING"):
-        assert main(["calibrate", str(pack), "--models", str(tiny_bundle), "--dit", str(outlier_ckpt), "--prompts", str(prompts), "--out", str(tmp_path / "c1"),
-                     "--seeds", "3", "--steps", "4", "--cfg", "1", "--negative", "blurry", "--samples", "5",
-                     "--holdout", "2"]) == 0
+        assert main(["calibrate", str(pack), "--models", str(tiny_bundle), "--dit", str(outlier_ckpt), "--prompts",
+                     str(prompts), "--out", str(tmp_path / "c1"), "--seeds", "3", "--steps", "4", "--cfg", "1",
+                     "--negative", "blurry", "--samples", "5", "--holdout", "2"]) == 0
     assert any("--negative" in r.getMessage() and "not encoded" in r.getMessage() for r in caplog.records)
     c = read_calib(tmp_path / "c1")
     assert c.info["records"] == 2 * 1 * 4 * 1 and c.info["passes"] == 1 and c.info["contexts"] == 2
