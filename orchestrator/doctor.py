@@ -163,7 +163,7 @@ class Doctor:
         from models.packs.pack import PackError, load_pack
         ex = self.cfg.stage_settings("executor")
         avail = None
-        if ex.get("backend") == "rknn":
+        if self.cfg.backend == "rknn" and probes.is_rk3588():
             avail = probes.meminfo_kb().get("MemAvailable")
             avail = None if avail is None else avail / 1024
         for d in self.cfg.packs:
@@ -196,13 +196,22 @@ class Doctor:
 
     def check_machine(self) -> None:
         compat = probes.soc_compatible()
-        if compat and any("rk3588" in c for c in compat):
+        if probes.is_rk3588():
             self.add(OK, "machine", f"{', '.join(compat)} ({platform.machine()})")
         elif self._npu_used():
             self.add(FAIL, "machine", f"{platform.machine()}, not an RK3588 ({', '.join(compat or ['no device tree'])})"
                                       ": the rknn backend needs the board; use a --target none bundle elsewhere")
         else:
             self.add(OK, "machine", f"{platform.machine()} (not an RK3588): the NPU checks do not apply (CPU backend)")
+
+    def check_board_ram(self) -> None:
+        """Which board RAM the board model prices with (estimate, keep_up auto): configured, read here, or assumed."""
+        if self.cfg is None:
+            return
+        from orchestrator.estimate import BoardSettings
+        board = BoardSettings.of_config(self.cfg)
+        self.add(OK, "board-ram", f"{board.board_ram_gb} GB board ({board.ram_basis}): what the estimate and keep_up "
+                                  "auto price")
 
     def check_npu(self) -> None:
         if not self._npu_used():
@@ -369,7 +378,8 @@ class Doctor:
                                               f"{self.rf.supervisord_conf} start {name}")
 
     def run(self) -> list[Check]:
-        for check in (self.check_config, self.check_run_folder, self.check_uploads, self.check_machine, self.check_npu,
+        for check in (self.check_config, self.check_run_folder, self.check_uploads, self.check_machine,
+                      self.check_board_ram, self.check_npu,
                       self.check_governors, self.check_memory, self.check_packs, self.check_size_memory,
                       self.check_supervisord):
             try:

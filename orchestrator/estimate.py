@@ -39,13 +39,20 @@ class BoardSettings:
     policy: object = "auto"
     executor: dict = field(default_factory=dict)      # the whole table (parse_policy's resident_mb, dual_masks)
     vae: str = "npu"                                  # where the VAE decodes: npu (a VAE pack) or cpu (torch)
+    ram_basis: str = "assumed"                        # where board_ram_gb comes from (models/board/account.board_ram)
 
     @classmethod
     def of_config(cls, cfg) -> "BoardSettings":
+        """The run folder's settings; the board's RAM is board_ram_gb (board-sim), or read on the board itself
+        (the rknn executor on an RK3588), or assumed (models/board/account.board_ram)."""
+        from models.board.account import board_ram
+        from models.runtime import probes
         ex = cfg.stage_settings("executor")
         vae = "cpu" if cfg.stage_settings("vae").get("backend", "torch") == "torch" else "npu"
-        return cls(int(ex.get("board_ram_gb", 8)), str(ex.get("board_model", "full")), ex.get("board_cost"),
-                   ex.get("policy", "auto"), ex, vae)
+        on_board = cfg.backend == "rknn" and probes.is_rk3588()
+        ram, basis = board_ram(ex, probes.meminfo_kb().get("MemTotal") if on_board else None)
+        return cls(ram, str(ex.get("board_model", "full")), ex.get("board_cost"), ex.get("policy", "auto"), ex, vae,
+                   basis)
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,7 @@ class Estimate:
     source: str
     notes: tuple = ()
     label: str = LABEL
+    ram_basis: str = ""                               # BoardSettings.ram_basis: configured, read or assumed
 
     @property
     def job_s(self) -> float:
@@ -81,8 +89,8 @@ class Estimate:
 
     def lines(self) -> list:
         w, h = self.size
-        out = [f"{self.label} RK3588 board ({self.source}), {self.board_ram_gb} GB, policy {self.policy}, "
-               f"{w}x{h}",
+        ram = f"{self.board_ram_gb} GB" + (f" ({self.ram_basis})" if self.ram_basis else "")
+        out = [f"{self.label} RK3588 board ({self.source}), {ram}, policy {self.policy}, {w}x{h}",
                f"{self.label} encode {self.encode_s:.1f} s (text encoder stage, start and weights included)",
                f"{self.label} denoise {self.denoise_s:.1f} s: {self.calls} model calls x {self.passes} CFG "
                f"pass{'es' if self.passes > 1 else ''}",
@@ -227,7 +235,7 @@ def estimate_spec(spec, packs: dict, board: BoardSettings, cached: bool = False)
     encode = 0.0 if cached else encoder_s(model, 1 if spec.negative_ignored() else 2, encodes)
     return Estimate(encode_s=encode, denoise_s=denoise, decode_s=decode, calls=calls,
                     passes=passes, policy=policy, board_ram_gb=board.board_ram_gb, size=size,
-                    source=f"{model.source}, {what}", notes=tuple(notes))
+                    source=f"{model.source}, {what}", notes=tuple(notes), ram_basis=board.ram_basis)
 
 
 def estimate_with_config(spec, cfg, packs: dict | None = None) -> Estimate:

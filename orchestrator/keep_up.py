@@ -8,7 +8,9 @@
     always   up through the denoise too, where the board model says it fits beside the DiT policy's contexts
              (models/board/account.stays_up_while_denoising: never on an 8 GB board); else as `idle`
     auto     (the default) the board model's per-RAM policy: `always` for a stage that fits beside the DiT, else
-             `idle` (so on the 8 GB board: `idle`, nothing beside the DiT while it denoises)
+             `idle` (so on the 8 GB board: `idle`, nothing beside the DiT while it denoises). The RAM is
+             [stage.executor] board_ram_gb (board-sim); on the board itself (the rknn executor on an RK3588) the
+             machine's MemTotal; else 8 GB, assumed. The policy's record (report.json keep_up, the log) says which.
 
 The rule the pipeline keeps whatever the setting: on an 8 GB board neither stage is up while the DiT denoises.
 """
@@ -49,7 +51,8 @@ NEVER = KeepUp()
 
 def resolve(setting: str, cfg, pack_dir, size: tuple) -> KeepUp:
     """`setting` (MODES) for a job on `pack_dir` (None: the official model) at `size`, on the run folder's board
-    settings ([stage.executor] board_ram_gb, policy): the board model decides what fits (modelled)."""
+    settings ([stage.executor] policy; the board's RAM configured, read on the board, or assumed:
+    estimate.BoardSettings.of_config): the board model decides what fits (modelled)."""
     if setting == "never":
         return NEVER
     from models.board.account import STAYS_UP_RULE_GB, fit_together, stays_up_while_denoising
@@ -66,8 +69,10 @@ def resolve(setting: str, cfg, pack_dir, size: tuple) -> KeepUp:
         if setting == "always" and not fits:
             log.info("keep_up always: the %s does not fit beside the DiT on the %d GB board (modelled): idle",
                      stage, board.board_ram_gb)
-    return KeepUp(modes, fit_together(model, budget, STAGES),
-                  f"{setting}: " + ", ".join(f"{s} {m}" for s, m in modes.items()))
+    why = (f"{setting}: " + ", ".join(f"{s} {m}" for s, m in modes.items())
+           + f" ({board.board_ram_gb} GB board, {board.ram_basis})")
+    log.info("keep_up %s", why)
+    return KeepUp(modes, fit_together(model, budget, STAGES), why)
 
 
 def for_job(daemon, job) -> KeepUp:

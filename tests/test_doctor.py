@@ -128,6 +128,9 @@ def test_npu_checks_on_a_machine_without_the_runtime(tree, tmp_path, bundle, mon
     rc, lines, last = run_doctor(rf)
     assert rc == 1 and not last.endswith(" fail=0")
     assert lines["machine"].startswith("fail machine: x86_64, not an RK3588 (no device tree)")
+    # a PC is no board: its own RAM (16 GB here) is not read, the 8 GB board is assumed
+    assert lines["board-ram"].startswith("ok board-ram: 8 GB board (assumed: board_ram_gb not set and not on the "
+                                         "RK3588 board)"), lines["board-ram"]
     assert lines["npu-driver"].startswith("warn npu-driver: cannot read") and "sudo" in lines["npu-driver"]
     assert lines["librknnrt"].startswith("fail librknnrt: librknnrt.so is in none of")
     assert "rknpu2/runtime/Linux/librknn_api/aarch64/librknnrt.so" in lines["librknnrt"]
@@ -138,6 +141,8 @@ def test_npu_checks_on_a_machine_without_the_runtime(tree, tmp_path, bundle, mon
     monkeypatch.setenv("ANIMA_RKNN_STANDIN", "1")
     rc, lines, last = run_doctor(rf)
     assert lines["machine"].startswith("ok machine: rockchip,rk3588")
+    # on the board its MemTotal (16,000,000 kB = 15.26 GiB: the 16 GB board) is read and used
+    assert lines["board-ram"].startswith("ok board-ram: 16 GB board (read: MemTotal 15.26 GiB)"), lines["board-ram"]
     assert lines["librknnrt"] == f"ok librknnrt: {tree}/usr/lib/librknnrt.so"
     assert lines["npu-driver"] == "ok npu-driver: RKNPU driver 0.9.8"
     # the CPU bundle's packs were never compiled: the runtime has nothing to match

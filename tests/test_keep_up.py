@@ -54,6 +54,50 @@ def test_16_gb_keeps_what_fits_beside_the_dits_contexts(tmp_path):
     assert keep_up.resolve("idle", cfg, None, (512, 512)).modes == {"encoder": "idle", "vae": "idle"}
 
 
+def test_board_ram_is_configured_read_on_the_board_or_assumed():
+    """models/board/account.board_ram: board_ram_gb wins; a MemTotal read on the board gives the largest modelled size
+    of which it has 90% (the kernel keeps the rest: an 8 GB ROCK 5C shows 7.75 GiB); none read: 8 GB, assumed."""
+    from models.board.account import board_ram
+    gib = 2**20                                                   # kB per GiB
+    assert board_ram({"board_ram_gb": 16}, 7.75 * gib) == (16, "configured: [stage.executor] board_ram_gb")
+    assert board_ram({}, None) == (8, "assumed: board_ram_gb not set and not on the RK3588 board")
+    for total, gb in ((7.75, 8), (7.3, 8), (11.6, 8), (15.5, 16), (23.4, 16), (31.0, 32), (62.0, 32)):
+        assert board_ram({}, total * gib) == (gb, f"read: MemTotal {total:.2f} GiB"), total
+    gb, basis = board_ram({}, 3.8 * gib)                          # a 4 GB board: below every modelled one
+    assert gb == 8 and basis.startswith("read: MemTotal 3.80 GiB, under the smallest modelled board")
+
+
+def test_auto_on_the_board_uses_the_ram_it_reads(tmp_path, monkeypatch, caplog):
+    """The rknn executor on an RK3588 (a fake device tree and /proc/meminfo): keep_up auto prices the 16 GB board the
+    machine's MemTotal says, exactly as a board-sim run configured with board_ram_gb = 16; the same files on a PC
+    (no device tree) leave the 8 GB board assumed. The policy's record and the log say which figure was used."""
+    from models.runtime import probes
+    from orchestrator.estimate import BoardSettings
+    from stages.config import load_config
+    meminfo, dt = tmp_path / "meminfo", tmp_path / "compatible"
+    meminfo.write_text("MemTotal:       16252928 kB\nMemAvailable:   14000000 kB\n")      # 15.50 GiB
+    monkeypatch.setattr(probes, "MEMINFO", str(meminfo))
+    monkeypatch.setattr(probes, "DEVICE_TREE_COMPATIBLE", str(dt))
+    toml = tmp_path / "rknn.toml"
+    toml.write_text('run_dir = "."\nbackend = "rknn"\n')
+    cfg = load_config(toml)
+    pc, eight = keep_up.resolve("auto", cfg, None, (512, 512)), keep_up.resolve("auto", _cfg(tmp_path, 8), None,
+                                                                                 (512, 512))
+    assert (pc.modes, pc.together) == (eight.modes, eight.together)                       # a PC: nothing read
+    assert pc.why.endswith("(8 GB board, assumed: board_ram_gb not set and not on the RK3588 board)")
+    dt.write_bytes(b"radxa,rock-5b\x00rockchip,rk3588\x00")
+    board = BoardSettings.of_config(cfg)
+    assert (board.board_ram_gb, board.ram_basis) == (16, "read: MemTotal 15.50 GiB")
+    with caplog.at_level("INFO", logger="orchestrator.keep_up"):
+        read = keep_up.resolve("auto", cfg, None, (512, 512))
+    configured = keep_up.resolve("auto", _cfg(tmp_path, 16), None, (512, 512))
+    assert (read.modes, read.together) == (configured.modes, configured.together)
+    assert read.together and not keep_up.resolve("auto", _cfg(tmp_path, 8), None, (512, 512)).together
+    assert read.why.endswith("(16 GB board, read: MemTotal 15.50 GiB)")
+    assert configured.why.endswith("(16 GB board, configured: [stage.executor] board_ram_gb)")
+    assert any("read: MemTotal 15.50 GiB" in r.getMessage() for r in caplog.records)
+
+
 def test_a_bad_setting_names_the_field(tmp_path):
     from stages.settings import ConfigError
     with pytest.raises(ConfigError, match="keep_up"):

@@ -209,7 +209,8 @@ def test_text_encoder_and_adapter_layers_merge_a_lokr_and_a_loha(tmp_path):
 def test_synth_command_writes_each_layout(tmp_path, capsys):
     from models import cli
     for layout, keys in (("turbo", ("diffusion_model.blocks.0.self_attn.q_proj.lora_A.weight",
-                                    "diffusion_model.t_embedder.1.linear_1.lora_B.weight")),
+                                    "diffusion_model.blocks.0.adaln_modulation_mlp.2.lora_B.weight",
+                                    "diffusion_model.llm_adapter.blocks.5.mlp.2.lora_B.weight")),
                          ("lokr", ("lora_unet_blocks_0_self_attn_q_proj.lokr_w1",
                                    "lora_unet_blocks_0_self_attn_q_proj.lokr_w2_b")),
                          ("loha", ("lora_unet_blocks_0_mlp_layer1.hada_w2_a", "lora_unet_blocks_0_mlp_layer1.alpha"))):
@@ -217,5 +218,6 @@ def test_synth_command_writes_each_layout(tmp_path, capsys):
         assert cli.main(["synth", "lora", "--preset", "tiny", "--out", str(out), "--layout", layout,
                          "--rank", "4"]) == 0
         assert set(keys) <= set(SafeTensorsFile(out).keys()), layout
-    assert len(LoraFile(tmp_path / "turbo.safetensors").pairs) == 280 + 174       # blocks and host layers
+    # the published Turbo layout: 28 blocks x (10 linears + 6 modulation) + the adapter's 60 (test_lora_layouts.py)
+    assert len(LoraFile(tmp_path / "turbo.safetensors").pairs) == 280 + 168 + 60
     assert len(LoraFile(tmp_path / "lokr.safetensors").pairs) == 280                # blocks only by default

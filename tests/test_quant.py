@@ -124,6 +124,58 @@ def test_calibrate_keeps_maxima_of_every_sigma_and_holds_samples_out(calib):
     assert x.shape == (64, 256) and ctx.shape == (512, 128)
 
 
+class _CountingRunner:
+    """Stands in for DiTRunner in `collect`: counts the passes it is asked for and traces one block whose inputs say
+    which context fed them (its first row), so the statistics show which passes were recorded."""
+
+    def __init__(self):
+        from types import SimpleNamespace
+        self.geom = SimpleNamespace(width=32, height=32)
+        self.cfg = SimpleNamespace(latent_channels=4)
+        self.contexts: list = []
+
+    def forward_passes(self, xs, sigma, contexts, trace=None):
+        self.contexts.append(float(contexts[0][0, 0]))
+        xn = np.full((4, 8), contexts[0][0, 0], np.float32)
+        trace.append({kind: {"xn": xn} for kind in ("self", "cross", "ffn")})
+        return [np.zeros_like(xs[0])]
+
+
+def test_collect_at_cfg_1_traces_the_conditional_pass_alone():
+    """ComfyUI runs no unconditional pass at cfg 1: calibration must not run one either, nor let its inputs into the
+    statistics (the uncond context here is 7.0, the cond 1.0: 7 in a maximum means an uncond pass was recorded)."""
+    from models.quant.calib import Collector, collect
+    from models.sampling.denoise import make_sampler
+    cond, uncond = np.full((2, 3), 1.0, np.float32), np.full((2, 3), 7.0, np.float32)
+    for cfg, want in ((1.0, [1.0] * 3), (4.0, [1.0, 7.0] * 3)):
+        runner, col = _CountingRunner(), Collector(samples=4, holdout=1)
+        collect(runner, [(cond, uncond if cfg != 1.0 else None, 0, (0, 1))], make_sampler(3, cfg, spectrum=None), col)
+        assert runner.contexts == want, cfg                       # 3 Euler steps, one call each
+        assert col.records == len(want)
+        metas = [m for m, _ in col.keep.slots + col.held.slots]
+        assert {m["pass"] for m in metas} == ({0} if cfg == 1.0 else {0, 1})
+        assert float(col.absmax["b00_cross"].max()) == max(want[i] for i in range(len(want)) if i % 3 != 2)
+
+
+def test_calibrate_at_cfg_1_records_one_pass_and_no_negative(outlier_ckpt, tiny_bundle, calib, tmp_path, caplog):
+    """`anima-models calibrate --cfg 1`: prompts x seeds x steps records (one pass each), one context per prompt
+    (the negative prompt is not encoded, and the command says so)."""
+    from models.cli import main
+    from models.quant.calib import read_calib
+    pack, _ = calib
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("1girl, blue hair\nlandscape, mountains at dawn\n")
+    with caplog.at_level("WARNING"):
+        assert main(["calibrate", str(pack), "--models", str(tiny_bundle), "--dit", str(outlier_ckpt), "--prompts",
+                     str(prompts), "--out", str(tmp_path / "c1"), "--seeds", "3", "--steps", "4", "--cfg", "1",
+                     "--negative", "blurry", "--samples", "5", "--holdout", "2"]) == 0
+    assert any("--negative" in r.getMessage() and "not encoded" in r.getMessage() for r in caplog.records)
+    c = read_calib(tmp_path / "c1")
+    assert c.info["records"] == 2 * 1 * 4 * 1 and c.info["passes"] == 1 and c.info["contexts"] == 2
+    assert {m["pass"] for m in c.info["samples"] + c.info["heldout"]} == {0}
+    assert {m["context"] for m in c.info["samples"] + c.info["heldout"]} <= {0, 1}
+
+
 def test_calibrate_bad_input_is_a_clear_error(calib, tmp_path, capsys):
     from models.cli import main
     pack, _ = calib

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from models.board.cost import LABEL, BoardModel, load_cost
+from models.board.cost import BOARD_RAMS_GB, LABEL, BoardModel, load_cost
 from models.board.pace import scale_note
 
 SPECTRUM_COMPUTED = 11            # of 20 steps (R8, docs/board-figures.md)
@@ -128,6 +128,33 @@ def _job_figure(model: BoardModel, key: str) -> float:
 
 
 STAYS_UP_RULE_GB = 8          # at or under this RAM nothing heavy is up beside the DiT while it denoises
+ASSUMED_RAM_GB = 8            # the board priced when nothing says which: the smallest, the project's target
+RAM_SHARE = 0.9               # MemTotal is at least this share of the board's size (an 8 GB ROCK 5C shows 7.75 GiB;
+                              # the kernel and firmware keep the rest), so a 12 GB board is priced as 8, never 16
+
+
+def ram_class_gb(mem_total_kib: float) -> Optional[int]:
+    """The largest modelled board size (BOARD_RAMS_GB) whose RAM_SHARE a machine's MemTotal reaches; None below the
+    smallest."""
+    gib = mem_total_kib / 2**20
+    fits = [gb for gb in BOARD_RAMS_GB if gib >= RAM_SHARE * gb]
+    return max(fits) if fits else None
+
+
+def board_ram(settings: dict, mem_total_kib: Optional[float] = None) -> tuple:
+    """(GB, basis) of the board the model prices: `board_ram_gb` when the settings give it (board-sim); else the
+    machine's MemTotal when the caller read it on the board itself (None elsewhere: an x86 run is no board); else
+    ASSUMED_RAM_GB. `basis` says which, for the log and doctor."""
+    if settings.get("board_ram_gb") is not None:
+        return int(settings["board_ram_gb"]), "configured: [stage.executor] board_ram_gb"
+    if mem_total_kib is None:
+        return ASSUMED_RAM_GB, "assumed: board_ram_gb not set and not on the RK3588 board"
+    gib = mem_total_kib / 2**20
+    gb = ram_class_gb(mem_total_kib)
+    if gb is None:
+        return ASSUMED_RAM_GB, (f"read: MemTotal {gib:.2f} GiB, under the smallest modelled board: priced as the "
+                                f"{ASSUMED_RAM_GB} GB one")
+    return gb, f"read: MemTotal {gib:.2f} GiB"
 
 
 def resident_mib(model: BoardModel, stage: str) -> float:

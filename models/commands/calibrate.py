@@ -4,7 +4,9 @@
         [--seeds 0,1] [--steps 20] [--cfg 4] [--samples 8] [--holdout 4]
 
 Runs every prompt (one a line; blank lines and lines starting with # skipped) with every seed in process on ONNX
-Runtime, both CFG passes, every sampled sigma (Euler, no Spectrum: every step computed), and keeps per branch the
+Runtime, the CFG passes a job at that cfg runs (both; at --cfg 1 the conditional one alone, as ComfyUI and the
+pipeline do: the negative prompt is then not encoded), every sampled sigma (Euler, no Spectrum: every step
+computed), and keeps per branch the
 per-channel abs maxima of its input (SmoothQuant's statistics) and a bounded sample of whole inputs (the toolkit's
 quantizer dataset, plus held-out ones for quant-check). docs/quant.md says how it is used.
 """
@@ -61,8 +63,8 @@ def _numbers(args) -> list:
     return seeds
 
 
-def _encode(args, pack, prompts: list) -> list:
-    """[(cond, uncond)] per prompt, by the models folder's text encoder."""
+def _encode(args, pack, prompts: list, passes: int) -> list:
+    """[(cond, uncond)] per prompt by the models folder's text encoder; uncond None at one pass (cfg 1)."""
     from models.models_dir import resolve_models
     from models.text.conditioning import TextEncoder
     dit = args.dit or pack.source.get("path")
@@ -70,7 +72,7 @@ def _encode(args, pack, prompts: list) -> list:
     enc = TextEncoder.from_files(str(paths.text_encoder), str(paths.dit), str(paths.qwen_tokenizer),
                                  str(paths.t5_tokenizer))
     try:
-        pairs = [enc.encode_pair(p, args.negative) for p in prompts]
+        pairs = [enc.encode_pair(p, args.negative) if passes == 2 else (enc.encode(p), None) for p in prompts]
     finally:
         enc.close()
     if pairs[0][0].shape[0] != pack.geometry.text_tokens:
@@ -79,18 +81,32 @@ def _encode(args, pack, prompts: list) -> list:
     return pairs
 
 
+def _jobs(pairs: list, seeds: list) -> tuple:
+    """(contexts, jobs): every context encoded, in order (a prompt's cond, then its uncond when there is one), and
+    per prompt and seed (cond, uncond, seed, (context id of each pass))."""
+    contexts, jobs = [], []
+    for cond, uncond in pairs:
+        ids = tuple(range(len(contexts), len(contexts) + (1 if uncond is None else 2)))
+        contexts += [cond] if uncond is None else [cond, uncond]
+        jobs += [(cond, uncond, seed, ids) for seed in seeds]
+    return contexts, jobs
+
+
 def run(args) -> int:
     from models.packs.pack import load_pack
     from models.quant.calib import Collector, collect, write_calib
     from models.runtime.dit_runner import DiTRunner
     from models.sampling.denoise import make_sampler
+    from models.sampling.sampler import cfg_passes
     seeds = _numbers(args)
+    passes = cfg_passes(args.cfg)
+    if passes == 1 and args.negative:
+        log.warning("--negative %r: at cfg 1 no unconditional pass runs (ComfyUI's rule), so the negative prompt "
+                    "changes nothing and is not encoded", args.negative)
     prompts = read_prompts(args.prompts)
     pack = load_pack(args.pack)
     t0 = time.perf_counter()
-    pairs = _encode(args, pack, prompts)
-    contexts = [c for pair in pairs for c in pair]                   # context 2i: prompt i cond, 2i+1: its uncond
-    jobs = [(cond, uncond, seed, (2 * i, 2 * i + 1)) for i, (cond, uncond) in enumerate(pairs) for seed in seeds]
+    contexts, jobs = _jobs(_encode(args, pack, prompts, passes), seeds)
     runner = DiTRunner(pack, "onnx")
     col = Collector(args.samples, args.holdout)
     try:
@@ -98,10 +114,10 @@ def run(args) -> int:
     finally:
         runner.close()
     info = {"source_sha256": pack.source["sha256"], "geometry": pack.geometry.to_dict(), "pack_dtype": pack.dtype,
-            "prompts": len(prompts), "seeds": seeds, "steps": args.steps, "cfg": args.cfg,
+            "prompts": len(prompts), "seeds": seeds, "steps": args.steps, "cfg": args.cfg, "passes": passes,
             "sigmas": sorted(set(sigmas), reverse=True)}
     out = write_calib(args.out, col, contexts, info)
-    print(f"calibration {out}: {len(jobs)} jobs x {args.steps} steps x 2 passes = {col.records} records; "
+    print(f"calibration {out}: {len(jobs)} jobs x {args.steps} steps x {passes} passes = {col.records} records; "
           f"{len(col.keep.slots)} samples + {len(col.held.slots)} held out per branch, {len(col.absmax)} branches, "
           f"{time.perf_counter() - t0:.1f} s")
     return 0

@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 WHAT = ("dit", "te", "vae", "tokenizers", "bundle", "lora")
 VAE_LAYOUTS = ("original", "diffusers")
-LORA_LAYOUTS = ("kohya", "comfy", "bare", "peft-default", "turbo", "lokr", "loha")   # models.lora.synth.LAYOUTS
+LORA_LAYOUTS = ("kohya", "comfy", "bare", "peft-default", "diffusers-proc", "diffusers-lora", "transformers", "turbo",
+                "lokr", "loha")                              # models.lora.synth.LAYOUTS (tests/test_lora_layouts.py)
 
 
 def add_arguments(p) -> None:
@@ -33,11 +34,12 @@ def add_arguments(p) -> None:
     p.add_argument("--prefix", choices=DIT_PREFIXES, default="net.", help="DiT key prefix (dit only)")
     p.add_argument("--layout", choices=VAE_LAYOUTS + LORA_LAYOUTS, default=None,
                    help="key layout: vae original (default) | diffusers; lora kohya (default) | comfy | bare | "
-                        "peft-default | turbo (ComfyUI form over blocks and host layers) | lokr | loha (LyCORIS)")
+                        "peft-default | diffusers-proc | diffusers-lora | transformers | turbo (the official Turbo "
+                        "LoRA's layout: docs/lora.md) | lokr | loha (LyCORIS)")
     p.add_argument("--rank", type=int, default=8, help="LoRA rank (lora only)")
     p.add_argument("--alpha", default=None, help="LoRA alpha (lora only; default rank / 2, 'none' for no alpha)")
     p.add_argument("--groups", default=None, help="LoRA targets, comma-separated: blocks (sd-scripts' default), "
-                                                    "host, adapter, te (lora only; default blocks, turbo blocks,host)")
+                   "host, modulation, adapter, te (lora only; default blocks, turbo blocks,modulation,adapter)")
     p.add_argument("--outliers", action="store_true", help="dit only: a few modulated channels 35-90x the median "
                    "magnitude at every token and step, a stand-in for a real checkpoint's statistics (docs/quant.md)")
     p.add_argument("--blocks", type=int, default=0, help="dit only: keep the first N blocks (default all)")
@@ -68,8 +70,9 @@ def _lora(args, out: str) -> None:
     from models.lora.synth import DEFAULT_GROUPS, write_lora
     if args.rank < 1:
         raise UserError(f"--rank must be >= 1, got {args.rank}")
+    layout = _layout(args)
     if args.alpha is None:
-        alpha = args.rank / 2
+        alpha = None if layout == "turbo" else args.rank / 2      # the published Turbo LoRA has no alpha
     elif str(args.alpha).lower() == "none":
         alpha = None
     else:
@@ -77,7 +80,6 @@ def _lora(args, out: str) -> None:
             alpha = float(args.alpha)
         except ValueError:
             raise UserError(f"--alpha {args.alpha!r}: a number or 'none'") from None
-    layout = _layout(args)
     if args.groups is None:
         groups = DEFAULT_GROUPS.get(layout, ("blocks",))
     else:

@@ -1,9 +1,11 @@
 """One LoRA file as it is stored: its low-rank pairs (up [out, r], down [r, in], alpha) grouped by module name, in
 every layout Anima LoRAs come in, read through the memory map (no torch).
 
-Layouts (docs/lora.md): sd-scripts/kohya `NAME.lora_up.weight` / `NAME.lora_down.weight`, ComfyUI/diffusers/PEFT
-`NAME.lora_B.weight` / `NAME.lora_A.weight`, also `NAME.lora_B` / `NAME.lora_A` and `NAME.lora_B.default.weight` /
-`NAME.lora_A.default.weight`; each with an optional scalar `NAME.alpha`. What NAME means (a module of the DiT, the
+Layouts (docs/lora.md, every pair form ComfyUI's LoRA loader reads): sd-scripts/kohya `NAME.lora_up.weight` /
+`NAME.lora_down.weight`, ComfyUI/diffusers/PEFT `NAME.lora_B.weight` / `NAME.lora_A.weight`, also `NAME.lora_B` /
+`NAME.lora_A`, `NAME.lora_B.default.weight` / `NAME.lora_A.default.weight`, `NAME_lora.up.weight`,
+`NAME.lora.up.weight` and `NAME.lora_linear_layer.up.weight` (with their down); each with an optional scalar
+`NAME.alpha`. What NAME means (a module of the DiT, the
 LLM adapter or the text encoder) is models/lora/targets.py's business, not this file's. LyCORIS LoKr (`NAME.lokr_w1`,
 `.lokr_w2`, or their `_a`/`_b` halves) and LoHa (`NAME.hada_w1_a` ... `.hada_w2_b`) modules are read too, as pairs
 of kind "lokr" / "loha" whose ΔW models/lora/lycoris.py forms.
@@ -38,6 +40,11 @@ PAIR_SUFFIXES = {
     ".lora_B.weight": ("up", "comfy"), ".lora_A.weight": ("down", "comfy"),
     ".lora_B.default.weight": ("up", "peft-default"), ".lora_A.default.weight": ("down", "peft-default"),
     ".lora_B": ("up", "bare"), ".lora_A": ("down", "bare"),
+    # the other forms ComfyUI's LoRAAdapter.load reads (comfy/weight_adapter/lora.py): old diffusers attention
+    # processors `NAME_lora.up.weight`, diffusers' `NAME.lora.up.weight`, transformers' `NAME.lora_linear_layer...`
+    "_lora.up.weight": ("up", "diffusers-proc"), "_lora.down.weight": ("down", "diffusers-proc"),
+    ".lora.up.weight": ("up", "diffusers-lora"), ".lora.down.weight": ("down", "diffusers-lora"),
+    ".lora_linear_layer.up.weight": ("up", "transformers"), ".lora_linear_layer.down.weight": ("down", "transformers"),
 }
 ALPHA_SUFFIX = ".alpha"
 LYCORIS_SUFFIXES = {"." + p: p for p in KIND_OF_PART}      # ".lokr_w1" -> "lokr_w1", ...
@@ -63,7 +70,7 @@ class LoraPair:
     """One module's update as the file stores it: a low-rank pair ΔW = scale · up @ down, scale = alpha / rank or 1;
     or (kind "lokr" / "loha") a LyCORIS module whose ΔW models/lora/lycoris.py forms, scale = alpha / rank or 1."""
     name: str                   # the module as the file spells it: "lora_unet_blocks_0_self_attn_q_proj", ...
-    layout: str                 # "kohya" | "comfy" | "bare" | "peft-default" (models.lora.synth) | "lokr" | "loha"
+    layout: str                 # a PAIR_SUFFIXES layout (models.lora.synth.LAYOUTS) | "lokr" | "loha"
     up_key: str                 # "" for LoKr / LoHa
     down_key: str
     out_features: int

@@ -5,13 +5,17 @@
 Layouts: `kohya` (sd-scripts: lora_unet_<module with _>.lora_down.weight [r, in] / .lora_up.weight [out, r] / .alpha,
 text encoder lora_te_<module>), `comfy` (sd-scripts' convert_anima_lora_to_comfy output: diffusion_model.<module>
 .lora_A.weight / .lora_B.weight / .alpha, text encoder text_encoder.qwen3.<module>), `bare` (.lora_A / .lora_B without
-.weight), `peft-default` (.lora_A.default.weight / .lora_B.default.weight), `turbo` (a stand-in for the Anima Turbo LoRA,
-whose key list is not published: the ComfyUI form over the DiT's blocks and host layers by default, docs/lora.md),
-`lokr` (LyCORIS LoKr in kohya names: .lokr_w1 [a, b] full, .lokr_w2_a [c, r] / .lokr_w2_b [r, d], .alpha; a·c = out,
-b·d = in) and `loha` (LyCORIS LoHa: .hada_w1_a [out, r], .hada_w1_b [r, in], .hada_w2_a, .hada_w2_b, .alpha). Groups: `blocks` (sd-scripts' default
+.weight), `peft-default` (.lora_A.default.weight / .lora_B.default.weight), `diffusers-proc` (NAME_lora.down.weight /
+NAME_lora.up.weight), `diffusers-lora` (.lora.down.weight / .lora.up.weight), `transformers`
+(.lora_linear_layer.down.weight / .up.weight), `turbo` (the official Anima Turbo LoRA v0.2's layout as public code
+describes it: the ComfyUI form with no alpha over every block's linears and AdaLN modulation and the LLM adapter's
+blocks, those with zero lora_B; docs/lora.md), `lokr` (LyCORIS LoKr in kohya names: .lokr_w1 [a, b] full,
+.lokr_w2_a [c, r] / .lokr_w2_b [r, d], .alpha; a·c = out, b·d = in) and `loha` (LyCORIS LoHa: .hada_w1_a [out, r],
+.hada_w1_b [r, in], .hada_w2_a, .hada_w2_b, .alpha). Groups: `blocks` (sd-scripts' default
 targets: q/k/v/output_proj of self- and cross-attention, mlp.layer1/2 in every block), `host` (the embedders, every
 AdaLN modulation layer and the final layer), `adapter` (the LLM adapter's block linears: sd-scripts'
-train_llm_adapter), `te` (Qwen3's attention and MLP projections).
+train_llm_adapter), `te` (Qwen3's attention and MLP projections), `modulation` (the blocks' AdaLN modulation layers
+alone: the part of `host` the Turbo LoRA changes).
 """
 from __future__ import annotations
 
@@ -28,17 +32,21 @@ from models.safetensors_io import TensorEntry, write_safetensors
 
 log = logging.getLogger(__name__)
 
-GROUPS = ("blocks", "host", "adapter", "te")
+GROUPS = ("blocks", "host", "modulation", "adapter", "te")
 LAYOUTS = {   # layout -> (down suffix, up suffix, DiT name form, TE name form)
     "kohya": (".lora_down.weight", ".lora_up.weight", "kohya", "kohya"),
     "comfy": (".lora_A.weight", ".lora_B.weight", "dotted", "dotted"),
     "bare": (".lora_A", ".lora_B", "dotted", "dotted"),
     "peft-default": (".lora_A.default.weight", ".lora_B.default.weight", "dotted", "dotted"),
+    "diffusers-proc": ("_lora.down.weight", "_lora.up.weight", "dotted", "dotted"),
+    "diffusers-lora": (".lora.down.weight", ".lora.up.weight", "dotted", "dotted"),
+    "transformers": (".lora_linear_layer.down.weight", ".lora_linear_layer.up.weight", "dotted", "dotted"),
     "turbo": (".lora_A.weight", ".lora_B.weight", "dotted", "dotted"),
     "lokr": (".lokr_w1", ".lokr_w2_b", "kohya", "kohya"),        # (a key every module has, for counting)
     "loha": (".hada_w1_a", ".hada_w1_b", "kohya", "kohya"),
 }
-DEFAULT_GROUPS = {"turbo": ("blocks", "host")}                   # what a layout targets when no groups are given
+# what a layout targets when no groups are given: the official Turbo LoRA v0.2's 508 modules (docs/lora.md)
+DEFAULT_GROUPS = {"turbo": ("blocks", "modulation", "adapter")}
 LOKR_FACTOR = 4         # w1's side: the divisor of out / in nearest 4 (LyCORIS' `factor`), w2 the rest
 REL_STRENGTH = 0.25     # std of up @ down relative to the std of the weight it changes (before alpha / rank)
 TE_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
@@ -78,7 +86,8 @@ def target_weights(dit_shapes: dict, te_shapes: dict, groups) -> list:
             continue
         place = place_of(key)
         group = {"branch": "blocks", "host": "host", "adapter": "adapter"}[place]
-        if group in groups and (place != "adapter" or key.startswith(ADAPTER_PREFIX + "blocks.")):
+        modulation = "modulation" in groups and place == "host" and key.startswith("blocks.")
+        if (group in groups or modulation) and (place != "adapter" or key.startswith(ADAPTER_PREFIX + "blocks.")):
             out.append(("dit", key, tuple(shape), _scale_for(key, shape)[0]))
     if "te" in groups:
         for key, shape in (te_shapes or {}).items():
@@ -101,7 +110,11 @@ def lora_entries(preset, seed: int, layout: str = "kohya", rank: int = 8, alpha:
     shapes = preset_shapes(preset) if isinstance(preset, str) else preset
     for model, key, (n_out, n_in), w_std in target_weights(shapes[0], shapes[1], groups):
         name = lora_name(key[:-len(".weight")], model, te_form if model == "te" else dit_form)
-        entries += make(seed, name, n_out, n_in, rank, REL_STRENGTH * w_std, dtype, (down_sfx, up_sfx))
+        pair = make(seed, name, n_out, n_in, rank, REL_STRENGTH * w_std, dtype, (down_sfx, up_sfx))
+        if layout == "turbo" and key.startswith(ADAPTER_PREFIX):   # the published file's adapter lora_B are zeros
+            pair = [TensorEntry(e.name, e.dtype, e.shape, np.zeros(e.shape, np.float32)) if e.name.endswith(up_sfx)
+                    else e for e in pair]
+        entries += pair
         if alpha is not None:
             entries.append(TensorEntry(name + ".alpha", dtype, (), np.asarray(alpha, np.float32)))
     return entries
@@ -154,10 +167,12 @@ def write_lora(preset, seed: int, out, layout: str = "kohya", rank: int = 8, alp
     """Write a synthetic LoRA to `out`; returns the number of modules. Metadata as sd-scripts writes it."""
     entries = lora_entries(preset, seed, layout, rank, alpha, groups, dtype)
     modules = sum(1 for e in entries if e.name.endswith(LAYOUTS[layout][0]))
-    meta = {"ss_network_module": "lycoris.kohya" if layout in ("lokr", "loha") else "networks.lora_anima", "ss_network_dim": str(rank),
-            "ss_network_alpha": str(alpha if alpha is not None else rank),
-            "anima_synthetic": f"lora:{preset if isinstance(preset, str) else 'shapes'}:{seed}:{layout}:"
-                               f"{','.join(groups)}"}
+    meta = {"ss_network_module": "lycoris.kohya" if layout in ("lokr", "loha") else "networks.lora_anima",
+            "ss_network_dim": str(rank), "ss_network_alpha": str(alpha if alpha is not None else rank)}
+    if layout == "turbo":
+        meta = {"format": "pt"}                     # what the published Turbo LoRA carries (a PEFT save)
+    meta["anima_synthetic"] = (f"lora:{preset if isinstance(preset, str) else 'shapes'}:{seed}:{layout}:"
+                               f"{','.join(groups)}")
     log.info("writing synthetic LoRA preset=%s seed=%d layout=%s rank=%d alpha=%s (%d modules) to %s", preset, seed,
              layout, rank, alpha, modules, os.fspath(out))
     write_safetensors(out, entries, metadata=meta)

@@ -5,7 +5,8 @@ A calibration folder holds `calib.safetensors` and `calib.json`:
   factors are computed from); held-out records never enter it;
 - `sample.bNN_kind.K` [L, D] f16: a bounded reservoir of whole branch inputs per branch (the toolkit's quantizer
   dataset), and `heldout.bNN_kind.K` the same for records kept out of both (what quant-check compares on);
-- `context.C` [S, Dc] f16: the contexts the cross-attention samples were fed with (one per prompt and CFG pass).
+- `context.C` [S, Dc] f16: the contexts the cross-attention samples were fed with (one per prompt and CFG pass run:
+  two at cfg > 1, the prompt's alone at cfg 1).
 calib.json says which job, sigma and context each sample came from. Both files are written atomically.
 """
 from __future__ import annotations
@@ -75,21 +76,23 @@ class Collector:
 
 
 def collect(runner, jobs: list, sampler, collector: Collector) -> list:
-    """Run each job (cond, uncond, seed) to the end with `sampler`, both CFG passes traced; -> the sigmas met."""
+    """Run each job (cond, uncond, seed, context ids) to the end with `sampler`, tracing the passes the sampler runs:
+    both CFG passes, or at cfg 1 the conditional one alone (uncond None: ComfyUI runs no unconditional pass there,
+    so its inputs never reach a branch and must not enter the statistics); -> the sigmas met."""
     from models.sampling.denoise import start_or_resume
     from models.dit.partition import LATENT_SCALE
     g = runner.geom
     shape = (runner.cfg.latent_channels, g.height // LATENT_SCALE, g.width // LATENT_SCALE)
     sigmas = []
     for j, (cond, uncond, seed, ctx_ids) in enumerate(jobs):
-        def model_fn(x, sigma, j=j, cond=cond, uncond=uncond, ctx_ids=ctx_ids):
+        def model_fn(x, sigma, j=j, contexts=(cond, uncond)[:sampler.passes], ctx_ids=ctx_ids):
             outs = []
-            for p, ctx in enumerate((cond, uncond)):
+            for p, ctx in enumerate(contexts):
                 tr: list = []
                 outs.append(runner.forward_passes([x], sigma, [ctx], trace=tr)[0])
                 collector.add(tr, {"job": j, "sigma": float(sigma), "pass": p, "context": ctx_ids[p]})
             sigmas.append(float(sigma))
-            return outs[0], outs[1]
+            return outs[0], (outs[1] if len(outs) > 1 else None)
         state = start_or_resume(sampler, seed, shape)
         sampler.sample(model_fn, state=state)
         log.info("calibration job %d/%d done (%d records)", j + 1, len(jobs), collector.records)

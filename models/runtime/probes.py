@@ -151,6 +151,11 @@ def soc_compatible() -> Optional[list]:
     return None if text is None else [c for c in text.split("\x00") if c]
 
 
+def is_rk3588() -> bool:
+    """True on an RK3588 board (its device tree says so); False on a PC, where nothing of the board may be read."""
+    return any("rk3588" in c for c in soc_compatible() or ())
+
+
 def devfreq_governors() -> dict:
     """{device folder name: governor} of every devfreq device (DRAM "dmc", the NPU "fdab0000.npu", ...); {} when
     there are none."""
