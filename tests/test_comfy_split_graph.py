@@ -176,3 +176,9 @@ def test_the_split_jobs_two_windows_are_comfyuis_sigmas(sampler, scheduler):
     np.testing.assert_array_equal(second, _comfy_window(full, 3, None, True))
     assert first[-1] == second[0] > 0 and second[-1] == 0        # the leftover noise level is where the second starts
     assert msgspec.to_builtins(h)["add_noise"] is False
+
+
+def test_the_jobs_settings_line_says_the_second_pass_is_chained():
+    from orchestrator.job_view import settings_lines
+    line = next(x for x in settings_lines(_resolved(_job(split_graph()).spec)) if x.lstrip().startswith("hires"))
+    assert "the first latent as it is" in line and "from step 2" in line and "no noise added" in line
