@@ -182,3 +182,10 @@ def test_the_jobs_settings_line_says_the_second_pass_is_chained():
     from orchestrator.job_view import settings_lines
     line = next(x for x in settings_lines(_resolved(_job(split_graph()).spec)) if x.lstrip().startswith("hires"))
     assert "the first latent as it is" in line and "from step 2" in line and "no noise added" in line
+
+
+def test_the_estimate_counts_the_second_windows_model_calls():
+    """The second pass of an 8-step split at 3 computes steps 3..7: 5 model calls (euler, one per step)."""
+    from orchestrator.estimate import hires_calls
+    spec = parse_prompt_obj(_job(split_graph(steps=8, first_end=3)).spec, resolution=SIZES)
+    assert hires_calls(spec) == (5, 2)
