@@ -189,3 +189,17 @@ def test_the_estimate_counts_the_second_windows_model_calls():
     from orchestrator.estimate import hires_calls
     spec = parse_prompt_obj(_job(split_graph(steps=8, first_end=3)).spec, resolution=SIZES)
     assert hires_calls(spec) == (5, 2)
+
+
+def test_the_split_graph_as_comfyuis_ui_workflow():
+    """The PNG's `workflow`: both KSamplerAdvanced with their widgets in INPUT_TYPES order, the second's LATENT
+    input linked to the first's output."""
+    from orchestrator.comfy_workflow import api_to_workflow
+    g = job_to_graph(_resolved(_job(split_graph()).spec), names=NAMES)
+    wf = api_to_workflow(g)
+    advanced = [n for n in wf["nodes"] if n["type"] == "KSamplerAdvanced"]
+    assert [n["widgets_values"][0] for n in advanced] == ["enable", "disable"]          # add_noise
+    assert [n["widgets_values"][-3:] for n in advanced] == [[0, 2, "enable"], [2, 10000, "disable"]]
+    first, second = advanced
+    link = next(i["link"] for i in second["inputs"] if i["name"] == "latent_image")
+    assert any(x[0] == link and x[1] == first["id"] for x in wf["links"])
