@@ -203,3 +203,19 @@ def test_the_split_graph_as_comfyuis_ui_workflow():
     first, second = advanced
     link = next(i["link"] for i in second["inputs"] if i["name"] == "latent_image")
     assert any(x[0] == link and x[1] == first["id"] for x in wf["links"])
+
+
+def test_the_split_jobs_png_chunks(tmp_path):
+    """The PNG of a split job: its ComfyUI graph maps back onto the job (as ComfyUI's front end reads the chunks),
+    A1111's labels say the second pass had no upscale, the `anima` chunk keeps its window."""
+    import json
+
+    from tests.test_png_chunks import _png
+    spec = parse_prompt_obj({**_job(split_graph()).spec, "width": 256, "height": 128}, resolution=[(256, 128)])
+    meta, read = _png(tmp_path, spec)
+    assert read["dropped"] == "workflow"
+    from orchestrator.comfy_graph import graph_to_job
+    got = _resolved(graph_to_job(read["prompt"], sizes=[(256, 128)]).spec, [(256, 128)])
+    assert got == msgspec.to_builtins(spec)
+    assert "Hires upscale: 1.0, Hires steps: 4, Hires upscaler: None, Hires CFG Scale: 1.5" in meta["parameters"]
+    assert json.loads(meta["anima"])["hires"]["start_step"] == 2
