@@ -15,6 +15,7 @@ import zmq
 
 from models.schema import SchemaError, convert
 from orchestrator.cond_cache import CondCache
+from orchestrator.plan.build import decoded_sizes
 from orchestrator.plan.run import PlanRunner
 from orchestrator.heartbeat import Heartbeats
 from orchestrator.job_record import ORIGIN, UNREADABLE, JobEntry, info_of
@@ -353,13 +354,18 @@ class Daemon:
                             "nothing was queued: send it again")
 
     def _check_vae_size(self, spec) -> tuple:
-        """The job's size, refused when the VAE cannot decode it: found at submit, not after the whole denoise."""
+        """The job's size; refused when the VAE cannot decode a size its plan decodes (the final image's, the first
+        pass's on the pixel hires path): found at submit, not after the whole denoise."""
         size = (spec.width or self.pack.width, spec.height or self.pack.height)
-        if self.vae_sizes is not None and size not in self.vae_sizes:
-            have = ", ".join(f"{w}x{h}" for w, h in self.vae_sizes) or "none readable"
-            raise PromptError("width", f"{size[0]}x{size[1]} has a model pack but no VAE pack (stage.vae.vae_pack "
-                                       f"has: {have}); add the VAE pack of that size (anima-models pack-vae, or the "
-                                       "bundle's)")
+        if self.vae_sizes is None:
+            return size
+        have = ", ".join(f"{w}x{h}" for w, h in self.vae_sizes) or "none readable"
+        for field, (w, h) in decoded_sizes(spec.replace(width=size[0], height=size[1])):
+            if (w, h) not in self.vae_sizes:
+                which = "" if field == "width" else "the second pass at "
+                raise PromptError(field, f"{which}{w}x{h} has a model pack but no VAE pack (stage.vae.vae_pack "
+                                         f"has: {have}); add the VAE pack of that size (anima-models pack-vae, or the "
+                                         "bundle's)")
         return size
 
     def _pack_sampling(self) -> dict:

@@ -305,3 +305,25 @@ def test_resize_and_fill_keeps_a_thin_image_at_one_pixel(size):
     im = Image.fromarray(np.full((size[1], size[0], 3), 200, np.uint8))
     out = np.asarray(fit_image(im, 256, 256, 2))
     assert out.shape == (256, 256, 3) and (out == 200).all()
+
+
+def test_load_image_holds_one_float_copy_of_the_pixels():
+    """The IMAGE is made in place: its peak is the float32 pixels and the decoded bytes, not a second float copy
+    (a 4096x4096 upload was ~450 MB at its peak). tracemalloc sees numpy's buffers; the values are LoadImage's."""
+    import tracemalloc
+    from PIL import Image as PILImage
+    from models.images.decode import load_image
+    rng = np.random.default_rng(3)
+    side = 1024
+    raw = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    PILImage.fromarray(raw).save(buf, "PNG", compress_level=0)
+    tracemalloc.start()
+    try:
+        got = load_image(buf.getvalue())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    floats = side * side * 3 * 4
+    assert peak < 1.75 * floats, (peak, floats)          # the floats, the decoded bytes and the file; two floats: 2.5x
+    assert np.array_equal(got.pixels, raw.astype(np.float32) / 255.0)

@@ -69,6 +69,38 @@ def test_a_size_without_a_vae_pack_is_refused_at_submit(tmp_path, tiny_bundle):
         d.ctx.term()
 
 
+def test_a_hires_job_is_checked_at_each_size_its_plan_decodes(tmp_path, tiny_bundle):
+    """The latent hires path decodes only the second pass's size, the pixel path the first pass's too: a job is
+    refused at submit for a size it decodes without a VAE pack, and not for one it never decodes."""
+    from models.vae.pack import build_vae_pack
+    from orchestrator.daemon import Daemon
+    from orchestrator.runfolder import init_run
+    from stages.config import load_config
+    from tests.doubles_harness import fake_pack
+    a, b = fake_pack(tmp_path / "a", 64, 64), fake_pack(tmp_path / "b", 96, 96)
+    vae = build_vae_pack(next((tiny_bundle / "vae").glob("*.safetensors")), tmp_path / "vae96", (96, 96), threads=1)
+    rf = init_run(tmp_path / "run", packs=[a, b])
+    rf.pipeline_toml.write_text(rf.pipeline_toml.read_text() + f'\n[stage.vae]\nbackend = "onnx"\nvae_pack = '
+                                                               f'["{vae}"]\n')
+    d = Daemon(load_config(rf.pipeline_toml), rf, supervisor=object())
+    try:
+        def submit(size, **hires):
+            prompt = {"prompt": "a", "width": size, "height": size, **({"hires": hires} if hires else {})}
+            return d.handle(m.Submit(prompt=PromptFile.from_data(prompt), base_dir=str(tmp_path)))
+        assert isinstance(submit(64, scale=1.5, space="latent"), m.Submitted)     # 96x96 decoded, 64x64 never
+        pixel = submit(64, scale=1.5, space="pixel")                              # 64x64 decoded before the scale
+        assert isinstance(pixel, m.Error) and pixel.field == "width", pixel
+        assert "64x64 has a model pack but no VAE pack (stage.vae.vae_pack has: 96x96)" in pixel.message
+        d.vae_sizes = [(64, 64)]
+        second = submit(64, scale=1.5, space="latent")
+        assert isinstance(second, m.Error) and second.field == "hires", second
+        assert "the second pass at 96x96 has a model pack but no VAE pack (stage.vae.vae_pack has: 64x64)" in \
+            second.message
+        assert len(d.store.list()) == 1
+    finally:
+        d.ctx.term()
+
+
 @pytest.mark.slow
 def test_a_stage_config_exit_fails_the_job_at_once_with_its_cause(tmp_path, pipeline_assets):
     """Through supervisord: the encoder's pack folder is missing; the job fails at its start with the encoder's own

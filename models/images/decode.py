@@ -99,14 +99,18 @@ def _sixteen_bit(im) -> bool:
 
 def _rgb(im) -> np.ndarray:
     """[H, W, 3] float32 in 0..1, as ComfyUI's LoadImage makes its IMAGE (but 16-bit grey at full range)."""
+    # divided in place: a 4096x4096 image is 201 MB as float32, and `a / 255` would hold a second copy beside it
     if _sixteen_bit(im):
-        grey = np.asarray(im, dtype=np.float32) / 65535.0
+        grey = np.asarray(im).astype(np.float32)
+        grey /= 65535.0
         return np.repeat(grey[:, :, None], 3, axis=2)
     if im.mode == "I":
         im = im.point(lambda v: v * (1 / 255))
     if im.mode == "P" and "transparency" in im.info:
         im = im.convert("RGBA")          # the same colours; Pillow warns on P -> RGB with transparency
-    return np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0
+    out = np.asarray(im.convert("RGB")).astype(np.float32)
+    out /= 255.0
+    return out
 
 
 def _alpha(im) -> np.ndarray | None:

@@ -68,6 +68,16 @@ def _hires_steps(spec: PromptSpec) -> list[Step]:
     return starts + passes
 
 
+def decoded_sizes(spec: PromptSpec) -> list[tuple[str, tuple[int, int]]]:
+    """(field, (width, height)) of every size the job's plan has the VAE decode: the final image's (the second pass's
+    with a hires fix), and the first pass's too when the pixel path decodes it. `spec` has its size filled."""
+    base = (spec.width, spec.height)
+    if spec.hires is None:
+        return [("width", base)]
+    second = spec.hires.size(*base)
+    return ([("width", base)] if spec.hires.space == "pixel" else []) + [("hires", second)]
+
+
 def build_plan(spec: PromptSpec) -> Plan:
     """The steps of a job, in an order that runs them: its contexts (and init latent), each image's first pass, the
     hires fix's second pass, each image decoded, then all delivered."""
