@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/chaos.py --stage scheduler --trials 20 --json bench/out/chaos_scheduler.json
     .venv/bin/python bench/chaos.py --stage all --trials 20 --seed 7       # 20 per stage, one supervisord session
-    .venv/bin/python bench/chaos.py --stage all --kind all --trials 4      # 4 per stage and job kind: 100 trials
+    .venv/bin/python bench/chaos.py --stage all --kind all --trials 4      # 4 per stage and job kind: 120 trials
     .venv/bin/anima-models synth lora --preset tiny --seed 1 --rank 4 --groups blocks,host,adapter,te --out style.safetensors
     .venv/bin/python bench/chaos.py --stage all --trials 2 --sampler euler_ancestral --lora style.safetensors:0.8:1.2
 
@@ -10,7 +10,8 @@ One real pipeline (tests/pipeline_harness.py: supervisord, the five real program
 FP16 pack, and a 160x160 one for the hires kinds) serves every trial. Job kinds (`--kind`, JOB_KINDS): txt2img; img2img
 (an uploaded init image, denoise 0.6: the VAE encodes it first); hires_latent and hires_pixel (a second pass at 1.25x
 on the 160x160 pack from the first latent upscaled by bislerp, or from the first image decoded, scaled by lanczos and
-encoded again); batch (two images from one seed, one DENOISE each). Per kind the first job runs undisturbed: its final
+encoded again); batch (two images from one seed, one DENOISE each); split (split sampling: the first half of the steps
+returning its leftover noise, a second DENOISE at cfg 1.5 chained on that latent without noise). Per kind the first job runs undisturbed: its final
 latents and images are the reference, its times place the kills. Each trial submits the same job and SIGKILLs the
 chosen program at a moment drawn from a seeded RNG (recorded per trial): encoder / VAE a random fraction into the time
 their processes were up during the job (the VAE of img2img and hires_pixel is up twice), scheduler / executor at a

@@ -1,4 +1,4 @@
-"""bench/chaos.py's job kinds: the prompt of each (txt2img, img2img, latent and pixel hires, batch), img2img's init
+"""bench/chaos.py's job kinds: the prompt of each (txt2img, img2img, latent and pixel hires, batch, split), img2img's init
 image, a job's results compared bitwise, and the branch calls the executor served for a job (its trace file).
 
     prompt = job_prompt("hires_pixel", base)            # a second pass at HIRES_SCALE on the hires_size() pack
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-JOB_KINDS = ("txt2img", "img2img", "hires_latent", "hires_pixel", "batch")
+JOB_KINDS = ("txt2img", "img2img", "hires_latent", "hires_pixel", "batch", "split")
 PACK_SIZE = (128, 128)
 HIRES_SCALE = 1.25           # 128 -> 160: the hires kinds' second pass on a pack of its own
 INIT_IMAGE = ("chaos", "init.png")          # img2img's upload (RUN/input/chaos/init.png)
@@ -32,6 +32,11 @@ def job_prompt(kind: str, base: dict, hires_scale: float = HIRES_SCALE) -> dict:
                                   "method": "bislerp" if space == "latent" else "lanczos"}}
     if kind == "batch":
         return {**base, "batch": 2}
+    if kind == "split":             # split sampling: the first half with its leftover noise, the second chained on it
+        steps = base.get("steps") or 30
+        half = max(1, steps // 2)
+        return {**base, "end_step": half, "leftover_noise": True,
+                "hires": {"steps": steps, "denoise": 1.0, "start_step": half, "add_noise": False, "cfg": 1.5}}
     raise ValueError(f"job kind {kind!r}: choose one of {', '.join(JOB_KINDS)}")
 
 

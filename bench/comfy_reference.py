@@ -9,8 +9,9 @@ and then
         --combo euler/simple --combo er_sde/beta --out bench/out/comfy_reference.json
 (add `--step-cache easycache --steps 14` for both sides with ComfyUI's EasyCache node, `--cfg 1` for one pass per call;
 `--workflow all --extra-pack PACK384` sends bench/comfy_workflows.py's graphs — img2img, both inpaints, a latent
-hires fix, a batch of 3, EasyCache, cfg 1 — unchanged to ComfyUI and to this project's HTTP front and compares the
-PNGs; the last line is `comfy_workflows images=N within_1=N worst=D`)
+hires fix, a batch of 3, EasyCache, cfg 1, split sampling over two KSamplerAdvanced — unchanged to ComfyUI and to
+this project's HTTP front and compares the PNGs; the last line is `comfy_workflows images=N within_1=N worst=D`;
+with `--record FILE` ComfyUI's side also saves each graph's final latent into FILE)
 For each sampler/scheduler combo it submits ComfyUI's API graph (UNETLoader, CLIPLoader, VAELoader, CLIPTextEncode
 x2, EmptySD3LatentImage, ModelSamplingAuraFlow shift 3, KSampler, VAEDecode, SaveImage, SaveLatent), fetches the
 latent and the PNG, computes the same job here in-process (the text encoder on torch, the DiT through the pack on
@@ -181,7 +182,8 @@ def run_workflows(a, client: ComfyClient, files: dict, width: int, height: int) 
         pipe = Pipeline.start(Path(a.models).resolve(), Path(a.pack).resolve(), packs=extra, threads=a.threads or 2,
                               branch_timeout_s=600.0)
         front = ComfyClient(pipe.http_url(), a.timeout)
-    rows = []
+    rows, latents = [], {}
+    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"comfy_reference_{os.getpid()}.latent"
     try:
         front.check()
         for name, data in input_images(width, height).items():
@@ -193,8 +195,11 @@ def run_workflows(a, client: ComfyClient, files: dict, width: int, height: int) 
             what, build = WORKFLOWS[name]
             graph = build(files, a.seed, width, height)
             t0 = time.monotonic()
-            ref = client.images(client.run(graph))
+            ref_out = client.run(_saving_latent(graph) if a.record else graph)
+            ref = client.images(ref_out)
             comfy_s = time.monotonic() - t0
+            if a.record:
+                latents[f"comfyui_workflow/{name}"] = comfy_latent(client.view(ref_out["99"]["latents"][0]), tmp)
             t0 = time.monotonic()
             ours = front.images(front.run(graph))
             ours_s = time.monotonic() - t0
@@ -217,9 +222,22 @@ def run_workflows(a, client: ComfyClient, files: dict, width: int, height: int) 
                       f"{row['pixel_mean_abs_diff']})  {verdict}  comfy {comfy_s:.0f} s, front {ours_s:.0f} s",
                       flush=True)
     finally:
+        tmp.unlink(missing_ok=True)
         if pipe is not None:
             pipe.stop()
+    if a.record:
+        job = {"seed": a.seed, "size": [width, height], "files": files, "workflows": names}
+        np.savez_compressed(a.record, job=np.array(json.dumps(job)), **latents)
+        print(f"wrote test record {a.record}")
     return rows
+
+
+def _saving_latent(graph: dict) -> dict:
+    """The graph with a SaveLatent "99" of the LATENT its VAEDecode "9" decodes (an output of its own: the image
+    is the graph's as it is)."""
+    samples = graph["9"]["inputs"]["samples"]
+    return {**graph, "99": {"class_type": "SaveLatent", "inputs": {"samples": samples,
+                                                                    "filename_prefix": "latents/anima_ref_wf"}}}
 
 
 def main(argv=None) -> int:
@@ -241,14 +259,15 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one ComfyUI job may take")
     p.add_argument("--out", default=None, help="JSON file for the rows (and the latents as .npz next to it)")
     p.add_argument("--record", default=None, help="write a test record (.npz): ComfyUI's final latents, the job's "
-                   "settings and its conditioning rows, what tests/test_samplers_comfy_model.py checks against")
+                   "settings and its conditioning rows, what tests/test_samplers_comfy_model.py checks against; "
+                   "with --workflow: each graph's final latent on ComfyUI (a SaveLatent added there)")
     p.add_argument("--step-cache", choices=("easycache", "lazycache"), default=None,
                    help="both sides with ComfyUI's EasyCache or LazyCache node (its default percents)")
     p.add_argument("--reuse-threshold", type=float, default=0.2, help="the cache node's reuse_threshold")
     p.add_argument("--workflow", action="append", default=None, metavar="NAME",
                    help="repeatable, or 'all': send bench/comfy_workflows.py's graph NAME unchanged to ComfyUI and to "
                         "this project's HTTP front and compare the images (txt2img, img2img, inpaint-mask, "
-                        "inpaint-vae, hires-latent, batch3, easycache, cfg1)")
+                        "inpaint-vae, hires-latent, batch3, easycache, cfg1, split-cfg)")
     p.add_argument("--front", default=None, help="--workflow: URL of this project's running HTTP front on loopback; "
                    "default: a supervisord pipeline started here on --pack (and --extra-pack), stopped at the end")
     p.add_argument("--extra-pack", action="append", default=[], metavar="PACK",

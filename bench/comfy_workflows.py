@@ -128,6 +128,26 @@ def hires_latent(files, seed, width, height):
     return _out(g, ["25", 0], "ref_hires")
 
 
+def _advanced(latent: list, add_noise: bool, seed: int, steps: int, cfg: float, start: int, end: int,
+              leftover: bool, sampler: str = "euler", scheduler: str = "simple") -> dict:
+    toggle = lambda on: "enable" if on else "disable"  # noqa: E731
+    return {"class_type": "KSamplerAdvanced", "inputs": {
+        "model": ["7", 0], "add_noise": toggle(add_noise), "noise_seed": seed, "steps": steps, "cfg": cfg,
+        "sampler_name": sampler, "scheduler": scheduler, "positive": ["4", 0], "negative": ["5", 0],
+        "latent_image": latent, "start_at_step": start, "end_at_step": end,
+        "return_with_leftover_noise": toggle(leftover)}}
+
+
+def split_cfg(files, seed, width, height):
+    """Split sampling: 8 steps over two KSamplerAdvanced, the first (cfg 4) ending at step 4 with its leftover
+    noise, the second (cfg 1.5, no noise added) going on from step 4 to the end."""
+    g = _base(files)
+    g["6"] = _empty(width, height)
+    g["8"] = _advanced(["6", 0], True, seed, 8, 4.0, 0, 4, True)
+    g["26"] = _advanced(["8", 0], False, seed, 8, 1.5, 4, 10000, False)
+    return _out(g, ["26", 0], "ref_split_cfg")
+
+
 WORKFLOWS = {
     "txt2img": ("text-to-image, no Spectrum node (euler/simple, 6 steps, cfg 4)", txt2img),
     "img2img": ("LoadImage -> VAEEncode, denoise 0.6, euler_ancestral/karras", img2img),
@@ -139,4 +159,6 @@ WORKFLOWS = {
     "easycache": ("EasyCache (reuse 0.2) on the model, 14 steps", lambda f, s, w, h: txt2img(
         f, s, w, h, steps=14, cache={"node": "EasyCache", "reuse": 0.2})),
     "cfg1": ("cfg 1 (one pass per model call)", lambda f, s, w, h: txt2img(f, s, w, h, cfg=1.0)),
+    "split-cfg": ("KSamplerAdvanced 0-4 of 8 (cfg 4, leftover noise) -> KSamplerAdvanced 4-end (cfg 1.5, no noise)",
+                  split_cfg),
 }

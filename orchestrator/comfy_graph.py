@@ -408,8 +408,8 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
         where = (batch[-1], "samples") if batch else (sampler, "latent_image")
         return {}, {}, [_custom(*where, "a KSampler's latent must come from EmptyLatentImage, EmptySD3LatentImage, "
                                 "VAEEncode[ForInpaint] or SetLatentNoiseMask (through RepeatLatentBatch / "
-                                "LatentFromBatch), or for a second pass (a hires fix) from LatentUpscale[By] or "
-                                "ImageScale[By] + VAEEncode of the first")]
+                                "LatentFromBatch), or for a second pass the first KSampler's LATENT, as it is or "
+                                "through LatentUpscale[By] or ImageScale[By] + VAEEncode (two passes at most)")]
     roles = {"save": out, "decode": decode, "sampler": sampler, "latent": latent, "vae": vae,
              "positive": c.links[sampler]["positive"], "negative": c.links[sampler]["negative"],
              **{f"batch{i}": n for i, n in enumerate(batch)}, **(second[0] if second else {})}
@@ -425,7 +425,8 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
         spec["hires"] = _hires(graph, c, role_of, roles, spec, problems)
         if "mask" in spec and "hires_encode" not in roles:
             # ComfyUI's LATENT keeps its noise_mask through KSampler and LatentUpscale: its second pass is masked
-            problems.append(_custom(roles["upscale"], "samples", "the first pass's latent carries its noise mask "
+            where = (roles["upscale"], "samples") if "upscale" in roles else (roles["hires_sampler"], "latent_image")
+            problems.append(_custom(*where, "the first pass's latent carries its noise mask "
                                     "into ComfyUI's second KSampler, which a job's second pass does not: inpaint "
                                     "with the pixel path (VAEDecode -> ImageScale[By] -> VAEEncode) or without a "
                                     "hires fix"))
@@ -509,11 +510,13 @@ def _batch_size(c: _Checker, roles: dict, batch: list, problems: list) -> int:
 
 
 def _second_pass(c: _Checker, role_of: dict, sampler: str, vae: str) -> tuple[dict, str | None, list] | None:
-    """A hires fix ending at KSampler `sampler`: its latent LatentUpscale[By] of the first KSampler's, or VAEEncode
-    of ImageScale[By] of the first KSampler's VAEDecode (the pixel path) -> (the second pass's roles, the first
-    KSampler, problems); None for a graph of one pass. Every VAE the same one (one VAE stage)."""
+    """A second pass ending at KSampler `sampler`: its latent the first KSampler's own, LatentUpscale[By] of it, or
+    VAEEncode of ImageScale[By] of the first KSampler's VAEDecode (the pixel path) -> (the second pass's roles, the
+    first KSampler, problems); None for a graph of one pass. Every VAE the same one (one VAE stage)."""
     latent = c.links[sampler]["latent_image"]
     roles = {"hires_sampler": sampler}
+    if role_of[latent] == "sampler":                  # chained on the first's LATENT as it is (split sampling)
+        return roles, latent, []
     if role_of[latent] == "upscale":
         roles["upscale"], first = latent, c.links[latent]["samples"]
         if role_of[first] != "sampler":
@@ -537,9 +540,12 @@ def _second_pass(c: _Checker, role_of: dict, sampler: str, vae: str) -> tuple[di
 def _hires(graph, c: _Checker, role_of: dict, roles: dict, spec: dict, problems: list) -> dict:
     """prompt.json's `hires` from the upscale node and the second KSampler: its steps and denoise, and its seed,
     cfg, sampler, scheduler and prompts where they differ from the first's. Both passes take one model chain."""
-    up, ks = c.fields(roles["upscale"]), c.fields(roles["hires_sampler"])
-    h = {"method": up["method"], **({"space": "pixel"} if "hires_encode" in roles else {})}
-    problems += _upscale_size(roles["upscale"], up, h, (spec["width"], spec["height"]) if spec.get("width") else None)
+    ks, h = c.fields(roles["hires_sampler"]), {}
+    if "upscale" in roles:                              # else chained: the first latent as it is
+        up = c.fields(roles["upscale"])
+        h = {"method": up["method"], **({"space": "pixel"} if "hires_encode" in roles else {})}
+        problems += _upscale_size(roles["upscale"], up, h, (spec["width"], spec["height"]) if spec.get("width")
+                                  else None)
     problems += _second_sampler(graph, c, roles, ks, h)
     if c.links[roles["hires_sampler"]]["model"] != c.links[roles["sampler"]]["model"]:
         problems.append(_custom(roles["hires_sampler"], "model", "both KSamplers must take the same MODEL (one model "
@@ -602,20 +608,18 @@ def _kept_aspect(width: int, height: int, w0: int, h0: int, pixel: bool) -> tupl
 
 
 def _second_sampler(graph, c: _Checker, roles: dict, ks: dict, h: dict) -> list:
-    """The second KSampler's steps and denoise from its fields (`ks`); KSamplerAdvanced's as the denoise whose
-    schedule it samples (steps - start_at_step of the full schedule of steps: ComfyUI's denoise (steps - s) / steps
-    takes the schedule of int(steps' / d) = steps steps, its last steps' + 1, the same sigmas), noise added, to the
-    end."""
+    """The second KSampler's steps and denoise from its fields (`ks`). KSamplerAdvanced adding its noise and
+    sampling to the end: the denoise whose schedule it samples (steps - start_at_step of the full schedule of steps:
+    ComfyUI's denoise (steps - s) / steps takes the schedule of int(steps' / d) = steps steps, its last steps' + 1,
+    the same sigmas). Without its noise (a first pass's leftover noise to finish) or ending early: its window as it
+    is (hires.start_step ... leftover_noise over denoise 1)."""
     node = roles["hires_sampler"]
     if "denoise" in ks:
         h.update(steps=ks["steps"], denoise=ks["denoise"])
         return []
-    if ks["add_noise"] != "enable":
-        return [_custom(node, "add_noise", "the second pass of a hires fix adds its noise (prompt.json's hires has "
-                        "no add_noise): set enable")]
-    if ks["end_step"] < ks["steps"]:
-        return [_custom(node, "end_at_step", "the second pass of a hires fix samples to the end (prompt.json's hires "
-                        "has no end step): set it to steps or more", ks["end_step"])]
+    if ks["add_noise"] != "enable" or ks["end_step"] < ks["steps"]:
+        h.update(steps=ks["steps"], denoise=1.0, **_latent_fields(ks))
+        return []
     left = ks["steps"] - ks["start_step"]
     if left <= 0:
         return [_custom(node, "start_at_step", f"leaves no step of the {ks['steps']}-step schedule to sample",
@@ -842,9 +846,10 @@ def _latent_nodes(node, spec: dict, ids: dict) -> list[tuple[str, dict]]:
 
 
 def _hires_nodes(node, spec: dict, ids: dict, model: list, clip: list) -> list[tuple[str, dict]]:
-    """A hires fix's second pass after the first KSampler: LatentUpscaleBy / LatentUpscale of its latent, or
-    (space pixel) VAEDecode -> ImageScaleBy / ImageScale -> VAEEncode; then KSampler (Hires) with the hires
-    settings (the job's where they are not set) and, for its own prompts, CLIPTextEncode nodes of its own."""
+    """A second pass after the first KSampler: on its latent as it is (hires without a size), LatentUpscaleBy /
+    LatentUpscale of it, or (space pixel) VAEDecode -> ImageScaleBy / ImageScale -> VAEEncode; then KSampler (Hires)
+    with the hires settings (the job's where they are not set; KSamplerAdvanced for a step window) and, for its own
+    prompts, CLIPTextEncode nodes of its own."""
     h = spec.get("hires")
     if not h:
         return []
@@ -853,7 +858,9 @@ def _hires_nodes(node, spec: dict, ids: dict, model: list, clip: list) -> list[t
     by = h.get("scale") is not None
     size = {**h, "method": h.get("method") or "nearest-exact"}
     crop = {} if by else {"crop": "disabled"}
-    if h.get("space") == "pixel":
+    if not by and h.get("width") is None:               # chained on the first KSampler's LATENT as it is
+        out, latent = [], ids["sampler"]
+    elif h.get("space") == "pixel":
         out = [node("hires_decode", "VAEDecode", samples=[ids["sampler"], 0], vae=[ids["vae"], 0]),
                node("upscale", "ImageScaleBy" if by else "ImageScale", size, image=[ids["hires_decode"], 0], **crop),
                node("hires_encode", "VAEEncode", pixels=[ids["upscale"], 0], vae=[ids["vae"], 0])]
@@ -869,7 +876,8 @@ def _hires_nodes(node, spec: dict, ids: dict, model: list, clip: list) -> list[t
             links[side] = ids[f"hires_{side}"]
     own = {k: h[k] for k in ("seed", "cfg", "sampler", "scheduler") if h.get(k) is not None}
     second = {**spec, **own, "steps": h.get("steps") or spec["steps"], "denoise": h.get("denoise", 0.5),
-              "denoise_steps": "comfyui", "start_step": None, "end_step": None, "add_noise": True}
+              "denoise_steps": "comfyui", "start_step": h.get("start_step"), "end_step": h.get("end_step"),
+              "add_noise": h.get("add_noise", True), "leftover_noise": h.get("leftover_noise", False)}
     out.append(_sampler_node(node, second, links, model, role="hires_sampler"))
     return out
 

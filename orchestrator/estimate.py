@@ -126,7 +126,9 @@ def hires_calls(spec) -> tuple:
     cfg = spec.cfg if h.cfg is None else h.cfg
     spectrum = spec.spectrum if spectrum_refusal(sampler) is None else SpectrumSettings(enabled=False)
     s = LatentSampler(steps=h.steps or spec.steps, cfg=cfg, scheduler=h.scheduler or spec.scheduler,
-                      spectrum=spectrum, sampler=sampler, cache=spec.cache, plan=LatentPlan(denoise=float(h.denoise)))
+                      spectrum=spectrum, sampler=sampler, cache=spec.cache,
+                      plan=LatentPlan(denoise=float(h.denoise), start_step=h.start_step, last_step=h.end_step,
+                                      force_full_denoise=not h.leftover_noise, add_noise=h.add_noise))
     return len(s.plan()), passes_of(cfg)
 
 

@@ -50,9 +50,13 @@ def settings_lines(spec: dict) -> list[str]:
         out.append(_line("img2img", f"{spec['init_image']}{mask}, denoise {spec.get('denoise')}"))
     hires = spec.get("hires")
     if hires:
-        size = f"{hires['width']}x{hires['height']}" if hires.get("width") else f"x{hires.get('scale')}"
+        size = f"{hires['width']}x{hires['height']}" if hires.get("width") else \
+            f"x{hires['scale']}" if hires.get("scale") else "the first latent as it is"
+        window = f", from step {hires['start_step']}" if hires.get("start_step") is not None else ""
+        noise = "" if hires.get("add_noise", True) else ", no noise added"
         out.append(_line("hires", f"{size}, {hires.get('space')} {hires.get('method')}, denoise "
-                                  f"{hires.get('denoise')}, steps {hires.get('steps') or spec.get('steps')}"))
+                                  f"{hires.get('denoise')}, steps {hires.get('steps') or spec.get('steps')}{window}"
+                                  f"{noise}"))
     for lora in spec.get("loras") or ():
         out.append(_line("lora", f"{lora.get('name')} strength {lora.get('strength')}"))
     if spec.get("cache"):

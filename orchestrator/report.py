@@ -339,8 +339,12 @@ def _hires_labels(spec) -> dict:
     h = spec.hires
     if h is None:
         return {}
-    size = {"Hires upscale": h.scale} if h.scale is not None else {"Hires resize": f"{h.width}x{h.height}"}
+    # a second pass on the first latent as it is: A1111's upscale 1 with its "None" upscaler
+    size = {"Hires upscale": h.scale if h.upscaled else 1.0} if h.width is None else \
+        {"Hires resize": f"{h.width}x{h.height}"}
     names = A1111_PIXEL_UPSCALERS if h.space == "pixel" else A1111_LATENT_UPSCALERS
+    if not h.upscaled:
+        names = {h.method: "None"}
     own = {"Hires sampler": (h.sampler, spec.sampler, sampler_label),
            "Hires schedule type": (h.scheduler, spec.scheduler, scheduler_label),
            "Hires CFG Scale": (h.cfg, spec.cfg, None), "Hires prompt": (h.prompt, spec.prompt, None),

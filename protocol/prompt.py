@@ -157,7 +157,9 @@ Side = Int(16, MAX_SIDE)
 class HiresSettings(Record, frozen=True):
     """prompt.json's `hires`: after the first denoise the latent upscaled as ComfyUI's LatentUpscaleBy (`scale`) or
     LatentUpscale (`width` and `height`, pixels) with `method`, then sampled again from it on the pack of the new
-    size: `steps` (0: the job's), `denoise` (docs/workflows.md)."""
+    size: `steps` (0: the job's), `denoise` (docs/workflows.md). Without scale, width and height the second pass
+    samples the first pass's latent as it is (a second KSampler chained on the first's LATENT: split sampling with
+    KSamplerAdvanced's window, `start_step` ... `leftover_noise`, docs/latent-sampling.md)."""
 
     KEY_NOUN: ClassVar[str] = "setting"
 
@@ -178,6 +180,16 @@ class HiresSettings(Record, frozen=True):
     scheduler: Literal[SCHEDULER_NAMES] | None = None
     cfg: Float(1.0, MAX_CFG) | None = None
     seed: Int(0, SEED_LIMIT - 1) | None = None
+    # the second KSamplerAdvanced's window, as the job's own start_step ... leftover_noise
+    start_step: Int(0, 10_000) | None = None
+    end_step: Int(0, 10_000) | None = None
+    add_noise: bool = True
+    leftover_noise: bool = False
+
+    @property
+    def upscaled(self) -> bool:
+        """False for a second pass on the first latent as it is (no scale, width or height: no upscale node)."""
+        return self.scale is not None or self.width is not None
 
     def size(self, width: int, height: int) -> tuple[int, int]:
         """(width, height) in pixels of the second pass for a first pass of width x height: LatentUpscale[By]'s whole
@@ -255,13 +267,8 @@ class PromptFile(Record, frozen=True):
                                        "\"spectrum\" out (a cache turns it off) or set it false")
         _check_inputs(self)
         _check_hires(self)
-        if self.start_step is not None and self.sampling_set() and passes_through(self.sampler, self.scheduler, self.steps, DEFAULT_SHIFT,
-                                                          LatentPlan(denoise=float(self.denoise),
-                                                                     denoise_steps=self.denoise_steps,
-                                                                     start_step=self.start_step,
-                                                                     last_step=self.end_step)):
-            raise PromptError("start_step", f"start_at_step {self.start_step} leaves no step of the {self.steps}-step "
-                                            "schedule to sample")
+        _check_window("start_step", self.start_step, self.end_step, self.steps, self.sampler, self.scheduler,
+                      self.denoise, self.denoise_steps)
         if self.output is not None:
             if not self.output.strip():
                 raise PromptError("output", f"must be {_NON_EMPTY_PATH}, got string {self.output!r}")
@@ -290,8 +297,11 @@ def _check_hires(f) -> None:
     h = f.hires
     if h is None:
         return
-    if (h.scale is None) == (h.width is None and h.height is None) or (h.width is None) != (h.height is None):
-        raise PromptError("hires", "needs either scale, or both width and height")
+    if (h.scale is not None and h.width is not None) or (h.width is None) != (h.height is None):
+        raise PromptError("hires", "needs either scale, or both width and height (neither: the second pass samples "
+                                   "the first latent as it is)")
+    if h.space == "pixel" and not h.upscaled:
+        raise PromptError("hires.space", "the pixel path scales the decoded image: give scale, or width and height")
     if not h.denoise > 0:
         raise PromptError("hires.denoise", f"must be in (0, 1] (0 would sample nothing), got {float(h.denoise)}")
     _check_schedule("hires.denoise", h.steps or f.steps, h.denoise)       # the second pass counts as ComfyUI's
@@ -309,6 +319,18 @@ def _check_hires(f) -> None:
     if f.SPECTRUM_AS_ASKED and spectrum_on and h.sampler is not None and spectrum_refusal(h.sampler):
         raise PromptError("hires.sampler", f"{spectrum_refusal(h.sampler)}; set \"spectrum\": false for it "
                                            "(docs/samplers.md)")
+    _check_window("hires.start_step", h.start_step, h.end_step, h.steps or f.steps, h.sampler or f.sampler,
+                  h.scheduler or f.scheduler, h.denoise)
+
+
+def _check_window(field: str, start, end, steps, sampler, scheduler, denoise, denoise_steps="comfyui") -> None:
+    """A KSamplerAdvanced window that leaves no step of its schedule refused (ComfyUI would return the latent
+    untouched); checked once steps, sampler and scheduler are known (a resolved spec's always are)."""
+    if start is None or None in (steps, sampler, scheduler):
+        return
+    plan = LatentPlan(denoise=float(denoise), denoise_steps=denoise_steps, start_step=start, last_step=end)
+    if passes_through(sampler, scheduler, steps, DEFAULT_SHIFT, plan):
+        raise PromptError(field, f"start_at_step {start} leaves no step of the {steps}-step schedule to sample")
 
 
 def _check_schedule(field: str, steps: int, denoise) -> None:

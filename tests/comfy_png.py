@@ -34,6 +34,8 @@ WIDGETS = {
     "EmptySD3LatentImage": ("width", "height", "batch_size"),
     "ModelSamplingAuraFlow": ("shift",),
     "KSampler": ("seed", "*control*", "steps", "cfg", "sampler_name", "scheduler", "denoise"),
+    "KSamplerAdvanced": ("add_noise", "noise_seed", "*control*", "steps", "cfg", "sampler_name", "scheduler",
+                         "start_at_step", "end_at_step", "return_with_leftover_noise"),
     "VAEDecode": (),
     "SaveImage": ("filename_prefix",),
     "AnimaSpectrum": ("w", "m", "lam", "window", "flex", "warmup", "stop"),     # this server's own node

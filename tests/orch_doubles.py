@@ -109,6 +109,8 @@ class SchedulerDouble:
                                 "spectrum": p.spectrum.enabled, "batch_size": p.batch_size,
                                 "batch_pos": p.batch_pos, "noise_index": p.noise_index,
                                 "width": p.width, "height": p.height, "cond": float(cond[0, 0]),
+                                "start_step": p.start_step, "end_step": p.end_step, "add_noise": p.add_noise,
+                                "leftover_noise": p.leftover_noise,
                                 "uncond": float(arena.read(msg.uncond)[0, 0])}) + "\n")
         steps = msg.params.steps
         for step in range(start + 1, steps + 1):

@@ -95,6 +95,9 @@ def test_every_job_kind_is_a_prompt_the_daemon_takes(kind):
         # the pack the bench builds for the second pass is the size the daemon asks for
         assert spec.hires.size(*chaos_jobs.PACK_SIZE) == chaos_jobs.hires_size() == (160, 160)
         assert spec.hires.space == kind.removeprefix("hires_")
+    elif kind == "split":                   # the second pass chained on the first latent, on the same pack
+        assert not spec.hires.upscaled and spec.hires.size(*chaos_jobs.PACK_SIZE) == chaos_jobs.PACK_SIZE
+        assert (spec.end_step, spec.leftover_noise, spec.hires.start_step, spec.hires.add_noise) == (2, True, 2, False)   # 4 steps split in half
     else:
         assert spec.hires is None
 

@@ -31,6 +31,8 @@ WANT = {
     "batch3": {"batch": 3, "sampler": "dpmpp_2m", "scheduler": "karras", "spectrum": False},
     "easycache": {"steps": 14, "spectrum": False},
     "cfg1": {"cfg": 1.0, "spectrum": False},
+    "split-cfg": {"steps": 8, "cfg": 4.0, "end_step": 4, "leftover_noise": True, "start_step": None, "spectrum": False,
+                  "hires": {"steps": 8, "denoise": 1.0, "start_step": 4, "add_noise": False, "cfg": 1.5}},
 }
 
 

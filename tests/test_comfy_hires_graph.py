@@ -229,11 +229,14 @@ def test_the_second_pass_must_take_the_first_passs_model_clip_and_vae():
         _custom(_refused(g), node, "vae", "the same VAE")
 
 
-def test_ksampler_advanced_second_passes_a_job_cannot_say_are_refused_on_the_input():
+def test_ksampler_advanced_second_passes_keep_their_window_and_an_empty_one_is_refused_on_the_input():
     g = hires_graph(second="KSamplerAdvanced")
-    _custom(_refused(edited(g, "51", add_noise="disable")), "51", "add_noise", "adds its noise")
-    _custom(_refused(edited(g, "51", end_at_step=8)), "51", "end_at_step", "samples to the end")
+    h = _job(edited(g, "51", add_noise="disable")).spec["hires"]          # split sampling over an upscale
+    assert (h["steps"], h["denoise"], h["start_step"], h["add_noise"]) == (10, 1.0, 4, False)
+    h = _job(edited(g, "51", end_at_step=8)).spec["hires"]
+    assert (h["start_step"], h["end_step"], h["leftover_noise"]) == (4, 8, False)
     _custom(_refused(edited(g, "51", start_at_step=10)), "51", "start_at_step", "no step")
+    _custom(_refused(edited(g, "51", start_at_step=10, add_noise="disable")), "51", "start_at_step", "no step")
 
 
 def test_crop_center_only_where_it_cuts_nothing():

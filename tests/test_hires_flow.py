@@ -418,3 +418,65 @@ def test_a1111_pixel_hires_with_a_batch_and_its_own_settings(d):
             pixels = np.asarray(im.convert("RGB"))
         want = _encoded_reference(_scaled_reference(pixels, (96, 96), "lanczos"))
         np.testing.assert_allclose(np.load(jd / "hires_init.npy"), want, rtol=0, atol=1.1e-3)
+
+
+SPLIT = {"prompt": "a girl", "seed": 8, "steps": 6, "cfg": 4.0, "end_step": 3, "leftover_noise": True,
+         "hires": {"steps": 6, "denoise": 1.0, "start_step": 3, "add_noise": False, "cfg": 1.5, "sampler": "euler"}}
+
+
+def test_split_sampling_killed_inside_and_between_its_passes_resumes_them(d):
+    """A chained second pass (split sampling: the first window 0..3 with its leftover noise, the second 3..end
+    without noise, its own cfg and sampler) on the first pack, killed inside the first pass, as its latent is kept
+    (between the passes) and inside the second: neither pass is sampled again from its start, each DENOISE carries
+    its own window, and the latents are bitwise those of the same job undisturbed."""
+    from models.vae.latent import denormalize, normalize
+    quiet = d.submit(SPLIT)
+    assert _wait(d, quiet, ("done", "failed")).state == "done"
+    d.flag("double_step_s", "0.3")
+    job = d.submit(SPLIT)
+    jd = d.rf.jobs / job
+
+    def kill_when(done) -> None:
+        deadline = time.monotonic() + 60
+        while not done():
+            assert time.monotonic() < deadline, d.logs()
+            time.sleep(0.02)
+        old = d.sup.info("orchestrator").pid
+        d.close_client()
+        os.kill(old, signal.SIGKILL)                          # supervisord restarts it; the job resumes in place
+
+    def step(state: Path) -> int:
+        return json.loads(state.read_text() or "{}").get("step", 0) if state.exists() else 0
+    kill_when(lambda: step(jd / "state.json") >= 2)                          # inside the first pass
+    kill_when(lambda: (jd / "latent.npy").exists())                          # between the passes
+    first = (jd / "latent.npy").stat().st_mtime_ns
+    kill_when(lambda: step(jd / "hires" / "state.json") >= 2)                # inside the second
+    d.flag("double_step_s", "0.02")
+    info = _wait(d, job, ("done", "failed"), timeout_s=90)
+    assert info.state == "done", info
+    assert (jd / "latent.npy").stat().st_mtime_ns == first               # the first pass was not sampled again
+    assert json.loads((jd / "report.json").read_text())["resumed_from"] >= 2
+    qd = d.rf.jobs / quiet
+    for name in ("latent.npy", "hires_latent.npy"):
+        np.testing.assert_array_equal(np.load(jd / name), np.load(qd / name))
+    # the double: 2 * the second pass's start + denoise; the start is the first latent through VAE space and back
+    np.testing.assert_array_equal(np.load(jd / "hires_latent.npy"),
+                                  (2 * normalize(denormalize(np.load(jd / "latent.npy"))) + np.float32(1.0)))
+    rows = _log(d, "double_denoises", job)
+    firsts = [r for r in rows if not r["job_dir"].endswith("hires")]
+    seconds = [r for r in rows if r["job_dir"].endswith("hires")]
+    assert len(firsts) >= 2 and len(seconds) >= 2                      # each pass resumed once at least
+    assert {(r["start_step"], r["end_step"], r["add_noise"], r["leftover_noise"], r["cfg"]) for r in firsts} == \
+        {(None, 3, True, True, 4.0)}
+    assert {(r["start_step"], r["end_step"], r["add_noise"], r["leftover_noise"], r["cfg"], r["sampler"],
+             r["width"]) for r in seconds} == {(3, None, False, False, 1.5, "euler", 64)}
+
+
+def test_an_end_step_past_the_schedule_samples_to_the_end_in_both_passes(d):
+    """end_step 10000 (KSamplerAdvanced's default end_at_step, ComfyUI's "to the end") in either pass: the job runs
+    to the end (it failed building the DENOISE, whose step fields stop at the wire's bound)."""
+    job = d.submit({**SPLIT, "end_step": 10000, "leftover_noise": False,
+                    "hires": {**SPLIT["hires"], "end_step": 10000}})
+    info = _wait(d, job, ("done", "failed"))
+    assert info.state == "done", info
+    assert [(r["start_step"], r["end_step"]) for r in _log(d, "double_denoises", job)] == [(None, None), (3, None)]

@@ -127,3 +127,35 @@ def test_pixel_hires_job_through_the_real_vae_equals_in_process_decode_scale_enc
                "Hires schedule type: Simple, Hires CFG Scale: 3.0, Hires prompt: \"1girl, red hair\", Hires seed: 5," \
                in im.text["parameters"]
     print(f"\npixel hires job: report wall {report['wall_s']:.1f} s")
+
+
+def test_split_sampling_job_equals_in_process_chained_windows(pipe, pipeline_assets):
+    """ComfyUI's split sampling as prompt.json says it (a ComfyUI graph of two chained KSamplerAdvanced maps onto
+    it): the first pass steps 0..2 of 4 returning its leftover noise (cfg 4), the second (its own sampler, cfg 1.5)
+    from step 2 to the end adding no noise, on the first latent as it is (through the LATENT's VAE space and back,
+    as ComfyUI's next KSampler takes it). Reference: both windows run in process, the second from the first's
+    latent."""
+    from models.vae.latent import denormalize, normalize
+    models, pack_dir = pipeline_assets
+    pack = load_pack(pack_dir)
+    g, c = pack.geometry, pack.config
+    shape = (c.latent_channels, g.latent_h, g.latent_w)
+    second = {"steps": 4, "denoise": 1.0, "start_step": 2, "add_noise": False, "cfg": 1.5, "sampler": "dpmpp_2m"}
+    job = pipe.submit({**JOB, "steps": 4, "denoise": 1.0, "end_step": 2, "leftover_noise": True, "hires": second})
+    info = pipe.wait(job, timeout_s=600)
+    assert info.state == "done", f"{info.error_stage}: {info.error}\n{pipe.logs()}"
+    jd = pipe.job_dir(job)
+    cond, uncond = np.load(jd / "cond.npy"), np.load(jd / "uncond.npy")
+    runner = DiTRunner(pack, threads=THREADS)
+    s1 = LatentSampler(steps=4, cfg=4.0, sampler="euler_ancestral", scheduler="karras", spectrum=None,
+                       plan=LatentPlan.advanced(True, 0, 2, True))
+    first = s1.result(denoise(runner, s1, start_or_resume_latent(s1, 77, shape), cond, uncond))
+    np.testing.assert_array_equal(np.load(jd / "latent.npy"), first)
+    s2 = LatentSampler(steps=4, cfg=1.5, sampler="dpmpp_2m", scheduler="karras", spectrum=None,
+                       plan=LatentPlan.advanced(False, 2, 10000, False))
+    state = start_or_resume_latent(s2, 77, shape, image=normalize(denormalize(first)))
+    np.testing.assert_array_equal(np.load(jd / "hires_latent.npy"), s2.result(denoise(runner, s2, state, cond,
+                                                                                       uncond)))
+    assert not np.array_equal(np.load(jd / "hires_latent.npy"), first)
+    assert {"Denoising strength: 1.0", "Hires steps: 4", "Hires CFG Scale: 1.5"} <= {
+        p.strip() for p in Image.open(info.image).text["parameters"].split(",")}

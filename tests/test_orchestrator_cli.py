@@ -276,7 +276,8 @@ def test_generate_hires_and_batch_options_become_prompt_json_fields(tmp_path, ca
     assert spec.hires.to_dict() == {"scale": 1.5, "width": None, "height": None, "method": "lanczos",
                                     "space": "pixel", "steps": 4, "denoise": 0.4, "prompt": "a tall girl",
                                     "negative_prompt": "blurry", "sampler": "dpmpp_2m", "scheduler": "karras",
-                                    "cfg": 5.0, "seed": 9}
+                                    "cfg": 5.0, "seed": 9, "start_step": None, "end_step": None, "add_noise": True,
+                                    "leftover_noise": False}
     assert cli.main([*base, "--hires", "96x96", "--hires-method", "bislerp"]) == 0
     h = queued.pop().hires
     assert (h.width, h.height, h.scale, h.method, h.space) == (96, 96, None, "bislerp", "latent")

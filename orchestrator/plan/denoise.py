@@ -17,6 +17,13 @@ from protocol import messages as m
 from protocol.tensors import from_inline
 
 
+def _end_step(end: int | None, steps: int) -> int | None:
+    """A window's end_at_step on the wire: None ("to the end") for one at or past the schedule's last step, where
+    ComfyUI's KSampler.sample cuts nothing (prompt.json takes KSamplerAdvanced's 0..10000, the wire 0..1000). A
+    schedule has `steps` steps whatever the denoise (A1111's count: fewer, so an end past them cuts nothing either)."""
+    return None if end is None or end >= steps else end
+
+
 class DenoiseSteps:
     """The denoiser's steps of a job's runner (orchestrator.plan.run.PlanRunner) and the latents they keep."""
 
@@ -93,10 +100,14 @@ class DenoiseSteps:
                 raise StageFailed("orchestrator", f"{self.dir / name} is missing or unusable (resume the job)")
             return start
         from models.sampling.latent_ops import common_upscale
-        _, lat_h, lat_w = self.pack.latent_shape
-        # in VAE space, as ComfyUI's LatentUpscale sees a KSampler's LATENT (process_latent_out); only bislerp, which
-        # slerps across channels, is changed by the per-channel std/mean (the others are affine per channel)
         from models.vae.latent import denormalize, normalize
+        _, lat_h, lat_w = self.pack.latent_shape
+        # a KSampler's LATENT is in VAE space (process_latent_out) and the next KSampler takes it back
+        # (process_latent_in): a chained second pass gets that round trip, as ComfyUI's does
+        if not h.upscaled:
+            return normalize(denormalize(first))
+        # LatentUpscale sees the VAE-space LATENT; only bislerp, which slerps across channels, is changed by the
+        # per-channel std/mean (the others are affine per channel)
         return normalize(common_upscale(denormalize(first)[None], lat_w, lat_h, h.method)[0])
 
     def _hires_one(self, pos: int, start: np.ndarray) -> None:
@@ -112,7 +123,9 @@ class DenoiseSteps:
         params = m.DenoiseParams(seed=s.seed if h.seed is None else h.seed, steps=h.steps or s.steps,
                                  cfg=s.cfg if h.cfg is None else h.cfg, sampler=sampler,
                                  scheduler=h.scheduler or s.scheduler, width=self.pack.width, height=self.pack.height,
-                                 spectrum=spectrum, denoise=h.denoise, cache=s.cache, **batch)
+                                 spectrum=spectrum, denoise=h.denoise, cache=s.cache, start_step=h.start_step,
+                                 end_step=_end_step(h.end_step, h.steps or s.steps), add_noise=h.add_noise,
+                                 leftover_noise=h.leftover_noise, **batch)
         self.arena.write(self.init_latent, start)
         self._run_denoise(params, self.dir / batch_name("hires", "", pos), {"init_latent": self.init_latent},
                           batch_name("hires_latent", ".npy", pos), sampling_pass="hires")
@@ -123,7 +136,8 @@ class DenoiseSteps:
         params = m.DenoiseParams(seed=s.seed, steps=s.steps, cfg=s.cfg, sampler=s.sampler, scheduler=s.scheduler,
                                  width=self.pack.width, height=self.pack.height,
                                  spectrum=s.spectrum, denoise=s.denoise, cache=s.cache, start_step=s.start_step,
-                                 end_step=s.end_step, add_noise=s.add_noise, leftover_noise=s.leftover_noise,
+                                 end_step=_end_step(s.end_step, s.steps), add_noise=s.add_noise,
+                                 leftover_noise=s.leftover_noise,
                                  latent_fill=s.latent_fill, denoise_steps=s.denoise_steps, **batch)
         state_dir = self.dir if pos == 0 else self.dir / f"batch_{pos}"      # each image's per-step sampler state
         self._run_denoise(params, state_dir, self._start_latent(), batch_name("latent", ".npy", pos))
