@@ -23,6 +23,12 @@ def hires_texts(spec: PromptSpec) -> tuple[str, str] | None:
     return None if texts == (spec.prompt, spec.negative_prompt) else texts
 
 
+def cond_entries(spec: PromptSpec) -> tuple:
+    """(positive, negative) conditioning entries of the first pass that are not plain text (ConditioningZeroOut,
+    ConditioningAverage: protocol.prompt.CondEntry), None for a plain one. A second pass's own prompts are plain."""
+    return tuple(None if e.plain else e for e in (spec.cond("positive"), spec.cond("negative")))
+
+
 def latent_file(pos: int) -> str:
     return batch_name("latent", ".npy", pos)
 
