@@ -9,7 +9,7 @@ and then
         --combo euler/simple --combo er_sde/beta --out bench/out/comfy_reference.json
 (add `--step-cache easycache --steps 14` for both sides with ComfyUI's EasyCache node, `--cfg 1` for one pass per call;
 `--workflow all --extra-pack PACK384` sends bench/comfy_workflows.py's graphs — img2img, both inpaints, a latent
-hires fix, a batch of 3, EasyCache, cfg 1 — unchanged to ComfyUI and to this project's HTTP front and compares the
+hires fix, a batch of 3, EasyCache, cfg 1, a ConditioningZeroOut negative, a ConditioningAverage — unchanged to ComfyUI and to this project's HTTP front and compares the
 PNGs; the last line is `comfy_workflows images=N within_1=N worst=D`)
 For each sampler/scheduler combo it submits ComfyUI's API graph (UNETLoader, CLIPLoader, VAELoader, CLIPTextEncode
 x2, EmptySD3LatentImage, ModelSamplingAuraFlow shift 3, KSampler, VAEDecode, SaveImage, SaveLatent), fetches the
@@ -248,7 +248,7 @@ def main(argv=None) -> int:
     p.add_argument("--workflow", action="append", default=None, metavar="NAME",
                    help="repeatable, or 'all': send bench/comfy_workflows.py's graph NAME unchanged to ComfyUI and to "
                         "this project's HTTP front and compare the images (txt2img, img2img, inpaint-mask, "
-                        "inpaint-vae, hires-latent, batch3, easycache, cfg1)")
+                        "inpaint-vae, hires-latent, batch3, easycache, cfg1, zero-negative, average)")
     p.add_argument("--front", default=None, help="--workflow: URL of this project's running HTTP front on loopback; "
                    "default: a supervisord pipeline started here on --pack (and --extra-pack), stopped at the end")
     p.add_argument("--extra-pack", action="append", default=[], metavar="PACK",
