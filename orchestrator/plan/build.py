@@ -45,7 +45,7 @@ def _state(folder: str, pos: int) -> str:
 
 
 def _encode_steps(spec: PromptSpec) -> list[Step]:
-    steps: list[Step] = [EncodeText(outputs=CONTEXTS)]
+    steps: list[Step] = [EncodeText(outputs=CONTEXTS, entries=cond_entries(spec))]
     if hires_texts(spec) is not None:
         steps.append(EncodeText(hires=True, outputs=HIRES_CONTEXTS))
     if spec.init_image is not None:

@@ -77,9 +77,9 @@ class TextSteps:
             if self._hires_contexts() is None and not self._hires_from_cache():
                 self._need_up(ENCODER)
                 self._encode_hires()
-        elif not self._load_contexts() and not self._first_from_cache():
+        elif not self._load_contexts() and not self._first_from_cache(step.entries):
             self._need_up(ENCODER)
-            self._encode_first()
+            self._encode_first(step.entries)
 
     # ------------------------------------------------------------ the conditioning cache (orchestrator/cond_cache.py)
 
@@ -101,8 +101,8 @@ class TextSteps:
         key = self._cond_key(self.spec.loras, prompt, negative, pack.text_tokens, entries)
         return None if key is None else self.d.cond_cache.get(key, pack.context_shape)
 
-    def _first_from_cache(self) -> bool:
-        entry = self._cached(self.spec.prompt, self.spec.negative_prompt, self.pack, cond_entries(self.spec))
+    def _first_from_cache(self, entries: tuple) -> bool:
+        entry = self._cached(self.spec.prompt, self.spec.negative_prompt, self.pack, entries)
         if entry is None:
             return False
         self.arena.write(self.cond, entry.cond)                                              # [S, Dc] f32
@@ -172,10 +172,10 @@ class TextSteps:
         if key is not None:
             self.d.cond_cache.put(key, entry)
 
-    def _encode_first(self) -> None:
+    def _encode_first(self, entries: tuple) -> None:
         remote = self.cfg.is_remote("encoder")
         # cfg 1 everywhere: no unconditional pass reads the negative prompt's context, so it is not encoded
-        ignored, entries = self.spec.negative_ignored(), cond_entries(self.spec)
+        ignored = self.spec.negative_ignored()
         negative = "" if ignored else self.spec.negative_prompt
         msg = m.Encode(job=self.job.id, prompt=self.spec.prompt, negative=negative,
                        arena=None if remote else self.arena.name, cond=None if remote else self.cond,
