@@ -110,6 +110,16 @@ def test_a_second_pass_whose_prompt_is_zeroed_on_its_own_is_refused_not_a_crash(
     g["8"]["inputs"]["negative"] = g["25"]["inputs"]["negative"] = ["60", 0]
     spec = graph_to_job(g).spec
     assert spec["negative"][0]["zero_out"] and "negative_prompt" not in spec["hires"]
+    g["26"] = {"class_type": "CLIPTextEncode", "inputs": {"text": "a sharper picture", "clip": ["2", 0]}}
+    g["25"]["inputs"]["positive"] = ["26", 0]                        # its own prompt, the zeroed negative shared
+    job = graph_to_job(g)
+    assert job.spec["hires"]["prompt"] == "a sharper picture"
+    from orchestrator.plan.build import build_plan
+    resolved = parse_prompt_obj(job.spec, resolution=[(256, 256), (384, 384)])
+    hires_step = next(s for s in build_plan(resolved).steps if getattr(s, "hires", False))
+    assert hires_step.entries[0] is None and hires_step.entries[1].zero_out       # the second pass's negative: zeroed
+    shown = job_to_graph(resolved.to_dict(), ids=job.nodes)
+    assert graph_to_job(shown).spec == job.spec
 
 
 def test_object_info_declares_them_as_comfyui():

@@ -139,6 +139,12 @@ def test_a_queued_jobs_encodes_are_its_first_pass_and_its_hires_own_prompts():
                                "width": 64, "height": 64}, resolution=sizes)
     (pair,) = _prompt_pairs(zeroed, packs)
     assert pair[:3] == ("a cat", "dog", "pack64") and pair[3][0] is None and pair[3][1].zero_out
+    # a second pass with its own prompt keeps the negative it shares with the first: zeroed
+    zeroed = parse_prompt_obj({"prompt": "a cat", "negative": [{"text": "dog", "zero_out": True}], "seed": 1,
+                               "width": 64, "height": 64, "hires": {"scale": 1.5, "prompt": "a sharp cat"}},
+                              resolution=sizes)
+    first, second = _prompt_pairs(zeroed, packs)
+    assert second[:3] == ("a sharp cat", "dog", "pack96") and second[3][0] is None and second[3][1].zero_out
     assert _prompt_pairs(own, {}) == []                                        # no pack: its own flow fails it
 
 

@@ -13,7 +13,7 @@ from models.dit.partition import TEXT_TOKENS
 from orchestrator.cond_cache import CondEntry, cache_key, encoder_identity, lora_identity
 from orchestrator.job_files import (COND_FILE, HIRES_COND_FILE, HIRES_TEXT_FILE, HIRES_UNCOND_FILE, TEXT_FILE,
                                     UNCOND_FILE)
-from orchestrator.plan.build import cond_entries, hires_texts
+from orchestrator.plan.build import cond_entries, hires_entries, hires_texts
 from orchestrator.plan.job_io import load_npy, load_text, save_npy
 from orchestrator.plan.steps import ENCODER
 from orchestrator.prompt_spec import PromptSpec
@@ -27,14 +27,14 @@ log = logging.getLogger("orchestrator.plan")
 
 def prompt_pairs(spec: PromptSpec, packs: dict) -> list:
     """[(prompt, negative, pack, entries)] a job sends the encoder: its first pass's (with its conditioning entries,
-    build.cond_entries), and its hires pass's own, plain (a size with no pack is left out: that job fails on its
-    own)."""
+    build.cond_entries), and its hires pass's own (build.hires_entries; a size with no pack is left out: that job
+    fails on its own)."""
     out, first, texts = [], packs.get((spec.width, spec.height)), hires_texts(spec)
     if first is not None:
         out.append((spec.prompt, spec.negative_prompt, first, cond_entries(spec)))
     hires = packs.get(spec.hires.size(spec.width, spec.height)) if texts is not None else None
     if hires is not None:
-        out.append((*texts, hires, (None, None)))
+        out.append((*texts, hires, hires_entries(spec)))
     return out
 
 
@@ -74,9 +74,9 @@ class TextSteps:
         else from the encoder (brought up for the first prompt the cache lacks, once for the run of encode steps; a
         job that needs nothing encoded starts no encoder: report `encoder_started`)."""
         if step.hires:
-            if self._hires_contexts() is None and not self._hires_from_cache():
+            if self._hires_contexts() is None and not self._hires_from_cache(step.entries):
                 self._need_up(ENCODER)
-                self._encode_hires()
+                self._encode_hires(step.entries)
         elif not self._load_contexts() and not self._first_from_cache(step.entries):
             self._need_up(ENCODER)
             self._encode_first(step.entries)
@@ -110,8 +110,8 @@ class TextSteps:
         self._keep_first(entry)
         return True
 
-    def _hires_from_cache(self) -> bool:
-        entry = self._cached(*self._hires_texts(), self.hires_pack)
+    def _hires_from_cache(self, entries: tuple) -> bool:
+        entry = self._cached(*self._hires_texts(), self.hires_pack, entries)
         if entry is not None:
             self._keep_hires(entry)
         return entry is not None
@@ -153,13 +153,13 @@ class TextSteps:
         cond, uncond = (np.ascontiguousarray(a, dtype=np.float32) for a in arrays)
         return CondEntry(cond, uncond, reply.tokens_cond, reply.tokens_uncond, reply.truncated)
 
-    def _encode_hires(self) -> None:
+    def _encode_hires(self, entries: tuple) -> None:
         """hires.prompt / negative_prompt -> hires_cond.npy, hires_uncond.npy (inline: the hires pack's rows, which
         the first arena's slots may not have) and hires_text.json, the counts first (a resume reads all three)."""
         prompt, negative = self._hires_texts()
-        entry = self._encode_inline(prompt, negative, self.hires_pack, self.spec.loras, self.job.id)
+        entry = self._encode_inline(prompt, negative, self.hires_pack, self.spec.loras, self.job.id, entries)
         self._keep_hires(entry)
-        self._cache_put(prompt, negative, self.hires_pack, entry)
+        self._cache_put(prompt, negative, self.hires_pack, entry, entries)
 
     def _keep_hires(self, entry: CondEntry) -> None:
         text = text_record(entry.tokens_cond, entry.tokens_uncond, entry.truncated, self.hires_pack.text_tokens)
