@@ -133,7 +133,7 @@ AVERAGE_WITH = "a red fox in a snowy forest at dusk, soft light, detailed fur, (
 
 def zero_negative(files, seed, width, height):
     """The negative through ConditioningZeroOut (Anima's LLM adapter still reads the negative's T5 ids)."""
-    g = txt2img(files, seed, width, height)
+    g = txt2img(files, seed, width, height, prefix="ref_zero_negative")
     g["60"] = {"class_type": "ConditioningZeroOut", "inputs": {"conditioning": ["5", 0]}}
     g["8"]["inputs"]["negative"] = ["60", 0]
     return g
@@ -141,7 +141,7 @@ def zero_negative(files, seed, width, height):
 
 def average(files, seed, width, height):
     """ConditioningAverage of the prompt (conditioning_to, strength 0.6) and a longer prompt (cut to its length)."""
-    g = txt2img(files, seed, width, height)
+    g = txt2img(files, seed, width, height, prefix="ref_average")
     g["61"] = {"class_type": "CLIPTextEncode", "inputs": {"text": AVERAGE_WITH, "clip": ["2", 0]}}
     g["62"] = {"class_type": "ConditioningAverage", "inputs": {"conditioning_to": ["4", 0],
                                                                "conditioning_from": ["61", 0],
