@@ -9,9 +9,10 @@ and then
         --combo euler/simple --combo er_sde/beta --out bench/out/comfy_reference.json
 (add `--step-cache easycache --steps 14` for both sides with ComfyUI's EasyCache node, `--cfg 1` for one pass per call;
 `--workflow all --extra-pack PACK384` sends bench/comfy_workflows.py's graphs — img2img, both inpaints, a latent
-hires fix, a batch of 3, EasyCache, cfg 1, split sampling over two KSamplerAdvanced — unchanged to ComfyUI and to
-this project's HTTP front and compares the PNGs; the last line is `comfy_workflows images=N within_1=N worst=D`;
-with `--record FILE` ComfyUI's side also saves each graph's final latent into FILE)
+hires fix, a batch of 3, EasyCache, cfg 1, split sampling over two KSamplerAdvanced, a ConditioningZeroOut
+negative, a ConditioningAverage — unchanged to ComfyUI and to this project's HTTP front and compares the PNGs;
+the last line is `comfy_workflows images=N within_1=N worst=D`; with `--record FILE` ComfyUI's side also saves
+each graph's final latent into FILE)
 For each sampler/scheduler combo it submits ComfyUI's API graph (UNETLoader, CLIPLoader, VAELoader, CLIPTextEncode
 x2, EmptySD3LatentImage, ModelSamplingAuraFlow shift 3, KSampler, VAEDecode, SaveImage, SaveLatent), fetches the
 latent and the PNG, computes the same job here in-process (the text encoder on torch, the DiT through the pack on
@@ -180,7 +181,7 @@ def run_workflows(a, client: ComfyClient, files: dict, width: int, height: int) 
             raise SystemExit("--workflow without --front starts a pipeline on a models folder: give --models")
         extra = tuple(str(Path(x).resolve()) for x in a.extra_pack)
         pipe = Pipeline.start(Path(a.models).resolve(), Path(a.pack).resolve(), packs=extra, threads=a.threads or 2,
-                              branch_timeout_s=600.0)
+                              branch_timeout_s=600.0, start_timeout_s=600.0)    # a stage's start on a loaded host
         front = ComfyClient(pipe.http_url(), a.timeout)
     rows, latents = [], {}
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"comfy_reference_{os.getpid()}.latent"
@@ -267,7 +268,7 @@ def main(argv=None) -> int:
     p.add_argument("--workflow", action="append", default=None, metavar="NAME",
                    help="repeatable, or 'all': send bench/comfy_workflows.py's graph NAME unchanged to ComfyUI and to "
                         "this project's HTTP front and compare the images (txt2img, img2img, inpaint-mask, "
-                        "inpaint-vae, hires-latent, batch3, easycache, cfg1, split-cfg)")
+                         "inpaint-vae, hires-latent, batch3, easycache, cfg1, split-cfg, zero-negative, average)")
     p.add_argument("--front", default=None, help="--workflow: URL of this project's running HTTP front on loopback; "
                    "default: a supervisord pipeline started here on --pack (and --extra-pack), stopped at the end")
     p.add_argument("--extra-pack", action="append", default=[], metavar="PACK",

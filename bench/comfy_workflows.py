@@ -148,6 +148,28 @@ def split_cfg(files, seed, width, height):
     return _out(g, ["26", 0], "ref_split_cfg")
 
 
+AVERAGE_WITH = "a red fox in a snowy forest at dusk, soft light, detailed fur, (watercolor:1.1), wide shot"
+
+
+def zero_negative(files, seed, width, height):
+    """The negative through ConditioningZeroOut (Anima's LLM adapter still reads the negative's T5 ids)."""
+    g = txt2img(files, seed, width, height, prefix="ref_zero_negative")
+    g["60"] = {"class_type": "ConditioningZeroOut", "inputs": {"conditioning": ["5", 0]}}
+    g["8"]["inputs"]["negative"] = ["60", 0]
+    return g
+
+
+def average(files, seed, width, height):
+    """ConditioningAverage of the prompt (conditioning_to, strength 0.6) and a longer prompt (cut to its length)."""
+    g = txt2img(files, seed, width, height, prefix="ref_average")
+    g["61"] = {"class_type": "CLIPTextEncode", "inputs": {"text": AVERAGE_WITH, "clip": ["2", 0]}}
+    g["62"] = {"class_type": "ConditioningAverage", "inputs": {"conditioning_to": ["4", 0],
+                                                               "conditioning_from": ["61", 0],
+                                                               "conditioning_to_strength": 0.6}}
+    g["8"]["inputs"]["positive"] = ["62", 0]
+    return g
+
+
 WORKFLOWS = {
     "txt2img": ("text-to-image, no Spectrum node (euler/simple, 6 steps, cfg 4)", txt2img),
     "img2img": ("LoadImage -> VAEEncode, denoise 0.6, euler_ancestral/karras", img2img),
@@ -161,4 +183,6 @@ WORKFLOWS = {
     "cfg1": ("cfg 1 (one pass per model call)", lambda f, s, w, h: txt2img(f, s, w, h, cfg=1.0)),
     "split-cfg": ("KSamplerAdvanced 0-4 of 8 (cfg 4, leftover noise) -> KSamplerAdvanced 4-end (cfg 1.5, no noise)",
                   split_cfg),
+    "zero-negative": ("the negative through ConditioningZeroOut", zero_negative),
+    "average": ("ConditioningAverage of two prompts (strength 0.6, the second longer)", average),
 }

@@ -411,11 +411,17 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
                                 "LatentFromBatch), or for a second pass the first KSampler's LATENT, as it is or "
                                 "through LatentUpscale[By] or ImageScale[By] + VAEEncode (two passes at most)")]
     roles = {"save": out, "decode": decode, "sampler": sampler, "latent": latent, "vae": vae,
-             "positive": c.links[sampler]["positive"], "negative": c.links[sampler]["negative"],
              **{f"batch{i}": n for i, n in enumerate(batch)}, **(second[0] if second else {})}
+    entries = {}
+    for side in ("positive", "negative"):
+        more, entries[side] = _conditioning(graph, c, role_of, c.links[sampler][side], side, problems)
+        roles.update(more)
+    if problems:
+        return roles, {}, problems
     loras = _loras(graph, c, role_of, roles, problems)
     roles.update(image[0] if image else {})
     spec = _job_fields(graph, c, roles, sizes, problems)
+    spec.update({side: [e] for side, e in entries.items() if e is not None})
     if image is not None:                                         # ComfyUI's size: the image's (the job's: its pack's)
         spec = {**{k: x for k, x in spec.items() if k not in ("width", "height")}, **image[1]}
     batch_size = _batch_size(c, roles, batch, problems)
@@ -438,14 +444,46 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
     return roles, spec, problems
 
 
+def _conditioning(graph, c: _Checker, role_of: dict, node: str, side: str, problems: list) -> tuple[dict, dict | None]:
+    """A sampler input back to its CLIPTextEncode through ConditioningZeroOut / ConditioningAverage (conditioning_to)
+    -> (roles: `side`, `side`_zero, `side`_average, `side`_from; prompt.json's entry, None when plain). Applied from
+    the text out as ComfyUI runs them: a zero-out zeroes the Qwen3 states, an average blends them with a plain
+    CLIPTextEncode's (conditioning_from), a zero-out after an average zeroes the blend too."""
+    ops = []
+    for _ in range(len(graph)):
+        if role_of[node] not in ("zero_out", "average"):
+            break
+        ops.append(node)
+        node = c.links[node]["conditioning" if role_of[node] == "zero_out" else "conditioning_to"]
+    roles, entry = {side: node}, {"text": c.fields(node)["prompt"], "zero_out": False}
+    for op in reversed(ops):                                      # from the text out
+        if role_of[op] == "zero_out":
+            roles.setdefault(f"{side}_zero", op)
+            entry = {"text": entry["text"], "zero_out": True}       # an earlier average's blend is zeroed too
+            continue
+        src = c.links[op]["conditioning_from"]
+        if "average" in entry:
+            problems.append(_custom(op, "conditioning_to", "one ConditioningAverage per sampler input here (an "
+                                    "average of an average is not a prompt.json entry)"))
+        elif role_of[src] != "text":
+            problems.append(_custom(op, "conditioning_from", "conditioning_from must be a CLIPTextEncode here (its "
+                                    "text's Qwen3 states are what is averaged in)"))
+        else:
+            roles.update({f"{side}_average": op, f"{side}_from": src})
+            entry["average"] = {"text": c.fields(src)["prompt"], "weight": c.fields(op)["weight"]}
+    return roles, (entry if len(entry) > 2 or entry["zero_out"] else None)
+
+
 def _loras(graph, c: _Checker, role_of: dict, roles: dict, problems: list) -> list:
     """The job's LoRAs from the sampler's model chain and the prompts' CLIP chain (both prompts' the same one); the
     model chain's other nodes and the CLIP loader into `roles`."""
     model_loras = _model_chain(graph, c, role_of, roles, problems)
-    clips = {side: _chain(graph, c, role_of, c.links[roles[side]]["clip"], "clip") for side in ("positive", "negative")}
-    if clips["positive"] != clips["negative"]:
-        problems.append(_custom(roles["negative"], "clip", "both CLIPTextEncode nodes must take the same CLIP (one "
-                                                           "text encoder, with the same LoRAs, encodes both prompts)"))
+    texts = [r for r in ("positive", "negative", "positive_from", "negative_from") if r in roles]
+    clips = {side: _chain(graph, c, role_of, c.links[roles[side]]["clip"], "clip") for side in texts}
+    for side in texts[1:]:
+        if clips[side] != clips["positive"]:
+            problems.append(_custom(roles[side], "clip", "every CLIPTextEncode must take the same CLIP (one text "
+                                                         "encoder, with the same LoRAs, encodes the prompts)"))
     roles["clip"], clip_loras = clips["positive"]
     clip_type = c.values[roles["clip"]].get("type", ANIMA_CLIP_TYPE)
     if clip_type != ANIMA_CLIP_TYPE:
@@ -556,7 +594,11 @@ def _hires(graph, c: _Checker, role_of: dict, roles: dict, spec: dict, problems:
     clip = _chain(graph, c, role_of, c.links[roles["positive"]]["clip"], "clip")
     for side, key in (("positive", "prompt"), ("negative", "negative_prompt")):
         node = c.links[roles["hires_sampler"]][side]
-        if node == roles[side]:
+        if node == c.links[roles["sampler"]][side]:
+            continue
+        if role_of[node] != "text":
+            problems.append(_custom(roles["hires_sampler"], side, "a second pass's own prompt is a plain "
+                                    "CLIPTextEncode here (or the first pass's conditioning, the same node)"))
             continue
         roles[f"hires_{side}"] = node
         if _chain(graph, c, role_of, c.links[node]["clip"], "clip") != clip:
@@ -750,10 +792,14 @@ IMAGE_IDS = {"image": "40", "encode": "41", "mask": "42", "noise_mask": "43"}   
 BATCH_ID = "44"                 # a batch from an init image: RepeatLatentBatch after its latent
 HIRES_IDS = {"upscale": "50", "hires_sampler": "51", "hires_positive": "52", "hires_negative": "53",
              "hires_decode": "54", "hires_encode": "55"}                     # a hires fix's second pass
+COND_IDS = {"positive_zero": "60", "positive_from": "61", "positive_average": "62", "negative_zero": "63",
+            "negative_from": "64", "negative_average": "65"}           # a sampler input's conditioning operations
 ADVANCED_END = 10000            # KSamplerAdvanced's end_at_step for "to the end" (nodes.py's default)
 TITLES = {"positive": "CLIP Text Encode (Positive Prompt)", "negative": "CLIP Text Encode (Negative Prompt)",
           "hires_positive": "CLIP Text Encode (Hires Positive Prompt)",
-          "hires_negative": "CLIP Text Encode (Hires Negative Prompt)", "hires_sampler": "KSampler (Hires)"}
+          "hires_negative": "CLIP Text Encode (Hires Negative Prompt)", "hires_sampler": "KSampler (Hires)",
+          "positive_from": "CLIP Text Encode (Positive Average With)",
+          "negative_from": "CLIP Text Encode (Negative Average With)"}
 
 
 def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str, str] | None = None) -> dict:
@@ -800,8 +846,7 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
         node("clip", "CLIPLoader", clip_name=first(names.clip), type=ANIMA_CLIP_TYPE),
         node("vae", "VAELoader", vae_name=first(names.vae)),
         *loaders,
-        node("positive", "CLIPTextEncode", {"prompt": spec["prompt"]}, clip=clip),
-        node("negative", "CLIPTextEncode", {"prompt": spec.get("negative_prompt", "")}, clip=clip),
+        *_conditioning_nodes(node, spec, ids, clip),
         *_latent_nodes(node, spec, ids),
         _sampler_node(node, spec, ids, model),
         *_hires_nodes(node, spec, ids, model, clip),
@@ -809,6 +854,30 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
              vae=[ids["vae"], 0]),
         node("save", "SaveImage", images=[ids["decode"], 0], filename_prefix="anima"),
     ))
+
+
+def _conditioning_nodes(node, spec: dict, ids: dict, clip: list) -> list[tuple[str, dict]]:
+    """Each sampler input: its CLIPTextEncode, then for a prompt.json entry ConditioningZeroOut (zero_out) and
+    ConditioningAverage with a CLIPTextEncode of its own (average), in the order the encoder applies them; the
+    sampler's links in ids["cond_positive"] / ids["cond_negative"]."""
+    out = []
+    for side, key in (("positive", "prompt"), ("negative", "negative_prompt")):
+        e = (spec.get(side) or [{"text": spec.get(key, "")}])[0]
+        out.append(node(side, "CLIPTextEncode", {"prompt": e["text"]}, clip=clip))
+        head = [ids[side], 0]
+        if e.get("zero_out"):
+            ids.setdefault(f"{side}_zero", COND_IDS[f"{side}_zero"])
+            out.append(node(f"{side}_zero", "ConditioningZeroOut", conditioning=head))
+            head = [ids[f"{side}_zero"], 0]
+        if e.get("average"):
+            for role in (f"{side}_from", f"{side}_average"):
+                ids.setdefault(role, COND_IDS[role])
+            out.append(node(f"{side}_from", "CLIPTextEncode", {"prompt": e["average"]["text"]}, clip=clip))
+            out.append(node(f"{side}_average", "ConditioningAverage", e["average"], conditioning_to=head,
+                            conditioning_from=[ids[f"{side}_from"], 0]))
+            head = [ids[f"{side}_average"], 0]
+        ids[f"cond_{side}"] = head[0]
+    return out
 
 
 def _latent_nodes(node, spec: dict, ids: dict) -> list[tuple[str, dict]]:
@@ -873,7 +942,7 @@ def _hires_nodes(node, spec: dict, ids: dict, model: list, clip: list) -> list[t
     for side, key in (("positive", "prompt"), ("negative", "negative_prompt")):
         if h.get(key) is not None:
             out.append(node(f"hires_{side}", "CLIPTextEncode", {"prompt": h[key]}, clip=clip))
-            links[side] = ids[f"hires_{side}"]
+            links[f"cond_{side}"] = ids[f"hires_{side}"]
     own = {k: h[k] for k in ("seed", "cfg", "sampler", "scheduler") if h.get(k) is not None}
     second = {**spec, **own, "steps": h.get("steps") or spec["steps"], "denoise": h.get("denoise", 0.5),
               "denoise_steps": "comfyui", "start_step": h.get("start_step"), "end_step": h.get("end_step"),
@@ -899,7 +968,8 @@ def _sampler_node(node, spec: dict, ids: dict, model: list, role: str = "sampler
               "leftover_noise": toggle(spec.get("leftover_noise"))}
     plain = spec.get("start_step") is None and end is None and spec.get("add_noise", True)
     return node(role, "KSampler" if plain else "KSamplerAdvanced", fields, model=model,
-                positive=[ids["positive"], 0], negative=[ids["negative"], 0], latent_image=[ids["latent"], 0])
+                positive=[ids.get("cond_positive", ids["positive"]), 0],
+                negative=[ids.get("cond_negative", ids["negative"]), 0], latent_image=[ids["latent"], 0])
 
 
 def graph_links(graph: dict, table: dict[str, NodeSpec] | None = None) -> list[tuple[str, int, str, str, str]]:

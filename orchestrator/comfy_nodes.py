@@ -214,6 +214,24 @@ def image_nodes(images: tuple[str, ...] = ()) -> tuple[NodeSpec, ...]:
                      description="Inpaint: the latent resampled where the mask is 1, kept where it is 0."))
 
 
+def conditioning_nodes() -> tuple[NodeSpec, ...]:
+    """ComfyUI's ConditioningZeroOut and ConditioningAverage (nodes.py) between a CLIPTextEncode and a sampler input:
+    prompt.json's `positive` / `negative` entry (`zero_out`, `average`: docs/prompts.md). On Anima both act on the
+    Qwen3 states the LLM adapter reads; the adapter still runs with the text's T5 ids."""
+    cond = "CONDITIONING"
+    return (NodeSpec("ConditioningZeroOut", "Conditioning Zero Out", "model/conditioning/transform", "zero_out",
+                     (InputSpec("conditioning", cond),), (cond,), (cond,),
+                     description="The text's Qwen3 states zeroed (the LLM adapter still reads the text's T5 ids, so "
+                                 "the context is not zero)."),
+            NodeSpec("ConditioningAverage", "Conditioning (Average)", "model/conditioning/transform", "average",
+                     (InputSpec("conditioning_to", cond), InputSpec("conditioning_from", cond),
+                      InputSpec("conditioning_to_strength", "FLOAT", 1.0, dict(min=0.0, max=1.0, step=0.01))),
+                     (cond,), (cond,),
+                     description="conditioning_to's Qwen3 states x strength + conditioning_from's x (1 - strength) "
+                                 "(cut or zero-padded to conditioning_to's length), with conditioning_to's T5 ids.",
+                     job={"weight": "conditioning_to_strength"}))
+
+
 MAX_RESOLUTION = 16384          # ComfyUI's nodes.MAX_RESOLUTION: the upscale nodes' width/height bound
 PIXEL_METHODS = ("nearest-exact", "bilinear", "area", "bicubic", "lanczos")     # ImageScale's upscale_method
 
@@ -318,6 +336,7 @@ def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
         _spectrum_node(),
         *_cache_nodes(),
         *_sampler_nodes(),
+        *conditioning_nodes(),
         *image_nodes(),
         *hires_batch_nodes(),
         NodeSpec("VAEDecode", "VAE Decode", "latent", "decode",
@@ -356,7 +375,10 @@ def object_info(table: dict[str, NodeSpec]) -> dict:
 # order a refused field is looked for (an EmptyLatentImage's batch before a RepeatLatentBatch's)
 PLACES = {"positive": "", "negative": "negative_", "sampler": "", "latent": "", "image": "", "mask": "",
           "encode": "", "spectrum": "spectrum.", "cache": "cache.", "upscale": "hires.", "hires_sampler": "hires.",
-          "hires_positive": "hires.", "hires_negative": "hires.negative_"}
+          "hires_positive": "hires.", "hires_negative": "hires.negative_",
+          # a sampler input's ConditioningAverage and the CLIPTextEncode it averages with (conditioning_from)
+          "positive_average": "positive[0].average.", "negative_average": "negative[0].average.",
+          "positive_from": "positive[0].average.", "negative_from": "negative[0].average."}
 NUMBERED_PLACES = {"lora": "loras[{}].", "batch": ""}        # lora0, lora1 ...; batch0 ...
 
 
@@ -377,6 +399,8 @@ def carried(place: str, node: NodeSpec) -> dict[str, str]:
     if prefix is None:
         return {}
     fields = {**node.refusals, **node.job}
+    if place.endswith("_from"):                 # conditioning_from's CLIPTextEncode: the average's text
+        fields = {"text": "text"}
     if place == "mask" and "init_image" in fields:
         fields = {"mask": fields["init_image"], "mask_channel": fields["init_image"]}
     return {prefix + f: name for f, name in fields.items()}

@@ -4,7 +4,8 @@ starts no encoder (ComfyUI's execution cache skips an unchanged CLIPTextEncode n
     RUN/cache/cond/<key>.npz      cond [S, Dc] f32, uncond [S, Dc] f32, meta (JSON: token counts, checksum)
 
 The key is a sha256 of everything the encoder's answer depends on: both texts as written (their `(word:1.2)` weights
-are part of the text the encoder parses), the context rows, the job's LoRAs with their strengths and their files'
+are part of the text the encoder parses), their conditioning operations (a zeroed or averaged context is never a
+plain one's), the context rows, the job's LoRAs with their strengths and their files'
 identity, and the encoder's own identity (its settings and the size, mtime and inode of each of its files: a
 changed file is a new encoder). An entry is written through atomic_write (write, fsync, rename), bounded by
 `[stage.orchestrator] cond_cache_mb` (0: off), the least recently used dropped first (its mtime is its last use). An
@@ -76,10 +77,14 @@ def lora_identity(choices, models_dir) -> list:
     return [[c.name, c.strength, c.te_strength, _file_ids([u.path])] for c, u in zip(choices, uses)]
 
 
-def cache_key(prompt: str, negative: str, rows: int, loras: list, encoder: str) -> str:
-    """sha256 (hex) of one ENCODE's inputs: texts, rows, lora_identity(...), encoder_identity(...)."""
-    blob = json.dumps({"prompt": prompt, "negative": negative, "rows": rows, "loras": loras, "encoder": encoder},
-                      sort_keys=True, ensure_ascii=False)
+def cache_key(prompt: str, negative: str, rows: int, loras: list, encoder: str, entries: tuple = (None, None)) -> str:
+    """sha256 (hex) of one ENCODE's inputs: texts, rows, lora_identity(...), encoder_identity(...) and the prompt's
+    and the negative's conditioning operations (protocol.prompt.CondEntry, None: plain; a plain pair's key is the
+    same as before they existed)."""
+    what = {"prompt": prompt, "negative": negative, "rows": rows, "loras": loras, "encoder": encoder}
+    if any(e is not None for e in entries):
+        what["entries"] = [None if e is None else e.to_dict() for e in entries]
+    blob = json.dumps(what, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -175,12 +180,12 @@ class CondCache:
 
 
 def all_cached(cfg, cache: CondCache, loras, pairs) -> bool:
-    """Whether every (prompt, negative, rows) of `pairs`, encoded with the job's `loras`, is kept: the job would
-    start no encoder. False when it cannot be known here (cache off, a remote encoder, a file gone)."""
+    """Whether every (prompt, negative, rows, entries) of `pairs`, encoded with the job's `loras`, is kept: the job
+    would start no encoder. False when it cannot be known here (cache off, a remote encoder, a file gone)."""
     if not cache.on or cfg.is_remote("encoder") or not pairs:
         return False
     try:
         enc, lid = encoder_identity(cfg), lora_identity(loras, cfg.models_dir)
     except Exception:  # noqa: BLE001 - OSError, ModelsDirError: the job's own flow reports it
         return False
-    return all(cache.has(cache_key(p, n, rows, lid, enc)) for p, n, rows in pairs)
+    return all(cache.has(cache_key(p, n, rows, lid, enc, entries)) for p, n, rows, entries in pairs)

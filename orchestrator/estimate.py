@@ -258,7 +258,8 @@ def prompts_cached(spec, cfg, packs: dict) -> bool:
     first = packs.get((spec.width, spec.height))
     if first is None:
         return False
-    pairs = [(spec.prompt, spec.negative_prompt, first.text_tokens)]
+    from orchestrator.plan.build import cond_entries, hires_entries
+    pairs = [(spec.prompt, spec.negative_prompt, first.text_tokens, cond_entries(spec))]
     h = spec.hires
     texts = None if h is None else (spec.prompt if h.prompt is None else h.prompt,
                                     spec.negative_prompt if h.negative_prompt is None else h.negative_prompt)
@@ -266,7 +267,7 @@ def prompts_cached(spec, cfg, packs: dict) -> bool:
         second = packs.get(h.size(spec.width, spec.height))
         if second is None:
             return False
-        pairs.append((*texts, second.text_tokens))
+        pairs.append((*texts, second.text_tokens, hires_entries(spec)))
     cache = CondCache(cfg.run_dir, cfg.settings("orchestrator").cond_cache_mb)
     return all_cached(cfg, cache, spec.loras, pairs)
 

@@ -80,6 +80,7 @@ def resolve_prompt(f: PromptFile, *, base_dir: Path | None = None, check_output:
     checked."""
     kw = {name: getattr(f, name) for name in f.__struct_fields__}
     kw.update(f.sampling_filled(pack_sampling_for(f, resolution, sampling)))
+    kw["prompt"], kw["negative_prompt"] = f.cond("positive").text, f.cond("negative").text   # each side's text
     if f.seed is None:                  # omitted or null -> random, recorded
         kw["seed"], kw["seed_random"] = secrets.randbelow(SEED_LIMIT), True
     if f.spectrum is None:              # the default: Spectrum where the sampler allows it (docs/samplers.md)

@@ -15,7 +15,7 @@ The conversation (→ request, ← its reply, ⇢ event):
     any request that fails                             ← ERROR {code, message, field, retry}
     ⇢ DYING {stage, pid, reason, job}   a stage's last word before it exits non-zero (supervisord restarts it)
   orchestrator → encoder
-    → ENCODE {job, prompt, negative, arena, cond, uncond, rows, loras}
+    → ENCODE {job, prompt, negative, arena, cond, uncond, rows, loras, prompt_entry, negative_entry}
                                                        ← ENCODED {job, cond, uncond, tokens_*, truncated, timings}
   orchestrator → scheduler (minutes; heartbeats are answered between branches)
     → DENOISE {job, job_dir, pack_dir, arena, params, cond, uncond, latent, scratch, executor, resume, context_rows,
@@ -54,7 +54,7 @@ from models.sampling.img2img import DENOISE_STEPS
 from models.sampling.latent_ops import LatentOpError, schedule_steps
 from models.sampling.spectrum import SpectrumSettings
 from models.sampling.step_cache import CacheSettings
-from protocol.prompt import PromptFile
+from protocol.prompt import CondEntry, PromptFile
 from protocol.fields import (MAX_NAME_CHARS, MAX_PATH_CHARS, MAX_TEXT_CHARS, Count, Float, Int, List, Map, Name, Note,
                              Path, ProtocolError, Scalar, Seconds, Text, Version, WireRecord)
 from protocol.tensors import TensorDesc
@@ -307,6 +307,10 @@ class Encode(Message, tag="ENCODE"):
     uncond: TensorDesc | None = None
     rows: Int(512, 2**16) = 512  # S: context rows to produce (the pack's; more than 512 for a long one)
     loras: List(LoraChoice, max_items=MAX_LORAS) = ()  # merged into the adapter and Qwen3 for this job
+    # prompt.json's positive / negative entry when not plain (ConditioningZeroOut, ConditioningAverage): its text is
+    # `prompt` / `negative`; None: the text encoded as it is
+    prompt_entry: CondEntry | None = None
+    negative_entry: CondEntry | None = None
 
 
 @_message("ENCODED")

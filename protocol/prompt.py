@@ -152,6 +152,35 @@ def _text(name: str, v: str, *, required: bool) -> None:
 
 
 Side = Int(16, MAX_SIDE)
+MAX_CONDS = 1                   # entries of `positive` / `negative` (several: ConditioningCombine, not yet here)
+
+
+class CondAverage(Record, frozen=True):
+    """ComfyUI's ConditioningAverage of an entry: its Qwen3 states blended with `text`'s, `weight` x its own + (1 -
+    weight) x `text`'s (ComfyUI's conditioning_to_strength; `text`'s states cut or zero-padded to the entry's length);
+    the entry's own T5 ids and weights feed the LLM adapter (docs/prompts.md)."""
+
+    KEY_NOUN: ClassVar[str] = "setting"
+
+    text: Text(MAX_PROMPT_CHARS)
+    weight: Float(0.0, 1.0) = 1.0
+
+
+class CondEntry(Record, frozen=True):
+    """One conditioning a sampler input takes: `text` encoded, then optionally ComfyUI's ConditioningAverage
+    (`average`) and ConditioningZeroOut (`zero_out`: the Qwen3 states zeroed before the blend; the LLM adapter still
+    runs on them with the text's T5 ids, so the context is not zero)."""
+
+    KEY_NOUN: ClassVar[str] = "setting"
+
+    text: Text(MAX_PROMPT_CHARS)
+    zero_out: bool = False
+    average: CondAverage | None = None
+
+    @property
+    def plain(self) -> bool:
+        """True when the entry is its text encoded as it is (what `prompt` / `negative_prompt` say)."""
+        return not self.zero_out and self.average is None
 
 
 class HiresSettings(Record, frozen=True):
@@ -209,8 +238,12 @@ class PromptFile(Record, frozen=True):
     ERROR: ClassVar = PromptError
     SPECTRUM_AS_ASKED: ClassVar[bool] = True    # `spectrum` is what the file asked (a PromptSpec's is settled)
 
-    prompt: Text(MAX_PROMPT_CHARS)
+    prompt: Text(MAX_PROMPT_CHARS) | None = None     # required unless `positive` says it
     negative_prompt: Text(MAX_PROMPT_CHARS) = ""
+    # the sampler's conditioning inputs as entries (ConditioningZeroOut, ConditioningAverage: docs/prompts.md);
+    # None: `prompt` / `negative_prompt` encoded as they are
+    positive: Items(CondEntry, MAX_CONDS, 1) | None = None
+    negative: Items(CondEntry, MAX_CONDS, 1) | None = None
     seed: Int(0, SEED_LIMIT - 1) | None = None
     # omitted or null: the settings the job's pack records for its model (models/packs/sampling.py), else
     # DEFAULT_SAMPLING (resolve_prompt fills them)
@@ -252,8 +285,7 @@ class PromptFile(Record, frozen=True):
     hires: HiresSettings | None = None         # hires fix: a second pass at a larger size (docs/workflows.md)
 
     def __post_init__(self):
-        _text("prompt", self.prompt, required=True)
-        _text("negative_prompt", self.negative_prompt, required=False)
+        _check_conds(self)
         for side in ("width", "height"):
             v = getattr(self, side)
             if v is not None and v % 16:
@@ -276,6 +308,13 @@ class PromptFile(Record, frozen=True):
                 raise PromptError("output", "must not contain NUL characters")
             _unicode("output", self.output)
 
+    def cond(self, side: str) -> CondEntry:
+        """The conditioning of the sampler's `side` ("positive" | "negative"): the entry, or the plain text."""
+        entries = getattr(self, side)
+        if entries is not None:
+            return entries[0]
+        return CondEntry(text=self.prompt if side == "positive" else self.negative_prompt)
+
     def sampling_set(self) -> bool:
         """True when steps, cfg, sampler and scheduler are all set (a resolved spec's always are)."""
         return all(getattr(self, k) is not None for k in SAMPLING_FIELDS)
@@ -291,6 +330,25 @@ class PromptFile(Record, frozen=True):
         settings, else DEFAULT_SAMPLING."""
         base = {**DEFAULT_SAMPLING, **(recorded or {})}
         return {k: base[k] if getattr(self, k) is None else getattr(self, k) for k in SAMPLING_FIELDS}
+
+
+def _check_conds(f) -> None:
+    """The texts of prompt / negative_prompt and of the entries; an entry list says its side's text (`prompt`, when
+    also given, must be its first entry's text: one text per side)."""
+    for side, name in (("positive", "prompt"), ("negative", "negative_prompt")):
+        entries, text = getattr(f, side), getattr(f, name) or ""
+        if entries is None:
+            if getattr(f, name) is None:
+                raise PromptError(name, "is required")
+            _text(name, text, required=side == "positive")
+            continue
+        _text(name, text, required=False)
+        for k, e in enumerate(entries):
+            _text(f"{side}[{k}].text", e.text, required=side == "positive")
+            if e.average is not None:
+                _text(f"{side}[{k}].average.text", e.average.text, required=False)
+        if text and text != entries[0].text:
+            raise PromptError(name, f"differs from {side}[0].text; give the text once (in {side}[0].text)")
 
 
 def _check_hires(f) -> None:
@@ -370,6 +428,7 @@ class PromptSpec(PromptFile, frozen=True):
     settings record and `output` an absolute path (of a .png file or of a directory; None: the job folder)."""
 
     SPECTRUM_AS_ASKED: ClassVar[bool] = False
+    prompt: Text(MAX_PROMPT_CHARS) = ""      # the positive's text (resolve_prompt sets it from `positive`)
     steps: Int(1, MAX_STEPS) = DEFAULT_STEPS
     cfg: Float(1.0, MAX_CFG) = DEFAULT_CFG
     sampler: Literal[SAMPLER_NAMES] = DEFAULT_SAMPLER

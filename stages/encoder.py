@@ -78,18 +78,11 @@ class EncoderLogic:
         except (ModelsDirError, LoraError, EncoderPackError) as e:    # a pack exported without its weights' list
             raise RequestFailed(f"encoder: {e}", field="loras") from None
         lora_s = time.perf_counter() - t0
-        # 2) tokenize and encode both prompts
+        # 2) tokenize and encode both prompts (each with its conditioning operations, when it has any)
         t0 = time.perf_counter()
-        tokens = {}
-        for field, text in (("prompt", msg.prompt), ("negative", msg.negative)):
-            try:
-                tokens[field] = self.encoder.tokenize(text)
-            except PromptWeightError as e:
-                raise RequestFailed(str(e), code="bad_request", field=field) from None
-        tc, tu = tokens["prompt"], tokens["negative"]
-        cond = self.encoder.encode_tokens(tc, msg.rows)           # [S, Dc] f32
+        tc, cond = self._encode_side("prompt", msg.prompt, msg.prompt_entry, msg.rows)      # [S, Dc] f32
         ctx.check(msg.job)
-        uncond = self.encoder.encode_tokens(tu, msg.rows)         # [S, Dc] f32
+        tu, uncond = self._encode_side("negative", msg.negative, msg.negative_entry, msg.rows)
         encode_s = time.perf_counter() - t0
         for field, c in (("prompt", cond), ("negative", uncond)):  # the scheduler would refuse it: say why here
             if not np.isfinite(c).all():
@@ -104,6 +97,25 @@ class EncoderLogic:
                           truncated=max(len(tc.t5_ids), len(tu.t5_ids)) > msg.rows,
                           timings={"load_s": self.load_s, "encode_s": encode_s, "lora_s": lora_s},
                           inline=out.inline)
+
+    def _tokenize(self, field: str, text: str):
+        try:
+            return self.encoder.tokenize(text)
+        except PromptWeightError as e:
+            raise RequestFailed(str(e), code="bad_request", field=field) from None
+
+    def _encode_side(self, field: str, text: str, entry, rows: int) -> tuple:
+        """(tokens, context [rows, Dc] f32) of one sampler input: `text`, zeroed and/or averaged as `entry` says
+        (ComfyUI's ConditioningZeroOut / ConditioningAverage; models/text/conditioning.py)."""
+        tp = self._tokenize(field, text)
+        if entry is None:
+            return tp, self.encoder.encode_tokens(tp, rows)
+        if entry.text != text:
+            raise RequestFailed(f"{field}_entry.text differs from {field}", code="bad_request", field=f"{field}_entry")
+        average = None
+        if entry.average is not None:
+            average = (self._tokenize(f"{field}_entry.average.text", entry.average.text), entry.average.weight)
+        return tp, self.encoder.encode_tokens(tp, rows, zero_out=entry.zero_out, average=average)
 
     def close(self) -> None:
         self.encoder.close()

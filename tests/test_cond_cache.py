@@ -36,6 +36,30 @@ def test_the_key_changes_with_every_input_the_encoder_reads():
     assert len({base, *others}) == len(others) + 1
 
 
+def test_a_zeroed_or_averaged_context_never_shares_a_plain_ones_key():
+    """The key the encode step looks a job's contexts up by (orchestrator.plan.encode: build.cond_entries of the
+    spec) differs for a ConditioningZeroOut negative, a ConditioningAverage prompt and the plain pair, and a plain
+    pair's key is what it was before conditioning entries existed."""
+    from orchestrator.plan.build import cond_entries
+    from orchestrator.prompt_spec import parse_prompt_obj
+
+    def key_of(obj: dict) -> str:
+        spec = parse_prompt_obj({"seed": 1, "width": 64, "height": 64, **obj})
+        return cache_key(spec.prompt, spec.negative_prompt, 512, [], ENC, cond_entries(spec))
+    plain = key_of({"prompt": "a cat", "negative_prompt": "dog"})
+    keys = [key_of({"prompt": "a cat", "negative": [{"text": "dog", "zero_out": True}]}),
+            key_of({"positive": [{"text": "a cat", "zero_out": True}], "negative_prompt": "dog"}),
+            key_of({"positive": [{"text": "a cat", "average": {"text": "a dog", "weight": 0.5}}],
+                    "negative_prompt": "dog"}),
+            key_of({"positive": [{"text": "a cat", "average": {"text": "a dog", "weight": 0.25}}],
+                    "negative_prompt": "dog"}),
+            key_of({"positive": [{"text": "a cat", "average": {"text": "a cow", "weight": 0.5}}],
+                    "negative_prompt": "dog"})]
+    assert len({plain, *keys}) == len(keys) + 1
+    assert key_of({"positive": [{"text": "a cat"}], "negative": [{"text": "dog"}]}) == plain   # plain entries
+    assert plain == cache_key("a cat", "dog", 512, [], ENC)
+
+
 def test_an_entry_reads_back_bitwise_and_a_miss_is_none(tmp_path):
     cache = CondCache(tmp_path, 1.0)
     e = _entry(1)
@@ -106,10 +130,21 @@ def test_a_queued_jobs_encodes_are_its_first_pass_and_its_hires_own_prompts():
     packs = {s: f"pack{s[0]}" for s in sizes}
     plain = parse_prompt_obj({"prompt": "a cat", "negative_prompt": "dog", "seed": 1, "width": 64, "height": 64,
                               "hires": {"scale": 1.5}}, resolution=sizes)
-    assert _prompt_pairs(plain, packs) == [("a cat", "dog", "pack64")]        # the second pass reuses the first's
+    plain_ops = (None, None)
+    assert _prompt_pairs(plain, packs) == [("a cat", "dog", "pack64", plain_ops)]    # the second pass reuses the first's
     own = parse_prompt_obj({"prompt": "a cat", "negative_prompt": "dog", "seed": 1, "width": 64, "height": 64,
                             "hires": {"scale": 1.5, "prompt": "a sharp cat"}}, resolution=sizes)
-    assert _prompt_pairs(own, packs) == [("a cat", "dog", "pack64"), ("a sharp cat", "dog", "pack96")]
+    assert _prompt_pairs(own, packs) == [("a cat", "dog", "pack64", plain_ops), ("a sharp cat", "dog", "pack96", plain_ops)]
+    zeroed = parse_prompt_obj({"prompt": "a cat", "negative": [{"text": "dog", "zero_out": True}], "seed": 1,
+                               "width": 64, "height": 64}, resolution=sizes)
+    (pair,) = _prompt_pairs(zeroed, packs)
+    assert pair[:3] == ("a cat", "dog", "pack64") and pair[3][0] is None and pair[3][1].zero_out
+    # a second pass with its own prompt keeps the negative it shares with the first: zeroed
+    zeroed = parse_prompt_obj({"prompt": "a cat", "negative": [{"text": "dog", "zero_out": True}], "seed": 1,
+                               "width": 64, "height": 64, "hires": {"scale": 1.5, "prompt": "a sharp cat"}},
+                              resolution=sizes)
+    first, second = _prompt_pairs(zeroed, packs)
+    assert second[:3] == ("a sharp cat", "dog", "pack96") and second[3][0] is None and second[3][1].zero_out
     assert _prompt_pairs(own, {}) == []                                        # no pack: its own flow fails it
 
 

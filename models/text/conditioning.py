@@ -21,7 +21,7 @@ import numpy as np
 
 from models.text.tokenizers import PromptTokenizer, TokenizedPrompt
 
-__all__ = ["BACKENDS", "CONTEXT_ROWS", "TextCompute", "TextEncoder", "TokenizedPrompt", "context_from_rows"]
+__all__ = ["BACKENDS", "CONTEXT_ROWS", "TextCompute", "TextEncoder", "TokenizedPrompt", "blend_sources", "context_from_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ class TextCompute(Protocol):
     qwen_vocab: int             # Qwen3 embedding rows
     adapter_vocab: int          # adapter embedding rows (T5 ids)
     context_dim: int            # adapter width = the DiT's context dim
+    source_dim: int             # Qwen3 hidden width the adapter reads
     load_s: float
 
     def hidden_states(self, ids: list) -> np.ndarray: ...                       # [S] -> [S, source_dim] f32
@@ -65,6 +66,15 @@ def context_from_rows(out: np.ndarray, weights: list, context_dim: int, rows: in
     ctx = np.zeros((rows, context_dim), dtype=np.float32)                       # ctx: [rows, Dc] f32
     ctx[: out.shape[0]] = out
     return ctx
+
+
+def blend_sources(to: np.ndarray, other: np.ndarray, weight: float) -> np.ndarray:
+    """ComfyUI's ConditioningAverage on Qwen3 states: to x weight + other x (1 - weight), `other` cut to `to`'s rows
+    or zero-padded to them; [S_to, D] f32 (float32 arithmetic, as torch multiplies a float32 tensor by a scalar)."""
+    rows = np.zeros_like(to, dtype=np.float32)                                   # rows: [S_to, D] f32
+    n = min(len(to), len(other))
+    rows[:n] = other[:n]
+    return (to.astype(np.float32) * np.float32(weight) + rows * np.float32(1.0 - weight)).astype(np.float32)
 
 
 class TextEncoder:
@@ -129,26 +139,42 @@ class TextEncoder:
         """prompt -> context [512, context_dim] f32: adapter rows x T5 weights, zero rows after the last token."""
         return self.encode_tokens(self.tokenize(prompt))
 
-    def encode_tokens(self, tp: TokenizedPrompt, rows: int = CONTEXT_ROWS) -> np.ndarray:
-        """Tokenized prompt -> context [rows, context_dim] f32 (see context_from_rows)."""
+    def encode_tokens(self, tp: TokenizedPrompt, rows: int = CONTEXT_ROWS, zero_out: bool = False,
+                      average: tuple | None = None) -> np.ndarray:
+        """Tokenized prompt -> context [rows, context_dim] f32 (see context_from_rows). ComfyUI's conditioning
+        operations act on the Qwen3 states the LLM adapter reads (the T5 ids and weights stay `tp`'s):
+        `zero_out` (ConditioningZeroOut) zeroes them, `average` = (other TokenizedPrompt, weight)
+        (ConditioningAverage) blends them with the other prompt's, after the zeroing."""
         if self.compute is None:
             raise RuntimeError("TextEncoder is closed")
         if rows < CONTEXT_ROWS:
             raise ValueError(f"rows {rows}: a context has at least {CONTEXT_ROWS} rows")
         t0 = time.perf_counter()
-        for ids, vocab, what in ((tp.qwen_ids, self.compute.qwen_vocab, "Qwen3 token id"),
-                                 (tp.t5_ids, self.compute.adapter_vocab, "T5 token id")):
-            bad = [i for i in ids if not 0 <= int(i) < vocab]
-            if bad:
-                raise ValueError(f"{what} {bad[0]} outside the vocabulary [0, {vocab})")
-        # The empty prompt's single pad token is masked in the reference; a one-token causal attention whose only
-        # key is masked with a finite bias still attends to it, so the unmasked forward gives the same states.
-        source = self.compute.hidden_states(tp.qwen_ids)                         # source: [S, source_dim] f32
+        self._check_ids(tp)
+        source = self._source(tp, zero_out)                                      # source: [S, source_dim] f32
+        if average is not None:
+            source = blend_sources(source, self._source(average[0], False), average[1])
         out = self.compute.adapter_rows(tp.t5_ids, source)                       # out: [T, Dc] f32
         ctx = context_from_rows(out, tp.t5_weights, self.context_dim, rows)      # ctx: [rows, Dc] f32
         log.info("encoded prompt (%s): %d Qwen tokens, %d T5 tokens in %.2f s", self.backend, len(tp.qwen_ids),
                  len(tp.t5_ids), time.perf_counter() - t0)
         return ctx
+
+    def _check_ids(self, tp: TokenizedPrompt) -> None:
+        for ids, vocab, what in ((tp.qwen_ids, self.compute.qwen_vocab, "Qwen3 token id"),
+                                 (tp.t5_ids, self.compute.adapter_vocab, "T5 token id")):
+            bad = [i for i in ids if not 0 <= int(i) < vocab]
+            if bad:
+                raise ValueError(f"{what} {bad[0]} outside the vocabulary [0, {vocab})")
+
+    def _source(self, tp: TokenizedPrompt, zero_out: bool) -> np.ndarray:
+        """The Qwen3 hidden states the adapter reads, [S, source_dim] f32; zeroed: no Qwen3 pass (only S matters)."""
+        self._check_ids(tp)
+        if zero_out:
+            return np.zeros((len(tp.qwen_ids), self.compute.source_dim), np.float32)
+        # The empty prompt's single pad token is masked in the reference; a one-token causal attention whose only
+        # key is masked with a finite bias still attends to it, so the unmasked forward gives the same states.
+        return self.compute.hidden_states(tp.qwen_ids)
 
     def encode_pair(self, prompt: str, negative: str = "") -> tuple:
         """(cond, uncond), each [512, context_dim] f32."""

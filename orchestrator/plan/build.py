@@ -23,6 +23,19 @@ def hires_texts(spec: PromptSpec) -> tuple[str, str] | None:
     return None if texts == (spec.prompt, spec.negative_prompt) else texts
 
 
+def cond_entries(spec: PromptSpec) -> tuple:
+    """(positive, negative) conditioning entries of the first pass that are not plain text (ConditioningZeroOut,
+    ConditioningAverage: protocol.prompt.CondEntry), None for a plain one."""
+    return tuple(None if e.plain else e for e in (spec.cond("positive"), spec.cond("negative")))
+
+
+def hires_entries(spec: PromptSpec) -> tuple:
+    """The second pass's (positive, negative) entries when it has prompts of its own: its own text is plain, the side
+    it shares with the first pass keeps the first's entry (the same conditioning node in a ComfyUI graph)."""
+    h, first = spec.hires, cond_entries(spec)
+    return (None if h.prompt is not None else first[0], None if h.negative_prompt is not None else first[1])
+
+
 def latent_file(pos: int) -> str:
     return batch_name("latent", ".npy", pos)
 
@@ -39,9 +52,9 @@ def _state(folder: str, pos: int) -> str:
 
 
 def _encode_steps(spec: PromptSpec) -> list[Step]:
-    steps: list[Step] = [EncodeText(outputs=CONTEXTS)]
+    steps: list[Step] = [EncodeText(outputs=CONTEXTS, entries=cond_entries(spec))]
     if hires_texts(spec) is not None:
-        steps.append(EncodeText(hires=True, outputs=HIRES_CONTEXTS))
+        steps.append(EncodeText(hires=True, outputs=HIRES_CONTEXTS, entries=hires_entries(spec)))
     if spec.init_image is not None:
         grey = (MASK_FILE,) if spec.grow_mask_by is not None else ()      # VAEEncodeForInpaint greys under it
         steps.append(EncodeImage(inputs=(INIT_IMAGE_FILE, *grey), outputs=(INIT_LATENT_FILE,)))

@@ -13,7 +13,7 @@ from models.dit.partition import TEXT_TOKENS
 from orchestrator.cond_cache import CondEntry, cache_key, encoder_identity, lora_identity
 from orchestrator.job_files import (COND_FILE, HIRES_COND_FILE, HIRES_TEXT_FILE, HIRES_UNCOND_FILE, TEXT_FILE,
                                     UNCOND_FILE)
-from orchestrator.plan.build import hires_texts
+from orchestrator.plan.build import cond_entries, hires_entries, hires_texts
 from orchestrator.plan.job_io import load_npy, load_text, save_npy
 from orchestrator.plan.steps import ENCODER
 from orchestrator.prompt_spec import PromptSpec
@@ -26,14 +26,15 @@ log = logging.getLogger("orchestrator.plan")
 
 
 def prompt_pairs(spec: PromptSpec, packs: dict) -> list:
-    """[(prompt, negative, pack)] a job sends the encoder: its first pass's, and its hires pass's own (a size with no
-    pack is left out: that job fails on its own)."""
+    """[(prompt, negative, pack, entries)] a job sends the encoder: its first pass's (with its conditioning entries,
+    build.cond_entries), and its hires pass's own (build.hires_entries; a size with no pack is left out: that job
+    fails on its own)."""
     out, first, texts = [], packs.get((spec.width, spec.height)), hires_texts(spec)
     if first is not None:
-        out.append((spec.prompt, spec.negative_prompt, first))
+        out.append((spec.prompt, spec.negative_prompt, first, cond_entries(spec)))
     hires = packs.get(spec.hires.size(spec.width, spec.height)) if texts is not None else None
     if hires is not None:
-        out.append((*texts, hires))
+        out.append((*texts, hires, hires_entries(spec)))
     return out
 
 
@@ -73,16 +74,16 @@ class TextSteps:
         else from the encoder (brought up for the first prompt the cache lacks, once for the run of encode steps; a
         job that needs nothing encoded starts no encoder: report `encoder_started`)."""
         if step.hires:
-            if self._hires_contexts() is None and not self._hires_from_cache():
+            if self._hires_contexts() is None and not self._hires_from_cache(step.entries):
                 self._need_up(ENCODER)
-                self._encode_hires()
-        elif not self._load_contexts() and not self._first_from_cache():
+                self._encode_hires(step.entries)
+        elif not self._load_contexts() and not self._first_from_cache(step.entries):
             self._need_up(ENCODER)
-            self._encode_first()
+            self._encode_first(step.entries)
 
     # ------------------------------------------------------------ the conditioning cache (orchestrator/cond_cache.py)
 
-    def _cond_key(self, loras, prompt: str, negative: str, rows: int) -> str | None:
+    def _cond_key(self, loras, prompt: str, negative: str, rows: int, entries: tuple = (None, None)) -> str | None:
         """The cache key of one ENCODE, or None when it cannot be known here (cache off, a remote encoder whose
         files this machine cannot see, a file gone: then the encoder answers as before)."""
         if not self.d.cond_cache.on or self.cfg.is_remote("encoder"):
@@ -90,17 +91,18 @@ class TextSteps:
         try:
             if self._encoder_id is None:         # once per job: a file changed between jobs is a new encoder
                 self._encoder_id = encoder_identity(self.cfg)
-            return cache_key(prompt, negative, rows, lora_identity(loras, self.cfg.models_dir), self._encoder_id)
+            return cache_key(prompt, negative, rows, lora_identity(loras, self.cfg.models_dir), self._encoder_id,
+                             entries)
         except Exception as e:  # noqa: BLE001 - OSError, ModelsDirError: the encoder stage says it better
             log.info("job %s: conditioning not cached: %s", self.job.id, e)
             return None
 
-    def _cached(self, prompt: str, negative: str, pack) -> CondEntry | None:
-        key = self._cond_key(self.spec.loras, prompt, negative, pack.text_tokens)
+    def _cached(self, prompt: str, negative: str, pack, entries: tuple = (None, None)) -> CondEntry | None:
+        key = self._cond_key(self.spec.loras, prompt, negative, pack.text_tokens, entries)
         return None if key is None else self.d.cond_cache.get(key, pack.context_shape)
 
-    def _first_from_cache(self) -> bool:
-        entry = self._cached(self.spec.prompt, self.spec.negative_prompt, self.pack)
+    def _first_from_cache(self, entries: tuple) -> bool:
+        entry = self._cached(self.spec.prompt, self.spec.negative_prompt, self.pack, entries)
         if entry is None:
             return False
         self.arena.write(self.cond, entry.cond)                                              # [S, Dc] f32
@@ -108,8 +110,8 @@ class TextSteps:
         self._keep_first(entry)
         return True
 
-    def _hires_from_cache(self) -> bool:
-        entry = self._cached(*self._hires_texts(), self.hires_pack)
+    def _hires_from_cache(self, entries: tuple) -> bool:
+        entry = self._cached(*self._hires_texts(), self.hires_pack, entries)
         if entry is not None:
             self._keep_hires(entry)
         return entry is not None
@@ -126,12 +128,12 @@ class TextSteps:
                 spec = job.prompt()
             except Exception:  # noqa: BLE001 - its own flow reports a prompt that no longer reads
                 continue
-            for prompt, negative, pack in prompt_pairs(spec, self.d.packs):
-                key = self._cond_key(spec.loras, prompt, negative, pack.text_tokens)
+            for prompt, negative, pack, entries in prompt_pairs(spec, self.d.packs):
+                key = self._cond_key(spec.loras, prompt, negative, pack.text_tokens, entries)
                 if key is None or self.d.cond_cache.get(key, pack.context_shape) is not None:
                     continue
                 try:
-                    entry = self._encode_inline(prompt, negative, pack, spec.loras, job.id)
+                    entry = self._encode_inline(prompt, negative, pack, spec.loras, job.id, entries)
                 except StageFailed as e:
                     log.info("job %s: queued job %s's prompts not encoded ahead: %s", self.job.id, job.id, e)
                     return
@@ -139,9 +141,11 @@ class TextSteps:
 
     # ------------------------------------------------------------ the encoder
 
-    def _encode_inline(self, prompt: str, negative: str, pack, loras, job_id: str) -> CondEntry:
+    def _encode_inline(self, prompt: str, negative: str, pack, loras, job_id: str,
+                       entries: tuple = (None, None)) -> CondEntry:
         """One ENCODE answered inline (the rows of `pack`, which this job's arena slots may not have)."""
-        msg = m.Encode(job=job_id, prompt=prompt, negative=negative, rows=pack.text_tokens, loras=loras)
+        msg = m.Encode(job=job_id, prompt=prompt, negative=negative, rows=pack.text_tokens, loras=loras,
+                       prompt_entry=entries[0], negative_entry=entries[1])
         reply = m.expect(self.control.call("encoder", msg, self.settings.encode_timeout_s), m.Encoded, "encoder")
         arrays = [from_inline(d, reply.inline) if d.inline else None for d in (reply.cond, reply.uncond)]
         if any(a is None or tuple(a.shape) != tuple(pack.context_shape) for a in arrays):
@@ -149,13 +153,13 @@ class TextSteps:
         cond, uncond = (np.ascontiguousarray(a, dtype=np.float32) for a in arrays)
         return CondEntry(cond, uncond, reply.tokens_cond, reply.tokens_uncond, reply.truncated)
 
-    def _encode_hires(self) -> None:
+    def _encode_hires(self, entries: tuple) -> None:
         """hires.prompt / negative_prompt -> hires_cond.npy, hires_uncond.npy (inline: the hires pack's rows, which
         the first arena's slots may not have) and hires_text.json, the counts first (a resume reads all three)."""
         prompt, negative = self._hires_texts()
-        entry = self._encode_inline(prompt, negative, self.hires_pack, self.spec.loras, self.job.id)
+        entry = self._encode_inline(prompt, negative, self.hires_pack, self.spec.loras, self.job.id, entries)
         self._keep_hires(entry)
-        self._cache_put(prompt, negative, self.hires_pack, entry)
+        self._cache_put(prompt, negative, self.hires_pack, entry, entries)
 
     def _keep_hires(self, entry: CondEntry) -> None:
         text = text_record(entry.tokens_cond, entry.tokens_uncond, entry.truncated, self.hires_pack.text_tokens)
@@ -163,18 +167,20 @@ class TextSteps:
         save_npy(self.dir / HIRES_COND_FILE, entry.cond)
         save_npy(self.dir / HIRES_UNCOND_FILE, entry.uncond)
 
-    def _cache_put(self, prompt: str, negative: str, pack, entry: CondEntry) -> None:
-        key = self._cond_key(self.spec.loras, prompt, negative, pack.text_tokens)
+    def _cache_put(self, prompt: str, negative: str, pack, entry: CondEntry, entries: tuple = (None, None)) -> None:
+        key = self._cond_key(self.spec.loras, prompt, negative, pack.text_tokens, entries)
         if key is not None:
             self.d.cond_cache.put(key, entry)
 
-    def _encode_first(self) -> None:
+    def _encode_first(self, entries: tuple) -> None:
         remote = self.cfg.is_remote("encoder")
         # cfg 1 everywhere: no unconditional pass reads the negative prompt's context, so it is not encoded
-        negative = "" if self.spec.negative_ignored() else self.spec.negative_prompt
+        ignored = self.spec.negative_ignored()
+        negative = "" if ignored else self.spec.negative_prompt
         msg = m.Encode(job=self.job.id, prompt=self.spec.prompt, negative=negative,
                        arena=None if remote else self.arena.name, cond=None if remote else self.cond,
-                       uncond=None if remote else self.uncond, rows=self.pack.text_tokens, loras=self.spec.loras)
+                       uncond=None if remote else self.uncond, rows=self.pack.text_tokens, loras=self.spec.loras,
+                       prompt_entry=entries[0], negative_entry=None if ignored else entries[1])
         reply = m.expect(self.control.call("encoder", msg, self.settings.encode_timeout_s), m.Encoded, "encoder")
         for mine, theirs in ((self.cond, reply.cond), (self.uncond, reply.uncond)):
             if theirs.inline:
@@ -184,7 +190,7 @@ class TextSteps:
         entry = CondEntry(self.arena.read(self.cond), self.arena.read(self.uncond), reply.tokens_cond,
                           reply.tokens_uncond, reply.truncated)
         self._keep_first(entry)
-        self._cache_put(self.spec.prompt, self.spec.negative_prompt, self.pack, entry)
+        self._cache_put(self.spec.prompt, self.spec.negative_prompt, self.pack, entry, entries)
         self.report.encoder_timings = dict(reply.timings)
 
     def _keep_first(self, entry: CondEntry) -> None:

@@ -1,0 +1,57 @@
+"""prompt.json's conditioning entries (protocol/prompt.py CondEntry: ConditioningZeroOut, ConditioningAverage): what
+is refused naming the field, how the resolved job reads, the plan's encode step and ENCODE carrying them."""
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.plan.build import build_plan, cond_entries
+from orchestrator.prompt_spec import PromptError, parse_prompt_obj
+from protocol import codec, messages as m
+
+BASE = {"seed": 1, "width": 64, "height": 64}
+
+
+@pytest.mark.parametrize("obj,field,words", [
+    ({}, "prompt", "is required"),
+    ({"positive": []}, "positive", "at least 1"),
+    ({"positive": [{"text": "a"}, {"text": "b"}]}, "positive", "at most 1"),
+    ({"positive": [{"text": "  "}]}, "positive[0].text", "must not be empty"),
+    ({"prompt": "a", "positive": [{"text": "b"}]}, "prompt", "differs from positive[0].text"),
+    ({"prompt": "a", "negative_prompt": "x", "negative": [{"text": "y", "zero_out": True}]}, "negative_prompt",
+     "differs from negative[0].text"),
+    ({"positive": [{"text": "a", "average": {"text": "b", "weight": 1.5}}]}, "positive[0].average.weight", "[0.0, 1.0]"),
+    ({"positive": [{"text": "a", "average": {"weight": 0.5}}]}, "positive[0].average.text", "is required"),
+    ({"positive": [{"text": "a", "average": {"text": "b\x00", "weight": 0.5}}]}, "positive[0].average.text", "NUL"),
+    ({"positive": [{"text": "a", "zero": True}]}, "positive[0].zero", "unknown setting"),
+    ({"prompt": "a", "negative": [{"text": "b", "zero_out": "yes"}]}, "negative[0].zero_out", "true or false"),
+])
+def test_a_bad_entry_is_refused_naming_its_field(obj, field, words):
+    with pytest.raises(PromptError) as e:
+        parse_prompt_obj({**BASE, **obj})
+    assert e.value.field == field and words in str(e.value)
+
+
+def test_the_job_reads_each_sides_text_from_its_entry():
+    spec = parse_prompt_obj({**BASE, "positive": [{"text": "a cat", "average": {"text": "a dog", "weight": 0.3}}],
+                             "negative": [{"text": "blurry", "zero_out": True}]})
+    assert (spec.prompt, spec.negative_prompt) == ("a cat", "blurry")
+    pos, neg = cond_entries(spec)
+    assert pos.average.text == "a dog" and pos.average.weight == 0.3 and not pos.zero_out
+    assert neg.zero_out and neg.average is None
+    assert cond_entries(parse_prompt_obj({**BASE, "prompt": "a cat", "negative_prompt": "blurry"})) == (None, None)
+    assert type(spec).from_dict(spec.to_dict()) == spec                 # job.json keeps them
+
+
+def test_the_plans_encode_step_carries_them():
+    spec = parse_prompt_obj({**BASE, "prompt": "a cat", "negative": [{"text": "blurry", "zero_out": True}]})
+    step = build_plan(spec).steps[0]
+    assert step.entries == cond_entries(spec) and step.name == "EncodeText[negative:zero_out]"
+    assert build_plan(parse_prompt_obj({**BASE, "prompt": "a cat"})).steps[0].name == "EncodeText"
+
+
+def test_encode_carries_the_entries_over_the_wire():
+    spec = parse_prompt_obj({**BASE, "positive": [{"text": "a cat", "zero_out": True,
+                                                   "average": {"text": "a dog", "weight": 0.25}}]})
+    msg = m.Encode(job="j", prompt="a cat", prompt_entry=spec.positive[0])
+    back = codec.decode(codec.encode(msg))
+    assert back.prompt_entry == spec.positive[0] and back.negative_entry is None
