@@ -217,12 +217,45 @@ def _custom(node_id: str, name: str, details: str, value=None) -> tuple[str, dic
 
 
 def graph_to_job(graph: Any, *, names: ModelNames = ModelNames(), sizes=None) -> GraphJob:
-    """Map an API-format graph onto a prompt.json object, or raise GraphError with ComfyUI's 400 body.
-    `sizes`: the (width, height) pairs that have a model pack (None: not checked here)."""
+    """Map an API-format graph of one chain onto a prompt.json object, or raise GraphError with ComfyUI's 400 body.
+    `sizes`: the (width, height) pairs that have a model pack (None: not checked here). A graph of several
+    independent chains is refused here: graph_to_jobs maps it."""
+    jobs = graph_to_jobs(graph, names=names, sizes=sizes)
+    if len(jobs) > 1:
+        raise _failed(graph, [_custom(jobs[1].output, "images", "a second independent chain: this caller takes "
+                                      "one job per graph")], jobs[1].output)
+    return jobs[0]
+
+
+def graph_to_jobs(graph: Any, *, names: ModelNames = ModelNames(), sizes=None) -> list[GraphJob]:
+    """Map an API-format graph onto one job per independent chain (`chains`: output nodes that share no sampler),
+    in the order of their first output node in the graph; or raise GraphError with ComfyUI's 400 body, every
+    chain's problems in one node_errors as ComfyUI validates every output. `sizes`: as graph_to_job's."""
     # the sizes bound /object_info's widgets; a graph's size is checked against the packs' sizes themselves, so a
     # size without a pack is refused naming them, not as out of a widget's range
     table = node_table(replace(names, sizes=()))
-    # 1) the graph's outline: an object of nodes, each a known class with an inputs object
+    outputs = _outline(graph, table)
+    # 3) ComfyUI's checks, from each output through its links
+    c = _Checker(graph, table)
+    problems = _checked(c, outputs)
+    if problems:
+        raise _failed(graph, problems, outputs[0])
+    built = [_chain_job(graph, table, c, chain, sizes) for chain in chains(c, table, outputs)]
+    problems = [p for _, more in built for p in more]
+    if problems:
+        raise _failed(graph, problems, outputs[0])
+    # 4) whatever prompt.json still refuses (lengths, NUL, empty prompt) lands on the node that carries it
+    for job, _ in built:
+        try:
+            parse_prompt_obj(job.spec, check_output=False, resolution=list(sizes) if sizes else None)
+        except PromptError as e:
+            raise field_error(graph, job, e.field, e.detail) from None
+    return [job for job, _ in built]
+
+
+def _outline(graph: Any, table: dict[str, NodeSpec]) -> list[str]:
+    """The graph's outline checked: an object of nodes, each a known class with an inputs object -> its output
+    nodes (SaveImage, PreviewImage), in the graph's order."""
     if not isinstance(graph, dict) or not graph:
         raise GraphError(_err("invalid_prompt", "Invalid prompt: the prompt must be a non-empty object of nodes"))
     if len(graph) > MAX_NODES:
@@ -247,26 +280,46 @@ def graph_to_job(graph: Any, *, names: ModelNames = ModelNames(), sizes=None) ->
     if node_errors:
         first = next(iter(node_errors.values()))["errors"][0]
         raise GraphError(first, node_errors)
-    # 2) the outputs: SaveImage and PreviewImage nodes, the first the job's
+    # 2) the outputs: SaveImage and PreviewImage nodes
     outputs = [k for k, n in graph.items() if table[n["class_type"]].output_node]
     if not outputs:
         raise GraphError(_err("prompt_no_outputs", "Prompt has no outputs", "this server needs a SaveImage node"))
+    return outputs
+
+
+def chains(c: _Checker, table: dict[str, NodeSpec], outputs: list[str]) -> list[list[str]]:
+    """The outputs grouped into independent chains: two outputs are one chain when the nodes they are made from
+    share a sampler (a KSampler's latent decoded twice, a hires fix's first pass saved too); sharing only nodes
+    before the samplers (loaders, prompts, an empty or encoded latent) leaves them apart, each chain computing
+    those for itself as ComfyUI's cache would give them. Chains in the order of their first output."""
+    samplers = {}
+    for out in outputs:
+        seen, todo = {out}, [out]
+        while todo:                                     # the checked links, each node once
+            for src in c.links.get(todo.pop(), {}).values():
+                if src not in seen:
+                    seen.add(src)
+                    todo.append(src)
+        samplers[out] = {n for n in seen if table[c.graph[n]["class_type"]].role == "sampler"}
+    groups: list[tuple[set, list[str]]] = []
+    for out in outputs:
+        # an output of no sampler's image (an upload shown as it is) goes with the first: refused there
+        joined = [g for g in groups if g[0] & samplers[out]] or ([] if samplers[out] or not groups else groups[:1])
+        merged = (set(samplers[out]).union(*(g[0] for g in joined)),
+                  [o for g in joined for o in g[1]] + [out])
+        groups = [g for g in groups if g not in joined] + [merged]
+    groups.sort(key=lambda g: outputs.index(min(g[1], key=outputs.index)))
+    return [sorted(g[1], key=outputs.index) for g in groups]
+
+
+def _chain_job(graph, table, c: _Checker, outputs: list[str], sizes) -> tuple[GraphJob, list]:
+    """One chain's job (its first output the job's, the others its saves) and its problems."""
     out = outputs[0]
-    # 3) ComfyUI's checks, from each output through its links
-    c = _Checker(graph, table)
-    problems = _checked(c, outputs)
+    roles, spec, problems = _roles(graph, table, c, out, sizes)
     if not problems:
-        roles, spec, more = _roles(graph, table, c, out, sizes)
-        problems += more + _same_image(c, outputs)
+        problems += _same_image(c, outputs)
         roles.update({f"save{k}": node for k, node in enumerate(outputs[1:], 1)})
-    if problems:
-        raise _failed(graph, problems, out)
-    # 4) whatever prompt.json still refuses (lengths, NUL, empty prompt) lands on the node that carries it
-    try:
-        parse_prompt_obj(spec, check_output=False, resolution=list(sizes) if sizes else None)
-    except PromptError as e:
-        raise field_error(graph, GraphJob(spec, roles, out), e.field, e.detail) from None
-    return GraphJob(spec=spec, nodes=roles, output=out)
+    return GraphJob(spec=spec, nodes=roles, output=out), problems
 
 
 def _checked(c: _Checker, outputs: list[str]) -> list[tuple[str, dict]]:

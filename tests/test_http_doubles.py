@@ -625,3 +625,76 @@ def test_a1111_progress_counts_the_whole_batch(d):
     second = [(n, f) for job, n, _, f in looks if job != jobs]
     assert second and all(n == 1 and f >= 0.5 for n, f in second), looks
     assert [f for *_, f in looks] == sorted(f for *_, f in looks), looks
+
+
+def test_independent_chains_run_as_one_prompt(d):
+    """Two KSampler -> VAEDecode -> SaveImage chains on shared loaders: one prompt id, one job per chain in the
+    graph's order; /queue shows one prompt, /history lists every output once both ended; ComfyUI's messages once
+    per prompt (start, success, the final executing None), `executed` per output node."""
+    from tests.comfy_graphs import two_chains
+    url = d.http_url()
+    ws = Listener(url, "client-chains")
+    try:
+        ws.wait(lambda m: m["type"] == "status")
+        d.flag("double_step_s", "0.3")
+        g = two_chains(graph(), seed=77)
+        r = requests.post(url + "prompt", json={"prompt": g, "client_id": "client-chains"}, timeout=30)
+        assert r.status_code == 200, r.text
+        pid = r.json()["prompt_id"]
+        ws.wait(lambda m: m["type"] == "progress" and m["data"]["prompt_id"] == pid)
+        q = requests.get(url + "queue", timeout=30).json()
+        assert [i[1] for i in q["queue_running"]] == [pid] and q["queue_pending"] == []
+        assert q["queue_running"][0][2] == g and q["queue_running"][0][4] == ["9", "29"]
+        assert requests.get(url + "prompt", timeout=30).json() == {"exec_info": {"queue_remaining": 1}}
+        ws.wait(lambda m: m["type"] == "executing" and m["data"]["node"] is None, timeout_s=90)
+    finally:
+        ws.close()
+        d.flag("double_step_s", None)
+    jobs = [j for j in d.status(detail=True).jobs if json.loads(j.origin or "{}").get("prompt_id") in (pid,)]
+    (second,) = jobs
+    assert _wait_job(d, pid).state == "done" and _wait_job(d, second.job).state == "done"
+    seeds = [json.loads(d.status(job=j, detail=True).jobs[0].spec_json)["seed"] for j in (pid, second.job)]
+    assert seeds == [1234, 77]
+    seq = [(m["type"], m["data"].get("node")) for m in ws.messages if m["data"].get("prompt_id") == pid]
+    kinds = [k for k, _ in seq]
+    assert kinds.count("execution_start") == 1 and kinds.count("execution_success") == 1
+    assert [n for k, n in seq if k == "executed"] == ["9", "29"]
+    assert kinds.index("execution_success") > max(i for i, k in enumerate(kinds) if k == "executed")
+    assert seq[-1] == ("executing", None) and seq.count(("executing", None)) == 1
+    assert {m["data"]["node"] for m in ws.messages if m["type"] == "progress"} == {"3", "23"}
+    entry = requests.get(url + f"history/{pid}", timeout=30).json()[pid]
+    assert entry["outputs"] == {
+        "9": {"images": [{"filename": "image.png", "subfolder": pid, "type": "output"}]},
+        "29": {"images": [{"filename": "image.png", "subfolder": second.job, "type": "output"}]}}
+    assert entry["status"]["status_str"] == "success" and entry["prompt"][4] == ["9", "29"]
+    assert requests.get(url + f"history/{second.job}", timeout=30).json() == {}    # not a prompt id
+    listed = requests.get(url + "history?max_items=3", timeout=30).json()
+    assert pid in listed and second.job not in listed
+
+
+def test_interrupt_and_queue_delete_cover_every_chain(d):
+    from tests.comfy_graphs import two_chains
+    url = d.http_url()
+    d.flag("double_step_s", "5")
+    try:
+        pid = requests.post(url + "prompt", json={"prompt": two_chains(graph())}, timeout=30).json()["prompt_id"]
+        _wait_job(d, pid, ("denoising",))
+        # a second prompt of two chains waits whole; deleting it from the queue cancels both its jobs
+        waiting = requests.post(url + "prompt", json={"prompt": two_chains(graph(), seed=5)}, timeout=30).json()
+        q = requests.get(url + "queue", timeout=30).json()
+        assert [i[1] for i in q["queue_running"]] == [pid]
+        assert [i[1] for i in q["queue_pending"]] == [waiting["prompt_id"]]
+        parts = {j.job: json.loads(j.origin or "{}").get("prompt_id") for j in d.status(active=True, detail=True).jobs}
+        later = {p: next(j for j, o in parts.items() if o == p) for p in (pid, waiting["prompt_id"])}
+        requests.post(url + "queue", json={"delete": [waiting["prompt_id"]]}, timeout=30)
+        assert _wait_job(d, waiting["prompt_id"]).state == "cancelled"
+        assert _wait_job(d, later[waiting["prompt_id"]]).state == "cancelled"
+        assert d.status(job=pid).jobs[0].state == "denoising"
+        # interrupt: the running chain and the one still to run
+        assert requests.post(url + "interrupt", json={"prompt_id": pid}, timeout=30).status_code == 200
+        assert _wait_job(d, pid).state == "cancelled" and _wait_job(d, later[pid]).state == "cancelled"
+        h = requests.get(url + f"history/{pid}", timeout=30).json()[pid]
+        assert h["status"]["status_str"] == "error" and h["outputs"] == {}
+        assert h["status"]["messages"][-1][0] == "execution_interrupted"
+    finally:
+        d.flag("double_step_s", None)
