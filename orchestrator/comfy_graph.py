@@ -43,6 +43,7 @@ from orchestrator.comfy_nodes import (ANIMA_CLIP_TYPE, InputSpec, ModelNames, No
                                       places_in_order)
 from orchestrator.comfy_nodes import image_nodes, object_info, _cache_nodes, _spectrum_node  # noqa: F401 (tests' names)
 from orchestrator.prompt_spec import MAX_BATCH, PromptError, parse_prompt_obj
+from protocol.prompt import MAX_FROM_BATCH
 
 MAX_NODES = 64                  # a text-to-image graph has 9 or 10; anything far larger is not one
 MAX_ID_CHARS = 64
@@ -441,9 +442,13 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
     """The job from a graph whose links and values passed ComfyUI's checks -> (roles, prompt.json object, problems)."""
     problems = []
     role_of = {k: table[graph[k]["class_type"]].role for k in c.done}
-    decode = c.links[out]["images"]
+    decode, crop = c.links[out]["images"], None
+    if role_of[decode] == "crop":                                 # ImageCrop of the decoded image
+        crop, decode = decode, c.links[decode]["image"]
     if role_of[decode] != "decode":                               # an IMAGE of LoadImage or ImageScale: no job
-        return {}, {}, [_custom(out, "images", "SaveImage must save VAEDecode's image (of the last KSampler)")]
+        where = (crop, "image") if crop else (out, "images")
+        return {}, {}, [_custom(*where, "SaveImage must save VAEDecode's image (of the last KSampler), or one "
+                                "ImageCrop of it")]
     sampler = c.links[decode]["samples"]
     if role_of[sampler] != "sampler":
         return {}, {}, [_custom(decode, "samples", "VAEDecode must decode the KSampler's output")]
@@ -465,15 +470,18 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
                                 "ImageScale[By] + VAEEncode of the first")]
     roles = {"save": out, "decode": decode, "sampler": sampler, "latent": latent, "vae": vae,
              "positive": c.links[sampler]["positive"], "negative": c.links[sampler]["negative"],
-             **{f"batch{i}": n for i, n in enumerate(batch)}, **(second[0] if second else {})}
+             **{f"batch{i}": n for i, n in enumerate(batch)}, **(second[0] if second else {}),
+             **({"crop": crop} if crop else {})}
     loras = _loras(graph, c, role_of, roles, problems)
     roles.update(image[0] if image else {})
     spec = _job_fields(graph, c, roles, sizes, problems)
     if image is not None:                                         # ComfyUI's size: the image's (the job's: its pack's)
         spec = {**{k: x for k, x in spec.items() if k not in ("width", "height")}, **image[1]}
-    batch_size = _batch_size(c, roles, batch, problems)
+    batch_size, first = _batch_size(c, roles, batch, problems)
     if batch_size > 1:                                            # its images run one after another, as in the batch
         spec["batch"] = batch_size
+    if first:                                                     # past the batch's first image: its noise
+        spec["batch_index"] = first
     if second is not None:
         spec["hires"] = _hires(graph, c, role_of, roles, spec, problems)
         if "mask" in spec and "hires_encode" not in roles:
@@ -487,6 +495,8 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
                 (spec["width"], spec["height"]) if spec.get("width") else sizes[0]))
     if loras:
         spec["loras"] = loras
+    if crop:
+        spec["crop"] = c.fields(crop)
     return roles, spec, problems
 
 
@@ -537,11 +547,11 @@ def _job_fields(graph, c: _Checker, roles: dict, sizes, problems: list) -> dict:
     return spec
 
 
-def _batch_size(c: _Checker, roles: dict, batch: list, problems: list) -> int:
-    """The images a batch of the latent source's batch_size (1 for an encoded image) through RepeatLatentBatch /
-    LatentFromBatch (`batch`, nearest the sampler first) gives, as nodes.py's own ops count them on a stand-in
-    latent. prompt.json's `batch` B is ComfyUI's batch images 0..B-1 (each its place in the batch's noise): a
-    selection that starts past image 0 keeps other images' noise, which a job cannot say (refused on the node)."""
+def _batch_size(c: _Checker, roles: dict, batch: list, problems: list) -> tuple[int, int]:
+    """(images, the first one's place in the batch's noise) of the latent source's batch_size (1 for an encoded
+    image) through RepeatLatentBatch / LatentFromBatch (`batch`, nearest the sampler first), as nodes.py's own ops
+    count and clamp them on a stand-in latent: prompt.json's `batch` B and `batch_index` I are ComfyUI's batch
+    images I..I+B-1, each its own place in the batch's noise."""
     x, idx = np.zeros((c.fields(roles["latent"]).get("batch", 1), 1, 1, 1), np.float32), None
     for node in reversed(batch):
         v = c.values[node]
@@ -549,16 +559,16 @@ def _batch_size(c: _Checker, roles: dict, batch: list, problems: list) -> int:
             x, _, idx = lo.repeat_batch(x, v["amount"], None, idx)
         else:
             x, _, idx = lo.from_batch(x, v["batch_index"], v["length"], None, idx)
-            if idx[0] != 0:
-                problems.append(_custom(node, "batch_index", f"the batch would start at image {idx[0]} of the batch's "
-                                        "noise; a job's batch runs from image 0 (batch_index 0, any length)",
-                                        v["batch_index"]))
-                return 1
-        if len(x) > MAX_BATCH:
-            problems.append(_custom(node, "amount" if "amount" in v else "length", f"a batch of {len(x)} images; at "
-                                    f"most {MAX_BATCH} per job", len(x)))
-            return 1
-    return len(x)
+    node, v = batch[0] if batch else roles["latent"], c.values[batch[0]] if batch else {}
+    first = idx[0] if idx else 0
+    if len(x) > MAX_BATCH:
+        problems.append(_custom(node, "amount" if "amount" in v else "length", f"a batch of {len(x)} images; at "
+                                f"most {MAX_BATCH} per job", len(x)))
+    elif first + len(x) > MAX_FROM_BATCH:
+        name = "amount" if "amount" in v else "batch_index"
+        problems.append(_custom(node, name, f"picks images {first}..{first + len(x) - 1} of the batch; a job's "
+                                f"come from its first {MAX_FROM_BATCH}", v.get(name)))
+    return (1, 0) if problems else (len(x), first)
 
 
 def _second_pass(c: _Checker, role_of: dict, sampler: str, vae: str) -> tuple[dict, str | None, list] | None:
@@ -797,6 +807,8 @@ LORA_IDS = 10                   # the job's i-th LoRA loader is node "10" + i
 CACHE_ID = "31"                 # the job's EasyCache / LazyCache node
 IMAGE_IDS = {"image": "40", "encode": "41", "mask": "42", "noise_mask": "43"}     # a job from an init image
 BATCH_ID = "44"                 # a batch from an init image: RepeatLatentBatch after its latent
+CROP_ID = "46"                  # ImageCrop of the decoded image
+FROM_BATCH_ID = "45"            # a job past its batch's first image: LatentFromBatch after RepeatLatentBatch
 HIRES_IDS = {"upscale": "50", "hires_sampler": "51", "hires_positive": "52", "hires_negative": "53",
              "hires_decode": "54", "hires_encode": "55"}                     # a hires fix's second pass
 ADVANCED_END = 10000            # KSamplerAdvanced's end_at_step for "to the end" (nodes.py's default)
@@ -808,7 +820,7 @@ TITLES = {"positive": "CLIP Text Encode (Positive Prompt)", "negative": "CLIP Te
 def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str, str] | None = None) -> dict:
     """The API graph of a job (a resolved PromptSpec dict: width/height set): what a ComfyUI client would have sent
     for it. Loader file names are the first known ones ('' when unknown)."""
-    ids = {**CANONICAL_IDS, **(ids or {})}
+    ids = {**CANONICAL_IDS, "crop": CROP_ID, **(ids or {})}
     table = node_table(names)
 
     def node(role: str, class_type: str, fields: dict | None = None, **inputs) -> tuple[str, dict]:
@@ -856,7 +868,8 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
         *_hires_nodes(node, spec, ids, model, clip),
         node("decode", "VAEDecode", samples=[ids["hires_sampler" if spec.get("hires") else "sampler"], 0],
              vae=[ids["vae"], 0]),
-        node("save", "SaveImage", images=[ids["decode"], 0], filename_prefix="anima"),
+        *([node("crop", "ImageCrop", spec["crop"], image=[ids["decode"], 0])] if spec.get("crop") else []),
+        node("save", "SaveImage", images=[ids["crop" if spec.get("crop") else "decode"], 0], filename_prefix="anima"),
     ))
 
 
@@ -866,7 +879,9 @@ def _latent_nodes(node, spec: dict, ids: dict) -> list[tuple[str, dict]]:
     grow_mask_by VAEEncodeForInpaint taking that mask. A mask of
     A1111's rule shows as LoadImageMask red: the same mask for a grey mask without alpha (docs/workflows.md)."""
     if not spec.get("init_image"):
-        return [node("latent", "EmptyLatentImage", {**spec, "batch": spec.get("batch", 1)})]
+        out = [node("latent", "EmptyLatentImage", {**spec, "batch": 1 if spec.get("batch_index") else
+                                                     spec.get("batch", 1)})]
+        return out + _from_batch_nodes(node, spec, ids, [ids["latent"], 0])
     for role, default in IMAGE_IDS.items():
         ids.setdefault(role, default)
     out = [node("image", "LoadImage", spec)]
@@ -886,11 +901,26 @@ def _latent_nodes(node, spec: dict, ids: dict) -> list[tuple[str, dict]]:
     if mask is not None and spec.get("grow_mask_by") is None:
         out.append(node("noise_mask", "SetLatentNoiseMask", samples=samples, mask=mask))
         samples = [ids["noise_mask"], 0]
-    if spec.get("batch", 1) > 1:                            # the encoded image repeated: ComfyUI's batch of it
+    if spec.get("batch", 1) > 1 and not spec.get("batch_index"):   # the encoded image repeated: its batch
         ids.setdefault("batch0", BATCH_ID)
         out.append(node("batch0", "RepeatLatentBatch", spec, samples=samples))
         samples = [ids["batch0"], 0]
     ids["latent"] = samples[0]
+    return out + _from_batch_nodes(node, spec, ids, samples)
+
+
+def _from_batch_nodes(node, spec: dict, ids: dict, samples: list) -> list[tuple[str, dict]]:
+    """A job past its batch's first image (batch_index I, batch B): its one latent repeated to I + B images by
+    RepeatLatentBatch, then LatentFromBatch's images I..I+B-1 (their noise the batch's); none for I = 0."""
+    first = spec.get("batch_index") or 0
+    if not first:
+        return []
+    ids.setdefault("batch1", BATCH_ID)              # the roles as graph_to_job names them: nearest the sampler first
+    ids.setdefault("batch0", FROM_BATCH_ID)
+    batch = spec.get("batch", 1)
+    out = [node("batch1", "RepeatLatentBatch", {"batch": first + batch}, samples=samples),
+           node("batch0", "LatentFromBatch", {"batch": batch, "batch_index": first}, samples=[ids["batch1"], 0])]
+    ids["latent"] = ids["batch0"]
     return out
 
 

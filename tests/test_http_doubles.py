@@ -698,3 +698,30 @@ def test_interrupt_and_queue_delete_cover_every_chain(d):
         assert h["status"]["messages"][-1][0] == "execution_interrupted"
     finally:
         d.flag("double_step_s", None)
+
+
+def test_image_crop_and_a_later_batch_image_through_the_front(d):
+    """LatentFromBatch(-1) of a batch of 4: the job samples image 3's noise (noise_index 3, as ComfyUI's
+    prepare_noise with batch_index [3]); ImageCrop after VAEDecode: image.png is decoded.png's box, metadata kept."""
+    from PIL import Image
+    url = d.http_url()
+    g = graph()
+    g["5"]["inputs"]["batch_size"] = 4
+    g["40"] = {"class_type": "LatentFromBatch", "inputs": {"samples": ["5", 0], "batch_index": -1, "length": 2}}
+    g["3"]["inputs"]["latent_image"] = ["40", 0]
+    g["30"] = {"class_type": "ImageCrop", "inputs": {"image": ["8", 0], "width": 40, "height": 100, "x": 8, "y": 16}}
+    g["9"]["inputs"]["images"] = ["30", 0]
+    r = requests.post(url + "prompt", json={"prompt": g}, timeout=30)
+    assert r.status_code == 200, r.text
+    job = r.json()["prompt_id"]
+    assert _wait_job(d, job).state == "done", d.logs()
+    folder = d.rf.jobs / job
+    with Image.open(folder / "decoded.png") as full, Image.open(folder / "image.png") as cut:
+        assert full.size == (64, 64) and cut.size == (40, 48)
+        np.testing.assert_array_equal(np.asarray(cut), np.asarray(full)[16:64, 8:48])
+        assert json.loads(cut.text["prompt"]) == g
+    runs = [json.loads(line) for line in (d.rf.root / "double_denoises").read_text().splitlines()]
+    (mine,) = [r for r in runs if Path(r["job_dir"]).name == job]
+    assert (mine["noise_index"], mine["batch_size"], mine["batch_pos"]) == (3, 1, 0)
+    entry = requests.get(url + f"history/{job}", timeout=30).json()[job]
+    assert entry["outputs"]["9"]["images"] == [{"filename": "image.png", "subfolder": job, "type": "output"}]

@@ -104,8 +104,9 @@ def _origin(graph: dict, jobs: list[GraphJob], k: int, client_id, subs) -> dict:
 
 
 async def _withdraw(front, subs) -> None:
-    """Cancel the jobs of a prompt queued before one of its chains was refused."""
+    """Cancel the jobs of a prompt queued before one of its chains was refused (quietly: the client heard a 4xx)."""
     for sub in subs:
+        front.tracker.silenced.add(sub.job)
         try:
             await front.link.call(m.Cancel(job=sub.job), m.Ok)
         except (DaemonRefused, DaemonDown):
