@@ -725,3 +725,26 @@ def test_image_crop_and_a_later_batch_image_through_the_front(d):
     assert (mine["noise_index"], mine["batch_size"], mine["batch_pos"]) == (3, 1, 0)
     entry = requests.get(url + f"history/{job}", timeout=30).json()[job]
     assert entry["outputs"]["9"]["images"] == [{"filename": "image.png", "subfolder": job, "type": "output"}]
+
+
+def test_a_prompt_of_chains_is_queued_whole_or_not_at_all(d):
+    """The queue holds 16 jobs: with 15 held, a graph of two chains gets its first queued and its second refused;
+    the first is taken back and the answer is the refusal (429), so no half prompt runs."""
+    from tests.comfy_graphs import two_chains
+    url = d.http_url()
+    d.flag("double_step_s", "5")
+    held = []
+    try:
+        held = [d.submit({"prompt": "hold", "steps": 1, "seed": i}) for i in range(15)]
+        before = {j.job for j in d.status().jobs}
+        r = requests.post(url + "prompt", json={"prompt": two_chains(graph()), "client_id": "c-whole"}, timeout=30)
+        assert r.status_code == 429, r.text
+        new = [j for j in d.status().jobs if j.job not in before]
+        assert len(new) == 1 and _wait_job(d, new[0].job).state == "cancelled"
+        assert len(d.status(active=True).jobs) == 15
+    finally:
+        for job in held:
+            requests.post(url + f"anima/jobs/{job}/cancel", timeout=30)
+        d.flag("double_step_s", None)
+        for job in held:
+            _wait_job(d, job)
