@@ -668,6 +668,10 @@ def test_independent_chains_run_as_one_prompt(d):
         "29": {"images": [{"filename": "image.png", "subfolder": second.job, "type": "output"}]}}
     assert entry["status"]["status_str"] == "success" and entry["prompt"][4] == ["9", "29"]
     assert requests.get(url + f"history/{second.job}", timeout=30).json() == {}    # not a prompt id
+    from PIL import Image
+    for job in (pid, second.job):                   # each PNG holds the whole prompt, as ComfyUI's SaveImage writes
+        with Image.open(d.rf.jobs / job / "image.png") as im:
+            assert json.loads(im.text["prompt"]) == g
     listed = requests.get(url + "history?max_items=3", timeout=30).json()
     assert pid in listed and second.job not in listed
 

@@ -93,9 +93,10 @@ async def _sized(front, graph: dict, job: GraphJob, sizes) -> GraphJob:
 
 
 def _origin(graph: dict, jobs: list[GraphJob], k: int, client_id, subs) -> dict:
-    """What chain `k`'s job keeps of the prompt: the nodes it uses (the first chain's: every chain's, the graph
-    /queue and /history show), its roles; with several chains its place and the prompt's id (the first's job)."""
-    used = {n for job in (jobs if k == 0 else jobs[k:k + 1]) for n in job.nodes.values()}
+    """What chain `k`'s job keeps of the prompt: the nodes every chain uses (the graph /queue and /history show and
+    each PNG holds, as ComfyUI's SaveImage writes the whole prompt), its roles; with several chains its place and the
+    prompt's id (the first's job)."""
+    used = {n for job in jobs for n in job.nodes.values()}
     origin = {"api": "comfyui", "client_id": client_id, "graph": {n: v for n, v in graph.items() if n in used},
               "nodes": jobs[k].nodes}
     if len(jobs) > 1:
