@@ -123,9 +123,9 @@ class ComfyClient:
             return json.loads(r.read())
 
     def images(self, outputs: dict) -> list:
-        """Every SaveImage output's PNG of a finished graph, in node-id then batch order, as RGB arrays."""
+        """Every SaveImage output's PNG of a finished graph, in node-id then batch order, as (node id, RGB array)."""
         order = sorted(outputs, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k))
-        return [png_pixels(self.view(item)) for nid in order for item in outputs[nid].get("images", [])]
+        return [(nid, png_pixels(self.view(item))) for nid in order for item in outputs[nid].get("images", [])]
 
 
 def comfy_latent(raw: bytes, tmp: Path) -> np.ndarray:
@@ -204,12 +204,13 @@ def run_workflows(a, client: ComfyClient, files: dict, width: int, height: int) 
             t0 = time.monotonic()
             ours = front.images(front.run(graph))
             ours_s = time.monotonic() - t0
-            if len(ours) != len(ref):
-                raise SystemExit(f"{name}: ComfyUI gave {len(ref)} images, this front {len(ours)}")
-            for i, (img, img_ref) in enumerate(zip(ours, ref)):
+            if [n for n, _ in ours] != [n for n, _ in ref]:      # every saved image, each by its output node
+                raise SystemExit(f"{name}: ComfyUI saved images of nodes {[n for n, _ in ref]}, this front "
+                                 f"{[n for n, _ in ours]}")
+            for i, ((node, img), (_, img_ref)) in enumerate(zip(ours, ref)):
                 same_size = img.shape == img_ref.shape
                 d = np.abs(img.astype(int) - img_ref.astype(int)) if same_size else None
-                row = {"workflow": name, "what": what, "image": i, "size": list(img.shape[1::-1]),
+                row = {"workflow": name, "what": what, "image": i, "node": node, "size": list(img.shape[1::-1]),
                        "comfyui_size": list(img_ref.shape[1::-1]),
                        "pixel_max_diff": int(d.max()) if same_size else None,
                        "pixels_off_by_more_than_1": int((d > 1).sum()) if same_size else None,
@@ -218,7 +219,7 @@ def run_workflows(a, client: ComfyClient, files: dict, width: int, height: int) 
                 rows.append(row)
                 verdict = ("sizes differ" if not same_size else
                            "within 1" if row["pixel_max_diff"] <= 1 else "DIFFERENT")
-                print(f"{name:14s} image {i}  {row['size'][0]}x{row['size'][1]}  max|dpixel| "
+                print(f"{name:14s} image {i} (node {node})  {row['size'][0]}x{row['size'][1]}  max|dpixel| "
                       f"{row['pixel_max_diff']}  ({row['pixels_off_by_more_than_1']} px > 1, mean "
                       f"{row['pixel_mean_abs_diff']})  {verdict}  comfy {comfy_s:.0f} s, front {ours_s:.0f} s",
                       flush=True)

@@ -2,7 +2,7 @@
 ComfyUI, and the input images they load (made here, deterministic, uploaded to both sides under the same names).
 
 Each graph is ComfyUI's own node vocabulary (nodes.py, comfy_extras/nodes_easycache.py): no node of this project's,
-no Spectrum node (a ComfyUI graph samples every step), SaveImage as the only output. WORKFLOWS maps a name to
+no Spectrum node (a ComfyUI graph samples every step), SaveImage as the only output node type (two-chains has two). WORKFLOWS maps a name to
 (what it is, the graph builder); a builder takes the files, the seed and the size and returns the graph.
 """
 from __future__ import annotations
@@ -170,6 +170,33 @@ def average(files, seed, width, height):
     return g
 
 
+def two_chains(files, seed, width, height):
+    """Two independent chains on one set of loaders, sharing the negative prompt and the empty latent: the
+    txt2img chain (SaveImage "10") and another prompt at seed + 1 with euler_ancestral (SaveImage "30")."""
+    g = txt2img(files, seed, width, height, prefix="ref_chain_a")
+    g["27"] = {"class_type": "CLIPTextEncode", "inputs": {"text": "1boy, black hair, red eyes, night city",
+                                                          "clip": ["2", 0]}}
+    g["28"] = _ksampler(["6", 0], seed + 1, 6, 4.0, "euler_ancestral", "simple", 1.0)
+    g["28"]["inputs"]["positive"] = ["27", 0]
+    g["29"] = {"class_type": "VAEDecode", "inputs": {"samples": ["28", 0], "vae": ["3", 0]}}
+    g["30"] = {"class_type": "SaveImage", "inputs": {"images": ["29", 0], "filename_prefix": "ref_chain_b"}}
+    return g
+
+
+def pick_and_crop(files, seed, width, height):
+    """LatentFromBatch(-1, 1) of an empty batch of 3 (image 2's noise), then ImageCrop of the decoded image with a
+    box past its right and bottom edges (ComfyUI cuts it where the image ends)."""
+    g = _base(files)
+    g["6"] = _empty(width, height, 3)
+    g["31"] = {"class_type": "LatentFromBatch", "inputs": {"samples": ["6", 0], "batch_index": -1, "length": 1}}
+    g["8"] = _ksampler(["31", 0], seed, 6, 4.0, "euler", "simple", 1.0)
+    g["9"] = {"class_type": "VAEDecode", "inputs": {"samples": ["8", 0], "vae": ["3", 0]}}
+    g["32"] = {"class_type": "ImageCrop", "inputs": {"image": ["9", 0], "width": width // 2, "height": height,
+                                                     "x": width // 4 + 8, "y": height // 8}}
+    g["10"] = {"class_type": "SaveImage", "inputs": {"images": ["32", 0], "filename_prefix": "ref_pick_crop"}}
+    return g
+
+
 WORKFLOWS = {
     "txt2img": ("text-to-image, no Spectrum node (euler/simple, 6 steps, cfg 4)", txt2img),
     "img2img": ("LoadImage -> VAEEncode, denoise 0.6, euler_ancestral/karras", img2img),
@@ -185,4 +212,6 @@ WORKFLOWS = {
                   split_cfg),
     "zero-negative": ("the negative through ConditioningZeroOut", zero_negative),
     "average": ("ConditioningAverage of two prompts (strength 0.6, the second longer)", average),
+    "two-chains": ("two independent chains: txt2img and another prompt, seed + 1, euler_ancestral", two_chains),
+    "pick-crop": ("LatentFromBatch -1 of a batch of 3, ImageCrop past the edges", pick_and_crop),
 }

@@ -43,6 +43,7 @@ from orchestrator.comfy_nodes import (ANIMA_CLIP_TYPE, InputSpec, ModelNames, No
                                       places_in_order)
 from orchestrator.comfy_nodes import image_nodes, object_info, _cache_nodes, _spectrum_node  # noqa: F401 (tests' names)
 from orchestrator.prompt_spec import MAX_BATCH, PromptError, parse_prompt_obj
+from protocol.prompt import MAX_FROM_BATCH
 
 MAX_NODES = 64                  # a text-to-image graph has 9 or 10; anything far larger is not one
 MAX_ID_CHARS = 64
@@ -217,12 +218,45 @@ def _custom(node_id: str, name: str, details: str, value=None) -> tuple[str, dic
 
 
 def graph_to_job(graph: Any, *, names: ModelNames = ModelNames(), sizes=None) -> GraphJob:
-    """Map an API-format graph onto a prompt.json object, or raise GraphError with ComfyUI's 400 body.
-    `sizes`: the (width, height) pairs that have a model pack (None: not checked here)."""
+    """Map an API-format graph of one chain onto a prompt.json object, or raise GraphError with ComfyUI's 400 body.
+    `sizes`: the (width, height) pairs that have a model pack (None: not checked here). A graph of several
+    independent chains is refused here: graph_to_jobs maps it."""
+    jobs = graph_to_jobs(graph, names=names, sizes=sizes)
+    if len(jobs) > 1:
+        raise _failed(graph, [_custom(jobs[1].output, "images", "a second independent chain: this caller takes "
+                                      "one job per graph")], jobs[1].output)
+    return jobs[0]
+
+
+def graph_to_jobs(graph: Any, *, names: ModelNames = ModelNames(), sizes=None) -> list[GraphJob]:
+    """Map an API-format graph onto one job per independent chain (`chains`: output nodes that share no sampler),
+    in the order of their first output node in the graph; or raise GraphError with ComfyUI's 400 body, every
+    chain's problems in one node_errors as ComfyUI validates every output. `sizes`: as graph_to_job's."""
     # the sizes bound /object_info's widgets; a graph's size is checked against the packs' sizes themselves, so a
     # size without a pack is refused naming them, not as out of a widget's range
     table = node_table(replace(names, sizes=()))
-    # 1) the graph's outline: an object of nodes, each a known class with an inputs object
+    outputs = _outline(graph, table)
+    # 3) ComfyUI's checks, from each output through its links
+    c = _Checker(graph, table)
+    problems = _checked(c, outputs)
+    if problems:
+        raise _failed(graph, problems, outputs[0])
+    built = [_chain_job(graph, table, c, chain, sizes) for chain in chains(c, table, outputs)]
+    problems = [p for _, more in built for p in more]
+    if problems:
+        raise _failed(graph, problems, outputs[0])
+    # 4) whatever prompt.json still refuses (lengths, NUL, empty prompt) lands on the node that carries it
+    for job, _ in built:
+        try:
+            parse_prompt_obj(job.spec, check_output=False, resolution=list(sizes) if sizes else None)
+        except PromptError as e:
+            raise field_error(graph, job, e.field, e.detail) from None
+    return [job for job, _ in built]
+
+
+def _outline(graph: Any, table: dict[str, NodeSpec]) -> list[str]:
+    """The graph's outline checked: an object of nodes, each a known class with an inputs object -> its output
+    nodes (SaveImage, PreviewImage), in the graph's order."""
     if not isinstance(graph, dict) or not graph:
         raise GraphError(_err("invalid_prompt", "Invalid prompt: the prompt must be a non-empty object of nodes"))
     if len(graph) > MAX_NODES:
@@ -247,26 +281,46 @@ def graph_to_job(graph: Any, *, names: ModelNames = ModelNames(), sizes=None) ->
     if node_errors:
         first = next(iter(node_errors.values()))["errors"][0]
         raise GraphError(first, node_errors)
-    # 2) the outputs: SaveImage and PreviewImage nodes, the first the job's
+    # 2) the outputs: SaveImage and PreviewImage nodes
     outputs = [k for k, n in graph.items() if table[n["class_type"]].output_node]
     if not outputs:
         raise GraphError(_err("prompt_no_outputs", "Prompt has no outputs", "this server needs a SaveImage node"))
+    return outputs
+
+
+def chains(c: _Checker, table: dict[str, NodeSpec], outputs: list[str]) -> list[list[str]]:
+    """The outputs grouped into independent chains: two outputs are one chain when the nodes they are made from
+    share a sampler (a KSampler's latent decoded twice, a hires fix's first pass saved too); sharing only nodes
+    before the samplers (loaders, prompts, an empty or encoded latent) leaves them apart, each chain computing
+    those for itself as ComfyUI's cache would give them. Chains in the order of their first output."""
+    samplers = {}
+    for out in outputs:
+        seen, todo = {out}, [out]
+        while todo:                                     # the checked links, each node once
+            for src in c.links.get(todo.pop(), {}).values():
+                if src not in seen:
+                    seen.add(src)
+                    todo.append(src)
+        samplers[out] = {n for n in seen if table[c.graph[n]["class_type"]].role == "sampler"}
+    groups: list[tuple[set, list[str]]] = []
+    for out in outputs:
+        # an output of no sampler's image (an upload shown as it is) goes with the first: refused there
+        joined = [g for g in groups if g[0] & samplers[out]] or ([] if samplers[out] or not groups else groups[:1])
+        merged = (set(samplers[out]).union(*(g[0] for g in joined)),
+                  [o for g in joined for o in g[1]] + [out])
+        groups = [g for g in groups if g not in joined] + [merged]
+    groups.sort(key=lambda g: outputs.index(min(g[1], key=outputs.index)))
+    return [sorted(g[1], key=outputs.index) for g in groups]
+
+
+def _chain_job(graph, table, c: _Checker, outputs: list[str], sizes) -> tuple[GraphJob, list]:
+    """One chain's job (its first output the job's, the others its saves) and its problems."""
     out = outputs[0]
-    # 3) ComfyUI's checks, from each output through its links
-    c = _Checker(graph, table)
-    problems = _checked(c, outputs)
+    roles, spec, problems = _roles(graph, table, c, out, sizes)
     if not problems:
-        roles, spec, more = _roles(graph, table, c, out, sizes)
-        problems += more + _same_image(c, outputs)
+        problems += _same_image(c, outputs)
         roles.update({f"save{k}": node for k, node in enumerate(outputs[1:], 1)})
-    if problems:
-        raise _failed(graph, problems, out)
-    # 4) whatever prompt.json still refuses (lengths, NUL, empty prompt) lands on the node that carries it
-    try:
-        parse_prompt_obj(spec, check_output=False, resolution=list(sizes) if sizes else None)
-    except PromptError as e:
-        raise field_error(graph, GraphJob(spec, roles, out), e.field, e.detail) from None
-    return GraphJob(spec=spec, nodes=roles, output=out)
+    return GraphJob(spec=spec, nodes=roles, output=out), problems
 
 
 def _checked(c: _Checker, outputs: list[str]) -> list[tuple[str, dict]]:
@@ -388,9 +442,13 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
     """The job from a graph whose links and values passed ComfyUI's checks -> (roles, prompt.json object, problems)."""
     problems = []
     role_of = {k: table[graph[k]["class_type"]].role for k in c.done}
-    decode = c.links[out]["images"]
+    decode, crop = c.links[out]["images"], None
+    if role_of[decode] == "crop":                                 # ImageCrop of the decoded image
+        crop, decode = decode, c.links[decode]["image"]
     if role_of[decode] != "decode":                               # an IMAGE of LoadImage or ImageScale: no job
-        return {}, {}, [_custom(out, "images", "SaveImage must save VAEDecode's image (of the last KSampler)")]
+        where = (crop, "image") if crop else (out, "images")
+        return {}, {}, [_custom(*where, "SaveImage must save VAEDecode's image (of the last KSampler), or one "
+                                "ImageCrop of it")]
     sampler = c.links[decode]["samples"]
     if role_of[sampler] != "sampler":
         return {}, {}, [_custom(decode, "samples", "VAEDecode must decode the KSampler's output")]
@@ -411,7 +469,8 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
                                 "LatentFromBatch), or for a second pass the first KSampler's LATENT, as it is or "
                                 "through LatentUpscale[By] or ImageScale[By] + VAEEncode (two passes at most)")]
     roles = {"save": out, "decode": decode, "sampler": sampler, "latent": latent, "vae": vae,
-             **{f"batch{i}": n for i, n in enumerate(batch)}, **(second[0] if second else {})}
+             **{f"batch{i}": n for i, n in enumerate(batch)}, **(second[0] if second else {}),
+             **({"crop": crop} if crop else {})}
     entries = {}
     for side in ("positive", "negative"):
         more, entries[side] = _conditioning(graph, c, role_of, c.links[sampler][side], side, problems)
@@ -424,9 +483,11 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
     spec.update({side: [e] for side, e in entries.items() if e is not None})
     if image is not None:                                         # ComfyUI's size: the image's (the job's: its pack's)
         spec = {**{k: x for k, x in spec.items() if k not in ("width", "height")}, **image[1]}
-    batch_size = _batch_size(c, roles, batch, problems)
+    batch_size, first = _batch_size(c, roles, batch, problems)
     if batch_size > 1:                                            # its images run one after another, as in the batch
         spec["batch"] = batch_size
+    if first:                                                     # past the batch's first image: its noise
+        spec["batch_index"] = first
     if second is not None:
         spec["hires"] = _hires(graph, c, role_of, roles, spec, problems)
         if "mask" in spec and "hires_encode" not in roles:
@@ -441,6 +502,8 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
                 (spec["width"], spec["height"]) if spec.get("width") else sizes[0]))
     if loras:
         spec["loras"] = loras
+    if crop:
+        spec["crop"] = c.fields(crop)
     return roles, spec, problems
 
 
@@ -523,11 +586,11 @@ def _job_fields(graph, c: _Checker, roles: dict, sizes, problems: list) -> dict:
     return spec
 
 
-def _batch_size(c: _Checker, roles: dict, batch: list, problems: list) -> int:
-    """The images a batch of the latent source's batch_size (1 for an encoded image) through RepeatLatentBatch /
-    LatentFromBatch (`batch`, nearest the sampler first) gives, as nodes.py's own ops count them on a stand-in
-    latent. prompt.json's `batch` B is ComfyUI's batch images 0..B-1 (each its place in the batch's noise): a
-    selection that starts past image 0 keeps other images' noise, which a job cannot say (refused on the node)."""
+def _batch_size(c: _Checker, roles: dict, batch: list, problems: list) -> tuple[int, int]:
+    """(images, the first one's place in the batch's noise) of the latent source's batch_size (1 for an encoded
+    image) through RepeatLatentBatch / LatentFromBatch (`batch`, nearest the sampler first), as nodes.py's own ops
+    count and clamp them on a stand-in latent: prompt.json's `batch` B and `batch_index` I are ComfyUI's batch
+    images I..I+B-1, each its own place in the batch's noise."""
     x, idx = np.zeros((c.fields(roles["latent"]).get("batch", 1), 1, 1, 1), np.float32), None
     for node in reversed(batch):
         v = c.values[node]
@@ -535,16 +598,16 @@ def _batch_size(c: _Checker, roles: dict, batch: list, problems: list) -> int:
             x, _, idx = lo.repeat_batch(x, v["amount"], None, idx)
         else:
             x, _, idx = lo.from_batch(x, v["batch_index"], v["length"], None, idx)
-            if idx[0] != 0:
-                problems.append(_custom(node, "batch_index", f"the batch would start at image {idx[0]} of the batch's "
-                                        "noise; a job's batch runs from image 0 (batch_index 0, any length)",
-                                        v["batch_index"]))
-                return 1
-        if len(x) > MAX_BATCH:
-            problems.append(_custom(node, "amount" if "amount" in v else "length", f"a batch of {len(x)} images; at "
-                                    f"most {MAX_BATCH} per job", len(x)))
-            return 1
-    return len(x)
+    node, v = batch[0] if batch else roles["latent"], c.values[batch[0]] if batch else {}
+    first = idx[0] if idx else 0
+    if len(x) > MAX_BATCH:
+        problems.append(_custom(node, "amount" if "amount" in v else "length", f"a batch of {len(x)} images; at "
+                                f"most {MAX_BATCH} per job", len(x)))
+    elif first + len(x) > MAX_FROM_BATCH:
+        name = "amount" if "amount" in v else "batch_index"
+        problems.append(_custom(node, name, f"picks images {first}..{first + len(x) - 1} of the batch; a job's "
+                                f"come from its first {MAX_FROM_BATCH}", v.get(name)))
+    return (1, 0) if problems else (len(x), first)
 
 
 def _second_pass(c: _Checker, role_of: dict, sampler: str, vae: str) -> tuple[dict, str | None, list] | None:
@@ -790,6 +853,8 @@ LORA_IDS = 10                   # the job's i-th LoRA loader is node "10" + i
 CACHE_ID = "31"                 # the job's EasyCache / LazyCache node
 IMAGE_IDS = {"image": "40", "encode": "41", "mask": "42", "noise_mask": "43"}     # a job from an init image
 BATCH_ID = "44"                 # a batch from an init image: RepeatLatentBatch after its latent
+CROP_ID = "46"                  # ImageCrop of the decoded image
+FROM_BATCH_ID = "45"            # a job past its batch's first image: LatentFromBatch after RepeatLatentBatch
 HIRES_IDS = {"upscale": "50", "hires_sampler": "51", "hires_positive": "52", "hires_negative": "53",
              "hires_decode": "54", "hires_encode": "55"}                     # a hires fix's second pass
 COND_IDS = {"positive_zero": "60", "positive_from": "61", "positive_average": "62", "negative_zero": "63",
@@ -805,7 +870,7 @@ TITLES = {"positive": "CLIP Text Encode (Positive Prompt)", "negative": "CLIP Te
 def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str, str] | None = None) -> dict:
     """The API graph of a job (a resolved PromptSpec dict: width/height set): what a ComfyUI client would have sent
     for it. Loader file names are the first known ones ('' when unknown)."""
-    ids = {**CANONICAL_IDS, **(ids or {})}
+    ids = {**CANONICAL_IDS, "crop": CROP_ID, **(ids or {})}
     table = node_table(names)
 
     def node(role: str, class_type: str, fields: dict | None = None, **inputs) -> tuple[str, dict]:
@@ -852,7 +917,8 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
         *_hires_nodes(node, spec, ids, model, clip),
         node("decode", "VAEDecode", samples=[ids["hires_sampler" if spec.get("hires") else "sampler"], 0],
              vae=[ids["vae"], 0]),
-        node("save", "SaveImage", images=[ids["decode"], 0], filename_prefix="anima"),
+        *([node("crop", "ImageCrop", spec["crop"], image=[ids["decode"], 0])] if spec.get("crop") else []),
+        node("save", "SaveImage", images=[ids["crop" if spec.get("crop") else "decode"], 0], filename_prefix="anima"),
     ))
 
 
@@ -886,7 +952,9 @@ def _latent_nodes(node, spec: dict, ids: dict) -> list[tuple[str, dict]]:
     grow_mask_by VAEEncodeForInpaint taking that mask. A mask of
     A1111's rule shows as LoadImageMask red: the same mask for a grey mask without alpha (docs/workflows.md)."""
     if not spec.get("init_image"):
-        return [node("latent", "EmptyLatentImage", {**spec, "batch": spec.get("batch", 1)})]
+        out = [node("latent", "EmptyLatentImage", {**spec, "batch": 1 if spec.get("batch_index") else
+                                                     spec.get("batch", 1)})]
+        return out + _from_batch_nodes(node, spec, ids, [ids["latent"], 0])
     for role, default in IMAGE_IDS.items():
         ids.setdefault(role, default)
     out = [node("image", "LoadImage", spec)]
@@ -906,11 +974,26 @@ def _latent_nodes(node, spec: dict, ids: dict) -> list[tuple[str, dict]]:
     if mask is not None and spec.get("grow_mask_by") is None:
         out.append(node("noise_mask", "SetLatentNoiseMask", samples=samples, mask=mask))
         samples = [ids["noise_mask"], 0]
-    if spec.get("batch", 1) > 1:                            # the encoded image repeated: ComfyUI's batch of it
+    if spec.get("batch", 1) > 1 and not spec.get("batch_index"):   # the encoded image repeated: its batch
         ids.setdefault("batch0", BATCH_ID)
         out.append(node("batch0", "RepeatLatentBatch", spec, samples=samples))
         samples = [ids["batch0"], 0]
     ids["latent"] = samples[0]
+    return out + _from_batch_nodes(node, spec, ids, samples)
+
+
+def _from_batch_nodes(node, spec: dict, ids: dict, samples: list) -> list[tuple[str, dict]]:
+    """A job past its batch's first image (batch_index I, batch B): its one latent repeated to I + B images by
+    RepeatLatentBatch, then LatentFromBatch's images I..I+B-1 (their noise the batch's); none for I = 0."""
+    first = spec.get("batch_index") or 0
+    if not first:
+        return []
+    ids.setdefault("batch1", BATCH_ID)              # the roles as graph_to_job names them: nearest the sampler first
+    ids.setdefault("batch0", FROM_BATCH_ID)
+    batch = spec.get("batch", 1)
+    out = [node("batch1", "RepeatLatentBatch", {"batch": first + batch}, samples=samples),
+           node("batch0", "LatentFromBatch", {"batch": batch, "batch_index": first}, samples=[ids["batch1"], 0])]
+    ids["latent"] = ids["batch0"]
     return out
 
 

@@ -8,8 +8,7 @@ job mapping (orchestrator/comfy_graph.py), the UI workflow in a PNG (orchestrato
 Defaults, bounds and choices are ComfyUI's (nodes.py, comfy_extras/) except where this pipeline supports less or
 chooses its own: the KSamplers' steps and cfg (prompt.json's bounds and defaults), ModelSamplingAuraFlow's shift (one
 value), UNETLoader's weight_dtype (default only), the latent sizes and batch (the model packs', prompt.json's batch),
-LatentFromBatch's batch_index (0..63, an older ComfyUI's: the newest takes -16384..16384, a negative counting from the
-end). A bound changed here changes what `/object_info` shows and what validation refuses.
+LatentFromBatch's batch_index (-16384..16384 as the newest ComfyUI's, a negative counting from the end). A bound changed here changes what `/object_info` shows and what validation refuses.
 `bench/comfy_node_specs.py --comfyui-src CHECKOUT` lists every input where the table and a ComfyUI checkout differ.
 
 A node's `job` fields are named for where the node sits in a job's graph (`PLACES`): CLIPTextEncode carries `prompt`,
@@ -21,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from models.images.crop import MAX_CROP_SIDE
 from models.images.decode import CHANNELS
 from models.lora.plan import MAX_STRENGTH
 from models.sampling import latent_ops as lo
@@ -270,11 +270,23 @@ def hires_batch_nodes() -> tuple[NodeSpec, ...]:
                  description=f"The latent repeated: a batch (at most {MAX_BATCH} images per job).",
                  job={"batch": "amount"}),
         NodeSpec("LatentFromBatch", "Latent From Batch", "latent/batch", "batch",
-                 (latent, InputSpec("batch_index", "INT", 0, dict(min=0, max=63)),
+                 (latent, InputSpec("batch_index", "INT", 0, dict(min=-MAX_RESOLUTION, max=MAX_RESOLUTION)),
                   InputSpec("length", "INT", 1, dict(min=1, max=64))), ("LATENT",), ("LATENT",),
-                 description="Images of a batch, keeping their noise (a batch from its first image here).",
-                 job={"batch": "length"}),
+                 description="Images of a batch, keeping their noise (a negative index counts from the end; past "
+                             "either end, the first or last image).",
+                 job={"batch": "length", "batch_index": "batch_index"}),
     )
+
+
+def _crop_node() -> NodeSpec:
+    """ComfyUI's ImageCrop (comfy_extras/nodes_images.py; its inputs, defaults and bounds): the decoded image cut, x and
+    y clamped to the image, the box cut where the image ends (prompt.json's `crop`)."""
+    side = lambda name, default, low: InputSpec(name, "INT", default, dict(min=low, max=MAX_CROP_SIDE, step=1))  # noqa
+    return NodeSpec("ImageCrop", "Crop Image (DEPRECATED)", "image/transform", "crop",
+                    (InputSpec("image", "IMAGE"), side("width", 512, 1), side("height", 512, 1), side("x", 0, 0),
+                     side("y", 0, 0)), ("IMAGE",), ("IMAGE",),
+                    description="The final image cut (x and y at most its last column and row; the box ends where "
+                                "the image does).", job={k: k for k in ("width", "height", "x", "y")})
 
 
 def _size_inputs(sizes, default: int) -> tuple[InputSpec, ...]:
@@ -341,6 +353,7 @@ def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
         *hires_batch_nodes(),
         NodeSpec("VAEDecode", "VAE Decode", "latent", "decode",
                  (InputSpec("samples", "LATENT"), InputSpec("vae", "VAE")), ("IMAGE",), ("IMAGE",)),
+        _crop_node(),
         NodeSpec("SaveImage", "Save Image", "image", "save",
                  (InputSpec("images", "IMAGE"), InputSpec("filename_prefix", "STRING", "ComfyUI")),
                  output_node=True, description="The job's PNG (GET /view?filename=image.png&subfolder=JOB&type=output)."),
@@ -375,7 +388,7 @@ def object_info(table: dict[str, NodeSpec]) -> dict:
 # order a refused field is looked for (an EmptyLatentImage's batch before a RepeatLatentBatch's)
 PLACES = {"positive": "", "negative": "negative_", "sampler": "", "latent": "", "image": "", "mask": "",
           "encode": "", "spectrum": "spectrum.", "cache": "cache.", "upscale": "hires.", "hires_sampler": "hires.",
-          "hires_positive": "hires.", "hires_negative": "hires.negative_",
+          "hires_positive": "hires.", "hires_negative": "hires.negative_", "crop": "crop.",
           # a sampler input's ConditioningAverage and the CLIPTextEncode it averages with (conditioning_from)
           "positive_average": "positive[0].average.", "negative_average": "negative[0].average.",
           "positive_from": "positive[0].average.", "negative_from": "negative[0].average."}

@@ -34,6 +34,7 @@ HIRES_COND_FILE, HIRES_UNCOND_FILE = "hires_cond.npy", "hires_uncond.npy"
 HIRES_LATENT_FILE = "hires_latent.npy"   # hires fix: the second pass's latent (latent.npy keeps the first pass's)
 HIRES_INIT_FILE = "hires_init.npy"       # the pixel path: the scaled first image encoded again, the second start
 FIRST_IMAGE_FILE = "first.png"           # the pixel path: the first pass's image as the VAE decoded it (8 bits)
+DECODED_FILE = "decoded.png"             # an image operation's input: the VAE's PNG before ImageCrop
 IMAGE_FILE = "image.png"
 REPORT_FILE = "report.json"
 TIMING_FILE = "timing.png"
@@ -57,7 +58,11 @@ JOB_FILES = (
     JobFile(HIRES_LATENT_FILE, DAEMON, "the flow, the hires fix's second pass", kept=False, per_image=True),
     # the daemon writes it when the VAE is remote (the PNG comes back inline), but a local VAE stage may still be
     # writing a dead daemon's: its temporaries go only when stale
-    JobFile(IMAGE_FILE, STAGE, "the VAE stage (the daemon when the VAE is remote)", kept=True, per_image=True),
+    JobFile(IMAGE_FILE, STAGE, "the VAE stage (the daemon when the VAE is remote, or with an image operation: "
+                               "ImageCrop of decoded.png)", kept=True, per_image=True),
+    # the VAE's PNG when an image operation (ImageCrop) makes image.png from it; written as image.png is
+    JobFile(DECODED_FILE, STAGE, "the VAE stage (the daemon when the VAE is remote), before an image operation",
+            kept=False, per_image=True),
     JobFile(REPORT_FILE, DAEMON, "the flow, when the job ends", kept=True),
     JobFile(TIMING_FILE, STAGE, "the timing plot's child process (orchestrator.timing_plot), which may outlive "
                                 "its daemon", kept=True),

@@ -54,7 +54,7 @@ from models.sampling.img2img import DENOISE_STEPS
 from models.sampling.latent_ops import LatentOpError, schedule_steps
 from models.sampling.spectrum import SpectrumSettings
 from models.sampling.step_cache import CacheSettings
-from protocol.prompt import CondEntry, PromptFile
+from protocol.prompt import MAX_NOISE_INDEX, CondEntry, PromptFile
 from protocol.fields import (MAX_NAME_CHARS, MAX_PATH_CHARS, MAX_TEXT_CHARS, Count, Float, Int, List, Map, Name, Note,
                              Path, ProtocolError, Scalar, Seconds, Text, Version, WireRecord)
 from protocol.tensors import TensorDesc
@@ -168,7 +168,7 @@ class DenoiseParams(_Record, frozen=True):
     add_noise: bool = True
     leftover_noise: bool = False  # return_with_leftover_noise (with end_step)
     latent_fill: Literal["noise", "nothing"] | None = None  # the masked init latent: the seed's noise or zeros
-    noise_index: Int(0, 4095) = 0  # the image's place in ComfyUI's batch noise (one randn over [B, C, h, w])
+    noise_index: Int(0, MAX_NOISE_INDEX) = 0  # the image's place in ComfyUI's batch noise (one randn over [B, C, h, w])
     batch_size: Int(1, 64) = 1  # the batch ComfyUI samples as one tensor (its noise samplers draw over all of it)
     batch_pos: Int(0, 63) = 0  # this image's place in that batch
 

@@ -6,6 +6,7 @@ settings, `output` an absolute path; orchestrator/prompt_spec.py) and the job st
 field and the allowed values in prompt.json's words (docs/prompts.md)."""
 from typing import Annotated, ClassVar, Literal
 
+from models.images.crop import MAX_CROP_SIDE
 from models.lora.choice import MAX_LORAS, LoraChoice
 from models.sampling.sampler import (DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLER_NAMES, SCHEDULER_NAMES,
                                      cfg_passes, spectrum_refusal)
@@ -29,6 +30,8 @@ SAMPLING_FIELDS = ("steps", "cfg", "sampler", "scheduler")   # a pack's recorded
 DEFAULT_SAMPLING = {"steps": DEFAULT_STEPS, "cfg": DEFAULT_CFG, "sampler": DEFAULT_SAMPLER,
                     "scheduler": DEFAULT_SCHEDULER}        # a pack that records none
 MAX_BATCH = 8                   # images per job (batch-1 packs run them one after another)
+MAX_NOISE_INDEX = 4095          # an image's place in ComfyUI's batch noise (DenoiseParams.noise_index)
+MAX_FROM_BATCH = 64             # batch_index + batch: the images of a batch a job may pick from (RepeatLatentBatch's)
 MAX_HIRES_SCALE = 4.0           # hires `scale`: each latent side times at most this
 MAX_INT_DIGITS = 40             # a JSON integer longer than this is never a valid value (seeds are < 2^64: 20 digits)
 MAX_OUTPUT_CHARS = 4096
@@ -228,6 +231,18 @@ class HiresSettings(Record, frozen=True):
         return w * LATENT_SCALE, h * LATENT_SCALE
 
 
+class CropSettings(Record, frozen=True):
+    """prompt.json's `crop`: the final image cut as ComfyUI's ImageCrop after VAEDecode (models/images/crop.py: x and y
+    clamped to the image, the box cut where the image ends), each of the batch's images."""
+
+    KEY_NOUN: ClassVar[str] = "setting"
+
+    width: Int(1, MAX_CROP_SIDE) = 512
+    height: Int(1, MAX_CROP_SIDE) = 512
+    x: Int(0, MAX_CROP_SIDE) = 0
+    y: Int(0, MAX_CROP_SIDE) = 0
+
+
 class PromptFile(Record, frozen=True):
     """What a prompt.json file may hold (docs/prompts.md); omitted or null seed: drawn at random; omitted or null
     width/height: the pack's; spectrum: true, false or an object of settings (omitted or null: on, except for the
@@ -282,7 +297,12 @@ class PromptFile(Record, frozen=True):
     leftover_noise: bool = False               # return_with_leftover_noise (with end_step)
     # images from one seed as ComfyUI's EmptyLatentImage batch_size samples them (docs/workflows.md)
     batch: Int(1, MAX_BATCH) = 1
+    # ComfyUI's LatentFromBatch past a batch's first image: the job's first image's place in the seed's batch noise
+    # (its images batch_index .. batch_index + batch - 1, each its own draw as prepare_noise gives them), within
+    # the first MAX_FROM_BATCH images of it (a RepeatLatentBatch's most)
+    batch_index: Int(0, MAX_FROM_BATCH - 1) = 0
     hires: HiresSettings | None = None         # hires fix: a second pass at a larger size (docs/workflows.md)
+    crop: CropSettings | None = None           # ImageCrop of the final image (docs/workflows.md)
 
     def __post_init__(self):
         _check_conds(self)
@@ -299,6 +319,9 @@ class PromptFile(Record, frozen=True):
                                        "\"spectrum\" out (a cache turns it off) or set it false")
         _check_inputs(self)
         _check_hires(self)
+        if self.batch_index + self.batch > MAX_FROM_BATCH:
+            raise PromptError("batch_index", f"batch_index + batch must be at most {MAX_FROM_BATCH} (the images of "
+                                             f"a batch a job picks from), got {self.batch_index} + {self.batch}")
         _check_window("start_step", self.start_step, self.end_step, self.steps, self.sampler, self.scheduler,
                       self.denoise, self.denoise_steps)
         if self.output is not None:

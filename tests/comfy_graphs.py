@@ -47,3 +47,17 @@ def edited(graph: dict, node: str, **inputs) -> dict:
         else:
             g[node]["inputs"][k] = v
     return g
+
+
+def two_chains(graph: dict, seed: int = 77, **inputs) -> dict:
+    """`graph` (the standard one) with a second independent chain: KSampler 23 (another seed, or other `inputs`)
+    -> VAEDecode 28 -> SaveImage 29, sharing the loaders, both prompts and the empty latent (ComfyUI's way to get
+    two seeds from one prompt)."""
+    g = copy.deepcopy(graph)
+    g["23"] = copy.deepcopy(g["3"])
+    g["23"]["inputs"].update(seed=seed, **inputs)
+    g["28"] = {"inputs": {"samples": ["23", 0], "vae": ["13", 0]}, "class_type": "VAEDecode",
+               "_meta": {"title": "VAE Decode"}}
+    g["29"] = {"inputs": {"filename_prefix": "second", "images": ["28", 0]}, "class_type": "SaveImage",
+               "_meta": {"title": "Save Image"}}
+    return g

@@ -94,7 +94,8 @@ def pipeline_toml(pack: Path, models: Path, *, threads: int = 1, branch_timeout_
     [timeouts] request_s (a HELLO's wait per attempt, 4 attempts); `cond_cache_mb`: the conditioning cache, off unless
     asked for (the shared pipelines' tests see the encoder run for each job, as they count on: kills mid-encode,
     its timings and RSS); `keep_up`: the encoder and VAE stopped after each use unless asked (orchestrator/keep_up.py;
-    the shared pipelines' tests look for them STOPPED after a job)."""
+    the shared pipelines' tests look for them STOPPED after a job); `start_timeout_s`: a stage's start to READY
+    (longer for a bench on a busy machine)."""
     more = "".join(f'"{p}", ' for p in packs)
     return (f'run_dir = "."\npack_dir = "{pack}"\npacks = [{more}]\nmodels_dir = "{models}"\nthreads = {threads}\n'
             f'backend = "{backend}"\n'

@@ -73,3 +73,16 @@ def test_the_input_images_are_what_the_graphs_load():
     assert np.array_equal(np.asarray(imgs[MASKED_IMAGE])[..., :3], np.asarray(imgs[INIT_IMAGE]))
     grey = np.asarray(imgs[MASK_IMAGE])
     assert set(np.unique(grey)) == {0, 255} and 0.1 < (grey == 255).mean() < 0.5
+
+
+def test_the_two_chain_and_pick_crop_graphs_are_their_jobs():
+    """two-chains: two jobs in the graph's order (seed and seed + 1, their own prompt and sampler, one negative and
+    empty latent); pick-crop: image 2 of the empty batch of 3 (batch_index 2) cut by ImageCrop."""
+    from orchestrator.comfy_graph import graph_to_jobs
+    a, b = graph_to_jobs(WORKFLOWS["two-chains"][1](FILES, 7, 256, 256), names=NAMES, sizes=SIZES)
+    assert (a.output, b.output) == ("10", "30")
+    assert (a.spec["seed"], a.spec["sampler"], b.spec["seed"], b.spec["sampler"]) == (7, "euler", 8, "euler_ancestral")
+    assert a.spec["prompt"] != b.spec["prompt"] and a.spec["negative_prompt"] == b.spec["negative_prompt"]
+    spec = _spec("pick-crop")
+    assert (spec.get("batch", 1), spec["batch_index"]) == (1, 2)
+    assert spec["crop"] == {"width": 128, "height": 256, "x": 72, "y": 32}

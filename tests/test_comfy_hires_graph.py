@@ -343,10 +343,18 @@ def test_a_latent_hires_fix_of_an_inpaint_is_refused_the_pixel_path_taken():
     ((("LatentFromBatch", {"batch_index": 0, "length": 9}),), 3, 3),            # clamped to the batch, as ComfyUI
     ((("LatentFromBatch", {"batch_index": 0, "length": 2}), ("RepeatLatentBatch", {"amount": 2})), 4, 4),
     ((("RepeatLatentBatch", {"amount": 1}),), 1, 1),
+    # past the first image, a negative index from the end, either end clamped: nodes.py's LatentFromBatch
+    ((("LatentFromBatch", {"batch_index": 1, "length": 2}),), 4, (2, 1)),
+    ((("LatentFromBatch", {"batch_index": -1, "length": 2}),), 4, (1, 3)),
+    ((("LatentFromBatch", {"batch_index": -3, "length": 2}),), 4, (2, 1)),
+    ((("LatentFromBatch", {"batch_index": 7, "length": 1}),), 4, (1, 3)),
+    ((("LatentFromBatch", {"batch_index": -9, "length": 2}),), 4, (2, 0)),
+    ((("RepeatLatentBatch", {"amount": 3}), ("LatentFromBatch", {"batch_index": 4, "length": 3})), 2, (2, 4)),
 ])
 def test_batch_nodes_map_onto_the_jobs_batch(nodes, batch_size, want):
     job = _job(batch_graph(*nodes, batch_size=batch_size))
-    assert job.spec.get("batch", 1) == want
+    want, first = want if isinstance(want, tuple) else (want, 0)
+    assert job.spec.get("batch", 1) == want and job.spec.get("batch_index", 0) == first
     assert [job.nodes[f"batch{i}"] for i in range(len(nodes))] == [f"6{i}" for i in reversed(range(len(nodes)))]
 
 
@@ -362,14 +370,21 @@ def _comfy_prepare_noise(torch, seed: int, shape: tuple, batch_index=None) -> np
 @pytest.mark.parametrize("nodes,batch_size,batch_index", [
     ((("RepeatLatentBatch", {"amount": 3}),), 1, None),
     ((("LatentFromBatch", {"batch_index": 0, "length": 2}),), 4, [0, 1]),
+    ((("LatentFromBatch", {"batch_index": 1, "length": 2}),), 4, [1, 2]),
+    ((("LatentFromBatch", {"batch_index": -1, "length": 1}),), 4, [3]),
+    ((("RepeatLatentBatch", {"amount": 4}), ("LatentFromBatch", {"batch_index": 5, "length": 2})), 2, [5, 6]),
 ])
 def test_a_batch_graphs_images_start_from_comfyuis_noise(nodes, batch_size, batch_index):
+    from types import SimpleNamespace
+    from orchestrator.plan.denoise import DenoiseSteps
     torch = pytest.importorskip("torch")
     spec = parse_prompt_obj(_job(batch_graph(*nodes, batch_size=batch_size)).spec, resolution=SIZES)
     shape = (16, spec.height // 8, spec.width // 8)
     want = _comfy_prepare_noise(torch, spec.seed, (spec.batch,) + shape, batch_index)
-    # the flow's DENOISE for image i: noise_index i (orchestrator/plan/denoise.py _denoise_one)
-    got = np.stack([job_noise(spec.seed, shape, i) for i in range(spec.batch)])
+    # the plan's DENOISE for image i: its noise_index (orchestrator/plan/denoise.py _batch_params)
+    runner = SimpleNamespace(batch=spec.batch)
+    index = [DenoiseSteps._batch_params(runner, i, spec.batch_index).get("noise_index", 0) for i in range(spec.batch)]
+    got = np.stack([job_noise(spec.seed, shape, i) for i in index])
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
@@ -388,13 +403,14 @@ def test_a_masked_batch_takes_its_batch_nodes_after_the_mask():
 
 
 def test_batches_a_job_cannot_say_are_refused_on_the_node():
-    e = _refused(batch_graph(("LatentFromBatch", {"batch_index": 1, "length": 2}), batch_size=4))
-    _custom(e, "60", "batch_index", "runs from image 0")
+    e = _refused(batch_graph(("RepeatLatentBatch", {"amount": 9}), ("LatentFromBatch", {"batch_index": 66,
+                                                                                           "length": 1}), batch_size=8))
+    _custom(e, "61", "batch_index", "a job's come from its first 64")
     e = _refused(batch_graph(("RepeatLatentBatch", {"amount": 5}), batch_size=2))
     _custom(e, "60", "amount", "a batch of 10 images; at most 8")
     e = _refused(batch_graph(("RepeatLatentBatch", {"amount": 65})))
     assert e.node_errors["60"]["errors"][0]["type"] == "value_bigger_than_max"
-    e = _refused(batch_graph(("LatentFromBatch", {"batch_index": 64, "length": 1})))
+    e = _refused(batch_graph(("LatentFromBatch", {"batch_index": 16385, "length": 1})))
     assert e.node_errors["60"]["errors"][0]["type"] == "value_bigger_than_max"
 
 
@@ -461,7 +477,8 @@ def test_object_info_has_comfyuis_upscale_and_batch_nodes():
         "ImageScaleBy": {"image": ["IMAGE"], "upscale_method": [pixel_methods, {"default": "nearest-exact"}],
                          "scale_by": ["FLOAT", {"min": 0.01, "max": 8.0, "step": 0.01, "default": 1.0}]},
         "RepeatLatentBatch": {"samples": ["LATENT"], "amount": ["INT", {"min": 1, "max": 64, "default": 1}]},
-        "LatentFromBatch": {"samples": ["LATENT"], "batch_index": ["INT", {"min": 0, "max": 63, "default": 0}],
+        "LatentFromBatch": {"samples": ["LATENT"], "batch_index": ["INT", {"min": -16384, "max": 16384,
+                                                                           "default": 0}],
                             "length": ["INT", {"min": 1, "max": 64, "default": 1}]},
     }
     for name, inputs in want.items():

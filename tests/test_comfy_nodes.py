@@ -124,6 +124,7 @@ def test_several_save_and_preview_nodes_on_the_final_image_are_one_job():
     job's images in /history and an `executed` message, as ComfyUI reports each output node."""
     from orchestrator.comfy_nodes import ModelNames
     from orchestrator.http import comfy_shapes as shapes
+    from orchestrator.http.comfy_prompt import PromptView
     one = standard_graph()
     g = {**one, "21": {"class_type": "PreviewImage", "inputs": {"images": ["8", 0]}},
          "22": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "copy"}}}
@@ -131,7 +132,7 @@ def test_several_save_and_preview_nodes_on_the_final_image_are_one_job():
     assert job.spec == graph_to_job(one).spec and job.output == "9"
     assert (job.nodes["save"], job.nodes["save1"], job.nodes["save2"]) == ("9", "21", "22")
     view = _done_view(g, job)
-    entry = shapes.history_entry(view, ModelNames())
+    entry = shapes.history_entry(PromptView((view,)), ModelNames())
     assert list(entry["outputs"]) == ["9", "21", "22"] == list(entry["meta"]) == entry["prompt"][4]
     assert all(o["images"][0] == {"filename": "image.png", "subfolder": "j1", "type": "output"}
                for o in entry["outputs"].values())

@@ -142,7 +142,9 @@ def _comfy_repeat(s, amount):
 def _comfy_from_batch(s, batch_index, length):
     """nodes.py LatentFromBatch on a dict of torch tensors."""
     s_in = s["samples"]
-    batch_index = min(s_in.shape[0] - 1, batch_index)
+    if batch_index < 0:
+        batch_index += s_in.shape[0]
+    batch_index = max(0, min(s_in.shape[0] - 1, batch_index))
     length = min(s_in.shape[0] - batch_index, length)
     out = dict(s, samples=s_in[batch_index:batch_index + length].clone())
     if "noise_mask" in s:
@@ -165,7 +167,7 @@ def test_repeat_and_from_batch_follow_the_nodes():
     np.testing.assert_array_equal(got, want["samples"].numpy())
     np.testing.assert_array_equal(m, want["noise_mask"].numpy())
     assert idx == want["batch_index"] == [4, 5, 6, 7, 8, 9]
-    for start, n in ((1, 2), (5, 4), (9, 1)):            # clamped to the batch as ComfyUI clamps
+    for start, n in ((1, 2), (5, 4), (9, 1), (-1, 3), (-4, 2), (-6, 6), (-40, 1)):   # clamped as ComfyUI clamps
         w = _comfy_from_batch(want, start, n)
         g, gm, gi = lo.from_batch(got, start, n, m, idx)
         np.testing.assert_array_equal(g, w["samples"].numpy())
@@ -177,6 +179,8 @@ def test_repeat_and_from_batch_follow_the_nodes():
         lo.repeat_batch(x, 0)
     with pytest.raises(lo.LatentOpError, match="length"):
         lo.from_batch(x, 0, 0)
+    with pytest.raises(lo.LatentOpError, match="batch_index"):
+        lo.from_batch(x, -16385, 1)
 
 
 def test_from_batch_noise_is_the_batch_images_noise():

@@ -625,3 +625,130 @@ def test_a1111_progress_counts_the_whole_batch(d):
     second = [(n, f) for job, n, _, f in looks if job != jobs]
     assert second and all(n == 1 and f >= 0.5 for n, f in second), looks
     assert [f for *_, f in looks] == sorted(f for *_, f in looks), looks
+
+
+def test_independent_chains_run_as_one_prompt(d):
+    """Two KSampler -> VAEDecode -> SaveImage chains on shared loaders: one prompt id, one job per chain in the
+    graph's order; /queue shows one prompt, /history lists every output once both ended; ComfyUI's messages once
+    per prompt (start, success, the final executing None), `executed` per output node."""
+    from tests.comfy_graphs import two_chains
+    url = d.http_url()
+    ws = Listener(url, "client-chains")
+    try:
+        ws.wait(lambda m: m["type"] == "status")
+        d.flag("double_step_s", "0.3")
+        g = two_chains(graph(), seed=77)
+        r = requests.post(url + "prompt", json={"prompt": g, "client_id": "client-chains"}, timeout=30)
+        assert r.status_code == 200, r.text
+        pid = r.json()["prompt_id"]
+        ws.wait(lambda m: m["type"] == "progress" and m["data"]["prompt_id"] == pid)
+        q = requests.get(url + "queue", timeout=30).json()
+        assert [i[1] for i in q["queue_running"]] == [pid] and q["queue_pending"] == []
+        assert q["queue_running"][0][2] == g and q["queue_running"][0][4] == ["9", "29"]
+        assert requests.get(url + "prompt", timeout=30).json() == {"exec_info": {"queue_remaining": 1}}
+        ws.wait(lambda m: m["type"] == "executing" and m["data"]["node"] is None, timeout_s=90)
+    finally:
+        ws.close()
+        d.flag("double_step_s", None)
+    jobs = [j for j in d.status(detail=True).jobs if json.loads(j.origin or "{}").get("prompt_id") in (pid,)]
+    (second,) = jobs
+    assert _wait_job(d, pid).state == "done" and _wait_job(d, second.job).state == "done"
+    seeds = [json.loads(d.status(job=j, detail=True).jobs[0].spec_json)["seed"] for j in (pid, second.job)]
+    assert seeds == [1234, 77]
+    seq = [(m["type"], m["data"].get("node")) for m in ws.messages if m["data"].get("prompt_id") == pid]
+    kinds = [k for k, _ in seq]
+    assert kinds.count("execution_start") == 1 and kinds.count("execution_success") == 1
+    assert [n for k, n in seq if k == "executed"] == ["9", "29"]
+    assert kinds.index("execution_success") > max(i for i, k in enumerate(kinds) if k == "executed")
+    assert seq[-1] == ("executing", None) and seq.count(("executing", None)) == 1
+    assert {m["data"]["node"] for m in ws.messages if m["type"] == "progress"} == {"3", "23"}
+    entry = requests.get(url + f"history/{pid}", timeout=30).json()[pid]
+    assert entry["outputs"] == {
+        "9": {"images": [{"filename": "image.png", "subfolder": pid, "type": "output"}]},
+        "29": {"images": [{"filename": "image.png", "subfolder": second.job, "type": "output"}]}}
+    assert entry["status"]["status_str"] == "success" and entry["prompt"][4] == ["9", "29"]
+    assert requests.get(url + f"history/{second.job}", timeout=30).json() == {}    # not a prompt id
+    from PIL import Image
+    for job in (pid, second.job):                   # each PNG holds the whole prompt, as ComfyUI's SaveImage writes
+        with Image.open(d.rf.jobs / job / "image.png") as im:
+            assert json.loads(im.text["prompt"]) == g
+    listed = requests.get(url + "history?max_items=3", timeout=30).json()
+    assert pid in listed and second.job not in listed
+
+
+def test_interrupt_and_queue_delete_cover_every_chain(d):
+    from tests.comfy_graphs import two_chains
+    url = d.http_url()
+    d.flag("double_step_s", "5")
+    try:
+        pid = requests.post(url + "prompt", json={"prompt": two_chains(graph())}, timeout=30).json()["prompt_id"]
+        _wait_job(d, pid, ("denoising",))
+        # a second prompt of two chains waits whole; deleting it from the queue cancels both its jobs
+        waiting = requests.post(url + "prompt", json={"prompt": two_chains(graph(), seed=5)}, timeout=30).json()
+        q = requests.get(url + "queue", timeout=30).json()
+        assert [i[1] for i in q["queue_running"]] == [pid]
+        assert [i[1] for i in q["queue_pending"]] == [waiting["prompt_id"]]
+        parts = {j.job: json.loads(j.origin or "{}").get("prompt_id") for j in d.status(active=True, detail=True).jobs}
+        later = {p: next(j for j, o in parts.items() if o == p) for p in (pid, waiting["prompt_id"])}
+        requests.post(url + "queue", json={"delete": [waiting["prompt_id"]]}, timeout=30)
+        assert _wait_job(d, waiting["prompt_id"]).state == "cancelled"
+        assert _wait_job(d, later[waiting["prompt_id"]]).state == "cancelled"
+        assert d.status(job=pid).jobs[0].state == "denoising"
+        # interrupt: the running chain and the one still to run
+        assert requests.post(url + "interrupt", json={"prompt_id": pid}, timeout=30).status_code == 200
+        assert _wait_job(d, pid).state == "cancelled" and _wait_job(d, later[pid]).state == "cancelled"
+        h = requests.get(url + f"history/{pid}", timeout=30).json()[pid]
+        assert h["status"]["status_str"] == "error" and h["outputs"] == {}
+        assert h["status"]["messages"][-1][0] == "execution_interrupted"
+    finally:
+        d.flag("double_step_s", None)
+
+
+def test_image_crop_and_a_later_batch_image_through_the_front(d):
+    """LatentFromBatch(-1) of a batch of 4: the job samples image 3's noise (noise_index 3, as ComfyUI's
+    prepare_noise with batch_index [3]); ImageCrop after VAEDecode: image.png is decoded.png's box, metadata kept."""
+    from PIL import Image
+    url = d.http_url()
+    g = graph()
+    g["5"]["inputs"]["batch_size"] = 4
+    g["40"] = {"class_type": "LatentFromBatch", "inputs": {"samples": ["5", 0], "batch_index": -1, "length": 2}}
+    g["3"]["inputs"]["latent_image"] = ["40", 0]
+    g["30"] = {"class_type": "ImageCrop", "inputs": {"image": ["8", 0], "width": 40, "height": 100, "x": 8, "y": 16}}
+    g["9"]["inputs"]["images"] = ["30", 0]
+    r = requests.post(url + "prompt", json={"prompt": g}, timeout=30)
+    assert r.status_code == 200, r.text
+    job = r.json()["prompt_id"]
+    assert _wait_job(d, job).state == "done", d.logs()
+    folder = d.rf.jobs / job
+    with Image.open(folder / "decoded.png") as full, Image.open(folder / "image.png") as cut:
+        assert full.size == (64, 64) and cut.size == (40, 48)
+        np.testing.assert_array_equal(np.asarray(cut), np.asarray(full)[16:64, 8:48])
+        assert json.loads(cut.text["prompt"]) == g
+    runs = [json.loads(line) for line in (d.rf.root / "double_denoises").read_text().splitlines()]
+    (mine,) = [r for r in runs if Path(r["job_dir"]).name == job]
+    assert (mine["noise_index"], mine["batch_size"], mine["batch_pos"]) == (3, 1, 0)
+    entry = requests.get(url + f"history/{job}", timeout=30).json()[job]
+    assert entry["outputs"]["9"]["images"] == [{"filename": "image.png", "subfolder": job, "type": "output"}]
+
+
+def test_a_prompt_of_chains_is_queued_whole_or_not_at_all(d):
+    """The queue holds 16 jobs: with 15 held, a graph of two chains gets its first queued and its second refused;
+    the first is taken back and the answer is the refusal (429), so no half prompt runs."""
+    from tests.comfy_graphs import two_chains
+    url = d.http_url()
+    d.flag("double_step_s", "5")
+    held = []
+    try:
+        held = [d.submit({"prompt": "hold", "steps": 1, "seed": i}) for i in range(15)]
+        before = {j.job for j in d.status().jobs}
+        r = requests.post(url + "prompt", json={"prompt": two_chains(graph()), "client_id": "c-whole"}, timeout=30)
+        assert r.status_code == 429, r.text
+        new = [j for j in d.status().jobs if j.job not in before]
+        assert len(new) == 1 and _wait_job(d, new[0].job).state == "cancelled"
+        assert len(d.status(active=True).jobs) == 15
+    finally:
+        for job in held:
+            requests.post(url + f"anima/jobs/{job}/cancel", timeout=30)
+        d.flag("double_step_s", None)
+        for job in held:
+            _wait_job(d, job)

@@ -32,6 +32,7 @@ CROP_METHODS = ("disabled", "center")
 LATENT_SCALE = 8                # pixels per latent cell (the Qwen-Image VAE)
 MAX_LATENT_SIDE = 1024          # 8192 pixels: far above any pack, a bound for what a graph may ask
 MAX_BATCH = 64                  # ComfyUI's RepeatLatentBatch / EmptyLatentImage cap is 64 (4096 for the latter)
+MAX_FROM_BATCH_INDEX = 16384    # LatentFromBatch's batch_index bound, either sign (nodes.py: MAX_RESOLUTION)
 # the longest full schedule a partial denoise may build (int(steps / denoise) steps): ComfyUI's KSampler `steps` maximum
 # (nodes.py), so a denoise never asks for a schedule ComfyUI would refuse as a step count; 10000 sigmas cost ~80 KB
 MAX_SCHEDULE_STEPS = 10_000
@@ -139,12 +140,14 @@ def repeat_batch(samples: np.ndarray, amount: int, noise_mask: Optional[np.ndarr
 def from_batch(samples: np.ndarray, batch_index: int, length: int, noise_mask: Optional[np.ndarray] = None,
                indices: Optional[list] = None) -> tuple:
     """LatentFromBatch: (samples[i:i + n], noise_mask, batch_index) with i and n clamped to the batch as ComfyUI
-    clamps them; the images keep their own noise through batch_index."""
-    for name, v, lo in (("batch_index", batch_index, 0), ("length", length, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= MAX_BATCH:
-            raise LatentOpError(f"{name} must be an integer in {lo}..{MAX_BATCH}, got {v!r}")
+    clamps them (a negative i counts from the batch's end; past either end, its first or last image); the images keep
+    their own noise through batch_index."""
+    for name, v, lo, hi in (("batch_index", batch_index, -MAX_FROM_BATCH_INDEX, MAX_FROM_BATCH_INDEX),
+                            ("length", length, 1, MAX_BATCH)):
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise LatentOpError(f"{name} must be an integer in {lo}..{hi}, got {v!r}")
     n = samples.shape[0]
-    start = min(n - 1, batch_index)
+    start = max(0, min(n - 1, batch_index + n if batch_index < 0 else batch_index))
     length = min(n - start, length)
     out = samples[start:start + length].copy()
     mask = noise_mask

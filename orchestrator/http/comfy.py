@@ -13,7 +13,8 @@
     GET  /ws?clientId=                               -> status, execution_start, executing, progress, executed,
                                                         execution_success | execution_error | execution_interrupted;
                                                         a first feature_flags from the client is answered
-Every route is also served under /api (as ComfyUI does). The prompt id is the job id.
+Every route is also served under /api (as ComfyUI does). The prompt id is the job id; a graph of independent chains
+runs as one job per chain, its prompt id the first's (orchestrator/http/comfy_prompt.py).
 """
 from __future__ import annotations
 
@@ -27,12 +28,13 @@ from aiohttp import web
 
 from models.runtime.backends import backend_class
 from orchestrator import inputs
-from orchestrator.comfy_graph import GraphError, field_error, field_nodes, graph_to_job, sized_to_image
+from orchestrator.comfy_graph import GraphError, GraphJob, field_error, field_nodes, graph_to_jobs, sized_to_image
 from orchestrator.comfy_nodes import node_table, object_info
 from orchestrator.http import comfy_shapes as shapes
 from orchestrator.http import files, uploads
+from orchestrator.http.comfy_prompt import group, prompt_parts
 from orchestrator.http.common import FRONT, cancel_job, from_daemon, json_response, read_json, refuse, submit_job
-from orchestrator.http.link import DaemonRefused
+from orchestrator.http.link import DaemonDown, DaemonRefused
 from orchestrator.http.views import JobView
 from orchestrator.job_record import JOB_ID_RE
 from protocol import messages as m
@@ -63,23 +65,53 @@ async def post_prompt(request: web.Request) -> web.Response:
     names = await front.tracker.names()
     try:
         sizes = [(p.width, p.height) for p in info.packs]
-        job = graph_to_job(body["prompt"], names=names, sizes=sizes)
-        if "init_image" in job.spec:
-            size = await asyncio.to_thread(inputs.upload_size, front.rf.root, job.spec["init_image"])
-            job = sized_to_image(body["prompt"], job, size, sizes) if size else job
+        jobs = [await _sized(front, body["prompt"], job, sizes)
+                for job in graph_to_jobs(body["prompt"], names=names, sizes=sizes)]
     except GraphError as e:
         return json_response(e.body(), 400)
-    graph = {k: body["prompt"][k] for k in job.nodes.values()}        # what the job uses: kept with the job
-    origin = {"api": "comfyui", "client_id": client_id, "graph": graph, "nodes": job.nodes}
-    try:
-        sub = await submit_job(front, job.spec, origin)
-    except DaemonRefused as e:
-        # the daemon's word on a field of the job (a size without a VAE pack, a LoRA it cannot apply: a plain pack,
-        # a name that leads out of loras/, a stack over the pack's rank), put on the node that carries it
-        if e.code == "bad_request" and field_nodes(body["prompt"], job, e.field) is not None:
-            return json_response(field_error(body["prompt"], job, e.field, e.message).body(), 400)
-        raise from_daemon(e) from None
-    return json_response({"prompt_id": sub.job, "number": sub.position, "node_errors": {}})
+    subs = []
+    for k, job in enumerate(jobs):
+        try:
+            subs.append(await submit_job(front, job.spec, _origin(body["prompt"], jobs, k, client_id, subs)))
+        except (DaemonRefused, DaemonDown) as e:
+            await _withdraw(front, subs)             # a prompt is queued whole or not at all
+            # the daemon's word on a field of the job (a size without a VAE pack, a LoRA it cannot apply: a plain
+            # pack, a name that leads out of loras/, a stack over the pack's rank), put on the node that carries it
+            if isinstance(e, DaemonRefused) and e.code == "bad_request" and field_nodes(body["prompt"], job,
+                                                                                        e.field) is not None:
+                return json_response(field_error(body["prompt"], job, e.field, e.message).body(), 400)
+            raise from_daemon(e) from None
+    return json_response({"prompt_id": subs[0].job, "number": subs[0].position, "node_errors": {}})
+
+
+async def _sized(front, graph: dict, job: GraphJob, sizes) -> GraphJob:
+    """A job from an encoded image at its upload's size (checked against the packs' `sizes`)."""
+    if "init_image" not in job.spec:
+        return job
+    size = await asyncio.to_thread(inputs.upload_size, front.rf.root, job.spec["init_image"])
+    return sized_to_image(graph, job, size, sizes) if size else job
+
+
+def _origin(graph: dict, jobs: list[GraphJob], k: int, client_id, subs) -> dict:
+    """What chain `k`'s job keeps of the prompt: the nodes every chain uses (the graph /queue and /history show and
+    each PNG holds, as ComfyUI's SaveImage writes the whole prompt), its roles; with several chains its place and the
+    prompt's id (the first's job)."""
+    used = {n for job in jobs for n in job.nodes.values()}
+    origin = {"api": "comfyui", "client_id": client_id, "graph": {n: v for n, v in graph.items() if n in used},
+              "nodes": jobs[k].nodes}
+    if len(jobs) > 1:
+        origin.update(chain=k, chains=len(jobs), **({"prompt_id": subs[0].job} if k else {}))
+    return origin
+
+
+async def _withdraw(front, subs) -> None:
+    """Cancel the jobs of a prompt queued before one of its chains was refused (quietly: the client heard a 4xx)."""
+    for sub in subs:
+        front.tracker.silenced.add(sub.job)
+        try:
+            await front.link.call(m.Cancel(job=sub.job), m.Ok)
+        except (DaemonRefused, DaemonDown):
+            pass                                     # ended or unreachable: nothing more to take back
 
 
 async def get_prompt(request: web.Request) -> web.Response:
@@ -92,8 +124,9 @@ async def get_queue(request: web.Request) -> web.Response:
     tracker = request.app[FRONT].tracker
     active = await tracker.fresh()
     names = await tracker.names()
-    return json_response({"queue_running": [shapes.queue_item(j, names) for j in active.values() if j.running],
-                          "queue_pending": [shapes.queue_item(j, names) for j in active.values() if not j.running]})
+    prompts = group(active.values())
+    return json_response({"queue_running": [shapes.queue_item(p, names) for p in prompts if p.running],
+                          "queue_pending": [shapes.queue_item(p, names) for p in prompts if not p.running]})
 
 
 async def post_queue(request: web.Request) -> web.Response:
@@ -102,9 +135,9 @@ async def post_queue(request: web.Request) -> web.Response:
     still waits: CANCEL queued_only), an unknown or finished one ignored."""
     front = request.app[FRONT]
     body = await read_json(request)
-    ids = [d for d in _prompt_ids(body, "delete") if JOB_ID_RE.match(d)]
-    if body.get("clear"):
-        ids += [j.id for j in (await front.tracker.fresh(0.0)).values() if not j.running]
+    wanted = set(_prompt_ids(body, "delete"))
+    waiting = [p for p in group((await front.tracker.fresh(0.0)).values()) if not p.running]
+    ids = [j.id for p in waiting if body.get("clear") or p.id in wanted for j in p.parts]
     for job_id in dict.fromkeys(ids):
         try:
             await front.link.call(m.Cancel(job=job_id, queued_only=True), m.Ok)
@@ -126,16 +159,22 @@ async def post_interrupt(request: web.Request) -> web.Response:
             raise refuse(400, "prompt_id must be a string")
     await front.tracker.fresh(0.0)
     job = front.tracker.running()
-    if job is not None and want in (None, job.id):
+    if job is not None and want in (None, job.prompt_id):
         try:
             await cancel_job(front, job.id)
         except DaemonRefused:
             pass                                     # it ended meanwhile: nothing to interrupt
+        await front.tracker.end_prompt(job)          # and its chains still to run
     return web.Response(status=200)
 
 
 def _finished(jobs) -> list[JobView]:
     return [v for v in map(JobView.of, jobs) if v.finished]
+
+
+def _history(jobs: list[JobView], names) -> dict:
+    """The finished prompts among finished jobs (every chain's job listed), oldest first."""
+    return {p.id: shapes.history_entry(p, names) for p in group(jobs) if p.finished}
 
 
 async def get_history(request: web.Request) -> web.Response:
@@ -150,10 +189,11 @@ async def get_history(request: web.Request) -> web.Response:
     out: list[JobView] = []
     async for page in front.link.status_pages(detail=True, limit=HISTORY_PAGE):
         out = _finished(page) + out
-        if len(out) >= max_items:
+        if len({j.prompt_id for j in out}) > max_items:      # one more: the oldest may lack a chain
             break
     names = await front.tracker.names()
-    return json_response({j.id: shapes.history_entry(j, names) for j in out[-max_items:]})
+    history = _history(out, names)
+    return json_response(dict(list(history.items())[-max_items:]))
 
 
 def _prompt_ids(body: dict, key: str) -> list[str]:
@@ -186,9 +226,12 @@ async def get_history_item(request: web.Request) -> web.Response:
         if e.unknown_job:
             return json_response({})
         raise
-    jobs = _finished(reply.jobs)
+    first = JobView.of(reply.jobs[0])
+    if first.prompt_id != first.id:
+        return json_response({})                      # a later chain's job: its prompt has the first's id
+    prompt = await prompt_parts(front.link, first)
     names = await front.tracker.names()
-    return json_response({j.id: shapes.history_entry(j, names) for j in jobs})
+    return json_response(_history(list(prompt.parts), names))
 
 
 async def get_view(request: web.Request) -> web.Response:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from orchestrator.comfy_graph import output_nodes
 from orchestrator.comfy_nodes import ModelNames
+from orchestrator.http.comfy_prompt import PromptView
 from orchestrator.http.views import STATE_ROLE, JobView
 
 IMAGE_FILE = "image.png"        # in the job folder; /view?filename=image.png&subfolder=JOB&type=output
@@ -30,13 +31,16 @@ def status(queue_remaining: int) -> dict:
 
 
 def executing(job: JobView, node: str | None) -> tuple[str, dict]:
-    return "executing", {"node": node, "display_node": node, "prompt_id": job.id}
+    return "executing", {"node": node, "display_node": node, "prompt_id": job.prompt_id}
 
 
 def start(job: JobView) -> list[tuple[str, dict]]:
+    """A prompt's start, when its first chain's job starts (a later chain's start is its nodes' `executing`)."""
+    if job.chain[0]:
+        return []
     t = ts(job.info.updated)
-    return [("execution_start", {"prompt_id": job.id, "timestamp": t}),
-            ("execution_cached", {"nodes": [], "prompt_id": job.id, "timestamp": t})]
+    return [("execution_start", {"prompt_id": job.prompt_id, "timestamp": t}),
+            ("execution_cached", {"nodes": [], "prompt_id": job.prompt_id, "timestamp": t})]
 
 
 def state_node(job: JobView) -> str | None:
@@ -49,7 +53,7 @@ def progress(job: JobView) -> tuple[str, dict] | None:
     if p is None or job.state != "denoising":
         return None
     node = job.nodes["sampler"]
-    return "progress", {"value": p.step, "max": p.steps, "prompt_id": job.id, "node": node}
+    return "progress", {"value": p.step, "max": p.steps, "prompt_id": job.prompt_id, "node": node}
 
 
 def _node_type(job: JobView, node: str, names: ModelNames) -> str:
@@ -58,20 +62,23 @@ def _node_type(job: JobView, node: str, names: ModelNames) -> str:
 
 
 def end(job: JobView, names: ModelNames) -> list[tuple[str, dict]]:
-    """What ComfyUI sends when a prompt ends: success (each output node's images: SaveImage, PreviewImage), error, or
-    interruption; then `executing` with node None."""
+    """What ComfyUI sends when a job ends: each output node's images (SaveImage, PreviewImage) as it executes; then,
+    when the prompt ends (its last chain done, or this chain failed or was interrupted: ComfyUI runs nothing after
+    a node's error), success, error or interruption and `executing` with node None."""
     t = ts(job.info.updated)
     out: list[tuple[str, dict]] = []
     if job.state == "done":
         for save in output_nodes(job.nodes):
             out += [executing(job, save),
                     ("executed", {"node": save, "display_node": save, "output": {"images": images(job)},
-                                  "prompt_id": job.id})]
-        out.append(("execution_success", {"prompt_id": job.id, "timestamp": t}))
+                                  "prompt_id": job.prompt_id})]
+        if job.chain[0] < job.chain[1] - 1:
+            return out                               # the next chain runs on
+        out.append(("execution_success", {"prompt_id": job.prompt_id, "timestamp": t}))
     else:
         node = job.nodes[STAGE_ROLE.get(job.info.error_stage, "sampler")]
-        base = {"prompt_id": job.id, "node_id": node, "node_type": _node_type(job, node, names), "executed": [],
-                "timestamp": t}
+        base = {"prompt_id": job.prompt_id, "node_id": node, "node_type": _node_type(job, node, names),
+                "executed": [], "timestamp": t}
         if job.state == "cancelled":
             out.append(("execution_interrupted", base))
         else:
@@ -82,24 +89,27 @@ def end(job: JobView, names: ModelNames) -> list[tuple[str, dict]]:
     return out
 
 
-def queue_item(job: JobView, names: ModelNames) -> list:
-    """[number, prompt_id, prompt, extra_data, outputs_to_execute]."""
+def queue_item(prompt: PromptView, names: ModelNames) -> list:
+    """[number, prompt_id, prompt, extra_data, outputs_to_execute]: the graph as sent (kept with the first chain's
+    job), every chain's output nodes."""
+    job = prompt.first
     extra = {"client_id": job.client_id} if job.client_id else {}
-    return [job.number, job.id, job.graph(names), extra, output_nodes(job.nodes)]
+    return [job.number, prompt.id, job.graph(names), extra, [n for p in prompt.parts for n in output_nodes(p.nodes)]]
 
 
-def history_entry(job: JobView, names: ModelNames) -> dict:
-    """One finished prompt: the queue item, its outputs by node id (each output node the job's images), its status
-    and messages, meta."""
-    saves = output_nodes(job.nodes) if job.state == "done" else []
-    kind = {"done": "execution_success", "cancelled": "execution_interrupted"}.get(job.state, "execution_error")
-    messages = [["execution_start", {"prompt_id": job.id, "timestamp": ts(job.info.created)}],
-                [kind, {"prompt_id": job.id, "timestamp": ts(job.info.updated)}]]
+def history_entry(prompt: PromptView, names: ModelNames) -> dict:
+    """One finished prompt: the queue item, its outputs by node id (each output node of a chain that ended done:
+    its job's images, as ComfyUI keeps what executed before an error), its status and messages, meta."""
+    saves = [(save, p) for p in prompt.parts if p.state == "done" for save in output_nodes(p.nodes)]
+    ended = next((p for p in prompt.parts if p.state != "done"), prompt.parts[-1])
+    kind = {"done": "execution_success", "cancelled": "execution_interrupted"}.get(ended.state, "execution_error")
+    messages = [["execution_start", {"prompt_id": prompt.id, "timestamp": ts(prompt.first.info.created)}],
+                [kind, {"prompt_id": prompt.id, "timestamp": ts(ended.info.updated)}]]
     if kind == "execution_error":
-        messages[-1][1].update(exception_message=job.info.error, exception_type=f"anima.{job.info.error_stage}")
-    return {"prompt": queue_item(job, names),
-            "outputs": {save: {"images": images(job)} for save in saves},
-            "status": {"status_str": "success" if job.state == "done" else "error", "completed": job.state == "done",
-                       "messages": messages},
+        messages[-1][1].update(exception_message=ended.info.error, exception_type=f"anima.{ended.info.error_stage}")
+    done = prompt.state == "done"
+    return {"prompt": queue_item(prompt, names),
+            "outputs": {save: {"images": images(p)} for save, p in saves},
+            "status": {"status_str": "success" if done else "error", "completed": done, "messages": messages},
             "meta": {save: {"node_id": save, "display_node": save, "parent_node": None, "real_node_id": save}
-                     for save in saves}}
+                     for save, _ in saves}}

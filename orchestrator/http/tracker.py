@@ -4,7 +4,10 @@ The front keeps no queue: every `poll_s` (while a job is followed or a WebSocket
 for the queued and running jobs (STATUS active, detail, every page of it) and turns what changed into ComfyUI's
 messages (to the client that submitted the job) and `anima.progress` / `anima.job` (to every client: the page shows
 any job).
-A job that leaves the active set is asked for once more to learn how it ended.
+A job that leaves the active set is asked for once more to learn how it ended. A prompt of several independent
+chains (one job each, orchestrator/http/comfy_prompt.py) is announced as one: started by its first job, ended by its
+last, or by a chain that fails or is interrupted, whose later chains are then cancelled without a word (ComfyUI runs
+nothing of a prompt after a node's error).
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ class Tracker:
         self.active: dict[str, JobView] = {}         # queued and running, oldest first (the last STATUS)
         self.followed: dict[str, JobView | None] = {}  # jobs whose end is still to be announced -> last view
         self.waiters: dict[str, list[asyncio.Future]] = {}
+        self.silenced: set[str] = set()              # jobs of a prompt that ended early: their end is not announced
         self.refreshed_at = 0.0
         self.remaining = 0
         self._lock = asyncio.Lock()
@@ -99,7 +103,25 @@ class Tracker:
         return [("status", {**shapes.status(self.queue_remaining()), "sid": sid})]
 
     def queue_remaining(self) -> int:
-        return len(set(self.active) | {j for j, v in self.followed.items() if v is None or not v.finished})
+        """ComfyUI's count: prompts queued or running (a prompt's chains are one)."""
+        jobs = {j: self.active.get(j) for j in self.active}
+        jobs.update({j: v for j, v in self.followed.items() if j not in jobs and (v is None or not v.finished)})
+        return len({v.prompt_id if v is not None else j for j, v in jobs.items() if j not in self.silenced})
+
+    async def end_prompt(self, job: JobView) -> None:
+        """The prompt of `job` ended with it (failed, interrupted): its chains still queued or running are cancelled,
+        their ends not announced."""
+        if job.chain[1] == 1:
+            return
+        for other in list(self.active.values()):
+            if other.prompt_id == job.prompt_id and other.id != job.id and not other.finished:
+                self.silenced.add(other.id)
+                self.follow(other.id)
+                try:
+                    await self.link.call(m.Cancel(job=other.id), m.Ok)
+                except DaemonRefused:
+                    pass                             # it ended meanwhile
+
 
     # ------------------------------------------------------------ the loop
 
@@ -160,7 +182,7 @@ class Tracker:
                 await self.hub.send("status", shapes.status(remaining))
 
     async def _announce(self, job: JobView, prev: JobView | None) -> None:
-        sid = job.client_id
+        sid = None if job.id in self.silenced else job.client_id
         before = prev.state if prev is not None else "queued"
         if sid and job.running and before == "queued":
             for kind, data in shapes.start(job):
@@ -194,13 +216,17 @@ class Tracker:
         job = JobView.of(reply.jobs[0])
         if not job.finished:                       # between two looks it moved on, not out: look next time
             return
-        sid = job.client_id
+        quiet = job_id in self.silenced
+        self.silenced.discard(job_id)
+        sid = None if quiet else job.client_id
         if sid:
             if last is None or not last.running:      # it ran and ended between two looks
                 for kind, data in shapes.start(job):
                     await self.hub.send(kind, data, sid)
             for kind, data in shapes.end(job, names):
                 await self.hub.send(kind, data, sid)
+        if job.state != "done" and not quiet:
+            await self.end_prompt(job)
         await self.hub.send("anima.job", {"job": job.id, "state": job.state, "error": job.info.error})
         self.followed.pop(job_id, None)
         for fut in self.waiters.get(job_id, []):

@@ -66,6 +66,20 @@ class JobView:
         return cid if isinstance(cid, str) and cid else None
 
     @property
+    def prompt_id(self) -> str:
+        """The ComfyUI prompt it is a chain of: the id of its first chain's job (its own for a graph of one chain
+        and for jobs from elsewhere)."""
+        pid = self.origin.get("prompt_id") if self.api == "comfyui" else None
+        return pid if isinstance(pid, str) and pid else self.id
+
+    @property
+    def chain(self) -> tuple[int, int]:
+        """(its place among the prompt's independent chains, how many there are): (0, 1) for one chain."""
+        k, n = self.origin.get("chain", 0), self.origin.get("chains", 1)
+        ok = isinstance(k, int) and isinstance(n, int) and 0 <= k < n
+        return (k, n) if ok and self.api == "comfyui" else (0, 1)
+
+    @property
     def nodes(self) -> dict[str, str]:
         """Role -> node id: the client's ids for a ComfyUI job, else the canonical graph's."""
         nodes = self.origin.get("nodes") if self.api == "comfyui" else None

@@ -5,8 +5,8 @@ from __future__ import annotations
 from models.sampling.denoise import STATE_FILE
 from orchestrator.job_files import (COND_FILE, HIRES_COND_FILE, HIRES_TEXT_FILE, HIRES_UNCOND_FILE, INIT_IMAGE_FILE,
                                     INIT_LATENT_FILE, MASK_FILE, TEXT_FILE, UNCOND_FILE, batch_name)
-from orchestrator.plan.steps import (Decode, Deliver, Denoise, EncodeImage, EncodeText, HiresDenoise, PixelStart,
-                                     Plan, Step)
+from orchestrator.plan.steps import (CropImage, Decode, Deliver, Denoise, EncodeImage, EncodeText, HiresDenoise,
+                                     PixelStart, Plan, Step)
 from protocol.prompt import PromptSpec
 
 CONTEXTS = (TEXT_FILE, COND_FILE, UNCOND_FILE)
@@ -91,13 +91,24 @@ def decoded_sizes(spec: PromptSpec) -> list[tuple[str, tuple[int, int]]]:
     return ([("width", base)] if spec.hires.space == "pixel" else []) + [("hires", second)]
 
 
+def _decode_steps(spec: PromptSpec, images: tuple[str, ...]) -> list[Step]:
+    """Each image's final latent to its PNG; with an ImageCrop, the VAE's PNGs first (decoded.png ...), then each
+    cut into its image."""
+    if spec.crop is None:
+        return [Decode(pos, inputs=(final_latent_file(spec, pos),), outputs=(images[pos],))
+                for pos in range(spec.batch)]
+    decoded = [batch_name("decoded", ".png", pos) for pos in range(spec.batch)]
+    return ([Decode(pos, inputs=(final_latent_file(spec, pos),), outputs=(decoded[pos],)) for pos in range(spec.batch)]
+            + [CropImage(pos, inputs=(decoded[pos],), outputs=(images[pos],)) for pos in range(spec.batch)])
+
+
 def build_plan(spec: PromptSpec) -> Plan:
     """The steps of a job, in an order that runs them: its contexts (and init latent), each image's first pass, the
-    hires fix's second pass, each image decoded, then all delivered."""
+    hires fix's second pass, each image decoded (and cut), then all delivered."""
     steps = _encode_steps(spec) + [_first_pass(spec, pos) for pos in range(spec.batch)]
     if spec.hires is not None:
         steps += _hires_steps(spec)
     images = tuple(batch_name("image", ".png", pos) for pos in range(spec.batch))
-    steps += [Decode(pos, inputs=(final_latent_file(spec, pos),), outputs=(images[pos],)) for pos in range(spec.batch)]
+    steps += _decode_steps(spec, images)
     steps.append(Deliver(inputs=images))
     return Plan(tuple(steps))

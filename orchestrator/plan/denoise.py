@@ -119,7 +119,8 @@ class DenoiseSteps:
         sampler = h.sampler or s.sampler
         # the job's Spectrum, unless the second pass's sampler is one it does not fit (asked for: refused at submit)
         spectrum = s.spectrum if spectrum_refusal(sampler) is None else SpectrumSettings(enabled=False)
-        batch = dict(noise_index=pos, batch_size=self.batch, batch_pos=pos) if self.batch > 1 else {}
+        # the latent path keeps ComfyUI's batch_index through KSampler and LatentUpscale; VAEEncode's latent has none
+        batch = self._batch_params(pos, self.spec.batch_index if h.space != "pixel" else 0)
         params = m.DenoiseParams(seed=s.seed if h.seed is None else h.seed, steps=h.steps or s.steps,
                                  cfg=s.cfg if h.cfg is None else h.cfg, sampler=sampler,
                                  scheduler=h.scheduler or s.scheduler, width=self.pack.width, height=self.pack.height,
@@ -130,9 +131,16 @@ class DenoiseSteps:
         self._run_denoise(params, self.dir / batch_name("hires", "", pos), {"init_latent": self.init_latent},
                           batch_name("hires_latent", ".npy", pos), sampling_pass="hires")
 
+    def _batch_params(self, pos: int, first: int) -> dict:
+        """Image `pos`'s place in ComfyUI's batch: its noise (the draw of index first + pos: one randn over the batch,
+        or past a LatentFromBatch one draw per index, the same numbers) and its slot in the batch its samplers see."""
+        if self.batch == 1 and first == 0:
+            return {}
+        return dict(noise_index=first + pos, batch_size=self.batch, batch_pos=pos)
+
     def _denoise_one(self, pos: int) -> None:
         s = self.spec
-        batch = dict(noise_index=pos, batch_size=self.batch, batch_pos=pos) if self.batch > 1 else {}
+        batch = self._batch_params(pos, s.batch_index)
         params = m.DenoiseParams(seed=s.seed, steps=s.steps, cfg=s.cfg, sampler=s.sampler, scheduler=s.scheduler,
                                  width=self.pack.width, height=self.pack.height,
                                  spectrum=s.spectrum, denoise=s.denoise, cache=s.cache, start_step=s.start_step,

@@ -24,8 +24,9 @@ from orchestrator.plan.deliver import DeliverStep
 from orchestrator.plan.denoise import DenoiseSteps
 from orchestrator.plan.encode import TextSteps
 from orchestrator.plan.job_io import load_npy, load_text
-from orchestrator.plan.steps import ENCODER, Decode, Deliver, Denoise, EncodeImage, EncodeText, HiresDenoise, \
-    PixelStart, Step
+from orchestrator.plan.image_ops import ImageSteps
+from orchestrator.plan.steps import ENCODER, CropImage, Decode, Deliver, Denoise, EncodeImage, EncodeText, \
+    HiresDenoise, PixelStart, Step
 from orchestrator.plan.vae import VaeSteps
 from orchestrator.report import JobReport
 from orchestrator.stage_control import Cancelled, StageControl, StageFailed, Stopping
@@ -36,10 +37,11 @@ log = logging.getLogger("orchestrator.plan")
 KIND = {n: f.name for f in JOB_FILES for n in names(f)}     # latent_1.npy -> latent.npy: the file's kind
 EXECUTORS = {EncodeText: TextSteps._step_encode_text, EncodeImage: VaeSteps._step_encode_image,
              Denoise: DenoiseSteps._step_denoise, PixelStart: VaeSteps._step_pixel_start,
-             HiresDenoise: DenoiseSteps._step_hires, Decode: VaeSteps._step_decode, Deliver: DeliverStep._step_deliver}
+             HiresDenoise: DenoiseSteps._step_hires, Decode: VaeSteps._step_decode,
+             CropImage: ImageSteps._step_crop_image, Deliver: DeliverStep._step_deliver}
 
 
-class PlanRunner(JobChecks, TextSteps, VaeSteps, DenoiseSteps, DeliverStep):
+class PlanRunner(JobChecks, TextSteps, VaeSteps, DenoiseSteps, ImageSteps, DeliverStep):
     """Runs one job to done/failed/cancelled: its plan's steps, its states and what the job records (report, job
     folder). `d` is the Daemon (sockets, store, supervisor, idle pump); `control` drives the stages."""
 

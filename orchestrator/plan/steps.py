@@ -87,6 +87,14 @@ class Decode(Step):
 
 
 @dataclass(frozen=True)
+class CropImage(Step):
+    """Image `pos`'s decoded PNG cut as ComfyUI's ImageCrop (the daemon alone, after every image is decoded: the VAE
+    comes up once for the batch), its metadata kept."""
+    per_image: ClassVar[bool] = True
+    phase: ClassVar[str] = DECODING
+
+
+@dataclass(frozen=True)
 class Deliver(Step):
     """Every image copied to the prompt's `output` once all are decoded (outside the job folder: it always runs)."""
     phase: ClassVar[str] = DECODING
