@@ -9,6 +9,7 @@ from typing import Annotated, ClassVar, Literal
 from models.lora.choice import MAX_LORAS, LoraChoice
 from models.sampling.sampler import (DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLER_NAMES, SCHEDULER_NAMES,
                                      cfg_passes, spectrum_refusal)
+from models.sampling.bounds import CFG, STEPS, Cfg, Steps
 from models.sampling.img2img import DENOISE_STEPS, LatentPlan, passes_through
 from models.sampling.latent_ops import LATENT_SCALE, UPSCALE_METHODS, LatentOpError, schedule_steps, upscale_size
 from models.sampling.schedules import DEFAULT_SHIFT
@@ -19,8 +20,8 @@ from models.text.prompt_weights import PromptWeightError, check_prompt
 
 MAX_FILE_BYTES = 64 * 1024      # a prompt file larger than this is refused before parsing
 MAX_PROMPT_CHARS = 4000         # per prompt (the text encoder keeps at most 512 tokens anyway)
-MAX_STEPS = 200
-MAX_CFG = 30.0
+MAX_STEPS = STEPS.hi            # models/sampling/bounds.py: one record of the sampling bounds
+MAX_CFG = CFG.hi
 MAX_SIDE = 4096                 # pixels
 SEED_LIMIT = 2 ** 64            # seeds are 0 <= seed < 2^64
 DEFAULT_STEPS = 30
@@ -176,7 +177,7 @@ class HiresSettings(Record, frozen=True):
     negative_prompt: Text(MAX_PROMPT_CHARS) | None = None
     sampler: Literal[SAMPLER_NAMES] | None = None
     scheduler: Literal[SCHEDULER_NAMES] | None = None
-    cfg: Float(1.0, MAX_CFG) | None = None
+    cfg: Cfg | None = None
     seed: Int(0, SEED_LIMIT - 1) | None = None
 
     def size(self, width: int, height: int) -> tuple[int, int]:
@@ -202,8 +203,8 @@ class PromptFile(Record, frozen=True):
     seed: Int(0, SEED_LIMIT - 1) | None = None
     # omitted or null: the settings the job's pack records for its model (models/packs/sampling.py), else
     # DEFAULT_SAMPLING (resolve_prompt fills them)
-    steps: Int(1, MAX_STEPS) | None = None
-    cfg: Float(1.0, MAX_CFG) | None = None
+    steps: Steps | None = None
+    cfg: Cfg | None = None
     width: Side | None = None            # None: the pack's resolution (filled by `with_resolution`)
     height: Side | None = None
     sampler: Literal[SAMPLER_NAMES] | None = None
@@ -348,8 +349,8 @@ class PromptSpec(PromptFile, frozen=True):
     settings record and `output` an absolute path (of a .png file or of a directory; None: the job folder)."""
 
     SPECTRUM_AS_ASKED: ClassVar[bool] = False
-    steps: Int(1, MAX_STEPS) = DEFAULT_STEPS
-    cfg: Float(1.0, MAX_CFG) = DEFAULT_CFG
+    steps: Steps = DEFAULT_STEPS
+    cfg: Cfg = DEFAULT_CFG
     sampler: Literal[SAMPLER_NAMES] = DEFAULT_SAMPLER
     scheduler: Literal[SCHEDULER_NAMES] = DEFAULT_SCHEDULER
     spectrum: SpectrumSettings = SpectrumSettings()
