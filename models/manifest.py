@@ -21,7 +21,7 @@ from typing import Any, Callable, ClassVar, Iterable
 from models.durable import atomic_write
 from models.lazy import import_target
 from models.sampling.bounds import Cfg, Steps
-from models.schema import Float, Int, Record, SchemaError, Text, Wording
+from models.schema import Int, Record, SchemaError, Text, Wording
 
 MANIFEST = "manifest.json"
 HASH_CHUNK = 8 * 1024 * 1024          # bytes per read when hashing
