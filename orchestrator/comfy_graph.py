@@ -41,6 +41,7 @@ from models.sampling.step_cache import NODE_NAMES as CACHE_NODES, CacheSettings
 from protocol.prompt import HiresSettings
 from orchestrator.comfy_nodes import (ANIMA_CLIP_TYPE, InputSpec, ModelNames, NodeSpec, carried, node_table,
                                       places_in_order)
+from orchestrator.comfy_nodes import image_nodes, object_info, _cache_nodes, _spectrum_node  # noqa: F401 (tests' names)
 from orchestrator.prompt_spec import MAX_BATCH, PromptError, parse_prompt_obj
 
 MAX_NODES = 64                  # a text-to-image graph has 9 or 10; anything far larger is not one

@@ -28,7 +28,7 @@ from models.sampling.bounds import CFG, STEPS
 from models.sampling.sampler import DEFAULT_SCHEDULER, DEFAULT_SHIFT, SAMPLER_NAMES, SCHEDULER_NAMES
 from models.sampling.spectrum import SpectrumSettings
 from models.sampling.step_cache import NODE_NAMES as CACHE_NODES, CacheSettings
-from orchestrator.prompt_spec import DEFAULT_CFG, DEFAULT_STEPS, MAX_BATCH, MAX_SIDE, SEED_LIMIT
+from orchestrator.prompt_spec import DEFAULT_CFG, DEFAULT_STEPS, MAX_BATCH, MAX_CFG, MAX_SIDE, MAX_STEPS, SEED_LIMIT
 
 CLIP_TYPES = ("stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart", "cosmos",
               "lumina2", "wan", "hidream", "chroma", "ace", "omnigen2", "qwen_image", "hunyuan_image", "flux2", "ovis",
@@ -160,8 +160,8 @@ def _seed_input(name: str) -> InputSpec:
 
 def _pass_inputs() -> tuple[InputSpec, ...]:
     """The inputs both samplers share, in ComfyUI's order after the seed: steps to latent_image."""
-    return (InputSpec("steps", "INT", DEFAULT_STEPS, dict(min=STEPS.lo, max=STEPS.hi)),
-            InputSpec("cfg", "FLOAT", DEFAULT_CFG, dict(min=CFG.lo, max=CFG.hi, step=0.1, round=0.01)),
+    return (InputSpec("steps", "INT", DEFAULT_STEPS, dict(min=STEPS.lo, max=MAX_STEPS)),
+            InputSpec("cfg", "FLOAT", DEFAULT_CFG, dict(min=CFG.lo, max=MAX_CFG, step=0.1, round=0.01)),
             _combo("sampler_name", SAMPLER_NAMES), _combo("scheduler", SCHEDULER_NAMES, DEFAULT_SCHEDULER),
             InputSpec("positive", "CONDITIONING"), InputSpec("negative", "CONDITIONING"),
             InputSpec("latent_image", "LATENT"))

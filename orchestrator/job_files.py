@@ -80,9 +80,3 @@ def names(f: JobFile) -> tuple[str, ...]:
 
 # the names only the daemon writes: their temporaries are stale whenever a daemon starts
 DAEMON_FILES = frozenset(n for f in JOB_FILES if f.writer == DAEMON for n in names(f))
-
-
-def image_names(count: int = MAX_BATCH) -> tuple[str, ...]:
-    """The PNGs of a job of `count` images: image.png, image_1.png ... (what /view serves and /history lists)."""
-    stem, dot, suffix = IMAGE_FILE.rpartition(".")
-    return tuple(batch_name(stem, dot + suffix, pos) for pos in range(count))

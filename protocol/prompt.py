@@ -349,8 +349,8 @@ class PromptSpec(PromptFile, frozen=True):
     settings record and `output` an absolute path (of a .png file or of a directory; None: the job folder)."""
 
     SPECTRUM_AS_ASKED: ClassVar[bool] = False
-    steps: Steps = DEFAULT_STEPS
-    cfg: Cfg = DEFAULT_CFG
+    steps: Int(1, MAX_STEPS) = DEFAULT_STEPS
+    cfg: Float(1.0, MAX_CFG) = DEFAULT_CFG
     sampler: Literal[SAMPLER_NAMES] = DEFAULT_SAMPLER
     scheduler: Literal[SCHEDULER_NAMES] = DEFAULT_SCHEDULER
     spectrum: SpectrumSettings = SpectrumSettings()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from orchestrator.comfy_graph import output_nodes
 from orchestrator.comfy_nodes import ModelNames
 from orchestrator.http.views import STATE_ROLE, JobView
-from orchestrator.job_files import image_names
 
+IMAGE_FILE = "image.png"        # in the job folder; /view?filename=image.png&subfolder=JOB&type=output
 STAGE_ROLE = {"encoder": "positive", "scheduler": "sampler", "executor": "sampler", "vae": "decode"}  # a failure's node
 
 
@@ -15,10 +15,9 @@ def ts(t: float) -> int:
 
 
 def image_files(job: JobView) -> list[str]:
-    """The job folder's PNGs (/view?filename=image.png&subfolder=JOB&type=output): image.png, then a batch's
-    image_1.png ..."""
+    """The job folder's PNGs: image.png, then a batch's image_1.png ... (orchestrator.job_files.batch_name)."""
     n = job.spec.get("batch", 1) if isinstance(job.spec.get("batch"), int) else 1
-    return list(image_names(max(n, 1)))
+    return [IMAGE_FILE] + [f"image_{pos}.png" for pos in range(1, n)]
 
 
 def images(job: JobView) -> list[dict]:

@@ -12,11 +12,11 @@ import os
 import stat
 from pathlib import Path
 
-from orchestrator.job_files import IMAGE_FILE, REPORT_FILE, TIMING_FILE, image_names
 from orchestrator.job_record import JOB_ID_RE
+from protocol.prompt import MAX_BATCH
 
-_TYPES = {".png": "image/png", ".json": "application/json"}
-ALLOWED = {name: _TYPES[Path(name).suffix] for name in (IMAGE_FILE, TIMING_FILE, REPORT_FILE, *image_names()[1:])}
+ALLOWED = {"image.png": "image/png", "timing.png": "image/png", "report.json": "application/json",
+           **{f"image_{pos}.png": "image/png" for pos in range(1, MAX_BATCH)}}     # a batch's other images
 MAX_FILE_BYTES = 64 * 2**20
 
 
