@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from tests.test_layout_rules import import_graph
 
-FRONTS = ("orchestrator.cli", "orchestrator.demo", "orchestrator.http", "orchestrator.a1111_names",
-          "orchestrator.comfy_graph", "orchestrator.comfy_nodes", "orchestrator.comfy_workflow")
+FRONTS = ("orchestrator.cli", "orchestrator.demo", "orchestrator.http", "orchestrator.a1111_names")
+COMFY = "orchestrator.comfy_"           # comfy_nodes, comfy_graph, comfy_workflow ...: ComfyUI's vocabulary
 
 # the engine writes a PNG's A1111 and ComfyUI metadata itself (issue 42: to be handed the formatters instead); a job's
 # init image is checked with /view's own rules
@@ -23,7 +23,7 @@ KNOWN_UPWARD = frozenset({
 
 
 def is_front(module: str) -> bool:
-    return any(module == f or module.startswith(f + ".") for f in FRONTS)
+    return module.startswith(COMFY) or any(module == f or module.startswith(f + ".") for f in FRONTS)
 
 
 def engine_imports_of_fronts(graph: dict) -> set[str]:
@@ -43,5 +43,7 @@ def test_known_upward_links_can_only_shrink():
 
 def test_the_rule_finds_an_engine_module_importing_a_front():
     graph = {"orchestrator.jobs": {"orchestrator.http.page", "orchestrator.job_files"},
-             "orchestrator.http.page": {"orchestrator.jobs"}, "orchestrator.cli": {"orchestrator.daemon"}}
-    assert engine_imports_of_fronts(graph) == {"orchestrator.jobs imports orchestrator.http.page"}
+             "orchestrator.http.page": {"orchestrator.jobs"}, "orchestrator.cli": {"orchestrator.daemon"},
+             "orchestrator.comfy_new": {"orchestrator.comfy_nodes"}, "orchestrator.daemon": {"orchestrator.comfy_new"}}
+    assert engine_imports_of_fronts(graph) == {"orchestrator.jobs imports orchestrator.http.page",
+                                               "orchestrator.daemon imports orchestrator.comfy_new"}
