@@ -20,7 +20,8 @@ from typing import Any, Callable, ClassVar, Iterable
 
 from models.durable import atomic_write
 from models.lazy import import_target
-from models.schema import Float, Int, Record, SchemaError, Text, Wording
+from models.sampling.bounds import Cfg, Steps
+from models.schema import Int, Record, SchemaError, Text, Wording
 
 MANIFEST = "manifest.json"
 HASH_CHUNK = 8 * 1024 * 1024          # bytes per read when hashing
@@ -327,8 +328,8 @@ class ManifestRecord(Record, frozen=True, forbid_unknown_fields=False):
 
 class SamplingRecord(ManifestRecord, frozen=True, forbid_unknown_fields=True):
     """`sampling`: the settings a job takes when it sets none (KSampler's steps, cfg, sampler_name, scheduler)."""
-    steps: Int(1, 200)
-    cfg: Float(1.0, 30.0)
+    steps: Steps
+    cfg: Cfg
     sampler: Text(64, 1)
     scheduler: Text(64, 1)
 

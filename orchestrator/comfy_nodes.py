@@ -24,6 +24,7 @@ from models.images.crop import MAX_CROP_SIDE
 from models.images.decode import CHANNELS
 from models.lora.plan import MAX_STRENGTH
 from models.sampling import latent_ops as lo
+from models.sampling.bounds import CFG, STEPS
 from models.sampling.sampler import DEFAULT_SCHEDULER, DEFAULT_SHIFT, SAMPLER_NAMES, SCHEDULER_NAMES
 from models.sampling.spectrum import SpectrumSettings
 from models.sampling.step_cache import NODE_NAMES as CACHE_NODES, CacheSettings
@@ -159,8 +160,8 @@ def _seed_input(name: str) -> InputSpec:
 
 def _pass_inputs() -> tuple[InputSpec, ...]:
     """The inputs both samplers share, in ComfyUI's order after the seed: steps to latent_image."""
-    return (InputSpec("steps", "INT", DEFAULT_STEPS, dict(min=1, max=MAX_STEPS)),
-            InputSpec("cfg", "FLOAT", DEFAULT_CFG, dict(min=1.0, max=MAX_CFG, step=0.1, round=0.01)),
+    return (InputSpec("steps", "INT", DEFAULT_STEPS, dict(min=STEPS.lo, max=MAX_STEPS)),
+            InputSpec("cfg", "FLOAT", DEFAULT_CFG, dict(min=CFG.lo, max=MAX_CFG, step=0.1, round=0.01)),
             _combo("sampler_name", SAMPLER_NAMES), _combo("scheduler", SCHEDULER_NAMES, DEFAULT_SCHEDULER),
             InputSpec("positive", "CONDITIONING"), InputSpec("negative", "CONDITIONING"),
             InputSpec("latent_image", "LATENT"))

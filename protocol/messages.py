@@ -52,6 +52,7 @@ from models.lora.choice import MAX_LORAS, LoraChoice
 from models.schema import fields_of
 from models.sampling.img2img import DENOISE_STEPS
 from models.sampling.latent_ops import LatentOpError, schedule_steps
+from models.sampling.bounds import Cfg, Steps
 from models.sampling.spectrum import SpectrumSettings
 from models.sampling.step_cache import CacheSettings
 from protocol.prompt import MAX_NOISE_INDEX, CondEntry, PromptFile
@@ -63,7 +64,7 @@ PROTOCOL_VERSION = 1
 HEARTBEAT_INTERVAL_S = 1.0  # orchestrator → stage HEARTBEAT period
 LIVENESS = 3  # missed heartbeats before a stage counts as dead; 3..5 is reasonable
 MAX_ID = 2**63 - 1
-MAX_STEPS = 1000
+MAX_STEPS = 1000  # step indices and counts in progress and reports; a job's steps: models/sampling/bounds.py
 MAX_BLOCKS = 256
 MAX_PASSES = 2  # CFG: conditional first, then unconditional
 MAX_AHEAD = 8  # branches named in BRANCH.next (prefetch hints)
@@ -152,8 +153,8 @@ class _Record(WireRecord, frozen=True):
 
 class DenoiseParams(_Record, frozen=True):
     seed: Int(0, 2**64 - 1)
-    steps: Step
-    cfg: Float(0.0, 100.0)
+    steps: Steps
+    cfg: Cfg
     sampler: Name = "euler"
     scheduler: Name = "sgm_uniform"
     width: Int(8, 16384)  # pixels
@@ -509,8 +510,8 @@ class SamplingRef(_Record, frozen=True):
     """The sampling settings a pack records for its model (models/packs/sampling.py): a job that sets none takes
     them."""
 
-    steps: Int(1, 1000)
-    cfg: Float(0.0, 100.0)
+    steps: Steps
+    cfg: Cfg
     sampler: Name
     scheduler: Name
 

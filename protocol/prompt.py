@@ -10,6 +10,7 @@ from models.images.crop import MAX_CROP_SIDE
 from models.lora.choice import MAX_LORAS, LoraChoice
 from models.sampling.sampler import (DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLER_NAMES, SCHEDULER_NAMES,
                                      cfg_passes, spectrum_refusal)
+from models.sampling.bounds import CFG, STEPS, Cfg, Steps
 from models.sampling.img2img import DENOISE_STEPS, LatentPlan, passes_through
 from models.sampling.latent_ops import LATENT_SCALE, UPSCALE_METHODS, LatentOpError, schedule_steps, upscale_size
 from models.sampling.schedules import DEFAULT_SHIFT
@@ -20,8 +21,8 @@ from models.text.prompt_weights import PromptWeightError, check_prompt
 
 MAX_FILE_BYTES = 64 * 1024      # a prompt file larger than this is refused before parsing
 MAX_PROMPT_CHARS = 4000         # per prompt (the text encoder keeps at most 512 tokens anyway)
-MAX_STEPS = 200
-MAX_CFG = 30.0
+MAX_STEPS = STEPS.hi            # models/sampling/bounds.py: one record of the sampling bounds
+MAX_CFG = CFG.hi
 MAX_SIDE = 4096                 # pixels
 SEED_LIMIT = 2 ** 64            # seeds are 0 <= seed < 2^64
 DEFAULT_STEPS = 30
@@ -210,7 +211,7 @@ class HiresSettings(Record, frozen=True):
     negative_prompt: Text(MAX_PROMPT_CHARS) | None = None
     sampler: Literal[SAMPLER_NAMES] | None = None
     scheduler: Literal[SCHEDULER_NAMES] | None = None
-    cfg: Float(1.0, MAX_CFG) | None = None
+    cfg: Cfg | None = None
     seed: Int(0, SEED_LIMIT - 1) | None = None
     # the second KSamplerAdvanced's window, as the job's own start_step ... leftover_noise
     start_step: Int(0, 10_000) | None = None
@@ -262,8 +263,8 @@ class PromptFile(Record, frozen=True):
     seed: Int(0, SEED_LIMIT - 1) | None = None
     # omitted or null: the settings the job's pack records for its model (models/packs/sampling.py), else
     # DEFAULT_SAMPLING (resolve_prompt fills them)
-    steps: Int(1, MAX_STEPS) | None = None
-    cfg: Float(1.0, MAX_CFG) | None = None
+    steps: Steps | None = None
+    cfg: Cfg | None = None
     width: Side | None = None            # None: the pack's resolution (filled by `with_resolution`)
     height: Side | None = None
     sampler: Literal[SAMPLER_NAMES] | None = None

@@ -358,7 +358,8 @@ def test_bundle_run_folder_lists_and_checks_its_loader_names(cpu_bundle, tiny_bu
     the files those packs were made from (a client that builds its graph from /object_info finds them), and any
     other name is refused as ComfyUI refuses one not in its list."""
     from models.models_dir import resolve_models
-    from orchestrator.comfy_graph import GraphError, ModelNames, graph_to_job, node_table, object_info
+    from orchestrator.comfy_graph import GraphError, graph_to_job
+    from orchestrator.comfy_nodes import ModelNames, node_table, object_info
     from orchestrator.packs import pack_model_files
     from stages.config import load_config
     from tests.comfy_graphs import standard_graph

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from orchestrator.comfy_graph import (CANONICAL_IDS, GraphError, ModelNames, graph_links, graph_to_job, job_to_graph,
-                                      node_table, object_info)
+from orchestrator.comfy_graph import CANONICAL_IDS, GraphError, graph_links, graph_to_job, job_to_graph
+from orchestrator.comfy_nodes import ModelNames, node_table, object_info
 from models.sampling.sampler import SAMPLER_NAMES, SCHEDULER_NAMES
 from orchestrator.prompt_spec import parse_prompt_obj
 from tests.comfy_graphs import TINY_NAMES, edited, standard_graph
@@ -236,7 +236,7 @@ def test_the_setting_nodes_offer_exactly_their_records_bounds():
     from models.sampling.spectrum import SpectrumSettings
     from models.sampling.step_cache import CacheSettings
     from models.schema import SchemaError
-    from orchestrator import comfy_graph as g
+    from orchestrator import comfy_nodes as g
     nodes = [(g._spectrum_node(), SpectrumSettings)] + [(n, CacheSettings) for n in g._cache_nodes()]
     checked = 0
     for node, record in nodes:

@@ -15,8 +15,8 @@ import pytest
 
 from models.sampling import latent_ops as lo
 from models.sampling.img2img import job_noise
-from orchestrator.comfy_graph import (GraphError, ModelNames, field_error, graph_to_job, job_to_graph, node_table,
-                                      object_info, sized_to_image)
+from orchestrator.comfy_graph import GraphError, field_error, graph_to_job, job_to_graph, sized_to_image
+from orchestrator.comfy_nodes import ModelNames, node_table, object_info
 from orchestrator.prompt_spec import parse_prompt_obj
 from tests.comfy_graphs import TINY_NAMES, edited, standard_graph
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.comfy_graph import GraphError, ModelNames, graph_to_job, job_to_graph, node_table, object_info
+from orchestrator.comfy_graph import GraphError, graph_to_job, job_to_graph
+from orchestrator.comfy_nodes import ModelNames, node_table, object_info
 from orchestrator.prompt_spec import parse_prompt_obj
 from tests.comfy_graphs import TINY_NAMES, edited, standard_graph
 

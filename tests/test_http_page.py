@@ -385,6 +385,9 @@ def test_paint_a_mask_and_grow_it(pipe, browser, tmp_path):
     from orchestrator.prompt_spec import MAX_BATCH
     page, errors = _open(browser, pipe.http_url())
     assert page.get_attribute("#batch", "max") == str(MAX_BATCH)
+    from models.sampling.bounds import CFG, STEPS        # the form's bounds are the one record's (/anima/info)
+    assert [float(page.get_attribute(f"#{f}", a)) for f in ("steps", "cfg", "hires-steps") for a in ("min", "max")] \
+        == [STEPS.lo, STEPS.hi, CFG.lo, CFG.hi, 0, STEPS.hi]
     (tmp_path / "notes.png").write_text("not a picture")
     page.set_input_files("#init-file", str(tmp_path / "notes.png"))
     err = page.wait_for_selector("#init-box .field-error")

@@ -321,7 +321,8 @@ def _cache_graph(kind="EasyCache", **inputs):
 @pytest.mark.parametrize("node,kind", [("EasyCache", "easycache"), ("LazyCache", "lazycache")])
 def test_graph_cache_nodes_become_the_jobs_cache_and_back(node, kind):
     import json as _json
-    from orchestrator.comfy_graph import ModelNames, graph_to_job, job_to_graph, node_table, object_info
+    from orchestrator.comfy_graph import graph_to_job, job_to_graph
+    from orchestrator.comfy_nodes import ModelNames, node_table, object_info
     from orchestrator.prompt_spec import parse_prompt_obj
     from tests.comfy_graphs import TINY_NAMES
     names = ModelNames(unet=(TINY_NAMES["unet"],), clip=(TINY_NAMES["clip"],), vae=(TINY_NAMES["vae"],))

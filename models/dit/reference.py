@@ -139,66 +139,93 @@ def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torc
 def reference_forward(ckpt: DiTCheckpoint, x, sigma: float, context, trace: bool = False):
     """x [C, h, w] f32 latent, sigma in 0..1, context [S, Dc] f32 -> v [C, h, w] f32 (and a ReferenceTrace)."""
     cfg = ckpt.config
-    D, C = cfg.width, cfg.latent_channels
     x = np.asarray(x, np.float32)
     context = np.asarray(context, np.float32)
-    if x.ndim != 3 or x.shape[0] != C:
-        raise ValueError(f"x must be [{C}, h, w], got {list(x.shape)}")
+    if x.ndim != 3 or x.shape[0] != cfg.latent_channels:
+        raise ValueError(f"x must be [{cfg.latent_channels}, h, w], got {list(x.shape)}")
     if context.ndim != 2 or context.shape[1] != cfg.context_dim:
         raise ValueError(f"context must be [S, {cfg.context_dim}], got {list(context.shape)}")
     rec = ReferenceTrace()
     with torch.no_grad():
         h, w = x.shape[1:]
-        # 1) circular pad to even, mask channel, 2x2 patches (unfold: feature = ch*4 + dy*2 + dx), x_embedder
-        img = F.pad(_t(x)[None], (0, w % 2, 0, h % 2), mode="circular")           # [1, C, 2hp, 2wp]
-        hp, wp = img.shape[2] // 2, img.shape[3] // 2
-        img = torch.cat([img, torch.zeros(1, 1, 2 * hp, 2 * wp)], dim=1)            # [1, C+1, 2hp, 2wp]
-        tokens = F.unfold(img, kernel_size=2, stride=2)[0].T                       # [L, (C+1)*4]
-        hs = tokens @ torch.from_numpy(ckpt.get("x_embedder.proj.1.weight")).T     # [L, D]
-        # 2) timestep: sinusoid of sigma itself (cos first) -> adaln_lora (MLP) and emb (RMSNorm of the sinusoid)
-        half = D // 2
-        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
-        arg = torch.tensor(sigma, dtype=torch.float32) * freqs
-        sinus = torch.cat([torch.cos(arg), torch.sin(arg)])                        # [D]
-        te = _load(ckpt, "t_embedder.1.")
-        lora = te["linear_2.weight"] @ F.silu(te["linear_1.weight"] @ sinus)       # [3D]
-        emb = F.rms_norm(sinus, (D,), torch.from_numpy(ckpt.get("t_embedding_norm.weight")), eps=EPS)
+        # 1) patches -> tokens, 2) timestep embeddings
+        hs, hp, wp = _embed_patches(ckpt, x)
+        emb, lora = _embed_timestep(ckpt, sigma)
         rec.start = {"x": _np(hs), "emb": _np(emb), "adaln_lora": _np(lora)}
         cos, sin = rope_cos_sin(hp, wp, cfg.head_dim)
         ctx = _t(context)
-        # 3) blocks: self-attention, cross-attention, FFN, each with its own AdaLN shift/scale/gate
+        # 3) blocks
         for i in range(cfg.blocks):
-            bw = _load(ckpt, f"blocks.{i}.")
-            entry = {}
-            for name, module in (("self", "self_attn"), ("cross", "cross_attn"), ("ffn", "mlp")):
-                m = _modulation(bw[f"adaln_modulation_{module}.1.weight"], bw[f"adaln_modulation_{module}.2.weight"],
-                                emb, lora)
-                shift, scale, gate = m.chunk(3)
-                xn = _modulate(hs, shift, scale)
-                sub = {k[len(module) + 1:]: v for k, v in bw.items() if k.startswith(module + ".")}
-                if name == "self":
-                    y = self_attn(sub, xn, cos, sin)
-                elif name == "cross":
-                    y = cross_attn(sub, xn, ctx)
-                else:
-                    y = ffn(sub, xn)
-                hs = hs + gate * y
-                if trace:
-                    entry[name] = {"xn": _np(xn), "y": _np(y)}
+            hs, entry = _block(_load(ckpt, f"blocks.{i}."), hs, emb, lora, cos, sin, ctx, trace)
             if trace:
-                entry["x_out"] = _np(hs)
                 rec.append(entry)
-        # 4) final layer (shift, scale from adaln_lora[:2D]) and unpatchify (feature = dy*2C + dx*C + ch; fold wants
-        #    ch*4 + dy*2 + dx), then crop the padding
-        fl = _load(ckpt, "final_layer.")
-        shift, scale = _modulation(fl["adaln_modulation.1.weight"], fl["adaln_modulation.2.weight"], emb,
-                                   lora[: 2 * D]).chunk(2)
-        xn = _modulate(hs, shift, scale)
-        out = xn @ fl["linear.weight"].T                                          # [L, C*4]
-        cols = out.view(-1, 2, 2, C).permute(3, 1, 2, 0).reshape(C * 4, -1)        # [C*4, L]
-        v = F.fold(cols[None], output_size=(2 * hp, 2 * wp), kernel_size=2, stride=2)[0, :, :h, :w]
+        # 4) final layer and unpatchify
+        xn, out, v = _final_layer(ckpt, hs, emb, lora, (h, w), (hp, wp))
         v = _np(v)
         if trace:
             rec.final = {"xn": _np(xn), "out": _np(out), "v": v}
             return v, rec
         return v
+
+
+def _embed_patches(ckpt: DiTCheckpoint, x: np.ndarray) -> tuple:
+    """Circular pad to even, mask channel, 2x2 patches (unfold: feature = ch*4 + dy*2 + dx), x_embedder
+    -> (tokens [L, D], hp, wp)."""
+    h, w = x.shape[1:]
+    img = F.pad(_t(x)[None], (0, w % 2, 0, h % 2), mode="circular")           # [1, C, 2hp, 2wp]
+    hp, wp = img.shape[2] // 2, img.shape[3] // 2
+    img = torch.cat([img, torch.zeros(1, 1, 2 * hp, 2 * wp)], dim=1)            # [1, C+1, 2hp, 2wp]
+    tokens = F.unfold(img, kernel_size=2, stride=2)[0].T                       # [L, (C+1)*4]
+    return tokens @ torch.from_numpy(ckpt.get("x_embedder.proj.1.weight")).T, hp, wp   # [L, D]
+
+
+def _embed_timestep(ckpt: DiTCheckpoint, sigma: float) -> tuple:
+    """Sinusoid of sigma itself (cos first) -> (emb [D]: RMSNorm of the sinusoid, adaln_lora [3D]: an MLP of it)."""
+    D = ckpt.config.width
+    half = D // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
+    arg = torch.tensor(sigma, dtype=torch.float32) * freqs
+    sinus = torch.cat([torch.cos(arg), torch.sin(arg)])                        # [D]
+    te = _load(ckpt, "t_embedder.1.")
+    lora = te["linear_2.weight"] @ F.silu(te["linear_1.weight"] @ sinus)       # [3D]
+    emb = F.rms_norm(sinus, (D,), torch.from_numpy(ckpt.get("t_embedding_norm.weight")), eps=EPS)
+    return emb, lora
+
+
+def _block(bw: dict, hs, emb, lora, cos, sin, ctx, trace: bool) -> tuple:
+    """One block: self-attention, cross-attention, FFN, each with its own AdaLN shift/scale/gate
+    -> (hs [L, D], the block's trace entry or {})."""
+    entry = {}
+    for name, module in (("self", "self_attn"), ("cross", "cross_attn"), ("ffn", "mlp")):
+        m = _modulation(bw[f"adaln_modulation_{module}.1.weight"], bw[f"adaln_modulation_{module}.2.weight"],
+                        emb, lora)
+        shift, scale, gate = m.chunk(3)
+        xn = _modulate(hs, shift, scale)
+        sub = {k[len(module) + 1:]: v for k, v in bw.items() if k.startswith(module + ".")}
+        if name == "self":
+            y = self_attn(sub, xn, cos, sin)
+        elif name == "cross":
+            y = cross_attn(sub, xn, ctx)
+        else:
+            y = ffn(sub, xn)
+        hs = hs + gate * y
+        if trace:
+            entry[name] = {"xn": _np(xn), "y": _np(y)}
+    if trace:
+        entry["x_out"] = _np(hs)
+    return hs, entry
+
+
+def _final_layer(ckpt: DiTCheckpoint, hs, emb, lora, size: tuple, grid: tuple) -> tuple:
+    """Final layer (shift, scale from adaln_lora[:2D]) and unpatchify (feature = dy*2C + dx*C + ch; fold wants
+    ch*4 + dy*2 + dx), then crop the padding -> (xn [L, D], out [L, C*4], v [C, h, w])."""
+    C, D = ckpt.config.latent_channels, ckpt.config.width
+    (h, w), (hp, wp) = size, grid
+    fl = _load(ckpt, "final_layer.")
+    shift, scale = _modulation(fl["adaln_modulation.1.weight"], fl["adaln_modulation.2.weight"], emb,
+                               lora[: 2 * D]).chunk(2)
+    xn = _modulate(hs, shift, scale)
+    out = xn @ fl["linear.weight"].T                                          # [L, C*4]
+    cols = out.view(-1, 2, 2, C).permute(3, 1, 2, 0).reshape(C * 4, -1)        # [C*4, L]
+    v = F.fold(cols[None], output_size=(2 * hp, 2 * wp), kernel_size=2, stride=2)[0, :, :h, :w]
+    return xn, out, v

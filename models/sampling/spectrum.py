@@ -5,11 +5,12 @@ from typing import ClassVar
 
 import numpy as np
 
+from models.sampling.bounds import STEPS
 from models.schema import Float, Int, Record, SchemaError
 
 log = logging.getLogger(__name__)
 
-MAX_WARMUP = 200                # calls: prompt.json's most steps (orchestrator/prompt_spec.py MAX_STEPS)
+MAX_WARMUP = STEPS.hi           # calls: a job's most steps
 # the settings' names in sampler state files of earlier releases: a job folder made by one still resumes
 _OLD_NAMES = {"blend": "w", "degree": "m", "ridge": "lam"}
 

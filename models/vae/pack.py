@@ -120,11 +120,7 @@ def build_vae_pack(vae_path, out_dir, resolution=(512, 512), tile: int = DEFAULT
                    overlap: float = DEFAULT_OVERLAP, overwrite: bool = False, seeds=CALIBRATION_SEEDS,
                    threads: Optional[int] = None) -> Path:
     """Convert the VAE file at `vae_path` into a VAE pack at `out_dir` for `resolution` = (width, height) pixels."""
-    from models.graphs.builder import OPSET, serialize
     from models.vae.checkpoint import load_vae
-    from models.vae.flops import tile_flops, trunk_flops
-    from models.vae.fp16 import SCALE_TARGET
-    from models.vae.graphs import TILE_IN, TILE_OUT, TRUNK_IN, TRUNK_OUT, tile_graph, trunk_graph
 
     t0 = time.perf_counter()
     geom = Geometry.from_resolution(*resolution)                 # validates multiples of 8
@@ -143,46 +139,72 @@ def build_vae_pack(vae_path, out_dir, resolution=(512, 512), tile: int = DEFAULT
     th, tw = rows[0][1], cols[0][1]
     # 1) FP16 calibration on the unscaled graphs, 2) the graphs with their norm scales
     scales, report = _calibrate(w, cfg, h, wd, th, tw, rows, cols, seeds, threads)
-    for name, r in report.items():
-        if not r["ok"]:
-            log.warning("%s: FP16 headroom %s (largest activation %.1f at %s): the NPU may overflow; check the "
-                        "simulator (anima-models decode --backend rknn-sim)", name, r["headroom"], r["max_abs"], r["at"])
-    graphs = {"trunk": (trunk_graph(w, cfg, h, wd, scales)[0], _io(TRUNK_IN, (1, cfg.z_dim, h, wd)),
-                        _io(TRUNK_OUT, (1, cfg.mid_dim, h, wd)), trunk_flops(cfg, h, wd), 1),
-              "tile": (tile_graph(w, cfg, th, tw, scales)[0], _io(TILE_IN, (1, cfg.mid_dim, th, tw)),
-                       _io(TILE_OUT, (1, cfg.out_channels, th * cfg.upscale, tw * cfg.upscale)),
-                       tile_flops(cfg, th, tw), len(rows) * len(cols))}
-    with building_folder(out) as tmp:                 # renamed to `out` when complete, removed on any error
-        (tmp / ONNX_DIR).mkdir()
-        branches = []
-        for name in MODELS:
-            model, ins, outs, flops, calls = graphs[name]
-            data = serialize(model)
-            rel = f"{ONNX_DIR}/{name}.onnx"
-            atomic_write(tmp / rel, data)
-            branches.append({"name": name, "kind": f"vae-{name}", "onnx": rel, "sha256": file_sha256(tmp / rel),
-                             "bytes": len(data), "inputs": ins, "outputs": outs, "gflop": round(flops / 1e9, 3),
-                             "calls": calls})
-        manifest = {
-            **manifest_header(PACK_KIND, SCHEMA_VERSION),
-            "source": {**source_entry(vae_path, sha), "layout": weights.layout},
-            "config": cfg.to_dict(),
-            "resolution": {"width": geom.width, "height": geom.height},
-            "latent": {"channels": cfg.z_dim, "h": h, "w": wd},
-            "tiling": {"tile": tile, "overlap": overlap, "stride": stride, "tile_h": th, "tile_w": tw,
-                       "rows": [r[0] for r in rows], "cols": [c[0] for c in cols], "count": len(rows) * len(cols)},
-            "attention": "trunk",             # the middle block's attention is inside the trunk graph
-            "dtype": "fp32", "io_dtype": "f32", "opset": OPSET,
-            "fp16": {"scale_target": SCALE_TARGET, "norm_scales": scales, "models": report,
-                     "calibration": {"seeds": list(seeds), "latent": "model-space N(0, 1)"},
-                     "ok": all(r["ok"] for r in report.values())},
-            "branches": branches,
-        }
-        write_manifest(tmp, manifest)
+    _warn_headroom(report)
+    graphs = _scaled_graphs(w, cfg, h, wd, th, tw, len(rows) * len(cols), scales)
+    tiling = {"tile": tile, "overlap": overlap, "stride": stride, "tile_h": th, "tile_w": tw,
+              "rows": [r[0] for r in rows], "cols": [c[0] for c in cols], "count": len(rows) * len(cols)}
+    # 3) the graphs and the manifest, in a folder renamed to `out` when complete, removed on any error
+    with building_folder(out) as tmp:
+        branches = _write_graphs(tmp, graphs)
+        write_manifest(tmp, _manifest(vae_path, sha, weights, geom, tiling, scales, report, seeds, branches))
         fsync_dir(tmp / ONNX_DIR)                   # the ONNX files' entries, before the folder's rename
     log.info("VAE pack %s: %dx%d, trunk %dx%d + %d tiles of %dx%d, built in %.1f s", out, geom.width, geom.height,
              h, wd, len(rows) * len(cols), th, tw, time.perf_counter() - t0)
     return out
+
+
+def _warn_headroom(report: dict) -> None:
+    for name, r in report.items():
+        if not r["ok"]:
+            log.warning("%s: FP16 headroom %s (largest activation %.1f at %s): the NPU may overflow; check the "
+                        "simulator (anima-models decode --backend rknn-sim)", name, r["headroom"], r["max_abs"], r["at"])
+
+
+def _scaled_graphs(w, cfg, h: int, wd: int, th: int, tw: int, tiles: int, scales: dict) -> dict:
+    """name -> (ONNX model with the norm scales, inputs, outputs, flops, calls per decode)."""
+    from models.vae.flops import tile_flops, trunk_flops
+    from models.vae.graphs import TILE_IN, TILE_OUT, TRUNK_IN, TRUNK_OUT, tile_graph, trunk_graph
+    return {"trunk": (trunk_graph(w, cfg, h, wd, scales)[0], _io(TRUNK_IN, (1, cfg.z_dim, h, wd)),
+                      _io(TRUNK_OUT, (1, cfg.mid_dim, h, wd)), trunk_flops(cfg, h, wd), 1),
+            "tile": (tile_graph(w, cfg, th, tw, scales)[0], _io(TILE_IN, (1, cfg.mid_dim, th, tw)),
+                     _io(TILE_OUT, (1, cfg.out_channels, th * cfg.upscale, tw * cfg.upscale)),
+                     tile_flops(cfg, th, tw), tiles)}
+
+
+def _write_graphs(tmp: Path, graphs: dict) -> list:
+    """Each graph's ONNX file under tmp/onnx/ -> the manifest's branch entries, in execution order."""
+    from models.graphs.builder import serialize
+    (tmp / ONNX_DIR).mkdir()
+    branches = []
+    for name in MODELS:
+        model, ins, outs, flops, calls = graphs[name]
+        data = serialize(model)
+        rel = f"{ONNX_DIR}/{name}.onnx"
+        atomic_write(tmp / rel, data)
+        branches.append({"name": name, "kind": f"vae-{name}", "onnx": rel, "sha256": file_sha256(tmp / rel),
+                         "bytes": len(data), "inputs": ins, "outputs": outs, "gflop": round(flops / 1e9, 3),
+                         "calls": calls})
+    return branches
+
+
+def _manifest(vae_path, sha: str, weights, geom, tiling: dict, scales: dict, report: dict, seeds, branches) -> dict:
+    from models.graphs.builder import OPSET
+    from models.vae.fp16 import SCALE_TARGET
+    cfg = weights.config
+    return {
+        **manifest_header(PACK_KIND, SCHEMA_VERSION),
+        "source": {**source_entry(vae_path, sha), "layout": weights.layout},
+        "config": cfg.to_dict(),
+        "resolution": {"width": geom.width, "height": geom.height},
+        "latent": {"channels": cfg.z_dim, "h": geom.latent_h, "w": geom.latent_w},
+        "tiling": tiling,
+        "attention": "trunk",             # the middle block's attention is inside the trunk graph
+        "dtype": "fp32", "io_dtype": "f32", "opset": OPSET,
+        "fp16": {"scale_target": SCALE_TARGET, "norm_scales": scales, "models": report,
+                 "calibration": {"seeds": list(seeds), "latent": "model-space N(0, 1)"},
+                 "ok": all(r["ok"] for r in report.values())},
+        "branches": branches,
+    }
 
 
 def check_branch_io(d: Path, branches, want: dict, where: str) -> None:

@@ -39,6 +39,7 @@ from aiohttp import web
 from models.lora import LoraError
 from models.lora.a1111 import split_lora_tags
 from models.dit.partition import KINDS, branch_index
+from models.sampling.bounds import CFG, STEPS
 from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER
 from orchestrator.a1111_names import (AUTOMATIC, A1111NameError, resolve, sampler_label, samplers_list,
                                       scheduler_label, schedulers_list)
@@ -48,7 +49,6 @@ from orchestrator.http.common import (FRONT, BadRequest, cancel_job, from_daemon
 from orchestrator.http.link import DaemonRefused
 from orchestrator.http.tracker import JobGone
 from orchestrator.http.views import JobView
-from orchestrator.prompt_spec import MAX_CFG, MAX_STEPS
 from protocol.prompt import MAX_HIRES_SCALE
 from protocol.version import VERSION
 
@@ -82,8 +82,9 @@ def _number(body: dict, field: str, default, *, integer: bool, low, high):
         if v != int(v):
             raise _bad(field, f"must be a whole number, got {v}")
         v = int(v)
-    if not low <= v <= high:
-        raise _bad(field, f"must be in {low}..{high}, got {v}")
+    if not low <= v <= high:                       # prompt.json's words for a value out of range
+        raise _bad(field, f"must be in {low}..{high}, got {v}" if integer else
+                   f"must be in [{float(low)}, {float(high)}], got {float(v)}")
     return v
 
 
@@ -153,7 +154,7 @@ def hires_of(body: dict, spec: dict) -> dict | None:
     pixel = mode in A1111_PIXEL_MODES
     return {"width": rx, "height": ry, "space": "pixel" if pixel else "latent",
             "method": (A1111_PIXEL_MODES if pixel else A1111_LATENT_MODES)[mode],
-            "steps": _number(body, "hr_second_pass_steps", 0, integer=True, low=0, high=MAX_STEPS),
+            "steps": _number(body, "hr_second_pass_steps", 0, integer=True, low=0, high=STEPS.hi),
             "denoise": float(_number(body, "denoising_strength", 0.75, integer=False, low=0.01, high=1.0)),
             **_hires_own(body, spec)}
 
@@ -186,7 +187,7 @@ def _hires_own(body: dict, spec: dict) -> dict:
             hsch = spec.get("scheduler")                        # ("DPM++ 2M Karras"): the first pass's
         own.update({k: v for k, v in (("sampler", hs), ("scheduler", hsch)) if v is not None and v != spec.get(k)})
     if body.get("hr_cfg") is not None:          # Forge's field (A1111 has none): the second pass's CFG scale
-        cfg = float(_number(body, "hr_cfg", spec.get("cfg", 7.0), integer=False, low=1.0, high=MAX_CFG))
+        cfg = float(_number(body, "hr_cfg", spec.get("cfg", 7.0), integer=False, low=CFG.lo, high=CFG.hi))
         if cfg != spec.get("cfg"):
             own["cfg"] = cfg
     return own
@@ -212,8 +213,8 @@ def to_spec(body: dict, size: tuple = (512, 512), *, recorded: bool = False) -> 
     except LoraError as e:
         raise _bad("prompt", str(e)) from None
     spec = {"prompt": prompt, "negative_prompt": _text(body, "negative_prompt"),
-            "steps": _number(body, "steps", 20, integer=True, low=1, high=MAX_STEPS),
-            "cfg": float(_number(body, "cfg_scale", 7.0, integer=False, low=1.0, high=MAX_CFG)),
+            "steps": _number(body, "steps", 20, integer=True, low=STEPS.lo, high=STEPS.hi),
+            "cfg": float(_number(body, "cfg_scale", 7.0, integer=False, low=CFG.lo, high=CFG.hi)),
             "width": _number(body, "width", size[0], integer=True, low=16, high=16384),
             "height": _number(body, "height", size[1], integer=True, low=16, high=16384)}
     seed = _number(body, "seed", -1, integer=True, low=-1, high=2**64 - 1)

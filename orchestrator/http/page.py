@@ -24,6 +24,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from models.sampling.bounds import CFG, STEPS
 from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLERS, SCHEDULER_NAMES, spectrum_refusal
 from models.sampling.latent_ops import IMAGE_SCALE_METHODS, UPSCALE_METHODS
 from models.sampling.step_cache import NODE_NAMES as CACHE_NODES, CacheSettings
@@ -34,7 +35,7 @@ from orchestrator.http.link import DaemonRefused
 from orchestrator.http.views import JobView
 from orchestrator.job_record import JOB_ID_RE
 from orchestrator.progress_text import phase_text
-from orchestrator.prompt_spec import DEFAULT_CFG, DEFAULT_STEPS, MAX_CFG, MAX_PROMPT_CHARS, MAX_STEPS
+from orchestrator.prompt_spec import DEFAULT_CFG, DEFAULT_STEPS, MAX_PROMPT_CHARS
 from protocol.prompt import MAX_BATCH, MAX_HIRES_SCALE, HiresSettings
 from protocol import messages as m
 
@@ -64,8 +65,9 @@ async def info(request: web.Request) -> web.Response:
                      "scheduler": DEFAULT_SCHEDULER},
         # per size, the settings its pack records for its model (models/packs/sampling.py): the form takes them
         "sampling": {f"{p.width}x{p.height}": p.sampling.to_dict() for p in pipe.packs if p.sampling is not None},
-        "limits": {"steps": MAX_STEPS, "cfg": MAX_CFG, "prompt_chars": MAX_PROMPT_CHARS, "loras": MAX_LORAS,
+        "limits": {"steps": STEPS.hi, "cfg": CFG.hi, "prompt_chars": MAX_PROMPT_CHARS, "loras": MAX_LORAS,
                    "batch": MAX_BATCH},
+        "least": {"steps": STEPS.lo, "cfg": CFG.lo},          # the form's minimums (models/sampling/bounds.py)
         "hires": HIRES_CHOICES,
         # the pickers: every sampler with its model calls per step and why Spectrum does not fit it (None: it does)
         "samplers": [{"name": s.name, "nfe": s.nfe, "spectrum": spectrum_refusal(s.name)} for s in SAMPLERS.values()],

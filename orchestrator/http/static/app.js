@@ -616,8 +616,10 @@ async function start() {
   $("model").textContent = info.model + " · " + info.version;
   for (const [w, h] of info.sizes) $("size").append(el("option", { value: w + "x" + h, textContent: w + " × " + h }));
   $("steps").value = info.defaults.steps;
+  $("steps").min = info.least.steps;
   $("steps").max = info.limits.steps;
   $("cfg").value = info.defaults.cfg;
+  $("cfg").min = info.least.cfg;
   $("cfg").max = info.limits.cfg;
   $("spectrum").checked = spectrumWanted = info.defaults.spectrum;
   $("spectrum").addEventListener("change", () => { spectrumWanted = $("spectrum").checked; });
