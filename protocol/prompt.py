@@ -178,6 +178,8 @@ class HiresSettings(Record, frozen=True):
     scheduler: Literal[SCHEDULER_NAMES] | None = None
     cfg: Float(1.0, MAX_CFG) | None = None
     seed: Int(0, SEED_LIMIT - 1) | None = None
+    # the first pass's image kept too (base.png, base_1.png ...), as a ComfyUI graph's SaveImage on its VAEDecode
+    keep_base: bool = False
 
     def size(self, width: int, height: int) -> tuple[int, int]:
         """(width, height) in pixels of the second pass for a first pass of width x height: LatentUpscale[By]'s whole
