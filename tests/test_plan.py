@@ -206,3 +206,31 @@ def test_base_images_are_kept_results_and_the_daemons_temporaries():
     base = next(f for f in JOB_FILES if f.name == BASE_IMAGE_FILE)
     assert base.kept and base.per_image
     assert {"base.png", "base_1.png"} <= DAEMON_FILES            # a daemon start clears their temporaries
+
+
+def test_a_resume_decodes_a_base_image_only_when_it_is_not_whole(tmp_path):
+    """Latent path, killed while decoding: a whole base.png is not decoded again; a lost one is decoded from the kept
+    first latent alone (no second pass again); with that latent lost too, the first pass runs again for it."""
+    r = _runner(tmp_path, _plan(hires={"scale": 1.5, "keep_base": True}))
+    for name in ("cond.npy", "uncond.npy"):
+        _keep(tmp_path, name, (4, 3))
+    _keep(tmp_path, "latent.npy", (2, 4, 4))
+    _keep(tmp_path, "hires_latent.npy", (2, 6, 6))
+    assert [s.name for s in r._steps_to_run()[0]] == ["Decode[base 0]", "Decode[0]", "Deliver"]
+    (tmp_path / "base.png").write_bytes(b"png")
+    assert [s.name for s in r._steps_to_run()[0]] == ["Decode[0]", "Deliver"]
+    (tmp_path / "base.png").unlink()
+    (tmp_path / "image.png").write_bytes(b"png")
+    assert [s.name for s in r._steps_to_run()[0]] == ["Decode[base 0]", "Deliver"]
+    (tmp_path / "latent.npy").unlink()
+    assert [s.name for s in r._steps_to_run()[0]] == ["Denoise[0]", "Decode[base 0]", "Deliver"]
+
+
+def test_a_pixel_resume_reads_the_kept_base_and_encodes_only_what_is_lost(tmp_path):
+    r = _runner(tmp_path, _plan(hires={"scale": 1.5, "space": "pixel", "method": "lanczos", "keep_base": True}))
+    _keep(tmp_path, "latent.npy", (2, 4, 4))
+    _keep(tmp_path, "hires_latent.npy", (2, 6, 6))
+    (tmp_path / "image.png").write_bytes(b"png")
+    assert [s.name for s in r._steps_to_run()[0]] == ["PixelStart[0]", "Deliver"]    # base.png lost: made again
+    (tmp_path / "base.png").write_bytes(b"png")
+    assert [s.name for s in r._steps_to_run()[0]] == ["Deliver"]
