@@ -448,3 +448,30 @@ def test_a1111_pixel_hires_with_a_batch_and_its_own_settings(d):
             pixels = np.asarray(im.convert("RGB"))
         want = _encoded_reference(_scaled_reference(pixels, (96, 96), "lanczos"))
         np.testing.assert_allclose(np.load(jd / "hires_init.npy"), want, rtol=0, atol=1.1e-3)
+
+
+def test_a_graph_saving_base_and_hires_images_gets_each_from_history_and_view(d):
+    """POST /prompt of the pixel hires graph with SaveImage "57" on the first VAEDecode: /history lists base.png under
+    "57" and image.png under "9", and /view serves each as the job folder holds it."""
+    import requests
+    from tests.test_comfy_hires_graph import _base_saved
+    url = d.http_url()
+    graph = _base_saved("ImageScaleBy")
+    info = requests.get(url + "object_info", timeout=30).json()
+    for node in graph.values():                      # the loaders name the files this run folder has
+        for name, spec in info[node["class_type"]]["input"]["required"].items():
+            if name.endswith("_name") and spec[0]:
+                node["inputs"][name] = spec[0][0]
+    r = requests.post(url + "prompt", json={"prompt": graph}, timeout=60)
+    assert r.status_code == 200, r.text
+    pid = r.json()["prompt_id"]
+    info = _wait(d, pid, ("done", "failed"))
+    assert info.state == "done", info
+    outputs = requests.get(url + f"history/{pid}", timeout=30).json()[pid]["outputs"]
+    assert {k: [i["filename"] for i in v["images"]] for k, v in outputs.items()} == {"9": ["image.png"],
+                                                                                   "57": ["base.png"]}
+    for node, name in (("9", "image.png"), ("57", "base.png")):
+        got = requests.get(url + "view", params=outputs[node]["images"][0], timeout=30)
+        assert got.status_code == 200 and got.content == (d.rf.jobs / pid / name).read_bytes()
+    with Image.open(d.rf.jobs / pid / "base.png") as im:
+        assert im.size == (64, 64) and json.loads(im.text["prompt"])["57"]["class_type"] == "SaveImage"
