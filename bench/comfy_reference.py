@@ -9,10 +9,11 @@ and then
         --combo euler/simple --combo er_sde/beta --out bench/out/comfy_reference.json
 (add `--step-cache easycache --steps 14` for both sides with ComfyUI's EasyCache node, `--cfg 1` for one pass per call;
 `--workflow all --extra-pack PACK384` sends bench/comfy_workflows.py's graphs — img2img, both inpaints, a latent
-hires fix, a batch of 3, EasyCache, cfg 1, split sampling over two KSamplerAdvanced, a ConditioningZeroOut
-negative, a ConditioningAverage — unchanged to ComfyUI and to this project's HTTP front and compares the PNGs;
-the last line is `comfy_workflows images=N within_1=N worst=D`; with `--record FILE` ComfyUI's side also saves
-each graph's final latent into FILE)
+hires fix, both hires paths with the first image saved too, a batch of 3, EasyCache, cfg 1, split sampling
+over two KSamplerAdvanced, a ConditioningZeroOut negative, a ConditioningAverage, two independent chains, a
+LatentFromBatch + ImageCrop — unchanged to ComfyUI and to this project's HTTP front and compares every output
+node's PNGs; the last line is `comfy_workflows images=N within_1=N worst=D`; with `--record FILE` ComfyUI's side
+also saves each graph's final latent into FILE)
 For each sampler/scheduler combo it submits ComfyUI's API graph (UNETLoader, CLIPLoader, VAELoader, CLIPTextEncode
 x2, EmptySD3LatentImage, ModelSamplingAuraFlow shift 3, KSampler, VAEDecode, SaveImage, SaveLatent), fetches the
 latent and the PNG, computes the same job here in-process (the text encoder on torch, the DiT through the pack on
@@ -122,10 +123,12 @@ class ComfyClient:
         with urllib.request.urlopen(req, timeout=60) as r:
             return json.loads(r.read())
 
-    def images(self, outputs: dict) -> list:
-        """Every SaveImage output's PNG of a finished graph, in node-id then batch order, as (node id, RGB array)."""
+    def images(self, outputs: dict) -> dict:
+        """Every output node's PNGs of a finished graph (each SaveImage's, not only the last), as RGB arrays:
+        {node id: [image per batch position]}, in node-id order."""
         order = sorted(outputs, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k))
-        return [(nid, png_pixels(self.view(item))) for nid in order for item in outputs[nid].get("images", [])]
+        return {nid: [png_pixels(self.view(item)) for item in outputs[nid]["images"]] for nid in order
+                if outputs[nid].get("images")}      # a SaveLatent (--record) has none
 
 
 def comfy_latent(raw: bytes, tmp: Path) -> np.ndarray:
@@ -204,13 +207,14 @@ def run_workflows(a, client: ComfyClient, files: dict, width: int, height: int) 
             t0 = time.monotonic()
             ours = front.images(front.run(graph))
             ours_s = time.monotonic() - t0
-            if [n for n, _ in ours] != [n for n, _ in ref]:      # every saved image, each by its output node
-                raise SystemExit(f"{name}: ComfyUI saved images of nodes {[n for n, _ in ref]}, this front "
-                                 f"{[n for n, _ in ours]}")
-            for i, ((node, img), (_, img_ref)) in enumerate(zip(ours, ref)):
+            counts = ({k: len(v) for k, v in ref.items()}, {k: len(v) for k, v in ours.items()})
+            if counts[0] != counts[1]:
+                raise SystemExit(f"{name}: ComfyUI's images per output node {counts[0]}, this front's {counts[1]}")
+            pairs = [(nid, i, img, ref[nid][i]) for nid in ref for i, img in enumerate(ours[nid])]
+            for nid, i, img, img_ref in pairs:
                 same_size = img.shape == img_ref.shape
                 d = np.abs(img.astype(int) - img_ref.astype(int)) if same_size else None
-                row = {"workflow": name, "what": what, "image": i, "node": node, "size": list(img.shape[1::-1]),
+                row = {"workflow": name, "what": what, "node": nid, "image": i, "size": list(img.shape[1::-1]),
                        "comfyui_size": list(img_ref.shape[1::-1]),
                        "pixel_max_diff": int(d.max()) if same_size else None,
                        "pixels_off_by_more_than_1": int((d > 1).sum()) if same_size else None,
@@ -219,7 +223,7 @@ def run_workflows(a, client: ComfyClient, files: dict, width: int, height: int) 
                 rows.append(row)
                 verdict = ("sizes differ" if not same_size else
                            "within 1" if row["pixel_max_diff"] <= 1 else "DIFFERENT")
-                print(f"{name:14s} image {i} (node {node})  {row['size'][0]}x{row['size'][1]}  max|dpixel| "
+                print(f"{name:17s} node {nid:>3s} image {i}  {row['size'][0]}x{row['size'][1]}  max|dpixel| "
                       f"{row['pixel_max_diff']}  ({row['pixels_off_by_more_than_1']} px > 1, mean "
                       f"{row['pixel_mean_abs_diff']})  {verdict}  comfy {comfy_s:.0f} s, front {ours_s:.0f} s",
                       flush=True)
@@ -269,7 +273,8 @@ def main(argv=None) -> int:
     p.add_argument("--workflow", action="append", default=None, metavar="NAME",
                    help="repeatable, or 'all': send bench/comfy_workflows.py's graph NAME unchanged to ComfyUI and to "
                         "this project's HTTP front and compare the images (txt2img, img2img, inpaint-mask, "
-                         "inpaint-vae, hires-latent, batch3, easycache, cfg1, split-cfg, zero-negative, average)")
+                         "inpaint-vae, hires-latent, hires-base-latent, hires-base-pixel, batch3, easycache, cfg1, "
+                         "split-cfg, zero-negative, average, two-chains, pick-crop)")
     p.add_argument("--front", default=None, help="--workflow: URL of this project's running HTTP front on loopback; "
                    "default: a supervisord pipeline started here on --pack (and --extra-pack), stopped at the end")
     p.add_argument("--extra-pack", action="append", default=[], metavar="PACK",

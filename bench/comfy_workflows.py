@@ -2,7 +2,8 @@
 ComfyUI, and the input images they load (made here, deterministic, uploaded to both sides under the same names).
 
 Each graph is ComfyUI's own node vocabulary (nodes.py, comfy_extras/nodes_easycache.py): no node of this project's,
-no Spectrum node (a ComfyUI graph samples every step), SaveImage as the only output node type (two-chains has two). WORKFLOWS maps a name to
+no Spectrum node (a ComfyUI graph samples every step), SaveImage as the only output node type (two of them in
+two-chains and in the graphs that keep a hires fix's first image). WORKFLOWS maps a name to
 (what it is, the graph builder); a builder takes the files, the seed and the size and returns the graph.
 """
 from __future__ import annotations
@@ -197,12 +198,39 @@ def pick_and_crop(files, seed, width, height):
     return g
 
 
+def hires_base_latent(files, seed, width, height):
+    """The latent hires fix with both images saved: a VAEDecode "26" of the first KSampler's latent to SaveImage
+    "27" beside the second pass's (ComfyUI's usual 'base + hires' graph)."""
+    g = hires_latent(files, seed, width, height)
+    g["26"] = {"class_type": "VAEDecode", "inputs": {"samples": ["8", 0], "vae": ["3", 0]}}
+    g["27"] = {"class_type": "SaveImage", "inputs": {"images": ["26", 0], "filename_prefix": "ref_hires_base"}}
+    return g
+
+
+def hires_base_pixel(files, seed, width, height):
+    """The pixel hires fix (VAEDecode "26" -> ImageScaleBy 1.5 lanczos -> VAEEncode -> KSampler denoise 0.5), the
+    first image saved by SaveImage "27" from the same VAEDecode the upscale reads."""
+    g = _base(files)
+    g["6"] = _empty(width, height)
+    g["8"] = _ksampler(["6", 0], seed, 6, 4.0, "euler", "simple", 1.0)
+    g["26"] = {"class_type": "VAEDecode", "inputs": {"samples": ["8", 0], "vae": ["3", 0]}}
+    g["27"] = {"class_type": "SaveImage", "inputs": {"images": ["26", 0], "filename_prefix": "ref_pixel_base"}}
+    g["28"] = {"class_type": "ImageScaleBy", "inputs": {"image": ["26", 0], "upscale_method": "lanczos",
+                                                        "scale_by": 1.5}}
+    g["29"] = {"class_type": "VAEEncode", "inputs": {"pixels": ["28", 0], "vae": ["3", 0]}}
+    g["25"] = _ksampler(["29", 0], seed, 6, 4.0, "euler", "simple", 0.5)
+    return _out(g, ["25", 0], "ref_pixel_hires")
+
+
 WORKFLOWS = {
     "txt2img": ("text-to-image, no Spectrum node (euler/simple, 6 steps, cfg 4)", txt2img),
     "img2img": ("LoadImage -> VAEEncode, denoise 0.6, euler_ancestral/karras", img2img),
     "inpaint-mask": ("SetLatentNoiseMask with LoadImage's MASK (alpha), denoise 0.8", inpaint_noise_mask),
     "inpaint-vae": ("VAEEncodeForInpaint (LoadImageMask red, grow 6), er_sde/beta", inpaint_vae),
     "hires-latent": ("256 -> LatentUpscaleBy 1.5 nearest-exact -> second pass denoise 0.5 (384)", hires_latent),
+    "hires-base-latent": ("hires-latent with the first pass's image saved too (two SaveImage)", hires_base_latent),
+    "hires-base-pixel": ("256 -> VAEDecode (saved) -> ImageScaleBy 1.5 lanczos -> VAEEncode -> denoise 0.5 (384), "
+                         "both images saved", hires_base_pixel),
     "batch3": ("EmptySD3LatentImage batch 3, dpmpp_2m/karras", lambda f, s, w, h: txt2img(
         f, s, w, h, sampler="dpmpp_2m", scheduler="karras", batch=3)),
     "easycache": ("EasyCache (reuse 0.2) on the model, 14 steps", lambda f, s, w, h: txt2img(

@@ -136,9 +136,10 @@ GENERATE_FLAGS = {"prompt": "PROMPT", "negative_prompt": "--negative", "seed": "
                   "cache.end_percent": "--cache-end", "batch": "--batch", "hires": "--hires",
                   "hires.scale": "--hires", "hires.width": "--hires", "hires.height": "--hires",
                   "hires.steps": "--hires-steps", "hires.denoise": "--hires-denoise", "hires.method": "--hires-method",
-                  "hires.space": "--hires-pixel", "hires.sampler": "--hires-sampler",
-                  "hires.scheduler": "--hires-scheduler", "hires.cfg": "--hires-cfg", "hires.seed": "--hires-seed",
-                  "hires.prompt": "--hires-prompt", "hires.negative_prompt": "--hires-negative"}
+                  "hires.space": "--hires-pixel", "hires.keep_base": "--hires-keep-base",
+                  "hires.sampler": "--hires-sampler", "hires.scheduler": "--hires-scheduler",
+                  "hires.cfg": "--hires-cfg", "hires.seed": "--hires-seed", "hires.prompt": "--hires-prompt",
+                  "hires.negative_prompt": "--hires-negative"}
 # generate's hires options -> prompt.json's hires fields (--hires itself gives scale, or width and height)
 HIRES_OPTIONS = {"hires_steps": "steps", "hires_denoise": "denoise", "hires_method": "method",
                  "hires_sampler": "sampler", "hires_scheduler": "scheduler", "hires_cfg": "cfg", "hires_seed": "seed",
@@ -150,6 +151,8 @@ def _hires_option(args):
     given = {field: getattr(args, opt) for opt, field in HIRES_OPTIONS.items() if getattr(args, opt) is not None}
     if args.hires_pixel:
         given["space"] = "pixel"
+    if args.hires_keep_base:
+        given["keep_base"] = True
     if args.hires is None:
         if given:
             raise CliError(f"{GENERATE_FLAGS['hires.' + next(iter(given))]}: needs --hires SCALE|WxH", EXIT_USAGE)
@@ -801,6 +804,8 @@ COMMANDS = (
                                    "lanczos (its default) and not bislerp"),
         arg("--hires-pixel", action="store_true", help="scale the decoded image (ImageScale) and encode it again, "
                                                         "not the latent"),
+        arg("--hires-keep-base", action="store_true", help="keep the first pass's image too (base.png in the job "
+                                                            "folder, NAME_base.png at --output)"),
         arg("--hires-sampler", help="the second pass's sampler (default: --sampler)"),
         arg("--hires-scheduler", help="the second pass's scheduler (default: --scheduler)"),
         arg("--hires-cfg", type=float, help="the second pass's CFG scale (default: --cfg)"),

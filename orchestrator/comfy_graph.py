@@ -314,12 +314,16 @@ def chains(c: _Checker, table: dict[str, NodeSpec], outputs: list[str]) -> list[
 
 
 def _chain_job(graph, table, c: _Checker, outputs: list[str], sizes) -> tuple[GraphJob, list]:
-    """One chain's job (its first output the job's, the others its saves) and its problems."""
-    out = outputs[0]
+    """One chain's job (the output saving its final image the job's, the others its saves or, with a hires fix,
+    its first pass's) and its problems."""
+    role_of = {k: table[graph[k]["class_type"]].role for k in c.done}
+    out = _final_output(c, role_of, outputs)
     roles, spec, problems = _roles(graph, table, c, out, sizes)
     if not problems:
-        problems += _same_image(c, outputs)
-        roles.update({f"save{k}": node for k, node in enumerate(outputs[1:], 1)})
+        saves, problems = _saves(c, role_of, roles, outputs)
+        roles.update(saves)
+        if "base_save" in roles:
+            spec["hires"]["keep_base"] = True
     return GraphJob(spec=spec, nodes=roles, output=out), problems
 
 
@@ -338,18 +342,61 @@ def _checked(c: _Checker, outputs: list[str]) -> list[tuple[str, dict]]:
     return problems
 
 
-def _same_image(c: _Checker, outputs: list[str]) -> list[tuple[str, dict]]:
-    """Every output saves the job's one image: the IMAGE its first output saves (several SaveImage / PreviewImage
-    nodes on it are one image shown several times)."""
-    image = c.links[outputs[0]]["images"]
-    return [_custom(k, "images", f"a job makes one image: every SaveImage and PreviewImage must save the image "
-                                 f"output node '{outputs[0]}' saves (node '{image}')") for k in outputs[1:]
-            if c.links[k]["images"] != image]
+def _final_output(c: _Checker, role_of: dict, outputs: list[str]) -> str:
+    """The output node that saves the job's final image: the first one on a VAEDecode of a second pass's KSampler
+    (a hires fix; others may save its first pass's image), else the first output."""
+    for k in outputs:
+        decode = c.links[k]["images"]
+        sampler = c.links[decode].get("samples") if role_of[decode] == "decode" else None
+        if sampler is None or role_of[sampler] != "sampler":
+            continue
+        latent = c.links[sampler]["latent_image"]
+        if role_of[latent] == "upscale" or (role_of[latent] == "encode"
+                                            and role_of[c.links[latent]["pixels"]] == "upscale"):
+            return k
+    return outputs[0]
+
+
+def _saves(c: _Checker, role_of: dict, roles: dict, outputs: list[str]) -> tuple[dict, list]:
+    """The other output nodes' roles -> ({role: node}, problems): on the job's image (its VAEDecode, or another of
+    the same latent and VAE: the same pixels) save1, save2 ...; with a hires fix, on its first pass's image (the
+    pixel path's VAEDecode, or a VAEDecode of the first KSampler's latent) base_save, base_save1 ... (the job keeps
+    that image: hires.keep_base)."""
+    def decodes(node: str, sampler: str) -> bool:
+        links = c.links[node]
+        return role_of[node] == "decode" and links["samples"] == sampler and links["vae"] == roles["vae"]
+    final, out, problems, count = roles["decode"], {}, [], {"save": 1, "base_save": 0}
+    for k in outputs:
+        if k == roles["save"]:
+            continue
+        image = c.links[k]["images"]
+        if image == final or decodes(image, c.links[final]["samples"]):
+            role = "save"
+        elif "hires_sampler" in roles and (image == roles.get("hires_decode") or decodes(image, roles["sampler"])):
+            role = "base_save"
+            if image != roles.get("hires_decode"):
+                out.setdefault("base_decode", image)
+        else:
+            problems.append(_custom(k, "images", f"every SaveImage and PreviewImage must save the job's image (a "
+                                    f"VAEDecode of the latent node '{c.links[final]['samples']}' with its VAE) or, "
+                                    f"with a hires fix, its first pass's (a VAEDecode of the first KSampler's "
+                                    f"latent); node '{image}' is neither"))
+            continue
+        out[f"{role}{count[role] or ''}"] = k
+        count[role] += 1
+    return out, problems
 
 
 def output_nodes(nodes: dict[str, str]) -> list[str]:
-    """A job's output node ids (its roles save, save1, save2 ...): the job's one image shown by each."""
-    return [nodes["save"]] + [nodes[f"save{k}"] for k in range(1, len(nodes)) if f"save{k}" in nodes]
+    """A job's output node ids: those on its final image (roles save, save1 ...), then those on a hires fix's first
+    pass image (base_save, base_save1 ...)."""
+    final = [nodes["save"]] + [nodes[f"save{k}"] for k in range(1, len(nodes)) if f"save{k}" in nodes]
+    return final + base_outputs(nodes)
+
+
+def base_outputs(nodes: dict[str, str]) -> list[str]:
+    """The output node ids that save a hires fix's first pass image (hires.keep_base)."""
+    return [nodes[r] for r in ["base_save"] + [f"base_save{k}" for k in range(1, len(nodes))] if r in nodes]
 
 
 def sized_to_image(graph: dict, job: GraphJob, size: tuple[int, int], sizes=None) -> GraphJob:
@@ -859,6 +906,7 @@ HIRES_IDS = {"upscale": "50", "hires_sampler": "51", "hires_positive": "52", "hi
              "hires_decode": "54", "hires_encode": "55"}                     # a hires fix's second pass
 COND_IDS = {"positive_zero": "60", "positive_from": "61", "positive_average": "62", "negative_zero": "63",
             "negative_from": "64", "negative_average": "65"}           # a sampler input's conditioning operations
+BASE_IDS = {"base_decode": "56", "base_save": "57"}     # hires.keep_base: the first pass's VAEDecode and SaveImage
 ADVANCED_END = 10000            # KSamplerAdvanced's end_at_step for "to the end" (nodes.py's default)
 TITLES = {"positive": "CLIP Text Encode (Positive Prompt)", "negative": "CLIP Text Encode (Negative Prompt)",
           "hires_positive": "CLIP Text Encode (Hires Positive Prompt)",
@@ -919,6 +967,7 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
              vae=[ids["vae"], 0]),
         *([node("crop", "ImageCrop", spec["crop"], image=[ids["decode"], 0])] if spec.get("crop") else []),
         node("save", "SaveImage", images=[ids["crop" if spec.get("crop") else "decode"], 0], filename_prefix="anima"),
+        *_base_nodes(node, spec, ids),
     ))
 
 
@@ -944,6 +993,31 @@ def _conditioning_nodes(node, spec: dict, ids: dict, clip: list) -> list[tuple[s
             head = [ids[f"{side}_average"], 0]
         ids[f"cond_{side}"] = head[0]
     return out
+
+
+def _keeps_base(spec: dict) -> bool:
+    h = spec.get("hires")
+    return isinstance(h, dict) and bool(h.get("keep_base"))
+
+
+def job_nodes(spec: dict) -> dict[str, str]:
+    """The roles of the graph job_to_graph makes for a job (the canonical ids): its base image's SaveImage too when it
+    keeps one."""
+    return {**CANONICAL_IDS, **({"base_save": BASE_IDS["base_save"]} if _keeps_base(spec) else {})}
+
+
+def _base_nodes(node, spec: dict, ids: dict) -> list[tuple[str, dict]]:
+    """hires.keep_base: SaveImage of the first pass's image: the pixel path's VAEDecode, or a VAEDecode of the first
+    KSampler's latent of its own."""
+    if not _keeps_base(spec):
+        return []
+    for role, default in BASE_IDS.items():
+        ids.setdefault(role, default)
+    out, image = [], ids["hires_decode"]
+    if spec["hires"].get("space") != "pixel":
+        out.append(node("base_decode", "VAEDecode", samples=[ids["sampler"], 0], vae=[ids["vae"], 0]))
+        image = ids["base_decode"]
+    return out + [node("base_save", "SaveImage", images=[image, 0], filename_prefix="anima_base")]
 
 
 def _latent_nodes(node, spec: dict, ids: dict) -> list[tuple[str, dict]]:

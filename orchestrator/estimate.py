@@ -227,8 +227,12 @@ def estimate_spec(spec, packs: dict, board: BoardSettings, cached: bool = False)
         notes.append(f"{spec.cache.node} may reuse some model calls: priced as if every call ran")
     if spec.negative_prompt.strip() and spec.negative_ignored():
         notes.append("cfg 1: the negative prompt changes nothing and is not encoded")
-    j = job_figures(final)
-    decode = (j["decode_npu_s"] if board.vae == "npu" else j["decode_s"]) * batch
+    key = "decode_npu_s" if board.vae == "npu" else "decode_s"
+    decode = job_figures(final)[key] * batch
+    if spec.hires is not None and spec.hires.keep_base and spec.hires.space == "latent":
+        # each first pass decoded too, at its size, in the final decodes' VAE session (no lifecycle of its own);
+        # the pixel path decodes it anyway
+        decode += job_figures(model, vae_up=True)[key] * batch
     if cached:
         notes.append("every prompt is in the conditioning cache: no encoder start, load or run")
     what = "a board's own calibration" if model.measured else "reference board and peer figures"

@@ -35,6 +35,7 @@ HIRES_LATENT_FILE = "hires_latent.npy"   # hires fix: the second pass's latent (
 HIRES_INIT_FILE = "hires_init.npy"       # the pixel path: the scaled first image encoded again, the second start
 FIRST_IMAGE_FILE = "first.png"           # the pixel path: the first pass's image as the VAE decoded it (8 bits)
 DECODED_FILE = "decoded.png"             # an image operation's input: the VAE's PNG before ImageCrop
+BASE_IMAGE_FILE = "base.png"             # hires.keep_base: the first pass's image, delivered (first.png's place)
 IMAGE_FILE = "image.png"
 REPORT_FILE = "report.json"
 TIMING_FILE = "timing.png"
@@ -54,6 +55,8 @@ JOB_FILES = (
     JobFile(HIRES_COND_FILE, DAEMON, "the flow, the hires fix's own prompts", kept=False),
     JobFile(HIRES_UNCOND_FILE, DAEMON, "the flow, the hires fix's own prompts", kept=False),
     JobFile(FIRST_IMAGE_FILE, DAEMON, "the flow, the hires fix's pixel path", kept=False, per_image=True),
+    # written by the daemon from the VAE stage's inline PNG (the first pass's size is not the hires arena's)
+    JobFile(BASE_IMAGE_FILE, DAEMON, "the flow, hires.keep_base: the first pass's image", kept=True, per_image=True),
     JobFile(HIRES_INIT_FILE, DAEMON, "the flow, the hires fix's pixel path", kept=False, per_image=True),
     JobFile(HIRES_LATENT_FILE, DAEMON, "the flow, the hires fix's second pass", kept=False, per_image=True),
     # the daemon writes it when the VAE is remote (the PNG comes back inline), but a local VAE stage may still be

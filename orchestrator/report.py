@@ -145,6 +145,7 @@ class JobReport:
     vae_encode_timings: dict = field(default_factory=dict)     # img2img: VAE_ENCODE's timings ({} otherwise)
     image: str | None = None
     images: list = field(default_factory=list)         # a batch: per image {batch_index, seed, image, latent}
+    base_images: list = field(default_factory=list)    # hires.keep_base: where each first-pass image is
     delivery: dict | None = None                       # {output, written, note?}: the copy to the prompt's `output`
     started: float = field(default_factory=time.time)
     finished: float | None = None
@@ -173,6 +174,7 @@ class JobReport:
             "job": self.job,
             "image": self.image,
             "images": self.images,
+            **({"base_images": self.base_images} if self.base_images else {}),
             "delivery": self.delivery,
             "prompt": self.spec,
             "computed_steps": list(d.get("computed_steps", [])),

@@ -218,6 +218,8 @@ class HiresSettings(Record, frozen=True):
     end_step: Int(0, 10_000) | None = None
     add_noise: bool = True
     leftover_noise: bool = False
+    # the first pass's image kept too (base.png, base_1.png ...), as a ComfyUI graph's SaveImage on its VAEDecode
+    keep_base: bool = False
 
     @property
     def upscaled(self) -> bool:

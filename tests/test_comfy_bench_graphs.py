@@ -86,3 +86,30 @@ def test_the_two_chain_and_pick_crop_graphs_are_their_jobs():
     spec = _spec("pick-crop")
     assert (spec.get("batch", 1), spec["batch_index"]) == (1, 2)
     assert spec["crop"] == {"width": 128, "height": 256, "x": 72, "y": 32}
+
+
+def test_the_base_and_hires_bench_graphs_keep_the_first_image_on_either_path():
+    latent, pixel = _spec("hires-base-latent")["hires"], _spec("hires-base-pixel")["hires"]
+    assert latent == {**_spec("hires-latent")["hires"], "keep_base": True}
+    assert pixel == {"method": "lanczos", "space": "pixel", "scale": 1.5, "steps": 6, "denoise": 0.5,
+                     "keep_base": True}
+    graph = WORKFLOWS["hires-base-pixel"][1](FILES, 7, 256, 256)
+    saves = sorted(k for k, n in graph.items() if n["class_type"] == "SaveImage")
+    job = graph_to_job(graph, names=NAMES, sizes=SIZES)
+    assert saves == ["10", "27"] and (job.nodes["save"], job.nodes["base_save"]) == ("10", "27")
+
+
+def test_the_reference_reads_every_output_nodes_images_not_only_the_last():
+    from bench.comfy_reference import ComfyClient
+
+    def png(v: int) -> bytes:
+        buf = io.BytesIO()
+        Image.fromarray(np.full((8, 8, 3), v, np.uint8)).save(buf, format="PNG")
+        return buf.getvalue()
+    files = {"base.png": png(1), "image.png": png(2), "image_1.png": png(3)}
+    client = ComfyClient("http://127.0.0.1:1", 1.0)
+    client.view = lambda item: files[item["filename"]]
+    got = client.images({"27": {"images": [{"filename": "base.png"}]},
+                         "10": {"images": [{"filename": "image.png"}, {"filename": "image_1.png"}]}})
+    assert list(got) == ["10", "27"]
+    assert [[int(a[0, 0, 0]) for a in got[k]] for k in got] == [[2, 3], [1]]

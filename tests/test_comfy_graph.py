@@ -96,9 +96,9 @@ CASES = [
                       "31": G["3"]}, "30", "custom_validation_failed", "the first KSampler's LATENT"),
     ("sampler-loop", edited(G, "3", latent_image=["3", 0]), "3", "dependency_cycle", "the graph loops: 3.latent_image"),
     ("decode-latent", edited(G, "8", samples=["5", 0]), "8", "custom_validation_failed", "KSampler's output"),
-    ("two-images", {**G, "20": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["13", 0]}},
+    ("two-images", {**G, "20": {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["13", 0]}},
                     "10": {"class_type": "SaveImage", "inputs": {"images": ["20", 0], "filename_prefix": "b"}}}, "10",
-     "custom_validation_failed", "one image"),
+     "custom_validation_failed", "node '20' is neither"),
     ("output-input-missing", {**G, "10": {"class_type": "SaveImage", "inputs": {"images": ["8", 0]}}}, "10",
      "required_input_missing", "filename_prefix"),
 ]

@@ -598,3 +598,67 @@ def test_both_passes_share_the_model_chain_back_and_forth(extra):
     back = _resolved(_job(g).spec)
     spec["hires"]["steps"] = spec["steps"]
     assert back == spec, {k: (back[k], spec[k]) for k in spec if back.get(k) != spec[k]}
+
+
+# ---- the base image and the hires image each saved (hires.keep_base) ---------------------------------------------
+def _base_saved(up: str) -> dict:
+    """hires_graph(up) with SaveImage "57" of the first pass's image listed before the final SaveImage "9": the pixel
+    path's VAEDecode "54", or a VAEDecode "56" of KSampler "3"'s latent."""
+    g = hires_graph(up)
+    image = "54"
+    if not up.startswith("Image"):
+        g["56"] = {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["13", 0]}}
+        image = "56"
+    return {"57": {"class_type": "SaveImage", "inputs": {"images": [image, 0], "filename_prefix": "base"}}, **g}
+
+
+@pytest.mark.parametrize("up", ["LatentUpscaleBy", "ImageScaleBy"])
+def test_the_base_and_the_hires_image_each_saved_is_one_job_that_keeps_its_base(up):
+    from orchestrator.http import comfy_shapes as shapes
+    from tests.test_comfy_nodes import _done_view
+    g = _base_saved(up)
+    job = _job(g)
+    plain = _job(hires_graph(up))
+    assert job.output == "9" and job.nodes["save"] == "9" and job.nodes["base_save"] == "57"
+    assert job.spec == {**plain.spec, "hires": {**plain.spec["hires"], "keep_base": True}}
+    assert job.nodes.get("base_decode") == (None if up.startswith("Image") else "56")
+    assert parse_prompt_obj(job.spec, resolution=SIZES).hires.keep_base
+    view = _done_view(g, job)
+    entry = shapes.history_entry(view, NAMES)
+    files = {node: [i["filename"] for i in out["images"]] for node, out in entry["outputs"].items()}
+    assert files == {"9": ["image.png"], "57": ["base.png"]} and entry["prompt"][4] == ["9", "57"]
+    executed = {msg["node"]: [i["filename"] for i in msg["output"]["images"]]
+                for kind, msg in shapes.end(view, NAMES) if kind == "executed"}
+    assert executed == files
+
+
+def test_a_batchs_base_images_are_each_saved_and_another_image_is_refused():
+    from orchestrator.http import comfy_shapes as shapes
+    from tests.test_comfy_nodes import _done_view
+    g = edited(_base_saved("LatentUpscaleBy"), "5", batch_size=2)
+    job = _job(g)
+    entry = shapes.history_entry(_done_view(g, job), NAMES)
+    assert [i["filename"] for i in entry["outputs"]["57"]["images"]] == ["base.png", "base_1.png"]
+    assert [i["filename"] for i in entry["outputs"]["9"]["images"]] == ["image.png", "image_1.png"]
+    # a VAEDecode of the upscaled latent is no image the job makes: refused on the SaveImage that asks for it
+    wrong = edited(_base_saved("LatentUpscaleBy"), "56", samples=["50", 0])
+    _custom(_refused(wrong), "57", "images", "node '56' is neither")
+    # without a hires fix there is no first pass's image to keep
+    lone = {**standard_graph(width=64, height=64),
+            "57": {"class_type": "SaveImage", "inputs": {"images": ["58", 0], "filename_prefix": "b"}},
+            "58": {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["13", 0]}}}
+    _custom(_refused(lone), "57", "images", "is neither")
+
+
+@pytest.mark.parametrize("space", ["latent", "pixel"])
+def test_a_keep_base_jobs_graph_saves_both_images_and_maps_back(space):
+    from orchestrator.comfy_graph import job_nodes
+    hires = {"scale": 1.5, "keep_base": True, **({"space": "pixel", "method": "lanczos"} if space == "pixel" else {})}
+    spec = _resolved({"prompt": "x", "seed": 5, "steps": 3, "width": 64, "height": 64, "spectrum": False,
+                      "hires": hires})
+    g = job_to_graph(spec, names=NAMES)
+    saves = {k: n["inputs"]["images"][0] for k, n in g.items() if n["class_type"] == "SaveImage"}
+    assert saves == {"9": "8", "57": "54" if space == "pixel" else "56"}
+    assert job_nodes(spec)["base_save"] == "57" and "base_save" not in job_nodes({**spec, "hires": None})
+    back = _resolved(_job(g).spec)
+    assert back["hires"]["keep_base"] is True and back == {**spec, "hires": {**spec["hires"], "steps": 3}}

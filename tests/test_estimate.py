@@ -177,6 +177,25 @@ def test_calls_follow_the_reference_boards_spectrum_run():
     assert two.calls == 2 * e.calls and two.decode_s == pytest.approx(2 * e.decode_s)
 
 
+def test_keeping_the_base_image_prices_its_decode_without_another_vae_start():
+    """hires.keep_base on the latent path: one more decode per image at the first size, the VAE already up (its
+    lifecycle not counted again); the pixel path decodes the first image anyway: the same price."""
+    from models.board.account import job_figures
+    from orchestrator.estimate import board_model_for
+    packs, board = {(512, 512): None, (768, 768): None}, BoardSettings()
+
+    def est(**hires):
+        obj = {**json.loads((ROOT / "examples" / "prompt.json").read_text()), "batch": 2,
+               "hires": {"scale": 1.5, **hires}}
+        return estimate_spec(parse_prompt_obj(obj, resolution=list(packs)), packs, board)
+    model = board_model_for(None, (512, 512), board)
+    first = job_figures(model, vae_up=True)["decode_npu_s"]
+    assert est(keep_base=True).decode_s == pytest.approx(est().decode_s + 2 * first)
+    assert 0 < first < job_figures(model)["decode_npu_s"]
+    pixel = {"space": "pixel", "method": "lanczos"}
+    assert est(keep_base=True, **pixel).decode_s == pytest.approx(est(**pixel).decode_s)
+
+
 @pytest.mark.parametrize("policy,cfg", [("prefetch2", 4.0), ("prefetch+dual_core", 4.0), ("on-demand", 1.0)])
 def test_the_estimate_is_the_board_benchs_projection(policy, cfg):
     """bench/overhead.py --analytic (its own sum of encode, the policy's timeline over the calls, and decode) for the

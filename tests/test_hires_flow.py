@@ -189,7 +189,8 @@ def test_a_crash_leaves_no_hires_temporaries_behind(tmp_path):
     (jd / "hires_1").mkdir()
     (jd / JOB_FILE).write_text("{}")
     mine = [jd / ".hires_latent.npy.k3.tmp", jd / ".first_1.png.k4.tmp", jd / ".hires_init.npy.k5.tmp",
-            jd / ".hires_cond.npy.k6.tmp", jd / ".hires_latent_2.npy.k7.tmp"]
+            jd / ".hires_cond.npy.k6.tmp", jd / ".hires_latent_2.npy.k7.tmp", jd / ".base.png.k8.tmp",
+            jd / ".base_1.png.k9.tmp"]
     stale = [jd / "hires" / ".s.json.a1.tmp", jd / "hires_1" / ".s.json.a2.tmp"]
     fresh = jd / "hires" / ".s.json.b2.tmp"
     for p in (*mine, *stale, fresh):
@@ -319,6 +320,35 @@ def test_the_pixel_path_decodes_scales_and_encodes_each_image_of_a_batch(d, meth
     left = {p.name for p in jd.iterdir() if p.is_file()} - {"state.json"}     # the scheduler double's step state
     assert {"first_1.png", "hires_init_1.npy", "hires_latent_1.npy", "latent_1.npy", "report.json"} <= left
     assert left <= table, left - table             # every file the flow left is in the job folder's one table
+
+
+@pytest.mark.parametrize("space", ["latent", "pixel"])
+def test_keep_base_keeps_and_delivers_each_first_image_in_the_vae_sessions_the_job_has_anyway(d, space, tmp_path):
+    """hires.keep_base: each image's first pass decoded as the VAE decodes it (base.png, base_1.png: the first size,
+    the job's metadata), copied next to `output` as NAME_base.png; the latent path decodes them in the final decodes'
+    VAE session, the pixel path keeps its own decode of them (no first.png): no VAE start more than without it."""
+    pixel = space == "pixel"
+    hires = {"scale": 1.5, "steps": 2, "denoise": 0.5, **({"space": "pixel", "method": "bilinear"} if pixel else {})}
+    out = tmp_path / "pic.png"
+    job = d.submit({"prompt": "a girl", "seed": 4, "steps": 2, "batch": 2, "output": str(out),
+                    "hires": {**hires, "keep_base": True}})
+    info = _wait(d, job, ("done", "failed"))
+    assert info.state == "done", info
+    jd = d.rf.jobs / job
+    for pos, suffix in enumerate(("", "_1")):
+        with Image.open(jd / f"base{suffix}.png") as im:
+            assert im.size == (64, 64)
+            want = _first_image(np.load(jd / f"latent{suffix}.npy"))
+            np.testing.assert_array_equal(np.asarray(im.convert("RGB")), want)
+            assert f"Batch pos: {pos}," in im.text["parameters"] and "Hires upscale: 1.5" in im.text["parameters"]
+        assert (tmp_path / f"pic_base{suffix}.png").read_bytes() == (jd / f"base{suffix}.png").read_bytes()
+        with Image.open(jd / f"image{suffix}.png") as im:
+            assert im.size == (96, 96)
+    assert not (jd / "first.png").exists()
+    report = json.loads((jd / "report.json").read_text())
+    assert report["base_images"] == [str(tmp_path / "pic_base.png"), str(tmp_path / "pic_base_1.png")]
+    assert report["stage_starts"]["vae"] == (2 if pixel else 1)
+    assert report["teardown"]["vae_running_during_denoise"] is False
 
 
 def test_a_pixel_hires_batch_killed_mid_encode_and_mid_second_pass_resumes_to_the_same_latents(d):
@@ -480,3 +510,30 @@ def test_an_end_step_past_the_schedule_samples_to_the_end_in_both_passes(d):
     info = _wait(d, job, ("done", "failed"))
     assert info.state == "done", info
     assert [(r["start_step"], r["end_step"]) for r in _log(d, "double_denoises", job)] == [(None, None), (3, None)]
+
+
+def test_a_graph_saving_base_and_hires_images_gets_each_from_history_and_view(d):
+    """POST /prompt of the pixel hires graph with SaveImage "57" on the first VAEDecode: /history lists base.png under
+    "57" and image.png under "9", and /view serves each as the job folder holds it."""
+    import requests
+    from tests.test_comfy_hires_graph import _base_saved
+    url = d.http_url()
+    graph = _base_saved("ImageScaleBy")
+    info = requests.get(url + "object_info", timeout=30).json()
+    for node in graph.values():                      # the loaders name the files this run folder has
+        for name, spec in info[node["class_type"]]["input"]["required"].items():
+            if name.endswith("_name") and spec[0]:
+                node["inputs"][name] = spec[0][0]
+    r = requests.post(url + "prompt", json={"prompt": graph}, timeout=60)
+    assert r.status_code == 200, r.text
+    pid = r.json()["prompt_id"]
+    info = _wait(d, pid, ("done", "failed"))
+    assert info.state == "done", info
+    outputs = requests.get(url + f"history/{pid}", timeout=30).json()[pid]["outputs"]
+    assert {k: [i["filename"] for i in v["images"]] for k, v in outputs.items()} == {"9": ["image.png"],
+                                                                                   "57": ["base.png"]}
+    for node, name in (("9", "image.png"), ("57", "base.png")):
+        got = requests.get(url + "view", params=outputs[node]["images"][0], timeout=30)
+        assert got.status_code == 200 and got.content == (d.rf.jobs / pid / name).read_bytes()
+    with Image.open(d.rf.jobs / pid / "base.png") as im:
+        assert im.size == (64, 64) and json.loads(im.text["prompt"])["57"]["class_type"] == "SaveImage"

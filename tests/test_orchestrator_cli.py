@@ -270,18 +270,21 @@ def test_generate_hires_and_batch_options_become_prompt_json_fields(tmp_path, ca
     base = ["--run", str(rf.root), "generate", "a girl", "--seed", "3"]
     assert cli.main([*base, "--batch", "2", "--hires", "1.5", "--hires-steps", "4", "--hires-denoise", "0.4",
                      "--hires-pixel", "--hires-sampler", "dpmpp_2m", "--hires-scheduler", "karras", "--hires-cfg",
-                     "5", "--hires-seed", "9", "--hires-prompt", "a tall girl", "--hires-negative", "blurry"]) == 0
+                     "5", "--hires-seed", "9", "--hires-prompt", "a tall girl", "--hires-negative", "blurry",
+                     "--hires-keep-base"]) == 0
     spec = queued.pop()
     assert spec.batch == 2
     assert spec.hires.to_dict() == {"scale": 1.5, "width": None, "height": None, "method": "lanczos",
                                     "space": "pixel", "steps": 4, "denoise": 0.4, "prompt": "a tall girl",
                                     "negative_prompt": "blurry", "sampler": "dpmpp_2m", "scheduler": "karras",
                                     "cfg": 5.0, "seed": 9, "start_step": None, "end_step": None, "add_noise": True,
-                                    "leftover_noise": False}
+                                    "leftover_noise": False,
+                                    "keep_base": True}
     assert cli.main([*base, "--hires", "96x96", "--hires-method", "bislerp"]) == 0
     h = queued.pop().hires
-    assert (h.width, h.height, h.scale, h.method, h.space) == (96, 96, None, "bislerp", "latent")
+    assert (h.width, h.height, h.scale, h.method, h.space, h.keep_base) == (96, 96, None, "bislerp", "latent", False)
     for extra, words in ((["--hires-steps", "3"], "--hires-steps: needs --hires SCALE|WxH"),
+                         (["--hires-keep-base"], "--hires-keep-base: needs --hires SCALE|WxH"),
                          (["--hires", "big"], "--hires: 'big': expected a scale (1.5) or WxH"),
                          (["--hires", "2"], "--hires: the second pass at 128x128 has no model pack"),
                          (["--hires", "1.5", "--hires-denoise", "0"], "--hires-denoise: must be in (0, 1]"),

@@ -90,7 +90,9 @@ def test_the_second_pass_has_its_own_prompts_only_when_they_differ():
 
 SHAPES = [{}, {"init_image": "a.png", "mask": "m.png", "grow_mask_by": 4}, {"batch": 4},
           {"hires": {"scale": 1.5}}, {"batch": 2, "hires": {"scale": 1.5, "space": "pixel", "negative_prompt": "x"}},
-          {"init_image": "a.png", "batch": 2, "hires": {"scale": 1.5, "space": "pixel"}}]
+          {"init_image": "a.png", "batch": 2, "hires": {"scale": 1.5, "space": "pixel"}},
+          {"batch": 2, "hires": {"scale": 1.5, "keep_base": True}},
+          {"batch": 2, "hires": {"scale": 1.5, "space": "pixel", "keep_base": True}}]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: ",".join(s) or "txt2img")
@@ -108,7 +110,7 @@ def test_every_plan_is_a_dag_of_the_job_folders_files(shape):
     denoisers = [s for s in plan.steps if s.stage == SCHEDULER]
     assert all(isinstance(s, (Denoise, HiresDenoise)) for s in denoisers)
     assert len([s for s in plan.steps if isinstance(s, PixelStart)]) == (
-        plan.steps[-1].inputs.__len__() if shape.get("hires", {}).get("space") == "pixel" else 0)
+        shape.get("batch", 1) if shape.get("hires", {}).get("space") == "pixel" else 0)
 
 
 def test_a_plan_that_is_not_a_dag_is_refused():
@@ -172,3 +174,63 @@ def test_a_torn_or_wrong_file_is_made_again_with_what_it_needs(tmp_path):
     assert [s.name for s in long._steps_to_run()[0]] == ["EncodeText", "Denoise[0]", "Decode[0]", "Deliver"]
     (tmp_path / "text.json").write_text('{"t5_tokens_prompt": 3}')
     assert [s.name for s in long._steps_to_run()[0]] == ["Denoise[0]", "Decode[0]", "Deliver"]
+
+
+def test_keep_base_on_the_latent_path_decodes_each_first_latent_beside_the_final_images():
+    plan = _plan(batch=2, hires={"scale": 1.5, "keep_base": True})
+    assert [s.name for s in plan.steps] == ["EncodeText", "Denoise[0]", "Denoise[1]", "HiresDenoise[0]",
+                                            "HiresDenoise[1]", "Decode[base 0]", "Decode[base 1]", "Decode[0]",
+                                            "Decode[1]", "Deliver"]
+    bases = [s for s in plan.steps if isinstance(s, Decode) and s.base]
+    assert [(s.inputs, s.outputs) for s in bases] == [(("latent.npy",), ("base.png",)),
+                                                      (("latent_1.npy",), ("base_1.png",))]
+    # one VAE session: every decode is one run of consecutive VAE steps, after the last DENOISE
+    stages = [s.stage for s in plan.steps]
+    assert stages[5:9] == ["vae"] * 4 and "scheduler" not in stages[5:]
+    assert plan.steps[-1].inputs == ("image.png", "image_1.png", "base.png", "base_1.png")
+
+
+def test_keep_base_on_the_pixel_path_keeps_the_pixel_starts_decode_as_base_png():
+    plan = _plan(hires={"scale": 1.5, "space": "pixel", "method": "lanczos", "keep_base": True})
+    start = next(s for s in plan.steps if isinstance(s, PixelStart))
+    assert (start.outputs, start.scratch) == (("hires_init.npy", "base.png"), ())
+    assert not any(isinstance(s, Decode) and s.base for s in plan.steps)       # no second decode of the latent
+    assert plan.steps[-1].inputs == ("image.png", "base.png")
+    plain = next(s for s in _plan(hires={"scale": 1.5, "space": "pixel", "method": "lanczos"}).steps
+                 if isinstance(s, PixelStart))
+    assert (plain.outputs, plain.scratch) == (("hires_init.npy",), ("first.png",))
+
+
+def test_base_images_are_kept_results_and_the_daemons_temporaries():
+    from orchestrator.job_files import BASE_IMAGE_FILE, DAEMON_FILES
+    base = next(f for f in JOB_FILES if f.name == BASE_IMAGE_FILE)
+    assert base.kept and base.per_image
+    assert {"base.png", "base_1.png"} <= DAEMON_FILES            # a daemon start clears their temporaries
+
+
+def test_a_resume_decodes_a_base_image_only_when_it_is_not_whole(tmp_path):
+    """Latent path, killed while decoding: a whole base.png is not decoded again; a lost one is decoded from the kept
+    first latent alone (no second pass again); with that latent lost too, the first pass runs again for it."""
+    r = _runner(tmp_path, _plan(hires={"scale": 1.5, "keep_base": True}))
+    for name in ("cond.npy", "uncond.npy"):
+        _keep(tmp_path, name, (4, 3))
+    _keep(tmp_path, "latent.npy", (2, 4, 4))
+    _keep(tmp_path, "hires_latent.npy", (2, 6, 6))
+    assert [s.name for s in r._steps_to_run()[0]] == ["Decode[base 0]", "Decode[0]", "Deliver"]
+    (tmp_path / "base.png").write_bytes(b"png")
+    assert [s.name for s in r._steps_to_run()[0]] == ["Decode[0]", "Deliver"]
+    (tmp_path / "base.png").unlink()
+    (tmp_path / "image.png").write_bytes(b"png")
+    assert [s.name for s in r._steps_to_run()[0]] == ["Decode[base 0]", "Deliver"]
+    (tmp_path / "latent.npy").unlink()
+    assert [s.name for s in r._steps_to_run()[0]] == ["Denoise[0]", "Decode[base 0]", "Deliver"]
+
+
+def test_a_pixel_resume_reads_the_kept_base_and_encodes_only_what_is_lost(tmp_path):
+    r = _runner(tmp_path, _plan(hires={"scale": 1.5, "space": "pixel", "method": "lanczos", "keep_base": True}))
+    _keep(tmp_path, "latent.npy", (2, 4, 4))
+    _keep(tmp_path, "hires_latent.npy", (2, 6, 6))
+    (tmp_path / "image.png").write_bytes(b"png")
+    assert [s.name for s in r._steps_to_run()[0]] == ["PixelStart[0]", "Deliver"]    # base.png lost: made again
+    (tmp_path / "base.png").write_bytes(b"png")
+    assert [s.name for s in r._steps_to_run()[0]] == ["Deliver"]

@@ -2,12 +2,12 @@
 execution.py write them; see docs/http.md for the fields)."""
 from __future__ import annotations
 
-from orchestrator.comfy_graph import output_nodes
+from orchestrator.comfy_graph import base_outputs, output_nodes
 from orchestrator.comfy_nodes import ModelNames
 from orchestrator.http.comfy_prompt import PromptView
 from orchestrator.http.views import STATE_ROLE, JobView
+from orchestrator.job_files import batch_name
 
-IMAGE_FILE = "image.png"        # in the job folder; /view?filename=image.png&subfolder=JOB&type=output
 STAGE_ROLE = {"encoder": "positive", "scheduler": "sampler", "executor": "sampler", "vae": "decode"}  # a failure's node
 
 
@@ -15,14 +15,18 @@ def ts(t: float) -> int:
     return int(t * 1000)        # ComfyUI's message timestamps are in ms
 
 
-def image_files(job: JobView) -> list[str]:
-    """The job folder's PNGs: image.png, then a batch's image_1.png ... (orchestrator.job_files.batch_name)."""
+def image_files(job: JobView, stem: str = "image") -> list[str]:
+    """The job folder's PNGs: image.png, then a batch's image_1.png ... (orchestrator.job_files.batch_name); `stem`
+    base: a hires fix's first pass images (hires.keep_base)."""
     n = job.spec.get("batch", 1) if isinstance(job.spec.get("batch"), int) else 1
-    return [IMAGE_FILE] + [f"image_{pos}.png" for pos in range(1, n)]
+    return [batch_name(stem, ".png", pos) for pos in range(n)]
 
 
-def images(job: JobView) -> list[dict]:
-    return [{"filename": name, "subfolder": job.id, "type": "output"} for name in image_files(job)] \
+def images(job: JobView, node: str | None = None) -> list[dict]:
+    """The images output node `node` shows (None: the job's final ones): its final images, or its first pass's for a
+    SaveImage on that (base.png ...)."""
+    stem = "base" if node is not None and node in base_outputs(job.nodes) else "image"
+    return [{"filename": name, "subfolder": job.id, "type": "output"} for name in image_files(job, stem)] \
         if job.state == "done" else []
 
 
@@ -70,7 +74,7 @@ def end(job: JobView, names: ModelNames) -> list[tuple[str, dict]]:
     if job.state == "done":
         for save in output_nodes(job.nodes):
             out += [executing(job, save),
-                    ("executed", {"node": save, "display_node": save, "output": {"images": images(job)},
+                    ("executed", {"node": save, "display_node": save, "output": {"images": images(job, save)},
                                   "prompt_id": job.prompt_id})]
         if job.chain[0] < job.chain[1] - 1:
             return out                               # the next chain runs on
@@ -109,7 +113,7 @@ def history_entry(prompt: PromptView, names: ModelNames) -> dict:
         messages[-1][1].update(exception_message=ended.info.error, exception_type=f"anima.{ended.info.error_stage}")
     done = prompt.state == "done"
     return {"prompt": queue_item(prompt, names),
-            "outputs": {save: {"images": images(p)} for save, p in saves},
+            "outputs": {save: {"images": images(p, save)} for save, p in saves},
             "status": {"status_str": "success" if done else "error", "completed": done, "messages": messages},
             "meta": {save: {"node_id": save, "display_node": save, "parent_node": None, "real_node_id": save}
                      for save, _ in saves}}

@@ -12,11 +12,12 @@ import os
 import stat
 from pathlib import Path
 
+from orchestrator.job_files import BASE_IMAGE_FILE, IMAGE_FILE, JOB_FILES, names
 from orchestrator.job_record import JOB_ID_RE
-from protocol.prompt import MAX_BATCH
 
-ALLOWED = {"image.png": "image/png", "timing.png": "image/png", "report.json": "application/json",
-           **{f"image_{pos}.png": "image/png" for pos in range(1, MAX_BATCH)}}     # a batch's other images
+# the job's images (a batch's other ones, a hires fix's first pass images: base.png ...), its report and plot
+ALLOWED = {"timing.png": "image/png", "report.json": "application/json",
+           **{n: "image/png" for f in JOB_FILES if f.name in (IMAGE_FILE, BASE_IMAGE_FILE) for n in names(f)}}
 MAX_FILE_BYTES = 64 * 2**20
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from orchestrator.comfy_graph import CANONICAL_IDS, ModelNames, job_to_graph
+from orchestrator.comfy_graph import CANONICAL_IDS, ModelNames, job_nodes, job_to_graph
 from orchestrator.job_record import FINISHED, STAGES
 from orchestrator.progress_text import phase_text
 from protocol import messages as m
@@ -83,7 +83,7 @@ class JobView:
     def nodes(self) -> dict[str, str]:
         """Role -> node id: the client's ids for a ComfyUI job, else the canonical graph's."""
         nodes = self.origin.get("nodes") if self.api == "comfyui" else None
-        return {**CANONICAL_IDS, **nodes} if isinstance(nodes, dict) else dict(CANONICAL_IDS)
+        return {**CANONICAL_IDS, **nodes} if isinstance(nodes, dict) else job_nodes(self.spec)
 
     @property
     def number(self) -> int:

@@ -67,13 +67,25 @@ def _first_pass(spec: PromptSpec, pos: int) -> Step:
                    scratch=(_state("batch" if pos else "", pos),))
 
 
+def base_image_file(pos: int) -> str:
+    return batch_name("base", ".png", pos)
+
+
+def _pixel_start(spec: PromptSpec, pos: int) -> PixelStart:
+    """Image `pos`'s pixel path: its first image decoded is scratch (first.png), or with hires.keep_base the
+    delivered base.png itself (the pixels ComfyUI's SaveImage writes from the same VAEDecode)."""
+    first = base_image_file(pos) if spec.hires.keep_base else batch_name("first", ".png", pos)
+    made = (first,) if spec.hires.keep_base else ()
+    return PixelStart(pos, inputs=(latent_file(pos),), outputs=(batch_name("hires_init", ".npy", pos), *made),
+                      scratch=() if made else (first,))
+
+
 def _hires_steps(spec: PromptSpec) -> list[Step]:
     """The second pass of each image: the pixel path's starts first (one VAE session for the batch), then the
     denoises (the job's contexts, or the second pass's own)."""
     contexts = CONTEXTS if hires_texts(spec) is None else HIRES_CONTEXTS
     pixel = spec.hires.space == "pixel"
-    starts = [PixelStart(pos, inputs=(latent_file(pos),), outputs=(batch_name("hires_init", ".npy", pos),),
-                         scratch=(batch_name("first", ".png", pos),)) for pos in range(spec.batch)] if pixel else []
+    starts = [_pixel_start(spec, pos) for pos in range(spec.batch)] if pixel else []
     passes = [HiresDenoise(pos, inputs=(*contexts, latent_file(pos),
                                         *((batch_name("hires_init", ".npy", pos),) if pixel else ())),
                            outputs=(final_latent_file(spec, pos),), scratch=(_state("hires", pos),))
@@ -83,12 +95,14 @@ def _hires_steps(spec: PromptSpec) -> list[Step]:
 
 def decoded_sizes(spec: PromptSpec) -> list[tuple[str, tuple[int, int]]]:
     """(field, (width, height)) of every size the job's plan has the VAE decode: the final image's (the second pass's
-    with a hires fix), and the first pass's too when the pixel path decodes it. `spec` has its size filled."""
+    with a hires fix), and the first pass's too when the pixel path or hires.keep_base decodes it. `spec` has its size
+    filled."""
     base = (spec.width, spec.height)
     if spec.hires is None:
         return [("width", base)]
     second = spec.hires.size(*base)
-    return ([("width", base)] if spec.hires.space == "pixel" else []) + [("hires", second)]
+    first = spec.hires.space == "pixel" or spec.hires.keep_base
+    return ([("width", base)] if first else []) + [("hires", second)]
 
 
 def _decode_steps(spec: PromptSpec, images: tuple[str, ...]) -> list[Step]:
@@ -104,11 +118,16 @@ def _decode_steps(spec: PromptSpec, images: tuple[str, ...]) -> list[Step]:
 
 def build_plan(spec: PromptSpec) -> Plan:
     """The steps of a job, in an order that runs them: its contexts (and init latent), each image's first pass, the
-    hires fix's second pass, each image decoded (and cut), then all delivered."""
+    hires fix's second pass, each image decoded (with hires.keep_base its first pass's too; with an ImageCrop, cut),
+    then all delivered."""
     steps = _encode_steps(spec) + [_first_pass(spec, pos) for pos in range(spec.batch)]
     if spec.hires is not None:
         steps += _hires_steps(spec)
     images = tuple(batch_name("image", ".png", pos) for pos in range(spec.batch))
+    bases = tuple(base_image_file(pos) for pos in range(spec.batch)) if spec.hires and spec.hires.keep_base else ()
+    if bases and spec.hires.space == "latent":       # decoded beside the final images: one VAE session for all
+        steps += [Decode(pos, inputs=(latent_file(pos),), outputs=(bases[pos],), base=True)
+                  for pos in range(spec.batch)]
     steps += _decode_steps(spec, images)
-    steps.append(Deliver(inputs=images))
+    steps.append(Deliver(inputs=images + bases))
     return Plan(tuple(steps))

@@ -12,21 +12,27 @@ from orchestrator.prompt_spec import output_file
 from orchestrator.stage_control import StageFailed
 
 log = logging.getLogger("orchestrator.plan")
+BASE_SUFFIX = "_base"                        # hires.keep_base: NAME_base.png beside NAME.png at `output`
 
 
 class DeliverStep:
     """The delivery of a job's runner (orchestrator.plan.run.PlanRunner)."""
 
     def _step_deliver(self, step) -> None:
-        where = [self._deliver(self.dir / image, pos) for pos, image in enumerate(step.inputs)]
+        images, bases = step.inputs[:self.batch], step.inputs[self.batch:]
+        where = [self._deliver(self.dir / image, pos) for pos, image in enumerate(images)]
         self.report.image = where[0]
+        if bases:                            # hires.keep_base: the first pass's images, next to the final ones
+            self.report.base_images = [self._deliver(self.dir / base, pos, BASE_SUFFIX)
+                                       for pos, base in enumerate(bases)]
         if self.batch > 1:
             self.report.images = [{"batch_index": pos, "seed": self.spec.seed, "image": w,
                                    "latent": str(self.dir / final_latent_file(self.spec, pos))}
                                   for pos, w in enumerate(where)]
 
-    def _deliver(self, image: Path, pos: int = 0) -> str:
-        """Copy the PNG to the prompt's `output` (a .png path, or a folder that gets JOB.png) -> where the image is.
+    def _deliver(self, image: Path, pos: int = 0, suffix: str = "") -> str:
+        """Copy the PNG to the prompt's `output` (a .png path, or a folder that gets JOB.png; `suffix` after the stem:
+        NAME_base.png) -> where the image is.
 
         The copy is a file created exclusively next to the destination (atomic_write: no planted link is followed)
         and renamed over it only when the job says `overwrite`; otherwise an existing destination (a file, a link,
@@ -35,6 +41,7 @@ class DeliverStep:
         if not out:
             return str(image)
         dest = output_file(out, self.job.id)
+        dest = dest.with_name(dest.stem + suffix + dest.suffix)
         if pos:                              # a batch's other images next to the first: NAME_1.png ...
             dest = dest.with_name(batch_name(dest.stem, dest.suffix, pos))
         try:
@@ -48,6 +55,6 @@ class DeliverStep:
         except OSError as e:
             raise StageFailed("orchestrator", f"cannot write the image to output {dest}: {e} (the image is kept "
                                               f"at {image})") from None
-        if pos == 0:                         # a batch's record is its first image's, unless a later one was kept
+        if pos == 0 and not suffix:          # a batch's record is its first image's, unless a later one was kept
             self.report.delivery = {"output": str(dest), "written": True}
         return str(dest)

@@ -135,22 +135,21 @@ class PlanRunner(JobChecks, TextSteps, VaeSteps, DenoiseSteps, ImageSteps, Deliv
 
     def _steps_to_run(self) -> tuple[list[Step], dict]:
         """(the steps a resume cannot skip, in plan order; {step: its outputs not whole}). From the last step back: a
-        step whose outputs are all whole is done (what only it reads is not needed); one that is not runs, and so do
-        the steps writing its inputs, by the same rule."""
-        seen: set[Step] = set()
+        step whose outputs that later running steps read are whole is done (what only it reads is not needed); one
+        that is not runs, and so do the steps writing its inputs, by the same rule."""
         missing: dict = {}
 
-        def need(step: Step) -> None:
-            if step in seen:
+        def need(step: Step, files: tuple[str, ...]) -> None:
+            lost = [f for f in files if not self._whole(f)]
+            if step in missing:              # runs already: it makes every output it has
+                missing[step] += [f for f in lost if f not in missing[step]]
                 return
-            seen.add(step)
-            lost = [f for f in step.outputs if not self._whole(f)]
             if step.outputs and not lost:
                 return
             missing[step] = lost
             for producer in self.plan.producers(step):
-                need(producer)
-        need(self.plan.steps[-1])            # Deliver: every image, delivered (outside the job folder: always)
+                need(producer, tuple(f for f in producer.outputs if f in step.inputs))
+        need(self.plan.steps[-1], ())        # Deliver: every image, delivered (outside the job folder: always)
         return [s for s in self.plan.steps if s in missing], missing
 
     def _whole(self, name: str) -> bool:

@@ -80,10 +80,16 @@ class HiresDenoise(Step):
 
 @dataclass(frozen=True)
 class Decode(Step):
-    """Image `pos`'s final latent to its PNG (the VAE stage; the daemon writes it when the VAE is remote)."""
+    """Image `pos`'s final latent to its PNG (the VAE stage; the daemon writes it when the VAE is remote); `base`:
+    its first pass's latent to base.png (hires.keep_base), inline (not the hires arena's size)."""
+    base: bool = False
     per_image: ClassVar[bool] = True
     stage: ClassVar[str | None] = VAE
     phase: ClassVar[str] = DECODING
+
+    @property
+    def name(self) -> str:
+        return f"Decode[base {self.pos}]" if self.base else f"Decode[{self.pos}]"
 
 
 @dataclass(frozen=True)
@@ -96,7 +102,8 @@ class CropImage(Step):
 
 @dataclass(frozen=True)
 class Deliver(Step):
-    """Every image copied to the prompt's `output` once all are decoded (outside the job folder: it always runs)."""
+    """Every image (and base image) copied to the prompt's `output` once all are decoded (outside the job folder:
+    it always runs)."""
     phase: ClassVar[str] = DECODING
 
 

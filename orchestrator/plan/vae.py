@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from models.durable import atomic_write
-from orchestrator.job_files import INIT_IMAGE_FILE, INIT_LATENT_FILE, MASK_FILE, batch_name
+from orchestrator.job_files import INIT_IMAGE_FILE, INIT_LATENT_FILE, MASK_FILE
 from orchestrator.plan.job_io import load_npy, save_npy
 from orchestrator.plan.steps import VAE
 from orchestrator.report import png_metadata
@@ -66,26 +66,28 @@ class VaeSteps:
 
     def _step_pixel_start(self, step) -> None:
         """PixelStart, the pixel path (ImageScale[By] + VAEEncode) for image `step.pos`: its first latent decoded at
-        the first size (first.png, kept), scaled to the second size, encoded again (hires_init.npy, kept: a resume
-        never encodes twice, so it samples from the same latent bitwise)."""
+        the first size (first.png, kept; base.png with hires.keep_base), scaled to the second size, encoded again
+        (hires_init.npy, kept: a resume never encodes twice, so it samples from the same latent bitwise)."""
         from models.sampling.latent_ops import image_scale
         pos, shape = step.pos, self.hires_pack.latent_shape
         first = self._batch_latent(pos)
         if first is None:
             raise StageFailed("orchestrator", f"{self.dir / step.inputs[0]} is missing or unusable (resume the job)")
         self._need_up(VAE)
-        pixels = self._first_image(pos, first)                                       # [H, W, 3] uint8
+        pixels = self._first_image(step, first)                                      # [H, W, 3] uint8
         unit = image_scale(pixels, self.hires_pack.width, self.hires_pack.height, self.spec.hires.method)
         # bicubic's overshoot clipped: the encoder takes [-1, 1] (ComfyUI's VAEEncode is not given it clipped)
         image = np.clip(unit, 0.0, 1.0) * np.float32(2.0) - np.float32(1.0)
         save_npy(self.dir / step.outputs[0], self._vae_encode(image, shape, inline=True))
 
-    def _first_image(self, pos: int, latent: np.ndarray) -> np.ndarray:
-        """Image `pos`'s first pass as 8-bit pixels: first.png (first_1.png ...) when whole, else the latent decoded
-        by the VAE stage (inline both ways: it is not the arena's size) and kept there."""
+    def _first_image(self, step, latent: np.ndarray) -> np.ndarray:
+        """Image `step.pos`'s first pass as 8-bit pixels: its PNG when whole (first.png, first_1.png ... as scratch;
+        base.png ... when the job keeps it, with the PNG's metadata), else the latent decoded by the VAE stage
+        (inline both ways: it is not the arena's size) and kept there. The pixels are the VAE's 8 bits either way,
+        what ComfyUI's SaveImage writes of the same VAEDecode."""
         from PIL import Image
-        from protocol.tensors import InlineFrames
-        path = self.dir / batch_name("first", ".png", pos)
+        kept = len(step.outputs) > 1
+        path = self.dir / (step.outputs[1] if kept else step.scratch[0])
         try:
             with Image.open(path) as im:
                 return np.asarray(im.convert("RGB"), dtype=np.uint8)
@@ -93,42 +95,53 @@ class VaeSteps:
             pass
         except (OSError, ValueError) as e:            # torn by a power cut: decoded again (the same pixels)
             log.warning("%s is unusable: %s", path, e)
-        frames = InlineFrames()
-        desc = frames.add(np.ascontiguousarray(latent, dtype=np.float32))
-        msg = m.Decode(job=self.job.id, latent=desc, return_png=True, inline=tuple(frames.frames))
-        reply = m.expect(self.control.call("vae", msg, self.settings.decode_timeout_s), m.Decoded, "vae")
-        if reply.png is None:
-            raise StageFailed("vae", "DECODED has no PNG, which DECODE asked for (return_png)")
-        data = from_inline(reply.png, reply.inline).tobytes()
+        data = self._decode_inline(latent, self._metadata(step.pos, self.first_pack) if kept else {})
         atomic_write(path, data)
         with Image.open(io.BytesIO(data)) as im:
             return np.asarray(im.convert("RGB"), dtype=np.uint8)
 
+    def _decode_inline(self, latent: np.ndarray, metadata: dict) -> bytes:
+        """DECODE of `latent` sent and its PNG returned inline (a remote VAE; a latent not of the arena's size)."""
+        from protocol.tensors import InlineFrames
+        frames = InlineFrames()
+        desc = frames.add(np.ascontiguousarray(latent, dtype=np.float32))
+        msg = m.Decode(job=self.job.id, latent=desc, return_png=True, metadata=metadata, inline=tuple(frames.frames))
+        reply = m.expect(self.control.call("vae", msg, self.settings.decode_timeout_s), m.Decoded, "vae")
+        if reply.png is None:
+            raise StageFailed("vae", "DECODED has no PNG, which DECODE asked for (return_png)")
+        self.report.vae_timings = dict(reply.timings)
+        return from_inline(reply.png, reply.inline).tobytes()
+
     def _step_decode(self, step) -> None:
-        """Decode: image `step.pos`'s final latent (its second pass's with a hires fix) to its PNG."""
-        if self.spec.hires is not None:
-            self._to_hires_arena()
-        latent = self._final_latent(step.pos)
+        """Decode: image `step.pos`'s final latent (its second pass's with a hires fix) to its PNG; a `base` step its
+        first pass's latent (hires.keep_base), inline at the first size."""
+        if step.base:
+            latent = self._batch_latent(step.pos)
+        else:
+            if self.spec.hires is not None:
+                self._to_hires_arena()
+            latent = self._final_latent(step.pos)
         if latent is None:
             raise StageFailed("orchestrator", f"{self.dir / step.inputs[0]} is missing or unusable (resume the job to "
                                               "denoise it again)")
         self._need_up(VAE)
+        if step.base:
+            atomic_write(self.dir / step.outputs[0],
+                         self._decode_inline(latent, self._metadata(step.pos, self.first_pack)))
+            return
         self.arena.write(self.latent, latent)
         self._decode_one(step.pos, self.dir / step.outputs[0])
 
+    def _metadata(self, pos: int, pack) -> dict:
+        return png_metadata(self.spec, pack, self.job.id, self._model_names(), graph=self._client_graph(),
+                            lora_hashes=self.lora_hashes, batch_pos=pos)
+
     def _decode_one(self, pos: int, image: Path) -> None:
-        remote = self.cfg.is_remote("vae")
-        msg = m.Decode(job=self.job.id, latent=self.latent, arena=None if remote else self.arena.name,
-                       output=None if remote else str(image), return_png=remote,
-                       metadata=png_metadata(self.spec, self.pack, self.job.id, self._model_names(),
-                                             graph=self._client_graph(), lora_hashes=self.lora_hashes,
-                                             batch_pos=pos))
-        if remote:
-            from protocol.tensors import InlineFrames
-            frames = InlineFrames()
-            desc = frames.add(self.arena.read(self.latent))
-            msg = m.Decode(job=msg.job, latent=desc, arena=None, output=None, return_png=True,
-                           metadata=msg.metadata, inline=tuple(frames.frames))
+        if self.cfg.is_remote("vae"):
+            atomic_write(image, self._decode_inline(self.arena.read(self.latent), self._metadata(pos, self.pack)))
+            return
+        msg = m.Decode(job=self.job.id, latent=self.latent, arena=self.arena.name, output=str(image),
+                       metadata=self._metadata(pos, self.pack))
         reply = m.expect(self.control.call("vae", msg, self.settings.decode_timeout_s), m.Decoded, "vae")
         if reply.png is not None:
             atomic_write(image, from_inline(reply.png, reply.inline).tobytes())
