@@ -243,8 +243,8 @@ def graph_to_jobs(graph: Any, *, names: ModelNames = ModelNames(), sizes=None) -
         raise _failed(graph, problems, outputs[0])
     built = [_chain_job(graph, table, c, chain, sizes) for chain in chains(c, table, outputs)]
     problems = [p for _, more in built for p in more]
-    if problems:
-        raise _failed(graph, problems, outputs[0])
+    if problems:                        # the first failing chain's job output is the one that depends on them
+        raise _failed(graph, problems, next(job.output for job, more in built if more))
     # 4) whatever prompt.json still refuses (lengths, NUL, empty prompt) lands on the node that carries it
     for job, _ in built:
         try:

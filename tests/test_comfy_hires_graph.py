@@ -615,6 +615,7 @@ def _base_saved(up: str) -> dict:
 @pytest.mark.parametrize("up", ["LatentUpscaleBy", "ImageScaleBy"])
 def test_the_base_and_the_hires_image_each_saved_is_one_job_that_keeps_its_base(up):
     from orchestrator.http import comfy_shapes as shapes
+    from orchestrator.http.comfy_prompt import PromptView
     from tests.test_comfy_nodes import _done_view
     g = _base_saved(up)
     job = _job(g)
@@ -624,7 +625,7 @@ def test_the_base_and_the_hires_image_each_saved_is_one_job_that_keeps_its_base(
     assert job.nodes.get("base_decode") == (None if up.startswith("Image") else "56")
     assert parse_prompt_obj(job.spec, resolution=SIZES).hires.keep_base
     view = _done_view(g, job)
-    entry = shapes.history_entry(view, NAMES)
+    entry = shapes.history_entry(PromptView((view,)), NAMES)
     files = {node: [i["filename"] for i in out["images"]] for node, out in entry["outputs"].items()}
     assert files == {"9": ["image.png"], "57": ["base.png"]} and entry["prompt"][4] == ["9", "57"]
     executed = {msg["node"]: [i["filename"] for i in msg["output"]["images"]]
@@ -634,10 +635,11 @@ def test_the_base_and_the_hires_image_each_saved_is_one_job_that_keeps_its_base(
 
 def test_a_batchs_base_images_are_each_saved_and_another_image_is_refused():
     from orchestrator.http import comfy_shapes as shapes
+    from orchestrator.http.comfy_prompt import PromptView
     from tests.test_comfy_nodes import _done_view
     g = edited(_base_saved("LatentUpscaleBy"), "5", batch_size=2)
     job = _job(g)
-    entry = shapes.history_entry(_done_view(g, job), NAMES)
+    entry = shapes.history_entry(PromptView((_done_view(g, job),)), NAMES)
     assert [i["filename"] for i in entry["outputs"]["57"]["images"]] == ["base.png", "base_1.png"]
     assert [i["filename"] for i in entry["outputs"]["9"]["images"]] == ["image.png", "image_1.png"]
     # a VAEDecode of the upscaled latent is no image the job makes: refused on the SaveImage that asks for it

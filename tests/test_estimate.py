@@ -153,7 +153,7 @@ def test_the_encoder_is_sent_no_negative_prompt_at_cfg_1(monkeypatch):
         f.settings = type("O", (), {"encode_timeout_s": 1.0})()
         f.control = type("S", (), {"call": staticmethod(call)})()
         with pytest.raises(Stop):
-            f._encode_first()
+            f._encode_first((None, None))
         assert sent[-1].negative == negative and sent[-1].prompt == "a"
 
 
