@@ -152,6 +152,39 @@ def _text(name: str, v: str, *, required: bool) -> None:
 
 
 Side = Int(16, MAX_SIDE)
+MAX_COND_ENTRIES = 8            # conditionings per CFG side (each is one more DiT pass per step while active)
+MAX_COND_STRENGTH = 10.0        # ComfyUI's ConditioningSetAreaStrength bound
+
+
+class CondEntry(Record, frozen=True):
+    """One conditioning of `positive` or `negative`: a prompt text and how ComfyUI's sampler uses it, a model pass
+    of its own whose output counts with `strength` (ComfyUI's default 1.0) while the step's sigma lies in its window
+    `start`..`end` (percent of the schedule, ConditioningSetTimestepRange; docs/prompts.md)."""
+
+    KEY_NOUN: ClassVar[str] = "setting"
+
+    text: Text(MAX_PROMPT_CHARS)
+    strength: Float(0.0, MAX_COND_STRENGTH) = 1.0
+    start: Float(0.0, 1.0) = 0.0
+    end: Float(0.0, 1.0) = 1.0
+
+
+def _check_entries(f) -> None:
+    for side in ("positive", "negative"):
+        entries = getattr(f, side)
+        if entries is None:
+            continue
+        if not entries:
+            raise PromptError(side, "must hold at least one entry (leave it out for the plain prompt)")
+        for i, e in enumerate(entries):      # start after end is allowed: never active, as in ComfyUI
+            _text(f"{side}[{i}].text", e.text, required=False)
+    if (f.positive is not None or f.negative is not None) and f.hires is not None:
+        raise PromptError("positive" if f.positive is not None else "negative",
+                          "positive/negative entries run on the first pass only; a job with hires is not supported "
+                          "with them")
+    if (f.positive is not None or f.negative is not None) and f.cache is not None:
+        raise PromptError("cache", f"{f.cache.node} with positive/negative entries is not supported (its skip "
+                                   "decision is per model call, not per conditioning): leave \"cache\" out")
 
 
 class HiresSettings(Record, frozen=True):
@@ -238,6 +271,10 @@ class PromptFile(Record, frozen=True):
     # images from one seed as ComfyUI's EmptyLatentImage batch_size samples them (docs/workflows.md)
     batch: Int(1, MAX_BATCH) = 1
     hires: HiresSettings | None = None         # hires fix: a second pass at a larger size (docs/workflows.md)
+    # several conditionings per CFG side, each its own model pass (ComfyUI's ConditioningCombine and
+    # ConditioningSetTimestepRange); None: `prompt` / `negative_prompt` alone (docs/prompts.md)
+    positive: Items(CondEntry, MAX_COND_ENTRIES) | None = None
+    negative: Items(CondEntry, MAX_COND_ENTRIES) | None = None
 
     def __post_init__(self):
         _text("prompt", self.prompt, required=True)
@@ -254,6 +291,7 @@ class PromptFile(Record, frozen=True):
             raise PromptError("cache", f"{self.cache.node} and Spectrum both decide which model calls to skip: leave "
                                        "\"spectrum\" out (a cache turns it off) or set it false")
         _check_inputs(self)
+        _check_entries(self)
         _check_hires(self)
         if self.start_step is not None and self.sampling_set() and passes_through(self.sampler, self.scheduler, self.steps, DEFAULT_SHIFT,
                                                           LatentPlan(denoise=float(self.denoise),
