@@ -41,6 +41,7 @@ from models.sampling.step_cache import NODE_NAMES as CACHE_NODES, CacheSettings
 from protocol.prompt import HiresSettings
 from orchestrator.comfy_nodes import (ANIMA_CLIP_TYPE, InputSpec, ModelNames, NodeSpec, carried, node_table,
                                       places_in_order)
+from orchestrator.comfy_conditioning import SIDES, conditioning_entries, entry_field_node, entry_nodes
 from orchestrator.comfy_nodes import image_nodes, object_info, _cache_nodes, _spectrum_node  # noqa: F401 (tests' names)
 from orchestrator.prompt_spec import MAX_BATCH, PromptError, parse_prompt_obj
 
@@ -357,6 +358,9 @@ def field_nodes(graph: dict, job: GraphJob, field: str) -> list[tuple[str, str]]
     `refusals` at each node's place): `loras` (the stack as a whole: its count, its rank) every loader; None for a
     field no node carries."""
     field = field or ""
+    entry = entry_field_node(job.nodes, field)
+    if entry is not None:
+        return [entry]
     table = node_table()
     for place, node in places_in_order(job.nodes):
         name = carried(place, table[graph[node]["class_type"]]).get(field)
@@ -413,9 +417,12 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
     roles = {"save": out, "decode": decode, "sampler": sampler, "latent": latent, "vae": vae,
              "positive": c.links[sampler]["positive"], "negative": c.links[sampler]["negative"],
              **{f"batch{i}": n for i, n in enumerate(batch)}, **(second[0] if second else {})}
+    entries, problems = conditioning_entries(c, role_of, roles)   # roles positive/negative: their first text node
+    if problems:
+        return roles, {}, problems
     loras = _loras(graph, c, role_of, roles, problems)
     roles.update(image[0] if image else {})
-    spec = _job_fields(graph, c, roles, sizes, problems)
+    spec = {**_job_fields(graph, c, roles, sizes, problems), **entries}
     if image is not None:                                         # ComfyUI's size: the image's (the job's: its pack's)
         spec = {**{k: x for k, x in spec.items() if k not in ("width", "height")}, **image[1]}
     batch_size = _batch_size(c, roles, batch, problems)
@@ -791,15 +798,17 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
         ids.setdefault("cache", CACHE_ID)
         loaders.append(node("cache", d.node, {f: getattr(d, f) for f in table[d.node].job}, model=model))
         model = [ids["cache"], 0]
+    texts = [node(side, "CLIPTextEncode", {"prompt": spec.get(key, "")}, clip=clip)
+             for side, key in zip(SIDES, ("prompt", "negative_prompt")) if not spec.get(side)]
+    texts += entry_nodes(node, spec, ids, clip)
     return dict((
         node("unet", "UNETLoader", unet_name=first(names.unet), weight_dtype="default"),
         node("clip", "CLIPLoader", clip_name=first(names.clip), type=ANIMA_CLIP_TYPE),
         node("vae", "VAELoader", vae_name=first(names.vae)),
         *loaders,
-        node("positive", "CLIPTextEncode", {"prompt": spec["prompt"]}, clip=clip),
-        node("negative", "CLIPTextEncode", {"prompt": spec.get("negative_prompt", "")}, clip=clip),
+        *texts,
         *_latent_nodes(node, spec, ids),
-        _sampler_node(node, spec, ids, model),
+        _sampler_node(node, spec, {**ids, **{side: ids.get(f"{side}_out", ids[side]) for side in SIDES}}, model),
         *_hires_nodes(node, spec, ids, model, clip),
         node("decode", "VAEDecode", samples=[ids["hires_sampler" if spec.get("hires") else "sampler"], 0],
              vae=[ids["vae"], 0]),

@@ -27,6 +27,8 @@ from models.sampling import latent_ops as lo
 from models.sampling.sampler import DEFAULT_SCHEDULER, DEFAULT_SHIFT, SAMPLER_NAMES, SCHEDULER_NAMES
 from models.sampling.spectrum import SpectrumSettings
 from models.sampling.step_cache import NODE_NAMES as CACHE_NODES, CacheSettings
+from models.dit.partition import TEXT_TOKENS
+from protocol.prompt import MAX_COND_STRENGTH
 from orchestrator.prompt_spec import DEFAULT_CFG, DEFAULT_STEPS, MAX_BATCH, MAX_CFG, MAX_SIDE, MAX_STEPS, SEED_LIMIT
 
 CLIP_TYPES = ("stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart", "cosmos",
@@ -278,6 +280,37 @@ def _size_inputs(sizes, default: int) -> tuple[InputSpec, ...]:
             InputSpec("batch_size", "INT", 1, dict(min=1, max=MAX_BATCH)))
 
 
+COND = InputSpec("conditioning", "CONDITIONING")
+CONCAT_REFUSAL = (f"ConditioningConcat makes a context longer than {TEXT_TOKENS} text tokens, and the model packs "
+                  f"are built for {TEXT_TOKENS} text tokens: combine the prompts with ConditioningCombine (a model pass "
+                  "each) or write them as one prompt")
+
+
+def conditioning_nodes() -> tuple[NodeSpec, ...]:
+    """The conditioning nodes between CLIPTextEncode and a KSampler (orchestrator/comfy_conditioning.py walks them):
+    ConditioningCombine, ConditioningSetTimestepRange, ConditioningSetAreaStrength as nodes.py declares them, and
+    ConditioningConcat (listed as ComfyUI lists it; a graph with it is refused, CONCAT_REFUSAL)."""
+    pct, cat = dict(min=0.0, max=1.0, step=0.001), "model/conditioning/transform"
+    return (
+        NodeSpec("ConditioningCombine", "Conditioning (Combine)", cat, "combine",
+                 (InputSpec("conditioning_1", "CONDITIONING"), InputSpec("conditioning_2", "CONDITIONING")),
+                 ("CONDITIONING",), ("CONDITIONING",),
+                 description="Both conditionings, each its own model pass per step, their outputs averaged."),
+        NodeSpec("ConditioningSetTimestepRange", "ConditioningSetTimestepRange", cat, "cond_range", (COND, InputSpec("start", "FLOAT", 0.0, dict(pct)),
+                                InputSpec("end", "FLOAT", 1.0, dict(pct))), ("CONDITIONING",), ("CONDITIONING",),
+                 description="The conditioning used only between start and end (fractions of the schedule).",
+                 job={"start": "start", "end": "end"}),
+        NodeSpec("ConditioningSetAreaStrength", "Conditioning (Set Area Strength)", cat, "cond_strength",
+                 (COND, InputSpec("strength", "FLOAT", 1.0, dict(min=0.0, max=MAX_COND_STRENGTH, step=0.01))),
+                 ("CONDITIONING",), ("CONDITIONING",),
+                 description="The conditioning's weight when its model pass is averaged with others'.",
+                 job={"strength": "strength"}),
+        NodeSpec("ConditioningConcat", "Conditioning (Concat)", cat, "concat",
+                 (InputSpec("conditioning_to", "CONDITIONING"), InputSpec("conditioning_from", "CONDITIONING")),
+                 ("CONDITIONING",), ("CONDITIONING",), description=f"Refused here: {CONCAT_REFUSAL}."),
+    )
+
+
 def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
     """The node classes `POST /prompt` accepts, with the ranges this pipeline supports (what `/object_info` shows)."""
     strength = dict(min=-MAX_STRENGTH, max=MAX_STRENGTH, step=0.01)
@@ -320,6 +353,7 @@ def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
         *_sampler_nodes(),
         *image_nodes(),
         *hires_batch_nodes(),
+        *conditioning_nodes(),
         NodeSpec("VAEDecode", "VAE Decode", "latent", "decode",
                  (InputSpec("samples", "LATENT"), InputSpec("vae", "VAE")), ("IMAGE",), ("IMAGE",)),
         NodeSpec("SaveImage", "Save Image", "image", "save",

@@ -72,7 +72,9 @@ class TextSteps:
         """EncodeText: the first pass's prompts (or, `step.hires`, the second pass's own) from the conditioning cache,
         else from the encoder (brought up for the first prompt the cache lacks, once for the run of encode steps; a
         job that needs nothing encoded starts no encoder: report `encoder_started`)."""
-        if step.hires:
+        if step.entries:
+            self._step_encode_entries()
+        elif step.hires:
             if self._hires_contexts() is None and not self._hires_from_cache():
                 self._need_up(ENCODER)
                 self._encode_hires()

@@ -33,14 +33,16 @@ class Step:
 
 @dataclass(frozen=True)
 class EncodeText(Step):
-    """The prompts' contexts and token counts (the conditioning cache first); `hires`: the second pass's own."""
+    """The prompts' contexts and token counts (the conditioning cache first); `hires`: the second pass's own;
+    `entries`: one context per distinct text of prompt.json's positive/negative entries."""
     hires: bool = False
+    entries: bool = False
     stage: ClassVar[str | None] = ENCODER
     phase: ClassVar[str] = ENCODING
 
     @property
     def name(self) -> str:
-        return "EncodeText[hires]" if self.hires else "EncodeText"
+        return "EncodeText[hires]" if self.hires else "EncodeText[entries]" if self.entries else "EncodeText"
 
 
 @dataclass(frozen=True)
