@@ -62,17 +62,20 @@ def active_passes(entries, sigma: float, shift: float = DEFAULT_SHIFT) -> list[i
 
 def mix(outputs, strengths, x: np.ndarray, sigma: float) -> np.ndarray:
     """The side's velocity from its active entries' velocities `outputs` and their `strengths`: sum(w v) / (sum(w) +
-    1e-37), accumulated in float32 in the entries' order as ComfyUI adds them; no entry: x / sigma (denoised 0)."""
+    1e-37), accumulated in float32 in the entries' order as ComfyUI adds them; no entry, or no weight: x / sigma
+    (denoised 0)."""
     x = np.asarray(x, F32)
-    if not outputs:
-        return x / F32(sigma)
     acc = np.zeros_like(x)
     count = np.full_like(x, COUNT_FLOOR)
     for v, w in zip(outputs, strengths):
         mult = np.full_like(x, F32(w))
         acc += np.asarray(v, F32) * mult
         count += mult
-    return acc / count
+    v = acc / count
+    kept = float(count.flat[0] - COUNT_FLOOR) / float(count.flat[0])     # sum(w) / count: 1 unless ~no weight
+    if kept != 1.0:               # ComfyUI divides x's share too: denoised = x * kept - sigma * v
+        v = v + x * F32((1.0 - kept) / sigma)
+    return v
 
 
 PASSES_PER_LOAD = 2     # passes of one branch call: the job arena's scratch holds two (the CFG pair's slots)
