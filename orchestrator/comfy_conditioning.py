@@ -20,8 +20,8 @@ MAX_VISITS = 256                # nodes walked per side: more entries than promp
 class _Walk:
     """One side's tree from the sampler's input down to its CLIPTextEncode leaves."""
 
-    def __init__(self, c, role_of: dict, side: str):
-        self.c, self.role_of, self.side = c, role_of, side
+    def __init__(self, c, role_of: dict, side: str, custom):
+        self.c, self.role_of, self.side, self.custom = c, role_of, side, custom
         self.entries: list[dict] = []
         self.roles: dict[str, str] = {}
         self.problems: list = []
@@ -60,32 +60,36 @@ class _Walk:
         self.entries.append(entry)
 
     def _refuse(self, node: str, role: str) -> None:
-        from orchestrator.comfy_graph import _custom
         name = next(iter(self.c.links[node]), "conditioning")
         if role == "concat":
-            self.problems.append(_custom(node, "conditioning_from", CONCAT_REFUSAL))
+            self.problems.append(self.custom(node, "conditioning_from", CONCAT_REFUSAL))
         else:
-            self.problems.append(_custom(node, name, f"a KSampler's {self.side} must come from CLIPTextEncode, "
+            self.problems.append(self.custom(node, name, f"a KSampler's {self.side} must come from CLIPTextEncode, "
                                          "through ConditioningCombine, ConditioningSetTimestepRange and "
                                          "ConditioningSetAreaStrength only"))
 
 
-def conditioning_entries(c, role_of: dict, roles: dict) -> tuple[dict, list]:
+def conditioning_entries(c, role_of: dict, roles: dict, custom) -> tuple[dict, list]:
     """A graph's KSampler conditionings -> (prompt.json's `positive`/`negative` for a side that is more than one
     plain CLIPTextEncode, problems); roles["positive"/"negative"] become each side's first CLIPTextEncode (its text
-    is `prompt` / `negative_prompt`) and every node of a tree gets a role of its own (positive_text1 ...)."""
-    from orchestrator.comfy_graph import _custom
+    is `prompt` / `negative_prompt`) and every node of a tree gets a role of its own (positive_text1 ...).
+    `custom(node, input, details)`: a problem in ComfyUI's node_errors shape (comfy_graph's)."""
     fields, problems = {}, []
+    if "hires_sampler" in roles:             # a second KSampler's prompts are CLIPTextEncode nodes (prompt.json's hires)
+        hires = c.links[roles["hires_sampler"]]
+        problems += [custom(roles["hires_sampler"], side, "ConditioningCombine / SetTimestepRange / SetAreaStrength "
+                            "run on the first pass only: a hires fix's second KSampler takes CLIPTextEncode nodes")
+                     for side in SIDES if role_of[hires[side]] != "text"]
     for side in SIDES:
         root = roles[side]
         if role_of[root] == "text":
             continue
         if "hires_sampler" in roles:
-            problems.append(_custom(roles["sampler"], side, "ConditioningCombine / SetTimestepRange / "
+            problems.append(custom(roles["sampler"], side, "ConditioningCombine / SetTimestepRange / "
                                     "SetAreaStrength run on the first pass only: a graph with a hires fix's second "
                                     "KSampler takes CLIPTextEncode nodes"))
             continue
-        walk = _Walk(c, role_of, side)
+        walk = _Walk(c, role_of, side, custom)
         walk.run(root)
         problems += walk.problems
         if walk.problems or not walk.entries:
@@ -94,7 +98,7 @@ def conditioning_entries(c, role_of: dict, roles: dict) -> tuple[dict, list]:
         roles[side] = walk.roles[f"{side}_text0"]
         fields[side] = walk.entries
         clip = c.links[roles[side]]["clip"]
-        problems += [_custom(n, "clip", "every CLIPTextEncode of a KSampler must take the same CLIP (one text "
+        problems += [custom(n, "clip", "every CLIPTextEncode of a KSampler must take the same CLIP (one text "
                                         "encoder, with the same LoRAs)")
                      for r, n in walk.roles.items() if "_text" in r and c.links[n]["clip"] != clip]
     return fields, problems

@@ -417,7 +417,7 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
     roles = {"save": out, "decode": decode, "sampler": sampler, "latent": latent, "vae": vae,
              "positive": c.links[sampler]["positive"], "negative": c.links[sampler]["negative"],
              **{f"batch{i}": n for i, n in enumerate(batch)}, **(second[0] if second else {})}
-    entries, problems = conditioning_entries(c, role_of, roles)   # roles positive/negative: their first text node
+    entries, problems = conditioning_entries(c, role_of, roles, _custom)   # roles positive/negative: their first text node
     if problems:
         return roles, {}, problems
     loras = _loras(graph, c, role_of, roles, problems)

@@ -109,3 +109,18 @@ def test_object_info_lists_the_nodes_as_comfyui_declares_them():
     strength = info["ConditioningSetAreaStrength"]["input"]["required"]["strength"]
     assert strength == ["FLOAT", {"min": 0.0, "max": 10.0, "step": 0.01, "default": 1.0}]
     assert all(info[n]["output"] == ["CONDITIONING"] for n in ("ConditioningCombine", "ConditioningConcat"))
+
+
+def test_a_hires_graph_with_a_combined_conditioning_is_refused_on_its_sampler():
+    for which in ("3", "31"):
+        g = _graph({"20": _text("a car"), "24": _combine("6", "20")})
+        g["30"] = {"class_type": "LatentUpscaleBy", "inputs": {"samples": ["3", 0], "upscale_method": "nearest-exact",
+                                                               "scale_by": 1.5}}
+        g["31"] = {"class_type": "KSampler", "inputs": {**g["3"]["inputs"], "latent_image": ["30", 0],
+                                                        "denoise": 0.5}}
+        g["8"]["inputs"]["samples"] = ["31", 0]
+        g[which]["inputs"]["positive"] = ["24", 0]
+        with pytest.raises(GraphError) as e:
+            graph_to_job(g, names=NAMES, sizes=[(128, 128), (192, 192)])
+        errs = e.value.body()["node_errors"]
+        assert which in errs and "first pass only" in str(errs[which]), errs
