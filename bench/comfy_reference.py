@@ -179,7 +179,7 @@ def run_workflows(a, client: ComfyClient, files: dict, width: int, height: int) 
             raise SystemExit("--workflow without --front starts a pipeline on a models folder: give --models")
         extra = tuple(str(Path(x).resolve()) for x in a.extra_pack)
         pipe = Pipeline.start(Path(a.models).resolve(), Path(a.pack).resolve(), packs=extra, threads=a.threads or 2,
-                              branch_timeout_s=600.0)
+                              branch_timeout_s=600.0, start_timeout_s=600.0)      # a busy machine starts slowly
         front = ComfyClient(pipe.http_url(), a.timeout)
     rows = []
     try:

@@ -380,7 +380,8 @@ class SchedulerLogic:
             raise RequestFailed(str(e), code="bad_request", field=field) from None
         return sampler, start_or_resume(sampler, params.seed, lat_shape, msg.job_dir, msg.resume)
 
-    def _executor_side(self, msg: m.Denoise, ctx, pack, arena, sampler, step_ref: list) -> _ExecutorSide:
+    def _executor_side(self, msg: m.Denoise, ctx, pack, arena, sampler, step_ref: list,
+                       calls=None) -> _ExecutorSide:
         """The executor link, its heartbeat watch, the branch client over them and the DiT runner that drives it,
         the job's LoRAs set on it."""
         sched = self.config.stage_settings("scheduler")
@@ -393,7 +394,7 @@ class SchedulerLogic:
                           curve=curve, allow_plaintext=plain)
         policy, backend = self._executor_policy(link, msg, pack, ctx)
         client = BranchClient(ctx, msg, pack, link, watch, arena, step_ref, max_lost=t.retries,
-                              interleave=policy.interleave, computed_steps=sampler.plan(),
+                              interleave=policy.interleave, computed_steps=calls or sampler.plan(),
                               steps=sampler.steps)
         pacer = self._host_pacer(msg.pack_dir)
         runner = ctx.keep_alive_while(DiTRunner, pack, branches=client, host_pace=pacer.op if pacer else None)
@@ -439,7 +440,8 @@ class SchedulerLogic:
             sampler, state = self._sampler_and_state(msg, lat_shape)
         resumed_from = state.step
         step_ref = [state.step + 1]
-        ex = self._executor_side(msg, ctx, pack, arena, sampler, step_ref)
+        ex = self._executor_side(msg, ctx, pack, arena, sampler, step_ref,
+                                 cond.sweep_plan(sampler) if isinstance(cond, Conditioning) else None)
         try:
             tally = self._step_loop(msg, ctx, sampler, state, ex, step_ref, cond, uncond)
         except FloatingPointError as e:

@@ -110,3 +110,11 @@ def test_a_call_runs_each_active_entry_two_passes_per_branch_load_and_mixes_each
     v_c, v_u, ran = Conditioning(pos, neg).call(runner, _Sampler(1), x, 0.5)      # cfg 1: no negative pass
     assert v_u is None and ran == 3 and runner.calls == [2, 1]
     np.testing.assert_allclose(v_c, (1.0 + 9.0 + 3.0 * 3) / 5, rtol=1e-6)
+
+
+def test_the_eta_counts_a_branch_sweep_per_two_active_passes():
+    s = Sampler(steps=8, cfg=4.0, scheduler="simple", spectrum=None)          # sigma 0.75 at step 5
+    halves = Conditioning((CondPass(None, end=0.5), CondPass(None, start=0.5)), (CondPass(None),))
+    assert halves.sweep_plan(s) == [1, 2, 3, 4, 5, 5, 6, 7, 8]
+    s1 = Sampler(steps=3, cfg=1.0, scheduler="simple", spectrum=None)
+    assert Conditioning((CondPass(None),) * 3, (CondPass(None),)).sweep_plan(s1) == [1, 1, 2, 2, 3, 3]

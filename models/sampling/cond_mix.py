@@ -93,6 +93,15 @@ class Conditioning:
         neg = active_passes(self.negative, sigma, shift) if cfg_passes > 1 else []
         return active_passes(self.positive, sigma, shift), neg
 
+    def sweep_plan(self, sampler) -> list:
+        """sampler.plan() with each call listed once per branch sweep it makes (two passes a sweep, at least one:
+        the ETA's count of branch calls), each call's entries taken at its step's sigma."""
+        out = []
+        for step in sampler.plan():
+            pos, neg = self.passes_at(float(sampler.sigmas[step - 1]), sampler.shift, sampler.passes)
+            out += [step] * max(1, -(-(len(pos) + len(neg)) // PASSES_PER_LOAD))
+        return out
+
     def call(self, runner, sampler, x: np.ndarray, sigma: float) -> tuple:
         """One model call at (x, sigma): each active entry's DiT pass (two per branch load), each side mixed ->
         (v_cond, v_uncond or None at cfg 1, passes run)."""
