@@ -214,6 +214,7 @@ def estimate_spec(spec, packs: dict, board: BoardSettings, cached: bool = False)
     official model at that size) under `board`. `cached`: every prompt pair of the job is in the run folder's
     conditioning cache (prompts_cached), so its encode is 0 s: no encoder start, load or run."""
     from models.board.account import encoder_s, job_figures
+    from orchestrator.plan.build import entry_texts
     size = (spec.width, spec.height)
     if size not in packs:
         raise EstimateError(f"{size[0]}x{size[1]} has no model pack")
@@ -253,7 +254,11 @@ def estimate_spec(spec, packs: dict, board: BoardSettings, cached: bool = False)
     what = "a board's own calibration" if model.measured else "reference board and peer figures"
     if all(p is None for p in packs.values()):
         notes.append(REFERENCE_NOTE)
-    encode = 0.0 if cached else encoder_s(model, 1 if spec.negative_ignored() else 2, encodes)
+    if entry_texts(spec):                  # each entry's text in an ENCODE of its own, with an empty negative
+        encode = encoder_s(model, 1, len(entry_texts(spec)))
+    else:
+        encode = encoder_s(model, 1 if spec.negative_ignored() else 2, encodes)
+    encode = 0.0 if cached else encode
     return Estimate(encode_s=encode, denoise_s=denoise, decode_s=decode, calls=calls,
                     passes=passes, policy=policy, board_ram_gb=board.board_ram_gb, size=size,
                     source=f"{model.source}, {what}", notes=tuple(notes))
@@ -277,7 +282,10 @@ def prompts_cached(spec, cfg, packs: dict) -> bool:
     first = packs.get((spec.width, spec.height))
     if first is None:
         return False
+    from orchestrator.plan.build import entry_texts
     pairs = [(spec.prompt, spec.negative_prompt, first.text_tokens)]
+    if entry_texts(spec):                  # each entry's text, cached as a job with it and an empty negative
+        pairs = [(text, "", first.text_tokens) for text in entry_texts(spec)]
     h = spec.hires
     texts = None if h is None else (spec.prompt if h.prompt is None else h.prompt,
                                     spec.negative_prompt if h.negative_prompt is None else h.negative_prompt)

@@ -13,7 +13,7 @@ from models.dit.partition import TEXT_TOKENS
 from orchestrator.cond_cache import CondEntry, cache_key, encoder_identity, lora_identity
 from orchestrator.job_files import (COND_FILE, HIRES_COND_FILE, HIRES_TEXT_FILE, HIRES_UNCOND_FILE, TEXT_FILE,
                                     UNCOND_FILE)
-from orchestrator.plan.build import hires_texts
+from orchestrator.plan.build import entry_texts, hires_texts
 from orchestrator.plan.job_io import load_npy, load_text, save_npy
 from orchestrator.plan.steps import ENCODER
 from orchestrator.prompt_spec import PromptSpec
@@ -26,9 +26,12 @@ log = logging.getLogger("orchestrator.plan")
 
 
 def prompt_pairs(spec: PromptSpec, packs: dict) -> list:
-    """[(prompt, negative, pack)] a job sends the encoder: its first pass's, and its hires pass's own (a size with no
-    pack is left out: that job fails on its own)."""
+    """[(prompt, negative, pack)] a job sends the encoder: its first pass's (each entry's text with an empty negative
+    for a job with positive/negative entries), and its hires pass's own (a size with no pack is left out: that job
+    fails on its own)."""
     out, first, texts = [], packs.get((spec.width, spec.height)), hires_texts(spec)
+    if first is not None and entry_texts(spec):       # positive/negative entries: each text as a cfg-1 job's pair
+        return [(text, "", first) for text in entry_texts(spec)]
     if first is not None:
         out.append((spec.prompt, spec.negative_prompt, first))
     hires = packs.get(spec.hires.size(spec.width, spec.height)) if texts is not None else None
