@@ -289,7 +289,7 @@ CONCAT_REFUSAL = (f"ConditioningConcat makes a context longer than {TEXT_TOKENS}
 def conditioning_nodes() -> tuple[NodeSpec, ...]:
     """The conditioning nodes between CLIPTextEncode and a KSampler (orchestrator/comfy_conditioning.py walks them):
     ConditioningCombine, ConditioningSetTimestepRange, ConditioningSetAreaStrength as nodes.py declares them, and
-    ConditioningConcat (listed as ComfyUI lists it; a graph with it is refused, CONCAT_REFUSAL)."""
+    ConditioningConcat (known, so that a graph with it is refused saying why, CONCAT_REFUSAL; not in /object_info)."""
     pct, cat = dict(min=0.0, max=1.0, step=0.001), "model/conditioning/transform"
     return (
         NodeSpec("ConditioningCombine", "Conditioning (Combine)", cat, "combine",
@@ -364,10 +364,15 @@ def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
     )}
 
 
+REFUSED_ROLES = ("concat",)     # in the table for a clear refusal on its node, not offered by /object_info
+
+
 def object_info(table: dict[str, NodeSpec]) -> dict:
     """`GET /object_info`: every accepted node class in ComfyUI's shape (COMBO inputs as [[choices], {options}])."""
     out = {}
     for n in table.values():
+        if n.role in REFUSED_ROLES:
+            continue
         groups: dict[str, dict] = {"required": {}, "optional": {}}
         for i in n.inputs:
             opts = dict(i.options)
