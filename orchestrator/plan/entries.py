@@ -67,14 +67,10 @@ class EntrySteps:
         self.arena.write(self.cond, contexts[texts.index(pos[0].text)])                     # [S, Dc] f32
         self.arena.write(self.uncond, contexts[texts.index((neg or pos)[0].text)])
         frames, refs = InlineFrames(), []
-        placed = {}
         for side, entries in (("positive", pos), ("negative", neg)):
-            for e in entries:
-                k = texts.index(e.text)
-                if k not in placed:                  # a text in several entries travels once
-                    placed[k] = frames.add(contexts[k])
-                refs.append(m.CondPassRef(side=side, context=placed[k], strength=e.strength, start=e.start,
-                                          end=e.end))
+            for e in entries:                        # a frame each (a descriptor owns its frame)
+                refs.append(m.CondPassRef(side=side, context=frames.add(contexts[texts.index(e.text)]),
+                                          strength=e.strength, start=e.start, end=e.end))
         if not neg:                                  # cfg 1: the scheduler runs no negative pass; it needs a side
-            refs.append(m.CondPassRef(side="negative", context=placed[texts.index(pos[0].text)]))
+            refs.append(m.CondPassRef(side="negative", context=frames.add(contexts[texts.index(pos[0].text)])))
         return {"conds": tuple(refs)}, tuple(frames.frames)
