@@ -90,8 +90,9 @@ def main(argv=None) -> int:
     rec, tmp = {}, Path(os.environ.get("TMPDIR", "/tmp")) / f"comfy_cond_{os.getpid()}.latent"
     for name in GRAPHS:
         graph = WORKFLOWS[name][1](files, a.seed, width, height)
-        graph["30"] = {"class_type": "SaveLatent", "inputs": {"samples": ["8", 0], "filename_prefix": f"latents/{name}"}}
-        z_ref = comfy_latent(client.view(client.run(graph)["30"]["latents"][0]), tmp)
+        saving = {**graph, "30": {"class_type": "SaveLatent", "inputs": {"samples": ["8", 0],
+                                                                        "filename_prefix": f"latents/{name}"}}}
+        z_ref = comfy_latent(client.view(client.run(saving)["30"]["latents"][0]), tmp)
         z, passes = project_latent(runner, contexts, graph)
         print(f"{name:16s} cos {cosine(z, z_ref):.9f}  max|dz| {float(np.abs(z - z_ref).max()):.2e}  "
               f"DiT passes per step {passes}", flush=True)
