@@ -72,10 +72,13 @@ def main(argv=None) -> int:
     p.add_argument("--size", default="256x256")
     p.add_argument("--timeout", type=float, default=3600.0)
     p.add_argument("--record", default=None, help="write ComfyUI's latents and the context rows here (.npz)")
+    p.add_argument("--reuse", default=None, help="ComfyUI's latents from an earlier --record instead of asking it "
+                                                 "again (this project's side computed anew)")
     a = p.parse_args(argv)
     width, height = (int(v) for v in a.size.lower().split("x"))
-    client = ComfyClient(a.comfyui, a.timeout)
-    client.check()
+    client, earlier = ComfyClient(a.comfyui, a.timeout), np.load(a.reuse) if a.reuse else None
+    if earlier is None:
+        client.check()
     paths = paths_from_args(a)
     files = {"dit": paths.dit.name, "text_encoder": paths.text_encoder.name, "vae": paths.vae.name}
     from models.runtime.dit_runner import DiTRunner
@@ -92,7 +95,8 @@ def main(argv=None) -> int:
         graph = WORKFLOWS[name][1](files, a.seed, width, height)
         saving = {**graph, "30": {"class_type": "SaveLatent", "inputs": {"samples": ["8", 0],
                                                                         "filename_prefix": f"latents/{name}"}}}
-        z_ref = comfy_latent(client.view(client.run(saving)["30"]["latents"][0]), tmp)
+        z_ref = earlier[f"comfyui/{name}"] if earlier is not None else \
+            comfy_latent(client.view(client.run(saving)["30"]["latents"][0]), tmp)
         z, passes = project_latent(runner, contexts, graph)
         print(f"{name:16s} cos {cosine(z, z_ref):.9f}  max|dz| {float(np.abs(z - z_ref).max()):.2e}  "
               f"DiT passes per step {passes}", flush=True)
