@@ -143,7 +143,8 @@ def test_conditioning_graphs_equal_comfyui(runner, name, passes):
     got, ran = _entries_latent(runner, name)
     assert ran == passes                                    # DiT passes per step (sigma 0.75: both halves)
     want = ENTRIES[f"comfyui/{name}"]
-    assert _cos(got, want) >= 0.99999, f"{name}: cosine {_cos(got, want):.9f} with ComfyUI's final latent"
-    if name != "timestep-halves":                           # the first prompt alone is another picture
+    off = float(np.abs(got - want).max())                   # measured when recorded: 1.4e-6 .. 5.5e-6
+    assert _cos(got, want) >= 0.99999 and off <= 1e-4, f"{name}: cosine {_cos(got, want):.9f}, max {off:.2e}"
+    if name != "timestep-halves":                           # the first prompt alone is another latent
         alone, _ = _entries_latent(runner, name, mixed=False)
-        assert _cos(alone, want) < 0.9999
+        assert float(np.abs(alone - want).max()) > 50 * off
