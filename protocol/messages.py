@@ -19,7 +19,7 @@ The conversation (→ request, ← its reply, ⇢ event):
                                                        ← ENCODED {job, cond, uncond, tokens_*, truncated, timings}
   orchestrator → scheduler (minutes; heartbeats are answered between branches)
     → DENOISE {job, job_dir, pack_dir, arena, params, cond, uncond, latent, scratch, executor, resume, context_rows,
-               loras}
+               loras, conds}
     ⇢ PROGRESS {job, step, steps, block, branch, cfg_pass, forecast, elapsed_s, eta_s}
                                                        ← DENOISED {job, latent, computed/forecast steps, sums, ...}
   scheduler → executor (one per branch call: both CFG passes, or with interleave one pass per call, the first with
