@@ -222,6 +222,40 @@ def hires_base_pixel(files, seed, width, height):
     return _out(g, ["25", 0], "ref_pixel_hires")
 
 
+SECOND_PROMPT = "1boy, red jacket, city street at night"
+
+
+def _conditioned(files, seed, width, height, positive: dict, prefix: str, cfg: float = 4.0, steps: int = 6):
+    """txt2img with the KSampler's positive from `positive`'s nodes (node "12" its output), a second
+    CLIPTextEncode "11" of SECOND_PROMPT beside the first ("4")."""
+    g = _base(files)
+    g["11"] = {"class_type": "CLIPTextEncode", "inputs": {"text": SECOND_PROMPT, "clip": ["2", 0]}}
+    g.update(positive)
+    g["6"] = _empty(width, height)
+    g["8"] = _ksampler(["6", 0], seed, steps, cfg, "euler", "simple", 1.0)
+    g["8"]["inputs"]["positive"] = ["12", 0]
+    return _out(g, ["8", 0], prefix)
+
+
+def combine(files, seed, width, height, cfg: float = 4.0):
+    """ConditioningCombine of two prompts: each its own model pass per step, averaged (comfy/samplers.py)."""
+    node = {"12": {"class_type": "ConditioningCombine", "inputs": {"conditioning_1": ["4", 0],
+                                                                   "conditioning_2": ["11", 0]}}}
+    return _conditioned(files, seed, width, height, node, f"ref_combine_cfg{cfg:g}", cfg=cfg)
+
+
+def timestep_halves(files, seed, width, height):
+    """ConditioningSetTimestepRange: the first prompt for the schedule's first half, the second for the rest,
+    combined (at the one sigma both windows hold, both passes run and average)."""
+    nodes = {"13": {"class_type": "ConditioningSetTimestepRange", "inputs": {"conditioning": ["4", 0], "start": 0.0,
+                                                                             "end": 0.5}},
+             "14": {"class_type": "ConditioningSetTimestepRange", "inputs": {"conditioning": ["11", 0], "start": 0.5,
+                                                                             "end": 1.0}},
+             "12": {"class_type": "ConditioningCombine", "inputs": {"conditioning_1": ["13", 0],
+                                                                    "conditioning_2": ["14", 0]}}}
+    return _conditioned(files, seed, width, height, nodes, "ref_timestep_halves", steps=8)
+
+
 WORKFLOWS = {
     "txt2img": ("text-to-image, no Spectrum node (euler/simple, 6 steps, cfg 4)", txt2img),
     "img2img": ("LoadImage -> VAEEncode, denoise 0.6, euler_ancestral/karras", img2img),
@@ -242,4 +276,9 @@ WORKFLOWS = {
     "average": ("ConditioningAverage of two prompts (strength 0.6, the second longer)", average),
     "two-chains": ("two independent chains: txt2img and another prompt, seed + 1, euler_ancestral", two_chains),
     "pick-crop": ("LatentFromBatch -1 of a batch of 3, ImageCrop past the edges", pick_and_crop),
+    "combine": ("ConditioningCombine of two prompts (a model pass each), cfg 4", combine),
+    "combine-cfg1": ("ConditioningCombine of two prompts at cfg 1 (no negative pass)",
+                     lambda f, s, w, h: combine(f, s, w, h, cfg=1.0)),
+    "timestep-halves": ("ConditioningSetTimestepRange 0-0.5 / 0.5-1 of two prompts, combined (8 steps)",
+                        timestep_halves),
 }

@@ -42,7 +42,7 @@ from models.safetensors_io import SafeTensorsFile  # noqa: E402
 # (file, ComfyUI node, strength_model, strength_clip) from the loaders outwards
 LORAS = {"kohya_a3.safetensors": ("kohya", 11, 8, 3.0, ("blocks", "host", "adapter", "te")),
          "comfy_noalpha.safetensors": ("comfy", 12, 4, None, ("blocks", "adapter")),
-         "turbo.safetensors": ("turbo", 21, 8, None, ("blocks", "host")),
+         "turbo.safetensors": ("turbo", 21, 8, None, ("blocks", "modulation", "adapter")),  # the published 508
          "lokr.safetensors": ("lokr", 22, 4, 2.0, ("blocks", "host")),
          "loha.safetensors": ("loha", 23, 4, 3.0, ("blocks", "host"))}
 CASES = {"none": [],

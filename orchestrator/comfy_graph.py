@@ -38,10 +38,11 @@ import numpy as np
 from models.sampling import latent_ops as lo
 from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER
 from models.sampling.step_cache import NODE_NAMES as CACHE_NODES, CacheSettings
-from protocol.prompt import HiresSettings
+from protocol.prompt import HiresSettings, mixes
 from orchestrator.comfy_nodes import (ANIMA_CLIP_TYPE, InputSpec, ModelNames, NodeSpec, carried, node_table,
                                       places_in_order)
-from orchestrator.comfy_nodes import image_nodes, object_info, _cache_nodes, _spectrum_node  # noqa: F401 (tests' names)
+from orchestrator.comfy_conditioning import (MIXING_ROLES, SIDES, conditioning_entries, entry_field_node,
+                                             entry_nodes)
 from orchestrator.prompt_spec import MAX_BATCH, PromptError, parse_prompt_obj
 from protocol.prompt import MAX_FROM_BATCH
 
@@ -458,6 +459,9 @@ def field_nodes(graph: dict, job: GraphJob, field: str) -> list[tuple[str, str]]
     `refusals` at each node's place): `loras` (the stack as a whole: its count, its rank) every loader; None for a
     field no node carries."""
     field = field or ""
+    entry = entry_field_node(job.nodes, field)
+    if entry is not None:
+        return [entry]
     table = node_table()
     for place, node in places_in_order(job.nodes):
         name = carried(place, table[graph[node]["class_type"]]).get(field)
@@ -519,15 +523,23 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
              **{f"batch{i}": n for i, n in enumerate(batch)}, **(second[0] if second else {}),
              **({"crop": crop} if crop else {})}
     entries = {}
-    for side in ("positive", "negative"):
-        more, entries[side] = _conditioning(graph, c, role_of, c.links[sampler][side], side, problems)
+    for side in ("positive", "negative"):           # ZeroOut / Average here, Combine and windows below
+        root = c.links[sampler][side]
+        if role_of[root] in MIXING_ROLES:
+            roles[side] = root
+            continue
+        more, entry = _conditioning(graph, c, role_of, root, side, problems)
         roles.update(more)
+        if entry is not None:
+            entries[side] = [entry]
+    mixed, more = conditioning_entries(c, role_of, roles, _custom)   # roles positive/negative: first text
+    entries.update(mixed)
+    problems += more
     if problems:
         return roles, {}, problems
     loras = _loras(graph, c, role_of, roles, problems)
     roles.update(image[0] if image else {})
-    spec = _job_fields(graph, c, roles, sizes, problems)
-    spec.update({side: [e] for side, e in entries.items() if e is not None})
+    spec = {**_job_fields(graph, c, roles, sizes, problems), **entries}
     if image is not None:                                         # ComfyUI's size: the image's (the job's: its pack's)
         spec = {**{k: x for k, x in spec.items() if k not in ("width", "height")}, **image[1]}
     batch_size, first = _batch_size(c, roles, batch, problems)
@@ -931,13 +943,13 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
     first = lambda xs: xs[0] if xs else ""  # noqa: E731
     # the job's LoRAs as loaders chained after UNETLoader and CLIPLoader (ModelOnly when the text encoder's is 0)
     model, clip, loaders = [ids["unet"], 0], [ids["clip"], 0], []
-    for i, lo in enumerate(spec.get("loras") or ()):
+    for i, lora in enumerate(spec.get("loras") or ()):
         role = f"lora{i}"
         ids.setdefault(role, str(LORA_IDS + i))
-        sc = lo.get("clip_strength")
+        sc = lora.get("clip_strength")
         if sc is None:                                      # omitted or null: the model's strength (ComfyUI's)
-            sc = lo.get("strength", 1.0)
-        fields = {"name": lo["name"], "strength": lo.get("strength", 1.0), "clip_strength": sc}
+            sc = lora.get("strength", 1.0)
+        fields = {"name": lora["name"], "strength": lora.get("strength", 1.0), "clip_strength": sc}
         if sc:
             loaders.append(node(role, "LoraLoader", fields, model=model, clip=clip))
             model, clip = [ids[role], 0], [ids[role], 1]
@@ -954,14 +966,16 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
         ids.setdefault("cache", CACHE_ID)
         loaders.append(node("cache", d.node, {f: getattr(d, f) for f in table[d.node].job}, model=model))
         model = [ids["cache"], 0]
+    mixed = {side for side in SIDES if mixes(spec.get(side))}     # Combine / windows: entry_nodes, else below
     return dict((
         node("unet", "UNETLoader", unet_name=first(names.unet), weight_dtype="default"),
         node("clip", "CLIPLoader", clip_name=first(names.clip), type=ANIMA_CLIP_TYPE),
         node("vae", "VAELoader", vae_name=first(names.vae)),
         *loaders,
-        *_conditioning_nodes(node, spec, ids, clip),
+        *_conditioning_nodes(node, spec, ids, clip, skip=mixed),
+        *entry_nodes(node, {side: spec[side] for side in mixed}, ids, clip),
         *_latent_nodes(node, spec, ids),
-        _sampler_node(node, spec, ids, model),
+        _sampler_node(node, spec, {**ids, **{side: ids.get(f"{side}_out", ids[side]) for side in SIDES}}, model),
         *_hires_nodes(node, spec, ids, model, clip),
         node("decode", "VAEDecode", samples=[ids["hires_sampler" if spec.get("hires") else "sampler"], 0],
              vae=[ids["vae"], 0]),
@@ -971,12 +985,14 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
     ))
 
 
-def _conditioning_nodes(node, spec: dict, ids: dict, clip: list) -> list[tuple[str, dict]]:
+def _conditioning_nodes(node, spec: dict, ids: dict, clip: list, skip=()) -> list[tuple[str, dict]]:
     """Each sampler input: its CLIPTextEncode, then for a prompt.json entry ConditioningZeroOut (zero_out) and
     ConditioningAverage with a CLIPTextEncode of its own (average), in the order the encoder applies them; the
     sampler's links in ids["cond_positive"] / ids["cond_negative"]."""
     out = []
     for side, key in (("positive", "prompt"), ("negative", "negative_prompt")):
+        if side in skip:
+            continue
         e = (spec.get(side) or [{"text": spec.get(key, "")}])[0]
         out.append(node(side, "CLIPTextEncode", {"prompt": e["text"]}, clip=clip))
         head = [ids[side], 0]

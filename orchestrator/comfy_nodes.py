@@ -28,6 +28,8 @@ from models.sampling.bounds import CFG, STEPS
 from models.sampling.sampler import DEFAULT_SCHEDULER, DEFAULT_SHIFT, SAMPLER_NAMES, SCHEDULER_NAMES
 from models.sampling.spectrum import SpectrumSettings
 from models.sampling.step_cache import NODE_NAMES as CACHE_NODES, CacheSettings
+from models.dit.partition import TEXT_TOKENS
+from protocol.prompt import MAX_COND_STRENGTH
 from orchestrator.prompt_spec import DEFAULT_CFG, DEFAULT_STEPS, MAX_BATCH, MAX_CFG, MAX_SIDE, MAX_STEPS, SEED_LIMIT
 
 CLIP_TYPES = ("stable_diffusion", "stable_cascade", "sd3", "stable_audio", "mochi", "ltxv", "pixart", "cosmos",
@@ -215,7 +217,7 @@ def image_nodes(images: tuple[str, ...] = ()) -> tuple[NodeSpec, ...]:
                      description="Inpaint: the latent resampled where the mask is 1, kept where it is 0."))
 
 
-def conditioning_nodes() -> tuple[NodeSpec, ...]:
+def conditioning_transform_nodes() -> tuple[NodeSpec, ...]:
     """ComfyUI's ConditioningZeroOut and ConditioningAverage (nodes.py) between a CLIPTextEncode and a sampler input:
     prompt.json's `positive` / `negative` entry (`zero_out`, `average`: docs/prompts.md). On Anima both act on the
     Qwen3 states the LLM adapter reads; the adapter still runs with the text's T5 ids."""
@@ -309,6 +311,37 @@ def _size_inputs(sizes, default: int) -> tuple[InputSpec, ...]:
             InputSpec("batch_size", "INT", 1, dict(min=1, max=MAX_BATCH)))
 
 
+COND = InputSpec("conditioning", "CONDITIONING")
+CONCAT_REFUSAL = (f"ConditioningConcat makes a context longer than {TEXT_TOKENS} text tokens, and the model packs "
+                  f"are built for {TEXT_TOKENS} text tokens: combine the prompts with ConditioningCombine (a model pass "
+                  "each) or write them as one prompt")
+
+
+def conditioning_mix_nodes() -> tuple[NodeSpec, ...]:
+    """The conditioning nodes between CLIPTextEncode and a KSampler (orchestrator/comfy_conditioning.py walks them):
+    ConditioningCombine, ConditioningSetTimestepRange, ConditioningSetAreaStrength as nodes.py declares them, and
+    ConditioningConcat (known, so that a graph with it is refused saying why, CONCAT_REFUSAL; not in /object_info)."""
+    pct, cat = dict(min=0.0, max=1.0, step=0.001), "model/conditioning/transform"
+    return (
+        NodeSpec("ConditioningCombine", "Conditioning (Combine)", cat, "combine",
+                 (InputSpec("conditioning_1", "CONDITIONING"), InputSpec("conditioning_2", "CONDITIONING")),
+                 ("CONDITIONING",), ("CONDITIONING",),
+                 description="Both conditionings, each its own model pass per step, their outputs averaged."),
+        NodeSpec("ConditioningSetTimestepRange", "ConditioningSetTimestepRange", cat, "cond_range", (COND, InputSpec("start", "FLOAT", 0.0, dict(pct)),
+                                InputSpec("end", "FLOAT", 1.0, dict(pct))), ("CONDITIONING",), ("CONDITIONING",),
+                 description="The conditioning used only between start and end (fractions of the schedule).",
+                 job={"start": "start", "end": "end"}),
+        NodeSpec("ConditioningSetAreaStrength", "Conditioning (Set Area Strength)", cat, "cond_strength",
+                 (COND, InputSpec("strength", "FLOAT", 1.0, dict(min=0.0, max=MAX_COND_STRENGTH, step=0.01))),
+                 ("CONDITIONING",), ("CONDITIONING",),
+                 description="The conditioning's weight when its model pass is averaged with others'.",
+                 job={"strength": "strength"}),
+        NodeSpec("ConditioningConcat", "Conditioning (Concat)", cat, "concat",
+                 (InputSpec("conditioning_to", "CONDITIONING"), InputSpec("conditioning_from", "CONDITIONING")),
+                 ("CONDITIONING",), ("CONDITIONING",), description=f"Refused here: {CONCAT_REFUSAL}."),
+    )
+
+
 def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
     """The node classes `POST /prompt` accepts, with the ranges this pipeline supports (what `/object_info` shows)."""
     strength = dict(min=-MAX_STRENGTH, max=MAX_STRENGTH, step=0.01)
@@ -349,9 +382,10 @@ def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
         _spectrum_node(),
         *_cache_nodes(),
         *_sampler_nodes(),
-        *conditioning_nodes(),
+        *conditioning_transform_nodes(),
         *image_nodes(),
         *hires_batch_nodes(),
+        *conditioning_mix_nodes(),
         NodeSpec("VAEDecode", "VAE Decode", "latent", "decode",
                  (InputSpec("samples", "LATENT"), InputSpec("vae", "VAE")), ("IMAGE",), ("IMAGE",)),
         _crop_node(),
@@ -363,10 +397,15 @@ def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
     )}
 
 
+REFUSED_ROLES = ("concat",)     # in the table for a clear refusal on its node, not offered by /object_info
+
+
 def object_info(table: dict[str, NodeSpec]) -> dict:
     """`GET /object_info`: every accepted node class in ComfyUI's shape (COMBO inputs as [[choices], {options}])."""
     out = {}
     for n in table.values():
+        if n.role in REFUSED_ROLES:
+            continue
         groups: dict[str, dict] = {"required": {}, "optional": {}}
         for i in n.inputs:
             opts = dict(i.options)

@@ -105,15 +105,37 @@ def passes_of(cfg: float) -> int:
     return cfg_passes(cfg)
 
 
-def first_pass_calls(spec) -> int:
-    """Model calls of one image's first pass: its sampler's plan over the window it samples."""
+def _first_sampler(spec):
     from models.sampling.img2img import LatentPlan, LatentSampler
     plan = LatentPlan(denoise=float(spec.denoise), denoise_steps=spec.denoise_steps, start_step=spec.start_step,
                       last_step=spec.end_step, force_full_denoise=not spec.leftover_noise, add_noise=spec.add_noise,
                       masked=spec.mask is not None)
-    s = LatentSampler(steps=spec.steps, cfg=spec.cfg, scheduler=spec.scheduler, spectrum=spec.spectrum,
-                      sampler=spec.sampler, cache=spec.cache, plan=plan)
-    return len(s.plan())
+    return LatentSampler(steps=spec.steps, cfg=spec.cfg, scheduler=spec.scheduler, spectrum=spec.spectrum,
+                         sampler=spec.sampler, cache=spec.cache, plan=plan)
+
+
+def first_pass_calls(spec) -> int:
+    """Model calls of one image's first pass: its sampler's plan over the window it samples."""
+    return len(_first_sampler(spec).plan())
+
+
+def entry_sweeps(spec) -> tuple[int, int] | None:
+    """A job with positive/negative entries (each active entry a DiT pass, two per branch load: models/sampling/
+    cond_mix.py): (branch sweeps of one image's first pass, the most passes of a call), each call's entries taken at
+    its step's sigma; None for a job without entries."""
+    from models.sampling.cond_mix import CondPass, PASSES_PER_LOAD, active_passes
+    from orchestrator.plan.build import cond_sides
+    sides = cond_sides(spec)
+    if sides is None:
+        return None
+    s = _first_sampler(spec)
+    pos, neg = ([CondPass(None, e.strength, e.start, e.end) for e in side] for side in sides)
+    sweeps = most = 0
+    for step in s.plan():
+        sigma = float(s.sigmas[step - 1])
+        k = len(active_passes(pos, sigma, s.shift)) + (len(active_passes(neg, sigma, s.shift)) if s.passes > 1 else 0)
+        sweeps, most = sweeps + -(-k // PASSES_PER_LOAD), max(most, k)
+    return sweeps, most
 
 
 def hires_calls(spec) -> tuple:
@@ -202,12 +224,20 @@ def estimate_spec(spec, packs: dict, board: BoardSettings, cached: bool = False)
     official model at that size) under `board`. `cached`: every prompt pair of the job is in the run folder's
     conditioning cache (prompts_cached), so its encode is 0 s: no encoder start, load or run."""
     from models.board.account import encoder_s, job_figures
+    from orchestrator.plan.build import entry_texts
     size = (spec.width, spec.height)
     if size not in packs:
         raise EstimateError(f"{size[0]}x{size[1]} has no model pack")
     batch, notes = int(spec.batch), []
     calls, passes = first_pass_calls(spec) * batch, passes_of(spec.cfg)
-    denoise, policy, model = denoise_on(packs[size], size, calls, passes, board)
+    sweeps = entry_sweeps(spec)
+    if sweeps is None:
+        denoise, policy, model = denoise_on(packs[size], size, calls, passes, board)
+    else:                       # entries: a branch sweep per two passes, priced as a CFG pair's call
+        denoise, policy, model = denoise_on(packs[size], size, sweeps[0] * batch, min(2, sweeps[1]) or 1, board)
+        passes = sweeps[1]
+        notes.append(f"positive/negative entries: up to {sweeps[1]} DiT passes a call, {sweeps[0] * batch} branch "
+                     "sweeps of two passes (a sweep of one priced as two)")
     notes += shard_note(model, size, calls, passes, board, denoise)
     encodes = 1
     final = model
@@ -238,7 +268,11 @@ def estimate_spec(spec, packs: dict, board: BoardSettings, cached: bool = False)
     what = "a board's own calibration" if model.measured else "reference board and peer figures"
     if all(p is None for p in packs.values()):
         notes.append(REFERENCE_NOTE)
-    encode = 0.0 if cached else encoder_s(model, 1 if spec.negative_ignored() else 2, encodes)
+    if entry_texts(spec):                  # each entry's text in an ENCODE of its own, with an empty negative
+        encode = encoder_s(model, 1, len(entry_texts(spec)))
+    else:
+        encode = encoder_s(model, 1 if spec.negative_ignored() else 2, encodes)
+    encode = 0.0 if cached else encode
     return Estimate(encode_s=encode, denoise_s=denoise, decode_s=decode, calls=calls,
                     passes=passes, policy=policy, board_ram_gb=board.board_ram_gb, size=size,
                     source=f"{model.source}, {what}", notes=tuple(notes), ram_basis=board.ram_basis)
@@ -262,16 +296,12 @@ def prompts_cached(spec, cfg, packs: dict) -> bool:
     first = packs.get((spec.width, spec.height))
     if first is None:
         return False
-    from orchestrator.plan.build import cond_entries, hires_entries
-    pairs = [(spec.prompt, spec.negative_prompt, first.text_tokens, cond_entries(spec))]
-    h = spec.hires
-    texts = None if h is None else (spec.prompt if h.prompt is None else h.prompt,
-                                    spec.negative_prompt if h.negative_prompt is None else h.negative_prompt)
-    if texts is not None and texts != (spec.prompt, spec.negative_prompt):
-        second = packs.get(h.size(spec.width, spec.height))
-        if second is None:
-            return False
-        pairs.append((*texts, second.text_tokens, hires_entries(spec)))
+    from orchestrator.plan.build import hires_texts
+    from orchestrator.plan.encode import prompt_pairs
+    if hires_texts(spec) is not None and packs.get(spec.hires.size(spec.width, spec.height)) is None:
+        return False
+    pairs = [(prompt, negative, pack.text_tokens, entries)
+             for prompt, negative, pack, entries in prompt_pairs(spec, packs)]
     cache = CondCache(cfg.run_dir, cfg.settings("orchestrator").cond_cache_mb)
     return all_cached(cfg, cache, spec.loras, pairs)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from models.sampling.denoise import STATE_FILE
-from protocol.prompt import MAX_BATCH
+from protocol.prompt import MAX_BATCH, MAX_COND_ENTRIES
 
 DAEMON = "daemon"               # the one process that writes the queue (orchestrator.daemon and its flow)
 STAGE = "stage"                 # a stage process, which may outlive a daemon that died
@@ -21,6 +21,7 @@ class JobFile:
     by: str                     # who writes it, in words
     kept: bool                  # True: a record, an input or a result; False: an intermediate kept for a resume
     per_image: bool = False     # a batch's other images have their own: latent_1.npy, image_2.png ... (batch_name)
+    count: int = MAX_BATCH      # per_image: how many there may be (the largest batch, or the most entries)
 
 
 JOB_FILE = "job.json"
@@ -29,6 +30,8 @@ COND_FILE, UNCOND_FILE = "cond.npy", "uncond.npy"
 INIT_IMAGE_FILE, MASK_FILE = "init_image.png", "mask.png"     # img2img's inputs (orchestrator.inputs.JOB_INPUTS)
 INIT_LATENT_FILE = "init_latent.npy"     # img2img: the init image's VAE latent, encoded once
 LATENT_FILE = "latent.npy"
+ENTRY_FILE = "cond_entry.npy"            # positive/negative entries: one context per distinct text (cond_entry_1.npy ...)
+ENTRIES_FILE = "cond_entries.json"       # their texts' token counts, written after every context
 HIRES_TEXT_FILE = "hires_text.json"      # the second pass's own prompts: their token counts (hires_cond/uncond.npy)
 HIRES_COND_FILE, HIRES_UNCOND_FILE = "hires_cond.npy", "hires_uncond.npy"
 HIRES_LATENT_FILE = "hires_latent.npy"   # hires fix: the second pass's latent (latent.npy keeps the first pass's)
@@ -47,6 +50,9 @@ JOB_FILES = (
     JobFile(TEXT_FILE, DAEMON, "the flow, encoding", kept=False),
     JobFile(COND_FILE, DAEMON, "the flow, encoding (the encoder's contexts)", kept=False),
     JobFile(UNCOND_FILE, DAEMON, "the flow, encoding (the encoder's contexts)", kept=False),
+    JobFile(ENTRY_FILE, DAEMON, "the plan, encoding (a positive/negative entry's context)", kept=False,
+            per_image=True, count=2 * MAX_COND_ENTRIES),
+    JobFile(ENTRIES_FILE, DAEMON, "the plan, encoding (the entries' token counts)", kept=False),
     JobFile(INIT_LATENT_FILE, DAEMON, "the flow, encoding (the VAE encoder's latent)", kept=False),
     JobFile(STATE_FILE, STAGE, "the scheduler, after every step (the first image's: batch_N/ and hires/, "
                                "hires_N/ hold the others')", kept=False),
@@ -79,11 +85,11 @@ def batch_name(stem: str, suffix: str, pos: int) -> str:
 
 
 def names(f: JobFile) -> tuple[str, ...]:
-    """Every name `f` takes in a job folder: one, or one per image of the largest batch."""
+    """Every name `f` takes in a job folder: one, or one per image of the largest batch (per entry: the most)."""
     if not f.per_image:
         return (f.name,)
     stem, dot, suffix = f.name.rpartition(".")
-    return tuple(batch_name(stem, dot + suffix, pos) for pos in range(MAX_BATCH))
+    return tuple(batch_name(stem, dot + suffix, pos) for pos in range(f.count))
 
 
 # the names only the daemon writes: their temporaries are stale whenever a daemon starts

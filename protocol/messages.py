@@ -19,7 +19,7 @@ The conversation (→ request, ← its reply, ⇢ event):
                                                        ← ENCODED {job, cond, uncond, tokens_*, truncated, timings}
   orchestrator → scheduler (minutes; heartbeats are answered between branches)
     → DENOISE {job, job_dir, pack_dir, arena, params, cond, uncond, latent, scratch, executor, resume, context_rows,
-               loras}
+               loras, conds}
     ⇢ PROGRESS {job, step, steps, block, branch, cfg_pass, forecast, elapsed_s, eta_s}
                                                        ← DENOISED {job, latent, computed/forecast steps, sums, ...}
   scheduler → executor (one per branch call: both CFG passes, or with interleave one pass per call, the first with
@@ -55,7 +55,7 @@ from models.sampling.latent_ops import LatentOpError, schedule_steps
 from models.sampling.bounds import Cfg, Steps
 from models.sampling.spectrum import SpectrumSettings
 from models.sampling.step_cache import CacheSettings
-from protocol.prompt import MAX_NOISE_INDEX, CondEntry, PromptFile
+from protocol.prompt import MAX_COND_ENTRIES, MAX_COND_STRENGTH, MAX_NOISE_INDEX, CondEntry, PromptFile
 from protocol.fields import (MAX_NAME_CHARS, MAX_PATH_CHARS, MAX_TEXT_CHARS, Count, Float, Int, List, Map, Name, Note,
                              Path, ProtocolError, Scalar, Seconds, Text, Version, WireRecord)
 from protocol.tensors import TensorDesc
@@ -327,6 +327,17 @@ class Encoded(Message, tag="ENCODED"):
 
 # ---- scheduler ---------------------------------------------------------------------------------------------------
 
+class CondPassRef(_Record, frozen=True):
+    """One conditioning of a CFG side (prompt.json's positive/negative entries): its context [S, Dc] f32 and how the
+    sampler mixes its model pass (models/sampling/cond_mix.py)."""
+
+    side: Literal["positive", "negative"]
+    context: TensorDesc
+    strength: Float(0.0, MAX_COND_STRENGTH) = 1.0
+    start: Float(0.0, 1.0) = 0.0       # percent of the schedule
+    end: Float(0.0, 1.0) = 1.0
+
+
 @_message("DENOISE")
 class Denoise(Message, tag="DENOISE"):
     job: Name
@@ -346,6 +357,8 @@ class Denoise(Message, tag="DENOISE"):
     context_rows: List(Int(1, 2**16), max_items=2) = ()
     # the job's LoRAs: host layers merged here, branch layers as a LoRA-ready pack's low-rank inputs
     loras: List(LoraChoice, max_items=MAX_LORAS) = ()
+    # several conditionings per side, each a model pass mixed as ComfyUI does; () = cond and uncond alone
+    conds: List(CondPassRef, max_items=2 * MAX_COND_ENTRIES) = ()
 
 
 @_message("PROGRESS")

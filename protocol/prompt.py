@@ -156,7 +156,8 @@ def _text(name: str, v: str, *, required: bool) -> None:
 
 
 Side = Int(16, MAX_SIDE)
-MAX_CONDS = 1                   # entries of `positive` / `negative` (several: ConditioningCombine, not yet here)
+MAX_COND_ENTRIES = 8            # conditionings per CFG side (each is one more DiT pass per step while active)
+MAX_COND_STRENGTH = 10.0        # ComfyUI's ConditioningSetAreaStrength bound
 
 
 class CondAverage(Record, frozen=True):
@@ -171,13 +172,18 @@ class CondAverage(Record, frozen=True):
 
 
 class CondEntry(Record, frozen=True):
-    """One conditioning a sampler input takes: `text` encoded, then optionally ComfyUI's ConditioningAverage
+    """One conditioning of `positive` or `negative`: `text` encoded, then optionally ComfyUI's ConditioningAverage
     (`average`) and ConditioningZeroOut (`zero_out`: the Qwen3 states zeroed before the blend; the LLM adapter still
-    runs on them with the text's T5 ids, so the context is not zero)."""
+    runs on them with the text's T5 ids, so the context is not zero); and how the sampler uses it: a model pass of
+    its own whose output counts with `strength` (ComfyUI's default 1.0) while the step's sigma lies in its window
+    `start`..`end` (percent of the schedule, ConditioningSetTimestepRange). docs/prompts.md."""
 
     KEY_NOUN: ClassVar[str] = "setting"
 
     text: Text(MAX_PROMPT_CHARS)
+    strength: Float(0.0, MAX_COND_STRENGTH) = 1.0
+    start: Float(0.0, 1.0) = 0.0
+    end: Float(0.0, 1.0) = 1.0
     zero_out: bool = False
     average: CondAverage | None = None
 
@@ -185,6 +191,41 @@ class CondEntry(Record, frozen=True):
     def plain(self) -> bool:
         """True when the entry is its text encoded as it is (what `prompt` / `negative_prompt` say)."""
         return not self.zero_out and self.average is None
+
+    @property
+    def whole(self) -> bool:
+        """True when the entry counts at strength 1 over the whole schedule (no pass of its own is needed)."""
+        return self.strength == 1.0 and self.start == 0.0 and self.end == 1.0
+
+
+def mixes(entries) -> bool:
+    """Whether a side's entries (CondEntry records or their dicts; None: the plain prompt) need a model pass each, as
+    ComfyUI's ConditioningCombine / SetTimestepRange / SetAreaStrength run them: more than one, or one with its own
+    strength or window. One whole entry is the side's context as it is (with its zero_out / average)."""
+    if not entries:
+        return False
+    def get(e, k, d):
+        return e.get(k, d) if isinstance(e, dict) else getattr(e, k)
+    return len(entries) > 1 or any((get(e, "strength", 1.0), get(e, "start", 0.0), get(e, "end", 1.0)) !=
+                                   (1.0, 0.0, 1.0) for e in entries)
+
+
+def _check_mixing(f) -> None:
+    """A job whose entries each take a model pass (`mixes`): the first pass only, no step cache, plain entries."""
+    sides = [side for side in ("positive", "negative") if mixes(getattr(f, side))]
+    if not sides:
+        return
+    if f.hires is not None:
+        raise PromptError(sides[0], "several conditionings (or one with a strength or window) run on the first pass "
+                                    "only; a job with hires is not supported with them")
+    if f.cache is not None:
+        raise PromptError("cache", f"{f.cache.node} with several conditionings is not supported (its skip decision "
+                                   "is per model call, not per conditioning): leave \"cache\" out")
+    for side in ("positive", "negative"):          # each entry is encoded as its text alone on this path
+        for k, e in enumerate(getattr(f, side) or ()):
+            if not e.plain:
+                raise PromptError(f"{side}[{k}]", "zero_out / average inside several conditionings is not supported "
+                                                  "yet: one entry per side may have them")
 
 
 class HiresSettings(Record, frozen=True):
@@ -260,8 +301,8 @@ class PromptFile(Record, frozen=True):
     negative_prompt: Text(MAX_PROMPT_CHARS) = ""
     # the sampler's conditioning inputs as entries (ConditioningZeroOut, ConditioningAverage: docs/prompts.md);
     # None: `prompt` / `negative_prompt` encoded as they are
-    positive: Items(CondEntry, MAX_CONDS, 1) | None = None
-    negative: Items(CondEntry, MAX_CONDS, 1) | None = None
+    positive: Items(CondEntry, MAX_COND_ENTRIES, 1) | None = None
+    negative: Items(CondEntry, MAX_COND_ENTRIES, 1) | None = None
     seed: Int(0, SEED_LIMIT - 1) | None = None
     # omitted or null: the settings the job's pack records for its model (models/packs/sampling.py), else
     # DEFAULT_SAMPLING (resolve_prompt fills them)
@@ -309,6 +350,7 @@ class PromptFile(Record, frozen=True):
 
     def __post_init__(self):
         _check_conds(self)
+        _check_mixing(self)
         for side in ("width", "height"):
             v = getattr(self, side)
             if v is not None and v % 16:

@@ -25,6 +25,7 @@ import zmq
 
 from models.runtime.backends import backend_class
 from models.dit.config import expected_dit_shapes
+from models.sampling.cond_mix import Conditioning, CondPass
 from models.sampling.denoise import make_sampler, model_call, save_state, start_or_resume
 from models.runtime.dit_runner import BranchCall, DiTRunner
 from models.lora import LoraError, TargetTable, plan_loras
@@ -99,7 +100,9 @@ class BranchClient:
         slot = self.plan.slot(name, p)
         desc = self.slots[slot.name]
         held = self.written.get(slot.name)
-        if slot.lifetime == "call" or held is None or (slot.lifetime == "branch" and held is not array):
+        # a "pass" input (the context) is written again when the runner hands another array: several conditionings
+        # take turns in one pass's slots (models/sampling/cond_mix.py)
+        if slot.lifetime == "call" or held is None or (slot.lifetime in ("branch", "pass") and held is not array):
             self.arena.write(desc, array)
             self.written[slot.name] = array
         return desc
@@ -356,13 +359,13 @@ class SchedulerLogic:
         uncond = read_tensor(ctx, msg.arena, msg.uncond, msg.inline, field="uncond", dtype="f32", shape=ctx_shape,
                              copy=True)
         for name, c in (("cond", cond), ("uncond", uncond)):      # a bad request, not a broken stage: no exit
-            if not np.isfinite(c).all():
-                raise RequestFailed(f"{name}: the context has NaN/Inf values (from the encoder: a prompt weight "
-                                    "too large for float32, or broken text-encoder weights)", field=name)
+            _finite_context(name, c)
         lat_shape = (cfg.latent_channels, g.latent_h, g.latent_w)
         if msg.latent.dtype != "f32" or tuple(msg.latent.shape) != lat_shape:
             raise ProtocolError("latent", f"expected f32 {list(lat_shape)}, got {msg.latent.dtype} "
                                 f"{list(msg.latent.shape)}")
+        if msg.conds:
+            cond = _conditioning(ctx, msg, ctx_shape)
         return pack, arena, cond, uncond, lat_shape
 
     @staticmethod
@@ -377,7 +380,8 @@ class SchedulerLogic:
             raise RequestFailed(str(e), code="bad_request", field=field) from None
         return sampler, start_or_resume(sampler, params.seed, lat_shape, msg.job_dir, msg.resume)
 
-    def _executor_side(self, msg: m.Denoise, ctx, pack, arena, sampler, step_ref: list) -> _ExecutorSide:
+    def _executor_side(self, msg: m.Denoise, ctx, pack, arena, sampler, step_ref: list,
+                       calls=None) -> _ExecutorSide:
         """The executor link, its heartbeat watch, the branch client over them and the DiT runner that drives it,
         the job's LoRAs set on it."""
         sched = self.config.stage_settings("scheduler")
@@ -390,7 +394,7 @@ class SchedulerLogic:
                           curve=curve, allow_plaintext=plain)
         policy, backend = self._executor_policy(link, msg, pack, ctx)
         client = BranchClient(ctx, msg, pack, link, watch, arena, step_ref, max_lost=t.retries,
-                              interleave=policy.interleave, computed_steps=sampler.plan(),
+                              interleave=policy.interleave, computed_steps=calls or sampler.plan(),
                               steps=sampler.steps)
         pacer = self._host_pacer(msg.pack_dir)
         runner = ctx.keep_alive_while(DiTRunner, pack, branches=client, host_pace=pacer.op if pacer else None)
@@ -436,7 +440,8 @@ class SchedulerLogic:
             sampler, state = self._sampler_and_state(msg, lat_shape)
         resumed_from = state.step
         step_ref = [state.step + 1]
-        ex = self._executor_side(msg, ctx, pack, arena, sampler, step_ref)
+        ex = self._executor_side(msg, ctx, pack, arena, sampler, step_ref,
+                                 cond.sweep_plan(sampler) if isinstance(cond, Conditioning) else None)
         try:
             tally = self._step_loop(msg, ctx, sampler, state, ex, step_ref, cond, uncond)
         except FloatingPointError as e:
@@ -456,6 +461,29 @@ class SchedulerLogic:
                           resends=ex.link.resends + client.resends, steps=tuple(steps),
                           host_work_s=sum(st.host_work_s for st in steps), model_calls=sum(state.nfe),
                           reused_calls=sum(state.skipped), executor_backend=ex.backend)
+
+
+def _finite_context(name: str, c: np.ndarray) -> None:
+    if not np.isfinite(c).all():
+        raise RequestFailed(f"{name}: the context has NaN/Inf values (from the encoder: a prompt weight too large "
+                            "for float32, or broken text-encoder weights)", field=name)
+
+
+def _conditioning(ctx, msg: m.Denoise, ctx_shape: tuple) -> Conditioning:
+    """DENOISE's `conds` as both sides' entry lists (each context read and checked); a side with none keeps its
+    plain context."""
+    sides = {"positive": [], "negative": []}
+    for i, ref in enumerate(msg.conds):
+        field = f"conds[{i}].context"
+        c = read_tensor(ctx, msg.arena, ref.context, msg.inline, field=field, dtype="f32", shape=ctx_shape, copy=True)
+        _finite_context(field, c)
+        sides[ref.side].append(CondPass(c, ref.strength, ref.start, ref.end))
+    if msg.context_rows:
+        raise ProtocolError("conds", "several conditionings need a 512-row pack (context_rows is set)")
+    for side in sides:
+        if not sides[side]:
+            raise ProtocolError("conds", f"names no {side} conditioning (each side needs one at least)")
+    return Conditioning(tuple(sides["positive"]), tuple(sides["negative"]))
 
 
 @dataclasses.dataclass
@@ -488,7 +516,13 @@ class _StepTally:
                 finished = sampler.step_reused(state)
                 continue
             x_in, sigma = sampler.point(state)
-            v_c, v_u = model_call(runner, sampler, x_in, sigma, cond, uncond, context_rows)
+            if isinstance(cond, Conditioning):              # several conditionings: a pass each (DENOISE.conds)
+                v_c, v_u, ran = cond.call(runner, sampler, x_in, sigma)
+                if not ran:                                 # no entry active on either side: no model pass
+                    finished = sampler.step_computed(state, v_c, v_u)
+                    continue
+            else:
+                v_c, v_u = model_call(runner, sampler, x_in, sigma, cond, uncond, context_rows)
             call = runner.last_timing
             for k, ps in call.per_kind.items():
                 self.sums[k].merge(ps)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bench.comfy_workflows import INIT_IMAGE, MASK_IMAGE, MASKED_IMAGE, WORKFLOWS, input_images
+from bench.comfy_workflows import (INIT_IMAGE, MASK_IMAGE, MASKED_IMAGE, PROMPT, SECOND_PROMPT, WORKFLOWS,
+                                   input_images)
 from orchestrator.comfy_graph import ModelNames, graph_to_job
 
 FILES = {"dit": "anima-small.safetensors", "text_encoder": "qwen_3_06b_base-small.safetensors",
@@ -33,6 +34,11 @@ WANT = {
     "cfg1": {"cfg": 1.0, "spectrum": False},
     "split-cfg": {"steps": 8, "cfg": 4.0, "end_step": 4, "leftover_noise": True, "start_step": None, "spectrum": False,
                   "hires": {"steps": 8, "denoise": 1.0, "start_step": 4, "add_noise": False, "cfg": 1.5}},
+    "combine": {"positive": [{"text": PROMPT}, {"text": SECOND_PROMPT}], "negative": None, "cfg": 4.0,
+                "prompt": PROMPT, "spectrum": False},
+    "combine-cfg1": {"positive": [{"text": PROMPT}, {"text": SECOND_PROMPT}], "cfg": 1.0},
+    "timestep-halves": {"positive": [{"text": PROMPT, "start": 0.0, "end": 0.5},
+                                     {"text": SECOND_PROMPT, "start": 0.5, "end": 1.0}], "steps": 8},
 }
 
 

@@ -153,7 +153,8 @@ def test_object_info_shape():
                          "LoadImage", "LoadImageMask", "VAEEncode", "VAEEncodeForInpaint", "SetLatentNoiseMask",
                          "LatentUpscale", "LatentUpscaleBy", "ImageScale", "ImageScaleBy", "RepeatLatentBatch",
                          "LatentFromBatch", "PreviewImage", "ConditioningZeroOut", "ConditioningAverage",
-                         "ImageCrop"}
+                         "ImageCrop", "ConditioningCombine", "ConditioningSetTimestepRange",
+                         "ConditioningSetAreaStrength"}                  # ConditioningConcat: refused, not offered
     ks = info["KSampler"]
     assert ks["input_order"]["required"] == ["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive",
                                              "negative", "latent_image", "denoise"]

@@ -336,3 +336,20 @@ def test_the_report_shows_the_estimate_beside_the_measured():
     meas = next(line for line in text if line.startswith("measured"))
     assert est.split()[2:6] == ["39.0", "553.8", "25.0", "617.8"]
     assert meas.split()[1:4] == ["1.5", "12.2", "0.8"]
+
+
+def test_entries_are_priced_as_their_branch_sweeps():
+    """Two combined prompts at cfg 4: 3 DiT passes a call, two sweeps of the branches (the plain job's one);
+    the halves at 8 steps (euler / simple): one sweep a call but at sigma 0.75 (both halves and the negative). The
+    sweeps are priced as CFG calls of the same policy and pack: twice the calls, twice the seconds less the cold
+    start's share."""
+    base = dict(spectrum=False, steps=8, sampler="euler", scheduler="simple", cfg=4.0)
+    plain = estimate_spec(_reference_spec(**base), {(512, 512): None}, BoardSettings())
+    two = estimate_spec(_reference_spec(**base, positive=[{"text": "a"}, {"text": "b"}]), {(512, 512): None},
+                        BoardSettings())
+    assert (plain.calls, plain.passes) == (8, 2)
+    assert (two.calls, two.passes) == (8, 3) and any("16 branch sweeps" in n for n in two.notes)
+    assert 1.5 * plain.denoise_s < two.denoise_s <= 2.0 * plain.denoise_s + 1e-9
+    halves = estimate_spec(_reference_spec(**base, positive=[{"text": "a", "end": 0.5}, {"text": "b", "start": 0.5}]),
+                           {(512, 512): None}, BoardSettings())
+    assert any("9 branch sweeps" in n for n in halves.notes) and halves.passes == 3

@@ -234,3 +234,28 @@ def test_a_pixel_resume_reads_the_kept_base_and_encodes_only_what_is_lost(tmp_pa
     assert [s.name for s in r._steps_to_run()[0]] == ["PixelStart[0]", "Deliver"]    # base.png lost: made again
     (tmp_path / "base.png").write_bytes(b"png")
     assert [s.name for s in r._steps_to_run()[0]] == ["Deliver"]
+
+
+def test_entries_encode_each_distinct_text_once_and_the_denoise_reads_them_all():
+    plan = _plan(positive=[{"text": "a girl", "end": 0.5}, {"text": "a car", "start": 0.5},
+                           {"text": "a girl", "strength": 2.0}], negative=[{"text": "blurry"}], cfg=4.0)
+    assert _lines(plan)[:2] == [
+        ["encoding", "encoder", "EncodeText[entries]", "-", "->", "cond_entry.npy", "cond_entry_1.npy",
+         "cond_entry_2.npy", "cond_entries.json"],
+        ["denoising", "scheduler", "Denoise[0]", "cond_entry.npy", "cond_entry_1.npy", "cond_entry_2.npy",
+         "cond_entries.json", "->", "latent.npy"]]
+    # at cfg 1 no negative is encoded (no pass reads it); a side left out is its plain prompt
+    assert plan_texts(cfg=1.0, positive=[{"text": "a"}, {"text": "b"}], negative=[{"text": "c"}]) == ("a", "b")
+    assert plan_texts(cfg=4.0, negative_prompt="n", positive=[{"text": "a"}, {"text": "b"}]) == ("a", "b", "n")
+
+
+def plan_texts(**kw) -> tuple:
+    from orchestrator.plan.build import entry_texts
+    obj = {**json.loads((ROOT / "examples" / "prompt.json").read_text()), **kw}
+    return entry_texts(parse_prompt_obj(obj, resolution=SIZES))
+
+
+def test_every_entry_file_is_in_the_job_files_table():
+    table = {n for f in JOB_FILES for n in names(f)}
+    plan = _plan(positive=[{"text": str(i)} for i in range(8)], negative=[{"text": f"n{i}"} for i in range(8)])
+    assert set(plan.steps[0].outputs) <= table and "cond_entry_15.npy" in plan.steps[0].outputs

@@ -145,3 +145,54 @@ def test_split_sampling_over_two_advanced_samplers_equals_comfyui(runner):
     # the second pass matters: the first window's latent alone (its leftover noise rescaled) is far from it
     f = first.astype(np.float64).ravel()
     assert f @ r / (np.linalg.norm(f) * np.linalg.norm(r)) < 0.999
+
+
+# tests/data/samplers/comfy_small_entries.npz (bench/comfy_entries_record.py --record): the same bundle and seed through
+# bench/comfy_workflows.py's conditioning graphs in ComfyUI (ConditioningCombine of two prompts at cfg 4 and at cfg 1;
+# ConditioningSetTimestepRange halves combined, 8 steps), ComfyUI's final latents and this project's context rows of
+# the three texts. The graph maps onto its job as the front maps it; each active entry a pass of its own, mixed by
+# models/sampling/cond_mix.py (a no-op mix, the first prompt alone, is far from ComfyUI's: the test can fail).
+ENTRIES = np.load(Path(__file__).parent / "data" / "samplers" / "comfy_small_entries.npz")
+
+
+def _entries_latent(runner, name: str, mixed: bool = True) -> tuple:
+    from bench.comfy_workflows import NEGATIVE, PROMPT, SECOND_PROMPT
+    from models.sampling.cond_mix import CondPass, Conditioning
+    from models.sampling.sampler import Sampler
+    from orchestrator.comfy_graph import graph_to_job
+    spec = graph_to_job(json.loads(str(ENTRIES[f"graph/{name}"]))).spec
+    ctx = {t: _context(ENTRIES[f"context/{k}"]) for t, k in ((PROMPT, "prompt"), (SECOND_PROMPT, "second"),
+                                                              (NEGATIVE, "negative"))}
+    sides = [[CondPass(ctx[e["text"]], e.get("strength", 1.0), e.get("start", 0.0), e.get("end", 1.0))
+              for e in spec.get(side) or [{"text": spec[plain]}]]
+             for side, plain in (("positive", "prompt"), ("negative", "negative_prompt"))]
+    cond = Conditioning(tuple(sides[0] if mixed else sides[0][:1]), tuple(sides[1]))
+    s = Sampler(steps=spec["steps"], cfg=spec["cfg"], scheduler=spec["scheduler"], sampler=spec["sampler"],
+                spectrum=None)
+    shape = (16, spec["height"] // 8, spec["width"] // 8)
+    passes = []
+
+    def model(x, sigma):
+        v_c, v_u, ran = cond.call(runner, s, x, sigma)
+        passes.append(ran)
+        return v_c, v_u
+    st = s.sample(model, latent=comfy_noise(spec["seed"], shape), seed=spec["seed"])
+    return s.result(st), passes
+
+
+def _cos(a, b) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.mark.parametrize("name,passes", [("combine", [3] * 6), ("combine-cfg1", [2] * 6),
+                                         ("timestep-halves", [2, 2, 2, 2, 3, 2, 2, 2])])
+def test_conditioning_graphs_equal_comfyui(runner, name, passes):
+    got, ran = _entries_latent(runner, name)
+    assert ran == passes                                    # DiT passes per step (sigma 0.75: both halves)
+    want = ENTRIES[f"comfyui/{name}"]
+    off = float(np.abs(got - want).max())                   # measured when recorded: 1.4e-6 .. 5.5e-6
+    assert _cos(got, want) >= 0.99999 and off <= 1e-4, f"{name}: cosine {_cos(got, want):.9f}, max {off:.2e}"
+    if name != "timestep-halves":                           # the first prompt alone is another latent
+        alone, _ = _entries_latent(runner, name, mixed=False)
+        assert float(np.abs(alone - want).max()) > 50 * off

@@ -3,11 +3,11 @@ in latent or pixel space, the second pass's own prompts) written as steps (orche
 from __future__ import annotations
 
 from models.sampling.denoise import STATE_FILE
-from orchestrator.job_files import (COND_FILE, HIRES_COND_FILE, HIRES_TEXT_FILE, HIRES_UNCOND_FILE, INIT_IMAGE_FILE,
+from orchestrator.job_files import (COND_FILE, ENTRIES_FILE, HIRES_COND_FILE, HIRES_TEXT_FILE, HIRES_UNCOND_FILE, INIT_IMAGE_FILE,
                                     INIT_LATENT_FILE, MASK_FILE, TEXT_FILE, UNCOND_FILE, batch_name)
 from orchestrator.plan.steps import (CropImage, Decode, Deliver, Denoise, EncodeImage, EncodeText, HiresDenoise,
                                      PixelStart, Plan, Step)
-from protocol.prompt import PromptSpec
+from protocol.prompt import CondEntry, PromptSpec, mixes
 
 CONTEXTS = (TEXT_FILE, COND_FILE, UNCOND_FILE)
 HIRES_CONTEXTS = (HIRES_TEXT_FILE, HIRES_COND_FILE, HIRES_UNCOND_FILE)
@@ -36,6 +36,31 @@ def hires_entries(spec: PromptSpec) -> tuple:
     return (None if h.prompt is not None else first[0], None if h.negative_prompt is not None else first[1])
 
 
+def cond_sides(spec: PromptSpec) -> tuple[tuple[CondEntry, ...], tuple[CondEntry, ...]] | None:
+    """(positive, negative) entries of a job that has any (a side left out is its plain prompt at strength 1; at
+    cfg 1 no negative, as nothing reads it), else None."""
+    if not (mixes(spec.positive) or mixes(spec.negative)):
+        return None
+    pos = spec.positive or (CondEntry(text=spec.prompt),)
+    neg = () if spec.negative_ignored() else spec.negative or (CondEntry(text=spec.negative_prompt),)
+    return pos, neg
+
+
+def entry_texts(spec: PromptSpec) -> tuple[str, ...]:
+    """The distinct texts of a job's entries, positive first, in order: each encoded once (cond_entry_K.npy)."""
+    sides = cond_sides(spec)
+    return () if sides is None else tuple(dict.fromkeys(e.text for e in sides[0] + sides[1]))
+
+
+def entry_file(k: int) -> str:
+    return batch_name("cond_entry", ".npy", k)
+
+
+def _contexts(spec: PromptSpec) -> tuple[str, ...]:
+    texts = entry_texts(spec)
+    return CONTEXTS if not texts else (*(entry_file(k) for k in range(len(texts))), ENTRIES_FILE)
+
+
 def latent_file(pos: int) -> str:
     return batch_name("latent", ".npy", pos)
 
@@ -52,7 +77,9 @@ def _state(folder: str, pos: int) -> str:
 
 
 def _encode_steps(spec: PromptSpec) -> list[Step]:
-    steps: list[Step] = [EncodeText(outputs=CONTEXTS, entries=cond_entries(spec))]
+    texts = entry_texts(spec)
+    steps: list[Step] = [EncodeText(mixed=True, outputs=_contexts(spec)) if texts else
+                         EncodeText(outputs=CONTEXTS, entries=cond_entries(spec))]
     if hires_texts(spec) is not None:
         steps.append(EncodeText(hires=True, outputs=HIRES_CONTEXTS, entries=hires_entries(spec)))
     if spec.init_image is not None:
@@ -63,7 +90,7 @@ def _encode_steps(spec: PromptSpec) -> list[Step]:
 
 def _first_pass(spec: PromptSpec, pos: int) -> Step:
     start = () if spec.init_image is None else (INIT_LATENT_FILE, *((MASK_FILE,) if spec.mask is not None else ()))
-    return Denoise(pos, inputs=CONTEXTS + start, outputs=(latent_file(pos),),
+    return Denoise(pos, inputs=_contexts(spec) + start, outputs=(latent_file(pos),),
                    scratch=(_state("batch" if pos else "", pos),))
 
 

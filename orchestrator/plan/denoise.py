@@ -55,6 +55,9 @@ class DenoiseSteps:
     def _step_denoise(self, step) -> None:
         """Denoise: image `step.pos`'s first pass, a DENOISE of its own as its place in ComfyUI's batch (noise_index,
         batch_size/batch_pos: one randn over the batch tensor, sliced to it)."""
+        if self.plan.steps[0].mixed:                    # positive/negative entries: their own contexts
+            self._denoise_one(step.pos, *self._entry_conds())
+            return
         if not self._load_contexts():
             raise StageFailed("orchestrator", "cond.npy/uncond.npy are missing or unusable (resume the job)")
         self._denoise_one(step.pos)
@@ -138,7 +141,7 @@ class DenoiseSteps:
             return {}
         return dict(noise_index=first + pos, batch_size=self.batch, batch_pos=pos)
 
-    def _denoise_one(self, pos: int) -> None:
+    def _denoise_one(self, pos: int, extra: dict | None = None, inline: tuple = ()) -> None:
         s = self.spec
         batch = self._batch_params(pos, s.batch_index)
         params = m.DenoiseParams(seed=s.seed, steps=s.steps, cfg=s.cfg, sampler=s.sampler, scheduler=s.scheduler,
@@ -148,10 +151,11 @@ class DenoiseSteps:
                                  leftover_noise=s.leftover_noise,
                                  latent_fill=s.latent_fill, denoise_steps=s.denoise_steps, **batch)
         state_dir = self.dir if pos == 0 else self.dir / f"batch_{pos}"      # each image's per-step sampler state
-        self._run_denoise(params, state_dir, self._start_latent(), batch_name("latent", ".npy", pos))
+        self._run_denoise(params, state_dir, {**self._start_latent(), **(extra or {})},
+                          batch_name("latent", ".npy", pos), inline=inline)
 
     def _run_denoise(self, params: m.DenoiseParams, state_dir: Path, start: dict, latent_file: str,
-                     sampling_pass: str = "first") -> None:
+                     sampling_pass: str = "first", inline: tuple = ()) -> None:
         """One DENOISE on the arena's pack: the latent back, checked, written to the job folder as `latent_file`."""
         t0 = time.monotonic()
         self.control.tear_down_on_demand()
@@ -162,7 +166,7 @@ class DenoiseSteps:
         msg = m.Denoise(job=self.job.id, job_dir=str(state_dir), pack_dir=str(self.pack.dir), arena=self.arena.name,
                         params=params, cond=self.cond, uncond=self.uncond, latent=self.latent, scratch=self.scratch,
                         executor=self.cfg.endpoint("executor"), resume=self._resume_sampling,
-                        context_rows=self._context_rows(), loras=self.spec.loras, **start)
+                        context_rows=self._context_rows(), loras=self.spec.loras, inline=inline, **start)
         reply = self.control.denoise(msg, self.settings.denoise_timeout_s, sampling_pass)
         if reply.latent.inline:
             self.arena.write(self.latent, from_inline(reply.latent, reply.inline))

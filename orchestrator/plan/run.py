@@ -14,7 +14,8 @@ import time
 
 from models.dit.partition import TEXT_TOKENS
 from orchestrator.estimate import safe_estimate
-from orchestrator.job_files import (COND_FILE, HIRES_COND_FILE, HIRES_INIT_FILE, HIRES_LATENT_FILE, HIRES_TEXT_FILE,
+from orchestrator.job_files import (COND_FILE, ENTRIES_FILE, ENTRY_FILE, HIRES_COND_FILE, HIRES_INIT_FILE,
+                                    HIRES_LATENT_FILE, HIRES_TEXT_FILE,
                                     HIRES_UNCOND_FILE, INIT_LATENT_FILE, JOB_FILES, LATENT_FILE, REPORT_FILE, TEXT_FILE,
                                     UNCOND_FILE, names)
 from orchestrator.job_record import STAGES
@@ -23,6 +24,7 @@ from orchestrator.plan.checks import JobChecks
 from orchestrator.plan.deliver import DeliverStep
 from orchestrator.plan.denoise import DenoiseSteps
 from orchestrator.plan.encode import TextSteps
+from orchestrator.plan.entries import EntrySteps
 from orchestrator.plan.job_io import load_npy, load_text
 from orchestrator.plan.image_ops import ImageSteps
 from orchestrator.plan.steps import ENCODER, CropImage, Decode, Deliver, Denoise, EncodeImage, EncodeText, \
@@ -41,7 +43,7 @@ EXECUTORS = {EncodeText: TextSteps._step_encode_text, EncodeImage: VaeSteps._ste
              CropImage: ImageSteps._step_crop_image, Deliver: DeliverStep._step_deliver}
 
 
-class PlanRunner(JobChecks, TextSteps, VaeSteps, DenoiseSteps, ImageSteps, DeliverStep):
+class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, ImageSteps, DeliverStep):
     """Runs one job to done/failed/cancelled: its plan's steps, its states and what the job records (report, job
     folder). `d` is the Daemon (sockets, store, supervisor, idle pump); `control` drives the stages."""
 
@@ -156,13 +158,15 @@ class PlanRunner(JobChecks, TextSteps, VaeSteps, DenoiseSteps, ImageSteps, Deliv
         """A step's output in the job folder as a resume may use it: an array whole, f32, its pack's shape and
         finite; the token counts readable (a long-context pack's mask needs them); a PNG there (written atomically)."""
         first, hires, kind = self.first_pack, self.hires_pack, KIND[name]
-        shapes = {COND_FILE: first.context_shape, UNCOND_FILE: first.context_shape,
+        shapes = {COND_FILE: first.context_shape, UNCOND_FILE: first.context_shape, ENTRY_FILE: first.context_shape,
                   INIT_LATENT_FILE: first.latent_shape, LATENT_FILE: first.latent_shape}
         if hires is not None:
             shapes.update({HIRES_COND_FILE: hires.context_shape, HIRES_UNCOND_FILE: hires.context_shape,
                            HIRES_INIT_FILE: hires.latent_shape, HIRES_LATENT_FILE: hires.latent_shape})
         if kind in shapes:
             return load_npy(self.dir / name, shapes[kind]) is not None
+        if kind == ENTRIES_FILE:
+            return load_text(self.dir / name) is not None
         if kind in (TEXT_FILE, HIRES_TEXT_FILE):
             pack = first if kind == TEXT_FILE else hires
             return pack.text_tokens <= TEXT_TOKENS or load_text(self.dir / name) is not None

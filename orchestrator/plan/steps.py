@@ -34,14 +34,19 @@ class Step:
 @dataclass(frozen=True)
 class EncodeText(Step):
     """The prompts' contexts and token counts (the conditioning cache first); `hires`: the second pass's own;
-    `entries`: the (positive, negative) conditioning operations (protocol.prompt.CondEntry; None: the text as it is)."""
+    `entries`: the (positive, negative) conditioning operations (protocol.prompt.CondEntry; None: the text as it is).
+    `mixed`: one context per distinct text of prompt.json's positive/negative entries that each take a model pass
+    (protocol.prompt.mixes)."""
     hires: bool = False
     entries: tuple = (None, None)
+    mixed: bool = False
     stage: ClassVar[str | None] = ENCODER
     phase: ClassVar[str] = ENCODING
 
     @property
     def name(self) -> str:
+        if self.mixed:
+            return "EncodeText[entries]"
         ops = [f"{side}:" + "+".join(op for op, on in (("zero_out", e.zero_out), ("average", e.average)) if on)
                for side, e in zip(("positive", "negative"), self.entries) if e is not None]
         return ("EncodeText[hires]" if self.hires else "EncodeText") + (f"[{' '.join(ops)}]" if ops else "")

@@ -1,0 +1,60 @@
+"""prompt.json's positive/negative entries (ComfyUI's ConditioningCombine / ConditioningSetTimestepRange) under a real
+supervisord with the REAL stages on the embedded tiny bundle: each distinct text encoded once (cond_entry_K.npy),
+each active entry a DiT pass of its own, the sides mixed as ComfyUI's calc_cond_batch; the scheduler SIGKILLed mid
+job resumes to the in-process latent bitwise (models.sampling.cond_mix over DiTRunner from the job's contexts)."""
+from __future__ import annotations
+
+import numpy as np
+
+from models.runtime.dit_runner import DiTRunner
+from models.packs.pack import load_pack
+from models.sampling.cond_mix import CondPass, Conditioning
+from models.sampling.denoise import make_sampler, start_or_resume
+from models.sampling.spectrum import SpectrumSettings
+
+THREADS = 1
+JOB_TIMEOUT_S = 600.0
+PROMPT = {"prompt": "1girl, silver hair", "negative_prompt": "worst quality", "seed": 77, "steps": 4, "cfg": 4.0,
+          "sampler": "euler", "scheduler": "simple", "spectrum": {"warmup": 1},
+          "positive": [{"text": "1girl, silver hair", "end": 0.5}, {"text": "a red car", "start": 0.5},
+                       {"text": "1girl, silver hair", "strength": 0.5}],
+          "negative": [{"text": "worst quality"}]}
+
+
+def _reference(pack_dir, job_dir):
+    """The job in process: the same sampler, its state from the seed, each call through Conditioning.call."""
+    pack = load_pack(pack_dir)
+    g, c = pack.geometry, pack.config
+    texts = ["1girl, silver hair", "a red car", "worst quality"]          # the distinct texts, in the job's order
+    ctx = {t: np.load(job_dir / ("cond_entry.npy" if k == 0 else f"cond_entry_{k}.npy")) for k, t in enumerate(texts)}
+    pos = tuple(CondPass(ctx[e["text"]], e.get("strength", 1.0), e.get("start", 0.0), e.get("end", 1.0))
+                for e in PROMPT["positive"])
+    cond = Conditioning(pos, (CondPass(ctx["worst quality"]),))
+    sampler = make_sampler(4, 4.0, "simple", SpectrumSettings(warmup=1), "euler")
+    state = start_or_resume(sampler, PROMPT["seed"], (c.latent_channels, g.latent_h, g.latent_w))
+    runner = DiTRunner(pack, threads=THREADS)
+    final = sampler.sample(lambda x, sigma: cond.call(runner, sampler, x, sigma)[:2], state=state)
+    return sampler.result(final), final
+
+
+def test_entries_run_a_pass_each_and_a_killed_scheduler_resumes_bitwise(default_pipeline, pipeline_assets):
+    pipe = default_pipeline
+    assert pipe.toml_args["threads"] == THREADS
+    job = pipe.submit(PROMPT)
+    pipe.wait(job, ("denoising",), JOB_TIMEOUT_S, poll_s=0.05,
+              pred=lambda i: i.progress is not None and (i.progress.step, i.progress.block) >= (2, 1))
+    pipe.kill("scheduler")
+    info = pipe.wait(job, timeout_s=JOB_TIMEOUT_S)
+    assert info.state == "done", f"{info.error_stage}: {info.error}\n{pipe.logs()}"
+    job_dir = pipe.job_dir(job)
+    assert sorted(p.name for p in job_dir.glob("cond_entry*.npy")) == ["cond_entry.npy", "cond_entry_1.npy",
+                                                                       "cond_entry_2.npy"]
+    latent, final = _reference(pipeline_assets[1], job_dir)
+    np.testing.assert_array_equal(np.load(job_dir / "latent.npy"), latent)
+    r = pipe.report(job)
+    assert r["resumed_from"] >= 1 and r["computed_steps"] == final.computed == [1, 2, 4]
+    blocks = load_pack(pipeline_assets[1]).config.blocks
+    # sigmas 1, 0.9, (0.75 forecast), 0.5: steps 1-2 run entries 0 and 2 + the negative (2 sweeps), step 4 entries
+    # 1 and 2 + the negative (2 sweeps); each sweep is one BRANCH per branch (3 per block); the report's calls are
+    # the resumed DENOISE's, from the step after the saved one
+    assert r["branch_calls"] == 3 * blocks * 2 * len([s for s in (1, 2, 4) if s > r["resumed_from"]])
