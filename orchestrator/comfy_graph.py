@@ -41,7 +41,7 @@ from models.sampling.step_cache import NODE_NAMES as CACHE_NODES, CacheSettings
 from protocol.prompt import HiresSettings, mixes
 from orchestrator.comfy_nodes import (ANIMA_CLIP_TYPE, InputSpec, ModelNames, NodeSpec, carried, node_table,
                                       places_in_order)
-from orchestrator.comfy_conditioning import (MIXING_ROLES, SIDES, conditioning_entries, entry_field_node,
+from orchestrator.comfy_conditioning import (SIDES, conditioning_entries, entry_field_node,
                                              entry_nodes)
 from orchestrator.prompt_spec import MAX_BATCH, PromptError, parse_prompt_obj
 from protocol.prompt import MAX_FROM_BATCH
@@ -525,7 +525,7 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
     entries = {}
     for side in ("positive", "negative"):           # ZeroOut / Average here, Combine and windows below
         root = c.links[sampler][side]
-        if role_of[root] in MIXING_ROLES:
+        if role_of[root] not in ("text", "zero_out", "average"):     # Combine, windows, Concat (refused there)
             roles[side] = root
             continue
         more, entry = _conditioning(graph, c, role_of, root, side, problems)
@@ -577,6 +577,11 @@ def _conditioning(graph, c: _Checker, role_of: dict, node: str, side: str, probl
             break
         ops.append(node)
         node = c.links[node]["conditioning" if role_of[node] == "zero_out" else "conditioning_to"]
+    if role_of[node] != "text":
+        problems.append(_custom(ops[-1], "conditioning" if role_of[ops[-1]] == "zero_out" else "conditioning_to",
+                                "a ConditioningZeroOut / ConditioningAverage takes a CLIPTextEncode (or another of "
+                                "them) here"))
+        return {side: node}, None
     roles, entry = {side: node}, {"text": c.fields(node)["prompt"], "zero_out": False}
     for op in reversed(ops):                                      # from the text out
         if role_of[op] == "zero_out":

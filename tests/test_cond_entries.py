@@ -14,7 +14,11 @@ BASE = {"seed": 1, "width": 64, "height": 64}
 @pytest.mark.parametrize("obj,field,words", [
     ({}, "prompt", "is required"),
     ({"positive": []}, "positive", "at least 1"),
-    ({"positive": [{"text": "a"}, {"text": "b"}]}, "positive", "at most 1"),
+    ({"positive": [{"text": str(k)} for k in range(9)]}, "positive", "at most 8"),
+    # several entries each take a model pass; a ZeroOut / Average among them is not carried on that path yet
+    ({"positive": [{"text": "a"}, {"text": "b", "zero_out": True}]}, "positive[1]", "not supported yet"),
+    ({"positive": [{"text": "a", "start": 0.5}], "negative": [{"text": "n", "zero_out": True}]}, "negative[0]",
+     "not supported yet"),
     ({"positive": [{"text": "  "}]}, "positive[0].text", "must not be empty"),
     ({"prompt": "a", "positive": [{"text": "b"}]}, "prompt", "differs from positive[0].text"),
     ({"prompt": "a", "negative_prompt": "x", "negative": [{"text": "y", "zero_out": True}]}, "negative_prompt",

@@ -16,8 +16,15 @@ SIZES = [(512, 512), (768, 768)]
 
 
 def _plan(**kw) -> Plan:
+    return build_plan(_plan_spec(**kw))
+
+
+def _plan_spec(**kw):
     obj = {**json.loads((ROOT / "examples" / "prompt.json").read_text()), **kw}
-    return build_plan(parse_prompt_obj(obj, resolution=SIZES))
+    for side, text in (("positive", "prompt"), ("negative", "negative_prompt")):
+        if side in kw:                          # the entries say their side's text (prompt.json's rule: once)
+            obj.pop(text, None)
+    return parse_prompt_obj(obj, resolution=SIZES)
 
 
 def _lines(plan: Plan) -> list[list[str]]:
@@ -251,8 +258,7 @@ def test_entries_encode_each_distinct_text_once_and_the_denoise_reads_them_all()
 
 def plan_texts(**kw) -> tuple:
     from orchestrator.plan.build import entry_texts
-    obj = {**json.loads((ROOT / "examples" / "prompt.json").read_text()), **kw}
-    return entry_texts(parse_prompt_obj(obj, resolution=SIZES))
+    return entry_texts(_plan_spec(**kw))
 
 
 def test_every_entry_file_is_in_the_job_files_table():
