@@ -7,13 +7,16 @@ files at rank 2^20), bad dtypes, cut files, link loops, links out, names too lon
 init images thin, huge, bombs and of odd modes under every resize_mode, and the schedule's bounds (a tiny denoise,
 steps past the limits, hires denoise/steps) through prompt.json, the graph and A1111.
 
-    .venv/bin/python bench/fuzz_http.py --requests 10000            # table on stdout, JSON in bench/out/
-    .venv/bin/python bench/fuzz_http.py --only inputs --requests 100000 # images and schedule bounds alone
+    .venv/bin/python bench/fuzz_http.py --requests 10000            # a fresh state in bench/out/fuzz_http.json
+    .venv/bin/python bench/fuzz_http.py --only inputs --max-s 3600 --resume bench/fuzz_state.json   # adds to it
 
+Cases are distinct and numbered per kind (bench/fuzz_cases.py): --resume continues the kinds' sequences where the
+state left them, adding the cases, outcomes, failures and peaks of this run, until each kind has --target (100,000).
 Every request must be answered (a hang is no answer within --timeout s), never with a 5xx, and no program of the
-pipeline may die or be restarted (its supervisord pid changes) or pass --max-rss-mb of peak memory (VmHWM). Jobs a
-request queues are cancelled at once: by design (bench/fuzz_live.FUZZ_TOML) none gets past encoding. Exit status 1 on
-any hang, 5xx, traceback in an answer, stage death or memory peak.
+pipeline may die or be restarted (its supervisord pid changes) or pass --max-rss-mb of peak memory (VmHWM), looked at
+every 15 s (bench/fuzz_run.py). Jobs a request queues are cancelled at once: by design (bench/fuzz_live.FUZZ_TOML)
+none gets past encoding. Exit status 1 on any hang, 5xx, traceback in an answer, stage death or memory peak in the
+state (this run or an earlier one).
 """
 from __future__ import annotations
 
@@ -26,8 +29,6 @@ import signal
 import struct
 import sys
 import tempfile
-import time
-from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
 
 import numpy as np
@@ -35,26 +36,22 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # bench.*, tests.* when run as a script
 
-from bench.fuzz_cases import FAILURES, TARGET, Cases, FuzzState  # noqa: E402
+from bench.fuzz_cases import TARGET, FuzzState  # noqa: E402
 from bench.fuzz_inputs import InputRequests, input_images, upload  # noqa: E402
 from bench.fuzz_live import FUZZ_TOML, settle_jobs  # noqa: E402
-from bench.fuzz_send import Answer, Sender  # noqa: E402
+from bench.fuzz_run import MAX_RSS_MB, WORKERS, fuzz, report  # noqa: E402
 from models.lora.synth import lora_entries, write_lora  # noqa: E402
 from models.safetensors_io import TensorEntry, write_safetensors  # noqa: E402
 from tests.fuzzing import json_variant  # noqa: E402
 from tests.comfy_graphs import standard_graph  # noqa: E402
 
-PROGRAMS = ("orchestrator", "scheduler", "executor", "http")     # always on: a pid change is a death
 LORA_PACK = (128, 96)                                            # the LoRA-ready pack's size (rank LORA_RANK)
 LORA_RANK = 8
-CHECK_EVERY_S = 15.0                                             # a probe, the pids and peak memory this often
-WORKERS = 4                                                      # requests in flight
 FAMILIES = ("graphs", "loras", "inputs")                         # --only: graph shapes, LoRA files, images/bounds
 SHAPES = ("self_link", "loader_cycle", "clip_self", "long_cycle", "deep_chain", "fan_out", "dangling", "bad_slot",
           "mutated", "plain")                                    # the graphs family's kinds, comfy_<shape>
 KIND_FAMILY = {**{"comfy_" + s: "graphs" for s in SHAPES}, "comfy_lora": "loras", "page_lora": "loras",
                "a1111_lora": "loras", **{k: "inputs" for k in InputRequests.KINDS}}
-MAX_RSS_MB = 1000                                                # a program's peak RSS above this fails the run
 
 
 # ---- hostile LoRA files ----------------------------------------------------------------------------------------------
@@ -228,148 +225,6 @@ class Requests:
 
 
 # ---- the run ---------------------------------------------------------------------------------------------------------
-def _pids(pipe) -> dict:
-    return {name: (info.state, info.pid) for name in PROGRAMS for info in (pipe.sup.info(name),)}
-
-
-def _vm_hwm_mb(pipe) -> dict:
-    """Each program's peak resident memory so far (/proc/PID/status VmHWM, MB)."""
-    out = {}
-    for name in PROGRAMS:
-        try:
-            text = Path(f"/proc/{pipe.sup.info(name).pid}/status").read_text()
-        except OSError:
-            continue
-        out[name] = next((int(line.split()[1]) for line in text.splitlines() if line.startswith("VmHWM:")), 0) // 1024
-    return out
-
-
-class Watch:
-    """The pipeline looked at every CHECK_EVERY_S (not per case): a probe (`GET /system_stats` must answer 200), the
-    programs' pids against the start (a change is a death), their peak memory against the bound. A program whose
-    peak first passes the bound counts over_memory for every kind sent since the last look."""
-
-    def __init__(self, pipe, url: str, timeout_s: float, state: FuzzState, max_rss_mb: int):
-        self.pipe, self.url, self.timeout_s, self.state, self.max_rss_mb = pipe, url, timeout_s, state, max_rss_mb
-        self.pids, self.over = _pids(pipe), set()
-        self.start_rss_mb = self.peak_rss_mb = _vm_hwm_mb(pipe)
-        self.kinds: set = set()                  # kinds sent since the last look
-        self.last = time.monotonic()
-        self.probes = 0
-
-    def due(self) -> bool:
-        return time.monotonic() - self.last >= CHECK_EVERY_S
-
-    def look(self) -> None:
-        self.last, self.probes = time.monotonic(), self.probes + 1
-        try:
-            ok = requests.get(self.url + "system_stats", timeout=self.timeout_s).status_code == 200
-        except requests.RequestException:
-            ok = False
-        if not ok:
-            self.state.fail("pipeline", "probe", None, "GET /system_stats did not answer 200")
-        now = _pids(self.pipe)
-        for name in PROGRAMS:
-            if now[name] != self.pids[name]:
-                self.state.fail("pipeline", "death", None, f"{name}: {self.pids[name]} -> {now[name]}")
-        self.pids = now
-        self.peak_rss_mb = _vm_hwm_mb(self.pipe)
-        self.state.peaks(self.peak_rss_mb)
-        for name, mb in self.peak_rss_mb.items():
-            if mb > self.max_rss_mb and name not in self.over:
-                self.over.add(name)
-                for kind in sorted(self.kinds) or ["pipeline"]:
-                    self.state.fail(kind, "over_memory", None, f"{name} peak {mb} MB > {self.max_rss_mb} MB")
-        self.kinds = set()
-
-
-def _take(state: FuzzState, sender: Sender, watch: Watch, a: Answer) -> None:
-    state.add(a.kind, a.index, a.outcome, a.busy_s, a.busy)
-    for what, detail in a.failures:
-        state.fail(a.kind, what, a.index, detail)
-    watch.kinds.add(a.kind)
-    if a.job:
-        sender.queue(a.job)                      # removed in bulk: none would render (the encoder is missing)
-
-
-def fuzz(pipe, url: str, state: FuzzState, makers: dict, n: int, timeout_s: float, secrets: tuple,
-         workers: int = WORKERS, max_s: float | None = None, max_rss_mb: int = MAX_RSS_MB,
-         save=lambda: None) -> dict:
-    """Up to `n` distinct cases (fewer when `max_s` passes, or every kind has its state.target), the kinds in turn,
-    `workers` requests in flight; -> this run's record (also appended to state.runs). `save()` after every look."""
-    cases, sender = Cases(makers, state), Sender(url, timeout_s, workers, secrets)
-    watch = Watch(pipe, url, timeout_s, state, max_rss_mb)
-    run = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "workers": workers,
-           "load_start": [round(x, 1) for x in os.getloadavg()], "cases": 0, "interrupted": False}
-    state.runs.append(run)
-    t0, sent, inflight = time.monotonic(), 0, set()
-    turn = list(makers)
-    try:
-        while True:
-            open_kinds = [k for k in turn if cases.open(k)]
-            stop = sent >= n or not open_kinds or (max_s is not None and time.monotonic() - t0 > max_s)
-            while not stop and len(inflight) < workers and open_kinds:
-                kind = open_kinds[sent % len(open_kinds)]
-                nxt = cases.next_case(kind)
-                if nxt is None:                  # exhausted: its distinct cases are all sent
-                    open_kinds.remove(kind)
-                    continue
-                inflight.add(sender.send(kind, nxt[0], *nxt[1]))
-                sent += 1
-                stop = sent >= n
-            if not inflight:
-                break
-            done, inflight = wait(inflight, timeout=1.0, return_when=FIRST_COMPLETED)
-            for f in done:
-                _take(state, sender, watch, f.result())
-                run["cases"] += 1
-            if watch.due():
-                _progress(state, sender, watch, run, t0, save)
-    except KeyboardInterrupt:                    # SIGINT/SIGTERM: what is in flight is answered, then reported
-        run["interrupted"] = True
-        print(f"interrupted after {run['cases']} cases; waiting for {len(inflight)} in flight", flush=True)
-        for f in inflight:
-            _take(state, sender, watch, f.result())
-            run["cases"] += 1
-    sender.cancel_queued()
-    sender.close()
-    _progress(state, sender, watch, run, t0, save)
-    return run
-
-
-def _progress(state: FuzzState, sender: Sender, watch: Watch, run: dict, t0: float, save) -> None:
-    watch.look()
-    while sender.cancel_failures:
-        state.fail("cancel", "down", None, sender.cancel_failures.pop())
-    run["wall_s"] = round(time.monotonic() - t0, 1)
-    run["per_s"] = round(run["cases"] / max(run["wall_s"], 1e-9), 2)
-    run["load_end"] = [round(x, 1) for x in os.getloadavg()]
-    run["peak_rss_mb"], run["start_rss_mb"], run["probes"] = watch.peak_rss_mb, watch.start_rss_mb, watch.probes
-    save()
-    print(f"  {run['cases']} cases, {run['wall_s']:.0f} s, {run['per_s']}/s, load {run['load_end'][0]}, "
-          f"failures {len(state.failures)}", flush=True)
-
-
-def report(state: FuzzState, run: dict, out: Path, max_rss_mb: int = MAX_RSS_MB) -> bool:
-    """The outcome table per kind (all runs), the programs' peaks, one `cases=N/target` line per kind, the run."""
-    outcomes = sorted({o for k in state.kinds.values() for o in k["outcomes"]})
-    print(f"{'kind':<22}" + "".join(f"{o:>8}" for o in outcomes) + f"{'cases':>8}{'ms/case':>9}{'503_RA':>8}")
-    for kind, k in sorted(state.kinds.items()):
-        print(f"{kind:<22}" + "".join(f"{k['outcomes'].get(o, 0):>8}" for o in outcomes) + f"{k['cases']:>8}"
-              f"{1000 * k['busy_s'] / max(k['cases'], 1):>9.0f}{k['retried_503']:>8}")
-    print("peak RSS MB (measured, VmHWM; this run's start -> end, all runs' peak): " + ", ".join(
-        f"{p} {run['start_rss_mb'].get(p, '?')} -> {mb} ({state.peak_rss_mb.get(p, mb)})"
-        for p, mb in sorted(run["peak_rss_mb"].items())) + f"; bound {max_rss_mb}")
-    for line in state.summary():
-        print(line)
-    others = [f for f in state.failures if f["what"] not in FAILURES]
-    print(f"run: cases={run['cases']} wall_s={run['wall_s']:.0f} per_s={run['per_s']} workers={run['workers']} "
-          f"load {run['load_start']} -> {run['load_end']} probes={run['probes']} deaths+probe_failures={len(others)}"
-          f" runs={len(state.runs)} {'ok' if state.ok() else 'FAILED'}")
-    print(f"state: {out}")
-    return state.ok() and not run["interrupted"]
-
-
 def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 

@@ -1,11 +1,11 @@
 """bench/fuzz_http.py's client: several requests in flight over keep-alive connections (one requests.Session per
-worker thread), each answer judged in the worker (`judge`), and the jobs the accepted requests queued removed in
-bulk (ComfyUI's `POST /queue {"delete": [...]}`, which cancels waiting jobs; a job already running fails at the
-harness's missing encoder by design).
+worker thread), each answer judged in the worker (`judge`), and the job an accepted request queued cancelled at once
+by the same worker (`POST /anima/jobs/{job}/cancel`: queued or already running, it would only start the harness's
+missing encoder). Removing them in bulk instead (`POST /queue {"delete": [...]}` every 32) was measured slower:
+the waiting jobs ran meanwhile, each starting the encoder, and an A1111 call queued behind them outwaited --timeout.
 
     sender = Sender(url, timeout_s=60, workers=4, secrets=(...))
     fut = sender.send(kind, index, method, path, text)   # -> Answer when done
-    sender.cancel_queued()                               # the accepted jobs so far, one request
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 import requests
 
 FUZZ_ENCODER = "/nonexistent/fuzz/"        # bench.fuzz_live.FUZZ_TOML's text encoder: every job fails there
-CANCEL_BATCH = 32                           # accepted jobs removed per POST /queue
 BUSY_TRIES = 30                             # a 503 with Retry-After (the front shedding load) is sent again this often
 
 
@@ -54,10 +53,8 @@ def judge(kind: str, index: int, r: requests.Response, busy_s: float, secrets: t
 class Sender:
     def __init__(self, url: str, timeout_s: float, workers: int, secrets: tuple = ()):
         self.url, self.timeout_s, self.secrets = url, timeout_s, secrets
-        self.pool = ThreadPoolExecutor(max_workers=workers + 1, thread_name_prefix="fuzz")  # +1: the bulk cancel
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fuzz")
         self.local = threading.local()
-        self.queued: list[str] = []
-        self.cancel_failures: list[str] = []
 
     def _session(self) -> requests.Session:
         s = getattr(self.local, "session", None)
@@ -82,6 +79,8 @@ class Sender:
             if r.status_code != 503 or not wait_s.isdigit() or busy >= BUSY_TRIES:
                 a = judge(kind, index, r, time.monotonic() - t0, self.secrets)
                 a.busy = busy
+                if a.job:
+                    self._cancel(a)
                 return a
             busy += 1
             time.sleep(min(int(wait_s), 5))
@@ -89,23 +88,15 @@ class Sender:
     def send(self, kind: str, index: int, method: str, path: str, text: str) -> Future:
         return self.pool.submit(self._one, kind, index, method, path, text)
 
-    def queue(self, job: str) -> None:
-        self.queued.append(job)
-        if len(self.queued) >= CANCEL_BATCH:
-            self.cancel_queued()
-
-    def cancel_queued(self) -> Future | None:
-        """Remove the accepted jobs that still wait, one request for all (in the pool, not in the caller's way)."""
-        ids, self.queued = self.queued, []
-        return self.pool.submit(self._cancel, ids) if ids else None
-
-    def _cancel(self, ids: list) -> None:
-        try:
-            r = self._session().post(self.url + "queue", json={"delete": ids}, timeout=self.timeout_s)
-            if r.status_code != 200:
-                self.cancel_failures.append(f"POST /queue delete {len(ids)}: {r.status_code} {r.text[:300]}")
-        except requests.RequestException as e:
-            self.cancel_failures.append(f"POST /queue delete {len(ids)}: {e}")
-
     def close(self) -> None:
         self.pool.shutdown(wait=True)
+
+    def _cancel(self, a: Answer) -> None:
+        """The accepted job cancelled; a 5xx or no answer is the case's failure (a 409, it ended already, is not)."""
+        try:
+            r = self._session().post(self.url + f"anima/jobs/{a.job}/cancel", timeout=self.timeout_s)
+        except requests.RequestException as e:
+            a.failures.append(("down", f"cancel {a.job}: {e}"[:400]))
+            return
+        if r.status_code >= 500:
+            a.failures.append(("5xx", f"cancel {a.job}: {r.status_code} {r.text[:300]}"))

@@ -3,13 +3,15 @@ same sequence; answers are judged as the fuzz counts them. In process, no pipeli
 from __future__ import annotations
 
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
 
 from bench.fuzz_cases import Cases, FuzzState
 from bench.fuzz_inputs import InputRequests, denoise_of, steps_of
-from bench.fuzz_send import judge
+from bench.fuzz_send import Sender, judge
 
 
 def _sampling(rng):
@@ -87,3 +89,40 @@ def test_the_input_kinds_have_room_for_the_target():
         cases = Cases({kind: getattr(gen, kind)}, state)
         _take(cases, kind, 400)
         assert state.kinds[kind]["duplicates"] < 40, kind
+
+
+class _Front(BaseHTTPRequestHandler):
+    """A front that sheds the first POST with 503 Retry-After, accepts the next (a job) and counts cancels."""
+    seen: list = []
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        _Front.seen.append(self.path)
+        if self.path.endswith("/cancel"):
+            status, body, extra = 200, {"note": "cancelled"}, {}
+        elif _Front.seen.count(self.path) == 1:
+            status, body, extra = 503, {"error": "busy"}, {"Retry-After": "0"}
+        else:
+            status, body, extra = 200, {"job": "j7"}, {}
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        for k, v in {"Content-Type": "application/json", "Content-Length": str(len(data)), **extra}.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_sender_waits_out_retry_after_and_cancels_what_it_queued():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Front)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        sender = Sender(f"http://127.0.0.1:{server.server_port}/", timeout_s=10, workers=2)
+        a = sender.send("image_a1111", 5, "POST", "sdapi/v1/img2img", "{}").result(timeout=30)
+        sender.close()
+    finally:
+        server.shutdown()
+    assert (a.outcome, a.busy, a.job, a.failures) == ("200", 1, "j7", [])
+    assert _Front.seen == ["/sdapi/v1/img2img", "/sdapi/v1/img2img", "/anima/jobs/j7/cancel"]
