@@ -79,6 +79,16 @@ def denoise_of(rng: random.Random):
     return round(rng.random(), 4) if r < 0.65 else 10.0 ** rng.uniform(-323.0, 0.0)
 
 
+def valid_or(rng: random.Random, valid, odd, p_valid: float = 0.7):
+    """A value the job accepts (`valid(rng)`) with probability `p_valid`, else `odd(rng)`: image cases mostly reach
+    the image work instead of a refusal of another field."""
+    return valid(rng) if rng.random() < p_valid else odd(rng)
+
+
+def _fraction(rng: random.Random) -> float:
+    return round(rng.uniform(0.05, 1.0), 4)
+
+
 def steps_of(rng: random.Random):
     """Steps: a named edge (STEPS), 1..255, or anything to a million (negative too)."""
     r = rng.random()
@@ -89,7 +99,7 @@ def steps_of(rng: random.Random):
 
 def size_of(rng: random.Random) -> tuple:
     """(width, height): mostly the harness pack's 128x128, sometimes a size no pack has (refused at submit)."""
-    return (128, 128) if rng.random() < 0.8 else (rng.randrange(0, 4097, 8), rng.randrange(0, 4097, 8))
+    return (128, 128) if rng.random() < 0.9 else (rng.randrange(0, 4097, 8), rng.randrange(0, 4097, 8))
 
 
 class InputRequests:
@@ -109,16 +119,18 @@ class InputRequests:
 
     def image_page(self, rng: random.Random) -> tuple:
         name = rng.choice(sorted(self.names))
-        body = self._job(rng, init_image=self.names[name], resize_mode=rng.choice(RESIZE_MODES),
-                         denoise=denoise_of(rng))
+        body = self._job(rng, init_image=self.names[name],
+                         resize_mode=valid_or(rng, lambda r: r.choice((0, 1, 2)), lambda r: r.choice(RESIZE_MODES)),
+                         denoise=valid_or(rng, _fraction, denoise_of))
         return "POST", "anima/jobs", json.dumps(body)
 
     def image_a1111(self, rng: random.Random) -> tuple:
         name = rng.choice(sorted(self.b64))
         w, h = size_of(rng)
         body = {"prompt": "fuzz", "steps": 1, "width": w, "height": h, "seed": 1,
-                "init_images": [self.b64[name]], "resize_mode": rng.choice(RESIZE_MODES),
-                "denoising_strength": denoise_of(rng)}
+                "init_images": [self.b64[name]],
+                "resize_mode": valid_or(rng, lambda r: r.choice((0, 1, 2)), lambda r: r.choice(RESIZE_MODES)),
+                "denoising_strength": valid_or(rng, _fraction, denoise_of)}
         return "POST", "sdapi/v1/img2img", json.dumps(body)
 
     def sampling_page(self, rng: random.Random) -> tuple:
