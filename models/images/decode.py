@@ -106,7 +106,9 @@ def _rgb(im) -> np.ndarray:
         im = im.point(lambda v: v * (1 / 255))
     if im.mode == "P" and "transparency" in im.info:
         im = im.convert("RGBA")          # the same colours; Pillow warns on P -> RGB with transparency
-    return np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0
+    rgb = np.asarray(im.convert("RGB"), dtype=np.float32)
+    rgb /= 255.0                         # in place: a 4096² image is 200 MB a copy
+    return rgb
 
 
 def _alpha(im) -> np.ndarray | None:
