@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
 
@@ -89,40 +90,47 @@ def _take(state: FuzzState, watch: Watch, a: Answer) -> None:
 def fuzz(pipe, url: str, state: FuzzState, makers: dict, n: int, timeout_s: float, secrets: tuple,
          workers: int = WORKERS, max_s: float | None = None, max_rss_mb: int = MAX_RSS_MB,
          save=lambda: None) -> dict:
-    """Up to `n` distinct cases (fewer when `max_s` passes, or every kind has its state.target), the kinds in turn,
-    `workers` requests in flight; -> this run's record (also appended to state.runs). `save()` after every look."""
+    """Up to `n` distinct cases (fewer when `max_s` passes, or every kind has its state.target), `workers` requests
+    in flight; -> this run's record (also appended to state.runs). `save()` after every look. Each kind has its own
+    lanes (workers / open kinds, at least one): a slow kind (an A1111 call waiting for its job, ~17 s) never holds
+    every worker, so the fast kinds' counts grow at their own pace; a free lane takes the kind with fewest cases."""
     cases, sender = Cases(makers, state), Sender(url, timeout_s, workers, secrets)
     watch = Watch(pipe, url, timeout_s, state, max_rss_mb)
     run = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "workers": workers,
            "load_start": [round(x, 1) for x in os.getloadavg()], "cases": 0, "interrupted": False}
     state.runs.append(run)
-    t0, sent, inflight = time.monotonic(), 0, set()
-    turn = list(makers)
+    t0, sent, flying = time.monotonic(), 0, {}          # flying: future -> kind
     try:
         while True:
-            open_kinds = [k for k in turn if cases.open(k)]
+            open_kinds = [k for k in makers if cases.open(k)]
             stop = sent >= n or not open_kinds or (max_s is not None and time.monotonic() - t0 > max_s)
-            while not stop and len(inflight) < workers and open_kinds:
-                kind = open_kinds[sent % len(open_kinds)]
+            lanes = -(-workers // max(len(open_kinds), 1))
+            while not stop and len(flying) < workers:
+                busy = Counter(flying.values())
+                free = [k for k in open_kinds if busy[k] < lanes]
+                if not free:
+                    break
+                kind = min(free, key=lambda k: state.kind(k)["cases"] + busy[k])
                 nxt = cases.next_case(kind)
                 if nxt is None:                  # exhausted: its distinct cases are all sent
                     open_kinds.remove(kind)
                     continue
-                inflight.add(sender.send(kind, nxt[0], *nxt[1]))
+                flying[sender.send(kind, nxt[0], *nxt[1])] = kind
                 sent += 1
                 stop = sent >= n
-            if not inflight:
+            if not flying:
                 break
-            done, inflight = wait(inflight, timeout=1.0, return_when=FIRST_COMPLETED)
+            done, _ = wait(flying, timeout=1.0, return_when=FIRST_COMPLETED)
             for f in done:
+                del flying[f]
                 _take(state, watch, f.result())
                 run["cases"] += 1
             if watch.due():
                 _progress(state, watch, run, t0, save)
     except KeyboardInterrupt:                    # SIGINT/SIGTERM: what is in flight is answered, then reported
         run["interrupted"] = True
-        print(f"interrupted after {run['cases']} cases; waiting for {len(inflight)} in flight", flush=True)
-        for f in inflight:
+        print(f"interrupted after {run['cases']} cases; waiting for {len(flying)} in flight", flush=True)
+        for f in flying:
             _take(state, watch, f.result())
             run["cases"] += 1
     sender.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -126,3 +127,47 @@ def test_the_sender_waits_out_retry_after_and_cancels_what_it_queued():
         server.shutdown()
     assert (a.outcome, a.busy, a.job, a.failures) == ("200", 1, "j7", [])
     assert _Front.seen == ["/sdapi/v1/img2img", "/sdapi/v1/img2img", "/anima/jobs/j7/cancel"]
+
+
+class _Lanes(BaseHTTPRequestHandler):
+    """POST /slow answers after 0.5 s, POST /fast at once (400), GET /system_stats 200."""
+
+    def _answer(self, status: int) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path == "/slow":
+            time.sleep(0.5)
+        self._answer(400)
+
+    def do_GET(self):
+        self._answer(200)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_slow_kind_does_not_hold_back_the_fast_ones():
+    """Each kind has its own lanes: in 3 s a kind answering in 0.5 s gets ~6 cases, one answering at once many
+    more (taking the kinds in turn, both got the slow one's count)."""
+    import os
+    from types import SimpleNamespace
+    from bench.fuzz_run import fuzz
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Lanes)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    info = SimpleNamespace(state="RUNNING", pid=os.getpid())
+    pipe = SimpleNamespace(sup=SimpleNamespace(info=lambda name: info))
+    state = FuzzState(0)
+    makers = {"slow": lambda rng: ("POST", "slow", str(rng.random())),
+              "fast": lambda rng: ("POST", "fast", str(rng.random()))}
+    try:
+        run = fuzz(pipe, f"http://127.0.0.1:{server.server_port}/", state, makers, 10_000, 10.0, (), workers=2,
+                   max_s=3.0)
+    finally:
+        server.shutdown()
+    slow, fast = state.kinds["slow"]["cases"], state.kinds["fast"]["cases"]
+    assert 3 <= slow <= 8 and fast > 5 * slow, (slow, fast)
+    assert run["cases"] == slow + fast and state.ok()
