@@ -7,13 +7,16 @@ files at rank 2^20), bad dtypes, cut files, link loops, links out, names too lon
 init images thin, huge, bombs and of odd modes under every resize_mode, and the schedule's bounds (a tiny denoise,
 steps past the limits, hires denoise/steps) through prompt.json, the graph and A1111.
 
-    .venv/bin/python bench/fuzz_http.py --requests 10000            # table on stdout, JSON in bench/out/
-    .venv/bin/python bench/fuzz_http.py --only inputs --requests 100000 # images and schedule bounds alone
+    .venv/bin/python bench/fuzz_http.py --requests 10000            # a fresh state in bench/out/fuzz_http.json
+    .venv/bin/python bench/fuzz_http.py --only inputs --max-s 3600 --resume bench/fuzz_state.json   # adds to it
 
+Cases are distinct and numbered per kind (bench/fuzz_cases.py): --resume continues the kinds' sequences where the
+state left them, adding the cases, outcomes, failures and peaks of this run, until each kind has --target (100,000).
 Every request must be answered (a hang is no answer within --timeout s), never with a 5xx, and no program of the
-pipeline may die or be restarted (its supervisord pid changes) or pass --max-rss-mb of peak memory (VmHWM). Jobs a
-request queues are cancelled at once: by design (bench/fuzz_live.FUZZ_TOML) none gets past encoding. Exit status 1 on
-any hang, 5xx, traceback in an answer, stage death or memory peak.
+pipeline may die or be restarted (its supervisord pid changes) or pass --max-rss-mb of peak memory (VmHWM), looked at
+every 15 s (bench/fuzz_run.py). Jobs a request queues are cancelled at once: by design (bench/fuzz_live.FUZZ_TOML)
+none gets past encoding. Exit status 1 on any hang, 5xx, traceback in an answer, stage death or memory peak in the
+state (this run or an earlier one).
 """
 from __future__ import annotations
 
@@ -26,8 +29,6 @@ import signal
 import struct
 import sys
 import tempfile
-import time
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -35,21 +36,22 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # bench.*, tests.* when run as a script
 
+from bench.fuzz_cases import TARGET, FuzzState  # noqa: E402
 from bench.fuzz_inputs import InputRequests, input_images, upload  # noqa: E402
 from bench.fuzz_live import FUZZ_TOML, settle_jobs  # noqa: E402
+from bench.fuzz_run import MAX_RSS_MB, WORKERS, fuzz, report  # noqa: E402
 from models.lora.synth import lora_entries, write_lora  # noqa: E402
 from models.safetensors_io import TensorEntry, write_safetensors  # noqa: E402
 from tests.fuzzing import json_variant  # noqa: E402
 from tests.comfy_graphs import standard_graph  # noqa: E402
 
-PROGRAMS = ("orchestrator", "scheduler", "executor", "http")     # always on: a pid change is a death
 LORA_PACK = (128, 96)                                            # the LoRA-ready pack's size (rank LORA_RANK)
 LORA_RANK = 8
-PROBE_EVERY = 200
 FAMILIES = ("graphs", "loras", "inputs")                         # --only: graph shapes, LoRA files, images/bounds
-FUZZ_ENCODER = "/nonexistent/fuzz/"                              # FUZZ_TOML's text encoder: every job fails there
-MAX_RSS_MB = 1000                                                # a program's peak RSS above this fails the run
-MAX_EXAMPLES = 8                                                 # first problems kept per kind in the JSON
+SHAPES = ("self_link", "loader_cycle", "clip_self", "long_cycle", "deep_chain", "fan_out", "dangling", "bad_slot",
+          "mutated", "plain")                                    # the graphs family's kinds, comfy_<shape>
+KIND_FAMILY = {**{"comfy_" + s: "graphs" for s in SHAPES}, "comfy_lora": "loras", "page_lora": "loras",
+               "a1111_lora": "loras", **{k: "inputs" for k in InputRequests.KINDS}}
 
 
 # ---- hostile LoRA files ----------------------------------------------------------------------------------------------
@@ -121,14 +123,15 @@ def hostile_loras(loras: Path, outside: Path) -> dict:
 
 # ---- requests --------------------------------------------------------------------------------------------------------
 class Requests:
-    """Seeded generators of (kind, method, path, JSON text) against one pipeline's names."""
+    """Generators of (kind, method, path, JSON text) against one pipeline's names; `makers()` gives one per kind, each
+    drawing from the Random a case brings (bench/fuzz_cases.py)."""
 
-    def __init__(self, rng: random.Random, names: dict, loras: dict):
-        self.rng, self.names, self.loras = rng, names, loras
+    def __init__(self, names: dict, loras: dict):
+        self.rng, self.names, self.loras = random.Random(0), names, loras
         self.refused = [n for n, r in loras.items() if r]
 
     def _graph(self, height: int = 128) -> dict:
-        return standard_graph(seed=self.rng.randrange(2**32), steps=1, height=height, names=self.names)
+        return standard_graph(seed=1, steps=1, height=height, names=self.names)   # fixed: cases differ elsewhere
 
     def _loader(self, g: dict, node: str, name: str, model_from: str, clip: bool) -> None:
         s = self.rng.choice([0.8, -1.0, 0.0, 100.0, 1e9, -101])
@@ -138,10 +141,8 @@ class Requests:
                           clip=["11", 0])
         g[node] = {"inputs": inputs, "class_type": "LoraLoader" if clip else "LoraLoaderModelOnly"}
 
-    def comfy_shape(self) -> tuple:
+    def comfy_shape(self, shape: str) -> tuple:
         rng, g = self.rng, self._graph()
-        shape = rng.choice(["self_link", "loader_cycle", "clip_self", "long_cycle", "deep_chain", "fan_out",
-                            "dangling", "bad_slot", "mutated", "plain"])
         if shape == "self_link":
             g["15"]["inputs"]["model"] = ["15", 0]
         elif shape in ("loader_cycle", "long_cycle"):
@@ -196,7 +197,7 @@ class Requests:
         rng = self.rng
         loras = [{"name": rng.choice(list(self.loras)), "strength": rng.choice([0.7, 1.0, -2.0])}
                  for _ in range(rng.randrange(1, 4))]
-        body = {"prompt": "fuzz", "seed": rng.randrange(2**32), "steps": 1, "height": rng.choice([128, LORA_PACK[1]]),
+        body = {"prompt": "fuzz", "seed": 1, "steps": 1, "height": rng.choice([128, LORA_PACK[1]]),
                 "loras": loras}
         if rng.random() < 0.3:                                  # an odd entry: fields the schema must refuse
             rest = {k: v for k, v in body.items() if k != "loras"}
@@ -210,186 +211,33 @@ class Requests:
                 "height": 128, "seed": 1}
         return "a1111_lora", "POST", "sdapi/v1/txt2img", json.dumps(body)
 
-    def next(self, families=FAMILIES, inputs: InputRequests | None = None) -> tuple:
-        pool = [(self.comfy_shape, 4, "graphs"), (self.comfy_lora, 3, "loras"), (self.page_lora, 2, "loras"),
-                (self.a1111_lora, 1, "loras")]
-        if inputs is not None:
-            pool.append((inputs.next, 5, "inputs"))
-        pool = [(f, w) for f, w, fam in pool if fam in families]
-        return self.rng.choices([f for f, _ in pool], weights=[w for _, w in pool])[0]()
+    def makers(self) -> dict:
+        """{kind: f(rng) -> (method, path, text)} of the graph and LoRA families (KIND_FAMILY)."""
+        def maker(f, *args):
+            def make(rng: random.Random) -> tuple:
+                self.rng = rng
+                return f(*args)[1:]
+            return make
+        out = {"comfy_" + shape: maker(self.comfy_shape, shape) for shape in SHAPES}
+        out.update(comfy_lora=maker(self.comfy_lora), page_lora=maker(self.page_lora),
+                   a1111_lora=maker(self.a1111_lora))
+        return out
 
 
 # ---- the run ---------------------------------------------------------------------------------------------------------
-class Tally:
-    def __init__(self):
-        self.by_kind: dict = {}
-        self.deaths: list = []
-        self.failed_probes = 0
-        self.probes = 0
-        self.examples: dict = {"5xx": [], "hang": [], "down": [], "leak": [], "traceback": []}
-        self.wall_s = 0.0
-        self.sent = 0                       # requests sent (fewer than asked when --max-s ran out)
-        self.interrupted = False            # stopped by SIGINT/SIGTERM
-        self.leaks = 0                      # answers that show the server's loras/ folder or a link's target
-        self.peak_rss_mb: dict = {}         # program -> its largest VmHWM seen (MB)
-        self.start_rss_mb: dict = {}        # the same before the first request
-
-    def add(self, kind: str, outcome: str, detail: str = "") -> None:
-        self.by_kind.setdefault(kind, Counter())[outcome] += 1
-        for what in ("5xx", "hang", "down", "traceback"):
-            if outcome.startswith(what) and len(self.examples[what]) < MAX_EXAMPLES:
-                self.examples[what].append(f"{kind}: {detail[:400]}")
-
-    def total(self, outcome_prefix: str) -> int:
-        return sum(n for c in self.by_kind.values() for o, n in c.items() if o.startswith(outcome_prefix))
-
-
-def _pids(pipe) -> dict:
-    out = {}
-    for name in PROGRAMS:
-        info = pipe.sup.info(name)
-        out[name] = (info.state, info.pid)
-    return out
-
-
-def _send(url: str, req: tuple, timeout_s: float, tally: Tally, secrets: tuple) -> None:
-    kind, method, path, text = req
-    try:
-        r = requests.request(method, url + path, data=text.encode("utf-8", "surrogatepass"), timeout=timeout_s,
-                             headers={"Content-Type": "application/json"})
-    except requests.Timeout:
-        tally.add(kind, "hang", text[:200])
-        return
-    except requests.ConnectionError as e:
-        tally.add(kind, "down", str(e))
-        return
-    outcome = str(r.status_code)
-    if r.status_code == 500 and FUZZ_ENCODER in r.text and '"JobFailed"' in r.text:
-        outcome = "ran"                   # A1111's call waits for its job, which the harness's encoder fails by design
-    elif r.status_code >= 500:
-        outcome = f"5xx {r.status_code}"
-    tally.add(kind, outcome, f"{r.text} <- {text[:300]}" if r.status_code >= 500 else r.text)
-    if "Traceback (most recent call last)" in r.text:
-        tally.add(kind, "traceback", r.text)
-    if any(x in r.text for x in secrets):
-        tally.leaks += 1
-        if len(tally.examples["leak"]) < MAX_EXAMPLES:
-            tally.examples["leak"].append(f"{kind}: {r.text[:400]}")
-    if r.status_code == 200:                              # a queued job: cancelled at once (it would never render)
-        body = r.json() if r.headers.get("Content-Type", "").startswith("application/json") else {}
-        job = body.get("prompt_id") or body.get("job")
-        if job:
-            try:
-                requests.post(url + f"anima/jobs/{job}/cancel", timeout=timeout_s)
-            except requests.RequestException as e:
-                tally.add("cancel", "down", str(e))
-
-
-def _peak_rss(pipe, tally: Tally) -> None:
-    """Each program's peak resident memory so far (/proc/PID/status VmHWM), the largest kept."""
-    for name in PROGRAMS:
-        try:
-            text = Path(f"/proc/{pipe.sup.info(name).pid}/status").read_text()
-        except OSError:
-            continue
-        kb = next((int(line.split()[1]) for line in text.splitlines() if line.startswith("VmHWM:")), 0)
-        tally.peak_rss_mb[name] = max(tally.peak_rss_mb.get(name, 0), kb // 1024)
-
-
-def _probe(url: str, timeout_s: float, tally: Tally) -> None:
-    tally.probes += 1
-    try:
-        ok = requests.get(url + "system_stats", timeout=timeout_s).status_code == 200
-    except requests.RequestException:
-        ok = False
-    tally.failed_probes += not ok
-
-
-def _check(pipe, url: str, timeout_s: float, tally: Tally, start: dict, sent: int) -> dict:
-    """A probe, the programs' peak memory, and their pids against `start` (a change is a death); -> the pids now."""
-    _probe(url, timeout_s, tally)
-    _peak_rss(pipe, tally)
-    now = _pids(pipe)
-    for name in PROGRAMS:
-        if now[name] != start[name]:
-            tally.deaths.append(f"{name}: {start[name]} -> {now[name]} after request {sent}")
-    return now
-
-
-def fuzz(pipe, url: str, n: int, seed: int, timeout_s: float, loras: dict, secrets: tuple,
-         families=FAMILIES, max_s: float | None = None) -> Tally:
-    """`n` requests of `families` against the front (fewer when `max_s` seconds pass first: tally.sent says how
-    many); pids and peak memory of the programs looked at with every probe; `secrets`: paths no answer may show."""
-    info = requests.get(url + "object_info", timeout=60).json()
-    names = {k: info[node]["input"]["required"][f"{k}_name"][0][0]
-             for k, node in (("unet", "UNETLoader"), ("clip", "CLIPLoader"), ("vae", "VAELoader"))}
-    gen, tally = Requests(random.Random(seed), names, loras), Tally()
-    inputs = None
-    if "inputs" in families:
-        images = input_images()
-        inputs = InputRequests(random.Random(seed + 1), gen._graph, images, upload(url, images, timeout_s))
-    start = _pids(pipe)
-    _peak_rss(pipe, tally)
-    tally.start_rss_mb = dict(tally.peak_rss_mb)
-    t0 = time.monotonic()
-    try:
-        for i in range(n):
-            _send(url, gen.next(families, inputs), timeout_s, tally, secrets)
-            tally.sent = i + 1
-            last = i + 1 == n or (max_s is not None and time.monotonic() - t0 > max_s)
-            if (i + 1) % PROBE_EVERY == 0 or last:
-                start = _check(pipe, url, timeout_s, tally, start, i + 1)
-            if (i + 1) % 1000 == 0:
-                print(f"  {i + 1} requests, {time.monotonic() - t0:.0f} s, 5xx={tally.total('5xx')} "
-                      f"hangs={tally.total('hang')} deaths={len(tally.deaths)}", flush=True)
-            if last:
-                break
-    except KeyboardInterrupt:                   # SIGINT/SIGTERM: the requests so far are reported
-        tally.interrupted = True
-        print(f"interrupted after {tally.sent} requests", flush=True)
-    tally.wall_s = time.monotonic() - t0
-    return tally
-
-
-def report(tally: Tally, out: Path, max_rss_mb: int = MAX_RSS_MB) -> bool:
-    outcomes = sorted({o for c in tally.by_kind.values() for o in c})
-    print(f"{'kind':<22}" + "".join(f"{o:>9}" for o in outcomes) + f"{'total':>8}")
-    for kind in sorted(tally.by_kind):
-        c = tally.by_kind[kind]
-        print(f"{kind:<22}" + "".join(f"{c.get(o, 0):>9}" for o in outcomes) + f"{sum(c.values()):>8}")
-    hangs, fives, down = tally.total("hang"), tally.total("5xx"), tally.total("down")
-    heavy = {k: v for k, v in tally.peak_rss_mb.items() if v > max_rss_mb}
-    ok = hangs == 0 and fives == 0 and down == 0 and not tally.deaths and tally.failed_probes == 0 and not tally.leaks \
-        and not heavy and tally.total("traceback") == 0 and not tally.interrupted
-    start = tally.start_rss_mb
-    print("peak RSS MB (measured, VmHWM; at start -> end): " + ", ".join(
-        f"{k} {start.get(k, '?')} -> {v}" for k, v in sorted(tally.peak_rss_mb.items())) + f"; bound {max_rss_mb}")
-    n = tally.sent
-    print(f"requests={n} hangs={hangs} 5xx={fives} down={down} stage_deaths={len(tally.deaths)} leaks={tally.leaks} "
-          f"probes={tally.probes - tally.failed_probes}/{tally.probes} wall_s={tally.wall_s:.0f} "
-          f"{'ok' if ok else 'FAILED'}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"requests": n, "interrupted": tally.interrupted, "hangs": hangs, "5xx": fives, "down": down, "leaks": tally.leaks,
-                               "stage_deaths": tally.deaths, "probes": tally.probes,
-                               "failed_probes": tally.failed_probes, "wall_s": tally.wall_s,
-                               "peak_rss_mb": tally.peak_rss_mb, "start_rss_mb": tally.start_rss_mb,
-                               "by_kind": {k: dict(c) for k, c in tally.by_kind.items()},
-                               "examples": tally.examples}, indent=1))
-    print(f"json: {out}")
-    return ok
-
-
 def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
 def run(n: int, seed: int, timeout_s: float, out: Path, keep: bool, families=FAMILIES,
-        max_rss_mb: int = MAX_RSS_MB, max_s: float | None = None, daemon_timeout_s: float | None = None) -> bool:
+        max_rss_mb: int = MAX_RSS_MB, max_s: float | None = None, daemon_timeout_s: float | None = None,
+        workers: int = WORKERS, resume: bool = False, target: int = TARGET) -> bool:
     from models.models_dir import resolve_models
     from models.packs.pack import build_pack
     from tests.pipeline_harness import Pipeline, tiny_assets
-    signal.signal(signal.SIGTERM, _interrupt)      # the requests so far reported, then the pipeline stopped
+    signal.signal(signal.SIGTERM, _interrupt)      # the cases so far reported and saved, then the pipeline stopped
     signal.signal(signal.SIGINT, _interrupt)
+    state = FuzzState.load(out if resume else None, seed, target)
     # keys before the first table header land in the harness's last table, [stage.http]
     extra = (f"request_timeout_s = {daemon_timeout_s}\n" if daemon_timeout_s else "") + FUZZ_TOML
     cache = Path(tempfile.mkdtemp(prefix="anima-fuzz-http-"))
@@ -399,35 +247,59 @@ def run(n: int, seed: int, timeout_s: float, out: Path, keep: bool, families=FAM
         lora_pack = build_pack(resolve_models(models, {}, need=("dit",)).dit, cache / "pack-lora", LORA_PACK, "fp16",
                                lora_rank=LORA_RANK)
         with Pipeline.start(models, pack, threads=1, extra_toml=extra, keep=keep, packs=(lora_pack,)) as pipe:
+            url = pipe.http_url()
             secrets = tuple({str(models / "loras"), str((models / "loras").resolve()), str(cache / "outside")})
-            tally = fuzz(pipe, pipe.http_url(), n, seed, timeout_s, loras, secrets, families, max_s)
+            makers = _makers(url, loras, timeout_s, families)
+            r = fuzz(pipe, url, state, makers, n, timeout_s, secrets, workers, max_s, max_rss_mb,
+                     save=lambda: state.save(out))
             settle_jobs(pipe)
-            return report(tally, out, max_rss_mb)
+            return report(state, r, out, max_rss_mb)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 
 
+def _makers(url: str, loras: dict, timeout_s: float, families) -> dict:
+    info = requests.get(url + "object_info", timeout=60).json()
+    names = {k: info[node]["input"]["required"][f"{k}_name"][0][0]
+             for k, node in (("unet", "UNETLoader"), ("clip", "CLIPLoader"), ("vae", "VAELoader"))}
+    gen = Requests(names, loras)
+    makers = gen.makers()
+    if "inputs" in families:
+        images = input_images()
+        inputs = InputRequests(gen._graph, images, upload(url, images, timeout_s))
+        makers.update({k: getattr(inputs, k) for k in InputRequests.KINDS})
+    return {k: f for k, f in makers.items() if KIND_FAMILY[k] in families}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--requests", type=int, default=10_000, help="distinct cases to send in this run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds without an answer that make a hang")
-    parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "out" / "fuzz_http.json")
+    parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "out" / "fuzz_http.json",
+                        help="where the state is written (a fresh one, unless --resume)")
+    parser.add_argument("--resume", type=Path, default=None, metavar="STATE.json",
+                        help="continue the state in this file (created when missing) and save it there")
+    parser.add_argument("--target", type=int, default=TARGET, help="distinct cases per kind to reach over all runs")
+    parser.add_argument("--workers", type=int, default=WORKERS, help="requests in flight")
     parser.add_argument("--keep", action="store_true", help="keep the pipeline's run folder (logs)")
     parser.add_argument("--only", nargs="+", choices=FAMILIES, default=list(FAMILIES),
                         help="request families: graph shapes, LoRA files, init images and schedule bounds")
     parser.add_argument("--max-rss-mb", type=int, default=MAX_RSS_MB, help="a program's allowed peak RSS (MB)")
     parser.add_argument("--max-s", type=float, default=None,
-                        help="stop sending after this many seconds (the summary says how many requests were sent)")
+                        help="stop sending after this many seconds (the summary counts the cases sent)")
     parser.add_argument("--daemon-timeout", type=float, default=None,
                         help="the front's [stage.http] request_timeout_s (default its own, 5 s): on a starved machine "
                              "a silent daemon is a 503 after it")
     args = parser.parse_args(argv)
     if args.requests < 1 or args.timeout <= 0 or (args.max_s is not None and args.max_s <= 0) \
-            or (args.daemon_timeout is not None and not 0.1 <= args.daemon_timeout <= 120):
-        parser.error("--requests must be >= 1, --timeout and --max-s > 0, --daemon-timeout in [0.1, 120]")
-    return 0 if run(args.requests, args.seed, args.timeout, args.json, args.keep, tuple(args.only),
-                    args.max_rss_mb, args.max_s, args.daemon_timeout) else 1
+            or (args.daemon_timeout is not None and not 0.1 <= args.daemon_timeout <= 120) \
+            or not 1 <= args.workers <= 64 or args.target < 1:
+        parser.error("--requests and --target must be >= 1, --timeout and --max-s > 0, --daemon-timeout in "
+                     "[0.1, 120], --workers in [1, 64]")
+    out = args.resume or args.json
+    return 0 if run(args.requests, args.seed, args.timeout, out, args.keep, tuple(args.only), args.max_rss_mb,
+                    args.max_s, args.daemon_timeout, args.workers, args.resume is not None, args.target) else 1
 
 
 if __name__ == "__main__":

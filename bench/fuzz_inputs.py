@@ -4,7 +4,7 @@
 
     images = input_images()                 # {name: PNG/JPEG bytes}, built once
     names = upload(url, images)             # {name: the upload's LoadImage name}
-    gen = InputRequests(rng, graph_of, images, names); gen.next() -> (kind, method, path, JSON text)
+    gen = InputRequests(graph_of, images, names); gen.sampling_page(rng) -> (method, path, JSON text)
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from PIL import Image
 
 DENOISES = (1e-300, 5e-324, 1e-7, 1e-4, 0.0008, 0.02, 0.5, 1.0, 0.0, -1.0, 1.0000001, "0.5", None, True)
 STEPS = (1, 8, 200, 201, 1000, 10_000, 0, -1, 2.5, "8")
-RESIZE_MODES = (0, 1, 2, 3, None, -1, "1", 1.5)
+RESIZE_MODES = (0, 1, 2, 3, None, -1, "1", 1.5, 4, 2**31, "crop", [])
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:
@@ -71,52 +71,87 @@ def upload(url: str, images: dict[str, bytes], timeout_s: float = 60.0) -> dict[
     return names
 
 
-class InputRequests:
-    """Seeded (kind, method, path, JSON text) requests of init images and schedule bounds."""
+def denoise_of(rng: random.Random):
+    """A denoise: a named edge (DENOISES), a 4-digit fraction, or 10^-323..1 (subnormals to whole)."""
+    r = rng.random()
+    if r < 0.3:
+        return rng.choice(DENOISES)
+    return round(rng.random(), 4) if r < 0.65 else 10.0 ** rng.uniform(-323.0, 0.0)
 
-    def __init__(self, rng: random.Random, graph_of, images: dict[str, bytes], names: dict[str, str]):
-        self.rng, self.graph_of, self.images, self.names = rng, graph_of, images, names
+
+def valid_or(rng: random.Random, valid, odd, p_valid: float = 0.7):
+    """A value the job accepts (`valid(rng)`) with probability `p_valid`, else `odd(rng)`: image cases mostly reach
+    the image work instead of a refusal of another field."""
+    return valid(rng) if rng.random() < p_valid else odd(rng)
+
+
+def _fraction(rng: random.Random) -> float:
+    return round(rng.uniform(0.05, 1.0), 4)
+
+
+def steps_of(rng: random.Random):
+    """Steps: a named edge (STEPS), 1..255, or anything to a million (negative too)."""
+    r = rng.random()
+    if r < 0.3:
+        return rng.choice(STEPS)
+    return rng.randrange(1, 256) if r < 0.8 else rng.randrange(-10, 10**6)
+
+
+def size_of(rng: random.Random) -> tuple:
+    """(width, height): mostly the harness pack's 128x128, sometimes a size no pack has (refused at submit)."""
+    return (128, 128) if rng.random() < 0.9 else (rng.randrange(0, 4097, 8), rng.randrange(0, 4097, 8))
+
+
+class InputRequests:
+    """(method, path, JSON text) requests of init images and schedule bounds, one kind (KINDS) at a time, each drawn
+    from the Random it is given (bench/fuzz_cases.py gives every case its own). The seed is fixed: two cases differ
+    in what the fuzz varies, so counting distinct texts counts distinct cases."""
+    KINDS = ("image_page", "image_a1111", "sampling_page", "sampling_comfy", "sampling_a1111")
+
+    def __init__(self, graph_of, images: dict[str, bytes], names: dict[str, str]):
+        self.graph_of, self.images, self.names = graph_of, images, names
         self.b64 = {k: base64.b64encode(v).decode() for k, v in images.items()}
 
-    def _job(self, **extra) -> dict:
-        return {"prompt": "fuzz", "seed": self.rng.randrange(2**32), "steps": 1, "width": 128, "height": 128,
-                "spectrum": False, **extra}
+    @staticmethod
+    def _job(rng: random.Random, **extra) -> dict:
+        w, h = size_of(rng)
+        return {"prompt": "fuzz", "seed": 1, "steps": 1, "width": w, "height": h, "spectrum": False, **extra}
 
-    def image_page(self) -> tuple:
-        name = self.rng.choice(sorted(self.names))
-        body = self._job(init_image=self.names[name], resize_mode=self.rng.choice(RESIZE_MODES), denoise=0.5)
-        return "image_page", "POST", "anima/jobs", json.dumps(body)
+    def image_page(self, rng: random.Random) -> tuple:
+        name = rng.choice(sorted(self.names))
+        body = self._job(rng, init_image=self.names[name],
+                         resize_mode=valid_or(rng, lambda r: r.choice((0, 1, 2)), lambda r: r.choice(RESIZE_MODES)),
+                         denoise=valid_or(rng, _fraction, denoise_of))
+        return "POST", "anima/jobs", json.dumps(body)
 
-    def image_a1111(self) -> tuple:
-        name = self.rng.choice(sorted(self.b64))
-        body = {"prompt": "fuzz", "steps": 1, "width": 128, "height": 128, "seed": 1,
-                "init_images": [self.b64[name]], "resize_mode": self.rng.choice(RESIZE_MODES),
-                "denoising_strength": self.rng.choice([0.5, 1e-7, 1.0])}
-        return "image_a1111", "POST", "sdapi/v1/img2img", json.dumps(body)
+    def image_a1111(self, rng: random.Random) -> tuple:
+        name = rng.choice(sorted(self.b64))
+        w, h = size_of(rng)
+        body = {"prompt": "fuzz", "steps": 1, "width": w, "height": h, "seed": 1,
+                "init_images": [self.b64[name]],
+                "resize_mode": valid_or(rng, lambda r: r.choice((0, 1, 2)), lambda r: r.choice(RESIZE_MODES)),
+                "denoising_strength": valid_or(rng, _fraction, denoise_of)}
+        return "POST", "sdapi/v1/img2img", json.dumps(body)
 
-    def sampling_page(self) -> tuple:
-        rng = self.rng
-        body = self._job(steps=rng.choice(STEPS), denoise=rng.choice(DENOISES))
+    def sampling_page(self, rng: random.Random) -> tuple:
+        body = self._job(rng, steps=steps_of(rng), denoise=denoise_of(rng))
         if "ok256.png" in self.names and rng.random() < 0.5:
             body.update(init_image=self.names["ok256.png"], resize_mode=1)
         if rng.random() < 0.3:
-            body["start_step"] = rng.choice([0, 2, 7, 199])
+            body["start_step"] = rng.choice([0, 2, 7, 199, rng.randrange(-5, 10**6)])
         if rng.random() < 0.3:
-            body.update(denoise=1.0, hires={"scale": 1.5, "denoise": rng.choice(DENOISES), "steps": rng.choice(STEPS)})
-        return "sampling_page", "POST", "anima/jobs", json.dumps(body)
+            body.update(denoise=1.0, hires={"scale": rng.choice([1.5, 1.25, 2.0, 0.5, 8.0]),
+                                            "denoise": denoise_of(rng), "steps": steps_of(rng)})
+        return "POST", "anima/jobs", json.dumps(body)
 
-    def sampling_comfy(self) -> tuple:
+    def sampling_comfy(self, rng: random.Random) -> tuple:
         g = self.graph_of()
-        g["3"]["inputs"].update(denoise=self.rng.choice(DENOISES), steps=self.rng.choice(STEPS))
-        return "sampling_comfy", "POST", "prompt", json.dumps({"prompt": g})
+        g["3"]["inputs"].update(denoise=denoise_of(rng), steps=steps_of(rng))
+        return "POST", "prompt", json.dumps({"prompt": g})
 
-    def sampling_a1111(self) -> tuple:
-        rng = self.rng
-        body = {"prompt": "fuzz", "steps": rng.choice(STEPS), "width": 128, "height": 128, "seed": 1, "enable_hr": True,
-                "hr_scale": 1.0, "denoising_strength": rng.choice(DENOISES),
-                "hr_second_pass_steps": rng.choice(STEPS)}
-        return "sampling_a1111", "POST", "sdapi/v1/txt2img", json.dumps(body)
-
-    def next(self) -> tuple:
-        return self.rng.choice([self.image_page, self.image_a1111, self.sampling_page, self.sampling_comfy,
-                                self.sampling_a1111])()
+    def sampling_a1111(self, rng: random.Random) -> tuple:
+        w, h = size_of(rng)
+        body = {"prompt": "fuzz", "steps": steps_of(rng), "width": w, "height": h, "seed": 1, "enable_hr": True,
+                "hr_scale": rng.choice([1.0, 1.5, 2.0, 0.5]), "denoising_strength": denoise_of(rng),
+                "hr_second_pass_steps": steps_of(rng)}
+        return "POST", "sdapi/v1/txt2img", json.dumps(body)

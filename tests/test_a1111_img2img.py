@@ -371,3 +371,21 @@ def test_img2img_parameters_echo_what_ran(front):
         "sampler_name": "DPM++ 2M", "scheduler": "Karras", "steps": ran["steps"], "cfg_scale": ran["cfg"],
         "seed": 5, "width": 64, "height": 64}
     assert p["denoising_strength"] == 0.6 and "init_images" not in p and "mask" not in p
+
+
+def test_decoding_the_init_image_holds_one_float_copy_at_most():
+    """A 4096² init image was decoded through three float32 copies at once (36 bytes a pixel: ~600 MB; the two
+    requests PREPARE_SLOTS lets prepare together took the front to 1.37 GB in bench/fuzz_http.py): now one, in place."""
+    import tracemalloc
+    from orchestrator.http import img2img
+    n = 1024
+    pixels = RNG.integers(0, 256, (n, n, 3), dtype=np.uint8)
+    body = {"init_images": [b64(png(pixels))]}
+    tracemalloc.start()
+    try:
+        im = img2img._decoded(body, "init_images[0]", "init_images")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert np.array_equal(np.asarray(im), pixels)                 # the same pixels, 8-bit in and out
+    assert peak / (n * n) < 20, f"{peak / (n * n):.1f} bytes a pixel"

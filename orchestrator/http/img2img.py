@@ -107,7 +107,9 @@ def _decoded(body: dict, field: str, key: str):
             grey = a1111_mask(data, rounded=a1111._bool(body, "mask_round", True))
             return Image.fromarray((grey * 255.0 + 0.5).astype("uint8"), "L")
         rgb = load_image(data).pixels                             # 16-bit, CMYK, palette, EXIF as LoadImage
-        return Image.fromarray((rgb * 255.0 + 0.5).astype("uint8"), "RGB")
+        rgb *= 255.0                                              # in place: two fewer 12-byte-a-pixel copies
+        rgb += 0.5
+        return Image.fromarray(rgb.astype("uint8"), "RGB")
     except ImageInputError as e:
         raise a1111._bad(field, str(e)) from None
 

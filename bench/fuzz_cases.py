@@ -1,0 +1,142 @@
+"""Distinct, resumable fuzz cases for bench/fuzz_http.py: case `i` of a kind is drawn from its own
+Random(f"{seed}/{kind}/{i}"), so a case is reproducible from (seed, kind, index) and a later run continues where the
+last stopped; a case whose request text was already sent is skipped (counted as a duplicate, never as a case), and a
+kind whose generator gives only duplicates for MAX_DUP_RUN draws in a row is marked exhausted (its distinct cases are
+all there are).
+
+    state = FuzzState.load(path, seed=0)            # or a new one; per kind: next index, cases, outcomes, failures
+    cases = Cases({"image_page": gen.image_page, ...}, state)
+    index, (method, path, text) = cases.next_case("image_page")
+    state.save(path)                                # atomically; the next run passes the same path to --resume
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from pathlib import Path
+
+from models.durable import atomic_write
+
+TARGET = 100_000                    # distinct cases per kind the issue asks for (issue 45)
+MAX_DUP_RUN = 2_000                 # duplicates in a row that call a kind's space exhausted
+FAILURES = ("5xx", "tracebacks", "hangs", "over_memory", "down", "leaks")   # any of these > 0 fails the run
+
+
+def case_rng(seed: int, kind: str, index: int) -> random.Random:
+    return random.Random(f"{seed}/{kind}/{index}")              # str seeds hash through SHA-512: same every run
+
+
+def digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+
+
+def new_kind() -> dict:
+    return {"next": 0, "cases": 0, "duplicates": 0, "exhausted": False, "outcomes": {}, "busy_s": 0.0, "retried_503": 0,
+            **{f: 0 for f in FAILURES}}
+
+
+class FuzzState:
+    """What a fuzz has done over all its runs: per kind the next case index, the distinct cases sent, their
+    outcomes and failures; the programs' largest peak memory; every failure (kind, index, what, detail); one record
+    per run (cases, wall time, rate, load average)."""
+
+    def __init__(self, seed: int, target: int = TARGET):
+        self.seed, self.target = seed, target
+        self.kinds: dict[str, dict] = {}
+        self.peak_rss_mb: dict[str, int] = {}
+        self.failures: list[dict] = []
+        self.runs: list[dict] = []
+
+    @classmethod
+    def load(cls, path: Path | None, seed: int, target: int = TARGET) -> "FuzzState":
+        """The state at `path` (its seed must be `seed`: the indices mean other cases under another), or a new one."""
+        if path is None or not path.exists():
+            return cls(seed, target)
+        data = json.loads(path.read_text())
+        if data["seed"] != seed:
+            raise ValueError(f"{path} was made with --seed {data['seed']}, not {seed}: its case indices would not "
+                             f"continue this sequence")
+        state = cls(seed, target)
+        state.kinds = {k: {**new_kind(), **v} for k, v in data["kinds"].items()}
+        state.peak_rss_mb, state.failures, state.runs = data["peak_rss_mb"], data["failures"], data["runs"]
+        return state
+
+    def kind(self, kind: str) -> dict:
+        return self.kinds.setdefault(kind, new_kind())
+
+    def add(self, kind: str, index: int, outcome: str, busy_s: float, retried: int = 0) -> None:
+        """Case `index` answered `outcome` after `busy_s` seconds (its last try), `retried` 503s with Retry-After
+        before."""
+        k = self.kind(kind)
+        k["cases"] += 1
+        k["busy_s"] += busy_s
+        k["retried_503"] += retried
+        k["outcomes"][outcome] = k["outcomes"].get(outcome, 0) + 1
+
+    def fail(self, kind: str, what: str, index: int | None, detail: str) -> None:
+        """A failure `what` (one of FAILURES, or "death"/"probe" for the pipeline): counted and kept, with the case
+        index that reproduces it."""
+        if kind in self.kinds and what in FAILURES:
+            self.kinds[kind][what] += 1
+        self.failures.append({"kind": kind, "what": what, "index": index, "detail": detail[:600],
+                              "run": len(self.runs)})
+
+    def peaks(self, now: dict) -> list[str]:
+        """Merge the programs' peak memory (MB); -> the programs whose peak grew."""
+        grew = [p for p, mb in now.items() if mb > self.peak_rss_mb.get(p, 0)]
+        for p in grew:
+            self.peak_rss_mb[p] = now[p]
+        return grew
+
+    def ok(self) -> bool:
+        return not self.failures
+
+    def summary(self) -> list[str]:
+        return [f"{kind} cases={k['cases']}/{self.target}" + (" exhausted" if k["exhausted"] else "") +
+                f" duplicates_skipped={k['duplicates']} " + " ".join(f"{f}={k[f]}" for f in FAILURES[:4])
+                for kind, k in sorted(self.kinds.items())]
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps({"seed": self.seed, "target": self.target, "kinds": self.kinds,
+                                       "peak_rss_mb": self.peak_rss_mb, "failures": self.failures,
+                                       "runs": self.runs, "saved": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                 time.gmtime())}, indent=1) + "\n")
+
+
+class Cases:
+    """The next distinct case of each kind; `makers` {kind: f(rng) -> (method, path, text)}."""
+
+    def __init__(self, makers: dict, state: FuzzState):
+        self.makers, self.state = makers, state
+        self.seen: dict[str, set] = {}
+        for kind in makers:
+            self._replay(kind)
+
+    def _replay(self, kind: str) -> None:
+        """The texts of the indices a resumed state already went through, so none is sent twice."""
+        seen = self.seen[kind] = set()
+        for i in range(self.state.kind(kind)["next"]):
+            seen.add(digest(self.makers[kind](case_rng(self.state.seed, kind, i))[2]))
+
+    def open(self, kind: str) -> bool:
+        k = self.state.kind(kind)
+        return not k["exhausted"] and k["cases"] < self.state.target
+
+    def next_case(self, kind: str):
+        """-> (index, (method, path, text)), or None when the kind's space is exhausted."""
+        k, run = self.state.kind(kind), 0
+        while run < MAX_DUP_RUN:
+            i = k["next"]
+            k["next"] += 1
+            case = self.makers[kind](case_rng(self.state.seed, kind, i))
+            d = digest(case[2])
+            if d not in self.seen[kind]:
+                self.seen[kind].add(d)
+                return i, case
+            k["duplicates"] += 1
+            run += 1
+        k["exhausted"] = True
+        return None
