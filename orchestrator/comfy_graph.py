@@ -522,19 +522,7 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
     roles = {"save": out, "decode": decode, "sampler": sampler, "latent": latent, "vae": vae,
              **{f"batch{i}": n for i, n in enumerate(batch)}, **(second[0] if second else {}),
              **({"crop": crop} if crop else {})}
-    entries = {}
-    for side in ("positive", "negative"):           # ZeroOut / Average here, Combine and windows below
-        root = c.links[sampler][side]
-        if role_of[root] not in ("text", "zero_out", "average"):     # Combine, windows, Concat (refused there)
-            roles[side] = root
-            continue
-        more, entry = _conditioning(graph, c, role_of, root, side, problems)
-        roles.update(more)
-        if entry is not None:
-            entries[side] = [entry]
-    mixed, more = conditioning_entries(c, role_of, roles, _custom)   # roles positive/negative: first text
-    entries.update(mixed)
-    problems += more
+    entries = _sampler_conditionings(graph, c, role_of, roles, problems)
     if problems:
         return roles, {}, problems
     loras = _loras(graph, c, role_of, roles, problems)
@@ -548,22 +536,47 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
     if first:                                                     # past the batch's first image: its noise
         spec["batch_index"] = first
     if second is not None:
-        spec["hires"] = _hires(graph, c, role_of, roles, spec, problems)
-        if "mask" in spec and "hires_encode" not in roles:
-            # ComfyUI's LATENT keeps its noise_mask through KSampler and LatentUpscale: its second pass is masked
-            where = (roles["upscale"], "samples") if "upscale" in roles else (roles["hires_sampler"], "latent_image")
-            problems.append(_custom(*where, "the first pass's latent carries its noise mask "
-                                    "into ComfyUI's second KSampler, which a job's second pass does not: inpaint "
-                                    "with the pixel path (VAEDecode -> ImageScale[By] -> VAEEncode) or without a "
-                                    "hires fix"))
-        if not problems and (spec.get("width") or sizes):    # an image's job: at the pack's size here
-            problems += _hires_size_problems(graph, GraphJob(spec, roles, out), *(
-                (spec["width"], spec["height"]) if spec.get("width") else sizes[0]))
+        _second_pass_fields(graph, c, role_of, roles, spec, sizes, problems)
     if loras:
         spec["loras"] = loras
     if crop:
         spec["crop"] = c.fields(crop)
     return roles, spec, problems
+
+
+def _second_pass_fields(graph, c: _Checker, role_of: dict, roles: dict, spec: dict, sizes, problems: list) -> None:
+    """A hires fix's `hires` into `spec`, and what refuses it: a masked first latent on the latent path, a second
+    size without a model pack."""
+    spec["hires"] = _hires(graph, c, role_of, roles, spec, problems)
+    if "mask" in spec and "hires_encode" not in roles:
+        # ComfyUI's LATENT keeps its noise_mask through KSampler and LatentUpscale: its second pass is masked
+        where = (roles["upscale"], "samples") if "upscale" in roles else (roles["hires_sampler"], "latent_image")
+        problems.append(_custom(*where, "the first pass's latent carries its noise mask "
+                                "into ComfyUI's second KSampler, which a job's second pass does not: inpaint "
+                                "with the pixel path (VAEDecode -> ImageScale[By] -> VAEEncode) or without a "
+                                "hires fix"))
+    if not problems and (spec.get("width") or sizes):    # an image's job: at the pack's size here
+        problems += _hires_size_problems(graph, GraphJob(spec, roles, roles["save"]), *(
+            (spec["width"], spec["height"]) if spec.get("width") else sizes[0]))
+
+
+def _sampler_conditionings(graph, c: _Checker, role_of: dict, roles: dict, problems: list) -> dict:
+    """The first KSampler's positive and negative -> prompt.json's `positive` / `negative` entries for the sides that
+    are more than one plain CLIPTextEncode; their nodes' roles into `roles`. A ZeroOut / Average chain is one entry
+    (_conditioning); Combine and windows are several, each a model pass (comfy_conditioning)."""
+    entries = {}
+    for side in ("positive", "negative"):
+        root = c.links[roles["sampler"]][side]
+        if role_of[root] not in ("text", "zero_out", "average"):     # Combine, windows, Concat (refused there)
+            roles[side] = root
+            continue
+        more, entry = _conditioning(graph, c, role_of, root, side, problems)
+        roles.update(more)
+        if entry is not None:
+            entries[side] = [entry]
+    mixed, more = conditioning_entries(c, role_of, roles, _custom)   # roles positive/negative: first text
+    problems += more
+    return {**entries, **mixed}
 
 
 def _conditioning(graph, c: _Checker, role_of: dict, node: str, side: str, problems: list) -> tuple[dict, dict | None]:

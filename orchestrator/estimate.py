@@ -296,8 +296,7 @@ def prompts_cached(spec, cfg, packs: dict) -> bool:
     first = packs.get((spec.width, spec.height))
     if first is None:
         return False
-    from orchestrator.plan.build import hires_texts
-    from orchestrator.plan.encode import prompt_pairs
+    from orchestrator.plan.build import hires_texts, prompt_pairs
     if hires_texts(spec) is not None and packs.get(spec.hires.size(spec.width, spec.height)) is None:
         return False
     pairs = [(prompt, negative, pack.text_tokens, entries)

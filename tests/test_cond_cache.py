@@ -123,8 +123,8 @@ def test_a_bad_key_is_refused(tmp_path):
 
 
 def test_a_queued_jobs_encodes_are_its_first_pass_and_its_hires_own_prompts():
-    """What the look-ahead asks the encoder for (orchestrator.plan.encode.prompt_pairs): each pass's texts at its own pack's rows."""
-    from orchestrator.plan.encode import prompt_pairs as _prompt_pairs
+    """What the look-ahead asks the encoder for (orchestrator.plan.build.prompt_pairs): each pass's texts at its own pack's rows."""
+    from orchestrator.plan.build import prompt_pairs as _prompt_pairs
     from orchestrator.prompt_spec import parse_prompt_obj
     sizes = [(64, 64), (96, 96)]
     packs = {s: f"pack{s[0]}" for s in sizes}

@@ -120,6 +120,22 @@ def _hires_steps(spec: PromptSpec) -> list[Step]:
     return starts + passes
 
 
+def prompt_pairs(spec: PromptSpec, packs: dict) -> list:
+    """[(prompt, negative, pack, entries)] a job sends the encoder: its first pass's (with its conditioning entries,
+    build.cond_entries; for a job whose entries each take a model pass, each entry's text with an empty negative),
+    and its hires pass's own (build.hires_entries; a size with no pack is left out: that job
+    fails on its own)."""
+    out, first, texts = [], packs.get((spec.width, spec.height)), hires_texts(spec)
+    if first is not None and entry_texts(spec):       # positive/negative entries: each text as a cfg-1 job's pair
+        return [(text, "", first, (None, None)) for text in entry_texts(spec)]
+    if first is not None:
+        out.append((spec.prompt, spec.negative_prompt, first, cond_entries(spec)))
+    hires = packs.get(spec.hires.size(spec.width, spec.height)) if texts is not None else None
+    if hires is not None:
+        out.append((*texts, hires, hires_entries(spec)))
+    return out
+
+
 def decoded_sizes(spec: PromptSpec) -> list[tuple[str, tuple[int, int]]]:
     """(field, (width, height)) of every size the job's plan has the VAE decode: the final image's (the second pass's
     with a hires fix), and the first pass's too when the pixel path or hires.keep_base decodes it. `spec` has its size

@@ -13,32 +13,15 @@ from models.dit.partition import TEXT_TOKENS
 from orchestrator.cond_cache import CondEntry, cache_key, encoder_identity, lora_identity
 from orchestrator.job_files import (COND_FILE, HIRES_COND_FILE, HIRES_TEXT_FILE, HIRES_UNCOND_FILE, TEXT_FILE,
                                     UNCOND_FILE)
-from orchestrator.plan.build import cond_entries, entry_texts, hires_entries, hires_texts
+from orchestrator.plan.build import hires_texts, prompt_pairs
 from orchestrator.plan.job_io import load_npy, load_text, save_npy
 from orchestrator.plan.steps import ENCODER
-from orchestrator.prompt_spec import PromptSpec
 from orchestrator.report import text_record
 from orchestrator.stage_control import StageFailed
 from protocol import messages as m
 from protocol.tensors import from_inline
 
 log = logging.getLogger("orchestrator.plan")
-
-
-def prompt_pairs(spec: PromptSpec, packs: dict) -> list:
-    """[(prompt, negative, pack, entries)] a job sends the encoder: its first pass's (with its conditioning entries,
-    build.cond_entries; for a job whose entries each take a model pass, each entry's text with an empty negative),
-    and its hires pass's own (build.hires_entries; a size with no pack is left out: that job
-    fails on its own)."""
-    out, first, texts = [], packs.get((spec.width, spec.height)), hires_texts(spec)
-    if first is not None and entry_texts(spec):       # positive/negative entries: each text as a cfg-1 job's pair
-        return [(text, "", first, (None, None)) for text in entry_texts(spec)]
-    if first is not None:
-        out.append((spec.prompt, spec.negative_prompt, first, cond_entries(spec)))
-    hires = packs.get(spec.hires.size(spec.width, spec.height)) if texts is not None else None
-    if hires is not None:
-        out.append((*texts, hires, hires_entries(spec)))
-    return out
 
 
 class TextSteps:
