@@ -65,7 +65,7 @@ class StageControl:
         self._up_since = time.time()             # a DYING after this is this start's last word
         if not self.cfg.is_remote(stage):
             if not gone_pid and self._held(stage):
-                log.info("job %s: %s already up (keep_up %s): no start", self.job.id, stage, self.keep.why)
+                log.info("job %s: %s already up, keep_up %s: no start", self.job.id, stage, self.keep.why)
             else:
                 self._stop_held(stage)
                 self._start_program(stage, gone_pid, deadline)

@@ -36,9 +36,9 @@ BRANCH_TIMEOUT_S = 10.0
 REQUEST_S = 2.0              # [timeouts] request_s: a restarted stage answers HELLO within a second or two
 # the other job kinds, one trial each (CI time), at the stage whose recovery is that kind's own: the VAE encoding the
 # init image, a scheduler in the second pass's DENOISE, the orchestrator across the pixel path's decode/encode, an
-# executor in a batch, a scheduler in either half of a split (chained samplers)
-KIND_STAGES = {"img2img": "vae", "hires_latent": "scheduler", "hires_pixel": "orchestrator", "batch": "executor",
-               "split": "scheduler"}
+# executor in a batch. The split kind (chained samplers) is bench/chaos.py's: its kills inside and between the two
+# windows are tests/test_hires_flow.py's, its real-stage result tests/test_img2img_pipeline.py's
+KIND_STAGES = {"img2img": "vae", "hires_latent": "scheduler", "hires_pixel": "orchestrator", "batch": "executor"}
 
 
 @pytest.fixture(scope="module")

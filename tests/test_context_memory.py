@@ -96,10 +96,10 @@ def test_a_size_under_512_prints_the_arenas_shrink_signed():
 
 
 class _Cfg:
-    """The two things check_size_memory reads of a pipeline config."""
+    """What check_size_memory reads of a pipeline config: its packs, the executor's table, the backend."""
 
-    def __init__(self, packs, executor):
-        self.packs, self.executor = packs, executor
+    def __init__(self, packs, executor, backend="onnx"):
+        self.packs, self.executor, self.backend = packs, executor, backend
 
     def stage_settings(self, name):
         return self.executor if name == "executor" else {}
@@ -116,7 +116,7 @@ def test_doctor_prints_one_memory_line_per_size(tmp_path, tiny_dit, monkeypatch)
 
     def check(executor):
         d = Doctor(rf=None)
-        d.cfg = _Cfg(packs, executor)
+        d.cfg = _Cfg(packs, {k: v for k, v in executor.items() if k != "backend"}, executor["backend"])
         d.check_size_memory()
         assert [c.name for c in d.checks] == ["memory-64x64", "memory-96x64"]
         assert all(c.text.endswith("(modelled)") for c in d.checks)
@@ -131,6 +131,7 @@ def test_doctor_prints_one_memory_line_per_size(tmp_path, tiny_dit, monkeypatch)
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal: 8000000 kB\nMemAvailable: 1600000 kB\n")
     monkeypatch.setattr(probes, "MEMINFO", str(meminfo))
+    monkeypatch.setattr(probes, "is_rk3588", lambda: True)             # the board's device tree says so
     low = check({"backend": "rknn"})
     assert {c.status for c in low} == {WARN} and all("MemAvailable 1562 MiB (measured)" in c.text for c in low)
 

@@ -94,7 +94,10 @@ def test_the_scheduler_carves_exactly_the_region_the_orchestrator_made(spec):
         job.arena.close()
 
 
-def test_inputs_that_stay_for_the_job_are_written_once():
+def test_inputs_that_stay_a_while_are_written_only_when_another_array_comes():
+    """A "pass" input (the context) is written when the runner hands an array other than the one its slot holds
+    (several conditionings take turns in one pass's slot: models/sampling/cond_mix.py), not again for the same one
+    (every branch of a model call hands the same context); a "call" input (xn) every call."""
     pack = _pack("tiny", 64, 64, 512, "fp32")
     job = create_job_arena(f"anima_test_{secrets.token_hex(4)}", pack)
     try:
@@ -103,8 +106,12 @@ def test_inputs_that_stay_for_the_job_are_written_once():
         ctx = np.ones((g.text_tokens, c.context_dim), np.float32)
         xn = np.ones((g.tokens, c.width), np.float32)
         first = client._input(1, "context", ctx)
-        assert client._input(1, "context", 2 * ctx) == first                   # "pass": written once per job
-        assert (job.arena.read(first) == 1).all()
+        job.arena.write(first, 5 * ctx)                                         # a mark: a write would undo it
+        assert client._input(1, "context", ctx) == first                        # the same array: not written again
+        assert (job.arena.read(first) == 5).all()
+        other = 2 * ctx
+        assert client._input(1, "context", other) == first                      # another: written into the slot
+        assert (job.arena.read(first) == 2).all()
         assert client._input(0, "context", 3 * ctx) != first                   # the other pass has its own
         client._input(1, "xn", xn)
         desc = client._input(1, "xn", 2 * xn)                                  # "call": written every call
