@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from models.durable import atomic_write, building_folder, fsync_dir
+from models.durable import building_folder, fsync_dir
 from models.manifest import (BranchEntry, ManifestRecord, file_sha256, manifest_header, read_manifest, source_entry,
                              write_manifest)
 from models.packs.pack import PACK_KIND as DIT_PACK_KIND
@@ -28,14 +28,13 @@ from models.packs.pack import Resolution, check_files, refuse_replacing
 from models.dit.partition import Geometry
 from models.vae.flops import features_flops, head_flops
 from models.vae.keys import VAEConfig
-from models.vae.pack import TilingEntry, VaeConfigEntry, VaePackError, check_branch_io
+from models.vae.pack import ONNX_DIR, TilingEntry, VaeConfigEntry, VaePackError, check_branch_io, write_graphs
 from models.vae.tiled import DEFAULT_OVERLAP, DEFAULT_TILE, blend, check_tiling, image_tile_inputs, tile_grid
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 PACK_KIND = "anima-vae-encoder-pack"
-ONNX_DIR = "onnx"
 MODELS = ("features", "head")              # execution order
 CALIBRATION_SEEDS = (0, 1)                 # seeded calibration images (calibration_image)
 
@@ -117,21 +116,6 @@ def _calibrate(w, cfg, hh: int, ww: int, th: int, tw: int, rows, cols, seeds, th
     return scales, report
 
 
-def _branches(tmp: Path, graphs: dict) -> list:
-    (tmp / ONNX_DIR).mkdir()
-    from models.graphs.builder import serialize
-    out = []
-    for name in MODELS:
-        model, ins, outs, flops, calls = graphs[name]
-        data = serialize(model)
-        rel = f"{ONNX_DIR}/{name}.onnx"
-        atomic_write(tmp / rel, data)
-        out.append({"name": name, "kind": f"vae-encoder-{name}", "onnx": rel, "sha256": file_sha256(tmp / rel),
-                    "bytes": len(data), "inputs": ins, "outputs": outs, "gflop": round(flops / 1e9, 3),
-                    "calls": calls})
-    return out
-
-
 def build_vae_encoder_pack(vae_path, out_dir, resolution=(512, 512), tile: int = DEFAULT_TILE,
                            overlap: float = DEFAULT_OVERLAP, overwrite: bool = False, seeds=CALIBRATION_SEEDS,
                            threads: Optional[int] = None) -> Path:
@@ -177,7 +161,7 @@ def build_vae_encoder_pack(vae_path, out_dir, resolution=(512, 512), tile: int =
             "fp16": {"scale_target": SCALE_TARGET, "norm_scales": scales, "models": report,
                      "calibration": {"seeds": list(seeds), "image": "calibration_image"},
                      "ok": all(r["ok"] for r in report.values())},
-            "branches": _branches(tmp, graphs),
+            "branches": write_graphs(tmp, graphs, MODELS, "vae-encoder"),
         }
         write_manifest(tmp, manifest)
         fsync_dir(tmp / ONNX_DIR)

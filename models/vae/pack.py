@@ -145,7 +145,7 @@ def build_vae_pack(vae_path, out_dir, resolution=(512, 512), tile: int = DEFAULT
               "rows": [r[0] for r in rows], "cols": [c[0] for c in cols], "count": len(rows) * len(cols)}
     # 3) the graphs and the manifest, in a folder renamed to `out` when complete, removed on any error
     with building_folder(out) as tmp:
-        branches = _write_graphs(tmp, graphs)
+        branches = write_graphs(tmp, graphs)
         write_manifest(tmp, _manifest(vae_path, sha, weights, geom, tiling, scales, report, seeds, branches))
         fsync_dir(tmp / ONNX_DIR)                   # the ONNX files' entries, before the folder's rename
     log.info("VAE pack %s: %dx%d, trunk %dx%d + %d tiles of %dx%d, built in %.1f s", out, geom.width, geom.height,
@@ -171,17 +171,18 @@ def _scaled_graphs(w, cfg, h: int, wd: int, th: int, tw: int, tiles: int, scales
                      tile_flops(cfg, th, tw), tiles)}
 
 
-def _write_graphs(tmp: Path, graphs: dict) -> list:
-    """Each graph's ONNX file under tmp/onnx/ -> the manifest's branch entries, in execution order."""
+def write_graphs(tmp: Path, graphs: dict, names=MODELS, kind: str = "vae") -> list:
+    """Each graph of `names` as its ONNX file under tmp/onnx/ -> the manifest's branch entries (kind `kind`-NAME),
+    in execution order: the decoder pack's and the encoder pack's (models/vae/encoder_pack.py)."""
     from models.graphs.builder import serialize
     (tmp / ONNX_DIR).mkdir()
     branches = []
-    for name in MODELS:
+    for name in names:
         model, ins, outs, flops, calls = graphs[name]
         data = serialize(model)
         rel = f"{ONNX_DIR}/{name}.onnx"
         atomic_write(tmp / rel, data)
-        branches.append({"name": name, "kind": f"vae-{name}", "onnx": rel, "sha256": file_sha256(tmp / rel),
+        branches.append({"name": name, "kind": f"{kind}-{name}", "onnx": rel, "sha256": file_sha256(tmp / rel),
                          "bytes": len(data), "inputs": ins, "outputs": outs, "gflop": round(flops / 1e9, 3),
                          "calls": calls})
     return branches
