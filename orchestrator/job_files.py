@@ -32,6 +32,7 @@ INIT_LATENT_FILE = "init_latent.npy"     # img2img: the init image's VAE latent,
 LATENT_FILE = "latent.npy"
 ENTRY_FILE = "cond_entry.npy"            # positive/negative entries: one context per distinct text (cond_entry_1.npy ...)
 ENTRIES_FILE = "cond_entries.json"       # their texts' token counts, written after every context
+MIXED_LATENT_FILE = "mixed_latent.npy"   # latent_mix: the pass's latent combined with the init image's, decoded
 HIRES_TEXT_FILE = "hires_text.json"      # the second pass's own prompts: their token counts (hires_cond/uncond.npy)
 HIRES_COND_FILE, HIRES_UNCOND_FILE = "hires_cond.npy", "hires_uncond.npy"
 HIRES_LATENT_FILE = "hires_latent.npy"   # hires fix: the second pass's latent (latent.npy keeps the first pass's)
@@ -57,6 +58,8 @@ JOB_FILES = (
     JobFile(STATE_FILE, STAGE, "the scheduler, after every step (the first image's: batch_N/ and hires/, "
                                "hires_N/ hold the others')", kept=False),
     JobFile(LATENT_FILE, DAEMON, "the flow, denoising", kept=False, per_image=True),
+    JobFile(MIXED_LATENT_FILE, DAEMON, "the plan, latent_mix (LatentComposite / LatentBlend)", kept=False,
+            per_image=True),
     JobFile(HIRES_TEXT_FILE, DAEMON, "the flow, the hires fix's own prompts", kept=False),
     JobFile(HIRES_COND_FILE, DAEMON, "the flow, the hires fix's own prompts", kept=False),
     JobFile(HIRES_UNCOND_FILE, DAEMON, "the flow, the hires fix's own prompts", kept=False),

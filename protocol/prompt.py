@@ -12,6 +12,7 @@ from models.sampling.sampler import (DEFAULT_SAMPLER, DEFAULT_SCHEDULER, SAMPLER
                                      cfg_passes, spectrum_refusal)
 from models.sampling.bounds import CFG, STEPS, Cfg, Steps
 from models.sampling.img2img import DENOISE_STEPS, LatentPlan, passes_through
+from models.sampling.latent_mix import MAX_OFFSET
 from models.sampling.latent_ops import LATENT_SCALE, UPSCALE_METHODS, LatentOpError, schedule_steps, upscale_size
 from models.sampling.schedules import DEFAULT_SHIFT
 from models.sampling.spectrum import SpectrumSettings
@@ -287,6 +288,42 @@ class CropSettings(Record, frozen=True):
     y: Int(0, MAX_CROP_SIDE) = 0
 
 
+class LatentMix(Record, frozen=True):
+    """prompt.json's `latent_mix`: after an img2img job's pass, its latent combined with the init image's (the VAE
+    encode the pass started from) before VAEDecode, as ComfyUI's LatentComposite (`kind` "composite": `x`, `y`,
+    `feather` in pixels, floored to latent cells of 8) or LatentBlend (`kind` "blend": `factor`); `onto` is which one
+    is samples_to / samples1: "result" the pass's latent, "image" the init image's (models/sampling/latent_mix.py)."""
+
+    KEY_NOUN: ClassVar[str] = "setting"
+
+    kind: Literal["composite", "blend"]
+    onto: Literal["result", "image"] = "result"
+    x: Int(0, MAX_OFFSET) = 0
+    y: Int(0, MAX_OFFSET) = 0
+    feather: Int(0, MAX_OFFSET) = 0
+    factor: Float(0.0, 1.0) = 0.5
+
+
+def _check_mix(f) -> None:
+    """latent_mix: the init image's latent to mix with, one pass, and only its kind's settings."""
+    m = f.latent_mix
+    if m is None:
+        return
+    if f.init_image is None:
+        raise PromptError("latent_mix", "combines the pass's latent with the init image's VAE latent; there is no "
+                                        "init_image")
+    if f.hires is not None:
+        raise PromptError("latent_mix", "runs between a job's one pass and VAEDecode; a job with hires is not "
+                                        "supported with it")
+    if m.kind == "blend":
+        for name in ("x", "y", "feather"):
+            if getattr(m, name):
+                raise PromptError(f"latent_mix.{name}", "places a composite; \"kind\": \"blend\" takes only "
+                                                        "\"factor\" (and \"onto\")")
+    elif m.factor != 0.5:
+        raise PromptError("latent_mix.factor", "weighs a blend; \"kind\": \"composite\" takes x, y and feather")
+
+
 class PromptFile(Record, frozen=True):
     """What a prompt.json file may hold (docs/prompts.md); omitted or null seed: drawn at random; omitted or null
     width/height: the pack's; spectrum: true, false or an object of settings (omitted or null: on, except for the
@@ -347,6 +384,8 @@ class PromptFile(Record, frozen=True):
     batch_index: Int(0, MAX_FROM_BATCH - 1) = 0
     hires: HiresSettings | None = None         # hires fix: a second pass at a larger size (docs/workflows.md)
     crop: CropSettings | None = None           # ImageCrop of the final image (docs/workflows.md)
+    # LatentComposite / LatentBlend of the pass's latent with the init image's, before VAEDecode (docs/prompts.md)
+    latent_mix: LatentMix | None = None
 
     def __post_init__(self):
         _check_conds(self)
@@ -364,6 +403,7 @@ class PromptFile(Record, frozen=True):
                                        "\"spectrum\" out (a cache turns it off) or set it false")
         _check_inputs(self)
         _check_hires(self)
+        _check_mix(self)
         if self.batch_index + self.batch > MAX_FROM_BATCH:
             raise PromptError("batch_index", f"batch_index + batch must be at most {MAX_FROM_BATCH} (the images of "
                                              f"a batch a job picks from), got {self.batch_index} + {self.batch}")

@@ -99,6 +99,7 @@ SHAPES = [{}, {"init_image": "a.png", "mask": "m.png", "grow_mask_by": 4}, {"bat
           {"hires": {"scale": 1.5}}, {"batch": 2, "hires": {"scale": 1.5, "space": "pixel", "negative_prompt": "x"}},
           {"init_image": "a.png", "batch": 2, "hires": {"scale": 1.5, "space": "pixel"}},
           {"batch": 2, "hires": {"scale": 1.5, "keep_base": True}},
+          {"init_image": "a.png", "batch": 2, "latent_mix": {"kind": "blend", "onto": "image", "factor": 0.3}},
           {"batch": 2, "hires": {"scale": 1.5, "space": "pixel", "keep_base": True}}]
 
 
@@ -265,3 +266,20 @@ def test_every_entry_file_is_in_the_job_files_table():
     table = {n for f in JOB_FILES for n in names(f)}
     plan = _plan(positive=[{"text": str(i)} for i in range(8)], negative=[{"text": f"n{i}"} for i in range(8)])
     assert set(plan.steps[0].outputs) <= table and "cond_entry_15.npy" in plan.steps[0].outputs
+
+
+def test_latent_mix_mixes_each_pass_latent_with_the_init_latent_before_its_decode(tmp_path):
+    """LatentComposite / LatentBlend (latent_mix): a MixLatent per image in the daemon (no stage) after the passes,
+    its mixed_latent[_N].npy what Decode reads; a resume with the mixed latent whole only decodes."""
+    plan = _plan(init_image="a.png", batch=2, latent_mix={"kind": "composite", "x": 64, "feather": 16})
+    assert _lines(plan)[4:7] == [
+        ["denoising", "-", "MixLatent[0]", "latent.npy", "init_latent.npy", "->", "mixed_latent.npy"],
+        ["denoising", "-", "MixLatent[1]", "latent_1.npy", "init_latent.npy", "->", "mixed_latent_1.npy"],
+        ["decoding", "vae", "Decode[0]", "mixed_latent.npy", "->", "image.png"]]
+    r = _runner(tmp_path, plan)
+    for name in ("init_latent.npy", "latent.npy", "latent_1.npy", "mixed_latent.npy"):
+        _keep(tmp_path, name, (2, 4, 4))
+    assert [s.name for s in r._steps_to_run()[0]] == ["MixLatent[1]", "Decode[0]", "Decode[1]", "Deliver"]
+    (tmp_path / "latent_1.npy").unlink()          # image 1's pass again (its contexts too), then its mix
+    assert [s.name for s in r._steps_to_run()[0]] == ["EncodeText", "Denoise[1]", "MixLatent[1]", "Decode[0]",
+                                                       "Decode[1]", "Deliver"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from models.sampling.denoise import STATE_FILE
 from orchestrator.job_files import (COND_FILE, ENTRIES_FILE, HIRES_COND_FILE, HIRES_TEXT_FILE, HIRES_UNCOND_FILE, INIT_IMAGE_FILE,
-                                    INIT_LATENT_FILE, MASK_FILE, TEXT_FILE, UNCOND_FILE, batch_name)
+                                    INIT_LATENT_FILE, MASK_FILE, MIXED_LATENT_FILE, TEXT_FILE, UNCOND_FILE, batch_name)
 from orchestrator.plan.steps import (CropImage, Decode, Deliver, Denoise, EncodeImage, EncodeText, HiresDenoise,
-                                     PixelStart, Plan, Step)
+                                     MixLatent, PixelStart, Plan, Step)
 from protocol.prompt import CondEntry, PromptSpec, mixes
 
 CONTEXTS = (TEXT_FILE, COND_FILE, UNCOND_FILE)
@@ -68,6 +68,13 @@ def latent_file(pos: int) -> str:
 def final_latent_file(spec: PromptSpec, pos: int) -> str:
     """Image `pos`'s latent to decode: its second pass's with a hires fix, else its first pass's."""
     return batch_name("latent" if spec.hires is None else "hires_latent", ".npy", pos)
+
+
+def decoded_latent_file(spec: PromptSpec, pos: int) -> str:
+    """Image `pos`'s latent its Decode reads: with latent_mix the mixed one, else the final pass's."""
+    if spec.latent_mix is not None:
+        return batch_name(MIXED_LATENT_FILE.removesuffix(".npy"), ".npy", pos)
+    return final_latent_file(spec, pos)
 
 
 def _state(folder: str, pos: int) -> str:
@@ -152,20 +159,23 @@ def _decode_steps(spec: PromptSpec, images: tuple[str, ...]) -> list[Step]:
     """Each image's final latent to its PNG; with an ImageCrop, the VAE's PNGs first (decoded.png ...), then each
     cut into its image."""
     if spec.crop is None:
-        return [Decode(pos, inputs=(final_latent_file(spec, pos),), outputs=(images[pos],))
+        return [Decode(pos, inputs=(decoded_latent_file(spec, pos),), outputs=(images[pos],))
                 for pos in range(spec.batch)]
     decoded = [batch_name("decoded", ".png", pos) for pos in range(spec.batch)]
-    return ([Decode(pos, inputs=(final_latent_file(spec, pos),), outputs=(decoded[pos],)) for pos in range(spec.batch)]
+    return ([Decode(pos, inputs=(decoded_latent_file(spec, pos),), outputs=(decoded[pos],)) for pos in range(spec.batch)]
             + [CropImage(pos, inputs=(decoded[pos],), outputs=(images[pos],)) for pos in range(spec.batch)])
 
 
 def build_plan(spec: PromptSpec) -> Plan:
     """The steps of a job, in an order that runs them: its contexts (and init latent), each image's first pass, the
-    hires fix's second pass, each image decoded (with hires.keep_base its first pass's too; with an ImageCrop, cut),
+    hires fix's second pass (or latent_mix's MixLatent), each image decoded (with hires.keep_base its first pass's too; with an ImageCrop, cut),
     then all delivered."""
     steps = _encode_steps(spec) + [_first_pass(spec, pos) for pos in range(spec.batch)]
     if spec.hires is not None:
         steps += _hires_steps(spec)
+    if spec.latent_mix is not None:                # the daemon's numpy, between the passes and the VAE session
+        steps += [MixLatent(pos, inputs=(latent_file(pos), INIT_LATENT_FILE),
+                            outputs=(decoded_latent_file(spec, pos),)) for pos in range(spec.batch)]
     images = tuple(batch_name("image", ".png", pos) for pos in range(spec.batch))
     bases = tuple(base_image_file(pos) for pos in range(spec.batch)) if spec.hires and spec.hires.keep_base else ()
     if bases and spec.hires.space == "latent":       # decoded beside the final images: one VAE session for all

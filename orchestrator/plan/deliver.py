@@ -7,7 +7,7 @@ from pathlib import Path
 
 from models.durable import atomic_write
 from orchestrator.job_files import batch_name
-from orchestrator.plan.build import final_latent_file
+from orchestrator.plan.build import decoded_latent_file
 from orchestrator.prompt_spec import output_file
 from orchestrator.stage_control import StageFailed
 
@@ -27,7 +27,7 @@ class DeliverStep:
                                        for pos, base in enumerate(bases)]
         if self.batch > 1:
             self.report.images = [{"batch_index": pos, "seed": self.spec.seed, "image": w,
-                                   "latent": str(self.dir / final_latent_file(self.spec, pos))}
+                                   "latent": str(self.dir / decoded_latent_file(self.spec, pos))}
                                   for pos, w in enumerate(where)]
 
     def _deliver(self, image: Path, pos: int = 0, suffix: str = "") -> str:

@@ -49,7 +49,10 @@ class DenoiseSteps:
         return load_npy(self.dir / batch_name("latent", ".npy", pos), self.first_pack.latent_shape)
 
     def _final_latent(self, pos: int) -> np.ndarray | None:
-        """Image `pos`'s latent to decode: its second pass's with a hires fix, else its first pass's."""
+        """Image `pos`'s latent to decode: its second pass's with a hires fix, the mixed one with latent_mix, else its
+        first pass's."""
+        if self.spec.latent_mix is not None:
+            return load_npy(self.dir / batch_name("mixed_latent", ".npy", pos), self.first_pack.latent_shape)
         return self._batch_latent(pos) if self.spec.hires is None else self._hires_latent(pos)
 
     def _step_denoise(self, step) -> None:

@@ -16,7 +16,7 @@ from models.dit.partition import TEXT_TOKENS
 from orchestrator.estimate import safe_estimate
 from orchestrator.job_files import (COND_FILE, ENTRIES_FILE, ENTRY_FILE, HIRES_COND_FILE, HIRES_INIT_FILE,
                                     HIRES_LATENT_FILE, HIRES_TEXT_FILE,
-                                    HIRES_UNCOND_FILE, INIT_LATENT_FILE, JOB_FILES, LATENT_FILE, REPORT_FILE, TEXT_FILE,
+                                    HIRES_UNCOND_FILE, INIT_LATENT_FILE, JOB_FILES, LATENT_FILE, MIXED_LATENT_FILE, REPORT_FILE, TEXT_FILE,
                                     UNCOND_FILE, names)
 from orchestrator.job_record import STAGES
 from orchestrator.plan.build import build_plan
@@ -27,8 +27,9 @@ from orchestrator.plan.encode import TextSteps
 from orchestrator.plan.entries import EntrySteps
 from orchestrator.plan.job_io import load_npy, load_text
 from orchestrator.plan.image_ops import ImageSteps
+from orchestrator.plan.latent_steps import LatentSteps
 from orchestrator.plan.steps import ENCODER, CropImage, Decode, Deliver, Denoise, EncodeImage, EncodeText, \
-    HiresDenoise, PixelStart, Step
+    HiresDenoise, MixLatent, PixelStart, Step
 from orchestrator.plan.vae import VaeSteps
 from orchestrator.report import JobReport
 from orchestrator.stage_control import Cancelled, StageControl, StageFailed, Stopping
@@ -40,10 +41,11 @@ KIND = {n: f.name for f in JOB_FILES for n in names(f)}     # latent_1.npy -> la
 EXECUTORS = {EncodeText: TextSteps._step_encode_text, EncodeImage: VaeSteps._step_encode_image,
              Denoise: DenoiseSteps._step_denoise, PixelStart: VaeSteps._step_pixel_start,
              HiresDenoise: DenoiseSteps._step_hires, Decode: VaeSteps._step_decode,
-             CropImage: ImageSteps._step_crop_image, Deliver: DeliverStep._step_deliver}
+             MixLatent: LatentSteps._step_mix_latent, CropImage: ImageSteps._step_crop_image,
+             Deliver: DeliverStep._step_deliver}
 
 
-class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, ImageSteps, DeliverStep):
+class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, LatentSteps, ImageSteps, DeliverStep):
     """Runs one job to done/failed/cancelled: its plan's steps, its states and what the job records (report, job
     folder). `d` is the Daemon (sockets, store, supervisor, idle pump); `control` drives the stages."""
 
@@ -159,7 +161,8 @@ class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, Image
         finite; the token counts readable (a long-context pack's mask needs them); a PNG there (written atomically)."""
         first, hires, kind = self.first_pack, self.hires_pack, KIND[name]
         shapes = {COND_FILE: first.context_shape, UNCOND_FILE: first.context_shape, ENTRY_FILE: first.context_shape,
-                  INIT_LATENT_FILE: first.latent_shape, LATENT_FILE: first.latent_shape}
+                  INIT_LATENT_FILE: first.latent_shape, LATENT_FILE: first.latent_shape,
+                  MIXED_LATENT_FILE: first.latent_shape}
         if hires is not None:
             shapes.update({HIRES_COND_FILE: hires.context_shape, HIRES_UNCOND_FILE: hires.context_shape,
                            HIRES_INIT_FILE: hires.latent_shape, HIRES_LATENT_FILE: hires.latent_shape})

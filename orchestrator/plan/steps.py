@@ -68,6 +68,14 @@ class Denoise(Step):
 
 
 @dataclass(frozen=True)
+class MixLatent(Step):
+    """Image `pos`'s pass latent and the init image's combined as ComfyUI's LatentComposite / LatentBlend (prompt.json's
+    `latent_mix`; the daemon alone, numpy), the latent its Decode reads."""
+    per_image: ClassVar[bool] = True
+    phase: ClassVar[str] = DENOISING
+
+
+@dataclass(frozen=True)
 class PixelStart(Step):
     """The hires fix's pixel path for image `pos`: its first latent decoded, scaled, encoded again."""
     per_image: ClassVar[bool] = True
