@@ -256,6 +256,29 @@ def timestep_halves(files, seed, width, height):
     return _conditioned(files, seed, width, height, nodes, "ref_timestep_halves", steps=8)
 
 
+def _mixed(files, seed, width, height, node: dict, prefix: str):
+    """img2img (denoise 0.6) with `node` ("24": LatentComposite / LatentBlend of the KSampler "8" and the VAEEncode
+    "21" it starts from) between the KSampler and VAEDecode."""
+    g = _base(files)
+    g["8"] = _ksampler(_encoded(g, INIT_IMAGE), seed, 6, 4.0, "euler", "simple", 0.6)
+    g["24"] = node
+    return _out(g, ["24", 0], prefix)
+
+
+def composite(files, seed, width, height):
+    """LatentComposite of the init image's latent onto the KSampler's at x = height / 4 (on Anima's 5-D latent
+    ComfyUI's x moves it down, latent_mix.py), feathered over 32 pixels (4 latent rows)."""
+    node = {"class_type": "LatentComposite", "inputs": {"samples_to": ["8", 0], "samples_from": ["21", 0],
+                                                        "x": height // 4, "y": 0, "feather": 32}}
+    return _mixed(files, seed, width, height, node, "ref_composite")
+
+
+def blend(files, seed, width, height):
+    """LatentBlend: the init image's latent x 0.3 + the KSampler's x 0.7."""
+    node = {"class_type": "LatentBlend", "inputs": {"samples1": ["21", 0], "samples2": ["8", 0], "blend_factor": 0.3}}
+    return _mixed(files, seed, width, height, node, "ref_blend")
+
+
 WORKFLOWS = {
     "txt2img": ("text-to-image, no Spectrum node (euler/simple, 6 steps, cfg 4)", txt2img),
     "img2img": ("LoadImage -> VAEEncode, denoise 0.6, euler_ancestral/karras", img2img),
@@ -281,4 +304,6 @@ WORKFLOWS = {
                      lambda f, s, w, h: combine(f, s, w, h, cfg=1.0)),
     "timestep-halves": ("ConditioningSetTimestepRange 0-0.5 / 0.5-1 of two prompts, combined (8 steps)",
                         timestep_halves),
+    "composite": ("img2img, then LatentComposite of the init latent onto the result (x 64, feather 32)", composite),
+    "blend": ("img2img, then LatentBlend of the init latent (0.3) and the result", blend),
 }

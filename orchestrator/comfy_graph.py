@@ -500,16 +500,22 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
         where = (crop, "image") if crop else (out, "images")
         return {}, {}, [_custom(*where, "SaveImage must save VAEDecode's image (of the last KSampler), or one "
                                 "ImageCrop of it")]
-    sampler = c.links[decode]["samples"]
+    sampler, mix = c.links[decode]["samples"], None
+    if role_of[sampler] == "latent_mix":                          # LatentComposite / LatentBlend before VAEDecode
+        mix, sampler, problems = _mix_inputs(graph, c, role_of, sampler)
+        if problems:
+            return {}, {}, problems
     if role_of[sampler] != "sampler":
         return {}, {}, [_custom(decode, "samples", "VAEDecode must decode the KSampler's output")]
     vae = c.links[decode]["vae"]
     second = _second_pass(c, role_of, sampler, vae)           # a hires fix: `sampler` is its second KSampler
     if second is not None:
-        if second[2]:
-            return {}, {}, second[2]
+        if second[2] or mix:
+            return {}, {}, second[2] or [_custom(mix[0], MIX_INPUTS[graph[mix[0]]["class_type"]][0], MIX_WHERE)]
         sampler = second[1]
     latent, batch = _chain(graph, c, role_of, c.links[sampler]["latent_image"], "samples", ("batch",))
+    if role_of[latent] == "latent_mix":
+        return {}, {}, [_custom(latent, MIX_INPUTS[graph[latent]["class_type"]][0], MIX_WHERE)]
     image = _image_latent(c, role_of, vae, latent)                # None: not from an image
     if image is not None and image[2]:
         return {}, {}, image[2]
@@ -541,7 +547,47 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
         spec["loras"] = loras
     if crop:
         spec["crop"] = c.fields(crop)
+    if mix:
+        _mix_fields(graph, c, roles, spec, mix, problems)
     return roles, spec, problems
+
+
+MIX_INPUTS = {"LatentComposite": ("samples_to", "samples_from"), "LatentBlend": ("samples1", "samples2")}
+MIX_WHERE = ("LatentComposite / LatentBlend run here between an img2img KSampler and its VAEDecode only, mixing the "
+             "KSampler's LATENT with the VAEEncode it starts from (before a KSampler, ComfyUI's empty latent [B, 4, h, "
+             "w] and an encoded one [B, 16, 1, h, w] do not combine; a second pass's mix is not supported yet)")
+
+
+def _mix_inputs(graph, c: _Checker, role_of: dict, mix: str) -> tuple[tuple[str, str, str], str, list]:
+    """A LatentComposite / LatentBlend on VAEDecode's samples -> ((its node, the other latent's node, `onto`: which of
+    the two is samples_to / samples1), the KSampler, problems). One input must be a KSampler's LATENT."""
+    first, second = MIX_INPUTS[graph[mix]["class_type"]]
+    a, b = c.links[mix][first], c.links[mix][second]
+    if (role_of[a] == "sampler") == (role_of[b] == "sampler"):
+        return (mix, b, "result"), a, [_custom(mix, first, f"one of {first} / {second} must be the KSampler's LATENT "
+                                               f"and the other the VAEEncode it starts from; {MIX_WHERE}")]
+    return ((mix, b, "result"), a, []) if role_of[a] == "sampler" else ((mix, a, "image"), b, [])
+
+
+def _mix_fields(graph, c: _Checker, roles: dict, spec: dict, mix: tuple[str, str, str], problems: list) -> None:
+    """prompt.json's `latent_mix` from the node, its other latent checked: the VAEEncode (or the masked or batched
+    latent) the KSampler starts from; of one image with a batch, only pasted onto the batch (ComfyUI's LatentBlend
+    and a paste of a batch into one image fail on differing batches)."""
+    node, other, onto = mix
+    kind = "composite" if graph[node]["class_type"] == "LatentComposite" else "blend"
+    name = MIX_INPUTS[graph[node]["class_type"]][onto == "result"]
+    head = c.links[roles["sampler"]]["latent_image"]
+    if "encode" not in roles or other not in (head, roles["encode"], roles.get("noise_mask")):
+        problems.append(_custom(node, name, f"must be the VAEEncode the KSampler starts from (node "
+                                f"'{roles.get('encode', head)}'): {MIX_WHERE}"))
+        return
+    if other != head and spec.get("batch", 1) > 1 and (kind, onto) != ("composite", "result"):
+        problems.append(_custom(node, name, f"one image's latent with the KSampler's batch of {spec['batch']}: "
+                                "ComfyUI cannot combine them; take the latent the KSampler takes (after "
+                                "RepeatLatentBatch)"))
+        return
+    roles["latent_mix"] = node
+    spec["latent_mix"] = {"kind": kind, "onto": onto, **c.fields(node)}
 
 
 def _second_pass_fields(graph, c: _Checker, role_of: dict, roles: dict, spec: dict, sizes, problems: list) -> None:
@@ -931,6 +977,7 @@ CACHE_ID = "31"                 # the job's EasyCache / LazyCache node
 IMAGE_IDS = {"image": "40", "encode": "41", "mask": "42", "noise_mask": "43"}     # a job from an init image
 BATCH_ID = "44"                 # a batch from an init image: RepeatLatentBatch after its latent
 CROP_ID = "46"                  # ImageCrop of the decoded image
+MIX_ID = "47"                   # latent_mix: LatentComposite / LatentBlend before VAEDecode
 FROM_BATCH_ID = "45"            # a job past its batch's first image: LatentFromBatch after RepeatLatentBatch
 HIRES_IDS = {"upscale": "50", "hires_sampler": "51", "hires_positive": "52", "hires_negative": "53",
              "hires_decode": "54", "hires_encode": "55"}                     # a hires fix's second pass
@@ -995,8 +1042,9 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
         *_latent_nodes(node, spec, ids),
         _sampler_node(node, spec, {**ids, **{side: ids.get(f"{side}_out", ids[side]) for side in SIDES}}, model),
         *_hires_nodes(node, spec, ids, model, clip),
-        node("decode", "VAEDecode", samples=[ids["hires_sampler" if spec.get("hires") else "sampler"], 0],
-             vae=[ids["vae"], 0]),
+        *_mix_nodes(node, spec, ids),
+        node("decode", "VAEDecode", samples=[ids["latent_mix" if spec.get("latent_mix") else "hires_sampler"
+                                                  if spec.get("hires") else "sampler"], 0], vae=[ids["vae"], 0]),
         *([node("crop", "ImageCrop", spec["crop"], image=[ids["decode"], 0])] if spec.get("crop") else []),
         node("save", "SaveImage", images=[ids["crop" if spec.get("crop") else "decode"], 0], filename_prefix="anima"),
         *_base_nodes(node, spec, ids),
@@ -1027,6 +1075,19 @@ def _conditioning_nodes(node, spec: dict, ids: dict, clip: list, skip=()) -> lis
             head = [ids[f"{side}_average"], 0]
         ids[f"cond_{side}"] = head[0]
     return out
+
+
+def _mix_nodes(node, spec: dict, ids: dict) -> list[tuple[str, dict]]:
+    """latent_mix: LatentComposite / LatentBlend of the KSampler's LATENT and the latent it takes (`onto` first)."""
+    m = spec.get("latent_mix")
+    if not m:
+        return []
+    ids.setdefault("latent_mix", MIX_ID)
+    class_type = "LatentComposite" if m["kind"] == "composite" else "LatentBlend"
+    pair = [[ids["sampler"], 0], [ids["latent"], 0]]
+    if m.get("onto") == "image":
+        pair.reverse()
+    return [node("latent_mix", class_type, m, **dict(zip(MIX_INPUTS[class_type], pair)))]
 
 
 def _keeps_base(spec: dict) -> bool:

@@ -281,6 +281,25 @@ def hires_batch_nodes() -> tuple[NodeSpec, ...]:
     )
 
 
+def latent_mix_nodes() -> tuple[NodeSpec, ...]:
+    """ComfyUI's LatentComposite and LatentBlend (nodes.py; its inputs, defaults and bounds) between an img2img
+    KSampler and VAEDecode, mixing its latent with the VAEEncode it started from (prompt.json's `latent_mix`;
+    models/sampling/latent_mix.py)."""
+    offset = lambda name: InputSpec(name, "INT", 0, dict(min=0, max=MAX_RESOLUTION, step=8))   # noqa: E731
+    return (NodeSpec("LatentComposite", "Latent Composite", "model/latent", "latent_mix",
+                     (InputSpec("samples_to", "LATENT"), InputSpec("samples_from", "LATENT"), offset("x"),
+                      offset("y"), offset("feather")), ("LATENT",), ("LATENT",),
+                     description="samples_from pasted onto samples_to at x, y (pixels // 8), its edges feathered. On "
+                                 "Anima's [B, 16, 1, h, w] latent ComfyUI's x moves it down and a y of 8 or more "
+                                 "pastes nothing; the same here.",
+                     job={"x": "x", "y": "y", "feather": "feather"}),
+            NodeSpec("LatentBlend", "Latent Blend", "experimental", "latent_mix",
+                     (InputSpec("samples1", "LATENT"), InputSpec("samples2", "LATENT"),
+                      InputSpec("blend_factor", "FLOAT", 0.5, dict(min=0.0, max=1.0, step=0.01))),
+                     ("LATENT",), ("LATENT",), description="samples1 x blend_factor + samples2 x (1 - blend_factor).",
+                     job={"factor": "blend_factor"}))
+
+
 def _crop_node() -> NodeSpec:
     """ComfyUI's ImageCrop (comfy_extras/nodes_images.py; its inputs, defaults and bounds): the decoded image cut, x and
     y clamped to the image, the box cut where the image ends (prompt.json's `crop`)."""
@@ -386,6 +405,7 @@ def node_table(names: ModelNames = ModelNames()) -> dict[str, NodeSpec]:
         *image_nodes(),
         *hires_batch_nodes(),
         *conditioning_mix_nodes(),
+        *latent_mix_nodes(),
         NodeSpec("VAEDecode", "VAE Decode", "latent", "decode",
                  (InputSpec("samples", "LATENT"), InputSpec("vae", "VAE")), ("IMAGE",), ("IMAGE",)),
         _crop_node(),
@@ -429,6 +449,7 @@ def object_info(table: dict[str, NodeSpec]) -> dict:
 PLACES = {"positive": "", "negative": "negative_", "sampler": "", "latent": "", "image": "", "mask": "",
           "encode": "", "spectrum": "spectrum.", "cache": "cache.", "upscale": "hires.", "hires_sampler": "hires.",
           "hires_positive": "hires.", "hires_negative": "hires.negative_", "crop": "crop.",
+          "latent_mix": "latent_mix.",
           # a sampler input's ConditioningAverage and the CLIPTextEncode it averages with (conditioning_from)
           "positive_average": "positive[0].average.", "negative_average": "negative[0].average.",
           "positive_from": "positive[0].average.", "negative_from": "negative[0].average."}

@@ -3,6 +3,8 @@
 rows ramped (r + 1) / f, y >= 8 pasting nothing), LatentBlend as torch.lerp's complement."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -65,3 +67,24 @@ def test_blend_is_factor_of_the_first_and_the_rest_of_the_second(factor):
     np.testing.assert_allclose(mix_image("blend", a, b, factor=factor), want, rtol=0, atol=1e-6)
     with pytest.raises(LatentMixError, match="shape"):
         blend(a, b[:, :4], factor)
+
+
+REC = np.load(__import__("pathlib").Path(__file__).parent / "data" / "comfy_latent_mix.npz")
+
+
+@pytest.mark.parametrize("case", json.loads(str(REC["cases"])), ids=lambda c: c[0])
+def test_each_node_gives_comfyuis_recorded_latent(case):
+    """ComfyUI's own nodes on [B, 16, 1, h, w] latents (tests/data/comfy_latent_mix.npz, bench/
+    comfy_latent_mix_cases.py): a batch of 2 under one image, a smaller paste, unaligned offsets, y >= 8, blends."""
+    name, node, (a, b), values = case
+    if node == "LatentComposite":
+        got = composite(REC[a], REC[b], values["x"], values["y"], values["feather"])
+    else:
+        got = blend(REC[a], REC[b], values["blend_factor"])
+    want = REC[f"{name}/out"]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    if name != "y8":                            # every other case changes its samples_to / samples1
+        assert np.abs(want - np.broadcast_to(REC[a], want.shape)).max() > 0.1
+    else:
+        np.testing.assert_array_equal(got, REC[a])
