@@ -1,0 +1,120 @@
+"""LatentComposite / LatentBlend in ComfyUI graphs: between an img2img KSampler and VAEDecode they are prompt.json's
+`latent_mix` (and a job with it is shown as that graph again); every other wiring is refused with ComfyUI's
+node_errors on the mix node, naming why; prompt.json's own refusals name the field."""
+from __future__ import annotations
+
+import pytest
+
+from bench.comfy_workflows import WORKFLOWS
+from orchestrator.comfy_graph import GraphError, graph_to_job, job_to_graph
+from orchestrator.comfy_nodes import node_table, object_info
+from orchestrator.prompt_spec import PromptError, parse_prompt_obj
+
+FILES = {"dit": "a.safetensors", "text_encoder": "t.safetensors", "vae": "v.safetensors"}
+
+
+def _graph(name: str) -> dict:
+    return WORKFLOWS[name][1](FILES, 7, 256, 256)
+
+
+def _refused(graph: dict) -> tuple[str, str, str]:
+    with pytest.raises(GraphError) as e:
+        graph_to_job(graph)
+    node, entry = next(iter(e.value.body()["node_errors"].items()))
+    err = entry["errors"][0]
+    return node, err["extra_info"]["input_name"], err["details"]
+
+
+@pytest.mark.parametrize("mix", [{"kind": "composite", "onto": "result", "x": 64, "y": 8, "feather": 16},
+                                 {"kind": "composite", "onto": "image", "x": 0, "y": 0, "feather": 0},
+                                 {"kind": "blend", "onto": "result", "factor": 0.25},
+                                 {"kind": "blend", "onto": "image", "factor": 0.5}])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_job_with_latent_mix_is_its_graph_and_back(mix, batch):
+    spec = {"prompt": "a", "negative_prompt": "b", "seed": 3, "steps": 6, "cfg": 4.0, "width": 256, "height": 256,
+            "init_image": "x.png", "denoise": 0.5, "batch": batch, "latent_mix": mix}
+    graph = job_to_graph(spec)
+    node = graph["47"]
+    assert node["class_type"] == ("LatentComposite" if mix["kind"] == "composite" else "LatentBlend")
+    assert graph["8"]["inputs"]["samples"] == ["47", 0]
+    job = graph_to_job(graph)
+    assert job.spec["latent_mix"] == mix and job.nodes["latent_mix"] == "47"
+    assert job.spec.get("batch", 1) == batch
+
+
+def test_the_nodes_are_offered_with_comfyuis_inputs():
+    info = object_info(node_table())
+    assert info["LatentComposite"]["input_order"]["required"] == ["samples_to", "samples_from", "x", "y", "feather"]
+    assert info["LatentComposite"]["input"]["required"]["feather"] == ["INT", {"min": 0, "max": 16384, "step": 8,
+                                                                                "default": 0}]
+    assert info["LatentBlend"]["input"]["required"]["blend_factor"] == ["FLOAT", {"min": 0.0, "max": 1.0,
+                                                                                   "step": 0.01, "default": 0.5}]
+
+
+def test_a_mix_before_the_sampler_is_refused_on_its_node():
+    """Composite onto the empty latent: ComfyUI's [B, 4, h, w] and a [B, 16, 1, h, w] encoded latent do not
+    combine."""
+    g = _graph("composite")
+    g["6"] = {"class_type": "EmptySD3LatentImage", "inputs": {"width": 256, "height": 256, "batch_size": 1}}
+    g["25"] = {"class_type": "LatentComposite", "inputs": {"samples_to": ["6", 0], "samples_from": ["21", 0], "x": 0,
+                                                           "y": 0, "feather": 0}}
+    g["8"]["inputs"]["latent_image"] = ["25", 0]
+    g["9"]["inputs"]["samples"] = ["8", 0]
+    del g["24"]
+    node, name, why = _refused(g)
+    assert (node, name) == ("25", "samples_to") and "before a KSampler" in why
+
+
+def test_a_mix_of_two_samplers_or_of_another_latent_is_refused():
+    g = _graph("blend")
+    g["24"]["inputs"]["samples1"] = ["8", 0]
+    node, name, why = _refused(g)
+    assert (node, name) == ("24", "samples1") and "must be the KSampler's LATENT" in why
+    g = _graph("composite")                     # another upload's VAEEncode: not the latent the KSampler starts from
+    g["26"] = {"class_type": "LoadImage", "inputs": {"image": "other.png"}}
+    g["27"] = {"class_type": "VAEEncode", "inputs": {"pixels": ["26", 0], "vae": ["3", 0]}}
+    g["24"]["inputs"]["samples_from"] = ["27", 0]
+    node, name, why = _refused(g)
+    assert (node, name) == ("24", "samples_from") and "the VAEEncode the KSampler starts from (node '21')" in why
+
+
+def test_a_mix_on_a_text_to_image_or_second_pass_is_refused():
+    g = _graph("txt2img")
+    g["24"] = {"class_type": "LatentBlend", "inputs": {"samples1": ["8", 0], "samples2": ["6", 0],
+                                                       "blend_factor": 0.5}}
+    g["9"]["inputs"]["samples"] = ["24", 0]
+    assert _refused(g)[:2] == ("24", "samples2")
+    g = _graph("hires-latent")
+    sampler = g["9"]["inputs"]["samples"]
+    g["40"] = {"class_type": "LatentBlend", "inputs": {"samples1": sampler, "samples2": ["8", 0],
+                                                       "blend_factor": 0.5}}
+    g["9"]["inputs"]["samples"] = ["40", 0]
+    node, _, why = _refused(g)
+    assert node == "40" and "second pass" in why
+
+
+def test_one_images_latent_blended_with_a_batch_is_refused_as_comfyui_fails():
+    g = _graph("blend")
+    g["30"] = {"class_type": "RepeatLatentBatch", "inputs": {"samples": ["21", 0], "amount": 2}}
+    g["8"]["inputs"]["latent_image"] = ["30", 0]
+    node, name, why = _refused(g)
+    assert (node, name) == ("24", "samples1") and "batch of 2" in why
+    g["24"]["inputs"]["samples1"] = ["30", 0]                # the latent the KSampler takes: the same batch
+    assert graph_to_job(g).spec["batch"] == 2
+
+
+@pytest.mark.parametrize("mix,field,words", [
+    ({"kind": "blend", "feather": 8}, "latent_mix.feather", "takes only"),
+    ({"kind": "composite", "factor": 0.2}, "latent_mix.factor", "weighs a blend"),
+    ({"kind": "composite", "x": 16385}, "latent_mix.x", "0..16384"),
+    ({"kind": "paste"}, "latent_mix.kind", "'composite', 'blend'"),
+    ({"x": 8}, "latent_mix.kind", "required")])
+def test_bad_latent_mix_fields_are_refused_naming_the_field(mix, field, words):
+    with pytest.raises(PromptError) as e:
+        parse_prompt_obj({"prompt": "a", "init_image": "x.png", "latent_mix": mix}, check_output=False)
+    assert e.value.field == field and words in str(e.value)
+    with pytest.raises(PromptError, match="there is no init_image") as e:
+        parse_prompt_obj({"prompt": "a", "latent_mix": {"kind": "blend"}}, check_output=False)
+    with pytest.raises(PromptError, match="hires is not supported"):
+        parse_prompt_obj({"prompt": "a", "init_image": "x.png", "hires": {"scale": 1.5},
+                          "latent_mix": {"kind": "blend"}}, check_output=False)
