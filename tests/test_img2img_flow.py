@@ -266,3 +266,36 @@ def test_remote_vae_encodes_inline(tmp_path):
     finally:
         vae.terminate()
         vae.wait(timeout=20)
+
+
+def test_latent_mix_after_a_killed_daemon_mixes_the_same_latents_bitwise(d):
+    """latent_mix (LatentComposite of the init latent onto each result, 2 rows down, feathered): the daemon killed
+    in image 1's pass; the resumed job keeps image 0's latent, then mixes each image's latent with the init latent in
+    the daemon (mixed_latent[_1].npy, what ComfyUI's node gives: models.sampling.latent_mix) and decodes that."""
+    from models.sampling.latent_mix import mix_image
+    d.flag("double_step_s", "0.3")
+    job = d.submit({"prompt": "a girl", "seed": 9, "steps": 4, "denoise": 0.7, "batch": 2,
+                    "init_image": _upload(d, "mix.png", _png(_image(9), "RGB")),
+                    "latent_mix": {"kind": "composite", "x": 16, "feather": 16}})
+    jd = d.rf.jobs / job
+    _wait(d, job, ("denoising",), pred=lambda i: (jd / "latent.npy").exists() and i.progress is not None
+          and i.progress.step >= 1)
+    first = (jd / "latent.npy").stat().st_mtime_ns
+    old = d.sup.info("orchestrator").pid
+    d.close_client()
+    os.kill(old, signal.SIGKILL)                              # supervisord restarts it; the job resumes in place
+    d.flag("double_step_s", "0.02")
+    info = _wait(d, job, ("done", "failed"), timeout_s=90)
+    assert info.state == "done", info
+    assert (jd / "latent.npy").stat().st_mtime_ns == first    # image 0's pass not run again
+    init = np.load(jd / "init_latent.npy")
+    from PIL import Image
+    for suffix in ("", "_1"):
+        latent = np.load(jd / f"latent{suffix}.npy")
+        mixed = np.load(jd / f"mixed_latent{suffix}.npy")
+        np.testing.assert_array_equal(mixed, mix_image("composite", latent, init, x=16, feather=16))
+        assert np.array_equal(mixed[:, :2], latent[:, :2]) and not np.allclose(mixed[:, 2:], latent[:, 2:])
+        with Image.open(jd / f"image{suffix}.png") as im:      # the double decodes int(latent[0]) % 256 per cell
+            grey = np.asarray(im.convert("L"))[::8, ::8]
+        np.testing.assert_array_equal(grey, (mixed[0].astype(np.int64) % 256).astype(np.uint8))
+        assert not np.array_equal(grey, (latent[0].astype(np.int64) % 256).astype(np.uint8))   # not the pass's

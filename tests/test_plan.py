@@ -280,6 +280,8 @@ def test_latent_mix_mixes_each_pass_latent_with_the_init_latent_before_its_decod
     for name in ("init_latent.npy", "latent.npy", "latent_1.npy", "mixed_latent.npy"):
         _keep(tmp_path, name, (2, 4, 4))
     assert [s.name for s in r._steps_to_run()[0]] == ["MixLatent[1]", "Decode[0]", "Decode[1]", "Deliver"]
+    from orchestrator.job_files import DAEMON_FILES
+    assert {"mixed_latent.npy", "mixed_latent_7.npy"} <= DAEMON_FILES      # a daemon start removes their temporaries
     (tmp_path / "latent_1.npy").unlink()          # image 1's pass again (its contexts too), then its mix
     assert [s.name for s in r._steps_to_run()[0]] == ["EncodeText", "Denoise[1]", "MixLatent[1]", "Decode[0]",
                                                        "Decode[1]", "Deliver"]
