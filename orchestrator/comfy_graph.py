@@ -500,11 +500,9 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
         where = (crop, "image") if crop else (out, "images")
         return {}, {}, [_custom(*where, "SaveImage must save VAEDecode's image (of the last KSampler), or one "
                                 "ImageCrop of it")]
-    sampler, mix = c.links[decode]["samples"], None
-    if role_of[sampler] == "latent_mix":                          # LatentComposite / LatentBlend before VAEDecode
-        mix, sampler, problems = _mix_inputs(graph, c, role_of, sampler)
-        if problems:
-            return {}, {}, problems
+    mix, sampler, problems = _mix_inputs(graph, c, role_of, c.links[decode]["samples"])
+    if problems:                                                  # LatentComposite / LatentBlend before VAEDecode
+        return {}, {}, problems
     if role_of[sampler] != "sampler":
         return {}, {}, [_custom(decode, "samples", "VAEDecode must decode the KSampler's output")]
     vae = c.links[decode]["vae"]
@@ -547,8 +545,7 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
         spec["loras"] = loras
     if crop:
         spec["crop"] = c.fields(crop)
-    if mix:
-        _mix_fields(graph, c, roles, spec, mix, problems)
+    _mix_fields(graph, c, roles, spec, mix, problems)
     return roles, spec, problems
 
 
@@ -558,9 +555,12 @@ MIX_WHERE = ("LatentComposite / LatentBlend run here between an img2img KSampler
              "w] and an encoded one [B, 16, 1, h, w] do not combine; a second pass's mix is not supported yet)")
 
 
-def _mix_inputs(graph, c: _Checker, role_of: dict, mix: str) -> tuple[tuple[str, str, str], str, list]:
-    """A LatentComposite / LatentBlend on VAEDecode's samples -> ((its node, the other latent's node, `onto`: which of
-    the two is samples_to / samples1), the KSampler, problems). One input must be a KSampler's LATENT."""
+def _mix_inputs(graph, c: _Checker, role_of: dict, mix: str) -> tuple[tuple[str, str, str] | None, str, list]:
+    """VAEDecode's samples `mix`, a LatentComposite / LatentBlend -> ((its node, the other latent's node, `onto`: which
+    of the two is samples_to / samples1), the KSampler, problems); another node -> (None, it, []). One input must be a
+    KSampler's LATENT."""
+    if role_of[mix] != "latent_mix":
+        return None, mix, []
     first, second = MIX_INPUTS[graph[mix]["class_type"]]
     a, b = c.links[mix][first], c.links[mix][second]
     if (role_of[a] == "sampler") == (role_of[b] == "sampler"):
@@ -569,10 +569,12 @@ def _mix_inputs(graph, c: _Checker, role_of: dict, mix: str) -> tuple[tuple[str,
     return ((mix, b, "result"), a, []) if role_of[a] == "sampler" else ((mix, a, "image"), b, [])
 
 
-def _mix_fields(graph, c: _Checker, roles: dict, spec: dict, mix: tuple[str, str, str], problems: list) -> None:
+def _mix_fields(graph, c: _Checker, roles: dict, spec: dict, mix: tuple | None, problems: list) -> None:
     """prompt.json's `latent_mix` from the node, its other latent checked: the VAEEncode (or the masked or batched
     latent) the KSampler starts from; of one image with a batch, only pasted onto the batch (ComfyUI's LatentBlend
     and a paste of a batch into one image fail on differing batches)."""
+    if mix is None:
+        return
     node, other, onto = mix
     kind = "composite" if graph[node]["class_type"] == "LatentComposite" else "blend"
     name = MIX_INPUTS[graph[node]["class_type"]][onto == "result"]
