@@ -1,10 +1,12 @@
 """Records ComfyUI's LatentComposite and LatentBlend on Anima-shaped latents for tests/data/comfy_latent_mix.npz (CI
 has no ComfyUI). Run from a ComfyUI checkout with its own venv:
 
-    cd COMFYUI && PYTHONPATH=. VENV/bin/python ANIMA/bench/comfy_latent_mix_cases.py ANIMA/tests/data/comfy_latent_mix.npz
+    cd COMFYUI && PYTHONPATH=. VENV/bin/python ANIMA/bench/comfy_latent_mix_cases.py \
+        ANIMA/tests/data/comfy_latent_mix.npz
 
 The latents are [B, 16, 1, h, w] as ComfyUI holds Anima's (the Wan 2.1 VAE's video shape), drawn from a fixed seed:
-`to` (a batch of 2), `frm` (one image of the same size), `small` (one image of 3 rows: ComfyUI indexes rows, not columns, of this shape). Each case stores the node's
+`to` (a batch of 2), `frm` and `frm2` (one image of the same size), `small` (one image of 3 rows: ComfyUI indexes
+rows, not columns, of this shape). Each case stores the node's
 inputs by name and its output as `CASE/out`; `cases` lists (name, node, inputs, values) as JSON."""
 import json
 import sys

@@ -154,7 +154,8 @@ def test_object_info_shape():
                          "LatentUpscale", "LatentUpscaleBy", "ImageScale", "ImageScaleBy", "RepeatLatentBatch",
                          "LatentFromBatch", "PreviewImage", "ConditioningZeroOut", "ConditioningAverage",
                          "ImageCrop", "ConditioningCombine", "ConditioningSetTimestepRange",
-                         "ConditioningSetAreaStrength"}                  # ConditioningConcat: refused, not offered
+                         "ConditioningSetAreaStrength", "LatentComposite",
+                         "LatentBlend"}                                  # ConditioningConcat: refused, not offered
     ks = info["KSampler"]
     assert ks["input_order"]["required"] == ["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive",
                                              "negative", "latent_image", "denoise"]

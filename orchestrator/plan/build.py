@@ -168,8 +168,8 @@ def _decode_steps(spec: PromptSpec, images: tuple[str, ...]) -> list[Step]:
 
 def build_plan(spec: PromptSpec) -> Plan:
     """The steps of a job, in an order that runs them: its contexts (and init latent), each image's first pass, the
-    hires fix's second pass (or latent_mix's MixLatent), each image decoded (with hires.keep_base its first pass's too; with an ImageCrop, cut),
-    then all delivered."""
+    hires fix's second pass (or latent_mix's MixLatent), each image decoded (with hires.keep_base its first pass's
+    too; with an ImageCrop, cut), then all delivered."""
     steps = _encode_steps(spec) + [_first_pass(spec, pos) for pos in range(spec.batch)]
     if spec.hires is not None:
         steps += _hires_steps(spec)
