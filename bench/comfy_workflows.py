@@ -279,6 +279,13 @@ def blend(files, seed, width, height):
     return _mixed(files, seed, width, height, node, "ref_blend")
 
 
+def blend_second(files, seed, width, height):
+    """blend's LatentBlend (the init latent 0.3, the img2img result 0.7) into a second KSampler (denoise 0.5)."""
+    g = blend(files, seed, width, height)
+    g["25"] = _ksampler(["24", 0], seed + 1, 6, 4.0, "euler", "simple", 0.5)
+    return _out(g, ["25", 0], "ref_blend_second")
+
+
 WORKFLOWS = {
     "txt2img": ("text-to-image, no Spectrum node (euler/simple, 6 steps, cfg 4)", txt2img),
     "img2img": ("LoadImage -> VAEEncode, denoise 0.6, euler_ancestral/karras", img2img),
@@ -306,4 +313,5 @@ WORKFLOWS = {
                         timestep_halves),
     "composite": ("img2img, then LatentComposite of the init latent onto the result (x 64, feather 32)", composite),
     "blend": ("img2img, then LatentBlend of the init latent (0.3) and the result", blend),
+    "blend-second": ("blend's LatentBlend into a second KSampler (seed + 1, denoise 0.5)", blend_second),
 }

@@ -500,7 +500,7 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
         where = (crop, "image") if crop else (out, "images")
         return {}, {}, [_custom(*where, "SaveImage must save VAEDecode's image (of the last KSampler), or one "
                                 "ImageCrop of it")]
-    mix, sampler, problems = _mix_inputs(graph, c, role_of, c.links[decode]["samples"])
+    mix, sampler, problems = _mix_inputs(c, role_of, c.links[decode]["samples"])
     if problems:                                                  # LatentComposite / LatentBlend before VAEDecode
         return {}, {}, problems
     if role_of[sampler] != "sampler":
@@ -509,8 +509,8 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
     second = _second_pass(c, role_of, sampler, vae)           # a hires fix: `sampler` is its second KSampler
     if second is not None:
         if second[2] or mix:
-            return {}, {}, second[2] or [_custom(mix[0], MIX_INPUTS[graph[mix[0]]["class_type"]][0], MIX_WHERE)]
-        sampler = second[1]
+            return {}, {}, second[2] or [_custom(mix, MIX_INPUTS[graph[mix]["class_type"]][0], MIX_WHERE)]
+        sampler, mix = second[1], second[0].get("latent_mix")
     latent, batch = _chain(graph, c, role_of, c.links[sampler]["latent_image"], "samples", ("batch",))
     if role_of[latent] == "latent_mix":
         return {}, {}, [_custom(latent, MIX_INPUTS[graph[latent]["class_type"]][0], MIX_WHERE)]
@@ -550,34 +550,35 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
 
 
 MIX_INPUTS = {"LatentComposite": ("samples_to", "samples_from"), "LatentBlend": ("samples1", "samples2")}
-MIX_WHERE = ("LatentComposite / LatentBlend run here between an img2img KSampler and its VAEDecode only, mixing the "
-             "KSampler's LATENT with the VAEEncode it starts from (before a KSampler, ComfyUI's empty latent [B, 4, h, "
-             "w] and an encoded one [B, 16, 1, h, w] do not combine; a second pass's mix is not supported yet)")
+MIX_WHERE = ("LatentComposite / LatentBlend run here after an img2img KSampler only, before its VAEDecode or a second "
+             "KSampler (directly or through LatentUpscale[By]), mixing the KSampler's LATENT with the VAEEncode it "
+             "starts from (before a first KSampler, ComfyUI's empty latent [B, 4, h, w] and an encoded one [B, 16, 1, "
+             "h, w] do not combine; a mix after a second pass or on the pixel path is not supported yet)")
 
 
-def _mix_inputs(graph, c: _Checker, role_of: dict, mix: str) -> tuple[tuple[str, str, str] | None, str, list]:
-    """VAEDecode's samples `mix`, a LatentComposite / LatentBlend -> ((its node, the other latent's node, `onto`: which
-    of the two is samples_to / samples1), the KSampler, problems); another node -> (None, it, []). One input must be a
-    KSampler's LATENT."""
+def _mix_inputs(c: _Checker, role_of: dict, mix: str) -> tuple[str | None, str, list]:
+    """A latent input's node `mix`, a LatentComposite / LatentBlend -> (it, the KSampler whose LATENT it takes,
+    problems); another node -> (None, it, []). One input must be a KSampler's LATENT."""
     if role_of[mix] != "latent_mix":
         return None, mix, []
-    first, second = MIX_INPUTS[graph[mix]["class_type"]]
+    first, second = MIX_INPUTS[c.graph[mix]["class_type"]]
     a, b = c.links[mix][first], c.links[mix][second]
     if (role_of[a] == "sampler") == (role_of[b] == "sampler"):
-        return (mix, b, "result"), a, [_custom(mix, first, f"one of {first} / {second} must be the KSampler's LATENT "
-                                               f"and the other the VAEEncode it starts from; {MIX_WHERE}")]
-    return ((mix, b, "result"), a, []) if role_of[a] == "sampler" else ((mix, a, "image"), b, [])
+        return mix, a, [_custom(mix, first, f"one of {first} / {second} must be the KSampler's LATENT and the other "
+                                            f"the VAEEncode it starts from; {MIX_WHERE}")]
+    return mix, a if role_of[a] == "sampler" else b, []
 
 
-def _mix_fields(graph, c: _Checker, roles: dict, spec: dict, mix: tuple | None, problems: list) -> None:
+def _mix_fields(graph, c: _Checker, roles: dict, spec: dict, node: str | None, problems: list) -> None:
     """prompt.json's `latent_mix` from the node, its other latent checked: the VAEEncode (or the masked or batched
-    latent) the KSampler starts from; of one image with a batch, only pasted onto the batch (ComfyUI's LatentBlend
-    and a paste of a batch into one image fail on differing batches)."""
-    if mix is None:
+    latent) the first KSampler starts from; of one image with a batch, only pasted onto the batch (ComfyUI's
+    LatentBlend and a paste of a batch into one image fail on differing batches)."""
+    if node is None:
         return
-    node, other, onto = mix
+    ins = MIX_INPUTS[graph[node]["class_type"]]
+    onto = "result" if c.links[node][ins[0]] == roles["sampler"] else "image"
+    other, name = c.links[node][ins[onto == "result"]], ins[onto == "result"]
     kind = "composite" if graph[node]["class_type"] == "LatentComposite" else "blend"
-    name = MIX_INPUTS[graph[node]["class_type"]][onto == "result"]
     head = c.links[roles["sampler"]]["latent_image"]
     if "encode" not in roles or other not in (head, roles["encode"], roles.get("noise_mask")):
         problems.append(_custom(node, name, f"must be the VAEEncode the KSampler starts from (node "
@@ -741,12 +742,16 @@ def _second_pass(c: _Checker, role_of: dict, sampler: str, vae: str) -> tuple[di
     first KSampler, problems); None for a graph of one pass. Every VAE the same one (one VAE stage)."""
     latent = c.links[sampler]["latent_image"]
     roles = {"hires_sampler": sampler}
-    if role_of[latent] == "sampler":                  # chained on the first's LATENT as it is (split sampling)
-        return roles, latent, []
+    if role_of[latent] in ("sampler", "latent_mix"):  # chained on the first's LATENT as it is (split sampling), or mixed
+        mix, first, problems = _mix_inputs(c, role_of, latent)
+        return {**roles, **({"latent_mix": mix} if mix else {})}, first, problems
     if role_of[latent] == "upscale":
-        roles["upscale"], first = latent, c.links[latent]["samples"]
-        if role_of[first] != "sampler":
-            return roles, None, [_custom(latent, "samples", "a hires fix upscales the first KSampler's latent")]
+        roles["upscale"] = latent
+        mix, first, problems = _mix_inputs(c, role_of, c.links[latent]["samples"])
+        roles.update({"latent_mix": mix} if mix else {})
+        if problems or role_of[first] != "sampler":
+            return roles, None, problems or [_custom(latent, "samples", "a hires fix upscales the first KSampler's "
+                                                                        "latent")]
         return roles, first, []
     if role_of[latent] != "encode" or role_of[c.links[latent]["pixels"]] != "upscale":
         return None
@@ -1043,10 +1048,10 @@ def job_to_graph(spec: dict, *, names: ModelNames = ModelNames(), ids: dict[str,
         *entry_nodes(node, {side: spec[side] for side in mixed}, ids, clip),
         *_latent_nodes(node, spec, ids),
         _sampler_node(node, spec, {**ids, **{side: ids.get(f"{side}_out", ids[side]) for side in SIDES}}, model),
-        *_hires_nodes(node, spec, ids, model, clip),
         *_mix_nodes(node, spec, ids),
-        node("decode", "VAEDecode", samples=[ids["latent_mix" if spec.get("latent_mix") else "hires_sampler"
-                                                  if spec.get("hires") else "sampler"], 0], vae=[ids["vae"], 0]),
+        *_hires_nodes(node, spec, ids, model, clip),
+        node("decode", "VAEDecode", samples=[ids["hires_sampler" if spec.get("hires") else "latent_mix"
+                                                  if spec.get("latent_mix") else "sampler"], 0], vae=[ids["vae"], 0]),
         *([node("crop", "ImageCrop", spec["crop"], image=[ids["decode"], 0])] if spec.get("crop") else []),
         node("save", "SaveImage", images=[ids["crop" if spec.get("crop") else "decode"], 0], filename_prefix="anima"),
         *_base_nodes(node, spec, ids),
@@ -1181,16 +1186,16 @@ def _hires_nodes(node, spec: dict, ids: dict, model: list, clip: list) -> list[t
     by = h.get("scale") is not None
     size = {**h, "method": h.get("method") or "nearest-exact"}
     crop = {} if by else {"crop": "disabled"}
+    first = ids["latent_mix" if spec.get("latent_mix") else "sampler"]   # the first latent, mixed with latent_mix
     if not by and h.get("width") is None:               # chained on the first KSampler's LATENT as it is
-        out, latent = [], ids["sampler"]
+        out, latent = [], first
     elif h.get("space") == "pixel":
         out = [node("hires_decode", "VAEDecode", samples=[ids["sampler"], 0], vae=[ids["vae"], 0]),
                node("upscale", "ImageScaleBy" if by else "ImageScale", size, image=[ids["hires_decode"], 0], **crop),
                node("hires_encode", "VAEEncode", pixels=[ids["upscale"], 0], vae=[ids["vae"], 0])]
         latent = ids["hires_encode"]
     else:
-        out = [node("upscale", "LatentUpscaleBy" if by else "LatentUpscale", size, samples=[ids["sampler"], 0],
-                    **crop)]
+        out = [node("upscale", "LatentUpscaleBy" if by else "LatentUpscale", size, samples=[first, 0], **crop)]
         latent = ids["upscale"]
     links = {**ids, "latent": latent}
     for side, key in (("positive", "prompt"), ("negative", "negative_prompt")):

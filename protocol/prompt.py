@@ -289,8 +289,8 @@ class CropSettings(Record, frozen=True):
 
 
 class LatentMix(Record, frozen=True):
-    """prompt.json's `latent_mix`: after an img2img job's pass, its latent combined with the init image's (the VAE
-    encode the pass started from) before VAEDecode, as ComfyUI's LatentComposite (`kind` "composite": `x`, `y`,
+    """prompt.json's `latent_mix`: after an img2img job's first pass, its latent combined with the init image's (the
+    VAE encode the pass started from) before VAEDecode or, with a latent-space hires, before the second pass, as ComfyUI's LatentComposite (`kind` "composite": `x`, `y`,
     `feather` in pixels, floored to latent cells of 8) or LatentBlend (`kind` "blend": `factor`); `onto` is which one
     is samples_to / samples1: "result" the pass's latent, "image" the init image's (models/sampling/latent_mix.py)."""
 
@@ -312,9 +312,9 @@ def _check_mix(f) -> None:
     if f.init_image is None:
         raise PromptError("latent_mix", "combines the pass's latent with the init image's VAE latent; there is no "
                                         "init_image")
-    if f.hires is not None:
-        raise PromptError("latent_mix", "runs between a job's one pass and VAEDecode; a job with hires is not "
-                                        "supported with it")
+    if f.hires is not None and f.hires.space == "pixel":
+        raise PromptError("latent_mix", "runs between the passes on the latent path (or before VAEDecode): with "
+                                        "hires.space \"pixel\" it is not supported")
     if m.kind == "blend":
         for name in ("x", "y", "feather"):
             if getattr(m, name):

@@ -40,6 +40,8 @@ WANT = {
     "composite": {"init_image": INIT_IMAGE, "denoise": 0.6, "hires": None,
                   "latent_mix": {"kind": "composite", "onto": "result", "x": 64, "y": 0, "feather": 32}},
     "blend": {"init_image": INIT_IMAGE, "denoise": 0.6, "latent_mix": {"kind": "blend", "onto": "image", "factor": 0.3}},
+    "blend-second": {"latent_mix": {"kind": "blend", "onto": "image", "factor": 0.3},
+                     "hires": {"steps": 6, "denoise": 0.5, "seed": 8}},
     "timestep-halves": {"positive": [{"text": PROMPT, "start": 0.0, "end": 0.5},
                                      {"text": SECOND_PROMPT, "start": 0.5, "end": 1.0}], "steps": 8},
 }

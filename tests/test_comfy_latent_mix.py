@@ -62,7 +62,7 @@ def test_a_mix_before_the_sampler_is_refused_on_its_node():
     g["9"]["inputs"]["samples"] = ["8", 0]
     del g["24"]
     node, name, why = _refused(g)
-    assert (node, name) == ("25", "samples_to") and "before a KSampler" in why
+    assert (node, name) == ("25", "samples_to") and "before a first KSampler" in why
 
 
 def test_a_mix_of_two_samplers_or_of_another_latent_is_refused():
@@ -84,13 +84,33 @@ def test_a_mix_on_a_text_to_image_or_second_pass_is_refused():
                                                        "blend_factor": 0.5}}
     g["9"]["inputs"]["samples"] = ["24", 0]
     assert _refused(g)[:2] == ("24", "samples2")
-    g = _graph("hires-latent")
-    sampler = g["9"]["inputs"]["samples"]
-    g["40"] = {"class_type": "LatentBlend", "inputs": {"samples1": sampler, "samples2": ["8", 0],
+    g = _graph("blend-second")                  # after the second pass
+    g["40"] = {"class_type": "LatentBlend", "inputs": {"samples1": ["25", 0], "samples2": ["21", 0],
                                                        "blend_factor": 0.5}}
     g["9"]["inputs"]["samples"] = ["40", 0]
     node, _, why = _refused(g)
-    assert node == "40" and "second pass" in why
+    assert node == "40" and "after a second pass" in why
+
+
+@pytest.mark.parametrize("upscale", [False, True])
+def test_a_mix_before_the_second_pass_is_its_start(upscale):
+    """blend-second: LatentBlend of the first KSampler's latent and its VAEEncode into a second KSampler (through
+    LatentUpscaleBy too): latent_mix with hires, and back."""
+    g = _graph("blend-second")
+    if upscale:
+        g["26"] = {"class_type": "LatentUpscaleBy", "inputs": {"samples": ["24", 0], "upscale_method": "bilinear",
+                                                               "scale_by": 1.5}}
+        g["25"]["inputs"]["latent_image"] = ["26", 0]
+    job = graph_to_job(g)
+    assert job.spec["latent_mix"] == {"kind": "blend", "onto": "image", "factor": 0.3}
+    assert job.nodes["latent_mix"] == "24" and job.nodes["hires_sampler"] == "25"
+    assert job.spec["hires"].get("scale") == (1.5 if upscale else None)
+    back = job_to_graph({**job.spec, "width": 256, "height": 256})
+    second = back["50" if upscale else "51"]["inputs"]
+    assert second["samples" if upscale else "latent_image"] == ["47", 0]
+    assert graph_to_job(back).spec["latent_mix"] == job.spec["latent_mix"]
+    g["24"]["inputs"]["samples1"] = ["8", 0]    # two KSampler latents: refused on the mix
+    assert _refused(g)[:2] == ("24", "samples1")
 
 
 def test_one_images_latent_blended_with_a_batch_is_refused_as_comfyui_fails():
@@ -115,6 +135,6 @@ def test_bad_latent_mix_fields_are_refused_naming_the_field(mix, field, words):
     assert e.value.field == field and words in str(e.value)
     with pytest.raises(PromptError, match="there is no init_image") as e:
         parse_prompt_obj({"prompt": "a", "latent_mix": {"kind": "blend"}}, check_output=False)
-    with pytest.raises(PromptError, match="hires is not supported"):
-        parse_prompt_obj({"prompt": "a", "init_image": "x.png", "hires": {"scale": 1.5},
+    with pytest.raises(PromptError, match="pixel"):
+        parse_prompt_obj({"prompt": "a", "init_image": "x.png", "hires": {"scale": 1.5, "space": "pixel"},
                           "latent_mix": {"kind": "blend"}}, check_output=False)

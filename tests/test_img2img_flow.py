@@ -271,7 +271,8 @@ def test_remote_vae_encodes_inline(tmp_path):
 def test_latent_mix_after_a_killed_daemon_mixes_the_same_latents_bitwise(d):
     """latent_mix (LatentComposite of the init latent onto each result, 2 rows down, feathered): the daemon killed
     in image 1's pass; the resumed job keeps image 0's latent, then mixes each image's latent with the init latent in
-    the daemon (mixed_latent[_1].npy, what ComfyUI's node gives: models.sampling.latent_mix) and decodes that."""
+    the daemon (mixed_latent[_1].npy, what ComfyUI's node gives: models.sampling.latent_mix) and decodes that; a
+    blend before a second pass is the latent that pass starts from."""
     from models.sampling.latent_mix import mix_image
     d.flag("double_step_s", "0.3")
     job = d.submit({"prompt": "a girl", "seed": 9, "steps": 4, "denoise": 0.7, "batch": 2,
@@ -299,3 +300,16 @@ def test_latent_mix_after_a_killed_daemon_mixes_the_same_latents_bitwise(d):
             grey = np.asarray(im.convert("L"))[::8, ::8]
         np.testing.assert_array_equal(grey, (mixed[0].astype(np.int64) % 256).astype(np.uint8))
         assert not np.array_equal(grey, (latent[0].astype(np.int64) % 256).astype(np.uint8))   # not the pass's
+    # before a second pass (chained on the same pack): the mixed latent is what it starts from (the double gives
+    # 2 * start + denoise; not the unmixed one's)
+    job = d.submit({"prompt": "a girl", "seed": 9, "steps": 2, "denoise": 0.7, "hires": {"denoise": 0.5},
+                    "init_image": _upload(d, "mix.png", _png(_image(9), "RGB")),
+                    "latent_mix": {"kind": "blend", "factor": 0.25, "onto": "image"}})
+    assert _wait(d, job, ("done", "failed"), timeout_s=90).state == "done"
+    jd = d.rf.jobs / job
+    mixed = np.load(jd / "mixed_latent.npy")
+    np.testing.assert_array_equal(mixed, mix_image("blend", np.load(jd / "init_latent.npy"),
+                                                   np.load(jd / "latent.npy"), factor=0.25))
+    from models.vae.latent import denormalize, normalize
+    start = normalize(denormalize(mixed))           # the chained KSampler's process_latent_out/in round trip
+    np.testing.assert_array_equal(np.load(jd / "hires_latent.npy"), (2 * start + np.float32(0.5)).astype(np.float32))

@@ -100,6 +100,7 @@ SHAPES = [{}, {"init_image": "a.png", "mask": "m.png", "grow_mask_by": 4}, {"bat
           {"init_image": "a.png", "batch": 2, "hires": {"scale": 1.5, "space": "pixel"}},
           {"batch": 2, "hires": {"scale": 1.5, "keep_base": True}},
           {"init_image": "a.png", "batch": 2, "latent_mix": {"kind": "blend", "onto": "image", "factor": 0.3}},
+          {"init_image": "a.png", "latent_mix": {"kind": "composite", "x": 8}, "hires": {"scale": 1.5}},
           {"batch": 2, "hires": {"scale": 1.5, "space": "pixel", "keep_base": True}}]
 
 
@@ -285,3 +286,11 @@ def test_latent_mix_mixes_each_pass_latent_with_the_init_latent_before_its_decod
     (tmp_path / "latent_1.npy").unlink()          # image 1's pass again (its contexts too), then its mix
     assert [s.name for s in r._steps_to_run()[0]] == ["EncodeText", "Denoise[1]", "MixLatent[1]", "Decode[0]",
                                                        "Decode[1]", "Deliver"]
+
+
+def test_latent_mix_with_a_second_pass_is_its_start_and_the_final_latent_is_decoded():
+    plan = _plan(init_image="a.png", latent_mix={"kind": "blend"}, hires={"denoise": 0.5, "keep_base": True})
+    assert [s.name for s in plan.steps] == ["EncodeText", "EncodeImage", "Denoise[0]", "MixLatent[0]",
+                                            "HiresDenoise[0]", "Decode[base 0]", "Decode[0]", "Deliver"]
+    assert plan.steps[4].inputs[-1] == "mixed_latent.npy" and plan.steps[6].inputs == ("hires_latent.npy",)
+    assert plan.steps[5].inputs == ("latent.npy",)       # the base image is the first KSampler's, unmixed

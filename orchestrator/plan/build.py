@@ -70,10 +70,20 @@ def final_latent_file(spec: PromptSpec, pos: int) -> str:
     return batch_name("latent" if spec.hires is None else "hires_latent", ".npy", pos)
 
 
+def mixed_latent_file(pos: int) -> str:
+    return batch_name(MIXED_LATENT_FILE.removesuffix(".npy"), ".npy", pos)
+
+
+def second_start_file(spec: PromptSpec, pos: int) -> str:
+    """Image `pos`'s latent a latent-space second pass starts from: the mixed one with latent_mix, else its first."""
+    return latent_file(pos) if spec.latent_mix is None else mixed_latent_file(pos)
+
+
 def decoded_latent_file(spec: PromptSpec, pos: int) -> str:
-    """Image `pos`'s latent its Decode reads: with latent_mix the mixed one, else the final pass's."""
-    if spec.latent_mix is not None:
-        return batch_name(MIXED_LATENT_FILE.removesuffix(".npy"), ".npy", pos)
+    """Image `pos`'s latent its Decode reads: without a second pass, the mixed one with latent_mix; else the final
+    pass's."""
+    if spec.latent_mix is not None and spec.hires is None:
+        return mixed_latent_file(pos)
     return final_latent_file(spec, pos)
 
 
@@ -120,7 +130,7 @@ def _hires_steps(spec: PromptSpec) -> list[Step]:
     contexts = CONTEXTS if hires_texts(spec) is None else HIRES_CONTEXTS
     pixel = spec.hires.space == "pixel"
     starts = [_pixel_start(spec, pos) for pos in range(spec.batch)] if pixel else []
-    passes = [HiresDenoise(pos, inputs=(*contexts, latent_file(pos),
+    passes = [HiresDenoise(pos, inputs=(*contexts, second_start_file(spec, pos),
                                         *((batch_name("hires_init", ".npy", pos),) if pixel else ())),
                            outputs=(final_latent_file(spec, pos),), scratch=(_state("hires", pos),))
               for pos in range(spec.batch)]
@@ -168,14 +178,14 @@ def _decode_steps(spec: PromptSpec, images: tuple[str, ...]) -> list[Step]:
 
 def build_plan(spec: PromptSpec) -> Plan:
     """The steps of a job, in an order that runs them: its contexts (and init latent), each image's first pass, the
-    hires fix's second pass (or latent_mix's MixLatent), each image decoded (with hires.keep_base its first pass's
+    latent_mix's MixLatent, the hires fix's second pass, each image decoded (with hires.keep_base its first pass's
     too; with an ImageCrop, cut), then all delivered."""
     steps = _encode_steps(spec) + [_first_pass(spec, pos) for pos in range(spec.batch)]
+    if spec.latent_mix is not None:                # the daemon's numpy, before the second pass or the VAE session
+        steps += [MixLatent(pos, inputs=(latent_file(pos), INIT_LATENT_FILE), outputs=(mixed_latent_file(pos),))
+                  for pos in range(spec.batch)]
     if spec.hires is not None:
         steps += _hires_steps(spec)
-    if spec.latent_mix is not None:                # the daemon's numpy, between the passes and the VAE session
-        steps += [MixLatent(pos, inputs=(latent_file(pos), INIT_LATENT_FILE),
-                            outputs=(decoded_latent_file(spec, pos),)) for pos in range(spec.batch)]
     images = tuple(batch_name("image", ".png", pos) for pos in range(spec.batch))
     bases = tuple(base_image_file(pos) for pos in range(spec.batch)) if spec.hires and spec.hires.keep_base else ()
     if bases and spec.hires.space == "latent":       # decoded beside the final images: one VAE session for all

@@ -51,9 +51,13 @@ class DenoiseSteps:
     def _final_latent(self, pos: int) -> np.ndarray | None:
         """Image `pos`'s latent to decode: its second pass's with a hires fix, the mixed one with latent_mix, else its
         first pass's."""
-        if self.spec.latent_mix is not None:
-            return load_npy(self.dir / batch_name("mixed_latent", ".npy", pos), self.first_pack.latent_shape)
-        return self._batch_latent(pos) if self.spec.hires is None else self._hires_latent(pos)
+        if self.spec.hires is not None:
+            return self._hires_latent(pos)
+        return self._batch_latent(pos) if self.spec.latent_mix is None else self._mixed_latent(pos)
+
+    def _mixed_latent(self, pos: int) -> np.ndarray | None:
+        """Image `pos`'s first latent mixed with the init latent (latent_mix's MixLatent), None: missing or unusable."""
+        return load_npy(self.dir / batch_name("mixed_latent", ".npy", pos), self.first_pack.latent_shape)
 
     def _step_denoise(self, step) -> None:
         """Denoise: image `step.pos`'s first pass, a DENOISE of its own as its place in ComfyUI's batch (noise_index,
@@ -69,14 +73,14 @@ class DenoiseSteps:
         return load_npy(self.dir / batch_name("hires_latent", ".npy", pos), self.hires_pack.latent_shape)
 
     def _step_hires(self, step) -> None:
-        """HiresDenoise: image `step.pos`'s first-pass latent (latent.npy, latent_1.npy ...) to the second pass's
+        """HiresDenoise: image `step.pos`'s first-pass latent (latent.npy, latent_1.npy ...; mixed_latent.npy ... with
+        latent_mix) to the second pass's
         start, then sampled again from it on the hires pack (ComfyUI's second KSampler, with hires' own settings where
         it has them); its per-step state in hires/ (hires_1/ ...), its latent hires_latent.npy (hires_latent_1.npy
         ...)."""
-        first = self._batch_latent(step.pos)
+        first = self._batch_latent(step.pos) if self.spec.latent_mix is None else self._mixed_latent(step.pos)
         if first is None:
-            raise StageFailed("orchestrator", f"{self.dir / batch_name('latent', '.npy', step.pos)} is missing or "
-                                              "unusable (resume the job)")
+            raise StageFailed("orchestrator", f"{self.dir / step.inputs[-1]} is missing or unusable (resume the job)")
         self._to_hires_arena()
         self._hires_contexts_to_arena()
         self._hires_one(step.pos, self._hires_start(step.pos, first))
