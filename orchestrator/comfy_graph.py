@@ -984,7 +984,7 @@ CACHE_ID = "31"                 # the job's EasyCache / LazyCache node
 IMAGE_IDS = {"image": "40", "encode": "41", "mask": "42", "noise_mask": "43"}     # a job from an init image
 BATCH_ID = "44"                 # a batch from an init image: RepeatLatentBatch after its latent
 CROP_ID = "46"                  # ImageCrop of the decoded image
-MIX_ID = "47"                   # latent_mix: LatentComposite / LatentBlend before VAEDecode
+MIX_ID = "47"                   # latent_mix: LatentComposite / LatentBlend (before VAEDecode or the second pass)
 FROM_BATCH_ID = "45"            # a job past its batch's first image: LatentFromBatch after RepeatLatentBatch
 HIRES_IDS = {"upscale": "50", "hires_sampler": "51", "hires_positive": "52", "hires_negative": "53",
              "hires_decode": "54", "hires_encode": "55"}                     # a hires fix's second pass
