@@ -256,6 +256,23 @@ def timestep_halves(files, seed, width, height):
     return _conditioned(files, seed, width, height, nodes, "ref_timestep_halves", steps=8)
 
 
+def combine_zero_average(files, seed, width, height):
+    """ConditioningCombine of the prompt and a ConditioningAverage of the second prompt with a longer one (strength
+    0.6, from 0.3 of the schedule on), the negative through ConditioningZeroOut: each entry its own pass."""
+    nodes = {"61": {"class_type": "CLIPTextEncode", "inputs": {"text": AVERAGE_WITH, "clip": ["2", 0]}},
+             "62": {"class_type": "ConditioningAverage", "inputs": {"conditioning_to": ["11", 0],
+                                                                    "conditioning_from": ["61", 0],
+                                                                    "conditioning_to_strength": 0.6}},
+             "63": {"class_type": "ConditioningSetTimestepRange", "inputs": {"conditioning": ["62", 0],
+                                                                             "start": 0.3, "end": 1.0}},
+             "12": {"class_type": "ConditioningCombine", "inputs": {"conditioning_1": ["4", 0],
+                                                                    "conditioning_2": ["63", 0]}},
+             "60": {"class_type": "ConditioningZeroOut", "inputs": {"conditioning": ["5", 0]}}}
+    g = _conditioned(files, seed, width, height, nodes, "ref_combine_zero_average")
+    g["8"]["inputs"]["negative"] = ["60", 0]
+    return g
+
+
 WORKFLOWS = {
     "txt2img": ("text-to-image, no Spectrum node (euler/simple, 6 steps, cfg 4)", txt2img),
     "img2img": ("LoadImage -> VAEEncode, denoise 0.6, euler_ancestral/karras", img2img),
@@ -281,4 +298,6 @@ WORKFLOWS = {
                      lambda f, s, w, h: combine(f, s, w, h, cfg=1.0)),
     "timestep-halves": ("ConditioningSetTimestepRange 0-0.5 / 0.5-1 of two prompts, combined (8 steps)",
                         timestep_halves),
+    "combine-zero-average": ("ConditioningCombine of the prompt and a ConditioningAverage (0.6, from 0.3 on), the "
+                             "negative through ConditioningZeroOut", combine_zero_average),
 }

@@ -574,7 +574,8 @@ def _sampler_conditionings(graph, c: _Checker, role_of: dict, roles: dict, probl
         roles.update(more)
         if entry is not None:
             entries[side] = [entry]
-    mixed, more = conditioning_entries(c, role_of, roles, _custom)   # roles positive/negative: first text
+    mixed, more = conditioning_entries(c, role_of, roles, _custom,    # roles positive/negative: first text
+                                       lambda node, side, found: _conditioning(graph, c, role_of, node, side, found))
     problems += more
     return {**entries, **mixed}
 

@@ -211,7 +211,7 @@ def mixes(entries) -> bool:
 
 
 def _check_mixing(f) -> None:
-    """A job whose entries each take a model pass (`mixes`): the first pass only, no step cache, plain entries."""
+    """A job whose entries each take a model pass (`mixes`): the first pass only, no step cache."""
     sides = [side for side in ("positive", "negative") if mixes(getattr(f, side))]
     if not sides:
         return
@@ -221,11 +221,6 @@ def _check_mixing(f) -> None:
     if f.cache is not None:
         raise PromptError("cache", f"{f.cache.node} with several conditionings is not supported (its skip decision "
                                    "is per model call, not per conditioning): leave \"cache\" out")
-    for side in ("positive", "negative"):          # each entry is encoded as its text alone on this path
-        for k, e in enumerate(getattr(f, side) or ()):
-            if not e.plain:
-                raise PromptError(f"{side}[{k}]", "zero_out / average inside several conditionings is not supported "
-                                                  "yet: one entry per side may have them")
 
 
 class HiresSettings(Record, frozen=True):

@@ -125,3 +125,37 @@ def test_a_hires_graph_with_a_combined_conditioning_is_refused_on_its_sampler():
             graph_to_job(g, names=NAMES, sizes=[(128, 128), (192, 192)])
         errs = e.value.body()["node_errors"]
         assert which in errs and "first pass only" in str(errs[which]), errs
+
+
+def test_a_zero_out_and_an_average_inside_a_combine_are_their_entries_and_built_back():
+    """ConditioningZeroOut / ConditioningAverage under a Combine: the entry's zero_out / average (its own
+    CLIPTextEncode as conditioning_from), each entry still its own pass; job -> graph gives the same entries."""
+    g = _graph({"20": _text("a car"), "21": _text("a dog"),
+                "22": {"class_type": "ConditioningAverage", "inputs": {"conditioning_to": ["20", 0],
+                                                                       "conditioning_from": ["21", 0],
+                                                                       "conditioning_to_strength": 0.6}},
+                "23": _range("22", 0.5, 1.0), "24": _combine("6", "23"),
+                "25": {"class_type": "ConditioningZeroOut", "inputs": {"conditioning": ["7", 0]}},
+                "26": _combine("25", "21")}, positive="24", negative="26")
+    job = _job(g)
+    assert job.spec["positive"] == [{"text": "1girl, silver hair, (blue eyes:1.2)"},
+                                    {"text": "a car", "zero_out": False, "average": {"text": "a dog", "weight": 0.6},
+                                     "start": 0.5, "end": 1.0}]
+    assert job.spec["negative"] == [{"text": "worst quality", "zero_out": True}, {"text": "a dog"}]
+    assert job.nodes["positive_average1"] == "22" and job.nodes["positive_from1"] == "21"
+    assert job.nodes["negative_zero0"] == "25" and job.nodes["negative_text1"] == "21"
+    spec = parse_prompt_obj(job.spec, resolution=SIZES).to_dict()
+    for ids in (None, job.nodes):
+        back = _job(job_to_graph(spec, names=NAMES, ids=ids))
+        assert (back.spec["positive"], back.spec["negative"]) == (job.spec["positive"], job.spec["negative"])
+    from orchestrator.comfy_conditioning import entry_field_node
+    assert entry_field_node(job.nodes, "positive[1].average.weight") == ("22", "conditioning_to_strength")
+    assert entry_field_node(job.nodes, "positive[1].average.text") == ("21", "text")
+    assert entry_field_node(job.nodes, "negative[0].zero_out") == ("25", "conditioning")
+
+
+def test_a_zero_out_of_a_combined_conditioning_is_refused_on_its_node():
+    errs = _refused(_graph({"20": _text("a car"), "24": _combine("6", "20"),
+                            "25": {"class_type": "ConditioningZeroOut", "inputs": {"conditioning": ["24", 0]}}},
+                           positive="25"))
+    assert list(errs) == ["25"] and "takes a CLIPTextEncode" in str(errs["25"])

@@ -15,10 +15,6 @@ BASE = {"seed": 1, "width": 64, "height": 64}
     ({}, "prompt", "is required"),
     ({"positive": []}, "positive", "at least 1"),
     ({"positive": [{"text": str(k)} for k in range(9)]}, "positive", "at most 8"),
-    # several entries each take a model pass; a ZeroOut / Average among them is not carried on that path yet
-    ({"positive": [{"text": "a"}, {"text": "b", "zero_out": True}]}, "positive[1]", "not supported yet"),
-    ({"positive": [{"text": "a", "start": 0.5}], "negative": [{"text": "n", "zero_out": True}]}, "negative[0]",
-     "not supported yet"),
     ({"positive": [{"text": "  "}]}, "positive[0].text", "must not be empty"),
     ({"prompt": "a", "positive": [{"text": "b"}]}, "prompt", "differs from positive[0].text"),
     ({"prompt": "a", "negative_prompt": "x", "negative": [{"text": "y", "zero_out": True}]}, "negative_prompt",
@@ -59,3 +55,26 @@ def test_encode_carries_the_entries_over_the_wire():
     msg = m.Encode(job="j", prompt="a cat", prompt_entry=spec.positive[0])
     back = codec.decode(codec.encode(msg))
     assert back.prompt_entry == spec.positive[0] and back.negative_entry is None
+
+
+def test_entries_that_each_take_a_pass_encode_each_distinct_conditioning_once():
+    """A ZeroOut / Average inside several entries: each distinct (text, zero_out, average) is one ENCODE of its own
+    (the text as the prompt, the entry with it; an empty negative), whatever its strength or window; the same text
+    plain and zeroed out is two conditionings."""
+    from orchestrator.plan.build import entry_conds, entry_pair, prompt_pairs
+    avg = {"text": "a dog", "weight": 0.25}
+    spec = parse_prompt_obj({**BASE, "cfg": 4.0, "positive": [
+        {"text": "a cat", "end": 0.5}, {"text": "a cat", "average": avg, "start": 0.5},
+        {"text": "a cat", "average": avg, "strength": 2.0}], "negative": [
+        {"text": "blurry", "zero_out": True}, {"text": "a cat"}]})
+    conds = entry_conds(spec)
+    assert [(c.text, c.zero_out, c.average and c.average.weight) for c in conds] == [
+        ("a cat", False, None), ("a cat", False, 0.25), ("blurry", True, None)]
+    assert all((c.strength, c.start, c.end) == (1.0, 0.0, 1.0) for c in conds)
+    assert [entry_pair(c) for c in conds] == [(None, None), (conds[1], None), (conds[2], None)]
+    plan = build_plan(spec)
+    assert plan.steps[0].name == "EncodeText[entries]" and plan.steps[0].outputs[:3] == (
+        "cond_entry.npy", "cond_entry_1.npy", "cond_entry_2.npy")
+    size = (64, 64)
+    assert [(p, n, e) for p, n, _, e in prompt_pairs(spec, {size: object()})] == [
+        ("a cat", "", (None, None)), ("a cat", "", (conds[1], None)), ("blurry", "", (conds[2], None))]

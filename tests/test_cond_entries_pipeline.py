@@ -1,5 +1,6 @@
-"""prompt.json's positive/negative entries (ComfyUI's ConditioningCombine / ConditioningSetTimestepRange) under a real
-supervisord with the REAL stages on the embedded tiny bundle: each distinct text encoded once (cond_entry_K.npy),
+"""prompt.json's positive/negative entries (ComfyUI's ConditioningCombine / ConditioningSetTimestepRange, an entry
+through ConditioningAverage, the negative through ConditioningZeroOut) under a real supervisord with the REAL stages
+on the embedded tiny bundle: each distinct conditioning encoded once (cond_entry_K.npy),
 each active entry a DiT pass of its own, the sides mixed as ComfyUI's calc_cond_batch; the scheduler SIGKILLed mid
 job resumes to the in-process latent bitwise (models.sampling.cond_mix over DiTRunner from the job's contexts)."""
 from __future__ import annotations
@@ -16,20 +17,21 @@ THREADS = 1
 JOB_TIMEOUT_S = 600.0
 PROMPT = {"prompt": "1girl, silver hair", "negative_prompt": "worst quality", "seed": 77, "steps": 4, "cfg": 4.0,
           "sampler": "euler", "scheduler": "simple", "spectrum": {"warmup": 1},
-          "positive": [{"text": "1girl, silver hair", "end": 0.5}, {"text": "a red car", "start": 0.5},
+          "positive": [{"text": "1girl, silver hair", "end": 0.5},
+                       {"text": "a red car", "start": 0.5, "average": {"text": "1girl, silver hair", "weight": 0.6}},
                        {"text": "1girl, silver hair", "strength": 0.5}],
-          "negative": [{"text": "worst quality"}]}
+          "negative": [{"text": "worst quality", "zero_out": True}]}
 
 
 def _reference(pack_dir, job_dir):
     """The job in process: the same sampler, its state from the seed, each call through Conditioning.call."""
     pack = load_pack(pack_dir)
     g, c = pack.geometry, pack.config
-    texts = ["1girl, silver hair", "a red car", "worst quality"]          # the distinct texts, in the job's order
-    ctx = {t: np.load(job_dir / ("cond_entry.npy" if k == 0 else f"cond_entry_{k}.npy")) for k, t in enumerate(texts)}
-    pos = tuple(CondPass(ctx[e["text"]], e.get("strength", 1.0), e.get("start", 0.0), e.get("end", 1.0))
-                for e in PROMPT["positive"])
-    cond = Conditioning(pos, (CondPass(ctx["worst quality"]),))
+    ctx = [np.load(job_dir / ("cond_entry.npy" if k == 0 else f"cond_entry_{k}.npy")) for k in range(3)]
+    # the distinct conditionings in the job's order: the plain text, the averaged one, the zeroed-out negative
+    pos = tuple(CondPass(ctx[k], e.get("strength", 1.0), e.get("start", 0.0), e.get("end", 1.0))
+                for k, e in zip((0, 1, 0), PROMPT["positive"]))
+    cond = Conditioning(pos, (CondPass(ctx[2]),))
     sampler = make_sampler(4, 4.0, "simple", SpectrumSettings(warmup=1), "euler")
     state = start_or_resume(sampler, PROMPT["seed"], (c.latent_channels, g.latent_h, g.latent_w))
     runner = DiTRunner(pack, threads=THREADS)

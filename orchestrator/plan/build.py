@@ -46,10 +46,29 @@ def cond_sides(spec: PromptSpec) -> tuple[tuple[CondEntry, ...], tuple[CondEntry
     return pos, neg
 
 
-def entry_texts(spec: PromptSpec) -> tuple[str, ...]:
-    """The distinct texts of a job's entries, positive first, in order: each encoded once (cond_entry_K.npy)."""
+def conditioning_of(entry: CondEntry) -> CondEntry:
+    """What an entry's context is made of (its text, zero_out, average), without how the sampler uses it (strength,
+    window): entries alike in it share one encoding."""
+    return CondEntry(text=entry.text, zero_out=entry.zero_out, average=entry.average)
+
+
+def entry_conds(spec: PromptSpec) -> tuple[CondEntry, ...]:
+    """The distinct conditionings of a job's entries (conditioning_of), positive first, in order: each encoded once
+    (cond_entry_K.npy)."""
     sides = cond_sides(spec)
-    return () if sides is None else tuple(dict.fromkeys(e.text for e in sides[0] + sides[1]))
+    return () if sides is None else tuple(dict.fromkeys(conditioning_of(e) for e in sides[0] + sides[1]))
+
+
+def entry_texts(spec: PromptSpec) -> tuple[str, ...]:
+    """The texts of entry_conds, in its order (a text zeroed out or averaged in one entry and plain in another is
+    there twice)."""
+    return tuple(c.text for c in entry_conds(spec))
+
+
+def entry_pair(conditioning: CondEntry) -> tuple:
+    """The (positive, negative) entries of the ENCODE that makes one conditioning of entry_conds (its text as the
+    prompt, an empty negative): (None, None) for a plain text."""
+    return (None if conditioning.plain else conditioning, None)
 
 
 def entry_file(k: int) -> str:
@@ -57,7 +76,7 @@ def entry_file(k: int) -> str:
 
 
 def _contexts(spec: PromptSpec) -> tuple[str, ...]:
-    texts = entry_texts(spec)
+    texts = entry_conds(spec)
     return CONTEXTS if not texts else (*(entry_file(k) for k in range(len(texts))), ENTRIES_FILE)
 
 
@@ -77,7 +96,7 @@ def _state(folder: str, pos: int) -> str:
 
 
 def _encode_steps(spec: PromptSpec) -> list[Step]:
-    texts = entry_texts(spec)
+    texts = entry_conds(spec)
     steps: list[Step] = [EncodeText(mixed=True, outputs=_contexts(spec)) if texts else
                          EncodeText(outputs=CONTEXTS, entries=cond_entries(spec))]
     if hires_texts(spec) is not None:
@@ -126,8 +145,8 @@ def prompt_pairs(spec: PromptSpec, packs: dict) -> list:
     and its hires pass's own (build.hires_entries; a size with no pack is left out: that job
     fails on its own)."""
     out, first, texts = [], packs.get((spec.width, spec.height)), hires_texts(spec)
-    if first is not None and entry_texts(spec):       # positive/negative entries: each text as a cfg-1 job's pair
-        return [(text, "", first, (None, None)) for text in entry_texts(spec)]
+    if first is not None and entry_conds(spec):       # positive/negative entries: each as a cfg-1 job's pair
+        return [(c.text, "", first, entry_pair(c)) for c in entry_conds(spec)]
     if first is not None:
         out.append((spec.prompt, spec.negative_prompt, first, cond_entries(spec)))
     hires = packs.get(spec.hires.size(spec.width, spec.height)) if texts is not None else None
