@@ -273,6 +273,24 @@ def combine_zero_average(files, seed, width, height):
     return g
 
 
+def hires_windows(files, seed, width, height):
+    """The latent hires fix (256 -> LatentUpscaleBy 1.5 -> denoise 0.5) with both KSamplers fed one
+    ConditioningCombine of two prompts in overlapping ConditioningSetTimestepRange windows (0-0.85, 0.6-1): each
+    pass mixes them over its own sigmas (the second pass's run both where the windows overlap)."""
+    nodes = {"13": {"class_type": "ConditioningSetTimestepRange", "inputs": {"conditioning": ["4", 0], "start": 0.0,
+                                                                             "end": 0.85}},
+             "14": {"class_type": "ConditioningSetTimestepRange", "inputs": {"conditioning": ["11", 0], "start": 0.6,
+                                                                             "end": 1.0}},
+             "12": {"class_type": "ConditioningCombine", "inputs": {"conditioning_1": ["13", 0],
+                                                                    "conditioning_2": ["14", 0]}}}
+    g = _conditioned(files, seed, width, height, nodes, "ref_hires_windows")
+    g["24"] = {"class_type": "LatentUpscaleBy", "inputs": {"samples": ["8", 0], "upscale_method": "nearest-exact",
+                                                           "scale_by": 1.5}}
+    g["25"] = _ksampler(["24", 0], seed, 6, 4.0, "euler", "simple", 0.5)
+    g["25"]["inputs"]["positive"] = ["12", 0]
+    return _out(g, ["25", 0], "ref_hires_windows")
+
+
 WORKFLOWS = {
     "txt2img": ("text-to-image, no Spectrum node (euler/simple, 6 steps, cfg 4)", txt2img),
     "img2img": ("LoadImage -> VAEEncode, denoise 0.6, euler_ancestral/karras", img2img),
@@ -300,4 +318,6 @@ WORKFLOWS = {
                         timestep_halves),
     "combine-zero-average": ("ConditioningCombine of the prompt and a ConditioningAverage (0.6, from 0.3 on), the "
                              "negative through ConditioningZeroOut", combine_zero_average),
+    "hires-windows": ("hires-latent with both KSamplers fed one ConditioningCombine of two windowed prompts "
+                      "(0-0.85, 0.6-1)", hires_windows),
 }

@@ -83,19 +83,15 @@ def conditioning_entries(c, role_of: dict, roles: dict, custom, chain) -> tuple[
     `custom(node, input, details)`: a problem in ComfyUI's node_errors shape (comfy_graph's); `chain(node, side,
     problems)`: a leaf's ZeroOut / Average chain -> (roles `side`, `side`_zero ..., its entry or None)."""
     fields, problems = {}, []
-    if "hires_sampler" in roles:             # a second KSampler's prompts are CLIPTextEncode nodes (prompt.json's hires)
-        hires = c.links[roles["hires_sampler"]]
-        problems += [custom(roles["hires_sampler"], side, "ConditioningCombine / SetTimestepRange / SetAreaStrength "
-                            "run on the first pass only: a hires fix's second KSampler takes CLIPTextEncode nodes")
-                     for side in SIDES if role_of[hires[side]] in MIXING_ROLES]
+    if "hires_sampler" in roles:             # a second KSampler: the first's combined conditioning, or plain prompts
+        hires, first = c.links[roles["hires_sampler"]], c.links[roles["sampler"]]
+        problems += [custom(roles["hires_sampler"], side, "a second KSampler's ConditioningCombine / "
+                            "SetTimestepRange / SetAreaStrength must be the first KSampler's (the same node: one set "
+                            "of conditionings per job, prompt.json's positive / negative)")
+                     for side in SIDES if role_of[hires[side]] in MIXING_ROLES and hires[side] != first[side]]
     for side in SIDES:
         root = roles[side]
         if role_of[root] == "text":
-            continue
-        if "hires_sampler" in roles:
-            problems.append(custom(roles["sampler"], side, "ConditioningCombine / SetTimestepRange / "
-                                    "SetAreaStrength run on the first pass only: a graph with a hires fix's second "
-                                    "KSampler takes CLIPTextEncode nodes"))
             continue
         walk = _Walk(c, role_of, side, custom, chain)
         walk.run(root)

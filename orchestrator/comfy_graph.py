@@ -1130,7 +1130,9 @@ def _hires_nodes(node, spec: dict, ids: dict, model: list, clip: list) -> list[t
         out = [node("upscale", "LatentUpscaleBy" if by else "LatentUpscale", size, samples=[ids["sampler"], 0],
                     **crop)]
         latent = ids["upscale"]
-    links = {**ids, "latent": latent}
+    # a side of several conditionings: the first KSampler's last node of them (comfy_conditioning.entry_nodes)
+    links = {**ids, **{side: ids[f"{side}_out"] for side in ("positive", "negative") if f"{side}_out" in ids},
+             "latent": latent}
     for side, key in (("positive", "prompt"), ("negative", "negative_prompt")):
         if h.get(key) is not None:
             out.append(node(f"hires_{side}", "CLIPTextEncode", {"prompt": h[key]}, clip=clip))

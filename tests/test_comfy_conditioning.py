@@ -112,19 +112,41 @@ def test_object_info_lists_the_nodes_as_comfyui_declares_them():
     assert info["ConditioningCombine"]["output"] == ["CONDITIONING"] and "ConditioningConcat" not in info
 
 
-def test_a_hires_graph_with_a_combined_conditioning_is_refused_on_its_sampler():
-    for which in ("3", "31"):
-        g = _graph({"20": _text("a car"), "24": _combine("6", "20")})
-        g["30"] = {"class_type": "LatentUpscaleBy", "inputs": {"samples": ["3", 0], "upscale_method": "nearest-exact",
-                                                               "scale_by": 1.5}}
-        g["31"] = {"class_type": "KSampler", "inputs": {**g["3"]["inputs"], "latent_image": ["30", 0],
-                                                        "denoise": 0.5}}
-        g["8"]["inputs"]["samples"] = ["31", 0]
-        g[which]["inputs"]["positive"] = ["24", 0]
-        with pytest.raises(GraphError) as e:
-            graph_to_job(g, names=NAMES, sizes=[(128, 128), (192, 192)])
-        errs = e.value.body()["node_errors"]
-        assert which in errs and "first pass only" in str(errs[which]), errs
+def _hires_graph(first: str, second: str) -> dict:
+    g = _graph({"20": _text("a car"), "24": _combine("6", "20"), "25": _combine("20", "6")})
+    g["30"] = {"class_type": "LatentUpscaleBy", "inputs": {"samples": ["3", 0], "upscale_method": "nearest-exact",
+                                                           "scale_by": 1.5}}
+    g["31"] = {"class_type": "KSampler", "inputs": {**g["3"]["inputs"], "latent_image": ["30", 0], "denoise": 0.5}}
+    g["8"]["inputs"]["samples"] = ["31", 0]
+    g["3"]["inputs"]["positive"], g["31"]["inputs"]["positive"] = [first, 0], [second, 0]
+    return g
+
+
+def test_a_hires_graph_samples_both_passes_with_the_first_samplers_combined_conditioning():
+    job = graph_to_job(_hires_graph("24", "24"), names=NAMES, sizes=[(128, 128), (192, 192)])
+    assert [e["text"] for e in job.spec["positive"]] == ["1girl, silver hair, (blue eyes:1.2)", "a car"]
+    assert "prompt" not in job.spec["hires"] and job.spec["hires"]["scale"] == 1.5
+    spec = parse_prompt_obj(job.spec, resolution=[(128, 128), (192, 192)]).to_dict()
+    for ids in (None, job.nodes):
+        back = job_to_graph(spec, names=NAMES, ids=ids)
+        first = next(k for k, n in back.items() if n["class_type"] == "KSampler" and n["inputs"]["denoise"] == 1.0)
+        second = next(k for k, n in back.items() if n["class_type"] == "KSampler" and n["inputs"]["denoise"] == 0.5)
+        assert back[second]["inputs"]["positive"] == back[first]["inputs"]["positive"]
+        assert back[back[first]["inputs"]["positive"][0]]["class_type"] == "ConditioningCombine"
+        assert graph_to_job(back, names=NAMES, sizes=[(128, 128), (192, 192)]).spec["positive"] == \
+            job.spec["positive"]
+
+
+@pytest.mark.parametrize("first,second,where,words", [
+    ("24", "25", "31", "must be the first KSampler's"),          # its own combined conditioning
+    ("6", "24", "31", "must be the first KSampler's"),
+    ("24", "20", "20", "takes the first pass's"),               # a plain prompt of its own: hires.prompt refused
+])
+def test_a_hires_graph_with_its_own_conditioning_beside_a_combined_one_is_refused(first, second, where, words):
+    with pytest.raises(GraphError) as e:
+        graph_to_job(_hires_graph(first, second), names=NAMES, sizes=[(128, 128), (192, 192)])
+    errs = e.value.body()["node_errors"]
+    assert where in errs and words in str(errs[where]), errs
 
 
 def test_a_zero_out_and_an_average_inside_a_combine_are_their_entries_and_built_back():

@@ -2,6 +2,7 @@
 in latent or pixel space, the second pass's own prompts) written as steps (orchestrator.plan.steps)."""
 from __future__ import annotations
 
+from models.dit.partition import TEXT_TOKENS
 from models.sampling.denoise import STATE_FILE
 from orchestrator.job_files import (COND_FILE, ENTRIES_FILE, HIRES_COND_FILE, HIRES_TEXT_FILE, HIRES_UNCOND_FILE, INIT_IMAGE_FILE,
                                     INIT_LATENT_FILE, MASK_FILE, TEXT_FILE, UNCOND_FILE, batch_name)
@@ -63,6 +64,24 @@ def entry_texts(spec: PromptSpec) -> tuple[str, ...]:
     """The texts of entry_conds, in its order (a text zeroed out or averaged in one entry and plain in another is
     there twice)."""
     return tuple(c.text for c in entry_conds(spec))
+
+
+def entries_pack_refusal(spec: PromptSpec, packs: dict) -> tuple[str, str] | None:
+    """(field, why) when a job's entries would run on a long-context pack (more than TEXT_TOKENS text rows), else
+    None: such a pack masks each pass's context rows by its prompt pair's token counts, which the scheduler takes for
+    the cond and uncond passes only, not per entry. `packs`: {(width, height): pack}; `spec` has its size."""
+    sides = cond_sides(spec)
+    if sides is None:
+        return None
+    sizes = [(spec.width, spec.height)] + ([spec.hires.size(spec.width, spec.height)] if spec.hires else [])
+    for w, h in sizes:
+        pack = packs.get((w, h))
+        if pack is not None and pack.text_tokens > TEXT_TOKENS:
+            side = "positive" if mixes(spec.positive) else "negative"
+            return side, (f"several conditionings (positive / negative entries that each take a model pass) need a "
+                          f"pack of {TEXT_TOKENS} text rows; the {w}x{h} pack has {pack.text_tokens} (a long-context "
+                          f"pack masks each pass's context by the cond / uncond prompt's token count, not per entry)")
+    return None
 
 
 def entry_pair(conditioning: CondEntry) -> tuple:
@@ -129,7 +148,7 @@ def _pixel_start(spec: PromptSpec, pos: int) -> PixelStart:
 def _hires_steps(spec: PromptSpec) -> list[Step]:
     """The second pass of each image: the pixel path's starts first (one VAE session for the batch), then the
     denoises (the job's contexts, or the second pass's own)."""
-    contexts = CONTEXTS if hires_texts(spec) is None else HIRES_CONTEXTS
+    contexts = _contexts(spec) if hires_texts(spec) is None else HIRES_CONTEXTS     # entries: the first pass's
     pixel = spec.hires.space == "pixel"
     starts = [_pixel_start(spec, pos) for pos in range(spec.batch)] if pixel else []
     passes = [HiresDenoise(pos, inputs=(*contexts, latent_file(pos),
