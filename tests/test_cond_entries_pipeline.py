@@ -25,7 +25,7 @@ PROMPT = {"prompt": "1girl, silver hair", "negative_prompt": "worst quality", "s
                        {"text": "a red car", "start": 0.5, "average": {"text": "1girl, silver hair", "weight": 0.6}},
                        {"text": "1girl, silver hair", "strength": 0.5}],
           "negative": [{"text": "worst quality", "zero_out": True}],
-          "hires": {"steps": 4, "denoise": 0.5}}
+          "hires": {"steps": 2, "denoise": 0.5}}
 
 
 def _reference(pack_dir, job_dir):
@@ -44,7 +44,7 @@ def _reference(pack_dir, job_dir):
     final = sampler.sample(lambda x, sigma: cond.call(runner, sampler, x, sigma)[:2],
                            state=start_or_resume(sampler, PROMPT["seed"], shape))
     first = sampler.result(final)
-    second = LatentSampler(steps=4, cfg=4.0, scheduler="simple", spectrum=SpectrumSettings(warmup=1), sampler="euler",
+    second = LatentSampler(steps=2, cfg=4.0, scheduler="simple", spectrum=SpectrumSettings(warmup=1), sampler="euler",
                            plan=LatentPlan(denoise=0.5))
     state = start_or_resume_latent(second, PROMPT["seed"], shape, image=normalize(denormalize(first)))
     last = second.sample(lambda x, sigma: cond.call(runner, second, x, sigma)[:2], state=state)
