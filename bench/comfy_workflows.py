@@ -291,6 +291,20 @@ def hires_windows(files, seed, width, height):
     return _out(g, ["25", 0], "ref_hires_windows")
 
 
+def combine_lazycache(files, seed, width, height):
+    """ConditioningCombine of two prompts (the second from 0.3 of the schedule on) with LazyCache (reuse 0.2) on the
+    model, 12 steps: the cache acts on the CFG-combined prediction, after the entries' mix."""
+    nodes = {"13": {"class_type": "ConditioningSetTimestepRange", "inputs": {"conditioning": ["11", 0], "start": 0.3,
+                                                                             "end": 1.0}},
+             "12": {"class_type": "ConditioningCombine", "inputs": {"conditioning_1": ["4", 0],
+                                                                    "conditioning_2": ["13", 0]}}}
+    g = _conditioned(files, seed, width, height, nodes, "ref_combine_lazycache", steps=12)
+    g["15"] = {"class_type": "LazyCache", "inputs": {"model": ["7", 0], "reuse_threshold": 0.2,
+                                                     "start_percent": 0.15, "end_percent": 0.95, "verbose": False}}
+    g["8"]["inputs"]["model"] = ["15", 0]
+    return g
+
+
 WORKFLOWS = {
     "txt2img": ("text-to-image, no Spectrum node (euler/simple, 6 steps, cfg 4)", txt2img),
     "img2img": ("LoadImage -> VAEEncode, denoise 0.6, euler_ancestral/karras", img2img),
@@ -320,4 +334,6 @@ WORKFLOWS = {
                              "negative through ConditioningZeroOut", combine_zero_average),
     "hires-windows": ("hires-latent with both KSamplers fed one ConditioningCombine of two windowed prompts "
                       "(0-0.85, 0.6-1)", hires_windows),
+    "combine-lazycache": ("ConditioningCombine of two prompts (the second from 0.3 on) with LazyCache (reuse 0.2), "
+                          "12 steps", combine_lazycache),
 }

@@ -211,8 +211,8 @@ def mixes(entries) -> bool:
 
 
 def _check_mixing(f) -> None:
-    """A job whose entries each take a model pass (`mixes`): a second pass samples with the same entries; no step
-    cache."""
+    """A job whose entries each take a model pass (`mixes`): a second pass samples with the same entries; no
+    EasyCache."""
     sides = [side for side in ("positive", "negative") if mixes(getattr(f, side))]
     if not sides:
         return
@@ -225,9 +225,12 @@ def _check_mixing(f) -> None:
         raise PromptError(f"hires.{own[0][0]}", "with several conditionings (positive / negative entries that each "
                                                 "take a model pass) the second pass takes the first pass's: leave "
                                                 "hires.prompt and hires.negative_prompt out")
-    if f.cache is not None:
-        raise PromptError("cache", f"{f.cache.node} with several conditionings is not supported (its skip decision "
-                                   "is per model call, not per conditioning): leave \"cache\" out")
+    if f.cache is not None and f.cache.kind == "easycache":
+        # LazyCache acts on the CFG-combined prediction, after the entries' mix: it runs as with one conditioning
+        raise PromptError("cache", "EasyCache with several conditionings is not supported: ComfyUI's EasyCache "
+                                   "keeps an output difference per conditioning and decides from the first one of "
+                                   "its model batch (which changes as windows open and close), not tracked here; "
+                                   "use LazyCache (kind \"lazycache\") or leave \"cache\" out")
 
 
 class HiresSettings(Record, frozen=True):

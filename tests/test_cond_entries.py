@@ -19,6 +19,8 @@ BASE = {"seed": 1, "width": 64, "height": 64}
     ({"positive": [{"text": "a"}, {"text": "b"}], "hires": {"prompt": "c"}}, "hires.prompt", "the first pass's"),
     ({"negative": [{"text": "n", "end": 0.5}], "prompt": "a", "hires": {"negative_prompt": "m"}},
      "hires.negative_prompt", "leave hires.prompt and hires.negative_prompt out"),
+    # EasyCache keeps a difference per conditioning of ComfyUI's batch: refused with entries (LazyCache runs)
+    ({"positive": [{"text": "a"}, {"text": "b"}], "cache": {"kind": "easycache"}}, "cache", "use LazyCache"),
     ({"positive": [{"text": "  "}]}, "positive[0].text", "must not be empty"),
     ({"prompt": "a", "positive": [{"text": "b"}]}, "prompt", "differs from positive[0].text"),
     ({"prompt": "a", "negative_prompt": "x", "negative": [{"text": "y", "zero_out": True}]}, "negative_prompt",
@@ -109,3 +111,9 @@ def test_entries_on_a_long_context_pack_are_refused_at_the_way_in_naming_the_sid
     assert entries_pack_refusal(plain, {(64, 64): long}) is None
     hires = parse_prompt_obj({**BASE, "positive": [{"text": "a"}, {"text": "b"}], "hires": {"scale": 1.5}})
     assert entries_pack_refusal(hires, {(64, 64): short, (96, 96): long})[0] == "positive"
+
+
+def test_lazycache_runs_with_entries():
+    spec = parse_prompt_obj({**BASE, "positive": [{"text": "a"}, {"text": "b", "start": 0.3}],
+                             "cache": {"kind": "lazycache"}})
+    assert spec.cache.kind == "lazycache" and build_plan(spec).steps[0].name == "EncodeText[entries]"
