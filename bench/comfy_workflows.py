@@ -286,6 +286,55 @@ def blend_second(files, seed, width, height):
     return _out(g, ["25", 0], "ref_blend_second")
 
 
+def combine_zero_average(files, seed, width, height):
+    """ConditioningCombine of the prompt and a ConditioningAverage of the second prompt with a longer one (strength
+    0.6, from 0.3 of the schedule on), the negative through ConditioningZeroOut: each entry its own pass."""
+    nodes = {"61": {"class_type": "CLIPTextEncode", "inputs": {"text": AVERAGE_WITH, "clip": ["2", 0]}},
+             "62": {"class_type": "ConditioningAverage", "inputs": {"conditioning_to": ["11", 0],
+                                                                    "conditioning_from": ["61", 0],
+                                                                    "conditioning_to_strength": 0.6}},
+             "63": {"class_type": "ConditioningSetTimestepRange", "inputs": {"conditioning": ["62", 0],
+                                                                             "start": 0.3, "end": 1.0}},
+             "12": {"class_type": "ConditioningCombine", "inputs": {"conditioning_1": ["4", 0],
+                                                                    "conditioning_2": ["63", 0]}},
+             "60": {"class_type": "ConditioningZeroOut", "inputs": {"conditioning": ["5", 0]}}}
+    g = _conditioned(files, seed, width, height, nodes, "ref_combine_zero_average")
+    g["8"]["inputs"]["negative"] = ["60", 0]
+    return g
+
+
+def hires_windows(files, seed, width, height):
+    """The latent hires fix (256 -> LatentUpscaleBy 1.5 -> denoise 0.5) with both KSamplers fed one
+    ConditioningCombine of two prompts in overlapping ConditioningSetTimestepRange windows (0-0.85, 0.6-1): each
+    pass mixes them over its own sigmas (the second pass's run both where the windows overlap)."""
+    nodes = {"13": {"class_type": "ConditioningSetTimestepRange", "inputs": {"conditioning": ["4", 0], "start": 0.0,
+                                                                             "end": 0.85}},
+             "14": {"class_type": "ConditioningSetTimestepRange", "inputs": {"conditioning": ["11", 0], "start": 0.6,
+                                                                             "end": 1.0}},
+             "12": {"class_type": "ConditioningCombine", "inputs": {"conditioning_1": ["13", 0],
+                                                                    "conditioning_2": ["14", 0]}}}
+    g = _conditioned(files, seed, width, height, nodes, "ref_hires_windows")
+    g["24"] = {"class_type": "LatentUpscaleBy", "inputs": {"samples": ["8", 0], "upscale_method": "nearest-exact",
+                                                           "scale_by": 1.5}}
+    g["25"] = _ksampler(["24", 0], seed, 6, 4.0, "euler", "simple", 0.5)
+    g["25"]["inputs"]["positive"] = ["12", 0]
+    return _out(g, ["25", 0], "ref_hires_windows")
+
+
+def combine_lazycache(files, seed, width, height):
+    """ConditioningCombine of two prompts (the second from 0.3 of the schedule on) with LazyCache (reuse 0.2) on the
+    model, 12 steps: the cache acts on the CFG-combined prediction, after the entries' mix."""
+    nodes = {"13": {"class_type": "ConditioningSetTimestepRange", "inputs": {"conditioning": ["11", 0], "start": 0.3,
+                                                                             "end": 1.0}},
+             "12": {"class_type": "ConditioningCombine", "inputs": {"conditioning_1": ["4", 0],
+                                                                    "conditioning_2": ["13", 0]}}}
+    g = _conditioned(files, seed, width, height, nodes, "ref_combine_lazycache", steps=12)
+    g["15"] = {"class_type": "LazyCache", "inputs": {"model": ["7", 0], "reuse_threshold": 0.2,
+                                                     "start_percent": 0.15, "end_percent": 0.95, "verbose": False}}
+    g["8"]["inputs"]["model"] = ["15", 0]
+    return g
+
+
 WORKFLOWS = {
     "txt2img": ("text-to-image, no Spectrum node (euler/simple, 6 steps, cfg 4)", txt2img),
     "img2img": ("LoadImage -> VAEEncode, denoise 0.6, euler_ancestral/karras", img2img),
@@ -314,4 +363,10 @@ WORKFLOWS = {
     "composite": ("img2img, then LatentComposite of the init latent onto the result (x 64, feather 32)", composite),
     "blend": ("img2img, then LatentBlend of the init latent (0.3) and the result", blend),
     "blend-second": ("blend's LatentBlend into a second KSampler (seed + 1, denoise 0.5)", blend_second),
+    "combine-zero-average": ("ConditioningCombine of the prompt and a ConditioningAverage (0.6, from 0.3 on), the "
+                             "negative through ConditioningZeroOut", combine_zero_average),
+    "hires-windows": ("hires-latent with both KSamplers fed one ConditioningCombine of two windowed prompts "
+                      "(0-0.85, 0.6-1)", hires_windows),
+    "combine-lazycache": ("ConditioningCombine of two prompts (the second from 0.3 on) with LazyCache (reuse 0.2), "
+                          "12 steps", combine_lazycache),
 }

@@ -623,7 +623,8 @@ def _sampler_conditionings(graph, c: _Checker, role_of: dict, roles: dict, probl
         roles.update(more)
         if entry is not None:
             entries[side] = [entry]
-    mixed, more = conditioning_entries(c, role_of, roles, _custom)   # roles positive/negative: first text
+    mixed, more = conditioning_entries(c, role_of, roles, _custom,    # roles positive/negative: first text
+                                       lambda node, side, found: _conditioning(graph, c, role_of, node, side, found))
     problems += more
     return {**entries, **mixed}
 
@@ -1197,7 +1198,9 @@ def _hires_nodes(node, spec: dict, ids: dict, model: list, clip: list) -> list[t
     else:
         out = [node("upscale", "LatentUpscaleBy" if by else "LatentUpscale", size, samples=[first, 0], **crop)]
         latent = ids["upscale"]
-    links = {**ids, "latent": latent}
+    # a side of several conditionings: the first KSampler's last node of them (comfy_conditioning.entry_nodes)
+    links = {**ids, **{side: ids[f"{side}_out"] for side in ("positive", "negative") if f"{side}_out" in ids},
+             "latent": latent}
     for side, key in (("positive", "prompt"), ("negative", "negative_prompt")):
         if h.get(key) is not None:
             out.append(node(f"hires_{side}", "CLIPTextEncode", {"prompt": h[key]}, clip=clip))

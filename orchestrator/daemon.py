@@ -15,7 +15,7 @@ import zmq
 
 from models.schema import SchemaError, convert
 from orchestrator.cond_cache import CondCache
-from orchestrator.plan.build import decoded_sizes
+from orchestrator.plan.build import decoded_sizes, entries_pack_refusal
 from orchestrator.plan.run import PlanRunner
 from orchestrator.heartbeat import Heartbeats
 from orchestrator.job_record import ORIGIN, UNREADABLE, JobEntry, info_of
@@ -355,8 +355,12 @@ class Daemon:
 
     def _check_vae_size(self, spec) -> tuple:
         """The job's size; refused when the VAE cannot decode a size its plan decodes (the final image's, the first
-        pass's on the pixel hires path): found at submit, not after the whole denoise."""
+        pass's on the pixel hires path), or its entries would run on a long-context pack: found at submit, not after
+        the whole denoise."""
         size = (spec.width or self.pack.width, spec.height or self.pack.height)
+        refusal = entries_pack_refusal(spec.replace(width=size[0], height=size[1]), self.packs)
+        if refusal is not None:
+            raise PromptError(*refusal)
         if self.vae_sizes is None:
             return size
         have = ", ".join(f"{w}x{h}" for w, h in self.vae_sizes) or "none readable"

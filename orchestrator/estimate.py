@@ -119,16 +119,16 @@ def first_pass_calls(spec) -> int:
     return len(_first_sampler(spec).plan())
 
 
-def entry_sweeps(spec) -> tuple[int, int] | None:
+def entry_sweeps(spec, s=None) -> tuple[int, int] | None:
     """A job with positive/negative entries (each active entry a DiT pass, two per branch load: models/sampling/
-    cond_mix.py): (branch sweeps of one image's first pass, the most passes of a call), each call's entries taken at
-    its step's sigma; None for a job without entries."""
+    cond_mix.py): (branch sweeps of one image's first pass, or of sampler `s`'s pass, the most passes of a call),
+    each call's entries taken at its step's sigma; None for a job without entries."""
     from models.sampling.cond_mix import CondPass, PASSES_PER_LOAD, active_passes
     from orchestrator.plan.build import cond_sides
     sides = cond_sides(spec)
     if sides is None:
         return None
-    s = _first_sampler(spec)
+    s = s or _first_sampler(spec)
     pos, neg = ([CondPass(None, e.strength, e.start, e.end) for e in side] for side in sides)
     sweeps = most = 0
     for step in s.plan():
@@ -140,6 +140,11 @@ def entry_sweeps(spec) -> tuple[int, int] | None:
 
 def hires_calls(spec) -> tuple:
     """(model calls, CFG passes) of one image's hires second pass (its own settings, else the job's)."""
+    return len(hires_sampler(spec).plan()), passes_of(spec.cfg if spec.hires.cfg is None else spec.hires.cfg)
+
+
+def hires_sampler(spec):
+    """The sampler of one image's hires second pass (its own settings, else the job's)."""
     from models.sampling.img2img import LatentPlan, LatentSampler
     from models.sampling.sampler import spectrum_refusal
     from models.sampling.spectrum import SpectrumSettings
@@ -151,7 +156,7 @@ def hires_calls(spec) -> tuple:
                       spectrum=spectrum, sampler=sampler, cache=spec.cache,
                       plan=LatentPlan(denoise=float(h.denoise), start_step=h.start_step, last_step=h.end_step,
                                       force_full_denoise=not h.leftover_noise, add_noise=h.add_noise))
-    return len(s.plan()), passes_of(cfg)
+    return s
 
 
 def board_model_for(pack_dir, size, board: BoardSettings):
@@ -246,7 +251,9 @@ def estimate_spec(spec, packs: dict, board: BoardSettings, cached: bool = False)
         if second not in packs:
             raise EstimateError(f"the hires pass at {second[0]}x{second[1]} has no model pack")
         h_calls, h_passes = hires_calls(spec)
-        h_s, _, final = denoise_on(packs[second], second, h_calls * batch, h_passes, board)
+        h_sweeps = entry_sweeps(spec, hires_sampler(spec))       # entries: the first pass's, as there
+        h_s, _, final = denoise_on(packs[second], second, *((h_calls * batch, h_passes) if h_sweeps is None else
+                                                            (h_sweeps[0] * batch, min(2, h_sweeps[1]) or 1)), board)
         denoise, calls = denoise + h_s, calls + h_calls * batch
         encodes += spec.hires.prompt is not None or spec.hires.negative_prompt is not None
         if spec.hires.space == "pixel":

@@ -212,21 +212,26 @@ def mixes(entries) -> bool:
 
 
 def _check_mixing(f) -> None:
-    """A job whose entries each take a model pass (`mixes`): the first pass only, no step cache, plain entries."""
+    """A job whose entries each take a model pass (`mixes`): a second pass samples with the same entries; no
+    EasyCache."""
     sides = [side for side in ("positive", "negative") if mixes(getattr(f, side))]
     if not sides:
         return
-    if f.hires is not None:
-        raise PromptError(sides[0], "several conditionings (or one with a strength or window) run on the first pass "
-                                    "only; a job with hires is not supported with them")
-    if f.cache is not None:
-        raise PromptError("cache", f"{f.cache.node} with several conditionings is not supported (its skip decision "
-                                   "is per model call, not per conditioning): leave \"cache\" out")
-    for side in ("positive", "negative"):          # each entry is encoded as its text alone on this path
-        for k, e in enumerate(getattr(f, side) or ()):
-            if not e.plain:
-                raise PromptError(f"{side}[{k}]", "zero_out / average inside several conditionings is not supported "
-                                                  "yet: one entry per side may have them")
+    h = f.hires
+    own = [(name, text) for name, text in (("prompt", h and h.prompt), ("negative_prompt", h and h.negative_prompt))
+           if text is not None]
+    if own:
+        # the second pass samples with the first pass's conditionings (the same nodes in a ComfyUI graph); a prompt of
+        # its own would give it other entries than prompt.json can say
+        raise PromptError(f"hires.{own[0][0]}", "with several conditionings (positive / negative entries that each "
+                                                "take a model pass) the second pass takes the first pass's: leave "
+                                                "hires.prompt and hires.negative_prompt out")
+    if f.cache is not None and f.cache.kind == "easycache":
+        # LazyCache acts on the CFG-combined prediction, after the entries' mix: it runs as with one conditioning
+        raise PromptError("cache", "EasyCache with several conditionings is not supported: ComfyUI's EasyCache "
+                                   "keeps an output difference per conditioning and decides from the first one of "
+                                   "its model batch (which changes as windows open and close), not tracked here; "
+                                   "use LazyCache (kind \"lazycache\") or leave \"cache\" out")
 
 
 class HiresSettings(Record, frozen=True):

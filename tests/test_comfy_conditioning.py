@@ -112,16 +112,72 @@ def test_object_info_lists_the_nodes_as_comfyui_declares_them():
     assert info["ConditioningCombine"]["output"] == ["CONDITIONING"] and "ConditioningConcat" not in info
 
 
-def test_a_hires_graph_with_a_combined_conditioning_is_refused_on_its_sampler():
-    for which in ("3", "31"):
-        g = _graph({"20": _text("a car"), "24": _combine("6", "20")})
-        g["30"] = {"class_type": "LatentUpscaleBy", "inputs": {"samples": ["3", 0], "upscale_method": "nearest-exact",
-                                                               "scale_by": 1.5}}
-        g["31"] = {"class_type": "KSampler", "inputs": {**g["3"]["inputs"], "latent_image": ["30", 0],
-                                                        "denoise": 0.5}}
-        g["8"]["inputs"]["samples"] = ["31", 0]
-        g[which]["inputs"]["positive"] = ["24", 0]
-        with pytest.raises(GraphError) as e:
-            graph_to_job(g, names=NAMES, sizes=[(128, 128), (192, 192)])
-        errs = e.value.body()["node_errors"]
-        assert which in errs and "first pass only" in str(errs[which]), errs
+def _hires_graph(first: str, second: str) -> dict:
+    g = _graph({"20": _text("a car"), "24": _combine("6", "20"), "25": _combine("20", "6")})
+    g["30"] = {"class_type": "LatentUpscaleBy", "inputs": {"samples": ["3", 0], "upscale_method": "nearest-exact",
+                                                           "scale_by": 1.5}}
+    g["31"] = {"class_type": "KSampler", "inputs": {**g["3"]["inputs"], "latent_image": ["30", 0], "denoise": 0.5}}
+    g["8"]["inputs"]["samples"] = ["31", 0]
+    g["3"]["inputs"]["positive"], g["31"]["inputs"]["positive"] = [first, 0], [second, 0]
+    return g
+
+
+def test_a_hires_graph_samples_both_passes_with_the_first_samplers_combined_conditioning():
+    job = graph_to_job(_hires_graph("24", "24"), names=NAMES, sizes=[(128, 128), (192, 192)])
+    assert [e["text"] for e in job.spec["positive"]] == ["1girl, silver hair, (blue eyes:1.2)", "a car"]
+    assert "prompt" not in job.spec["hires"] and job.spec["hires"]["scale"] == 1.5
+    spec = parse_prompt_obj(job.spec, resolution=[(128, 128), (192, 192)]).to_dict()
+    for ids in (None, job.nodes):
+        back = job_to_graph(spec, names=NAMES, ids=ids)
+        first = next(k for k, n in back.items() if n["class_type"] == "KSampler" and n["inputs"]["denoise"] == 1.0)
+        second = next(k for k, n in back.items() if n["class_type"] == "KSampler" and n["inputs"]["denoise"] == 0.5)
+        assert back[second]["inputs"]["positive"] == back[first]["inputs"]["positive"]
+        assert back[back[first]["inputs"]["positive"][0]]["class_type"] == "ConditioningCombine"
+        assert graph_to_job(back, names=NAMES, sizes=[(128, 128), (192, 192)]).spec["positive"] == \
+            job.spec["positive"]
+
+
+@pytest.mark.parametrize("first,second,where,words", [
+    ("24", "25", "31", "must be the first KSampler's"),          # its own combined conditioning
+    ("6", "24", "31", "must be the first KSampler's"),
+    ("24", "20", "20", "takes the first pass's"),               # a plain prompt of its own: hires.prompt refused
+])
+def test_a_hires_graph_with_its_own_conditioning_beside_a_combined_one_is_refused(first, second, where, words):
+    with pytest.raises(GraphError) as e:
+        graph_to_job(_hires_graph(first, second), names=NAMES, sizes=[(128, 128), (192, 192)])
+    errs = e.value.body()["node_errors"]
+    assert where in errs and words in str(errs[where]), errs
+
+
+def test_a_zero_out_and_an_average_inside_a_combine_are_their_entries_and_built_back():
+    """ConditioningZeroOut / ConditioningAverage under a Combine: the entry's zero_out / average (its own
+    CLIPTextEncode as conditioning_from), each entry still its own pass; job -> graph gives the same entries."""
+    g = _graph({"20": _text("a car"), "21": _text("a dog"),
+                "22": {"class_type": "ConditioningAverage", "inputs": {"conditioning_to": ["20", 0],
+                                                                       "conditioning_from": ["21", 0],
+                                                                       "conditioning_to_strength": 0.6}},
+                "23": _range("22", 0.5, 1.0), "24": _combine("6", "23"),
+                "25": {"class_type": "ConditioningZeroOut", "inputs": {"conditioning": ["7", 0]}},
+                "26": _combine("25", "21")}, positive="24", negative="26")
+    job = _job(g)
+    assert job.spec["positive"] == [{"text": "1girl, silver hair, (blue eyes:1.2)"},
+                                    {"text": "a car", "zero_out": False, "average": {"text": "a dog", "weight": 0.6},
+                                     "start": 0.5, "end": 1.0}]
+    assert job.spec["negative"] == [{"text": "worst quality", "zero_out": True}, {"text": "a dog"}]
+    assert job.nodes["positive_average1"] == "22" and job.nodes["positive_from1"] == "21"
+    assert job.nodes["negative_zero0"] == "25" and job.nodes["negative_text1"] == "21"
+    spec = parse_prompt_obj(job.spec, resolution=SIZES).to_dict()
+    for ids in (None, job.nodes):
+        back = _job(job_to_graph(spec, names=NAMES, ids=ids))
+        assert (back.spec["positive"], back.spec["negative"]) == (job.spec["positive"], job.spec["negative"])
+    from orchestrator.comfy_conditioning import entry_field_node
+    assert entry_field_node(job.nodes, "positive[1].average.weight") == ("22", "conditioning_to_strength")
+    assert entry_field_node(job.nodes, "positive[1].average.text") == ("21", "text")
+    assert entry_field_node(job.nodes, "negative[0].zero_out") == ("25", "conditioning")
+
+
+def test_a_zero_out_of_a_combined_conditioning_is_refused_on_its_node():
+    errs = _refused(_graph({"20": _text("a car"), "24": _combine("6", "20"),
+                            "25": {"class_type": "ConditioningZeroOut", "inputs": {"conditioning": ["24", 0]}}},
+                           positive="25"))
+    assert list(errs) == ["25"] and "takes a CLIPTextEncode" in str(errs["25"])

@@ -118,3 +118,42 @@ def test_the_eta_counts_a_branch_sweep_per_two_active_passes():
     assert halves.sweep_plan(s) == [1, 2, 3, 4, 5, 5, 6, 7, 8]
     s1 = Sampler(steps=3, cfg=1.0, scheduler="simple", spectrum=None)
     assert Conditioning((CondPass(None),) * 3, (CondPass(None),)).sweep_plan(s1) == [1, 1, 2, 2, 3, 3]
+
+
+class _Smooth(_Runner):
+    """A stand-in whose outputs move with x, so a step cache has changes to measure."""
+
+    def forward_passes(self, xs, sigma, contexts):
+        self.calls.append(len(contexts))
+        return [np.tanh(x) * 0.3 + c.mean() for x, c in zip(xs, contexts)]
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_lazycache_with_entries_reuses_calls_and_resumes_bitwise(tmp_path):
+    """LazyCache over the entries' mixed prediction (as ComfyUI's PREDICT_NOISE wrapper sees it): some calls reused,
+    and a run stopped after a step and resumed from its saved state ends on the same latent bitwise."""
+    from models.sampling.sampler_state import SamplerState
+    from models.sampling.step_cache import CacheSettings
+    cond = Conditioning((CondPass(_ctx(1.0)), CondPass(_ctx(3.0), start=0.3)), (CondPass(_ctx(-2.0)),))
+
+    def run(state=None, stop=None):
+        s = Sampler(steps=12, cfg=4.0, scheduler="simple", spectrum=None,
+                    cache=CacheSettings(kind="lazycache", reuse_threshold=1.0))
+        runner = _Smooth()
+
+        def saved(st):
+            if st.step == stop:
+                st.save(tmp_path / "state.safetensors")
+                raise _Stop
+        x0 = np.random.default_rng(3).standard_normal((2, 8, 8)).astype(np.float32)
+        start = {"latent": x0, "seed": 3} if state is None else {"state": state}
+        return s, s.sample(lambda x, sigma: cond.call(runner, s, x, sigma)[:2], on_step=saved, **start)
+    s, whole = run()
+    assert sum(whole.skipped) > 0 and sum(whole.nfe) > 0               # the cache reused calls, and ran others
+    with pytest.raises(_Stop):
+        run(stop=5)
+    _, resumed = run(state=SamplerState.load(tmp_path / "state.safetensors"))
+    np.testing.assert_array_equal(s.result(resumed), s.result(whole))

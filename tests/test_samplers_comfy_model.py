@@ -149,35 +149,36 @@ def test_split_sampling_over_two_advanced_samplers_equals_comfyui(runner):
 
 # tests/data/samplers/comfy_small_entries.npz (bench/comfy_entries_record.py --record): the same bundle and seed through
 # bench/comfy_workflows.py's conditioning graphs in ComfyUI (ConditioningCombine of two prompts at cfg 4 and at cfg 1;
-# ConditioningSetTimestepRange halves combined, 8 steps), ComfyUI's final latents and this project's context rows of
-# the three texts. The graph maps onto its job as the front maps it; each active entry a pass of its own, mixed by
-# models/sampling/cond_mix.py (a no-op mix, the first prompt alone, is far from ComfyUI's: the test can fail).
+# ConditioningSetTimestepRange halves combined, 8 steps; a Combine with a ConditioningAverage entry and a
+# ConditioningZeroOut negative; a latent hires fix whose two KSamplers take one Combine of two windowed prompts),
+# ComfyUI's final latents and this project's context rows of each entry (bench's context_label). The graph maps onto
+# its job as the front maps it; each active entry a pass of its own, mixed by models/sampling/cond_mix.py, as
+# bench/comfy_entries_record.py computes it (without the feature the latent is far from ComfyUI's: the test can fail).
 ENTRIES = np.load(Path(__file__).parent / "data" / "samplers" / "comfy_small_entries.npz")
 
 
-def _entries_latent(runner, name: str, mixed: bool = True) -> tuple:
-    from bench.comfy_workflows import NEGATIVE, PROMPT, SECOND_PROMPT
-    from models.sampling.cond_mix import CondPass, Conditioning
-    from models.sampling.sampler import Sampler
-    from orchestrator.comfy_graph import graph_to_job
-    spec = graph_to_job(json.loads(str(ENTRIES[f"graph/{name}"]))).spec
-    ctx = {t: _context(ENTRIES[f"context/{k}"]) for t, k in ((PROMPT, "prompt"), (SECOND_PROMPT, "second"),
-                                                              (NEGATIVE, "negative"))}
-    sides = [[CondPass(ctx[e["text"]], e.get("strength", 1.0), e.get("start", 0.0), e.get("end", 1.0))
-              for e in spec.get(side) or [{"text": spec[plain]}]]
-             for side, plain in (("positive", "prompt"), ("negative", "negative_prompt"))]
-    cond = Conditioning(tuple(sides[0] if mixed else sides[0][:1]), tuple(sides[1]))
-    s = Sampler(steps=spec["steps"], cfg=spec["cfg"], scheduler=spec["scheduler"], sampler=spec["sampler"],
-                spectrum=None)
-    shape = (16, spec["height"] // 8, spec["width"] // 8)
-    passes = []
+@pytest.fixture(scope="module")
+def hires_runner(tmp_path_factory):
+    """The small DiT packed for the hires graph's second pass (1.5 x the record's size)."""
+    from models.runtime.dit_runner import DiTRunner
+    from models.packs.pack import build_pack
+    from models.safetensors_io import write_safetensors
+    from models.dit.synth import dit_entries
+    d = tmp_path_factory.mktemp("small_dit_hires")
+    write_safetensors(d / "anima-small.safetensors",
+                      [e for e in dit_entries("small", 0, prefix="net.") if not e.name.startswith("net.llm_adapter.")])
+    w, h = JOB["size"]
+    pack = build_pack(d / "anima-small.safetensors", d / "pack", (w * 3 // 2, h * 3 // 2), "fp32")
+    r = DiTRunner(pack)
+    yield r
+    r.close()
 
-    def model(x, sigma):
-        v_c, v_u, ran = cond.call(runner, s, x, sigma)
-        passes.append(ran)
-        return v_c, v_u
-    st = s.sample(model, latent=comfy_noise(spec["seed"], shape), seed=spec["seed"])
-    return s.result(st), passes
+
+def _entries_latent(runners, name: str, contexts: dict | None = None, hires_mixed: bool = True) -> tuple:
+    from bench.comfy_entries_record import project_latent
+    ctx = {k.split("/", 1)[1]: _context(ENTRIES[k]) for k in ENTRIES.files if k.startswith("context/")}
+    return project_latent(runners, {**ctx, **(contexts or {})}, json.loads(str(ENTRIES[f"graph/{name}"])),
+                          hires_mixed=hires_mixed)
 
 
 def _cos(a, b) -> float:
@@ -185,14 +186,31 @@ def _cos(a, b) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
+# DiT passes per model call: the average entry from 0.3 on (sigma <= 0.875); the hires graph's first pass 6 calls,
+# then the second pass's 6, both windows open between sigma 0.667 and 0.346; LazyCache's 5 computed calls of 12
+# (ComfyUI logged 7 of 12 skipped)
+PASSES_ZERO_AVERAGE = [2, 2, 3, 3, 3, 3]
+PASSES_HIRES_WINDOWS = [2, 2, 2, 2, 3, 3] + [2, 2, 3, 3, 3, 2]
+PASSES_LAZYCACHE = [2, 2, 2, 3, 3]
+
+
 @pytest.mark.parametrize("name,passes", [("combine", [3] * 6), ("combine-cfg1", [2] * 6),
-                                         ("timestep-halves", [2, 2, 2, 2, 3, 2, 2, 2])])
-def test_conditioning_graphs_equal_comfyui(runner, name, passes):
-    got, ran = _entries_latent(runner, name)
+                                         ("timestep-halves", [2, 2, 2, 2, 3, 2, 2, 2]),
+                                         ("combine-zero-average", PASSES_ZERO_AVERAGE),
+                                         ("hires-windows", PASSES_HIRES_WINDOWS),
+                                         ("combine-lazycache", PASSES_LAZYCACHE)])
+def test_conditioning_graphs_equal_comfyui(request, runner, name, passes):
+    runners = (runner, request.getfixturevalue("hires_runner") if name == "hires-windows" else None)
+    got, ran = _entries_latent(runners, name)
     assert ran == passes                                    # DiT passes per step (sigma 0.75: both halves)
     want = ENTRIES[f"comfyui/{name}"]
-    off = float(np.abs(got - want).max())                   # measured when recorded: 1.4e-6 .. 5.5e-6
+    off = float(np.abs(got - want).max())                   # measured when recorded: 1.4e-6 .. 1.3e-5
     assert _cos(got, want) >= 0.99999 and off <= 1e-4, f"{name}: cosine {_cos(got, want):.9f}, max {off:.2e}"
-    if name != "timestep-halves":                           # the first prompt alone is another latent
-        alone, _ = _entries_latent(runner, name, mixed=False)
+    without = {"combine": {"second": _context(ENTRIES["context/prompt"])},           # the first prompt alone
+               "combine-cfg1": {"second": _context(ENTRIES["context/prompt"])},
+               # the entries' texts plain: no ConditioningAverage, no ConditioningZeroOut
+               "combine-zero-average": {"second+avg_with_0.6": _context(ENTRIES["context/second"]),
+                                        "negative+zero": _context(ENTRIES["context/negative"])}}.get(name)
+    if without is not None:
+        alone, _ = _entries_latent(runners, name, without)
         assert float(np.abs(alone - want).max()) > 50 * off

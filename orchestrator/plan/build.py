@@ -2,6 +2,7 @@
 in latent or pixel space, the second pass's own prompts) written as steps (orchestrator.plan.steps)."""
 from __future__ import annotations
 
+from models.dit.partition import TEXT_TOKENS
 from models.sampling.denoise import STATE_FILE
 from orchestrator.job_files import (COND_FILE, ENTRIES_FILE, HIRES_COND_FILE, HIRES_TEXT_FILE, HIRES_UNCOND_FILE, INIT_IMAGE_FILE,
                                     INIT_LATENT_FILE, MASK_FILE, MIXED_LATENT_FILE, TEXT_FILE, UNCOND_FILE, batch_name)
@@ -46,10 +47,47 @@ def cond_sides(spec: PromptSpec) -> tuple[tuple[CondEntry, ...], tuple[CondEntry
     return pos, neg
 
 
-def entry_texts(spec: PromptSpec) -> tuple[str, ...]:
-    """The distinct texts of a job's entries, positive first, in order: each encoded once (cond_entry_K.npy)."""
+def conditioning_of(entry: CondEntry) -> CondEntry:
+    """What an entry's context is made of (its text, zero_out, average), without how the sampler uses it (strength,
+    window): entries alike in it share one encoding."""
+    return CondEntry(text=entry.text, zero_out=entry.zero_out, average=entry.average)
+
+
+def entry_conds(spec: PromptSpec) -> tuple[CondEntry, ...]:
+    """The distinct conditionings of a job's entries (conditioning_of), positive first, in order: each encoded once
+    (cond_entry_K.npy)."""
     sides = cond_sides(spec)
-    return () if sides is None else tuple(dict.fromkeys(e.text for e in sides[0] + sides[1]))
+    return () if sides is None else tuple(dict.fromkeys(conditioning_of(e) for e in sides[0] + sides[1]))
+
+
+def entry_texts(spec: PromptSpec) -> tuple[str, ...]:
+    """The texts of entry_conds, in its order (a text zeroed out or averaged in one entry and plain in another is
+    there twice)."""
+    return tuple(c.text for c in entry_conds(spec))
+
+
+def entries_pack_refusal(spec: PromptSpec, packs: dict) -> tuple[str, str] | None:
+    """(field, why) when a job's entries would run on a long-context pack (more than TEXT_TOKENS text rows), else
+    None: such a pack masks each pass's context rows by its prompt pair's token counts, which the scheduler takes for
+    the cond and uncond passes only, not per entry. `packs`: {(width, height): pack}; `spec` has its size."""
+    sides = cond_sides(spec)
+    if sides is None:
+        return None
+    sizes = [(spec.width, spec.height)] + ([spec.hires.size(spec.width, spec.height)] if spec.hires else [])
+    for w, h in sizes:
+        pack = packs.get((w, h))
+        if pack is not None and pack.text_tokens > TEXT_TOKENS:
+            side = "positive" if mixes(spec.positive) else "negative"
+            return side, (f"several conditionings (positive / negative entries that each take a model pass) need a "
+                          f"pack of {TEXT_TOKENS} text rows; the {w}x{h} pack has {pack.text_tokens} (a long-context "
+                          f"pack masks each pass's context by the cond / uncond prompt's token count, not per entry)")
+    return None
+
+
+def entry_pair(conditioning: CondEntry) -> tuple:
+    """The (positive, negative) entries of the ENCODE that makes one conditioning of entry_conds (its text as the
+    prompt, an empty negative): (None, None) for a plain text."""
+    return (None if conditioning.plain else conditioning, None)
 
 
 def entry_file(k: int) -> str:
@@ -57,7 +95,7 @@ def entry_file(k: int) -> str:
 
 
 def _contexts(spec: PromptSpec) -> tuple[str, ...]:
-    texts = entry_texts(spec)
+    texts = entry_conds(spec)
     return CONTEXTS if not texts else (*(entry_file(k) for k in range(len(texts))), ENTRIES_FILE)
 
 
@@ -94,7 +132,7 @@ def _state(folder: str, pos: int) -> str:
 
 
 def _encode_steps(spec: PromptSpec) -> list[Step]:
-    texts = entry_texts(spec)
+    texts = entry_conds(spec)
     steps: list[Step] = [EncodeText(mixed=True, outputs=_contexts(spec)) if texts else
                          EncodeText(outputs=CONTEXTS, entries=cond_entries(spec))]
     if hires_texts(spec) is not None:
@@ -127,7 +165,7 @@ def _pixel_start(spec: PromptSpec, pos: int) -> PixelStart:
 def _hires_steps(spec: PromptSpec) -> list[Step]:
     """The second pass of each image: the pixel path's starts first (one VAE session for the batch), then the
     denoises (the job's contexts, or the second pass's own)."""
-    contexts = CONTEXTS if hires_texts(spec) is None else HIRES_CONTEXTS
+    contexts = _contexts(spec) if hires_texts(spec) is None else HIRES_CONTEXTS     # entries: the first pass's
     pixel = spec.hires.space == "pixel"
     starts = [_pixel_start(spec, pos) for pos in range(spec.batch)] if pixel else []
     passes = [HiresDenoise(pos, inputs=(*contexts, second_start_file(spec, pos),
@@ -143,8 +181,8 @@ def prompt_pairs(spec: PromptSpec, packs: dict) -> list:
     and its hires pass's own (build.hires_entries; a size with no pack is left out: that job
     fails on its own)."""
     out, first, texts = [], packs.get((spec.width, spec.height)), hires_texts(spec)
-    if first is not None and entry_texts(spec):       # positive/negative entries: each text as a cfg-1 job's pair
-        return [(text, "", first, (None, None)) for text in entry_texts(spec)]
+    if first is not None and entry_conds(spec):       # positive/negative entries: each as a cfg-1 job's pair
+        return [(c.text, "", first, entry_pair(c)) for c in entry_conds(spec)]
     if first is not None:
         out.append((spec.prompt, spec.negative_prompt, first, cond_entries(spec)))
     hires = packs.get(spec.hires.size(spec.width, spec.height)) if texts is not None else None

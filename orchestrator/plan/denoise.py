@@ -82,6 +82,9 @@ class DenoiseSteps:
         if first is None:
             raise StageFailed("orchestrator", f"{self.dir / step.inputs[-1]} is missing or unusable (resume the job)")
         self._to_hires_arena()
+        if self.plan.steps[0].mixed:                    # positive/negative entries: the first pass's, on this pack
+            self._hires_one(step.pos, self._hires_start(step.pos, first), *self._entry_conds())
+            return
         self._hires_contexts_to_arena()
         self._hires_one(step.pos, self._hires_start(step.pos, first))
 
@@ -120,7 +123,7 @@ class DenoiseSteps:
         # per-channel std/mean (the others are affine per channel)
         return normalize(common_upscale(denormalize(first)[None], lat_w, lat_h, h.method)[0])
 
-    def _hires_one(self, pos: int, start: np.ndarray) -> None:
+    def _hires_one(self, pos: int, start: np.ndarray, extra: dict | None = None, inline: tuple = ()) -> None:
         """One image's second DENOISE: hires' steps and denoise, its sampler, scheduler, cfg and seed or the job's
         (a batch image draws its place in the seed's batch noise, as ComfyUI's second KSampler on the batch does)."""
         from models.sampling.sampler import spectrum_refusal
@@ -138,8 +141,9 @@ class DenoiseSteps:
                                  end_step=_end_step(h.end_step, h.steps or s.steps), add_noise=h.add_noise,
                                  leftover_noise=h.leftover_noise, **batch)
         self.arena.write(self.init_latent, start)
-        self._run_denoise(params, self.dir / batch_name("hires", "", pos), {"init_latent": self.init_latent},
-                          batch_name("hires_latent", ".npy", pos), sampling_pass="hires")
+        self._run_denoise(params, self.dir / batch_name("hires", "", pos), {"init_latent": self.init_latent,
+                                                                            **(extra or {})},
+                          batch_name("hires_latent", ".npy", pos), sampling_pass="hires", inline=inline)
 
     def _batch_params(self, pos: int, first: int) -> dict:
         """Image `pos`'s place in ComfyUI's batch: its noise (the draw of index first + pos: one randn over the batch,
