@@ -1,4 +1,4 @@
-"""Shared pytest fixtures: synthetic checkpoints written once per session."""
+"""Shared pytest fixtures: synthetic checkpoints and packs built once per run (both xdist workers share them)."""
 from __future__ import annotations
 
 import contextlib
