@@ -1,4 +1,4 @@
-"""Shared pytest fixtures: synthetic checkpoints written once per session."""
+"""Shared pytest fixtures: synthetic checkpoints and packs built once per run (both xdist workers share them)."""
 from __future__ import annotations
 
 import contextlib
@@ -22,13 +22,26 @@ def _hash_memo_in_session(tmp_path_factory):
         os.environ[MEMO_ENV] = old
 
 
+def run_shared(tmp_path_factory, name: str) -> Path:
+    """The folder `name` of this run that every xdist worker sees (the parent of the workers' base folders; without
+    xdist the session's own base folder): the session fixtures below build their assets there once per run, not once
+    per worker, each under a lock (tests.pipeline_harness.locked) that the other worker waits on."""
+    import os
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    folder = base / name
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_bundle(tmp_path_factory) -> Path:
-    """A complete synthetic tiny models folder (ComfyUI layout, seed 0), written once per session (~4 s); the
-    pipelines of pipeline_assets run on it too. Treat as read-only (copy it to add LoRAs)."""
+    """A complete synthetic tiny models folder (ComfyUI layout, seed 0), written once per run (~4 s; run_shared);
+    the pipelines of pipeline_assets run on it too. Treat as read-only (copy it to add LoRAs)."""
     from models.models_dir import write_bundle
-    out = tmp_path_factory.mktemp("tiny_assets") / "models"
-    write_bundle("tiny", 0, out)
+    out = run_shared(tmp_path_factory, "tiny_assets") / "models"
+    write_bundle("tiny", 0, out)              # its own lock: the other worker waits, then finds it complete
     files = _listing(out)
     yield out
     assert _listing(out) == files, f"a test changed the shared tiny models folder {out} (copy it to change it)"
@@ -63,19 +76,28 @@ def rknn_venv() -> Path:
 @pytest.fixture(scope="session")
 def rknn_pack(tmp_path_factory, tiny_dit, rknn_venv):
     """The tiny pack at 128x128 (64 image tokens, FP16) with blocks 0 and 27 compiled by the real rknn-toolkit2
-    (6 branches, 2 jobs); -> (pack folder, compile report). Treat as read-only (copy it to change it)."""
+    (6 branches, 2 jobs; ~40 s), once per run (run_shared: the worker that comes second reads the first one's
+    report); -> (pack folder, compile report). Treat as read-only (copy it to change it)."""
+    import json
+    from models.durable import atomic_write
     from models.packs.pack import build_pack
     from models.rknn.compile import compile_pack
-    pack = build_pack(tiny_dit, tmp_path_factory.mktemp("rknn") / "pack128", (128, 128), "fp16")
-    report = compile_pack(pack, target="rk3588", jobs=2, venv=rknn_venv, blocks=[0, 27], per_worker=0)
-    return pack, report
+    from tests.pipeline_harness import locked
+    shared = run_shared(tmp_path_factory, "rknn")
+    pack, saved = shared / "pack128", shared / "compile-report.json"
+    with locked(shared / ".rknn.lock"):
+        if not saved.exists():
+            build_pack(tiny_dit, pack, (128, 128), "fp16")
+            report = compile_pack(pack, target="rk3588", jobs=2, venv=rknn_venv, blocks=[0, 27], per_worker=0)
+            atomic_write(saved, json.dumps(report))
+    return pack, json.loads(saved.read_text())
 
 
 @pytest.fixture(scope="session")
 def pipeline_assets(tiny_bundle) -> tuple:
     """(models folder, 128x128 FP16 pack) of tests.pipeline_harness.tiny_assets on the session's tiny bundle, the
-    pack built once per session for the modules that run a pipeline on it; treat as read-only (more packs may be
-    added beside it with tiny_assets(pack.parent, ...))."""
+    pack built once per run (beside tiny_bundle: run_shared) for the modules that run a pipeline on it; treat as
+    read-only (more packs may be added beside it with tiny_assets(pack.parent, ...), which locks)."""
     from tests.pipeline_harness import tiny_assets
     return tiny_assets(tiny_bundle.parent)
 
@@ -83,7 +105,7 @@ def pipeline_assets(tiny_bundle) -> tuple:
 @pytest.fixture(scope="session")
 def board_stages(pipeline_assets) -> str:
     """The [stage.encoder]/[stage.vae] tables of the board's ONNX encoder and VAE for pipeline_assets' models
-    (tests.pipeline_harness.board_stage_toml; the packs built once per session beside them, ~8 s)."""
+    (tests.pipeline_harness.board_stage_toml; the packs built once per run beside them, ~8 s)."""
     from tests.pipeline_harness import board_stage_toml
     models, pack = pipeline_assets
     return board_stage_toml(models, pack.parent)

@@ -14,6 +14,8 @@ program stopped as a group), then SIGKILL to anything of this run still alive; t
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -39,10 +41,21 @@ POLL_S = 0.1
 TRACE_FILE = "trace.jsonl"
 
 
+@contextlib.contextmanager
+def locked(path: Path):
+    """An exclusive lock on the file `path` while the block runs: the suite's two xdist workers share the session's
+    built assets (tests/conftest.py), so what one builds under `cache` the other waits for, then finds there."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def tiny_assets(cache: Path, resolution: tuple[int, int] = (128, 128), dtype: str = "fp16", shards: int = 1,
                 cuts: dict | None = None, lora_rank: int = 0) -> tuple[Path, Path]:
     """(models folder, pack folder) under `cache`: the embedded tiny bundle (seed 0) and its pack (`shards`, `cuts`:
-    built with pack --shards N and these cuts; `lora_rank` R > 0: LoRA-ready, pack --lora-rank R); both idempotent."""
+    built with pack --shards N and these cuts; `lora_rank` R > 0: LoRA-ready, pack --lora-rank R); both idempotent,
+    and safe from two processes at once (the lock)."""
     from models.models_dir import resolve_models, write_bundle
     from models.packs.pack import build_pack
     models = cache / "models"
@@ -54,8 +67,9 @@ def tiny_assets(cache: Path, resolution: tuple[int, int] = (128, 128), dtype: st
     if lora_rank:
         name += f"-lora{lora_rank}"
     pack = cache / name
-    if not (pack / "manifest.json").exists():
-        build_pack(dit, pack, resolution, dtype, shards=shards, cuts=cuts, lora_rank=lora_rank)
+    with locked(cache / ".tiny-assets.lock"):
+        if not (pack / "manifest.json").exists():
+            build_pack(dit, pack, resolution, dtype, shards=shards, cuts=cuts, lora_rank=lora_rank)
     return models, pack
 
 
@@ -68,16 +82,30 @@ def board_stage_toml(models: Path, cache: Path, resolution: tuple[int, int] = (1
     keep their own pipeline tests (test_e2e_pipeline, test_stage_processes, the img2img/batch/LoRA flows). `stages`:
     the tables wanted (("encoder",): the ONNX encoder beside the torch VAE). No VAE encoder pack: an img2img job needs
     the torch VAE."""
-    from models.cli import main as models_main
-    bundle = cache / f"cpu-bundle-{resolution[0]}x{resolution[1]}"
-    if not (bundle / "bundle.json").exists():
-        rc = models_main(["bundle", "--models", str(models), "--resolution", f"{resolution[0]}x{resolution[1]}",
-                          "--target", "none", "--out", str(bundle)])
-        if rc != 0:
-            raise RuntimeError(f"bundle --target none from {models} failed ({rc})")
     from models.bundle import read_bundle
     from orchestrator.runfolder import bundle_stage_tables
+    bundle, _ = cpu_bundle(models, cache, resolution)
     return bundle_stage_tables(read_bundle(bundle, hashes=False), stages)    # the tables `init --bundle` writes
+
+
+def cpu_bundle(models: Path, cache: Path, resolution: tuple[int, int] = (128, 128)) -> tuple[Path, str]:
+    """`anima-models bundle --models MODELS --resolution WxH --target none` into CACHE/cpu-bundle-WxH, built once
+    (under a lock: two workers share it) -> (bundle folder, what the build that made it printed to stderr, kept
+    beside it). Read-only."""
+    import io
+    from models.cli import main as models_main
+    bundle = cache / f"cpu-bundle-{resolution[0]}x{resolution[1]}"
+    said = bundle.with_name(bundle.name + ".stderr")
+    with locked(cache / ".cpu-bundle.lock"):
+        if not (bundle / "bundle.json").exists():
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                rc = models_main(["bundle", "--models", str(models), "--resolution",
+                                  f"{resolution[0]}x{resolution[1]}", "--target", "none", "--out", str(bundle)])
+            if rc != 0:
+                raise RuntimeError(f"bundle --target none from {models} failed ({rc}):\n{err.getvalue()[-3000:]}")
+            said.write_text(err.getvalue())
+    return bundle, said.read_text()
 
 
 def pipeline_toml(pack: Path, models: Path, *, threads: int = 1, branch_timeout_s: float = 20.0,

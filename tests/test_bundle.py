@@ -20,16 +20,12 @@ SIZE = "128x128"
 
 
 @pytest.fixture(scope="module")
-def cpu_bundle(tmp_path_factory, tiny_bundle) -> tuple:
-    """(bundle folder, the first run's stderr) of `bundle --target none` at 128x128; read-only (copy_bundle)."""
-    import contextlib
-    out = tmp_path_factory.mktemp("cpu_bundle") / "bundle"
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        rc = models_main(["bundle", "--models", str(tiny_bundle), "--resolution", SIZE, "--target", "none",
-                          "--out", str(out)])
-    assert rc == 0, err.getvalue()
-    return out, err.getvalue()
+def cpu_bundle(tiny_bundle) -> tuple:
+    """(bundle folder, the first run's stderr) of `bundle --target none` at 128x128 on the session's tiny models: the
+    run's one build of it (tests.pipeline_harness.cpu_bundle, which the board_stages fixture's pipelines run on
+    too); read-only (copy_bundle)."""
+    from tests.pipeline_harness import cpu_bundle
+    return cpu_bundle(tiny_bundle, tiny_bundle.parent, (128, 128))
 
 
 def copy_bundle(src: Path, dst: Path) -> Path:

@@ -79,12 +79,17 @@ def test_the_cookbook_opens_with_make_demo_and_holds_only_runnable_blocks():
 
 
 @pytest.fixture(scope="module")
-def demo_folder():
+def demo_folder(tiny_bundle):
     """The checkout's folder as the cookbook sees it, in a short /tmp folder: .venv and the demo's run/ (made by
-    the demo at 128x128, its front on a free port, its first job 2 steps); supervisord shut down at the end."""
+    the demo at 128x128, its front on a free port, its first job 2 steps); supervisord shut down at the end. The
+    demo's tiny models are the session's, hard-linked where the demo keeps them (run/bundle/models: the demo finds
+    them complete and adds its LoRA to its copy), as tests/test_demo.py does; the demo writing them is that
+    module's test."""
     from orchestrator.supervisor import Supervisor, SupervisorError
     root = Path(tempfile.mkdtemp(prefix="anima-cb-", dir="/tmp"))
     (root / ".venv").symlink_to(REPO / ".venv")
+    (root / "run").mkdir(mode=0o700)                        # a run folder is private (the demo checks)
+    shutil.copytree(tiny_bundle, root / "run" / "bundle" / "models", copy_function=os.link)
     prompt = root / "two-steps.json"
     prompt.write_text(json.dumps({"prompt": "1girl, demo", "seed": 3, "steps": 2}))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -93,7 +98,7 @@ def demo_folder():
     try:
         made = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=BLOCK_S)
         assert made.returncode == 0, made.stderr[-3000:]
-        yield root, env, json.loads((root / "run" / "http.json").read_text())["url"]
+        yield root, env, json.loads((root / "run" / "http.json").read_text())["url"], made
     finally:
         try:
             sup = Supervisor(root / "run" / "supervisor.sock")
@@ -104,11 +109,34 @@ def demo_folder():
         shutil.rmtree(root, ignore_errors=True)
 
 
+def test_make_demo_runs_a_job_and_leaves_supervisord_up(demo_folder):
+    """`make demo` as it runs (python -m orchestrator.demo, a subprocess: the fixture's run, on the folder the page's
+    commands then use): models and packs found, the run folder's supervisord started, the job queued, followed and
+    its timing table printed, the image and report paths last, the page's URL, supervisord left up. The demo run
+    again with --stop on a running supervisord is tests/test_demo.py's."""
+    from orchestrator import demo
+    from orchestrator.supervisor import Supervisor
+    from stages.config import load_config
+    root, _, _, made = demo_folder
+    run = root / "run"
+    out = dict(line.split(":  ", 1) if ":  " in line else line.split(": ", 1) for line in made.stdout.splitlines())
+    image, report = Path(out["image"].strip()), Path(out["report"].strip())
+    assert Image.open(image).size == (TEST_DEFAULT, TEST_DEFAULT) and json.loads(report.read_text())["stages"]
+    assert (run / "bundle" / "models" / "loras" / demo.DEMO_LORA).is_file()
+    cfg = load_config(run / "pipeline.toml")
+    assert [p.name for p in cfg.packs] == [f"pack-{s}x{s}-lora8" for s in (128, 192, 256)]
+    assert cfg.stage_settings("http")["port"] == 0
+    for says in ("models, LoRA and packs ready", "4) starting supervisord", "5) job", "stage ", "done in",
+                 "supervisord keeps running", "web page: http://127.0.0.1:"):
+        assert says in made.stderr, (says, made.stderr[-2000:])
+    assert Supervisor(run / "supervisor.sock").ping() == "RUNNING"    # left up for the next job
+
+
 def test_every_cookbook_command_runs_on_the_demo_folder(demo_folder):
     import psutil
     from orchestrator.supervisor import Supervisor, SupervisorError
     from protocol.arena import list_segments, run_prefix
-    root, env, url = demo_folder
+    root, env, url, _ = demo_folder
     for i, (lang, body) in enumerate(blocks(COOKBOOK.read_text())[1:], 1):
         script = _shrunk(body, url)
         if lang == "page":

@@ -51,11 +51,12 @@ def test_demo_waits_for_a_supervisord_that_is_shutting_down(capsys):
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_make_demo_path_runs_a_job_keeps_supervisord_then_stops_it(pipeline_assets, capsys):
-    """`make demo` as it runs (python -m orchestrator.demo, a subprocess): models and pack found, the run folder's
-    supervisord started, the job queued, followed and its timing table printed, the image and report paths last, the
-    page's URL, supervisord left up; run again with --stop: the running supervisord reused, then shut down and gone,
-    nothing of the run left (processes, shared memory)."""
+def test_make_demo_with_stop_reuses_the_running_supervisord_then_stops_it(pipeline_assets, capsys):
+    """`make demo` run again with --stop (python -m orchestrator.demo, a subprocess) on a demo folder whose
+    supervisord is up (made and started as the demo's first run leaves it: prepare_models, prepare_run,
+    ensure_supervisord): the running supervisord reused, the job run, then shut down and gone, nothing of the run left
+    (processes, shared memory). The demo's first run as `make demo` runs it (supervisord started, the job followed,
+    its output, supervisord left up) is tests/test_cookbook.py's, on the folder the cookbook's commands then use."""
     import json
     import os
     import subprocess
@@ -64,35 +65,25 @@ def test_make_demo_path_runs_a_job_keeps_supervisord_then_stops_it(pipeline_asse
     from PIL import Image
 
     from protocol.arena import list_segments, run_prefix
-    from stages.config import load_config
     models, _ = pipeline_assets
     root = Path(tempfile.mkdtemp(prefix="anima-demo-"))
     try:
         bundle = root / "bundle"                                     # the session's tiny models as hard links (the
         shutil.copytree(models, bundle / "models", copy_function=os.link)     # demo adds its LoRA to its copy)
         run = root / "run"
-        rf = demo.RunFolder.resolve(run)
+        demo_models, packs = demo.prepare_models(bundle, (128, 128))
+        rf, changed = demo.prepare_run(run, demo_models, packs, 0)
+        assert demo.ensure_supervisord(rf, changed) is True          # started: up as after the demo's first run
+        assert Supervisor(rf.supervisor_sock).ping() == "RUNNING"
         prompt = root / "prompt.json"
         prompt.write_text(json.dumps({"prompt": "1girl, demo", "seed": 3, "steps": 2, "spectrum": False}))
         cmd = [sys.executable, "-m", "orchestrator.demo", "--run", str(run), "--bundle", str(bundle),
-               "--resolution", "128x128", "--prompt", str(prompt), "--port", "0"]
-        first = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ})
-        assert first.returncode == 0, first.stderr[-3000:]
-        out = dict(line.split(":  ", 1) if ":  " in line else line.split(": ", 1) for line in first.stdout.splitlines())
-        image, report = Path(out["image"].strip()), Path(out["report"].strip())
-        assert Image.open(image).size == (128, 128) and json.loads(report.read_text())["stages"]
-        err = first.stderr
-        assert (bundle / "models" / "loras" / demo.DEMO_LORA).is_file()
-        cfg = load_config(rf.pipeline_toml)
-        assert [p.name for p in cfg.packs] == [f"pack-{s}x{s}-lora8" for s in (128, 192, 256)]
-        assert cfg.stage_settings("http")["port"] == 0
-        for says in ("models, LoRA and packs ready", "4) starting supervisord", "5) job", "stage ", "done in",
-                     "supervisord keeps running", "web page: http://127.0.0.1:"):
-            assert says in err, (says, err[-2000:])
-        assert Supervisor(rf.supervisor_sock).ping() == "RUNNING"    # left up for the next job
-        again = subprocess.run(cmd + ["--stop"], capture_output=True, text=True, timeout=900)
+               "--resolution", "128x128", "--prompt", str(prompt), "--port", "0", "--stop"]
+        again = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ})
         assert again.returncode == 0, again.stderr[-3000:]
         assert "4) supervisord is already running" in again.stderr and "supervisord stopped" in again.stderr
+        out = dict(line.split(":  ", 1) if ":  " in line else line.split(": ", 1) for line in again.stdout.splitlines())
+        assert Image.open(Path(out["image"].strip())).size == (128, 128)
         with pytest.raises(SupervisorError):
             Supervisor(rf.supervisor_sock).ping()                    # gone, not shutting down
         left = [p.pid for p in psutil.process_iter(["cmdline"]) if str(run) in " ".join(p.info["cmdline"] or ())]

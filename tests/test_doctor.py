@@ -17,12 +17,12 @@ SIZE = (64, 64)
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory, tiny_bundle):
-    """A --target none bundle at 64x64 (read-only: tests copy it to change it)."""
-    from models.bundle import build_bundle
-    out = tmp_path_factory.mktemp("doctor") / "bundle"
-    build_bundle(tiny_bundle, [SIZE], "none", out)
-    return out
+def bundle(tiny_bundle):
+    """A --target none bundle at 64x64 of the session's tiny models: the run's one build of it
+    (tests.pipeline_harness.cpu_bundle; tests/test_daily_use.py runs its VAE pack). Read-only: tests copy it to
+    change it."""
+    from tests.pipeline_harness import cpu_bundle
+    return cpu_bundle(tiny_bundle, tiny_bundle.parent, SIZE)[0]
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
 import struct
 import tempfile
@@ -26,7 +27,7 @@ from models.runtime.dit_runner import DiTRunner
 from models.lora import LoraUse, TargetTable, plan_loras
 from models.lora.merged_file import write_merged
 from models.lora.synth import write_lora
-from models.models_dir import resolve_models, write_bundle
+from models.models_dir import resolve_models
 from models.packs.pack import build_pack, load_pack
 from models.sampling.spectrum import SpectrumSettings
 from orchestrator.cli import CliError
@@ -52,13 +53,14 @@ def _cos(a, b) -> float:
 
 
 @pytest.fixture(scope="module")
-def assets():
+def assets(tiny_bundle):
     """The tiny models folder with two LoRAs under loras/, a LoRA-ready FP32 pack (128x128), a plain one (128x96),
-    and the reference: a pack with the LoRAs baked in and the text encoder's files with them merged."""
+    and the reference: a pack with the LoRAs baked in and the text encoder's files with them merged. The models are
+    the session's (hard links: the LoRAs go in this copy only)."""
     root = Path(tempfile.mkdtemp(prefix="anima-lora-e2e-"))
     try:
         models = root / "models"
-        write_bundle("tiny", 0, models)
+        shutil.copytree(tiny_bundle, models, copy_function=os.link)
         paths = resolve_models(models, {}, need=("dit", "text_encoder", "qwen_tokenizer", "t5_tokenizer"))
         (models / "loras" / "sub").mkdir(parents=True)
         write_lora("tiny", 31, models / "loras" / STYLE, "kohya", rank=8, alpha=3.0,
