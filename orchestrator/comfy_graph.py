@@ -344,18 +344,29 @@ def _checked(c: _Checker, outputs: list[str]) -> list[tuple[str, dict]]:
 
 
 def _final_output(c: _Checker, role_of: dict, outputs: list[str]) -> str:
-    """The output node that saves the job's final image: the first one on a VAEDecode of a second pass's KSampler
-    (a hires fix; others may save its first pass's image), else the first output."""
+    """The output node that saves the job's final image: the first one on a VAEDecode of a KSampler that samples
+    another KSampler's result (a hires fix through an upscale or the pixel path, a chained split sampling; others may
+    save its first pass's image), else the first output. Found from the graph, not the outputs' order."""
     for k in outputs:
         decode = c.links[k]["images"]
         sampler = c.links[decode].get("samples") if role_of[decode] == "decode" else None
-        if sampler is None or role_of[sampler] != "sampler":
-            continue
-        latent = c.links[sampler]["latent_image"]
-        if role_of[latent] == "upscale" or (role_of[latent] == "encode"
-                                            and role_of[c.links[latent]["pixels"]] == "upscale"):
+        if sampler is not None and role_of[sampler] == "sampler" and _samples_a_sampler(c, role_of, sampler):
             return k
     return outputs[0]
+
+
+def _samples_a_sampler(c: _Checker, role_of: dict, sampler: str) -> bool:
+    """Whether a KSampler's latent comes, through any latent or image nodes, from another KSampler."""
+    seen, todo = set(), [c.links[sampler]["latent_image"]]
+    while todo:
+        node = todo.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if role_of.get(node) == "sampler":
+            return True
+        todo.extend(src for name, src in c.links.get(node, {}).items() if name not in ("vae", "mask"))
+    return False
 
 
 def _saves(c: _Checker, role_of: dict, roles: dict, outputs: list[str]) -> tuple[dict, list]:

@@ -54,6 +54,20 @@ def test_the_bench_split_graph_is_the_job_it_means():
     assert s["hires"] == {"steps": 8, "denoise": 1.0, "add_noise": False, "start_step": 4, "cfg": 1.5}
 
 
+@pytest.mark.parametrize("first", [True, False])
+def test_saving_both_split_passes_finds_the_final_image_whatever_the_outputs_order(first):
+    """A SaveImage on the first window's latent (its VAEDecode) beside the final one: the job's image is the second
+    pass's and the first is kept as its base image, whether the extra output comes first in the graph or last (the
+    first-listed one was taken as the final image, and the final one refused as neither)."""
+    g = split_graph()
+    g["60"] = {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": g["8"]["inputs"]["vae"]}}
+    save = {"class_type": "SaveImage", "inputs": {"images": ["60", 0], "filename_prefix": "first"}}
+    g = {"0": save, **g} if first else {**g, "99": save}
+    job = _job(g)
+    assert job.nodes["save"] == "9" and job.nodes["base_save"] == ("0" if first else "99")
+    assert job.nodes["hires_sampler"] == "51" and job.spec["hires"]["keep_base"] is True
+
+
 def test_the_second_samplers_own_sampler_scheduler_seed_and_prompt():
     g = split_graph(sampler_name="dpmpp_2m", scheduler="karras", noise_seed=9)
     g["60"] = {"class_type": "CLIPTextEncode", "inputs": {"text": "sharp", "clip": ["11", 0]}}
