@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from models.sampling.denoise import STATE_FILE
 from orchestrator.job_files import (COND_FILE, ENTRIES_FILE, HIRES_COND_FILE, HIRES_TEXT_FILE, HIRES_UNCOND_FILE, INIT_IMAGE_FILE,
-                                    INIT_LATENT_FILE, MASK_FILE, TEXT_FILE, UNCOND_FILE, batch_name)
+                                    INIT_LATENT_FILE, MASK_FILE, REPORT_FILE, TEXT_FILE, TIMING_FILE, UNCOND_FILE,
+                                    batch_name)
 from orchestrator.plan.steps import (CropImage, Decode, Deliver, Denoise, EncodeImage, EncodeText, HiresDenoise,
-                                     PixelStart, Plan, Step)
+                                     PixelStart, Plan, Report, Step)
 from protocol.prompt import CondEntry, PromptSpec, mixes
 
 CONTEXTS = (TEXT_FILE, COND_FILE, UNCOND_FILE)
@@ -162,7 +163,7 @@ def _decode_steps(spec: PromptSpec, images: tuple[str, ...]) -> list[Step]:
 def build_plan(spec: PromptSpec) -> Plan:
     """The steps of a job, in an order that runs them: its contexts (and init latent), each image's first pass, the
     hires fix's second pass, each image decoded (with hires.keep_base its first pass's too; with an ImageCrop, cut),
-    then all delivered."""
+    then all delivered, then the job's report."""
     steps = _encode_steps(spec) + [_first_pass(spec, pos) for pos in range(spec.batch)]
     if spec.hires is not None:
         steps += _hires_steps(spec)
@@ -173,4 +174,5 @@ def build_plan(spec: PromptSpec) -> Plan:
                   for pos in range(spec.batch)]
     steps += _decode_steps(spec, images)
     steps.append(Deliver(inputs=images + bases))
+    steps.append(Report(inputs=images + bases, outputs=(REPORT_FILE, TIMING_FILE)))
     return Plan(tuple(steps))
