@@ -284,17 +284,21 @@ def test_a_resume_skips_the_report_when_whole_and_writes_it_again_when_a_step_it
     r = _runner(tmp_path, _plan())
     _keep(tmp_path, "latent.npy", (2, 4, 4))
     (tmp_path / "image.png").write_bytes(b"png")
+    written = json.dumps({"job": "j", "plan": [{"step": "Deliver", "ran": True}, {"step": "Report", "ran": True}]})
     assert [s.name for s in r._steps_to_run()[0]] == ["Deliver", "Report"]        # no report yet
-    (tmp_path / "report.json").write_text('{"job": "j"}')
+    (tmp_path / "report.json").write_text(written)
     assert [s.name for s in r._steps_to_run()[0]] == ["Deliver", "Report"]        # timing.png not drawn yet
     (tmp_path / "timing.png").write_bytes(b"png")
     assert [s.name for s in r._steps_to_run()[0]] == ["Deliver"]                  # whole: skipped
     r.settings.timing_plot_timeout_s = 0.0
     (tmp_path / "timing.png").unlink()
     assert [s.name for s in r._steps_to_run()[0]] == ["Deliver"]                  # not drawn here: whole without
-    (tmp_path / "report.json").write_text('{"job": ')                            # torn
+    (tmp_path / "report.json").write_text(written[:-9])                          # torn
     assert [s.name for s in r._steps_to_run()[0]] == ["Deliver", "Report"]
-    (tmp_path / "report.json").write_text('{"job": "j"}')
+    # a failed job's report (written where it stopped, e.g. Deliver could not write `output`) is not the step's
+    (tmp_path / "report.json").write_text(written.replace('"ran": true}]', '"ran": false}]'))
+    assert [s.name for s in r._steps_to_run()[0]] == ["Deliver", "Report"]
+    (tmp_path / "report.json").write_text(written)
     (tmp_path / "image.png").unlink()                                             # decoded again: a stale record
     assert [s.name for s in r._steps_to_run()[0]] == ["Decode[0]", "Deliver", "Report"]
 

@@ -35,6 +35,14 @@ class ReportStep:
         self.report.write(self.dir / REPORT_FILE)
         self._timing_plot()
 
+    def _report_whole(self) -> bool:
+        """report.json as this step wrote it: readable, and its `plan` says the Report step ran (a failed job's,
+        written where it stopped, is not: a resume that gets further writes it again)."""
+        rep = load_text(self.dir / REPORT_FILE)
+        steps = rep.get("plan") if rep is not None else None
+        return isinstance(steps, list) and any(isinstance(s, dict) and s.get("step") == "Report"
+                                               and s.get("ran") is True for s in steps)
+
     def _plots(self) -> bool:
         """timing.png is drawn ([stage.orchestrator] timing_plot_timeout_s = 0 turns it off)."""
         return bool(self.settings.timing_plot_timeout_s)

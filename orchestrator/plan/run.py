@@ -38,7 +38,8 @@ KIND = {n: f.name for f in JOB_FILES for n in names(f)}     # latent_1.npy -> la
 EXECUTORS = {EncodeText: TextSteps._step_encode_text, EncodeImage: VaeSteps._step_encode_image,
              Denoise: DenoiseSteps._step_denoise, PixelStart: VaeSteps._step_pixel_start,
              HiresDenoise: DenoiseSteps._step_hires, Decode: VaeSteps._step_decode,
-             CropImage: ImageSteps._step_crop_image, Deliver: DeliverStep._step_deliver, Report: ReportStep._step_report}
+             CropImage: ImageSteps._step_crop_image, Deliver: DeliverStep._step_deliver,
+             Report: ReportStep._step_report}
 
 
 class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, ImageSteps, DeliverStep, ReportStep):
@@ -177,8 +178,10 @@ class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, Image
                            HIRES_INIT_FILE: hires.latent_shape, HIRES_LATENT_FILE: hires.latent_shape})
         if kind in shapes:
             return load_npy(self.dir / name, shapes[kind]) is not None
-        if kind in (ENTRIES_FILE, REPORT_FILE):
+        if kind == ENTRIES_FILE:
             return load_text(self.dir / name) is not None
+        if kind == REPORT_FILE:
+            return self._report_whole()
         if kind == TIMING_FILE:              # not drawn by this daemon: whole as it is
             return not self._plots() or (self.dir / name).exists()
         if kind in (TEXT_FILE, HIRES_TEXT_FILE):
