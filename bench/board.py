@@ -119,11 +119,10 @@ def lifecycle_table(reports: list) -> tuple:
 
 
 def board_ram_gb(mem_total_kb) -> int | str:
-    """The board's RAM class (4, 8, 16 or 32 GB) from MemTotal (a 7.75 GiB ROCK 5C is an 8 GB board), "?" unknown."""
-    if not mem_total_kb:
-        return "?"
-    gib = mem_total_kb / 2**20
-    return min((4, 8, 16, 32), key=lambda g: abs(g - gib))
+    """The board's size (4, 8, 16 or 32 GB) from MemTotal (models/board/ram: a 7.75 GiB ROCK 5C is an 8 GB board),
+    "?" unknown."""
+    from models.board.ram import board_size_gb
+    return board_size_gb(mem_total_kb) or "?"
 
 
 def shared_table(steps: list, policy: str, ram_gb, vae: str = "cpu") -> tuple:

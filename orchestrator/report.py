@@ -154,6 +154,7 @@ class JobReport:
     phases: list = field(default_factory=list)         # [[state, start_s, end_s]] from the job's start (this run)
     loras: list = field(default_factory=list)          # per LoRA: file, strengths, layers per place, where applied
     estimate: dict | None = None     # the job priced before it ran (orchestrator/estimate.py; modelled seconds)
+    plan: list = field(default_factory=list)           # per plan step: {step, stage, phase, ran (in this run)}
 
     def since_start(self) -> float:
         return time.time() - self.started
@@ -218,6 +219,7 @@ class JobReport:
             "wall_s": round((self.finished or time.time()) - self.started, 4),
             **({"estimate": self.estimate} if self.estimate else {}),
             "warnings": job_warnings(self.spec),
+            "plan": self.plan,
         }
 
     def _board_section(self) -> dict:

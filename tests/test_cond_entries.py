@@ -93,7 +93,7 @@ def test_a_second_pass_reads_the_first_pass_entries():
     plan = build_plan(spec)
     files = ("cond_entry.npy", "cond_entry_1.npy", "cond_entry_2.npy", "cond_entries.json")
     assert [s.name for s in plan.steps] == ["EncodeText[entries]", "Denoise[0]", "HiresDenoise[0]", "Decode[0]",
-                                            "Deliver"]
+                                            "Deliver", "Report"]
     assert plan.steps[0].outputs == files and plan.steps[2].inputs == (*files, "latent.npy")
 
 

@@ -36,12 +36,13 @@ def test_text_to_image_is_encode_denoise_decode_deliver():
         ["encoding", "encoder", "EncodeText", "-", "->", "text.json", "cond.npy", "uncond.npy"],
         ["denoising", "scheduler", "Denoise[0]", "text.json", "cond.npy", "uncond.npy", "->", "latent.npy"],
         ["decoding", "vae", "Decode[0]", "latent.npy", "->", "image.png"],
-        ["decoding", "-", "Deliver", "image.png", "->", "-"]]
+        ["decoding", "-", "Deliver", "image.png", "->", "-"],
+        ["decoding", "-", "Report", "image.png", "->", "report.json", "timing.png"]]
 
 
 def test_img2img_encodes_its_image_once_and_inpaint_reads_the_mask():
     plain = _plan(init_image="a.png")
-    assert [s.name for s in plain.steps] == ["EncodeText", "EncodeImage", "Denoise[0]", "Decode[0]", "Deliver"]
+    assert [s.name for s in plain.steps] == ["EncodeText", "EncodeImage", "Denoise[0]", "Decode[0]", "Deliver", "Report"]
     assert plain.steps[1].inputs == ("init_image.png",) and plain.steps[1].outputs == ("init_latent.npy",)
     assert plain.steps[2].inputs[-1] == "init_latent.npy"
     inpaint = _plan(init_image="a.png", mask="m.png", grow_mask_by=6)
@@ -58,13 +59,13 @@ def test_a_batch_is_one_denoise_and_one_decode_per_image_each_with_its_state():
         (2, ("latent_2.npy",), (f"batch_2/{STATE_FILE}",))]
     assert [s.outputs for s in plan.steps if isinstance(s, Decode)] == [("image.png",), ("image_1.png",),
                                                                         ("image_2.png",)]
-    assert plan.steps[-1] == Deliver(inputs=("image.png", "image_1.png", "image_2.png"))
+    assert plan.steps[-2] == Deliver(inputs=("image.png", "image_1.png", "image_2.png"))
 
 
 def test_hires_in_latent_space_samples_again_from_each_first_latent():
     plan = _plan(batch=2, hires={"scale": 1.5})
     assert [s.name for s in plan.steps] == ["EncodeText", "Denoise[0]", "Denoise[1]", "HiresDenoise[0]",
-                                            "HiresDenoise[1]", "Decode[0]", "Decode[1]", "Deliver"]
+                                            "HiresDenoise[1]", "Decode[0]", "Decode[1]", "Deliver", "Report"]
     second = plan.steps[4]
     assert second.inputs == ("text.json", "cond.npy", "uncond.npy", "latent_1.npy")    # the job's own contexts
     assert second.outputs == ("hires_latent_1.npy",) and second.scratch == (f"hires_1/{STATE_FILE}",)
@@ -82,7 +83,8 @@ def test_hires_in_pixel_space_with_its_own_prompts():
         ["denoising", "scheduler", "HiresDenoise[0]", "hires_text.json", "hires_cond.npy", "hires_uncond.npy",
          "latent.npy", "hires_init.npy", "->", "hires_latent.npy"],
         ["decoding", "vae", "Decode[0]", "hires_latent.npy", "->", "image.png"],
-        ["decoding", "-", "Deliver", "image.png", "->", "-"]]
+        ["decoding", "-", "Deliver", "image.png", "->", "-"],
+        ["decoding", "-", "Report", "image.png", "->", "report.json", "timing.png"]]
     assert plan.steps[3].scratch == ("first.png",)
 
 
@@ -137,6 +139,7 @@ def _runner(tmp_path, plan: Plan, text_tokens: int = 512):
     from orchestrator.plan.run import PlanRunner
     r = PlanRunner.__new__(PlanRunner)
     r.dir, r.plan = tmp_path, plan
+    r.settings = SimpleNamespace(timing_plot_timeout_s=120.0)
     r.first_pack = SimpleNamespace(context_shape=(4, 3), latent_shape=(2, 4, 4), text_tokens=text_tokens)
     r.hires_pack = SimpleNamespace(context_shape=(4, 3), latent_shape=(2, 6, 6), text_tokens=text_tokens)
     return r
@@ -158,10 +161,10 @@ def test_a_resume_runs_only_the_steps_whose_outputs_are_not_whole(tmp_path):
     _keep(tmp_path, "latent_1.npy", (2, 4, 4))
     _keep(tmp_path, "hires_latent.npy", (2, 6, 6))
     todo, missing = r._steps_to_run()
-    assert [s.name for s in todo] == ["HiresDenoise[1]", "Decode[0]", "Decode[1]", "Deliver"]
+    assert [s.name for s in todo] == ["HiresDenoise[1]", "Decode[0]", "Decode[1]", "Deliver", "Report"]
     assert missing[todo[0]] == ["hires_latent_1.npy"]
     (tmp_path / "image.png").write_bytes(b"png")          # decoded before the kill: not decoded again
-    assert [s.name for s in r._steps_to_run()[0]] == ["HiresDenoise[1]", "Decode[1]", "Deliver"]
+    assert [s.name for s in r._steps_to_run()[0]] == ["HiresDenoise[1]", "Decode[1]", "Deliver", "Report"]
 
 
 def test_a_torn_or_wrong_file_is_made_again_with_what_it_needs(tmp_path):
@@ -169,34 +172,34 @@ def test_a_torn_or_wrong_file_is_made_again_with_what_it_needs(tmp_path):
     _keep(tmp_path, "cond.npy", (4, 3))
     _keep(tmp_path, "uncond.npy", (4, 3))
     _keep(tmp_path, "latent.npy", (2, 4, 5))                              # another pack's shape
-    assert [s.name for s in r._steps_to_run()[0]] == ["Denoise[0]", "Decode[0]", "Deliver"]
+    assert [s.name for s in r._steps_to_run()[0]] == ["Denoise[0]", "Decode[0]", "Deliver", "Report"]
     (tmp_path / "cond.npy").write_bytes((tmp_path / "cond.npy").read_bytes()[:-5])     # cut short: a power cut
     todo, missing = r._steps_to_run()
-    assert [s.name for s in todo] == ["EncodeText", "Denoise[0]", "Decode[0]", "Deliver"]
+    assert [s.name for s in todo] == ["EncodeText", "Denoise[0]", "Decode[0]", "Deliver", "Report"]
     assert missing[todo[0]] == ["cond.npy"] and missing[todo[1]] == ["latent.npy"]
     _keep(tmp_path, "cond.npy", (4, 3))
     _keep(tmp_path, "latent.npy", (2, 4, 4))
-    assert [s.name for s in r._steps_to_run()[0]] == ["Decode[0]", "Deliver"]
+    assert [s.name for s in r._steps_to_run()[0]] == ["Decode[0]", "Deliver", "Report"]
     # a long-context pack's mask needs the token counts: without text.json the contexts are not whole
     (tmp_path / "latent.npy").unlink()
     long = _runner(tmp_path, _plan(), text_tokens=1024)
-    assert [s.name for s in long._steps_to_run()[0]] == ["EncodeText", "Denoise[0]", "Decode[0]", "Deliver"]
+    assert [s.name for s in long._steps_to_run()[0]] == ["EncodeText", "Denoise[0]", "Decode[0]", "Deliver", "Report"]
     (tmp_path / "text.json").write_text('{"t5_tokens_prompt": 3}')
-    assert [s.name for s in long._steps_to_run()[0]] == ["Denoise[0]", "Decode[0]", "Deliver"]
+    assert [s.name for s in long._steps_to_run()[0]] == ["Denoise[0]", "Decode[0]", "Deliver", "Report"]
 
 
 def test_keep_base_on_the_latent_path_decodes_each_first_latent_beside_the_final_images():
     plan = _plan(batch=2, hires={"scale": 1.5, "keep_base": True})
     assert [s.name for s in plan.steps] == ["EncodeText", "Denoise[0]", "Denoise[1]", "HiresDenoise[0]",
                                             "HiresDenoise[1]", "Decode[base 0]", "Decode[base 1]", "Decode[0]",
-                                            "Decode[1]", "Deliver"]
+                                            "Decode[1]", "Deliver", "Report"]
     bases = [s for s in plan.steps if isinstance(s, Decode) and s.base]
     assert [(s.inputs, s.outputs) for s in bases] == [(("latent.npy",), ("base.png",)),
                                                       (("latent_1.npy",), ("base_1.png",))]
     # one VAE session: every decode is one run of consecutive VAE steps, after the last DENOISE
     stages = [s.stage for s in plan.steps]
     assert stages[5:9] == ["vae"] * 4 and "scheduler" not in stages[5:]
-    assert plan.steps[-1].inputs == ("image.png", "image_1.png", "base.png", "base_1.png")
+    assert plan.steps[-2].inputs == ("image.png", "image_1.png", "base.png", "base_1.png")
 
 
 def test_keep_base_on_the_pixel_path_keeps_the_pixel_starts_decode_as_base_png():
@@ -204,7 +207,7 @@ def test_keep_base_on_the_pixel_path_keeps_the_pixel_starts_decode_as_base_png()
     start = next(s for s in plan.steps if isinstance(s, PixelStart))
     assert (start.outputs, start.scratch) == (("hires_init.npy", "base.png"), ())
     assert not any(isinstance(s, Decode) and s.base for s in plan.steps)       # no second decode of the latent
-    assert plan.steps[-1].inputs == ("image.png", "base.png")
+    assert plan.steps[-2].inputs == ("image.png", "base.png")
     plain = next(s for s in _plan(hires={"scale": 1.5, "space": "pixel", "method": "lanczos"}).steps
                  if isinstance(s, PixelStart))
     assert (plain.outputs, plain.scratch) == (("hires_init.npy",), ("first.png",))
@@ -225,14 +228,14 @@ def test_a_resume_decodes_a_base_image_only_when_it_is_not_whole(tmp_path):
         _keep(tmp_path, name, (4, 3))
     _keep(tmp_path, "latent.npy", (2, 4, 4))
     _keep(tmp_path, "hires_latent.npy", (2, 6, 6))
-    assert [s.name for s in r._steps_to_run()[0]] == ["Decode[base 0]", "Decode[0]", "Deliver"]
+    assert [s.name for s in r._steps_to_run()[0]] == ["Decode[base 0]", "Decode[0]", "Deliver", "Report"]
     (tmp_path / "base.png").write_bytes(b"png")
-    assert [s.name for s in r._steps_to_run()[0]] == ["Decode[0]", "Deliver"]
+    assert [s.name for s in r._steps_to_run()[0]] == ["Decode[0]", "Deliver", "Report"]
     (tmp_path / "base.png").unlink()
     (tmp_path / "image.png").write_bytes(b"png")
-    assert [s.name for s in r._steps_to_run()[0]] == ["Decode[base 0]", "Deliver"]
+    assert [s.name for s in r._steps_to_run()[0]] == ["Decode[base 0]", "Deliver", "Report"]
     (tmp_path / "latent.npy").unlink()
-    assert [s.name for s in r._steps_to_run()[0]] == ["Denoise[0]", "Decode[base 0]", "Deliver"]
+    assert [s.name for s in r._steps_to_run()[0]] == ["Denoise[0]", "Decode[base 0]", "Deliver", "Report"]
 
 
 def test_a_pixel_resume_reads_the_kept_base_and_encodes_only_what_is_lost(tmp_path):
@@ -240,9 +243,9 @@ def test_a_pixel_resume_reads_the_kept_base_and_encodes_only_what_is_lost(tmp_pa
     _keep(tmp_path, "latent.npy", (2, 4, 4))
     _keep(tmp_path, "hires_latent.npy", (2, 6, 6))
     (tmp_path / "image.png").write_bytes(b"png")
-    assert [s.name for s in r._steps_to_run()[0]] == ["PixelStart[0]", "Deliver"]    # base.png lost: made again
+    assert [s.name for s in r._steps_to_run()[0]] == ["PixelStart[0]", "Deliver", "Report"]    # base.png lost: made again
     (tmp_path / "base.png").write_bytes(b"png")
-    assert [s.name for s in r._steps_to_run()[0]] == ["Deliver"]
+    assert [s.name for s in r._steps_to_run()[0]] == ["Deliver", "Report"]
 
 
 def test_entries_encode_each_distinct_text_once_and_the_denoise_reads_them_all():
@@ -280,17 +283,76 @@ def test_latent_mix_mixes_each_pass_latent_with_the_init_latent_before_its_decod
     r = _runner(tmp_path, plan)
     for name in ("init_latent.npy", "latent.npy", "latent_1.npy", "mixed_latent.npy"):
         _keep(tmp_path, name, (2, 4, 4))
-    assert [s.name for s in r._steps_to_run()[0]] == ["MixLatent[1]", "Decode[0]", "Decode[1]", "Deliver"]
+    assert [s.name for s in r._steps_to_run()[0]] == ["MixLatent[1]", "Decode[0]", "Decode[1]", "Deliver", "Report"]
     from orchestrator.job_files import DAEMON_FILES
     assert {"mixed_latent.npy", "mixed_latent_7.npy"} <= DAEMON_FILES      # a daemon start removes their temporaries
     (tmp_path / "latent_1.npy").unlink()          # image 1's pass again (its contexts too), then its mix
     assert [s.name for s in r._steps_to_run()[0]] == ["EncodeText", "Denoise[1]", "MixLatent[1]", "Decode[0]",
-                                                       "Decode[1]", "Deliver"]
+                                                       "Decode[1]", "Deliver", "Report"]
 
 
 def test_latent_mix_with_a_second_pass_is_its_start_and_the_final_latent_is_decoded():
     plan = _plan(init_image="a.png", latent_mix={"kind": "blend"}, hires={"denoise": 0.5, "keep_base": True})
     assert [s.name for s in plan.steps] == ["EncodeText", "EncodeImage", "Denoise[0]", "MixLatent[0]",
-                                            "HiresDenoise[0]", "Decode[base 0]", "Decode[0]", "Deliver"]
+                                            "HiresDenoise[0]", "Decode[base 0]", "Decode[0]", "Deliver", "Report"]
     assert plan.steps[4].inputs[-1] == "mixed_latent.npy" and plan.steps[6].inputs == ("hires_latent.npy",)
     assert plan.steps[5].inputs == ("latent.npy",)       # the base image is the first KSampler's, unmixed
+
+
+# ---------------------------------------------------------------- the Report step
+
+def test_the_report_is_the_plans_last_step_and_reads_the_images_it_names():
+    plan = _plan(batch=2, hires={"scale": 1.5, "keep_base": True})
+    report = plan.steps[-1]
+    assert report.name == "Report" and report.stage is None and report.phase == "decoding"
+    assert report.inputs == ("image.png", "image_1.png", "base.png", "base_1.png")
+    assert report.outputs == ("report.json", "timing.png")
+
+
+def test_a_resume_skips_the_report_when_whole_and_writes_it_again_when_a_step_it_reads_ran(tmp_path):
+    r = _runner(tmp_path, _plan())
+    _keep(tmp_path, "latent.npy", (2, 4, 4))
+    (tmp_path / "image.png").write_bytes(b"png")
+    written = json.dumps({"job": "j", "plan": [{"step": "Deliver", "ran": True}, {"step": "Report", "ran": True}]})
+    assert [s.name for s in r._steps_to_run()[0]] == ["Deliver", "Report"]        # no report yet
+    (tmp_path / "report.json").write_text(written)
+    assert [s.name for s in r._steps_to_run()[0]] == ["Deliver", "Report"]        # timing.png not drawn yet
+    (tmp_path / "timing.png").write_bytes(b"png")
+    assert [s.name for s in r._steps_to_run()[0]] == ["Deliver"]                  # whole: skipped
+    r.settings.timing_plot_timeout_s = 0.0
+    (tmp_path / "timing.png").unlink()
+    assert [s.name for s in r._steps_to_run()[0]] == ["Deliver"]                  # not drawn here: whole without
+    (tmp_path / "report.json").write_text(written[:-9])                          # torn
+    assert [s.name for s in r._steps_to_run()[0]] == ["Deliver", "Report"]
+    # a failed job's report (written where it stopped, e.g. Deliver could not write `output`) is not the step's
+    (tmp_path / "report.json").write_text(written.replace('"ran": true}]', '"ran": false}]'))
+    assert [s.name for s in r._steps_to_run()[0]] == ["Deliver", "Report"]
+    (tmp_path / "report.json").write_text(written)
+    (tmp_path / "image.png").unlink()                                             # decoded again: a stale record
+    assert [s.name for s in r._steps_to_run()[0]] == ["Decode[0]", "Deliver", "Report"]
+
+
+def test_the_report_step_writes_the_phase_it_runs_in_and_which_steps_ran(tmp_path):
+    """report.json from the Report step: the decoding phase it runs in closed (as the runner's end wrote it before),
+    the plan's steps with which ran in this run, and the token counts read back from text.json when no step of this
+    run set them (a resume that skipped the encoder and the denoiser)."""
+    from types import SimpleNamespace
+
+    from orchestrator.report import JobReport
+    plan = _plan()
+    r = _runner(tmp_path, plan)
+    r.settings.timing_plot_timeout_s = 0.0
+    r.report, r.job = JobReport("j", {"prompt": "a"}), SimpleNamespace(id="j")
+    r.report.phases = [["denoising", 0.0, 1.0]]
+    r._phase, r._ran = ["decoding", 1.0], {plan.steps[2], plan.steps[3]}
+    (tmp_path / "text.json").write_text('{"t5_tokens_prompt": 3, "t5_tokens_negative": 1}')
+    r._step_report(plan.steps[-1])
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert [p[0] for p in rep["phases"]] == ["denoising", "decoding"] and rep["phases"][1][1] == 1.0
+    assert [(p["step"], p["stage"], p["ran"]) for p in rep["plan"]] == [
+        ("EncodeText", "encoder", False), ("Denoise[0]", "scheduler", False), ("Decode[0]", "vae", True),
+        ("Deliver", None, True), ("Report", None, True)]
+    assert rep["text"] == {"t5_tokens_prompt": 3, "t5_tokens_negative": 1}
+    assert r.report.finished is not None and r._phase is None
+    r._close_phase()                                      # the runner's own close after the step: nothing more
+    assert [p[0] for p in r.report.phases] == ["denoising", "decoding"]

@@ -15,6 +15,7 @@ from typing import Optional
 
 from models.board.cost import BOARD_RAMS_GB, LABEL, BoardModel, load_cost
 from models.board.pace import scale_note
+from models.board.ram import KIB_PER_GIB, board_size_gb
 
 SPECTRUM_COMPUTED = 11            # of 20 steps (R8, docs/board-figures.md)
 SPECTRUM_STEPS = 20
@@ -129,18 +130,6 @@ def _job_figure(model: BoardModel, key: str) -> float:
 
 STAYS_UP_RULE_GB = 8          # at or under this RAM nothing heavy is up beside the DiT while it denoises
 ASSUMED_RAM_GB = 8            # the board priced when nothing says which: the smallest, the project's target
-RAM_SHARE = 0.9               # MemTotal is at least this share of the board's size (an 8 GB ROCK 5C shows 7.75 GiB;
-                              # the kernel and firmware keep the rest), so a 12 GB board is priced as 8, never 16
-
-
-def ram_class_gb(mem_total_kib: float) -> Optional[int]:
-    """The largest modelled board size (BOARD_RAMS_GB) whose RAM_SHARE a machine's MemTotal reaches; None below the
-    smallest."""
-    gib = mem_total_kib / 2**20
-    fits = [gb for gb in BOARD_RAMS_GB if gib >= RAM_SHARE * gb]
-    return max(fits) if fits else None
-
-
 def board_ram(settings: dict, mem_total_kib: Optional[float] = None) -> tuple:
     """(GB, basis) of the board the model prices: `board_ram_gb` when the settings give it (board-sim); else the
     machine's MemTotal when the caller read it on the board itself (None elsewhere: an x86 run is no board); else
@@ -149,9 +138,9 @@ def board_ram(settings: dict, mem_total_kib: Optional[float] = None) -> tuple:
         return int(settings["board_ram_gb"]), "configured: [stage.executor] board_ram_gb"
     if mem_total_kib is None:
         return ASSUMED_RAM_GB, "assumed: board_ram_gb not set and not on the RK3588 board"
-    gib = mem_total_kib / 2**20
-    gb = ram_class_gb(mem_total_kib)
-    if gb is None:
+    gib = mem_total_kib / KIB_PER_GIB
+    gb = board_size_gb(mem_total_kib)
+    if gb not in BOARD_RAMS_GB:          # a 4 GB board, or less: priced as the smallest modelled one
         return ASSUMED_RAM_GB, (f"read: MemTotal {gib:.2f} GiB, under the smallest modelled board: priced as the "
                                 f"{ASSUMED_RAM_GB} GB one")
     return gb, f"read: MemTotal {gib:.2f} GiB"

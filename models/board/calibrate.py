@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from models.board.cost import BOARD_RAMS_GB, Shape, load_cost
+from models.board.cost import Shape, load_cost
+from models.board.ram import KIB_PER_GIB, board_size_gb
 from models.dit.partition import KINDS
 
 MEASURED = "measured"
@@ -155,8 +156,10 @@ def _host_io(c: Calibration, base: dict) -> list:
 
 
 def _memory(c: Calibration, base: dict) -> list:
-    # this board's size class (an 8 GB ROCK 5C has 7.75 GiB): its MemTotal is what it has usable
-    ram = min(BOARD_RAMS_GB, key=lambda g: abs(g - c.mem_total_gib)) if c.mem_total_gib > 0 else None
+    # this board's size (an 8 GB ROCK 5C has 7.75 GiB): its MemTotal is what it has usable; a MemTotal over the size
+    # (a 12 GB board is an 8 GB one to the model) measures no size: the project's figures are kept
+    ram = board_size_gb(c.mem_total_gib * KIB_PER_GIB)
+    ram = ram if ram is not None and c.mem_total_gib <= ram else None
     usable_8 = c.mem_total_gib if ram == 8 else float(base["memory"]["usable_gib_8gb"])
     fraction = c.mem_total_gib / ram if ram not in (None, 8) else float(base["memory"]["usable_fraction"])
     return ["[memory]",

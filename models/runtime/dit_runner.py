@@ -23,6 +23,7 @@ from models.dit.rope import rope_tables
 
 log = logging.getLogger(__name__)
 
+CONTEXTS_KEPT = 16        # converted contexts a runner keeps (1 MiB each at 512 x 1024 f16): a job's conditionings
 AHEAD = MAX_PREFETCH      # branch files named as prefetch hints per call (the deepest prefetch a policy may use)
 
 
@@ -174,6 +175,8 @@ class DiTRunner:
         self._lora_feed: tuple = (None, {})                           # ((block, kind), its LoRA inputs)
         cos, sin = rope_tables(self.geom.h_tokens, self.geom.w_tokens, self.cfg.head_dim)  # [L, hd/2] f32
         self.rope = {"rope_cos": cos.astype(self.io_np), "rope_sin": sin.astype(self.io_np)}
+        self._contexts: dict = {}      # id(source) -> (source, [S, Dc] io dtype): each context converted once
+        self._row_masks: dict = {}     # context rows -> its mask [S]
         self.last_timing: Optional[ForwardTiming] = None
 
     def set_lora(self, plan=None, overflow: str = "refuse", where: str = "", between=None) -> DitLora:
@@ -212,6 +215,21 @@ class DiTRunner:
             raise ValueError(f"{name} contains NaN or Inf")
         return c
 
+    def _context(self, c, name: str) -> np.ndarray:
+        """A pass's context as the branches take it, checked and converted once per source array: every call after
+        the first hands the branches the same array, so the scheduler's arena slot for it is written once
+        (stages/scheduler.BranchClient._input), not every step; several conditionings taking turns in one pass
+        (models/sampling/cond_mix.py) each keep theirs. A source must not change in place while the runner uses it
+        (a DENOISE's contexts are its own copies; a new DENOISE has a new runner)."""
+        kept = self._contexts.get(id(c))
+        if kept is not None and kept[0] is c:
+            return kept[1]
+        out = self._check_context(c, name).astype(self.io_np)                       # [S, Dc] io dtype
+        if len(self._contexts) >= CONTEXTS_KEPT:
+            self._contexts.pop(next(iter(self._contexts)))                           # the oldest
+        self._contexts[id(c)] = (c, out)                                             # (c held: its id stays its own)
+        return out
+
     @staticmethod
     def _check_sigma(sigma) -> float:
         s = float(np.asarray(sigma, dtype=np.float64).reshape(()))  # raises on non-scalars
@@ -237,7 +255,10 @@ class DiTRunner:
         rows = list(context_rows) if context_rows else [S] * n
         if len(rows) != n or not all(1 <= int(r) <= S for r in rows):
             raise ValueError(f"context_rows {rows!r}: need {n} row counts in [1, {S}]")
-        return [context_mask(r, S, self.io_np) for r in rows]
+        for r in rows:                       # one array per row count, each call: a "pass" input written once
+            if int(r) not in self._row_masks:
+                self._row_masks[int(r)] = context_mask(r, S, self.io_np)
+        return [self._row_masks[int(r)] for r in rows]
 
     def forward_passes(self, xs: list, sigma, contexts: list, trace: Optional[list] = None, probe=None,
                        context_rows=None) -> list:
@@ -252,8 +273,7 @@ class DiTRunner:
             raise ValueError("need one context per latent (and at least one pass)")
         t_start = time.perf_counter()
         xs = [self._check_x(x, f"x[{i}]" if len(xs) > 1 else "x") for i, x in enumerate(xs)]
-        ctxs = [self._check_context(c, f"context[{i}]" if len(xs) > 1 else "context").astype(self.io_np)
-                for i, c in enumerate(contexts)]
+        ctxs = [self._context(c, f"context[{i}]" if len(xs) > 1 else "context") for i, c in enumerate(contexts)]
         masks = self._masks(context_rows, len(xs))
         sigma = self._check_sigma(sigma)
         cfg, W, timing = self.cfg, self.weights, ForwardTiming()

@@ -5,9 +5,10 @@ from __future__ import annotations
 from models.dit.partition import TEXT_TOKENS
 from models.sampling.denoise import STATE_FILE
 from orchestrator.job_files import (COND_FILE, ENTRIES_FILE, HIRES_COND_FILE, HIRES_TEXT_FILE, HIRES_UNCOND_FILE, INIT_IMAGE_FILE,
-                                    INIT_LATENT_FILE, MASK_FILE, MIXED_LATENT_FILE, TEXT_FILE, UNCOND_FILE, batch_name)
+                                    INIT_LATENT_FILE, MASK_FILE, MIXED_LATENT_FILE, REPORT_FILE, TEXT_FILE, TIMING_FILE,
+                                    UNCOND_FILE, batch_name)
 from orchestrator.plan.steps import (CropImage, Decode, Deliver, Denoise, EncodeImage, EncodeText, HiresDenoise,
-                                     MixLatent, PixelStart, Plan, Step)
+                                     MixLatent, PixelStart, Plan, Report, Step)
 from protocol.prompt import CondEntry, PromptSpec, mixes
 
 CONTEXTS = (TEXT_FILE, COND_FILE, UNCOND_FILE)
@@ -217,7 +218,7 @@ def _decode_steps(spec: PromptSpec, images: tuple[str, ...]) -> list[Step]:
 def build_plan(spec: PromptSpec) -> Plan:
     """The steps of a job, in an order that runs them: its contexts (and init latent), each image's first pass, the
     latent_mix's MixLatent, the hires fix's second pass, each image decoded (with hires.keep_base its first pass's
-    too; with an ImageCrop, cut), then all delivered."""
+    too; with an ImageCrop, cut), then all delivered, then the job's report."""
     steps = _encode_steps(spec) + [_first_pass(spec, pos) for pos in range(spec.batch)]
     if spec.latent_mix is not None:                # the daemon's numpy, before the second pass or the VAE session
         steps += [MixLatent(pos, inputs=(latent_file(pos), INIT_LATENT_FILE), outputs=(mixed_latent_file(pos),))
@@ -231,4 +232,5 @@ def build_plan(spec: PromptSpec) -> Plan:
                   for pos in range(spec.batch)]
     steps += _decode_steps(spec, images)
     steps.append(Deliver(inputs=images + bases))
+    steps.append(Report(inputs=images + bases, outputs=(REPORT_FILE, TIMING_FILE)))
     return Plan(tuple(steps))

@@ -7,17 +7,14 @@ when their outputs are not whole (docs/plan.md)."""
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
 import time
 
 from models.dit.partition import TEXT_TOKENS
 from orchestrator.estimate import safe_estimate
 from orchestrator.job_files import (COND_FILE, ENTRIES_FILE, ENTRY_FILE, HIRES_COND_FILE, HIRES_INIT_FILE,
                                     HIRES_LATENT_FILE, HIRES_TEXT_FILE,
-                                    HIRES_UNCOND_FILE, INIT_LATENT_FILE, JOB_FILES, LATENT_FILE, MIXED_LATENT_FILE, REPORT_FILE, TEXT_FILE,
-                                    UNCOND_FILE, names)
+                                    HIRES_UNCOND_FILE, INIT_LATENT_FILE, JOB_FILES, LATENT_FILE, MIXED_LATENT_FILE,
+                                    REPORT_FILE, TEXT_FILE, TIMING_FILE, UNCOND_FILE, names)
 from orchestrator.job_record import STAGES
 from orchestrator.plan.build import build_plan
 from orchestrator.plan.checks import JobChecks
@@ -28,8 +25,9 @@ from orchestrator.plan.entries import EntrySteps
 from orchestrator.plan.job_io import load_npy, load_text
 from orchestrator.plan.image_ops import ImageSteps
 from orchestrator.plan.latent_steps import LatentSteps
+from orchestrator.plan.report_step import ReportStep
 from orchestrator.plan.steps import ENCODER, CropImage, Decode, Deliver, Denoise, EncodeImage, EncodeText, \
-    HiresDenoise, MixLatent, PixelStart, Step
+    HiresDenoise, MixLatent, PixelStart, Report, Step
 from orchestrator.plan.vae import VaeSteps
 from orchestrator.report import JobReport
 from orchestrator.stage_control import Cancelled, StageControl, StageFailed, Stopping
@@ -42,10 +40,11 @@ EXECUTORS = {EncodeText: TextSteps._step_encode_text, EncodeImage: VaeSteps._ste
              Denoise: DenoiseSteps._step_denoise, PixelStart: VaeSteps._step_pixel_start,
              HiresDenoise: DenoiseSteps._step_hires, Decode: VaeSteps._step_decode,
              MixLatent: LatentSteps._step_mix_latent, CropImage: ImageSteps._step_crop_image,
-             Deliver: DeliverStep._step_deliver}
+             Deliver: DeliverStep._step_deliver, Report: ReportStep._step_report}
 
 
-class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, LatentSteps, ImageSteps, DeliverStep):
+class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, LatentSteps, ImageSteps, DeliverStep,
+                 ReportStep):
     """Runs one job to done/failed/cancelled: its plan's steps, its states and what the job records (report, job
     folder). `d` is the Daemon (sockets, store, supervisor, idle pump); `control` drives the stages."""
 
@@ -74,6 +73,8 @@ class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, Laten
         self.plan = build_plan(self.spec)
         self._up: set[str] = set()                            # the on-demand stages the current group brought up
         self._group, self._group_t0 = None, 0.0               # the stage of the steps running, since when
+        self._phase: list | None = None                       # [state, start_s] of the phase running
+        self._ran: set[Step] = set()                          # the steps this run has done (report `plan`)
 
     def run(self) -> None:
         job = self.job
@@ -84,10 +85,7 @@ class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, Laten
             self._check_packs()
             self._make_arena()
             self._check_loras()
-            self._run_plan()
-            self.report.finished = time.time()
-            self.report.write(self.dir / REPORT_FILE)
-            self._timing_plot()
+            self._run_plan()                 # its last step, Report, wrote report.json (or found it whole)
             self.store.transition(job.id, "done", (self.report.delivery or {}).get("note", ""),
                                   image=self.report.image, report=str(self.dir / REPORT_FILE))
         except Cancelled:
@@ -96,8 +94,7 @@ class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, Laten
         except StageFailed as e:
             log.error("job %s failed: %s", job.id, e)
             self.control.stop_quietly()
-            self.report.write(self.dir / REPORT_FILE)
-            self._timing_plot()
+            self._write_report()             # how far it got: the Report step's files, from here
             self.store.fail(job.id, e.stage, e.message)
         except Stopping:
             log.info("job %s left at %s for the next orchestrator", job.id, self.store.get(job.id).state)
@@ -131,11 +128,18 @@ class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, Laten
             if self.store.get(self.job.id).state != phase:
                 self.store.transition(self.job.id, phase, why if phase == STAGES[first] else "")
             self.control.check_cancel()
-            t0 = self.report.since_start()
+            self._phase = [phase, round(self.report.since_start(), 3)]
             try:                             # a failed job's report shows how far each phase got
                 self._run_steps([s for s in todo if s.phase == phase])
             finally:
-                self.report.phases.append([phase, round(t0, 3), round(self.report.since_start(), 3)])
+                self._close_phase()
+
+    def _close_phase(self) -> None:
+        """The running phase's [state, start_s, end_s] into the report, once (the Report step closes its own, so the
+        report it writes shows it)."""
+        if self._phase is not None:
+            self.report.phases.append([*self._phase, round(self.report.since_start(), 3)])
+            self._phase = None
 
     def _steps_to_run(self) -> tuple[list[Step], dict]:
         """(the steps a resume cannot skip, in plan order; {step: its outputs not whole}). From the last step back: a
@@ -153,8 +157,17 @@ class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, Laten
             missing[step] = lost
             for producer in self.plan.producers(step):
                 need(producer, tuple(f for f in producer.outputs if f in step.inputs))
-        need(self.plan.steps[-1], ())        # Deliver: every image, delivered (outside the job folder: always)
+        # the steps no other reads: Deliver (outside the job folder: always runs), then Report, which runs when its
+        # files are not whole or when a step writing what it reports runs again (its record would be stale)
+        for last in self._last_steps():
+            if last.outputs and last not in missing and any(p in missing for p in self.plan.producers(last)):
+                missing[last] = []
+            need(last, last.outputs)
         return [s for s in self.plan.steps if s in missing], missing
+
+    def _last_steps(self) -> list[Step]:
+        read = {f for s in self.plan.steps for f in s.inputs}
+        return [s for s in self.plan.steps if not read.intersection(s.outputs)]
 
     def _whole(self, name: str) -> bool:
         """A step's output in the job folder as a resume may use it: an array whole, f32, its pack's shape and
@@ -170,6 +183,10 @@ class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, Laten
             return load_npy(self.dir / name, shapes[kind]) is not None
         if kind == ENTRIES_FILE:
             return load_text(self.dir / name) is not None
+        if kind == REPORT_FILE:
+            return self._report_whole()
+        if kind == TIMING_FILE:              # not drawn by this daemon: whole as it is
+            return not self._plots() or (self.dir / name).exists()
         if kind in (TEXT_FILE, HIRES_TEXT_FILE):
             pack = first if kind == TEXT_FILE else hires
             return pack.text_tokens <= TEXT_TOKENS or load_text(self.dir / name) is not None
@@ -181,6 +198,7 @@ class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, Laten
             self._open_group(step.stage)
             log.info("job %s: %s", self.job.id, step.name)
             EXECUTORS[type(step)](self, step)
+            self._ran.add(step)
         self._open_group(None)
 
     def _open_group(self, stage: str | None) -> None:
@@ -204,31 +222,3 @@ class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, Laten
             self._up.add(stage)
             if stage == ENCODER:
                 self.report.encoder_started = True
-
-    def _timing_plot(self) -> None:
-        """timing.png next to report.json, drawn by a short child process (orchestrator.timing_plot): matplotlib's
-        import and memory stay out of this long-lived daemon, which keeps serving while it runs. Best effort: a
-        failure, a timeout or a daemon stop leaves the job as it is, without the picture."""
-        if not self.report.phases:           # failed before any stage ran (disk, arena): nothing to draw
-            return
-        limit = self.settings.timing_plot_timeout_s
-        if not limit:                        # turned off ([stage.orchestrator] timing_plot_timeout_s = 0)
-            return
-        cmd = [sys.executable, "-m", "orchestrator.timing_plot", str(self.dir / REPORT_FILE),
-               "--parent", str(os.getpid())]
-        try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)   # stderr: our log
-        except OSError as e:
-            log.warning("job %s: no timing plot: %s", self.job.id, e)
-            return
-        deadline = time.monotonic() + limit
-        while proc.poll() is None:
-            if self.d.stopping or time.monotonic() > deadline:
-                proc.kill()
-                proc.wait()
-                log.warning("job %s: timing plot %s", self.job.id, "stopped" if self.d.stopping else "timed out")
-                return
-            self.d.pump(0.05)
-        if proc.returncode != 0:
-            log.warning("job %s: the timing plot failed (exit %s; its message is above)", self.job.id,
-                        proc.returncode)

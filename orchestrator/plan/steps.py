@@ -120,6 +120,14 @@ class Deliver(Step):
     phase: ClassVar[str] = DECODING
 
 
+@dataclass(frozen=True)
+class Report(Step):
+    """The job's record last: report.json (what the stages measured, the images delivered, which of the plan's steps
+    ran) and timing.png drawn from it. It reads the images it names; a resume skips it when both files are whole and
+    no step that writes what it reads ran again."""
+    phase: ClassVar[str] = DECODING
+
+
 class PlanError(ValueError):
     """A plan that is not a DAG of its files: an input nothing earlier writes, or a file written twice."""
 
