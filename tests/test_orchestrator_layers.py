@@ -10,11 +10,8 @@ from tests.test_layout_rules import import_graph
 FRONTS = ("orchestrator.cli", "orchestrator.demo", "orchestrator.http", "orchestrator.a1111_names")
 COMFY = "orchestrator.comfy_"           # comfy_nodes, comfy_graph, comfy_workflow ...: ComfyUI's vocabulary
 
-# the engine writes a PNG's A1111 and ComfyUI metadata itself (issue 42: to be handed the formatters instead); a job's
-# init image is checked with /view's own rules
+# the engine writes a PNG's A1111 and ComfyUI metadata itself (issue 42: to be handed the formatters instead)
 KNOWN_UPWARD = frozenset({
-    "orchestrator.inputs imports orchestrator.http",
-    "orchestrator.inputs imports orchestrator.http.files",
     "orchestrator.plan.vae imports orchestrator.comfy_graph",
     "orchestrator.report imports orchestrator.a1111_names",
     "orchestrator.report imports orchestrator.comfy_graph",
