@@ -7,16 +7,11 @@ from __future__ import annotations
 
 from tests.test_layout_rules import import_graph
 
-FRONTS = ("orchestrator.cli", "orchestrator.demo", "orchestrator.http", "orchestrator.a1111_names")
+FRONTS = ("orchestrator.cli", "orchestrator.demo", "orchestrator.http", "orchestrator.a1111_names",
+          "orchestrator.a1111_infotext", "orchestrator.png_formats")
 COMFY = "orchestrator.comfy_"           # comfy_nodes, comfy_graph, comfy_workflow ...: ComfyUI's vocabulary
 
-# the engine writes a PNG's A1111 and ComfyUI metadata itself (issue 42: to be handed the formatters instead)
-KNOWN_UPWARD = frozenset({
-    "orchestrator.plan.vae imports orchestrator.comfy_graph",
-    "orchestrator.report imports orchestrator.a1111_names",
-    "orchestrator.report imports orchestrator.comfy_graph",
-    "orchestrator.report imports orchestrator.comfy_workflow",
-})
+KNOWN_UPWARD: frozenset = frozenset()
 
 
 def is_front(module: str) -> bool:
