@@ -5,7 +5,7 @@ aliases), sd_samplers_timesteps.py (DDIM, UniPC), sd_samplers_lcm.py (LCM) and s
 label, aliases). Before its 1.9 release A1111 folded the scheduler into the sampler's name ("DPM++ 2M Karras"); such
 a name still selects the sampler and, when the request leaves `scheduler` at "automatic", the scheduler. Samplers A1111
 does not have (er_sde, sa_solver ...) carry a label in A1111's style and their ComfyUI name as an alias. Readers: the
-A1111 routes (orchestrator/http/a1111.py) and the PNG's `parameters` line (orchestrator/report.py).
+A1111 routes (orchestrator/http/a1111.py) and the PNG's `parameters` line (orchestrator/a1111_infotext.py).
 """
 from __future__ import annotations
 

@@ -704,9 +704,10 @@ def cmd_serve(args, rf: RunFolder) -> int:
     same way again); anything that breaks it while serving is exit 1, and supervisord starts it again."""
     from models.packs.pack import PackError
     from orchestrator.daemon import serve
+    from orchestrator.png_formats import PNG_FORMATS
     from stages.config import ConfigError
     try:
-        return serve(rf, Path(args.config))
+        return serve(rf, Path(args.config), PNG_FORMATS)
     except (ConfigError, PackError) as e:
         from stages.base import config_exit
         print(f"orchestrator serve: error: {e}", file=sys.stderr, flush=True)

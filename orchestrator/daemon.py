@@ -7,6 +7,7 @@ import os
 import signal
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from orchestrator.heartbeat import Heartbeats
 from orchestrator.job_record import ORIGIN, UNREADABLE, JobEntry, info_of
 from orchestrator.jobs import JobError, JobStore, QueueFull
 from orchestrator.loras import LoraRefused, RunLoras
+from orchestrator.png_text import PngFormat
 from orchestrator.packs import pack_model_files, read_packs, vae_pack_sizes
 from orchestrator.prompt_spec import PromptError, resolve_prompt
 from orchestrator.runfolder import ALWAYS_ON_STAGES, ON_DEMAND_STAGES, RunFolder
@@ -62,10 +64,14 @@ class _PendingSubmit:
 class Daemon:
     """Queue + flow + sockets. Single-threaded: while a stage request is out, `idle()` keeps serving."""
 
-    def __init__(self, config, rf: RunFolder, *, supervisor: Supervisor | None = None, ctx: zmq.Context | None = None):
+    def __init__(self, config, rf: RunFolder, *, supervisor: Supervisor | None = None, ctx: zmq.Context | None = None,
+                 png_formats: Sequence[PngFormat] = ()):
+        """`png_formats`: the PNG text chunks other tools read, handed in by the way in that starts the daemon
+        (orchestrator.png_formats.PNG_FORMATS; none: a PNG carries only the engine's own `anima` chunk)."""
         if not config.packs:
             raise ConfigError(f"{config.path}: pack_dir is not set; the orchestrator needs a model pack")
         self.cfg, self.rf = config, rf
+        self.png_formats = tuple(png_formats)
         self.settings = config.settings("orchestrator")
         self.packs = read_packs(config.packs)              # (width, height) -> PackInfo; a job picks by its size
         self.pack = next(iter(self.packs.values()))        # the default: a job that names no size gets this one
@@ -483,8 +489,9 @@ class Daemon:
                        position=pending_ids.index(entry.id) if entry.id in pending_ids else 0)
 
 
-def serve(rf: RunFolder, config_path: Path) -> int:
-    """`orchestrator serve --config FILE`: the daemon process (SIGTERM: finish the current request's wait, exit 0)."""
+def serve(rf: RunFolder, config_path: Path, png_formats: Sequence[PngFormat] = ()) -> int:
+    """`orchestrator serve --config FILE`: the daemon process (SIGTERM: finish the current request's wait, exit 0);
+    `png_formats` as Daemon takes them."""
     import setproctitle
     from stages.config import load_config
     cfg = load_config(config_path)
@@ -493,7 +500,7 @@ def serve(rf: RunFolder, config_path: Path) -> int:
                          "(--run / ANIMA_RUN)")
     logging.getLogger().setLevel(cfg.log_level.upper())
     setproctitle.setproctitle("anima-orchestrator")
-    d = Daemon(cfg, rf)
+    d = Daemon(cfg, rf, png_formats=png_formats)
     record_start(cfg, "orchestrator")     # its packs and settings: an edit of the file asks for `orchestrator reload`
 
     def on_signal(signum, frame):

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from models.durable import atomic_write
-from orchestrator.runfolder import ALWAYS_ON_STAGES, EXAMPLE_PROMPT, REPO_DIR, RunFolder, init_run
+from orchestrator.runfolder import ALWAYS_ON_STAGES, EXAMPLE_PROMPT, REPO_DIR, RunFolder, init_run, missing_modules
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,8 @@ def prepare_run(run: Path, models: Path, packs: list[Path], port: int | None = N
                             f"the demo leaves it alone: run it with another --run folder")
     rf = init_run(run, pack_dir=pack, packs=more, models_dir=models, force=changed)
     conf = rf.root / "supervisord.conf"
-    if "[program:http]" not in conf.read_text():        # a run folder from before the HTTP front: render it again
+    # a run folder from before the HTTP front, or from a version whose modules were laid out otherwise: render it again
+    if "[program:http]" not in conf.read_text() or missing_modules(conf.read_text()):
         init_run(run, pack_dir=pack, packs=more, models_dir=models, force=True)
         changed = True
     before = toml.read_text()

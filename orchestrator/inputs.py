@@ -28,6 +28,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from models.durable import atomic_write, is_temporary
+from orchestrator import served_files
 from orchestrator.upload_space import KINDS, check_room
 from orchestrator.job_record import JOB_ID_RE
 
@@ -147,14 +148,13 @@ def folder(run_root: Path, kind: str, parts: tuple[str, ...] = (), *, create: bo
 
 
 def _job_file(run_root: Path, parts: tuple[str, ...], name: str) -> Path:
-    """A job's own file as /view serves it (orchestrator.http.files: its allowed names, no link on the way)."""
-    from orchestrator.http import files
+    """A job's own file as /view serves it (orchestrator.served_files: its allowed names, no link on the way)."""
     from stages.config import JOBS_DIR
     if len(parts) > 1:
         raise FileNotFoundError("/".join(parts))
     try:
-        return files.resolve(Path(run_root) / JOBS_DIR, name, parts[0], "output")[0]
-    except files.BadName as e:
+        return served_files.resolve(Path(run_root) / JOBS_DIR, name, parts[0], "output")[0]
+    except served_files.BadName as e:
         raise InputNameError("filename", str(e)) from None
 
 

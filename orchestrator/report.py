@@ -1,8 +1,8 @@
-"""Per-job report: stage wall times and peak RSS, per-branch-kind phase sums, teardown record; and its text table."""
+"""Per-job report: stage wall times and peak RSS, per-branch-kind phase sums, teardown record; and its text table.
+(A PNG's text chunks: orchestrator.png_text.)"""
 from __future__ import annotations
 
 import json
-import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,17 +10,12 @@ from pathlib import Path
 import psutil
 
 from models.durable import atomic_write
-from models.lora.a1111 import lora_stem, lora_tag
 from models.dit.partition import KINDS, TEXT_TOKENS
 from models.runtime.phase_times import PhaseSums
 from models.sampling.step_cache import NODE_NAMES
-from orchestrator.a1111_names import sampler_label, scheduler_label
 from models.schema import base_types
 from models.runtime.probes import vm_hwm_kb
 from orchestrator.runfolder import ON_DEMAND_STAGES, STAGE_PROGRAMS
-from protocol.messages import MAX_PNG_TEXT_CHARS
-
-log = logging.getLogger(__name__)
 
 # a branch kind's sums in report.json: every PhaseSums field, seconds (float) and counts (int) as the record types them
 SUMS = base_types(PhaseSums)
@@ -308,110 +303,6 @@ def estimate_rows(report: dict) -> list:
             f"{'measured':<22} {wall('encoder'):>9.1f} {denoise:>10.1f} {wall('vae'):>9.1f} "
             f"{float(report.get('wall_s', 0.0)):>9.1f} {int(report.get('model_calls') or report.get('nfe') or 0):>6} "
             f"{'':>6}  ({what})"]
-
-
-A1111_NEGATIVE = "Negative prompt:"
-
-
-def a1111_parameters(prompt: str, negative: str, settings: dict) -> str:
-    """A1111's generation text: the prompt, "Negative prompt: " and the negative prompt, then one line of
-    `Key: value` pairs. A1111 reads it back (docs/prompts.md) line by line: the last line holds the pairs, and the
-    first line that, stripped, begins with "Negative prompt:" starts the negative prompt. So in both texts such a
-    line is written with a lower-case first letter (the one change: a prompt of "\nNegative prompt: ..." lines no
-    longer moves A1111's split), and a value holding a comma, colon or newline is JSON-quoted, as A1111 quotes."""
-    def text(t: str) -> str:
-        return "\n".join("n" + ln.strip()[1:] if ln.strip().startswith(A1111_NEGATIVE) else ln for ln in t.split("\n"))
-
-    def value(v) -> str:
-        v = str(v)
-        return json.dumps(v, ensure_ascii=False) if any(c in v for c in ",:\n") else v
-    pairs = ", ".join(f"{k}: {value(v)}" for k, v in settings.items())
-    return f"{text(prompt)}\n{A1111_NEGATIVE} {text(negative)}\n{pairs}"
-
-
-# A1111's hires upscaler names for the latent methods it has (area and bislerp it has not: named as ComfyUI names them)
-A1111_LATENT_UPSCALERS = {"bilinear": "Latent", "bicubic": "Latent (bicubic)", "nearest-exact": "Latent (nearest-exact)"}
-# and for the pixel path: A1111's plain upscalers (modules/upscaler.py: UpscalerLanczos, UpscalerNearest)
-A1111_PIXEL_UPSCALERS = {"lanczos": "Lanczos", "nearest-exact": "Nearest"}
-
-
-def _hires_labels(spec) -> dict:
-    """A1111's infotext of a hires fix: Denoising strength, Hires upscale or Hires resize, Hires steps, upscaler;
-    then what the second pass has of its own, as A1111 names it where it differs from the first pass's (Hires
-    sampler, Hires schedule type, Hires prompt, Hires negative prompt; Forge's Hires CFG Scale; this project's Hires
-    seed)."""
-    h = spec.hires
-    if h is None:
-        return {}
-    # a second pass on the first latent as it is: A1111's upscale 1 with its "None" upscaler
-    size = {"Hires upscale": h.scale if h.upscaled else 1.0} if h.width is None else \
-        {"Hires resize": f"{h.width}x{h.height}"}
-    names = A1111_PIXEL_UPSCALERS if h.space == "pixel" else A1111_LATENT_UPSCALERS
-    if not h.upscaled:
-        names = {h.method: "None"}
-    own = {"Hires sampler": (h.sampler, spec.sampler, sampler_label),
-           "Hires schedule type": (h.scheduler, spec.scheduler, scheduler_label),
-           "Hires CFG Scale": (h.cfg, spec.cfg, None), "Hires prompt": (h.prompt, spec.prompt, None),
-           "Hires negative prompt": (h.negative_prompt, spec.negative_prompt, None),
-           "Hires seed": (h.seed, spec.seed, None)}
-    return {"Denoising strength": h.denoise, **size, **({"Hires steps": h.steps} if h.steps else {}),
-            "Hires upscaler": names.get(h.method, h.method),
-            **{k: (label(v) if label else v) for k, (v, first, label) in own.items() if v is not None and v != first}}
-
-
-def png_metadata(spec, pack, job: str, names=None, graph: dict | None = None,
-                 lora_hashes: dict | None = None, batch_pos: int = 0) -> dict[str, str]:
-    """The PNG's text chunks, for the tools that read them:
-    - `parameters`: A1111's generation line (A1111, Civitai and most image browsers read it);
-    - `prompt`: the job as ComfyUI's API graph, `workflow`: the same graph as ComfyUI's editor saves it (dropped on
-      ComfyUI, the PNG loads this job; orchestrator.comfy_graph / comfy_workflow);
-    - `anima`: this project's own fields (JSON), under a keyword no other tool uses.
-    JSON is ASCII (as ComfyUI's SaveImage writes it), so each chunk is a plain tEXt chunk every reader knows.
-    `names`: the loaders' file names (comfy_graph.ModelNames); unknown ones stay empty. `graph`: the API graph a
-    ComfyUI client sent for this job (kept as sent, as ComfyUI keeps it), else the job's own graph is made; a sent
-    graph too large for a DECODE text value is replaced by the job's own. A job's LoRAs are in each: A1111's
-    `<lora:NAME:S>` tags after the prompt and `Lora hashes` (`lora_hashes`: name -> models.lora.choice's short
-    hash), ComfyUI's loader nodes, this project's `loras`."""
-    from orchestrator.comfy_graph import ModelNames, job_to_graph
-    from orchestrator.comfy_workflow import api_to_workflow
-    spectrum = "on" if spec.spectrum.enabled else "off"
-    width, height = spec.width or pack.width, spec.height or pack.height
-    lora_hashes = lora_hashes or {}
-    tags = "".join(" " + lora_tag(c.name, c.strength, c.te_strength) for c in spec.loras)
-    hashes = ", ".join(f"{lora_stem(c.name)}: {lora_hashes[c.name]}" for c in spec.loras if c.name in lora_hashes)
-    params = a1111_parameters(spec.prompt + tags, spec.negative_prompt, {
-        "Steps": spec.steps, "Sampler": sampler_label(spec.sampler), "Schedule type": scheduler_label(spec.scheduler),
-        "CFG scale": spec.cfg, "Seed": spec.seed, "Size": f"{width}x{height}", "Model": pack.source_name,
-        "Model hash": pack.source_sha256[:10], **({"Lora hashes": hashes} if hashes else {}),
-        **({"Denoising strength": spec.denoise} if spec.init_image is not None else {}),
-        **({"Batch size": spec.batch, "Batch pos": batch_pos} if spec.batch > 1 else {}),
-        **_hires_labels(spec), "Spectrum": spectrum})
-    names = names or ModelNames(unet=(pack.source_name,) if pack.source_name else ())
-    chunks = None
-    if graph is not None:
-        try:
-            chunks = (json.dumps(graph), json.dumps(api_to_workflow(graph)))
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:     # never fail a decode on it
-            log.warning("job %s: the client's graph cannot be drawn as a workflow (%s); the job's own is used", job, e)
-        if chunks and max(map(len, chunks)) > MAX_PNG_TEXT_CHARS:
-            chunks = None
-    if chunks is None:
-        graph = job_to_graph({**spec.to_dict(), "width": width, "height": height}, names=names)
-        chunks = (json.dumps(graph), json.dumps(api_to_workflow(graph)))
-    own = {"job": job, "prompt": spec.prompt, "negative_prompt": spec.negative_prompt, "seed": spec.seed,
-           "steps": spec.steps, "cfg": spec.cfg, "sampler": spec.sampler, "scheduler": spec.scheduler,
-           "width": width, "height": height, "spectrum": spec.spectrum.to_dict(),
-           **({"init_image": spec.init_image, "mask": spec.mask, "denoise": spec.denoise} if spec.init_image else {}),
-           **({"denoise_steps": spec.denoise_steps} if spec.denoise_steps != "comfyui" else {}),
-           **({"mask_channel": spec.mask_channel} if spec.mask_channel else {}),
-           **({"grow_mask_by": spec.grow_mask_by} if spec.grow_mask_by is not None else {}),
-           **({"batch": spec.batch, "batch_index": batch_pos} if spec.batch > 1 else {}),
-           **({"hires": spec.hires.to_dict()} if spec.hires is not None else {}),
-           "model": pack.source_name, "model_sha256": pack.source_sha256,
-           "latent_space": LATENT_SPACE, "latent_note": LATENT_NOTE,
-           "loras": [{**c.to_dict(), "clip_strength": c.te_strength, "short_hash": lora_hashes.get(c.name)}
-                     for c in spec.loras]}
-    return {"parameters": params, "prompt": chunks[0], "workflow": chunks[1], "anima": json.dumps(own)}
 
 
 def format_table(report: dict) -> str:

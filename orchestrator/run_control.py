@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from orchestrator.daemon_probe import daemon_answers
-from orchestrator.runfolder import RunFolder
+from orchestrator.runfolder import RunFolder, missing_modules
 from orchestrator.supervisor import POLL_INTERVAL_S, SHUTDOWN_TIMEOUT_S, ShuttingDown, Supervisor, SupervisorError
 
 START_TIMEOUT_S = 120.0     # supervisord up, its programs past their startsecs, the daemon answering
@@ -165,6 +165,12 @@ def start(rf: RunFolder, timeout_s: float = START_TIMEOUT_S, say: Callable[[str]
     if not rf.supervisord_conf.is_file():
         raise SupervisorError(f"no {rf.supervisord_conf}: create the run folder first (orchestrator --run {rf.root} "
                               "init ...)")
+    gone = missing_modules(rf.supervisord_conf.read_text())
+    if gone:
+        raise SupervisorError(f"{rf.supervisord_conf} runs python -m {', '.join(gone)}, which this version does not "
+                              f"have (the run folder was made by an older one): write it again with `orchestrator "
+                              f"--run {rf.root} init --force` and the run folder's packs (the old file is kept beside "
+                              "it), or edit its command= lines")
     sup = Supervisor(rf.supervisor_sock)
     state = supervisord_state(sup)
     if state == "shutting down":

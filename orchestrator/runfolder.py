@@ -1,7 +1,9 @@
 """The run folder: where sockets, logs, jobs and configs live (0700), and rendering supervisord.conf for it."""
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +96,20 @@ def render_supervisord_conf(template: str, run_dir: Path, *, repo_dir: Path | No
     text = template.replace("%(here)s/run", _escape(run_dir))
     text = text.replace("%(here)s/.venv/bin/python", _escape(python or sys.executable))
     return text.replace("%(here)s", _escape(repo_dir))
+
+
+def missing_modules(conf_text: str) -> list[str]:
+    """The `python -m MODULE` of each program in a rendered supervisord.conf that this installation does not have: a
+    run folder rendered by a version whose modules were laid out otherwise, whose program would fail at every start."""
+    missing = []
+    for name in re.findall(r"^command=.*?\s-m\s+([\w.]+)", conf_text, re.M):
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
 
 
 PIPELINE_TEMPLATE = """\

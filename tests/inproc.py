@@ -14,6 +14,7 @@ from pathlib import Path
 from orchestrator.cli import cli_error
 from orchestrator.daemon import Daemon
 from orchestrator.daemon_client import DaemonClient
+from orchestrator.png_formats import PNG_FORMATS
 from orchestrator.runfolder import RunFolder
 
 
@@ -28,7 +29,7 @@ class InprocClient:
     def open(cls, rf: RunFolder, config_path: Path | None = None) -> InprocClient:
         """The daemon of run folder `rf` on its pipeline.toml (or `config_path`), its queue as the folder has it."""
         from stages.config import load_config
-        daemon = Daemon(load_config(config_path or rf.pipeline_toml), rf)
+        daemon = Daemon(load_config(config_path or rf.pipeline_toml), rf, png_formats=PNG_FORMATS)
         daemon.store.recover()                 # as Daemon.open does: torn writes cleaned, a running job kept
         return cls(daemon)
 

@@ -207,7 +207,7 @@ def test_crop_region_is_the_padded_bounding_box():
 
 def test_png_parameters_name_the_denoising_strength_and_the_mask_blur(front):
     from orchestrator.prompt_spec import parse_prompt_obj
-    from orchestrator.report import png_metadata
+    from orchestrator.png_formats import png_metadata
     pack = SimpleNamespace(width=64, height=64, source_name="m.safetensors", source_sha256="ab" * 32)
     spec = parse_prompt_obj({"prompt": "a cat", "seed": 1, "init_image": "a.png", "mask": "m.png", "denoise": 0.6},
                             resolution=(64, 64))

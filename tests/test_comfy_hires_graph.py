@@ -518,11 +518,11 @@ def test_post_prompt_submits_the_hires_fix_and_the_batch(tmp_path):
 
 def test_a_hires_jobs_png_shows_the_two_pass_graph():
     """A job of prompt.json / A1111's enable_hr / the page (no client graph): the PNG's `prompt` chunk is the two-pass
-    graph (orchestrator/report.py png_metadata: what /history and /queue show too, views.JobView.graph), and
+    graph (orchestrator/png_formats.py png_metadata: what /history and /queue show too, views.JobView.graph), and
     `workflow` draws it; the graph maps back onto the job."""
     from types import SimpleNamespace
 
-    from orchestrator.report import png_metadata
+    from orchestrator.png_formats import png_metadata
     pack = SimpleNamespace(width=64, height=64, source_name=TINY_NAMES["unet"], source_sha256="ab" * 32)
     spec = parse_prompt_obj({"prompt": "a cat", "seed": 1, "steps": 3, "spectrum": False,
                              "hires": {"scale": 1.5, "denoise": 0.4, "prompt": "a sharp cat"}}, resolution=SIZES)

@@ -213,7 +213,7 @@ def test_serve_exits_2_only_for_a_bad_config(tmp_path, monkeypatch, capsys, capl
     for error, code in ((ConfigError("pipeline.toml: stage.x: bad"), 2), (PackError("no pack"), 2),
                         (ValueError("Exceeds the limit (4300 digits)"), 1), (OSError(36, "File name too long"), 1),
                         (RuntimeError("broken"), 1)):
-        def fail(rf, path, error=error):
+        def fail(rf, path, *_, error=error):        # *_: the PNG formats serve is handed
             raise error
         monkeypatch.setattr(orchestrator.daemon, "serve", fail)
         caplog.clear()

@@ -10,7 +10,7 @@ from models.vae.png import write_png
 from orchestrator.comfy_graph import ModelNames, graph_to_job
 from orchestrator.comfy_workflow import api_to_workflow
 from orchestrator.prompt_spec import parse_prompt_obj
-from orchestrator.report import png_metadata
+from orchestrator.png_formats import png_metadata
 from protocol import codec
 from protocol import messages as m
 from protocol.tensors import TensorDesc
@@ -200,3 +200,20 @@ def test_a1111_reads_the_prompts_and_settings_back_whole():
         spec = parse_prompt_obj({"prompt": p, "negative_prompt": n, "seed": 1}, resolution=(256, 128))
         got = a1111_parse(png_metadata(spec, PACK, "j", NAMES)["parameters"])
         assert (got["Prompt"], got["Negative prompt"], got["Seed"]) == (lowered(p), lowered(n), "1"), (p, n)
+
+
+def test_the_engine_writes_its_own_chunk_and_the_formats_it_is_handed(monkeypatch, tmp_path):
+    """The engine (orchestrator.png_text) knows no front's vocabulary: with no formats a PNG has only `anima`; the
+    formats come in the order handed; and `orchestrator serve` hands the daemon the fronts' PNG_FORMATS."""
+    from orchestrator import cli, daemon
+    from orchestrator.png_formats import PNG_FORMATS
+    from orchestrator.png_text import ImageText, png_text
+    spec = parse_prompt_obj({"prompt": "a", "seed": 1}, resolution=(256, 128))
+    image = ImageText(spec, PACK, "j")
+    assert list(png_text((), image)) == ["anima"]
+    assert png_text(PNG_FORMATS, image) == png_metadata(spec, PACK, "j")
+    assert list(png_text(PNG_FORMATS, image)) == ["parameters", "prompt", "workflow", "anima"]
+    handed = []
+    monkeypatch.setattr(daemon, "serve", lambda rf, config, formats=(): handed.append(formats) or 0)
+    assert cli.main(["--run", str(tmp_path), "serve", "--config", str(tmp_path / "pipeline.toml")]) == 0
+    assert handed == [PNG_FORMATS]

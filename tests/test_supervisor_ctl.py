@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.runfolder import (ALWAYS_ON_STAGES, ON_DEMAND_STAGES, PROGRAMS, STAGE_PROGRAMS, TEMPLATE, init_run,
-                                    render_supervisord_conf)
+                                    missing_modules, render_supervisord_conf)
 from orchestrator.supervisor import Supervisor, SupervisorError
 
 BIN = Path(sys.executable).parent
@@ -249,6 +249,23 @@ def test_real_config_renders_and_runs(tmp_path):
 def test_render_escapes_percent(tmp_path):
     text = render_supervisord_conf(TEMPLATE.read_text(), tmp_path / "a%b", python="/x/py")
     assert "a%%b" in text and "%(here)s" not in text and "/x/py -m stages.vae" in text
+
+
+def test_a_run_folder_naming_modules_this_version_lacks_is_refused_before_supervisord_starts(tmp_path):
+    """A run folder rendered by a version whose modules were laid out otherwise keeps its supervisord.conf (it is the
+    user's): its programs would fail at every start, so `orchestrator start` says so, naming the module, and starts
+    nothing; the template's own programs are all there."""
+    from orchestrator import run_control
+    assert missing_modules(render_supervisord_conf(TEMPLATE.read_text(), tmp_path / "run", python="/x/py")) == []
+    rf = init_run(tmp_path / "run")
+    conf = rf.root / "supervisord.conf"
+    conf.write_text(conf.read_text().replace(" -m orchestrator.http ", " -m orchestrator.gone.http ")
+                    .replace(" -m stages.vae ", " -m stages.vae_gone "))
+    assert missing_modules(conf.read_text()) == ["stages.vae_gone", "orchestrator.gone.http"]
+    with pytest.raises(SupervisorError, match=r"runs python -m stages.vae_gone, orchestrator.gone.http, which this "
+                                              r"version does not have .*init --force"):
+        run_control.start(rf, timeout_s=5, say=lambda _: None)
+    assert not rf.supervisor_sock.exists()
 
 
 def test_the_on_demand_stages_are_the_ones_supervisord_does_not_autostart():

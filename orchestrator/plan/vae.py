@@ -13,7 +13,7 @@ from models.durable import atomic_write
 from orchestrator.job_files import INIT_IMAGE_FILE, INIT_LATENT_FILE, MASK_FILE
 from orchestrator.plan.job_io import load_npy, save_npy
 from orchestrator.plan.steps import VAE
-from orchestrator.report import png_metadata
+from orchestrator.png_text import ImageText, LoaderFiles, png_text
 from orchestrator.stage_control import StageFailed
 from protocol import messages as m
 from protocol.tensors import from_inline
@@ -133,8 +133,8 @@ class VaeSteps:
         self._decode_one(step.pos, self.dir / step.outputs[0])
 
     def _metadata(self, pos: int, pack) -> dict:
-        return png_metadata(self.spec, pack, self.job.id, self._model_names(), graph=self._client_graph(),
-                            lora_hashes=self.lora_hashes, batch_pos=pos)
+        return png_text(self.d.png_formats, ImageText(self.spec, pack, self.job.id, self._model_files(),
+                                                      self._client_graph(), self.lora_hashes or {}, pos))
 
     def _decode_one(self, pos: int, image: Path) -> None:
         if self.cfg.is_remote("vae"):
@@ -156,11 +156,10 @@ class VaeSteps:
         graph = origin.get("graph") if origin.get("api") == "comfyui" else None
         return graph if isinstance(graph, dict) and graph else None
 
-    def _model_names(self):
-        """The loaders' file names in the PNG's ComfyUI graph: the pack's checkpoint, the text encoder's and VAE's
+    def _model_files(self) -> LoaderFiles:
+        """The loaders' file names in the PNG's graph: the pack's checkpoint, the text encoder's and VAE's
         (Daemon.model_files: a bundle's packs' sources, else the models folder's files)."""
-        from orchestrator.comfy_graph import ModelNames
         files = self.d.model_files()
-        return ModelNames(unet=tuple(filter(None, [self.pack.source_name])),
-                          clip=tuple(filter(None, [files.get("text_encoder")])),
-                          vae=tuple(filter(None, [files.get("vae")])))
+        return LoaderFiles(unet=tuple(filter(None, [self.pack.source_name])),
+                           clip=tuple(filter(None, [files.get("text_encoder")])),
+                           vae=tuple(filter(None, [files.get("vae")])))
