@@ -2,7 +2,8 @@
 packs (64x64, 96x96): the first pass's latent kept as latent.npy, upscaled as LatentUpscaleBy and sampled again on the
 96x96 pack from it (the double gives 2 * init_latent + denoise: the test sees the upscaled latent that reached the
 scheduler), decoded at 96x96 with A1111's hires labels; a daemon killed mid second pass resumes it to the same latent
-bitwise; a second-pass size without a pack is refused at submit naming the sizes there are."""
+bitwise; a second-pass size without a pack is refused at submit naming the sizes there are. On the same doubles, the
+plan's conditioning-operation and ImageCrop steps killed at each step (daemon, encoder, VAE) and resumed bitwise."""
 from __future__ import annotations
 
 import io
@@ -537,3 +538,124 @@ def test_a_graph_saving_base_and_hires_images_gets_each_from_history_and_view(d)
         assert got.status_code == 200 and got.content == (d.rf.jobs / pid / name).read_bytes()
     with Image.open(d.rf.jobs / pid / "base.png") as im:
         assert im.size == (64, 64) and json.loads(im.text["prompt"])["57"]["class_type"] == "SaveImage"
+
+
+# ---------------------------------------------------------------- the conditioning operations' and ImageCrop's steps
+# killed at each step (SIGKILL of the daemon and of the encoder or the VAE) and resumed: every file a step writes as
+# the same job's undisturbed run wrote it (a PNG's pixels bitwise, its text chunks but the job's id); a daemon start
+# clears every job-folder temporary a crash can leave (the daemon's always, a stage's when stale)
+
+# ConditioningAverage positive, ConditioningZeroOut negative, a batch of 2 cut by ImageCrop: EncodeText[positive:average
+# negative:zero_out], Denoise[0], Denoise[1], Decode[0], Decode[1] (decoded*.png), CropImage[0], CropImage[1], Deliver
+OPS_JOB = {"prompt": "1girl, silver hair", "negative_prompt": "worst quality", "seed": 9, "steps": 3, "batch": 2,
+           "positive": [{"text": "1girl, silver hair", "average": {"text": "a red fox", "weight": 0.6}}],
+           "negative": [{"text": "worst quality", "zero_out": True}],
+           "crop": {"width": 40, "height": 24, "x": 8, "y": 48}}
+
+
+def _until(d, done, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"never {what}\n{d.logs()}"
+        time.sleep(0.02)
+
+
+def _sigkill(d, program: str) -> None:
+    """supervisord brings the daemon back (the job resumes in place); the daemon retries a stage's request."""
+    pid = d.sup.info(program).pid
+    if program == "orchestrator":
+        d.close_client()
+    os.kill(pid, signal.SIGKILL)
+
+
+def _in_double(d, marker: str, holds: str = "") -> bool:
+    """The double's marker file is there (and names `holds`): it is inside that request now."""
+    p = d.rf.root / marker
+    return p.exists() and p.read_text().endswith(holds)
+
+
+def _step_files(jd: Path, job: str) -> dict:
+    """What a job's steps wrote: contexts, token counts and latents as bytes; each PNG as its pixels and its text
+    chunks with the job's id as JOB (the one field two jobs' PNGs differ in)."""
+    out = {}
+    for p in sorted(jd.iterdir()):
+        if p.suffix == ".npy" or p.name == "text.json":
+            out[p.name] = p.read_bytes()
+        elif p.suffix == ".png" and p.name != "timing.png":
+            with Image.open(p) as im:
+                out[p.name] = (im.size, np.asarray(im).tobytes(),
+                               {k: v.replace(job, "JOB") for k, v in im.text.items()})
+    return out
+
+
+def _plant_crash_leftovers(jd: Path) -> tuple[list[Path], Path]:
+    """A temporary of every job-folder file (JOB_FILES, each name it takes) as a crash leaves them: the daemon's
+    fresh, a stage's stale; and one fresh stage temporary (a live stage may still be writing it). -> (all that a daemon
+    start must remove, the one it must keep)."""
+    from orchestrator.job_files import JOB_FILES, STAGE, names
+    old, planted = time.time() - 3600, []
+    for f in JOB_FILES:
+        for name in names(f):
+            p = jd / f".{name}.crash.tmp"
+            p.write_bytes(b"torn")
+            if f.writer == STAGE:
+                os.utime(p, (old, old))
+            planted.append(p)
+    fresh = jd / ".decoded.png.live.tmp"
+    fresh.write_bytes(b"being written")
+    return planted, fresh
+
+
+def test_conditioning_ops_and_image_crop_resume_bitwise_after_kills_at_each_step(d):
+    """OPS_JOB killed: the encoder and then the daemon inside the ENCODE, the daemon inside image 1's Denoise, the VAE
+    inside image 0's DECODE and the daemon inside image 1's (image 0's decoded.png whole, its cut not made). Each
+    resume sends the entries again (the double's contexts show them) and runs no step whose outputs are whole: no
+    context encoded, no latent sampled, no image decoded twice; the daemon starts clear the crash's temporaries."""
+    quiet = d.submit(OPS_JOB)
+    assert _wait(d, quiet, ("done", "failed")).state == "done"
+    slow = "1.0"                                          # seconds a double holds a request a test kills inside
+    try:
+        d.flag("double_encode_s", slow)
+        job = d.submit(OPS_JOB)
+        jd = d.rf.jobs / job
+        _until(d, lambda: _in_double(d, "double_encoding"), "inside the ENCODE")
+        (d.rf.root / "double_encoding").unlink()
+        d.flag("double_encode_s", slow)                    # the retried ENCODE is slow too
+        _sigkill(d, "encoder")
+        _until(d, lambda: _in_double(d, "double_encoding"), "inside the retried ENCODE")
+        _sigkill(d, "orchestrator")
+        d.flag("double_step_s", "0.15")
+        _until(d, lambda: (jd / "batch_1" / "state.json").exists(), "inside image 1's Denoise")
+        kept = {n: (jd / n).stat().st_mtime_ns for n in ("cond.npy", "uncond.npy", "latent.npy")}
+        encodes = len(_log(d, "double_encodes", job))
+        planted, fresh = _plant_crash_leftovers(jd)
+        _sigkill(d, "orchestrator")
+        d.flag("double_step_s", "0.02")
+        d.flag("double_decode_s", slow)
+        _until(d, lambda: _in_double(d, "double_decoding", "/decoded.png"), "inside image 0's DECODE", 90)
+        kept["latent_1.npy"] = (jd / "latent_1.npy").stat().st_mtime_ns
+        _sigkill(d, "vae")
+        _until(d, lambda: _in_double(d, "double_decoding", "/decoded_1.png"), "inside image 1's DECODE")
+        kept["decoded.png"] = (jd / "decoded.png").stat().st_mtime_ns
+        assert not (jd / "image.png").exists()
+        _sigkill(d, "orchestrator")
+        d.flag("double_decode_s", None)
+        info = _wait(d, job, ("done", "failed"), timeout_s=90)
+    finally:
+        for name in ("double_encode_s", "double_encoding", "double_decode_s", "double_decoding"):
+            d.flag(name, None)
+    assert info.state == "done", info
+    assert not [p for p in planted if p.exists()] and fresh.exists()
+    assert {n: (jd / n).stat().st_mtime_ns for n in kept} == kept
+    rows = _log(d, "double_encodes", job)
+    assert len(rows) == encodes and len(rows) >= 2                 # the killed ENCODE sent again, none after
+    assert {json.dumps(r["entries"]) for r in rows} == {json.dumps([
+        {"text": "1girl, silver hair", "strength": 1.0, "start": 0.0, "end": 1.0, "zero_out": False,
+         "average": {"text": "a red fox", "weight": 0.6}},
+        {"text": "worst quality", "strength": 1.0, "start": 0.0, "end": 1.0, "zero_out": True, "average": None}])}
+    np.testing.assert_array_equal(np.load(jd / "cond.npy")[0], np.float32(0.6 * 18 + 0.4 * 9))
+    np.testing.assert_array_equal(np.load(jd / "uncond.npy")[0], np.float32(0))
+    files = _step_files(jd, job)
+    assert {n: v[0] for n, v in files.items() if n.endswith(".png")} == {
+        "decoded.png": (64, 64), "decoded_1.png": (64, 64), "image.png": (40, 16), "image_1.png": (40, 16)}
+    assert files == _step_files(d.rf.jobs / quiet, quiet)
