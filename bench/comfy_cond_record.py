@@ -1,21 +1,34 @@
-"""ComfyUI's own ConditioningZeroOut and ConditioningAverage on Anima, recorded for tests/test_cond_ops_comfy.py.
+"""ComfyUI's own conditioning nodes on Anima, recorded for the CI tests without ComfyUI; two records, one command each:
 
-Run with ComfyUI's venv (this imports a ComfyUI checkout's modules; nothing of ComfyUI is in this repository):
-    /tmp/comfy_venv/bin/python bench/comfy_cond_record.py --comfyui-src COMFYUI_CHECKOUT --models MODELS \\
-        --out tests/data/conditioning/comfy_small_cond_ops.npz
+`ops`: ComfyUI's ConditioningZeroOut and ConditioningAverage contexts (tests/test_cond_ops_comfy.py). Run with
+ComfyUI's venv (this imports a ComfyUI checkout's modules; nothing of ComfyUI is in this repository):
+    /tmp/comfy_venv/bin/python bench/comfy_cond_record.py ops --comfyui-src COMFYUI_CHECKOUT --models MODELS \\
+        --record tests/data/conditioning/comfy_small_cond_ops.npz
+ComfyUI runs on the CPU in float32 (as its server with --cpu --force-fp32 --fp32-text-enc --fp32-unet):
+CLIPTextEncode of each text, then ConditioningZeroOut / ConditioningAverage (nodes.py), then the Anima model's
+extra_conds (comfy/model_base.py), which runs the LLM adapter on the conditioning tensor with its t5xxl_ids /
+t5xxl_weights: the context the DiT reads, kept up to its last non-zero row. The record also keeps each text's token
+ids and weights and its Qwen3 states (the conditioning tensor), so the test needs only the DiT's adapter.
+
+`entries`: ComfyUI's final latents of the conditioning graphs (bench/comfy_workflows.py combine, combine-cfg1,
+timestep-halves) beside this project's in-process job (tests/test_samplers_comfy_model.py). You run ComfyUI
+yourself, as for bench/comfy_reference.py (loopback, CPU, float32); each graph is sent with a SaveLatent of its
+KSampler's output added (ComfyUI's cache reuses the rest when the unchanged graph ran before). This project's side:
+the prompts encoded by its text encoder (models.text.conditioning), each entry a DiT pass through the pack
+(DiTRunner), mixed by models/sampling/cond_mix.py, the pipeline's sampler. Prints per graph the final latents'
+cosine and max difference and the DiT passes per step; --record writes ComfyUI's latents with this project's context
+rows (tests/data/samplers/README.md).
+    .venv/bin/python bench/comfy_cond_record.py entries --comfyui http://127.0.0.1:8192 --models MODELS \\
+        --pack PACK256 --record tests/data/samplers/comfy_small_entries.npz
 
 MODELS is the synthetic "small" bundle (`anima-models synth bundle --preset small --seed 0`) with ComfyUI's own
-tokenizer files in tokenizers/ (docs/samplers.md "The reference"). ComfyUI runs on the CPU in float32 (as its server
-with --cpu --force-fp32 --fp32-text-enc --fp32-unet): CLIPTextEncode of each text, then ConditioningZeroOut /
-ConditioningAverage (nodes.py), then the Anima model's extra_conds (comfy/model_base.py), which runs the LLM adapter
-on the conditioning tensor with its t5xxl_ids / t5xxl_weights: the context the DiT reads, kept up to its last
-non-zero row. The record also keeps each text's token ids and weights and its Qwen3 states (the conditioning tensor),
-so the test needs only the DiT's adapter.
+tokenizer files in tokenizers/ (docs/samplers.md "The reference").
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,15 +36,30 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.comfy_workflows import AVERAGE_WITH, NEGATIVE, PROMPT  # noqa: E402
+from bench.comfy_workflows import AVERAGE_WITH, NEGATIVE, PROMPT, SECOND_PROMPT, WORKFLOWS  # noqa: E402
 
 WEIGHT = 0.6          # conditioning_to_strength of both averages
-# name -> (operation, conditioning_to text, conditioning_from text | None)
+# ops: name -> (operation, conditioning_to text, conditioning_from text | None)
 CASES = {"zero_negative": ("zero_out", "negative", None),
          "average_cut": ("average", "prompt", "with"),        # conditioning_from longer: cut to conditioning_to's
          "average_pad": ("average", "with", "prompt"),        # conditioning_from shorter: zero-padded
          "plain_prompt": ("plain", "prompt", None)}
+GRAPHS = ("combine", "combine-cfg1", "timestep-halves")      # entries
+TEXTS = {"prompt": PROMPT, "second": SECOND_PROMPT, "negative": NEGATIVE}
 
+
+def used_rows(ctx: np.ndarray) -> np.ndarray:
+    """A context [512, Dc] up to its last non-zero row (zeros after it up to 512)."""
+    return ctx[:int(np.abs(ctx).sum(1).nonzero()[0].max()) + 1]
+
+
+def write_record(path, rec: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, **rec)
+    print(f"wrote {path} ({Path(path).stat().st_size} bytes)")
+
+
+# ------------------------------------------------------------------ ops: ComfyUI's modules in its own venv
 
 def comfy(src: str):
     sys.path.insert(0, src)
@@ -43,12 +71,7 @@ def comfy(src: str):
     return comfy.sd, nodes
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--comfyui-src", required=True)
-    p.add_argument("--models", required=True)
-    p.add_argument("--out", required=True)
-    a = p.parse_args(argv)
+def record_ops(a) -> int:
     import torch
     sd, nodes = comfy(a.comfyui_src)
     models = Path(a.models)
@@ -77,14 +100,107 @@ def main(argv=None) -> int:
             out = model.model.extra_conds(cross_attn=c[0][0], t5xxl_ids=c[0][1]["t5xxl_ids"],
                                           t5xxl_weights=c[0][1]["t5xxl_weights"], device="cpu")
         ctx = out["c_crossattn"].cond[0].float().numpy()                          # [512, Dc] f32
-        rows = int(np.abs(ctx).sum(1).nonzero()[0].max()) + 1
-        rec[f"{name}/context"] = ctx[:rows]
-        print(f"{name:14s} {op:9s} to={to} from={frm} context rows {rows} max|x| {np.abs(ctx).max():.4f}")
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(a.out, **rec)
-    print(f"wrote {a.out} ({Path(a.out).stat().st_size} bytes)")
+        rec[f"{name}/context"] = used_rows(ctx)
+        print(f"{name:14s} {op:9s} to={to} from={frm} context rows {len(rec[f'{name}/context'])} "
+              f"max|x| {np.abs(ctx).max():.4f}")
+    write_record(a.record, rec)
     return 0
+
+
+# ------------------------------------------------------------------ entries: ComfyUI's server beside this project
+
+def entries_of(graph: dict) -> tuple[list, list]:
+    """([(text key, strength, start, end)] positive, negative) of a workflow graph, as the front maps it."""
+    from orchestrator.comfy_graph import graph_to_job
+    spec = graph_to_job(graph).spec
+    key = {v: k for k, v in TEXTS.items()}
+
+    def side(name, plain):
+        items = spec.get(name) or [{"text": spec[plain]}]
+        return [(key[e["text"]], e.get("strength", 1.0), e.get("start", 0.0), e.get("end", 1.0)) for e in items]
+    return side("positive", "prompt"), side("negative", "negative_prompt"), spec
+
+
+def project_latent(runner, contexts: dict, graph: dict) -> tuple[np.ndarray, list]:
+    """This project's final latent for a graph and the DiT passes of each step."""
+    from models.sampling.cond_mix import CondPass, Conditioning
+    from models.sampling.noise import comfy_noise
+    from models.sampling.sampler import Sampler
+    pos, neg, spec = entries_of(graph)
+    cond = Conditioning(*(tuple(CondPass(contexts[k], w, a, b) for k, w, a, b in side) for side in (pos, neg)))
+    s = Sampler(steps=spec["steps"], cfg=spec["cfg"], scheduler=spec["scheduler"], sampler=spec["sampler"],
+                spectrum=None)
+    passes = []
+
+    def model(x, sigma):
+        v_c, v_u, ran = cond.call(runner, s, x, sigma)
+        passes.append(ran)
+        return v_c, v_u
+    shape = (16, spec["height"] // 8, spec["width"] // 8)
+    st = s.sample(model, latent=comfy_noise(spec["seed"], shape), seed=spec["seed"])
+    return s.result(st), passes
+
+
+def record_entries(a) -> int:
+    from bench.comfy_reference import ComfyClient, comfy_latent, cosine
+    from models.models_dir import paths_from_args
+    width, height = (int(v) for v in a.size.lower().split("x"))
+    client, earlier = ComfyClient(a.comfyui, a.timeout), np.load(a.reuse) if a.reuse else None
+    if earlier is None:
+        client.check()
+    paths = paths_from_args(a)
+    files = {"dit": paths.dit.name, "text_encoder": paths.text_encoder.name, "vae": paths.vae.name}
+    from models.runtime.dit_runner import DiTRunner
+    from models.text.conditioning import TextEncoder
+    enc = TextEncoder.from_files(str(paths.text_encoder), str(paths.dit), str(paths.qwen_tokenizer),
+                                 str(paths.t5_tokenizer))
+    first, negative = enc.encode_pair(PROMPT, NEGATIVE)
+    second, _ = enc.encode_pair(SECOND_PROMPT, "")
+    enc.close()
+    contexts = {"prompt": first, "second": second, "negative": negative}
+    runner = DiTRunner(a.pack)
+    rec, tmp = {}, Path(os.environ.get("TMPDIR", "/tmp")) / f"comfy_cond_{os.getpid()}.latent"
+    for name in GRAPHS:
+        graph = WORKFLOWS[name][1](files, a.seed, width, height)
+        saving = {**graph, "30": {"class_type": "SaveLatent", "inputs": {"samples": ["8", 0],
+                                                                        "filename_prefix": f"latents/{name}"}}}
+        z_ref = earlier[f"comfyui/{name}"] if earlier is not None else \
+            comfy_latent(client.view(client.run(saving)["30"]["latents"][0]), tmp)
+        z, passes = project_latent(runner, contexts, graph)
+        print(f"{name:16s} cos {cosine(z, z_ref):.9f}  max|dz| {float(np.abs(z - z_ref).max()):.2e}  "
+              f"DiT passes per step {passes}", flush=True)
+        rec[f"comfyui/{name}"] = z_ref
+        rec[f"graph/{name}"] = np.array(json.dumps(graph))
+    tmp.unlink(missing_ok=True)
+    runner.close()
+    if a.record:
+        write_record(a.record, {**rec, **{f"context/{k}": used_rows(c) for k, c in contexts.items()}})
+    return 0
+
+
+def main(argv=None) -> int:
+    from models.models_dir import add_model_arguments
+    p = argparse.ArgumentParser(prog="bench/comfy_cond_record.py", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    o = sub.add_parser("ops", help="ConditioningZeroOut / ConditioningAverage contexts, ComfyUI's modules in its venv")
+    o.add_argument("--comfyui-src", required=True)
+    o.add_argument("--models", required=True)
+    o.add_argument("--record", required=True)
+    e = sub.add_parser("entries", help="the conditioning graphs' final latents, a running ComfyUI beside this project")
+    e.add_argument("--comfyui", required=True)
+    e.add_argument("--pack", required=True, help="this project's FP32 pack of the small DiT at --size")
+    add_model_arguments(e)
+    e.add_argument("--seed", type=int, default=7)
+    e.add_argument("--size", default="256x256")
+    e.add_argument("--timeout", type=float, default=3600.0)
+    e.add_argument("--record", default=None, help="write ComfyUI's latents and the context rows here (.npz)")
+    e.add_argument("--reuse", default=None, help="ComfyUI's latents from an earlier --record instead of asking it "
+                                                 "again (this project's side computed anew)")
+    a = p.parse_args(argv)
+    return record_ops(a) if a.what == "ops" else record_entries(a)
 
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+

@@ -147,8 +147,8 @@ def test_split_sampling_over_two_advanced_samplers_equals_comfyui(runner):
     assert f @ r / (np.linalg.norm(f) * np.linalg.norm(r)) < 0.999
 
 
-# tests/data/samplers/comfy_small_entries.npz (bench/comfy_entries_record.py --record): the same bundle and seed through
-# bench/comfy_workflows.py's conditioning graphs in ComfyUI (ConditioningCombine of two prompts at cfg 4 and at cfg 1;
+# tests/data/samplers/comfy_small_entries.npz (bench/comfy_cond_record.py entries --record): the same bundle and seed
+# through bench/comfy_workflows.py's conditioning graphs in ComfyUI (ConditioningCombine of two prompts at cfg 4 and at cfg 1;
 # ConditioningSetTimestepRange halves combined, 8 steps), ComfyUI's final latents and this project's context rows of
 # the three texts. The graph maps onto its job as the front maps it; each active entry a pass of its own, mixed by
 # models/sampling/cond_mix.py (a no-op mix, the first prompt alone, is far from ComfyUI's: the test can fail).
