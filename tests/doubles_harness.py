@@ -8,7 +8,9 @@ math: jobs take well under a second), over fake packs (manifests only) of the si
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -104,6 +106,30 @@ class Doubles:
 
     def status(self, **kw) -> m.Jobs:
         return self.client().call(m.Status(**kw), m.Jobs)
+
+    def wait(self, job: str, states=("done", "failed", "cancelled"), timeout_s: float = 60.0, pred=None) -> m.JobInfo:
+        """The job's status once its state is one of `states` (and `pred(info)`); a daemon restarting is waited for."""
+        from orchestrator.cli import CliError
+        deadline = time.monotonic() + timeout_s
+        info = None
+        while time.monotonic() < deadline:
+            try:
+                info = self.status(job=job).jobs[0]
+            except CliError:                                   # the daemon restarting
+                info = None
+            if info is not None and info.state in states and (pred is None or pred(info)):
+                return info
+            time.sleep(0.05)
+        raise AssertionError(f"job {job} never reached {states}: {info}\n{self.logs()}")
+
+    def sigkill(self, program: str) -> int:
+        """SIGKILL a program: supervisord brings the daemon back (its jobs resume in place), the daemon retries a
+        stage's request. -> the pid killed."""
+        pid = self.sup.info(program).pid
+        if program == "orchestrator":
+            self.close_client()
+        os.kill(pid, signal.SIGKILL)
+        return pid
 
     def flag(self, name: str, value: str | None) -> None:
         """A switch of tests/orch_doubles.py (e.g. double_step_s); None removes it."""

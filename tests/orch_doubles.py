@@ -19,10 +19,11 @@ per call, so a job that encoded its image twice would show it. A DENOISE with an
 A DENOISE of a batch image (batch_size > 1) gives image batch_pos's slice of the seed's batch noise
 (models.sampling.latent_ops.batch_noise) + 100 * (noise_index - batch_pos), and logs each step it runs in
 RUN/double_batch_steps (one line per step: "JOBDIR POS STEP"). Every DENOISE appends a JSON line to RUN/double_denoises
-(its state folder, params, cond[0, 0], uncond[0, 0]), every ENCODE one to RUN/double_encodes (pid, prompt, negative,
-rows, the two conditioning entries). ENCODE's stand-in context of a text is len(text) everywhere; with an entry
-(protocol.prompt.CondEntry) its zero_out makes that 0, then its average gives weight x it + (1 - weight) x
-len(average.text), in the order the real encoder applies them. DECODE's stand-in image: each latent cell's int(latent[0]) % 256 as an 8x8 grey block.
+(its state folder, params, cond[0, 0], uncond[0, 0]), every ENCODE one to RUN/double_encodes (pid, job, prompt,
+negative, rows, the two conditioning entries). ENCODE's stand-in context of a text is len(text) everywhere; with an
+entry (protocol.prompt.CondEntry) its zero_out makes that 0, then its average gives weight x it + (1 - weight) x
+len(average.text), in the order the real encoder applies them. DECODE's stand-in image: each latent cell's
+int(latent[0]) % 256 as an 8x8 grey block.
 """
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ class EncoderDouble:
                 "uncond": _context_value(msg.negative, msg.negative_entry)}
         entries = [None if e is None else e.to_dict() for e in (msg.prompt_entry, msg.negative_entry)]
         with open(Path(self.cfg.run_dir) / "double_encodes", "a") as f:
-            f.write(json.dumps({"pid": os.getpid(), "prompt": msg.prompt, "negative": msg.negative,
+            f.write(json.dumps({"pid": os.getpid(), "job": msg.job, "prompt": msg.prompt, "negative": msg.negative,
                                 "rows": msg.rows, "inline": msg.arena is None, "entries": entries}) + "\n")
         if msg.arena is None:
             frames = InlineFrames()
