@@ -21,8 +21,8 @@ from models.dit.partition import Geometry, branch_order, resolve
 from orchestrator.runfolder import RunFolder, init_run
 from orchestrator.supervisor import Supervisor
 from protocol import messages as m
-from protocol.prompt import PromptFile
 from protocol.arena import list_segments, run_prefix
+from tests.pipeline_harness import JobLink
 
 BIN = Path(sys.executable).parent
 DOUBLES = Path(__file__).resolve().parent / "orch_doubles.py"
@@ -45,7 +45,7 @@ def fake_pack(d: Path, width: int = 64, height: int = 64) -> Path:
     return d
 
 
-class Doubles:
+class Doubles(JobLink):
     def __init__(self, root: Path, proc: subprocess.Popen):
         self.root, self.proc = root, proc
         self.rf = RunFolder.resolve(root / "run")
@@ -95,15 +95,6 @@ class Doubles:
     def http_url(self) -> str:
         return json.loads(self.rf.http_json.read_text())["url"]
 
-    def client(self):
-        from orchestrator.cli import DaemonClient
-        if self._client is None:
-            self._client = DaemonClient(self.rf, timeout_s=5.0)
-        return self._client
-
-    def submit(self, prompt: dict) -> str:
-        return self.client().call(m.Submit(prompt=PromptFile.from_data(prompt), base_dir=str(self.root)), m.Submitted).job
-
     def status(self, **kw) -> m.Jobs:
         return self.client().call(m.Status(**kw), m.Jobs)
 
@@ -138,11 +129,6 @@ class Doubles:
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in self.rf.logs.glob("*.log"))
-
-    def close_client(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
 
     def stop(self) -> None:
         self.close_client()
