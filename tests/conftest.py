@@ -63,6 +63,30 @@ def tiny_dit(tiny_bundle) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_vae_files(tmp_path_factory) -> dict:
+    """The tiny synthetic VAE (seed 0) in both key layouts ("orig": Wan's, "diff": diffusers') and diffusers'
+    AutoencoderKLQwenImage with the same weights ("ref", its key names from diffusers' own Wan converter), for the
+    decoder's and the encoder's tests. Treat as read-only."""
+    pytest.importorskip("diffusers")
+    import torch
+    from diffusers import AutoencoderKLQwenImage
+    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+    from models.safetensors_io import SafeTensorsFile
+    from models.vae.synth import VAE_PRESETS, write_vae
+    torch.set_num_threads(1)
+    d = tmp_path_factory.mktemp("vae")
+    orig, diff = d / "tiny-orig.safetensors", d / "tiny-diff.safetensors"
+    write_vae("tiny", 0, orig, "original")
+    write_vae("tiny", 0, diff, "diffusers")
+    st = SafeTensorsFile(orig)
+    sd = convert_wan_vae_to_diffusers({k: torch.from_numpy(st.get(k)) for k in st.keys()})
+    tiny = VAE_PRESETS["tiny"]
+    ref = AutoencoderKLQwenImage(base_dim=tiny.base_dim, z_dim=tiny.z_dim).eval()
+    ref.load_state_dict(sd, strict=True)
+    return {"orig": orig, "diff": diff, "ref": ref}
+
+
+@pytest.fixture(scope="session")
 def rknn_venv() -> Path:
     """The rknn-toolkit2 environment (.venv-rknn), created by scripts/rknn_venv.sh when missing (~2 min, idempotent)."""
     import subprocess

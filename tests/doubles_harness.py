@@ -8,7 +8,9 @@ math: jobs take well under a second), over fake packs (manifests only) of the si
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -19,8 +21,8 @@ from models.dit.partition import Geometry, branch_order, resolve
 from orchestrator.runfolder import RunFolder, init_run
 from orchestrator.supervisor import Supervisor
 from protocol import messages as m
-from protocol.prompt import PromptFile
 from protocol.arena import list_segments, run_prefix
+from tests.pipeline_harness import JobLink
 
 BIN = Path(sys.executable).parent
 DOUBLES = Path(__file__).resolve().parent / "orch_doubles.py"
@@ -43,7 +45,7 @@ def fake_pack(d: Path, width: int = 64, height: int = 64) -> Path:
     return d
 
 
-class Doubles:
+class Doubles(JobLink):
     def __init__(self, root: Path, proc: subprocess.Popen):
         self.root, self.proc = root, proc
         self.rf = RunFolder.resolve(root / "run")
@@ -93,17 +95,32 @@ class Doubles:
     def http_url(self) -> str:
         return json.loads(self.rf.http_json.read_text())["url"]
 
-    def client(self):
-        from orchestrator.cli import DaemonClient
-        if self._client is None:
-            self._client = DaemonClient(self.rf, timeout_s=5.0)
-        return self._client
-
-    def submit(self, prompt: dict) -> str:
-        return self.client().call(m.Submit(prompt=PromptFile.from_data(prompt), base_dir=str(self.root)), m.Submitted).job
-
     def status(self, **kw) -> m.Jobs:
         return self.client().call(m.Status(**kw), m.Jobs)
+
+    def wait(self, job: str, states=("done", "failed", "cancelled"), timeout_s: float = 60.0, pred=None) -> m.JobInfo:
+        """The job's status once its state is one of `states` (and `pred(info)`); a daemon restarting is waited for."""
+        from orchestrator.cli import CliError
+        deadline = time.monotonic() + timeout_s
+        info = None
+        while time.monotonic() < deadline:
+            try:
+                info = self.status(job=job).jobs[0]
+            except CliError:                                   # the daemon restarting
+                info = None
+            if info is not None and info.state in states and (pred is None or pred(info)):
+                return info
+            time.sleep(0.05)
+        raise AssertionError(f"job {job} never reached {states}: {info}\n{self.logs()}")
+
+    def sigkill(self, program: str) -> int:
+        """SIGKILL a program: supervisord brings the daemon back (its jobs resume in place), the daemon retries a
+        stage's request. -> the pid killed."""
+        pid = self.sup.info(program).pid
+        if program == "orchestrator":
+            self.close_client()
+        os.kill(pid, signal.SIGKILL)
+        return pid
 
     def flag(self, name: str, value: str | None) -> None:
         """A switch of tests/orch_doubles.py (e.g. double_step_s); None removes it."""
@@ -112,11 +129,6 @@ class Doubles:
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in self.rf.logs.glob("*.log"))
-
-    def close_client(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
 
     def stop(self) -> None:
         self.close_client()

@@ -9,6 +9,8 @@ with it without starting a pipeline:
 """
 from __future__ import annotations
 
+import contextlib
+import shutil
 from pathlib import Path
 
 from orchestrator.cli import cli_error
@@ -56,3 +58,24 @@ class InprocClient:
 
     def __exit__(self, *exc):
         self.shut()
+
+
+@contextlib.contextmanager
+def daemon_with_loras(root: Path, pipeline_assets: tuple, write_loras):
+    """A daemon (not opened: its handlers called directly) on a run folder under `root` over a copy of the tiny
+    models folder whose loras/ `write_loras(loras_dir)` fills, and pipeline_assets' pack. -> (daemon, root)."""
+    from stages.config import load_config
+    from orchestrator.runfolder import init_run
+    from tests.pipeline_harness import pipeline_toml
+    models = root / "models"
+    shutil.copytree(pipeline_assets[0], models)
+    (models / "loras").mkdir()
+    write_loras(models / "loras")
+    rf = init_run(root / "run")
+    rf.pipeline_toml.write_text(pipeline_toml(pipeline_assets[1], models))
+    d = Daemon(load_config(rf.pipeline_toml), rf)
+    try:
+        yield d, root
+    finally:
+        d.close()
+        d.ctx.term()

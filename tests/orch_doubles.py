@@ -9,6 +9,8 @@ Behaviour switches (files in the run folder, so a test can flip them while the s
     RUN/double_encoder_crash the encoder raises (fatal tier) on ENCODE
     RUN/double_encode_s      the next ENCODE sleeps this long first (the flag is consumed; RUN/double_encoding says so)
     RUN/double_vae_encode_s  the next VAE_ENCODE sleeps this long first (consumed; RUN/double_vae_encoding says so)
+    RUN/double_decode_s      every DECODE sleeps this long first while the flag is there (RUN/double_decoding names
+                             the output it is writing)
     RUN/double_start_crashes N: the encoder's next N starts exit 1 at once (a start that dies within startsecs)
 
 VAE_ENCODE's stand-in latent: channel c is the 8x8 mean of image channel c % 3 plus a fresh random jitter below 1e-3
@@ -17,8 +19,11 @@ per call, so a job that encoded its image twice would show it. A DENOISE with an
 A DENOISE of a batch image (batch_size > 1) gives image batch_pos's slice of the seed's batch noise
 (models.sampling.latent_ops.batch_noise) + 100 * (noise_index - batch_pos), and logs each step it runs in
 RUN/double_batch_steps (one line per step: "JOBDIR POS STEP"). Every DENOISE appends a JSON line to RUN/double_denoises
-(its state folder, params, cond[0, 0], uncond[0, 0]), every ENCODE one to RUN/double_encodes (pid, prompt, negative,
-rows). DECODE's stand-in image: each latent cell's int(latent[0]) % 256 as an 8x8 grey block.
+(its state folder, params, cond[0, 0], uncond[0, 0]), every ENCODE one to RUN/double_encodes (pid, job, prompt,
+negative, rows, the two conditioning entries). ENCODE's stand-in context of a text is len(text) everywhere; with an
+entry (protocol.prompt.CondEntry) its zero_out makes that 0, then its average gives weight x it + (1 - weight) x
+len(average.text), in the order the real encoder applies them. DECODE's stand-in image: each latent cell's
+int(latent[0]) % 256 as an 8x8 grey block.
 """
 from __future__ import annotations
 
@@ -61,6 +66,15 @@ def _flag(cfg, name: str, default=None):
     return p.read_text().strip() if p.exists() else default
 
 
+def _context_value(text: str, entry) -> float:
+    """The double's context value of `text` under its conditioning entry (None: plain)."""
+    value = 0.0 if entry is not None and entry.zero_out else float(len(text))
+    if entry is not None and entry.average is not None:
+        w = entry.average.weight
+        value = w * value + (1 - w) * len(entry.average.text)
+    return value
+
+
 class EncoderDouble:
     def __init__(self, cfg):
         self.cfg = cfg
@@ -73,10 +87,12 @@ class EncoderDouble:
             Path(self.cfg.run_dir, "double_encode_s").unlink(missing_ok=True)
             Path(self.cfg.run_dir, "double_encoding").write_text(str(os.getpid()))
             time.sleep(delay)
-        vals = {"cond": float(len(msg.prompt)), "uncond": float(len(msg.negative))}
+        vals = {"cond": _context_value(msg.prompt, msg.prompt_entry),
+                "uncond": _context_value(msg.negative, msg.negative_entry)}
+        entries = [None if e is None else e.to_dict() for e in (msg.prompt_entry, msg.negative_entry)]
         with open(Path(self.cfg.run_dir) / "double_encodes", "a") as f:
-            f.write(json.dumps({"pid": os.getpid(), "prompt": msg.prompt, "negative": msg.negative,
-                                "rows": msg.rows, "inline": msg.arena is None}) + "\n")
+            f.write(json.dumps({"pid": os.getpid(), "job": msg.job, "prompt": msg.prompt, "negative": msg.negative,
+                                "rows": msg.rows, "inline": msg.arena is None, "entries": entries}) + "\n")
         if msg.arena is None:
             frames = InlineFrames()
             descs = {k: frames.add(np.full((msg.rows, CONTEXT_DIM), v, np.float32)) for k, v in vals.items()}
@@ -173,6 +189,10 @@ class VaeDouble:
         from PIL import Image, PngImagePlugin
         from stages.tensor_io import ReplyTensors, read_tensor
         latent = read_tensor(ctx, msg.arena, msg.latent, msg.inline, field="latent")   # [C, h, w] f32
+        delay = float(_flag(self.cfg, "double_decode_s", "0"))
+        if delay:                                # a test SIGKILLs the VAE or the daemon mid-DECODE
+            Path(self.cfg.run_dir, "double_decoding").write_text(str(msg.output))
+            time.sleep(delay)
         c, h, w = latent.shape
         cells = (latent[0].astype(np.int64) % 256).astype(np.uint8)                    # [h, w]: int() per cell
         img = Image.fromarray(np.repeat(np.repeat(cells, 8, 0), 8, 1)[..., None].repeat(3, 2))

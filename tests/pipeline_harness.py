@@ -136,7 +136,29 @@ def pipeline_toml(pack: Path, models: Path, *, threads: int = 1, branch_timeout_
             f'[stage.http]\nport = 0\npoll_s = 0.2\n{extra}')
 
 
-class Pipeline:
+class JobLink:
+    """A test's link to the daemon of a run folder (`self.rf`; prompts' relative paths from `self.root`): one client
+    on its socket, kept until closed."""
+    _client = None
+
+    def client(self):
+        from orchestrator.cli import DaemonClient
+        if self._client is None:
+            self._client = DaemonClient(self.rf, timeout_s=5.0)
+        return self._client
+
+    def close_client(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def submit(self, prompt: dict) -> str:
+        """Queue a prompt (a dict as in prompt.json) through the daemon's socket; -> job id."""
+        sub = self.client().call(m.Submit(prompt=PromptFile.from_data(prompt), base_dir=str(self.root)), m.Submitted)
+        return sub.job
+
+
+class Pipeline(JobLink):
     """One supervisord with the five real programs over a run folder; helpers to submit, follow, kill and check."""
 
     def __init__(self, root: Path, proc: subprocess.Popen, keep: bool = False, toml_args: dict | None = None):
@@ -197,9 +219,7 @@ class Pipeline:
     def stop(self) -> list[int]:
         """Every program stopped in supervisord's shutdown order, then supervisord shut down (shutdown_in_order);
         SIGKILL whatever of this run is left. -> pids that had to be killed."""
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        self.close_client()
         if self.proc.poll() is None:
             try:
                 self.sup.shutdown_in_order(SHUTDOWN_TIMEOUT_S)
@@ -237,25 +257,13 @@ class Pipeline:
             time.sleep(POLL_S)
         return json.loads(self.rf.http_json.read_text())["url"]
 
-    def client(self):
-        from orchestrator.cli import DaemonClient
-        if self._client is None:
-            self._client = DaemonClient(self.rf, timeout_s=5.0)
-        return self._client
-
-    def submit(self, prompt: dict) -> str:
-        """Queue a prompt (a dict as in prompt.json) through the daemon's socket; -> job id."""
-        sub = self.client().call(m.Submit(prompt=PromptFile.from_data(prompt), base_dir=str(self.root)), m.Submitted)
-        return sub.job
-
     def status(self, job: str) -> m.JobInfo | None:
         """The daemon's view of `job`, or None while the daemon does not answer (being restarted)."""
         from orchestrator.cli import CliError
         try:
             return self.client().call(m.Status(job=job), m.Jobs).jobs[0]
         except CliError:
-            self._client.close()
-            self._client = None
+            self.close_client()
             return None
 
     def wait(self, job: str, states=("done", "failed", "cancelled"), timeout_s: float = 300.0, pred=None,

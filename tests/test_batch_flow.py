@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import tempfile
 import time
 from pathlib import Path
@@ -34,19 +33,6 @@ def _flags(d):
         d.flag(name, None)
 
 
-def _wait(d, job: str, states, timeout_s: float = 60.0, pred=None):
-    deadline = time.monotonic() + timeout_s
-    info = None
-    while time.monotonic() < deadline:
-        try:
-            info = d.status(job=job).jobs[0]
-        except CliError:                                   # the daemon restarting
-            info = None
-        if info is not None and info.state in states and (pred is None or pred(info)):
-            return info
-        time.sleep(0.05)
-    raise AssertionError(f"job {job} never reached {states}: {info}\n{d.logs()}")
-
 
 def _torch_batch(seed: int, batch: int, shape) -> np.ndarray:
     """ComfyUI's prepare_noise for an EmptyLatentImage batch, in torch itself: one randn over [B, C, h, w]."""
@@ -69,7 +55,7 @@ def _steps_run(d) -> list[tuple[str, int, int]]:
 def test_a_batch_gives_each_image_its_place_in_the_batch_and_its_own_png(d, tmp_path):
     seed, batch = 11, 3
     job = d.submit({"prompt": "a girl", "seed": seed, "steps": 2, "batch": batch, "output": str(tmp_path)})
-    info = _wait(d, job, ("done", "failed"))
+    info = d.wait(job, ("done", "failed"))
     assert info.state == "done", info
     jd = d.rf.jobs / job
     latents = [np.load(jd / name) for name in ("latent.npy", "latent_1.npy", "latent_2.npy")]
@@ -121,7 +107,7 @@ def test_a_batch_reports_every_images_pass_and_its_progress_names_the_image(d):
 
 def test_a_single_image_job_keeps_its_names_and_no_batch_labels(d):
     job = d.submit({"prompt": "a girl", "seed": 4, "steps": 2})
-    assert _wait(d, job, ("done", "failed")).state == "done"
+    assert d.wait(job, ("done", "failed")).state == "done"
     jd = d.rf.jobs / job
     assert not (jd / "latent_1.npy").exists() and not (jd / "image_1.png").exists()
     assert "Batch size" not in _png_text(jd / "image.png")["parameters"]
@@ -138,11 +124,9 @@ def test_daemon_killed_mid_batch_resumes_only_what_is_missing(d):
         assert time.monotonic() < deadline, d.logs()
         time.sleep(0.05)
     first = (jd / "latent.npy").stat().st_mtime_ns
-    old = d.sup.info("orchestrator").pid
-    d.close_client()
-    os.kill(old, signal.SIGKILL)                              # supervisord restarts it; the job resumes in place
+    old = d.sigkill("orchestrator")           # supervisord restarts it; the job resumes in place
     d.flag("double_step_s", "0.02")
-    info = _wait(d, job, ("done", "failed"), timeout_s=90)
+    info = d.wait(job, ("done", "failed"), timeout_s=90)
     assert info.state == "done", info
     assert d.sup.info("orchestrator").pid != old
     assert (jd / "latent.npy").stat().st_mtime_ns == first            # image 0 was not sampled again
@@ -153,7 +137,7 @@ def test_daemon_killed_mid_batch_resumes_only_what_is_missing(d):
     for pos, name in enumerate(("latent.npy", "latent_1.npy", "latent_2.npy")):
         np.testing.assert_allclose(np.load(jd / name), want[pos], rtol=0, atol=1e-6)
     reference = d.submit({"prompt": "a girl", "seed": seed, "steps": 2, "batch": batch})   # run without a kill
-    assert _wait(d, reference, ("done", "failed")).state == "done"
+    assert d.wait(reference, ("done", "failed")).state == "done"
     for name in ("latent.npy", "latent_1.npy", "latent_2.npy"):
         np.testing.assert_array_equal(np.load(jd / name), np.load(d.rf.jobs / reference / name))
     assert (jd / "image_2.png").exists()
@@ -179,7 +163,7 @@ def test_a_comfy_graph_with_batch_size_runs_the_batch_and_history_lists_every_im
     r = requests.post(url + "prompt", json={"prompt": g}, timeout=30)
     assert r.status_code == 200, r.text
     job = r.json()["prompt_id"]
-    assert _wait(d, job, ("done", "failed")).state == "done"
+    assert d.wait(job, ("done", "failed")).state == "done"
     jd = d.rf.jobs / job
     want = _torch_batch(31, 3, np.load(jd / "latent.npy").shape)
     for pos, name in enumerate(("latent.npy", "latent_1.npy", "latent_2.npy")):

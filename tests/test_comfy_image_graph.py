@@ -9,7 +9,6 @@ import copy
 import io
 import json
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -329,20 +328,6 @@ def d():
         yield d
 
 
-def _wait(d, job: str, timeout_s: float = 60.0):
-    from orchestrator.cli import CliError
-    deadline = time.monotonic() + timeout_s
-    info = None
-    while time.monotonic() < deadline:
-        try:
-            info = d.status(job=job).jobs[0]
-        except CliError:
-            info = None
-        if info is not None and info.state in ("done", "failed"):
-            return info
-        time.sleep(0.05)
-    raise AssertionError(f"job {job} never ended: {info}\n{d.logs()}")
-
 
 def test_a_vae_encode_for_inpaint_graph_runs_grey_under_the_mask_with_the_grown_mask(d):
     """The one job through the daemon and the flow (stand-in stages): VAEEncodeForInpaint on LoadImage's MASK
@@ -350,7 +335,6 @@ def test_a_vae_encode_for_inpaint_graph_runs_grey_under_the_mask_with_the_grown_
     block's mean of the grey-filled image, computed here), DENOISE gets the mask grown by 6 (ComfyUI's conv2d box,
     then bilinear to the latent's size: torch here; the stand-in scheduler's latent is 2 * init + mask + denoise);
     the PNG keeps a graph that maps back onto the job."""
-    import math
     import torch
     from orchestrator.inputs import save_upload
     rgb, alpha = _rgba(7)
@@ -360,7 +344,7 @@ def test_a_vae_encode_for_inpaint_graph_runs_grey_under_the_mask_with_the_grown_
     g["20"]["inputs"]["image"] = "t/inp.png [input]"
     job = graph_to_job(g, names=NAMES, sizes=SIZES)
     name = d.submit({**job.spec, "steps": 3})
-    info = _wait(d, name)
+    info = d.wait(name)
     assert info.state == "done", info
     jd = d.rf.jobs / name
     init = np.load(jd / "init_latent.npy")

@@ -1,5 +1,5 @@
 """ConditioningZeroOut and ConditioningAverage on Anima against ComfyUI's own (tests/data/conditioning/
-comfy_small_cond_ops.npz, made by bench/comfy_cond_record.py: ComfyUI's CLIPTextEncode, its conditioning nodes and
+comfy_small_cond_ops.npz, made by bench/comfy_cond_record.py ops: ComfyUI's CLIPTextEncode, its conditioning nodes and
 its Anima model's extra_conds, which run the LLM adapter, on the synthetic "small" bundle).
 
 The record keeps ComfyUI's Qwen3 states and token ids for each text, so these tests need only the DiT's LLM adapter:

@@ -2,13 +2,13 @@
 packs (64x64, 96x96): the first pass's latent kept as latent.npy, upscaled as LatentUpscaleBy and sampled again on the
 96x96 pack from it (the double gives 2 * init_latent + denoise: the test sees the upscaled latent that reached the
 scheduler), decoded at 96x96 with A1111's hires labels; a daemon killed mid second pass resumes it to the same latent
-bitwise; a second-pass size without a pack is refused at submit naming the sizes there are."""
+bitwise; a second-pass size without a pack is refused at submit naming the sizes there are. On the same doubles, the
+plan's conditioning-operation and ImageCrop steps killed at each step (daemon, encoder, VAE) and resumed bitwise."""
 from __future__ import annotations
 
 import io
 import json
 import os
-import signal
 import tempfile
 import time
 from pathlib import Path
@@ -47,19 +47,6 @@ def _init_image(d, name: str, seed: int) -> str:
     return f"h/{name} [input]"
 
 
-def _wait(d, job: str, states, timeout_s: float = 60.0, pred=None):
-    deadline = time.monotonic() + timeout_s
-    info = None
-    while time.monotonic() < deadline:
-        try:
-            info = d.status(job=job).jobs[0]
-        except CliError:                                   # the daemon restarting
-            info = None
-        if info is not None and info.state in states and (pred is None or pred(info)):
-            return info
-        time.sleep(0.05)
-    raise AssertionError(f"job {job} never reached {states}: {info}\n{d.logs()}")
-
 
 def _torch_upscaled(latent: np.ndarray, size: tuple, mode: str) -> np.ndarray:
     """ComfyUI's common_upscale for these modes is torch's interpolate (align_corners False for bilinear)."""
@@ -73,7 +60,7 @@ def test_hires_upscales_the_first_latent_and_samples_it_again_on_the_larger_pack
     job = d.submit({"prompt": "a girl", "seed": 3, "steps": 2, "denoise": 0.8,
                     "init_image": _init_image(d, "first.png", 1),
                     "hires": {"scale": 1.5, "method": method, "steps": 3, "denoise": 0.5}})
-    info = _wait(d, job, ("done", "failed"))
+    info = d.wait(job, ("done", "failed"))
     assert info.state == "done", info
     jd = d.rf.jobs / job
     first = np.load(jd / "latent.npy")
@@ -109,11 +96,9 @@ def test_daemon_killed_mid_second_pass_resumes_it_to_the_same_latent(d):
         assert time.monotonic() < deadline, d.logs()
         time.sleep(0.05)
     first = (jd / "latent.npy").stat().st_mtime_ns
-    old = d.sup.info("orchestrator").pid
-    d.close_client()
-    os.kill(old, signal.SIGKILL)                              # supervisord restarts it; the job resumes in place
+    d.sigkill("orchestrator")                                 # supervisord restarts it; the job resumes in place
     d.flag("double_step_s", "0.02")
-    info = _wait(d, job, ("done", "failed"), timeout_s=90)
+    info = d.wait(job, ("done", "failed"), timeout_s=90)
     assert info.state == "done", info
     assert (jd / "latent.npy").stat().st_mtime_ns == first            # the first pass was not sampled again
     report = json.loads((jd / "report.json").read_text())
@@ -134,7 +119,7 @@ def test_a_graphs_text_to_image_hires_fix_at_the_first_size_runs_on_the_one_pack
     spec = graph_to_job(hires_graph(scale_by=1.0), sizes=SIZES).spec
     assert spec["hires"] == {"method": "nearest-exact", "scale": 1.0, "steps": 4, "denoise": 0.5}
     job = d.submit(spec)
-    info = _wait(d, job, ("done", "failed"))
+    info = d.wait(job, ("done", "failed"))
     assert info.state == "done", info
     jd = d.rf.jobs / job
     want = 2 * _torch_upscaled(np.load(jd / "latent.npy"), (8, 8), "nearest-exact") + 0.5
@@ -152,7 +137,7 @@ def test_bislerp_upscales_the_latent_in_vae_space_as_comfyui(d):
     job = d.submit({"prompt": "a girl", "seed": 4, "steps": 2, "denoise": 0.8,
                     "init_image": _init_image(d, "bs.png", 4),
                     "hires": {"scale": 1.5, "method": "bislerp", "steps": 2, "denoise": 0.5}})
-    info = _wait(d, job, ("done", "failed"))
+    info = d.wait(job, ("done", "failed"))
     assert info.state == "done", info
     jd = d.rf.jobs / job
     vae = torch.from_numpy(denormalize(np.load(jd / "latent.npy"))[None])
@@ -242,7 +227,7 @@ def test_the_second_pass_runs_with_its_own_settings_and_prompts(d):
                     "sampler": "euler", "scheduler": "simple",
                     "hires": {"scale": 1.5, "steps": 3, "denoise": 0.5, "sampler": "heun", "scheduler": "karras",
                               "cfg": 6.5, "seed": 77, "prompt": "a tall girl, red", "negative_prompt": "blurry"}})
-    info = _wait(d, job, ("done", "failed"))
+    info = d.wait(job, ("done", "failed"))
     assert info.state == "done", info
     jd = d.rf.jobs / job
     first, second = _log(d, "double_denoises", job)
@@ -292,7 +277,7 @@ def _encoded_reference(unit: np.ndarray) -> np.ndarray:
 def test_the_pixel_path_decodes_scales_and_encodes_each_image_of_a_batch(d, method):
     job = d.submit({"prompt": "a girl", "seed": 4, "steps": 2, "batch": 2,
                     "hires": {"scale": 1.5, "space": "pixel", "method": method, "steps": 2, "denoise": 0.7}})
-    info = _wait(d, job, ("done", "failed"))
+    info = d.wait(job, ("done", "failed"))
     assert info.state == "done", info
     jd = d.rf.jobs / job
     rows = _log(d, "double_denoises", job)
@@ -332,7 +317,7 @@ def test_keep_base_keeps_and_delivers_each_first_image_in_the_vae_sessions_the_j
     out = tmp_path / "pic.png"
     job = d.submit({"prompt": "a girl", "seed": 4, "steps": 2, "batch": 2, "output": str(out),
                     "hires": {**hires, "keep_base": True}})
-    info = _wait(d, job, ("done", "failed"))
+    info = d.wait(job, ("done", "failed"))
     assert info.state == "done", info
     jd = d.rf.jobs / job
     for pos, suffix in enumerate(("", "_1")):
@@ -366,12 +351,7 @@ def test_a_pixel_hires_batch_killed_mid_encode_and_mid_second_pass_resumes_to_th
     (d.rf.root / "double_vae_encoding").unlink()
     assert (jd / "first.png").exists() and not (jd / "hires_init.npy").exists()
     first_png = (jd / "first.png").stat().st_mtime_ns
-
-    def kill():
-        old = d.sup.info("orchestrator").pid
-        d.close_client()
-        os.kill(old, signal.SIGKILL)                          # supervisord restarts it; the job resumes in place
-    kill()
+    d.sigkill("orchestrator")                                 # supervisord restarts it; the job resumes in place
     d.flag("double_step_s", "0.3")
     state = jd / "hires_1" / "state.json"
     while not (state.exists() and json.loads(state.read_text() or "{}").get("step", 0) >= 2):
@@ -379,9 +359,9 @@ def test_a_pixel_hires_batch_killed_mid_encode_and_mid_second_pass_resumes_to_th
         time.sleep(0.05)
     kept = {n: (jd / n).stat().st_mtime_ns for n in ("first.png", "first_1.png", "hires_init.npy",
                                                       "hires_init_1.npy", "hires_latent.npy")}
-    kill()
+    d.sigkill("orchestrator")
     d.flag("double_step_s", "0.02")
-    info = _wait(d, job, ("done", "failed"), timeout_s=90)
+    info = d.wait(job, ("done", "failed"), timeout_s=90)
     assert info.state == "done", info
     assert (jd / "first.png").stat().st_mtime_ns == first_png
     assert {n: (jd / n).stat().st_mtime_ns for n in kept} == kept
@@ -461,7 +441,7 @@ def test_split_sampling_killed_inside_and_between_its_passes_resumes_them(d):
     its own window, and the latents are bitwise those of the same job undisturbed."""
     from models.vae.latent import denormalize, normalize
     quiet = d.submit(SPLIT)
-    assert _wait(d, quiet, ("done", "failed")).state == "done"
+    assert d.wait(quiet, ("done", "failed")).state == "done"
     d.flag("double_step_s", "0.3")
     job = d.submit(SPLIT)
     jd = d.rf.jobs / job
@@ -471,9 +451,7 @@ def test_split_sampling_killed_inside_and_between_its_passes_resumes_them(d):
         while not done():
             assert time.monotonic() < deadline, d.logs()
             time.sleep(0.02)
-        old = d.sup.info("orchestrator").pid
-        d.close_client()
-        os.kill(old, signal.SIGKILL)                          # supervisord restarts it; the job resumes in place
+        d.sigkill("orchestrator")                                 # supervisord restarts it; the job resumes in place
 
     def step(state: Path) -> int:
         return json.loads(state.read_text() or "{}").get("step", 0) if state.exists() else 0
@@ -482,7 +460,7 @@ def test_split_sampling_killed_inside_and_between_its_passes_resumes_them(d):
     first = (jd / "latent.npy").stat().st_mtime_ns
     kill_when(lambda: step(jd / "hires" / "state.json") >= 2)                # inside the second
     d.flag("double_step_s", "0.02")
-    info = _wait(d, job, ("done", "failed"), timeout_s=90)
+    info = d.wait(job, ("done", "failed"), timeout_s=90)
     assert info.state == "done", info
     assert (jd / "latent.npy").stat().st_mtime_ns == first               # the first pass was not sampled again
     assert json.loads((jd / "report.json").read_text())["resumed_from"] >= 2
@@ -507,7 +485,7 @@ def test_an_end_step_past_the_schedule_samples_to_the_end_in_both_passes(d):
     to the end (it failed building the DENOISE, whose step fields stop at the wire's bound)."""
     job = d.submit({**SPLIT, "end_step": 10000, "leftover_noise": False,
                     "hires": {**SPLIT["hires"], "end_step": 10000}})
-    info = _wait(d, job, ("done", "failed"))
+    info = d.wait(job, ("done", "failed"))
     assert info.state == "done", info
     assert [(r["start_step"], r["end_step"]) for r in _log(d, "double_denoises", job)] == [(None, None), (3, None)]
 
@@ -527,7 +505,7 @@ def test_a_graph_saving_base_and_hires_images_gets_each_from_history_and_view(d)
     r = requests.post(url + "prompt", json={"prompt": graph}, timeout=60)
     assert r.status_code == 200, r.text
     pid = r.json()["prompt_id"]
-    info = _wait(d, pid, ("done", "failed"))
+    info = d.wait(pid, ("done", "failed"))
     assert info.state == "done", info
     outputs = requests.get(url + f"history/{pid}", timeout=30).json()[pid]["outputs"]
     assert {k: [i["filename"] for i in v["images"]] for k, v in outputs.items()} == {"9": ["image.png"],
@@ -537,3 +515,120 @@ def test_a_graph_saving_base_and_hires_images_gets_each_from_history_and_view(d)
         assert got.status_code == 200 and got.content == (d.rf.jobs / pid / name).read_bytes()
     with Image.open(d.rf.jobs / pid / "base.png") as im:
         assert im.size == (64, 64) and json.loads(im.text["prompt"])["57"]["class_type"] == "SaveImage"
+
+
+# ---------------------------------------------------------------- the conditioning operations' and ImageCrop's steps
+# killed at each step (SIGKILL of the daemon and of the encoder or the VAE) and resumed: every file a step writes as
+# the same job's undisturbed run wrote it (a PNG's pixels bitwise, its text chunks but the job's id); a daemon start
+# clears every job-folder temporary a crash can leave (the daemon's always, a stage's when stale)
+
+# ConditioningAverage positive, ConditioningZeroOut negative, a batch of 2 cut by ImageCrop: EncodeText[positive:average
+# negative:zero_out], Denoise[0], Denoise[1], Decode[0], Decode[1] (decoded*.png), CropImage[0], CropImage[1], Deliver
+OPS_JOB = {"prompt": "1girl, silver hair", "negative_prompt": "worst quality", "seed": 9, "steps": 3, "batch": 2,
+           "positive": [{"text": "1girl, silver hair", "average": {"text": "a red fox", "weight": 0.6}}],
+           "negative": [{"text": "worst quality", "zero_out": True}],
+           "crop": {"width": 40, "height": 24, "x": 8, "y": 48}}
+
+
+def _until(d, done, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"never {what}\n{d.logs()}"
+        time.sleep(0.02)
+
+
+def _in_double(d, marker: str, holds: str = "") -> bool:
+    """The double's marker file is there (and names `holds`): it is inside that request now."""
+    p = d.rf.root / marker
+    return p.exists() and p.read_text().endswith(holds)
+
+
+def _encodes(d, job: str) -> list[dict]:
+    return [r for r in _log(d, "double_encodes", "") if r["job"] == job]
+
+
+def _step_files(jd: Path, job: str) -> dict:
+    """What a job's steps wrote: contexts, token counts and latents as bytes; each PNG as its pixels and its text
+    chunks with the job's id as JOB (the one field two jobs' PNGs differ in)."""
+    out = {}
+    for p in sorted(jd.iterdir()):
+        if p.suffix == ".npy" or p.name == "text.json":
+            out[p.name] = p.read_bytes()
+        elif p.suffix == ".png" and p.name != "timing.png":
+            with Image.open(p) as im:
+                out[p.name] = (im.size, np.asarray(im).tobytes(),
+                               {k: v.replace(job, "JOB") for k, v in im.text.items()})
+    return out
+
+
+def _plant_crash_leftovers(jd: Path) -> tuple[list[Path], Path]:
+    """A temporary of every job-folder file (JOB_FILES, each name it takes) as a crash leaves them: the daemon's
+    fresh, a stage's stale; and one fresh stage temporary (a live stage may still be writing it). -> (all that a daemon
+    start must remove, the one it must keep)."""
+    from orchestrator.job_files import JOB_FILES, STAGE, names
+    old, planted = time.time() - 3600, []
+    for f in JOB_FILES:
+        for name in names(f):
+            p = jd / f".{name}.crash.tmp"
+            p.write_bytes(b"torn")
+            if f.writer == STAGE:
+                os.utime(p, (old, old))
+            planted.append(p)
+    fresh = jd / ".decoded.png.live.tmp"
+    fresh.write_bytes(b"being written")
+    return planted, fresh
+
+
+def test_conditioning_ops_and_image_crop_resume_bitwise_after_kills_at_each_step(d):
+    """OPS_JOB killed: the encoder and then the daemon inside the ENCODE, the daemon inside image 1's Denoise, the VAE
+    inside image 0's DECODE and the daemon inside image 1's (image 0's decoded.png whole, its cut not made). Each
+    resume sends the entries again (the double's contexts show them) and runs no step whose outputs are whole: no
+    context encoded, no latent sampled, no image decoded twice; the daemon starts clear the crash's temporaries."""
+    quiet = d.submit(OPS_JOB)
+    assert d.wait(quiet, ("done", "failed")).state == "done"
+    slow = "1.0"                                          # seconds a double holds a request a test kills inside
+    try:
+        d.flag("double_encode_s", slow)
+        job = d.submit(OPS_JOB)
+        jd = d.rf.jobs / job
+        _until(d, lambda: _in_double(d, "double_encoding"), "inside the ENCODE")
+        (d.rf.root / "double_encoding").unlink()
+        d.flag("double_encode_s", slow)                    # the retried ENCODE is slow too
+        d.sigkill("encoder")
+        _until(d, lambda: _in_double(d, "double_encoding"), "inside the retried ENCODE")
+        d.sigkill("orchestrator")
+        d.flag("double_step_s", "0.15")
+        _until(d, lambda: (jd / "batch_1" / "state.json").exists(), "inside image 1's Denoise")
+        kept = {n: (jd / n).stat().st_mtime_ns for n in ("cond.npy", "uncond.npy", "latent.npy")}
+        encodes = len(_encodes(d, job))
+        planted, fresh = _plant_crash_leftovers(jd)
+        d.sigkill("orchestrator")
+        d.flag("double_step_s", "0.02")
+        d.flag("double_decode_s", slow)
+        _until(d, lambda: _in_double(d, "double_decoding", "/decoded.png"), "inside image 0's DECODE", 90)
+        kept["latent_1.npy"] = (jd / "latent_1.npy").stat().st_mtime_ns
+        d.sigkill("vae")
+        _until(d, lambda: _in_double(d, "double_decoding", "/decoded_1.png"), "inside image 1's DECODE")
+        kept["decoded.png"] = (jd / "decoded.png").stat().st_mtime_ns
+        assert not (jd / "image.png").exists()
+        d.sigkill("orchestrator")
+        d.flag("double_decode_s", None)
+        info = d.wait(job, ("done", "failed"), timeout_s=90)
+    finally:
+        for name in ("double_encode_s", "double_encoding", "double_decode_s", "double_decoding"):
+            d.flag(name, None)
+    assert info.state == "done", info
+    assert not [p for p in planted if p.exists()] and fresh.exists()
+    assert {n: (jd / n).stat().st_mtime_ns for n in kept} == kept
+    rows = _encodes(d, job)
+    assert len(rows) == encodes and len(rows) >= 2                 # the killed ENCODE sent again, none after
+    assert {json.dumps(r["entries"]) for r in rows} == {json.dumps([
+        {"text": "1girl, silver hair", "strength": 1.0, "start": 0.0, "end": 1.0, "zero_out": False,
+         "average": {"text": "a red fox", "weight": 0.6}},
+        {"text": "worst quality", "strength": 1.0, "start": 0.0, "end": 1.0, "zero_out": True, "average": None}])}
+    np.testing.assert_array_equal(np.load(jd / "cond.npy")[0], np.float32(0.6 * 18 + 0.4 * 9))
+    np.testing.assert_array_equal(np.load(jd / "uncond.npy")[0], np.float32(0))
+    files = _step_files(jd, job)
+    assert {n: v[0] for n, v in files.items() if n.endswith(".png")} == {
+        "decoded.png": (64, 64), "decoded_1.png": (64, 64), "image.png": (40, 16), "image_1.png": (40, 16)}
+    assert files == _step_files(d.rf.jobs / quiet, quiet)

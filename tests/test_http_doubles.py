@@ -75,16 +75,6 @@ class Listener:
         self.ws.close()
 
 
-def _wait_job(d: Doubles, job: str, states=("done", "failed", "cancelled"), timeout_s=60.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        info = d.status(job=job).jobs[0]
-        if info.state in states:
-            return info
-        time.sleep(0.05)
-    raise AssertionError(f"job {job} never reached {states}\n{d.logs()}")
-
-
 def test_comfy_messages_history_queue_and_view(d):
     url = d.http_url()
     ws = Listener(url, "client-a")
@@ -153,7 +143,7 @@ def test_sizes_pick_their_pack(d):
     r = requests.post(url + "anima/jobs", json={"prompt": "a girl", "steps": 2}, timeout=30)
     jobs["default"] = r.json()["job"]
     for size, job in jobs.items():
-        assert _wait_job(d, job).state == "done"
+        assert d.wait(job).state == "done"
         w, h = (64, 64) if size == "default" else size
         assert np.load(d.rf.jobs / job / "latent.npy").shape == (16, h // 8, w // 8)
         assert Image.open(d.rf.jobs / job / "image.png").size == (w, h)
@@ -193,9 +183,9 @@ def test_interrupt_and_the_queue_limit(d):
         assert h["status"]["status_str"] == "error" and h["outputs"] == {}
         assert h["status"]["messages"][-1][0] == "execution_interrupted"
         # A1111 interrupt: the queued one is now running and gets cancelled
-        _wait_job(d, queued, ("denoising",))
+        d.wait(queued, ("denoising",))
         assert requests.post(url + "sdapi/v1/interrupt", timeout=30).json() == {}
-        assert _wait_job(d, queued).state == "cancelled"
+        assert d.wait(queued).state == "cancelled"
     finally:
         ws.close()
         d.flag("double_step_s", None)
@@ -213,7 +203,7 @@ def test_interrupt_and_the_queue_limit(d):
             requests.post(url + f"anima/jobs/{job}/cancel", timeout=30)
         d.flag("double_step_s", None)
         for job in held:
-            _wait_job(d, job)
+            d.wait(job)
 
 
 def test_status_detail_paging_and_info(d):
@@ -221,7 +211,7 @@ def test_status_detail_paging_and_info(d):
     from protocol import messages as m
     jobs = [d.submit({"prompt": f"p{i}", "seed": i, "steps": 1}) for i in range(3)]
     for job in jobs:
-        _wait_job(d, job)
+        d.wait(job)
     page = d.status(detail=True, limit=2)
     assert [j.job for j in page.jobs] == jobs[1:] and page.more
     older = d.status(detail=True, limit=2, before=jobs[1])
@@ -263,7 +253,7 @@ def test_graph_job_keeps_canonical_ids_for_cli_jobs(d):
     """A job not from ComfyUI shows as the canonical graph (comfy_graph.job_to_graph) in /history."""
     url = d.http_url()
     job = d.submit({"prompt": "from the cli", "seed": 4, "steps": 2})
-    _wait_job(d, job)
+    d.wait(job)
     entry = requests.get(url + f"history/{job}", timeout=30).json()[job]
     g = entry["prompt"][2]
     assert g[CANONICAL_IDS["positive"]]["inputs"]["text"] == "from the cli"
@@ -279,7 +269,7 @@ def test_page_api_keeps_64_bit_seeds(d):
     r = requests.post(url + "anima/jobs", json={"prompt": "a girl", "seed": seed, "steps": 1}, timeout=30)
     assert r.status_code == 200 and r.json()["seed"] == seed
     job = r.json()["job"]
-    _wait_job(d, job)
+    d.wait(job)
     assert json.loads(d.status(job=job, detail=True).jobs[0].spec_json)["seed"] == 2**64 - 1
     listed = requests.get(url + "anima/jobs?limit=1", timeout=30).json()["jobs"][0]
     assert listed["job"] == job and listed["spec"]["seed"] == seed and listed["files"]["image"].endswith(job + "&type=output")
@@ -297,7 +287,7 @@ def test_the_running_job_stays_in_view_behind_big_queued_graphs(d):
     big = []
     try:
         job = requests.post(url + "prompt", json={"prompt": graph(steps=20)}, timeout=30).json()["prompt_id"]
-        _wait_job(d, job, ("denoising",))
+        d.wait(job, ("denoising",))
         for i in range(4):
             g = graph(seed=100 + i)
             g["3"]["_meta"]["title"] = "\U0001F600" * 60_000              # 240,000 bytes of UTF-8
@@ -311,16 +301,16 @@ def test_the_running_job_stays_in_view_behind_big_queued_graphs(d):
         assert all(i[2]["3"]["_meta"]["title"] == "\U0001F600" * 60_000 for i in q["queue_pending"])
         assert requests.get(url + "sdapi/v1/progress", timeout=30).json()["state"]["job"] == job
         assert requests.post(url + "interrupt", timeout=30).status_code == 200
-        assert _wait_job(d, job).state == "cancelled"
-        nxt = _wait_job(d, big[0], ("denoising",)).job
+        assert d.wait(job).state == "cancelled"
+        nxt = d.wait(big[0], ("denoising",)).job
         assert requests.post(url + "sdapi/v1/interrupt", timeout=30).json() == {}
-        assert _wait_job(d, nxt).state == "cancelled"
+        assert d.wait(nxt).state == "cancelled"
     finally:
         for j in big:
             requests.post(url + f"anima/jobs/{j}/cancel", timeout=30)
         d.flag("double_step_s", None)
         for j in big:
-            _wait_job(d, j)
+            d.wait(j)
 
 
 def test_queue_delete_and_clear_remove_waiting_prompts_only(d):
@@ -330,7 +320,7 @@ def test_queue_delete_and_clear_remove_waiting_prompts_only(d):
     d.flag("double_step_s", "5")
     running = d.submit({"prompt": "hold", "steps": 20, "seed": 1})
     try:
-        _wait_job(d, running, ("denoising",))
+        d.wait(running, ("denoising",))
         a, b, c = (requests.post(url + "prompt", json={"prompt": graph(seed=s)}, timeout=30).json()["prompt_id"]
                    for s in (2, 3, 4))
         r = requests.post(url + "queue", json={"delete": [a, running, "20990101-000000-abcdef", "nonsense"]},
@@ -350,7 +340,7 @@ def test_queue_delete_and_clear_remove_waiting_prompts_only(d):
     finally:
         requests.post(url + f"anima/jobs/{running}/cancel", timeout=30)
         d.flag("double_step_s", None)
-        _wait_job(d, running)
+        d.wait(running)
 
 
 def test_a1111_request_ends_when_its_job_is_pruned_meanwhile(d):
@@ -366,7 +356,7 @@ def test_a1111_request_ends_when_its_job_is_pruned_meanwhile(d):
     holder = d.submit({"prompt": "hold the queue", "steps": 20, "seed": 1})
     answer = {}
     try:
-        _wait_job(d, holder, ("denoising",))
+        d.wait(holder, ("denoising",))
         t = threading.Thread(target=lambda: answer.update(r=requests.post(
             url + "sdapi/v1/txt2img", json={"prompt": "pruned", "width": 64, "height": 64, "steps": 1}, timeout=300)),
                              daemon=True)
@@ -392,7 +382,7 @@ def test_a1111_request_ends_when_its_job_is_pruned_meanwhile(d):
     finally:
         d.client().call(m.Cancel(job=holder), m.Ok)
         d.flag("double_step_s", None)
-        _wait_job(d, holder)
+        d.wait(holder)
 
 
 def test_lone_surrogates_are_400_naming_the_field(d):
@@ -478,7 +468,7 @@ def test_samplers_by_every_way_in(d):
     r = requests.post(url + "prompt", json={"prompt": g}, timeout=30)
     assert r.status_code == 200, r.text
     job = r.json()["prompt_id"]
-    assert _wait_job(d, job).state == "done"
+    assert d.wait(job).state == "done"
     spec = json.loads((d.rf.jobs / job / "job.json").read_text())["spec"]
     assert (spec["sampler"], spec["scheduler"], spec["seed"]) == ("er_sde", "beta", 9)
     g["3"]["inputs"]["start_at_step"] = 2                     # a window that leaves no step to run
@@ -494,7 +484,7 @@ def test_samplers_by_every_way_in(d):
     r = requests.post(url + "anima/jobs", json={"prompt": "a girl", "steps": 2, "sampler": "heun",
                                                 "scheduler": "kl_optimal", "spectrum": False}, timeout=30)
     assert r.status_code == 200, r.text
-    assert _wait_job(d, r.json()["job"]).state == "done"
+    assert d.wait(r.json()["job"]).state == "done"
 
 
 def test_page_workflow_fields_are_taken_and_refused_by_name(d):
@@ -522,7 +512,7 @@ def test_page_workflow_fields_are_taken_and_refused_by_name(d):
     r = requests.post(url + "anima/jobs", json={**base, "batch": 2, "hires": None}, timeout=30)
     assert r.status_code == 200, r.text
     job = r.json()["job"]
-    assert _wait_job(d, job).state == "done"
+    assert d.wait(job).state == "done"
     assert json.loads((d.rf.jobs / job / "job.json").read_text())["spec"]["batch"] == 2
     listed = requests.get(url + "anima/jobs?limit=1", timeout=30).json()["jobs"][0]
     assert listed["job"] == job and listed["spec"]["batch"] == 2 and set(listed["files"]) >= {"image", "image_1"}
@@ -550,7 +540,7 @@ def test_an_a1111_batch_stops_when_its_client_goes(d):
             while not (mine := [j.job for j in d.status().jobs if j.job not in before]):
                 assert time.monotonic() < deadline, f"the batch's first job never got queued: {_reply(s)}"
                 time.sleep(0.05)
-        assert _wait_job(d, mine[0]).state == "done"
+        assert d.wait(mine[0]).state == "done"
         time.sleep(2.0)                        # the front's next look at the request (it would queue image 2 now)
         ours = [j for j in d.status().jobs if j.job not in before]
         assert [j.job for j in ours] == mine, [j.job for j in ours]
@@ -652,7 +642,7 @@ def test_independent_chains_run_as_one_prompt(d):
         d.flag("double_step_s", None)
     jobs = [j for j in d.status(detail=True).jobs if json.loads(j.origin or "{}").get("prompt_id") in (pid,)]
     (second,) = jobs
-    assert _wait_job(d, pid).state == "done" and _wait_job(d, second.job).state == "done"
+    assert d.wait(pid).state == "done" and d.wait(second.job).state == "done"
     seeds = [json.loads(d.status(job=j, detail=True).jobs[0].spec_json)["seed"] for j in (pid, second.job)]
     assert seeds == [1234, 77]
     seq = [(m["type"], m["data"].get("node")) for m in ws.messages if m["data"].get("prompt_id") == pid]
@@ -682,7 +672,7 @@ def test_interrupt_and_queue_delete_cover_every_chain(d):
     d.flag("double_step_s", "5")
     try:
         pid = requests.post(url + "prompt", json={"prompt": two_chains(graph())}, timeout=30).json()["prompt_id"]
-        _wait_job(d, pid, ("denoising",))
+        d.wait(pid, ("denoising",))
         # a second prompt of two chains waits whole; deleting it from the queue cancels both its jobs
         waiting = requests.post(url + "prompt", json={"prompt": two_chains(graph(), seed=5)}, timeout=30).json()
         q = requests.get(url + "queue", timeout=30).json()
@@ -691,12 +681,12 @@ def test_interrupt_and_queue_delete_cover_every_chain(d):
         parts = {j.job: json.loads(j.origin or "{}").get("prompt_id") for j in d.status(active=True, detail=True).jobs}
         later = {p: next(j for j, o in parts.items() if o == p) for p in (pid, waiting["prompt_id"])}
         requests.post(url + "queue", json={"delete": [waiting["prompt_id"]]}, timeout=30)
-        assert _wait_job(d, waiting["prompt_id"]).state == "cancelled"
-        assert _wait_job(d, later[waiting["prompt_id"]]).state == "cancelled"
+        assert d.wait(waiting["prompt_id"]).state == "cancelled"
+        assert d.wait(later[waiting["prompt_id"]]).state == "cancelled"
         assert d.status(job=pid).jobs[0].state == "denoising"
         # interrupt: the running chain and the one still to run
         assert requests.post(url + "interrupt", json={"prompt_id": pid}, timeout=30).status_code == 200
-        assert _wait_job(d, pid).state == "cancelled" and _wait_job(d, later[pid]).state == "cancelled"
+        assert d.wait(pid).state == "cancelled" and d.wait(later[pid]).state == "cancelled"
         h = requests.get(url + f"history/{pid}", timeout=30).json()[pid]
         assert h["status"]["status_str"] == "error" and h["outputs"] == {}
         assert h["status"]["messages"][-1][0] == "execution_interrupted"
@@ -718,7 +708,7 @@ def test_image_crop_and_a_later_batch_image_through_the_front(d):
     r = requests.post(url + "prompt", json={"prompt": g}, timeout=30)
     assert r.status_code == 200, r.text
     job = r.json()["prompt_id"]
-    assert _wait_job(d, job).state == "done", d.logs()
+    assert d.wait(job).state == "done", d.logs()
     folder = d.rf.jobs / job
     with Image.open(folder / "decoded.png") as full, Image.open(folder / "image.png") as cut:
         assert full.size == (64, 64) and cut.size == (40, 48)
@@ -744,11 +734,11 @@ def test_a_prompt_of_chains_is_queued_whole_or_not_at_all(d):
         r = requests.post(url + "prompt", json={"prompt": two_chains(graph()), "client_id": "c-whole"}, timeout=30)
         assert r.status_code == 429, r.text
         new = [j for j in d.status().jobs if j.job not in before]
-        assert len(new) == 1 and _wait_job(d, new[0].job).state == "cancelled"
+        assert len(new) == 1 and d.wait(new[0].job).state == "cancelled"
         assert len(d.status(active=True).jobs) == 15
     finally:
         for job in held:
             requests.post(url + f"anima/jobs/{job}/cancel", timeout=30)
         d.flag("double_step_s", None)
         for job in held:
-            _wait_job(d, job)
+            d.wait(job)

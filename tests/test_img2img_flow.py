@@ -60,19 +60,6 @@ def _upload(d, name: str, data: bytes) -> str:
     return f"t/{name} [input]"
 
 
-def _wait(d, job: str, states, timeout_s: float = 60.0, pred=None):
-    deadline = time.monotonic() + timeout_s
-    info = None
-    while time.monotonic() < deadline:
-        try:
-            info = d.status(job=job).jobs[0]
-        except CliError:                                   # the daemon restarting
-            info = None
-        if info is not None and info.state in states and (pred is None or pred(info)):
-            return info
-        time.sleep(0.05)
-    raise AssertionError(f"job {job} never reached {states}: {info}\n{d.logs()}")
-
 
 def _expected_init_latent(pixels: np.ndarray, channels: int) -> np.ndarray:
     """The double's encoder by another route: each 8x8 block's mean of 2 * pixel / 255 - 1, by loops over blocks."""
@@ -92,7 +79,7 @@ def test_inpaint_job_encodes_the_kept_image_and_denoises_from_it(d):
                     "mask": _upload(d, "mask.png", _png(mask, "L"))})
     jd = d.rf.jobs / job
     assert (jd / "init_image.png").exists() and (jd / "mask.png").exists()     # kept before SUBMITTED came back
-    info = _wait(d, job, ("done", "failed"))
+    info = d.wait(job, ("done", "failed"))
     assert info.state == "done", info
     init = np.load(jd / "init_latent.npy")
     expected = _expected_init_latent(pixels, init.shape[0])
@@ -112,13 +99,11 @@ def test_orchestrator_killed_mid_denoise_resumes_from_the_same_latent(d):
     job = d.submit({"prompt": "a girl", "seed": 5, "steps": 8, "denoise": 0.8,
                     "init_image": _upload(d, "resume.png", _png(pixels, "RGB")),
                     "mask": _upload(d, "resume_mask.png", _png(_block_mask(), "L"))})
-    _wait(d, job, ("denoising",), pred=lambda i: i.progress is not None and i.progress.step >= 2)
+    d.wait(job, ("denoising",), pred=lambda i: i.progress is not None and i.progress.step >= 2)
     before = np.load(d.rf.jobs / job / "init_latent.npy")
-    old = d.sup.info("orchestrator").pid
-    d.close_client()
-    os.kill(old, signal.SIGKILL)                              # supervisord restarts it; the job resumes in place
+    old = d.sigkill("orchestrator")           # supervisord restarts it; the job resumes in place
     d.flag("double_step_s", "0.02")
-    info = _wait(d, job, ("done", "failed"), timeout_s=90)
+    info = d.wait(job, ("done", "failed"), timeout_s=90)
     assert info.state == "done", info
     assert d.sup.info("orchestrator").pid != old
     jd = d.rf.jobs / job
@@ -139,7 +124,7 @@ def test_vae_killed_mid_encode_is_asked_again(d):
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     os.kill(int(marker.read_text()), signal.SIGKILL)
-    info = _wait(d, job, ("done", "failed"), timeout_s=90)
+    info = d.wait(job, ("done", "failed"), timeout_s=90)
     assert info.state == "done", info
     init = np.load(d.rf.jobs / job / "init_latent.npy")
     assert np.abs(init - _expected_init_latent(pixels, init.shape[0])).max() < 1.01e-3
@@ -150,7 +135,7 @@ def test_an_image_of_another_size_is_fitted_and_sampled_without_a_mask(d):
     pixels = _image(5, w=W * 2, h=H)
     job = d.submit({"prompt": "a girl", "seed": 7, "steps": 2, "resize_mode": 0, "denoise": 0.5,
                     "init_image": _upload(d, "wide.png", _png(pixels, "RGB"))})
-    assert _wait(d, job, ("done", "failed")).state == "done"
+    assert d.wait(job, ("done", "failed")).state == "done"
     jd = d.rf.jobs / job
     kept = Image.open(jd / "init_image.png")
     ref = Image.fromarray(pixels, "RGB").resize((W, H), resample=Image.LANCZOS)     # A1111's "just resize"
@@ -170,7 +155,7 @@ def test_a_kept_image_gone_before_its_encode_fails_the_job_naming_it(d):
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     (d.rf.jobs / job / "init_image.png").unlink()
-    info = _wait(d, job, ("done", "failed"))
+    info = d.wait(job, ("done", "failed"))
     assert info.state == "failed" and info.error_stage == "orchestrator", info
     assert "init_image.png cannot be read" in info.error and "Traceback" not in info.error, info.error
 
@@ -256,7 +241,7 @@ def test_remote_vae_encodes_inline(tmp_path):
             pixels = _image(11)
             job = d.submit({"prompt": "a girl", "seed": 2, "steps": 2, "denoise": 0.5,
                             "init_image": _upload(d, "remote.png", _png(pixels, "RGB"))})
-            info = _wait(d, job, ("done", "failed"), timeout_s=90)
+            info = d.wait(job, ("done", "failed"), timeout_s=90)
             assert info.state == "done", f"{info}\n{d.logs()}"
             init = np.load(d.rf.jobs / job / "init_latent.npy")
             assert np.abs(init - _expected_init_latent(pixels, init.shape[0])).max() < 1.01e-3

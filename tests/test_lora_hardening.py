@@ -233,22 +233,10 @@ def _submit(prompt: dict, base) -> object:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, pipeline_assets):
-    import shutil
-    from orchestrator.daemon import Daemon
-    from orchestrator.runfolder import init_run
-    from stages.config import load_config
-    from tests.pipeline_harness import pipeline_toml
-    root = tmp_path_factory.mktemp("lora_hardening")
-    models = root / "models"
-    shutil.copytree(pipeline_assets[0], models)
-    (models / "loras").mkdir()
-    write_lora("tiny", 42, models / "loras" / "te.safetensors", "comfy", rank=4, groups=("te",))
-    rf = init_run(root / "run")
-    rf.pipeline_toml.write_text(pipeline_toml(pipeline_assets[1], models))
-    d = Daemon(load_config(rf.pipeline_toml), rf)
-    yield d, root
-    d.close()
-    d.ctx.term()
+    from tests.inproc import daemon_with_loras
+    with daemon_with_loras(tmp_path_factory.mktemp("lora_hardening"), pipeline_assets, lambda loras: write_lora(
+            "tiny", 42, loras / "te.safetensors", "comfy", rank=4, groups=("te",))) as got:
+        yield got
 
 
 def test_a_submits_lora_check_runs_off_the_daemons_thread(daemon, monkeypatch):

@@ -1,8 +1,8 @@
 """Every LoRA layout ComfyUI's loader accepts for the Anima DiT is read by models/lora with the same layers and ΔW:
 files of each layout (models.lora.synth, exact key names) against what ComfyUI's whole loader made of the same files
 (comfy.lora.model_lora_keys_unet, lora_convert, load_lora, calculate_weight: tests/data/lora/comfy_lora_layouts.npz,
-bench/lora_layout_reference.py); the key of each layout as docs/lora.md's table names it; the official Turbo LoRA's
-published layout; what ComfyUI does not map for Anima (lycoris_*) refused, named."""
+bench/lora_weight_reference.py loader); the key of each layout as docs/lora.md's table names it; the official Turbo
+LoRA's published layout; what ComfyUI does not map for Anima (lycoris_*) refused, named."""
 from __future__ import annotations
 
 import json
@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.lora_adapter_reference import sample_index
-from bench.lora_layout_reference import LAYOUT_CASES
+from bench.lora_weight_reference import LAYOUT_CASES, sample_index
 from models.dit.config import PRESETS
 from models.lora import LoraError, LoraFile, LoraUse, TargetTable, plan_loras
 from models.lora.synth import LAYOUTS, write_lora

@@ -1,5 +1,5 @@
 """LyCORIS LoKr / LoHa and the Turbo-LoRA form (models/lora/lycoris.py, file.py, plan.py): ΔW against ComfyUI's own
-weight adapters (tests/data/lora/comfy_lycoris_weights.npz, bench/lora_adapter_reference.py) and against a plain
+weight adapters (tests/data/lora/comfy_lycoris_weights.npz, bench/lora_weight_reference.py adapters) and against a plain
 second computation written here; the exact low-rank form; baked and run-time packs against the torch reference on
 the checkpoint with the LoRA merged; every refusal."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.lora_adapter_reference import CASES, sample_index
+from bench.lora_weight_reference import ADAPTER_CASES as CASES, sample_index
 from models.dit.checkpoint import DiTCheckpoint
 from models.dit.config import PRESETS, expected_dit_shapes
 from models.dit.reference import reference_forward

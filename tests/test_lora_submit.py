@@ -3,8 +3,6 @@ unfitting file is refused naming its field in prompt.json and what is wrong, not
 the next request; a good one is queued with its LoRAs."""
 from __future__ import annotations
 
-import json
-import shutil
 
 import numpy as np
 import pytest
@@ -12,12 +10,9 @@ import pytest
 from models.lora.choice import LoraChoice
 from models.lora.synth import write_lora
 from models.safetensors_io import TensorEntry, write_safetensors
-from orchestrator.daemon import Daemon
-from orchestrator.runfolder import init_run
 from protocol import messages as m
 from protocol.prompt import PromptError, PromptFile
-from stages.config import load_config
-from tests.pipeline_harness import pipeline_toml
+from tests.inproc import daemon_with_loras
 
 
 def _write(path, tensors: dict):
@@ -25,14 +20,9 @@ def _write(path, tensors: dict):
                              for k, v in tensors.items()])
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory, pipeline_assets):
-    """A daemon over a copy of the tiny models folder with LoRAs good and bad under loras/ (the plain 128x128 pack)."""
-    root = tmp_path_factory.mktemp("lora_submit")
-    models = root / "models"
-    shutil.copytree(pipeline_assets[0], models)
-    loras = models / "loras"
-    loras.mkdir()
+def _write_loras(loras) -> None:
+    """LoRAs good and bad: a kohya file, a text-encoder-only one, a cut one, one of the wrong width, an SDXL one, one
+    with a module the DiT has not, a LoHa missing its second pair."""
     write_lora("tiny", 41, loras / "good.safetensors", "kohya", rank=8, alpha=4.0, groups=("blocks", "adapter", "te"))
     write_lora("tiny", 42, loras / "te_only.safetensors", "comfy", rank=4, groups=("adapter", "te"))
     (loras / "cut.safetensors").write_bytes((loras / "good.safetensors").read_bytes()[:2000])
@@ -47,12 +37,13 @@ def daemon(tmp_path_factory, pipeline_assets):
                                            "lora_unet_blocks_0_mlp_layer1.lora_down.weight": np.ones((2, 256))})
     _write(loras / "loha.safetensors", {"lora_unet_blocks_0_mlp_layer1.hada_w1_a": np.ones((1024, 2)),
                                         "lora_unet_blocks_0_mlp_layer1.hada_w1_b": np.ones((2, 256))})
-    rf = init_run(root / "run")
-    rf.pipeline_toml.write_text(pipeline_toml(pipeline_assets[1], models))
-    d = Daemon(load_config(rf.pipeline_toml), rf)
-    yield d, root
-    d.close()
-    d.ctx.term()
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, pipeline_assets):
+    """A daemon over a copy of the tiny models folder with LoRAs good and bad under loras/ (the plain 128x128 pack)."""
+    with daemon_with_loras(tmp_path_factory.mktemp("lora_submit"), pipeline_assets, _write_loras) as got:
+        yield got
 
 
 def _submit(d, root, loras) -> m.Message:

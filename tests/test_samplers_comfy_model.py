@@ -147,13 +147,13 @@ def test_split_sampling_over_two_advanced_samplers_equals_comfyui(runner):
     assert f @ r / (np.linalg.norm(f) * np.linalg.norm(r)) < 0.999
 
 
-# tests/data/samplers/comfy_small_entries.npz (bench/comfy_entries_record.py --record): the same bundle and seed through
+# tests/data/samplers/comfy_small_entries.npz (bench/comfy_cond_record.py entries --record): the same bundle and seed through
 # bench/comfy_workflows.py's conditioning graphs in ComfyUI (ConditioningCombine of two prompts at cfg 4 and at cfg 1;
 # ConditioningSetTimestepRange halves combined, 8 steps; a Combine with a ConditioningAverage entry and a
 # ConditioningZeroOut negative; a latent hires fix whose two KSamplers take one Combine of two windowed prompts),
 # ComfyUI's final latents and this project's context rows of each entry (bench's context_label). The graph maps onto
 # its job as the front maps it; each active entry a pass of its own, mixed by models/sampling/cond_mix.py, as
-# bench/comfy_entries_record.py computes it (without the feature the latent is far from ComfyUI's: the test can fail).
+# bench/comfy_cond_record.py entries computes it (without the feature the latent is far from ComfyUI's: the test can fail).
 ENTRIES = np.load(Path(__file__).parent / "data" / "samplers" / "comfy_small_entries.npz")
 
 
@@ -175,7 +175,7 @@ def hires_runner(tmp_path_factory):
 
 
 def _entries_latent(runners, name: str, contexts: dict | None = None, hires_mixed: bool = True) -> tuple:
-    from bench.comfy_entries_record import project_latent
+    from bench.comfy_cond_record import project_latent
     ctx = {k.split("/", 1)[1]: _context(ENTRIES[k]) for k in ENTRIES.files if k.startswith("context/")}
     return project_latent(runners, {**ctx, **(contexts or {})}, json.loads(str(ENTRIES[f"graph/{name}"])),
                           hires_mixed=hires_mixed)

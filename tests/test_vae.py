@@ -9,14 +9,13 @@ import torch
 
 pytest.importorskip("diffusers")
 from diffusers import AutoencoderKLQwenImage  # noqa: E402
-from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 from models.cli import main as cli_main  # noqa: E402
 from models.safetensors_io import SafeTensorsFile, TensorEntry, save_arrays, write_safetensors  # noqa: E402
 from models.vae import VAE, VAEError, decode_to_png  # noqa: E402
 from models.vae.keys import decoder_shapes, detect_config, full_shapes  # noqa: E402
-from models.vae.synth import VAE_PRESETS, vae_entries, write_vae  # noqa: E402
+from models.vae.synth import VAE_PRESETS, vae_entries  # noqa: E402
 from models.vae.tiled import axis_plan  # noqa: E402
 
 TINY = VAE_PRESETS["tiny"]
@@ -42,29 +41,14 @@ def _psnr(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    torch.set_num_threads(1)
-    d = tmp_path_factory.mktemp("vae")
-    orig, diff = d / "tiny-orig.safetensors", d / "tiny-diff.safetensors"
-    write_vae("tiny", 0, orig, "original")
-    write_vae("tiny", 0, diff, "diffusers")
-    # The diffusers reference with the same weights, its key names from diffusers' own Wan converter.
-    st = SafeTensorsFile(orig)
-    sd = convert_wan_vae_to_diffusers({k: torch.from_numpy(st.get(k)) for k in st.keys()})
-    ref = AutoencoderKLQwenImage(base_dim=TINY.base_dim, z_dim=TINY.z_dim).eval()
-    ref.load_state_dict(sd, strict=True)
-    return {"dir": d, "orig": orig, "diff": diff, "ref": ref}
+def vae(tiny_vae_files):
+    return VAE.open(tiny_vae_files["orig"], threads=1)
 
 
-@pytest.fixture(scope="module")
-def vae(files):
-    return VAE.open(files["orig"], threads=1)
-
-
-def test_untiled_matches_diffusers(files, vae):
+def test_untiled_matches_diffusers(tiny_vae_files, vae):
     lat = _latent(20, 24)
     ours = vae.decode_raw(lat, tile=None)                                                # [3, 160, 192]
-    ref = _diffusers_decode(files["ref"], lat)
+    ref = _diffusers_decode(tiny_vae_files["ref"], lat)
     assert ours.shape == ref.shape == (3, 160, 192)
     assert torch.isfinite(ours).all()
     assert (ours.clamp(-1, 1) - ref).abs().max().item() <= 1e-4
@@ -100,8 +84,8 @@ def test_diffusers_layout_from_diffusers_state_dict(tmp_path):
     assert (a.clamp(-1, 1) - _diffusers_decode(model, lat)).abs().max().item() <= 1e-4
 
 
-def test_both_layouts_identical(files, vae):
-    other = VAE.open(files["diff"], threads=1)
+def test_both_layouts_identical(tiny_vae_files, vae):
+    other = VAE.open(tiny_vae_files["diff"], threads=1)
     assert vae.weights.layout == "original" and other.weights.layout == "diffusers"
     assert other.config == vae.config == TINY
     lat = _latent(12, 10, seed=2)
@@ -127,8 +111,8 @@ def test_blend_weights_partition_unity():
         assert np.allclose(total, 1.0), (n, tile, stride)
 
 
-def test_decoder_only_file(files, vae, tmp_path):
-    st = SafeTensorsFile(files["orig"])
+def test_decoder_only_file(tiny_vae_files, vae, tmp_path):
+    st = SafeTensorsFile(tiny_vae_files["orig"])
     keep = [k for k in st.keys() if k.startswith(("decoder.", "conv2."))]
     path = tmp_path / "decoder-only.safetensors"
     save_arrays(path, {k: st.get(k) for k in keep})
@@ -148,7 +132,7 @@ def _write(path, arrays: dict) -> None:
     write_safetensors(path, [TensorEntry(k, "F32", v.shape, v) for k, v in arrays.items()])
 
 
-def test_bad_files(files, tmp_path, tiny_dit):
+def test_bad_files(tiny_vae_files, tmp_path, tiny_dit):
     with pytest.raises(VAEError, match="DiT"):
         VAE.open(tiny_dit)
     te = tmp_path / "te.safetensors"
@@ -156,7 +140,7 @@ def test_bad_files(files, tmp_path, tiny_dit):
                 "model.layers.0.mlp.up_proj.weight": np.zeros((4, 4), np.float32)})
     with pytest.raises(VAEError, match="text encoder"):
         VAE.open(te)
-    st = SafeTensorsFile(files["orig"])
+    st = SafeTensorsFile(tiny_vae_files["orig"])
     arrays = {k: st.get(k) for k in st.keys()}
     enc = tmp_path / "encoder-only.safetensors"
     _write(enc, {k: v for k, v in arrays.items() if k.startswith("encoder.")})
@@ -219,10 +203,10 @@ def test_png_metadata(vae, tmp_path):
         assert np.array_equal(np.asarray(im), res.image)
 
 
-def test_cli_decode(files, vae, tmp_path, capsys):
+def test_cli_decode(tiny_vae_files, vae, tmp_path, capsys):
     lat = _latent(10, 12, seed=8)
     np.save(tmp_path / "lat.npy", lat)
-    rc = cli_main(["decode", "--vae", str(files["diff"]), "--latent", str(tmp_path / "lat.npy"),
+    rc = cli_main(["decode", "--vae", str(tiny_vae_files["diff"]), "--latent", str(tmp_path / "lat.npy"),
                    "--out", str(tmp_path / "o.png"), "--save-array", str(tmp_path / "o.npy"), "--no-tile",
                    "--threads", "1"])
     assert rc == 0
@@ -232,7 +216,7 @@ def test_cli_decode(files, vae, tmp_path, capsys):
     with Image.open(tmp_path / "o.png") as im:                   # the PNG's pixels: clip(255 x) truncated of o.npy
         assert np.array_equal(np.asarray(im), np.clip(255.0 * arr, 0, 255).astype(np.uint8).transpose(1, 2, 0))
     np.save(tmp_path / "bad.npy", lat[:3])
-    rc = cli_main(["decode", "--vae", str(files["orig"]), "--latent", str(tmp_path / "bad.npy"),
+    rc = cli_main(["decode", "--vae", str(tiny_vae_files["orig"]), "--latent", str(tmp_path / "bad.npy"),
                    "--out", str(tmp_path / "b.png")])
     assert rc == 2 and "expected [16, h, w]" in capsys.readouterr().err
     assert not (tmp_path / "b.png").exists()

@@ -8,14 +8,13 @@ import torch
 
 pytest.importorskip("diffusers")
 from diffusers import AutoencoderKLQwenImage  # noqa: E402
-from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers  # noqa: E402
 
 from models.safetensors_io import SafeTensorsFile, save_arrays  # noqa: E402
 from models.vae import VAEError  # noqa: E402
 from models.vae.encode import TorchEncoder, check_image  # noqa: E402
 from models.vae.keys import encoder_shapes, full_shapes  # noqa: E402
 from models.vae.latent import denormalize, normalize  # noqa: E402
-from models.vae.synth import VAE_PRESETS, write_vae  # noqa: E402
+from models.vae.synth import VAE_PRESETS  # noqa: E402
 
 TINY = VAE_PRESETS["tiny"]
 
@@ -30,22 +29,8 @@ def smooth_image(h: int, w: int, seed: int = 0) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    torch.set_num_threads(1)
-    d = tmp_path_factory.mktemp("vae-enc")
-    orig, diff = d / "tiny-orig.safetensors", d / "tiny-diff.safetensors"
-    write_vae("tiny", 0, orig, "original")
-    write_vae("tiny", 0, diff, "diffusers")
-    st = SafeTensorsFile(orig)
-    sd = convert_wan_vae_to_diffusers({k: torch.from_numpy(st.get(k)) for k in st.keys()})
-    ref = AutoencoderKLQwenImage(base_dim=TINY.base_dim, z_dim=TINY.z_dim).eval()
-    ref.load_state_dict(sd, strict=True)
-    return {"dir": d, "orig": orig, "diff": diff, "ref": ref}
-
-
-@pytest.fixture(scope="module")
-def enc(files):
-    return TorchEncoder.open(files["orig"], threads=1)
+def enc(tiny_vae_files):
+    return TorchEncoder.open(tiny_vae_files["orig"], threads=1)
 
 
 def _diffusers_encode(model: AutoencoderKLQwenImage, image: np.ndarray) -> np.ndarray:
@@ -58,17 +43,17 @@ def _diffusers_encode(model: AutoencoderKLQwenImage, image: np.ndarray) -> np.nd
     return ((mu - mean) / std).numpy()
 
 
-def test_untiled_matches_diffusers(files, enc):
+def test_untiled_matches_diffusers(tiny_vae_files, enc):
     for h, w, seed in [(48, 64, 1), (40, 24, 2)]:
         img = np.random.default_rng(seed).uniform(-1, 1, (3, h, w)).astype(np.float32)
-        want = _diffusers_encode(files["ref"], img)
+        want = _diffusers_encode(tiny_vae_files["ref"], img)
         got = enc.encode(img, tile=None).latent
         assert got.shape == (16, h // 8, w // 8) and got.dtype == np.float32
         assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max()), (h, w)
 
 
-def test_both_layouts_identical(files, enc):
-    other = TorchEncoder.open(files["diff"], threads=1)
+def test_both_layouts_identical(tiny_vae_files, enc):
+    other = TorchEncoder.open(tiny_vae_files["diff"], threads=1)
     assert enc.weights.layout == "original" and other.weights.layout == "diffusers"
     assert set(enc.weights.tensors) == set(encoder_shapes(TINY, None)) and other.config == TINY
     img = smooth_image(32, 40, seed=3)
@@ -103,8 +88,8 @@ def test_bad_images(enc):
     assert check_image(good[None]).shape == (3, 16, 16)
 
 
-def test_files_without_an_encoder(files, tmp_path):
-    st = SafeTensorsFile(files["orig"])
+def test_files_without_an_encoder(tiny_vae_files, tmp_path):
+    st = SafeTensorsFile(tiny_vae_files["orig"])
     dec_only = tmp_path / "decoder-only.safetensors"
     save_arrays(dec_only, {k: st.get(k) for k in st.keys() if not k.startswith(("encoder.", "conv1."))})
     with pytest.raises(VAEError, match="without its encoder .*encoder.conv1.weight"):
