@@ -152,6 +152,7 @@ class Daemon:
                 self.pump(POLL_S)
                 continue
             self._wake, next_scan = False, time.monotonic() + RESCAN_S
+            self.pump(0.0)           # requests that came while a job ran first: a job cancelled meanwhile never starts
             job = self.store.next_job()
             if job is None:
                 continue
