@@ -81,6 +81,7 @@ class Daemon:
         self.progress: dict[str, m.Progress] = {}          # job -> latest PROGRESS
         self.denoise_pass: dict[str, m.DenoisePass] = {}   # job -> the DENOISE out now (StageControl.denoise)
         self.dying: dict[str, tuple[float, m.Dying]] = {}  # stage -> (unix time, last DYING)
+        self.config_exits: set[str] = set()     # stages whose last start ended in a config exit (files looked for first)
         self.ready: dict[str, tuple[float, int]] = {}      # stage -> (unix time, pid) of the last READY event
         self.cancel_requests: set[str] = set()
         self.current: PlanRunner | None = None

@@ -82,10 +82,12 @@ class StageControl:
                 m.expect(reply, m.Ready, stage)
                 if stage in self._sampling:          # loaded and ready: the first point of its memory trace
                     self._sample_one(stage)
+                self.d.config_exits.discard(stage)
                 return
             except PeerUnavailable:
                 self.check_cancel()
                 if self._config_exit:
+                    self.d.config_exits.add(stage)
                     raise StageFailed(stage, self._died) from None
                 if self._died or time.monotonic() > deadline:
                     where = self.cfg.endpoint(stage)
@@ -95,8 +97,11 @@ class StageControl:
                 raise StageFailed(stage, f"bad READY: {e}") from None
 
     def _preflight(self, stage: str) -> None:
-        """StageFailed at once when the stage's model files are not there (stages/preflight.py, the stage's own
-        look): it would only be spawned to exit for them, a process start and supervisord's startsecs later."""
+        """After a start of `stage` ended in a config exit: StageFailed at once while its model files are still not
+        there (stages/preflight.py, the stage's own look, made again each job: a file put in place is seen), instead
+        of a process start, its imports and supervisord's startsecs for the same exit every job."""
+        if stage not in self.d.config_exits:
+            return
         why = missing_files(self.cfg, stage)
         if why:
             raise StageFailed(stage, f"cannot start: {why} (checked before starting it: not started)")

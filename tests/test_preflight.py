@@ -1,5 +1,5 @@
-"""A stage whose model files are missing is not spawned (stages/preflight.py, orchestrator/stage_control.py): the job
-fails at once naming the file. Each job started the encoder only for it to exit for the file after its imports and
+"""A stage whose start ended in a config exit is not spawned again while its model files are still missing
+(stages/preflight.py, orchestrator/stage_control.py): the job fails at once naming the file. Each job started the encoder only for it to exit for the file after its imports and
 supervisord's startsecs (bench/fuzz_http.py's A1111 img2img cases: ~10 s each at load average 30)."""
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ def test_a_stage_missing_its_files_is_not_started(tmp_path):
     (tmp_path / "dit.st").write_bytes(b"x")
     control = StageControl.__new__(StageControl)      # only what bring_up reads before a start
     control.cfg, control.sup, control.job = cfg, _Sup(), SimpleNamespace(id="j1")
+    control.d = SimpleNamespace(config_exits={"encoder"})     # its last start ended in a config exit
     control.settings = SimpleNamespace(start_timeout_s=60.0)
     control.keep = SimpleNamespace(after_use=lambda stage: False, why="")
     control.report, control._sampling = SimpleNamespace(stage_starts={}), set()

@@ -102,10 +102,11 @@ def test_a_hires_job_is_checked_at_each_size_its_plan_decodes(tmp_path, tiny_bun
 
 
 @pytest.mark.slow
-def test_a_stage_missing_its_files_fails_the_job_at_once_with_its_cause(tmp_path, pipeline_assets):
+def test_a_stage_config_exit_fails_the_job_at_once_with_its_cause(tmp_path, pipeline_assets):
     """Through supervisord: the encoder's pack folder is missing; the job fails at its start with the encoder's own
-    words (stages/preflight.py, the look the stage itself makes), and the encoder is never spawned: it would only
-    exit 2 for it after its imports and supervisord's startsecs."""
+    words and without restarts that would fail the same way (the cause is in the job's error, not only in
+    encoder.log). The next job does not spawn it again while the folder is still missing (stages/preflight.py): it
+    fails at once with the same words."""
     from tests.pipeline_harness import Pipeline
     models, pack = pipeline_assets
     missing = tmp_path / "nowhere" / "encoder"
@@ -115,9 +116,13 @@ def test_a_stage_missing_its_files_fails_the_job_at_once_with_its_cause(tmp_path
         assert info.state == "failed"
         assert info.error.startswith("cannot start: ") and "stage.encoder.pack: " in info.error
         assert "no such encoder pack folder" in info.error
-        assert str(missing) in info.error and "not started" in info.error
+        assert str(missing) in info.error and "not retried" in info.error
         enc = p.sup.info("encoder")
-        assert enc.pid == 0 and enc.state == "STOPPED", enc
+        assert enc.exitstatus == EXIT_CONFIG
+        again = p.wait(p.submit({"prompt": "b", "steps": 1}), timeout_s=240)
+        assert again.state == "failed" and "no such encoder pack folder" in again.error
+        assert str(missing) in again.error and "not started" in again.error
+        assert p.sup.info("encoder").start == enc.start, "spawned again"
 
 
 def test_the_executor_backend_under_its_table_says_it_belongs_at_the_top(tmp_path):
