@@ -57,15 +57,13 @@ def _file_ids(paths) -> list:
 def encoder_identity(cfg) -> str:
     """A digest of the encoder stage as configured: its settings and its files' identities (OSError: a file is
     gone; the stage would not start either)."""
-    from models.models_dir import resolve_models
+    from stages.preflight import ENCODER_PARTS, encoder_files, encoder_pack_path
     settings = dict(cfg.stage_settings("encoder"))
-    backend = settings.get("backend", "torch")
-    if backend == "onnx":
-        files = [(cfg.path.parent / os.path.expanduser(settings["pack"])).resolve()]
+    if settings.get("backend", "torch") == "onnx":
+        files = [encoder_pack_path(cfg)]
     else:
-        from stages.encoder import PARTS
-        paths = resolve_models(cfg.models_dir, {k: settings[k] for k in PARTS if k in settings}, need=PARTS)
-        files = [getattr(paths, k) for k in PARTS]
+        found = encoder_files(cfg)
+        files = [getattr(found, k) for k in ENCODER_PARTS]
     blob = json.dumps({"settings": settings, "files": _file_ids(files)}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 

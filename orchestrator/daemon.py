@@ -87,6 +87,7 @@ class Daemon:
         self.progress: dict[str, m.Progress] = {}          # job -> latest PROGRESS
         self.denoise_pass: dict[str, m.DenoisePass] = {}   # job -> the DENOISE out now (StageControl.denoise)
         self.dying: dict[str, tuple[float, m.Dying]] = {}  # stage -> (unix time, last DYING)
+        self.config_exits: set[str] = set()     # stages whose last start ended in a config exit (files looked for first)
         self.ready: dict[str, tuple[float, int]] = {}      # stage -> (unix time, pid) of the last READY event
         self.cancel_requests: set[str] = set()
         self.current: PlanRunner | None = None
@@ -158,6 +159,7 @@ class Daemon:
                 self.pump(POLL_S)
                 continue
             self._wake, next_scan = False, time.monotonic() + RESCAN_S
+            self.pump(0.0)           # requests that came while a job ran first: a job cancelled meanwhile never starts
             job = self.store.next_job()
             if job is None:
                 continue

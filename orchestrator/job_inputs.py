@@ -49,25 +49,24 @@ def job_inputs(run_root: Path, spec) -> dict[str, bytes]:
     """{init_image, mask} -> PNG bytes at the job's size (RGB 8-bit; the mask 8-bit grey, 255 = repaint); {} for a
     text-to-image job. PromptError naming the field for a missing upload, a non-image or a size that does not fit."""
     from PIL import Image
-    from models.images import ImageInputError, a1111_mask, load_image, load_image_mask
+    from models.images import ImageInputError, a1111_mask8, load_image_mask, load_rgb8
     out = {}
     if spec.init_image is None:
         return out
     data = _read(run_root, spec.init_image, "init_image")
     try:
-        rgb = load_image(data).pixels                                        # [H, W, 3] f32 0..1
+        im = load_rgb8(data)                     # LoadImage's pixels rounded to 8 bits, no float copy of them
     except ImageInputError as e:
         raise PromptError("init_image", str(e)) from None
-    im = Image.fromarray(np.round(rgb * 255).astype(np.uint8), "RGB")
     out["init_image"] = _png(_fit(im, spec, "init_image"))
     if spec.mask is not None:
         data = _read(run_root, spec.mask, "mask")
         try:
-            grey = (a1111_mask(data) if spec.mask_channel is None                # [H, W] f32 0..1, 1 = repaint
-                    else load_image_mask(data, spec.mask_channel))
+            grey = (a1111_mask8(data) if spec.mask_channel is None               # [H, W] uint8, 255 = repaint
+                    else np.round(load_image_mask(data, spec.mask_channel) * 255).astype(np.uint8))
         except ImageInputError as e:
             raise PromptError("mask", str(e)) from None
-        im = Image.fromarray(np.round(grey * 255).astype(np.uint8), "L")
+        im = Image.fromarray(grey, "L")
         out["mask"] = _png(_fit(im, spec, "mask"))
     return out
 

@@ -16,6 +16,7 @@ from protocol.fields import ProtocolError
 from protocol.sockets import PeerUnavailable
 from protocol.version import VERSION
 from stages.base import EXIT_CONFIG
+from stages.preflight import missing_files
 
 log = logging.getLogger("orchestrator.plan")     # one logger for a job's story, whichever half tells it
 
@@ -67,6 +68,7 @@ class StageControl:
             if not gone_pid and self._held(stage):
                 log.info("job %s: %s already up, keep_up %s: no start", self.job.id, stage, self.keep.why)
             else:
+                self._preflight(stage)
                 self._stop_held(stage)
                 self._start_program(stage, gone_pid, deadline)
                 self.report.stage_starts[stage] = self.report.stage_starts.get(stage, 0) + 1
@@ -80,10 +82,12 @@ class StageControl:
                 m.expect(reply, m.Ready, stage)
                 if stage in self._sampling:          # loaded and ready: the first point of its memory trace
                     self._sample_one(stage)
+                self.d.config_exits.discard(stage)
                 return
             except PeerUnavailable:
                 self.check_cancel()
                 if self._config_exit:
+                    self.d.config_exits.add(stage)
                     raise StageFailed(stage, self._died) from None
                 if self._died or time.monotonic() > deadline:
                     where = self.cfg.endpoint(stage)
@@ -91,6 +95,16 @@ class StageControl:
                     raise StageFailed(stage, f"not reachable at {where}: {why}") from None
             except (m.RemoteError, ProtocolError) as e:
                 raise StageFailed(stage, f"bad READY: {e}") from None
+
+    def _preflight(self, stage: str) -> None:
+        """After a start of `stage` ended in a config exit: StageFailed at once while its model files are still not
+        there (stages/preflight.py, the stage's own look, made again each job: a file put in place is seen), instead
+        of a process start, its imports and supervisord's startsecs for the same exit every job."""
+        if stage not in self.d.config_exits:
+            return
+        why = missing_files(self.cfg, stage)
+        if why:
+            raise StageFailed(stage, f"cannot start: {why} (checked before starting it: not started)")
 
     def _start_program(self, stage: str, gone_pid: int, deadline: float) -> None:
         """A local stage's program started through supervisord once `gone_pid` has left. Not waited for RUNNING: the

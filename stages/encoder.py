@@ -12,14 +12,13 @@ size). `[stage.encoder] backend` picks the compute:
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import numpy as np
 
 from models.lora import LoraError, plan_text_loras
 from models.lora.choice import lora_uses
-from models.models_dir import ModelsDirError, resolve_models
+from models.models_dir import ModelsDirError
 from models.text.conditioning import TextEncoder
 from models.text.encoder_pack import EncoderPackError
 from models.text.prompt_weights import PromptWeightError
@@ -27,12 +26,10 @@ from protocol import messages as m
 from protocol.fields import ProtocolError
 from stages.base import RequestFailed, exit_process, stage_main
 from stages.config import ConfigError, PipelineConfig
+from stages.preflight import encoder_files
 from stages.tensor_io import ReplyTensors
 
 log = logging.getLogger(__name__)
-
-PARTS = ("dit", "text_encoder", "qwen_tokenizer", "t5_tokenizer")
-
 
 class EncoderLogic:
     """Loads the tokenizers, Qwen3 and the LLM adapter once (before READY); ENCODE fills two arena slots."""
@@ -43,21 +40,17 @@ class EncoderLogic:
         self.threads = int(settings.get("threads", config.threads))
         self.models_dir = config.models_dir           # a job's LoRAs are named under its loras/
         t0 = time.perf_counter()
+        found = encoder_files(config)                 # ConfigError (exit 2, not retried) naming a missing file
         if self.backend == "onnx":
-            self.source = (config.path.parent / os.path.expanduser(settings["pack"])).resolve()
+            self.source = found
             try:
                 self.encoder = TextEncoder.from_pack(str(self.source), threads=self.threads)
             except EncoderPackError as e:            # a pack problem: exit 2, not retried (stage_main)
                 raise ConfigError(f"{config.path}: stage.encoder.pack: {e}") from None
         else:
-            overrides = {k: settings[k] for k in PARTS if k in settings}
-            try:
-                paths = resolve_models(config.models_dir, overrides, need=PARTS)
-            except ModelsDirError as e:
-                raise ConfigError(f"{config.path}: encoder: {e}") from None
-            self.source = paths.text_encoder
-            self.encoder = TextEncoder.from_files(str(paths.text_encoder), str(paths.dit), str(paths.qwen_tokenizer),
-                                                  str(paths.t5_tokenizer), threads=self.threads)
+            self.source = found.text_encoder
+            self.encoder = TextEncoder.from_files(str(found.text_encoder), str(found.dit), str(found.qwen_tokenizer),
+                                                  str(found.t5_tokenizer), threads=self.threads)
         self.load_s = time.perf_counter() - t0
 
     def info(self) -> dict:

@@ -24,6 +24,7 @@ GREEN = (0, 200, 0)
 def front(tmp_path, monkeypatch):
     f = Uploads(tmp_path)
     f.front.rf.root.mkdir(mode=0o700)
+    f.link.sizes = ((128, 128), (64, 64))            # the stand-in jobs' size has a pack: checked before decoding
     f.ran = []
 
     async def run_job(front_, spec, image=1, images=1):   # the job: a flat green picture with a PNG text chunk
@@ -340,23 +341,37 @@ def test_the_mask_blur_is_a1111s_and_its_cost_does_not_grow_with_the_radius():
     assert large < 3 * small, (small, large)                 # the tap sum: ~9x (0.3 s -> 2.7 s here)
 
 
-def test_img2img_preparation_past_its_slots_is_503_with_retry_after(front, monkeypatch):
-    """Issue 45 item 5: each request's decoding and blurring (up to ~1 GB at 4096²) ran in parallel without a
-    bound; past PREPARE_SLOTS requests at once the next is 503 with Retry-After, and a slot freed takes it."""
+def test_img2img_preparation_past_the_image_budget_is_503_with_retry_after(front, monkeypatch):
+    """Issue 45 item 5: preparation was bounded by a count (two at once: two 4096² RGBA inpaints took the front past
+    1 GB); now by bytes (orchestrator.http.image_budget): a request whose estimate does not fit beside the work under
+    way is 503 with Retry-After, and room freed takes it."""
     from aiohttp.test_utils import TestClient, TestServer
-    from orchestrator.http import img2img
-    monkeypatch.setattr(img2img, "_preparing", img2img.PREPARE_SLOTS)
+    from orchestrator.http import image_budget
+    budget = image_budget.ImageBudget()
+    monkeypatch.setattr("orchestrator.http.img2img.BUDGET", budget)
+    budget.used = budget.total - 1000                   # a 64² request's estimate is more than 1000 bytes
 
     async def go():
         async with TestClient(TestServer(front.build_app(front.front))) as client:
             r = await client.post("/sdapi/v1/img2img", json=_body())
             return r.status, r.headers.get("Retry-After"), await r.json()
     status, retry, answer = asyncio.run(go())
-    assert status == 503 and retry == str(img2img.RETRY_AFTER_S) and "preparing" in answer["error"], answer
-    assert front.ran == []
-    monkeypatch.setattr(img2img, "_preparing", img2img.PREPARE_SLOTS - 1)
+    assert status == 503 and retry == str(image_budget.RETRY_AFTER_S) and "image work" in answer["error"], answer
+    assert front.ran == [] and budget.used == budget.total - 1000
+    budget.used = 0
     status, answer = front.request("POST", "/sdapi/v1/img2img", _body())
-    assert status == 200 and img2img._preparing == img2img.PREPARE_SLOTS - 1, answer
+    assert status == 200 and budget.used == 0, answer
+
+
+def test_a_job_size_without_a_pack_is_refused_before_the_images_are_decoded(front, monkeypatch):
+    """The front fitted the init image to any width x height up to 16384 (a 16384² RGB image: 1 GB in Pillow)
+    before the daemon refused the size for having no pack; now the size is checked against the packs first."""
+    def no_decoding(*a, **k):
+        raise AssertionError("decoded")
+    monkeypatch.setattr("orchestrator.http.img2img.load_rgb8", no_decoding)
+    status, body = front.request("POST", "/sdapi/v1/img2img", _body(width=16384, height=16384))
+    assert status == 422 and body["field"] == "width" and "no model pack" in body["error"], body
+    assert front.ran == []
 
 
 def test_img2img_parameters_echo_what_ran(front):
@@ -373,19 +388,20 @@ def test_img2img_parameters_echo_what_ran(front):
     assert p["denoising_strength"] == 0.6 and "init_images" not in p and "mask" not in p
 
 
-def test_decoding_the_init_image_holds_one_float_copy_at_most():
+def test_decoding_the_init_image_holds_no_float_copy():
     """A 4096² init image was decoded through three float32 copies at once (36 bytes a pixel: ~600 MB; the two
-    requests PREPARE_SLOTS lets prepare together took the front to 1.37 GB in bench/fuzz_http.py): now one, in place."""
+    requests preparing together took the front to 1.37 GB in bench/fuzz_http.py), then one (15): now none, the
+    8-bit pixels straight from the file (models.images.load_rgb8: LoadImage's values rounded, the same bytes)."""
     import tracemalloc
     from orchestrator.http import img2img
     n = 1024
     pixels = RNG.integers(0, 256, (n, n, 3), dtype=np.uint8)
-    body = {"init_images": [b64(png(pixels))]}
+    data = png(pixels)
     tracemalloc.start()
     try:
-        im = img2img._decoded(body, "init_images[0]", "init_images")
+        im = img2img._decoded(data, "init_images[0]")
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert np.array_equal(np.asarray(im), pixels)                 # the same pixels, 8-bit in and out
-    assert peak / (n * n) < 20, f"{peak / (n * n):.1f} bytes a pixel"
+    assert peak / (n * n) < 4, f"{peak / (n * n):.1f} bytes a pixel"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import sys
 from contextlib import redirect_stdout
@@ -356,3 +357,33 @@ def test_entries_are_priced_as_their_branch_sweeps():
     halves = estimate_spec(_reference_spec(**base, positive=[{"text": "a", "end": 0.5}, {"text": "b", "start": 0.5}]),
                            {(512, 512): None}, BoardSettings())
     assert any("9 branch sweeps" in n for n in halves.notes) and halves.passes == 3
+
+
+def test_the_shard_search_is_done_once_per_pack_board_and_call_count(tmp_path, monkeypatch):
+    """Every job's report priced its job, and the shard note searched the sharded builds each time (~7 s a job
+    before its encoder on a busy 2-core machine: bench/fuzz_http.py's accepted jobs waited for it); the answer is kept
+    by the pack's shape, the cost file, size, calls and passes: the same job again does not search, another step
+    count or a changed cost file does, and the note is the same as the search's."""
+    from models.board import auto
+    from orchestrator import estimate
+    from tests.doubles_harness import fake_pack
+    monkeypatch.setattr(estimate, "_SHARD_CHOICES", estimate.OrderedDict())
+    searches = []
+    real = auto.choose_pack
+    monkeypatch.setattr(auto, "choose_pack", lambda *a, **k: searches.append(k["computed_steps"]) or real(*a, **k))
+    pack = fake_pack(tmp_path / "p1024", 1024, 1024)
+
+    def note(steps, board=BoardSettings()):
+        spec = parse_prompt_obj({"prompt": "a", "width": 1024, "height": 1024, "steps": steps, "cfg": 1,
+                                 "sampler": "er_sde", "scheduler": "simple", "spectrum": False},
+                                resolution=[(1024, 1024)])
+        return [n for n in estimate_spec(spec, {(1024, 1024): pack}, board).notes if "not sharded" in n]
+    first = note(8)
+    assert first and note(8) == first and searches == [8]
+    assert note(9) and searches == [8, 9]
+    cost = tmp_path / "cost.toml"
+    from models.board.cost import COST_FILE
+    cost.write_bytes(COST_FILE.read_bytes())
+    assert note(8, BoardSettings(board_cost=str(cost))) == first and searches == [8, 9, 8]
+    os.utime(cost, ns=(1, 1))                                 # the file changed: searched again
+    assert note(8, BoardSettings(board_cost=str(cost))) == first and searches == [8, 9, 8, 8]

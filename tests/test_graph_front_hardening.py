@@ -147,6 +147,7 @@ class FakeLink:
     SUBMIT queues, or answers `refusal` (an ERROR) when one is set; a job's STATUS has no answer."""
 
     timeout_s = 5.0                              # DaemonLink's request_timeout_s
+    sizes = ((128, 128),)                        # the packs INFO lists
 
     def __init__(self, models_dir: Path):
         self.models_dir, self.refusal, self.submitted = models_dir, None, []
@@ -154,9 +155,10 @@ class FakeLink:
     async def call(self, msg, cls, timeout_s=None):
         from orchestrator.http.link import DaemonDown, DaemonRefused
         if isinstance(msg, m.Info):
-            pack = m.PackRef(width=128, height=128, dir="/packs/128", dtype="f16", blocks=2,
-                             source_name=TINY_NAMES["unet"], source_sha256="0" * 64, lora_rank=16)
-            return m.Pipeline(id=msg.id, packs=(pack,), models={"text_encoder": TINY_NAMES["clip"],
+            packs = tuple(m.PackRef(width=w, height=h, dir=f"/packs/{w}", dtype="f16", blocks=2,
+                                    source_name=TINY_NAMES["unet"], source_sha256="0" * 64, lora_rank=16)
+                          for w, h in self.sizes)
+            return m.Pipeline(id=msg.id, packs=packs, models={"text_encoder": TINY_NAMES["clip"],
                                                                 "vae": TINY_NAMES["vae"]},
                               max_queue=8, version=VERSION, loras=tuple(list_loras(self.models_dir)))
         if isinstance(msg, m.Submit):

@@ -105,7 +105,8 @@ def test_a_hires_job_is_checked_at_each_size_its_plan_decodes(tmp_path, tiny_bun
 def test_a_stage_config_exit_fails_the_job_at_once_with_its_cause(tmp_path, pipeline_assets):
     """Through supervisord: the encoder's pack folder is missing; the job fails at its start with the encoder's own
     words and without restarts that would fail the same way (the cause is in the job's error, not only in
-    encoder.log)."""
+    encoder.log). The next job does not spawn it again while the folder is still missing (stages/preflight.py): it
+    fails at once with the same words."""
     from tests.pipeline_harness import Pipeline
     models, pack = pipeline_assets
     missing = tmp_path / "nowhere" / "encoder"
@@ -116,7 +117,12 @@ def test_a_stage_config_exit_fails_the_job_at_once_with_its_cause(tmp_path, pipe
         assert info.error.startswith("cannot start: ") and "stage.encoder.pack: " in info.error
         assert "no such encoder pack folder" in info.error
         assert str(missing) in info.error and "not retried" in info.error
-        assert p.sup.info("encoder").exitstatus == EXIT_CONFIG
+        enc = p.sup.info("encoder")
+        assert enc.exitstatus == EXIT_CONFIG
+        again = p.wait(p.submit({"prompt": "b", "steps": 1}), timeout_s=240)
+        assert again.state == "failed" and "no such encoder pack folder" in again.error
+        assert str(missing) in again.error and "not started" in again.error
+        assert p.sup.info("encoder").start == enc.start, "spawned again"
 
 
 def test_the_executor_backend_under_its_table_says_it_belongs_at_the_top(tmp_path):

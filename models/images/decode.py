@@ -3,6 +3,8 @@
     load_image(data)                 -> LoadedImage(pixels [H, W, 3] in 0..1, mask [H, W] or None): ComfyUI's LoadImage
     load_image_mask(data, channel)   -> [H, W] in 0..1: ComfyUI's LoadImageMask (alpha | red | green | blue)
     a1111_mask(data)                 -> [H, W] in 0..1: A1111's img2img mask (white = repaint)
+    load_rgb8(data), a1111_mask8(data) the same rounded to 8 bits (255 * value), never a float copy of the picture
+    image_size(data)                 -> (width, height) from the header (bounded; nothing decoded)
     open_bounded(data)               -> the PIL image, its header checked, EXIF orientation applied
 
 What ComfyUI's nodes.py does, followed here: the EXIF orientation is applied first (ImageOps.exif_transpose); the
@@ -32,6 +34,7 @@ import numpy as np
 MAX_PIXELS = 4096 * 4096               # 16.8 Mpixel: 201 MB as float32 RGB; far above any size a pack runs
 MAX_INPUT_BYTES = 64 * 2**20
 MAX_SIDE = 16384                       # also the largest width/height a job may ask for
+ROWS = 256                             # rows converted at once by the 8-bit paths
 FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF")
 CHANNELS = ("alpha", "red", "green", "blue")     # LoadImageMask's choices, in ComfyUI's order
 
@@ -77,6 +80,13 @@ def _header(data: bytes, max_pixels: int):
     return im
 
 
+def image_size(data: bytes, *, max_pixels: int = MAX_PIXELS) -> tuple[int, int]:
+    """(width, height) as the header says, under the same bounds; no pixel decoded (what a caller budgets by)."""
+    im = _header(data, max_pixels)
+    im.close()
+    return im.size
+
+
 def open_bounded(data: bytes, *, max_pixels: int = MAX_PIXELS, transpose: bool = True):
     """The decoded first frame as a PIL image, EXIF orientation applied (unless not `transpose`: the stored pixels,
     as ComfyUI's mask upload reads them); ImageInputError for anything refused."""
@@ -113,6 +123,31 @@ def _rgb(im) -> np.ndarray:
     return out
 
 
+def _grey16_to_8(a: np.ndarray) -> np.ndarray:
+    """16-bit grey v -> round(255 * v / 65535) = round(v / 257) in integers ((v + 128) // 257: v / 257 is never
+    half-way), by rows: no 4-byte copy of the whole picture."""
+    out = np.empty(a.shape, np.uint8)
+    for lo in range(0, a.shape[0], ROWS):
+        out[lo:lo + ROWS] = (a[lo:lo + ROWS].astype(np.uint32) + 128) // 257
+    return out
+
+
+def load_rgb8(data: bytes, *, max_pixels: int = MAX_PIXELS):
+    """LoadImage's IMAGE rounded to 8 bits (round(255 * pixels), the same values) as a PIL RGB image: the decoded
+    picture and one RGB copy, never the 12-byte-a-pixel float array (a 4096² image: 201 MB) load_image makes."""
+    from PIL import Image
+    im = open_bounded(data, max_pixels=max_pixels)
+    if _sixteen_bit(im):
+        grey = _grey16_to_8(np.asarray(im))
+        im.close()
+        return Image.fromarray(grey, "L").convert("RGB")
+    if im.mode == "I":
+        im = im.point(lambda v: v * (1 / 255))
+    if im.mode == "P" and "transparency" in im.info:
+        im = im.convert("RGBA")
+    return im if im.mode == "RGB" else im.convert("RGB")
+
+
 def _alpha(im) -> np.ndarray | None:
     """The alpha band as uint8 [H, W] (a palette's transparency included), None when the file has none."""
     if "A" in im.getbands():
@@ -145,15 +180,20 @@ def load_image_mask(data: bytes, channel: str = "alpha", *, max_pixels: int = MA
     return 1.0 - band if channel == "alpha" else band
 
 
-def a1111_mask(data: bytes, *, rounded: bool = True, max_pixels: int = MAX_PIXELS) -> np.ndarray:
-    """A1111's img2img mask as [H, W] in 0..1 (1 = repaint): a translucent RGBA mask's alpha (rounded to 0 or 1 at
-    128 unless not `rounded`: A1111's mask_round), else the greyscale of the mask."""
+def a1111_mask8(data: bytes, *, rounded: bool = True, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+    """A1111's img2img mask as [H, W] uint8 (255 = repaint): a translucent RGBA mask's alpha (rounded to 0 or 255 at
+    128 unless not `rounded`: A1111's mask_round), else the greyscale of the mask (16-bit grey: round(v / 257))."""
     im = open_bounded(data, max_pixels=max_pixels)
     if im.mode == "RGBA" and im.getextrema()[-1] != (255, 255):
         alpha = np.asarray(im.getchannel("A"))
-        grey = np.where(alpha > 128, 255, 0) if rounded else alpha
-    elif _sixteen_bit(im):
-        grey = np.asarray(im, dtype=np.float32) / 257.0
-    else:
-        grey = np.asarray(im.convert("L"))
-    return grey.astype(np.float32) / 255.0
+        return np.where(alpha > 128, np.uint8(255), np.uint8(0)) if rounded else alpha
+    if _sixteen_bit(im):
+        return _grey16_to_8(np.asarray(im))
+    return np.asarray(im.convert("L"))
+
+
+def a1111_mask(data: bytes, *, rounded: bool = True, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+    """A1111's img2img mask as [H, W] in 0..1 (1 = repaint): a1111_mask8 / 255."""
+    grey = a1111_mask8(data, rounded=rounded, max_pixels=max_pixels).astype(np.float32)
+    grey /= 255.0
+    return grey

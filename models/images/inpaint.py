@@ -65,9 +65,10 @@ BLUR_CHUNK = 256                # lines transformed at once: bounds the FFT's wo
 
 
 def _blur_axis(a: np.ndarray, sigma: float, axis: int) -> np.ndarray:
-    """The kernel along `axis` over reflect-101 borders, as a product of FFTs: the cost per pixel does not grow with
-    the radius (a tap sum is 2 * int(2.5 * sigma + 0.5) + 1 passes over the image: 321 at blur 64). Equal to the tap
-    sum within float64 rounding (~1e-12)."""
+    """The uint8 [H, W] `a` blurred by the kernel along `axis` over reflect-101 borders and rounded to uint8, as a
+    product of FFTs: the cost per pixel does not grow with the radius (a tap sum is 2 * int(2.5 * sigma + 0.5) + 1
+    passes over the image: 321 at blur 64). Equal to the tap sum within float64 rounding (~1e-12). Float64 only for
+    BLUR_CHUNK lines at a time: the whole mask is never held as floats (a 4096² one: 134 MB a copy)."""
     w = _kernel(sigma)
     r = len(w) // 2
     a = np.moveaxis(a, axis, -1)                                     # [lines, n]
@@ -76,23 +77,24 @@ def _blur_axis(a: np.ndarray, sigma: float, axis: int) -> np.ndarray:
     padded_len = n + 2 * r
     size = 1 << (padded_len + len(w) - 1 - 1).bit_length()          # linear (not circular) convolution
     kf = np.fft.rfft(w, size)
-    out = np.empty(a.shape, np.float64)
+    out = np.empty(a.shape, np.uint8)
     for lo in range(0, a.shape[0], BLUR_CHUNK):
         rows = a[lo:lo + BLUR_CHUNK].astype(np.float64)
         p = np.pad(rows, ((0, 0), (r, r)), mode="reflect") if n > 1 else np.pad(rows, ((0, 0), (r, r)), mode="edge")
         full = np.fft.irfft(np.fft.rfft(p, size, axis=-1) * kf, size, axis=-1)   # [chunk, size]
-        out[lo:lo + BLUR_CHUNK] = full[:, 2 * r:2 * r + n]
+        out[lo:lo + BLUR_CHUNK] = np.clip(np.round(full[:, 2 * r:2 * r + n]), 0, 255)
     return np.moveaxis(out, -1, axis)
 
 
 def blur_mask(mask: np.ndarray, blur_x: int, blur_y: int) -> np.ndarray:
-    """[H, W] uint8 -> [H, W] uint8: A1111's mask_blur_x then mask_blur_y (0: that axis untouched)."""
+    """[H, W] uint8 -> [H, W] uint8: A1111's mask_blur_x then mask_blur_y (0: that axis untouched), each rounded to
+    8 bits as cv2.GaussianBlur's uint8 output is."""
     a = np.asarray(mask, dtype=np.uint8)
     if blur_x > 0:
-        a = np.clip(np.round(_blur_axis(a.astype(np.float64), blur_x, 1)), 0, 255).astype(np.uint8)
+        a = _blur_axis(a, blur_x, 1)
     if blur_y > 0:
-        a = np.clip(np.round(_blur_axis(a.astype(np.float64), blur_y, 0)), 0, 255).astype(np.uint8)
-    return a
+        a = _blur_axis(a, blur_y, 0)
+    return np.ascontiguousarray(a)
 
 
 def fill(image, mask):
@@ -112,7 +114,9 @@ def fill(image, mask):
 
 def overlay_mask(blurred: np.ndarray) -> np.ndarray:
     """[H, W] uint8: where (and how much) the generated image shows through the pasted-back original."""
-    return np.clip(blurred.astype(np.float32) * 2, 0, 255).astype(np.uint8)
+    out = np.minimum(blurred, 127).astype(np.uint8) << 1            # 2 * m clipped at 255, in 8 bits (no float copy)
+    out[blurred > 127] = 255
+    return out
 
 
 def crop_region(mask: np.ndarray, pad: int) -> tuple[int, int, int, int] | None:

@@ -40,11 +40,12 @@ import numpy as np
 
 from aiohttp import web
 
-from models.images import ImageInputError, a1111_mask, fit_image, load_image
+from models.images import ImageInputError, a1111_mask8, fit_image, image_size, load_rgb8
 from models.images import inpaint
 from models.images.decode import MAX_INPUT_BYTES
 from orchestrator.http import a1111
 from orchestrator.http.common import FRONT, BadRequest, json_response, read_json, refuse
+from orchestrator.http.image_budget import BUDGET, img2img_cost, paste_cost
 from orchestrator.inputs import InputNameError, drop_private, keep_private, private_name
 from orchestrator.upload_space import UploadsFull
 
@@ -55,9 +56,6 @@ IMG2IMG_FIELDS = ("init_images", "mask", "resize_mode", "denoising_strength", "m
 MAX_BLUR = 64
 MAX_PADDING = 256
 LATENT_FILLS = {2: "noise", 3: "nothing"}     # inpainting_fill 2 latent noise, 3 latent nothing -> latent_fill
-PREPARE_SLOTS = 2             # requests decoding and blurring their images at once (a 4096² one: ~1 GB for seconds)
-RETRY_AFTER_S = 10            # a request past them is 503 with this Retry-After
-_preparing = 0                # requests in prepare now (the front is one process, one event loop)
 HELD: Counter = Counter()     # RUN/temp/a1111 names -> the requests in this front holding them (until their SUBMIT)
 
 
@@ -98,34 +96,44 @@ def _png(im) -> bytes:
     return buf.getvalue()
 
 
-def _decoded(body: dict, field: str, key: str):
-    """The request's image `key` decoded (bounded) as PIL: init_images[0] in RGB, the mask in L by A1111's rule."""
+def _decoded(data: bytes, field: str, mask_round: bool | None = None):
+    """An image's bytes decoded (bounded) as PIL: the init image in 8-bit RGB (LoadImage's pixels rounded), the
+    mask (`mask_round` not None) in L by A1111's rule; no float copy of either."""
     from PIL import Image
-    data = _base64_image(body[key] if key == "mask" else body[key][0], field)
     try:
-        if key == "mask":
-            grey = a1111_mask(data, rounded=a1111._bool(body, "mask_round", True))
-            return Image.fromarray((grey * 255.0 + 0.5).astype("uint8"), "L")
-        rgb = load_image(data).pixels                             # 16-bit, CMYK, palette, EXIF as LoadImage
-        rgb *= 255.0                                              # in place: two fewer 12-byte-a-pixel copies
-        rgb += 0.5
-        return Image.fromarray(rgb.astype("uint8"), "RGB")
+        if mask_round is not None:
+            return Image.fromarray(a1111_mask8(data, rounded=mask_round), "L")
+        return load_rgb8(data)                                    # 16-bit, CMYK, palette, EXIF as LoadImage
     except ImageInputError as e:
         raise a1111._bad(field, str(e)) from None
 
 
-def _images(body: dict, spec: dict, resize_mode: int, full_res: bool) -> tuple[bytes, bytes | None]:
-    """(init image, mask) as PNG: both brought to the job's size by resize_mode, or, with a mask and
-    inpaint_full_res (A1111 crops around the mask and pastes back), both kept at the init image's size."""
-    from PIL import ImageOps
+def _image_bytes(body: dict) -> tuple[bytes, bytes | None]:
+    """(init image, mask or None) as file bytes from the request's base64, checked as A1111 lists them."""
     images = body.get("init_images")
     if not isinstance(images, list) or not images:
         raise a1111._bad("init_images", "must be a list holding one base64 image")
     if len(images) > 1:
         raise a1111._bad("init_images", f"{len(images)} images: one init image per request here (batch_size and "
                                             "n_iter repeat it)")
-    init = _decoded(body, "init_images[0]", "init_images")
-    mask = None if body.get("mask") in (None, "") else _decoded(body, "mask", "mask")
+    init = _base64_image(images[0], "init_images[0]")
+    return init, None if body.get("mask") in (None, "") else _base64_image(body["mask"], "mask")
+
+
+def _size(data: bytes, field: str) -> tuple[int, int]:
+    try:
+        return image_size(data)
+    except ImageInputError as e:
+        raise a1111._bad(field, str(e)) from None
+
+
+def _images(body: dict, spec: dict, resize_mode: int, full_res: bool, data: tuple) -> tuple:
+    """(init image, mask or None) as PIL images from their file bytes `data`: both brought to the job's size by resize_mode, or,
+    with a mask and inpaint_full_res (A1111 crops around the mask and pastes back), both kept at the init image's
+    size."""
+    from PIL import ImageOps
+    init = _decoded(data[0], "init_images[0]")
+    mask = None if data[1] is None else _decoded(data[1], "mask", a1111._bool(body, "mask_round", True))
     if mask is not None and a1111._number(body, "inpainting_mask_invert", 0, integer=True, low=0, high=1):
         mask = ImageOps.invert(mask)
     if mask is not None and full_res:
@@ -133,7 +141,7 @@ def _images(body: dict, spec: dict, resize_mode: int, full_res: bool) -> tuple[b
             raise a1111._bad("mask", f"the mask is {mask.width}x{mask.height} but init_images[0] is "
                                      f"{init.width}x{init.height}")
         if mask.getbbox() is not None:
-            return _png(init), _png(mask)
+            return init, mask
         mask = None                 # A1111: "Unable to perform Inpaint Only mask because mask is blank" -> img2img
     w, h = spec["width"], spec["height"]
     try:
@@ -141,7 +149,7 @@ def _images(body: dict, spec: dict, resize_mode: int, full_res: bool) -> tuple[b
         mask = None if mask is None else fit_image(mask, w, h, resize_mode, what="mask")
     except ImageInputError as e:
         raise a1111._bad("resize_mode", str(e)) from None
-    return _png(init), None if mask is None else _png(mask)
+    return init, mask
 
 
 def _strength(body: dict) -> float:
@@ -166,23 +174,61 @@ def _resize_mode(body: dict) -> int:
     return mode
 
 
-def to_request(body: dict, size: tuple = (512, 512)) -> Img2ImgRequest:
-    """An img2img request body -> the checked record (BadRequest 422 naming the first bad field); `size`: the
-    width and height a request without them gets, as txt2img's."""
+@dataclass(frozen=True)
+class _Fields:
+    """An img2img request's fields checked, its images still file bytes (what the budget is estimated from)."""
+    spec: dict
+    count: int
+    resize_mode: int
+    denoise: float
+    blur: tuple[int, int]
+    fill: int
+    full_res: bool
+    padding: int
+    data: tuple                     # (init image bytes, mask bytes or None)
+
+
+def _fields(body: dict, size: tuple, sizes=()) -> _Fields:
+    """Every field checked (422 naming the first bad one) and the images' base64 decoded; `sizes`: the packs'
+    (width, height), a job size none has refused here, before its images are decoded at that size."""
     spec = a1111.to_spec({k: v for k, v in body.items() if k not in IMG2IMG_FIELDS}, size)
     if body.get("enable_hr") not in (None, False):
         raise a1111._bad("enable_hr", "the hires fix is txt2img's; img2img takes none")
+    if sizes and (spec["width"], spec["height"]) not in {tuple(s) for s in sizes}:
+        have = ", ".join(f"{w}x{h}" for w, h in sizes)
+        raise a1111._bad("width", f"{spec['width']}x{spec['height']} has no model pack; the sizes with a pack: {have}")
     count = a1111.image_count(body)
     resize_mode, denoise = _resize_mode(body), _strength(body)
-    blur_x, blur_y = _blur(body)
+    blur = _blur(body)
     fill = a1111._number(body, "inpainting_fill", 0, integer=True, low=0, high=3)
     a1111._number(body, "inpainting_mask_invert", 0, integer=True, low=0, high=1)
     full_res = a1111._bool(body, "inpaint_full_res", True)
     padding = a1111._number(body, "inpaint_full_res_padding", 32, integer=True, low=0, high=MAX_PADDING)
     a1111._bool(body, "mask_round", True)
     a1111._bool(body, "include_init_images", False)
-    init, mask = _images(body, spec, resize_mode, full_res)
-    return Img2ImgRequest(spec, init, mask, denoise, resize_mode, blur_x, blur_y, fill, full_res, padding, count)
+    return _Fields(spec, count, resize_mode, denoise, blur, fill, full_res, padding, _image_bytes(body))
+
+
+def _cost(f: _Fields) -> int:
+    """The preparation's memory bound (orchestrator.http.image_budget) from the images' headers."""
+    init = _size(f.data[0], "init_images[0]")
+    mask = None if f.data[1] is None else _size(f.data[1], "mask")
+    return img2img_cost(init, mask, (f.spec["width"], f.spec["height"]), sum(len(d or b"") for d in f.data),
+                        f.full_res)
+
+
+def _request(body: dict, f: _Fields) -> tuple[Img2ImgRequest, tuple]:
+    """The checked record and its (init, mask) as PIL images (prepare takes them: not decoded from the PNGs again)."""
+    init, mask = _images(body, f.spec, f.resize_mode, f.full_res, f.data)
+    req = Img2ImgRequest(f.spec, _png(init), None if mask is None else _png(mask), f.denoise, f.resize_mode, *f.blur,
+                         f.fill, f.full_res, f.padding, f.count)
+    return req, (init, mask)
+
+
+def to_request(body: dict, size: tuple = (512, 512)) -> Img2ImgRequest:
+    """An img2img request body -> the checked record (BadRequest 422 naming the first bad field); `size`: the
+    width and height a request without them gets, as txt2img's."""
+    return _request(body, _fields(body, size))[0]
 
 
 @dataclass(frozen=True)
@@ -211,18 +257,20 @@ def _only_masked(req: Img2ImgRequest, init, blurred: np.ndarray):
     return init, blurred, box
 
 
-def prepare(req: Img2ImgRequest) -> Prepared:
+def prepare(req: Img2ImgRequest, images: tuple | None = None) -> Prepared:
     """The job's inputs as A1111 makes them: the mask blurred by mask_blur_x/y, for only masked the region around it
     cut out and sized for the job, the masked part filled for inpainting_fill 0, the latent mask the blurred mask,
-    the overlay the full-size blurred mask x 2 (models.images.inpaint)."""
+    the overlay the full-size blurred mask x 2 (models.images.inpaint). `images`: the request's (init, mask) as PIL
+    images when the caller has them (else read from its PNGs)."""
     from PIL import Image
     if req.mask is None:
         return Prepared(req.init_image)
-    with Image.open(io.BytesIO(req.mask)) as m:
-        blurred = inpaint.blur_mask(np.asarray(m.convert("L")), req.mask_blur_x, req.mask_blur_y)
+    if images is None:
+        with Image.open(io.BytesIO(req.init_image)) as im, Image.open(io.BytesIO(req.mask)) as m:
+            images = (im.convert("RGB"), m.convert("L"))
+    init, mask = images
+    blurred = inpaint.blur_mask(np.asarray(mask), req.mask_blur_x, req.mask_blur_y)
     overlay = inpaint.overlay_mask(blurred)
-    with Image.open(io.BytesIO(req.init_image)) as im:
-        init = im.convert("RGB")
     region = None
     if req.inpaint_full_res:
         init, blurred, region = _only_masked(req, init, blurred)
@@ -270,19 +318,13 @@ async def _kept(front, png: bytes, held: list) -> str:
         raise refuse(503, f"RUN/temp/a1111 cannot keep the request's images ({e}): remove what is there") from None
 
 
-async def _prepared(body: dict, size: tuple) -> tuple[Img2ImgRequest, Prepared]:
-    """to_request and prepare on a worker thread, at most PREPARE_SLOTS requests at once: more would hold a GB
-    each (RGBA 4096² images, their masks and blurs); the excess is 503 with Retry-After."""
-    global _preparing
-    if _preparing >= PREPARE_SLOTS:
-        raise refuse(503, f"{PREPARE_SLOTS} img2img requests are preparing their images; send it again in "
-                          f"{RETRY_AFTER_S} s", headers={"Retry-After": str(RETRY_AFTER_S)})
-    _preparing += 1
-    try:
-        req = await asyncio.to_thread(to_request, body, size)
-        return req, await asyncio.to_thread(prepare, req)
-    finally:
-        _preparing -= 1
+async def _prepared(body: dict, size: tuple, sizes=()) -> tuple[Img2ImgRequest, Prepared]:
+    """The fields checked, then the images decoded, sized and blurred on a worker thread under the front's image
+    budget (orchestrator.http.image_budget: the cost from the images' headers; past it, 503 with Retry-After)."""
+    f = await asyncio.to_thread(_fields, body, size, sizes)
+    with BUDGET.hold(await asyncio.to_thread(_cost, f), "img2img"):
+        req, images = await asyncio.to_thread(_request, body, f)
+        return req, await asyncio.to_thread(prepare, req, images)
 
 
 async def _released(front, held: list, refused: bool) -> None:
@@ -316,7 +358,7 @@ async def _img2img(request: web.Request, front, held: list) -> web.Response:
     try:
         body = await read_json(request.clone(client_max_size=front.settings.max_upload_bytes))
         sizes = (await front.tracker.names()).sizes
-        req, prep = await _prepared(body, sizes[0] if sizes else (512, 512))
+        req, prep = await _prepared(body, sizes[0] if sizes else (512, 512), sizes)
         kept = {"init_image": await _kept(front, prep.init_image, held)}
         if prep.mask is not None:
             kept["mask"] = await _kept(front, prep.mask, held)
@@ -328,7 +370,11 @@ async def _img2img(request: web.Request, front, held: list) -> web.Response:
         raise a1111._unprocessable(e) from None
 
     async def paste(png: bytes) -> bytes:
-        return png if prep.overlay is None else await asyncio.to_thread(_pasted, png, req, prep)
+        if prep.overlay is None:
+            return png
+        cost = paste_cost(prep.overlay.shape[::-1], (req.spec["width"], req.spec["height"]))
+        async with BUDGET.wait_hold(cost, "paste-back"):
+            return await asyncio.to_thread(_pasted, png, req, prep)
     jobs, pngs = await a1111.run_jobs(front, spec, req.count, paste, request)
     if pngs is None:
         return jobs

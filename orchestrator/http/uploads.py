@@ -23,11 +23,12 @@ import os
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from models.images import CHANNELS, ImageInputError, open_bounded
+from models.images import CHANNELS, ImageInputError, image_size, open_bounded
 from orchestrator import inputs, upload_space
 from orchestrator.comfy_nodes import image_nodes, object_info
 from orchestrator.http import files
 from orchestrator.http.common import FRONT, refuse
+from orchestrator.http.image_budget import BUDGET, decode_cost
 
 
 def _bad(field: str, message: str):
@@ -68,6 +69,13 @@ def _checked_image(data: bytes, field: str = "image"):
         raise _bad(field, str(e)) from None
 
 
+def _checked_size(data: bytes) -> tuple[int, int]:
+    try:
+        return image_size(data)
+    except ImageInputError as e:
+        raise _bad("image", str(e)) from None
+
+
 async def _upload(request: web.Request, make_bytes=None) -> web.Response:
     """ComfyUI's image_upload: the form checked, the file checked to be an image, written by the rename rule."""
     front = request.app[FRONT]
@@ -79,9 +87,12 @@ async def _upload(request: web.Request, make_bytes=None) -> web.Response:
         inputs.check_kind(kind)
         inputs.check_subfolder(subfolder)
         inputs.check_name(name, "image")
-        await asyncio.to_thread(_checked_image, data)
-        if make_bytes is not None:
-            data = await asyncio.to_thread(make_bytes, front, post, data)
+        size = await asyncio.to_thread(_checked_size, data)
+        # decoded under the front's image budget (waiting for room): /upload/mask decodes the original too
+        async with BUDGET.wait_hold(decode_cost(size, len(data), 1 if make_bytes is None else 3), "upload"):
+            await asyncio.to_thread(_checked_image, data)
+            if make_bytes is not None:
+                data = await asyncio.to_thread(make_bytes, front, post, data)
         saved = await asyncio.to_thread(inputs.save_upload, front.rf.root, kind, subfolder, name, data,
                                         overwrite=overwrite, quota_bytes=front.settings.max_uploads_bytes)
     except inputs.InputNameError as e:
