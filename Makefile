@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m orchestrator.demo --run $(RUN) $(if $(PORT),--port $(PORT)) $(DEMO_ARGS)
+	$(BIN)/python -m orchestrator.terminal.demo --run $(RUN) $(if $(PORT),--port $(PORT)) $(DEMO_ARGS)
 
 # rknn-toolkit2 (the x86 RKNN compiler + simulator) in its own environment; its pins clash with .venv.
 RKNN_STAMP := .venv-rknn/.rknn-installed

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from models.durable import atomic_write
 from models.dit.partition import KINDS
-from orchestrator.report import MEMORY_POINTS
+from orchestrator.engine.report import MEMORY_POINTS
 
 
 def make_report(steps: int) -> dict:
@@ -47,7 +47,7 @@ def child_runs(report_path: Path, runs: int) -> list[dict]:
     for _ in range(runs):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "orchestrator.timing_plot", str(report_path)], check=True,
+        subprocess.run([sys.executable, "-m", "orchestrator.engine.timing_plot", str(report_path)], check=True,
                        stdout=subprocess.DEVNULL)
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -61,9 +61,9 @@ import json, resource, sys
 from models.runtime.probes import status_kb
 def rss():
     return status_kb()["VmRSS"] / 1024
-import orchestrator.plan.run, orchestrator.daemon          # what the daemon has loaded anyway
+import orchestrator.engine.plan.run, orchestrator.engine.daemon          # what the daemon has loaded anyway
 base = rss()
-from orchestrator import timing_plot
+from orchestrator.engine import timing_plot
 timing_plot.render(json.load(open(sys.argv[1])))
 print(json.dumps({"daemon_like_rss_mb": base, "after_draw_rss_mb": rss()}))
 """

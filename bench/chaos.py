@@ -49,10 +49,10 @@ if str(ROOT) not in sys.path:
 
 from models.lora.file import LoraError, LoraFile  # noqa: E402
 from models.lora.plan import parse_lora_arg  # noqa: E402
-from orchestrator.cli import CliError  # noqa: E402
+from orchestrator.terminal.cli import CliError  # noqa: E402
 from bench.chaos_jobs import (HIRES_SCALE, INIT_IMAGE, JOB_KINDS, PACK_SIZE, TraceCount, differing,  # noqa: E402
                               hires_size, init_png, job_outputs, job_prompt, trace_size)
-from orchestrator.inputs import save_upload  # noqa: E402
+from orchestrator.engine.inputs import save_upload  # noqa: E402
 from tests.pipeline_harness import TRACE_FILE, Pipeline, board_stage_toml, tiny_assets  # noqa: E402
 
 STAGES = ("encoder", "scheduler", "executor", "vae", "orchestrator")

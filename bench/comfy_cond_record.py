@@ -124,7 +124,7 @@ def context_label(entry: dict) -> str:
 def entries_of(graph: dict) -> tuple[list, list, dict]:
     """([(context label, strength, start, end)] positive, negative, the job) of a workflow graph, as the front maps
     it."""
-    from orchestrator.comfy_graph import graph_to_job
+    from orchestrator.http.comfy_graph import graph_to_job
     spec = graph_to_job(graph).spec
 
     def side(name, plain):
@@ -135,7 +135,7 @@ def entries_of(graph: dict) -> tuple[list, list, dict]:
 
 def encode_entries(enc, graphs) -> dict:
     """{context label: this project's context} of every entry the graphs' jobs hold."""
-    from orchestrator.comfy_graph import graph_to_job
+    from orchestrator.http.comfy_graph import graph_to_job
     out = {}
     for graph in graphs:
         spec = graph_to_job(graph).spec

@@ -1,4 +1,4 @@
-"""The node table (orchestrator/comfy_nodes.py) against a ComfyUI checkout's own input declarations.
+"""The node table (orchestrator/http/comfy_nodes.py) against a ComfyUI checkout's own input declarations.
 
     .venv/bin/python bench/comfy_node_specs.py --comfyui-src COMFYUI_CHECKOUT [--out bench/out/comfy_node_specs.json]
 
@@ -8,7 +8,7 @@ node class of the table it prints each input whose type, default, min, max, step
 (a COMBO whose choices ComfyUI computes at run time, e.g. the model folders', is not compared), and the inputs one
 side has and the other lacks. The last line is `comfy_node_specs nodes=N inputs=M differ=K missing=J`. Where this
 pipeline supports less than ComfyUI (steps, cfg, the shift, the sizes with a pack) the differences are expected:
-the module docstring of orchestrator/comfy_nodes.py lists them.
+the module docstring of orchestrator/http/comfy_nodes.py lists them.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.comfy_nodes import node_table  # noqa: E402
+from orchestrator.http.comfy_nodes import node_table  # noqa: E402
 
 NAMES = {"MAX_RESOLUTION": 16384, "True": True, "False": False, "None": None}
 UNKNOWN = "<run time>"          # a value ComfyUI computes when it runs (a folder listing, a sampler list)

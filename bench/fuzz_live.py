@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from orchestrator.cli import CliError
+from orchestrator.terminal.cli import CliError
 from protocol import messages as m
 from protocol.arena import Arena, segment_name
 from tests.fuzzing import LiveTarget, carried, json_variant

@@ -4,7 +4,7 @@ The rule, for every watcher: one HEARTBEAT is out at a time, the next `interval_
 unanswered for `interval_s` is a miss (its REQ socket, stuck without a reply, is replaced and the next one goes out at
 once); `liveness` misses in a row make the peer silent, i.e. it answered nothing for `interval_s × liveness`. Any
 answer ends the run of misses. `HeartbeatLink` is that rule for one peer; its two users are `PeerWatch` below (the
-scheduler while a BRANCH is out) and the orchestrator's `Heartbeats` (orchestrator/heartbeat.py: its always-on stages,
+scheduler while a BRANCH is out) and the orchestrator's `Heartbeats` (orchestrator/engine/heartbeat.py: its always-on stages,
 read by the hang watch).
 
 A busy stage still answers HEARTBEAT (stages.base serves the control kinds while a handler works) with PONG saying it

@@ -435,7 +435,7 @@ class BranchDone(Message, tag="BRANCH_DONE"):
 
 # ---- vae ---------------------------------------------------------------------------------------------------------
 
-# One PNG text chunk: the job's graphs as ASCII JSON (orchestrator.png_text); a 4000-character prompt of
+# One PNG text chunk: the job's graphs as ASCII JSON (orchestrator.engine.png_text); a 4000-character prompt of
 # emoji escapes to 48,000 characters and `workflow` holds both prompts (frame 0 is at most 1 MiB in all).
 MAX_PNG_TEXT_CHARS = 4 * MAX_TEXT_CHARS
 
@@ -569,7 +569,7 @@ class EstimateJob(Message, tag="ESTIMATE"):
 
 @_message("ESTIMATED")
 class Estimated(Message, tag="ESTIMATED"):
-    estimate: Text(MAX_ORIGIN_CHARS)  # JSON object: orchestrator/estimate.py Estimate.to_dict (modelled seconds)
+    estimate: Text(MAX_ORIGIN_CHARS)  # JSON object: orchestrator/engine/estimate.py Estimate.to_dict (modelled seconds)
 
 
 @_message("STATUS")

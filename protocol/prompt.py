@@ -2,7 +2,7 @@
 
 `PromptFile` is what a prompt.json file (or a ComfyUI graph, an A1111 request, the page, `generate`) asks for: the
 fronts build it, SUBMIT carries it, the daemon resolves it into a `PromptSpec` (the seed drawn, Spectrum as its
-settings, `output` an absolute path; orchestrator/prompt_spec.py) and the job store keeps that. Every error names the
+settings, `output` an absolute path; orchestrator/engine/prompt_spec.py) and the job store keeps that. Every error names the
 field and the allowed values in prompt.json's words (docs/prompts.md)."""
 from typing import Annotated, ClassVar, Literal
 

@@ -129,8 +129,8 @@ def loaded_forbidden(pid: int) -> list:
 
 
 def run(assets: Path, venv: Path) -> int:
-    from orchestrator.runfolder import RunFolder
-    from orchestrator.supervisor import Supervisor
+    from orchestrator.engine.runfolder import RunFolder
+    from orchestrator.engine.supervisor import Supervisor
     from protocol.arena import list_segments, run_prefix
 
     here = Path(__file__).resolve()

@@ -50,7 +50,7 @@ from protocol.sockets import (CurveClient, CurveServer, EndpointError, check_bin
 from stages.settings import (ENDPOINT_NAMES, STAGE_TABLES, STAGES, ConfigError, PipelineFile,  # noqa: F401
                              Security, Table, Timeouts, check_stage_table)
 
-JOBS_DIR = "jobs"                                  # RUN/jobs: the job folders (orchestrator.runfolder, the VAE)
+JOBS_DIR = "jobs"                                  # RUN/jobs: the job folders (orchestrator.engine.runfolder, the VAE)
 
 
 @dataclass(frozen=True)

@@ -198,9 +198,9 @@ class OrchestratorSettings(Table, frozen=True):
     hang_timeout_s: Float(0.0, 86400.0) = 120.0
     # the child process that draws each job's timing.png (3.3 s under load: bench/bench_timing_plot.py); 0: no plot
     timing_plot_timeout_s: Float(0.0, 3600.0) = 120.0
-    # prompts' contexts kept in RUN/cache/cond (orchestrator/cond_cache.py), least recently used dropped first; 0: off
+    # prompts' contexts kept in RUN/cache/cond (orchestrator/engine/cond_cache.py), least recently used dropped first; 0: off
     cond_cache_mb: Float(0.0, 1e6) = 256.0
-    # the encoder and VAE left up between uses (orchestrator/keep_up.py): auto (the board model's per-RAM policy:
+    # the encoder and VAE left up between uses (orchestrator/engine/keep_up.py): auto (the board model's per-RAM policy:
     # never beside the DiT while it denoises on 8 GB), never, idle (up while nothing denoises), always
     keep_up: Literal["auto", "never", "idle", "always"] = "auto"
 

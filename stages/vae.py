@@ -14,7 +14,7 @@ inline and the PNG goes back inline (`return_png`).
     vae_encoder_pack = "packs/vae-enc-512"   # onnx / rknn-sim / rknn, VAE_ENCODE: encoder packs, the same way
 
 VAE_ENCODE (an image [3, H, W] in [-1, 1] -> a model-space latent into the slot it names, or inline) is served by the
-same process: started for it before denoising and stopped after, exactly as for DECODE (orchestrator/stage_control.py
+same process: started for it before denoising and stopped after, exactly as for DECODE (orchestrator/engine/stage_control.py
 starts and stops the stage; the encoder is only read by the first VAE_ENCODE, so a decode-only run never holds it).
     core_mask = "auto"         # rknn: NPU cores (auto | 0 | 1 | 2 | 0_1 | 0_1_2 | all); lite = "standin" in tests
 """

@@ -1,5 +1,5 @@
 """Reading a PNG the way ComfyUI's web front end does, written here from its documented behaviour, independently of
-the code that writes the chunks (orchestrator.report / comfy_workflow):
+the code that writes the chunks (orchestrator.engine.report / comfy_workflow):
 
 - chunks: after the 8-byte signature, each chunk is length (4, big-endian), type (4), data, CRC-32 (4); the front
   end (src/scripts/metadata/png.ts) takes `tEXt` (keyword NUL text) and `iTXt` (keyword NUL, compression flag and

@@ -182,7 +182,7 @@ def open_inproc_daemon(tmp_path, pack_hook=None):
     """inproc_daemon's run folder and client; `pack_hook(pack_dir)` changes the pack before the daemon reads it."""
     import sys
     from tests.inproc import InprocClient
-    from orchestrator.runfolder import init_run
+    from orchestrator.engine.runfolder import init_run
     from tests.doubles_harness import fake_pack
     rf = init_run(tmp_path / "run", python=sys.executable)
     pack = fake_pack(tmp_path / "pack")

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from models.dit.config import PRESETS, DiTConfig
 from models.dit.partition import Geometry, branch_order, resolve
-from orchestrator.runfolder import RunFolder, init_run
-from orchestrator.supervisor import Supervisor
+from orchestrator.engine.runfolder import RunFolder, init_run
+from orchestrator.engine.supervisor import Supervisor
 from protocol import messages as m
 from protocol.arena import list_segments, run_prefix
 from tests.pipeline_harness import JobLink
@@ -100,7 +100,7 @@ class Doubles(JobLink):
 
     def wait(self, job: str, states=("done", "failed", "cancelled"), timeout_s: float = 60.0, pred=None) -> m.JobInfo:
         """The job's status once its state is one of `states` (and `pred(info)`); a daemon restarting is waited for."""
-        from orchestrator.cli import CliError
+        from orchestrator.terminal.cli import CliError
         deadline = time.monotonic() + timeout_s
         info = None
         while time.monotonic() < deadline:

@@ -1,5 +1,5 @@
 """Test support: the job daemon of a run folder served in this process, the CLI's requests answered by
-`Daemon.handle` with no socket between (orchestrator.daemon_client.DaemonClient.in_process: the same client and reply
+`Daemon.handle` with no socket between (orchestrator.engine.daemon_client.DaemonClient.in_process: the same client and reply
 reader as over the socket). The queue, the job store, the checks at submit and prune's batches are the daemon's own
 code; only the stages are absent, so no job runs. Tests drive `orchestrator submit|status|cancel|resume|prune`
 with it without starting a pipeline:
@@ -13,11 +13,11 @@ import contextlib
 import shutil
 from pathlib import Path
 
-from orchestrator.cli import cli_error
-from orchestrator.daemon import Daemon
-from orchestrator.daemon_client import DaemonClient
-from orchestrator.png_formats import PNG_FORMATS
-from orchestrator.runfolder import RunFolder
+from orchestrator.terminal.cli import cli_error
+from orchestrator.engine.daemon import Daemon
+from orchestrator.engine.daemon_client import DaemonClient
+from orchestrator.http.png_formats import PNG_FORMATS
+from orchestrator.engine.runfolder import RunFolder
 
 
 class InprocClient:
@@ -65,7 +65,7 @@ def daemon_with_loras(root: Path, pipeline_assets: tuple, write_loras):
     """A daemon (not opened: its handlers called directly) on a run folder under `root` over a copy of the tiny
     models folder whose loras/ `write_loras(loras_dir)` fills, and pipeline_assets' pack. -> (daemon, root)."""
     from stages.config import load_config
-    from orchestrator.runfolder import init_run
+    from orchestrator.engine.runfolder import init_run
     from tests.pipeline_harness import pipeline_toml
     models = root / "models"
     shutil.copytree(pipeline_assets[0], models)

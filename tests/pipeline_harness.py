@@ -28,8 +28,8 @@ from pathlib import Path
 
 import psutil
 
-from orchestrator.runfolder import PROGRAMS, RunFolder, init_run
-from orchestrator.supervisor import Supervisor, SupervisorError
+from orchestrator.engine.runfolder import PROGRAMS, RunFolder, init_run
+from orchestrator.engine.supervisor import Supervisor, SupervisorError
 from protocol import messages as m
 from protocol.prompt import PromptFile
 from protocol.arena import list_segments, run_prefix
@@ -83,7 +83,7 @@ def board_stage_toml(models: Path, cache: Path, resolution: tuple[int, int] = (1
     the tables wanted (("encoder",): the ONNX encoder beside the torch VAE). No VAE encoder pack: an img2img job needs
     the torch VAE."""
     from models.bundle import read_bundle
-    from orchestrator.runfolder import bundle_stage_tables
+    from orchestrator.engine.runfolder import bundle_stage_tables
     bundle, _ = cpu_bundle(models, cache, resolution)
     return bundle_stage_tables(read_bundle(bundle, hashes=False), stages)    # the tables `init --bundle` writes
 
@@ -121,7 +121,7 @@ def pipeline_toml(pack: Path, models: Path, *, threads: int = 1, branch_timeout_
     `backend`: the executor's backend; `stage_retries`: the orchestrator's restarts of a stage per job; `request_s`:
     [timeouts] request_s (a HELLO's wait per attempt, 4 attempts); `cond_cache_mb`: the conditioning cache, off unless
     asked for (the shared pipelines' tests see the encoder run for each job, as they count on: kills mid-encode,
-    its timings and RSS); `keep_up`: the encoder and VAE stopped after each use unless asked (orchestrator/keep_up.py;
+    its timings and RSS); `keep_up`: the encoder and VAE stopped after each use unless asked (orchestrator/engine/keep_up.py;
     the shared pipelines' tests look for them STOPPED after a job); `start_timeout_s`: a stage's start to READY
     (longer for a bench on a busy machine)."""
     more = "".join(f'"{p}", ' for p in packs)
@@ -142,7 +142,7 @@ class JobLink:
     _client = None
 
     def client(self):
-        from orchestrator.cli import DaemonClient
+        from orchestrator.terminal.cli import DaemonClient
         if self._client is None:
             self._client = DaemonClient(self.rf, timeout_s=5.0)
         return self._client
@@ -259,7 +259,7 @@ class Pipeline(JobLink):
 
     def status(self, job: str) -> m.JobInfo | None:
         """The daemon's view of `job`, or None while the daemon does not answer (being restarted)."""
-        from orchestrator.cli import CliError
+        from orchestrator.terminal.cli import CliError
         try:
             return self.client().call(m.Status(job=job), m.Jobs).jobs[0]
         except CliError:

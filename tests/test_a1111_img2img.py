@@ -207,8 +207,8 @@ def test_crop_region_is_the_padded_bounding_box():
 
 
 def test_png_parameters_name_the_denoising_strength_and_the_mask_blur(front):
-    from orchestrator.prompt_spec import parse_prompt_obj
-    from orchestrator.png_formats import png_metadata
+    from orchestrator.engine.prompt_spec import parse_prompt_obj
+    from orchestrator.http.png_formats import png_metadata
     pack = SimpleNamespace(width=64, height=64, source_name="m.safetensors", source_sha256="ab" * 32)
     spec = parse_prompt_obj({"prompt": "a cat", "seed": 1, "init_image": "a.png", "mask": "m.png", "denoise": 0.6},
                             resolution=(64, 64))
@@ -252,8 +252,8 @@ def test_img2img_counts_steps_as_a1111_and_its_graph_says_so(front):
     compute 20): the job's denoise_steps is "a1111", and the ComfyUI graph made of such a job is the equivalent
     KSamplerAdvanced window, which maps back to a job with the same sigmas."""
     from models.sampling.img2img import LatentPlan, plan_sigmas
-    from orchestrator.comfy_graph import ModelNames, graph_to_job, job_to_graph
-    from orchestrator.prompt_spec import parse_prompt_obj
+    from orchestrator.http.comfy_graph import ModelNames, graph_to_job, job_to_graph
+    from orchestrator.engine.prompt_spec import parse_prompt_obj
     status, body = front.request("POST", "/sdapi/v1/img2img", _body(steps=20, denoising_strength=0.5))
     assert status == 200, body
     spec = front.ran[0]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.cli import CliError
+from orchestrator.terminal.cli import CliError
 from tests.doubles_harness import Doubles
 
 W, H = 64, 64
@@ -79,8 +79,8 @@ def test_a_batch_gives_each_image_its_place_in_the_batch_and_its_own_png(d, tmp_
 
 
 def test_a_batch_reports_every_images_pass_and_its_progress_names_the_image(d):
-    from orchestrator.cli import _progress_line
-    from orchestrator.report import format_table
+    from orchestrator.terminal.cli import _progress_line
+    from orchestrator.engine.report import format_table
     d.flag("double_step_s", "0.15")
     job = d.submit({"prompt": "a girl", "seed": 5, "steps": 3, "batch": 3})
     lines, deadline = set(), time.monotonic() + 60
@@ -239,7 +239,7 @@ def test_a_batch_through_the_real_stages_equals_in_process_sampling_per_place(de
 def test_a_crash_leaves_no_batch_temporaries_behind(tmp_path):
     """At a daemon's start a batch's own temporaries go (latent_N.npy's always, as latent.npy's), and a stage's stale
     ones in a batch image's state folder (batch_N/) as in the job folder; a fresh one (a stage may be writing) stays."""
-    from orchestrator.jobs import JOB_FILE, JobStore
+    from orchestrator.engine.jobs import JOB_FILE, JobStore
     store = JobStore(tmp_path)
     jd = store.root / "20260101-120000-a1b2c3"
     (jd / "batch_1").mkdir(parents=True)

@@ -26,7 +26,7 @@ HOST_ONLY = ("torch", "transformers", "onnx", "sentencepiece", "diffusers", "saf
 # backends are in the tree; without them it imports torch at start by design.
 VAE_PACKS = importlib.util.find_spec("models.vae.pack_decoder") is not None
 BOARD_MODULES = ("stages.scheduler", "stages.executor", "stages.encoder", "models.runtime.backends.rknn", "stages.config",
-                 "orchestrator.cli", "orchestrator.daemon", "orchestrator.plan.run", "orchestrator.prompt_spec",
+                 "orchestrator.terminal.cli", "orchestrator.engine.daemon", "orchestrator.engine.plan.run", "orchestrator.engine.prompt_spec",
                  "models.text.conditioning", "models.text.compute_onnx", "models.text.encoder_pack"
                  ) + (("stages.vae",) if VAE_PACKS else ())
 

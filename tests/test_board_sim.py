@@ -309,7 +309,7 @@ def test_pipeline_job_on_board_sim_equals_onnx(assets):
     assert board["measured_here"]["host_work_s"] == pytest.approx(report["host_work_s"])
     ledger = trace[-1]["board"][0]
     assert ledger["label"] == "modelled" and ledger["phases"]["npu"]["phases"] == 2 * 84 * 2
-    from orchestrator.report import format_table
+    from orchestrator.engine.report import format_table
     table = format_table(report)
     assert "modelled" in table and "time_scale=0.01" in table and "measured" in table
     json.dumps(report)

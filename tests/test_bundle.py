@@ -14,7 +14,7 @@ import pytest
 from models.bundle import BUNDLE_JSON, BundleError, read_bundle
 from models.cli import main as models_main
 from models.manifest import MANIFEST, file_sha256
-from orchestrator import cli
+from orchestrator.terminal import cli
 
 SIZE = "128x128"
 
@@ -354,9 +354,9 @@ def test_bundle_run_folder_lists_and_checks_its_loader_names(cpu_bundle, tiny_bu
     the files those packs were made from (a client that builds its graph from /object_info finds them), and any
     other name is refused as ComfyUI refuses one not in its list."""
     from models.models_dir import resolve_models
-    from orchestrator.comfy_graph import GraphError, graph_to_job
-    from orchestrator.comfy_nodes import ModelNames, node_table, object_info
-    from orchestrator.packs import pack_model_files
+    from orchestrator.http.comfy_graph import GraphError, graph_to_job
+    from orchestrator.http.comfy_nodes import ModelNames, node_table, object_info
+    from orchestrator.engine.packs import pack_model_files
     from stages.config import load_config
     from tests.comfy_graphs import standard_graph
     run = tmp_path / "run"
@@ -369,7 +369,7 @@ def test_bundle_run_folder_lists_and_checks_its_loader_names(cpu_bundle, tiny_bu
     # what the daemon answers INFO with (and the front lists): the packs' sources, the run folder's models/ holding
     # only loras/ (before: nothing, and every name was taken)
     from types import SimpleNamespace
-    from orchestrator.daemon import Daemon
+    from orchestrator.engine.daemon import Daemon
     assert Daemon.model_files(SimpleNamespace(cfg=cfg, _model_files=None)) == files
     names = ModelNames(unet=(src.dit.name,), clip=(files["text_encoder"],), vae=(files["vae"],), sizes=((128, 128),))
     info = object_info(node_table(names))
@@ -392,8 +392,8 @@ def test_bundle_lora_bakes_into_every_dit_pack(tiny_bundle, tiny_dit, cpu_bundle
     from models.lora import LoraUse
     from models.lora.synth import write_lora
     from models.packs.pack import build_pack, load_pack
-    from orchestrator.doctor import doctor
-    from orchestrator.runfolder import RunFolder
+    from orchestrator.ops.doctor import doctor
+    from orchestrator.engine.runfolder import RunFolder
     lora = tmp_path / "style.safetensors"
     write_lora("tiny", 7, lora, "kohya", rank=4)
     out = tmp_path / "b"

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 from bench.chaos import STAGES, Chaos, summary_line  # noqa: E402
 from bench.chaos_jobs import hires_size  # noqa: E402
 from models.sampling.denoise import STATE_FILE  # noqa: E402
-from orchestrator import cli  # noqa: E402
+from orchestrator.terminal import cli  # noqa: E402
 from tests.pipeline_harness import Pipeline, board_stage_toml, tiny_assets  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 from bench import chaos  # noqa: E402
 from bench import chaos_jobs  # noqa: E402
 from protocol.prompt import PromptFile  # noqa: E402
-from orchestrator.cli import CliError  # noqa: E402
+from orchestrator.terminal.cli import CliError  # noqa: E402
 from models.lora.synth import write_lora  # noqa: E402
 
 

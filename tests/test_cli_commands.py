@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli
-from orchestrator.daemon_probe import daemon_answers
-from orchestrator.run_control import supervisord_pid
-from orchestrator.supervisor import Supervisor
+from orchestrator.terminal import cli
+from orchestrator.engine.daemon_probe import daemon_answers
+from orchestrator.ops.run_control import supervisord_pid
+from orchestrator.engine.supervisor import Supervisor
 from tests.doubles_harness import Doubles
 from tests.test_demo import SLOW_STOP, SLOW_STOP_S
 
@@ -140,7 +140,7 @@ def test_stop_then_start_at_once(d, capsys):
 
 def test_status_job_of_a_running_job_shows_its_progress(tmp_path, capsys):
     """A job the daemon is denoising: its detail carries the follow loop's progress line."""
-    from orchestrator.runfolder import init_run
+    from orchestrator.engine.runfolder import init_run
     from protocol import messages as m
     spec = {"prompt": "a cat", "negative_prompt": "", "seed": 3, "steps": 10, "cfg": 4.0, "width": 64, "height": 64,
             "sampler": "euler", "scheduler": "simple", "spectrum": {"enabled": False}, "batch": 1}

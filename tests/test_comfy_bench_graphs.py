@@ -12,7 +12,7 @@ from PIL import Image
 
 from bench.comfy_workflows import (INIT_IMAGE, MASK_IMAGE, MASKED_IMAGE, PROMPT, SECOND_PROMPT, WORKFLOWS,
                                    input_images)
-from orchestrator.comfy_graph import ModelNames, graph_to_job
+from orchestrator.http.comfy_graph import ModelNames, graph_to_job
 
 FILES = {"dit": "anima-small.safetensors", "text_encoder": "qwen_3_06b_base-small.safetensors",
          "vae": "qwen_image_vae-small.safetensors"}
@@ -89,7 +89,7 @@ def test_the_input_images_are_what_the_graphs_load():
 def test_the_two_chain_and_pick_crop_graphs_are_their_jobs():
     """two-chains: two jobs in the graph's order (seed and seed + 1, their own prompt and sampler, one negative and
     empty latent); pick-crop: image 2 of the empty batch of 3 (batch_index 2) cut by ImageCrop."""
-    from orchestrator.comfy_graph import graph_to_jobs
+    from orchestrator.http.comfy_graph import graph_to_jobs
     a, b = graph_to_jobs(WORKFLOWS["two-chains"][1](FILES, 7, 256, 256), names=NAMES, sizes=SIZES)
     assert (a.output, b.output) == ("10", "30")
     assert (a.spec["seed"], a.spec["sampler"], b.spec["seed"], b.spec["sampler"]) == (7, "euler", 8, "euler_ancestral")

@@ -1,4 +1,4 @@
-"""Independent chains in one ComfyUI graph (orchestrator/comfy_graph.graph_to_jobs): one job per chain, in the graph's
+"""Independent chains in one ComfyUI graph (orchestrator/http/comfy_graph.graph_to_jobs): one job per chain, in the graph's
 order, shared loaders and prompts; the prompt's /queue and /history shapes and its WebSocket ending
 (orchestrator/http/comfy_prompt.py, comfy_shapes.py) over stand-in job records."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from orchestrator.comfy_graph import GraphError, graph_to_job, graph_to_jobs
-from orchestrator.comfy_nodes import ModelNames
+from orchestrator.http.comfy_graph import GraphError, graph_to_job, graph_to_jobs
+from orchestrator.http.comfy_nodes import ModelNames
 from orchestrator.http import comfy_shapes as shapes
 from orchestrator.http.comfy_prompt import PromptView, group
 from orchestrator.http.views import JobView

@@ -1,4 +1,4 @@
-"""ConditioningZeroOut and ConditioningAverage in a ComfyUI graph (orchestrator/comfy_nodes.py, comfy_graph.py): the
+"""ConditioningZeroOut and ConditioningAverage in a ComfyUI graph (orchestrator/http/comfy_nodes.py, comfy_graph.py): the
 prompt.json entries they map to, the graph a job with entries is shown as, and ComfyUI's node_errors for the wirings
 a job cannot say."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import copy
 import pytest
 
 from bench.comfy_workflows import AVERAGE_WITH, NEGATIVE, PROMPT, WORKFLOWS
-from orchestrator.comfy_graph import GraphError, graph_to_job, job_to_graph
-from orchestrator.comfy_nodes import node_table, object_info
-from orchestrator.prompt_spec import parse_prompt_obj
+from orchestrator.http.comfy_graph import GraphError, graph_to_job, job_to_graph
+from orchestrator.http.comfy_nodes import node_table, object_info
+from orchestrator.engine.prompt_spec import parse_prompt_obj
 
 FILES = {"dit": "anima-small.safetensors", "text_encoder": "qwen.safetensors", "vae": "vae.safetensors"}
 
@@ -116,7 +116,7 @@ def test_a_second_pass_whose_prompt_is_zeroed_on_its_own_is_refused_not_a_crash(
     g["25"]["inputs"]["positive"] = ["26", 0]                        # its own prompt, the zeroed negative shared
     job = graph_to_job(g)
     assert job.spec["hires"]["prompt"] == "a sharper picture"
-    from orchestrator.plan.build import build_plan
+    from orchestrator.engine.plan.build import build_plan
     resolved = parse_prompt_obj(job.spec, resolution=[(256, 256), (384, 384)])
     hires_step = next(s for s in build_plan(resolved).steps if getattr(s, "hires", False))
     assert hires_step.entries[0] is None and hires_step.entries[1].zero_out       # the second pass's negative: zeroed

@@ -1,4 +1,4 @@
-"""ComfyUI's conditioning nodes (orchestrator/comfy_conditioning.py): ConditioningCombine, ConditioningSetTimestepRange
+"""ComfyUI's conditioning nodes (orchestrator/http/comfy_conditioning.py): ConditioningCombine, ConditioningSetTimestepRange
 and ConditioningSetAreaStrength map onto prompt.json's positive/negative entries in ComfyUI's list order with the
 setter nearest the sampler winning (node_helpers.conditioning_set_values overwrites), and back; ConditioningConcat and
 other nodes in a conditioning chain are refused on their node; /object_info lists them as nodes.py declares them."""
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.comfy_graph import GraphError, graph_to_job, job_to_graph
-from orchestrator.comfy_nodes import ModelNames, node_table, object_info
-from orchestrator.prompt_spec import parse_prompt_obj
+from orchestrator.http.comfy_graph import GraphError, graph_to_job, job_to_graph
+from orchestrator.http.comfy_nodes import ModelNames, node_table, object_info
+from orchestrator.engine.prompt_spec import parse_prompt_obj
 from tests.comfy_graphs import TINY_NAMES, standard_graph
 
 NAMES = ModelNames(unet=(TINY_NAMES["unet"],), clip=(TINY_NAMES["clip"],), vae=(TINY_NAMES["vae"],))
@@ -96,7 +96,7 @@ def test_a_combine_at_cfg_1_encodes_no_negative():
     g = _graph({"20": _text("a car"), "24": _combine("6", "20")}, positive="24")
     g["3"]["inputs"]["cfg"] = 1.0
     spec = parse_prompt_obj(_job(g).spec, resolution=SIZES)
-    from orchestrator.plan.build import entry_texts
+    from orchestrator.engine.plan.build import entry_texts
     assert entry_texts(spec) == ("1girl, silver hair, (blue eyes:1.2)", "a car")
 
 
@@ -170,7 +170,7 @@ def test_a_zero_out_and_an_average_inside_a_combine_are_their_entries_and_built_
     for ids in (None, job.nodes):
         back = _job(job_to_graph(spec, names=NAMES, ids=ids))
         assert (back.spec["positive"], back.spec["negative"]) == (job.spec["positive"], job.spec["negative"])
-    from orchestrator.comfy_conditioning import entry_field_node
+    from orchestrator.http.comfy_conditioning import entry_field_node
     assert entry_field_node(job.nodes, "positive[1].average.weight") == ("22", "conditioning_to_strength")
     assert entry_field_node(job.nodes, "positive[1].average.text") == ("21", "text")
     assert entry_field_node(job.nodes, "negative[0].zero_out") == ("25", "conditioning")

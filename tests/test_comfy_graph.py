@@ -1,4 +1,4 @@
-"""orchestrator.comfy_graph: the standard Anima API graph maps onto a job; everything else is refused in ComfyUI's
+"""orchestrator.http.comfy_graph: the standard Anima API graph maps onto a job; everything else is refused in ComfyUI's
 400 shape with node_errors on the node at fault; a job's graph maps back onto the same job; /object_info's shape."""
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from orchestrator.comfy_graph import CANONICAL_IDS, GraphError, graph_links, graph_to_job, job_to_graph
-from orchestrator.comfy_nodes import ModelNames, node_table, object_info
+from orchestrator.http.comfy_graph import CANONICAL_IDS, GraphError, graph_links, graph_to_job, job_to_graph
+from orchestrator.http.comfy_nodes import ModelNames, node_table, object_info
 from models.sampling.sampler import SAMPLER_NAMES, SCHEDULER_NAMES
-from orchestrator.prompt_spec import parse_prompt_obj
+from orchestrator.engine.prompt_spec import parse_prompt_obj
 from tests.comfy_graphs import TINY_NAMES, edited, standard_graph
 
 NAMES = ModelNames(unet=(TINY_NAMES["unet"],), clip=(TINY_NAMES["clip"],), vae=(TINY_NAMES["vae"],))
@@ -238,7 +238,7 @@ def test_the_setting_nodes_offer_exactly_their_records_bounds():
     from models.sampling.spectrum import SpectrumSettings
     from models.sampling.step_cache import CacheSettings
     from models.schema import SchemaError
-    from orchestrator import comfy_nodes as g
+    from orchestrator.http import comfy_nodes as g
     nodes = [(g._spectrum_node(), SpectrumSettings)] + [(n, CacheSettings) for n in g._cache_nodes()]
     checked = 0
     for node, record in nodes:

@@ -15,9 +15,9 @@ import pytest
 
 from models.sampling import latent_ops as lo
 from models.sampling.img2img import job_noise
-from orchestrator.comfy_graph import GraphError, field_error, graph_to_job, job_to_graph, sized_to_image
-from orchestrator.comfy_nodes import ModelNames, node_table, object_info
-from orchestrator.prompt_spec import parse_prompt_obj
+from orchestrator.http.comfy_graph import GraphError, field_error, graph_to_job, job_to_graph, sized_to_image
+from orchestrator.http.comfy_nodes import ModelNames, node_table, object_info
+from orchestrator.engine.prompt_spec import parse_prompt_obj
 from tests.comfy_graphs import TINY_NAMES, edited, standard_graph
 
 NAMES = ModelNames(unet=(TINY_NAMES["unet"],), clip=(TINY_NAMES["clip"],), vae=(TINY_NAMES["vae"],))
@@ -376,12 +376,12 @@ def _comfy_prepare_noise(torch, seed: int, shape: tuple, batch_index=None) -> np
 ])
 def test_a_batch_graphs_images_start_from_comfyuis_noise(nodes, batch_size, batch_index):
     from types import SimpleNamespace
-    from orchestrator.plan.denoise import DenoiseSteps
+    from orchestrator.engine.plan.denoise import DenoiseSteps
     torch = pytest.importorskip("torch")
     spec = parse_prompt_obj(_job(batch_graph(*nodes, batch_size=batch_size)).spec, resolution=SIZES)
     shape = (16, spec.height // 8, spec.width // 8)
     want = _comfy_prepare_noise(torch, spec.seed, (spec.batch,) + shape, batch_index)
-    # the plan's DENOISE for image i: its noise_index (orchestrator/plan/denoise.py _batch_params)
+    # the plan's DENOISE for image i: its noise_index (orchestrator/engine/plan/denoise.py _batch_params)
     runner = SimpleNamespace(batch=spec.batch)
     index = [DenoiseSteps._batch_params(runner, i, spec.batch_index).get("noise_index", 0) for i in range(spec.batch)]
     got = np.stack([job_noise(spec.seed, shape, i) for i in index])
@@ -452,7 +452,7 @@ def test_a_hires_jobs_graph_is_the_two_pass_graph_and_maps_back(hires):
 
 
 def test_the_hires_graph_as_comfyuis_ui_workflow():
-    from orchestrator.comfy_workflow import api_to_workflow
+    from orchestrator.http.comfy_workflow import api_to_workflow
     spec = _resolved({"prompt": "x", "width": 64, "height": 64, "spectrum": False,
                       "hires": {"scale": 1.5, "method": "bicubic"}})
     wf = api_to_workflow(job_to_graph(spec, names=NAMES))
@@ -518,11 +518,11 @@ def test_post_prompt_submits_the_hires_fix_and_the_batch(tmp_path):
 
 def test_a_hires_jobs_png_shows_the_two_pass_graph():
     """A job of prompt.json / A1111's enable_hr / the page (no client graph): the PNG's `prompt` chunk is the two-pass
-    graph (orchestrator/png_formats.py png_metadata: what /history and /queue show too, views.JobView.graph), and
+    graph (orchestrator/http/png_formats.py png_metadata: what /history and /queue show too, views.JobView.graph), and
     `workflow` draws it; the graph maps back onto the job."""
     from types import SimpleNamespace
 
-    from orchestrator.png_formats import png_metadata
+    from orchestrator.http.png_formats import png_metadata
     pack = SimpleNamespace(width=64, height=64, source_name=TINY_NAMES["unet"], source_sha256="ab" * 32)
     spec = parse_prompt_obj({"prompt": "a cat", "seed": 1, "steps": 3, "spectrum": False,
                              "hires": {"scale": 1.5, "denoise": 0.4, "prompt": "a sharp cat"}}, resolution=SIZES)
@@ -654,7 +654,7 @@ def test_a_batchs_base_images_are_each_saved_and_another_image_is_refused():
 
 @pytest.mark.parametrize("space", ["latent", "pixel"])
 def test_a_keep_base_jobs_graph_saves_both_images_and_maps_back(space):
-    from orchestrator.comfy_graph import job_nodes
+    from orchestrator.http.comfy_graph import job_nodes
     hires = {"scale": 1.5, "keep_base": True, **({"space": "pixel", "method": "lanczos"} if space == "pixel" else {})}
     spec = _resolved({"prompt": "x", "seed": 5, "steps": 3, "width": 64, "height": 64, "spectrum": False,
                       "hires": hires})

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.comfy_graph import GraphError, graph_to_job, job_to_graph
-from orchestrator.comfy_nodes import ModelNames, node_table, object_info
-from orchestrator.prompt_spec import parse_prompt_obj
+from orchestrator.http.comfy_graph import GraphError, graph_to_job, job_to_graph
+from orchestrator.http.comfy_nodes import ModelNames, node_table, object_info
+from orchestrator.engine.prompt_spec import parse_prompt_obj
 from tests.comfy_graphs import TINY_NAMES, edited, standard_graph
 
 NAMES = ModelNames(unet=(TINY_NAMES["unet"],), clip=(TINY_NAMES["clip"],), vae=(TINY_NAMES["vae"],))
@@ -167,7 +167,7 @@ def test_an_a1111_rule_mask_shows_as_load_image_mask_red():
 
 
 def test_the_jobs_ui_workflow_has_comfyuis_load_image_widgets():
-    from orchestrator.comfy_workflow import api_to_workflow
+    from orchestrator.http.comfy_workflow import api_to_workflow
     spec = _resolved({"prompt": "x", "init_image": "t/a.png [input]", "mask": "t/a.png [input]",
                       "mask_channel": "alpha", "denoise": 0.5})
     wf = api_to_workflow(job_to_graph(spec, names=NAMES))
@@ -211,7 +211,7 @@ def test_image_names_that_are_not_uploads_are_refused_on_the_loader(image):
     ("green", "mask_channel", "22", "channel")])
 def test_the_daemons_refusal_of_an_image_field_lands_on_its_loader(mask, field, node, name):
     """What the daemon says at submit (a missing upload, a size without a pack) on the node that carries the field."""
-    from orchestrator.comfy_graph import field_error
+    from orchestrator.http.comfy_graph import field_error
     g = image_graph(mask=mask)
     job = graph_to_job(g, names=NAMES, sizes=SIZES)
     err = field_error(g, job, field, f"prompt.json: field '{field}': 96x64 is not the job's 64x64")
@@ -223,8 +223,8 @@ def test_the_job_takes_the_uploads_size_as_comfyui_encodes_it(tmp_path):
     """The HTTP front's step after graph_to_job: the upload's size (EXIF orientation applied, as LoadImage does) with a
     pack for it becomes the job's; one without is refused on the LoadImage naming the sizes there are."""
     from PIL import Image
-    from orchestrator.comfy_graph import sized_to_image
-    from orchestrator.inputs import save_upload, upload_size
+    from orchestrator.http.comfy_graph import sized_to_image
+    from orchestrator.engine.inputs import save_upload, upload_size
     im = Image.new("RGB", (96, 64))
     exif = im.getexif()
     exif[0x0112] = 6                                                          # rotated 90 degrees: 64 wide, 96 high
@@ -245,7 +245,7 @@ def test_the_job_takes_the_uploads_size_as_comfyui_encodes_it(tmp_path):
 
 
 def test_the_daemons_refusal_of_grow_mask_by_lands_on_vae_encode_for_inpaint():
-    from orchestrator.comfy_graph import field_error
+    from orchestrator.http.comfy_graph import field_error
     g = inpaint_graph(mask="red")
     err = field_error(g, graph_to_job(g, names=NAMES, sizes=SIZES), "grow_mask_by", "stand-in refusal")
     assert list(err.node_errors) == ["21"] and err.node_errors["21"]["class_type"] == "VAEEncodeForInpaint"
@@ -298,8 +298,8 @@ def _rgba(seed: int) -> tuple[np.ndarray, np.ndarray]:
 def test_load_image_mask_rule_is_read_not_a1111s(tmp_path):
     """The same RGBA upload as prompt.json's mask: A1111's rule repaints where alpha is high, mask_channel alpha
     (LoadImage's MASK) where it is low; the kept mask.png is exactly 255 - alpha."""
-    from orchestrator.inputs import save_upload
-    from orchestrator.job_inputs import job_inputs, mask_array
+    from orchestrator.engine.inputs import save_upload
+    from orchestrator.engine.job_inputs import job_inputs, mask_array
     rgb, alpha = _rgba(2)
     alpha[3, 40] = 77                                                         # one translucent pixel
     save_upload(tmp_path, "input", "t", "init.png", _png(np.dstack([rgb, alpha]), "RGBA"), overwrite=True)
@@ -311,7 +311,7 @@ def test_load_image_mask_rule_is_read_not_a1111s(tmp_path):
 
 
 def test_mask_channel_without_a_mask_is_refused_naming_it():
-    from orchestrator.prompt_spec import PromptError
+    from orchestrator.engine.prompt_spec import PromptError
     with pytest.raises(PromptError) as e:
         parse_prompt_obj({"prompt": "x", "init_image": "a.png", "mask_channel": "red"})
     assert e.value.field == "mask_channel"
@@ -336,7 +336,7 @@ def test_a_vae_encode_for_inpaint_graph_runs_grey_under_the_mask_with_the_grown_
     then bilinear to the latent's size: torch here; the stand-in scheduler's latent is 2 * init + mask + denoise);
     the PNG keeps a graph that maps back onto the job."""
     import torch
-    from orchestrator.inputs import save_upload
+    from orchestrator.engine.inputs import save_upload
     rgb, alpha = _rgba(7)
     alpha[:, : W // 2 + 1] = 0          # one column past a block: grown by 6 it reaches the next latent sample
     save_upload(d.rf.root, "input", "t", "inp.png", _png(np.dstack([rgb, alpha]), "RGBA"), overwrite=True)
@@ -377,7 +377,7 @@ def test_a_vae_encode_for_inpaint_graph_runs_grey_under_the_mask_with_the_grown_
 def test_post_prompt_sizes_the_job_to_the_upload(tmp_path, size, status):
     """POST /prompt over a stand-in daemon (one 128x128 pack): an upload of the pack's size is submitted at it (the
     graph names no size); another is 400 on the LoadImage naming the sizes with a pack, and nothing is submitted."""
-    from orchestrator.inputs import save_upload
+    from orchestrator.engine.inputs import save_upload
     from tests.test_graph_front_hardening import Front
     f = Front(tmp_path)
     f.front.rf.root.mkdir(mode=0o700, exist_ok=True)

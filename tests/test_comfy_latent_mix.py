@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from bench.comfy_workflows import WORKFLOWS
-from orchestrator.comfy_graph import GraphError, graph_to_job, job_to_graph
-from orchestrator.comfy_nodes import node_table, object_info
-from orchestrator.prompt_spec import PromptError, parse_prompt_obj
+from orchestrator.http.comfy_graph import GraphError, graph_to_job, job_to_graph
+from orchestrator.http.comfy_nodes import node_table, object_info
+from orchestrator.engine.prompt_spec import PromptError, parse_prompt_obj
 
 FILES = {"dit": "a.safetensors", "text_encoder": "t.safetensors", "vae": "v.safetensors"}
 

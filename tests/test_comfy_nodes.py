@@ -1,4 +1,4 @@
-"""The node table (orchestrator/comfy_nodes.py) drives `/object_info`, validation with ComfyUI's node_errors, and
+"""The node table (orchestrator/http/comfy_nodes.py) drives `/object_info`, validation with ComfyUI's node_errors, and
 both directions of the graph <-> job mapping; its inputs are ComfyUI's (nodes.py INPUT_TYPES) where it claims so."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator import comfy_nodes
-from orchestrator.comfy_graph import GraphError, field_error, graph_to_job, job_to_graph
-from orchestrator.comfy_nodes import node_table, object_info
+from orchestrator.http import comfy_nodes
+from orchestrator.http.comfy_graph import GraphError, field_error, graph_to_job, job_to_graph
+from orchestrator.http.comfy_nodes import node_table, object_info
 from tests.comfy_graphs import edited, standard_graph
 
 SPEC = {"prompt": "a", "negative_prompt": "b", "seed": 1, "steps": 10, "cfg": 4.0, "width": 64, "height": 64}
@@ -122,7 +122,7 @@ def _done_view(graph: dict, job):
 def test_several_save_and_preview_nodes_on_the_final_image_are_one_job():
     """SaveImage and PreviewImage on the same VAEDecode: the same job as one SaveImage; each output node gets the
     job's images in /history and an `executed` message, as ComfyUI reports each output node."""
-    from orchestrator.comfy_nodes import ModelNames
+    from orchestrator.http.comfy_nodes import ModelNames
     from orchestrator.http import comfy_shapes as shapes
     from orchestrator.http.comfy_prompt import PromptView
     one = standard_graph()

@@ -14,8 +14,8 @@ from bench.comfy_workflows import split_cfg
 from models.sampling import latent_ops as lo
 from models.sampling.img2img import LatentPlan, plan_sigmas
 from models.sampling.schedules import DEFAULT_SHIFT
-from orchestrator.comfy_graph import job_to_graph
-from orchestrator.prompt_spec import PromptError, parse_prompt_obj
+from orchestrator.http.comfy_graph import job_to_graph
+from orchestrator.engine.prompt_spec import PromptError, parse_prompt_obj
 from tests.comfy_graphs import edited, standard_graph
 from tests.test_comfy_hires_graph import NAMES, SIZES, _custom, _job, _refused, _resolved, hires_graph
 
@@ -193,14 +193,14 @@ def test_the_split_jobs_two_windows_are_comfyuis_sigmas(sampler, scheduler):
 
 
 def test_the_jobs_settings_line_says_the_second_pass_is_chained():
-    from orchestrator.job_view import settings_lines
+    from orchestrator.terminal.job_view import settings_lines
     line = next(x for x in settings_lines(_resolved(_job(split_graph()).spec)) if x.lstrip().startswith("hires"))
     assert "the first latent as it is" in line and "from step 2" in line and "no noise added" in line
 
 
 def test_the_estimate_counts_the_second_windows_model_calls():
     """The second pass of an 8-step split at 3 computes steps 3..7: 5 model calls (euler, one per step)."""
-    from orchestrator.estimate import hires_calls
+    from orchestrator.engine.estimate import hires_calls
     spec = parse_prompt_obj(_job(split_graph(steps=8, first_end=3)).spec, resolution=SIZES)
     assert hires_calls(spec) == (5, 2)
 
@@ -208,7 +208,7 @@ def test_the_estimate_counts_the_second_windows_model_calls():
 def test_the_split_graph_as_comfyuis_ui_workflow():
     """The PNG's `workflow`: both KSamplerAdvanced with their widgets in INPUT_TYPES order, the second's LATENT
     input linked to the first's output."""
-    from orchestrator.comfy_workflow import api_to_workflow
+    from orchestrator.http.comfy_workflow import api_to_workflow
     g = job_to_graph(_resolved(_job(split_graph()).spec), names=NAMES)
     wf = api_to_workflow(g)
     advanced = [n for n in wf["nodes"] if n["type"] == "KSamplerAdvanced"]
@@ -228,7 +228,7 @@ def test_the_split_jobs_png_chunks(tmp_path):
     spec = parse_prompt_obj({**_job(split_graph()).spec, "width": 256, "height": 128}, resolution=[(256, 128)])
     meta, read = _png(tmp_path, spec)
     assert read["dropped"] == "workflow"
-    from orchestrator.comfy_graph import graph_to_job
+    from orchestrator.http.comfy_graph import graph_to_job
     got = _resolved(graph_to_job(read["prompt"], sizes=[(256, 128)]).spec, [(256, 128)])
     assert got == msgspec.to_builtins(spec)
     assert "Hires upscale: 1.0, Hires steps: 4, Hires upscaler: None, Hires CFG Scale: 1.5" in meta["parameters"]

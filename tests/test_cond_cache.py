@@ -1,4 +1,4 @@
-"""The conditioning cache (orchestrator/cond_cache.py): keying, LRU eviction by size, torn entries never trusted; and
+"""The conditioning cache (orchestrator/engine/cond_cache.py): keying, LRU eviction by size, torn entries never trusted; and
 through the real pipeline (the board's ONNX encoder on the tiny bundle): queued jobs share one encoder start, a later
 job with an earlier prompt starts none and gives the cold job's latent and pixels bitwise."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from orchestrator.cond_cache import CondCache, CondEntry, cache_key
+from orchestrator.engine.cond_cache import CondCache, CondEntry, cache_key
 
 SHAPE = (8, 4)
 ENC = "e" * 64
@@ -37,11 +37,11 @@ def test_the_key_changes_with_every_input_the_encoder_reads():
 
 
 def test_a_zeroed_or_averaged_context_never_shares_a_plain_ones_key():
-    """The key the encode step looks a job's contexts up by (orchestrator.plan.encode: build.cond_entries of the
+    """The key the encode step looks a job's contexts up by (orchestrator.engine.plan.encode: build.cond_entries of the
     spec) differs for a ConditioningZeroOut negative, a ConditioningAverage prompt and the plain pair, and a plain
     pair's key is what it was before conditioning entries existed."""
-    from orchestrator.plan.build import cond_entries
-    from orchestrator.prompt_spec import parse_prompt_obj
+    from orchestrator.engine.plan.build import cond_entries
+    from orchestrator.engine.prompt_spec import parse_prompt_obj
 
     def key_of(obj: dict) -> str:
         spec = parse_prompt_obj({"seed": 1, "width": 64, "height": 64, **obj})
@@ -123,9 +123,9 @@ def test_a_bad_key_is_refused(tmp_path):
 
 
 def test_a_queued_jobs_encodes_are_its_first_pass_and_its_hires_own_prompts():
-    """What the look-ahead asks the encoder for (orchestrator.plan.build.prompt_pairs): each pass's texts at its own pack's rows."""
-    from orchestrator.plan.build import prompt_pairs as _prompt_pairs
-    from orchestrator.prompt_spec import parse_prompt_obj
+    """What the look-ahead asks the encoder for (orchestrator.engine.plan.build.prompt_pairs): each pass's texts at its own pack's rows."""
+    from orchestrator.engine.plan.build import prompt_pairs as _prompt_pairs
+    from orchestrator.engine.prompt_spec import parse_prompt_obj
     sizes = [(64, 64), (96, 96)]
     packs = {s: f"pack{s[0]}" for s in sizes}
     plain = parse_prompt_obj({"prompt": "a cat", "negative_prompt": "dog", "seed": 1, "width": 64, "height": 64,
@@ -153,7 +153,7 @@ def test_the_encoders_identity_follows_its_files(tmp_path):
     no longer match."""
     from types import SimpleNamespace
 
-    from orchestrator.cond_cache import encoder_identity
+    from orchestrator.engine.cond_cache import encoder_identity
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "model.onnx").write_bytes(b"x" * 64)
@@ -171,7 +171,7 @@ def test_the_encoders_identity_follows_its_files(tmp_path):
 
 def test_the_loras_identity_names_strengths_and_file(tmp_path):
     from models.lora.choice import LoraChoice
-    from orchestrator.cond_cache import lora_identity
+    from orchestrator.engine.cond_cache import lora_identity
     (tmp_path / "loras").mkdir()
     f = tmp_path / "loras" / "x.safetensors"
     f.write_bytes(b"z" * 32)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.plan.build import build_plan, cond_entries
-from orchestrator.prompt_spec import PromptError, parse_prompt_obj
+from orchestrator.engine.plan.build import build_plan, cond_entries
+from orchestrator.engine.prompt_spec import PromptError, parse_prompt_obj
 from protocol import codec, messages as m
 
 BASE = {"seed": 1, "width": 64, "height": 64}
@@ -67,7 +67,7 @@ def test_entries_that_each_take_a_pass_encode_each_distinct_conditioning_once():
     """A ZeroOut / Average inside several entries: each distinct (text, zero_out, average) is one ENCODE of its own
     (the text as the prompt, the entry with it; an empty negative), whatever its strength or window; the same text
     plain and zeroed out is two conditionings."""
-    from orchestrator.plan.build import entry_conds, entry_pair, prompt_pairs
+    from orchestrator.engine.plan.build import entry_conds, entry_pair, prompt_pairs
     avg = {"text": "a dog", "weight": 0.25}
     spec = parse_prompt_obj({**BASE, "cfg": 4.0, "positive": [
         {"text": "a cat", "end": 0.5}, {"text": "a cat", "average": avg, "start": 0.5},
@@ -98,10 +98,10 @@ def test_a_second_pass_reads_the_first_pass_entries():
 
 
 def test_entries_on_a_long_context_pack_are_refused_at_the_way_in_naming_the_side():
-    """The daemon's submit refuses them (orchestrator.daemon._check_vae_size): the first pass's pack or the second
+    """The daemon's submit refuses them (orchestrator.engine.daemon._check_vae_size): the first pass's pack or the second
     pass's with more than 512 text rows; a job without entries, or on 512-row packs, is not refused."""
     from types import SimpleNamespace
-    from orchestrator.plan.build import entries_pack_refusal
+    from orchestrator.engine.plan.build import entries_pack_refusal
     short, long = SimpleNamespace(text_tokens=512), SimpleNamespace(text_tokens=1024)
     mixed = parse_prompt_obj({**BASE, "negative": [{"text": "n", "end": 0.5}], "prompt": "a"})
     field, why = entries_pack_refusal(mixed, {(64, 64): long})

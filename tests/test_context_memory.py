@@ -108,7 +108,7 @@ class _Cfg:
 def test_doctor_prints_one_memory_line_per_size(tmp_path, tiny_dit, monkeypatch):
     from models.packs.pack import build_pack
     from models.runtime import probes
-    from orchestrator.doctor import FAIL, OK, WARN, Doctor
+    from orchestrator.ops.doctor import FAIL, OK, WARN, Doctor
     packs = []
     for w, h in ((64, 64), (96, 64)):
         packs.append(tmp_path / f"pack{w}x{h}")

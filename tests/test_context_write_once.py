@@ -11,7 +11,7 @@ import pytest
 from models.packs.pack import load_pack
 from models.runtime.dit_runner import DiTRunner, _Done
 from models.runtime.phase_times import PhaseTimes
-from orchestrator.job_arena import create_job_arena
+from orchestrator.engine.job_arena import create_job_arena
 from stages.scheduler import BranchClient
 
 CALLS = 4

@@ -1,5 +1,5 @@
 """docs/cookbook.md, run: every fenced `sh` block as one bash script and the `page` block in Chromium, in the page's
-order, on one demo folder (`python -m orchestrator.demo`, what `make demo` runs) started once for the module.
+order, on one demo folder (`python -m orchestrator.terminal.demo`, what `make demo` runs) started once for the module.
 
 The blocks are read from the page itself, so the page and this test cannot drift apart. To fit the suite's time the
 demo is made at half the page's default size (--resolution 128x128: packs 128, 192 and 256 instead of 256, 384 and
@@ -67,11 +67,11 @@ def _shrunk(body: str, url: str) -> str:
 
 def test_the_cookbook_opens_with_make_demo_and_holds_only_runnable_blocks():
     """The page's blocks are all `sh` or `page` (what the test runs); the first is `make demo`, the one command the
-    test runs its own way (`python -m orchestrator.demo`, the Makefile's demo recipe, with its test arguments)."""
+    test runs its own way (`python -m orchestrator.terminal.demo`, the Makefile's demo recipe, with its test arguments)."""
     found = blocks(COOKBOOK.read_text())
     assert found and {lang for lang, _ in found} <= {"sh", "page"}, [lang for lang, _ in found]
     assert found[0] == ("sh", "make demo\n")
-    assert "-m orchestrator.demo --run $(RUN)" in (REPO / "Makefile").read_text()
+    assert "-m orchestrator.terminal.demo --run $(RUN)" in (REPO / "Makefile").read_text()
     assert _shrunk('generate x --steps 20 -W 512 -H 384\n"steps": 30, "width": 256', "http://h:1") == \
         'generate x --steps 2 -W 256 -H 192\n"steps": 2, "width": 128'
     with pytest.raises(AssertionError, match="does not know how to shrink"):
@@ -85,7 +85,7 @@ def demo_folder(tiny_bundle):
     demo's tiny models are the session's, hard-linked where the demo keeps them (run/bundle/models: the demo finds
     them complete and adds its LoRA to its copy), as tests/test_demo.py does; the demo writing them is that
     module's test."""
-    from orchestrator.supervisor import Supervisor, SupervisorError
+    from orchestrator.engine.supervisor import Supervisor, SupervisorError
     root = Path(tempfile.mkdtemp(prefix="anima-cb-", dir="/tmp"))
     (root / ".venv").symlink_to(REPO / ".venv")
     (root / "run").mkdir(mode=0o700)                        # a run folder is private (the demo checks)
@@ -93,7 +93,7 @@ def demo_folder(tiny_bundle):
     prompt = root / "two-steps.json"
     prompt.write_text(json.dumps({"prompt": "1girl, demo", "seed": 3, "steps": 2}))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "orchestrator.demo", "--run", str(root / "run"), "--resolution",
+    cmd = [sys.executable, "-m", "orchestrator.terminal.demo", "--run", str(root / "run"), "--resolution",
            f"{TEST_DEFAULT}x{TEST_DEFAULT}", "--port", "0", "--prompt", str(prompt)]
     try:
         made = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=BLOCK_S)
@@ -110,12 +110,12 @@ def demo_folder(tiny_bundle):
 
 
 def test_make_demo_runs_a_job_and_leaves_supervisord_up(demo_folder):
-    """`make demo` as it runs (python -m orchestrator.demo, a subprocess: the fixture's run, on the folder the page's
+    """`make demo` as it runs (python -m orchestrator.terminal.demo, a subprocess: the fixture's run, on the folder the page's
     commands then use): models and packs found, the run folder's supervisord started, the job queued, followed and
     its timing table printed, the image and report paths last, the page's URL, supervisord left up. The demo run
     again with --stop on a running supervisord is tests/test_demo.py's."""
-    from orchestrator import demo
-    from orchestrator.supervisor import Supervisor
+    from orchestrator.terminal import demo
+    from orchestrator.engine.supervisor import Supervisor
     from stages.config import load_config
     root, _, _, made = demo_folder
     run = root / "run"
@@ -134,7 +134,7 @@ def test_make_demo_runs_a_job_and_leaves_supervisord_up(demo_folder):
 
 def test_every_cookbook_command_runs_on_the_demo_folder(demo_folder):
     import psutil
-    from orchestrator.supervisor import Supervisor, SupervisorError
+    from orchestrator.engine.supervisor import Supervisor, SupervisorError
     from protocol.arena import list_segments, run_prefix
     root, env, url, _ = demo_folder
     for i, (lang, body) in enumerate(blocks(COOKBOOK.read_text())[1:], 1):

@@ -1,11 +1,11 @@
-"""orchestrator.daemon_client: one reading of a daemon reply for every client (the CLI's socket, the in-process
+"""orchestrator.engine.daemon_client: one reading of a daemon reply for every client (the CLI's socket, the in-process
 daemon, the HTTP front's link), each caller wording the failures its own way."""
 import asyncio
 
 import pytest
 
-from orchestrator import cli
-from orchestrator.daemon_client import DaemonClient, DaemonDown, DaemonRefused, read_reply
+from orchestrator.terminal import cli
+from orchestrator.engine.daemon_client import DaemonClient, DaemonDown, DaemonRefused, read_reply
 from protocol import messages as m
 
 

@@ -15,7 +15,7 @@ from PIL import Image
 from models.models_dir import resolve_models
 from models.packs.pack import load_pack
 from models.sampling.spectrum import SpectrumSettings
-from orchestrator.comfy_graph import ModelNames, graph_to_job
+from orchestrator.http.comfy_graph import ModelNames, graph_to_job
 from tests.comfy_png import read_comfy_png
 from tests.pipeline_harness import Pipeline
 
@@ -35,7 +35,7 @@ def pipe(pipeline_assets, board_stages):
 
 def cli(pipe, *args, cwd, stdin=None, timeout=CLI_TIMEOUT_S):
     """The orchestrator CLI as a user runs it: its own process, this run folder."""
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", "--run", str(pipe.root), *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "orchestrator.terminal.cli", "--run", str(pipe.root), *args], cwd=cwd,
                           input=stdin, capture_output=True, timeout=timeout)
 
 
@@ -132,7 +132,7 @@ def _start_and_interrupt(pipe, args, tmp_path, stdin=None):
     with open(stdin or os.devnull, "rb") as f:
         # SIGINT as a terminal's Ctrl-C finds it: a suite started in the background by a non-interactive shell (`make
         # test &`, CI runners) inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored.
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "--run", str(pipe.root), *args],
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.terminal.cli", "--run", str(pipe.root), *args],
                                 cwd=tmp_path, stdin=f, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:

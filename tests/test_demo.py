@@ -1,4 +1,4 @@
-"""`make demo` (orchestrator/demo.py): the whole path on the embedded tiny model through supervisord, and a
+"""`make demo` (orchestrator/terminal/demo.py): the whole path on the embedded tiny model through supervisord, and a
 supervisord that is still shutting down (right after `supervisorctl shutdown`) waited for, not raced."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import demo
-from orchestrator.supervisor import Supervisor, SupervisorError
+from orchestrator.terminal import demo
+from orchestrator.engine.supervisor import Supervisor, SupervisorError
 from tests.doubles_harness import Doubles
 
 SLOW_STOP_S = 4.0
@@ -52,7 +52,7 @@ def test_demo_waits_for_a_supervisord_that_is_shutting_down(capsys):
 
 
 def test_make_demo_with_stop_reuses_the_running_supervisord_then_stops_it(pipeline_assets, capsys):
-    """`make demo` run again with --stop (python -m orchestrator.demo, a subprocess) on a demo folder whose
+    """`make demo` run again with --stop (python -m orchestrator.terminal.demo, a subprocess) on a demo folder whose
     supervisord is up (made and started as the demo's first run leaves it: prepare_models, prepare_run,
     ensure_supervisord): the running supervisord reused, the job run, then shut down and gone, nothing of the run left
     (processes, shared memory). The demo's first run as `make demo` runs it (supervisord started, the job followed,
@@ -77,7 +77,7 @@ def test_make_demo_with_stop_reuses_the_running_supervisord_then_stops_it(pipeli
         assert Supervisor(rf.supervisor_sock).ping() == "RUNNING"
         prompt = root / "prompt.json"
         prompt.write_text(json.dumps({"prompt": "1girl, demo", "seed": 3, "steps": 2, "spectrum": False}))
-        cmd = [sys.executable, "-m", "orchestrator.demo", "--run", str(run), "--bundle", str(bundle),
+        cmd = [sys.executable, "-m", "orchestrator.terminal.demo", "--run", str(run), "--bundle", str(bundle),
                "--resolution", "128x128", "--prompt", str(prompt), "--port", "0", "--stop"]
         again = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ})
         assert again.returncode == 0, again.stderr[-3000:]
@@ -128,7 +128,7 @@ def test_a_demo_folder_that_gained_packs_is_still_the_demos(tmp_path, capsys):
     """Issue 44: after packs were added to the demo's run folder, `make demo` refused it (`... is not the demo's`) or
     rewrote pipeline.toml without them. A folder whose default pack and models are the demo's is the demo's: the
     packs added with `init --add-pack` (or `init --force` with more packs) stay."""
-    from orchestrator import cli
+    from orchestrator.terminal import cli
     from stages.config import load_config
     from tests.doubles_harness import fake_pack
     pack, more, models = fake_pack(tmp_path / "pack", 64, 64), fake_pack(tmp_path / "more", 32, 32), tmp_path / "m"
@@ -177,7 +177,7 @@ def test_make_demo_port_sets_the_fronts_port_and_keeps_the_rest(tmp_path, capsys
     from tests.doubles_harness import fake_pack
     dry = subprocess.run(["make", "-n", "demo", "PORT=8190", "STAMP="], cwd=demo.REPO_DIR, capture_output=True,
                          text=True, timeout=60)
-    assert "-m orchestrator.demo --run" in dry.stdout and "--port 8190" in dry.stdout, dry.stdout + dry.stderr
+    assert "-m orchestrator.terminal.demo --run" in dry.stdout and "--port 8190" in dry.stdout, dry.stdout + dry.stderr
     pack, models = fake_pack(tmp_path / "pack", 64, 64), tmp_path / "models"
     models.mkdir()
     rf, changed = demo.prepare_run(tmp_path / "run", models, [pack], 8190)

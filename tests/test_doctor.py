@@ -9,9 +9,9 @@ import shutil
 import pytest
 
 from models.runtime import probes
-from orchestrator import cli
-from orchestrator.doctor import doctor
-from orchestrator.runfolder import RunFolder
+from orchestrator.terminal import cli
+from orchestrator.ops.doctor import doctor
+from orchestrator.engine.runfolder import RunFolder
 
 SIZE = (64, 64)
 
@@ -197,7 +197,7 @@ def test_a_program_that_stopped_for_good_fails_naming_why(tree, tmp_path, bundle
     """Reported: with ComfyUI on the front's port, doctor said fail=0 while the front had EXITED. supervisord's own
     states are read (a stand-in for its XML-RPC answer here): a stopped always-on program fails with its reason,
     its log's last line and the setting to look at."""
-    from orchestrator import supervisor
+    from orchestrator.engine import supervisor
     rf = init(tmp_path, bundle)
     rf.logs.mkdir(exist_ok=True)
     (rf.logs / "http.log").write_text("starting\nOSError: [Errno 98] address already in use: 127.0.0.1:8188\n")

@@ -16,9 +16,9 @@ import pytest
 
 from models.manifest import ManifestError, pack_sampling, sampling_info
 from models.packs.sampling import BASE, TURBO, parse_sampling, record_sampling
-from orchestrator import cli
-from orchestrator.estimate import BoardSettings, Estimate, estimate_spec
-from orchestrator.prompt_spec import parse_prompt_obj, prompt_record, resolve_prompt
+from orchestrator.terminal import cli
+from orchestrator.engine.estimate import BoardSettings, Estimate, estimate_spec
+from orchestrator.engine.prompt_spec import parse_prompt_obj, prompt_record, resolve_prompt
 from protocol import messages as m
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +66,7 @@ def test_pack_sampling_option_writes_the_record(tiny_dit, tmp_path):
     assert models_main(["pack", str(tiny_dit), "--out", str(out), "--resolution", "64x64", "--sampling",
                         "turbo"]) == 0
     assert pack_sampling(out) == TURBO
-    from orchestrator.packs import read_pack
+    from orchestrator.engine.packs import read_pack
     assert read_pack(out).sampling == TURBO
     assert models_main(["pack", str(tiny_dit), "--out", str(tmp_path / "x"), "--resolution", "64x64",
                         "--sampling-json", '{"steps": 3}']) != 0
@@ -92,7 +92,7 @@ def test_unset_fields_take_the_record_of_the_pack_the_job_runs_on():
 
 
 def test_a_comfyui_graph_stays_exactly_as_sent():
-    from orchestrator.comfy_graph import graph_to_job
+    from orchestrator.http.comfy_graph import graph_to_job
     from tests.comfy_graphs import standard_graph
     job = graph_to_job(standard_graph(steps=5, cfg=4.0), sizes=[(128, 128)])
     spec = resolve_prompt(prompt_record(job.spec), resolution=[(128, 128)], sampling={(128, 128): TURBO})
@@ -116,7 +116,7 @@ def test_a1111_txt2img_leaves_unset_settings_to_a_recording_pack():
 # ---------------------------------------------------------------- cfg 1: no negative prompt
 
 def test_at_cfg_1_the_negative_prompt_is_not_encoded_and_the_record_says_so():
-    from orchestrator.report import JobReport, format_table, job_warnings
+    from orchestrator.engine.report import JobReport, format_table, job_warnings
     one = parse_prompt_obj({"prompt": "a", "negative_prompt": "bad", "cfg": 1, "seed": 1})
     assert one.negative_ignored()
     assert not parse_prompt_obj({"prompt": "a", "negative_prompt": "bad", "cfg": 1.5}).negative_ignored()
@@ -132,7 +132,7 @@ def test_at_cfg_1_the_negative_prompt_is_not_encoded_and_the_record_says_so():
 def test_the_encoder_is_sent_no_negative_prompt_at_cfg_1(monkeypatch):
     """The flow's ENCODE (the encoder and arena stubbed): the prompt only at cfg 1, both above it. The sampler at cfg
     1 runs no unconditional pass (models/sampling/sampler.py, as ComfyUI), so nothing reads that context."""
-    from orchestrator.plan import run as flow
+    from orchestrator.engine.plan import run as flow
     from models.sampling.sampler import Sampler
     assert Sampler(steps=4, cfg=1.0).passes == 1
     sent = []
@@ -185,7 +185,7 @@ def test_keeping_the_base_image_prices_its_decode_without_another_vae_start():
     """hires.keep_base on the latent path: one more decode per image at the first size, the VAE already up (its
     lifecycle not counted again); the pixel path decodes the first image anyway: the same price."""
     from models.board.account import job_figures
-    from orchestrator.estimate import board_model_for
+    from orchestrator.engine.estimate import board_model_for
     packs, board = {(512, 512): None, (768, 768): None}, BoardSettings()
 
     def est(**hires):
@@ -328,7 +328,7 @@ def test_a_turbo_run_folder_estimates_and_queues_turbo_jobs(turbo_daemon, tmp_pa
 
 
 def test_the_report_shows_the_estimate_beside_the_measured():
-    from orchestrator.report import JobReport, format_table
+    from orchestrator.engine.report import JobReport, format_table
     e = Estimate(39.0, 553.8, 25.0, 11, 2, "auto: prefetch2", 8, (512, 512), "models/board/cost.toml")
     r = JobReport("j", {"prompt": "a", "cfg": 4.0})
     r.estimate = e.to_dict()
@@ -365,7 +365,7 @@ def test_the_shard_search_is_done_once_per_pack_board_and_call_count(tmp_path, m
     by the pack's shape, the cost file, size, calls and passes: the same job again does not search, another step
     count or a changed cost file does, and the note is the same as the search's."""
     from models.board import auto
-    from orchestrator import estimate
+    from orchestrator.engine import estimate
     from tests.doubles_harness import fake_pack
     monkeypatch.setattr(estimate, "_SHARD_CHOICES", estimate.OrderedDict())
     searches = []

@@ -19,8 +19,8 @@ import pytest
 
 from models.lora.a1111 import LoraTag, split_lora_tags
 from models.models_dir import list_loras
-from orchestrator.comfy_graph import GraphError, ModelNames, graph_to_job
-from orchestrator.prompt_spec import PromptError
+from orchestrator.http.comfy_graph import GraphError, ModelNames, graph_to_job
+from orchestrator.engine.prompt_spec import PromptError
 from protocol import messages as m
 from protocol.version import VERSION
 from tests.comfy_graphs import TINY_NAMES, standard_graph
@@ -179,7 +179,7 @@ class FakeLink:
 
 
 def _daemon_refusal(field: str, detail: str) -> m.Error:
-    """The daemon's ERROR for a LoRA it refuses at submit (orchestrator/daemon.py: LoraRefused -> PromptError)."""
+    """The daemon's ERROR for a LoRA it refuses at submit (orchestrator/engine/daemon.py: LoraRefused -> PromptError)."""
     return m.error_reply(1, "bad_request", str(PromptError(field, detail)), field=field)
 
 
@@ -297,9 +297,9 @@ def test_the_lora_list_follows_the_folder(front):
 
 
 def test_lora_listing_lists_again_only_when_a_folder_changed(tmp_path, monkeypatch):
-    """The front's and the daemon's LoRA list (orchestrator.loras.LoraListing): the folders' mtimes are the key; a
+    """The front's and the daemon's LoRA list (orchestrator.engine.loras.LoraListing): the folders' mtimes are the key; a
     folder changed within FRESH_S is listed again at every look until it settles (a coarse mtime clock)."""
-    import orchestrator.loras as lo
+    import orchestrator.engine.loras as lo
     calls = []
     monkeypatch.setattr(lo, "list_loras", lambda d: calls.append(d) or list_loras(d))
     loras = tmp_path / "loras"

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator import cli
+from orchestrator.terminal import cli
 from stages.base import RequestFailed
 from stages.scheduler import check_state_room
 from tests.pipeline_harness import Pipeline
@@ -90,9 +90,9 @@ def test_a_job_does_not_start_on_a_short_disk(tmp_path, monkeypatch):
     job fails naming the orchestrator and the folder, nothing is created, and it can be resumed."""
     from types import SimpleNamespace
 
-    from orchestrator.plan.run import PlanRunner
-    from orchestrator.jobs import JobStore
-    from orchestrator.prompt_spec import parse_prompt_obj
+    from orchestrator.engine.plan.run import PlanRunner
+    from orchestrator.engine.jobs import JobStore
+    from orchestrator.engine.prompt_spec import parse_prompt_obj
     store = JobStore(tmp_path, min_free_mb=64)
     job = store.submit(parse_prompt_obj({"prompt": "a girl", "seed": 1, "steps": 2}).to_dict())
     stopped = []
@@ -100,7 +100,7 @@ def test_a_job_does_not_start_on_a_short_disk(tmp_path, monkeypatch):
         store=store, cfg=SimpleNamespace(is_remote=lambda name: False), settings=SimpleNamespace(stop_timeout_s=1.0),
         sup=SimpleNamespace(stop=lambda name, **kw: stopped.append(name)), packs={}, current=None, progress={},
         pump=lambda s: None, rf=SimpleNamespace(root=tmp_path))
-    monkeypatch.setattr("orchestrator.plan.checks.shutil.disk_usage", lambda p: Usage(10 * 2**30, 0, 20 * 2**20))
+    monkeypatch.setattr("orchestrator.engine.plan.checks.shutil.disk_usage", lambda p: Usage(10 * 2**30, 0, 20 * 2**20))
     PlanRunner(daemon, job).run()
     failed = store.get(job.id)
     assert failed.state == "failed" and failed.error["stage"] == "orchestrator"
@@ -117,9 +117,9 @@ def test_a_job_whose_size_lost_its_pack_fails_clearly(tmp_path):
     instead of running on another pack."""
     from types import SimpleNamespace
 
-    from orchestrator.plan.run import PlanRunner
-    from orchestrator.jobs import JobStore
-    from orchestrator.prompt_spec import parse_prompt_obj
+    from orchestrator.engine.plan.run import PlanRunner
+    from orchestrator.engine.jobs import JobStore
+    from orchestrator.engine.prompt_spec import parse_prompt_obj
     store = JobStore(tmp_path, min_free_mb=0)
     spec = parse_prompt_obj({"prompt": "a girl", "seed": 1, "width": 64, "height": 32}, resolution=(64, 32))
     job = store.submit(spec.to_dict())

@@ -15,7 +15,7 @@ import psutil
 import pytest
 import zmq
 
-from orchestrator.jobs import JobStore
+from orchestrator.engine.jobs import JobStore
 from protocol import messages as m
 from tests.fuzzing import request_once, submit_frames
 from tests.pipeline_harness import Pipeline

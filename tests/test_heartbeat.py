@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from orchestrator.heartbeat import Heartbeats
+from orchestrator.engine.heartbeat import Heartbeats
 from protocol import codec
 from protocol import messages as m
 from protocol.liveness import PeerLost, PeerWatch

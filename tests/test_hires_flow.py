@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from orchestrator.cli import CliError
-from orchestrator.inputs import save_upload
-from orchestrator.report import format_table
+from orchestrator.terminal.cli import CliError
+from orchestrator.engine.inputs import save_upload
+from orchestrator.engine.report import format_table
 from tests.doubles_harness import Doubles
 
 SIZES = [(64, 64), (96, 96)]
@@ -114,7 +114,7 @@ def test_a_graphs_text_to_image_hires_fix_at_the_first_size_runs_on_the_one_pack
     """ComfyUI's refine pass (KSampler -> LatentUpscaleBy 1.0 -> KSampler denoise 0.5) mapped by the graph front: a
     text-to-image job whose second pass is on the first pass's pack (its arena had no init latent slot: the job
     failed there before)."""
-    from orchestrator.comfy_graph import graph_to_job
+    from orchestrator.http.comfy_graph import graph_to_job
     from tests.test_comfy_hires_graph import hires_graph
     spec = graph_to_job(hires_graph(scale_by=1.0), sizes=SIZES).spec
     assert spec["hires"] == {"method": "nearest-exact", "scale": 1.0, "steps": 4, "denoise": 0.5}
@@ -167,7 +167,7 @@ def test_bad_hires_is_refused_at_submit_naming_the_field(d, hires, extra, field,
 def test_a_crash_leaves_no_hires_temporaries_behind(tmp_path):
     """At a daemon's start hires_latent.npy's temporaries go (the daemon's own), and a stage's stale ones in the
     second pass's state folder hires/; a fresh one (a stage may be writing it) stays."""
-    from orchestrator.jobs import JOB_FILE, JobStore
+    from orchestrator.engine.jobs import JOB_FILE, JobStore
     store = JobStore(tmp_path)
     jd = store.root / "20260101-120000-c3d4e5"
     (jd / "hires").mkdir(parents=True)
@@ -300,7 +300,7 @@ def test_the_pixel_path_decodes_scales_and_encodes_each_image_of_a_batch(d, meth
         assert f"Batch size: 2, Batch pos: {pos}," in p and f"Hires upscaler: {upscaler}," in p, p
     report = json.loads((jd / "report.json").read_text())
     assert [i["latent"].rsplit("/", 1)[1] for i in report["images"]] == ["hires_latent.npy", "hires_latent_1.npy"]
-    from orchestrator.job_files import JOB_FILES, names
+    from orchestrator.engine.job_files import JOB_FILES, names
     table = {n for f in JOB_FILES for n in names(f)}
     left = {p.name for p in jd.iterdir() if p.is_file()} - {"state.json"}     # the scheduler double's step state
     assert {"first_1.png", "hires_init_1.npy", "hires_latent_1.npy", "latent_1.npy", "report.json"} <= left
@@ -565,7 +565,7 @@ def _plant_crash_leftovers(jd: Path) -> tuple[list[Path], Path]:
     """A temporary of every job-folder file (JOB_FILES, each name it takes) as a crash leaves them: the daemon's
     fresh, a stage's stale; and one fresh stage temporary (a live stage may still be writing it). -> (all that a daemon
     start must remove, the one it must keep)."""
-    from orchestrator.job_files import JOB_FILES, STAGE, names
+    from orchestrator.engine.job_files import JOB_FILES, STAGE, names
     old, planted = time.time() - 3600, []
     for f in JOB_FILES:
         for name in names(f):

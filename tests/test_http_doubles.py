@@ -16,7 +16,7 @@ import requests
 import websocket
 from PIL import Image
 
-from orchestrator.comfy_graph import CANONICAL_IDS
+from orchestrator.http.comfy_graph import CANONICAL_IDS
 from tests.comfy_graphs import standard_graph
 from tests.doubles_harness import SOURCE, Doubles
 

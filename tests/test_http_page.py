@@ -103,7 +103,7 @@ def test_submit_see_progress_and_the_image(pipe, browser):
     page.click("#go")
     page.wait_for_function("document.getElementById('live-state').textContent === 'done'", timeout=JOB_MS)
     seen = page.evaluate("window.__seen")
-    # the phase in the CLI's words (orchestrator/progress_text.py), from the first line on: queued, not "starting"
+    # the phase in the CLI's words (orchestrator/engine/progress_text.py), from the first line on: queued, not "starting"
     texts = [t for _, t in seen]
     assert texts[0] == "queued" or texts[0].startswith("queued ("), seen
     assert not {"starting", "encoding"} & set(texts) and "done" in texts, seen
@@ -382,7 +382,7 @@ def test_paint_a_mask_and_grow_it(pipe, browser, tmp_path):
     """The image dropped onto the form; a stroke painted on the canvas over it goes up as the job's mask (white where
     painted, A1111's rule); grow mask is grow_mask_by. A file that is not an image is refused next to the image."""
     import base64
-    from orchestrator.prompt_spec import MAX_BATCH
+    from orchestrator.engine.prompt_spec import MAX_BATCH
     page, errors = _open(browser, pipe.http_url())
     assert page.get_attribute("#batch", "max") == str(MAX_BATCH)
     from models.sampling.bounds import CFG, STEPS        # the form's bounds are the one record's (/anima/info)

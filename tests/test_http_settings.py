@@ -18,8 +18,8 @@ import pytest
 import requests
 
 from orchestrator.http import files
-from orchestrator.runfolder import TEMPLATE, render_supervisord_conf
-from orchestrator.supervisor import Supervisor
+from orchestrator.engine.runfolder import TEMPLATE, render_supervisord_conf
+from orchestrator.engine.supervisor import Supervisor
 
 PY = sys.executable
 TOKEN = "0123456789abcdef0123456789abcdef"

@@ -14,10 +14,10 @@ from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
 from models.images.crop import crop_box
-from orchestrator.comfy_graph import GraphError, graph_to_job, job_to_graph
-from orchestrator.plan.build import build_plan
-from orchestrator.plan.image_ops import ImageSteps
-from orchestrator.prompt_spec import PromptError, parse_prompt_obj
+from orchestrator.http.comfy_graph import GraphError, graph_to_job, job_to_graph
+from orchestrator.engine.plan.build import build_plan
+from orchestrator.engine.plan.image_ops import ImageSteps
+from orchestrator.engine.prompt_spec import PromptError, parse_prompt_obj
 from tests.comfy_graphs import edited, standard_graph
 
 DATA = json.loads((Path(__file__).parent / "data" / "comfy_image_crop.json").read_text())
@@ -93,6 +93,6 @@ def test_the_step_cuts_the_decoded_png_keeping_its_text(tmp_path):
     ImageSteps._step_crop_image(runner, step)
     assert (tmp_path / "image.png").read_bytes() == first
     (tmp_path / "decoded.png").write_bytes(b"torn")
-    from orchestrator.stage_control import StageFailed
+    from orchestrator.engine.stage_control import StageFailed
     with pytest.raises(StageFailed, match="decode it again"):
         ImageSteps._step_crop_image(runner, step)

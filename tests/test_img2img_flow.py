@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.cli import CliError
-from orchestrator.inputs import save_upload
+from orchestrator.terminal.cli import CliError
+from orchestrator.engine.inputs import save_upload
 from tests.doubles_harness import Doubles
 
 W, H = 64, 64
@@ -181,7 +181,7 @@ def test_bad_inputs_are_refused_naming_the_field_and_queue_nothing(d, fields, fi
 
 
 def test_generate_uploads_its_files_and_runs_img2img(d, tmp_path, capsys):
-    from orchestrator import cli
+    from orchestrator.terminal import cli
     pixels, mask = _image(8), _block_mask()
     (tmp_path / "start.png").write_bytes(_png(pixels, "RGB"))
     (tmp_path / "hole.png").write_bytes(_png(mask, "L"))
@@ -207,7 +207,7 @@ def test_generate_uploads_its_files_and_runs_img2img(d, tmp_path, capsys):
     (["--mask", "OK"], "--mask"),
 ])
 def test_generate_refuses_bad_img2img_options_naming_them(d, tmp_path, capsys, extra, flag):
-    from orchestrator import cli
+    from orchestrator.terminal import cli
     (tmp_path / "NOTIMAGE").write_bytes(b"GIF89a not really")
     (tmp_path / "OK").write_bytes(_png(_image(9), "RGB"))
     args = [str(tmp_path / a) if a in ("NOTIMAGE", "MISSING", "OK") else a for a in extra]

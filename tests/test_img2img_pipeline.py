@@ -17,7 +17,7 @@ from models.runtime.dit_runner import DiTRunner
 from models.sampling import latent_ops as lo
 from models.sampling.denoise import denoise
 from models.sampling.img2img import LatentPlan, LatentSampler, start_or_resume_latent
-from orchestrator.inputs import save_upload
+from orchestrator.engine.inputs import save_upload
 
 THREADS = 1
 JOB = {"prompt": "1girl, silver hair", "negative_prompt": "worst quality", "seed": 77, "steps": 3, "cfg": 4.0,

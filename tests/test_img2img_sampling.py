@@ -459,7 +459,7 @@ def test_a_batch_image_resumes_bitwise(tmp_path):
 
 # ---- the ComfyUI graph front: KSampler denoise and KSamplerAdvanced's window reach the job ---------------------------
 def _graph_job(graph):
-    from orchestrator.comfy_graph import ModelNames, graph_to_job
+    from orchestrator.http.comfy_graph import ModelNames, graph_to_job
     from tests.comfy_graphs import TINY_NAMES
     names = ModelNames(unet=(TINY_NAMES["unet"],), clip=(TINY_NAMES["clip"],), vae=(TINY_NAMES["vae"],))
     return graph_to_job(graph, names=names, sizes=[(128, 128)]), names
@@ -477,8 +477,8 @@ def _advanced(graph, **inputs):
 
 
 def test_graph_denoise_and_advanced_window_reach_the_job():
-    from orchestrator.comfy_graph import GraphError, job_to_graph
-    from orchestrator.prompt_spec import parse_prompt_obj
+    from orchestrator.http.comfy_graph import GraphError, job_to_graph
+    from orchestrator.engine.prompt_spec import parse_prompt_obj
     from tests.comfy_graphs import edited, standard_graph
     g = standard_graph()
     job, names = _graph_job(edited(g, "3", denoise=0.6))

@@ -1,11 +1,11 @@
-"""The ways out name a job's files from orchestrator/job_files.py's table: /view serves its kept results, /history
+"""The ways out name a job's files from orchestrator/engine/job_files.py's table: /view serves its kept results, /history
 lists a batch's images under the names the plan writes them."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 from orchestrator.http import comfy_shapes, files
-from orchestrator.job_files import JOB_FILES, batch_name, names
+from orchestrator.engine.job_files import JOB_FILES, batch_name, names
 from protocol.prompt import MAX_BATCH
 
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from orchestrator.jobs import JobError, JobStore, QueueFull
+from orchestrator.engine.jobs import JobError, JobStore, QueueFull
 
 SPEC = {"prompt": "a girl", "seed": 7, "steps": 4}
 
@@ -148,7 +148,7 @@ def test_unreadable_record_is_skipped_not_fatal(tmp_path):
 def test_jobs_of_one_second_run_in_submit_order(tmp_path, monkeypatch):
     """Job ids carry the second only: two jobs of one second must still be queued first-in first-out (the random id
     tail once decided their order)."""
-    import orchestrator.jobs as jobs_mod
+    import orchestrator.engine.jobs as jobs_mod
     store = JobStore(tmp_path)
     tails = iter(["ffffff", "000000", "888888"])
     clock = iter([1_800_000_000.1, 1_800_000_000.2, 1_800_000_000.3])
@@ -167,7 +167,7 @@ def test_a_job_folder_appears_whole(tmp_path, monkeypatch):
     """A crash between a job folder's mkdir and its first job.json left a folder skipped forever: now the folder is
     made under a hidden name with its record and renamed, so a crash at any point leaves no job folder at all."""
     store = JobStore(tmp_path)
-    import orchestrator.jobs as jobs_mod
+    import orchestrator.engine.jobs as jobs_mod
 
     def crash(*a, **kw):
         raise OSError("power cut")
@@ -255,7 +255,7 @@ def test_cached_store_reads_once_and_writes_through(tmp_path, monkeypatch):
 
 
 def test_prune_keeps_running_and_queued_jobs(tmp_path):
-    from orchestrator.jobs import parse_age
+    from orchestrator.engine.jobs import parse_age
     store = JobStore(tmp_path, cached=True)
     done = []
     for i in range(4):
@@ -307,8 +307,8 @@ def test_status_reads_and_copies_no_more_for_many_finished_jobs(tmp_path, monkey
     """STATUS deep-copied every record (3,000 finished jobs: 1.1 s per STATUS, /history?max_items=1024 57 s, +76 MB in
     the daemon). The daemon's store keeps an index entry per job and whole records only for the unfinished ones: a
     STATUS reads the records it details, no more, and copies none."""
-    import orchestrator.jobs as jobs_mod
-    from orchestrator.daemon import Daemon
+    import orchestrator.engine.jobs as jobs_mod
+    from orchestrator.engine.daemon import Daemon
     from protocol import messages as m
     done = _finished_records(JobStore(tmp_path), 300)
     store = JobStore(tmp_path, cached=True)
@@ -339,7 +339,7 @@ def test_status_reads_and_copies_no_more_for_many_finished_jobs(tmp_path, monkey
 def test_a_wrong_typed_record_is_set_aside_not_fatal(tmp_path):
     """Valid JSON with `"created": "yesterday"` stopped the daemon's recover (TypeError sorting the jobs): it is set
     aside, listed as unreadable with why, left on disk; the other jobs list and run."""
-    from orchestrator.job_record import UNREADABLE
+    from orchestrator.engine.job_record import UNREADABLE
     store = JobStore(tmp_path)
     good = store.submit(SPEC)
     bad = store.submit(SPEC)
@@ -389,7 +389,7 @@ def test_every_field_of_a_record_is_type_checked_on_read(tmp_path, field, value,
     flow would refuse, attempts that are not counts, history entries that are not [state, time, note]) was taken as
     the next job and failed the daemon when it ran or changed it. It is set aside when read, naming the file and the
     field, and the daemon's queue goes on with the next job."""
-    from orchestrator.job_record import UNREADABLE
+    from orchestrator.engine.job_record import UNREADABLE
     store = JobStore(tmp_path)
     bad, good = store.submit(SPEC), store.submit(SPEC)
     path = store.job_dir(bad.id) / "job.json"
@@ -436,7 +436,7 @@ def test_a_submit_whose_origin_the_record_cannot_keep_is_a_field_error(tmp_path)
     """SUBMIT's origin is kept in the job's record: one it cannot keep (a list, 65 keys, a key of 129 characters)
     is the client's bad_request naming the field, not a failure of the daemon's store (its traceback in the log)."""
     from collections import OrderedDict
-    from orchestrator.daemon import Daemon
+    from orchestrator.engine.daemon import Daemon
     from protocol import messages as m
     daemon = Daemon.__new__(Daemon)                     # the SUBMIT handler over this store, no sockets
     from types import SimpleNamespace
@@ -444,7 +444,7 @@ def test_a_submit_whose_origin_the_record_cannot_keep_is_a_field_error(tmp_path)
         {(64, 64): SimpleNamespace(sampling=None)}, OrderedDict(), False
     daemon.vae_sizes = None                             # a VAE that decodes any size (no VAE pack configured)
     daemon._pending = {}                                # no SUBMIT's LoRAs under check
-    from orchestrator.runfolder import RunFolder
+    from orchestrator.engine.runfolder import RunFolder
     daemon.rf = RunFolder(tmp_path)                     # uploads (none here) are read from its input/
     from stages.config import parse_config
     daemon.cfg = parse_config({"run_dir": str(tmp_path)}, tmp_path / "pipeline.toml")   # no stage records: none stale
@@ -464,7 +464,7 @@ def test_a_resent_prune_gets_the_first_ones_answer(tmp_path):
     removed the next batch: the first batch's jobs were removed but never listed or counted. A resend (same request
     id) gets the first answer; a new request goes on."""
     from collections import OrderedDict
-    from orchestrator.daemon import Daemon
+    from orchestrator.engine.daemon import Daemon
     from protocol import messages as m
     ids = _finished_records(JobStore(tmp_path), 300)
     daemon = Daemon.__new__(Daemon)                     # the PRUNE handler over this store, no sockets
@@ -489,7 +489,7 @@ def test_a_job_id_with_a_trailing_newline_is_not_a_job_id(tmp_path):
     """JOB_ID_RE ended in `$`, which also matches before a final newline: "JOB\\n" passed as an id (into a path, a
     /view subfolder, a STATUS)."""
     from orchestrator.http import files
-    from orchestrator.job_record import JOB_ID_RE
+    from orchestrator.engine.job_record import JOB_ID_RE
     store = JobStore(tmp_path)
     job = store.submit(SPEC).id
     for bad in (job + "\n", "\n" + job, job + "\r\n"):
@@ -503,7 +503,7 @@ def test_a_job_id_with_a_trailing_newline_is_not_a_job_id(tmp_path):
 
 def test_other_names_that_reach_files_refuse_a_trailing_newline(tmp_path):
     """The same `$` let "anima\\n" through as a unit name and "job\\n" into a shared-memory segment name."""
-    from orchestrator import service
+    from orchestrator.ops import service
     from protocol.arena import ArenaError, segment_name
     with pytest.raises(service.ServiceError, match="--name"):
         service.target("anima\n", user_unit=True, root=str(tmp_path))
@@ -518,7 +518,7 @@ def test_daemon_restart_clears_every_job_folder_temporary(tmp_path):
     (init_latent.npy's among them: it was missing from the list), a stage's only when stale."""
     import psutil
     from models.durable import atomic_write
-    from orchestrator.job_files import DAEMON, JOB_FILES, names
+    from orchestrator.engine.job_files import DAEMON, JOB_FILES, names
     store = JobStore(tmp_path)
     job = store.submit(SPEC)
     store.transition(job.id, "encoding")

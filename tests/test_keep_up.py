@@ -1,4 +1,4 @@
-"""The encoder and the VAE left up between uses (orchestrator/keep_up.py, `[stage.orchestrator] keep_up`): the
+"""The encoder and the VAE left up between uses (orchestrator/engine/keep_up.py, `[stage.orchestrator] keep_up`): the
 policy the board model gives per board RAM, and through the real pipeline on the 8 GB board (`auto`: idle) the VAE
 that decoded one job encoding the next job's init image without a start, while neither stage is ever up during a
 denoise (report.json's stage_starts and teardown record, supervisord's states, the daemon log)."""
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from orchestrator import keep_up
+from orchestrator.engine import keep_up
 
 # ------------------------------------------------------------------ the policy
 
@@ -42,7 +42,7 @@ def test_16_gb_keeps_what_fits_beside_the_dits_contexts(tmp_path):
     import tomllib
     from pathlib import Path
     from models.board import account
-    from orchestrator.estimate import BoardSettings, evaluation
+    from orchestrator.engine.estimate import BoardSettings, evaluation
     cfg = _cfg(tmp_path, 16)
     k = keep_up.resolve("auto", cfg, None, (512, 512))
     e, _, model = evaluation(None, (512, 512), 1, 2, BoardSettings.of_config(cfg))
@@ -72,7 +72,7 @@ def test_auto_on_the_board_uses_the_ram_it_reads(tmp_path, monkeypatch, caplog):
     machine's MemTotal says, exactly as a board-sim run configured with board_ram_gb = 16; the same files on a PC
     (no device tree) leave the 8 GB board assumed. The policy's record and the log say which figure was used."""
     from models.runtime import probes
-    from orchestrator.estimate import BoardSettings
+    from orchestrator.engine.estimate import BoardSettings
     from stages.config import load_config
     meminfo, dt = tmp_path / "meminfo", tmp_path / "compatible"
     meminfo.write_text("MemTotal:       16252928 kB\nMemAvailable:   14000000 kB\n")      # 15.50 GiB
@@ -88,7 +88,7 @@ def test_auto_on_the_board_uses_the_ram_it_reads(tmp_path, monkeypatch, caplog):
     dt.write_bytes(b"radxa,rock-5b\x00rockchip,rk3588\x00")
     board = BoardSettings.of_config(cfg)
     assert (board.board_ram_gb, board.ram_basis) == (16, "read: MemTotal 15.50 GiB")
-    with caplog.at_level("INFO", logger="orchestrator.keep_up"):
+    with caplog.at_level("INFO", logger="orchestrator.engine.keep_up"):
         read = keep_up.resolve("auto", cfg, None, (512, 512))
     configured = keep_up.resolve("auto", _cfg(tmp_path, 16), None, (512, 512))
     assert (read.modes, read.together) == (configured.modes, configured.together)
@@ -131,8 +131,8 @@ def _png(size: tuple) -> bytes:
 def test_the_vae_that_decoded_a_job_encodes_the_next_ones_init_image(idle_pipeline, pipeline_assets, tmp_path,
                                                                       capsys):
     from models.packs.pack import load_pack
-    from orchestrator import cli
-    from orchestrator.inputs import save_upload
+    from orchestrator.terminal import cli
+    from orchestrator.engine.inputs import save_upload
     p = idle_pipeline
     g = load_pack(pipeline_assets[1]).geometry
     save_upload(p.rf.root, "input", "keep", "init.png", _png((g.width, g.height)), overwrite=True)
@@ -193,7 +193,7 @@ class _Sup:
         self.live, self.stops = set(live), []
 
     def info(self, name: str):
-        from orchestrator.supervisor import ProcInfo
+        from orchestrator.engine.supervisor import ProcInfo
         up = name in self.live
         return ProcInfo(name, "RUNNING" if up else "STOPPED", 4_194_399 if up else 0, 0, "", "", 0.0)
 
@@ -203,8 +203,8 @@ class _Sup:
 
 
 def _control(sup: _Sup, keep: keep_up.KeepUp):
-    from orchestrator.report import JobReport
-    from orchestrator.stage_control import StageControl
+    from orchestrator.engine.report import JobReport
+    from orchestrator.engine.stage_control import StageControl
     settings = SimpleNamespace(keep_up="never", stop_timeout_s=1.0)
     daemon = SimpleNamespace(sup=sup, cfg=SimpleNamespace(is_remote=lambda name: False), settings=settings,
                              pump=lambda s: None)

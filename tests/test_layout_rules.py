@@ -151,7 +151,7 @@ def import_cycles(graph: dict) -> list[list[str]]:
 
 def test_layers_import_only_downward():
     graph = import_graph()
-    assert {"models.schema", "stages.base", "orchestrator.daemon", "bench.chaos"} <= set(graph)
+    assert {"models.schema", "stages.base", "orchestrator.engine.daemon", "bench.chaos"} <= set(graph)
     assert "models.policy" in graph["stages.settings"]            # an import inside a method counts
     upward = upward_imports(graph)
     assert not upward, "imports against models < protocol < stages < orchestrator (bench/, scripts/ on top): " + \
@@ -168,14 +168,14 @@ def test_the_import_rules_find_what_they_look_for(tmp_path):
     cycle are all found."""
     src = tmp_path / "mod.py"
     src.write_text("import importlib\nfrom . import sibling\n\ndef f():\n    from stages.base import StageProc\n"
-                   "    importlib.import_module('orchestrator.daemon')\n"
+                   "    importlib.import_module('orchestrator.engine.daemon')\n"
                    "    logging.getLogger('orchestrator.flow')\n")
-    known = {"models.x.mod", "models.x.sibling", "stages.base", "orchestrator.daemon", "orchestrator.flow"}
+    known = {"models.x.mod", "models.x.sibling", "stages.base", "orchestrator.engine.daemon", "orchestrator.flow"}
     deps = _imported("models.x.mod", src, known)
-    assert deps == {"models.x.sibling", "stages.base", "orchestrator.daemon"}
-    assert upward_imports({"models.x.mod": deps}) == ["models.x.mod imports orchestrator.daemon",
+    assert deps == {"models.x.sibling", "stages.base", "orchestrator.engine.daemon"}
+    assert upward_imports({"models.x.mod": deps}) == ["models.x.mod imports orchestrator.engine.daemon",
                                                       "models.x.mod imports stages.base"]
-    assert upward_imports({"bench.b": {"orchestrator.daemon"}, "stages.s": {"models.m"}}) == []
+    assert upward_imports({"bench.b": {"orchestrator.engine.daemon"}, "stages.s": {"models.m"}}) == []
     assert upward_imports({"orchestrator.o": {"bench.b"}}) == ["orchestrator.o imports bench.b"]
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert import_cycles({"a": {"b"}, "b": set()}) == []

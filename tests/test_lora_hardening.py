@@ -192,8 +192,8 @@ def test_a_stage_context_answers_cancel_checks_without_serving():
 
 # -- item 6: the daemon reads and hashes LoRAs off its own thread -----------------------------------------------------
 def test_the_jobs_lora_hashes_are_made_while_the_daemon_serves(tmp_path, monkeypatch):
-    import orchestrator.plan.checks as flow_mod
-    from orchestrator.plan.run import PlanRunner
+    import orchestrator.engine.plan.checks as flow_mod
+    from orchestrator.engine.plan.run import PlanRunner
     path = tmp_path / "s.safetensors"
     write_lora("tiny", 6, path, "kohya", rank=2, groups=("blocks",))
     raw = path.read_bytes()
@@ -240,7 +240,7 @@ def daemon(tmp_path_factory, pipeline_assets):
 
 
 def test_a_submits_lora_check_runs_off_the_daemons_thread(daemon, monkeypatch):
-    from orchestrator.daemon import DEFERRED
+    from orchestrator.engine.daemon import DEFERRED
     from protocol import messages as m
     d, root = daemon
     gate = threading.Event()
@@ -292,7 +292,7 @@ def test_names_too_long_link_loops_and_links_out_are_refused_in_loras_terms(tmp_
 
 
 def test_file_errors_name_the_lora_under_loras_not_the_servers_path(tmp_path):
-    from orchestrator.loras import LoraRefused, RunLoras
+    from orchestrator.engine.loras import LoraRefused, RunLoras
     (tmp_path / "loras" / "sub").mkdir(parents=True)
     cut = tmp_path / "loras" / "sub" / "cut.safetensors"
     write_lora("tiny", 1, cut, "kohya", rank=2, groups=("blocks",))

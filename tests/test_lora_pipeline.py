@@ -30,7 +30,7 @@ from models.lora.synth import write_lora
 from models.models_dir import resolve_models
 from models.packs.pack import build_pack, load_pack
 from models.sampling.spectrum import SpectrumSettings
-from orchestrator.cli import CliError
+from orchestrator.terminal.cli import CliError
 from protocol import messages as m
 from protocol.prompt import PromptError, PromptFile
 from tests.comfy_graphs import standard_graph

@@ -1,4 +1,4 @@
-"""A job's LoRAs at submit (orchestrator/loras.py through the daemon's SUBMIT handler, no stages): every malformed or
+"""A job's LoRAs at submit (orchestrator/engine/loras.py through the daemon's SUBMIT handler, no stages): every malformed or
 unfitting file is refused naming its field in prompt.json and what is wrong, nothing is queued, and the daemon answers
 the next request; a good one is queued with its LoRAs."""
 from __future__ import annotations
@@ -99,7 +99,7 @@ def test_a_dit_lora_on_an_int8_pack_is_refused_naming_both(daemon):
     """A W8A8 pack's INT8 layers were calibrated on the checkpoint's own activations: a LoRA changing DiT layers is
     refused naming the pack's INT8 layers and the LoRA; an encoder-only LoRA goes through."""
     import dataclasses
-    from orchestrator.loras import LoraRefused
+    from orchestrator.engine.loras import LoraRefused
     d, _ = daemon
     size = (128, 128)
     plain = d.loras.packs[size]

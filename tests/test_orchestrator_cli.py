@@ -4,9 +4,9 @@ import stat
 
 import pytest
 
-from orchestrator import cli
-from orchestrator.report import JobReport, format_table, text_record
-from orchestrator.runfolder import RunFolder, init_run
+from orchestrator.terminal import cli
+from orchestrator.engine.report import JobReport, format_table, text_record
+from orchestrator.engine.runfolder import RunFolder, init_run
 from protocol import messages as m
 
 ONE_PASS = m.DenoisePass(image=1, images=1)      # a job of one image, one sampling pass
@@ -141,7 +141,7 @@ def test_init_with_several_packs(tmp_path, capsys):
     assert cli.main(["--run", str(run), "init", "--pack", str(a), "--pack", str(b)]) == 0
     cfg = load_config(run / "pipeline.toml")
     assert cfg.pack_dir == a and cfg.packs == (a, b)
-    from orchestrator.packs import pack_sizes
+    from orchestrator.engine.packs import pack_sizes
     assert pack_sizes(RunFolder.resolve(run).pipeline_toml) == [(64, 64), (64, 32)]
     other = tmp_path / "run2"
     capsys.readouterr()
@@ -183,7 +183,7 @@ def test_init_again_says_what_it_kept_and_force_keeps_the_old_file(tmp_path, cap
 def test_submit_stdin_limits_and_generate_names_options(tmp_path, capsys, monkeypatch):
     """Checked before any daemon is asked: too much or nothing on stdin, and generate's options by name."""
     import io
-    from orchestrator.prompt_spec import MAX_FILE_BYTES
+    from orchestrator.engine.prompt_spec import MAX_FILE_BYTES
     run = init_run(tmp_path / "run")
     big = json.dumps({"prompt": "a" * 10, "negative_prompt": " " * MAX_FILE_BYTES}).encode()
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(big)))
@@ -205,7 +205,7 @@ def test_submit_stdin_limits_and_generate_names_options(tmp_path, capsys, monkey
 def test_serve_exits_2_only_for_a_bad_config(tmp_path, monkeypatch, capsys, caplog):
     """supervisord leaves a program down after exit 2 (exitcodes=2): a bad config or pack is 2, but the daemon breaking
     while it serves (a ValueError or OSError from deep inside) is 1, so it is started again."""
-    import orchestrator.daemon
+    import orchestrator.engine.daemon
     from models.packs.pack import PackError
     from stages.config import ConfigError
     init_run(tmp_path / "run")
@@ -215,7 +215,7 @@ def test_serve_exits_2_only_for_a_bad_config(tmp_path, monkeypatch, capsys, capl
                         (RuntimeError("broken"), 1)):
         def fail(rf, path, *_, error=error):        # *_: the PNG formats serve is handed
             raise error
-        monkeypatch.setattr(orchestrator.daemon, "serve", fail)
+        monkeypatch.setattr(orchestrator.engine.daemon, "serve", fail)
         caplog.clear()
         assert cli.main(args) == code, error
         said = capsys.readouterr().err if code == 2 else caplog.text
@@ -239,7 +239,7 @@ def test_a_reader_that_goes_away_is_not_an_error(tmp_path):
     import sys
     run = tmp_path / "run"
     assert cli.main(["--run", str(run), "init"]) == 0
-    p = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "--run", str(run), "init"],
+    p = subprocess.Popen([sys.executable, "-m", "orchestrator.terminal.cli", "--run", str(run), "init"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     p.stdout.close()                                   # gone before the first line
     err = p.stderr.read().decode()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli
+from orchestrator.terminal import cli
 from protocol.arena import list_segments, run_prefix
 from tests.doubles_harness import Doubles
 

@@ -6,7 +6,7 @@ import time
 
 import zmq
 
-from orchestrator import cli
+from orchestrator.terminal import cli
 from protocol import messages as m
 from tests.fuzzing import request_once, submit_frames
 from tests.test_orchestrator_flow import _pipeline, _prompt, _status, _wait_state, pipeline  # noqa: F401 - fixtures

@@ -1,15 +1,15 @@
-"""The job as a plan (orchestrator/plan): each prompt shape's steps, written out and checked without a pipeline."""
+"""The job as a plan (orchestrator/engine/plan): each prompt shape's steps, written out and checked without a pipeline."""
 import json
 from pathlib import Path
 
 import pytest
 
 from models.sampling.denoise import STATE_FILE
-from orchestrator.job_files import JOB_FILES, names
-from orchestrator.plan.build import build_plan, hires_texts
-from orchestrator.plan.steps import (Decode, Deliver, Denoise, EncodeText, HiresDenoise, PixelStart, Plan, PlanError,
+from orchestrator.engine.job_files import JOB_FILES, names
+from orchestrator.engine.plan.build import build_plan, hires_texts
+from orchestrator.engine.plan.steps import (Decode, Deliver, Denoise, EncodeText, HiresDenoise, PixelStart, Plan, PlanError,
                                      SCHEDULER)
-from orchestrator.prompt_spec import parse_prompt_obj
+from orchestrator.engine.prompt_spec import parse_prompt_obj
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = [(512, 512), (768, 768)]
@@ -136,7 +136,7 @@ def test_a_plan_that_is_not_a_dag_is_refused():
 def _runner(tmp_path, plan: Plan, text_tokens: int = 512):
     from types import SimpleNamespace
 
-    from orchestrator.plan.run import PlanRunner
+    from orchestrator.engine.plan.run import PlanRunner
     r = PlanRunner.__new__(PlanRunner)
     r.dir, r.plan = tmp_path, plan
     r.settings = SimpleNamespace(timing_plot_timeout_s=120.0)
@@ -214,7 +214,7 @@ def test_keep_base_on_the_pixel_path_keeps_the_pixel_starts_decode_as_base_png()
 
 
 def test_base_images_are_kept_results_and_the_daemons_temporaries():
-    from orchestrator.job_files import BASE_IMAGE_FILE, DAEMON_FILES
+    from orchestrator.engine.job_files import BASE_IMAGE_FILE, DAEMON_FILES
     base = next(f for f in JOB_FILES if f.name == BASE_IMAGE_FILE)
     assert base.kept and base.per_image
     assert {"base.png", "base_1.png"} <= DAEMON_FILES            # a daemon start clears their temporaries
@@ -262,7 +262,7 @@ def test_entries_encode_each_distinct_text_once_and_the_denoise_reads_them_all()
 
 
 def plan_texts(**kw) -> tuple:
-    from orchestrator.plan.build import entry_texts
+    from orchestrator.engine.plan.build import entry_texts
     return entry_texts(_plan_spec(**kw))
 
 
@@ -284,7 +284,7 @@ def test_latent_mix_mixes_each_pass_latent_with_the_init_latent_before_its_decod
     for name in ("init_latent.npy", "latent.npy", "latent_1.npy", "mixed_latent.npy"):
         _keep(tmp_path, name, (2, 4, 4))
     assert [s.name for s in r._steps_to_run()[0]] == ["MixLatent[1]", "Decode[0]", "Decode[1]", "Deliver", "Report"]
-    from orchestrator.job_files import DAEMON_FILES
+    from orchestrator.engine.job_files import DAEMON_FILES
     assert {"mixed_latent.npy", "mixed_latent_7.npy"} <= DAEMON_FILES      # a daemon start removes their temporaries
     (tmp_path / "latent_1.npy").unlink()          # image 1's pass again (its contexts too), then its mix
     assert [s.name for s in r._steps_to_run()[0]] == ["EncodeText", "Denoise[1]", "MixLatent[1]", "Decode[0]",
@@ -338,7 +338,7 @@ def test_the_report_step_writes_the_phase_it_runs_in_and_which_steps_ran(tmp_pat
     run set them (a resume that skipped the encoder and the denoiser)."""
     from types import SimpleNamespace
 
-    from orchestrator.report import JobReport
+    from orchestrator.engine.report import JobReport
     plan = _plan()
     r = _runner(tmp_path, plan)
     r.settings.timing_plot_timeout_s = 0.0

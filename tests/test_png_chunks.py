@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from models.vae.png import write_png
-from orchestrator.comfy_graph import ModelNames, graph_to_job
-from orchestrator.comfy_workflow import api_to_workflow
-from orchestrator.prompt_spec import parse_prompt_obj
-from orchestrator.png_formats import png_metadata
+from orchestrator.http.comfy_graph import ModelNames, graph_to_job
+from orchestrator.http.comfy_workflow import api_to_workflow
+from orchestrator.engine.prompt_spec import parse_prompt_obj
+from orchestrator.http.png_formats import png_metadata
 from protocol import codec
 from protocol import messages as m
 from protocol.tensors import TensorDesc
@@ -203,11 +203,12 @@ def test_a1111_reads_the_prompts_and_settings_back_whole():
 
 
 def test_the_engine_writes_its_own_chunk_and_the_formats_it_is_handed(monkeypatch, tmp_path):
-    """The engine (orchestrator.png_text) knows no front's vocabulary: with no formats a PNG has only `anima`; the
+    """The engine (orchestrator.engine.png_text) knows no front's vocabulary: with no formats a PNG has only `anima`; the
     formats come in the order handed; and `orchestrator serve` hands the daemon the fronts' PNG_FORMATS."""
-    from orchestrator import cli, daemon
-    from orchestrator.png_formats import PNG_FORMATS
-    from orchestrator.png_text import ImageText, png_text
+    from orchestrator.terminal import cli
+    from orchestrator.engine import daemon
+    from orchestrator.http.png_formats import PNG_FORMATS
+    from orchestrator.engine.png_text import ImageText, png_text
     spec = parse_prompt_obj({"prompt": "a", "seed": 1}, resolution=(256, 128))
     image = ImageText(spec, PACK, "j")
     assert list(png_text((), image)) == ["anima"]

@@ -1,5 +1,5 @@
 """A stage whose start ended in a config exit is not spawned again while its model files are still missing
-(stages/preflight.py, orchestrator/stage_control.py): the job fails at once naming the file. Each job started the encoder only for it to exit for the file after its imports and
+(stages/preflight.py, orchestrator/engine/stage_control.py): the job fails at once naming the file. Each job started the encoder only for it to exit for the file after its imports and
 supervisord's startsecs (bench/fuzz_http.py's A1111 img2img cases: ~10 s each at load average 30)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.stage_control import StageControl, StageFailed
+from orchestrator.engine.stage_control import StageControl, StageFailed
 from stages.config import load_config
 from stages.preflight import missing_files
 

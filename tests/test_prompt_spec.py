@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli
-from orchestrator.prompt_spec import (MAX_FILE_BYTES, PromptError, PromptSpec, SpectrumSettings, load_prompt,
+from orchestrator.terminal import cli
+from orchestrator.engine.prompt_spec import (MAX_FILE_BYTES, PromptError, PromptSpec, SpectrumSettings, load_prompt,
                                       parse_prompt_bytes)
 
 RES = (512, 512)  # the (pretend) pack's resolution
@@ -201,7 +201,7 @@ def test_cli_sends_the_record_it_checked(tmp_path, monkeypatch, inproc_daemon):
     monkeypatch.setattr(Path, "open", counting_path_open)       # read_text/read_bytes open through it
     rf = inproc_daemon.daemon.rf
     assert cli.main(["--run", str(rf.root), "submit", str(f)], connect=inproc_daemon.connect) == 0
-    from orchestrator.prompt_spec import parse_prompt_text, resolve_prompt
+    from orchestrator.engine.prompt_spec import parse_prompt_text, resolve_prompt
     (job,) = inproc_daemon.daemon.store.pending()
     size = [(inproc_daemon.daemon.pack.width, inproc_daemon.daemon.pack.height)]
     assert job.spec == resolve_prompt(parse_prompt_text(_j(seed=5)), base_dir=Path.cwd(), resolution=size).to_dict()

@@ -186,7 +186,7 @@ def test_pad_token_in_prompt_warns(tok_dir, caplog):
 
 
 def test_prompt_json_rejects_bad_weight_syntax():
-    from orchestrator.prompt_spec import PromptError, parse_prompt_obj
+    from orchestrator.engine.prompt_spec import PromptError, parse_prompt_obj
     with pytest.raises(PromptError, match="field 'prompt'.*not a finite number"):
         parse_prompt_obj({"prompt": "1girl, (smile:nan)"})
     with pytest.raises(PromptError, match="field 'negative_prompt'.*embedding"):
@@ -198,7 +198,7 @@ def test_weights_beyond_the_bound_are_refused_with_the_field():
     """`(a:1e39)` or 1000 nested parentheses were accepted; the encoder's float32 cast overflowed, the scheduler met a
     NaN/Inf context and exited, four times per job. |weight| <= MAX_PROMPT_WEIGHT (100) is checked at submit."""
     from models.text.prompt_weights import MAX_PROMPT_WEIGHT
-    from orchestrator.prompt_spec import PromptError, parse_prompt_obj
+    from orchestrator.engine.prompt_spec import PromptError, parse_prompt_obj
     assert MAX_PROMPT_WEIGHT == 100.0
     nest = lambda n: "(" * n + "x" + ")" * n  # noqa: E731
     for ok in ("(a:100)", "(a:-100)", "(b:0)", nest(48), "(" * 60 + "x:1.2" + ")" * 60, "((a:99):100)"):

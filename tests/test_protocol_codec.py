@@ -102,7 +102,7 @@ def test_the_wire_carries_prompt_jsons_spectrum_record_with_its_bounds(key, valu
     """One Spectrum record from prompt.json to the sampler: DENOISE refuses what prompt.json refuses (the wire took
     lam up to 1e6, window and flex up to 100, m = 0 and stop = 0 before)."""
     from models.sampling.spectrum import SpectrumSettings
-    from orchestrator.prompt_spec import SpectrumSettings as PromptSpectrum
+    from orchestrator.engine.prompt_spec import SpectrumSettings as PromptSpectrum
     assert m.SpectrumSettings is SpectrumSettings is PromptSpectrum
     assert _header("DENOISE")["params"]["spectrum"] == {"enabled": True, "w": 0.4, "m": 3, "lam": 1.0, "window": 2.0,
                                                         "flex": 0.5, "warmup": 4, "stop": 0.9}

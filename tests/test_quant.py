@@ -266,7 +266,7 @@ def test_compile_builds_the_int8_layers_and_resumes(int8_pack, rknn_venv):
         assert b["rknn"]["quant"] and b["rknn"]["int8_tensors"] >= len(b["int8"])
     again = compile_pack(pack, jobs=1, venv=rknn_venv, per_worker=0)
     assert (again["built"], again["skipped"]) == (0, 3)
-    from orchestrator.packs import read_pack
+    from orchestrator.engine.packs import read_pack
     assert read_pack(pack).int8 == ("fc1", "qkv", "q")            # what the daemon refuses LoRAs by
 
 

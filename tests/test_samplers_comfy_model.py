@@ -118,8 +118,8 @@ def test_split_sampling_over_two_advanced_samplers_equals_comfyui(runner):
     from bench.comfy_workflows import split_cfg
     from models.sampling.img2img import LatentPlan, LatentSampler
     from models.vae.latent import denormalize, normalize
-    from orchestrator.comfy_graph import graph_to_job
-    from orchestrator.prompt_spec import parse_prompt_obj
+    from orchestrator.http.comfy_graph import graph_to_job
+    from orchestrator.engine.prompt_spec import parse_prompt_obj
     assert (SPLIT_JOB["seed"], SPLIT_JOB["size"]) == (JOB["seed"], JOB["size"])
     w, h = SPLIT_JOB["size"]
     spec = parse_prompt_obj(graph_to_job(split_cfg(SPLIT_JOB["files"], SPLIT_JOB["seed"], w, h)).spec,

@@ -15,8 +15,8 @@ from models.sampling.noise import comfy_noise
 from models.sampling.sampler import SAMPLER_NAMES, SAMPLERS, SCHEDULER_NAMES, Sampler, spectrum_refusal
 from models.sampling.sampler_state import SamplerState, SamplerStateError
 from models.sampling.spectrum import SpectrumSettings
-from orchestrator import a1111_names as an
-from orchestrator.prompt_spec import PromptError, parse_prompt_obj
+from orchestrator.http import a1111_names as an
+from orchestrator.engine.prompt_spec import PromptError, parse_prompt_obj
 
 SHAPE = (16, 2, 3)                      # [C, h, w]: a small latent
 SEED = 11

@@ -7,11 +7,11 @@ import pytest
 
 from models.manifest import ManifestError, sampling_info
 from models.sampling.bounds import CFG, STEPS
-from orchestrator.comfy_graph import GraphError, graph_to_job
-from orchestrator.comfy_nodes import ModelNames, node_table, object_info
+from orchestrator.http.comfy_graph import GraphError, graph_to_job
+from orchestrator.http.comfy_nodes import ModelNames, node_table, object_info
 from orchestrator.http.a1111 import hires_of, to_spec
 from orchestrator.http.common import BadRequest
-from orchestrator.prompt_spec import PromptError, parse_prompt_obj
+from orchestrator.engine.prompt_spec import PromptError, parse_prompt_obj
 from protocol import messages as m
 from protocol.fields import ProtocolError
 from tests.comfy_graphs import TINY_NAMES, edited, standard_graph

@@ -8,7 +8,7 @@ import pytest
 
 from models.dit.partition import KINDS
 from models.sampling.spectrum import SpectrumSettings, plan
-from orchestrator.progress_text import eta_text
+from orchestrator.engine.progress_text import eta_text
 from stages.eta import EtaClock, calls_left
 
 RECORDED = Path(__file__).parent / "data" / "progress" / "board_sim_spectrum_20_steps.json"

@@ -10,7 +10,7 @@ from models.dit.config import PRESETS
 from models.packs.pack import Pack
 from models.dit.partition import Geometry
 from models.packs.scratch import scratch_plan
-from orchestrator.job_arena import arena_plan, create_job_arena
+from orchestrator.engine.job_arena import arena_plan, create_job_arena
 from protocol.arena import ALIGN_BYTES, ArenaError
 from protocol.messages import Region
 from stages.scheduler import BranchClient

@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator import cli
-from orchestrator.runfolder import init_run
+from orchestrator.terminal import cli
+from orchestrator.engine.runfolder import init_run
 
 ANALYZE = shutil.which("systemd-analyze")
 
@@ -160,7 +160,7 @@ def test_exec_start_runs_supervisord_and_sigterm_stops_everything(run, tmp_path,
     proc = subprocess.Popen(exec_argv(svc["ExecStart"][0]), cwd=svc["WorkingDirectory"][0].replace("%%", "%"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        from orchestrator.supervisor import Supervisor, SupervisorError
+        from orchestrator.engine.supervisor import Supervisor, SupervisorError
         deadline = time.monotonic() + 60
         children = []
         while time.monotonic() < deadline and not children:

@@ -11,7 +11,7 @@ import pytest
 
 from models.bundle import BUNDLE_JSON, read_bundle
 from models.cli import main as models_main
-from orchestrator import cli
+from orchestrator.terminal import cli
 
 SIZE, MORE = "64x64", "64x80"
 RANK = 4
@@ -77,8 +77,8 @@ def test_a_lora_ready_bundle_takes_a_lora_without_hand_edits(lora_bundle, tmp_pa
     models_dir to the run folder's models/ and makes its loras/, and a LoRA put there is queued as it is."""
     from models.lora.synth import write_lora
     from models.packs.pack import load_pack
-    from orchestrator.daemon import Daemon
-    from orchestrator.runfolder import RunFolder
+    from orchestrator.engine.daemon import Daemon
+    from orchestrator.engine.runfolder import RunFolder
     from protocol import messages as m
     from protocol.prompt import PromptFile
     from stages.config import load_config
@@ -118,7 +118,7 @@ def test_no_models_folder_names_the_setting():
 
 def test_positional_arguments_have_names_and_help(capsys):
     """Reported: status/cancel/resume/logs/restart showed bare `job` and `stage` without a word of help."""
-    from orchestrator.runfolder import PROGRAMS
+    from orchestrator.engine.runfolder import PROGRAMS
     for command, metavar in (("status", "JOB"), ("cancel", "JOB"), ("resume", "JOB"), ("logs", "PROGRAM"),
                              ("restart", "PROGRAM")):
         with pytest.raises(SystemExit):
@@ -136,7 +136,7 @@ def test_generate_with_the_daemon_gone_fails_fast_naming_the_start_command(tmp_p
     daemon left) and did not say how to start it."""
     import socket
     import time
-    from orchestrator.runfolder import init_run
+    from orchestrator.engine.runfolder import init_run
     rf = init_run(tmp_path / "run")
     rf.daemon_sock.parent.mkdir(parents=True, exist_ok=True)
     left = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -177,8 +177,8 @@ def test_a_job_is_refused_while_a_stage_runs_an_older_config(lora_bundle, tmp_pa
     failed halfway on the scheduler's and executor's stale settings. Now a stage records what it started with, and
     the daemon refuses a job while a running stage's settings differ from the file's, naming the stage, the setting
     and the restart; a change the stage does not use, or a restarted stage, lets jobs through."""
-    from orchestrator.daemon import Daemon
-    from orchestrator.runfolder import RunFolder
+    from orchestrator.engine.daemon import Daemon
+    from orchestrator.engine.runfolder import RunFolder
     from protocol import messages as m
     from stages.config import load_config
     from stages.config_digest import record_path, record_start
@@ -292,8 +292,8 @@ class _Restarts:
     def restart(self, name: str):
         from types import SimpleNamespace
 
-        from orchestrator.daemon import Daemon
-        from orchestrator.runfolder import RunFolder
+        from orchestrator.engine.daemon import Daemon
+        from orchestrator.engine.runfolder import RunFolder
         from stages.config import load_config
         from stages.config_digest import record_start
         cfg = load_config(self.run / "pipeline.toml")
@@ -317,8 +317,8 @@ def test_reload_after_adding_packs_lets_the_next_hires_and_lora_jobs_through(lor
     until `orchestrator restart orchestrator`, which nothing named. Now every stale-settings refusal names
     `orchestrator reload`, which restarts every program whose settings differ from the file, the daemon included."""
     from models.lora.synth import write_lora
-    from orchestrator.daemon import Daemon
-    from orchestrator.runfolder import RunFolder
+    from orchestrator.engine.daemon import Daemon
+    from orchestrator.engine.runfolder import RunFolder
     from protocol import messages as m
     from protocol.prompt import PromptFile
     from stages.config import load_config
@@ -333,7 +333,7 @@ def test_reload_after_adding_packs_lets_the_next_hires_and_lora_jobs_through(lor
     toml = run / "pipeline.toml"
     sup = _Restarts(run)
     monkeypatch.setattr(cli, "_supervisor", lambda rf: sup)
-    monkeypatch.setattr("orchestrator.daemon_probe.daemon_answers", lambda rf: True)
+    monkeypatch.setattr("orchestrator.engine.daemon_probe.daemon_answers", lambda rf: True)
     for name in ("scheduler", "executor", "orchestrator"):         # the pipeline running on the file as init wrote it
         sup.restart(name)
     sup.restarted.clear()

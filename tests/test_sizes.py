@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from orchestrator.comfy_graph import GraphError, graph_to_job
-from orchestrator.comfy_nodes import ModelNames, node_table, object_info
+from orchestrator.http.comfy_graph import GraphError, graph_to_job
+from orchestrator.http.comfy_nodes import ModelNames, node_table, object_info
 from tests.comfy_graphs import standard_graph
 
 ONE_MP = ((1024, 1024), (896, 1152), (1152, 896))

@@ -375,7 +375,7 @@ def test_real_programs_exit_2_naming_file_and_key_on_a_bad_stage_setting(tmp_pat
     line naming the file and key (not an exit 1 from the logic, which supervisord would restart)."""
     conf = tmp_path / "pipeline.toml"
     conf.write_text(f'run_dir = "{tmp_path}"\n{table}\n')
-    cmd = ([sys.executable, "-m", "orchestrator.cli", "--run", str(tmp_path), "serve", "--config", str(conf)]
+    cmd = ([sys.executable, "-m", "orchestrator.terminal.cli", "--run", str(tmp_path), "serve", "--config", str(conf)]
            if program == "orchestrator" else [sys.executable, "-m", f"stages.{program}", "--config", str(conf)])
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == EXIT_CONFIG, out.stderr

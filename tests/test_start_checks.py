@@ -46,8 +46,8 @@ def test_rknn_backend_without_rknnlite_is_refused_at_start(tmp_path, pipeline_as
 
 def test_a_size_without_a_vae_pack_is_refused_at_submit(tmp_path, tiny_bundle):
     from models.vae.pack import build_vae_pack
-    from orchestrator.daemon import Daemon
-    from orchestrator.runfolder import init_run
+    from orchestrator.engine.daemon import Daemon
+    from orchestrator.engine.runfolder import init_run
     from stages.config import load_config
     from tests.doubles_harness import fake_pack
     a, b = fake_pack(tmp_path / "a", 64, 64), fake_pack(tmp_path / "b", 64, 32)
@@ -73,8 +73,8 @@ def test_a_hires_job_is_checked_at_each_size_its_plan_decodes(tmp_path, tiny_bun
     """The latent hires path decodes only the second pass's size, the pixel path the first pass's too: a job is
     refused at submit for a size it decodes without a VAE pack, and not for one it never decodes."""
     from models.vae.pack import build_vae_pack
-    from orchestrator.daemon import Daemon
-    from orchestrator.runfolder import init_run
+    from orchestrator.engine.daemon import Daemon
+    from orchestrator.engine.runfolder import init_run
     from stages.config import load_config
     from tests.doubles_harness import fake_pack
     a, b = fake_pack(tmp_path / "a", 64, 64), fake_pack(tmp_path / "b", 96, 96)

@@ -321,9 +321,9 @@ def _cache_graph(kind="EasyCache", **inputs):
 @pytest.mark.parametrize("node,kind", [("EasyCache", "easycache"), ("LazyCache", "lazycache")])
 def test_graph_cache_nodes_become_the_jobs_cache_and_back(node, kind):
     import json as _json
-    from orchestrator.comfy_graph import graph_to_job, job_to_graph
-    from orchestrator.comfy_nodes import ModelNames, node_table, object_info
-    from orchestrator.prompt_spec import parse_prompt_obj
+    from orchestrator.http.comfy_graph import graph_to_job, job_to_graph
+    from orchestrator.http.comfy_nodes import ModelNames, node_table, object_info
+    from orchestrator.engine.prompt_spec import parse_prompt_obj
     from tests.comfy_graphs import TINY_NAMES
     names = ModelNames(unet=(TINY_NAMES["unet"],), clip=(TINY_NAMES["clip"],), vae=(TINY_NAMES["vae"],))
     info = object_info(node_table(names))[node]["input"]["required"]
@@ -339,7 +339,7 @@ def test_graph_cache_nodes_become_the_jobs_cache_and_back(node, kind):
 
 
 def test_graph_cache_with_spectrum_or_bad_values_is_refused_naming_the_node():
-    from orchestrator.comfy_graph import GraphError, ModelNames, graph_to_job
+    from orchestrator.http.comfy_graph import GraphError, ModelNames, graph_to_job
     from tests.comfy_graphs import TINY_NAMES
     names = ModelNames(unet=(TINY_NAMES["unet"],), clip=(TINY_NAMES["clip"],), vae=(TINY_NAMES["vae"],))
     g = _cache_graph()
@@ -366,7 +366,7 @@ def json_text(obj) -> str:
                                        ({"cache": {"kind": "easycache"}, "spectrum": True}, "cache"),
                                        ({"cache": "easycache"}, "cache")])
 def test_prompt_json_cache_is_checked_naming_the_field(obj, field):
-    from orchestrator.prompt_spec import PromptError, parse_prompt_obj
+    from orchestrator.engine.prompt_spec import PromptError, parse_prompt_obj
     with pytest.raises(PromptError) as e:
         parse_prompt_obj({"prompt": "x", **obj}, resolution=[(128, 128)])
     assert e.value.field == field
@@ -375,8 +375,8 @@ def test_prompt_json_cache_is_checked_naming_the_field(obj, field):
 
 
 def test_generate_cache_options_are_checked_naming_the_option(tmp_path, capsys):
-    from orchestrator import cli
-    from orchestrator.runfolder import init_run
+    from orchestrator.terminal import cli
+    from orchestrator.engine.runfolder import init_run
     run = init_run(tmp_path / "run")
     for argv, said in ((["--reuse-threshold", "0.3"], "error: --reuse-threshold: needs --cache"),
                        (["--cache", "easycache", "--reuse-threshold", "9"], "error: --reuse-threshold: must be in"),
@@ -414,7 +414,7 @@ def test_a_job_with_a_cache_at_cfg1_end_to_end(default_pipeline, pipeline_assets
 
 
 def test_timing_table_names_the_cache_and_its_reused_calls():
-    from orchestrator.report import format_table
+    from orchestrator.engine.report import format_table
     base = {"job": "j", "prompt": {"cfg": 4.0, "cache": {"kind": "lazycache"}}, "computed_steps": [1, 2, 3],
             "forecast_steps": [], "branch_calls": 168, "nfe": 2, "model_calls": 2, "reused_calls": 1, "stages": {},
             "branches": {}, "steps": []}
@@ -425,9 +425,9 @@ def test_timing_table_names_the_cache_and_its_reused_calls():
 
 def test_a_cache_job_as_a_comfyui_ui_workflow():
     """The PNG's workflow of a job with a cache: the node with ComfyUI's widget order, links intact."""
-    from orchestrator.comfy_graph import job_to_graph
-    from orchestrator.comfy_workflow import api_to_workflow
-    from orchestrator.prompt_spec import parse_prompt_obj
+    from orchestrator.http.comfy_graph import job_to_graph
+    from orchestrator.http.comfy_workflow import api_to_workflow
+    from orchestrator.engine.prompt_spec import parse_prompt_obj
     from tests.comfy_png import check_workflow
     spec = parse_prompt_obj({"prompt": "x", "cache": {"kind": "lazycache", "end_percent": 0.8}},
                             resolution=[(128, 128)])

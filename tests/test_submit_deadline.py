@@ -6,7 +6,7 @@ import time
 from collections import OrderedDict
 from types import SimpleNamespace
 
-from orchestrator.jobs import JobStore
+from orchestrator.engine.jobs import JobStore
 from protocol import messages as m
 from protocol.prompt import PromptFile
 
@@ -15,8 +15,8 @@ PROMPT = {"prompt": "a girl", "seed": 7, "steps": 4, "width": 64, "height": 64}
 
 def _daemon(tmp_path):
     """The SUBMIT handler over a job store in tmp_path, no sockets (as tests/test_jobs.py builds it)."""
-    from orchestrator.daemon import Daemon
-    from orchestrator.runfolder import RunFolder
+    from orchestrator.engine.daemon import Daemon
+    from orchestrator.engine.runfolder import RunFolder
     from stages.config import parse_config
     d = Daemon.__new__(Daemon)
     d.store, d.packs, d._submits, d._wake = JobStore(tmp_path, cached=True), \
@@ -30,7 +30,7 @@ def test_a_submit_decided_after_its_client_gave_up_is_not_queued(tmp_path, monke
     """The image work (reading and fitting the init image) outlasts the client's wait: the answer is busy/retry and
     no job is queued; the same work within the wait queues the job; a SUBMIT past its wait on arrival is refused
     before any work."""
-    import orchestrator.job_inputs as ji
+    import orchestrator.engine.job_inputs as ji
     d = _daemon(tmp_path)
     calls = []
 

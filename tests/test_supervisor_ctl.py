@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.runfolder import (ALWAYS_ON_STAGES, ON_DEMAND_STAGES, PROGRAMS, STAGE_PROGRAMS, TEMPLATE, init_run,
+from orchestrator.engine.runfolder import (ALWAYS_ON_STAGES, ON_DEMAND_STAGES, PROGRAMS, STAGE_PROGRAMS, TEMPLATE, init_run,
                                     missing_modules, render_supervisord_conf)
-from orchestrator.supervisor import Supervisor, SupervisorError
+from orchestrator.engine.supervisor import Supervisor, SupervisorError
 
 BIN = Path(sys.executable).parent
 
@@ -241,7 +241,7 @@ def test_real_config_renders_and_runs(tmp_path):
         assert sup.info("executor").pid not in (0, pid)
         log = (rf.logs / "executor.log").read_text()
         assert f"-m stages.executor --config {rf.pipeline_toml}" in log
-        assert f"-m orchestrator.cli --run {rf.root} serve" in (rf.logs / "orchestrator.log").read_text()
+        assert f"-m orchestrator.terminal.cli --run {rf.root} serve" in (rf.logs / "orchestrator.log").read_text()
     finally:
         _stop_supervisord(sup, proc)
 
@@ -255,7 +255,7 @@ def test_a_run_folder_naming_modules_this_version_lacks_is_refused_before_superv
     """A run folder rendered by a version whose modules were laid out otherwise keeps its supervisord.conf (it is the
     user's): its programs would fail at every start, so `orchestrator start` says so, naming the module, and starts
     nothing; the template's own programs are all there."""
-    from orchestrator import run_control
+    from orchestrator.ops import run_control
     assert missing_modules(render_supervisord_conf(TEMPLATE.read_text(), tmp_path / "run", python="/x/py")) == []
     rf = init_run(tmp_path / "run")
     conf = rf.root / "supervisord.conf"

@@ -1,4 +1,4 @@
-"""orchestrator.timing_plot: the panels are drawn from the report's figures (checked as data and through the PNG's
+"""orchestrator.engine.timing_plot: the panels are drawn from the report's figures (checked as data and through the PNG's
 `anima-plot` chunk, not pixels); the memory trace stays bounded; bad reports are a message, not a traceback."""
 import io
 import json
@@ -8,8 +8,8 @@ import sys
 import pytest
 from PIL import Image
 
-from orchestrator import timing_plot
-from orchestrator.report import MEMORY_POINTS, JobReport, MemoryTrace
+from orchestrator.engine import timing_plot
+from orchestrator.engine.report import MEMORY_POINTS, JobReport, MemoryTrace
 from protocol import messages as m
 
 ONE_PASS = m.DenoisePass(image=1, images=1)      # a job of one image, one sampling pass
@@ -148,7 +148,7 @@ def test_memory_trace_is_bounded_and_keeps_the_span():
 
 def test_bad_report_is_a_message(tmp_path):
     (tmp_path / "report.json").write_text("{not json")
-    r = subprocess.run([sys.executable, "-m", "orchestrator.timing_plot", str(tmp_path / "report.json")],
+    r = subprocess.run([sys.executable, "-m", "orchestrator.engine.timing_plot", str(tmp_path / "report.json")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "timing plot:" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "timing.png").exists()

@@ -20,7 +20,7 @@ import pytest
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from orchestrator import inputs
+from orchestrator.engine import inputs
 from tests.test_graph_front_hardening import Front
 
 RNG = np.random.default_rng(6)
@@ -389,7 +389,7 @@ def test_img2img_sizes_follow_resize_mode_and_full_res():
 def test_job_store_keeps_the_inputs_before_the_job_exists(tmp_path):
     """JobStore.submit writes the inputs into the hidden new folder, then renames it: a job is never seen (or
     acknowledged) without them, and a failing write leaves no job at all."""
-    from orchestrator.jobs import JobStore
+    from orchestrator.engine.jobs import JobStore
     store = JobStore(tmp_path)
     job = store.submit({"prompt": "a cat"}, {"api": "a1111"}, inputs={"init_image": PICTURE, "mask": OTHER})
     folder = store.job_dir(job.id)
@@ -490,7 +490,7 @@ def test_img2img_before_any_kept_image_with_a_file_in_the_folders_place(front, q
     """No upload can put a file named a1111 in RUN/temp (it would stop every img2img request), nor page or cli in
     RUN/input (the page's and the CLI's uploads); one put there by hand is a 503 saying what to remove, not a
     traceback."""
-    from orchestrator import cli
+    from orchestrator.terminal import cli
     from orchestrator.http import page
     app_js = (Path(page.__file__).parent / "static" / "app.js").read_text()
     assert 'const UPLOAD_FOLDER = "page";' in app_js and ("input", cli.CLI_UPLOADS) in inputs.OWN_FOLDERS
@@ -616,7 +616,7 @@ def test_uploads_past_their_quota_are_507_naming_it(tmp_path, queued, monkeypatc
     first, second = _big_png(1), _big_png(2)
     assert 2**20 / 2 < len(first) < 2**20
     walks = []
-    from orchestrator import upload_space
+    from orchestrator.engine import upload_space
     real_size = upload_space.uploads_size
     monkeypatch.setattr(upload_space, "uploads_size", lambda root: walks.append(1) or real_size(root))
     small = [png(RNG.integers(0, 256, (8, 8, 3), dtype=np.uint8)) for _ in range(4)]
@@ -642,7 +642,7 @@ def test_prune_older_than_removes_uploads_of_that_age(inproc_daemon, capsys):
     """`prune` removed jobs only; RUN/input and RUN/temp (temp/a1111 too) grew for ever. With --older-than the
     uploads unchanged for that long go as well (a job keeps its own copy of its inputs at submit)."""
     import time
-    from orchestrator import cli
+    from orchestrator.terminal import cli
     rf = inproc_daemon.daemon.rf
     old, new = time.time() - 7200, time.time()
     files = {"input/page/old.png": old, "input/old.png": old, "temp/a1111/" + "0" * 32 + ".png": old,

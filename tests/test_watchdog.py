@@ -2,8 +2,8 @@
 real thing with SIGSTOP): when a silent stage counts as hung, and how it is replaced through supervisord."""
 from dataclasses import dataclass
 
-from orchestrator.supervisor import ProcInfo
-from orchestrator.watchdog import HangWatch
+from orchestrator.engine.supervisor import ProcInfo
+from orchestrator.engine.watchdog import HangWatch
 from protocol import messages as m
 from protocol.liveness import Beat
 

@@ -1,7 +1,7 @@
 """The bounds of a job's sampling settings: the one record every holder of them reads.
 
 prompt.json and the page's form (protocol/prompt.py), an A1111 body (orchestrator/http/a1111.py), a ComfyUI graph's
-sampler inputs as /object_info declares them (orchestrator/comfy_nodes.py), the wire's DenoiseParams and SamplingRef
+sampler inputs as /object_info declares them (orchestrator/http/comfy_nodes.py), the wire's DenoiseParams and SamplingRef
 (protocol/messages.py) and a pack's recorded settings (models/manifest.py). docs/prompts.md "Bounds" lists them.
 ComfyUI's own KSampler declares wider ones (steps 1..10000, cfg 0..100); a graph past ours is refused with ComfyUI's
 node_errors for the bounds our /object_info declares, as ComfyUI refuses a value past its own.

@@ -13,7 +13,7 @@ hr_negative_prompt, hr_sampler_name, hr_scheduler, Forge's hr_cfg); batch_size x
 one after another (a client that goes away: the rest are not queued).
 A1111 fields this pipeline cannot honour (styles, scripts, face restoration, tiling, subseeds, setting overrides,
 hr_checkpoint_name, the model upscalers) are refused with 422 naming the field unless they hold their default;
-sampler_name and scheduler are A1111's names (orchestrator/a1111_names.py: "Euler a", "DPM++ 2M Karras", "Karras"
+sampler_name and scheduler are A1111's names (orchestrator/http/a1111_names.py: "Euler a", "DPM++ 2M Karras", "Karras"
 ...), run as ComfyUI runs them; sampler internals (eta, s_churn, s_tmin, s_tmax, s_noise: ComfyUI's defaults are used)
 and unknown fields are ignored, as A1111 ignores unknown fields. `<lora:NAME:S>` tags in the prompt
 (models/lora/a1111.py) are cut out of the text and become the job's LoRAs (names under MODELS/loras/, checked at
@@ -41,7 +41,7 @@ from models.lora.a1111 import split_lora_tags
 from models.dit.partition import KINDS, branch_index
 from models.sampling.bounds import CFG, STEPS
 from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER
-from orchestrator.a1111_names import (AUTOMATIC, A1111NameError, resolve, sampler_label, samplers_list,
+from orchestrator.http.a1111_names import (AUTOMATIC, A1111NameError, resolve, sampler_label, samplers_list,
                                       scheduler_label, schedulers_list)
 from orchestrator.http import files
 from orchestrator.http.common import (FRONT, BadRequest, cancel_job, from_daemon, json_response, read_json, refuse,

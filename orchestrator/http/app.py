@@ -25,8 +25,8 @@ from orchestrator.http.hub import Hub
 from orchestrator.http.link import DaemonDown, DaemonLink, DaemonRefused
 from orchestrator.http.settings import HttpSettings
 from orchestrator.http.tracker import Tracker
-from orchestrator.loras import LoraListing
-from orchestrator.runfolder import RunFolder
+from orchestrator.engine.loras import LoraListing
+from orchestrator.engine.runfolder import RunFolder
 from protocol.security import WILDCARD_HOSTS
 
 log = logging.getLogger(__name__)

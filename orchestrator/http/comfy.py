@@ -27,16 +27,16 @@ import psutil
 from aiohttp import web
 
 from models.runtime.backends import backend_class
-from orchestrator import inputs
-from orchestrator.comfy_graph import GraphError, GraphJob, field_error, field_nodes, graph_to_jobs, sized_to_image
-from orchestrator.comfy_nodes import node_table, object_info
+from orchestrator.engine import inputs
+from orchestrator.http.comfy_graph import GraphError, GraphJob, field_error, field_nodes, graph_to_jobs, sized_to_image
+from orchestrator.http.comfy_nodes import node_table, object_info
 from orchestrator.http import comfy_shapes as shapes
 from orchestrator.http import files, uploads
 from orchestrator.http.comfy_prompt import group, prompt_parts
 from orchestrator.http.common import FRONT, cancel_job, from_daemon, json_response, read_json, refuse, submit_job
 from orchestrator.http.link import DaemonDown, DaemonRefused
 from orchestrator.http.views import JobView
-from orchestrator.job_record import JOB_ID_RE
+from orchestrator.engine.job_record import JOB_ID_RE
 from protocol import messages as m
 from protocol.version import VERSION
 

@@ -2,11 +2,11 @@
 execution.py write them; see docs/http.md for the fields)."""
 from __future__ import annotations
 
-from orchestrator.comfy_graph import base_outputs, output_nodes
-from orchestrator.comfy_nodes import ModelNames
+from orchestrator.http.comfy_graph import base_outputs, output_nodes
+from orchestrator.http.comfy_nodes import ModelNames
 from orchestrator.http.comfy_prompt import PromptView
 from orchestrator.http.views import STATE_ROLE, JobView
-from orchestrator.job_files import batch_name
+from orchestrator.engine.job_files import batch_name
 
 STAGE_ROLE = {"encoder": "positive", "scheduler": "sampler", "executor": "sampler", "vae": "decode"}  # a failure's node
 
@@ -16,7 +16,7 @@ def ts(t: float) -> int:
 
 
 def image_files(job: JobView, stem: str = "image") -> list[str]:
-    """The job folder's PNGs: image.png, then a batch's image_1.png ... (orchestrator.job_files.batch_name); `stem`
+    """The job folder's PNGs: image.png, then a batch's image_1.png ... (orchestrator.engine.job_files.batch_name); `stem`
     base: a hires fix's first pass images (hires.keep_base)."""
     n = job.spec.get("batch", 1) if isinstance(job.spec.get("batch"), int) else 1
     return [batch_name(stem, ".png", pos) for pos in range(n)]

@@ -7,7 +7,7 @@ import time
 
 from aiohttp import web
 
-from orchestrator.comfy_graph import prompt_detail
+from orchestrator.http.comfy_graph import prompt_detail
 from orchestrator.http.link import DaemonDown, DaemonRefused
 
 MAX_JSON_DEPTH = 32
@@ -121,7 +121,7 @@ async def submit_job(front, spec: dict, origin: dict):
     """Queue a prompt.json object through the daemon as the prompt record (it resolves it against its packs and
     decides); the job is followed so its end is announced. -> SUBMITTED. A record that does not hold is refused as the
     daemon refuses one (DaemonRefused, bad_request, the field named), so every front words it one way."""
-    from orchestrator.prompt_spec import PromptError, prompt_record
+    from orchestrator.engine.prompt_spec import PromptError, prompt_record
     from protocol import messages as m
     try:
         prompt = prompt_record(spec)

@@ -1,10 +1,10 @@
-"""`/view`'s reads on the front: the rules of what may be served are the engine's (orchestrator.served_files)."""
+"""`/view`'s reads on the front: the rules of what may be served are the engine's (orchestrator.engine.served_files)."""
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
-from orchestrator.served_files import ALLOWED, MAX_FILE_BYTES, BadName, read, resolve
+from orchestrator.engine.served_files import ALLOWED, MAX_FILE_BYTES, BadName, read, resolve
 
 __all__ = ["ALLOWED", "MAX_FILE_BYTES", "BadName", "read", "read_async", "resolve"]
 

@@ -20,7 +20,7 @@ masked", A1111's default) the job runs on the region around the blurred mask (wi
 job's aspect ratio), brought to the job's size by resize-and-fill; the result is resized back into that region of the
 original; a blank mask there is dropped and the request runs as plain img2img (A1111 switches so). inpainting_fill 2 / 3 (latent noise / latent nothing) become the prompt's `latent_fill`: the masked part of
 the init latent replaced by the seed's noise or by zeros before sampling. The images go to RUN/temp/a1111/, named by their
-bytes and written by this front only (orchestrator.inputs.keep_private: uploads cannot write there), and the
+bytes and written by this front only (orchestrator.engine.inputs.keep_private: uploads cannot write there), and the
 job's prompt names them (init_image, mask, denoise = denoising_strength); the daemon keeps them in the job folder
 (a refused request's are removed). The
 latent mask is ComfyUI's (bilinear to the latent's size, not rounded), where A1111 resizes it with Pillow and rounds
@@ -46,8 +46,8 @@ from models.images.decode import MAX_INPUT_BYTES
 from orchestrator.http import a1111
 from orchestrator.http.common import FRONT, BadRequest, json_response, read_json, refuse
 from orchestrator.http.image_budget import BUDGET, img2img_cost, paste_cost
-from orchestrator.inputs import InputNameError, drop_private, keep_private, private_name
-from orchestrator.upload_space import UploadsFull
+from orchestrator.engine.inputs import InputNameError, drop_private, keep_private, private_name
+from orchestrator.engine.upload_space import UploadsFull
 
 IMG2IMG_FIELDS = ("init_images", "mask", "resize_mode", "denoising_strength", "mask_blur", "mask_blur_x",
                   "mask_blur_y", "inpainting_fill", "inpainting_mask_invert", "inpaint_full_res",
@@ -306,7 +306,7 @@ def _pasted(png: bytes, req: Img2ImgRequest, prep: Prepared) -> bytes:
 
 
 async def _kept(front, png: bytes, held: list) -> str:
-    """The image kept for the job (orchestrator.inputs.keep_private) -> its name; 507 past the uploads' quota.
+    """The image kept for the job (orchestrator.engine.inputs.keep_private) -> its name; 507 past the uploads' quota.
     `held` gets the PNG: the request holds the file (counted before it is written) until _released."""
     HELD[private_name(png)] += 1
     held.append(png)

@@ -1,5 +1,5 @@
 """The front's client of the orchestrator daemon: one DEALER socket, many requests in flight, each matched to its
-reply by id and read as every daemon client reads one (orchestrator.daemon_client.read_reply). A daemon that is
+reply by id and read as every daemon client reads one (orchestrator.engine.daemon_client.read_reply). A daemon that is
 down (no connection: ZMQ_IMMEDIATE refuses the send) or silent (no reply within the timeout) is `DaemonDown` -> 503,
 never a hang."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import logging
 import zmq
 import zmq.asyncio
 
-from orchestrator.daemon_client import DaemonDown, DaemonRefused, read_reply  # noqa: F401 - theirs to catch
+from orchestrator.engine.daemon_client import DaemonDown, DaemonRefused, read_reply  # noqa: F401 - theirs to catch
 from protocol import codec
 from protocol import messages as m
 from protocol.fields import ProtocolError

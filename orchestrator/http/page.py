@@ -7,11 +7,11 @@
                                       (/upload/image) init_image, denoise, resize_mode, mask, grow_mask_by;
                                       client_id} -> {"job", "seed", "position", "text"}
 Seeds travel as strings of digits here: 64-bit seeds do not fit a JavaScript number.
-    POST /anima/estimate             the same form body -> the job's MODELLED board seconds (orchestrator/estimate.py:
+    POST /anima/estimate             the same form body -> the job's MODELLED board seconds (orchestrator/engine/estimate.py:
                                       {"job_s", "encode_s", "denoise_s", "decode_s", "calls", "passes", "notes",
                                       "line", ...}); checked by the daemon as a submit is, nothing queued
     POST /anima/jobs/{job}/cancel    -> {"note"}
-    GET  /anima/jobs/{job}/timing    the job's timing panels as data (orchestrator.timing_plot.plot_data of its
+    GET  /anima/jobs/{job}/timing    the job's timing panels as data (orchestrator.engine.timing_plot.plot_data of its
                                       report.json, with the plot's colours): the page draws them at the screen's width
     GET  /favicon.ico                the page's icon (static/icon.svg)
 Live progress comes over /ws (`anima.progress`, `anima.job`, and ComfyUI's messages for the page's own jobs).
@@ -33,9 +33,9 @@ from orchestrator.http import files
 from orchestrator.http.common import FRONT, cancel_job, json_response, read_json, refuse, submit_job
 from orchestrator.http.link import DaemonRefused
 from orchestrator.http.views import JobView
-from orchestrator.job_record import JOB_ID_RE
-from orchestrator.progress_text import phase_text
-from orchestrator.prompt_spec import DEFAULT_CFG, DEFAULT_STEPS, MAX_PROMPT_CHARS
+from orchestrator.engine.job_record import JOB_ID_RE
+from orchestrator.engine.progress_text import phase_text
+from orchestrator.engine.prompt_spec import DEFAULT_CFG, DEFAULT_STEPS, MAX_PROMPT_CHARS
 from protocol.prompt import MAX_BATCH, MAX_HIRES_SCALE, HiresSettings
 from protocol import messages as m
 
@@ -146,7 +146,7 @@ async def post_job(request: web.Request) -> web.Response:
 async def post_estimate(request: web.Request) -> web.Response:
     """The form priced on the board model by the daemon (checked as a submit is; nothing queued): modelled seconds
     and the `estimate ...` line."""
-    from orchestrator.prompt_spec import PromptError, prompt_record
+    from orchestrator.engine.prompt_spec import PromptError, prompt_record
     front = request.app[FRONT]
     body, _ = await form_body(request)
     try:
@@ -154,7 +154,7 @@ async def post_estimate(request: web.Request) -> web.Response:
     except PromptError as e:
         raise DaemonRefused(m.error_reply(0, "bad_request", str(e), field=e.field)) from None
     reply = await front.link.call(m.EstimateJob(prompt=prompt, base_dir=str(front.rf.root)), m.Estimated)
-    from orchestrator.estimate import Estimate
+    from orchestrator.engine.estimate import Estimate
     est = Estimate.from_dict(json.loads(reply.estimate))
     return json_response({**est.to_dict(), "line": est.line()})
 
@@ -162,7 +162,7 @@ async def post_estimate(request: web.Request) -> web.Response:
 async def timing(request: web.Request) -> web.Response:
     """The job's timing panels as data, for the page's report view (drawn there at the screen's width; timing.png is
     the daemon's fixed-width picture of the same data)."""
-    from orchestrator.timing_plot import plot_data, series_colours
+    from orchestrator.engine.timing_plot import plot_data, series_colours
     front = request.app[FRONT]
     job = request.match_info["job"]
     if not JOB_ID_RE.match(job):

@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import time
 
-from orchestrator.comfy_nodes import ModelNames
+from orchestrator.http.comfy_nodes import ModelNames
 from orchestrator.http import comfy_shapes as shapes
 from orchestrator.http.hub import Hub
 from orchestrator.http.link import DaemonDown, DaemonLink, DaemonRefused
@@ -35,7 +35,7 @@ class JobGone(Exception):
 class Tracker:
     def __init__(self, link: DaemonLink, hub: Hub, poll_s: float, loras=None):
         self.link, self.hub, self.poll_s = link, hub, poll_s
-        self.loras = loras                           # orchestrator.loras.LoraListing of the run's models folder
+        self.loras = loras                           # orchestrator.engine.loras.LoraListing of the run's models folder
         self.pipeline: m.Pipeline | None = None
         self.active: dict[str, JobView] = {}         # queued and running, oldest first (the last STATUS)
         self.followed: dict[str, JobView | None] = {}  # jobs whose end is still to be announced -> last view

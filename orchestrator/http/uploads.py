@@ -7,7 +7,7 @@
     GET  /view?type=input|temp (and type=output with a subfolder that is not a job id): an uploaded image
     /object_info        LoadImage and LoadImageMask, their `image` choices the input folder's images
 
-Names, folders and the rename rule: orchestrator/inputs.py. Every upload must be an image models/images decodes
+Names, folders and the rename rule: orchestrator/engine/inputs.py. Every upload must be an image models/images decodes
 (bounded before decoding); anything else is a 400 naming the field. Bodies may be stage.http.max_upload_mb large.
 Uploads never write a job's files (type output, a job id subfolder) nor the A1111 img2img requests' own images
 (type temp, subfolder a1111): 403 naming `subfolder`; a name a folder holds, with overwrite, is a 409. Past
@@ -24,8 +24,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from models.images import CHANNELS, ImageInputError, image_size, open_bounded
-from orchestrator import inputs, upload_space
-from orchestrator.comfy_nodes import image_nodes, object_info
+from orchestrator.engine import inputs, upload_space
+from orchestrator.http.comfy_nodes import image_nodes, object_info
 from orchestrator.http import files
 from orchestrator.http.common import FRONT, refuse
 from orchestrator.http.image_budget import BUDGET, decode_cost

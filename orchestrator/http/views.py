@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from orchestrator.comfy_graph import CANONICAL_IDS, ModelNames, job_nodes, job_to_graph
-from orchestrator.job_record import FINISHED, STAGES
-from orchestrator.progress_text import phase_text
+from orchestrator.http.comfy_graph import CANONICAL_IDS, ModelNames, job_nodes, job_to_graph
+from orchestrator.engine.job_record import FINISHED, STAGES
+from orchestrator.engine.progress_text import phase_text
 from protocol import messages as m
 
 STATE_ROLE = {"encoding": "positive", "denoising": "sampler", "decoding": "decode"}   # the node a state "executes"
@@ -101,7 +101,7 @@ class JobView:
 
     def progress_fields(self, blocks: int | None = None) -> dict:
         """The page's live fields: state, step, block, branch, ETA, which image and pass, and `text`: the phase in
-        the CLI's words (orchestrator/progress_text.py)."""
+        the CLI's words (orchestrator/engine/progress_text.py)."""
         p, w = self.info.progress, self.info.denoise_pass
         out = {"job": self.id, "state": self.state, "position": self.info.position,
                "text": phase_text(self.info, blocks)}

@@ -362,7 +362,7 @@ function fmtEta(s) {
   return Math.floor(s / 60) + "m" + String(s % 60).padStart(2, "0") + "s";
 }
 
-// the phase's words are the daemon's (orchestrator/progress_text.py), the CLI's too: `text` in each message
+// the phase's words are the daemon's (orchestrator/engine/progress_text.py), the CLI's too: `text` in each message
 function startLive(job, text) {
   $("live").hidden = false;
   $("live-job").textContent = "job " + job;

@@ -1,4 +1,4 @@
-// The report view: a job's timing panels (GET /anima/jobs/JOB/timing, orchestrator.timing_plot's data) drawn as
+// The report view: a job's timing panels (GET /anima/jobs/JOB/timing, orchestrator.engine.timing_plot's data) drawn as
 // rows of stacked bars in HTML, at the screen's width in the page's own type size: readable on a phone, where
 // timing.png (the same data, 1200 px wide) is not. Uses app.js's api() and el().
 "use strict";
