@@ -264,14 +264,14 @@ def test_latent_mix_after_a_killed_daemon_mixes_the_same_latents_bitwise(d):
                     "init_image": _upload(d, "mix.png", _png(_image(9), "RGB")),
                     "latent_mix": {"kind": "composite", "x": 16, "feather": 16}})
     jd = d.rf.jobs / job
-    _wait(d, job, ("denoising",), pred=lambda i: (jd / "latent.npy").exists() and i.progress is not None
+    d.wait(job, ("denoising",), pred=lambda i: (jd / "latent.npy").exists() and i.progress is not None
           and i.progress.step >= 1)
     first = (jd / "latent.npy").stat().st_mtime_ns
     old = d.sup.info("orchestrator").pid
     d.close_client()
     os.kill(old, signal.SIGKILL)                              # supervisord restarts it; the job resumes in place
     d.flag("double_step_s", "0.02")
-    info = _wait(d, job, ("done", "failed"), timeout_s=90)
+    info = d.wait(job, ("done", "failed"), timeout_s=90)
     assert info.state == "done", info
     assert (jd / "latent.npy").stat().st_mtime_ns == first    # image 0's pass not run again
     init = np.load(jd / "init_latent.npy")
@@ -290,7 +290,7 @@ def test_latent_mix_after_a_killed_daemon_mixes_the_same_latents_bitwise(d):
     job = d.submit({"prompt": "a girl", "seed": 9, "steps": 2, "denoise": 0.7, "hires": {"denoise": 0.5},
                     "init_image": _upload(d, "mix.png", _png(_image(9), "RGB")),
                     "latent_mix": {"kind": "blend", "factor": 0.25, "onto": "image"}})
-    assert _wait(d, job, ("done", "failed"), timeout_s=90).state == "done"
+    assert d.wait(job, ("done", "failed"), timeout_s=90).state == "done"
     jd = d.rf.jobs / job
     mixed = np.load(jd / "mixed_latent.npy")
     np.testing.assert_array_equal(mixed, mix_image("blend", np.load(jd / "init_latent.npy"),
