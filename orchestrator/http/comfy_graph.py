@@ -296,13 +296,7 @@ def chains(c: _Checker, table: dict[str, NodeSpec], outputs: list[str]) -> list[
     those for itself as ComfyUI's cache would give them. Chains in the order of their first output."""
     samplers = {}
     for out in outputs:
-        seen, todo = {out}, [out]
-        while todo:                                     # the checked links, each node once
-            for src in c.links.get(todo.pop(), {}).values():
-                if src not in seen:
-                    seen.add(src)
-                    todo.append(src)
-        samplers[out] = {n for n in seen if table[c.graph[n]["class_type"]].role == "sampler"}
+        samplers[out] = {n for n in upstream(c, out) if table[c.graph[n]["class_type"]].role == "sampler"}
     groups: list[tuple[set, list[str]]] = []
     for out in outputs:
         # an output of no sampler's image (an upload shown as it is) goes with the first: refused there
@@ -357,16 +351,20 @@ def _final_output(c: _Checker, role_of: dict, outputs: list[str]) -> str:
 
 def _samples_a_sampler(c: _Checker, role_of: dict, sampler: str) -> bool:
     """Whether a KSampler's latent comes, through any latent or image nodes, from another KSampler."""
-    seen, todo = set(), [c.links[sampler]["latent_image"]]
+    start = c.links[sampler]["latent_image"]
+    return any(role_of.get(n) == "sampler" for n in upstream(c, start, skip=("vae", "mask")))
+
+
+def upstream(c: _Checker, node: str, skip: tuple[str, ...] = ()) -> set[str]:
+    """`node` and every node it is made from along the checked links (inputs named in `skip` not followed), each
+    node once."""
+    seen, todo = {node}, [node]
     while todo:
-        node = todo.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        if role_of.get(node) == "sampler":
-            return True
-        todo.extend(src for name, src in c.links.get(node, {}).items() if name not in ("vae", "mask"))
-    return False
+        for name, src in c.links.get(todo.pop(), {}).items():
+            if name not in skip and src not in seen:
+                seen.add(src)
+                todo.append(src)
+    return seen
 
 
 def _saves(c: _Checker, role_of: dict, roles: dict, outputs: list[str]) -> tuple[dict, list]:
