@@ -14,6 +14,7 @@ says them for one audience (the wire and the config file: TECHNICAL; prompt.json
 A record built in code is checked exactly as one decoded from data (construction goes through msgspec.convert), so
 no unchecked record exists. Rules between fields live in the record's `__post_init__` and raise SchemaError."""
 
+import contextvars
 import math
 import re
 import types
@@ -470,6 +471,9 @@ def base_types(cls) -> dict[str, type]:
 
 # ---- records ----------------------------------------------------------------------------------------------------
 
+_SETTLED = contextvars.ContextVar("schema_settled", default=False)     # Record.settled: the rules are not re-run
+
+
 class _RecordMeta(msgspec.StructMeta):
     """Calling a record class builds it through `convert`: code cannot make a record the decoder would refuse.
     Every record's fields are keyword-only (msgspec's option is per class: set here once for all)."""
@@ -479,18 +483,17 @@ class _RecordMeta(msgspec.StructMeta):
         wide = {k: v for b in bases for k, v in getattr(b, "_WIDE_INTS", {}).items()}
         wide.update({k: hi for k, tp in namespace.get("__annotations__", {}).items()
                      if (hi := _wide_bound(tp)) is not None})
-        if wide:                                # check the bounds msgspec cannot, before the record's own rules
-            namespace["_WIDE_INTS"] = wide
-            own = namespace.get("__post_init__") or next(
-                (b.__dict__["_OWN_POST_INIT"] for b in bases if "_OWN_POST_INIT" in b.__dict__), None)
-            namespace["_OWN_POST_INIT"] = own
+        own = namespace.get("__post_init__") or next(
+            (b.__dict__["_OWN_POST_INIT"] for b in bases if "_OWN_POST_INIT" in b.__dict__), None)
+        if wide or own is not None:             # the bounds msgspec cannot check, then the record's own rules
+            namespace["_WIDE_INTS"], namespace["_OWN_POST_INIT"] = wide, own
 
             def __post_init__(self):
                 for key, hi in wide.items():
                     value = getattr(self, key)
                     if isinstance(value, int) and value > hi:
                         raise _Beyond(key, value, _meta_of(type(self), key))
-                if own is not None:
+                if own is not None and not _SETTLED.get():
                     own(self)
             namespace["__post_init__"] = __post_init__
         return super().__new__(mcls, name, bases, namespace, **options)
@@ -533,6 +536,17 @@ class Record(msgspec.Struct, metaclass=_RecordMeta, kw_only=True, forbid_unknown
         """A record from decoded data (JSON, TOML, msgpack objects), checked; cls.ERROR naming the field under
         `where` otherwise."""
         return convert(obj, cls, wording=cls.WORDING, error=cls.ERROR, where=where)
+
+    @classmethod
+    def settled(cls, fields: dict):
+        """A record of values that already passed this record's rules (a copy with fields filled from checked data,
+        e.g. a prompt record resolved against its pack): built by type, every field's type and bounds checked as
+        usual, its own rules (`__post_init__`) not run again. The caller checks what its filling could change."""
+        token = _SETTLED.set(True)
+        try:
+            return cls(**fields)
+        finally:
+            _SETTLED.reset(token)
 
     def replace(self, **changes):
         """A copy with some fields changed, checked like any new record."""

@@ -400,9 +400,8 @@ class PromptFile(Record, frozen=True):
             if v is not None and v % 16:
                 raise PromptError(side, f"must be a multiple of 16 (8x VAE downsampling x 2x2 patches), got {v}")
         spectrum_on = self.spectrum if isinstance(self.spectrum, (bool, type(None))) else self.spectrum.enabled
-        if spectrum_on and self.sampler is not None and spectrum_refusal(self.sampler):
-            raise PromptError("spectrum", f"{spectrum_refusal(self.sampler)}; set \"spectrum\": false for it "
-                                          "(docs/samplers.md)")
+        if spectrum_on and self.sampler is not None:
+            _spectrum_fits("spectrum", self.sampler)
         if self.cache is not None and spectrum_on:
             raise PromptError("cache", f"{self.cache.node} and Spectrum both decide which model calls to skip: leave "
                                        "\"spectrum\" out (a cache turns it off) or set it false")
@@ -487,11 +486,17 @@ def _check_hires(f) -> None:
             _text(f"hires.{name}", getattr(h, name), required=False)
     spectrum_on = f.spectrum if isinstance(f.spectrum, (bool, type(None))) else f.spectrum.enabled
     # asked for with a second-pass sampler it does not fit: refused (left to its default, it is off for that pass)
-    if f.SPECTRUM_AS_ASKED and spectrum_on and h.sampler is not None and spectrum_refusal(h.sampler):
-        raise PromptError("hires.sampler", f"{spectrum_refusal(h.sampler)}; set \"spectrum\": false for it "
-                                           "(docs/samplers.md)")
+    if f.SPECTRUM_AS_ASKED and spectrum_on and h.sampler is not None:
+        _spectrum_fits("hires.sampler", h.sampler)
     _check_window("hires.start_step", h.start_step, h.end_step, h.steps or f.steps, h.sampler or f.sampler,
                   h.scheduler or f.scheduler, h.denoise)
+
+
+def _spectrum_fits(field: str, sampler: str) -> None:
+    """Spectrum asked for (or on by default) with a sampler it does not fit: refused naming the sampler."""
+    why = spectrum_refusal(sampler)
+    if why:
+        raise PromptError(field, f"{why}; set \"spectrum\": false for it (docs/samplers.md)")
 
 
 def _check_window(field: str, start, end, steps, sampler, scheduler, denoise, denoise_steps="comfyui") -> None:
@@ -556,26 +561,49 @@ class PromptSpec(PromptFile, frozen=True):
         return cls.from_data(d)
 
     def with_sizes(self, sizes) -> "PromptSpec":
-        """Fill an omitted width/height from the first size that fits (the default pack first); a size that has no
-        model pack is refused, naming the sizes that have one. `sizes`: (width, height) pairs."""
-        sizes = [tuple(s) for s in sizes]
-        fits = [(w, h) for w, h in sizes if self.width in (None, w) and self.height in (None, h)]
-        if not fits:
-            name = "width" if self.width is not None else "height"
-            want = f"{self.width if self.width is not None else '*'}x{self.height if self.height is not None else '*'}"
-            have = ", ".join(f"{w}x{h}" for w, h in sizes) or "none"
-            raise PromptError(name, f"{want} has no model pack; the sizes with a pack: {have}")
-        if self.hires is not None:                  # the second pass runs on the pack of its size
-            try:
-                second = self.hires.size(*fits[0])
-            except LatentOpError as e:
-                raise PromptError("hires", str(e)) from None
-            if second not in sizes:
-                have = ", ".join(f"{w}x{h}" for w, h in sizes)
-                raise PromptError("hires", f"the second pass at {second[0]}x{second[1]} has no model pack; the sizes "
-                                           f"with a pack: {have}")
-        return self.replace(width=fits[0][0], height=fits[0][1])
+        """`fit_size` filled in (a copy, checked as any new record)."""
+        width, height = fit_size(self, sizes)
+        return self.replace(width=width, height=height)
 
     def with_resolution(self, width: int, height: int) -> "PromptSpec":
         """`with_sizes` for one pack."""
         return self.with_sizes([(width, height)])
+
+
+def fit_size(f: PromptFile, sizes) -> tuple[int, int]:
+    """The (width, height) a record runs at: its own, an omitted side from the first size that fits (the default pack
+    first); a size that has no model pack is refused, naming the sizes that have one, and so is a second pass whose
+    size has none. `sizes`: (width, height) pairs."""
+    sizes = [tuple(s) for s in sizes]
+    fits = [(w, h) for w, h in sizes if f.width in (None, w) and f.height in (None, h)]
+    if not fits:
+        name = "width" if f.width is not None else "height"
+        want = f"{f.width if f.width is not None else '*'}x{f.height if f.height is not None else '*'}"
+        have = ", ".join(f"{w}x{h}" for w, h in sizes) or "none"
+        raise PromptError(name, f"{want} has no model pack; the sizes with a pack: {have}")
+    if f.hires is not None:                     # the second pass runs on the pack of its size
+        try:
+            second = f.hires.size(*fits[0])
+        except LatentOpError as e:
+            raise PromptError("hires", str(e)) from None
+        if second not in sizes:
+            have = ", ".join(f"{w}x{h}" for w, h in sizes)
+            raise PromptError("hires", f"the second pass at {second[0]}x{second[1]} has no model pack; the sizes "
+                                       f"with a pack: {have}")
+    return fits[0]
+
+
+def check_sampled(spec: PromptSpec) -> None:
+    """The record's rules that read steps, sampler and scheduler, for a spec whose unset ones were filled after the
+    record was checked (resolve_prompt: the pack's recorded settings, else the defaults); the others cannot change."""
+    if spec.spectrum.enabled:
+        _spectrum_fits("spectrum", spec.sampler)
+    if spec.denoise_steps == "comfyui":
+        _check_schedule("denoise", spec.steps, spec.denoise)
+    h = spec.hires
+    if h is not None:
+        _check_schedule("hires.denoise", h.steps or spec.steps, h.denoise)
+        _check_window("hires.start_step", h.start_step, h.end_step, h.steps or spec.steps, h.sampler or spec.sampler,
+                      h.scheduler or spec.scheduler, h.denoise)
+    _check_window("start_step", spec.start_step, spec.end_step, spec.steps, spec.sampler, spec.scheduler,
+                  spec.denoise, spec.denoise_steps)

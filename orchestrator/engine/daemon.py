@@ -19,7 +19,7 @@ from orchestrator.engine.cond_cache import CondCache
 from orchestrator.engine.plan.build import decoded_sizes, entries_pack_refusal
 from orchestrator.engine.plan.run import PlanRunner
 from orchestrator.engine.heartbeat import Heartbeats
-from orchestrator.engine.job_record import ORIGIN, UNREADABLE, JobEntry, info_of
+from orchestrator.engine.job_record import ORIGIN, UNREADABLE, JobEntry, info_of, remember
 from orchestrator.engine.jobs import JobError, JobStore, QueueFull
 from orchestrator.engine.loras import LoraRefused, RunLoras
 from orchestrator.engine.png_text import PngFormat
@@ -365,14 +365,14 @@ class Daemon:
         """The job's size; refused when the VAE cannot decode a size its plan decodes (the final image's, the first
         pass's on the pixel hires path), or its entries would run on a long-context pack: found at submit, not after
         the whole denoise."""
-        size = (spec.width or self.pack.width, spec.height or self.pack.height)
-        refusal = entries_pack_refusal(spec.replace(width=size[0], height=size[1]), self.packs)
+        size = (spec.width, spec.height)                # resolve_prompt fitted it to the packs
+        refusal = entries_pack_refusal(spec, self.packs)
         if refusal is not None:
             raise PromptError(*refusal)
         if self.vae_sizes is None:
             return size
         have = ", ".join(f"{w}x{h}" for w, h in self.vae_sizes) or "none readable"
-        for field, (w, h) in decoded_sizes(spec.replace(width=size[0], height=size[1])):
+        for field, (w, h) in decoded_sizes(spec):
             if (w, h) not in self.vae_sizes:
                 which = "" if field == "width" else "the second pass at "
                 raise PromptError(field, f"{which}{w}x{h} has a model pack but no VAE pack (stage.vae.vae_pack "
@@ -406,7 +406,7 @@ class Daemon:
         from orchestrator.engine.job_inputs import job_inputs
         inputs = job_inputs(self.rf.root, spec)
         self._check_answer_by(msg)                      # the image work above may outlast the client's wait
-        job = self.store.submit(spec.to_dict(), origin, inputs=inputs)
+        job = self.store.submit(remember(spec), origin, inputs=inputs)   # its record checked once
         self._wake = True
         self._submits[msg.id] = job.id
         while len(self._submits) > SUBMIT_MEMORY:

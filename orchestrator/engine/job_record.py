@@ -3,6 +3,7 @@ through and the ids it has. The store (orchestrator.engine.jobs) reads, writes a
 
 import json
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -71,8 +72,8 @@ class Job(Record, forbid_unknown_fields=False):
             raise SchemaError(f"spec.{e.field}" if e.field else "spec", e.detail, e.code) from None
 
     def prompt(self) -> PromptSpec:
-        """The job's prompt as the one prompt record (protocol/prompt.py), checked again; job.json keeps its data."""
-        return PromptSpec.from_dict(self.spec)
+        """The job's prompt as the one prompt record (protocol/prompt.py); job.json keeps its data."""
+        return spec_record(self.spec)
 
     @property
     def active(self) -> bool:
@@ -82,6 +83,36 @@ class Job(Record, forbid_unknown_fields=False):
     def read(cls, text: str) -> "Job":
         """job.json's text as a record; ValueError (SchemaError naming the field and its range) otherwise."""
         return cls.from_data(json.loads(text))
+
+
+CHECKED_MEMORY = 64             # specs kept with their checked record (a job's spec is read at each save of its record)
+_checked: "OrderedDict[str, PromptSpec]" = OrderedDict()      # the spec's canonical JSON -> its record
+
+
+def spec_record(spec: dict) -> PromptSpec:
+    """A job's spec as its prompt record: checked the first time this content is met (a job.json read from disk, a
+    spec written by hand), then that record again for the same content (a record is checked at every save, and its
+    runner reads it): the rules run once per spec, not once per look."""
+    try:
+        key = json.dumps(spec, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError):             # not JSON data: no key, checked as it is (and refused by job.json)
+        return PromptSpec.from_dict(spec)
+    record = _checked.get(key)
+    if record is None:
+        record = PromptSpec.from_dict(spec)
+    remember(record, key)
+    return record
+
+
+def remember(spec: PromptSpec, key: str | None = None) -> dict:
+    """Keep a checked spec (the daemon's resolved one) as its content's record -> its data for job.json."""
+    data = spec.to_dict()
+    key = key or json.dumps(data, sort_keys=True, ensure_ascii=False)
+    _checked[key] = spec
+    _checked.move_to_end(key)
+    while len(_checked) > CHECKED_MEMORY:
+        _checked.popitem(last=False)
+    return data
 
 
 def record_text(text: str) -> str:

@@ -10,7 +10,7 @@ from models.sampling.sampler import spectrum_refusal
 from models.sampling.spectrum import SpectrumSettings
 from protocol.prompt import (DEFAULT_CFG, DEFAULT_STEPS, MAX_BATCH, MAX_CFG, MAX_FILE_BYTES,  # noqa: F401
                              MAX_INT_DIGITS, MAX_PROMPT_CHARS, MAX_SIDE, MAX_STEPS, PROMPT, SEED_LIMIT, PromptError, PromptFile,
-                             PromptSpec, _LongInt, _unicode)
+                             PromptSpec, _LongInt, _unicode, check_sampled, fit_size)
 
 
 def _parse_int(text: str):
@@ -89,9 +89,19 @@ def resolve_prompt(f: PromptFile, *, base_dir: Path | None = None, check_output:
         kw["spectrum"] = SpectrumSettings(enabled=f.spectrum)
     if f.output is not None:
         kw["output"] = _output(f.output, base_dir=base_dir, check=check_output, overwrite=f.overwrite)
-    spec = PromptSpec(**kw)
+    unfit = None
     if resolution is not None:
-        spec = spec.with_sizes(as_sizes(resolution))
+        try:
+            kw["width"], kw["height"] = fit_size(f, as_sizes(resolution))
+        except PromptError as e:        # said after the rules below (the order a spec's errors have always come in)
+            unfit = e
+    # the record's rules held when it was checked (at its way in); of them only those that read the settings filled
+    # here can change their answer, and they run once more
+    spec = PromptSpec.settled(kw)
+    if not f.sampling_set():
+        check_sampled(spec)
+    if unfit is not None:
+        raise unfit
     return spec
 
 
