@@ -28,7 +28,8 @@ from aiohttp import web
 
 from models.runtime.backends import backend_class
 from orchestrator.engine import inputs
-from orchestrator.http.comfy_graph import GraphError, GraphJob, field_error, field_nodes, graph_to_jobs, sized_to_image
+from orchestrator.http.comfy_graph import (GraphError, GraphJob, checked_job, field_error, field_nodes, mapped_jobs,
+                                          sized_to_image)
 from orchestrator.http.comfy_nodes import node_table, object_info
 from orchestrator.http import comfy_shapes as shapes
 from orchestrator.http import files, uploads
@@ -65,14 +66,14 @@ async def post_prompt(request: web.Request) -> web.Response:
     names = await front.tracker.names()
     try:
         sizes = [(p.width, p.height) for p in info.packs]
-        jobs = [await _sized(front, body["prompt"], job, sizes)
-                for job in graph_to_jobs(body["prompt"], names=names, sizes=sizes)]
+        jobs = [checked_job(body["prompt"], await _sized(front, body["prompt"], job, sizes), sizes)
+                for job in mapped_jobs(body["prompt"], names=names, sizes=sizes)]
     except GraphError as e:
         return json_response(e.body(), 400)
     subs = []
     for k, job in enumerate(jobs):
         try:
-            subs.append(await submit_job(front, job.spec, _origin(body["prompt"], jobs, k, client_id, subs)))
+            subs.append(await submit_job(front, job.record, _origin(body["prompt"], jobs, k, client_id, subs)))
         except (DaemonRefused, DaemonDown) as e:
             await _withdraw(front, subs)             # a prompt is queued whole or not at all
             # the daemon's word on a field of the job (a size without a VAE pack, a LoRA it cannot apply: a plain

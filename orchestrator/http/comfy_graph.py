@@ -43,8 +43,8 @@ from orchestrator.http.comfy_nodes import (ANIMA_CLIP_TYPE, InputSpec, ModelName
                                       places_in_order)
 from orchestrator.http.comfy_conditioning import (SIDES, conditioning_entries, entry_field_node,
                                              entry_nodes)
-from orchestrator.engine.prompt_spec import MAX_BATCH, PromptError, parse_prompt_obj
-from protocol.prompt import MAX_FROM_BATCH
+from orchestrator.engine.prompt_spec import MAX_BATCH, PromptError, prompt_record
+from protocol.prompt import MAX_FROM_BATCH, PromptFile, fit_size
 
 MAX_NODES = 64                  # a text-to-image graph has 9 or 10; anything far larger is not one
 MAX_ID_CHARS = 64
@@ -70,6 +70,7 @@ class GraphJob:
     spec: dict
     nodes: dict[str, str]       # unet, clip, vae, positive, negative, latent, sampler, decode, save [, shift]
     output: str                 # the SaveImage node id (history outputs are keyed by it)
+    record: PromptFile | None = None    # `spec` checked as the prompt record (checked_job): what SUBMIT carries
 
 
 def _err(kind: str, message: str, details: str = "", **extra) -> dict:
@@ -231,8 +232,15 @@ def graph_to_job(graph: Any, *, names: ModelNames = ModelNames(), sizes=None) ->
 
 def graph_to_jobs(graph: Any, *, names: ModelNames = ModelNames(), sizes=None) -> list[GraphJob]:
     """Map an API-format graph onto one job per independent chain (`chains`: output nodes that share no sampler),
-    in the order of their first output node in the graph; or raise GraphError with ComfyUI's 400 body, every
-    chain's problems in one node_errors as ComfyUI validates every output. `sizes`: as graph_to_job's."""
+    in the order of their first output node in the graph, each checked as the prompt record (`checked_job`); or
+    raise GraphError with ComfyUI's 400 body, every chain's problems in one node_errors as ComfyUI validates every
+    output. `sizes`: as graph_to_job's."""
+    return [checked_job(graph, job, sizes) for job in mapped_jobs(graph, names=names, sizes=sizes)]
+
+
+def mapped_jobs(graph: Any, *, names: ModelNames = ModelNames(), sizes=None) -> list[GraphJob]:
+    """graph_to_jobs before the prompt record's check: for a caller that changes a job first (the front sizes a job
+    to its uploaded image) and then checks it with `checked_job`."""
     # the sizes bound /object_info's widgets; a graph's size is checked against the packs' sizes themselves, so a
     # size without a pack is refused naming them, not as out of a widget's range
     table = node_table(replace(names, sizes=()))
@@ -246,13 +254,20 @@ def graph_to_jobs(graph: Any, *, names: ModelNames = ModelNames(), sizes=None) -
     problems = [p for _, more in built for p in more]
     if problems:                        # the first failing chain's job output is the one that depends on them
         raise _failed(graph, problems, next(job.output for job, more in built if more))
-    # 4) whatever prompt.json still refuses (lengths, NUL, empty prompt) lands on the node that carries it
-    for job, _ in built:
-        try:
-            parse_prompt_obj(job.spec, check_output=False, resolution=list(sizes) if sizes else None)
-        except PromptError as e:
-            raise field_error(graph, job, e.field, e.detail) from None
     return [job for job, _ in built]
+
+
+def checked_job(graph: dict, job: GraphJob, sizes=None) -> GraphJob:
+    """4) The job's spec checked as the prompt record, once (what prompt.json still refuses: lengths, NUL, an empty
+    prompt, a size without a pack in `sizes`), the refusal on the node that carries the field; -> the job with its
+    record."""
+    try:
+        record = prompt_record(job.spec)
+        if sizes:
+            fit_size(record, sizes)
+    except PromptError as e:
+        raise field_error(graph, job, e.field, e.detail) from None
+    return replace(job, record=record)
 
 
 def _outline(graph: Any, table: dict[str, NodeSpec]) -> list[str]:

@@ -117,14 +117,16 @@ def json_response(body, status: int = 200) -> web.Response:
 FRONT = web.AppKey("front", object)          # orchestrator.http.app.Front
 
 
-async def submit_job(front, spec: dict, origin: dict):
+async def submit_job(front, spec, origin: dict):
     """Queue a prompt.json object through the daemon as the prompt record (it resolves it against its packs and
-    decides); the job is followed so its end is announced. -> SUBMITTED. A record that does not hold is refused as the
-    daemon refuses one (DaemonRefused, bad_request, the field named), so every front words it one way."""
-    from orchestrator.engine.prompt_spec import PromptError, prompt_record
+    decides); the job is followed so its end is announced. -> SUBMITTED. `spec`: the object, checked here (this way
+    in's one check), or a record a front already checked (a graph's, comfy_graph.checked_job). A record that does not
+    hold is refused as the daemon refuses one (DaemonRefused, bad_request, the field named), so every front words
+    it one way."""
+    from orchestrator.engine.prompt_spec import PromptError, PromptFile, prompt_record
     from protocol import messages as m
     try:
-        prompt = prompt_record(spec)
+        prompt = spec if isinstance(spec, PromptFile) else prompt_record(spec)
     except PromptError as e:
         raise DaemonRefused(m.error_reply(0, "bad_request", str(e), field=e.field)) from None
     origin_json = json.dumps(origin, ensure_ascii=False)

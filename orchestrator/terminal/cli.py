@@ -29,7 +29,7 @@ from typing import Callable, NamedTuple
 from models.sampling.sampler import DEFAULT_SAMPLER, DEFAULT_SCHEDULER
 from orchestrator.engine import daemon_client
 from orchestrator.engine.daemon_client import DAEMON_TIMEOUT_S, DaemonDown, DaemonRefused
-from orchestrator.engine.prompt_spec import (PromptError, parse_prompt_obj, parse_prompt_text, prompt_record,
+from orchestrator.engine.prompt_spec import (PromptError, parse_prompt_text, prompt_record,
                                       read_prompt_file, read_prompt_stream, resolve_prompt)
 from orchestrator.engine.runfolder import ALWAYS_ON_STAGES, PROGRAMS, RunFolder, init_run
 
@@ -231,15 +231,16 @@ def cmd_generate(args, rf: RunFolder) -> int:
         except UnicodeEncodeError:          # undecodable bytes on the command line (surrogate escapes)
             raise CliError(f"{GENERATE_FLAGS[field]}: not valid UTF-8 text", EXIT_USAGE) from None
     try:
+        record = prompt_record(obj)         # NaN/inf are named here, not in JSON
         if args.estimate:                   # priced, not queued
-            return _estimate(prompt_record(obj), rf)
-        spec = parse_prompt_obj(obj, resolution=_resolution(None, rf))     # NaN/inf are named here, not in JSON
+            return _estimate(record, rf)
+        spec = resolve_prompt(record, resolution=_resolution(None, rf))
     except PromptError as e:
         flag = GENERATE_FLAGS.get(e.field) or GENERATE_FLAGS.get(e.field.split(".")[0].split("[")[0],
                                                                   e.field or "the options")
         detail = e.detail.replace('set "overwrite": true', "give --overwrite")    # prompt.json's words -> ours
         raise CliError(f"{flag}: {detail}", EXIT_USAGE) from None
-    return _queue(args, rf, prompt_record(obj), spec, wait=True, cancel_on_interrupt=True)
+    return _queue(args, rf, record, spec, wait=True, cancel_on_interrupt=True)
 
 
 def _queue(args, rf: RunFolder, prompt, spec, *, wait: bool, cancel_on_interrupt: bool) -> int:
