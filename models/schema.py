@@ -12,7 +12,9 @@ says them for one audience (the wire and the config file: TECHNICAL; prompt.json
     convert({"side": 8, "x": 1}, Tile)          # SchemaError: x: unknown field; known: side, overlap, name
 
 A record built in code is checked exactly as one decoded from data (construction goes through msgspec.convert), so
-no unchecked record exists. Rules between fields live in the record's `__post_init__` and raise SchemaError."""
+no unchecked record exists. Rules between fields live in the record's `__post_init__` and raise SchemaError;
+`Record.settled` builds a copy of checked values with new ones filled in without running those rules again (its caller
+re-checks what the filling can change)."""
 
 import contextvars
 import math

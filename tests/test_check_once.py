@@ -173,3 +173,15 @@ def test_the_daemon_still_checks_what_the_packs_recorded_settings_change():
     ok = resolve_prompt(prompt_record({"prompt": "a", "start_step": 8, "steps": 12}), resolution=[(64, 64)],
                         sampling={(64, 64): heun})
     assert (ok.steps, ok.sampler, ok.width, ok.height) == (12, "heun", 64, 64)
+
+
+def test_a_settled_record_keeps_its_types_and_bounds_and_skips_only_its_rules():
+    """Record.settled (models/schema.py): what resolve_prompt builds the spec with. Types and bounds are msgspec's
+    decode and still hold; only `__post_init__`'s rules (here: a positive text must not be empty) are not run."""
+    from protocol.prompt import PromptError, PromptSpec
+    with pytest.raises(PromptError, match=r"field 'steps': must be in 1..200, got 0"):
+        PromptSpec.settled({"prompt": "a", "steps": 0})
+    with pytest.raises(PromptError, match=r"field 'prompt': must not be empty"):
+        PromptSpec(prompt="")
+    assert PromptSpec.settled({"prompt": ""}).prompt == ""
+    assert PromptSpec(prompt="a").seed == 0                  # after a settled build, the rules run again as ever
