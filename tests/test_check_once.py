@@ -101,8 +101,19 @@ def _graph() -> dict:
     return standard_graph(width=64, height=64, steps=3, names=names)
 
 
+def _image_graph() -> dict:
+    """The graph from an upload (LoadImage -> VAEEncode): the front sizes its job to the image before its check."""
+    g = _graph()
+    del g["5"]
+    g["3"]["inputs"].update(denoise=0.6, latent_image=["21", 0])
+    g["20"] = {"class_type": "LoadImage", "inputs": {"image": "init.png [input]"}}
+    g["21"] = {"class_type": "VAEEncode", "inputs": {"pixels": ["20", 0], "vae": ["13", 0]}}
+    return g
+
+
 HTTP_WAYS = {
     "comfyui-graph": ("/prompt", lambda: {"prompt": _graph()}, 200),
+    "comfyui-image-graph": ("/prompt", lambda: {"prompt": _image_graph()}, 200),
     "a1111-txt2img": ("/sdapi/v1/txt2img", lambda: {"prompt": "a cat", "steps": 3, "width": 64, "height": 64}, 404),
     "a1111-img2img": ("/sdapi/v1/img2img", lambda: {"prompt": "a cat", "steps": 3, "width": 64, "height": 64,
                                                    "init_images": [_png_b64()], "denoising_strength": 0.6}, 404),
@@ -110,12 +121,13 @@ HTTP_WAYS = {
 }
 
 
-def _to_the_runner(daemon) -> None:
+def _to_the_runner(daemon) -> PlanRunner:
     """The queued job taken as the daemon's loop takes it, up to its PlanRunner and plan (no stage is started)."""
     job = daemon.store.next_job()
     assert job is not None and job.state == "queued"
     runner = PlanRunner(daemon, job)
     assert runner.plan.steps and runner.spec.steps == 3
+    return runner
 
 
 @pytest.mark.parametrize("way", sorted(HTTP_WAYS))
@@ -123,11 +135,14 @@ def test_an_http_way_in_checks_the_prompt_once_and_the_daemon_once(inproc_daemon
     path, body, status = HTTP_WAYS[way]
     daemon = inproc_daemon.daemon
     front = _front(daemon, tmp_path / "front")
+    (Path(daemon.rf.root) / "input").mkdir(exist_ok=True)
+    (Path(daemon.rf.root) / "input" / "init.png").write_bytes(base64.b64decode(_png_b64()))
     body = body()
     checks = Checks(monkeypatch)
     got, text = _post(front, path, body)
     assert got == status, text                    # A1111's 404: the stand-in wait, after the job was queued
-    _to_the_runner(daemon)
+    runner = _to_the_runner(daemon)
+    assert runner.img2img == (way in ("comfyui-image-graph", "a1111-img2img"))
     assert checks.at == ["way in", "daemon"], checks.at
 
 
