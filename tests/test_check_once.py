@@ -143,7 +143,7 @@ def test_an_http_way_in_checks_the_prompt_once_and_the_daemon_once(inproc_daemon
     assert got == status, text                    # A1111's 404: the stand-in wait, after the job was queued
     runner = _to_the_runner(daemon)
     assert runner.img2img == (way in ("comfyui-image-graph", "a1111-img2img"))
-    assert checks.at == ["way in", "daemon"], checks.at
+    assert checks.at == ["way in", "daemon"], (len(checks.at), checks.at)
 
 
 def test_prompt_json_by_the_cli_is_checked_once_and_by_the_daemon_once(inproc_daemon, tmp_path, monkeypatch):
@@ -154,7 +154,7 @@ def test_prompt_json_by_the_cli_is_checked_once_and_by_the_daemon_once(inproc_da
     checks = Checks(monkeypatch)
     assert cli.main(["--run", str(daemon.rf.root), "submit", str(f)], connect=inproc_daemon.connect) == 0
     _to_the_runner(daemon)
-    assert checks.at == ["way in", "daemon"], checks.at
+    assert checks.at == ["way in", "daemon"], (len(checks.at), checks.at)
 
 
 def test_a_job_read_back_from_disk_is_checked_once_more(inproc_daemon, tmp_path, monkeypatch):
@@ -171,7 +171,7 @@ def test_a_job_read_back_from_disk_is_checked_once_more(inproc_daemon, tmp_path,
     checks = Checks(monkeypatch)
     daemon.store = JobStore(daemon.rf.root, cached=True)
     _to_the_runner(daemon)
-    assert checks.at == ["way in"], checks.at
+    assert checks.at == ["way in"], (len(checks.at), checks.at)
 
 
 def test_the_daemon_still_checks_what_the_packs_recorded_settings_change():
