@@ -41,8 +41,8 @@ Stage = Literal[STAGES]
 class Job(Record, forbid_unknown_fields=False):
     """RUN/jobs/<id>/job.json: every field typed and bounded, checked when the file is read (a record that is not
     one is set aside by the store, never fatal) and when it is written. Not frozen: the store changes a copy
-    (`JobStore.get`) and saves it, which checks it again. Keys it does not know are ignored (a record written by
-    another version still lists and runs)."""
+    (`JobStore.get`) and saves it, which checks it again (its spec's prompt rules once per spec: `spec_record`). Keys
+    it does not know are ignored (a record written by another version still lists and runs)."""
 
     id: JOB_ID
     state: State

@@ -200,11 +200,11 @@ def image_count(body: dict) -> int:
 
 
 def to_spec(body: dict, size: tuple = (512, 512), *, recorded: bool = False) -> dict:
-    """A txt2img request -> a prompt.json object (the daemon checks it again against its packs); `size`: the
-    width and height a request without them gets (the default pack's: A1111's 512 may have no pack here);
-    batch_size / n_iter (image_count) and enable_hr (hires_of) are the caller's to read. `recorded`: the pack
-    of the job's size records its model's sampling settings, so steps, cfg_scale and the sampler the request leaves
-    out are left to the daemon to fill from it (else A1111's defaults: 20 steps, cfg 7, Euler)."""
+    """A txt2img request -> a prompt.json object (submit_job checks it as the prompt record, the daemon resolves it
+    against its packs); `size`: the width and height a request without them gets (the default pack's: A1111's 512
+    may have no pack here); batch_size / n_iter (image_count) and enable_hr (hires_of) are the caller's to read.
+    `recorded`: the pack of the job's size records its model's sampling settings, so steps, cfg_scale and the sampler
+    the request leaves out are left to the daemon to fill from it (else A1111's defaults: 20 steps, cfg 7, Euler)."""
     for field, (ok, why) in MUST_BE.items():
         if field in body and body[field] not in ok:
             raise _bad(field, f"{body[field]!r}"[:80] + f" is not supported ({why}; only {ok[0]!r})")
