@@ -132,13 +132,15 @@ class ComfyClient:
 
 
 def comfy_latent(raw: bytes, tmp: Path) -> np.ndarray:
-    """A SaveLatent file (safetensors, 'latent_tensor' [1, 16, 1, h, w] in VAE space) -> model space [16, h, w]."""
+    """A SaveLatent file (safetensors, 'latent_tensor' [B, 16, 1, h, w] in VAE space) -> model space [16, h, w]
+    (a batch of B > 1: [B, 16, h, w])."""
     tmp.write_bytes(raw)
     st = SafeTensorsFile(tmp)
-    z = st.get("latent_tensor").reshape(16, *st.shape("latent_tensor")[-2:])
+    z = st.get("latent_tensor").reshape(-1, 16, *st.shape("latent_tensor")[-2:])
     mean = np.asarray(LATENT_MEAN, np.float32)[:, None, None]
     std = np.asarray(LATENT_STD, np.float32)[:, None, None]
-    return ((z - mean) / std).astype(np.float32)
+    out = ((z - mean) / std).astype(np.float32)
+    return out[0] if len(out) == 1 else out
 
 
 def png_pixels(raw: bytes) -> np.ndarray:
