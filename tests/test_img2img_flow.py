@@ -168,6 +168,12 @@ def test_a_kept_image_gone_before_its_encode_fails_the_job_naming_it(d):
     ({"init_image": "t/ok.png [input]", "mask": "t/big.png [input]"}, "mask", f"is 128x64 but the job is {W}x{H}"),
     ({"mask": "t/ok.png [input]"}, "mask", "needs an init_image"),
     ({"init_image": "t/ok.png [input]", "denoise": 0}, "denoise", "(0, 1]"),
+    ({"init_image": "t/ok.png [input]", "init_mix": {"image": "t/big.png [input]", "kind": "blend"}},
+     "init_mix.image", f"is 128x64 but the job is {W}x{H}"),
+    ({"init_image": "t/ok.png [input]", "init_mix": {"image": "t/nothing.png [input]", "kind": "blend"}},
+     "init_mix.image", "is not an uploaded image"),
+    ({"init_image": "t/ok.png [input]", "init_mix": {"image": "t/notimage.png [input]", "kind": "blend"}},
+     "init_mix.image", "notimage.png"),
 ])
 def test_bad_inputs_are_refused_naming_the_field_and_queue_nothing(d, fields, field, words):
     _upload(d, "notimage.png", b"this is not a PNG")
