@@ -40,7 +40,8 @@ EXECUTORS = {EncodeText: TextSteps._step_encode_text, EncodeImage: VaeSteps._ste
              Denoise: DenoiseSteps._step_denoise, PixelStart: VaeSteps._step_pixel_start,
              HiresDenoise: DenoiseSteps._step_hires, Decode: VaeSteps._step_decode,
              MixLatent: LatentSteps._step_mix_latent, MixStart: LatentSteps._step_mix_start,
-             CropImage: ImageSteps._step_crop_image, Deliver: DeliverStep._step_deliver, Report: ReportStep._step_report}
+             CropImage: ImageSteps._step_crop_image, Deliver: DeliverStep._step_deliver,
+             Report: ReportStep._step_report}
 
 
 class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, LatentSteps, ImageSteps, DeliverStep,
