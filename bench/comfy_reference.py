@@ -11,9 +11,9 @@ and then
 `--workflow all --extra-pack PACK384` sends bench/comfy_workflows.py's graphs — img2img, both inpaints, a latent
 hires fix, both hires paths with the first image saved too, a batch of 3, EasyCache, cfg 1, split sampling
 over two KSamplerAdvanced, a ConditioningZeroOut negative, a ConditioningAverage, two independent chains, a
-LatentFromBatch + ImageCrop — unchanged to ComfyUI and to this project's HTTP front and compares every output
-node's PNGs; the last line is `comfy_workflows images=N within_1=N worst=D`; with `--record FILE` ComfyUI's side
-also saves each graph's final latent into FILE)
+LatentFromBatch + ImageCrop, mixes of two uploads before the KSampler — unchanged to ComfyUI and to this project's
+HTTP front and compares every output node's PNGs; the last line is `comfy_workflows images=N within_1=N worst=D`;
+with `--record FILE` ComfyUI's side also saves each graph's final latent into FILE, a batch's as [B, 16, h, w])
 For each sampler/scheduler combo it submits ComfyUI's API graph (UNETLoader, CLIPLoader, VAELoader, CLIPTextEncode
 x2, EmptySD3LatentImage, ModelSamplingAuraFlow shift 3, KSampler, VAEDecode, SaveImage, SaveLatent), fetches the
 latent and the PNG, computes the same job here in-process (the text encoder on torch, the DiT through the pack on
@@ -132,13 +132,15 @@ class ComfyClient:
 
 
 def comfy_latent(raw: bytes, tmp: Path) -> np.ndarray:
-    """A SaveLatent file (safetensors, 'latent_tensor' [1, 16, 1, h, w] in VAE space) -> model space [16, h, w]."""
+    """A SaveLatent file (safetensors, 'latent_tensor' [B, 16, 1, h, w] in VAE space) -> model space [16, h, w]
+    (a batch of B > 1: [B, 16, h, w])."""
     tmp.write_bytes(raw)
     st = SafeTensorsFile(tmp)
-    z = st.get("latent_tensor").reshape(16, *st.shape("latent_tensor")[-2:])
+    z = st.get("latent_tensor").reshape(-1, 16, *st.shape("latent_tensor")[-2:])
     mean = np.asarray(LATENT_MEAN, np.float32)[:, None, None]
     std = np.asarray(LATENT_STD, np.float32)[:, None, None]
-    return ((z - mean) / std).astype(np.float32)
+    out = ((z - mean) / std).astype(np.float32)
+    return out[0] if len(out) == 1 else out
 
 
 def png_pixels(raw: bytes) -> np.ndarray:

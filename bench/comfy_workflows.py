@@ -17,11 +17,13 @@ NEGATIVE = "worst quality, low quality"
 INIT_IMAGE = "anima_ref_init.png"             # RGB: what VAEEncode / VAEEncodeForInpaint encode
 MASKED_IMAGE = "anima_ref_init_masked.png"    # the same RGB with an alpha channel: LoadImage's MASK is 1 - alpha
 MASK_IMAGE = "anima_ref_mask.png"             # grey: LoadImageMask(channel red) repaints where it is white
+OTHER_IMAGE = "anima_ref_other.png"           # RGB: a second upload, mixed with INIT_IMAGE's latent before sampling
 
 
 def input_images(width: int, height: int) -> dict:
     """{upload name: PNG bytes}: a smooth colour field with a few shapes (so img2img has structure to keep), the
-    same with an alpha hole (a soft-edged disc, transparent = repaint), and a grey mask of a rectangle."""
+    same with an alpha hole (a soft-edged disc, transparent = repaint), a grey mask of a rectangle, and another
+    picture (a field and a ring) for the mixes of two uploads."""
     from PIL import Image
     y, x = np.mgrid[0:height, 0:width].astype(np.float64)
     u, v = x / max(width - 1, 1), y / max(height - 1, 1)
@@ -39,8 +41,12 @@ def input_images(width: int, height: int) -> dict:
         buf = io.BytesIO()
         Image.fromarray(a, mode).save(buf, format="PNG")
         return buf.getvalue()
+    other = np.stack([0.9 - 0.7 * v, 0.25 + 0.6 * u * v, 0.2 + 0.5 * (1 - u)], -1)     # another field, a ring
+    ring = np.abs(np.hypot(x - 0.5 * width, y - 0.6 * height) - 0.25 * min(width, height)) < 0.05 * min(width, height)
+    other[ring] = (0.1, 0.7, 0.2)
+    other = np.clip(np.round(other * 255), 0, 255).astype(np.uint8)
     return {INIT_IMAGE: png(pixels, "RGB"), MASKED_IMAGE: png(np.dstack([pixels, alpha]), "RGBA"),
-            MASK_IMAGE: png(mask, "L")}
+            MASK_IMAGE: png(mask, "L"), OTHER_IMAGE: png(other, "RGB")}
 
 
 def _base(files: dict, prompt: str = PROMPT, negative: str = NEGATIVE) -> dict:
@@ -286,6 +292,36 @@ def blend_second(files, seed, width, height):
     return _out(g, ["25", 0], "ref_blend_second")
 
 
+def _two_uploads(g: dict) -> None:
+    """LoadImage "20" -> VAEEncode "21" of INIT_IMAGE and LoadImage "22" -> VAEEncode "23" of OTHER_IMAGE."""
+    _encoded(g, INIT_IMAGE)
+    g["22"] = {"class_type": "LoadImage", "inputs": {"image": OTHER_IMAGE}}
+    g["23"] = {"class_type": "VAEEncode", "inputs": {"pixels": ["22", 0], "vae": ["3", 0]}}
+
+
+def start_composite(files, seed, width, height):
+    """LatentComposite before the first KSampler: the second upload's latent pasted onto the first's at x = height / 4
+    (down, on Anima's 5-D latent), feathered over 32 pixels; the KSampler (denoise 0.6) starts from it."""
+    g = _base(files)
+    _two_uploads(g)
+    g["24"] = {"class_type": "LatentComposite", "inputs": {"samples_to": ["21", 0], "samples_from": ["23", 0],
+                                                           "x": height // 4, "y": 0, "feather": 32}}
+    g["8"] = _ksampler(["24", 0], seed, 6, 4.0, "euler", "simple", 0.6)
+    return _out(g, ["8", 0], "ref_start_composite")
+
+
+def start_blend(files, seed, width, height):
+    """LatentBlend before the first KSampler: the second upload's latent x 0.35 + the first's x 0.65, repeated to a
+    batch of 2 (RepeatLatentBatch), sampled at denoise 0.75 (euler_ancestral / karras)."""
+    g = _base(files)
+    _two_uploads(g)
+    g["24"] = {"class_type": "LatentBlend", "inputs": {"samples1": ["23", 0], "samples2": ["21", 0],
+                                                       "blend_factor": 0.35}}
+    g["25"] = {"class_type": "RepeatLatentBatch", "inputs": {"samples": ["24", 0], "amount": 2}}
+    g["8"] = _ksampler(["25", 0], seed, 6, 4.0, "euler_ancestral", "karras", 0.75)
+    return _out(g, ["8", 0], "ref_start_blend")
+
+
 def combine_zero_average(files, seed, width, height):
     """ConditioningCombine of the prompt and a ConditioningAverage of the second prompt with a longer one (strength
     0.6, from 0.3 of the schedule on), the negative through ConditioningZeroOut: each entry its own pass."""
@@ -362,6 +398,10 @@ WORKFLOWS = {
                         timestep_halves),
     "composite": ("img2img, then LatentComposite of the init latent onto the result (x 64, feather 32)", composite),
     "blend": ("img2img, then LatentBlend of the init latent (0.3) and the result", blend),
+    "start-composite": ("LatentComposite of a second upload's latent onto the first's (x 64, feather 32) before "
+                        "the KSampler (denoise 0.6)", start_composite),
+    "start-blend": ("LatentBlend of two uploads' latents (0.35) -> RepeatLatentBatch 2 -> KSampler (denoise 0.75, "
+                    "euler_ancestral/karras)", start_blend),
     "blend-second": ("blend's LatentBlend into a second KSampler (seed + 1, denoise 0.5)", blend_second),
     "combine-zero-average": ("ConditioningCombine of the prompt and a ConditioningAverage (0.6, from 0.3 on), the "
                              "negative through ConditioningZeroOut", combine_zero_average),

@@ -320,13 +320,57 @@ def _check_mix(f) -> None:
     if f.hires is not None and f.hires.space == "pixel":
         raise PromptError("latent_mix", "runs between the passes on the latent path (or before VAEDecode): with "
                                         "hires.space \"pixel\" it is not supported")
+    _kind_fields("latent_mix", m)
+
+
+class InitMix(Record, frozen=True):
+    """prompt.json's `init_mix`: an img2img job's start latent made before its first pass from two encoded uploads,
+    as a ComfyUI graph's LatentComposite / LatentBlend of two VAEEncodes before the KSampler: `init_image`'s latent
+    and `image`'s (another upload, or the same, brought to the job's size as init_image is), combined as `kind`
+    "composite" (`x`, `y`, `feather` in pixels, floored to latent cells of 8) or "blend" (`factor`); `onto` is which
+    one is samples_to / samples1: "init_image" or "image" (models/sampling/latent_mix.py)."""
+
+    KEY_NOUN: ClassVar[str] = "setting"
+
+    image: Annotated[str, Meta(min_length=1, max_length=MAX_INPUT_REF_CHARS, description=_UPLOAD_NAME)]
+    kind: Literal["composite", "blend"]
+    onto: Literal["init_image", "image"] = "init_image"
+    x: Int(0, MAX_OFFSET) = 0
+    y: Int(0, MAX_OFFSET) = 0
+    feather: Int(0, MAX_OFFSET) = 0
+    factor: Float(0.0, 1.0) = 0.5
+
+
+def _kind_fields(field: str, m) -> None:
+    """A composite takes x, y and feather, a blend only its factor (latent_mix's and init_mix's rule)."""
     if m.kind == "blend":
         for name in ("x", "y", "feather"):
             if getattr(m, name):
-                raise PromptError(f"latent_mix.{name}", "places a composite; \"kind\": \"blend\" takes only "
-                                                        "\"factor\" (and \"onto\")")
+                raise PromptError(f"{field}.{name}", "places a composite; \"kind\": \"blend\" takes only "
+                                                     "\"factor\" (and \"onto\")")
     elif m.factor != 0.5:
-        raise PromptError("latent_mix.factor", "weighs a blend; \"kind\": \"composite\" takes x, y and feather")
+        raise PromptError(f"{field}.factor", "weighs a blend; \"kind\": \"composite\" takes x, y and feather")
+
+
+def _check_init_mix(f) -> None:
+    """init_mix: an init_image to mix with, no mask (its noise mask is not carried through the mix here), no
+    latent_mix beside it (whose "image" latent would be ambiguous)."""
+    m = f.init_mix
+    if m is None:
+        return
+    if f.init_image is None:
+        raise PromptError("init_mix", "mixes init_image's VAE latent with another upload's before the first pass; "
+                                      "there is no init_image")
+    if f.mask is not None:
+        raise PromptError("init_mix", "with a mask is not supported yet (the noise mask a mixed start latent "
+                                      "carries); leave out one of them")
+    if f.latent_mix is not None:
+        raise PromptError("init_mix", "with latent_mix is not supported yet (which VAE latent the second mix "
+                                      "takes); leave out one of them")
+    _unicode("init_mix.image", m.image)
+    if "\x00" in m.image:
+        raise PromptError("init_mix.image", "must not contain NUL characters")
+    _kind_fields("init_mix", m)
 
 
 class PromptFile(Record, frozen=True):
@@ -391,6 +435,9 @@ class PromptFile(Record, frozen=True):
     crop: CropSettings | None = None           # ImageCrop of the final image (docs/workflows.md)
     # LatentComposite / LatentBlend of the pass's latent with the init image's, before VAEDecode (docs/prompts.md)
     latent_mix: LatentMix | None = None
+    # LatentComposite / LatentBlend of init_image's latent and another upload's, the first pass's start
+    # (docs/prompts.md)
+    init_mix: InitMix | None = None
 
     def __post_init__(self):
         _check_conds(self)
@@ -408,6 +455,7 @@ class PromptFile(Record, frozen=True):
         _check_inputs(self)
         _check_hires(self)
         _check_mix(self)
+        _check_init_mix(self)
         if self.batch_index + self.batch > MAX_FROM_BATCH:
             raise PromptError("batch_index", f"batch_index + batch must be at most {MAX_FROM_BATCH} (the images of "
                                              f"a batch a job picks from), got {self.batch_index} + {self.batch}")

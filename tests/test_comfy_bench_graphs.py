@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bench.comfy_workflows import (INIT_IMAGE, MASK_IMAGE, MASKED_IMAGE, PROMPT, SECOND_PROMPT, WORKFLOWS,
-                                   input_images)
+from bench.comfy_workflows import (INIT_IMAGE, MASK_IMAGE, MASKED_IMAGE, OTHER_IMAGE, PROMPT, SECOND_PROMPT,
+                                   WORKFLOWS, input_images)
 from orchestrator.http.comfy_graph import ModelNames, graph_to_job
 
 FILES = {"dit": "anima-small.safetensors", "text_encoder": "qwen_3_06b_base-small.safetensors",
@@ -42,6 +42,10 @@ WANT = {
     "blend": {"init_image": INIT_IMAGE, "denoise": 0.6, "latent_mix": {"kind": "blend", "onto": "image", "factor": 0.3}},
     "blend-second": {"latent_mix": {"kind": "blend", "onto": "image", "factor": 0.3},
                      "hires": {"steps": 6, "denoise": 0.5, "seed": 8}},
+    "start-composite": {"init_image": INIT_IMAGE, "denoise": 0.6, "latent_mix": None, "batch": None,
+                        "init_mix": {"image": OTHER_IMAGE, "kind": "composite", "x": 64, "y": 0, "feather": 32}},
+    "start-blend": {"init_image": OTHER_IMAGE, "denoise": 0.75, "batch": 2, "sampler": "euler_ancestral",
+                    "init_mix": {"image": INIT_IMAGE, "kind": "blend", "factor": 0.35}},
     "timestep-halves": {"positive": [{"text": PROMPT, "start": 0.0, "end": 0.5},
                                      {"text": SECOND_PROMPT, "start": 0.5, "end": 1.0}], "steps": 8},
 }
@@ -78,7 +82,10 @@ def test_the_bench_graphs_cover_the_step_cache_and_the_hires_pass():
 def test_the_input_images_are_what_the_graphs_load():
     imgs = {k: Image.open(io.BytesIO(v)) for k, v in input_images(256, 256).items()}
     assert {k: (im.mode, im.size) for k, im in imgs.items()} == {
-        INIT_IMAGE: ("RGB", (256, 256)), MASKED_IMAGE: ("RGBA", (256, 256)), MASK_IMAGE: ("L", (256, 256))}
+        INIT_IMAGE: ("RGB", (256, 256)), MASKED_IMAGE: ("RGBA", (256, 256)), MASK_IMAGE: ("L", (256, 256)),
+        OTHER_IMAGE: ("RGB", (256, 256))}
+    other = np.asarray(imgs[OTHER_IMAGE]).astype(int)                       # a picture of its own to mix in
+    assert np.abs(other - np.asarray(imgs[INIT_IMAGE])).mean() > 40
     alpha = np.asarray(imgs[MASKED_IMAGE])[..., 3]
     assert (alpha == 0).sum() > 1000 and (alpha == 255).sum() > 10000      # a hole to repaint, the rest kept
     assert np.array_equal(np.asarray(imgs[MASKED_IMAGE])[..., :3], np.asarray(imgs[INIT_IMAGE]))

@@ -62,7 +62,65 @@ def test_a_mix_before_the_sampler_is_refused_on_its_node():
     g["9"]["inputs"]["samples"] = ["8", 0]
     del g["24"]
     node, name, why = _refused(g)
-    assert (node, name) == ("25", "samples_to") and "before a first KSampler" in why
+    assert (node, name) == ("25", "samples_to") and "cannot combine an empty latent" in why and "init_mix" in why
+    g["25"]["inputs"].update(samples_to=["21", 0], samples_from=["6", 0])     # the other way round: the same
+    assert _refused(g)[:2] == ("25", "samples_from")
+
+
+@pytest.mark.parametrize("mix", [{"kind": "composite", "onto": "init_image", "x": 64, "y": 0, "feather": 32},
+                                 {"kind": "composite", "onto": "image", "x": 8, "y": 8, "feather": 0},
+                                 {"kind": "blend", "onto": "image", "factor": 0.35},
+                                 {"kind": "blend", "onto": "init_image", "factor": 0.5}])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_job_with_init_mix_is_its_graph_and_back(mix, batch):
+    """init_mix: LoadImage -> VAEEncode of each upload, the mix of both (onto first), then the batch, the KSampler."""
+    spec = {"prompt": "a", "negative_prompt": "b", "seed": 3, "steps": 6, "cfg": 4.0, "width": 256, "height": 256,
+            "init_image": "x.png", "denoise": 0.5, "batch": batch, "init_mix": {"image": "y.png", **mix}}
+    graph = job_to_graph(spec)
+    node = graph["47"]
+    assert node["class_type"] == ("LatentComposite" if mix["kind"] == "composite" else "LatentBlend")
+    first = "samples_to" if mix["kind"] == "composite" else "samples1"
+    assert node["inputs"][first] == (["41", 0] if mix["onto"] == "init_image" else ["49", 0])
+    assert graph["48"]["inputs"]["image"] == "y.png" and graph["49"]["inputs"]["pixels"] == ["48", 0]
+    assert graph["7"]["inputs"]["latent_image"] == (["47", 0] if batch == 1 else ["44", 0])
+    job = graph_to_job(graph)
+    # a graph names no `onto`: samples_to's / samples1's upload is the init_image
+    init, other = ("x.png", "y.png") if mix["onto"] == "init_image" else ("y.png", "x.png")
+    assert job.spec["init_image"] == init
+    assert job.spec["init_mix"] == {"image": other, **{k: v for k, v in mix.items() if k != "onto"}}
+    assert job.spec.get("batch", 1) == batch and job.nodes["init_mix"] == "47"
+    assert {job.nodes["mix_image"], job.nodes["mix_encode"]} == ({"48", "49"} if mix["onto"] == "init_image" else
+                                                                 {"40", "41"})
+
+
+def test_a_masked_or_batched_latent_into_a_mix_before_the_sampler_is_refused():
+    g = _graph("start-composite")
+    g["30"] = {"class_type": "SetLatentNoiseMask", "inputs": {"samples": ["23", 0], "mask": ["22", 1]}}
+    g["24"]["inputs"]["samples_from"] = ["30", 0]
+    node, name, why = _refused(g)
+    assert (node, name) == ("24", "samples_from") and "noise mask" in why
+    g["30"] = {"class_type": "RepeatLatentBatch", "inputs": {"samples": ["21", 0], "amount": 2}}
+    g["24"]["inputs"].update(samples_to=["30", 0], samples_from=["23", 0])
+    node, name, why = _refused(g)
+    assert (node, name) == ("24", "samples_to") and "two VAEEncodes" in why
+
+
+@pytest.mark.parametrize("mix,field,words", [
+    ({"image": "y.png", "kind": "blend", "x": 8}, "init_mix.x", "takes only"),
+    ({"image": "y.png", "kind": "composite", "factor": 0.2}, "init_mix.factor", "weighs a blend"),
+    ({"image": "y.png", "kind": "composite", "onto": "result"}, "init_mix.onto", "'init_image', 'image'"),
+    ({"kind": "blend"}, "init_mix.image", "required"),
+    ({"image": "", "kind": "blend"}, "init_mix.image", "")])
+def test_bad_init_mix_fields_are_refused_naming_the_field(mix, field, words):
+    with pytest.raises(PromptError) as e:
+        parse_prompt_obj({"prompt": "a", "init_image": "x.png", "init_mix": mix}, check_output=False)
+    assert e.value.field == field and words in str(e.value)
+    for extra, words in (({}, "there is no init_image"), ({"init_image": "x.png", "mask": "m.png"}, "mask"),
+                         ({"init_image": "x.png", "latent_mix": {"kind": "blend"}}, "latent_mix")):
+        with pytest.raises(PromptError, match=words) as e:
+            parse_prompt_obj({"prompt": "a", **extra, "init_mix": {"image": "y.png", "kind": "blend"}},
+                             check_output=False)
+        assert e.value.field == "init_mix"
 
 
 def test_a_mix_of_two_samplers_or_of_another_latent_is_refused():

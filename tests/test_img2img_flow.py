@@ -168,6 +168,12 @@ def test_a_kept_image_gone_before_its_encode_fails_the_job_naming_it(d):
     ({"init_image": "t/ok.png [input]", "mask": "t/big.png [input]"}, "mask", f"is 128x64 but the job is {W}x{H}"),
     ({"mask": "t/ok.png [input]"}, "mask", "needs an init_image"),
     ({"init_image": "t/ok.png [input]", "denoise": 0}, "denoise", "(0, 1]"),
+    ({"init_image": "t/ok.png [input]", "init_mix": {"image": "t/big.png [input]", "kind": "blend"}},
+     "init_mix.image", f"is 128x64 but the job is {W}x{H}"),
+    ({"init_image": "t/ok.png [input]", "init_mix": {"image": "t/nothing.png [input]", "kind": "blend"}},
+     "init_mix.image", "is not an uploaded image"),
+    ({"init_image": "t/ok.png [input]", "init_mix": {"image": "t/notimage.png [input]", "kind": "blend"}},
+     "init_mix.image", "notimage.png"),
 ])
 def test_bad_inputs_are_refused_naming_the_field_and_queue_nothing(d, fields, field, words):
     _upload(d, "notimage.png", b"this is not a PNG")
@@ -298,3 +304,55 @@ def test_latent_mix_after_a_killed_daemon_mixes_the_same_latents_bitwise(d):
     from models.vae.latent import denormalize, normalize
     start = normalize(denormalize(mixed))           # the chained KSampler's process_latent_out/in round trip
     np.testing.assert_array_equal(np.load(jd / "hires_latent.npy"), (2 * start + np.float32(0.5)).astype(np.float32))
+
+
+def _until(d, done, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"never {what}\n{d.logs()}"
+        time.sleep(0.02)
+
+
+def test_init_mix_after_killed_daemons_starts_from_the_same_mixed_latent_bitwise(d):
+    """init_mix (LatentComposite of init_image's latent onto another upload's before the first pass, 2 rows down,
+    feathered; a batch of 2): the daemon killed inside the other upload's VAE_ENCODE, then inside image 1's Denoise.
+    The first resume keeps init_encoded.npy (the double's fresh jitter would show a second encode), encodes the other
+    upload and mixes; the second runs no encode and no MixStart again. init_latent.npy is ComfyUI's node on the two
+    encoded latents (models.sampling.latent_mix), and each image's pass starts from it."""
+    from models.sampling.latent_mix import mix_image
+    job_fields = {"prompt": "a girl", "seed": 11, "steps": 4, "denoise": 0.7, "batch": 2,
+                  "init_image": _upload(d, "mixa.png", _png(_image(21), "RGB")),
+                  "init_mix": {"image": _upload(d, "mixb.png", _png(_image(22), "RGB")), "kind": "composite",
+                               "onto": "image", "x": 16, "feather": 16}}
+    d.flag("double_vae_encode_s", "1.0")
+    job = d.submit(job_fields)
+    jd, marker = d.rf.jobs / job, d.rf.root / "double_vae_encoding"
+    assert (jd / "mix_image.png").exists()                    # kept at submit beside init_image.png
+    _until(d, marker.exists, "inside the init image's VAE_ENCODE")
+    marker.unlink()
+    d.flag("double_vae_encode_s", "1.0")                      # the next one (the other upload's) is slow too
+    _until(d, lambda: marker.exists() and (jd / "init_encoded.npy").exists(), "inside the other upload's encode")
+    encoded = (jd / "init_encoded.npy").read_bytes()
+    d.sigkill("orchestrator")
+    d.flag("double_step_s", "0.3")
+    _until(d, lambda: (jd / "latent.npy").exists() and (jd / "batch_1").exists(), "inside image 1's Denoise")
+    start = (jd / "init_latent.npy").stat().st_mtime_ns
+    d.close_client()
+    d.sigkill("orchestrator")
+    d.flag("double_step_s", "0.02")
+    info = d.wait(job, ("done", "failed"), timeout_s=90)
+    assert info.state == "done", info
+    assert (jd / "init_encoded.npy").read_bytes() == encoded  # not encoded again after the first kill
+    assert (jd / "init_latent.npy").stat().st_mtime_ns == start   # nor mixed again after the second
+    a, b = np.load(jd / "init_encoded.npy"), np.load(jd / "mix_encoded.npy")
+    for name, pixels in (("init_encoded", _image(21)), ("mix_encoded", _image(22))):
+        assert np.abs(np.load(jd / f"{name}.npy") - _expected_init_latent(pixels, a.shape[0])).max() < 1.01e-3
+    init = np.load(jd / "init_latent.npy")
+    np.testing.assert_array_equal(init, mix_image("composite", b, a, x=16, feather=16))
+    assert np.array_equal(init[:, :2], b[:, :2]) and not np.allclose(init[:, 2:], b[:, 2:])
+    want = (2 * init + np.float32(0.7)).astype(np.float32)           # the double: 2 * start + denoise
+    for suffix in ("", "_1"):
+        np.testing.assert_array_equal(np.load(jd / f"latent{suffix}.npy"), want)
+    plan = json.loads((jd / "report.json").read_text())["plan"]          # the last run's: no encode, no mix
+    assert [(s["step"], s["ran"]) for s in plan if s["step"].startswith(("EncodeImage", "MixStart"))] == \
+        [("EncodeImage", False), ("EncodeImage[mix]", False), ("MixStart", False)], plan

@@ -103,7 +103,9 @@ SHAPES = [{}, {"init_image": "a.png", "mask": "m.png", "grow_mask_by": 4}, {"bat
           {"batch": 2, "hires": {"scale": 1.5, "keep_base": True}},
           {"init_image": "a.png", "batch": 2, "latent_mix": {"kind": "blend", "onto": "image", "factor": 0.3}},
           {"init_image": "a.png", "latent_mix": {"kind": "composite", "x": 8}, "hires": {"scale": 1.5}},
-          {"batch": 2, "hires": {"scale": 1.5, "space": "pixel", "keep_base": True}}]
+          {"batch": 2, "hires": {"scale": 1.5, "space": "pixel", "keep_base": True}},
+          {"init_image": "a.png", "batch": 2, "init_mix": {"image": "b.png", "kind": "composite", "x": 8},
+           "hires": {"scale": 1.5}}]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: ",".join(s) or "txt2img")
@@ -297,6 +299,29 @@ def test_latent_mix_with_a_second_pass_is_its_start_and_the_final_latent_is_deco
                                             "HiresDenoise[0]", "Decode[base 0]", "Decode[0]", "Deliver", "Report"]
     assert plan.steps[4].inputs[-1] == "mixed_latent.npy" and plan.steps[6].inputs == ("hires_latent.npy",)
     assert plan.steps[5].inputs == ("latent.npy",)       # the base image is the first KSampler's, unmixed
+
+
+def test_init_mix_encodes_both_uploads_and_mixes_them_into_the_start_latent(tmp_path):
+    """init_mix (LatentComposite / LatentBlend before the first KSampler): both uploads encoded in one VAE session
+    (init_encoded.npy, mix_encoded.npy), MixStart in the daemon writes init_latent.npy, which every first pass reads;
+    a resume with init_latent.npy whole encodes nothing, one with only it lost mixes again without encoding."""
+    plan = _plan(init_image="a.png", batch=2,
+                 init_mix={"image": "b.png", "kind": "blend", "factor": 0.3, "onto": "image"})
+    assert _lines(plan)[1:5] == [
+        ["encoding", "vae", "EncodeImage", "init_image.png", "->", "init_encoded.npy"],
+        ["encoding", "vae", "EncodeImage[mix]", "mix_image.png", "->", "mix_encoded.npy"],
+        ["encoding", "-", "MixStart", "init_encoded.npy", "mix_encoded.npy", "->", "init_latent.npy"],
+        ["denoising", "scheduler", "Denoise[0]", "text.json", "cond.npy", "uncond.npy", "init_latent.npy", "->",
+         "latent.npy"]]
+    from orchestrator.engine.job_files import DAEMON_FILES
+    assert {"init_encoded.npy", "mix_encoded.npy", "mix_image.png"} <= DAEMON_FILES   # temporaries go at a start
+    r = _runner(tmp_path, plan)
+    for name in ("init_encoded.npy", "mix_encoded.npy", "init_latent.npy", "latent.npy"):
+        _keep(tmp_path, name, (2, 4, 4))
+    assert [s.name for s in r._steps_to_run()[0]] == ["EncodeText", "Denoise[1]", "Decode[0]", "Decode[1]",
+                                                       "Deliver", "Report"]
+    (tmp_path / "init_latent.npy").unlink()       # the mix again from the kept latents (no encode), for image 1
+    assert [s.name for s in r._steps_to_run()[0]][:3] == ["EncodeText", "MixStart", "Denoise[1]"]
 
 
 # ---------------------------------------------------------------- the Report step

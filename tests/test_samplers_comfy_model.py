@@ -214,3 +214,59 @@ def test_conditioning_graphs_equal_comfyui(request, runner, name, passes):
     if without is not None:
         alone, _ = _entries_latent(runners, name, without)
         assert float(np.abs(alone - want).max()) > 50 * off
+
+
+# tests/data/samplers/comfy_small_start_mix.npz (bench/comfy_start_mix_record.py): bench/comfy_workflows.py's mixes
+# before the first KSampler on ComfyUI (the same bundle, prompt pair, seed and size): both uploads' VAEEncode latents,
+# the LatentComposite / LatentBlend the KSampler takes and its output, in model space. The graph maps onto its job's
+# init_mix as the front maps it; the plan's MixStart (models/sampling/latent_mix.mix_image) on ComfyUI's two encoded
+# latents gives ComfyUI's start, and the img2img pass from it ComfyUI's final latent.
+START = np.load(Path(__file__).parent / "data" / "samplers" / "comfy_small_start_mix.npz")
+START_JOB = json.loads(str(START["job"]))
+START_SAVED = {"21": "init", "23": "other"}          # the graphs' VAEEncode nodes -> the recorded latents
+
+
+def _start_mix(name: str) -> tuple:
+    """(the job of graph `name`, MixStart on ComfyUI's encoded latents [16, h, w], ComfyUI's mix, the onto latent)."""
+    from bench.comfy_workflows import WORKFLOWS
+    from models.sampling.latent_mix import mix_image
+    from orchestrator.http.comfy_graph import MIX_INPUTS, graph_to_job
+    from orchestrator.engine.prompt_spec import parse_prompt_obj
+    graph = json.loads(str(START[f"graph/{name}"]))
+    w, h = START_JOB["size"]
+    assert graph == WORKFLOWS[name][1](START_JOB["files"], START_JOB["seed"], w, h)     # the bench's graph as it is
+    spec = parse_prompt_obj(graph_to_job(graph).spec, check_output=False)
+    mix = graph["24"]
+    onto_node, other_node = (mix["inputs"][k][0] for k in MIX_INPUTS[mix["class_type"]])
+    onto, other = START[f"{name}/{START_SAVED[onto_node]}"][0], START[f"{name}/{START_SAVED[other_node]}"][0]
+    m = spec.init_mix
+    got = mix_image(m.kind, onto, other, x=m.x, y=m.y, feather=m.feather, factor=m.factor)
+    return spec, got, START[f"{name}/start"][0], onto
+
+
+@pytest.mark.parametrize("name", ["start-composite", "start-blend"])
+def test_a_mix_before_the_first_ksampler_is_comfyuis_start_latent(name):
+    spec, got, want, onto = _start_mix(name)
+    assert spec.init_image is not None and spec.init_mix is not None
+    assert got.shape == want.shape == onto.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)       # ComfyUI mixes in VAE space, this in model space
+    assert np.abs(want - onto).max() > 0.1                         # the node changes the start latent
+
+
+def test_img2img_from_a_composite_of_two_uploads_equals_comfyui(runner):
+    """start-composite: the KSampler (euler / simple, denoise 0.6) from MixStart's latent gives ComfyUI's final
+    latent; from the first upload's latent alone (the graph without the node) it is far from it."""
+    from models.sampling.img2img import LatentPlan, LatentSampler
+    assert (START_JOB["seed"], START_JOB["size"]) == (JOB["seed"], JOB["size"])
+    spec, start, _, onto = _start_mix("start-composite")
+    cond, uncond = _context(REC["cond"]), _context(REC["uncond"])
+
+    def img2img(image):
+        s = LatentSampler(steps=spec.steps, cfg=spec.cfg, sampler=spec.sampler, scheduler=spec.scheduler,
+                          spectrum=None, plan=LatentPlan(denoise=float(spec.denoise)))
+        return _pass(runner, s, spec.seed, start.shape, cond, uncond, image=image)
+    got, want = img2img(start), START["start-composite/final"][0]
+    off = float(np.abs(got - want).max())
+    assert _cos(got, want) >= 0.99999 and off < 1e-3, f"cosine {_cos(got, want):.9f}, max {off:.2e}"
+    alone = img2img(onto)
+    assert float(np.abs(alone - want).max()) > 0.1 and _cos(alone, want) < 0.9999

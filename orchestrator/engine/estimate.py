@@ -283,7 +283,8 @@ def estimate_spec(spec, packs: dict, board: BoardSettings, cached: bool = False)
         if spec.hires.space == "pixel":
             notes.append("the pixel hires path's extra decode and encode of the first pass are not priced")
     if spec.init_image is not None:
-        notes.append("the init image's VAE encode is not priced (the board model has no figure for it)")
+        what = "init_image's and init_mix.image's VAE encodes are" if spec.init_mix else "the init image's VAE encode is"
+        notes.append(f"{what} not priced (the board model has no figure for it)")
     if spec.cache is not None:
         notes.append(f"{spec.cache.node} may reuse some model calls: priced as if every call ran")
     if spec.negative_prompt.strip() and spec.negative_ignored():

@@ -37,7 +37,7 @@ MAX_DEPTH = 8
 MAX_RENAMES = 10_000
 IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".webp": "image/webp",
                ".bmp": "image/bmp", ".gif": "image/gif"}
-JOB_INPUTS = ("init_image", "mask")              # kept in a job folder as NAME.png
+JOB_INPUTS = ("init_image", "mask", "mix_image")   # kept in a job folder as NAME.png (mix_image: init_mix.image)
 PRIVATE = ("temp", "a1111")                      # RUN/temp/a1111: img2img requests' own images, named by their bytes
 # the folders the front and the CLI upload into (the page: static/app.js UPLOAD_FOLDER, the CLI: cli.CLI_UPLOADS,
 # img2img: PRIVATE): no upload may put a file in their place

@@ -28,7 +28,10 @@ JOB_FILE = "job.json"
 TEXT_FILE = "text.json"                  # the prompts' T5 token counts (report `text`), kept for a resume
 COND_FILE, UNCOND_FILE = "cond.npy", "uncond.npy"
 INIT_IMAGE_FILE, MASK_FILE = "init_image.png", "mask.png"     # img2img's inputs (orchestrator.engine.inputs.JOB_INPUTS)
-INIT_LATENT_FILE = "init_latent.npy"     # img2img: the init image's VAE latent, encoded once
+INIT_LATENT_FILE = "init_latent.npy"     # img2img: the init image's VAE latent, encoded once (init_mix: the mix)
+MIX_IMAGE_FILE = "mix_image.png"         # init_mix: the other upload, kept at submit as init_image.png is
+INIT_ENCODED_FILE = "init_encoded.npy"   # init_mix: init_image.png's VAE latent, before the mix
+MIX_ENCODED_FILE = "mix_encoded.npy"     # init_mix: mix_image.png's VAE latent
 LATENT_FILE = "latent.npy"
 ENTRY_FILE = "cond_entry.npy"            # positive/negative entries: one context per distinct text (cond_entry_1.npy ...)
 ENTRIES_FILE = "cond_entries.json"       # their texts' token counts, written after every context
@@ -48,13 +51,17 @@ JOB_FILES = (
     JobFile(JOB_FILE, DAEMON, "the queue (orchestrator.engine.jobs), at every state change", kept=True),
     JobFile(INIT_IMAGE_FILE, DAEMON, "the queue at submit (orchestrator.engine.inputs.keep_in_job)", kept=True),
     JobFile(MASK_FILE, DAEMON, "the queue at submit (orchestrator.engine.inputs.keep_in_job)", kept=True),
+    JobFile(MIX_IMAGE_FILE, DAEMON, "the queue at submit (orchestrator.engine.inputs.keep_in_job)", kept=True),
     JobFile(TEXT_FILE, DAEMON, "the flow, encoding", kept=False),
     JobFile(COND_FILE, DAEMON, "the flow, encoding (the encoder's contexts)", kept=False),
     JobFile(UNCOND_FILE, DAEMON, "the flow, encoding (the encoder's contexts)", kept=False),
     JobFile(ENTRY_FILE, DAEMON, "the plan, encoding (a positive/negative entry's context)", kept=False,
             per_image=True, count=2 * MAX_COND_ENTRIES),
     JobFile(ENTRIES_FILE, DAEMON, "the plan, encoding (the entries' token counts)", kept=False),
-    JobFile(INIT_LATENT_FILE, DAEMON, "the flow, encoding (the VAE encoder's latent)", kept=False),
+    JobFile(INIT_LATENT_FILE, DAEMON, "the flow, encoding (the VAE encoder's latent; init_mix: the plan's "
+                                      "MixStart)", kept=False),
+    JobFile(INIT_ENCODED_FILE, DAEMON, "the plan, encoding (init_mix: the init image's VAE latent)", kept=False),
+    JobFile(MIX_ENCODED_FILE, DAEMON, "the plan, encoding (init_mix: the other upload's VAE latent)", kept=False),
     JobFile(STATE_FILE, STAGE, "the scheduler, after every step (the first image's: batch_N/ and hires/, "
                                "hires_N/ hold the others')", kept=False),
     JobFile(LATENT_FILE, DAEMON, "the flow, denoising", kept=False, per_image=True),

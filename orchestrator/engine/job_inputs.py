@@ -45,20 +45,29 @@ def _fit(im, spec, field: str):
         raise PromptError(field, f"{e}; or set \"resize_mode\"" if spec.resize_mode is None else str(e)) from None
 
 
+def _rgb(data: bytes, field: str):
+    """An upload's pixels as LoadImage's rounded to 8 bits (no float copy of them); PromptError naming `field`."""
+    from models.images import ImageInputError, load_rgb8
+    try:
+        return load_rgb8(data)
+    except ImageInputError as e:
+        raise PromptError(field, str(e)) from None
+
+
 def job_inputs(run_root: Path, spec) -> dict[str, bytes]:
-    """{init_image, mask} -> PNG bytes at the job's size (RGB 8-bit; the mask 8-bit grey, 255 = repaint); {} for a
-    text-to-image job. PromptError naming the field for a missing upload, a non-image or a size that does not fit."""
+    """{init_image, mask, mix_image (init_mix.image)} -> PNG bytes at the job's size (RGB 8-bit; the mask 8-bit
+    grey, 255 = repaint); {} for a text-to-image job. PromptError naming the field for a missing upload, a
+    non-image or a size that does not fit."""
     from PIL import Image
-    from models.images import ImageInputError, a1111_mask8, load_image_mask, load_rgb8
+    from models.images import ImageInputError, a1111_mask8, load_image_mask
     out = {}
     if spec.init_image is None:
         return out
-    data = _read(run_root, spec.init_image, "init_image")
-    try:
-        im = load_rgb8(data)                     # LoadImage's pixels rounded to 8 bits, no float copy of them
-    except ImageInputError as e:
-        raise PromptError("init_image", str(e)) from None
+    im = _rgb(_read(run_root, spec.init_image, "init_image"), "init_image")
     out["init_image"] = _png(_fit(im, spec, "init_image"))
+    if spec.init_mix is not None:                # the other upload of the start latent's mix, as init_image
+        out["mix_image"] = _png(_fit(_rgb(_read(run_root, spec.init_mix.image, "init_mix.image"), "init_mix.image"),
+                                     spec, "init_mix.image"))
     if spec.mask is not None:
         data = _read(run_root, spec.mask, "mask")
         try:

@@ -66,6 +66,7 @@ def anima_chunk(image: ImageText) -> str:
            "width": image.width, "height": image.height, "spectrum": spec.spectrum.to_dict(),
            **({"init_image": spec.init_image, "mask": spec.mask, "denoise": spec.denoise} if spec.init_image else {}),
            **({"denoise_steps": spec.denoise_steps} if spec.denoise_steps != "comfyui" else {}),
+           **({"init_mix": spec.init_mix.to_dict()} if spec.init_mix is not None else {}),
            **({"mask_channel": spec.mask_channel} if spec.mask_channel else {}),
            **({"grow_mask_by": spec.grow_mask_by} if spec.grow_mask_by is not None else {}),
            **({"batch": spec.batch, "batch_index": image.batch_pos} if spec.batch > 1 else {}),

@@ -498,6 +498,9 @@ def field_nodes(graph: dict, job: GraphJob, field: str) -> list[tuple[str, str]]
         loaders = [n for r, n in job.nodes.items() if r.startswith("lora")]
         if loaders:
             return [(n, "lora_name") for n in loaders]
+    if field in ("init_mix", "latent_mix") and field in job.nodes:     # a mix as a whole: its node's first input
+        node = job.nodes[field]
+        return [(node, MIX_INPUTS[graph[node]["class_type"]][0])]
     if field == "hires" and "upscale" in job.nodes:             # the second size as a whole: where it is asked
         return [(job.nodes["upscale"], "scale_by" if "scale" in job.spec.get("hires", {}) else "width")]
     root = re.split(r"[.\[]", field, maxsplit=1)[0]
@@ -536,8 +539,12 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
             return {}, {}, second[2] or [_custom(mix, MIX_INPUTS[graph[mix]["class_type"]][0], MIX_WHERE)]
         sampler, mix = second[1], second[0].get("latent_mix")
     latent, batch = _chain(graph, c, role_of, c.links[sampler]["latent_image"], "samples", ("batch",))
+    start = None                                                  # LatentComposite / LatentBlend of two uploads
     if role_of[latent] == "latent_mix":
-        return {}, {}, [_custom(latent, MIX_INPUTS[graph[latent]["class_type"]][0], MIX_WHERE)]
+        start = _mix_start(c, role_of, vae, latent)
+        if start[2]:
+            return {}, {}, start[2]
+        latent = start[3]
     image = _image_latent(c, role_of, vae, latent)                # None: not from an image
     if image is not None and image[2]:
         return {}, {}, image[2]
@@ -558,11 +565,9 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
     spec = {**_job_fields(graph, c, roles, sizes, problems), **entries}
     if image is not None:                                         # ComfyUI's size: the image's (the job's: its pack's)
         spec = {**{k: x for k, x in spec.items() if k not in ("width", "height")}, **image[1]}
-    batch_size, first = _batch_size(c, roles, batch, problems)
-    if batch_size > 1:                                            # its images run one after another, as in the batch
-        spec["batch"] = batch_size
-    if first:                                                     # past the batch's first image: its noise
-        spec["batch_index"] = first
+    if start is not None:                                         # a mix of two uploads (init_mix)
+        roles, spec = {**roles, **start[0]}, {**spec, "init_mix": start[1]}
+    _batch_fields(c, roles, batch, spec, problems)
     if second is not None:
         _second_pass_fields(graph, c, role_of, roles, spec, sizes, problems)
     if loras:
@@ -574,10 +579,40 @@ def _roles(graph, table, c: _Checker, out: str, sizes) -> tuple[dict, dict, list
 
 
 MIX_INPUTS = {"LatentComposite": ("samples_to", "samples_from"), "LatentBlend": ("samples1", "samples2")}
-MIX_WHERE = ("LatentComposite / LatentBlend run here after an img2img KSampler only, before its VAEDecode or a second "
-             "KSampler (directly or through LatentUpscale[By]), mixing the KSampler's LATENT with the VAEEncode it "
-             "starts from (before a first KSampler, ComfyUI's empty latent [B, 4, h, w] and an encoded one [B, 16, 1, "
-             "h, w] do not combine; a mix after a second pass or on the pixel path is not supported yet)")
+MIX_WHERE = ("LatentComposite / LatentBlend run here before the first KSampler on two VAEEncodes of uploads, or after "
+             "an img2img KSampler, before its VAEDecode or a second KSampler (directly or through LatentUpscale[By]), "
+             "mixing the KSampler's LATENT with the VAEEncode it starts from (a mix after a second pass or on the "
+             "pixel path is not supported yet)")
+
+
+START_EMPTY = ("ComfyUI cannot combine an empty latent (EmptyLatentImage's [B, 4, h, w], EmptySD3LatentImage's [B, 16, "
+               "h, w]) with Anima's encoded one [B, 16, 1, h, w]: its LatentComposite / LatentBlend fail at run time. "
+               "Before the first KSampler they take two VAEEncodes of uploads (prompt.json's init_mix)")
+
+
+def _mix_start(c: _Checker, role_of: dict, vae: str, mix: str) -> tuple[dict, dict, list, str]:
+    """A LatentComposite / LatentBlend the first KSampler starts from, of two VAEEncodes of LoadImages (prompt.json's
+    init_mix: samples_to's / samples1's upload is the init_image, the other's init_mix.image, `onto` "init_image")
+    -> (roles, init_mix, problems, the samples_to / samples1 VAEEncode). An empty latent, a masked one (its noise
+    mask would ride on samples_to's side only) or a batch between are refused on the mix's input."""
+    class_type = c.graph[mix]["class_type"]
+    ins = MIX_INPUTS[class_type]
+    a, b = (c.links[mix][name] for name in ins)
+    for node, name in ((a, ins[0]), (b, ins[1])):
+        role = role_of[node]
+        if role != "encode":
+            why = (START_EMPTY if role == "latent" else
+                   "a noise mask through LatentComposite / LatentBlend before the first KSampler is not supported "
+                   "yet: mix two plain VAEEncodes" if role in ("noise_mask", "inpaint_encode") else
+                   "before the first KSampler LatentComposite / LatentBlend take two VAEEncodes of uploads (a batch "
+                   "after the mix, RepeatLatentBatch / LatentFromBatch, is fine)")
+            return {}, {}, [_custom(mix, name, why)], a
+    other = _image_latent(c, role_of, vae, b)
+    if other[2]:
+        return {}, {}, other[2], a
+    kind = "composite" if class_type == "LatentComposite" else "blend"
+    roles = {"init_mix": mix, "mix_encode": b, "mix_image": other[0]["image"]}
+    return roles, {"image": other[1]["init_image"], "kind": kind, **c.fields(mix)}, [], a
 
 
 def _mix_inputs(c: _Checker, role_of: dict, mix: str) -> tuple[str | None, str, list]:
@@ -737,6 +772,15 @@ def _job_fields(graph, c: _Checker, roles: dict, sizes, problems: list) -> dict:
     return spec
 
 
+def _batch_fields(c: _Checker, roles: dict, batch: list, spec: dict, problems: list) -> None:
+    """prompt.json's `batch` and `batch_index` into `spec` where not 1 and 0 (_batch_size)."""
+    batch_size, first = _batch_size(c, roles, batch, problems)
+    if batch_size > 1:                                            # its images run one after another, as in the batch
+        spec["batch"] = batch_size
+    if first:                                                     # past the batch's first image: its noise
+        spec["batch_index"] = first
+
+
 def _batch_size(c: _Checker, roles: dict, batch: list, problems: list) -> tuple[int, int]:
     """(images, the first one's place in the batch's noise) of the latent source's batch_size (1 for an encoded
     image) through RepeatLatentBatch / LatentFromBatch (`batch`, nearest the sampler first), as nodes.py's own ops
@@ -767,6 +811,8 @@ def _second_pass(c: _Checker, role_of: dict, sampler: str, vae: str) -> tuple[di
     first KSampler, problems); None for a graph of one pass. Every VAE the same one (one VAE stage)."""
     latent = c.links[sampler]["latent_image"]
     roles = {"hires_sampler": sampler}
+    if role_of[latent] == "latent_mix" and not {role_of[n] for n in c.links[latent].values()} & {"sampler", "upscale"}:
+        return None                                     # a mix of uploads before the first KSampler (_mix_start)
     if role_of[latent] in ("sampler", "latent_mix"):  # chained on the first's LATENT as it is (split sampling), or mixed
         mix, first, problems = _mix_inputs(c, role_of, latent)
         return {**roles, **({"latent_mix": mix} if mix else {})}, first, problems
@@ -1010,6 +1056,7 @@ IMAGE_IDS = {"image": "40", "encode": "41", "mask": "42", "noise_mask": "43"}   
 BATCH_ID = "44"                 # a batch from an init image: RepeatLatentBatch after its latent
 CROP_ID = "46"                  # ImageCrop of the decoded image
 MIX_ID = "47"                   # latent_mix: LatentComposite / LatentBlend (before VAEDecode or the second pass)
+START_IDS = {"init_mix": "47", "mix_image": "48", "mix_encode": "49"}    # init_mix: the mix the KSampler starts from
 FROM_BATCH_ID = "45"            # a job past its batch's first image: LatentFromBatch after RepeatLatentBatch
 HIRES_IDS = {"upscale": "50", "hires_sampler": "51", "hires_positive": "52", "hires_negative": "53",
              "hires_decode": "54", "hires_encode": "55"}                     # a hires fix's second pass
@@ -1175,12 +1222,29 @@ def _latent_nodes(node, spec: dict, ids: dict) -> list[tuple[str, dict]]:
     if mask is not None and spec.get("grow_mask_by") is None:
         out.append(node("noise_mask", "SetLatentNoiseMask", samples=samples, mask=mask))
         samples = [ids["noise_mask"], 0]
+    if spec.get("init_mix"):
+        out += _start_mix_nodes(node, spec["init_mix"], ids, samples)
+        samples = [ids["init_mix"], 0]
     if spec.get("batch", 1) > 1 and not spec.get("batch_index"):   # the encoded image repeated: its batch
         ids.setdefault("batch0", BATCH_ID)
         out.append(node("batch0", "RepeatLatentBatch", spec, samples=samples))
         samples = [ids["batch0"], 0]
     ids["latent"] = samples[0]
     return out + _from_batch_nodes(node, spec, ids, samples)
+
+
+def _start_mix_nodes(node, m: dict, ids: dict, init: list) -> list[tuple[str, dict]]:
+    """init_mix: LoadImage -> VAEEncode of its other upload, and the LatentComposite / LatentBlend of the init image's
+    latent (`init`) and that one (`onto` first) the KSampler starts from."""
+    for role, default in START_IDS.items():
+        ids.setdefault(role, default)
+    class_type = "LatentComposite" if m["kind"] == "composite" else "LatentBlend"
+    pair = [init, [ids["mix_encode"], 0]]
+    if m.get("onto") == "image":
+        pair.reverse()
+    return [node("mix_image", "LoadImage", {"init_image": m["image"]}),
+            node("mix_encode", "VAEEncode", pixels=[ids["mix_image"], 0], vae=[ids["vae"], 0]),
+            node("init_mix", class_type, m, **dict(zip(MIX_INPUTS[class_type], pair)))]
 
 
 def _from_batch_nodes(node, spec: dict, ids: dict, samples: list) -> list[tuple[str, dict]]:

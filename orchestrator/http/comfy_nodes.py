@@ -449,7 +449,7 @@ def object_info(table: dict[str, NodeSpec]) -> dict:
 PLACES = {"positive": "", "negative": "negative_", "sampler": "", "latent": "", "image": "", "mask": "",
           "encode": "", "spectrum": "spectrum.", "cache": "cache.", "upscale": "hires.", "hires_sampler": "hires.",
           "hires_positive": "hires.", "hires_negative": "hires.negative_", "crop": "crop.",
-          "latent_mix": "latent_mix.",
+          "latent_mix": "latent_mix.", "init_mix": "init_mix.", "mix_image": "init_mix.",
           # a sampler input's ConditioningAverage and the CLIPTextEncode it averages with (conditioning_from)
           "positive_average": "positive[0].average.", "negative_average": "negative[0].average.",
           "positive_from": "positive[0].average.", "negative_from": "negative[0].average."}
@@ -477,6 +477,8 @@ def carried(place: str, node: NodeSpec) -> dict[str, str]:
         fields = {"text": "text"}
     if place == "mask" and "init_image" in fields:
         fields = {"mask": fields["init_image"], "mask_channel": fields["init_image"]}
+    if place == "mix_image" and "init_image" in fields:      # init_mix's other LoadImage: init_mix.image
+        fields = {"image": fields["init_image"]}
     return {prefix + f: name for f, name in fields.items()}
 
 

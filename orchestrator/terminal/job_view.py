@@ -47,7 +47,9 @@ def settings_lines(spec: dict) -> list[str]:
            _line("seed", seed)]
     if spec.get("init_image"):
         mask = f", mask {spec['mask']}" if spec.get("mask") else ""
-        out.append(_line("img2img", f"{spec['init_image']}{mask}, denoise {spec.get('denoise')}"))
+        mix = spec.get("init_mix")
+        mix = f" with {mix['image']} ({mix['kind']})" if mix else ""
+        out.append(_line("img2img", f"{spec['init_image']}{mix}{mask}, denoise {spec.get('denoise')}"))
     hires = spec.get("hires")
     if hires:
         size = f"{hires['width']}x{hires['height']}" if hires.get("width") else \

@@ -5,10 +5,11 @@ from __future__ import annotations
 from models.dit.partition import TEXT_TOKENS
 from models.sampling.denoise import STATE_FILE
 from orchestrator.engine.job_files import (COND_FILE, ENTRIES_FILE, HIRES_COND_FILE, HIRES_TEXT_FILE, HIRES_UNCOND_FILE, INIT_IMAGE_FILE,
-                                    INIT_LATENT_FILE, MASK_FILE, MIXED_LATENT_FILE, REPORT_FILE, TEXT_FILE, TIMING_FILE,
+                                    INIT_ENCODED_FILE, INIT_LATENT_FILE, MASK_FILE, MIX_ENCODED_FILE, MIX_IMAGE_FILE,
+                                    MIXED_LATENT_FILE, REPORT_FILE, TEXT_FILE, TIMING_FILE,
                                     UNCOND_FILE, batch_name)
 from orchestrator.engine.plan.steps import (CropImage, Decode, Deliver, Denoise, EncodeImage, EncodeText, HiresDenoise,
-                                     MixLatent, PixelStart, Plan, Report, Step)
+                                     MixLatent, MixStart, PixelStart, Plan, Report, Step)
 from protocol.prompt import CondEntry, PromptSpec, mixes
 
 CONTEXTS = (TEXT_FILE, COND_FILE, UNCOND_FILE)
@@ -140,7 +141,11 @@ def _encode_steps(spec: PromptSpec) -> list[Step]:
         steps.append(EncodeText(hires=True, outputs=HIRES_CONTEXTS, entries=hires_entries(spec)))
     if spec.init_image is not None:
         grey = (MASK_FILE,) if spec.grow_mask_by is not None else ()      # VAEEncodeForInpaint greys under it
-        steps.append(EncodeImage(inputs=(INIT_IMAGE_FILE, *grey), outputs=(INIT_LATENT_FILE,)))
+        encoded = INIT_LATENT_FILE if spec.init_mix is None else INIT_ENCODED_FILE
+        steps.append(EncodeImage(inputs=(INIT_IMAGE_FILE, *grey), outputs=(encoded,)))
+    if spec.init_mix is not None:                  # both encodes in one VAE session, then the daemon's numpy
+        steps += [EncodeImage(inputs=(MIX_IMAGE_FILE,), outputs=(MIX_ENCODED_FILE,), mix=True),
+                  MixStart(inputs=(INIT_ENCODED_FILE, MIX_ENCODED_FILE), outputs=(INIT_LATENT_FILE,))]
     return steps
 
 

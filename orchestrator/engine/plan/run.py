@@ -12,9 +12,9 @@ import time
 from models.dit.partition import TEXT_TOKENS
 from orchestrator.engine.estimate import safe_estimate
 from orchestrator.engine.job_files import (COND_FILE, ENTRIES_FILE, ENTRY_FILE, HIRES_COND_FILE, HIRES_INIT_FILE,
-                                    HIRES_LATENT_FILE, HIRES_TEXT_FILE,
-                                    HIRES_UNCOND_FILE, INIT_LATENT_FILE, JOB_FILES, LATENT_FILE, MIXED_LATENT_FILE,
-                                    REPORT_FILE, TEXT_FILE, TIMING_FILE, UNCOND_FILE, names)
+                                           HIRES_LATENT_FILE, HIRES_TEXT_FILE, HIRES_UNCOND_FILE, INIT_ENCODED_FILE,
+                                           INIT_LATENT_FILE, JOB_FILES, LATENT_FILE, MIX_ENCODED_FILE,
+                                           MIXED_LATENT_FILE, REPORT_FILE, TEXT_FILE, TIMING_FILE, UNCOND_FILE, names)
 from orchestrator.engine.job_record import STAGES
 from orchestrator.engine.plan.build import build_plan
 from orchestrator.engine.plan.checks import JobChecks
@@ -27,7 +27,7 @@ from orchestrator.engine.plan.image_ops import ImageSteps
 from orchestrator.engine.plan.latent_steps import LatentSteps
 from orchestrator.engine.plan.report_step import ReportStep
 from orchestrator.engine.plan.steps import ENCODER, CropImage, Decode, Deliver, Denoise, EncodeImage, EncodeText, \
-    HiresDenoise, MixLatent, PixelStart, Report, Step
+    HiresDenoise, MixLatent, MixStart, PixelStart, Report, Step
 from orchestrator.engine.plan.vae import VaeSteps
 from orchestrator.engine.report import JobReport
 from orchestrator.engine.stage_control import Cancelled, StageControl, StageFailed, Stopping
@@ -39,8 +39,9 @@ KIND = {n: f.name for f in JOB_FILES for n in names(f)}     # latent_1.npy -> la
 EXECUTORS = {EncodeText: TextSteps._step_encode_text, EncodeImage: VaeSteps._step_encode_image,
              Denoise: DenoiseSteps._step_denoise, PixelStart: VaeSteps._step_pixel_start,
              HiresDenoise: DenoiseSteps._step_hires, Decode: VaeSteps._step_decode,
-             MixLatent: LatentSteps._step_mix_latent, CropImage: ImageSteps._step_crop_image,
-             Deliver: DeliverStep._step_deliver, Report: ReportStep._step_report}
+             MixLatent: LatentSteps._step_mix_latent, MixStart: LatentSteps._step_mix_start,
+             CropImage: ImageSteps._step_crop_image, Deliver: DeliverStep._step_deliver,
+             Report: ReportStep._step_report}
 
 
 class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, LatentSteps, ImageSteps, DeliverStep,
@@ -175,7 +176,8 @@ class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, Laten
         first, hires, kind = self.first_pack, self.hires_pack, KIND[name]
         shapes = {COND_FILE: first.context_shape, UNCOND_FILE: first.context_shape, ENTRY_FILE: first.context_shape,
                   INIT_LATENT_FILE: first.latent_shape, LATENT_FILE: first.latent_shape,
-                  MIXED_LATENT_FILE: first.latent_shape}
+                  MIXED_LATENT_FILE: first.latent_shape, INIT_ENCODED_FILE: first.latent_shape,
+                  MIX_ENCODED_FILE: first.latent_shape}
         if hires is not None:
             shapes.update({HIRES_COND_FILE: hires.context_shape, HIRES_UNCOND_FILE: hires.context_shape,
                            HIRES_INIT_FILE: hires.latent_shape, HIRES_LATENT_FILE: hires.latent_shape})

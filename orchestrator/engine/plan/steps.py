@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from orchestrator.engine.job_files import INIT_IMAGE_FILE, MASK_FILE
+from orchestrator.engine.job_files import INIT_IMAGE_FILE, MASK_FILE, MIX_IMAGE_FILE
 
 ENCODER, VAE, SCHEDULER = "encoder", "vae", "scheduler"       # the stage a step calls (the scheduler: the denoiser)
 ENCODING, DENOISING, DECODING = "encoding", "denoising", "decoding"      # job states (orchestrator.engine.job_record.STAGES)
-JOB_INPUTS = (INIT_IMAGE_FILE, MASK_FILE)                     # in the job folder before any step runs
+JOB_INPUTS = (INIT_IMAGE_FILE, MASK_FILE, MIX_IMAGE_FILE)     # in the job folder before any step runs
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,21 @@ class EncodeText(Step):
 
 @dataclass(frozen=True)
 class EncodeImage(Step):
-    """img2img: the kept init image (grey under the mask for VAEEncodeForInpaint) through the VAE encoder."""
+    """img2img: the kept init image (grey under the mask for VAEEncodeForInpaint) through the VAE encoder; `mix`:
+    init_mix's other upload (mix_image.png)."""
+    mix: bool = False
     stage: ClassVar[str | None] = VAE
+    phase: ClassVar[str] = ENCODING
+
+    @property
+    def name(self) -> str:
+        return "EncodeImage[mix]" if self.mix else "EncodeImage"
+
+
+@dataclass(frozen=True)
+class MixStart(Step):
+    """init_mix: the two uploads' latents combined as ComfyUI's LatentComposite / LatentBlend before the first
+    KSampler (the daemon alone, numpy) into the job's init latent, which every first pass starts from."""
     phase: ClassVar[str] = ENCODING
 
 

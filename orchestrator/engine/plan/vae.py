@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from models.durable import atomic_write
-from orchestrator.engine.job_files import INIT_IMAGE_FILE, INIT_LATENT_FILE, MASK_FILE
+from orchestrator.engine.job_files import INIT_LATENT_FILE, MASK_FILE
 from orchestrator.engine.plan.job_io import load_npy, save_npy
 from orchestrator.engine.plan.steps import VAE
 from orchestrator.engine.png_text import ImageText, LoaderFiles, png_text
@@ -28,18 +28,20 @@ class VaeSteps:
         return load_npy(self.dir / INIT_LATENT_FILE, self.pack.latent_shape)            # [C, H/8, W/8] f32
 
     def _step_encode_image(self, step) -> None:
-        """EncodeImage (img2img): the kept init_image.png through the VAE stage's encoder into init_latent.npy (once:
-        a resume reads the file, so the job samples from the same latent bitwise)."""
+        """EncodeImage (img2img): a kept upload (init_image.png, or init_mix's mix_image.png) through the VAE stage's
+        encoder into its latent file (init_latent.npy; with init_mix init_encoded.npy / mix_encoded.npy), once: a
+        resume reads the file, so the job samples from the same latent bitwise."""
         from orchestrator.engine.job_inputs import image_tensor
-        remote = self.cfg.is_remote("vae")
+        remote, source = self.cfg.is_remote("vae"), self.dir / step.inputs[0]
         try:
-            grey = (self.dir / MASK_FILE).read_bytes() if self.spec.grow_mask_by is not None else None
-            image = image_tensor((self.dir / INIT_IMAGE_FILE).read_bytes(), grey)   # [3, H, W] f32 in [-1, 1]
+            grey = (self.dir / MASK_FILE).read_bytes() if MASK_FILE in step.inputs else None
+            image = image_tensor(source.read_bytes(), grey)                         # [3, H, W] f32 in [-1, 1]
         except (OSError, ValueError) as e:     # removed or damaged since submit: the job cannot start from it
-            raise StageFailed("orchestrator", f"the job's init image {self.dir / INIT_IMAGE_FILE} cannot be read "
-                                              f"({e}); submit the job again") from None
+            what = "init_mix image" if step.mix else "init image"
+            raise StageFailed("orchestrator", f"the job's {what} {source} cannot be read ({e}); submit the job "
+                                              "again") from None
         self._need_up(VAE)
-        save_npy(self.dir / INIT_LATENT_FILE, self._vae_encode(image, self.pack.latent_shape, inline=remote))
+        save_npy(self.dir / step.outputs[0], self._vae_encode(image, self.pack.latent_shape, inline=remote))
 
     def _vae_encode(self, image: np.ndarray, shape: tuple, inline: bool) -> np.ndarray:
         """VAE_ENCODE of an image [3, H, W] f32 in [-1, 1] -> its latent, checked to be `shape` and finite: through the
