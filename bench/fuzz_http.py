@@ -36,7 +36,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # bench.*, tests.* when run as a script
 
-from bench.fuzz_cases import TARGET, FuzzState  # noqa: E402
+from bench.fuzz_cases import FAILURES, TARGET, FuzzState  # noqa: E402
 from bench.fuzz_inputs import InputRequests, input_images, upload  # noqa: E402
 from bench.fuzz_live import FUZZ_TOML, settle_jobs  # noqa: E402
 from bench.fuzz_run import MAX_RSS_MB, WORKERS, fuzz, report  # noqa: E402
@@ -271,6 +271,26 @@ def _makers(url: str, loras: dict, timeout_s: float, families) -> dict:
     return {k: f for k, f in makers.items() if KIND_FAMILY[k] in families}
 
 
+def mark_fixed(path: Path | None, seed: int, run: str, what: str, commit: str, test: str) -> int:
+    """--mark-fixed: the state's failures marked (bench/fuzz_cases.FuzzState.mark_fixed), the summary printed."""
+    if path is None or not path.exists() or not run.isdigit() or what not in FAILURES:
+        print(f"--mark-fixed needs --resume STATE.json (an existing one), a run number and one of {FAILURES}",
+              file=sys.stderr)
+        return 2
+    state = FuzzState.load(path, seed)
+    try:
+        n = state.mark_fixed(int(run), what, commit, test)
+    except ValueError as e:
+        print(f"--mark-fixed: {e}", file=sys.stderr)
+        return 2
+    state.save(path)
+    print(f"{n} {what} failure(s) of run {run} marked fixed by {commit} ({test}): {path}")
+    for line in state.summary():
+        print(line)
+    print("ok" if state.ok() else "FAILED")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=10_000, help="distinct cases to send in this run")
@@ -288,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-rss-mb", type=int, default=MAX_RSS_MB, help="a program's allowed peak RSS (MB)")
     parser.add_argument("--max-s", type=float, default=None,
                         help="stop sending after this many seconds (the summary counts the cases sent)")
+    parser.add_argument("--mark-fixed", nargs=4, metavar=("RUN", "WHAT", "COMMIT", "TEST"), default=None,
+                        help="mark the --resume state's failures WHAT of run RUN fixed by COMMIT (its regression test "
+                             "TEST), save it and exit: they stay in its history and no longer fail it")
     parser.add_argument("--daemon-timeout", type=float, default=None,
                         help="the front's [stage.http] request_timeout_s (default its own, 5 s): on a starved machine "
                              "a silent daemon is a 503 after it")
@@ -298,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--requests and --target must be >= 1, --timeout and --max-s > 0, --daemon-timeout in "
                      "[0.1, 120], --workers in [1, 64]")
     out = args.resume or args.json
+    if args.mark_fixed:
+        return mark_fixed(args.resume, args.seed, *args.mark_fixed)
     return 0 if run(args.requests, args.seed, args.timeout, out, args.keep, tuple(args.only), args.max_rss_mb,
                     args.max_s, args.daemon_timeout, args.workers, args.resume is not None, args.target) else 1
 

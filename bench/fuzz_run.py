@@ -161,7 +161,7 @@ def report(state: FuzzState, run: dict, out: Path, max_rss_mb: int = MAX_RSS_MB)
         for p, mb in sorted(run["peak_rss_mb"].items())) + f"; bound {max_rss_mb}")
     for line in state.summary():
         print(line)
-    others = [f for f in state.failures if f["what"] not in FAILURES]
+    others = [f for f in state.open_failures() if f["what"] not in FAILURES]
     print(f"run: cases={run['cases']} wall_s={run['wall_s']:.0f} per_s={run['per_s']} workers={run['workers']} "
           f"load {run['load_start']} -> {run['load_end']} probes={run['probes']} deaths+probe_failures={len(others)}"
           f" runs={len(state.runs)} {'ok' if state.ok() else 'FAILED'}")
