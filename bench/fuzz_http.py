@@ -15,8 +15,13 @@ state left them, adding the cases, outcomes, failures and peaks of this run, unt
 Every request must be answered (a hang is no answer within --timeout s), never with a 5xx, and no program of the
 pipeline may die or be restarted (its supervisord pid changes) or pass --max-rss-mb of peak memory (VmHWM), looked at
 every 15 s (bench/fuzz_run.py). Jobs a request queues are cancelled at once: by design (bench/fuzz_live.FUZZ_TOML)
-none gets past encoding. Exit status 1 on any hang, 5xx, traceback in an answer, stage death or memory peak in the
-state (this run or an earlier one).
+none gets past encoding (an A1111 call waits for its job's failure; the front looks every 0.05 s, HTTP_POLL_S). Exit
+status 1 on any hang, 5xx, traceback in an answer, stage death or memory peak in the state (this run or an earlier
+one) not marked fixed: a failure fixed since stays in the state's history, marked with the commit and its regression
+test (bench/fuzz_cases.py says how the cases around it are counted):
+
+    .venv/bin/python bench/fuzz_http.py --resume bench/fuzz_state.json --mark-fixed 2 over_memory b867376 \
+        tests/test_image_budget.py
 """
 from __future__ import annotations
 
@@ -47,6 +52,10 @@ from tests.comfy_graphs import standard_graph  # noqa: E402
 
 LORA_PACK = (128, 96)                                            # the LoRA-ready pack's size (rank LORA_RANK)
 LORA_RANK = 8
+# the front looks at followed jobs every 0.05 s (its least poll_s; the harness's 0.2): an A1111 call answers when
+# the front sees its job ended, and the fuzz's jobs end within ~0.1 s of their start, so that wait was most of an
+# accepted A1111 case's time. What the answers are checked for is the same.
+HTTP_POLL_S = 0.05
 FAMILIES = ("graphs", "loras", "inputs")                         # --only: graph shapes, LoRA files, images/bounds
 SHAPES = ("self_link", "loader_cycle", "clip_self", "long_cycle", "deep_chain", "fan_out", "dangling", "bad_slot",
           "mutated", "plain")                                    # the graphs family's kinds, comfy_<shape>
@@ -246,7 +255,8 @@ def run(n: int, seed: int, timeout_s: float, out: Path, keep: bool, families=FAM
         loras = hostile_loras(models / "loras", cache / "outside.safetensors")
         lora_pack = build_pack(resolve_models(models, {}, need=("dit",)).dit, cache / "pack-lora", LORA_PACK, "fp16",
                                lora_rank=LORA_RANK)
-        with Pipeline.start(models, pack, threads=1, extra_toml=extra, keep=keep, packs=(lora_pack,)) as pipe:
+        with Pipeline.start(models, pack, threads=1, extra_toml=extra, keep=keep, packs=(lora_pack,),
+                            http_poll_s=HTTP_POLL_S) as pipe:
             url = pipe.http_url()
             secrets = tuple({str(models / "loras"), str((models / "loras").resolve()), str(cache / "outside")})
             makers = _makers(url, loras, timeout_s, families)
