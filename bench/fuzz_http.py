@@ -15,8 +15,9 @@ state left them, adding the cases, outcomes, failures and peaks of this run, unt
 Every request must be answered (a hang is no answer within --timeout s), never with a 5xx, and no program of the
 pipeline may die or be restarted (its supervisord pid changes) or pass --max-rss-mb of peak memory (VmHWM), looked at
 every 15 s (bench/fuzz_run.py). Jobs a request queues are cancelled at once: by design (bench/fuzz_live.FUZZ_TOML)
-none gets past encoding (an A1111 call waits for its job's failure; the front looks every 0.05 s, HTTP_POLL_S). Exit
-status 1 on any hang, 5xx, traceback in an answer, stage death or memory peak in the state (this run or an earlier
+none gets past encoding (an A1111 call waits for its job's failure; the front looks every 0.05 s, HTTP_POLL_S), and
+each is seen to end cleanly (its job.json once the queue settled: bench/fuzz_run.check_ends). Exit status 1 on any
+hang, 5xx, traceback in an answer, job's bad end, stage death or memory peak in the state (this run or an earlier
 one) not marked fixed: a failure fixed since stays in the state's history, marked with the commit and its regression
 test (bench/fuzz_cases.py says how the cases around it are counted):
 
@@ -44,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # bench.*, test
 from bench.fuzz_cases import FAILURES, TARGET, FuzzState  # noqa: E402
 from bench.fuzz_inputs import InputRequests, input_images, upload  # noqa: E402
 from bench.fuzz_live import FUZZ_TOML, settle_jobs  # noqa: E402
-from bench.fuzz_run import MAX_RSS_MB, WORKERS, fuzz, report  # noqa: E402
+from bench.fuzz_run import MAX_RSS_MB, WORKERS, check_ends, fuzz, report  # noqa: E402
 from models.lora.synth import lora_entries, write_lora  # noqa: E402
 from models.safetensors_io import TensorEntry, write_safetensors  # noqa: E402
 from tests.fuzzing import json_variant  # noqa: E402
@@ -259,11 +260,13 @@ def run(n: int, seed: int, timeout_s: float, out: Path, keep: bool, families=FAM
                             http_poll_s=HTTP_POLL_S) as pipe:
             url = pipe.http_url()
             secrets = tuple({str(models / "loras"), str((models / "loras").resolve()), str(cache / "outside")})
-            makers = _makers(url, loras, timeout_s, families)
+            makers, jobs = _makers(url, loras, timeout_s, families), {}
             r = fuzz(pipe, url, state, makers, n, timeout_s, secrets, workers, max_s, max_rss_mb,
-                     save=lambda: state.save(out))
+                     save=lambda: state.save(out), jobs=jobs)
             settle_jobs(pipe)
-            return report(state, r, out, max_rss_mb)
+            ends = check_ends(pipe.rf.jobs, jobs, state)
+            state.save(out)
+            return report(state, r, out, max_rss_mb, ends)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 

@@ -228,3 +228,33 @@ def test_a_slow_kind_does_not_hold_back_the_fast_ones():
     slow, fast = state.kinds["slow"]["cases"], state.kinds["fast"]["cases"]
     assert 3 <= slow <= 8 and fast > 5 * slow, (slow, fast)
     assert run["cases"] == slow + fast and state.ok()
+
+
+def test_every_accepted_job_is_seen_to_end_cleanly(tmp_path):
+    """check_ends reads each queued job's record once the queue settled: failed at the fuzz's missing encoder, failed
+    naming a field or cancelled is clean; a job the daemon failed itself (its own exception) or a record gone is the
+    case's bad_ends failure."""
+    from bench.fuzz_run import check_ends
+    from bench.fuzz_send import FUZZ_ENCODER
+
+    def job(name: str, state: str, stage: str | None = None, message: str = "") -> str:
+        (tmp_path / name).mkdir()
+        err = {"stage": stage, "message": message} if stage else None
+        (tmp_path / name / "job.json").write_text(json.dumps({"state": state, "error": err}))
+        return name
+    jobs = {job("a", "failed", "encoder", f"cannot start: --text-encoder {FUZZ_ENCODER}te.safetensors: no such file"):
+            ("image_page", 1),
+            job("b", "cancelled"): ("image_page", 2),
+            job("c", "failed", "orchestrator", "prompt.json field 'loras[0]': bad file"): ("page_lora", 3),
+            job("d", "failed", "orchestrator", "TypeError: 'NoneType' object is not subscriptable"): ("image_page", 4),
+            job("e", "failed", "encoder", "encoder died"): ("sampling_comfy", 5),
+            "gone": ("sampling_page", 6)}
+    state = FuzzState(0)
+    for kind, _ in jobs.values():
+        state.kind(kind)
+    ends = check_ends(tmp_path, jobs, state)
+    assert ends == {"failed at the encoder": 1, "cancelled": 1, "failed naming a field": 1, "other": 3}
+    bad = [(f["kind"], f["index"], f["what"]) for f in state.failures]
+    assert bad == [("image_page", 4, "bad_ends"), ("sampling_comfy", 5, "bad_ends"), ("sampling_page", 6, "bad_ends")]
+    assert "TypeError" in state.failures[0]["detail"] and "no readable job.json" in state.failures[2]["detail"]
+    assert not state.ok() and state.kinds["image_page"]["bad_ends"] == 1
