@@ -15,8 +15,14 @@ state left them, adding the cases, outcomes, failures and peaks of this run, unt
 Every request must be answered (a hang is no answer within --timeout s), never with a 5xx, and no program of the
 pipeline may die or be restarted (its supervisord pid changes) or pass --max-rss-mb of peak memory (VmHWM), looked at
 every 15 s (bench/fuzz_run.py). Jobs a request queues are cancelled at once: by design (bench/fuzz_live.FUZZ_TOML)
-none gets past encoding. Exit status 1 on any hang, 5xx, traceback in an answer, stage death or memory peak in the
-state (this run or an earlier one).
+none gets past encoding (an A1111 call waits for its job's failure; the front looks every 0.05 s, HTTP_POLL_S), and
+each is seen to end cleanly (its job.json once the queue settled: bench/fuzz_run.check_ends). Exit status 1 on any
+hang, 5xx, traceback in an answer, job's bad end, stage death or memory peak in the state (this run or an earlier
+one) not marked fixed: a failure fixed since stays in the state's history, marked with the commit and its regression
+test (bench/fuzz_cases.py says how the cases around it are counted):
+
+    .venv/bin/python bench/fuzz_http.py --resume bench/fuzz_state.json --mark-fixed 2 over_memory b867376 \
+        tests/test_image_budget.py
 """
 from __future__ import annotations
 
@@ -36,10 +42,10 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # bench.*, tests.* when run as a script
 
-from bench.fuzz_cases import TARGET, FuzzState  # noqa: E402
+from bench.fuzz_cases import FAILURES, TARGET, FuzzState  # noqa: E402
 from bench.fuzz_inputs import InputRequests, input_images, upload  # noqa: E402
 from bench.fuzz_live import FUZZ_TOML, settle_jobs  # noqa: E402
-from bench.fuzz_run import MAX_RSS_MB, WORKERS, fuzz, report  # noqa: E402
+from bench.fuzz_run import MAX_RSS_MB, WORKERS, check_ends, fuzz, report  # noqa: E402
 from models.lora.synth import lora_entries, write_lora  # noqa: E402
 from models.safetensors_io import TensorEntry, write_safetensors  # noqa: E402
 from tests.fuzzing import json_variant  # noqa: E402
@@ -47,6 +53,10 @@ from tests.comfy_graphs import standard_graph  # noqa: E402
 
 LORA_PACK = (128, 96)                                            # the LoRA-ready pack's size (rank LORA_RANK)
 LORA_RANK = 8
+# the front looks at followed jobs every 0.05 s (its least poll_s; the harness's 0.2): an A1111 call answers when
+# the front sees its job ended, and the fuzz's jobs end within ~0.1 s of their start, so that wait was most of an
+# accepted A1111 case's time. What the answers are checked for is the same.
+HTTP_POLL_S = 0.05
 FAMILIES = ("graphs", "loras", "inputs")                         # --only: graph shapes, LoRA files, images/bounds
 SHAPES = ("self_link", "loader_cycle", "clip_self", "long_cycle", "deep_chain", "fan_out", "dangling", "bad_slot",
           "mutated", "plain")                                    # the graphs family's kinds, comfy_<shape>
@@ -246,14 +256,17 @@ def run(n: int, seed: int, timeout_s: float, out: Path, keep: bool, families=FAM
         loras = hostile_loras(models / "loras", cache / "outside.safetensors")
         lora_pack = build_pack(resolve_models(models, {}, need=("dit",)).dit, cache / "pack-lora", LORA_PACK, "fp16",
                                lora_rank=LORA_RANK)
-        with Pipeline.start(models, pack, threads=1, extra_toml=extra, keep=keep, packs=(lora_pack,)) as pipe:
+        with Pipeline.start(models, pack, threads=1, extra_toml=extra, keep=keep, packs=(lora_pack,),
+                            http_poll_s=HTTP_POLL_S) as pipe:
             url = pipe.http_url()
             secrets = tuple({str(models / "loras"), str((models / "loras").resolve()), str(cache / "outside")})
-            makers = _makers(url, loras, timeout_s, families)
+            makers, jobs = _makers(url, loras, timeout_s, families), {}
             r = fuzz(pipe, url, state, makers, n, timeout_s, secrets, workers, max_s, max_rss_mb,
-                     save=lambda: state.save(out))
+                     save=lambda: state.save(out), jobs=jobs)
             settle_jobs(pipe)
-            return report(state, r, out, max_rss_mb)
+            ends = check_ends(pipe.rf.jobs, jobs, state)
+            state.save(out)
+            return report(state, r, out, max_rss_mb, ends)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 
@@ -269,6 +282,26 @@ def _makers(url: str, loras: dict, timeout_s: float, families) -> dict:
         inputs = InputRequests(gen._graph, images, upload(url, images, timeout_s))
         makers.update({k: getattr(inputs, k) for k in InputRequests.KINDS})
     return {k: f for k, f in makers.items() if KIND_FAMILY[k] in families}
+
+
+def mark_fixed(path: Path | None, seed: int, run: str, what: str, commit: str, test: str) -> int:
+    """--mark-fixed: the state's failures marked (bench/fuzz_cases.FuzzState.mark_fixed), the summary printed."""
+    if path is None or not path.exists() or not run.isdigit() or what not in FAILURES:
+        print(f"--mark-fixed needs --resume STATE.json (an existing one), a run number and one of {FAILURES}",
+              file=sys.stderr)
+        return 2
+    state = FuzzState.load(path, seed)
+    try:
+        n = state.mark_fixed(int(run), what, commit, test)
+    except ValueError as e:
+        print(f"--mark-fixed: {e}", file=sys.stderr)
+        return 2
+    state.save(path)
+    print(f"{n} {what} failure(s) of run {run} marked fixed by {commit} ({test}): {path}")
+    for line in state.summary():
+        print(line)
+    print("ok" if state.ok() else "FAILED")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -288,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-rss-mb", type=int, default=MAX_RSS_MB, help="a program's allowed peak RSS (MB)")
     parser.add_argument("--max-s", type=float, default=None,
                         help="stop sending after this many seconds (the summary counts the cases sent)")
+    parser.add_argument("--mark-fixed", nargs=4, metavar=("RUN", "WHAT", "COMMIT", "TEST"), default=None,
+                        help="mark the --resume state's failures WHAT of run RUN fixed by COMMIT (its regression test "
+                             "TEST), save it and exit: they stay in its history and no longer fail it")
     parser.add_argument("--daemon-timeout", type=float, default=None,
                         help="the front's [stage.http] request_timeout_s (default its own, 5 s): on a starved machine "
                              "a silent daemon is a 503 after it")
@@ -298,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--requests and --target must be >= 1, --timeout and --max-s > 0, --daemon-timeout in "
                      "[0.1, 120], --workers in [1, 64]")
     out = args.resume or args.json
+    if args.mark_fixed:
+        return mark_fixed(args.resume, args.seed, *args.mark_fixed)
     return 0 if run(args.requests, args.seed, args.timeout, out, args.keep, tuple(args.only), args.max_rss_mb,
                     args.max_s, args.daemon_timeout, args.workers, args.resume is not None, args.target) else 1
 

@@ -8,6 +8,7 @@ memory), the state saved after every look, and the report: the outcomes per kind
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import Counter
@@ -17,7 +18,7 @@ from pathlib import Path
 import requests
 
 from bench.fuzz_cases import FAILURES, Cases, FuzzState
-from bench.fuzz_send import Answer, Sender
+from bench.fuzz_send import FUZZ_ENCODER, Answer, Sender
 
 PROGRAMS = ("orchestrator", "scheduler", "executor", "http")     # always on: a pid change is a death
 CHECK_EVERY_S = 15.0                                             # a probe, the pids and peak memory this often
@@ -80,21 +81,58 @@ class Watch:
         self.kinds = set()
 
 
-def _take(state: FuzzState, watch: Watch, a: Answer) -> None:
+def _take(state: FuzzState, watch: Watch, a: Answer, jobs: dict) -> None:
     state.add(a.kind, a.index, a.outcome, a.busy_s, a.busy)
     for what, detail in a.failures:
         state.fail(a.kind, what, a.index, detail)
     watch.kinds.add(a.kind)
+    if a.job:
+        jobs[a.job] = (a.kind, a.index)
+
+
+def _end(rec: dict) -> str | None:
+    """A job record's clean end (what check_ends counts), or None."""
+    err = rec.get("error") or {}
+    message = str(err.get("message", ""))
+    if rec.get("state") == "cancelled":
+        return "cancelled"
+    if rec.get("state") != "failed":
+        return None
+    if err.get("stage") == "encoder" and FUZZ_ENCODER in message:
+        return "failed at the encoder"
+    if err.get("stage") == "orchestrator" and message.startswith("prompt.json field '"):
+        return "failed naming a field"        # checked again at its start (a LoRA file changed since submit)
+    return None
+
+
+def check_ends(jobs_dir: Path, jobs: dict, state: FuzzState) -> Counter:
+    """Every job an answer queued ({job: (kind, index)}), once the queue is settled, read from its job.json: a clean
+    end is `failed` at the encoder naming the fuzz's missing text encoder (FUZZ_ENCODER: no job gets further),
+    `failed` naming a field, or `cancelled`; any other (a job the daemon failed itself, a missing record) is the
+    case's `bad_ends` failure. -> the ends counted ({"failed at the encoder": n, ...})."""
+    ends: Counter = Counter()
+    for job, (kind, index) in jobs.items():
+        try:
+            rec = json.loads((jobs_dir / job / "job.json").read_text())
+            end, why = _end(rec), f"job {job} ended {rec.get('state')}: {json.dumps(rec.get('error'))[:400]}"
+        except (OSError, ValueError, AttributeError) as e:
+            end, why = None, f"job {job}: no readable job.json ({e})"
+        ends[end or "other"] += 1
+        if end is None:
+            state.fail(kind, "bad_ends", index, why)
+    return ends
 
 
 def fuzz(pipe, url: str, state: FuzzState, makers: dict, n: int, timeout_s: float, secrets: tuple,
          workers: int = WORKERS, max_s: float | None = None, max_rss_mb: int = MAX_RSS_MB,
-         save=lambda: None) -> dict:
+         save=lambda: None, jobs: dict | None = None) -> dict:
     """Up to `n` distinct cases (fewer when `max_s` passes, or every kind has its state.target), `workers` requests
-    in flight; -> this run's record (also appended to state.runs). `save()` after every look. Each kind has its own
+    in flight; -> this run's record (also appended to state.runs). `save()` after every look; `jobs` gets the jobs
+    the answers queued ({job: (kind, index)}, for check_ends). Each kind has its own
     lanes (workers / open kinds, at least one): a slow kind (an A1111 call waiting for its job, ~17 s) never holds
     every worker, so the fast kinds' counts grow at their own pace; a free lane takes the kind with fewest cases."""
     cases, sender = Cases(makers, state), Sender(url, timeout_s, workers, secrets)
+    jobs = {} if jobs is None else jobs
     watch = Watch(pipe, url, timeout_s, state, max_rss_mb)
     run = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "workers": workers,
            "load_start": [round(x, 1) for x in os.getloadavg()], "cases": 0, "interrupted": False}
@@ -123,7 +161,7 @@ def fuzz(pipe, url: str, state: FuzzState, makers: dict, n: int, timeout_s: floa
             done, _ = wait(flying, timeout=1.0, return_when=FIRST_COMPLETED)
             for f in done:
                 del flying[f]
-                _take(state, watch, f.result())
+                _take(state, watch, f.result(), jobs)
                 run["cases"] += 1
             if watch.due():
                 _progress(state, watch, run, t0, save)
@@ -131,7 +169,7 @@ def fuzz(pipe, url: str, state: FuzzState, makers: dict, n: int, timeout_s: floa
         run["interrupted"] = True
         print(f"interrupted after {run['cases']} cases; waiting for {len(flying)} in flight", flush=True)
         for f in flying:
-            _take(state, watch, f.result())
+            _take(state, watch, f.result(), jobs)
             run["cases"] += 1
     sender.close()
     _progress(state, watch, run, t0, save)
@@ -146,10 +184,10 @@ def _progress(state: FuzzState, watch: Watch, run: dict, t0: float, save) -> Non
     run["peak_rss_mb"], run["start_rss_mb"], run["probes"] = watch.peak_rss_mb, watch.start_rss_mb, watch.probes
     save()
     print(f"  {run['cases']} cases, {run['wall_s']:.0f} s, {run['per_s']}/s, load {run['load_end'][0]}, "
-          f"failures {len(state.failures)}", flush=True)
+          f"failures {len(state.open_failures())}", flush=True)
 
 
-def report(state: FuzzState, run: dict, out: Path, max_rss_mb: int = MAX_RSS_MB) -> bool:
+def report(state: FuzzState, run: dict, out: Path, max_rss_mb: int = MAX_RSS_MB, ends: Counter | None = None) -> bool:
     """The outcome table per kind (all runs), the programs' peaks, one `cases=N/target` line per kind, the run."""
     outcomes = sorted({o for k in state.kinds.values() for o in k["outcomes"]})
     print(f"{'kind':<22}" + "".join(f"{o:>8}" for o in outcomes) + f"{'cases':>8}{'ms/case':>9}{'503_RA':>8}")
@@ -161,7 +199,10 @@ def report(state: FuzzState, run: dict, out: Path, max_rss_mb: int = MAX_RSS_MB)
         for p, mb in sorted(run["peak_rss_mb"].items())) + f"; bound {max_rss_mb}")
     for line in state.summary():
         print(line)
-    others = [f for f in state.failures if f["what"] not in FAILURES]
+    if ends is not None:
+        print("accepted jobs' ends (job.json, after the queue settled): " +
+              (", ".join(f"{what} {n}" for what, n in sorted(ends.items())) or "none"))
+    others = [f for f in state.open_failures() if f["what"] not in FAILURES]
     print(f"run: cases={run['cases']} wall_s={run['wall_s']:.0f} per_s={run['per_s']} workers={run['workers']} "
           f"load {run['load_start']} -> {run['load_end']} probes={run['probes']} deaths+probe_failures={len(others)}"
           f" runs={len(state.runs)} {'ok' if state.ok() else 'FAILED'}")

@@ -112,7 +112,7 @@ def pipeline_toml(pack: Path, models: Path, *, threads: int = 1, branch_timeout_
                   extra: str = "", packs=(), executor: str = "", orchestrator: str = "",
                   timing_plot: bool = False, backend: str = "onnx", stage_retries: int = 3,
                   request_s: float = 5.0, cond_cache_mb: float = 0.0, keep_up: str = "never",
-                  start_timeout_s: float = 120.0) -> str:
+                  start_timeout_s: float = 120.0, http_poll_s: float = 0.2) -> str:
     """The config the harness runs: real stages, the executor's trace on, short timeouts so deaths show quickly; the
     HTTP front on a free port (RUN/http.json says which), so runs side by side never clash. `executor`,
     `orchestrator`: more lines for [stage.executor] (e.g. 'policy = "prefetch+dual_core"') and [stage.orchestrator];
@@ -123,7 +123,8 @@ def pipeline_toml(pack: Path, models: Path, *, threads: int = 1, branch_timeout_
     asked for (the shared pipelines' tests see the encoder run for each job, as they count on: kills mid-encode,
     its timings and RSS); `keep_up`: the encoder and VAE stopped after each use unless asked (orchestrator/engine/keep_up.py;
     the shared pipelines' tests look for them STOPPED after a job); `start_timeout_s`: a stage's start to READY
-    (longer for a bench on a busy machine)."""
+    (longer for a bench on a busy machine); `http_poll_s`: the front's look at followed jobs (an A1111 call answers
+    after the look that sees its job end)."""
     more = "".join(f'"{p}", ' for p in packs)
     return (f'run_dir = "."\npack_dir = "{pack}"\npacks = [{more}]\nmodels_dir = "{models}"\nthreads = {threads}\n'
             f'backend = "{backend}"\n'
@@ -133,7 +134,7 @@ def pipeline_toml(pack: Path, models: Path, *, threads: int = 1, branch_timeout_
             f'[stage.orchestrator]\nsample_interval_s = 0.1\nstart_timeout_s = {start_timeout_s}\nstage_retries = {stage_retries}\n'
             f'timing_plot_timeout_s = {120 if timing_plot else 0}\ncond_cache_mb = {cond_cache_mb}\n'
             f'keep_up = "{keep_up}"\n{orchestrator}'
-            f'[stage.http]\nport = 0\npoll_s = 0.2\n{extra}')
+            f'[stage.http]\nport = 0\npoll_s = {http_poll_s}\n{extra}')
 
 
 class JobLink:
@@ -175,14 +176,14 @@ class Pipeline(JobLink):
               executor_toml: str = "", orchestrator_toml: str = "", keep: bool = False, packs=(),
               timing_plot: bool = False, backend: str = "onnx", stage_retries: int = 3, request_s: float = 5.0,
               always_on: tuple = ("scheduler", "executor", "orchestrator"), cond_cache_mb: float = 0.0,
-              keep_up: str = "never", start_timeout_s: float = 120.0) -> "Pipeline":
+              keep_up: str = "never", start_timeout_s: float = 120.0, http_poll_s: float = 0.2) -> "Pipeline":
         """`always_on`: the programs to wait for (not one that runs on another machine, e.g. a remote executor)."""
         root = Path(tempfile.mkdtemp(prefix="anima-e2e-", dir="/tmp"))
         rf = init_run(root, python=sys.executable)
         args = dict(pack=pack, models=models, threads=threads, branch_timeout_s=branch_timeout_s, extra=extra_toml,
                     packs=packs, orchestrator=orchestrator_toml, timing_plot=timing_plot, backend=backend,
                     stage_retries=stage_retries, request_s=request_s, cond_cache_mb=cond_cache_mb, keep_up=keep_up,
-                    start_timeout_s=start_timeout_s)
+                    start_timeout_s=start_timeout_s, http_poll_s=http_poll_s)
         rf.pipeline_toml.write_text(pipeline_toml(executor=executor_toml, **args))
         proc = subprocess.Popen([str(BIN / "supervisord"), "-n", "-c", str(rf.supervisord_conf)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

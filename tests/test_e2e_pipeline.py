@@ -123,6 +123,8 @@ def test_job_end_to_end(pipe, assets, reference):
         assert b["infer_s"] > 0 and b["load_s"] >= 0 and b["init_s"] > 0 and b["release_s"] >= 0
     assert r["transport_s"] > 0 and r["host_s"] > 0
     assert r["latent"]["space"] == "model" and r["text"]["truncated"] is False
+    est = r["estimate"]                                   # priced when the report was written, as before the run
+    assert est["label"] == "modelled" and est["size"] == [128, 128] and est["encode_s"] > 0     # no cache: encoded
     assert not (pipe.job_dir(job) / "timing.png").exists()       # the harness sets timing_plot_timeout_s = 0
     assert r["text"]["t5_tokens_prompt"] > 5 and r["text"]["t5_tokens_negative"] >= 2
     # the branch calls' critical path (visible lifecycle + inference; the default policy prefetches, so load/init

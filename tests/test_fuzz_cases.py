@@ -66,6 +66,57 @@ def test_the_state_refuses_another_seed_and_keeps_failures(tmp_path):
     assert back.summary() == ["image_page cases=1/50 duplicates_skipped=0 5xx=1 tracebacks=0 hangs=0 over_memory=0"]
 
 
+def _two_runs(tmp_path):
+    """A state as bench/fuzz_state.json's: run 1 without per-kind counts, over_memory in run 2 for two kinds."""
+    state = FuzzState(0, target=50)
+    state.runs.append({"cases": 3})
+    for i in range(3):
+        state.add("image_page", i, "200", 0.1)
+    state.runs[-1].pop("kind_cases")                     # the first runs of the real state did not record them
+    state.runs.append({"cases": 2})
+    state.add("image_page", 3, "400", 0.1)
+    state.add("sampling_page", 0, "400", 0.1)
+    for kind in ("image_page", "sampling_page"):
+        state.fail(kind, "over_memory", None, "http peak 1008 MB > 1000 MB")
+    return state
+
+
+def test_a_failure_marked_fixed_stays_in_the_history_and_no_longer_fails_the_state(tmp_path):
+    state = _two_runs(tmp_path)
+    assert not state.ok()
+    with pytest.raises(ValueError, match="no unmarked 'over_memory' failure in run 1"):
+        state.mark_fixed(1, "over_memory", "b867376", "tests/test_image_budget.py")
+    assert state.mark_fixed(2, "over_memory", "b867376", "tests/test_image_budget.py") == 2
+    state.save(tmp_path / "s.json")
+    back = FuzzState.load(tmp_path / "s.json", seed=0, target=50)
+    assert back.ok() and len(back.failures) == 2
+    assert back.failures[0]["fixed"] == {"commit": "b867376", "test": "tests/test_image_budget.py"}
+    assert back.kinds["image_page"]["over_memory"] == 1  # the history's counter kept
+    # a run after the fix: its cases are the ones whose memory was checked with the fix in
+    back.runs.append({"cases": 1})
+    back.add("image_page", 4, "200", 0.1)
+    assert back.memory_checked("image_page") == 1 and back.memory_checked("sampling_page") == 0
+    lines = back.summary()
+    assert lines[0] == ("image_page cases=5/50 duplicates_skipped=0 5xx=0 tracebacks=0 hangs=0 over_memory=0 "
+                        "fixed=1 memory_checked=1")
+    assert lines[2] == ("fixed: image_page over_memory (run 2: http peak 1008 MB > 1000 MB) by b867376, "
+                        "regression test tests/test_image_budget.py")
+    # the same failure again, after the fix, fails the state
+    back.fail("image_page", "over_memory", None, "http peak 1200 MB > 1000 MB")
+    assert not back.ok() and "over_memory=1 fixed=1" in back.summary()[0]
+
+
+def test_mark_fixed_from_the_command_line(tmp_path, capsys):
+    from bench.fuzz_http import main
+    _two_runs(tmp_path).save(tmp_path / "s.json")
+    assert main(["--resume", str(tmp_path / "s.json"), "--mark-fixed", "2", "hangs", "abc", "t.py"]) == 2
+    assert main(["--resume", str(tmp_path / "s.json"), "--mark-fixed", "2", "over_memory", "b867376",
+                 "tests/test_image_budget.py"]) == 0
+    out = capsys.readouterr().out
+    assert "2 over_memory failure(s) of run 2 marked fixed by b867376" in out and out.rstrip().endswith("ok")
+    assert FuzzState.load(tmp_path / "s.json", seed=0).ok()
+
+
 def _response(status: int, body: dict) -> requests.Response:
     r = requests.Response()
     r.status_code, r._content = status, json.dumps(body).encode()
@@ -177,3 +228,33 @@ def test_a_slow_kind_does_not_hold_back_the_fast_ones():
     slow, fast = state.kinds["slow"]["cases"], state.kinds["fast"]["cases"]
     assert 3 <= slow <= 8 and fast > 5 * slow, (slow, fast)
     assert run["cases"] == slow + fast and state.ok()
+
+
+def test_every_accepted_job_is_seen_to_end_cleanly(tmp_path):
+    """check_ends reads each queued job's record once the queue settled: failed at the fuzz's missing encoder, failed
+    naming a field or cancelled is clean; a job the daemon failed itself (its own exception) or a record gone is the
+    case's bad_ends failure."""
+    from bench.fuzz_run import check_ends
+    from bench.fuzz_send import FUZZ_ENCODER
+
+    def job(name: str, state: str, stage: str | None = None, message: str = "") -> str:
+        (tmp_path / name).mkdir()
+        err = {"stage": stage, "message": message} if stage else None
+        (tmp_path / name / "job.json").write_text(json.dumps({"state": state, "error": err}))
+        return name
+    jobs = {job("a", "failed", "encoder", f"cannot start: --text-encoder {FUZZ_ENCODER}te.safetensors: no such file"):
+            ("image_page", 1),
+            job("b", "cancelled"): ("image_page", 2),
+            job("c", "failed", "orchestrator", "prompt.json field 'loras[0]': bad file"): ("page_lora", 3),
+            job("d", "failed", "orchestrator", "TypeError: 'NoneType' object is not subscriptable"): ("image_page", 4),
+            job("e", "failed", "encoder", "encoder died"): ("sampling_comfy", 5),
+            "gone": ("sampling_page", 6)}
+    state = FuzzState(0)
+    for kind, _ in jobs.values():
+        state.kind(kind)
+    ends = check_ends(tmp_path, jobs, state)
+    assert ends == {"failed at the encoder": 1, "cancelled": 1, "failed naming a field": 1, "other": 3}
+    bad = [(f["kind"], f["index"], f["what"]) for f in state.failures]
+    assert bad == [("image_page", 4, "bad_ends"), ("sampling_comfy", 5, "bad_ends"), ("sampling_page", 6, "bad_ends")]
+    assert "TypeError" in state.failures[0]["detail"] and "no readable job.json" in state.failures[2]["detail"]
+    assert not state.ok() and state.kinds["image_page"]["bad_ends"] == 1

@@ -87,7 +87,8 @@ def test_step_state_is_not_written_on_a_short_disk(tmp_path, monkeypatch):
 
 def test_a_job_does_not_start_on_a_short_disk(tmp_path, monkeypatch):
     """PlanRunner.run checks the job folder's disk before anything (a queued job may wait while the disk fills): the
-    job fails naming the orchestrator and the folder, nothing is created, and it can be resumed."""
+    job fails naming the orchestrator and the folder, nothing is created (its failure record in job.json only: no
+    report.json, no estimate priced for it), and it can be resumed."""
     from types import SimpleNamespace
 
     from orchestrator.engine.plan.run import PlanRunner
@@ -101,12 +102,15 @@ def test_a_job_does_not_start_on_a_short_disk(tmp_path, monkeypatch):
         sup=SimpleNamespace(stop=lambda name, **kw: stopped.append(name)), packs={}, current=None, progress={},
         pump=lambda s: None, rf=SimpleNamespace(root=tmp_path))
     monkeypatch.setattr("orchestrator.engine.plan.checks.shutil.disk_usage", lambda p: Usage(10 * 2**30, 0, 20 * 2**20))
+    priced = []
+    monkeypatch.setattr("orchestrator.engine.estimate.estimate_spec", lambda *a, **kw: priced.append(a))
     PlanRunner(daemon, job).run()
     failed = store.get(job.id)
     assert failed.state == "failed" and failed.error["stage"] == "orchestrator"
     assert failed.error["message"].startswith(f"only 20 MB free in {store.job_dir(job.id)}; a job needs at least 64 MB")
     assert f"orchestrator resume {job.id}" in failed.error["message"]
-    assert sorted(p.name for p in store.job_dir(job.id).iterdir()) == ["job.json", "report.json"]
+    assert sorted(p.name for p in store.job_dir(job.id).iterdir()) == ["job.json"]
+    assert priced == [] and failed.report is None
     assert stopped == ["encoder", "vae"]                        # nothing heavy left running
     monkeypatch.undo()
     assert store.resume(job.id).start_at == "encoding"

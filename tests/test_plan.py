@@ -357,16 +357,21 @@ def test_a_resume_skips_the_report_when_whole_and_writes_it_again_when_a_step_it
     assert [s.name for s in r._steps_to_run()[0]] == ["Decode[0]", "Deliver", "Report"]
 
 
-def test_the_report_step_writes_the_phase_it_runs_in_and_which_steps_ran(tmp_path):
+def test_the_report_step_writes_the_phase_it_runs_in_and_which_steps_ran(tmp_path, monkeypatch):
     """report.json from the Report step: the decoding phase it runs in closed (as the runner's end wrote it before),
-    the plan's steps with which ran in this run, and the token counts read back from text.json when no step of this
-    run set them (a resume that skipped the encoder and the denoiser)."""
+    the plan's steps with which ran in this run, the token counts read back from text.json when no step of this
+    run set them (a resume that skipped the encoder and the denoiser), and the estimate priced here, once, with the
+    conditioning cache as the job found it at its start (its own encode fills the cache meanwhile)."""
     from types import SimpleNamespace
 
     from orchestrator.engine.report import JobReport
     plan = _plan()
     r = _runner(tmp_path, plan)
     r.settings.timing_plot_timeout_s = 0.0
+    priced = []
+    monkeypatch.setattr("orchestrator.engine.plan.report_step.safe_estimate",
+                        lambda spec, cfg, packs, cached: priced.append((spec, cached)) or {"label": "modelled"})
+    r.spec, r.cfg, r.d, r.prompts_cached = "spec", None, SimpleNamespace(packs={}), False
     r.report, r.job = JobReport("j", {"prompt": "a"}), SimpleNamespace(id="j")
     r.report.phases = [["denoising", 0.0, 1.0]]
     r._phase, r._ran = ["decoding", 1.0], {plan.steps[2], plan.steps[3]}
@@ -378,6 +383,9 @@ def test_the_report_step_writes_the_phase_it_runs_in_and_which_steps_ran(tmp_pat
         ("EncodeText", "encoder", False), ("Denoise[0]", "scheduler", False), ("Decode[0]", "vae", True),
         ("Deliver", None, True), ("Report", None, True)]
     assert rep["text"] == {"t5_tokens_prompt": 3, "t5_tokens_negative": 1}
+    assert rep["estimate"] == {"label": "modelled"} and priced == [("spec", False)]
+    r._write_report()                                     # written again (a failure after): not priced again
+    assert len(priced) == 1
     assert r.report.finished is not None and r._phase is None
     r._close_phase()                                      # the runner's own close after the step: nothing more
     assert [p[0] for p in r.report.phases] == ["denoising", "decoding"]

@@ -147,3 +147,25 @@ def test_a_sharded_packs_outputs_are_fp32_in_both_plans():
     want = _by_hand(pack) | {f"y.{p}": ("f32", (pack.geometry.tokens, pack.config.width)) for p in (0, 1)}
     assert {s.name: (s.dtype, s.shape) for s in plan.slots} == want
     assert arena_plan(sharded).scratch_bytes == plan.nbytes(ALIGN_BYTES) > arena_plan(pack).scratch_bytes
+
+
+def test_the_arenas_pack_is_read_again_only_when_its_manifest_changed(tmp_path, monkeypatch):
+    """The daemon reads a job's pack for its arena's sizes (the manifest only); the same manifest is not read again
+    for every job, a changed one is, and a pack gone fails as load_pack does (the job's error names it)."""
+    import shutil
+
+    from models.packs.pack import PackError
+    from orchestrator.engine import job_arena
+    from tests.doubles_harness import fake_pack
+    pack = fake_pack(tmp_path / "p", 64, 64)
+    reads = []
+    real = job_arena.load_pack
+    monkeypatch.setattr(job_arena, "load_pack", lambda d, check=True: reads.append(check) or real(d, check=check))
+    first = job_arena.arena_pack(pack)
+    assert job_arena.arena_pack(pack) is first and reads == [False]
+    manifest = pack / "manifest.json"
+    manifest.write_text(manifest.read_text() + "\n")             # changed (its size): read again
+    assert job_arena.arena_plan(job_arena.arena_pack(pack)) == job_arena.arena_plan(first) and len(reads) == 2
+    shutil.rmtree(pack)
+    with pytest.raises(PackError):
+        job_arena.arena_pack(pack)

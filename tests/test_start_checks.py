@@ -106,7 +106,7 @@ def test_a_stage_config_exit_fails_the_job_at_once_with_its_cause(tmp_path, pipe
     """Through supervisord: the encoder's pack folder is missing; the job fails at its start with the encoder's own
     words and without restarts that would fail the same way (the cause is in the job's error, not only in
     encoder.log). The next job does not spawn it again while the folder is still missing (stages/preflight.py): it
-    fails at once with the same words."""
+    fails at once with the same words, writing nothing but its failure record (no report of a run that never was)."""
     from tests.pipeline_harness import Pipeline
     models, pack = pipeline_assets
     missing = tmp_path / "nowhere" / "encoder"
@@ -119,10 +119,14 @@ def test_a_stage_config_exit_fails_the_job_at_once_with_its_cause(tmp_path, pipe
         assert str(missing) in info.error and "not retried" in info.error
         enc = p.sup.info("encoder")
         assert enc.exitstatus == EXIT_CONFIG
-        again = p.wait(p.submit({"prompt": "b", "steps": 1}), timeout_s=240)
+        assert (p.job_dir(job) / "report.json").exists()      # a stage was started: how its start went
+        second = p.submit({"prompt": "b", "steps": 1})
+        again = p.wait(second, timeout_s=240)
         assert again.state == "failed" and "no such encoder pack folder" in again.error
         assert str(missing) in again.error and "not started" in again.error
         assert p.sup.info("encoder").start == enc.start, "spawned again"
+        # nothing ran: its failure record (job.json) and nothing more, no report priced and written
+        assert sorted(f.name for f in p.job_dir(second).iterdir()) == ["job.json"] and again.report is None
 
 
 def test_the_executor_backend_under_its_table_says_it_belongs_at_the_top(tmp_path):

@@ -310,14 +310,16 @@ def estimate_spec(spec, packs: dict, board: BoardSettings, cached: bool = False)
                     source=f"{model.source}, {what}", notes=tuple(notes), ram_basis=board.ram_basis)
 
 
-def estimate_with_config(spec, cfg, packs: dict | None = None) -> Estimate:
+def estimate_with_config(spec, cfg, packs: dict | None = None, cached: bool | None = None) -> Estimate:
     """The estimate on a pipeline config's board settings and packs (`packs`: the daemon's PackInfo by size, read
-    from the config's pack folders when not given)."""
+    from the config's pack folders when not given); `cached`: prompts_cached as seen earlier (None: looked at now)."""
     if packs is None:
         from orchestrator.engine.packs import read_packs
         packs = read_packs(cfg.packs)
+    if cached is None:
+        cached = prompts_cached(spec, cfg, packs)
     return estimate_spec(spec, {size: Path(p.dir) for size, p in packs.items()}, BoardSettings.of_config(cfg),
-                         cached=prompts_cached(spec, cfg, packs))
+                         cached=cached)
 
 
 def prompts_cached(spec, cfg, packs: dict) -> bool:
@@ -337,12 +339,20 @@ def prompts_cached(spec, cfg, packs: dict) -> bool:
     return all_cached(cfg, cache, spec.loras, pairs)
 
 
-def safe_estimate(spec, cfg, packs: dict | None = None) -> dict | None:
+def safe_prompts_cached(spec, cfg, packs: dict) -> bool | None:
+    """prompts_cached, or None when it cannot be told (safe_estimate then looks again, and logs why)."""
+    try:
+        return prompts_cached(spec, cfg, packs)
+    except Exception:  # noqa: BLE001 - the estimate is a note beside the job: never its failure
+        return None
+
+
+def safe_estimate(spec, cfg, packs: dict | None = None, cached: bool | None = None) -> dict | None:
     """estimate_with_config as report.json keeps it; None when the board model cannot price the job. The estimate is
     what a report shows beside the measured times: whatever goes wrong pricing it is logged, and the job runs all the
     same."""
     try:
-        return estimate_with_config(spec, cfg, packs).to_dict()
+        return estimate_with_config(spec, cfg, packs, cached).to_dict()
     except (EstimateError, ValueError, OSError) as e:
         log.info("no estimate for this job: %s", e)
     except Exception:                       # a bug in the pricing must not fail a job that would otherwise run

@@ -2,8 +2,13 @@
 by the scratch plan the scheduler carves it with (models/packs/scratch.py)."""
 from __future__ import annotations
 
+import os
+from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 
+from models.manifest import MANIFEST
+from models.packs.pack import Pack, load_pack
 from models.packs.sharded import shard_count
 from models.packs.scratch import scratch_plan
 from protocol import messages as m
@@ -52,6 +57,28 @@ class JobArena:
     image: TensorDesc | None = None         # img2img: [3, H, W] f32 in [-1, 1], VAE_ENCODE's input
     init_latent: TensorDesc | None = None   # [C, H/8, W/8] f32, VAE_ENCODE's output and DENOISE's init_latent
     noise_mask: TensorDesc | None = None    # [C, H/8, W/8] f32 in [0, 1], DENOISE's noise_mask
+
+
+# packs read for their arenas (manifest only, as load_pack(check=False) checks it), kept by folder and the manifest's
+# stat: the arena's sizes come from the manifest alone, and reading it again (every member's path resolved, the host
+# header read) took ~0.1 s of the daemon per job. The stages load their pack themselves, files and all.
+_ARENA_PACKS: OrderedDict = OrderedDict()
+ARENA_PACKS_KEPT = 8
+
+
+def arena_pack(pack_dir) -> Pack:
+    """The pack of `pack_dir` for an arena: read again when its manifest changed (PackError as load_pack's)."""
+    try:
+        st = os.stat(Path(pack_dir) / MANIFEST)
+    except OSError:
+        return load_pack(pack_dir, check=False)           # gone: load_pack's error names it
+    key = (str(pack_dir), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    pack = _ARENA_PACKS.get(key)
+    if pack is None:
+        pack = _ARENA_PACKS[key] = load_pack(pack_dir, check=False)
+        while len(_ARENA_PACKS) > ARENA_PACKS_KEPT:
+            _ARENA_PACKS.popitem(last=False)
+    return pack
 
 
 def create_job_arena(name: str, pack, img2img: bool = False) -> JobArena:

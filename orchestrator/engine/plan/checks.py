@@ -6,8 +6,8 @@ import secrets
 import shutil
 
 from models.lora.choice import lora_short_hash
-from models.packs.pack import PackError, load_pack
-from orchestrator.engine.job_arena import create_job_arena
+from models.packs.pack import PackError
+from orchestrator.engine.job_arena import arena_pack, create_job_arena
 from orchestrator.engine.loras import LoraRefused
 from orchestrator.engine.stage_control import StageFailed
 from protocol.arena import segment_name
@@ -50,7 +50,7 @@ class JobChecks:
         # new arena under the old name and mix the two (its writes would land in the resumed job's latent)
         name = segment_name(self.d.rf.root, f"{self.job.id}_{secrets.token_hex(3)}")
         try:
-            made = create_job_arena(name, load_pack(self.pack.dir, check=False),               # manifest only
+            made = create_job_arena(name, arena_pack(self.pack.dir),               # manifest only
                                     self.img2img if init_slots is None else init_slots)
         except PackError as e:
             raise StageFailed("orchestrator", f"model pack {self.pack.dir}: {e}") from None

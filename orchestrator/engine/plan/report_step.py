@@ -1,5 +1,6 @@
-"""The plan's last step (Report): report.json, then timing.png drawn from it by a short child process. A failed job
-writes the same two files from where it stopped (orchestrator.engine.plan.run)."""
+"""The plan's last step (Report): report.json (with the job's estimate, priced here), then timing.png drawn from it by
+a short child process. A failed job writes the same two files from where it stopped, once it reached a stage
+(orchestrator.engine.plan.run)."""
 from __future__ import annotations
 
 import logging
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import time
 
+from orchestrator.engine.estimate import safe_estimate
 from orchestrator.engine.job_files import REPORT_FILE, TEXT_FILE
 from orchestrator.engine.plan.job_io import load_text
 
@@ -30,6 +32,8 @@ class ReportStep:
         """report.json (with the plan's steps and which of them ran in this run: `running` is the step writing it),
         then timing.png."""
         ran = set(self._ran) | ({running} if running is not None else set())
+        if self.report.estimate is None:      # priced once, with the cache as the job found it (PlanRunner)
+            self.report.estimate = safe_estimate(self.spec, self.cfg, self.d.packs, self.prompts_cached)
         self.report.plan = [{"step": s.name, "stage": s.stage, "phase": s.phase, "ran": s in ran}
                             for s in self.plan.steps]
         self.report.write(self.dir / REPORT_FILE)

@@ -10,7 +10,7 @@ import logging
 import time
 
 from models.dit.partition import TEXT_TOKENS
-from orchestrator.engine.estimate import safe_estimate
+from orchestrator.engine.estimate import safe_prompts_cached
 from orchestrator.engine.job_files import (COND_FILE, ENTRIES_FILE, ENTRY_FILE, HIRES_COND_FILE, HIRES_INIT_FILE,
                                            HIRES_LATENT_FILE, HIRES_TEXT_FILE, HIRES_UNCOND_FILE, INIT_ENCODED_FILE,
                                            INIT_LATENT_FILE, JOB_FILES, LATENT_FILE, MIX_ENCODED_FILE,
@@ -57,7 +57,10 @@ class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, Laten
         self.pack = daemon.packs.get((self.spec.width, self.spec.height))     # the job's size picks its pack
         self.first_pack = self.pack                           # the first pass's (`pack` turns to the hires one)
         self.report = JobReport(job.id, job.spec)
-        self.report.estimate = safe_estimate(self.spec, self.cfg, daemon.packs)    # modelled, beside the measured
+        # the estimate (modelled, beside the measured) is priced when the report is written (_write_report): the
+        # board model's search takes seconds, wasted on a job that fails before any stage. Whether its prompts are
+        # in the conditioning cache is looked at now, before this job's own encode puts them there.
+        self.prompts_cached = safe_prompts_cached(self.spec, self.cfg, daemon.packs)
         for name in ("encoder", "executor", "vae"):
             self.report.stages[name].remote = self.cfg.is_remote(name)
         self.report.teardown.encoder_remote = self.cfg.is_remote("encoder")
@@ -95,7 +98,8 @@ class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, Laten
         except StageFailed as e:
             log.error("job %s failed: %s", job.id, e)
             self.control.stop_quietly()
-            self._write_report()             # how far it got: the Report step's files, from here
+            if self._reached_a_stage():
+                self._write_report()         # how far it got: the Report step's files, from here
             self.store.fail(job.id, e.stage, e.message)
         except Stopping:
             log.info("job %s left at %s for the next orchestrator", job.id, self.store.get(job.id).state)
@@ -109,6 +113,12 @@ class PlanRunner(JobChecks, TextSteps, EntrySteps, VaeSteps, DenoiseSteps, Laten
             if self.arena is not None:
                 self.arena.close()           # the owner unlinks: no segment outlives its job
                 self.arena = None
+
+    def _reached_a_stage(self) -> bool:
+        """Whether this run started or used a stage, or ran a step. A job failing before (the disk, its packs, its
+        arena, a stage its preflight would not start) has its failure record in job.json and nothing more: no
+        report.json, estimate or timing plot, which would show only that nothing ran."""
+        return bool(self._ran or self._up or any(self.report.stage_starts.values()))
 
     # ------------------------------------------------------------ the plan
 
