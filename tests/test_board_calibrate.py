@@ -75,7 +75,9 @@ def test_board_sim_and_auto_run_on_the_calibration(calibrated):
     from models.policy import resolve_policy
     pack_dir, out, cal = calibrated
     pack = load_pack(pack_dir, check=False)
-    be = BoardSimBackend(threads=1, board=Board(8, 1.0, "full", out))
+    model = BoardModel.for_pack(pack.dir, "full", out)
+    ram = _board_ram_with_room(model, cal)
+    be = BoardSimBackend(threads=1, board=Board(ram, 1.0, "full", out))
     rng = np.random.default_rng(1)
     b = pack.branch(0, "ffn")
     feeds = [{i["name"]: rng.standard_normal(i["shape"]).astype(np.float16) for i in b["inputs"]} for _ in range(2)]
@@ -85,15 +87,26 @@ def test_board_sim_and_auto_run_on_the_calibration(calibrated):
     assert rep["load"]["modelled_s"] == pytest.approx(life["load"]) and rep["init"]["modelled_s"] == pytest.approx(
         life["init"]) and rep["release"]["modelled_s"] == pytest.approx(life["release"])
     assert rep["npu"]["modelled_s"] == pytest.approx(cal.npu_pass_s["ffn"], rel=1e-3)
-    model = BoardModel.for_pack(pack.dir, "full", out)
     assert rep["io"]["modelled_s"] == pytest.approx(model.kinds["ffn"].io_s)
     # auto on board-sim and on rknn (its MemAvailable) choose on the calibrated model, not on cost.toml
-    want = board_auto.choose(model, model.context_budget_mib(8))[0].policy
-    got = resolve_policy("auto", "board-sim", BoardSimBackend, {"board_ram_gb": 8, "board_cost": str(out)},
+    want = board_auto.choose(model, model.context_budget_mib(ram))[0].policy
+    got = resolve_policy("auto", "board-sim", BoardSimBackend, {"board_ram_gb": ram, "board_cost": str(out)},
                          (pack.dir,))
     assert got == want
     # the backend takes board_cost from [stage.executor] as a constructor setting
     assert BoardSimBackend(board_cost=str(out), time_scale=0.5).board.board_cost == str(out)
+
+
+def _board_ram_with_room(model: BoardModel, cal) -> int:
+    """The smallest modelled board whose memory holds every calibrated context beside the calibration's baseline.
+    The baseline is the calibrating machine's used memory (MemTotal - MemAvailable): on a board, its own; here,
+    this x86 machine's, which the suite's and other processes can take past an 8 GB board's usable memory."""
+    from models.board.cost import BOARD_RAMS_GB
+    need = max(cal.mem_contexts)
+    ram = next((r for r in BOARD_RAMS_GB if model.contexts_fit(model.context_budget_mib(r)) >= need), None)
+    assert ram is not None, f"no modelled board holds {need} contexts beside the calibrated baseline " \
+                            f"{cal.baseline_gib:.1f} GiB (this machine's used memory when it calibrated)"
+    return ram
 
 
 def test_board_cost_in_the_pipeline_config(calibrated, tmp_path):

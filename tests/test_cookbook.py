@@ -5,7 +5,9 @@ The blocks are read from the page itself, so the page and this test cannot drift
 demo is made at half the page's default size (--resolution 128x128: packs 128, 192 and 256 instead of 256, 384 and
 512) and each command is shrunk the same way before it runs: every size it names halved, every step count 2, the
 page's URL the front's (the demo takes a free port here). A command this shrinking does not cover fails the test
-(`_shrunk`), rather than running at full size. Each image a command writes is checked at its size (halved)."""
+(`_shrunk`), rather than running at full size. Each image a command writes is checked at its size (halved). After
+the demo's own job the folder's text encoder is the board's ONNX one (`cookbook_folder`): the commands' jobs, not the
+torch encoder's start, are what this module runs."""
 from __future__ import annotations
 
 import json
@@ -15,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -132,11 +135,45 @@ def test_make_demo_runs_a_job_and_leaves_supervisord_up(demo_folder):
     assert Supervisor(run / "supervisor.sock").ping() == "RUNNING"    # left up for the next job
 
 
-def test_every_cookbook_command_runs_on_the_demo_folder(demo_folder):
+@pytest.fixture(scope="module")
+def cookbook_folder(demo_folder, tiny_bundle):
+    """demo_folder after the demo's own job, set as the suite's pipelines are (tests/pipeline_harness.py): one CPU
+    thread a stage (`make test` runs two workers on two cores) and the board's ONNX text encoder (the [stage.encoder]
+    table of board_stage_toml: the session's tiny models' encoder pack, built once per run, as test_chaos.py's
+    pipeline has it; the demo's models are the same files); `orchestrator reload` restarts what that concerns, the
+    front on a new free port. Each command's job starts the encoder (new prompts or LoRAs): ~1 CPU-s on ONNX
+    Runtime against ~6-11 with torch + transformers, a dozen times. The page's subject is the commands; the demo's
+    job as the demo sets it up is test_make_demo_runs_a_job_and_leaves_supervisord_up's, the torch encoder's jobs
+    the pipeline tests' (test_e2e_pipeline, test_lora_pipeline ...)."""
+    import requests
+    from orchestrator.engine.runfolder import RunFolder
+    from tests.pipeline_harness import board_stage_toml
+    root, env, _, made = demo_folder
+    run = RunFolder(root / "run")
+    text = run.pipeline_toml.read_text()
+    first_table = text.index("\n[") + 1                    # a top-level key goes before the first table
+    run.pipeline_toml.write_text(text[:first_table] + "threads = 1\n" + text[first_table:] + "\n"
+                                 + board_stage_toml(tiny_bundle, tiny_bundle.parent, stages=("encoder",)))
+    r = subprocess.run([str(root / ".venv" / "bin" / "orchestrator"), "--run", "run", "reload"], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=BLOCK_S)
+    assert r.returncode == 0 and "orchestrator RUNNING" in r.stdout, r.stdout + r.stderr[-3000:]
+    deadline = time.monotonic() + 60
+    while True:                                             # the restarted front writes its URL, then answers
+        try:
+            url = json.loads(run.http_json.read_text())["url"]
+            if requests.get(url, timeout=5).ok:
+                return root, env, url, made
+        except (OSError, ValueError, KeyError, requests.RequestException):
+            pass
+        assert time.monotonic() < deadline, "the HTTP front did not answer within 60 s of `orchestrator reload`"
+        time.sleep(0.3)
+
+
+def test_every_cookbook_command_runs_on_the_demo_folder(cookbook_folder):
     import psutil
     from orchestrator.engine.supervisor import Supervisor, SupervisorError
     from protocol.arena import list_segments, run_prefix
-    root, env, url, _ = demo_folder
+    root, env, url, _ = cookbook_folder
     for i, (lang, body) in enumerate(blocks(COOKBOOK.read_text())[1:], 1):
         script = _shrunk(body, url)
         if lang == "page":

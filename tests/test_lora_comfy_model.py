@@ -36,7 +36,8 @@ def small(tmp_path_factory):
     for name, (layout, seed, rank, alpha, groups) in JOB["loras"].items():
         write_lora((JOB["dit_shapes"], None), seed, d / name, layout, rank, alpha, tuple(groups))
     pack = build_pack(d / "anima-small.safetensors", d / "pack", tuple(JOB["size"]), "fp32", lora_rank=12)
-    runner = DiTRunner(pack, policy=Policy(resident_mb=4096.0))          # every branch stays loaded: bitwise the same
+    # every branch stays loaded: bitwise the same; one thread: `make test` runs two workers on two cores
+    runner = DiTRunner(pack, policy=Policy(resident_mb=4096.0), threads=1)
     yield runner, d, TargetTable(expected_dit_shapes(runner.cfg))
     runner.close()
 

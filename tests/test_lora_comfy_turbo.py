@@ -39,7 +39,9 @@ def small(tmp_path_factory):
         layout, seed, rank, alpha, groups = JOB["loras"][name]
         write_lora((JOB["dit_shapes"], None), seed, d / name, layout, rank, alpha, tuple(groups))
     pack = build_pack(d / "anima-small.safetensors", d / "pack", tuple(JOB["size"]), "fp32", lora_rank=16)
-    runner = DiTRunner(pack, policy=Policy(resident_mb=4096.0))
+    # one thread: `make test` runs two workers on two cores, where ONNX Runtime's default (a spinning thread per
+    # core) costs ~1.5x the CPU of one thread for the same numbers
+    runner = DiTRunner(pack, policy=Policy(resident_mb=4096.0), threads=1)
     yield runner, d, TargetTable(expected_dit_shapes(runner.cfg))
     runner.close()
 
@@ -82,7 +84,7 @@ def test_a_baked_loha_equals_comfyui(small, tmp_path):
     _, d, _ = small
     pack = build_pack(d / "anima-small.safetensors", tmp_path / "baked", tuple(JOB["size"]), "fp32",
                       loras=_uses(d, "loha"))
-    baked = DiTRunner(pack, policy=Policy(resident_mb=4096.0))
+    baked = DiTRunner(pack, policy=Policy(resident_mb=4096.0), threads=1)
     try:
         got = _sample(baked, "loha")
     finally:

@@ -27,18 +27,29 @@ CONTEXT_ROWS = 512
 
 
 @pytest.fixture(scope="module")
-def runner(tmp_path_factory):
-    from models.runtime.dit_runner import DiTRunner
-    from models.packs.pack import build_pack
+def small_dit(tmp_path_factory) -> Path:
+    """The bundle's DiT without its LLM adapter (not needed with the recorded conditioning; each tensor's values
+    depend only on the seed and its name, so the blocks are the bundle's), written once for both packs."""
     from models.safetensors_io import write_safetensors
     from models.dit.synth import dit_entries
-    d = tmp_path_factory.mktemp("small_dit")
-    # the bundle's DiT without its LLM adapter (not needed with the recorded conditioning; each tensor's values
-    # depend only on the seed and its name, so the blocks are the bundle's)
-    write_safetensors(d / "anima-small.safetensors",
-                      [e for e in dit_entries("small", 0, prefix="net.") if not e.name.startswith("net.llm_adapter.")])
-    pack = build_pack(d / "anima-small.safetensors", d / "pack", tuple(JOB["size"]), "fp32")
-    r = DiTRunner(pack)
+    path = tmp_path_factory.mktemp("small_dit") / "anima-small.safetensors"
+    write_safetensors(path, [e for e in dit_entries("small", 0, prefix="net.")
+                             if not e.name.startswith("net.llm_adapter.")])
+    return path
+
+
+def _small_runner(dit: Path, size: tuple):
+    """The small DiT packed for `size` in FP32 on ONNX Runtime with one thread: `make test` runs two workers on two
+    cores, where ONNX Runtime's default (a spinning thread per core) costs ~1.5x the CPU of one thread for the same
+    numbers."""
+    from models.runtime.dit_runner import DiTRunner
+    from models.packs.pack import build_pack
+    return DiTRunner(build_pack(dit, dit.parent / f"pack-{size[0]}x{size[1]}", size, "fp32"), threads=1)
+
+
+@pytest.fixture(scope="module")
+def runner(small_dit):
+    r = _small_runner(small_dit, tuple(JOB["size"]))
     yield r
     r.close()
 
@@ -158,18 +169,10 @@ ENTRIES = np.load(Path(__file__).parent / "data" / "samplers" / "comfy_small_ent
 
 
 @pytest.fixture(scope="module")
-def hires_runner(tmp_path_factory):
+def hires_runner(small_dit):
     """The small DiT packed for the hires graph's second pass (1.5 x the record's size)."""
-    from models.runtime.dit_runner import DiTRunner
-    from models.packs.pack import build_pack
-    from models.safetensors_io import write_safetensors
-    from models.dit.synth import dit_entries
-    d = tmp_path_factory.mktemp("small_dit_hires")
-    write_safetensors(d / "anima-small.safetensors",
-                      [e for e in dit_entries("small", 0, prefix="net.") if not e.name.startswith("net.llm_adapter.")])
     w, h = JOB["size"]
-    pack = build_pack(d / "anima-small.safetensors", d / "pack", (w * 3 // 2, h * 3 // 2), "fp32")
-    r = DiTRunner(pack)
+    r = _small_runner(small_dit, (w * 3 // 2, h * 3 // 2))
     yield r
     r.close()
 
