@@ -8,12 +8,10 @@ and then
     .venv/bin/python bench/comfy_reference.py --comfyui http://127.0.0.1:8190 --models MODELS --pack PACK \\
         --combo euler/simple --combo er_sde/beta --out bench/out/comfy_reference.json
 (add `--step-cache easycache --steps 14` for both sides with ComfyUI's EasyCache node, `--cfg 1` for one pass per call;
-`--workflow all --extra-pack PACK384` sends bench/comfy_workflows.py's graphs — img2img, both inpaints, a latent
-hires fix, both hires paths with the first image saved too, a batch of 3, EasyCache, cfg 1, split sampling
-over two KSamplerAdvanced, a ConditioningZeroOut negative, a ConditioningAverage, two independent chains, a
-LatentFromBatch + ImageCrop, mixes of two uploads before the KSampler — unchanged to ComfyUI and to this project's
-HTTP front and compares every output node's PNGs; the last line is `comfy_workflows images=N within_1=N worst=D`;
-with `--record FILE` ComfyUI's side also saves each graph's final latent into FILE, a batch's as [B, 16, h, w])
+`--workflow all --extra-pack PACK384` sends every graph of bench/comfy_workflows.py's WORKFLOWS (--help names
+them) unchanged to ComfyUI and to this project's HTTP front and compares every output node's PNGs; the last line is
+`comfy_workflows images=N within_1=N worst=D`; with `--record FILE` ComfyUI's side also saves each graph's final
+latent into FILE, a batch's as [B, 16, h, w])
 For each sampler/scheduler combo it submits ComfyUI's API graph (UNETLoader, CLIPLoader, VAELoader, CLIPTextEncode
 x2, EmptySD3LatentImage, ModelSamplingAuraFlow shift 3, KSampler, VAEDecode, SaveImage, SaveLatent), fetches the
 latent and the PNG, computes the same job here in-process (the text encoder on torch, the DiT through the pack on
@@ -272,11 +270,10 @@ def main(argv=None) -> int:
     p.add_argument("--step-cache", choices=("easycache", "lazycache"), default=None,
                    help="both sides with ComfyUI's EasyCache or LazyCache node (its default percents)")
     p.add_argument("--reuse-threshold", type=float, default=0.2, help="the cache node's reuse_threshold")
+    from bench.comfy_workflows import WORKFLOWS
     p.add_argument("--workflow", action="append", default=None, metavar="NAME",
                    help="repeatable, or 'all': send bench/comfy_workflows.py's graph NAME unchanged to ComfyUI and to "
-                        "this project's HTTP front and compare the images (txt2img, img2img, inpaint-mask, "
-                         "inpaint-vae, hires-latent, hires-base-latent, hires-base-pixel, batch3, easycache, cfg1, "
-                         "split-cfg, zero-negative, average, two-chains, pick-crop)")
+                        f"this project's HTTP front and compare the images ({', '.join(WORKFLOWS)})")
     p.add_argument("--front", default=None, help="--workflow: URL of this project's running HTTP front on loopback; "
                    "default: a supervisord pipeline started here on --pack (and --extra-pack), stopped at the end")
     p.add_argument("--extra-pack", action="append", default=[], metavar="PACK",
@@ -285,7 +282,6 @@ def main(argv=None) -> int:
     cache = None if a.step_cache is None else CacheSettings(kind=a.step_cache, reuse_threshold=a.reuse_threshold)
 
     if a.workflow:
-        from bench.comfy_workflows import WORKFLOWS
         bad = [w for w in a.workflow if w != "all" and w not in WORKFLOWS]
         if bad:
             raise SystemExit(f"--workflow {bad[0]}: expected 'all' or one of {list(WORKFLOWS)}")
