@@ -29,7 +29,7 @@ log = logging.getLogger("bench_long_context")
 
 def cross_weights(seed: int = 0) -> tuple:
     from models.dit.config import PRESETS
-    from models.safetensors_io import bf16_to_f32
+    from models.base.safetensors_io import bf16_to_f32
     from models.dit.synth import dit_entries
     want = "net.blocks.0.cross_attn."
     w = {e.name[len(want):]: bf16_to_f32(e.data()) for e in dit_entries("full", seed) if e.name.startswith(want)}

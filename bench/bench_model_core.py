@@ -40,7 +40,7 @@ def ensure_checkpoint(cache: Path, seed: int) -> tuple:
 
 def build_in_child(ckpt: Path, pack: Path, resolution: str, dtype: str) -> dict:
     """`anima-models pack` in a fresh interpreter; wall time and the child's peak RSS."""
-    cmd = [sys.executable, "-m", "models.cli", "pack", str(ckpt), "--out", str(pack), "--resolution", resolution,
+    cmd = [sys.executable, "-m", "models.commands.cli", "pack", str(ckpt), "--out", str(pack), "--resolution", resolution,
            "--dtype", dtype, "--overwrite"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from models.runtime.dit_runner import DiTRunner  # noqa: E402
 from models.packs.pack import load_pack  # noqa: E402
-from models.policy import parse_policy  # noqa: E402
+from models.board.policy import parse_policy  # noqa: E402
 from tests.pipeline_harness import tiny_assets  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "policies.json"

@@ -34,7 +34,7 @@ def rss_now() -> dict:
 
 
 def ensure_files(cache: Path, seed: int) -> dict:
-    from models.safetensors_io import write_safetensors
+    from models.base.safetensors_io import write_safetensors
     from models.dit.synth import dit_entries
     from models.text.synth import write_te, write_tokenizers
     cache.mkdir(parents=True, exist_ok=True)

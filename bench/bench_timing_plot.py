@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 from models.dit.partition import KINDS
 from orchestrator.engine.report import MEMORY_POINTS
 

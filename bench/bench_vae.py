@@ -49,7 +49,7 @@ def worker(kind: str, vae_path: str, latent_path: str, out_path: str, threads: i
     else:
         from diffusers import AutoencoderKLQwenImage
         from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
-        from models.safetensors_io import SafeTensorsFile
+        from models.base.safetensors_io import SafeTensorsFile
         from models.vae.checkpoint import load_vae
         cfg = load_vae(vae_path).config
         t0 = time.perf_counter()

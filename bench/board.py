@@ -63,7 +63,7 @@ class BoardBranches:
     def __init__(self, pack, core_mask: str, policy: str, settings: dict):
         from models.runtime.dit_runner import LocalBranches
         from models.runtime.lifecycle import Lifecycle, context_factory
-        from models.policy import resolve_policy
+        from models.board.policy import resolve_policy
         from models.runtime.backends.rknn import RknnLiteBackend
         self.pack = pack
         pol = resolve_policy(policy, "rknn", RknnLiteBackend, settings, (pack.dir,))
@@ -174,7 +174,7 @@ def calibrate(pack_dir, out_path, lite: str = "real", core_mask: str = "auto", c
     from models.board.cost import Shape
     from models.dit.partition import KINDS
     from models.runtime.dit_runner import DiTRunner
-    from models.durable import atomic_write
+    from models.base.durable import atomic_write
     from models.packs.pack import load_pack
     pack = load_pack(pack_dir, check=False)
     rng = np.random.default_rng(seed)
@@ -313,7 +313,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-spectrum", action="store_true")
     ap.add_argument("--core-mask", default="auto")
     ap.add_argument("--policy", default="on-demand",
-                    help="lifecycle policy (models/policy.py): on-demand, prefetch, prefetch2, dual_core, resident, "
+                    help="lifecycle policy (models/board/policy.py): on-demand, prefetch, prefetch2, dual_core, resident, "
                          "interleave joined by '+', or auto")
     ap.add_argument("--resident-mb", type=float, default=None, help="budget for the resident policy (MiB)")
     ap.add_argument("--seed", type=int, default=0)
@@ -390,7 +390,7 @@ def main(argv=None) -> int:
     lines, out["rows"] = shared_table(steps, board.policy.name, out["board_ram_gb"], args.vae)
     text = json.dumps(out, indent=1, default=float)
     if args.json:
-        from models.durable import atomic_write
+        from models.base.durable import atomic_write
         atomic_write(args.json, text + "\n")
         print(f"json: {args.json}")
     else:

@@ -197,7 +197,7 @@ def _comfy_latent(client, graph: dict, name: str, tmp: Path) -> np.ndarray:
 
 def record_entries(a) -> int:
     from bench.comfy_reference import ComfyClient, cosine
-    from models.models_dir import paths_from_args
+    from models.setup.models_dir import paths_from_args
     width, height = (int(v) for v in a.size.lower().split("x"))
     client, earlier = ComfyClient(a.comfyui, a.timeout), dict(np.load(a.reuse)) if a.reuse else {}
     paths = paths_from_args(a)
@@ -229,7 +229,7 @@ def record_entries(a) -> int:
 
 
 def main(argv=None) -> int:
-    from models.models_dir import add_model_arguments
+    from models.setup.models_dir import add_model_arguments
     p = argparse.ArgumentParser(prog="bench/comfy_cond_record.py", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
     o = sub.add_parser("ops", help="ConditioningZeroOut / ConditioningAverage contexts, ComfyUI's modules in its venv")

@@ -44,9 +44,9 @@ from models.sampling.k_sampling import SAMPLERS, cfg_denoised, ksampler_sigmas, 
 from models.sampling.denoise import model_call  # noqa: E402
 from models.sampling.sampler import Sampler  # noqa: E402
 from models.sampling.step_cache import CacheSettings  # noqa: E402
-from models.models_dir import add_model_arguments, paths_from_args  # noqa: E402
+from models.setup.models_dir import add_model_arguments, paths_from_args  # noqa: E402
 from models.sampling.noise import comfy_noise  # noqa: E402
-from models.safetensors_io import SafeTensorsFile  # noqa: E402
+from models.base.safetensors_io import SafeTensorsFile  # noqa: E402
 from models.vae.latent import LATENT_MEAN, LATENT_STD  # noqa: E402
 
 

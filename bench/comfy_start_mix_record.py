@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.comfy_reference import ComfyClient  # noqa: E402
 from bench.comfy_workflows import WORKFLOWS, input_images  # noqa: E402
-from models.models_dir import add_model_arguments, paths_from_args  # noqa: E402
-from models.safetensors_io import SafeTensorsFile  # noqa: E402
+from models.setup.models_dir import add_model_arguments, paths_from_args  # noqa: E402
+from models.base.safetensors_io import SafeTensorsFile  # noqa: E402
 from models.vae.latent import LATENT_MEAN, LATENT_STD  # noqa: E402
 
 GRAPHS = ("start-composite", "start-blend")

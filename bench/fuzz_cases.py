@@ -25,7 +25,7 @@ import random
 import time
 from pathlib import Path
 
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 
 TARGET = 100_000                    # distinct cases per kind the issue asks for (issue 45)
 MAX_DUP_RUN = 2_000                 # duplicates in a row that call a kind's space exhausted

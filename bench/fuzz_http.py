@@ -47,7 +47,7 @@ from bench.fuzz_inputs import InputRequests, input_images, upload  # noqa: E402
 from bench.fuzz_live import FUZZ_TOML, settle_jobs  # noqa: E402
 from bench.fuzz_run import MAX_RSS_MB, WORKERS, check_ends, fuzz, report  # noqa: E402
 from models.lora.synth import lora_entries, write_lora  # noqa: E402
-from models.safetensors_io import TensorEntry, write_safetensors  # noqa: E402
+from models.base.safetensors_io import TensorEntry, write_safetensors  # noqa: E402
 from tests.fuzzing import json_variant  # noqa: E402
 from tests.comfy_graphs import standard_graph  # noqa: E402
 
@@ -242,7 +242,7 @@ def _interrupt(signum, frame):
 def run(n: int, seed: int, timeout_s: float, out: Path, keep: bool, families=FAMILIES,
         max_rss_mb: int = MAX_RSS_MB, max_s: float | None = None, daemon_timeout_s: float | None = None,
         workers: int = WORKERS, resume: bool = False, target: int = TARGET) -> bool:
-    from models.models_dir import resolve_models
+    from models.setup.models_dir import resolve_models
     from models.packs.pack import build_pack
     from tests.pipeline_harness import Pipeline, tiny_assets
     signal.signal(signal.SIGTERM, _interrupt)      # the cases so far reported and saved, then the pipeline stopped

@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     for r in rows:
         print(format_row(r))
     print(f"sources: {SOURCES}  [{LABEL}]")
-    from models.durable import atomic_write
+    from models.base.durable import atomic_write
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, (json.dumps({"label": LABEL, "sources": SOURCES, "rows": rows}, indent=1) + "\n").encode())

@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from comfy_reference import ComfyClient, comfy_latent, cosine, png_pixels  # noqa: E402 - bench/'s one ComfyUI client
 from models.lora import LoraUse, TargetTable, plan_loras, plan_text_loras  # noqa: E402
-from models.models_dir import add_model_arguments, paths_from_args  # noqa: E402
+from models.setup.models_dir import add_model_arguments, paths_from_args  # noqa: E402
 from models.sampling.noise import comfy_noise  # noqa: E402
-from models.safetensors_io import SafeTensorsFile  # noqa: E402
+from models.base.safetensors_io import SafeTensorsFile  # noqa: E402
 
 # the synthetic LoRAs (file name -> layout, seed, rank, alpha, groups) and the cases: each a chain of
 # (file, ComfyUI node, strength_model, strength_clip) from the loaders outwards

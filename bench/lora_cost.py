@@ -34,7 +34,7 @@ def block0(seed: int) -> dict:
     """{kind: {weight suffix: f32}} of block 0 and the host weights, as `anima-models synth` makes them (bf16)."""
     from models.dit.host_ops import host_keys
     from models.dit.config import PRESETS
-    from models.safetensors_io import bf16_to_f32
+    from models.base.safetensors_io import bf16_to_f32
     from models.dit.synth import dit_entries
     host = set(host_keys(PRESETS["full"]["dit"]))
     out = {k: {} for k in KINDS}

@@ -39,7 +39,7 @@ from bench.board_table import (POLICY_HEADER, format_policy_line, format_rows, p
 from models.board.account import VAES, job_figures, project, rows_from_steps  # noqa: E402
 from models.board.cost import BOARD_RAMS_GB, LABEL, BoardModel, Shape  # noqa: E402
 from models.board.pace import check_time_scale, scale_note  # noqa: E402
-from models.policy import parse_policy  # noqa: E402
+from models.board.policy import parse_policy  # noqa: E402
 from models.dit.shards import MAX_SHARDS  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
@@ -50,7 +50,7 @@ PROMPT = json.loads((ROOT / "examples" / "prompt.json").read_text())
 
 
 def policy_shape(name: str, model: BoardModel, budget_mib: float):
-    """A policy string -> (models.policy.Policy, [stage.executor] settings); `resident` gets the budget the board
+    """A policy string -> (models.board.policy.Policy, [stage.executor] settings); `resident` gets the budget the board
     leaves after the policy's contexts in flight; `auto` is resolved by the executor (and here, the same way)."""
     if name == "auto":
         best, _ = board_auto.choose(model, budget_mib)
@@ -334,7 +334,7 @@ def main(argv=None) -> int:
         for line in model.describe() + lines:
             print(line)
         if args.json:                       # the printed table, kept (a run's JSON holds runs; this is a projection)
-            from models.durable import atomic_write
+            from models.base.durable import atomic_write
             doc = {"label": LABEL, "analytic": True, "resolution": [args.width, args.height], "quant": args.quant,
                    "shards": args.shards, "warm": args.warm, "policies": policies, "board_ram_gb": rams, "lines": model.describe() + lines}
             atomic_write(Path(args.json), (json.dumps(doc, indent=1) + "\n").encode())
@@ -366,7 +366,7 @@ def main(argv=None) -> int:
             runs.append(r)
             key = lambda x: (x["policy"], x["board_ram_gb"], x["steps"], x["time_scale"])     # noqa: E731
             old = [o for o in old if key(o) != key(r)] + [r]
-            from models.durable import atomic_write
+            from models.base.durable import atomic_write
             atomic_write(out, (json.dumps({"runs": old}, indent=1) + "\n").encode())
     from models.board.account import Projection
     print(POLICY_HEADER)

@@ -48,9 +48,9 @@ def _turbo_like(base: Path, out: Path) -> Path:
 
 
 def _prepare(out: Path, blocks: int, res: tuple, steps: int, cfg: float = 4.0, turbo: bool = False) -> tuple:
-    from models.cli import main
+    from models.commands.cli import main
     from models.dit.synth import write_dit
-    from models.models_dir import write_bundle
+    from models.setup.models_dir import write_bundle
     from models.packs.pack import build_pack
     ck = out / "outliers.safetensors"
     if not ck.exists():

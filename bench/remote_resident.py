@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 from models.runtime.dit_runner import DiTRunner  # noqa: E402
 from models.packs.pack import load_pack  # noqa: E402
 from models.dit.partition import KINDS  # noqa: E402
-from models.durable import atomic_write  # noqa: E402
-from models.policy import Policy  # noqa: E402
+from models.base.durable import atomic_write  # noqa: E402
+from models.board.policy import Policy  # noqa: E402
 from protocol.security import read_keypair, write_keypair  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "remote_resident.json"

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from models.board import auto as board_auto  # noqa: E402
 from models.board.account import job_figures  # noqa: E402
 from models.board.cost import LABEL, BoardModel, Shape  # noqa: E402
-from models.durable import atomic_write  # noqa: E402
+from models.base.durable import atomic_write  # noqa: E402
 from models.packs.memory_fit import for_auto  # noqa: E402
 from models.sampling import spectrum as sp  # noqa: E402
 from models.sampling.img2img import LatentPlan, LatentSampler  # noqa: E402

@@ -6,7 +6,7 @@ from typing import Any, Iterator, Sequence, Union
 import msgpack
 import msgspec
 
-from models.schema import TECHNICAL, convert
+from models.base.schema import TECHNICAL, convert
 from protocol.fields import ProtocolError
 from protocol.messages import KINDS, PROTOCOL_VERSION, Message
 from protocol.tensors import TensorDesc, frame_bytes
@@ -140,7 +140,7 @@ def decode(frames: Sequence[Any]) -> Message:
 
 def _diagnose(frame0: memoryview) -> ProtocolError:
     """What is wrong with a frame 0 the typed decoder refused: the header's v, kind and id in that order, then the
-    fields (models.schema.explain names the field and its bounds)."""
+    fields (models.base.schema.explain names the field and its bounds)."""
     try:
         head = msgpack.unpackb(frame0, **_UNPACK_LIMITS)
     except Exception as e:  # msgpack raises several types for malformed or oversized input

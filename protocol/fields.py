@@ -1,8 +1,8 @@
-"""The wire's field types and limits (msgspec types with bounds, models/schema.py) and ProtocolError."""
+"""The wire's field types and limits (msgspec types with bounds, models/base/schema.py) and ProtocolError."""
 
 from typing import Annotated, ClassVar
 
-from models.schema import Float, Ident, Int, Items, Mapping, Meta, Record, SchemaError, Text  # noqa: F401
+from models.base.schema import Float, Ident, Int, Items, Mapping, Meta, Record, SchemaError, Text  # noqa: F401
 
 # Limits shared by every message (units in the names).
 MAX_NAME_CHARS = 128  # identifiers, stage names, slot names, map keys

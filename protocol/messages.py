@@ -49,7 +49,7 @@ from msgspec.structs import force_setattr
 
 from models.runtime import phase_times
 from models.lora.choice import MAX_LORAS, LoraChoice
-from models.schema import fields_of
+from models.base.schema import fields_of
 from models.sampling.img2img import DENOISE_STEPS
 from models.sampling.latent_ops import LatentOpError, schedule_steps
 from models.sampling.bounds import Cfg, Steps

@@ -17,7 +17,7 @@ from models.sampling.latent_ops import LATENT_SCALE, UPSCALE_METHODS, LatentOpEr
 from models.sampling.schedules import DEFAULT_SHIFT
 from models.sampling.spectrum import SpectrumSettings
 from models.sampling.step_cache import CacheSettings
-from models.schema import Float, Int, Items, Meta, Record, SchemaError, Text, Wording, record_in
+from models.base.schema import Float, Int, Items, Meta, Record, SchemaError, Text, Wording, record_in
 from models.text.prompt_weights import PromptWeightError, check_prompt
 
 MAX_FILE_BYTES = 64 * 1024      # a prompt file larger than this is refused before parsing

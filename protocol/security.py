@@ -14,7 +14,7 @@ from typing import Any
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 
 log = logging.getLogger(__name__)
 

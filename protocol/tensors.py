@@ -4,7 +4,7 @@ from typing import Any, Literal, Sequence
 
 import numpy as np
 
-from models.schema import UNSET, UnsetType
+from models.base.schema import UNSET, UnsetType
 from protocol.fields import Int, List, Name, ProtocolError, WireRecord
 
 # Wire dtype -> numpy dtype. bf16 travels as its raw uint16 bit patterns (numpy has no bfloat16).

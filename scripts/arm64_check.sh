@@ -47,8 +47,8 @@ git -C "$HERE" ls-files -z --cached --others --exclude-standard | (cd "$HERE" &&
 PACK_CACHE="${ARM64_PACK:-/var/tmp/anima-arm64-pack}"
 if [[ ! -f "$PACK_CACHE/manifest.json" ]] || ! grep -q '"rknn"' "$PACK_CACHE/manifest.json"; then
   PYTHONPATH="$HERE" "$HOST_PY" -c "import sys; from models.dit.synth import write_dit; write_dit('tiny', 0, sys.argv[1], prefix='net.')" "$PACK_CACHE.dit.safetensors"
-  PYTHONPATH="$HERE" "$HOST_PY" -m models.cli pack "$PACK_CACHE.dit.safetensors" --out "$PACK_CACHE" --resolution 128x128 --dtype fp16 --overwrite
-  PYTHONPATH="$HERE" "$HOST_PY" -m models.cli compile "$PACK_CACHE" --target rk3588 --blocks 0
+  PYTHONPATH="$HERE" "$HOST_PY" -m models.commands.cli pack "$PACK_CACHE.dit.safetensors" --out "$PACK_CACHE" --resolution 128x128 --dtype fp16 --overwrite
+  PYTHONPATH="$HERE" "$HOST_PY" -m models.commands.cli compile "$PACK_CACHE" --target rk3588 --blocks 0
 fi
 cp -r "$PACK_CACHE" "$ASSETS/pack"
 

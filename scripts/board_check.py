@@ -40,7 +40,7 @@ def say(text: str) -> None:
 # ---- host side ------------------------------------------------------------------------------------------------------
 def prepare(assets: Path) -> dict:
     """Host venv: models folder, DiT pack, encoder pack, VAE ONNX files (each kept when already complete)."""
-    from models.models_dir import resolve_models, write_bundle
+    from models.setup.models_dir import resolve_models, write_bundle
     from models.packs.pack import build_pack, load_pack
     from models.text.encoder_pack import EncoderPackError, build_encoder_pack, load_encoder_pack
     assets.mkdir(parents=True, exist_ok=True)
@@ -69,7 +69,7 @@ def prepare_vae(assets: Path, vae_file: Path) -> dict:
     import importlib.util
     if importlib.util.find_spec("models.commands.pack_vae") is None:
         return {"missing": "this tree has no `anima-models pack-vae` (the VAE's ONNX backend, issue 10 item 1)"}
-    from models.cli import main as anima_models
+    from models.commands.cli import main as anima_models
     out = assets / "vae-pack"
     if not (out / "manifest.json").is_file():
         rc = anima_models(["pack-vae", str(vae_file), "--out", str(out),

@@ -28,7 +28,7 @@
     vae = "keys/vae.key"
 
     [stage.executor]                # per-stage settings: every key typed and bounded in stages/settings.py
-    policy = "auto"                 # or "on-demand", "prefetch2+dual_core", "resident+prefetch" (models/policy.py)
+    policy = "auto"                 # or "on-demand", "prefetch2+dual_core", "resident+prefetch" (models/board/policy.py)
     resident_mb = 2048              # budget for resident contexts
 
 Every problem (an unknown key, a wrong type, a value out of range or not among the choices) is a ConfigError naming
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.schema import SchemaError
+from models.base.schema import SchemaError
 from protocol.sockets import (CurveClient, CurveServer, EndpointError, check_bind, check_security, ipc_path,
                               parse_endpoint, read_keypair)
 from stages.settings import (ENDPOINT_NAMES, STAGE_TABLES, STAGES, ConfigError, PipelineFile,  # noqa: F401

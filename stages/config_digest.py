@@ -20,7 +20,7 @@ from pathlib import Path
 
 import msgspec
 
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 
 log = logging.getLogger(__name__)
 

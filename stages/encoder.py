@@ -18,7 +18,7 @@ import numpy as np
 
 from models.lora import LoraError, plan_text_loras
 from models.lora.choice import lora_uses
-from models.models_dir import ModelsDirError
+from models.setup.models_dir import ModelsDirError
 from models.text.conditioning import TextEncoder
 from models.text.encoder_pack import EncoderPackError
 from models.text.prompt_weights import PromptWeightError

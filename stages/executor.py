@@ -3,7 +3,7 @@
     python -m stages.executor --config run/pipeline.toml
 
 Backends (models/runtime/backends/): `onnx` (ONNX Runtime, any machine; the default here), `rknn` (rknn-toolkit-lite2 on the
-RK3588 board), `rknn-sim`, `board-sim`. Lifecycle policy (`[stage.executor] policy`, default "auto"; models/policy.py):
+RK3588 board), `rknn-sim`, `board-sim`. Lifecycle policy (`[stage.executor] policy`, default "auto"; models/board/policy.py):
 `on-demand`, `prefetch[N]`, `dual_core`, `resident` (with `resident_mb`), `interleave`, joined by `+`; the resolved
 policy is in READY.info["policy"] (the scheduler reads it to decide whether to interleave the CFG passes).
 Backend settings in the same table go to the backend's constructor when it takes them (`core_mask`, `lite` for
@@ -28,7 +28,7 @@ from models.runtime.lifecycle import Lifecycle, LifecycleError, context_factory
 from models.packs.pack import load_pack
 from models.packs.sharded import ShardResolver
 from models.dit.partition import branch_file
-from models.policy import PolicyError, resolve_policy
+from models.board.policy import PolicyError, resolve_policy
 from models.runtime.probes import process_memory_mb
 from protocol import messages as m
 from stages.base import RequestFailed, stage_main

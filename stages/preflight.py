@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from models.models_dir import ModelsDirError, resolve_models
+from models.setup.models_dir import ModelsDirError, resolve_models
 from stages.config import ConfigError, PipelineConfig
 
 ENCODER_PARTS = ("dit", "text_encoder", "qwen_tokenizer", "t5_tokenizer")   # what the torch backend loads

@@ -30,11 +30,11 @@ from models.sampling.denoise import make_sampler, model_call, save_state, start_
 from models.runtime.dit_runner import BranchCall, DiTRunner
 from models.lora import LoraError, TargetTable, plan_loras
 from models.lora.choice import lora_uses
-from models.models_dir import ModelsDirError, lora_relative
+from models.setup.models_dir import ModelsDirError, lora_relative
 from models.runtime.phase_times import PhaseSums
 from models.packs.pack import PackError, load_pack
 from models.dit.partition import KINDS, branch_index, parse_branch_file
-from models.policy import Policy, PolicyError, parse_policy
+from models.board.policy import Policy, PolicyError, parse_policy
 from models.packs.sharded import shard_count
 from models.packs.scratch import scratch_plan
 from protocol import messages as m

@@ -1,5 +1,5 @@
 """The pipeline config's schema: every key of the file typed, bounded and documented in one set of records
-(models/schema.py), PipelineFile at the top and a record per `[stage.NAME]` table (STAGE_TABLES); rules between keys
+(models/base/schema.py), PipelineFile at the top and a record per `[stage.NAME]` table (STAGE_TABLES); rules between keys
 of one table are the record's `__post_init__`; a model backend may declare keys of its own (its SETTINGS class
 attribute). stages.config reads the file into these records; OrchestratorSettings and HttpSettings are the
 orchestrator's and the HTTP front's settings as they are."""
@@ -8,7 +8,7 @@ import os
 import types
 from typing import Annotated, Any, ClassVar, Literal
 
-from models.schema import Float, Int, Meta, Record, SchemaError, Text, Wording, convert
+from models.base.schema import Float, Int, Meta, Record, SchemaError, Text, Wording, convert
 from protocol.messages import HEARTBEAT_INTERVAL_S, LIVENESS
 from protocol.sockets import REQUEST_RETRIES, REQUEST_TIMEOUT_S
 
@@ -122,7 +122,7 @@ class SchedulerSettings(Table, frozen=True):
 class ExecutorSettings(BackendSettings, frozen=True):
     """[stage.executor]; the backend (the top-level `backend`) may declare more keys (backend_settings)."""
 
-    # lifecycle policy: auto, or terms joined by + (models/policy.py), or a table; checked with resident_mb and
+    # lifecycle policy: auto, or terms joined by + (models/board/policy.py), or a table; checked with resident_mb and
     # dual_masks
     policy: Text(4096) | dict[str, Any] = "auto"
     resident_mb: Float(0.0, float(2**40)) | None = None     # MiB budget of resident contexts
@@ -143,7 +143,7 @@ class ExecutorSettings(BackendSettings, frozen=True):
             _rule("dual_masks", _core_mask(mask))
         _rule("dual_core", "" if self.dual_core is None else 'dual_core is a lifecycle policy now: policy = '
               '"dual_core" (or "prefetch+dual_core"); dual_masks stays a setting')
-        from models.policy import policy_problem             # the policy grammar lives there (backend checked later)
+        from models.board.policy import policy_problem             # the policy grammar lives there (backend checked later)
         _rule("policy", policy_problem(self.policy, self.given()))
 
 

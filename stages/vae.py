@@ -30,7 +30,7 @@ import numpy as np
 
 from models.runtime.backends import backend_class, make_branch_backend
 from models.runtime.backends.base import BackendError
-from models.models_dir import ModelsDirError, resolve_models
+from models.setup.models_dir import ModelsDirError, resolve_models
 from models.packs.pack import PackError
 from models.vae.encoder_pack import EncodeError
 from models.vae.pack_decoder import DecodeError

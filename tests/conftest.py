@@ -9,10 +9,10 @@ import pytest
 
 @pytest.fixture(scope="session", autouse=True)
 def _hash_memo_in_session(tmp_path_factory):
-    """The sha256 memo (models/manifest.py) of the suite's processes and the stages they start in the session's own
+    """The sha256 memo (models/records/manifest.py) of the suite's processes and the stages they start in the session's own
     folder, not the user's cache folder."""
     import os
-    from models.manifest import MEMO_ENV
+    from models.records.manifest import MEMO_ENV
     old = os.environ.get(MEMO_ENV)
     os.environ[MEMO_ENV] = str(tmp_path_factory.mktemp("hash_memo") / "sha256-memo.json")
     yield
@@ -39,7 +39,7 @@ def run_shared(tmp_path_factory, name: str) -> Path:
 def tiny_bundle(tmp_path_factory) -> Path:
     """A complete synthetic tiny models folder (ComfyUI layout, seed 0), written once per run (~4 s; run_shared);
     the pipelines of pipeline_assets run on it too. Treat as read-only (copy it to add LoRAs)."""
-    from models.models_dir import write_bundle
+    from models.setup.models_dir import write_bundle
     out = run_shared(tmp_path_factory, "tiny_assets") / "models"
     write_bundle("tiny", 0, out)              # its own lock: the other worker waits, then finds it complete
     files = _listing(out)
@@ -58,7 +58,7 @@ def _listing(folder: Path) -> dict:
 def tiny_dit(tiny_bundle) -> Path:
     """The tiny synthetic DiT + adapter (seed 0, prefix `net.`): the session bundle's DiT file (write_bundle writes it
     with models.dit.synth.write_dit, as `anima-models synth dit --preset tiny --seed 0 --prefix net.` does)."""
-    from models.models_dir import resolve_models
+    from models.setup.models_dir import resolve_models
     return resolve_models(tiny_bundle, {}, need=("dit",)).dit
 
 
@@ -71,7 +71,7 @@ def tiny_vae_files(tmp_path_factory) -> dict:
     import torch
     from diffusers import AutoencoderKLQwenImage
     from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
-    from models.safetensors_io import SafeTensorsFile
+    from models.base.safetensors_io import SafeTensorsFile
     from models.vae.synth import VAE_PRESETS, write_vae
     torch.set_num_threads(1)
     d = tmp_path_factory.mktemp("vae")
@@ -103,7 +103,7 @@ def rknn_pack(tmp_path_factory, tiny_dit, rknn_venv):
     (6 branches, 2 jobs; ~40 s), once per run (run_shared: the worker that comes second reads the first one's
     report); -> (pack folder, compile report). Treat as read-only (copy it to change it)."""
     import json
-    from models.durable import atomic_write
+    from models.base.durable import atomic_write
     from models.packs.pack import build_pack
     from models.rknn.compile import compile_pack
     from tests.pipeline_harness import locked

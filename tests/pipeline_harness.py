@@ -56,7 +56,7 @@ def tiny_assets(cache: Path, resolution: tuple[int, int] = (128, 128), dtype: st
     """(models folder, pack folder) under `cache`: the embedded tiny bundle (seed 0) and its pack (`shards`, `cuts`:
     built with pack --shards N and these cuts; `lora_rank` R > 0: LoRA-ready, pack --lora-rank R); both idempotent,
     and safe from two processes at once (the lock)."""
-    from models.models_dir import resolve_models, write_bundle
+    from models.setup.models_dir import resolve_models, write_bundle
     from models.packs.pack import build_pack
     models = cache / "models"
     write_bundle("tiny", 0, models)
@@ -82,7 +82,7 @@ def board_stage_toml(models: Path, cache: Path, resolution: tuple[int, int] = (1
     keep their own pipeline tests (test_e2e_pipeline, test_stage_processes, the img2img/batch/LoRA flows). `stages`:
     the tables wanted (("encoder",): the ONNX encoder beside the torch VAE). No VAE encoder pack: an img2img job needs
     the torch VAE."""
-    from models.bundle import read_bundle
+    from models.setup.bundle import read_bundle
     from orchestrator.engine.runfolder import bundle_stage_tables
     bundle, _ = cpu_bundle(models, cache, resolution)
     return bundle_stage_tables(read_bundle(bundle, hashes=False), stages)    # the tables `init --bundle` writes
@@ -93,7 +93,7 @@ def cpu_bundle(models: Path, cache: Path, resolution: tuple[int, int] = (128, 12
     (under a lock: two workers share it) -> (bundle folder, what the build that made it printed to stderr, kept
     beside it). Read-only."""
     import io
-    from models.cli import main as models_main
+    from models.commands.cli import main as models_main
     bundle = cache / f"cpu-bundle-{resolution[0]}x{resolution[1]}"
     said = bundle.with_name(bundle.name + ".stderr")
     with locked(cache / ".cpu-bundle.lock"):

@@ -72,7 +72,7 @@ def test_the_calibration_prints_as_the_model_reads_it(calibrated, capsys):
 
 def test_board_sim_and_auto_run_on_the_calibration(calibrated):
     """board_cost makes board-sim pace every phase to the board's measured figure, and `auto` choose on them."""
-    from models.policy import resolve_policy
+    from models.board.policy import resolve_policy
     pack_dir, out, cal = calibrated
     pack = load_pack(pack_dir, check=False)
     model = BoardModel.for_pack(pack.dir, "full", out)

@@ -66,7 +66,7 @@ def test_blocker_has_teeth(tmp_path):
 
 def test_onnx_encoder_stage_runs_without_host_packages(tiny_bundle, tmp_path):
     """The encoder stage's logic with backend "onnx" loads and encodes with torch & co. blocked."""
-    from models.models_dir import resolve_models
+    from models.setup.models_dir import resolve_models
     from models.text.encoder_pack import build_encoder_pack
     p = resolve_models(tiny_bundle)
     pack = build_encoder_pack(p.text_encoder, p.dit, p.qwen_tokenizer, p.t5_tokenizer, tmp_path / "encpack")

@@ -11,7 +11,7 @@ from models.board import auto as board_auto
 from models.board.cost import BoardModel, Shape, branch_flops, load_cost, weight_bytes
 from models.board.timeline import pinned_branches, simulate_step
 from models.dit.partition import KINDS
-from models.policy import Policy
+from models.board.policy import Policy
 
 REF_STEP_S = 120.40            # R7 (docs/board-figures.md: 20 steps sequential CFG: 2,408.54 s)
 REF_NPU_STEP_S = 76.21         # R5
@@ -468,7 +468,7 @@ def _pack_manifest(folder, w: int, h: int):
 def test_the_executors_auto_weighs_its_packs_size_memory(tmp_path):
     """board-sim's `auto` (the executor's, through resolve_policy) for a 1024x1024 pack: no prefetch and no second
     core beside the 1 MP self-attention (it picked prefetch+dual_core); for a 512x512 pack the weights-only pick."""
-    from models.policy import resolve_policy
+    from models.board.policy import resolve_policy
     from models.runtime.backends.board_sim import BoardSimBackend
     settings = {"board_ram_gb": 8}
     big_pack = _pack_manifest(tmp_path / "a", 1024, 1024)

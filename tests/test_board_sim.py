@@ -49,7 +49,7 @@ def test_the_board_backends_answer_auto_themselves(pack, monkeypatch, tmp_path):
     import sys
     from models.runtime import probes
     from models.board import auto as board_auto
-    from models.policy import resolve_policy
+    from models.board.policy import resolve_policy
     from models.runtime.backends.rknn import RknnLiteBackend
     model = BoardModel(Shape.of_pack(pack.dir))
     for ram in (8, 32):
@@ -61,7 +61,7 @@ def test_the_board_backends_answer_auto_themselves(pack, monkeypatch, tmp_path):
     monkeypatch.setattr(probes, "MEMINFO", str(meminfo))
     want = board_auto.choose(model, model.context_budget_mib(mem_available_mib=3000.0))[0].policy
     assert resolve_policy("auto", "rknn", RknnLiteBackend, {"board_ram_gb": 32}, (pack.dir,)) == want
-    code = ("from models.policy import resolve_policy; from models.runtime.backends.board_sim import BoardSimBackend; "
+    code = ("from models.board.policy import resolve_policy; from models.runtime.backends.board_sim import BoardSimBackend; "
             "print(resolve_policy('auto', 'board-sim', BoardSimBackend, {'board_ram_gb': 8}).name)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[-1] == board_auto.choose(BoardModel(), BoardModel().context_budget_mib(8))[0].policy.name

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from models.bundle import BUNDLE_JSON, BundleError, read_bundle
-from models.cli import main as models_main
-from models.manifest import MANIFEST, file_sha256
+from models.setup.bundle import BUNDLE_JSON, BundleError, read_bundle
+from models.commands.cli import main as models_main
+from models.records.manifest import MANIFEST, file_sha256
 from orchestrator.terminal import cli
 
 SIZE = "128x128"
@@ -189,7 +189,7 @@ def test_host_commands_without_the_host_extra_name_it(tmp_path, tiny_dit):
     import subprocess
     import sys
     code = ("import sys; sys.modules['onnx'] = None\n"          # `import onnx` now fails as when it is absent
-            "from models.cli import main\n"
+            "from models.commands.cli import main\n"
             f"sys.exit(main(['pack', {str(tiny_dit)!r}, '--out', {str(tmp_path / 'p')!r}]))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
@@ -330,7 +330,7 @@ def test_bundle_records_the_models_sampling(cpu_bundle, tiny_bundle, tmp_path, c
     """`--sampling turbo` on a complete bundle: every part kept, the DiT pack's manifest and bundle.json record the
     settings (the pack's pinned manifest hash follows), read back through the one manifest reader; a malformed
     record in bundle.json is refused naming it, a bad option before anything is built."""
-    from models.manifest import pack_sampling
+    from models.records.manifest import pack_sampling
     from models.packs.sampling import TURBO
     out = copy_bundle(cpu_bundle[0], tmp_path / "b")
     base = ["bundle", "--models", str(tiny_bundle), "--resolution", SIZE, "--target", "none", "--out", str(out)]
@@ -353,7 +353,7 @@ def test_bundle_run_folder_lists_and_checks_its_loader_names(cpu_bundle, tiny_bu
     """Issue 44 item 9: on an `init --bundle` run folder the text encoder and the VAE are packs; the loaders list
     the files those packs were made from (a client that builds its graph from /object_info finds them), and any
     other name is refused as ComfyUI refuses one not in its list."""
-    from models.models_dir import resolve_models
+    from models.setup.models_dir import resolve_models
     from orchestrator.http.comfy_graph import GraphError, graph_to_job
     from orchestrator.http.comfy_nodes import ModelNames, node_table, object_info
     from orchestrator.engine.packs import pack_model_files

@@ -191,7 +191,7 @@ def test_the_daemon_still_checks_what_the_packs_recorded_settings_change():
 
 
 def test_a_settled_record_keeps_its_types_and_bounds_and_skips_only_its_rules():
-    """Record.settled (models/schema.py): what resolve_prompt builds the spec with. Types and bounds are msgspec's
+    """Record.settled (models/base/schema.py): what resolve_prompt builds the spec with. Types and bounds are msgspec's
     decode and still hold; only `__post_init__`'s rules (here: a positive text must not be empty) are not run."""
     from protocol.prompt import PromptError, PromptSpec
     with pytest.raises(PromptError, match=r"field 'steps': must be in 1..200, got 0"):

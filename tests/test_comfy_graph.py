@@ -237,7 +237,7 @@ def test_the_setting_nodes_offer_exactly_their_records_bounds():
     CacheSettings (they were typed twice): each offered bound is accepted by the record, one step past it refused."""
     from models.sampling.spectrum import SpectrumSettings
     from models.sampling.step_cache import CacheSettings
-    from models.schema import SchemaError
+    from models.base.schema import SchemaError
     from orchestrator.http import comfy_nodes as g
     nodes = [(g._spectrum_node(), SpectrumSettings)] + [(n, CacheSettings) for n in g._cache_nodes()]
     checked = 0

@@ -58,7 +58,7 @@ def _tokens(k: str) -> TokenizedPrompt:
 @pytest.fixture(scope="module")
 def encoder(tmp_path_factory):
     from models.dit.synth import dit_entries
-    from models.safetensors_io import write_safetensors
+    from models.base.safetensors_io import write_safetensors
     d = tmp_path_factory.mktemp("small_adapter")
     # the bundle's DiT's LLM adapter (each tensor's values depend only on the seed and its name)
     write_safetensors(d / "anima-small.safetensors", [e for e in dit_entries("small", 0, prefix="net.")

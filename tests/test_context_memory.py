@@ -137,7 +137,7 @@ def test_doctor_prints_one_memory_line_per_size(tmp_path, tiny_dit, monkeypatch)
 
 
 def test_compile_records_each_contexts_planned_memory(rknn_pack):
-    from models.manifest import manifest_json
+    from models.records.manifest import manifest_json
     pack, report = rknn_pack
     compiled = [b for b in manifest_json(pack)["branches"] if "rknn" in b]
     assert len(compiled) == 6

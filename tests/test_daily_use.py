@@ -12,7 +12,7 @@ import sys
 import pytest
 from PIL import Image
 
-from models.models_dir import resolve_models
+from models.setup.models_dir import resolve_models
 from models.packs.pack import load_pack
 from models.sampling.spectrum import SpectrumSettings
 from orchestrator.http.comfy_graph import ModelNames, graph_to_job

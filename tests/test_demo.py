@@ -151,7 +151,7 @@ def test_the_demo_makes_every_readme_size_and_a_lora(tmp_path, capsys):
     its `--hires 1.5` and any LoRA were refused on the demo's folder. Its packs are now 256, 384 and 512 (the
     default first), all LoRA-ready, and its models folder has a LoRA in loras/ written by `anima-models synth lora`
     (the file equal to the one that command writes)."""
-    from models.cli import main as models_main
+    from models.commands.cli import main as models_main
     from models.packs.pack import load_pack
     assert demo.demo_sizes(demo.DEFAULT_RESOLUTION) == [(256, 256), (384, 384), (512, 512)]
     assert demo.demo_sizes((200, 120)) == [(200, 120), (296, 176), (400, 240)]     # each side a multiple of 8

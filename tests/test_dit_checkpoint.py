@@ -11,7 +11,7 @@ import pytest
 
 from models.dit.config import PRESETS, DiTConfig, expected_dit_shapes
 from models.dit.checkpoint import CheckpointError, DiTCheckpoint
-from models.safetensors_io import SafeTensorsFile, bf16_to_f32, save_arrays
+from models.base.safetensors_io import SafeTensorsFile, bf16_to_f32, save_arrays
 from models.dit.synth import dit_entries, param_count
 
 # A small variant with 40 blocks (community merges have other block counts) and no adapter.
@@ -60,7 +60,7 @@ def test_tiny_net_prefix(tiny_dit):
 
 
 def test_model_diffusion_model_prefix_same_weights(tmp_path, tiny_dit):
-    from models.cli import main
+    from models.commands.cli import main
     p = tmp_path / "sub" / "b.safetensors"
     assert main(["synth", "dit", "--preset", "tiny", "--seed", "0", "--out", str(p),
                  "--prefix", "model.diffusion_model."]) == 0
@@ -222,7 +222,7 @@ def test_vae_file(tmp_path, keys, what):
 
 
 def test_cli_info_and_errors(tmp_path, tiny_dit, capsys):
-    from models.cli import main
+    from models.commands.cli import main
     assert main(["info", str(tiny_dit)]) == 0
     out = capsys.readouterr().out
     assert "Anima DiT" in out and "'blocks': 28" in out and "36,216,832" in out and "BF16 x685" in out

@@ -1,12 +1,12 @@
-"""models.durable.atomic_write: exclusive temporaries, no link followed, keep-existing, fsync, stale cleanup."""
+"""models.base.durable.atomic_write: exclusive temporaries, no link followed, keep-existing, fsync, stale cleanup."""
 import os
 import time
 
 import numpy as np
 import pytest
 
-from models import durable
-from models.durable import atomic_write, is_temporary, remove_stale_temporaries
+from models.base import durable
+from models.base.durable import atomic_write, is_temporary, remove_stale_temporaries
 
 
 def test_writes_bytes_text_and_writer(tmp_path):
@@ -109,7 +109,7 @@ def test_stale_temporaries_are_removed_and_nothing_else(tmp_path):
 
 
 def test_stale_temporaries_by_age_and_destination(tmp_path):
-    from models.durable import temporary_target
+    from models.base.durable import temporary_target
     assert temporary_target(".y.png.k3_j2x.tmp") == "y.png" and temporary_target("y.png.tmp") is None
     for name in (".cond.npy.a1.tmp", ".image.png.b2.tmp"):
         (tmp_path / name).write_bytes(b"torn")

@@ -146,7 +146,7 @@ def test_job_end_to_end(pipe, assets, reference):
 def test_same_job_twice_same_png_pixels(pipe, assets):
     """Run twice (the first test's job counts when it ran), the same job gives byte-identical PNG pixels, and they
     are clip(255 x) truncated of the array the VAE decodes from the job's latent.npy (same tiles and threads)."""
-    from models.models_dir import resolve_models
+    from models.setup.models_dir import resolve_models
     from models.vae import VAE
     while len(_PIXELS) < 2:
         job = pipe.submit(PROMPT)

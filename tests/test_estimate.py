@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from models.manifest import ManifestError, pack_sampling, sampling_info
+from models.records.manifest import ManifestError, pack_sampling, sampling_info
 from models.packs.sampling import BASE, TURBO, parse_sampling, record_sampling
 from orchestrator.terminal import cli
 from orchestrator.engine.estimate import BoardSettings, Estimate, estimate_spec
@@ -61,7 +61,7 @@ def test_a_pack_records_its_sampling_and_the_one_reader_gives_it(pipeline_assets
 
 
 def test_pack_sampling_option_writes_the_record(tiny_dit, tmp_path):
-    from models.cli import main as models_main
+    from models.commands.cli import main as models_main
     out = tmp_path / "turbo64"
     assert models_main(["pack", str(tiny_dit), "--out", str(out), "--resolution", "64x64", "--sampling",
                         "turbo"]) == 0

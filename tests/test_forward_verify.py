@@ -5,7 +5,7 @@ import shutil
 import numpy as np
 import pytest
 
-from models import cli
+from models.commands import cli
 from models.packs.branch_graphs import build_branch, serialize
 from models.runtime.backends import BACKENDS, make_backend
 from models.runtime.backends.onnx import OnnxBackend

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from models.lora.a1111 import LoraTag, split_lora_tags
-from models.models_dir import list_loras
+from models.setup.models_dir import list_loras
 from orchestrator.http.comfy_graph import GraphError, ModelNames, graph_to_job
 from orchestrator.engine.prompt_spec import PromptError
 from protocol import messages as m

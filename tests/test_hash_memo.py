@@ -1,4 +1,4 @@
-"""The sha256 memo of models/manifest.py: a file checked against its manifest is not read again while its size,
+"""The sha256 memo of models/records/manifest.py: a file checked against its manifest is not read again while its size,
 mtime and inode stay the same; a changed one (same size, new mtime), or one too fresh to trust its mtime, is."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-import models.manifest as manifest
-from models.manifest import check_files, data_sha256
+import models.records.manifest as manifest
+from models.records.manifest import check_files, data_sha256
 
 
 class Boom(Exception):

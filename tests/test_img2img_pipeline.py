@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from models.models_dir import resolve_models
+from models.setup.models_dir import resolve_models
 from models.packs.pack import load_pack
 from models.runtime.dit_runner import DiTRunner
 from models.sampling import latent_ops as lo

@@ -517,7 +517,7 @@ def test_daemon_restart_clears_every_job_folder_temporary(tmp_path):
     """Every file of the job-folder table leaves a torn temporary: a daemon start removes all of the daemon's own
     (init_latent.npy's among them: it was missing from the list), a stage's only when stale."""
     import psutil
-    from models.durable import atomic_write
+    from models.base.durable import atomic_write
     from orchestrator.engine.job_files import DAEMON, JOB_FILES, names
     store = JobStore(tmp_path)
     job = store.submit(SPEC)

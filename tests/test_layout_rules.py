@@ -51,7 +51,7 @@ def references(rel: str, root: Path = ROOT) -> list[str]:
 
 # ---- the layers: every import in the code, from the source (module level, inside functions, import_module strings)
 LAYERS = ("models", "protocol", "stages", "orchestrator")      # each may import only those before it
-# a string naming a module of the layers, as models.lazy.import_target takes it: "models.vae.pack:load_vae_pack"
+# a string naming a module of the layers, as models.base.lazy.import_target takes it: "models.vae.pack:load_vae_pack"
 TARGET = re.compile(r"(?:models|protocol|stages|orchestrator)(?:\.[a-z_][a-z0-9_]*)+(?::[A-Za-z_]\w*)?")
 TOP = ("bench", "scripts")                                      # may import anything; no layer imports them
 
@@ -95,7 +95,7 @@ def _imported(name: str, path: Path, known: set) -> set:
             targets = [node.args[0].value]
         elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and TARGET.fullmatch(node.value)
               and id(node) not in loggers):
-            targets = [node.value.partition(":")[0]]          # a models.lazy.import_target string in a table
+            targets = [node.value.partition(":")[0]]          # a models.base.lazy.import_target string in a table
         for t in targets:
             while t and t not in known:             # `from a.b import c`: the module a.b.c, else a.b
                 t = t.rpartition(".")[0]
@@ -151,8 +151,8 @@ def import_cycles(graph: dict) -> list[list[str]]:
 
 def test_layers_import_only_downward():
     graph = import_graph()
-    assert {"models.schema", "stages.base", "orchestrator.engine.daemon", "bench.chaos"} <= set(graph)
-    assert "models.policy" in graph["stages.settings"]            # an import inside a method counts
+    assert {"models.base.schema", "stages.base", "orchestrator.engine.daemon", "bench.chaos"} <= set(graph)
+    assert "models.board.policy" in graph["stages.settings"]            # an import inside a method counts
     upward = upward_imports(graph)
     assert not upward, "imports against models < protocol < stages < orchestrator (bench/, scripts/ on top): " + \
         "; ".join(upward)
@@ -216,7 +216,7 @@ def test_strings_that_name_a_module_are_imports_and_resolve():
     graph = import_graph()
     assert "models.runtime.backends.board_sim" in graph["models.runtime.backends"]     # BACKENDS' table
     assert "models.vae.pack" in graph["models.packs.kinds"]                            # PACK_LOADERS
-    assert "models.commands.synth" in graph["models.cli"]                              # COMMANDS
+    assert "models.commands.synth" in graph["models.commands.cli"]                              # COMMANDS
     mods = _modules()
     for name, path in mods.items():
         if name.split(".")[0] not in LAYERS:
@@ -226,11 +226,11 @@ def test_strings_that_name_a_module_are_imports_and_resolve():
                 module = node.value.partition(":")[0]
                 assert module in mods, f"{name}: {node.value!r} names no module of the project"
     users = [n for n, p in mods.items() if n.split(".")[0] in LAYERS and "import_module(" in p.read_text()]
-    assert users == ["models.lazy"], f"import_module outside models.lazy: {users}"
+    assert users == ["models.base.lazy"], f"import_module outside models.base.lazy: {users}"
 
 
 def test_the_one_lazy_helper_imports_what_the_string_names():
-    from models.lazy import import_target
+    from models.base.lazy import import_target
     from models.packs.pack import load_pack
     assert import_target("models.packs.pack:load_pack") is load_pack
     assert import_target("models.packs.pack").load_pack is load_pack

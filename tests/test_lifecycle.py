@@ -19,7 +19,7 @@ from models.runtime.dit_runner import DiTRunner
 from models.runtime.lifecycle import Lifecycle, LifecycleError, context_factory, run_branch, single_context
 from models.runtime.phase_times import PhaseSums, PhaseTimes, add_call
 from models.packs.pack import build_pack, load_pack
-from models.policy import (Policy, PolicyError, check_policy, parse_policy,
+from models.board.policy import (Policy, PolicyError, check_policy, parse_policy,
                            resolve_policy)
 
 WAIT_S = 30.0          # how long a fake inference waits for the structure it checks (a condition, not a timing)
@@ -147,7 +147,7 @@ def test_policy_errors_say_what_is_wrong(value, settings, message):
 
 
 def test_policy_problem_is_the_config_check():
-    from models.policy import policy_problem
+    from models.board.policy import policy_problem
     assert policy_problem("auto") == "" and policy_problem("prefetch2+interleave") == ""
     assert policy_problem("resident", {"resident_mb": 100}) == ""
     assert "needs resident_mb" in policy_problem("resident") and "unknown term" in policy_problem("fast")

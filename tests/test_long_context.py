@@ -116,7 +116,7 @@ def test_pipeline_long_prompt_keeps_every_row(pipeline_assets):
 
     from models.sampling.denoise import denoise, make_sampler, start_or_resume
     from models.sampling.spectrum import SpectrumSettings
-    from models.models_dir import resolve_models
+    from models.setup.models_dir import resolve_models
     from models.text.tokenizers import PromptTokenizer
     from tests.pipeline_harness import Pipeline
 

@@ -12,7 +12,7 @@ from models.dit.config import PRESETS, expected_adapter_shapes, expected_dit_sha
 from models.lora import LoraError, LoraFile, LoraUse, TargetTable, parse_lora_arg, plan_loras, reduce_rank
 from models.lora.synth import LAYOUTS, lora_name, write_lora
 from models.lora.targets import place_of
-from models.safetensors_io import TensorEntry, write_safetensors
+from models.base.safetensors_io import TensorEntry, write_safetensors
 from models.text.qwen3 import Qwen3Shape
 from models.text.synth import TE_PRESETS
 
@@ -266,7 +266,7 @@ def test_synthetic_names_are_those_real_files_use():
 
 
 def test_synth_lora_command(tmp_path):
-    from models.cli import main
+    from models.commands.cli import main
     out = tmp_path / "loras" / "s.safetensors"
     assert main(["synth", "lora", "--out", str(out), "--layout", "comfy", "--rank", "3", "--alpha", "none",
                  "--groups", "blocks,te", "--seed", "5"]) == 0
@@ -333,7 +333,7 @@ def test_a1111_tags_come_out_of_the_prompt_as_a1111_takes_them():
 
 
 def test_lora_names_resolve_under_the_models_folders_loras(tmp_path):
-    from models.models_dir import ModelsDirError, list_loras, lora_path
+    from models.setup.models_dir import ModelsDirError, list_loras, lora_path
     (tmp_path / "loras" / "sub").mkdir(parents=True)
     for rel in ("style.safetensors", "sub/char.safetensors", "sub/style2.safetensors"):
         (tmp_path / "loras" / rel).write_bytes(b"x")

@@ -16,7 +16,7 @@ import pytest
 
 from models.lora import LoraUse, TargetTable, plan_loras
 from models.sampling.noise import comfy_noise
-from models.policy import Policy
+from models.board.policy import Policy
 
 REC = np.load(Path(__file__).parent / "data" / "lora" / "comfy_small_lora.npz")
 JOB = json.loads(str(REC["job"]))
@@ -29,7 +29,7 @@ def small(tmp_path_factory):
     from models.runtime.dit_runner import DiTRunner
     from models.lora.synth import write_lora
     from models.packs.pack import build_pack
-    from models.safetensors_io import write_safetensors
+    from models.base.safetensors_io import write_safetensors
     from models.dit.synth import dit_entries
     d = tmp_path_factory.mktemp("small_lora")
     write_safetensors(d / "anima-small.safetensors", dit_entries(JOB["dit_shapes"], 0, prefix="net."))

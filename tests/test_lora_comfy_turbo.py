@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from models.lora import LoraUse, TargetTable, plan_loras
-from models.policy import Policy
+from models.board.policy import Policy
 from models.sampling.noise import comfy_noise
 
 REC = np.load(Path(__file__).parent / "data" / "lora" / "comfy_small_turbo.npz")
@@ -31,7 +31,7 @@ def small(tmp_path_factory):
     from models.lora.synth import write_lora
     from models.packs.pack import build_pack
     from models.runtime.dit_runner import DiTRunner
-    from models.safetensors_io import write_safetensors
+    from models.base.safetensors_io import write_safetensors
     d = tmp_path_factory.mktemp("small_turbo")
     write_safetensors(d / "anima-small.safetensors", dit_entries(JOB["dit_shapes"], 0, prefix="net."))
     for case in CASES:

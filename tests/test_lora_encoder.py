@@ -47,7 +47,7 @@ def encoders(files):
 def _merged_encoder(files, uses, tmp_path):
     """The torch encoder on files with the LoRAs merged into them (models.lora.merged_file)."""
     from models.dit.checkpoint import DiTCheckpoint
-    from models.safetensors_io import SafeTensorsFile
+    from models.base.safetensors_io import SafeTensorsFile
     from models.text.conditioning import TextEncoder
     ck = DiTCheckpoint.open(files["dit"])
     te = SafeTensorsFile(files["te"])

@@ -25,8 +25,8 @@ from models.lora.apply import DitLora
 from models.lora.choice import LoraChoice
 from models.lora.file import MAX_HEADER_BYTES, MAX_KEYS, MAX_RANK
 from models.lora.synth import lora_entries, lora_name, write_lora
-from models.models_dir import ModelsDirError, list_loras, lora_path, lora_relative
-from models.safetensors_io import TensorEntry, write_safetensors
+from models.setup.models_dir import ModelsDirError, list_loras, lora_path, lora_relative
+from models.base.safetensors_io import TensorEntry, write_safetensors
 from tests.test_lora import tiny_table
 
 TINY = PRESETS["tiny"]["dit"]

@@ -15,7 +15,7 @@ from bench.lora_weight_reference import LAYOUT_CASES, sample_index
 from models.dit.config import PRESETS
 from models.lora import LoraError, LoraFile, LoraUse, TargetTable, plan_loras
 from models.lora.synth import LAYOUTS, write_lora
-from models.safetensors_io import SafeTensorsFile, TensorEntry, write_safetensors
+from models.base.safetensors_io import SafeTensorsFile, TensorEntry, write_safetensors
 
 REC = np.load(Path(__file__).parent / "data" / "lora" / "comfy_lora_layouts.npz")
 META = json.loads(str(REC["meta"]))["cases"]
@@ -73,7 +73,7 @@ def test_the_turbo_stand_in_has_the_published_layout(tmp_path):
     lora_A/lora_B.weight, no alpha, metadata {"format": "pt"}: 448 in the 28 blocks (q/k/v/output_proj of both
     attentions, mlp.layer1/2, adaln_modulation_{self_attn,cross_attn,mlp}.1/.2) and 60 in the LLM adapter's 6 blocks
     (q/k/v/o_proj of both attentions, mlp.0/2), whose lora_B are zeros."""
-    from models.cli import main
+    from models.commands.cli import main
     out = tmp_path / "turbo.safetensors"
     assert main(["synth", "lora", "--preset", "tiny", "--layout", "turbo", "--out", str(out)]) == 0
     st = SafeTensorsFile(out)

@@ -20,7 +20,7 @@ from models.lora.synth import write_lora
 from models.packs.pack import build_pack, load_pack
 from models.runtime.dit_runner import DiTRunner
 from models.runtime.verify import metrics, random_inputs
-from models.safetensors_io import SafeTensorsFile, TensorEntry, write_safetensors
+from models.base.safetensors_io import SafeTensorsFile, TensorEntry, write_safetensors
 
 REC = np.load(Path(__file__).parent / "data" / "lora" / "comfy_lycoris_weights.npz")
 META = json.loads(str(REC["meta"]))
@@ -207,7 +207,7 @@ def test_text_encoder_and_adapter_layers_merge_a_lokr_and_a_loha(tmp_path):
 
 
 def test_synth_command_writes_each_layout(tmp_path, capsys):
-    from models import cli
+    from models.commands import cli
     for layout, keys in (("turbo", ("diffusion_model.blocks.0.self_attn.q_proj.lora_A.weight",
                                     "diffusion_model.blocks.0.adaln_modulation_mlp.2.lora_B.weight",
                                     "diffusion_model.llm_adapter.blocks.5.mlp.2.lora_B.weight")),

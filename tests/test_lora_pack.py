@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models import cli
+from models.commands import cli
 from models.dit.config import expected_dit_shapes
 from models.dit.checkpoint import DiTCheckpoint
 from models.runtime.dit_runner import DiTRunner

@@ -27,7 +27,7 @@ from models.runtime.dit_runner import DiTRunner
 from models.lora import LoraUse, TargetTable, plan_loras
 from models.lora.merged_file import write_merged
 from models.lora.synth import write_lora
-from models.models_dir import resolve_models
+from models.setup.models_dir import resolve_models
 from models.packs.pack import build_pack, load_pack
 from models.sampling.spectrum import SpectrumSettings
 from orchestrator.terminal.cli import CliError
@@ -71,7 +71,7 @@ def assets(tiny_bundle):
         uses = [LoraUse(str(models / "loras" / n), s, c) for n, (s, c) in STRENGTHS.items()]
         baked = build_pack(paths.dit, root / "pack-baked", (128, 128), "fp32", loras=uses)
         from models.dit.checkpoint import DiTCheckpoint
-        from models.safetensors_io import SafeTensorsFile
+        from models.base.safetensors_io import SafeTensorsFile
         ck, te = DiTCheckpoint.open(paths.dit), SafeTensorsFile(paths.text_encoder)
         plan = plan_loras(uses, TargetTable({k: ck.shape(k) for k in ck.keys()}, {k: te.shape(k) for k in te.keys()}))
         merged = {"dit": root / "dit+lora.safetensors", "te": root / "te+lora.safetensors"}

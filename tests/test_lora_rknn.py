@@ -21,7 +21,7 @@ def _cos(a, b) -> float:
 def lora_ready_rknn(tmp_path_factory, tiny_dit, rknn_venv):
     from models.packs.pack import build_pack
     from models.rknn.compile import compile_pack
-    from models.safetensors_io import SafeTensorsFile, TensorEntry, write_safetensors
+    from models.base.safetensors_io import SafeTensorsFile, TensorEntry, write_safetensors
     d = tmp_path_factory.mktemp("lora_rknn")
     src = SafeTensorsFile(tiny_dit)
     dit_block = re.compile(r"^(?:net\.|model\.diffusion_model\.)?blocks\.(\d+)\.")     # not llm_adapter.blocks

@@ -9,7 +9,7 @@ import pytest
 
 from models.lora.choice import LoraChoice
 from models.lora.synth import write_lora
-from models.safetensors_io import TensorEntry, write_safetensors
+from models.base.safetensors_io import TensorEntry, write_safetensors
 from protocol import messages as m
 from protocol.prompt import PromptError, PromptFile
 from tests.inproc import daemon_with_loras

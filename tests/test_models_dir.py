@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from models.models_dir import ModelPaths, ModelsDirError, PART_NAMES, bundle_complete, resolve_models, write_bundle
+from models.setup.models_dir import ModelPaths, ModelsDirError, PART_NAMES, bundle_complete, resolve_models, write_bundle
 
 
 def _touch(p, data=b"x"):
@@ -99,8 +99,8 @@ def test_bundle_writes_a_complete_loadable_folder(tiny_bundle, tmp_path):
     import shutil
     from models.dit.config import PRESETS
     from models.dit.checkpoint import DiTCheckpoint
-    from models.models_dir import bundle_paths
-    from models.safetensors_io import SafeTensorsFile
+    from models.setup.models_dir import bundle_paths
+    from models.base.safetensors_io import SafeTensorsFile
 
     paths = bundle_paths("tiny", tiny_bundle)
     assert bundle_complete("tiny", 0, tiny_bundle) and not bundle_complete("tiny", 1, tiny_bundle)
@@ -138,7 +138,7 @@ def test_bundle_argument_errors(tmp_path):
 
 def test_argparse_helpers(tmp_path):
     import argparse
-    from models.models_dir import add_model_arguments, paths_from_args
+    from models.setup.models_dir import add_model_arguments, paths_from_args
     root = make_folder(tmp_path / "models")
     other = _touch(tmp_path / "v2.safetensors")
     p = argparse.ArgumentParser()

@@ -10,7 +10,7 @@ from models.dit.checkpoint import DiTCheckpoint
 from models.dit.host_ops import host_keys
 from models.packs.pack import MANIFEST, PackError, build_pack, file_sha256, load_pack
 from models.dit.partition import KINDS, branch_order, resolve
-from models.safetensors_io import SafeTensorsFile
+from models.base.safetensors_io import SafeTensorsFile
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +183,7 @@ def test_bad_arguments(tiny_dit, tmp_path):
 
 
 def test_cli_pack(tiny_dit, tmp_path, capsys):
-    from models import cli
+    from models.commands import cli
     out = tmp_path / "p"
     assert cli.main(["pack", str(tiny_dit), "--out", str(out), "--resolution", "64x32", "--dtype", "fp32"]) == 0
     assert "64x32 (latent 4x8, 8 image tokens" in capsys.readouterr().out
@@ -210,9 +210,9 @@ def test_identity_follows_what_the_pack_computes(pack16, tmp_path):
 
 
 def test_manifest_accessors_pick_what_the_manifest_says(pack16, tmp_path):
-    """models.manifest's typed accessors (the one reader the board model, the backends and doctor use) against the
+    """models.records.manifest's typed accessors (the one reader the board model, the backends and doctor use) against the
     manifest read independently, and each refusal a ManifestError naming the file."""
-    from models.manifest import (ManifestError, manifest_json, pack_shape_fields, peak_model_bytes,
+    from models.records.manifest import (ManifestError, manifest_json, pack_shape_fields, peak_model_bytes,
                                  sharded_branches, toolkit_release)
     m = json.loads((pack16 / MANIFEST).read_text())
     assert manifest_json(pack16) == m
@@ -258,7 +258,7 @@ def test_a_manifest_that_lies_or_lacks_is_a_pack_error(pack16, tmp_path, lie, wo
 
 def test_host_weights_that_disagree_with_the_config_are_refused(pack16, tmp_path):
     """The host weights' header against the config (a host file of another model's widths under a true manifest)."""
-    from models.safetensors_io import TensorEntry, write_safetensors
+    from models.base.safetensors_io import TensorEntry, write_safetensors
     bad = tmp_path / "bad"
     shutil.copytree(pack16, bad)
     m = json.loads((bad / MANIFEST).read_text())

@@ -80,7 +80,7 @@ def test_outlier_preset_has_stable_massive_channels_that_break_per_tensor_int8(o
 
 
 def test_synth_outliers_cli(tmp_path):
-    from models.cli import main
+    from models.commands.cli import main
     from models.dit.checkpoint import DiTCheckpoint
     out = tmp_path / "o.safetensors"
     assert main(["synth", "dit", "--outliers", "--blocks", "1", "--out", str(out)]) == 0
@@ -91,7 +91,7 @@ def test_synth_outliers_cli(tmp_path):
 @pytest.fixture(scope="module")
 def calib(outlier_ckpt, tiny_bundle, tmp_path_factory):
     """An FP32 128x128 pack of the 1-block outlier DiT and its calibration (2 prompts x 1 seed x 4 steps)."""
-    from models.cli import main
+    from models.commands.cli import main
     from models.packs.pack import build_pack
     tmp = tmp_path_factory.mktemp("calib")
     pack = build_pack(outlier_ckpt, tmp / "p32", (128, 128), "fp32")
@@ -160,7 +160,7 @@ def test_collect_at_cfg_1_traces_the_conditional_pass_alone():
 def test_calibrate_at_cfg_1_records_one_pass_and_no_negative(outlier_ckpt, tiny_bundle, calib, tmp_path, caplog):
     """`anima-models calibrate --cfg 1`: prompts x seeds x steps records (one pass each), one context per prompt
     (the negative prompt is not encoded, and the command says so)."""
-    from models.cli import main
+    from models.commands.cli import main
     from models.quant.calib import read_calib
     pack, _ = calib
     prompts = tmp_path / "prompts.txt"
@@ -177,7 +177,7 @@ def test_calibrate_at_cfg_1_records_one_pass_and_no_negative(outlier_ckpt, tiny_
 
 
 def test_calibrate_bad_input_is_a_clear_error(calib, tmp_path, capsys):
-    from models.cli import main
+    from models.commands.cli import main
     pack, _ = calib
     empty = tmp_path / "p.txt"
     empty.write_text("# nothing\n")
@@ -227,7 +227,7 @@ def test_smoothing_folded_into_the_host_modulation_leaves_the_model_unchanged(ou
 
 
 def test_pack_quant_refuses_bad_combinations(outlier_ckpt, plain_ckpt, calib, tmp_path, capsys):
-    from models.cli import main
+    from models.commands.cli import main
     _, folder = calib
     base = ["pack", str(outlier_ckpt), "--out", str(tmp_path / "p"), "--resolution", "128x128"]
     for extra, word in ((["--quant", "w8a8"], "--calib"), (["--quant", "w8a8", "--calib", str(folder), "--lora-rank",
@@ -274,7 +274,7 @@ def test_quant_check_smoothing_keeps_the_picture_plain_int8_does_not(int8_pack, 
                                                                   rknn_venv, capsys):
     """The simulator's INT8 branches against the FP32 reference: with smoothing every branch stays >= 0.998; the
     same INT8 layers without it fall plainly lower on the outlier channels (measured, not modelled)."""
-    from models.cli import main
+    from models.commands.cli import main
     from models.packs.pack import build_pack, load_pack
     from models.runtime.quant_check import ResidentSim, branch_table
     from models.quant.calib import read_calib
@@ -369,7 +369,7 @@ def test_a_shards_quantizer_dataset_is_its_part_of_the_branchs(sharded_fp32, tmp
     has its own fingerprint."""
     from models.packs.pack import load_pack
     from models.rknn.quant import quant_fingerprint, quant_request
-    from models.safetensors_io import SafeTensorsFile
+    from models.base.safetensors_io import SafeTensorsFile
     pk = load_pack(sharded_fp32)
     ds = SafeTensorsFile(pk.dir / pk.manifest["quant"]["dataset"]["file"])
     ffn, selfb = pk.branch(0, "ffn"), pk.branch(0, "self")
@@ -456,7 +456,7 @@ def test_sharded_int8_pack_compiles_and_passes_quant_check_in_the_simulator(outl
     """A 2-shard W8A8 pack through the real rknn-toolkit2: `compile` builds every shard with hybrid quantization
     (its INT8 MatMuls kept INT8) and resumes; `quant-check` runs the job on the shards and compares each branch's
     combined shards (and each shard) with the FP32 reference: smoothed, they hold (measured in the simulator)."""
-    from models.cli import main
+    from models.commands.cli import main
     from models.packs.pack import build_pack, load_pack
     from models.rknn.compile import compile_pack
     _, folder = calib
@@ -485,7 +485,7 @@ def test_a_relative_toolkit_venv_works_and_a_missing_one_is_a_clear_error(sharde
     """The toolkit worker starts in its own scratch folder: a relative --toolkit-venv must still name the venv
     (it was looked up from the scratch folder: FileNotFoundError); quant-check without a toolkit environment
     exits 2 naming --toolkit-venv."""
-    from models.cli import main
+    from models.commands.cli import main
     from models.rknn.client import ToolkitWorker
     monkeypatch.chdir(rknn_venv.parent)
     with ToolkitWorker(rknn_venv.name) as w:                                  # e.g. ".venv-rknn"

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from models.safetensors_io import SafeTensorsFile
+from models.base.safetensors_io import SafeTensorsFile
 from models.text import synth as text_synth
 
 THETA = 1e6

@@ -14,7 +14,7 @@ from models.runtime.backends.base import BackendError
 from models.runtime.backends.rknn import RknnLiteBackend
 from models.runtime.backends.standin.rknnlite import RKNNLite
 from models.runtime.lifecycle import Lifecycle, context_factory, run_branch
-from models.policy import parse_policy
+from models.board.policy import parse_policy
 
 
 @pytest.fixture()

@@ -48,7 +48,7 @@ def test_compile_tiny_pack(rknn_pack):
 
 
 def test_compile_resumes_and_rebuilds_only_stale(rknn_pack, rknn_venv, tmp_path):
-    from models.cli import main
+    from models.commands.cli import main
     src, _ = rknn_pack
     pack = tmp_path / "pack"
     shutil.copytree(src, pack)
@@ -128,9 +128,9 @@ def test_simulator_rejects_compiled_files_and_bad_inputs(rknn_pack, rknn_venv):
 def test_verify_cumulative_through_simulator(tmp_path, tiny_dit, rknn_venv, monkeypatch):
     """anima-models verify --backend rknn-sim on a 2-block cut of the tiny checkpoint: every branch of the whole
     forward runs in the simulator; per-branch, per-block hidden state and final v against the FP32 reference."""
-    from models.cli import main
+    from models.commands.cli import main
     from models.packs.pack import build_pack
-    from models.safetensors_io import SafeTensorsFile, TensorEntry, write_safetensors
+    from models.base.safetensors_io import SafeTensorsFile, TensorEntry, write_safetensors
     src = SafeTensorsFile(tiny_dit)
     dit_block = re.compile(r"^(?:net\.|model\.diffusion_model\.)?blocks\.(\d+)\.")     # not llm_adapter.blocks
     keep = [k for k in src.keys() if not (dit_block.match(k) and int(dit_block.match(k).group(1)) >= 2)]
@@ -160,7 +160,7 @@ def test_a_sharded_pack_compiles_its_shards_and_runs_them_on_the_board_backend(t
     from models.runtime.backends import make_backend
     from models.packs.pack import build_pack, load_pack
     from models.packs.sharded import ShardResolver
-    from models.policy import parse_policy
+    from models.board.policy import parse_policy
     from models.rknn.compile import compile_pack
     pack_dir = build_pack(tiny_dit, tmp_path / "p", (128, 128), "fp16", shards=3,
                           cuts={"self": "heads", "cross": "rows", "ffn": "heads"})

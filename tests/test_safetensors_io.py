@@ -9,7 +9,7 @@ from safetensors.numpy import save_file as st_save_numpy
 from safetensors.torch import load_file as st_load_torch
 from safetensors.torch import save_file as st_save_torch
 
-from models.safetensors_io import (SafeTensorsError, SafeTensorsFile, TensorEntry, bf16_to_f32, f32_to_bf16,
+from models.base.safetensors_io import (SafeTensorsError, SafeTensorsFile, TensorEntry, bf16_to_f32, f32_to_bf16,
                                    write_safetensors)
 
 

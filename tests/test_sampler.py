@@ -260,7 +260,7 @@ def test_state_file_errors(tmp_path):
     with pytest.raises(SamplerStateError, match="settings"):
         Sampler(steps=6).sample(toy_model(), state=SamplerState.load(good))
     # tampered metadata: wrong version
-    from models.safetensors_io import SafeTensorsFile, save_arrays
+    from models.base.safetensors_io import SafeTensorsFile, save_arrays
     meta = json.loads(SafeTensorsFile(good).metadata["anima_sampler_state"])
     meta["version"] = 99
     bad = tmp_path / "bad.safetensors"
@@ -297,7 +297,7 @@ def test_an_unusable_state_file_restarts_sampling_from_step_0(tmp_path, damage):
 
 def _state_file(path, meta_text: str, tensors: dict) -> None:
     """tensors: name -> array (stored F32) or (safetensors dtype, array)."""
-    from models.safetensors_io import TensorEntry, write_safetensors
+    from models.base.safetensors_io import TensorEntry, write_safetensors
     entries = []
     for k, v in tensors.items():
         dtype, arr = v if isinstance(v, tuple) else ("F32", v)
@@ -309,7 +309,7 @@ def _state_file(path, meta_text: str, tensors: dict) -> None:
 def saved_state(tmp_path):
     """A Spectrum state two computed steps in, saved and read back raw: (its sampler, the file, the file's metadata
     JSON, its tensors by name)."""
-    from models.safetensors_io import SafeTensorsFile
+    from models.base.safetensors_io import SafeTensorsFile
     sampler = Sampler(steps=6, spectrum=SpectrumSettings(warmup=1))
     st = sampler.init_state(start_latent(), seed=3, noise="numpy")
     model = toy_model()
@@ -451,7 +451,7 @@ def test_a_state_file_with_the_former_spectrum_names_still_resumes(tmp_path):
 def test_a_state_padded_with_a_large_tensor_is_refused_from_its_header(tmp_path, monkeypatch, extra, saved_state):
     """A state file with one more, large tensor (reported: 1 GiB, read whole, 2.5 GB RSS, then refused) is refused
     from the header's names and shapes: no tensor data is read at all."""
-    from models.safetensors_io import SafeTensorsFile
+    from models.base.safetensors_io import SafeTensorsFile
     sampler, good, meta, tensors = saved_state
     big = np.zeros((4, 1024, 1024), np.float32)                          # 16 MB; the latent is far smaller
     bad = tmp_path / "bad.safetensors"

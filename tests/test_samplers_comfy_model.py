@@ -30,7 +30,7 @@ CONTEXT_ROWS = 512
 def small_dit(tmp_path_factory) -> Path:
     """The bundle's DiT without its LLM adapter (not needed with the recorded conditioning; each tensor's values
     depend only on the seed and its name, so the blocks are the bundle's), written once for both packs."""
-    from models.safetensors_io import write_safetensors
+    from models.base.safetensors_io import write_safetensors
     from models.dit.synth import dit_entries
     path = tmp_path_factory.mktemp("small_dit") / "anima-small.safetensors"
     write_safetensors(path, [e for e in dit_entries("small", 0, prefix="net.")

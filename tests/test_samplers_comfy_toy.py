@@ -16,7 +16,7 @@ import pytest
 
 from models.sampling.k_sampling import SAMPLER_NAMES, SAMPLERS, SamplerRunError, cfg_denoised, new_ksampler
 from models.sampling.noise import comfy_noise
-from models.safetensors_io import SafeTensorsFile, TensorEntry, write_safetensors
+from models.base.safetensors_io import SafeTensorsFile, TensorEntry, write_safetensors
 
 DATA = Path(__file__).parent / "data" / "samplers" / "comfy_toy.npz"
 REF = np.load(DATA)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from models.manifest import ManifestError, sampling_info
+from models.records.manifest import ManifestError, sampling_info
 from models.sampling.bounds import CFG, STEPS
 from orchestrator.http.comfy_graph import GraphError, graph_to_job
 from orchestrator.http.comfy_nodes import ModelNames, node_table, object_info

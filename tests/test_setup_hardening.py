@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from models.bundle import BUNDLE_JSON, read_bundle
-from models.cli import main as models_main
+from models.setup.bundle import BUNDLE_JSON, read_bundle
+from models.commands.cli import main as models_main
 from orchestrator.terminal import cli
 
 SIZE, MORE = "64x64", "64x80"
@@ -109,7 +109,7 @@ def test_a_lora_ready_bundle_takes_a_lora_without_hand_edits(lora_bundle, tmp_pa
 
 
 def test_no_models_folder_names_the_setting():
-    from models.models_dir import ModelsDirError, lora_path
+    from models.setup.models_dir import ModelsDirError, lora_path
     with pytest.raises(ModelsDirError, match="set models_dir in pipeline.toml"):
         lora_path(None, "style")
 

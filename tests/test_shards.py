@@ -138,7 +138,7 @@ def test_the_lifecycle_runs_a_sharded_branch_under_every_policy(shard_files, pol
     """The lifecycle opens a sharded branch's N contexts (2N with dual_core), feeds each shard its part of every
     pass and combines the outputs in FP32: bitwise the same under every policy, and the whole graph's result."""
     from models.runtime.lifecycle import Lifecycle, context_factory
-    from models.policy import parse_policy
+    from models.board.policy import parse_policy
     lc = Lifecycle(context_factory("onnx", threads=1), parse_policy(policy, {"resident_mb": 1e6}),
                    shards_of=shard_files.get)
     paths = list(shard_files)
@@ -194,7 +194,7 @@ def test_pack_shards_3_computes_what_the_unsharded_pack_does(tiny_dit, tmp_path,
     (cos >= 0.9999999; bitwise where every cut is rows); a manifest whose shards were tampered with is refused."""
     import json
     from pathlib import Path
-    from models.cli import main
+    from models.commands.cli import main
     from models.runtime.dit_runner import DiTRunner
     from models.packs.pack import PackError, build_pack, load_pack
     from models.runtime.verify import random_inputs
@@ -248,7 +248,7 @@ def test_pack_shards_3_computes_what_the_unsharded_pack_does(tiny_dit, tmp_path,
 def test_a_pack_is_sharded_or_lora_ready_not_both(tiny_dit, tmp_path, capsys):
     """Shard graphs take no LoRA factor inputs: `pack --shards N --lora-rank R` is refused naming both options, exit
     2, nothing written; the graph builder refuses a shard of a LoRA-ready geometry too. Either alone still builds."""
-    from models.cli import main
+    from models.commands.cli import main
     from models.packs.pack import PackError, build_pack
     out = tmp_path / "both"
     assert main(["pack", str(tiny_dit), "--out", str(out), "--resolution", "128x128", "--dtype", "fp32",

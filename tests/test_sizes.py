@@ -19,16 +19,16 @@ ONE_MP = ((1024, 1024), (896, 1152), (1152, 896))
 
 
 def test_bundle_takes_a_comma_list_of_sizes(tmp_path, monkeypatch, capsys):
-    import models.bundle
-    from models import cli
+    import models.setup.bundle
+    from models.commands import cli
     got = []
 
     def build_bundle(models_dir, sizes, target, out, **kw):
         got.append(list(sizes))
         return {"sizes": [f"{w}x{h}" for w, h in sizes], "target": target, "toolkit": None}
 
-    monkeypatch.setattr(models.bundle, "build_bundle", build_bundle)
-    monkeypatch.setattr(models.bundle, "total_bytes", lambda data: 0)
+    monkeypatch.setattr(models.setup.bundle, "build_bundle", build_bundle)
+    monkeypatch.setattr(models.setup.bundle, "total_bytes", lambda data: 0)
     models_dir = tmp_path / "models"
     models_dir.mkdir()
     base = ["bundle", "--models", str(models_dir), "--target", "none", "--out", str(tmp_path / "b")]

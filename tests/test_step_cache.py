@@ -13,7 +13,7 @@ from models.sampling.denoise import model_call, save_state, start_or_resume
 from models.sampling.k_sampling import SAMPLER_NAMES
 from models.sampling.sampler import Sampler
 from models.sampling.step_cache import CacheSettings
-from models.schema import SchemaError
+from models.base.schema import SchemaError
 
 SHAPE = (16, 24, 24)
 SHIFT = 3.0
@@ -292,7 +292,7 @@ def test_board_model_prices_one_pass_calls_and_counts_reused_ones_out():
     from models.board.auto import evaluate, job_calls
     from models.board.cost import BoardModel
     from models.board.timeline import branch_sequence
-    from models.policy import Policy
+    from models.board.policy import Policy
     model = BoardModel.for_pack(None, "full", None)
     parts1, parts2 = model.step_parts(passes=1), model.step_parts(passes=2)
     for pol in (Policy(), Policy(prefetch=2), Policy(prefetch=1, interleave=True), Policy(prefetch=1, dual_core=True)):

@@ -7,8 +7,8 @@ import hashlib
 import numpy as np
 import pytest
 
-from models.cli import main
-from models.safetensors_io import SafeTensorsFile
+from models.commands.cli import main
+from models.base.safetensors_io import SafeTensorsFile
 
 
 def _sha(path) -> str:
@@ -47,7 +47,7 @@ def test_synth_vae_is_a_vae_the_decoder_loads(tmp_path, capsys, layout):
 
 
 def test_synth_bundle_is_a_models_folder_and_is_kept_when_complete(tmp_path, capsys):
-    from models.models_dir import resolve_models
+    from models.setup.models_dir import resolve_models
     out = tmp_path / "models"
     assert main(["synth", "bundle", "--preset", "tiny", "--seed", "0", "--out", str(out)]) == 0
     paths = resolve_models(out, {})
@@ -64,7 +64,7 @@ def test_synth_bundle_is_a_models_folder_and_is_kept_when_complete(tmp_path, cap
 
 def test_the_help_names_every_subcommand(capsys):
     """Reported: `anima-models --help` described 8 subcommands and left out bundle, info and export-encoder."""
-    from models.cli import COMMANDS
+    from models.commands.cli import COMMANDS
     with pytest.raises(SystemExit):
         main(["--help"])
     text = " ".join(capsys.readouterr().out.split())

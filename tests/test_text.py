@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from models.dit.config import DIT_PREFIXES, PRESETS
-from models.safetensors_io import SafeTensorsFile, TensorEntry, save_arrays, write_safetensors
+from models.base.safetensors_io import SafeTensorsFile, TensorEntry, save_arrays, write_safetensors
 from models.text import synth as text_synth
 
 
@@ -346,7 +346,7 @@ def test_mismatched_files_and_close(te_file, tiny_dit, tok_dir, tmp_path, monkey
 
 # ---- anima-models encode ------------------------------------------------------------------------------------------
 def test_encode_command(encoder, te_file, tiny_dit, tok_dir, tmp_path, capsys):
-    from models.cli import main
+    from models.commands.cli import main
     models = tmp_path / "models"
     for sub in ("diffusion_models", "text_encoders", "tokenizers"):
         (models / sub).mkdir(parents=True)

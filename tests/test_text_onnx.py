@@ -133,7 +133,7 @@ def test_spiece_only_t5_is_converted_with_equal_ids(files, tmp_path):
 
 
 def test_encode_command_onnx(files, pack, encoders, tmp_path, capsys):
-    from models.cli import main
+    from models.commands.cli import main
     out = tmp_path / "ctx.npz"
     assert main(["encode", "--backend", "onnx", "--pack", str(pack), "--prompt", "(red:1.2) dress",
                  "--negative", "lowres", "--out", str(out), "--threads", "2"]) == 0
@@ -147,7 +147,7 @@ def test_encode_command_onnx(files, pack, encoders, tmp_path, capsys):
 
 
 def test_export_command_and_stage_settings(files, pack, tmp_path, capsys):
-    from models.cli import main
+    from models.commands.cli import main
     from stages.config import load_config
     from stages.encoder import EncoderLogic
     assert main(["export-encoder", "--text-encoder", str(files["te"]), "--dit", str(files["dit"]),

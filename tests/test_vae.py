@@ -11,8 +11,8 @@ pytest.importorskip("diffusers")
 from diffusers import AutoencoderKLQwenImage  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from models.cli import main as cli_main  # noqa: E402
-from models.safetensors_io import SafeTensorsFile, TensorEntry, save_arrays, write_safetensors  # noqa: E402
+from models.commands.cli import main as cli_main  # noqa: E402
+from models.base.safetensors_io import SafeTensorsFile, TensorEntry, save_arrays, write_safetensors  # noqa: E402
 from models.vae import VAE, VAEError, decode_to_png  # noqa: E402
 from models.vae.keys import decoder_shapes, detect_config, full_shapes  # noqa: E402
 from models.vae.synth import VAE_PRESETS, vae_entries  # noqa: E402

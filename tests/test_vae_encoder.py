@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("diffusers")
 from diffusers import AutoencoderKLQwenImage  # noqa: E402
 
-from models.safetensors_io import SafeTensorsFile, save_arrays  # noqa: E402
+from models.base.safetensors_io import SafeTensorsFile, save_arrays  # noqa: E402
 from models.vae import VAEError  # noqa: E402
 from models.vae.encode import TorchEncoder, check_image  # noqa: E402
 from models.vae.keys import encoder_shapes, full_shapes  # noqa: E402

@@ -14,10 +14,10 @@ import pytest
 
 from models.runtime.backends import make_backend
 from models.runtime.backends.base import BackendError
-from models.cli import main as cli_main
+from models.commands.cli import main as cli_main
 from models.packs.kinds import load_branch_pack
 from models.packs.pack import PackError, load_pack
-from models.safetensors_io import SafeTensorsFile, TensorEntry, write_safetensors
+from models.base.safetensors_io import SafeTensorsFile, TensorEntry, write_safetensors
 from models.vae.pack import VaePackError, build_vae_pack, load_vae_pack
 from models.vae.pack_decoder import PackDecoder
 from models.vae.synth import write_vae
@@ -288,7 +288,7 @@ def test_pack_vae_needs_no_torch(vae_file, tmp_path):
     """The host side of a pack (pack-vae: graphs, calibration on ONNX Runtime) runs where torch cannot be imported."""
     code = ("import sys\n"
             "sys.modules['torch'] = None\n"                   # any `import torch` now raises ImportError
-            "from models.cli import main\n"
+            "from models.commands.cli import main\n"
             f"sys.exit(main(['pack-vae', {str(vae_file)!r}, '--out', {str(tmp_path / 'p')!r}, '--resolution', "
             "'64x64', '--threads', '1']))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from models.runtime.backends import make_backend
-from models.cli import main as cli_main
+from models.commands.cli import main as cli_main
 from models.vae.pack import build_vae_pack, load_vae_pack
 from models.vae.pack_decoder import PackDecoder
 from models.vae.synth import write_vae

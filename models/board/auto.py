@@ -24,7 +24,7 @@ from typing import Optional
 from models.board.cost import BOARD_RAMS_GB, LABEL, BoardModel
 from models.board.timeline import StepTimeline, branch_sequence, pinned_branches, simulate_step
 from models.dit.partition import KINDS
-from models.policy import MAX_PREFETCH, Policy
+from models.board.policy import MAX_PREFETCH, Policy
 from models.dit.shards import CUTS, MAX_SHARDS
 
 log = logging.getLogger(__name__)
@@ -242,7 +242,7 @@ def budget(model: BoardModel, settings: dict, mem_available_mib: Optional[float]
 
 
 def choose_policy(ctx, mem_available_mib: Optional[float] = None, memory=None) -> Policy:
-    """`auto` for the board backends (their auto_policy): models.policy.AutoContext -> Policy. The real board passes
+    """`auto` for the board backends (their auto_policy): models.board.policy.AutoContext -> Policy. The real board passes
     its MemAvailable now; without it (board-sim, or a board where it is unreadable) the modelled `board_ram_gb`
     board's memory is the budget. `memory`: the default pack's size's activation memory (`choose`'s; the backends
     pass models/packs/memory_fit.for_pack)."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from models.manifest import pack_shape_fields
+from models.records.manifest import pack_shape_fields
 from models.board.flops import (branch_flops, int8_projection_flops, int8_shard_flops,  # noqa: F401
                                  int8_weight_elements, shard_flops, weight_bytes)
 from models.dit.partition import KINDS, TEXT_TOKENS, Geometry, io_elements
@@ -120,7 +120,7 @@ class Shape:
                       tuple(sorted(dict(sh.get("cuts", {})).items())))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise CostModelError(f"{pack_dir}: cannot read the pack's config and geometry ({e})") from None
-        from models.manifest import pack_quant
+        from models.records.manifest import pack_quant
         q = pack_quant(pack_dir)
         own = dataclasses.replace(own, int8=tuple(q["int8"]) if q else ())
         if model == "pack":

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from models.board.cost import BoardModel
 from models.dit.partition import KINDS
-from models.policy import Policy
+from models.board.policy import Policy
 
 DUAL_LIFECYCLE_PARALLEL = True      # models/runtime/lifecycle.py: a dual_core pair loads/inits/releases at once (_pair)
 

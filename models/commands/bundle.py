@@ -5,7 +5,7 @@
 
 Per size an FP16 DiT pack and a VAE pack, compiled for the target with rknn-toolkit2 (their ONNX graphs then removed:
 the board reads only the .rknn files), the text encoder for ONNX Runtime with its tokenizers, and bundle.json (paths,
-sizes, hashes, the toolkit release the board's runtime must match; models/bundle.py). `--shards N`: every DiT pack
+sizes, hashes, the toolkit release the board's runtime must match; models/setup/bundle.py). `--shards N`: every DiT pack
 also as N shard graphs per branch, compiled too (as `anima-models pack --shards`; what `--policy auto` prices). `--target none`: a CPU bundle
 (ONNX Runtime everywhere). Run it again after an interruption: complete parts are kept.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import shlex
 
-from models.models_dir import add_model_arguments
+from models.setup.models_dir import add_model_arguments
 from models.dit.partition import MAX_LORA_RANK, parse_resolution
 
 
@@ -47,9 +47,9 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from models.bundle import build_bundle, total_bytes
+    from models.setup.bundle import build_bundle, total_bytes
     from models.commands import UserError
-    from models.models_dir import PART_NAMES
+    from models.setup.models_dir import PART_NAMES
     from models.commands.progress import Progress
 
     from models.lora import parse_lora_arg
@@ -79,7 +79,7 @@ def run(args) -> int:
     out = Path(args.out).expanduser().absolute()
     toolkit = f", rknn-toolkit2 {data['toolkit']}" if data["toolkit"] else ""
     lora = f", LoRA rank {args.lora_rank}" if args.lora_rank else ""
-    from models.bundle import baked_label
+    from models.setup.bundle import baked_label
     lora += f", baked LoRA {baked_label(data['lora'])}" if data.get("lora") else ""
     lora += f", {data['shards']} shards per branch" if data.get("shards", 1) > 1 else ""
     print(f"bundle {out}: {', '.join(data['sizes'])}, target {data['target']}{toolkit}{lora}, "

@@ -65,7 +65,7 @@ def _numbers(args) -> list:
 
 def _encode(args, pack, prompts: list, passes: int) -> list:
     """[(cond, uncond)] per prompt by the models folder's text encoder; uncond None at one pass (cfg 1)."""
-    from models.models_dir import resolve_models
+    from models.setup.models_dir import resolve_models
     from models.text.conditioning import TextEncoder
     dit = args.dit or pack.source.get("path")
     paths = resolve_models(args.models, {"dit": dit}, need=("dit", "text_encoder", "qwen_tokenizer", "t5_tokenizer"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from models.commands import UserError
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def add_arguments(p) -> None:
 
 def _resolve(args) -> tuple:
     """(text encoder, dit, qwen tokenizer dir, t5 tokenizer path) from --models and the per-file overrides."""
-    from models.models_dir import resolve_models
+    from models.setup.models_dir import resolve_models
     t5_file = args.t5_tokenizer if args.t5_tokenizer and os.path.isfile(args.t5_tokenizer) else None
     overrides = {"dit": args.dit, "text_encoder": args.qwen, "qwen_tokenizer": args.qwen_tokenizer,
                  "t5_tokenizer": None if t5_file else args.t5_tokenizer}

@@ -9,7 +9,7 @@ Then `[stage.encoder] backend = "onnx"` and `pack = "packs/encoder"` in the pipe
 """
 from __future__ import annotations
 
-from models.models_dir import add_model_arguments, paths_from_args
+from models.setup.models_dir import add_model_arguments, paths_from_args
 
 PARTS = ("dit", "text_encoder", "qwen_tokenizer", "t5_tokenizer")
 

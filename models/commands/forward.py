@@ -14,7 +14,7 @@ import logging
 import numpy as np
 
 from models.runtime.backends import backend_names
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 
 log = logging.getLogger(__name__)
 INPUT_KEYS = ("x", "sigma", "context")

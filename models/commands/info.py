@@ -13,7 +13,7 @@ import numpy as np
 
 from models.dit.config import DIT_PREFIXES
 from models.dit.checkpoint import LOOKS_LIKE, DiTCheckpoint, check_gguf, classify_keys
-from models.safetensors_io import SafeTensorsError, SafeTensorsFile
+from models.base.safetensors_io import SafeTensorsError, SafeTensorsFile
 
 log = logging.getLogger(__name__)
 

@@ -79,7 +79,7 @@ def run(args) -> int:
           + (f", LoRA rank {g.lora_rank}" if g.lora_rank else "")
           + "".join(f", baked LoRA {b['name']} x {b['strength']:g}" for b in pack.manifest.get("lora", {})
                     .get("baked", [])))
-    from models.manifest import quant_info, sampling_info
+    from models.records.manifest import quant_info, sampling_info
     rec = sampling_info(pack.manifest)
     if rec is not None:
         print(f"sampling for jobs that set none: {rec['steps']} steps, cfg {rec['cfg']:g}, {rec['sampler']}, "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 
 
 def add_arguments(p) -> None:

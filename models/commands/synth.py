@@ -14,7 +14,7 @@ import logging
 import os
 import time
 
-from models.lazy import import_target
+from models.base.lazy import import_target
 from models.commands import UserError
 from models.dit.config import DIT_PREFIXES, PRESETS
 
@@ -108,6 +108,6 @@ def run(args) -> int:
     elif args.what == "lora":
         _lora(args, out)
     else:
-        _call("models.models_dir:write_bundle", args.preset, args.seed, out)
+        _call("models.setup.models_dir:write_bundle", args.preset, args.seed, out)
     print(f"wrote synthetic {args.what} ({args.preset}, seed {args.seed}) to {out} in {time.monotonic() - t0:.1f} s")
     return 0

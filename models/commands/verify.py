@@ -11,7 +11,7 @@ import json
 import logging
 
 from models.runtime.backends import backend_names
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 from models.runtime.verify import DEFAULT_SIGMA
 
 log = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ import numpy as np
 
 from models.dit.config import (DIT_PREFIXES, IGNORED_PATTERNS, AdapterConfig, CheckpointError, DiTConfig,
                             detect_adapter_config, detect_dit_config, expected_adapter_shapes, expected_dit_shapes)
-from models.manifest import file_sha256
-from models.safetensors_io import DTYPES, KNOWN_UNSUPPORTED, SafeTensorsError, SafeTensorsFile, bf16_to_f32
+from models.records.manifest import file_sha256
+from models.base.safetensors_io import DTYPES, KNOWN_UNSUPPORTED, SafeTensorsError, SafeTensorsFile, bf16_to_f32
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from models.dit.config import PRESETS, DIT_PREFIXES, expected_adapter_shapes, expected_dit_shapes
-from models.safetensors_io import TensorEntry, f32_to_bf16, write_safetensors
+from models.base.safetensors_io import TensorEntry, f32_to_bf16, write_safetensors
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def dit_shapes(preset: str) -> dict:
 def _bent(gen: Callable, key: str, seed: int, width: int) -> Callable:
     """A generator whose tensor goes through the outlier preset (models/dit/outliers.py) before its bf16 rounding."""
     from models.dit.outliers import bend
-    from models.safetensors_io import bf16_to_f32
+    from models.base.safetensors_io import bf16_to_f32
 
     def g(rng: np.random.Generator) -> np.ndarray:
         a = gen(rng)
@@ -91,7 +91,7 @@ def keep_blocks(shapes: dict, blocks: int) -> dict:
 
 def dit_entries(preset, seed: int, prefix: str = "net.", outliers: bool = False) -> list:
     """Lazy TensorEntry list (bf16) for a synthetic checkpoint; each entry's data is a callable returning the
-    tensor as bf16 bit patterns (uint16; widen with models.safetensors_io.bf16_to_f32). preset: a preset name, or
+    tensor as bf16 bit patterns (uint16; widen with models.base.safetensors_io.bf16_to_f32). preset: a preset name, or
     {stripped key: shape} of the checkpoint to make (each tensor depends only on the seed, its key and its shape,
     so a recorded key list makes the same file again). outliers: the outlier preset (models/dit/outliers.py), a
     stand-in for a real checkpoint's activation statistics."""

@@ -14,8 +14,8 @@ import struct
 from typing import ClassVar
 
 from models.lora.plan import MAX_STRENGTH, LoraUse
-from models.models_dir import MAX_LORA_NAME, lora_path
-from models.schema import Float, Record, Text
+from models.setup.models_dir import MAX_LORA_NAME, lora_path
+from models.base.schema import Float, Record, Text
 
 MAX_LORAS = 8                   # per job: LoRAs stack along a LoRA-ready pack's rank, which bounds them anyway
 HASH_CHUNK = 8 * 1024 * 1024

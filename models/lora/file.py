@@ -22,7 +22,7 @@ import numpy as np
 
 from models.lora.lycoris import KIND_NAMES, KIND_OF_PART, check_shapes
 from models.lora.lycoris import low_rank as lycoris_low_rank, product as lycoris_product
-from models.safetensors_io import SafeTensorsError, SafeTensorsFile
+from models.base.safetensors_io import SafeTensorsError, SafeTensorsFile
 
 FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")
 HASH_CHUNK = 8 * 1024 * 1024

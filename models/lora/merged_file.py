@@ -11,7 +11,7 @@ import os
 
 from models.dit.config import DIT_PREFIXES
 from models.lora.plan import LoraPlan
-from models.safetensors_io import DTYPES, SafeTensorsFile, TensorEntry, write_safetensors
+from models.base.safetensors_io import DTYPES, SafeTensorsFile, TensorEntry, write_safetensors
 
 
 def _target_key(key: str) -> str:

@@ -28,7 +28,7 @@ from typing import Optional
 import numpy as np
 
 from models.lora.targets import ADAPTER_PREFIX, TE_PREFIX, place_of
-from models.safetensors_io import TensorEntry, write_safetensors
+from models.base.safetensors_io import TensorEntry, write_safetensors
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from models.lazy import import_target
-from models.manifest import MANIFEST, ManifestError, manifest_json
+from models.base.lazy import import_target
+from models.records.manifest import MANIFEST, ManifestError, manifest_json
 from models.packs.pack import PACK_KIND, PackError
 
 # manifest "kind" -> "module:loader" of the packs whose branches a model backend runs (DiT branches, VAE models)

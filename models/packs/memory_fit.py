@@ -190,7 +190,7 @@ def for_pack(pack_dir):
     there is no pack or its geometry does not give the size (then auto weighs the weights' memory alone)."""
     if pack_dir is None:
         return None
-    from models.manifest import ManifestError, pack_shape_fields
+    from models.records.manifest import ManifestError, pack_shape_fields
     try:
         _, g, _ = pack_shape_fields(pack_dir)
         return for_auto((int(g["width"]), int(g["height"])))

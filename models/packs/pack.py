@@ -9,16 +9,16 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
 from models.dit.config import DiTConfig
-from models.durable import atomic_write, building_folder, fsync_dir
-from models.manifest import (MANIFEST, BranchEntry, ManifestRecord, data_sha256, existing_sources,  # noqa: F401
+from models.base.durable import atomic_write, building_folder, fsync_dir
+from models.records.manifest import (MANIFEST, BranchEntry, ManifestRecord, data_sha256, existing_sources,  # noqa: F401
                              file_sha256, manifest_header, read_manifest, source_entry, write_manifest)
-from models.manifest import check_files as _check_listed
-from models.manifest import ManifestError, manifest_json, pack_resolution
+from models.records.manifest import check_files as _check_listed
+from models.records.manifest import ManifestError, manifest_json, pack_resolution
 from models.packs.sharded import ShardPackError, choose_cuts, part_files, part_specs, shard_count, shard_entries, \
     uncompiled_parts
 from models.dit.partition import (BRANCHES, PACK_DTYPES, TEXT_TOKENS, Geometry, branch_file, branch_index, branch_order,
                               pack_io_dtype, resolve)
-from models.schema import Int
+from models.base.schema import Int
 from models.dit.shards import check_shards
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class Pack:
 
     def host_weights(self) -> dict:
         """{host key: f32 array} from host.safetensors."""
-        from models.safetensors_io import SafeTensorsFile
+        from models.base.safetensors_io import SafeTensorsFile
         st = SafeTensorsFile(self.host_path)
         return {k: st.get(k) for k in st.keys()}
 
@@ -218,7 +218,7 @@ def _shard_cuts(cfg, geom: Geometry, shards: int, cuts: Optional[dict], lora_ran
 def _write_host_weights(tmp: Path, ckpt, baked, sha: str, qplan=None) -> list:
     """The host weights (FP32), streamed tensor by tensor (a W8A8 pack's smoothing factors last); their keys."""
     from models.dit.host_ops import host_keys
-    from models.safetensors_io import TensorEntry, write_safetensors
+    from models.base.safetensors_io import TensorEntry, write_safetensors
 
     keys = host_keys(ckpt.config)
     entries = [TensorEntry(k, "F32", tuple(ckpt.shape(k)), (lambda k=k: _baked(baked, k, ckpt.get(k)))) for k in keys]
@@ -349,7 +349,7 @@ def pack_member(pack_dir, rel, where: str = "") -> Path:
 
 
 # manifest "omitted": what a pack's builder removed because its backend never reads it. "onnx": the branch graphs of
-# a compiled pack (a board bundle, models/bundle.py): each branch (and shard) keeps its ONNX entry (name, sha256) as the record
+# a compiled pack (a board bundle, models/setup/bundle.py): each branch (and shard) keeps its ONNX entry (name, sha256) as the record
 # of what its .rknn was compiled from, but the file is gone and no reader asks for it.
 OMITTED_ONNX = "onnx"
 
@@ -398,7 +398,7 @@ def pack_files(manifest: dict) -> list:
         if isinstance(b.get("rknn"), dict):
             files.append((b["rknn"]["file"], b["rknn"]["sha256"]))
         files += part_files(b, onnx=not omitted)
-    from models.manifest import quant_info
+    from models.records.manifest import quant_info
     q = quant_info(manifest)
     if q is not None:
         files.append((q["dataset"]["file"], q["dataset"]["sha256"]))
@@ -484,7 +484,7 @@ def _check_config_shapes(d: Path, rec: "DiTManifest", cfg: DiTConfig, geom: Geom
         return                                     # check_files names a missing file
     from models.dit.config import expected_dit_shapes
     from models.dit.host_ops import host_keys
-    from models.safetensors_io import SafeTensorsError, SafeTensorsFile
+    from models.base.safetensors_io import SafeTensorsError, SafeTensorsFile
     try:
         f = SafeTensorsFile(host)
         have = {k: tuple(f.shape(k)) for k in f.keys()}

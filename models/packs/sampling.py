@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from models.manifest import ManifestError, sampling_info
+from models.records.manifest import ManifestError, sampling_info
 
 # ComfyUI's "Text to Image (Anima)" template: KSampler 30 steps, cfg 4, er_sde, simple
 BASE = {"steps": 30, "cfg": 4.0, "sampler": "er_sde", "scheduler": "simple"}
@@ -54,7 +54,7 @@ def add_sampling_arguments(p) -> None:
 def record_sampling(pack_dir, sampling: dict | None) -> bool:
     """Make a built pack's manifest record `sampling` (None: record none), as `pack --sampling` would have: a bundle
     keeps a complete pack and changes only this. True when the manifest was rewritten."""
-    from models.manifest import manifest_json, write_manifest
+    from models.records.manifest import manifest_json, write_manifest
     m = manifest_json(pack_dir)
     if sampling_info(m) == sampling:
         return False

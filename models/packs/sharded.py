@@ -14,11 +14,11 @@ import threading
 from pathlib import Path
 from typing import Optional
 
-from models.manifest import MANIFEST, sharded_branches
+from models.records.manifest import MANIFEST, sharded_branches
 from models.board import auto as board_auto
 from models.board.cost import LABEL, BoardModel, Shape
 from models.dit.config import DiTConfig
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 from models.dit.partition import KINDS, Geometry
 from models.dit.shards import CUTS, ShardSpec, check_shards, plan, shard_io, shard_weights
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def collect(runner, jobs: list, sampler, collector: Collector) -> list:
 
 def write_calib(out, collector: Collector, contexts: list, info: dict) -> Path:
     """The calibration folder at `out` (created if needed): tensors then the JSON that describes them."""
-    from models.safetensors_io import TensorEntry, write_safetensors
+    from models.base.safetensors_io import TensorEntry, write_safetensors
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     entries = [TensorEntry(f"absmax.{k}", "F32", tuple(v.shape), v) for k, v in sorted(collector.absmax.items())]
@@ -114,7 +114,7 @@ def write_calib(out, collector: Collector, contexts: list, info: dict) -> Path:
     for c, ctx in enumerate(contexts):
         entries.append(TensorEntry(f"context.{c}", "F16", tuple(ctx.shape), np.asarray(ctx, np.float16)))
     write_safetensors(out / CALIB_FILE, entries, metadata={"kind": CALIB_KIND})
-    from models.manifest import file_sha256
+    from models.records.manifest import file_sha256
     doc = {"kind": CALIB_KIND, **info, "records": collector.records, "samples": samples.get("sample", []),
            "heldout": samples.get("heldout", []), "contexts": len(contexts),
            "branches": sorted(collector.absmax), "tensors_sha256": file_sha256(out / CALIB_FILE)}
@@ -147,8 +147,8 @@ class Calibration:
 
 def read_calib(folder) -> Calibration:
     """A calibration folder written by `write_calib`; CalibError naming what is wrong."""
-    from models.manifest import file_sha256
-    from models.safetensors_io import SafeTensorsError, SafeTensorsFile
+    from models.records.manifest import file_sha256
+    from models.base.safetensors_io import SafeTensorsError, SafeTensorsFile
     d = Path(folder)
     try:
         info = json.loads((d / CALIB_JSON).read_text())

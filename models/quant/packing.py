@@ -60,8 +60,8 @@ def write_dataset(tmp, plan: QuantPlan, cfg, geom) -> dict:
     """The quantizer's inputs per branch as the graphs take them (xn / s, the context, the RoPE tables); -> its
     manifest entry {file, sha256, samples}."""
     from models.dit.rope import rope_tables
-    from models.manifest import file_sha256
-    from models.safetensors_io import save_arrays
+    from models.records.manifest import file_sha256
+    from models.base.safetensors_io import save_arrays
     arrays = {}
     cos, sin = rope_tables(geom.h_tokens, geom.w_tokens, cfg.head_dim)
     arrays["shared.rope_cos"], arrays["shared.rope_sin"] = cos, sin
@@ -80,7 +80,7 @@ def write_dataset(tmp, plan: QuantPlan, cfg, geom) -> dict:
 
 
 def quant_section(plan: QuantPlan, dataset: dict) -> dict:
-    """The manifest's "quant" table (models.manifest.quant_info reads it)."""
+    """The manifest's "quant" table (models.records.manifest.quant_info reads it)."""
     return {"scheme": SCHEME, "int8": list(plan.int8), "smooth": "off" if plan.alpha is None else plan.alpha,
             "weights": "int8 per output channel (symmetric)", "activations": "int8 per tensor (asymmetric)",
             "calib": {"sha256": plan.calib.info["tensors_sha256"], "records": plan.calib.info["records"]},

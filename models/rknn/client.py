@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from models.install import default_toolkit_venv
+from models.base.install import default_toolkit_venv
 
 log = logging.getLogger(__name__)
 
 WORKER = Path(__file__).with_name("worker.py")
-DEFAULT_VENV = default_toolkit_venv()      # the checkout's .venv-rknn, or beside this environment (models/install.py)
+DEFAULT_VENV = default_toolkit_venv()      # the checkout's .venv-rknn, or beside this environment (models/base/install.py)
 VENV_ENV = "ANIMA_RKNN_VENV"              # overrides the default toolkit environment
 HELLO_TIMEOUT_S = 120.0                   # a cold start imports nothing yet, but the interpreter may be slow
 REQUEST_TIMEOUT_S = 3600.0                # one full-size build takes seconds to minutes; this only catches hangs

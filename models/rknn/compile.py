@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from models.durable import atomic_write
-from models.manifest import MANIFEST, Manifest, file_sha256, read_manifest, write_manifest
+from models.base.durable import atomic_write
+from models.records.manifest import MANIFEST, Manifest, file_sha256, read_manifest, write_manifest
 from models.rknn.buildlog import parse_build_log
 from models.rknn.client import ToolkitError, ToolkitWorker
 
@@ -183,7 +183,7 @@ def _quant_fields(pack: Path, manifest: Optional[dict], branch: dict, work: Path
 def _fingerprint(manifest: dict, unit: tuple):
     """The quantization fingerprint a W8A8 unit's (a branch's or a shard's, see `units`) .rknn must carry to be up
     to date (None for a float one)."""
-    from models.manifest import branch_int8, quant_info
+    from models.records.manifest import branch_int8, quant_info
     entry, owner, _ = unit
     if "block" not in owner or quant_info(manifest) is None or not branch_int8(entry):
         return None

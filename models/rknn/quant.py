@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.manifest import branch_int8, quant_info
+from models.records.manifest import branch_int8, quant_info
 
 NP = {"f16": np.float16, "f32": np.float32}
 INT8_INPUTS = ("xn",)              # the graph input the INT8 projections read (the host's modulated activation)
@@ -48,7 +48,7 @@ def quant_request(pack: Path, manifest: dict, branch: dict, work: Path, dataset=
     names = branch_int8(entry)
     if q is None or not names:
         return None
-    from models.safetensors_io import SafeTensorsFile
+    from models.base.safetensors_io import SafeTensorsFile
     st = dataset or SafeTensorsFile(Path(pack) / q["dataset"]["file"])
     have = set(st.keys())
     stem, rows, cut = stem_of(branch), [], _shard_cutter(branch, part)

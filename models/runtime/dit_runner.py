@@ -18,7 +18,7 @@ from models.runtime.phase_times import PhaseSums, PhaseTimes, add_call
 from models.packs.pack import Pack, load_pack
 from models.packs.sharded import ShardResolver
 from models.dit.partition import BRANCHES, KINDS, NUMPY_DTYPES, branch_inputs, context_mask
-from models.policy import MAX_PREFETCH, Policy, resolve_policy
+from models.board.policy import MAX_PREFETCH, Policy, resolve_policy
 from models.dit.rope import rope_tables
 
 log = logging.getLogger(__name__)

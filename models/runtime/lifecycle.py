@@ -1,4 +1,4 @@
-"""THE branch lifecycle: load → init → infer every pass → release, with the policies of models/policy.py plugged in.
+"""THE branch lifecycle: load → init → infer every pass → release, with the policies of models/board/policy.py plugged in.
 
 Used by the in-process runner (models/runtime/dit_runner.py) and by the executor stage (stages/executor.py) alike, for every
 backend (ONNX Runtime, the rknn-toolkit2 simulator, RKNNLite on the board, board-sim). One backend instance is one
@@ -32,7 +32,7 @@ from typing import Callable, Optional
 from models.runtime.backends import backend_class
 from models.runtime.backends.base import BackendError, BranchBackend
 from models.runtime.phase_times import PhaseTimes
-from models.policy import Policy
+from models.board.policy import Policy
 from models.dit.shards import MAX_SHARDS, combine, shard_feed
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ report. Visible vs hidden: what a policy keeps on the critical path and what it 
 from typing import ClassVar, Literal
 
 from models.dit.partition import KINDS
-from models.schema import Float, Int, Items, Record
+from models.base.schema import Float, Int, Items, Record
 
 SOURCES = ("load", "prefetch", "resident", "held")     # how a call got its model
 MAX_RUNS = 4096                                        # model runs of one call (a VAE decodes its tiles in one)

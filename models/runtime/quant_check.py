@@ -195,7 +195,7 @@ def quant_check(pack_dir, ckpt_path, calib_dir, steps: int = 20, seed: int = 0, 
                 venv=None, jobs: int = 2, fp16_pack=None) -> dict:
     """The report: per-branch cosines, worst and mean, the job's final-latent cosine vs the FP16 pack's."""
     from models.dit.checkpoint import DiTCheckpoint
-    from models.manifest import quant_info
+    from models.records.manifest import quant_info
     from models.packs.pack import PackError, build_pack, load_pack
     from models.quant.calib import CalibError, read_calib
     from models.runtime.dit_runner import DiTRunner

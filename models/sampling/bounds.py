@@ -2,13 +2,13 @@
 
 prompt.json and the page's form (protocol/prompt.py), an A1111 body (orchestrator/http/a1111.py), a ComfyUI graph's
 sampler inputs as /object_info declares them (orchestrator/http/comfy_nodes.py), the wire's DenoiseParams and SamplingRef
-(protocol/messages.py) and a pack's recorded settings (models/manifest.py). docs/prompts.md "Bounds" lists them.
+(protocol/messages.py) and a pack's recorded settings (models/records/manifest.py). docs/prompts.md "Bounds" lists them.
 ComfyUI's own KSampler declares wider ones (steps 1..10000, cfg 0..100); a graph past ours is refused with ComfyUI's
 node_errors for the bounds our /object_info declares, as ComfyUI refuses a value past its own.
 """
 from typing import NamedTuple
 
-from models.schema import Float, Int
+from models.base.schema import Float, Int
 
 
 class Bound(NamedTuple):

@@ -9,7 +9,7 @@ from typing import Optional
 
 import numpy as np
 
-from models.safetensors_io import SafeTensorsError, SafeTensorsFile, TensorEntry, write_safetensors
+from models.base.safetensors_io import SafeTensorsError, SafeTensorsFile, TensorEntry, write_safetensors
 from models.sampling.k_sampling import SamplerRun, SamplerRunError, restore_run, run_state
 from models.sampling.noise import TorchCpuGenerator
 from models.sampling.spectrum import SpectrumState
@@ -96,7 +96,7 @@ class SamplerState:
 
     # ---- file form -------------------------------------------------------------------------------------------------
     def save(self, path) -> None:
-        """Write to `path` durably and atomically (write_safetensors goes through models.durable.atomic_write): a
+        """Write to `path` durably and atomically (write_safetensors goes through models.base.durable.atomic_write): a
         reader, or a resume after a power cut, sees the old state or the new one, never half. Saved between steps."""
         if self.run.stage != 0:
             raise SamplerStateError(f"a sampler state is saved between steps, not inside step {self.step + 1}")

@@ -6,7 +6,7 @@ from typing import ClassVar
 import numpy as np
 
 from models.sampling.bounds import STEPS
-from models.schema import Float, Int, Record, SchemaError
+from models.base.schema import Float, Int, Record, SchemaError
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from typing import ClassVar, Literal, Optional
 
 import numpy as np
 
-from models.schema import Float, Record
+from models.base.schema import Float, Record
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from models.dit.config import DIT_PREFIXES, AdapterConfig, CheckpointError, detect_adapter_config, expected_adapter_shapes
-from models.safetensors_io import SafeTensorsFile
+from models.base.safetensors_io import SafeTensorsFile
 
 log = logging.getLogger(__name__)
 

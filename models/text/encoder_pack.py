@@ -10,7 +10,7 @@
                                          no sentencepiece)
 
 Building (`anima-models export-encoder`) needs onnx (and transformers to convert a spiece.model); loading needs only
-json, hashlib and msgspec (models/manifest.py): the board reads packs without torch, transformers or onnx.
+json, hashlib and msgspec (models/records/manifest.py): the board reads packs without torch, transformers or onnx.
 """
 import logging
 import os
@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.durable import atomic_write, building_folder
-from models.manifest import (MANIFEST, FileEntry, ManifestRecord, check_files, existing_sources, file_sha256,
+from models.base.durable import atomic_write, building_folder
+from models.records.manifest import (MANIFEST, FileEntry, ManifestRecord, check_files, existing_sources, file_sha256,
                              manifest_header, read_manifest, source_entry, write_manifest)
-from models.schema import Int
+from models.base.schema import Int
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def build_encoder_pack(text_encoder, dit, qwen_tokenizer, t5_tokenizer, out_dir,
 
     Built in a temporary sibling folder renamed into place when complete; a pack of other source files is replaced
     only with `overwrite`."""
-    from models.safetensors_io import SafeTensorsFile
+    from models.base.safetensors_io import SafeTensorsFile
     from models.text import adapter as adapter_mod
     from models.text import qwen3 as qwen3_mod
     from models.text.onnx_graphs import OPSET, build_adapter, build_qwen3

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.safetensors_io import SafeTensorsFile
+from models.base.safetensors_io import SafeTensorsFile
 
 log = logging.getLogger(__name__)
 

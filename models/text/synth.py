@@ -11,7 +11,7 @@ import zlib
 import numpy as np
 
 from models.dit.config import PRESETS
-from models.safetensors_io import TensorEntry, write_safetensors
+from models.base.safetensors_io import TensorEntry, write_safetensors
 from models.text.tokenizers import QWEN_PAD_ID, QWEN_PAD_TOKEN
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 Names resolve lazily; only `VAEDecoder`, `VAEEncoder` and the methods of `VAE` and `TorchEncoder` import torch (the
 pack backends never do).
 """
-from models.lazy import import_target
+from models.base.lazy import import_target
 
 _EXPORTS = {
     "VAE": "models.vae.api", "DecodeResult": "models.vae.api",

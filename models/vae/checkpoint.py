@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from models.dit.checkpoint import LOOKS_LIKE, classify_keys
-from models.safetensors_io import SafeTensorsError, SafeTensorsFile
+from models.base.safetensors_io import SafeTensorsError, SafeTensorsFile
 from models.vae.keys import (VAEConfig, VAEKeyError, check_decoder_shapes, decoder_shapes, detect_config,
                              diffusers_per_stage, encoder_shapes, to_original)
 from models.vae.keys import TOP_ORIG_TO_DIFF

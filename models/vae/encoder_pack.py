@@ -20,8 +20,8 @@ from typing import Optional
 
 import numpy as np
 
-from models.durable import building_folder, fsync_dir
-from models.manifest import (BranchEntry, ManifestRecord, file_sha256, manifest_header, read_manifest, source_entry,
+from models.base.durable import building_folder, fsync_dir
+from models.records.manifest import (BranchEntry, ManifestRecord, file_sha256, manifest_header, read_manifest, source_entry,
                              write_manifest)
 from models.packs.pack import PACK_KIND as DIT_PACK_KIND
 from models.packs.pack import Resolution, check_files, refuse_replacing

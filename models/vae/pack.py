@@ -19,13 +19,13 @@ from typing import Optional
 
 import numpy as np
 
-from models.durable import atomic_write, building_folder, fsync_dir
-from models.manifest import (MANIFEST, BranchEntry, ManifestRecord, file_sha256, manifest_header, read_manifest,
+from models.base.durable import atomic_write, building_folder, fsync_dir
+from models.records.manifest import (MANIFEST, BranchEntry, ManifestRecord, file_sha256, manifest_header, read_manifest,
                              source_entry, write_manifest)
 from models.packs.pack import PACK_KIND as DIT_PACK_KIND
 from models.packs.pack import PackError, Resolution, check_files, pack_member, refuse_replacing
 from models.dit.partition import Geometry
-from models.schema import Float, Int
+from models.base.schema import Float, Int
 from models.vae.keys import VAEConfig
 from models.vae.tiled import DEFAULT_OVERLAP, DEFAULT_TILE, check_tiling, tile_grid
 

@@ -7,7 +7,7 @@ import logging
 import numpy as np
 from PIL import Image, PngImagePlugin
 
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def png_text_problem(key, value) -> str:
 
 
 def write_png(path, image: np.ndarray, metadata: dict = None) -> None:
-    """image [H, W, 3] uint8 -> PNG at `path` (models.durable.atomic_write); each metadata item becomes a text chunk."""
+    """image [H, W, 3] uint8 -> PNG at `path` (models.base.durable.atomic_write); each metadata item becomes a text chunk."""
     image = np.asarray(image)
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"image: expected [H, W, 3] uint8, got {list(image.shape)} {image.dtype}")

@@ -14,7 +14,7 @@ import zlib
 
 import numpy as np
 
-from models.safetensors_io import TensorEntry, write_safetensors
+from models.base.safetensors_io import TensorEntry, write_safetensors
 from models.vae.keys import DEFAULT_DIM_MULT, DEFAULT_NUM_RES_BLOCKS, VAEConfig, full_shapes, to_diffusers
 
 log = logging.getLogger(__name__)

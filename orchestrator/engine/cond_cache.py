@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.durable import atomic_write, is_temporary
+from models.base.durable import atomic_write, is_temporary
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import zmq
 
-from models.schema import SchemaError, convert
+from models.base.schema import SchemaError, convert
 from orchestrator.engine.cond_cache import CondCache
 from orchestrator.engine.plan.build import decoded_sizes, entries_pack_refusal
 from orchestrator.engine.plan.run import PlanRunner
@@ -468,7 +468,7 @@ class Daemon:
         """File names of the text encoder and VAE (what a ComfyUI loader names): those the packs the stages run were
         made from, else the models folder's; {} unknown."""
         if self._model_files is None:
-            from models.models_dir import resolve_models
+            from models.setup.models_dir import resolve_models
             self._model_files = pack_model_files(self.cfg)         # a bundle's: the files its packs came from
             need = tuple(k for k in ("text_encoder", "vae") if k not in self._model_files)
             try:

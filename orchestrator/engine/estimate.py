@@ -180,7 +180,7 @@ def evaluation(pack_dir, size, calls: int, passes: int, board: BoardSettings) ->
     bench/overhead.py --analytic prices it; a pack: as it was built, its shards from its manifest)."""
     from models.board import auto
     from models.packs.memory_fit import for_auto
-    from models.policy import PolicyError, parse_policy
+    from models.board.policy import PolicyError, parse_policy
     model = board_model_for(pack_dir, size, board)
     budget = model.context_budget_mib(board.board_ram_gb)
     kw = {"computed_steps": max(1, calls), "passes": passes}

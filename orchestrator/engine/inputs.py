@@ -5,7 +5,7 @@ A name never leaves its folder: a file name is one plain name (no "/", "\\", NUL
 "..", not hidden, at most MAX_NAME_BYTES of UTF-8); a subfolder is such names joined by "/" (at most MAX_DEPTH; "" and
 "." parts dropped as os.path.normpath drops them, ".." and absolute paths refused). Every folder on the way is looked
 at without following links (a link planted in an upload folder is refused, never followed), and a file is written
-through models.durable.atomic_write, which replaces a link at the destination instead of writing through it.
+through models.base.durable.atomic_write, which replaces a link at the destination instead of writing through it.
 
 ComfyUI's rules for an upload (server.py, `image_upload`): without `overwrite` "true" or "1", a name taken by another
 file becomes "NAME (1).EXT", "NAME (2).EXT" ... and a name holding the same bytes is answered as it is, without
@@ -27,7 +27,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from models.durable import atomic_write, is_temporary
+from models.base.durable import atomic_write, is_temporary
 from orchestrator.engine import served_files
 from orchestrator.engine.upload_space import KINDS, check_room
 from orchestrator.engine.job_record import JOB_ID_RE

@@ -7,7 +7,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.manifest import MANIFEST
+from models.records.manifest import MANIFEST
 from models.packs.pack import Pack, load_pack
 from models.packs.sharded import shard_count
 from models.packs.scratch import scratch_plan

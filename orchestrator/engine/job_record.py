@@ -7,7 +7,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from models.schema import Float, Int, Mapping, Meta, Record, SchemaError, Text
+from models.base.schema import Float, Int, Mapping, Meta, Record, SchemaError, Text
 from orchestrator.engine.prompt_spec import PromptSpec
 from protocol.fields import MAX_NAME_CHARS, MAX_PATH_CHARS, MAX_TEXT_CHARS
 

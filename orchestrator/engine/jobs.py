@@ -1,4 +1,4 @@
-"""Durable job queue: one folder per job under RUN/jobs, job.json written durably (models.durable.atomic_write) at every
+"""Durable job queue: one folder per job under RUN/jobs, job.json written durably (models.base.durable.atomic_write) at every
 state change. A job folder appears whole (made under a hidden name with its first job.json, then renamed) and goes
 whole (renamed aside, then removed), so a crash never leaves a job folder without its record."""
 from __future__ import annotations
@@ -14,8 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from models.durable import atomic_write, fsync_dir, remove_stale_temporaries
-from models.schema import SchemaError
+from models.base.durable import atomic_write, fsync_dir, remove_stale_temporaries
+from models.base.schema import SchemaError
 from orchestrator.engine.inputs import keep_in_job
 from orchestrator.engine.job_files import DAEMON_FILES, JOB_FILE
 from orchestrator.engine.job_record import (FINISHED, JOB_ID_RE, MAX_HISTORY, STAGES, TRANSITIONS, UNREADABLE, Job,
@@ -27,7 +27,7 @@ DEFAULT_MAX_QUEUE = 16          # queued + running jobs
 DEFAULT_MIN_FREE_MB = 64        # free disk space needed to accept a job
 NEW_PREFIX = ".new-"            # a job folder being made (hidden; renamed to its id with its first job.json inside)
 GONE_PREFIX = ".gone-"          # a job folder being removed (renamed aside first, then deleted)
-LEGACY_SUFFIXES = (".tmp", ".tmp.npy", ".new")   # write-then-rename names used before models.durable
+LEGACY_SUFFIXES = (".tmp", ".tmp.npy", ".new")   # write-then-rename names used before models.base.durable
 STALE_TEMP_S = 600.0            # a stage's temporary this old (or older than the boot) is not being written
 
 
@@ -406,7 +406,7 @@ def _stage_temporary_age_s() -> float:
 
 
 def _remove_legacy_temporaries(folder: Path, cutoff: float) -> list[Path]:
-    """Write-then-rename leftovers of versions before models.durable ("job.json.tmp", "cond.npy.tmp.npy",
+    """Write-then-rename leftovers of versions before models.base.durable ("job.json.tmp", "cond.npy.tmp.npy",
     "sampler_state.safetensors.new"): the daemon's own always, a stage's when older than `cutoff` (unix time)."""
     removed = []
     for e in os.scandir(folder):

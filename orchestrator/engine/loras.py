@@ -14,11 +14,11 @@ import threading
 import time
 from pathlib import Path
 
-from models.manifest import ManifestError, encoder_weight_shapes
+from models.records.manifest import ManifestError, encoder_weight_shapes
 from models.lora import LoraError, TargetTable, plan_loras
 from models.lora.choice import MAX_LORAS
 from models.lora.plan import open_lora
-from models.models_dir import LORAS_DIR, ModelsDirError, list_loras, lora_relative
+from models.setup.models_dir import LORAS_DIR, ModelsDirError, list_loras, lora_relative
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,8 @@ def _encoder_tables(config) -> tuple:
             return None, None
     try:
         from models.dit.checkpoint import strip_prefix
-        from models.models_dir import resolve_models
-        from models.safetensors_io import SafeTensorsFile
+        from models.setup.models_dir import resolve_models
+        from models.base.safetensors_io import SafeTensorsFile
         paths = resolve_models(config.models_dir, {k: settings[k] for k in ("dit", "text_encoder") if k in settings},
                                need=("dit", "text_encoder"))
         dit, te = SafeTensorsFile(paths.dit), SafeTensorsFile(paths.text_encoder)

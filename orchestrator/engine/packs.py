@@ -43,7 +43,7 @@ class PackInfo:
 
 def read_pack(pack_dir: str | Path) -> PackInfo:
     """Manifest only (load_pack without hashing the files; the scheduler checks them when it loads the pack)."""
-    from models.manifest import quant_info, sampling_info
+    from models.records.manifest import quant_info, sampling_info
     from models.packs.pack import load_pack
     p = load_pack(pack_dir, check=False)
     q = quant_info(p.manifest)
@@ -106,7 +106,7 @@ def pack_model_files(cfg) -> dict[str, str]:
     """The file names the encoder pack and the VAE packs were made from (their manifests' sources: what a ComfyUI
     client names in CLIPLoader and VAELoader), for the stages that run packs here; a pack that cannot be read, or a
     stage that runs elsewhere or on model files (torch), adds nothing."""
-    from models.manifest import ManifestError, manifest_json
+    from models.records.manifest import ManifestError, manifest_json
     base, out = Path(cfg.path).parent, {}
     enc, vae = cfg.stage_settings("encoder"), cfg.stage_settings("vae")
     picks = []

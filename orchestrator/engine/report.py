@@ -9,11 +9,11 @@ from pathlib import Path
 
 import psutil
 
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 from models.dit.partition import KINDS, TEXT_TOKENS
 from models.runtime.phase_times import PhaseSums
 from models.sampling.step_cache import NODE_NAMES
-from models.schema import base_types
+from models.base.schema import base_types
 from models.runtime.probes import vm_hwm_kb
 from orchestrator.engine.runfolder import ON_DEMAND_STAGES, STAGE_PROGRAMS
 

@@ -8,14 +8,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.durable import atomic_write
-from models.models_dir import LORAS_DIR
-from models.install import REPO_DIR, SOURCE_TREE, default_run_dir, project_file
+from models.base.durable import atomic_write
+from models.setup.models_dir import LORAS_DIR
+from models.base.install import REPO_DIR, SOURCE_TREE, default_run_dir, project_file
 from protocol.security import ipc_path
 from stages.config import JOBS_DIR, STAGES
 
 # A source checkout's top-level supervisord.conf (also the ready-made config for its default run folder), or, in an
-# installed copy (`pip install '.[board]'`), the wheel's (models/install.py)
+# installed copy (`pip install '.[board]'`), the wheel's (models/base/install.py)
 TEMPLATE = project_file("supervisord.conf")
 EXAMPLE_PROMPT = project_file("examples/prompt.json")      # init copies it into the run folder
 RUN_ENV = "ANIMA_RUN"
@@ -138,7 +138,7 @@ def toml_str(value) -> str:
 
 
 def bundle_stage_tables(bundle, stages: tuple[str, ...] = ("encoder", "vae")) -> str:
-    """The [stage.encoder] and [stage.vae] tables of a checked models.bundle.Bundle (those of `stages`): its encoder
+    """The [stage.encoder] and [stage.vae] tables of a checked models.setup.bundle.Bundle (those of `stages`): its encoder
     pack on ONNX Runtime, its VAE packs (one per image size) on its backend."""
     vae = ", ".join(toml_str(v) for _, v in bundle.sizes.values())
     tables = {"encoder": f"[stage.encoder]\nbackend = \"onnx\"\npack = {toml_str(bundle.encoder)}\n\n",
@@ -149,7 +149,7 @@ def bundle_stage_tables(bundle, stages: tuple[str, ...] = ("encoder", "vae")) ->
 
 def pipeline_toml_text(pack_dirs=(), models_dir: Path | None = None, bundle=None) -> str:
     """pipeline.toml naming the packs (the first is the default: `pack_dir`; more go to `packs`) and models; or,
-    for a checked models.bundle.Bundle, everything it holds: its executor backend (a top-level key), the DiT pack of
+    for a checked models.setup.bundle.Bundle, everything it holds: its executor backend (a top-level key), the DiT pack of
     each size, the encoder pack and the VAE packs, every path absolute."""
     if bundle is not None:
         pack_dirs = [dit for dit, _ in bundle.sizes.values()]
@@ -166,7 +166,7 @@ def pipeline_toml_text(pack_dirs=(), models_dir: Path | None = None, bundle=None
         pack = (f"# from the bundle {toml_str(bundle.dir)} (target {toml_str(bundle.target)}{toolkit})\n"
                 f"backend = {toml_str(bundle.backend)}     # the executor's model backend (a top-level key)\n"
                 + pack)
-        tables = bundle_stage_tables(bundle) + "[stage.executor]\n# policy = \"auto\"         # models/policy.py\n\n"
+        tables = bundle_stage_tables(bundle) + "[stage.executor]\n# policy = \"auto\"         # models/board/policy.py\n\n"
     return PIPELINE_TEMPLATE.format(pack=pack, packs=packs, models=models, tables=tables)
 
 
@@ -192,7 +192,7 @@ def init_run(run: str | os.PathLike | None = None, *, python: str | None = None,
              bundle=None, changes: list | None = None) -> RunFolder:
     """Create the run folder (0700) with logs/ and jobs/, its supervisord.conf, pipeline.toml (both kept when
     present, unless `force`) and an example prompt.json. `pack_dir` and `packs`: the model packs, the default first,
-    or a checked models.bundle.Bundle; a bad pack or models folder, or two packs of one size, are refused
+    or a checked models.setup.bundle.Bundle; a bad pack or models folder, or two packs of one size, are refused
     (ValueError) before anything is written. `changes` gets one line per file: written, kept as it was, or replaced
     (with `force`; the file it replaces is kept beside it, and the line names the settings that differ)."""
     pack_dirs = ([pack_dir] if pack_dir else []) + list(packs or ())

@@ -23,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 
 STEP_SERIES = (  # report step field -> legend (the critical path of one step, bottom to top); {backend}: the one run
     ("infer_s", "branch inference ({backend})"),

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 from orchestrator.http import a1111, comfy, img2img, page
 from orchestrator.http.common import FRONT, BadRequest, from_daemon, json_response
 from orchestrator.http.hub import Hub

@@ -104,7 +104,7 @@ class ModelNames:
     unet: tuple[str, ...] = ()
     clip: tuple[str, ...] = ()
     vae: tuple[str, ...] = ()
-    lora: tuple[str, ...] = ()          # MODELS/loras/ (models.models_dir.list_loras)
+    lora: tuple[str, ...] = ()          # MODELS/loras/ (models.setup.models_dir.list_loras)
     sizes: tuple[tuple[int, int], ...] = ()   # (width, height) of every model pack, the default first
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 from orchestrator.engine.runfolder import RunFolder, toml_str, check_init_inputs
 from stages.config import load_config
 

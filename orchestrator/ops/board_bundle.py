@@ -1,8 +1,8 @@
-"""A bundle as the board takes it (`orchestrator init --bundle`, `orchestrator doctor`): models.bundle's checks of
+"""A bundle as the board takes it (`orchestrator init --bundle`, `orchestrator doctor`): models.setup.bundle's checks of
 every part, plus the one thing only the board can check, its NPU runtime against the toolkit that compiled the packs."""
 from __future__ import annotations
 
-from models.bundle import Bundle, BundleError, read_bundle
+from models.setup.bundle import Bundle, BundleError, read_bundle
 
 
 def runtime_problem(bundle: Bundle) -> str:

@@ -120,7 +120,7 @@ class Doctor:
             self.add(OK, "dit-pack", f"{d}: {p.geometry.width}x{p.geometry.height}, {p.dtype}; {how}")
             baked = p.manifest.get("lora", {}).get("baked", [])
             if baked:
-                from models.bundle import baked_label
+                from models.setup.bundle import baked_label
                 self.add(OK, "lora", f"{d}: baked LoRA {baked_label(baked)} (no run-time cost)")
         vae = self.cfg.stage_settings("vae")
         if vae.get("backend", "torch") != "torch":
@@ -234,7 +234,7 @@ class Doctor:
         self._check_runtime()
 
     def _check_runtime(self) -> None:
-        from models.manifest import ManifestError, toolkit_release
+        from models.records.manifest import ManifestError, toolkit_release
         from models.runtime.backends.base import BackendError
         from models.runtime.backends.rknn import lite_module, runtime_mismatch
         want = None
@@ -293,7 +293,7 @@ class Doctor:
         the DiT host weights plus the largest branch model (the denoise), plus STAGE_OVERHEAD_MB."""
         if self.cfg is None or not self.cfg.packs:
             return None
-        from models.manifest import ManifestError, peak_model_bytes
+        from models.records.manifest import ManifestError, peak_model_bytes
         peaks = []
         for d in self.cfg.packs:
             try:

@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 from orchestrator.engine.runfolder import RunFolder
 
 SYSTEM_DIR = Path("etc/systemd/system")          # below / (or --root)

@@ -666,7 +666,7 @@ def cmd_init(args, rf: RunFolder) -> int:
         print(line)
     if bundle is not None:
         sizes = ", ".join(f"{w}x{h}" for w, h in bundle.sizes)
-        from models.bundle import baked_label
+        from models.setup.bundle import baked_label
         lora = f", baked LoRA {baked_label(bundle.lora)}" if bundle.lora else ""
         print(f"bundle {bundle.dir}: {sizes}, backend {bundle.backend}{lora}")
     run = f" --run {rf.root}" if args.run else ""

@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 from orchestrator.engine.runfolder import ALWAYS_ON_STAGES, EXAMPLE_PROMPT, REPO_DIR, RunFolder, init_run, missing_modules
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ def _port(text: str) -> int:
 def prepare_models(bundle: Path, resolution: tuple[int, int]) -> tuple[Path, list[Path]]:
     """The tiny models folder with the demo's LoRA, and its packs (demo_sizes, the default first) under `bundle`,
     each kept when already complete -> (models, packs)."""
-    from models.models_dir import resolve_models, write_bundle
+    from models.setup.models_dir import resolve_models, write_bundle
     from models.packs.pack import build_pack, load_pack
     models = bundle / "models"
     t0 = time.monotonic()
@@ -118,7 +118,7 @@ def prepare_models(bundle: Path, resolution: tuple[int, int]) -> tuple[Path, lis
 def write_demo_lora(models: Path) -> Path:
     """MODELS/loras/DEMO_LORA, written as `anima-models synth lora DEMO_LORA_ARGS --out …` writes it (kept when
     there)."""
-    from models.cli import main as models_main
+    from models.commands.cli import main as models_main
     lora = models / "loras" / DEMO_LORA
     if not lora.is_file():
         args = ["synth", "lora", *DEMO_LORA_ARGS, "--out", str(lora)]

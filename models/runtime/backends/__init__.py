@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 
-from models.lazy import import_target
+from models.base.lazy import import_target
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ class BranchBackend:
     load(path): read the model file (no compute); init(): build the runtime context; infer(inputs) -> outputs
     (dicts of name -> numpy array, names as in models.dit.partition); release(): free the context and the bytes;
     context_mb(): memory the loaded and initialised context costs (MiB), asked right after init(), None = unknown.
-    Capabilities the lifecycle policies are checked against (models/policy.py: check_policy) are class attributes.
+    Capabilities the lifecycle policies are checked against (models/board/policy.py: check_policy) are class attributes.
     """
     name = "abstract"
     max_contexts: Optional[int] = None   # contexts one process can hold loaded at once (None: memory is the limit)
@@ -32,8 +32,8 @@ class BranchBackend:
     # ---- what callers ask the class instead of testing its name -------------------------------------------------
     @classmethod
     def auto_policy(cls, ctx):
-        """What `policy = "auto"` means on this backend (ctx: models.policy.AutoContext) -> a Policy, a policy
-        string, or None: the documented safe choice (models.policy.safe_auto)."""
+        """What `policy = "auto"` means on this backend (ctx: models.board.policy.AutoContext) -> a Policy, a policy
+        string, or None: the documented safe choice (models.board.policy.safe_auto)."""
         return None
 
     @classmethod

@@ -13,8 +13,8 @@ from typing import Optional
 
 import numpy as np
 
-from models.lazy import import_target
-from models.manifest import ManifestError, toolkit_release
+from models.base.lazy import import_target
+from models.records.manifest import ManifestError, toolkit_release
 from models.runtime import probes
 from models.runtime.backends.base import BackendError, BranchBackend
 from models.runtime.backends.core_mask import CORE_MASKS, core_mask_word

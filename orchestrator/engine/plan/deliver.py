@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 from orchestrator.engine.job_files import batch_name
 from orchestrator.engine.plan.build import decoded_latent_file
 from orchestrator.engine.prompt_spec import output_file

@@ -8,7 +8,7 @@ import logging
 
 import numpy as np
 
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 from models.dit.partition import TEXT_TOKENS
 from orchestrator.engine.cond_cache import CondEntry, cache_key, encoder_identity, lora_identity
 from orchestrator.engine.job_files import (COND_FILE, HIRES_COND_FILE, HIRES_TEXT_FILE, HIRES_UNCOND_FILE, TEXT_FILE,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 from models.dit.partition import TEXT_TOKENS
 from orchestrator.engine.job_files import ENTRIES_FILE
 from orchestrator.engine.plan.build import cond_sides, conditioning_of, entry_conds, entry_file, entry_pair

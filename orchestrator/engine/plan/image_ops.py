@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 from models.images.crop import crop_box
 from orchestrator.engine.stage_control import StageFailed
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 
 log = logging.getLogger("orchestrator.engine.plan")
 

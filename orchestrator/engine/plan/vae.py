@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 from orchestrator.engine.job_files import INIT_LATENT_FILE, MASK_FILE
 from orchestrator.engine.plan.job_io import load_npy, save_npy
 from orchestrator.engine.plan.steps import VAE

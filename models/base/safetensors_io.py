@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Union
 
 import numpy as np
 
-from models.durable import atomic_write
+from models.base.durable import atomic_write
 
 # Header size bound: real checkpoints have headers of a few hundred KB.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -206,7 +206,7 @@ def _to_storage(arr: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def write_safetensors(path: Union[str, os.PathLike], entries: Iterable[TensorEntry], metadata: dict = None) -> None:
-    """Write entries to `path` durably (models.durable.atomic_write), producing each tensor only when it is written."""
+    """Write entries to `path` durably (models.base.durable.atomic_write), producing each tensor only when it is written."""
     entries = list(entries)
     header, offset = {}, 0
     for e in entries:

@@ -6,7 +6,7 @@ import logging
 import sys
 
 from models.commands import UserError
-from models.lazy import import_target
+from models.base.lazy import import_target
 
 # subcommand -> module defining `add_arguments(parser)` and `run(args) -> int`. Modules load only when used,
 # so `anima-models pack` never imports torch.
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    # run the importable module's main: under `python -m models.cli` this file is __main__, and the commands raise
-    # models.cli.UserError, which __main__'s own copy of the class would not catch
-    from models.cli import main as _main
+    # run the importable module's main: under `python -m models.commands.cli` this file is __main__, and the commands raise
+    # models.commands.cli.UserError, which __main__'s own copy of the class would not catch
+    from models.commands.cli import main as _main
     sys.exit(_main())

@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Optional, Union
 
-from models.schema import Meta, Record, SchemaError, Wording
+from models.base.schema import Meta, Record, SchemaError, Wording
 
 MAX_PREFETCH = 4           # deeper than this only costs memory: the lifecycle of one branch (~0.2-0.5 s on the board)
                            # hides behind two branches of inference

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-REPO_DIR = Path(__file__).resolve().parent.parent
+REPO_DIR = Path(__file__).resolve().parents[2]
 SOURCE_TREE = (REPO_DIR / "pyproject.toml").is_file()
 # the wheel's data files (pyproject.toml: tool.setuptools.data-files): supervisord.conf, examples/, docs/
 SHARE_DIR = Path(sys.prefix) / "share" / "anima-npu"

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from models.lazy import import_target
-from models.durable import atomic_write
+from models.base.lazy import import_target
+from models.base.durable import atomic_write
 
 log = logging.getLogger(__name__)
 

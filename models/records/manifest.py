@@ -1,12 +1,12 @@
 """Pack manifests: THE reader, writer and file hash of every pack kind (DiT packs models/packs/pack.py, VAE packs
 models/vae/pack.py, encoder packs models/text/encoder_pack.py; `anima-models compile` adds its rknn entries), the
-manifest's fields typed as schema records (models/schema.py).
+manifest's fields typed as schema records (models/base/schema.py).
 
     PACK/manifest.json   {"schema": 1, "kind": KIND, "created", "tools", "source" or "sources", ...,
                           "branches": [{onnx, sha256, bytes, inputs, outputs, rknn?}]
                           or "files": [{file, sha256, bytes}]}
 
-A manifest is written last (atomically) into a folder built as a whole (models.durable.building_folder): a folder
+A manifest is written last (atomically) into a folder built as a whole (models.base.durable.building_folder): a folder
 without one is not a pack. A reader checks the folder, the JSON, the kind and the schema version here, the fields
 against the kind's record, and (with `check`) every file it vouches for against its sha256.
 """
@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable
 
-from models.durable import atomic_write
-from models.lazy import import_target
+from models.base.durable import atomic_write
+from models.base.lazy import import_target
 from models.sampling.bounds import Cfg, Steps
-from models.schema import Int, Record, SchemaError, Text, Wording
+from models.base.schema import Int, Record, SchemaError, Text, Wording
 
 MANIFEST = "manifest.json"
 HASH_CHUNK = 8 * 1024 * 1024          # bytes per read when hashing

@@ -30,16 +30,16 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Optional
 
-from models.durable import atomic_write
-from models.manifest import MANIFEST, ManifestRecord, SamplingRecord, file_sha256, tool_versions
+from models.base.durable import atomic_write
+from models.records.manifest import MANIFEST, ManifestRecord, SamplingRecord, file_sha256, tool_versions
 from models.packs.pack import PACK_KIND as DIT_KIND
-from models.models_dir import resolve_models
+from models.setup.models_dir import resolve_models
 from models.packs.pack import PackError, build_pack, load_pack, missing_files, omit_onnx, onnx_omitted
 from models.packs.sampling import record_sampling
 from models.packs.sharded import shard_count
 from models.dit.partition import MAX_LORA_RANK, parse_resolution
 from models.dit.shards import MAX_SHARDS, check_shards
-from models.schema import Int, SchemaError
+from models.base.schema import Int, SchemaError
 from models.text.encoder_pack import PACK_KIND as ENCODER_KIND
 from models.text.encoder_pack import EncoderPackError, build_encoder_pack, load_encoder_pack
 from models.vae.pack import PACK_KIND as VAE_KIND
