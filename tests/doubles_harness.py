@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from models.dit.config import PRESETS, DiTConfig
@@ -91,6 +92,21 @@ class Doubles(JobLink):
         while not (self.rf.daemon_sock.exists() and self.rf.http_json.exists()):
             assert time.monotonic() < deadline, f"daemon or front never came up\n{self.logs()}"
             time.sleep(0.05)
+        self.wait_front_reaches_daemon(60)
+
+    def wait_front_reaches_daemon(self, timeout_s: float) -> None:
+        """Until the front answers /anima/info from the daemon: its link connects a moment after both are up (ZeroMQ
+        reconnects on its own interval), and until then a request is answered 503 'daemon not running'."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(self.http_url() + "anima/info", timeout=10) as r:
+                    if "sizes" in json.loads(r.read()):
+                        return
+            except (OSError, ValueError):
+                pass
+            assert time.monotonic() < deadline, f"the front never reached the daemon\n{self.logs()}"
+            time.sleep(0.1)
 
     def http_url(self) -> str:
         return json.loads(self.rf.http_json.read_text())["url"]
