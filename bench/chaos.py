@@ -54,6 +54,7 @@ from bench.chaos_jobs import (HIRES_SCALE, INIT_IMAGE, JOB_KINDS, PACK_SIZE, Tra
                               hires_size, init_png, job_outputs, job_prompt, trace_size)
 from orchestrator.engine.inputs import save_upload  # noqa: E402
 from tests.pipeline_harness import TRACE_FILE, Pipeline, board_stage_toml, tiny_assets  # noqa: E402
+from tests.signals import signal_process  # noqa: E402
 
 STAGES = ("encoder", "scheduler", "executor", "vae", "orchestrator")
 # 4 steps, Spectrum warm-up 1: computed [1, 2, 4], forecast [3] (a resumed scheduler must restore Spectrum history)
@@ -261,7 +262,7 @@ class Chaos:
             last = now
             if pid and up >= delay:
                 try:
-                    os.kill(pid, signal.SIGKILL)
+                    signal_process(pid)
                 except ProcessLookupError:
                     raise TooLate(f"{stage} {pid} gone as it was killed") from None
                 return {"u": round(u, 4), "delay_s": round(delay, 3),

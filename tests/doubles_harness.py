@@ -8,9 +8,7 @@ math: jobs take well under a second), over fake packs (manifests only) of the si
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +22,7 @@ from orchestrator.engine.supervisor import Supervisor
 from protocol import messages as m
 from protocol.arena import list_segments, run_prefix
 from tests.pipeline_harness import JobLink
+from tests.signals import kill_program
 
 BIN = Path(sys.executable).parent
 DOUBLES = Path(__file__).resolve().parent / "orch_doubles.py"
@@ -132,11 +131,9 @@ class Doubles(JobLink):
     def sigkill(self, program: str) -> int:
         """SIGKILL a program: supervisord brings the daemon back (its jobs resume in place), the daemon retries a
         stage's request. -> the pid killed."""
-        pid = self.sup.info(program).pid
         if program == "orchestrator":
             self.close_client()
-        os.kill(pid, signal.SIGKILL)
-        return pid
+        return kill_program(self.sup, program)
 
     def flag(self, name: str, value: str | None) -> None:
         """A switch of tests/orch_doubles.py (e.g. double_step_s); None removes it."""

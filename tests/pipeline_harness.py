@@ -33,6 +33,7 @@ from orchestrator.engine.supervisor import Supervisor, SupervisorError
 from protocol import messages as m
 from protocol.prompt import PromptFile
 from protocol.arena import list_segments, run_prefix
+from tests.signals import kill_program, signal_group, signal_process
 
 BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 120.0      # supervisord up, scheduler/executor RUNNING, the daemon's socket bound
@@ -226,11 +227,11 @@ class Pipeline(JobLink):
                 self.sup.shutdown_in_order(SHUTDOWN_TIMEOUT_S)
                 self.proc.wait(SHUTDOWN_TIMEOUT_S)
             except (SupervisorError, OSError, subprocess.TimeoutExpired):
-                _killpg(self.proc.pid)
+                signal_group(self.proc.pid)
                 self.proc.wait(10)
         killed = [p.pid for p in self.strays(include_programs=True)]
         for pid in killed:
-            _kill(pid)
+            signal_process(pid, missing_ok=True)
         if not self.keep:
             shutil.rmtree(self.root, ignore_errors=True)
         return killed
@@ -297,11 +298,7 @@ class Pipeline(JobLink):
 
     def kill(self, program: str, sig: int = signal.SIGKILL) -> int:
         """Signal the program's process (not its group: as a crash would); -> the pid signalled."""
-        pid = self.pid(program)
-        if not pid:
-            raise AssertionError(f"{program} has no process to kill ({self.sup.info(program).state})")
-        os.kill(pid, sig)
-        return pid
+        return kill_program(self.sup, program, sig)
 
     def supervisorctl(self, *args: str) -> str:
         r = subprocess.run([str(BIN / "supervisorctl"), "-c", str(self.rf.supervisord_conf), *args],
@@ -376,20 +373,6 @@ class Pipeline(JobLink):
             except OSError:
                 pass
         return "\n".join(parts)
-
-
-def _killpg(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 __all__ = ["Pipeline", "tiny_assets", "pipeline_toml", "PROGRAMS", "TRACE_FILE"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from protocol.security import read_keypair, write_keypair
 from protocol.sockets import LazyPirate
 from remote_net import RemoteNet
 from stages.config import load_config
+from tests.signals import signal_group
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "remote-vae"
@@ -110,13 +110,10 @@ class RemoteStage:
         except (psutil.Error, ProcessLookupError):
             pass
         if self.supervisord.poll() is None:
-            os.killpg(self.supervisord.pid, signal.SIGKILL)
+            signal_group(self.supervisord.pid)
         self.supervisord.wait(10)
         for group in self.groups:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            signal_group(group)
         deadline = time.monotonic() + KILL_WAIT_S                 # SIGKILL is delivered asynchronously
         while self.leftovers() and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -19,6 +19,7 @@ from PIL import Image
 from orchestrator.http.comfy_graph import CANONICAL_IDS
 from tests.comfy_graphs import standard_graph
 from tests.doubles_harness import SOURCE, Doubles
+from tests.signals import signal_process
 
 SIZES = [(64, 64), (64, 32)]
 NAMES = {"unet": SOURCE["name"], "clip": "any-te.safetensors", "vae": "any-vae.safetensors"}
@@ -347,7 +348,6 @@ def test_a1111_request_ends_when_its_job_is_pruned_meanwhile(d):
     """A txt2img request hung forever when its job ended and was pruned between two looks of the front (the tracker
     dropped the job on the daemon's "no job" and never answered its waiter). Stopping the front (SIGSTOP) makes that
     window certain: the job is cancelled and pruned while it cannot look; the request then ends, 404 naming the job."""
-    import os
     import signal
     from protocol import messages as m
     url = d.http_url()
@@ -366,12 +366,12 @@ def test_a1111_request_ends_when_its_job_is_pruned_meanwhile(d):
             assert time.monotonic() < deadline, "the txt2img job never got queued"
             time.sleep(0.05)
         job = queued[0].job
-        os.kill(http_pid, signal.SIGSTOP)
+        signal_process(http_pid, signal.SIGSTOP)
         try:
             d.client().call(m.Cancel(job=job), m.Ok)
             d.client().call(m.Prune(keep=0), m.Jobs)
         finally:
-            os.kill(http_pid, signal.SIGCONT)
+            signal_process(http_pid, signal.SIGCONT)
         t.join(30)
         assert not t.is_alive(), "the txt2img request did not end"
         r = answer["r"]

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import signal
 import tempfile
 import time
 from pathlib import Path
@@ -18,6 +16,7 @@ import pytest
 from orchestrator.terminal.cli import CliError
 from orchestrator.engine.inputs import save_upload
 from tests.doubles_harness import Doubles
+from tests.signals import signal_process
 
 W, H = 64, 64
 
@@ -123,7 +122,7 @@ def test_vae_killed_mid_encode_is_asked_again(d):
     deadline = time.monotonic() + 60
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    os.kill(int(marker.read_text()), signal.SIGKILL)
+    signal_process(int(marker.read_text()))
     info = d.wait(job, ("done", "failed"), timeout_s=90)
     assert info.state == "done", info
     init = np.load(d.rf.jobs / job / "init_latent.npy")
@@ -273,9 +272,7 @@ def test_latent_mix_after_a_killed_daemon_mixes_the_same_latents_bitwise(d):
     d.wait(job, ("denoising",), pred=lambda i: (jd / "latent.npy").exists() and i.progress is not None
           and i.progress.step >= 1)
     first = (jd / "latent.npy").stat().st_mtime_ns
-    old = d.sup.info("orchestrator").pid
-    d.close_client()
-    os.kill(old, signal.SIGKILL)                              # supervisord restarts it; the job resumes in place
+    d.sigkill("orchestrator")                                 # supervisord restarts it; the job resumes in place
     d.flag("double_step_s", "0.02")
     info = d.wait(job, ("done", "failed"), timeout_s=90)
     assert info.state == "done", info

@@ -2,9 +2,7 @@
 test doubles of tests/orch_doubles.py: encoder/VAE started and stopped per job (teardown read from supervisord),
 progress, report, PNG metadata, cancel/resume, a SIGKILLed scheduler, a crashing encoder, no leaked /dev/shm."""
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -16,6 +14,7 @@ import pytest
 from orchestrator.terminal import cli
 from protocol.arena import list_segments, run_prefix
 from tests.doubles_harness import Doubles
+from tests.signals import kill_program, signal_process
 
 DOUBLES = Path(__file__).resolve().parent / "orch_doubles.py"
 
@@ -155,7 +154,7 @@ def test_scheduler_sigkill_mid_job_resumes(pipeline, tmp_path, capsys):
     assert cli.main(["--run", str(rf.root), "submit", str(_prompt(tmp_path, steps=10))]) == 0
     job = capsys.readouterr().out.strip()
     _wait_state(rf, job, capsys, ("denoising",), pred=lambda i: (i["progress"] or {}).get("step", 0) >= 3)
-    os.kill(sup.info("scheduler").pid, signal.SIGKILL)
+    kill_program(sup, "scheduler")
     info = _wait_state(rf, job, capsys, ("done", "failed"), timeout_s=90)
     assert info["state"] == "done", info
     report = json.loads(Path(info["report"]).read_text())
@@ -185,7 +184,7 @@ def test_encoder_sigkill_mid_encode_is_retried(pipeline, tmp_path, capsys):
     while not (rf.root / "double_encoding").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     pid = int((rf.root / "double_encoding").read_text())
-    os.kill(pid, signal.SIGKILL)                          # supervisord restarts it; the flow asks again
+    signal_process(pid)                                   # supervisord restarts it; the flow asks again
     info = _wait_state(rf, job, capsys, ("done", "failed"), timeout_s=90)
     assert info["state"] == "done", info
     attempts = json.loads((rf.jobs / job / "job.json").read_text())["attempts"]
@@ -230,8 +229,7 @@ def test_orchestrator_sigkill_mid_denoise_resumes_the_job(pipeline, tmp_path, ca
     assert cli.main(["--run", str(rf.root), "submit", str(_prompt(tmp_path, steps=10))]) == 0
     job = capsys.readouterr().out.strip()
     _wait_state(rf, job, capsys, ("denoising",), pred=lambda i: (i["progress"] or {}).get("step", 0) >= 2)
-    old = sup.info("orchestrator").pid
-    os.kill(old, signal.SIGKILL)                          # supervisord restarts it; the queue is on disk
+    old = kill_program(sup, "orchestrator")               # supervisord restarts it; the queue is on disk
     info = _wait_state(rf, job, capsys, ("done", "failed"), timeout_s=90)
     assert info["state"] == "done", info
     assert sup.info("orchestrator").pid != old

@@ -24,6 +24,7 @@ from protocol.sockets import EndpointError, LazyPirate, PeerRefused, PeerUnavail
 from protocol.tensors import InlineFrames, from_inline
 from remote_net import RemoteNet, announce
 from remote_vae_machine import START_TIMEOUT_S, RemoteVae, alive, hello
+from tests.signals import signal_group, signal_process
 
 REFUSED_WAIT_S = 1.5     # "no reply within the timeout" for refused clients
 LATENT = (16, 8, 12)     # [C, h, w] → a 96×64 image
@@ -207,7 +208,7 @@ def test_plaintext_on_a_remote_address_refuses_to_start(remote):
         _, err = p.communicate(timeout=START_TIMEOUT_S)
     finally:
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
+            signal_group(p.pid)
             p.wait(10)
     err = err.decode()
     assert p.returncode == 2, (p.returncode, err)
@@ -238,7 +239,7 @@ def test_stage_dies_and_comes_back_the_client_resends(remote):
     # process that is about to die; frozen before the handshake, ZeroMQ would hold the message and hand it to the
     # restarted process instead, and nothing would need resending
     assert isinstance(link.request(hello()), m.Ready)
-    os.kill(old_pid, signal.SIGSTOP)
+    signal_process(old_pid, signal.SIGSTOP)
     result: dict = {}
 
     def call():
@@ -260,7 +261,7 @@ def test_stage_dies_and_comes_back_the_client_resends(remote):
     try:
         time.sleep(0.5)
         # 2) kill it: supervisord starts a new one on the same address; the client times out, reconnects, resends
-        os.kill(old_pid, signal.SIGKILL)
+        signal_process(old_pid)
         t.join(START_TIMEOUT_S)
         assert not t.is_alive(), "the Lazy Pirate client did not finish"
     finally:

@@ -17,6 +17,7 @@ import pytest
 
 from orchestrator.terminal import cli
 from orchestrator.engine.runfolder import init_run
+from tests.signals import signal_group
 
 ANALYZE = shutil.which("systemd-analyze")
 
@@ -179,7 +180,7 @@ def test_exec_start_runs_supervisord_and_sigterm_stops_everything(run, tmp_path,
         assert not alive, f"left running after supervisord stopped: {alive}"
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            signal_group(proc.pid)
             proc.wait()
 
 

@@ -21,6 +21,7 @@ from protocol import messages as m
 from protocol.arena import Arena, list_segments, reap, run_prefix, segment_name
 from protocol.sockets import EventPull, LazyPirate
 from stages.config import load_config
+from tests.signals import signal_group
 
 ROOT = Path(__file__).resolve().parents[1]
 THREADS = 1
@@ -67,7 +68,7 @@ def pipeline(request, tmp_path, pack128):
     finally:
         for p in procs.values():
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+                signal_group(p.pid)
             p.wait(10)
         ctx.destroy(linger=0)
         reap(run_prefix(run), keep=set())                       # a test killed mid-job must not leak its arena
@@ -172,7 +173,7 @@ def test_executor_restart_mid_job_gives_same_latent(pipeline, pack128, tmp_path)
             deadline = time.monotonic() + 120
             while not isinstance(events.recv(1.0), m.Progress):   # the job is under way: 167 of 168 calls to go
                 assert time.monotonic() < deadline, "no PROGRESS from the scheduler"
-            os.killpg(procs["executor"].pid, signal.SIGKILL)
+            signal_group(procs["executor"].pid)
             killed_at.append(time.monotonic())
             procs["executor"].wait(10)
             procs["executor"] = _start("executor", config.path, logs / "executor2.log")
@@ -226,7 +227,7 @@ def test_the_scheduler_answers_heartbeats_and_stops_while_it_waits_for_the_execu
     SIGTERM. Now the scheduler answers while it waits, and stops when told."""
     config, ctx, procs, _ = pipeline
     pack = load_pack(pack128)
-    os.killpg(procs["executor"].pid, signal.SIGKILL)
+    signal_group(procs["executor"].pid)
     procs["executor"].wait(10)
     with Arena.create(segment_name(config.run_dir, "jobH"), _arena_size(pack)) as arena:
         msg, _ = _denoise_msg(config, pack, arena, tmp_path / "job", "jobH", False, 2, *_contexts(pack))

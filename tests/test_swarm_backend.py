@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shutil
-import signal
 import tempfile
 import threading
 import time
@@ -25,6 +23,7 @@ from PIL import Image
 from tests.comfy_graphs import edited, standard_graph
 from tests.doubles_harness import SOURCE, Doubles
 from tests.swarm_client import Dispatcher, SwarmComfy
+from tests.signals import signal_process
 
 NAMES = {"unet": SOURCE["name"], "clip": "any-te.safetensors", "vae": "any-vae.safetensors"}
 FRONTS = 3
@@ -152,7 +151,7 @@ def test_three_fronts_behind_a_dispatcher_one_killed_mid_job(fronts):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not _running_on(victim):
             time.sleep(0.02)
-        os.kill(pid, signal.SIGKILL)
+        signal_process(pid)
     killer = threading.Thread(target=kill_mid_job)
     killer.start()
     disp = Dispatcher(urls, timeout_s=60)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from protocol import messages as m
 from protocol.sockets import LazyPirate
 from protocol.tensors import InlineFrames, from_inline
 from stages.config import ConfigError, load_config
+from tests.signals import signal_group
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 60.0
@@ -103,7 +103,7 @@ class VaeStage:
         if exc[0] is not None and self.log.exists():
             print(f"--- {self.log} (tail) ---\n{self.log.read_text()[-3000:]}")
         if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            signal_group(self.proc.pid)
             self.proc.wait(10)
         self.ctx.destroy(linger=0)
         shutil.rmtree(self.run, ignore_errors=True)
