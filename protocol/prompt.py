@@ -293,20 +293,26 @@ class CropSettings(Record, frozen=True):
     y: Int(0, MAX_CROP_SIDE) = 0
 
 
-class LatentMix(Record, frozen=True):
-    """prompt.json's `latent_mix`: after an img2img job's first pass, its latent combined with the init image's (the
-    VAE encode the pass started from) before VAEDecode or, with a latent-space hires, before the second pass, as ComfyUI's LatentComposite (`kind` "composite": `x`, `y`,
-    `feather` in pixels, floored to latent cells of 8) or LatentBlend (`kind` "blend": `factor`); `onto` is which one
-    is samples_to / samples1: "result" the pass's latent, "image" the init image's (models/sampling/latent_mix.py)."""
+class MixSettings(Record, frozen=True):
+    """What latent_mix and init_mix share: ComfyUI's LatentComposite (`kind` "composite": `x`, `y`, `feather` in
+    pixels, floored to latent cells of 8) or LatentBlend (`kind` "blend": `factor`) of two latents
+    (models/sampling/latent_mix.py); each adds which latent `onto` names (samples_to / samples1)."""
 
     KEY_NOUN: ClassVar[str] = "setting"
 
     kind: Literal["composite", "blend"]
-    onto: Literal["result", "image"] = "result"
     x: Int(0, MAX_OFFSET) = 0
     y: Int(0, MAX_OFFSET) = 0
     feather: Int(0, MAX_OFFSET) = 0
     factor: Float(0.0, 1.0) = 0.5
+
+
+class LatentMix(MixSettings, frozen=True):
+    """prompt.json's `latent_mix`: after an img2img job's first pass, its latent mixed with the init image's (the VAE
+    encode the pass started from) before VAEDecode or, with a latent-space hires, before the second pass; `onto`
+    "result" is the pass's latent, "image" the init image's."""
+
+    onto: Literal["result", "image"] = "result"
 
 
 def _check_mix(f) -> None:
@@ -323,22 +329,14 @@ def _check_mix(f) -> None:
     _kind_fields("latent_mix", m)
 
 
-class InitMix(Record, frozen=True):
+class InitMix(MixSettings, frozen=True):
     """prompt.json's `init_mix`: an img2img job's start latent made before its first pass from two encoded uploads,
     as a ComfyUI graph's LatentComposite / LatentBlend of two VAEEncodes before the KSampler: `init_image`'s latent
-    and `image`'s (another upload, or the same, brought to the job's size as init_image is), combined as `kind`
-    "composite" (`x`, `y`, `feather` in pixels, floored to latent cells of 8) or "blend" (`factor`); `onto` is which
-    one is samples_to / samples1: "init_image" or "image" (models/sampling/latent_mix.py)."""
-
-    KEY_NOUN: ClassVar[str] = "setting"
+    and `image`'s (another upload, or the same, brought to the job's size as init_image is); `onto` "init_image" or
+    "image"."""
 
     image: Annotated[str, Meta(min_length=1, max_length=MAX_INPUT_REF_CHARS, description=_UPLOAD_NAME)]
-    kind: Literal["composite", "blend"]
     onto: Literal["init_image", "image"] = "init_image"
-    x: Int(0, MAX_OFFSET) = 0
-    y: Int(0, MAX_OFFSET) = 0
-    feather: Int(0, MAX_OFFSET) = 0
-    factor: Float(0.0, 1.0) = 0.5
 
 
 def _kind_fields(field: str, m) -> None:
