@@ -2,8 +2,8 @@
 
 `PromptFile` is what a prompt.json file (or a ComfyUI graph, an A1111 request, the page, `generate`) asks for: the
 fronts build it, SUBMIT carries it, the daemon resolves it into a `PromptSpec` (the seed drawn, Spectrum as its
-settings, `output` an absolute path; orchestrator/engine/prompt_spec.py) and the job store keeps that. Every error names the
-field and the allowed values in prompt.json's words (docs/prompts.md)."""
+settings, `output` an absolute path; orchestrator/engine/prompt_spec.py) and the job store keeps that. Every error
+names the field and the allowed values in prompt.json's words (docs/prompts.md)."""
 from typing import Annotated, ClassVar, Literal
 
 from models.images.crop import MAX_CROP_SIDE
@@ -374,8 +374,8 @@ def _check_init_mix(f) -> None:
 class PromptFile(Record, frozen=True):
     """What a prompt.json file may hold (docs/prompts.md); omitted or null seed: drawn at random; omitted or null
     width/height: the pack's; spectrum: true, false or an object of settings (omitted or null: on, except for the
-    samplers it does not fit, models/sampling/sampler.py; asked for with one of those, refused naming the sampler); loras:
-    [{name, strength, clip_strength}] (docs/lora.md)."""
+    samplers it does not fit, models/sampling/sampler.py; asked for with one of those, refused naming the sampler);
+    loras: [{name, strength, clip_strength}] (docs/lora.md)."""
 
     WORDING: ClassVar = PROMPT
     ERROR: ClassVar = PromptError
