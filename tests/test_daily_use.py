@@ -94,7 +94,8 @@ def test_submit_stdin_and_ctrl_c_leaves_the_job_running(pipe, tmp_path):
     """`submit - --wait` reads prompt.json from stdin; Ctrl-C stops following and the job goes on to its image (one
     job for both: each costs an encoder start)."""
     body = tmp_path / "body.json"
-    body.write_text(json.dumps({"prompt": "a cat", "seed": 11, "steps": 4, "spectrum": False, "output": "cats"}))
+    # 2 steps: Ctrl-C comes once step 1 is reported, with a step and the decode still to go
+    body.write_text(json.dumps({"prompt": "a cat", "seed": 11, "steps": 2, "spectrum": False, "output": "cats"}))
     (tmp_path / "cats").mkdir()
     job, rc, err = _start_and_interrupt(pipe, ["submit", "-", "--wait"], tmp_path, stdin=body)
     assert rc == 130 and f"job {job} goes on" in err and "Traceback" not in err, err
@@ -163,19 +164,21 @@ def test_ctrl_c_cancels_generate(pipe, tmp_path):
 def test_reload_after_adding_packs_runs_the_next_hires_and_lora_jobs(pipe, pipeline_assets, tmp_path):
     """Issue 44, on the running pipeline (last in this module: it leaves the pipeline on the edited file): a pack of
     another size and a LoRA-ready pack added with `init --add-pack`, the LoRAs' models folder and the VAE pack of the
-    new size edited in by hand; a job is refused naming `orchestrator reload` until it ran, then the hires job and the
-    LoRA job run, with no other command."""
+    new size (`anima-models pack-vae`) edited in by hand; a job is refused naming `orchestrator reload` until it ran,
+    then the hires job and the LoRA job run, with no other command."""
     import re
     import shutil
     import time
     import urllib.request
 
+    from models.commands.cli import main as models_main
     from models.lora.synth import write_lora
-    from tests.pipeline_harness import board_stage_toml, tiny_assets
+    from tests.pipeline_harness import tiny_assets
     models, pack = pipeline_assets
     ready = tiny_assets(pack.parent, (64, 64), lora_rank=4)[1]                  # LoRA-ready, the new size
-    board_stage_toml(models, pack.parent, (64, 64))                             # its CPU bundle: the 64x64 VAE pack
-    vae64 = pack.parent / "cpu-bundle-64x64" / "vae-64x64"
+    vae64 = tmp_path / "vae-64x64"                                              # the board VAE's pack of that size
+    vae_file = resolve_models(models, {}, need=("vae",)).vae
+    assert models_main(["pack-vae", str(vae_file), "--out", str(vae64), "--resolution", "64x64"]) == 0
     mine = shutil.copytree(models, tmp_path / "models", copy_function=os.link)  # the session's folder stays as it is
     (mine / "loras").mkdir(exist_ok=True)
     write_lora("tiny", 5, mine / "loras" / "style.safetensors", "kohya", rank=4, groups=("blocks",))
@@ -184,8 +187,8 @@ def test_reload_after_adding_packs_runs_the_next_hires_and_lora_jobs(pipe, pipel
     toml = pipe.rf.pipeline_toml
     text = re.sub(r'^models_dir = .*$', f'models_dir = "{mine}"', toml.read_text(), count=1, flags=re.M)
     toml.write_text(re.sub(r'^(vae_pack = \[[^\]]*)\]', rf'\1, "{vae64}"]', text, count=1, flags=re.M))
-    hires = ("generate", "a", "--seed", "3", "--steps", "2", "-W", "64", "-H", "64", "--hires", "128x128",
-             "--hires-steps", "2", "-o", "hires.png")
+    hires = ("generate", "a", "--seed", "3", "--steps", "1", "-W", "64", "-H", "64", "--hires", "128x128",
+             "--hires-steps", "1", "-o", "hires.png")      # 1 step a pass: the sizes and the packs are the subject
     r = cli(pipe, *hires, cwd=tmp_path)
     assert r.returncode != 0 and "orchestrator reload" in r.stderr.decode(), r.stderr.decode()
     r = cli(pipe, "reload", cwd=tmp_path)
@@ -195,7 +198,7 @@ def test_reload_after_adding_packs_runs_the_next_hires_and_lora_jobs(pipe, pipel
     r = cli(pipe, *hires, cwd=tmp_path)
     assert r.returncode == 0, r.stderr.decode() + pipe.logs()
     assert Image.open(tmp_path / "hires.png").size == (128, 128)
-    r = cli(pipe, "generate", "a", "--seed", "4", "--steps", "2", "-W", "64", "-H", "64", "--lora", "style",
+    r = cli(pipe, "generate", "a", "--seed", "4", "--steps", "1", "-W", "64", "-H", "64", "--lora", "style",
             "-o", "lora.png", cwd=tmp_path)
     assert r.returncode == 0, r.stderr.decode() + pipe.logs()
     assert Image.open(tmp_path / "lora.png").size == (64, 64)

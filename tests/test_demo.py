@@ -51,12 +51,15 @@ def test_demo_waits_for_a_supervisord_that_is_shutting_down(capsys):
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_make_demo_with_stop_reuses_the_running_supervisord_then_stops_it(pipeline_assets, capsys):
+def test_make_demo_with_stop_reuses_the_running_supervisord_then_stops_it(pipeline_assets, board_stages, capsys):
     """`make demo` run again with --stop (python -m orchestrator.terminal.demo, a subprocess) on a demo folder whose
     supervisord is up (made and started as the demo's first run leaves it: prepare_models, prepare_run,
     ensure_supervisord): the running supervisord reused, the job run, then shut down and gone, nothing of the run left
-    (processes, shared memory). The demo's first run as `make demo` runs it (supervisord started, the job followed,
-    its output, supervisord left up) is tests/test_cookbook.py's, on the folder the cookbook's commands then use."""
+    (processes, shared memory). The folder's pipeline.toml is edited by hand as the suite's pipelines are (one CPU
+    thread a stage, the board's ONNX encoder and VAE: board_stages), an edit the demo keeps: the subject is
+    supervisord's reuse and stop, not the torch stages' start (~6-11 CPU-s each on 2 cores). The demo's first run as
+    `make demo` runs it, on the config it writes (supervisord started, the torch stages' job followed, its output,
+    supervisord left up) is tests/test_cookbook.py's, on the folder the cookbook's commands then use."""
     import json
     import os
     import subprocess
@@ -73,6 +76,9 @@ def test_make_demo_with_stop_reuses_the_running_supervisord_then_stops_it(pipeli
         run = root / "run"
         demo_models, packs = demo.prepare_models(bundle, (128, 128))
         rf, changed = demo.prepare_run(run, demo_models, packs, 0)
+        text = rf.pipeline_toml.read_text()
+        first_table = text.index("\n[") + 1                          # a top-level key goes before the first table
+        rf.pipeline_toml.write_text(f"{text[:first_table]}threads = 1\n{text[first_table:]}\n{board_stages}")
         assert demo.ensure_supervisord(rf, changed) is True          # started: up as after the demo's first run
         assert Supervisor(rf.supervisor_sock).ping() == "RUNNING"
         prompt = root / "prompt.json"
@@ -82,6 +88,7 @@ def test_make_demo_with_stop_reuses_the_running_supervisord_then_stops_it(pipeli
         again = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ})
         assert again.returncode == 0, again.stderr[-3000:]
         assert "4) supervisord is already running" in again.stderr and "supervisord stopped" in again.stderr
+        assert "the pipeline config changed" not in again.stderr     # the hand edit kept: nothing restarted
         out = dict(line.split(":  ", 1) if ":  " in line else line.split(": ", 1) for line in again.stdout.splitlines())
         assert Image.open(Path(out["image"].strip())).size == (128, 128)
         with pytest.raises(SupervisorError):
