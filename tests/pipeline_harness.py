@@ -74,6 +74,21 @@ def tiny_assets(cache: Path, resolution: tuple[int, int] = (128, 128), dtype: st
     return models, pack
 
 
+# [stage.executor] lines for a module's own pipeline whose subject is not the lifecycle: every branch's session kept
+# after its first call, as reference_runner keeps them (test_policies_pipeline holds the policies to one latent)
+RESIDENT_EXECUTOR = 'policy = "resident"\nresident_mb = 4096\n'
+
+
+def reference_runner(pack, threads: int = 1):
+    """The in-process DiTRunner a test's reference sampling runs on: ONNX Runtime, `threads`, every branch resident
+    after its first call. A job's references make a few forwards each; on demand every forward makes an ONNX Runtime
+    session per branch (the tiny pack's 84: ~1.0 CPU-s per CFG forward against ~0.3 resident). The numbers are the
+    on-demand runner's, bitwise: the policy only decides when a session is made."""
+    from models.board.policy import Policy
+    from models.runtime.dit_runner import DiTRunner
+    return DiTRunner(pack, threads=threads, policy=Policy(resident_mb=4096.0))
+
+
 def board_stage_toml(models: Path, cache: Path, resolution: tuple[int, int] = (128, 128),
                      stages: tuple[str, ...] = ("encoder", "vae")) -> str:
     """[stage.encoder] and [stage.vae] tables that run the board's encoder and VAE (ONNX Runtime on the packs of

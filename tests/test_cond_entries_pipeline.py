@@ -4,18 +4,18 @@ on the embedded tiny bundle: each distinct conditioning encoded once (cond_entry
 of its own, the sides mixed as ComfyUI's calc_cond_batch, in the first pass and in a second pass chained on its
 latent (a hires fix without a size: ComfyUI's second KSampler fed the same conditionings); the scheduler SIGKILLed
 mid first pass and again mid second pass resumes each to the in-process latent bitwise (models.sampling.cond_mix
-over DiTRunner from the job's contexts)."""
+over a DiTRunner from the job's contexts)."""
 from __future__ import annotations
 
 import numpy as np
 
-from models.runtime.dit_runner import DiTRunner
 from models.packs.pack import load_pack
 from models.sampling.cond_mix import CondPass, Conditioning
 from models.sampling.denoise import STATE_FILE, make_sampler, start_or_resume
 from models.sampling.img2img import LatentPlan, LatentSampler, start_or_resume_latent
 from models.sampling.spectrum import SpectrumSettings
 from models.vae.latent import denormalize, normalize
+from tests.pipeline_harness import reference_runner
 
 THREADS = 1
 JOB_TIMEOUT_S = 600.0
@@ -40,7 +40,7 @@ def _reference(pack_dir, job_dir):
     cond = Conditioning(pos, (CondPass(ctx[2]),))
     shape = (c.latent_channels, g.latent_h, g.latent_w)
     sampler = make_sampler(4, 4.0, "simple", SpectrumSettings(warmup=1), "euler")
-    runner = DiTRunner(pack, threads=THREADS)
+    runner = reference_runner(pack, threads=THREADS)
     final = sampler.sample(lambda x, sigma: cond.call(runner, sampler, x, sigma)[:2],
                            state=start_or_resume(sampler, PROMPT["seed"], shape))
     first = sampler.result(final)

@@ -13,11 +13,11 @@ from PIL import Image
 
 from models.setup.models_dir import resolve_models
 from models.packs.pack import load_pack
-from models.runtime.dit_runner import DiTRunner
 from models.sampling import latent_ops as lo
 from models.sampling.denoise import denoise
 from models.sampling.img2img import LatentPlan, LatentSampler, start_or_resume_latent
 from orchestrator.engine.inputs import save_upload
+from tests.pipeline_harness import reference_runner
 
 THREADS = 1
 JOB = {"prompt": "1girl, silver hair", "negative_prompt": "worst quality", "seed": 77, "steps": 3, "cfg": 4.0,
@@ -30,13 +30,21 @@ def pipe(default_pipeline):
     return default_pipeline
 
 
+@pytest.fixture(scope="module")
+def runner(pipeline_assets):
+    """The references' DiT runner on the pipeline's pack and threads, shared by the module's three jobs."""
+    r = reference_runner(pipeline_assets[1], threads=THREADS)
+    yield r
+    r.close()
+
+
 def _png(a: np.ndarray, mode: str) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(a, mode).save(buf, format="PNG")
     return buf.getvalue()
 
 
-def test_inpaint_job_equals_in_process_encode_and_sampling(pipe, pipeline_assets):
+def test_inpaint_job_equals_in_process_encode_and_sampling(pipe, pipeline_assets, runner):
     models, pack_dir = pipeline_assets
     pack = load_pack(pack_dir)
     g, c = pack.geometry, pack.config
@@ -69,7 +77,7 @@ def test_inpaint_job_equals_in_process_encode_and_sampling(pipe, pipeline_assets
                       plan=LatentPlan(denoise=0.6, masked=True))
     cond, uncond = np.load(jd / "cond.npy"), np.load(jd / "uncond.npy")
     state = start_or_resume_latent(s, 77, shape, image=init, mask=noise_mask, fill="noise")
-    ref = s.result(denoise(DiTRunner(pack, threads=THREADS), s, state, cond, uncond))
+    ref = s.result(denoise(runner, s, state, cond, uncond))
     latent = np.load(jd / "latent.npy")
     np.testing.assert_array_equal(latent, ref)
     keep = noise_mask == 0
@@ -83,7 +91,8 @@ def test_inpaint_job_equals_in_process_encode_and_sampling(pipe, pipeline_assets
 
 
 def test_pixel_hires_job_through_the_real_vae_equals_in_process_decode_scale_encode_and_sampling(pipe,
-                                                                                                  pipeline_assets):
+                                                                                                  pipeline_assets,
+                                                                                                  runner):
     """prompt.json hires space "pixel" on the one pack (scale 1: the second pass on the same pack, its own arena with
     the init slot): the real VAE stage decodes the first latent (inline, first.png), the image goes through
     ImageScaleBy's lanczos (at scale 1: Pillow's LANCZOS to the same size) and the real VAE_ENCODE (inline), and the
@@ -117,7 +126,7 @@ def test_pixel_hires_job_through_the_real_vae_equals_in_process_decode_scale_enc
     assert not np.array_equal(cond, np.load(jd / "cond.npy"))                    # its own prompt's context
     np.testing.assert_array_equal(uncond, np.load(jd / "uncond.npy"))           # the same negative, encoded again
     state = start_or_resume_latent(s, 5, shape, image=np.load(jd / "hires_init.npy"))
-    ref = s.result(denoise(DiTRunner(pack, threads=THREADS), s, state, cond, uncond))
+    ref = s.result(denoise(runner, s, state, cond, uncond))
     np.testing.assert_array_equal(np.load(jd / "hires_latent.npy"), ref)
     report = pipe.report(job)
     assert report["teardown"] == {**report["teardown"], "vae_running_during_denoise": False,
@@ -129,7 +138,7 @@ def test_pixel_hires_job_through_the_real_vae_equals_in_process_decode_scale_enc
     print(f"\npixel hires job: report wall {report['wall_s']:.1f} s")
 
 
-def test_split_sampling_job_equals_in_process_chained_windows(pipe, pipeline_assets):
+def test_split_sampling_job_equals_in_process_chained_windows(pipe, pipeline_assets, runner):
     """ComfyUI's split sampling as prompt.json says it (a ComfyUI graph of two chained KSamplerAdvanced maps onto
     it): the first pass steps 0..2 of 4 returning its leftover noise (cfg 4), the second (its own sampler, cfg 1.5)
     from step 2 to the end adding no noise, on the first latent as it is (through the LATENT's VAE space and back,
@@ -146,7 +155,6 @@ def test_split_sampling_job_equals_in_process_chained_windows(pipe, pipeline_ass
     assert info.state == "done", f"{info.error_stage}: {info.error}\n{pipe.logs()}"
     jd = pipe.job_dir(job)
     cond, uncond = np.load(jd / "cond.npy"), np.load(jd / "uncond.npy")
-    runner = DiTRunner(pack, threads=THREADS)
     s1 = LatentSampler(steps=4, cfg=4.0, sampler="euler_ancestral", scheduler="karras", spectrum=None,
                        plan=LatentPlan.advanced(True, 0, 2, True))
     first = s1.result(denoise(runner, s1, start_or_resume_latent(s1, 77, shape), cond, uncond))

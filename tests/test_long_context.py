@@ -51,7 +51,17 @@ def packs(tiny_dit, tmp_path_factory):
             build_pack(tiny_dit, d / "p640", (128, 128), "fp32", context=S_LONG))
 
 
-def test_default_pack_has_no_mask_long_pack_has_one(packs):
+@pytest.fixture(scope="module")
+def long_runner(packs):
+    """One runner on the 640-row pack for the module's in-process forwards (tests.pipeline_harness.reference_runner:
+    its sessions made once, not per forward)."""
+    from tests.pipeline_harness import reference_runner
+    r = reference_runner(packs[1], threads=1)
+    yield r
+    r.close()
+
+
+def test_default_pack_has_no_mask_long_pack_has_one(packs, long_runner):
     p512, p640 = load_pack(packs[0]), load_pack(packs[1])
     cross = [b for b in p512.branches if b["kind"] == "cross"][0]
     assert [i["name"] for i in cross["inputs"]] == ["xn", "context"]
@@ -59,13 +69,13 @@ def test_default_pack_has_no_mask_long_pack_has_one(packs):
     assert [i["name"] for i in cross["inputs"]] == ["xn", "context", "context_mask"]
     assert p640.geometry.text_tokens == S_LONG and p512.geometry.text_tokens == TEXT_TOKENS
     with pytest.raises(ValueError, match="context_rows"):
-        DiTRunner(p640, threads=1).forward_passes([np.zeros((16, 16, 16), np.float32)], 0.5,
-                                                  [np.zeros((S_LONG, p640.config.context_dim), np.float32)],
-                                                  context_rows=[S_LONG + 1])
+        long_runner.forward_passes([np.zeros((16, 16, 16), np.float32)], 0.5,
+                                   [np.zeros((S_LONG, p640.config.context_dim), np.float32)],
+                                   context_rows=[S_LONG + 1])
 
 
 @pytest.mark.parametrize("rows", [TEXT_TOKENS, 600])
-def test_long_pack_equals_comfyui_context(packs, tiny_dit, rows):
+def test_long_pack_equals_comfyui_context(packs, long_runner, tiny_dit, rows):
     """rows = 512: a short prompt (ComfyUI pads to 512 zero rows, all attended); rows = 600: a long prompt
     (ComfyUI keeps its 600 rows, no padding). The pack's rows past `rows` hold garbage: the mask must hide it."""
     cfg = load_pack(packs[1]).config
@@ -76,7 +86,7 @@ def test_long_pack_equals_comfyui_context(packs, tiny_dit, rows):
     ctx[:n_real] = rng.standard_normal((n_real, cfg.context_dim))
     ctx[rows:] = 3.0 * rng.standard_normal((S_LONG - rows, cfg.context_dim))     # never seen when masked
     want = reference_forward(DiTCheckpoint.open(tiny_dit), x, 0.6, ctx[:rows])     # ComfyUI's context: `rows` rows
-    runner = DiTRunner(packs[1], threads=1)
+    runner = long_runner
     got = runner.forward_passes([x], 0.6, [ctx], context_rows=[rows])[0]
     assert _cos(got, want) > 0.9999999 and np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
     unmasked = runner.forward_passes([x], 0.6, [ctx], context_rows=[S_LONG])[0]
@@ -86,7 +96,7 @@ def test_long_pack_equals_comfyui_context(packs, tiny_dit, rows):
         assert _cos(got, short) > 0.9999999 and np.abs(got - short).max() <= 1e-4 * np.abs(want).max()
 
 
-def test_each_pass_keeps_its_own_mask_in_every_scheduling(packs):
+def test_each_pass_keeps_its_own_mask_in_every_scheduling(packs, long_runner):
     """Two CFG passes with different row counts (so different masks): lockstep, interleave (one call per pass)
     and dual_core give the same outputs bitwise, and each pass equals running it alone."""
     cfg = load_pack(packs[1]).config
@@ -101,7 +111,7 @@ def test_each_pass_keeps_its_own_mask_in_every_scheduling(packs):
         r.close()
     np.testing.assert_array_equal(outs["interleave"], outs["on-demand"])
     np.testing.assert_array_equal(outs["dual_core"], outs["on-demand"])
-    alone = DiTRunner(packs[1], threads=1).forward_passes([x], 0.6, [ctx[1]], context_rows=[rows[1]])[0]
+    alone = long_runner.forward_passes([x], 0.6, [ctx[1]], context_rows=[rows[1]])[0]
     np.testing.assert_array_equal(outs["on-demand"][1], alone)
 
 
@@ -118,7 +128,7 @@ def test_pipeline_long_prompt_keeps_every_row(pipeline_assets):
     from models.sampling.spectrum import SpectrumSettings
     from models.setup.models_dir import resolve_models
     from models.text.tokenizers import PromptTokenizer
-    from tests.pipeline_harness import Pipeline
+    from tests.pipeline_harness import RESIDENT_EXECUTOR, Pipeline, reference_runner
 
     cache = Path(tempfile.mkdtemp(prefix="anima-long-"))     # not pytest's basetemp (see test_e2e_pipeline)
     try:
@@ -130,7 +140,7 @@ def test_pipeline_long_prompt_keeps_every_row(pipeline_assets):
         tok = PromptTokenizer.from_files(str(paths.qwen_tokenizer), str(paths.t5_tokenizer))
         n_cond, n_uncond = len(tok.tokenize(prompt["prompt"]).t5_ids), len(tok.tokenize("lowres").t5_ids)
         assert TEXT_TOKENS < n_cond <= S_LONG and n_uncond < TEXT_TOKENS
-        with Pipeline.start(models, pack, threads=1) as pipe:
+        with Pipeline.start(models, pack, threads=1, executor_toml=RESIDENT_EXECUTOR) as pipe:
             job = pipe.submit(prompt)
             info = pipe.wait(job, timeout_s=600.0)
             assert info.state == "done", f"{info.error_stage}: {info.error}\n{pipe.logs()}"
@@ -145,12 +155,14 @@ def test_pipeline_long_prompt_keeps_every_row(pipeline_assets):
             assert pipe.leftover_segments() == []
         ld = load_pack(pack)
         g, c = ld.geometry, ld.config
+        runner = reference_runner(ld, threads=1)
 
         def sample(rows):
             sampler = make_sampler(2, 4.0, "sgm_uniform", SpectrumSettings(enabled=False))
             state = start_or_resume(sampler, 7, (c.latent_channels, g.latent_h, g.latent_w))
-            return denoise(DiTRunner(ld, threads=1), sampler, state, cond, uncond, context_rows=rows).latent
+            return denoise(runner, sampler, state, cond, uncond, context_rows=rows).latent
         np.testing.assert_array_equal(latent, sample((n_cond, TEXT_TOKENS)))
         assert np.abs(sample(None) - latent).max() > 1e-3        # unmasked: the negative's 128 extra zero rows count
+        runner.close()
     finally:
         shutil.rmtree(cache, ignore_errors=True)

@@ -51,6 +51,9 @@ def _uses(d, case) -> list:
 
 
 def _sample(runner, case) -> np.ndarray:
+    """The case's job as the scheduler samples it (models.sampling.denoise.model_call): at cfg 1 the conditional pass
+    alone, as ComfyUI runs it (no unconditional pass at cfg 1)."""
+    from models.sampling.denoise import model_call
     from models.sampling.sampler import Sampler
     ctx = {}
     for which in ("cond", "uncond"):
@@ -59,7 +62,8 @@ def _sample(runner, case) -> np.ndarray:
         ctx[which][:rows.shape[0]] = rows
     w, h = JOB["size"]
     s = Sampler(steps=JOB["steps"], cfg=JOB["cfg"], scheduler=JOB["scheduler"], spectrum=None)
-    return s.sample(lambda x, sigma: runner.forward_cfg(x, sigma, ctx["cond"], ctx["uncond"]),
+    assert s.passes == 1
+    return s.sample(lambda x, sigma: model_call(runner, s, x, sigma, ctx["cond"], ctx["uncond"]),
                     latent=comfy_noise(JOB["seed"], (16, h // 8, w // 8))).latent.astype(np.float64).ravel()
 
 

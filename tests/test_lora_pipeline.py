@@ -23,7 +23,6 @@ import requests
 from PIL import Image
 
 from models.sampling.denoise import denoise, make_sampler, start_or_resume
-from models.runtime.dit_runner import DiTRunner
 from models.lora import LoraUse, TargetTable, plan_loras
 from models.lora.merged_file import write_merged
 from models.lora.synth import write_lora
@@ -34,7 +33,7 @@ from orchestrator.terminal.cli import CliError
 from protocol import messages as m
 from protocol.prompt import PromptError, PromptFile
 from tests.comfy_graphs import standard_graph
-from tests.pipeline_harness import Pipeline
+from tests.pipeline_harness import RESIDENT_EXECUTOR, Pipeline, reference_runner
 
 THREADS = 1
 RANK = 12                       # the pack's: the two LoRAs stack to 8 + 4 in the blocks both update
@@ -86,7 +85,8 @@ def assets(tiny_bundle):
 
 @pytest.fixture(scope="module")
 def pipe(assets):
-    p = Pipeline.start(assets["models"], assets["pack"], threads=THREADS, packs=(assets["plain"],))
+    p = Pipeline.start(assets["models"], assets["pack"], threads=THREADS, packs=(assets["plain"],),
+                       executor_toml=RESIDENT_EXECUTOR)       # the jobs' nine forwards
     try:
         yield p
     finally:
@@ -109,7 +109,7 @@ def reference(assets):
     g, c = pack.geometry, pack.config
     sampler = make_sampler(PROMPT["steps"], PROMPT["cfg"], PROMPT["scheduler"], SpectrumSettings(enabled=False))
     state = start_or_resume(sampler, PROMPT["seed"], (c.latent_channels, g.latent_h, g.latent_w))
-    runner = DiTRunner(pack, threads=THREADS)
+    runner = reference_runner(pack, threads=THREADS)
     try:
         final = denoise(runner, sampler, state, cond, uncond)
     finally:
@@ -149,7 +149,7 @@ def test_lora_job_equals_the_job_on_the_baked_pack_and_merged_encoder(pipe, asse
     g, c = plain.geometry, plain.config
     sampler = make_sampler(PROMPT["steps"], PROMPT["cfg"], PROMPT["scheduler"], SpectrumSettings(enabled=False))
     state = start_or_resume(sampler, PROMPT["seed"], (c.latent_channels, g.latent_h, g.latent_w))
-    runner = DiTRunner(plain, threads=THREADS)
+    runner = reference_runner(plain, threads=THREADS)
     try:
         without = denoise(runner, sampler, state, reference["cond"], reference["uncond"]).latent
     finally:
