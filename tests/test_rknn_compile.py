@@ -151,10 +151,11 @@ def test_verify_cumulative_through_simulator(tmp_path, tiny_dit, rknn_venv, monk
     assert rc == 0 and rep["ok"]
 
 
-def test_a_sharded_pack_compiles_its_shards_and_runs_them_on_the_board_backend(tiny_dit, rknn_venv, tmp_path):
+def test_a_sharded_pack_compiles_its_shards_and_runs_them_on_the_board_backend(rknn_venv, tmp_path):
     """`compile` builds a sharded pack's shard graphs too (bNN_kind.sI.rknn, each part's own `rknn` entry, hashed by
     load_pack); the `rknn` backend (stand-in) resolves a shard's ONNX name to its .rknn, and the lifecycle's `shards`
-    policy on it computes the whole branch (cos >= 0.9999999 against the one graph, FP16 pack)."""
+    policy on it computes the whole branch (cos >= 0.9999999 against the one graph, FP16 pack). Block 0 of a one-block
+    checkpoint: only block 0 is compiled, so the 27 blocks more of the tiny DiT were 324 graphs built for nothing."""
     from models.runtime.backends.rknn import RknnLiteBackend, compiled_path
     from models.runtime.lifecycle import Lifecycle, context_factory, run_branch
     from models.runtime.backends import make_backend
@@ -162,7 +163,10 @@ def test_a_sharded_pack_compiles_its_shards_and_runs_them_on_the_board_backend(t
     from models.packs.sharded import ShardResolver
     from models.board.policy import parse_policy
     from models.rknn.compile import compile_pack
-    pack_dir = build_pack(tiny_dit, tmp_path / "p", (128, 128), "fp16", shards=3,
+    from models.dit.synth import write_dit
+    dit = tmp_path / "one-block.safetensors"
+    write_dit("tiny", 0, dit, blocks=1)
+    pack_dir = build_pack(dit, tmp_path / "p", (128, 128), "fp16", shards=3,
                           cuts={"self": "heads", "cross": "rows", "ffn": "heads"})
     rep = compile_pack(pack_dir, target="rk3588", jobs=2, venv=rknn_venv, blocks=[0], per_worker=0)
     assert (rep["built"], rep["failed"]) == (12, 0), rep
