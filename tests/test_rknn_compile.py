@@ -125,6 +125,36 @@ def test_simulator_rejects_compiled_files_and_bad_inputs(rknn_pack, rknn_venv):
         sim.release()
 
 
+def test_one_simulator_worker_holds_every_graph_of_a_check(rknn_venv, tmp_path):
+    """quant-check's ResidentSim keeps each graph in a slot of one of `jobs` toolkit workers (a toolkit import each,
+    not one per graph): with jobs 1 one process holds a one-block pack's three branches, and each answers, called in
+    turn and again, bitwise what the simulator gives for that graph built alone (the rknn-sim backend)."""
+    from models.dit.synth import write_dit
+    from models.packs.pack import build_pack, load_pack
+    from models.runtime.backends import make_backend
+    from models.runtime.lifecycle import run_branch
+    from models.runtime.quant_check import ResidentSim
+    dit = tmp_path / "one-block.safetensors"
+    write_dit("tiny", 0, dit, blocks=1)
+    pack = load_pack(build_pack(dit, tmp_path / "p", (64, 64), "fp16"))
+    rng = np.random.default_rng(11)
+    feeds = {b["kind"]: {i["name"]: rng.standard_normal(i["shape"]).astype(np.float16) for i in b["inputs"]}
+             for b in pack.branches}
+    alone = make_backend("rknn-sim", venv=rknn_venv)
+    want = {b["kind"]: run_branch(alone, pack.dir / b["onnx"], [feeds[b["kind"]]])[0][0]["y"] for b in pack.branches}
+    sim = ResidentSim(pack, venv=rknn_venv, jobs=1)
+    try:
+        assert len(sim.pool) == 1 and len(sim.workers) == 3 and {id(w) for w in sim.workers.values()} == \
+            {id(sim.pool[0])}
+        for _ in range(2):
+            for b in pack.branches:
+                (got,), _ = run_branch(sim, pack.dir / b["onnx"], [feeds[b["kind"]]])
+                np.testing.assert_array_equal(got["y"], want[b["kind"]])
+    finally:
+        sim.close()
+    assert not sim.pool
+
+
 def test_verify_cumulative_through_simulator(tmp_path, tiny_dit, rknn_venv, monkeypatch):
     """anima-models verify --backend rknn-sim on a 2-block cut of the tiny checkpoint: every branch of the whole
     forward runs in the simulator; per-branch, per-block hidden state and final v against the FP32 reference."""
