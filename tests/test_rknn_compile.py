@@ -1,7 +1,7 @@
 """The real rknn-toolkit2 (2.5.0, .venv-rknn): compile the tiny pack, resume, and check branches in its simulator.
 
 Costs (2 shared cores, measured): the session fixture `rknn_pack` compiles blocks 0 and 27 of the tiny 128x128 pack
-(6 of 84 branches, 2 jobs; ~40 s); the resume test rebuilds one branch (~20 s); the simulator builds block 27's three
+(6 of 84 branches, one worker; ~40 s); the resume test rebuilds one branch (~20 s); the simulator builds block 27's three
 branches again (~40 s with the toolkit and torch imports) and runs a 2-block cut of the same checkpoint (blocks 0-1)
 through the simulator, every branch of the whole forward (6 builds, ~25 s). The full 84-branch compile and 28-block
 simulator run are bench/rknn_full.py's job.
