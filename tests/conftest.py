@@ -100,8 +100,10 @@ def rknn_venv() -> Path:
 @pytest.fixture(scope="session")
 def rknn_pack(tmp_path_factory, tiny_dit, rknn_venv):
     """The tiny pack at 128x128 (64 image tokens, FP16) with blocks 0 and 27 compiled by the real rknn-toolkit2
-    (6 branches, 2 jobs; ~40 s), once per run (run_shared: the worker that comes second reads the first one's
-    report); -> (pack folder, compile report). Treat as read-only (copy it to change it)."""
+    (6 branches in one worker: a second would cost its own toolkit import, seconds of CPU; the sharded compiles in
+    test_rknn_compile, test_quant and test_bundle run two jobs), once per run (run_shared: the worker that comes
+    second reads the first one's report); -> (pack folder, compile report). Treat as read-only (copy it to change
+    it)."""
     import json
     from models.base.durable import atomic_write
     from models.packs.pack import build_pack
@@ -112,7 +114,7 @@ def rknn_pack(tmp_path_factory, tiny_dit, rknn_venv):
     with locked(shared / ".rknn.lock"):
         if not saved.exists():
             build_pack(tiny_dit, pack, (128, 128), "fp16")
-            report = compile_pack(pack, target="rk3588", jobs=2, venv=rknn_venv, blocks=[0, 27], per_worker=0)
+            report = compile_pack(pack, target="rk3588", jobs=1, venv=rknn_venv, blocks=[0, 27], per_worker=0)
             atomic_write(saved, json.dumps(report))
     return pack, json.loads(saved.read_text())
 

@@ -265,9 +265,11 @@ def test_bad_settings_are_clear():
         BoardSimBackend(core_mask="7")
 
 
-def test_pipeline_job_on_board_sim_equals_onnx(assets):
+def test_pipeline_job_on_board_sim_equals_onnx(assets, board_stages):
     """A whole job through supervisord with the executor on board-sim: the latent is bitwise the in-process ONNX
-    Runtime result; the report keeps the modelled board apart from what was measured here."""
+    Runtime result; the report keeps the modelled board apart from what was measured here. The encoder and the VAE
+    are the board's (ONNX Runtime, board_stages): the executor's backend is the subject, and the latent is checked
+    against the conditioning the job itself wrote."""
     import json
     from models.sampling.denoise import denoise, make_sampler, start_or_resume
     from models.sampling.spectrum import SpectrumSettings
@@ -276,7 +278,7 @@ def test_pipeline_job_on_board_sim_equals_onnx(assets):
     models, pack_dir = assets
     prompt = {"prompt": "1girl, silver hair", "negative_prompt": "worst quality", "seed": 7, "steps": 2, "cfg": 4.0,
               "spectrum": True}
-    p = Pipeline.start(models, pack_dir, threads=1, branch_timeout_s=60, backend="board-sim",
+    p = Pipeline.start(models, pack_dir, threads=1, branch_timeout_s=60, backend="board-sim", extra_toml=board_stages,
                        executor_toml='time_scale = 0.01\nboard_ram_gb = 8\npolicy = "on-demand"\n')
     try:
         job = p.submit(prompt)

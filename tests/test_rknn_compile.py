@@ -1,7 +1,7 @@
 """The real rknn-toolkit2 (2.5.0, .venv-rknn): compile the tiny pack, resume, and check branches in its simulator.
 
 Costs (2 shared cores, measured): the session fixture `rknn_pack` compiles blocks 0 and 27 of the tiny 128x128 pack
-(6 of 84 branches, 2 jobs; ~40 s); the resume test rebuilds one branch (~20 s); the simulator builds block 27's three
+(6 of 84 branches, one worker; ~40 s); the resume test rebuilds one branch (~20 s); the simulator builds block 27's three
 branches again (~40 s with the toolkit and torch imports) and runs a 2-block cut of the same checkpoint (blocks 0-1)
 through the simulator, every branch of the whole forward (6 builds, ~25 s). The full 84-branch compile and 28-block
 simulator run are bench/rknn_full.py's job.
@@ -125,6 +125,36 @@ def test_simulator_rejects_compiled_files_and_bad_inputs(rknn_pack, rknn_venv):
         sim.release()
 
 
+def test_one_simulator_worker_holds_every_graph_of_a_check(rknn_venv, tmp_path):
+    """quant-check's ResidentSim keeps each graph in a slot of one of `jobs` toolkit workers (a toolkit import each,
+    not one per graph): with jobs 1 one process holds a one-block pack's three branches, and each answers, called in
+    turn and again, bitwise what the simulator gives for that graph built alone (the rknn-sim backend)."""
+    from models.dit.synth import write_dit
+    from models.packs.pack import build_pack, load_pack
+    from models.runtime.backends import make_backend
+    from models.runtime.lifecycle import run_branch
+    from models.runtime.quant_check import ResidentSim
+    dit = tmp_path / "one-block.safetensors"
+    write_dit("tiny", 0, dit, blocks=1)
+    pack = load_pack(build_pack(dit, tmp_path / "p", (64, 64), "fp16"))
+    rng = np.random.default_rng(11)
+    feeds = {b["kind"]: {i["name"]: rng.standard_normal(i["shape"]).astype(np.float16) for i in b["inputs"]}
+             for b in pack.branches}
+    alone = make_backend("rknn-sim", venv=rknn_venv)
+    want = {b["kind"]: run_branch(alone, pack.dir / b["onnx"], [feeds[b["kind"]]])[0][0]["y"] for b in pack.branches}
+    sim = ResidentSim(pack, venv=rknn_venv, jobs=1)
+    try:
+        assert len(sim.pool) == 1 and len(sim.workers) == 3 and {id(w) for w in sim.workers.values()} == \
+            {id(sim.pool[0])}
+        for _ in range(2):
+            for b in pack.branches:
+                (got,), _ = run_branch(sim, pack.dir / b["onnx"], [feeds[b["kind"]]])
+                np.testing.assert_array_equal(got["y"], want[b["kind"]])
+    finally:
+        sim.close()
+    assert not sim.pool
+
+
 def test_verify_cumulative_through_simulator(tmp_path, tiny_dit, rknn_venv, monkeypatch):
     """anima-models verify --backend rknn-sim on a 2-block cut of the tiny checkpoint: every branch of the whole
     forward runs in the simulator; per-branch, per-block hidden state and final v against the FP32 reference."""
@@ -151,10 +181,11 @@ def test_verify_cumulative_through_simulator(tmp_path, tiny_dit, rknn_venv, monk
     assert rc == 0 and rep["ok"]
 
 
-def test_a_sharded_pack_compiles_its_shards_and_runs_them_on_the_board_backend(tiny_dit, rknn_venv, tmp_path):
+def test_a_sharded_pack_compiles_its_shards_and_runs_them_on_the_board_backend(rknn_venv, tmp_path):
     """`compile` builds a sharded pack's shard graphs too (bNN_kind.sI.rknn, each part's own `rknn` entry, hashed by
     load_pack); the `rknn` backend (stand-in) resolves a shard's ONNX name to its .rknn, and the lifecycle's `shards`
-    policy on it computes the whole branch (cos >= 0.9999999 against the one graph, FP16 pack)."""
+    policy on it computes the whole branch (cos >= 0.9999999 against the one graph, FP16 pack). Block 0 of a one-block
+    checkpoint: only block 0 is compiled, so the 27 blocks more of the tiny DiT were 324 graphs built for nothing."""
     from models.runtime.backends.rknn import RknnLiteBackend, compiled_path
     from models.runtime.lifecycle import Lifecycle, context_factory, run_branch
     from models.runtime.backends import make_backend
@@ -162,7 +193,10 @@ def test_a_sharded_pack_compiles_its_shards_and_runs_them_on_the_board_backend(t
     from models.packs.sharded import ShardResolver
     from models.board.policy import parse_policy
     from models.rknn.compile import compile_pack
-    pack_dir = build_pack(tiny_dit, tmp_path / "p", (128, 128), "fp16", shards=3,
+    from models.dit.synth import write_dit
+    dit = tmp_path / "one-block.safetensors"
+    write_dit("tiny", 0, dit, blocks=1)
+    pack_dir = build_pack(dit, tmp_path / "p", (128, 128), "fp16", shards=3,
                           cuts={"self": "heads", "cross": "rows", "ffn": "heads"})
     rep = compile_pack(pack_dir, target="rk3588", jobs=2, venv=rknn_venv, blocks=[0], per_worker=0)
     assert (rep["built"], rep["failed"]) == (12, 0), rep

@@ -188,7 +188,17 @@ def test_pack_shard_entries_and_the_resolver(tmp_path):
     assert cuts["ffn"] == "rows" and set(cuts) == {"self", "cross", "ffn"} and "modelled" in why
 
 
-def test_pack_shards_3_computes_what_the_unsharded_pack_does(tiny_dit, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def dit2(tmp_path_factory):
+    """The tiny DiT's first two blocks (seed 0): what sharding a pack does is the same in every block, and a pack of
+    it is 6 branch graphs (and their shards) where the whole tiny DiT's is 84."""
+    from models.dit.synth import write_dit
+    path = tmp_path_factory.mktemp("two-block") / "two-block.safetensors"
+    write_dit("tiny", 0, path, blocks=2)
+    return path
+
+
+def test_pack_shards_3_computes_what_the_unsharded_pack_does(dit2, tmp_path, capsys):
     """`anima-models pack --shards 3` (tiny, FP32): every branch's shard graphs beside its one graph, the cuts in the
     manifest; its forward (the shards on three contexts at once, and in turn) equals the unsharded pack's forward
     (cos >= 0.9999999; bitwise where every cut is rows); a manifest whose shards were tampered with is refused."""
@@ -198,16 +208,16 @@ def test_pack_shards_3_computes_what_the_unsharded_pack_does(tiny_dit, tmp_path,
     from models.runtime.dit_runner import DiTRunner
     from models.packs.pack import PackError, build_pack, load_pack
     from models.runtime.verify import random_inputs
-    one = build_pack(tiny_dit, tmp_path / "p1", (128, 128), "fp32")
-    assert main(["pack", str(tiny_dit), "--out", str(tmp_path / "p3"), "--resolution", "128x128", "--dtype", "fp32",
+    one = build_pack(dit2, tmp_path / "p1", (128, 128), "fp32")
+    assert main(["pack", str(dit2), "--out", str(tmp_path / "p3"), "--resolution", "128x128", "--dtype", "fp32",
                  "--shards", "3", "--cuts", "self=heads,cross=rows,ffn=heads"]) == 0
     assert "shards 3 per branch: self by heads, cross by rows, ffn by heads" in capsys.readouterr().out
-    rows = build_pack(tiny_dit, tmp_path / "prows", (128, 128), "fp32", shards=3,
+    rows = build_pack(dit2, tmp_path / "prows", (128, 128), "fp32", shards=3,
                       cuts={"self": "rows", "cross": "rows", "ffn": "rows"})
     sharded = load_pack(tmp_path / "p3")
     assert sharded.manifest["shards"]["cuts"] == {"self": "heads", "cross": "rows", "ffn": "heads"}
-    assert all(len(b["shards"]["parts"]) == 3 for b in sharded.branches) and len(sharded.branches) == 84
-    assert (sharded.dir / "onnx" / "b27_ffn.s2.onnx").is_file()
+    assert all(len(b["shards"]["parts"]) == 3 for b in sharded.branches) and len(sharded.branches) == 6
+    assert (sharded.dir / "onnx" / "b01_ffn.s2.onnx").is_file()
     assert sharded.identity != load_pack(one).identity
     x, ctx = random_inputs(load_pack(one), seed=4)
     want = DiTRunner(one, threads=1).forward(x, 0.6, ctx)
@@ -241,31 +251,31 @@ def test_pack_shards_3_computes_what_the_unsharded_pack_does(tiny_dit, tmp_path,
     with pytest.raises(PackError, match="leaves the pack folder"):
         load_pack(sharded.dir)
     with pytest.raises(PackError, match=r"--shards 4: shards 4 must be an integer in \[1, 3\]"):
-        build_pack(tiny_dit, tmp_path / "p4", (128, 128), "fp32", shards=4)
+        build_pack(dit2, tmp_path / "p4", (128, 128), "fp32", shards=4)
     assert not (tmp_path / "p4").exists()
 
 
-def test_a_pack_is_sharded_or_lora_ready_not_both(tiny_dit, tmp_path, capsys):
+def test_a_pack_is_sharded_or_lora_ready_not_both(dit2, tmp_path, capsys):
     """Shard graphs take no LoRA factor inputs: `pack --shards N --lora-rank R` is refused naming both options, exit
     2, nothing written; the graph builder refuses a shard of a LoRA-ready geometry too. Either alone still builds."""
     from models.commands.cli import main
     from models.packs.pack import PackError, build_pack
     out = tmp_path / "both"
-    assert main(["pack", str(tiny_dit), "--out", str(out), "--resolution", "128x128", "--dtype", "fp32",
+    assert main(["pack", str(dit2), "--out", str(out), "--resolution", "128x128", "--dtype", "fp32",
                  "--shards", "2", "--lora-rank", "4"]) == 2
     err = capsys.readouterr().err
     assert "--shards 2 with --lora-rank 4" in err and "not both" in err and "Traceback" not in err
     assert not out.exists() and not list(tmp_path.iterdir())
     with pytest.raises(PackError, match="--shards 3 with --lora-rank 8: a pack is sharded or LoRA-ready, not both"):
-        build_pack(tiny_dit, out, (128, 128), "fp32", lora_rank=8, shards=3)
+        build_pack(dit2, out, (128, 128), "fp32", lora_rank=8, shards=3)
     assert not out.exists()
     spec = plan("ffn", "heads", 2, CFG, GEOM)[0]
     with pytest.raises(ValueError, match="not supported: build it sharded or LoRA-ready, not both"):
         build_branch("ffn", shard_weights(spec, _weights("ffn")), CFG, Geometry.from_resolution(128, 128, lora_rank=4),
                      "fp32", shard=spec)
-    assert main(["pack", str(tiny_dit), "--out", str(tmp_path / "lora"), "--resolution", "128x128", "--dtype",
+    assert main(["pack", str(dit2), "--out", str(tmp_path / "lora"), "--resolution", "128x128", "--dtype",
                  "fp32", "--lora-rank", "4"]) == 0
-    assert main(["pack", str(tiny_dit), "--out", str(tmp_path / "s2"), "--resolution", "128x128", "--dtype", "fp32",
+    assert main(["pack", str(dit2), "--out", str(tmp_path / "s2"), "--resolution", "128x128", "--dtype", "fp32",
                  "--shards", "2"]) == 0
 
 

@@ -42,11 +42,14 @@ def vae_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def compiled(vae_file, rknn_venv, tmp_path_factory):
-    """pack-vae + compile through the CLI (the commands the board docs give); -> the loaded pack."""
+    """pack-vae + compile through the CLI (the commands the board docs give, the two models in one worker: each
+    worker is a toolkit import, seconds of CPU; the resume test below compiles with the default, a worker per
+    model); -> the loaded pack."""
     out = tmp_path_factory.mktemp("vae-rknn-pack") / "vae"
     assert cli_main(["pack-vae", str(vae_file), "--out", str(out), "--resolution", f"{RES[0]}x{RES[1]}",
                      "--tile", "16", "--threads", "1"]) == 0
-    assert cli_main(["compile", str(out), "--target", "rk3588", "--toolkit-venv", str(rknn_venv)]) == 0
+    assert cli_main(["compile", str(out), "--target", "rk3588", "--toolkit-venv", str(rknn_venv),
+                     "--per-worker", "0"]) == 0
     return load_vae_pack(out)                          # checks every file's sha256, the .rknn files included
 
 

@@ -12,10 +12,12 @@ Requests ({"op": ...}):
   build    onnx, out, target, log            -> load_onnx + build(no quantization) + export_rknn to `out`
            [, quant: {dataset: [[npy per input]], int8: [tensor names], int8_inputs: [input names]}]
                                              -> W8A8 hybrid quantization instead: those MatMuls INT8, the rest FP16
-  sim_load onnx, target, log                 -> load_onnx + build + init_runtime() in the simulator (kept alive)
-  sim_infer inputs [npy paths, graph order], out_dir, log [, data_format: ["nchw", ...] per input]
+  sim_load onnx, target, log [, slot]        -> load_onnx + build + init_runtime() in the simulator (kept alive)
+  sim_infer inputs [npy paths, graph order], out_dir, log [, data_format: ["nchw", ...] per input] [, slot]
                                              -> outputs as npy files (float32, as the simulator returns)
-  sim_release                                -> drop the simulator context
+  sim_release [slot]                         -> drop the simulator context
+`slot` names one of several simulator contexts the worker keeps side by side (default ""), so one process (one
+toolkit import, seconds of CPU) serves every model of a check; each slot's outputs are those of a context alone.
   quit
 Every reply has "ok"; a failed one has "error" (a message, not a traceback) and the phase that failed.
 """
@@ -109,12 +111,11 @@ def _float16_all_but(cfg_path: str, int8: list, int8_inputs, graph_inputs=()) ->
 
 
 class Worker:
-    """Holds at most one simulator context between requests."""
+    """Holds simulator contexts between requests, one per slot."""
 
     def __init__(self):
         self.built = None
-        self.sim = None
-        self.sim_onnx = None
+        self.sims: dict = {}                 # slot -> the RKNN initialised in the simulator
 
     def _new(self):
         from rknn.api import RKNN            # imported at the first request that needs it (slow: several seconds)
@@ -192,7 +193,7 @@ class Worker:
         return {**t, "bytes": os.path.getsize(req["out"]), "peak_rss_kb": _peak_rss_kb()}
 
     def op_sim_load(self, req: dict) -> dict:
-        self.op_sim_release({})
+        self.op_sim_release(req)
         _peak_rss_reset()
         rk = self._new()
         try:
@@ -207,18 +208,19 @@ class Worker:
             (self.built or rk).release()
             self.built = None
             raise
-        self.sim, self.sim_onnx = rk, req["onnx"]
+        self.sims[req.get("slot", "")] = rk
         return {**t, "peak_rss_kb": _peak_rss_kb()}
 
     def op_sim_infer(self, req: dict) -> dict:
         import numpy as np
-        if self.sim is None:
+        sim = self.sims.get(req.get("slot", ""))
+        if sim is None:
             raise RuntimeError("sim_infer before sim_load")
         xs = [np.load(p) for p in req["inputs"]]
         t0 = time.perf_counter()
         # 4-D inputs: the toolkit assumes NHWC unless told; our graphs are NCHW and say so per input
         fmt = req.get("data_format")
-        outs = self.sim.inference(inputs=xs, data_format=fmt) if fmt else self.sim.inference(inputs=xs)
+        outs = sim.inference(inputs=xs, data_format=fmt) if fmt else sim.inference(inputs=xs)
         dt = time.perf_counter() - t0
         if outs is None:
             raise RuntimeError("inference returned None (see the log)")
@@ -230,10 +232,14 @@ class Worker:
         return {"outputs": paths, "infer_s": dt}
 
     def op_sim_release(self, req: dict) -> dict:
-        if self.sim is not None:
-            self.sim.release()
-        self.sim, self.sim_onnx = None, None
+        sim = self.sims.pop(req.get("slot", ""), None)
+        if sim is not None:
+            sim.release()
         return {}
+
+    def release_all(self) -> None:
+        for slot in list(self.sims):
+            self.op_sim_release({"slot": slot})
 
 
 def _reply(obj: dict) -> None:
@@ -271,7 +277,7 @@ def serve() -> int:
                 print(traceback.format_exc(), file=sys.stderr)
                 out = {"ok": False, "error": f"{op}: {str(e).strip().splitlines()[-1] if str(e).strip() else e!r}"}
         _reply(out)
-    w.op_sim_release({})
+    w.release_all()
     return 0
 
 

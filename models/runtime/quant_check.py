@@ -6,9 +6,9 @@
    cosine measures everything INT8 and smoothing did to that branch. A sharded pack's branch is its shards (what
    the executor runs), combined in FP32, with a cosine per shard beside it.
 2. A whole job (the calibration's first prompt, its negative, a seed; every step computed) runs twice from the same
-   noise: on the INT8 pack in the simulator (each branch, or shard, kept built in its own worker, so the job costs
-   one build per graph; shards run in turn) and on a FP16 pack of the same checkpoint on ONNX Runtime; the final
-   latents' cosine is the job's figure.
+   noise: on the INT8 pack in the simulator (each branch, or shard, kept built in a slot of one of `jobs` workers,
+   so the job costs one build per graph; shards run in turn) and on a FP16 pack of the same checkpoint on ONNX
+   Runtime; the final latents' cosine is the job's figure.
 """
 from __future__ import annotations
 
@@ -42,8 +42,9 @@ def graphs(branch: dict) -> list:
 
 
 class ResidentSim(BranchBackend):
-    """Every branch of a pack built once in the simulator, each in its own toolkit worker, and kept: a job's branch
-    calls then cost an inference each. load(path) picks the branch; init and release keep it built."""
+    """Every branch of a pack built once in the simulator and kept, each in a slot of one of `jobs` toolkit workers
+    (a worker costs a toolkit import, seconds of CPU; a slot's outputs are bitwise those of a context alone): a job's
+    branch calls then cost an inference each. load(path) picks the branch; init and release keep it built."""
     name = "rknn-sim-resident"
     device = "npu"
     max_contexts = 1
@@ -52,21 +53,31 @@ class ResidentSim(BranchBackend):
         """kinds: build only the branches of these kinds (a partial check); default every branch."""
         self.pack, self.venv, self.target = pack, venv, target
         self.workers: dict = {}                      # onnx path -> ToolkitWorker holding its built model
+        self.pool: list = []                         # the workers, each building its share of the graphs in turn
         self.build_s: dict = {}
         self._io: dict = {}
         self._path: Optional[str] = None
         self._tmp = tempfile.mkdtemp(prefix="anima-quant-check-")
+        units = [u for b in pack.branches if kinds is None or b["kind"] in kinds for u in graphs(b)]
+        n = max(1, min(jobs, len(units)))
         try:
-            with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
-                list(ex.map(self._build, [u for b in pack.branches if kinds is None or b["kind"] in kinds
-                                          for u in graphs(b)]))
+            with ThreadPoolExecutor(max_workers=n) as ex:
+                list(ex.map(self._build_share, [units[i::n] for i in range(n)]))
         except BaseException:
             self.close()                     # the workers already built, and the scratch folder: nothing leaks
             raise
 
-    def _build(self, unit: tuple) -> None:
-        """Build one graph (a branch, or a shard part of one) as `compile` would, and keep it."""
+    def _build_share(self, units: list) -> None:
+        """One worker builds `units` one after another."""
         from models.rknn.client import ToolkitWorker
+        w = ToolkitWorker(self.venv)
+        self.pool.append(w)
+        for u in units:
+            self._build(w, u)
+
+    def _build(self, w, unit: tuple) -> None:
+        """Build one graph (a branch, or a shard part of one) as `compile` would, and keep it in `w` (its slot: its
+        path)."""
         from models.rknn.quant import quant_request
         from models.runtime.backends.rknn_sim import _graph_io
         branch, part = unit
@@ -74,11 +85,10 @@ class ResidentSim(BranchBackend):
         work = Path(self._tmp) / Path(path).stem
         work.mkdir(parents=True, exist_ok=True)
         req = quant_request(self.pack.dir, self.pack.manifest, branch, work, part=part)   # None: a float graph
-        w = ToolkitWorker(self.venv)
-        self.workers[path] = w
         t0 = time.perf_counter()
-        w.request("sim_load", onnx=path, target=self.target, log=str(work / "build.log"),
+        w.request("sim_load", onnx=path, target=self.target, log=str(work / "build.log"), slot=path,
                   **({"quant": req} if req else {}))
+        self.workers[path] = w
         self.build_s[path] = time.perf_counter() - t0
         self._io[path] = _graph_io(path)
 
@@ -99,15 +109,16 @@ class ResidentSim(BranchBackend):
             p = d / f"in{i}.npy"
             np.save(p, np.ascontiguousarray(checked_input(self._path, inputs, name, dt, shape)))
             paths.append(str(p))
-        r = self.workers[self._path].request("sim_infer", inputs=paths, out_dir=str(d))
+        r = self.workers[self._path].request("sim_infer", inputs=paths, out_dir=str(d), slot=self._path)
         return {name: np.load(p).reshape(shape).astype(dt) for (name, dt, shape), p in zip(outs, r["outputs"])}
 
     def release(self) -> None:
         pass
 
     def close(self) -> None:
-        for w in self.workers.values():
+        for w in self.pool:
             w.close()
+        self.pool.clear()
         self.workers.clear()
         shutil.rmtree(self._tmp, ignore_errors=True)
 
