@@ -22,6 +22,28 @@ def _hash_memo_in_session(tmp_path_factory):
         os.environ[MEMO_ENV] = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _bytecode_cache_for_started_processes(tmp_path_factory):
+    """Where PYTHONDONTWRITEBYTECODE is set (as on the machine the suite's timings come from), every Python process a
+    test starts (supervisord's stages, a daemon restarted after a kill, the CLI) compiled the project's modules from
+    source at each start: ~0.2 CPU-s of a stage's or the daemon's start, most of a stand-in stage's. Those processes
+    write and reuse a bytecode cache of this run's own (PYTHONPYCACHEPREFIX, outside the source tree, shared by the
+    xdist workers: a .pyc is written atomically and checked against its source's mtime and size)."""
+    import os
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        yield
+        return
+    old = {k: os.environ.get(k) for k in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+    os.environ.pop("PYTHONDONTWRITEBYTECODE")
+    os.environ["PYTHONPYCACHEPREFIX"] = str(run_shared(tmp_path_factory, "pycache"))
+    yield
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 def run_shared(tmp_path_factory, name: str) -> Path:
     """The folder `name` of this run that every xdist worker sees (the parent of the workers' base folders; without
     xdist the session's own base folder): the session fixtures below build their assets there once per run, not once
