@@ -23,25 +23,18 @@ def _hash_memo_in_session(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _bytecode_cache_for_started_processes(tmp_path_factory):
+def _bytecode_cache_for_started_processes():
     """Where PYTHONDONTWRITEBYTECODE is set (as on the machine the suite's timings come from), every Python process a
     test starts (supervisord's stages, a daemon restarted after a kill, the CLI) compiled the project's modules from
     source at each start: ~0.2 CPU-s of a stage's or the daemon's start, most of a stand-in stage's. Those processes
-    write and reuse a bytecode cache of this run's own (PYTHONPYCACHEPREFIX, outside the source tree, shared by the
-    xdist workers: a .pyc is written atomically and checked against its source's mtime and size)."""
+    write and reuse the ordinary __pycache__ beside the sources (ignored by git; a .pyc is written atomically and
+    checked against its source's mtime and size). Not PYTHONPYCACHEPREFIX: under a prefix every process would compile
+    the standard library and the venv's packages again, whose .pyc files are already beside them."""
     import os
-    if not os.environ.get("PYTHONDONTWRITEBYTECODE"):
-        yield
-        return
-    old = {k: os.environ.get(k) for k in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
-    os.environ.pop("PYTHONDONTWRITEBYTECODE")
-    os.environ["PYTHONPYCACHEPREFIX"] = str(run_shared(tmp_path_factory, "pycache"))
+    old = os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     yield
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    if old is not None:
+        os.environ["PYTHONDONTWRITEBYTECODE"] = old
 
 
 def run_shared(tmp_path_factory, name: str) -> Path:
