@@ -22,6 +22,21 @@ def _hash_memo_in_session(tmp_path_factory):
         os.environ[MEMO_ENV] = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _bytecode_cache_for_started_processes():
+    """Where PYTHONDONTWRITEBYTECODE is set (as on the machine the suite's timings come from), every Python process a
+    test starts (supervisord's stages, a daemon restarted after a kill, the CLI) compiled the project's modules from
+    source at each start: ~0.2 CPU-s of a stage's or the daemon's start, most of a stand-in stage's. Those processes
+    write and reuse the ordinary __pycache__ beside the sources (ignored by git; a .pyc is written atomically and
+    checked against its source's mtime and size). Not PYTHONPYCACHEPREFIX: under a prefix every process would compile
+    the standard library and the venv's packages again, whose .pyc files are already beside them."""
+    import os
+    old = os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    yield
+    if old is not None:
+        os.environ["PYTHONDONTWRITEBYTECODE"] = old
+
+
 def run_shared(tmp_path_factory, name: str) -> Path:
     """The folder `name` of this run that every xdist worker sees (the parent of the workers' base folders; without
     xdist the session's own base folder): the session fixtures below build their assets there once per run, not once

@@ -54,9 +54,12 @@ class Doubles(JobLink):
 
     @classmethod
     def start(cls, root: Path, sizes=((64, 64),), extra_toml: str = "", extra_conf: str = "",
-              timing_plot: bool = False) -> "Doubles":
+              timing_plot: bool = False, sample_interval_s: float = 0.2) -> "Doubles":
         """`extra_conf`: more supervisord.conf sections (e.g. another [program:...]). timing.png only with
-        `timing_plot`: drawing it (a matplotlib child process, ~1.4 s) would be a double job's longest part."""
+        `timing_plot`: drawing it (a matplotlib child process, ~1.4 s) would be a double job's longest part.
+        `sample_interval_s`: the daemon's supervisord/RSS sampling while a request is out (the product's default);
+        each sample is an XML-RPC call and a walk of /proc, so a test that reads the teardown record's samples or
+        the memory trace of a double's short phases asks for more of them."""
         rf = init_run(root / "run")
         conf = rf.supervisord_conf.read_text()
         for stage in ("encoder", "scheduler", "executor", "vae"):
@@ -66,7 +69,8 @@ class Doubles(JobLink):
         more = ", ".join(f'"{p}"' for p in packs[1:])
         rf.pipeline_toml.write_text(f'run_dir = "."\npack_dir = "{packs[0]}"\npacks = [{more}]\nthreads = 1\n'
                                     "[timeouts]\nrequest_s = 2.0\n"
-                                    "[stage.orchestrator]\nsample_interval_s = 0.05\nstart_timeout_s = 30\n"
+                                    f"[stage.orchestrator]\nsample_interval_s = {sample_interval_s}\n"
+                                    "start_timeout_s = 30\n"
                                     'keep_up = "never"\n'
                                     f"stage_retries = 1\ntiming_plot_timeout_s = {120 if timing_plot else 0}\n"
                                     f"[stage.http]\nport = 0\npoll_s = 0.1\n{extra_toml}")

@@ -566,7 +566,7 @@ def test_a1111_parameters_echo_what_ran(d):
     url = d.http_url()
     body = {"prompt": "a girl", "seed": -1, "steps": 2, "cfg_scale": 5.5, "width": 64, "height": 32,
             "sampler_name": "DPM++ 2M Karras", "batch_size": 2}
-    r = requests.post(url + "sdapi/v1/txt2img", json=body, timeout=60)
+    r = requests.post(url + "sdapi/v1/txt2img", json=body, timeout=120)
     assert r.status_code == 200, r.text
     params, info = r.json()["parameters"], json.loads(r.json()["info"])
     spec = json.loads((d.rf.jobs / info["extra_generation_params"]["Job"] / "job.json").read_text())["spec"]

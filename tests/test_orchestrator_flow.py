@@ -24,7 +24,7 @@ def _pipeline():
     """One supervisord + daemon for the module (start-up and shutdown cost seconds on 2 cores). Its folder is our own
     (not pytest's basetemp, which a concurrent pytest session may prune while supervisord still uses it). No timing.png
     (tests/test_daily_use.py checks the one the real pipeline draws)."""
-    d = Doubles.start(Path(tempfile.mkdtemp(prefix="anima-orch-")))
+    d = Doubles.start(Path(tempfile.mkdtemp(prefix="anima-orch-")), sample_interval_s=0.05)   # samples in 0.2 s phases
     try:
         yield d.rf, d.sup
     finally:
