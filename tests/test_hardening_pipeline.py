@@ -26,12 +26,6 @@ PROMPT = {"prompt": "1girl, silver hair", "negative_prompt": "worst quality", "s
           "spectrum": False}
 HANG_S = 4.0                 # [stage.orchestrator] hang_timeout_s here (default 120 s)
 BRANCH_TIMEOUT_S = 90.0      # the scheduler resends to a silent executor this long (it must outlast HANG_S + a restart)
-# the executor keeps every branch's session once loaded (models/board/policy.py `resident`; the tiny pack's 84 fit
-# the budget) instead of loading and releasing one per call: what is tested here (requests to the daemon, heartbeats
-# and the hang watch, torn files) lies above the executor's lifecycle, whose policies and their kills are
-# test_policies_pipeline's, test_stage_processes' and test_e2e_pipeline's. On 2 cores the per-call loads cost ~3
-# CPU-s of a tiny job's ~8 (measured), and the stages answer the same
-EXECUTOR = 'policy = "resident"\nresident_mb = 4096\n'
 JOB_TIMEOUT_S = 300.0
 
 
@@ -39,8 +33,7 @@ JOB_TIMEOUT_S = 300.0
 def pipe(pipeline_assets, board_stages):
     models, pack = pipeline_assets
     p = Pipeline.start(models, pack, threads=1, branch_timeout_s=BRANCH_TIMEOUT_S, extra_toml=board_stages,
-                       orchestrator_toml=f"hang_timeout_s = {HANG_S}\n",          # the board's encoder and VAE
-                       executor_toml=EXECUTOR)
+                       orchestrator_toml=f"hang_timeout_s = {HANG_S}\n")          # the board's encoder and VAE
     try:
         yield p
     finally:
