@@ -40,7 +40,13 @@ def pipe(default_pipeline):
 
 
 @pytest.fixture(scope="module")
-def reference(assets):
+def runner(assets):
+    """The in-process DiT (same pack and threads as the stages) for this module's references: one set of sessions."""
+    return DiTRunner(load_pack(assets[1]), threads=THREADS)
+
+
+@pytest.fixture(scope="module")
+def reference(assets, runner):
     """In-process sampling (models.sampling.denoise + DiTRunner, same pack, seed, settings and threads) from a job folder's
     contexts; computed once, every job of this module has the same prompt."""
     cache = {}
@@ -54,7 +60,7 @@ def reference(assets):
                                    SpectrumSettings(**spec["spectrum"]), spec["sampler"])
             state = start_or_resume(sampler, spec["seed"], (c.latent_channels, g.latent_h, g.latent_w))
             cond, uncond = np.load(job_dir / "cond.npy"), np.load(job_dir / "uncond.npy")    # [512, Dc] f32
-            final = denoise(DiTRunner(pack, threads=THREADS), sampler, state, cond, uncond)
+            final = denoise(runner, sampler, state, cond, uncond)
             cache.update(latent=sampler.result(final), computed=final.computed, forecast=final.forecast,
                          cond=cond, uncond=uncond)
         return cache
@@ -143,9 +149,31 @@ def test_job_end_to_end(pipe, assets, reference):
     print(f"\nend-to-end job: {time.monotonic() - t0:.1f} s (report wall {r['wall_s']:.1f} s)")
 
 
+def test_restart_executor_mid_job(pipe, reference):
+    job = pipe.submit(PROMPT)
+    pipe.wait(job, ("denoising",), JOB_TIMEOUT_S, pred=lambda i: i.progress is not None and i.progress.block >= 8,
+              poll_s=0.05)
+    old = pipe.pid("executor")
+    out = pipe.supervisorctl("restart", "executor")
+    assert "started" in out, out
+    info = pipe.wait(job, timeout_s=JOB_TIMEOUT_S)
+    assert info.state == "done", f"{info.error_stage}: {info.error}\n{pipe.logs()}"
+    assert pipe.pid("executor") != old
+    trace = pipe.trace(job)
+    assert len({t["pid"] for t in trace}) == 2           # served by both executors
+    ref = reference(pipe.job_dir(job))
+    assert _served_order(trace) == _expected_order(ref["computed"], 28)
+    np.testing.assert_array_equal(np.load(pipe.job_dir(job) / "latent.npy"), ref["latent"])
+    with Image.open(info.image) as img:
+        _PIXELS[job] = np.asarray(img).copy()                # the second run of the same job (the next test)
+    _check_clean(pipe)
+
+
 def test_same_job_twice_same_png_pixels(pipe, assets):
-    """Run twice (the first test's job counts when it ran), the same job gives byte-identical PNG pixels, and they
-    are clip(255 x) truncated of the array the VAE decodes from the job's latent.npy (same tiles and threads)."""
+    """Run twice, the same job gives byte-identical PNG pixels, and they are clip(255 x) truncated of the array the
+    VAE decodes from the job's latent.npy (same tiles and threads). The two runs are the first test's job and the
+    executor-restart test's (the same prompt; its restart leaves the latent bitwise, as that test asserts, and the
+    encode and decode are as undisturbed); a job is run here for each of them that did not run."""
     from models.setup.models_dir import resolve_models
     from models.vae import VAE
     while len(_PIXELS) < 2:
@@ -163,24 +191,6 @@ def test_same_job_twice_same_png_pixels(pipe, assets):
     arr = vae.decode(latent, tile=tile.tile, overlap=tile.overlap).array          # [3, 128, 128] f32 in [0, 1]
     want = np.clip(255.0 * arr, 0, 255).astype(np.uint8).transpose(1, 2, 0)      # ComfyUI's SaveImage
     assert pb.tobytes() == np.ascontiguousarray(want).tobytes()
-    _check_clean(pipe)
-
-
-def test_restart_executor_mid_job(pipe, reference):
-    job = pipe.submit(PROMPT)
-    pipe.wait(job, ("denoising",), JOB_TIMEOUT_S, pred=lambda i: i.progress is not None and i.progress.block >= 8,
-              poll_s=0.05)
-    old = pipe.pid("executor")
-    out = pipe.supervisorctl("restart", "executor")
-    assert "started" in out, out
-    info = pipe.wait(job, timeout_s=JOB_TIMEOUT_S)
-    assert info.state == "done", f"{info.error_stage}: {info.error}\n{pipe.logs()}"
-    assert pipe.pid("executor") != old
-    trace = pipe.trace(job)
-    assert len({t["pid"] for t in trace}) == 2           # served by both executors
-    ref = reference(pipe.job_dir(job))
-    assert _served_order(trace) == _expected_order(ref["computed"], 28)
-    np.testing.assert_array_equal(np.load(pipe.job_dir(job) / "latent.npy"), ref["latent"])
     _check_clean(pipe)
 
 
@@ -236,7 +246,7 @@ def test_every_program_sigkilled_once_mid_job(pipe, reference):
     _check_clean(pipe)
 
 
-def test_a_stochastic_multistep_sampler_killed_mid_job_resumes_bitwise(pipe, assets):
+def test_a_stochastic_multistep_sampler_killed_mid_job_resumes_bitwise(pipe, assets, runner):
     """er_sde (its previous denoised values and the noise generator's position travel in the step state) on karras
     with Spectrum: the scheduler SIGKILLed in step 2 resumes from step 1's state and ends on the in-process latent."""
     prompt = {**PROMPT, "sampler": "er_sde", "scheduler": "karras"}
@@ -252,7 +262,7 @@ def test_a_stochastic_multistep_sampler_killed_mid_job_resumes_bitwise(pipe, ass
     sampler = make_sampler(4, 4.0, "karras", SpectrumSettings(warmup=1), "er_sde")
     state = start_or_resume(sampler, prompt["seed"], (c.latent_channels, g.latent_h, g.latent_w))
     cond, uncond = np.load(job_dir / "cond.npy"), np.load(job_dir / "uncond.npy")
-    final = denoise(DiTRunner(pack, threads=THREADS), sampler, state, cond, uncond)
+    final = denoise(runner, sampler, state, cond, uncond)
     np.testing.assert_array_equal(np.load(job_dir / "latent.npy"), sampler.result(final))
     r = pipe.report(job)
     assert r["resumed_from"] >= 1 and r["computed_steps"] == final.computed == [1, 2, 4]

@@ -1,6 +1,8 @@
 """Scheduler and executor as real processes (ZeroMQ + shared memory) vs the in-process denoise: bitwise equal."""
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import shutil
 import signal
@@ -16,7 +18,7 @@ import zmq
 from models.sampling.denoise import denoise, make_sampler, start_or_resume
 from models.sampling.spectrum import SpectrumSettings
 from models.runtime.dit_runner import DiTRunner
-from models.packs.pack import build_pack, load_pack
+from models.packs.pack import load_pack
 from protocol import messages as m
 from protocol.arena import Arena, list_segments, reap, run_prefix, segment_name
 from protocol.sockets import EventPull, LazyPirate
@@ -28,8 +30,9 @@ THREADS = 1
 
 
 @pytest.fixture(scope="module")
-def pack128(tiny_dit, tmp_path_factory):
-    return build_pack(tiny_dit, tmp_path_factory.mktemp("sp") / "pack", (128, 128), "fp16")
+def pack128(pipeline_assets):
+    """The session's 128x128 FP16 pack of the tiny DiT (the pack build_pack makes from tiny_dit, built once per run)."""
+    return pipeline_assets[1]
 
 
 def _start(stage: str, cfg: Path, log: Path) -> subprocess.Popen:
@@ -48,11 +51,9 @@ def _hello(ctx, endpoint: str, timeout_s: float = 60.0) -> m.Ready:
                     raise
 
 
-@pytest.fixture
-def pipeline(request, tmp_path, pack128):
-    """Run folder + config + executor and scheduler processes; yields (config, ctx, procs); kills them after.
-    Indirect parameter: the executor policy (on-demand by default)."""
-    policy = getattr(request, "param", "on-demand")
+@contextlib.contextmanager
+def _stages(pack128, policy: str, logs: Path):
+    """Run folder + config + executor and scheduler processes; yields (config, ctx, procs, logs); kills them after."""
     run = Path(f"/tmp/anima-sp-{os.getpid()}-{time.monotonic_ns() % 10**6}")
     (run / "sock").mkdir(parents=True)
     cfg = run / "pipeline.toml"
@@ -60,11 +61,11 @@ def pipeline(request, tmp_path, pack128):
                    f'[timeouts]\nrequest_s = 30.0\nretries = 5\n[stage.executor]\npolicy = "{policy}"\n')
     config = load_config(cfg)
     ctx = zmq.Context()
-    procs = {s: _start(s, cfg, tmp_path / f"{s}.log") for s in ("executor", "scheduler")}
+    procs = {s: _start(s, cfg, logs / f"{s}.log") for s in ("executor", "scheduler")}
     try:
         ready = {s: _hello(ctx, config.endpoint(s)) for s in procs}
         assert ready["executor"].info["policy"] == policy
-        yield config, ctx, procs, tmp_path
+        yield config, ctx, procs, logs
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -76,8 +77,25 @@ def pipeline(request, tmp_path, pack128):
             f.unlink()
         (run / "sock").rmdir()
         shutil.rmtree(run / "stages", ignore_errors=True)     # each stage's record of its config (RUN/stages/)
-        cfg.unlink()
+        for f in run.glob("pipeline*.toml"):                   # and a test's own variant of it
+            f.unlink()
         run.rmdir()
+
+
+@pytest.fixture
+def pipeline(tmp_path, pack128):
+    """_stages (on-demand) for one test."""
+    with _stages(pack128, "on-demand", tmp_path) as stages:
+        yield stages
+
+
+@pytest.fixture(scope="module")
+def shared(pack128, tmp_path_factory):
+    """_stages (on-demand) for the tests of this module that run jobs one after another on the same two processes,
+    as the orchestrator does (a stage serves job after job): two process starts for the module, not two per test.
+    A test that kills a stage starts its successor here (procs), as supervisord would."""
+    with _stages(pack128, "on-demand", tmp_path_factory.mktemp("sp-logs")) as stages:
+        yield stages
 
 
 def _contexts(pack):
@@ -130,19 +148,26 @@ def _run_job(config, ctx, pack, job_dir: Path, job: str, spectrum: bool, steps: 
         return arena.read(dl), reply, cond, uncond
 
 
+_REFERENCES: dict = {}       # (spectrum, steps, contexts' digest) -> in-process result: the module's jobs repeat one
+
+
 def _in_process(pack, cond, uncond, spectrum: bool, steps: int):
-    runner = DiTRunner(pack, threads=THREADS)
-    sampler = make_sampler(steps, 4.0, "sgm_uniform", SpectrumSettings(enabled=spectrum))
-    g, c = pack.geometry, pack.config
-    state = start_or_resume(sampler, 42, (c.latent_channels, g.latent_h, g.latent_w))
-    return denoise(runner, sampler, state, cond, uncond)
+    """The in-process denoise of the same job (DiTRunner, same pack, seed and threads), computed once per job here."""
+    key = (spectrum, steps, hashlib.sha256(cond.tobytes() + uncond.tobytes()).hexdigest())
+    if key not in _REFERENCES:
+        runner = DiTRunner(pack, threads=THREADS)
+        sampler = make_sampler(steps, 4.0, "sgm_uniform", SpectrumSettings(enabled=spectrum))
+        g, c = pack.geometry, pack.config
+        state = start_or_resume(sampler, 42, (c.latent_channels, g.latent_h, g.latent_w))
+        _REFERENCES[key] = denoise(runner, sampler, state, cond, uncond)
+    return _REFERENCES[key]
 
 
 @pytest.mark.parametrize("spectrum,steps", [(True, 6), (False, 2)])
-def test_pipeline_latent_equals_in_process(pipeline, pack128, tmp_path, spectrum, steps):
-    config, ctx, procs, logs = pipeline
+def test_pipeline_latent_equals_in_process(shared, pack128, tmp_path, spectrum, steps):
+    config, ctx, procs, logs = shared
     pack = load_pack(pack128)
-    latent, reply, cond, uncond = _run_job(config, ctx, pack, tmp_path / "job", "jobA", spectrum, steps)
+    latent, reply, cond, uncond = _run_job(config, ctx, pack, tmp_path / "job", f"jobA{steps}", spectrum, steps)
     ref = _in_process(pack, cond, uncond, spectrum, steps)
     assert ref.forecast or not spectrum                         # 6 steps with Spectrum: step 5 is forecast
     assert list(reply.computed_steps) == ref.computed
@@ -154,13 +179,17 @@ def test_pipeline_latent_equals_in_process(pipeline, pack128, tmp_path, spectrum
     assert not list_segments(run_prefix(config.run_dir))
 
 
-def test_executor_restart_mid_job_gives_same_latent(pipeline, pack128, tmp_path):
+def _progress_of(msg, job: str) -> bool:
+    return isinstance(msg, m.Progress) and msg.job == job
+
+
+def test_executor_restart_mid_job_gives_same_latent(shared, pack128, tmp_path):
     """SIGKILL the executor while the job runs; a new one comes up (as supervisord would start it); same latent.
 
     Whether the scheduler counts a resend depends on where the kill lands (a call in flight is resent; a request sent
     after the death waits in ZeroMQ's queue for the new executor), so the test checks the kill came before the reply
     (the job really crossed the restart), not the resend count."""
-    config, ctx, procs, logs = pipeline
+    config, ctx, procs, logs = shared
     pack = load_pack(pack128)
 
     events = EventPull(ctx, config.endpoint("events"))     # the scheduler's PROGRESS: one per branch call done
@@ -171,7 +200,9 @@ def test_executor_restart_mid_job_gives_same_latent(pipeline, pack128, tmp_path)
 
         def go():
             deadline = time.monotonic() + 120
-            while not isinstance(events.recv(1.0), m.Progress):   # the job is under way: 167 of 168 calls to go
+            # the job is under way: 167 of 168 calls to go (the shared scheduler's events of the module's earlier
+            # jobs, queued while nothing listened, come first)
+            while not _progress_of(events.recv(1.0), "jobB"):
                 assert time.monotonic() < deadline, "no PROGRESS from the scheduler"
             signal_group(procs["executor"].pid)
             killed_at.append(time.monotonic())
@@ -190,22 +221,11 @@ def test_executor_restart_mid_job_gives_same_latent(pipeline, pack128, tmp_path)
     np.testing.assert_array_equal(latent, ref.latent)
 
 
-@pytest.mark.parametrize("pipeline", ["prefetch"], indirect=True)
-def test_prefetch_policy_gives_the_same_latent(pipeline, pack128, tmp_path):
-    """The executor loads the next branch while the current one runs; results stay bitwise identical."""
-    config, ctx, procs, logs = pipeline
-    pack = load_pack(pack128)
-    latent, reply, cond, uncond = _run_job(config, ctx, pack, tmp_path / "job", "jobC", False, 2)
-    ref = _in_process(pack, cond, uncond, False, 2)
-    assert reply.branch_calls == 3 * pack.config.blocks * 2
-    np.testing.assert_array_equal(latent, ref.latent)
-
-
-def test_a_non_finite_context_is_an_error_reply_and_the_scheduler_serves_on(pipeline, pack128, tmp_path):
+def test_a_non_finite_context_is_an_error_reply_and_the_scheduler_serves_on(shared, pack128, tmp_path):
     """A context with Inf (the encoder's float32 cast of a weight like 1e39) made the scheduler raise and exit 1; the
     flow took it for a stage death and retried 4 times. It is an ERROR reply naming the context; the same process then
     runs the next job."""
-    config, ctx, procs, logs = pipeline
+    config, ctx, procs, logs = shared
     pack = load_pack(pack128)
     pid = procs["scheduler"].pid
     for field in ("cond", "uncond"):
@@ -221,11 +241,30 @@ def test_a_non_finite_context_is_an_error_reply_and_the_scheduler_serves_on(pipe
     assert procs["scheduler"].pid == pid and procs["scheduler"].poll() is None
 
 
-def test_the_scheduler_answers_heartbeats_and_stops_while_it_waits_for_the_executor(pipeline, pack128, tmp_path):
+def test_prefetch_policy_gives_the_same_latent(shared, pack128, tmp_path):
+    """The executor loads the next branch while the current one runs; results stay bitwise identical. The shared
+    executor is replaced by one started on the config with `policy = "prefetch"` (as an edit of pipeline.toml and a
+    restart of the executor would); the scheduler goes on as it is."""
+    config, ctx, procs, logs = shared
+    cfg = config.path.with_name("pipeline-prefetch.toml")
+    cfg.write_text(config.path.read_text().replace('policy = "on-demand"', 'policy = "prefetch"'))
+    signal_group(procs["executor"].pid)
+    procs["executor"].wait(10)
+    procs["executor"] = _start("executor", cfg, logs / "executor-prefetch.log")
+    assert _hello(ctx, config.endpoint("executor")).info["policy"] == "prefetch"
+    pack = load_pack(pack128)
+    latent, reply, cond, uncond = _run_job(config, ctx, pack, tmp_path / "job", "jobC", False, 2)
+    ref = _in_process(pack, cond, uncond, False, 2)
+    assert reply.branch_calls == 3 * pack.config.blocks * 2
+    np.testing.assert_array_equal(latent, ref.latent)
+
+
+def test_the_scheduler_answers_heartbeats_and_stops_while_it_waits_for_the_executor(shared, pack128, tmp_path):
     """A DENOISE starts with a HELLO to the executor. With the executor down, that wait (request_s per attempt, here
     30 s x 6) answered no heartbeat (the orchestrator saw the scheduler silent, then a flood of late PONGs) and no
-    SIGTERM. Now the scheduler answers while it waits, and stops when told."""
-    config, ctx, procs, _ = pipeline
+    SIGTERM. Now the scheduler answers while it waits, and stops when told. Last in the module: it ends the shared
+    stages."""
+    config, ctx, procs, _ = shared
     pack = load_pack(pack128)
     signal_group(procs["executor"].pid)
     procs["executor"].wait(10)
