@@ -315,6 +315,19 @@ class Pipeline(JobLink):
         """Signal the program's process (not its group: as a crash would); -> the pid signalled."""
         return kill_program(self.sup, program, sig)
 
+    def restart_mid_job(self, job: str, program: str, pred, timeout_s: float):
+        """`supervisorctl restart PROGRAM` once the denoising job's progress meets `pred`; the job must end done, on a
+        new process of it. -> the job's final status."""
+        self.wait(job, ("denoising",), timeout_s, poll_s=0.05,
+                  pred=lambda i: i.progress is not None and pred(i.progress))
+        old = self.pid(program)
+        out = self.supervisorctl("restart", program)
+        assert "started" in out, out
+        info = self.wait(job, timeout_s=timeout_s)
+        assert info.state == "done", f"{info.error_stage}: {info.error}\n{self.logs()}"
+        assert self.pid(program) != old
+        return info
+
     def supervisorctl(self, *args: str) -> str:
         r = subprocess.run([str(BIN / "supervisorctl"), "-c", str(self.rf.supervisord_conf), *args],
                            capture_output=True, text=True, timeout=120)

@@ -151,14 +151,7 @@ def test_job_end_to_end(pipe, assets, reference):
 
 def test_restart_executor_mid_job(pipe, reference):
     job = pipe.submit(PROMPT)
-    pipe.wait(job, ("denoising",), JOB_TIMEOUT_S, pred=lambda i: i.progress is not None and i.progress.block >= 8,
-              poll_s=0.05)
-    old = pipe.pid("executor")
-    out = pipe.supervisorctl("restart", "executor")
-    assert "started" in out, out
-    info = pipe.wait(job, timeout_s=JOB_TIMEOUT_S)
-    assert info.state == "done", f"{info.error_stage}: {info.error}\n{pipe.logs()}"
-    assert pipe.pid("executor") != old
+    info = pipe.restart_mid_job(job, "executor", lambda p: p.block >= 8, JOB_TIMEOUT_S)
     trace = pipe.trace(job)
     assert len({t["pid"] for t in trace}) == 2           # served by both executors
     ref = reference(pipe.job_dir(job))

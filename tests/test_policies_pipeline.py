@@ -76,14 +76,7 @@ def test_policy_with_an_executor_restart_mid_job_gives_the_on_demand_latent(pipe
     info = pipe.set_executor(f'policy = "{policy}"\n{settings}')
     assert info["policy"] == policy
     job = pipe.submit(PROMPT)
-    pipe.wait(job, ("denoising",), JOB_TIMEOUT_S, poll_s=0.05,
-              pred=lambda i: i.progress is not None and (i.progress.step, i.progress.block) >= (1, 8))
-    old = pipe.pid("executor")
-    out = pipe.supervisorctl("restart", "executor")
-    assert "started" in out, out
-    info = pipe.wait(job, timeout_s=JOB_TIMEOUT_S)
-    assert info.state == "done", f"{info.error_stage}: {info.error}\n{pipe.logs()}"
-    assert pipe.pid("executor") != old
+    pipe.restart_mid_job(job, "executor", lambda p: (p.step, p.block) >= (1, 8), JOB_TIMEOUT_S)
     np.testing.assert_array_equal(np.load(pipe.job_dir(job) / "latent.npy"), reference(pipe.job_dir(job)))
 
     trace, blocks = pipe.trace(job), 28
