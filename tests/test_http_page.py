@@ -19,6 +19,9 @@ CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]          # --headless: Playwright's headless=True adds it
 JOB_MS = 600_000
+# the daemon prices each new shape on the board model (a search of simulated steps): seconds on a quiet machine,
+# past Playwright's 30 s default on a loaded one
+ESTIMATE_MS = 120_000
 
 
 @pytest.fixture(scope="module")
@@ -80,25 +83,29 @@ def _open(ctx, url: str):
     return page, errors
 
 
+def _estimate_shows(page, test: str) -> None:
+    page.wait_for_function(f"document.getElementById('estimate').{test}", timeout=ESTIMATE_MS)
+
+
 def test_submit_see_progress_and_the_image(pipe, browser):
     url = pipe.http_url()
     page, errors = _open(browser, url)
     sizes = page.eval_on_selector_all("#size option", "os => os.map(o => o.value)")
     assert sizes == ["128x128", "64x128"]
     # the job priced beside Generate (the daemon's ESTIMATE: modelled board seconds), again as a setting changes
-    page.wait_for_function("document.getElementById('estimate').textContent.includes('[modelled]')")
+    _estimate_shows(page, "textContent.includes('[modelled]')")
     assert "× 2 passes" in page.text_content("#estimate")
     page.fill("#prompt", "1girl, red scarf, snow")
     page.fill("#negative", "worst quality")
     page.fill("#cfg", "1")
-    page.wait_for_function("document.getElementById('estimate').textContent.includes('× 1 pass,')")
+    _estimate_shows(page, "textContent.includes('× 1 pass,')")
     assert page.is_visible("#negative-hint")                 # cfg 1: the negative prompt changes nothing
     page.fill("#cfg", "4")
     assert not page.is_visible("#negative-hint")
     page.fill("#seed", "77")
     page.fill("#steps", "3")
     page.select_option("#size", "64x128")
-    page.wait_for_function("document.getElementById('estimate').title.includes('calls=3 passes=2')")
+    _estimate_shows(page, "title.includes('calls=3 passes=2')")
     page.evaluate(WATCH)
     page.click("#go")
     page.wait_for_function("document.getElementById('live-state').textContent === 'done'", timeout=JOB_MS)

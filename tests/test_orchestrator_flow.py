@@ -93,7 +93,9 @@ def test_job_runs_with_encoder_and_vae_down_while_denoising(pipeline, tmp_path, 
     series = report["memory"]["series"]
     assert {"encoder", "scheduler", "executor", "vae"} <= set(series)
     enc_phase, vae_phase = report["phases"][0], report["phases"][2]
-    assert all(enc_phase[1] - 0.5 <= t <= enc_phase[2] + 0.5 and mb > 10 for t, mb in series["encoder"])
+    # a look may catch the encoder early in its start, before its imports (~9 MB): the trace's peak shows it loaded
+    assert all(enc_phase[1] - 0.5 <= t <= enc_phase[2] + 0.5 and mb > 0 for t, mb in series["encoder"])
+    assert max(mb for _, mb in series["encoder"]) > 10
     assert all(vae_phase[1] - 0.5 <= t <= vae_phase[2] + 0.5 for t, _ in series["vae"])
     infos = sup.all_info()
     assert infos["encoder"].state == "STOPPED" and infos["vae"].state == "STOPPED"
