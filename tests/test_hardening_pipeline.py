@@ -15,6 +15,7 @@ import psutil
 import pytest
 import zmq
 
+from orchestrator.engine.job_files import IMAGE_FILE, LATENT_FILE, REPORT_FILE, TIMING_FILE
 from orchestrator.engine.jobs import JobStore
 from protocol import messages as m
 from tests.fuzzing import request_once, submit_frames
@@ -163,9 +164,11 @@ def test_power_loss_mid_denoise_torn_contexts_and_state_recover(pipe, reference)
     _stop(pipe, "orchestrator", "scheduler")
     d = pipe.job_dir(job)
     store = JobStore(pipe.root)                         # the daemon is down: the record as at a cut mid-denoise (the
-    rec = store.get(job)                                # tiny job may have gone further before the stop came)
-    rec.state = "denoising"
+    rec = store.get(job)                                # tiny job may have gone further before the stop came:
+    rec.state, rec.image, rec.report = "denoising", None, None      # what it made after denoising goes too)
     store.save(rec)
+    for later in (LATENT_FILE, IMAGE_FILE, REPORT_FILE, TIMING_FILE):
+        (d / later).unlink(missing_ok=True)
     (d / "cond.npy").write_bytes(b"")                                     # emptied
     raw = (d / "uncond.npy").read_bytes()
     (d / "uncond.npy").write_bytes(raw[:len(raw) // 2])                   # cut short
