@@ -28,7 +28,7 @@ from models.packs.pack import Resolution, check_files, refuse_replacing
 from models.dit.partition import Geometry
 from models.vae.flops import features_flops, head_flops
 from models.vae.keys import VAEConfig
-from models.vae.pack import ONNX_DIR, TilingEntry, VaeConfigEntry, VaePackError, check_branch_io, write_graphs
+from models.vae.pack import ONNX_DIR, TiledVaeGraphs, TilingEntry, VaeConfigEntry, VaePackError, check_branch_io, write_graphs
 from models.vae.tiled import DEFAULT_OVERLAP, DEFAULT_TILE, blend, check_tiling, image_tile_inputs, tile_grid
 
 log = logging.getLogger(__name__)
@@ -53,32 +53,12 @@ class VaeEncoderManifest(ManifestRecord, frozen=True):
 
 
 @dataclass
-class VaeEncoderPack:
-    dir: Path
-    manifest: dict
-    config: VAEConfig
-    width: int
-    height: int
-    tile: int
-    overlap: float
+class VaeEncoderPack(TiledVaeGraphs):
+    """An encoder pack (load_vae_encoder_pack)."""
 
     @property
     def image_shape(self) -> tuple:
         return (self.config.out_channels, self.height, self.width)
-
-    @property
-    def latent_shape(self) -> tuple:
-        return (self.config.z_dim, self.height // self.config.upscale, self.width // self.config.upscale)
-
-    @property
-    def models(self) -> dict:
-        return {b["name"]: b for b in self.manifest["branches"]}
-
-    def model_path(self, name: str) -> Path:
-        return self.dir / self.models[name]["onnx"]
-
-    def compiled(self) -> bool:
-        return all(isinstance(b.get("rknn"), dict) for b in self.manifest["branches"])
 
 
 def calibration_image(seed: int, h: int, w: int) -> np.ndarray:

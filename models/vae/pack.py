@@ -67,7 +67,9 @@ class VaeManifest(ManifestRecord, frozen=True):
 
 
 @dataclass
-class VaePack:
+class TiledVaeGraphs:
+    """What a VAE pack of either side (the decoder's here, the encoder's in models/vae/encoder_pack.py) is: one
+    image size's tiled graphs, named by its manifest's branches."""
     dir: Path
     manifest: dict
     config: VAEConfig
@@ -89,6 +91,11 @@ class VaePack:
 
     def compiled(self) -> bool:
         return all(isinstance(b.get("rknn"), dict) for b in self.manifest["branches"])
+
+
+@dataclass
+class VaePack(TiledVaeGraphs):
+    """A decoder pack (load_vae_pack)."""
 
 
 def _io(name: str, shape) -> list:
