@@ -74,9 +74,11 @@ def tiny_assets(cache: Path, resolution: tuple[int, int] = (128, 128), dtype: st
     return models, pack
 
 
+# what every branch of a tiny or small test pack fits in, kept resident
+RESIDENT_MB = 4096
 # [stage.executor] lines for a module's own pipeline whose subject is not the lifecycle: every branch's session kept
 # after its first call, as reference_runner keeps them (test_policies_pipeline holds the policies to one latent)
-RESIDENT_EXECUTOR = 'policy = "resident"\nresident_mb = 4096\n'
+RESIDENT_EXECUTOR = f'policy = "resident"\nresident_mb = {RESIDENT_MB}\n'
 
 
 def reference_runner(pack, threads: int = 1):
@@ -86,7 +88,7 @@ def reference_runner(pack, threads: int = 1):
     on-demand runner's, bitwise: the policy only decides when a session is made."""
     from models.board.policy import Policy
     from models.runtime.dit_runner import DiTRunner
-    return DiTRunner(pack, threads=threads, policy=Policy(resident_mb=4096.0))
+    return DiTRunner(pack, threads=threads, policy=Policy(resident_mb=float(RESIDENT_MB)))
 
 
 def board_stage_toml(models: Path, cache: Path, resolution: tuple[int, int] = (128, 128),

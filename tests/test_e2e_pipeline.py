@@ -14,11 +14,10 @@ from PIL import Image
 
 from models.sampling.denoise import denoise, make_sampler, start_or_resume
 from models.sampling.spectrum import SpectrumSettings
-from models.runtime.dit_runner import DiTRunner
 from models.packs.pack import load_pack
 from models.dit.partition import KINDS
 from protocol import messages as m
-from tests.pipeline_harness import Pipeline
+from tests.pipeline_harness import Pipeline, reference_runner
 
 THREADS = 1           # the stages and the in-process reference run ONNX Runtime with the same thread count
 # 4 steps, Spectrum warm-up 1: computed [1, 2, 4], forecast [3] (the forecast path and its saved history are exercised)
@@ -42,7 +41,9 @@ def pipe(default_pipeline):
 @pytest.fixture(scope="module")
 def runner(assets):
     """The in-process DiT (same pack and threads as the stages) for this module's references: one set of sessions."""
-    return DiTRunner(load_pack(assets[1]), threads=THREADS)
+    r = reference_runner(assets[1], threads=THREADS)
+    yield r
+    r.close()
 
 
 @pytest.fixture(scope="module")

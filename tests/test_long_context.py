@@ -86,10 +86,9 @@ def test_long_pack_equals_comfyui_context(packs, long_runner, tiny_dit, rows):
     ctx[:n_real] = rng.standard_normal((n_real, cfg.context_dim))
     ctx[rows:] = 3.0 * rng.standard_normal((S_LONG - rows, cfg.context_dim))     # never seen when masked
     want = reference_forward(DiTCheckpoint.open(tiny_dit), x, 0.6, ctx[:rows])     # ComfyUI's context: `rows` rows
-    runner = long_runner
-    got = runner.forward_passes([x], 0.6, [ctx], context_rows=[rows])[0]
+    got = long_runner.forward_passes([x], 0.6, [ctx], context_rows=[rows])[0]
     assert _cos(got, want) > 0.9999999 and np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
-    unmasked = runner.forward_passes([x], 0.6, [ctx], context_rows=[S_LONG])[0]
+    unmasked = long_runner.forward_passes([x], 0.6, [ctx], context_rows=[S_LONG])[0]
     assert _cos(unmasked, want) < 0.9999             # the mask is what makes them equal
     if rows == TEXT_TOKENS:                          # a short prompt: the 512-row pack gives the same
         short = DiTRunner(packs[0], threads=1).forward_passes([x], 0.6, [ctx[:TEXT_TOKENS]])[0]

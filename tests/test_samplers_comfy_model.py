@@ -43,11 +43,9 @@ def _small_runner(dit: Path, size: tuple):
     cores, where ONNX Runtime's default (a spinning thread per core) costs ~1.5x the CPU of one thread for the same
     numbers. Every branch resident: the module's ~400 forwards would otherwise make an ONNX Runtime session per
     branch per forward (measured: 0.82 CPU-s per CFG forward on demand, 0.49 resident, the outputs bitwise equal)."""
-    from models.board.policy import Policy
-    from models.runtime.dit_runner import DiTRunner
     from models.packs.pack import build_pack
-    return DiTRunner(build_pack(dit, dit.parent / f"pack-{size[0]}x{size[1]}", size, "fp32"), threads=1,
-                     policy=Policy(resident_mb=4096.0))
+    from tests.pipeline_harness import reference_runner
+    return reference_runner(build_pack(dit, dit.parent / f"pack-{size[0]}x{size[1]}", size, "fp32"), threads=1)
 
 
 @pytest.fixture(scope="module")

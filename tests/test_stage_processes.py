@@ -17,12 +17,12 @@ import zmq
 
 from models.sampling.denoise import denoise, make_sampler, start_or_resume
 from models.sampling.spectrum import SpectrumSettings
-from models.runtime.dit_runner import DiTRunner
 from models.packs.pack import load_pack
 from protocol import messages as m
 from protocol.arena import Arena, list_segments, reap, run_prefix, segment_name
 from protocol.sockets import EventPull, LazyPirate
 from stages.config import load_config
+from tests.pipeline_harness import reference_runner
 from tests.signals import signal_group
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,14 +152,17 @@ _REFERENCES: dict = {}       # (spectrum, steps, contexts' digest) -> in-process
 
 
 def _in_process(pack, cond, uncond, spectrum: bool, steps: int):
-    """The in-process denoise of the same job (DiTRunner, same pack, seed and threads), computed once per job here."""
+    """The in-process denoise of the same job (a DiTRunner, same pack, seed and threads), computed once per job here."""
     key = (spectrum, steps, hashlib.sha256(cond.tobytes() + uncond.tobytes()).hexdigest())
     if key not in _REFERENCES:
-        runner = DiTRunner(pack, threads=THREADS)
+        runner = reference_runner(pack, threads=THREADS)
         sampler = make_sampler(steps, 4.0, "sgm_uniform", SpectrumSettings(enabled=spectrum))
         g, c = pack.geometry, pack.config
         state = start_or_resume(sampler, 42, (c.latent_channels, g.latent_h, g.latent_w))
-        _REFERENCES[key] = denoise(runner, sampler, state, cond, uncond)
+        try:
+            _REFERENCES[key] = denoise(runner, sampler, state, cond, uncond)
+        finally:
+            runner.close()
     return _REFERENCES[key]
 
 
