@@ -16,7 +16,7 @@ import pytest
 
 from models.lora import LoraUse, TargetTable, plan_loras
 from models.sampling.noise import comfy_noise
-from models.board.policy import Policy
+from tests.pipeline_harness import reference_runner
 
 REC = np.load(Path(__file__).parent / "data" / "lora" / "comfy_small_lora.npz")
 JOB = json.loads(str(REC["job"]))
@@ -26,7 +26,6 @@ CONTEXT_ROWS = 512
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     from models.dit.config import expected_dit_shapes
-    from models.runtime.dit_runner import DiTRunner
     from models.lora.synth import write_lora
     from models.packs.pack import build_pack
     from models.base.safetensors_io import write_safetensors
@@ -37,7 +36,7 @@ def small(tmp_path_factory):
         write_lora((JOB["dit_shapes"], None), seed, d / name, layout, rank, alpha, tuple(groups))
     pack = build_pack(d / "anima-small.safetensors", d / "pack", tuple(JOB["size"]), "fp32", lora_rank=12)
     # every branch stays loaded: bitwise the same; one thread: `make test` runs two workers on two cores
-    runner = DiTRunner(pack, policy=Policy(resident_mb=4096.0), threads=1)
+    runner = reference_runner(pack, threads=1)
     yield runner, d, TargetTable(expected_dit_shapes(runner.cfg))
     runner.close()
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from models.lora import LoraUse, TargetTable, plan_loras
-from models.board.policy import Policy
 from models.sampling.noise import comfy_noise
+from tests.pipeline_harness import reference_runner
 
 REC = np.load(Path(__file__).parent / "data" / "lora" / "comfy_small_turbo.npz")
 JOB = json.loads(str(REC["job"]))
@@ -30,7 +30,6 @@ def small(tmp_path_factory):
     from models.dit.synth import dit_entries
     from models.lora.synth import write_lora
     from models.packs.pack import build_pack
-    from models.runtime.dit_runner import DiTRunner
     from models.base.safetensors_io import write_safetensors
     d = tmp_path_factory.mktemp("small_turbo")
     write_safetensors(d / "anima-small.safetensors", dit_entries(JOB["dit_shapes"], 0, prefix="net."))
@@ -41,7 +40,7 @@ def small(tmp_path_factory):
     pack = build_pack(d / "anima-small.safetensors", d / "pack", tuple(JOB["size"]), "fp32", lora_rank=16)
     # one thread: `make test` runs two workers on two cores, where ONNX Runtime's default (a spinning thread per
     # core) costs ~1.5x the CPU of one thread for the same numbers
-    runner = DiTRunner(pack, policy=Policy(resident_mb=4096.0), threads=1)
+    runner = reference_runner(pack, threads=1)
     yield runner, d, TargetTable(expected_dit_shapes(runner.cfg))
     runner.close()
 
@@ -84,11 +83,10 @@ def test_turbo_lokr_loha_at_run_time_equal_comfyui(small):
 
 def test_a_baked_loha_equals_comfyui(small, tmp_path):
     from models.packs.pack import build_pack
-    from models.runtime.dit_runner import DiTRunner
     _, d, _ = small
     pack = build_pack(d / "anima-small.safetensors", tmp_path / "baked", tuple(JOB["size"]), "fp32",
                       loras=_uses(d, "loha"))
-    baked = DiTRunner(pack, policy=Policy(resident_mb=4096.0), threads=1)
+    baked = reference_runner(pack, threads=1)
     try:
         got = _sample(baked, "loha")
     finally:
