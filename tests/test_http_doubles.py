@@ -46,6 +46,9 @@ def graph(**kw) -> dict:
     return standard_graph(**{"width": 64, "height": 64, "steps": 3, "names": NAMES, **kw})
 
 
+IDLE_STATUS = {"type": "status", "data": {"status": {"exec_info": {"queue_remaining": 0}}}}   # to every client
+
+
 class Listener:
     """A raw ComfyUI WebSocket client (websocket-client) collecting every message on a thread."""
 
@@ -99,6 +102,8 @@ def test_comfy_messages_history_queue_and_view(d):
         assert requests.get(url + f"history/{job}", timeout=30).json() == {}      # not finished: no history yet
         end = ws.wait(lambda m: m["type"] == "executing" and m["data"]["node"] is None)
         assert end["data"]["prompt_id"] == job
+        # the queue's new count comes last, after the same look's end messages: wait for it before closing
+        ws.wait(lambda m: m == IDLE_STATUS)
     finally:
         ws.close()
     seq = [(m["type"], m["data"].get("node")) for m in ws.messages if m["data"].get("prompt_id") == job]
@@ -114,7 +119,7 @@ def test_comfy_messages_history_queue_and_view(d):
     executed = next(m["data"] for m in ws.messages if m["type"] == "executed")
     assert executed == {"node": "9", "display_node": "9", "prompt_id": job,
                         "output": {"images": [{"filename": "image.png", "subfolder": job, "type": "output"}]}}
-    assert ws.messages[-1] == {"type": "status", "data": {"status": {"exec_info": {"queue_remaining": 0}}}}
+    assert ws.messages[-1] == IDLE_STATUS
     assert any(m["type"] == "anima.progress" and m["data"]["job"] == job for m in ws.messages)
     # history and view, with and without /api
     h = requests.get(url + f"api/history/{job}", timeout=30).json()

@@ -122,8 +122,10 @@ def test_submit_see_progress_and_the_image(pipe, browser):
     assert bars == sorted(bars) and len(set(bars)) >= 2, seen
     assert [b for b, _ in seen] == sorted(b for b, _ in seen), seen            # never backwards, start to end
     # the image, at the size picked: the second pack's
-    assert page.is_visible("#result")
+    # shown with the end (the same message lights "done"); visible once loaded: an image still loading has no box
+    assert page.evaluate("!document.getElementById('results').hidden && !!document.getElementById('result')")
     page.wait_for_function("document.getElementById('result').complete")
+    page.wait_for_selector("#result", state="visible", timeout=JOB_MS)
     assert page.evaluate("[document.getElementById('result').naturalWidth, "
                          "document.getElementById('result').naturalHeight]") == [64, 128]
     job = page.text_content("#live-job").split()[-1]
