@@ -21,8 +21,9 @@ def installed(tmp_path_factory) -> tuple:
     import shutil
     tmp = tmp_path_factory.mktemp("wheel")
     src, wheels = tmp / "src", tmp / "wheels"            # built from a copy: the build leaves build/ and egg-info
+    # not what other tests write while this copies (a file gone mid-copy fails copytree): caches, run folders
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv*", ".git", "build", "run", "*.egg-info",
-                                                             "__pycache__", ".pytest_cache"))
+                                                             "__pycache__", ".pytest_cache", ".hypothesis"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(wheels), str(src)], check=True, capture_output=True, cwd=tmp)
     venv = tmp / "venv"
