@@ -86,9 +86,9 @@ def _first_fit_pins(calls: list, budget_mb: float) -> dict:
 
 
 def _sources_under_first_fit(calls: list, budget_mb: float) -> list:
-    """The source each call of one executor must report: a model pinned by an earlier call is resident (its
-    uncond pass, after the cond pass held it, is held); any other call is not resident. None: either load or
-    prefetch (the prefetch helper's timing decides), or held for an uncond pass after its cond pass."""
+    """The source each call of one executor must report: an uncond pass right after its cond pass is held; else a
+    model pinned by an earlier call is resident; any other call is load or prefetch (the prefetch helper's timing
+    decides which, so either is accepted: None, which matches no source, stands for anything else)."""
     pinned, want = _first_fit_pins(calls, budget_mb), []
     for i, t in enumerate(calls):
         key = (t["block"], t["branch"])
