@@ -71,32 +71,36 @@ def _per_pass_order(trace: list, name: str) -> list:
     return out
 
 
+def _model(t: dict) -> tuple:
+    return t["block"], t["branch"]
+
+
 def _first_fit_pins(calls: list, budget_mb: float) -> dict:
     """{(block, branch): index of the call that pinned it} as the lifecycle decides: once per model, at its first
     call that does not hold it, pinned while the summed context_mb stays within the budget (first fit)."""
     decided, pinned, used = set(), {}, 0.0
     for i, t in enumerate(calls):
-        key = (t["block"], t["branch"])
-        if t["hold"] or key in decided:
+        if t["hold"] or _model(t) in decided:
             continue
-        decided.add(key)
+        decided.add(_model(t))
         if used + t["context_mb"] <= budget_mb:
-            pinned[key], used = i, used + t["context_mb"]
+            pinned[_model(t)], used = i, used + t["context_mb"]
     return pinned
 
 
-def _sources_under_first_fit(calls: list, budget_mb: float) -> list:
-    """The source each call of one executor must report: an uncond pass right after its cond pass is held; else a
-    model pinned by an earlier call is resident; any other call is load or prefetch (the prefetch helper's timing
-    decides which, so either is accepted: None, which matches no source, stands for anything else)."""
-    pinned, want = _first_fit_pins(calls, budget_mb), []
+def _sources_under_first_fit(calls: list, pinned: dict) -> list:
+    """The source each call of one executor must report, given its pins (_first_fit_pins): an uncond pass right
+    after its cond pass is held; else a model pinned by an earlier call is resident; any other call is load or
+    prefetch (the prefetch helper's timing decides which, so either is accepted: None, which matches no source,
+    stands for anything else)."""
+    want = []
     for i, t in enumerate(calls):
-        key = (t["block"], t["branch"])
-        after_cond = i > 0 and calls[i - 1]["hold"] and (calls[i - 1]["block"], calls[i - 1]["branch"]) == key
-        if key in pinned and pinned[key] < i:
-            want.append("held" if after_cond else "resident")
+        if i > 0 and calls[i - 1]["hold"] and _model(calls[i - 1]) == _model(t):
+            want.append("held")
+        elif pinned.get(_model(t), i) < i:
+            want.append("resident")
         else:
-            want.append("held" if after_cond else t["source"] if t["source"] in ("load", "prefetch") else None)
+            want.append(t["source"] if t["source"] in ("load", "prefetch") else None)
     return want
 
 
@@ -131,11 +135,11 @@ def test_policy_with_an_executor_restart_mid_job_gives_the_on_demand_latent(pipe
     else:
         assert r["branch_calls"] == len(want)
     if "resident" in policy:
-        pids = list(dict.fromkeys(t["pid"] for t in trace))
-        for pid in pids:                                                    # each executor: pinned within budget
+        pins = []
+        for pid in dict.fromkeys(t["pid"] for t in trace):                 # each executor: pinned within budget
             calls = [t for t in trace if t["pid"] == pid]
-            assert _sources_under_first_fit(calls, RESIDENT_MB) == [t["source"] for t in calls]
+            pins.append(_first_fit_pins(calls, RESIDENT_MB))
+            assert _sources_under_first_fit(calls, pins[-1]) == [t["source"] for t in calls]
         # the first executor decides its first models before the restart (at step 1, block 8 or later)
-        first = [t for t in trace if t["pid"] == pids[0]]
-        assert _first_fit_pins(first, RESIDENT_MB)
+        assert pins[0]
     assert pipe.leftover_segments() == [] and pipe.strays() == []
